@@ -1,0 +1,1 @@
+"""kf: torch functions in, fused kernels out."""

@@ -1,0 +1,88 @@
+"""Tensor types as kf's verifiers see them: a static shape and an element type name.
+
+The verifiers and builders reason about ``TensorSpec`` rather than MLIR type objects
+so that shape rules are plain Python, shared by the builders (which infer result types
+while capture runs) and by ``kf-verify`` (which checks parsed IR). This module does
+not import torch: ``kf-opt`` must stay torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+
+#: Element types a kf tensor may hold, by their MLIR spelling.
+FLOAT_TYPES = ("f64", "f32", "f16", "bf16", "f8E4M3FN", "f8E5M2")
+INT_TYPES = ("i1", "i32", "i64")
+ELEMENT_TYPES = FLOAT_TYPES + INT_TYPES
+
+
+class KfTypeError(ValueError):
+    """An op's operands, attributes or results break its typing rules."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A ranked tensor type with a static shape."""
+
+    shape: tuple[int, ...]
+    elem: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_float(self) -> bool:
+        return self.elem in FLOAT_TYPES
+
+    def with_shape(self, shape) -> "TensorSpec":
+        return TensorSpec(tuple(int(d) for d in shape), self.elem)
+
+    def with_elem(self, elem: str) -> "TensorSpec":
+        return TensorSpec(self.shape, elem)
+
+    def __str__(self) -> str:
+        dims = "".join(f"{d}x" for d in self.shape)
+        return f"tensor<{dims}{self.elem}>"
+
+
+def spec_of(t: ir.Type) -> TensorSpec:
+    """The TensorSpec of an MLIR type; raises KfTypeError for anything else."""
+    if not isinstance(t, ir.RankedTensorType):
+        raise KfTypeError(f"expected a ranked tensor, got {t}")
+    rt = t
+    if not rt.has_static_shape:
+        raise KfTypeError(f"expected a static shape, got {t}")
+    elem = str(rt.element_type)
+    if elem not in ELEMENT_TYPES:
+        raise KfTypeError(f"element type {elem} is not one of {', '.join(ELEMENT_TYPES)}")
+    return TensorSpec(tuple(rt.shape), elem)
+
+
+def mlir_type(spec: TensorSpec) -> ir.Type:
+    """The MLIR ranked tensor type of a TensorSpec (needs a current context)."""
+    return ir.RankedTensorType.get(list(spec.shape), ir.Type.parse(spec.elem))
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """NumPy/torch broadcasting of shapes; raises KfTypeError when they do not broadcast."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            shown = " and ".join(str(list(s)) for s in shapes)
+            raise KfTypeError(f"shapes {shown} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def normalize_dim(dim: int, rank: int) -> int:
+    """A dimension index in [0, rank), accepting negative indices as torch does."""
+    r = max(rank, 1)
+    if not -r <= dim < r:
+        raise KfTypeError(f"dimension {dim} is out of range for rank {rank}")
+    return dim % r
