@@ -1,0 +1,223 @@
+"""kf-canonicalize: fold, simplify and clean kf IR before fusion.
+
+What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
+- arithmetic on splat fills folds to a fill: ``fill(2) * fill(3)`` is ``fill(6)``;
+- identities vanish: ``x * 1``, ``x / 1``, ``x + 0``, ``x - 0``, ``-(-x)``;
+- broadcasts simplify: a ``broadcast_to`` feeding an elementwise op is dropped where
+  the op's implicit broadcasting gives the same result, a broadcast to the same shape
+  is removed, chains of broadcasts merge and a broadcast fill becomes a larger fill;
+- ``reshape``/``transpose``/``cast`` that change nothing are removed, chains merge;
+- kf ops whose results are unused are erased (kf ops have no side effects).
+It runs the rules to a fixed point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+from mlir import ir
+
+from kf.dialects import builders
+from kf.dialects.attrs import op_attrs
+from kf.dialects.types import broadcast_shapes, spec_of
+
+from .base import KfPass
+
+_FOLD_BINARY: dict[str, Callable[[float, float], float]] = {
+    "kf.add": lambda a, b: a + b,
+    "kf.sub": lambda a, b: a - b,
+    "kf.mul": lambda a, b: a * b,
+    "kf.div": lambda a, b: a / b if b else math.copysign(math.inf, a) if a else math.nan,
+    "kf.max": max,
+    "kf.min": min,
+    "kf.pow": lambda a, b: a ** b,
+}
+_FOLD_UNARY: dict[str, Callable[[float], float]] = {
+    "kf.neg": lambda a: -a,
+    "kf.abs": abs,
+    "kf.exp": math.exp,
+    "kf.log": lambda a: math.log(a) if a > 0 else (-math.inf if a == 0 else math.nan),
+    "kf.sqrt": lambda a: math.sqrt(a) if a >= 0 else math.nan,
+    "kf.rsqrt": lambda a: 1 / math.sqrt(a) if a > 0 else (math.inf if a == 0 else math.nan),
+    "kf.reciprocal": lambda a: 1 / a if a else math.inf,
+    "kf.tanh": math.tanh,
+    "kf.erf": math.erf,
+    "kf.relu": lambda a: max(a, 0.0),
+}
+_ELEMENTWISE_BINARY = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.max", "kf.min", "kf.pow", "kf.cmp"}
+
+
+def _defining(v: ir.Value) -> ir.Operation | None:
+    owner = v.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+def _fill_value(v: ir.Value) -> float | None:
+    op = _defining(v)
+    if op is not None and op.name == "kf.fill":
+        return float(op_attrs(op)["value"])
+    return None
+
+
+def _is_int(v: ir.Value) -> bool:
+    return not spec_of(v.type).is_float
+
+
+class _Rewriter:
+    def __init__(self) -> None:
+        self.changed = False
+
+    def replace(self, op: ir.Operation, value: ir.Value) -> None:
+        op.result.replace_all_uses_with(value)
+        op.erase()
+        self.changed = True
+
+    def apply(self, op: ir.Operation) -> None:
+        name = op.name
+        if name.startswith("kf.") and all(len(list(r.uses)) == 0 for r in op.results):
+            op.erase()
+            self.changed = True
+            return
+        with ir.InsertionPoint(op), op.location:
+            if name in _FOLD_BINARY and self._fold_binary(op):
+                return
+            if name in _FOLD_UNARY and self._fold_unary(op):
+                return
+            if name in _ELEMENTWISE_BINARY and self._drop_broadcast_operands(op):
+                return
+            handler = getattr(self, "_" + name[3:], None) if name.startswith("kf.") else None
+            if handler is not None:
+                handler(op)
+
+    # -- folding
+    def _fold_binary(self, op: ir.Operation) -> bool:
+        lhs, rhs = op.operands
+        a, b = _fill_value(lhs), _fill_value(rhs)
+        out = spec_of(op.result.type)
+        if a is not None and b is not None:
+            value = _FOLD_BINARY[op.name](a, b)
+            if _is_int(op.result):
+                value = float(int(value))
+            self.replace(op, builders.fill(out.shape, out.elem, value))
+            return True
+        same_as_lhs = spec_of(lhs.type) == out
+        identity = {"kf.add": 0.0, "kf.sub": 0.0, "kf.mul": 1.0, "kf.div": 1.0}.get(op.name)
+        if identity is not None and b == identity and same_as_lhs:
+            self.replace(op, lhs)
+            return True
+        if op.name in ("kf.add", "kf.mul") and a == identity and spec_of(rhs.type) == out:
+            self.replace(op, rhs)
+            return True
+        return False
+
+    def _fold_unary(self, op: ir.Operation) -> bool:
+        (x,) = op.operands
+        a = _fill_value(x)
+        if a is not None:
+            out = spec_of(op.result.type)
+            self.replace(op, builders.fill(out.shape, out.elem, _FOLD_UNARY[op.name](a)))
+            return True
+        inner = _defining(x)
+        if op.name == "kf.neg" and inner is not None and inner.name == "kf.neg":
+            self.replace(op, inner.operands[0])
+            return True
+        return False
+
+    def _drop_broadcast_operands(self, op: ir.Operation) -> bool:
+        operands = list(op.operands)
+        out_shape = spec_of(op.result.type).shape
+        for i, v in enumerate(operands):
+            inner = _defining(v)
+            if inner is None or inner.name != "kf.broadcast_to":
+                continue
+            src = inner.operands[0]
+            trial = [spec_of(o.type).shape for o in operands]
+            trial[i] = spec_of(src.type).shape
+            try:
+                same = broadcast_shapes(*trial) == out_shape
+            except ValueError:
+                same = False
+            if same:
+                op.operands[i] = src
+                self.changed = True
+                return True
+        return False
+
+    # -- per-op rules
+    def _broadcast_to(self, op: ir.Operation) -> None:
+        (x,) = op.operands
+        out = spec_of(op.result.type)
+        if spec_of(x.type) == out:
+            self.replace(op, x)
+            return
+        inner = _defining(x)
+        if inner is None:
+            return
+        if inner.name == "kf.broadcast_to":
+            self.replace(op, builders.broadcast_to(inner.operands[0], out.shape))
+        elif inner.name == "kf.fill":
+            self.replace(op, builders.fill(out.shape, out.elem, _fill_value(x)))
+
+    def _reshape(self, op: ir.Operation) -> None:
+        (x,) = op.operands
+        out = spec_of(op.result.type)
+        if spec_of(x.type) == out:
+            self.replace(op, x)
+            return
+        inner = _defining(x)
+        if inner is not None and inner.name == "kf.reshape":
+            self.replace(op, builders.reshape(inner.operands[0], out.shape))
+        elif inner is not None and inner.name == "kf.fill":
+            self.replace(op, builders.fill(out.shape, out.elem, _fill_value(x)))
+
+    def _transpose(self, op: ir.Operation) -> None:
+        (x,) = op.operands
+        perm = op_attrs(op)["perm"]
+        if perm == sorted(perm):
+            self.replace(op, x)
+            return
+        inner = _defining(x)
+        if inner is not None and inner.name == "kf.transpose":
+            first = op_attrs(inner)["perm"]
+            composed = [first[p] for p in perm]
+            self.replace(op, builders.transpose(inner.operands[0], perm=composed))
+
+    def _cast(self, op: ir.Operation) -> None:
+        (x,) = op.operands
+        if x.type == op.result.type:
+            self.replace(op, x)
+            return
+        a = _fill_value(x)
+        if a is not None:
+            out = spec_of(op.result.type)
+            self.replace(op, builders.fill(out.shape, out.elem, float(int(a)) if not out.is_float else a))
+
+
+def _ops_in_order(root: ir.Operation) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op):
+        found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit, ir.WalkOrder.POST_ORDER)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class CanonicalizePass(KfPass):
+    NAME = "kf-canonicalize"
+    DESCRIPTION = "fold constants, simplify broadcasts, reshapes and transposes, remove dead kf ops"
+    max_iterations: int = 16
+
+    def run(self, module: ir.Operation) -> None:
+        for _ in range(self.max_iterations):
+            rw = _Rewriter()
+            # Visit users before producers so dead chains disappear in one sweep.
+            for op in reversed(_ops_in_order(module)):
+                if op.name.startswith("kf."):
+                    rw.apply(op)
+            if not rw.changed:
+                return

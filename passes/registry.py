@@ -1,0 +1,46 @@
+"""Every kf pass by name, loaded lazily so that listing passes imports none of them."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from .base import KfPass
+
+
+@dataclass(frozen=True)
+class PassEntry:
+    name: str
+    module: str  # module under kf.passes that defines the pass class
+    cls: str
+    description: str
+
+
+_ENTRIES = [
+    PassEntry("kf-verify", "verify", "VerifyPass", "check the shape and element-type rules of every kf op"),
+    PassEntry("kf-canonicalize", "canonicalize", "CanonicalizePass",
+              "fold constants, simplify broadcasts, reshapes and transposes, remove dead kf ops"),
+]
+
+REGISTRY: dict[str, PassEntry] = {e.name: e for e in _ENTRIES}
+
+
+def register(entry: PassEntry) -> None:
+    """Add a pass to the registry (kf's own passes are listed above)."""
+    REGISTRY[entry.name] = entry
+
+
+def is_kf_pass(name: str) -> bool:
+    return name in REGISTRY
+
+
+def pass_class(name: str) -> type[KfPass]:
+    """The class of the kf pass called name; imports its module on first use."""
+    entry = REGISTRY[name]
+    module = importlib.import_module(f"kf.passes.{entry.module}")
+    return getattr(module, entry.cls)
+
+
+def create(name: str, options: dict[str, str] | None = None) -> KfPass:
+    """An instance of the kf pass called name with textual options."""
+    return pass_class(name).from_options(options or {})

@@ -1,0 +1,234 @@
+"""kf-opt: kf's mlir-opt. Parses a .mlir file, loads the kf dialect, runs a pipeline in
+which kf passes and upstream MLIR passes mix, and prints the result.
+
+It never imports torch, so a lit suite of hundreds of RUN lines stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+
+from mlir import ir
+
+from kf.dialects import load as load_kf, verify as verify_kf
+from kf.passes import pipeline, registry
+
+SPLIT_MARKER = re.compile(r"^// -----\s*$", re.M)
+EXPECTED = re.compile(
+    r"//\s*expected-(error|warning|note|remark)\s*(?:@(above|below|[+-]\d+))?\s*\{\{(.*?)\}\}\s*$", re.M)
+
+#: Upstream passes that kf's pipelines use; any other registered upstream pass works too.
+UPSTREAM_PASSES = [
+    "canonicalize", "cse", "symbol-dce", "inline", "loop-invariant-code-motion",
+    "linalg-fuse-elementwise-ops", "convert-linalg-to-loops", "one-shot-bufferize",
+    "convert-elementwise-to-linalg", "transform-interpreter", "gpu-kernel-outlining",
+    "nvvm-attach-target", "expand-strided-metadata", "lower-affine", "convert-scf-to-cf",
+    "convert-gpu-to-nvvm", "gpu-to-llvm", "reconcile-unrealized-casts", "gpu-module-to-binary",
+    "convert-gpu-to-spirv", "spirv-lower-abi-attrs", "spirv-update-vce", "convert-vector-to-llvm",
+    "convert-func-to-llvm", "finalize-memref-to-llvm", "convert-arith-to-llvm", "convert-math-to-llvm",
+]
+
+
+@dataclass
+class Diag:
+    severity: str
+    line: int | None
+    col: int | None
+    file: str
+    message: str
+
+    def render(self, filename: str) -> str:
+        where = f"{filename}:{self.line}:{self.col}: " if self.line else ""
+        return f"{where}{self.severity}: {self.message}"
+
+
+_SEVERITY = {ir.DiagnosticSeverity.ERROR: "error", ir.DiagnosticSeverity.WARNING: "warning",
+             ir.DiagnosticSeverity.NOTE: "note", ir.DiagnosticSeverity.REMARK: "remark"}
+
+
+def _loc_parts(loc: ir.Location) -> tuple[int | None, int | None, str]:
+    text = str(loc)
+    m = re.search(r'loc\("([^"]*)":(\d+):(\d+)', text)
+    if m:
+        return int(m.group(2)), int(m.group(3)), m.group(1)
+    return None, None, ""
+
+
+def _collect(diag, out: list[Diag]) -> None:
+    line, col, file = _loc_parts(diag.location)
+    out.append(Diag(_SEVERITY.get(diag.severity, "error"), line, col, file, str(diag.message)))
+    for note in diag.notes:
+        _collect(note, out)
+
+
+def _expectations(text: str) -> list[tuple[str, int, str]]:
+    expected = []
+    for m in EXPECTED.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        where = m.group(2)
+        if where == "above":
+            line -= 1
+        elif where == "below":
+            line += 1
+        elif where:
+            line += int(where)
+        expected.append((m.group(1), line, m.group(3).strip()))
+    return expected
+
+
+def _check_expectations(text: str, diags: list[Diag], filename: str) -> list[str]:
+    failures = []
+    remaining = list(diags)
+    for severity, line, message in _expectations(text):
+        hit = next((d for d in remaining if d.severity == severity and d.line == line and message in d.message), None)
+        if hit is None:
+            failures.append(f"{filename}:{line}: error: expected {severity} \"{message}\" was not produced")
+        else:
+            remaining.remove(hit)
+    for d in remaining:
+        if d.severity == "note":
+            continue  # like mlir-opt, unexpected notes attached to matched errors are fine
+        failures.append(f"{d.render(filename)}  (unexpected {d.severity})")
+    return failures
+
+
+def process_chunk(text: str, args, filename: str) -> tuple[bool, str, list[Diag]]:
+    """Parse, verify and transform one buffer. Returns (ok, printed IR, diagnostics)."""
+    diags: list[Diag] = []
+    ctx = ir.Context()
+    ctx.load_all_available_dialects()
+    ctx.emit_error_diagnostics = True
+    load_kf(ctx)
+
+    def handler(d):
+        _collect(d, diags)
+        return True
+
+    ctx.attach_diagnostic_handler(handler)
+    with ctx:
+        try:
+            module = ir.Module.parse(text)
+        except ir.MLIRError as e:
+            for d in e.error_diagnostics:
+                _collect(d, diags)
+            return False, "", diags
+        errors = verify_kf(module.operation)
+        for loc, message in errors:
+            loc.emit_error(message)
+        if errors:
+            return False, "", diags
+        if args.pass_pipeline:
+            try:
+                pm, _ = pipeline.build(args.pass_pipeline, ctx)
+            except pipeline.PipelineError as e:
+                diags.append(Diag("error", None, None, "", str(e)))
+                return False, "", diags
+            if args.mlir_print_ir_after_all:
+                pm.enable_ir_printing(print_after_all=True, print_module_scope=True)
+            elif args.mlir_print_ir_after_failure:
+                pm.enable_ir_printing(print_after_all=False, print_after_failure=True, print_module_scope=True)
+            if args.mlir_timing:
+                pm.enable_timing()
+            try:
+                pm.run(module.operation)
+            except ir.MLIRError as e:
+                for d in e.error_diagnostics:
+                    _collect(d, diags)
+                if not any(d.severity == "error" for d in diags):
+                    diags.append(Diag("error", None, None, "", str(e).splitlines()[0]))
+                return False, "", diags
+            errors = verify_kf(module.operation)
+            for loc, message in errors:
+                loc.emit_error(message)
+            if errors:
+                return False, "", diags
+        printed = module.operation.get_asm(enable_debug_info=args.mlir_print_debuginfo)
+        return True, printed, diags
+
+
+def list_passes() -> str:
+    lines = ["kf passes:"]
+    for name in sorted(registry.REGISTRY):
+        lines.append(f"  {name:<28} {registry.REGISTRY[name].description}")
+    lines.append("upstream MLIR passes used by kf's pipelines (any registered upstream pass may be named):")
+    lines.extend(f"  {name}" for name in UPSTREAM_PASSES)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kf-opt", description="kf's mlir-opt: run kf and MLIR passes on a .mlir file")
+    ap.add_argument("input", nargs="?", default="-", help="input .mlir file, or - for stdin")
+    ap.add_argument("-o", dest="output", default="-", help="output file (default: stdout)")
+    ap.add_argument("--pass-pipeline", default="", help="e.g. 'builtin.module(kf-verify, canonicalize)'")
+    ap.add_argument("--list-passes", action="store_true", help="list kf passes and upstream passes")
+    ap.add_argument("--split-input-file", action="store_true", help="process each '// -----' chunk on its own")
+    ap.add_argument("--verify-diagnostics", action="store_true", help="check expected-error/... comments")
+    ap.add_argument("--mlir-print-ir-after-all", action="store_true")
+    ap.add_argument("--mlir-print-ir-after-failure", action="store_true")
+    ap.add_argument("--mlir-print-debuginfo", action="store_true", help="print locations")
+    ap.add_argument("--mlir-timing", action="store_true", help="print the time each pass took")
+    args = ap.parse_args(argv)
+
+    if args.list_passes:
+        print(list_passes())
+        return 0
+    filename = "<stdin>" if args.input == "-" else args.input
+    try:
+        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+    except OSError as e:
+        print(f"kf-opt: cannot read {filename}: {e.strerror}", file=sys.stderr)
+        return 1
+
+    # Each chunk is padded with the newlines before it so that locations and
+    # expected-diagnostic lines keep the numbering of the whole file.
+    chunks = []
+    if args.split_input_file:
+        start = 0
+        for m in SPLIT_MARKER.finditer(text):
+            chunks.append(text[start:m.start()])
+            start = m.end()
+        chunks.append(text[start:])
+        offsets, pos = [], 0
+        for c in chunks:
+            offsets.append(text.count("\n", 0, text.index(c, pos)) if c else 0)
+            pos = text.index(c, pos) + len(c)
+        chunks = ["\n" * off + c for off, c in zip(offsets, chunks)]
+    else:
+        chunks = [text]
+
+    outputs, failed, verify_failures = [], False, []
+    for chunk in chunks:
+        ok, printed, diags = process_chunk(chunk, args, filename)
+        if args.verify_diagnostics:
+            verify_failures += _check_expectations(chunk, diags, filename)
+        else:
+            for d in diags:
+                print(d.render(filename), file=sys.stderr)
+            failed |= not ok
+        if ok:
+            outputs.append(printed)
+    out_text = "\n// -----\n".join(o.rstrip("\n") for o in outputs) + ("\n" if outputs else "")
+    if args.verify_diagnostics:
+        for f in verify_failures:
+            print(f, file=sys.stderr)
+        failed = bool(verify_failures)
+    if args.output == "-":
+        sys.stdout.write(out_text)
+    else:
+        with open(args.output, "w") as f:
+            f.write(out_text)
+    return 1 if failed else 0
+
+
+def _entry() -> int:
+    try:
+        return main()
+    except BrokenPipeError:  # `kf-opt --list-passes | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_entry())
