@@ -1,0 +1,71 @@
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-canonicalize)' | FileCheck %s
+
+// A broadcast feeding an elementwise op is dropped: kf ops broadcast implicitly.
+// CHECK-LABEL: func.func @drop_broadcast
+// CHECK-NOT: kf.broadcast_to
+// CHECK: "kf.add"(%arg0, %arg1) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+func.func @drop_broadcast(%a: tensor<4x8xf32>, %b: tensor<8xf32>) -> tensor<4x8xf32> {
+  %0 = "kf.broadcast_to"(%b) : (tensor<8xf32>) -> tensor<4x8xf32>
+  %1 = "kf.add"(%a, %0) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %1 : tensor<4x8xf32>
+}
+
+// -----
+
+// Arithmetic on fills folds; the product of 2 and 3 is one fill of 6.
+// CHECK-LABEL: func.func @fold_fills
+// CHECK: %[[SIX:.*]] = "kf.fill"() {value = 6.000000e+00 : f64} : () -> tensor<f32>
+// CHECK: "kf.mul"(%arg0, %[[SIX]])
+func.func @fold_fills(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %c = "kf.fill"() {value = 2.0} : () -> tensor<f32>
+  %d = "kf.fill"() {value = 3.0} : () -> tensor<f32>
+  %e = "kf.mul"(%c, %d) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %0 = "kf.mul"(%a, %e) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Identities vanish: x * 1, x + 0, -(-x).
+// CHECK-LABEL: func.func @identities
+// CHECK-NEXT: return %arg0
+func.func @identities(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %one = "kf.fill"() {value = 1.0} : () -> tensor<f32>
+  %zero = "kf.fill"() {value = 0.0} : () -> tensor<f32>
+  %0 = "kf.mul"(%a, %one) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+  %1 = "kf.add"(%0, %zero) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+  %2 = "kf.neg"(%1) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %3 = "kf.neg"(%2) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %3 : tensor<4x8xf32>
+}
+
+// -----
+
+// Dead kf ops are erased; chains of reshapes and transposes merge; no-op ones vanish.
+// CHECK-LABEL: func.func @layout
+// CHECK-NOT: kf.exp
+// CHECK: %[[R:.*]] = "kf.reshape"(%arg0) : (tensor<2x3x4xf32>) -> tensor<24xf32>
+// CHECK-NOT: kf.reshape
+// CHECK-NOT: kf.transpose
+// CHECK: return %[[R]]
+func.func @layout(%a: tensor<2x3x4xf32>) -> tensor<24xf32> {
+  %dead = "kf.exp"(%a) : (tensor<2x3x4xf32>) -> tensor<2x3x4xf32>
+  %t0 = "kf.transpose"(%a) {perm = array<i64: 1, 0, 2>} : (tensor<2x3x4xf32>) -> tensor<3x2x4xf32>
+  %t1 = "kf.transpose"(%t0) {perm = array<i64: 1, 0, 2>} : (tensor<3x2x4xf32>) -> tensor<2x3x4xf32>
+  %r0 = "kf.reshape"(%t1) : (tensor<2x3x4xf32>) -> tensor<6x4xf32>
+  %r1 = "kf.reshape"(%r0) : (tensor<6x4xf32>) -> tensor<24xf32>
+  return %r1 : tensor<24xf32>
+}
+
+// -----
+
+// A broadcast fill becomes a larger fill; a broadcast to its own shape is removed.
+// CHECK-LABEL: func.func @broadcast_fill
+// CHECK: "kf.fill"() {value = 5.000000e-01 : f64} : () -> tensor<4x8xf32>
+// CHECK-NOT: kf.broadcast_to
+func.func @broadcast_fill(%a: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %h = "kf.fill"() {value = 0.5} : () -> tensor<f32>
+  %b = "kf.broadcast_to"(%h) : (tensor<f32>) -> tensor<4x8xf32>
+  %s = "kf.broadcast_to"(%a) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %b, %s : tensor<4x8xf32>, tensor<4x8xf32>
+}
