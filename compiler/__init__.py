@@ -1,1 +1,29 @@
-"""kf: torch functions in, fused kernels out."""
+"""kf: torch functions in, fused kernels out.
+
+    import kf
+
+    @kf.jit
+    def layer_norm(x, weight, bias, eps=1e-5): ...
+
+    kf.inspect(layer_norm, x, w, b).kf_ir   # the kf IR, with your source lines
+"""
+
+from .capture import Captured, capture
+from .errors import (
+    CaptureError,
+    CompileError,
+    KfVerifyError,
+    PassFailedError,
+    SignatureError,
+    SourceLoc,
+    TargetError,
+    UnsupportedOpError,
+)
+from .inspect import Inspection, inspect
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Captured", "CaptureError", "CompileError", "Inspection", "KfVerifyError", "PassFailedError",
+    "SignatureError", "SourceLoc", "TargetError", "UnsupportedOpError", "capture", "inspect",
+]

@@ -1,0 +1,662 @@
+"""ATen ops to kf ops: one handler per ATen overload, following torch's semantics
+(broadcasting, type promotion, defaults) so that the kf function computes what eager does.
+
+Type promotion is read off the graph rather than re-derived: every FX node carries its
+result as a fake tensor (``node.meta["val"]``), so each handler casts operands to the
+dtype torch computed in and checks that its result matches torch's shape and dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable
+
+import torch
+from mlir import ir
+
+from kf.dialects import builders as kb
+from kf.dialects import spec_of
+
+from .dtypes import kf_elem
+
+
+class Unsupported(Exception):
+    """No kf lowering for an ATen op (and no fallback could lower it)."""
+
+    def __init__(self, message: str, cause: str | None = None):
+        super().__init__(message)
+        self.cause = cause
+
+
+Handler = Callable[["Converter", torch.fx.Node, list, dict], Any]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(*names: str):
+    def register(fn: Handler) -> Handler:
+        for n in names:
+            HANDLERS[n] = fn
+        return fn
+
+    return register
+
+
+def _val(node: torch.fx.Node):
+    return node.meta.get("val")
+
+
+def _elem_of(x) -> str | None:
+    if isinstance(x, ir.Value):
+        return spec_of(x.type).elem
+    return None
+
+
+def _py_kind(x) -> str:
+    if isinstance(x, bool):
+        return "bool"
+    if isinstance(x, int):
+        return "int"
+    return "float"
+
+
+class Converter:
+    """Converts the ATen nodes of one graph, inserting kf ops at the current point."""
+
+    def __init__(self, module: ir.Module, block: ir.Block, fn: Callable):
+        self.module = module
+        self.block = block
+        self.fn = fn
+        self._fallbacks = 0
+
+    # ------------------------------------------------------------------ helpers
+    def convert(self, node: torch.fx.Node, env: dict) -> Any:
+        if node.target is operator.getitem:
+            seq, idx = node.args
+            return env[seq][idx]
+        name = _target_name(node.target)
+        args = [_lookup(a, env) for a in node.args]
+        kwargs = {k: _lookup(v, env) for k, v in node.kwargs.items()}
+        handler = HANDLERS.get(name)
+        if handler is None:
+            from . import torch_mlir_import
+
+            return torch_mlir_import.import_op(self, node, name, args, kwargs)
+        result = handler(self, node, args, kwargs)
+        self._check(node, name, result)
+        return result
+
+    def _check(self, node, name, result) -> None:
+        val = _val(node)
+        if isinstance(val, torch.Tensor) and isinstance(result, ir.Value):
+            got = spec_of(result.type)
+            want_shape, want_elem = tuple(val.shape), kf_elem(val.dtype)
+            if got.shape != want_shape or got.elem != want_elem:
+                raise Unsupported(
+                    f"kf's lowering of {name} gives {got}, torch gives {want_elem}{list(want_shape)}",
+                    cause="an internal error in kf's ATen conversion")
+
+    def out_elem(self, node) -> str:
+        val = _val(node)
+        return kf_elem(val.dtype)
+
+    def tensor(self, x, elem: str) -> ir.Value:
+        """x as a kf tensor of element type elem (Python numbers become rank-0 fills)."""
+        if isinstance(x, ir.Value):
+            return x if spec_of(x.type).elem == elem else kb.cast(x, elem)
+        if isinstance(x, (bool, int, float)):
+            return kb.scalar(float(x), elem)
+        raise Unsupported(f"expected a tensor or a number, got {type(x).__name__}")
+
+    def constant_tensor(self, t: torch.Tensor) -> ir.Value:
+        """A kf.constant with the values of a tensor the function made itself."""
+        import numpy as np
+
+        elem = kf_elem(t.dtype)
+        arr = t.detach().cpu()
+        if elem in ("bf16", "f8E4M3FN", "f8E5M2"):
+            arr = arr.float()
+            elem_store = "f32"
+        else:
+            elem_store = elem
+        attr = ir.DenseElementsAttr.get(np.ascontiguousarray(arr.numpy()),
+                                        type=ir.RankedTensorType.get(list(t.shape), ir.Type.parse(elem_store)))
+        v = kb.constant(attr)
+        return v if elem_store == elem else kb.cast(v, elem)
+
+    def compute_elem(self, *xs) -> str:
+        """torch's promoted dtype of the operands (tensors win over Python numbers)."""
+        tensors = [x for x in xs if isinstance(x, ir.Value)]
+        elems = [spec_of(t.type).elem for t in tensors]
+        dt = None
+        from .dtypes import torch_dtype
+
+        for e in elems:
+            dt = torch_dtype(e) if dt is None else torch.promote_types(dt, torch_dtype(e))
+        scalars = [x for x in xs if not isinstance(x, ir.Value)]
+        if dt is None:
+            return "f32"
+        if any(_py_kind(s) == "float" for s in scalars) and not dt.is_floating_point:
+            dt = torch.get_default_dtype()
+        elif any(_py_kind(s) == "int" for s in scalars) and dt == torch.bool:
+            dt = torch.int64
+        return kf_elem(dt)
+
+
+def _lookup(a, env):
+    if isinstance(a, torch.fx.Node):
+        return env[a]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_lookup(x, env) for x in a)
+    return a
+
+
+def _target_name(target) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target._opname}.{target._overloadname}" if target.namespace == "aten" else str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _rank(x: ir.Value) -> int:
+    return spec_of(x.type).rank
+
+
+def _shape(x: ir.Value) -> tuple[int, ...]:
+    return spec_of(x.type).shape
+
+
+def _dims(dims, rank: int) -> list[int]:
+    if dims is None or dims == []:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return [d % max(rank, 1) for d in dims]
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def _binary(kf_name: str):
+    def handler(c: Converter, node, args, kwargs):
+        a, b = args[0], args[1]
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        elem = c.out_elem(node)
+        lhs, rhs = c.tensor(a, elem), c.tensor(b, elem)
+        if alpha != 1:
+            rhs = kb.mul(rhs, c.tensor(alpha, elem))
+        return getattr(kb, kf_name)(lhs, rhs)
+
+    return handler
+
+
+for _n, _k in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("maximum", "max"), ("minimum", "min")]:
+    HANDLERS[f"aten.{_n}.Tensor"] = _binary(_k)
+    HANDLERS[f"aten.{_n}.Scalar"] = _binary(_k)
+    HANDLERS[f"aten.{_n}.default"] = _binary(_k)
+
+
+@handles("aten.div.Tensor", "aten.div.Scalar", "aten.true_divide.Tensor", "aten.div.Tensor_mode")
+def _div(c, node, args, kwargs):
+    mode = kwargs.get("rounding_mode")
+    if mode is not None:
+        raise Unsupported(f"division with rounding_mode={mode!r} is not supported by kf")
+    elem = c.out_elem(node)
+    return kb.div(c.tensor(args[0], elem), c.tensor(args[1], elem))
+
+
+@handles("aten.rsub.Scalar", "aten.rsub.Tensor")
+def _rsub(c, node, args, kwargs):
+    elem = c.out_elem(node)
+    alpha = kwargs.get("alpha", 1)
+    a = c.tensor(args[0], elem)
+    if alpha != 1:
+        a = kb.mul(a, c.tensor(alpha, elem))
+    return kb.sub(c.tensor(args[1], elem), a)
+
+
+@handles("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar")
+def _pow(c, node, args, kwargs):
+    elem = c.out_elem(node)
+    base, exp = args
+    if isinstance(exp, (int, float)) and not isinstance(exp, bool) and isinstance(base, ir.Value):
+        x = c.tensor(base, elem)
+        if exp == 2:
+            return kb.mul(x, x)
+        if exp == 1:
+            return x
+        if exp == 0.5:
+            return kb.sqrt(x)
+        if exp == -0.5:
+            return kb.rsqrt(x)
+        if exp == -1:
+            return kb.reciprocal(x)
+    return kb.pow(c.tensor(base, elem), c.tensor(exp, elem))
+
+
+def _unary(kf_name: str, float_result: bool = True):
+    def handler(c: Converter, node, args, kwargs):
+        elem = c.out_elem(node)
+        return getattr(kb, kf_name)(c.tensor(args[0], elem))
+
+    return handler
+
+
+for _n, _k in [("neg", "neg"), ("abs", "abs"), ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"),
+               ("rsqrt", "rsqrt"), ("reciprocal", "reciprocal"), ("tanh", "tanh"), ("erf", "erf"),
+               ("sigmoid", "sigmoid"), ("relu", "relu")]:
+    HANDLERS[f"aten.{_n}.default"] = _unary(_k)
+
+
+@handles("aten.gelu.default")
+def _gelu(c, node, args, kwargs):
+    approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+    return kb.gelu(c.tensor(args[0], c.out_elem(node)), approximate=approx)
+
+
+@handles("aten.silu.default")
+def _silu(c, node, args, kwargs):
+    x = c.tensor(args[0], c.out_elem(node))
+    return kb.mul(x, kb.sigmoid(x))
+
+
+@handles("aten.clamp.default", "aten.clamp.Tensor")
+def _clamp(c, node, args, kwargs):
+    elem = c.out_elem(node)
+    x = c.tensor(args[0], elem)
+    lo = kwargs.get("min", args[1] if len(args) > 1 else None)
+    hi = kwargs.get("max", args[2] if len(args) > 2 else None)
+    if lo is not None:
+        x = kb.max(x, c.tensor(lo, elem))
+    if hi is not None:
+        x = kb.min(x, c.tensor(hi, elem))
+    return x
+
+
+def _compare(pred: str):
+    def handler(c: Converter, node, args, kwargs):
+        elem = c.compute_elem(args[0], args[1])
+        return kb.cmp(c.tensor(args[0], elem), c.tensor(args[1], elem), predicate=pred)
+
+    return handler
+
+
+for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
+    HANDLERS[f"aten.{_n}.Scalar"] = _compare(_n)
+    HANDLERS[f"aten.{_n}.Tensor"] = _compare(_n)
+
+
+@handles("aten.logical_not.default")
+def _logical_not(c, node, args, kwargs):
+    x = c.tensor(args[0], "i1")
+    return kb.cmp(x, c.tensor(False, "i1"), predicate="eq")
+
+
+@handles("aten.where.self", "aten.where.ScalarOther", "aten.where.ScalarSelf", "aten.where.Scalar")
+def _where(c, node, args, kwargs):
+    elem = c.out_elem(node)
+    cond = c.tensor(args[0], "i1")
+    return kb.select(cond, c.tensor(args[1], elem), c.tensor(args[2], elem))
+
+
+@handles("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(c, node, args, kwargs):
+    x, mask, value = args
+    mask = c.tensor(mask, "i1")
+    if isinstance(value, ir.Value):
+        return kb.select(mask, c.tensor(value, spec_of(x.type).elem), x)
+    return kb.masked_fill(x, mask, value=float(value))
+
+
+@handles("aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device",
+         "aten.type_as.default", "aten._autocast_to_reduced_precision.default",
+         "aten._autocast_to_full_precision.default")
+def _to(c, node, args, kwargs):
+    return c.tensor(args[0], c.out_elem(node))
+
+
+@handles("aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
+         "aten.lift_fresh_copy.default", "aten.dropout.default", "aten.lift_fresh.default")
+def _identity(c, node, args, kwargs):
+    return args[0]
+
+
+# ---------------------------------------------------------------- reductions
+
+
+@handles("aten.sum.dim_IntList", "aten.sum.default")
+def _sum(c, node, args, kwargs):
+    x = args[0]
+    dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), _rank(x))
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    elem = c.out_elem(node)
+    if spec_of(x.type).is_float or elem == spec_of(x.type).elem:
+        return kb.sum(c.tensor(x, elem), dims=dims, keepdim=keep)
+    return kb.sum(c.tensor(x, elem), dims=dims, keepdim=keep)
+
+
+@handles("aten.mean.dim", "aten.mean.default")
+def _mean(c, node, args, kwargs):
+    x = c.tensor(args[0], c.out_elem(node))
+    dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), _rank(x))
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    return kb.mean(x, dims=dims, keepdim=keep)
+
+
+@handles("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
+def _amax(c, node, args, kwargs):
+    x = args[0]
+    dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), _rank(x))
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    is_max = node.target._opname in ("amax", "max")
+    return (kb.reduce_max if is_max else kb.reduce_min)(x, dims=dims, keepdim=keep)
+
+
+@handles("aten.max.dim", "aten.min.dim")
+def _max_dim(c, node, args, kwargs):
+    x, dim = args[0], args[1]
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    if node.target._opname == "max":
+        values = kb.reduce_max(x, dims=[dim], keepdim=keep)
+        indices = kb.argmax(x, dim=dim, keepdim=keep)
+    else:
+        values = kb.reduce_min(x, dims=[dim], keepdim=keep)
+        indices = kb.argmax(kb.neg(x), dim=dim, keepdim=keep)
+    return (values, indices)
+
+
+@handles("aten.argmax.default")
+def _argmax(c, node, args, kwargs):
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    if dim is None:
+        x, dim = kb.reshape(x, [math.prod(_shape(x))]), 0
+    return kb.argmax(x, dim=dim, keepdim=keep)
+
+
+def _var_args(args, kwargs, rank):
+    dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), rank)
+    correction = kwargs.get("correction")
+    keep = bool(kwargs.get("keepdim", False))
+    if len(args) > 2:
+        if isinstance(args[2], bool):  # var.dim(self, dim, unbiased, keepdim)
+            correction = 1 if args[2] else 0
+            keep = bool(args[3]) if len(args) > 3 else keep
+        else:
+            correction = args[2]
+    if "unbiased" in kwargs:
+        correction = 1 if kwargs["unbiased"] else 0
+    return dims, (1.0 if correction is None else float(correction)), keep
+
+
+@handles("aten.var.correction", "aten.var.dim", "aten.var.default")
+def _var(c, node, args, kwargs):
+    x = c.tensor(args[0], c.out_elem(node))
+    dims, corr, keep = _var_args(args, kwargs, _rank(x))
+    return kb.var(x, dims=dims, correction=corr, keepdim=keep)
+
+
+@handles("aten.std.correction", "aten.std.dim", "aten.std.default")
+def _std(c, node, args, kwargs):
+    return kb.sqrt(_var(c, node, args, kwargs))
+
+
+@handles("aten.softmax.int", "aten._softmax.default")
+def _softmax(c, node, args, kwargs):
+    return kb.softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])
+
+
+@handles("aten.log_softmax.int", "aten._log_softmax.default")
+def _log_softmax(c, node, args, kwargs):
+    return kb.log_softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])
+
+
+@handles("aten.layer_norm.default", "aten.native_layer_norm.default")
+def _layer_norm(c, node, args, kwargs):
+    x, normalized_shape = args[0], args[1]
+    weight = args[2] if len(args) > 2 else kwargs.get("weight")
+    bias = args[3] if len(args) > 3 else kwargs.get("bias")
+    eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
+    elem = spec_of(x.type).elem
+    dims = list(range(_rank(x) - len(normalized_shape), _rank(x)))
+    mean = kb.mean(x, dims=dims, keepdim=True)
+    var = kb.var(x, dims=dims, correction=0.0, keepdim=True)
+    rstd = kb.rsqrt(kb.add(var, c.tensor(eps, elem)))
+    y = kb.mul(kb.sub(x, mean), rstd)
+    if weight is not None:
+        y = kb.mul(y, c.tensor(weight, elem))
+    if bias is not None:
+        y = kb.add(y, c.tensor(bias, elem))
+    if node.target._opname == "native_layer_norm":
+        return (y, mean, rstd)
+    return y
+
+
+# ---------------------------------------------------------------- contraction
+
+
+@handles("aten.matmul.default", "aten.mm.default", "aten.bmm.default")
+def _matmul(c, node, args, kwargs):
+    a, b = args
+    elem = c.out_elem(node)
+    a, b = c.tensor(a, elem), c.tensor(b, elem)
+    ra, rb = _rank(a), _rank(b)
+    if ra == 1 and rb == 1:
+        return kb.sum(kb.mul(a, b), dims=[0], keepdim=False)
+    squeeze = []
+    if ra == 1:
+        a = kb.reshape(a, (1,) + _shape(a))
+        squeeze.append(-2)
+    if rb == 1:
+        b = kb.reshape(b, _shape(b) + (1,))
+        squeeze.append(-1)
+    out = kb.matmul(a, b)
+    if squeeze:
+        shape = list(_shape(out))
+        for d in sorted(squeeze):
+            shape.pop(len(shape) + d if d == -1 else len(shape) - 2)
+        out = kb.reshape(out, shape)
+    return out
+
+
+@handles("aten.linear.default")
+def _linear(c, node, args, kwargs):
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    elem = c.out_elem(node)
+    out = kb.matmul(c.tensor(x, elem), kb.transpose(c.tensor(w, elem), perm=[1, 0]))
+    if bias is not None:
+        out = kb.add(out, c.tensor(bias, elem))
+    return out
+
+
+@handles("aten.addmm.default")
+def _addmm(c, node, args, kwargs):
+    bias, a, b = args[:3]
+    elem = c.out_elem(node)
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    prod = kb.matmul(c.tensor(a, elem), c.tensor(b, elem))
+    if alpha != 1:
+        prod = kb.mul(prod, c.tensor(alpha, elem))
+    bias = c.tensor(bias, elem)
+    if beta != 1:
+        bias = kb.mul(bias, c.tensor(beta, elem))
+    return kb.add(prod, bias)
+
+
+# ---------------------------------------------------------------- layout
+
+
+@handles("aten.t.default", "aten.numpy_T.default")
+def _t(c, node, args, kwargs):
+    x = args[0]
+    r = _rank(x)
+    if r < 2:
+        return x
+    return kb.transpose(x, perm=list(reversed(range(r))))
+
+
+@handles("aten.transpose.int", "aten.swapaxes.default")
+def _transpose(c, node, args, kwargs):
+    x, d0, d1 = args
+    r = _rank(x)
+    perm = list(range(r))
+    d0, d1 = d0 % r, d1 % r
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return kb.transpose(x, perm=perm)
+
+
+@handles("aten.permute.default")
+def _permute(c, node, args, kwargs):
+    x, perm = args
+    return kb.transpose(x, perm=[p % _rank(x) for p in perm])
+
+
+@handles("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.unsqueeze.default",
+         "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.flatten.using_ints",
+         "aten.unflatten.int", "aten.view_as.default", "aten.reshape_as.default")
+def _reshape(c, node, args, kwargs):
+    return kb.reshape(args[0], tuple(_val(node).shape))
+
+
+@handles("aten.expand.default", "aten.expand_as.default", "aten.broadcast_to.default")
+def _expand(c, node, args, kwargs):
+    return kb.broadcast_to(args[0], tuple(_val(node).shape))
+
+
+@handles("aten.slice.Tensor")
+def _slice(c, node, args, kwargs):
+    x = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    start = args[2] if len(args) > 2 else None
+    end = args[3] if len(args) > 3 else None
+    step = args[4] if len(args) > 4 else 1
+    size = _shape(x)[dim % _rank(x)]
+    start, end, step = slice(start, end, step).indices(size)
+    end = max(end, start)
+    return kb.slice(x, dim=dim % _rank(x), start=start, end=end, step=step)
+
+
+@handles("aten.select.int")
+def _select_int(c, node, args, kwargs):
+    x, dim, index = args
+    dim = dim % _rank(x)
+    index = index % _shape(x)[dim]
+    s = kb.slice(x, dim=dim, start=index, end=index + 1, step=1)
+    return kb.reshape(s, tuple(_val(node).shape))
+
+
+@handles("aten.narrow.default")
+def _narrow(c, node, args, kwargs):
+    x, dim, start, length = args
+    return kb.slice(x, dim=dim % _rank(x), start=start, end=start + length, step=1)
+
+
+@handles("aten.cat.default", "aten.concat.default")
+def _cat(c, node, args, kwargs):
+    xs = [x for x in args[0] if math.prod(_shape(x)) > 0 or _rank(x) > 1]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    elem = c.out_elem(node)
+    return kb.concat([c.tensor(x, elem) for x in xs], dim=dim % _rank(xs[0]))
+
+
+@handles("aten.stack.default")
+def _stack(c, node, args, kwargs):
+    xs = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    r = _rank(xs[0]) + 1
+    dim = dim % r
+    parts = []
+    for x in xs:
+        shape = list(_shape(x))
+        shape.insert(dim, 1)
+        parts.append(kb.reshape(x, shape))
+    return kb.concat(parts, dim=dim)
+
+
+@handles("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default")
+def _split(c, node, args, kwargs):
+    x = args[0]
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % _rank(x)
+    outs, start = [], 0
+    for v in _val(node):
+        n = v.shape[dim]
+        outs.append(kb.slice(x, dim=dim, start=start, end=start + n, step=1))
+        start += n
+    return tuple(outs)
+
+
+# ---------------------------------------------------------------- selection and indexing
+
+
+@handles("aten.topk.default")
+def _topk(c, node, args, kwargs):
+    x, k = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+    largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    return kb.topk(x, k=k, dim=dim % _rank(x), largest=bool(largest))
+
+
+@handles("aten.gather.default")
+def _gather(c, node, args, kwargs):
+    x, dim, index = args[:3]
+    return kb.gather(x, index, dim=dim % _rank(x))
+
+
+@handles("aten.index_select.default")
+def _index_select(c, node, args, kwargs):
+    x, dim, index = args
+    return kb.index_select(x, index, dim=dim % _rank(x))
+
+
+@handles("aten.embedding.default")
+def _embedding(c, node, args, kwargs):
+    weight, indices = args[0], args[1]
+    flat = kb.reshape(indices, [math.prod(_shape(indices))])
+    rows = kb.index_select(weight, flat, dim=0)
+    return kb.reshape(rows, tuple(_val(node).shape))
+
+
+@handles("aten.index_add.default")
+def _index_add(c, node, args, kwargs):
+    x, dim, index, source = args[:4]
+    alpha = kwargs.get("alpha", 1)
+    elem = spec_of(x.type).elem
+    source = c.tensor(source, elem)
+    if alpha != 1:
+        source = kb.mul(source, c.tensor(alpha, elem))
+    return kb.index_add(x, index, source, dim=dim % _rank(x))
+
+
+@handles("aten.scatter_add.default")
+def _scatter_add(c, node, args, kwargs):
+    x, dim, index, src = args
+    return kb.scatter_add(x, index, c.tensor(src, spec_of(x.type).elem), dim=dim % _rank(x))
+
+
+# ---------------------------------------------------------------- values
+
+
+def _fill_like(value_of: Callable[[list, dict], float]):
+    def handler(c: Converter, node, args, kwargs):
+        val = _val(node)
+        return kb.fill(tuple(val.shape), kf_elem(val.dtype), float(value_of(args, kwargs)))
+
+    return handler
+
+
+for _n, _f in [("zeros_like.default", lambda a, k: 0.0), ("ones_like.default", lambda a, k: 1.0),
+               ("empty_like.default", lambda a, k: 0.0), ("zeros.default", lambda a, k: 0.0),
+               ("ones.default", lambda a, k: 1.0), ("empty.memory_format", lambda a, k: 0.0),
+               ("full.default", lambda a, k: a[1]), ("full_like.default", lambda a, k: a[1]),
+               ("new_zeros.default", lambda a, k: 0.0), ("new_ones.default", lambda a, k: 1.0),
+               ("new_full.default", lambda a, k: a[2]), ("scalar_tensor.default", lambda a, k: a[0]),
+               ("new_empty.default", lambda a, k: 0.0)]:
+    HANDLERS["aten." + _n] = _fill_like(_f)
+
+
+@handles("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def _arange(c, node, args, kwargs):
+    val = _val(node)
+    values = torch.arange(*args, dtype=val.dtype)
+    return c.constant_tensor(values)

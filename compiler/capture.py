@@ -1,0 +1,226 @@
+"""Capture: a Python function of torch tensors becomes a ``func.func`` of kf ops.
+
+torch.export (non-strict) traces the function on fake tensors of the call's signature
+into an ATen graph; Python control flow (``if mask is not None``, ``for k in
+range(top_k)``) runs at trace time, so the graph is specialized to the signature. Each
+ATen node becomes kf ops through the table in ``aten_to_kf.py``, and every op's MLIR
+location is the user's ``file:line`` that produced it. ATen ops with no kf op go through
+torch-mlir (``torch_mlir_import.py``) or raise ``UnsupportedOpError`` at the user's line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from mlir import ir
+from mlir.dialects import func
+
+from kf.dialects import KfTypeError, TensorSpec, make_context, mlir_type
+
+from . import aten_to_kf
+from .dtypes import kf_elem
+from .errors import CaptureError, KfVerifyError, SourceLoc, UnsupportedOpError
+from .signature import Signature, bind, rebuild_args
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+@dataclass
+class Captured:
+    """The result of capturing one specialization."""
+
+    module: ir.Module
+    context: ir.Context
+    name: str
+    signature: Signature
+    input_names: list[str]
+    output_specs: list[TensorSpec]
+    output_tree: Any  # how the flat results nest: ("tensor", i) | ("tuple"/"list", [...])
+    graph: torch.fx.GraphModule | None = None
+    source_locs: dict[str, SourceLoc] = field(default_factory=dict)
+
+    @property
+    def kf_ir(self) -> str:
+        """The kf IR with the user's locations."""
+        return self.module.operation.get_asm(enable_debug_info=True)
+
+    def text(self, debug_info: bool = True) -> str:
+        return self.module.operation.get_asm(enable_debug_info=debug_info)
+
+
+class _Wrapper(torch.nn.Module):
+    """Adapts a user function of structured arguments to export's flat tensor inputs."""
+
+    def __init__(self, fn: Callable, sig: Signature):
+        super().__init__()
+        self.fn = fn
+        self.sig = sig
+
+    def forward(self, *tensors):
+        return self.fn(**rebuild_args(self.sig, list(tensors)))
+
+
+def _user_code(fn: Callable) -> Callable:
+    return inspect.unwrap(fn)
+
+
+def _register_anchor(fn: Callable) -> None:
+    # torch.export keeps only "forward" frames in node stack traces, plus registered
+    # anchors (torch >= 2.12). Registering the user's function keeps its frames.
+    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if register is not None:
+        register(fn)
+
+
+def _user_loc(node: torch.fx.Node, fn: Callable) -> SourceLoc | None:
+    trace = node.meta.get("stack_trace") or ""
+    code = fn.__code__
+    frames = _FRAME.findall(trace)
+    # The innermost frame in the user's file, preferring the decorated function itself.
+    best = None
+    for file, line, name in frames:
+        if file == code.co_filename:
+            best = (file, int(line), name)
+    if best is None:
+        return None
+    file, line, name = best
+    import linecache
+
+    text = linecache.getline(file, line)
+    col = len(text) - len(text.lstrip()) + 1 if text else 1
+    return SourceLoc(file, line, col, name)
+
+
+def _fake_inputs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    # Distinct tensors even when the caller passes one tensor twice (q, q, q): tracing
+    # must not merge parameters. Meta tensors keep shapes and dtypes, cost nothing, and
+    # let export trace CUDA or MPS calls on any machine.
+    return [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
+
+
+def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> torch.export.ExportedProgram:
+    """The ATen graph of fn specialized to sig."""
+    user = _user_code(fn)
+    _register_anchor(user)
+    try:
+        ep = torch.export.export(_Wrapper(user, sig), tuple(_fake_inputs(tensors)), strict=False)
+    except Exception as e:  # torch's own errors name the user's frame in their text
+        loc = _loc_from_exception(e, user)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CaptureError(f"torch.export could not trace {user.__name__}", loc,
+                           cause=f"{type(e).__name__}: {first}") from None
+    return ep
+
+
+def _loc_from_exception(e: BaseException, fn: Callable) -> SourceLoc | None:
+    tb = e.__traceback__
+    found = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == fn.__code__.co_filename:
+            found = SourceLoc(tb.tb_frame.f_code.co_filename, tb.tb_lineno, 1, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return found
+
+
+def capture(fn: Callable, *args, **kwargs) -> Captured:
+    """Capture fn for the signature of this call; raises CompileError subclasses."""
+    sig, tensors = bind(_user_code(fn), args, kwargs)
+    return capture_signature(fn, sig, tensors)
+
+
+def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> Captured:
+    user = _user_code(fn)
+    ep = export_graph(user, sig, tensors)
+    gm = ep.graph_module
+    ctx = make_context()
+    names = sig.tensor_names()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        in_specs = [TensorSpec(tuple(t.shape), kf_elem(t.dtype)) for t in tensors]
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        with ir.InsertionPoint(module.body):
+            # The result types are known only after conversion: build the body first in a
+            # function with no results, then set the type.
+            f = func.FuncOp(user.__name__, ir.FunctionType.get([mlir_type(s) for s in in_specs], []))
+            f.attributes["kf.source"] = ir.StringAttr.get(f"{user.__code__.co_filename}:{user.__code__.co_firstlineno}")
+            arg_attrs = [ir.DictAttr.get({"kf.name": ir.StringAttr.get(n)}) for n in names]
+            f.arg_attrs = ir.ArrayAttr.get(arg_attrs)
+            block = f.add_entry_block()
+        conv = aten_to_kf.Converter(module, block, user)
+        locs: dict[str, SourceLoc] = {}
+        with ir.InsertionPoint(block):
+            env = _bind_placeholders(ep, placeholders, list(block.arguments), conv)
+            for node in gm.graph.nodes:
+                if node.op != "call_function":
+                    continue
+                sloc = _user_loc(node, user)
+                if sloc is not None:
+                    locs[node.name] = sloc
+                mloc = ir.Location.file(sloc.file, sloc.line, sloc.col) if sloc else ir.Location.unknown()
+                try:
+                    with mloc:
+                        env[node] = conv.convert(node, env)
+                except aten_to_kf.Unsupported as e:
+                    raise UnsupportedOpError(str(e), sloc, cause=e.cause) from None
+                except KfTypeError as e:
+                    raise KfVerifyError(f"{node.target} produced an ill-typed kf op: {e}", sloc) from None
+            flat, tree = _flatten_outputs(out_node.args[0], env, user)
+            with ir.Location.unknown():
+                func.ReturnOp(flat)
+        f.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get([mlir_type(s) for s in in_specs], [v.type for v in flat]))
+        if not module.operation.verify():
+            raise KfVerifyError(f"capture of {user.__name__} produced invalid IR")
+        from kf.dialects import spec_of
+
+        out_specs = [spec_of(v.type) for v in flat]
+    return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs)
+
+
+def _bind_placeholders(ep, placeholders, args, conv) -> dict:
+    """Map export's placeholders to the function's arguments, and tensors the function
+    made itself (``torch.tensor([...])``, lifted by export as constants) to kf.constant."""
+    from torch.export.graph_signature import InputKind
+
+    env, user_args = {}, iter(args)
+    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    for node in placeholders:
+        spec = specs.get(node.name)
+        if spec is None or spec.kind == InputKind.USER_INPUT:
+            env[node] = next(user_args)
+        elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.BUFFER, InputKind.PARAMETER):
+            value = ep.constants.get(spec.target)
+            if value is None:
+                value = ep.state_dict[spec.target]
+            with ir.Location.unknown():
+                env[node] = conv.constant_tensor(value.detach())
+        else:
+            raise CaptureError(f"unexpected input kind {spec.kind} in the exported graph")
+    return env
+
+
+def _flatten_outputs(out: Any, env: dict, fn: Callable) -> tuple[list[ir.Value], Any]:
+    flat: list[ir.Value] = []
+
+    def walk(x):
+        if isinstance(x, torch.fx.Node):
+            v = env.get(x)
+            if not isinstance(v, ir.Value):
+                raise CaptureError(f"{fn.__name__} returns {x.name}, which is not a tensor")
+            flat.append(v)
+            return ("tensor", len(flat) - 1)
+        if isinstance(x, (tuple, list)):
+            return ("tuple" if isinstance(x, tuple) else "list", [walk(y) for y in x])
+        raise CaptureError(f"{fn.__name__} returns a {type(x).__name__}; kf functions return tensors")
+
+    if isinstance(out, (tuple, list)) and len(out) == 1:
+        # export wraps a single result in a tuple
+        tree = walk(out[0])
+    else:
+        tree = walk(out)
+    return flat, tree

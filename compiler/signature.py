@@ -1,0 +1,134 @@
+"""Signatures: what a compiled specialization of a function depends on.
+
+A call's arguments are bound to the function's parameters (defaults applied); each
+parameter is a tensor (shape, dtype, device, contiguity), a list or tuple of tensors,
+``None``, or a Python constant (``top_k=2``, ``eps=1e-5``) whose value is baked into the
+kernel. Two calls with equal signatures run the same compiled code.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .dtypes import kf_elem
+from .errors import SignatureError
+
+_CONST_TYPES = (bool, int, float, str, type(None))
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    shape: tuple[int, ...]
+    elem: str
+    device: str  # torch device type: cpu, cuda, mps
+    contiguous: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorSig":
+        return TensorSig(tuple(t.shape), kf_elem(t.dtype), t.device.type, t.is_contiguous())
+
+
+@dataclass(frozen=True)
+class Param:
+    """One bound parameter. kind is tensor, tensors (list/tuple), const or none."""
+
+    name: str
+    kind: str
+    value: Any  # TensorSig, tuple[TensorSig, ...], a constant, or None
+    container: str = ""  # "list" or "tuple" for kind == tensors
+
+
+@dataclass(frozen=True)
+class Signature:
+    params: tuple[Param, ...]
+
+    def tensor_names(self) -> list[str]:
+        """Names of the flattened tensor arguments, in order (``expert_weights.0`` ...)."""
+        names = []
+        for p in self.params:
+            if p.kind == "tensor":
+                names.append(p.name)
+            elif p.kind == "tensors":
+                names.extend(f"{p.name}.{i}" for i in range(len(p.value)))
+        return names
+
+    def tensor_sigs(self) -> list[TensorSig]:
+        out = []
+        for p in self.params:
+            if p.kind == "tensor":
+                out.append(p.value)
+            elif p.kind == "tensors":
+                out.extend(p.value)
+        return out
+
+    def devices(self) -> set[str]:
+        return {s.device for s in self.tensor_sigs()}
+
+    def describe(self) -> str:
+        parts = []
+        for p in self.params:
+            if p.kind == "tensor":
+                parts.append(f"{p.name}: {p.value.elem}{list(p.value.shape)}@{p.value.device}")
+            elif p.kind == "tensors":
+                parts.append(f"{p.name}: [{', '.join(f'{s.elem}{list(s.shape)}' for s in p.value)}]")
+            else:
+                parts.append(f"{p.name}={p.value!r}")
+        return "(" + ", ".join(parts) + ")"
+
+
+def bind(fn: Callable, args: tuple, kwargs: dict) -> tuple[Signature, list[torch.Tensor]]:
+    """The signature of a call of fn and its tensor arguments, flattened in order."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise SignatureError(f"{fn.__name__}(): {e}") from None
+    bound.apply_defaults()
+    params, tensors = [], []
+    for name, value in bound.arguments.items():
+        if isinstance(value, torch.Tensor):
+            params.append(Param(name, "tensor", _tensor_sig(fn, name, value)))
+            tensors.append(value)
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            params.append(Param(name, "tensors", tuple(_tensor_sig(fn, f"{name}[{i}]", v) for i, v in enumerate(value)),
+                                "list" if isinstance(value, list) else "tuple"))
+            tensors.extend(value)
+        elif value is None:
+            params.append(Param(name, "none", None))
+        elif isinstance(value, _CONST_TYPES) or (
+                isinstance(value, (list, tuple)) and all(isinstance(v, _CONST_TYPES) for v in value)):
+            params.append(Param(name, "const", tuple(value) if isinstance(value, list) else value))
+        elif isinstance(value, torch.dtype):
+            params.append(Param(name, "const", value))
+        else:
+            raise SignatureError(
+                f"{fn.__name__}(): argument '{name}' is a {type(value).__name__}; kf functions take tensors, "
+                f"lists of tensors, None and Python constants (bool, int, float, str)")
+    return Signature(tuple(params)), tensors
+
+
+def _tensor_sig(fn: Callable, name: str, t: torch.Tensor) -> TensorSig:
+    try:
+        return TensorSig.of(t)
+    except TypeError as e:
+        raise SignatureError(f"{fn.__name__}(): argument '{name}': {e}") from None
+
+
+def rebuild_args(sig: Signature, tensors: list) -> dict[str, Any]:
+    """Keyword arguments for the function from the signature and its flattened tensors."""
+    out, i = {}, 0
+    for p in sig.params:
+        if p.kind == "tensor":
+            out[p.name] = tensors[i]
+            i += 1
+        elif p.kind == "tensors":
+            n = len(p.value)
+            seq = tensors[i:i + n]
+            out[p.name] = list(seq) if p.container == "list" else tuple(seq)
+            i += n
+        else:
+            out[p.name] = p.value
+    return out

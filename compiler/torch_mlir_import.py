@@ -1,0 +1,113 @@
+"""The long tail of ATen: ops with no kf op are lowered by torch-mlir's FX importer.
+
+This is the only module that imports torch_mlir. torch-mlir has its own MLIR build, so
+its result crosses over as text (linalg-on-tensors), is parsed into kf's context as a
+private function, and the kf function calls it. Later stages lower that function with
+the rest. If torch-mlir cannot lower the op either, the caller gets an error naming
+the op and the user's line.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+from mlir import ir
+from mlir.dialects import func
+
+from .aten_to_kf import Unsupported
+
+
+
+def _with_location(text: str, loc: ir.Location) -> str:
+    """torch-mlir's text with every op located at the user's line that called the op."""
+    parsed = ir.Module.parse(text)
+    printed = parsed.operation.get_asm(enable_debug_info=True)
+    return re.sub(r'loc\("-":\d+:\d+\)', str(loc).replace("\\", "\\\\"), printed)
+
+
+class _OneOp(torch.nn.Module):
+    def __init__(self, target, args, kwargs, slots):
+        super().__init__()
+        self.target, self.args_, self.kwargs_, self.slots = target, args, kwargs, slots
+
+    def forward(self, *tensors):
+        def fill(a):
+            if isinstance(a, _Slot):
+                return tensors[a.index]
+            if isinstance(a, (list, tuple)):
+                return type(a)(fill(x) for x in a)
+            return a
+
+        return self.target(*fill(self.args_), **{k: fill(v) for k, v in self.kwargs_.items()})
+
+
+class _Slot:
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _example(val) -> torch.Tensor:
+    if val.dtype.is_floating_point:
+        return torch.randn(tuple(val.shape), dtype=val.dtype)
+    if val.dtype == torch.bool:
+        return torch.rand(tuple(val.shape)) > 0.5
+    return torch.zeros(tuple(val.shape), dtype=val.dtype)
+
+
+def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
+    """Lower one ATen node through torch-mlir; returns the kf-side value(s)."""
+    try:
+        from torch_mlir import fx as tm_fx
+    except ImportError:
+        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, kf's fallback for other ATen ops, "
+                                                         "is not installed (pip install torch-mlir)") from None
+    values: list[ir.Value] = []
+    examples: list[torch.Tensor] = []
+
+    def slot(a_fx, a_kf):
+        if isinstance(a_fx, torch.fx.Node):
+            values.append(a_kf)
+            examples.append(_example(a_fx.meta["val"]))
+            return _Slot(len(values) - 1)
+        if isinstance(a_fx, (list, tuple)):
+            return type(a_fx)(slot(x, y) for x, y in zip(a_fx, a_kf))
+        return a_fx
+
+    op_args = [slot(a, b) for a, b in zip(node.args, args)]
+    op_kwargs = {k: slot(node.kwargs[k], v) for k, v in kwargs.items()}
+    fname = f"kf_{name.replace('.', '_')}_{conv._fallbacks}"
+    conv._fallbacks += 1
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            imported = tm_fx.export_and_import(_OneOp(node.target, op_args, op_kwargs, None), *examples,
+                                               output_type="linalg-on-tensors", func_name=fname)
+        text = str(imported)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise Unsupported(f"{name} has no kf op and torch-mlir could not lower it",
+                          cause=f"torch-mlir: {first[:200]}") from None
+    try:
+        parsed = ir.Module.parse(_with_location(text, ir.Location.current))
+    except ir.MLIRError as e:
+        diag = e.error_diagnostics[0].message if e.error_diagnostics else str(e).splitlines()[0]
+        raise Unsupported(f"{name} has no kf op, and torch-mlir lowers it to ops kf cannot compile",
+                          cause=f"torch-mlir's output: {diag.strip()}") from None
+    callee = None
+    anchor = ir.InsertionPoint.at_block_begin(conv.module.body)
+    for op in list(parsed.body.operations):
+        op = op.operation
+        op.detach_from_parent()
+        anchor.insert(op)
+        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == fname:
+            callee = op
+    if callee is None:
+        raise Unsupported(f"{name}: torch-mlir produced no function {fname}")
+    callee.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    callee.attributes["kf.aten"] = ir.StringAttr.get(name)
+    ftype = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value)
+    call = func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(fname), values)
+    results = list(call.results)
+    return results[0] if len(results) == 1 else tuple(results)
