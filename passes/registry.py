@@ -20,7 +20,6 @@ _ENTRIES = [
     PassEntry("kf-verify", "verify", "VerifyPass", "check the shape and element-type rules of every kf op"),
     PassEntry("kf-canonicalize", "canonicalize", "CanonicalizePass",
               "fold constants, simplify broadcasts, reshapes and transposes, remove dead kf ops"),
-    PassEntry("kf-to-cuda", "to_cuda", "ToCudaPass", "lower gpu.module kernels through NVVM to PTX (gpu.binary)"),
     PassEntry("kf-lower-to-linalg", "lower_to_linalg", "LowerToLinalgPass", "rewrite kf ops into linalg/tensor/arith/math/scf on tensors"),
     PassEntry("kf-to-cpu", "to_cpu", "ToCpuPass", "destination-passing style, bufferize, lower linalg on tensors to LLVM"),
 ]
