@@ -1,0 +1,517 @@
+"""kf-to-spirv: lower kf's ``gpu.module`` to a validated SPIR-V binary for Vulkan (and,
+through SPIRV-Cross, for Metal: see ``to_metal.py``).
+
+Input contract: a ``gpu.module`` (``@kf_kernels``) whose ``gpu.func ... kernel``
+functions take statically shaped memrefs, inputs then outputs, and use gpu ids, scf,
+arith, math, memref, vector, workgroup memory and ``gpu.barrier``. The workgroup size
+comes from the kernel's ``known_block_size``, an existing ``spirv.entry_point_abi`` or
+the pass option ``workgroup-size`` (the KernelABI block size).
+
+What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
+
+1. attaches ``spirv.target_env`` (Vulkan, SPIR-V 1.3, the capabilities below) to the
+   gpu.module and ``spirv.entry_point_abi<workgroup_size = ...>`` to every kernel;
+2. prepares what upstream ``convert-gpu-to-spirv`` (LLVM 22) cannot take:
+   - ``#gpu.address_space<workgroup|private>`` becomes ``#spirv.storage_class<Workgroup|
+     Function>`` (upstream's Vulkan storage-class map only knows integer spaces);
+   - gpu.func workgroup/private *attributions* become ``memref.alloc``/``memref.alloca``
+     at the top of the kernel (upstream asserts, killing the process, on attributions);
+   - ``memref.alloca`` in workgroup space becomes ``memref.alloc`` (only alloc has a
+     Workgroup pattern upstream);
+   - bf16 (see below);
+3. runs ``gpu.module(convert-math-to-spirv), convert-gpu-to-spirv,
+   spirv.module(spirv-lower-abi-attrs, spirv-update-vce)``;
+4. with ``serialize`` (the default) moves the ``spirv.module`` into its gpu.module and
+   runs ``gpu-module-to-binary``: the result is a ``gpu.binary`` holding the SPIR-V words,
+   checked with ``spirv-val`` when the tool exists.
+
+Binding layout: descriptor set 0, binding i = kernel argument i (upstream's default
+``spirv.interface_var_abi``, which this pass relies on and records). Every kernel's
+layout, workgroup size, workgroup-memory bytes and required capabilities are recorded on
+the result op as ``kf.kernels``; ``compile_spirv`` returns them as plain data for
+``runtime/abi.py``'s ``KernelABI.extra`` (see ``SpirvKernel.abi_extra``).
+
+Element types: f32, f16, i32, i64, i8 natively (lavapipe has shaderFloat16, Int64,
+Int16, Int8 and 16/8-bit storage); i1 buffers are stored as one byte per element (what
+torch's bool is), upstream's ``boolNumBits = 8``. **bf16** has no Vulkan storage type
+here (SPV_KHR_bfloat16 is newer than the drivers kf meets), and upstream silently
+widens ``memref<bf16>`` to an f32 array, which would break the byte layout of torch's
+bf16 tensors. kf instead keeps bf16 buffers as 16-bit integer storage (the launcher
+hands over the tensor's bytes unchanged) and converts in the kernel: arithmetic on bf16
+is emulated in f32 (``arith-emulate-unsupported-floats``), loads and stores become
+i16 loads/stores with bitcasts, and ``arith-expand{include-bf16}`` turns the bf16<->f32
+conversions into integer shifts (truncation rounds to nearest even). No bf16 value is
+left for the SPIR-V type converter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from mlir import ir
+from mlir.passmanager import PassManager
+
+from .base import KfPass, PassError
+
+#: What kf asks of a Vulkan device by default. spirv-update-vce trims the module's
+#: requirements to what it really uses, so an f32 kernel needs only Shader.
+DEFAULT_CAPABILITIES = ("Shader", "Int64", "Int16", "Int8", "Float16", "StorageBuffer16BitAccess",
+                        "StorageBuffer8BitAccess", "GroupNonUniform", "GroupNonUniformArithmetic",
+                        "GroupNonUniformBallot", "GroupNonUniformShuffle")
+DEFAULT_EXTENSIONS = ("SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_storage", "SPV_KHR_8bit_storage")
+#: Limits that nearly every Vulkan compute device meets (lavapipe: 32 KiB, 1024).
+DEFAULT_SHARED_BYTES = 32768
+DEFAULT_MAX_INVOCATIONS = 1024
+
+#: element type of a kernel argument -> element type of its SPIR-V storage buffer.
+STORAGE_ELEM = {"f32": "f32", "f16": "f16", "bf16": "i16", "i1": "i8", "i8": "i8", "i16": "i16", "i32": "i32",
+                "i64": "i64", "f64": "f64"}
+_ELEM_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "i1": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """One storage buffer of a kernel: where it is bound and what it holds."""
+
+    set: int
+    binding: int
+    elem: str  # the argument's element type (torch's view of the bytes)
+    storage: str  # the element type of the SPIR-V storage buffer
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _ELEM_BYTES[self.elem]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpirvKernel:
+    """Launch facts of one entry point of a SPIR-V binary."""
+
+    entry: str
+    workgroup_size: tuple[int, int, int]
+    bindings: tuple[Binding, ...]
+    workgroup_bytes: int
+    capabilities: tuple[str, ...]
+    extensions: tuple[str, ...]
+
+    def abi_extra(self) -> dict:
+        """What goes into ``KernelABI.extra`` for the vulkan (and metal) launcher."""
+        return {"spirv_bindings": [dataclasses.asdict(b) for b in self.bindings],
+                "workgroup_size": list(self.workgroup_size), "workgroup_bytes": self.workgroup_bytes,
+                "spirv_capabilities": list(self.capabilities), "spirv_extensions": list(self.extensions)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpirvBinary:
+    """A serialized SPIR-V module (one per gpu.module) and its entry points."""
+
+    name: str
+    binary: bytes
+    kernels: dict[str, SpirvKernel]
+
+
+class SpirvValidationError(PassError):
+    """spirv-val rejected a module; the message carries its output and a reproducer."""
+
+
+def _parse_size(text: str) -> tuple[int, int, int] | None:
+    if not text:
+        return None
+    parts = [int(p) for p in re.split(r"[,x\s]+", text.strip()) if p]
+    if not 1 <= len(parts) <= 3 or any(p <= 0 for p in parts):
+        raise ValueError(f"workgroup-size must be 1 to 3 positive integers, got '{text}'")
+    return tuple(parts + [1] * (3 - len(parts)))  # type: ignore[return-value]
+
+
+def _ops(block: ir.Block):
+    """Every op under block, parents before children (a snapshot, safe to mutate)."""
+    out = []
+
+    def visit(b):
+        for op in b.operations:
+            out.append(op.operation)
+            for r in op.operation.regions:
+                for inner in r.blocks:
+                    visit(inner)
+
+    visit(block)
+    return out
+
+
+def _blocks(op: ir.Operation):
+    for r in op.regions:
+        for b in r.blocks:
+            yield b
+            for inner in b.operations:
+                yield from _blocks(inner.operation)
+
+
+def _elem_name(t: ir.Type) -> str:
+    return str(t)
+
+
+def _memory_space(t: ir.MemRefType) -> str:
+    ms = t.memory_space
+    return "" if ms is None else str(ms)
+
+
+_SPACE_MAP = {"#gpu.address_space<workgroup>": "#spirv.storage_class<Workgroup>",
+              "#gpu.address_space<private>": "#spirv.storage_class<Function>",
+              "#gpu.address_space<global>": "", "3": "#spirv.storage_class<Workgroup>"}
+
+
+def _retype(t: ir.Type) -> ir.Type:
+    """The memref type convert-gpu-to-spirv can take: storage class spaces, bf16 as i16."""
+    if not isinstance(t, ir.MemRefType):
+        return t
+    space = _memory_space(t)
+    new_space = _SPACE_MAP.get(space, space)
+    elem = t.element_type
+    new_elem = ir.IntegerType.get_signless(16) if isinstance(elem, ir.BF16Type) else elem
+    if new_space == space and new_elem == elem:
+        return t
+    ms = ir.Attribute.parse(new_space) if new_space else None
+    return ir.MemRefType.get(t.shape, new_elem, t.layout, ms)
+
+
+def _is_workgroup(t: ir.Type) -> bool:
+    return isinstance(t, ir.MemRefType) and _memory_space(t) in (
+        "#gpu.address_space<workgroup>", "#spirv.storage_class<Workgroup>", "3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToSpirvPass(KfPass):
+    NAME = "kf-to-spirv"
+    DESCRIPTION = "lower gpu.module kernels to a validated SPIR-V binary (Vulkan; the input of kf-to-metal)"
+
+    workgroup_size: str = ""  # "256" or "16,16,1": for kernels without known_block_size
+    serialize: bool = True  # false: stop at the spirv.module (for reading the SPIR-V dialect)
+    validate: bool = True  # run spirv-val on the binary when the tool exists
+    use_64bit_index: bool = False
+    capabilities: str = ",".join(DEFAULT_CAPABILITIES)
+    shared_memory_bytes: int = DEFAULT_SHARED_BYTES
+
+    def run(self, module: ir.Operation) -> None:
+        gmods = [op.operation for op in module.regions[0].blocks[0].operations if op.operation.name == "gpu.module"]
+        if not gmods:
+            raise PassError("no gpu.module to lower", module.location)
+        default = _parse_size(self.workgroup_size)
+        metadata = {}
+        has_bf16 = False
+        for gm in gmods:
+            self._attach_target(gm)
+            metadata[gm.attributes["sym_name"].value] = self._prepare_kernels(gm, default)
+            has_bf16 |= _mentions_bf16(gm)
+        if has_bf16:
+            _run(module, "gpu.module(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32})")
+        for gm in gmods:
+            _rewrite_memory(gm)
+        if has_bf16:
+            _run(module, "gpu.module(arith-expand{include-bf16=true}, canonicalize)")
+            for gm in gmods:
+                for op in _ops(gm.regions[0].blocks[0]):
+                    if any(isinstance(r.type, ir.BF16Type) for r in op.results):
+                        raise PassError("a bf16 value is left after bf16 emulation (only memref.load/store and "
+                                        "arith are handled): compute in f32", op.location)
+        _run(module, "gpu.module(convert-math-to-spirv), "
+                     f"convert-gpu-to-spirv{{use-64bit-index={str(self.use_64bit_index).lower()}}}, "
+                     "spirv.module(spirv-lower-abi-attrs, spirv-update-vce)")
+        top = module.regions[0].blocks[0]
+        spv_by_name = {op.operation.attributes["sym_name"].value: op.operation
+                       for op in top.operations if op.operation.name == "spirv.module"}
+        for gm in gmods:
+            name = gm.attributes["sym_name"].value
+            spv = spv_by_name.get(f"__spv__{name}")
+            if spv is None:
+                raise PassError(f"convert-gpu-to-spirv produced no spirv.module for @{name}", gm.location)
+            caps, exts = _vce(spv)
+            metadata[name] = {k: dataclasses.replace(v, capabilities=caps, extensions=exts)
+                              for k, v in metadata[name].items()}
+            spv.attributes["kf.kernels"] = _kernels_attr(metadata[name])
+            if self.serialize:
+                gm.attributes["targets"] = ir.ArrayAttr.get([gm.attributes["spirv.target_env"]])
+                first = gm.regions[0].blocks[0].operations[0]
+                spv.move_before(first.operation)
+        if not self.serialize:
+            return
+        _run(module, "gpu-module-to-binary")
+        for op in top.operations:
+            op = op.operation
+            if op.name != "gpu.binary":
+                continue
+            name = op.attributes["sym_name"].value
+            if name not in metadata:
+                continue
+            op.attributes["kf.kernels"] = _kernels_attr(metadata[name])
+            if self.validate:
+                validate(_object_bytes(op), name, op.location)
+
+    def _attach_target(self, gm: ir.Operation) -> None:
+        if "spirv.target_env" in gm.attributes:
+            return
+        caps = [c.strip() for c in self.capabilities.split(",") if c.strip()]
+        text = (f"#spirv.target_env<#spirv.vce<v1.3, [{', '.join(caps)}], [{', '.join(DEFAULT_EXTENSIONS)}]>, "
+                f"api=Vulkan, #spirv.resource_limits<max_compute_shared_memory_size = {self.shared_memory_bytes}, "
+                f"max_compute_workgroup_invocations = {DEFAULT_MAX_INVOCATIONS}, "
+                f"max_compute_workgroup_size = [1024, 1024, 64]>>")
+        gm.attributes["spirv.target_env"] = ir.Attribute.parse(text)
+
+    def _prepare_kernels(self, gm: ir.Operation, default) -> dict[str, SpirvKernel]:
+        """Fix each kernel's workgroup size and record its binding layout (before conversion
+        changes the argument types)."""
+        out = {}
+        for op in gm.regions[0].blocks[0].operations:
+            op = op.operation
+            if op.name != "gpu.func" or "gpu.kernel" not in op.attributes:
+                continue
+            entry = op.attributes["sym_name"].value
+            size = _kernel_size(op, default)
+            if size is None:
+                raise PassError(f"kernel @{entry} has no workgroup size: give it known_block_size or run "
+                                f"kf-to-spirv{{workgroup-size=...}}", op.location)
+            if math.prod(size) > DEFAULT_MAX_INVOCATIONS:
+                raise PassError(f"kernel @{entry}: workgroup size {size} exceeds {DEFAULT_MAX_INVOCATIONS} "
+                                f"invocations", op.location)
+            op.attributes["spirv.entry_point_abi"] = ir.Attribute.parse(
+                f"#spirv.entry_point_abi<workgroup_size = [{size[0]}, {size[1]}, {size[2]}]>")
+            ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            bindings = []
+            for i, t in enumerate(ftype.inputs):
+                if not isinstance(t, ir.MemRefType) or not t.has_static_shape:
+                    raise PassError(f"kernel @{entry}: argument {i} is {t}; kf kernels take statically shaped "
+                                    f"memrefs only", op.location)
+                if _memory_space(t) not in ("", "#gpu.address_space<global>"):
+                    raise PassError(f"kernel @{entry}: argument {i} is in memory space {t.memory_space}; "
+                                    f"arguments are global buffers", op.location)
+                elem = _elem_name(t.element_type)
+                if elem not in STORAGE_ELEM:
+                    raise PassError(f"kernel @{entry}: argument {i} has element type {elem}, which kf's SPIR-V "
+                                    f"back end does not store (supported: {', '.join(STORAGE_ELEM)})", op.location)
+                bindings.append(Binding(0, i, elem, STORAGE_ELEM[elem], tuple(t.shape)))
+            wg = _workgroup_bytes(op)
+            if wg > self.shared_memory_bytes:
+                raise PassError(f"kernel @{entry} uses {wg} bytes of workgroup memory; the target allows "
+                                f"{self.shared_memory_bytes}", op.location)
+            out[entry] = SpirvKernel(entry, size, tuple(bindings), wg, (), ())
+        if not out:
+            raise PassError(f"gpu.module @{gm.attributes['sym_name'].value} has no kernel", gm.location)
+        return out
+
+
+def _kernel_size(op: ir.Operation, default) -> tuple[int, int, int] | None:
+    known = None
+    if "known_block_size" in op.attributes:
+        known = tuple(ir.DenseI32ArrayAttr(op.attributes["known_block_size"]))
+        known = tuple(list(known) + [1] * (3 - len(known)))
+    elif "spirv.entry_point_abi" in op.attributes:
+        m = re.search(r"workgroup_size = \[(\d+), (\d+), (\d+)\]", str(op.attributes["spirv.entry_point_abi"]))
+        known = tuple(int(x) for x in m.groups()) if m else None
+    if known is not None and default is not None and known != default:
+        raise PassError(f"kernel @{op.attributes['sym_name'].value}: known block size {known} disagrees with "
+                        f"workgroup-size={default}", op.location)
+    return known or default
+
+
+def _workgroup_bytes(func: ir.Operation) -> int:
+    total = 0
+    seen = set()
+    entry = func.regions[0].blocks[0]
+    for a in list(entry.arguments):
+        if _is_workgroup(a.type):
+            total += math.prod(a.type.shape) * _ELEM_BYTES.get(str(a.type.element_type), 4)
+    for op in _ops(entry):
+        if op.name in ("memref.alloc", "memref.alloca") and _is_workgroup(op.results[0].type):
+            t = op.results[0].type
+            if id(op) not in seen:
+                seen.add(id(op))
+                total += math.prod(t.shape) * _ELEM_BYTES.get(str(t.element_type), 4)
+    return total
+
+
+def _mentions_bf16(gm: ir.Operation) -> bool:
+    for b in _blocks(gm):
+        for a in b.arguments:
+            if "bf16" in str(a.type):
+                return True
+        for op in b.operations:
+            if any("bf16" in str(r.type) for r in op.operation.results):
+                return True
+    return False
+
+
+def _rewrite_memory(gm: ir.Operation) -> None:
+    """Step 2 of the module docstring: attributions, workgroup allocas, address spaces, bf16."""
+    from mlir.dialects import arith, memref
+
+    with gm.location:
+        _rewrite_memory_at(gm, arith, memref)
+
+
+def _rewrite_memory_at(gm: ir.Operation, arith, memref) -> None:
+    i16, bf16 = ir.IntegerType.get_signless(16), ir.BF16Type.get()
+    for func in [o.operation for o in gm.regions[0].blocks[0].operations if o.operation.name == "gpu.func"]:
+        entry = func.regions[0].blocks[0]
+        n_inputs = len(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs)
+        n_wg = ir.IntegerAttr(func.attributes["workgroup_attributions"]).value \
+            if "workgroup_attributions" in func.attributes else 0
+        n_attr = len(entry.arguments) - n_inputs
+        with func.location:
+            for k in range(n_attr):
+                arg = entry.arguments[n_inputs + k]
+                t = _retype(arg.type)
+                ip = ir.InsertionPoint.at_block_begin(entry)
+                # private attributions live in Function storage: alloca; workgroup ones need alloc
+                new = memref.AllocOp(t, [], [], ip=ip) if k < n_wg else memref.AllocaOp(t, [], [], ip=ip)
+                arg.replace_all_uses_with(new.result)
+            for k in reversed(range(n_attr)):
+                entry.erase_argument(n_inputs + k)
+            if n_attr:
+                func.attributes["workgroup_attributions"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)
+        for op in _ops(entry):
+            if op.name == "memref.alloca" and _is_workgroup(op.results[0].type):
+                with op.location:
+                    new = memref.AllocOp(op.results[0].type, [], [], ip=ir.InsertionPoint(op))
+                op.results[0].replace_all_uses_with(new.result)
+                op.erase()
+        # Retype every memref value; remember bf16 loads and stores to patch afterwards.
+        for b in _blocks(func):
+            for a in b.arguments:
+                nt = _retype(a.type)
+                if nt != a.type:
+                    a.set_type(nt)
+        patch = []
+        for op in _ops(entry):
+            for r in op.results:
+                nt = _retype(r.type)
+                if nt != r.type:
+                    r.set_type(nt)
+            if op.name in ("memref.load", "memref.store"):
+                patch.append(op)
+            elif op.name.startswith("vector.") and any("bf16" in str(v.type) for v in op.operands):
+                raise PassError(f"{op.name} on bf16 is not supported by kf-to-spirv: load scalars", op.location)
+        ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+        func.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get([_retype(t) for t in ftype.inputs], list(ftype.results)))
+        for op in patch:
+            with op.location:
+                if op.name == "memref.load" and isinstance(op.results[0].type, ir.BF16Type):
+                    res = op.results[0]
+                    res.set_type(i16)
+                    bc = arith.BitcastOp(bf16, res, ip=ir.InsertionPoint(op))
+                    bc.operation.move_after(op)
+                    res.replace_all_uses_except(bc.result, bc.operation)
+                elif op.name == "memref.store" and isinstance(op.operands[0].type, ir.BF16Type):
+                    bc = arith.BitcastOp(i16, op.operands[0], ip=ir.InsertionPoint(op))
+                    op.operands[0] = bc.result
+
+
+def _run(module: ir.Operation, pipeline: str) -> None:
+    pm = PassManager.parse(f"builtin.module({pipeline})", context=module.context)
+    try:
+        pm.run(module)
+    except ir.MLIRError as e:
+        diags = "; ".join(f"{d.location}: {d.message}" for d in e.error_diagnostics) or str(e)
+        raise PassError(f"'{pipeline}' failed: {diags}", module.location) from None
+
+
+def _vce(spv: ir.Operation) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    text = str(spv.attributes["vce_triple"]) if "vce_triple" in spv.attributes else ""
+    m = re.search(r"#spirv\.vce<v[\d.]+, \[([^\]]*)\], \[([^\]]*)\]>", text)
+    if not m:
+        return (), ()
+    split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
+    return split(m.group(1)), split(m.group(2))
+
+
+def _kernels_attr(kernels: dict[str, SpirvKernel]) -> ir.Attribute:
+    """kf.kernels = {entry = {workgroup_size, workgroup_bytes, bindings, capabilities}}: the
+    launch facts in the IR, so a later pass (kf-to-metal) and compile_spirv read one source."""
+    i64 = ir.IntegerType.get_signless(64)
+    out = {}
+    for k in kernels.values():
+        out[k.entry] = ir.DictAttr.get({
+            "workgroup_size": ir.DenseI64ArrayAttr.get(list(k.workgroup_size)),
+            "workgroup_bytes": ir.IntegerAttr.get(i64, k.workgroup_bytes),
+            "capabilities": ir.ArrayAttr.get([ir.StringAttr.get(c) for c in k.capabilities]),
+            "extensions": ir.ArrayAttr.get([ir.StringAttr.get(c) for c in k.extensions]),
+            "bindings": ir.ArrayAttr.get([ir.DictAttr.get({
+                "set": ir.IntegerAttr.get(i64, b.set), "binding": ir.IntegerAttr.get(i64, b.binding),
+                "elem": ir.StringAttr.get(b.elem), "storage": ir.StringAttr.get(b.storage),
+                "shape": ir.DenseI64ArrayAttr.get(list(b.shape))}) for b in k.bindings]),
+        })
+    return ir.DictAttr.get(out)
+
+
+def kernels_from_attr(attr: ir.Attribute) -> dict[str, SpirvKernel]:
+    """The inverse of the ``kf.kernels`` attribute this pass writes."""
+    d = ir.DictAttr(attr)
+    out = {}
+    for i in range(len(d)):
+        named = d[i]
+        entry, k = named.name, ir.DictAttr(named.attr)
+        strs = lambda a: tuple(ir.StringAttr(x).value for x in ir.ArrayAttr(a))  # noqa: E731
+        bindings = tuple(
+            Binding(ir.IntegerAttr(b["set"]).value, ir.IntegerAttr(b["binding"]).value, ir.StringAttr(b["elem"]).value,
+                    ir.StringAttr(b["storage"]).value, tuple(ir.DenseI64ArrayAttr(b["shape"])))
+            for b in map(ir.DictAttr, ir.ArrayAttr(k["bindings"])))
+        out[entry] = SpirvKernel(entry, tuple(ir.DenseI64ArrayAttr(k["workgroup_size"])), bindings,
+                                 ir.IntegerAttr(k["workgroup_bytes"]).value, strs(k["capabilities"]),
+                                 strs(k["extensions"]))
+    return out
+
+
+def _object_bytes(binary_op: ir.Operation) -> bytes:
+    from mlir.dialects import gpu
+
+    objs = ir.ArrayAttr(binary_op.attributes["objects"])
+    return bytes(gpu.ObjectAttr(objs[0]).object)
+
+
+def validate(binary: bytes, name: str = "module", location: ir.Location | None = None) -> None:
+    """Run ``spirv-val --target-env vulkan1.1`` on binary; raise with its output and a
+    reproducer (the binary is kept on disk) when it rejects the module. No tool: no check."""
+    tool = shutil.which("spirv-val")
+    if tool is None:
+        return
+    with tempfile.NamedTemporaryFile(suffix=".spv", delete=False, prefix=f"kf-{name}-") as f:
+        f.write(binary)
+        path = f.name
+    r = subprocess.run([tool, "--target-env", "vulkan1.1", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SpirvValidationError(f"spirv-val rejected @{name}:\n{r.stdout}{r.stderr}\nreproduce: "
+                                   f"{tool} --target-env vulkan1.1 {path}", location)
+    os.unlink(path)
+
+
+def compile_spirv(module: ir.Module | ir.Operation | str, workgroup_size: tuple[int, ...] | None = None,
+                  **options) -> list[SpirvBinary]:
+    """Run kf-to-spirv on (a copy of) module and return each gpu.module's binary and its
+    per-kernel binding layout. Text is parsed in a fresh context. Raises PassError."""
+    if isinstance(module, str):
+        ctx = ir.Context()
+        ctx.load_all_available_dialects()
+        with ctx:
+            return compile_spirv(ir.Module.parse(module), workgroup_size, **options)
+    op = module.operation if isinstance(module, ir.Module) else module
+    op = op.clone()
+    try:
+        size = ",".join(map(str, workgroup_size)) if workgroup_size else ""
+        p = ToSpirvPass(workgroup_size=size, **options)
+        with op.context, op.location:
+            p.run(op)
+            out = []
+            for b in op.regions[0].blocks[0].operations:
+                b = b.operation
+                if b.name == "gpu.binary" and "kf.kernels" in b.attributes:
+                    out.append(SpirvBinary(b.attributes["sym_name"].value, _object_bytes(b),
+                                           kernels_from_attr(b.attributes["kf.kernels"])))
+            return out
+    finally:
+        op.erase()
