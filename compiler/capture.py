@@ -42,6 +42,7 @@ class Captured:
     output_tree: Any  # how the flat results nest: ("tensor", i) | ("tuple"/"list", [...])
     graph: torch.fx.GraphModule | None = None
     source_locs: dict[str, SourceLoc] = field(default_factory=dict)
+    fallbacks: dict[str, Callable] = field(default_factory=dict)  # torch-mlir callees -> ATen op
 
     @property
     def kf_ir(self) -> str:
@@ -179,7 +180,7 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
         from kf.dialects import spec_of
 
         out_specs = [spec_of(v.type) for v in flat]
-    return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs)
+    return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops)
 
 
 def _bind_placeholders(ep, placeholders, args, conv) -> dict:

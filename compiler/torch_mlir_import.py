@@ -79,10 +79,11 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     op_kwargs = {k: slot(node.kwargs[k], v) for k, v in kwargs.items()}
     fname = f"kf_{name.replace('.', '_')}_{conv._fallbacks}"
     conv._fallbacks += 1
+    one_op = _OneOp(node.target, op_args, op_kwargs, None)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            imported = tm_fx.export_and_import(_OneOp(node.target, op_args, op_kwargs, None), *examples,
+            imported = tm_fx.export_and_import(one_op, *examples,
                                                output_type="linalg-on-tensors", func_name=fname)
         text = str(imported)
     except Exception as e:
@@ -105,6 +106,7 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
             callee = op
     if callee is None:
         raise Unsupported(f"{name}: torch-mlir produced no function {fname}")
+    conv.fallback_ops[fname] = one_op  # what the interpreter runs for this call
     callee.attributes["sym_visibility"] = ir.StringAttr.get("private")
     callee.attributes["kf.aten"] = ir.StringAttr.get(name)
     ftype = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value)

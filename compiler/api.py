@@ -1,0 +1,113 @@
+"""The decorators: ``@kf.jit``, ``@kf.cuda_kernel``, ``@kf.metal_shader``.
+
+A decorated function keeps its Python signature. The first call with a new signature
+captures and compiles it; the ready program goes into a dispatch table keyed by the
+signature, so later calls go straight from Python to the launcher.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+from .errors import TargetError
+from .options import Options
+from .signature import Signature, bind
+
+_DEVICE_TARGET = {"cuda": "cuda", "mps": "metal", "cpu": "cpu"}
+_TARGET_DEVICES = {"cuda": ("cuda",), "metal": ("mps",), "vulkan": ("cpu",), "cpu": ("cpu",)}
+
+
+class KfFunction:
+    """A torch function that kf compiles on first call for each new signature."""
+
+    def __init__(self, fn: Callable, options: Options):
+        if isinstance(fn, KfFunction):
+            fn = fn.fn
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.options = options
+        self.__kf_function__ = self
+        self._table: dict[Signature, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<kf function {self.fn.__name__} target={self.options.target}>"
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else functools.partial(self, obj)
+
+    def with_options(self, **changes) -> "KfFunction":
+        """The same function compiled with other options, e.g. ``f.with_options(target="vulkan")``."""
+        return KfFunction(self.fn, self.options.with_(**changes))
+
+    def resolve_target(self, sig: Signature) -> str:
+        devices = sig.devices()
+        target = self.options.target
+        if len(devices) > 1:
+            raise TargetError(f"{self.fn.__name__}: tensors are on several devices ({', '.join(sorted(devices))}); "
+                              f"move them to one device")
+        device = next(iter(devices), "cpu")
+        if target == "auto":
+            if device not in _DEVICE_TARGET:
+                raise TargetError(f"{self.fn.__name__}: kf has no target for tensors on '{device}'")
+            return _DEVICE_TARGET[device]
+        if device not in _TARGET_DEVICES[target]:
+            hint = {"metal": "Metal runs on Apple GPUs: pass tensors on 'mps', or use "
+                             f"{self.fn.__name__}.with_options(target='vulkan') or target='cpu' elsewhere",
+                    "cuda": "pass tensors on 'cuda' (tensor.cuda()), or use "
+                            f"{self.fn.__name__}.with_options(target='auto') to follow the tensors",
+                    "vulkan": "the Vulkan target takes CPU tensors and runs them on the Vulkan device",
+                    "cpu": "move the tensors to the CPU, or use target='auto'"}[target]
+            raise TargetError(f"{self.fn.__name__} is compiled for {target}, but its tensors are on '{device}'",
+                              cause=hint)
+        return target
+
+    def _interpret(self) -> bool:
+        return self.options.interpret or os.environ.get("KF_INTERPRET", "") not in ("", "0")
+
+    def specialize(self, sig: Signature, tensors: list):
+        """The ready program for a signature, compiling it on first use."""
+        program = self._table.get(sig)
+        if program is None:
+            from . import driver
+
+            target = self.resolve_target(sig)
+            options = self.options.with_(target=target, interpret=self._interpret())
+            program = driver.compile_function(self.fn, sig, tensors, options)
+            self._table[sig] = program
+        return program
+
+    def __call__(self, *args, **kwargs):
+        sig, tensors = bind(self.fn, args, kwargs)
+        return self.specialize(sig, tensors)(tensors)
+
+    def inspect(self, *args, **kwargs):
+        """Every stage's text for this call signature (see kf.inspect)."""
+        from . import driver
+
+        sig, tensors = bind(self.fn, args, kwargs)
+        # Inspection compiles for the decorator's target whatever device the example
+        # tensors are on: a metal_shader's MSL can be read on Linux.
+        target = self.options.target
+        if target == "auto":
+            target = _DEVICE_TARGET.get(next(iter(sig.devices()), "cpu"), "cpu")
+        return driver.inspect_function(self.fn, sig, tensors, self.options.with_(target=target))
+
+
+def _decorator(default: Options):
+    def decorate(fn: Callable | None = None, /, **options: Any):
+        opts = default.with_(**options) if options else default
+        if fn is None:
+            return lambda f: KfFunction(f, opts)
+        return KfFunction(fn, opts)
+
+    return decorate
+
+
+jit = _decorator(Options())
+jit.__doc__ = """Compile a torch function with kf: ``@kf.jit`` or ``@kf.jit(target="vulkan", interpret=False)``."""
+cuda_kernel = _decorator(Options(target="cuda"))
+cuda_kernel.__doc__ = """``@kf.jit(target="cuda")``: compile to PTX and run on NVIDIA GPUs."""
+metal_shader = _decorator(Options(target="metal"))
+metal_shader.__doc__ = """``@kf.jit(target="metal")``: compile to MSL and run on Apple GPUs."""
