@@ -510,10 +510,12 @@ def _topk(op, args, attrs, out):
         i64 = ir.IntegerType.get_signless(64)
 
         def mark(a):
-            here = arith.cmpi(arith.CmpIPredicate.eq, arith.index_cast(i64, _loop_index(dim)), a[1])
-            return arith.ori(a[0], here)
+            here = arith.cmpi(arith.CmpIPredicate.eq, arith.index_cast(i64, _loop_index(dim)), a[0])
+            return [arith.ori(a[1], here)]
 
-        taken = map_elements([taken, best_i], shape, i1, mark, maps=[_identity(rank), _projection(rank, kept)])
+        # The mask is updated in place (it is the generic's init), so that the loop
+        # carries one buffer after bufferization instead of a new one per iteration.
+        (taken,) = generic([best_i], [taken], [_projection(rank, kept), _identity(rank)], ["parallel"] * rank, mark)
         return [vals, idxs, taken]
 
     init = [empty(out[0].shape, out[0].elem), empty(out[1].shape, "i64"), filled(shape, i1, 0)]
