@@ -22,6 +22,7 @@ _ENTRIES = [
               "fold constants, simplify broadcasts, reshapes and transposes, remove dead kf ops"),
     PassEntry("kf-to-spirv", "to_spirv", "ToSpirvPass", "lower gpu.module kernels to a validated SPIR-V binary (gpu.binary) for Vulkan"),
     PassEntry("kf-to-metal", "to_metal", "ToMetalPass", "SPIR-V through SPIRV-Cross to MSL, with threadgroup sizes and buffer indices"),
+    PassEntry("kf-to-cuda", "to_cuda", "ToCudaPass", "lower gpu.module kernels through NVVM to PTX (gpu.binary)"),
     PassEntry("kf-lower-to-linalg", "lower_to_linalg", "LowerToLinalgPass", "rewrite kf ops into linalg/tensor/arith/math/scf on tensors"),
     PassEntry("kf-to-cpu", "to_cpu", "ToCpuPass", "destination-passing style, bufferize, lower linalg on tensors to LLVM"),
 ]

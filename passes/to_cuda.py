@@ -1,0 +1,366 @@
+"""kf-to-cuda: gpu-dialect kernels to PTX, and PTX to a cubin with ptxas.
+
+Input contract: a ``builtin.module`` holding ``gpu.module``s (kf's GPU mapping makes one,
+``@kf_kernels``) whose ``gpu.func ... kernel`` functions take statically shaped memrefs,
+inputs then outputs, and use gpu ids, scf, arith, math, memref, vector, workgroup memory
+and ``gpu.barrier``.
+
+The pass runs the upstream NVVM path that DESIGN.md records as checked:
+
+    nvvm-attach-target{chip=...}
+    gpu.module(expand-strided-metadata, lower-affine, math-extend-to-supported-types,
+               convert-vector-to-scf, convert-scf-to-cf,
+               convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, convert-nvvm-to-llvm,
+               canonicalize, cse)
+    reconcile-unrealized-casts
+    (kf fix-ups: dynamic shared memory made extern, the ftz flag)
+    gpu-module-to-binary{format=isa}
+
+and leaves one ``gpu.binary`` per ``gpu.module`` whose object holds the PTX text.
+
+Why these choices:
+
+- Bare-pointer calling convention: each memref argument becomes one ``.param .u64``
+  pointer, so the launcher (runtime/cuda.py) passes one device pointer per buffer and
+  never builds memref descriptors. It needs static shapes and identity layouts, which the
+  input contract promises.
+- Math: ``convert-gpu-to-nvvm`` turns math ops (exp, erf, tanh, rsqrt, log, ...) into
+  calls of libdevice's ``__nv_*`` functions. The xtc wheel is built with libdevice
+  *embedded* (``_mlir_embedded_libdevice`` in libMLIRPythonCAPI.so), and
+  ``gpu-module-to-binary`` links it in: checked under strace, no ``libdevice.10.bc`` is
+  opened, and the PTX has no ``.extern .func``. So no CUDA toolkit is needed to compile.
+  ``ftz`` sets libdevice's ``__nvvm_reflect("__CUDA_FTZ")`` through the
+  ``nvvm-reflect-ftz`` module flag (flush-to-zero math, as nvcc's -ftz=true).
+- ``math-extend-to-supported-types`` computes f16/bf16 math in f32: libdevice has only
+  f32/f64 entry points. f16/bf16 *loads and stores* need nothing: they are ``ld.global.b16``.
+- scf must be lowered inside the gpu.module, before convert-gpu-to-nvvm, or a leftover
+  cast stops the LLVM translation (DESIGN.md).
+
+Beside the pass: ``compile_to_ptx`` (module or text in, ``{gpu.module name: PTX}`` out)
+and ``assemble`` (``ptxas -arch=<chip> -v``: cubin bytes and, per kernel, the registers,
+shared memory, stack frame, spills and barriers it reported). ``python -m kf.passes.to_cuda
+file.mlir [--ptxas]`` prints both; the lit test uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mlir import ir
+from mlir.dialects import gpu
+from mlir.passmanager import PassManager
+
+from .base import KfPass, PassError
+
+try:
+    from kf.errors import TargetError as _TargetBase
+except ImportError:  # compiler/errors.py is being written beside this; until then a plain error
+    _TargetBase = RuntimeError  # type: ignore[misc,assignment]
+
+
+class CudaCompileError(_TargetBase):
+    """The NVVM pipeline or ptxas rejected a module; the message carries the diagnostics
+    and a command that reproduces the failure on a saved copy of the input."""
+
+    def __init__(self, message: str, *, cause: str = "", command: str = "", reproducer: str = ""):
+        if _TargetBase is RuntimeError:
+            parts = [message] + [f"  {k}: {v}" for k, v in
+                                 (("cause", cause), ("reproducer", reproducer), ("reproduce with", command)) if v]
+            super().__init__("\n".join(parts))
+        else:
+            super().__init__(message, stage="cuda", cause=cause or None, reproducer=reproducer or None,
+                             command=command or None)
+
+
+@dataclass(frozen=True)
+class ToCudaPass(KfPass):
+    """``kf-to-cuda{chip=sm_90 features=+ptx80 opt-level=3 ftz=false index-bitwidth=64}``."""
+
+    NAME: ClassVar[str] = "kf-to-cuda"
+    DESCRIPTION: ClassVar[str] = "lower gpu.module kernels through NVVM to PTX (one gpu.binary per gpu.module)"
+
+    chip: str = "sm_90"
+    features: str = ""  # PTX ISA, e.g. "+ptx80"; empty lets LLVM pick the lowest the chip allows
+    opt_level: int = 3
+    ftz: bool = False  # libdevice's flush-to-zero variants (__nvvm_reflect("__CUDA_FTZ") = 1)
+    index_bitwidth: int = 64  # 32 saves registers when every index fits in i32
+
+    def lowering_pipeline(self) -> str:
+        """gpu dialect to the LLVM/NVVM dialects inside each gpu.module."""
+        attach = f"chip={self.chip} O={self.opt_level}"
+        if self.features:
+            attach += f" features={self.features}"
+        return ("builtin.module("
+                f"nvvm-attach-target{{{attach}}}, "
+                "gpu.module(expand-strided-metadata, lower-affine, "
+                "math-extend-to-supported-types{target-type=f32}, convert-vector-to-scf, convert-scf-to-cf, "
+                f"convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv=1 index-bitwidth={self.index_bitwidth}}}, "
+                "convert-nvvm-to-llvm, canonicalize, cse), "
+                "reconcile-unrealized-casts)")
+
+    @staticmethod
+    def serialize_pipeline() -> str:
+        return "builtin.module(gpu-module-to-binary{format=isa})"
+
+    def upstream_pipeline(self) -> str:
+        """The upstream passes this pass runs, in order, as one mlir-opt pipeline (the
+        fix-ups below run between the two parts)."""
+        return self.lowering_pipeline()[:-1] + ", gpu-module-to-binary{format=isa})"
+
+    def as_callable(self):
+        """As KfPass.as_callable, and first load what the nested pipelines need into the
+        current context (the one the outer PassManager is being built in).
+
+        A PassManager appends its passes' dependent dialects and interfaces to the context
+        when it runs, and MLIR forbids (asserts) that while another PassManager is running
+        on the context, which is where ``run`` starts the nested ones. Running them once
+        on an empty module here, before the outer run, appends them early; the nested runs
+        then find them present and append nothing.
+        """
+        try:
+            ctx = ir.Context.current
+        except ValueError:
+            ctx = None
+        if ctx is not None:
+            with ctx, ir.Location.unknown():
+                for text in (self.lowering_pipeline(), self.serialize_pipeline()):
+                    PassManager.parse(text, context=ctx).run(ir.Module.create().operation)
+        return super().as_callable()
+
+    def run(self, module: ir.Operation) -> None:
+        if not _gpu_modules(module):
+            raise PassError("no gpu.module to compile: kf-to-cuda expects the output of kf's GPU mapping",
+                            module.location)
+        _check_kernel_signatures(module)
+        # The nested runs report through the context's diagnostics; an MLIRError here means
+        # they were already emitted, which the outer pass turns into a pass failure.
+        PassManager.parse(self.lowering_pipeline(), context=module.context).run(module)
+        for gm in _gpu_modules(module):
+            _extern_dynamic_shared(gm)
+            if self.ftz:
+                _set_reflect_ftz(gm)
+        PassManager.parse(self.serialize_pipeline(), context=module.context).run(module)
+
+
+def _extern_dynamic_shared(gpu_module: ir.Operation) -> None:
+    """Give ``gpu.dynamic_shared_memory``'s global external linkage.
+
+    convert-gpu-to-nvvm makes it ``llvm.mlir.global internal @__dynamic_shmem__N :
+    !llvm.array<0 x i8>`` in address space 3, and LLVM 22's NVPTX back end prints that as
+    a 1-byte *static* ``.shared .b8 __dynamic_shmem__0;`` (ptxas: "1 bytes smem"), which
+    other static shared variables can be placed after and the kernel's dynamic accesses
+    would then overwrite. External linkage prints the CUDA form, ``.extern .shared .align
+    16 .b8 __dynamic_shmem__0[];``, which is the dynamic shared window and nothing else.
+    """
+    for op in gpu_module.regions[0].blocks[0].operations:
+        op = op.operation
+        if (op.name == "llvm.mlir.global" and ir.StringAttr(op.attributes["sym_name"]).value.startswith(
+                "__dynamic_shmem__") and "addr_space" in op.attributes
+                and ir.IntegerAttr(op.attributes["addr_space"]).value == 3):
+            op.attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<external>")
+
+
+def _set_reflect_ftz(gpu_module: ir.Operation) -> None:
+    """Set the ``nvvm-reflect-ftz`` module flag that libdevice's __nvvm_reflect reads, so
+    its math takes the flush-to-zero paths (what nvcc's -ftz=true does to libdevice).
+    nvvm-attach-target's own ``ftz``/``fast`` flags were tried first: with LLVM 22 they
+    land on the target attribute but the PTX came out byte for byte the same."""
+    block = gpu_module.regions[0].blocks[0]
+    with ir.Location.unknown():
+        flag = ir.Operation.parse('llvm.module_flags [#llvm.mlir.module_flag<override, "nvvm-reflect-ftz", 1 : i32>]')
+    if len(block.operations):
+        ir.InsertionPoint(block.operations[0]).insert(flag)
+    else:
+        ir.InsertionPoint(block).insert(flag)
+
+
+def _gpu_modules(module: ir.Operation) -> list[ir.Operation]:
+    return [op.operation for op in module.regions[0].blocks[0].operations if op.operation.name == "gpu.module"]
+
+
+def _check_kernel_signatures(module: ir.Operation) -> None:
+    """Bare pointers lose shapes and strides: refuse what they cannot describe, early and
+    at the argument's function, rather than as an LLVM-level cast error later."""
+    for gm in _gpu_modules(module):
+        for op in gm.regions[0].blocks[0].operations:
+            if op.operation.name != "gpu.func" or "gpu.kernel" not in op.operation.attributes:
+                continue
+            ftype = ir.FunctionType(ir.TypeAttr(op.operation.attributes["function_type"]).value)
+            for i, t in enumerate(ftype.inputs):
+                if isinstance(t, ir.MemRefType):
+                    identity = isinstance(t.layout, ir.AffineMapAttr) and t.layout.value == ir.AffineMap.get_identity(t.rank)
+                    if not t.has_static_shape or not identity:
+                        raise PassError(f"kernel argument {i} has type {t}: the bare-pointer convention needs a "
+                                        "static shape and the identity layout", op.operation.location)
+
+
+# --------------------------------------------------------------------------- Python API
+
+
+def compile_to_ptx(module: ir.Module | str, **options) -> dict[str, str]:
+    """Run kf-to-cuda on a module (or its text) and return ``{gpu.module name: PTX}``.
+
+    A Module is transformed in place (its gpu.modules become gpu.binary ops); text is
+    parsed in a fresh context. ``options`` are ToCudaPass fields (``chip="sm_80"``, ...).
+    Raises CudaCompileError with the diagnostics and a kf-opt reproducer on failure.
+    """
+    p = ToCudaPass(**options)
+    if isinstance(module, str):
+        ctx = ir.Context()
+        ctx.load_all_available_dialects()
+        with ctx:
+            return _compile(ir.Module.parse(module), p, module)
+    with module.context:
+        return _compile(module, p, None)
+
+
+def _compile(module: ir.Module, p: ToCudaPass, text: str | None) -> dict[str, str]:
+    source = text if text is not None else str(module)
+    try:
+        p.run(module.operation)
+    except (PassError, ir.MLIRError) as e:
+        path = _save_reproducer(source)
+        cause = "\n".join(str(d) for d in getattr(e, "error_diagnostics", ())) or str(e)
+        raise CudaCompileError("kf-to-cuda failed", cause=cause, reproducer=path,
+                               command=f"kf-opt --pass-pipeline='builtin.module({p.textual()})' {path}") from None
+    return ptx_of(module)
+
+
+def ptx_of(module: ir.Module) -> dict[str, str]:
+    """The PTX of every gpu.binary in a module that kf-to-cuda has run on."""
+    out: dict[str, str] = {}
+    for op in module.body.operations:
+        if op.operation.name != "gpu.binary":
+            continue
+        name = ir.StringAttr(op.operation.attributes["sym_name"]).value
+        objects = ir.ArrayAttr(op.operation.attributes["objects"])
+        if len(objects) != 1:
+            raise CudaCompileError(f"gpu.binary @{name} has {len(objects)} objects; kf-to-cuda makes one")
+        out[name] = gpu.ObjectAttr(objects[0]).object.decode()
+    return out
+
+
+def _save_reproducer(text: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="kf-cuda-", suffix=".mlir")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+# --------------------------------------------------------------------------- ptxas
+
+
+def ptxas_path() -> str | None:
+    """ptxas from PATH, else from CUDA_HOME / CUDA_PATH / /usr/local/cuda."""
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.access(os.path.join(root, "bin", "ptxas"), os.X_OK):
+            return os.path.join(root, "bin", "ptxas")
+    return None
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """ptxas output: the cubin and, per kernel, what ``ptxas -v`` reported."""
+
+    chip: str
+    cubin: bytes
+    kernels: dict[str, dict[str, int]]  # registers, shared_bytes, stack_bytes, spill_*_bytes, barriers, cmem_bytes
+    log: str
+
+
+_FUNC = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas_report(log: str) -> dict[str, dict[str, int]]:
+    """Parse ``ptxas -v`` into ``{kernel: {registers, shared_bytes, stack_bytes,
+    spill_store_bytes, spill_load_bytes, barriers, cmem_bytes}}`` (absent items are 0)."""
+    kernels: dict[str, dict[str, int]] = {}
+    current: dict[str, int] | None = None
+    for line in log.splitlines():
+        m = _FUNC.search(line)
+        if m:
+            current = kernels.setdefault(m.group(1), dict(registers=0, shared_bytes=0, stack_bytes=0,
+                                                           spill_store_bytes=0, spill_load_bytes=0,
+                                                           barriers=0, cmem_bytes=0))
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            current["stack_bytes"], current["spill_store_bytes"], current["spill_load_bytes"] = map(int, m.groups())
+        m = _USED.search(line)
+        if m:
+            current["registers"] = int(m.group(1))
+            for key, pat in (("shared_bytes", r"(\d+) bytes smem"), ("barriers", r"used (\d+) barriers"),
+                             ("cmem_bytes", r"(\d+) bytes cmem\[0\]")):
+                mm = re.search(pat, line)
+                if mm:
+                    current[key] = int(mm.group(1))
+    return kernels
+
+
+def assemble(ptx: str, chip: str = "sm_90", extra_args: tuple[str, ...] = ()) -> Assembled:
+    """Assemble PTX with ``ptxas -arch=<chip> -v``; raise CudaCompileError, keeping the
+    PTX file and naming the command, if ptxas is missing or rejects it."""
+    exe = ptxas_path()
+    if exe is None:
+        raise CudaCompileError("ptxas not found", cause="put the CUDA toolkit's bin on PATH or set CUDA_HOME")
+    with tempfile.TemporaryDirectory(prefix="kf-ptxas-") as tmp:
+        src, dst = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        cmd = [exe, f"-arch={chip}", "-v", *extra_args, "-o", dst, src]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            kept = _save_reproducer(ptx)[:-len(".mlir")] + ".ptx"
+            shutil.copy(src, kept)
+            raise CudaCompileError(f"ptxas rejected the PTX for {chip}", cause=log.strip(),
+                                   reproducer=kept, command=" ".join(cmd[:-3] + ["-o", "/dev/null", kept]))
+        with open(dst, "rb") as f:
+            cubin = f.read()
+    return Assembled(chip, cubin, parse_ptxas_report(log), log)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kf.passes.to_cuda",
+                                 description="compile a gpu-dialect module to PTX; optionally assemble it with ptxas")
+    ap.add_argument("input", help=".mlir file holding gpu.modules")
+    ap.add_argument("--chip", default="sm_90")
+    ap.add_argument("--ftz", action="store_true", help="libdevice flush-to-zero variants")
+    ap.add_argument("--ptxas", action="store_true", help="assemble with ptxas -v and print its report as JSON")
+    args = ap.parse_args(argv)
+    try:
+        ptx = compile_to_ptx(open(args.input).read(), chip=args.chip, ftz=args.ftz)
+        for name, text in ptx.items():
+            print(f"// ----- gpu.module @{name}")
+            print(text)
+            if args.ptxas:
+                report = assemble(text, args.chip)
+                print(f"// ptxas {args.chip} @{name}: {json.dumps(report.kernels, sort_keys=True)}")
+    except CudaCompileError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
