@@ -1,0 +1,99 @@
+"""The compile half of the CPU target: a kf (or linalg-on-tensors) module in, a shared
+object and its ``ProgramABI`` out, for ``kf.runtime.cpu`` to load without MLIR.
+
+LLVM 22's Python bindings cannot translate a module to LLVM IR text, so the object code
+comes from the ExecutionEngine (``dump_to_object_file``), and the system ``cc`` links it
+into a shared object. The engine emits code for the large code model with absolute
+relocations; the linker accepts them in a shared object as text relocations
+(``-z notext`` says that this is intended), which the dynamic loader resolves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from mlir import ir
+from mlir.execution_engine import ExecutionEngine
+from mlir.passmanager import PassManager
+
+from kf.dialects.types import spec_of
+from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
+
+from .errors import CompileError
+
+
+class CpuCodegenError(CompileError):
+    stage = "cpu codegen"
+
+
+@dataclass(frozen=True)
+class CpuArtifact:
+    """A linked shared object and how to call each of its entries."""
+
+    path: str
+    abi: ProgramABI
+
+
+def _signature(f: ir.Operation) -> tuple[tuple[TensorArg, ...], tuple[TensorArg, ...]]:
+    ft = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
+    ins = tuple(TensorArg(f"arg{i}", spec_of(t).shape, spec_of(t).elem) for i, t in enumerate(ft.inputs))
+    outs = tuple(TensorArg(f"result{i}", spec_of(t).shape, spec_of(t).elem) for i, t in enumerate(ft.results))
+    return ins, outs
+
+
+def _func(module: ir.Module, entry: str) -> ir.Operation:
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == entry:
+            return op
+    raise CpuCodegenError(f"no function @{entry} in the module")
+
+
+def lower_for_cpu(module: ir.Module, *, kf_level: bool = True) -> None:
+    """Run kf's CPU pipeline in place: kf → linalg (when kf_level) → LLVM dialect."""
+    from kf.passes import pipeline
+
+    text = ("kf-lower-to-linalg, " if kf_level else "") + "kf-to-cpu"
+    pm, _ = pipeline.build(f"builtin.module({text})", module.context)
+    try:
+        pm.run(module.operation)
+    except ir.MLIRError as e:
+        raise CpuCodegenError("lowering for the CPU failed", cause=str(e)) from None
+
+
+def link_shared_object(module: ir.Module, path: str, *, opt_level: int = 3) -> str:
+    """Compile an LLVM-dialect module to object code and link it into ``path``."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise CpuCodegenError("no C compiler (cc) to link the CPU kernel into a shared object")
+    engine = ExecutionEngine(module, opt_level=opt_level)
+    with tempfile.TemporaryDirectory(prefix="kf-cpu-") as tmp:
+        obj = os.path.join(tmp, "kernel.o")
+        engine.dump_to_object_file(obj)
+        partial = path + f".tmp{os.getpid()}"
+        cmd = [cc, "-shared", "-Wl,-z,notext", "-o", partial, obj, "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CpuCodegenError("linking the CPU kernel failed", cause=done.stderr.strip(), command=" ".join(cmd))
+    os.replace(partial, path)  # readers never see a half-written library
+    return path
+
+
+def compile_module(module: ir.Module, entry: str, out_dir: str, *, kf_level: bool = True,
+                   opt_level: int = 3) -> CpuArtifact:
+    """Lower ``module`` (consumed: it is rewritten in place), link it into
+    ``out_dir/<entry>.so`` and describe ``@entry`` for the launcher."""
+    ins, outs = _signature(_func(module, entry))
+    lower_for_cpu(module, kf_level=kf_level)
+    os.makedirs(out_dir, exist_ok=True)
+    so = link_shared_object(module, os.path.join(out_dir, f"{entry}.so"), opt_level=opt_level)
+    n = len(ins) + len(outs)
+    kernel = KernelABI(entry=f"_mlir_ciface_{entry}", args=tuple(range(n)), artifact=os.path.basename(so))
+    return CpuArtifact(so, ProgramABI(target="cpu", inputs=ins, outputs=outs, kernels=(kernel,)))
+
+
+__all__ = ["CpuArtifact", "CpuCodegenError", "compile_module", "link_shared_object", "lower_for_cpu"]

@@ -1,0 +1,96 @@
+"""The CPU launcher: runs a kernel linked by ``kf.cpu_codegen`` on torch CPU tensors.
+
+It loads the shared object with ctypes and calls its ``_mlir_ciface_<name>`` entry
+with one pointer per argument to an MLIR memref descriptor
+``{allocated, aligned, offset, sizes[rank], strides[rank]}`` built from the tensor's
+``data_ptr``, shape and strides, so no data is copied: inputs that are already dense
+row-major are passed as they are (others are made contiguous, because the compiled
+code assumes identity-layout memrefs), outputs are fresh ``torch.empty`` tensors the
+kernel writes into (destination passing, see runtime/abi.py).
+
+Nothing here imports mlir: a cache hit runs from the ABI JSON and the .so alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import lru_cache
+from typing import Sequence
+
+import torch
+
+from .abi import ELEM_INFO, ProgramABI, TensorArg
+
+
+@lru_cache(maxsize=None)
+def descriptor_type(rank: int) -> type[ctypes.Structure]:
+    """The ctypes layout of a ranked memref descriptor (MLIR's StridedMemRefType)."""
+    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
+    if rank:
+        fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+    return type(f"MemRefDescriptor{rank}", (ctypes.Structure,), {"_fields_": fields})
+
+
+def descriptor(t: torch.Tensor) -> ctypes.Structure:
+    """A memref descriptor viewing t's storage (t must stay alive while it is used)."""
+    rank = t.dim()
+    d = descriptor_type(rank)()
+    d.allocated = d.aligned = t.data_ptr()
+    d.offset = 0
+    if rank:
+        d.sizes[:] = list(t.shape)
+        d.strides[:] = list(t.stride())
+    return d
+
+
+def _dtype(elem: str) -> torch.dtype:
+    return getattr(torch, ELEM_INFO[elem][0])
+
+
+class CpuLaunchError(RuntimeError):
+    """The tensors given do not match what the kernel was compiled for."""
+
+
+class CpuProgram:
+    """A loaded CPU program; call it with the input tensors, get the outputs back."""
+
+    def __init__(self, abi: ProgramABI, directory: str):
+        if abi.target != "cpu" or len(abi.kernels) != 1:
+            raise CpuLaunchError(f"a CPU program has one kernel, got target {abi.target} with {len(abi.kernels)}")
+        self.abi = abi
+        kernel = abi.kernels[0]
+        self._lib = ctypes.CDLL(os.path.join(directory, kernel.artifact))
+        self._entry = getattr(self._lib, kernel.entry)
+        self._entry.restype = None
+        self._entry.argtypes = [ctypes.c_void_p] * len(kernel.args)
+
+    def _check(self, t: torch.Tensor, arg: TensorArg) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            raise CpuLaunchError(f"{arg.name}: expected a CPU tensor, got {type(t).__name__} "
+                                 f"on {getattr(t, 'device', '?')}")
+        if tuple(t.shape) != arg.shape or t.dtype != _dtype(arg.elem):
+            raise CpuLaunchError(f"{arg.name}: compiled for {list(arg.shape)} {_dtype(arg.elem)}, "
+                                 f"got {list(t.shape)} {t.dtype}")
+        return t if t.is_contiguous() else t.contiguous()
+
+    def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+        abi = self.abi
+        if len(inputs) != len(abi.inputs):
+            raise CpuLaunchError(f"expected {len(abi.inputs)} inputs, got {len(inputs)}")
+        ins = [self._check(t, a) for t, a in zip(inputs, abi.inputs)]
+        if out is None:
+            outs = [torch.empty(a.shape, dtype=_dtype(a.elem)) for a in abi.outputs]
+        else:
+            outs = list(out)
+            for t, a in zip(outs, abi.outputs):
+                if self._check(t, a) is not t:
+                    raise CpuLaunchError(f"{a.name}: an output buffer must be contiguous")
+        descriptors = [descriptor(t) for t in ins + outs]
+        self._entry(*[ctypes.addressof(d) for d in descriptors])
+        return tuple(outs)
+
+
+def load(abi: ProgramABI, directory: str) -> CpuProgram:
+    """Load the program described by abi, whose artifact lies in directory."""
+    return CpuProgram(abi, directory)
