@@ -46,8 +46,8 @@ class Captured:
 
     @property
     def kf_ir(self) -> str:
-        """The kf IR with the user's locations."""
-        return self.module.operation.get_asm(enable_debug_info=True)
+        """The kf IR with the user's locations written beside each op."""
+        return self.module.operation.get_asm(enable_debug_info=True, use_local_scope=True)
 
     def text(self, debug_info: bool = True) -> str:
         return self.module.operation.get_asm(enable_debug_info=debug_info)
@@ -147,11 +147,13 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
         with ir.InsertionPoint(module.body):
             # The result types are known only after conversion: build the body first in a
             # function with no results, then set the type.
-            f = func.FuncOp(user.__name__, ir.FunctionType.get([mlir_type(s) for s in in_specs], []))
+            code = user.__code__
+            def_loc = ir.Location.file(code.co_filename, code.co_firstlineno, 1)
+            f = func.FuncOp(user.__name__, ir.FunctionType.get([mlir_type(s) for s in in_specs], []), loc=def_loc)
             f.attributes["kf.source"] = ir.StringAttr.get(f"{user.__code__.co_filename}:{user.__code__.co_firstlineno}")
             arg_attrs = [ir.DictAttr.get({"kf.name": ir.StringAttr.get(n)}) for n in names]
             f.arg_attrs = ir.ArrayAttr.get(arg_attrs)
-            block = f.add_entry_block()
+            block = f.add_entry_block(arg_locs=[def_loc] * len(in_specs))
         conv = aten_to_kf.Converter(module, block, user)
         locs: dict[str, SourceLoc] = {}
         with ir.InsertionPoint(block):
@@ -171,16 +173,38 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
                 except KfTypeError as e:
                     raise KfVerifyError(f"{node.target} produced an ill-typed kf op: {e}", sloc) from None
             flat, tree = _flatten_outputs(out_node.args[0], env, user)
-            with ir.Location.unknown():
+            with def_loc:
                 func.ReturnOp(flat)
         f.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get([mlir_type(s) for s in in_specs], [v.type for v in flat]))
-        if not module.operation.verify():
-            raise KfVerifyError(f"capture of {user.__name__} produced invalid IR")
+        _verify_captured(module, user)
         from kf.dialects import spec_of
 
         out_specs = [spec_of(v.type) for v in flat]
     return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops)
+
+
+def source_loc(loc: ir.Location) -> SourceLoc | None:
+    """The user's source location an MLIR location names, if any."""
+    m = re.search(r'loc\("([^"]+)":(\d+):(\d+)', str(loc))
+    return SourceLoc(m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def _verify_captured(module: ir.Module, fn: Callable) -> None:
+    """kf-verify on the captured IR: an ill-typed op is reported at the user's line."""
+    from kf.dialects import verify
+
+    errors = verify(module.operation)
+    if errors:
+        loc, message = errors[0]
+        raise KfVerifyError(f"{fn.__name__}: {message}", source_loc(loc),
+                            cause=f"{len(errors)} ill-typed kf op(s); a bug in kf's ATen conversion")
+    try:
+        module.operation.verify()
+    except ir.MLIRError as e:
+        diag = e.error_diagnostics[0] if e.error_diagnostics else None
+        raise KfVerifyError(f"{fn.__name__}: capture produced invalid IR: {diag.message if diag else e}",
+                            source_loc(diag.location) if diag else None) from None
 
 
 def _bind_placeholders(ep, placeholders, args, conv) -> dict:

@@ -1,0 +1,103 @@
+# RUN: %PYTHON %s 2>&1 | FileCheck %s
+# Failures in capture name the user's line; nothing else reaches the screen.
+import torch
+
+import kf
+
+
+def run(f):
+    print(f"TEST: {f.__name__}")
+    f()
+    return f
+
+
+@run
+def unsupported_op():
+    def uses_cumsum(x):
+        y = x * 2
+        return torch.cumsum(y, dim=0)  # torch-mlir lowers this to tm_tensor, which kf cannot compile
+
+    try:
+        kf.inspect(uses_cumsum, torch.randn(16))
+    except kf.UnsupportedOpError as e:
+        print(e)
+# CHECK-LABEL: TEST: unsupported_op
+# CHECK: aten.cumsum.default has no kf op
+# CHECK-NEXT: File "{{.*}}errors.py", line 18, in uses_cumsum
+# CHECK-NEXT: return torch.cumsum(y, dim=0)
+# CHECK-NEXT: stage: capture
+# CHECK-NEXT: cause: torch-mlir's output: Dialect `tm_tensor' not found
+
+
+@run
+def fallback_through_torch_mlir():
+    def uses_sin(x):
+        return torch.sin(x) + 1
+
+    print(kf.inspect(uses_sin, torch.randn(16)).kf_ir)
+# CHECK-LABEL: TEST: fallback_through_torch_mlir
+# CHECK: func.func private @kf_aten_sin_default_0(%arg0: tensor<16xf32> loc("{{.*}}errors.py":35:9)) -> tensor<16xf32> attributes {kf.aten = "aten.sin.default"}
+# CHECK: math.sin
+# CHECK: func.func @uses_sin
+# CHECK: call @kf_aten_sin_default_0(%arg0) : (tensor<16xf32>) -> tensor<16xf32> loc("{{.*}}errors.py":35:9)
+# CHECK: "kf.add"
+
+
+@run
+def ill_typed():
+    def bad_matmul(a, b):
+        return torch.matmul(a, b)
+
+    try:
+        kf.inspect(bad_matmul, torch.randn(4, 8), torch.randn(7, 3))
+    except kf.CompileError as e:
+        print(type(e).__name__)
+        print(e)
+# CHECK-LABEL: TEST: ill_typed
+# CHECK: CaptureError
+# CHECK: torch.export could not trace bad_matmul
+# CHECK-NEXT: File "{{.*}}errors.py", line 49, in bad_matmul
+# CHECK: stage: capture
+# CHECK: cause: RuntimeError: {{.*}}
+
+
+@run
+def wrong_argument():
+    def f(x, scale):
+        return x * scale
+
+    try:
+        kf.inspect(f, torch.randn(4), object())
+    except kf.SignatureError as e:
+        print(e)
+# CHECK-LABEL: TEST: wrong_argument
+# CHECK: f(): argument 'scale' is a object; kf functions take tensors
+
+
+@run
+def verifier_error_names_the_line():
+    # Plant a wrong conversion (mul lowered to matmul): kf's verifier rejects the op it
+    # makes, and the error names the user's line, not kf's code.
+    from kf import aten_to_kf
+    from kf.dialects import builders
+
+    def wrong_mul(c, node, args, kwargs):
+        return builders.build("matmul", [args[0], args[1]], result_types=None).result
+
+    saved = aten_to_kf.HANDLERS["aten.mul.Tensor"]
+    aten_to_kf.HANDLERS["aten.mul.Tensor"] = wrong_mul
+
+    def scale(x, y):
+        return x * y
+
+    try:
+        kf.inspect(scale, torch.randn(4, 8), torch.randn(4, 8))
+    except kf.KfVerifyError as e:
+        print(e)
+    finally:
+        aten_to_kf.HANDLERS["aten.mul.Tensor"] = saved
+# CHECK-LABEL: TEST: verifier_error_names_the_line
+# CHECK: aten.mul.Tensor produced an ill-typed kf op: contracting dimensions differ: lhs [4, 8] has 8, rhs [4, 8] has 4
+# CHECK-NEXT: File "{{.*}}errors.py", line 91, in scale
+# CHECK-NEXT: return x * y
+# CHECK-NEXT: stage: verify
