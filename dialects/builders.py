@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from mlir import ir
 
 from .attrs import to_attr
-from .ops import BY_NAME
+from .ops import ATTR_DEFAULTS, BY_NAME
 from .types import TensorSpec, mlir_type, spec_of
 
 
@@ -30,6 +30,9 @@ def build(
     unknown = set(attrs) - set(spec.attrs)
     if unknown:
         raise TypeError(f"{spec.full_name} has no attribute {', '.join(sorted(unknown))}")
+    for name in spec.attrs:
+        if name not in attrs and name in ATTR_DEFAULTS:
+            attrs[name] = ATTR_DEFAULTS[name]
     results = spec.infer([spec_of(v.type) for v in operands], attrs, list(result_types or []))
     return ir.Operation.create(
         spec.full_name,
@@ -67,8 +70,13 @@ def sum(x: ir.Value, *, dims: Sequence[int], keepdim: bool = False, elem: str | 
 
 
 def concat(xs: Sequence[ir.Value], *, dim: int, loc: ir.Location | None = None) -> ir.Value:
-    """kf.concat of xs along dim."""
-    return build("concat", xs, {"dim": dim}, loc=loc).result
+    """xs joined along dim: one kf.concat for two tensors, a left-leaning chain for more."""
+    if not xs:
+        raise ValueError("concat needs at least one tensor")
+    out = xs[0]
+    for x in xs[1:]:
+        out = build("concat", [out, x], {"dim": dim}, loc=loc).result
+    return out
 
 
 def topk(x: ir.Value, *, k: int, dim: int = -1, largest: bool = True,

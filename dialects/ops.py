@@ -383,7 +383,9 @@ OPS: tuple[OpSpec, ...] = (
            infer=_broadcast_to, category="layout"),
     OpSpec("slice", "input[start:end:step] along dim", ("input",), ("result",),
            {"dim": "int", "start": "int", "end": "int", "step": "int"}, infer=_slice, category="layout"),
-    OpSpec("concat", "join along dim", ("inputs",), ("result",), {"dim": "int"}, infer=_concat, variadic=True,
+    # Binary: IRDL binds one type to all operands of a variadic group, and concat's
+    # operands differ in shape. builders.concat chains joins of more than two tensors.
+    OpSpec("concat", "join lhs and rhs along dim", ("lhs", "rhs"), ("result",), {"dim": "int"}, infer=_concat,
            category="layout"),
     OpSpec("topk", "k largest (or smallest) along dim, with their indices", ("input",), ("values", "indices"),
            {"k": "int", "dim": "int", "largest": "bool"}, infer=_topk, category="selection"),
@@ -403,3 +405,8 @@ OPS: tuple[OpSpec, ...] = (
 )
 
 BY_NAME: dict[str, OpSpec] = {op.full_name: op for op in OPS}
+
+#: Values the builders give attributes that the caller leaves out (torch's defaults);
+#: IRDL requires every listed attribute to be present in the IR.
+ATTR_DEFAULTS: dict[str, object] = {"keepdim": False, "step": 1, "largest": True, "approximate": "none",
+                                    "dims": (), "correction": 1.0}

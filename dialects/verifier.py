@@ -19,8 +19,8 @@ def verify_op(op: ir.Operation) -> str | None:
         return None
     try:
         attrs = op_attrs(op)
-        for name, kind in spec.attrs.items():
-            if name not in attrs and name not in _OPTIONAL_ATTRS:
+        for name in spec.attrs:
+            if name not in attrs:
                 return f"needs the attribute '{name}'"
         operands = [spec_of(v.type) for v in op.operands]
         results = [spec_of(r.type) for r in op.results]
@@ -31,10 +31,6 @@ def verify_op(op: ir.Operation) -> str | None:
         if want != got:
             return f"result #{i} has type {got}, but the operands give {want}"
     return None
-
-
-# Attributes that IRDL lists but whose absence means a default (torch's defaults).
-_OPTIONAL_ATTRS = {"keepdim", "step", "largest", "approximate", "dims"}
 
 
 def kf_ops(root: ir.Operation) -> Iterator[ir.Operation]:

@@ -1,0 +1,106 @@
+// RUN: kf-opt %s --split-input-file --verify-diagnostics
+// kf's verifier rejects ill-typed ops with a diagnostic at the op.
+
+func.func @matmul_contraction(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'kf.matmul' op contracting dimensions differ: lhs [4, 8] has 8, rhs [4, 8] has 4}}
+  %0 = "kf.matmul"(%a, %b) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @no_broadcast(%a: tensor<4x8xf32>, %b: tensor<3xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'kf.add' op shapes [4, 8] and [3] do not broadcast}}
+  %0 = "kf.add"(%a, %b) : (tensor<4x8xf32>, tensor<3xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @mixed_element_types(%a: tensor<4xf32>, %b: tensor<4xf16>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kf.mul' op operands must have one element type, got f16, f32}}
+  %0 = "kf.mul"(%a, %b) : (tensor<4xf32>, tensor<4xf16>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @wrong_reduced_shape(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'kf.mean' op result #0 has type tensor<4x8xf32>, but the operands give tensor<4x1xf32>}}
+  %0 = "kf.mean"(%a) {dims = array<i64: 1>, keepdim = true} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @dim_out_of_range(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'kf.softmax' op dimension 2 is out of range for rank 2}}
+  %0 = "kf.softmax"(%a) {dim = 2 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @exp_of_integers(%a: tensor<4xi32>) -> tensor<4xi32> {
+  // expected-error @+1 {{'kf.exp' op operand must have a floating-point element type, got i32}}
+  %0 = "kf.exp"(%a) : (tensor<4xi32>) -> tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+func.func @mask_not_boolean(%a: tensor<4xf32>, %m: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kf.masked_fill' op mask must be a tensor of i1, got f32}}
+  %0 = "kf.masked_fill"(%a, %m) {value = 0.0 : f64} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @topk_too_large(%a: tensor<4x8xf32>) -> (tensor<4x9xf32>, tensor<4x9xi64>) {
+  // expected-error @+1 {{'kf.topk' op k=9 is out of range for dimension 1 of size 8}}
+  %v:2 = "kf.topk"(%a) {k = 9 : i64, dim = 1 : i64, largest = true} : (tensor<4x8xf32>) -> (tensor<4x9xf32>, tensor<4x9xi64>)
+  return %v#0, %v#1 : tensor<4x9xf32>, tensor<4x9xi64>
+}
+
+// -----
+
+func.func @bad_permutation(%a: tensor<4x8xf32>) -> tensor<8x4xf32> {
+  // expected-error @+1 {{'kf.transpose' op perm [1, 1] is not a permutation of the 2 dimensions}}
+  %0 = "kf.transpose"(%a) {perm = array<i64: 1, 1>} : (tensor<4x8xf32>) -> tensor<8x4xf32>
+  return %0 : tensor<8x4xf32>
+}
+
+// -----
+
+func.func @reshape_changes_size(%a: tensor<4x8xf32>) -> tensor<30xf32> {
+  // expected-error @+1 {{'kf.reshape' op cannot reshape tensor<4x8xf32> into tensor<30xf32>}}
+  %0 = "kf.reshape"(%a) : (tensor<4x8xf32>) -> tensor<30xf32>
+  return %0 : tensor<30xf32>
+}
+
+// -----
+
+// Every attribute is required; the builders fill in torch's defaults.
+func.func @missing_attribute(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'kf.softmax' op attribute "dim" is expected but not provided}}
+  %0 = "kf.softmax"(%a) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Structural errors come from the IRDL definition, at parse time.
+func.func @not_a_tensor(%a: tensor<4xf32>, %b: f32) -> tensor<4xf32> {
+  // expected-error @+1 {{expected base type 'builtin.tensor' but got 'builtin.f32'}}
+  %0 = "kf.add"(%a, %b) : (tensor<4xf32>, f32) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @attribute_kind(%a: tensor<4x8xf32>) -> tensor<4x1xf32> {
+  // expected-error @+1 {{expected base attribute 'builtin.dense_array' but got 'builtin.integer'}}
+  %0 = "kf.sum"(%a) {dims = 1 : i64, keepdim = true} : (tensor<4x8xf32>) -> tensor<4x1xf32>
+  return %0 : tensor<4x1xf32>
+}
