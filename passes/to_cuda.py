@@ -347,19 +347,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chip", default="sm_90")
     ap.add_argument("--ftz", action="store_true", help="libdevice flush-to-zero variants")
     ap.add_argument("--ptxas", action="store_true", help="assemble with ptxas -v and print its report as JSON")
+    ap.add_argument("--split-input-file", action="store_true",
+                    help="compile each '// -----' chunk on its own; a failing chunk is reported and the rest go on")
     args = ap.parse_args(argv)
-    try:
-        ptx = compile_to_ptx(open(args.input).read(), chip=args.chip, ftz=args.ftz)
-        for name, text in ptx.items():
-            print(f"// ----- gpu.module @{name}")
-            print(text)
-            if args.ptxas:
-                report = assemble(text, args.chip)
-                print(f"// ptxas {args.chip} @{name}: {json.dumps(report.kernels, sort_keys=True)}")
-    except CudaCompileError as e:
-        print(e, file=sys.stderr)
-        return 1
-    return 0
+    text = open(args.input).read()
+    chunks = re.split(r"^// -----\s*$", text, flags=re.M) if args.split_input_file else [text]
+    failed = False
+    for chunk in chunks:
+        try:
+            ptx = compile_to_ptx(chunk, chip=args.chip, ftz=args.ftz)
+            for name, body in ptx.items():
+                print(f"// ----- gpu.module @{name}")
+                print(body)
+                if args.ptxas:
+                    report = assemble(body, args.chip)
+                    for kernel, info in report.kernels.items():
+                        print(f"// ptxas {args.chip} {kernel}: {json.dumps(info, sort_keys=True)}")
+        except CudaCompileError as e:
+            sys.stdout.flush()  # keep chunks in order when stdout and stderr share a pipe
+            print(e, file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

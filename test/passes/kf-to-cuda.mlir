@@ -1,0 +1,119 @@
+// kf-to-cuda: gpu.module kernels to PTX in a gpu.binary, bare-pointer arguments.
+// RUN: kf-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-to-cuda{chip=sm_90})' | FileCheck %s --check-prefix=BIN
+// The PTX itself, one instruction per line, for sm_80 and sm_90:
+// RUN: not %PYTHON -m kf.passes.to_cuda --split-input-file --chip=sm_90 %s 2>&1 | FileCheck %s --check-prefixes=PTX,SM90
+// RUN: not %PYTHON -m kf.passes.to_cuda --split-input-file --chip=sm_80 %s 2>&1 | FileCheck %s --check-prefixes=PTX,SM80
+// ptxas's report where ptxas exists (lit's %if rather than a file-wide REQUIRES, so the
+// checks above still run on machines without the CUDA toolkit):
+// RUN: %if ptxas %{ not %PYTHON -m kf.passes.to_cuda --split-input-file --ptxas --chip=sm_90 %s 2>&1 | FileCheck %s --check-prefix=PTXAS %}
+
+// An elementwise kernel on bf16 with a tail guard: 1000 elements, blocks of 128.
+// BIN: gpu.binary @kf_kernels {{.*}}#nvvm.target<O = 3, chip = "sm_90">{{.*}}assembly = "{{.*}}.visible .entry scale(
+// BIN-SAME: ld.global.b16
+// PTX-LABEL: .visible .entry scale(
+// PTX-NEXT: .param .u64 .ptr .align 1 scale_param_0,
+// PTX-NEXT: .param .u64 .ptr .align 1 scale_param_1
+// PTX: .maxntid 128, 1, 1
+// PTX: setp.gt.u64 {{.*}}, 999;
+// PTX: ld.global.b16
+// SM90: add.rn.bf16
+// SM80: fma.rn.bf16
+// PTX: st.global.b16
+// PTXAS: // ptxas sm_90 scale: {"barriers": 0, "cmem_bytes": 0, "registers": {{[0-9]+}}, "shared_bytes": 0, "spill_load_bytes": 0, "spill_store_bytes": 0, "stack_bytes": 0}
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @scale(%x: memref<1000xbf16>, %y: memref<1000xbf16>) kernel
+        attributes {known_block_size = array<i32: 128, 1, 1>} {
+      %bid = gpu.block_id x
+      %tid = gpu.thread_id x
+      %cb = arith.constant 128 : index
+      %n = arith.constant 1000 : index
+      %base = arith.muli %bid, %cb : index
+      %i = arith.addi %base, %tid : index
+      %in = arith.cmpi ult, %i, %n : index
+      scf.if %in {
+        %v = memref.load %x[%i] : memref<1000xbf16>
+        %two = arith.constant 2.0 : bf16
+        %r = arith.mulf %v, %two : bf16
+        memref.store %r, %y[%i] : memref<1000xbf16>
+      }
+      gpu.return
+    }
+  }
+}
+
+// -----
+
+// Workgroup memory and a barrier: each block of 64 sums its 64 values through shared
+// memory (one step shown). Math lowers through the libdevice linked into the PTX.
+// BIN: gpu.binary @kf_kernels {{.*}}assembly = "{{.*}}.shared .align 4 .b8 {{.*}}[256]{{.*}}bar.sync
+// PTX-LABEL: .visible .entry pair_sum(
+// PTX: .shared .align 4 .b8 [[SH:.*]][256];
+// PTX: ld.global.b32
+// PTX: st.shared.b32
+// PTX: bar.sync 0;
+// PTX: ld.shared.b32
+// PTX: ex2.approx
+// PTX-NOT: .extern .func
+// PTX: ret;
+// PTXAS: // ptxas sm_90 pair_sum: {"barriers": 1, "cmem_bytes": 0, "registers": {{[0-9]+}}, "shared_bytes": 256, "spill_load_bytes": 0, "spill_store_bytes": 0, "stack_bytes": 0}
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @pair_sum(%x: memref<4x64xf32>, %y: memref<4x32xf32>)
+        workgroup(%sh: memref<64xf32, #gpu.address_space<workgroup>>) kernel
+        attributes {known_block_size = array<i32: 64, 1, 1>} {
+      %row = gpu.block_id x
+      %tid = gpu.thread_id x
+      %c32 = arith.constant 32 : index
+      %v = memref.load %x[%row, %tid] : memref<4x64xf32>
+      memref.store %v, %sh[%tid] : memref<64xf32, #gpu.address_space<workgroup>>
+      gpu.barrier
+      %lo = arith.cmpi ult, %tid, %c32 : index
+      scf.if %lo {
+        %o = arith.addi %tid, %c32 : index
+        %a = memref.load %sh[%tid] : memref<64xf32, #gpu.address_space<workgroup>>
+        %b = memref.load %sh[%o] : memref<64xf32, #gpu.address_space<workgroup>>
+        %s = arith.addf %a, %b : f32
+        %e = math.exp %s : f32
+        memref.store %e, %y[%row, %tid] : memref<4x32xf32>
+      }
+      gpu.return
+    }
+  }
+}
+
+// -----
+
+// Dynamic workgroup memory becomes the CUDA form, an extern array sized at launch.
+// BIN: assembly = "{{.*}}.extern .shared .align 16 .b8 __dynamic_shmem__0[];
+// PTX: .extern .shared .align 16 .b8 __dynamic_shmem__0[];
+// PTX-EMPTY:
+// PTX-NEXT: .visible .entry dyn(
+// PTXAS: // ptxas sm_90 dyn: {"barriers": 0, {{.*}}"shared_bytes": 0,
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @dyn(%x: memref<256xf32>) kernel {
+      %raw = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
+      %c0 = arith.constant 0 : index
+      %buf = memref.view %raw[%c0][] : memref<?xi8, #gpu.address_space<workgroup>> to memref<256xf32, #gpu.address_space<workgroup>>
+      %tid = gpu.thread_id x
+      %v = memref.load %x[%tid] : memref<256xf32>
+      memref.store %v, %buf[%tid] : memref<256xf32, #gpu.address_space<workgroup>>
+      gpu.return
+    }
+  }
+}
+
+// -----
+
+// Bare pointers carry no shape: a dynamically shaped argument is refused at its kernel.
+// PTX: kf-to-cuda failed
+// PTX: kernel argument 0 has type memref<?xf32>
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    // expected-error @below {{kf-to-cuda: kernel argument 0 has type memref<?xf32>: the bare-pointer convention needs a static shape and the identity layout}}
+    gpu.func @dynamic(%x: memref<?xf32>) kernel {
+      gpu.return
+    }
+  }
+}
