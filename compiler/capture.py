@@ -96,11 +96,11 @@ def _user_loc(node: torch.fx.Node, fn: Callable) -> SourceLoc | None:
     return SourceLoc(file, line, col, name)
 
 
-def _fake_inputs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    # Distinct tensors even when the caller passes one tensor twice (q, q, q): tracing
-    # must not merge parameters. Meta tensors keep shapes and dtypes, cost nothing, and
-    # let export trace CUDA or MPS calls on any machine.
-    return [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
+def _trace_inputs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    # export turns these into fake tensors on their own device (so tensors the function
+    # makes itself, torch.zeros(n) on the CPU, meet inputs on the device eager would see)
+    # and never runs the function on the real data.
+    return [t.detach() for t in tensors]
 
 
 def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> torch.export.ExportedProgram:
@@ -108,7 +108,7 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
     user = _user_code(fn)
     _register_anchor(user)
     try:
-        ep = torch.export.export(_Wrapper(user, sig), tuple(_fake_inputs(tensors)), strict=False)
+        ep = torch.export.export(_Wrapper(user, sig), tuple(_trace_inputs(tensors)), strict=False)
     except Exception as e:  # torch's own errors name the user's frame in their text
         loc = _loc_from_exception(e, user)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

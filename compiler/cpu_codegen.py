@@ -10,6 +10,8 @@ relocations; the linker accepts them in a shared object as text relocations
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
 import subprocess
@@ -65,11 +67,29 @@ def lower_for_cpu(module: ir.Module, *, kf_level: bool = True) -> None:
         raise CpuCodegenError("lowering for the CPU failed", cause=str(e)) from None
 
 
+def undefined_symbols(module: ir.Module) -> list[str]:
+    """External functions the module declares that neither libc nor libm defines."""
+    libs = [ctypes.CDLL(None), ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")]
+    missing = []
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "llvm.func" and not len(op.regions[0].blocks):
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            if not any(hasattr(lib, name) for lib in libs):
+                missing.append(name)
+    return missing
+
+
 def link_shared_object(module: ir.Module, path: str, *, opt_level: int = 3) -> str:
     """Compile an LLVM-dialect module to object code and link it into ``path``."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         raise CpuCodegenError("no C compiler (cc) to link the CPU kernel into a shared object")
+    missing = undefined_symbols(module)
+    if missing:
+        # The engine would abort the whole process on a symbol it cannot resolve.
+        raise CpuCodegenError(f"the CPU kernel calls functions that this process cannot resolve: "
+                              f"{', '.join(missing)}")
     engine = ExecutionEngine(module, opt_level=opt_level)
     with tempfile.TemporaryDirectory(prefix="kf-cpu-") as tmp:
         obj = os.path.join(tmp, "kernel.o")

@@ -126,6 +126,8 @@ def process_chunk(text: str, args, filename: str) -> tuple[bool, str, list[Diag]
             except pipeline.PipelineError as e:
                 diags.append(Diag("error", None, None, "", str(e)))
                 return False, "", diags
+            if args.mlir_print_ir_after_all or args.mlir_print_ir_after_failure:
+                ctx.enable_multithreading(False)  # MLIR's IR printing requires it
             if args.mlir_print_ir_after_all:
                 pm.enable_ir_printing(print_after_all=True, print_module_scope=True)
             elif args.mlir_print_ir_after_failure:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up kf on a fresh Debian machine: the system packages the tests need, a virtual
+# environment in .venv, and kf installed into it in editable mode. Safe to run again:
+# each step is skipped when it is already done. Used by demo.sh and test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# SPIR-V validation, SPIRV-Cross (Metal), and Mesa's lavapipe (Vulkan on the CPU).
+APT_PACKAGES=(spirv-tools spirv-cross libspirv-cross-c-shared0 mesa-vulkan-drivers libvulkan1)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "kf setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+  echo "kf setup: creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import kf, mlir, torch, torch_mlir, vulkan, lit, pytest" 2>/dev/null; then
+  echo "kf setup: installing Python packages (a few minutes the first time)" >&2
+  .venv/bin/python -m pip install -q --upgrade pip
+  # The CPU build of torch first, by exact version, so that nothing pulls a CUDA build.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".[test]"
+fi
