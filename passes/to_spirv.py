@@ -21,7 +21,15 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
    - bf16 (see below);
 3. runs ``gpu.module(convert-math-to-spirv), convert-gpu-to-spirv,
    spirv.module(spirv-lower-abi-attrs, spirv-update-vce)``;
-4. with ``serialize`` (the default) moves the ``spirv.module`` into its gpu.module and
+4. repairs two things in upstream's SPIR-V dialect output:
+   - an ``scf.for`` result lives in a Function variable that upstream stores only inside
+     the loop body, so a loop that runs zero times (a thread whose strided slice is
+     empty: row length < workgroup size) returns an *uninitialized* value; the pass
+     stores the loop's initial value into the variable before the loop;
+   - workgroup memory comes out as a one-member struct around the array (upstream reuses
+     its storage-buffer wrapping); the pass unwraps it, so the SPIR-V holds plain
+     Workgroup arrays and the MSL plain ``threadgroup float x[N]`` arrays;
+5. with ``serialize`` (the default) moves the ``spirv.module`` into its gpu.module and
    runs ``gpu-module-to-binary``: the result is a ``gpu.binary`` holding the SPIR-V words,
    checked with ``spirv-val`` when the tool exists.
 
@@ -38,7 +46,8 @@ here (SPV_KHR_bfloat16 is newer than the drivers kf meets), and upstream silentl
 widens ``memref<bf16>`` to an f32 array, which would break the byte layout of torch's
 bf16 tensors. kf instead keeps bf16 buffers as 16-bit integer storage (the launcher
 hands over the tensor's bytes unchanged) and converts in the kernel: arithmetic on bf16
-is emulated in f32 (``arith-emulate-unsupported-floats``), loads and stores become
+and math is emulated in f32 (``math-extend-to-supported-types``,
+``arith-emulate-unsupported-floats``), loads and stores become
 i16 loads/stores with bitcasts, and ``arith-expand{include-bf16}`` turns the bf16<->f32
 conversions into integer shifts (truncation rounds to nearest even). No bf16 value is
 left for the SPIR-V type converter.
@@ -210,7 +219,8 @@ class ToSpirvPass(KfPass):
             metadata[gm.attributes["sym_name"].value] = self._prepare_kernels(gm, default)
             has_bf16 |= _mentions_bf16(gm)
         if has_bf16:
-            _run(module, "gpu.module(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32})")
+            _run(module, "gpu.module(math-extend-to-supported-types{extra-types=f16 target-type=f32}, "
+                         "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32})")
         for gm in gmods:
             _rewrite_memory(gm)
         if has_bf16:
@@ -218,14 +228,18 @@ class ToSpirvPass(KfPass):
             for gm in gmods:
                 for op in _ops(gm.regions[0].blocks[0]):
                     if any(isinstance(r.type, ir.BF16Type) for r in op.results):
-                        raise PassError("a bf16 value is left after bf16 emulation (only memref.load/store and "
-                                        "arith are handled): compute in f32", op.location)
+                        raise PassError("a bf16 value is left after bf16 emulation (memref.load/store, arith "
+                                        "and math are handled): compute in f32", op.location)
         _run(module, "gpu.module(convert-math-to-spirv), "
                      f"convert-gpu-to-spirv{{use-64bit-index={str(self.use_64bit_index).lower()}}}, "
                      "spirv.module(spirv-lower-abi-attrs, spirv-update-vce)")
         top = module.regions[0].blocks[0]
         spv_by_name = {op.operation.attributes["sym_name"].value: op.operation
                        for op in top.operations if op.operation.name == "spirv.module"}
+        for spv in spv_by_name.values():
+            with spv.location:
+                _initialize_loop_results(spv)
+                _unwrap_workgroup_arrays(spv)
         for gm in gmods:
             name = gm.attributes["sym_name"].value
             spv = spv_by_name.get(f"__spv__{name}")
@@ -410,6 +424,99 @@ def _rewrite_memory_at(gm: ir.Operation, arith, memref) -> None:
                 elif op.name == "memref.store" and isinstance(op.operands[0].type, ir.BF16Type):
                     bc = arith.BitcastOp(i16, op.operands[0], ip=ir.InsertionPoint(op))
                     op.operands[0] = bc.result
+
+
+def _initialize_loop_results(spv: ir.Operation) -> None:
+    """Store each scf.for result variable's initial value before its spirv.mlir.loop.
+
+    Upstream lowers ``%r = scf.for ... iter_args(%a = %init)`` to a Function variable
+    declared before the loop, stored from the back edge (``spirv.Store %var, %next`` then
+    ``spirv.Branch ^header(%iv_next, %next)``) and loaded after it: with zero trips
+    nothing was stored. The value stored on the back edge is header operand j; the
+    initial value is operand j of the loop's entry branch."""
+    for op in _ops(spv.regions[0].blocks[0]):
+        if op.name != "spirv.mlir.loop":
+            continue
+        blocks = list(op.regions[0].blocks)
+        if len(blocks) < 2:
+            continue
+        entry_ops = list(blocks[0].operations)
+        if not entry_ops or entry_ops[-1].operation.name != "spirv.Branch":
+            continue
+        inits = list(entry_ops[-1].operation.operands)
+        header = blocks[1]
+        done = set()
+        for b in blocks[1:]:
+            ops = [o.operation for o in b.operations]
+            if not ops or ops[-1].name != "spirv.Branch" or ops[-1].successors[0] != header:
+                continue
+            back = list(ops[-1].operands)
+            for st in ops[:-1]:
+                if st.name != "spirv.Store":
+                    continue
+                var, val = st.operands[0], st.operands[1]
+                owner = var.owner
+                if isinstance(owner, ir.Block) or owner.name != "spirv.Variable" or \
+                        owner.parent != op.parent or id(owner) in done:
+                    continue
+                j = next((k for k, v in enumerate(back) if v == val), None)
+                if j is None or j >= len(inits):
+                    continue
+                init = st.clone(ip=ir.InsertionPoint(op))
+                init.operands[1] = inits[j]
+                done.add(id(owner))
+
+
+def _unwrap_workgroup_arrays(spv: ir.Operation) -> None:
+    """``!spirv.ptr<!spirv.struct<(!spirv.array<N x T>)>, Workgroup>`` -> ``!spirv.ptr<
+    !spirv.array<N x T>, Workgroup>``, dropping the leading 0 of every access chain. A
+    variable used any other way keeps its struct."""
+    from mlir.dialects import spirv as spirv_d
+
+    body = spv.regions[0].blocks[0]
+    wrapped = re.compile(r"^!spirv\.ptr<!spirv\.struct<\((!spirv\.array<[^()]*>)\)>, Workgroup>$")
+    globals_ = {}
+    for op in body.operations:
+        op = op.operation
+        if op.name == "spirv.GlobalVariable":
+            m = wrapped.match(str(ir.TypeAttr(op.attributes["type"]).value))
+            if m:
+                globals_[op.attributes["sym_name"].value] = (op, m.group(1))
+    if not globals_:
+        return
+    uses: dict[str, list] = {name: [] for name in globals_}
+    ok = dict.fromkeys(globals_, True)
+    for op in _ops(body):
+        if op.name != "spirv.mlir.addressof":
+            continue
+        name = ir.FlatSymbolRefAttr(op.attributes["variable"]).value
+        if name not in globals_:
+            continue
+        uses[name].append(op)
+        for use in op.results[0].uses:
+            user = use.owner
+            if user.name != "spirv.AccessChain" or use.operand_number != 0 or len(user.operands) < 3 or \
+                    not _is_zero_constant(user.operands[1]):
+                ok[name] = False
+    for name, (var, array) in globals_.items():
+        if not ok[name]:
+            continue
+        new_type = ir.Type.parse(f"!spirv.ptr<{array}, Workgroup>")
+        var.attributes["type"] = ir.TypeAttr.get(new_type)
+        for addr in uses[name]:
+            addr.results[0].set_type(new_type)
+            for chain in [u.owner for u in addr.results[0].uses]:
+                with chain.location:
+                    new = spirv_d.AccessChainOp(chain.results[0].type, chain.operands[0], list(chain.operands)[2:],
+                                                ip=ir.InsertionPoint(chain))
+                chain.results[0].replace_all_uses_with(new.result)
+                chain.erase()
+
+
+def _is_zero_constant(v: ir.Value) -> bool:
+    owner = v.owner
+    return not isinstance(owner, ir.Block) and owner.name == "spirv.Constant" and \
+        str(owner.attributes["value"]).split(":")[0].strip() == "0"
 
 
 def _run(module: ir.Operation, pipeline: str) -> None:

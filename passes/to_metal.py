@@ -1,0 +1,178 @@
+"""kf-to-metal: kf's Metal target is its Vulkan SPIR-V cross-compiled to MSL by SPIRV-Cross
+(as IREE's Metal target does), so Metal and Vulkan run the same lowered kernel.
+
+The pass runs ``kf-to-spirv`` first when the module has no SPIR-V ``gpu.binary`` yet
+(its ``workgroup-size`` option is passed on), then compiles every entry point on its
+own with ``spirv-cross --msl --msl-decoration-binding --entry <name>``: one MSL source
+per kernel, because SPIRV-Cross emits one entry point per run and the helper types of two
+runs would clash in one source. ``--msl-decoration-binding`` makes ``[[buffer(i)]]`` the
+SPIR-V binding i, i.e. kernel argument i, so a Metal launcher binds tensor i at index i
+(what ``torch.mps.compile_shader`` does with positional tensor arguments).
+
+Results, on the ``gpu.binary`` beside its SPIR-V object:
+- ``kf.msl = {entry = "<MSL source>"}``;
+- ``kf.metal = {entry = {function = "<MSL kernel name>", threadgroup_size = array<i64: x, y, z>,
+  buffers = array<i64: ...>, threadgroup_bytes = N}}``; ``buffers`` lists the indices
+  present in the MSL signature (SPIRV-Cross drops a buffer the kernel never touches).
+Workgroup memory comes out as ``threadgroup`` arrays and ``gpu.barrier`` as
+``threadgroup_barrier(mem_flags::mem_threadgroup)``. bf16 buffers are ``ushort`` (see
+kf-to-spirv), so a Metal launcher hands over bf16 tensors' bytes unchanged.
+
+``compile_metal`` returns the same facts as plain data, and ``python -m kf.passes.to_metal
+file.mlir`` prints the MSL (the lit test reads it that way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from mlir import ir
+
+from .base import KfPass, PassError
+from .to_spirv import SpirvKernel, ToSpirvPass, _object_bytes, kernels_from_attr
+
+#: MSL 2.3 (macOS 11): the oldest that torch's MPS back end runs on.
+DEFAULT_MSL_VERSION = 20300
+
+
+@dataclasses.dataclass(frozen=True)
+class MetalKernel:
+    """One kernel's MSL and the facts a Metal launcher needs."""
+
+    entry: str  # the SPIR-V entry point (the gpu.func name)
+    function: str  # the MSL kernel function name (SPIRV-Cross renames e.g. 'main')
+    source: str
+    threadgroup_size: tuple[int, int, int]
+    buffers: tuple[int, ...]
+    threadgroup_bytes: int
+    spirv: SpirvKernel
+
+    def abi_extra(self) -> dict:
+        """What goes into ``KernelABI.extra`` for runtime/metal.py."""
+        extra = self.spirv.abi_extra()
+        extra.update({"msl_function": self.function, "threadgroup_size": list(self.threadgroup_size),
+                      "msl_buffers": list(self.buffers)})
+        return extra
+
+
+def spirv_to_msl(binary: bytes, entry: str, msl_version: int = DEFAULT_MSL_VERSION) -> str:
+    """MSL for one entry point of a SPIR-V binary, through the spirv-cross CLI."""
+    tool = shutil.which("spirv-cross")
+    if tool is None:
+        raise PassError("spirv-cross is not on PATH: install the Debian package spirv-cross")
+    with tempfile.NamedTemporaryFile(suffix=".spv", delete=False, prefix=f"kf-{entry}-") as f:
+        f.write(binary)
+        path = f.name
+    cmd = [tool, "--msl", "--msl-version", str(msl_version), "--msl-decoration-binding", "--entry", entry,
+           "--stage", "comp", path]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or "kernel void" not in r.stdout:
+        raise PassError(f"spirv-cross failed on @{entry}:\n{r.stderr or r.stdout}\nreproduce: {' '.join(cmd)}")
+    os.unlink(path)
+    return r.stdout
+
+
+_KERNEL = re.compile(r"kernel\s+void\s+(\w+)\s*\(([^()]*(?:\([^()]*\)[^()]*)*)\)", re.S)
+
+
+def _signature(msl: str, entry: str) -> tuple[str, tuple[int, ...]]:
+    m = _KERNEL.search(msl)
+    if not m:
+        raise PassError(f"no kernel function in the MSL of @{entry}")
+    buffers = tuple(int(b) for b in re.findall(r"\[\[buffer\((\d+)\)\]\]", m.group(2)))
+    return m.group(1), buffers
+
+
+@dataclasses.dataclass(frozen=True)
+class ToMetalPass(KfPass):
+    NAME = "kf-to-metal"
+    DESCRIPTION = "SPIR-V through SPIRV-Cross to MSL, with threadgroup sizes and buffer indices"
+
+    workgroup_size: str = ""  # passed to kf-to-spirv when it has not run yet
+    msl_version: int = DEFAULT_MSL_VERSION
+
+    def run(self, module: ir.Operation) -> None:
+        top = module.regions[0].blocks[0]
+        if not any(op.operation.name == "gpu.binary" and "kf.kernels" in op.operation.attributes
+                   for op in top.operations):
+            ToSpirvPass(workgroup_size=self.workgroup_size).run(module)
+        found = False
+        for op in top.operations:
+            op = op.operation
+            if op.name != "gpu.binary" or "kf.kernels" not in op.attributes:
+                continue
+            found = True
+            binary = _object_bytes(op)
+            sources, facts = {}, {}
+            i64 = ir.IntegerType.get_signless(64)
+            for entry, k in kernels_from_attr(op.attributes["kf.kernels"]).items():
+                try:
+                    mk = self.kernel(binary, k)
+                except PassError as e:
+                    raise PassError(str(e), op.location) from None
+                sources[entry] = ir.StringAttr.get(mk.source)
+                facts[entry] = ir.DictAttr.get({
+                    "function": ir.StringAttr.get(mk.function),
+                    "threadgroup_size": ir.DenseI64ArrayAttr.get(list(mk.threadgroup_size)),
+                    "buffers": ir.DenseI64ArrayAttr.get(list(mk.buffers)),
+                    "threadgroup_bytes": ir.IntegerAttr.get(i64, mk.threadgroup_bytes)})
+            op.attributes["kf.msl"] = ir.DictAttr.get(sources)
+            op.attributes["kf.metal"] = ir.DictAttr.get(facts)
+        if not found:
+            raise PassError("no SPIR-V gpu.binary to cross-compile", module.location)
+
+    def kernel(self, binary: bytes, k: SpirvKernel) -> MetalKernel:
+        msl = spirv_to_msl(binary, k.entry, self.msl_version)
+        function, buffers = _signature(msl, k.entry)
+        unknown = [b for b in buffers if b >= len(k.bindings)]
+        if unknown:
+            raise PassError(f"@{k.entry}: MSL buffer indices {unknown} are not kernel arguments "
+                            f"(0..{len(k.bindings) - 1})")
+        if k.workgroup_bytes and "threadgroup " not in msl:
+            raise PassError(f"@{k.entry} uses workgroup memory but its MSL has no threadgroup array")
+        return MetalKernel(k.entry, function, msl, k.workgroup_size, buffers, k.workgroup_bytes, k)
+
+
+def compile_metal(module: ir.Module | ir.Operation | str, workgroup_size: tuple[int, ...] | None = None,
+                  msl_version: int = DEFAULT_MSL_VERSION) -> dict[str, MetalKernel]:
+    """MSL for every kernel of module's gpu.module(s), keyed by entry point; the module
+    itself is not changed. Raises PassError."""
+    from .to_spirv import compile_spirv
+
+    out = {}
+    p = ToMetalPass(msl_version=msl_version)
+    for b in compile_spirv(module, workgroup_size):
+        for k in b.kernels.values():
+            out[k.entry] = p.kernel(b.binary, k)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the MSL of every kernel in a .mlir file (gpu dialect), one after another."""
+    ap = argparse.ArgumentParser(prog="python -m kf.passes.to_metal", description=main.__doc__)
+    ap.add_argument("input")
+    ap.add_argument("--workgroup-size", default="", help="e.g. 256 or 16,16,1, for kernels without known_block_size")
+    ap.add_argument("--msl-version", type=int, default=DEFAULT_MSL_VERSION)
+    args = ap.parse_args(argv)
+    size = tuple(int(x) for x in re.split(r"[,x]", args.workgroup_size) if x) or None
+    try:
+        kernels = compile_metal(open(args.input).read(), size, args.msl_version)
+    except (PassError, ir.MLIRError) as e:
+        print(f"{args.input}: error: {e}", file=sys.stderr)
+        return 1
+    for k in kernels.values():
+        print(f"// kernel {k.entry}: function {k.function}, threadgroup {list(k.threadgroup_size)}, "
+              f"buffers {list(k.buffers)}, threadgroup bytes {k.threadgroup_bytes}")
+        print(k.source)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

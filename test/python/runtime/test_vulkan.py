@@ -1,0 +1,407 @@
+"""kf-to-spirv + runtime/vulkan.py end to end: hand-written gpu-dialect kernels (the input
+contract of the SPIR-V back end) are compiled by kf's passes, checked by spirv-val, and run
+on whatever Vulkan device exists (lavapipe on CPU-only machines) against torch on fresh
+random inputs. Also: kf-to-metal's MSL for the same kernels, and the Metal launcher's
+refusal off macOS.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kf.passes.base import PassError
+from kf.passes.to_spirv import compile_spirv
+from kf.runtime import vulkan
+from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
+
+needs_vulkan = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)")
+needs_spirv_val = pytest.mark.skipif(shutil.which("spirv-val") is None, reason="spirv-val not installed")
+needs_spirv_cross = pytest.mark.skipif(shutil.which("spirv-cross") is None, reason="spirv-cross not installed")
+
+TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32,
+         "i64": torch.int64, "i1": torch.bool}
+
+
+# ---- hand-written kernels --------------------------------------------------------------
+
+def elementwise_kernel(n: int, elem: str, block: int) -> str:
+    """z = x * y + exp(x) (floats) or x * y + x (integers), one element per thread, with the
+    tail guard i < n that a grid of ceil(n / block) workgroups needs."""
+    t = f"memref<{n}x{elem}>"
+    if elem in ("f32", "f16", "bf16"):
+        body = f"""%p = arith.mulf %x, %y : {elem}
+        %e = math.exp %x : {elem}
+        %z = arith.addf %p, %e : {elem}"""
+    else:
+        body = f"""%p = arith.muli %x, %y : {elem}
+        %z = arith.addi %p, %x : {elem}"""
+    return f"""
+module attributes {{gpu.container_module}} {{
+  gpu.module @kf_kernels {{
+    gpu.func @ew(%a: {t}, %b: {t}, %c: {t}) kernel attributes {{known_block_size = array<i32: {block}, 1, 1>}} {{
+      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %bdim = gpu.block_dim x
+      %base = arith.muli %bid, %bdim : index
+      %i = arith.addi %base, %tid : index
+      %n = arith.constant {n} : index
+      %in = arith.cmpi ult, %i, %n : index
+      scf.if %in {{
+        %x = memref.load %a[%i] : {t}
+        %y = memref.load %b[%i] : {t}
+        {body}
+        memref.store %z, %c[%i] : {t}
+      }}
+      gpu.return
+    }}
+  }}
+}}
+"""
+
+
+def select_kernel(n: int, block: int) -> str:
+    """i1 buffers both ways: z = m ? x : y and g = x > y."""
+    f, b = f"memref<{n}xf32>", f"memref<{n}xi1>"
+    return f"""
+module attributes {{gpu.container_module}} {{
+  gpu.module @kf_kernels {{
+    gpu.func @sel(%m: {b}, %a: {f}, %b: {f}, %c: {f}, %g: {b}) kernel attributes {{known_block_size = array<i32: {block}, 1, 1>}} {{
+      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %bdim = gpu.block_dim x
+      %base = arith.muli %bid, %bdim : index
+      %i = arith.addi %base, %tid : index
+      %n = arith.constant {n} : index
+      %in = arith.cmpi ult, %i, %n : index
+      scf.if %in {{
+        %k = memref.load %m[%i] : {b}
+        %x = memref.load %a[%i] : {f}
+        %y = memref.load %b[%i] : {f}
+        %z = arith.select %k, %x, %y : f32
+        memref.store %z, %c[%i] : {f}
+        %gt = arith.cmpf ogt, %x, %y : f32
+        memref.store %gt, %g[%i] : {b}
+      }}
+      gpu.return
+    }}
+  }}
+}}
+"""
+
+
+def _tree(buf: str, block: int, tag: str) -> str:
+    """A tree reduction of buf[0:block] into buf[0], one gpu.barrier per level."""
+    lines = []
+    s = block // 2
+    while s >= 1:
+        lines.append(f"""
+      %s{tag}{s} = arith.constant {s} : index
+      %lt{tag}{s} = arith.cmpi ult, %tid, %s{tag}{s} : index
+      scf.if %lt{tag}{s} {{
+        %o{tag}{s} = arith.addi %tid, %s{tag}{s} : index
+        %u{tag}{s} = memref.load {buf}[%tid] : memref<{block}xf32, #gpu.address_space<workgroup>>
+        %v{tag}{s} = memref.load {buf}[%o{tag}{s}] : memref<{block}xf32, #gpu.address_space<workgroup>>
+        %w{tag}{s} = arith.addf %u{tag}{s}, %v{tag}{s} : f32
+        memref.store %w{tag}{s}, {buf}[%tid] : memref<{block}xf32, #gpu.address_space<workgroup>>
+      }}
+      gpu.barrier""")
+        s //= 2
+    return "".join(lines)
+
+
+def row_stats_kernel(rows: int, cols: int, elem: str, block: int) -> str:
+    """One workgroup per row: sum, mean and (population) variance of x[row, :].
+
+    Each thread sums a strided slice; the partial sums meet in workgroup memory through a
+    tree with gpu.barrier between levels. The first reduction uses a gpu.func workgroup
+    attribution, the second (sum of squared deviations from the mean, the stable two-pass
+    variance) a memref.alloca in workgroup space: both forms of the input contract."""
+    xt = f"memref<{rows}x{cols}x{elem}>"
+    rt = f"memref<{rows}xf32>"
+    wg = f"memref<{block}xf32, #gpu.address_space<workgroup>>"
+    load = "%vf = arith.extf %v : {0} to f32".format(elem) if elem != "f32" else "%vf = arith.addf %v, %zero : f32"
+    load2 = load.replace("%vf", "%qf").replace("%v ", "%q ").replace("%v,", "%q,")
+    return f"""
+module attributes {{gpu.container_module}} {{
+  gpu.module @kf_kernels {{
+    gpu.func @row_stats(%x: {xt}, %sum: {rt}, %mean: {rt}, %var: {rt})
+        workgroup(%red: {wg}) kernel attributes {{known_block_size = array<i32: {block}, 1, 1>}} {{
+      %row = gpu.block_id x
+      %tid = gpu.thread_id x
+      %c0 = arith.constant 0 : index
+      %cB = arith.constant {block} : index
+      %cC = arith.constant {cols} : index
+      %zero = arith.constant 0.0 : f32
+      %nf = arith.constant {float(cols)} : f32
+      %part = scf.for %j = %tid to %cC step %cB iter_args(%acc = %zero) -> (f32) {{
+        %v = memref.load %x[%row, %j] : {xt}
+        {load}
+        %a = arith.addf %acc, %vf : f32
+        scf.yield %a : f32
+      }}
+      memref.store %part, %red[%tid] : {wg}
+      gpu.barrier{_tree('%red', block, 'a')}
+      %total = memref.load %red[%c0] : {wg}
+      %m = arith.divf %total, %nf : f32
+      %red2 = memref.alloca() : {wg}
+      %part2 = scf.for %j = %tid to %cC step %cB iter_args(%acc = %zero) -> (f32) {{
+        %q = memref.load %x[%row, %j] : {xt}
+        {load2}
+        %d = arith.subf %qf, %m : f32
+        %dd = arith.mulf %d, %d : f32
+        %a = arith.addf %acc, %dd : f32
+        scf.yield %a : f32
+      }}
+      memref.store %part2, %red2[%tid] : {wg}
+      gpu.barrier{_tree('%red2', block, 'b')}
+      %ss = memref.load %red2[%c0] : {wg}
+      %vr = arith.divf %ss, %nf : f32
+      %first = arith.cmpi eq, %tid, %c0 : index
+      scf.if %first {{
+        memref.store %total, %sum[%row] : {rt}
+        memref.store %m, %mean[%row] : {rt}
+        memref.store %vr, %var[%row] : {rt}
+      }}
+      gpu.return
+    }}
+  }}
+}}
+"""
+
+
+def compile_one(text: str):
+    [binary] = compile_spirv(text)
+    [kernel] = binary.kernels.values()
+    return binary.binary, kernel
+
+
+def kernel_abi(kernel, grid) -> KernelABI:
+    return KernelABI(kernel.entry, tuple(range(len(kernel.bindings))), grid=grid, block=kernel.workgroup_size,
+                     artifact=f"{kernel.entry}.spv", extra=kernel.abi_extra())
+
+
+def random(shape, elem, gen):
+    if elem in ("i32", "i64"):
+        return torch.randint(-1000, 1000, shape, generator=gen, dtype=TORCH[elem])
+    if elem == "i1":
+        return torch.rand(shape, generator=gen) > 0.5
+    return torch.randn(shape, generator=gen).to(TORCH[elem])
+
+
+# ---- tests ---------------------------------------------------------------------------
+
+@needs_spirv_val
+@pytest.mark.parametrize("elem", ["f32", "f16", "bf16", "i32", "i64"])
+def test_spirv_val_accepts(elem, tmp_path):
+    binary, kernel = compile_one(elementwise_kernel(1000, elem, 256))
+    path = tmp_path / "k.spv"
+    path.write_bytes(binary)
+    r = subprocess.run(["spirv-val", "--target-env", "vulkan1.1", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [b.binding for b in kernel.bindings] == [0, 1, 2] and {b.set for b in kernel.bindings} == {0}
+    assert kernel.workgroup_size == (256, 1, 1)
+
+
+def test_binding_layout_and_storage():
+    _, k = compile_one(select_kernel(100, 64))
+    assert [(b.binding, b.elem, b.storage, b.shape) for b in k.bindings] == [
+        (0, "i1", "i8", (100,)), (1, "f32", "f32", (100,)), (2, "f32", "f32", (100,)), (3, "f32", "f32", (100,)),
+        (4, "i1", "i8", (100,))]
+    _, k = compile_one(elementwise_kernel(8, "bf16", 8))
+    assert [b.storage for b in k.bindings] == ["i16"] * 3 and "Float16" not in k.capabilities
+    _, k = compile_one(row_stats_kernel(4, 257, "f32", 256))
+    assert k.workgroup_bytes == 2 * 256 * 4
+
+
+def test_missing_workgroup_size_is_an_error():
+    text = elementwise_kernel(64, "f32", 64).replace(" attributes {known_block_size = array<i32: 64, 1, 1>}", "")
+    with pytest.raises(PassError, match="no workgroup size"):
+        compile_spirv(text)
+    [b] = compile_spirv(text, (64,))
+    assert b.kernels["ew"].workgroup_size == (64, 1, 1)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("elem", ["f32", "f16", "bf16", "i32", "i64"])
+def test_elementwise_tail(elem):
+    n, block = 1000, 256  # 1000 is not a multiple of 256: the last workgroup is partial
+    binary, k = compile_one(elementwise_kernel(n, elem, block))
+    gen = torch.Generator().manual_seed(hash(elem) % 2 ** 31)
+    a, b = random((n,), elem, gen), random((n,), elem, gen)
+    sentinel = random((n,), elem, gen)
+    c = sentinel.clone()
+    vulkan.launch(binary, kernel_abi(k, (math.ceil(n / block), 1, 1)), [a, b, c], written=[2])
+    if elem in ("i32", "i64"):
+        assert torch.equal(c, a * b + a)
+    else:
+        want = (a.float() * b.float() + a.float().exp())
+        tol = {"f32": 1e-5, "f16": 2e-2, "bf16": 2e-2}[elem]
+        torch.testing.assert_close(c.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+@needs_vulkan
+def test_elementwise_guard_keeps_memory_past_n():
+    """The kernel is compiled for n = 1000 but run over a 1024-element grid: the guard must
+    stop the 24 extra threads (the buffers are exactly n long, so an unguarded store would
+    be out of bounds; here we check no garbage reaches c)."""
+    n = 1000
+    binary, k = compile_one(elementwise_kernel(n, "f32", 256))
+    a, b = torch.randn(n), torch.randn(n)
+    c = torch.full((n,), float("nan"))
+    vulkan.launch(binary, kernel_abi(k, (4, 1, 1)), [a, b, c], written=[2])
+    assert not c.isnan().any()
+    torch.testing.assert_close(c, a * b + a.exp())
+
+
+@needs_vulkan
+def test_bool_buffers():
+    n = 1000
+    binary, k = compile_one(select_kernel(n, 128))
+    gen = torch.Generator().manual_seed(7)
+    m, a, b = random((n,), "i1", gen), torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    c, g = torch.empty(n), torch.empty(n, dtype=torch.bool)
+    vulkan.launch(binary, kernel_abi(k, (math.ceil(n / 128), 1, 1)), [m, a, b, c, g], written=[3, 4])
+    assert torch.equal(c, torch.where(m, a, b))
+    assert torch.equal(g, a > b)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("cols", [257, 1024, 100])  # 100 < 256: threads with an empty slice
+@pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
+def test_row_stats_workgroup_memory(cols, elem):
+    rows, block = 6, 256
+    binary, k = compile_one(row_stats_kernel(rows, cols, elem, block))
+    gen = torch.Generator().manual_seed(cols)
+    x = (torch.randn(rows, cols, generator=gen) * 3 + 1).to(TORCH[elem])
+    s, m, v = torch.empty(rows), torch.empty(rows), torch.empty(rows)
+    timings = []
+    vulkan.launch(binary, kernel_abi(k, (rows, 1, 1)), [x, s, m, v], written=[1, 2, 3], timings=timings)
+    xf = x.float()
+    torch.testing.assert_close(s, xf.sum(1), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(m, xf.mean(1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(v, xf.var(1, unbiased=False), rtol=1e-4, atol=1e-4)
+    if vulkan.device().timestamps:
+        assert len(timings) == 1 and timings[0] > 0
+
+
+@needs_vulkan
+def test_run_program_chains_kernels_through_a_temporary():
+    """Two kernels in one submission: t = a*b + exp(a); out = t*b + exp(t), with a
+    barrier between them; the program ABI drives buffers and launch order."""
+    n = 1000
+    binary, k = compile_one(elementwise_kernel(n, "f32", 256))
+    arg = TensorArg("a", (n,), "f32")
+    k1 = dataclass_replace(kernel_abi(k, (4, 1, 1)), args=(0, 1, 3))
+    k2 = dataclass_replace(kernel_abi(k, (4, 1, 1)), args=(3, 1, 2))
+    abi = ProgramABI("vulkan", (arg, TensorArg("b", (n,), "f32")), (TensorArg("out", (n,), "f32"),),
+                     (TensorArg("t", (n,), "f32"),), (k1, k2))
+    abi = ProgramABI.from_json(abi.to_json())  # what a cache hit in a new process sees
+    a, b = torch.randn(n), torch.randn(n)
+    timings = []
+    [out] = vulkan.run_program(abi, {"ew.spv": binary}, [a, b], timings=timings)
+    t = a * b + a.exp()
+    torch.testing.assert_close(out, t * b + t.exp(), rtol=1e-4, atol=1e-5)  # exp of exp: large values
+    assert [e for e, _ in timings] == ["ew", "ew"]
+
+
+@needs_vulkan
+def test_clear_errors():
+    binary, k = compile_one(elementwise_kernel(16, "f32", 16))
+    abi = kernel_abi(k, (1, 1, 1))
+    with pytest.raises(vulkan.VulkanError, match="compiled for torch.float32"):
+        vulkan.launch(binary, abi, [torch.zeros(16, dtype=torch.float64)] * 3)
+    with pytest.raises(vulkan.VulkanError, match="takes 3 buffers"):
+        vulkan.launch(binary, abi, [torch.zeros(16)] * 2)
+    with pytest.raises(vulkan.VulkanError, match="not a SPIR-V binary"):
+        vulkan.launch(b"nope", abi, [torch.zeros(16)] * 3)
+    with pytest.raises(vulkan.VulkanError, match="grid"):
+        vulkan.launch(binary, dataclass_replace(abi, grid=(2 ** 31, 1, 1)), [torch.zeros(16)] * 3)
+
+
+def test_no_device_is_a_clear_error(tmp_path):
+    """With no driver, the launcher says so (a fresh process with an empty ICD list)."""
+    code = ("from kf.runtime import vulkan\n"
+            "try:\n    vulkan.device()\nexcept vulkan.VulkanUnavailable as e:\n    print('UNAVAILABLE', e)\n")
+    env = {"VK_ICD_FILENAMES": str(tmp_path / "none.json"), "VK_DRIVER_FILES": str(tmp_path / "none.json"),
+           "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "UNAVAILABLE" in r.stdout, r.stdout + r.stderr
+
+
+def test_runtime_does_not_import_mlir():
+    """The launchers take bytes and the ABI: neither module may import mlir or kf.passes
+    (checked on their source: importing kf.runtime also runs the kf package's __init__)."""
+    import ast
+    import pathlib
+
+    import kf.runtime
+
+    for name in ("vulkan.py", "metal.py"):
+        tree = ast.parse((pathlib.Path(kf.runtime.__file__).parent / name).read_text())
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for m in mods:
+                assert not (m == "mlir" or m.startswith("mlir.") or m.startswith("kf.passes")), (name, m)
+
+
+# ---- Metal: codegen here, execution on a Mac ------------------------------------------
+
+@needs_spirv_cross
+def test_msl_for_row_stats():
+    from kf.passes.to_metal import compile_metal
+
+    kernels = compile_metal(row_stats_kernel(4, 257, "f32", 256))
+    k = kernels["row_stats"]
+    assert k.function == "row_stats" and k.threadgroup_size == (256, 1, 1)
+    assert k.buffers == (0, 1, 2, 3)
+    assert re.search(r"threadgroup float \w+\[256\];", k.source), k.source  # plain arrays, not structs
+    assert "threadgroup_barrier(mem_flags::mem_threadgroup)" in k.source
+    assert "[[buffer(0)]]" in k.source
+
+
+@needs_spirv_cross
+def test_msl_types():
+    from kf.passes.to_metal import compile_metal
+
+    assert "half" in compile_metal(elementwise_kernel(64, "f16", 64))["ew"].source
+    assert "ushort" in compile_metal(elementwise_kernel(64, "bf16", 64))["ew"].source
+    assert "uchar" in compile_metal(select_kernel(64, 64))["sel"].source
+
+
+def test_metal_launcher_refuses_off_macos():
+    from kf.runtime import metal
+
+    if metal.is_available():
+        pytest.skip("this machine has Metal: the refusal path is not reachable")
+    with pytest.raises(metal.MetalUnavailable, match="macOS"):
+        metal.launch("kernel void k() {}", KernelABI("k", ()), [])
+
+
+@pytest.mark.skipif(sys.platform != "darwin", reason="Metal runs only on macOS (torch.mps); codegen is tested above")
+def test_metal_row_stats_on_mps():
+    from kf.passes.to_metal import compile_metal
+    from kf.runtime import metal
+
+    if not metal.is_available():
+        pytest.skip("torch.mps is not available")
+    rows, cols = 6, 257
+    k = compile_metal(row_stats_kernel(rows, cols, "f32", 256))["row_stats"]
+    abi = KernelABI("row_stats", (0, 1, 2, 3), grid=(rows, 1, 1), block=(256, 1, 1), extra=k.abi_extra())
+    x = torch.randn(rows, cols, device="mps")
+    s, m, v = (torch.empty(rows, device="mps") for _ in range(3))
+    metal.launch(k.source, abi, [x, s, m, v])
+    torch.testing.assert_close(m.cpu(), x.cpu().mean(1), rtol=1e-4, atol=1e-5)
+
+
+def dataclass_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
