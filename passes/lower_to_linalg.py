@@ -456,9 +456,17 @@ def _batched_contraction(a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
     return generic([a, b], [acc], maps, ["parallel"] * (nb + 2) + ["reduction"], body)[0]
 
 
+def _one_result(built) -> ir.Value:
+    """The single result of what a bindings helper returned (an op, a list or a value)."""
+    if isinstance(built, ir.Value):
+        return built
+    results = built.results if hasattr(built, "results") else built
+    return results[0]
+
+
 def _transpose(op, args, attrs, out):
     init = empty(out[0].shape, out[0].elem)
-    return [linalg.transpose(args[0], outs=[init], permutation=[int(p) for p in attrs["perm"]]).result]
+    return [_one_result(linalg.transpose(args[0], outs=[init], permutation=[int(p) for p in attrs["perm"]]))]
 
 
 def _reshape(op, args, attrs, out):

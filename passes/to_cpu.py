@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, func
+from mlir.dialects import arith, bufferization, func, linalg
 from mlir.passmanager import PassManager
 
 from .base import KfPass, PassError
@@ -31,14 +31,16 @@ from .base import KfPass, PassError
 BUFFERIZE = (
     "eliminate-empty-tensors, "
     "one-shot-bufferize{bufferize-function-boundaries=1 function-boundary-type-conversion=identity-layout-map}, "
-    "buffer-deallocation-pipeline"
+    "buffer-deallocation-pipeline, convert-bufferization-to-memref"
 )
 TO_LOOPS = (
-    "convert-bufferization-to-memref, convert-linalg-to-loops, fold-memref-alias-ops, expand-strided-metadata, "
-    "lower-affine, convert-scf-to-cf, convert-math-to-funcs, arith-expand{include-bf16=true}, convert-math-to-libm"
+    "convert-linalg-to-loops, fold-memref-alias-ops, expand-strided-metadata, "
+    "lower-affine, convert-scf-to-cf, convert-math-to-funcs, arith-expand{include-bf16=true}, "
+    # LLVM intrinsics first (rsqrt has no libm function), libm for the rest (erf, tanh).
+    "convert-math-to-llvm, convert-math-to-libm"
 )
 TO_LLVM = (
-    "convert-math-to-llvm, finalize-memref-to-llvm, convert-func-to-llvm, convert-arith-to-llvm, "
+    "finalize-memref-to-llvm, convert-func-to-llvm, convert-arith-to-llvm, "
     "convert-cf-to-llvm, convert-index-to-llvm, canonicalize, reconcile-unrealized-casts"
 )
 
@@ -86,6 +88,33 @@ def bools_as_bytes(module: ir.Operation) -> None:
         elif op.name == "memref.store" and str(op.operands[0].type) == "i1":
             with ir.InsertionPoint(op), op.location:
                 op.operands[0] = arith.extui(i8, op.operands[0])
+
+
+def _is_dense(t: ir.Type) -> bool:
+    """A memref with the identity layout (dense row-major, no offset)."""
+    layout = ir.MemRefType(t).layout
+    return isinstance(layout, ir.AffineMapAttr) and ir.AffineMapAttr(layout).value.is_permutation and \
+        ir.AffineMapAttr(layout).value == ir.AffineMap.get_identity(ir.MemRefType(t).rank)
+
+
+def strided_copies_as_loops(module: ir.Operation) -> None:
+    """Rewrite each memref.copy between strided (non-dense) memrefs into linalg.copy.
+
+    Upstream lowers a strided memref.copy to a call to ``memrefCopy`` from MLIR's C
+    runner utilities, which a standalone shared object does not have; linalg.copy
+    becomes plain loops. Dense copies stay memref.copy (they become memcpy).
+    """
+    ops: list[ir.Operation] = []
+    module.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
+    for op in ops:
+        if op.name != "memref.copy":
+            continue
+        src, dst = op.operands
+        if _is_dense(src.type) and _is_dense(dst.type):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            linalg.copy(src, outs=[dst])
+        op.erase()
 
 
 def _memref(t: ir.Type) -> ir.Type:
@@ -139,21 +168,24 @@ class ToCpuPass(KfPass):
     #: (fewer temporaries and loops); off shows one loop nest per kf op.
     fuse: bool = True
 
-    def pipelines(self) -> tuple[str, str]:
-        """The upstream passes before and after the bool-memory rewrite."""
+    def pipelines(self) -> tuple[str, str, str]:
+        """The upstream passes around the two Python rewrites (copies, then bools)."""
         pre = "canonicalize, linalg-fuse-elementwise-ops, cse, " if self.fuse else "canonicalize, cse, "
-        return f"builtin.module({pre}{BUFFERIZE}, {TO_LOOPS})", f"builtin.module({TO_LLVM})"
+        return (f"builtin.module({pre}{BUFFERIZE})", f"builtin.module({TO_LOOPS})", f"builtin.module({TO_LLVM})")
 
     def run(self, module: ir.Operation) -> None:
         for op in module.regions[0].blocks[0].operations:
             op = op.operation  # an OpView's .name is its symbol, an Operation's its kind
             if op.name == "func.func" and is_public(op) and len(op.regions[0].blocks):
                 to_destination_passing(op)
-        first, second = self.pipelines()
-        self._upstream(first, module)
+        bufferize, to_loops, to_llvm = self.pipelines()
+        self._upstream(bufferize, module)
+        with module.context, module.location:
+            strided_copies_as_loops(module)
+        self._upstream(to_loops, module)
         with module.context, module.location:
             bools_as_bytes(module)
-        self._upstream(second, module)
+        self._upstream(to_llvm, module)
 
     @staticmethod
     def _upstream(text: str, module: ir.Operation) -> None:

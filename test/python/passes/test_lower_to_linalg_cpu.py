@@ -1,0 +1,425 @@
+"""kf-lower-to-linalg and the CPU target, end to end: every kf op (and the seed models'
+chains) is built with kf.dialects.builders, lowered to linalg, compiled to a shared
+object by kf.cpu_codegen, run by kf.runtime.cpu on fresh random tensors and compared
+with torch.
+
+Shapes are deliberately not powers of two (3×257, 1000, 7) so that no tail is hidden,
+and inputs are random (never zeros) so that a kernel that forgets to write passes
+nothing. Low-precision results are compared with torch computing the same formula in
+f32 and rounding once, which is kf's precision policy.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from mlir import ir
+from mlir.dialects import func
+
+from kf.cpu_codegen import compile_module
+from kf.dialects import TensorSpec, make_context, mlir_type
+from kf.dialects import builders as kb
+from kf.runtime.cpu import CpuLaunchError, load
+
+ELEM = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+        torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
+TOL = {torch.float32: (2e-5, 2e-5), torch.float64: (1e-10, 1e-10), torch.float16: (2e-3, 2e-3),
+       torch.bfloat16: (1.6e-2, 1.6e-2)}
+LOW = [torch.float16, torch.bfloat16]
+FLOATS = [torch.float32, *LOW]
+
+torch.manual_seed(0)
+
+
+def compile_kf(build, inputs):
+    """Compile ``build(*kf values) -> value or tuple`` for the inputs' shapes and dtypes."""
+    ctx = make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        types = [mlir_type(TensorSpec(tuple(t.shape), ELEM[t.dtype])) for t in inputs]
+        with ir.InsertionPoint(module.body):
+            @func.FuncOp.from_py_func(*types, name="kernel")
+            def kernel(*args):
+                out = build(*args)
+                return tuple(out) if isinstance(out, (tuple, list)) else out
+        directory = tempfile.mkdtemp(prefix="kf-test-cpu-")
+        artifact = compile_module(module, "kernel", directory)
+    return load(artifact.abi, directory)
+
+
+def run_kf(build, *inputs):
+    return compile_kf(build, inputs)(*inputs)
+
+
+def check(got, want, dtype=None):
+    dtype = dtype or want.dtype
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    if dtype in TOL:
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        assert torch.equal(got, want), (got, want)
+
+
+def rand(*shape, dtype=torch.float32, positive=False):
+    x = torch.randn(tuple(shape), dtype=torch.float32)
+    if positive:
+        x = x.abs() + 0.25
+    return x.to(dtype)
+
+
+def in_f32(fn, *xs, out_dtype=None):
+    """torch's answer under kf's policy: compute in f32 from the inputs, round once."""
+    ys = fn(*[x.float() if x.is_floating_point() else x for x in xs])
+    dtype = out_dtype or xs[0].dtype
+    return tuple(y.to(dtype) if y.is_floating_point() else y for y in ys) if isinstance(ys, tuple) else (
+        ys.to(dtype) if ys.is_floating_point() else ys)
+
+
+# ----------------------------------------------------------------------------- elementwise
+
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
+    "min": torch.minimum, "pow": torch.pow,
+}
+SHAPES = [((3, 257), (257,)), ((3, 1), (1, 257)), ((1000,), ()), ((2, 3, 7), (3, 1))]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shapes", SHAPES, ids=str)
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_broadcast(name, shapes, dtype):
+    a = rand(*shapes[0], dtype=dtype, positive=name == "pow")
+    b = rand(*shapes[1], dtype=dtype)
+    (got,) = run_kf(lambda x, y: getattr(kb, name)(x, y), a, b)
+    check(got, in_f32(BINARY[name], a, b))
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "max", "min"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_binary_integer(name, dtype):
+    a = torch.randint(-50, 50, (3, 257), dtype=dtype)
+    b = torch.randint(-50, 50, (257,), dtype=dtype)
+    (got,) = run_kf(lambda x, y: getattr(kb, name)(x, y), a, b)
+    check(got, BINARY[name](a, b))
+
+
+UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "tanh": torch.tanh, "erf": torch.erf,
+    "sigmoid": torch.sigmoid, "relu": torch.relu,
+}
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(name, dtype):
+    a = rand(3, 257, dtype=dtype, positive=name in ("log", "sqrt", "rsqrt", "reciprocal"))
+    (got,) = run_kf(lambda x: getattr(kb, name)(x), a)
+    check(got, in_f32(UNARY[name], a))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(approximate, dtype):
+    a = rand(1000, dtype=dtype) * 3
+    (got,) = run_kf(lambda x: kb.gelu(x, approximate=approximate), a)
+    check(got, in_f32(lambda x: torch.nn.functional.gelu(x, approximate=approximate), a))
+
+
+@pytest.mark.parametrize("name", ["neg", "abs", "relu"])
+def test_unary_integer(name):
+    a = torch.randint(-50, 50, (1000,), dtype=torch.int32)
+    (got,) = run_kf(lambda x: getattr(kb, name)(x), a)
+    check(got, UNARY[name](a))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("pred", ["eq", "ne", "lt", "le", "gt", "ge"])
+def test_cmp(pred, dtype):
+    a = torch.randint(-3, 3, (3, 257)).to(dtype)  # small integers: equal elements occur
+    b = torch.randint(-3, 3, (257,)).to(dtype)
+    (got,) = run_kf(lambda x, y: kb.cmp(x, y, predicate=pred), a, b)
+    check(got, getattr(torch, pred)(a, b))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_select_and_masked_fill(dtype):
+    c = torch.rand(3, 257) > 0.5
+    a, b = rand(3, 257, dtype=dtype), rand(257, dtype=dtype)
+    m = torch.rand(3, 1) > 0.5
+    got_sel, got_fill = run_kf(lambda c_, x, y, m_: (kb.select(c_, x, y), kb.masked_fill(x, m_, value=-math.inf)),
+                               c, a, b, m)
+    check(got_sel, torch.where(c, a, b))
+    check(got_fill, a.masked_fill(m, -math.inf))
+
+
+CASTS = [(torch.float32, torch.float16), (torch.float16, torch.float32), (torch.float32, torch.bfloat16),
+         (torch.bfloat16, torch.float16), (torch.float32, torch.int64), (torch.int64, torch.float32),
+         (torch.bool, torch.float32), (torch.float32, torch.bool), (torch.int32, torch.int64),
+         (torch.float32, torch.float64)]
+
+
+@pytest.mark.parametrize("src,dst", CASTS, ids=str)
+def test_cast(src, dst):
+    if src == torch.bool:
+        a = torch.rand(1000) > 0.5
+    elif src.is_floating_point:
+        a = (rand(1000) * 10).to(src)
+    else:
+        a = torch.randint(-1000, 1000, (1000,), dtype=src)
+    (got,) = run_kf(lambda x: kb.cast(x, ELEM[dst]), a)
+    check(got, a.to(dst))
+
+
+# ----------------------------------------------------------------------------- reductions
+
+REDUCE_DIMS = [([1], False), ([1], True), ([0], True), ([0, 1], False), ([-1], False)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dims,keepdim", REDUCE_DIMS, ids=str)
+@pytest.mark.parametrize("name", ["sum", "mean", "reduce_max", "reduce_min"])
+def test_reduction(name, dims, keepdim, dtype):
+    a = rand(3, 257, dtype=dtype)
+    (got,) = run_kf(lambda x: getattr(kb, name)(x, dims=dims, keepdim=keepdim), a)
+    ref = {"sum": lambda x: x.sum(dims, keepdim=keepdim), "mean": lambda x: x.mean(dims, keepdim=keepdim),
+           "reduce_max": lambda x: x.amax(dims, keepdim=keepdim),
+           "reduce_min": lambda x: x.amin(dims, keepdim=keepdim)}[name]
+    check(got, in_f32(ref, a))
+
+
+def test_sum_all_and_integers():
+    a = rand(7, 11, 13)
+    (got,) = run_kf(lambda x: kb.sum(x, dims=[]), a)
+    check(got, a.sum())
+    i = torch.randint(-100, 100, (1000,), dtype=torch.int64)
+    (got,) = run_kf(lambda x: kb.reduce_max(x, dims=[0]), i)
+    check(got, i.amax(0))
+
+
+def test_sum_of_bools_counts():
+    m = torch.rand(3, 257) > 0.3
+    (got,) = run_kf(lambda x: kb.sum(x, dims=[1], elem="i64"), m)
+    check(got, m.sum(1))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("correction", [0.0, 1.0])
+@pytest.mark.parametrize("dims,keepdim", [([1], True), ([0, 1], False), ([0], False)], ids=str)
+def test_var(dims, keepdim, correction, dtype):
+    a = rand(3, 257, dtype=dtype) * 2 + 100  # a large mean: the one-pass formula would fail here
+    (got,) = run_kf(lambda x: kb.var(x, dims=dims, correction=correction, keepdim=keepdim), a)
+    check(got, in_f32(lambda x: x.var(dims, correction=correction, keepdim=keepdim), a))
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.int64])
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True), (-1, True)], ids=str)
+def test_argmax(dim, keepdim, dtype):
+    a = torch.randperm(3 * 257).reshape(3, 257).to(dtype)  # distinct values: a unique answer
+    (got,) = run_kf(lambda x: kb.argmax(x, dim=dim, keepdim=keepdim), a)
+    check(got, a.argmax(dim, keepdim=keepdim))
+
+
+def test_argmax_first_maximum_and_nan():
+    a = torch.tensor([[1.0, 5.0, 5.0, 2.0], [1.0, float("nan"), 3.0, float("nan")], [-math.inf] * 4])
+    (got,) = run_kf(lambda x: kb.argmax(x, dim=1), a)
+    check(got, torch.tensor([1, 1, 0]))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax(name, dim, dtype):
+    a = rand(3, 257, dtype=dtype) * 40  # exp would overflow without the max subtraction
+    (got,) = run_kf(lambda x: getattr(kb, name)(x, dim=dim), a)
+    check(got, in_f32(lambda x: getattr(torch, name)(x, dim), a))
+
+
+# ----------------------------------------------------------------------------- matmul
+
+MATMUL_SHAPES = [((3, 257), (257, 5)), ((2, 3, 7), (2, 7, 5)), ((4, 1, 3, 7), (5, 7, 6)), ((3, 7), (2, 7, 5)),
+                 ((2, 3, 7), (7, 5))]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES, ids=str)
+def test_matmul(shapes, dtype):
+    a, b = rand(*shapes[0], dtype=dtype), rand(*shapes[1], dtype=dtype)
+    (got,) = run_kf(kb.matmul, a, b)
+    rtol, atol = TOL[dtype]
+    want = in_f32(torch.matmul, a, b)
+    torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol * 10)
+
+
+def test_matmul_integer():
+    a = torch.randint(-9, 9, (3, 7), dtype=torch.int64)
+    b = torch.randint(-9, 9, (7, 5), dtype=torch.int64)
+    (got,) = run_kf(kb.matmul, a, b)
+    check(got, a @ b)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def test_transpose_reshape_broadcast():
+    a = rand(2, 3, 7)
+    got = run_kf(lambda x: (kb.transpose(x, perm=[2, 0, 1]), kb.reshape(x, [7, 6]), kb.reshape(x, [42]),
+                            kb.broadcast_to(kb.slice(x, dim=1, start=0, end=1), [5, 2, 3, 7])), a)
+    check(got[0], a.permute(2, 0, 1))
+    check(got[1], a.reshape(7, 6))
+    check(got[2], a.reshape(42))
+    check(got[3], a[:, 0:1].expand(5, 2, 3, 7).contiguous())
+
+
+def test_reshape_rank0():
+    a = rand(1, 1)
+    got = run_kf(lambda x: (kb.reshape(x, []), kb.reshape(kb.reshape(x, []), [1, 1, 1])), a)
+    check(got[0], a.reshape(()))
+    check(got[1], a.reshape(1, 1, 1))
+
+
+@pytest.mark.parametrize("dim,start,end,step", [(1, 3, 250, 1), (1, 1, 257, 3), (0, 1, 3, 1), (-1, 0, 257, 256)])
+def test_slice(dim, start, end, step):
+    a = rand(3, 257)
+    (got,) = run_kf(lambda x: kb.slice(x, dim=dim, start=start, end=end, step=step), a)
+    idx = [slice(None)] * 2
+    idx[dim] = slice(start, end, step)
+    check(got, a[tuple(idx)].contiguous())
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_concat(dim):
+    shapes = {0: [(3, 7), (1, 7), (5, 7)], 1: [(3, 7), (3, 1), (3, 5)], -1: [(3, 7), (3, 1), (3, 5)]}[dim]
+    xs = [rand(*s) for s in shapes]
+    (got,) = run_kf(lambda *vs: kb.concat(vs, dim=dim), *xs)
+    check(got, torch.cat(xs, dim))
+
+
+# ----------------------------------------------------------------------------- selection, indexing
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("k,dim,largest", [(3, -1, True), (1, 1, True), (2, 0, True), (4, -1, False)], ids=str)
+def test_topk(k, dim, largest, dtype):
+    a = (torch.randperm(3 * 257).reshape(3, 257).float() / 7).to(dtype)
+    if dtype != torch.float32:
+        a = torch.randperm(3 * 257).reshape(3, 257).to(dtype) if dtype == torch.float16 else \
+            torch.randperm(200)[: 3 * 50].reshape(3, 50).to(dtype)  # bf16 holds integers to 256 exactly
+    vals, idxs = run_kf(lambda x: kb.topk(x, k=k, dim=dim, largest=largest), a)
+    want = torch.topk(a, k, dim, largest=largest)
+    check(vals, want.values)
+    check(idxs, want.indices)
+
+
+def test_gather_and_index_select():
+    a = rand(3, 257)
+    gi = torch.randint(0, 257, (3, 100))
+    si = torch.randint(0, 3, (5,), dtype=torch.int32)
+    got = run_kf(lambda x, g, s: (kb.gather(x, g, dim=1), kb.index_select(x, s, dim=0)), a, gi, si)
+    check(got[0], torch.gather(a, 1, gi))
+    check(got[1], torch.index_select(a, 0, si))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_index_add(dtype):
+    a = rand(7, 33, dtype=dtype)
+    index = torch.tensor([1, 6, 1, 0, 3])  # 1 twice: the second add sees the first
+    src = rand(5, 33, dtype=dtype)
+    (got,) = run_kf(lambda x, i, s: kb.index_add(x, i, s, dim=0), a, index, src)
+    check(got, a.index_add(0, index, src))
+
+
+def test_scatter_add():
+    a = rand(3, 20)
+    index = torch.randint(0, 20, (3, 11))  # random: repeated targets accumulate
+    src = rand(3, 11)
+    (got,) = run_kf(lambda x, i, s: kb.scatter_add(x, i, s, dim=1), a, index, src)
+    check(got, a.scatter_add(1, index, src))
+
+
+def test_constant_and_fill():
+    value = np.arange(21, dtype=np.float32).reshape(3, 7) / 3
+    a = rand(3, 7)
+
+    def build(x):
+        c = kb.constant(ir.DenseElementsAttr.get(value))
+        return kb.add(x, c), kb.fill([3, 7], "f16", 2.5), kb.mul(x, kb.scalar(-1.5, "f32"))
+
+    got = run_kf(build, a)
+    check(got[0], a + torch.from_numpy(value))
+    check(got[1], torch.full((3, 7), 2.5, dtype=torch.float16))
+    check(got[2], a * -1.5)
+
+
+# ----------------------------------------------------------------------------- seed chains
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_layer_norm_chain(dtype):
+    x, w, b = rand(3, 257, dtype=dtype), rand(257, dtype=dtype), rand(257, dtype=dtype)
+
+    def build(x_, w_, b_):
+        mean = kb.mean(x_, dims=[-1], keepdim=True)
+        var = kb.var(x_, dims=[-1], correction=0.0, keepdim=True)
+        eps = kb.scalar(1e-5, ELEM[dtype])
+        y = kb.div(kb.sub(x_, mean), kb.sqrt(kb.add(var, eps)))
+        return kb.add(kb.mul(y, w_), b_)
+
+    (got,) = run_kf(build, x, w, b)
+    want = torch.nn.functional.layer_norm(x.float(), (257,), w.float(), b.float(), eps=1e-5).to(dtype)
+    rtol, atol = TOL[dtype]
+    # Each kf op rounds to the tensor dtype (as torch's own op-by-op chain would).
+    torch.testing.assert_close(got.double(), want.double(), rtol=rtol * 4, atol=atol * 4)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_attention_chain(dtype):
+    q, k, v = rand(2, 5, 37, 16, dtype=dtype), rand(2, 5, 37, 16, dtype=dtype), rand(2, 5, 37, 16, dtype=dtype)
+    mask = torch.rand(37, 37) > 0.8
+    mask[:, 0] = False  # no fully masked row
+
+    def build(q_, k_, v_, m_):
+        s = kb.div(kb.matmul(q_, kb.transpose(k_, perm=[0, 1, 3, 2])), kb.scalar(4.0, ELEM[dtype]))
+        p = kb.softmax(kb.masked_fill(s, m_, value=-math.inf), dim=-1)
+        return kb.matmul(p, v_)
+
+    (got,) = run_kf(build, q, k, v, mask)
+    ref = torch.softmax((q.float() @ k.float().transpose(-1, -2) / 4.0).masked_fill(mask, -math.inf), -1) @ v.float()
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.double(), ref.to(dtype).double(), rtol=rtol * 4, atol=atol * 4)
+
+
+def test_topk_softmax_gate():
+    logits = rand(1000, 7)
+
+    def build(x):
+        vals, idx = kb.topk(x, k=2, dim=-1)
+        return kb.softmax(vals, dim=-1), idx
+
+    w, idx = run_kf(build, logits)
+    want = torch.topk(logits, 2, -1)
+    check(w, torch.softmax(want.values, -1))
+    check(idx, want.indices)
+
+
+# ----------------------------------------------------------------------------- the launcher
+
+
+def test_launcher_checks_and_layouts():
+    a = rand(257, 3).t()  # not contiguous: the launcher makes a dense copy
+    program = compile_kf(lambda x: (kb.exp(x), x), [a.contiguous()])
+    got, same = program(a)
+    check(got, torch.exp(a))
+    check(same, a.contiguous())  # a returned input is copied into the output buffer
+    assert same.data_ptr() != a.data_ptr()
+    with pytest.raises(CpuLaunchError, match="compiled for"):
+        program(rand(3, 256))
+    out = [torch.empty(3, 257), torch.empty(3, 257)]
+    got, _ = program(a, out=out)
+    assert got is out[0]
+    check(out[0], torch.exp(a))
