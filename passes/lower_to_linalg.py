@@ -295,6 +295,8 @@ def _better(x: ir.Value, best: ir.Value, largest: bool) -> ir.Value:
         nan_wins = (arith.andi(x_nan, arith.xori(best_nan, one)) if largest
                     else arith.andi(best_nan, arith.xori(x_nan, one)))
         return arith.ori(strict, nan_wins)
+    if ir.IntegerType(x.type).width == 1:  # false < true: unsigned
+        return arith.cmpi(arith.CmpIPredicate.ugt if largest else arith.CmpIPredicate.ult, x, best)
     return arith.cmpi(arith.CmpIPredicate.sgt if largest else arith.CmpIPredicate.slt, x, best)
 
 
@@ -353,6 +355,9 @@ def _sum_like(op, args, attrs, out):
     acc_elem = compute_elem(out[0].elem)
     acc_t = _type(acc_elem)
     name = op.name
+    if name == "kf.sum" and out[0].elem == "i1":
+        raise PassError("kf.sum of booleans needs an integer result type (torch counts them in i64)",
+                        op.location)
     if name in ("kf.sum", "kf.mean"):
         s = reduce(x, red, acc_elem, 0, lambda a, acc: sm.emit("add", [sm.convert(a[0], acc_t), acc]))
         n = math.prod(_shape(x)[d] for d in red)
@@ -635,7 +640,10 @@ def lower_op(op: ir.Operation) -> None:
         raise PassError("kf.div needs floating-point operands", op.location)
     out = [spec_of(r.type) for r in op.results]
     with ir.InsertionPoint(op), op.location:
-        values = lowering(op, list(op.operands), op_attrs(op), out)
+        try:
+            values = lowering(op, list(op.operands), op_attrs(op), out)
+        except ValueError as e:  # scalar_math's refusals: arithmetic it does not define
+            raise PassError(f"cannot lower {op.name}: {e}", op.location) from None
     for result, value in zip(op.results, values):
         if value.type != result.type:
             raise PassError(f"lowering of {op.name} produced {value.type}, expected {result.type}", op.location)

@@ -21,6 +21,9 @@ _CMP_F = {"eq": arith.CmpFPredicate.OEQ, "ne": arith.CmpFPredicate.UNE, "lt": ar
 _CMP_I = {"eq": arith.CmpIPredicate.eq, "ne": arith.CmpIPredicate.ne, "lt": arith.CmpIPredicate.slt,
           "le": arith.CmpIPredicate.sle, "gt": arith.CmpIPredicate.sgt, "ge": arith.CmpIPredicate.sge}
 
+_CMP_U = {"eq": arith.CmpIPredicate.eq, "ne": arith.CmpIPredicate.ne, "lt": arith.CmpIPredicate.ult,
+          "le": arith.CmpIPredicate.ule, "gt": arith.CmpIPredicate.ugt, "ge": arith.CmpIPredicate.uge}
+
 
 def is_float(t: ir.Type) -> bool:
     return isinstance(t, (ir.F16Type, ir.BF16Type, ir.F32Type, ir.F64Type)) or str(t).startswith("f8")
@@ -91,10 +94,21 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None) -> ir.V
                     "max": arith.maximumf, "min": arith.minimumf, "pow": mmath.powf}[op](x, y)
         if op == "div":
             raise ValueError("kf.div needs floating-point operands")
+        if ir.IntegerType(t).width == 1:
+            # torch on bools: + and max are "or", * and min are "and"; - is an error.
+            if op in ("add", "max"):
+                return arith.ori(x, y)
+            if op in ("mul", "min"):
+                return arith.andi(x, y)
+            raise ValueError(f"kf.{op} is not defined on booleans")
         if op == "pow":
             return mmath.ipowi(x, y)
         return {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "max": arith.maxsi,
                 "min": arith.minsi}[op](x, y)
+    if not f and op in ("neg", "abs", "relu") and ir.IntegerType(t).width == 1:
+        if op == "neg":
+            raise ValueError("kf.neg is not defined on booleans")
+        return x  # |b| and relu(b) are b
     if op == "neg":
         return arith.negf(x) if f else arith.subi(const(t, 0), x)
     if op == "abs":
@@ -121,7 +135,11 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None) -> ir.V
         return _gelu(x, attrs.get("approximate", "none"))
     if op == "cmp":
         pred = attrs["predicate"]
-        return arith.cmpf(_CMP_F[pred], x, args[1]) if f else arith.cmpi(_CMP_I[pred], x, args[1])
+        if f:
+            return arith.cmpf(_CMP_F[pred], x, args[1])
+        # Booleans order false < true, which is unsigned: signed i1 has true = -1.
+        p = _CMP_I[pred] if ir.IntegerType(t).width > 1 else _CMP_U[pred]
+        return arith.cmpi(p, x, args[1])
     if op == "select":
         return arith.select(args[0], args[1], args[2])
     if op == "masked_fill":

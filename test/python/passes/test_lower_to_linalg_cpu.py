@@ -423,3 +423,14 @@ def test_launcher_checks_and_layouts():
     got, _ = program(a, out=out)
     assert got is out[0]
     check(out[0], torch.exp(a))
+
+
+def test_booleans_follow_torch():
+    a, b = torch.rand(3, 257) > 0.5, torch.rand(257) > 0.5
+    got = run_kf(lambda x, y: (kb.add(x, y), kb.mul(x, y), kb.cmp(x, y, predicate="lt"),
+                               kb.reduce_max(x, dims=[1]), kb.argmax(x, dim=1)), a, b)
+    check(got[0], a + b)
+    check(got[1], a * b)
+    check(got[2], a < b)
+    check(got[3], a.amax(1))
+    check(got[4], a.to(torch.uint8).argmax(1))
