@@ -106,6 +106,8 @@ class CudaModule:
         if not image.startswith(b"\x7fELF") and not image.endswith(b"\0"):
             image += b"\0"  # PTX must be NUL-terminated for cuModuleLoadData
         self.image = image
+        # Handed to the driver by address: cuda.bindings then takes it as a plain void*.
+        self._buffer = ctypes.create_string_buffer(image, len(image))
         self.name = name
         self._loaded: dict[int, object] = {}  # context handle -> CUmodule
 
@@ -115,7 +117,7 @@ class CudaModule:
         mod = self._loaded.get(key)
         if mod is None:
             kind = "cubin" if self.image.startswith(b"\x7fELF") else "PTX"
-            mod = _check(_drv.cuModuleLoadData(self.image), kernel or self.name, "cuModuleLoadData",
+            mod = _check(_drv.cuModuleLoadData(ctypes.addressof(self._buffer)), kernel or self.name, "cuModuleLoadData",
                          f"module '{self.name}' ({len(self.image)} bytes of {kind})")
             self._loaded[key] = mod
         return mod
