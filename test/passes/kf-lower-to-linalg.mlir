@@ -1,0 +1,156 @@
+// RUN: kf-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-lower-to-linalg)' | FileCheck %s
+
+// Torch broadcasting is in the indexing maps: the 1-D operand maps to the trailing dim,
+// the size-1 dim reads index 0, the rank-0 operand maps to (). f16 math runs in f32 and
+// is rounded once; select only moves values, so it stays in f16.
+// CHECK-DAG: #[[ID:.*]] = affine_map<(d0, d1) -> (d0, d1)>
+// CHECK-DAG: #[[ROW:.*]] = affine_map<(d0, d1) -> (d1)>
+// CHECK-DAG: #[[COL:.*]] = affine_map<(d0, d1) -> (d0, 0)>
+// CHECK-DAG: #[[SCALAR:.*]] = affine_map<(d0, d1) -> ()>
+// CHECK-LABEL: func.func @broadcast
+// CHECK: %[[E:.*]] = tensor.empty() : tensor<3x257xf16>
+// CHECK: %[[SUM:.*]] = linalg.generic {indexing_maps = [#[[ID]], #[[ROW]], #[[ID]]], iterator_types = ["parallel", "parallel"]}
+// CHECK-SAME: ins(%arg0, %arg1 : tensor<3x257xf16>, tensor<257xf16>) outs(%[[E]] : tensor<3x257xf16>)
+// CHECK: %[[X:.*]] = arith.extf %{{.*}} : f16 to f32
+// CHECK: %[[Y:.*]] = arith.extf %{{.*}} : f16 to f32
+// CHECK: %[[S:.*]] = arith.addf %[[X]], %[[Y]] : f32
+// CHECK: %[[R:.*]] = arith.truncf %[[S]] : f32 to f16
+// CHECK: linalg.yield %[[R]] : f16
+// CHECK: linalg.generic {indexing_maps = [#[[COL]], #[[ID]], #[[SCALAR]], #[[ID]]]
+// CHECK-SAME: ins(%arg2, %[[SUM]], %arg3 : tensor<3x1xi1>, tensor<3x257xf16>, tensor<f16>)
+// CHECK: ^bb0(%[[C:.*]]: i1, %[[A:.*]]: f16, %[[B:.*]]: f16, %{{.*}}: f16):
+// CHECK-NEXT: arith.select %[[C]], %[[A]], %[[B]] : f16
+// CHECK-NOT: kf.
+func.func @broadcast(%a: tensor<3x257xf16>, %b: tensor<257xf16>, %m: tensor<3x1xi1>, %c: tensor<f16>) -> tensor<3x257xf16> {
+  %0 = "kf.add"(%a, %b) : (tensor<3x257xf16>, tensor<257xf16>) -> tensor<3x257xf16>
+  %1 = "kf.select"(%m, %0, %c) : (tensor<3x1xi1>, tensor<3x257xf16>, tensor<f16>) -> tensor<3x257xf16>
+  return %1 : tensor<3x257xf16>
+}
+
+// -----
+
+// A reduction accumulates bf16 in f32 into a filled init, rounds once, then restores
+// the reduced dim for keepdim with expand_shape.
+// CHECK-DAG: #[[ID:.*]] = affine_map<(d0, d1) -> (d0, d1)>
+// CHECK-DAG: #[[KEPT:.*]] = affine_map<(d0, d1) -> (d0)>
+// CHECK-LABEL: func.func @sum_keepdim
+// CHECK: %[[ZERO:.*]] = arith.constant 0.000000e+00 : f32
+// CHECK: %[[INIT:.*]] = linalg.fill ins(%[[ZERO]] : f32) outs(%{{.*}} : tensor<3xf32>)
+// CHECK: %[[ACC:.*]] = linalg.generic {indexing_maps = [#[[ID]], #[[KEPT]]], iterator_types = ["parallel", "reduction"]}
+// CHECK-SAME: ins(%arg0 : tensor<3x257xbf16>) outs(%[[INIT]] : tensor<3xf32>)
+// CHECK: arith.extf %{{.*}} : bf16 to f32
+// CHECK: arith.addf
+// CHECK: %[[ROUNDED:.*]] = linalg.generic
+// CHECK: arith.truncf %{{.*}} : f32 to bf16
+// CHECK: tensor.expand_shape %[[ROUNDED]] {{\[\[}}0, 1]] output_shape [3, 1] : tensor<3xbf16> into tensor<3x1xbf16>
+func.func @sum_keepdim(%a: tensor<3x257xbf16>) -> tensor<3x1xbf16> {
+  %0 = "kf.sum"(%a) {dims = array<i64: -1>, keepdim = true} : (tensor<3x257xbf16>) -> tensor<3x1xbf16>
+  return %0 : tensor<3x1xbf16>
+}
+
+// -----
+
+// var is two passes: the mean, then the sum of squared deviations divided by
+// n - correction (3 - 1 = 2), which keeps its precision when the mean is large.
+// CHECK-LABEL: func.func @var
+// CHECK: %[[SUM:.*]] = linalg.generic {{.*}} iterator_types = ["reduction", "parallel"]
+// CHECK: %[[MEAN:.*]] = linalg.generic {{.*}} ins(%[[SUM]] : tensor<257xf32>)
+// CHECK: arith.constant 3.000000e+00 : f32
+// CHECK: arith.divf
+// CHECK: %[[M2:.*]] = linalg.generic {{.*}} iterator_types = ["reduction", "parallel"]
+// CHECK-SAME: ins(%arg0, %[[MEAN]] : tensor<3x257xf32>, tensor<257xf32>)
+// CHECK: %[[D:.*]] = arith.subf
+// CHECK: %[[SQ:.*]] = arith.mulf %[[D]], %[[D]] : f32
+// CHECK: arith.addf %{{.*}}, %[[SQ]] : f32
+// CHECK: linalg.generic {{.*}} ins(%[[M2]] : tensor<257xf32>)
+// CHECK: arith.constant 2.000000e+00 : f32
+// CHECK: arith.divf
+func.func @var(%a: tensor<3x257xf32>) -> tensor<257xf32> {
+  %0 = "kf.var"(%a) {dims = array<i64: 0>, correction = 1.0, keepdim = false} : (tensor<3x257xf32>) -> tensor<257xf32>
+  return %0 : tensor<257xf32>
+}
+
+// -----
+
+// softmax is numerically stable: max from -inf, then the sum of exp(x - max), then
+// exp(x - max) / sum.
+// CHECK-LABEL: func.func @softmax
+// CHECK: %[[NINF:.*]] = arith.constant 0xFF800000 : f32
+// CHECK: %[[INIT:.*]] = linalg.fill ins(%[[NINF]] : f32)
+// CHECK: %[[MAX:.*]] = linalg.generic {{.*}} outs(%[[INIT]] : tensor<3xf32>)
+// CHECK: arith.maximumf
+// CHECK: %[[SUM:.*]] = linalg.generic {{.*}} ins(%arg0, %[[MAX]] : tensor<3x257xf32>, tensor<3xf32>)
+// CHECK: arith.subf
+// CHECK: math.exp
+// CHECK: arith.addf
+// CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel"]} ins(%arg0, %[[MAX]], %[[SUM]] :
+// CHECK: %[[SH:.*]] = arith.subf
+// CHECK: %[[EX:.*]] = math.exp %[[SH]]
+// CHECK: arith.divf %[[EX]]
+func.func @softmax(%a: tensor<3x257xf32>) -> tensor<3x257xf32> {
+  %0 = "kf.softmax"(%a) {dim = 1} : (tensor<3x257xf32>) -> tensor<3x257xf32>
+  return %0 : tensor<3x257xf32>
+}
+
+// -----
+
+// 2-D matmul is linalg.matmul accumulating f16 in f32; broadcast batch dims need a
+// generic contraction whose lhs map reads batch index 0 for its size-1 dim.
+// CHECK-DAG: #[[LHS:.*]] = affine_map<(d0, d1, d2, d3, d4) -> (d0, 0, d2, d4)>
+// CHECK-DAG: #[[RHS:.*]] = affine_map<(d0, d1, d2, d3, d4) -> (d1, d4, d3)>
+// CHECK-DAG: #[[OUT:.*]] = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2, d3)>
+// CHECK-LABEL: func.func @matmul
+// CHECK: %[[ACC:.*]] = linalg.fill {{.*}} -> tensor<3x5xf32>
+// CHECK: %[[MM:.*]] = linalg.matmul ins(%arg0, %arg1 : tensor<3x7xf16>, tensor<7x5xf16>) outs(%[[ACC]] : tensor<3x5xf32>)
+// CHECK: linalg.generic {{.*}} ins(%[[MM]] : tensor<3x5xf32>) outs(%{{.*}} : tensor<3x5xf16>)
+// CHECK: arith.truncf
+// CHECK: linalg.generic {indexing_maps = [#[[LHS]], #[[RHS]], #[[OUT]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
+// CHECK: arith.mulf
+// CHECK: arith.addf
+func.func @matmul(%a: tensor<3x7xf16>, %b: tensor<7x5xf16>, %c: tensor<4x1x3x7xf32>, %d: tensor<2x7x5xf32>) -> (tensor<3x5xf16>, tensor<4x2x3x5xf32>) {
+  %0 = "kf.matmul"(%a, %b) : (tensor<3x7xf16>, tensor<7x5xf16>) -> tensor<3x5xf16>
+  %1 = "kf.matmul"(%c, %d) : (tensor<4x1x3x7xf32>, tensor<2x7x5xf32>) -> tensor<4x2x3x5xf32>
+  return %0, %1 : tensor<3x5xf16>, tensor<4x2x3x5xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @slice
+// CHECK-NEXT: %[[S:.*]] = tensor.extract_slice %arg0[0, 2] [3, 85] [1, 3] : tensor<3x257xf32> to tensor<3x85xf32>
+// CHECK-NEXT: return %[[S]]
+func.func @slice(%a: tensor<3x257xf32>) -> tensor<3x85xf32> {
+  %0 = "kf.slice"(%a) {dim = 1, start = 2, end = 257, step = 3} : (tensor<3x257xf32>) -> tensor<3x85xf32>
+  return %0 : tensor<3x85xf32>
+}
+
+// -----
+
+// topk is a loop over k: an arg-max that skips taken elements (the index accumulator
+// starts at -1, "nothing yet"; NaN counts as the largest), the values and indices
+// inserted at column k, and the winner marked taken in place.
+// CHECK-LABEL: func.func @topk
+// CHECK: %[[FALSE:.*]] = arith.constant false
+// CHECK: %[[TAKEN:.*]] = linalg.fill ins(%[[FALSE]] : i1) outs(%{{.*}} : tensor<5x9xi1>)
+// CHECK: scf.for %[[K:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[V:.*]] = %{{.*}}, %[[I:.*]] = %{{.*}}, %[[T:.*]] = %[[TAKEN]])
+// CHECK: %[[BEST:.*]]:2 = linalg.generic {{.*}} iterator_types = ["parallel", "reduction"]} ins(%arg0, %[[T]] : tensor<5x9xf32>, tensor<5x9xi1>)
+// CHECK: linalg.index 1 : index
+// CHECK: arith.cmpf ogt
+// CHECK: arith.cmpf uno
+// CHECK: linalg.yield
+// CHECK: tensor.insert_slice %[[BEST]]#0 into %[[V]][0, %[[K]]] [5, 1] [1, 1] : tensor<5xf32> into tensor<5x2xf32>
+// CHECK: tensor.insert_slice %[[BEST]]#1 into %[[I]][0, %[[K]]] [5, 1] [1, 1] : tensor<5xi64> into tensor<5x2xi64>
+// CHECK: linalg.generic {{.*}} ins(%[[BEST]]#1 : tensor<5xi64>) outs(%[[T]] : tensor<5x9xi1>)
+// CHECK: scf.yield
+func.func @topk(%a: tensor<5x9xf32>) -> (tensor<5x2xf32>, tensor<5x2xi64>) {
+  %v, %i = "kf.topk"(%a) {k = 2, dim = 1, largest = true} : (tensor<5x9xf32>) -> (tensor<5x2xf32>, tensor<5x2xi64>)
+  return %v, %i : tensor<5x2xf32>, tensor<5x2xi64>
+}
+
+// -----
+
+// torch counts booleans into integers; a sum of i1 into i1 has no torch meaning.
+func.func @bool_sum(%a: tensor<3x7xi1>) -> tensor<3xi1> {
+  // expected-error @+1 {{kf.sum of booleans needs an integer result type}}
+  %0 = "kf.sum"(%a) {dims = array<i64: 1>, keepdim = false} : (tensor<3x7xi1>) -> tensor<3xi1>
+  return %0 : tensor<3xi1>
+}
