@@ -2,31 +2,42 @@
 
     import kf
 
-    @kf.jit
+    @kf.jit                      # or @kf.cuda_kernel, @kf.metal_shader
     def layer_norm(x, weight, bias, eps=1e-5): ...
 
     kf.inspect(layer_norm, x, w, b).kf_ir   # the kf IR, with your source lines
+
+Names load lazily: ``import kf`` imports neither torch nor MLIR, so ``kf-opt`` stays
+torch-free and a cache hit in a new process reaches its launch without MLIR.
 """
 
-from .api import KfFunction, cuda_kernel, jit, metal_shader
-from .capture import Captured, capture
-from .errors import (
-    CaptureError,
-    CompileError,
-    KfVerifyError,
-    PassFailedError,
-    SignatureError,
-    SourceLoc,
-    TargetError,
-    UnsupportedOpError,
-)
-from .inspect import Inspection, inspect
-from .options import Options
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "KfFunction", "Options", "cuda_kernel", "jit", "metal_shader",
-    "Captured", "CaptureError", "CompileError", "Inspection", "KfVerifyError", "PassFailedError",
-    "SignatureError", "SourceLoc", "TargetError", "UnsupportedOpError", "capture", "inspect",
-]
+_EXPORTS = {
+    "jit": "api", "cuda_kernel": "api", "metal_shader": "api", "KfFunction": "api",
+    "Options": "options",
+    "Captured": "capture",
+    "inspect": "inspection", "Inspection": "inspection",
+    "CompileError": "errors", "CaptureError": "errors", "UnsupportedOpError": "errors",
+    "KfVerifyError": "errors", "PassFailedError": "errors", "TargetError": "errors",
+    "SignatureError": "errors", "SourceLoc": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kf' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"kf.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

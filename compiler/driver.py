@@ -10,7 +10,7 @@ from typing import Callable
 
 from .capture import Captured, capture_signature
 from .errors import TargetError
-from .inspect import Inspection
+from .inspection import Inspection
 from .options import Options
 from .signature import Signature
 

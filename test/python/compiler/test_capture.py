@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import kf
+from kf.capture import capture
 from kf.interpreter import Interpreter
 
 import seed_examples
@@ -114,13 +115,13 @@ def test_constant_arguments_specialize():
 
 
 def test_same_tensor_passed_twice_stays_two_parameters():
-    cap = kf.capture(seed_examples.fused_attention.fn, *(3 * [torch.randn(1, 1, 16, 8)]))
+    cap = capture(seed_examples.fused_attention.fn, *(3 * [torch.randn(1, 1, 16, 8)]))
     f = next(op for op in cap.module.body.operations if op.operation.name == "func.func")
     assert len(f.regions[0].blocks[0].arguments) == 3
 
 
 def test_locations_name_the_users_lines():
-    cap = kf.capture(seed_examples.metal_layer_norm.fn, torch.randn(2, 16), torch.randn(16), torch.randn(16))
+    cap = capture(seed_examples.metal_layer_norm.fn, torch.randn(2, 16), torch.randn(16), torch.randn(16))
     lines = {loc.line for loc in cap.source_locs.values()}
     assert lines == {41, 42, 43, 44}
     assert 'seed_examples.py":41:5' in cap.kf_ir
