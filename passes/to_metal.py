@@ -5,7 +5,8 @@ The pass runs ``kf-to-spirv`` first when the module has no SPIR-V ``gpu.binary``
 (its ``workgroup-size`` option is passed on), then compiles every entry point on its
 own with ``spirv-cross --msl --msl-decoration-binding --entry <name>``: one MSL source
 per kernel, because SPIRV-Cross emits one entry point per run and the helper types of two
-runs would clash in one source. ``--msl-decoration-binding`` makes ``[[buffer(i)]]`` the
+runs would clash in one source. Each kernel is first cut out of the module
+(``single_entry``) so that it does not inherit its siblings' threadgroup arrays. ``--msl-decoration-binding`` makes ``[[buffer(i)]]`` the
 SPIR-V binding i, i.e. kernel argument i, so a Metal launcher binds tensor i at index i
 (what ``torch.mps.compile_shader`` does with positional tensor arguments).
 
@@ -25,6 +26,7 @@ file.mlir`` prints the MSL (the lit test reads it that way).
 from __future__ import annotations
 
 import argparse
+import array
 import dataclasses
 import os
 import re
@@ -36,7 +38,7 @@ import tempfile
 from mlir import ir
 
 from .base import KfPass, PassError
-from .to_spirv import SpirvKernel, ToSpirvPass, _object_bytes, kernels_from_attr
+from .to_spirv import SpirvKernel, ToSpirvPass, _object_bytes, kernels_from_attr, validate
 
 #: MSL 2.3 (macOS 11): the oldest that torch's MPS back end runs on.
 DEFAULT_MSL_VERSION = 20300
@@ -62,8 +64,70 @@ class MetalKernel:
         return extra
 
 
+_OP_ENTRY_POINT, _OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID = 15, 16, 331
+
+
+def single_entry(binary: bytes, entry: str) -> bytes:
+    """The SPIR-V module with only one entry point, and what only the others used removed.
+
+    SPIRV-Cross (2021.01 here) declares every module-scope Workgroup variable inside the
+    kernel it emits, used or not: the threadgroup arrays of one kernel would be allocated
+    by all. So each kernel is cut out first: its siblings' OpEntryPoint/OpExecutionMode go
+    (plain word surgery: the instruction layout is fixed by the SPIR-V spec), then
+    ``spirv-opt`` drops the dead functions, variables and types. Without spirv-opt the
+    module is returned unchanged (correct, only wasteful)."""
+    words = array.array("I", binary)
+    if len(words) < 5 or words[0] != 0x07230203:
+        raise PassError("not a little-endian SPIR-V binary")
+    out = array.array("I", words[:5])
+    others: set[int] = set()
+    found = False
+    pos = 5
+    insts = []
+    while pos < len(words):
+        count, opcode = words[pos] >> 16, words[pos] & 0xFFFF
+        if count == 0:
+            raise PassError("malformed SPIR-V: zero-length instruction")
+        inst = words[pos:pos + count]
+        if opcode == _OP_ENTRY_POINT:
+            name = inst[3:].tobytes().split(b"\0", 1)[0].decode()
+            if name == entry:
+                found = True
+            else:
+                others.add(inst[2])
+        insts.append((opcode, inst))
+        pos += count
+    if not found:
+        raise PassError(f"the SPIR-V has no entry point '{entry}'")
+    if not others:
+        return binary
+    for opcode, inst in insts:
+        if opcode == _OP_ENTRY_POINT and inst[2] in others:
+            continue
+        if opcode in (_OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID) and inst[1] in others:
+            continue
+        out.extend(inst)
+    tool = shutil.which("spirv-opt")
+    if tool is None:
+        return out.tobytes()
+    with tempfile.TemporaryDirectory(prefix="kf-spv-") as d:
+        src, dst = os.path.join(d, "in.spv"), os.path.join(d, "out.spv")
+        with open(src, "wb") as f:
+            f.write(out.tobytes())
+        cmd = [tool, "--eliminate-dead-functions", "--eliminate-dead-variables", "--eliminate-dead-code-aggressive",
+               src, "-o", dst]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise PassError(f"spirv-opt failed while cutting out @{entry}:\n{r.stderr}")
+        with open(dst, "rb") as f:
+            cut = f.read()
+    validate(cut, entry)
+    return cut
+
+
 def spirv_to_msl(binary: bytes, entry: str, msl_version: int = DEFAULT_MSL_VERSION) -> str:
     """MSL for one entry point of a SPIR-V binary, through the spirv-cross CLI."""
+    binary = single_entry(binary, entry)
     tool = shutil.which("spirv-cross")
     if tool is None:
         raise PassError("spirv-cross is not on PATH: install the Debian package spirv-cross")
