@@ -1,0 +1,42 @@
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-lower-to-linalg, kf-to-cpu)' | FileCheck %s
+
+// Destination passing: the inputs' memref descriptors (2-D: ptr, ptr, offset, 2 sizes,
+// 2 strides) come first, then the output's, and nothing is returned. The two kf ops
+// fuse into one loop nest that stores straight into the output buffer (no malloc), and
+// llvm.emit_c_interface adds the _mlir_ciface_ entry that runtime/cpu.py calls.
+// CHECK-LABEL: llvm.func @scale_rows(
+// CHECK-SAME: %arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: i64, %arg3: i64, %arg4: i64, %arg5: i64, %arg6: i64,
+// CHECK-SAME: %arg7: !llvm.ptr, %arg8: !llvm.ptr, %arg9: i64, %arg10: i64, %arg11: i64, %arg12: i64, %arg13: i64,
+// CHECK-SAME: %arg14: !llvm.ptr, %arg15: !llvm.ptr, %arg16: i64, %arg17: i64, %arg18: i64, %arg19: i64, %arg20: i64)
+// CHECK-SAME: attributes {llvm.emit_c_interface} {
+// CHECK-NOT: llvm.call @malloc
+// CHECK: llvm.cond_br
+// CHECK: %[[X:.*]] = llvm.load %{{.*}} : !llvm.ptr -> f32
+// CHECK: %[[S:.*]] = llvm.load %{{.*}} : !llvm.ptr -> f32
+// CHECK: %[[P:.*]] = llvm.fmul %[[X]], %[[S]] : f32
+// CHECK: %[[E:.*]] = llvm.intr.exp(%[[P]]) : (f32) -> f32
+// CHECK: %[[DST:.*]] = llvm.getelementptr inbounds|nuw %arg15[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, f32
+// CHECK: llvm.store %[[E]], %[[DST]] : f32, !llvm.ptr
+// CHECK: llvm.return
+// CHECK: llvm.func @_mlir_ciface_scale_rows(%arg0: !llvm.ptr, %arg1: !llvm.ptr, %arg2: !llvm.ptr) attributes {llvm.emit_c_interface}
+// CHECK: llvm.call @scale_rows(
+func.func @scale_rows(%x: tensor<3x5xf32>, %s: tensor<3x1xf32>) -> tensor<3x5xf32> {
+  %0 = "kf.mul"(%x, %s) : (tensor<3x5xf32>, tensor<3x1xf32>) -> tensor<3x5xf32>
+  %1 = "kf.exp"(%0) : (tensor<3x5xf32>) -> tensor<3x5xf32>
+  return %1 : tensor<3x5xf32>
+}
+
+// -----
+
+// Booleans are bytes in memory, as in torch: the i1 comparison is widened to i8 before
+// it is stored (and a rank-0 operand's descriptor is just ptr, ptr, offset).
+// CHECK-LABEL: llvm.func @positive(
+// CHECK-SAME: %arg5: !llvm.ptr, %arg6: !llvm.ptr, %arg7: i64, %arg8: !llvm.ptr
+// CHECK: %[[C:.*]] = llvm.fcmp "ogt" %{{.*}}, %{{.*}} : f32
+// CHECK: %[[B:.*]] = llvm.zext %[[C]] : i1 to i8
+// CHECK: %[[DST:.*]] = llvm.getelementptr inbounds|nuw %arg9[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK: llvm.store %[[B]], %[[DST]] : i8, !llvm.ptr
+func.func @positive(%x: tensor<7xf32>, %z: tensor<f32>) -> tensor<7xi1> {
+  %0 = "kf.cmp"(%x, %z) {predicate = "gt"} : (tensor<7xf32>, tensor<f32>) -> tensor<7xi1>
+  return %0 : tensor<7xi1>
+}
