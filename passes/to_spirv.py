@@ -18,6 +18,8 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
      at the top of the kernel (upstream asserts, killing the process, on attributions);
    - ``memref.alloca`` in workgroup space becomes ``memref.alloc`` (only alloc has a
      Workgroup pattern upstream);
+   - 1-D ``vector.load/store`` on scalar memrefs become scalar accesses (upstream's
+     pointer bitcast is illegal under Vulkan's logical addressing);
    - bf16 (see below);
 3. runs ``gpu.module(convert-math-to-spirv), convert-gpu-to-spirv,
    spirv.module(spirv-lower-abi-attrs, spirv-update-vce)``;
@@ -222,6 +224,7 @@ class ToSpirvPass(KfPass):
             _run(module, "gpu.module(math-extend-to-supported-types{extra-types=f16 target-type=f32}, "
                          "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32})")
         for gm in gmods:
+            _scalarize_vector_memory(gm)
             _rewrite_memory(gm)
         if has_bf16:
             _run(module, "gpu.module(arith-expand{include-bf16=true}, canonicalize)")
@@ -424,6 +427,46 @@ def _rewrite_memory_at(gm: ir.Operation, arith, memref) -> None:
                 elif op.name == "memref.store" and isinstance(op.operands[0].type, ir.BF16Type):
                     bc = arith.BitcastOp(i16, op.operands[0], ip=ir.InsertionPoint(op))
                     op.operands[0] = bc.result
+
+
+def _scalarize_vector_memory(gm: ir.Operation) -> None:
+    """``vector.load/store`` of ``vector<N x T>`` on a memref of T -> N scalar accesses.
+
+    Upstream lowers them to a bitcast of a ``T`` pointer to a ``vector<N x T>`` pointer,
+    which Vulkan's logical addressing forbids (spirv-val: "is not a logical pointer").
+    The arithmetic stays vectorized; the driver's compiler may merge the adjacent scalar
+    accesses. (128-bit accesses need memrefs of vectors: later work.)"""
+    from mlir.dialects import arith, memref, vector
+
+    for op in _ops(gm.regions[0].blocks[0]):
+        if op.name not in ("vector.load", "vector.store"):
+            continue
+        is_load = op.name == "vector.load"
+        vtype = ir.VectorType(op.results[0].type if is_load else op.operands[0].type)
+        mem = op.operands[0] if is_load else op.operands[1]
+        indices = list(op.operands)[1:] if is_load else list(op.operands)[2:]
+        if vtype.rank != 1 or vtype.scalable or not indices:
+            raise PassError(f"{op.name} of {vtype} is not supported by kf-to-spirv (1-D fixed vectors only)",
+                            op.location)
+        with op.location:
+            ip = ir.InsertionPoint(op)
+            index = ir.IndexType.get()
+            idx = []
+            for k in range(vtype.shape[0]):
+                if k == 0:
+                    idx.append(indices[-1])
+                else:
+                    c = arith.ConstantOp(index, ir.IntegerAttr.get(index, k), ip=ip)
+                    idx.append(arith.AddIOp(indices[-1], c.result, ip=ip).result)
+            if is_load:
+                elems = [memref.LoadOp(mem, indices[:-1] + [i], ip=ip).result for i in idx]
+                new = vector.FromElementsOp(vtype, elems, ip=ip)
+                op.results[0].replace_all_uses_with(new.result)
+            else:
+                for k, i in enumerate(idx):
+                    e = vector.ExtractOp(op.operands[0], [], [k], ip=ip)
+                    memref.StoreOp(e.result, mem, indices[:-1] + [i], ip=ip)
+        op.erase()
 
 
 def _initialize_loop_results(spv: ir.Operation) -> None:

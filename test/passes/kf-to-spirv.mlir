@@ -149,3 +149,28 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// vector.load/store on a scalar memref become scalar accesses (upstream's pointer
+// bitcast is not a logical pointer under Vulkan); the arithmetic stays vector<4xf32>.
+// SPV-LABEL: spirv.func @vec()
+// SPV-NOT: spirv.Bitcast {{.*}} !spirv.ptr
+// SPV-COUNT-4: spirv.Load "StorageBuffer" %{{[0-9]+}} : f32
+// SPV: spirv.CompositeConstruct {{.*}} : (f32, f32, f32, f32) -> vector<4xf32>
+// SPV: spirv.FAdd {{.*}} : vector<4xf32>
+// SPV-COUNT-4: spirv.Store "StorageBuffer" %{{[0-9]+}}, %{{[0-9]+}} : f32
+// SPV: spirv.ExecutionMode @vec "LocalSize", 32, 1, 1
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @vec(%a: memref<128xf32>, %c: memref<128xf32>) kernel attributes {known_block_size = array<i32: 32, 1, 1>} {
+      %tid = gpu.thread_id x
+      %c4 = arith.constant 4 : index
+      %i = arith.muli %tid, %c4 : index
+      %x = vector.load %a[%i] : memref<128xf32>, vector<4xf32>
+      %z = arith.addf %x, %x : vector<4xf32>
+      vector.store %z, %c[%i] : memref<128xf32>, vector<4xf32>
+      gpu.return
+    }
+  }
+}
