@@ -1,0 +1,93 @@
+"""The contract between kf's kernel passes and the strategies that write kernels.
+
+Kernel function (made by kf-fuse): ``func.func private @name(inputs...) -> results``
+holding kf ops, with attributes ``kf.kernel = "<kind>"`` (elementwise, rowwise,
+attention, matmul, generic) and ``kf.fused_lines`` (the user's file:line of each op).
+
+A strategy turns one kernel function into one ``gpu.func ... kernel`` inside the
+``gpu.module @kf_kernels`` of the module: its arguments are statically shaped, dense
+row-major memrefs, the kernel's inputs then its outputs, in the kernel function's
+order. It writes every element of every output (no zero-initialized outputs are
+assumed) and handles any size, whatever its tile sizes (tails are guarded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from mlir import ir
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What a strategy may assume about the device it writes for."""
+
+    name: str  # "cuda" or "spirv" (Vulkan and Metal)
+    max_threads: int = 1024
+    max_shared_bytes: int = 48 * 1024  # without an opt-in attribute
+    subgroup_size: int = 32
+    vector_bytes: int = 16  # widest global access
+    has_shuffle: bool = True
+    chip: str = "sm_90"
+
+    @staticmethod
+    def for_target(name: str, chip: str = "sm_90") -> "TargetInfo":
+        if name == "cuda":
+            return TargetInfo("cuda", chip=chip)
+        # Vulkan 1.1 guarantees 16 KiB of shared memory and 128 invocations per
+        # workgroup; lavapipe and Apple GPUs give more, but kernels written for these
+        # limits run everywhere.
+        return TargetInfo("spirv", max_threads=256, max_shared_bytes=16 * 1024, subgroup_size=32,
+                          vector_bytes=16, has_shuffle=False, chip="")
+
+
+@dataclass
+class EmittedKernel:
+    """What a strategy reports about the gpu.func it wrote."""
+
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0
+    notes: dict = field(default_factory=dict)
+
+
+class NotApplicable(Exception):
+    """The strategy cannot write this kernel; kf-map-to-gpu falls back to generic."""
+
+
+class Strategy:
+    """Subclasses set KIND and implement plan and emit."""
+
+    KIND: ClassVar[str] = ""
+
+    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+        """Tile sizes and launch geometry for this kernel on this target (JSON-able values)."""
+        raise NotImplementedError
+
+    def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
+        """Write the gpu.func for kernel into gpu_module's body; return its launch geometry."""
+        raise NotImplementedError
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register(strategy: Strategy) -> Strategy:
+    STRATEGIES[strategy.KIND] = strategy
+    return strategy
+
+
+def strategy_for(kind: str) -> Strategy:
+    """The strategy of a kind, importing the strategy modules on first use."""
+    if not STRATEGIES:
+        import importlib
+        import pkgutil
+
+        import kf.passes.strategies as pkg
+
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if info.name not in ("base",):
+                importlib.import_module(f"kf.passes.strategies.{info.name}")
+    return STRATEGIES.get(kind) or STRATEGIES["generic"]
