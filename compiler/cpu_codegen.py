@@ -90,10 +90,13 @@ def link_shared_object(module: ir.Module, path: str, *, opt_level: int = 3) -> s
         # The engine would abort the whole process on a symbol it cannot resolve.
         raise CpuCodegenError(f"the CPU kernel calls functions that this process cannot resolve: "
                               f"{', '.join(missing)}")
-    engine = ExecutionEngine(module, opt_level=opt_level)
     with tempfile.TemporaryDirectory(prefix="kf-cpu-") as tmp:
         obj = os.path.join(tmp, "kernel.o")
-        engine.dump_to_object_file(obj)
+        try:
+            engine = ExecutionEngine(module, opt_level=opt_level)
+            engine.dump_to_object_file(obj)
+        except RuntimeError as e:
+            raise CpuCodegenError("LLVM code generation for the CPU kernel failed", cause=str(e)) from None
         partial = path + f".tmp{os.getpid()}"
         cmd = [cc, "-shared", "-Wl,-z,notext", "-o", partial, obj, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True)

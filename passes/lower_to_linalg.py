@@ -26,6 +26,7 @@ integers accumulate in their own type).
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import math
 from typing import Callable, Sequence
@@ -40,7 +41,6 @@ from . import scalar_math as sm
 from .base import KfPass, PassError
 
 LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
-_DYNAMIC = ir.ShapedType.get_dynamic_size if hasattr(ir.ShapedType, "get_dynamic_size") else None
 
 Body = Callable[[list[ir.Value]], list[ir.Value]]
 
@@ -68,7 +68,7 @@ def _widen(v: ir.Value) -> ir.Value:
 
 
 def _shape(v: ir.Value) -> tuple[int, ...]:
-    return spec_of(v.type).shape
+    return tuple(ir.RankedTensorType(v.type).shape)
 
 
 def _elem(v: ir.Value) -> str:
@@ -173,12 +173,8 @@ def expand_keepdim(v: ir.Value, shape: Sequence[int], red: Sequence[int]) -> ir.
     return tensor.expand_shape(_tensor_type(shape, elem), v, _reassoc([sorted(g) for g in groups]), [], list(shape))
 
 
-def _i64(value: int) -> ir.Attribute:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
-
-
 def _reassoc(groups: Sequence[Sequence[int]]) -> ir.ArrayAttr:
-    return ir.ArrayAttr.get([ir.ArrayAttr.get([_i64(d) for d in g]) for g in groups])
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([_i64_attr(d) for d in g]) for g in groups])
 
 
 def reshape(v: ir.Value, shape: Sequence[int]) -> ir.Value:
@@ -210,7 +206,7 @@ def extract_slice(v: ir.Value, offsets: Sequence[int | ir.Value], sizes: Sequenc
     """tensor.extract_slice with static sizes and static or dynamic offsets."""
     strides = list(strides or [1] * len(sizes))
     dyn = [o for o in offsets if isinstance(o, ir.Value)]
-    static = [_DYNAMIC() if isinstance(o, ir.Value) else int(o) for o in offsets]
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else int(o) for o in offsets]
     out = _tensor_type(result_shape if result_shape is not None else sizes,
                        ir.RankedTensorType(v.type).element_type)
     return tensor.extract_slice(out, v, dyn, [], [], static, list(sizes), strides)
@@ -221,7 +217,7 @@ def insert_slice(src: ir.Value, dest: ir.Value, offsets: Sequence[int | ir.Value
     """tensor.insert_slice with static sizes and static or dynamic offsets."""
     strides = list(strides or [1] * len(sizes))
     dyn = [o for o in offsets if isinstance(o, ir.Value)]
-    static = [_DYNAMIC() if isinstance(o, ir.Value) else int(o) for o in offsets]
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else int(o) for o in offsets]
     return tensor.insert_slice(src, dest, dyn, [], [], static, list(sizes), strides)
 
 
@@ -604,7 +600,20 @@ def _scatter_add(op, args, attrs, out):
 
 
 def _constant(op, args, attrs, out):
-    return [arith.constant(_tensor_type(out[0].shape, out[0].elem), attrs["value"])]
+    value = attrs["value"]
+    if out[0].elem != "i1":
+        return [arith.constant(_tensor_type(out[0].shape, out[0].elem), value)]
+    # Booleans become bytes in memory (see kf-to-cpu), so a bool constant is an i8
+    # constant compared with zero; that compare fuses into the constant's users.
+    dense = ir.DenseIntElementsAttr(value)
+    if dense.is_splat:
+        return [filled(out[0].shape, "i1", float(dense[0] != 0))]
+    i8 = ir.IntegerType.get_signless(8)
+    data = array.array("b", [int(dense[i] != 0) for i in range(len(dense))])
+    c = arith.constant(_tensor_type(out[0].shape, i8), ir.DenseElementsAttr.get(data, type=i8, shape=list(out[0].shape)))
+    i1 = _type("i1")
+    rank = len(out[0].shape)
+    return [map_elements([c], out[0].shape, i1, lambda a: sm.convert(a[0], i1), maps=[_identity(rank)])]
 
 
 def _fill(op, args, attrs, out):

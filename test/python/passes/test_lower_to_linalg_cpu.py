@@ -434,3 +434,60 @@ def test_booleans_follow_torch():
     check(got[2], a < b)
     check(got[3], a.amax(1))
     check(got[4], a.to(torch.uint8).argmax(1))
+
+
+def test_bool_constant_and_f64():
+    mask = np.array([[True, False, True, True, False, False, True]] * 3)
+    a = rand(3, 7, dtype=torch.float64)
+
+    def build(x):
+        m = kb.constant(ir.DenseElementsAttr.get(mask))
+        return kb.masked_fill(kb.exp(x), m, value=0.5), kb.var(x, dims=[1], correction=1.0)
+
+    got = run_kf(build, a)
+    check(got[0], torch.exp(a).masked_fill(torch.from_numpy(mask), 0.5))
+    check(got[1], a.var(1))
+
+
+def test_one_value_returned_twice():
+    a = rand(1000)
+    got = run_kf(lambda x: (kb.relu(x), kb.relu(x), x), a)
+    for g, w in zip(got, (a.relu(), a.relu(), a)):
+        check(g, w)
+    assert len({g.data_ptr() for g in got}) == 3
+
+
+def test_fp8_is_refused_with_a_reason():
+    from kf.cpu_codegen import CpuCodegenError
+
+    with pytest.raises(CpuCodegenError, match="does not support fp8"):
+        compile_kf(lambda x: kb.cast(x, "f8E4M3FN"), [rand(7)])
+
+
+def test_launch_needs_no_mlir(tmp_path):
+    """A cache hit in a fresh process: the ABI JSON and the .so, no mlir import."""
+    import subprocess
+    import sys
+
+    ctx = make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            @func.FuncOp.from_py_func(mlir_type(TensorSpec((3, 257), "f32")), name="k")
+            def k(x):
+                return kb.softmax(x, dim=-1)
+        artifact = compile_module(module, "k", str(tmp_path))
+    (tmp_path / "k.json").write_text(artifact.abi.to_json())
+    script = f"""
+import sys, torch
+from kf.runtime.abi import ProgramABI
+from kf.runtime.cpu import load
+abi = ProgramABI.from_json(open({str(tmp_path / "k.json")!r}).read())
+x = torch.randn(3, 257)
+(y,) = load(abi, {str(tmp_path)!r})(x)
+assert torch.allclose(y, torch.softmax(x, -1), atol=1e-6)
+assert not any(m == "mlir" or m.startswith("mlir.") for m in sys.modules), "mlir was imported"
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
