@@ -171,7 +171,8 @@ class CudaKernel:
     def from_abi(cls, abi: KernelABI, buffers: Sequence[TensorArg], image: str | bytes | CudaModule,
                  validate: bool = True) -> "CudaKernel":
         """The launcher for a KernelABI; ``buffers`` are the program's buffers (inputs,
-        outputs, temporaries) that ``abi.args`` index into."""
+        outputs, temporaries) that ``abi.args`` index into. Call it with the tensors in
+        kernel-argument order, ``[program_tensors[i] for i in abi.args]``."""
         module = image if isinstance(image, CudaModule) else CudaModule(image)
         return cls(module, abi.entry, abi.grid, abi.block, abi.shared_bytes,
                    [buffers[i] for i in abi.args], validate)

@@ -197,6 +197,8 @@ def test_bad_launch_raises_cuda_error():
 @gpu
 @driver
 def test_from_abi_and_one_load_per_context():
+    """A KernelABI's args pick the program's buffers; the caller passes them in that order.
+    Two kernels over one module share its single load in the one context."""
     K = _kernels()
     from kf.passes import to_cuda
 
@@ -204,13 +206,15 @@ def test_from_abi_and_one_load_per_context():
     ptx = to_cuda.compile_to_ptx(text, chip="sm_%d%d" % torch.cuda.get_device_capability())["kf_kernels"]
     bufs = [TensorArg(a, (4096,), "f32") for a in "xyz"]
     mod = kcuda.CudaModule(ptx)
-    k1 = kcuda.CudaKernel.from_abi(KernelABI(entry, (0, 1, 2), grid, block, shared), bufs, mod)
-    k2 = kcuda.CudaKernel.from_abi(KernelABI(entry, (1, 0, 2), grid, block, shared), bufs, mod)
-    x, y, z = (torch.randn(4096, device="cuda") for _ in range(3))
-    k1(x, y, z)
+    abi1, abi2 = KernelABI(entry, (0, 1, 2), grid, block, shared), KernelABI(entry, (1, 0, 2), grid, block, shared)
+    k1 = kcuda.CudaKernel.from_abi(abi1, bufs, mod)
+    k2 = kcuda.CudaKernel.from_abi(abi2, bufs, mod)
+    tensors = [torch.randn(4096, device="cuda") for _ in range(3)]
+    x, y, z = tensors
+    k1(*[tensors[i] for i in abi1.args])
     torch.cuda.synchronize()
     assert torch.equal(z, 2 * x + y)
-    k2(x, y, z)  # buffers 1, 0, 2: x and y swap places
+    k2(*[tensors[i] for i in abi2.args])  # buffers 1, 0, 2: x and y swap places
     torch.cuda.synchronize()
     assert torch.equal(z, 2 * y + x)
-    assert len(mod._loaded) == 1  # one module load in the one context, shared by both
+    assert len(mod._loaded) == 1
