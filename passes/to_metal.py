@@ -164,6 +164,9 @@ class ToMetalPass(KfPass):
 
     def run(self, module: ir.Operation) -> None:
         top = module.regions[0].blocks[0]
+        if any(op.operation.name == "spirv.module" for op in top.operations):
+            raise PassError("kf-to-metal needs the serialized SPIR-V: run kf-to-spirv without serialize=false",
+                            module.location)
         if not any(op.operation.name == "gpu.binary" and "kf.kernels" in op.operation.attributes
                    for op in top.operations):
             ToSpirvPass(workgroup_size=self.workgroup_size).run(module)
