@@ -184,10 +184,21 @@ def overhead():
     o["kf CudaKernel, no arg checks"] = host_us(lambda: unchecked(x))
     o["kf CudaKernel, arg checks"] = host_us(lambda: checked(x))
     o["torch x.add_(1) (1 elem)"] = host_us(lambda: x.add_(1))
+    n = 4096  # three tensor arguments, as a real kernel has: checks cost per tensor
+    a3 = [TensorArg(a, (n,), "f32") for a in "xyz"]
+    k3c, _ = build(K.axpy_kernel(n=n), a3, validate=True)
+    k3u, _ = build(K.axpy_kernel(n=n), a3, validate=False)
+    t3 = [torch.randn(n, device="cuda") for _ in range(3)]
+    k3c(*t3)
+    k3u(*t3)
+    o["kf axpy 4096 (3 tensors), no arg checks"] = host_us(lambda: k3u(*t3))
+    o["kf axpy 4096 (3 tensors), arg checks"] = host_us(lambda: k3c(*t3))
+    o["torch.add(y, x, alpha=2, out=z) 4096"] = host_us(lambda: torch.add(t3[1], t3[0], alpha=2, out=t3[2]))
     o["first launch: PTX JIT + load (ms)"] = first_ms
+    o["first launch: PTX JIT + load (ms)"] = o.pop("first launch: PTX JIT + load (ms)")  # printed last
     print("  host time per launch, µs (median of 5 × 20000 launches):")
     for name, v in o.items():
-        print(f"    {name:<40} {v:8.2f}")
+        print(f"    {name:<44} {v:8.2f}")
 
 
 def bandwidth():

@@ -38,6 +38,10 @@ try:
 except ImportError:  # cuda-python is an optional dependency (pip install kf[cuda])
     _drv = None
 
+# Looked up once: attribute lookups through the bindings' module cost on every launch.
+_launch = _drv.cuLaunchKernel if _drv is not None else None
+_SUCCESS = _drv.CUresult.CUDA_SUCCESS if _drv is not None else 0
+
 #: Above this many bytes of dynamic shared memory a kernel must opt in with
 #: cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
 DEFAULT_SHARED_LIMIT = 48 * 1024
@@ -238,9 +242,9 @@ class CudaKernel:
         for i, t in enumerate(tensors):
             slots[i] = t.data_ptr()
         g, b = self.grid, self.block
-        err = _drv.cuLaunchKernel(bound.function, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
-                                  self._stream(self._raw_stream(device)), self._params_addr, 0)[0]
-        if err != _drv.CUresult.CUDA_SUCCESS:
+        err = _launch(bound.function, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
+                      self._stream(self._raw_stream(device)), self._params_addr, 0)[0]
+        if err != _SUCCESS:
             raise CudaError(self.entry, "cuLaunchKernel", err,
                             f"grid {g}, block {b}, {self.shared_bytes} bytes of dynamic shared memory")
         if self._sync:
