@@ -23,6 +23,7 @@ from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 
 from kf.dialects.types import spec_of
+from kf.passes import pipeline
 from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
 
 from .errors import CompileError
@@ -56,15 +57,22 @@ def _func(module: ir.Module, entry: str) -> ir.Operation:
 
 
 def lower_for_cpu(module: ir.Module, *, kf_level: bool = True) -> None:
-    """Run kf's CPU pipeline in place: kf → linalg (when kf_level) → LLVM dialect."""
-    from kf.passes import pipeline
+    """Run kf's CPU pipeline in place: kf → linalg (when kf_level) → LLVM dialect.
 
-    text = ("kf-lower-to-linalg, " if kf_level else "") + "kf-to-cpu"
-    pm, _ = pipeline.build(f"builtin.module({text})", module.context)
+    On failure the input is saved as a .mlir file and the error names it with the
+    ``kf-opt`` command that fails on it.
+    """
+    text = "builtin.module(" + ("kf-lower-to-linalg, " if kf_level else "") + "kf-to-cpu)"
+    before = module.operation.get_asm(enable_debug_info=True)
+    pm, _ = pipeline.build(text, module.context)
     try:
         pm.run(module.operation)
     except ir.MLIRError as e:
-        raise CpuCodegenError("lowering for the CPU failed", cause=str(e)) from None
+        fd, path = tempfile.mkstemp(prefix="kf-cpu-", suffix=".mlir")
+        with os.fdopen(fd, "w") as f:
+            f.write(before)
+        raise CpuCodegenError("lowering for the CPU failed", cause=str(e), reproducer=path,
+                              command=f"kf-opt {path} --pass-pipeline='{text}'") from None
 
 
 def undefined_symbols(module: ir.Module) -> list[str]:

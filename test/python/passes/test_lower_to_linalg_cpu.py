@@ -178,7 +178,7 @@ def test_cast(src, dst):
 
 # ----------------------------------------------------------------------------- reductions
 
-REDUCE_DIMS = [([1], False), ([1], True), ([0], True), ([0, 1], False), ([-1], False)]
+REDUCE_DIMS = [([1], False), ([1], True), ([0], True), ([0, 1], False), ([0, 1], True), ([-1], False)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -200,6 +200,15 @@ def test_sum_all_and_integers():
     i = torch.randint(-100, 100, (1000,), dtype=torch.int64)
     (got,) = run_kf(lambda x: kb.reduce_max(x, dims=[0]), i)
     check(got, i.amax(0))
+
+
+def test_rank0_reductions():
+    a = rand()
+    got = run_kf(lambda x: (kb.sum(x, dims=[]), kb.mean(x, dims=[]), kb.softmax(x, dim=0), kb.argmax(x, dim=0)), a)
+    check(got[0], a.sum())
+    check(got[1], a.mean())
+    check(got[2], torch.softmax(a, 0))
+    check(got[3], a.argmax(0))
 
 
 def test_sum_of_bools_counts():
@@ -323,6 +332,18 @@ def test_gather_and_index_select():
     got = run_kf(lambda x, g, s: (kb.gather(x, g, dim=1), kb.index_select(x, s, dim=0)), a, gi, si)
     check(got[0], torch.gather(a, 1, gi))
     check(got[1], torch.index_select(a, 0, si))
+
+
+def test_indexing_along_inner_dims():
+    a = rand(4, 9, 5)
+    si = torch.tensor([8, 0, 3, 3])
+    gi = torch.randint(0, 4, (2, 9, 5))
+    src = rand(4, 9, 5)
+    got = run_kf(lambda x, s, g, u: (kb.index_select(x, s, dim=1), kb.gather(x, g, dim=0), kb.scatter_add(x, g, u, dim=0)),
+                 a, si, gi, src)
+    check(got[0], a.index_select(1, si))
+    check(got[1], torch.gather(a, 0, gi))
+    check(got[2], a.scatter_add(0, gi, src))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -460,8 +481,11 @@ def test_one_value_returned_twice():
 def test_fp8_is_refused_with_a_reason():
     from kf.cpu_codegen import CpuCodegenError
 
-    with pytest.raises(CpuCodegenError, match="does not support fp8"):
+    with pytest.raises(CpuCodegenError, match="does not support fp8") as info:
         compile_kf(lambda x: kb.cast(x, "f8E4M3FN"), [rand(7)])
+    # The error names a reproducer that kf-opt fails on in the same way.
+    assert "kf.cast" in open(info.value.reproducer).read()
+    assert info.value.command.startswith(f"kf-opt {info.value.reproducer} --pass-pipeline=")
 
 
 def test_launch_needs_no_mlir(tmp_path):
