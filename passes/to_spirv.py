@@ -52,7 +52,10 @@ and math is emulated in f32 (``math-extend-to-supported-types``,
 ``arith-emulate-unsupported-floats``), loads and stores become
 i16 loads/stores with bitcasts, and ``arith-expand{include-bf16}`` turns the bf16<->f32
 conversions into integer shifts (truncation rounds to nearest even). No bf16 value is
-left for the SPIR-V type converter.
+left for the SPIR-V type converter. Intermediate values stay f32 and round once, at the
+store (as fused kernels in torch.compile do; kf's precision policy accumulates in f32
+anyway), so a bf16 result equals the f32 computation rounded to bf16, not torch eager's
+per-op rounding. f16 is native: each op rounds to f16, as in torch eager.
 """
 
 from __future__ import annotations

@@ -322,6 +322,24 @@ def test_elementwise_tail(elem):
 
 
 @needs_vulkan
+@pytest.mark.parametrize("elem", ["f16", "bf16"])
+def test_half_precision_rounding(elem):
+    """Bit-exact rounding: f16 is native (each op rounds to f16, as torch eager does);
+    bf16 is emulated in f32 and rounds once, at the store (round to nearest even), i.e.
+    it equals the f32 computation rounded to bf16. NaN and inf go through."""
+    n = 4096
+    text = elementwise_kernel(n, elem, 256).replace(f"%e = math.exp %x : {elem}", f"%e = arith.addf %x, %x : {elem}")
+    binary, k = compile_one(text)
+    gen = torch.Generator().manual_seed(3)
+    a, b = random((n,), elem, gen), random((n,), elem, gen)
+    a[0], a[1] = float("nan"), float("inf")
+    c = torch.empty(n, dtype=TORCH[elem])
+    vulkan.launch(binary, kernel_abi(k, (n // 256, 1, 1)), [a, b, c], written=[2])
+    want = a * b + (a + a) if elem == "f16" else (a.float() * b.float() + 2 * a.float()).to(TORCH[elem])
+    assert torch.equal(c[1:], want[1:]) and c[0].isnan()
+
+
+@needs_vulkan
 def test_elementwise_guard_keeps_memory_past_n():
     """The kernel is compiled for n = 1000 but run over a 1024-element grid: the guard must
     stop the 24 extra threads (the buffers are exactly n long, so an unguarded store would
