@@ -6,7 +6,8 @@ The pass runs ``kf-to-spirv`` first when the module has no SPIR-V ``gpu.binary``
 own with ``spirv-cross --msl --msl-decoration-binding --entry <name>``: one MSL source
 per kernel, because SPIRV-Cross emits one entry point per run and the helper types of two
 runs would clash in one source. Each kernel is first cut out of the module
-(``single_entry``) so that it does not inherit its siblings' threadgroup arrays. ``--msl-decoration-binding`` makes ``[[buffer(i)]]`` the
+(``single_entry``) so that it does not inherit its siblings' threadgroup arrays.
+``--msl-decoration-binding`` makes ``[[buffer(i)]]`` the
 SPIR-V binding i, i.e. kernel argument i, so a Metal launcher binds tensor i at index i
 (what ``torch.mps.compile_shader`` does with positional tensor arguments).
 

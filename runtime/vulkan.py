@@ -115,7 +115,8 @@ class Device:
         try:
             return call(*args)
         except Exception as e:  # the binding raises one class per VkResult
-            raise VulkanError(f"{getattr(call, '__name__', call)} failed on {self.name}: {type(e).__name__} {e}") from None
+            name = getattr(call, "__name__", call)
+            raise VulkanError(f"{name} failed on {self.name}: {type(e).__name__} {e}") from None
 
     def require(self, kernel: KernelABI) -> None:
         """Refuse a kernel whose SPIR-V needs a feature this device lacks, naming it."""

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kf.passes.base import PassError
 from kf.passes.to_spirv import compile_spirv
@@ -322,6 +324,19 @@ def test_elementwise_tail(elem):
 
 
 @needs_vulkan
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 5000), block=st.sampled_from([32, 64, 128, 256, 1024]), data=st.data())
+def test_elementwise_any_length(n, block, data):
+    """Any length with any workgroup size: the grid is ceil(n / block) and the guard
+    keeps the last partial workgroup in bounds."""
+    binary, k = compile_one(elementwise_kernel(n, "f32", block))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31 - 1)))
+    a, b, c = torch.randn(n, generator=gen), torch.randn(n, generator=gen), torch.empty(n)
+    vulkan.launch(binary, kernel_abi(k, (math.ceil(n / block), 1, 1)), [a, b, c], written=[2])
+    torch.testing.assert_close(c, a * b + a.exp())
+
+
+@needs_vulkan
 @pytest.mark.parametrize("elem", ["f16", "bf16"])
 def test_half_precision_rounding(elem):
     """Bit-exact rounding: f16 is native (each op rounds to f16, as torch eager does);
@@ -487,6 +502,9 @@ def test_msl_types():
     assert "half" in compile_metal(elementwise_kernel(64, "f16", 64))["ew"].source
     assert "ushort" in compile_metal(elementwise_kernel(64, "bf16", 64))["ew"].source
     assert "uchar" in compile_metal(select_kernel(64, 64))["sel"].source
+    # an argument the kernel never touches has no [[buffer]]; the others keep index = argument
+    unused = elementwise_kernel(64, "f32", 64).replace("%y = memref.load %b[%i]", "%y = memref.load %a[%i]")
+    assert compile_metal(unused)["ew"].buffers == (0, 2)
 
 
 def test_metal_launcher_refuses_off_macos():
