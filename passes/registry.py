@@ -20,6 +20,8 @@ _ENTRIES = [
     PassEntry("kf-verify", "verify", "VerifyPass", "check the shape and element-type rules of every kf op"),
     PassEntry("kf-canonicalize", "canonicalize", "CanonicalizePass",
               "fold constants, simplify broadcasts, reshapes and transposes, remove dead kf ops"),
+    PassEntry("kf-fuse", "fuse", "FusePass",
+              "partition functions into kernels (attention, rowwise, matmul, elementwise, generic)"),
     PassEntry("kf-to-spirv", "to_spirv", "ToSpirvPass", "lower gpu.module kernels to a validated SPIR-V binary (gpu.binary) for Vulkan"),
     PassEntry("kf-to-metal", "to_metal", "ToMetalPass", "SPIR-V through SPIRV-Cross to MSL, with threadgroup sizes and buffer indices"),
     PassEntry("kf-to-cuda", "to_cuda", "ToCudaPass", "lower gpu.module kernels through NVVM to PTX (gpu.binary)"),

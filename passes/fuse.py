@@ -1,0 +1,371 @@
+"""kf-fuse: partition each function into kernels.
+
+Each kernel becomes a private function of kf ops marked ``kf.kernel = "<kind>"`` and
+``kf.fused_lines`` (the user's lines it fuses); the function itself becomes the launch
+schedule: one ``func.call`` per kernel, in an order that respects dependencies.
+
+Kinds, in the order they are recognized:
+- ``attention``: ``matmul(q, k^T)`` -> scale -> optional mask -> ``softmax(-1)`` ->
+  ``matmul(., v)``; one kernel, so the score matrix never reaches global memory.
+- ``rowwise``: elementwise ops and reductions (sum, mean, max, min, var, softmax,
+  log_softmax) over the same trailing dimensions of one row space: layer norm, softmax,
+  RMSNorm. Elementwise ops join when their shape is the row shape or a reduced one.
+- ``matmul``: a matmul with the elementwise ops that consume its result (bias, GELU).
+- ``elementwise``: a chain of elementwise ops over one shape.
+- ``generic``: any other op, one per kernel.
+
+``kf.fill`` ops are cloned into every kernel that uses them (a fill is cheaper to
+recompute than to read); ``kf.constant`` ops stay in the schedule, so constants reach
+kernels as inputs. Calls to torch-mlir-imported functions stay in the schedule too.
+Groups merge only when the merged kernel graph stays acyclic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import re
+
+from mlir import ir
+from mlir.dialects import func
+
+from kf.dialects import BY_NAME, spec_of
+from kf.dialects.attrs import op_attrs
+
+from .base import KfPass
+
+_REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}
+_ROW_NORMS = {"kf.softmax", "kf.log_softmax"}
+_FREE = {"kf.fill"}
+_HOST = {"kf.constant", "func.call"}
+
+
+def _category(op: ir.Operation) -> str:
+    spec = BY_NAME.get(op.name)
+    return spec.category if spec else "host"
+
+
+def _defining(v: ir.Value) -> ir.Operation | None:
+    owner = v.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+def _row_shape(op: ir.Operation) -> tuple[tuple[int, ...], int] | None:
+    """(row space shape, number of trailing reduced dims) of a row reduction, else None."""
+    x = spec_of(op.operands[0].type)
+    if op.name in _ROW_NORMS:
+        dim = op_attrs(op)["dim"] % max(x.rank, 1)
+        return (x.shape, 1) if dim == x.rank - 1 else None
+    if op.name in _REDUCTIONS:
+        dims = sorted(d % max(x.rank, 1) for d in (op_attrs(op).get("dims") or range(x.rank)))
+        n = len(dims)
+        if dims != list(range(x.rank - n, x.rank)) or n == x.rank:
+            return None
+        return (x.shape, n)
+    return None
+
+
+def _reduced(shape: tuple[int, ...], n: int) -> set[tuple[int, ...]]:
+    return {shape[:-n] + (1,) * n, shape[:-n]}
+
+
+@dataclasses.dataclass
+class _Group:
+    kind: str  # attention, rowwise, matmul, elementwise, generic
+    ops: list  # indices into the op list, sorted
+    row: tuple[tuple[int, ...], int] | None = None  # rowwise: (row shape, reduced dims)
+    shape: tuple[int, ...] | None = None  # elementwise / matmul output shape
+
+
+class _Partition:
+    def __init__(self, ops: list[ir.Operation]):
+        self.ops = ops
+        self.index = {op: i for i, op in enumerate(ops)}
+        self.group_of: dict[int, int] = {}
+        self.groups: dict[int, _Group] = {}
+        self._next = 0
+
+    def new(self, kind: str, members: list[int], **kw) -> int:
+        gid = self._next
+        self._next += 1
+        self.groups[gid] = _Group(kind, sorted(members), **kw)
+        for m in members:
+            self.group_of[m] = gid
+        return gid
+
+    def producers(self, i: int) -> list[int]:
+        out = []
+        for v in self.ops[i].operands:
+            d = _defining(v)
+            if d is not None and d in self.index:
+                out.append(self.index[d])
+        return out
+
+    def acyclic_if_merged(self, a: int, b: int) -> bool:
+        """Whether merging groups a and b keeps the kernel graph acyclic: no path from
+        one to the other passes through a third group."""
+        members = set(self.groups[a].ops) | set(self.groups[b].ops)
+        # Walk backwards from the merged group's inputs; reaching the merged group again
+        # through an outside op means a cycle.
+        seen, stack = set(), []
+        for m in members:
+            for p in self.producers(m):
+                if p not in members:
+                    stack.append(p)
+        while stack:
+            p = stack.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            for q in self.producers(p):
+                if q in members:
+                    return False
+                stack.append(q)
+        return True
+
+    def merge(self, a: int, b: int) -> int:
+        ga, gb = self.groups[a], self.groups.pop(b)
+        ga.ops = sorted(set(ga.ops) | set(gb.ops))
+        for m in gb.ops:
+            self.group_of[m] = a
+        return a
+
+
+def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
+    """Ops of each matmul -> scale -> mask -> softmax -> matmul chain."""
+    chains = []
+    for op in ops:
+        if op.name != "kf.matmul":
+            continue
+        sm = _defining(op.operands[0])
+        if sm is None or sm.name != "kf.softmax" or _row_shape(sm) is None:
+            continue
+        chain = [op, sm]
+        cur = _defining(sm.operands[0])
+        while cur is not None and cur.name in ("kf.masked_fill", "kf.select", "kf.add", "kf.div", "kf.mul"):
+            chain.append(cur)
+            if cur.name == "kf.masked_fill":
+                m = _defining(cur.operands[1])
+                if m is not None and m.name == "kf.cmp":
+                    chain.append(m)
+            cur = _defining(cur.operands[0] if cur.name != "kf.select" else cur.operands[2])
+        if cur is None or cur.name != "kf.matmul":
+            continue
+        chain.append(cur)
+        kt = _defining(cur.operands[1])
+        if kt is not None and kt.name == "kf.transpose":
+            chain.append(kt)
+        # Every intermediate must be used only inside the chain.
+        members = set(chain)
+        if all(all(u.owner in members for r in c.results for u in r.uses) for c in chain if c is not op):
+            chains.append(chain)
+    return chains
+
+
+def partition(ops: list[ir.Operation]) -> _Partition:
+    """Group the kernel ops of one function (no fills, constants or calls)."""
+    part = _Partition(ops)
+    for chain in _attention_chains(ops):
+        idx = [part.index[c] for c in chain if c in part.index]
+        if any(i in part.group_of for i in idx):
+            continue
+        part.new("attention", idx)
+
+    for i, op in enumerate(ops):
+        if i in part.group_of:
+            continue
+        cat = _category(op)
+        row = _row_shape(op)
+        shape = spec_of(op.results[0].type).shape if op.results else None
+        if row is not None:
+            gid = part.new("rowwise", [i], row=row)
+        elif op.name == "kf.matmul":
+            part.new("matmul", [i], shape=shape)
+            continue
+        elif cat == "elementwise":
+            gid = part.new("elementwise", [i], shape=shape)
+        else:
+            part.new("generic", [i])
+            continue
+        # Join producer groups this op is compatible with.
+        for p in part.producers(i):
+            pg = part.group_of[p]
+            g = part.groups[gid]
+            other = part.groups[pg]
+            if pg == gid:
+                continue
+            merged = _merge_kind(other, g, op)
+            if merged is not None and part.acyclic_if_merged(pg, gid):
+                kind, row_, shape_ = merged
+                gid = part.merge(pg, gid)
+                part.groups[gid].kind, part.groups[gid].row, part.groups[gid].shape = kind, row_, shape_
+    return part
+
+
+def _merge_kind(producer: _Group, consumer: _Group, op: ir.Operation):
+    """The kind of the merged group, or None when the two do not fuse."""
+    out_shape = spec_of(op.results[0].type).shape
+    if producer.kind == "matmul" and consumer.kind == "elementwise" and consumer.ops and out_shape == producer.shape:
+        return "matmul", None, producer.shape
+    rows = [g.row for g in (producer, consumer) if g.kind == "rowwise"]
+    if producer.kind not in ("rowwise", "elementwise") or consumer.kind not in ("rowwise", "elementwise"):
+        return None
+    if not rows:
+        if producer.shape == consumer.shape:
+            return "elementwise", None, producer.shape
+        return None
+    row = rows[0]
+    if any(r[0] != row[0] for r in rows):
+        return None
+    allowed = {row[0]} | _reduced(row[0], max(r[1] for r in rows))
+    for g in (producer, consumer):
+        if g.kind == "elementwise" and g.shape not in allowed:
+            return None
+    return "rowwise", (row[0], max(r[1] for r in rows)), None
+
+
+def _loc_line(loc: ir.Location) -> str | None:
+    m = re.search(r'loc\("([^"]+)":(\d+):\d+', str(loc))
+    return f"{m.group(1)}:{m.group(2)}" if m else None
+
+
+@dataclasses.dataclass(frozen=True)
+class FusePass(KfPass):
+    NAME = "kf-fuse"
+    DESCRIPTION = "partition functions into kernels (attention, rowwise, matmul, elementwise, generic)"
+
+    def run(self, module: ir.Operation) -> None:
+        for f in list(module.regions[0].blocks[0].operations):
+            f = f.operation
+            if f.name != "func.func" or "kf.kernel" in f.attributes or "sym_visibility" in f.attributes:
+                continue
+            if not f.regions[0].blocks:
+                continue
+            _fuse_function(module, f)
+
+
+def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
+    block = f.regions[0].blocks[0]
+    body = [op.operation for op in block.operations]
+    kernel_ops = [op for op in body if op.name.startswith("kf.") and op.name not in _FREE | _HOST]
+    part = partition(kernel_ops)
+    fname = ir.StringAttr(f.attributes["sym_name"]).value
+
+    # Fills that something other than a kernel uses (a return, a fallback call) need a
+    # kernel of their own.
+    in_kernel = set(kernel_ops)
+    for op in body:
+        if op.name in _FREE:
+            if any(u.owner not in in_kernel for u in op.result.uses):
+                kernel_ops.append(op)
+                part.ops.append(op)
+                part.index[op] = len(part.ops) - 1
+                part.new("generic", [len(part.ops) - 1])
+    # Units in schedule order: groups and host ops, topologically sorted by first op.
+    order = {op: i for i, op in enumerate(body)}
+    units: list[tuple[str, object]] = [("group", gid) for gid in part.groups]
+    units += [("host", op) for op in body if op.name in _HOST]
+
+    def unit_ops(u):
+        return [part.ops[i] for i in part.groups[u[1]].ops] if u[0] == "group" else [u[1]]
+
+    unit_of = {}
+    for u in units:
+        for op in unit_ops(u):
+            unit_of[op] = u
+    deps = {u: set() for u in units}
+    for u in units:
+        for op in unit_ops(u):
+            for v in op.operands:
+                d = _defining(v)
+                if d is not None and d in unit_of and unit_of[d] != u:
+                    deps[u].add(unit_of[d])
+    users = {u: set() for u in units}
+    for u, ds in deps.items():
+        for d in ds:
+            users[d].add(u)
+    first = {u: min(order[op] for op in unit_ops(u)) for u in units}
+    indeg = {u: len(deps[u]) for u in units}
+    heap = [(first[u], i, u) for i, u in enumerate(units) if indeg[u] == 0]
+    heapq.heapify(heap)
+    uid = {u: i for i, u in enumerate(units)}
+    schedule = []
+    while heap:
+        _, _, u = heapq.heappop(heap)
+        schedule.append(u)
+        for w in users[u]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(heap, (first[w], uid[w], w))
+    assert len(schedule) == len(units), "kf-fuse produced a cyclic schedule"
+
+    ret = next(op for op in body if op.name == "func.return")
+    mapping: dict = {}
+    kernel_count = 0
+
+    def mapped(v):
+        return mapping.get(v, v)
+
+    for u in schedule:
+        if u[0] == "host":
+            op = u[1]
+            op.move_before(ret)
+            continue
+        g = part.groups[u[1]]
+        ops = [part.ops[i] for i in g.ops]
+        members = set(ops)
+        kname = f"{fname}_k{kernel_count}_{g.kind}"
+        kernel_count += 1
+        inputs, input_set = [], set()
+        fills = []
+        for op in ops:
+            for v in op.operands:
+                d = _defining(v)
+                if d is not None and d in members:
+                    continue
+                if d is not None and d.name in _FREE:
+                    if d not in fills:
+                        fills.append(d)
+                    continue
+                if v not in input_set:
+                    input_set.add(v)
+                    inputs.append(v)
+        outputs = []
+        for op in ops:
+            for r in op.results:
+                if any(use.owner not in members for use in r.uses):
+                    outputs.append(r)
+        with ir.InsertionPoint(module.regions[0].blocks[0]), f.location:
+            kfunc = func.FuncOp(kname, ir.FunctionType.get([v.type for v in inputs], [r.type for r in outputs]))
+            kfunc.attributes["sym_visibility"] = ir.StringAttr.get("private")
+            kfunc.attributes["kf.kernel"] = ir.StringAttr.get(g.kind)
+            lines = []
+            for op in ops:
+                line = _loc_line(op.location)
+                if line and line not in lines:
+                    lines.append(line)
+            kfunc.attributes["kf.fused_lines"] = ir.ArrayAttr.get([ir.StringAttr.get(s) for s in lines])
+            kblock = kfunc.add_entry_block()
+        kmap = dict(zip(inputs, kblock.arguments))
+        with ir.InsertionPoint(kblock):
+            for d in fills:
+                c = d.clone()
+                kmap[d.result] = c.result
+            for op in ops:
+                c = op.clone()
+                for i, v in enumerate(op.operands):
+                    c.operands[i] = kmap[v]
+                for r, cr in zip(op.results, c.results):
+                    kmap[r] = cr
+            func.ReturnOp([kmap[r] for r in outputs], loc=f.location)
+        kfunc.operation.move_before(f)  # kernel functions precede the schedule that calls them
+        with ir.InsertionPoint(ret), f.location:
+            call = func.CallOp(kfunc, [mapped(v) for v in inputs])
+        for r, cr in zip(outputs, call.results):
+            mapping[r] = cr
+            r.replace_all_uses_with(cr)
+    # Host ops moved before the return use mapped values already (replace_all_uses_with);
+    # the original kernel ops and fills are now dead.
+    for op in reversed(body):
+        if op.name.startswith("kf.") and op.name not in _HOST:
+            op.erase()

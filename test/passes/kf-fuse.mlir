@@ -1,0 +1,91 @@
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-fuse)' | FileCheck %s
+
+// The seed's layer norm is one rowwise kernel: two reductions over the last dim and the
+// elementwise ops around them, with the rank-0 eps fill cloned into the kernel.
+// CHECK-LABEL: func.func private @layer_norm_k0_rowwise
+// CHECK-SAME: (%arg0: tensor<4x1000xf32>, %arg1: tensor<1000xf32>, %arg2: tensor<1000xf32>) -> tensor<4x1000xf32>
+// CHECK-SAME: kf.fused_lines = ["ln.py:2", "ln.py:3", "ln.py:4", "ln.py:5"], kf.kernel = "rowwise"
+// CHECK: "kf.fill"() {value = 1.000000e-05 : f64} : () -> tensor<f32>
+// CHECK: "kf.mean"
+// CHECK: "kf.var"
+// CHECK: "kf.sqrt"
+// CHECK: "kf.add"
+// CHECK-LABEL: func.func @layer_norm
+// CHECK-NEXT: %[[R:.*]] = call @layer_norm_k0_rowwise(%arg0, %arg1, %arg2)
+// CHECK-NEXT: return %[[R]]
+func.func @layer_norm(%x: tensor<4x1000xf32>, %w: tensor<1000xf32>, %b: tensor<1000xf32>) -> tensor<4x1000xf32> {
+  %mean = "kf.mean"(%x) {dims = array<i64: -1>, keepdim = true} : (tensor<4x1000xf32>) -> tensor<4x1xf32> loc("ln.py":2:5)
+  %var = "kf.var"(%x) {dims = array<i64: -1>, correction = 1.0 : f64, keepdim = true} : (tensor<4x1000xf32>) -> tensor<4x1xf32> loc("ln.py":3:5)
+  %c = "kf.sub"(%x, %mean) : (tensor<4x1000xf32>, tensor<4x1xf32>) -> tensor<4x1000xf32> loc("ln.py":4:5)
+  %eps = "kf.fill"() {value = 1.0e-5 : f64} : () -> tensor<f32> loc("ln.py":4:5)
+  %ve = "kf.add"(%var, %eps) : (tensor<4x1xf32>, tensor<f32>) -> tensor<4x1xf32> loc("ln.py":4:5)
+  %sd = "kf.sqrt"(%ve) : (tensor<4x1xf32>) -> tensor<4x1xf32> loc("ln.py":4:5)
+  %n = "kf.div"(%c, %sd) : (tensor<4x1000xf32>, tensor<4x1xf32>) -> tensor<4x1000xf32> loc("ln.py":4:5)
+  %y = "kf.mul"(%w, %n) : (tensor<1000xf32>, tensor<4x1000xf32>) -> tensor<4x1000xf32> loc("ln.py":5:5)
+  %z = "kf.add"(%y, %b) : (tensor<4x1000xf32>, tensor<1000xf32>) -> tensor<4x1000xf32> loc("ln.py":5:5)
+  return %z : tensor<4x1000xf32>
+}
+
+// -----
+
+// matmul -> scale -> mask -> softmax -> matmul is one attention kernel: the score
+// matrix is never a kernel result.
+// CHECK-LABEL: func.func private @attention_k0_attention
+// CHECK-SAME: -> tensor<2x8x257x64xbf16>
+// CHECK-SAME: kf.kernel = "attention"
+// CHECK-COUNT-2: "kf.matmul"
+// CHECK-LABEL: func.func @attention
+// CHECK-NEXT: call @attention_k0_attention
+// CHECK-NOT: call
+func.func @attention(%q: tensor<2x8x257x64xbf16>, %k: tensor<2x8x257x64xbf16>, %v: tensor<2x8x257x64xbf16>, %mask: tensor<257x257xbf16>) -> tensor<2x8x257x64xbf16> {
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x8x257x64xbf16>) -> tensor<2x8x64x257xbf16>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x8x257x64xbf16>, tensor<2x8x64x257xbf16>) -> tensor<2x8x257x257xbf16>
+  %eight = "kf.fill"() {value = 8.0 : f64} : () -> tensor<bf16>
+  %sc = "kf.div"(%s, %eight) : (tensor<2x8x257x257xbf16>, tensor<bf16>) -> tensor<2x8x257x257xbf16>
+  %zero = "kf.fill"() {value = 0.0 : f64} : () -> tensor<bf16>
+  %m = "kf.cmp"(%mask, %zero) {predicate = "eq"} : (tensor<257x257xbf16>, tensor<bf16>) -> tensor<257x257xi1>
+  %mf = "kf.masked_fill"(%sc, %m) {value = -1.0e9 : f64} : (tensor<2x8x257x257xbf16>, tensor<257x257xi1>) -> tensor<2x8x257x257xbf16>
+  %p = "kf.softmax"(%mf) {dim = -1 : i64} : (tensor<2x8x257x257xbf16>) -> tensor<2x8x257x257xbf16>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x8x257x257xbf16>, tensor<2x8x257x64xbf16>) -> tensor<2x8x257x64xbf16>
+  return %o : tensor<2x8x257x64xbf16>
+}
+
+// -----
+
+// A matmul takes its elementwise consumers as an epilogue (bias, GELU); ops that fuse
+// with nothing are kernels of their own, launched in dependency order.
+// CHECK-LABEL: func.func private @mlp_k0_generic
+// CHECK: "kf.transpose"
+// CHECK-LABEL: func.func private @mlp_k1_matmul
+// CHECK: "kf.matmul"
+// CHECK: "kf.add"
+// CHECK: "kf.gelu"
+// CHECK-LABEL: func.func private @mlp_k2_generic
+// CHECK: "kf.topk"
+// CHECK-LABEL: func.func @mlp
+// CHECK: %[[T:.*]] = call @mlp_k0_generic(%arg1)
+// CHECK: %[[H:.*]] = call @mlp_k1_matmul(%arg0, %[[T]], %arg2)
+// CHECK: call @mlp_k2_generic(%[[H]])
+func.func @mlp(%x: tensor<33x64xf32>, %w: tensor<96x64xf32>, %b: tensor<96xf32>) -> (tensor<33x96xf32>, tensor<33x2xi64>) {
+  %wt = "kf.transpose"(%w) {perm = array<i64: 1, 0>} : (tensor<96x64xf32>) -> tensor<64x96xf32>
+  %h = "kf.matmul"(%x, %wt) : (tensor<33x64xf32>, tensor<64x96xf32>) -> tensor<33x96xf32>
+  %hb = "kf.add"(%h, %b) : (tensor<33x96xf32>, tensor<96xf32>) -> tensor<33x96xf32>
+  %g = "kf.gelu"(%hb) {approximate = "none"} : (tensor<33x96xf32>) -> tensor<33x96xf32>
+  %v:2 = "kf.topk"(%g) {k = 2 : i64, dim = 1 : i64, largest = true} : (tensor<33x96xf32>) -> (tensor<33x2xf32>, tensor<33x2xi64>)
+  return %g, %v#1 : tensor<33x96xf32>, tensor<33x2xi64>
+}
+
+// -----
+
+// Fusing must not create a cycle: %e feeds the topk kernel, whose result feeds %f, so
+// %e and %f stay in separate kernels even though both are elementwise on one shape.
+// CHECK-LABEL: func.func @no_cycle
+// CHECK: call @no_cycle_k0_elementwise
+// CHECK: call @no_cycle_k1_generic
+// CHECK: call @no_cycle_k2_elementwise
+func.func @no_cycle(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %e = "kf.exp"(%x) : (tensor<8x16xf32>) -> tensor<8x16xf32>
+  %v:2 = "kf.topk"(%e) {k = 16 : i64, dim = 1 : i64, largest = true} : (tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xi64>)
+  %f = "kf.add"(%e, %v#0) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+  return %f : tensor<8x16xf32>
+}
