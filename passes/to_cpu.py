@@ -13,9 +13,14 @@ producers of the results directly into the caller's buffers where it can
 (``eliminate-empty-tensors``) and copies where it cannot (a result that is an input,
 or one tensor returned twice); inputs, not being writable, are never clobbered.
 The rest is the upstream pipeline: deallocation, linalg to loops (sequential), scf to
-cf, math through libm (erf, tanh, ...) and LLVM intrinsics, and bf16 conversions
+cf, math through LLVM intrinsics and libm (erf, tanh, ...), and bf16 conversions
 expanded in integer arithmetic (``arith-expand{include-bf16}``) because the LLVM
 backend would otherwise call compiler-rt helpers that a plain ``cc -shared`` may lack.
+
+Three rewrites are kf's own, each because upstream LLVM 22 lacks it: fp8 conversions
+in integer arithmetic (no fp8 in LLVM, no upstream expansion), strided memref copies as
+loops (upstream calls a runtime-library function), and booleans stored as bytes
+(upstream asserts on i1 stores; torch keeps a bool per byte anyway).
 """
 
 from __future__ import annotations
@@ -117,21 +122,92 @@ def strided_copies_as_loops(module: ir.Operation) -> None:
         op.erase()
 
 
-def reject_fp8(module: ir.Operation) -> None:
-    """Fail, at the first place one appears, on fp8 tensors.
+_FP8 = ("f8E4M3FN", "f8E5M2")
 
-    LLVM has no fp8 types and LLVM 22's arith-expand expands only bf16, f8E8M0 and
-    f4E2M1 conversions, so an extf/truncf of f8E4M3FN or f8E5M2 would reach the LLVM
-    translation unconverted. Say so here rather than fail inside the engine.
+
+def _int(t: ir.Type, value: int) -> ir.Value:
+    return arith.constant(t, ir.IntegerAttr.get(t, value))
+
+
+def _fp8_to_f32(v: ir.Value) -> ir.Value:
+    """Decode an f8E4M3FN or f8E5M2 scalar exactly into f32, as torch does."""
+    i8, i16, i32 = (ir.IntegerType.get_signless(w) for w in (8, 16, 32))
+    f32 = ir.F32Type.get()
+    bits = arith.bitcast(i8, v)
+    if str(v.type) == "f8E5M2":  # e5m2 is the top byte of an IEEE half
+        half = arith.bitcast(ir.F16Type.get(), arith.shli(arith.extui(i16, bits), _int(i16, 8)))
+        return arith.extf(f32, half)
+    b = arith.extui(i32, bits)
+    sign = arith.shli(arith.andi(b, _int(i32, 0x80)), _int(i32, 24))
+    exp = arith.andi(arith.shrui(b, _int(i32, 3)), _int(i32, 0xF))
+    man = arith.andi(b, _int(i32, 7))
+    normal = arith.ori(arith.shli(arith.addi(exp, _int(i32, 120)), _int(i32, 23)), arith.shli(man, _int(i32, 20)))
+    subnormal = arith.bitcast(i32, arith.mulf(arith.uitofp(f32, man), arith.constant(f32, 2.0 ** -9)))
+    mag = arith.select(arith.cmpi(arith.CmpIPredicate.eq, exp, _int(i32, 0)), subnormal, normal)
+    nan = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(b, _int(i32, 0x7F)), _int(i32, 0x7F))
+    mag = arith.select(nan, _int(i32, 0x7FC00000), mag)
+    return arith.bitcast(f32, arith.ori(mag, sign))
+
+
+def _f32_to_fp8(x: ir.Value, to: ir.Type) -> ir.Value:
+    """Round an f32 scalar to f8E4M3FN / f8E5M2 to nearest even, bit for bit as torch's
+    ``Tensor.to`` does: c10's fp8e*_from_fp32_value rounding, with e4m3fn (which has no
+    infinity) saturating overflow and ±inf to ±448 and e5m2 overflowing to infinity."""
+    i8, i32, f32 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32), ir.F32Type.get()
+    e4m3 = str(to) == "f8E4M3FN"
+    # (largest value that rounds in range, smallest normal, denormal magic, mantissa shift, bias)
+    fmax, min_normal, denorm, shift, bias = ((1087 << 20, 121 << 23, 141 << 23, 20, 7) if e4m3
+                                             else (143 << 23, 113 << 23, 134 << 23, 21, 15))
+    f = arith.bitcast(i32, x)
+    sign = arith.andi(f, _int(i32, 0x80000000))
+    f = arith.xori(f, sign)
+    # Small magnitudes: adding 2^k aligns the value's bits so that the FPU does the
+    # round-to-nearest-even into the denormal grid.
+    denorm_sum = arith.bitcast(i32, arith.addf(arith.bitcast(f32, f), arith.bitcast(f32, _int(i32, denorm))))
+    small = arith.subi(denorm_sum, _int(i32, denorm))
+    odd = arith.andi(arith.shrui(f, _int(i32, shift)), _int(i32, 1))
+    biased = arith.addi(arith.addi(f, _int(i32, (((bias - 127) << 23) + (1 << (shift - 1)) - 1) & 0xFFFFFFFF)), odd)
+    normal = arith.shrui(biased, _int(i32, shift))
+    result = arith.select(arith.cmpi(arith.CmpIPredicate.ult, f, _int(i32, min_normal)), small, normal)
+    nan = arith.cmpi(arith.CmpIPredicate.ugt, f, _int(i32, 255 << 23))
+    overflow = arith.cmpi(arith.CmpIPredicate.uge, f, _int(i32, fmax))
+    if e4m3:
+        # Saturate: 0x7F is e4m3fn's NaN, 0x7E (448) its largest finite value.
+        result = arith.minui(arith.select(overflow, _int(i32, 0x7E), result), _int(i32, 0x7E))
+        result = arith.select(nan, _int(i32, 0x7F), result)
+    else:
+        result = arith.select(overflow, arith.select(nan, _int(i32, 0x7F), _int(i32, 0x7C)), result)
+    result = arith.ori(result, arith.shrui(sign, _int(i32, 24)))
+    return arith.bitcast(to, arith.trunci(i8, result))
+
+
+def expand_fp8_conversions(module: ir.Operation) -> None:
+    """Rewrite every extf from and truncf to an fp8 type into integer arithmetic.
+
+    LLVM has no fp8 types (memory, constants and selects of fp8 become i8 in the LLVM
+    conversion, which is all kf needs beside conversions: its fp8 math runs in f32)
+    and LLVM 22's arith-expand expands only bf16, f8E8M0 and f4E2M1 conversions.
     """
-    def visit(op):
-        for v in list(op.operands) + list(op.results):
-            if isinstance(v.type, ir.ShapedType) and str(ir.ShapedType(v.type).element_type).startswith("f8"):
-                raise PassError(f"the CPU target does not support fp8 tensors yet ({v.type}): LLVM has no "
-                                "fp8 type and upstream arith-expand has no expansion for it", op.location)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
+    f32 = ir.F32Type.get()
+    ops: list[ir.Operation] = []
+    module.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
+    for op in ops:
+        if op.name not in ("arith.extf", "arith.truncf"):
+            continue
+        src, dst = op.operands[0].type, op.result.type
+        if str(src) not in _FP8 and str(dst) not in _FP8:
+            continue
+        with ir.InsertionPoint(op), op.location:
+            v = op.operands[0]
+            wide = _fp8_to_f32(v) if str(src) in _FP8 else (
+                arith.truncf(f32, v) if str(src) == "f64" else v if str(src) == "f32" else arith.extf(f32, v))
+            if str(dst) in _FP8:
+                out = _f32_to_fp8(wide, dst)
+            else:
+                out = wide if str(dst) == "f32" else arith.extf(dst, wide) if str(dst) == "f64" else \
+                    arith.truncf(dst, wide)
+        op.result.replace_all_uses_with(out)
+        op.erase()
 
 
 def _memref(t: ir.Type) -> ir.Type:
@@ -191,7 +267,8 @@ class ToCpuPass(KfPass):
         return (f"builtin.module({pre}{BUFFERIZE})", f"builtin.module({TO_LOOPS})", f"builtin.module({TO_LLVM})")
 
     def run(self, module: ir.Operation) -> None:
-        reject_fp8(module)
+        with module.context, module.location:
+            expand_fp8_conversions(module)
         for op in module.regions[0].blocks[0].operations:
             op = op.operation  # an OpView's .name is its symbol, an Operation's its kind
             if op.name == "func.func" and is_public(op) and len(op.regions[0].blocks):

@@ -478,14 +478,43 @@ def test_one_value_returned_twice():
     assert len({g.data_ptr() for g in got}) == 3
 
 
-def test_fp8_is_refused_with_a_reason():
-    from kf.cpu_codegen import CpuCodegenError
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+ELEM.update({torch.float8_e4m3fn: "f8E4M3FN", torch.float8_e5m2: "f8E5M2"})
 
-    with pytest.raises(CpuCodegenError, match="does not support fp8") as info:
-        compile_kf(lambda x: kb.cast(x, "f8E4M3FN"), [rand(7)])
-    # The error names a reproducer that kf-opt fails on in the same way.
-    assert "kf.cast" in open(info.value.reproducer).read()
-    assert info.value.command.startswith(f"kf-opt {info.value.reproducer} --pass-pipeline=")
+
+def _hard_floats() -> torch.Tensor:
+    """Random magnitudes over the whole fp8 range and past it, exact ties, subnormals,
+    zeros of both signs, infinities and NaN."""
+    mags = torch.exp2(torch.empty(4000).uniform_(-20, 18)) * torch.randn(4000).sign()
+    e4m3_ties = torch.arange(0, 255, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = (e4m3_ties[1:] + e4m3_ties[:-1]) / 2
+    special = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 448.0, 464.0, 479.9, 480.0, 57344.0,
+                            61439.0, 61440.0, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -11, 2.0 ** -16, 2.0 ** -17])
+    return torch.cat([mags, mids, -mids, special])
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_fp8_conversions_match_torch_bit_for_bit(dtype):
+    x = _hard_floats()
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+    got = run_kf(lambda a, b: (kb.cast(a, ELEM[dtype]), kb.cast(b, "f32"), kb.cast(b, "f16"),
+                               kb.cast(kb.cast(a, "f64"), ELEM[dtype])), x, every)
+    assert torch.equal(got[0].view(torch.uint8), x.to(dtype).view(torch.uint8))
+    torch.testing.assert_close(got[1], every.float(), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got[2], every.to(torch.float16), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(got[3].view(torch.uint8), x.to(dtype).view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_fp8_math_in_f32(dtype):
+    a, b = rand(3, 257).to(dtype), rand(257).to(dtype)
+    got = run_kf(lambda x, y: (kb.add(kb.mul(x, y), x), kb.sum(x, dims=[1]), kb.softmax(x, dim=-1),
+                               kb.cast(x, "f8E5M2" if dtype == torch.float8_e4m3fn else "f8E4M3FN")), a, b)
+    for g, w in zip(got, [(a.float() * b.float()).to(dtype).float().add(a.float()).to(dtype),
+                          a.float().sum(1).to(dtype), torch.softmax(a.float(), -1).to(dtype),
+                          a.float().to(torch.float8_e5m2 if dtype == torch.float8_e4m3fn else torch.float8_e4m3fn)]):
+        assert g.dtype == w.dtype
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), (g, w)
 
 
 def test_launch_needs_no_mlir(tmp_path):
