@@ -226,6 +226,15 @@ def bandwidth():
         torch_ms = event_ms(lambda: torch.add(y, x, alpha=2, out=z))
         add(f"axpy 16M f32, kf from {fmt}", 12 * n, kf_ms, torch_ms, "torch.add(y, x, alpha=2, out=)")
 
+    k, rep = build(K.vector_axpy_kernel(n=n), [TensorArg(a, (n,), "f32") for a in "xyz"])
+    results["ptxas"]["vaxpy"] = rep
+    z.fill_(float("nan"))
+    k(x, y, z)
+    torch.cuda.synchronize()
+    record_check("vector<4> axpy 16M f32", 0.0 if torch.equal(z, 2 * x + y) else rel(z, 2 * x + y), 1e-30)
+    add("axpy 16M f32, kf vector<4xf32> (ld.global.v4)", 12 * n, event_ms(lambda: k(x, y, z)),
+        event_ms(lambda: torch.add(y, x, alpha=2, out=z)), "torch.add(y, x, alpha=2, out=)")
+
     R, C = 8192, 4096
     for elem in ("f32", "bf16"):
         k = check_row(elem, R, C)

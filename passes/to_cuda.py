@@ -45,7 +45,6 @@ file.mlir [--ptxas]`` prints both; the lit test uses it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -104,7 +103,7 @@ class ToCudaPass(KfPass):
                 f"nvvm-attach-target{{{attach}}}, "
                 "gpu.module(expand-strided-metadata, lower-affine, "
                 "math-extend-to-supported-types{target-type=f32}, convert-vector-to-scf, convert-scf-to-cf, "
-                f"convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv=1 index-bitwidth={self.index_bitwidth}}}, "
+                f"convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv=1 index-bitwidth={self.index_bitwidth}}}, convert-vector-to-llvm, "
                 "convert-nvvm-to-llvm, canonicalize, cse), "
                 "reconcile-unrealized-casts)")
 

@@ -106,6 +106,28 @@ module attributes {gpu.container_module} {
 
 // -----
 
+// vector.load/store with 16-byte alignment become 128-bit global accesses.
+// BIN: assembly = "{{.*}}ld.global.v4.b32
+// PTX-LABEL: .visible .entry vec(
+// PTX: ld.global.v4.b32 {%r{{[0-9]+}}, %r{{[0-9]+}}, %r{{[0-9]+}}, %r{{[0-9]+}}}
+// PTX: st.global.v4.b32
+// PTXAS: // ptxas sm_90 vec: {"barriers": 0, {{.*}}"spill_store_bytes": 0, "stack_bytes": 0}
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @vec(%x: memref<1024xf32>, %y: memref<1024xf32>) kernel {
+      %tid = gpu.thread_id x
+      %c4 = arith.constant 4 : index
+      %i = arith.muli %tid, %c4 : index
+      %v = vector.load %x[%i] {alignment = 16} : memref<1024xf32>, vector<4xf32>
+      %e = math.exp %v : vector<4xf32>
+      vector.store %e, %y[%i] {alignment = 16} : memref<1024xf32>, vector<4xf32>
+      gpu.return
+    }
+  }
+}
+
+// -----
+
 // Bare pointers carry no shape: a dynamically shaped argument is refused at its kernel.
 // PTX: kf-to-cuda failed
 // PTX: kernel argument 0 has type memref<?xf32>

@@ -240,6 +240,38 @@ module attributes {{gpu.container_module}} {{
     return text, "axpy", ((n + block - 1) // block, 1, 1), (block, 1, 1), 0
 
 
+def vector_axpy_kernel(n: int = 1 << 24, block: int = 256, width: int = 4):
+    """axpy with one ``vector<4xf32>`` per thread: ``vector.load/store {alignment = 16}``
+    is what makes LLVM emit 128-bit ``ld.global.v4`` (without the attribute the vector is
+    only element-aligned and splits into four scalar accesses). n must be a multiple of
+    block·width, and every buffer 16-byte aligned (torch's allocations are)."""
+    assert n % (block * width) == 0
+    v = f"vector<{width}xf32>"
+    text = f"""
+module attributes {{gpu.container_module}} {{
+  gpu.module @kf_kernels {{
+    gpu.func @vaxpy(%x: memref<{n}xf32>, %y: memref<{n}xf32>, %z: memref<{n}xf32>) kernel
+        attributes {{known_block_size = array<i32: {block}, 1, 1>}} {{
+      %bid = gpu.block_id x
+      %tid = gpu.thread_id x
+      %cb = arith.constant {block} : index
+      %cw = arith.constant {width} : index
+      %base = arith.muli %bid, %cb : index
+      %t = arith.addi %base, %tid : index
+      %i = arith.muli %t, %cw : index
+      %a = arith.constant dense<2.0> : {v}
+      %xv = vector.load %x[%i] {{alignment = 16}} : memref<{n}xf32>, {v}
+      %yv = vector.load %y[%i] {{alignment = 16}} : memref<{n}xf32>, {v}
+      %r = vector.fma %a, %xv, %yv : {v}
+      vector.store %r, %z[%i] {{alignment = 16}} : memref<{n}xf32>, {v}
+      gpu.return
+    }}
+  }}
+}}
+"""
+    return text, "vaxpy", (n // (block * width), 1, 1), (block, 1, 1), 0
+
+
 def empty_kernel():
     """A kernel with one pointer argument and no work: launch overhead alone."""
     text = """
@@ -294,6 +326,34 @@ def test_row_stats_ptx(elem, cols):
 def test_dynamic_shared_ptx():
     ptx, _ = _ptx(tile_reverse_kernel)
     assert re.search(r"\.extern \.shared \.align \d+ \.b8 \w+\[\]", ptx)
+
+
+def test_vector_loads_are_128_bit():
+    ptx, _ = _ptx(vector_axpy_kernel, n=4096)
+    assert ptx.count("ld.global.v4.b32") == 2 and ptx.count("st.global.v4.b32") == 1
+
+
+def test_vector_transfer_and_bf16_math():
+    """vector.transfer_read/write lower (convert-vector-to-llvm runs after
+    convert-gpu-to-nvvm), and math on bf16 vectors is computed through f32 libdevice."""
+    text = """
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @t(%h: memref<1024xbf16>, %g: memref<1024xbf16>) kernel {
+      %tid = gpu.thread_id x
+      %c4 = arith.constant 4 : index
+      %i = arith.muli %tid, %c4 : index
+      %c0 = arith.constant 0.0 : bf16
+      %v = vector.transfer_read %h[%i], %c0 {in_bounds = [true]} : memref<1024xbf16>, vector<4xbf16>
+      %e = math.tanh %v : vector<4xbf16>
+      vector.transfer_write %e, %g[%i] {in_bounds = [true]} : vector<4xbf16>, memref<1024xbf16>
+      gpu.return
+    }
+  }
+}"""
+    ptx = to_cuda.compile_to_ptx(text)["kf_kernels"]
+    assert ptx.count("ld.global.b16") == 4 and ptx.count("st.global.b16") == 4
+    assert ".extern .func" not in ptx and "cvt.f32.bf16" in ptx
 
 
 def test_ftz_selects_libdevice_ftz_paths():
@@ -369,6 +429,13 @@ def test_row_stats_ptxas(chip, elem, cols):
     assert r["barriers"] == 1
     assert r["stack_bytes"] == 0 and r["spill_store_bytes"] == 0
     assert 0 < r["registers"] <= 64
+
+
+@needs_ptxas
+def test_vector_axpy_ptxas():
+    ptx, entry = _ptx(vector_axpy_kernel)
+    r = to_cuda.assemble(ptx, "sm_90").kernels[entry]
+    assert r["stack_bytes"] == 0 and r["spill_store_bytes"] == 0 and 0 < r["registers"] <= 32
 
 
 @needs_ptxas

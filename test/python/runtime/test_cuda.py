@@ -127,6 +127,19 @@ def test_row_stats_matches_torch(elem, cols):
 
 @gpu
 @driver
+def test_vector_axpy_matches_torch():
+    K = _kernels()
+    n = 1 << 20
+    k = _launcher(K.vector_axpy_kernel(n=n), [TensorArg(a, (n,), "f32") for a in "xyz"])
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    z = torch.full_like(x, float("nan"))
+    k(x, y, z)
+    torch.cuda.synchronize()
+    assert torch.equal(z, 2 * x + y)
+
+
+@gpu
+@driver
 def test_dynamic_shared_memory_above_48k():
     K = _kernels()
     built = K.tile_reverse_kernel(tiles=8, tile=16384)
