@@ -1,44 +1,176 @@
-"""The pipeline driver: capture, then the stages for the target, then a ready program.
+"""The pipeline driver: from a call signature to a ready program.
 
-Stages are named and ordered (capture -> kf -> linalg -> gpu -> ptx | spirv -> msl);
-each stage's text can be dumped (``dump_ir``) and fed to kf-opt.
+    capture -> kf (kf-canonicalize) -> per target:
+      cpu:           kf-lower-to-linalg -> kf-to-cpu -> shared object
+      cuda / vulkan: kf-fuse -> kf-tile -> kf-map-to-gpu -> kf-promote-shared -> kf-vectorize
+                     -> kf-to-cuda (PTX) | kf-to-spirv (SPIR-V) [-> kf-to-metal (MSL)]
+
+A compiled program is stored in the disk cache (cache.py) and loaded from there by the
+runtime alone, so a later process with the same key never imports MLIR.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
 
-from .capture import Captured, capture_signature
+from . import cache
 from .errors import TargetError
-from .inspection import Inspection
 from .options import Options
+from .results import unflatten
 from .signature import Signature
+
+
+# ----------------------------------------------------------------------------- programs
 
 
 class InterpretedProgram:
     """Runs the captured kf IR with torch, op by op (see interpreter.py)."""
 
-    def __init__(self, cap: Captured):
+    def __init__(self, cap):
         from .interpreter import Interpreter
 
         self.captured = cap
         self._interp = Interpreter(cap.module, cap.name, cap.fallbacks)
 
     def __call__(self, tensors: list):
-        from .results import unflatten
-
         return unflatten(self.captured.output_tree, self._interp.run(*tensors))
+
+
+class CompiledProgram:
+    """A program loaded from the cache: the target's launcher plus the result structure."""
+
+    def __init__(self, launcher: Callable, tree: Any, meta: dict, directory: Path):
+        self._launch = launcher
+        self._tree = tree
+        self.meta = meta
+        self.directory = directory
+
+    def __call__(self, tensors: list):
+        return unflatten(self._tree, list(self._launch(*tensors)))
+
+
+def _load(entry: cache.Entry) -> CompiledProgram:
+    from kf.runtime.abi import ProgramABI
+
+    meta = entry.meta
+    abi = ProgramABI.from_json(meta["abi"])
+    tree = json.loads(meta["output_tree"])
+    if abi.target == "cpu":
+        from kf.runtime import cpu
+
+        launcher = cpu.load(abi, str(entry.directory))
+    else:  # pragma: no cover - filled in with the GPU targets
+        raise TargetError(f"no launcher for target '{abi.target}'")
+    return CompiledProgram(launcher, _tuple_tree(tree), meta, entry.directory)
+
+
+def _tuple_tree(tree):
+    kind, payload = tree
+    if kind == "tensor":
+        return (kind, payload)
+    return (kind, [_tuple_tree(t) for t in payload])
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def target_arch(options: Options) -> str:
+    """The architecture a target compiles for: sm_XX of the current CUDA device."""
+    if options.target != "cuda":
+        return ""
+    if options.arch:
+        return options.arch
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}"
+    return "sm_90"
 
 
 def compile_function(fn: Callable, sig: Signature, tensors: list, options: Options):
     """A callable that takes the flat tensor arguments and returns the function's results."""
-    cap = capture_signature(fn, sig, tensors)
     if options.interpret:
-        return InterpretedProgram(cap)
-    raise TargetError(f"{cap.name}: code generation for target '{options.target}' is not built yet",
-                      cause="run with interpret=True (or KF_INTERPRET=1) to execute the kf IR with torch")
+        from .capture import capture_signature
+
+        return InterpretedProgram(capture_signature(fn, sig, tensors))
+    arch = target_arch(options)
+    key = cache.key(fn, sig, options, arch)
+    entry = cache.load(key)
+    if entry is None:
+        meta, artifacts = build(fn, sig, tensors, options, arch)
+        entry = cache.store(key, meta, artifacts)
+    return _load(entry)
 
 
-def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Options) -> Inspection:
+def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: str,
+          log=None) -> tuple[dict, dict[str, bytes]]:
+    """Compile one specialization: (metadata, artifacts) for the cache."""
+    from .capture import capture_signature
+    from .stages import StageLog, dump_dir_for, run_passes
+
     cap = capture_signature(fn, sig, tensors)
-    return Inspection(cap.name, sig.describe(), {"kf": cap.kf_ir}, cap)
+    log = log or StageLog(cap.name, dump_dir_for(options.dump_ir))
+    log.record("kf", cap.module)
+    run_passes(cap.module, ["kf-canonicalize"], log)
+    if options.target == "cpu":
+        abi, artifacts = _build_cpu(cap, log)
+    elif options.target in ("cuda", "vulkan", "metal"):
+        raise TargetError(f"{cap.name}: code generation for target '{options.target}' is not built yet",
+                          cause="use target='cpu', or interpret=True (KF_INTERPRET=1) to run the kf IR with torch")
+    else:
+        raise TargetError(f"unknown target {options.target}")
+    meta = {
+        "name": cap.name,
+        "signature": sig.describe(),
+        "abi": abi.to_json(),
+        "output_tree": json.dumps(cap.output_tree),
+        "compile_seconds": log.seconds,
+    }
+    return meta, artifacts
+
+
+def _build_cpu(cap, log):
+    from kf.runtime.abi import ProgramABI, TensorArg
+
+    from .cpu_codegen import _func, _signature, link_shared_object
+    from .stages import run_passes
+
+    entry = _func(cap.module, cap.name)
+    ins, outs = _signature(entry)
+    ins = tuple(TensorArg(n, a.shape, a.elem) for n, a in zip(cap.input_names, ins))
+    if "arg_attrs" in entry.attributes:  # parameter names are for people; the ABI has them
+        del entry.attributes["arg_attrs"]
+    run_passes(cap.module, ["kf-lower-to-linalg", "kf-to-cpu"], log,
+               record_after={"kf-lower-to-linalg": "linalg", "kf-to-cpu": "llvm"})
+    with tempfile.TemporaryDirectory(prefix="kf-cpu-") as tmp:
+        so = link_shared_object(cap.module, os.path.join(tmp, f"{cap.name}.so"))
+        data = Path(so).read_bytes()
+    from kf.runtime.abi import KernelABI
+
+    kernel = KernelABI(entry=f"_mlir_ciface_{cap.name}", args=tuple(range(len(ins) + len(outs))),
+                       artifact=f"{cap.name}.so", fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})))
+    return ProgramABI(target="cpu", inputs=ins, outputs=outs, kernels=(kernel,)), {f"{cap.name}.so": data}
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Options):
+    """Every stage's text for one specialization; stages after kf compile lazily."""
+    from .capture import capture_signature
+    from .inspection import Inspection
+    from .stages import StageLog, dump_dir_for
+
+    cap = capture_signature(fn, sig, tensors)
+
+    def compile_rest() -> dict:
+        log = StageLog(cap.name, dump_dir_for(options.dump_ir))
+        build(fn, sig, tensors, options.with_(interpret=False), target_arch(options), log)
+        return log.texts
+
+    return Inspection(cap.name, sig.describe(), cap.kf_ir, cap, compile_rest)

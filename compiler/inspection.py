@@ -1,37 +1,56 @@
-"""``kf.inspect``: every stage's text for one specialization of a function."""
+"""``kf.inspect``: every stage's text for one specialization of a function.
+
+The kf IR is there at once; the later stages (linalg, gpu, ptx, spirv, msl, ...) are
+compiled on first access, for the decorator's target (or the tensors' device), without
+running anything: a metal_shader's MSL can be read on Linux.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
-from .capture import Captured, capture
 
-
-@dataclass
 class Inspection:
-    """What kf made of one call signature. ``stages`` maps stage name to text, in order."""
+    """What kf made of one call signature."""
 
-    name: str
-    signature: str
-    stages: dict[str, str] = field(default_factory=dict)
-    captured: Captured | None = None
+    def __init__(self, name: str, signature: str, kf_ir: str, captured, compile_rest: Callable[[], dict] | None):
+        self.name = name
+        self.signature = signature
+        self.captured = captured
+        self._stages = {"kf": kf_ir}
+        self._compile_rest = compile_rest
 
     @property
     def kf_ir(self) -> str:
-        return self.stages["kf"]
+        """The captured kf IR, with the user's file:line beside every op."""
+        return self._stages["kf"]
+
+    @property
+    def stages(self) -> dict[str, str]:
+        """Stage name -> text, in pipeline order (compiles on first access)."""
+        if self._compile_rest is not None:
+            compile_rest, self._compile_rest = self._compile_rest, None
+            self._stages.update({k: v for k, v in compile_rest().items() if k != "kf"})
+        return self._stages
 
     def __getattr__(self, stage: str) -> str:
-        stages = self.__dict__.get("stages", {})
+        if stage.startswith("_"):
+            raise AttributeError(stage)
+        stages = self.stages
         if stage in stages:
             return stages[stage]
         raise AttributeError(f"no stage '{stage}' (stages: {', '.join(stages)})")
 
+    def __repr__(self) -> str:
+        return f"<kf.Inspection {self.name}{self.signature}>"
+
 
 def inspect(fn: Callable, *args, **kwargs) -> Inspection:
-    """Capture fn for these arguments and return the text of every stage kf produces."""
+    """Capture fn for these arguments; the result gives the text of every stage."""
     target = getattr(fn, "__kf_function__", None)
-    if target is not None:
-        return target.inspect(*args, **kwargs)
-    cap = capture(fn, *args, **kwargs)
-    return Inspection(cap.name, cap.signature.describe(), {"kf": cap.kf_ir}, cap)
+    if target is None:
+        from .api import KfFunction
+        from .options import Options
+
+        target = KfFunction(fn, Options())
+    return target.inspect(*args, **kwargs)

@@ -1,0 +1,105 @@
+"""Running compiler passes as named stages: timing, IR dumps and reproducers.
+
+Each pass runs on its own so that kf can time it, write the IR after it (``dump_ir`` /
+``KF_DUMP_IR``, numbered files per kernel function), and, when it fails, save the
+pass's input as a .mlir file and raise ``PassFailedError`` with the ``kf-opt`` command
+that fails on it and the user's line the diagnostic points at. The full IR goes into
+that file, never onto the screen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from mlir import ir
+
+from kf.passes import pipeline
+
+from .errors import PassFailedError, SourceLoc
+
+
+@dataclass
+class StageLog:
+    """What running the stages produced: text at named points and time per pass."""
+
+    name: str
+    dump_dir: str = ""
+    texts: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    _count: int = 0
+
+    def record(self, stage: str, module: ir.Module) -> None:
+        text = module.operation.get_asm(enable_debug_info=True, use_local_scope=True)
+        self.texts[stage] = text
+        self.dump(stage, text)
+
+    def dump(self, stage: str, text: str, ext: str = "mlir") -> None:
+        if not self.dump_dir:
+            return
+        os.makedirs(self.dump_dir, exist_ok=True)
+        self._count += 1
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", stage)
+        path = os.path.join(self.dump_dir, f"{self.name}.{self._count:02d}.{safe}.{ext}")
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def dump_dir_for(option: str) -> str:
+    return option or os.environ.get("KF_DUMP_IR", "")
+
+
+def _user_loc(diags: list) -> SourceLoc | None:
+    for d in diags:
+        m = re.search(r'loc\("([^"]+\.py)":(\d+):(\d+)', str(d.location))
+        if m:
+            return SourceLoc(m.group(1), int(m.group(2)), int(m.group(3)))
+    return None
+
+
+def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_after: dict[str, str] | None = None
+               ) -> None:
+    """Run each pass of ``passes`` (pipeline elements, e.g. ``kf-tile{target=cuda}``) in order.
+
+    ``record_after`` maps a pass to the stage name whose text is recorded after it.
+    """
+    record_after = record_after or {}
+    ctx = module.context
+    for element in passes:
+        before = module.operation.get_asm(enable_debug_info=True)
+        pm, _ = pipeline.build(f"builtin.module({element})", ctx)
+        diags: list = []
+
+        def handler(d):
+            diags.append(d)
+            return True
+
+        h = ctx.attach_diagnostic_handler(handler)
+        start = time.perf_counter()
+        try:
+            pm.run(module.operation)
+        except ir.MLIRError as e:
+            # Diagnostic objects are valid only inside the handler; keep their text.
+            # The handler saw the root cause first; the exception's own list ends with
+            # the pass's summary ("upstream pipeline failed").
+            all_diags = diags + list(getattr(e, "error_diagnostics", []))
+            messages = [str(d.message) for d in all_diags]
+            loc = _user_loc(all_diags)
+            fd, path = tempfile.mkstemp(prefix=f"kf-{log.name}-", suffix=".mlir")
+            with os.fdopen(fd, "w") as f:
+                f.write(before)
+            cause = next((m for m in messages if m), str(e).splitlines()[0])
+            raise PassFailedError(f"{log.name}: pass {element} failed", loc, stage=element,
+                                  cause=cause.strip().splitlines()[0][:300], reproducer=path,
+                                  command=f"kf-opt {path} --pass-pipeline='builtin.module({element})'") from None
+        finally:
+            h.detach()
+        log.seconds[element] = log.seconds.get(element, 0.0) + time.perf_counter() - start
+        if log.dump_dir:
+            log.dump(element, module.operation.get_asm(enable_debug_info=True, use_local_scope=True))
+        if element in record_after:
+            log.texts[record_after[element]] = module.operation.get_asm(enable_debug_info=True,
+                                                                         use_local_scope=True)
