@@ -1,0 +1,586 @@
+"""The ``matmul`` strategy: a batched ``kf.matmul`` and the elementwise ops that consume
+its result (bias add, GELU, scale, cast), as one tiled GEMM kernel.
+
+What the kernel does, and why:
+
+- One workgroup computes a BLOCK_M x BLOCK_N tile of one batch element (grid x: column
+  tiles, y: row tiles, z: the flattened broadcast batch). Each thread owns a
+  THREAD_M x THREAD_N register tile of f32 accumulators, whatever the element type
+  (kf's precision policy: low-precision inputs, f32 accumulation, one rounding when stored).
+- The K loop stages an A tile (BLOCK_K x BLOCK_M, stored k-major with one word of row
+  padding so the transposing stores do not all land in one bank) and a B tile
+  (BLOCK_K x BLOCK_N) in workgroup memory, with a barrier before the loads (the previous
+  step's readers are done) and one after (the tile is complete). Out-of-range elements
+  are loaded as zero, so the K tail needs no special inner loop.
+- A thread's rows and columns are strided (row ``tr + i * BLOCK_M / THREAD_M``), so a warp
+  reads consecutive B words (no bank conflicts), broadcasts A words, and stores
+  consecutive output columns (coalesced).
+- The epilogue is evaluated per output element by ``Pointwise`` over the kernel
+  function's own ops (scalar_math gives each op's arithmetic), so any elementwise chain
+  kf-fuse puts after the matmul -- with operands that broadcast to the output, such as a
+  bias row -- is computed in registers and only the final values are stored; every
+  output row/column is guarded for the M and N tails.
+
+The operands of the matmul are also evaluated through ``Pointwise`` while the tiles are
+loaded, so ``x @ w.T`` (a kf.transpose of an argument) and broadcast batch dims read the
+arguments directly; no transposed copy is made.
+
+This module also holds the small IR-building helpers that the attention strategy shares
+(``KernelView``, ``GpuFunc``, ``Pointwise``): they will move to ``emit.py`` when the
+shared emission helpers land there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, gpu, memref, scf
+from mlir.dialects import math as mmath
+
+from kf.dialects import BY_NAME, spec_of
+from kf.dialects.attrs import op_attrs
+from kf.passes import scalar_math
+
+from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
+
+WORKGROUP = "#gpu.address_space<workgroup>"
+
+# --------------------------------------------------------------------------- kernel functions
+
+
+def defining(v: ir.Value) -> ir.Operation | None:
+    owner = v.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+class KernelView:
+    """A kernel function as the strategies read it: its arguments, the values it returns
+    and its ops, checked to be the shape kf-fuse makes (one block of kf ops ending in
+    ``func.return``, statically shaped tensors)."""
+
+    def __init__(self, kernel: ir.Operation):
+        kernel = kernel.operation
+        if kernel.name != "func.func" or not kernel.regions or not kernel.regions[0].blocks:
+            raise NotApplicable("not a kernel function (func.func with a body)")
+        self.op = kernel
+        self.name = ir.StringAttr(kernel.attributes["sym_name"]).value
+        block = kernel.regions[0].blocks[0]
+        self.args = list(block.arguments)
+        ops = [o.operation for o in block.operations]
+        if not ops or ops[-1].name != "func.return":
+            raise NotApplicable(f"@{self.name} does not end in func.return")
+        self.ops = ops[:-1]
+        self.results = list(ops[-1].operands)
+        for op in self.ops:
+            if not op.name.startswith("kf."):
+                raise NotApplicable(f"@{self.name} holds {op.name}, not only kf ops")
+        try:
+            self.arg_specs = [spec_of(a.type) for a in self.args]
+            self.result_specs = [spec_of(r.type) for r in self.results]
+        except Exception as e:  # KfTypeError: unranked or dynamic tensors
+            raise NotApplicable(f"@{self.name}: {e}") from None
+
+    def users(self, v: ir.Value) -> list[ir.Operation]:
+        return [u.owner.operation if hasattr(u.owner, "operation") else u.owner for u in v.uses]
+
+    def arg_index(self, v: ir.Value) -> int | None:
+        for i, a in enumerate(self.args):
+            if a == v:
+                return i
+        return None
+
+
+def memref_type(spec, space: str | None = None) -> ir.MemRefType:
+    elem = ir.Type.parse(spec.elem)
+    ms = ir.Attribute.parse(space) if space else None
+    return ir.MemRefType.get(list(spec.shape), elem, memory_space=ms)
+
+
+def compute_type(elem: str) -> ir.Type:
+    """The type an element of ``elem`` is computed in: f32 for every float but f64
+    (precision policy), the integer type itself otherwise."""
+    if elem == "f64":
+        return ir.F64Type.get()
+    if elem in ("f32", "f16", "bf16") or elem.startswith("f8"):
+        return ir.F32Type.get()
+    return ir.Type.parse(elem)
+
+
+# --------------------------------------------------------------------------- gpu.func
+
+
+class GpuFunc:
+    """A ``gpu.func ... kernel`` being written: arguments (kernel inputs then outputs as
+    memrefs), workgroup attributions, the known block size, and cached constants.
+
+    Constants go to the top of the entry block, so they dominate every use wherever the
+    builder currently is (inside loops and ifs)."""
+
+    def __init__(self, gpu_module: ir.Operation, name: str, arg_types: Sequence[ir.Type],
+                 workgroup: Sequence[ir.Type], block: tuple[int, int, int]):
+        body = gpu_module.regions[0].blocks[0]
+        ftype = ir.FunctionType.get(list(arg_types), [])
+        with ir.InsertionPoint(body):
+            self.op = gpu.GPUFuncOp(ftype, sym_name=name, kernel=True, known_block_size=list(block))
+        self.entry = self.op.regions[0].blocks.append(*arg_types, *workgroup)
+        i64 = ir.IntegerType.get_signless(64)
+        self.op.attributes["workgroup_attributions"] = ir.IntegerAttr.get(i64, len(workgroup))
+        self.args = list(self.entry.arguments)[:len(arg_types)]
+        self.shared = list(self.entry.arguments)[len(arg_types):]
+        self._consts: dict = {}
+        self._first: ir.Operation | None = None
+        self.index = ir.IndexType.get()
+        self.f32 = ir.F32Type.get()
+
+    def _const_ip(self) -> ir.InsertionPoint:
+        return ir.InsertionPoint.at_block_begin(self.entry)
+
+    def c(self, value: int) -> ir.Value:
+        """An index constant."""
+        key = ("index", int(value))
+        if key not in self._consts:
+            self._consts[key] = arith.constant(self.index, int(value), ip=self._const_ip())
+        return self._consts[key]
+
+    def fconst(self, value: float, t: ir.Type | None = None) -> ir.Value:
+        t = t or self.f32
+        key = (str(t), float(value) if not math.isnan(value) else "nan")
+        if key not in self._consts:
+            self._consts[key] = arith.constant(t, float(value), ip=self._const_ip())
+        return self._consts[key]
+
+    def tid(self) -> ir.Value:
+        return gpu.thread_id(gpu.Dimension.x)
+
+    def bid(self, dim: str) -> ir.Value:
+        return gpu.block_id(getattr(gpu.Dimension, dim))
+
+    # index arithmetic with constant folding at build time where both sides are known
+    def add(self, a: ir.Value, b: int | ir.Value) -> ir.Value:
+        if isinstance(b, int):
+            if b == 0:
+                return a
+            b = self.c(b)
+        return arith.addi(a, b)
+
+    def mul(self, a: ir.Value, b: int) -> ir.Value:
+        return a if b == 1 else arith.muli(a, self.c(b))
+
+    def div(self, a: ir.Value, b: int) -> ir.Value:
+        return a if b == 1 else arith.divui(a, self.c(b))
+
+    def rem(self, a: ir.Value, b: int) -> ir.Value:
+        return self.c(0) if b == 1 else arith.remui(a, self.c(b))
+
+    def lt(self, a: ir.Value, b: int) -> ir.Value:
+        return arith.cmpi(arith.CmpIPredicate.ult, a, self.c(b))
+
+    def all_of(self, conds: Sequence[ir.Value]) -> ir.Value | None:
+        out = None
+        for c in conds:
+            out = c if out is None else arith.andi(out, c)
+        return out
+
+    def delinearize(self, linear: ir.Value, shape: Sequence[int]) -> list[ir.Value]:
+        """Row-major multi-index of ``linear`` in ``shape``."""
+        out = []
+        for i, d in enumerate(shape):
+            inner = math.prod(shape[i + 1:])
+            q = self.div(linear, inner)
+            out.append(self.rem(q, d) if i else q)
+        return out
+
+    def guarded(self, cond: ir.Value | None, types: Sequence[ir.Type], then: Callable[[], list[ir.Value]],
+                otherwise: Callable[[], list[ir.Value]]) -> list[ir.Value]:
+        """``cond ? then() : otherwise()`` as an scf.if (``then`` may read memory that is
+        out of bounds when cond is false, so a select would not do)."""
+        if cond is None:
+            return then()
+        op = scf.IfOp(cond, list(types), has_else=True)
+        with ir.InsertionPoint(op.then_block):
+            scf.yield_(then())
+        with ir.InsertionPoint(op.else_block):
+            scf.yield_(otherwise())
+        return list(op.results)
+
+    def when(self, cond: ir.Value | None, body: Callable[[], None]) -> None:
+        if cond is None:
+            body()
+            return
+        op = scf.IfOp(cond, [], has_else=False)
+        with ir.InsertionPoint(op.then_block):
+            body()
+            scf.yield_([])
+
+    def loop(self, lb: int, ub: int, step: int, init: Sequence[ir.Value],
+             body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+        """scf.for with iter_args; body(iv, carried) returns the next carried values."""
+        op = scf.ForOp(self.c(lb), self.c(ub), self.c(step), list(init))
+        with ir.InsertionPoint(op.body):
+            scf.yield_(body(op.induction_variable, list(op.inner_iter_args)))
+        return list(op.results)
+
+    def finish(self) -> None:
+        with ir.InsertionPoint(self.entry):
+            gpu.return_([])
+
+
+def workgroup_memref(shape: Sequence[int], elem: ir.Type | None = None) -> ir.MemRefType:
+    return ir.MemRefType.get(list(shape), elem or ir.F32Type.get(), memory_space=ir.Attribute.parse(WORKGROUP))
+
+
+# --------------------------------------------------------------------------- pointwise values
+
+
+#: kf ops Pointwise evaluates from their operands at one index: the elementwise ops of
+#: scalar_math and the index-only layout ops.
+_LAYOUT = {"kf.transpose", "kf.broadcast_to"}
+
+
+def _is_pointwise(op: ir.Operation) -> bool:
+    spec = BY_NAME.get(op.name)
+    return op.name in _LAYOUT or op.name == "kf.fill" or (spec is not None and spec.category == "elementwise")
+
+
+def pointwise_closure(view: KernelView, roots: Sequence[ir.Value], bound: Sequence[ir.Value]) -> None:
+    """Check that every value reachable from ``roots`` (stopping at ``bound`` values and
+    at kernel arguments) can be computed one element at a time; raise NotApplicable
+    naming the first op that cannot."""
+    seen = set()
+    stack = list(roots)
+    bound_set = set(bound)
+    while stack:
+        v = stack.pop()
+        if v in seen or v in bound_set or view.arg_index(v) is not None:
+            continue
+        seen.add(v)
+        op = defining(v)
+        if op is None or not _is_pointwise(op):
+            raise NotApplicable(f"{op.name if op else v} is not computed one element at a time")
+        if op.name == "kf.constant":
+            raise NotApplicable("kf.constant inside a kernel (kf-fuse passes constants as inputs)")
+        stack.extend(op.operands)
+
+
+class Pointwise:
+    """Computes a kf value of the kernel function at one index, in registers.
+
+    ``eval(v, index)`` takes ``v``'s own multi-index (one index Value per dimension of
+    v). Kernel arguments are loaded from their memrefs; ``kf.fill`` is a constant;
+    elementwise ops apply scalar_math to their operands, each evaluated at the
+    broadcast of the index (right-aligned, size-1 dims at 0); ``kf.transpose`` permutes
+    the index. ``bind`` gives values computed elsewhere (a matmul's accumulator).
+
+    Floats are computed in f32 (f64 stays f64): a ``kf.cast`` to a narrower float
+    rounds there and extends back, as torch rounds at the cast. Results are memoized per
+    (value, index) so a shared subexpression is computed once per element.
+    """
+
+    def __init__(self, g: GpuFunc, view: KernelView, memrefs: Sequence[ir.Value]):
+        self.g = g
+        self.view = view
+        self.memrefs = memrefs  # gpu.func arguments, one per kernel argument
+        self.bound: dict = {}
+        self.memo: dict = {}
+
+    def bind(self, v: ir.Value, scalar: ir.Value) -> None:
+        self.bound[v] = scalar
+
+    def reset(self) -> None:
+        """Forget memoized values: call when the insertion point leaves their region."""
+        self.memo = {}
+
+    def operand_index(self, shape: Sequence[int], index: Sequence[ir.Value], rank: int) -> list[ir.Value]:
+        """Index of an operand of ``shape`` into a result of rank ``rank`` at ``index``."""
+        lead = rank - len(shape)
+        return [self.g.c(0) if d == 1 else index[lead + i] for i, d in enumerate(shape)]
+
+    def load_arg(self, i: int, index: Sequence[ir.Value]) -> ir.Value:
+        spec = self.view.arg_specs[i]
+        v = memref.load(self.memrefs[i], list(index)) if spec.shape else memref.load(self.memrefs[i], [])
+        return scalar_math.convert(v, compute_type(spec.elem))
+
+    def eval(self, v: ir.Value, index: Sequence[ir.Value]) -> ir.Value:
+        if v in self.bound:
+            return self.bound[v]
+        key = (v, tuple(index))
+        if key in self.memo:
+            return self.memo[key]
+        out = self._eval(v, list(index))
+        self.memo[key] = out
+        return out
+
+    def _eval(self, v: ir.Value, index: list[ir.Value]) -> ir.Value:
+        spec = spec_of(v.type)
+        i = self.view.arg_index(v)
+        if i is not None:
+            return self.load_arg(i, index)
+        op = defining(v)
+        attrs = op_attrs(op)
+        ct = compute_type(spec.elem)
+        if op.name == "kf.fill":
+            return scalar_math.const(ct, attrs["value"])
+        if op.name == "kf.transpose":
+            perm = attrs["perm"]
+            inner = [None] * len(perm)
+            for k, p in enumerate(perm):
+                inner[p] = index[k]
+            return self.eval(op.operands[0], inner)
+        if op.name == "kf.broadcast_to":
+            x = op.operands[0]
+            return self.eval(x, self.operand_index(spec_of(x.type).shape, index, spec.rank))
+        args = [self.eval(x, self.operand_index(spec_of(x.type).shape, index, spec.rank)) for x in op.operands]
+        name = op.name.removeprefix("kf.")
+        if name == "cast":
+            src = args[0]
+            if scalar_math.is_float(src.type) and spec.is_float:
+                if spec.elem in ("f32", "f64") or str(src.type) == spec.elem:
+                    return scalar_math.convert(src, ct)
+                return scalar_math.convert(scalar_math.convert(src, ir.Type.parse(spec.elem)), ct)
+            return scalar_math.convert(src, ct)
+        if name in ("add", "sub", "mul", "div", "max", "min", "pow", "cmp", "select"):
+            # kf's operands have one element type; after extension they may differ (an
+            # f32 argument beside an f16 computed value is impossible, but f64 beside
+            # f32 compute types is not): bring them to the widest.
+            first = 1 if name == "select" else 0
+            types = {str(a.type) for a in args[first:]}
+            if len(types) > 1:
+                wide = ir.F64Type.get() if "f64" in types else ir.F32Type.get()
+                args = args[:first] + [scalar_math.convert(a, wide) for a in args[first:]]
+        try:
+            return scalar_math.emit(name, args, attrs)
+        except ValueError as e:
+            raise NotApplicable(str(e)) from None
+
+
+def to_storage(v: ir.Value, elem: str) -> ir.Value:
+    return scalar_math.convert(v, ir.Type.parse(elem))
+
+
+def gpu_arg_types(view: KernelView) -> list[ir.Type]:
+    return [memref_type(s) for s in view.arg_specs] + [memref_type(s) for s in view.result_specs]
+
+
+def unique_results(view: KernelView) -> None:
+    seen = set()
+    for r in view.results:
+        if r in seen:
+            raise NotApplicable("a value returned twice")
+        if view.arg_index(r) is not None:
+            raise NotApplicable("a kernel argument returned as a result")
+        seen.add(r)
+
+
+# --------------------------------------------------------------------------- matmul
+
+
+@dataclass
+class _Gemm:
+    mm: ir.Operation
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    a_k_contiguous: bool  # A's innermost memory dimension is k (else m: a transposed argument)
+    b_n_contiguous: bool
+
+
+def _contiguous_last(view: KernelView, v: ir.Value) -> bool:
+    """Whether the last dim of v is the innermost dimension of the memory it is read
+    from: false when v is a kf.transpose that swaps the last two dims of an argument."""
+    op = defining(v)
+    if op is not None and op.name == "kf.transpose":
+        perm = op_attrs(op)["perm"]
+        r = len(perm)
+        return not (r >= 2 and perm[-1] == r - 2 and perm[-2] == r - 1)
+    return True
+
+
+def _analyze(kernel: ir.Operation) -> tuple[KernelView, _Gemm]:
+    view = KernelView(kernel)
+    mms = [op for op in view.ops if op.name == "kf.matmul"]
+    if len(mms) != 1:
+        raise NotApplicable(f"@{view.name} has {len(mms)} matmuls; the matmul strategy takes one")
+    mm = mms[0]
+    unique_results(view)
+    a, b = mm.operands
+    pointwise_closure(view, [a, b], [])
+    pointwise_closure(view, view.results, [mm.result])
+    # The matmul result must reach the outputs only through ops over the output shape.
+    out = spec_of(mm.result.type)
+    for r, s in zip(view.results, view.result_specs):
+        if s.shape != out.shape:
+            raise NotApplicable(f"result of shape {list(s.shape)} differs from the matmul's {list(out.shape)}")
+    for op in view.ops:
+        if op is mm or op.name in ("kf.fill",):
+            continue
+        if any(x == mm.result for x in op.operands) or _depends_on(op, mm.result):
+            if spec_of(op.results[0].type).shape != out.shape:
+                raise NotApplicable(f"{op.name} after the matmul changes the shape")
+    sa, sb = spec_of(a.type), spec_of(b.type)
+    return view, _Gemm(mm, out.shape[:-2], sa.shape[-2], sb.shape[-1], sa.shape[-1],
+                       _contiguous_last(view, a), _contiguous_last(view, b))
+
+
+def _depends_on(op: ir.Operation, v: ir.Value) -> bool:
+    stack = list(op.operands)
+    seen = set()
+    while stack:
+        x = stack.pop()
+        if x == v:
+            return True
+        if x in seen:
+            continue
+        seen.add(x)
+        d = defining(x)
+        if d is not None:
+            stack.extend(d.operands)
+    return False
+
+
+class MatmulStrategy(Strategy):
+    KIND = "matmul"
+
+    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+        """Tiles from the problem size and the target: 128x128 tiles with 8x8 per thread
+        on CUDA when both M and N fill them, else 64x64 with 4x4 (256 threads either way,
+        within Vulkan's guaranteed limit only for the smaller thread count: the plan
+        shrinks the tile until threads and shared memory fit the target). BLOCK_K is
+        the largest of 32/16/8 whose two staged tiles fit the shared-memory budget."""
+        _, gm = _analyze(kernel)
+        big = target.name == "cuda" and gm.m >= 128 and gm.n >= 128
+        bm, bn, tm, tn = (128, 128, 8, 8) if big else (64, 64, 4, 4)
+        while (bm // tm) * (bn // tn) > target.max_threads:
+            bm, bn = bm // 2, bn // 2
+        threads = (bm // tm) * (bn // tn)
+        bk = 8
+        for cand in (32, 16, 8):
+            if self._shared(bm, bn, cand) <= target.max_shared_bytes and cand <= max(8, _pow2_ceil(gm.k)):
+                bk = cand
+                break
+        if self._shared(bm, bn, bk) > target.max_shared_bytes:
+            raise NotApplicable(f"tiles {bm}x{bn}x{bk} do not fit {target.max_shared_bytes} bytes of shared memory")
+        batch = math.prod(gm.batch)
+        grid = [-(-gm.n // bn), -(-gm.m // bm), batch]
+        if grid[2] > 65535 or grid[1] > 65535:
+            raise NotApplicable(f"grid {grid} exceeds the y/z limit")
+        return {"block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm, "thread_n": tn, "threads": threads,
+                "grid": grid, "shared_bytes": self._shared(bm, bn, bk), "m": gm.m, "n": gm.n, "k": gm.k,
+                "batch": list(gm.batch)}
+
+    @staticmethod
+    def _shared(bm: int, bn: int, bk: int) -> int:
+        return (bk * (bm + 1) + bk * bn) * 4
+
+    def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
+        view, gm = _analyze(kernel)
+        bm, bn, bk = plan["block_m"], plan["block_n"], plan["block_k"]
+        tm, tn, threads = plan["thread_m"], plan["thread_n"], plan["threads"]
+        M, N, K = gm.m, gm.n, gm.k
+        a_sh, b_sh = workgroup_memref([bk, bm + 1]), workgroup_memref([bk, bn])
+        with kernel.location:
+            g = GpuFunc(gpu_module, view.name, gpu_arg_types(view), [a_sh, b_sh], (threads, 1, 1))
+            As, Bs = g.shared
+            n_in = len(view.args)
+            pw = Pointwise(g, view, g.args[:n_in])
+            a_val, b_val = gm.mm.operands
+            a_rank, b_rank = spec_of(a_val.type).rank, spec_of(b_val.type).rank
+            with ir.InsertionPoint(g.entry):
+                tid = g.tid()
+                col_tile, row_tile = g.bid("x"), g.bid("y")
+                batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []
+                m0, n0 = g.mul(row_tile, bm), g.mul(col_tile, bn)
+                cols = bn // tn
+                tr, tc = g.div(tid, cols), g.rem(tid, cols)
+                zero = g.fconst(0.0)
+
+                def tile_loader(value, rank, rows_total, fast_is_inner, tile, rows, row0, size_rows, size_k, k_first):
+                    """Stage a [rows x BLOCK_K] slice of one operand into tile[k][row].
+
+                    ``k_first``: the operand's index is (.., k, row) -- B -- else (.., row, k)
+                    -- A. ``fast_is_inner``: the operand's last dim is the innermost in
+                    memory, so consecutive threads take consecutive last-dim elements."""
+
+                    def load(k0):
+                        total = rows * bk
+                        per = -(-total // threads)
+                        # consecutive threads walk the memory-contiguous dimension
+                        fast_is_k = (fast_is_inner and not k_first) or (not fast_is_inner and k_first)
+                        for e in range(per):
+                            lin = g.add(tid, e * threads)
+                            in_tile = g.lt(lin, total) if (e + 1) * threads > total else None
+                            if fast_is_k:
+                                kk, rr = g.rem(lin, bk), g.div(lin, bk)
+                            else:
+                                rr, kk = g.rem(lin, rows), g.div(lin, rows)
+                            gr, gk = g.add(row0, rr), arith.addi(k0, kk)
+                            conds = [c for c in (in_tile, g.lt(gr, size_rows) if size_rows % rows else None,
+                                                 g.lt(gk, size_k) if size_k % bk else None) if c is not None]
+                            lead = pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, len(gm.batch)) \
+                                if rank > 2 else []
+
+                            def read():
+                                pw.reset()
+                                idx = lead + ([gk, gr] if k_first else [gr, gk])
+                                return [scalar_math.convert(pw.eval(value, idx), g.f32)]
+
+                            val = g.guarded(g.all_of(conds), [g.f32], read, lambda: [zero])[0]
+                            store = lambda: memref.store(val, tile, [kk, rr])
+                            if in_tile is not None:
+                                g.when(in_tile, store)
+                            else:
+                                store()
+
+                    return load
+
+                load_a = tile_loader(a_val, a_rank, M, gm.a_k_contiguous, As, bm, m0, M, K, k_first=False)
+                load_b = tile_loader(b_val, b_rank, N, gm.b_n_contiguous, Bs, bn, n0, N, K, k_first=True)
+
+                row_of = [g.add(tr, i * (bm // tm)) for i in range(tm)]
+                col_of = [g.add(tc, j * cols) for j in range(tn)]
+
+                def k_step(k0, acc):
+                    gpu.barrier()
+                    load_a(k0)
+                    load_b(k0)
+                    gpu.barrier()
+
+                    def inner(kk, acc):
+                        a = [memref.load(As, [kk, r]) for r in row_of]
+                        b = [memref.load(Bs, [kk, c]) for c in col_of]
+                        return [mmath.fma(a[i], b[j], acc[i * tn + j]) for i in range(tm) for j in range(tn)]
+
+                    return g.loop(0, bk, 1, acc, inner)
+
+                acc = g.loop(0, K, bk, [zero] * (tm * tn), k_step)
+
+                outs = g.args[n_in:]
+                for i in range(tm):
+                    gr = g.add(m0, row_of[i])
+                    for j in range(tn):
+                        gc = g.add(n0, col_of[j])
+                        conds = [c for c in (g.lt(gr, M) if M % bm else None, g.lt(gc, N) if N % bn else None)
+                                 if c is not None]
+
+                        def store(i=i, j=j, gr=gr, gc=gc):
+                            pw.reset()
+                            pw.bind(gm.mm.result, acc[i * tn + j])
+                            idx = list(batch_idx) + [gr, gc]
+                            for r, s, o in zip(view.results, view.result_specs, outs):
+                                memref.store(to_storage(pw.eval(r, idx), s.elem), o, idx)
+
+                        g.when(g.all_of(conds), store)
+            g.finish()
+        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
+                             {"strategy": "matmul", "workgroup_bytes": plan["shared_bytes"],
+                              "tile": [bm, bn, bk], "thread_tile": [tm, tn]})
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+register(MatmulStrategy())
