@@ -174,3 +174,25 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// Math that MathToSPIRV lacks is expanded (erf for GELU: Taylor series and A-S 7.1.26
+// around exp), and powf gets torch's values where GLSL's pow is undefined.
+// SPV-LABEL: spirv.func @gelu_erf()
+// SPV-NOT: math.
+// SPV: spirv.GL.Exp
+// SPV: spirv.GL.Pow
+// SPV: spirv.Select
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @gelu_erf(%a: memref<64xf32>, %c: memref<64xf32>) kernel attributes {known_block_size = array<i32: 64, 1, 1>} {
+      %tid = gpu.thread_id x
+      %x = memref.load %a[%tid] : memref<64xf32>
+      %e = math.erf %x : f32
+      %p = math.powf %e, %x : f32
+      memref.store %p, %c[%tid] : memref<64xf32>
+      gpu.return
+    }
+  }
+}

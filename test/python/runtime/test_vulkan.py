@@ -252,6 +252,33 @@ module attributes {{gpu.container_module}} {{
 """
 
 
+def op_kernel(n: int, elem: str, op: str, block: int = 128) -> str:
+    """c[i] = op(a[i], b[i]) for one arith/math op written as '<name> %x, %y' or '<name> %x'."""
+    t = f"memref<{n}x{elem}>"
+    return f"""
+module attributes {{gpu.container_module}} {{
+  gpu.module @kf_kernels {{
+    gpu.func @op(%a: {t}, %b: {t}, %c: {t}) kernel attributes {{known_block_size = array<i32: {block}, 1, 1>}} {{
+      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %bdim = gpu.block_dim x
+      %base = arith.muli %bid, %bdim : index
+      %i = arith.addi %base, %tid : index
+      %n = arith.constant {n} : index
+      %in = arith.cmpi ult, %i, %n : index
+      scf.if %in {{
+        %x = memref.load %a[%i] : {t}
+        %y = memref.load %b[%i] : {t}
+        %z = {op} : {elem}
+        memref.store %z, %c[%i] : {t}
+      }}
+      gpu.return
+    }}
+  }}
+}}
+"""
+
+
 def compile_one(text: str):
     [binary] = compile_spirv(text)
     [kernel] = binary.kernels.values()
@@ -352,6 +379,68 @@ def test_half_precision_rounding(elem):
     vulkan.launch(binary, kernel_abi(k, (n // 256, 1, 1)), [a, b, c], written=[2])
     want = a * b + (a + a) if elem == "f16" else (a.float() * b.float() + 2 * a.float()).to(TORCH[elem])
     assert torch.equal(c[1:], want[1:]) and c[0].isnan()
+
+
+MATH_CASES = [  # (op, torch reference, input transform, rtol, atol)
+    ("math.erf %x", torch.erf, None, 1e-6, 2e-7),
+    ("math.erfc %x", torch.erfc, None, 1e-6, 2e-7),
+    ("math.exp2 %x", torch.exp2, None, 1e-5, 1e-6),
+    ("math.trunc %x", torch.trunc, lambda a: a * 10, 0, 0),
+    ("math.cbrt %x", lambda a: a.sign() * a.abs().pow(1 / 3), None, 1e-5, 1e-6),
+    ("math.atan2 %x, %y", torch.atan2, None, 1e-5, 1e-6),
+    ("math.tanh %x", torch.tanh, lambda a: a * 5, 1e-5, 1e-6),
+    ("math.log1p %x", torch.log1p, lambda a: a.abs(), 1e-5, 1e-6),
+    ("math.powf %x, %y", torch.pow, lambda a: a.abs(), 1e-5, 1e-6),
+    ("arith.maximumf %x, %y", torch.maximum, None, 0, 0),
+]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("op,ref,prep,rtol,atol", MATH_CASES, ids=[c[0].split()[0] for c in MATH_CASES])
+def test_math_ops(op, ref, prep, rtol, atol):
+    """Math that SPIR-V has (GLSL.std.450) and that kf expands (erf, erfc, exp2, trunc,
+    cbrt, atan2) against torch, on a range that includes zeros and signs."""
+    n = 2000
+    binary, k = compile_one(op_kernel(n, "f32", op))
+    gen = torch.Generator().manual_seed(11)
+    a, b = torch.randn(n, generator=gen) * 3, torch.randn(n, generator=gen)
+    a[:4] = torch.tensor([0.0, -0.0, 0.49999, -0.5])
+    b[:2] = torch.tensor([0.0, -1.0])
+    if prep is not None:
+        a = prep(a)
+    c = torch.empty(n)
+    vulkan.launch(binary, kernel_abi(k, (math.ceil(n / 128), 1, 1)), [a, b, c], written=[2])
+    want = ref(a, b) if "%y" in op else ref(a)
+    torch.testing.assert_close(c, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("elem", ["i32", "i64"])
+@pytest.mark.parametrize("op", ["math.ipowi %x, %y", "arith.floordivsi %x, %y", "arith.remsi %x, %y",
+                                "arith.maxsi %x, %y", "math.absi %x"])
+def test_integer_ops(op, elem):
+    n = 1000
+    binary, k = compile_one(op_kernel(n, elem, op))
+    gen = torch.Generator().manual_seed(5)
+    if op.startswith("math.ipowi"):
+        a = torch.randint(-4, 5, (n,), generator=gen, dtype=TORCH[elem])
+        b = torch.randint(-2, 12, (n,), generator=gen, dtype=TORCH[elem])
+    else:
+        a = torch.randint(-1000, 1000, (n,), generator=gen, dtype=TORCH[elem])
+        b = torch.randint(1, 50, (n,), generator=gen, dtype=TORCH[elem]) * torch.where(
+            torch.rand(n, generator=gen) < 0.5, -1, 1).to(TORCH[elem])
+    c = torch.empty(n, dtype=TORCH[elem])
+    vulkan.launch(binary, kernel_abi(k, (math.ceil(n / 128), 1, 1)), [a, b, c], written=[2])
+    name = op.split()[0]
+    if name == "math.ipowi":  # negative exponents: 0 except for bases 1 and -1
+        pos = a ** b.clamp(min=0)
+        neg = torch.where(a == 1, 1, torch.where(a == -1, torch.where(b % 2 == 1, -1, 1), 0)).to(a.dtype)
+        want = torch.where(b < 0, neg, pos)
+    else:
+        want = {"arith.floordivsi": lambda: torch.div(a, b, rounding_mode="floor"),
+                "arith.remsi": lambda: torch.fmod(a, b), "arith.maxsi": lambda: torch.maximum(a, b),
+                "math.absi": lambda: a.abs()}[name]()
+    assert torch.equal(c, want)
 
 
 @needs_vulkan
