@@ -26,6 +26,8 @@ _ENTRIES = [
     PassEntry("kf-to-metal", "to_metal", "ToMetalPass", "SPIR-V through SPIRV-Cross to MSL, with threadgroup sizes and buffer indices"),
     PassEntry("kf-to-cuda", "to_cuda", "ToCudaPass", "lower gpu.module kernels through NVVM to PTX (gpu.binary)"),
     PassEntry("kf-lower-to-linalg", "lower_to_linalg", "LowerToLinalgPass", "rewrite kf ops into linalg/tensor/arith/math/scf on tensors"),
+    PassEntry("kf-tile", "tile", "TilePass", "record each kernel function's strategy plan (tile sizes, launch geometry) as kf.plan"),
+    PassEntry("kf-map-to-gpu", "map_to_gpu", "MapToGpuPass", "write each kernel function as a gpu.func in gpu.module @kf_kernels"),
     PassEntry("kf-to-cpu", "to_cpu", "ToCpuPass", "destination-passing style, bufferize, lower linalg on tensors to LLVM"),
 ]
 

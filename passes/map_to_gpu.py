@@ -1,0 +1,93 @@
+"""kf-map-to-gpu: write every kernel function as a ``gpu.func`` in ``gpu.module
+@kf_kernels`` and leave the kernel function as a declaration.
+
+For each ``func.func`` with a ``kf.kernel`` attribute the pass takes the plan kf-tile
+recorded (``kf.plan``; made now when absent), calls the strategy's ``emit`` and, when
+the strategy raises ``NotApplicable``, the generic strategy's (with a generic plan).
+The gpu.func gets the launch facts the back ends and the launcher need:
+``kf.grid``, ``kf.block`` (array<i64: x, y, z>), ``kf.shared_bytes`` (dynamic shared
+memory), ``kf.fused_lines`` (the user's lines, from the kernel function) and
+``kf.strategy``.
+
+The kernel function keeps its name, type and attributes but loses its body:
+``func.func private @k(...) -> ... attributes {kf.kernel = ..., kf.gpu_func =
+@kf_kernels::@k}``, so the host function's ``func.call @k`` ops stay as they are and
+remain the launch schedule (the order in which the driver launches the kernels, and
+which buffers each one gets). The module gets ``gpu.container_module``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mlir import ir
+
+from .base import KfPass, PassError
+from .strategies import emit as E
+from .strategies.base import EmittedKernel, NotApplicable, TargetInfo, strategy_for
+from .tile import check_target, choose, recorded_plan
+
+GPU_MODULE = "kf_kernels"
+
+
+def _i64_array(values) -> ir.Attribute:
+    return ir.DenseI64ArrayAttr.get([int(v) for v in values])
+
+
+def _emit_one(kernel: ir.Operation, gmod: ir.Operation, info: TargetInfo) -> tuple[EmittedKernel, str]:
+    plan = recorded_plan(kernel)
+    if plan is None:
+        strategy, plan = choose(kernel, info)
+    else:
+        strategy = strategy_for(plan.get("strategy", E.kernel_kind(kernel)))
+    body = gmod.regions[0].blocks[0]
+    before = {id(op.operation) for op in body.operations}
+    try:
+        return strategy.emit(kernel, plan, gmod, info), strategy.KIND
+    except NotApplicable:
+        # Whatever the refusing strategy had written goes before generic writes its own.
+        for op in list(body.operations):
+            if id(op.operation) not in before:
+                op.operation.erase()
+        generic = strategy_for("generic")
+        return generic.emit(kernel, generic.plan(kernel, info), gmod, info), generic.KIND
+
+
+@dataclasses.dataclass(frozen=True)
+class MapToGpuPass(KfPass):
+    NAME = "kf-map-to-gpu"
+    DESCRIPTION = "write each kernel function as a gpu.func in gpu.module @kf_kernels (by its strategy)"
+
+    target: str = "cuda"
+    chip: str = "sm_90"
+
+    def run(self, module: ir.Operation) -> None:
+        check_target(self.target, module.location)
+        info = TargetInfo.for_target(self.target, self.chip)
+        kernels = E.kernel_functions(module)
+        if not kernels:
+            return
+        with module.context, module.location:
+            gmod = E.gpu_module(module, GPU_MODULE)
+        for kernel in kernels:
+            with kernel.context, kernel.location:
+                try:
+                    emitted, kind = _emit_one(kernel, gmod, info)
+                except (NotImplementedError, ValueError) as e:
+                    raise PassError(f"cannot write kernel @{E.kernel_name(kernel)}: {e}", kernel.location) from None
+                gfunc = _find(gmod, emitted.name)
+                gfunc.attributes["kf.grid"] = _i64_array(emitted.grid)
+                gfunc.attributes["kf.block"] = _i64_array(emitted.block)
+                gfunc.attributes["kf.shared_bytes"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                                         int(emitted.shared_bytes))
+                gfunc.attributes["kf.fused_lines"] = E.fused_lines(kernel)
+                gfunc.attributes["kf.strategy"] = ir.StringAttr.get(kind)
+                E.declare_kernel(kernel, GPU_MODULE)
+
+
+def _find(gmod: ir.Operation, name: str) -> ir.Operation:
+    for op in gmod.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "gpu.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    raise PassError(f"the strategy reported gpu.func @{name}, which is not in @{GPU_MODULE}")

@@ -1,0 +1,384 @@
+"""Emission helpers shared by kf's kernel strategies: reading a kernel function, making
+its ``gpu.func``, index arithmetic, element types for storage and compute, and the
+one-thread-per-element launch loop.
+
+Indices are ``Ix = int | ir.Value`` (of MLIR ``index`` type): Python integers fold, so
+remapping an index through a layout op or a broadcast costs no IR when it is static,
+and the IR that is emitted reads like the index formula.
+
+Element types follow the back ends and runtime/abi.py: a kernel argument is a memref of
+the tensor's own element type (kf-to-spirv stores i1 as bytes and bf16 as 16-bit
+integers by itself, kf-to-cuda loads both as bytes/b16), so strategies never re-encode
+storage. Computation follows kf's precision policy: f16, bf16 and fp8 values are
+extended to f32 when loaded, computed in f32 and rounded once when stored
+(``compute_type`` / ``load`` / ``store``); other types compute in themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence, Union
+
+from mlir import ir
+from mlir.dialects import arith, func, gpu, memref, scf
+
+from kf.dialects.types import TensorSpec, spec_of
+from kf.passes import scalar_math as sm
+
+Ix = Union[int, ir.Value]
+
+LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
+ELEM_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i1": 1, "i32": 4, "i64": 8}
+
+
+# --------------------------------------------------------------------------- kernel functions
+
+
+def is_kernel(op: ir.Operation) -> bool:
+    return op.name == "func.func" and "kf.kernel" in op.attributes
+
+
+def kernel_functions(module: ir.Operation) -> list[ir.Operation]:
+    """The kernel functions (func.func with a kf.kernel attribute) of a module, in order."""
+    return [op.operation for op in module.regions[0].blocks[0].operations if is_kernel(op.operation)]
+
+
+def kernel_kind(kernel: ir.Operation) -> str:
+    return ir.StringAttr(kernel.attributes["kf.kernel"]).value
+
+
+def kernel_name(kernel: ir.Operation) -> str:
+    return ir.StringAttr(kernel.attributes["sym_name"]).value
+
+
+def kernel_body(kernel: ir.Operation) -> ir.Block:
+    return kernel.regions[0].blocks[0]
+
+
+def kernel_ops(kernel: ir.Operation) -> list[ir.Operation]:
+    """The kf ops of a kernel function's body (the terminator left out)."""
+    return [op.operation for op in kernel_body(kernel).operations if op.operation.name != "func.return"]
+
+
+def kernel_results(kernel: ir.Operation) -> list[ir.Value]:
+    """The values the kernel function returns, in order."""
+    ret = list(kernel_body(kernel).operations)[-1].operation
+    return list(ret.operands)
+
+
+def kernel_signature(kernel: ir.Operation) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
+    return [spec_of(t) for t in ftype.inputs], [spec_of(t) for t in ftype.results]
+
+
+def shape_of(v: ir.Value) -> tuple[int, ...]:
+    return tuple(ir.RankedTensorType(v.type).shape)
+
+
+def elem_of(v: ir.Value) -> str:
+    return str(ir.RankedTensorType(v.type).element_type)
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def fused_lines(kernel: ir.Operation) -> ir.Attribute:
+    if "kf.fused_lines" in kernel.attributes:
+        return kernel.attributes["kf.fused_lines"]
+    return ir.ArrayAttr.get([])
+
+
+# --------------------------------------------------------------------------- element types
+
+
+def storage_type(elem: str) -> ir.Type:
+    """The element type of the memref that holds a tensor of elem (elem itself)."""
+    return ir.Type.parse(elem)
+
+
+def compute_type(elem: str) -> ir.Type:
+    """The type kf computes values of a tensor of elem in."""
+    return ir.F32Type.get() if elem in LOW_PRECISION else ir.Type.parse(elem)
+
+
+def widen(v: ir.Value) -> ir.Value:
+    """A scalar in its storage type extended to its compute type."""
+    return sm.convert(v, compute_type(str(v.type)))
+
+
+def round_to(v: ir.Value, elem: str) -> ir.Value:
+    """A compute value rounded (converted by torch's rules) to elem, back in elem's compute type."""
+    return sm.convert(sm.convert(v, storage_type(elem)), compute_type(elem))
+
+
+def load(mem: ir.Value, idx: Sequence[Ix], kb: "IndexBuilder") -> ir.Value:
+    """memref[idx] in its compute type."""
+    return widen(memref.load(mem, [kb.value(i) for i in idx]))
+
+
+def store(v: ir.Value, mem: ir.Value, idx: Sequence[Ix], kb: "IndexBuilder") -> None:
+    """Round the compute value v to the memref's element type (once) and store it."""
+    elem = ir.MemRefType(mem.type).element_type
+    memref.store(sm.convert(v, elem), mem, [kb.value(i) for i in idx])
+
+
+def min_value(t: ir.Type) -> float:
+    """The identity of max on t (-inf, the smallest integer, false)."""
+    if sm.is_float(t):
+        return -math.inf
+    w = ir.IntegerType(t).width
+    return 0 if w == 1 else -(2 ** (w - 1))
+
+
+def max_value(t: ir.Type) -> float:
+    if sm.is_float(t):
+        return math.inf
+    w = ir.IntegerType(t).width
+    return 1 if w == 1 else 2 ** (w - 1) - 1
+
+
+# --------------------------------------------------------------------------- scalar ops
+
+ELEMENTWISE = frozenset({
+    "kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.max", "kf.min", "kf.neg", "kf.abs", "kf.exp",
+    "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid", "kf.relu", "kf.gelu",
+    "kf.cmp", "kf.select", "kf.masked_fill", "kf.cast"})
+
+
+def elementwise_value(op: ir.Operation, args: Sequence[ir.Value], attrs: dict) -> ir.Value:
+    """The scalar of elementwise kf op ``op`` on compute-typed args, in the compute type of
+    its result (i1 for cmp). A cast rounds to its target type; nothing else rounds."""
+    if op.name == "kf.cast":
+        return round_to(args[0], elem_of(op.results[0]))
+    return sm.emit(op.name, list(args), attrs)
+
+
+def better(x: ir.Value, best: ir.Value, largest: bool) -> ir.Value:
+    """x should replace best in an arg-max (arg-min) scan: strictly greater (smaller), NaN
+    counting as the greatest; booleans are unsigned. The same order as kf-lower-to-linalg."""
+    i1 = ir.IntegerType.get_signless(1)
+    if sm.is_float(x.type):
+        strict = arith.cmpf(arith.CmpFPredicate.OGT if largest else arith.CmpFPredicate.OLT, x, best)
+        x_nan = arith.cmpf(arith.CmpFPredicate.UNO, x, x)
+        best_nan = arith.cmpf(arith.CmpFPredicate.UNO, best, best)
+        one = sm.const(i1, 1)
+        nan_wins = (arith.andi(x_nan, arith.xori(best_nan, one)) if largest
+                    else arith.andi(best_nan, arith.xori(x_nan, one)))
+        return arith.ori(strict, nan_wins)
+    if ir.IntegerType(x.type).width == 1:
+        return arith.cmpi(arith.CmpIPredicate.ugt if largest else arith.CmpIPredicate.ult, x, best)
+    return arith.cmpi(arith.CmpIPredicate.sgt if largest else arith.CmpIPredicate.slt, x, best)
+
+
+def same(x: ir.Value, y: ir.Value) -> ir.Value:
+    """x and y are equal in the order of ``better`` (NaN equals NaN)."""
+    if sm.is_float(x.type):
+        both_nan = arith.andi(arith.cmpf(arith.CmpFPredicate.UNO, x, x), arith.cmpf(arith.CmpFPredicate.UNO, y, y))
+        return arith.ori(arith.cmpf(arith.CmpFPredicate.OEQ, x, y), both_nan)
+    return arith.cmpi(arith.CmpIPredicate.eq, x, y)
+
+
+# --------------------------------------------------------------------------- index arithmetic
+
+
+class IndexBuilder:
+    """Index arithmetic that folds Python integers; constants are made once, at the top of
+    the kernel's entry block, so the body reads as the formulas it computes."""
+
+    def __init__(self, entry: ir.Block):
+        self.entry = entry
+        self._consts: dict[tuple[str, object], ir.Value] = {}
+        self.index = ir.IndexType.get()
+
+    def const(self, t: ir.Type, value) -> ir.Value:
+        key = (str(t), value)
+        if key not in self._consts:
+            with ir.InsertionPoint.at_block_begin(self.entry):
+                self._consts[key] = (arith.constant(t, int(value)) if isinstance(t, ir.IndexType)
+                                     else sm.const(t, value))
+        return self._consts[key]
+
+    def value(self, i: Ix) -> ir.Value:
+        return self.const(self.index, int(i)) if isinstance(i, int) else i
+
+    def add(self, a: Ix, b: Ix) -> Ix:
+        if isinstance(a, int) and isinstance(b, int):
+            return a + b
+        if isinstance(a, int) and a == 0:
+            return b
+        if isinstance(b, int) and b == 0:
+            return a
+        return arith.addi(self.value(a), self.value(b))
+
+    def sub(self, a: Ix, b: Ix) -> Ix:
+        if isinstance(a, int) and isinstance(b, int):
+            return a - b
+        if isinstance(b, int) and b == 0:
+            return a
+        return arith.subi(self.value(a), self.value(b))
+
+    def mul(self, a: Ix, b: Ix) -> Ix:
+        if isinstance(a, int) and isinstance(b, int):
+            return a * b
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, int) and x == 0:
+                return 0
+            if isinstance(x, int) and x == 1:
+                return y
+        return arith.muli(self.value(a), self.value(b))
+
+    def div(self, a: Ix, c: int) -> Ix:
+        """a // c for a >= 0."""
+        if isinstance(a, int):
+            return a // c
+        return a if c == 1 else arith.divui(a, self.value(c))
+
+    def rem(self, a: Ix, c: int) -> Ix:
+        """a % c for a >= 0."""
+        if isinstance(a, int):
+            return a % c
+        return 0 if c == 1 else arith.remui(a, self.value(c))
+
+    def lt(self, a: Ix, b: Ix) -> ir.Value | bool:
+        if isinstance(a, int) and isinstance(b, int):
+            return a < b
+        return arith.cmpi(arith.CmpIPredicate.ult, self.value(a), self.value(b))
+
+    def eq(self, a: Ix, b: Ix) -> ir.Value | bool:
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        return arith.cmpi(arith.CmpIPredicate.eq, self.value(a), self.value(b))
+
+    def from_int(self, v: ir.Value) -> ir.Value:
+        """An integer scalar (i32/i64, a tensor element) as an index."""
+        return arith.index_cast(self.index, v)
+
+    def to_i64(self, i: Ix) -> ir.Value:
+        i64 = ir.IntegerType.get_signless(64)
+        return self.const(i64, i) if isinstance(i, int) else arith.index_cast(i64, i)
+
+    def delinearize(self, lin: Ix, shape: Sequence[int]) -> list[Ix]:
+        """The row-major multi-index of linear index lin in shape."""
+        out: list[Ix] = []
+        rest = lin
+        for k in range(len(shape) - 1, -1, -1):
+            size = shape[k]
+            if size == 1:
+                out.append(0)
+            elif k == 0:
+                out.append(rest)  # lin < numel already bounds the leading index
+            else:
+                out.append(self.rem(rest, size))
+                rest = self.div(rest, size)
+        return list(reversed(out))
+
+    def linearize(self, idx: Sequence[Ix], shape: Sequence[int]) -> Ix:
+        lin: Ix = 0
+        for i, size in zip(idx, shape):
+            lin = self.add(self.mul(lin, size), i)
+        return lin
+
+
+def broadcast_index(idx: Sequence[Ix], in_shape: Sequence[int], out_shape: Sequence[int]) -> list[Ix]:
+    """Torch broadcasting: the index into an operand of in_shape that element idx of a
+    result of out_shape reads (leading dims dropped, size-1 dims read index 0)."""
+    lead = len(out_shape) - len(in_shape)
+    return [0 if size == 1 else idx[lead + k] for k, size in enumerate(in_shape)]
+
+
+# --------------------------------------------------------------------------- gpu.func
+
+
+def memref_type(spec: TensorSpec) -> ir.MemRefType:
+    return ir.MemRefType.get(list(spec.shape), storage_type(spec.elem))
+
+
+def gpu_module(module: ir.Operation, name: str = "kf_kernels") -> ir.Operation:
+    """The module's ``gpu.module @name``, made (at the end of the module, which then gets
+    ``gpu.container_module``) if it does not exist."""
+    body = module.regions[0].blocks[0]
+    for op in body.operations:
+        op = op.operation
+        if op.name == "gpu.module" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    module.attributes["gpu.container_module"] = ir.UnitAttr.get()
+    with ir.InsertionPoint(body), module.location:
+        gm = gpu.GPUModuleOp(ir.StringAttr.get(name))
+        gm.regions[0].blocks.append()
+    return gm.operation
+
+
+def make_gpu_func(gmod: ir.Operation, name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                  block: Sequence[int], loc: ir.Location) -> tuple[ir.Operation, ir.Block]:
+    """An empty ``gpu.func @name(inputs..., outputs...) kernel`` with known_block_size in
+    gmod (erroring if the name is taken); returns it and its entry block."""
+    body = gmod.regions[0].blocks[0]
+    for op in body.operations:
+        if "sym_name" in op.operation.attributes and ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
+            raise ValueError(f"gpu.module already holds @{name}")
+    ftype = ir.FunctionType.get([memref_type(s) for s in [*inputs, *outputs]], [])
+    with ir.InsertionPoint(body), loc:
+        f = gpu.GPUFuncOp(ftype, sym_name=name, kernel=True, known_block_size=[int(b) for b in block] + [1] * (3 - len(block)))
+        entry = f.add_entry_block()
+    return f.operation, entry
+
+
+def linear_thread_id(kb: IndexBuilder, block: int) -> ir.Value:
+    """block_id.x * block + thread_id.x."""
+    bid = gpu.block_id(gpu.Dimension.x)
+    tid = gpu.thread_id(gpu.Dimension.x)
+    return arith.addi(arith.muli(bid, kb.value(block)), tid)
+
+
+def for_each_thread_item(kb: IndexBuilder, total: int, block: int, grid: int, grid_stride: bool,
+                         body: Callable[[ir.Value], None]) -> None:
+    """Run body(i) for every i in [0, total), one i per thread: guarded by ``i < total``
+    when the grid covers total in one pass (no guard when it is exact), else a
+    grid-stride loop (grids are capped: Vulkan guarantees only 65535 workgroups in x)."""
+    start = linear_thread_id(kb, block)
+    if grid_stride:
+        step = kb.value(grid * block)
+        loop = scf.ForOp(start, kb.value(total), step)
+        with ir.InsertionPoint(loop.body):
+            body(loop.induction_variable)
+            scf.YieldOp([])
+        return
+    if grid * block == total:
+        body(start)
+        return
+    guard = scf.IfOp(kb.lt(start, total))
+    with ir.InsertionPoint(guard.then_block):
+        body(start)
+        scf.YieldOp([])
+
+
+def launch_geometry(total: int, block: int, max_grid: int) -> tuple[int, bool]:
+    """(grid, grid_stride) for total items at block threads per block."""
+    grid = max(1, -(-total // block))
+    return (max_grid, True) if grid > max_grid else (grid, False)
+
+
+def max_grid_x(target_name: str) -> int:
+    # CUDA allows 2^31 - 1 blocks in x; Vulkan guarantees maxComputeWorkGroupCount[0] >= 65535.
+    return 2 ** 31 - 1 if target_name == "cuda" else 65535
+
+
+def finish(entry_ip_block: ir.Block) -> None:
+    with ir.InsertionPoint(entry_ip_block):
+        gpu.ReturnOp([])
+
+
+def declare_kernel(kernel: ir.Operation, gpu_module_name: str) -> ir.Operation:
+    """Replace kernel function's definition by a declaration carrying its attributes and
+    ``kf.gpu_func = @gpu_module_name::@name``; the host's func.call ops stay valid."""
+    name = kernel_name(kernel)
+    ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
+    with ir.InsertionPoint(kernel), kernel.location:
+        decl = func.FuncOp(name, ftype, visibility="private")
+    for key in kernel.attributes:
+        if key not in ("sym_name", "function_type", "sym_visibility"):
+            decl.attributes[key] = kernel.attributes[key]
+    decl.attributes["kf.gpu_func"] = ir.SymbolRefAttr.get([gpu_module_name, name])
+    kernel.erase()
+    return decl.operation

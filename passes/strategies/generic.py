@@ -1,0 +1,509 @@
+"""The generic strategy: correct for every kf op and any DAG of them, the fallback of
+every other strategy.
+
+Design: one thread per element of the kernel's outputs. A thread computes its element
+by evaluating the kernel function's DAG *backwards from that element*: the value of
+tensor ``v`` at index ``idx`` is a load when ``v`` is a kernel input, and otherwise the
+op that made ``v`` computes it from its operands' values at remapped indices:
+
+- elementwise ops read their operands at the broadcast index (scalar_math computes);
+- layout ops (transpose, reshape, broadcast_to, slice, concat) only remap the index
+  (concat picks its operand with an ``scf.if``, so no out-of-bounds load is made);
+- reductions (sum, mean, reduce_max/min, var, argmax) run an inner ``scf.for`` over the
+  reduced elements (var: two passes, mean then squared deviations), softmax and
+  log_softmax three (max, sum of exp, the element);
+- matmul runs an ``scf.for`` over K;
+- topk: output position p along dim is the (p+1)-th pass of a selection that walks the
+  row in the total order (value, then index; NaN largest), each pass picking the best
+  element after the previous pick, so no per-row scratch memory is needed;
+- gather / index_select load the index and read the input there; index_add and
+  scatter_add loop, per output element, over the index and sum the sources that land
+  on it: deterministic, no atomics;
+- constant: a splat is one constant, other constants a chain of selects on the linear
+  index (up to ``MAX_CONSTANT_ELEMENTS``: bigger ones should be kernel inputs); fill: a
+  constant.
+
+Values of one tensor at one index are computed once per region (a cache scoped to the
+``scf.for``/``scf.if`` bodies they dominate), so a value used twice, like ``x`` in
+``x * sigmoid(x)``, is loaded once.
+
+What this asks of kf-fuse: nothing for correctness (any DAG, several results of any
+shapes: the thread count is the largest output's size and each output is guarded by its
+own). Cost grows with the nesting of reduction-like ops: softmax over a row of n is
+O(n) per element, a matmul feeding a matmul O(K1·K2) per element. So kf-fuse should give
+a generic kernel at most one reduction-like op (reduction, softmax, matmul, topk,
+index_add, scatter_add), with any elementwise and layout ops around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, scf
+
+from kf.dialects.attrs import op_attrs
+from kf.dialects.types import normalize_dim
+from kf.passes import scalar_math as sm
+
+from . import emit as E
+from .base import EmittedKernel, Strategy, TargetInfo, register
+
+MAX_CONSTANT_ELEMENTS = 1024
+
+
+class Evaluator:
+    """Computes the value of any tensor of a kernel function at an index, in compute type.
+
+    ``inputs`` maps the kernel function's block arguments (by number) to the gpu.func's
+    memrefs. Subclasses may override ``load_input`` (the elementwise strategy loads
+    vectors there).
+    """
+
+    def __init__(self, kb: E.IndexBuilder, inputs: Sequence[ir.Value]):
+        self.kb = kb
+        self.inputs = list(inputs)
+        self._scopes: list[dict] = [{}]
+
+    # ---- caching by region
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Values cached inside belong to the region being built and vanish after it."""
+        self._scopes.append({})
+        try:
+            yield
+        finally:
+            self._scopes.pop()
+
+    def _lookup(self, key):
+        for s in reversed(self._scopes):
+            if key in s:
+                return s[key]
+        return None
+
+    # ---- structured control flow
+
+    def loop(self, ub: E.Ix, inits: Sequence[ir.Value], body: Callable[[ir.Value, list], list]) -> list[ir.Value]:
+        """scf.for iv in [0, ub) carrying inits; body(iv, carried) returns the next values."""
+        kb = self.kb
+        loop = scf.ForOp(kb.value(0), kb.value(ub), kb.value(1), list(inits))
+        with ir.InsertionPoint(loop.body), self.scope():
+            scf.YieldOp(body(loop.induction_variable, list(loop.inner_iter_args)))
+        return list(loop.results)
+
+    def branch(self, cond: ir.Value, then: Callable[[], list], other: Callable[[], list],
+               types: Sequence[ir.Type]) -> list[ir.Value]:
+        op = scf.IfOp(cond, list(types), has_else=True)
+        with ir.InsertionPoint(op.then_block), self.scope():
+            scf.YieldOp(then())
+        with ir.InsertionPoint(op.else_block), self.scope():
+            scf.YieldOp(other())
+        return list(op.results)
+
+    # ---- values
+
+    def value(self, v: ir.Value, idx: Sequence[E.Ix]) -> ir.Value:
+        idx = tuple(idx)
+        owner = v.owner
+        if isinstance(owner, ir.Block):
+            key = ("arg", v, idx)
+            hit = self._lookup(key)
+            if hit is None:
+                hit = self.load_input(ir.BlockArgument(v).arg_number, idx)
+                self._scopes[-1][key] = hit
+            return hit
+        op = owner.operation if hasattr(owner, "operation") else owner
+        key = ("op", op, idx)
+        hit = self._lookup(key)
+        if hit is None:
+            hit = self.compute(op, list(idx), ir.OpResult(v).result_number)
+            self._scopes[-1][key] = hit
+        return hit[ir.OpResult(v).result_number]
+
+    def load_input(self, arg: int, idx: tuple) -> ir.Value:
+        return E.load(self.inputs[arg], idx, self.kb)
+
+    def compute(self, op: ir.Operation, idx: list, which: int) -> list[ir.Value]:
+        """The values of all of op's results at idx (``which`` is the one asked for)."""
+        name = op.name
+        attrs = op_attrs(op)
+        if name in E.ELEMENTWISE:
+            out = E.shape_of(op.results[0])
+            args = [self.value(o, E.broadcast_index(idx, E.shape_of(o), out)) for o in op.operands]
+            return [E.elementwise_value(op, args, attrs)]
+        handler = _HANDLERS.get(name)
+        if handler is None:
+            raise NotImplementedError(f"the generic strategy has no rule for {name}")
+        return handler(self, op, idx, attrs)
+
+
+# --------------------------------------------------------------------------- per-op rules
+
+
+def _reduced(rank: int, dims: Sequence[int]) -> list[int]:
+    if rank == 0:
+        return []
+    return sorted({normalize_dim(int(d), rank) for d in dims}) if dims else list(range(rank))
+
+
+def _input_index(x_shape, red, idx, keepdim):
+    """The index into the reduced tensor with None at the reduced dims."""
+    kept_idx = [i for d, i in enumerate(idx) if d not in red] if keepdim else list(idx)
+    it = iter(kept_idx)
+    return [None if d in red else next(it) for d in range(len(x_shape))]
+
+
+def _reduce_loop(ev: Evaluator, x: ir.Value, red, base, inits, combine):
+    """Loop over every element of x along dims red (base holds the other coordinates);
+    combine(xv, carried) returns the next carried values."""
+    xs = E.shape_of(x)
+    extents = [xs[d] for d in red]
+    kb = ev.kb
+
+    def body(j, carried):
+        coords = iter(kb.delinearize(j, extents))
+        full = [next(coords) if b is None else b for b in base]
+        return combine(ev.value(x, full), carried, j)
+
+    return ev.loop(E.numel(extents), inits, body)
+
+
+def _sum_like(ev: Evaluator, op, idx, attrs):
+    x = op.operands[0]
+    xs = E.shape_of(x)
+    red = _reduced(len(xs), attrs.get("dims", []))
+    base = _input_index(xs, red, idx, bool(attrs.get("keepdim", False)))
+    out_t = E.compute_type(E.elem_of(op.results[0]))
+    n = E.numel([xs[d] for d in red])
+    if op.name in ("kf.sum", "kf.mean"):
+        [s] = _reduce_loop(ev, x, red, base, [sm.const(out_t, 0)],
+                           lambda v, c, j: [sm.emit("add", [c[0], sm.convert(v, out_t)])])
+        return [arith.divf(s, sm.const(out_t, n)) if op.name == "kf.mean" else s]
+    largest = op.name == "kf.reduce_max"
+    init = E.min_value(out_t) if largest else E.max_value(out_t)
+    [s] = _reduce_loop(ev, x, red, base, [sm.const(out_t, init)],
+                       lambda v, c, j: [sm.emit("max" if largest else "min", [v, c[0]])])
+    return [s]
+
+
+def _var(ev: Evaluator, op, idx, attrs):
+    x = op.operands[0]
+    xs = E.shape_of(x)
+    red = _reduced(len(xs), attrs.get("dims", []))
+    base = _input_index(xs, red, idx, bool(attrs.get("keepdim", False)))
+    t = E.compute_type(E.elem_of(op.results[0]))
+    n = E.numel([xs[d] for d in red])
+    # Two passes, as kf-lower-to-linalg: E[x²] - E[x]² loses everything for a large mean.
+    [s] = _reduce_loop(ev, x, red, base, [sm.const(t, 0)], lambda v, c, j: [arith.addf(c[0], v)])
+    mean = arith.divf(s, sm.const(t, n))
+
+    def sq(v, c, j):
+        d = arith.subf(v, mean)
+        return [arith.addf(c[0], arith.mulf(d, d))]
+
+    [m2] = _reduce_loop(ev, x, red, base, [sm.const(t, 0)], sq)
+    return [arith.divf(m2, sm.const(t, n - float(attrs.get("correction", 1.0))))]
+
+
+def _argmax(ev: Evaluator, op, idx, attrs):
+    x = op.operands[0]
+    xs = E.shape_of(x)
+    i64 = ir.IntegerType.get_signless(64)
+    if not xs:
+        return [sm.const(i64, 0)]
+    dim = normalize_dim(int(attrs["dim"]), len(xs))
+    base = _input_index(xs, [dim], idx, bool(attrs.get("keepdim", False)))
+    t = E.compute_type(E.elem_of(x))
+
+    def step(v, c, j):
+        best, best_i = c
+        ji = ev.kb.to_i64(j)
+        take = arith.ori(arith.cmpi(arith.CmpIPredicate.eq, best_i, sm.const(i64, -1)), E.better(v, best, True))
+        return [arith.select(take, v, best), arith.select(take, ji, best_i)]
+
+    _, bi = _reduce_loop(ev, x, [dim], base, [sm.const(t, 0), sm.const(i64, -1)], step)
+    return [bi]
+
+
+def _softmax(ev: Evaluator, op, idx, attrs):
+    x = op.operands[0]
+    xs = E.shape_of(x)
+    t = E.compute_type(E.elem_of(op.results[0]))
+    log = op.name == "kf.log_softmax"
+    if not xs:
+        return [sm.const(t, 0.0 if log else 1.0)]
+    dim = normalize_dim(int(attrs["dim"]), len(xs))
+    base = [None if d == dim else i for d, i in enumerate(idx)]
+    [mx] = _reduce_loop(ev, x, [dim], base, [sm.const(t, -math.inf)], lambda v, c, j: [arith.maximumf(c[0], v)])
+    [total] = _reduce_loop(ev, x, [dim], base, [sm.const(t, 0)],
+                           lambda v, c, j: [arith.addf(c[0], sm.emit("exp", [arith.subf(v, mx)]))])
+    shifted = arith.subf(ev.value(x, idx), mx)
+    if log:
+        return [arith.subf(shifted, sm.emit("log", [total]))]
+    return [arith.divf(sm.emit("exp", [shifted]), total)]
+
+
+def _matmul(ev: Evaluator, op, idx, attrs):
+    a, b = op.operands
+    sa, sb, so = E.shape_of(a), E.shape_of(b), E.shape_of(op.results[0])
+    t = E.compute_type(E.elem_of(op.results[0]))
+    batch, i, j = idx[:-2], idx[-2], idx[-1]
+    a_batch = E.broadcast_index(batch, sa[:-2], so[:-2])
+    b_batch = E.broadcast_index(batch, sb[:-2], so[:-2])
+
+    def step(k, c):
+        x = sm.convert(ev.value(a, [*a_batch, i, k]), t)
+        y = sm.convert(ev.value(b, [*b_batch, k, j]), t)
+        return [sm.emit("add", [c[0], sm.emit("mul", [x, y])])]
+
+    return ev.loop(sa[-1], [sm.const(t, 0)], step)
+
+
+def _transpose(ev: Evaluator, op, idx, attrs):
+    perm = [int(p) for p in attrs["perm"]]
+    src = [0] * len(perm)
+    for j, p in enumerate(perm):
+        src[p] = idx[j]
+    return [ev.value(op.operands[0], src)]
+
+
+def _reshape(ev: Evaluator, op, idx, attrs):
+    x = op.operands[0]
+    lin = ev.kb.linearize(idx, E.shape_of(op.results[0]))
+    return [ev.value(x, ev.kb.delinearize(lin, E.shape_of(x)))]
+
+
+def _broadcast_to(ev: Evaluator, op, idx, attrs):
+    x = op.operands[0]
+    return [ev.value(x, E.broadcast_index(idx, E.shape_of(x), E.shape_of(op.results[0])))]
+
+
+def _slice(ev: Evaluator, op, idx, attrs):
+    x = op.operands[0]
+    dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
+    src = list(idx)
+    src[dim] = ev.kb.add(int(attrs["start"]), ev.kb.mul(idx[dim], int(attrs.get("step", 1))))
+    return [ev.value(x, src)]
+
+
+def _concat(ev: Evaluator, op, idx, attrs):
+    lhs, rhs = op.operands
+    dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(lhs)))
+    n0 = E.shape_of(lhs)[dim]
+    right = list(idx)
+    right[dim] = ev.kb.sub(idx[dim], n0)
+    cond = ev.kb.lt(idx[dim], n0)
+    if isinstance(cond, bool):
+        return [ev.value(lhs, idx) if cond else ev.value(rhs, right)]
+    t = E.compute_type(E.elem_of(op.results[0]))
+    return ev.branch(cond, lambda: [ev.value(lhs, idx)], lambda: [ev.value(rhs, right)], [t])
+
+
+def _topk(ev: Evaluator, op, idx, attrs):
+    x = op.operands[0]
+    xs = E.shape_of(x)
+    dim = normalize_dim(int(attrs["dim"]), len(xs))
+    largest = bool(attrs.get("largest", True))
+    t = E.compute_type(E.elem_of(x))
+    i64 = ir.IntegerType.get_signless(64)
+    base = [None if d == dim else i for d, i in enumerate(idx)]
+    minus_one = sm.const(i64, -1)
+
+    def ranks_before(v, vi, w, wi):
+        """(v, vi) comes before (w, wi) in the order topk lists elements."""
+        return arith.ori(E.better(v, w, largest),
+                         arith.andi(E.same(v, w), arith.cmpi(arith.CmpIPredicate.slt, vi, wi)))
+
+    def one_pass(p, prev):
+        pv, pi = prev
+
+        def step(v, c, j):
+            bv, bi = c
+            ji = ev.kb.to_i64(j)
+            after_prev = arith.ori(arith.cmpi(arith.CmpIPredicate.eq, pi, minus_one), ranks_before(pv, pi, v, ji))
+            first = arith.cmpi(arith.CmpIPredicate.eq, bi, minus_one)
+            take = arith.andi(after_prev, arith.ori(first, ranks_before(v, ji, bv, bi)))
+            return [arith.select(take, v, bv), arith.select(take, ji, bi)]
+
+        return _reduce_loop(ev, x, [dim], base, [pv, minus_one], step)
+
+    # Position p along dim is pass p + 1 of the selection.
+    count = ev.kb.add(idx[dim], 1)
+    v, i = ev.loop(count, [sm.const(t, 0), minus_one], one_pass)
+    return [v, i]
+
+
+def _gather(ev: Evaluator, op, idx, attrs):
+    x, index = op.operands
+    dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
+    src = list(idx)
+    src[dim] = ev.kb.from_int(ev.value(index, idx))
+    return [ev.value(x, src)]
+
+
+def _index_select(ev: Evaluator, op, idx, attrs):
+    x, index = op.operands
+    dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
+    src = list(idx)
+    src[dim] = ev.kb.from_int(ev.value(index, [idx[dim]]))
+    return [ev.value(x, src)]
+
+
+def _index_add(ev: Evaluator, op, idx, attrs):
+    x, index, source = op.operands
+    dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
+    target = ev.kb.value(idx[dim])
+
+    def step(i, c):
+        hit = arith.cmpi(arith.CmpIPredicate.eq, ev.kb.from_int(ev.value(index, [i])), target)
+        at = list(idx)
+        at[dim] = i
+        return [arith.select(hit, sm.emit("add", [c[0], ev.value(source, at)]), c[0])]
+
+    return ev.loop(E.shape_of(index)[0], [ev.value(x, idx)], step)
+
+
+def _scatter_add(ev: Evaluator, op, idx, attrs):
+    x, index, source = op.operands
+    xs, ishape = E.shape_of(x), E.shape_of(index)
+    dim = normalize_dim(int(attrs["dim"]), len(xs))
+    kb = ev.kb
+    # Sources land on idx only from index positions that agree with idx outside dim;
+    # when idx lies beyond the index's extent in such a dim, none do (zero trips).
+    inside = None
+    for d in range(len(xs)):
+        if d != dim and ishape[d] < xs[d]:
+            c = kb.lt(idx[d], ishape[d])
+            inside = c if inside is None else arith.andi(inside, c)
+    trips: E.Ix = ishape[dim] if inside is None else arith.select(inside, kb.value(ishape[dim]), kb.value(0))
+    target = kb.value(idx[dim])
+
+    def step(j, c):
+        at = list(idx)
+        at[dim] = j
+        hit = arith.cmpi(arith.CmpIPredicate.eq, kb.from_int(ev.value(index, at)), target)
+        return [arith.select(hit, sm.emit("add", [c[0], ev.value(source, at)]), c[0])]
+
+    return ev.loop(trips, [ev.value(x, idx)], step)
+
+
+def _constant(ev: Evaluator, op, idx, attrs):
+    out = op.results[0]
+    t = E.compute_type(E.elem_of(out))
+    value = op.attributes["value"]
+    dense = ir.DenseElementsAttr(value)
+    floats = sm.is_float(ir.RankedTensorType(out.type).element_type)
+    if dense.is_splat:
+        return [_scalar_const(ev, t, _splat(dense, floats))]
+    n = len(dense)
+    if n > MAX_CONSTANT_ELEMENTS:
+        raise NotImplementedError(f"a non-splat kf.constant of {n} elements (the generic strategy inlines at most "
+                                  f"{MAX_CONSTANT_ELEMENTS}): pass it to the kernel as an input")
+    items = _elements(dense, floats)
+    lin = ev.kb.linearize(idx, E.shape_of(out))
+    if isinstance(lin, int):
+        return [_scalar_const(ev, t, items[lin])]
+    v = _scalar_const(ev, t, items[0])
+    for k in range(1, n):
+        v = arith.select(ev.kb.eq(lin, k), _scalar_const(ev, t, items[k]), v)
+    return [v]
+
+
+def _splat(dense, floats: bool):
+    if floats:
+        return float(ir.DenseFPElementsAttr(dense).get_splat_value().value)
+    return int(ir.DenseIntElementsAttr(dense).get_splat_value().value)
+
+
+def _elements(dense, floats: bool) -> list:
+    if floats:
+        d = ir.DenseFPElementsAttr(dense)
+        return [float(d[i]) for i in range(len(d))]
+    d = ir.DenseIntElementsAttr(dense)
+    return [int(d[i]) for i in range(len(d))]
+
+
+def _scalar_const(ev: Evaluator, t: ir.Type, value) -> ir.Value:
+    if not sm.is_float(t) and ir.IntegerType(t).width == 1:
+        value = 1 if value else 0
+    return ev.kb.const(t, value)
+
+
+def _fill(ev: Evaluator, op, idx, attrs):
+    elem = E.elem_of(op.results[0])
+    t = E.compute_type(elem)
+    value = float(attrs["value"])
+    if elem == "i1":
+        value = 1 if value != 0 else 0
+    elif not sm.is_float(t):
+        value = int(value)
+    return [E.round_to(ev.kb.const(t, value), elem) if elem in E.LOW_PRECISION else ev.kb.const(t, value)]
+
+
+_HANDLERS = {
+    "kf.sum": _sum_like, "kf.mean": _sum_like, "kf.reduce_max": _sum_like, "kf.reduce_min": _sum_like,
+    "kf.var": _var, "kf.argmax": _argmax, "kf.softmax": _softmax, "kf.log_softmax": _softmax,
+    "kf.matmul": _matmul, "kf.transpose": _transpose, "kf.reshape": _reshape, "kf.broadcast_to": _broadcast_to,
+    "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
+    "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
+    "kf.constant": _constant, "kf.fill": _fill,
+}
+
+
+# --------------------------------------------------------------------------- the strategy
+
+
+def emit_outputs(ev: Evaluator, kernel: ir.Operation, outputs: Sequence[ir.Value], lin: ir.Value,
+                 total: int) -> None:
+    """Store element lin of every kernel output (each guarded by its own size when it is
+    smaller than total, the thread count)."""
+    kb = ev.kb
+    for value, mem in zip(E.kernel_results(kernel), outputs):
+        shape = E.shape_of(value)
+        n = E.numel(shape)
+
+        def write(shape=shape, value=value, mem=mem):
+            idx = kb.delinearize(lin, shape)
+            E.store(ev.value(value, idx), mem, idx, kb)
+
+        if n == total:
+            write()
+            continue
+        guard = scf.IfOp(kb.lt(lin, n))
+        with ir.InsertionPoint(guard.then_block), ev.scope():
+            write()
+            scf.YieldOp([])
+
+
+class GenericStrategy(Strategy):
+    KIND = "generic"
+
+    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+        _, outs = E.kernel_signature(kernel)
+        total = max((E.numel(s.shape) for s in outs), default=1)
+        block = min(256, target.max_threads)
+        grid, stride = E.launch_geometry(total, block, E.max_grid_x(target.name))
+        return {"strategy": "generic", "block": block, "numel": total, "grid": grid, "grid_stride": stride}
+
+    def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
+        ins, outs = E.kernel_signature(kernel)
+        name = E.kernel_name(kernel)
+        block, total, grid = int(plan["block"]), int(plan["numel"]), int(plan["grid"])
+        f, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location)
+        args = list(entry.arguments)
+        with kernel.location, ir.InsertionPoint(entry):
+            kb = E.IndexBuilder(entry)
+            ev = Evaluator(kb, args[:len(ins)])
+            def body(lin):
+                with ev.scope():
+                    emit_outputs(ev, kernel, args[len(ins):], lin, total)
+
+            E.for_each_thread_item(kb, total, block, grid, bool(plan["grid_stride"]), body)
+            E.finish(entry)
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"})
+
+
+register(GenericStrategy())

@@ -1,0 +1,104 @@
+"""kf-tile: choose tile sizes and launch geometry for every kernel function.
+
+For each ``func.func`` with a ``kf.kernel = "<kind>"`` attribute the pass asks the
+kind's strategy for a plan on the target (``strategy_for(kind).plan(kernel,
+TargetInfo.for_target(target))``) and records it on the function as the dictionary
+attribute ``kf.plan``. A strategy that cannot take the kernel (``NotApplicable``) is
+replaced by the generic one, and the plan says so (``strategy = "generic"``).
+
+Planning is its own pass, not a step of kf-map-to-gpu, so that the choices can be read
+(and FileChecked, and changed by hand or by a later tuning pass) before any gpu code is
+written; kf-map-to-gpu takes the recorded plan when there is one.
+
+Plans are JSON-like: ints, floats, bools, strings, lists and dicts. In the attribute,
+lists of ints are ``array<i64: ...>``, other lists ``[...]``, dicts ``{...}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mlir import ir
+
+from .base import KfPass, PassError
+from .strategies import emit as E
+from .strategies.base import NotApplicable, Strategy, TargetInfo, strategy_for
+
+
+def plan_to_attr(value: Any) -> ir.Attribute:
+    """The MLIR attribute of a JSON-like plan value."""
+    if isinstance(value, bool):
+        return ir.BoolAttr.get(value)
+    if isinstance(value, int):
+        return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+    if isinstance(value, float):
+        return ir.FloatAttr.get_f64(value)
+    if isinstance(value, str):
+        return ir.StringAttr.get(value)
+    if isinstance(value, dict):
+        return ir.DictAttr.get({str(k): plan_to_attr(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return ir.DenseI64ArrayAttr.get([int(v) for v in value])
+        return ir.ArrayAttr.get([plan_to_attr(v) for v in value])
+    raise TypeError(f"a plan holds JSON-like values, not {type(value).__name__} ({value!r})")
+
+
+def attr_to_plan(attr: ir.Attribute) -> Any:
+    """The inverse of plan_to_attr."""
+    if isinstance(attr, ir.BoolAttr):
+        return bool(attr.value)
+    if isinstance(attr, ir.IntegerAttr):
+        return int(attr.value)
+    if isinstance(attr, ir.FloatAttr):
+        return float(attr.value)
+    if isinstance(attr, ir.StringAttr):
+        return attr.value
+    if isinstance(attr, ir.DenseI64ArrayAttr):
+        return list(attr)
+    if isinstance(attr, ir.DictAttr):
+        return {attr[i].name: attr_to_plan(attr[i].attr) for i in range(len(attr))}
+    if isinstance(attr, ir.ArrayAttr):
+        return [attr_to_plan(a) for a in attr]
+    raise TypeError(f"not a plan attribute: {attr}")
+
+
+def choose(kernel: ir.Operation, target: TargetInfo) -> tuple[Strategy, dict]:
+    """The strategy that takes kernel and its plan (generic when the kind's refuses)."""
+    strategy = strategy_for(E.kernel_kind(kernel))
+    try:
+        plan = strategy.plan(kernel, target)
+    except NotApplicable:
+        strategy = strategy_for("generic")
+        plan = strategy.plan(kernel, target)
+    # kf-map-to-gpu reads which strategy a recorded plan is for.
+    return strategy, {"strategy": strategy.KIND, **plan}
+
+
+def recorded_plan(kernel: ir.Operation) -> dict | None:
+    if "kf.plan" not in kernel.attributes:
+        return None
+    return attr_to_plan(kernel.attributes["kf.plan"])
+
+
+def check_target(target: str, location: ir.Location) -> None:
+    if target not in ("cuda", "spirv"):
+        raise PassError(f"target must be cuda or spirv, got '{target}'", location)
+
+
+@dataclasses.dataclass(frozen=True)
+class TilePass(KfPass):
+    NAME = "kf-tile"
+    DESCRIPTION = "record each kernel function's strategy plan (tile sizes, launch geometry) as kf.plan"
+
+    target: str = "cuda"
+    chip: str = "sm_90"
+
+    def run(self, module: ir.Operation) -> None:
+        check_target(self.target, module.location)
+        info = TargetInfo.for_target(self.target, self.chip)
+        for kernel in E.kernel_functions(module):
+            with kernel.context, kernel.location:
+                _, plan = choose(kernel, info)
+                kernel.attributes["kf.plan"] = plan_to_attr(plan)
