@@ -148,6 +148,38 @@ func.func @topk(%a: tensor<5x9xf32>) -> (tensor<5x2xf32>, tensor<5x2xi64>) {
 
 // -----
 
+// concat inserts each operand into one tensor.empty at its running offset; reshape
+// goes through 1-D (the canonicalizer merges the pair when a reassociation exists).
+// CHECK-LABEL: func.func @layout
+// CHECK: %[[E:.*]] = tensor.empty() : tensor<3x9xf32>
+// CHECK: %[[A:.*]] = tensor.insert_slice %arg0 into %[[E]][0, 0] [3, 7] [1, 1] : tensor<3x7xf32> into tensor<3x9xf32>
+// CHECK: %[[B:.*]] = tensor.insert_slice %arg1 into %[[A]][0, 7] [3, 2] [1, 1] : tensor<3x2xf32> into tensor<3x9xf32>
+// CHECK: %[[F:.*]] = tensor.collapse_shape %[[B]] {{\[\[}}0, 1]] : tensor<3x9xf32> into tensor<27xf32>
+// CHECK: tensor.expand_shape %[[F]] {{\[\[}}0, 1]] output_shape [9, 3] : tensor<27xf32> into tensor<9x3xf32>
+func.func @layout(%a: tensor<3x7xf32>, %b: tensor<3x2xf32>) -> tensor<9x3xf32> {
+  %0 = "kf.concat"(%a, %b) {dim = 1} : (tensor<3x7xf32>, tensor<3x2xf32>) -> tensor<3x9xf32>
+  %1 = "kf.reshape"(%0) : (tensor<3x9xf32>) -> tensor<9x3xf32>
+  return %1 : tensor<9x3xf32>
+}
+
+// -----
+
+// gather: a generic over the index that extracts from the input, the gathered dim
+// read from the index tensor and the others from linalg.index.
+// CHECK-LABEL: func.func @gather
+// CHECK: linalg.generic {{.*}} ins(%arg1 : tensor<3x4xi64>) outs(%{{.*}} : tensor<3x4xf32>)
+// CHECK: ^bb0(%[[IDX:.*]]: i64, %{{.*}}: f32):
+// CHECK: %[[ROW:.*]] = linalg.index 0 : index
+// CHECK: %[[COL:.*]] = arith.index_cast %[[IDX]] : i64 to index
+// CHECK: %[[X:.*]] = tensor.extract %arg0[%[[ROW]], %[[COL]]] : tensor<3x257xf32>
+// CHECK: linalg.yield %[[X]] : f32
+func.func @gather(%a: tensor<3x257xf32>, %i: tensor<3x4xi64>) -> tensor<3x4xf32> {
+  %0 = "kf.gather"(%a, %i) {dim = 1} : (tensor<3x257xf32>, tensor<3x4xi64>) -> tensor<3x4xf32>
+  return %0 : tensor<3x4xf32>
+}
+
+// -----
+
 // torch counts booleans into integers; a sum of i1 into i1 has no torch meaning.
 func.func @bool_sum(%a: tensor<3x7xi1>) -> tensor<3xi1> {
   // expected-error @+1 {{kf.sum of booleans needs an integer result type}}
