@@ -37,6 +37,10 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
    runs ``gpu-module-to-binary``: the result is a ``gpu.binary`` holding the SPIR-V words,
    checked with ``spirv-val`` when the tool exists.
 
+Subgroup ops (gpu.shuffle, gpu.subgroup_reduce) are lowered for the ``subgroup-size``
+option (default 32; lavapipe's is 8, AMD's often 64): a kernel using them records it and
+the launcher refuses a device with another size.
+
 Binding layout: descriptor set 0, binding i = kernel argument i (upstream's default
 ``spirv.interface_var_abi``, which this pass relies on and records). Every kernel's
 layout, workgroup size, workgroup-memory bytes and required capabilities are recorded on
@@ -116,12 +120,14 @@ class SpirvKernel:
     workgroup_bytes: int
     capabilities: tuple[str, ...]
     extensions: tuple[str, ...]
+    subgroup_size: int = 0  # the subgroup size its subgroup ops assume; 0: uses none
 
     def abi_extra(self) -> dict:
         """What goes into ``KernelABI.extra`` for the vulkan (and metal) launcher."""
         return {"spirv_bindings": [dataclasses.asdict(b) for b in self.bindings],
                 "workgroup_size": list(self.workgroup_size), "workgroup_bytes": self.workgroup_bytes,
-                "spirv_capabilities": list(self.capabilities), "spirv_extensions": list(self.extensions)}
+                "spirv_capabilities": list(self.capabilities), "spirv_extensions": list(self.extensions),
+                "subgroup_size": self.subgroup_size}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +219,7 @@ class ToSpirvPass(KfPass):
     use_64bit_index: bool = False
     capabilities: str = ",".join(DEFAULT_CAPABILITIES)
     shared_memory_bytes: int = DEFAULT_SHARED_BYTES
+    subgroup_size: int = 32  # what gpu.shuffle widths must equal; lavapipe's is 8
 
     def run(self, module: ir.Operation) -> None:
         gmods = [op.operation for op in module.regions[0].blocks[0].operations if op.operation.name == "gpu.module"]
@@ -257,7 +264,10 @@ class ToSpirvPass(KfPass):
             if spv is None:
                 raise PassError(f"convert-gpu-to-spirv produced no spirv.module for @{name}", gm.location)
             caps, exts = _vce(spv)
-            metadata[name] = {k: dataclasses.replace(v, capabilities=caps, extensions=exts)
+            # gpu.shuffle widths were checked against subgroup-size: such a kernel is only
+            # right on a device with that subgroup size (the launcher checks)
+            sg = self.subgroup_size if any(c.startswith("GroupNonUniform") for c in caps) else 0
+            metadata[name] = {k: dataclasses.replace(v, capabilities=caps, extensions=exts, subgroup_size=sg)
                               for k, v in metadata[name].items()}
             spv.attributes["kf.kernels"] = _kernels_attr(metadata[name])
             if self.serialize:
@@ -285,7 +295,7 @@ class ToSpirvPass(KfPass):
         text = (f"#spirv.target_env<#spirv.vce<v1.3, [{', '.join(caps)}], [{', '.join(DEFAULT_EXTENSIONS)}]>, "
                 f"api=Vulkan, #spirv.resource_limits<max_compute_shared_memory_size = {self.shared_memory_bytes}, "
                 f"max_compute_workgroup_invocations = {DEFAULT_MAX_INVOCATIONS}, "
-                f"max_compute_workgroup_size = [1024, 1024, 64]>>")
+                f"max_compute_workgroup_size = [1024, 1024, 64], subgroup_size = {self.subgroup_size}>>")
         gm.attributes["spirv.target_env"] = ir.Attribute.parse(text)
 
     def _prepare_kernels(self, gm: ir.Operation, default) -> dict[str, SpirvKernel]:
@@ -699,6 +709,7 @@ def _kernels_attr(kernels: dict[str, SpirvKernel]) -> ir.Attribute:
         out[k.entry] = ir.DictAttr.get({
             "workgroup_size": ir.DenseI64ArrayAttr.get(list(k.workgroup_size)),
             "workgroup_bytes": ir.IntegerAttr.get(i64, k.workgroup_bytes),
+            "subgroup_size": ir.IntegerAttr.get(i64, k.subgroup_size),
             "capabilities": ir.ArrayAttr.get([ir.StringAttr.get(c) for c in k.capabilities]),
             "extensions": ir.ArrayAttr.get([ir.StringAttr.get(c) for c in k.extensions]),
             "bindings": ir.ArrayAttr.get([ir.DictAttr.get({
@@ -723,7 +734,7 @@ def kernels_from_attr(attr: ir.Attribute) -> dict[str, SpirvKernel]:
             for b in map(ir.DictAttr, ir.ArrayAttr(k["bindings"])))
         out[entry] = SpirvKernel(entry, tuple(ir.DenseI64ArrayAttr(k["workgroup_size"])), bindings,
                                  ir.IntegerAttr(k["workgroup_bytes"]).value, strs(k["capabilities"]),
-                                 strs(k["extensions"]))
+                                 strs(k["extensions"]), ir.IntegerAttr(k["subgroup_size"]).value)
     return out
 
 

@@ -106,6 +106,7 @@ class Device:
     timestamps: bool
     memory_type: int
     command_pool: object
+    subgroup_size: int = 0  # 0 when the device cannot say (Vulkan < 1.1)
     pipelines: dict = field(default_factory=dict)
     pool: dict = field(default_factory=dict)  # size -> free buffers of that size
     pooled_bytes: int = 0
@@ -138,6 +139,10 @@ class Device:
         if any(g > m for g, m in zip(kernel.grid, self.limits["max_workgroup_count"])):
             raise VulkanError(f"kernel {kernel.entry}: grid {kernel.grid} is over {self.name}'s limit "
                               f"{self.limits['max_workgroup_count']}")
+        sg = kernel.extra.get("subgroup_size", 0)
+        if sg and sg != self.subgroup_size:
+            raise VulkanError(f"kernel {kernel.entry} was compiled for subgroup size {sg}; {self.name} has "
+                              f"{self.subgroup_size} (compile with kf-to-spirv{{subgroup-size={self.subgroup_size}}})")
         if kernel.extra.get("workgroup_bytes", 0) > self.limits["max_shared_bytes"]:
             raise VulkanError(f"kernel {kernel.entry} uses {kernel.extra['workgroup_bytes']} bytes of workgroup "
                               f"memory; {self.name} has {self.limits['max_shared_bytes']}")
@@ -172,6 +177,9 @@ class Device:
     # ---- buffers ---------------------------------------------------------------------
     def buffer(self, nbytes: int) -> _Buffer:
         """A mapped storage buffer of at least nbytes, from the pool when one is free."""
+        if nbytes > self.limits["max_storage_buffer_range"]:
+            raise VulkanError(f"a {nbytes}-byte tensor is larger than {self.name}'s largest storage buffer "
+                              f"({self.limits['max_storage_buffer_range']} bytes)")
         # Sizes round up to a power of two (>= 256 B; Vulkan forbids empty buffers) so
         # that buffers of a repeated call are reused: allocating and mapping dominated
         # the launch time of a 4 MiB elementwise kernel on lavapipe.
@@ -261,7 +269,8 @@ class Device:
                         writes.append(vk.VkWriteDescriptorSet(
                             sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=ds, dstBinding=i, descriptorCount=1,
                             descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                            pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.buffer, offset=0, range=b.size)]))
+                            pBufferInfo=[vk.VkDescriptorBufferInfo(
+                                buffer=b.buffer, offset=0, range=min(b.size, self.limits["max_storage_buffer_range"]))]))
                 if writes:
                     vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
                 cmd = self.check(vk.vkAllocateCommandBuffers, dev, vk.VkCommandBufferAllocateInfo(
@@ -438,9 +447,15 @@ def _make_device() -> Device:
               "max_workgroup_invocations": lim.maxComputeWorkGroupInvocations,
               "max_shared_bytes": lim.maxComputeSharedMemorySize,
               "max_storage_buffer_range": lim.maxStorageBufferRange}
+    subgroup_size = 0
+    if api >= (1, 1, 0):
+        sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
+        vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=sub))
+        subgroup_size = int(sub.subgroupSize)
     return Device(vk, instance, pd, handle, queue, qf, name, kind, api, features, limits,
                   float(lim.timestampPeriod), bool(family.timestampValidBits and lim.timestampComputeAndGraphics),
-                  memory_type, pool)
+                  memory_type, pool, subgroup_size)
 
 
 def _check_tensor(t, elem: str, what: str):

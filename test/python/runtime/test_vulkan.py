@@ -508,6 +508,52 @@ def test_vector_loads_and_stores():
     torch.testing.assert_close(c, (z.exp().sum(1, keepdim=True) + z).view(-1), rtol=1e-5, atol=1e-5)
 
 
+def subgroup_kernel(n: int, width: int) -> str:
+    """gpu.shuffle xor 1 (swap neighbours) and gpu.subgroup_reduce add over each subgroup."""
+    t = f"memref<{n}xf32>"
+    return f"""
+module attributes {{gpu.container_module}} {{
+  gpu.module @kf_kernels {{
+    gpu.func @sg(%a: {t}, %c: {t}, %d: {t}) kernel attributes {{known_block_size = array<i32: 64, 1, 1>}} {{
+      %tid = gpu.thread_id x
+      %bid = gpu.block_id x
+      %c64 = arith.constant 64 : index
+      %base = arith.muli %bid, %c64 : index
+      %i = arith.addi %base, %tid : index
+      %x = memref.load %a[%i] : {t}
+      %one = arith.constant 1 : i32
+      %w = arith.constant {width} : i32
+      %s, %ok = gpu.shuffle xor %x, %one, %w : f32
+      memref.store %s, %c[%i] : {t}
+      %r = gpu.subgroup_reduce add %x : (f32) -> f32
+      memref.store %r, %d[%i] : {t}
+      gpu.return
+    }}
+  }}
+}}
+"""
+
+
+@needs_vulkan
+def test_subgroup_ops():
+    """Compiled for the device's subgroup size (lavapipe: 8); another size is refused."""
+    size = vulkan.device().subgroup_size
+    n = 256
+    [b] = compile_spirv(subgroup_kernel(n, size), subgroup_size=size)
+    k = b.kernels["sg"]
+    assert k.subgroup_size == size
+    a, c, d = torch.randn(n), torch.empty(n), torch.empty(n)
+    vulkan.launch(b.binary, kernel_abi(k, (n // 64, 1, 1)), [a, c, d], written=[1, 2])
+    assert torch.equal(c, a.view(-1, 2).flip(1).reshape(-1))
+    torch.testing.assert_close(d, a.view(-1, size).sum(1, keepdim=True).expand(-1, size).reshape(-1))
+    other = 64 if size != 64 else 32
+    [b] = compile_spirv(subgroup_kernel(n, other), subgroup_size=other)
+    with pytest.raises(vulkan.VulkanError, match=f"subgroup size {other}"):
+        vulkan.launch(b.binary, kernel_abi(b.kernels["sg"], (n // 64, 1, 1)), [a, c, d])
+    with pytest.raises(PassError, match="gpu.shuffle"):  # width != subgroup-size: upstream cannot lower it
+        compile_spirv(subgroup_kernel(n, other), subgroup_size=size)
+
+
 @needs_vulkan
 def test_run_program_chains_kernels_through_a_temporary():
     """Two kernels in one submission: t = a*b + exp(a); out = t*b + exp(t), with a
