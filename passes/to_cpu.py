@@ -250,6 +250,12 @@ def to_destination_passing(f: ir.Operation) -> None:
             func.ReturnOp([])
         ret.erase()
         f.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(in_types + out_types, []))
+        # Per-argument attributes (parameter names, say) must match the new arity.
+        if "arg_attrs" in f.attributes:
+            kept = list(ir.ArrayAttr(f.attributes["arg_attrs"]))
+            f.attributes["arg_attrs"] = ir.ArrayAttr.get(kept + [ir.DictAttr.get({})] * len(out_types))
+        if "res_attrs" in f.attributes:
+            del f.attributes["res_attrs"]
         f.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
 
 
