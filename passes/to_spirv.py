@@ -19,7 +19,8 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
    - ``memref.alloca`` in workgroup space becomes ``memref.alloc`` (only alloc has a
      Workgroup pattern upstream);
    - math ops upstream's MathToSPIRV lacks (erf, erfc, exp2, trunc, cbrt, atan2, ipowi)
-     are expanded (``_expand_math``), and ``arith-expand`` rewrites floordivsi/ceildivsi;
+     are expanded and powf gets torch's values where GLSL's pow is undefined
+     (``_expand_math``); ``arith-expand`` rewrites floordivsi/ceildivsi;
    - 1-D ``vector.load/store`` on scalar memrefs become scalar accesses (upstream's
      pointer bitcast is illegal under Vulkan's logical addressing);
    - bf16 (see below);
@@ -47,8 +48,8 @@ layout, workgroup size, workgroup-memory bytes and required capabilities are rec
 the result op as ``kf.kernels``; ``compile_spirv`` returns them as plain data for
 ``runtime/abi.py``'s ``KernelABI.extra`` (see ``SpirvKernel.abi_extra``).
 
-Element types: f32, f16, i32, i64, i8 natively (lavapipe has shaderFloat16, Int64,
-Int16, Int8 and 16/8-bit storage); i1 buffers are stored as one byte per element (what
+Element types of arguments: f32, f16, i32, i64 natively (lavapipe has shaderFloat16,
+Int64, Int16, Int8 and 16/8-bit storage); i1 buffers are stored as one byte per element (what
 torch's bool is), upstream's ``boolNumBits = 8``. **bf16** has no Vulkan storage type
 here (SPV_KHR_bfloat16 is newer than the drivers kf meets), and upstream silently
 widens ``memref<bf16>`` to an f32 array, which would break the byte layout of torch's
@@ -90,8 +91,9 @@ DEFAULT_SHARED_BYTES = 32768
 DEFAULT_MAX_INVOCATIONS = 1024
 
 #: element type of a kernel argument -> element type of its SPIR-V storage buffer.
-STORAGE_ELEM = {"f32": "f32", "f16": "f16", "bf16": "i16", "i1": "i8", "i8": "i8", "i16": "i16", "i32": "i32",
-                "i64": "i64", "f64": "f64"}
+#: (f64 is left out: Metal has no double and many Vulkan devices lack shaderFloat64; the
+#: fp8 types have no SPIR-V storage here either.)
+STORAGE_ELEM = {"f32": "f32", "f16": "f16", "bf16": "i16", "i1": "i8", "i32": "i32", "i64": "i64"}
 _ELEM_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "i1": 1}
 
 

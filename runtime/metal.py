@@ -85,6 +85,9 @@ def launch(msl: str, kernel: KernelABI, args: Sequence) -> None:
             raise MetalError(f"argument {i} of {kernel.entry} is not contiguous")
         if layout is not None and t.dtype != getattr(torch, ELEM_INFO[layout[i]["elem"]][0]):
             raise MetalError(f"argument {i} of {kernel.entry} is {t.dtype}; compiled for {layout[i]['elem']}")
+    if kernel.extra.get("subgroup_size", 0) not in (0, 32):  # Apple GPUs' SIMD groups are 32 wide
+        raise MetalError(f"kernel {kernel.entry} was compiled for subgroup size {kernel.extra['subgroup_size']}; "
+                         f"Apple GPUs have 32")
     block = tuple(kernel.extra.get("threadgroup_size", kernel.block))
     fn = getattr(library(msl), kernel.extra.get("msl_function", kernel.entry))
     threads = [g * b for g, b in zip(kernel.grid, block)]
