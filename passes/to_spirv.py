@@ -324,6 +324,9 @@ class ToSpirvPass(KfPass):
                 if not isinstance(t, ir.MemRefType) or not t.has_static_shape:
                     raise PassError(f"kernel @{entry}: argument {i} is {t}; kf kernels take statically shaped "
                                     f"memrefs only", op.location)
+                if ir.MemRefType.get(t.shape, t.element_type, None, t.memory_space, loc=op.location) != t:
+                    raise PassError(f"kernel @{entry}: argument {i} is {t}; arguments are dense row-major "
+                                    f"buffers (identity layout)", op.location)
                 if _memory_space(t) not in ("", "#gpu.address_space<global>"):
                     raise PassError(f"kernel @{entry}: argument {i} is in memory space {t.memory_space}; "
                                     f"arguments are global buffers", op.location)

@@ -62,3 +62,14 @@ module {
     return
   }
 }
+
+// -----
+
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    // expected-error @below {{argument 0 is memref<4x8xf32, strided<[16, 1]>>; arguments are dense row-major buffers (identity layout)}}
+    gpu.func @strided(%a: memref<4x8xf32, strided<[16, 1]>>) kernel attributes {known_block_size = array<i32: 16, 1, 1>} {
+      gpu.return
+    }
+  }
+}
