@@ -25,9 +25,11 @@ The operands of the matmul are also evaluated through ``Pointwise`` while the ti
 loaded, so ``x @ w.T`` (a kf.transpose of an argument) and broadcast batch dims read the
 arguments directly; no transposed copy is made.
 
-This module also holds the small IR-building helpers that the attention strategy shares
-(``KernelView``, ``GpuFunc``, ``Pointwise``): they will move to ``emit.py`` when the
-shared emission helpers land there.
+This module also holds the IR-building helpers that the attention strategy shares and
+that ``emit.py`` (the shared helpers, which this imports its types from) does not offer:
+a gpu.func with workgroup attributions and scf loops/ifs with carried values
+(``GpuFunc``), and the evaluation of a kernel function's elementwise ops at one index
+(``Pointwise``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from kf.dialects.attrs import op_attrs
 from kf.passes import scalar_math
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
+from .emit import compute_type, memref_type
 
 WORKGROUP = "#gpu.address_space<workgroup>"
 
@@ -91,22 +94,6 @@ class KernelView:
             if a == v:
                 return i
         return None
-
-
-def memref_type(spec, space: str | None = None) -> ir.MemRefType:
-    elem = ir.Type.parse(spec.elem)
-    ms = ir.Attribute.parse(space) if space else None
-    return ir.MemRefType.get(list(spec.shape), elem, memory_space=ms)
-
-
-def compute_type(elem: str) -> ir.Type:
-    """The type an element of ``elem`` is computed in: f32 for every float but f64
-    (precision policy), the integer type itself otherwise."""
-    if elem == "f64":
-        return ir.F64Type.get()
-    if elem in ("f32", "f16", "bf16") or elem.startswith("f8"):
-        return ir.F32Type.get()
-    return ir.Type.parse(elem)
 
 
 # --------------------------------------------------------------------------- gpu.func
