@@ -574,6 +574,43 @@ def test_run_program_chains_kernels_through_a_temporary():
     assert [e for e, _ in timings] == ["ew", "ew"]
 
 
+def _funcs(text: str) -> str:
+    """The gpu.func(s) of a one-gpu.module text, to merge kernels into one module."""
+    start = text.index("    gpu.func")
+    return text[start:text.rindex("  }\n}")].rstrip() + "\n"
+
+
+@needs_vulkan
+def test_two_entry_points_in_one_binary():
+    """One gpu.module with two kernels is one SPIR-V binary with two entry points; a
+    program runs them in order, the second reading the first's temporary as a matrix."""
+    rows, cols = 5, 300
+    n = rows * cols
+    ew = elementwise_kernel(n, "f32", 256)
+    stats = row_stats_kernel(rows, cols, "f32", 128)
+    text = ew[:ew.index("    gpu.func")] + _funcs(ew) + _funcs(stats) + "  }\n}\n"
+    [b] = compile_spirv(text)
+    assert set(b.kernels) == {"ew", "row_stats"}
+    ke, ks = b.kernels["ew"], b.kernels["row_stats"]
+    abi = ProgramABI(
+        "vulkan", (TensorArg("a", (n,), "f32"), TensorArg("b", (n,), "f32")),
+        tuple(TensorArg(name, (rows,), "f32") for name in ("sum", "mean", "var")), (TensorArg("t", (n,), "f32"),),
+        (dataclass_replace(kernel_abi(ke, (math.ceil(n / 256), 1, 1)), args=(0, 1, 5), artifact="m.spv"),
+         dataclass_replace(kernel_abi(ks, (rows, 1, 1)), args=(5, 2, 3, 4), artifact="m.spv")))
+    gen = torch.Generator().manual_seed(1)
+    a, bb = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    s, m, v = vulkan.run_program(abi, {"m.spv": b.binary}, [a, bb])
+    t = (a * bb + a.exp()).view(rows, cols)
+    torch.testing.assert_close(s, t.sum(1), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(m, t.mean(1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(v, t.var(1, unbiased=False), rtol=1e-4, atol=1e-4)
+    if shutil.which("spirv-cross"):
+        from kf.passes.to_metal import compile_metal
+
+        msl = compile_metal(text)
+        assert "threadgroup float" not in msl["ew"].source and "threadgroup float" in msl["row_stats"].source
+
+
 @needs_vulkan
 def test_clear_errors():
     binary, k = compile_one(elementwise_kernel(16, "f32", 16))
