@@ -56,15 +56,12 @@ class CompiledProgram:
 def _load(entry: cache.Entry) -> CompiledProgram:
     from kf.runtime.abi import ProgramABI
 
+    from kf.runtime import programs
+
     meta = entry.meta
     abi = ProgramABI.from_json(meta["abi"])
     tree = json.loads(meta["output_tree"])
-    if abi.target == "cpu":
-        from kf.runtime import cpu
-
-        launcher = cpu.load(abi, str(entry.directory))
-    else:  # pragma: no cover - filled in with the GPU targets
-        raise TargetError(f"no launcher for target '{abi.target}'")
+    launcher = programs.load(abi, str(entry.directory), meta)
     return CompiledProgram(launcher, _tuple_tree(tree), meta, entry.directory)
 
 
@@ -117,11 +114,11 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     log = log or StageLog(cap.name, dump_dir_for(options.dump_ir))
     log.record("kf", cap.module)
     run_passes(cap.module, ["kf-canonicalize"], log)
+    extra_meta: dict = {}
     if options.target == "cpu":
         abi, artifacts = _build_cpu(cap, log)
     elif options.target in ("cuda", "vulkan", "metal"):
-        raise TargetError(f"{cap.name}: code generation for target '{options.target}' is not built yet",
-                          cause="use target='cpu', or interpret=True (KF_INTERPRET=1) to run the kf IR with torch")
+        abi, artifacts, extra_meta = _build_gpu(cap, log, options.target, arch)
     else:
         raise TargetError(f"unknown target {options.target}")
     meta = {
@@ -130,8 +127,50 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         "abi": abi.to_json(),
         "output_tree": json.dumps(cap.output_tree),
         "compile_seconds": log.seconds,
+        **extra_meta,
     }
     return meta, artifacts
+
+
+#: The GPU pipeline after kf-canonicalize; {t} is the strategies' target (cuda, spirv).
+GPU_PASSES = ["kf-fuse", "kf-tile{{target={t}{chip}}}", "kf-map-to-gpu{{target={t}{chip}}}",
+              "kf-promote-shared", "kf-vectorize"]
+
+
+def gpu_passes(target: str, arch: str) -> list[str]:
+    """The kf passes from fused kernels to the gpu.module, for registered passes only
+    (kf-promote-shared and kf-vectorize are optimizations: a build without them is correct)."""
+    from kf.passes import registry
+
+    t = "cuda" if target == "cuda" else "spirv"
+    chip = f" chip={arch}" if target == "cuda" and arch else ""
+    out = []
+    for p in GPU_PASSES:
+        name = p.split("{")[0]
+        if registry.is_kf_pass(name):
+            out.append(p.format(t=t, chip=chip))
+    return out
+
+
+def _build_gpu(cap, log, target: str, arch: str):
+    from . import gpu_codegen
+    from .stages import run_passes
+
+    gpu_codegen.reject_fallbacks(cap.module, cap.name, target)
+    passes = gpu_passes(target, arch)
+    run_passes(cap.module, passes, log, record_after={passes[0]: "fused", passes[-1]: "gpu"})
+    abi, constants, repeats = gpu_codegen.schedule_abi(cap.module, cap.name, cap.input_names, target)
+    if target == "cuda":
+        abi, artifacts = gpu_codegen.lower_cuda(cap.module, abi, arch, log)
+    else:
+        abi, artifacts = gpu_codegen.lower_spirv(cap.module, abi, log, metal=target == "metal")
+    blob, table = b"", []
+    for arg, data in constants:
+        table.append({"offset": len(blob), "nbytes": len(data), "shape": list(arg.shape), "elem": arg.elem})
+        blob += data + b"\0" * (-len(data) % 16)
+    if table:
+        artifacts["constants.bin"] = blob
+    return abi, artifacts, {"constants": table, "repeats": repeats}
 
 
 def _build_cpu(cap, log):

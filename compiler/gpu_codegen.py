@@ -1,0 +1,208 @@
+"""The GPU half of the driver: from kernels written by the strategies to a ProgramABI
+and the target's binaries.
+
+After ``kf-map-to-gpu`` the entry function is a launch schedule: ``kf.constant`` ops
+(host data), and ``func.call``s of kernel declarations whose ``kf.gpu_func`` names the
+gpu.func to launch. This module numbers the program's buffers (the user's inputs, then
+the constants, then the outputs, then temporaries), writes one KernelABI per call, and
+lowers the gpu.module with ``kf-to-cuda`` (PTX), ``kf-to-spirv`` (SPIR-V) or
+``kf-to-metal`` (MSL).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+from mlir import ir
+
+from kf.dialects.attrs import from_attr
+from kf.dialects.types import spec_of
+from kf.runtime.abi import ELEM_INFO, KernelABI, ProgramABI, TensorArg
+
+from .errors import SourceLoc, TargetError
+
+GPU_MODULE = "kf_kernels"
+
+
+def _defining(v: ir.Value):
+    owner = v.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+def _func(module: ir.Module, name: str) -> ir.Operation:
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    raise KeyError(name)
+
+
+def _gpu_funcs(module: ir.Module) -> dict[str, ir.Operation]:
+    out = {}
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "gpu.module":
+            for f in op.regions[0].blocks[0].operations:
+                f = f.operation
+                if f.name == "gpu.func":
+                    out[ir.StringAttr(f.attributes["sym_name"]).value] = f
+    return out
+
+
+def _targ(name: str, t: ir.Type) -> TensorArg:
+    s = spec_of(t)
+    return TensorArg(name, s.shape, s.elem)
+
+
+def _constant_bytes(attr: ir.Attribute, elem: str) -> bytes:
+    arr = np.array(attr)
+    torch_name = ELEM_INFO[elem][0]
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(arr)).to(getattr(torch, torch_name))
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def reject_fallbacks(module: ir.Module, entry: str, target: str) -> None:
+    """torch-mlir-imported ops run on the CPU target only: say so at the user's line."""
+    f = _func(module, entry)
+    for op in f.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "func.call":
+            callee = _func(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+            if "kf.aten" in callee.attributes:
+                aten = ir.StringAttr(callee.attributes["kf.aten"]).value
+                m = re.search(r'loc\("([^"]+)":(\d+):(\d+)', str(op.location))
+                loc = SourceLoc(m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+                raise TargetError(f"{aten} has no kf op; its torch-mlir lowering runs on the cpu target only",
+                                  loc, cause=f"use target='cpu' for this function, or rewrite the op with "
+                                             f"supported torch ops (target '{target}')")
+
+
+def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: str
+                 ) -> tuple[ProgramABI, list[tuple[TensorArg, bytes]], list[int]]:
+    """The program's ABI from the launch schedule, the constants' data, and for each output
+    the index of an earlier output it repeats (-1 if none)."""
+    f = _func(module, entry)
+    block = f.regions[0].blocks[0]
+    gfuncs = _gpu_funcs(module)
+    buffer_of: dict = {}
+    inputs = [_targ(n, a.type) for n, a in zip(input_names, block.arguments)]
+    for i, a in enumerate(block.arguments):
+        buffer_of[a] = i
+    constants: list[tuple[TensorArg, bytes]] = []
+    ops = [op.operation for op in block.operations]
+    for op in ops:
+        if op.name == "kf.constant":
+            s = spec_of(op.result.type)
+            arg = TensorArg(f"const{len(constants)}", s.shape, s.elem)
+            constants.append((arg, _constant_bytes(from_attr(op.attributes["value"]), s.elem)))
+            buffer_of[op.result] = len(inputs) + len(constants) - 1
+    n_in = len(inputs) + len(constants)
+    ret = next(op for op in ops if op.name == "func.return")
+    outputs, aliases, repeats = [], [], []
+    for j, v in enumerate(ret.operands):
+        outputs.append(_targ(f"result{j}", v.type))
+        first = next((i for i, w in enumerate(list(ret.operands)[:j]) if w == v), -1)
+        repeats.append(first)
+        if v in buffer_of and buffer_of[v] < n_in:
+            aliases.append(buffer_of[v])
+        else:
+            aliases.append(-1)
+            if first < 0:
+                buffer_of[v] = n_in + j
+    temporaries: list[TensorArg] = []
+    kernels: list[KernelABI] = []
+    n_fixed = n_in + len(outputs)
+    for op in ops:
+        if op.name != "func.call":
+            continue
+        callee = _func(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+        if "kf.gpu_func" not in callee.attributes:
+            raise TargetError(f"{entry}: call of @{ir.StringAttr(callee.attributes['sym_name']).value} "
+                              f"is not a kf kernel")
+        gname = str(callee.attributes["kf.gpu_func"]).split("::@")[-1].lstrip("@")
+        g = gfuncs[gname]
+        for r in op.results:
+            if r not in buffer_of:
+                buffer_of[r] = n_fixed + len(temporaries)
+                temporaries.append(_targ(f"tmp{len(temporaries)}", r.type))
+        args = tuple(buffer_of[v] for v in op.operands) + tuple(buffer_of[r] for r in op.results)
+        lines = tuple(from_attr(a) for a in ir.ArrayAttr(g.attributes["kf.fused_lines"])) \
+            if "kf.fused_lines" in g.attributes else ()
+        shared = int(from_attr(g.attributes["kf.shared_bytes"])) if "kf.shared_bytes" in g.attributes else 0
+        kernels.append(KernelABI(entry=gname, args=args, grid=tuple(from_attr(g.attributes["kf.grid"])),
+                                 block=tuple(from_attr(g.attributes["kf.block"])), shared_bytes=shared,
+                                 artifact="", fused_lines=tuple(str(x) for x in lines),
+                                 extra={"strategy": str(from_attr(g.attributes["kf.strategy"]))
+                                        if "kf.strategy" in g.attributes else ""}))
+    all_inputs = tuple(inputs) + tuple(c for c, _ in constants)
+    abi = ProgramABI(target=target, inputs=all_inputs, outputs=tuple(outputs), temporaries=tuple(temporaries),
+                     kernels=tuple(kernels), output_aliases=tuple(aliases))
+    return abi, constants, repeats
+
+
+def _with(k: KernelABI, **changes) -> KernelABI:
+    import dataclasses
+
+    return dataclasses.replace(k, **changes)
+
+
+def lower_cuda(module: ir.Module, abi: ProgramABI, arch: str, log) -> tuple[ProgramABI, dict[str, bytes]]:
+    from kf.passes.to_cuda import assemble, compile_to_ptx, ptxas_path
+
+    ptx = compile_to_ptx(module, chip=arch)[GPU_MODULE]
+    log.texts["ptx"] = ptx
+    log.dump("ptx", ptx, "ptx")
+    report = {}
+    if ptxas_path():
+        try:
+            report = assemble(ptx, arch).report
+        except Exception as e:  # ptxas rejecting kf's PTX is a compiler bug: say so
+            raise TargetError("ptxas rejected the PTX kf produced", cause=str(e).splitlines()[0]) from None
+    kernels = tuple(_with(k, artifact=f"{GPU_MODULE}.ptx", extra=dict(k.extra, ptxas=report.get(k.entry, {})))
+                    for k in abi.kernels)
+    return _with(abi, kernels=kernels), {f"{GPU_MODULE}.ptx": ptx.encode()}
+
+
+def _spirv_text(binary: bytes) -> str:
+    dis = shutil.which("spirv-dis")
+    if not dis:
+        return f"; {len(binary)} bytes of SPIR-V (install spirv-tools for the disassembly)"
+    with tempfile.NamedTemporaryFile(suffix=".spv") as f:
+        f.write(binary)
+        f.flush()
+        return subprocess.run([dis, f.name], capture_output=True, text=True).stdout
+
+
+def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool) -> tuple[ProgramABI, dict[str, bytes]]:
+    from kf.passes.to_spirv import compile_spirv
+
+    binaries = compile_spirv(module)
+    binary = next(b for b in binaries if b.name == GPU_MODULE)
+    text = _spirv_text(binary.binary)
+    log.texts["spirv"] = text
+    log.dump("spirv", text, "spvasm")
+    artifacts = {f"{GPU_MODULE}.spv": binary.binary}
+    kernels = []
+    for k in abi.kernels:
+        sk = binary.kernels[k.entry]
+        kernels.append(_with(k, artifact=f"{GPU_MODULE}.spv", extra=dict(k.extra, **sk.abi_extra())))
+    if metal:
+        from kf.passes.to_metal import ToMetalPass
+
+        p = ToMetalPass()
+        msl_all = []
+        for i, k in enumerate(kernels):
+            mk = p.kernel(binary.binary, binary.kernels[k.entry])
+            name = f"{k.entry}.metal"
+            artifacts[name] = mk.source.encode()
+            msl_all.append(mk.source)
+            kernels[i] = _with(k, artifact=name, extra=dict(k.extra, **mk.abi_extra()))
+        log.texts["msl"] = "\n".join(msl_all)
+        log.dump("msl", log.texts["msl"], "metal")
+    return _with(abi, kernels=tuple(kernels)), artifacts

@@ -1,0 +1,150 @@
+"""Loading a compiled program from its cache folder and running it: one launcher per
+target, over the ProgramABI's buffers (inputs, constants, outputs, temporaries).
+
+Nothing here imports mlir or the compiler: a cache hit runs from program.json and the
+artifacts alone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from .abi import ELEM_INFO, ProgramABI, TensorArg
+
+
+def _dtype(elem: str) -> torch.dtype:
+    return getattr(torch, ELEM_INFO[elem][0])
+
+
+class LaunchError(TypeError):
+    """The tensors of a call do not fit the compiled program."""
+
+
+def _constants(meta: dict, directory: str) -> list[torch.Tensor]:
+    out = []
+    path = os.path.join(directory, "constants.bin")
+    data = open(path, "rb").read() if meta.get("constants") else b""
+    for c in meta.get("constants", []):
+        raw = bytearray(data[c["offset"]:c["offset"] + c["nbytes"]])
+        t = torch.frombuffer(raw, dtype=torch.uint8).view(_dtype(c["elem"])).reshape(c["shape"]) \
+            if c["nbytes"] else torch.empty(c["shape"], dtype=_dtype(c["elem"]))
+        out.append(t.clone())
+    return out
+
+
+class _Program:
+    def __init__(self, abi: ProgramABI, directory: str, meta: dict, device: str):
+        self.abi = abi
+        self.directory = directory
+        self.n_user = len(abi.inputs) - len(meta.get("constants", []))
+        self.constants = [c.to(device) for c in _constants(meta, directory)]
+        self.repeats = meta.get("repeats", [-1] * len(abi.outputs))
+
+    def _check(self, inputs: Sequence[torch.Tensor], device_type: str) -> list[torch.Tensor]:
+        if len(inputs) != self.n_user:
+            raise LaunchError(f"the program takes {self.n_user} tensors, got {len(inputs)}")
+        out = []
+        for t, a in zip(inputs, self.abi.inputs):
+            if t.device.type != device_type:
+                raise LaunchError(f"'{a.name}' is on {t.device}; this program runs on {device_type} tensors")
+            if tuple(t.shape) != a.shape or t.dtype != _dtype(a.elem):
+                raise LaunchError(f"'{a.name}': compiled for {a.elem}{list(a.shape)}, got {t.dtype} {list(t.shape)}")
+            out.append(t if t.is_contiguous() else t.contiguous())
+        return out + self.constants
+
+    def _finish(self, outs: list) -> tuple:
+        for j, first in enumerate(self.repeats):
+            if first >= 0:
+                outs[j] = outs[first]
+        return tuple(outs)
+
+
+class CudaProgram(_Program):
+    """Kernels launched in order on torch's current stream; outputs and temporaries are
+    allocated with torch's caching allocator, so a call does no synchronization."""
+
+    def __init__(self, abi: ProgramABI, directory: str, meta: dict):
+        super().__init__(abi, directory, meta, "cuda")
+        from . import cuda
+
+        modules = {}
+        buffers = list(abi.inputs) + list(abi.outputs) + list(abi.temporaries)
+        self.kernels = []
+        for k in abi.kernels:
+            if k.artifact not in modules:
+                with open(os.path.join(directory, k.artifact), "rb") as f:
+                    modules[k.artifact] = cuda.CudaModule(f.read().decode())
+            self.kernels.append((cuda.CudaKernel.from_abi(k, buffers, modules[k.artifact], validate=False), k.args))
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple:
+        ins = self._check(inputs, "cuda")
+        dev = ins[0].device if ins else torch.device("cuda")
+        outs = [torch.empty(a.shape, dtype=_dtype(a.elem), device=dev) for a in self.abi.outputs]
+        temps = [torch.empty(a.shape, dtype=_dtype(a.elem), device=dev) for a in self.abi.temporaries]
+        bufs = ins + outs + temps
+        for kernel, args in self.kernels:
+            kernel(*[bufs[i] for i in args])
+        for j, alias in enumerate(self.abi.output_aliases):
+            if alias >= 0:
+                outs[j] = ins[alias].reshape(self.abi.outputs[j].shape)
+        return self._finish(outs)
+
+
+class VulkanProgram(_Program):
+    """Runs on the Vulkan device (lavapipe in CI) over CPU tensors, one submission per call."""
+
+    def __init__(self, abi: ProgramABI, directory: str, meta: dict):
+        super().__init__(abi, directory, meta, "cpu")
+        self.binaries = {}
+        for k in abi.kernels:
+            if k.artifact not in self.binaries:
+                with open(os.path.join(directory, k.artifact), "rb") as f:
+                    self.binaries[k.artifact] = f.read()
+
+    def __call__(self, *inputs: torch.Tensor, timings: list | None = None) -> tuple:
+        from . import vulkan
+
+        return self._finish(list(vulkan.run_program(self.abi, self.binaries, self._check(inputs, "cpu"),
+                                                    timings=timings)))
+
+
+class MetalProgram(_Program):
+    """Runs the MSL kernels on Apple GPUs through torch.mps."""
+
+    def __init__(self, abi: ProgramABI, directory: str, meta: dict):
+        super().__init__(abi, directory, meta, "mps")
+        self.sources = {}
+        for k in abi.kernels:
+            with open(os.path.join(directory, k.artifact)) as f:
+                self.sources[k.artifact] = f.read()
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple:
+        from . import metal
+
+        return self._finish(list(metal.run_program(self.abi, self.sources, self._check(inputs, "mps"))))
+
+
+def load(abi: ProgramABI, directory: str, meta: dict):
+    """The launcher of a program of any target."""
+    if abi.target == "cpu":
+        from . import cpu
+
+        return cpu.load(abi, directory)
+    if abi.target == "cuda":
+        return CudaProgram(abi, directory, meta)
+    if abi.target == "vulkan":
+        return VulkanProgram(abi, directory, meta)
+    if abi.target == "metal":
+        from . import metal
+
+        if not metal.is_available():
+            raise metal.MetalUnavailable("Metal runs on macOS with an Apple GPU (torch.backends.mps); the MSL "
+                                         "is in the cache folder and in kf.inspect(...).msl")
+        return MetalProgram(abi, directory, meta)
+    raise LaunchError(f"no launcher for target '{abi.target}'")
+
+
+__all__ = ["CudaProgram", "LaunchError", "MetalProgram", "VulkanProgram", "load", "TensorArg"]
