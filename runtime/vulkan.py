@@ -128,6 +128,9 @@ class Device:
                 missing.append(f"{cap} (needs {feat[1]})")
         if missing:
             raise VulkanError(f"kernel {kernel.entry} needs {', '.join(missing)}, which {self.name} does not have")
+        if kernel.shared_bytes:
+            raise VulkanError(f"kernel {kernel.entry} asks for {kernel.shared_bytes} bytes of dynamic workgroup "
+                              f"memory; SPIR-V workgroup memory is static (declare it in the kernel)")
         size = tuple(kernel.extra.get("workgroup_size", kernel.block))
         if tuple(kernel.block) not in ((1, 1, 1), size):
             raise VulkanError(f"kernel {kernel.entry}: the ABI's block {tuple(kernel.block)} is not the workgroup "
