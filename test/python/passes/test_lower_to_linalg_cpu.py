@@ -544,3 +544,20 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_bool_and_integer_tensors_through_layout_ops():
+    m = torch.rand(3, 257) > 0.5
+    i = torch.randint(-99, 99, (3, 257))
+    idx = torch.tensor([2, 0, 2])
+
+    def build(m_, i_, idx_):
+        return (kb.transpose(m_, perm=[1, 0]), kb.concat([m_, kb.slice(m_, dim=1, start=1, end=257, step=2)], dim=1),
+                kb.reshape(m_, [257, 3]), kb.broadcast_to(kb.slice(m_, dim=0, start=1, end=2), [4, 3, 257]),
+                kb.index_select(m_, idx_, dim=0), kb.topk(i_, k=3, dim=1)[0], kb.transpose(i_, perm=[1, 0]))
+
+    got = run_kf(build, m, i, idx)
+    want = (m.t(), torch.cat([m, m[:, 1::2]], 1), m.reshape(257, 3), m[1:2].expand(4, 3, 257),
+            m.index_select(0, idx), torch.topk(i, 3, 1).values, i.t())
+    for g, w in zip(got, want):
+        check(g, w.contiguous())
