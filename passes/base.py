@@ -70,7 +70,9 @@ class KfPass:
 
         def run(op: ir.Operation, pass_) -> None:
             try:
-                self.run(op)
+                # Passes build IR: give them the op's context and location by default.
+                with op.context, op.location:
+                    self.run(op)
             except PassFailure:
                 pass_.signal_pass_failure()
             except PassError as e:
