@@ -2,7 +2,8 @@
 tensors (linalg-on-tensors, the level torch-mlir hands over), so that upstream tiling,
 fusion, bufferization and the target pipelines apply to kf programs.
 
-How each family is lowered (each has a case in test/passes/kf-lower-to-linalg.mlir):
+How each family is lowered (test/passes/kf-lower-to-linalg.mlir shows representative
+cases; test/python/passes/test_lower_to_linalg_cpu.py runs every op against torch):
 - elementwise ops: one ``linalg.generic`` whose indexing maps do torch broadcasting
   (a size-1 operand dim reads index 0, missing leading dims are dropped, rank-0
   operands map to ``()``); the scalar body comes from ``scalar_math.emit``;
