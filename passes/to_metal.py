@@ -3,7 +3,8 @@
 
 The pass runs ``kf-to-spirv`` first when the module has no SPIR-V ``gpu.binary`` yet
 (its ``workgroup-size`` option is passed on), then compiles every entry point on its
-own with ``spirv-cross --msl --msl-decoration-binding --entry <name>``: one MSL source
+own with ``spirv-cross --msl --msl-decoration-binding --entry <name>`` (or the same
+through libspirv-cross-c-shared by ctypes where the CLI is missing): one MSL source
 per kernel, because SPIRV-Cross emits one entry point per run and the helper types of two
 runs would clash in one source. Each kernel is first cut out of the module
 (``single_entry``) so that it does not inherit its siblings' threadgroup arrays.
@@ -126,10 +127,13 @@ def single_entry(binary: bytes, entry: str) -> bytes:
     return cut
 
 
-def spirv_to_msl(binary: bytes, entry: str, msl_version: int = DEFAULT_MSL_VERSION) -> str:
-    """MSL for one entry point of a SPIR-V binary, through the spirv-cross CLI."""
+def spirv_to_msl(binary: bytes, entry: str, msl_version: int = DEFAULT_MSL_VERSION, via: str = "auto") -> str:
+    """MSL for one entry point of a SPIR-V binary, through the spirv-cross CLI or, where
+    that is missing (or via="library"), libspirv-cross-c-shared; both give the same text."""
     binary = single_entry(binary, entry)
     tool = shutil.which("spirv-cross")
+    if via == "library" or (via == "auto" and tool is None):
+        return _msl_with_library(binary, entry, msl_version)
     if tool is None:
         raise PassError("spirv-cross is not on PATH: install the Debian package spirv-cross")
     with tempfile.NamedTemporaryFile(suffix=".spv", delete=False, prefix=f"kf-{entry}-") as f:
@@ -142,6 +146,63 @@ def spirv_to_msl(binary: bytes, entry: str, msl_version: int = DEFAULT_MSL_VERSI
         raise PassError(f"spirv-cross failed on @{entry}:\n{r.stderr or r.stdout}\nreproduce: {' '.join(cmd)}")
     os.unlink(path)
     return r.stdout
+
+
+# From spirv_cross_c.h (C API 0.x): option = number | language bit.
+_SPVC_BACKEND_MSL, _SPVC_TAKE_OWNERSHIP, _SPV_GLCOMPUTE = 3, 1, 5
+_SPVC_MSL_BIT = 0x08000000
+_SPVC_MSL_VERSION, _SPVC_MSL_DECORATION_BINDING = 17 | _SPVC_MSL_BIT, 49 | _SPVC_MSL_BIT
+
+
+def _msl_with_library(binary: bytes, entry: str, msl_version: int) -> str:
+    """The CLI's ``--msl --msl-version V --msl-decoration-binding --entry E`` through the
+    SPIRV-Cross C API (Debian libspirv-cross-c-shared0), by ctypes."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("spirv-cross-c-shared") or "libspirv-cross-c-shared.so.0"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError:
+        raise PassError("neither the spirv-cross CLI nor libspirv-cross-c-shared is installed "
+                        "(Debian packages spirv-cross, libspirv-cross-c-shared0)") from None
+    vp, u32 = ctypes.c_void_p, ctypes.c_uint32
+    lib.spvc_context_create.argtypes = [ctypes.POINTER(vp)]
+    lib.spvc_context_destroy.argtypes = [vp]
+    lib.spvc_context_get_last_error_string.argtypes = [vp]
+    lib.spvc_context_get_last_error_string.restype = ctypes.c_char_p
+    lib.spvc_context_parse_spirv.argtypes = [vp, ctypes.POINTER(u32), ctypes.c_size_t, ctypes.POINTER(vp)]
+    lib.spvc_context_create_compiler.argtypes = [vp, ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(vp)]
+    lib.spvc_compiler_create_compiler_options.argtypes = [vp, ctypes.POINTER(vp)]
+    lib.spvc_compiler_options_set_uint.argtypes = [vp, ctypes.c_int, ctypes.c_uint]
+    lib.spvc_compiler_options_set_bool.argtypes = [vp, ctypes.c_int, ctypes.c_ubyte]
+    lib.spvc_compiler_install_compiler_options.argtypes = [vp, vp]
+    lib.spvc_compiler_set_entry_point.argtypes = [vp, ctypes.c_char_p, ctypes.c_int]
+    lib.spvc_compiler_compile.argtypes = [vp, ctypes.POINTER(ctypes.c_char_p)]
+    ctx = vp()
+    if lib.spvc_context_create(ctypes.byref(ctx)) != 0:
+        raise PassError("spvc_context_create failed")
+    try:
+        words = (u32 * (len(binary) // 4)).from_buffer_copy(binary)
+        parsed, compiler, options, source = vp(), vp(), vp(), ctypes.c_char_p()
+        steps = [
+            lambda: lib.spvc_context_parse_spirv(ctx, words, len(words), ctypes.byref(parsed)),
+            lambda: lib.spvc_context_create_compiler(ctx, _SPVC_BACKEND_MSL, parsed, _SPVC_TAKE_OWNERSHIP,
+                                                     ctypes.byref(compiler)),
+            lambda: lib.spvc_compiler_create_compiler_options(compiler, ctypes.byref(options)),
+            lambda: lib.spvc_compiler_options_set_uint(options, _SPVC_MSL_VERSION, msl_version),
+            lambda: lib.spvc_compiler_options_set_bool(options, _SPVC_MSL_DECORATION_BINDING, 1),
+            lambda: lib.spvc_compiler_install_compiler_options(compiler, options),
+            lambda: lib.spvc_compiler_set_entry_point(compiler, entry.encode(), _SPV_GLCOMPUTE),
+            lambda: lib.spvc_compiler_compile(compiler, ctypes.byref(source)),
+        ]
+        for step in steps:
+            if step() != 0:
+                raise PassError(f"SPIRV-Cross failed on @{entry}: "
+                                f"{(lib.spvc_context_get_last_error_string(ctx) or b'').decode()}")
+        return source.value.decode()
+    finally:
+        lib.spvc_context_destroy(ctx)
 
 
 _KERNEL = re.compile(r"kernel\s+void\s+(\w+)\s*\(([^()]*(?:\([^()]*\)[^()]*)*)\)", re.S)

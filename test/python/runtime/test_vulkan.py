@@ -668,6 +668,19 @@ def test_msl_for_row_stats():
 
 
 @needs_spirv_cross
+def test_msl_cli_and_library_agree():
+    """The ctypes path through libspirv-cross-c-shared prints what the CLI prints."""
+    from kf.passes.to_metal import spirv_to_msl
+
+    binary, _ = compile_one(row_stats_kernel(4, 257, "f32", 256))
+    try:
+        lib = spirv_to_msl(binary, "row_stats", via="library")
+    except PassError as e:
+        pytest.skip(str(e))
+    assert lib == spirv_to_msl(binary, "row_stats", via="cli")
+
+
+@needs_spirv_cross
 def test_msl_types():
     from kf.passes.to_metal import compile_metal
 
