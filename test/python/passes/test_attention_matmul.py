@@ -1,0 +1,371 @@
+"""The attention and matmul strategies on kernel functions built by hand, as kf-fuse makes
+them (a ``func.func private`` with ``kf.kernel`` and a host function calling it).
+
+Each kernel is emitted into ``gpu.module @kf_kernels``, compiled with kf-to-spirv and run
+on the Vulkan device (lavapipe on CPU-only machines) against torch on fresh random
+inputs; the same kernels are compiled with kf-to-cuda and assembled by ptxas for sm_90,
+whose report must show no spills. Sizes are small (lavapipe is a CPU) but every size
+that matters is not a multiple of the block sizes (257, 129, 65).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from mlir import ir
+from mlir.dialects import func
+
+from kf import dialects as kd
+from kf.dialects import builders as kb
+from kf.dialects.types import TensorSpec
+from kf.passes.strategies.base import NotApplicable, TargetInfo, strategy_for
+
+TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SPIRV, CUDA = TargetInfo.for_target("spirv"), TargetInfo.for_target("cuda")
+
+
+def _vulkan():
+    from kf.runtime import vulkan
+
+    return vulkan
+
+
+needs_vulkan = pytest.mark.skipif(not _vulkan().is_available(), reason="no Vulkan device (mesa-vulkan-drivers)")
+
+
+def _has_ptxas() -> bool:
+    from kf.passes.to_cuda import ptxas_path
+
+    return ptxas_path() is not None
+
+
+needs_ptxas = pytest.mark.skipif(not _has_ptxas(), reason="ptxas not installed")
+
+
+# ---- kernel functions as kf-fuse makes them ---------------------------------------------
+
+
+class Built:
+    """A module holding one kernel function (and a host function calling it) in its own
+    context, with an empty ``gpu.module @kf_kernels`` for the strategy to write into."""
+
+    def __init__(self, kind: str, arg_specs, body):
+        self.ctx = kd.make_context()
+        with self.ctx, ir.Location.unknown():
+            self.module = ir.Module.parse("module attributes {gpu.container_module} { gpu.module @kf_kernels {} }")
+            types = [kd.mlir_type(s) for s in arg_specs]
+            with ir.InsertionPoint.at_block_begin(self.module.body):
+                self.kernel = func.FuncOp(f"k_{kind}", ir.FunctionType.get(types, []), visibility="private")
+                block = self.kernel.add_entry_block()
+                with ir.InsertionPoint(block):
+                    outs = body(*block.arguments)
+                    func.ReturnOp(outs)
+                out_types = [o.type for o in outs]
+                self.kernel.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(types, out_types))
+                self.kernel.attributes["kf.kernel"] = ir.StringAttr.get(kind)
+                host = func.FuncOp("host", ir.FunctionType.get(types, out_types))
+                with ir.InsertionPoint(host.add_entry_block()):
+                    call = func.CallOp(out_types, ir.FlatSymbolRefAttr.get(f"k_{kind}"),
+                                       list(host.entry_block.arguments))
+                    func.ReturnOp(list(call.results))
+            self.gpu_module = next(op.operation for op in self.module.body.operations
+                                   if op.operation.name == "gpu.module")
+
+    def emit(self, target: TargetInfo):
+        """The strategy's plan and report; the kernel function is left in place."""
+        with self.ctx, ir.Location.unknown():
+            strategy = strategy_for(ir.StringAttr(self.kernel.attributes["kf.kernel"]).value)
+            plan = strategy.plan(self.kernel.operation, target)
+            emitted = strategy.emit(self.kernel.operation, plan, self.gpu_module, target)
+        return plan, emitted
+
+    def gpu_text(self) -> str:
+        """The module as the back ends take it: container module and gpu.module only."""
+        with self.ctx:
+            return ("module attributes {gpu.container_module} {\n" + str(self.gpu_module) + "\n}\n")
+
+
+def attention(b, h, sq, sk, d, elem, mask_shape=None, dv=None, scale_op="div"):
+    """matmul(q, k^T) -> scale -> masked_fill(cmp(mask, 0, eq), -1e9) -> softmax -> matmul(., v),
+    with the argument order kf-fuse may give (k before q)."""
+    dv = dv or d
+    specs = [TensorSpec((b, h, sk, d), elem), TensorSpec((b, h, sq, d), elem), TensorSpec((b, h, sk, dv), elem)]
+    if mask_shape is not None:
+        specs.append(TensorSpec(tuple(mask_shape), "f32"))
+
+    def body(k, q, v, *mask):
+        s = kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2]))
+        s = kb.div(s, kb.scalar(d ** 0.5, elem)) if scale_op == "div" else kb.mul(s, kb.scalar(d ** -0.5, elem))
+        if mask:
+            s = kb.masked_fill(s, kb.cmp(mask[0], kb.scalar(0.0, "f32"), predicate="eq"), value=-1e9)
+        return [kb.matmul(kb.softmax(s, dim=-1), v)]
+
+    return Built("attention", specs, body)
+
+
+def attention_reference(k, q, v, mask, scale_op="div"):
+    d = q.shape[-1]
+    s = q.float() @ k.float().transpose(-1, -2)
+    s = s / d ** 0.5 if scale_op == "div" else s * d ** -0.5
+    if mask is not None:
+        s = s.masked_fill(mask == 0, -1e9)
+    return torch.softmax(s, -1) @ v.float()
+
+
+def spirv_run(built: Built, emitted, args, out_shape, out_elem):
+    from kf.passes.to_spirv import compile_spirv
+    from kf.runtime.abi import KernelABI
+
+    vulkan = _vulkan()
+    [binary] = compile_spirv(built.gpu_text())
+    [k] = binary.kernels.values()
+    out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem])
+    abi = KernelABI(k.entry, tuple(range(len(k.bindings))), grid=emitted.grid, block=k.workgroup_size,
+                    extra=k.abi_extra())
+    vulkan.launch(binary.binary, abi, list(args) + [out], written=[len(args)])
+    return out, k
+
+
+def cuda_report(built: Built):
+    from kf.passes import to_cuda
+
+    ptx = to_cuda.compile_to_ptx(built.gpu_text())["kf_kernels"]
+    [(name, report)] = to_cuda.assemble(ptx, "sm_90").kernels.items()
+    return ptx, report
+
+
+def randn(shape, elem, gen):
+    return torch.randn(shape, generator=gen).to(TORCH[elem])
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+ATTENTION_CASES = [
+    # b, h, seq, d, elem, mask shape
+    (1, 2, 256, 64, "f32", None),
+    (2, 2, 257, 64, "f32", None),
+    (2, 2, 257, 64, "f32", (257, 257)),
+    (2, 2, 257, 64, "f32", (2, 1, 257, 257)),
+    (1, 1, 130, 128, "f32", (130, 130)),
+    (1, 2, 257, 64, "f16", (257, 257)),
+    (1, 2, 130, 64, "bf16", None),
+]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("b,h,seq,d,elem,mask_shape", ATTENTION_CASES)
+def test_attention_vulkan(b, h, seq, d, elem, mask_shape):
+    built = attention(b, h, seq, seq, d, elem, mask_shape)
+    plan, emitted = built.emit(SPIRV)
+    gen = torch.Generator().manual_seed(seq * d + b)
+    k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
+    args = [k, q, v]
+    mask = None
+    if mask_shape is not None:
+        mask = (torch.rand(mask_shape, generator=gen) > 0.3).float()
+        mask[..., 5, :] = 0  # one query row fully masked: torch gives it uniform weights
+        args.append(mask)
+    out, kernel = spirv_run(built, emitted, args, (b, h, seq, d), elem)
+    assert kernel.workgroup_bytes == plan["shared_bytes"] <= SPIRV.max_shared_bytes
+    want = attention_reference(k, q, v, mask)
+    tol = {"f32": 2e-5, "f16": 2e-3, "bf16": 2e-2}[elem]
+    torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+@needs_vulkan
+def test_attention_mul_scale_and_cross_lengths():
+    """seq_q != seq_k (keys 70, queries 33), head dims of v and q differ, scale by mul."""
+    built = attention(1, 3, 33, 70, 64, "f32", (33, 70), dv=32, scale_op="mul")
+    _, emitted = built.emit(SPIRV)
+    gen = torch.Generator().manual_seed(3)
+    k, q, v = randn((1, 3, 70, 64), "f32", gen), randn((1, 3, 33, 64), "f32", gen), randn((1, 3, 70, 32), "f32", gen)
+    mask = (torch.rand(33, 70, generator=gen) > 0.5).float()
+    out, _ = spirv_run(built, emitted, [k, q, v, mask], (1, 3, 33, 32), "f32")
+    torch.testing.assert_close(out, attention_reference(k, q, v, mask, "mul"), rtol=2e-5, atol=2e-5)
+
+
+def test_attention_gpu_func_structure():
+    """Workgroup Q, K/V, P and row-exchange buffers; barriers in the key loop; the only
+    global buffers are the inputs and the output (no score matrix)."""
+    built = attention(2, 2, 257, 257, 64, "f32", (257, 257))
+    plan, emitted = built.emit(SPIRV)
+    text = built.gpu_text()
+    bm, bn = plan["block_m"], plan["block_n"]
+    assert f"memref<{bm}x65xf32, #gpu.address_space<workgroup>>" in text  # Q, padded rows
+    assert f"memref<{bn}x65xf32, #gpu.address_space<workgroup>>" in text  # K then V
+    assert f"memref<{bm}x{bn + 1}xf32, #gpu.address_space<workgroup>>" in text  # P
+    assert text.count("gpu.barrier") == 6  # five per key block, one for the final row sums
+    assert f"step %c{bn}" in text  # the key-block loop
+    args = text.split("gpu.func @k_attention(")[1].split(")")[0]
+    assert args.count("memref<") == 5 and "257x257xf32>, %arg4: memref<2x2x257x64xf32>" in args
+    assert emitted.grid == (math.ceil(257 / bm), 4, 1) and emitted.block == (plan["threads"], 1, 1)
+
+
+@pytest.mark.parametrize("target", [SPIRV, CUDA], ids=["spirv", "cuda"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_plan(target, d):
+    built = attention(2, 8, 256, 256, d, "f16", (256, 256))
+    with built.ctx:
+        plan = strategy_for("attention").plan(built.kernel.operation, target)
+    assert json.loads(json.dumps(plan)) == plan
+    assert plan["shared_bytes"] <= target.max_shared_bytes and plan["threads"] <= target.max_threads
+    assert plan["threads"] == plan["block_m"] * plan["lanes_per_row"]
+    assert d % plan["lanes_per_row"] == 0 and plan["block_n"] % plan["lanes_per_row"] == 0
+    assert plan["grid"] == [math.ceil(256 / plan["block_m"]), 16, 1]
+
+
+def test_attention_not_applicable():
+    # softmax over another dim
+    specs = [TensorSpec((1, 1, 16, 8), "f32")] * 3
+    bad = Built("attention", specs, lambda q, k, v: [
+        kb.matmul(kb.softmax(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), dim=2), v)])
+    with bad.ctx, pytest.raises(NotApplicable, match="last dimension"):
+        strategy_for("attention").plan(bad.kernel.operation, SPIRV)
+    # a reduction between the matmuls
+    bad = Built("attention", specs, lambda q, k, v: [
+        kb.matmul(kb.softmax(kb.log_softmax(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), dim=-1), dim=-1), v)])
+    with bad.ctx, pytest.raises(NotApplicable):
+        strategy_for("attention").plan(bad.kernel.operation, SPIRV)
+    # no softmax at all
+    bad = Built("attention", specs, lambda q, k, v: [kb.matmul(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), v)])
+    with bad.ctx, pytest.raises(NotApplicable, match="softmax"):
+        strategy_for("attention").plan(bad.kernel.operation, SPIRV)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("d,elem", [(64, "f32"), (64, "f16"), (128, "bf16"), (128, "f32")])
+def test_attention_ptxas(d, elem):
+    built = attention(2, 8, 257, 257, d, elem, (257, 257))
+    plan, _ = built.emit(CUDA)
+    ptx, r = cuda_report(built)
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
+    assert r["shared_bytes"] == plan["shared_bytes"] and r["registers"] <= 128, r
+    assert "bar.sync" in ptx and "ex2.approx" in ptx  # barriers; exp through libdevice's exp2
+
+
+# ---- matmul ------------------------------------------------------------------------------
+
+
+def matmul_bias_gelu(m, k, n, elem):
+    return Built("matmul", [TensorSpec((m, k), elem), TensorSpec((k, n), elem), TensorSpec((n,), elem)],
+                 lambda a, b, bias: [kb.gelu(kb.add(kb.matmul(a, b), bias))])
+
+
+def matmul_batched(elem, transpose_b=False):
+    """[2,1,M,K] @ [3,K,N] (or [3,N,K]^T) broadcast to [2,3,M,N], scaled by a rank-0
+    argument and cast to f32."""
+    m, k, n = 100, 70, 50
+    bshape = (3, n, k) if transpose_b else (3, k, n)
+
+    def body(a, b, s):
+        rhs = kb.transpose(b, perm=[0, 2, 1]) if transpose_b else b
+        return [kb.cast(kb.mul(kb.matmul(a, rhs), s), "f32")]
+
+    return Built("matmul", [TensorSpec((2, 1, m, k), elem), TensorSpec(bshape, elem), TensorSpec((), elem)], body), \
+        (m, k, n, bshape)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
+def test_matmul_bias_gelu_vulkan(elem):
+    m, k, n = 257, 65, 129
+    built = matmul_bias_gelu(m, k, n, elem)
+    plan, emitted = built.emit(SPIRV)
+    gen = torch.Generator().manual_seed(11)
+    a, b, bias = randn((m, k), elem, gen), randn((k, n), elem, gen), randn((n,), elem, gen)
+    out, kernel = spirv_run(built, emitted, [a, b, bias], (m, n), elem)
+    assert kernel.workgroup_bytes == plan["shared_bytes"]
+    want = torch.nn.functional.gelu(a.float() @ b.float() + bias.float())
+    tol = {"f32": 1e-5, "f16": 1e-2, "bf16": 5e-2}[elem]
+    torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("elem,transpose_b", [("f32", False), ("f16", True), ("bf16", False)])
+def test_matmul_batched_broadcast_vulkan(elem, transpose_b):
+    built, (m, k, n, bshape) = matmul_batched(elem, transpose_b)
+    _, emitted = built.emit(SPIRV)
+    assert emitted.grid[2] == 6
+    gen = torch.Generator().manual_seed(5)
+    a, b, s = randn((2, 1, m, k), elem, gen), randn(bshape, elem, gen), torch.tensor(0.7).to(TORCH[elem])
+    out, _ = spirv_run(built, emitted, [a, b, s], (2, 3, m, n), "f32")
+    bb = b.float().transpose(-1, -2) if transpose_b else b.float()
+    torch.testing.assert_close(out, (a.float() @ bb) * s.float(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", [SPIRV, CUDA], ids=["spirv", "cuda"])
+def test_matmul_plan(target):
+    built = matmul_bias_gelu(257, 65, 129, "f16")
+    with built.ctx:
+        plan = strategy_for("matmul").plan(built.kernel.operation, target)
+    assert json.loads(json.dumps(plan)) == plan
+    assert plan["shared_bytes"] <= target.max_shared_bytes and plan["threads"] <= target.max_threads
+    assert plan["grid"] == [math.ceil(129 / plan["block_n"]), math.ceil(257 / plan["block_m"]), 1]
+
+
+def test_matmul_not_applicable():
+    two = Built("matmul", [TensorSpec((8, 8), "f32")] * 2, lambda a, b: [kb.matmul(kb.matmul(a, b), b)])
+    with two.ctx, pytest.raises(NotApplicable, match="2 matmuls"):
+        strategy_for("matmul").plan(two.kernel.operation, SPIRV)
+    red = Built("matmul", [TensorSpec((8, 8), "f32")] * 2, lambda a, b: [kb.softmax(kb.matmul(a, b), dim=-1)])
+    with red.ctx, pytest.raises(NotApplicable):
+        strategy_for("matmul").plan(red.kernel.operation, SPIRV)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
+def test_matmul_ptxas(elem):
+    built = matmul_bias_gelu(1024, 512, 768, elem)
+    plan, _ = built.emit(CUDA)
+    assert (plan["block_m"], plan["block_n"]) == (128, 128)
+    ptx, r = cuda_report(built)
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+    assert r["shared_bytes"] == plan["shared_bytes"], r
+    assert "bar.sync" in ptx and "fma.rn.f32" in ptx
+
+
+# ---- from the seed through kf-fuse and kf-map-to-gpu -------------------------------------
+
+
+@needs_vulkan
+def test_seed_attention_through_the_pipeline():
+    """The seed's fused_attention captured, fused, tiled and mapped by the kf passes for
+    SPIR-V: the attention strategy writes its kernel, which runs against torch with the
+    buffers in the order the host function's call passes them."""
+    import seed_examples
+
+    import kf
+    from kf.passes import pipeline
+    from kf.passes.to_spirv import compile_spirv
+    from kf.runtime.abi import KernelABI
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 65, 64, generator=gen) for _ in range(3))
+    mask = (torch.rand(65, 65, generator=gen) > 0.2).float()
+    text = str(kf.inspect(seed_examples.fused_attention.fn, q, k, v, mask).kf_ir)
+    ctx = kd.make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.parse(text)
+        pm, _ = pipeline.build("builtin.module(kf-fuse, kf-tile{target=spirv}, kf-map-to-gpu{target=spirv})", ctx)
+        pm.run(module.operation)
+        host = next(op for op in module.body.operations if op.operation.name == "func.func"
+                    and "kf.kernel" not in op.operation.attributes)
+        [call] = [op for op in host.regions[0].blocks[0].operations if op.operation.name == "func.call"]
+        order = [ir.BlockArgument(x).arg_number for x in call.operation.operands]
+        gmod = next(op.operation for op in module.body.operations if op.operation.name == "gpu.module")
+        [gfunc] = [op.operation for op in gmod.regions[0].blocks[0].operations]
+        assert ir.StringAttr(gfunc.attributes["kf.strategy"]).value == "attention"
+        grid = tuple(ir.DenseI64ArrayAttr(gfunc.attributes["kf.grid"]))
+        text = "module attributes {gpu.container_module} {\n" + str(gmod) + "\n}\n"
+    [binary] = compile_spirv(text)
+    [kernel] = binary.kernels.values()
+    user = [q, k, v, mask]
+    out = torch.full((1, 2, 65, 64), float("nan"))
+    abi = KernelABI(kernel.entry, tuple(range(len(kernel.bindings))), grid=grid, block=kernel.workgroup_size,
+                    extra=kernel.abi_extra())
+    _vulkan().launch(binary.binary, abi, [user[i] for i in order] + [out], written=[4])
+    torch.testing.assert_close(out, seed_examples.fused_attention.fn(q, k, v, mask), rtol=2e-5, atol=2e-5)
