@@ -6,10 +6,13 @@ Indices are ``Ix = int | ir.Value`` (of MLIR ``index`` type): Python integers fo
 remapping an index through a layout op or a broadcast costs no IR when it is static,
 and the IR that is emitted reads like the index formula.
 
-Element types follow the back ends and runtime/abi.py: a kernel argument is a memref of
-the tensor's own element type (kf-to-spirv stores i1 as bytes and bf16 as 16-bit
-integers by itself, kf-to-cuda loads both as bytes/b16), so strategies never re-encode
-storage. Computation follows kf's precision policy: f16, bf16 and fp8 values are
+Element types follow the back ends and runtime/abi.py (torch's bytes, unchanged): a
+kernel argument is a memref of the tensor's own element type, except booleans for CUDA.
+kf-to-spirv stores ``memref<i1>`` as bytes and bf16 as 16-bit integers by itself (and
+records ``i1`` in the binding, which the Vulkan launcher checks against torch.bool);
+upstream MemRefToLLVM asserts on stores of ``i1`` (sub-byte), so for CUDA a bool tensor
+is ``memref<i8>`` (one byte per element, torch's layout), loaded as ``!= 0`` and stored
+zero-extended (``storage_type``, ``load``, ``store``). Computation follows kf's precision policy: f16, bf16 and fp8 values are
 extended to f32 when loaded, computed in f32 and rounded once when stored
 (``compute_type`` / ``load`` / ``store``); other types compute in themselves.
 """
@@ -92,9 +95,17 @@ def fused_lines(kernel: ir.Operation) -> ir.Attribute:
 # --------------------------------------------------------------------------- element types
 
 
-def storage_type(elem: str) -> ir.Type:
-    """The element type of the memref that holds a tensor of elem (elem itself)."""
+def storage_type(elem: str, target: str = "spirv") -> ir.Type:
+    """The element type of the memref that holds a tensor of elem on target: elem itself,
+    but i8 for booleans on CUDA."""
+    if elem == "i1" and target == "cuda":
+        return ir.IntegerType.get_signless(8)
     return ir.Type.parse(elem)
+
+
+def _is_byte_bool(t: ir.Type) -> bool:
+    """i8 in a memref is always a boolean: kf has no 8-bit integer tensors."""
+    return isinstance(t, ir.IntegerType) and ir.IntegerType(t).width == 8
 
 
 def compute_type(elem: str) -> ir.Type:
@@ -114,13 +125,22 @@ def round_to(v: ir.Value, elem: str) -> ir.Value:
 
 def load(mem: ir.Value, idx: Sequence[Ix], kb: "IndexBuilder") -> ir.Value:
     """memref[idx] in its compute type."""
-    return widen(memref.load(mem, [kb.value(i) for i in idx]))
+    v = memref.load(mem, [kb.value(i) for i in idx])
+    if _is_byte_bool(v.type):
+        return arith.cmpi(arith.CmpIPredicate.ne, v, kb.const(v.type, 0))
+    return widen(v)
 
 
 def store(v: ir.Value, mem: ir.Value, idx: Sequence[Ix], kb: "IndexBuilder") -> None:
     """Round the compute value v to the memref's element type (once) and store it."""
-    elem = ir.MemRefType(mem.type).element_type
-    memref.store(sm.convert(v, elem), mem, [kb.value(i) for i in idx])
+    memref.store(to_storage(v, ir.MemRefType(mem.type).element_type), mem, [kb.value(i) for i in idx])
+
+
+def to_storage(v: ir.Value, elem: ir.Type) -> ir.Value:
+    """A compute value as the memref element type elem (rounded; booleans as bytes 0/1)."""
+    if _is_byte_bool(elem):
+        return arith.extui(elem, sm.convert(v, ir.IntegerType.get_signless(1)))
+    return sm.convert(v, elem)
 
 
 def min_value(t: ir.Type) -> float:
@@ -290,8 +310,8 @@ def broadcast_index(idx: Sequence[Ix], in_shape: Sequence[int], out_shape: Seque
 # --------------------------------------------------------------------------- gpu.func
 
 
-def memref_type(spec: TensorSpec) -> ir.MemRefType:
-    return ir.MemRefType.get(list(spec.shape), storage_type(spec.elem))
+def memref_type(spec: TensorSpec, target: str) -> ir.MemRefType:
+    return ir.MemRefType.get(list(spec.shape), storage_type(spec.elem, target))
 
 
 def gpu_module(module: ir.Operation, name: str = "kf_kernels") -> ir.Operation:
@@ -310,14 +330,15 @@ def gpu_module(module: ir.Operation, name: str = "kf_kernels") -> ir.Operation:
 
 
 def make_gpu_func(gmod: ir.Operation, name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                  block: Sequence[int], loc: ir.Location) -> tuple[ir.Operation, ir.Block]:
+                  block: Sequence[int], loc: ir.Location, *, target: str) -> tuple[ir.Operation, ir.Block]:
     """An empty ``gpu.func @name(inputs..., outputs...) kernel`` with known_block_size in
-    gmod (erroring if the name is taken); returns it and its entry block."""
+    gmod (erroring if the name is taken), its memrefs typed for target ("cuda" or
+    "spirv"); returns it and its entry block."""
     body = gmod.regions[0].blocks[0]
     for op in body.operations:
         if "sym_name" in op.operation.attributes and ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
             raise ValueError(f"gpu.module already holds @{name}")
-    ftype = ir.FunctionType.get([memref_type(s) for s in [*inputs, *outputs]], [])
+    ftype = ir.FunctionType.get([memref_type(s, target) for s in [*inputs, *outputs]], [])
     with ir.InsertionPoint(body), loc:
         f = gpu.GPUFuncOp(ftype, sym_name=name, kernel=True, known_block_size=[int(b) for b in block] + [1] * (3 - len(block)))
         entry = f.add_entry_block()

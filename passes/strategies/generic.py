@@ -492,7 +492,8 @@ class GenericStrategy(Strategy):
         ins, outs = E.kernel_signature(kernel)
         name = E.kernel_name(kernel)
         block, total, grid = int(plan["block"]), int(plan["numel"]), int(plan["grid"])
-        f, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location)
+        f, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
+                                  target=target.name)
         args = list(entry.arguments)
         with kernel.location, ir.InsertionPoint(entry):
             kb = E.IndexBuilder(entry)

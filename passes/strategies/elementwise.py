@@ -1,0 +1,149 @@
+"""The elementwise strategy: a fused chain of elementwise kf ops (with torch broadcasting,
+fills, splat constants and broadcast_to) written as one pass over the output.
+
+One thread computes ``vec`` contiguous elements of the output (one when ``vec`` is 1):
+operands that run along the output's innermost dimension are read with one
+``vector.load`` of ``vec`` elements (16 bytes), operands broadcast along it are read
+once per thread and shared by the lanes, and each output is written with one
+``vector.store``. The scalar arithmetic of each lane is the generic strategy's
+evaluator (scalar_math through kf's precision policy: f16/bf16 computed in f32, rounded
+once when stored), so the two strategies cannot disagree on a value.
+
+The plan picks ``block`` = 256 threads (every target kf has allows that) and
+``vector_width`` = 16 bytes / the widest element, when the output's innermost dimension
+is a multiple of it (so a thread's elements never straddle two rows and every access is
+16-byte aligned); booleans (LLVM packs ``vector<Nxi1>`` into bits, torch stores bytes)
+and, on SPIR-V, bf16 (kf-to-spirv loads bf16 as scalars) keep it at 1; SPIR-V caps it
+at 4 (its vectors have at most 4 components without the Vector16 capability). Grid: exact,
+``ceil(numel / vec / block)`` with a tail guard, or grid-stride past the target's grid
+limit. kf-vectorize may read ``vector_width`` from the plan.
+
+Not applicable (the generic strategy takes it): any other op, or results of different
+shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from mlir import ir
+from mlir.dialects import scf, vector
+
+
+from . import emit as E
+from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
+from .generic import Evaluator, emit_outputs
+
+_ALSO = frozenset({"kf.fill", "kf.broadcast_to"})
+
+
+def _check(kernel: ir.Operation) -> tuple[int, ...]:
+    """The common output shape, or NotApplicable."""
+    for op in E.kernel_ops(kernel):
+        ok = op.name in E.ELEMENTWISE or op.name in _ALSO or (
+            op.name == "kf.constant" and ir.DenseElementsAttr(op.attributes["value"]).is_splat)
+        if not ok:
+            raise NotApplicable(f"{op.name} is not elementwise")
+    _, outs = E.kernel_signature(kernel)
+    shapes = {s.shape for s in outs}
+    if len(shapes) != 1:
+        raise NotApplicable("results of different shapes")
+    return shapes.pop()
+
+
+def vector_width(kernel: ir.Operation, shape: Sequence[int], target: TargetInfo) -> int:
+    ins, outs = E.kernel_signature(kernel)
+    elems = {s.elem for s in [*ins, *outs]}
+    if not shape or "i1" in elems or (target.name == "spirv" and "bf16" in elems):
+        return 1
+    vec = target.vector_bytes // max(E.ELEM_BYTES[e] for e in elems)
+    if target.name == "spirv":
+        vec = min(vec, 4)  # SPIR-V vectors have at most 4 components without Vector16
+    return vec if vec > 1 and shape[-1] % vec == 0 else 1
+
+
+class _Lane(Evaluator):
+    """The evaluator of lane ``lane`` of a thread's ``vec`` elements; loads are shared by
+    the lanes through ``shared`` (vectors for operands along the innermost dimension,
+    scalars for the others)."""
+
+    def __init__(self, kb, inputs, lane: int, inner: Sequence[ir.Value], shared: dict):
+        super().__init__(kb, inputs)
+        self.lane, self.inner, self.shared = lane, inner, shared
+
+    def load_input(self, arg: int, idx: tuple) -> ir.Value:
+        mem = self.inputs[arg]
+        if idx and not isinstance(idx[-1], int) and idx[-1] == self.inner[self.lane]:
+            key = ("vec", arg, idx[:-1])
+            if key not in self.shared:
+                mt = ir.MemRefType(mem.type)
+                vt = ir.VectorType.get([len(self.inner)], mt.element_type)
+                at = [self.kb.value(i) for i in [*idx[:-1], self.inner[0]]]
+                self.shared[key] = vector.load(vt, mem, at, alignment=_alignment(mt, len(self.inner)))
+            return E.widen(vector.extract(self.shared[key], [], [self.lane]))
+        key = ("scalar", arg, idx)
+        if key not in self.shared:
+            self.shared[key] = E.load(mem, idx, self.kb)
+        return self.shared[key]
+
+
+def _alignment(mt: ir.MemRefType, vec: int) -> int:
+    return vec * E.ELEM_BYTES[str(mt.element_type)]
+
+
+class ElementwiseStrategy(Strategy):
+    KIND = "elementwise"
+
+    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+        shape = _check(kernel)
+        vec = vector_width(kernel, shape, target)
+        block = min(256, target.max_threads)
+        items = E.numel(shape) // vec
+        grid, stride = E.launch_geometry(items, block, E.max_grid_x(target.name))
+        return {"strategy": "elementwise", "block": block, "vector_width": vec, "numel": E.numel(shape),
+                "grid": grid, "grid_stride": stride}
+
+    def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
+        shape = _check(kernel)
+        ins, outs = E.kernel_signature(kernel)
+        name = E.kernel_name(kernel)
+        block, grid, vec = int(plan["block"]), int(plan["grid"]), int(plan["vector_width"])
+        total = E.numel(shape)
+        if vec > 1 and shape[-1] % vec:
+            raise NotApplicable(f"vector width {vec} does not divide the innermost dimension {shape[-1]}")
+        f, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
+                                  target=target.name)
+        args = list(entry.arguments)
+        inputs, outputs = args[:len(ins)], args[len(ins):]
+        with kernel.location, ir.InsertionPoint(entry):
+            kb = E.IndexBuilder(entry)
+
+            def body(item):
+                if vec == 1:
+                    ev = Evaluator(kb, inputs)
+                    with ev.scope():
+                        emit_outputs(ev, kernel, outputs, item, total)
+                    return
+                _emit_vector(kb, kernel, inputs, outputs, item, shape, vec)
+
+            E.for_each_thread_item(kb, total // vec, block, grid, bool(plan["grid_stride"]), body)
+            E.finish(entry)
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "elementwise", "vector_width": vec})
+
+
+def _emit_vector(kb: E.IndexBuilder, kernel, inputs, outputs, item: ir.Value, shape, vec: int) -> None:
+    """Elements item*vec .. item*vec + vec - 1 of every output."""
+    idx0 = kb.delinearize(kb.mul(item, vec), shape)
+    outer, inner0 = idx0[:-1], idx0[-1]
+    inner = [inner0] + [kb.add(inner0, k) for k in range(1, vec)]
+    inner = [kb.value(i) for i in inner]
+    shared: dict = {}
+    lanes = [_Lane(kb, inputs, k, inner, shared) for k in range(vec)]
+    for value, mem in zip(E.kernel_results(kernel), outputs):
+        mt = ir.MemRefType(mem.type)
+        elems = [E.to_storage(lane.value(value, [*outer, inner[k]]), mt.element_type) for k, lane in enumerate(lanes)]
+        v = vector.from_elements(ir.VectorType.get([vec], mt.element_type), elems)
+        vector.store(v, mem, [kb.value(i) for i in [*outer, inner0]], alignment=_alignment(mt, vec))
+
+
+register(ElementwiseStrategy())

@@ -1,0 +1,608 @@
+"""kf-tile + kf-map-to-gpu end to end: kernel functions built by hand with
+kf.dialects.builders (a ``func.func private`` with ``kf.kernel``, called by a host
+function, as kf-fuse makes them) are planned, written as gpu.funcs by the generic and
+elementwise strategies, compiled by kf-to-spirv and run on the Vulkan device (lavapipe
+on CPU-only machines) against torch on fresh random inputs; the same kernels go through
+kf-to-cuda and ptxas (sm_90), which needs no GPU.
+
+Shapes are not multiples of the block size (3×257, 1000, 7) so tails are exercised.
+Low-precision results are compared with torch computing in f32 and rounding once, kf's
+precision policy.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from mlir import ir
+from mlir.dialects import func
+
+from kf.dialects import TensorSpec, make_context, mlir_type
+from kf.dialects import builders as kb
+from kf.passes.map_to_gpu import MapToGpuPass
+from kf.passes.tile import TilePass, attr_to_plan, plan_to_attr
+from kf.passes.to_cuda import assemble, compile_to_ptx, ptxas_path
+from kf.passes.to_spirv import compile_spirv
+from kf.runtime import vulkan
+from kf.runtime.abi import KernelABI
+
+needs_vulkan = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)")
+needs_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas not installed")
+
+ELEM = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+        torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
+TORCH = {v: k for k, v in ELEM.items()}
+TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+LOW = [torch.float16, torch.bfloat16]
+FLOATS = [torch.float32, *LOW]
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+def build_module(build, specs, kind="generic", plan_edit=None, target="spirv"):
+    """A module holding kernel function @k (kind) of ``build(*values)`` and host @main
+    calling it, after kf-tile and kf-map-to-gpu for target. Returns (ctx, module)."""
+    ctx = make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        types = [mlir_type(s) for s in specs]
+        with ir.InsertionPoint(module.body):
+            @func.FuncOp.from_py_func(*types, name="k")
+            def k(*args):
+                out = build(*args)
+                return tuple(out) if isinstance(out, (tuple, list)) else out
+
+            kernel = k.func_op
+            kernel.attributes["sym_visibility"] = ir.StringAttr.get("private")
+            kernel.attributes["kf.kernel"] = ir.StringAttr.get(kind)
+            kernel.attributes["kf.fused_lines"] = ir.ArrayAttr.get([ir.StringAttr.get("test.py:1")])
+
+            @func.FuncOp.from_py_func(*types, name="main")
+            def main(*args):
+                return func.CallOp(kernel, list(args)).results
+
+        TilePass(target=target).run(module.operation)
+        if plan_edit is not None:
+            plan = attr_to_plan(kernel.attributes["kf.plan"])
+            plan_edit(plan)
+            kernel.attributes["kf.plan"] = plan_to_attr(plan)
+        MapToGpuPass(target=target).run(module.operation)
+    return ctx, module
+
+
+def gpu_func(module):
+    [gm] = [op for op in module.body.operations if op.operation.name == "gpu.module"]
+    [f] = [op.operation for op in gm.regions[0].blocks[0].operations]
+    return f
+
+
+def run_vulkan(build, *inputs, kind="generic", plan_edit=None):
+    """Compile build for the inputs' shapes and dtypes and run it on Vulkan."""
+    specs = [TensorSpec(tuple(t.shape), ELEM[t.dtype]) for t in inputs]
+    ctx, module = build_module(build, specs, kind, plan_edit)
+    with ctx:
+        f = gpu_func(module)
+        grid = tuple(ir.DenseI64ArrayAttr(f.attributes["kf.grid"]))
+        ftype = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
+        outs = [ir.MemRefType(t) for t in ftype.inputs[len(inputs):]]
+        out_specs = [(tuple(t.shape), str(t.element_type)) for t in outs]
+        [binary] = compile_spirv(module)
+    [kernel] = binary.kernels.values()
+    outputs = [_sentinel(shape, TORCH[e]) for shape, e in out_specs]
+    abi = KernelABI(kernel.entry, tuple(range(len(inputs) + len(outputs))), grid=grid,
+                    block=kernel.workgroup_size, extra=kernel.abi_extra())
+    args = [t.contiguous() for t in inputs] + outputs
+    vulkan.launch(binary.binary, abi, args, written=list(range(len(inputs), len(args))))
+    return tuple(outputs)
+
+
+def _sentinel(shape, dtype):
+    """Outputs start as garbage, so an element the kernel forgets to write fails."""
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype)
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype) if len(shape) else torch.tensor(True)
+    return torch.full(shape, -12345, dtype=dtype)
+
+
+def check(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    if want.dtype in TOL:
+        rtol, atol = TOL[want.dtype]
+        torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        assert torch.equal(got, want), (got, want)
+
+
+def rand(*shape, dtype=torch.float32, positive=False):
+    x = torch.randn(tuple(shape), dtype=torch.float32)
+    if positive:
+        x = x.abs() + 0.25
+    return x.to(dtype)
+
+
+def in_f32(fn, *xs, out_dtype=None):
+    ys = fn(*[x.float() if x.is_floating_point() else x for x in xs])
+    dtype = out_dtype or xs[0].dtype
+    return tuple(y.to(dtype) if y.is_floating_point() else y for y in ys) if isinstance(ys, tuple) else (
+        ys.to(dtype) if ys.is_floating_point() else ys)
+
+
+# ----------------------------------------------------------------------------- plans and IR
+
+
+def test_plans():
+    ctx, m = build_module(lambda a, b: kb.add(a, b), [TensorSpec((1000,), "f32")] * 2, "elementwise")
+    with ctx:
+        decl = [op.operation for op in m.body.operations if op.operation.name == "func.func"][0]
+        plan = attr_to_plan(decl.attributes["kf.plan"])
+        assert plan == {"strategy": "elementwise", "block": 256, "vector_width": 4, "numel": 1000, "grid": 1,
+                        "grid_stride": False}
+        assert len(decl.regions[0].blocks) == 0  # a declaration now
+        assert str(decl.attributes["kf.gpu_func"]) == "@kf_kernels::@k"
+        f = gpu_func(m)
+        assert list(ir.DenseI64ArrayAttr(f.attributes["kf.block"])) == [256, 1, 1]
+        assert str(f.attributes["kf.fused_lines"]) == '["test.py:1"]'
+    # A kernel of another kind that the elementwise strategy refuses falls back to generic.
+    ctx, m = build_module(lambda a: kb.sum(a, dims=[1]), [TensorSpec((3, 257), "f32")], "elementwise")
+    with ctx:
+        assert ir.StringAttr(gpu_func(m).attributes["kf.strategy"]).value == "generic"
+
+
+# ----------------------------------------------------------------------------- elementwise ops (generic)
+
+BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
+          "min": torch.minimum, "pow": torch.pow}
+SHAPES = [((3, 257), (257,)), ((3, 1), (1, 257)), ((1000,), ())]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shapes", SHAPES, ids=str)
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_broadcast(name, shapes, dtype):
+    a = rand(*shapes[0], dtype=dtype, positive=name == "pow")
+    b = rand(*shapes[1], dtype=dtype)
+    (got,) = run_vulkan(lambda x, y: getattr(kb, name)(x, y), a, b)
+    check(got, in_f32(BINARY[name], a, b))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "max", "min"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_binary_integer(name, dtype):
+    a = torch.randint(-50, 50, (3, 257), dtype=dtype)
+    b = torch.randint(-50, 50, (257,), dtype=dtype)
+    (got,) = run_vulkan(lambda x, y: getattr(kb, name)(x, y), a, b)
+    check(got, BINARY[name](a, b))
+
+
+UNARY = {"neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+         "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "tanh": torch.tanh, "erf": torch.erf,
+         "sigmoid": torch.sigmoid, "relu": torch.relu}
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(name, dtype):
+    a = rand(3, 257, dtype=dtype, positive=name in ("log", "sqrt", "rsqrt", "reciprocal"))
+    (got,) = run_vulkan(lambda x: getattr(kb, name)(x), a)
+    check(got, in_f32(UNARY[name], a))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(approximate):
+    a = rand(1000) * 3
+    (got,) = run_vulkan(lambda x: kb.gelu(x, approximate=approximate), a)
+    check(got, torch.nn.functional.gelu(a, approximate=approximate))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("pred", ["eq", "ne", "lt", "le", "gt", "ge"])
+def test_cmp(pred, dtype):
+    a = torch.randint(-3, 3, (3, 257)).to(dtype)  # small integers: equal elements occur
+    b = torch.randint(-3, 3, (257,)).to(dtype)
+    (got,) = run_vulkan(lambda x, y: kb.cmp(x, y, predicate=pred), a, b)
+    check(got, getattr(torch, pred)(a, b))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_select_and_masked_fill(dtype):
+    c = torch.rand(3, 257) > 0.5
+    a, b = rand(3, 257, dtype=dtype), rand(257, dtype=dtype)
+    m = torch.rand(3, 1) > 0.5
+    sel, fill = run_vulkan(lambda c_, x, y, m_: (kb.select(c_, x, y), kb.masked_fill(x, m_, value=-math.inf)),
+                           c, a, b, m)
+    check(sel, torch.where(c, a, b))
+    check(fill, a.masked_fill(m, -math.inf))
+
+
+CASTS = [(torch.float32, torch.float16), (torch.float16, torch.float32), (torch.float32, torch.bfloat16),
+         (torch.bfloat16, torch.float16), (torch.float32, torch.int64), (torch.int64, torch.float32),
+         (torch.bool, torch.float32), (torch.float32, torch.bool), (torch.int32, torch.int64)]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("src,dst", CASTS, ids=str)
+def test_cast(src, dst):
+    if src == torch.bool:
+        a = torch.rand(1000) > 0.5
+    elif src.is_floating_point:
+        a = (rand(1000) * 10).to(src)
+    else:
+        a = torch.randint(-1000, 1000, (1000,), dtype=src)
+    (got,) = run_vulkan(lambda x: kb.cast(x, ELEM[dst]), a)
+    check(got, a.to(dst))
+
+
+@needs_vulkan
+def test_cast_rounds_inside_a_chain():
+    """cast(x, f16) then back to f32 must round, even though values stay in f32 between ops."""
+    a = rand(1000) * 1000
+    (got,) = run_vulkan(lambda x: kb.cast(kb.cast(x, "f16"), "f32"), a)
+    check(got, a.half().float())
+
+
+@needs_vulkan
+def test_booleans_follow_torch():
+    a, b = torch.rand(3, 257) > 0.5, torch.rand(257) > 0.5
+    got = run_vulkan(lambda x, y: (kb.add(x, y), kb.mul(x, y), kb.cmp(x, y, predicate="lt"),
+                                   kb.reduce_max(x, dims=[1]), kb.argmax(x, dim=1)), a, b)
+    check(got[0], a + b)
+    check(got[1], a * b)
+    check(got[2], a < b)
+    check(got[3], a.amax(1))
+    check(got[4], a.to(torch.uint8).argmax(1))
+
+
+# ----------------------------------------------------------------------------- reductions
+
+REDUCE_DIMS = [([1], False), ([1], True), ([0], True), ([0, 1], False), ([-1], False)]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dims,keepdim", REDUCE_DIMS, ids=str)
+@pytest.mark.parametrize("name", ["sum", "mean", "reduce_max", "reduce_min"])
+def test_reduction(name, dims, keepdim, dtype):
+    a = rand(3, 257, dtype=dtype)
+    (got,) = run_vulkan(lambda x: getattr(kb, name)(x, dims=dims, keepdim=keepdim), a)
+    ref = {"sum": lambda x: x.sum(dims, keepdim=keepdim), "mean": lambda x: x.mean(dims, keepdim=keepdim),
+           "reduce_max": lambda x: x.amax(dims, keepdim=keepdim),
+           "reduce_min": lambda x: x.amin(dims, keepdim=keepdim)}[name]
+    want = in_f32(ref, a)
+    if name == "sum" and dims == [0, 1]:
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-3)
+    else:
+        check(got, want)
+
+
+@needs_vulkan
+def test_integer_and_bool_reductions_and_rank0():
+    i = torch.randint(-100, 100, (1000,), dtype=torch.int64)
+    m = torch.rand(3, 257) > 0.3
+    s = rand()
+    got = run_vulkan(lambda x, y, z: (kb.reduce_max(x, dims=[0]), kb.sum(x, dims=[0]), kb.sum(y, dims=[1], elem="i64"),
+                                      kb.sum(z, dims=[]), kb.softmax(z, dim=0), kb.argmax(z, dim=0)), i, m, s)
+    check(got[0], i.amax(0))
+    check(got[1], i.sum(0))
+    check(got[2], m.sum(1))
+    check(got[3], s.sum())
+    check(got[4], torch.softmax(s, 0))
+    check(got[5], s.argmax(0))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("correction", [0.0, 1.0])
+@pytest.mark.parametrize("dims,keepdim", [([1], True), ([0, 1], False), ([0], False)], ids=str)
+def test_var(dims, keepdim, correction, dtype):
+    a = rand(3, 257, dtype=dtype) * 2 + 100  # a large mean: the one-pass formula would fail here
+    (got,) = run_vulkan(lambda x: kb.var(x, dims=dims, correction=correction, keepdim=keepdim), a)
+    check(got, in_f32(lambda x: x.var(dims, correction=correction, keepdim=keepdim), a))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.int64])
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True), (-1, True)], ids=str)
+def test_argmax(dim, keepdim, dtype):
+    a = torch.randperm(3 * 257).reshape(3, 257).to(dtype)
+    if dtype == torch.bfloat16:
+        a = torch.randperm(200)[:150].reshape(3, 50).to(dtype)  # bf16 holds integers to 256 exactly
+    (got,) = run_vulkan(lambda x: kb.argmax(x, dim=dim, keepdim=keepdim), a)
+    check(got, a.argmax(dim, keepdim=keepdim))
+
+
+@needs_vulkan
+def test_argmax_first_maximum_and_nan():
+    a = torch.tensor([[1.0, 5.0, 5.0, 2.0], [1.0, float("nan"), 3.0, float("nan")], [-math.inf] * 4])
+    (got,) = run_vulkan(lambda x: kb.argmax(x, dim=1), a)
+    check(got, torch.tensor([1, 1, 0]))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax(name, dim, dtype):
+    a = rand(3, 257, dtype=dtype) * 40  # exp would overflow without the max subtraction
+    (got,) = run_vulkan(lambda x: getattr(kb, name)(x, dim=dim), a)
+    check(got, in_f32(lambda x: getattr(torch, name)(x, dim), a))
+
+
+# ----------------------------------------------------------------------------- matmul
+
+MATMUL_SHAPES = [((3, 257), (257, 5)), ((2, 3, 7), (2, 7, 5)), ((4, 1, 3, 7), (5, 7, 6)), ((3, 7), (2, 7, 5))]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES, ids=str)
+def test_matmul(shapes, dtype):
+    a, b = rand(*shapes[0], dtype=dtype), rand(*shapes[1], dtype=dtype)
+    (got,) = run_vulkan(kb.matmul, a, b)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.double(), in_f32(torch.matmul, a, b).double(), rtol=rtol, atol=atol * 10)
+
+
+@needs_vulkan
+def test_matmul_integer():
+    a = torch.randint(-9, 9, (3, 7), dtype=torch.int64)
+    b = torch.randint(-9, 9, (7, 5), dtype=torch.int64)
+    (got,) = run_vulkan(kb.matmul, a, b)
+    check(got, a @ b)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@needs_vulkan
+def test_transpose_reshape_broadcast():
+    a = rand(2, 3, 7)
+    got = run_vulkan(lambda x: (kb.transpose(x, perm=[2, 0, 1]), kb.reshape(x, [7, 6]), kb.reshape(x, [42]),
+                                kb.broadcast_to(kb.slice(x, dim=1, start=0, end=1), [5, 2, 3, 7]),
+                                kb.reshape(x, [1, 42, 1])), a)
+    check(got[0], a.permute(2, 0, 1))
+    check(got[1], a.reshape(7, 6))
+    check(got[2], a.reshape(42))
+    check(got[3], a[:, 0:1].expand(5, 2, 3, 7).contiguous())
+    check(got[4], a.reshape(1, 42, 1))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dim,start,end,step", [(1, 3, 250, 1), (1, 1, 257, 3), (0, 1, 3, 1), (-1, 0, 257, 256)])
+def test_slice(dim, start, end, step):
+    a = rand(3, 257)
+    (got,) = run_vulkan(lambda x: kb.slice(x, dim=dim, start=start, end=end, step=step), a)
+    idx = [slice(None)] * 2
+    idx[dim] = slice(start, end, step)
+    check(got, a[tuple(idx)].contiguous())
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_concat(dim):
+    shapes = {0: [(3, 7), (1, 7), (5, 7)], 1: [(3, 7), (3, 1), (3, 5)], -1: [(3, 7), (3, 1), (3, 5)]}[dim]
+    xs = [rand(*s) for s in shapes]
+    (got,) = run_vulkan(lambda *vs: kb.concat(vs, dim=dim), *xs)
+    check(got, torch.cat(xs, dim))
+
+
+# ----------------------------------------------------------------------------- selection, indexing
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("k,dim,largest", [(3, -1, True), (1, 1, True), (2, 0, True), (4, -1, False)], ids=str)
+def test_topk(k, dim, largest, dtype):
+    a = (torch.randperm(3 * 257).reshape(3, 257).float() / 7).to(dtype)
+    if dtype != torch.float32:
+        a = torch.randperm(3 * 257).reshape(3, 257).to(dtype) if dtype == torch.float16 else \
+            torch.randperm(200)[: 3 * 50].reshape(3, 50).to(dtype)
+    vals, idxs = run_vulkan(lambda x: kb.topk(x, k=k, dim=dim, largest=largest), a)
+    want = torch.topk(a, k, dim, largest=largest)
+    check(vals, want.values)
+    check(idxs, want.indices)
+
+
+@needs_vulkan
+def test_topk_ties_and_nan():
+    a = torch.tensor([[1.0, 5.0, 5.0, 2.0, 5.0], [float("nan"), 1.0, float("nan"), 3.0, 0.0]])
+    vals, idxs = run_vulkan(lambda x: kb.topk(x, k=4, dim=1), a)
+    assert idxs.tolist() == [[1, 2, 4, 3], [0, 2, 3, 1]]
+    check(vals, torch.gather(a, 1, idxs))
+
+
+@needs_vulkan
+def test_gather_and_index_select():
+    a = rand(3, 257)
+    gi = torch.randint(0, 257, (3, 100))
+    si = torch.randint(0, 3, (5,), dtype=torch.int32)
+    got = run_vulkan(lambda x, g, s: (kb.gather(x, g, dim=1), kb.index_select(x, s, dim=0)), a, gi, si)
+    check(got[0], torch.gather(a, 1, gi))
+    check(got[1], torch.index_select(a, 0, si))
+
+
+@needs_vulkan
+def test_indexing_along_inner_dims():
+    a = rand(4, 9, 5)
+    si = torch.tensor([8, 0, 3, 3])
+    gi = torch.randint(0, 4, (2, 9, 5))
+    src = rand(4, 9, 5)
+    got = run_vulkan(lambda x, s, g, u: (kb.index_select(x, s, dim=1), kb.gather(x, g, dim=0),
+                                         kb.scatter_add(x, g, u, dim=0)), a, si, gi, src)
+    check(got[0], a.index_select(1, si))
+    check(got[1], torch.gather(a, 0, gi))
+    check(got[2], a.scatter_add(0, gi, src))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_index_add(dtype):
+    a = rand(7, 33, dtype=dtype)
+    index = torch.tensor([1, 6, 1, 0, 3])  # 1 twice: both sources land
+    src = rand(5, 33, dtype=dtype)
+    (got,) = run_vulkan(lambda x, i, s: kb.index_add(x, i, s, dim=0), a, index, src)
+    check(got, in_f32(lambda x, s: x.index_add(0, index, s), a, src))
+
+
+@needs_vulkan
+def test_scatter_add():
+    a = rand(3, 20)
+    index = torch.randint(0, 20, (2, 11))  # fewer rows than a: rows past the index get nothing
+    src = rand(3, 11)
+    (got,) = run_vulkan(lambda x, i, s: kb.scatter_add(x, i, s, dim=1), a, index, src)
+    check(got, a.scatter_add(1, index, src))
+
+
+@needs_vulkan
+def test_constant_and_fill():
+    value = np.arange(21, dtype=np.float32).reshape(3, 7) / 3
+    mask = np.array([[True, False, True, True, False, False, True]] * 3)
+    a = rand(3, 7)
+
+    def build(x):
+        c = kb.constant(ir.DenseElementsAttr.get(value))
+        m = kb.constant(ir.DenseElementsAttr.get(mask))
+        return (kb.add(x, c), kb.fill([3, 7], "f16", 2.5), kb.mul(x, kb.scalar(-1.5, "f32")),
+                kb.masked_fill(x, m, value=0.5))
+
+    got = run_vulkan(build, a)
+    check(got[0], a + torch.from_numpy(value))
+    check(got[1], torch.full((3, 7), 2.5, dtype=torch.float16))
+    check(got[2], a * -1.5)
+    check(got[3], a.masked_fill(torch.from_numpy(mask), 0.5))
+
+
+# ----------------------------------------------------------------------------- DAGs, geometry
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_layer_norm_dag(dtype):
+    x, w, b = rand(3, 257, dtype=dtype), rand(257, dtype=dtype), rand(257, dtype=dtype)
+
+    def build(x_, w_, b_):
+        mean = kb.mean(x_, dims=[-1], keepdim=True)
+        var = kb.var(x_, dims=[-1], correction=0.0, keepdim=True)
+        y = kb.div(kb.sub(x_, mean), kb.sqrt(kb.add(var, kb.scalar(1e-5, ELEM[dtype]))))
+        return kb.add(kb.mul(y, w_), b_)
+
+    (got,) = run_vulkan(build, x, w, b)
+    want = torch.nn.functional.layer_norm(x.float(), (257,), w.float(), b.float(), eps=1e-5).to(dtype)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.double(), want.double(), rtol=rtol * 4, atol=atol * 4)
+
+
+@needs_vulkan
+def test_attention_dag_with_results_of_two_shapes():
+    q, k, v = rand(2, 37, 16), rand(2, 37, 16), rand(2, 37, 16)
+    mask = torch.rand(37, 37) > 0.8
+    mask[:, 0] = False
+
+    def build(q_, k_, v_, m_):
+        s = kb.div(kb.matmul(q_, kb.transpose(k_, perm=[0, 2, 1])), kb.scalar(4.0, "f32"))
+        p = kb.softmax(kb.masked_fill(s, m_, value=-math.inf), dim=-1)
+        return kb.matmul(p, v_), kb.reduce_max(s, dims=[-1])
+
+    out, smax = run_vulkan(build, q, k, v, mask)
+    s = q @ k.transpose(-1, -2) / 4.0
+    torch.testing.assert_close(out, torch.softmax(s.masked_fill(mask, -math.inf), -1) @ v, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(smax, s.amax(-1))
+
+
+@needs_vulkan
+def test_grid_stride_from_an_edited_plan():
+    """A recorded plan is what kf-map-to-gpu follows: 2 blocks striding over 1000 elements."""
+    a = rand(1000)
+
+    def edit(plan):
+        plan.update(grid=2, grid_stride=True)
+
+    for kind in ("generic", "elementwise"):
+        (got,) = run_vulkan(lambda x: kb.exp(kb.neg(x)), a, kind=kind, plan_edit=edit)
+        check(got, torch.exp(-a))
+
+
+# ----------------------------------------------------------------------------- elementwise strategy
+
+CHAINS = {
+    "silu_bias": (lambda x, b: kb.mul(kb.add(x, b), kb.sigmoid(kb.add(x, b))),
+                  lambda x, b: torch.nn.functional.silu(x + b), [(3, 256), (256,)]),
+    "gelu_scale": (lambda x, s: kb.mul(kb.gelu(x), s), lambda x, s: torch.nn.functional.gelu(x) * s,
+                   [(7, 64), (7, 1)]),
+    "tail": (lambda x, y: kb.sub(kb.exp(x), kb.tanh(y)), lambda x, y: torch.exp(x) - torch.tanh(y),
+             [(1000,), (1000,)]),
+    "scalar": (lambda x, y: kb.relu(kb.mul(x, y)), lambda x, y: torch.relu(x * y), [(5, 3, 8), ()]),
+}
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_elementwise_chain(chain, dtype):
+    build, ref, shapes = CHAINS[chain]
+    xs = [rand(*s, dtype=dtype) for s in shapes]
+    (got,) = run_vulkan(build, *xs, kind="elementwise")
+    want = in_f32(ref, *xs)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.double(), want.double(), rtol=rtol * 2, atol=atol * 2)
+
+
+@needs_vulkan
+def test_elementwise_several_results_and_masks():
+    x, y = rand(3, 257), rand(3, 257)
+    m = torch.rand(3, 257) > 0.5
+    got = run_vulkan(lambda a, b, c: (kb.select(c, a, b), kb.cmp(a, b, predicate="gt"), kb.add(a, b)), x, y, m,
+                     kind="elementwise")
+    check(got[0], torch.where(m, x, y))
+    check(got[1], x > y)
+    check(got[2], x + y)
+
+
+# ----------------------------------------------------------------------------- CUDA (ptxas, no GPU)
+
+PTX_CASES = {
+    "elementwise_vec": (lambda x, b: kb.mul(kb.add(x, b), kb.sigmoid(x)), [((3, 256), "f32"), ((256,), "f32")],
+                        "elementwise"),
+    "elementwise_bf16": (lambda x, b: kb.gelu(kb.add(x, b)), [((3, 256), "bf16"), ((256,), "bf16")], "elementwise"),
+    "elementwise_bool": (lambda x, y: kb.cmp(x, y, predicate="lt"), [((1000,), "f16"), ((1000,), "f16")],
+                         "elementwise"),
+    "softmax": (lambda x: kb.softmax(x, dim=-1), [((3, 257), "f16")], "generic"),
+    "var_argmax": (lambda x: (kb.var(x, dims=[1]), kb.argmax(x, dim=0)), [((3, 257), "f32")], "generic"),
+    "matmul": (kb.matmul, [((4, 1, 3, 7), "bf16"), ((5, 7, 6), "bf16")], "generic"),
+    "topk": (lambda x: kb.topk(x, k=3, dim=-1), [((3, 257), "f32")], "generic"),
+    "layout": (lambda x, y: kb.concat([kb.transpose(x, perm=[1, 0]), kb.reshape(kb.slice(y, dim=0, start=1, end=7,
+               step=2), [7, 3])], dim=1), [((3, 7), "f32"), ((7, 7), "f32")], "generic"),
+    "indexing": (lambda x, i, s: (kb.gather(x, i, dim=1), kb.scatter_add(x, i, s, dim=1),
+                                  kb.index_select(x, kb.reshape(kb.slice(i, dim=1, start=0, end=1), [3]), dim=0)),
+                 [((3, 20), "f32"), ((3, 11), "i64"), ((3, 11), "f32")], "generic"),
+    "index_add": (lambda x, i, s: kb.index_add(x, i, s, dim=0), [((7, 33), "f16"), ((5,), "i64"), ((5, 33), "f16")],
+                  "generic"),
+    "mask_constant": (lambda x: kb.masked_fill(x, kb.constant(ir.DenseElementsAttr.get(
+        np.array([True, False, True]))), value=0.0), [((4, 3), "f32")], "generic"),
+    "grid_stride": (lambda x: kb.exp(x), [((8192, 4096), "f32")], "generic"),
+}
+
+
+@needs_ptxas
+@pytest.mark.parametrize("case", sorted(PTX_CASES))
+def test_ptxas_sm90(case):
+    build, specs, kind = PTX_CASES[case]
+    ctx, module = build_module(build, [TensorSpec(s, e) for s, e in specs], kind, target="cuda")
+    with ctx:
+        ptx = compile_to_ptx(module)["kf_kernels"]
+    assert ".entry k(" in ptx
+    report = assemble(ptx, "sm_90")
+    assert report.kernels["k"]["spill_store_bytes"] == 0
+    if case == "elementwise_vec":
+        assert re.search(r"ld\.global\.v4\.[bf]32", ptx) and re.search(r"st\.global\.v4\.[bf]32", ptx)
