@@ -36,7 +36,7 @@ from .base import KfPass, PassError
 BUFFERIZE = (
     "eliminate-empty-tensors, "
     "one-shot-bufferize{bufferize-function-boundaries=1 function-boundary-type-conversion=identity-layout-map}, "
-    "buffer-deallocation-pipeline, convert-bufferization-to-memref"
+    "buffer-deallocation-pipeline, convert-bufferization-to-memref, linalg-generalize-named-ops"
 )
 TO_LOOPS = (
     "convert-linalg-to-loops, fold-memref-alias-ops, expand-strided-metadata, "
@@ -210,6 +210,58 @@ def expand_fp8_conversions(module: ir.Operation) -> None:
         op.erase()
 
 
+def _iterators(op: ir.Operation) -> list[str]:
+    return [str(a).removeprefix("#linalg.iterator_type<").removesuffix(">")
+            for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+
+
+def _maps(op: ir.Operation) -> list[ir.AffineMap]:
+    return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+
+
+def _permuted(m: ir.AffineMap, new_pos: list[int]) -> ir.AffineMap:
+    exprs = [ir.AffineDimExpr.get(new_pos[e.position]) if isinstance(e, ir.AffineDimExpr) else e for e in m.results]
+    return ir.AffineMap.get(m.n_dims, m.n_symbols, exprs)
+
+
+def contiguous_inner_loops(module: ir.Operation) -> None:
+    """Make the innermost loop of a contraction run along the output's last dim.
+
+    A matmul's natural loop order (m, n, k) puts the reduction innermost, striding
+    through the rhs column by column; (m, k, n) walks the rhs and the output row-major,
+    which LLVM vectorizes. A generic qualifies when its innermost loop is a reduction
+    and the loop indexing the output's last dim also indexes some input's last dim, so
+    moving it innermost keeps both accesses unit-stride. The loop domain is permuted
+    in place: indexing maps, iterator types and the ``linalg.index`` ops of the body.
+    """
+    ops: list[ir.Operation] = []
+    module.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
+    for op in ops:
+        if op.name != "linalg.generic":
+            continue
+        its, maps = _iterators(op), _maps(op)
+        n_out = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[1]
+        out_map = maps[-1]
+        if not its or its[-1] != "reduction" or n_out != 1 or not out_map.results:
+            continue
+        last = out_map.results[len(out_map.results) - 1]
+        if not isinstance(last, ir.AffineDimExpr) or its[last.position] != "parallel":
+            continue
+        p = last.position
+        if not any(m.results and isinstance(m.results[len(m.results) - 1], ir.AffineDimExpr)
+                   and m.results[len(m.results) - 1].position == p for m in maps[:-1]):
+            continue
+        order = [d for d in range(len(its)) if d != p] + [p]
+        new_pos = [order.index(d) for d in range(len(its))]
+        op.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(_permuted(m, new_pos)) for m in maps])
+        op.attributes["iterator_types"] = ir.ArrayAttr.get(
+            [ir.Attribute.parse(f"#linalg.iterator_type<{its[d]}>") for d in order])
+        for inner in op.regions[0].blocks[0].operations:
+            if inner.operation.name == "linalg.index":
+                d = ir.IntegerAttr(inner.attributes["dim"]).value
+                inner.attributes["dim"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), new_pos[d])
+
+
 def _memref(t: ir.Type) -> ir.Type:
     if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
         raise PassError(f"kf-to-cpu needs statically shaped tensor arguments and results, got {t}")
@@ -268,7 +320,8 @@ class ToCpuPass(KfPass):
     fuse: bool = True
 
     def pipelines(self) -> tuple[str, str, str]:
-        """The upstream passes around the two Python rewrites (copies, then bools)."""
+        """The upstream passes around kf's memref-level rewrites (copies and loop order,
+        then bools)."""
         pre = "canonicalize, linalg-fuse-elementwise-ops, cse, " if self.fuse else "canonicalize, cse, "
         return (f"builtin.module({pre}{BUFFERIZE})", f"builtin.module({TO_LOOPS})", f"builtin.module({TO_LLVM})")
 
@@ -283,6 +336,7 @@ class ToCpuPass(KfPass):
         self._upstream(bufferize, module)
         with module.context, module.location:
             strided_copies_as_loops(module)
+            contiguous_inner_loops(module)
         self._upstream(to_loops, module)
         with module.context, module.location:
             bools_as_bytes(module)
