@@ -1,0 +1,100 @@
+"""The decorators on the CPU target: the seed's functions compiled and run, strided
+inputs, new specializations, and the errors a user meets."""
+
+import pytest
+import torch
+
+import kf
+import moe
+import seed_examples as se
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _close(a, b, tol=1e-4):
+    torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("shape", [(1, 256, 1024), (1, 3, 1000), (2, 257)])
+def test_seed_layer_norm_on_cpu(shape):
+    x, w, b = torch.randn(*shape), torch.randn(shape[-1]), torch.randn(shape[-1])
+    _close(se.metal_layer_norm.with_options(target="cpu")(x, w, b), se.metal_layer_norm.fn(x, w, b))
+
+
+@pytest.mark.parametrize("seq,masked", [(257, False), (257, True), (64, True)])
+def test_seed_attention_on_cpu(seq, masked):
+    q, k, v = (torch.randn(1, 2, seq, 64) for _ in range(3))
+    mask = (torch.rand(seq, seq) > 0.25).float() if masked else None
+    _close(se.fused_attention.with_options(target="cpu")(q, k, v, mask), se.fused_attention.fn(q, k, v, mask))
+
+
+def test_complete_moe_on_cpu():
+    x, gate = torch.randn(1, 9, 64), torch.randn(4, 64)
+    w_in, w_out = torch.randn(4, 64, 96) / 8, torch.randn(4, 96, 64) / 10
+    _close(moe.moe_layer_fused.with_options(target="cpu")(x, gate, [w_in, w_out]),
+           moe.moe_layer_fused.fn(x, gate, [w_in, w_out]))
+
+
+def test_non_contiguous_inputs_give_correct_results():
+    f = kf.jit(lambda a, b: torch.softmax(a * 2 + b, dim=-1), target="cpu")
+    a = torch.randn(40, 30).t()  # a transposed view
+    b = torch.randn(30, 80)[:, ::2]  # a strided slice
+    _close(f(a, b), torch.softmax(a * 2 + b, dim=-1))
+
+
+def test_auto_target_follows_the_device():
+    f = kf.jit(lambda x: x.exp() + 1)
+    x = torch.randn(100)
+    _close(f(x), x.exp() + 1)
+    (program,) = f._table.values()
+    assert program.meta["name"] == "<lambda>"
+
+
+def test_metal_shader_on_cpu_tensors_says_what_to_do():
+    x, w, b = torch.randn(2, 16), torch.randn(16), torch.randn(16)
+    with pytest.raises(kf.TargetError) as e:
+        se.metal_layer_norm(x, w, b)
+    assert "compiled for metal" in str(e.value) and "with_options(target='vulkan')" in str(e.value)
+
+
+def test_cuda_kernel_on_cpu_tensors_says_what_to_do():
+    q = torch.randn(1, 1, 8, 8)
+    with pytest.raises(kf.TargetError, match="compiled for cuda, but its tensors are on 'cpu'"):
+        se.fused_attention(q, q, q)
+
+
+def test_tensors_on_several_devices():
+    f = kf.jit(lambda a, b: a + b)
+    with pytest.raises(kf.TargetError, match="several devices"):
+        f(torch.randn(2), torch.randn(2, device="meta"))
+
+
+def test_wrong_arguments_are_signature_errors():
+    f = kf.jit(lambda a, b: a + b, target="cpu")
+    with pytest.raises(kf.SignatureError, match="missing a required argument"):
+        f(torch.randn(2))
+
+
+def test_interpret_mode_agrees_with_compiled():
+    x, w, b = torch.randn(3, 200), torch.randn(200), torch.randn(200)
+    compiled = se.metal_layer_norm.with_options(target="cpu")(x, w, b)
+    interpreted = se.metal_layer_norm.with_options(target="cpu", interpret=True)(x, w, b)
+    _close(compiled, interpreted, tol=1e-5)
+
+
+def test_dump_ir_writes_numbered_files(tmp_path):
+    f = kf.jit(lambda x: torch.tanh(x) * 3, target="cpu", dump_ir=str(tmp_path / "ir"))
+    f(torch.randn(10))
+    names = sorted(p.name for p in (tmp_path / "ir").iterdir())
+    assert names[0].endswith(".01.kf.mlir")
+    assert any("kf-lower-to-linalg" in n for n in names) and any("kf-to-cpu" in n for n in names)
+
+
+def test_inspect_gives_every_cpu_stage():
+    info = kf.inspect(kf.jit(lambda x: x.sigmoid(), target="cpu"), torch.randn(8))
+    assert "kf.sigmoid" in info.kf_ir
+    assert list(info.stages) == ["kf", "linalg", "llvm"]
+    assert "linalg.generic" in info.linalg and "llvm.func" in info.llvm

@@ -1,0 +1,106 @@
+"""The JIT cache: in memory, on disk across processes (without importing MLIR), and
+recovery from a corrupt entry."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import kf
+from kf import cache
+
+SCRIPT = textwrap.dedent("""
+    import sys, torch, kf
+
+    @kf.jit(target="cpu")
+    def rms(x, w, eps=1e-6):
+        return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
+
+    torch.manual_seed(int(sys.argv[1]))
+    x, w = torch.randn(5, 300), torch.randn(300)
+    y = rms(x, w)
+    ref = x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + 1e-6) * w
+    assert torch.allclose(y, ref, atol=1e-5), (y - ref).abs().max()
+    print("mlir imported:", "mlir" in sys.modules)
+""")
+
+
+def _run(tmp_path: Path, seed: int) -> str:
+    script = tmp_path / "user_code.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, str(script), str(seed)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout + r.stderr
+
+
+def test_disk_cache_hit_in_a_fresh_process_does_not_import_mlir(tmp_path):
+    assert "mlir imported: True" in _run(tmp_path, 1)  # the first process compiles
+    assert "mlir imported: False" in _run(tmp_path, 2)  # the second loads the .so and runs
+
+
+def test_corrupt_entry_is_reported_once_and_recompiled(tmp_path):
+    _run(tmp_path, 1)
+    entries = list((tmp_path / "cache").glob("*/*/program.json"))
+    assert len(entries) == 1
+    so = next(p for p in entries[0].parent.iterdir() if p.suffix == ".so")
+    so.write_bytes(b"not a shared object")  # a torn or damaged write
+    out = _run(tmp_path, 3)
+    assert "is corrupt" in out and "recompiling" in out
+    assert "mlir imported: True" in out
+    assert "is corrupt" not in _run(tmp_path, 4)  # the recompiled entry is good
+
+
+def test_bad_json_is_corrupt_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    k = "ab" * 32
+    entry = cache.store(k, {"x": 1}, {"a.bin": b"123"})
+    assert cache.load(k).meta["x"] == 1
+    (entry.directory / "program.json").write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        assert cache.load(k) is None
+    assert not entry.directory.exists()
+
+
+def test_key_changes_with_what_changes_the_code(monkeypatch, tmp_path):
+    from kf.options import Options
+    from kf.signature import bind
+
+    def f(x, scale=2.0):
+        return x * scale
+
+    def g(x, scale=2.0):
+        return x * scale + 1
+
+    x = torch.randn(4)
+    s1, _ = bind(f, (x,), {})
+    s2, _ = bind(f, (x,), {"scale": 3.0})
+    s3, _ = bind(f, (torch.randn(5),), {})
+    base = cache.key(f, s1, Options(target="cpu"), "")
+    assert base == cache.key(f, s1, Options(target="cpu"), "")
+    assert len({base, cache.key(f, s2, Options(target="cpu"), ""), cache.key(f, s3, Options(target="cpu"), ""),
+                cache.key(g, s1, Options(target="cpu"), ""), cache.key(f, s1, Options(target="vulkan"), ""),
+                cache.key(f, s1, Options(target="cuda"), "sm_80"), cache.key(f, s1, Options(target="cuda"), "sm_90")}) == 7
+
+
+def test_in_memory_table_compiles_once_per_signature(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+    @kf.jit(target="cpu")
+    def add(a, b):
+        return a + b
+
+    a, b = torch.randn(7), torch.randn(7)
+    torch.testing.assert_close(add(a, b), a + b)
+    torch.testing.assert_close(add(b, a), a + b)
+    assert len(add._table) == 1
+    add(a.double(), b.double())  # a new dtype is a new specialization
+    assert len(add._table) == 2
+    meta = json.loads(next(tmp_path.glob("*/*/program.json")).read_text())
+    assert meta["name"] == "add" and "abi" in meta
