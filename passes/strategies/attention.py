@@ -51,7 +51,7 @@ from kf.passes import scalar_math
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .matmul import (GpuFunc, KernelView, Pointwise, _contiguous_last, defining, gpu_arg_types,
-                     pointwise_closure, to_storage, workgroup_memref)
+                     pointwise_closure, stage_tile, store_value, workgroup_memref)
 
 
 class _Chain:
@@ -175,7 +175,7 @@ class AttentionStrategy(Strategy):
         shared_types = [workgroup_memref([bm, D + 1]), workgroup_memref([bn, dkv + 1]),
                         workgroup_memref([bm, bn + 1]), workgroup_memref([bm, tpr])]
         with kernel.location:
-            g = GpuFunc(gpu_module, view.name, gpu_arg_types(view), shared_types, (threads, 1, 1))
+            g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), shared_types, (threads, 1, 1))
             Qs, KVs, Ps, Red = g.shared
             n_in = len(view.args)
             out_mem = g.args[n_in]
@@ -195,27 +195,7 @@ class AttentionStrategy(Strategy):
                     return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
 
                 def stage(tile, rows, cols, fast_is_col, row0, n_rows, read):
-                    """tile[r][c] = read(row0 + r, c) for r < rows, c < cols; zero for rows
-                    at or past n_rows. Consecutive threads walk columns when the source
-                    is contiguous along them, else rows."""
-                    total = rows * cols
-                    for e in range(-(-total // threads)):
-                        lin = g.add(tid, e * threads)
-                        in_tile = g.lt(lin, total) if (e + 1) * threads > total else None
-                        if fast_is_col:
-                            rr, cc = g.div(lin, cols), g.rem(lin, cols)
-                        else:
-                            rr, cc = g.rem(lin, rows), g.div(lin, rows)
-                        gr = g.add(row0, rr)
-                        cond = g.all_of([c for c in (in_tile, g.lt(gr, n_rows) if n_rows % rows else None)
-                                         if c is not None])
-
-                        def value():
-                            pw.reset()
-                            return [scalar_math.convert(read(gr, cc), f32)]
-
-                        val = g.guarded(cond, [f32], value, lambda: [zero])[0]
-                        g.when(in_tile, lambda val=val, rr=rr, cc=cc: memref.store(val, tile, [rr, cc]))
+                    stage_tile(g, pw, tid, threads, tile, rows, cols, fast_is_col, row0, n_rows, 0, cols, read)
 
                 q_lead, k_lead, v_lead = lead(ch.q), lead(ch.kt), lead(ch.v)
                 s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
@@ -302,8 +282,7 @@ class AttentionStrategy(Strategy):
 
                 def store():
                     for c in range(n_acc):
-                        memref.store(to_storage(arith.divf(acc[c], total), ch.out.elem), out_mem,
-                                     out_lead + [gi, out_cols[c]])
+                        store_value(arith.divf(acc[c], total), out_mem, out_lead + [gi, out_cols[c]])
 
                 g.when(g.lt(gi, Sq) if Sq % bm else None, store)
             g.finish()

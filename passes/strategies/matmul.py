@@ -48,6 +48,7 @@ from kf.passes import scalar_math
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .emit import compute_type, memref_type
+from .emit import to_storage as emit_to_storage
 
 WORKGROUP = "#gpu.address_space<workgroup>"
 
@@ -287,7 +288,9 @@ class Pointwise:
 
     def load_arg(self, i: int, index: Sequence[ir.Value]) -> ir.Value:
         spec = self.view.arg_specs[i]
-        v = memref.load(self.memrefs[i], list(index)) if spec.shape else memref.load(self.memrefs[i], [])
+        v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
+        if spec.elem == "i1" and v.type != ir.IntegerType.get_signless(1):  # a boolean stored as a byte
+            return arith.cmpi(arith.CmpIPredicate.ne, v, scalar_math.const(v.type, 0))
         return scalar_math.convert(v, compute_type(spec.elem))
 
     def eval(self, v: ir.Value, index: Sequence[ir.Value]) -> ir.Value:
@@ -343,12 +346,67 @@ class Pointwise:
             raise NotApplicable(str(e)) from None
 
 
-def to_storage(v: ir.Value, elem: str) -> ir.Value:
-    return scalar_math.convert(v, ir.Type.parse(elem))
+#: Passes of a tile copy written out in straight-line code rather than an scf.for: unrolled,
+#: LLVM folds the per-pass index arithmetic into constant offsets (attention at head_dim 64
+#: on sm_90: 80 registers unrolled, 128 and a spill as a loop).
+UNROLL_STAGING = 64
 
 
-def gpu_arg_types(view: KernelView) -> list[ir.Type]:
-    return [memref_type(s) for s in view.arg_specs] + [memref_type(s) for s in view.result_specs]
+def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
+               fast_is_col: bool, row0: ir.Value | int, n_rows: int, col0: ir.Value | int, n_cols: int,
+               read: Callable[[ir.Value, ir.Value], ir.Value], transposed: bool = False) -> None:
+    """Copy a rows x cols block of a value into workgroup memory, converted to f32:
+    ``tile[r][c] = read(row0 + r, col0 + c)`` (``tile[c][r]`` when transposed), zero where
+    the row or column is at or past n_rows / n_cols (the tails).
+
+    The threads walk the block linearly, consecutive threads along the columns when
+    the source is contiguous along them (``fast_is_col``), else along the rows, so the
+    global reads coalesce. Whole passes of all threads run in an scf.for; a last partial
+    pass is guarded by the thread's position."""
+    total = rows * cols
+    full, rest = divmod(total, threads)
+    zero = g.fconst(0.0)
+
+    def one(lin: ir.Value) -> None:
+        if fast_is_col:
+            rr, cc = g.div(lin, cols), g.rem(lin, cols)
+        else:
+            rr, cc = g.rem(lin, rows), g.div(lin, rows)
+        gr, gc = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr), \
+            g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
+        cond = g.all_of([c for c in (g.lt(gr, n_rows) if n_rows % rows or rows > n_rows else None,
+                                     g.lt(gc, n_cols) if n_cols % cols or cols > n_cols else None) if c is not None])
+
+        def value():
+            pw.reset()
+            return [scalar_math.convert(read(gr, gc), g.f32)]
+
+        val = g.guarded(cond, [g.f32], value, lambda: [zero])[0]
+        memref.store(val, tile, [cc, rr] if transposed else [rr, cc])
+
+    if full <= UNROLL_STAGING:
+        for e in range(full):
+            one(g.add(tid, e * threads))
+    else:
+        def body(e, carried):
+            one(arith.addi(tid, e))
+            return []
+
+        g.loop(0, full * threads, threads, [], body)
+    if rest:
+        lin = g.add(tid, full * threads)
+        g.when(g.lt(lin, total), lambda: one(lin))
+
+
+def store_value(v: ir.Value, mem: ir.Value, index: Sequence[ir.Value]) -> None:
+    """Store a computed value, rounded once to the memref's element type (booleans as
+    bytes where the target keeps them so)."""
+    memref.store(emit_to_storage(v, ir.MemRefType(mem.type).element_type), mem, list(index))
+
+
+def gpu_arg_types(view: KernelView, target: TargetInfo) -> list[ir.Type]:
+    """The gpu.func argument types: inputs then outputs, in the target's storage types."""
+    return [memref_type(s, target.name) for s in [*view.arg_specs, *view.result_specs]]
 
 
 def unique_results(view: KernelView) -> None:
@@ -469,12 +527,11 @@ class MatmulStrategy(Strategy):
         M, N, K = gm.m, gm.n, gm.k
         a_sh, b_sh = workgroup_memref([bk, bm + 1]), workgroup_memref([bk, bn])
         with kernel.location:
-            g = GpuFunc(gpu_module, view.name, gpu_arg_types(view), [a_sh, b_sh], (threads, 1, 1))
+            g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [a_sh, b_sh], (threads, 1, 1))
             As, Bs = g.shared
             n_in = len(view.args)
             pw = Pointwise(g, view, g.args[:n_in])
             a_val, b_val = gm.mm.operands
-            a_rank, b_rank = spec_of(a_val.type).rank, spec_of(b_val.type).rank
             with ir.InsertionPoint(g.entry):
                 tid = g.tid()
                 col_tile, row_tile = g.bid("x"), g.bid("y")
@@ -484,47 +541,16 @@ class MatmulStrategy(Strategy):
                 tr, tc = g.div(tid, cols), g.rem(tid, cols)
                 zero = g.fconst(0.0)
 
-                def tile_loader(value, rank, rows_total, fast_is_inner, tile, rows, row0, size_rows, size_k, k_first):
-                    """Stage a [rows x BLOCK_K] slice of one operand into tile[k][row].
+                a_lead = pw.operand_index(spec_of(a_val.type).shape[:-2], batch_idx, len(gm.batch))
+                b_lead = pw.operand_index(spec_of(b_val.type).shape[:-2], batch_idx, len(gm.batch))
 
-                    ``k_first``: the operand's index is (.., k, row) -- B -- else (.., row, k)
-                    -- A. ``fast_is_inner``: the operand's last dim is the innermost in
-                    memory, so consecutive threads take consecutive last-dim elements."""
+                def load_a(k0):  # As[k][m] = A[m0 + m, k0 + k]
+                    stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
+                               lambda r, c: pw.eval(a_val, a_lead + [r, c]), transposed=True)
 
-                    def load(k0):
-                        total = rows * bk
-                        per = -(-total // threads)
-                        # consecutive threads walk the memory-contiguous dimension
-                        fast_is_k = (fast_is_inner and not k_first) or (not fast_is_inner and k_first)
-                        for e in range(per):
-                            lin = g.add(tid, e * threads)
-                            in_tile = g.lt(lin, total) if (e + 1) * threads > total else None
-                            if fast_is_k:
-                                kk, rr = g.rem(lin, bk), g.div(lin, bk)
-                            else:
-                                rr, kk = g.rem(lin, rows), g.div(lin, rows)
-                            gr, gk = g.add(row0, rr), arith.addi(k0, kk)
-                            conds = [c for c in (in_tile, g.lt(gr, size_rows) if size_rows % rows else None,
-                                                 g.lt(gk, size_k) if size_k % bk else None) if c is not None]
-                            lead = pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, len(gm.batch)) \
-                                if rank > 2 else []
-
-                            def read():
-                                pw.reset()
-                                idx = lead + ([gk, gr] if k_first else [gr, gk])
-                                return [scalar_math.convert(pw.eval(value, idx), g.f32)]
-
-                            val = g.guarded(g.all_of(conds), [g.f32], read, lambda: [zero])[0]
-                            store = lambda: memref.store(val, tile, [kk, rr])
-                            if in_tile is not None:
-                                g.when(in_tile, store)
-                            else:
-                                store()
-
-                    return load
-
-                load_a = tile_loader(a_val, a_rank, M, gm.a_k_contiguous, As, bm, m0, M, K, k_first=False)
-                load_b = tile_loader(b_val, b_rank, N, gm.b_n_contiguous, Bs, bn, n0, N, K, k_first=True)
+                def load_b(k0):  # Bs[k][n] = B[k0 + k, n0 + n]
+                    stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
+                               lambda r, c: pw.eval(b_val, b_lead + [r, c]))
 
                 row_of = [g.add(tr, i * (bm // tm)) for i in range(tm)]
                 col_of = [g.add(tc, j * cols) for j in range(tn)]
@@ -556,8 +582,8 @@ class MatmulStrategy(Strategy):
                             pw.reset()
                             pw.bind(gm.mm.result, acc[i * tn + j])
                             idx = list(batch_idx) + [gr, gc]
-                            for r, s, o in zip(view.results, view.result_specs, outs):
-                                memref.store(to_storage(pw.eval(r, idx), s.elem), o, idx)
+                            for r, o in zip(view.results, outs):
+                                store_value(pw.eval(r, idx), o, idx)
 
                         g.when(g.all_of(conds), store)
             g.finish()
