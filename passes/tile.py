@@ -82,9 +82,13 @@ def recorded_plan(kernel: ir.Operation) -> dict | None:
     return attr_to_plan(kernel.attributes["kf.plan"])
 
 
+#: Targets a plan can be made for; Vulkan and Metal both run kf's SPIR-V.
+TARGETS = ("cuda", "spirv", "vulkan", "metal")
+
+
 def check_target(target: str, location: ir.Location) -> None:
-    if target not in ("cuda", "spirv"):
-        raise PassError(f"target must be cuda or spirv, got '{target}'", location)
+    if target not in TARGETS:
+        raise PassError(f"target must be one of {', '.join(TARGETS)}, got '{target}'", location)
 
 
 @dataclasses.dataclass(frozen=True)

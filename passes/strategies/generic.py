@@ -373,12 +373,18 @@ def _scatter_add(ev: Evaluator, op, idx, attrs):
     kb = ev.kb
     # Sources land on idx only from index positions that agree with idx outside dim;
     # when idx lies beyond the index's extent in such a dim, none do (zero trips).
-    inside = None
+    inside: ir.Value | bool = True
     for d in range(len(xs)):
         if d != dim and ishape[d] < xs[d]:
             c = kb.lt(idx[d], ishape[d])
-            inside = c if inside is None else arith.andi(inside, c)
-    trips: E.Ix = ishape[dim] if inside is None else arith.select(inside, kb.value(ishape[dim]), kb.value(0))
+            if isinstance(c, bool) or isinstance(inside, bool):
+                inside = (c and inside) if isinstance(c, bool) and isinstance(inside, bool) else (
+                    c if inside is True else inside if c is True else False)
+            else:
+                inside = arith.andi(inside, c)
+    if inside is False:
+        return [ev.value(x, idx)]
+    trips: E.Ix = ishape[dim] if inside is True else arith.select(inside, kb.value(ishape[dim]), kb.value(0))
     target = kb.value(idx[dim])
 
     def step(j, c):

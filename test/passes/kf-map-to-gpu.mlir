@@ -1,0 +1,95 @@
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda}, kf-map-to-gpu{target=cuda})' | FileCheck %s
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv})' | FileCheck %s --check-prefix=SPIRV
+
+// Two kernel functions become gpu.funcs in one gpu.module @kf_kernels; each kernel
+// function stays as a declaration that names its gpu.func, and the host's calls are the
+// launch schedule, untouched.
+// CHECK-LABEL: module attributes {gpu.container_module}
+// CHECK: func.func private @bias_relu(tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+// CHECK-SAME: kf.gpu_func = @kf_kernels::@bias_relu, kf.kernel = "elementwise"
+// CHECK-NOT: kf.add
+// CHECK: func.func private @row_sum(tensor<3x257xf16>) -> tensor<3xf16>
+// CHECK-SAME: kf.gpu_func = @kf_kernels::@row_sum
+// CHECK: func.func @main
+// CHECK-NEXT: call @bias_relu(%arg0, %arg1)
+// CHECK-NEXT: call @row_sum(%arg2)
+// CHECK: gpu.module @kf_kernels
+
+// The elementwise strategy: 8 threads of 4 contiguous elements each; the bias (8
+// elements along the innermost dim) is read as a vector like x, the result stored as one.
+// CHECK: gpu.func @bias_relu(%[[X:.*]]: memref<4x8xf32>, %[[B:.*]]: memref<8xf32>, %[[Y:.*]]: memref<4x8xf32>) kernel
+// CHECK-SAME: kf.block = array<i64: 256, 1, 1>, kf.fused_lines = ["model.py:3", "model.py:4"], kf.grid = array<i64: 1, 1, 1>, kf.shared_bytes = 0 : i64, kf.strategy = "elementwise", known_block_size = array<i32: 256, 1, 1>
+// CHECK: %[[BID:.*]] = gpu.block_id x
+// CHECK: %[[TID:.*]] = gpu.thread_id x
+// CHECK: %[[BASE:.*]] = arith.muli %[[BID]], %c256
+// CHECK: %[[I:.*]] = arith.addi %[[BASE]], %[[TID]]
+// CHECK: %[[IN:.*]] = arith.cmpi ult, %[[I]], %c8
+// CHECK: scf.if %[[IN]]
+// CHECK: %[[E:.*]] = arith.muli %[[I]], %c4
+// CHECK: %[[COL:.*]] = arith.remui %[[E]], %c8
+// CHECK: %[[ROW:.*]] = arith.divui %[[E]], %c8
+// CHECK: %[[XV:.*]] = vector.load %[[X]][%[[ROW]], %[[COL]]] {alignment = 16 : i64} : memref<4x8xf32>, vector<4xf32>
+// CHECK: %[[BV:.*]] = vector.load %[[B]][%[[COL]]] {alignment = 16 : i64} : memref<8xf32>, vector<4xf32>
+// CHECK-COUNT-4: arith.maximumf
+// CHECK: %[[R:.*]] = vector.from_elements
+// CHECK: vector.store %[[R]], %[[Y]][%[[ROW]], %[[COL]]] {alignment = 16 : i64} : memref<4x8xf32>, vector<4xf32>
+// CHECK: gpu.return
+
+// The generic strategy: one thread per output element, the reduction an inner loop
+// accumulating in f32 (kf's precision policy), rounded to f16 once, at the store.
+// CHECK: gpu.func @row_sum(%[[A:.*]]: memref<3x257xf16>, %[[S:.*]]: memref<3xf16>) kernel
+// CHECK-SAME: kf.strategy = "generic"
+// CHECK: scf.if
+// CHECK: %[[ACC:.*]] = scf.for %[[J:.*]] = %c0 to %c257 step %c1 iter_args(%[[C:.*]] = %cst) -> (f32)
+// CHECK: %[[H:.*]] = memref.load %[[A]][%{{.*}}, %[[J]]] : memref<3x257xf16>
+// CHECK: %[[F:.*]] = arith.extf %[[H]] : f16 to f32
+// CHECK: arith.addf %[[C]], %[[F]] : f32
+// CHECK: %[[T:.*]] = arith.truncf %[[ACC]] : f32 to f16
+// CHECK: memref.store %[[T]], %[[S]]
+
+// Without kf-tile the pass makes the plans itself; SPIR-V gets the same 4-lane f32
+// vectors (kf-to-spirv turns them into scalar accesses).
+// SPIRV: gpu.func @bias_relu
+// SPIRV-SAME: kf.grid = array<i64: 1, 1, 1>
+// SPIRV: vector.load
+// SPIRV: gpu.func @row_sum
+func.func private @bias_relu(%x: tensor<4x8xf32>, %b: tensor<8xf32>) -> tensor<4x8xf32> attributes {kf.kernel = "elementwise", kf.fused_lines = ["model.py:3", "model.py:4"]} {
+  %0 = "kf.add"(%x, %b) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %1 = "kf.relu"(%0) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %1 : tensor<4x8xf32>
+}
+func.func private @row_sum(%x: tensor<3x257xf16>) -> tensor<3xf16> attributes {kf.kernel = "generic", kf.fused_lines = ["model.py:5"]} {
+  %0 = "kf.sum"(%x) {dims = array<i64: 1>, keepdim = false} : (tensor<3x257xf16>) -> tensor<3xf16>
+  return %0 : tensor<3xf16>
+}
+func.func @main(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %y: tensor<3x257xf16>) -> (tensor<4x8xf32>, tensor<3xf16>) {
+  %0 = call @bias_relu(%x, %b) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+  %1 = call @row_sum(%y) : (tensor<3x257xf16>) -> tensor<3xf16>
+  return %0, %1 : tensor<4x8xf32>, tensor<3xf16>
+}
+
+// -----
+
+// Booleans: bytes for CUDA (memref<i8>: upstream's LLVM lowering refuses i1 stores),
+// memref<i1> for SPIR-V (kf-to-spirv stores it as bytes itself); the comparison's
+// result is stored zero-extended. A gpu.module @kf_kernels that exists is reused.
+// CHECK-LABEL: gpu.func @other
+// CHECK: gpu.func @less(%{{.*}}: memref<1000xf32>, %{{.*}}: memref<1000xf32>, %[[M:.*]]: memref<1000xi8>)
+// CHECK: %[[LT:.*]] = arith.cmpf olt
+// CHECK: %[[BYTE:.*]] = arith.extui %[[LT]] : i1 to i8
+// CHECK: memref.store %[[BYTE]], %[[M]]
+// SPIRV-LABEL: gpu.func @other
+// SPIRV: gpu.func @less(%{{.*}}: memref<1000xf32>, %{{.*}}: memref<1000xf32>, %[[M:.*]]: memref<1000xi1>)
+// SPIRV: %[[LT:.*]] = arith.cmpf olt
+// SPIRV: memref.store %[[LT]], %[[M]]
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @other() kernel {
+      gpu.return
+    }
+  }
+  func.func private @less(%a: tensor<1000xf32>, %b: tensor<1000xf32>) -> tensor<1000xi1> attributes {kf.kernel = "elementwise"} {
+    %0 = "kf.cmp"(%a, %b) {predicate = "lt"} : (tensor<1000xf32>, tensor<1000xf32>) -> tensor<1000xi1>
+    return %0 : tensor<1000xi1>
+  }
+}

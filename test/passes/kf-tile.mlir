@@ -1,0 +1,80 @@
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda})' | FileCheck %s --check-prefix=CUDA
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=spirv})' | FileCheck %s --check-prefix=SPIRV
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=rocm})' 2>&1 | FileCheck %s --check-prefix=BAD
+
+// kf-tile records each kernel function's plan as kf.plan and touches nothing else.
+// BAD: kf-tile: target must be one of cuda, spirv, vulkan, metal, got 'rocm'
+
+// 1000 f32 elements: one thread per 4 (16-byte accesses, 1000 = 250 x 4), 256 threads,
+// one block; the last block is partial (250 < 256), so the kernel guards its tail.
+// CUDA-LABEL: func.func private @add_1000
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", vector_width = 4 : i64}
+// CUDA: "kf.add"
+// SPIRV-LABEL: func.func private @add_1000
+// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", vector_width = 4 : i64}
+func.func private @add_1000(%a: tensor<1000xf32>, %b: tensor<1000xf32>) -> tensor<1000xf32> attributes {kf.kernel = "elementwise"} {
+  %0 = "kf.add"(%a, %b) : (tensor<1000xf32>, tensor<1000xf32>) -> tensor<1000xf32>
+  return %0 : tensor<1000xf32>
+}
+
+// -----
+
+// 8192 x 4096 f16 with a broadcast bias: 8 halves per thread on CUDA (16 bytes), 4 on
+// SPIR-V (its vectors have 4 components), an exact grid and so no tail.
+// CUDA-LABEL: func.func private @bias_8192x4096
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 16384 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", vector_width = 8 : i64}
+// SPIRV-LABEL: func.func private @bias_8192x4096
+// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 32768 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", vector_width = 4 : i64}
+func.func private @bias_8192x4096(%x: tensor<8192x4096xf16>, %b: tensor<4096xf16>) -> tensor<8192x4096xf16> attributes {kf.kernel = "elementwise"} {
+  %0 = "kf.add"(%x, %b) : (tensor<8192x4096xf16>, tensor<4096xf16>) -> tensor<8192x4096xf16>
+  %1 = "kf.gelu"(%0) {approximate = "tanh"} : (tensor<8192x4096xf16>) -> tensor<8192x4096xf16>
+  return %1 : tensor<8192x4096xf16>
+}
+
+// -----
+
+// The same size through the generic strategy (one element per thread): 131072 blocks
+// fit CUDA's grid, but Vulkan promises only 65535 workgroups, so SPIR-V strides.
+// CUDA-LABEL: func.func private @transpose_8192x4096
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 131072 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "generic"}
+// SPIRV-LABEL: func.func private @transpose_8192x4096
+// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 65535 : i64, grid_stride = true, numel = 33554432 : i64, strategy = "generic"}
+func.func private @transpose_8192x4096(%x: tensor<8192x4096xf32>) -> tensor<4096x8192xf32> attributes {kf.kernel = "generic"} {
+  %0 = "kf.transpose"(%x) {perm = array<i64: 1, 0>} : (tensor<8192x4096xf32>) -> tensor<4096x8192xf32>
+  return %0 : tensor<4096x8192xf32>
+}
+
+// -----
+
+// Booleans keep one element per thread (LLVM packs vector<Nxi1> into bits); an
+// innermost dimension of 257 is no multiple of 4 either.
+// CUDA-LABEL: func.func private @mask_3x257
+// CUDA-SAME: vector_width = 1
+// CUDA-LABEL: func.func private @odd_3x257
+// CUDA-SAME: grid = 4 : i64{{.*}}numel = 771 : i64{{.*}}vector_width = 1
+func.func private @mask_3x257(%a: tensor<3x256xf32>, %m: tensor<3x256xi1>) -> tensor<3x256xf32> attributes {kf.kernel = "elementwise"} {
+  %0 = "kf.masked_fill"(%a, %m) {value = 0.0 : f64} : (tensor<3x256xf32>, tensor<3x256xi1>) -> tensor<3x256xf32>
+  return %0 : tensor<3x256xf32>
+}
+func.func private @odd_3x257(%a: tensor<3x257xf32>) -> tensor<3x257xf32> attributes {kf.kernel = "elementwise"} {
+  %0 = "kf.exp"(%a) : (tensor<3x257xf32>) -> tensor<3x257xf32>
+  return %0 : tensor<3x257xf32>
+}
+
+// -----
+
+// A kernel its kind's strategy refuses (a reduction is not elementwise) gets the generic
+// plan, and says so; the host function is left alone.
+// CUDA-LABEL: func.func private @sum_rows
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 3 : i64, strategy = "generic"}
+// CUDA: func.func @main
+// CUDA-NOT: kf.plan
+// CUDA: call @sum_rows
+func.func private @sum_rows(%a: tensor<3x257xf32>) -> tensor<3xf32> attributes {kf.kernel = "elementwise"} {
+  %0 = "kf.sum"(%a) {dims = array<i64: 1>, keepdim = false} : (tensor<3x257xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+func.func @main(%a: tensor<3x257xf32>) -> tensor<3xf32> {
+  %0 = call @sum_rows(%a) : (tensor<3x257xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
