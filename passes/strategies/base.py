@@ -72,6 +72,7 @@ class Strategy:
 
 
 STRATEGIES: dict[str, Strategy] = {}
+_loaded = False
 
 
 def register(strategy: Strategy) -> Strategy:
@@ -81,7 +82,11 @@ def register(strategy: Strategy) -> Strategy:
 
 def strategy_for(kind: str) -> Strategy:
     """The strategy of a kind, importing the strategy modules on first use."""
-    if not STRATEGIES:
+    global _loaded
+    if not _loaded:
+        # Import every strategy module once, even if one was imported directly before
+        # (its registration alone would leave the others, generic included, missing).
+        _loaded = True
         import importlib
         import pkgutil
 
