@@ -98,6 +98,42 @@ def _elementwise(name: str) -> bool:
         "arith.constant", "arith.index_cast", "arith.index_castui"))
 
 
+def _align_workgroup(fn: ir.Operation | None, mem: ir.Value, align: int) -> None:
+    """Make a workgroup buffer at least align-byte aligned, so that its vector accesses are.
+
+    Kernel arguments come 16-byte aligned, workgroup buffers do not: convert-gpu-to-nvvm
+    gives an attribution its element's alignment (``.shared .align 4`` for f32) unless
+    the attribution carries ``llvm.align``, and ld.shared.v4 at an address that is not a
+    multiple of 16 faults. memref.alloc/alloca take an ``alignment`` attribute."""
+    owner = mem.owner
+    i64 = ir.IntegerType.get_signless(64)
+    if not isinstance(owner, ir.Block):
+        op = _op(owner)
+        if op.name not in ("memref.alloc", "memref.alloca"):
+            raise _Refuse(f"workgroup buffer made by {op.name}: its alignment is unknown")
+        old = ir.IntegerAttr(op.attributes["alignment"]).value if "alignment" in op.attributes else 0
+        if old < align:
+            op.attributes["alignment"] = ir.IntegerAttr.get(i64, align)
+        return
+    if fn is None or owner != fn.regions[0].blocks[0]:
+        raise _Refuse("workgroup buffer that is not an attribution of the kernel")
+    n_inputs = len(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).inputs)
+    n_wg = ir.IntegerAttr(fn.attributes["workgroup_attributions"]).value if "workgroup_attributions" in fn.attributes else 0
+    k = ir.BlockArgument(mem).arg_number - n_inputs
+    if not 0 <= k < n_wg:
+        raise _Refuse("workgroup buffer that is not a workgroup attribution")
+    attrs = list(ir.ArrayAttr(fn.attributes["workgroup_attrib_attrs"])) if "workgroup_attrib_attrs" in fn.attributes \
+        else []
+    attrs += [ir.DictAttr.get({})] * (n_wg - len(attrs))
+    d = ir.DictAttr(attrs[k])
+    entries = {d[i].name: d[i].attr for i in range(len(d))}
+    old = ir.IntegerAttr(entries["llvm.align"]).value if "llvm.align" in entries else 0
+    if old < align:
+        entries["llvm.align"] = ir.IntegerAttr.get(i64, align)
+        attrs[k] = ir.DictAttr.get(entries)
+        fn.attributes["workgroup_attrib_attrs"] = ir.ArrayAttr.get(attrs)
+
+
 @dataclass(frozen=True)
 class VectorizePass(KfPass):
     """``kf-vectorize{vector-bits=128 max-lanes=0}``."""
@@ -116,7 +152,7 @@ class VectorizePass(KfPass):
                 if "known_block_size" in fn.attributes else None
             for loop in [op for op in _walk(fn) if op.name == "scf.for" and ROW_LOOP in op.attributes]:
                 try:
-                    self.vectorize(loop, block)
+                    self.vectorize(loop, block, fn)
                 except _Refuse as e:
                     loop.attributes["kf.vectorize_skipped"] = ir.StringAttr.get(str(e))
 
@@ -151,6 +187,8 @@ class VectorizePass(KfPass):
             else self.vector_bits // bits
         if self.max_lanes:
             lanes = min(lanes, self.max_lanes)
+        if lanes < 2:
+            raise _Refuse(f"{lanes} lane: the plan keeps this loop scalar")
         while lanes >= 2:
             if all(self._aligned(m, idx, lanes) for _, m, idx in accesses):
                 return lanes
@@ -164,7 +202,7 @@ class VectorizePass(KfPass):
 
     # ------------------------------------------------------------------ rewrite
 
-    def vectorize(self, loop: ir.Operation, block) -> None:
+    def vectorize(self, loop: ir.Operation, block, fn: ir.Operation | None = None) -> None:
         lb, ub, step = loop.operands[0], loop.operands[1], loop.operands[2]
         lb_op = lb.owner
         if isinstance(lb_op, ir.Block) or _op(lb_op).name != "gpu.thread_id" or \
@@ -186,6 +224,10 @@ class VectorizePass(KfPass):
         yield_op = _op(list(body.operations)[-1])
         kinds = self._accumulators(body, yield_op)
         self._check_body(body)
+        for _, mem, _ in accesses:
+            t = ir.MemRefType(mem.type)
+            if t.memory_space is not None and "workgroup" in str(t.memory_space):
+                _align_workgroup(fn, mem, self._alignment(t.element_type, lanes))
         T = block[0]
         index = ir.IndexType.get()
         with loop.location:
