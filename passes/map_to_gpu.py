@@ -2,7 +2,7 @@
 @kf_kernels`` and leave the kernel function as a declaration.
 
 For each ``func.func`` with a ``kf.kernel`` attribute the pass takes the plan kf-tile
-recorded (``kf.plan``; made now when absent), calls the strategy's ``emit`` and, when
+recorded (``kf.plan``; made now when absent or made for another target), calls the strategy's ``emit`` and, when
 the strategy raises ``NotApplicable``, the generic strategy's (with a generic plan).
 The gpu.func gets the launch facts the back ends and the launcher need:
 ``kf.grid``, ``kf.block`` (array<i64: x, y, z>), ``kf.shared_bytes`` (dynamic shared
@@ -36,7 +36,9 @@ def _i64_array(values) -> ir.Attribute:
 
 def _emit_one(kernel: ir.Operation, gmod: ir.Operation, info: TargetInfo) -> tuple[EmittedKernel, str]:
     plan = recorded_plan(kernel)
-    if plan is None:
+    if plan is None or plan.get("target", info.name) != info.name:
+        # No plan, or one made for another target (its vector widths and grid limits
+        # would be wrong here): plan now.
         strategy, plan = choose(kernel, info)
     else:
         strategy = strategy_for(plan.get("strategy", E.kernel_kind(kernel)))

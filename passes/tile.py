@@ -72,8 +72,8 @@ def choose(kernel: ir.Operation, target: TargetInfo) -> tuple[Strategy, dict]:
     except NotApplicable:
         strategy = strategy_for("generic")
         plan = strategy.plan(kernel, target)
-    # kf-map-to-gpu reads which strategy a recorded plan is for.
-    return strategy, {"strategy": strategy.KIND, **plan}
+    # kf-map-to-gpu reads which strategy and target a recorded plan is for.
+    return strategy, {"strategy": strategy.KIND, "target": target.name, **plan}
 
 
 def recorded_plan(kernel: ir.Operation) -> dict | None:

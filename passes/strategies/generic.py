@@ -373,18 +373,20 @@ def _scatter_add(ev: Evaluator, op, idx, attrs):
     kb = ev.kb
     # Sources land on idx only from index positions that agree with idx outside dim;
     # when idx lies beyond the index's extent in such a dim, none do (zero trips).
-    inside: ir.Value | bool = True
+    conds = []
     for d in range(len(xs)):
         if d != dim and ishape[d] < xs[d]:
             c = kb.lt(idx[d], ishape[d])
-            if isinstance(c, bool) or isinstance(inside, bool):
-                inside = (c and inside) if isinstance(c, bool) and isinstance(inside, bool) else (
-                    c if inside is True else inside if c is True else False)
-            else:
-                inside = arith.andi(inside, c)
-    if inside is False:
-        return [ev.value(x, idx)]
-    trips: E.Ix = ishape[dim] if inside is True else arith.select(inside, kb.value(ishape[dim]), kb.value(0))
+            if c is False:
+                return [ev.value(x, idx)]  # statically beyond the index: nothing lands here
+            if c is not True:
+                conds.append(c)
+    trips: E.Ix = ishape[dim]
+    if conds:
+        inside = conds[0]
+        for c in conds[1:]:
+            inside = arith.andi(inside, c)
+        trips = arith.select(inside, kb.value(ishape[dim]), kb.value(0))
     target = kb.value(idx[dim])
 
     def step(j, c):

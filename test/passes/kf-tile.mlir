@@ -8,10 +8,10 @@
 // 1000 f32 elements: one thread per 4 (16-byte accesses, 1000 = 250 x 4), 256 threads,
 // one block; the last block is partial (250 < 256), so the kernel guards its tail.
 // CUDA-LABEL: func.func private @add_1000
-// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", vector_width = 4 : i64}
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", target = "cuda", vector_width = 4 : i64}
 // CUDA: "kf.add"
 // SPIRV-LABEL: func.func private @add_1000
-// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", vector_width = 4 : i64}
+// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", target = "spirv", vector_width = 4 : i64}
 func.func private @add_1000(%a: tensor<1000xf32>, %b: tensor<1000xf32>) -> tensor<1000xf32> attributes {kf.kernel = "elementwise"} {
   %0 = "kf.add"(%a, %b) : (tensor<1000xf32>, tensor<1000xf32>) -> tensor<1000xf32>
   return %0 : tensor<1000xf32>
@@ -22,9 +22,9 @@ func.func private @add_1000(%a: tensor<1000xf32>, %b: tensor<1000xf32>) -> tenso
 // 8192 x 4096 f16 with a broadcast bias: 8 halves per thread on CUDA (16 bytes), 4 on
 // SPIR-V (its vectors have 4 components), an exact grid and so no tail.
 // CUDA-LABEL: func.func private @bias_8192x4096
-// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 16384 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", vector_width = 8 : i64}
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 16384 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", target = "cuda", vector_width = 8 : i64}
 // SPIRV-LABEL: func.func private @bias_8192x4096
-// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 32768 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", vector_width = 4 : i64}
+// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 32768 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", target = "spirv", vector_width = 4 : i64}
 func.func private @bias_8192x4096(%x: tensor<8192x4096xf16>, %b: tensor<4096xf16>) -> tensor<8192x4096xf16> attributes {kf.kernel = "elementwise"} {
   %0 = "kf.add"(%x, %b) : (tensor<8192x4096xf16>, tensor<4096xf16>) -> tensor<8192x4096xf16>
   %1 = "kf.gelu"(%0) {approximate = "tanh"} : (tensor<8192x4096xf16>) -> tensor<8192x4096xf16>
@@ -36,9 +36,9 @@ func.func private @bias_8192x4096(%x: tensor<8192x4096xf16>, %b: tensor<4096xf16
 // The same size through the generic strategy (one element per thread): 131072 blocks
 // fit CUDA's grid, but Vulkan promises only 65535 workgroups, so SPIR-V strides.
 // CUDA-LABEL: func.func private @transpose_8192x4096
-// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 131072 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "generic"}
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 131072 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "generic", target = "cuda"}
 // SPIRV-LABEL: func.func private @transpose_8192x4096
-// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 65535 : i64, grid_stride = true, numel = 33554432 : i64, strategy = "generic"}
+// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 65535 : i64, grid_stride = true, numel = 33554432 : i64, strategy = "generic", target = "spirv"}
 func.func private @transpose_8192x4096(%x: tensor<8192x4096xf32>) -> tensor<4096x8192xf32> attributes {kf.kernel = "generic"} {
   %0 = "kf.transpose"(%x) {perm = array<i64: 1, 0>} : (tensor<8192x4096xf32>) -> tensor<4096x8192xf32>
   return %0 : tensor<4096x8192xf32>
@@ -66,7 +66,7 @@ func.func private @odd_3x257(%a: tensor<3x257xf32>) -> tensor<3x257xf32> attribu
 // A kernel its kind's strategy refuses (a reduction is not elementwise) gets the generic
 // plan, and says so; the host function is left alone.
 // CUDA-LABEL: func.func private @sum_rows
-// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 3 : i64, strategy = "generic"}
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 3 : i64, strategy = "generic", target = "cuda"}
 // CUDA: func.func @main
 // CUDA-NOT: kf.plan
 // CUDA: call @sum_rows

@@ -141,8 +141,8 @@ def test_plans():
     with ctx:
         decl = [op.operation for op in m.body.operations if op.operation.name == "func.func"][0]
         plan = attr_to_plan(decl.attributes["kf.plan"])
-        assert plan == {"strategy": "elementwise", "block": 256, "vector_width": 4, "numel": 1000, "grid": 1,
-                        "grid_stride": False}
+        assert plan == {"strategy": "elementwise", "target": "spirv", "block": 256, "vector_width": 4,
+                        "numel": 1000, "grid": 1, "grid_stride": False}
         assert len(decl.regions[0].blocks) == 0  # a declaration now
         assert str(decl.attributes["kf.gpu_func"]) == "@kf_kernels::@k"
         f = gpu_func(m)
@@ -531,6 +531,27 @@ def test_grid_stride_from_an_edited_plan():
     for kind in ("generic", "elementwise"):
         (got,) = run_vulkan(lambda x: kb.exp(kb.neg(x)), a, kind=kind, plan_edit=edit)
         check(got, torch.exp(-a))
+
+
+@needs_vulkan
+def test_returned_input_and_value_returned_twice():
+    a = rand(3, 257)
+    got = run_vulkan(lambda x: (kb.relu(x), x, kb.relu(x)), a)
+    check(got[0], a.relu())
+    check(got[1], a)
+    check(got[2], a.relu())
+
+
+@needs_vulkan
+def test_plan_for_another_target_is_remade():
+    """A plan recorded for CUDA (8 f16 lanes) is not followed when writing SPIR-V (4 at most)."""
+    a = rand(4, 64, dtype=torch.float16)
+
+    def edit(plan):
+        plan.update(target="cuda", vector_width=8)
+
+    (got,) = run_vulkan(lambda x: kb.tanh(x), a, kind="elementwise", plan_edit=edit)
+    check(got, in_f32(torch.tanh, a))
 
 
 # ----------------------------------------------------------------------------- elementwise strategy
