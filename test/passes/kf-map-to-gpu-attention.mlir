@@ -1,0 +1,136 @@
+// kf-map-to-gpu on the kernel functions kf-fuse makes for attention and for a matmul
+// with an epilogue: the attention and matmul strategies write their gpu.funcs.
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda})' | FileCheck %s --check-prefixes=CHECK,CUDA
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv})' | FileCheck %s --check-prefixes=CHECK,SPIRV
+// Both back ends take what the strategies write:
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv}, kf-to-spirv)' | FileCheck %s --check-prefix=SPV
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda}, kf-to-cuda)' | FileCheck %s --check-prefix=PTX
+
+// The seed's fused_attention in f16 with a [seq, seq] mask; 257 is a multiple of no
+// block size. One workgroup per (batch*head, block of query rows): Q, the K/V tile
+// (K, then V, in one buffer), P and the row-maximum exchange live in workgroup memory
+// (rows padded by one word), the score matrix nowhere in global memory.
+// CHECK-LABEL: func.func private @attn_k0_attention(tensor<2x8x257x64xf16>, tensor<2x8x257x64xf16>, tensor<2x8x257x64xf16>, tensor<257x257xf32>) -> tensor<2x8x257x64xf16>
+// CHECK-SAME: kf.gpu_func = @kf_kernels::@attn_k0_attention
+// CHECK: gpu.module @kf_kernels
+// CHECK: gpu.func @attn_k0_attention(%arg0: memref<2x8x257x64xf16>, %arg1: memref<2x8x257x64xf16>, %arg2: memref<2x8x257x64xf16>, %arg3: memref<257x257xf32>, %arg4: memref<2x8x257x64xf16>)
+// CUDA-SAME: workgroup(%[[Q:.*]] : memref<64x65xf32, #gpu.address_space<workgroup>>, %[[KV:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>>, %[[P:.*]] : memref<64x33xf32, #gpu.address_space<workgroup>>, %[[RED:.*]] : memref<64x2xf32, #gpu.address_space<workgroup>>)
+// SPIRV-SAME: workgroup(%[[Q:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>>, %[[KV:.*]] : memref<16x65xf32, #gpu.address_space<workgroup>>, %[[P:.*]] : memref<32x17xf32, #gpu.address_space<workgroup>>, %[[RED:.*]] : memref<32x4xf32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: kernel
+// CUDA-SAME: kf.grid = array<i64: 5, 16, 1>
+// SPIRV-SAME: kf.grid = array<i64: 9, 16, 1>
+// CHECK-SAME: kf.strategy = "attention"
+// CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
+// Q staged once, extended to f32, rows past 257 zero:
+// CHECK: memref.load %arg0
+// CHECK: arith.extf {{.*}} : f16 to f32
+// CHECK: memref.store {{.*}}, %[[Q]]
+// The key-block loop carries the running max, the lane's partial sum and its accumulators:
+// CUDA: scf.for {{.*}} = %c0 to %c257 step %c32 iter_args({{.*}}) -> (f32, f32, f32
+// SPIRV: scf.for {{.*}} = %c0 to %c257 step %c16 iter_args({{.*}}) -> (f32, f32, f32
+// CHECK-NEXT: gpu.barrier
+// CHECK: memref.load %arg1
+// CHECK: memref.store {{.*}}, %[[KV]]
+// CHECK: gpu.barrier
+// Scores: dot products over the head dim from workgroup memory, in f32:
+// CHECK: scf.for {{.*}} = %c0 to %c64 step %c4
+// CHECK: memref.load %[[Q]]
+// CHECK: memref.load %[[KV]]
+// CHECK: math.fma
+// The kernel function's own scale and mask, per score; keys past 257 score -inf:
+// CHECK: arith.cmpi ult, {{.*}}, %c257
+// CHECK: arith.divf
+// CHECK: memref.load %arg3
+// CHECK: arith.cmpf oeq
+// CHECK: arith.select
+// Online softmax: block maximum through workgroup memory, rescaling, P to workgroup memory:
+// CHECK: arith.maximumf
+// CHECK: memref.store {{.*}}, %[[RED]]
+// CHECK-NEXT: gpu.barrier
+// CHECK: memref.load %[[RED]]
+// CHECK: math.exp
+// CHECK: memref.store {{.*}}, %[[P]]
+// CHECK: gpu.barrier
+// V overwrites K, then P @ V into the registers:
+// CHECK: memref.load %arg2
+// CHECK: memref.store {{.*}}, %[[KV]]
+// CHECK: gpu.barrier
+// CUDA: scf.for {{.*}} = %c0 to %c32 step %c4
+// SPIRV: scf.for {{.*}} = %c0 to %c16 step %c4
+// CHECK: memref.load %[[P]]
+// CHECK: memref.load %[[KV]]
+// CHECK: math.fma
+// Row sums from the lanes, one division, one rounding to f16, rows past 257 not stored:
+// CHECK: memref.store {{.*}}, %[[RED]]
+// CHECK-NEXT: gpu.barrier
+// CHECK: arith.divf
+// CHECK: arith.truncf {{.*}} : f32 to f16
+// CHECK: memref.store {{.*}}, %arg4
+// CHECK: gpu.return
+// CHECK-NOT: 257x257xf16
+
+// SPV: gpu.binary @kf_kernels
+// SPV-SAME: attn_k0_attention = {bindings = [{{.*}}], {{.*}}workgroup_bytes = 15168 : i64, workgroup_size = array<i64: 128, 1, 1>}
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: .shared .align 4 .b8 __wg_attn_k0_attention_0[16640];
+// PTX-SAME: bar.sync
+func.func private @attn_k0_attention(%q: tensor<2x8x257x64xf16>, %k: tensor<2x8x257x64xf16>, %v: tensor<2x8x257x64xf16>, %mask: tensor<257x257xf32>) -> tensor<2x8x257x64xf16> attributes {kf.kernel = "attention", kf.fused_lines = ["attn.py:3", "attn.py:5", "attn.py:6", "attn.py:7"]} {
+  %scale = "kf.fill"() {value = 8.0 : f64} : () -> tensor<f16>
+  %zero = "kf.fill"() {value = 0.0 : f64} : () -> tensor<f32>
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x8x257x64xf16>) -> tensor<2x8x64x257xf16>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x8x257x64xf16>, tensor<2x8x64x257xf16>) -> tensor<2x8x257x257xf16>
+  %d = "kf.div"(%s, %scale) : (tensor<2x8x257x257xf16>, tensor<f16>) -> tensor<2x8x257x257xf16>
+  %m = "kf.cmp"(%mask, %zero) {predicate = "eq"} : (tensor<257x257xf32>, tensor<f32>) -> tensor<257x257xi1>
+  %f = "kf.masked_fill"(%d, %m) {value = -1.0e9 : f64} : (tensor<2x8x257x257xf16>, tensor<257x257xi1>) -> tensor<2x8x257x257xf16>
+  %p = "kf.softmax"(%f) {dim = -1 : i64} : (tensor<2x8x257x257xf16>) -> tensor<2x8x257x257xf16>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x8x257x257xf16>, tensor<2x8x257x64xf16>) -> tensor<2x8x257x64xf16>
+  return %o : tensor<2x8x257x64xf16>
+}
+func.func @attn(%q: tensor<2x8x257x64xf16>, %k: tensor<2x8x257x64xf16>, %v: tensor<2x8x257x64xf16>, %mask: tensor<257x257xf32>) -> tensor<2x8x257x64xf16> {
+  %0 = call @attn_k0_attention(%q, %k, %v, %mask) : (tensor<2x8x257x64xf16>, tensor<2x8x257x64xf16>, tensor<2x8x257x64xf16>, tensor<257x257xf32>) -> tensor<2x8x257x64xf16>
+  return %0 : tensor<2x8x257x64xf16>
+}
+
+// -----
+
+// A linear layer with bias and GELU, x @ w^T: the matmul strategy stages A and B tiles
+// (A k-major, its rows padded by one word) in workgroup memory, runs the K loop between two
+// barriers, and computes bias + GELU on the f32 accumulators before the guarded stores.
+// CHECK-LABEL: func.func private @mlp_k0_matmul
+// CHECK: gpu.func @mlp_k0_matmul(%arg0: memref<257x65xf32>, %arg1: memref<129x65xf32>, %arg2: memref<129xf32>, %arg3: memref<257x129xf32>)
+// CUDA-SAME: workgroup(%[[A:.*]] : memref<32x129xf32, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<32x128xf32, #gpu.address_space<workgroup>>)
+// SPIRV-SAME: workgroup(%[[A:.*]] : memref<16x65xf32, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<16x64xf32, #gpu.address_space<workgroup>>)
+// CUDA-SAME: kf.grid = array<i64: 2, 3, 1>
+// SPIRV-SAME: kf.grid = array<i64: 3, 5, 1>
+// CHECK-SAME: kf.strategy = "matmul"
+// CHECK-SAME: known_block_size = array<i32: 256, 1, 1>
+// 8x8 accumulators per thread on CUDA (128x128 tiles), 4x4 on SPIR-V (64x64):
+// CUDA: scf.for {{.*}} = %c0 to %c65 step %c32 iter_args({{.*}}) -> ({{(f32, ){63}f32}})
+// SPIRV: scf.for {{.*}} = %c0 to %c65 step %c16 iter_args({{.*}}) -> ({{(f32, ){15}f32}})
+// CHECK-NEXT: gpu.barrier
+// w^T is read along k, its contiguous dimension:
+// CHECK: memref.load %arg0
+// CHECK: memref.store {{.*}}, %[[A]]
+// CHECK: memref.load %arg1
+// CHECK: memref.store {{.*}}, %[[B]]
+// CHECK: gpu.barrier
+// CHECK: memref.load %[[A]]
+// CHECK: memref.load %[[B]]
+// CHECK: math.fma
+// CHECK: memref.load %arg2
+// CHECK: arith.addf
+// CHECK: math.erf
+// CHECK: memref.store {{.*}}, %arg3
+// SPV: gpu.binary @kf_kernels
+// PTX: gpu.binary @kf_kernels
+func.func private @mlp_k0_matmul(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>, %b: tensor<129xf32>) -> tensor<257x129xf32> attributes {kf.kernel = "matmul", kf.fused_lines = ["mlp.py:2", "mlp.py:3"]} {
+  %wt = "kf.transpose"(%w) {perm = array<i64: 1, 0>} : (tensor<129x65xf32>) -> tensor<65x129xf32>
+  %y = "kf.matmul"(%x, %wt) : (tensor<257x65xf32>, tensor<65x129xf32>) -> tensor<257x129xf32>
+  %z = "kf.add"(%y, %b) : (tensor<257x129xf32>, tensor<129xf32>) -> tensor<257x129xf32>
+  %g = "kf.gelu"(%z) {approximate = "none"} : (tensor<257x129xf32>) -> tensor<257x129xf32>
+  return %g : tensor<257x129xf32>
+}
+func.func @mlp(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>, %b: tensor<129xf32>) -> tensor<257x129xf32> {
+  %0 = call @mlp_k0_matmul(%x, %w, %b) : (tensor<257x65xf32>, tensor<129x65xf32>, tensor<129xf32>) -> tensor<257x129xf32>
+  return %0 : tensor<257x129xf32>
+}
