@@ -644,7 +644,8 @@ class RowwiseStrategy(Strategy):
                     em.phase(kind, node)
                 em.outputs()
                 gpu.ReturnOp([])
-        return EmittedKernel(name, (a.rows, 1, 1), (T, 1, 1), 0, dict(plan))
+        notes = dict(plan, inputs=len(a.inputs), outputs=len(a.outputs))
+        return EmittedKernel(name, (a.rows, 1, 1), (T, 1, 1), 0, notes)
 
 
 def _has_terminator(block: ir.Block) -> bool:
