@@ -239,7 +239,11 @@ def analyze(kernel: ir.Operation) -> Analysis:
             n.frame = "S"
         else:
             frames = {o.frame for o in n.operands if not _uniform(o)} - {"F"}
-            if len(frames) > 1:
+            lead = space[:len(space) - len(dims)]
+            free_fit = all(len(o.shape) <= len(lead) and all(
+                d in (1, lead[k + len(lead) - len(o.shape)]) for k, d in enumerate(o.shape))
+                for o in n.operands if o.frame == "F")
+            if len(frames) > 1 or (frames == {"L"} and not free_fit):
                 raise NotApplicable("a keepdim=False reduction result meets full rows: torch aligns it with "
                                     "the wrong dims, which no rowwise kernel computes")
             n.frame = frames.pop() if frames else "F"

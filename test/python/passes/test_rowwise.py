@@ -313,3 +313,132 @@ if __name__ == "__main__":
     import sys
 
     bench() if "--bench" in sys.argv else ptxas_report()
+
+
+# ----------------------------------------------------------------------------- edge cases
+
+
+def _kernel_of(build_body, in_specs):
+    """A kernel function from a body builder: (ctx, kernel op, gpu.module)."""
+    ctx = make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        in_types = [mlir_type(TensorSpec(tuple(s), e)) for s, e in in_specs]
+        with ir.InsertionPoint(module.body):
+            kernel = func.FuncOp("k", (in_types, []))
+            kernel.attributes["kf.kernel"] = ir.StringAttr.get("rowwise")
+            body = kernel.add_entry_block()
+            with ir.InsertionPoint(body):
+                outs = build_body(*body.arguments)
+                func.ReturnOp(outs)
+            kernel.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get(in_types, [o.type for o in outs]))
+            gm = ir.Operation.create("gpu.module", regions=1, attributes={"sym_name": ir.StringAttr.get("kf_kernels")})
+            gm.regions[0].blocks.append()
+    return ctx, module, kernel.operation, gm
+
+
+@pytest.mark.parametrize("why,body,specs", [
+    ("not the trailing dims", lambda x: [kb.mean(x, dims=[0], keepdim=True)], [((4, 8), "f32")]),
+    ("no reduction", lambda x: [kb.exp(x)], [((4, 8), "f32")]),
+    ("not a rowwise op", lambda x, y: [kb.matmul(x, y)], [((4, 8), "f32"), ((8, 4), "f32")]),
+    ("different row spaces", lambda x: [kb.sum(x, dims=[-1], keepdim=True), kb.sum(x, dims=[-2, -1])],
+     [((4, 8), "f32")]),
+    ("keepdim=False", lambda x: [kb.sub(x, kb.mean(x, dims=[-1]))], [((8, 8), "f32")]),
+    ("reduces floats", lambda x: [kb.sum(x, dims=[-1])], [((4, 8), "i32")]),
+])
+def test_not_applicable(why, body, specs):
+    """What the strategy refuses, so that kf-map-to-gpu falls back to generic."""
+    ctx, _, kernel, gm = _kernel_of(body, specs)
+    with ctx, ir.Location.unknown(), pytest.raises(NotApplicable, match=why):
+        RowwiseStrategy().plan(kernel, TargetInfo.for_target("cuda"))
+
+
+def _run_kernel(body, specs, args, target="spirv", passes=("kf-promote-shared", "kf-vectorize")):
+    from kf.passes.to_spirv import compile_spirv
+    from kf.runtime import vulkan
+    from kf.runtime.abi import KernelABI
+
+    ctx, module, kernel, gm = _kernel_of(body, specs)
+    with ctx, ir.Location.unknown():
+        t = TargetInfo.for_target(target)
+        s = RowwiseStrategy()
+        plan = s.plan(kernel, t)
+        emitted = s.emit(kernel, plan, gm, t)
+        for p in passes:
+            registry.create(p).run(module.operation)
+        text = "module attributes {gpu.container_module} {\n" + str(gm) + "\n}\n"
+        out_specs = [TensorSpec(tuple(ir.RankedTensorType(r).shape), str(ir.RankedTensorType(r).element_type))
+                     for r in ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value).results]
+    [binary] = compile_spirv(text)
+    [k] = binary.kernels.values()
+    outs = [torch.full(o.shape, float("nan"), dtype=TORCH[o.elem]) for o in out_specs]
+    abi = KernelABI(k.entry, tuple(range(len(k.bindings))), grid=emitted.grid, block=emitted.block,
+                    artifact="k.spv", extra=k.abi_extra())
+    vulkan.launch(binary.binary, abi, list(args) + outs, written=list(range(len(args), len(args) + len(outs))))
+    return outs, plan
+
+
+def test_variance_is_two_pass():
+    """Rows with |mean| / std = 1e4: E[x²] - E[x]² in f32 loses every digit of the
+    variance (x² ~ 1e8, its f32 ulp ~ 8); the two-pass variance keeps them."""
+    _needs_vulkan()
+    gen = torch.Generator().manual_seed(3)
+    x = 1e4 + torch.randn(6, 1000, generator=gen, dtype=torch.float64)
+    [v], _ = _run_kernel(lambda a: [kb.var(a, dims=[-1], keepdim=False, correction=1.0)], [((6, 1000), "f32")],
+                         [x.float()])
+    torch.testing.assert_close(v.double(), x.float().double().var(-1), rtol=1e-3, atol=0)
+
+
+def test_short_rows_and_several_trailing_dims():
+    """Rows of 20 (threads with empty slices: the reductions see neutral partials) and a
+    reduction over the last two dims (rows of 6 x 50 = 300, not vectorized: the column
+    index is not the loop index), with a per-row input of shape [..., 1]."""
+    _needs_vulkan()
+    gen = torch.Generator().manual_seed(4)
+    x, s = torch.randn(5, 20, generator=gen), torch.rand(5, 1, generator=gen) + 0.5
+    [y], plan = _run_kernel(lambda a, b: [kb.mul(kb.softmax(a, dim=-1), b)], [((5, 20), "f32"), ((5, 1), "f32")],
+                            [x, s])
+    assert plan["threads"] == 32
+    torch.testing.assert_close(y, torch.softmax(x, -1) * s)
+    x = torch.randn(3, 6, 50, generator=gen)
+    [y, m], plan = _run_kernel(lambda a: [kb.sub(a, kb.reduce_max(a, dims=[-2, -1], keepdim=True)),
+                                          kb.reduce_min(a, dims=[-2, -1], keepdim=False)],
+                               [((3, 6, 50), "f32")], [x])
+    assert plan["vector_lanes"] == 1 and not plan["cache_row"]
+    torch.testing.assert_close(y, x - x.amax((-2, -1), keepdim=True))
+    torch.testing.assert_close(m, x.amin((-2, -1)))
+
+
+def test_shared_memory_limit_is_respected():
+    """A 4096-wide f32 row (16 KiB) fits in CUDA's 48 KiB but not in Vulkan's 16 KiB
+    beside the reduction scratch: the plan caches it only on CUDA, and
+    kf-promote-shared, given a smaller limit than the plan assumed, leaves it in global
+    memory."""
+    cuda = lower("softmax", (4, 4096), "f32", TargetInfo.for_target("cuda"))
+    spirv = lower("softmax", (4, 4096), "f32", TargetInfo.for_target("spirv"))
+    assert cuda[1]["cache_row"] and not spirv[1]["cache_row"]
+    assert "memref<4096xf32, #gpu.address_space<workgroup>>" in cuda[0]
+    assert "memref<4096xf32, #gpu.address_space<workgroup>>" not in spirv[0]
+    ctx, module, kernel, gm = build("softmax", (4, 4096), "f32")
+    with ctx, ir.Location.unknown():
+        t = TargetInfo.for_target("cuda")
+        RowwiseStrategy().emit(kernel, RowwiseStrategy().plan(kernel, t), gm, t)
+        registry.create("kf-promote-shared", {"max-shared-bytes": "8192"}).run(module.operation)
+        assert "4096xf32, #gpu.address_space<workgroup>" not in str(gm)
+        registry.create("kf-promote-shared").run(module.operation)
+        assert str(gm).count("gpu.barrier") >= 3 and "4096xf32, #gpu.address_space<workgroup>" in str(gm)
+
+
+def test_markers_and_plan():
+    """The plan's choices reach the IR: lanes on the loops, kf.promote on the loads of
+    cached rows, the target's shared limit on the gpu.func."""
+    text, plan, emitted = lower("layer_norm", (3, 1000), "f16", TargetInfo.for_target("cuda"), passes=())
+    assert plan["vector_lanes"] == 8 and plan["threads"] == 128 and plan["cached_inputs"] == [0]
+    assert plan["reduction"] == "shuffle" and emitted.grid == (3, 1, 1) and emitted.block == (128, 1, 1)
+    assert text.count("kf.vector_lanes = 8") == 3 and text.count("{kf.promote}") == 3
+    assert "kf.max_shared_bytes = 49152" in text and "gpu.shuffle" in text
+    text, plan, _ = lower("layer_norm", (3, 1000), "bf16", TargetInfo.for_target("spirv"), passes=())
+    assert plan["vector_lanes"] == 1 and plan["reduction"] == "tree" and "gpu.shuffle" not in text
+    text, plan, _ = lower("layer_norm", (3, 1000), "f16", TargetInfo.for_target("spirv"))
+    assert plan["vector_lanes"] == 4 and "vector<4xf16>" in text and "vector<8xf16>" not in text
