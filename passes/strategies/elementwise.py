@@ -144,6 +144,11 @@ def _emit_vector(kb: E.IndexBuilder, kernel, inputs, outputs, item: ir.Value, sh
         elems = [E.to_storage(lane.value(value, [*outer, inner[k]]), mt.element_type) for k, lane in enumerate(lanes)]
         v = vector.from_elements(ir.VectorType.get([vec], mt.element_type), elems)
         vector.store(v, mem, [kb.value(i) for i in [*outer, inner0]], alignment=_alignment(mt, vec))
+    # The index of lane k > 0 names its elements while the DAG is walked; an operand that
+    # uses it is read through the vector, so it is usually left without uses.
+    for i in inner[1:]:
+        if not list(i.uses):
+            i.owner.operation.erase()
 
 
 register(ElementwiseStrategy())

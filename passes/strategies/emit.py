@@ -385,9 +385,56 @@ def max_grid_x(target_name: str) -> int:
     return 2 ** 31 - 1 if target_name == "cuda" else 65535
 
 
-def finish(entry_ip_block: ir.Block) -> None:
-    with ir.InsertionPoint(entry_ip_block):
+def finish(entry: ir.Block) -> None:
+    """End the kernel (gpu.return) and hoist its constants (see hoist_constants)."""
+    with ir.InsertionPoint(entry):
         gpu.ReturnOp([])
+    hoist_constants(entry)
+
+
+def hoist_constants(entry: ir.Block) -> None:
+    """One ``arith.constant`` per value and type, at the top of the entry block, and none
+    that is unused.
+
+    scalar_math makes its constants where it computes (a relu per lane makes a zero per
+    lane); a constant has no operands, so the first of each kind can move to the entry
+    block, where it dominates every use, and the others can go. This is the part of CSE
+    that matters for reading the kernels, without running a pass pipeline inside a pass.
+    """
+    first: dict[tuple[str, str], ir.Operation] = {}
+    nested = []  # firsts inside a region: they move to the top of the entry block
+    dead = []
+
+    def visit(block: ir.Block, top: bool) -> None:
+        for op in block.operations:
+            op = op.operation
+            if op.name == "arith.constant":
+                key = (str(op.attributes["value"]), str(op.results[0].type))
+                if key in first:
+                    op.results[0].replace_all_uses_with(first[key].results[0])
+                    dead.append(op)
+                else:
+                    first[key] = op
+                    if not top:
+                        nested.append(op)
+            for region in op.regions:
+                for b in region.blocks:
+                    visit(b, False)
+
+    # The walk is in program order, so a first occurrence in the entry block comes
+    # before (and dominates) every later one.
+    visit(entry, True)
+    for op in dead:
+        op.erase()
+    for key, op in list(first.items()):
+        if not list(op.results[0].uses):  # index constants of lanes nothing reads
+            op.erase()
+            del first[key]
+    nested = [op for op in nested if op in first.values()]
+    if nested:
+        head = entry.operations[0].operation
+        for op in nested:
+            op.move_before(head)
 
 
 def declare_kernel(kernel: ir.Operation, gpu_module_name: str) -> ir.Operation:

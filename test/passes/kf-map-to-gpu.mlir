@@ -1,5 +1,10 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda}, kf-map-to-gpu{target=cuda})' | FileCheck %s
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv})' | FileCheck %s --check-prefix=SPIRV
+// Both back ends take what the strategies write (spirv-val runs inside kf-to-spirv):
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv}, kf-to-spirv)' | FileCheck %s --check-prefix=BIN
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda}, kf-to-cuda)' | FileCheck %s --check-prefix=BIN
+// BIN: gpu.binary @kf_kernels
+// BIN: gpu.binary @kf_kernels
 
 // Two kernel functions become gpu.funcs in one gpu.module @kf_kernels; each kernel
 // function stays as a declaration that names its gpu.func, and the host's calls are the
