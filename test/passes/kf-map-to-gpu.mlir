@@ -89,7 +89,7 @@ func.func @main(%x: tensor<4x8xf32>, %b: tensor<8xf32>, %y: tensor<3x257xf16>) -
 // SPIRV: memref.store %[[LT]], %[[M]]
 module attributes {gpu.container_module} {
   gpu.module @kf_kernels {
-    gpu.func @other() kernel {
+    gpu.func @other() kernel attributes {known_block_size = array<i32: 32, 1, 1>} {
       gpu.return
     }
   }
