@@ -1,0 +1,67 @@
+"""The seed's functions compiled for the GPU path and run by Vulkan (Mesa's lavapipe in
+CI), against torch eager on fresh random inputs, at sizes that are not multiples of the
+tile sizes and with batch 1."""
+
+import pytest
+import torch
+
+import moe
+import seed_examples as se
+from kf.runtime import vulkan
+
+pytestmark = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 1000), (2, 257), (1, 64, 1024)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_seed_layer_norm(shape, dtype, tol):
+    x = torch.randn(*shape, dtype=dtype)
+    w, b = torch.randn(shape[-1], dtype=dtype), torch.randn(shape[-1], dtype=dtype)
+    out = se.metal_layer_norm.with_options(target="vulkan")(x, w, b)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert _rel(out, se.metal_layer_norm.fn(x.double(), w.double(), b.double())) < tol
+
+
+@pytest.mark.parametrize("seq,masked", [(257, False), (257, True), (64, True)])
+def test_seed_attention(seq, masked):
+    q, k, v = (torch.randn(1, 2, seq, 64) for _ in range(3))
+    mask = (torch.rand(seq, seq) > 0.25).float() if masked else None
+    out = se.fused_attention.with_options(target="vulkan")(q, k, v, mask)
+    ref = se.fused_attention.fn(q.double(), k.double(), v.double(), None if mask is None else mask.double())
+    assert _rel(out, ref) < 1e-5
+
+
+def test_seed_attention_head_dim_128_bf16():
+    q, k, v = (torch.randn(1, 1, 100, 128, dtype=torch.bfloat16) for _ in range(3))
+    out = se.fused_attention.with_options(target="vulkan")(q, k, v)
+    assert _rel(out, se.fused_attention.fn(q.double(), k.double(), v.double())) < 2e-2
+
+
+def test_complete_moe():
+    x, gate = torch.randn(1, 5, 64), torch.randn(4, 64)
+    w_in, w_out = torch.randn(4, 64, 96) / 8, torch.randn(4, 96, 64) / 10
+    out = moe.moe_layer_fused.with_options(target="vulkan")(x, gate, [w_in, w_out])
+    assert _rel(out, moe.moe_layer_fused.fn(x, gate, [w_in, w_out])) < 1e-5
+
+
+def test_strided_inputs_and_returned_inputs():
+    import kf
+
+    @kf.jit(target="vulkan")
+    def f(a, b):
+        return torch.exp(a) + b, a
+
+    a = torch.randn(40, 30).t()
+    b = torch.randn(30, 80)[:, ::2]
+    y, same = f(a, b)
+    torch.testing.assert_close(y, torch.exp(a) + b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(same, a)
