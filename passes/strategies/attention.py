@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 
 from mlir import ir
-from mlir.dialects import arith, gpu, memref
+from mlir.dialects import arith, gpu, llvm, memref, nvvm, vector
 from mlir.dialects import math as mmath
 
 from kf.dialects import spec_of
@@ -131,6 +131,9 @@ class AttentionStrategy(Strategy):
         accumulators per thread. Blocks larger than the sequences are not considered."""
         ch = _Chain(kernel)
         d, dv = ch.head_dim, ch.head_dim_v
+        mma = self._mma_plan(ch, target)
+        if mma is not None:
+            return mma
         threads = min(128, target.max_threads)
         best = None
         for bm in (64, 32, 16, 8, 4):
@@ -160,10 +163,44 @@ class AttentionStrategy(Strategy):
             raise NotApplicable(f"{batch} batch elements exceed the grid's y limit")
         return {"block_m": bm, "block_n": bn, "threads": threads, "lanes_per_row": tpr, "grid": grid,
                 "shared_bytes": shared, "seq_q": ch.seq_q, "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv,
-                "batch": list(ch.batch), "unroll": 4 if d % 4 == 0 and bn % 4 == 0 else 1}
+                "batch": list(ch.batch), "unroll": 4 if d % 4 == 0 and bn % 4 == 0 else 1, "mma": False}
+
+    #: Warps per workgroup of the tensor-core kernel; each owns 16 query rows.
+    MMA_WARPS = 4
+
+    def _mma_plan(self, ch: "_Chain", target: TargetInfo) -> dict | None:
+        """The tensor-core plan (CUDA, f16/bf16 q/k/v, head dims multiples of 16 and 8),
+        or None for the SIMT kernel. BLOCK_N is 64 keys up to head_dim 64 and 32 above
+        (the S fragments then cost 16 registers instead of 32, next to 64 accumulators at
+        head_dim 128); K and V tiles are kept in the input type, rows padded by 8
+        elements so the fragment reads of a warp hit 32 distinct banks."""
+        elems = {spec_of(x.type).elem for x in (ch.q, ch.kt, ch.v)}
+        if target.name != "cuda" or len(elems) != 1 or elems.pop() not in ("f16", "bf16"):
+            return None
+        d, dv = ch.head_dim, ch.head_dim_v
+        if d % 16 or dv % 8 or max(d, dv) > 256 or 32 * self.MMA_WARPS > target.max_threads:
+            return None
+        bm = 16 * self.MMA_WARPS
+        for bn in ((64, 32, 16) if max(d, dv) <= 64 else (32, 16)):
+            shared = 2 * bn * (d + 8) + 2 * bn * (dv + 8)
+            if shared <= target.max_shared_bytes:
+                break
+        else:
+            return None
+        batch = math.prod(ch.batch)
+        if batch > 65535:
+            return None
+        return {"block_m": bm, "block_n": bn, "threads": 32 * self.MMA_WARPS, "lanes_per_row": 4,
+                "grid": [-(-ch.seq_q // bm), batch, 1], "shared_bytes": shared, "seq_q": ch.seq_q,
+                "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "unroll": 1,
+                "mma": True}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = _Chain(kernel)
+        if plan.get("mma"):
+            if target.name != "cuda":
+                raise NotApplicable("the tensor-core attention plan is for CUDA")
+            return self._emit_mma(ch, kernel, plan, gpu_module, target)
         view = ch.view
         bm, bn, threads, tpr = plan["block_m"], plan["block_n"], plan["threads"], plan["lanes_per_row"]
         unroll = plan["unroll"]
@@ -289,6 +326,178 @@ class AttentionStrategy(Strategy):
         return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
                              {"strategy": "attention", "workgroup_bytes": plan["shared_bytes"],
                               "block_m": bm, "block_n": bn, "lanes_per_row": tpr})
+
+
+
+    def _emit_mma(self, ch: "_Chain", kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
+                  target: TargetInfo) -> EmittedKernel:
+        """The CUDA tensor-core kernel: FlashAttention-2's register dataflow on
+        ``mma.sync.m16n8k16`` (f16 or bf16 operands, f32 accumulators).
+
+        Each warp owns 16 query rows; its Q fragments (A operands) are read from global
+        memory once and stay in registers. Per key block the workgroup stages K and V
+        (input type, padded rows) between two barriers; S = Q K^T comes out in the
+        accumulator layout (thread: rows gid and gid + 8, columns 2 tig and 2 tig + 1 of
+        each 8-key tile), where scale, mask and tails are applied per element like the
+        SIMT kernel; row maxima and sums are reduced over the 4 threads of a quad with
+        xor shuffles. That layout is also the A-operand layout of the next product, so
+        P goes from registers straight into P @ V (rounded to the input type, as
+        FlashAttention does), with V's B fragments read from workgroup memory."""
+        view = ch.view
+        bm, bn, threads = plan["block_m"], plan["block_n"], plan["threads"]
+        D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
+        elem = spec_of(ch.q.type).elem
+        et = ir.Type.parse(elem)
+        bf16 = elem == "bf16"
+        with kernel.location:
+            g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
+                        [workgroup_memref([bn, D + 8], et), workgroup_memref([bn, Dv + 8], et)], (threads, 1, 1))
+            Ks, Vs = g.shared
+            n_in = len(view.args)
+            out_mem = g.args[n_in]
+            pw = Pointwise(g, view, g.args[:n_in])
+            f32, i32 = g.f32, ir.IntegerType.get_signless(32)
+            zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
+            zero_e = g.fconst(0.0, et)
+            pair = ir.VectorType.get([2], et)
+            acc_struct = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+            shape = ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 16>")
+            row_l, col_l = ir.Attribute.parse("#nvvm.mma_layout<row>"), ir.Attribute.parse("#nvvm.mma_layout<col>")
+            ptx_type = ir.Attribute.parse(f"#nvvm.mma_type<{elem}>")
+            nb = len(ch.batch)
+            with ir.InsertionPoint(g.entry):
+                tid = g.tid()
+                qblock = g.bid("x")
+                batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
+                warp, lane = g.div(tid, 32), g.rem(tid, 32)
+                gid, tig2 = g.div(lane, 4), g.mul(g.rem(lane, 4), 2)
+                r0 = arith.addi(g.mul(qblock, bm), arith.addi(g.mul(warp, 16), gid))
+                rows = [r0, g.add(r0, 8)]
+
+                def lead(value):
+                    return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
+
+                def operand(x, y):
+                    """Two scalars of the input type as one 32-bit mma operand register."""
+                    v = vector.from_elements(pair, [x, y])
+                    if not bf16:
+                        return v
+                    return vector.ExtractOp(vector.bitcast(ir.VectorType.get([1], i32), v), [], [0]).result
+
+                def fragment(v):
+                    return vector.ExtractOp(vector.bitcast(ir.VectorType.get([1], i32), v), [], [0]).result \
+                        if bf16 else v
+
+                def mma(a, b, c):
+                    # The operand types are given: the Python builder, unlike the parser,
+                    # does not infer them (and the verifier asserts on their absence).
+                    r = nvvm.MmaOp(acc_struct, shape, row_l, col_l, a, b, c, multiplicandAPtxType=ptx_type,
+                                   multiplicandBPtxType=ptx_type).result
+                    return [llvm.extractvalue(f32, r, [k]) for k in range(4)]
+
+                def xor_reduce(x, combine):
+                    for off in (1, 2):  # the 4 threads of a quad hold one row
+                        y = gpu.shuffle(x, arith.constant(i32, off), arith.constant(i32, 32), gpu.ShuffleMode.XOR)[0]
+                        x = combine(x, y)
+                    return x
+
+                # Q fragments: for k step t, columns 16t + 2tig (+1) and 16t + 2tig + 8 (+9).
+                q_lead = lead(ch.q)
+                q_cols = [16 * t + dc for t in range(D // 16) for dc in (0, 1, 8, 9)]
+                q_vals = []
+                for r in rows:
+                    def read_row(r=r):
+                        pw.reset()
+                        return [scalar_math.convert(pw.eval(ch.q, q_lead + [r, g.add(tig2, c)]), et) for c in q_cols]
+
+                    q_vals.append(g.guarded(g.lt(r, Sq) if Sq % bm or Sq < bm else None, [et] * len(q_cols),
+                                            read_row, lambda: [zero_e] * len(q_cols)))
+                q_frag = [[operand(q_vals[0][4 * t], q_vals[0][4 * t + 1]), operand(q_vals[1][4 * t], q_vals[1][4 * t + 1]),
+                           operand(q_vals[0][4 * t + 2], q_vals[0][4 * t + 3]),
+                           operand(q_vals[1][4 * t + 2], q_vals[1][4 * t + 3])] for t in range(D // 16)]
+                k_lead, v_lead = lead(ch.kt), lead(ch.v)
+                s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
+                score_in = ch.sm.operands[0]
+                n_o = Dv // 8
+
+                def key_block(n0, carried):
+                    m, l, o = carried[0:2], carried[2:4], carried[4:]
+                    gpu.barrier()  # the previous block's fragment reads are done
+                    stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
+                               lambda r, c: pw.eval(ch.kt, k_lead + [c, r]))
+                    stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
+                               lambda r, c: pw.eval(ch.v, v_lead + [r, c]))
+                    gpu.barrier()
+                    s = []
+                    for j in range(bn // 8):
+                        acc = [zero] * 4
+                        key = g.add(gid, 8 * j)
+                        for t in range(D // 16):
+                            b = [fragment(vector.load(pair, Ks, [key, g.add(tig2, 16 * t + h)])) for h in (0, 8)]
+                            acc = mma(q_frag[t], b, acc)
+                        s.append(acc)
+                    x = []
+                    for j in range(bn // 8):
+                        xj = []
+                        for k in range(4):
+                            gi, gj = rows[k // 2], arith.addi(n0, g.add(tig2, 8 * j + k % 2))
+
+                            def score(dot=s[j][k], gi=gi, gj=gj):
+                                def real():
+                                    pw.reset()
+                                    pw.bind(ch.mm1.result, dot)
+                                    return [scalar_math.convert(pw.eval(score_in, s_lead + [gi, gj]), f32)]
+
+                                return g.guarded(g.lt(gi, Sq) if Sq % bm or Sq < bm else None, [f32], real,
+                                                 lambda: [zero])
+
+                            xj.append(g.guarded(g.lt(gj, Sk) if Sk % bn else None, [f32], score, lambda: [neg_inf])[0])
+                        x.append(xj)
+                    m_new, alpha = [], []
+                    for h in range(2):  # rows gid and gid + 8
+                        mx = x[0][2 * h]
+                        for j in range(bn // 8):
+                            for k in (2 * h, 2 * h + 1):
+                                if (j, k) != (0, 2 * h):
+                                    mx = arith.maximumf(mx, x[j][k])
+                        mx = arith.maximumf(m[h], xor_reduce(mx, arith.maximumf))
+                        m_new.append(mx)
+                        alpha.append(mmath.exp(arith.subf(m[h], mx)))
+                    p = [[mmath.exp(arith.subf(x[j][k], m_new[k // 2])) for k in range(4)] for j in range(bn // 8)]
+                    l_new = []
+                    for h in range(2):
+                        t_ = arith.mulf(l[h], alpha[h])
+                        for j in range(bn // 8):
+                            t_ = arith.addf(arith.addf(t_, p[j][2 * h]), p[j][2 * h + 1])
+                        l_new.append(t_)
+                    o = [arith.mulf(o[4 * n + k], alpha[k // 2]) for n in range(n_o) for k in range(4)]
+                    pe = [[scalar_math.convert(v, et) for v in pj] for pj in p]
+                    for kk in range(bn // 16):
+                        a = [operand(pe[2 * kk][0], pe[2 * kk][1]), operand(pe[2 * kk][2], pe[2 * kk][3]),
+                             operand(pe[2 * kk + 1][0], pe[2 * kk + 1][1]), operand(pe[2 * kk + 1][2], pe[2 * kk + 1][3])]
+                        kr = g.add(tig2, 16 * kk)
+                        for n in range(n_o):
+                            col = g.add(gid, 8 * n)
+                            b = [operand(memref.load(Vs, [g.add(kr, dk), col]), memref.load(Vs, [g.add(kr, dk + 1), col]))
+                                 for dk in (0, 8)]
+                            o[4 * n:4 * n + 4] = mma(a, b, o[4 * n:4 * n + 4])
+                    return m_new + l_new + o
+
+                final = g.loop(0, Sk, bn, [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o), key_block)
+                totals = [xor_reduce(final[2 + h], arith.addf) for h in range(2)]
+                o = final[4:]
+                for h in range(2):
+                    def store(h=h):
+                        for n in range(n_o):
+                            for k in (2 * h, 2 * h + 1):
+                                col = g.add(tig2, 8 * n + k % 2)
+                                store_value(arith.divf(o[4 * n + k], totals[h]), out_mem, list(batch_idx) + [rows[h], col])
+
+                    g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
+            g.finish()
+        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
+                             {"strategy": "attention", "tensor_cores": "mma.sync.m16n8k16",
+                              "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn})
 
 
 register(AttentionStrategy())

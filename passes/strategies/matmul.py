@@ -355,7 +355,8 @@ UNROLL_STAGING = 64
 def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
                fast_is_col: bool, row0: ir.Value | int, n_rows: int, col0: ir.Value | int, n_cols: int,
                read: Callable[[ir.Value, ir.Value], ir.Value], transposed: bool = False) -> None:
-    """Copy a rows x cols block of a value into workgroup memory, converted to f32:
+    """Copy a rows x cols block of a value into workgroup memory, converted to the
+    tile's element type (f32 for the SIMT kernels, f16/bf16 for tensor-core operands):
     ``tile[r][c] = read(row0 + r, col0 + c)`` (``tile[c][r]`` when transposed), zero where
     the row or column is at or past n_rows / n_cols (the tails).
 
@@ -365,7 +366,8 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
     pass is guarded by the thread's position."""
     total = rows * cols
     full, rest = divmod(total, threads)
-    zero = g.fconst(0.0)
+    elem = ir.MemRefType(tile.type).element_type
+    zero = g.fconst(0.0, elem)
 
     def one(lin: ir.Value) -> None:
         if fast_is_col:
@@ -379,9 +381,9 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
 
         def value():
             pw.reset()
-            return [scalar_math.convert(read(gr, gc), g.f32)]
+            return [scalar_math.convert(read(gr, gc), elem)]
 
-        val = g.guarded(cond, [g.f32], value, lambda: [zero])[0]
+        val = g.guarded(cond, [elem], value, lambda: [zero])[0]
         memref.store(val, tile, [cc, rr] if transposed else [rr, cc])
 
     if full <= UNROLL_STAGING:

@@ -7,73 +7,108 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda}, kf-to-cuda)' | FileCheck %s --check-prefix=PTX
 
 // The seed's fused_attention in f16 with a [seq, seq] mask; 257 is a multiple of no
-// block size. One workgroup per (batch*head, block of query rows): Q, the K/V tile
-// (K, then V, in one buffer), P and the row-maximum exchange live in workgroup memory
-// (rows padded by one word), the score matrix nowhere in global memory.
+// block size. One workgroup per (batch*head, block of query rows), the score matrix
+// nowhere in global memory. For SPIR-V the SIMT kernel: Q, the K/V tile (K, then V, in
+// one buffer), P and the row-maximum exchange live in workgroup memory (rows padded by
+// one word). For CUDA the tensor-core kernel: K and V tiles in f16 (rows padded by 8),
+// everything else in registers, mma.sync m16n8k16 for both products.
 // CHECK-LABEL: func.func private @attn_k0_attention(tensor<2x8x257x64xf16>, tensor<2x8x257x64xf16>, tensor<2x8x257x64xf16>, tensor<257x257xf32>) -> tensor<2x8x257x64xf16>
 // CHECK-SAME: kf.gpu_func = @kf_kernels::@attn_k0_attention
 // CHECK: gpu.module @kf_kernels
 // CHECK: gpu.func @attn_k0_attention(%arg0: memref<2x8x257x64xf16>, %arg1: memref<2x8x257x64xf16>, %arg2: memref<2x8x257x64xf16>, %arg3: memref<257x257xf32>, %arg4: memref<2x8x257x64xf16>)
-// CUDA-SAME: workgroup(%[[Q:.*]] : memref<64x65xf32, #gpu.address_space<workgroup>>, %[[KV:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>>, %[[P:.*]] : memref<64x33xf32, #gpu.address_space<workgroup>>, %[[RED:.*]] : memref<64x2xf32, #gpu.address_space<workgroup>>)
 // SPIRV-SAME: workgroup(%[[Q:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>>, %[[KV:.*]] : memref<16x65xf32, #gpu.address_space<workgroup>>, %[[P:.*]] : memref<32x17xf32, #gpu.address_space<workgroup>>, %[[RED:.*]] : memref<32x4xf32, #gpu.address_space<workgroup>>)
+// CUDA-SAME: workgroup(%[[K:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>>, %[[V:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>>)
 // CHECK-SAME: kernel
-// CUDA-SAME: kf.grid = array<i64: 5, 16, 1>
 // SPIRV-SAME: kf.grid = array<i64: 9, 16, 1>
+// CUDA-SAME: kf.grid = array<i64: 5, 16, 1>
 // CHECK-SAME: kf.strategy = "attention"
 // CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
-// Q staged once, extended to f32, rows past 257 zero:
-// CHECK: memref.load %arg0
-// CHECK: arith.extf {{.*}} : f16 to f32
-// CHECK: memref.store {{.*}}, %[[Q]]
+
+// SIMT. Q staged once, extended to f32, rows past 257 zero:
+// SPIRV: memref.load %arg0
+// SPIRV: arith.extf {{.*}} : f16 to f32
+// SPIRV: memref.store {{.*}}, %[[Q]]
 // The key-block loop carries the running max, the lane's partial sum and its accumulators:
-// CUDA: scf.for {{.*}} = %c0 to %c257 step %c32 iter_args({{.*}}) -> (f32, f32, f32
 // SPIRV: scf.for {{.*}} = %c0 to %c257 step %c16 iter_args({{.*}}) -> (f32, f32, f32
-// CHECK-NEXT: gpu.barrier
-// CHECK: memref.load %arg1
-// CHECK: memref.store {{.*}}, %[[KV]]
-// CHECK: gpu.barrier
+// SPIRV-NEXT: gpu.barrier
+// SPIRV: memref.load %arg1
+// SPIRV: memref.store {{.*}}, %[[KV]]
+// SPIRV: gpu.barrier
 // Scores: dot products over the head dim from workgroup memory, in f32:
-// CHECK: scf.for {{.*}} = %c0 to %c64 step %c4
-// CHECK: memref.load %[[Q]]
-// CHECK: memref.load %[[KV]]
-// CHECK: math.fma
+// SPIRV: scf.for {{.*}} = %c0 to %c64 step %c4
+// SPIRV: memref.load %[[Q]]
+// SPIRV: memref.load %[[KV]]
+// SPIRV: math.fma
 // The kernel function's own scale and mask, per score; keys past 257 score -inf:
-// CHECK: arith.cmpi ult, {{.*}}, %c257
-// CHECK: arith.divf
-// CHECK: memref.load %arg3
-// CHECK: arith.cmpf oeq
-// CHECK: arith.select
+// SPIRV: arith.cmpi ult, {{.*}}, %c257
+// SPIRV: arith.divf
+// SPIRV: memref.load %arg3
+// SPIRV: arith.cmpf oeq
+// SPIRV: arith.select
 // Online softmax: block maximum through workgroup memory, rescaling, P to workgroup memory:
-// CHECK: arith.maximumf
-// CHECK: memref.store {{.*}}, %[[RED]]
-// CHECK-NEXT: gpu.barrier
-// CHECK: memref.load %[[RED]]
-// CHECK: math.exp
-// CHECK: memref.store {{.*}}, %[[P]]
-// CHECK: gpu.barrier
+// SPIRV: arith.maximumf
+// SPIRV: memref.store {{.*}}, %[[RED]]
+// SPIRV-NEXT: gpu.barrier
+// SPIRV: memref.load %[[RED]]
+// SPIRV: math.exp
+// SPIRV: memref.store {{.*}}, %[[P]]
+// SPIRV: gpu.barrier
 // V overwrites K, then P @ V into the registers:
-// CHECK: memref.load %arg2
-// CHECK: memref.store {{.*}}, %[[KV]]
-// CHECK: gpu.barrier
-// CUDA: scf.for {{.*}} = %c0 to %c32 step %c4
+// SPIRV: memref.load %arg2
+// SPIRV: memref.store {{.*}}, %[[KV]]
+// SPIRV: gpu.barrier
 // SPIRV: scf.for {{.*}} = %c0 to %c16 step %c4
-// CHECK: memref.load %[[P]]
-// CHECK: memref.load %[[KV]]
-// CHECK: math.fma
+// SPIRV: memref.load %[[P]]
+// SPIRV: memref.load %[[KV]]
+// SPIRV: math.fma
 // Row sums from the lanes, one division, one rounding to f16, rows past 257 not stored:
-// CHECK: memref.store {{.*}}, %[[RED]]
-// CHECK-NEXT: gpu.barrier
-// CHECK: arith.divf
-// CHECK: arith.truncf {{.*}} : f32 to f16
-// CHECK: memref.store {{.*}}, %arg4
+// SPIRV: memref.store {{.*}}, %[[RED]]
+// SPIRV-NEXT: gpu.barrier
+// SPIRV: arith.divf
+// SPIRV: arith.truncf {{.*}} : f32 to f16
+// SPIRV: memref.store {{.*}}, %arg4
+
+// Tensor cores. Q's A fragments read once into registers:
+// CUDA: memref.load %arg0
+// CUDA: vector.from_elements {{.*}} : vector<2xf16>
+// The key-block loop carries two running maxima and sums (rows gid, gid + 8) and the
+// output fragments (8 tiles of 8 columns x 4 values):
+// CUDA: scf.for {{.*}} = %c0 to %c257 step %c64 iter_args({{.*}}) -> ({{(f32, ){35}f32}})
+// CUDA-NEXT: gpu.barrier
+// CUDA: memref.load %arg1
+// CUDA: memref.store {{.*}}, %[[K]]
+// CUDA: memref.load %arg2
+// CUDA: memref.store {{.*}}, %[[V]]
+// CUDA: gpu.barrier
+// S = Q K^T from K's B fragments:
+// CUDA: vector.load %[[K]]
+// CUDA: nvvm.mma.sync A[{{.*}}] B[{{.*}}] C[{{.*}}] {layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, shape = #nvvm.shape<m = 16, n = 8, k = 16>} : (vector<2xf16>, vector<2xf16>, f32) -> !llvm.struct<(f32, f32, f32, f32)>
+// CUDA: arith.divf
+// CUDA: memref.load %arg3
+// CUDA: arith.cmpf oeq
+// Row maxima over the quad of threads that holds a row:
+// CUDA: arith.maximumf
+// CUDA: gpu.shuffle  xor
+// CUDA: math.exp
+// P @ V with P straight from the S registers, rounded to f16:
+// CUDA: arith.truncf {{.*}} : f32 to f16
+// CUDA: memref.load %[[V]]
+// CUDA: nvvm.mma.sync
+// CUDA: scf.yield
+// CUDA: gpu.shuffle  xor
+// CUDA: arith.divf
+// CUDA: arith.truncf {{.*}} : f32 to f16
+// CUDA: memref.store {{.*}}, %arg4
+// CUDA-NOT: gpu.barrier
 // CHECK: gpu.return
 // CHECK-NOT: 257x257xf16
 
 // SPV: gpu.binary @kf_kernels
 // SPV-SAME: attn_k0_attention = {bindings = [{{.*}}], {{.*}}workgroup_bytes = 15168 : i64, workgroup_size = array<i64: 128, 1, 1>}
 // PTX: gpu.binary @kf_kernels
-// PTX-SAME: .shared .align 4 .b8 __wg_attn_k0_attention_0[16640];
+// PTX-SAME: .shared .align 2 .b8 __wg_attn_k0_attention_0[9216];
 // PTX-SAME: bar.sync
+// PTX-SAME: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
 func.func private @attn_k0_attention(%q: tensor<2x8x257x64xf16>, %k: tensor<2x8x257x64xf16>, %v: tensor<2x8x257x64xf16>, %mask: tensor<257x257xf32>) -> tensor<2x8x257x64xf16> attributes {kf.kernel = "attention", kf.fused_lines = ["attn.py:3", "attn.py:5", "attn.py:6", "attn.py:7"]} {
   %scale = "kf.fill"() {value = 8.0 : f64} : () -> tensor<f16>
   %zero = "kf.fill"() {value = 0.0 : f64} : () -> tensor<f32>

@@ -213,8 +213,12 @@ def test_attention_plan(target, d):
         plan = strategy_for("attention").plan(built.kernel.operation, target)
     assert json.loads(json.dumps(plan)) == plan
     assert plan["shared_bytes"] <= target.max_shared_bytes and plan["threads"] <= target.max_threads
-    assert plan["threads"] == plan["block_m"] * plan["lanes_per_row"]
-    assert d % plan["lanes_per_row"] == 0 and plan["block_n"] % plan["lanes_per_row"] == 0
+    if plan["mma"]:  # f16 on CUDA: 4 warps of 16 query rows, K and V tiles in f16
+        assert target is CUDA and (plan["threads"], plan["block_m"]) == (128, 64)
+        assert plan["shared_bytes"] == 2 * plan["block_n"] * 2 * (d + 8)
+    else:
+        assert plan["threads"] == plan["block_m"] * plan["lanes_per_row"]
+        assert d % plan["lanes_per_row"] == 0 and plan["block_n"] % plan["lanes_per_row"] == 0
     assert plan["grid"] == [math.ceil(256 / plan["block_m"]), 16, 1]
 
 
@@ -237,14 +241,37 @@ def test_attention_not_applicable():
 
 
 @needs_ptxas
-@pytest.mark.parametrize("d,elem", [(64, "f32"), (64, "f16"), (128, "bf16"), (128, "f32")])
+@pytest.mark.parametrize("d,elem", [(64, "f32"), (128, "f32")])
 def test_attention_ptxas(d, elem):
+    """The SIMT kernel (f32 on CUDA)."""
     built = attention(2, 8, 257, 257, d, elem, (257, 257))
     plan, _ = built.emit(CUDA)
     ptx, r = cuda_report(built)
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
     assert r["shared_bytes"] == plan["shared_bytes"] and r["registers"] <= 128, r
     assert "bar.sync" in ptx and "ex2.approx" in ptx  # barriers; exp through libdevice's exp2
+
+
+@needs_ptxas
+@pytest.mark.parametrize("d,elem", [(64, "f16"), (64, "bf16"), (128, "f16"), (128, "bf16")])
+def test_attention_tensor_cores_ptxas(d, elem):
+    """On CUDA, f16/bf16 attention takes the mma.sync m16n8k16 kernel."""
+    built = attention(2, 8, 257, 257, d, elem, (257, 257))
+    plan, emitted = built.emit(CUDA)
+    assert plan["mma"] and plan["block_m"] == 64 and emitted.notes["tensor_cores"] == "mma.sync.m16n8k16"
+    ptx, r = cuda_report(built)
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{elem}.{elem}.f32" in ptx
+    assert "shfl.sync.bfly" in ptx  # row statistics over the quad
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
+    assert r["shared_bytes"] == plan["shared_bytes"], r
+
+
+def test_attention_tensor_cores_only_where_they_apply():
+    for target, elem, d, mma in [(CUDA, "f32", 64, False), (SPIRV, "f16", 64, False), (CUDA, "f16", 72, False),
+                                 (CUDA, "bf16", 64, True)]:
+        built = attention(1, 1, 40, 40, d, elem)
+        with built.ctx:
+            assert strategy_for("attention").plan(built.kernel.operation, target)["mma"] is mma, (target, elem, d)
 
 
 # ---- matmul ------------------------------------------------------------------------------
@@ -369,3 +396,69 @@ def test_seed_attention_through_the_pipeline():
                     extra=kernel.abi_extra())
     _vulkan().launch(binary.binary, abi, [user[i] for i in order] + [out], written=[4])
     torch.testing.assert_close(out, seed_examples.fused_attention.fn(q, k, v, mask), rtol=2e-5, atol=2e-5)
+
+
+# ---- CUDA: run where a GPU is (the H200 device machine) -------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
+    """Compile the strategy's kernel for the device's chip and launch it on torch tensors."""
+    from kf.passes import to_cuda
+    from kf.runtime import cuda as kcuda
+
+    chip = "sm_%d%d" % torch.cuda.get_device_capability()
+    ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
+    out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem], device="cuda")
+    k = kcuda.CudaKernel(kcuda.CudaModule(ptx), emitted.name, emitted.grid, emitted.block, 0, len(args) + 1)
+    k(*[a.cuda() for a in args], out)
+    torch.cuda.synchronize()
+    return out.cpu(), ptx
+
+
+@needs_cuda
+@pytest.mark.parametrize("b,h,seq,d,elem,mask_shape", ATTENTION_CASES + [
+    (2, 8, 1000, 64, "f16", (2, 1, 1000, 1000)), (2, 4, 513, 128, "bf16", (513, 513)), (1, 2, 257, 128, "f16", None)])
+def test_attention_cuda(b, h, seq, d, elem, mask_shape):
+    built = attention(b, h, seq, seq, d, elem, mask_shape)
+    plan, emitted = built.emit(CUDA)
+    gen = torch.Generator().manual_seed(seq * d + b + 1)
+    k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
+    args, mask = [k, q, v], None
+    if mask_shape is not None:
+        mask = (torch.rand(mask_shape, generator=gen) > 0.3).float()
+        mask[..., 5, :] = 0
+        args.append(mask)
+    out, ptx = cuda_run(built, plan, emitted, args, (b, h, seq, d), elem)
+    assert ("mma.sync" in ptx) == plan["mma"]
+    want = attention_reference(k, q, v, mask)
+    # The tensor-core kernel rounds P to the input type before P @ V, as FlashAttention does.
+    tol = {"f32": 2e-5, "f16": 4e-3, "bf16": 3e-2}[elem]
+    torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+@needs_cuda
+@pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("m,k,n", [(257, 65, 129), (1024, 512, 768)])
+def test_matmul_bias_gelu_cuda(elem, m, k, n):
+    built = matmul_bias_gelu(m, k, n, elem)
+    plan, emitted = built.emit(CUDA)
+    gen = torch.Generator().manual_seed(m + k)
+    a, b, bias = randn((m, k), elem, gen), randn((k, n), elem, gen), randn((n,), elem, gen)
+    out, _ = cuda_run(built, plan, emitted, [a, b, bias], (m, n), elem)
+    want = torch.nn.functional.gelu(a.float() @ b.float() + bias.float())
+    tol = {"f32": 1e-4, "f16": 1e-2, "bf16": 5e-2}[elem]
+    torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+@needs_cuda
+@pytest.mark.parametrize("elem,transpose_b", [("f32", False), ("f16", True)])
+def test_matmul_batched_broadcast_cuda(elem, transpose_b):
+    built, (m, k, n, bshape) = matmul_batched(elem, transpose_b)
+    plan, emitted = built.emit(CUDA)
+    gen = torch.Generator().manual_seed(9)
+    a, b, s = randn((2, 1, m, k), elem, gen), randn(bshape, elem, gen), torch.tensor(0.7).to(TORCH[elem])
+    out, _ = cuda_run(built, plan, emitted, [a, b, s], (2, 3, m, n), "f32")
+    bb = b.float().transpose(-1, -2) if transpose_b else b.float()
+    torch.testing.assert_close(out, (a.float() @ bb) * s.float(), rtol=1e-4, atol=1e-4)
