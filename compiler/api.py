@@ -11,6 +11,8 @@ import functools
 import os
 from typing import Any, Callable
 
+import torch
+
 from .errors import TargetError
 from .options import Options
 from .signature import Signature, bind
@@ -30,6 +32,13 @@ class KfFunction:
         self.options = options
         self.__kf_function__ = self
         self._table: dict[Signature, Any] = {}
+        # The fast path: positional calls keyed by what each argument is (a tensor's
+        # shape, dtype, device and contiguity; a constant's value), without binding the
+        # signature. Only for functions whose defaults hold no tensors, so that the
+        # positional tensors are exactly the program's inputs, in order.
+        self._fast: dict[tuple, Any] = {}
+        self._fast_ok = not any(isinstance(d, (torch.Tensor, list, tuple))
+                                for d in (fn.__defaults__ or ()))
 
     def __repr__(self) -> str:
         return f"<kf function {self.fn.__name__} target={self.options.target}>"
@@ -79,6 +88,15 @@ class KfFunction:
         return program
 
     def __call__(self, *args, **kwargs):
+        if not kwargs and self._fast_ok:
+            key, tensors = _fast_key(args)
+            if key is not None:
+                program = self._fast.get(key)
+                if program is not None:
+                    return program(tensors)
+                sig, tensors = bind(self.fn, args, kwargs)
+                program = self._fast[key] = self.specialize(sig, tensors)
+                return program(tensors)
         sig, tensors = bind(self.fn, args, kwargs)
         return self.specialize(sig, tensors)(tensors)
 
@@ -93,6 +111,27 @@ class KfFunction:
         if target == "auto":
             target = _DEVICE_TARGET.get(next(iter(sig.devices()), "cpu"), "cpu")
         return driver.inspect_function(self.fn, sig, tensors, self.options.with_(target=target))
+
+
+def _fast_key(args: tuple) -> tuple[tuple | None, list]:
+    """(key, flat tensors) of positional arguments, or (None, []) when an argument is
+    neither a tensor, a list of tensors nor a hashable constant."""
+    key, tensors = [], []
+    Tensor = torch.Tensor
+    for a in args:
+        if isinstance(a, Tensor):
+            key.append((a.shape, a.dtype, a.device, a.is_contiguous()))
+            tensors.append(a)
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
+            if not all(isinstance(t, Tensor) for t in a):
+                return None, []
+            key.append((type(a), tuple((t.shape, t.dtype, t.device, t.is_contiguous()) for t in a)))
+            tensors.extend(a)
+        elif a is None or isinstance(a, (bool, int, float, str)):
+            key.append((type(a), a))
+        else:
+            return None, []
+    return tuple(key), tensors
 
 
 def _decorator(default: Options):
