@@ -249,7 +249,9 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     body = [op.operation for op in block.operations]
     kernel_ops = [op for op in body if op.name.startswith("kf.") and op.name not in _FREE | _HOST]
     part = partition(kernel_ops)
-    fname = ir.StringAttr(f.attributes["sym_name"]).value
+    # Kernel names become PTX/SPIR-V/MSL identifiers: keep letters, digits and "_"
+    # (a lambda is called "<lambda>").
+    fname = re.sub(r"\W", "_", ir.StringAttr(f.attributes["sym_name"]).value).strip("_") or "kernel"
 
     # Fills that something other than a kernel uses (a return, a fallback call) need a
     # kernel of their own.

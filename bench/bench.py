@@ -1,0 +1,298 @@
+"""kf's benchmark on the GPU machine: every workload timed with kf, torch eager (the user's
+own code), torch's best built-in kernel and torch.compile, in one process, against the
+measured copy bandwidth and bf16 GEMM rate of the same run.
+
+    source .device/prelude.sh && python3 bench/bench.py --out $OUT/bench.json [--quick]
+
+Each kf result is checked against torch (‖kf − ref‖ / ‖ref‖ in float64) before it is
+timed; a failed check is reported and the row is not timed. Times are medians of CUDA
+event measurements after warm-up, with inputs rotated among enough copies that L2
+(60 MB on the H200) does not serve them. bench/RESULTS.md records the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import kf  # noqa: E402
+from moe import moe_layer_fused  # noqa: E402
+from seed_examples import fused_attention, metal_layer_norm  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+
+
+def median_ms(fn: Callable, inputs: list[tuple], reps: int = 30, warmup: int = 3) -> float:
+    """Median ms per call of fn(*inputs[i % n]) with CUDA events, rotating input sets."""
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        args = inputs[i % len(inputs)]
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(*args)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def rotated(make: Callable[[], tuple]) -> list[tuple]:
+    """Enough independent input sets that together they exceed twice the L2."""
+    first = make()
+    nbytes = sum(t.numel() * t.element_size() for t in first if isinstance(t, torch.Tensor))
+    n = max(1, min(8, math.ceil(2 * L2_BYTES / max(nbytes, 1))))
+    return [first] + [make() for _ in range(n - 1)]
+
+
+def rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return float("nan")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@dataclass
+class Row:
+    workload: str
+    bytes: float = 0.0
+    flops: float = 0.0
+    times_ms: dict = field(default_factory=dict)  # impl -> ms
+    rel_err: float | None = None
+    note: str = ""
+
+
+def ceilings(quick: bool) -> tuple[float, float, list[Row]]:
+    n = (256 if quick else 1024) * 2**20 // 4
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src), [()], reps=20)
+    copy_gbs = 2 * src.numel() * 4 / copy_ms / 1e6
+    m = 4096 if quick else 8192
+    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    gemm_ms = median_ms(lambda: a @ b, [()], reps=20)
+    tflops = 2 * m**3 / gemm_ms / 1e9
+    rows = [Row(f"copy {src.numel() * 4 / 2**30:.2f} GiB (ceiling)", bytes=2 * src.numel() * 4, times_ms={"torch": copy_ms}),
+            Row(f"bf16 GEMM {m}^3 (ceiling)", flops=2 * m**3, times_ms={"cuBLAS": gemm_ms})]
+    return copy_gbs, tflops, rows
+
+
+def compiled(fn):
+    try:
+        return torch.compile(fn)
+    except Exception:  # torch.compile unavailable: the row says so
+        return None
+
+
+def run_workload(name, kf_fn, eager, best, make, bytes_, flops, tol, compile_fn=None) -> Row:
+    row = Row(name, bytes=bytes_, flops=flops)
+    inputs = rotated(make)
+    try:
+        out = kf_fn(*inputs[0])
+        ref = eager(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs[0]])
+        row.rel_err = rel_err(out, ref)
+        if not row.rel_err <= tol:
+            row.note = f"kf result wrong (rel err {row.rel_err:.2e} > {tol}); not timed"
+            kf_fn = None
+    except Exception as e:
+        row.note = f"kf failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        kf_fn = None
+    impls = {"kf": kf_fn, "eager": eager, "best": best, "compile": compile_fn or compiled(eager)}
+    for impl, fn in impls.items():
+        if fn is None:
+            continue
+        try:
+            row.times_ms[impl] = median_ms(fn, inputs)
+        except Exception as e:
+            row.note += f" {impl} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return row
+
+
+def workloads(quick: bool):
+    bf16 = torch.bfloat16
+
+    def randn(*s, dtype=bf16):
+        return torch.randn(*s, device="cuda", dtype=dtype)
+
+    ln = metal_layer_norm.with_options(target="cuda")
+    for (r, c) in ([(8192, 4096)] if quick else [(8192, 4096), (32768, 8192)]):
+        for dtype in (bf16, torch.float32):
+            esz = 2 if dtype == bf16 else 4
+            yield (f"seed layer norm {r}x{c} {str(dtype)[6:]}", ln, metal_layer_norm.fn,
+                   lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+                   lambda: (randn(r, c, dtype=dtype), randn(c, dtype=dtype), randn(c, dtype=dtype)),
+                   (2 * r * c + 2 * c) * esz, 0, 2e-2 if dtype == bf16 else 1e-5)
+
+    def softmax(x):
+        return torch.softmax(x, dim=-1)
+
+    def rmsnorm(x, w):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+    def bias_gelu(x, b):
+        return F.gelu(x + b)
+
+    r, c = 8192, 8192
+    yield ("softmax 8192x8192 bf16", kf.jit(softmax), softmax, softmax, lambda: (randn(r, c),), 4 * r * c, 0, 2e-2)
+    yield ("RMSNorm 8192x8192 bf16", kf.jit(rmsnorm), rmsnorm, getattr(F, "rms_norm", None) and
+           (lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)), lambda: (randn(r, c), randn(c)), 4 * r * c, 0, 2e-2)
+    yield ("bias+GELU 8192x8192 bf16", kf.jit(bias_gelu), bias_gelu, None, lambda: (randn(r, c), randn(c)),
+           4 * r * c, 0, 2e-2)
+
+    def sdpa(q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    shapes = [(4, 32, 2048, 128)] if quick else [(4, 32, 2048, 128), (4, 32, 2048, 64), (2, 32, 4096, 128)]
+    for (b, h, s, d) in shapes:
+        flops = 4 * b * h * s * s * d
+        yield (f"seed attention {b}x{h}x{s}x{d} bf16", fused_attention, fused_attention.fn, sdpa,
+               lambda: (randn(b, h, s, d), randn(b, h, s, d), randn(b, h, s, d)), 4 * b * h * s * d * 2, flops, 2e-2)
+    b, h, s, d = 4, 32, 2048, 128
+    causal = lambda: (randn(b, h, s, d), randn(b, h, s, d), randn(b, h, s, d),  # noqa: E731
+                      torch.tril(torch.ones(s, s, device="cuda", dtype=bf16)))
+    yield (f"seed attention + causal mask {b}x{h}x{s}x{d} bf16", fused_attention, fused_attention.fn,
+           lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True), causal,
+           4 * b * h * s * d * 2, 2 * b * h * s * s * d, 2e-2)
+
+    m = 4096 if quick else 8192
+    mm = kf.jit(lambda a, b: torch.matmul(a, b))
+    yield (f"kf GEMM {m}^3 bf16", mm, lambda a, b: torch.matmul(a, b), lambda a, b: torch.matmul(a, b),
+           lambda: (randn(m, m), randn(m, m)), 3 * m * m * 2, 2 * m**3, 2e-2)
+
+    t, hid, ffn, e = (2048 if quick else 8192), 1024, 4096, 8
+    moe = lambda x, g, a, b_: moe_layer_fused(x, g, [a, b_])  # noqa: E731
+    moe_eager = lambda x, g, a, b_: moe_layer_fused.fn(x, g, [a, b_])  # noqa: E731
+    yield (f"MoE top-2, {t} tokens, {hid}->{ffn}, {e} experts bf16", moe, moe_eager, None,
+           lambda: (randn(1, t, hid), randn(e, hid), randn(e, hid, ffn) / 32, randn(e, ffn, hid) / 64),
+           (t * hid * 2 + 2 * e * hid * ffn) * 2, 2 * 2 * t * 2 * hid * ffn, 3e-2)
+
+
+FRESH = """
+import sys, time
+t0 = time.perf_counter()
+sys.path.insert(0, {examples!r})
+import torch
+from seed_examples import metal_layer_norm
+ln = metal_layer_norm.with_options(target="cuda")
+x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(4096, device="cuda", dtype=torch.bfloat16); b = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+t1 = time.perf_counter()
+ln(x, w, b); torch.cuda.synchronize()
+t2 = time.perf_counter()
+print(f"{{t2 - t0:.4f}} {{t2 - t1:.4f}} {{t1 - t0:.4f}}")
+"""
+
+
+def jit_rows() -> list[Row]:
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, KF_CACHE_DIR=cache)
+        outs = []
+        for _ in range(2):
+            r = subprocess.run([sys.executable, "-c", FRESH.format(examples=str(ROOT / "examples"))], env=env,
+                               capture_output=True, text=True, timeout=300)
+            outs.append([float(v) for v in r.stdout.split()] if r.returncode == 0 else None)
+        if outs[0]:
+            rows.append(Row("JIT: cold compile of the layer norm (first call, empty cache)",
+                            times_ms={"kf": outs[0][1] * 1e3}))
+        if outs[1]:
+            rows.append(Row("JIT: fresh process, warm cache: first call", times_ms={"kf": outs[1][1] * 1e3}))
+            rows.append(Row("JIT: fresh process, warm cache: imports + first call",
+                            times_ms={"kf": outs[1][0] * 1e3}, note=f"imports alone {outs[1][2] * 1e3:.0f} ms"))
+    # Host overhead per call: a kf function of a tiny tensor vs torch's own tiny op.
+    f = kf.jit(lambda x: x + 1)
+    x = torch.randn(16, device="cuda")
+    f(x)
+    torch.cuda.synchronize()
+    n = 2000
+    t = time.perf_counter()
+    for _ in range(n):
+        f(x)
+    torch.cuda.synchronize()
+    per_call = (time.perf_counter() - t) / n * 1e6
+    t = time.perf_counter()
+    for _ in range(n):
+        x.add(1)
+    torch.cuda.synchronize()
+    torch_call = (time.perf_counter() - t) / n * 1e6
+    rows.append(Row("host overhead per call (us): kf x+1 vs torch x.add(1)", times_ms={"kf": per_call, "eager": torch_call},
+                    note="values in microseconds, wall clock"))
+    return rows
+
+
+def table(rows: list[Row], copy_gbs: float, tflops: float) -> str:
+    head = f"{'workload':<52}{'kf ms':>9}{'eager':>9}{'best':>9}{'compile':>9}{'kf GB/s':>9}{'kf TF/s':>9}{'%ceil':>7}" \
+           f"{'eager/kf':>9}{'best/kf':>9}{'comp/kf':>9}{'err':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        t = r.times_ms
+        k = t.get("kf")
+
+        def ratio(name):
+            return f"{t[name] / k:9.2f}" if k and name in t else f"{'':>9}"
+
+        gbs = r.bytes / k / 1e6 if k and r.bytes else None
+        tfs = r.flops / k / 1e9 if k and r.flops else None
+        frac = (tfs / tflops if tfs else (gbs / copy_gbs if gbs else None))
+        cells = "".join(f"{t[n]:9.3f}" if n in t else f"{'':>9}" for n in ("kf", "eager", "best", "compile"))
+        if not t.get("kf") and ("torch" in t or "cuBLAS" in t):
+            cells = f"{'':>9}{t.get('torch', t.get('cuBLAS')):9.3f}{'':>27}"
+            gbs = r.bytes / t.get("torch", 1e9) / 1e6 if r.bytes else None
+            tfs = r.flops / t.get("cuBLAS", 1e9) / 1e9 if r.flops else None
+        lines.append(f"{r.workload[:51]:<52}{cells}{(f'{gbs:9.0f}' if gbs else ' ' * 9)}"
+                     f"{(f'{tfs:9.1f}' if tfs else ' ' * 9)}{(f'{frac * 100:6.0f}%' if frac else ' ' * 7)}"
+                     f"{ratio('eager')}{ratio('best')}{ratio('compile')}"
+                     f"{(f'{r.rel_err:9.1e}' if r.rel_err is not None else ' ' * 9)}"
+                     + (f"  {r.note}" if r.note else ""))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer workloads")
+    ap.add_argument("--only", default="", help="run workloads whose name contains this text")
+    args = ap.parse_args()
+    torch.manual_seed(int(time.time()))
+    dev = torch.cuda.get_device_name(0)
+    print(f"device {dev}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    copy_gbs, tflops, rows = ceilings(args.quick)
+    print(f"ceilings: copy {copy_gbs:.0f} GB/s, bf16 GEMM {tflops:.0f} TFLOP/s", flush=True)
+    for w in workloads(args.quick):
+        if args.only and args.only not in w[0]:
+            continue
+        row = run_workload(*w)
+        rows.append(row)
+        print(f"  {row.workload}: {row.times_ms} {row.note}", flush=True)
+    if not args.only:
+        rows += jit_rows()
+    text = table(rows, copy_gbs, tflops)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": dev, "torch": torch.__version__, "copy_gbs": copy_gbs,
+                                              "gemm_tflops": tflops, "rows": [asdict(r) for r in rows],
+                                              "table": text}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
