@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, field
 
 from mlir import ir
-from mlir.dialects import arith, func, gpu, memref, scf
+from mlir.dialects import arith, gpu, memref, scf
 
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import spec_of

@@ -13,7 +13,6 @@ then
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
