@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 
 from mlir import ir
-from mlir.dialects import arith, gpu, llvm, memref, nvvm, vector
+from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
 from kf.dialects import spec_of
@@ -50,8 +50,8 @@ from kf.dialects.attrs import op_attrs
 from kf.passes import scalar_math
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from .matmul import (GpuFunc, KernelView, Pointwise, _contiguous_last, defining, gpu_arg_types,
-                     pointwise_closure, stage_tile, store_value, workgroup_memref)
+from .matmul import (GpuFunc, KernelView, MmaSync, Pointwise, _contiguous_last, defining, gpu_arg_types,
+                     pointwise_closure, quad_reduce, stage_tile, store_value, workgroup_memref)
 
 
 class _Chain:
@@ -348,7 +348,6 @@ class AttentionStrategy(Strategy):
         D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
         elem = spec_of(ch.q.type).elem
         et = ir.Type.parse(elem)
-        bf16 = elem == "bf16"
         with kernel.location:
             g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
                         [workgroup_memref([bn, D + 8], et), workgroup_memref([bn, Dv + 8], et)], (threads, 1, 1))
@@ -356,14 +355,10 @@ class AttentionStrategy(Strategy):
             n_in = len(view.args)
             out_mem = g.args[n_in]
             pw = Pointwise(g, view, g.args[:n_in])
-            f32, i32 = g.f32, ir.IntegerType.get_signless(32)
+            f32 = g.f32
             zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
             zero_e = g.fconst(0.0, et)
-            pair = ir.VectorType.get([2], et)
-            acc_struct = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
-            shape = ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 16>")
-            row_l, col_l = ir.Attribute.parse("#nvvm.mma_layout<row>"), ir.Attribute.parse("#nvvm.mma_layout<col>")
-            ptx_type = ir.Attribute.parse(f"#nvvm.mma_type<{elem}>")
+            tc = MmaSync(elem)
             nb = len(ch.batch)
             with ir.InsertionPoint(g.entry):
                 tid = g.tid()
@@ -377,30 +372,6 @@ class AttentionStrategy(Strategy):
                 def lead(value):
                     return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
 
-                def operand(x, y):
-                    """Two scalars of the input type as one 32-bit mma operand register."""
-                    v = vector.from_elements(pair, [x, y])
-                    if not bf16:
-                        return v
-                    return vector.ExtractOp(vector.bitcast(ir.VectorType.get([1], i32), v), [], [0]).result
-
-                def fragment(v):
-                    return vector.ExtractOp(vector.bitcast(ir.VectorType.get([1], i32), v), [], [0]).result \
-                        if bf16 else v
-
-                def mma(a, b, c):
-                    # The operand types are given: the Python builder, unlike the parser,
-                    # does not infer them (and the verifier asserts on their absence).
-                    r = nvvm.MmaOp(acc_struct, shape, row_l, col_l, a, b, c, multiplicandAPtxType=ptx_type,
-                                   multiplicandBPtxType=ptx_type).result
-                    return [llvm.extractvalue(f32, r, [k]) for k in range(4)]
-
-                def xor_reduce(x, combine):
-                    for off in (1, 2):  # the 4 threads of a quad hold one row
-                        y = gpu.shuffle(x, arith.constant(i32, off), arith.constant(i32, 32), gpu.ShuffleMode.XOR)[0]
-                        x = combine(x, y)
-                    return x
-
                 # Q fragments: for k step t, columns 16t + 2tig (+1) and 16t + 2tig + 8 (+9).
                 q_lead = lead(ch.q)
                 q_cols = [16 * t + dc for t in range(D // 16) for dc in (0, 1, 8, 9)]
@@ -412,9 +383,9 @@ class AttentionStrategy(Strategy):
 
                     q_vals.append(g.guarded(g.lt(r, Sq) if Sq % bm or Sq < bm else None, [et] * len(q_cols),
                                             read_row, lambda: [zero_e] * len(q_cols)))
-                q_frag = [[operand(q_vals[0][4 * t], q_vals[0][4 * t + 1]), operand(q_vals[1][4 * t], q_vals[1][4 * t + 1]),
-                           operand(q_vals[0][4 * t + 2], q_vals[0][4 * t + 3]),
-                           operand(q_vals[1][4 * t + 2], q_vals[1][4 * t + 3])] for t in range(D // 16)]
+                q_frag = [[tc.pack(q_vals[0][4 * t], q_vals[0][4 * t + 1]), tc.pack(q_vals[1][4 * t], q_vals[1][4 * t + 1]),
+                           tc.pack(q_vals[0][4 * t + 2], q_vals[0][4 * t + 3]),
+                           tc.pack(q_vals[1][4 * t + 2], q_vals[1][4 * t + 3])] for t in range(D // 16)]
                 k_lead, v_lead = lead(ch.kt), lead(ch.v)
                 s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
                 score_in = ch.sm.operands[0]
@@ -433,8 +404,8 @@ class AttentionStrategy(Strategy):
                         acc = [zero] * 4
                         key = g.add(gid, 8 * j)
                         for t in range(D // 16):
-                            b = [fragment(vector.load(pair, Ks, [key, g.add(tig2, 16 * t + h)])) for h in (0, 8)]
-                            acc = mma(q_frag[t], b, acc)
+                            b = [tc.load_pair(Ks, [key, g.add(tig2, 16 * t + h)]) for h in (0, 8)]
+                            acc = tc(q_frag[t], b, acc)
                         s.append(acc)
                     x = []
                     for j in range(bn // 8):
@@ -460,7 +431,7 @@ class AttentionStrategy(Strategy):
                             for k in (2 * h, 2 * h + 1):
                                 if (j, k) != (0, 2 * h):
                                     mx = arith.maximumf(mx, x[j][k])
-                        mx = arith.maximumf(m[h], xor_reduce(mx, arith.maximumf))
+                        mx = arith.maximumf(m[h], quad_reduce(mx, arith.maximumf))
                         m_new.append(mx)
                         alpha.append(mmath.exp(arith.subf(m[h], mx)))
                     p = [[mmath.exp(arith.subf(x[j][k], m_new[k // 2])) for k in range(4)] for j in range(bn // 8)]
@@ -473,18 +444,18 @@ class AttentionStrategy(Strategy):
                     o = [arith.mulf(o[4 * n + k], alpha[k // 2]) for n in range(n_o) for k in range(4)]
                     pe = [[scalar_math.convert(v, et) for v in pj] for pj in p]
                     for kk in range(bn // 16):
-                        a = [operand(pe[2 * kk][0], pe[2 * kk][1]), operand(pe[2 * kk][2], pe[2 * kk][3]),
-                             operand(pe[2 * kk + 1][0], pe[2 * kk + 1][1]), operand(pe[2 * kk + 1][2], pe[2 * kk + 1][3])]
+                        a = [tc.pack(pe[2 * kk][0], pe[2 * kk][1]), tc.pack(pe[2 * kk][2], pe[2 * kk][3]),
+                             tc.pack(pe[2 * kk + 1][0], pe[2 * kk + 1][1]), tc.pack(pe[2 * kk + 1][2], pe[2 * kk + 1][3])]
                         kr = g.add(tig2, 16 * kk)
                         for n in range(n_o):
                             col = g.add(gid, 8 * n)
-                            b = [operand(memref.load(Vs, [g.add(kr, dk), col]), memref.load(Vs, [g.add(kr, dk + 1), col]))
+                            b = [tc.pack(memref.load(Vs, [g.add(kr, dk), col]), memref.load(Vs, [g.add(kr, dk + 1), col]))
                                  for dk in (0, 8)]
-                            o[4 * n:4 * n + 4] = mma(a, b, o[4 * n:4 * n + 4])
+                            o[4 * n:4 * n + 4] = tc(a, b, o[4 * n:4 * n + 4])
                     return m_new + l_new + o
 
                 final = g.loop(0, Sk, bn, [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o), key_block)
-                totals = [xor_reduce(final[2 + h], arith.addf) for h in range(2)]
+                totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
                 o = final[4:]
                 for h in range(2):
                     def store(h=h):

@@ -400,6 +400,70 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
         g.when(g.lt(lin, total), lambda: one(lin))
 
 
+
+class MmaSync:
+    """``mma.sync.aligned.m16n8k16.row.col`` on f16 or bf16 operands with f32
+    accumulators (CUDA, sm_80 and later), and the register packing it needs.
+
+    Fragment layout (PTX ISA), for lane = 4 gid + tig: A (16x16) registers a0..a3 hold
+    (row gid | gid + 8, cols 2 tig, 2 tig + 1 | + 8) in the order (gid, lo), (gid + 8, lo),
+    (gid, hi), (gid + 8, hi); B (16x8) registers b0, b1 hold (k rows 2 tig, 2 tig + 1 |
+    + 8, col gid); the accumulator c0..c3 holds (row gid, cols 2 tig, 2 tig + 1) then
+    (row gid + 8, same cols). An operand register is two values: vector<2xf16> for f16,
+    and for bf16 an i32 (the NVVM op takes bf16 pairs as i32)."""
+
+    def __init__(self, elem: str):
+        if elem not in ("f16", "bf16"):
+            raise NotApplicable(f"mma.sync takes f16 or bf16 operands, not {elem}")
+        self.elem = elem
+        self.type = ir.Type.parse(elem)
+        self.pair = ir.VectorType.get([2], self.type)
+        self.i32 = ir.IntegerType.get_signless(32)
+        self._struct = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+        self._shape = ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 16>")
+        self._row, self._col = ir.Attribute.parse("#nvvm.mma_layout<row>"), ir.Attribute.parse("#nvvm.mma_layout<col>")
+        self._ptx = ir.Attribute.parse(f"#nvvm.mma_type<{elem}>")
+
+    def register(self, pair: ir.Value) -> ir.Value:
+        """A vector<2 x elem> as the operand register the op takes."""
+        if self.elem == "f16":
+            return pair
+        from mlir.dialects import vector
+
+        return vector.ExtractOp(vector.bitcast(ir.VectorType.get([1], self.i32), pair), [], [0]).result
+
+    def pack(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        """Two scalars (any float type: rounded to elem) as one operand register."""
+        from mlir.dialects import vector
+
+        return self.register(vector.from_elements(self.pair, [scalar_math.convert(x, self.type),
+                                                              scalar_math.convert(y, self.type)]))
+
+    def load_pair(self, mem: ir.Value, index: Sequence[ir.Value]) -> ir.Value:
+        """Two consecutive elements of a memref row as one operand register."""
+        from mlir.dialects import vector
+
+        return self.register(vector.load(self.pair, mem, list(index)))
+
+    def __call__(self, a: Sequence[ir.Value], b: Sequence[ir.Value], c: Sequence[ir.Value]) -> list[ir.Value]:
+        from mlir.dialects import llvm, nvvm
+
+        # The operand types are given: the Python builder, unlike the parser, does not
+        # infer them (and the verifier asserts on their absence).
+        r = nvvm.MmaOp(self._struct, self._shape, self._row, self._col, list(a), list(b), list(c),
+                       multiplicandAPtxType=self._ptx, multiplicandBPtxType=self._ptx).result
+        return [llvm.extractvalue(ir.F32Type.get(), r, [k]) for k in range(4)]
+
+
+def quad_reduce(x: ir.Value, combine) -> ir.Value:
+    """Combine x over the 4 lanes of a quad (lanes 4 gid .. 4 gid + 3), with xor shuffles."""
+    i32 = ir.IntegerType.get_signless(32)
+    for off in (1, 2):
+        y = gpu.shuffle(x, arith.constant(i32, off), arith.constant(i32, 32), gpu.ShuffleMode.XOR)[0]
+        x = combine(x, y)
+    return x
+
+
 def store_value(v: ir.Value, mem: ir.Value, index: Sequence[ir.Value]) -> None:
     """Store a computed value, rounded once to the memref's element type (booleans as
     bytes where the target keeps them so)."""
