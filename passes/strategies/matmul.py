@@ -562,7 +562,12 @@ class MatmulStrategy(Strategy):
         shrinks the tile until threads and shared memory fit the target). BLOCK_K is
         the largest of 32/16/8 whose two staged tiles fit the shared-memory budget."""
         _, gm = _analyze(kernel)
-        big = target.name == "cuda" and gm.m >= 128 and gm.n >= 128
+        mma = self._mma_plan(gm, target)
+        if mma is not None:
+            return mma
+        # 128x128 tiles only when they still give about one wave of workgroups (132 SMs
+        # on an H200): a small problem keeps more, smaller workgroups busy.
+        big = target.name == "cuda" and -(-gm.m // 128) * -(-gm.n // 128) * math.prod(gm.batch) >= 128
         bm, bn, tm, tn = (128, 128, 8, 8) if big else (64, 64, 4, 4)
         while (bm // tm) * (bn // tn) > target.max_threads:
             bm, bn = bm // 2, bn // 2
@@ -580,7 +585,107 @@ class MatmulStrategy(Strategy):
             raise NotApplicable(f"grid {grid} exceeds the y/z limit")
         return {"block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm, "thread_n": tn, "threads": threads,
                 "grid": grid, "shared_bytes": self._shared(bm, bn, bk), "m": gm.m, "n": gm.n, "k": gm.k,
-                "batch": list(gm.batch)}
+                "batch": list(gm.batch), "mma": False}
+
+    def _mma_plan(self, gm: "_Gemm", target: TargetInfo) -> dict | None:
+        """Tensor cores (CUDA, f16/bf16 operands): 128x128 tiles of 8 warps (2 x 4, each
+        64 x 32: 4 x 4 mma tiles, 64 accumulators a thread) when they give about a wave
+        of workgroups, else 64x64 of 4 warps (2 x 2, each 32 x 32). BLOCK_K 32: two mma k
+        steps per staged tile; A and B tiles in the input type, B n-major so that both
+        operands' fragments are pairs of consecutive elements, rows padded by 8."""
+        elem = spec_of(gm.mm.operands[0].type).elem
+        if target.name != "cuda" or elem not in ("f16", "bf16"):
+            return None
+        batch = math.prod(gm.batch)
+        big = -(-gm.m // 128) * -(-gm.n // 128) * batch >= 128
+        warps_m, warps_n, tiles_m, tiles_n = (2, 4, 4, 4) if big else (2, 2, 2, 4)
+        bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 32
+        threads = 32 * warps_m * warps_n
+        shared = 2 * (bm + bn) * (bk + 8)
+        if threads > target.max_threads or shared > target.max_shared_bytes:
+            return None
+        grid = [-(-gm.n // bn), -(-gm.m // bm), batch]
+        if grid[2] > 65535 or grid[1] > 65535:
+            return None
+        return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
+                "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": threads, "grid": grid,
+                "shared_bytes": shared, "m": gm.m, "n": gm.n, "k": gm.k, "batch": list(gm.batch), "mma": True}
+
+    def _emit_mma(self, view: KernelView, gm: "_Gemm", kernel: ir.Operation, plan: dict,
+                  gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
+        """The tensor-core GEMM: per K step the workgroup stages A (m-major) and B
+        (n-major) tiles between two barriers; each warp loads its A and B fragments
+        from them and issues tiles_m x tiles_n mma.sync per 16 of K into f32
+        accumulators, which the epilogue finishes in the accumulator layout."""
+        bm, bn, bk, threads = plan["block_m"], plan["block_n"], plan["block_k"], plan["threads"]
+        wn, tms, tns = plan["warps_n"], plan["mma_tiles_m"], plan["mma_tiles_n"]
+        M, N, K = gm.m, gm.n, gm.k
+        tc = MmaSync(spec_of(gm.mm.operands[0].type).elem)
+        with kernel.location:
+            g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
+                        [workgroup_memref([bm, bk + 8], tc.type), workgroup_memref([bn, bk + 8], tc.type)],
+                        (threads, 1, 1))
+            As, Bs = g.shared
+            n_in = len(view.args)
+            pw = Pointwise(g, view, g.args[:n_in])
+            a_val, b_val = gm.mm.operands
+            with ir.InsertionPoint(g.entry):
+                tid = g.tid()
+                col_tile, row_tile = g.bid("x"), g.bid("y")
+                batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []
+                m0, n0 = g.mul(row_tile, bm), g.mul(col_tile, bn)
+                warp, lane = g.div(tid, 32), g.rem(tid, 32)
+                wm0 = g.mul(g.div(warp, wn), 16 * tms)  # the warp's first row and column in the tile
+                wn0 = g.mul(g.rem(warp, wn), 8 * tns)
+                gid, tig2 = g.div(lane, 4), g.mul(g.rem(lane, 4), 2)
+                a_rows = [arith.addi(wm0, g.add(gid, 16 * i)) for i in range(tms)]
+                b_cols = [arith.addi(wn0, g.add(gid, 8 * j)) for j in range(tns)]
+                a_lead = pw.operand_index(spec_of(a_val.type).shape[:-2], batch_idx, len(gm.batch))
+                b_lead = pw.operand_index(spec_of(b_val.type).shape[:-2], batch_idx, len(gm.batch))
+                zero = g.fconst(0.0)
+
+                def k_step(k0, acc):
+                    gpu.barrier()
+                    stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
+                               lambda r, c: pw.eval(a_val, a_lead + [r, c]))
+                    stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
+                               lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=True)
+                    gpu.barrier()
+                    acc = list(acc)
+                    for t in range(bk // 16):
+                        lo, hi = g.add(tig2, 16 * t), g.add(tig2, 16 * t + 8)
+                        a = [[tc.load_pair(As, [r, lo]), tc.load_pair(As, [g.add(r, 8), lo]),
+                              tc.load_pair(As, [r, hi]), tc.load_pair(As, [g.add(r, 8), hi])] for r in a_rows]
+                        b = [[tc.load_pair(Bs, [c, lo]), tc.load_pair(Bs, [c, hi])] for c in b_cols]
+                        for i in range(tms):
+                            for j in range(tns):
+                                q = 4 * (i * tns + j)
+                                acc[q:q + 4] = tc(a[i], b[j], acc[q:q + 4])
+                    return acc
+
+                acc = g.loop(0, K, bk, [zero] * (4 * tms * tns), k_step)
+                outs = g.args[n_in:]
+                for i in range(tms):
+                    for h in range(2):
+                        gr = arith.addi(m0, g.add(arith.addi(wm0, gid), 16 * i + 8 * h))
+                        for j in range(tns):
+                            for e in range(2):
+                                gc = arith.addi(n0, g.add(arith.addi(wn0, tig2), 8 * j + e))
+                                conds = [c for c in (g.lt(gr, M) if M % bm else None,
+                                                     g.lt(gc, N) if N % bn else None) if c is not None]
+
+                                def store(v=acc[4 * (i * tns + j) + 2 * h + e], gr=gr, gc=gc):
+                                    pw.reset()
+                                    pw.bind(gm.mm.result, v)
+                                    idx = list(batch_idx) + [gr, gc]
+                                    for r, o in zip(view.results, outs):
+                                        store_value(pw.eval(r, idx), o, idx)
+
+                                g.when(g.all_of(conds), store)
+            g.finish()
+        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
+                             {"strategy": "matmul", "tensor_cores": "mma.sync.m16n8k16",
+                              "workgroup_bytes": plan["shared_bytes"], "tile": [bm, bn, bk]})
 
     @staticmethod
     def _shared(bm: int, bn: int, bk: int) -> int:
@@ -588,6 +693,10 @@ class MatmulStrategy(Strategy):
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         view, gm = _analyze(kernel)
+        if plan.get("mma"):
+            if target.name != "cuda":
+                raise NotApplicable("the tensor-core matmul plan is for CUDA")
+            return self._emit_mma(view, gm, kernel, plan, gpu_module, target)
         bm, bn, bk = plan["block_m"], plan["block_n"], plan["block_k"]
         tm, tn, threads = plan["thread_m"], plan["thread_n"], plan["threads"]
         M, N, K = gm.m, gm.n, gm.k

@@ -133,14 +133,14 @@ func.func @attn(%q: tensor<2x8x257x64xf16>, %k: tensor<2x8x257x64xf16>, %v: tens
 // barriers, and computes bias + GELU on the f32 accumulators before the guarded stores.
 // CHECK-LABEL: func.func private @mlp_k0_matmul
 // CHECK: gpu.func @mlp_k0_matmul(%arg0: memref<257x65xf32>, %arg1: memref<129x65xf32>, %arg2: memref<129xf32>, %arg3: memref<257x129xf32>)
-// CUDA-SAME: workgroup(%[[A:.*]] : memref<32x129xf32, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<32x128xf32, #gpu.address_space<workgroup>>)
+// CUDA-SAME: workgroup(%[[A:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<32x64xf32, #gpu.address_space<workgroup>>)
 // SPIRV-SAME: workgroup(%[[A:.*]] : memref<16x65xf32, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<16x64xf32, #gpu.address_space<workgroup>>)
-// CUDA-SAME: kf.grid = array<i64: 2, 3, 1>
-// SPIRV-SAME: kf.grid = array<i64: 3, 5, 1>
+// CHECK-SAME: kf.grid = array<i64: 3, 5, 1>
 // CHECK-SAME: kf.strategy = "matmul"
 // CHECK-SAME: known_block_size = array<i32: 256, 1, 1>
-// 8x8 accumulators per thread on CUDA (128x128 tiles), 4x4 on SPIR-V (64x64):
-// CUDA: scf.for {{.*}} = %c0 to %c65 step %c32 iter_args({{.*}}) -> ({{(f32, ){63}f32}})
+// 64x64 tiles, 4x4 accumulators per thread (15 workgroups: too few for 128x128 tiles);
+// BLOCK_K is 32 within CUDA's 48 KiB, 16 within Vulkan's guaranteed 16 KiB:
+// CUDA: scf.for {{.*}} = %c0 to %c65 step %c32 iter_args({{.*}}) -> ({{(f32, ){15}f32}})
 // SPIRV: scf.for {{.*}} = %c0 to %c65 step %c16 iter_args({{.*}}) -> ({{(f32, ){15}f32}})
 // CHECK-NEXT: gpu.barrier
 // w^T is read along k, its contiguous dimension:
@@ -168,4 +168,42 @@ func.func private @mlp_k0_matmul(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>,
 func.func @mlp(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>, %b: tensor<129xf32>) -> tensor<257x129xf32> {
   %0 = call @mlp_k0_matmul(%x, %w, %b) : (tensor<257x65xf32>, tensor<129x65xf32>, tensor<129xf32>) -> tensor<257x129xf32>
   return %0 : tensor<257x129xf32>
+}
+
+// -----
+
+// The same layer in f16 on CUDA takes the tensor cores: A and B tiles in f16 (B
+// n-major), mma.sync m16n8k16 from fragments of both, bias and GELU on the f32
+// accumulators; SPIR-V keeps the SIMT GEMM.
+// CHECK-LABEL: func.func private @mlp16_k0_matmul
+// CUDA: gpu.func @mlp16_k0_matmul
+// CUDA-SAME: workgroup(%[[A:.*]] : memref<64x40xf16, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<64x40xf16, #gpu.address_space<workgroup>>)
+// CUDA-SAME: known_block_size = array<i32: 128, 1, 1>
+// CUDA: scf.for {{.*}} = %c0 to %c65 step %c32 iter_args({{.*}}) -> ({{(f32, ){31}f32}})
+// CUDA: gpu.barrier
+// CUDA: memref.store {{.*}}, %[[A]]
+// CUDA: memref.store {{.*}}, %[[B]]
+// CUDA: gpu.barrier
+// CUDA: vector.load %[[A]]
+// CUDA: vector.load %[[B]]
+// CUDA: nvvm.mma.sync
+// CUDA: scf.yield
+// CUDA: math.erf
+// CUDA: arith.truncf {{.*}} : f32 to f16
+// SPIRV: gpu.func @mlp16_k0_matmul
+// SPIRV-SAME: workgroup(%{{.*}} : memref<16x65xf32, #gpu.address_space<workgroup>>, %{{.*}} : memref<16x64xf32, #gpu.address_space<workgroup>>)
+// SPIRV-NOT: nvvm
+// SPV: gpu.binary @kf_kernels
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
+func.func private @mlp16_k0_matmul(%x: tensor<257x65xf16>, %w: tensor<129x65xf16>, %b: tensor<129xf16>) -> tensor<257x129xf16> attributes {kf.kernel = "matmul", kf.fused_lines = ["mlp.py:2", "mlp.py:3"]} {
+  %wt = "kf.transpose"(%w) {perm = array<i64: 1, 0>} : (tensor<129x65xf16>) -> tensor<65x129xf16>
+  %y = "kf.matmul"(%x, %wt) : (tensor<257x65xf16>, tensor<65x129xf16>) -> tensor<257x129xf16>
+  %z = "kf.add"(%y, %b) : (tensor<257x129xf16>, tensor<129xf16>) -> tensor<257x129xf16>
+  %g = "kf.gelu"(%z) {approximate = "none"} : (tensor<257x129xf16>) -> tensor<257x129xf16>
+  return %g : tensor<257x129xf16>
+}
+func.func @mlp16(%x: tensor<257x65xf16>, %w: tensor<129x65xf16>, %b: tensor<129xf16>) -> tensor<257x129xf16> {
+  %0 = call @mlp16_k0_matmul(%x, %w, %b) : (tensor<257x65xf16>, tensor<129x65xf16>, tensor<129xf16>) -> tensor<257x129xf16>
+  return %0 : tensor<257x129xf16>
 }

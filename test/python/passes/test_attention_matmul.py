@@ -332,6 +332,9 @@ def test_matmul_plan(target):
     assert json.loads(json.dumps(plan)) == plan
     assert plan["shared_bytes"] <= target.max_shared_bytes and plan["threads"] <= target.max_threads
     assert plan["grid"] == [math.ceil(129 / plan["block_n"]), math.ceil(257 / plan["block_m"]), 1]
+    assert plan["mma"] is (target is CUDA)  # f16 operands: tensor cores on CUDA only
+    if plan["mma"]:  # a small problem: 64x64 tiles of 4 warps
+        assert (plan["block_m"], plan["block_n"], plan["threads"]) == (64, 64, 128)
 
 
 def test_matmul_not_applicable():
@@ -346,13 +349,18 @@ def test_matmul_not_applicable():
 @needs_ptxas
 @pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
 def test_matmul_ptxas(elem):
-    built = matmul_bias_gelu(1024, 512, 768, elem)
+    """f32: the SIMT GEMM (FFMA); f16/bf16: the mma.sync m16n8k16 GEMM."""
+    built = matmul_bias_gelu(2048, 512, 1024, elem)
     plan, _ = built.emit(CUDA)
-    assert (plan["block_m"], plan["block_n"]) == (128, 128)
+    assert (plan["block_m"], plan["block_n"], plan["mma"]) == (128, 128, elem != "f32")
     ptx, r = cuda_report(built)
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
     assert r["shared_bytes"] == plan["shared_bytes"], r
-    assert "bar.sync" in ptx and "fma.rn.f32" in ptx
+    assert "bar.sync" in ptx
+    if elem == "f32":
+        assert "fma.rn.f32" in ptx and "mma.sync" not in ptx
+    else:
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{elem}.{elem}.f32" in ptx
 
 
 # ---- from the seed through kf-fuse and kf-map-to-gpu -------------------------------------
@@ -440,7 +448,7 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape):
 
 @needs_cuda
 @pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("m,k,n", [(257, 65, 129), (1024, 512, 768)])
+@pytest.mark.parametrize("m,k,n", [(257, 65, 129), (2048, 512, 1024)])
 def test_matmul_bias_gelu_cuda(elem, m, k, n):
     built = matmul_bias_gelu(m, k, n, elem)
     plan, emitted = built.emit(CUDA)
@@ -453,7 +461,7 @@ def test_matmul_bias_gelu_cuda(elem, m, k, n):
 
 
 @needs_cuda
-@pytest.mark.parametrize("elem,transpose_b", [("f32", False), ("f16", True)])
+@pytest.mark.parametrize("elem,transpose_b", [("f32", False), ("f16", True), ("bf16", False)])
 def test_matmul_batched_broadcast_cuda(elem, transpose_b):
     built, (m, k, n, bshape) = matmul_batched(elem, transpose_b)
     plan, emitted = built.emit(CUDA)
