@@ -115,12 +115,14 @@ def compute_type(elem: str) -> ir.Type:
 
 def widen(v: ir.Value) -> ir.Value:
     """A scalar in its storage type extended to its compute type."""
+    if str(v.type) in FP8:
+        return fp8_to_f32(v)
     return sm.convert(v, compute_type(str(v.type)))
 
 
 def round_to(v: ir.Value, elem: str) -> ir.Value:
     """A compute value rounded (converted by torch's rules) to elem, back in elem's compute type."""
-    return sm.convert(sm.convert(v, storage_type(elem)), compute_type(elem))
+    return widen(to_storage(v, storage_type(elem)))
 
 
 def load(mem: ir.Value, idx: Sequence[Ix], kb: "IndexBuilder") -> ir.Value:
@@ -140,7 +142,83 @@ def to_storage(v: ir.Value, elem: ir.Type) -> ir.Value:
     """A compute value as the memref element type elem (rounded; booleans as bytes 0/1)."""
     if _is_byte_bool(elem):
         return arith.extui(elem, sm.convert(v, ir.IntegerType.get_signless(1)))
+    if str(elem) in FP8:
+        return f32_to_fp8(sm.convert(v, ir.F32Type.get()), str(elem))
     return sm.convert(v, elem)
+
+
+# --------------------------------------------------------------------------- fp8
+#
+# Neither back end lowers arith.extf/truncf on fp8 (LLVM 22's NVVM path leaves them for
+# the LLVM translation, which refuses; kf-to-spirv stores no fp8), but both lower
+# arith.bitcast f8 <-> i8, so kf converts in integer arithmetic. The encoders are
+# c10's (Float8_e4m3fn.h, Float8_e5m2.h) step for step, so kf rounds exactly as
+# torch's .to(float8): nearest-even, subnormals through one f32 addition, e4m3fn
+# overflow (|x| >= 480) and NaN to NaN, e5m2 overflow to inf.
+
+FP8 = ("f8E4M3FN", "f8E5M2")
+
+# format -> (first overflowing |bits|, denormal magic, smallest normal |bits|, mantissa shift,
+#            exponent rebias + rounding half-ulp - 1)
+_FP8_ENCODE = {
+    "f8E4M3FN": (1087 << 20, 141 << 23, 121 << 23, 20, ((7 - 127) << 23) + 0x7FFFF),
+    "f8E5M2": (143 << 23, 134 << 23, 113 << 23, 21, ((15 - 127) << 23) + 0xFFFFF),
+}
+
+
+def _i32(value: int) -> ir.Value:
+    i32 = ir.IntegerType.get_signless(32)
+    value &= 0xFFFFFFFF
+    return arith.constant(i32, value - (1 << 32) if value >= 1 << 31 else value)
+
+
+def _f32_bits(value: int) -> ir.Value:
+    return arith.bitcast(ir.F32Type.get(), _i32(value))
+
+
+def f32_to_fp8(f: ir.Value, fmt: str) -> ir.Value:
+    """f32 -> f8E4M3FN / f8E5M2, rounding as torch does."""
+    max_bits, denorm, min_normal, shift, rebias = _FP8_ENCODE[fmt]
+    u = arith.CmpIPredicate
+    i32, i8 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(8)
+    bits = arith.bitcast(i32, f)
+    sign = arith.andi(bits, _i32(0x80000000))
+    mag = arith.xori(bits, sign)
+    # Below the smallest normal: adding 2^k aligns the mantissa so the FPU rounds it.
+    aligned = arith.bitcast(i32, arith.addf(arith.bitcast(ir.F32Type.get(), mag), _f32_bits(denorm)))
+    subnormal = arith.subi(aligned, _i32(denorm))
+    odd = arith.andi(arith.shrui(mag, _i32(shift)), _i32(1))
+    normal = arith.shrui(arith.addi(arith.addi(mag, _i32(rebias)), odd), _i32(shift))
+    r = arith.select(arith.cmpi(u.ult, mag, _i32(min_normal)), subnormal, normal)
+    if fmt == "f8E4M3FN":
+        overflow = _i32(0x7F)
+    else:
+        overflow = arith.select(arith.cmpi(u.ugt, mag, _i32(0x7F800000)), _i32(0x7F), _i32(0x7C))
+    r = arith.select(arith.cmpi(u.uge, mag, _i32(max_bits)), overflow, r)
+    r = arith.ori(r, arith.shrui(sign, _i32(24)))
+    return arith.bitcast(ir.Type.parse(fmt), arith.trunci(i8, r))
+
+
+def fp8_to_f32(v: ir.Value) -> ir.Value:
+    """f8E4M3FN / f8E5M2 -> f32, exactly."""
+    i8, i16, i32 = (ir.IntegerType.get_signless(w) for w in (8, 16, 32))
+    f32 = ir.F32Type.get()
+    byte = arith.bitcast(i8, v)
+    if str(v.type) == "f8E5M2":  # the top byte of an f16
+        half = arith.bitcast(ir.F16Type.get(), arith.shli(arith.extui(i16, byte), arith.constant(i16, 8)))
+        return arith.extf(f32, half)
+    w = arith.extui(i32, byte)
+    e = arith.andi(arith.shrui(w, _i32(3)), _i32(15))
+    m = arith.andi(w, _i32(7))
+    normal = arith.bitcast(f32, arith.ori(arith.shli(arith.addi(e, _i32(120)), _i32(23)),
+                                          arith.shli(m, _i32(20))))
+    subnormal = arith.mulf(arith.uitofp(f32, m), arith.constant(f32, 2.0 ** -9))
+    eq = arith.CmpIPredicate.eq
+    value = arith.select(arith.cmpi(eq, e, _i32(0)), subnormal, normal)
+    nan = arith.andi(arith.cmpi(eq, e, _i32(15)), arith.cmpi(eq, m, _i32(7)))
+    value = arith.select(nan, arith.constant(f32, math.nan), value)
+    sign = arith.shli(arith.andi(w, _i32(0x80)), _i32(24))
+    return arith.bitcast(f32, arith.ori(arith.bitcast(i32, value), sign))
 
 
 def min_value(t: ir.Type) -> float:

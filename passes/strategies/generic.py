@@ -27,12 +27,20 @@ Values of one tensor at one index are computed once per region (a cache scoped t
 ``scf.for``/``scf.if`` bodies they dominate), so a value used twice, like ``x`` in
 ``x * sigmoid(x)``, is loaded once.
 
+Precision: values flow between ops in their compute type (f32 for f16, bf16 and fp8) and
+are rounded once, when stored; only kf.cast rounds on the way (it is a rounding by
+definition). Reductions and matmul accumulate in the compute type of their result.
+
 What this asks of kf-fuse: nothing for correctness (any DAG, several results of any
 shapes: the thread count is the largest output's size and each output is guarded by its
-own). Cost grows with the nesting of reduction-like ops: softmax over a row of n is
-O(n) per element, a matmul feeding a matmul O(K1·K2) per element. So kf-fuse should give
-a generic kernel at most one reduction-like op (reduction, softmax, matmul, topk,
-index_add, scatter_add), with any elementwise and layout ops around it.
+own). Cost is per output element and grows with the nesting of reduction-like ops:
+a reduction or matmul costs its extent, softmax three passes over its row (O(n²) per
+row: the rowwise strategy is the fast path), topk O(k·n), index_add and scatter_add the
+length of their index, and a reduction feeding a reduction the product of both. So
+kf-fuse should give a generic kernel at most one reduction-like op (reduction, softmax,
+matmul, topk, index_add, scatter_add), with any elementwise and layout ops around it.
+Indices are MLIR ``index`` values: 64-bit on CUDA, 32-bit on SPIR-V (tensors below 2^31
+elements there).
 """
 
 from __future__ import annotations

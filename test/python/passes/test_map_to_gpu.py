@@ -35,7 +35,8 @@ from kf.runtime.abi import KernelABI
 needs_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas not installed")
 
 ELEM = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-        torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
+        torch.int64: "i64", torch.int32: "i32", torch.bool: "i1", torch.float8_e4m3fn: "f8E4M3FN",
+        torch.float8_e5m2: "f8E5M2"}
 TORCH = {v: k for k, v in ELEM.items()}
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 LOW = [torch.float16, torch.bfloat16]
@@ -594,6 +595,55 @@ def test_elementwise_several_results_and_masks(run):
     check(got[2], x + y)
 
 
+# ----------------------------------------------------------------------------- fp8 (CUDA only)
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def check_fp8(got, want):
+    """Bit for bit, except that any NaN matches any NaN."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g, w = got.view(torch.uint8), want.view(torch.uint8)
+    nan = got.float().isnan() & want.float().isnan()
+    bad = (g != w) & ~nan
+    assert not bad.any(), (got.float()[bad][:8], want.float()[bad][:8], g[bad][:8], w[bad][:8])
+
+
+def _skip_spirv(run):
+    if run is run_vulkan:
+        pytest.skip("kf-to-spirv stores no fp8 (no Vulkan storage type for it)")
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_fp8_rounds_like_torch(run, dtype):
+    _skip_spirv(run)
+    fmax = torch.finfo(dtype).max
+    tiny = torch.finfo(dtype).tiny
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, fmax, fmax * 1.03, fmax * 1.07, fmax * 2, 1e30,
+                             tiny, tiny / 3, tiny / 8, tiny / 16, -tiny / 7, 1.0625, 1.1875, 3.0e-3, 1e-9])
+    a = torch.cat([torch.randn(1000) * 4, torch.randn(500) * tiny * 4, specials, -specials])
+    (got,) = run(lambda x: kb.cast(x, ELEM[dtype]), a)
+    check_fp8(got, a.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_fp8_every_value_widens_exactly(run, dtype):
+    _skip_spirv(run)
+    a = torch.arange(256, dtype=torch.uint8).view(dtype).reshape(16, 16)
+    got = run(lambda x: (kb.cast(x, "f32"), kb.cast(x, "f16")), a)
+    torch.testing.assert_close(got[0], a.float(), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got[1], a.half(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["elementwise", "generic"])
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_fp8_chain_computes_in_f32(run, dtype, kind):
+    _skip_spirv(run)
+    x, b = (torch.randn(7, 64) * 3).to(dtype), torch.randn(64).to(dtype)
+    (got,) = run(lambda u, v: kb.mul(kb.add(u, v), kb.sigmoid(u)), x, b, kind=kind)
+    check_fp8(got, ((x.float() + b.float()) * torch.sigmoid(x.float())).to(dtype))
+
+
 # ----------------------------------------------------------------------------- CUDA (ptxas, no GPU)
 
 PTX_CASES = {
@@ -616,6 +666,8 @@ PTX_CASES = {
     "mask_constant": (lambda x: kb.masked_fill(x, kb.constant(ir.DenseElementsAttr.get(
         np.array([True, False, True]))), value=0.0), [((4, 3), "f32")], "generic"),
     "grid_stride": (lambda x: kb.exp(x), [((8192, 4096), "f32")], "generic"),
+    "fp8": (lambda x, y: kb.cast(kb.add(kb.cast(x, "f32"), y), "f8E5M2"), [((4, 64), "f8E4M3FN"), ((64,), "f32")],
+            "elementwise"),
 }
 
 
