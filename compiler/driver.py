@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import cache
-from .errors import TargetError
+from .errors import CompileError, SourceLoc, TargetError
 from .options import Options
 from .results import unflatten
 from .signature import Signature
@@ -37,6 +37,10 @@ class InterpretedProgram:
         self._interp = Interpreter(cap.module, cap.name, cap.fallbacks)
 
     def __call__(self, tensors: list):
+        if _PROFILE is not None:
+            from .profiler import record_interpreted
+
+            return unflatten(self.captured.output_tree, record_interpreted(self, tensors))
         return unflatten(self.captured.output_tree, self._interp.run(*tensors))
 
 
@@ -50,7 +54,25 @@ class CompiledProgram:
         self.directory = directory
 
     def __call__(self, tensors: list):
+        if _PROFILE is not None or _torch_profiling():
+            # kf.profile is recording, or torch.profiler is: time the launch and name it.
+            from .profiler import launch
+
+            return unflatten(self._tree, launch(self, tensors))
         return unflatten(self._tree, list(self._launch(*tensors)))
+
+
+#: The recording kf.profile, or None. Read on every launch, so it is a module global
+#: (one dict lookup) rather than anything that imports the profiler.
+_PROFILE = None
+
+
+def _torch_profiling() -> bool:
+    global _torch_profiling
+    import torch
+
+    _torch_profiling = torch._C._autograd._profiler_enabled  # C++: a flag read, no Python frames
+    return _torch_profiling()
 
 
 def _load(entry: cache.Entry) -> CompiledProgram:
@@ -75,6 +97,12 @@ def _tuple_tree(tree):
 # ----------------------------------------------------------------------------- compile
 
 
+def _user_code(fn: Callable):
+    import inspect
+
+    return inspect.unwrap(fn).__code__
+
+
 def target_arch(options: Options) -> str:
     """The architecture a target compiles for: sm_XX of the current CUDA device."""
     if options.target != "cuda":
@@ -89,38 +117,76 @@ def target_arch(options: Options) -> str:
     return "sm_90"
 
 
+def debug() -> bool:
+    """KF_DEBUG=1 keeps kf's own frames in the traceback of a CompileError."""
+    return os.environ.get("KF_DEBUG", "") not in ("", "0")
+
+
+def _user_facing(e: CompileError) -> CompileError:
+    """The error without the compiler's frames below this one (Triton hides its own the
+    same way): the traceback ends in a few frames of kf's API above the user's call,
+    and the message, not a stack of passes, says what failed where."""
+    return e.with_traceback(None)
+
+
 def compile_function(fn: Callable, sig: Signature, tensors: list, options: Options):
     """A callable that takes the flat tensor arguments and returns the function's results."""
-    if options.interpret:
-        from .capture import capture_signature
+    try:
+        if options.interpret:
+            from .capture import capture_signature
 
-        return InterpretedProgram(capture_signature(fn, sig, tensors))
-    arch = target_arch(options)
-    key = cache.key(fn, sig, options, arch)
-    entry = cache.load(key)
-    if entry is None:
-        meta, artifacts = build(fn, sig, tensors, options, arch)
-        entry = cache.store(key, meta, artifacts)
+            return InterpretedProgram(capture_signature(fn, sig, tensors))
+        arch = target_arch(options)
+        key = cache.key(fn, sig, options, arch)
+        entry = cache.load(key)
+        if entry is None:
+            meta, artifacts = build(fn, sig, tensors, options, arch)
+            entry = cache.store(key, meta, artifacts)
+    except CompileError as e:
+        if debug():
+            raise
+        raise _user_facing(e) from None
     return _load(entry)
 
 
 def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: str,
           log=None) -> tuple[dict, dict[str, bytes]]:
     """Compile one specialization: (metadata, artifacts) for the cache."""
+    import time
+
     from .capture import capture_signature
     from .stages import StageLog, dump_dir_for, run_passes
 
+    start = time.perf_counter()
     cap = capture_signature(fn, sig, tensors)
     log = log or StageLog(cap.name, dump_dir_for(options.dump_ir))
+    log.seconds["capture"] = time.perf_counter() - start
+    code = _user_code(fn)
+    log.default_loc = SourceLoc(code.co_filename, code.co_firstlineno, 1, code.co_name)
     log.record("kf", cap.module)
-    run_passes(cap.module, ["kf-canonicalize"], log)
-    extra_meta: dict = {}
-    if options.target == "cpu":
-        abi, artifacts = _build_cpu(cap, log)
-    elif options.target in ("cuda", "vulkan", "metal"):
-        abi, artifacts, extra_meta = _build_gpu(cap, log, options.target, arch)
-    else:
-        raise TargetError(f"unknown target {options.target}")
+    try:
+        run_passes(cap.module, ["kf-canonicalize"], log)
+        extra_meta: dict = {}
+        if options.target == "cpu":
+            abi, artifacts = _build_cpu(cap, log)
+        elif options.target in ("cuda", "vulkan", "metal"):
+            abi, artifacts, extra_meta = _build_gpu(cap, log, options.target, arch)
+        else:
+            raise TargetError(f"unknown target {options.target}")
+    except CompileError:
+        raise
+    except Exception as e:
+        # A bug in kf, not in the user's code: still a CompileError at their function,
+        # with the IR it happened on saved for the report.
+        if debug():
+            raise
+        from .stages import save_reproducer
+
+        path = save_reproducer(log, cap.module.operation.get_asm(enable_debug_info=True))
+        raise CompileError(f"{cap.name}: internal compiler error", log.default_loc, stage="compile",
+                           cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                                 f" (KF_DEBUG=1 shows kf's traceback)",
+                           reproducer=path) from None
     meta = {
         "name": cap.name,
         "signature": sig.describe(),
@@ -158,12 +224,16 @@ def _build_gpu(cap, log, target: str, arch: str):
 
     gpu_codegen.reject_fallbacks(cap.module, cap.name, target)
     passes = gpu_passes(target, arch)
-    run_passes(cap.module, passes, log, record_after={passes[0]: "fused", passes[-1]: "gpu"})
+    record = {passes[0]: "fused", passes[-1]: "gpu"}
+    # Kernel bodies (for FLOPs) and plans are both there after kf-tile, and only then:
+    # kf-map-to-gpu leaves declarations.
+    planned = next((i + 1 for i, p in enumerate(passes) if p.startswith("kf-tile")), 1)
+    run_passes(cap.module, passes[:planned], log, record_after=record)
+    kernel_info = _kernel_info(cap.module)
+    run_passes(cap.module, passes[planned:], log, record_after=record)
     abi, constants, repeats = gpu_codegen.schedule_abi(cap.module, cap.name, cap.input_names, target)
-    if target == "cuda":
-        abi, artifacts = gpu_codegen.lower_cuda(cap.module, abi, arch, log)
-    else:
-        abi, artifacts = gpu_codegen.lower_spirv(cap.module, abi, log, metal=target == "metal")
+    abi = _with_kernel_info(abi, kernel_info)
+    abi, artifacts = _lower_target(cap, log, abi, target, arch)
     blob, table = b"", []
     for arg, data in constants:
         table.append({"offset": len(blob), "nbytes": len(data), "shape": list(arg.shape), "elem": arg.elem})
@@ -173,26 +243,87 @@ def _build_gpu(cap, log, target: str, arch: str):
     return abi, artifacts, {"constants": table, "repeats": repeats}
 
 
+def _kernel_info(module) -> dict[str, dict]:
+    """Per kernel function: its kf.plan and its FLOPs (costs.py), keyed by the name of
+    the gpu.func kf-map-to-gpu will give it (the kernel function's own name)."""
+    from mlir import ir
+
+    from kf.passes.tile import recorded_plan
+
+    from .costs import kernel_flops
+
+    out = {}
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and "kf.kernel" in op.attributes:
+            flops, mm = kernel_flops(op)
+            out[ir.StringAttr(op.attributes["sym_name"]).value] = {
+                "plan": recorded_plan(op) or {}, "flops": flops, "matmul_flops": mm}
+    return out
+
+
+def _with_kernel_info(abi, info: dict[str, dict]):
+    import dataclasses
+
+    kernels = tuple(dataclasses.replace(k, extra={**k.extra, **info.get(k.entry, {})}) for k in abi.kernels)
+    return dataclasses.replace(abi, kernels=kernels)
+
+
+def _lower_target(cap, log, abi, target: str, arch: str):
+    """The back end, timed as a stage, its failures raised at the user's line."""
+    import time
+
+    from . import gpu_codegen
+    from .stages import target_failure
+
+    if target == "cuda":
+        stage, text = "kf-to-cuda (ptxas)", f"kf-to-cuda{{chip={arch}}}"
+        run = lambda: gpu_codegen.lower_cuda(cap.module, abi, arch, log)  # noqa: E731
+    else:
+        stage = "kf-to-spirv" + (" + kf-to-metal (SPIRV-Cross)" if target == "metal" else " (spirv-val)")
+        text = "kf-to-spirv" + (", kf-to-metal" if target == "metal" else "")
+        run = lambda: gpu_codegen.lower_spirv(cap.module, abi, log, metal=target == "metal")  # noqa: E731
+    before = cap.module.operation.get_asm(enable_debug_info=True)
+    start = time.perf_counter()
+    try:
+        return run()
+    except Exception as e:
+        if debug():
+            raise
+        lines = {k.entry: k.fused_lines for k in abi.kernels}
+        raise target_failure(log, stage, text, before, e, lines) from None
+    finally:
+        log.seconds[stage] = time.perf_counter() - start
+
+
 def _build_cpu(cap, log):
     from kf.runtime.abi import ProgramABI, TensorArg
 
     from .cpu_codegen import _func, _signature, link_shared_object
     from .stages import run_passes
 
+    from .costs import kernel_flops
+
     entry = _func(cap.module, cap.name)
+    flops, mm = kernel_flops(entry)
     ins, outs = _signature(entry)
     ins = tuple(TensorArg(n, a.shape, a.elem) for n, a in zip(cap.input_names, ins))
     if "arg_attrs" in entry.attributes:  # parameter names are for people; the ABI has them
         del entry.attributes["arg_attrs"]
     run_passes(cap.module, ["kf-lower-to-linalg", "kf-to-cpu"], log,
                record_after={"kf-lower-to-linalg": "linalg", "kf-to-cpu": "llvm"})
+    import time
+
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kf-cpu-") as tmp:
         so = link_shared_object(cap.module, os.path.join(tmp, f"{cap.name}.so"))
         data = Path(so).read_bytes()
+    log.seconds["llvm codegen + link"] = time.perf_counter() - start
     from kf.runtime.abi import KernelABI
 
     kernel = KernelABI(entry=f"_mlir_ciface_{cap.name}", args=tuple(range(len(ins) + len(outs))),
-                       artifact=f"{cap.name}.so", fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})))
+                       artifact=f"{cap.name}.so", fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})),
+                       extra={"strategy": "cpu", "flops": flops, "matmul_flops": mm})
     return ProgramABI(target="cpu", inputs=ins, outputs=outs, kernels=(kernel,)), {f"{cap.name}.so": data}
 
 
@@ -205,11 +336,21 @@ def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Optio
     from .inspection import Inspection
     from .stages import StageLog, dump_dir_for
 
-    cap = capture_signature(fn, sig, tensors)
+    try:
+        cap = capture_signature(fn, sig, tensors)
+    except CompileError as e:
+        if debug():
+            raise
+        raise _user_facing(e) from None
 
     def compile_rest() -> dict:
         log = StageLog(cap.name, dump_dir_for(options.dump_ir))
-        build(fn, sig, tensors, options.with_(interpret=False), target_arch(options), log)
+        try:
+            build(fn, sig, tensors, options.with_(interpret=False), target_arch(options), log)
+        except CompileError as e:
+            if debug():
+                raise
+            raise _user_facing(e) from None
         return log.texts
 
     return Inspection(cap.name, sig.describe(), cap.kf_ir, cap, compile_rest)

@@ -30,6 +30,8 @@ class StageLog:
     dump_dir: str = ""
     texts: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: Where to point an error whose diagnostics name no user line: the function's def.
+    default_loc: SourceLoc | None = None
     _count: int = 0
 
     def record(self, stage: str, module: ir.Module) -> None:
@@ -87,10 +89,8 @@ def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_af
             # the pass's summary ("upstream pipeline failed").
             all_diags = diags + list(getattr(e, "error_diagnostics", []))
             messages = [str(d.message) for d in all_diags]
-            loc = _user_loc(all_diags)
-            fd, path = tempfile.mkstemp(prefix=f"kf-{log.name}-", suffix=".mlir")
-            with os.fdopen(fd, "w") as f:
-                f.write(before)
+            loc = _user_loc(all_diags) or log.default_loc
+            path = save_reproducer(log, before)
             cause = next((m for m in messages if m), str(e).splitlines()[0])
             raise PassFailedError(f"{log.name}: pass {element} failed", loc, stage=element,
                                   cause=cause.strip().splitlines()[0][:300], reproducer=path,
@@ -103,3 +103,58 @@ def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_af
         if element in record_after:
             log.texts[record_after[element]] = module.operation.get_asm(enable_debug_info=True,
                                                                          use_local_scope=True)
+
+
+def save_reproducer(log: StageLog, text: str, suffix: str = ".mlir") -> str:
+    """Write a failing stage's input where the user can attach it to a bug report."""
+    fd, path = tempfile.mkstemp(prefix=f"kf-{log.name}-", suffix=suffix)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def _one_line(text: str) -> str:
+    """The first line of a tool's output that says what went wrong (not a banner)."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    for ln in lines:
+        if re.search(r"error|fatal|invalid|failed|rejected|unsupported", ln, re.I):
+            return ln[:300]
+    return (lines[0] if lines else type(text).__name__)[:300]
+
+
+def target_failure(log: StageLog, stage: str, pipeline_text: str, before: str, exc: BaseException,
+                   kernel_lines: dict[str, tuple[str, ...]]):
+    """The CompileError for a back end (kf-to-cuda and ptxas, kf-to-spirv and spirv-val,
+    kf-to-metal and SPIRV-Cross) that rejected a module.
+
+    Back ends raise their own errors (CudaCompileError, or a PassError from SPIR-V
+    validation or cross-compilation) with the tool's whole output; the user gets one
+    line of it, the line of their code that the failing kernel fuses (or the function's
+    definition), the gpu-stage IR saved as the reproducer and the ``kf-opt`` command
+    that runs the failing back end on it. What the tool kept (a .ptx, a .spv) stays
+    named in the cause.
+    """
+    from .errors import CompileError, TargetError
+
+    text = str(getattr(exc, "cause", None) or exc) if isinstance(exc, CompileError) else str(exc)
+    cause = _one_line(text)
+    kept = re.search(r"(/\S+\.(?:ptx|spv))\b", str(exc))
+    if kept and kept.group(1) not in cause:
+        cause += f" (kept: {kept.group(1)})"
+    loc = None
+    for entry, lines in kernel_lines.items():
+        if entry in str(exc) and lines:
+            file, _, line = lines[0].rpartition(":")
+            loc = SourceLoc(file, int(line))
+            break
+    path = save_reproducer(log, before)
+    command = f"kf-opt {path} --pass-pipeline='builtin.module({pipeline_text})'"
+    if isinstance(exc, CompileError):
+        # Keep the back end's own class (CudaCompileError stays catchable as such).
+        err = exc
+        err.loc, err.cause, err.reproducer, err.command = loc or log.default_loc, cause, path, command
+        err.stage = stage
+        err.args = (err._render(),)
+        return err
+    return TargetError(f"{log.name}: {stage} rejected the kernels", loc or log.default_loc, stage=stage,
+                       cause=cause, reproducer=path, command=command)
