@@ -79,14 +79,25 @@ class CudaProgram(_Program):
                     modules[k.artifact] = cuda.CudaModule(f.read().decode())
             self.kernels.append((cuda.CudaKernel.from_abi(k, buffers, modules[k.artifact], validate=False), k.args))
 
-    def __call__(self, *inputs: torch.Tensor) -> tuple:
+    def __call__(self, *inputs: torch.Tensor, events: list | None = None) -> tuple:
+        """Launch the kernels; with ``events`` (the profiler's hook), each kernel is
+        bracketed by CUDA events on the current stream and ``(entry, start, end)`` is
+        appended: read ``start.elapsed_time(end)`` after synchronizing."""
         ins = self._check(inputs, "cuda")
         dev = ins[0].device if ins else torch.device("cuda")
         outs = [torch.empty(a.shape, dtype=_dtype(a.elem), device=dev) for a in self.abi.outputs]
         temps = [torch.empty(a.shape, dtype=_dtype(a.elem), device=dev) for a in self.abi.temporaries]
         bufs = ins + outs + temps
-        for kernel, args in self.kernels:
-            kernel(*[bufs[i] for i in args])
+        if events is None:
+            for kernel, args in self.kernels:
+                kernel(*[bufs[i] for i in args])
+        else:
+            for kernel, args in self.kernels:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                kernel(*[bufs[i] for i in args])
+                end.record()
+                events.append((kernel.entry, start, end))
         for j, alias in enumerate(self.abi.output_aliases):
             if alias >= 0:
                 outs[j] = ins[alias].reshape(self.abi.outputs[j].shape)
