@@ -1,4 +1,6 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-vectorize)' | FileCheck %s
+// A second run finds nothing left to do (vectorized loops and tails drop kf.row_loop):
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-vectorize, kf-vectorize)' | FileCheck %s
 // The PTX of the vectorized kernels has 128-bit global and shared accesses, and ptxas
 // assembles it without spills:
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-vectorize)' -o %t.mlir
