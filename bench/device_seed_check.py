@@ -29,32 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import kf  # noqa: E402
+from bench import median_ms, rel_err  # noqa: E402  (bench/bench.py: one timing method for both)
 from moe import moe_layer_fused  # noqa: E402
 from seed_examples import fused_attention, metal_layer_norm  # noqa: E402
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if torch.isnan(out).any():
-        return float("nan")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
 def cuda_time(fn, *args, reps: int = 50) -> float:
     """Median milliseconds of fn(*args) measured with CUDA events."""
-    for _ in range(5):
-        fn(*args)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(*args)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    return median_ms(fn, [args], reps=reps, warmup=5)
 
 
 def cases():
