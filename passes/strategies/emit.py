@@ -149,12 +149,13 @@ def to_storage(v: ir.Value, elem: ir.Type) -> ir.Value:
 
 # --------------------------------------------------------------------------- fp8
 #
-# Neither back end lowers arith.extf/truncf on fp8 (LLVM 22's NVVM path leaves them for
-# the LLVM translation, which refuses; kf-to-spirv stores no fp8), but both lower
-# arith.bitcast f8 <-> i8, so kf converts in integer arithmetic. The encoders are
-# c10's (Float8_e4m3fn.h, Float8_e5m2.h) step for step, so kf rounds exactly as
-# torch's .to(float8): nearest-even, subnormals through one f32 addition, e4m3fn
-# overflow (|x| >= 480) and NaN to NaN, e5m2 overflow to inf.
+# LLVM 22's NVVM path does not lower arith.extf/truncf on fp8 (they reach the LLVM
+# translation, which refuses), but it lowers arith.bitcast f8 <-> i8, so kf converts in
+# integer arithmetic (kf-to-spirv stores no fp8 at all). The encoders follow c10's
+# (Float8_e4m3fn.h, Float8_e5m2.h) step for step, and round as torch's
+# .to(float8) does (checked against torch 2.13 on 400k values): nearest-even,
+# subnormals through one f32 addition, NaN to NaN; e4m3fn saturates (|x| past 448,
+# inf included, is 448: it has no inf), e5m2 overflows to inf.
 
 FP8 = ("f8E4M3FN", "f8E5M2")
 
@@ -189,11 +190,12 @@ def f32_to_fp8(f: ir.Value, fmt: str) -> ir.Value:
     subnormal = arith.subi(aligned, _i32(denorm))
     odd = arith.andi(arith.shrui(mag, _i32(shift)), _i32(1))
     normal = arith.shrui(arith.addi(arith.addi(mag, _i32(rebias)), odd), _i32(shift))
-    r = arith.select(arith.cmpi(u.ult, mag, _i32(min_normal)), subnormal, normal)
     if fmt == "f8E4M3FN":
-        overflow = _i32(0x7F)
-    else:
-        overflow = arith.select(arith.cmpi(u.ugt, mag, _i32(0x7F800000)), _i32(0x7F), _i32(0x7C))
+        # torch saturates: what rounds past 448 is 448 (the code 0x7F is NaN).
+        normal = arith.minui(normal, _i32(0x7E))
+    r = arith.select(arith.cmpi(u.ult, mag, _i32(min_normal)), subnormal, normal)
+    largest = 0x7E if fmt == "f8E4M3FN" else 0x7C  # e4m3fn: 448 (saturated); e5m2: inf
+    overflow = arith.select(arith.cmpi(u.ugt, mag, _i32(0x7F800000)), _i32(0x7F), _i32(largest))
     r = arith.select(arith.cmpi(u.uge, mag, _i32(max_bits)), overflow, r)
     r = arith.ori(r, arith.shrui(sign, _i32(24)))
     return arith.bitcast(ir.Type.parse(fmt), arith.trunci(i8, r))
