@@ -1,0 +1,207 @@
+"""Backward functions for kf functions, derived from the captured forward and compiled by kf.
+
+For one specialization of a forward function ``f`` (its argument structure and tensor
+shapes), kf traces the *joint* function
+
+    backward(*inputs, *grad_outputs) = torch.autograd.grad(f(*inputs), float inputs, grad_outputs)
+
+with ``make_fx`` on fake tensors, decomposing ATen's backward ops (``_softmax_backward_data``,
+``native_layer_norm_backward``, ``gelu_backward``, ...) into the primitive ops kf
+compiles. The trace is an ATen graph of the forward followed by its backward; the forward
+part is recomputed from the saved inputs rather than saved, as flash attention recomputes
+its scores block by block, so a training step keeps only the inputs alive between forward
+and backward. The graph is written out as a small Python module (under the cache folder,
+so the cache key, the error locations and ``kf.inspect`` work on it as on any user
+function) and compiled with ``kf.jit`` for the forward's own target.
+
+Each ATen op of the joint graph remembers the user's line it comes from (forward ops by
+their Python stack, backward ops by the forward op whose autograd node ran them, found
+with anomaly mode's creation tracebacks), so when kf cannot compile the backward the error
+names the op and the line of the forward that needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .errors import CompileError, SourceLoc
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _decompositions() -> dict:
+    """Core ATen decompositions: every backward op becomes mul/sum/where/... that kf has."""
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    # kf compiles these forward ops as they are (one fused kernel each); decomposing them
+    # would only hide the pattern from kf's recognizers.
+    for op in (torch.ops.aten.gelu.default, torch.ops.aten._softmax.default,
+               torch.ops.aten._log_softmax.default, torch.ops.aten.var.correction):
+        table.pop(op, None)
+    return table
+
+
+@dataclass
+class Backward:
+    """The compiled backward of one forward specialization.
+
+    ``fn`` takes the forward's flat tensor inputs, then one gradient per floating-point
+    output, and returns one gradient per floating-point input (``diff`` says which).
+    """
+
+    fn: Any  # a KfFunction
+    diff: tuple[bool, ...]
+    float_outputs: tuple[bool, ...]
+    source: str
+    line_locs: dict[int, SourceLoc]
+
+    def __call__(self, tensors: list[torch.Tensor], grads: list) -> list:
+        try:
+            flat = self.fn(*tensors, *grads)
+        except CompileError as e:
+            raise _at_user_line(e, self) from None
+        flat = list(flat) if isinstance(flat, (tuple, list)) else [flat]
+        out, it = [], iter(flat)
+        for d in self.diff:
+            out.append(next(it) if d else None)
+        return out
+
+
+def _at_user_line(e: CompileError, bwd: Backward) -> CompileError:
+    """The same error, pointing at the forward line whose backward needs the failing op."""
+    loc = bwd.line_locs.get(e.loc.line) if e.loc is not None and e.loc.file == bwd.source else None
+    where = f"generated backward {bwd.source}:{e.loc.line}" if e.loc is not None else f"generated backward {bwd.source}"
+    cause = f"{e.cause}; {where}" if e.cause else where
+    new = type(e).__new__(type(e))
+    CompileError.__init__(new, f"the backward of {bwd.fn.fn.__name__.removesuffix('_backward')}: {e.message}",
+                          loc or e.loc, stage=e.stage, cause=cause, reproducer=e.reproducer, command=e.command)
+    return new
+
+
+class _Locate(torch.utils._python_dispatch.TorchDispatchMode):
+    """Puts the Python stack that produced each ATen op into the node make_fx records.
+
+    Backward ops run inside autograd's engine, where the Python stack says nothing about
+    the user: their stack is the creation traceback of the autograd node running them
+    (recorded by anomaly mode in the forward)."""
+
+    def __torch_dispatch__(self, func, types, args, kwargs=None):
+        import torch.fx.traceback as fx_traceback
+
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            stack = "".join(node.metadata.get("traceback_", ()))
+        else:
+            stack = "".join(traceback.format_stack(limit=40))
+        fx_traceback.current_meta["stack_trace"] = stack
+        return func(*args, **(kwargs or {}))
+
+
+def _user_loc(stack: str, user_file: str) -> SourceLoc | None:
+    found = None
+    for file, line, name in _FRAME.findall(stack or ""):
+        if file == user_file:
+            found = SourceLoc(file, int(line), 1, name)
+    return found
+
+
+def _example(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of t's metadata (t may be fake, functional or symbolic)."""
+    shape = [int(s) if isinstance(s, int) else int(s.node.hint) for s in t.shape]
+    return torch.empty(shape, dtype=t.dtype, device=t.device)
+
+
+def derive(kfn, structure: str, tensors: list[torch.Tensor], outputs_meta: list[tuple]) -> Backward:
+    """Trace and wrap the backward of ``kfn`` for this structure and these input shapes.
+
+    ``outputs_meta`` is one (shape, dtype) per flat output of the forward."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import torch.fx.traceback as fx_traceback
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from . import torch_ops
+    from .api import KfFunction
+
+    user = kfn.fn
+    name = torch_ops.op_name_base(user)
+    diff = tuple(t.is_floating_point() for t in tensors)
+    float_outs = tuple(dtype.is_floating_point for _, dtype in outputs_meta)
+
+    def joint(*flat):
+        ins = list(flat[:len(tensors)])
+        tangents = list(flat[len(tensors):])
+        prim = [x.detach().requires_grad_() if d else x for x, d in zip(ins, diff)]
+        with torch.enable_grad(), _Locate():
+            outs = torch_ops.flatten_results(user(**torch_ops.rebuild(kfn, structure, prim)))
+            pairs = [(o, g) for o, g, f in zip(outs, tangents_iter(tangents), float_outs) if f]
+            wrt = [p for p, d in zip(prim, diff) if d]
+            grads = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+        return tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt))
+
+    def tangents_iter(tangents):
+        it = iter(tangents)
+        return [next(it) if f else None for f in float_outs]
+
+    with _disable_current_modes(), warnings.catch_warnings(), fx_traceback.preserve_node_meta():
+        # anomaly mode only for its creation tracebacks (the user's lines); it warns that it is slow
+        warnings.simplefilter("ignore", UserWarning)
+        anomaly = torch.autograd.detect_anomaly(check_nan=False)
+        anomaly.__enter__()
+        examples = [_example(t) for t in tensors]
+        tangents = [torch.empty(tuple(int(s) for s in shape), dtype=dtype, device=examples[0].device if examples
+                                else "cpu") for (shape, dtype), f in zip(outputs_meta, float_outs) if f]
+        try:
+            gm = make_fx(joint, decomposition_table=_decompositions(), tracing_mode="fake")(*examples, *tangents)
+        finally:
+            anomaly.__exit__(None, None, None)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return _materialize(kfn, name, gm, diff, float_outs, user)
+
+
+def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, float_outs, user) -> Backward:
+    """Write the backward graph as a Python function in a file and make it a KfFunction."""
+    from .api import KfFunction
+    from .cache import cache_dir
+
+    code = gm.graph.python_code(root_module="self")
+    src = code.src
+    fname = f"{name}_backward"
+    src = re.sub(r"def forward\(self,?\s*", f"def {fname}(", src, count=1)
+    header = (f"# The backward of {user.__name__} ({user.__code__.co_filename}:{user.__code__.co_firstlineno}),\n"
+              f"# traced by kf.autograd from the forward. Generated: edits are overwritten.\n"
+              f"import torch\n")
+    text = header + src
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder = cache_dir() / "backward"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{fname}_{digest}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    glb = dict(code.globals)
+    glb.update({"torch": torch, "self": gm, "__name__": f"kf_backward_{name}"})
+    exec(compile(text, str(path), "exec"), glb)
+    fn = glb[fname]
+
+    nodes = {n.name: n for n in gm.graph.nodes}
+    line_locs: dict[int, SourceLoc] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"\s+(\w+) = ", line)
+        node = nodes.get(m.group(1)) if m else None
+        if node is not None:
+            loc = _user_loc(node.meta.get("stack_trace", ""), user.__code__.co_filename)
+            if loc is not None:
+                line_locs[lineno] = loc
+    return Backward(KfFunction(fn, kfn.options), diff, float_outs, str(path), line_locs)
