@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import torch_ops
 from .errors import TargetError
 from .options import Options
 from .signature import Signature, bind
@@ -39,6 +40,9 @@ class KfFunction:
         self._fast: dict[tuple, Any] = {}
         self._fast_ok = not any(isinstance(d, (torch.Tensor, list, tuple))
                                 for d in (fn.__defaults__ or ()))
+        # torch.ops.kf.<name>: what torch.compile, torch.export and autograd see (torch_ops.py)
+        self._params = torch_ops.parameters(fn)
+        self._torch_op = torch_ops.register(self)
 
     def __repr__(self) -> str:
         return f"<kf function {self.fn.__name__} target={self.options.target}>"
@@ -88,6 +92,12 @@ class KfFunction:
         return program
 
     def __call__(self, *args, **kwargs):
+        if torch_ops.needs_op(args, kwargs):  # tracing, torch.compile or autograd
+            return torch_ops.call(self, args, kwargs)
+        return self._kernel_call(args, kwargs)
+
+    def _kernel_call(self, args: tuple, kwargs: dict):
+        """Run the compiled program for this call (the op's real implementation)."""
         if not kwargs and self._fast_ok:
             key, tensors = _fast_key(args)
             if key is not None:
