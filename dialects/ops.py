@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .types import (
-    FLOAT_TYPES,
     KfTypeError,
     TensorSpec,
     broadcast_shapes,
