@@ -38,11 +38,13 @@ ELEM_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 
 
 
 def is_kernel(op: ir.Operation) -> bool:
-    return op.name == "func.func" and "kf.kernel" in op.attributes
+    """A kernel function with its body (kf-map-to-gpu leaves declarations behind)."""
+    return op.name == "func.func" and "kf.kernel" in op.attributes and len(op.regions[0].blocks) > 0
 
 
 def kernel_functions(module: ir.Operation) -> list[ir.Operation]:
-    """The kernel functions (func.func with a kf.kernel attribute) of a module, in order."""
+    """The kernel functions (func.func with a kf.kernel attribute and a body) of a module,
+    in order."""
     return [op.operation for op in module.regions[0].blocks[0].operations if is_kernel(op.operation)]
 
 

@@ -595,6 +595,28 @@ def test_elementwise_several_results_and_masks(run):
     check(got[2], x + y)
 
 
+def test_passes_leave_declarations_alone():
+    """Running kf-tile and kf-map-to-gpu again finds no kernel function left to write."""
+    ctx, m = build_module(lambda a: kb.exp(a), [TensorSpec((1000,), "f32")], "elementwise")
+    with ctx:
+        before = str(m)
+        TilePass(target="spirv").run(m.operation)
+        MapToGpuPass(target="spirv").run(m.operation)
+        assert str(m) == before
+
+
+@pytest.mark.parametrize("build,ref", [
+    (lambda x, w: kb.var(kb.mul(x, w), dims=[1], correction=1.0), lambda x, w: (x * w).var(1)),
+    (lambda x, w: kb.softmax(kb.add(x, w), dim=-1), lambda x, w: torch.softmax(x + w, -1)),
+], ids=["var", "softmax"])
+def test_f64(run, build, ref):
+    if run is run_vulkan:
+        pytest.skip("kf-to-spirv does not ask Vulkan for Float64")
+    x, w = torch.randn(3, 257, dtype=torch.float64), torch.randn(257, dtype=torch.float64)
+    (got,) = run(build, x, w)
+    torch.testing.assert_close(got, ref(x, w), rtol=1e-12, atol=1e-12)
+
+
 # ----------------------------------------------------------------------------- fp8 (CUDA only)
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
