@@ -24,11 +24,10 @@ shapes.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from mlir import ir
-from mlir.dialects import scf, vector
-
+from mlir.dialects import vector
 
 from . import emit as E
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
@@ -111,7 +110,7 @@ class ElementwiseStrategy(Strategy):
         total = E.numel(shape)
         if vec > 1 and shape[-1] % vec:
             raise NotApplicable(f"vector width {vec} does not divide the innermost dimension {shape[-1]}")
-        f, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
+        _, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
                                   target=target.name)
         args = list(entry.arguments)
         inputs, outputs = args[:len(ins)], args[len(ins):]

@@ -20,15 +20,14 @@ extended to f32 when loaded, computed in f32 and rounded once when stored
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence, Union
-
-from mlir import ir
-from mlir.dialects import arith, func, gpu, memref, scf
+from collections.abc import Callable, Sequence
 
 from kf.dialects.types import TensorSpec, spec_of
 from kf.passes import scalar_math as sm
+from mlir import ir
+from mlir.dialects import arith, func, gpu, memref, scf
 
-Ix = Union[int, ir.Value]
+Ix = int | ir.Value
 
 LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
 ELEM_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i1": 1, "i32": 4, "i64": 8}
@@ -127,7 +126,7 @@ def round_to(v: ir.Value, elem: str) -> ir.Value:
     return widen(to_storage(v, storage_type(elem)))
 
 
-def load(mem: ir.Value, idx: Sequence[Ix], kb: "IndexBuilder") -> ir.Value:
+def load(mem: ir.Value, idx: Sequence[Ix], kb: IndexBuilder) -> ir.Value:
     """memref[idx] in its compute type."""
     v = memref.load(mem, [kb.value(i) for i in idx])
     if _is_byte_bool(v.type):
@@ -135,7 +134,7 @@ def load(mem: ir.Value, idx: Sequence[Ix], kb: "IndexBuilder") -> ir.Value:
     return widen(v)
 
 
-def store(v: ir.Value, mem: ir.Value, idx: Sequence[Ix], kb: "IndexBuilder") -> None:
+def store(v: ir.Value, mem: ir.Value, idx: Sequence[Ix], kb: IndexBuilder) -> None:
     """Round the compute value v to the memref's element type (once) and store it."""
     memref.store(to_storage(v, ir.MemRefType(mem.type).element_type), mem, [kb.value(i) for i in idx])
 

@@ -47,14 +47,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Sequence
-
-from mlir import ir
-from mlir.dialects import arith, scf
+from collections.abc import Callable, Sequence
 
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import normalize_dim
 from kf.passes import scalar_math as sm
+from mlir import ir
+from mlir.dialects import arith, scf
 
 from . import emit as E
 from .base import EmittedKernel, Strategy, TargetInfo, register
@@ -508,7 +507,7 @@ class GenericStrategy(Strategy):
         ins, outs = E.kernel_signature(kernel)
         name = E.kernel_name(kernel)
         block, total, grid = int(plan["block"]), int(plan["numel"]), int(plan["grid"])
-        f, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
+        _, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
                                   target=target.name)
         args = list(entry.arguments)
         with kernel.location, ir.InsertionPoint(entry):

@@ -19,9 +19,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from mlir import ir
-from mlir.dialects import func
-
 from kf.dialects import TensorSpec, make_context, mlir_type
 from kf.dialects import builders as kb
 from kf.passes.map_to_gpu import MapToGpuPass
@@ -31,6 +28,8 @@ from kf.passes.to_spirv import compile_spirv
 from kf.runtime import cuda as kcuda
 from kf.runtime import vulkan
 from kf.runtime.abi import KernelABI
+from mlir import ir
+from mlir.dialects import func
 
 needs_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas not installed")
 
@@ -177,7 +176,7 @@ def in_f32(fn, *xs, out_dtype=None):
 def test_plans():
     ctx, m = build_module(lambda a, b: kb.add(a, b), [TensorSpec((1000,), "f32")] * 2, "elementwise")
     with ctx:
-        decl = [op.operation for op in m.body.operations if op.operation.name == "func.func"][0]
+        decl = next(op.operation for op in m.body.operations if op.operation.name == "func.func")
         plan = attr_to_plan(decl.attributes["kf.plan"])
         assert plan == {"strategy": "elementwise", "target": "spirv", "block": 256, "vector_width": 4,
                         "numel": 1000, "grid": 1, "grid_stride": False}
