@@ -48,7 +48,41 @@ def _decompositions() -> dict:
     for op in (torch.ops.aten.gelu.default, torch.ops.aten._softmax.default,
                torch.ops.aten._log_softmax.default, torch.ops.aten.var.correction):
         table.pop(op, None)
+    # Backward ops that core ATen leaves as scatters, which kf has no kernel for, written
+    # with the ops it has: slicing's backward as a concatenation, topk's as a one-hot sum.
+    table[torch.ops.aten.slice_scatter.default] = _slice_scatter
+    table[torch.ops.aten.scatter.src] = _scatter_src
     return table
+
+
+def _slice_scatter(input, src, dim=0, start=None, end=None, step=1):
+    """input with input[start:end] along dim replaced by src (step 1)."""
+    if step != 1:
+        return NotImplemented
+    n = input.shape[dim]
+    start = 0 if start is None else (start + n if start < 0 else start)
+    end = n if end is None else min(end + n if end < 0 else end, n)
+    pieces = [input.narrow(dim, 0, start)] if start > 0 else []
+    pieces.append(src)
+    if end < n:
+        pieces.append(input.narrow(dim, end, n - end))
+    return torch.cat(pieces, dim) if len(pieces) > 1 else src.clone()
+
+
+def _scatter_src(input, dim, index, src):
+    """input.scatter(dim, index, src) for an index and src shaped like input but along dim
+    (topk's backward): a one-hot comparison summed over the index positions. Indices along
+    dim are distinct there, so the sum picks the one value each position receives."""
+    dim = dim % input.dim()
+    if tuple(index.shape) != tuple(src.shape) or any(
+            index.shape[d] != input.shape[d] for d in range(input.dim()) if d != dim):
+        return NotImplemented
+    x, idx, s = input.movedim(dim, -1), index.movedim(dim, -1), src.movedim(dim, -1)
+    positions = torch.arange(x.shape[-1], device=x.device, dtype=idx.dtype)
+    hit = (idx.unsqueeze(-1) == positions).to(s.dtype)  # [..., k, n]
+    values = (s.unsqueeze(-1) * hit).sum(-2)
+    taken = hit.sum(-2) > 0
+    return torch.where(taken, values, x).movedim(-1, dim)
 
 
 @dataclass
@@ -99,10 +133,9 @@ class _Locate(torch.utils._python_dispatch.TorchDispatchMode):
         import torch.fx.traceback as fx_traceback
 
         node = torch._C._current_autograd_node()
-        if node is not None:
-            stack = "".join(node.metadata.get("traceback_", ()))
-        else:
-            stack = "".join(traceback.format_stack(limit=40))
+        # (under an outer backward, the forward's ops see the outer node, which has no traceback)
+        created = node.metadata.get("traceback_") if node is not None else None
+        stack = "".join(created) if created else "".join(traceback.format_stack(limit=40))
         fx_traceback.current_meta["stack_trace"] = stack
         return func(*args, **(kwargs or {}))
 
