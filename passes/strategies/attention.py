@@ -51,7 +51,8 @@ from kf.passes import scalar_math
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .matmul import (GpuFunc, KernelView, MmaSync, Pointwise, _contiguous_last, defining, gpu_arg_types,
-                     pointwise_closure, quad_reduce, stage_tile, store_value, workgroup_memref)
+                     direct_source, pointwise_closure, quad_reduce, stage_tile, store_value,
+                     workgroup_memref)
 
 
 class _Chain:
@@ -231,13 +232,19 @@ class AttentionStrategy(Strategy):
                 def lead(value):
                     return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
 
-                def stage(tile, rows, cols, fast_is_col, row0, n_rows, read):
-                    stage_tile(g, pw, tid, threads, tile, rows, cols, fast_is_col, row0, n_rows, 0, cols, read)
+                vbytes = target.vector_bytes if target.name == "cuda" else 0
+
+                def stage(tile, rows, cols, fast_is_col, row0, n_rows, read, direct):
+                    stage_tile(g, pw, tid, threads, tile, rows, cols, fast_is_col, row0, n_rows, 0, cols, read,
+                               direct=direct, vector_bytes=vbytes)
 
                 q_lead, k_lead, v_lead = lead(ch.q), lead(ch.kt), lead(ch.v)
                 s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
-                stage(Qs, bm, D, _contiguous_last(view, ch.q), i0, Sq,
-                      lambda r, c: pw.eval(ch.q, q_lead + [r, c]))
+                memrefs = g.args[:n_in]
+                stage(Qs, bm, D, _contiguous_last(view, ch.q), i0, Sq, lambda r, c: pw.eval(ch.q, q_lead + [r, c]),
+                      direct_source(view, memrefs, ch.q, q_lead, False))
+                k_direct = direct_source(view, memrefs, ch.kt, k_lead, True)
+                v_direct = direct_source(view, memrefs, ch.v, v_lead, False)
 
                 lane_cols = [g.add(lane, tpr * c) for c in range(n_s)]  # keys of this lane in a block
                 out_cols = [g.add(lane, tpr * c) for c in range(n_acc)]  # output columns of this lane
@@ -246,7 +253,7 @@ class AttentionStrategy(Strategy):
                 def key_block(n0, carried):
                     m_old, l_old, acc = carried[0], carried[1], carried[2:]
                     gpu.barrier()  # the previous block's readers of KVs and Ps are done
-                    stage(KVs, bn, D, ch.k_d_contiguous, n0, Sk, lambda r, c: pw.eval(ch.kt, k_lead + [c, r]))
+                    stage(KVs, bn, D, ch.k_d_contiguous, n0, Sk, lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), k_direct)
                     gpu.barrier()
 
                     def dot(d0, s):
@@ -292,7 +299,7 @@ class AttentionStrategy(Strategy):
                     acc = [arith.mulf(a, alpha) for a in acc]
                     gpu.barrier()  # K reads and P writes are done
                     stage(KVs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk,
-                          lambda r, c: pw.eval(ch.v, v_lead + [r, c]))
+                          lambda r, c: pw.eval(ch.v, v_lead + [r, c]), v_direct)
                     gpu.barrier()
 
                     def pv(j0, acc):
@@ -387,6 +394,8 @@ class AttentionStrategy(Strategy):
                            tc.pack(q_vals[0][4 * t + 2], q_vals[0][4 * t + 3]),
                            tc.pack(q_vals[1][4 * t + 2], q_vals[1][4 * t + 3])] for t in range(D // 16)]
                 k_lead, v_lead = lead(ch.kt), lead(ch.v)
+                k_direct = direct_source(view, g.args[:n_in], ch.kt, k_lead, True)
+                v_direct = direct_source(view, g.args[:n_in], ch.v, v_lead, False)
                 s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
                 score_in = ch.sm.operands[0]
                 n_o = Dv // 8
@@ -395,9 +404,11 @@ class AttentionStrategy(Strategy):
                     m, l, o = carried[0:2], carried[2:4], carried[4:]
                     gpu.barrier()  # the previous block's fragment reads are done
                     stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
-                               lambda r, c: pw.eval(ch.kt, k_lead + [c, r]))
+                               lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct,
+                               vector_bytes=target.vector_bytes)
                     stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
-                               lambda r, c: pw.eval(ch.v, v_lead + [r, c]))
+                               lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct,
+                               vector_bytes=target.vector_bytes)
                     gpu.barrier()
                     s = []
                     for j in range(bn // 8):

@@ -116,6 +116,11 @@ class GpuFunc:
         self.entry = self.op.regions[0].blocks.append(*arg_types, *workgroup)
         i64 = ir.IntegerType.get_signless(64)
         self.op.attributes["workgroup_attributions"] = ir.IntegerAttr.get(i64, len(workgroup))
+        if workgroup:
+            # 16-byte aligned buffers, so 128-bit accesses at 16-byte offsets are legal
+            # (convert-gpu-to-nvvm otherwise aligns an attribution to its element only).
+            aligned = ir.DictAttr.get({"llvm.align": ir.IntegerAttr.get(i64, 16)})
+            self.op.attributes["workgroup_attrib_attrs"] = ir.ArrayAttr.get([aligned] * len(workgroup))
         self.args = list(self.entry.arguments)[:len(arg_types)]
         self.shared = list(self.entry.arguments)[len(arg_types):]
         self._consts: dict = {}
@@ -352,9 +357,49 @@ class Pointwise:
 UNROLL_STAGING = 64
 
 
+@dataclass
+class Direct:
+    """A tile source that is a kernel argument read as it is: tile element (r, c) is
+    ``mem[lead + (c, r if swapped else r, c)]``. Only such sources are loaded with vectors:
+    anything computed goes element by element through Pointwise."""
+
+    mem: ir.Value
+    lead: list
+    swapped: bool
+
+    @property
+    def contiguous(self) -> int:
+        """Which tile coordinate (0: r, 1: c) walks the argument's contiguous last dim."""
+        return 0 if self.swapped else 1
+
+    @property
+    def extent(self) -> int:
+        return ir.MemRefType(self.mem.type).shape[-1]
+
+
+def direct_source(view: KernelView, memrefs: Sequence[ir.Value], value: ir.Value, lead: list,
+                  tile_swapped: bool) -> Direct | None:
+    """The Direct source of a tile whose element (r, c) is ``value[lead + (r, c)]`` (or
+    ``(c, r)`` with tile_swapped), when value is an argument or an argument with its last
+    two dims swapped by a kf.transpose; else None."""
+    swapped = tile_swapped
+    op = defining(value)
+    if op is not None and op.name == "kf.transpose":
+        perm = op_attrs(op)["perm"]
+        r = len(perm)
+        if r < 2 or perm[:-2] != list(range(r - 2)) or perm[-2:] != [r - 1, r - 2]:
+            return None
+        value, swapped = op.operands[0], not swapped
+    i = view.arg_index(value)
+    if i is None or view.arg_specs[i].rank < 2:
+        return None
+    return Direct(memrefs[i], list(lead), swapped)
+
+
 def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
                fast_is_col: bool, row0: ir.Value | int, n_rows: int, col0: ir.Value | int, n_cols: int,
-               read: Callable[[ir.Value, ir.Value], ir.Value], transposed: bool = False) -> None:
+               read: Callable[[ir.Value, ir.Value], ir.Value], transposed: bool = False,
+               direct: Direct | None = None, vector_bytes: int = 0) -> None:
     """Copy a rows x cols block of a value into workgroup memory, converted to the
     tile's element type (f32 for the SIMT kernels, f16/bf16 for tensor-core operands):
     ``tile[r][c] = read(row0 + r, col0 + c)`` (``tile[c][r]`` when transposed), zero where
@@ -364,8 +409,10 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
     the source is contiguous along them (``fast_is_col``), else along the rows, so the
     global reads coalesce. Whole passes of all threads run in an scf.for; a last partial
     pass is guarded by the thread's position."""
+    if direct is not None and vector_bytes and _stage_vectors(g, tid, threads, tile, rows, cols, row0, n_rows, col0,
+                                                              n_cols, transposed, direct, vector_bytes):
+        return
     total = rows * cols
-    full, rest = divmod(total, threads)
     elem = ir.MemRefType(tile.type).element_type
     zero = g.fconst(0.0, elem)
 
@@ -386,6 +433,10 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
         val = g.guarded(cond, [elem], value, lambda: [zero])[0]
         memref.store(val, tile, [cc, rr] if transposed else [rr, cc])
 
+    _passes(g, tid, threads, total, one)
+
+def _passes(g: GpuFunc, tid: ir.Value, threads: int, total: int, one: Callable[[ir.Value], None]) -> None:
+    full, rest = divmod(total, threads)
     if full <= UNROLL_STAGING:
         for e in range(full):
             one(g.add(tid, e * threads))
@@ -399,6 +450,60 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
         lin = g.add(tid, full * threads)
         g.when(g.lt(lin, total), lambda: one(lin))
 
+
+def _stage_vectors(g: GpuFunc, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
+                   row0: ir.Value | int, n_rows: int, col0: ir.Value | int, n_cols: int, transposed: bool,
+                   direct: Direct, vector_bytes: int) -> bool:
+    """stage_tile with vector loads of ``vector_bytes`` along the argument's contiguous
+    dim, when the argument's rows and the tile's extent along it are whole vectors (the
+    tails are then whole vectors too) and the element types allow it; False otherwise.
+    Stores are vectors too where the tile's rows are contiguous along the same dim."""
+    from mlir.dialects import vector
+
+    src_elem = ir.MemRefType(direct.mem.type).element_type
+    tile_t = ir.MemRefType(tile.type)
+    dst_elem = tile_t.element_type
+    if str(src_elem) not in ("f32", "f16", "bf16") or (src_elem != dst_elem and str(dst_elem) != "f32"):
+        return False
+    width = {"f32": 4, "f16": 2, "bf16": 2}[str(src_elem)]
+    vec = vector_bytes // width
+    along = cols if direct.contiguous == 1 else rows
+    if vec < 2 or direct.extent % vec or along % vec:
+        return False
+    src_t, dst_t = ir.VectorType.get([vec], src_elem), ir.VectorType.get([vec], dst_elem)
+    zero = arith.constant(src_t, ir.DenseElementsAttr.get_splat(src_t, ir.FloatAttr.get(src_elem, 0.0)))
+    # The tile row the vector lands in is contiguous along it, 16-byte aligned.
+    dst_width = 4 if str(dst_elem) == "f32" else 2
+    lands_in_row = (direct.contiguous == 1) != transposed
+    vector_store = lands_in_row and (tile_t.shape[-1] * dst_width) % 16 == 0 and vec * dst_width == 16
+
+    def one(lin: ir.Value) -> None:
+        if direct.contiguous == 1:
+            rr, cc = g.div(lin, cols // vec), g.mul(g.rem(lin, cols // vec), vec)
+        else:
+            rr, cc = g.mul(g.rem(lin, rows // vec), vec), g.div(lin, rows // vec)
+        gr = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr)
+        gc = g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
+        cond = g.all_of([c for c in (g.lt(gr, n_rows) if n_rows % rows or rows > n_rows else None,
+                                     g.lt(gc, n_cols) if n_cols % cols or cols > n_cols else None) if c is not None])
+        index = direct.lead + ([gc, gr] if direct.swapped else [gr, gc])
+        v = g.guarded(cond, [src_t], lambda: [vector.load(src_t, direct.mem, index, alignment=vec * width)],
+                      lambda: [zero])[0]
+        if dst_elem != src_elem:
+            v = arith.extf(dst_t, v)
+        at = [cc, rr] if transposed else [rr, cc]
+        if vector_store:
+            vector.store(v, tile, at, alignment=16)
+            return
+        for k in range(vec):
+            e = vector.ExtractOp(v, [], [k]).result
+            pos = list(at)
+            moving = (1 if direct.contiguous == 1 else 0) if not transposed else (0 if direct.contiguous == 1 else 1)
+            pos[moving] = g.add(pos[moving], k)
+            memref.store(e, tile, pos)
+
+    _passes(g, tid, threads, rows * cols // vec, one)
+    return True
 
 
 class MmaSync:
@@ -644,12 +749,17 @@ class MatmulStrategy(Strategy):
                 b_lead = pw.operand_index(spec_of(b_val.type).shape[:-2], batch_idx, len(gm.batch))
                 zero = g.fconst(0.0)
 
+                a_direct = direct_source(view, g.args[:n_in], a_val, a_lead, False)
+                b_direct = direct_source(view, g.args[:n_in], b_val, b_lead, False)
+
                 def k_step(k0, acc):
                     gpu.barrier()
                     stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
-                               lambda r, c: pw.eval(a_val, a_lead + [r, c]))
+                               lambda r, c: pw.eval(a_val, a_lead + [r, c]), direct=a_direct,
+                               vector_bytes=target.vector_bytes)
                     stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
-                               lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=True)
+                               lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=True, direct=b_direct,
+                               vector_bytes=target.vector_bytes)
                     gpu.barrier()
                     acc = list(acc)
                     for t in range(bk // 16):
@@ -719,13 +829,18 @@ class MatmulStrategy(Strategy):
                 a_lead = pw.operand_index(spec_of(a_val.type).shape[:-2], batch_idx, len(gm.batch))
                 b_lead = pw.operand_index(spec_of(b_val.type).shape[:-2], batch_idx, len(gm.batch))
 
+                a_direct = direct_source(view, g.args[:n_in], a_val, a_lead, False)
+                b_direct = direct_source(view, g.args[:n_in], b_val, b_lead, False)
+                vbytes = target.vector_bytes if target.name == "cuda" else 0
+
                 def load_a(k0):  # As[k][m] = A[m0 + m, k0 + k]
                     stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
-                               lambda r, c: pw.eval(a_val, a_lead + [r, c]), transposed=True)
+                               lambda r, c: pw.eval(a_val, a_lead + [r, c]), transposed=True,
+                               direct=a_direct, vector_bytes=vbytes)
 
                 def load_b(k0):  # Bs[k][n] = B[k0 + k, n0 + n]
                     stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
-                               lambda r, c: pw.eval(b_val, b_lead + [r, c]))
+                               lambda r, c: pw.eval(b_val, b_lead + [r, c]), direct=b_direct, vector_bytes=vbytes)
 
                 row_of = [g.add(tr, i * (bm // tm)) for i in range(tm)]
                 col_of = [g.add(tc, j * cols) for j in range(tn)]

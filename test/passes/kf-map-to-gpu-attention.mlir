@@ -16,8 +16,8 @@
 // CHECK-SAME: kf.gpu_func = @kf_kernels::@attn_k0_attention
 // CHECK: gpu.module @kf_kernels
 // CHECK: gpu.func @attn_k0_attention(%arg0: memref<2x8x257x64xf16>, %arg1: memref<2x8x257x64xf16>, %arg2: memref<2x8x257x64xf16>, %arg3: memref<257x257xf32>, %arg4: memref<2x8x257x64xf16>)
-// SPIRV-SAME: workgroup(%[[Q:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>>, %[[KV:.*]] : memref<16x65xf32, #gpu.address_space<workgroup>>, %[[P:.*]] : memref<32x17xf32, #gpu.address_space<workgroup>>, %[[RED:.*]] : memref<32x4xf32, #gpu.address_space<workgroup>>)
-// CUDA-SAME: workgroup(%[[K:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>>, %[[V:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>>)
+// SPIRV-SAME: workgroup(%[[Q:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[KV:.*]] : memref<16x65xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[P:.*]] : memref<32x17xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[RED:.*]] : memref<32x4xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CUDA-SAME: workgroup(%[[K:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[V:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: kernel
 // SPIRV-SAME: kf.grid = array<i64: 9, 16, 1>
 // CUDA-SAME: kf.grid = array<i64: 5, 16, 1>
@@ -75,10 +75,11 @@
 // output fragments (8 tiles of 8 columns x 4 values):
 // CUDA: scf.for {{.*}} = %c0 to %c257 step %c64 iter_args({{.*}}) -> ({{(f32, ){35}f32}})
 // CUDA-NEXT: gpu.barrier
-// CUDA: memref.load %arg1
-// CUDA: memref.store {{.*}}, %[[K]]
-// CUDA: memref.load %arg2
-// CUDA: memref.store {{.*}}, %[[V]]
+// K and V are arguments read as they are: 128-bit loads and stores, tails guarded per vector:
+// CUDA: vector.load %arg1[{{.*}}] {alignment = 16 : i64} : memref<2x8x257x64xf16>, vector<8xf16>
+// CUDA: vector.store {{.*}}, %[[K]][{{.*}}] {alignment = 16 : i64} : memref<64x72xf16, #gpu.address_space<workgroup>>, vector<8xf16>
+// CUDA: vector.load %arg2[{{.*}}] {alignment = 16 : i64} : memref<2x8x257x64xf16>, vector<8xf16>
+// CUDA: vector.store {{.*}}, %[[V]]
 // CUDA: gpu.barrier
 // S = Q K^T from K's B fragments:
 // CUDA: vector.load %[[K]]
@@ -106,7 +107,7 @@
 // SPV: gpu.binary @kf_kernels
 // SPV-SAME: attn_k0_attention = {bindings = [{{.*}}], {{.*}}workgroup_bytes = 15168 : i64, workgroup_size = array<i64: 128, 1, 1>}
 // PTX: gpu.binary @kf_kernels
-// PTX-SAME: .shared .align 2 .b8 __wg_attn_k0_attention_0[9216];
+// PTX-SAME: .shared .align 16 .b8 __wg_attn_k0_attention_0[9216];
 // PTX-SAME: bar.sync
 // PTX-SAME: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
 func.func private @attn_k0_attention(%q: tensor<2x8x257x64xf16>, %k: tensor<2x8x257x64xf16>, %v: tensor<2x8x257x64xf16>, %mask: tensor<257x257xf32>) -> tensor<2x8x257x64xf16> attributes {kf.kernel = "attention", kf.fused_lines = ["attn.py:3", "attn.py:5", "attn.py:6", "attn.py:7"]} {
@@ -133,8 +134,8 @@ func.func @attn(%q: tensor<2x8x257x64xf16>, %k: tensor<2x8x257x64xf16>, %v: tens
 // barriers, and computes bias + GELU on the f32 accumulators before the guarded stores.
 // CHECK-LABEL: func.func private @mlp_k0_matmul
 // CHECK: gpu.func @mlp_k0_matmul(%arg0: memref<257x65xf32>, %arg1: memref<129x65xf32>, %arg2: memref<129xf32>, %arg3: memref<257x129xf32>)
-// CUDA-SAME: workgroup(%[[A:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<32x64xf32, #gpu.address_space<workgroup>>)
-// SPIRV-SAME: workgroup(%[[A:.*]] : memref<16x65xf32, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<16x64xf32, #gpu.address_space<workgroup>>)
+// CUDA-SAME: workgroup(%[[A:.*]] : memref<32x65xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[B:.*]] : memref<32x64xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// SPIRV-SAME: workgroup(%[[A:.*]] : memref<16x65xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[B:.*]] : memref<16x64xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: kf.grid = array<i64: 3, 5, 1>
 // CHECK-SAME: kf.strategy = "matmul"
 // CHECK-SAME: known_block_size = array<i32: 256, 1, 1>
@@ -177,7 +178,7 @@ func.func @mlp(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>, %b: tensor<129xf3
 // accumulators; SPIR-V keeps the SIMT GEMM.
 // CHECK-LABEL: func.func private @mlp16_k0_matmul
 // CUDA: gpu.func @mlp16_k0_matmul
-// CUDA-SAME: workgroup(%[[A:.*]] : memref<64x40xf16, #gpu.address_space<workgroup>>, %[[B:.*]] : memref<64x40xf16, #gpu.address_space<workgroup>>)
+// CUDA-SAME: workgroup(%[[A:.*]] : memref<64x40xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[B:.*]] : memref<64x40xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CUDA-SAME: known_block_size = array<i32: 128, 1, 1>
 // CUDA: scf.for {{.*}} = %c0 to %c65 step %c32 iter_args({{.*}}) -> ({{(f32, ){31}f32}})
 // CUDA: gpu.barrier
@@ -191,7 +192,7 @@ func.func @mlp(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>, %b: tensor<129xf3
 // CUDA: math.erf
 // CUDA: arith.truncf {{.*}} : f32 to f16
 // SPIRV: gpu.func @mlp16_k0_matmul
-// SPIRV-SAME: workgroup(%{{.*}} : memref<16x65xf32, #gpu.address_space<workgroup>>, %{{.*}} : memref<16x64xf32, #gpu.address_space<workgroup>>)
+// SPIRV-SAME: workgroup(%{{.*}} : memref<16x65xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.*}} : memref<16x64xf32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // SPIRV-NOT: nvvm
 // SPV: gpu.binary @kf_kernels
 // PTX: gpu.binary @kf_kernels
