@@ -107,7 +107,8 @@ def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_af
 
 def save_reproducer(log: StageLog, text: str, suffix: str = ".mlir") -> str:
     """Write a failing stage's input where the user can attach it to a bug report."""
-    fd, path = tempfile.mkstemp(prefix=f"kf-{log.name}-", suffix=suffix)
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", log.name)  # the path goes into a shell command
+    fd, path = tempfile.mkstemp(prefix=f"kf-{safe}-", suffix=suffix)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     return path
@@ -116,10 +117,28 @@ def save_reproducer(log: StageLog, text: str, suffix: str = ".mlir") -> str:
 def _one_line(text: str) -> str:
     """The first line of a tool's output that says what went wrong (not a banner)."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    for ln in lines:
+    for i, ln in enumerate(lines):
         if re.search(r"error|fatal|invalid|failed|rejected|unsupported", ln, re.I):
+            if ln.endswith(":") and i + 1 < len(lines):  # "tool failed on @k:" + the tool's own words
+                ln = f"{ln} {lines[i + 1]}"
             return ln[:300]
     return (lines[0] if lines else type(text).__name__)[:300]
+
+
+def _ptx_entry_at(path: str, message: str) -> str | None:
+    """The kernel whose body holds the PTX line ptxas complains about ("..., line 40; error")."""
+    m = re.search(r"line (\d+);", message)
+    if not m or not os.path.exists(path):
+        return None
+    entry = None
+    with open(path) as f:
+        for number, text in enumerate(f, 1):
+            e = re.search(r"\.entry\s+(\w+)", text)
+            if e:
+                entry = e.group(1)
+            if number == int(m.group(1)):
+                return entry
+    return None
 
 
 def target_failure(log: StageLog, stage: str, pipeline_text: str, before: str, exc: BaseException,
@@ -138,15 +157,23 @@ def target_failure(log: StageLog, stage: str, pipeline_text: str, before: str, e
 
     text = str(getattr(exc, "cause", None) or exc) if isinstance(exc, CompileError) else str(exc)
     cause = _one_line(text)
-    kept = re.search(r"(/\S+\.(?:ptx|spv))\b", str(exc))
-    if kept and kept.group(1) not in cause:
-        cause += f" (kept: {kept.group(1)})"
+    # What the tool rejected, where the back end kept it: its own reproducer, or a path
+    # in its message (spirv-val, spirv-cross).
+    kept = getattr(exc, "reproducer", None) or ""
+    if not kept.endswith((".ptx", ".spv")):
+        found = [p for p in re.findall(r"(/\S+\.(?:ptx|spv))\b", str(exc)) if os.path.exists(p)]
+        kept = found[-1] if found else ""
+    if kept:
+        cause += f" (kept: {kept})"
+    entry = next((k for k in kernel_lines if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
+    if entry is None and kept.endswith(".ptx"):
+        entry = _ptx_entry_at(kept, text)
+    if entry is None and len(kernel_lines) == 1:
+        entry = next(iter(kernel_lines))
     loc = None
-    for entry, lines in kernel_lines.items():
-        if entry in str(exc) and lines:
-            file, _, line = lines[0].rpartition(":")
-            loc = SourceLoc(file, int(line))
-            break
+    if entry is not None and kernel_lines.get(entry):
+        file, _, line = kernel_lines[entry][0].rpartition(":")
+        loc = SourceLoc(file, int(line))
     path = save_reproducer(log, before)
     command = f"kf-opt {path} --pass-pipeline='builtin.module({pipeline_text})'"
     if isinstance(exc, CompileError):
