@@ -25,6 +25,10 @@ _EXPORTS = {
     "CompileError": "errors", "CaptureError": "errors", "UnsupportedOpError": "errors",
     "KfVerifyError": "errors", "PassFailedError": "errors", "TargetError": "errors",
     "SignatureError": "errors", "SourceLoc": "errors",
+    # debugging and profiling (the modules' names differ from the functions', as
+    # inspection.py's does from kf.inspect: importing kf.explain the module would
+    # otherwise replace kf.explain the function)
+    "profile": "profiler", "explain": "explanation", "bisect": "bisection",
 }
 
 __all__ = sorted(_EXPORTS)
