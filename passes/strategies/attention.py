@@ -10,7 +10,9 @@ shape that broadcasts to the scores, an additive bias, a select) is evaluated pe
 in registers by ``Pointwise``, and q, k, v may themselves be elementwise functions or
 transposes of the arguments (``k`` is read through its ``kf.transpose`` without a copy).
 
-The kernel (SIMT; correct on Vulkan and CUDA):
+Two kernels. On CUDA with f16/bf16 q, k, v and head dims that are multiples of 16 the
+tensor-core kernel (``_emit_mma``: mma.sync m16n8k16, FlashAttention-2's register
+dataflow). Everywhere else, Vulkan and f32 included, the SIMT kernel:
 
 - one workgroup per (flattened batch element, block of BLOCK_M query rows); each query
   row is owned by TPR = threads / BLOCK_M consecutive threads ("lanes");
@@ -32,27 +34,43 @@ are zeros), query rows past seq_q compute on zeros and are not stored. Statistic
 scores and the accumulator are f32 for every input type.
 
 Barriers per key block: five (before K is overwritten, after K, after the row maxima,
-before V overwrites K, after V). A CUDA tensor-core variant is future work (see the
-report in the commit history); the plan is shared by both targets.
+before V overwrites K, after V); two in the tensor-core kernel. Tiles read straight
+from arguments are staged with 128-bit loads on CUDA. The plan (``plan``) says which
+kernel, and its block sizes, as JSON-able values.
+
+Not done yet: a causal mask is evaluated like any other mask (key blocks above the
+diagonal are computed, then masked, not skipped); staging is synchronous (no cp.async
+or TMA pipeline) and Hopper's wgmma is not used.
 """
 
 from __future__ import annotations
 
 import math
 
+from kf.dialects import spec_of
+from kf.dialects.attrs import op_attrs
+from kf.dialects.types import broadcast_shapes
+from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
-from kf.dialects import spec_of
-from kf.dialects.types import broadcast_shapes
-from kf.dialects.attrs import op_attrs
-from kf.passes import scalar_math
-
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from .matmul import (GpuFunc, KernelView, MmaSync, Pointwise, _contiguous_last, defining, gpu_arg_types,
-                     direct_source, pointwise_closure, quad_reduce, stage_tile, store_value,
-                     workgroup_memref)
+from .matmul import (
+    GpuFunc,
+    KernelView,
+    MmaSync,
+    Pointwise,
+    _contiguous_last,
+    defining,
+    direct_source,
+    gpu_arg_types,
+    pointwise_closure,
+    quad_reduce,
+    stage_tile,
+    store_value,
+    workgroup_memref,
+)
 
 
 class _Chain:
@@ -169,7 +187,7 @@ class AttentionStrategy(Strategy):
     #: Warps per workgroup of the tensor-core kernel; each owns 16 query rows.
     MMA_WARPS = 4
 
-    def _mma_plan(self, ch: "_Chain", target: TargetInfo) -> dict | None:
+    def _mma_plan(self, ch: _Chain, target: TargetInfo) -> dict | None:
         """The tensor-core plan (CUDA, f16/bf16 q/k/v, head dims multiples of 16 and 8),
         or None for the SIMT kernel. BLOCK_N is 64 keys up to head_dim 64 and 32 above
         (the S fragments then cost 16 registers instead of 32, next to 64 accumulators at
@@ -336,7 +354,7 @@ class AttentionStrategy(Strategy):
 
 
 
-    def _emit_mma(self, ch: "_Chain", kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
+    def _emit_mma(self, ch: _Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
                   target: TargetInfo) -> EmittedKernel:
         """The CUDA tensor-core kernel: FlashAttention-2's register dataflow on
         ``mma.sync.m16n8k16`` (f16 or bf16 operands, f32 accumulators).

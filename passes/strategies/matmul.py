@@ -35,16 +35,15 @@ a gpu.func with workgroup attributions and scf loops/ifs with carried values
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
+from kf.dialects import BY_NAME, KfTypeError, spec_of
+from kf.dialects.attrs import op_attrs
+from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, memref, scf
 from mlir.dialects import math as mmath
-
-from kf.dialects import BY_NAME, spec_of
-from kf.dialects.attrs import op_attrs
-from kf.passes import scalar_math
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .emit import compute_type, memref_type
@@ -84,11 +83,8 @@ class KernelView:
         try:
             self.arg_specs = [spec_of(a.type) for a in self.args]
             self.result_specs = [spec_of(r.type) for r in self.results]
-        except Exception as e:  # KfTypeError: unranked or dynamic tensors
+        except KfTypeError as e:  # unranked or dynamic tensors
             raise NotApplicable(f"@{self.name}: {e}") from None
-
-    def users(self, v: ir.Value) -> list[ir.Operation]:
-        return [u.owner.operation if hasattr(u.owner, "operation") else u.owner for u in v.uses]
 
     def arg_index(self, v: ir.Value) -> int | None:
         for i, a in enumerate(self.args):
@@ -631,11 +627,10 @@ def _analyze(kernel: ir.Operation) -> tuple[KernelView, _Gemm]:
         if s.shape != out.shape:
             raise NotApplicable(f"result of shape {list(s.shape)} differs from the matmul's {list(out.shape)}")
     for op in view.ops:
-        if op is mm or op.name in ("kf.fill",):
+        if op == mm or op.name == "kf.fill":
             continue
-        if any(x == mm.result for x in op.operands) or _depends_on(op, mm.result):
-            if spec_of(op.results[0].type).shape != out.shape:
-                raise NotApplicable(f"{op.name} after the matmul changes the shape")
+        if _depends_on(op, mm.result) and spec_of(op.results[0].type).shape != out.shape:
+            raise NotApplicable(f"{op.name} after the matmul changes the shape")
     sa, sb = spec_of(a.type), spec_of(b.type)
     return view, _Gemm(mm, out.shape[:-2], sa.shape[-2], sb.shape[-1], sa.shape[-1],
                        _contiguous_last(view, a), _contiguous_last(view, b))
@@ -692,7 +687,7 @@ class MatmulStrategy(Strategy):
                 "grid": grid, "shared_bytes": self._shared(bm, bn, bk), "m": gm.m, "n": gm.n, "k": gm.k,
                 "batch": list(gm.batch), "mma": False}
 
-    def _mma_plan(self, gm: "_Gemm", target: TargetInfo) -> dict | None:
+    def _mma_plan(self, gm: _Gemm, target: TargetInfo) -> dict | None:
         """Tensor cores (CUDA, f16/bf16 operands): 128x128 tiles of 8 warps (2 x 4, each
         64 x 32: 4 x 4 mma tiles, 64 accumulators a thread) when they give about a wave
         of workgroups, else 64x64 of 4 warps (2 x 2, each 32 x 32). BLOCK_K 32: two mma k
@@ -716,7 +711,7 @@ class MatmulStrategy(Strategy):
                 "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": threads, "grid": grid,
                 "shared_bytes": shared, "m": gm.m, "n": gm.n, "k": gm.k, "batch": list(gm.batch), "mma": True}
 
-    def _emit_mma(self, view: KernelView, gm: "_Gemm", kernel: ir.Operation, plan: dict,
+    def _emit_mma(self, view: KernelView, gm: _Gemm, kernel: ir.Operation, plan: dict,
                   gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         """The tensor-core GEMM: per K step the workgroup stages A (m-major) and B
         (n-major) tiles between two barriers; each warp loads its A and B fragments

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
-from mlir import ir
-from mlir.dialects import func
-
 from kf import dialects as kd
 from kf.dialects import builders as kb
 from kf.dialects.types import TensorSpec
 from kf.passes.strategies.base import NotApplicable, TargetInfo, strategy_for
+from mlir import ir
+from mlir.dialects import func
 
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 SPIRV, CUDA = TargetInfo.for_target("spirv"), TargetInfo.for_target("cuda")
@@ -134,7 +132,7 @@ def cuda_report(built: Built):
     from kf.passes import to_cuda
 
     ptx = to_cuda.compile_to_ptx(built.gpu_text())["kf_kernels"]
-    [(name, report)] = to_cuda.assemble(ptx, "sm_90").kernels.items()
+    [report] = to_cuda.assemble(ptx, "sm_90").kernels.values()
     return ptx, report
 
 
@@ -371,9 +369,8 @@ def test_seed_attention_through_the_pipeline():
     """The seed's fused_attention captured, fused, tiled and mapped by the kf passes for
     SPIR-V: the attention strategy writes its kernel, which runs against torch with the
     buffers in the order the host function's call passes them."""
-    import seed_examples
-
     import kf
+    import seed_examples
     from kf.passes import pipeline
     from kf.passes.to_spirv import compile_spirv
     from kf.runtime.abi import KernelABI
@@ -416,7 +413,7 @@ def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
     from kf.passes import to_cuda
     from kf.runtime import cuda as kcuda
 
-    chip = "sm_%d%d" % torch.cuda.get_device_capability()
+    chip = "sm_{}{}".format(*torch.cuda.get_device_capability())
     ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
     out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem], device="cuda")
     k = kcuda.CudaKernel(kcuda.CudaModule(ptx), emitted.name, emitted.grid, emitted.block, 0, len(args) + 1)
