@@ -186,6 +186,37 @@ def test_attention_mul_scale_and_cross_lengths():
     torch.testing.assert_close(out, attention_reference(k, q, v, mask, "mul"), rtol=2e-5, atol=2e-5)
 
 
+def bool_mask_attention(b, h, s, d, elem):
+    """masked_fill(scores, mask, -inf-ish) with a boolean [b, 1, s, s] argument (torch's
+    ``attn_mask`` convention inverted: true = masked), and an additive bias [s, s]."""
+    specs = [TensorSpec((b, h, s, d), elem)] * 3 + [TensorSpec((b, 1, s, s), "i1"), TensorSpec((s, s), elem)]
+
+    def body(q, k, v, mask, bias):
+        sc = kb.add(kb.mul(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), kb.scalar(d ** -0.5, elem)), bias)
+        return [kb.matmul(kb.softmax(kb.masked_fill(sc, mask, value=-1e4), dim=-1), v)]
+
+    return Built("attention", specs, body)
+
+
+def bool_mask_inputs(b, h, s, d, elem, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (randn((b, h, s, d), elem, gen) for _ in range(3))
+    mask = torch.rand((b, 1, s, s), generator=gen) > 0.7
+    bias = randn((s, s), elem, gen)
+    sc = (q.float() @ k.float().transpose(-1, -2)) * d ** -0.5 + bias.float()
+    want = torch.softmax(sc.masked_fill(mask, -1e4), -1) @ v.float()
+    return [q, k, v, mask, bias], want
+
+
+@needs_vulkan
+def test_attention_bool_mask_and_bias_vulkan():
+    built = bool_mask_attention(2, 2, 100, 64, "f32")
+    _, emitted = built.emit(SPIRV)
+    args, want = bool_mask_inputs(2, 2, 100, 64, "f32", 21)
+    out, _ = spirv_run(built, emitted, args, (2, 2, 100, 64), "f32")
+    torch.testing.assert_close(out, want, rtol=2e-5, atol=2e-5)
+
+
 def test_attention_gpu_func_structure():
     """Workgroup Q, K/V, P and row-exchange buffers; barriers in the key loop; the only
     global buffers are the inputs and the output (no score matrix)."""
@@ -467,3 +498,15 @@ def test_matmul_batched_broadcast_cuda(elem, transpose_b):
     out, _ = cuda_run(built, plan, emitted, [a, b, s], (2, 3, m, n), "f32")
     bb = b.float().transpose(-1, -2) if transpose_b else b.float()
     torch.testing.assert_close(out, (a.float() @ bb) * s.float(), rtol=1e-4, atol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("elem", ["f32", "f16"])
+def test_attention_bool_mask_and_bias_cuda(elem):
+    """Booleans reach CUDA kernels as bytes; the additive bias rides the score epilogue."""
+    built = bool_mask_attention(2, 2, 100, 64, elem)
+    plan, emitted = built.emit(CUDA)
+    args, want = bool_mask_inputs(2, 2, 100, 64, elem, 22)
+    out, _ = cuda_run(built, plan, emitted, args, (2, 2, 100, 64), elem)
+    tol = {"f32": 2e-5, "f16": 4e-3}[elem]
+    torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
