@@ -77,7 +77,7 @@ class Explanation:
         for i, k in enumerate(self.kernels):
             out.append("")
             out.append(f"kernel {i}: {k.entry}  strategy={k.strategy or '-'}")
-            out.append("  fuses:")
+            out.append("  fuses:" + ("" if k.fused_lines else " (no user lines known: the function has no source file)"))
             for line in k.fused_lines:
                 file, _, no = line.rpartition(":")
                 text = linecache.getline(file, int(no)).strip() if no.isdigit() else ""
