@@ -91,17 +91,18 @@ class Backward:
 
     ``fn`` takes the forward's flat tensor inputs, then one gradient per floating-point
     output, and returns one gradient per floating-point input (``diff`` says which).
+    Calling it runs the compiled kernel directly (it is called from the op
+    ``kf::<name>_backward``, which is what traces and compiled graphs see).
     """
 
     fn: Any  # a KfFunction
     diff: tuple[bool, ...]
-    float_outputs: tuple[bool, ...]
     source: str
     line_locs: dict[int, SourceLoc]
 
     def __call__(self, tensors: list[torch.Tensor], grads: list) -> list:
         try:
-            flat = self.fn(*tensors, *grads)
+            flat = self.fn._kernel_call((*tensors, *grads), {})
         except CompileError as e:
             raise _at_user_line(e, self) from None
         flat = list(flat) if isinstance(flat, (tuple, list)) else [flat]
@@ -154,36 +155,31 @@ def _example(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=t.dtype, device=t.device)
 
 
-def derive(kfn, structure: str, tensors: list[torch.Tensor], outputs_meta: list[tuple]) -> Backward:
-    """Trace and wrap the backward of ``kfn`` for this structure and these input shapes.
-
-    ``outputs_meta`` is one (shape, dtype) per flat output of the forward."""
+def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor]) -> Backward:
+    """Trace and wrap the backward of ``kfn`` for this structure and these input shapes;
+    ``grads`` are the gradients of its floating-point outputs, in order."""
     from torch.fx.experimental.proxy_tensor import make_fx
     import torch.fx.traceback as fx_traceback
     from torch.utils._python_dispatch import _disable_current_modes
 
     from . import torch_ops
-    from .api import KfFunction
 
     user = kfn.fn
     name = torch_ops.op_name_base(user)
     diff = tuple(t.is_floating_point() for t in tensors)
-    float_outs = tuple(dtype.is_floating_point for _, dtype in outputs_meta)
 
     def joint(*flat):
         ins = list(flat[:len(tensors)])
         tangents = list(flat[len(tensors):])
         prim = [x.detach().requires_grad_() if d else x for x, d in zip(ins, diff)]
         with torch.enable_grad(), _Locate():
-            outs = torch_ops.flatten_results(user(**torch_ops.rebuild(kfn, structure, prim)))
-            pairs = [(o, g) for o, g, f in zip(outs, tangents_iter(tangents), float_outs) if f]
+            outs = [o for o in torch_ops.flatten_results(user(**torch_ops.rebuild(kfn, structure, prim)))
+                    if o.is_floating_point()]
             wrt = [p for p, d in zip(prim, diff) if d]
-            grads = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+            pairs = [(o, g) for o, g in zip(outs, tangents) if o.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True) \
+                if pairs else [None] * len(wrt)
         return tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt))
-
-    def tangents_iter(tangents):
-        it = iter(tangents)
-        return [next(it) if f else None for f in float_outs]
 
     with _disable_current_modes(), warnings.catch_warnings(), fx_traceback.preserve_node_meta():
         # anomaly mode only for its creation tracebacks (the user's lines); it warns that it is slow
@@ -191,18 +187,17 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], outputs_meta: list[
         anomaly = torch.autograd.detect_anomaly(check_nan=False)
         anomaly.__enter__()
         examples = [_example(t) for t in tensors]
-        tangents = [torch.empty(tuple(int(s) for s in shape), dtype=dtype, device=examples[0].device if examples
-                                else "cpu") for (shape, dtype), f in zip(outputs_meta, float_outs) if f]
+        tangents = [_example(g) for g in grads]
         try:
             gm = make_fx(joint, decomposition_table=_decompositions(), tracing_mode="fake")(*examples, *tangents)
         finally:
             anomaly.__exit__(None, None, None)
     gm.graph.eliminate_dead_code()
     gm.recompile()
-    return _materialize(kfn, name, gm, diff, float_outs, user)
+    return _materialize(kfn, name, gm, diff, user)
 
 
-def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, float_outs, user) -> Backward:
+def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user) -> Backward:
     """Write the backward graph as a Python function in a file and make it a KfFunction."""
     from .api import KfFunction
     from .cache import cache_dir
@@ -237,4 +232,4 @@ def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, float_outs, use
             loc = _user_loc(node.meta.get("stack_trace", ""), user.__code__.co_filename)
             if loc is not None:
                 line_locs[lineno] = loc
-    return Backward(KfFunction(fn, kfn.options), diff, float_outs, str(path), line_locs)
+    return Backward(KfFunction(fn, kfn.options, torch_op=False), diff, str(path), line_locs)

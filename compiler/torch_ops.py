@@ -28,6 +28,8 @@ the signature's non-tensor part would be; shapes and dtypes travel with the tens
 from __future__ import annotations
 
 import ast
+import contextlib
+import hashlib
 import inspect
 import re
 import threading
@@ -38,7 +40,6 @@ import torch
 from .errors import SignatureError
 from .results import unflatten
 
-_NAMES: set[str] = set()
 _LOCK = threading.Lock()
 
 
@@ -48,28 +49,19 @@ def op_name_base(fn: Callable) -> str:
     return name if not name[0].isdigit() else f"f_{name}"
 
 
-def _define(fn: Callable, impl: Callable):
-    """``torch.library.custom_op`` under the function's name, or name_1, name_2, ... when
-    that is taken (the seed's moe_layer_fused lives in two examples; every
-    ``f.with_options(...)`` is a function of its own), in the order they are made."""
-    base = op_name_base(fn)
-    with _LOCK:
-        i = 0
-        while True:
-            name = base if i == 0 else f"{base}_{i}"
-            i += 1
-            if name in _NAMES:
-                continue
-            try:
-                op = torch.library.custom_op(f"kf::{name}", impl, mutates_args=(),
-                                             schema="(Tensor[] tensors, str structure) -> Tensor[]")
-            except RuntimeError as e:  # registered by another copy of this module
-                if "already" not in str(e).lower() and "duplicate" not in str(e).lower():
-                    raise
-                _NAMES.add(name)
-                continue
-            _NAMES.add(name)
-            return name, op
+def op_name(kfn) -> str:
+    """``<name>_<hash>``: the function's name and a hash of its module, qualified name and
+    options. The name is the same in every process, whatever order functions are made in,
+    so that code Inductor or AOTAutograd cached in one process calls the right op in
+    another; a function defined again (same module, name and options) takes its op over."""
+    fn = kfn.fn
+    ident = f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', fn.__name__)}:{kfn.options.stable_hash()}"
+    return f"{op_name_base(fn)}_{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+
+
+#: op name -> the KfFunction its implementations run (the newest definition)
+_OWNERS: dict[str, Any] = {}
+_OPS: dict[str, tuple] = {}
 
 
 # ----------------------------------------------------------------------------- structure
@@ -205,26 +197,96 @@ def result_tree(result: Any, counter: list | None = None) -> Any:
 
 
 def register(kfn) -> Any:
-    """Register ``torch.ops.kf.<name>`` for a KfFunction; returns the op."""
+    """Register ``torch.ops.kf.<name>`` and ``torch.ops.kf.<name>_backward`` for a
+    KfFunction; returns the forward op.
+
+    Both are made here, before any tracing: Dynamo cannot trace a registration, and
+    cached compiled code names the backward op without tracing the backward again."""
     kfn._trees = {}
     kfn._backwards = {}
+    name = op_name(kfn)
+    kfn.op_name = f"kf::{name}"
+    with _LOCK:
+        _OWNERS[name] = kfn
+        if name not in _OPS:
+            _OPS[name] = _define(name)
+    return _OPS[name][0]
 
+
+@contextlib.contextmanager
+def _opaque():
+    """A context in which a kernel runs, or compiles, outside any tracing: opcheck's schema
+    checker or a user's TorchDispatchMode must not see (or check) the ATen ops that kf's
+    capture traces, and Inductor runs compiled code inside the compile's TracingContext,
+    whose fake mode torch.export would otherwise pick up. The dispatcher's thread-local
+    key sets are reset too: inside a mode's __torch_dispatch__ the Python key is excluded,
+    and torch.export's fake tensors cannot work without it."""
+    from torch._guards import tracing
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), tracing(None), torch._C._ForceDispatchKeyGuard(*_TOP_LEVEL_KEYS):
+        yield
+
+
+#: the dispatcher's thread-local (included, excluded) key sets of a plain call, as they are
+#: when this module is imported (autocast keys are excluded by default)
+_TOP_LEVEL_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+
+def _define(name: str) -> tuple:
     def real(tensors: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
-        result = kfn._kernel_call((), rebuild(kfn, structure, list(tensors)))
-        kfn._trees[structure] = result_tree(result)
+        kfn = _OWNERS[name]
+        with _opaque():
+            result = kfn._kernel_call((), rebuild(kfn, structure, list(tensors)))
+            if structure not in kfn._trees:
+                kfn._trees[structure] = _tree_of(kfn, structure, tensors)
         return _fresh(flatten_results(result), tensors)
 
     def fake(tensors, structure):
+        kfn = _OWNERS[name]
         result = kfn.fn(**rebuild(kfn, structure, list(tensors)))
         kfn._trees[structure] = result_tree(result)
         # kf's programs return new row-major tensors
         return [o.new_empty(o.shape) for o in flatten_results(result)]
 
-    name, op = _define(kfn.fn, real)
-    kfn.op_name = f"kf::{name}"
+    def backward_real(tensors: list[torch.Tensor], grads: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
+        kfn = _OWNERS[name]
+        with _opaque():
+            bwd = _backward_of(kfn, structure, list(tensors), list(grads))
+            return _fresh([g for g in bwd(list(tensors), list(grads)) if g is not None], list(tensors) + list(grads))
+
+    def backward_fake(tensors, grads, structure):
+        return [t.new_empty(t.shape) for t in tensors if t.is_floating_point()]
+
+    schema = "(Tensor[] tensors, str structure) -> Tensor[]"
+    op = torch.library.custom_op(f"kf::{name}", real, mutates_args=(), schema=schema)
     op.register_fake(fake)
-    op.register_autograd(_backward(kfn), setup_context=_setup_context)
-    return op
+    bop = torch.library.custom_op(f"kf::{name}_backward", backward_real, mutates_args=(),
+                                  schema="(Tensor[] tensors, Tensor[] grads, str structure) -> Tensor[]")
+    bop.register_fake(backward_fake)
+    op.register_autograd(_backward_formula(name), setup_context=_setup_context)
+    return op, bop
+
+
+def _tree_of(kfn, structure: str, tensors: list):
+    """How the function's results nest, from a run of the function on fake tensors (the
+    compiled program returns them flat)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(t) for t in tensors]
+        return result_tree(kfn.fn(**rebuild(kfn, structure, fakes)))
+
+
+def _backward_of(kfn, structure: str, tensors: list, grads: list):
+    from . import autograd
+
+    key = (structure, tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors),
+           tuple((tuple(g.shape), g.dtype) for g in grads))
+    bwd = kfn._backwards.get(key)
+    if bwd is None:
+        bwd = kfn._backwards[key] = autograd.derive(kfn, structure, tensors, grads)
+    return bwd
 
 
 def _fresh(outs: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -246,25 +308,20 @@ def _fresh(outs: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.T
 def _setup_context(ctx, inputs, output):
     tensors, structure = inputs
     ctx.structure = structure
-    ctx.outputs_meta = [(tuple(o.shape), o.dtype) for o in output]
+    ctx.outputs_meta = [(o.shape, o.dtype, o.device) for o in output]
+    ctx.float_inputs = [t.is_floating_point() for t in tensors]
     ctx.save_for_backward(*tensors)
 
 
-def _backward(kfn):
+def _backward_formula(name: str):
     def backward(ctx, grads):
-        from . import autograd
-
-        tensors = list(ctx.saved_tensors)
-        key = (ctx.structure, tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors))
-        bwd = kfn._backwards.get(key)
-        if bwd is None:
-            bwd = kfn._backwards[key] = autograd.derive(kfn, ctx.structure, tensors, ctx.outputs_meta)
-        tangents = []
-        for g, (shape, dtype), f in zip(grads, ctx.outputs_meta, bwd.float_outputs):
-            if f:
-                tangents.append(torch.zeros(shape, dtype=dtype, device=tensors[0].device) if g is None
-                                else g.contiguous())
-        return bwd(tensors, tangents), None
+        # Gradients of the floating-point outputs (zeros for unused ones); integer outputs
+        # such as topk's indices have none.
+        tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+                    for g, (shape, dtype, device) in zip(grads, ctx.outputs_meta) if dtype.is_floating_point]
+        flat = _OPS[name][1](list(ctx.saved_tensors), tangents, ctx.structure)
+        it = iter(flat)
+        return [next(it) if f else None for f in ctx.float_inputs], None
 
     return backward
 

@@ -1,0 +1,192 @@
+"""kf functions as torch.library custom ops: torch.compile, torch.export, opcheck."""
+
+import pytest
+import torch
+
+import kf
+from kf import torch_ops
+
+import moe
+import seed_examples as se
+
+
+@kf.jit(target="cpu")
+def ln(x, weight, bias, eps=1e-5):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, keepdim=True)
+    return weight * (x - mean) / torch.sqrt(var + eps) + bias
+
+
+@kf.jit(target="cpu")
+def stats(x):
+    return x.sum(dim=-1), (x.amax(dim=0), x.mean(dim=0))
+
+
+@kf.jit(target="cpu")
+def gelu(x):
+    return torch.nn.functional.gelu(x)
+
+
+attention = se.fused_attention.with_options(target="cpu")
+moe_cpu = moe.moe_layer_fused.with_options(target="cpu")
+
+
+def _target(kfn):
+    return kfn.op_name.replace("::", ".") + ".default"
+
+
+class Block(torch.nn.Module):
+    """A transformer-ish block whose norm, attention and activation are kf kernels."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.w = torch.nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.b = torch.nn.Parameter(0.1 * torch.randn(d))
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.out = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        h = ln(x, self.w, self.b)
+        q, k, v = self.qkv(h).unsqueeze(1).chunk(3, dim=-1)
+        a = attention(q.contiguous(), k.contiguous(), v.contiguous()).squeeze(1)
+        return x + gelu(self.out(a))
+
+
+def test_each_function_has_its_op():
+    assert ln.op_name.startswith("kf::ln_")
+    name = ln.op_name.split("::")[1]
+    assert getattr(torch.ops.kf, name).default is not None
+    assert getattr(torch.ops.kf, name + "_backward").default is not None
+    # functions of one name (two modules' moe_layer_fused, with_options variants) get
+    # distinct ops, and the name does not depend on the order they are made in
+    names = {moe_cpu.op_name, moe.moe_layer_fused.op_name, se.moe_layer_fused.op_name}
+    assert len(names) == 3 and all(n.startswith("kf::moe_layer_fused_") for n in names)
+    assert torch_ops.op_name(moe_cpu) == moe_cpu.op_name.split("::")[1]
+
+
+@pytest.mark.parametrize("args,kwargs", [
+    ((torch.ones(2), [torch.ones(1), torch.ones(3)], None, 2, 1e-5), {}),
+    ((torch.ones(2),), {"b": (torch.ones(1),), "c": "a|b", "d": torch.float16}),
+])
+def test_structure_round_trips(args, kwargs):
+    @kf.jit
+    def f(a, b=None, c=None, d=3, e=0.5):
+        return a
+
+    tensors, structure = torch_ops.flatten_call(f, args, kwargs)
+    rebuilt = torch_ops.rebuild(f, structure, tensors)
+    import inspect
+
+    bound = inspect.signature(f.fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    for name, value in bound.arguments.items():
+        got = rebuilt[name]
+        if isinstance(value, torch.Tensor):
+            assert got is value
+        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            assert type(got) is type(value) and all(g is v for g, v in zip(got, value))
+        else:
+            assert got == value and type(got) is type(value)
+
+
+def test_torch_compile_fullgraph_keeps_kf_ops():
+    torch.manual_seed(0)
+    block = Block()
+    x = torch.randn(2, 16, 32)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    with torch.no_grad():
+        out = compiled(x)
+        ref = block(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    kf_ops = [s for s in seen if s.startswith("kf.")]
+    assert {_target(ln), _target(gelu), _target(attention)} <= set(kf_ops), seen
+
+
+def test_torch_compile_inductor_trains_through_kf():
+    torch.manual_seed(0)
+    block = Block()
+    x = torch.randn(2, 16, 32)
+    compiled = torch.compile(block, fullgraph=True)
+    compiled(x).square().mean().backward()
+    got = {n: p.grad.clone() for n, p in block.named_parameters()}
+    block.zero_grad()
+
+    # the same block in eager torch: the kf functions' own Python
+    def eager(x):
+        h = ln.fn(x, block.w, block.b)
+        q, k, v = block.qkv(h).unsqueeze(1).chunk(3, dim=-1)
+        a = se.fused_attention.fn(q, k, v).squeeze(1)
+        return x + gelu.fn(block.out(a))
+
+    eager(x).square().mean().backward()
+    for n, p in block.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_torch_export_carries_the_op():
+    block = Block()
+    x = torch.randn(2, 16, 32)
+    ep = torch.export.export(block, (x,))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert _target(ln) in targets and _target(gelu) in targets
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), block(x), rtol=1e-4, atol=1e-4)
+
+
+def _opcheck(kfn, *args, **kwargs):
+    tensors, structure = torch_ops.flatten_call(kfn, args, kwargs)
+    result = torch.library.opcheck(kfn._torch_op, (tensors, structure))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_opcheck_layer_norm_and_gelu():
+    d = torch.float64
+    _opcheck(ln, torch.randn(4, 32, dtype=d, requires_grad=True), torch.randn(32, dtype=d, requires_grad=True),
+             torch.randn(32, dtype=d, requires_grad=True))
+    _opcheck(gelu, torch.randn(3, 40, requires_grad=True))
+
+
+def test_opcheck_nested_results():
+    _opcheck(stats, torch.randn(5, 6, dtype=torch.float64, requires_grad=True))
+    # through the op (autograd records this call) results nest as the function returns them
+    s, (mx, mean) = stats(torch.ones(5, 6, requires_grad=True))
+    assert s.shape == (5,) and mx.shape == (6,) and mean.shape == (6,)
+
+
+def test_opcheck_attention_with_mask():
+    q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.tril(torch.ones(8, 8, dtype=torch.long))
+    _opcheck(attention, q, k, v, mask)
+
+
+def test_opcheck_moe_list_argument():
+    x = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
+    gate = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    w_in = torch.randn(4, 8, 16, dtype=torch.float64, requires_grad=True)
+    w_out = torch.randn(4, 16, 8, dtype=torch.float64, requires_grad=True)
+    _opcheck(moe_cpu, x, gate, [w_in, w_out], top_k=2)
+
+
+def test_outputs_never_alias_inputs():
+    @kf.jit(target="cpu")
+    def passthrough(x):
+        return x.reshape(-1), x * 2
+
+    x = torch.randn(3, 4, requires_grad=True)
+    flat, doubled = passthrough(x)
+    assert flat.data_ptr() != x.data_ptr()
+    torch.testing.assert_close(flat, x.detach().reshape(-1))
+
+
+def test_plain_calls_skip_the_op():
+    x, w, b = torch.randn(4, 32), torch.randn(32), torch.randn(32)
+    assert not torch_ops.needs_op((x, w, b), {})
+    assert torch_ops.needs_op((x, w.requires_grad_(), b), {})
+    with torch.no_grad():
+        assert not torch_ops.needs_op((x, w, b), {})
