@@ -25,7 +25,7 @@ _TARGET_DEVICES = {"cuda": ("cuda",), "metal": ("mps",), "vulkan": ("cpu",), "cp
 class KfFunction:
     """A torch function that kf compiles on first call for each new signature."""
 
-    def __init__(self, fn: Callable, options: Options):
+    def __init__(self, fn: Callable, options: Options, torch_op: bool = True):
         if isinstance(fn, KfFunction):
             fn = fn.fn
         functools.update_wrapper(self, fn)
@@ -41,8 +41,9 @@ class KfFunction:
         self._fast_ok = not any(isinstance(d, (torch.Tensor, list, tuple))
                                 for d in (fn.__defaults__ or ()))
         # torch.ops.kf.<name>: what torch.compile, torch.export and autograd see (torch_ops.py)
+        # (kf's own generated backward functions are called from their forward's op: none)
         self._params = torch_ops.parameters(fn)
-        self._torch_op = torch_ops.register(self)
+        self._torch_op = torch_ops.register(self) if torch_op else None
 
     def __repr__(self) -> str:
         return f"<kf function {self.fn.__name__} target={self.options.target}>"
@@ -92,7 +93,7 @@ class KfFunction:
         return program
 
     def __call__(self, *args, **kwargs):
-        if torch_ops.needs_op(args, kwargs):  # tracing, torch.compile or autograd
+        if self._torch_op is not None and torch_ops.needs_op(args, kwargs):  # tracing, torch.compile, autograd
             return torch_ops.call(self, args, kwargs)
         return self._kernel_call(args, kwargs)
 
