@@ -1,0 +1,183 @@
+"""kf functions are differentiable: backward derived from the forward, compiled by kf."""
+
+import pytest
+import torch
+
+import kf
+from kf import autograd
+from kf.runtime import vulkan
+
+import moe
+import seed_examples as se
+
+D = torch.float64
+
+
+@kf.jit(target="cpu")
+def elementwise(x, y):
+    return torch.tanh(x) * y + torch.exp(-x * x) - torch.sigmoid(y) / (1.0 + x * x)
+
+
+@kf.jit(target="cpu")
+def reductions(x):
+    return x.sum(dim=-1), x.mean(dim=0, keepdim=True), x.amax(dim=-1), x.var(dim=-1)
+
+
+@kf.jit(target="cpu")
+def layer_norm(x, weight, bias, eps=1e-5):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, keepdim=True)
+    return weight * (x - mean) / torch.sqrt(var + eps) + bias
+
+
+@kf.jit(target="cpu")
+def torch_layer_norm(x, weight, bias):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias)
+
+
+@kf.jit(target="cpu")
+def softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+@kf.jit(target="cpu")
+def matmul_bias_gelu(a, b, bias):
+    return torch.nn.functional.gelu(torch.matmul(a, b) + bias)
+
+
+attention = se.fused_attention.with_options(target="cpu")
+moe_cpu = moe.moe_layer_fused.with_options(target="cpu")
+
+
+def _rand(*shape):
+    return torch.randn(*shape, dtype=D, requires_grad=True)
+
+
+def test_gradcheck_elementwise():
+    assert torch.autograd.gradcheck(elementwise, (_rand(3, 5), _rand(3, 5)))
+
+
+def test_gradcheck_reductions():
+    assert torch.autograd.gradcheck(reductions, (_rand(4, 6),))
+
+
+def test_gradcheck_layer_norm():
+    assert torch.autograd.gradcheck(layer_norm, (_rand(3, 16), _rand(16), _rand(16)))
+
+
+@pytest.mark.xfail(strict=True, reason="kf-to-cpu bug, not autograd's: two results that are reductions of one "
+                   "shape get one output buffer (cse merges their tensor.empty inits before eliminate-empty-tensors); "
+                   "the backward's sum(g * xhat, 0) and sum(g, 0) come out equal. Interpreted, the backward is right.")
+def test_gradcheck_torch_layer_norm():
+    assert torch.autograd.gradcheck(torch_layer_norm, (_rand(3, 16), _rand(16), _rand(16)))
+
+
+def test_torch_layer_norm_backward_interpreted():
+    interp = torch_layer_norm.with_options(interpret=True)
+    x, w, b = _rand(3, 16), _rand(16), _rand(16)
+    out = interp(x, w, b)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, w, b), g)
+    want = torch.autograd.grad(torch.nn.functional.layer_norm(x, (16,), w, b), (x, w, b), g)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+
+
+def test_gradcheck_softmax():
+    assert torch.autograd.gradcheck(softmax, (_rand(3, 7),))
+
+
+def test_gradcheck_matmul():
+    assert torch.autograd.gradcheck(matmul_bias_gelu, (_rand(3, 4), _rand(4, 5), _rand(5)))
+
+
+def test_gradcheck_attention_with_mask():
+    q, k, v = _rand(1, 2, 8, 4), _rand(1, 2, 8, 4), _rand(1, 2, 8, 4)
+    mask = torch.tril(torch.ones(8, 8, dtype=torch.long))
+    assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, mask), (q, k, v))
+    assert torch.autograd.gradcheck(attention, (q, k, v))
+
+
+def test_gradcheck_moe():
+    # the gate's topk indices are integers: no gradient flows through the choice, only
+    # through the chosen experts' softmax weights and the experts themselves
+    x, gate, w_in, w_out = _rand(1, 4, 8), _rand(4, 8), _rand(4, 8, 16), _rand(4, 16, 8)
+    assert torch.autograd.gradcheck(lambda x, g, wi, wo: moe_cpu(x, g, [wi, wo]), (x, gate, w_in, w_out))
+
+
+def test_gradients_match_eager_and_only_inputs_are_saved():
+    x, w, b = _rand(4, 16), _rand(16), _rand(16)
+    out = layer_norm(x, w, b)
+    # the graph node saves the three inputs, nothing computed in the forward
+    assert len(out.grad_fn.saved_tensors) == 3
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, w, b), g)
+    want = torch.autograd.grad(layer_norm.fn(x, w, b), (x, w, b), g)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+
+
+def test_integer_outputs_and_unused_outputs():
+    @kf.jit(target="cpu")
+    def top2(x):
+        values, indices = torch.topk(x, 2, dim=-1)
+        return values * 2.0, indices, x.sum(dim=-1)
+
+    x = _rand(3, 5)
+    values, indices, total = top2(x)
+    assert indices.dtype == torch.int64 and not indices.requires_grad
+    (grad,) = torch.autograd.grad(values.sum(), x)  # `total` unused: its gradient is zero
+    want = torch.zeros_like(x).scatter(-1, indices, 2.0)
+    torch.testing.assert_close(grad, want)
+
+
+def test_backward_is_a_kf_program():
+    x, w, b = _rand(2, 8), _rand(8), _rand(8)
+    layer_norm(x, w, b).sum().backward()
+    (bwd,) = [b for key, b in layer_norm._backwards.items() if key[1][0][0] == (2, 8)]
+    assert isinstance(bwd, autograd.Backward)
+    assert isinstance(bwd.fn, kf.KfFunction) and bwd.fn.options.target == "cpu"
+    programs = list(bwd.fn._table.values())
+    assert programs and all(type(p).__name__ == "CompiledProgram" for p in programs)
+    # the generated source names the forward it comes from
+    assert "The backward of layer_norm" in open(bwd.source).read()
+
+
+needs_vulkan = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)")
+
+
+@needs_vulkan
+def test_backward_error_names_op_and_forward_line():
+    @kf.jit(target="vulkan")
+    def every_other(x):
+        y = torch.tanh(x)
+        return y[:, ::2] * 2.0  # its backward is a strided slice_scatter: no kf op
+
+    x = torch.randn(4, 8, requires_grad=True)
+    out = every_other(x)
+    with pytest.raises(kf.CompileError) as info:
+        out.sum().backward()
+    e = info.value
+    assert "backward of every_other" in str(e) and "slice_scatter" in str(e)
+    assert e.loc is not None and e.loc.file == __file__
+    assert "y[:, ::2]" in e.loc.snippet()
+
+
+@needs_vulkan
+@pytest.mark.parametrize("fn,shapes", [
+    ("layer_norm", [(8, 64), (64,), (64,)]),
+    ("matmul_bias_gelu", [(8, 32), (32, 16), (16,)]),
+])
+def test_bf16_gradients_on_vulkan_match_eager(fn, shapes):
+    kfn = globals()[fn].with_options(target="vulkan")
+    torch.manual_seed(0)
+    args = [torch.randn(*s, dtype=torch.bfloat16).requires_grad_() for s in shapes]
+    out = kfn(*args)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, args, g)
+    # eager in float32, the reference bf16 is measured against
+    ref_args = [a.detach().float().requires_grad_() for a in args]
+    want = torch.autograd.grad(kfn.fn(*ref_args), ref_args, g.float())
+    for a, e in zip(got, want):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), e, rtol=3e-2, atol=3e-2 * e.abs().max().item())
