@@ -45,6 +45,7 @@ class KernelPlan:
     bound: str
     ptxas: dict = field(default_factory=dict)
     occupancy: dict | None = None
+    static_shared: int = 0  # workgroup memory declared in the kernel (SPIR-V, ptxas)
 
 
 @dataclass
@@ -85,8 +86,13 @@ class Explanation:
             plan = {key: v for key, v in k.plan.items() if key not in ("strategy", "target")}
             if plan:
                 out.append("  plan:  " + ", ".join(f"{key}={v}" for key, v in plan.items()))
-            out.append(f"  grid={tuple(k.grid)} block={tuple(k.block)} threads={math.prod(k.grid) * math.prod(k.block)}"
-                       f"  shared={k.shared_bytes} B  vector width={k.vector_width or 1}")
+            if self.target == "cpu":
+                out.append("  one loop nest on the host (linalg -> LLVM), vectorized by LLVM")
+            else:
+                out.append(f"  grid={tuple(k.grid)} block={tuple(k.block)} "
+                           f"threads={math.prod(k.grid) * math.prod(k.block)}"
+                           f"  shared={k.shared_bytes + k.static_shared} B ({k.static_shared} static)"
+                           f"  vector width={k.vector_width or 1}")
             out.append(f"  moves {k.nbytes / 1e6:.3f} MB, {k.flops / 1e6:.3f} MFLOP ({k.matmul_flops / 1e6:.3f} in matmuls), "
                        f"{k.flops / k.nbytes if k.nbytes else 0:.2f} FLOP/byte, {k.elem}")
             if k.ptxas:
@@ -131,7 +137,8 @@ def plan_of(meta: dict, peak: costs.DevicePeak | None) -> list[KernelPlan]:
         plan = dict(k.extra.get("plan") or {})
         out.append(KernelPlan(k.entry if abi.target != "cpu" else meta["name"], str(k.extra.get("strategy", "")),
                               tuple(k.fused_lines), plan, tuple(k.grid), tuple(k.block), int(k.shared_bytes),
-                              _vector_width(plan), nbytes, flops, mm, elem, floor, bound, ptxas, occ))
+                              _vector_width(plan), nbytes, flops, mm, elem, floor, bound, ptxas, occ,
+                              int(ptxas.get("shared_bytes", 0) or k.extra.get("workgroup_bytes", 0) or 0)))
     return out
 
 

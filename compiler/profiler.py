@@ -60,7 +60,8 @@ class KernelLaunch:
     elem: str
     grid: tuple[int, ...] = (1, 1, 1)
     block: tuple[int, ...] = (1, 1, 1)
-    shared_bytes: int = 0
+    shared_bytes: int = 0  # dynamic
+    static_shared: int = 0  # declared in the kernel (ptxas's smem, SPIR-V workgroup memory)
     ptxas: dict = field(default_factory=dict)
     timer: str = "wall"  # "wall", "vulkan timestamps", "cuda events"
     _seconds: float | None = None
@@ -96,7 +97,7 @@ class KernelStats:
     elem: str
     timer: str
     block: tuple[int, ...]
-    shared_bytes: int
+    shared_bytes: int  # dynamic + static
     ptxas: dict
     peak: costs.DevicePeak | None
 
@@ -141,8 +142,7 @@ class KernelStats:
         if self.target != "cuda" or not self.ptxas:
             return None
         threads = math.prod(self.block)
-        return costs.cuda_occupancy(threads, int(self.ptxas.get("registers", 0)),
-                                    self.shared_bytes + int(self.ptxas.get("shared_bytes", 0)))
+        return costs.cuda_occupancy(threads, int(self.ptxas.get("registers", 0)), self.shared_bytes)
 
 
 class profile:
@@ -201,7 +201,9 @@ class profile:
                 start_s=t0 - self._t0, nbytes=sum(buffers[i].nbytes for i in sorted(set(k.args))),
                 flops=int(k.extra.get("flops", 0)), matmul_flops=int(k.extra.get("matmul_flops", 0)),
                 elem=costs.kernel_elem(abi, k), grid=tuple(k.grid), block=tuple(k.block),
-                shared_bytes=int(k.shared_bytes), ptxas=dict(k.extra.get("ptxas") or {}), timer=timer,
+                shared_bytes=int(k.shared_bytes),
+                static_shared=int((k.extra.get("ptxas") or {}).get("shared_bytes", 0) or k.extra.get("workgroup_bytes", 0) or 0),
+                ptxas=dict(k.extra.get("ptxas") or {}), timer=timer,
                 _seconds=seconds, _events=ev)
             p = self
             while p is not None:
@@ -237,7 +239,7 @@ class profile:
             times = [x.seconds for x in ls]
             out.append(KernelStats(fn, kernel, first.target, first.strategy, first.fused_lines, len(ls), sum(times),
                                    min(times), first.nbytes, first.flops, first.matmul_flops, first.elem,
-                                   first.timer, first.block, first.shared_bytes, first.ptxas,
+                                   first.timer, first.block, first.shared_bytes + first.static_shared, first.ptxas,
                                    self.peak(first.target)))
         out.sort(key=lambda s: -s.total_s)
         return out
@@ -256,8 +258,7 @@ class profile:
                 f"{s.mean_s * 1e6:.1f}", f"{s.nbytes / 1e6:.3f}", f"{s.flops / 1e6:.2f}", f"{s.gbps:.2f}",
                 f"{s.tflops:.4f}", f"{frac * 100:.1f}" if frac is not None else "-", s.bound,
                 str(s.ptxas["registers"]) if s.ptxas else "-",
-                str(s.shared_bytes + int(s.ptxas.get("shared_bytes", 0))) if s.target == "cuda" else
-                (str(s.shared_bytes) if s.shared_bytes else "-"),
+                str(s.shared_bytes) if s.shared_bytes or s.target == "cuda" else "-",
                 str(s.ptxas.get("spill_store_bytes", 0) + s.ptxas.get("spill_load_bytes", 0)) if s.ptxas else "-",
                 f"{occ['occupancy'] * 100:.0f}%" if occ else "-"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
