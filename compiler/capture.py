@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -69,12 +70,22 @@ def _user_code(fn: Callable) -> Callable:
     return inspect.unwrap(fn)
 
 
-def _register_anchor(fn: Callable) -> None:
-    # torch.export keeps only "forward" frames in node stack traces, plus registered
-    # anchors (torch >= 2.12). Registering the user's function keeps its frames.
+def _traceable(fn: Callable) -> Callable:
+    """fn, arranged so that torch.export keeps its frames in node stack traces.
+
+    Export keeps only frames of functions named ``forward`` and, since torch 2.12,
+    registered anchors. Where the anchor API exists the user's function is registered;
+    elsewhere (torch 2.11) kf traces a copy of it whose code is named ``forward``: same
+    file, lines, globals, defaults and closure.
+    """
     register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
     if register is not None:
         register(fn)
+        return fn
+    code = fn.__code__.replace(co_name="forward")
+    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
 
 
 def _user_loc(node: torch.fx.Node, fn: Callable) -> SourceLoc | None:
@@ -93,7 +104,7 @@ def _user_loc(node: torch.fx.Node, fn: Callable) -> SourceLoc | None:
 
     text = linecache.getline(file, line)
     col = len(text) - len(text.lstrip()) + 1 if text else 1
-    return SourceLoc(file, line, col, name)
+    return SourceLoc(file, line, col, fn.__name__ if name == "forward" else name)
 
 
 def _trace_inputs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -106,9 +117,9 @@ def _trace_inputs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> torch.export.ExportedProgram:
     """The ATen graph of fn specialized to sig."""
     user = _user_code(fn)
-    _register_anchor(user)
+    traced = _traceable(user)
     try:
-        ep = torch.export.export(_Wrapper(user, sig), tuple(_trace_inputs(tensors)), strict=False)
+        ep = torch.export.export(_Wrapper(traced, sig), tuple(_trace_inputs(tensors)), strict=False)
     except Exception as e:  # torch's own errors name the user's frame in their text
         loc = _loc_from_exception(e, user)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

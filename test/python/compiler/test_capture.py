@@ -149,3 +149,12 @@ def test_unsupported_op_names_line():
 def test_unsupported_dtype_is_a_signature_error():
     with pytest.raises(kf.SignatureError, match="uint8"):
         kf.inspect(lambda x: x + 1, torch.zeros(3, dtype=torch.uint8))
+
+
+def test_locations_without_the_anchor_api(monkeypatch):
+    # torch 2.11 (the GPU machine) has no _register_stack_trace_anchor: kf traces a copy
+    # of the function named "forward", which export keeps in stack traces.
+    monkeypatch.delattr(torch.fx.proxy, "_register_stack_trace_anchor", raising=False)
+    cap = capture(seed_examples.metal_layer_norm.fn, torch.randn(2, 16), torch.randn(16), torch.randn(16))
+    assert {loc.line for loc in cap.source_locs.values()} == {41, 42, 43, 44}
+    assert {loc.function for loc in cap.source_locs.values()} == {"metal_layer_norm"}
