@@ -25,8 +25,11 @@ When it applies (anything else leaves the loop as it is: the pass never guesses)
   indices are defined outside the loop;
 - every access is aligned: the memref's last dimension is a multiple of L, or all its
   other indices are the constant 0 (then row 0 starts at the buffer's start). Kernel
-  buffers are assumed 16-byte aligned (torch's allocations are 256-byte aligned; the
-  launcher makes inputs contiguous), workgroup buffers are aligned by their lowering;
+  buffers are assumed aligned to the vector (16 bytes at most; torch's allocations are
+  256-byte aligned): the pass records that as ``kf.assumed_alignment`` on the gpu.func
+  for the launcher to check, since a contiguous view at an odd storage offset is not.
+  Workgroup buffers get the alignment as ``llvm.align`` (attributions) or ``alignment``
+  (memref.alloc);
 - the body is one block of arith/math ops (widened to vectors; loop-invariant scalars are
   broadcast), loads and stores; each loop result is an accumulator ``yield
   combine(%acc, x)`` with combine one of addf, mulf, maximumf, minimumf, used nowhere
@@ -53,6 +56,7 @@ from .base import KfPass
 
 ROW_LOOP = "kf.row_loop"
 VECTOR_LANES = "kf.vector_lanes"
+ASSUMED_ALIGNMENT = "kf.assumed_alignment"  # on the gpu.func: bytes every kernel argument must be aligned to
 _BITS = {"f64": 64, "f32": 32, "f16": 16, "bf16": 16, "i64": 64, "i32": 32, "i16": 16, "i8": 8, "i1": 8}
 _COMBINE = {"arith.addf": "add", "arith.mulf": "mul", "arith.maximumf": "maximumf", "arith.minimumf": "minimumf"}
 
@@ -224,10 +228,18 @@ class VectorizePass(KfPass):
         yield_op = _op(list(body.operations)[-1])
         kinds = self._accumulators(body, yield_op)
         self._check_body(body)
+        assumed = 0
         for _, mem, _ in accesses:
             t = ir.MemRefType(mem.type)
             if t.memory_space is not None and "workgroup" in str(t.memory_space):
                 _align_workgroup(fn, mem, self._alignment(t.element_type, lanes))
+            else:
+                assumed = max(assumed, self._alignment(t.element_type, lanes))
+        if assumed and fn is not None:
+            # What the launcher must guarantee of every buffer it passes (a contiguous
+            # view at an odd storage offset would fault on ld.global.v4).
+            old = ir.IntegerAttr(fn.attributes[ASSUMED_ALIGNMENT]).value if ASSUMED_ALIGNMENT in fn.attributes else 0
+            fn.attributes[ASSUMED_ALIGNMENT] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), max(old, assumed))
         T = block[0]
         index = ir.IndexType.get()
         with loop.location:

@@ -13,6 +13,7 @@
 // The accumulator starts at zero in every lane; the scalar initial value is added by
 // vector.reduction.
 // CHECK-LABEL: gpu.func @sum_f32
+// CHECK-SAME: kf.assumed_alignment = 16 : i64
 // CHECK: %[[TID:.*]] = gpu.thread_id x
 // CHECK: %[[INIT:.*]] = arith.constant 1.000000e+00 : f32
 // CHECK-DAG: %[[C4:.*]] = arith.constant 4 : index
