@@ -218,6 +218,21 @@ def test_ptxas_rejecting_the_ptx(monkeypatch):
     assert err.reproducer.endswith(".mlir") and "gpu.module" in open(err.reproducer).read()
     assert "kf-to-cuda{chip=" in err.command
     assert _kf_frames(err) == []
+    # The command is runnable as printed: on the saved gpu-stage IR it compiles (the
+    # corruption was planted after kf-to-cuda).
+    monkeypatch.undo()
+    assert _run_command(err.command) == 0
+
+
+def _run_command(command: str) -> int:
+    """Run a reproducer's ``kf-opt`` command in this process (kf-opt's own main)."""
+    import shlex
+
+    from kf.tools import kf_opt
+
+    argv = shlex.split(command)
+    assert argv[0] == "kf-opt"
+    return kf_opt.main(argv[1:] + ["-o", os.devnull])
 
 
 def _corrupt(binaries, keep=2 / 3):
@@ -240,6 +255,8 @@ def test_spirv_cross_rejecting_the_spirv(monkeypatch):
     assert "SPIRV-Cross" in err.stage and "spirv-cross failed" in err.cause and "\n" not in err.cause
     assert err.loc.line == _line_of(fused_lines, "torch.tanh")
     assert "builtin.module(kf-to-spirv, kf-to-metal)" in err.command and os.path.exists(err.reproducer)
+    monkeypatch.undo()
+    assert _run_command(err.command) == 0
 
 
 @pytest.mark.skipif(shutil.which("spirv-val") is None, reason="needs spirv-val")
