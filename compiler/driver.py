@@ -97,6 +97,11 @@ def _tuple_tree(tree):
 # ----------------------------------------------------------------------------- compile
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
 def _user_code(fn: Callable):
     import inspect
 
@@ -157,12 +162,21 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     from .capture import capture_signature
     from .stages import StageLog, dump_dir_for, run_passes
 
+    code = _user_code(fn)
+    where = SourceLoc(code.co_filename, code.co_firstlineno, 1, code.co_name)
     start = time.perf_counter()
-    cap = capture_signature(fn, sig, tensors)
+    try:
+        cap = capture_signature(fn, sig, tensors)
+    except CompileError:
+        raise
+    except Exception as e:  # a bug in kf's ATen conversion (there is no IR to save yet)
+        if debug():
+            raise
+        raise CompileError(f"{code.co_name}: internal compiler error during capture", where, stage="capture",
+                           cause=f"{type(e).__name__}: {_first_line(e)} (KF_DEBUG=1 shows kf's traceback)") from None
     log = log or StageLog(cap.name, dump_dir_for(options.dump_ir))
     log.seconds["capture"] = time.perf_counter() - start
-    code = _user_code(fn)
-    log.default_loc = SourceLoc(code.co_filename, code.co_firstlineno, 1, code.co_name)
+    log.default_loc = where
     log.record("kf", cap.module)
     try:
         run_passes(cap.module, ["kf-canonicalize"], log)
@@ -184,8 +198,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
 
         path = save_reproducer(log, cap.module.operation.get_asm(enable_debug_info=True))
         raise CompileError(f"{cap.name}: internal compiler error", log.default_loc, stage="compile",
-                           cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                                 f" (KF_DEBUG=1 shows kf's traceback)",
+                           cause=f"{type(e).__name__}: {_first_line(e)} (KF_DEBUG=1 shows kf's traceback)",
                            reproducer=path) from None
     meta = {
         "name": cap.name,
