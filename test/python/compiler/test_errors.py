@@ -190,6 +190,22 @@ def test_internal_errors_outside_passes_are_compile_errors(monkeypatch):
     assert e.value.loc.line == two_lines.__code__.co_firstlineno and os.path.exists(e.value.reproducer)
 
 
+def test_a_crash_in_capture_is_an_internal_compile_error(monkeypatch):
+    from kf import aten_to_kf
+
+    def crash(self, node, env):
+        raise IndexError("planted")
+
+    monkeypatch.setattr(aten_to_kf.Converter, "convert", crash)
+    with pytest.raises(kf.CompileError) as e:
+        kf.jit(two_lines, target="cpu")(torch.randn(8))
+    assert "internal compiler error during capture" in str(e.value) and "IndexError: planted" in e.value.cause
+    assert e.value.loc.function == "two_lines" and _kf_frames(e.value) == []
+    monkeypatch.setenv("KF_DEBUG", "1")
+    with pytest.raises(IndexError):
+        kf.jit(two_lines, target="cpu")(torch.randn(8))
+
+
 # ----------------------------------------------------------------------------- back ends
 
 
