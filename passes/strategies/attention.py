@@ -68,6 +68,7 @@ from .matmul import (
     pointwise_closure,
     quad_reduce,
     stage_tile,
+    staging_vector_bytes,
     store_value,
     workgroup_memref,
 )
@@ -182,7 +183,8 @@ class AttentionStrategy(Strategy):
             raise NotApplicable(f"{batch} batch elements exceed the grid's y limit")
         return {"block_m": bm, "block_n": bn, "threads": threads, "lanes_per_row": tpr, "grid": grid,
                 "shared_bytes": shared, "seq_q": ch.seq_q, "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv,
-                "batch": list(ch.batch), "unroll": 4 if d % 4 == 0 and bn % 4 == 0 else 1, "mma": False}
+                "batch": list(ch.batch), "unroll": 4 if d % 4 == 0 and bn % 4 == 0 else 1, "mma": False,
+                "vector_bytes": staging_vector_bytes(target)}
 
     #: Warps per workgroup of the tensor-core kernel; each owns 16 query rows.
     MMA_WARPS = 4
@@ -212,7 +214,7 @@ class AttentionStrategy(Strategy):
         return {"block_m": bm, "block_n": bn, "threads": 32 * self.MMA_WARPS, "lanes_per_row": 4,
                 "grid": [-(-ch.seq_q // bm), batch, 1], "shared_bytes": shared, "seq_q": ch.seq_q,
                 "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "unroll": 1,
-                "mma": True}
+                "mma": True, "vector_bytes": staging_vector_bytes(target)}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = _Chain(kernel)
@@ -250,7 +252,7 @@ class AttentionStrategy(Strategy):
                 def lead(value):
                     return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
 
-                vbytes = target.vector_bytes if target.name == "cuda" else 0
+                vbytes = plan.get("vector_bytes", 0)
 
                 def stage(tile, rows, cols, fast_is_col, row0, n_rows, read, direct):
                     stage_tile(g, pw, tid, threads, tile, rows, cols, fast_is_col, row0, n_rows, 0, cols, read,
@@ -423,10 +425,10 @@ class AttentionStrategy(Strategy):
                     gpu.barrier()  # the previous block's fragment reads are done
                     stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
                                lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct,
-                               vector_bytes=target.vector_bytes)
+                               vector_bytes=plan.get("vector_bytes", 0))
                     stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
                                lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct,
-                               vector_bytes=target.vector_bytes)
+                               vector_bytes=plan.get("vector_bytes", 0))
                     gpu.barrier()
                     s = []
                     for j in range(bn // 8):

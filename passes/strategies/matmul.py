@@ -431,6 +431,13 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
 
     _passes(g, tid, threads, total, one)
 
+def staging_vector_bytes(target: TargetInfo) -> int:
+    """Bytes per staging load that plans record: the target's widest access on CUDA; 0
+    (scalars) for SPIR-V, where kf-to-spirv splits vector accesses into scalars anyway
+    (Vulkan's logical pointers) and refuses bf16 vectors."""
+    return target.vector_bytes if target.name == "cuda" else 0
+
+
 def _passes(g: GpuFunc, tid: ir.Value, threads: int, total: int, one: Callable[[ir.Value], None]) -> None:
     full, rest = divmod(total, threads)
     if full <= UNROLL_STAGING:
@@ -685,7 +692,7 @@ class MatmulStrategy(Strategy):
             raise NotApplicable(f"grid {grid} exceeds the y/z limit")
         return {"block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm, "thread_n": tn, "threads": threads,
                 "grid": grid, "shared_bytes": self._shared(bm, bn, bk), "m": gm.m, "n": gm.n, "k": gm.k,
-                "batch": list(gm.batch), "mma": False}
+                "batch": list(gm.batch), "mma": False, "vector_bytes": staging_vector_bytes(target)}
 
     def _mma_plan(self, gm: _Gemm, target: TargetInfo) -> dict | None:
         """Tensor cores (CUDA, f16/bf16 operands): 128x128 tiles of 8 warps (2 x 4, each
@@ -709,7 +716,8 @@ class MatmulStrategy(Strategy):
             return None
         return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
                 "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": threads, "grid": grid,
-                "shared_bytes": shared, "m": gm.m, "n": gm.n, "k": gm.k, "batch": list(gm.batch), "mma": True}
+                "shared_bytes": shared, "m": gm.m, "n": gm.n, "k": gm.k, "batch": list(gm.batch), "mma": True,
+                "vector_bytes": staging_vector_bytes(target)}
 
     def _emit_mma(self, view: KernelView, gm: _Gemm, kernel: ir.Operation, plan: dict,
                   gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
@@ -751,10 +759,10 @@ class MatmulStrategy(Strategy):
                     gpu.barrier()
                     stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
                                lambda r, c: pw.eval(a_val, a_lead + [r, c]), direct=a_direct,
-                               vector_bytes=target.vector_bytes)
+                               vector_bytes=plan.get("vector_bytes", 0))
                     stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
                                lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=True, direct=b_direct,
-                               vector_bytes=target.vector_bytes)
+                               vector_bytes=plan.get("vector_bytes", 0))
                     gpu.barrier()
                     acc = list(acc)
                     for t in range(bk // 16):
@@ -826,7 +834,7 @@ class MatmulStrategy(Strategy):
 
                 a_direct = direct_source(view, g.args[:n_in], a_val, a_lead, False)
                 b_direct = direct_source(view, g.args[:n_in], b_val, b_lead, False)
-                vbytes = target.vector_bytes if target.name == "cuda" else 0
+                vbytes = plan.get("vector_bytes", 0)
 
                 def load_a(k0):  # As[k][m] = A[m0 + m, k0 + k]
                     stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
