@@ -163,6 +163,7 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
     from torch.utils._python_dispatch import _disable_current_modes
 
     from . import torch_ops
+    from .patching import originals
 
     user = kfn.fn
     name = torch_ops.op_name_base(user)
@@ -172,7 +173,7 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
         ins = list(flat[:len(tensors)])
         tangents = list(flat[len(tensors):])
         prim = [x.detach().requires_grad_() if d else x for x, d in zip(ins, diff)]
-        with torch.enable_grad(), _Locate():
+        with torch.enable_grad(), _Locate(), originals():
             outs = [o for o in torch_ops.flatten_results(user(**torch_ops.rebuild(kfn, structure, prim)))
                     if o.is_floating_point()]
             wrt = [p for p, d in zip(prim, diff) if d]

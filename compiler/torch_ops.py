@@ -202,11 +202,16 @@ def register(kfn) -> Any:
 
     Both are made here, before any tracing: Dynamo cannot trace a registration, and
     cached compiled code names the backward op without tracing the backward again."""
-    kfn._trees = {}
-    kfn._backwards = {}
     name = op_name(kfn)
     kfn.op_name = f"kf::{name}"
+    kfn._op_key = name
     with _LOCK:
+        previous = _OWNERS.get(name)
+        # f.with_options(...) made twice is one function: it shares what was learnt
+        # (result structures, derived backwards); a redefinition starts afresh
+        same = previous is not None and previous.fn is kfn.fn
+        kfn._trees = previous._trees if same else {}
+        kfn._backwards = previous._backwards if same else {}
         _OWNERS[name] = kfn
         if name not in _OPS:
             _OPS[name] = _define(name)
@@ -224,7 +229,9 @@ def _opaque():
     from torch._guards import tracing
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes(), tracing(None), torch._C._ForceDispatchKeyGuard(*_TOP_LEVEL_KEYS):
+    from .patching import originals
+
+    with _disable_current_modes(), tracing(None), torch._C._ForceDispatchKeyGuard(*_TOP_LEVEL_KEYS), originals():
         yield
 
 
@@ -243,8 +250,11 @@ def _define(name: str) -> tuple:
         return _fresh(flatten_results(result), tensors)
 
     def fake(tensors, structure):
+        from .patching import originals
+
         kfn = _OWNERS[name]
-        result = kfn.fn(**rebuild(kfn, structure, list(tensors)))
+        with originals():  # the function's own body, with torch's functions unpatched
+            result = kfn.fn(**rebuild(kfn, structure, list(tensors)))
         kfn._trees[structure] = result_tree(result)
         # kf's programs return new row-major tensors
         return [o.new_empty(o.shape) for o in flatten_results(result)]
@@ -330,7 +340,8 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
     """Call a KfFunction through its op: what __call__ does under tracing or autograd."""
     tensors, structure = flatten_call(kfn, args, kwargs)
     flat = kfn._torch_op(tensors, structure)
-    return unflatten(kfn._trees[structure], list(flat))
+    # the implementations record the structure on the op's current owner
+    return unflatten(_OWNERS[kfn._op_key]._trees[structure], list(flat))
 
 
 def needs_op(args: tuple, kwargs: dict) -> bool:

@@ -1,0 +1,196 @@
+"""kf.patch / kf.unpatch: standard modules and functions swapped for kf functions."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import importlib
+
+import kf
+
+kf_patch = importlib.import_module("kf.patching")
+
+
+@kf.jit(target="cpu")
+def layer_norm(x, weight, bias, eps=1e-5):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) * (x - mean)).mean(dim=-1, keepdim=True)  # biased, as nn.LayerNorm
+    return weight * (x - mean) / torch.sqrt(var + eps) + bias
+
+
+@kf.jit(target="cpu")
+def gelu(x):
+    return torch.nn.functional.gelu(x)
+
+
+@kf.jit(target="cpu")
+def linear(x, weight, bias):
+    return torch.matmul(x, weight.t()) + bias
+
+
+@kf.jit(target="cpu")
+def wrong_gelu(x):
+    return torch.relu(x)  # close to GELU only far from zero
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, 2 * d)
+        self.act = torch.nn.GELU()
+        self.down = torch.nn.Linear(2 * d, d)
+        self.norm2d = torch.nn.LayerNorm([4, d])  # over two dims: the kf layer norm cannot stand in
+
+    def forward(self, x):
+        h = self.down(self.act(self.up(self.norm(x))))
+        return self.norm2d(h + x)
+
+
+def _model():
+    torch.manual_seed(0)
+    m = MLP()
+    with torch.no_grad():
+        m.norm.weight.uniform_(0.5, 1.5)
+        m.norm.bias.uniform_(-0.5, 0.5)
+    return m
+
+
+def test_modules_replaced_and_restored():
+    m = _model()
+    x = torch.randn(2, 4, 32)
+    with torch.no_grad():
+        ref = m(x)
+    report = kf.patch(m, {torch.nn.LayerNorm: layer_norm, torch.nn.Linear: linear, torch.nn.GELU: gelu})
+    replaced = {e.where: e for e in report.replaced}
+    assert set(replaced) == {"norm", "up", "act", "down"}
+    (skipped,) = report.skipped
+    assert skipped.where == "norm2d" and "2 dims" in skipped.reason
+    assert "4 replaced, 1 left alone" in str(report)
+    with torch.no_grad():
+        out = m(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert all(e.calls == 1 for e in report.replaced)
+    assert m.norm.forward.__kf_patch__ is replaced["norm"]
+    kf.unpatch(m)
+    assert "forward" not in m.norm.__dict__ and "forward" not in m.up.__dict__
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), ref)
+    assert all(e.calls == 1 for e in report.replaced)  # the kf functions ran no more
+
+
+def test_patched_model_trains_with_kf_gradients():
+    m = _model()
+    ref = _model()
+    x = torch.randn(2, 4, 32)
+    kf.patch(m, {torch.nn.LayerNorm: layer_norm, torch.nn.Linear: linear})
+    m(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+    kf.unpatch(m)
+
+
+def test_module_attributes_are_read_at_each_call():
+    m = _model()
+    kf.patch(m, {torch.nn.LayerNorm: layer_norm})
+    x = torch.randn(2, 4, 32)
+    with torch.no_grad():
+        m.norm.bias.add_(1.0)  # an optimizer step
+        got = m.norm(x)
+    want = F.layer_norm(x, (32,), m.norm.weight, m.norm.bias)
+    torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-4)
+    kf.unpatch(m)
+
+
+def test_function_form_patches_torch_nn_functional():
+    x = torch.randn(8, 32)
+    report = kf.patch(None, {F.gelu: gelu, F.layer_norm: layer_norm})
+    try:
+        assert F.gelu is not torch._C._nn.gelu
+        torch.testing.assert_close(F.gelu(x), torch._C._nn.gelu(x))
+        # nn.GELU calls F.gelu: it goes through kf too
+        torch.nn.GELU()(x)
+        w, b = torch.rand(32) + 0.5, torch.randn(32)
+        torch.testing.assert_close(F.layer_norm(x, (32,), w, b), F.layer_norm.__wrapped__(x, (32,), w, b),
+                                   rtol=1e-4, atol=1e-4)
+        # a call the kf function cannot express runs torch's own
+        F.gelu(x, approximate="tanh")
+        gelu_entry, ln_entry = report.entries
+        assert gelu_entry.calls == 3 and ln_entry.calls == 1
+        assert gelu_entry.status == "replaced"
+    finally:
+        kf.unpatch(report)
+    assert F.gelu is torch._C._nn.gelu
+    assert not hasattr(F.layer_norm, "__kf_patch__")
+
+
+def test_validate_falls_back_and_warns_once():
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+    report = kf.patch(m, {torch.nn.GELU: wrong_gelu}, validate=1.0)
+    x = torch.randn(4, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            first = m(x)
+            second = m(x)
+    ours = [w for w in caught if "kf.patch" in str(w.message)]
+    assert len(ours) == 1
+    message = str(ours[0].message)
+    assert "differs from torch's" in message and "max abs difference" in message and "float32" in message
+    (entry,) = report.entries
+    assert entry.status == "fell back" and entry.validated == 1 and entry.calls == 1
+    with torch.no_grad():
+        want = F.gelu(m[0](x))
+    torch.testing.assert_close(first, want)
+    torch.testing.assert_close(second, want)
+    kf.unpatch(m)
+
+
+def test_validate_fraction_and_a_correct_kernel_stays():
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+    report = kf.patch(m, {torch.nn.GELU: gelu}, validate=0.25, seed=1)
+    x = torch.randn(4, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            for _ in range(40):
+                m(x)
+    (entry,) = report.entries
+    assert entry.status == "replaced" and entry.calls == 40
+    assert 3 <= entry.validated <= 20  # about a quarter, from a seeded generator
+    kf.unpatch(m)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tolerances_follow_the_dtype(dtype):
+    want = torch.linspace(1, 2, 64).to(dtype)
+    rtol, atol = kf_patch.TOLERANCES[dtype]
+    assert kf_patch._difference(want + (rtol * 0.5) * want, want) is None
+    assert kf_patch._difference(want + 10 * (atol + rtol * 2) * torch.ones_like(want), want) is not None
+
+
+def test_compile_failure_falls_back_to_torch():
+    @kf.jit(target="cpu")
+    def uses_cumsum(x):
+        return torch.cumsum(x, dim=-1)
+
+    m = torch.nn.Sequential(torch.nn.GELU())
+    report = kf.patch(m, {torch.nn.GELU: uses_cumsum})
+    x = torch.randn(3, 5)
+    with pytest.warns(RuntimeWarning, match="kf could not compile it"):
+        out = m(x)
+    torch.testing.assert_close(out, F.gelu(x))
+    assert report.entries[0].status == "fell back"
+    kf.unpatch(m)
+
+
+def test_bad_keys_are_refused():
+    with pytest.raises(TypeError, match="nn.Module"):
+        kf.patch(torch.nn.Linear(2, 2), {int: gelu})
+    with pytest.raises(TypeError, match="torch.nn.functional"):
+        kf.patch(None, {torch.relu: gelu})
+    with pytest.raises(ValueError):
+        kf.patch(None, {}, validate=2.0)
