@@ -29,6 +29,8 @@ _EXPORTS = {
     # inspection.py's does from kf.inspect: importing kf.explain the module would
     # otherwise replace kf.explain the function)
     "profile": "profiler", "explain": "explanation", "bisect": "bisection",
+    # PyTorch integration (every kf function is also torch.ops.kf.<name>: torch_ops.py)
+    "patch": "patching", "unpatch": "patching", "PatchReport": "patching",
 }
 
 __all__ = sorted(_EXPORTS)
