@@ -354,8 +354,6 @@ class AttentionStrategy(Strategy):
                              {"strategy": "attention", "workgroup_bytes": plan["shared_bytes"],
                               "block_m": bm, "block_n": bn, "lanes_per_row": tpr})
 
-
-
     def _emit_mma(self, ch: _Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
                   target: TargetInfo) -> EmittedKernel:
         """The CUDA tensor-core kernel: FlashAttention-2's register dataflow on
