@@ -102,7 +102,8 @@ class Backward:
 
     def __call__(self, tensors: list[torch.Tensor], grads: list) -> list:
         try:
-            flat = self.fn._kernel_call((*tensors, *grads), {})
+            # the backward was traced on row-major examples: its views assume that layout
+            flat = self.fn._kernel_call(tuple(t.contiguous() for t in (*tensors, *grads)), {})
         except CompileError as e:
             raise _at_user_line(e, self) from None
         flat = list(flat) if isinstance(flat, (tuple, list)) else [flat]
