@@ -3,6 +3,7 @@ programs in the forward and, through kf's derived backwards, in the backward too
 
     python examples/train_gpt.py                 # 50 steps, kf beside eager, on the CPU target
     python examples/train_gpt.py --steps 20 --batch 4
+    python examples/train_gpt.py --ddp           # 2 gloo processes, DistributedDataParallel
 
 The same model without kf (``use_kf=False``) runs the very same Python functions eagerly,
 so the two loss curves differ only by what kf's kernels compute differently (summation
@@ -141,11 +142,71 @@ def twin_models(seed: int = 0, **kwargs) -> tuple[GPT, GPT]:
     return kf_model, eager
 
 
+def ddp_worker(rank: int, world: int, port: int, steps: int, batch: int, result: str) -> None:
+    """One rank of data-parallel training with gloo on the loopback interface: the kf model
+    and its eager twin, each wrapped in DistributedDataParallel, train on this rank's own
+    batches; the per-step losses, the last step's (all-reduced) gradients and the final
+    weights go to ``result % rank`` (torch.save). kf adds nothing for DDP: its ops are
+    ordinary autograd nodes, and DDP's gradient hooks fire on the parameters as usual."""
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        kf_model, eager = twin_models(seed=0)  # the same initial weights on every rank
+        out = {}
+        for name, model in (("kf", kf_model), ("eager", eager)):
+            ddp = DistributedDataParallel(model)
+            opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.0)
+            vocab, seq = model.head.out_features, model.mask.shape[0]
+            losses = []
+            for x, y in batches(steps, batch, seq, vocab, seed=1000 + rank):
+                loss = torch.nn.functional.cross_entropy(ddp(x).reshape(-1, vocab), y.reshape(-1))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+                opt.step()
+                losses.append(loss.item())
+            out[name] = {"losses": losses, "grads": grads,
+                         "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+        torch.save(out, result % rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ddp(steps: int = 3, batch: int = 1, world: int = 2) -> list[dict]:
+    """Spawn ``world`` gloo processes (ddp_worker) and return each rank's results."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="kf-ddp-") as tmp:
+        result = f"{tmp}/rank%d.pt"
+        mp.spawn(ddp_worker, args=(world, port, steps, batch, result), nprocs=world, join=True)
+        return [torch.load(result % r) for r in range(world)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--ddp", action="store_true", help="2 gloo processes with DistributedDataParallel: "
+                                                     "compare kf's gradients with eager's")
     args = p.parse_args()
+    if args.ddp:
+        ranks = run_ddp(steps=min(args.steps, 5), batch=args.batch)
+        for r, res in enumerate(ranks):
+            worst = max((res["kf"]["grads"][n] - g).abs().max().item() for n, g in res["eager"]["grads"].items())
+            print(f"rank {r}: losses kf {res['kf']['losses']} eager {res['eager']['losses']}; "
+                  f"largest gradient difference kf vs eager {worst:.2e}")
+        return
     kf_model, eager = twin_models()
     kf_times, eager_times = [], []
     kf_losses = train(kf_model, args.steps, args.batch, step_times=kf_times)
