@@ -55,7 +55,9 @@ def op_name(kfn) -> str:
     so that code Inductor or AOTAutograd cached in one process calls the right op in
     another; a function defined again (same module, name and options) takes its op over."""
     fn = kfn.fn
-    ident = f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', fn.__name__)}:{kfn.options.stable_hash()}"
+    module = getattr(fn, "__module__", "")
+    module = "__main__" if module == "__mp_main__" else module  # a script, as spawned workers import it
+    ident = f"{module}:{getattr(fn, '__qualname__', fn.__name__)}:{kfn.options.stable_hash()}"
     return f"{op_name_base(fn)}_{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
 
 
