@@ -212,7 +212,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
 
 
 #: The GPU pipeline after kf-canonicalize; {t} is the strategies' target (cuda, spirv).
-GPU_PASSES = ["kf-fuse", "kf-tile{{target={t}{chip}}}", "kf-map-to-gpu{{target={t}{chip}}}",
+GPU_PASSES = ["kf-recognize-moe", "kf-fuse", "kf-tile{{target={t}{chip}}}", "kf-map-to-gpu{{target={t}{chip}}}",
               "kf-promote-shared", "kf-vectorize"]
 
 
@@ -237,7 +237,7 @@ def _build_gpu(cap, log, target: str, arch: str):
 
     gpu_codegen.reject_fallbacks(cap.module, cap.name, target)
     passes = gpu_passes(target, arch)
-    record = {passes[0]: "fused", passes[-1]: "gpu"}
+    record = {next(p for p in passes if p.startswith("kf-fuse")): "fused", passes[-1]: "gpu"}
     # Kernel bodies (for FLOPs) and plans are both there after kf-tile, and only then:
     # kf-map-to-gpu leaves declarations.
     planned = next((i + 1 for i, p in enumerate(passes) if p.startswith("kf-tile")), 1)

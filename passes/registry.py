@@ -20,6 +20,7 @@ _ENTRIES = [
     PassEntry("kf-verify", "verify", "VerifyPass", "check the shape and element-type rules of every kf op"),
     PassEntry("kf-canonicalize", "canonicalize", "CanonicalizePass",
               "fold constants, simplify broadcasts, reshapes and transposes, remove dead kf ops"),
+    PassEntry("kf-recognize-moe", "recognize_moe", "RecognizeMoePass", "rewrite the dense MoE (every expert for every token) as route, two grouped GEMMs and combine"),
     PassEntry("kf-fuse", "fuse", "FusePass",
               "partition functions into kernels (attention, rowwise, matmul, elementwise, generic)"),
     PassEntry("kf-to-spirv", "to_spirv", "ToSpirvPass", "lower gpu.module kernels to a validated SPIR-V binary (gpu.binary) for Vulkan"),
