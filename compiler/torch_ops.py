@@ -12,7 +12,8 @@ its op). The schema is
 
 ``tensors`` are the call's tensors, flattened in parameter order; ``structure`` is the
 rest of the call signature written as text: ``T`` for a tensor, ``L2``/``U2`` for a list
-or tuple of two tensors, ``N`` for None and ``=repr`` for a constant (``T|T|T|=1e-05``).
+or tuple of two tensors, ``N`` for None, ``D`` for a constant left at its default and
+``=repr`` for a constant given (``T|T|T|D``, ``T|T|T|=1e-06``).
 It is computed by plain Python that Dynamo traces without a graph break, and it is what
 the signature's non-tensor part would be; shapes and dtypes travel with the tensors.
 
@@ -95,7 +96,10 @@ def flatten_call(kfn, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], st
             if name in kwargs:
                 values.append(kwargs[name])
             elif default is not inspect.Parameter.empty:
-                values.append(default)
+                # a constant default is written "D": under torch.compile(dynamic=True) Dynamo
+                # may treat a float default as symbolic, and a symbolic float has no repr
+                is_const = not isinstance(default, (torch.Tensor, list, tuple)) and default is not None
+                values.append(_DEFAULT if is_const else default)
             else:
                 raise SignatureError(f"{kfn.fn.__name__}() missing argument '{name}'")
         for name in kwargs:
@@ -111,9 +115,18 @@ def flatten_call(kfn, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], st
             tensors.extend(v)
         elif v is None:
             parts.append("N")
+        elif v is _DEFAULT:
+            parts.append("D")
         else:
+            if isinstance(v, torch.SymInt):  # a shape passed on: kf specializes on its value
+                v = int(v)
+            elif isinstance(v, torch.SymFloat):
+                v = float(v)
             parts.append("=" + repr(v))
     return tensors, "|".join(parts)
+
+
+_DEFAULT = object()  # "the parameter's default" in flatten_call
 
 
 def _parse_const(text: str) -> Any:
@@ -125,13 +138,14 @@ def _parse_const(text: str) -> Any:
 
 
 def _parse(structure: str) -> list[tuple[str, Any]]:
-    """The structure's parts: ("T", None), ("L", n), ("U", n), ("N", None), ("=", value)."""
+    """The structure's parts: ("T", None), ("L", n), ("U", n), ("N", None), ("D", None) for
+    the parameter's default, ("=", value)."""
     out: list[tuple[str, Any]] = []
     pieces = structure.split("|") if structure else []
     i = 0
     while i < len(pieces):
         p = pieces[i]
-        if p == "T" or p == "N":
+        if p in ("T", "N", "D"):
             out.append((p, None))
         elif p[:1] in "LU" and p[1:].isdigit():
             out.append((p[0], int(p[1:])))
@@ -156,7 +170,11 @@ def _parse(structure: str) -> list[tuple[str, Any]]:
 
 def rebuild(kfn, structure: str, tensors: list) -> dict[str, Any]:
     """Keyword arguments of the function from a structure and its flat tensors."""
-    names = [p[0] for p in kfn._params] if kfn._params else list(inspect.signature(kfn.fn).parameters)
+    if kfn._params:
+        names = [p[0] for p in kfn._params]
+        defaults = {p[0]: p[1] for p in kfn._params}
+    else:
+        names, defaults = list(inspect.signature(kfn.fn).parameters), {}
     out, it = {}, iter(tensors)
     for name, (kind, value) in zip(names, _parse(structure)):
         if kind == "T":
@@ -166,6 +184,8 @@ def rebuild(kfn, structure: str, tensors: list) -> dict[str, Any]:
             out[name] = seq if kind == "L" else tuple(seq)
         elif kind == "N":
             out[name] = None
+        elif kind == "D":
+            out[name] = defaults[name]
         else:
             out[name] = value
     return out

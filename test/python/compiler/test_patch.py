@@ -194,3 +194,14 @@ def test_bad_keys_are_refused():
         kf.patch(None, {torch.relu: gelu})
     with pytest.raises(ValueError):
         kf.patch(None, {}, validate=2.0)
+
+
+def test_patched_model_under_torch_compile_fullgraph():
+    m = _model()
+    ref = _model()
+    report = kf.patch(m, {torch.nn.LayerNorm: layer_norm, torch.nn.Linear: linear}, validate=0.5)
+    compiled = torch.compile(m, fullgraph=True)
+    x = torch.randn(2, 4, 32)
+    torch.testing.assert_close(compiled(x), ref(x), rtol=1e-4, atol=1e-4)
+    assert all(e.status == "replaced" for e in report.replaced)
+    kf.unpatch(m)

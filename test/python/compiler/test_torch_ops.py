@@ -190,3 +190,29 @@ def test_plain_calls_skip_the_op():
     assert torch_ops.needs_op((x, w.requires_grad_(), b), {})
     with torch.no_grad():
         assert not torch_ops.needs_op((x, w, b), {})
+
+
+def test_torch_compile_dynamic_shapes_with_backward():
+    # the fake implementation is the function itself, so symbolic shapes flow through it;
+    # each concrete size still gets its own kf specialization at run time
+    step = torch.compile(lambda x, w, b: ln(x, w, b) * 2.0, dynamic=True, fullgraph=True)
+    w, b = torch.randn(32), torch.randn(32)
+    for rows in (3, 5, 7):
+        x = torch.randn(rows, 32, requires_grad=True)
+        y = step(x, w, b)
+        (gx,) = torch.autograd.grad(y.square().sum(), x)
+        xr = x.detach().requires_grad_()
+        yr = ln.fn(xr, w, b) * 2.0
+        (want,) = torch.autograd.grad(yr.square().sum(), xr)
+        torch.testing.assert_close(y, yr, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(gx, want, rtol=1e-4, atol=1e-4)
+
+
+def test_constants_given_and_defaulted():
+    x, w, b = torch.randn(4, 32), torch.randn(32), torch.randn(32)
+    _, structure = torch_ops.flatten_call(ln, (x, w, b), {})
+    assert structure == "T|T|T|D"
+    _, structure = torch_ops.flatten_call(ln, (x, w, b), {"eps": 1e-3})
+    assert structure == "T|T|T|=0.001"
+    got = ln(x, w.requires_grad_(), b, eps=1e-3)
+    torch.testing.assert_close(got, ln.fn(x, w, b, 1e-3), rtol=1e-4, atol=1e-5)
