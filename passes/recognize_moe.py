@@ -191,7 +191,7 @@ def _routing_term(v: ir.Value, n_experts: int):
         for i, a in ((cmp.operands[0], cmp.operands[1]), (cmp.operands[1], cmp.operands[0])):
             isl = _last_slice(i)
             if isl is not None and _is_arange(a, n_experts) and _elem(isl[0]) in ("i32", "i64"):
-                return isl[0], isl[1], ws[0], ws[1], [m, cast, cmp]
+                return isl[0], isl[1], ws[0], ws[1], [_defining(i), _defining(w), cmp, cast, m]
     return None
 
 
@@ -233,12 +233,13 @@ def match(root: ir.Value) -> Match | None:
 
 
 def _lines(ops) -> list[str]:
-    out = []
+    """The user's file:line of each op, once each, in file and line order."""
+    out = set()
     for op in ops:
         m = re.search(r'loc\("([^"]+)":(\d+):\d+', str(op.location))
-        if m and f"{m.group(1)}:{m.group(2)}" not in out:
-            out.append(f"{m.group(1)}:{m.group(2)}")
-    return out
+        if m:
+            out.add((m.group(1), int(m.group(2))))
+    return [f"{f}:{n}" for f, n in sorted(out)]
 
 
 # --------------------------------------------------------------------------- rewrite
