@@ -235,3 +235,19 @@ def test_h200_peaks_and_floor():
     assert h200.floor_seconds(3 * 8192 * 8192 * 2, mm, mm, "bf16") == pytest.approx(mm / h200.matmul["bf16"])
     assert h200.floor_seconds(1e9, 0, 0, "f32") == pytest.approx(1e9 / 4.25e12)
     assert costs.peak_for("cuda", "some other GPU") is None
+
+
+def test_launches_outside_a_profile_never_import_the_profiler(tmp_path):
+    """The fast path only reads a flag: a process that never profiles never loads it."""
+    import subprocess
+    import sys
+
+    script = ("import sys, torch, kf\n"
+              "f = kf.jit(lambda x: x * 2, target='cpu')\n"
+              "x = torch.randn(4)\n"
+              "for _ in range(3): f(x)\n"
+              "print('profiler imported:', 'kf.profiler' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "KF_CACHE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "profiler imported: False" in r.stdout
