@@ -265,8 +265,13 @@ _TOP_LEVEL_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatc
 def _define(name: str) -> tuple:
     def real(tensors: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
         kfn = _OWNERS[name]
+        call = rebuild(kfn, structure, list(tensors))
         with _opaque():
-            result = kfn._kernel_call((), rebuild(kfn, structure, list(tensors)))
+            if kfn._params and not any(p[2] for p in kfn._params):
+                # every parameter positionally, in order: KfFunction's fast path, no binding
+                result = kfn._kernel_call(tuple(call.values()), {})
+            else:
+                result = kfn._kernel_call((), call)
             if structure not in kfn._trees:
                 kfn._trees[structure] = _tree_of(kfn, structure, tensors)
         return _fresh(flatten_results(result), tensors)

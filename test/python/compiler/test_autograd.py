@@ -181,3 +181,19 @@ def test_bf16_gradients_on_vulkan_match_eager(fn, shapes):
     for a, e in zip(got, want):
         assert a.dtype == torch.bfloat16
         torch.testing.assert_close(a.float(), e, rtol=3e-2, atol=3e-2 * e.abs().max().item())
+
+
+@needs_vulkan
+def test_bf16_attention_gradients_on_vulkan_match_eager():
+    att = se.fused_attention.with_options(target="vulkan")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    mask = torch.tril(torch.ones(16, 16, dtype=torch.long))
+    out = att(q, k, v, mask)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref = [a.detach().float().requires_grad_() for a in (q, k, v)]
+    want = torch.autograd.grad(se.fused_attention.fn(*ref, mask), ref, g.float())
+    for a, e in zip(got, want):
+        assert a.dtype == torch.bfloat16
+        assert ((a.float() - e).abs().max() / e.abs().max()).item() < 3e-2
