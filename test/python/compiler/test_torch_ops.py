@@ -216,3 +216,42 @@ def test_constants_given_and_defaulted():
     assert structure == "T|T|T|=0.001"
     got = ln(x, w.requires_grad_(), b, eps=1e-3)
     torch.testing.assert_close(got, ln.fn(x, w, b, 1e-3), rtol=1e-4, atol=1e-5)
+
+
+def test_exported_program_saves_and_loads(tmp_path):
+    block = Block()
+    x = torch.randn(2, 16, 32)
+    path = tmp_path / "block.pt2"
+    torch.export.save(torch.export.export(block, (x,)), path)
+    loaded = torch.export.load(path)  # the op is found again by its name, torch.ops.kf.<name>
+    assert _target(ln) in [str(n.target) for n in loaded.graph.nodes if n.op == "call_function"]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.module()(x), block(x), rtol=1e-4, atol=1e-4)
+
+
+def test_op_names_are_the_same_in_another_process(tmp_path):
+    # an exported program (or Inductor's cached code) from this process names the ops;
+    # a new process that imports the same functions registers the same names
+    import os
+    import subprocess
+    import sys
+
+    block = Block()
+    x = torch.randn(2, 16, 32)
+    torch.export.save(torch.export.export(block, (x,)), tmp_path / "block.pt2")
+    torch.save({"x": x, "want": block(x).detach()}, tmp_path / "io.pt")
+    root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+    # this module under the name it has here (pytest's importlib mode names it after its path)
+    script = (f"import sys, importlib.util; sys.path[:0] = [{os.path.join(root, 'examples')!r}]\n"
+              f"spec = importlib.util.spec_from_file_location({__name__!r}, {os.path.abspath(__file__)!r})\n"
+              "test_torch_ops = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
+              "spec.loader.exec_module(test_torch_ops)\n"
+              "import torch\n"
+              f"io = torch.load({str(tmp_path / 'io.pt')!r})\n"
+              f"ep = torch.export.load({str(tmp_path / 'block.pt2')!r})\n"
+              "with torch.no_grad():\n"
+              "    torch.testing.assert_close(ep.module()(io['x']), io['want'], rtol=1e-4, atol=1e-4)\n"
+              "print(test_torch_ops.ln.op_name)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == ln.op_name
