@@ -254,6 +254,32 @@ def test_vector_staging_on_vulkan(elem):
     torch.testing.assert_close(out.float(), (a.float() @ w.float().t()).to(TORCH[elem]).float(), rtol=tol, atol=tol)
 
 
+@needs_vulkan
+@pytest.mark.parametrize("b,h,sq,sk,d", [(2, 3, 1, 257, 64), (1, 2, 33, 40, 80)])
+def test_attention_decode_and_odd_head_dim_vulkan(b, h, sq, sk, d):
+    """One query row against 257 keys (decoding), and head dim 80 with short sequences."""
+    built = attention(b, h, sq, sk, d, "f32", (sq, sk))
+    _, emitted = built.emit(SPIRV)
+    gen = torch.Generator().manual_seed(sq + sk)
+    k, q, v = randn((b, h, sk, d), "f32", gen), randn((b, h, sq, d), "f32", gen), randn((b, h, sk, d), "f32", gen)
+    mask = (torch.rand(sq, sk, generator=gen) > 0.3).float()
+    out, _ = spirv_run(built, emitted, [k, q, v, mask], (b, h, sq, d), "f32")
+    torch.testing.assert_close(out, attention_reference(k, q, v, mask), rtol=2e-5, atol=2e-5)
+
+
+@needs_vulkan
+def test_attention_rank3_vulkan():
+    """q, k, v of rank 3 ([batch, seq, dim]) and the scale as a mul."""
+    built = Built("attention", [TensorSpec((3, 50, 32), "f32")] * 3, lambda q, k, v: [
+        kb.matmul(kb.softmax(kb.mul(kb.matmul(q, kb.transpose(k, perm=[0, 2, 1])), kb.scalar(0.2, "f32")), dim=-1),
+                  v)])
+    _, emitted = built.emit(SPIRV)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (randn((3, 50, 32), "f32", gen) for _ in range(3))
+    out, _ = spirv_run(built, emitted, [q, k, v], (3, 50, 32), "f32")
+    torch.testing.assert_close(out, torch.softmax(q @ k.transpose(1, 2) * 0.2, -1) @ v, rtol=2e-5, atol=2e-5)
+
+
 def test_attention_gpu_func_structure():
     """Workgroup Q, K/V, P and row-exchange buffers; barriers in the key loop; the only
     global buffers are the inputs and the output (no score matrix)."""
@@ -319,7 +345,7 @@ def test_attention_ptxas(d, elem):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("d,elem", [(64, "f16"), (64, "bf16"), (128, "f16"), (128, "bf16")])
+@pytest.mark.parametrize("d,elem", [(64, "f16"), (64, "bf16"), (80, "f16"), (128, "f16"), (128, "bf16")])
 def test_attention_tensor_cores_ptxas(d, elem):
     """On CUDA, f16/bf16 attention takes the mma.sync m16n8k16 kernel."""
     built = attention(2, 8, 257, 257, d, elem, (257, 257))
@@ -388,6 +414,19 @@ def test_matmul_batched_broadcast_vulkan(elem, transpose_b):
     out, _ = spirv_run(built, emitted, [a, b, s], (2, 3, m, n), "f32")
     bb = b.float().transpose(-1, -2) if transpose_b else b.float()
     torch.testing.assert_close(out, (a.float() @ bb) * s.float(), rtol=1e-5, atol=1e-4)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("m,k,n", [(5, 1, 7), (1, 33, 300)])
+def test_matmul_degenerate_vulkan(m, k, n):
+    """K = 1 and a single row, with a relu epilogue."""
+    built = Built("matmul", [TensorSpec((m, k), "f32"), TensorSpec((k, n), "f32")],
+                  lambda a, b: [kb.relu(kb.matmul(a, b))])
+    _, emitted = built.emit(SPIRV)
+    gen = torch.Generator().manual_seed(m * n)
+    a, b = randn((m, k), "f32", gen), randn((k, n), "f32", gen)
+    out, _ = spirv_run(built, emitted, [a, b], (m, n), "f32")
+    torch.testing.assert_close(out, torch.relu(a @ b), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("target", [SPIRV, CUDA], ids=["spirv", "cuda"])
@@ -492,7 +531,8 @@ def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
 
 @needs_cuda
 @pytest.mark.parametrize("b,h,seq,d,elem,mask_shape", ATTENTION_CASES + [
-    (2, 8, 1000, 64, "f16", (2, 1, 1000, 1000)), (2, 4, 513, 128, "bf16", (513, 513)), (1, 2, 257, 128, "f16", None)])
+    (2, 8, 1000, 64, "f16", (2, 1, 1000, 1000)), (2, 4, 513, 128, "bf16", (513, 513)), (1, 2, 257, 128, "f16", None),
+    (1, 2, 100, 80, "f16", (100, 100)), (2, 2, 1, 64, "bf16", None)])
 def test_attention_cuda(b, h, seq, d, elem, mask_shape):
     built = attention(b, h, seq, seq, d, elem, mask_shape)
     plan, emitted = built.emit(CUDA)
