@@ -405,8 +405,9 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
     the source is contiguous along them (``fast_is_col``), else along the rows, so the
     global reads coalesce. Whole passes of all threads run in an scf.for; a last partial
     pass is guarded by the thread's position."""
-    if direct is not None and vector_bytes and _stage_vectors(g, tid, threads, tile, rows, cols, row0, n_rows, col0,
-                                                              n_cols, transposed, direct, vector_bytes):
+    staging = VectorStaging(g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed, direct, vector_bytes)
+    if staging.ok:
+        staging.store(staging.load(row0, col0))
         return
     total = rows * cols
     elem = ir.MemRefType(tile.type).element_type
@@ -454,59 +455,94 @@ def _passes(g: GpuFunc, tid: ir.Value, threads: int, total: int, one: Callable[[
         g.when(g.lt(lin, total), lambda: one(lin))
 
 
-def _stage_vectors(g: GpuFunc, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
-                   row0: ir.Value | int, n_rows: int, col0: ir.Value | int, n_cols: int, transposed: bool,
-                   direct: Direct, vector_bytes: int) -> bool:
-    """stage_tile with vector loads of ``vector_bytes`` along the argument's contiguous
-    dim, when the argument's rows and the tile's extent along it are whole vectors (the
-    tails are then whole vectors too) and the element types allow it; False otherwise.
-    Stores are vectors too where the tile's rows are contiguous along the same dim."""
-    from mlir.dialects import vector
+class VectorStaging:
+    """Staging of a tile from a Direct source with vector loads of ``vector_bytes``
+    along the argument's contiguous dim, split into ``load`` (global memory to
+    registers) and ``store`` (registers to the tile), so that a kernel can issue the
+    loads of the next tile before computing on the current one (register prefetch).
 
-    src_elem = ir.MemRefType(direct.mem.type).element_type
-    tile_t = ir.MemRefType(tile.type)
-    dst_elem = tile_t.element_type
-    if str(src_elem) not in ("f32", "f16", "bf16") or (src_elem != dst_elem and str(dst_elem) != "f32"):
-        return False
-    width = {"f32": 4, "f16": 2, "bf16": 2}[str(src_elem)]
-    vec = vector_bytes // width
-    along = cols if direct.contiguous == 1 else rows
-    if vec < 2 or direct.extent % vec or along % vec:
-        return False
-    src_t, dst_t = ir.VectorType.get([vec], src_elem), ir.VectorType.get([vec], dst_elem)
-    zero = arith.constant(src_t, ir.DenseElementsAttr.get_splat(src_t, ir.FloatAttr.get(src_elem, 0.0)))
-    # The tile row the vector lands in is contiguous along it, 16-byte aligned.
-    dst_width = 4 if str(dst_elem) == "f32" else 2
-    lands_in_row = (direct.contiguous == 1) != transposed
-    vector_store = lands_in_row and (tile_t.shape[-1] * dst_width) % 16 == 0 and vec * dst_width == 16
+    Usable (``ok``) when the argument's rows and the tile's extent along that dim are
+    whole vectors (tails are then whole vectors too), the element types allow it and a
+    thread's share is a few passes. Each thread's slots (tile positions) are computed
+    once, where the object is made. Stores are vectors too where the tile's rows are
+    contiguous along the same dim and 16-byte aligned."""
 
-    def one(lin: ir.Value) -> None:
-        if direct.contiguous == 1:
-            rr, cc = g.div(lin, cols // vec), g.mul(g.rem(lin, cols // vec), vec)
-        else:
-            rr, cc = g.mul(g.rem(lin, rows // vec), vec), g.div(lin, rows // vec)
-        gr = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr)
-        gc = g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
-        cond = g.all_of([c for c in (g.lt(gr, n_rows) if n_rows % rows or rows > n_rows else None,
-                                     g.lt(gc, n_cols) if n_cols % cols or cols > n_cols else None) if c is not None])
-        index = direct.lead + ([gc, gr] if direct.swapped else [gr, gc])
-        v = g.guarded(cond, [src_t], lambda: [vector.load(src_t, direct.mem, index, alignment=vec * width)],
-                      lambda: [zero])[0]
-        if dst_elem != src_elem:
-            v = arith.extf(dst_t, v)
-        at = [cc, rr] if transposed else [rr, cc]
-        if vector_store:
-            vector.store(v, tile, at, alignment=16)
+    def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
+                 n_rows: int, n_cols: int, transposed: bool, direct: Direct | None, vector_bytes: int):
+        self.g, self.tile, self.rows, self.cols = g, tile, rows, cols
+        self.n_rows, self.n_cols, self.transposed, self.direct = n_rows, n_cols, transposed, direct
+        self.ok = False
+        if direct is None or not vector_bytes:
             return
-        for k in range(vec):
-            e = vector.ExtractOp(v, [], [k]).result
-            pos = list(at)
-            moving = (1 if direct.contiguous == 1 else 0) if not transposed else (0 if direct.contiguous == 1 else 1)
-            pos[moving] = g.add(pos[moving], k)
-            memref.store(e, tile, pos)
+        src_elem = ir.MemRefType(direct.mem.type).element_type
+        tile_t = ir.MemRefType(tile.type)
+        dst_elem = tile_t.element_type
+        if str(src_elem) not in ("f32", "f16", "bf16") or (src_elem != dst_elem and str(dst_elem) != "f32"):
+            return
+        self.width = {"f32": 4, "f16": 2, "bf16": 2}[str(src_elem)]
+        vec = vector_bytes // self.width
+        along = cols if direct.contiguous == 1 else rows
+        total = rows * cols // max(vec, 1)
+        full, rest = divmod(total, threads)
+        if vec < 2 or direct.extent % vec or along % vec or full + bool(rest) > UNROLL_STAGING:
+            return
+        self.ok, self.vec = True, vec
+        self.src_t, self.dst_t = ir.VectorType.get([vec], src_elem), ir.VectorType.get([vec], dst_elem)
+        dst_width = 4 if str(dst_elem) == "f32" else 2
+        lands_in_row = (direct.contiguous == 1) != transposed
+        self.vector_store = lands_in_row and (tile_t.shape[-1] * dst_width) % 16 == 0 and vec * dst_width == 16
+        # the tile coordinate (in store order) that a vector's elements walk
+        self.moving = direct.contiguous if not transposed else 1 - direct.contiguous
+        self.slots = []
+        for e in range(full + bool(rest)):
+            lin = g.add(tid, e * threads)
+            if direct.contiguous == 1:
+                rr, cc = g.div(lin, cols // vec), g.mul(g.rem(lin, cols // vec), vec)
+            else:
+                rr, cc = g.mul(g.rem(lin, rows // vec), vec), g.div(lin, rows // vec)
+            self.slots.append((rr, cc, g.lt(lin, total) if e == full else None))
 
-    _passes(g, tid, threads, rows * cols // vec, one)
-    return True
+    def load(self, row0: ir.Value | int, col0: ir.Value | int, guard_all: bool = False) -> list[ir.Value]:
+        """This thread's vectors of the tile at (row0, col0), zero outside the argument.
+        ``guard_all`` checks both bounds even where the tile divides them (a prefetch
+        past the last tile)."""
+        from mlir.dialects import vector
+
+        g, d = self.g, self.direct
+        zero = arith.constant(self.src_t, ir.DenseElementsAttr.get_splat(
+            self.src_t, ir.FloatAttr.get(self.src_t.element_type, 0.0)))
+        out = []
+        for rr, cc, in_tile in self.slots:
+            gr = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr)
+            gc = g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
+            row_tail = guard_all or self.n_rows % self.rows or self.rows > self.n_rows
+            col_tail = guard_all or self.n_cols % self.cols or self.cols > self.n_cols
+            cond = g.all_of([c for c in (in_tile, g.lt(gr, self.n_rows) if row_tail else None,
+                                         g.lt(gc, self.n_cols) if col_tail else None) if c is not None])
+            index = d.lead + ([gc, gr] if d.swapped else [gr, gc])
+            out.append(g.guarded(cond, [self.src_t], lambda index=index: [
+                vector.load(self.src_t, d.mem, index, alignment=self.vec * self.width)], lambda: [zero])[0])
+        return out
+
+    def store(self, values: Sequence[ir.Value]) -> None:
+        """Write what ``load`` returned into the tile (converted to its element type)."""
+        from mlir.dialects import vector
+
+        g = self.g
+        for (rr, cc, in_tile), v in zip(self.slots, values):
+            def write(v=v, rr=rr, cc=cc):
+                if self.dst_t != self.src_t:
+                    v = arith.extf(self.dst_t, v)
+                at = [cc, rr] if self.transposed else [rr, cc]
+                if self.vector_store:
+                    vector.store(v, self.tile, at, alignment=16)
+                    return
+                for k in range(self.vec):
+                    pos = list(at)
+                    pos[self.moving] = g.add(pos[self.moving], k)
+                    memref.store(vector.ExtractOp(v, [], [k]).result, self.tile, pos)
+
+            g.when(in_tile, write)
 
 
 class MmaSync:
