@@ -133,8 +133,8 @@ def _natural(a: Analysis, node: Node) -> tuple:
     """The coordinates of node's own element at the current (row, column) point."""
     tokens = _row_tokens(a) if node.frame == "L" else _full_tokens(a)
     frame = a.lead if node.frame == "L" else a.space
-    off = len(frame) - len(node.shape)
-    if off < 0 or any(s != 1 and s != frame[k + off] for k, s in enumerate(node.shape)):
+    off = len(frame) - len(node.shape)  # negative: leading dims beyond the frame, which must be 1
+    if any(s != 1 and (k + off < 0 or s != frame[k + off]) for k, s in enumerate(node.shape)):
         raise NotApplicable(f"a value of shape {list(node.shape)} does not fit the row space {list(a.space)}")
     return tuple(None if s == 1 else tokens[k + off] for k, s in enumerate(node.shape))
 
@@ -234,7 +234,7 @@ def analyze(kernel: ir.Operation) -> Analysis:
         elif n.op in _REDUCTIONS:
             if n.operands[0].frame == "L":
                 raise NotApplicable("a reduction of a per-row value")
-            n.frame = "S" if n.attrs.get("keepdim") or n.op in ("kf.softmax",) else "L"
+            n.frame = "S" if n.attrs.get("keepdim") else "L"
         elif n.op in ("kf.softmax", "kf.log_softmax"):
             n.frame = "S"
         else:
@@ -242,7 +242,7 @@ def analyze(kernel: ir.Operation) -> Analysis:
             lead = space[:len(space) - len(dims)]
             free_fit = all(len(o.shape) <= len(lead) and all(
                 d in (1, lead[k + len(lead) - len(o.shape)]) for k, d in enumerate(o.shape))
-                for o in n.operands if o.frame == "F")
+                for o in n.operands if o.frame == "F" and not _uniform(o))
             if len(frames) > 1 or (frames == {"L"} and not free_fit):
                 raise NotApplicable("a keepdim=False reduction result meets full rows: torch aligns it with "
                                     "the wrong dims, which no rowwise kernel computes")
@@ -594,7 +594,11 @@ class RowwiseStrategy(Strategy):
         and how reductions combine across threads."""
         a = analyze(kernel)
         R = a.row_length
-        row_elems = [n.elem for n in a.inputs + a.outputs if any(c and c[0] == "c" for c in _natural(a, n))]
+        phases = phase_loads(a)
+        row_inputs = set().union(*phases)
+        # The element types moved along the row: inputs loaded per column, full-row outputs.
+        row_elems = [a.inputs[i].elem for i in sorted(row_inputs)] + [
+            n.elem for n in a.outputs if any(c and c[0] == "c" for c in _natural(a, n))]
         narrow = min((_ELEM_BYTES.get(e, 4) for e in row_elems), default=4)
         lanes = max(1, target.vector_bytes // narrow)
         if target.name == "spirv":
@@ -608,7 +612,7 @@ class RowwiseStrategy(Strategy):
         scratch = 2 * (target.subgroup_size if reduction == "shuffle" else threads) * 4
         cached, budget = [], target.max_shared_bytes - scratch
         reads: dict[int, int] = {}
-        for loads in phase_loads(a):
+        for loads in phases:
             for arg in loads:
                 reads[arg] = reads.get(arg, 0) + 1
         for arg in sorted(reads):

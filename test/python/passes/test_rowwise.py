@@ -441,3 +441,15 @@ def test_markers_and_plan():
     assert plan["vector_lanes"] == 1 and plan["reduction"] == "tree" and "gpu.shuffle" not in text
     text, plan, _ = lower("layer_norm", (3, 1000), "f16", TargetInfo.for_target("spirv"))
     assert plan["vector_lanes"] == 4 and "vector<4xf16>" in text and "vector<8xf16>" not in text
+
+
+def test_per_row_values_without_keepdim():
+    """keepdim=False results combined with each other and with per-row inputs and
+    scalars of any rank stay per-row outputs: (max - min) * scale[row] + 1."""
+    _needs_vulkan()
+    gen = torch.Generator().manual_seed(5)
+    x, s = torch.randn(4, 300, generator=gen), torch.rand(4, generator=gen)
+    [y], _ = _run_kernel(lambda a, b: [kb.add(kb.mul(kb.sub(kb.reduce_max(a, dims=[-1]), kb.reduce_min(a, dims=[-1])),
+                                                     b), kb.fill((1, 1), "f32", 1.0))],
+                         [((4, 300), "f32"), ((4,), "f32")], [x, s])
+    torch.testing.assert_close(y, ((x.amax(-1) - x.amin(-1)) * s + 1).view(1, 4))
