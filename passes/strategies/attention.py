@@ -61,6 +61,7 @@ from .matmul import (
     KernelView,
     MmaSync,
     Pointwise,
+    VectorStaging,
     _contiguous_last,
     defining,
     direct_source,
@@ -418,16 +419,32 @@ class AttentionStrategy(Strategy):
                 score_in = ch.sm.operands[0]
                 n_o = Dv // 8
 
+                vb = plan.get("vector_bytes", 0)
+                k_stage = VectorStaging(g, tid, threads, Ks, bn, D, Sk, D, False, k_direct, vb)
+                v_stage = VectorStaging(g, tid, threads, Vs, bn, Dv, Sk, Dv, False, v_direct, vb)
+                # Register prefetch: the next block's K and V are loaded before this block's
+                # products, so their latency hides behind the tensor cores.
+                prefetch = k_stage.ok and v_stage.ok
+                n_pre = len(k_stage.slots) + len(v_stage.slots) if prefetch else 0
+                first = k_stage.load(0, 0, True) + v_stage.load(0, 0, True) if prefetch else []
+
                 def key_block(n0, carried):
-                    m, l, o = carried[0:2], carried[2:4], carried[4:]
+                    m, l, o = carried[0:2], carried[2:4], carried[4:len(carried) - n_pre]
                     gpu.barrier()  # the previous block's fragment reads are done
-                    stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
-                               lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct,
-                               vector_bytes=plan.get("vector_bytes", 0))
-                    stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
-                               lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct,
-                               vector_bytes=plan.get("vector_bytes", 0))
+                    if prefetch:
+                        staged = carried[len(carried) - n_pre:]
+                        k_stage.store(staged[:len(k_stage.slots)])
+                        v_stage.store(staged[len(k_stage.slots):])
+                    else:
+                        stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
+                                   lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct, vector_bytes=vb)
+                        stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
+                                   lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct, vector_bytes=vb)
                     gpu.barrier()
+                    upcoming = []
+                    if prefetch:
+                        n1 = g.add(n0, bn)
+                        upcoming = k_stage.load(n1, 0, True) + v_stage.load(n1, 0, True)
                     s = []
                     for j in range(bn // 8):
                         acc = [zero] * 4
@@ -481,11 +498,11 @@ class AttentionStrategy(Strategy):
                             b = [tc.pack(memref.load(Vs, [g.add(kr, dk), col]), memref.load(Vs, [g.add(kr, dk + 1), col]))
                                  for dk in (0, 8)]
                             o[4 * n:4 * n + 4] = tc(a, b, o[4 * n:4 * n + 4])
-                    return m_new + l_new + o
+                    return m_new + l_new + o + upcoming
 
-                final = g.loop(0, Sk, bn, [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o), key_block)
+                final = g.loop(0, Sk, bn, [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o) + first, key_block)
                 totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
-                o = final[4:]
+                o = final[4:4 + 4 * n_o]
                 for h in range(2):
                     def store(h=h):
                         for n in range(n_o):

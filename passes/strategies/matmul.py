@@ -790,17 +790,32 @@ class MatmulStrategy(Strategy):
 
                 a_direct = direct_source(view, g.args[:n_in], a_val, a_lead, False)
                 b_direct = direct_source(view, g.args[:n_in], b_val, b_lead, False)
+                vb = plan.get("vector_bytes", 0)
+                a_stage = VectorStaging(g, tid, threads, As, bm, bk, M, K, False, a_direct, vb)
+                b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, K, N, True, b_direct, vb)
+                # Register prefetch: the next K step's tiles are loaded before this step's
+                # products (their latency hides behind the tensor cores).
+                prefetch = a_stage.ok and b_stage.ok
+                n_acc, n_a = 4 * tms * tns, len(a_stage.slots) if prefetch else 0
+                first = a_stage.load(m0, 0, True) + b_stage.load(0, n0, True) if prefetch else []
 
-                def k_step(k0, acc):
+                def k_step(k0, carried):
+                    acc, staged = list(carried[:n_acc]), carried[n_acc:]
                     gpu.barrier()
-                    stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
-                               lambda r, c: pw.eval(a_val, a_lead + [r, c]), direct=a_direct,
-                               vector_bytes=plan.get("vector_bytes", 0))
-                    stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
-                               lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=True, direct=b_direct,
-                               vector_bytes=plan.get("vector_bytes", 0))
+                    if prefetch:
+                        a_stage.store(staged[:n_a])
+                        b_stage.store(staged[n_a:])
+                    else:
+                        stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
+                                   lambda r, c: pw.eval(a_val, a_lead + [r, c]), direct=a_direct, vector_bytes=vb)
+                        stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
+                                   lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=True, direct=b_direct,
+                                   vector_bytes=vb)
                     gpu.barrier()
-                    acc = list(acc)
+                    upcoming = []
+                    if prefetch:
+                        k1 = g.add(k0, bk)
+                        upcoming = a_stage.load(m0, k1, True) + b_stage.load(k1, n0, True)
                     for t in range(bk // 16):
                         lo, hi = g.add(tig2, 16 * t), g.add(tig2, 16 * t + 8)
                         a = [[tc.load_pair(As, [r, lo]), tc.load_pair(As, [g.add(r, 8), lo]),
@@ -810,9 +825,9 @@ class MatmulStrategy(Strategy):
                             for j in range(tns):
                                 q = 4 * (i * tns + j)
                                 acc[q:q + 4] = tc(a[i], b[j], acc[q:q + 4])
-                    return acc
+                    return acc + upcoming
 
-                acc = g.loop(0, K, bk, [zero] * (4 * tms * tns), k_step)
+                acc = g.loop(0, K, bk, [zero] * n_acc + first, k_step)[:n_acc]
                 outs = g.args[n_in:]
                 for i in range(tms):
                     for h in range(2):
