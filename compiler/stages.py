@@ -32,6 +32,8 @@ class StageLog:
     seconds: dict[str, float] = field(default_factory=dict)
     #: Where to point an error whose diagnostics name no user line: the function's def.
     default_loc: SourceLoc | None = None
+    #: The lines of the function's own code, so a diagnostic's line can be named "in <function>".
+    function_lines: frozenset = frozenset()
     _count: int = 0
 
     def record(self, stage: str, module: ir.Module) -> None:
@@ -89,7 +91,7 @@ def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_af
             # the pass's summary ("upstream pipeline failed").
             all_diags = diags + list(getattr(e, "error_diagnostics", []))
             messages = [str(d.message) for d in all_diags]
-            loc = _user_loc(all_diags) or log.default_loc
+            loc = _in_function(_user_loc(all_diags), log) or log.default_loc
             path = save_reproducer(log, before)
             cause = next((m for m in messages if m), str(e).splitlines()[0])
             raise PassFailedError(f"{log.name}: pass {element} failed", loc, stage=element,
@@ -103,6 +105,14 @@ def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_af
         if element in record_after:
             log.texts[record_after[element]] = module.operation.get_asm(enable_debug_info=True,
                                                                          use_local_scope=True)
+
+
+def _in_function(loc: SourceLoc | None, log: StageLog) -> SourceLoc | None:
+    """loc with the user's function named, when the line is in that function's code."""
+    d = log.default_loc
+    if loc is None or d is None or loc.function or loc.file != d.file or loc.line not in log.function_lines:
+        return loc
+    return SourceLoc(loc.file, loc.line, loc.col, d.function)
 
 
 def save_reproducer(log: StageLog, text: str, suffix: str = ".mlir") -> str:
@@ -173,7 +183,7 @@ def target_failure(log: StageLog, stage: str, pipeline_text: str, before: str, e
     loc = None
     if entry is not None and kernel_lines.get(entry):
         file, _, line = kernel_lines[entry][0].rpartition(":")
-        loc = SourceLoc(file, int(line))
+        loc = _in_function(SourceLoc(file, int(line)), log)
     path = save_reproducer(log, before)
     command = f"kf-opt {path} --pass-pipeline='builtin.module({pipeline_text})'"
     if isinstance(exc, CompileError):
