@@ -97,6 +97,15 @@ def _tuple_tree(tree):
 # ----------------------------------------------------------------------------- compile
 
 
+def _code_lines(code) -> frozenset:
+    """Source lines of a code object and the code nested in it (lambdas, comprehensions)."""
+    lines = {line for _, _, line in code.co_lines() if line is not None}
+    for c in code.co_consts:
+        if hasattr(c, "co_lines"):
+            lines |= _code_lines(c)
+    return frozenset(lines)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else ""
@@ -177,6 +186,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     log = log or StageLog(cap.name, dump_dir_for(options.dump_ir))
     log.seconds["capture"] = time.perf_counter() - start
     log.default_loc = where
+    log.function_lines = _code_lines(code)
     log.record("kf", cap.module)
     try:
         run_passes(cap.module, ["kf-canonicalize"], log)
