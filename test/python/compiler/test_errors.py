@@ -152,6 +152,7 @@ def test_a_failing_pass_names_pass_line_and_reproducer(monkeypatch, tmp_path):
     err = e.value
     text = str(err)
     assert err.loc.line == _line_of(two_lines, "torch.exp") and "y = torch.exp(x)" in text
+    assert f'line {err.loc.line}, in two_lines' in text
     assert "pass kf-lower-to-linalg failed" in text and "planted failure" in err.cause
     assert _kf_frames(err) == []
     source = open(err.reproducer).read()
