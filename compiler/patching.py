@@ -66,8 +66,8 @@ class Replacement:
     kf_function: str
     status: str = "replaced"  # replaced | skipped | fell back
     reason: str = ""
-    calls: int = 0
-    validated: int = 0
+    calls: int = 0  # calls kf ran
+    validated: int = 0  # of those, how many were checked against torch
 
 
 @dataclass
@@ -242,10 +242,14 @@ def _patch_function(report, fn, kfn, validate, rng) -> None:
             if torch_sig is not None:
                 given = dict(torch_sig.bind(*args, **kwargs).arguments)
                 x = given.pop(next(iter(torch_sig.parameters)))
-            elif len(args) == 1:
+            elif args:
+                # positional arguments stand for the kf function's parameters in order
+                if len(args) > len(kf_params):
+                    raise _NotRepresentable(f"{name} with {len(args)} positional arguments")
                 x, given = args[0], dict(kwargs)
+                given.update(zip(kf_params[1:], args[1:]))
             else:
-                raise _NotRepresentable(f"{name} with {len(args)} positional arguments")
+                raise _NotRepresentable(f"{name} without positional arguments")
             call = {kf_params[0]: x}
             for k, v in given.items():
                 if k in kf_params:
@@ -269,7 +273,12 @@ def _patch_function(report, fn, kfn, validate, rng) -> None:
 
 
 #: defaults of builtin torch.nn.functional functions, which inspect cannot read
-_BUILTIN_DEFAULTS = {"gelu": {"approximate": "none"}, "linear": {"bias": None}}
+_BUILTIN_DEFAULTS = {
+    "gelu": {"approximate": "none"},
+    "linear": {"bias": None},
+    "scaled_dot_product_attention": {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
+                                     "enable_gqa": False},
+}
 
 
 def _same_constant(v, default) -> bool:
@@ -297,7 +306,6 @@ def _guarded(entry: Replacement, kf_call: Callable, original: Callable, validate
     def call(*args, **kwargs):
         if entry.status == "fell back" or _BYPASS[0]:
             return original(*args, **kwargs)
-        entry.calls += 1
         try:
             with originals():
                 out = kf_call(*args, **kwargs)
@@ -306,6 +314,7 @@ def _guarded(entry: Replacement, kf_call: Callable, original: Callable, validate
         except CompileError as e:
             fall_back(f"kf could not compile it: {e.message}")
             return original(*args, **kwargs)
+        entry.calls += 1  # calls that kf ran
         if validate and not torch.compiler.is_compiling() and rng.random() < validate:
             entry.validated += 1
             with torch.no_grad():
