@@ -1,29 +1,32 @@
-"""Every kf function as a ``torch.library`` custom op: ``torch.ops.kf.<name>``.
+"""Every kf function as a ``torch.library`` custom op: ``torch.ops.kf.<name>_<hash>``.
 
 Why: torch.compile, torch.export and autograd see a kf call as one opaque op with a known
 schema, a fake implementation and a backward, instead of tracing into kf's Python (which
 calls ctypes, MLIR and the launchers and cannot be traced).
 
-Each KfFunction registers one op when it is made (registration takes about a millisecond
-and needs no torch._dynamo, so a function first called under torch.compile already has
-its op). The schema is
+Each KfFunction registers its ops when it is made (about a millisecond, and no
+torch._dynamo, so a function first called under torch.compile already has them):
 
-    kf::<name>(Tensor[] tensors, str structure) -> Tensor[]
+    kf::<name>_<hash>(Tensor[] tensors, str structure) -> Tensor[]
+    kf::<name>_<hash>_backward(Tensor[] tensors, Tensor[] grads, str structure) -> Tensor[]
 
-``tensors`` are the call's tensors, flattened in parameter order; ``structure`` is the
-rest of the call signature written as text: ``T`` for a tensor, ``L2``/``U2`` for a list
-or tuple of two tensors, ``N`` for None, ``D`` for a constant left at its default and
-``=repr`` for a constant given (``T|T|T|D``, ``T|T|T|=1e-06``).
-It is computed by plain Python that Dynamo traces without a graph break, and it is what
-the signature's non-tensor part would be; shapes and dtypes travel with the tensors.
+The hash is of the function's module, qualified name and options (``op_name``), so the
+names are the same in every process. ``tensors`` are the call's tensors, flattened in
+parameter order; ``structure`` is the rest of the call signature written as text: ``T``
+for a tensor, ``L2``/``U2`` for a list or tuple of two tensors, ``N`` for None, ``D`` for
+a constant left at its default and ``=repr`` for a constant given (``T|T|T|D``,
+``T|T|T|=1e-06``). It is computed by plain Python that Dynamo traces without a graph
+break; shapes and dtypes travel with the tensors.
 
 - The real implementation runs the compiled kf program (the ordinary dispatch of
-  ``KfFunction``); outputs that alias an input are copied, as custom ops require.
+  ``KfFunction``), outside any mode or tracing context of the caller (``_opaque``);
+  outputs that alias an input are copied, as custom ops require.
 - The fake implementation runs the user's own function on the fake tensors: it is the
   captured function itself, so its output shapes and dtypes are those of the capture,
   and it follows symbolic shapes under ``torch.compile(dynamic=True)``.
-- The autograd formula (compiler/autograd.py) saves the inputs and calls the kf-compiled
-  backward of the specialization.
+- The autograd formula saves the inputs and calls ``kf::<name>_<hash>_backward``, whose
+  implementation runs the kf-compiled backward of the specialization (autograd.py).
+  The backward op has no formula of its own: double backward raises torch's error.
 """
 
 from __future__ import annotations
@@ -71,8 +74,8 @@ _OPS: dict[str, tuple] = {}
 
 
 def parameters(fn: Callable) -> tuple:
-    """(name, default, kind) of each parameter, computed once so that binding a call
-    needs no ``inspect`` (which Dynamo cannot trace)."""
+    """(name, default, keyword_only) of each parameter, computed once so that binding a
+    call needs no ``inspect`` (which Dynamo cannot trace); () for *args/**kwargs."""
     out = []
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -89,8 +92,9 @@ def flatten_call(kfn, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], st
         bound.apply_defaults()
         values = list(bound.arguments.values())
     else:
-        if len(args) > len(params):
-            raise SignatureError(f"{kfn.fn.__name__}() takes {len(params)} arguments, got {len(args)}")
+        positional = sum(1 for p in params if not p[2])
+        if len(args) > positional:
+            raise SignatureError(f"{kfn.fn.__name__}() takes {positional} positional arguments, got {len(args)}")
         values = list(args)
         for name, default, _ in params[len(args):]:
             if name in kwargs:
@@ -105,6 +109,9 @@ def flatten_call(kfn, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], st
         for name in kwargs:
             if not any(name == p[0] for p in params):
                 raise SignatureError(f"{kfn.fn.__name__}() got an unexpected argument '{name}'")
+        for name, _, _ in params[:len(args)]:
+            if name in kwargs:
+                raise SignatureError(f"{kfn.fn.__name__}() got multiple values for argument '{name}'")
     tensors, parts = [], []
     for v in values:
         if isinstance(v, torch.Tensor):
