@@ -47,12 +47,11 @@ import dataclasses
 import re
 
 import numpy as np
-from mlir import ir
-from mlir.dialects import func
-
 from kf.dialects import builders as B
 from kf.dialects import spec_of
 from kf.dialects.attrs import op_attrs
+from mlir import ir
+from mlir.dialects import func
 
 from .base import KfPass
 
@@ -112,10 +111,10 @@ def _sum_leaves(root: ir.Value) -> list[ir.Value]:
     while stack:
         v = stack.pop()
         a = _op(v, "kf.add")
-        if a is not None and (v == root or len(list(v.uses)) == 1):
-            if _shape(a.operands[0]) == _shape(v) and _shape(a.operands[1]) == _shape(v):
-                stack.extend([a.operands[1], a.operands[0]])
-                continue
+        inner = a is not None and (v == root or len(list(v.uses)) == 1)
+        if inner and _shape(a.operands[0]) == _shape(v) and _shape(a.operands[1]) == _shape(v):
+            stack.extend([a.operands[1], a.operands[0]])
+            continue
         out.append(v)
     return out
 
@@ -172,7 +171,7 @@ def _is_arange(v: ir.Value, n: int) -> bool:
 
     try:
         arr = np.asarray(from_attr(c.attributes["value"])).reshape(-1)
-    except Exception:  # an attribute kind from_attr does not read: not an arange
+    except (TypeError, ValueError):  # an attribute kind from_attr does not read: not an arange
         return False
     return arr.shape == (n,) and bool((arr == np.arange(n)).all())
 
@@ -292,8 +291,8 @@ def rewrite(f: ir.Operation, m: Match, module_block: ir.Block, prefix: str) -> N
     N, H, F, G = T * K, xs[-1], _shape(m.w_in)[2], _shape(m.w_out)[2]
     elem = _elem(m.x)
     i32 = ir.IntegerType.get_signless(32)
-    t_i32 = lambda shape: ir.RankedTensorType.get(list(shape), i32)  # noqa: E731
-    t_el = lambda shape: ir.RankedTensorType.get(list(shape), ir.Type.parse(elem))  # noqa: E731
+    t_i32 = lambda shape: ir.RankedTensorType.get(list(shape), i32)
+    t_el = lambda shape: ir.RankedTensorType.get(list(shape), ir.Type.parse(elem))
     common = {"experts": E, "top_k": K, "tokens": T, "rows": N}
     loc = _defining(m.root).location
 

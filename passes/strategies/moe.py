@@ -16,19 +16,23 @@ options these strategies read).
   tiles of its own (so a tile never mixes experts): y is found by a scan over the
   E+1 offsets, and workgroups past the last tile return. The grid's y extent is the
   static bound ceil(N / BLOCK_M) + E + 1 on the number of such tiles. The K loop is the
-  SIMT matmul strategy's (f32 accumulators in a THREAD_M x THREAD_N register tile, A and
-  B staged through workgroup memory with ``stage_tile``): the B tile is read from the
-  expert's slice of the stacked weights, and for the first projection the A tile's rows
-  are read from x through ``row_token`` while it is staged (the gather costs one
-  index load per element, no copy of x). The epilogue applies the GELU, rounds once and
-  stores the rows of the tile's bucket only. Bucket E rows (out-of-range indices) are
-  computed with the last expert's weights, as the reference body says, and never read.
+  matmul strategy's: on CUDA with f16/bf16 its tensor-core loop (mma.sync m16n8k16,
+  f32 accumulators, register prefetch of the next tiles), else its SIMT loop (f32
+  accumulators in a THREAD_M x THREAD_N register tile); tiles go through workgroup
+  memory, read with 128-bit loads on CUDA (``VectorStaging``). The B tile is read
+  from the expert's slice of the stacked weights; for the first projection the A
+  tile's rows are read from x through ``row_token`` while it is staged (one index load
+  per row vector, no copy of x). Since a bucket's tiles start at any row, every A load
+  is guarded by the row count even when it is a multiple of BLOCK_M. The epilogue
+  applies the GELU, rounds once and stores the rows of the tile's bucket only. Bucket
+  E rows (out-of-range indices) are computed with the last expert's weights, as the
+  reference body says, and never read.
 - ``moe_combine``: one thread per output element sums its token's K slots in f32:
   ``w[t,j] * y[slot_row[t*K+j], n]`` for the slots whose index is in range.
 
-Not done: tensor cores (the matmul strategy's mma.sync path) for f16/bf16 on CUDA, and
-fusing the combine into the second GEMM's epilogue (it would need atomics or a
-second pass to stay deterministic).
+Not done: fusing the combine into the second GEMM's epilogue (it would need atomics,
+or a second pass, to stay deterministic); wgmma/TMA; a persistent schedule of the
+tiles (the grid's unused y tiles return at once, up to E + 1 of a column).
 """
 
 from __future__ import annotations
@@ -42,7 +46,18 @@ from mlir.dialects import math as mmath
 
 from . import emit as E
 from .base import EmittedKernel, Strategy, TargetInfo, register
-from .matmul import Direct, GpuFunc, KernelView, MatmulStrategy, stage_tile, store_value, workgroup_memref
+from .matmul import (
+    Direct,
+    GpuFunc,
+    KernelView,
+    MatmulStrategy,
+    MmaSync,
+    VectorStaging,
+    stage_tile,
+    staging_vector_bytes,
+    store_value,
+    workgroup_memref,
+)
 
 
 def moe_attrs(kernel: ir.Operation) -> dict:
@@ -147,9 +162,9 @@ class MoeRouteStrategy(Strategy):
                     while off < threads:  # inclusive scan of the threads' counts
                         gpu.barrier()
                         cur = memref.load(buf, [tid])
-                        o = off
-                        prev = g.guarded(arith.cmpi(arith.CmpIPredicate.uge, tid, g.c(o)), [i32],
-                                         lambda: [memref.load(buf, [arith.subi(tid, g.c(o))])], lambda: [zero32])[0]
+                        prev = g.guarded(arith.cmpi(arith.CmpIPredicate.uge, tid, g.c(off)), [i32],
+                                         lambda o=off: [memref.load(buf, [arith.subi(tid, g.c(o))])],
+                                         lambda: [zero32])[0]
                         gpu.barrier()
                         memref.store(arith.addi(cur, prev), buf, [tid])
                         off *= 2
@@ -184,127 +199,287 @@ class MoeRouteStrategy(Strategy):
 # --------------------------------------------------------------------------- grouped GEMM
 
 
+class _GatherStaging(VectorStaging):
+    """VectorStaging of the first projection's A tile, rows gathered: tile row r is
+    ``x[row_token[row0 + r]]``, each vector a piece of that row. Every load is guarded by
+    ``row < n_rows`` (a bucket's tiles start anywhere, so no row tail is ever known to
+    be absent) and reads row_token only where it is in bounds."""
+
+    def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
+                 n_rows: int, n_cols: int, transposed: bool, x: ir.Value, row_token: ir.Value, vector_bytes: int):
+        super().__init__(g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed, Direct(x, [], False),
+                         vector_bytes)
+        self.row_token = row_token
+        self.token_shape = ir.MemRefType(x.type).shape[:-1]
+
+    def load(self, row0: ir.Value | int, col0: ir.Value | int, guard_all: bool = True) -> list[ir.Value]:
+        from mlir.dialects import vector
+
+        g, d = self.g, self.direct
+        zero = arith.constant(self.src_t, ir.DenseElementsAttr.get_splat(
+            self.src_t, ir.FloatAttr.get(self.src_t.element_type, 0.0)))
+        out = []
+        for rr, cc, in_tile in self.slots:
+            gr = arith.addi(row0, rr) if not isinstance(row0, int) else g.add(rr, row0)
+            gc = arith.addi(col0, cc) if not isinstance(col0, int) else g.add(cc, col0)
+            cond = g.all_of([c for c in (in_tile, g.lt(gr, self.n_rows), g.lt(gc, self.n_cols)) if c is not None])
+
+            def load_row(gr=gr, gc=gc):
+                tok = _idx(memref.load(self.row_token, [gr]))
+                at = (g.delinearize(tok, self.token_shape) if self.token_shape else []) + [gc]
+                return [vector.load(self.src_t, d.mem, at, alignment=self.vec * self.width)]
+
+            out.append(g.guarded(cond, [self.src_t], load_row, lambda: [zero])[0])
+        return out
+
+
 class MoeGemmStrategy(Strategy):
     KIND = "moe_gemm"
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
-        """The SIMT matmul's tiles (MatmulStrategy.plan's rule, on the packed rows: 128x128
-        with 8x8 a thread on CUDA when that gives a wave of workgroups, else 64x64 with
-        4x4; BLOCK_K the largest of 32/16/8 that fits the shared memory)."""
+        """Tensor cores (mma.sync m16n8k16, f32 accumulators) for f16/bf16 on CUDA with
+        the matmul strategy's warp layout: 128x128 tiles of 8 warps when that gives
+        about a wave of workgroups, else 64x64 of 4. Otherwise the SIMT matmul's tiles:
+        128x128 with 8x8 a thread on CUDA when that gives a wave, else 64x64 with 4x4;
+        BLOCK_K the largest of 32/16/8 that fits the shared memory. Tiles are counted on
+        the packed rows, as if they were one matrix."""
         view = KernelView(kernel)
         info = moe_attrs(kernel)
         n_rows, n_cols = view.result_specs[0].shape
         k = view.arg_specs[1].shape[1]
+        elem = view.arg_specs[1].elem
         big = target.name == "cuda" and -(-n_rows // 128) * -(-n_cols // 128) >= 128
+        common = {"m": n_rows, "n": n_cols, "k": k, "experts": info["experts"],
+                  "vector_bytes": staging_vector_bytes(target)}
+        if target.name == "cuda" and elem in ("f16", "bf16"):
+            warps_m, warps_n, tiles_m, tiles_n = (2, 4, 4, 4) if big else (2, 2, 2, 4)
+            bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 32
+            shared = 2 * (bm + bn) * (bk + 8)
+            if 32 * warps_m * warps_n <= target.max_threads and shared <= target.max_shared_bytes:
+                return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
+                        "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": 32 * warps_m * warps_n,
+                        "grid": self._grid(n_rows, n_cols, bm, bn, info["experts"]), "shared_bytes": shared,
+                        "mma": True, **common}
         bm, bn, tm, tn = (128, 128, 8, 8) if big else (64, 64, 4, 4)
         while (bm // tm) * (bn // tn) > target.max_threads:
             bm, bn = bm // 2, bn // 2
         bk = next((c for c in (32, 16, 8) if MatmulStrategy._shared(bm, bn, c) <= target.max_shared_bytes), 8)
-        grid = [-(-n_cols // bn), -(-n_rows // bm) + info["experts"] + 1, 1]
+        return {"block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm, "thread_n": tn,
+                "threads": (bm // tm) * (bn // tn), "grid": self._grid(n_rows, n_cols, bm, bn, info["experts"]),
+                "shared_bytes": MatmulStrategy._shared(bm, bn, bk), "mma": False, **common}
+
+    @staticmethod
+    def _grid(n_rows: int, n_cols: int, bm: int, bn: int, n_experts: int) -> list[int]:
+        """Column tiles by row tiles: the buckets' tiles number at most ceil(N / BLOCK_M)
+        + E + 1 (each of the E+1 buckets adds at most one partial tile)."""
+        grid = [-(-n_cols // bn), -(-n_rows // bm) + n_experts + 1, 1]
         if grid[1] > 65535:
             raise ValueError(f"{n_rows} MoE rows need {grid[1]} row tiles, more than a grid's y extent")
-        return {"block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm, "thread_n": tn,
-                "threads": (bm // tm) * (bn // tn), "grid": grid, "shared_bytes": MatmulStrategy._shared(bm, bn, bk),
-                "m": n_rows, "n": n_cols, "k": k, "experts": info["experts"]}
+        return grid
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         view = KernelView(kernel)
         info = moe_attrs(kernel)
-        bm, bn, bk = plan["block_m"], plan["block_n"], plan["block_k"]
-        tm, tn, threads = plan["thread_m"], plan["thread_n"], plan["threads"]
-        M, N, K = plan["m"], plan["n"], plan["k"]
-        n_exp, gather = info["experts"], info["gather"]
-        f32 = ir.F32Type.get()
+        bm, bn, bk, threads = plan["block_m"], plan["block_n"], plan["block_k"], plan["threads"]
+        mma = bool(plan.get("mma"))
+        if mma and target.name != "cuda":
+            raise ValueError("the tensor-core moe_gemm plan is for CUDA")
+        elem = ir.Type.parse(view.arg_specs[1].elem) if mma else ir.F32Type.get()
+        shared = ([workgroup_memref([bm, bk + 8], elem), workgroup_memref([bn, bk + 8], elem)] if mma
+                  else [workgroup_memref([bk, bm + 1]), workgroup_memref([bk, bn])])
         with kernel.location:
-            g = GpuFunc(gpu_module, view.name, _arg_types(view, target),
-                        [workgroup_memref([bk, bm + 1]), workgroup_memref([bk, bn])], (threads, 1, 1))
-            As, Bs = g.shared
-            a_mem, w_mem, offsets = g.args[:3]
-            row_token = g.args[3] if gather else None
-            out = g.args[-1]
-            x_lead = view.arg_specs[0].shape[:-1]
+            g = GpuFunc(gpu_module, view.name, _arg_types(view, target), shared, (threads, 1, 1))
             with ir.InsertionPoint(g.entry):
-                tid = g.tid()
-                col_tile, tile = g.bid("x"), g.bid("y")
+                tile = g.bid("y")
                 i1 = ir.IntegerType.get_signless(1)
 
                 def scan(b, carried):
                     start, bucket, m0, m_end, found = carried
-                    lo = _idx(memref.load(offsets, [b]))
-                    hi = _idx(memref.load(offsets, [g.add(b, 1)]))
-                    tiles = g.div(g.add(arith.subi(hi, lo), bm - 1), bm)
-                    end = arith.addi(start, tiles)
+                    lo = _idx(memref.load(g.args[2], [b]))
+                    hi = _idx(memref.load(g.args[2], [g.add(b, 1)]))
+                    end = arith.addi(start, g.div(g.add(arith.subi(hi, lo), bm - 1), bm))
                     here = arith.andi(arith.cmpi(arith.CmpIPredicate.uge, tile, start),
                                       arith.cmpi(arith.CmpIPredicate.ult, tile, end))
                     row0 = arith.addi(lo, g.mul(arith.subi(tile, start), bm))
                     return [end, arith.select(here, b, bucket), arith.select(here, row0, m0),
                             arith.select(here, hi, m_end), arith.ori(found, here)]
 
-                _, bucket, m0, m_end, found = g.loop(0, n_exp + 1, 1,
-                                                     [g.c(0), g.c(0), g.c(0), g.c(0), arith.constant(i1, 0)], scan)
-
-                def body():
-                    expert = arith.minui(bucket, g.c(n_exp - 1))  # bucket E: computed, never read
-                    n0 = g.mul(col_tile, bn)
-                    cols = bn // tn
-                    tr, tc = g.div(tid, cols), g.rem(tid, cols)
-                    vbytes = target.vector_bytes if target.name == "cuda" else 0
-                    memo = _NoMemo()
-
-                    def read_a(r, c):
-                        if gather:
-                            tok = _idx(memref.load(row_token, [r]))
-                            at = (g.delinearize(tok, x_lead) if x_lead else []) + [c]
-                        else:
-                            at = [r, c]
-                        return scalar_math.convert(memref.load(a_mem, at), f32)
-
-                    def read_b(r, c):
-                        return scalar_math.convert(memref.load(w_mem, [expert, r, c]), f32)
-
-                    a_direct = None if gather else Direct(a_mem, [], False)
-                    b_direct = Direct(w_mem, [expert], False)
-                    row_of = [g.add(tr, i * (bm // tm)) for i in range(tm)]
-                    col_of = [g.add(tc, j * cols) for j in range(tn)]
-
-                    def k_step(k0, acc):
-                        gpu.barrier()
-                        # Rows past the bucket's end (< M, so in bounds) are staged too: a
-                        # row of C depends on its own row of A only, and those are not stored.
-                        stage_tile(g, memo, tid, threads, As, bm, bk, True, m0, M, k0, K, read_a, transposed=True,
-                                   direct=a_direct, vector_bytes=vbytes)
-                        stage_tile(g, memo, tid, threads, Bs, bk, bn, True, k0, K, n0, N, read_b,
-                                   direct=b_direct, vector_bytes=vbytes)
-                        gpu.barrier()
-
-                        def inner(kk, acc):
-                            a = [memref.load(As, [kk, r]) for r in row_of]
-                            b = [memref.load(Bs, [kk, c]) for c in col_of]
-                            return [mmath.fma(a[i], b[j], acc[i * tn + j]) for i in range(tm) for j in range(tn)]
-
-                        return g.loop(0, bk, 1, acc, inner)
-
-                    acc = g.loop(0, K, bk, [g.fconst(0.0)] * (tm * tn), k_step)
-                    for i in range(tm):
-                        gr = arith.addi(m0, row_of[i])
-                        for j in range(tn):
-                            gc = g.add(n0, col_of[j])
-                            conds = [arith.cmpi(arith.CmpIPredicate.ult, gr, m_end)]
-                            if N % bn:
-                                conds.append(g.lt(gc, N))
-
-                            def store(v=acc[i * tn + j], gr=gr, gc=gc):
-                                if info["activation"] == "gelu":
-                                    v = scalar_math.emit("gelu", [v], {"approximate": info["approximate"]})
-                                store_value(v, out, [gr, gc])
-
-                            g.when(g.all_of(conds), store)
-
-                g.when(found, body)
+                init = [g.c(0), g.c(0), g.c(0), g.c(0), arith.constant(i1, 0)]
+                _, bucket, m0, m_end, found = g.loop(0, info["experts"] + 1, 1, init, scan)
+                tile_of = _Tile(g, view, info, plan, target, bucket, m0, m_end)
+                g.when(found, tile_of.mma if mma else tile_of.simt)
             g.finish()
-        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
-                             {"strategy": self.KIND, "workgroup_bytes": plan["shared_bytes"],
-                              "tile": [bm, bn, bk], "thread_tile": [tm, tn], "gather": gather})
+        notes = {"strategy": self.KIND, "workgroup_bytes": plan["shared_bytes"], "tile": [bm, bn, bk],
+                 "gather": info["gather"]}
+        if mma:
+            notes["tensor_cores"] = "mma.sync.m16n8k16"
+        else:
+            notes["thread_tile"] = [plan["thread_m"], plan["thread_n"]]
+        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes)
+
+
+class _Tile:
+    """One workgroup's output tile of a grouped GEMM: rows m0 .. m_end (< m0 + BLOCK_M)
+    of bucket ``bucket``, columns of block x; ``simt`` and ``mma`` write its body."""
+
+    def __init__(self, g: GpuFunc, view: KernelView, info: dict, plan: dict, target: TargetInfo,
+                 bucket: ir.Value, m0: ir.Value, m_end: ir.Value):
+        self.g, self.info, self.plan, self.target = g, info, plan, target
+        self.bucket, self.m0, self.m_end = bucket, m0, m_end
+        self.a_mem, self.w_mem = g.args[0], g.args[1]
+        self.row_token = g.args[3] if info["gather"] else None
+        self.out = g.args[-1]
+        self.token_shape = view.arg_specs[0].shape[:-1]
+        self.M, self.N, self.K = plan["m"], plan["n"], plan["k"]
+
+    def _setup(self):
+        g = self.g
+        # Bucket E (out-of-range indices) is computed with the last expert and never read.
+        self.expert = arith.minui(self.bucket, g.c(self.info["experts"] - 1))
+        self.n0 = g.mul(g.bid("x"), self.plan["block_n"])
+        self.tid = g.tid()
+
+    def read_a(self, r: ir.Value, c: ir.Value) -> ir.Value:
+        """A[r, c] in f32, zero past the packed rows: a bucket's tiles start anywhere, so
+        a tile can reach past row M even when M is a multiple of BLOCK_M."""
+        g = self.g
+        f32 = ir.F32Type.get()
+
+        def value():
+            if self.row_token is not None:
+                tok = _idx(memref.load(self.row_token, [r]))
+                at = (g.delinearize(tok, self.token_shape) if self.token_shape else []) + [c]
+            else:
+                at = [r, c]
+            return [scalar_math.convert(memref.load(self.a_mem, at), f32)]
+
+        return g.guarded(g.lt(r, self.M), [f32], value, lambda: [g.fconst(0.0)])[0]
+
+    def read_b(self, r: ir.Value, c: ir.Value) -> ir.Value:
+        return scalar_math.convert(memref.load(self.w_mem, [self.expert, r, c]), ir.F32Type.get())
+
+    def a_staging(self, tile: ir.Value, rows: int, cols: int, transposed: bool) -> VectorStaging:
+        vb = self.plan.get("vector_bytes", 0)
+        if self.row_token is not None:
+            return _GatherStaging(self.g, self.tid, self.plan["threads"], tile, rows, cols, self.M, self.K,
+                                  transposed, self.a_mem, self.row_token, vb)
+        return VectorStaging(self.g, self.tid, self.plan["threads"], tile, rows, cols, self.M, self.K, transposed,
+                             Direct(self.a_mem, [], False), vb)
+
+    def store(self, v: ir.Value, gr: ir.Value, gc: ir.Value) -> None:
+        """Guarded by the bucket's end and the column tail: the activation, one rounding."""
+        g = self.g
+        conds = [arith.cmpi(arith.CmpIPredicate.ult, gr, self.m_end)]
+        if self.N % self.plan["block_n"]:
+            conds.append(g.lt(gc, self.N))
+
+        def write():
+            x = v
+            if self.info["activation"] == "gelu":
+                x = scalar_math.emit("gelu", [x], {"approximate": self.info["approximate"]})
+            store_value(x, self.out, [gr, gc])
+
+        g.when(g.all_of(conds), write)
+
+    def simt(self) -> None:
+        """The SIMT matmul's K loop (see matmul.py): A staged k-major, B n-major."""
+        g, p = self.g, self.plan
+        self._setup()
+        As, Bs = g.shared
+        bm, bn, bk, tm, tn, threads = p["block_m"], p["block_n"], p["block_k"], p["thread_m"], p["thread_n"], \
+            p["threads"]
+        cols = bn // tn
+        tr, tc = g.div(self.tid, cols), g.rem(self.tid, cols)
+        vb = p.get("vector_bytes", 0)
+        a_stage = self.a_staging(As, bm, bk, True)
+        b_direct = Direct(self.w_mem, [self.expert], False)
+        row_of = [g.add(tr, i * (bm // tm)) for i in range(tm)]
+        col_of = [g.add(tc, j * cols) for j in range(tn)]
+
+        def k_step(k0, acc):
+            gpu.barrier()
+            if a_stage.ok:
+                a_stage.store(a_stage.load(self.m0, k0, True))
+            else:
+                stage_tile(g, _NoMemo(), self.tid, threads, As, bm, bk, True, self.m0, self.M, k0, self.K,
+                           self.read_a, transposed=True)
+            stage_tile(g, _NoMemo(), self.tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
+                       direct=b_direct, vector_bytes=vb)
+            gpu.barrier()
+
+            def inner(kk, acc):
+                a = [memref.load(As, [kk, r]) for r in row_of]
+                b = [memref.load(Bs, [kk, c]) for c in col_of]
+                return [mmath.fma(a[i], b[j], acc[i * tn + j]) for i in range(tm) for j in range(tn)]
+
+            return g.loop(0, bk, 1, acc, inner)
+
+        acc = g.loop(0, self.K, bk, [g.fconst(0.0)] * (tm * tn), k_step)
+        for i in range(tm):
+            gr = arith.addi(self.m0, row_of[i])
+            for j in range(tn):
+                self.store(acc[i * tn + j], gr, g.add(self.n0, col_of[j]))
+
+    def mma(self) -> None:
+        """The matmul strategy's tensor-core K loop (MatmulStrategy._emit_mma): A staged
+        m-major and B n-major in the input type, each warp's fragments from them, 4 f32
+        accumulators per 16x8 tile; the next K step's tiles are prefetched into
+        registers when both stagings take vectors."""
+        g, p = self.g, self.plan
+        self._setup()
+        As, Bs = g.shared
+        bm, bn, bk, threads = p["block_m"], p["block_n"], p["block_k"], p["threads"]
+        wn, tms, tns = p["warps_n"], p["mma_tiles_m"], p["mma_tiles_n"]
+        tc = MmaSync(str(ir.MemRefType(As.type).element_type))
+        tid = self.tid
+        warp, lane = g.div(tid, 32), g.rem(tid, 32)
+        wm0 = g.mul(g.div(warp, wn), 16 * tms)
+        wn0 = g.mul(g.rem(warp, wn), 8 * tns)
+        gid, tig2 = g.div(lane, 4), g.mul(g.rem(lane, 4), 2)
+        a_rows = [arith.addi(wm0, g.add(gid, 16 * i)) for i in range(tms)]
+        b_cols = [arith.addi(wn0, g.add(gid, 8 * j)) for j in range(tns)]
+        vb = p.get("vector_bytes", 0)
+        b_direct = Direct(self.w_mem, [self.expert], False)
+        a_stage = self.a_staging(As, bm, bk, False)
+        b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, self.K, self.N, True, b_direct, vb)
+        prefetch = a_stage.ok and b_stage.ok
+        n_acc, n_a = 4 * tms * tns, len(a_stage.slots) if prefetch else 0
+        first = a_stage.load(self.m0, 0, True) + b_stage.load(0, self.n0, True) if prefetch else []
+
+        def k_step(k0, carried):
+            acc, staged = list(carried[:n_acc]), carried[n_acc:]
+            gpu.barrier()
+            if prefetch:
+                a_stage.store(staged[:n_a])
+                b_stage.store(staged[n_a:])
+            else:
+                stage_tile(g, _NoMemo(), tid, threads, As, bm, bk, True, self.m0, self.M, k0, self.K, self.read_a)
+                stage_tile(g, _NoMemo(), tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
+                           transposed=True, direct=b_direct, vector_bytes=vb)
+            gpu.barrier()
+            upcoming = []
+            if prefetch:
+                k1 = g.add(k0, bk)
+                upcoming = a_stage.load(self.m0, k1, True) + b_stage.load(k1, self.n0, True)
+            for t in range(bk // 16):
+                lo, hi = g.add(tig2, 16 * t), g.add(tig2, 16 * t + 8)
+                a = [[tc.load_pair(As, [r, lo]), tc.load_pair(As, [g.add(r, 8), lo]),
+                      tc.load_pair(As, [r, hi]), tc.load_pair(As, [g.add(r, 8), hi])] for r in a_rows]
+                b = [[tc.load_pair(Bs, [c, lo]), tc.load_pair(Bs, [c, hi])] for c in b_cols]
+                for i in range(tms):
+                    for j in range(tns):
+                        q = 4 * (i * tns + j)
+                        acc[q:q + 4] = tc(a[i], b[j], acc[q:q + 4])
+            return acc + upcoming
+
+        acc = g.loop(0, self.K, bk, [g.fconst(0.0)] * n_acc + first, k_step)[:n_acc]
+        for i in range(tms):
+            for h in range(2):
+                gr = arith.addi(self.m0, g.add(arith.addi(wm0, gid), 16 * i + 8 * h))
+                for j in range(tns):
+                    for e in range(2):
+                        gc = arith.addi(self.n0, g.add(arith.addi(wn0, tig2), 8 * j + e))
+                        self.store(acc[4 * (i * tns + j) + 2 * h + e], gr, gc)
 
 
 # --------------------------------------------------------------------------- combine

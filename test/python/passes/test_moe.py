@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import re
 
+import kf
 import moe
 import pytest
 import torch
 import torch.nn.functional as F
-
-import kf
 from kf.passes.to_cuda import assemble, ptxas_path
 from kf.runtime import vulkan
 
@@ -126,6 +125,10 @@ def test_cuda_build_assembles(dtype, top_k):
     entries = re.findall(r"\.entry (\w+)", ptx)
     for role in ("route", "up", "down", "combine"):
         assert f"moe_layer_fused_moe0_{role}" in entries
+    if dtype != torch.float32:  # the grouped GEMMs are on tensor cores
+        for role in ("up", "down"):
+            body = ptx[ptx.index(f".entry moe_layer_fused_moe0_{role}"):]
+            assert "mma.sync.aligned.m16n8k16" in body[:body.index("\n}")]
     report = assemble(ptx, "sm_90").kernels
     for role in ("route", "up", "down", "combine"):
         info = report[f"moe_layer_fused_moe0_{role}"]
@@ -160,3 +163,23 @@ def test_out_of_range_and_repeated_indices():
     assert "moe_route" in kinds and "matmul" not in kinds
     out = f(x, idx, wt, w_in, w_out)
     assert _rel(out, routed_experts(x, idx, wt, w_in, w_out)) < 2e-5
+
+
+@needs_vulkan
+@pytest.mark.parametrize("batch,seq,top_k", [(1, 37, 2), (2, 32, 1)])
+def test_cuda_staging_runs_on_vulkan(batch, seq, top_k, monkeypatch):
+    """The CUDA plans stage tiles with 128-bit loads (VectorStaging, the gathered rows of
+    _GatherStaging); kf-to-spirv splits vectors into scalars, so with the plans' vector
+    width forced to 16 bytes the same index arithmetic runs on lavapipe (f32: SPIR-V
+    takes no f16/bf16 vectors here). 2x32 slots fill whole 64-row tiles while a bucket's
+    tiles start anywhere: the row guard of every load is needed."""
+    import kf.passes.strategies.moe as moe_strategies
+
+    monkeypatch.setattr(moe_strategies, "staging_vector_bytes", lambda target: 16)
+    x, gate, w_in, w_out = _inputs(batch, seq, torch.float32)
+    f = moe.moe_layer_fused.with_options(target="vulkan")
+    gpu = kf.inspect(f, x, gate, [w_in, w_out], top_k=top_k).stages["gpu"]
+    up = gpu[gpu.index("gpu.func @moe_layer_fused_moe0_up"):gpu.index("gpu.func @moe_layer_fused_moe0_down")]
+    assert "vector.load" in up
+    out = f(x, gate, [w_in, w_out], top_k=top_k)
+    assert _rel(out, moe.moe_layer_fused.fn(x, gate, [w_in, w_out], top_k=top_k)) < TOL[torch.float32]
