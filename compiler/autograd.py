@@ -8,9 +8,10 @@ shapes), kf traces the *joint* function
 with ``make_fx`` on fake tensors, decomposing ATen's backward ops (``_softmax_backward_data``,
 ``native_layer_norm_backward``, ``gelu_backward``, ...) into the primitive ops kf
 compiles. The trace is an ATen graph of the forward followed by its backward; the forward
-part is recomputed from the saved inputs rather than saved, as flash attention recomputes
-its scores block by block, so a training step keeps only the inputs alive between forward
-and backward. The graph is written out as a small Python module (under the cache folder,
+part is recomputed from the saved inputs rather than saved (as flash attention recomputes
+its scores), so a training step keeps only the inputs alive between forward and backward;
+how the recomputed part is tiled (attention block by block) is up to kf's strategies, as
+for any kf function. The graph is written out as a small Python module (under the cache folder,
 so the cache key, the error locations and ``kf.inspect`` work on it as on any user
 function) and compiled with ``kf.jit`` for the forward's own target.
 
@@ -28,8 +29,7 @@ import re
 import traceback
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
