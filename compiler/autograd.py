@@ -235,3 +235,21 @@ def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user) -> Backwa
             if loc is not None:
                 line_locs[lineno] = loc
     return Backward(KfFunction(fn, kfn.options, torch_op=False), diff, str(path), line_locs)
+
+
+def backward_of(kfn, *args, **kwargs) -> Backward:
+    """The backward kf derives for this call of ``kfn`` (derived now if it was not yet), to
+    read or inspect: ``kf.inspect(b.fn, *inputs, *grads)`` shows its IR, ``b.source`` is its
+    Python. Gradients are taken for the floating-point outputs, shaped like them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import torch_ops
+
+    tensors, structure = torch_ops.flatten_call(kfn, args, kwargs)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fakes = [mode.from_tensor(t) for t in tensors]
+        outs = torch_ops.flatten_results(kfn.fn(**torch_ops.rebuild(kfn, structure, fakes)))
+        metas = [(tuple(o.shape), o.dtype) for o in outs if o.is_floating_point()]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    grads = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in metas]
+    return torch_ops._backward_of(kfn, structure, [t.detach() for t in tensors], grads)

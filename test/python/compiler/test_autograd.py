@@ -197,3 +197,17 @@ def test_bf16_attention_gradients_on_vulkan_match_eager():
     for a, e in zip(got, want):
         assert a.dtype == torch.bfloat16
         assert ((a.float() - e).abs().max() / e.abs().max()).item() < 3e-2
+
+
+def test_backward_of_can_be_inspected():
+    x, w, b = torch.randn(4, 16), torch.randn(16), torch.randn(16)
+    bwd = autograd.backward_of(layer_norm, x, w, b)
+    assert bwd.diff == (True, True, True)
+    g = torch.randn(4, 16)
+    info = kf.inspect(bwd.fn, x, w, b, g)
+    assert "kf.sum" in info.kf_ir and bwd.source in info.kf_ir
+    grads = bwd([x, w, b], [g])
+    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+    want = torch.autograd.grad(layer_norm.fn(xr, wr, br), (xr, wr, br), g)
+    for a, e in zip(grads, want):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
