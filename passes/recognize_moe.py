@@ -136,6 +136,7 @@ class Match:
     w_out: ir.Value
     approximate: str
     lines: dict  # kernel role -> the user's lines it replaces
+    terms: list  # the kf.mul op of each expert's weighted output
 
 
 def _term(v: ir.Value):
@@ -228,7 +229,7 @@ def match(root: ir.Value) -> Match | None:
         "down": _lines([t[6][1] for t in terms]),
         COMBINE: _lines([t[6][0] for t in terms]),
     }
-    return Match(root, x, idx, wt, w_in, w_out, approx, lines)
+    return Match(root, x, idx, wt, w_in, w_out, approx, lines, [t[6][0] for t in terms])
 
 
 def _lines(ops) -> list[str]:
@@ -380,18 +381,18 @@ class RecognizeMoePass(KfPass):
             if f.name != "func.func" or "kf.kernel" in f.attributes or not f.regions[0].blocks:
                 continue
             fname = re.sub(r"\W", "_", ir.StringAttr(f.attributes["sym_name"]).value).strip("_") or "kernel"
-            count = 0
-            # Roots: adds (or, for one expert, muls) whose result no other add consumes.
-            for op in list(f.regions[0].blocks[0].operations):
+            count, taken = 0, set()
+            # Any add (or, for one expert, mul) can be the sum over experts: the sum may
+            # feed a residual add. From the last op up, so that of two roots over the
+            # same terms (a sum and the sum plus a zero fill) the outer one is rewritten.
+            for op in reversed(list(f.regions[0].blocks[0].operations)):
                 op = op.operation
                 if op.name not in ("kf.add", "kf.mul") or not op.results:
                     continue
-                r = op.results[0]
-                if any(u.owner.operation.name == "kf.add" for u in r.uses):
+                m = match(op.results[0])
+                if m is None or any(t in taken for t in m.terms):
                     continue
-                m = match(r)
-                if m is None:
-                    continue
+                taken.update(m.terms)
                 rewrite(f, m, body, f"{fname}_moe{count}")
                 count += 1
             if count:

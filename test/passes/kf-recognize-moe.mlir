@@ -264,3 +264,62 @@ func.func @moe_relu(%x: tensor<1x5x8xf32>, %idx: tensor<1x5x2xi64>, %wt: tensor<
   %o2 = "kf.add"(%o1, %t2) : (tensor<1x5x8xf32>, tensor<1x5x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
   return %o2 : tensor<1x5x8xf32>
 }
+// -----
+
+// The sum over experts (plus a zero fill) feeds a residual add: the sum is replaced,
+// once, and the residual add stays.
+// CHECK-LABEL: func.func @moe_residual
+// CHECK-NOT: kf.matmul
+// CHECK: call @moe_residual_moe0_route
+// CHECK-NEXT: call @moe_residual_moe0_up
+// CHECK-NEXT: call @moe_residual_moe0_down
+// CHECK-NEXT: %[[O:.*]] = call @moe_residual_moe0_combine
+// CHECK-NEXT: %[[R:.*]] = "kf.add"(%arg0, %[[O]])
+// CHECK-NEXT: return %[[R]]
+func.func @moe_residual(%x: tensor<1x5x8xf32>, %idx: tensor<1x5x2xi64>, %wt: tensor<1x5x2xf32>, %w_in: tensor<3x8x12xf32>, %w_out: tensor<3x12x8xf32>) -> tensor<1x5x8xf32> {
+  %experts = "kf.constant"() {value = dense<[0, 1, 2]> : tensor<3xi64>} : () -> tensor<3xi64> loc("moe.py":29:5)
+  %i0 = "kf.slice"(%idx) {dim = 2 : i64, end = 1 : i64, start = 0 : i64, step = 1 : i64} : (tensor<1x5x2xi64>) -> tensor<1x5x1xi64> loc("moe.py":32:9)
+  %w0 = "kf.slice"(%wt) {dim = 2 : i64, end = 1 : i64, start = 0 : i64, step = 1 : i64} : (tensor<1x5x2xf32>) -> tensor<1x5x1xf32> loc("moe.py":33:9)
+  %eq0 = "kf.cmp"(%i0, %experts) {predicate = "eq"} : (tensor<1x5x1xi64>, tensor<3xi64>) -> tensor<1x5x3xi1> loc("moe.py":34:9)
+  %routed0 = "kf.cast"(%eq0) : (tensor<1x5x3xi1>) -> tensor<1x5x3xf32> loc("moe.py":34:9)
+  %c0 = "kf.mul"(%routed0, %w0) : (tensor<1x5x3xf32>, tensor<1x5x1xf32>) -> tensor<1x5x3xf32> loc("moe.py":35:9)
+  %i1 = "kf.slice"(%idx) {dim = 2 : i64, end = 2 : i64, start = 1 : i64, step = 1 : i64} : (tensor<1x5x2xi64>) -> tensor<1x5x1xi64> loc("moe.py":32:9)
+  %w1 = "kf.slice"(%wt) {dim = 2 : i64, end = 2 : i64, start = 1 : i64, step = 1 : i64} : (tensor<1x5x2xf32>) -> tensor<1x5x1xf32> loc("moe.py":33:9)
+  %eq1 = "kf.cmp"(%i1, %experts) {predicate = "eq"} : (tensor<1x5x1xi64>, tensor<3xi64>) -> tensor<1x5x3xi1> loc("moe.py":34:9)
+  %routed1 = "kf.cast"(%eq1) : (tensor<1x5x3xi1>) -> tensor<1x5x3xf32> loc("moe.py":34:9)
+  %c1 = "kf.mul"(%routed1, %w1) : (tensor<1x5x3xf32>, tensor<1x5x1xf32>) -> tensor<1x5x3xf32> loc("moe.py":35:9)
+  %cs1 = "kf.add"(%c0, %c1) : (tensor<1x5x3xf32>, tensor<1x5x3xf32>) -> tensor<1x5x3xf32> loc("moe.py":35:9)
+  %wi0s = "kf.slice"(%w_in) {dim = 0 : i64, end = 1 : i64, start = 0 : i64, step = 1 : i64} : (tensor<3x8x12xf32>) -> tensor<1x8x12xf32> loc("moe.py":41:9)
+  %wi0 = "kf.reshape"(%wi0s) : (tensor<1x8x12xf32>) -> tensor<8x12xf32> loc("moe.py":41:9)
+  %u0 = "kf.matmul"(%x, %wi0) : (tensor<1x5x8xf32>, tensor<8x12xf32>) -> tensor<1x5x12xf32> loc("moe.py":41:9)
+  %h0 = "kf.gelu"(%u0) {approximate = "tanh"} : (tensor<1x5x12xf32>) -> tensor<1x5x12xf32> loc("moe.py":41:9)
+  %ce0 = "kf.slice"(%cs1) {dim = 2 : i64, end = 1 : i64, start = 0 : i64, step = 1 : i64} : (tensor<1x5x3xf32>) -> tensor<1x5x1xf32> loc("moe.py":42:9)
+  %wo0s = "kf.slice"(%w_out) {dim = 0 : i64, end = 1 : i64, start = 0 : i64, step = 1 : i64} : (tensor<3x12x8xf32>) -> tensor<1x12x8xf32> loc("moe.py":42:9)
+  %wo0 = "kf.reshape"(%wo0s) : (tensor<1x12x8xf32>) -> tensor<12x8xf32> loc("moe.py":42:9)
+  %y0 = "kf.matmul"(%h0, %wo0) : (tensor<1x5x12xf32>, tensor<12x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
+  %t0 = "kf.mul"(%ce0, %y0) : (tensor<1x5x1xf32>, tensor<1x5x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
+  %wi1s = "kf.slice"(%w_in) {dim = 0 : i64, end = 2 : i64, start = 1 : i64, step = 1 : i64} : (tensor<3x8x12xf32>) -> tensor<1x8x12xf32> loc("moe.py":41:9)
+  %wi1 = "kf.reshape"(%wi1s) : (tensor<1x8x12xf32>) -> tensor<8x12xf32> loc("moe.py":41:9)
+  %u1 = "kf.matmul"(%x, %wi1) : (tensor<1x5x8xf32>, tensor<8x12xf32>) -> tensor<1x5x12xf32> loc("moe.py":41:9)
+  %h1 = "kf.gelu"(%u1) {approximate = "tanh"} : (tensor<1x5x12xf32>) -> tensor<1x5x12xf32> loc("moe.py":41:9)
+  %ce1 = "kf.slice"(%cs1) {dim = 2 : i64, end = 2 : i64, start = 1 : i64, step = 1 : i64} : (tensor<1x5x3xf32>) -> tensor<1x5x1xf32> loc("moe.py":42:9)
+  %wo1s = "kf.slice"(%w_out) {dim = 0 : i64, end = 2 : i64, start = 1 : i64, step = 1 : i64} : (tensor<3x12x8xf32>) -> tensor<1x12x8xf32> loc("moe.py":42:9)
+  %wo1 = "kf.reshape"(%wo1s) : (tensor<1x12x8xf32>) -> tensor<12x8xf32> loc("moe.py":42:9)
+  %y1 = "kf.matmul"(%h1, %wo1) : (tensor<1x5x12xf32>, tensor<12x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
+  %t1 = "kf.mul"(%ce1, %y1) : (tensor<1x5x1xf32>, tensor<1x5x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
+  %o1 = "kf.add"(%t0, %t1) : (tensor<1x5x8xf32>, tensor<1x5x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
+  %wi2s = "kf.slice"(%w_in) {dim = 0 : i64, end = 3 : i64, start = 2 : i64, step = 1 : i64} : (tensor<3x8x12xf32>) -> tensor<1x8x12xf32> loc("moe.py":41:9)
+  %wi2 = "kf.reshape"(%wi2s) : (tensor<1x8x12xf32>) -> tensor<8x12xf32> loc("moe.py":41:9)
+  %u2 = "kf.matmul"(%x, %wi2) : (tensor<1x5x8xf32>, tensor<8x12xf32>) -> tensor<1x5x12xf32> loc("moe.py":41:9)
+  %h2 = "kf.gelu"(%u2) {approximate = "tanh"} : (tensor<1x5x12xf32>) -> tensor<1x5x12xf32> loc("moe.py":41:9)
+  %ce2 = "kf.slice"(%cs1) {dim = 2 : i64, end = 3 : i64, start = 2 : i64, step = 1 : i64} : (tensor<1x5x3xf32>) -> tensor<1x5x1xf32> loc("moe.py":42:9)
+  %wo2s = "kf.slice"(%w_out) {dim = 0 : i64, end = 3 : i64, start = 2 : i64, step = 1 : i64} : (tensor<3x12x8xf32>) -> tensor<1x12x8xf32> loc("moe.py":42:9)
+  %wo2 = "kf.reshape"(%wo2s) : (tensor<1x12x8xf32>) -> tensor<12x8xf32> loc("moe.py":42:9)
+  %y2 = "kf.matmul"(%h2, %wo2) : (tensor<1x5x12xf32>, tensor<12x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
+  %t2 = "kf.mul"(%ce2, %y2) : (tensor<1x5x1xf32>, tensor<1x5x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
+  %o2 = "kf.add"(%o1, %t2) : (tensor<1x5x8xf32>, tensor<1x5x8xf32>) -> tensor<1x5x8xf32> loc("moe.py":42:9)
+  %zero = "kf.fill"() {value = 0.0 : f64} : () -> tensor<1x5x8xf32>
+  %sum = "kf.add"(%zero, %o2) : (tensor<1x5x8xf32>, tensor<1x5x8xf32>) -> tensor<1x5x8xf32>
+  %res = "kf.add"(%x, %sum) : (tensor<1x5x8xf32>, tensor<1x5x8xf32>) -> tensor<1x5x8xf32>
+  return %res : tensor<1x5x8xf32>
+}
