@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import inspect
 import re
@@ -144,7 +145,8 @@ def _parse_const(text: str) -> Any:
     return ast.literal_eval(text)
 
 
-def _parse(structure: str) -> list[tuple[str, Any]]:
+@functools.lru_cache(maxsize=4096)
+def _parse(structure: str) -> tuple[tuple[str, Any], ...]:
     """The structure's parts: ("T", None), ("L", n), ("U", n), ("N", None), ("D", None) for
     the parameter's default, ("=", value)."""
     out: list[tuple[str, Any]] = []
@@ -172,7 +174,7 @@ def _parse(structure: str) -> list[tuple[str, Any]]:
         else:
             raise ValueError(f"kf: cannot read the call structure {structure!r}")
         i += 1
-    return out
+    return tuple(out)
 
 
 def rebuild(kfn, structure: str, tensors: list) -> dict[str, Any]:
