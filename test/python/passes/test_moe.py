@@ -183,3 +183,15 @@ def test_cuda_staging_runs_on_vulkan(batch, seq, top_k, monkeypatch):
     assert "vector.load" in up
     out = f(x, gate, [w_in, w_out], top_k=top_k)
     assert _rel(out, moe.moe_layer_fused.fn(x, gate, [w_in, w_out], top_k=top_k)) < TOL[torch.float32]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("batch,seq,hidden,ffn,experts,top_k", [
+    (1, 2000, 64, 96, 8, 2),  # 4000 slots: 16 a routing thread
+    (3, 7, 40, 24, 5, 3),  # top-3 of 5, nothing a multiple of a tile
+    (1, 9, 64, 96, 1, 1),  # one expert: the sum over experts is one term, no add
+])
+def test_other_shapes(batch, seq, hidden, ffn, experts, top_k):
+    x, gate, w_in, w_out = _inputs(batch, seq, torch.float32, hidden, ffn, experts)
+    out = moe.moe_layer_fused.with_options(target="vulkan")(x, gate, [w_in, w_out], top_k=top_k)
+    assert _rel(out, moe.moe_layer_fused.fn(x, gate, [w_in, w_out], top_k=top_k)) < TOL[torch.float32]
