@@ -195,3 +195,17 @@ def test_other_shapes(batch, seq, hidden, ffn, experts, top_k):
     x, gate, w_in, w_out = _inputs(batch, seq, torch.float32, hidden, ffn, experts)
     out = moe.moe_layer_fused.with_options(target="vulkan")(x, gate, [w_in, w_out], top_k=top_k)
     assert _rel(out, moe.moe_layer_fused.fn(x, gate, [w_in, w_out], top_k=top_k)) < TOL[torch.float32]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the PTX is assembled above)")
+@pytest.mark.parametrize("batch,seq,top_k", [(1, 37, 2), (2, 32, 1), (1, 1000, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_moe_layer_on_cuda(batch, seq, top_k, dtype):
+    """On a CUDA GPU: the tensor-core grouped GEMMs (f16, bf16) and the SIMT ones (f32)
+    against eager, as on Vulkan."""
+    x, gate, w_in, w_out = (t.cuda() for t in _inputs(batch, seq, dtype))
+    out = moe.moe_layer_fused(x, gate, [w_in, w_out], top_k=top_k)
+    ref = moe.moe_layer_fused.fn(x, gate, [w_in, w_out], top_k=top_k)
+    exact = moe.moe_layer_fused.fn(x.double(), gate.double(), [w_in.double(), w_out.double()], top_k=top_k)
+    assert _rel(out, ref) < TOL[dtype]
+    assert _rel(out, exact) <= max(2 * _rel(ref, exact), 1e-6)
