@@ -92,7 +92,9 @@ class Backward:
     ``fn`` takes the forward's flat tensor inputs, then one gradient per floating-point
     output, and returns one gradient per floating-point input (``diff`` says which).
     Calling it runs the compiled kernel directly (it is called from the op
-    ``kf::<name>_backward``, which is what traces and compiled graphs see).
+    ``kf::<name>_backward``, which is what traces and compiled graphs see); called as a
+    function, ``fn`` goes through its own op, whose backward is derived in turn (double
+    backward).
     """
 
     fn: Any  # a KfFunction
@@ -224,6 +226,9 @@ def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user) -> Backwa
     glb.update({"torch": torch, "self": gm, "__name__": f"kf_backward_{name}"})
     exec(compile(text, str(path), "exec"), glb)
     fn = glb[fname]
+    # one op per generated function (torch_ops names ops by qualified name): each
+    # specialization's backward is differentiable in its turn, which double backward uses
+    fn.__qualname__ = f"{fname}.{digest}"
 
     nodes = {n.name: n for n in gm.graph.nodes}
     line_locs: dict[int, SourceLoc] = {}
@@ -234,7 +239,7 @@ def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user) -> Backwa
             loc = _user_loc(node.meta.get("stack_trace", ""), user.__code__.co_filename)
             if loc is not None:
                 line_locs[lineno] = loc
-    return Backward(KfFunction(fn, kfn.options, torch_op=False), diff, str(path), line_locs)
+    return Backward(KfFunction(fn, kfn.options), diff, str(path), line_locs)
 
 
 def backward_of(kfn, *args, **kwargs) -> Backward:

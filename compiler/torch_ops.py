@@ -26,7 +26,8 @@ break; shapes and dtypes travel with the tensors.
   and it follows symbolic shapes under ``torch.compile(dynamic=True)``.
 - The autograd formula saves the inputs and calls ``kf::<name>_<hash>_backward``, whose
   implementation runs the kf-compiled backward of the specialization (autograd.py).
-  The backward op has no formula of its own: double backward raises torch's error.
+  The backward op's own formula differentiates that backward function in turn (double
+  backward).
 """
 
 from __future__ import annotations
@@ -311,6 +312,7 @@ def _define(name: str) -> tuple:
                                   schema="(Tensor[] tensors, Tensor[] grads, str structure) -> Tensor[]")
     bop.register_fake(backward_fake)
     op.register_autograd(_backward_formula(name), setup_context=_setup_context)
+    bop.register_autograd(_double_backward_formula(name), setup_context=_setup_double)
     return op, bop
 
 
@@ -368,6 +370,36 @@ def _backward_formula(name: str):
         flat = _OPS[name][1](list(ctx.saved_tensors), tangents, ctx.structure)
         it = iter(flat)
         return [next(it) if f else None for f in ctx.float_inputs], None
+
+    return backward
+
+
+def _setup_double(ctx, inputs, output):
+    tensors, grads, structure = inputs
+    ctx.structure = structure
+    ctx.n = len(tensors)
+    ctx.save_for_backward(*tensors, *grads)
+
+
+def _double_backward_formula(name: str):
+    """The backward of the backward op: the generated backward function is a kf function
+    with an op of its own, so differentiating a call of it derives (and compiles) its
+    backward the same way as the forward's."""
+    def backward(ctx, ggs):
+        saved = list(ctx.saved_tensors)
+        tensors, grads = saved[:ctx.n], saved[ctx.n:]
+        bwd = _backward_of(_OWNERS[name], ctx.structure, [t.detach() for t in tensors], [g.detach() for g in grads])
+        with torch.enable_grad():
+            ins = [t.detach().requires_grad_(t.is_floating_point()) for t in saved]
+            outs = bwd.fn(*ins)
+            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+            pairs = [(o, gg) for o, gg in zip(outs, ggs) if gg is not None]
+            wrt = [i for i in ins if i.requires_grad]
+            got = torch.autograd.grad([o for o, _ in pairs], wrt, [gg for _, gg in pairs], allow_unused=True,
+                                      create_graph=torch.is_grad_enabled()) if pairs else [None] * len(wrt)
+        it = iter(got)
+        per_input = [next(it) if i.requires_grad else None for i in ins]
+        return per_input[:ctx.n], per_input[ctx.n:], None
 
     return backward
 

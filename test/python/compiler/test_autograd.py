@@ -211,3 +211,17 @@ def test_backward_of_can_be_inspected():
     want = torch.autograd.grad(layer_norm.fn(xr, wr, br), (xr, wr, br), g)
     for a, e in zip(grads, want):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+def test_double_backward():
+    # the generated backward is a kf function with an op of its own: its backward is
+    # derived and compiled in turn
+    assert torch.autograd.gradgradcheck(layer_norm, (_rand(3, 8), _rand(8), _rand(8)))
+    assert torch.autograd.gradgradcheck(softmax, (_rand(2, 5),))
+    x = _rand(5)
+    (g,) = torch.autograd.grad(elementwise(x, x.detach()).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    xr = x.detach().requires_grad_()
+    (gr,) = torch.autograd.grad(elementwise.fn(xr, x.detach()).sum(), xr, create_graph=True)
+    (ggr,) = torch.autograd.grad(gr.sum(), xr)
+    torch.testing.assert_close(gg, ggr)
