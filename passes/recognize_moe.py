@@ -57,6 +57,10 @@ from .base import KfPass
 
 ROUTE, GEMM, COMBINE = "moe_route", "moe_gemm", "moe_combine"
 
+#: Packed rows the grouped GEMMs can take: their grid's y extent (at most 65535) counts
+#: row tiles of 64, E + 1 of them partial. Larger layers stay dense.
+MAX_ROWS = 65535 * 64
+
 
 def _defining(v: ir.Value) -> ir.Operation | None:
     owner = v.owner
@@ -222,6 +226,8 @@ def match(root: ir.Value) -> Match | None:
     if any(r[0] != idx or r[2] != wt or r[1] != r[3] for r in routes) or sorted(r[1] for r in routes) != list(range(K)):
         return None
     if _shape(idx)[:-1] != _shape(x)[:-1] or _shape(wt) != _shape(idx) or _elem(wt) != elem:
+        return None
+    if int(np.prod(_shape(idx))) + (E + 1) * 64 > MAX_ROWS:
         return None
     lines = {
         ROUTE: _lines([op for r in routes for op in r[4]]),
