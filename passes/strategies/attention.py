@@ -57,6 +57,7 @@ from mlir.dialects import math as mmath
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .matmul import (
+    MMA_PREFETCH,
     GpuFunc,
     KernelView,
     MmaSync,
@@ -215,7 +216,7 @@ class AttentionStrategy(Strategy):
         return {"block_m": bm, "block_n": bn, "threads": 32 * self.MMA_WARPS, "lanes_per_row": 4,
                 "grid": [-(-ch.seq_q // bm), batch, 1], "shared_bytes": shared, "seq_q": ch.seq_q,
                 "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "unroll": 1,
-                "mma": True, "vector_bytes": staging_vector_bytes(target)}
+                "mma": True, "vector_bytes": staging_vector_bytes(target), "prefetch": MMA_PREFETCH}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = _Chain(kernel)
@@ -424,7 +425,7 @@ class AttentionStrategy(Strategy):
                 v_stage = VectorStaging(g, tid, threads, Vs, bn, Dv, Sk, Dv, False, v_direct, vb)
                 # Register prefetch: the next block's K and V are loaded before this block's
                 # products, so their latency hides behind the tensor cores.
-                prefetch = k_stage.ok and v_stage.ok
+                prefetch = plan.get("prefetch", False) and k_stage.ok and v_stage.ok
                 n_pre = len(k_stage.slots) + len(v_stage.slots) if prefetch else 0
                 first = k_stage.load(0, 0, True) + v_stage.load(0, 0, True) if prefetch else []
 

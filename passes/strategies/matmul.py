@@ -432,6 +432,13 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
 
     _passes(g, tid, threads, total, one)
 
+#: Whether tensor-core plans prefetch the next tiles into registers across the loop.
+#: Off until the prefetching kernels have run on a GPU against torch (they assemble
+#: with ptxas, and test_attention_matmul.py's CUDA tests run them with it on and off);
+#: the synchronous kernels did, on an H200.
+MMA_PREFETCH = False
+
+
 def staging_vector_bytes(target: TargetInfo) -> int:
     """Bytes per staging load that plans record: the target's widest access on CUDA; 0
     (scalars) for SPIR-V, where kf-to-spirv splits vector accesses into scalars anyway
@@ -753,7 +760,7 @@ class MatmulStrategy(Strategy):
         return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
                 "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": threads, "grid": grid,
                 "shared_bytes": shared, "m": gm.m, "n": gm.n, "k": gm.k, "batch": list(gm.batch), "mma": True,
-                "vector_bytes": staging_vector_bytes(target)}
+                "vector_bytes": staging_vector_bytes(target), "prefetch": MMA_PREFETCH}
 
     def _emit_mma(self, view: KernelView, gm: _Gemm, kernel: ir.Operation, plan: dict,
                   gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
@@ -795,7 +802,7 @@ class MatmulStrategy(Strategy):
                 b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, K, N, True, b_direct, vb)
                 # Register prefetch: the next K step's tiles are loaded before this step's
                 # products (their latency hides behind the tensor cores).
-                prefetch = a_stage.ok and b_stage.ok
+                prefetch = plan.get("prefetch", False) and a_stage.ok and b_stage.ok
                 n_acc, n_a = 4 * tms * tns, len(a_stage.slots) if prefetch else 0
                 first = a_stage.load(m0, 0, True) + b_stage.load(0, n0, True) if prefetch else []
 

@@ -530,12 +530,13 @@ def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
 
 
 @needs_cuda
+@pytest.mark.parametrize("prefetch", [False, True], ids=["sync", "prefetch"])
 @pytest.mark.parametrize("b,h,seq,d,elem,mask_shape", ATTENTION_CASES + [
     (2, 8, 1000, 64, "f16", (2, 1, 1000, 1000)), (2, 4, 513, 128, "bf16", (513, 513)), (1, 2, 257, 128, "f16", None),
     (1, 2, 100, 80, "f16", (100, 100)), (2, 2, 1, 64, "bf16", None)])
-def test_attention_cuda(b, h, seq, d, elem, mask_shape):
+def test_attention_cuda(b, h, seq, d, elem, mask_shape, prefetch):
     built = attention(b, h, seq, seq, d, elem, mask_shape)
-    plan, emitted = built.emit(CUDA)
+    plan, emitted = emit_with(built, CUDA, prefetch=prefetch)
     gen = torch.Generator().manual_seed(seq * d + b + 1)
     k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
     args, mask = [k, q, v], None
@@ -552,11 +553,12 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape):
 
 
 @needs_cuda
+@pytest.mark.parametrize("prefetch", [False, True], ids=["sync", "prefetch"])
 @pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("m,k,n", [(257, 65, 129), (2048, 512, 1024)])
-def test_matmul_bias_gelu_cuda(elem, m, k, n):
+@pytest.mark.parametrize("m,k,n", [(257, 65, 129), (2048, 512, 1024), (200, 64, 72)])
+def test_matmul_bias_gelu_cuda(elem, m, k, n, prefetch):
     built = matmul_bias_gelu(m, k, n, elem)
-    plan, emitted = built.emit(CUDA)
+    plan, emitted = emit_with(built, CUDA, prefetch=prefetch)
     gen = torch.Generator().manual_seed(m + k)
     a, b, bias = randn((m, k), elem, gen), randn((k, n), elem, gen), randn((n,), elem, gen)
     out, _ = cuda_run(built, plan, emitted, [a, b, bias], (m, n), elem)
@@ -566,10 +568,11 @@ def test_matmul_bias_gelu_cuda(elem, m, k, n):
 
 
 @needs_cuda
+@pytest.mark.parametrize("prefetch", [False, True], ids=["sync", "prefetch"])
 @pytest.mark.parametrize("elem,transpose_b", [("f32", False), ("f16", True), ("bf16", False)])
-def test_matmul_batched_broadcast_cuda(elem, transpose_b):
+def test_matmul_batched_broadcast_cuda(elem, transpose_b, prefetch):
     built, (m, k, n, bshape) = matmul_batched(elem, transpose_b)
-    plan, emitted = built.emit(CUDA)
+    plan, emitted = emit_with(built, CUDA, prefetch=prefetch)
     gen = torch.Generator().manual_seed(9)
     a, b, s = randn((2, 1, m, k), elem, gen), randn(bshape, elem, gen), torch.tensor(0.7).to(TORCH[elem])
     out, _ = cuda_run(built, plan, emitted, [a, b, s], (2, 3, m, n), "f32")
