@@ -123,6 +123,8 @@ def widen(v: ir.Value) -> ir.Value:
 
 def round_to(v: ir.Value, elem: str) -> ir.Value:
     """A compute value rounded (converted by torch's rules) to elem, back in elem's compute type."""
+    if elem in FP8:  # through the byte, so no fp8-typed value is made (SPIR-V has none)
+        return fp8_byte_to_f32(f32_to_fp8_byte(sm.convert(v, ir.F32Type.get()), elem), elem)
     return widen(to_storage(v, storage_type(elem)))
 
 
@@ -180,6 +182,11 @@ def _f32_bits(value: int) -> ir.Value:
 
 def f32_to_fp8(f: ir.Value, fmt: str) -> ir.Value:
     """f32 -> f8E4M3FN / f8E5M2, rounding as torch does."""
+    return arith.bitcast(ir.Type.parse(fmt), f32_to_fp8_byte(f, fmt))
+
+
+def f32_to_fp8_byte(f: ir.Value, fmt: str) -> ir.Value:
+    """The i8 encoding of f32 f in fmt."""
     max_bits, denorm, min_normal, shift, rebias = _FP8_ENCODE[fmt]
     u = arith.CmpIPredicate
     i32, i8 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(8)
@@ -199,15 +206,19 @@ def f32_to_fp8(f: ir.Value, fmt: str) -> ir.Value:
     overflow = arith.select(arith.cmpi(u.ugt, mag, _i32(0x7F800000)), _i32(0x7F), _i32(largest))
     r = arith.select(arith.cmpi(u.uge, mag, _i32(max_bits)), overflow, r)
     r = arith.ori(r, arith.shrui(sign, _i32(24)))
-    return arith.bitcast(ir.Type.parse(fmt), arith.trunci(i8, r))
+    return arith.trunci(i8, r)
 
 
 def fp8_to_f32(v: ir.Value) -> ir.Value:
     """f8E4M3FN / f8E5M2 -> f32, exactly."""
-    i8, i16, i32 = (ir.IntegerType.get_signless(w) for w in (8, 16, 32))
+    return fp8_byte_to_f32(arith.bitcast(ir.IntegerType.get_signless(8), v), str(v.type))
+
+
+def fp8_byte_to_f32(byte: ir.Value, fmt: str) -> ir.Value:
+    """The f32 value of the i8 encoding byte in fmt."""
+    i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
     f32 = ir.F32Type.get()
-    byte = arith.bitcast(i8, v)
-    if str(v.type) == "f8E5M2":  # the top byte of an f16
+    if fmt == "f8E5M2":  # the top byte of an f16
         half = arith.bitcast(ir.F16Type.get(), arith.shli(arith.extui(i16, byte), arith.constant(i16, 8)))
         return arith.extf(f32, half)
     w = arith.extui(i32, byte)

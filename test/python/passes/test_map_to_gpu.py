@@ -648,6 +648,19 @@ def test_fp8_rounds_like_torch(run, dtype):
 
 
 @pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_fp8_rounding_inside_a_chain(run, dtype):
+    """cast to fp8 and back, between f32 tensors: no fp8 buffer, so it runs on every back
+    end, and the encoder and decoder meet torch's on every kind of value."""
+    fmax, tiny = torch.finfo(dtype).max, torch.finfo(dtype).tiny
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, fmax, fmax * 1.03, fmax * 1.07, fmax * 2, 1e30,
+                             tiny, tiny / 3, tiny / 8, tiny / 16, 1.0625, 1.1875, 3.0e-3, 1e-9])
+    a = torch.cat([torch.randn(2000) * 4, torch.randn(1000) * tiny * 4, torch.linspace(fmax * 0.9, fmax * 1.2, 999),
+                   specials, -specials])
+    (got,) = run(lambda x: kb.cast(kb.cast(x, ELEM[dtype]), "f32"), a)
+    torch.testing.assert_close(got, a.to(dtype).float(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
 def test_fp8_every_value_widens_exactly(run, dtype):
     _skip_spirv(run)
     a = torch.arange(256, dtype=torch.uint8).view(dtype).reshape(16, 16)
