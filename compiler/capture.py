@@ -183,7 +183,7 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
                     raise UnsupportedOpError(str(e), sloc, cause=e.cause) from None
                 except KfTypeError as e:
                     raise KfVerifyError(f"{node.target} produced an ill-typed kf op: {e}", sloc) from None
-            flat, tree = _flatten_outputs(out_node.args[0], env, user)
+            flat, tree = _flatten_outputs(out_node.args[0], env, user, ep.call_spec.out_spec)
             with def_loc:
                 func.ReturnOp(flat)
         f.attributes["function_type"] = ir.TypeAttr.get(
@@ -240,7 +240,20 @@ def _bind_placeholders(ep, placeholders, args, conv) -> dict:
     return env
 
 
-def _flatten_outputs(out: Any, env: dict, fn: Callable) -> tuple[list[ir.Value], Any]:
+def _tree_of_spec(spec, counter: list[int]) -> Any:
+    """kf's JSON-able result structure from export's pytree spec of the outputs."""
+    if spec.is_leaf():
+        counter[0] += 1
+        return ("tensor", counter[0] - 1)
+    kind = {tuple: "tuple", list: "list"}.get(spec.type)
+    if kind is None:
+        raise CaptureError(f"kf functions return tensors, tuples and lists of them, not {spec.type.__name__}")
+    return (kind, [_tree_of_spec(c, counter) for c in spec.children_specs])
+
+
+def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None) -> tuple[list[ir.Value], Any]:
+    """The flat result values, and how they nest (export flattens nested results; its
+    out_spec keeps their structure)."""
     flat: list[ir.Value] = []
 
     def walk(x):
@@ -254,9 +267,21 @@ def _flatten_outputs(out: Any, env: dict, fn: Callable) -> tuple[list[ir.Value],
             return ("tuple" if isinstance(x, tuple) else "list", [walk(y) for y in x])
         raise CaptureError(f"{fn.__name__} returns a {type(x).__name__}; kf functions return tensors")
 
+    walk(out)
+    if out_spec is not None:
+        tree = _tree_of_spec(out_spec, [0])
+        if sum(1 for _ in _leaves(tree)) == len(flat):
+            return flat, tree
     if isinstance(out, (tuple, list)) and len(out) == 1:
         # export wraps a single result in a tuple
-        tree = walk(out[0])
+        return flat, ("tensor", 0)
+    return flat, ("tuple", [("tensor", i) for i in range(len(flat))])
+
+
+def _leaves(tree):
+    kind, payload = tree
+    if kind == "tensor":
+        yield payload
     else:
-        tree = walk(out)
-    return flat, tree
+        for t in payload:
+            yield from _leaves(t)

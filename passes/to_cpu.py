@@ -322,7 +322,10 @@ class ToCpuPass(KfPass):
     def pipelines(self) -> tuple[str, str, str]:
         """The upstream passes around kf's memref-level rewrites (copies and loop order,
         then bools)."""
-        pre = "canonicalize, linalg-fuse-elementwise-ops, cse, " if self.fuse else "canonicalize, cse, "
+        # eliminate-empty-tensors before cse: cse would merge the identical empty/fill inits of
+        # two reductions, and both results would then land in one output buffer.
+        pre = ("canonicalize, linalg-fuse-elementwise-ops, eliminate-empty-tensors, cse, " if self.fuse
+               else "canonicalize, eliminate-empty-tensors, cse, ")
         return (f"builtin.module({pre}{BUFFERIZE})", f"builtin.module({TO_LOOPS})", f"builtin.module({TO_LLVM})")
 
     def run(self, module: ir.Operation) -> None:

@@ -98,3 +98,21 @@ def test_inspect_gives_every_cpu_stage():
     assert "kf.sigmoid" in info.kf_ir
     assert list(info.stages) == ["kf", "linalg", "llvm"]
     assert "linalg.generic" in info.linalg and "llvm.func" in info.llvm
+
+
+def test_two_reductions_of_one_shape_get_their_own_outputs():
+    # Regression: cse merged the two reductions' init tensors before
+    # eliminate-empty-tensors, and both results were written into one buffer.
+    f = kf.jit(lambda g, a: ((g * a).sum(0), g.sum(0)), target="cpu")
+    g, a = torch.randn(5, 7), torch.randn(5, 7)
+    x, y = f(g, a)
+    _close(x, (g * a).sum(0))
+    _close(y, g.sum(0))
+
+
+def test_nested_results_keep_their_structure():
+    f = kf.jit(lambda a: (a + 1, (a * 2, [a - 1])), target="cpu")
+    a = torch.randn(6)
+    out = f(a)
+    assert isinstance(out, tuple) and isinstance(out[1], tuple) and isinstance(out[1][1], list)
+    _close(out[1][1][0], a - 1)
