@@ -65,10 +65,9 @@ def test_gradcheck_layer_norm():
     assert torch.autograd.gradcheck(layer_norm, (_rand(3, 16), _rand(16), _rand(16)))
 
 
-@pytest.mark.xfail(strict=True, reason="kf-to-cpu bug, not autograd's: two results that are reductions of one "
-                   "shape get one output buffer (cse merges their tensor.empty inits before eliminate-empty-tensors); "
-                   "the backward's sum(g * xhat, 0) and sum(g, 0) come out equal. Interpreted, the backward is right.")
 def test_gradcheck_torch_layer_norm():
+    # Was wrong before kf-to-cpu ran eliminate-empty-tensors ahead of cse: the backward's
+    # sum(g * xhat, 0) and sum(g, 0) shared one output buffer.
     assert torch.autograd.gradcheck(torch_layer_norm, (_rand(3, 16), _rand(16), _rand(16)))
 
 
