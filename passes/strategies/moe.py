@@ -17,7 +17,8 @@ options these strategies read).
   E+1 offsets, and workgroups past the last tile return. The grid's y extent is the
   static bound ceil(N / BLOCK_M) + E + 1 on the number of such tiles. The K loop is the
   matmul strategy's: on CUDA with f16/bf16 its tensor-core loop (mma.sync m16n8k16,
-  f32 accumulators, register prefetch of the next tiles), else its SIMT loop (f32
+  f32 accumulators; register prefetch of the next tiles where the matmul's
+  MMA_PREFETCH switch is on), else its SIMT loop (f32
   accumulators in a THREAD_M x THREAD_N register tile); tiles go through workgroup
   memory, read with 128-bit loads on CUDA (``VectorStaging``). The B tile is read
   from the expert's slice of the stacked weights; for the first projection the A
@@ -45,6 +46,7 @@ from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
 from . import emit as E
+from . import matmul as matmul_strategy
 from .base import EmittedKernel, Strategy, TargetInfo, register
 from .matmul import (
     Direct,
@@ -259,7 +261,7 @@ class MoeGemmStrategy(Strategy):
                 return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
                         "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": 32 * warps_m * warps_n,
                         "grid": self._grid(n_rows, n_cols, bm, bn, info["experts"]), "shared_bytes": shared,
-                        "mma": True, **common}
+                        "mma": True, "prefetch": matmul_strategy.MMA_PREFETCH, **common}
         bm, bn, tm, tn = (128, 128, 8, 8) if big else (64, 64, 4, 4)
         while (bm // tm) * (bn // tn) > target.max_threads:
             bm, bn = bm // 2, bn // 2
@@ -442,7 +444,9 @@ class _Tile:
         b_direct = Direct(self.w_mem, [self.expert], False)
         a_stage = self.a_staging(As, bm, bk, False)
         b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, self.K, self.N, True, b_direct, vb)
-        prefetch = a_stage.ok and b_stage.ok
+        # Register prefetch follows the matmul strategy's switch (MMA_PREFETCH: off until
+        # run on a GPU); without it the gathered A rows are still staged with vectors.
+        prefetch = bool(p.get("prefetch")) and a_stage.ok and b_stage.ok
         n_acc, n_a = 4 * tms * tns, len(a_stage.slots) if prefetch else 0
         first = a_stage.load(self.m0, 0, True) + b_stage.load(0, self.n0, True) if prefetch else []
 
@@ -453,7 +457,11 @@ class _Tile:
                 a_stage.store(staged[:n_a])
                 b_stage.store(staged[n_a:])
             else:
-                stage_tile(g, _NoMemo(), tid, threads, As, bm, bk, True, self.m0, self.M, k0, self.K, self.read_a)
+                if a_stage.ok and self.row_token is not None:
+                    a_stage.store(a_stage.load(self.m0, k0, True))
+                else:
+                    stage_tile(g, _NoMemo(), tid, threads, As, bm, bk, True, self.m0, self.M, k0, self.K,
+                               self.read_a)
                 stage_tile(g, _NoMemo(), tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
                            transposed=True, direct=b_direct, vector_bytes=vb)
             gpu.barrier()

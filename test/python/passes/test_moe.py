@@ -117,7 +117,11 @@ def test_flops_are_top_k_over_experts(top_k):
 
 @needs_ptxas
 @pytest.mark.parametrize("dtype,top_k", [(torch.bfloat16, 2), (torch.float32, 1), (torch.float16, 2)])
-def test_cuda_build_assembles(dtype, top_k):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_cuda_build_assembles(dtype, top_k, prefetch, monkeypatch):
+    import kf.passes.strategies.matmul as matmul_strategy
+
+    monkeypatch.setattr(matmul_strategy, "MMA_PREFETCH", prefetch)
     x, gate, w_in, w_out = _inputs(1, 37, dtype)
     stages = kf.inspect(moe.moe_layer_fused.with_options(target="cuda", arch="sm_90"), x, gate, [w_in, w_out],
                         top_k=top_k).stages
@@ -200,11 +204,16 @@ def test_other_shapes(batch, seq, hidden, ffn, experts, top_k):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the PTX is assembled above)")
 @pytest.mark.parametrize("batch,seq,top_k", [(1, 37, 2), (2, 32, 1), (1, 1000, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_moe_layer_on_cuda(batch, seq, top_k, dtype):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_moe_layer_on_cuda(batch, seq, top_k, dtype, prefetch, monkeypatch):
     """On a CUDA GPU: the tensor-core grouped GEMMs (f16, bf16) and the SIMT ones (f32)
     against eager, token by token: cuBLAS and kf may round a gate logit differently, and
     where two experts' logits are that close the top-k choice (so the token's output)
-    can differ, for at most a few tokens of a thousand."""
+    can differ, for at most a few tokens of a thousand. The tensor-core loop with and
+    without register prefetch (the matmul strategy's MMA_PREFETCH, off by default)."""
+    import kf.passes.strategies.matmul as matmul_strategy
+
+    monkeypatch.setattr(matmul_strategy, "MMA_PREFETCH", prefetch)
     x, gate, w_in, w_out = (t.cuda() for t in _inputs(batch, seq, dtype))
     out = moe.moe_layer_fused(x, gate, [w_in, w_out], top_k=top_k)
     ref = moe.moe_layer_fused.fn(x, gate, [w_in, w_out], top_k=top_k)
