@@ -38,9 +38,16 @@ before V overwrites K, after V); two in the tensor-core kernel. Tiles read strai
 from arguments are staged with 128-bit loads on CUDA. The plan (``plan``) says which
 kernel, and its block sizes, as JSON-able values.
 
+Measured on an H200 (2026-12-02, 4 x 16 heads x 2048, no mask): f16 head dim 64 at
+163 TFLOP/s and bf16 head dim 128 at 148, against torch's flash SDPA at 451 and 648;
+the f32 SIMT kernel at 14 against 34. Correct against torch on the H200 for every
+shape the tests name (257 and 1000 tails, [s, s] and [b, 1, s, s] masks, boolean masks).
+
 Not done yet: a causal mask is evaluated like any other mask (key blocks above the
-diagonal are computed, then masked, not skipped); staging is synchronous (no cp.async
-or TMA pipeline) and Hopper's wgmma is not used.
+diagonal are computed, then masked, not skipped); staging is synchronous (a register
+prefetch of the next K/V is written, ``MMA_PREFETCH``, and not yet run on a GPU; no
+cp.async or TMA pipeline), V's fragments are read as scalars (no ldmatrix) and Hopper's
+wgmma is not used.
 """
 
 from __future__ import annotations

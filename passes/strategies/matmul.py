@@ -23,13 +23,23 @@ What the kernel does, and why:
 
 The operands of the matmul are also evaluated through ``Pointwise`` while the tiles are
 loaded, so ``x @ w.T`` (a kf.transpose of an argument) and broadcast batch dims read the
-arguments directly; no transposed copy is made.
+arguments directly; no transposed copy is made. Tiles read straight from an argument
+are loaded with 128-bit vectors on CUDA when the rows allow it (``VectorStaging``).
+
+On CUDA with f16/bf16 operands the plan takes the tensor cores instead
+(``_emit_mma``): mma.sync m16n8k16 from A/B tiles kept in the input type, the same
+epilogue on the f32 accumulators. Measured on an H200 (2026-12-02, 4096^3 with
+bias + GELU): 76 TFLOP/s against cuBLAS + two torch kernels at 560 (the SIMT f32 GEMM:
+36 against 50); at 257x65x129 the one fused kernel takes 10 us, torch's three 40-50 us.
+What is missing for the rest: a multi-stage cp.async/TMA pipeline (a register prefetch
+is written, ``MMA_PREFETCH``, and not yet run on a GPU), ldmatrix, and Hopper's wgmma.
 
 This module also holds the IR-building helpers that the attention strategy shares and
 that ``emit.py`` (the shared helpers, which this imports its types from) does not offer:
 a gpu.func with workgroup attributions and scf loops/ifs with carried values
-(``GpuFunc``), and the evaluation of a kernel function's elementwise ops at one index
-(``Pointwise``).
+(``GpuFunc``), the evaluation of a kernel function's elementwise ops at one index
+(``Pointwise``), tile staging (``stage_tile``, ``VectorStaging``) and the mma.sync
+operand packing (``MmaSync``).
 """
 
 from __future__ import annotations
