@@ -40,8 +40,9 @@ kernel, and its block sizes, as JSON-able values.
 
 Measured on an H200 (2026-12-02, 4 x 16 heads x 2048, no mask): f16 head dim 64 at
 163 TFLOP/s and bf16 head dim 128 at 148, against torch's flash SDPA at 451 and 648;
-the f32 SIMT kernel at 14 against 34. Correct against torch on the H200 for every
-shape the tests name (257 and 1000 tails, [s, s] and [b, 1, s, s] masks, boolean masks).
+the f32 SIMT kernel at 14 against 34. Checked against torch on the H200: sequence
+tails (257, 513, 1000), [s, s], [b, 1, s, s] and boolean masks, head dims 64 and 128
+(the head-dim-80 and single-row CUDA cases in the tests came later and have not run there).
 
 Not done yet: a causal mask is evaluated like any other mask (key blocks above the
 diagonal are computed, then masked, not skipped); staging is synchronous (a register
