@@ -248,7 +248,8 @@ def _tree_of_spec(spec, counter: list[int]) -> Any:
     kind = {tuple: "tuple", list: "list"}.get(spec.type)
     if kind is None:
         raise CaptureError(f"kf functions return tensors, tuples and lists of them, not {spec.type.__name__}")
-    return (kind, [_tree_of_spec(c, counter) for c in spec.children_specs])
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    return (kind, [_tree_of_spec(c, counter) for c in children])
 
 
 def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None) -> tuple[list[ir.Value], Any]:
