@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 TARGETS = ("auto", "cuda", "metal", "vulkan", "cpu")
-PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -16,24 +15,25 @@ class Options:
 
     target: where it runs; ``auto`` follows the tensors' device (cuda, mps -> metal, cpu).
     interpret: run the captured kf IR op by op with torch instead of compiling (debugging).
-    precision: the precision policy (see README: mixed precision).
     dump_ir: a directory to write the IR after every stage into, or "".
     arch: the GPU architecture (``sm_90``); "" means the device's own.
     """
 
     target: str = "auto"
     interpret: bool = False
-    precision: str = "auto"
     dump_ir: str = ""
     arch: str = ""
 
     def __post_init__(self):
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     def with_(self, **changes) -> "Options":
+        """These options with some changed; an unknown name is a TypeError that lists the known ones."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(f"kf has no option {', '.join(map(repr, unknown))} (options: {', '.join(sorted(known))})")
         return replace(self, **changes)
 
     def stable_hash(self) -> str:
