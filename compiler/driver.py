@@ -241,11 +241,30 @@ def gpu_passes(target: str, arch: str) -> list[str]:
     return out
 
 
+def _record_linalg(cap, log) -> None:
+    """The linalg form of the function (what the CPU target compiles), for kf.inspect: GPU
+    kernels are written from the fused kf IR instead, so this runs on a copy."""
+    from mlir import ir
+
+    from kf.passes import pipeline
+
+    with cap.context:
+        copy = ir.Module.parse(cap.module.operation.get_asm(enable_debug_info=True))
+        pm, _ = pipeline.build("builtin.module(kf-lower-to-linalg)", cap.context)
+        try:
+            pm.run(copy.operation)
+        except ir.MLIRError:
+            return  # the stage is informative only; the GPU build does not use it
+        log.texts["linalg"] = copy.operation.get_asm(enable_debug_info=True, use_local_scope=True)
+
+
 def _build_gpu(cap, log, target: str, arch: str):
     from . import gpu_codegen
     from .stages import run_passes
 
     gpu_codegen.reject_fallbacks(cap.module, cap.name, target)
+    if log.inspecting:
+        _record_linalg(cap, log)
     passes = gpu_passes(target, arch)
     record = {next(p for p in passes if p.startswith("kf-fuse")): "fused", passes[-1]: "gpu"}
     # Kernel bodies (for FLOPs) and plans are both there after kf-tile, and only then:
@@ -367,7 +386,7 @@ def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Optio
         raise _user_facing(e) from None
 
     def compile_rest() -> dict:
-        log = StageLog(cap.name, dump_dir_for(options.dump_ir))
+        log = StageLog(cap.name, dump_dir_for(options.dump_ir), inspecting=True)
         try:
             build(fn, sig, tensors, options.with_(interpret=False), target_arch(options), log)
         except CompileError as e:

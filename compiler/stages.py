@@ -34,6 +34,8 @@ class StageLog:
     default_loc: SourceLoc | None = None
     #: The lines of the function's own code, so a diagnostic's line can be named "in <function>".
     function_lines: frozenset = frozenset()
+    #: kf.inspect asks for the stages a build does not need too (linalg on GPU targets).
+    inspecting: bool = False
     _count: int = 0
 
     def record(self, stage: str, module: ir.Module) -> None:

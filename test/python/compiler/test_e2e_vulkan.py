@@ -65,3 +65,14 @@ def test_strided_inputs_and_returned_inputs():
     y, same = f(a, b)
     torch.testing.assert_close(y, torch.exp(a) + b, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(same, a)
+
+
+def test_inspect_gives_every_gpu_stage():
+    import kf
+
+    x, w, b = torch.randn(2, 40), torch.randn(40), torch.randn(40)
+    info = kf.inspect(se.metal_layer_norm, x, w, b)  # a metal_shader: inspectable on Linux
+    assert list(info.stages) == ["kf", "linalg", "fused", "gpu", "spirv", "msl"]
+    assert "linalg.generic" in info.linalg and "gpu.func" in info.gpu and "kernel void" in info.msl
+    ptx = kf.inspect(se.metal_layer_norm.with_options(target="cuda"), x, w, b)
+    assert list(ptx.stages) == ["kf", "linalg", "fused", "gpu", "ptx"]
