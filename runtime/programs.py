@@ -19,6 +19,11 @@ def _dtype(elem: str) -> torch.dtype:
     return getattr(torch, ELEM_INFO[elem][0])
 
 
+#: The alignment in bytes that kf's kernels assume of every buffer (torch's allocator
+#: gives at least 256; only views at an offset fall short).
+ALIGNMENT = 16
+
+
 class LaunchError(TypeError):
     """The tensors of a call do not fit the compiled program."""
 
@@ -52,7 +57,13 @@ class _Program:
                 raise LaunchError(f"'{a.name}' is on {t.device}; this program runs on {device_type} tensors")
             if tuple(t.shape) != a.shape or t.dtype != _dtype(a.elem):
                 raise LaunchError(f"'{a.name}': compiled for {a.elem}{list(a.shape)}, got {t.dtype} {list(t.shape)}")
-            out.append(t if t.is_contiguous() else t.contiguous())
+            if not t.is_contiguous():
+                t = t.contiguous()
+            elif t.data_ptr() % ALIGNMENT:
+                # kf's kernels load 16 bytes at a time (kf-vectorize assumes 16-byte aligned
+                # buffers); a view at an odd storage offset would fault: give it its own copy.
+                t = t.clone()
+            out.append(t)
         return out + self.constants
 
     def _finish(self, outs: list) -> tuple:

@@ -76,3 +76,13 @@ def test_inspect_gives_every_gpu_stage():
     assert "linalg.generic" in info.linalg and "gpu.func" in info.gpu and "kernel void" in info.msl
     ptx = kf.inspect(se.metal_layer_norm.with_options(target="cuda"), x, w, b)
     assert list(ptx.stages) == ["kf", "linalg", "fused", "gpu", "ptx"]
+
+
+def test_misaligned_views_are_copied_before_launch():
+    import kf
+
+    f = kf.jit(lambda x: x * 2, target="vulkan")
+    base = torch.randn(1001)
+    x = base[1:]  # contiguous, but 4 bytes past an aligned address
+    assert x.data_ptr() % 16 != 0
+    torch.testing.assert_close(f(x), x * 2)
