@@ -12,6 +12,7 @@ runtime alone, so a later process with the same key never imports MLIR.
 from __future__ import annotations
 
 import json
+import re
 import os
 import tempfile
 from pathlib import Path
@@ -44,6 +45,23 @@ class InterpretedProgram:
         return unflatten(self.captured.output_tree, self._interp.run(*tensors))
 
 
+class IndexOutOfRange(IndexError):
+    """A caller's index tensor holds a value outside the dimension it indexes."""
+
+
+def _check_index(t, check: dict) -> None:
+    # One reduction over the index tensor; on CUDA it synchronizes, as torch's own index
+    # checks do, because a kernel given a bad index would access memory out of bounds.
+    if t.numel() == 0:
+        return
+    lo, hi = int(t.min()), int(t.max())
+    if lo < 0 or hi >= check["bound"]:
+        bad = lo if lo < 0 else hi
+        where = f" (used at {check['where']})" if check.get("where") else ""
+        raise IndexOutOfRange(f"index {bad} in '{check['name']}' is out of range for a dimension of size "
+                              f"{check['bound']}{where}; kf's kernels take indices in [0, {check['bound']})")
+
+
 class CompiledProgram:
     """A program loaded from the cache: the target's launcher plus the result structure."""
 
@@ -52,8 +70,11 @@ class CompiledProgram:
         self._tree = tree
         self.meta = meta
         self.directory = directory
+        self._index_checks = meta.get("index_checks", [])
 
     def __call__(self, tensors: list):
+        for check in self._index_checks:
+            _check_index(tensors[check["input"]], check)
         if _PROFILE is not None or _torch_profiling():
             # kf.profile is recording, or torch.profiler is: time the launch and name it.
             from .profiler import launch
@@ -188,6 +209,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     log.default_loc = where
     log.function_lines = _code_lines(code)
     log.record("kf", cap.module)
+    index_checks = _index_checks(cap)
     try:
         run_passes(cap.module, ["kf-canonicalize"], log)
         extra_meta: dict = {}
@@ -216,10 +238,51 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         "abi": abi.to_json(),
         "output_tree": json.dumps(cap.output_tree),
         "compile_seconds": log.seconds,
+        "index_checks": index_checks,
         **extra_meta,
     }
     return meta, artifacts
 
+
+_INDEXED = {"kf.gather": 1, "kf.index_select": 1, "kf.index_add": 1, "kf.scatter_add": 1}
+
+
+def _index_checks(cap) -> list[dict]:
+    """The caller's tensors that kernels use as indices, with the bound each must respect.
+
+    Kernels trust their indices (an out-of-range one would read or write outside a
+    buffer), so indices that come from the caller are checked before every launch; indices
+    kf computes itself (topk) are in range by construction. Reshapes and casts between
+    the argument and its use are looked through.
+    """
+    from mlir import ir
+
+    from kf.dialects.attrs import op_attrs
+    from kf.dialects.types import spec_of
+
+    from .gpu_codegen import _func
+
+    f = _func(cap.module, cap.name)
+    args = list(f.regions[0].blocks[0].arguments)
+    checks: dict[int, dict] = {}
+    for op in f.regions[0].blocks[0].operations:
+        op = op.operation
+        pos = _INDEXED.get(op.name)
+        if pos is None:
+            continue
+        v = op.operands[pos]
+        while not isinstance(v.owner, ir.Block) and v.owner.operation.name in ("kf.reshape", "kf.cast"):
+            v = v.owner.operation.operands[0]
+        if not isinstance(v.owner, ir.Block) or v not in args:
+            continue
+        i = args.index(v)
+        x = spec_of(op.operands[0].type)
+        bound = x.shape[int(op_attrs(op)["dim"]) % x.rank]
+        if i not in checks or bound < checks[i]["bound"]:
+            m = re.search(r'loc\("([^"]+)":(\d+)', str(op.location))
+            checks[i] = {"input": i, "name": cap.input_names[i], "bound": bound,
+                         "where": f"{m.group(1)}:{m.group(2)}" if m else ""}
+    return list(checks.values())
 
 #: The GPU pipeline after kf-canonicalize; {t} is the strategies' target (cuda, spirv).
 GPU_PASSES = ["kf-recognize-moe", "kf-fuse", "kf-tile{{target={t}{chip}}}", "kf-map-to-gpu{{target={t}{chip}}}",

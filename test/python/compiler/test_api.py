@@ -116,3 +116,19 @@ def test_nested_results_keep_their_structure():
     out = f(a)
     assert isinstance(out, tuple) and isinstance(out[1], tuple) and isinstance(out[1][1], list)
     _close(out[1][1][0], a - 1)
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+def test_out_of_range_index_is_an_error_not_a_bad_access(target):
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    f = kf.jit(lambda table, idx: torch.nn.functional.embedding(idx, table) * 2, target=target)
+    table = torch.randn(10, 4)
+    good = torch.tensor([[0, 9], [3, 3]])
+    _close(f(table, good), torch.nn.functional.embedding(good, table) * 2)
+    with pytest.raises(IndexError, match="index 10 in 'idx' is out of range for a dimension of size 10"):
+        f(table, torch.tensor([[0, 10], [1, 2]]))
+    with pytest.raises(IndexError, match="index -1"):
+        f(table, torch.tensor([[0, -1], [1, 2]]))
