@@ -149,9 +149,29 @@ def load(k: str) -> Entry | None:
     return Entry(directory, meta)
 
 
+_fallback_dir: Path | None = None
+
+
+def _writable(root: Path) -> Path:
+    """root, created if needed; if it cannot be written, a private folder in the temp dir
+    (reported once), so an unwritable cache costs recompiles, not a failed call."""
+    global _fallback_dir
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".probe-", dir=root)
+        os.rmdir(probe)
+        return root
+    except OSError as e:
+        if _fallback_dir is None:
+            _fallback_dir = Path(tempfile.mkdtemp(prefix="kf-cache-"))
+            warnings.warn(f"kf: cannot write the cache at {cache_dir()} ({e.strerror}); using {_fallback_dir} "
+                          f"for this process (set KF_CACHE_DIR)", RuntimeWarning, stacklevel=3)
+        return _fallback_dir / root.name
+
+
 def store(k: str, meta: dict, artifacts: dict[str, bytes]) -> Entry:
     """Write an entry atomically: into a temporary folder, then rename it into place."""
-    root = cache_dir() / k[:2]
+    root = _writable(cache_dir() / k[:2])
     root.mkdir(parents=True, exist_ok=True)
     final = root / k
     tmp = Path(tempfile.mkdtemp(prefix=f".{k[:16]}-", dir=root))

@@ -104,3 +104,18 @@ def test_in_memory_table_compiles_once_per_signature(tmp_path, monkeypatch):
     assert len(add._table) == 2
     meta = json.loads(next(tmp_path.glob("*/*/program.json")).read_text())
     assert meta["name"] == "add" and "abi" in meta
+
+
+def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("KF_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(cache, "_fallback_dir", None)
+
+    @kf.jit(target="cpu")
+    def twice(x):
+        return x * 2
+
+    x = torch.randn(5)
+    with pytest.warns(RuntimeWarning, match="cannot write the cache"):
+        torch.testing.assert_close(twice(x), x * 2)
