@@ -24,10 +24,14 @@ if [[ ! -x .venv/bin/python ]]; then
   echo "kf setup: creating .venv" >&2
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import kf, mlir, torch, torch_mlir, vulkan, lit, pytest" 2>/dev/null; then
+# Reinstall when pyproject.toml changed since the last install (its hash is the stamp).
+stamp=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ "$(cat .venv/.kf-installed 2>/dev/null)" != "$stamp" ]] || \
+   ! .venv/bin/python -c "import kf, mlir, torch, torch_mlir, vulkan, lit, pytest, matplotlib" 2>/dev/null; then
   echo "kf setup: installing Python packages (a few minutes the first time)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
   # The CPU build of torch first, by exact version, so that nothing pulls a CUDA build.
   .venv/bin/python -m pip install -q "torch==2.13.0"
   .venv/bin/python -m pip install -q -e ".[test]"
+  echo "$stamp" > .venv/.kf-installed
 fi
