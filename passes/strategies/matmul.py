@@ -606,6 +606,25 @@ class MmaSync:
 
         return self.register(vector.load(self.pair, mem, list(index)))
 
+    def tile_products(self, g: "GpuFunc", As: ir.Value, Bs: ir.Value, a_rows: Sequence[ir.Value],
+                      b_cols: Sequence[ir.Value], tig2: ir.Value, bk: int, tms: int, tns: int,
+                      acc: list[ir.Value]) -> list[ir.Value]:
+        """One K block of a warp's register tile: for each 16-wide k step, the A fragments
+        of ``a_rows`` (16-row groups of ``As``, [rows, k]) and the B fragments of ``b_cols``
+        (8-column groups of ``Bs``, stored [cols, k]) multiplied into the ``tms`` x ``tns``
+        accumulator quads of ``acc``; ``tig2`` is 2 * (lane % 4). Returns the new ``acc``."""
+        acc = list(acc)
+        for t in range(bk // 16):
+            lo, hi = g.add(tig2, 16 * t), g.add(tig2, 16 * t + 8)
+            a = [[self.load_pair(As, [r, lo]), self.load_pair(As, [g.add(r, 8), lo]),
+                  self.load_pair(As, [r, hi]), self.load_pair(As, [g.add(r, 8), hi])] for r in a_rows]
+            b = [[self.load_pair(Bs, [c, lo]), self.load_pair(Bs, [c, hi])] for c in b_cols]
+            for i in range(tms):
+                for j in range(tns):
+                    q = 4 * (i * tns + j)
+                    acc[q:q + 4] = self(a[i], b[j], acc[q:q + 4])
+        return acc
+
     def __call__(self, a: Sequence[ir.Value], b: Sequence[ir.Value], c: Sequence[ir.Value]) -> list[ir.Value]:
         from mlir.dialects import llvm, nvvm
 
@@ -833,15 +852,7 @@ class MatmulStrategy(Strategy):
                     if prefetch:
                         k1 = g.add(k0, bk)
                         upcoming = a_stage.load(m0, k1, True) + b_stage.load(k1, n0, True)
-                    for t in range(bk // 16):
-                        lo, hi = g.add(tig2, 16 * t), g.add(tig2, 16 * t + 8)
-                        a = [[tc.load_pair(As, [r, lo]), tc.load_pair(As, [g.add(r, 8), lo]),
-                              tc.load_pair(As, [r, hi]), tc.load_pair(As, [g.add(r, 8), hi])] for r in a_rows]
-                        b = [[tc.load_pair(Bs, [c, lo]), tc.load_pair(Bs, [c, hi])] for c in b_cols]
-                        for i in range(tms):
-                            for j in range(tns):
-                                q = 4 * (i * tns + j)
-                                acc[q:q + 4] = tc(a[i], b[j], acc[q:q + 4])
+                    acc = tc.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
                     return acc + upcoming
 
                 acc = g.loop(0, K, bk, [zero] * n_acc + first, k_step)[:n_acc]

@@ -469,15 +469,7 @@ class _Tile:
             if prefetch:
                 k1 = g.add(k0, bk)
                 upcoming = a_stage.load(self.m0, k1, True) + b_stage.load(k1, self.n0, True)
-            for t in range(bk // 16):
-                lo, hi = g.add(tig2, 16 * t), g.add(tig2, 16 * t + 8)
-                a = [[tc.load_pair(As, [r, lo]), tc.load_pair(As, [g.add(r, 8), lo]),
-                      tc.load_pair(As, [r, hi]), tc.load_pair(As, [g.add(r, 8), hi])] for r in a_rows]
-                b = [[tc.load_pair(Bs, [c, lo]), tc.load_pair(Bs, [c, hi])] for c in b_cols]
-                for i in range(tms):
-                    for j in range(tns):
-                        q = 4 * (i * tns + j)
-                        acc[q:q + 4] = tc(a[i], b[j], acc[q:q + 4])
+            acc = tc.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
             return acc + upcoming
 
         acc = g.loop(0, self.K, bk, [g.fconst(0.0)] * n_acc + first, k_step)[:n_acc]
