@@ -635,6 +635,19 @@ class MmaSync:
         return [llvm.extractvalue(ir.F32Type.get(), r, [k]) for k in range(4)]
 
 
+def simt_tile_products(g: GpuFunc, As: ir.Value, Bs: ir.Value, row_of: Sequence[ir.Value],
+                       col_of: Sequence[ir.Value], bk: int, tn: int, acc: list[ir.Value]) -> list[ir.Value]:
+    """One K block of a thread's register tile without tensor cores: ``As`` and ``Bs``
+    hold the block k-major ([bk, rows], [bk, cols]); ``acc`` is the len(row_of) x tn
+    tile of f32 accumulators, row-major. Returns the new accumulators."""
+    def inner(kk, acc):
+        a = [memref.load(As, [kk, r]) for r in row_of]
+        b = [memref.load(Bs, [kk, c]) for c in col_of]
+        return [mmath.fma(a[i], b[j], acc[i * tn + j]) for i in range(len(row_of)) for j in range(tn)]
+
+    return g.loop(0, bk, 1, acc, inner)
+
+
 def quad_reduce(x: ir.Value, combine) -> ir.Value:
     """Combine x over the 4 lanes of a quad (lanes 4 gid .. 4 gid + 3), with xor shuffles."""
     i32 = ir.IntegerType.get_signless(32)
@@ -932,13 +945,7 @@ class MatmulStrategy(Strategy):
                     load_a(k0)
                     load_b(k0)
                     gpu.barrier()
-
-                    def inner(kk, acc):
-                        a = [memref.load(As, [kk, r]) for r in row_of]
-                        b = [memref.load(Bs, [kk, c]) for c in col_of]
-                        return [mmath.fma(a[i], b[j], acc[i * tn + j]) for i in range(tm) for j in range(tn)]
-
-                    return g.loop(0, bk, 1, acc, inner)
+                    return simt_tile_products(g, As, Bs, row_of, col_of, bk, tn, acc)
 
                 acc = g.loop(0, K, bk, [zero] * (tm * tn), k_step)
 

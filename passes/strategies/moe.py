@@ -43,7 +43,6 @@ import math
 from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, memref
-from mlir.dialects import math as mmath
 
 from . import emit as E
 from . import matmul as matmul_strategy
@@ -408,13 +407,7 @@ class _Tile:
             stage_tile(g, _NoMemo(), self.tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
                        direct=b_direct, vector_bytes=vb)
             gpu.barrier()
-
-            def inner(kk, acc):
-                a = [memref.load(As, [kk, r]) for r in row_of]
-                b = [memref.load(Bs, [kk, c]) for c in col_of]
-                return [mmath.fma(a[i], b[j], acc[i * tn + j]) for i in range(tm) for j in range(tn)]
-
-            return g.loop(0, bk, 1, acc, inner)
+            return matmul_strategy.simt_tile_products(g, As, Bs, row_of, col_of, bk, tn, acc)
 
         acc = g.loop(0, self.K, bk, [g.fconst(0.0)] * (tm * tn), k_step)
         for i in range(tm):
