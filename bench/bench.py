@@ -2,7 +2,7 @@
 own code), torch's best built-in kernel and torch.compile, in one process, against the
 measured copy bandwidth and bf16 GEMM rate of the same run.
 
-    source .device/prelude.sh && python3 bench/bench.py --out $OUT/bench.json [--quick]
+    source .device/prelude.sh && python3 bench/bench.py --out $OUT/bench.json [--quick] [--only TEXT,...] [--jit]
 
 Each kf result is checked against torch (‖kf − ref‖ / ‖ref‖ in float64) before it is
 timed; a failed check is reported and the row is not timed. Times are medians of CUDA
@@ -178,12 +178,58 @@ def workloads(quick: bool):
     yield (f"kf GEMM {m}^3 bf16", mm, lambda a, b: torch.matmul(a, b), lambda a, b: torch.matmul(a, b),
            lambda: (randn(m, m), randn(m, m)), 3 * m * m * 2, 2 * m**3, 2e-2)
 
+    yield from transformer_block_workloads(quick)
+
     t, hid, ffn, e = (2048 if quick else 8192), 1024, 4096, 8
     moe = lambda x, g, a, b_: moe_layer_fused(x, g, [a, b_])  # noqa: E731
     moe_eager = lambda x, g, a, b_: moe_layer_fused.fn(x, g, [a, b_])  # noqa: E731
     yield (f"MoE top-2, {t} tokens, {hid}->{ffn}, {e} experts bf16", moe, moe_eager, None,
            lambda: (randn(1, t, hid), randn(e, hid), randn(e, hid, ffn) / 32, randn(e, ffn, hid) / 64),
            (t * hid * 2 + 2 * e * hid * ffn) * 2, 2 * 2 * t * 2 * hid * ffn, 3e-2)
+
+
+def transformer_block(x, ln1w, ln1b, wqkv, bqkv, wo, bo, ln2w, ln2b, w1, b1, w2, b2, *, heads, ln, attn, bias_gelu):
+    """A pre-LN GPT block; ln, attn and bias_gelu are the swappable kernels, the GEMMs stay torch's."""
+    bsz, s, d = x.shape
+    h = ln(x, ln1w, ln1b)
+    qkv = (h @ wqkv + bqkv).view(bsz, s, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+    o = attn(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape(bsz, s, d)
+    x = x + (o @ wo + bo)
+    h = bias_gelu(ln(x, ln2w, ln2b) @ w1, b1)
+    return x + (h @ w2 + b2)
+
+
+def transformer_block_workloads(quick: bool):
+    """The 7B-shape block (width 4096, 32 heads, FFN 11008, batch 4, seq 2048): eager is the
+    user's own layer norm formula, attention and GELU; best is F.layer_norm, SDPA and
+    F.gelu; kf swaps in the seed's layer norm and attention and a kf bias+GELU."""
+    import functools
+
+    bf16 = torch.bfloat16
+    bsz, s, d, heads, ffn = (1, 1024, 2048, 16, 5504) if quick else (4, 2048, 4096, 32, 11008)
+
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, device="cuda", dtype=bf16) * scale
+
+    def make():
+        return (randn(bsz, s, d), randn(d), randn(d), randn(d, 3 * d, scale=d ** -0.5), randn(3 * d),
+                randn(d, d, scale=d ** -0.5), randn(d), randn(d), randn(d), randn(d, ffn, scale=d ** -0.5),
+                randn(ffn), randn(ffn, d, scale=ffn ** -0.5), randn(d))
+
+    def bias_gelu(x, b):
+        return F.gelu(x + b)
+
+    kf_bias_gelu = kf.jit(bias_gelu)
+    eager = functools.partial(transformer_block, heads=heads, ln=metal_layer_norm.fn, attn=fused_attention.fn,
+                              bias_gelu=bias_gelu)
+    best = functools.partial(transformer_block, heads=heads, ln=lambda x, w, b: F.layer_norm(x, (d,), w, b),
+                             attn=F.scaled_dot_product_attention, bias_gelu=bias_gelu)
+    kf_block = functools.partial(transformer_block, heads=heads, ln=metal_layer_norm.with_options(target="cuda"),
+                                 attn=fused_attention, bias_gelu=kf_bias_gelu)
+    gemm_flops = 2 * bsz * s * (4 * d * d + 2 * d * ffn)
+    attn_flops = 4 * bsz * s * s * d
+    yield (f"transformer block {bsz}x{s}, width {d}, FFN {ffn} bf16", kf_block, eager, best, make,
+           0, gemm_flops + attn_flops, 3e-2)
 
 
 FRESH = """
@@ -234,8 +280,23 @@ def jit_rows() -> list[Row]:
         x.add(1)
     torch.cuda.synchronize()
     torch_call = (time.perf_counter() - t) / n * 1e6
+    # The same kernel launched by a bare cuLaunchKernel loop with prebuilt parameters.
+    from kf.runtime import cuda as kf_cuda
+
+    program = next(iter(f._fast.values()))
+    kernel = program.kernels[0][0]
+    bound = kernel._bound[x.get_device()]
+    stream = kernel._stream(torch.cuda.current_stream().cuda_stream)
+    (g0, g1, g2), (b0, b1, b2) = kernel.grid, kernel.block
+    launch, params = kf_cuda._launch, kernel._params_addr
+    t = time.perf_counter()
+    for _ in range(n):
+        launch(bound.function, g0, g1, g2, b0, b1, b2, kernel.shared_bytes, stream, params, 0)
+    torch.cuda.synchronize()
+    bare = (time.perf_counter() - t) / n * 1e6
     rows.append(Row("host overhead per call (us): kf x+1 vs torch x.add(1)", times_ms={"kf": per_call, "eager": torch_call},
-                    note="values in microseconds, wall clock"))
+                    note=f"values in microseconds, wall clock; bare cuLaunchKernel {bare:.2f} us, kf/bare "
+                         f"{per_call / bare:.2f}"))
     return rows
 
 
@@ -268,29 +329,38 @@ def table(rows: list[Row], copy_gbs: float, tflops: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="")
+    ap.add_argument("--out", default="", help="JSON file, rewritten after every row (a cut-short run keeps its rows)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer workloads")
-    ap.add_argument("--only", default="", help="run workloads whose name contains this text")
+    ap.add_argument("--only", default="", help="comma-separated texts: run the workloads whose name contains one")
+    ap.add_argument("--jit", action="store_true", help="with --only: also the JIT and host-overhead rows")
     args = ap.parse_args()
     torch.manual_seed(int(time.time()))
     dev = torch.cuda.get_device_name(0)
     print(f"device {dev}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     copy_gbs, tflops, rows = ceilings(args.quick)
     print(f"ceilings: copy {copy_gbs:.0f} GB/s, bf16 GEMM {tflops:.0f} TFLOP/s", flush=True)
+    only = [o for o in args.only.split(",") if o]
+
+    def save() -> str:
+        text = table(rows, copy_gbs, tflops)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"device": dev, "torch": torch.__version__, "copy_gbs": copy_gbs,
+                                                  "gemm_tflops": tflops, "rows": [asdict(r) for r in rows],
+                                                  "table": text}, indent=1))
+        return text
+
     for w in workloads(args.quick):
-        if args.only and args.only not in w[0]:
+        if only and not any(o in w[0] for o in only):
             continue
+        t0 = time.perf_counter()
         row = run_workload(*w)
         rows.append(row)
-        print(f"  {row.workload}: {row.times_ms} {row.note}", flush=True)
-    if not args.only:
+        print(f"  {row.workload}: {row.times_ms} err {row.rel_err} {row.note} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
+        save()
+    if not only or args.jit:
         rows += jit_rows()
-    text = table(rows, copy_gbs, tflops)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"device": dev, "torch": torch.__version__, "copy_gbs": copy_gbs,
-                                              "gemm_tflops": tflops, "rows": [asdict(r) for r in rows],
-                                              "table": text}, indent=1))
+    print(save())
     return 0
 
 
