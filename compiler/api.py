@@ -20,6 +20,11 @@ from .signature import Signature, bind
 
 _DEVICE_TARGET = {"cuda": "cuda", "mps": "metal", "cpu": "cpu"}
 _TARGET_DEVICES = {"cuda": ("cuda",), "metal": ("mps",), "vulkan": ("cpu",), "cpu": ("cpu",)}
+#: The torch.autocast device type whose region a target follows.
+_AUTOCAST_DEVICE = {"cuda": "cuda", "metal": "mps", "vulkan": "cpu", "cpu": "cpu"}
+_AUTOCAST_PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+#: One C call: whether any autocast region is active (the common case pays only this).
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 class KfFunction:
@@ -36,7 +41,10 @@ class KfFunction:
         # The fast path: positional calls keyed by what each argument is (a tensor's
         # shape, dtype, device and contiguity; a constant's value), without binding the
         # signature. Only for functions whose defaults hold no tensors, so that the
-        # positional tensors are exactly the program's inputs, in order.
+        # positional tensors are exactly the program's inputs, in order. The key leaves
+        # the precision out: a call under torch.autocast goes to the variant of its
+        # precision (``variant``), whose tables are its own; the common case pays one C
+        # call (``_any_autocast``) for that.
         self._fast: dict[tuple, Any] = {}
         self._fast_ok = not any(isinstance(d, (torch.Tensor, list, tuple))
                                 for d in (fn.__defaults__ or ()))
@@ -44,6 +52,8 @@ class KfFunction:
         # (kf's own generated backward functions are called from their forward's op: none)
         self._params = torch_ops.parameters(fn)
         self._torch_op = torch_ops.register(self) if torch_op else None
+        # precision -> this function with that precision: what runs under torch.autocast
+        self._variants: dict[str, KfFunction] = {}
 
     def __repr__(self) -> str:
         return f"<kf function {self.fn.__name__} target={self.options.target}>"
@@ -92,9 +102,39 @@ class KfFunction:
             self._table[sig] = program
         return program
 
+    def autocast_precision(self, device_type: str) -> str | None:
+        """The precision an active ``torch.autocast`` region asks of a call on device_type
+        ("bf16", "fp16"), or None: none is active there, or the precision option is not
+        ``auto`` (an explicit precision wins). Dynamo folds the autocast queries to
+        constants, so this traces without a graph break."""
+        if self.options.precision != "auto" or not _any_autocast():
+            return None
+        target = self.options.target
+        device = _AUTOCAST_DEVICE[target] if target != "auto" else device_type
+        if not torch.is_autocast_enabled(device):
+            return None
+        return _AUTOCAST_PRECISION.get(torch.get_autocast_dtype(device))
+
+    def variant(self, precision: str) -> "KfFunction":
+        """This function with ``precision`` (made once): its own dispatch tables and cache
+        entries, and no torch op of its own (calls through this function's op reach it
+        by the precision written in the op's structure argument, see torch_ops.py)."""
+        v = self._variants.get(precision)
+        if v is None:
+            v = KfFunction(self.fn, self.options.with_(precision=precision), torch_op=False)
+            v._trees, v._backwards = {}, {}
+            self._variants[precision] = v
+        return v
+
     def __call__(self, *args, **kwargs):
         if self._torch_op is not None and torch_ops.needs_op(args, kwargs):  # tracing, torch.compile, autograd
             return torch_ops.call(self, args, kwargs)
+        if _any_autocast():
+            # the effective precision is part of the specialization: an autocast call runs
+            # the variant of that precision, whose tables are apart from these
+            precision = self.autocast_precision(_device_type(args, kwargs))
+            if precision is not None:
+                return self.variant(precision)._kernel_call(args, kwargs)
         return self._kernel_call(args, kwargs)
 
     def _kernel_call(self, args: tuple, kwargs: dict):
@@ -119,9 +159,24 @@ class KfFunction:
         # Inspection compiles for the decorator's target whatever device the example
         # tensors are on: a metal_shader's MSL can be read on Linux.
         target = self.options.target
+        device = next(iter(sig.devices()), "cpu")
         if target == "auto":
-            target = _DEVICE_TARGET.get(next(iter(sig.devices()), "cpu"), "cpu")
-        return driver.inspect_function(self.fn, sig, tensors, self.options.with_(target=target))
+            target = _DEVICE_TARGET.get(device, "cpu")
+        options = self.options.with_(target=target)
+        precision = self.autocast_precision(device)
+        if precision is not None:
+            options = options.with_(precision=precision)
+        return driver.inspect_function(self.fn, sig, tensors, options)
+
+
+def _device_type(args: tuple, kwargs: dict) -> str:
+    """The device type of a call's first tensor ("cpu" when it has none)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return a[0].device.type
+    return "cpu"
 
 
 def _fast_key(args: tuple) -> tuple[tuple | None, list]:

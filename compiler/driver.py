@@ -1,6 +1,6 @@
 """The pipeline driver: from a call signature to a ready program.
 
-    capture -> kf (kf-canonicalize) -> per target:
+    capture -> kf (kf-canonicalize [, kf-apply-precision, kf-canonicalize]) -> per target:
       cpu:           kf-lower-to-linalg -> kf-to-cpu -> shared object
       cuda / vulkan: kf-fuse -> kf-tile -> kf-map-to-gpu -> kf-promote-shared -> kf-vectorize
                      -> kf-to-cuda (PTX) | kf-to-spirv (SPIR-V) [-> kf-to-metal (MSL)]
@@ -169,8 +169,11 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
     try:
         if options.interpret:
             from .capture import capture_signature
+            from .stages import StageLog, dump_dir_for
 
-            return InterpretedProgram(capture_signature(fn, sig, tensors))
+            cap = capture_signature(fn, sig, tensors)
+            apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
+            return InterpretedProgram(cap)
         arch = target_arch(options)
         key = cache.key(fn, sig, options, arch)
         entry = cache.load(key)
@@ -212,6 +215,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     index_checks = _index_checks(cap)
     try:
         run_passes(cap.module, ["kf-canonicalize"], log)
+        apply_precision(cap, options, log)
         extra_meta: dict = {}
         if options.target == "cpu":
             abi, artifacts = _build_cpu(cap, log)
@@ -242,6 +246,26 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         **extra_meta,
     }
     return meta, artifacts
+
+
+def precision_passes(options: Options) -> list[str]:
+    """The kf-level passes of ``options.precision`` (none for ``auto``): the policy
+    (passes/apply_precision.py), then kf-canonicalize for the identity casts it leaves.
+    kf-to-spirv has no fp8 storage buffers, so on vulkan and metal fp8 operands are kept
+    as f32 tensors of E4M3FN values (the same products and f32 sums)."""
+    if options.precision == "auto":
+        return []
+    extra = " fp8-storage=false" if options.precision == "fp8" and options.target in ("vulkan", "metal") else ""
+    return [f"kf-apply-precision{{precision={options.precision}{extra}}}", "kf-canonicalize"]
+
+
+def apply_precision(cap, options: Options, log) -> None:
+    """Run the precision policy's passes on a captured function's kf IR, in place."""
+    from .stages import run_passes
+
+    passes = precision_passes(options)
+    if passes:
+        run_passes(cap.module, passes, log)
 
 
 _INDEXED = {"kf.gather": 1, "kf.index_select": 1, "kf.index_add": 1, "kf.scatter_add": 1}
@@ -443,6 +467,8 @@ def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Optio
 
     try:
         cap = capture_signature(fn, sig, tensors)
+        # the kf stage is the IR the precision policy leaves (the casts it makes show)
+        apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
     except CompileError as e:
         if debug():
             raise

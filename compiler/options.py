@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 
 TARGETS = ("auto", "cuda", "metal", "vulkan", "cpu")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -17,16 +18,23 @@ class Options:
     interpret: run the captured kf IR op by op with torch instead of compiling (debugging).
     dump_ir: a directory to write the IR after every stage into, or "".
     arch: the GPU architecture (``sm_90``); "" means the device's own.
+    precision: the compute precision policy (passes/apply_precision.py): ``auto`` computes
+      in the input types (f32 accumulation for low-precision inputs) and follows an active
+      ``torch.autocast`` region; ``fp32``, ``tf32``, ``bf16``, ``fp16`` and ``fp8`` change
+      the internal precision only, never the output dtypes.
     """
 
     target: str = "auto"
     interpret: bool = False
     dump_ir: str = ""
     arch: str = ""
+    precision: str = "auto"
 
     def __post_init__(self):
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     def with_(self, **changes) -> "Options":
         """These options with some changed; an unknown name is a TypeError that lists the known ones."""

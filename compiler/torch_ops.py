@@ -21,6 +21,12 @@ break; shapes and dtypes travel with the tensors.
 - The real implementation runs the compiled kf program (the ordinary dispatch of
   ``KfFunction``), outside any mode or tracing context of the caller (``_opaque``);
   outputs that alias an input are copied, as custom ops require.
+- A call under ``torch.autocast`` (with the precision option ``auto``) writes the
+  autocast precision before its structure, ``@bf16;T|T``: the implementations run the
+  function's variant of that precision (``KfFunction.variant``) and its backward. The
+  implementation cannot read the state itself: autocast's dispatch keys are excluded
+  inside it, and a compiled graph runs it after the region it was traced in has ended;
+  Dynamo folds the autocast queries in ``call`` to constants and guards on them.
 - The fake implementation runs the user's own function on the fake tensors: it is the
   captured function itself, so its output shapes and dtypes are those of the capture,
   and it follows symbolic shapes under ``torch.compile(dynamic=True)``.
@@ -178,8 +184,26 @@ def _parse(structure: str) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
+def split_precision(structure: str) -> tuple[str | None, str]:
+    """(the precision a call's structure asks for, the structure without it): a call under
+    ``torch.autocast`` writes ``@bf16;`` (or ``@fp16;``) before its structure, which
+    otherwise starts with a parameter's part (never ``@``)."""
+    if structure.startswith("@"):
+        precision, _, rest = structure[1:].partition(";")
+        return precision, rest
+    return None, structure
+
+
+def implementation(kfn, structure: str) -> tuple[Any, str]:
+    """(the KfFunction that runs a call of this structure, the structure without its
+    precision): the function itself, or its variant for the autocast precision."""
+    precision, rest = split_precision(structure)
+    return (kfn if precision is None else kfn.variant(precision)), rest
+
+
 def rebuild(kfn, structure: str, tensors: list) -> dict[str, Any]:
     """Keyword arguments of the function from a structure and its flat tensors."""
+    structure = split_precision(structure)[1]
     if kfn._params:
         names = [p[0] for p in kfn._params]
         defaults = {p[0]: p[1] for p in kfn._params}
@@ -275,13 +299,14 @@ _TOP_LEVEL_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatc
 def _define(name: str) -> tuple:
     def real(tensors: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
         kfn = _OWNERS[name]
+        impl, _ = implementation(kfn, structure)  # the autocast precision's variant, if any
         call = rebuild(kfn, structure, list(tensors))
         with _opaque():
             if kfn._params and not any(p[2] for p in kfn._params):
                 # every parameter positionally, in order: KfFunction's fast path, no binding
-                result = kfn._kernel_call(tuple(call.values()), {})
+                result = impl._kernel_call(tuple(call.values()), {})
             else:
-                result = kfn._kernel_call((), call)
+                result = impl._kernel_call((), call)
             if structure not in kfn._trees:
                 kfn._trees[structure] = _tree_of(kfn, structure, tensors)
         return _fresh(flatten_results(result), tensors)
@@ -297,9 +322,9 @@ def _define(name: str) -> tuple:
         return [o.new_empty(o.shape) for o in flatten_results(result)]
 
     def backward_real(tensors: list[torch.Tensor], grads: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
-        kfn = _OWNERS[name]
+        impl, rest = implementation(_OWNERS[name], structure)
         with _opaque():
-            bwd = _backward_of(kfn, structure, list(tensors), list(grads))
+            bwd = _backward_of(impl, rest, list(tensors), list(grads))
             return _fresh([g for g in bwd(list(tensors), list(grads)) if g is not None], list(tensors) + list(grads))
 
     def backward_fake(tensors, grads, structure):
@@ -388,7 +413,8 @@ def _double_backward_formula(name: str):
     def backward(ctx, ggs):
         saved = list(ctx.saved_tensors)
         tensors, grads = saved[:ctx.n], saved[ctx.n:]
-        bwd = _backward_of(_OWNERS[name], ctx.structure, [t.detach() for t in tensors], [g.detach() for g in grads])
+        impl, rest = implementation(_OWNERS[name], ctx.structure)
+        bwd = _backward_of(impl, rest, [t.detach() for t in tensors], [g.detach() for g in grads])
         with torch.enable_grad():
             ins = [t.detach().requires_grad_(t.is_floating_point()) for t in saved]
             outs = bwd.fn(*ins)
@@ -407,6 +433,12 @@ def _double_backward_formula(name: str):
 def call(kfn, args: tuple, kwargs: dict) -> Any:
     """Call a KfFunction through its op: what __call__ does under tracing or autograd."""
     tensors, structure = flatten_call(kfn, args, kwargs)
+    # The autocast state travels in the structure: the op's implementation runs with the
+    # autocast dispatch keys excluded (and a compiled graph runs it outside the region
+    # it was traced in), so it cannot read the state itself.
+    precision = kfn.autocast_precision(tensors[0].device.type if tensors else "cpu")
+    if precision is not None:
+        structure = f"@{precision};{structure}"
     flat = kfn._torch_op(tensors, structure)
     # the implementations record the structure on the op's current owner
     return unflatten(_OWNERS[kfn._op_key]._trees[structure], list(flat))

@@ -1,0 +1,276 @@
+"""kf-apply-precision: the compute precision policy of ``Options.precision``, applied to
+kf IR before kf-fuse (and before the CPU target's lowering).
+
+The rule that holds for every precision: **a function's output dtypes and shapes never
+change**; only the precision kf computes in does. What each precision changes (each has
+a case in test/passes/kf-apply-precision.mlir):
+
+- ``auto``: nothing. Kernels read fp16/bf16/fp8 tensors as they are, accumulate
+  reductions and matmuls in f32, keep norm and softmax statistics in f32 and round once
+  to the input type (the lowerings and strategies do this). This is also what the pass
+  does not get to see: the driver runs it only for another precision.
+- ``fp32``: every low-precision float value (f16, bf16, f8E4M3FN, f8E5M2) becomes f32:
+  arguments are cast to f32 on entry, every op computes in f32 (its results are
+  retyped), and the results are cast back to their original types at the return.
+  Values that cross into non-kf ops (calls of torch-mlir imported functions) are cast
+  back to the types those ops take. A ``kf.cast`` the user wrote to a low-precision type
+  still rounds (the value is rounded, then carried in f32): the user asked for it.
+- ``tf32``: as ``fp32``; in addition every float ``kf.matmul`` gets the discardable
+  attribute ``kf.input_precision = "tf32"``: permission to use tf32 tensor cores, as
+  ``torch.backends.cuda.matmul.allow_tf32`` gives. No strategy uses it yet, so tf32
+  computes as fp32 on every target.
+- ``bf16`` / ``fp16`` (what ``torch.autocast`` selects): the operands of every
+  ``kf.matmul`` (which includes both GEMMs of attention) that are wider than 16 bits
+  (f32, f64) are cast to bf16 / f16; the matmul keeps its result type, so the products
+  of the narrow operands are accumulated in f32 (f64 for f64 results) and the result has
+  the original (wider) type. Everything else -- elementwise ops, reductions, softmax,
+  norms -- stays in its original type. 16-bit and fp8 operands are left as they are.
+- ``fp8``: dynamic per-tensor scaling of matmul operands, in kf ops so that every
+  target runs it. For each float operand ``x`` wider than 8 bits::
+
+      amax = max(reduce_max(abs(x)), 1e-12)     # full reduction, in f32
+      s    = 448 / amax                          # E4M3FN's largest finite value is 448
+      x8   = cast(clamp(x * s, -448, 448) -> f8E4M3FN)
+
+  then ``kf.matmul(x8_a, x8_b) -> f32`` multiplied by ``1 / (s_a * s_b)`` and cast to
+  the matmul's original result type when that is not f32. Both operands use E4M3FN (more
+  mantissa; E5M2's range is for gradients, and delayed scaling -- amax histories kept
+  across calls -- needs state outside one function). The clamp makes the cast's
+  behaviour past 448 irrelevant (kf's encoders saturate there, and so does torch 2.13).
+  The 1e-12 floor keeps an all-zero operand finite (s at most 4.5e14, s_a * s_b at most
+  2e29). Operands that are already 8-bit are left as they are (scale 1).
+
+  ``fp8-storage=false`` keeps the quantized operands as f32 tensors holding E4M3FN
+  values (``cast(cast(... -> f8E4M3FN) -> f32)``) for targets that cannot store fp8
+  tensors (kf-to-spirv has no fp8 storage buffers): the products of two E4M3FN values
+  are exact in f32 and are accumulated in f32, so the result is the same as an fp8 GEMM
+  with f32 accumulation up to the order of the additions.
+
+Functions that kf-fuse made (``kf.kernel``) and private functions (torch-mlir imports)
+are left alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mlir import ir
+
+from kf.dialects import builders as kb
+from kf.dialects import spec_of
+from kf.dialects.types import KfTypeError
+
+from .base import KfPass, PassError
+
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp8")
+LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
+FP8 = ("f8E4M3FN", "f8E5M2")
+#: The float types wider than 16 bits, which bf16/fp16 narrow and fp8 quantizes.
+WIDE = ("f32", "f64")
+E4M3_MAX = 448.0
+#: The smallest amax fp8 scaling divides by (an all-zero operand stays finite).
+AMAX_FLOOR = 1e-12
+#: The attribute that allows tf32 tensor cores for a kf.matmul.
+INPUT_PRECISION = "kf.input_precision"
+
+
+def _elem(v: ir.Value) -> str | None:
+    try:
+        return spec_of(v.type).elem
+    except KfTypeError:
+        return None
+
+
+def _with_elem(t: ir.Type, elem: str) -> ir.Type:
+    return ir.RankedTensorType.get(list(ir.RankedTensorType(t).shape), ir.Type.parse(elem))
+
+
+def _functions(module: ir.Operation) -> list[ir.Operation]:
+    """The functions the policy applies to: public ones with a body, not kernels."""
+    out = []
+    for op in module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name != "func.func" or "kf.kernel" in op.attributes or "sym_visibility" in op.attributes:
+            continue
+        if op.regions[0].blocks:
+            out.append(op)
+    return out
+
+
+# ----------------------------------------------------------------------------- fp32 / tf32
+
+
+def _widen_function(f: ir.Operation, tf32: bool) -> None:
+    """Every low-precision float value of f computed in f32 (see the module docstring)."""
+    block = f.regions[0].blocks[0]
+    body = [o.operation for o in block.operations]
+    # f32 values that stand for a low-precision one -> the original type, for the
+    # return and the non-kf ops, which take the original types.
+    original: dict = {}
+
+    def to_f32(v: ir.Value, ip: ir.InsertionPoint, loc: ir.Location) -> None:
+        """Replace the uses of v with cast(v -> f32), made at ip."""
+        with ip, loc:
+            c = kb.cast(v, "f32")
+        v.replace_all_uses_except(c, c.owner.operation)
+        original[c] = v.type
+
+    for arg in list(block.arguments):
+        if _elem(arg) in LOW_PRECISION:
+            to_f32(arg, ir.InsertionPoint(body[0]), f.location)
+    for op in body:
+        name = op.name
+        if name == "func.return" or not name.startswith("kf."):
+            # A boundary: what it takes keeps its original types; what it gives is widened.
+            with ir.InsertionPoint(op), op.location:
+                for i, v in enumerate(op.operands):
+                    if v in original:
+                        op.operands[i] = kb.cast(v, spec_of(original[v]).elem)
+            if name != "func.return":
+                for r in op.results:
+                    if _elem(r) in LOW_PRECISION:
+                        to_f32(r, ir.InsertionPoint.after(op), op.location)
+            continue
+        if name == "kf.cast":
+            # A cast to a low-precision type is an explicit rounding: kept, and the rounded
+            # value carried in f32. A widening cast of a value that is f32 now becomes an
+            # identity, which kf-canonicalize removes.
+            if _elem(op.result) in LOW_PRECISION:
+                to_f32(op.result, ir.InsertionPoint.after(op), op.location)
+            continue
+        if name == "kf.constant":
+            if _elem(op.result) in LOW_PRECISION:
+                to_f32(op.result, ir.InsertionPoint.after(op), op.location)
+            continue
+        for r in op.results:
+            if _elem(r) in LOW_PRECISION:
+                original[r] = r.type
+                r.set_type(_with_elem(r.type, "f32"))
+        if tf32 and name == "kf.matmul" and _elem(op.operands[0]) == "f32":
+            op.attributes[INPUT_PRECISION] = ir.StringAttr.get("tf32")
+
+
+# ----------------------------------------------------------------------------- matmul operands
+
+#: Ops that only move elements: an operand reached through them (``k.transpose(-2, -1)``)
+#: is converted at its source, so the layout op moves narrow elements and can join the
+#: matmul's kernel, and one conversion serves every matmul that reads the source.
+_LAYOUT = ("kf.transpose", "kf.reshape", "kf.broadcast_to")
+
+
+def _layout_source(v: ir.Value) -> tuple[ir.Value, list[ir.Operation]]:
+    """(the value v is a view of, the layout ops from it to v in order): the ops whose
+    single use is the next one (the last one's is the matmul)."""
+    chain: list[ir.Operation] = []
+    while True:
+        d = v.owner
+        if isinstance(d, ir.Block) or d.operation.name not in _LAYOUT:
+            break
+        d = d.operation
+        users = {u.owner for u in d.result.uses}
+        if len(users) != 1:
+            break
+        chain.append(d)
+        v = d.operands[0]
+    return v, chain[::-1]
+
+
+class _Operands:
+    """Converts matmul operands at their sources, once per source and function."""
+
+    def __init__(self, f: ir.Operation, convert):
+        self.block = f.regions[0].blocks[0]
+        self.first = self.block.operations[0]
+        self.convert = convert  # source value -> converted value (ops at the insertion point)
+        self.done: dict = {}
+
+    def __call__(self, v: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """(v converted: its layout ops retyped to the converted element type, the
+        converted source)."""
+        src, chain = _layout_source(v)
+        new = self.done.get(src)
+        if new is None:
+            owner = src.owner
+            ip = ir.InsertionPoint(self.first) if isinstance(owner, ir.Block) else ir.InsertionPoint.after(owner)
+            with ip, src.location if isinstance(owner, ir.Block) else owner.location:
+                new = self.done[src] = self.convert(src)
+        if not chain:
+            return new, new
+        chain[0].operands[0] = new
+        for op in chain:
+            op.result.set_type(_with_elem(op.result.type, _elem(new)))
+        return chain[-1].result, new
+
+
+def _matmuls(f: ir.Operation) -> list[ir.Operation]:
+    return [o.operation for o in f.regions[0].blocks[0].operations if o.operation.name == "kf.matmul"]
+
+
+def _narrow_matmuls(f: ir.Operation, elem: str) -> None:
+    """The wide float operands of every kf.matmul cast to elem; results keep their type."""
+    narrow = _Operands(f, lambda x: kb.cast(x, elem))
+    for op in _matmuls(f):
+        if _elem(op.operands[0]) in WIDE:
+            a, b = op.operands
+            op.operands[0] = narrow(a)[0]
+            op.operands[1] = op.operands[0] if b == a else narrow(b)[0]
+
+
+def _quantize(x: ir.Value, storage: bool) -> tuple[ir.Value, ir.Value]:
+    """(x as E4M3FN values, its scale s as a rank-0 f32 tensor), made at the current
+    insertion point; the values are an f8E4M3FN tensor, or with storage=False an f32 one."""
+    xf = x if _elem(x) == "f32" else kb.cast(x, "f32")
+    every = list(range(spec_of(xf.type).rank))
+    amax = kb.max(kb.reduce_max(kb.abs(xf), dims=every, keepdim=False), kb.scalar(AMAX_FLOOR, "f32"))
+    scale = kb.div(kb.scalar(E4M3_MAX, "f32"), amax)
+    scaled = kb.min(kb.max(kb.mul(xf, scale), kb.scalar(-E4M3_MAX, "f32")), kb.scalar(E4M3_MAX, "f32"))
+    x8 = kb.cast(scaled, "f8E4M3FN")
+    return (x8 if storage else kb.cast(x8, "f32")), scale
+
+
+def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
+    """Each kf.matmul of float operands wider than 8 bits as a per-tensor scaled E4M3FN
+    matmul (the amax of a layout view is its source's, so sources are quantized)."""
+    scales: dict = {}
+
+    def quantize(x):
+        q, s = _quantize(x, storage)
+        scales[q] = s
+        return q
+
+    operand = _Operands(f, quantize)
+    for op in _matmuls(f):
+        a, b = op.operands
+        if _elem(a) not in WIDE + ("f16", "bf16"):
+            continue  # integers, and fp8 already
+        (qa, src_a) = operand(a)
+        (qb, src_b) = (qa, src_a) if b == a else operand(b)
+        sa, sb = scales[src_a], scales[src_b]
+        out = _elem(op.result)
+        with ir.InsertionPoint(op), op.location:
+            mm = kb.build("matmul", [qa, qb], None, [spec_of(op.result.type).with_elem("f32")]).result
+            y = kb.mul(mm, kb.div(kb.scalar(1.0, "f32"), kb.mul(sa, sb)))
+            if out != "f32":
+                y = kb.cast(y, out)
+        op.result.replace_all_uses_with(y)
+        op.erase()
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyPrecisionPass(KfPass):
+    NAME = "kf-apply-precision"
+    DESCRIPTION = "apply a precision policy (fp32, tf32, bf16, fp16, fp8) inside functions; output types unchanged"
+    precision: str = "auto"
+    fp8_storage: bool = True
+
+    def run(self, module: ir.Operation) -> None:
+        if self.precision not in PRECISIONS:
+            raise PassError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        for f in _functions(module):
+            with f.location:
+                if self.precision in ("fp32", "tf32"):
+                    _widen_function(f, tf32=self.precision == "tf32")
+                elif self.precision in ("bf16", "fp16"):
+                    _narrow_matmuls(f, "bf16" if self.precision == "bf16" else "f16")
+                elif self.precision == "fp8":
+                    _scale_matmuls(f, self.fp8_storage)
