@@ -26,6 +26,7 @@ from . import aten_to_kf
 from .dtypes import kf_elem
 from .errors import CaptureError, KfVerifyError, SourceLoc, UnsupportedOpError
 from .signature import Signature, bind, rebuild_args
+from .torch_ops import AUTOCAST_KEYS
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
@@ -115,11 +116,16 @@ def _trace_inputs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> torch.export.ExportedProgram:
-    """The ATen graph of fn specialized to sig."""
+    """The ATen graph of fn specialized to sig.
+
+    It is traced outside any torch.autocast region of the caller: the graph has the
+    function's own dtypes, and kf applies an autocast region's precision to its IR
+    (kf-apply-precision), keeping the output dtypes."""
     user = _user_code(fn)
     traced = _traceable(user)
     try:
-        ep = torch.export.export(_Wrapper(traced, sig), tuple(_trace_inputs(tensors)), strict=False)
+        with torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
+            ep = torch.export.export(_Wrapper(traced, sig), tuple(_trace_inputs(tensors)), strict=False)
     except Exception as e:  # torch's own errors name the user's frame in their text
         loc = _loc_from_exception(e, user)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

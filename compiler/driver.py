@@ -251,11 +251,14 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
 def precision_passes(options: Options) -> list[str]:
     """The kf-level passes of ``options.precision`` (none for ``auto``): the policy
     (passes/apply_precision.py), then kf-canonicalize for the identity casts it leaves.
-    kf-to-spirv has no fp8 storage buffers, so on vulkan and metal fp8 operands are kept
-    as f32 tensors of E4M3FN values (the same products and f32 sums)."""
+
+    fp8 matmul operands are fp8 tensors only on CUDA, whose tensor cores multiply them;
+    elsewhere the E4M3FN values are carried in f32 (``fp8-storage=false``: the same
+    products and f32 sums): kf-to-spirv stores no fp8 tensors, and the CPU would widen
+    each fp8 operand into an f32 copy before its matmul anyway."""
     if options.precision == "auto":
         return []
-    extra = " fp8-storage=false" if options.precision == "fp8" and options.target in ("vulkan", "metal") else ""
+    extra = " fp8-storage=false" if options.precision == "fp8" and options.target != "cuda" else ""
     return [f"kf-apply-precision{{precision={options.precision}{extra}}}", "kf-canonicalize"]
 
 

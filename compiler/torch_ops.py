@@ -291,6 +291,19 @@ def _opaque():
         yield
 
 
+def _autocast_keys() -> torch._C.DispatchKeySet:
+    keys = None
+    for name in dir(torch._C.DispatchKey):
+        if name.startswith("Autocast"):
+            key = getattr(torch._C.DispatchKey, name)
+            keys = torch._C.DispatchKeySet(key) if keys is None else keys.add(key)
+    return keys
+
+
+#: Every autocast dispatch key: excluding them is what leaving a torch.autocast region
+#: does (``torch.is_autocast_enabled`` reads their exclusion).
+AUTOCAST_KEYS = _autocast_keys()
+
 #: the dispatcher's thread-local (included, excluded) key sets of a plain call, as they are
 #: when this module is imported (autocast keys are excluded by default)
 _TOP_LEVEL_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
@@ -315,7 +328,9 @@ def _define(name: str) -> tuple:
         from .patching import originals
 
         kfn = _OWNERS[name]
-        with originals():  # the function's own body, with torch's functions unpatched
+        # the function's own body, with torch's functions unpatched, and outside any
+        # autocast region: kf's programs return the function's own dtypes under autocast
+        with originals(), torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
             result = kfn.fn(**rebuild(kfn, structure, list(tensors)))
         kfn._trees[structure] = result_tree(result)
         # kf's programs return new row-major tensors

@@ -7,8 +7,8 @@ a case in test/passes/kf-apply-precision.mlir):
 
 - ``auto``: nothing. Kernels read fp16/bf16/fp8 tensors as they are, accumulate
   reductions and matmuls in f32, keep norm and softmax statistics in f32 and round once
-  to the input type (the lowerings and strategies do this). This is also what the pass
-  does not get to see: the driver runs it only for another precision.
+  to the input type (the lowerings and strategies do this; the driver runs this pass
+  only for the other precisions).
 - ``fp32``: every low-precision float value (f16, bf16, f8E4M3FN, f8E5M2) becomes f32:
   arguments are cast to f32 on entry, every op computes in f32 (its results are
   retyped), and the results are cast back to their original types at the return.
@@ -41,10 +41,22 @@ a case in test/passes/kf-apply-precision.mlir):
   2e29). Operands that are already 8-bit are left as they are (scale 1).
 
   ``fp8-storage=false`` keeps the quantized operands as f32 tensors holding E4M3FN
-  values (``cast(cast(... -> f8E4M3FN) -> f32)``) for targets that cannot store fp8
-  tensors (kf-to-spirv has no fp8 storage buffers): the products of two E4M3FN values
-  are exact in f32 and are accumulated in f32, so the result is the same as an fp8 GEMM
-  with f32 accumulation up to the order of the additions.
+  values (``cast(cast(... -> f8E4M3FN) -> f32)``) for targets without fp8 matrix units
+  (the driver asks for it everywhere but CUDA: kf-to-spirv stores no fp8 tensors, and
+  the CPU lowering would widen fp8 operands into f32 copies anyway). The products of two
+  E4M3FN values are exact in f32 and are accumulated in f32, so the result is that of an
+  fp8 GEMM with f32 accumulation, up to the order of the additions.
+
+On GPU targets the cast of the softmax output between attention's two GEMMs keeps
+kf-fuse from recognizing the attention chain: under bf16, fp16 and fp8, attention runs
+as two matmul kernels and a softmax kernel (the scores reach global memory) until the
+attention strategy reads its probabilities through a cast. The operand casts are
+elementwise kernels of their own before the matmul's, too.
+
+An operand reached through layout ops (transpose, reshape, broadcast_to) used only on
+the way to the matmul is converted at its source, once per source and function: the
+layout ops then move narrow elements (and a transpose can join the matmul's kernel),
+and fp8's amax, which layout does not change, is taken once.
 
 Functions that kf-fuse made (``kf.kernel``) and private functions (torch-mlir imports)
 are left alone.

@@ -1,0 +1,263 @@
+"""The precision option and torch.autocast, end to end on the CPU and Vulkan targets.
+
+For every precision, the seed's attention and layer norm, a matmul and a matmul + GELU
+run on fresh random inputs (never zeros) at sizes that are not multiples of any tile
+(77x131 @ 131x45): the output dtype is eager's, and the error against a float64
+reference is within the precision's tolerance. The tolerances are relative Frobenius
+errors measured on both targets (worst of three draws, f32 inputs): auto, fp32 and tf32
+at most 3.0e-7, bf16 3.4e-3, fp16 4.4e-4, fp8 5.4e-2 (attention; the matmuls 3.9e-2); the
+bounds below leave a margin of about 3x (1.5x for fp8). The narrow precisions must also
+be measurably less accurate than fp32 on the matmul-class functions, which proves that
+the casts happened.
+"""
+
+
+import pytest
+import torch
+
+import kf
+import seed_examples as se
+from kf.options import Options
+from kf.runtime import vulkan
+
+VULKAN = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)")
+TARGETS = ["cpu", pytest.param("vulkan", marks=VULKAN)]
+PRECISIONS = ["auto", "fp32", "tf32", "bf16", "fp16", "fp8"]
+#: relative Frobenius error against float64, f32 inputs
+TOL = {"auto": 1e-6, "fp32": 1e-6, "tf32": 1e-6, "bf16": 1e-2, "fp16": 2e-3, "fp8": 8e-2}
+#: ... and for low-precision inputs (measured at most 5.7e-3 for bf16, 6.9e-4 for f16)
+TOL_INPUT = {torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KF_CACHE_DIR", str(tmp_path_factory.mktemp("kf-cache")))
+        yield
+
+
+@kf.jit
+def matmul(a, b):
+    return a @ b
+
+
+@kf.jit
+def matmul_gelu(a, b):
+    return torch.nn.functional.gelu(a @ b)
+
+
+FUNCTIONS = {"matmul": matmul, "matmul_gelu": matmul_gelu, "attention": se.fused_attention,
+             "layer_norm": se.metal_layer_norm}
+MATMUL_CLASS = ["matmul", "matmul_gelu", "attention"]
+_INPUTS: dict = {}
+_OUTPUTS: dict = {}
+
+
+def inputs(name: str, dtype=torch.float32) -> list[torch.Tensor]:
+    """One draw of inputs per function and dtype, shared by every precision and target."""
+    if (name, dtype) not in _INPUTS:
+        if name in ("matmul", "matmul_gelu"):
+            xs = [torch.randn(77, 131), torch.randn(131, 45)]
+        elif name == "attention":
+            xs = [torch.randn(2, 3, 77, 40) for _ in range(3)]
+        else:
+            xs = [torch.randn(3, 77, 131), 1 + 0.1 * torch.randn(131), 0.1 * torch.randn(131)]
+        _INPUTS[name, dtype] = [x.to(dtype) for x in xs]
+    return _INPUTS[name, dtype]
+
+
+def run(target: str, name: str, precision: str, dtype=torch.float32) -> torch.Tensor:
+    key = (target, name, precision, dtype)
+    if key not in _OUTPUTS:
+        _OUTPUTS[key] = FUNCTIONS[name].with_options(target=target, precision=precision)(*inputs(name, dtype))
+    return _OUTPUTS[key]
+
+
+def error(target: str, name: str, precision: str, dtype=torch.float32) -> float:
+    out = run(target, name, precision, dtype)
+    ref = FUNCTIONS[name].fn(*[x.double() for x in inputs(name, dtype)])
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+@pytest.mark.parametrize("target", TARGETS)
+def test_accuracy(target, name, precision):
+    out = run(target, name, precision)
+    eager = FUNCTIONS[name].fn(*inputs(name))
+    assert out.dtype == eager.dtype and out.shape == eager.shape
+    assert error(target, name, precision) < TOL[precision]
+
+
+@pytest.mark.parametrize("name", MATMUL_CLASS)
+@pytest.mark.parametrize("target", TARGETS)
+def test_narrow_precisions_are_less_accurate(target, name):
+    """The casts happened: bf16 operands lose about 8 bits, fp16 5, E4M3FN 12, against
+    f32's; and tf32 (a permission no strategy takes yet) and fp32 compute as auto does."""
+    err = {p: error(target, name, p) for p in PRECISIONS}
+    assert err["fp32"] < err["fp16"] < err["bf16"] < err["fp8"]
+    assert err["fp16"] > 30 * err["fp32"] and err["bf16"] > 300 * err["fp32"]
+    assert torch.equal(run(target, name, "fp32"), run(target, name, "auto"))
+    assert torch.equal(run(target, name, "tf32"), run(target, name, "fp32"))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_layer_norm_has_no_matmul_to_narrow(target, precision):
+    assert torch.equal(run(target, "layer_norm", precision), run(target, "layer_norm", "auto"))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", ["attention", "layer_norm", "matmul_gelu"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("target", TARGETS)
+def test_low_precision_inputs(target, dtype, name, precision):
+    """The output dtype stays the inputs' whatever the precision, and fp32 (computing
+    every intermediate in f32) is never less accurate than auto."""
+    out = run(target, name, precision, dtype)
+    assert out.dtype == dtype == FUNCTIONS[name].fn(*inputs(name, dtype)).dtype
+    assert error(target, name, precision, dtype) < (TOL["fp8"] if precision == "fp8" else TOL_INPUT[dtype])
+    if precision == "fp32":
+        assert error(target, name, "fp32", dtype) <= 1.1 * error(target, name, "auto", dtype)
+
+
+# ----------------------------------------------------------------------------- torch.autocast
+
+
+def _entries() -> int:
+    from kf.cache import cache_dir
+
+    return len(list(cache_dir().glob("*/*/program.json")))
+
+
+@pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "bf16"), (torch.float16, "fp16")], ids=str)
+def test_autocast_selects_the_precision(dtype, precision, tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))  # count this test's entries only
+    f = matmul_gelu.with_options(target="cpu")
+    a, b = inputs("matmul_gelu")
+    full = f(a, b)
+    before, fast = _entries(), dict(f._fast)
+    assert before == 1
+    with torch.autocast("cpu", dtype=dtype):
+        cast = f(a, b)
+    assert cast.dtype == torch.float32  # the output dtype never changes, unlike eager autocast's
+    assert torch.equal(cast, run("cpu", "matmul_gelu", precision))
+    assert not torch.equal(cast, full)
+    assert _entries() == before + 1  # its own specialization and cache entry
+    assert f._fast == fast  # ... and its own dispatch table
+    again = f(a, b)
+    assert torch.equal(again, full) and _entries() == before + 1
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_autocast_region_of_the_target_device(target):
+    """vulkan takes CPU tensors, so it follows a CPU autocast region, as cpu does."""
+    a, b = inputs("matmul")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = matmul.with_options(target=target)(a, b)
+    assert torch.equal(out, run(target, "matmul", "bf16"))
+
+
+def test_an_explicit_precision_wins_over_autocast():
+    a, b = inputs("matmul")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = matmul.with_options(target="cpu", precision="fp32")(a, b)
+        off = matmul.with_options(target="cpu")
+        with torch.autocast("cpu", enabled=False):
+            plain = off(a, b)
+    assert torch.equal(out, run("cpu", "matmul", "fp32"))
+    assert torch.equal(plain, run("cpu", "matmul", "auto"))
+
+
+def test_autocast_under_torch_compile(tmp_path, monkeypatch):
+    """The op's implementation runs with autocast's keys excluded (and a compiled graph
+    runs it after the region it was traced in): the precision travels in the call."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))  # compiled inside the region
+    f = matmul_gelu.with_options(target="cpu")
+    a, b = inputs("matmul_gelu")
+    bf16, full = run("cpu", "matmul_gelu", "bf16"), run("cpu", "matmul_gelu", "auto")
+    compiled = torch.compile(lambda x, y: f(x, y) * 2, fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(a, b)
+    assert out.dtype == torch.float32 and torch.equal(out, bf16 * 2)
+    assert torch.equal(compiled(a, b), full * 2)  # outside the region: guarded, traced again
+
+    def inside(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return f(x, y)
+
+    assert torch.equal(torch.compile(inside, fullgraph=True)(a, b), bf16)
+
+
+def test_autocast_reaches_forward_and_backward(tmp_path, monkeypatch):
+    """Under autograd the call goes through the op; its backward is compiled with the
+    forward's precision, as an explicit precision="bf16" does."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    a, b = inputs("matmul_gelu")
+    f = matmul_gelu.with_options(target="cpu")
+    x = a.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = f(x, b)
+    assert torch.equal(out.detach(), run("cpu", "matmul_gelu", "bf16"))
+    out.sum().backward()
+    y = a.clone().requires_grad_()
+    matmul_gelu.with_options(target="cpu", precision="bf16")(y, b).sum().backward()
+    assert torch.equal(x.grad, y.grad)
+    z = a.clone().requires_grad_()
+    torch.nn.functional.gelu(z @ b).sum().backward()
+    rel = ((x.grad - z.grad).norm() / z.grad.norm()).item()
+    assert 1e-5 < rel < TOL["bf16"]
+
+
+# ----------------------------------------------------------------------------- the option
+
+
+def test_invalid_precision_at_decoration():
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, tf32, bf16, fp16, fp8, got 'int8'"):
+        @kf.jit(precision="int8")
+        def f(x):
+            return x
+    with pytest.raises(ValueError, match="precision must be one of"):
+        matmul.with_options(precision="bf8")
+
+
+def test_precision_is_part_of_the_key_and_op_name():
+    hashes = {Options(precision=p).stable_hash() for p in PRECISIONS}
+    assert len(hashes) == len(PRECISIONS)
+    assert matmul.with_options(precision="bf16").op_name != matmul.op_name
+
+
+def test_inspect_shows_the_casts():
+    a, b = inputs("matmul")
+    plain = kf.inspect(matmul.with_options(target="cpu"), a, b).kf_ir
+    assert "kf.cast" not in plain
+    narrow = kf.inspect(matmul.with_options(target="cpu", precision="bf16"), a, b).kf_ir
+    assert narrow.count('"kf.cast"') == 2
+    assert "(tensor<77x131xbf16>, tensor<131x45xbf16>) -> tensor<77x45xf32>" in narrow
+    assert "-> tensor<77x45xf32> attributes" in narrow  # the function's type is unchanged
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert "tensor<77x131xf16>" in kf.inspect(matmul.with_options(target="cpu"), a, b).kf_ir
+    fp8 = kf.inspect(matmul.with_options(target="cpu", precision="fp8"), a, b)
+    assert "f8E4M3FN" in fp8.kf_ir and "kf.reduce_max" in fp8.kf_ir
+    assert "linalg" in fp8.stages  # the rest of the pipeline takes what the policy made
+
+
+def test_interpreter_follows_the_precision():
+    a, b = inputs("matmul_gelu")
+    for precision in ("bf16", "fp8"):
+        interp = matmul_gelu.with_options(target="cpu", precision=precision, interpret=True)(a, b)
+        compiled = run("cpu", "matmul_gelu", precision)
+        assert ((interp - compiled).norm() / compiled.norm()).item() < 1e-6
+        assert not torch.allclose(interp, run("cpu", "matmul_gelu", "auto"), rtol=1e-4, atol=0)
+
+
+def test_cuda_bf16_precision_takes_tensor_cores():
+    """No GPU here: the PTX shows it. f32 inputs under bf16 are bf16 mma.sync operands."""
+    a, b = inputs("matmul")
+    f = matmul.with_options(target="cuda")
+    assert "mma.sync" not in kf.inspect(f, a, b).ptx
+    ptx = kf.inspect(f.with_options(precision="bf16"), a, b).ptx
+    assert "mma.sync" in ptx and ".bf16" in ptx

@@ -1,0 +1,262 @@
+"""kf-apply-precision on functions built with kf.dialects.builders: what each precision
+may and may not change in the IR (function types never, only matmul operands under
+bf16/fp16/fp8, every low-precision value under fp32), and the fp8 scaling's numbers
+against torch doing the same steps, on the CPU target and in the interpreter.
+
+test/passes/kf-apply-precision.mlir shows the rewritten IR; end-to-end accuracy per
+precision on the CPU and Vulkan targets is in test/python/compiler/test_precision.py.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+
+import pytest
+import torch
+from mlir import ir
+from mlir.dialects import func
+
+from kf.cpu_codegen import compile_module
+from kf.dialects import TensorSpec, make_context, mlir_type, spec_of, verify
+from kf.dialects import builders as kb
+from kf.interpreter import Interpreter
+from kf.passes import registry
+from kf.passes.apply_precision import INPUT_PRECISION, LOW_PRECISION, PRECISIONS, ApplyPrecisionPass
+from kf.runtime.cpu import load
+
+torch.manual_seed(0)
+
+ELEM = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+        torch.int64: "i64", torch.float8_e4m3fn: "f8E4M3FN"}
+
+
+def build(body, specs) -> tuple[ir.Context, ir.Module]:
+    """A module with one function ``@f`` of arguments ``specs`` ((shape, elem) pairs)."""
+    ctx = make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            @func.FuncOp.from_py_func(*[mlir_type(TensorSpec(tuple(s), e)) for s, e in specs], name="f")
+            def f(*args):
+                out = body(*args)
+                return tuple(out) if isinstance(out, (tuple, list)) else out
+    return ctx, module
+
+
+def apply(ctx, module, precision: str, **options) -> None:
+    with ctx, ir.Location.unknown():
+        ApplyPrecisionPass(precision=precision, **options).run(module.operation)
+
+
+def the_func(module) -> ir.Operation:
+    return next(op.operation for op in module.body.operations if op.operation.name == "func.func")
+
+
+def kf_ops(module) -> list[ir.Operation]:
+    return [op.operation for op in the_func(module).regions[0].blocks[0].operations
+            if op.operation.name.startswith("kf.")]
+
+
+# ----------------------------------------------------------------------------- functions
+
+def _mixed(x, w):
+    """bf16 statistics beside an f32 matmul of the widened input."""
+    y = kb.gelu(kb.matmul(kb.cast(x, "f32"), w))
+    return y, kb.mean(x, dims=[-1], keepdim=True)
+
+
+def _layout(x, w):
+    """x @ x^T, and x @ w through a reshape and a broadcast of w."""
+    xt = kb.transpose(x, perm=[0, 2, 1])
+    wb = kb.broadcast_to(kb.reshape(w, [8, 3]), [2, 8, 3])
+    return kb.matmul(x, xt), kb.matmul(x, wb)
+
+
+def _int(a, b):
+    return kb.matmul(a, b)
+
+
+def _f64(a, b):
+    return kb.matmul(a, b)
+
+
+def _fp8_in(a, b):
+    return kb.build("matmul", [a, b], None, [TensorSpec((4, 3), "f32")]).result
+
+
+CASES = {
+    "mixed": (_mixed, [((4, 8), "bf16"), ((8, 3), "f32")]),
+    "layout": (_layout, [((2, 5, 8), "f32"), ((24,), "f32")]),
+    "int": (_int, [((4, 8), "i64"), ((8, 3), "i64")]),
+    "f64": (_f64, [((4, 8), "f64"), ((8, 3), "f64")]),
+    "fp8_in": (_fp8_in, [((4, 8), "f8E4M3FN"), ((8, 3), "f8E4M3FN")]),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_function_types_never_change(case, precision):
+    body, specs = CASES[case]
+    ctx, module = build(body, specs)
+    before = str(the_func(module).attributes["function_type"])
+    apply(ctx, module, precision)
+    assert str(the_func(module).attributes["function_type"]) == before
+    with ctx:
+        assert verify(module.operation) == []
+    assert module.operation.verify()
+
+
+def test_auto_changes_nothing():
+    for body, specs in CASES.values():
+        ctx, module = build(body, specs)
+        before = str(module)
+        apply(ctx, module, "auto")
+        assert str(module) == before
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_fp32_computes_every_low_precision_value_in_f32(precision):
+    ctx, module = build(*CASES["mixed"])
+    apply(ctx, module, precision)
+    ops = kf_ops(module)
+    # low-precision values are left only as the arguments and the rounding at the return
+    for op in ops:
+        if op.name != "kf.cast":
+            assert all(spec_of(r.type).elem == "f32" for r in op.results), op
+    ret = [op.operation for op in the_func(module).regions[0].blocks[0].operations][-1]
+    rounding = [v.owner.operation for v in ret.operands if spec_of(v.type).elem in LOW_PRECISION]
+    assert [op.name for op in rounding] == ["kf.cast"]
+    assert spec_of(rounding[0].operands[0].type).elem == "f32"
+
+
+def test_tf32_marks_float_matmuls_only():
+    for case, marked in (("mixed", 1), ("layout", 2), ("int", 0), ("f64", 0)):
+        ctx, module = build(*CASES[case])
+        apply(ctx, module, "tf32")
+        mms = [op for op in kf_ops(module) if op.name == "kf.matmul"]
+        got = [str(op.attributes[INPUT_PRECISION]) for op in mms if INPUT_PRECISION in op.attributes]
+        assert got == ['"tf32"'] * marked, case
+        ctx, module = build(*CASES[case])
+        apply(ctx, module, "fp32")
+        assert not any(INPUT_PRECISION in op.attributes for op in kf_ops(module))
+
+
+def _signature_without_casts(module) -> Counter:
+    """What every op other than a cast or a matmul computes: its name and result types."""
+    return Counter((op.name, tuple(str(r.type) for r in op.results)) for op in kf_ops(module)
+                   if op.name not in ("kf.cast", "kf.matmul", "kf.transpose", "kf.reshape", "kf.broadcast_to"))
+
+
+@pytest.mark.parametrize("precision,elem", [("bf16", "bf16"), ("fp16", "f16")])
+@pytest.mark.parametrize("case", ["mixed", "layout", "f64"])
+def test_bf16_fp16_change_only_matmul_operands(case, precision, elem):
+    ctx, module = build(*CASES[case])
+    ctx0, module0 = build(*CASES[case])
+    results = [str(op.result.type) for op in kf_ops(module0) if op.name == "kf.matmul"]
+    apply(ctx, module, precision)
+    assert _signature_without_casts(module) == _signature_without_casts(module0)
+    mms = [op for op in kf_ops(module) if op.name == "kf.matmul"]
+    assert [str(op.result.type) for op in mms] == results  # f32 (f64) results: wide accumulation
+    for op in mms:
+        assert [spec_of(v.type).elem for v in op.operands] == [elem, elem]
+
+
+def test_bf16_converts_each_source_once():
+    """x feeds two matmuls and a transpose: one cast of x, and w is cast before its
+    reshape and broadcast (they then move bf16)."""
+    ctx, module = build(*CASES["layout"])
+    apply(ctx, module, "bf16")
+    casts = [op for op in kf_ops(module) if op.name == "kf.cast"]
+    assert sorted(str(op.operands[0].type) for op in casts) == ["tensor<24xf32>", "tensor<2x5x8xf32>"]
+    for op in kf_ops(module):
+        if op.name in ("kf.transpose", "kf.reshape", "kf.broadcast_to"):
+            assert spec_of(op.result.type).elem == "bf16"
+
+
+def test_fp8_quantizes_each_source_once():
+    ctx, module = build(*CASES["layout"])
+    apply(ctx, module, "fp8")
+    names = Counter(op.name for op in kf_ops(module))
+    assert names["kf.reduce_max"] == 2  # x (three uses) and w
+    mms = [op for op in kf_ops(module) if op.name == "kf.matmul"]
+    assert all(spec_of(v.type).elem == "f8E4M3FN" for op in mms for v in op.operands)
+    assert all(spec_of(op.result.type).elem == "f32" for op in mms)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8"])
+def test_narrow_precisions_leave_integer_and_fp8_matmuls(precision):
+    for case in ("int", "fp8_in"):
+        ctx, module = build(*CASES[case])
+        before = str(module)
+        apply(ctx, module, precision)
+        assert str(module) == before
+
+
+# ----------------------------------------------------------------------------- fp8 numbers
+
+
+def emulate_fp8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch doing the policy's steps: per-tensor scale to 448, E4M3FN, f32 product, unscale."""
+    def q(x):
+        s = 448.0 / x.abs().amax().clamp_min(1e-12)
+        return (x * s).clamp(-448, 448).to(torch.float8_e4m3fn).float(), s
+    (qa, sa), (qb, sb) = q(a.float()), q(b.float())
+    return (qa @ qb) * (1.0 / (sa * sb))
+
+
+def _fp8_module(a, b, storage: bool):
+    ctx, module = build(kb.matmul, [(tuple(a.shape), ELEM[a.dtype]), (tuple(b.shape), ELEM[b.dtype])])
+    apply(ctx, module, "fp8", fp8_storage=storage)
+    return ctx, module
+
+
+def _run_cpu(ctx, module, *inputs):
+    with ctx, ir.Location.unknown():
+        directory = tempfile.mkdtemp(prefix="kf-test-precision-")
+        artifact = compile_module(module, "f", directory)
+    return load(artifact.abi, directory)(*inputs)[0]
+
+
+def _rel(x, y):
+    return ((x.double() - y.double()).norm() / y.double().norm()).item()
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3, 1e-3])
+def test_fp8_matmul_is_the_scaled_e4m3_product(scale):
+    """The f32 -> E4M3FN steps and the unscaling, as torch computes them, whatever the
+    inputs' magnitude (per-tensor scaling takes it out)."""
+    a, b = torch.randn(77, 131) * scale, torch.randn(131, 45)
+    want = emulate_fp8(a, b)
+    ctx, module = _fp8_module(a, b, storage=False)
+    got = _run_cpu(ctx, module, a, b)
+    assert got.dtype == torch.float32
+    assert _rel(got, want) < 1e-6
+    # the quantization is what makes the result differ from the f32 product
+    assert 5e-3 < _rel(got, a.double() @ b.double()) < 8e-2
+    # fp8 tensors (the CUDA form) and E4M3FN values in f32 give the same numbers
+    interp = [Interpreter(_fp8_module(a, b, storage)[1], "f").run(a, b)[0] for storage in (True, False)]
+    assert _rel(interp[0], want) < 1e-6 and _rel(interp[1], want) < 1e-6
+
+
+def test_fp8_bf16_operands_keep_their_result_type():
+    a, b = torch.randn(33, 70).bfloat16(), torch.randn(70, 20).bfloat16()
+    ctx, module = build(kb.matmul, [((33, 70), "bf16"), ((70, 20), "bf16")])
+    apply(ctx, module, "fp8", fp8_storage=False)
+    got = _run_cpu(ctx, module, a, b)
+    assert got.dtype == torch.bfloat16
+    assert _rel(got, emulate_fp8(a, b).bfloat16()) < 1e-2
+
+
+def test_fp8_zero_operand_stays_finite():
+    a, b = torch.zeros(9, 16), torch.randn(16, 5)
+    ctx, module = _fp8_module(a, b, storage=False)
+    got = _run_cpu(ctx, module, a, b)
+    assert torch.equal(got, torch.zeros(9, 5))
+
+
+def test_registered():
+    assert registry.is_kf_pass("kf-apply-precision")
+    p = registry.create("kf-apply-precision", {"precision": "fp8", "fp8-storage": "false"})
+    assert (p.precision, p.fp8_storage) == ("fp8", False)
+    assert p.textual() == "kf-apply-precision{precision=fp8 fp8-storage=false}"
