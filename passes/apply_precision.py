@@ -196,15 +196,15 @@ class _Operands:
         self.convert = convert  # source value -> converted value (ops at the insertion point)
         self.done: dict = {}
 
-    def __call__(self, v: ir.Value) -> tuple[ir.Value, ir.Value]:
+    def __call__(self, v: ir.Value, loc: ir.Location) -> tuple[ir.Value, ir.Value]:
         """(v converted: its layout ops retyped to the converted element type, the
-        converted source)."""
+        converted source); new ops are located at loc (the first matmul's line)."""
         src, chain = _layout_source(v)
         new = self.done.get(src)
         if new is None:
             owner = src.owner
             ip = ir.InsertionPoint(self.first) if isinstance(owner, ir.Block) else ir.InsertionPoint.after(owner)
-            with ip, src.location if isinstance(owner, ir.Block) else owner.location:
+            with ip, loc:
                 new = self.done[src] = self.convert(src)
         if not chain:
             return new, new
@@ -224,8 +224,8 @@ def _narrow_matmuls(f: ir.Operation, elem: str) -> None:
     for op in _matmuls(f):
         if _elem(op.operands[0]) in WIDE:
             a, b = op.operands
-            op.operands[0] = narrow(a)[0]
-            op.operands[1] = op.operands[0] if b == a else narrow(b)[0]
+            op.operands[0] = narrow(a, op.location)[0]
+            op.operands[1] = op.operands[0] if b == a else narrow(b, op.location)[0]
 
 
 def _quantize(x: ir.Value, storage: bool) -> tuple[ir.Value, ir.Value]:
@@ -255,8 +255,8 @@ def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
         a, b = op.operands
         if _elem(a) not in WIDE + ("f16", "bf16"):
             continue  # integers, and fp8 already
-        (qa, src_a) = operand(a)
-        (qb, src_b) = (qa, src_a) if b == a else operand(b)
+        qa, src_a = operand(a, op.location)
+        qb, src_b = (qa, src_a) if b == a else operand(b, op.location)
         sa, sb = scales[src_a], scales[src_b]
         out = _elem(op.result)
         with ir.InsertionPoint(op), op.location:
