@@ -283,7 +283,7 @@ def jit_rows() -> list[Row]:
     # The same kernel launched by a bare cuLaunchKernel loop with prebuilt parameters.
     from kf.runtime import cuda as kf_cuda
 
-    program = next(iter(f._fast.values()))
+    program = next(iter(f._fast.values()))._launch  # the CudaProgram behind the CompiledProgram
     kernel = program.kernels[0][0]
     bound = kernel._bound[x.get_device()]
     stream = kernel._stream(torch.cuda.current_stream().cuda_stream)

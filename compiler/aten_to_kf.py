@@ -460,6 +460,33 @@ def _matmul(c, node, args, kwargs):
     return out
 
 
+@handles("aten._scaled_mm.default")
+def _scaled_mm(c, node, args, kwargs):
+    """torch._scaled_mm, torch's fp8 GEMM: ``(a @ b) * scale_a * scale_b (+ bias)`` with the
+    products of the fp8 (or 16-bit) operands accumulated in f32 and one rounding to
+    out_dtype. The matmul keeps its narrow operands (the CUDA strategy issues fp8
+    mma.sync on them; other targets widen them as they load) and an f32 result."""
+    from kf.dialects.types import TensorSpec
+
+    names = ("self", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
+    p = dict(zip(names, args))
+    p.update(kwargs)
+    a, b = p["self"], p["mat2"]
+    if p.get("scale_result") is not None:
+        raise Unsupported("torch._scaled_mm with scale_result (an fp8 output) is not supported by kf",
+                          cause="give out_dtype=torch.bfloat16 or torch.float32")
+    if _elem_of(a) != _elem_of(b):
+        raise Unsupported(f"torch._scaled_mm of {_elem_of(a)} by {_elem_of(b)}: kf needs both operands of one type",
+                          cause="mixed e4m3 x e5m2 products are not supported yet")
+    shape = _shape(a)[:-1] + _shape(b)[-1:]
+    out = kb.build("matmul", [a, b], None, [TensorSpec(tuple(shape), "f32")]).result
+    for s in (p["scale_a"], p["scale_b"]):
+        out = kb.mul(out, c.tensor(s, "f32"))
+    if p.get("bias") is not None:
+        out = kb.add(out, c.tensor(p["bias"], "f32"))
+    return c.tensor(out, c.out_elem(node))
+
+
 @handles("aten.linear.default")
 def _linear(c, node, args, kwargs):
     x, w = args[0], args[1]

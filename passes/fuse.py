@@ -10,7 +10,8 @@ Kinds, in the order they are recognized:
 - ``rowwise``: elementwise ops and reductions (sum, mean, max, min, var, softmax,
   log_softmax) over the same trailing dimensions of one row space: layer norm, softmax,
   RMSNorm. Elementwise ops join when their shape is the row shape or a reduced one.
-- ``matmul``: a matmul with the elementwise ops that consume its result (bias, GELU).
+- ``matmul``: a matmul with the elementwise ops that consume its result (bias, GELU)
+  and the transposes of its operands' last two dims (``a @ b.t()``).
 - ``elementwise``: a chain of elementwise ops over one shape.
 - ``generic``: any other op, one per kernel.
 
@@ -162,6 +163,24 @@ def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
     return chains
 
 
+def _operand_transposes(mm: ir.Operation) -> list[ir.Operation]:
+    """The kf.transpose ops that swap the last two dims of a matmul operand and feed only
+    it (``a @ b.t()``, ``torch._scaled_mm``'s column-major operand): they join the matmul's
+    kernel, which reads the untransposed tensor along its contiguous dim, instead of a
+    kernel of their own that would write the transpose out."""
+    out = []
+    for v in mm.operands:
+        t = _defining(v)
+        if t is None or t.name != "kf.transpose":
+            continue
+        perm = list(op_attrs(t)["perm"])
+        r = len(perm)
+        if r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2] and \
+                all(u.owner == mm for u in t.results[0].uses):
+            out.append(t)
+    return out
+
+
 def partition(ops: list[ir.Operation]) -> _Partition:
     """Group the kernel ops of one function (no fills, constants or calls)."""
     part = _Partition(ops)
@@ -170,6 +189,13 @@ def partition(ops: list[ir.Operation]) -> _Partition:
         if any(i in part.group_of for i in idx):
             continue
         part.new("attention", idx)
+
+    for i, op in enumerate(ops):
+        if op.name == "kf.matmul" and i not in part.group_of:
+            operands = [part.index[t] for t in _operand_transposes(op) if part.index.get(t) is not None
+                        and part.index[t] not in part.group_of]
+            if operands:
+                part.new("matmul", [i, *operands], shape=spec_of(op.results[0].type).shape)
 
     for i, op in enumerate(ops):
         if i in part.group_of:

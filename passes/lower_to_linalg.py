@@ -424,6 +424,12 @@ def _matmul(op, args, attrs, out):
     a, b = args
     sa, sb, so = _shape(a), _shape(b), out[0].shape
     acc_elem = compute_elem(out[0].elem)
+    # fp8 operands (torch._scaled_mm, precision="fp8") are widened to the accumulator
+    # type first: the CPU has no fp8 arithmetic, and linalg's contraction lowering takes
+    # no fp8 extension in its body. That costs one f32 copy of each operand.
+    a, b = (map_elements([v], _shape(v), acc_elem, lambda x: _widen(x[0]))
+            if ir.RankedTensorType(v.type).element_type != _type(acc_elem) and
+            str(ir.RankedTensorType(v.type).element_type).startswith("f8") else v for v in (a, b))
     acc = filled(so, acc_elem, 0)
     if len(sa) == 2 and len(sb) == 2:
         r = linalg.matmul(a, b, outs=[acc])

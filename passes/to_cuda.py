@@ -52,7 +52,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from mlir import ir
@@ -141,14 +141,32 @@ class ToCudaPass(KfPass):
             raise PassError("no gpu.module to compile: kf-to-cuda expects the output of kf's GPU mapping",
                             module.location)
         _check_kernel_signatures(module)
+        p = self
+        if not self.features and _uses_fp8_mma(module):
+            p = replace(self, features="+ptx84")  # mma.sync on e4m3/e5m2 is PTX ISA 8.4
         # The nested runs report through the context's diagnostics; an MLIRError here means
         # they were already emitted, which the outer pass turns into a pass failure.
-        PassManager.parse(self.lowering_pipeline(), context=module.context).run(module)
+        PassManager.parse(p.lowering_pipeline(), context=module.context).run(module)
         for gm in _gpu_modules(module):
             _extern_dynamic_shared(gm)
             if self.ftz:
                 _set_reflect_ftz(gm)
         PassManager.parse(self.serialize_pipeline(), context=module.context).run(module)
+
+
+def _uses_fp8_mma(module: ir.Operation) -> bool:
+    """Whether a kernel issues fp8 tensor-core instructions (inline PTX, see MmaSync)."""
+    found = []
+
+    def visit(op):
+        if op.name == "llvm.inline_asm" and any(
+                t in ir.StringAttr(op.attributes["asm_string"]).value for t in (".e4m3.", ".e5m2.")):
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return bool(found)
 
 
 def _extern_dynamic_shared(gpu_module: ir.Operation) -> None:

@@ -421,7 +421,10 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
         return
     total = rows * cols
     elem = ir.MemRefType(tile.type).element_type
-    zero = g.fconst(0.0, elem)
+    if str(elem) in FP8_PTX:  # fp8 tiles (tensor-core operands): rounded and zeroed through bytes
+        zero = arith.bitcast(elem, arith.constant(ir.IntegerType.get_signless(8), 0))
+    else:
+        zero = g.fconst(0.0, elem)
 
     def one(lin: ir.Value) -> None:
         if fast_is_col:
@@ -435,7 +438,7 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
 
         def value():
             pw.reset()
-            return [scalar_math.convert(read(gr, gc), elem)]
+            return [emit_to_storage(read(gr, gc), elem) if str(elem) in FP8_PTX else scalar_math.convert(read(gr, gc), elem)]
 
         val = g.guarded(cond, [elem], value, lambda: [zero])[0]
         memref.store(val, tile, [cc, rr] if transposed else [rr, cc])
@@ -447,6 +450,10 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
 #: with ptxas, and test_attention_matmul.py's CUDA tests run them with it on and off);
 #: the synchronous kernels did, on an H200.
 MMA_PREFETCH = False
+
+#: Whether tensor-core GEMM plans read their fragments with ldmatrix (and stage B as it
+#: lies in memory) rather than with one 32-bit shared load per register.
+MMA_LDMATRIX = True
 
 
 def staging_vector_bytes(target: TargetInfo) -> int:
@@ -494,9 +501,11 @@ class VectorStaging:
         src_elem = ir.MemRefType(direct.mem.type).element_type
         tile_t = ir.MemRefType(tile.type)
         dst_elem = tile_t.element_type
-        if str(src_elem) not in ("f32", "f16", "bf16") or (src_elem != dst_elem and str(dst_elem) != "f32"):
+        widths = {"f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1}
+        if str(src_elem) not in widths or (src_elem != dst_elem and str(dst_elem) != "f32") or \
+                (str(src_elem) in FP8_PTX and src_elem != dst_elem):  # fp8 widens through integers only
             return
-        self.width = {"f32": 4, "f16": 2, "bf16": 2}[str(src_elem)]
+        self.width = widths[str(src_elem)]
         vec = vector_bytes // self.width
         along = cols if direct.contiguous == 1 else rows
         total = rows * cols // max(vec, 1)
@@ -505,7 +514,7 @@ class VectorStaging:
             return
         self.ok, self.vec = True, vec
         self.src_t, self.dst_t = ir.VectorType.get([vec], src_elem), ir.VectorType.get([vec], dst_elem)
-        dst_width = 4 if str(dst_elem) == "f32" else 2
+        dst_width = widths[str(dst_elem)]
         lands_in_row = (direct.contiguous == 1) != transposed
         self.vector_store = lands_in_row and (tile_t.shape[-1] * dst_width) % 16 == 0 and vec * dst_width == 16
         # the tile coordinate (in store order) that a vector's elements walk
@@ -526,8 +535,13 @@ class VectorStaging:
         from mlir.dialects import vector
 
         g, d = self.g, self.direct
-        zero = arith.constant(self.src_t, ir.DenseElementsAttr.get_splat(
-            self.src_t, ir.FloatAttr.get(self.src_t.element_type, 0.0)))
+        if self.width == 1:  # fp8: zero bytes, bitcast (NVVM lowers no fp8 constants)
+            i8s = ir.VectorType.get([self.vec], ir.IntegerType.get_signless(8))
+            zero = arith.bitcast(self.src_t, arith.constant(i8s, ir.DenseElementsAttr.get_splat(
+                i8s, ir.IntegerAttr.get(ir.IntegerType.get_signless(8), 0))))
+        else:
+            zero = arith.constant(self.src_t, ir.DenseElementsAttr.get_splat(
+                self.src_t, ir.FloatAttr.get(self.src_t.element_type, 0.0)))
         out = []
         for rr, cc, in_tile in self.slots:
             gr = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr)
@@ -562,60 +576,85 @@ class VectorStaging:
             g.when(in_tile, write)
 
 
-class MmaSync:
-    """``mma.sync.aligned.m16n8k16.row.col`` on f16 or bf16 operands with f32
-    accumulators (CUDA, sm_80 and later), and the register packing it needs.
+#: PTX names of the fp8 element types, and the operand types kf's tensor cores take.
+FP8_PTX = {"f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
+MMA_ELEMS = ("f16", "bf16", *FP8_PTX)
 
-    Fragment layout (PTX ISA), for lane = 4 gid + tig: A (16x16) registers a0..a3 hold
-    (row gid | gid + 8, cols 2 tig, 2 tig + 1 | + 8) in the order (gid, lo), (gid + 8, lo),
-    (gid, hi), (gid + 8, hi); B (16x8) registers b0, b1 hold (k rows 2 tig, 2 tig + 1 |
-    + 8, col gid); the accumulator c0..c3 holds (row gid, cols 2 tig, 2 tig + 1) then
-    (row gid + 8, same cols). An operand register is two values: vector<2xf16> for f16,
-    and for bf16 an i32 (the NVVM op takes bf16 pairs as i32)."""
+
+class MmaSync:
+    """``mma.sync.aligned`` with f32 accumulators (CUDA) and the register packing it needs:
+    ``m16n8k16.row.col`` on f16 or bf16 operands (sm_80 and later) or ``m16n8k32.row.col``
+    on fp8 operands, e4m3 or e5m2 (sm_89 and later).
+
+    Fragment layout (PTX ISA), for lane = 4 gid + tig, with E the elements a register
+    holds (2 for 16-bit types, 4 for fp8) and K the instruction's k (16 or 32): A (16 x K)
+    registers a0..a3 hold (row gid | gid + 8, cols E tig .. E tig + E - 1 | + K/2) in the
+    order (gid, lo), (gid + 8, lo), (gid, hi), (gid + 8, hi); B (K x 8) registers b0, b1
+    hold (k rows E tig .. | + K/2, col gid); the accumulator c0..c3 holds (row gid, cols
+    2 tig, 2 tig + 1) then (row gid + 8, same cols) for every operand type. An operand
+    register is vector<2xf16> for f16 and an i32 otherwise.
+
+    MLIR 22's ``nvvm.mma.sync`` verifier refuses the fp8 types, so for them the
+    instruction is inline PTX (which needs PTX ISA 8.4: kf-to-cuda raises the version
+    when it finds one)."""
 
     def __init__(self, elem: str):
-        if elem not in ("f16", "bf16"):
-            raise NotApplicable(f"mma.sync takes f16 or bf16 operands, not {elem}")
+        if elem not in MMA_ELEMS:
+            raise NotApplicable(f"mma.sync takes f16, bf16 or fp8 (e4m3, e5m2) operands, not {elem}")
         self.elem = elem
         self.type = ir.Type.parse(elem)
-        self.pair = ir.VectorType.get([2], self.type)
+        self.fp8 = elem in FP8_PTX
+        self.per_register = 4 if self.fp8 else 2
+        self.esize = 1 if self.fp8 else 2  # bytes per element
+        self.k = 32 if self.fp8 else 16
+        self.group = ir.VectorType.get([self.per_register], self.type)
         self.i32 = ir.IntegerType.get_signless(32)
         self._struct = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
-        self._shape = ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 16>")
-        self._row, self._col = ir.Attribute.parse("#nvvm.mma_layout<row>"), ir.Attribute.parse("#nvvm.mma_layout<col>")
-        self._ptx = ir.Attribute.parse(f"#nvvm.mma_type<{elem}>")
+        if not self.fp8:
+            self._shape = ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 16>")
+            self._row, self._col = ir.Attribute.parse("#nvvm.mma_layout<row>"), ir.Attribute.parse("#nvvm.mma_layout<col>")
+            self._ptx = ir.Attribute.parse(f"#nvvm.mma_type<{elem}>")
 
-    def register(self, pair: ir.Value) -> ir.Value:
-        """A vector<2 x elem> as the operand register the op takes."""
+    @property
+    def pair(self) -> ir.Type:
+        """The vector type of one operand register's elements (two for 16-bit types)."""
+        return self.group
+
+    def register(self, group: ir.Value) -> ir.Value:
+        """A vector of one register's elements as the operand register the op takes."""
         if self.elem == "f16":
-            return pair
+            return group
         from mlir.dialects import vector
 
-        return vector.ExtractOp(vector.bitcast(ir.VectorType.get([1], self.i32), pair), [], [0]).result
+        return vector.ExtractOp(vector.bitcast(ir.VectorType.get([1], self.i32), group), [], [0]).result
 
     def pack(self, x: ir.Value, y: ir.Value) -> ir.Value:
-        """Two scalars (any float type: rounded to elem) as one operand register."""
+        """Two scalars (any float type: rounded to elem) as one operand register (16-bit types)."""
         from mlir.dialects import vector
 
-        return self.register(vector.from_elements(self.pair, [scalar_math.convert(x, self.type),
-                                                              scalar_math.convert(y, self.type)]))
+        if self.fp8:
+            raise NotApplicable("fp8 operand registers hold four values; pack() makes pairs")
+        return self.register(vector.from_elements(self.group, [scalar_math.convert(x, self.type),
+                                                               scalar_math.convert(y, self.type)]))
 
     def load_pair(self, mem: ir.Value, index: Sequence[ir.Value]) -> ir.Value:
-        """Two consecutive elements of a memref row as one operand register."""
+        """One register's consecutive elements of a memref row (2 or 4) as an operand register."""
         from mlir.dialects import vector
 
-        return self.register(vector.load(self.pair, mem, list(index)))
+        return self.register(vector.load(self.group, mem, list(index)))
 
     def tile_products(self, g: "GpuFunc", As: ir.Value, Bs: ir.Value, a_rows: Sequence[ir.Value],
                       b_cols: Sequence[ir.Value], tig2: ir.Value, bk: int, tms: int, tns: int,
                       acc: list[ir.Value]) -> list[ir.Value]:
-        """One K block of a warp's register tile: for each 16-wide k step, the A fragments
-        of ``a_rows`` (16-row groups of ``As``, [rows, k]) and the B fragments of ``b_cols``
-        (8-column groups of ``Bs``, stored [cols, k]) multiplied into the ``tms`` x ``tns``
-        accumulator quads of ``acc``; ``tig2`` is 2 * (lane % 4). Returns the new ``acc``."""
+        """One K block of a warp's register tile: for each k step of the instruction, the
+        A fragments of ``a_rows`` (16-row groups of ``As``, [rows, k]) and the B fragments
+        of ``b_cols`` (8-column groups of ``Bs``, stored [cols, k]) multiplied into the
+        ``tms`` x ``tns`` accumulator quads of ``acc``; ``tig2`` is 2 * (lane % 4).
+        Returns the new ``acc``."""
         acc = list(acc)
-        for t in range(bk // 16):
-            lo, hi = g.add(tig2, 16 * t), g.add(tig2, 16 * t + 8)
+        first = tig2 if self.per_register == 2 else g.add(tig2, tig2)
+        for t in range(bk // self.k):
+            lo, hi = g.add(first, self.k * t), g.add(first, self.k * t + self.k // 2)
             a = [[self.load_pair(As, [r, lo]), self.load_pair(As, [g.add(r, 8), lo]),
                   self.load_pair(As, [r, hi]), self.load_pair(As, [g.add(r, 8), hi])] for r in a_rows]
             b = [[self.load_pair(Bs, [c, lo]), self.load_pair(Bs, [c, hi])] for c in b_cols]
@@ -625,13 +664,82 @@ class MmaSync:
                     acc[q:q + 4] = self(a[i], b[j], acc[q:q + 4])
         return acc
 
+    # ----------------------------------------------------------------- ldmatrix
+    #
+    # ``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`` loads four 8x8 matrices of
+    # 16-bit elements (8 rows of 16 bytes; for fp8, 8 x 16 bytes) from workgroup memory in
+    # one instruction: lane L gives the address of row L % 8 of matrix L // 8 and receives
+    # one register of each, in exactly the A / B fragment layouts above (``.trans`` gives
+    # them from a tile stored the other way round, 16-bit types only). Four registers
+    # per instruction instead of one 32-bit ld.shared (or two 16-bit ones) per register.
+
+    def lane_terms(self, g: "GpuFunc", lane: ir.Value) -> dict:
+        """The lane-dependent offsets of ldmatrix addresses, computed once per kernel."""
+        k8 = 16 // self.esize  # elements in 16 bytes: a matrix row
+        row8, quad = g.rem(lane, 8), g.div(lane, 8)
+        return {"a_row": arith.addi(row8, g.mul(g.rem(quad, 2), 8)), "a_col": g.mul(g.div(quad, 2), k8),
+                "b_n": arith.addi(row8, g.mul(g.div(quad, 2), 8)), "b_k": g.mul(g.rem(quad, 2), k8),
+                "bt_k": arith.addi(row8, g.mul(g.rem(quad, 2), 8)), "bt_n": g.mul(g.div(quad, 2), 8)}
+
+    def ldmatrix(self, g: "GpuFunc", mem: ir.Value, row: ir.Value, col: ir.Value, trans: bool = False) -> list[ir.Value]:
+        """The four registers of ldmatrix.x4 with this lane's address at mem[row, col]."""
+        from mlir.dialects import llvm, nvvm
+
+        if trans and self.fp8:
+            raise NotApplicable("ldmatrix transposes 16-bit elements only")
+        mt = ir.MemRefType(mem.type)
+        i64 = ir.IntegerType.get_signless(64)
+        base = memref.extract_aligned_pointer_as_index(mem)
+        offset = arith.addi(g.mul(row, mt.shape[-1] * self.esize), g.mul(col, self.esize))
+        ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), arith.index_cast(i64, arith.addi(base, offset)))
+        struct = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+        layout = ir.Attribute.parse(f"#nvvm.mma_layout<{'col' if trans else 'row'}>")
+        r = nvvm.LdMatrixOp(struct, ptr, 4, layout, ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m = 8, n = 8>"),
+                            ir.Attribute.parse("#nvvm.ld_st_matrix_elt_type<b16>")).result
+        regs = [llvm.extractvalue(self.i32, r, [k]) for k in range(4)]
+        if self.elem == "f16":  # the NVVM op takes f16 operands as vector<2xf16>
+            regs = [llvm.bitcast(self.group, x) for x in regs]
+        return regs
+
+    def warp_tile_products(self, g: "GpuFunc", As: ir.Value, Bs: ir.Value, lt: dict, wm0: ir.Value, wn0: ir.Value,
+                           bk: int, tms: int, tns: int, acc: list[ir.Value], b_k_major: bool) -> list[ir.Value]:
+        """One K block of a warp's tms x tns register tile of mma tiles with ldmatrix
+        fragments: ``As`` is [rows, k]; ``Bs`` is [cols, k] or, with ``b_k_major``,
+        [k, cols] (read with .trans). ``wm0`` / ``wn0`` are the warp's first row and
+        column in the tile, ``lt`` what ``lane_terms`` gave. tns must be even."""
+        acc = list(acc)
+        for t in range(bk // self.k):
+            k0 = self.k * t
+            a = [self.ldmatrix(g, As, arith.addi(g.add(wm0, 16 * i), lt["a_row"]), g.add(lt["a_col"], k0))
+                 for i in range(tms)]
+            b = []
+            for j in range(0, tns, 2):
+                if b_k_major:
+                    r = self.ldmatrix(g, Bs, g.add(lt["bt_k"], k0), arith.addi(g.add(wn0, 8 * j), lt["bt_n"]), True)
+                else:
+                    r = self.ldmatrix(g, Bs, arith.addi(g.add(wn0, 8 * j), lt["b_n"]), g.add(lt["b_k"], k0))
+                b += [r[0:2], r[2:4]]
+            for i in range(tms):
+                for j in range(tns):
+                    q = 4 * (i * tns + j)
+                    acc[q:q + 4] = self(a[i], b[j], acc[q:q + 4])
+        return acc
+
     def __call__(self, a: Sequence[ir.Value], b: Sequence[ir.Value], c: Sequence[ir.Value]) -> list[ir.Value]:
         from mlir.dialects import llvm, nvvm
 
-        # The operand types are given: the Python builder, unlike the parser, does not
-        # infer them (and the verifier asserts on their absence).
-        r = nvvm.MmaOp(self._struct, self._shape, self._row, self._col, list(a), list(b), list(c),
-                       multiplicandAPtxType=self._ptx, multiplicandBPtxType=self._ptx).result
+        if self.fp8:
+            t = FP8_PTX[self.elem]
+            r = llvm.InlineAsmOp(
+                self._struct, [*a, *b, *c],
+                f"mma.sync.aligned.m16n8k32.row.col.f32.{t}.{t}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, "
+                "{$8, $9}, {$10, $11, $12, $13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3").res
+        else:
+            # The operand types are given: the Python builder, unlike the parser, does not
+            # infer them (and the verifier asserts on their absence).
+            r = nvvm.MmaOp(self._struct, self._shape, self._row, self._col, list(a), list(b), list(c),
+                           multiplicandAPtxType=self._ptx, multiplicandBPtxType=self._ptx).result
         return [llvm.extractvalue(ir.F32Type.get(), r, [k]) for k in range(4)]
 
 
@@ -786,23 +894,34 @@ class MatmulStrategy(Strategy):
         steps per staged tile; A and B tiles in the input type, B n-major so that both
         operands' fragments are pairs of consecutive elements, rows padded by 8."""
         elem = spec_of(gm.mm.operands[0].type).elem
-        if target.name != "cuda" or elem not in ("f16", "bf16"):
+        if target.name != "cuda" or elem not in MMA_ELEMS:
             return None
+        if elem in FP8_PTX and _sm(target) < 89:
+            raise NotApplicable(f"fp8 tensor cores need sm_89 or later; the target is {target.chip}")
         batch = math.prod(gm.batch)
         big = -(-gm.m // 128) * -(-gm.n // 128) * batch >= 128
         warps_m, warps_n, tiles_m, tiles_n = (2, 4, 4, 4) if big else (2, 2, 2, 4)
-        bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 32
+        # K per staged tile: two mma k steps (32 for 16-bit types, 64 for fp8), rows padded
+        # by 16 bytes (80-byte rows: the fragment loads of a warp hit 32 distinct banks).
+        esize = 1 if elem in FP8_PTX else 2
+        bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 64 // esize
         threads = 32 * warps_m * warps_n
-        shared = 2 * (bm + bn) * (bk + 8)
+        shared = esize * (bm + bn) * (bk + 16 // esize)
         if threads > target.max_threads or shared > target.max_shared_bytes:
             return None
         grid = [-(-gm.n // bn), -(-gm.m // bm), batch]
         if grid[2] > 65535 or grid[1] > 65535:
             return None
+        # B is staged as it lies in memory: k-major ([k, n], read with ldmatrix.trans) when
+        # its rows run along n, else n-major ([n, k]); fp8 has no transposing ldmatrix.
+        b_k_major = gm.b_n_contiguous and elem not in FP8_PTX and MMA_LDMATRIX
+        if b_k_major:
+            shared = esize * (bm * (bk + 16 // esize) + bk * (bn + 8))
         return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
                 "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": threads, "grid": grid,
                 "shared_bytes": shared, "m": gm.m, "n": gm.n, "k": gm.k, "batch": list(gm.batch), "mma": True,
-                "vector_bytes": staging_vector_bytes(target), "prefetch": MMA_PREFETCH}
+                "vector_bytes": staging_vector_bytes(target), "prefetch": MMA_PREFETCH,
+                "ldmatrix": MMA_LDMATRIX, "b_k_major": b_k_major}
 
     def _emit_mma(self, view: KernelView, gm: _Gemm, kernel: ir.Operation, plan: dict,
                   gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
@@ -814,9 +933,12 @@ class MatmulStrategy(Strategy):
         wn, tms, tns = plan["warps_n"], plan["mma_tiles_m"], plan["mma_tiles_n"]
         M, N, K = gm.m, gm.n, gm.k
         tc = MmaSync(spec_of(gm.mm.operands[0].type).elem)
+        b_k_major, use_ldm = plan.get("b_k_major", False), plan.get("ldmatrix", False)
+        pad = 16 // tc.esize  # 16 bytes a row: ldmatrix's and the fragment loads' rows hit distinct banks
         with kernel.location:
             g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
-                        [workgroup_memref([bm, bk + 8], tc.type), workgroup_memref([bn, bk + 8], tc.type)],
+                        [workgroup_memref([bm, bk + pad], tc.type),
+                         workgroup_memref([bk, bn + pad] if b_k_major else [bn, bk + pad], tc.type)],
                         (threads, 1, 1))
             As, Bs = g.shared
             n_in = len(view.args)
@@ -841,7 +963,8 @@ class MatmulStrategy(Strategy):
                 b_direct = direct_source(view, g.args[:n_in], b_val, b_lead, False)
                 vb = plan.get("vector_bytes", 0)
                 a_stage = VectorStaging(g, tid, threads, As, bm, bk, M, K, False, a_direct, vb)
-                b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, K, N, True, b_direct, vb)
+                b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, K, N, not b_k_major, b_direct, vb)
+                lt = tc.lane_terms(g, lane) if use_ldm else None
                 # Register prefetch: the next K step's tiles are loaded before this step's
                 # products (their latency hides behind the tensor cores).
                 prefetch = plan.get("prefetch", False) and a_stage.ok and b_stage.ok
@@ -858,14 +981,17 @@ class MatmulStrategy(Strategy):
                         stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
                                    lambda r, c: pw.eval(a_val, a_lead + [r, c]), direct=a_direct, vector_bytes=vb)
                         stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
-                                   lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=True, direct=b_direct,
-                                   vector_bytes=vb)
+                                   lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=not b_k_major,
+                                   direct=b_direct, vector_bytes=vb)
                     gpu.barrier()
                     upcoming = []
                     if prefetch:
                         k1 = g.add(k0, bk)
                         upcoming = a_stage.load(m0, k1, True) + b_stage.load(k1, n0, True)
-                    acc = tc.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
+                    if use_ldm:
+                        acc = tc.warp_tile_products(g, As, Bs, lt, wm0, wn0, bk, tms, tns, acc, b_k_major)
+                    else:
+                        acc = tc.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
                     return acc + upcoming
 
                 acc = g.loop(0, K, bk, [zero] * n_acc + first, k_step)[:n_acc]
@@ -889,7 +1015,8 @@ class MatmulStrategy(Strategy):
                                 g.when(g.all_of(conds), store)
             g.finish()
         return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
-                             {"strategy": "matmul", "tensor_cores": "mma.sync.m16n8k16",
+                             {"strategy": "matmul", "tensor_cores": f"mma.sync.m16n8k{tc.k}" + (
+                                 f".{FP8_PTX[tc.elem]}" if tc.fp8 else ""),
                               "workgroup_bytes": plan["shared_bytes"], "tile": [bm, bn, bk]})
 
     @staticmethod
@@ -969,6 +1096,12 @@ class MatmulStrategy(Strategy):
         return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
                              {"strategy": "matmul", "workgroup_bytes": plan["shared_bytes"],
                               "tile": [bm, bn, bk], "thread_tile": [tm, tn]})
+
+
+def _sm(target: TargetInfo) -> int:
+    """The compute capability of a CUDA target as a number (sm_90 -> 90)."""
+    digits = "".join(ch for ch in target.chip if ch.isdigit())
+    return int(digits) if digits else 0
 
 
 def _pow2_ceil(x: int) -> int:

@@ -175,7 +175,8 @@ func.func @mlp(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>, %b: tensor<129xf3
 // -----
 
 // The same layer in f16 on CUDA takes the tensor cores: A and B tiles in f16 (B
-// n-major), mma.sync m16n8k16 from fragments of both, bias and GELU on the f32
+// n-major, as the transposed weight lies in memory), mma.sync m16n8k16 from fragments
+// that ldmatrix reads of both, bias and GELU on the f32
 // accumulators; SPIR-V keeps the SIMT GEMM.
 // CHECK-LABEL: func.func private @mlp16_k0_matmul
 // CUDA: gpu.func @mlp16_k0_matmul
@@ -186,8 +187,10 @@ func.func @mlp(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>, %b: tensor<129xf3
 // CUDA: memref.store {{.*}}, %[[A]]
 // CUDA: memref.store {{.*}}, %[[B]]
 // CUDA: gpu.barrier
-// CUDA: vector.load %[[A]]
-// CUDA: vector.load %[[B]]
+// CUDA: memref.extract_aligned_pointer_as_index %[[A]]
+// CUDA: nvvm.ldmatrix {{.*}}layout = #nvvm.mma_layout<row>, num = 4
+// CUDA: memref.extract_aligned_pointer_as_index %[[B]]
+// CUDA: nvvm.ldmatrix {{.*}}layout = #nvvm.mma_layout<row>, num = 4
 // CUDA: nvvm.mma.sync
 // CUDA: scf.yield
 // CUDA: math.erf

@@ -630,6 +630,18 @@ def check_fp8(got, want):
     assert not bad.any(), (got.float()[bad][:8], want.float()[bad][:8], g[bad][:8], w[bad][:8])
 
 
+def saturating_fp8(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """torch's conversion to fp8, with e4m3fn saturating past its largest finite value
+    as torch 2.13 does (and kf, and the hardware's satfinite conversion); torch 2.11's
+    c10 encoder gives NaN there instead."""
+    want = a.to(dtype)
+    if dtype != torch.float8_e4m3fn:
+        return want
+    fmax = torch.finfo(dtype).max
+    past = (a.isinf() | (a.abs() >= 464)) & ~a.isnan()
+    return torch.where(past, torch.sign(a) * fmax, want.float()).to(dtype)
+
+
 def _skip_spirv(run):
     if run is run_vulkan:
         pytest.skip("kf-to-spirv stores no fp8 (no Vulkan storage type for it)")
@@ -644,7 +656,7 @@ def test_fp8_rounds_like_torch(run, dtype):
                              tiny, tiny / 3, tiny / 8, tiny / 16, -tiny / 7, 1.0625, 1.1875, 3.0e-3, 1e-9])
     a = torch.cat([torch.randn(1000) * 4, torch.randn(500) * tiny * 4, specials, -specials])
     (got,) = run(lambda x: kb.cast(x, ELEM[dtype]), a)
-    check_fp8(got, a.to(dtype))
+    check_fp8(got, saturating_fp8(a, dtype))
 
 
 @pytest.mark.parametrize("dtype", FP8, ids=str)
@@ -657,7 +669,7 @@ def test_fp8_rounding_inside_a_chain(run, dtype):
     a = torch.cat([torch.randn(2000) * 4, torch.randn(1000) * tiny * 4, torch.linspace(fmax * 0.9, fmax * 1.2, 999),
                    specials, -specials])
     (got,) = run(lambda x: kb.cast(kb.cast(x, ELEM[dtype]), "f32"), a)
-    torch.testing.assert_close(got, a.to(dtype).float(), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got, saturating_fp8(a, dtype).float(), rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", FP8, ids=str)

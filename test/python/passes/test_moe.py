@@ -75,10 +75,9 @@ def test_schedule_has_grouped_kernels(top_k):
     stages = kf.inspect(moe.moe_layer_fused.with_options(target="vulkan"), x, gate, [w_in, w_out],
                         top_k=top_k).stages
     kinds = _kernel_kinds(stages["fused"])
-    # The gate's matmul, topk, softmax, then the grouped MoE; nothing per expert.
-    assert kinds[-4:] == ["moe_route", "moe_gemm", "moe_gemm", "moe_combine"], kinds
-    assert kinds.count("matmul") == 1, kinds
-    assert len(kinds) == 8, kinds
+    # The gate's matmul (reading the gate weights transposed in place), topk, softmax,
+    # then the grouped MoE; nothing per expert.
+    assert kinds == ["matmul", "generic", "rowwise", "moe_route", "moe_gemm", "moe_gemm", "moe_combine"], kinds
     strategies = re.findall(r'kf\.strategy = "(\w+)"', stages["gpu"])
     assert sorted(s for s in strategies if s.startswith("moe")) == ["moe_combine", "moe_gemm", "moe_gemm",
                                                                    "moe_route"]
