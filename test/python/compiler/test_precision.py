@@ -261,3 +261,11 @@ def test_cuda_bf16_precision_takes_tensor_cores():
     assert "mma.sync" not in kf.inspect(f, a, b).ptx
     ptx = kf.inspect(f.with_options(precision="bf16"), a, b).ptx
     assert "mma.sync" in ptx and ".bf16" in ptx
+
+
+def test_cuda_fp8_precision_takes_fp8_tensor_cores():
+    """On CUDA the quantized operands are fp8 tensors, multiplied by e4m3 mma.sync."""
+    a, b = torch.randn(64, 128), torch.randn(128, 32)
+    info = kf.inspect(matmul.with_options(target="cuda", precision="fp8"), a, b)
+    assert "tensor<64x128xf8E4M3FN>" in info.kf_ir
+    assert "mma.sync" in info.ptx and "e4m3" in info.ptx
