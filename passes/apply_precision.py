@@ -36,7 +36,8 @@ a case in test/passes/kf-apply-precision.mlir):
   the matmul's original result type when that is not f32. Both operands use E4M3FN (more
   mantissa; E5M2's range is for gradients, and delayed scaling -- amax histories kept
   across calls -- needs state outside one function). The clamp makes the cast's
-  behaviour past 448 irrelevant (kf's encoders saturate there, and so does torch 2.13).
+  behaviour past 448 irrelevant (kf's encoders and torch 2.13 saturate there; torch 2.11,
+  which the interpreter runs on the GPU machine, gives NaN).
   The 1e-12 floor keeps an all-zero operand finite (s at most 4.5e14, s_a * s_b at most
   2e29). Operands that are already 8-bit are left as they are (scale 1).
 
