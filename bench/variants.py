@@ -1,13 +1,14 @@
-"""kf's tensor-core GEMM plan variants on the GPU machine: each variant compiled fresh,
-checked against torch (fresh random inputs, sizes off the tile grid too) and timed
-beside cuBLAS and torch._scaled_mm in one process.
+"""kf's tensor-core plan variants on the GPU machine, GEMM and attention: each variant
+compiled fresh, checked against torch (fresh random inputs, sizes off the tile grid
+too) and timed beside cuBLAS / torch._scaled_mm / SDPA in one process.
 
-    source .device/prelude.sh && python3 bench/gemm_variants.py --out $OUT/gemm_variants.json
+    source .device/prelude.sh && python3 bench/variants.py --out $OUT/variants.json [--only gemm|attention]
 
 Variants are module switches of passes/strategies/matmul.py (MMA_LDMATRIX: fragments
 by ldmatrix with B staged as it lies in memory; MMA_PREFETCH: the next K tile loaded
-into registers before this one's products). Each variant gets its own cache folder, as
-the switches are not part of the cache key.
+into registers before this one's products) and, for attention with a causal mask,
+AttentionStrategy.SKIP_MASKED_BLOCKS. Each variant gets its own cache folder, as the
+switches are not part of the cache key.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import median_ms, rel_err, rotated  # noqa: E402
 
 import kf  # noqa: E402
+from kf.passes.strategies import attention as at  # noqa: E402
 from kf.passes.strategies import matmul as mm  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from seed_examples import fused_attention  # noqa: E402
 
 
 def nn(a, b):
@@ -56,14 +61,9 @@ def inputs(kind: str, m: int, n: int, k: int):
 FNS = {"nn": nn, "nt": nt, "fp8": scaled}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="")
-    ap.add_argument("--size", type=int, default=8192)
-    args = ap.parse_args()
-    torch.manual_seed(int(time.time()))
+def gemm_rows(size: int, save) -> list[dict]:
     rows = []
-    s = args.size
+    s = size
     for kind in ("nn", "nt", "fp8"):
         make = inputs(kind, s, s, s)
         ins = rotated(make)
@@ -101,8 +101,82 @@ def main() -> int:
                 row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             rows.append(row)
             print(row, flush=True)
-            if args.out:
-                Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows}, indent=1))
+            save(rows)
+    return rows
+
+
+def attention_rows(save, rows: list[dict]) -> list[dict]:
+    """The seed's attention, unmasked and with a causal mask tensor (and one with a fully
+    masked query row, the case that makes the skipping kernel rerun a block)."""
+    import torch.nn.functional as F
+
+    bf = torch.bfloat16
+
+    def sdpa(q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=mask is not None)
+
+    for (b, h, s, d, masked) in ((4, 32, 2048, 128, False), (4, 32, 2048, 64, False), (4, 32, 2048, 128, True),
+                                 (2, 32, 4096, 128, True)):
+        def make():
+            t = [torch.randn(b, h, s, d, device="cuda", dtype=bf) for _ in range(3)]
+            return (*t, torch.tril(torch.ones(s, s, device="cuda", dtype=bf))) if masked else tuple(t)
+
+        ins = rotated(make)
+        name = f"attention {b}x{h}x{s}x{d}" + (" causal mask" if masked else "")
+        base = {"sdpa": median_ms(sdpa, ins), "eager": median_ms(fused_attention.fn, ins)}
+        flops = 4 * b * h * s * s * d / (2 if masked else 1)
+        rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
+        print(rows[-1], flush=True)
+        for ldm, pre, skip, nreg in ((False, False, False, 0), (True, False, False, 0), (True, False, False, 255),
+                                     (True, True, False, 0), (True, False, True, 0), (True, False, True, 255)):
+            if skip and not masked:
+                continue
+            mm.MMA_LDMATRIX, mm.MMA_PREFETCH, at.AttentionStrategy.SKIP_MASKED_BLOCKS = ldm, pre, skip
+            at.AttentionStrategy.MAX_REGISTERS = nreg
+            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
+            row = {"kind": name, "variant": f"ldmatrix={ldm} prefetch={pre} skip={skip} maxnreg={nreg}"}
+            f = fused_attention.with_options(target="cuda")
+            try:
+                x = make()
+                if masked:  # a fully masked query row too: uniform weights in torch
+                    x = (*x[:3], x[3].clone())
+                    x[3][7] = 0
+                ref = fused_attention.fn(*[t.double() for t in x])
+                row["rel_err"] = rel_err(f(*x), ref)
+                if row["rel_err"] < 2e-2:
+                    row["kf"] = median_ms(f, ins)
+                    row["kf/sdpa"] = base["sdpa"] / row["kf"]
+                    row["kf/eager"] = base["eager"] / row["kf"]
+                    row["TFLOP/s"] = flops / row["kf"] / 1e9
+                else:
+                    row["note"] = "wrong result: not timed"
+            except Exception as e:
+                row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            rows.append(row)
+            print(row, flush=True)
+            save(rows)
+    mm.MMA_LDMATRIX, mm.MMA_PREFETCH, at.AttentionStrategy.SKIP_MASKED_BLOCKS = True, False, True
+    at.AttentionStrategy.MAX_REGISTERS = 255
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="")
+    ap.add_argument("--size", type=int, default=8192)
+    ap.add_argument("--only", default="", help="gemm or attention")
+    args = ap.parse_args()
+    torch.manual_seed(int(time.time()))
+
+    def save(rows):
+        if args.out:
+            Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows}, indent=1))
+
+    rows: list[dict] = []
+    if args.only in ("", "gemm"):
+        rows = gemm_rows(args.size, save)
+    if args.only in ("", "attention"):
+        rows = attention_rows(save, rows)
     return 0
 
 

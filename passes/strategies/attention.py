@@ -64,8 +64,8 @@ from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
+from . import matmul as _matmul
 from .matmul import (
-    MMA_PREFETCH,
     GpuFunc,
     KernelView,
     MmaSync,
@@ -136,6 +136,13 @@ class _Chain:
         self.head_dim_v = vs.shape[-1]
         self.batch = self.out.shape[:-2]
         self.k_d_contiguous = not _contiguous_last(view, kt)  # k^T read through a transpose of k
+        # A mask applied last, with a fill far below any real score (the seed's
+        # masked_fill(mask == 0, -1e9)): key blocks where it masks every score add exactly
+        # nothing to rows that have a real score somewhere, so the kernel may skip them.
+        self.mask_cond, self.mask_fill = None, None
+        last = defining(sm.operands[0])
+        if last is not None and last.name == "kf.masked_fill" and op_attrs(last)["value"] <= -1e4:
+            self.mask_cond, self.mask_fill = last.operands[1], float(op_attrs(last)["value"])
 
 
 def _pow2_ceil(x: int) -> int:
@@ -148,6 +155,16 @@ def _shared_bytes(bm: int, bn: int, d: int, dv: int, tpr: int) -> int:
 
 class AttentionStrategy(Strategy):
     KIND = "attention"
+
+    #: Whether tensor-core plans skip key blocks that a mask masks entirely (see
+    #: ``_skipping_loop``).
+    SKIP_MASKED_BLOCKS = True
+
+    #: A register budget for the tensor-core kernel (``.maxnreg``), or 0 for ptxas's own
+    #: choice, which caps it at 168 for 128 threads (three workgroups an SM) and then
+    #: spills a few words at head_dim 128 with a mask; 255 gives it what it asks (about
+    #: 210, two workgroups an SM).
+    MAX_REGISTERS = 255
 
     #: per-thread f32 registers of scores plus accumulators that the plan allows: above
     #: this ptxas starts to spill at 128 threads (checked at head_dim 128).
@@ -224,7 +241,10 @@ class AttentionStrategy(Strategy):
         return {"block_m": bm, "block_n": bn, "threads": 32 * self.MMA_WARPS, "lanes_per_row": 4,
                 "grid": [-(-ch.seq_q // bm), batch, 1], "shared_bytes": shared, "seq_q": ch.seq_q,
                 "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "unroll": 1,
-                "mma": True, "vector_bytes": staging_vector_bytes(target), "prefetch": MMA_PREFETCH}
+                "mma": True, "vector_bytes": staging_vector_bytes(target), "prefetch": _matmul.MMA_PREFETCH,
+                "ldmatrix": _matmul.MMA_LDMATRIX and dv % 16 == 0,
+                "skip_masked_blocks": self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None,
+                "max_registers": self.MAX_REGISTERS}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = _Chain(kernel)
@@ -387,6 +407,9 @@ class AttentionStrategy(Strategy):
             g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
                         [workgroup_memref([bn, D + 8], et), workgroup_memref([bn, Dv + 8], et)], (threads, 1, 1))
             Ks, Vs = g.shared
+            if plan.get("max_registers"):
+                g.op.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
+                                                                     plan["max_registers"])
             n_in = len(view.args)
             out_mem = g.args[n_in]
             pw = Pointwise(g, view, g.args[:n_in])
@@ -401,6 +424,8 @@ class AttentionStrategy(Strategy):
                 batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
                 warp, lane = g.div(tid, 32), g.rem(tid, 32)
                 gid, tig2 = g.div(lane, 4), g.mul(g.rem(lane, 4), 2)
+                lt = tc.lane_terms(g, lane) if plan.get("ldmatrix") else None
+                pw.reciprocal_of_constants = True
                 r0 = arith.addi(g.mul(qblock, bm), arith.addi(g.mul(warp, 16), gid))
                 rows = [r0, g.add(r0, 8)]
 
@@ -437,6 +462,13 @@ class AttentionStrategy(Strategy):
                 n_pre = len(k_stage.slots) + len(v_stage.slots) if prefetch else 0
                 first = k_stage.load(0, 0, True) + v_stage.load(0, 0, True) if prefetch else []
 
+                log2e = g.fconst(math.log2(math.e))
+
+                def exp(x):
+                    # e^x as 2^(x log2 e): ex2.approx, one instruction (2 ulp), where
+                    # libdevice's expf takes about ten; -inf still gives 0.
+                    return mmath.exp2(arith.mulf(x, log2e))
+
                 def key_block(n0, carried):
                     m, l, o = carried[0:2], carried[2:4], carried[4:len(carried) - n_pre]
                     gpu.barrier()  # the previous block's fragment reads are done
@@ -455,7 +487,14 @@ class AttentionStrategy(Strategy):
                         n1 = g.add(n0, bn)
                         upcoming = k_stage.load(n1, 0, True) + v_stage.load(n1, 0, True)
                     s = []
-                    for j in range(bn // 8):
+                    if lt is not None:  # two 8-key tiles' K fragments per ldmatrix.x4
+                        s = [[zero] * 4 for _ in range(bn // 8)]
+                        for t in range(D // 16):
+                            for j in range(0, bn // 8, 2):
+                                r = tc.ldmatrix(g, Ks, g.add(lt["b_n"], 8 * j), g.add(lt["b_k"], 16 * t))
+                                s[j] = tc(q_frag[t], r[0:2], s[j])
+                                s[j + 1] = tc(q_frag[t], r[2:4], s[j + 1])
+                    for j in range(bn // 8 if lt is None else 0):
                         acc = [zero] * 4
                         key = g.add(gid, 8 * j)
                         for t in range(D // 16):
@@ -488,8 +527,8 @@ class AttentionStrategy(Strategy):
                                     mx = arith.maximumf(mx, x[j][k])
                         mx = arith.maximumf(m[h], quad_reduce(mx, arith.maximumf))
                         m_new.append(mx)
-                        alpha.append(mmath.exp(arith.subf(m[h], mx)))
-                    p = [[mmath.exp(arith.subf(x[j][k], m_new[k // 2])) for k in range(4)] for j in range(bn // 8)]
+                        alpha.append(exp(arith.subf(m[h], mx)))
+                    p = [[exp(arith.subf(x[j][k], m_new[k // 2])) for k in range(4)] for j in range(bn // 8)]
                     l_new = []
                     for h in range(2):
                         t_ = arith.mulf(l[h], alpha[h])
@@ -501,6 +540,12 @@ class AttentionStrategy(Strategy):
                     for kk in range(bn // 16):
                         a = [tc.pack(pe[2 * kk][0], pe[2 * kk][1]), tc.pack(pe[2 * kk][2], pe[2 * kk][3]),
                              tc.pack(pe[2 * kk + 1][0], pe[2 * kk + 1][1]), tc.pack(pe[2 * kk + 1][2], pe[2 * kk + 1][3])]
+                        if lt is not None:  # V is [key, d]: its B fragments by ldmatrix.trans, two d tiles each
+                            for n in range(0, n_o, 2):
+                                r = tc.ldmatrix(g, Vs, g.add(lt["bt_k"], 16 * kk), g.add(lt["bt_n"], 8 * n), True)
+                                o[4 * n:4 * n + 4] = tc(a, r[0:2], o[4 * n:4 * n + 4])
+                                o[4 * n + 4:4 * n + 8] = tc(a, r[2:4], o[4 * n + 4:4 * n + 8])
+                            continue
                         kr = g.add(tig2, 16 * kk)
                         for n in range(n_o):
                             col = g.add(gid, 8 * n)
@@ -509,7 +554,11 @@ class AttentionStrategy(Strategy):
                             o[4 * n:4 * n + 4] = tc(a, b, o[4 * n:4 * n + 4])
                     return m_new + l_new + o + upcoming
 
-                final = g.loop(0, Sk, bn, [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o) + first, key_block)
+                init = [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o)
+                if ch.mask_cond is not None and not prefetch and plan.get("skip_masked_blocks", False):
+                    final = self._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead)
+                else:
+                    final = g.loop(0, Sk, bn, init + first, key_block)
                 totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
                 o = final[4:4 + 4 * n_o]
                 for h in range(2):
@@ -524,6 +573,82 @@ class AttentionStrategy(Strategy):
         return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
                              {"strategy": "attention", "tensor_cores": "mma.sync.m16n8k16",
                               "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn})
+
+    @staticmethod
+    def _skipping_loop(g: GpuFunc, pw: Pointwise, ch: _Chain, key_block, init: list[ir.Value], rows: list[ir.Value],
+                       tig2: ir.Value, bm: int, bn: int, s_lead: list) -> list[ir.Value]:
+        """The key loop, skipping blocks that the mask masks entirely (a causal mask's
+        upper triangle: half the work), exactly.
+
+        Per key block every thread tests its own score positions of the mask and the
+        workgroup ORs them (``bar.red.or``); a block with no unmasked score is neither
+        staged nor computed. That is exact for every row with an unmasked score
+        somewhere, whose running max is then a real score and the skipped terms
+        exp(fill - max) are 0 in f32. A row masked everywhere is softmax over equal fills
+        in eager torch (uniform weights over all keys), so when one occurs in a block that
+        skipped anything, the block runs the loop again without skipping (the outer
+        two-pass loop; the second pass happens only then)."""
+        Sq, Sk = ch.seq_q, ch.seq_k
+        i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
+        true, false = arith.constant(i1, 1), arith.constant(i1, 0)
+        types = [v.type for v in init]
+
+        def block_or(pred: ir.Value) -> ir.Value:
+            from mlir.dialects import nvvm
+
+            r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse("#nvvm.reduction<or>"),
+                               reductionPredicate=arith.extui(i32, pred)).res
+            return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
+
+        def inner(allow: ir.Value):
+            def block(n0, carried):
+                state, skipped = carried[:-1], carried[-1]
+                live = false
+                for gi in rows:
+                    for j in range(bn // 8):
+                        for e in range(2):
+                            gj = arith.addi(n0, g.add(tig2, 8 * j + e))
+                            conds = [c for c in (g.lt(gi, Sq) if Sq % bm or Sq < bm else None,
+                                                 g.lt(gj, Sk) if Sk % bn else None) if c is not None]
+
+                            def masked(gi=gi, gj=gj):
+                                pw.reset()
+                                # the condition at its own (broadcast) index, e.g. a [seq, seq] mask
+                                c = pw.eval(ch.mask_cond, pw.operand_index(
+                                    spec_of(ch.mask_cond.type).shape, s_lead + [gi, gj], ch.scores.rank))
+                                pw.reset()
+                                return [c]
+
+                            m = g.guarded(g.all_of(conds), [i1], masked, lambda: [true])[0]
+                            live = arith.ori(live, arith.xori(m, true))
+                go = arith.ori(block_or(live), arith.xori(allow, true))
+                out = g.guarded(go, types, lambda: key_block(n0, state), lambda: state)
+                return out + [arith.ori(skipped, arith.xori(go, true))]
+
+            return block
+
+        fill_half = g.fconst(ch.mask_fill / 2)
+
+        def attempt(p, carried):
+            done = carried[0]
+
+            def run():
+                allow = arith.cmpi(arith.CmpIPredicate.eq, p, g.c(0))
+                out = g.loop(0, Sk, bn, init + [false], inner(allow))
+                state, skipped = out[:-1], out[-1]
+                # a row that saw masked scores only has the fill as its max
+                full = false
+                for h, gi in enumerate(rows):
+                    only_masked = arith.cmpf(arith.CmpFPredicate.OLE, state[h], fill_half)
+                    if Sq % bm or Sq < bm:
+                        only_masked = arith.andi(only_masked, g.lt(gi, Sq))
+                    full = arith.ori(full, only_masked)
+                redo = arith.andi(block_or(full), skipped)
+                return [arith.xori(redo, true)] + state
+
+            return g.guarded(done, [i1] + types, lambda: list(carried), run)
+
+        return g.loop(0, 2, 1, [false] + init, attempt)[1:]
 
 
 register(AttentionStrategy())

@@ -284,6 +284,9 @@ class Pointwise:
         self.memrefs = memrefs  # gpu.func arguments, one per kernel argument
         self.bound: dict = {}
         self.memo: dict = {}
+        #: Divide by a constant as a multiply by its reciprocal (one f32 rounding more,
+        #: no division: attention's ``scores / sqrt(d)`` per score element).
+        self.reciprocal_of_constants = False
 
     def bind(self, v: ir.Value, scalar: ir.Value) -> None:
         self.bound[v] = scalar
@@ -351,10 +354,22 @@ class Pointwise:
             if len(types) > 1:
                 wide = ir.F64Type.get() if "f64" in types else ir.F32Type.get()
                 args = args[:first] + [scalar_math.convert(a, wide) for a in args[first:]]
+        if name == "div" and self.reciprocal_of_constants:
+            c = _float_constant(args[1])
+            if c:
+                return arith.mulf(args[0], self.g.fconst(1.0 / c, args[1].type))
         try:
             return scalar_math.emit(name, args, attrs)
         except ValueError as e:
             raise NotApplicable(str(e)) from None
+
+
+def _float_constant(v: ir.Value) -> float | None:
+    """The value of an arith.constant float scalar, else None."""
+    op = defining(v)
+    if op is None or op.name != "arith.constant" or not isinstance(v.type, (ir.F32Type, ir.F64Type)):
+        return None
+    return ir.FloatAttr(op.attributes["value"]).value
 
 
 #: Passes of a tile copy written out in straight-line code rather than an scf.for: unrolled,

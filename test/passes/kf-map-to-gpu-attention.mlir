@@ -71,9 +71,18 @@
 // Tensor cores. Q's A fragments read once into registers:
 // CUDA: memref.load %arg0
 // CUDA: vector.from_elements {{.*}} : vector<2xf16>
-// The key-block loop carries two running maxima and sums (rows gid, gid + 8) and the
-// output fragments (8 tiles of 8 columns x 4 values):
-// CUDA: scf.for {{.*}} = %c0 to %c257 step %c64 iter_args({{.*}}) -> ({{(f32, ){35}f32}})
+// The mask is applied last with a fill of -1e9, so key blocks it masks entirely are
+// skipped: an outer loop of at most two passes (the second only when a query row turns
+// out masked everywhere) around the key-block loop, which carries two running maxima
+// and sums (rows gid, gid + 8), the output fragments (8 tiles of 8 columns x 4 values)
+// and whether it skipped a block. Each thread tests its scores' mask entries, the
+// workgroup ORs them:
+// CUDA: scf.for {{.*}} = %c0 to %c2 step %c1 iter_args({{.*}}) -> (i1, {{(f32, ){35}f32}})
+// CUDA: scf.for {{.*}} = %c0 to %c257 step %c64 iter_args({{.*}}) -> ({{(f32, ){36}i1}})
+// CUDA: memref.load %arg3
+// CUDA: arith.cmpf oeq
+// CUDA: nvvm.barrier #nvvm.reduction<or>
+// CUDA: scf.if {{.*}} -> ({{(f32, ){35}f32}})
 // CUDA-NEXT: gpu.barrier
 // K and V are arguments read as they are: 128-bit loads and stores, tails guarded per vector
 // (plans with prefetch = true load the next block's before this block's products):
@@ -82,21 +91,28 @@
 // CUDA: vector.load %arg2[{{.*}}] {alignment = 16 : i64} : memref<2x8x257x64xf16>, vector<8xf16>
 // CUDA: vector.store {{.*}}, %[[V]]
 // CUDA: gpu.barrier
-// S = Q K^T from K's B fragments:
-// CUDA: vector.load %[[K]]
+// S = Q K^T from K's B fragments, two 8-key tiles per ldmatrix:
+// CUDA: memref.extract_aligned_pointer_as_index %[[K]]
+// CUDA: nvvm.ldmatrix {{.*}}layout = #nvvm.mma_layout<row>, num = 4
 // CUDA: nvvm.mma.sync A[{{.*}}] B[{{.*}}] C[{{.*}}] {layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, shape = #nvvm.shape<m = 16, n = 8, k = 16>} : (vector<2xf16>, vector<2xf16>, f32) -> !llvm.struct<(f32, f32, f32, f32)>
-// CUDA: arith.divf
+// The scale is a multiply by 1/8 (a constant's reciprocal), then the mask:
+// CUDA: arith.mulf {{.*}}, %cst
 // CUDA: memref.load %arg3
 // CUDA: arith.cmpf oeq
-// Row maxima over the quad of threads that holds a row:
+// Row maxima over the quad of threads that holds a row, exponentials as exp2:
 // CUDA: arith.maximumf
 // CUDA: gpu.shuffle  xor
-// CUDA: math.exp
-// P @ V with P straight from the S registers, rounded to f16:
+// CUDA: math.exp2
+// P @ V with P straight from the S registers, rounded to f16, V's fragments by
+// ldmatrix.trans (V is [key, d]):
 // CUDA: arith.truncf {{.*}} : f32 to f16
-// CUDA: memref.load %[[V]]
+// CUDA: memref.extract_aligned_pointer_as_index %[[V]]
+// CUDA: nvvm.ldmatrix {{.*}}layout = #nvvm.mma_layout<col>, num = 4
 // CUDA: nvvm.mma.sync
 // CUDA: scf.yield
+// A row masked everywhere sends the workgroup through the second pass:
+// CUDA: arith.cmpf ole
+// CUDA: nvvm.barrier #nvvm.reduction<or>
 // CUDA: gpu.shuffle  xor
 // CUDA: arith.divf
 // CUDA: arith.truncf {{.*}} : f32 to f16

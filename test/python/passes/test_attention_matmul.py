@@ -356,6 +356,18 @@ def test_attention_tensor_cores_ptxas(d, elem):
     assert "shfl.sync.bfly" in ptx  # row statistics over the quad
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
     assert r["shared_bytes"] == plan["shared_bytes"], r
+    # K and V fragments by ldmatrix (V transposed), masked blocks skipped by a workgroup OR
+    assert ("ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx) == (d % 16 == 0) == plan["ldmatrix"]
+    assert ".trans" in ptx if plan["ldmatrix"] else True
+    assert plan["skip_masked_blocks"] and "bar.red.or.pred" in ptx
+
+
+@needs_ptxas
+def test_unmasked_attention_has_no_block_skipping():
+    built = attention(2, 8, 257, 257, 64, "bf16")
+    plan, _ = built.emit(CUDA)
+    ptx, _ = cuda_report(built)
+    assert not plan["skip_masked_blocks"] and "bar.red" not in ptx
 
 
 def test_attention_tensor_cores_only_where_they_apply():
@@ -549,6 +561,41 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape, prefetch):
     want = attention_reference(k, q, v, mask)
     # The tensor-core kernel rounds P to the input type before P @ V, as FlashAttention does.
     tol = {"f32": 2e-5, "f16": 4e-3, "bf16": 3e-2}[elem]
+    torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+def causal_mask(shape, kind: str, gen) -> torch.Tensor:
+    """Masks whose blocks the tensor-core kernel skips: causal (the upper triangle),
+    causal with fully masked query rows (uniform weights in torch: the rerun path),
+    block-diagonal, and a random mask with whole zero column blocks."""
+    s = shape[-1]
+    m = torch.tril(torch.ones(s, s))
+    if kind == "causal_dead_rows":
+        m[3] = 0
+        m[s - 1] = 0
+    elif kind == "block_diagonal":
+        m = torch.block_diag(*[torch.ones(96, 96)] * (s // 96 + 1))[:s, :s]
+    elif kind == "random_dead_columns":
+        m = (torch.rand(s, s, generator=gen) > 0.2).float()
+        m[:, 64:256] = 0
+    return m.expand(shape).contiguous()
+
+
+@needs_cuda
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "noskip"])
+@pytest.mark.parametrize("kind", ["causal", "causal_dead_rows", "block_diagonal", "random_dead_columns"])
+@pytest.mark.parametrize("b,h,seq,d,elem,mask_shape", [
+    (1, 2, 1000, 64, "f16", (1000, 1000)), (2, 2, 513, 128, "bf16", (2, 1, 513, 513)), (1, 1, 300, 64, "bf16", (300, 300))])
+def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, kind, skip):
+    built = attention(b, h, seq, seq, d, elem, mask_shape)
+    plan, emitted = emit_with(built, CUDA, skip_masked_blocks=skip)
+    gen = torch.Generator().manual_seed(seq + d)
+    k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
+    mask = causal_mask(mask_shape, kind, gen)
+    out, ptx = cuda_run(built, plan, emitted, [k, q, v, mask], (b, h, seq, d), elem)
+    assert ("bar.red.or" in ptx) == skip
+    want = attention_reference(k, q, v, mask)
+    tol = {"f16": 4e-3, "bf16": 3e-2}[elem]
     torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
 
 
