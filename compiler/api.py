@@ -146,7 +146,9 @@ class KfFunction:
                 if program is not None:
                     return program(tensors)
                 sig, tensors = bind(self.fn, args, kwargs)
-                program = self._fast[key] = self.specialize(sig, tensors)
+                program = self.specialize(sig, tensors)
+                # the key matched shapes, dtypes and devices: the launcher need not again
+                self._fast[key] = getattr(program, "call_matched", program)
                 return program(tensors)
         sig, tensors = bind(self.fn, args, kwargs)
         return self.specialize(sig, tensors)(tensors)

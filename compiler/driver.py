@@ -71,6 +71,7 @@ class CompiledProgram:
         self.meta = meta
         self.directory = directory
         self._index_checks = meta.get("index_checks", [])
+        self._unchecked = getattr(launcher, "unchecked", None)
 
     def __call__(self, tensors: list):
         for check in self._index_checks:
@@ -81,6 +82,13 @@ class CompiledProgram:
 
             return unflatten(self._tree, launch(self, tensors))
         return unflatten(self._tree, list(self._launch(*tensors)))
+
+    def call_matched(self, tensors: list):
+        """As a call, for tensors that kf's dispatch key has matched to the program's
+        signature (shapes, dtypes, device, contiguity): the launcher skips re-checking."""
+        if self._index_checks or _PROFILE is not None or _torch_profiling() or self._unchecked is None:
+            return self(tensors)
+        return unflatten(self._tree, list(self._unchecked(*tensors)))
 
 
 #: The recording kf.profile, or None. Read on every launch, so it is a module global

@@ -89,15 +89,33 @@ class CudaProgram(_Program):
                 with open(os.path.join(directory, k.artifact), "rb") as f:
                     modules[k.artifact] = cuda.CudaModule(f.read().decode())
             self.kernels.append((cuda.CudaKernel.from_abi(k, buffers, modules[k.artifact], validate=False), k.args))
+        self._alloc = None  # (shape, dtype) of outputs and temporaries, made on first use
 
     def __call__(self, *inputs: torch.Tensor, events: list | None = None) -> tuple:
         """Launch the kernels; with ``events`` (the profiler's hook), each kernel is
         bracketed by CUDA events on the current stream and ``(entry, start, end)`` is
         appended: read ``start.elapsed_time(end)`` after synchronizing."""
-        ins = self._check(inputs, "cuda")
+        return self._run(self._check(inputs, "cuda"), events)
+
+    def unchecked(self, *inputs: torch.Tensor) -> tuple:
+        """As a call, for tensors whose shapes, dtypes and device the caller has already
+        matched to the program (kf's dispatch key holds them): only the layout (views
+        made contiguous and aligned, as a call does) is seen to."""
+        ins = list(inputs)
+        for i, t in enumerate(ins):
+            if not t.is_contiguous():
+                ins[i] = t.contiguous()
+            elif t.data_ptr() % ALIGNMENT:
+                ins[i] = t.clone()
+        return self._run(ins + self.constants, None)
+
+    def _run(self, ins: list, events: list | None) -> tuple:
         dev = ins[0].device if ins else torch.device("cuda")
-        outs = [torch.empty(a.shape, dtype=_dtype(a.elem), device=dev) for a in self.abi.outputs]
-        temps = [torch.empty(a.shape, dtype=_dtype(a.elem), device=dev) for a in self.abi.temporaries]
+        if self._alloc is None:
+            self._alloc = ([(tuple(a.shape), _dtype(a.elem)) for a in self.abi.outputs],
+                           [(tuple(a.shape), _dtype(a.elem)) for a in self.abi.temporaries])
+        outs = [torch.empty(shape, dtype=dt, device=dev) for shape, dt in self._alloc[0]]
+        temps = [torch.empty(shape, dtype=dt, device=dev) for shape, dt in self._alloc[1]]
         bufs = ins + outs + temps
         if events is None:
             for kernel, args in self.kernels:

@@ -58,6 +58,7 @@ from mlir.dialects import math as mmath
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .emit import compute_type, memref_type
 from .emit import to_storage as emit_to_storage
+from .emit import widen as emit_widen
 
 WORKGROUP = "#gpu.address_space<workgroup>"
 
@@ -305,6 +306,8 @@ class Pointwise:
         v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
         if spec.elem == "i1" and v.type != ir.IntegerType.get_signless(1):  # a boolean stored as a byte
             return arith.cmpi(arith.CmpIPredicate.ne, v, scalar_math.const(v.type, 0))
+        if spec.elem in FP8_PTX:  # NVVM lowers no fp8 extf: decode the byte (exact)
+            return emit_widen(v)
         return scalar_math.convert(v, compute_type(spec.elem))
 
     def eval(self, v: ir.Value, index: Sequence[ir.Value]) -> ir.Value:
