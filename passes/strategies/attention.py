@@ -44,11 +44,11 @@ the f32 SIMT kernel at 14 against 34. Checked against torch on the H200: sequenc
 tails (257, 513, 1000), [s, s], [b, 1, s, s] and boolean masks, head dims 64 and 128
 (the head-dim-80 and single-row CUDA cases in the tests came later and have not run there).
 
-Not done yet: a causal mask is evaluated like any other mask (key blocks above the
-diagonal are computed, then masked, not skipped); staging is synchronous (a register
-prefetch of the next K/V is written, ``MMA_PREFETCH``, and not yet run on a GPU; no
-cp.async or TMA pipeline), V's fragments are read as scalars (no ldmatrix) and Hopper's
-wgmma is not used.
+Since then: K and V fragments by ldmatrix (V with .trans), exp as exp2, the scale as a
+reciprocal multiply, and key blocks that a mask masks entirely skipped (``_skipping_loop``):
+4x32x2048x128 bf16 1.62 -> 1.30 ms, x64 0.83 -> 0.65 ms (bench/variants.py). Not done
+yet: staging is synchronous (a register prefetch of the next K/V exists, ``PREFETCH``,
+off by default; no cp.async or TMA pipeline) and Hopper's wgmma is not used.
 """
 
 from __future__ import annotations
@@ -156,15 +156,19 @@ def _shared_bytes(bm: int, bn: int, d: int, dv: int, tpr: int) -> int:
 class AttentionStrategy(Strategy):
     KIND = "attention"
 
+    #: Register prefetch of the next K/V block (H200, 4x32x2048: 1.26 ms with it, 1.30
+    #: without at head_dim 128, 0.667 and 0.648 at 64); off, as it also turns off block skipping.
+    PREFETCH = False
+
     #: Whether tensor-core plans skip key blocks that a mask masks entirely (see
     #: ``_skipping_loop``).
     SKIP_MASKED_BLOCKS = True
 
     #: A register budget for the tensor-core kernel (``.maxnreg``), or 0 for ptxas's own
     #: choice, which caps it at 168 for 128 threads (three workgroups an SM) and then
-    #: spills a few words at head_dim 128 with a mask; 255 gives it what it asks (about
-    #: 210, two workgroups an SM).
-    MAX_REGISTERS = 255
+    #: spills 20 to 44 bytes at head_dim 128 with a mask; 255 gives it what it asks (about
+    #: 210, two workgroups an SM) and was 10-20% slower on the H200 in every case measured.
+    MAX_REGISTERS = 0
 
     #: per-thread f32 registers of scores plus accumulators that the plan allows: above
     #: this ptxas starts to spill at 128 threads (checked at head_dim 128).
@@ -241,7 +245,7 @@ class AttentionStrategy(Strategy):
         return {"block_m": bm, "block_n": bn, "threads": 32 * self.MMA_WARPS, "lanes_per_row": 4,
                 "grid": [-(-ch.seq_q // bm), batch, 1], "shared_bytes": shared, "seq_q": ch.seq_q,
                 "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "unroll": 1,
-                "mma": True, "vector_bytes": staging_vector_bytes(target), "prefetch": _matmul.MMA_PREFETCH,
+                "mma": True, "vector_bytes": staging_vector_bytes(target), "prefetch": self.PREFETCH,
                 "ldmatrix": _matmul.MMA_LDMATRIX and dv % 16 == 0,
                 "skip_masked_blocks": self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None,
                 "max_registers": self.MAX_REGISTERS}

@@ -17,8 +17,9 @@ options these strategies read).
   E+1 offsets, and workgroups past the last tile return. The grid's y extent is the
   static bound ceil(N / BLOCK_M) + E + 1 on the number of such tiles. The K loop is the
   matmul strategy's: on CUDA with f16/bf16 its tensor-core loop (mma.sync m16n8k16,
-  f32 accumulators; register prefetch of the next tiles where the matmul's
-  MMA_PREFETCH switch is on), else its SIMT loop (f32
+  f32 accumulators, fragments by ldmatrix with the weights staged k-major as they lie;
+  register prefetch of the next tiles where the matmul's MMA_PREFETCH switch is on),
+  else its SIMT loop (f32
   accumulators in a THREAD_M x THREAD_N register tile); tiles go through workgroup
   memory, read with 128-bit loads on CUDA (``VectorStaging``). The B tile is read
   from the expert's slice of the stacked weights; for the first projection the A
@@ -255,12 +256,14 @@ class MoeGemmStrategy(Strategy):
         if target.name == "cuda" and elem in ("f16", "bf16"):
             warps_m, warps_n, tiles_m, tiles_n = (2, 4, 4, 4) if big else (2, 2, 2, 4)
             bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 32
-            shared = 2 * (bm + bn) * (bk + 8)
+            # with ldmatrix, B (the expert's [K, N] weights) is staged k-major as it lies
+            ldm = matmul_strategy.MMA_LDMATRIX
+            shared = 2 * (bm * (bk + 8) + (bk * (bn + 8) if ldm else bn * (bk + 8)))
             if 32 * warps_m * warps_n <= target.max_threads and shared <= target.max_shared_bytes:
                 return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
                         "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": 32 * warps_m * warps_n,
                         "grid": self._grid(n_rows, n_cols, bm, bn, info["experts"]), "shared_bytes": shared,
-                        "mma": True, "prefetch": matmul_strategy.MMA_PREFETCH, **common}
+                        "mma": True, "prefetch": matmul_strategy.MMA_PREFETCH, "ldmatrix": ldm, **common}
         bm, bn, tm, tn = (128, 128, 8, 8) if big else (64, 64, 4, 4)
         while (bm // tm) * (bn // tn) > target.max_threads:
             bm, bn = bm // 2, bn // 2
@@ -286,7 +289,9 @@ class MoeGemmStrategy(Strategy):
         if mma and target.name != "cuda":
             raise ValueError("the tensor-core moe_gemm plan is for CUDA")
         elem = ir.Type.parse(view.arg_specs[1].elem) if mma else ir.F32Type.get()
-        shared = ([workgroup_memref([bm, bk + 8], elem), workgroup_memref([bn, bk + 8], elem)] if mma
+        ldm = mma and bool(plan.get("ldmatrix"))
+        shared = ([workgroup_memref([bm, bk + 8], elem),
+                   workgroup_memref([bk, bn + 8] if ldm else [bn, bk + 8], elem)] if mma
                   else [workgroup_memref([bk, bm + 1]), workgroup_memref([bk, bn])])
         with kernel.location:
             g = GpuFunc(gpu_module, view.name, _arg_types(view, target), shared, (threads, 1, 1))
@@ -434,11 +439,13 @@ class _Tile:
         a_rows = [arith.addi(wm0, g.add(gid, 16 * i)) for i in range(tms)]
         b_cols = [arith.addi(wn0, g.add(gid, 8 * j)) for j in range(tns)]
         vb = p.get("vector_bytes", 0)
+        ldm = bool(p.get("ldmatrix"))  # fragments by ldmatrix, B k-major ([K, N] as the weights lie)
+        lt = tc.lane_terms(g, lane) if ldm else None
         b_direct = Direct(self.w_mem, [self.expert], False)
         a_stage = self.a_staging(As, bm, bk, False)
-        b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, self.K, self.N, True, b_direct, vb)
-        # Register prefetch follows the matmul strategy's switch (MMA_PREFETCH: off until
-        # run on a GPU); without it the gathered A rows are still staged with vectors.
+        b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, self.K, self.N, not ldm, b_direct, vb)
+        # Register prefetch follows the matmul strategy's switch (MMA_PREFETCH); without
+        # it the gathered A rows are still staged with vectors.
         prefetch = bool(p.get("prefetch")) and a_stage.ok and b_stage.ok
         n_acc, n_a = 4 * tms * tns, len(a_stage.slots) if prefetch else 0
         first = a_stage.load(self.m0, 0, True) + b_stage.load(0, self.n0, True) if prefetch else []
@@ -456,13 +463,16 @@ class _Tile:
                     stage_tile(g, _NoMemo(), tid, threads, As, bm, bk, True, self.m0, self.M, k0, self.K,
                                self.read_a)
                 stage_tile(g, _NoMemo(), tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
-                           transposed=True, direct=b_direct, vector_bytes=vb)
+                           transposed=not ldm, direct=b_direct, vector_bytes=vb)
             gpu.barrier()
             upcoming = []
             if prefetch:
                 k1 = g.add(k0, bk)
                 upcoming = a_stage.load(self.m0, k1, True) + b_stage.load(k1, self.n0, True)
-            acc = tc.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
+            if ldm:
+                acc = tc.warp_tile_products(g, As, Bs, lt, wm0, wn0, bk, tms, tns, acc, True)
+            else:
+                acc = tc.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
             return acc + upcoming
 
         acc = g.loop(0, self.K, bk, [g.fconst(0.0)] * n_acc + first, k_step)[:n_acc]
