@@ -589,6 +589,13 @@ def _next_pow2(n: int) -> int:
 class RowwiseStrategy(Strategy):
     KIND = "rowwise"
 
+    #: A cap on the vector lanes of row loops (0: none), for experiments.
+    MAX_LANES = 0
+
+    #: A cap on the threads that share a row (0: one thread per vector of the row, up to
+    #: the workgroup limit), for experiments (bench/variants.py --only rowwise).
+    MAX_ROW_THREADS = 0
+
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
         """Threads per row, vector lanes, which inputs' rows to cache in workgroup memory
         and how reductions combine across threads."""
@@ -607,7 +614,11 @@ class RowwiseStrategy(Strategy):
             lanes = 1 if "bf16" in row_elems else min(lanes, 4)
         if a.nred != 1:
             lanes = 1
+        if self.MAX_LANES:
+            lanes = min(lanes, self.MAX_LANES)
         threads = min(target.max_threads, max(target.subgroup_size, _next_pow2(-(-R // lanes))))
+        if self.MAX_ROW_THREADS:
+            threads = max(target.subgroup_size, min(threads, self.MAX_ROW_THREADS))
         reduction = "shuffle" if target.has_shuffle and target.name == "cuda" else "tree"
         scratch = 2 * (target.subgroup_size if reduction == "shuffle" else threads) * 4
         cached, budget = [], target.max_shared_bytes - scratch

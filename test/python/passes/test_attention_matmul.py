@@ -637,3 +637,28 @@ def test_attention_bool_mask_and_bias_cuda(elem):
     out, _ = cuda_run(built, plan, emitted, args, (2, 2, 100, 64), elem)
     tol = {"f32": 2e-5, "f16": 4e-3}[elem]
     torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["nn", "tn", "nt", "tt"])
+@pytest.mark.parametrize("m,k,n", [(64, 128, 128), (100, 64, 72)])
+def test_batched_matmul_transposed_operands_vector_staging_vulkan(ta, tb, m, k, n):
+    """matmul(a or a^T, b or b^T) over a batch with CUDA's 128-bit staging (f32 SIMT, as
+    kf-fuse now folds operand transposes into the matmul kernel): the shapes of the
+    GPT attention backward (dS^T @ Q and friends)."""
+    ashape = (4, k, m) if ta else (4, m, k)
+    bshape = (4, n, k) if tb else (4, k, n)
+
+    def body(a, b):
+        lhs = kb.transpose(a, perm=[0, 2, 1]) if ta else a
+        rhs = kb.transpose(b, perm=[0, 2, 1]) if tb else b
+        return [kb.matmul(lhs, rhs)]
+
+    built = Built("matmul", [TensorSpec(ashape, "f32"), TensorSpec(bshape, "f32")], body)
+    _, emitted = emit_with(built, SPIRV, vector_bytes=16)
+    gen = torch.Generator().manual_seed(m + k + n)
+    a, b = randn(ashape, "f32", gen), randn(bshape, "f32", gen)
+    out, _ = spirv_run(built, emitted, [a, b], (4, m, n), "f32")
+    want = (a.transpose(1, 2) if ta else a) @ (b.transpose(1, 2) if tb else b)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
