@@ -51,6 +51,7 @@ from kf.dialects.types import spec_of
 from kf.passes import scalar_math as sm
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
+from .emit import storage_type
 
 _ELEMENTWISE = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.max", "kf.min", "kf.neg", "kf.abs",
                 "kf.exp", "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid",
@@ -403,6 +404,8 @@ class _Emitter:
                 load = memref.LoadOp(t, [self._idx(c) for c in coords])
                 if node.arg in self.promote and self.col is not None and any(c and c[0] == "c" for c in coords):
                     load.operation.attributes[PROMOTE] = ir.UnitAttr.get()
+                if node.elem == "i1" and load.result.type != ir.IntegerType.get_signless(1):
+                    return arith.cmpi(arith.CmpIPredicate.ne, load.result, sm.const(load.result.type, 0))
                 return sm.convert(load.result, _compute_type(node.elem))
             if node.op in ("kf.fill", "kf.constant"):
                 if node.op == "kf.fill":
@@ -566,7 +569,7 @@ class _Emitter:
                 for i, o, coords in col_outs:
                     with o.loc:
                         v = self.value(o, coords)
-                        memref.store(sm.convert(v, ir.Type.parse(o.elem)), self.args[n_in + i],
+                        memref.store(_to_storage(v, self.args[n_in + i]), self.args[n_in + i],
                                      [self._idx(c) for c in coords])
                 scf.YieldOp([])
             self.col, self.loop_op = None, None
@@ -577,9 +580,18 @@ class _Emitter:
             with ir.InsertionPoint(iff.then_block):
                 for i, o, coords, v in vals:
                     with o.loc:
-                        memref.store(sm.convert(v, ir.Type.parse(o.elem)), self.args[n_in + i],
+                        memref.store(_to_storage(v, self.args[n_in + i]), self.args[n_in + i],
                                      [self._idx(c) for c in coords])
                 scf.YieldOp([])
+
+
+def _to_storage(v: ir.Value, mem: ir.Value) -> ir.Value:
+    """A computed value as the element type of the memref it is stored to (a boolean as a
+    0/1 byte where the target keeps booleans so)."""
+    elem = ir.MemRefType(mem.type).element_type
+    if isinstance(elem, ir.IntegerType) and ir.IntegerType(elem).width == 8:
+        return arith.extui(elem, sm.convert(v, ir.IntegerType.get_signless(1)))
+    return sm.convert(v, elem)
 
 
 def _next_pow2(n: int) -> int:
@@ -642,7 +654,10 @@ class RowwiseStrategy(Strategy):
         name = ir.StringAttr(kernel.attributes["sym_name"]).value
         T = plan["threads"]
         with kernel.location:
-            arg_types = [ir.MemRefType.get(list(n.shape), ir.Type.parse(n.elem)) for n in a.inputs + a.outputs]
+            # booleans are bytes on CUDA (torch's layout; a vector<N x i1> load would read
+            # N bits): loaded as != 0, stored zero-extended
+            arg_types = [ir.MemRefType.get(list(n.shape), storage_type(n.elem, target.name))
+                         for n in a.inputs + a.outputs]
             wg = ir.Attribute.parse("#gpu.address_space<workgroup>")
             ct = ir.F64Type.get() if any(n.elem == "f64" for n in a.inputs) else ir.F32Type.get()
             slots = target.subgroup_size if plan["reduction"] == "shuffle" else T

@@ -453,3 +453,69 @@ def test_per_row_values_without_keepdim():
                                                      b), kb.fill((1, 1), "f32", 1.0))],
                          [((4, 300), "f32"), ((4,), "f32")], [x, s])
     torch.testing.assert_close(y, ((x.amax(-1) - x.amin(-1)) * s + 1).view(1, 4))
+
+
+def _masked_softmax_backward(s, keep, g):
+    """The softmax backward of the GPT attention with its bool mask argument (kf-fuse makes
+    the mask == 0 compare a kernel of its own, so the rowwise kernel takes an i1 tensor)."""
+    p = kb.softmax(kb.masked_fill(s, keep, value=-1e9), dim=-1)
+    return [kb.mul(p, kb.sub(g, kb.sum(kb.mul(g, p), dims=[-1], keepdim=True)))]
+
+
+BOOL_SPECS = [((2, 3, 128, 128), "f32"), ((128, 128), "i1"), ((2, 3, 128, 128), "f32")]
+
+
+def test_bool_arguments_are_bytes_on_cuda():
+    """A regression: the rowwise kernel took i1 memrefs on CUDA, whose 16-lane vector loads
+    read 16 bits where torch.bool has 16 bytes (the GPT's attention gradients were off by
+    84% on the H200). Booleans are i8 on CUDA like in every other strategy; SPIR-V keeps
+    i1 (kf-to-spirv stores it as bytes itself)."""
+    for target, want in (("cuda", "memref<128x128xi8>"), ("spirv", "memref<128x128xi1>")):
+        ctx, module, kernel, gm = _kernel_of(_masked_softmax_backward, BOOL_SPECS)
+        with ctx, ir.Location.unknown():
+            t = TargetInfo.for_target(target)
+            s = RowwiseStrategy()
+            s.emit(kernel, s.plan(kernel, t), gm, t)
+            for p in ("kf-promote-shared", "kf-vectorize"):
+                registry.create(p).run(module.operation)
+            text = str(gm)
+        assert want in text.split("gpu.func @k(")[1].split(")")[0]
+        if target == "cuda":
+            assert "memref<128x128xi8>, vector<16xi8>" in text and "xi1>, vector<16xi1>" not in text
+
+
+def _bool_mask_inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    s, g = torch.randn(2, 3, 128, 128, generator=gen), torch.randn(2, 3, 128, 128, generator=gen)
+    keep = torch.tril(torch.ones(128, 128, dtype=torch.bool)).logical_not()  # True = masked
+    p = torch.softmax(s.masked_fill(keep, -1e9), -1)
+    return [s, keep, g], p * (g - (g * p).sum(-1, keepdim=True))
+
+
+def test_bool_argument_vulkan():
+    _needs_vulkan()
+    args, want = _bool_mask_inputs(3)
+    (out,), _ = _run_kernel(_masked_softmax_backward, BOOL_SPECS, args)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bool_argument_cuda():
+    _needs_cuda()
+    from kf.passes import to_cuda
+    from kf.runtime import cuda as kcuda
+
+    ctx, module, kernel, gm = _kernel_of(_masked_softmax_backward, BOOL_SPECS)
+    with ctx, ir.Location.unknown():
+        t = TargetInfo.for_target("cuda")
+        s = RowwiseStrategy()
+        emitted = s.emit(kernel, s.plan(kernel, t), gm, t)
+        for p in ("kf-promote-shared", "kf-vectorize"):
+            registry.create(p).run(module.operation)
+        text = "module attributes {gpu.container_module} {\n" + str(gm) + "\n}\n"
+    ptx = to_cuda.compile_to_ptx(text)["kf_kernels"]
+    args, want = _bool_mask_inputs(4)
+    out = torch.full(want.shape, float("nan"), device="cuda")
+    k = kcuda.CudaKernel(kcuda.CudaModule(ptx), emitted.name, emitted.grid, emitted.block, 0, 4)
+    k(*[a.cuda() for a in args], out)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
