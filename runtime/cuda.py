@@ -43,29 +43,6 @@ _launch = _drv.cuLaunchKernel if _drv is not None else None
 _SUCCESS = _drv.CUresult.CUDA_SUCCESS if _drv is not None else 0
 
 
-def _libcuda_launch():
-    """libcuda's own cuLaunchKernel through ctypes, or None where it cannot be loaded.
-
-    cuda.bindings' wrapper costs about 5 us a call from Python (argument objects and
-    checks); the same C function through ctypes with declared argument types costs about
-    1 us. Handles (CUfunction, CUstream) are passed as the integers they are, so the
-    launch path builds no Python objects. Modules, functions and attributes still go
-    through cuda.bindings, once per kernel."""
-    if _drv is None:
-        return None
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    fn = lib.cuLaunchKernel
-    u = ctypes.c_uint
-    fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_c_launch = _libcuda_launch()
-
 #: Above this many bytes of dynamic shared memory a kernel must opt in with
 #: cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
 DEFAULT_SHARED_LIMIT = 48 * 1024
@@ -158,7 +135,6 @@ class CudaModule:
 @dataclass(frozen=True)
 class _Bound:
     function: object  # CUfunction in the device's primary context
-    handle: int = 0  # the same CUfunction as an integer, for the ctypes launch
 
 
 class CudaKernel:
@@ -239,7 +215,7 @@ class CudaKernel:
                 self.entry, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", f"{self.shared_bytes} bytes")
         if self.args and self._expect is None:
             self._expect = tuple((getattr(torch, ELEM_INFO[a.elem][0]), tuple(a.shape)) for a in self.args)
-        bound = _Bound(fn, int(fn) if _c_launch is not None else 0)
+        bound = _Bound(fn)
         self._bound[device] = bound
         return bound
 
@@ -267,14 +243,10 @@ class CudaKernel:
         for i, t in enumerate(tensors):
             slots[i] = t.data_ptr()
         g, b = self.grid, self.block
-        if bound.handle:
-            err = _c_launch(bound.handle, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
-                            self._raw_stream(device), self._params_addr, None)
-            if err:
-                err = _drv.CUresult(err)
-        else:
-            err = _launch(bound.function, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
-                          self._stream(self._raw_stream(device)), self._params_addr, 0)[0]
+        # cuda.bindings' cuLaunchKernel: 5.9 us a call on the H200's host, where libcuda's
+        # through ctypes with declared argument types took 7.9 (bench/bench.py, 2026-12-02)
+        err = _launch(bound.function, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
+                      self._stream(self._raw_stream(device)), self._params_addr, 0)[0]
         if err != _SUCCESS:
             raise CudaError(self.entry, "cuLaunchKernel", err,
                             f"grid {g}, block {b}, {self.shared_bytes} bytes of dynamic shared memory")

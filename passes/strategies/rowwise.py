@@ -605,8 +605,12 @@ class RowwiseStrategy(Strategy):
     MAX_LANES = 0
 
     #: A cap on the threads that share a row (0: one thread per vector of the row, up to
-    #: the workgroup limit), for experiments (bench/variants.py --only rowwise).
-    MAX_ROW_THREADS = 0
+    #: the workgroup limit). 128 measured best on the H200 (bench/variants.py --only
+    #: rowwise, 2026-12-02): the seed's layer norm at 32768x8192 bf16 0.908 -> 0.400 ms
+    #: (1182 -> 2684 GB/s), 8192x4096 f32 0.142 -> 0.120, bf16 0.092 -> 0.085; 32 was
+    #: slower everywhere. Fewer threads a row loop over more vectors each, with more
+    #: workgroups (rows) resident per SM: more loads in flight.
+    MAX_ROW_THREADS = 128
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
         """Threads per row, vector lanes, which inputs' rows to cache in workgroup memory
