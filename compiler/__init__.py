@@ -31,6 +31,8 @@ _EXPORTS = {
     "profile": "profiler", "explain": "explanation", "bisect": "bisection",
     # PyTorch integration (every kf function is also torch.ops.kf.<name>: torch_ops.py)
     "patch": "patching", "unpatch": "patching", "PatchReport": "patching",
+    # fp8 scaling (precision="fp8" quantizes by each tensor's own amax; these keep a history)
+    "DelayedScaling": "fp8_scaling", "fp8_amax": "fp8_scaling", "fp8_quantize": "fp8_scaling",
 }
 
 __all__ = sorted(_EXPORTS)
