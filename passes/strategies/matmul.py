@@ -459,7 +459,8 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
 
         def value():
             pw.reset()
-            return [emit_to_storage(read(gr, gc), elem) if str(elem) in FP8_PTX else scalar_math.convert(read(gr, gc), elem)]
+            v = read(gr, gc)
+            return [emit_to_storage(v, elem) if str(elem) in FP8_PTX else scalar_math.convert(v, elem)]
 
         val = g.guarded(cond, [elem], value, lambda: [zero])[0]
         memref.store(val, tile, [cc, rr] if transposed else [rr, cc])
