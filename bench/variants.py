@@ -61,7 +61,7 @@ def inputs(kind: str, m: int, n: int, k: int):
 FNS = {"nn": nn, "nt": nt, "fp8": scaled}
 
 
-def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8")) -> list[dict]:
+def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), k_bytes=(64,)) -> list[dict]:
     rows = []
     s = size
     for kind in kinds:
@@ -73,10 +73,11 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8")) -> list[dict]:
             base["cuBLAS bf16 of the same"] = median_ms(nt, [(a.bfloat16(), b.bfloat16()) for a, b, *_ in ins])
         rows.append({"kind": kind, "variant": "torch", **base})
         print(kind, base, flush=True)
-        for ldm, pre in itertools.product((False, True), (False, True)):
-            mm.MMA_LDMATRIX, mm.MMA_PREFETCH = ldm, pre
+        for ldm, pre, kbytes in [(ldm, pre, 64) for ldm, pre in itertools.product((False, True), (False, True))] + \
+                [(True, True, kb) for kb in k_bytes if kb != 64]:
+            mm.MMA_LDMATRIX, mm.MMA_PREFETCH, mm.MMA_K_BYTES = ldm, pre, kbytes
             os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
-            row = {"kind": kind, "variant": f"ldmatrix={ldm} prefetch={pre}"}
+            row = {"kind": kind, "variant": f"ldmatrix={ldm} prefetch={pre} k_bytes={kbytes}"}
             f = kf.jit(FNS[kind])
             try:
                 t0 = time.perf_counter()
@@ -218,6 +219,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--only", default="", help="gemm, attention or rowwise")
     ap.add_argument("--gemm-kinds", default="nn,nt,fp8", help="which GEMMs: nn, nt (B transposed), fp8 (_scaled_mm)")
+    ap.add_argument("--gemm-k-bytes", default="64,128", help="bytes of K per staged row to try (MMA_K_BYTES)")
     args = ap.parse_args()
     torch.manual_seed(int(time.time()))
 
@@ -227,7 +229,9 @@ def main() -> int:
 
     rows: list[dict] = []
     if args.only in ("", "gemm"):
-        rows = gemm_rows(args.size, save, tuple(args.gemm_kinds.split(",")))
+        rows = gemm_rows(args.size, save, tuple(args.gemm_kinds.split(",")),
+                         tuple(int(b) for b in args.gemm_k_bytes.split(",")))
+        mm.MMA_K_BYTES = 64
     if args.only in ("", "attention"):
         rows = attention_rows(save, rows)
     if args.only in ("", "rowwise"):

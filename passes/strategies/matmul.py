@@ -476,6 +476,11 @@ MMA_PREFETCH = True
 #: lies in memory) rather than with one 32-bit shared load per register.
 MMA_LDMATRIX = True
 
+#: Bytes of K per row of a staged tensor-core GEMM tile. 64 is what ran on the H200; 128
+#: (bench/variants.py --gemm-k-bytes 128) makes the rows of a k-contiguous B (``a @ b.t()``,
+#: torch._scaled_mm) read in whole 128-byte lines, not yet measured there.
+MMA_K_BYTES = 64
+
 
 def staging_vector_bytes(target: TargetInfo) -> int:
     """Bytes per staging load that plans record: the target's widest access on CUDA; 0
@@ -922,10 +927,11 @@ class MatmulStrategy(Strategy):
         batch = math.prod(gm.batch)
         big = -(-gm.m // 128) * -(-gm.n // 128) * batch >= 128
         warps_m, warps_n, tiles_m, tiles_n = (2, 4, 4, 4) if big else (2, 2, 2, 4)
-        # K per staged tile: two mma k steps (32 for 16-bit types, 64 for fp8), rows padded
-        # by 16 bytes (80-byte rows: the fragment loads of a warp hit 32 distinct banks).
+        # K per staged tile: MMA_K_BYTES of each row (64: two mma k steps, 32 elements for
+        # 16-bit types, 64 for fp8), rows padded by 16 bytes (80-byte rows: the fragment
+        # loads of a warp hit 32 distinct banks).
         esize = 1 if elem in FP8_PTX else 2
-        bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 64 // esize
+        bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, MMA_K_BYTES // esize
         threads = 32 * warps_m * warps_n
         shared = esize * (bm + bn) * (bk + 16 // esize)
         if threads > target.max_threads or shared > target.max_shared_bytes:
