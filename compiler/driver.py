@@ -45,6 +45,13 @@ class InterpretedProgram:
         return unflatten(self.captured.output_tree, self._interp.run(*tensors))
 
 
+def torch_cuda_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph."""
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
 class IndexOutOfRange(IndexError):
     """A caller's index tensor holds a value outside the dimension it indexes."""
 
@@ -52,7 +59,10 @@ class IndexOutOfRange(IndexError):
 def _check_index(t, check: dict) -> None:
     # One reduction over the index tensor; on CUDA it synchronizes, as torch's own index
     # checks do, because a kernel given a bad index would access memory out of bounds.
-    if t.numel() == 0:
+    # While a CUDA graph is being captured nothing may synchronize: the check is skipped
+    # there (the graph replays with whatever indices its buffers hold, as torch's own
+    # kernels do under capture).
+    if t.numel() == 0 or (t.is_cuda and torch_cuda_capturing()):
         return
     lo, hi = int(t.min()), int(t.max())
     if lo < 0 or hi >= check["bound"]:

@@ -132,3 +132,23 @@ def test_out_of_range_index_is_an_error_not_a_bad_access(target):
         f(table, torch.tensor([[0, 10], [1, 2]]))
     with pytest.raises(IndexError, match="index -1"):
         f(table, torch.tensor([[0, -1], [1, 2]]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_index_checks_do_not_break_cuda_graph_capture():
+    """The caller's index tensors are range-checked with a synchronizing reduction, which a
+    CUDA graph capture forbids: under capture the check is skipped and the launch recorded."""
+    f = kf.jit(lambda table, idx: torch.nn.functional.embedding(idx, table) * 2, target="cuda")
+    table = torch.randn(10, 4, device="cuda")
+    idx = torch.tensor([[0, 9], [3, 3]], device="cuda")
+    f(table, idx)  # compile and check outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(table, idx)
+    idx.copy_(torch.tensor([[1, 2], [8, 0]], device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _close(out.cpu(), torch.nn.functional.embedding(idx.cpu(), table.cpu()) * 2)
+    with pytest.raises(IndexError, match="index 10"):  # outside a capture the check is back
+        f(table, torch.tensor([[0, 10], [1, 2]], device="cuda"))
