@@ -17,7 +17,9 @@ Kinds, in the order they are recognized:
 
 ``kf.fill`` ops are cloned into every kernel that uses them (a fill is cheaper to
 recompute than to read); ``kf.constant`` ops stay in the schedule, so constants reach
-kernels as inputs. Calls to torch-mlir-imported functions stay in the schedule too.
+kernels as inputs. Calls to torch-mlir-imported functions stay in the schedule too, and
+so do reshapes between kernels (``_view_reshapes``): views of their operand's buffer, not
+copy kernels.
 Groups merge only when the merged kernel graph stays acyclic.
 """
 
@@ -270,10 +272,32 @@ class FusePass(KfPass):
             _fuse_function(module, f)
 
 
+def _view_reshapes(body: list[ir.Operation]) -> list[ir.Operation]:
+    """The kf.reshape ops that stay in the schedule as views instead of becoming copy
+    kernels: kf tensors are row-major and contiguous, so a reshape is the same bytes under
+    another shape, and kernels take bare pointers (the schedule gives the reshape's result
+    its operand's buffer). Left to a kernel: reshapes of fills (no buffer) and those whose
+    operand or result the function returns (output buffers are not shared)."""
+    ret = next(op for op in body if op.name == "func.return")
+    returned = set(ret.operands)
+    out = []
+    for op in body:
+        if op.name != "kf.reshape" or op.result in returned or op.operands[0] in returned:
+            continue
+        d = _defining(op.operands[0])
+        if d is not None and d.name in _FREE:
+            continue
+        out.append(op)
+    return out
+
+
 def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     block = f.regions[0].blocks[0]
     body = [op.operation for op in block.operations]
-    kernel_ops = [op for op in body if op.name.startswith("kf.") and op.name not in _FREE | _HOST]
+    views = _view_reshapes(body)
+    view_ids = {id(op) for op in views}
+    kernel_ops = [op for op in body
+                  if op.name.startswith("kf.") and op.name not in _FREE | _HOST and id(op) not in view_ids]
     part = partition(kernel_ops)
     # Kernel names become PTX/SPIR-V/MSL identifiers: keep letters, digits and "_"
     # (a lambda is called "<lambda>").
@@ -292,7 +316,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     # Units in schedule order: groups and host ops, topologically sorted by first op.
     order = {op: i for i, op in enumerate(body)}
     units: list[tuple[str, object]] = [("group", gid) for gid in part.groups]
-    units += [("host", op) for op in body if op.name in _HOST]
+    units += [("host", op) for op in body if op.name in _HOST or id(op) in view_ids]
 
     def unit_ops(u):
         return [part.ops[i] for i in part.groups[u[1]].ops] if u[0] == "group" else [u[1]]
@@ -394,6 +418,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
             r.replace_all_uses_with(cr)
     # Host ops moved before the return use mapped values already (replace_all_uses_with);
     # the original kernel ops and fills are now dead.
+    # (views by identity: an operation that moved compares differently afterwards)
     for op in reversed(body):
-        if op.name.startswith("kf.") and op.name not in _HOST:
+        if op.name.startswith("kf.") and op.name not in _HOST and id(op) not in view_ids:
             op.erase()

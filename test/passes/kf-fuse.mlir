@@ -88,3 +88,27 @@ func.func @no_cycle(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   %f = "kf.add"(%e, %v#0) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
   return %f : tensor<8x16xf32>
 }
+
+// -----
+
+// A reshape between kernels is a view of its operand's buffer (kf tensors are row-major),
+// so it stays in the schedule instead of becoming a copy kernel; a reshape whose result
+// the function returns still gets a kernel (output buffers are not shared).
+// CHECK-LABEL: func.func private @views_k0_elementwise
+// CHECK-LABEL: func.func private @views_k1_matmul
+// CHECK-LABEL: func.func private @views_k2_generic
+// CHECK: "kf.reshape"
+// CHECK-LABEL: func.func @views
+// CHECK: %[[E:.*]] = call @views_k0_elementwise(%arg0)
+// CHECK-NEXT: %[[V:.*]] = "kf.reshape"(%[[E]]) : (tensor<32x16xf32>) -> tensor<4x8x16xf32>
+// CHECK-NEXT: %[[M:.*]] = call @views_k1_matmul(%[[V]], %arg1)
+// CHECK-NEXT: %[[R:.*]] = call @views_k2_generic(%[[M]])
+// CHECK-NEXT: return %[[R]]
+func.func @views(%x: tensor<32x16xf32>, %w: tensor<16x8xf32>) -> tensor<32x8xf32> {
+  %two = "kf.fill"() {value = 2.0 : f64} : () -> tensor<f32>
+  %e = "kf.mul"(%x, %two) : (tensor<32x16xf32>, tensor<f32>) -> tensor<32x16xf32>
+  %v = "kf.reshape"(%e) : (tensor<32x16xf32>) -> tensor<4x8x16xf32>
+  %m = "kf.matmul"(%v, %w) : (tensor<4x8x16xf32>, tensor<16x8xf32>) -> tensor<4x8x8xf32>
+  %r = "kf.reshape"(%m) : (tensor<4x8x8xf32>) -> tensor<32x8xf32>
+  return %r : tensor<32x8xf32>
+}

@@ -152,3 +152,25 @@ def test_index_checks_do_not_break_cuda_graph_capture():
     _close(out.cpu(), torch.nn.functional.embedding(idx.cpu(), table.cpu()) * 2)
     with pytest.raises(IndexError, match="index 10"):  # outside a capture the check is back
         f(table, torch.tensor([[0, 10], [1, 2]], device="cuda"))
+
+
+@pytest.mark.parametrize("target", ["vulkan"])
+def test_reshapes_between_kernels_are_views(target):
+    """kf-fuse leaves a reshape between two kernels in the schedule, where the launcher
+    gives its result the operand's buffer: no copy kernel, the same numbers."""
+    from kf.runtime import vulkan
+
+    if not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+
+    def f(x, w):
+        h = torch.relu(x * 2).reshape(4, 8, 16)
+        return ((h @ w) + 1).reshape(32, 8) * 3
+
+    kfn = kf.jit(f, target=target)
+    x, w = torch.randn(32, 16), torch.randn(16, 8)
+    _close(kfn(x, w), f(x, w))
+    fused = kf.inspect(kfn, x, w).fused
+    kinds = [line.split('kf.kernel = "')[1].split('"')[0] for line in fused.splitlines() if 'kf.kernel = "' in line]
+    assert kinds.count("generic") == 0, kinds  # neither reshape is a copy kernel
+    assert '"kf.reshape"' in fused.split("func.func @f(")[1]
