@@ -7,6 +7,9 @@ What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
   the op's implicit broadcasting gives the same result, a broadcast to the same shape
   is removed, chains of broadcasts merge and a broadcast fill becomes a larger fill;
 - ``reshape``/``transpose``/``cast`` that change nothing are removed, chains merge;
+- a reshape of a last-two-dims transpose that keeps those dims (batch dims merged or
+  split) becomes the transpose of the reshape, which kf-fuse then leaves as a view feeding
+  a matmul that reads the transpose in place;
 - kf ops whose results are unused are erased (kf ops have no side effects).
 It runs the rules to a fixed point.
 """
@@ -171,6 +174,18 @@ class _Rewriter:
             self.replace(op, builders.reshape(inner.operands[0], out.shape))
         elif inner is not None and inner.name == "kf.fill":
             self.replace(op, builders.fill(out.shape, out.elem, _fill_value(x)))
+        elif inner is not None and inner.name == "kf.transpose" and _swaps_last_two(op_attrs(inner)["perm"]):
+            # reshape(transpose_last_two(t)) with the last two dims kept (only batch dims
+            # merged or split) is transpose_last_two(reshape(t)): the reshape of t is then a
+            # view (kf-fuse) and the transpose one a matmul reads in place (the batched
+            # matmuls of a derived backward: bmm(q^T-ish, ...) after view(-1, s, d))
+            src = spec_of(inner.operands[0].type)
+            tshape = spec_of(x.type).shape
+            if len(out.shape) >= 2 and out.shape[-2:] == tshape[-2:]:
+                lead = tuple(out.shape[:-2]) + src.shape[-2:]
+                r = builders.reshape(inner.operands[0], lead)
+                n = len(lead)
+                self.replace(op, builders.transpose(r, perm=list(range(n - 2)) + [n - 1, n - 2]))
 
     def _transpose(self, op: ir.Operation) -> None:
         (x,) = op.operands
@@ -221,3 +236,9 @@ class CanonicalizePass(KfPass):
                     rw.apply(op)
             if not rw.changed:
                 return
+
+
+def _swaps_last_two(perm) -> bool:
+    """Whether a permutation keeps every dim but the last two, which it swaps."""
+    r = len(perm)
+    return r >= 2 and list(perm[:-2]) == list(range(r - 2)) and list(perm[-2:]) == [r - 1, r - 2]

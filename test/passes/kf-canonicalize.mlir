@@ -69,3 +69,18 @@ func.func @broadcast_fill(%a: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf
   %s = "kf.broadcast_to"(%a) : (tensor<4x8xf32>) -> tensor<4x8xf32>
   return %b, %s : tensor<4x8xf32>, tensor<4x8xf32>
 }
+
+// -----
+
+// reshape(transpose of the last two dims) that only merges batch dims is the transpose
+// of the reshape (so the reshape becomes a view and a matmul reads the transpose in place).
+// CHECK-LABEL: func.func @reshape_of_transpose
+// CHECK: %[[R:.*]] = "kf.reshape"(%arg0) : (tensor<2x4x128x64xf32>) -> tensor<8x128x64xf32>
+// CHECK: %[[T:.*]] = "kf.transpose"(%[[R]]) {perm = array<i64: 0, 2, 1>} : (tensor<8x128x64xf32>) -> tensor<8x64x128xf32>
+// CHECK: "kf.matmul"(%[[T]], %arg1)
+func.func @reshape_of_transpose(%x: tensor<2x4x128x64xf32>, %y: tensor<8x128x32xf32>) -> tensor<8x64x32xf32> {
+  %t = "kf.transpose"(%x) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x4x128x64xf32>) -> tensor<2x4x64x128xf32>
+  %r = "kf.reshape"(%t) : (tensor<2x4x64x128xf32>) -> tensor<8x64x128xf32>
+  %m = "kf.matmul"(%r, %y) : (tensor<8x64x128xf32>, tensor<8x128x32xf32>) -> tensor<8x64x32xf32>
+  return %m : tensor<8x64x32xf32>
+}
