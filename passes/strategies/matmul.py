@@ -641,11 +641,6 @@ class MmaSync:
             self._row, self._col = ir.Attribute.parse("#nvvm.mma_layout<row>"), ir.Attribute.parse("#nvvm.mma_layout<col>")
             self._ptx = ir.Attribute.parse(f"#nvvm.mma_type<{elem}>")
 
-    @property
-    def pair(self) -> ir.Type:
-        """The vector type of one operand register's elements (two for 16-bit types)."""
-        return self.group
-
     def register(self, group: ir.Value) -> ir.Value:
         """A vector of one register's elements as the operand register the op takes."""
         if self.elem == "f16":
@@ -751,6 +746,15 @@ class MmaSync:
                     acc[q:q + 4] = self(a[i], b[j], acc[q:q + 4])
         return acc
 
+    def block_products(self, g: "GpuFunc", As: ir.Value, Bs: ir.Value, bk: int, tms: int, tns: int,
+                       acc: list[ir.Value], lanes: dict | None, wm0: ir.Value, wn0: ir.Value, b_k_major: bool,
+                       a_rows: Sequence[ir.Value], b_cols: Sequence[ir.Value], tig2: ir.Value) -> list[ir.Value]:
+        """One K block of a warp's register tile with ldmatrix fragments (``lanes``, what
+        ``lane_terms`` gave) or, without, with one shared load per register."""
+        if lanes is not None:
+            return self.warp_tile_products(g, As, Bs, lanes, wm0, wn0, bk, tms, tns, acc, b_k_major)
+        return self.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
+
     def __call__(self, a: Sequence[ir.Value], b: Sequence[ir.Value], c: Sequence[ir.Value]) -> list[ir.Value]:
         from mlir.dialects import llvm, nvvm
 
@@ -767,6 +771,36 @@ class MmaSync:
             r = nvvm.MmaOp(self._struct, self._shape, self._row, self._col, list(a), list(b), list(c),
                            multiplicandAPtxType=self._ptx, multiplicandBPtxType=self._ptx).result
         return [llvm.extractvalue(ir.F32Type.get(), r, [k]) for k in range(4)]
+
+
+def mma_k_loop(g: GpuFunc, K: int, bk: int, n_acc: int, a_stage: "VectorStaging", b_stage: "VectorStaging",
+               prefetch: bool, m0: ir.Value, n0: ir.Value, stage: Callable[[ir.Value], None],
+               products: Callable[[list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+    """The tensor-core K loop of the GEMM kernels (matmul, MoE): per K step a barrier, the
+    A and B tiles staged, a barrier, the products into ``n_acc`` f32 accumulators. With
+    ``prefetch`` the tiles come from registers that the previous step loaded (the first
+    before the loop), and each step loads the next step's before its products, so their
+    latency hides behind the tensor cores; without, ``stage(k0)`` stages them. Returns
+    the accumulators."""
+    n_a = len(a_stage.slots) if prefetch else 0
+    first = a_stage.load(m0, 0, True) + b_stage.load(0, n0, True) if prefetch else []
+
+    def k_step(k0, carried):
+        acc, staged = list(carried[:n_acc]), carried[n_acc:]
+        gpu.barrier()
+        if prefetch:
+            a_stage.store(staged[:n_a])
+            b_stage.store(staged[n_a:])
+        else:
+            stage(k0)
+        gpu.barrier()
+        upcoming = []
+        if prefetch:
+            k1 = g.add(k0, bk)
+            upcoming = a_stage.load(m0, k1, True) + b_stage.load(k1, n0, True)
+        return products(acc) + upcoming
+
+    return g.loop(0, K, bk, [g.fconst(0.0)] * n_acc + first, k_step)[:n_acc]
 
 
 def simt_tile_products(g: GpuFunc, As: ir.Value, Bs: ir.Value, row_of: Sequence[ir.Value],
@@ -984,7 +1018,6 @@ class MatmulStrategy(Strategy):
                 b_cols = [arith.addi(wn0, g.add(gid, 8 * j)) for j in range(tns)]
                 a_lead = pw.operand_index(spec_of(a_val.type).shape[:-2], batch_idx, len(gm.batch))
                 b_lead = pw.operand_index(spec_of(b_val.type).shape[:-2], batch_idx, len(gm.batch))
-                zero = g.fconst(0.0)
 
                 a_direct = direct_source(view, g.args[:n_in], a_val, a_lead, False)
                 b_direct = direct_source(view, g.args[:n_in], b_val, b_lead, False)
@@ -992,36 +1025,18 @@ class MatmulStrategy(Strategy):
                 a_stage = VectorStaging(g, tid, threads, As, bm, bk, M, K, False, a_direct, vb)
                 b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, K, N, not b_k_major, b_direct, vb)
                 lt = tc.lane_terms(g, lane) if use_ldm else None
-                # Register prefetch: the next K step's tiles are loaded before this step's
-                # products (their latency hides behind the tensor cores).
                 prefetch = plan.get("prefetch", False) and a_stage.ok and b_stage.ok
-                n_acc, n_a = 4 * tms * tns, len(a_stage.slots) if prefetch else 0
-                first = a_stage.load(m0, 0, True) + b_stage.load(0, n0, True) if prefetch else []
 
-                def k_step(k0, carried):
-                    acc, staged = list(carried[:n_acc]), carried[n_acc:]
-                    gpu.barrier()
-                    if prefetch:
-                        a_stage.store(staged[:n_a])
-                        b_stage.store(staged[n_a:])
-                    else:
-                        stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
-                                   lambda r, c: pw.eval(a_val, a_lead + [r, c]), direct=a_direct, vector_bytes=vb)
-                        stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
-                                   lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=not b_k_major,
-                                   direct=b_direct, vector_bytes=vb)
-                    gpu.barrier()
-                    upcoming = []
-                    if prefetch:
-                        k1 = g.add(k0, bk)
-                        upcoming = a_stage.load(m0, k1, True) + b_stage.load(k1, n0, True)
-                    if use_ldm:
-                        acc = tc.warp_tile_products(g, As, Bs, lt, wm0, wn0, bk, tms, tns, acc, b_k_major)
-                    else:
-                        acc = tc.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
-                    return acc + upcoming
+                def stage(k0):
+                    stage_tile(g, pw, tid, threads, As, bm, bk, gm.a_k_contiguous, m0, M, k0, K,
+                               lambda r, c: pw.eval(a_val, a_lead + [r, c]), direct=a_direct, vector_bytes=vb)
+                    stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
+                               lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=not b_k_major,
+                               direct=b_direct, vector_bytes=vb)
 
-                acc = g.loop(0, K, bk, [zero] * n_acc + first, k_step)[:n_acc]
+                acc = mma_k_loop(g, K, bk, 4 * tms * tns, a_stage, b_stage, prefetch, m0, n0, stage,
+                                 lambda acc: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0,
+                                                               b_k_major, a_rows, b_cols, tig2))
                 outs = g.args[n_in:]
                 for i in range(tms):
                     for h in range(2):

@@ -447,35 +447,18 @@ class _Tile:
         # Register prefetch follows the matmul strategy's switch (MMA_PREFETCH); without
         # it the gathered A rows are still staged with vectors.
         prefetch = bool(p.get("prefetch")) and a_stage.ok and b_stage.ok
-        n_acc, n_a = 4 * tms * tns, len(a_stage.slots) if prefetch else 0
-        first = a_stage.load(self.m0, 0, True) + b_stage.load(0, self.n0, True) if prefetch else []
 
-        def k_step(k0, carried):
-            acc, staged = list(carried[:n_acc]), carried[n_acc:]
-            gpu.barrier()
-            if prefetch:
-                a_stage.store(staged[:n_a])
-                b_stage.store(staged[n_a:])
+        def stage(k0):
+            if a_stage.ok and self.row_token is not None:
+                a_stage.store(a_stage.load(self.m0, k0, True))
             else:
-                if a_stage.ok and self.row_token is not None:
-                    a_stage.store(a_stage.load(self.m0, k0, True))
-                else:
-                    stage_tile(g, _NoMemo(), tid, threads, As, bm, bk, True, self.m0, self.M, k0, self.K,
-                               self.read_a)
-                stage_tile(g, _NoMemo(), tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
-                           transposed=not ldm, direct=b_direct, vector_bytes=vb)
-            gpu.barrier()
-            upcoming = []
-            if prefetch:
-                k1 = g.add(k0, bk)
-                upcoming = a_stage.load(self.m0, k1, True) + b_stage.load(k1, self.n0, True)
-            if ldm:
-                acc = tc.warp_tile_products(g, As, Bs, lt, wm0, wn0, bk, tms, tns, acc, True)
-            else:
-                acc = tc.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
-            return acc + upcoming
+                stage_tile(g, _NoMemo(), tid, threads, As, bm, bk, True, self.m0, self.M, k0, self.K, self.read_a)
+            stage_tile(g, _NoMemo(), tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
+                       transposed=not ldm, direct=b_direct, vector_bytes=vb)
 
-        acc = g.loop(0, self.K, bk, [g.fconst(0.0)] * n_acc + first, k_step)[:n_acc]
+        acc = matmul_strategy.mma_k_loop(
+            g, self.K, bk, 4 * tms * tns, a_stage, b_stage, prefetch, self.m0, self.n0, stage,
+            lambda acc: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0, True, a_rows, b_cols, tig2))
         for i in range(tms):
             for h in range(2):
                 gr = arith.addi(self.m0, g.add(arith.addi(wm0, gid), 16 * i + 8 * h))

@@ -51,7 +51,7 @@ from kf.dialects.types import spec_of
 from kf.passes import scalar_math as sm
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from .emit import storage_type
+from .emit import storage_type, to_storage
 
 _ELEMENTWISE = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.max", "kf.min", "kf.neg", "kf.abs",
                 "kf.exp", "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid",
@@ -569,7 +569,8 @@ class _Emitter:
                 for i, o, coords in col_outs:
                     with o.loc:
                         v = self.value(o, coords)
-                        memref.store(_to_storage(v, self.args[n_in + i]), self.args[n_in + i],
+                        mem = self.args[n_in + i]
+                        memref.store(to_storage(v, ir.MemRefType(mem.type).element_type), mem,
                                      [self._idx(c) for c in coords])
                 scf.YieldOp([])
             self.col, self.loop_op = None, None
@@ -580,18 +581,10 @@ class _Emitter:
             with ir.InsertionPoint(iff.then_block):
                 for i, o, coords, v in vals:
                     with o.loc:
-                        memref.store(_to_storage(v, self.args[n_in + i]), self.args[n_in + i],
+                        mem = self.args[n_in + i]
+                        memref.store(to_storage(v, ir.MemRefType(mem.type).element_type), mem,
                                      [self._idx(c) for c in coords])
                 scf.YieldOp([])
-
-
-def _to_storage(v: ir.Value, mem: ir.Value) -> ir.Value:
-    """A computed value as the element type of the memref it is stored to (a boolean as a
-    0/1 byte where the target keeps booleans so)."""
-    elem = ir.MemRefType(mem.type).element_type
-    if isinstance(elem, ir.IntegerType) and ir.IntegerType(elem).width == 8:
-        return arith.extui(elem, sm.convert(v, ir.IntegerType.get_signless(1)))
-    return sm.convert(v, elem)
 
 
 def _next_pow2(n: int) -> int:
