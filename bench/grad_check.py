@@ -58,6 +58,16 @@ def main() -> int:
                 errs[f"grad{i}"] = rel(a.grad, r.grad)
         worst = max(worst, *errs.values())
         print(f"{name:<18}" + "  ".join(f"{k} {v:.2e}" for k, v in errs.items()), flush=True)
+    # How many kernels the attention's derived backward launches (kf.inspect of it).
+    import kf
+    from kf import autograd
+
+    q, k, v, m = cases[1][2]()
+    q, k, v, m = (t.to(dev) for t in (q, k, v, m))
+    bwd = autograd.backward_of(tg.causal_attention.with_options(target=args.target), q, k, v, m)
+    fused = kf.inspect(bwd.fn, q, k, v, m, torch.randn_like(q)).fused
+    print("attention backward kernels:", fused.count("kf.kernel = "))
+
     # The whole model, one step: every parameter's gradient, kf against the eager twin.
     kf_model, eager = tg.twin_models(seed=0)
     kf_model.to(dev)
