@@ -4,9 +4,8 @@ too) and timed beside cuBLAS / torch._scaled_mm / SDPA in one process.
 
     source .device/prelude.sh && python3 bench/variants.py --out $OUT/variants.json [--only gemm|attention]
 
-Variants are module switches of passes/strategies/matmul.py (MMA_LDMATRIX: fragments
-by ldmatrix with B staged as it lies in memory; MMA_PREFETCH: the next K tile loaded
-into registers before this one's products) and, for attention with a causal mask,
+Variants are module switches of passes/strategies/matmul.py (GEMM_VARIANTS below: the
+cp.async pipeline depth, warp tile, workgroup grouping) and, for attention with a causal mask,
 AttentionStrategy.SKIP_MASKED_BLOCKS. Each variant gets its own cache folder, as the
 switches are not part of the cache key.
 """
@@ -14,7 +13,6 @@ switches are not part of the cache key.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -61,9 +59,25 @@ def inputs(kind: str, m: int, n: int, k: int):
 FNS = {"nn": nn, "nt": nt, "fp8": scaled}
 
 
-def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), k_bytes=(64,)) -> list[dict]:
+#: GEMM plan variants: module switches of passes/strategies/matmul.py, each applied over
+#: the module's defaults. "session 2" is the kernel of the 2026-12-02 afternoon run (one
+#: staged tile, register prefetch, workgroups row by row).
+GEMM_VARIANTS = {
+    "session 2": {"MMA_STAGES": 1, "MMA_GROUP_M": 0},
+    "1 stage grouped": {"MMA_STAGES": 1},
+    "cp.async x2": {"MMA_STAGES": 2},
+    "cp.async x3": {"MMA_STAGES": 3},
+    "cp.async x4": {"MMA_STAGES": 4},
+    "cp.async x3 ungrouped": {"MMA_STAGES": 3, "MMA_GROUP_M": 0},
+    "cp.async x3 64x64 warps": {"MMA_STAGES": 3, "MMA_WARP_TILES": (4, 8)},
+    "cp.async x4 64x64 warps": {"MMA_STAGES": 4, "MMA_WARP_TILES": (4, 8)},
+}
+
+
+def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VARIANTS)) -> list[dict]:
     rows = []
     s = size
+    defaults = {k: getattr(mm, k) for k in {k for v in GEMM_VARIANTS.values() for k in v}}
     for kind in kinds:
         make = inputs(kind, s, s, s)
         ins = rotated(make)
@@ -73,11 +87,11 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), k_bytes=(64,)) -> list
             base["cuBLAS bf16 of the same"] = median_ms(nt, [(a.bfloat16(), b.bfloat16()) for a, b, *_ in ins])
         rows.append({"kind": kind, "variant": "torch", **base})
         print(kind, base, flush=True)
-        for ldm, pre, kbytes in [(ldm, pre, 64) for ldm, pre in itertools.product((False, True), (False, True))] + \
-                [(True, True, kb) for kb in k_bytes if kb != 64]:
-            mm.MMA_LDMATRIX, mm.MMA_PREFETCH, mm.MMA_K_BYTES = ldm, pre, kbytes
+        for name in variants:
+            for k, v in {**defaults, **GEMM_VARIANTS[name]}.items():
+                setattr(mm, k, v)
             os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
-            row = {"kind": kind, "variant": f"ldmatrix={ldm} prefetch={pre} k_bytes={kbytes}"}
+            row = {"kind": kind, "variant": name}
             f = kf.jit(FNS[kind])
             try:
                 t0 = time.perf_counter()
@@ -95,6 +109,8 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), k_bytes=(64,)) -> list
                     errs.append(rel_err(out, ref))
                 row["compile_and_check_s"] = time.perf_counter() - t0
                 row["rel_err"] = errs
+                row["plan"] = {k: v for k, v in kf.explain(f, *make(), file=None).kernels[0].plan.items()
+                               if k in ("block_m", "block_n", "block_k", "stages", "shared_bytes", "group_m")}
                 if max(errs) < 2e-2:
                     row["kf"] = median_ms(f, ins)
                     row["kf/cuBLAS"] = base["cuBLAS"] / row["kf"]
@@ -106,6 +122,8 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), k_bytes=(64,)) -> list
             rows.append(row)
             print(row, flush=True)
             save(rows)
+    for k, v in defaults.items():
+        setattr(mm, k, v)
     return rows
 
 
@@ -219,7 +237,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--only", default="", help="gemm, attention or rowwise")
     ap.add_argument("--gemm-kinds", default="nn,nt,fp8", help="which GEMMs: nn, nt (B transposed), fp8 (_scaled_mm)")
-    ap.add_argument("--gemm-k-bytes", default="64,128", help="bytes of K per staged row to try (MMA_K_BYTES)")
+    ap.add_argument("--gemm-variants", default=",".join(GEMM_VARIANTS), help="names from GEMM_VARIANTS")
     args = ap.parse_args()
     torch.manual_seed(int(time.time()))
 
@@ -229,9 +247,7 @@ def main() -> int:
 
     rows: list[dict] = []
     if args.only in ("", "gemm"):
-        rows = gemm_rows(args.size, save, tuple(args.gemm_kinds.split(",")),
-                         tuple(int(b) for b in args.gemm_k_bytes.split(",")))
-        mm.MMA_K_BYTES = 64
+        rows = gemm_rows(args.size, save, tuple(args.gemm_kinds.split(",")), tuple(args.gemm_variants.split(",")))
     if args.only in ("", "attention"):
         rows = attention_rows(save, rows)
     if args.only in ("", "rowwise"):

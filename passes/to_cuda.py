@@ -102,7 +102,7 @@ class ToCudaPass(KfPass):
         return ("builtin.module("
                 f"nvvm-attach-target{{{attach}}}, "
                 "gpu.module(expand-strided-metadata, lower-affine, "
-                "math-extend-to-supported-types{target-type=f32}, convert-vector-to-scf, convert-scf-to-cf, "
+                "math-extend-to-supported-types{target-type=f32}, convert-vector-to-scf, convert-scf-to-cf, convert-nvgpu-to-nvvm, "
                 f"convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv=1 index-bitwidth={self.index_bitwidth}}}, convert-vector-to-llvm, "
                 "convert-nvvm-to-llvm, canonicalize, cse), "
                 "reconcile-unrealized-casts)")

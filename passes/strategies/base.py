@@ -31,6 +31,22 @@ class TargetInfo:
     has_shuffle: bool = True
     chip: str = "sm_90"
 
+    @property
+    def max_dynamic_shared_bytes(self) -> int:
+        """Workgroup memory a kernel may use when it opts in (CUDA: dynamic shared memory
+        with cuFuncSetAttribute, which runtime/cuda.py does at load), per the CUDA
+        programming guide's table for the chip; the static limit elsewhere."""
+        if self.name != "cuda":
+            return self.max_shared_bytes
+        sm = int(self.chip[3:]) if self.chip[3:].isdigit() else 0
+        if sm >= 90:
+            return 227 * 1024
+        if sm in (80, 87):
+            return 163 * 1024
+        if sm >= 86:
+            return 99 * 1024
+        return self.max_shared_bytes
+
     @staticmethod
     def for_target(name: str, chip: str = "sm_90") -> "TargetInfo":
         if name == "cuda":

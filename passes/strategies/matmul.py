@@ -118,25 +118,46 @@ class GpuFunc:
     builder currently is (inside loops and ifs)."""
 
     def __init__(self, gpu_module: ir.Operation, name: str, arg_types: Sequence[ir.Type],
-                 workgroup: Sequence[ir.Type], block: tuple[int, int, int]):
+                 workgroup: Sequence[ir.Type], block: tuple[int, int, int], dynamic_shared: bool = False):
         body = gpu_module.regions[0].blocks[0]
         ftype = ir.FunctionType.get(list(arg_types), [])
         with ir.InsertionPoint(body):
             self.op = gpu.GPUFuncOp(ftype, sym_name=name, kernel=True, known_block_size=list(block))
-        self.entry = self.op.regions[0].blocks.append(*arg_types, *workgroup)
+        attributions = [] if dynamic_shared else list(workgroup)
+        self.entry = self.op.regions[0].blocks.append(*arg_types, *attributions)
         i64 = ir.IntegerType.get_signless(64)
-        self.op.attributes["workgroup_attributions"] = ir.IntegerAttr.get(i64, len(workgroup))
-        if workgroup:
+        self.op.attributes["workgroup_attributions"] = ir.IntegerAttr.get(i64, len(attributions))
+        if attributions:
             # 16-byte aligned buffers, so 128-bit accesses at 16-byte offsets are legal
             # (convert-gpu-to-nvvm otherwise aligns an attribution to its element only).
             aligned = ir.DictAttr.get({"llvm.align": ir.IntegerAttr.get(i64, 16)})
-            self.op.attributes["workgroup_attrib_attrs"] = ir.ArrayAttr.get([aligned] * len(workgroup))
+            self.op.attributes["workgroup_attrib_attrs"] = ir.ArrayAttr.get([aligned] * len(attributions))
         self.args = list(self.entry.arguments)[:len(arg_types)]
         self.shared = list(self.entry.arguments)[len(arg_types):]
         self._consts: dict = {}
         self._first: ir.Operation | None = None
         self.index = ir.IndexType.get()
         self.f32 = ir.F32Type.get()
+        #: bytes of dynamic shared memory the launch must give (0: static attributions)
+        self.dynamic_shared_bytes = 0
+        if dynamic_shared:
+            self.shared = self._carve_dynamic_shared(workgroup)
+
+    def _carve_dynamic_shared(self, types: Sequence[ir.Type]) -> list[ir.Value]:
+        """The workgroup buffers as views of ``gpu.dynamic_shared_memory`` at 128-byte
+        aligned offsets: the way past the 48 KiB of static shared memory (the launch then
+        names the size, and the runtime opts the function in)."""
+        with ir.InsertionPoint(self.entry):
+            window = gpu.dynamic_shared_memory(ir.MemRefType.get(
+                [ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8),
+                memory_space=ir.Attribute.parse(WORKGROUP)))
+            views, offset = [], 0
+            for t in types:
+                mt = ir.MemRefType(t)
+                views.append(memref.view(t, window, self.c(offset), []))
+                offset += -(-math.prod(mt.shape) * _elem_bytes(mt.element_type) // 128) * 128
+        self.dynamic_shared_bytes = offset
+        return views
 
     def _const_ip(self) -> ir.InsertionPoint:
         return ir.InsertionPoint.at_block_begin(self.entry)
@@ -229,6 +250,10 @@ class GpuFunc:
     def finish(self) -> None:
         with ir.InsertionPoint(self.entry):
             gpu.return_([])
+
+
+def _elem_bytes(t: ir.Type) -> int:
+    return {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i8": 1}[str(t)]
 
 
 def workgroup_memref(shape: Sequence[int], elem: ir.Type | None = None) -> ir.MemRefType:
@@ -476,10 +501,25 @@ MMA_PREFETCH = True
 #: lies in memory) rather than with one 32-bit shared load per register.
 MMA_LDMATRIX = True
 
-#: Bytes of K per row of a staged tensor-core GEMM tile. 64 is what ran on the H200; 128
-#: (bench/variants.py --gemm-k-bytes 128) makes the rows of a k-contiguous B (``a @ b.t()``,
-#: torch._scaled_mm) read in whole 128-byte lines, not yet measured there.
-MMA_K_BYTES = 64
+#: Bytes of K per row of a staged tensor-core GEMM tile; 0 picks by B's layout (64 when
+#: B's rows run along n, 128 when they run along k: measured on the H200,
+#: bench/results/variants-gemm-kbytes-2026-12-02.json).
+MMA_K_BYTES = 0
+
+#: Depth of the cp.async pipeline of tensor-core GEMM tiles (1: one staged tile, with
+#: the register prefetch of MMA_PREFETCH). With MMA_WARP_TILES (4, 8), measured on the
+#: H200 at 8192^3 (bench/results/variants-gemm-pipeline-2026-12-02.json): nn 4.10 ms with
+#: one tile and prefetch -> 3.38 ms with 4 stages, nt 3.74 -> 3.32, fp8 4.47 -> 3.50.
+MMA_STAGES = 4
+
+#: mma tiles (16 x 8 each) of a warp in the largest GEMM plan: (4, 8) is a 64 x 64 warp
+#: tile and a 128 x 256 workgroup tile, used where it still gives a wave of workgroups;
+#: else (4, 4): 64 x 32 and 128 x 128.
+MMA_WARP_TILES = (4, 8)
+
+#: Workgroups are ordered in groups of this many tile rows, so that the workgroups
+#: running at once share A and B tiles in L2 (0: row by row, the grid's own order).
+MMA_GROUP_M = 8
 
 
 def staging_vector_bytes(target: TargetInfo) -> int:
@@ -580,6 +620,38 @@ class VectorStaging:
             out.append(g.guarded(cond, [self.src_t], lambda index=index: [
                 vector.load(self.src_t, d.mem, index, alignment=self.vec * self.width)], lambda: [zero])[0])
         return out
+
+    @property
+    def copies_async(self) -> bool:
+        """Whether ``copy_async`` can stage this tile: each vector is 16 bytes that land
+        unchanged and contiguous in a tile row (cp.async copies bytes; it neither converts
+        nor scatters)."""
+        return self.ok and self.vector_store and self.src_t == self.dst_t and self.vec * self.width == 16
+
+    def copy_async(self, row0: ir.Value | int, col0: ir.Value | int, tile_row0: ir.Value | int = 0) -> None:
+        """Issue this thread's share of the tile at (row0, col0) as ``cp.async.cg`` copies
+        of 16 bytes into the tile, its rows offset by ``tile_row0`` (a pipeline stage of a
+        stacked tile). Vectors outside the argument copy 0 bytes, which zero-fills them,
+        from a clamped in-bounds address. The caller commits and waits
+        (``nvvm.cp.async.commit.group`` / ``wait.group``)."""
+        from mlir.dialects import nvgpu
+
+        g, d = self.g, self.direct
+        for rr, cc, in_tile in self.slots:
+            gr = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr)
+            gc = g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
+            cond = g.all_of([g.lt(gr, self.n_rows), g.lt(gc, self.n_cols)])
+            gr, gc = arith.select(cond, gr, g.c(0)), arith.select(cond, gc, g.c(0))
+            n = arith.select(cond, g.c(self.vec), g.c(0))
+            index = d.lead + ([gc, gr] if d.swapped else [gr, gc])
+            at = [cc, rr] if self.transposed else [rr, cc]
+            at[0] = g.add(at[0], tile_row0) if isinstance(tile_row0, int) else arith.addi(at[0], tile_row0)
+
+            def copy(at=at, index=index, n=n):
+                nvgpu.device_async_copy(self.tile, at, d.mem, index, ir.IntegerAttr.get(
+                    ir.IndexType.get(), self.vec), src_elements=n, bypass_l1=True)
+
+            g.when(in_tile, copy)
 
     def store(self, values: Sequence[ir.Value]) -> None:
         """Write what ``load`` returned into the tile (converted to its element type)."""
@@ -723,12 +795,15 @@ class MmaSync:
         return regs
 
     def warp_tile_products(self, g: "GpuFunc", As: ir.Value, Bs: ir.Value, lt: dict, wm0: ir.Value, wn0: ir.Value,
-                           bk: int, tms: int, tns: int, acc: list[ir.Value], b_k_major: bool) -> list[ir.Value]:
+                           bk: int, tms: int, tns: int, acc: list[ir.Value], b_k_major: bool,
+                           b_k_row0: ir.Value | None = None) -> list[ir.Value]:
         """One K block of a warp's tms x tns register tile of mma tiles with ldmatrix
         fragments: ``As`` is [rows, k]; ``Bs`` is [cols, k] or, with ``b_k_major``,
-        [k, cols] (read with .trans). ``wm0`` / ``wn0`` are the warp's first row and
-        column in the tile, ``lt`` what ``lane_terms`` gave. tns must be even."""
+        [k, cols] (read with .trans; its K block starts at row ``b_k_row0``). ``wm0`` /
+        ``wn0`` are the warp's first row and column in the tile, ``lt`` what
+        ``lane_terms`` gave. tns must be even."""
         acc = list(acc)
+        b_k0 = lt["bt_k"] if b_k_row0 is None else arith.addi(lt["bt_k"], b_k_row0)
         for t in range(bk // self.k):
             k0 = self.k * t
             a = [self.ldmatrix(g, As, arith.addi(g.add(wm0, 16 * i), lt["a_row"]), g.add(lt["a_col"], k0))
@@ -736,7 +811,7 @@ class MmaSync:
             b = []
             for j in range(0, tns, 2):
                 if b_k_major:
-                    r = self.ldmatrix(g, Bs, g.add(lt["bt_k"], k0), arith.addi(g.add(wn0, 8 * j), lt["bt_n"]), True)
+                    r = self.ldmatrix(g, Bs, g.add(b_k0, k0), arith.addi(g.add(wn0, 8 * j), lt["bt_n"]), True)
                 else:
                     r = self.ldmatrix(g, Bs, arith.addi(g.add(wn0, 8 * j), lt["b_n"]), g.add(lt["b_k"], k0))
                 b += [r[0:2], r[2:4]]
@@ -748,11 +823,21 @@ class MmaSync:
 
     def block_products(self, g: "GpuFunc", As: ir.Value, Bs: ir.Value, bk: int, tms: int, tns: int,
                        acc: list[ir.Value], lanes: dict | None, wm0: ir.Value, wn0: ir.Value, b_k_major: bool,
-                       a_rows: Sequence[ir.Value], b_cols: Sequence[ir.Value], tig2: ir.Value) -> list[ir.Value]:
+                       a_rows: Sequence[ir.Value], b_cols: Sequence[ir.Value], tig2: ir.Value,
+                       a_row0: ir.Value | None = None, b_row0: ir.Value | None = None) -> list[ir.Value]:
         """One K block of a warp's register tile with ldmatrix fragments (``lanes``, what
-        ``lane_terms`` gave) or, without, with one shared load per register."""
+        ``lane_terms`` gave) or, without, with one shared load per register. ``a_row0`` /
+        ``b_row0`` are the rows where the block starts in stacked (pipelined) tiles."""
+        if a_row0 is not None:
+            wm0, a_rows = arith.addi(wm0, a_row0), [arith.addi(r, a_row0) for r in a_rows]
+        b_k_row0 = None
+        if b_row0 is not None:
+            if b_k_major:
+                b_k_row0 = b_row0
+            else:
+                wn0, b_cols = arith.addi(wn0, b_row0), [arith.addi(c, b_row0) for c in b_cols]
         if lanes is not None:
-            return self.warp_tile_products(g, As, Bs, lanes, wm0, wn0, bk, tms, tns, acc, b_k_major)
+            return self.warp_tile_products(g, As, Bs, lanes, wm0, wn0, bk, tms, tns, acc, b_k_major, b_k_row0)
         return self.tile_products(g, As, Bs, a_rows, b_cols, tig2, bk, tms, tns, acc)
 
     def __call__(self, a: Sequence[ir.Value], b: Sequence[ir.Value], c: Sequence[ir.Value]) -> list[ir.Value]:
@@ -801,6 +886,60 @@ def mma_k_loop(g: GpuFunc, K: int, bk: int, n_acc: int, a_stage: "VectorStaging"
         return products(acc) + upcoming
 
     return g.loop(0, K, bk, [g.fconst(0.0)] * n_acc + first, k_step)[:n_acc]
+
+
+def mma_pipelined_k_loop(g: GpuFunc, K: int, bk: int, n_acc: int, stages: int, a_stage: "VectorStaging",
+                         b_stage: "VectorStaging", m0: ir.Value, n0: ir.Value, a_rows: int, b_rows: int,
+                         products: Callable[[list[ir.Value], ir.Value, ir.Value], list[ir.Value]]) -> list[ir.Value]:
+    """The tensor-core K loop as a ``stages``-deep cp.async pipeline: the A and B tiles
+    are stacked ``stages`` times in workgroup memory (``a_rows`` / ``b_rows`` rows a
+    stage), the first ``stages - 1`` K blocks are in flight before the loop, and each
+    step waits for its own block (``cp.async.wait_group stages - 2``), passes one barrier
+    (which also frees the stage the previous step read), issues the block ``stages - 1``
+    ahead into that stage and multiplies its own. The copies go global -> shared without
+    registers, so the loop carries only the accumulators. ``products(acc, a_row0,
+    b_row0)`` multiplies the stage whose tiles start at those rows."""
+    from mlir.dialects import nvvm
+
+    ahead = stages - 1
+    for s in range(ahead):
+        a_stage.copy_async(m0, s * bk, s * a_rows)
+        b_stage.copy_async(s * bk, n0, s * b_rows)
+        nvvm.cp_async_commit_group()
+
+    def k_step(k0, acc):
+        step = g.div(k0, bk)
+        nvvm.cp_async_wait_group(stages - 2)
+        gpu.barrier()
+        nxt = g.rem(g.add(step, ahead), stages)
+        k1 = g.add(k0, ahead * bk)
+        a_stage.copy_async(m0, k1, g.mul(nxt, a_rows))
+        b_stage.copy_async(k1, n0, g.mul(nxt, b_rows))
+        nvvm.cp_async_commit_group()
+        cur = g.rem(step, stages)
+        return products(acc, g.mul(cur, a_rows), g.mul(cur, b_rows))
+
+    acc = g.loop(0, K, bk, [g.fconst(0.0)] * n_acc, k_step)
+    nvvm.cp_async_wait_group(0)  # nothing may still be landing in shared memory at exit
+    return acc
+
+
+def grouped_tiles(g: GpuFunc, tiles_n: int, tiles_m: int, group_m: int) -> tuple[ir.Value, ir.Value]:
+    """(column tile, row tile) of this workgroup. Without ``group_m``, block ids x and y.
+    With it, the linear block id walks groups of ``group_m`` tile rows column by column,
+    so the workgroups resident at once cover a near-square patch of the output and read
+    the same A rows and B columns from L2 instead of sweeping all of B per tile row."""
+    bx, by = g.bid("x"), g.bid("y")
+    if group_m <= 1 or tiles_m <= group_m or tiles_n == 1:
+        return bx, by
+    pid = arith.addi(g.mul(by, tiles_n), bx)
+    per_group = group_m * tiles_n
+    first_m = g.mul(g.div(pid, per_group), group_m)
+    in_group = g.rem(pid, per_group)
+    if tiles_m % group_m:
+        size = arith.minui(arith.subi(g.c(tiles_m), first_m), g.c(group_m))
+        return arith.divui(in_group, size), arith.addi(first_m, arith.remui(in_group, size))
+    return g.div(in_group, group_m), arith.addi(first_m, g.rem(in_group, group_m))
 
 
 def simt_tile_products(g: GpuFunc, As: ir.Value, Bs: ir.Value, row_of: Sequence[ir.Value],
@@ -858,6 +997,8 @@ class _Gemm:
     k: int
     a_k_contiguous: bool  # A's innermost memory dimension is k (else m: a transposed argument)
     b_n_contiguous: bool
+    a_direct: bool = False  # A is an argument read as it is (or with its last two dims swapped)
+    b_direct: bool = False
 
 
 def _contiguous_last(view: KernelView, v: ir.Value) -> bool:
@@ -893,7 +1034,22 @@ def _analyze(kernel: ir.Operation) -> tuple[KernelView, _Gemm]:
             raise NotApplicable(f"{op.name} after the matmul changes the shape")
     sa, sb = spec_of(a.type), spec_of(b.type)
     return view, _Gemm(mm, out.shape[:-2], sa.shape[-2], sb.shape[-1], sa.shape[-1],
-                       _contiguous_last(view, a), _contiguous_last(view, b))
+                       _contiguous_last(view, a), _contiguous_last(view, b), _reads_argument(view, a),
+                       _reads_argument(view, b))
+
+
+def _reads_argument(view: KernelView, v: ir.Value) -> bool:
+    """Whether v is a kernel argument of rank >= 2, maybe with its last two dims swapped
+    (what ``direct_source`` takes)."""
+    op = defining(v)
+    if op is not None and op.name == "kf.transpose":
+        perm = op_attrs(op)["perm"]
+        r = len(perm)
+        if r < 2 or perm[:-2] != list(range(r - 2)) or perm[-2:] != [r - 1, r - 2]:
+            return False
+        v = op.operands[0]
+    i = view.arg_index(v)
+    return i is not None and view.arg_specs[i].rank >= 2
 
 
 def _depends_on(op: ir.Operation, v: ir.Value) -> bool:
@@ -948,40 +1104,57 @@ class MatmulStrategy(Strategy):
                 "batch": list(gm.batch), "mma": False, "vector_bytes": staging_vector_bytes(target)}
 
     def _mma_plan(self, gm: _Gemm, target: TargetInfo) -> dict | None:
-        """Tensor cores (CUDA, f16/bf16 operands): 128x128 tiles of 8 warps (2 x 4, each
-        64 x 32: 4 x 4 mma tiles, 64 accumulators a thread) when they give about a wave
-        of workgroups, else 64x64 of 4 warps (2 x 2, each 32 x 32). BLOCK_K 32: two mma k
-        steps per staged tile; A and B tiles in the input type, B n-major so that both
-        operands' fragments are pairs of consecutive elements, rows padded by 8."""
+        """Tensor cores (CUDA, f16/bf16/fp8 operands): tiles of 8 warps (2 x 4, each
+        16 MMA_WARP_TILES[0] x 8 MMA_WARP_TILES[1]: 64 x 32 by default, 64 accumulators a
+        thread) when they give about a wave of workgroups, else 64x64 of 4 warps (2 x 2,
+        each 32 x 32). K per staged tile: MMA_K_BYTES of each row. A and B tiles in the
+        input type, rows padded by 16 bytes (the fragment loads of a warp hit 32 distinct
+        banks). With MMA_STAGES >= 2 and both operands arguments whose staged rows are
+        whole 16-byte pieces, the tiles are a cp.async pipeline of that many stages, in
+        dynamic shared memory past 48 KiB."""
         elem = spec_of(gm.mm.operands[0].type).elem
         if target.name != "cuda" or elem not in MMA_ELEMS:
             return None
         if elem in FP8_PTX and _sm(target) < 89:
             raise NotApplicable(f"fp8 tensor cores need sm_89 or later; the target is {target.chip}")
         batch = math.prod(gm.batch)
-        big = -(-gm.m // 128) * -(-gm.n // 128) * batch >= 128
-        warps_m, warps_n, tiles_m, tiles_n = (2, 4, 4, 4) if big else (2, 2, 2, 4)
-        # K per staged tile: MMA_K_BYTES of each row (64: two mma k steps, 32 elements for
-        # 16-bit types, 64 for fp8), rows padded by 16 bytes (80-byte rows: the fragment
-        # loads of a warp hit 32 distinct banks).
+        # the largest workgroup tile that still gives about a wave of workgroups
+        warps_m, warps_n, tiles_m, tiles_n = 2, 2, 2, 4
+        for wtm, wtn in dict.fromkeys([tuple(MMA_WARP_TILES), (4, 4)]):
+            if -(-gm.m // (32 * wtm)) * -(-gm.n // (32 * wtn)) * batch >= 128:
+                warps_m, warps_n, tiles_m, tiles_n = 2, 4, wtm, wtn
+                break
         esize = 1 if elem in FP8_PTX else 2
-        bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, MMA_K_BYTES // esize
+        # B is staged as it lies in memory: k-major ([k, n], read with ldmatrix.trans) when
+        # its rows run along n, else n-major ([n, k]); fp8 has no transposing ldmatrix.
+        b_k_major = gm.b_n_contiguous and elem not in FP8_PTX and MMA_LDMATRIX
+        # 64 bytes of K when B is k-major; 128 when B's rows run along k, so that they are
+        # read in whole 128-byte lines (bench/variants.py: nt 5.57 -> 3.79 ms, fp8 5.83 ->
+        # 4.48 ms; nn 3.97 -> 4.12 ms, so nn keeps 64).
+        k_bytes = MMA_K_BYTES or (64 if b_k_major else 128)
+        bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, k_bytes // esize
         threads = 32 * warps_m * warps_n
-        shared = esize * (bm + bn) * (bk + 16 // esize)
-        if threads > target.max_threads or shared > target.max_shared_bytes:
+        pad = 16 // esize
+        stage_bytes = esize * (bm * (bk + pad) + (bk * (bn + 8) if b_k_major else bn * (bk + pad)))
+        vb = staging_vector_bytes(target)
+        a_async = gm.a_direct and gm.a_k_contiguous and (gm.k * esize) % 16 == 0
+        b_async = gm.b_direct and (gm.b_n_contiguous == b_k_major) and \
+            ((gm.n if b_k_major else gm.k) * esize) % 16 == 0
+        stages = MMA_STAGES if MMA_STAGES >= 2 and vb == 16 and a_async and b_async else 1
+        while stages > 2 and stages * stage_bytes > target.max_dynamic_shared_bytes:
+            stages -= 1
+        shared = stages * stage_bytes
+        if threads > target.max_threads or shared > (target.max_dynamic_shared_bytes if stages > 1
+                                                       else target.max_shared_bytes):
             return None
         grid = [-(-gm.n // bn), -(-gm.m // bm), batch]
         if grid[2] > 65535 or grid[1] > 65535:
             return None
-        # B is staged as it lies in memory: k-major ([k, n], read with ldmatrix.trans) when
-        # its rows run along n, else n-major ([n, k]); fp8 has no transposing ldmatrix.
-        b_k_major = gm.b_n_contiguous and elem not in FP8_PTX and MMA_LDMATRIX
-        if b_k_major:
-            shared = esize * (bm * (bk + 16 // esize) + bk * (bn + 8))
         return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
                 "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": threads, "grid": grid,
                 "shared_bytes": shared, "m": gm.m, "n": gm.n, "k": gm.k, "batch": list(gm.batch), "mma": True,
-                "vector_bytes": staging_vector_bytes(target), "prefetch": MMA_PREFETCH,
+                "vector_bytes": vb, "prefetch": MMA_PREFETCH and stages == 1, "stages": stages,
+                "dynamic_shared": shared > target.max_shared_bytes, "group_m": MMA_GROUP_M,
                 "ldmatrix": MMA_LDMATRIX, "b_k_major": b_k_major}
 
     def _emit_mma(self, view: KernelView, gm: _Gemm, kernel: ir.Operation, plan: dict,
@@ -996,18 +1169,20 @@ class MatmulStrategy(Strategy):
         tc = MmaSync(spec_of(gm.mm.operands[0].type).elem)
         b_k_major, use_ldm = plan.get("b_k_major", False), plan.get("ldmatrix", False)
         pad = 16 // tc.esize  # 16 bytes a row: ldmatrix's and the fragment loads' rows hit distinct banks
+        stages = plan.get("stages", 1)
+        a_rows_s, b_rows_s = bm, (bk if b_k_major else bn)  # rows of one stage of each tile
         with kernel.location:
             g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
-                        [workgroup_memref([bm, bk + pad], tc.type),
-                         workgroup_memref([bk, bn + pad] if b_k_major else [bn, bk + pad], tc.type)],
-                        (threads, 1, 1))
+                        [workgroup_memref([stages * bm, bk + pad], tc.type),
+                         workgroup_memref([stages * bk, bn + pad] if b_k_major else [stages * bn, bk + pad], tc.type)],
+                        (threads, 1, 1), dynamic_shared=plan.get("dynamic_shared", False))
             As, Bs = g.shared
             n_in = len(view.args)
             pw = Pointwise(g, view, g.args[:n_in])
             a_val, b_val = gm.mm.operands
             with ir.InsertionPoint(g.entry):
                 tid = g.tid()
-                col_tile, row_tile = g.bid("x"), g.bid("y")
+                col_tile, row_tile = grouped_tiles(g, plan["grid"][0], plan["grid"][1], plan.get("group_m", 0))
                 batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []
                 m0, n0 = g.mul(row_tile, bm), g.mul(col_tile, bn)
                 warp, lane = g.div(tid, 32), g.rem(tid, 32)
@@ -1034,9 +1209,18 @@ class MatmulStrategy(Strategy):
                                lambda r, c: pw.eval(b_val, b_lead + [r, c]), transposed=not b_k_major,
                                direct=b_direct, vector_bytes=vb)
 
-                acc = mma_k_loop(g, K, bk, 4 * tms * tns, a_stage, b_stage, prefetch, m0, n0, stage,
-                                 lambda acc: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0,
-                                                               b_k_major, a_rows, b_cols, tig2))
+                if stages > 1:
+                    if not (a_stage.copies_async and b_stage.copies_async):
+                        raise NotApplicable(f"the plan's {stages}-stage cp.async pipeline needs both tiles "
+                                            "staged as 16-byte copies")
+                    acc = mma_pipelined_k_loop(
+                        g, K, bk, 4 * tms * tns, stages, a_stage, b_stage, m0, n0, a_rows_s, b_rows_s,
+                        lambda acc, a0, b0: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0, b_k_major,
+                                                              a_rows, b_cols, tig2, a0, b0))
+                else:
+                    acc = mma_k_loop(g, K, bk, 4 * tms * tns, a_stage, b_stage, prefetch, m0, n0, stage,
+                                     lambda acc: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0,
+                                                                   b_k_major, a_rows, b_cols, tig2))
                 outs = g.args[n_in:]
                 for i in range(tms):
                     for h in range(2):
@@ -1056,10 +1240,11 @@ class MatmulStrategy(Strategy):
 
                                 g.when(g.all_of(conds), store)
             g.finish()
-        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
+        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes,
                              {"strategy": "matmul", "tensor_cores": f"mma.sync.m16n8k{tc.k}" + (
                                  f".{FP8_PTX[tc.elem]}" if tc.fp8 else ""),
-                              "workgroup_bytes": plan["shared_bytes"], "tile": [bm, bn, bk]})
+                              "workgroup_bytes": plan["shared_bytes"], "tile": [bm, bn, bk],
+                              "stages": stages})
 
     @staticmethod
     def _shared(bm: int, bn: int, bk: int) -> int:

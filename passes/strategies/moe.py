@@ -47,7 +47,7 @@ from mlir.dialects import arith, gpu, memref
 
 from . import emit as E
 from . import matmul as matmul_strategy
-from .base import EmittedKernel, Strategy, TargetInfo, register
+from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .matmul import (
     Direct,
     GpuFunc,
@@ -234,6 +234,29 @@ class _GatherStaging(VectorStaging):
             out.append(g.guarded(cond, [self.src_t], load_row, lambda: [zero])[0])
         return out
 
+    def copy_async(self, row0: ir.Value | int, col0: ir.Value | int, tile_row0: ir.Value | int = 0) -> None:
+        """As VectorStaging.copy_async, each row read at its token's row of x: the token
+        index is loaded at a clamped (in-bounds) row and the copy moves 0 bytes (zeros)
+        outside the packed rows or past K."""
+        from mlir.dialects import nvgpu
+
+        g, d = self.g, self.direct
+        for rr, cc, in_tile in self.slots:
+            gr = arith.addi(row0, rr) if not isinstance(row0, int) else g.add(rr, row0)
+            gc = arith.addi(col0, cc) if not isinstance(col0, int) else g.add(cc, col0)
+            cond = g.all_of([g.lt(gr, self.n_rows), g.lt(gc, self.n_cols)])
+            gr, gc = arith.select(cond, gr, g.c(0)), arith.select(cond, gc, g.c(0))
+            n = arith.select(cond, g.c(self.vec), g.c(0))
+            at = [g.add(rr, tile_row0) if isinstance(tile_row0, int) else arith.addi(rr, tile_row0), cc]
+
+            def copy(gr=gr, gc=gc, n=n, at=at):
+                tok = _idx(memref.load(self.row_token, [gr]))
+                index = (g.delinearize(tok, self.token_shape) if self.token_shape else []) + [gc]
+                nvgpu.device_async_copy(self.tile, at, d.mem, index, ir.IntegerAttr.get(ir.IndexType.get(), self.vec),
+                                        src_elements=n, bypass_l1=True)
+
+            g.when(in_tile, copy)
+
 
 class MoeGemmStrategy(Strategy):
     KIND = "moe_gemm"
@@ -258,12 +281,20 @@ class MoeGemmStrategy(Strategy):
             bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 32
             # with ldmatrix, B (the expert's [K, N] weights) is staged k-major as it lies
             ldm = matmul_strategy.MMA_LDMATRIX
-            shared = 2 * (bm * (bk + 8) + (bk * (bn + 8) if ldm else bn * (bk + 8)))
-            if 32 * warps_m * warps_n <= target.max_threads and shared <= target.max_shared_bytes:
+            stage_bytes = 2 * (bm * (bk + 8) + (bk * (bn + 8) if ldm else bn * (bk + 8)))
+            # the matmul strategy's cp.async pipeline where A's rows (K) and the weights'
+            # rows (N) are whole 16-byte pieces and B is staged k-major as it lies
+            stages = matmul_strategy.MMA_STAGES if (matmul_strategy.MMA_STAGES >= 2 and ldm and k % 8 == 0
+                                                    and n_cols % 8 == 0 and common["vector_bytes"] == 16) else 1
+            while stages > 2 and stages * stage_bytes > target.max_dynamic_shared_bytes:
+                stages -= 1
+            shared = stages * stage_bytes
+            if 32 * warps_m * warps_n <= target.max_threads and shared <= target.max_dynamic_shared_bytes:
                 return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
                         "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": 32 * warps_m * warps_n,
                         "grid": self._grid(n_rows, n_cols, bm, bn, info["experts"]), "shared_bytes": shared,
-                        "mma": True, "prefetch": matmul_strategy.MMA_PREFETCH, "ldmatrix": ldm, **common}
+                        "mma": True, "prefetch": matmul_strategy.MMA_PREFETCH and stages == 1, "ldmatrix": ldm,
+                        "stages": stages, "dynamic_shared": shared > target.max_shared_bytes, **common}
         bm, bn, tm, tn = (128, 128, 8, 8) if big else (64, 64, 4, 4)
         while (bm // tm) * (bn // tn) > target.max_threads:
             bm, bn = bm // 2, bn // 2
@@ -290,11 +321,13 @@ class MoeGemmStrategy(Strategy):
             raise ValueError("the tensor-core moe_gemm plan is for CUDA")
         elem = ir.Type.parse(view.arg_specs[1].elem) if mma else ir.F32Type.get()
         ldm = mma and bool(plan.get("ldmatrix"))
-        shared = ([workgroup_memref([bm, bk + 8], elem),
-                   workgroup_memref([bk, bn + 8] if ldm else [bn, bk + 8], elem)] if mma
+        stages = plan.get("stages", 1) if mma else 1
+        shared = ([workgroup_memref([stages * bm, bk + 8], elem),
+                   workgroup_memref([stages * bk, bn + 8] if ldm else [bn, bk + 8], elem)] if mma
                   else [workgroup_memref([bk, bm + 1]), workgroup_memref([bk, bn])])
         with kernel.location:
-            g = GpuFunc(gpu_module, view.name, _arg_types(view, target), shared, (threads, 1, 1))
+            g = GpuFunc(gpu_module, view.name, _arg_types(view, target), shared, (threads, 1, 1),
+                        dynamic_shared=plan.get("dynamic_shared", False))
             with ir.InsertionPoint(g.entry):
                 tile = g.bid("y")
                 i1 = ir.IntegerType.get_signless(1)
@@ -319,9 +352,10 @@ class MoeGemmStrategy(Strategy):
                  "gather": info["gather"]}
         if mma:
             notes["tensor_cores"] = "mma.sync.m16n8k16"
+            notes["stages"] = stages
         else:
             notes["thread_tile"] = [plan["thread_m"], plan["thread_n"]]
-        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes)
+        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes, notes)
 
 
 class _Tile:
@@ -456,9 +490,20 @@ class _Tile:
             stage_tile(g, _NoMemo(), tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
                        transposed=not ldm, direct=b_direct, vector_bytes=vb)
 
-        acc = matmul_strategy.mma_k_loop(
-            g, self.K, bk, 4 * tms * tns, a_stage, b_stage, prefetch, self.m0, self.n0, stage,
-            lambda acc: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0, True, a_rows, b_cols, tig2))
+        stages = p.get("stages", 1)
+        if stages > 1:
+            if not (a_stage.copies_async and b_stage.copies_async):
+                raise NotApplicable(f"the plan's {stages}-stage cp.async pipeline needs both tiles staged as "
+                                    "16-byte copies")
+            acc = matmul_strategy.mma_pipelined_k_loop(
+                g, self.K, bk, 4 * tms * tns, stages, a_stage, b_stage, self.m0, self.n0, bm, bk,
+                lambda acc, a0, b0: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0, True, a_rows,
+                                                      b_cols, tig2, a0, b0))
+        else:
+            acc = matmul_strategy.mma_k_loop(
+                g, self.K, bk, 4 * tms * tns, a_stage, b_stage, prefetch, self.m0, self.n0, stage,
+                lambda acc: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0, True, a_rows, b_cols,
+                                              tig2))
         for i in range(tms):
             for h in range(2):
                 gr = arith.addi(self.m0, g.add(arith.addi(wm0, gid), 16 * i + 8 * h))

@@ -114,13 +114,24 @@ def test_flops_are_top_k_over_experts(top_k):
     assert grouped * experts == dense * top_k
 
 
-@needs_ptxas
-@pytest.mark.parametrize("dtype,top_k", [(torch.bfloat16, 2), (torch.float32, 1), (torch.float16, 2)])
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_cuda_build_assembles(dtype, top_k, prefetch, monkeypatch):
+#: The grouped GEMMs' K loops (module switches of the matmul strategy): one staged tile,
+#: synchronous or with register prefetch, and the cp.async pipeline.
+LOOPS = {"sync": {"MMA_STAGES": 1, "MMA_PREFETCH": False}, "prefetch": {"MMA_STAGES": 1},
+         "cp.async4": {"MMA_STAGES": 4}}
+
+
+@pytest.fixture(params=list(LOOPS))
+def k_loop(request, monkeypatch):
     import kf.passes.strategies.matmul as matmul_strategy
 
-    monkeypatch.setattr(matmul_strategy, "MMA_PREFETCH", prefetch)
+    for k, v in LOOPS[request.param].items():
+        monkeypatch.setattr(matmul_strategy, k, v)
+    return request.param
+
+
+@needs_ptxas
+@pytest.mark.parametrize("dtype,top_k", [(torch.bfloat16, 2), (torch.float32, 1), (torch.float16, 2)])
+def test_cuda_build_assembles(dtype, top_k, k_loop):
     x, gate, w_in, w_out = _inputs(1, 37, dtype)
     stages = kf.inspect(moe.moe_layer_fused.with_options(target="cuda", arch="sm_90"), x, gate, [w_in, w_out],
                         top_k=top_k).stages
@@ -131,7 +142,9 @@ def test_cuda_build_assembles(dtype, top_k, prefetch, monkeypatch):
     if dtype != torch.float32:  # the grouped GEMMs are on tensor cores
         for role in ("up", "down"):
             body = ptx[ptx.index(f".entry moe_layer_fused_moe0_{role}"):]
-            assert "mma.sync.aligned.m16n8k16" in body[:body.index("\n}")]
+            body = body[:body.index("\n}")]
+            assert "mma.sync.aligned.m16n8k16" in body
+            assert ("cp.async.cg.shared.global" in body) == (k_loop == "cp.async4")
     report = assemble(ptx, "sm_90").kernels
     for role in ("route", "up", "down", "combine"):
         info = report[f"moe_layer_fused_moe0_{role}"]
@@ -203,16 +216,11 @@ def test_other_shapes(batch, seq, hidden, ffn, experts, top_k):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the PTX is assembled above)")
 @pytest.mark.parametrize("batch,seq,top_k", [(1, 37, 2), (2, 32, 1), (1, 1000, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_moe_layer_on_cuda(batch, seq, top_k, dtype, prefetch, monkeypatch):
+def test_moe_layer_on_cuda(batch, seq, top_k, dtype, k_loop):
     """On a CUDA GPU: the tensor-core grouped GEMMs (f16, bf16) and the SIMT ones (f32)
     against eager, token by token: cuBLAS and kf may round a gate logit differently, and
     where two experts' logits are that close the top-k choice (so the token's output)
-    can differ, for at most a few tokens of a thousand. The tensor-core loop with and
-    without register prefetch (the matmul strategy's MMA_PREFETCH, off by default)."""
-    import kf.passes.strategies.matmul as matmul_strategy
-
-    monkeypatch.setattr(matmul_strategy, "MMA_PREFETCH", prefetch)
+    can differ, for at most a few tokens of a thousand. Each tensor-core K loop (LOOPS)."""
     x, gate, w_in, w_out = (t.cuda() for t in _inputs(batch, seq, dtype))
     out = moe.moe_layer_fused(x, gate, [w_in, w_out], top_k=top_k)
     ref = moe.moe_layer_fused.fn(x, gate, [w_in, w_out], top_k=top_k)
