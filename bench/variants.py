@@ -127,10 +127,26 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
     return rows
 
 
+#: Attention plan variants: AttentionStrategy switches over its defaults. "session 2" is
+#: the kernel of the 2026-12-02 afternoon run (K/V staged synchronously, 4 warps); the
+#: ones that turn block skipping off run on masked shapes only.
+ATTENTION_VARIANTS = {
+    "session 2": {"PIPELINE": False},
+    "cp.async": {"PIPELINE": True},
+    "8 warps": {"PIPELINE": False, "MMA_WARPS": 8},
+    "cp.async 8 warps": {"PIPELINE": True, "MMA_WARPS": 8},
+    "prefetch": {"PIPELINE": False, "PREFETCH": True},
+    "no skip, cp.async": {"SKIP_MASKED_BLOCKS": False, "PIPELINE": True},
+    "no skip, cp.async 8 warps": {"SKIP_MASKED_BLOCKS": False, "PIPELINE": True, "MMA_WARPS": 8},
+}
+
+
 def attention_rows(save, rows: list[dict]) -> list[dict]:
     """The seed's attention, unmasked and with a causal mask tensor (and one with a fully
     masked query row, the case that makes the skipping kernel rerun a block)."""
     import torch.nn.functional as F
+
+    defaults = {k: getattr(at.AttentionStrategy, k) for k in {k for v in ATTENTION_VARIANTS.values() for k in v}}
 
     bf = torch.bfloat16
 
@@ -153,17 +169,12 @@ def attention_rows(save, rows: list[dict]) -> list[dict]:
         flops = 4 * b * h * s * s * d / (2 if masked else 1)
         rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
         print(rows[-1], flush=True)
-        variants = ((False, False, False, 0), (True, False, False, 0), (True, False, False, 255),
-                    (True, True, False, 0), (True, False, True, 0))
-        if masked == "diagonal":
-            variants = ((True, False, False, 0), (True, False, True, 0))
-        for ldm, pre, skip, nreg in variants:
-            if skip and not masked:
-                continue
-            mm.MMA_LDMATRIX, at.AttentionStrategy.PREFETCH, at.AttentionStrategy.SKIP_MASKED_BLOCKS = ldm, pre, skip
-            at.AttentionStrategy.MAX_REGISTERS = nreg
+        names = [n for n, v in ATTENTION_VARIANTS.items() if masked or "SKIP_MASKED_BLOCKS" not in v]
+        for name_ in names:
+            for k, v in {**defaults, **ATTENTION_VARIANTS[name_]}.items():
+                setattr(at.AttentionStrategy, k, v)
             os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
-            row = {"kind": name, "variant": f"ldmatrix={ldm} prefetch={pre} skip={skip} maxnreg={nreg}"}
+            row = {"kind": name, "variant": name_}
             f = fused_attention.with_options(target="cuda")
             try:
                 x = make()
@@ -184,8 +195,8 @@ def attention_rows(save, rows: list[dict]) -> list[dict]:
             rows.append(row)
             print(row, flush=True)
             save(rows)
-    mm.MMA_LDMATRIX, at.AttentionStrategy.PREFETCH, at.AttentionStrategy.SKIP_MASKED_BLOCKS = True, False, True
-    at.AttentionStrategy.MAX_REGISTERS = 0
+    for k, v in defaults.items():
+        setattr(at.AttentionStrategy, k, v)
     return rows
 
 

@@ -153,6 +153,40 @@ def _shared_bytes(bm: int, bn: int, d: int, dv: int, tpr: int) -> int:
     return 4 * (bm * (d + 1) + bn * (max(d, dv) + 1) + bm * (bn + 1) + bm * tpr)
 
 
+def _transposed_source(v: ir.Value) -> ir.Value:
+    """The operand of a kf.transpose that defines v (K for K^T), else v."""
+    op = _matmul.defining(v)
+    return op.operands[0] if op is not None and op.name == "kf.transpose" else v
+
+
+def _pipelined_key_loop(g: GpuFunc, Sk: int, bn: int, k_stage: VectorStaging, v_stage: VectorStaging,
+                        init: list[ir.Value], key_block) -> list[ir.Value]:
+    """The key loop with K and V double-buffered by cp.async: block 0 is in flight before
+    the loop; each step waits for its block, passes one barrier (which also frees the
+    other buffer, read by the previous step), issues the next block's copies into that
+    buffer and computes on its own, so the copies overlap the products."""
+    from mlir.dialects import nvvm
+
+    k_stage.copy_async(0, 0, 0)
+    v_stage.copy_async(0, 0, 0)
+    nvvm.cp_async_commit_group()
+
+    def step(n0, carried):
+        j = g.div(n0, bn)
+        nvvm.cp_async_wait_group(0)
+        gpu.barrier()
+        nxt = g.mul(g.rem(g.add(j, 1), 2), bn)
+        n1 = g.add(n0, bn)
+        k_stage.copy_async(n1, 0, nxt)
+        v_stage.copy_async(n1, 0, nxt)
+        nvvm.cp_async_commit_group()
+        return key_block(n0, carried, g.mul(g.rem(j, 2), bn))
+
+    final = g.loop(0, Sk, bn, init, step)
+    nvvm.cp_async_wait_group(0)
+    return final
+
+
 class AttentionStrategy(Strategy):
     KIND = "attention"
 
@@ -163,6 +197,14 @@ class AttentionStrategy(Strategy):
     #: Whether tensor-core plans skip key blocks that a mask masks entirely (see
     #: ``_skipping_loop``).
     SKIP_MASKED_BLOCKS = True
+
+    #: Whether tensor-core plans without block skipping double-buffer K and V with
+    #: cp.async (the next block's copies in flight during this block's products), where
+    #: both are arguments read as they lie with rows of whole 16-byte pieces. H200,
+    #: 4x32x2048 bf16 (bench/results/variants-attention-pipeline-2026-12-02.json): head
+    #: dim 128 1.30 -> 1.04 ms, 64 0.64 -> 0.57 ms. Eight warps (MMA_WARPS) were slower
+    #: in every case there.
+    PIPELINE = True
 
     #: A register budget for the tensor-core kernel (``.maxnreg``), or 0 for ptxas's own
     #: choice, which caps it at 168 for 128 threads (three workgroups an SM) and then
@@ -242,13 +284,21 @@ class AttentionStrategy(Strategy):
         batch = math.prod(ch.batch)
         if batch > 65535:
             return None
+        ldm = _matmul.MMA_LDMATRIX and dv % 16 == 0
+        skip = self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None
+        view = ch.view
+        reads_args = all(view.arg_index(x) is not None for x in (_transposed_source(ch.kt), ch.v)) and \
+            ch.k_d_contiguous and _contiguous_last(view, ch.v)
+        stages = 2 if (self.PIPELINE and ldm and not skip and not self.PREFETCH and reads_args
+                       and staging_vector_bytes(target) == 16 and (2 * shared) <= target.max_dynamic_shared_bytes) \
+            else 1
+        shared *= stages
         return {"block_m": bm, "block_n": bn, "threads": 32 * self.MMA_WARPS, "lanes_per_row": 4,
+                "stages": stages, "dynamic_shared": shared > target.max_shared_bytes,
                 "grid": [-(-ch.seq_q // bm), batch, 1], "shared_bytes": shared, "seq_q": ch.seq_q,
                 "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "unroll": 1,
                 "mma": True, "vector_bytes": staging_vector_bytes(target), "prefetch": self.PREFETCH,
-                "ldmatrix": _matmul.MMA_LDMATRIX and dv % 16 == 0,
-                "skip_masked_blocks": self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None,
-                "max_registers": self.MAX_REGISTERS}
+                "ldmatrix": ldm, "skip_masked_blocks": skip, "max_registers": self.MAX_REGISTERS}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = _Chain(kernel)
@@ -407,9 +457,11 @@ class AttentionStrategy(Strategy):
         D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
         elem = spec_of(ch.q.type).elem
         et = ir.Type.parse(elem)
+        stages = plan.get("stages", 1)
         with kernel.location:
             g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
-                        [workgroup_memref([bn, D + 8], et), workgroup_memref([bn, Dv + 8], et)], (threads, 1, 1))
+                        [workgroup_memref([stages * bn, D + 8], et), workgroup_memref([stages * bn, Dv + 8], et)],
+                        (threads, 1, 1), dynamic_shared=plan.get("dynamic_shared", False))
             Ks, Vs = g.shared
             if plan.get("max_registers"):
                 g.op.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
@@ -462,7 +514,7 @@ class AttentionStrategy(Strategy):
                 v_stage = VectorStaging(g, tid, threads, Vs, bn, Dv, Sk, Dv, False, v_direct, vb)
                 # Register prefetch: the next block's K and V are loaded before this block's
                 # products, so their latency hides behind the tensor cores.
-                prefetch = plan.get("prefetch", False) and k_stage.ok and v_stage.ok
+                prefetch = plan.get("prefetch", False) and k_stage.ok and v_stage.ok and stages == 1
                 n_pre = len(k_stage.slots) + len(v_stage.slots) if prefetch else 0
                 first = k_stage.load(0, 0, True) + v_stage.load(0, 0, True) if prefetch else []
 
@@ -473,29 +525,35 @@ class AttentionStrategy(Strategy):
                     # libdevice's expf takes about ten; -inf still gives 0.
                     return mmath.exp2(arith.mulf(x, log2e))
 
-                def key_block(n0, carried):
+                def key_block(n0, carried, kv_row0=None):
+                    """One key block; ``kv_row0``: the block is already staged (the
+                    pipeline), at that row of the stacked K and V tiles."""
                     m, l, o = carried[0:2], carried[2:4], carried[4:len(carried) - n_pre]
-                    gpu.barrier()  # the previous block's fragment reads are done
-                    if prefetch:
-                        staged = carried[len(carried) - n_pre:]
-                        k_stage.store(staged[:len(k_stage.slots)])
-                        v_stage.store(staged[len(k_stage.slots):])
-                    else:
-                        stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
-                                   lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct, vector_bytes=vb)
-                        stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
-                                   lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct, vector_bytes=vb)
-                    gpu.barrier()
+                    if kv_row0 is None:
+                        gpu.barrier()  # the previous block's fragment reads are done
+                        if prefetch:
+                            staged = carried[len(carried) - n_pre:]
+                            k_stage.store(staged[:len(k_stage.slots)])
+                            v_stage.store(staged[len(k_stage.slots):])
+                        else:
+                            stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
+                                       lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct, vector_bytes=vb)
+                            stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
+                                       lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct, vector_bytes=vb)
+                        gpu.barrier()
                     upcoming = []
                     if prefetch:
                         n1 = g.add(n0, bn)
                         upcoming = k_stage.load(n1, 0, True) + v_stage.load(n1, 0, True)
                     s = []
+                    if lt is not None:
+                        k_row = lt["b_n"] if kv_row0 is None else arith.addi(lt["b_n"], kv_row0)
+                        v_row = lt["bt_k"] if kv_row0 is None else arith.addi(lt["bt_k"], kv_row0)
                     if lt is not None:  # two 8-key tiles' K fragments per ldmatrix.x4
                         s = [[zero] * 4 for _ in range(bn // 8)]
                         for t in range(D // 16):
                             for j in range(0, bn // 8, 2):
-                                r = tc.ldmatrix(g, Ks, g.add(lt["b_n"], 8 * j), g.add(lt["b_k"], 16 * t))
+                                r = tc.ldmatrix(g, Ks, g.add(k_row, 8 * j), g.add(lt["b_k"], 16 * t))
                                 s[j] = tc(q_frag[t], r[0:2], s[j])
                                 s[j + 1] = tc(q_frag[t], r[2:4], s[j + 1])
                     for j in range(bn // 8 if lt is None else 0):
@@ -546,7 +604,7 @@ class AttentionStrategy(Strategy):
                              tc.pack(pe[2 * kk + 1][0], pe[2 * kk + 1][1]), tc.pack(pe[2 * kk + 1][2], pe[2 * kk + 1][3])]
                         if lt is not None:  # V is [key, d]: its B fragments by ldmatrix.trans, two d tiles each
                             for n in range(0, n_o, 2):
-                                r = tc.ldmatrix(g, Vs, g.add(lt["bt_k"], 16 * kk), g.add(lt["bt_n"], 8 * n), True)
+                                r = tc.ldmatrix(g, Vs, g.add(v_row, 16 * kk), g.add(lt["bt_n"], 8 * n), True)
                                 o[4 * n:4 * n + 4] = tc(a, r[0:2], o[4 * n:4 * n + 4])
                                 o[4 * n + 4:4 * n + 8] = tc(a, r[2:4], o[4 * n + 4:4 * n + 8])
                             continue
@@ -561,6 +619,11 @@ class AttentionStrategy(Strategy):
                 init = [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o)
                 if ch.mask_cond is not None and not prefetch and plan.get("skip_masked_blocks", False):
                     final = self._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead)
+                elif stages > 1:
+                    if not (k_stage.copies_async and v_stage.copies_async and lt is not None):
+                        raise NotApplicable("the plan's cp.async K/V pipeline needs both tiles staged as 16-byte "
+                                            "copies and ldmatrix fragments")
+                    final = _pipelined_key_loop(g, Sk, bn, k_stage, v_stage, init, key_block)
                 else:
                     final = g.loop(0, Sk, bn, init + first, key_block)
                 totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
@@ -574,9 +637,10 @@ class AttentionStrategy(Strategy):
 
                     g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
             g.finish()
-        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
+        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes,
                              {"strategy": "attention", "tensor_cores": "mma.sync.m16n8k16",
-                              "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn})
+                              "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn,
+                              "stages": stages})
 
     @staticmethod
     def _skipping_loop(g: GpuFunc, pw: Pointwise, ch: _Chain, key_block, init: list[ir.Value], rows: list[ir.Value],

@@ -363,11 +363,16 @@ def test_attention_tensor_cores_ptxas(d, elem):
 
 
 @needs_ptxas
-def test_unmasked_attention_has_no_block_skipping():
-    built = attention(2, 8, 257, 257, 64, "bf16")
-    plan, _ = built.emit(CUDA)
-    ptx, _ = cuda_report(built)
+@pytest.mark.parametrize("d", [64, 128])
+def test_unmasked_attention_has_no_block_skipping(d):
+    """Without a mask nothing is skipped, and K and V are double-buffered by cp.async
+    instead (two stacked stages)."""
+    built = attention(2, 8, 257, 257, d, "bf16")
+    plan, emitted = built.emit(CUDA)
+    ptx, r = cuda_report(built)
     assert not plan["skip_masked_blocks"] and "bar.red" not in ptx
+    assert plan["stages"] == 2 and "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
+    assert r["spill_store_bytes"] == 0 and r["shared_bytes"] + emitted.shared_bytes >= plan["shared_bytes"], r
 
 
 def test_attention_tensor_cores_only_where_they_apply():
@@ -567,14 +572,29 @@ def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
     return out.cpu(), ptx
 
 
+#: The tensor-core attention's key loops (AttentionStrategy switches): K and V staged
+#: synchronously, with register prefetch, or double-buffered by cp.async.
+ATTENTION_LOOPS = {"sync": {"PIPELINE": False, "PREFETCH": False}, "prefetch": {"PIPELINE": False, "PREFETCH": True},
+                   "cp.async": {"PIPELINE": True, "PREFETCH": False},
+                   "cp.async-8warps": {"PIPELINE": True, "PREFETCH": False, "MMA_WARPS": 8}}
+
+
+@pytest.fixture(params=list(ATTENTION_LOOPS))
+def attention_loop(request, monkeypatch):
+    from kf.passes.strategies.attention import AttentionStrategy
+
+    for k, v in ATTENTION_LOOPS[request.param].items():
+        monkeypatch.setattr(AttentionStrategy, k, v)
+    return request.param
+
+
 @needs_cuda
-@pytest.mark.parametrize("prefetch", [False, True], ids=["sync", "prefetch"])
 @pytest.mark.parametrize("b,h,seq,d,elem,mask_shape", ATTENTION_CASES + [
     (2, 8, 1000, 64, "f16", (2, 1, 1000, 1000)), (2, 4, 513, 128, "bf16", (513, 513)), (1, 2, 257, 128, "f16", None),
     (1, 2, 100, 80, "f16", (100, 100)), (2, 2, 1, 64, "bf16", None)])
-def test_attention_cuda(b, h, seq, d, elem, mask_shape, prefetch):
+def test_attention_cuda(b, h, seq, d, elem, mask_shape, attention_loop):
     built = attention(b, h, seq, seq, d, elem, mask_shape)
-    plan, emitted = emit_with(built, CUDA, prefetch=prefetch)
+    plan, emitted = built.emit(CUDA)
     gen = torch.Generator().manual_seed(seq * d + b + 1)
     k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
     args, mask = [k, q, v], None
