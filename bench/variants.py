@@ -210,7 +210,9 @@ def rowwise_rows(save, rows: list[dict]) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from seed_examples import metal_layer_norm
 
-    for (r, c, dt) in ((8192, 4096, torch.bfloat16), (8192, 4096, torch.float32), (32768, 8192, torch.bfloat16)):
+    default_cap = RowwiseStrategy.MAX_ROW_THREADS
+    for (r, c, dt) in ((8192, 4096, torch.bfloat16), (8192, 4096, torch.float32), (32768, 8192, torch.bfloat16),
+                       (32768, 8192, torch.float32)):
         def make():
             return (torch.randn(r, c, device="cuda", dtype=dt), torch.randn(c, device="cuda", dtype=dt),
                     torch.randn(c, device="cuda", dtype=dt))
@@ -221,7 +223,7 @@ def rowwise_rows(save, rows: list[dict]) -> list[dict]:
         base = {"F.layer_norm": median_ms(lambda x, w, b: F.layer_norm(x, (c,), w, b), ins)}
         rows.append({"kind": name, "variant": "torch", **base, "GB/s": nbytes / base["F.layer_norm"] / 1e6})
         print(rows[-1], flush=True)
-        for cap in (0, 128, 32):
+        for cap in (0, 128, 256, 512):
             RowwiseStrategy.MAX_ROW_THREADS = cap
             os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
             row = {"kind": name, "variant": f"max_row_threads={cap}"}
@@ -238,7 +240,7 @@ def rowwise_rows(save, rows: list[dict]) -> list[dict]:
             rows.append(row)
             print(row, flush=True)
             save(rows)
-    RowwiseStrategy.MAX_ROW_THREADS = 0
+    RowwiseStrategy.MAX_ROW_THREADS = default_cap
     return rows
 
 
