@@ -9,7 +9,7 @@ The pass runs the upstream NVVM path that DESIGN.md records as checked:
 
     nvvm-attach-target{chip=...}
     gpu.module(expand-strided-metadata, lower-affine, math-extend-to-supported-types,
-               convert-vector-to-scf, convert-scf-to-cf,
+               convert-vector-to-scf, convert-scf-to-cf, convert-nvgpu-to-nvvm,
                convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1}, convert-nvvm-to-llvm,
                canonicalize, cse)
     reconcile-unrealized-casts
@@ -33,6 +33,10 @@ Why these choices:
   ``nvvm-reflect-ftz`` module flag (flush-to-zero math, as nvcc's -ftz=true).
 - ``math-extend-to-supported-types`` computes f16/bf16 math in f32: libdevice has only
   f32/f64 entry points. f16/bf16 *loads and stores* need nothing: they are ``ld.global.b16``.
+- ``convert-nvgpu-to-nvvm`` lowers the ``nvgpu.device_async_copy`` of the strategies'
+  cp.async pipelines (GEMM, MoE, attention) to ``cp.async.cg.shared.global`` with the
+  address arithmetic of their memref operands (the commit and wait are NVVM ops already).
+  It runs before convert-gpu-to-nvvm, while those operands are still memrefs.
 - scf must be lowered inside the gpu.module, before convert-gpu-to-nvvm, or a leftover
   cast stops the LLVM translation (DESIGN.md).
 

@@ -191,14 +191,16 @@ func.func @mlp(%x: tensor<257x65xf32>, %w: tensor<129x65xf32>, %b: tensor<129xf3
 // -----
 
 // The same layer in f16 on CUDA takes the tensor cores: A and B tiles in f16 (B
-// n-major, as the transposed weight lies in memory), mma.sync m16n8k16 from fragments
+// n-major, as the transposed weight lies in memory; 128 bytes of K a row), staged
+// synchronously (rows of 65 elements are not whole 16-byte pieces, so no cp.async),
+// mma.sync m16n8k16 from fragments
 // that ldmatrix reads of both, bias and GELU on the f32
 // accumulators; SPIR-V keeps the SIMT GEMM.
 // CHECK-LABEL: func.func private @mlp16_k0_matmul
 // CUDA: gpu.func @mlp16_k0_matmul
-// CUDA-SAME: workgroup(%[[A:.*]] : memref<64x40xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[B:.*]] : memref<64x40xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CUDA-SAME: workgroup(%[[A:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[B:.*]] : memref<64x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CUDA-SAME: known_block_size = array<i32: 128, 1, 1>
-// CUDA: scf.for {{.*}} = %c0 to %c65 step %c32 iter_args({{.*}}) -> ({{(f32, ){31}f32}})
+// CUDA: scf.for {{.*}} = %c0 to %c65 step %c64 iter_args({{.*}}) -> ({{(f32, ){31}f32}})
 // CUDA: gpu.barrier
 // CUDA: memref.store {{.*}}, %[[A]]
 // CUDA: memref.store {{.*}}, %[[B]]
@@ -227,4 +229,38 @@ func.func private @mlp16_k0_matmul(%x: tensor<257x65xf16>, %w: tensor<129x65xf16
 func.func @mlp16(%x: tensor<257x65xf16>, %w: tensor<129x65xf16>, %b: tensor<129xf16>) -> tensor<257x129xf16> {
   %0 = call @mlp16_k0_matmul(%x, %w, %b) : (tensor<257x65xf16>, tensor<129x65xf16>, tensor<129xf16>) -> tensor<257x129xf16>
   return %0 : tensor<257x129xf16>
+}
+
+// -----
+
+// Rows of whole 16-byte pieces (K 128, N 136), for CUDA the tiles are a 4-stage cp.async
+// pipeline, stacked four times in workgroup memory (4 x 64 rows of A, 4 x 32 k-rows of B
+// as it lies, n-major); three K blocks are in flight before the loop, and each step waits
+// for its own (wait.group 2), passes one barrier, issues the block three ahead and
+// multiplies with ldmatrix fragments of its stage. SPIR-V stages synchronously.
+// CHECK-LABEL: func.func private @gemm16_k0_matmul
+// CUDA: gpu.func @gemm16_k0_matmul
+// CUDA-SAME: workgroup(%[[A:.*]] : memref<256x40xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %[[B:.*]] : memref<128x72xf16, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CUDA-COUNT-3: nvvm.cp.async.commit.group
+// CUDA: scf.for {{.*}} = %c0 to %c128 step %c32 iter_args({{.*}}) -> ({{(f32, ){31}f32}})
+// CUDA: nvvm.cp.async.wait.group 2
+// CUDA-NEXT: gpu.barrier
+// CUDA: nvgpu.device_async_copy {{.*}}, %[[A]]{{.*}}, 8, {{.*}} {bypassL1}
+// CUDA: nvgpu.device_async_copy {{.*}}, %[[B]]{{.*}}, 8, {{.*}} {bypassL1}
+// CUDA: nvvm.cp.async.commit.group
+// CUDA: nvvm.ldmatrix
+// CUDA: nvvm.mma.sync
+// CUDA: scf.yield
+// CUDA: nvvm.cp.async.wait.group 0
+// SPIRV: gpu.func @gemm16_k0_matmul
+// SPIRV-NOT: nvgpu
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: cp.async.cg.shared.global
+func.func private @gemm16_k0_matmul(%x: tensor<200x128xf16>, %w: tensor<128x136xf16>) -> tensor<200x136xf16> attributes {kf.kernel = "matmul", kf.fused_lines = ["gemm.py:2"]} {
+  %y = "kf.matmul"(%x, %w) : (tensor<200x128xf16>, tensor<128x136xf16>) -> tensor<200x136xf16>
+  return %y : tensor<200x136xf16>
+}
+func.func @gemm16(%x: tensor<200x128xf16>, %w: tensor<128x136xf16>) -> tensor<200x136xf16> {
+  %0 = call @gemm16_k0_matmul(%x, %w) : (tensor<200x128xf16>, tensor<128x136xf16>) -> tensor<200x136xf16>
+  return %0 : tensor<200x136xf16>
 }
