@@ -4,8 +4,8 @@ too) and timed beside cuBLAS / torch._scaled_mm / SDPA in one process.
 
     source .device/prelude.sh && python3 bench/variants.py --out $OUT/variants.json [--only gemm|attention]
 
-Variants are module switches of passes/strategies/matmul.py (GEMM_VARIANTS below: the
-cp.async pipeline depth, warp tile, workgroup grouping) and, for attention with a causal mask,
+Variants are module switches of passes/strategies/matmul.py and wgmma.py (GEMM_VARIANTS
+below: mma.sync or wgmma, the cp.async pipeline depth, tile widths, workgroup grouping) and, for attention with a causal mask,
 AttentionStrategy.SKIP_MASKED_BLOCKS. Each variant gets its own cache folder, as the
 switches are not part of the cache key.
 """
@@ -28,6 +28,7 @@ from bench import median_ms, rel_err, rotated  # noqa: E402
 import kf  # noqa: E402
 from kf.passes.strategies import attention as at  # noqa: E402
 from kf.passes.strategies import matmul as mm  # noqa: E402
+from kf.passes.strategies import wgmma as wg  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from seed_examples import fused_attention  # noqa: E402
@@ -63,21 +64,31 @@ FNS = {"nn": nn, "nt": nt, "fp8": scaled}
 #: the module's defaults. "session 2" is the kernel of the 2026-12-02 afternoon run (one
 #: staged tile, register prefetch, workgroups row by row).
 GEMM_VARIANTS = {
-    "session 2": {"MMA_STAGES": 1, "MMA_GROUP_M": 0},
+    "mma.sync x4 (session 3)": {"WGMMA": False},
+    "wgmma x4 n256": {},
+    "wgmma x3 n256": {"WGMMA_STAGES": 3},
+    "wgmma x4 n256 none in flight": {"WGMMA_INFLIGHT": 0},
+    "wgmma x6 n128": {"WGMMA_MAX_N": 128, "WGMMA_STAGES": 6},
+    "wgmma x4 n128": {"WGMMA_MAX_N": 128},
+    "wgmma x4 n256 ungrouped": {"MMA_GROUP_M": 0},
+    "session 2": {"WGMMA": False, "MMA_STAGES": 1, "MMA_GROUP_M": 0},
     "1 stage grouped": {"MMA_STAGES": 1},
-    "cp.async x2": {"MMA_STAGES": 2},
-    "cp.async x3": {"MMA_STAGES": 3},
-    "cp.async x4": {"MMA_STAGES": 4},
-    "cp.async x3 ungrouped": {"MMA_STAGES": 3, "MMA_GROUP_M": 0},
-    "cp.async x3 64x64 warps": {"MMA_STAGES": 3, "MMA_WARP_TILES": (4, 8)},
-    "cp.async x4 64x64 warps": {"MMA_STAGES": 4, "MMA_WARP_TILES": (4, 8)},
+    "cp.async x2": {"WGMMA": False, "MMA_STAGES": 2},
+    "cp.async x3": {"WGMMA": False, "MMA_STAGES": 3},
+    "cp.async x3 ungrouped": {"WGMMA": False, "MMA_STAGES": 3, "MMA_GROUP_M": 0},
+    "cp.async x3 64x32 warps": {"WGMMA": False, "MMA_STAGES": 3, "MMA_WARP_TILES": (4, 4)},
 }
+
+
+def _switches(name: str):
+    """The module a GEMM switch lives in: matmul.py (MMA_*) or wgmma.py (WGMMA*)."""
+    return wg if name.startswith("WGMMA") else mm
 
 
 def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VARIANTS)) -> list[dict]:
     rows = []
     s = size
-    defaults = {k: getattr(mm, k) for k in {k for v in GEMM_VARIANTS.values() for k in v}}
+    defaults = {k: getattr(_switches(k), k) for k in {k for v in GEMM_VARIANTS.values() for k in v}}
     for kind in kinds:
         make = inputs(kind, s, s, s)
         ins = rotated(make)
@@ -89,7 +100,7 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
         print(kind, base, flush=True)
         for name in variants:
             for k, v in {**defaults, **GEMM_VARIANTS[name]}.items():
-                setattr(mm, k, v)
+                setattr(_switches(k), k, v)
             os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
             row = {"kind": kind, "variant": name}
             f = kf.jit(FNS[kind])
@@ -98,7 +109,8 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
                 errs = []
                 # off the tile grid; torch._scaled_mm (whose meta kf's capture runs) takes
                 # multiples of 16 only
-                odd = ((1008, 784, 336), (144, 272, 4096)) if kind == "fp8" else ((1000, 777, 336), (130, 264, 4096))
+                odd = ((1008, 784, 336), (144, 272, 4096)) if kind == "fp8" else \
+                    ((1000, 776, 328), (130, 264, 4096), (1000, 777, 336))
                 for (m, n, k) in ((s, s, s), *odd):
                     x = make() if (m, n, k) == (s, s, s) else inputs(kind, m, n, k)()
                     out = f(*x)
@@ -110,7 +122,8 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
                 row["compile_and_check_s"] = time.perf_counter() - t0
                 row["rel_err"] = errs
                 row["plan"] = {k: v for k, v in kf.explain(f, *make(), file=None).kernels[0].plan.items()
-                               if k in ("block_m", "block_n", "block_k", "stages", "shared_bytes", "group_m")}
+                               if k in ("block_m", "block_n", "block_k", "stages", "shared_bytes", "group_m", "wgmma",
+                                         "inflight")}
                 if max(errs) < 2e-2:
                     row["kf"] = median_ms(f, ins)
                     row["kf/cuBLAS"] = base["cuBLAS"] / row["kf"]
@@ -123,7 +136,7 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
             print(row, flush=True)
             save(rows)
     for k, v in defaults.items():
-        setattr(mm, k, v)
+        setattr(_switches(k), k, v)
     return rows
 
 

@@ -157,7 +157,10 @@ def _user_code(fn: Callable):
 
 
 def target_arch(options: Options) -> str:
-    """The architecture a target compiles for: sm_XX of the current CUDA device."""
+    """The architecture a target compiles for: sm_XX of the current CUDA device, and
+    sm_90a on Hopper (as Triton does: its arch-specific instructions, wgmma among them,
+    run only on sm_90 itself; kf's cubins are built per device anyway). Without a GPU,
+    sm_90a, the H200 kf is measured on."""
     if options.target != "cuda":
         return ""
     if options.arch:
@@ -166,8 +169,8 @@ def target_arch(options: Options) -> str:
 
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}"
-    return "sm_90"
+        return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+    return "sm_90a"
 
 
 def debug() -> bool:

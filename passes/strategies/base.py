@@ -38,7 +38,8 @@ class TargetInfo:
         programming guide's table for the chip; the static limit elsewhere."""
         if self.name != "cuda":
             return self.max_shared_bytes
-        sm = int(self.chip[3:]) if self.chip[3:].isdigit() else 0
+        digits = "".join(ch for ch in self.chip if ch.isdigit())  # sm_90a -> 90
+        sm = int(digits) if digits else 0
         if sm >= 90:
             return 227 * 1024
         if sm in (80, 87):

@@ -1117,6 +1117,11 @@ class MatmulStrategy(Strategy):
             return None
         if elem in FP8_PTX and _sm(target) < 89:
             raise NotApplicable(f"fp8 tensor cores need sm_89 or later; the target is {target.chip}")
+        from . import wgmma
+
+        hopper = wgmma.plan(gm, target)
+        if hopper is not None:
+            return hopper
         batch = math.prod(gm.batch)
         # the largest workgroup tile that still gives about a wave of workgroups
         warps_m, warps_n, tiles_m, tiles_n = 2, 2, 2, 4
@@ -1255,6 +1260,10 @@ class MatmulStrategy(Strategy):
         if plan.get("mma"):
             if target.name != "cuda":
                 raise NotApplicable("the tensor-core matmul plan is for CUDA")
+            if plan.get("wgmma"):
+                from . import wgmma
+
+                return wgmma.emit(view, gm, kernel, plan, gpu_module, target)
             return self._emit_mma(view, gm, kernel, plan, gpu_module, target)
         bm, bn, bk = plan["block_m"], plan["block_n"], plan["block_k"]
         tm, tn, threads = plan["thread_m"], plan["thread_n"], plan["threads"]

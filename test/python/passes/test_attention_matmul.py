@@ -24,6 +24,7 @@ from mlir.dialects import func
 
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 SPIRV, CUDA = TargetInfo.for_target("spirv"), TargetInfo.for_target("cuda")
+HOPPER = TargetInfo.for_target("cuda", chip="sm_90a")  # wgmma
 
 
 def _vulkan():
@@ -128,12 +129,13 @@ def spirv_run(built: Built, emitted, args, out_shape, out_elem):
     return out, k
 
 
-def cuda_report(built: Built):
+def cuda_report(built: Built, chip: str = "sm_90", log: bool = False):
     from kf.passes import to_cuda
 
-    ptx = to_cuda.compile_to_ptx(built.gpu_text())["kf_kernels"]
-    [report] = to_cuda.assemble(ptx, "sm_90").kernels.values()
-    return ptx, report
+    ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
+    assembled = to_cuda.assemble(ptx, chip)
+    [report] = assembled.kernels.values()
+    return (ptx, report, assembled.log) if log else (ptx, report)
 
 
 def randn(shape, elem, gen):
@@ -510,6 +512,60 @@ def test_matmul_plan_variants_assemble(switches, monkeypatch):
     assert (plan["block_m"], plan["block_n"]) == (128, 32 * tuple(mm.MMA_WARP_TILES)[1])
 
 
+def matmul_nt(m, k, n, elem):
+    """a @ b.T with b stored [n, k] (nn.Linear's weight): both operands K-major."""
+    return Built("matmul", [TensorSpec((m, k), elem), TensorSpec((n, k), elem)],
+                 lambda a, b: [kb.matmul(a, kb.transpose(b, perm=[1, 0]))])
+
+
+@needs_ptxas
+@pytest.mark.parametrize("layout,elem", [("nn", "bf16"), ("nt", "bf16"), ("nn", "f16"), ("nt", "f8E4M3FN"),
+                                         ("nt", "f8E5M2")])
+def test_matmul_wgmma_ptxas(layout, elem):
+    """On sm_90a the GEMM is wgmma: m64n256 (k16, k32 for fp8) from 128-byte swizzled
+    tiles, B transposed by the instruction when it lies k-by-n, a cp.async pipeline whose
+    copies are fenced for the async proxy; ptxas neither spills nor serializes the wgmmas."""
+    built = matmul_bias_gelu(8192, 4096, 8192, elem) if layout == "nn" else matmul_nt(8192, 4096, 8192, elem)
+    plan, emitted = built.emit(HOPPER)
+    assert plan["wgmma"] and (plan["block_m"], plan["block_n"], plan["threads"]) == (128, 256, 256)
+    assert plan["block_k"] * (1 if elem.startswith("f8") else 2) == 128 and plan["b_k_major"] == (layout == "nt")
+    ptx, r, log = cuda_report(built, "sm_90a", log=True)
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+    ptx_t = {"f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}.get(elem, elem)
+    k = 32 if elem.startswith("f8") else 16
+    inst = [ln.split()[0] for ln in ptx.splitlines() if ln.startswith("wgmma.mma_async")]
+    assert inst and set(inst) == {f"wgmma.mma_async.sync.aligned.m64n256k{k}.f32.{ptx_t}.{ptx_t}"}
+    # the immediates after the descriptors: scale-d predicate, scale-a, scale-b, trans-a, trans-b
+    mma = next(ln for ln in ptx.splitlines() if ln.startswith("wgmma.mma_async"))
+    tail = "p,1,1;" if elem.startswith("f8") else f"p,1,1,0,{int(layout == 'nn')};"  # fp8: no transposes
+    assert mma.replace(" ", "").endswith(tail)
+    assert "fence.proxy.async.shared::cta" in ptx and "wgmma.wait_group.sync.aligned \t1" in ptx
+    assert "cp.async.cg.shared.global" in ptx and "serialized" not in log
+    assert emitted.shared_bytes == plan["shared_bytes"] == plan["stages"] * (128 + 256) * 128 + 1024
+
+
+def test_matmul_wgmma_only_where_it_applies():
+    """mma.sync stays for sm_90 (not sm_90a), rows that are not 16-byte pieces (cp.async),
+    a transposed A, fp8 with a k-by-n B (wgmma transposes 16-bit types only), and f32."""
+    def plan(built, target=HOPPER):
+        with built.ctx, ir.Location.unknown():
+            return strategy_for("matmul").plan(built.kernel.operation, target)
+
+    assert plan(matmul_bias_gelu(512, 512, 512, "bf16"))["wgmma"]
+    assert "wgmma" not in plan(matmul_bias_gelu(512, 512, 512, "bf16"), CUDA)
+    assert "wgmma" not in plan(matmul_bias_gelu(512, 65, 512, "bf16"))
+    assert "wgmma" not in plan(matmul_bias_gelu(512, 512, 500, "bf16"))  # B's rows: 1000 bytes
+    assert plan(matmul_bias_gelu(512, 512, 504, "bf16"))["wgmma"]
+    assert "wgmma" not in plan(matmul_bias_gelu(512, 512, 516, "f8E4M3FN"))
+    assert plan(matmul_nt(512, 512, 512, "f8E4M3FN"))["wgmma"]
+    assert not plan(matmul_bias_gelu(512, 512, 512, "f32"))["mma"]
+    ta = Built("matmul", [TensorSpec((64, 512), "bf16"), TensorSpec((64, 512), "bf16")],
+               lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), b)])
+    assert "wgmma" not in plan(ta)
+    # small outputs narrow the tile until the grid is about a wave
+    assert plan(matmul_bias_gelu(512, 512, 512, "bf16"))["block_n"] == 64
+
+
 # ---- from the seed through kf-fuse and kf-map-to-gpu -------------------------------------
 
 
@@ -562,7 +618,8 @@ def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
     from kf.passes import to_cuda
     from kf.runtime import cuda as kcuda
 
-    chip = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    cap = torch.cuda.get_device_capability()
+    chip = "sm_90a" if cap == (9, 0) else "sm_{}{}".format(*cap)  # as kf's driver picks it
     ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
     out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem], device="cuda")
     k = kcuda.CudaKernel(kcuda.CudaModule(ptx), emitted.name, emitted.grid, emitted.block, emitted.shared_bytes,
@@ -650,16 +707,24 @@ def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, kind, skip
 #: pipeline with 64 x 64 warp tiles (128 x 256 workgroup tiles on large outputs).
 GEMM_LOOPS = {"sync": {"MMA_STAGES": 1, "MMA_PREFETCH": False}, "prefetch": {"MMA_STAGES": 1},
               "cp.async3-64x32": {"MMA_STAGES": 3, "MMA_WARP_TILES": (4, 4)},
-              "cp.async4-64x64": {"MMA_STAGES": 4, "MMA_WARP_TILES": (4, 8)}}
+              "cp.async4-64x64": {"MMA_STAGES": 4, "MMA_WARP_TILES": (4, 8)},
+              "wgmma": {}, "wgmma3-n128": {"WGMMA_STAGES": 3, "WGMMA_MAX_N": 128}}
 
 
 @pytest.fixture(params=list(GEMM_LOOPS))
-def gemm_loop(request, monkeypatch):
+def gemm_loop(request, monkeypatch) -> TargetInfo:
+    """The target to plan for, with the loop's switches set: sm_90 for the mma.sync
+    loops, sm_90a (and a Hopper device) for wgmma."""
     from kf.passes.strategies import matmul as mm
+    from kf.passes.strategies import wgmma as wg
 
     for k, v in GEMM_LOOPS[request.param].items():
-        monkeypatch.setattr(mm, k, v)
-    return request.param
+        monkeypatch.setattr(wg if k.startswith("WGMMA") else mm, k, v)
+    if request.param.startswith("wgmma"):
+        if torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("wgmma needs an sm_90 device")
+        return HOPPER
+    return CUDA
 
 
 @needs_cuda
@@ -671,7 +736,8 @@ def test_matmul_bias_gelu_cuda(elem, m, k, n, gemm_loop):
     that are not whole 16-byte pieces (K 65: no cp.async) and a grid big enough for the
     large plans (2000 x 2296)."""
     built = matmul_bias_gelu(m, k, n, elem)
-    plan, emitted = built.emit(CUDA)
+    plan, emitted = built.emit(gemm_loop)
+    assert plan.get("wgmma", False) == (gemm_loop is HOPPER and elem != "f32" and k % 8 == 0 and n % 8 == 0)
     gen = torch.Generator().manual_seed(m + k)
     a, b, bias = randn((m, k), elem, gen), randn((k, n), elem, gen), randn((n,), elem, gen)
     out, _ = cuda_run(built, plan, emitted, [a, b, bias], (m, n), elem)
@@ -685,7 +751,7 @@ def test_matmul_bias_gelu_cuda(elem, m, k, n, gemm_loop):
 @pytest.mark.parametrize("elem,transpose_b", [("f32", False), ("f16", True), ("bf16", False)])
 def test_matmul_batched_broadcast_cuda(elem, transpose_b, mkn, gemm_loop):
     built, (m, k, n, bshape) = matmul_batched(elem, transpose_b, mkn)
-    plan, emitted = built.emit(CUDA)
+    plan, emitted = built.emit(gemm_loop)
     gen = torch.Generator().manual_seed(9)
     a, b, s = randn((2, 1, m, k), elem, gen), randn(bshape, elem, gen), torch.tensor(0.7).to(TORCH[elem])
     out, _ = cuda_run(built, plan, emitted, [a, b, s], (2, 3, m, n), "f32")
