@@ -602,8 +602,12 @@ class RowwiseStrategy(Strategy):
     #: rowwise, 2026-12-02): the seed's layer norm at 32768x8192 bf16 0.908 -> 0.400 ms
     #: (1182 -> 2684 GB/s), 8192x4096 f32 0.142 -> 0.120, bf16 0.092 -> 0.085; 32 was
     #: slower everywhere. Fewer threads a row loop over more vectors each, with more
-    #: workgroups (rows) resident per SM: more loads in flight.
-    MAX_ROW_THREADS = 128
+    #: workgroups (rows) resident per SM: more loads in flight. Measured again with
+    #: caps 128/256/512 (2026-12-03, bench/results/variants-rowwise-2026-12-03.json):
+    #: 256 is the best or within 3% of it at every shape -- 8192x4096 bf16 0.0775 ->
+    #: 0.0724 ms, f32 0.117 -> 0.102, 32768x8192 bf16 0.381 either way, f32 0.881 ->
+    #: 0.606 (3546 GB/s; 512: 0.590) -- so 256.
+    MAX_ROW_THREADS = 256
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
         """Threads per row, vector lanes, which inputs' rows to cache in workgroup memory
