@@ -28,6 +28,7 @@ from bench import median_ms, rel_err, rotated  # noqa: E402
 import kf  # noqa: E402
 from kf.passes.strategies import attention as at  # noqa: E402
 from kf.passes.strategies import matmul as mm  # noqa: E402
+from kf.passes.strategies import attention_wgmma as awg  # noqa: E402
 from kf.passes.strategies import wgmma as wg  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -144,14 +145,19 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
 #: the kernel of the 2026-12-02 afternoon run (K/V staged synchronously, 4 warps); the
 #: ones that turn block skipping off run on masked shapes only.
 ATTENTION_VARIANTS = {
-    "session 2": {"PIPELINE": False},
-    "cp.async": {"PIPELINE": True},
-    "8 warps": {"PIPELINE": False, "MMA_WARPS": 8},
-    "cp.async 8 warps": {"PIPELINE": True, "MMA_WARPS": 8},
-    "prefetch": {"PIPELINE": False, "PREFETCH": True},
-    "no skip, cp.async": {"SKIP_MASKED_BLOCKS": False, "PIPELINE": True},
-    "no skip, cp.async 8 warps": {"SKIP_MASKED_BLOCKS": False, "PIPELINE": True, "MMA_WARPS": 8},
+    "mma.sync (session 3)": {"WGMMA": False},
+    "wgmma 2 warpgroups": {},
+    "wgmma 3 warpgroups": {"WARPGROUPS": 3},
+    "wgmma 64 keys": {"BLOCK_N": 64},
+    "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
+    "session 2": {"WGMMA": False, "PIPELINE": False},
+    "mma.sync no skip": {"WGMMA": False, "SKIP_MASKED_BLOCKS": False},
 }
+
+
+def _attention_switches(name: str):
+    """Where an attention switch lives: attention_wgmma.py or the AttentionStrategy class."""
+    return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N") else at.AttentionStrategy
 
 
 def attention_rows(save, rows: list[dict]) -> list[dict]:
@@ -159,7 +165,7 @@ def attention_rows(save, rows: list[dict]) -> list[dict]:
     masked query row, the case that makes the skipping kernel rerun a block)."""
     import torch.nn.functional as F
 
-    defaults = {k: getattr(at.AttentionStrategy, k) for k in {k for v in ATTENTION_VARIANTS.values() for k in v}}
+    defaults = {k: getattr(_attention_switches(k), k) for k in {k for v in ATTENTION_VARIANTS.values() for k in v}}
 
     bf = torch.bfloat16
 
@@ -185,7 +191,7 @@ def attention_rows(save, rows: list[dict]) -> list[dict]:
         names = [n for n, v in ATTENTION_VARIANTS.items() if masked or "SKIP_MASKED_BLOCKS" not in v]
         for name_ in names:
             for k, v in {**defaults, **ATTENTION_VARIANTS[name_]}.items():
-                setattr(at.AttentionStrategy, k, v)
+                setattr(_attention_switches(k), k, v)
             os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
             row = {"kind": name, "variant": name_}
             f = fused_attention.with_options(target="cuda")
@@ -209,7 +215,7 @@ def attention_rows(save, rows: list[dict]) -> list[dict]:
             print(row, flush=True)
             save(rows)
     for k, v in defaults.items():
-        setattr(at.AttentionStrategy, k, v)
+        setattr(_attention_switches(k), k, v)
     return rows
 
 

@@ -189,6 +189,56 @@ def _pipelined_key_loop(g: GpuFunc, Sk: int, bn: int, k_stage: VectorStaging, v_
     return final
 
 
+def online_softmax(g: GpuFunc, pw: Pointwise, ch: "_Chain", s: list[list[ir.Value]], m: list[ir.Value],
+                   l: list[ir.Value], rows: list[ir.Value], tig2: ir.Value, n0: ir.Value, bm: int, bn: int,
+                   s_lead: list, exp) -> tuple[list, list, list, list]:
+    """One key block of FlashAttention's online softmax on scores in the mma accumulator
+    layout (``s[j]``: the 4 values of 8-key tile j: rows gid, gid + 8 -- ``rows`` --,
+    columns 2 tig, 2 tig + 1), shared by the mma.sync and wgmma kernels: the elementwise
+    chain between the matmuls (scale, mask, bias) per score with the tails at -inf, the
+    running row maxima ``m`` and sums ``l`` (quad shuffles), and the probabilities.
+    Returns (m_new, l_new, alpha -- the factor the accumulator is rescaled by --, p)."""
+    Sq, Sk = ch.seq_q, ch.seq_k
+    f32 = ir.F32Type.get()
+    zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
+    score_in = ch.sm.operands[0]
+    x = []
+    for j in range(bn // 8):
+        xj = []
+        for k in range(4):
+            gi, gj = rows[k // 2], arith.addi(n0, g.add(tig2, 8 * j + k % 2))
+
+            def score(dot=s[j][k], gi=gi, gj=gj):
+                def real():
+                    pw.reset()
+                    pw.bind(ch.mm1.result, dot)
+                    return [scalar_math.convert(pw.eval(score_in, s_lead + [gi, gj]), f32)]
+
+                return g.guarded(g.lt(gi, Sq) if Sq % bm or Sq < bm else None, [f32], real,
+                                 lambda: [zero])
+
+            xj.append(g.guarded(g.lt(gj, Sk) if Sk % bn else None, [f32], score, lambda: [neg_inf])[0])
+        x.append(xj)
+    m_new, alpha = [], []
+    for h in range(2):  # rows gid and gid + 8
+        mx = x[0][2 * h]
+        for j in range(bn // 8):
+            for k in (2 * h, 2 * h + 1):
+                if (j, k) != (0, 2 * h):
+                    mx = arith.maximumf(mx, x[j][k])
+        mx = arith.maximumf(m[h], quad_reduce(mx, arith.maximumf))
+        m_new.append(mx)
+        alpha.append(exp(arith.subf(m[h], mx)))
+    p = [[exp(arith.subf(x[j][k], m_new[k // 2])) for k in range(4)] for j in range(bn // 8)]
+    l_new = []
+    for h in range(2):
+        t_ = arith.mulf(l[h], alpha[h])
+        for j in range(bn // 8):
+            t_ = arith.addf(arith.addf(t_, p[j][2 * h]), p[j][2 * h + 1])
+        l_new.append(t_)
+    return m_new, l_new, alpha, p
+
+
 class AttentionStrategy(Strategy):
     KIND = "attention"
 
@@ -288,6 +338,11 @@ class AttentionStrategy(Strategy):
             return None
         ldm = _matmul.MMA_LDMATRIX and dv % 16 == 0
         skip = self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None
+        from . import attention_wgmma
+
+        hopper = attention_wgmma.plan(ch, target, skip)
+        if hopper is not None:
+            return hopper
         view = ch.view
         reads_args = all(view.arg_index(x) is not None for x in (_transposed_source(ch.kt), ch.v)) and \
             ch.k_d_contiguous and _contiguous_last(view, ch.v)
@@ -307,6 +362,10 @@ class AttentionStrategy(Strategy):
         if plan.get("mma"):
             if target.name != "cuda":
                 raise NotApplicable("the tensor-core attention plan is for CUDA")
+            if plan.get("wgmma"):
+                from . import attention_wgmma
+
+                return attention_wgmma.emit(self, ch, kernel, plan, gpu_module, target)
             return self._emit_mma(ch, kernel, plan, gpu_module, target)
         view = ch.view
         bm, bn, threads, tpr = plan["block_m"], plan["block_n"], plan["threads"], plan["lanes_per_row"]
@@ -565,40 +624,7 @@ class AttentionStrategy(Strategy):
                             b = [tc.load_pair(Ks, [key, g.add(tig2, 16 * t + h)]) for h in (0, 8)]
                             acc = tc(q_frag[t], b, acc)
                         s.append(acc)
-                    x = []
-                    for j in range(bn // 8):
-                        xj = []
-                        for k in range(4):
-                            gi, gj = rows[k // 2], arith.addi(n0, g.add(tig2, 8 * j + k % 2))
-
-                            def score(dot=s[j][k], gi=gi, gj=gj):
-                                def real():
-                                    pw.reset()
-                                    pw.bind(ch.mm1.result, dot)
-                                    return [scalar_math.convert(pw.eval(score_in, s_lead + [gi, gj]), f32)]
-
-                                return g.guarded(g.lt(gi, Sq) if Sq % bm or Sq < bm else None, [f32], real,
-                                                 lambda: [zero])
-
-                            xj.append(g.guarded(g.lt(gj, Sk) if Sk % bn else None, [f32], score, lambda: [neg_inf])[0])
-                        x.append(xj)
-                    m_new, alpha = [], []
-                    for h in range(2):  # rows gid and gid + 8
-                        mx = x[0][2 * h]
-                        for j in range(bn // 8):
-                            for k in (2 * h, 2 * h + 1):
-                                if (j, k) != (0, 2 * h):
-                                    mx = arith.maximumf(mx, x[j][k])
-                        mx = arith.maximumf(m[h], quad_reduce(mx, arith.maximumf))
-                        m_new.append(mx)
-                        alpha.append(exp(arith.subf(m[h], mx)))
-                    p = [[exp(arith.subf(x[j][k], m_new[k // 2])) for k in range(4)] for j in range(bn // 8)]
-                    l_new = []
-                    for h in range(2):
-                        t_ = arith.mulf(l[h], alpha[h])
-                        for j in range(bn // 8):
-                            t_ = arith.addf(arith.addf(t_, p[j][2 * h]), p[j][2 * h + 1])
-                        l_new.append(t_)
+                    m_new, l_new, alpha, p = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp)
                     o = [arith.mulf(o[4 * n + k], alpha[k // 2]) for n in range(n_o) for k in range(4)]
                     pe = [[scalar_math.convert(v, et) for v in pj] for pj in p]
                     for kk in range(bn // 16):

@@ -114,42 +114,45 @@ class SwizzledTile:
     """One operand's stacked pipeline stages in 128-byte swizzled rows, and the
     per-thread cp.async copies that fill a stage.
 
-    K-major (``mn_major=False``): the stage is ``rows`` rows (M or N) of 128 bytes of K;
-    element (r, k) is at row ``r``, chunk ``(k / V) ^ (r % 8)`` (V elements a chunk).
-    MN-major (B as it lies k-by-n): the stage is ``rows / 64`` atoms columns of ``bk``
-    k-rows of 64 n-elements each; element (k, n) is at row ``(n / 64) * bk + k`` of the
-    stage, chunk ``((n % 64) / 8) ^ (k % 8)``.
+    K-major (``mn_major=False``): the stage is ``rows`` rows (M or N) of ``width``
+    elements of K, split into atom columns of 128 bytes (one for the GEMM's 128-byte K
+    block; two for attention's head dim 128 in bf16), each column ``rows`` rows of 128
+    bytes; element (r, k) is at row ``(k / C) * rows + r`` of the stage, chunk
+    ``((k % C) / V) ^ (r % 8)``, with C the elements of 128 bytes and V of 16.
+    MN-major (B as it lies k-by-n): the stage is ``rows / C`` atom columns of ``bk``
+    k-rows of C n-elements each; element (k, n) is at row ``(n / C) * bk + k`` of the
+    stage, chunk ``((n % C) / V) ^ (k % 8)``.
 
     ``mem`` is a [stages * rows_per_stage, 128 bytes] view at a 1024-byte aligned
     address; the global source is ``direct`` ([.., R, K] for K-major, [.., K, N] for
     MN-major, with its lead indices)."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, mem: ir.Value, direct: Direct, rows: int,
-                 bk: int, esize: int, n_rows: int, n_k: int, mn_major: bool):
+                 bk: int, esize: int, n_rows: int, n_k: int, mn_major: bool, width: int | None = None):
         self.g, self.mem, self.direct, self.rows, self.bk, self.esize = g, mem, direct, rows, bk, esize
         self.n_rows, self.n_k, self.mn_major = n_rows, n_k, mn_major
         self.vec = 16 // esize
-        self.stage_rows = rows if not mn_major else bk * (rows * esize // SWIZZLE_BYTES)
+        self.width = width or bk  # K elements a stage holds (K-major)
+        extent = rows if mn_major else self.width  # elements along the contiguous dim
+        if (extent * esize) % SWIZZLE_BYTES:
+            raise NotApplicable(f"{extent} elements are not whole 128-byte swizzled rows")
+        self.columns = extent * esize // SWIZZLE_BYTES  # atom columns
+        self.stage_rows = (bk if mn_major else rows) * self.columns
         self.stage_bytes = self.stage_rows * SWIZZLE_BYTES
         chunks = self.stage_bytes // 16
-        if chunks % threads:
-            raise NotApplicable(f"{chunks} 16-byte chunks a stage do not divide among {threads} threads")
         per_row = SWIZZLE_BYTES // 16  # 8 chunks of a swizzled row
+        n_chunks = extent * esize // 16  # chunks along the contiguous dim of one source row
         self.slots = []
-        for e in range(chunks // threads):
+        for e in range(-(-chunks // threads)):
             lin = g.add(tid, e * threads)
-            if not mn_major:
-                # consecutive threads along a row's 8 chunks: one 128-byte line a row
-                r, c = g.div(lin, per_row), g.rem(lin, per_row)
-                dst_row, swz = r, arith.xori(c, g.rem(r, 8))
-                src = (r, g.mul(c, self.vec))  # (row of M/N, k) offsets
-            else:
-                n_chunks = rows * esize // 16  # chunks along n of one k-row
-                k, c = g.div(lin, n_chunks), g.rem(lin, n_chunks)
-                atom, cc = g.div(c, per_row), g.rem(c, per_row)
-                dst_row, swz = arith.addi(g.mul(atom, bk), k), arith.xori(cc, g.rem(k, 8))
-                src = (k, g.mul(c, self.vec))  # (k, n) offsets
-            self.slots.append((dst_row, g.mul(swz, self.vec), src))
+            # consecutive threads along a source row: whole 128-byte lines
+            r, c = g.div(lin, n_chunks), g.rem(lin, n_chunks)
+            col, cc = g.div(c, per_row), g.rem(c, per_row)
+            # K-major: r is the row (of M/N), c the chunk along k; MN-major: r is k, c along n
+            dst_row = arith.addi(g.mul(col, bk if mn_major else rows), r)
+            swz = arith.xori(cc, g.rem(r, 8))
+            in_share = g.lt(lin, chunks) if (e + 1) * threads > chunks else None
+            self.slots.append((dst_row, g.mul(swz, self.vec), (r, g.mul(c, self.vec)), in_share))
 
     def copy_async(self, row0: ir.Value | int, k0: ir.Value | int, stage: ir.Value | int) -> None:
         """This thread's cp.async copies of the block at (row0 of M/N, k0) into ``stage``.
@@ -159,7 +162,7 @@ class SwizzledTile:
 
         g, d = self.g, self.direct
         srow = g.mul(stage, self.stage_rows) if not isinstance(stage, int) else g.c(stage * self.stage_rows)
-        for dst_row, dst_col, (a, b) in self.slots:
+        for dst_row, dst_col, (a, b), in_share in self.slots:
             if not self.mn_major:
                 gr, gk = _plus(g, a, row0), _plus(g, b, k0)
             else:
@@ -169,9 +172,13 @@ class SwizzledTile:
             n = arith.select(inside, g.c(self.vec), g.c(0))
             idx = [gk, gr] if self.mn_major else [gr, gk]
             index = d.lead + (idx[::-1] if d.swapped else idx)
-            nvgpu.device_async_copy(self.mem, [arith.addi(srow, dst_row), dst_col], d.mem, index,
-                                    ir.IntegerAttr.get(ir.IndexType.get(), self.vec), src_elements=n,
-                                    bypass_l1=True)
+
+            def copy(dst_row=dst_row, dst_col=dst_col, index=index, n=n):
+                nvgpu.device_async_copy(self.mem, [arith.addi(srow, dst_row), dst_col], d.mem, index,
+                                        ir.IntegerAttr.get(ir.IndexType.get(), self.vec), src_elements=n,
+                                        bypass_l1=True)
+
+            g.when(in_share, copy)
 
     def descriptor_base(self) -> ir.Value:
         """The matrix descriptor of stage 0, row 0 (i64): address / 16 in bits 0-13, the
@@ -192,9 +199,12 @@ class SwizzledTile:
 
     def slice_offset(self, t: int, k_inst: int) -> int:
         """Bytes from a stage's start to the t-th k slice of k_inst elements (K-major:
-        along the swizzled row, which the hardware swizzles by address; MN-major: whole
-        k-rows down)."""
-        return t * k_inst * self.esize if not self.mn_major else t * k_inst * SWIZZLE_BYTES
+        its atom column, then along the swizzled row, which the hardware swizzles by
+        address; MN-major: whole k-rows down)."""
+        if self.mn_major:
+            return t * k_inst * SWIZZLE_BYTES
+        col, within = divmod(t * k_inst * self.esize, SWIZZLE_BYTES)
+        return col * self.rows * SWIZZLE_BYTES + within
 
 
 def _plus(g: GpuFunc, a: ir.Value, b: ir.Value | int) -> ir.Value:

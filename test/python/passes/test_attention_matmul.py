@@ -633,16 +633,26 @@ def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
 #: synchronously, with register prefetch, or double-buffered by cp.async.
 ATTENTION_LOOPS = {"sync": {"PIPELINE": False, "PREFETCH": False}, "prefetch": {"PIPELINE": False, "PREFETCH": True},
                    "cp.async": {"PIPELINE": True, "PREFETCH": False},
-                   "cp.async-8warps": {"PIPELINE": True, "PREFETCH": False, "MMA_WARPS": 8}}
+                   "cp.async-8warps": {"PIPELINE": True, "PREFETCH": False, "MMA_WARPS": 8},
+                   "wgmma": {}, "wgmma-3warpgroups": {"WARPGROUPS": 3}}
+
+
+def hopper_only():
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 device")
+    return HOPPER
 
 
 @pytest.fixture(params=list(ATTENTION_LOOPS))
-def attention_loop(request, monkeypatch):
+def attention_loop(request, monkeypatch) -> TargetInfo:
+    """The target to plan for with the loop's switches set: sm_90 (mma.sync) or, for
+    the wgmma loops, sm_90a."""
+    from kf.passes.strategies import attention_wgmma
     from kf.passes.strategies.attention import AttentionStrategy
 
     for k, v in ATTENTION_LOOPS[request.param].items():
-        monkeypatch.setattr(AttentionStrategy, k, v)
-    return request.param
+        monkeypatch.setattr(attention_wgmma if k == "WARPGROUPS" else AttentionStrategy, k, v)
+    return hopper_only() if request.param.startswith("wgmma") else CUDA
 
 
 @needs_cuda
@@ -651,7 +661,8 @@ def attention_loop(request, monkeypatch):
     (1, 2, 100, 80, "f16", (100, 100)), (2, 2, 1, 64, "bf16", None)])
 def test_attention_cuda(b, h, seq, d, elem, mask_shape, attention_loop):
     built = attention(b, h, seq, seq, d, elem, mask_shape)
-    plan, emitted = built.emit(CUDA)
+    plan, emitted = built.emit(attention_loop)
+    assert plan.get("wgmma", False) == (attention_loop is HOPPER and d % 64 == 0 and elem != "f32")
     gen = torch.Generator().manual_seed(seq * d + b + 1)
     k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
     args, mask = [k, q, v], None
@@ -660,7 +671,7 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape, attention_loop):
         mask[..., 5, :] = 0
         args.append(mask)
     out, ptx = cuda_run(built, plan, emitted, args, (b, h, seq, d), elem)
-    assert ("mma.sync" in ptx) == plan["mma"]
+    assert ("mma.sync" in ptx or "wgmma.mma_async" in ptx) == plan["mma"]
     want = attention_reference(k, q, v, mask)
     # The tensor-core kernel rounds P to the input type before P @ V, as FlashAttention does.
     tol = {"f32": 2e-5, "f16": 4e-3, "bf16": 3e-2}[elem]
@@ -689,9 +700,11 @@ def causal_mask(shape, kind: str, gen) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["causal", "causal_dead_rows", "block_diagonal", "random_dead_columns"])
 @pytest.mark.parametrize("b,h,seq,d,elem,mask_shape", [
     (1, 2, 1000, 64, "f16", (1000, 1000)), (2, 2, 513, 128, "bf16", (2, 1, 513, 513)), (1, 1, 300, 64, "bf16", (300, 300))])
-def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, kind, skip):
+@pytest.mark.parametrize("chip", ["sm_90", "sm_90a"], ids=["mma.sync", "wgmma"])
+def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, kind, skip, chip):
     built = attention(b, h, seq, seq, d, elem, mask_shape)
-    plan, emitted = emit_with(built, CUDA, skip_masked_blocks=skip)
+    plan, emitted = emit_with(built, CUDA if chip == "sm_90" else hopper_only(), skip_masked_blocks=skip)
+    assert plan.get("wgmma", False) == (chip == "sm_90a")
     gen = torch.Generator().manual_seed(seq + d)
     k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
     mask = causal_mask(mask_shape, kind, gen)
