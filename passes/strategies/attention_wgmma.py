@@ -117,7 +117,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
     o_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (Dv // 2)) + ")>")
     s_attrs = _wg._wgmma_attrs(elem, bn, 16, False)
     with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [], (threads, 1, 1), dynamic_shared=True)
+        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [], (threads, 1, 1))  # window: _carve_aligned
         n_in = len(view.args)
         out_mem = g.args[n_in]
         pw = Pointwise(g, view, g.args[:n_in])

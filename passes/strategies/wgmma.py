@@ -251,7 +251,7 @@ def emit(view: KernelView, gm: _Gemm, kernel: ir.Operation, plan: dict, gpu_modu
     acc_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * acc_n) + ")>")
     ahead = stages - 1 - inflight
     with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [], (threads, 1, 1), dynamic_shared=True)
+        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [], (threads, 1, 1))  # window: _carve_aligned
         n_in = len(view.args)
         pw = Pointwise(g, view, g.args[:n_in])
         a_val, b_val = gm.mm.operands

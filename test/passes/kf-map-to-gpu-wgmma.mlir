@@ -1,0 +1,101 @@
+// kf-map-to-gpu for sm_90a: the matmul and attention strategies write wgmma kernels
+// (passes/strategies/wgmma.py, attention_wgmma.py); for sm_90 the same functions get
+// mma.sync (kf-map-to-gpu-attention.mlir).
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda chip=sm_90a})' | FileCheck %s
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda chip=sm_90a}, kf-to-cuda{chip=sm_90a})' | FileCheck %s --check-prefix=PTX
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda chip=sm_90})' | FileCheck %s --check-prefix=SM90
+
+// A bf16 GEMM with B as it lies (k by n), off the tile grid (M 200, N 136): two
+// warpgroups (256 threads) over 128 rows; the tiles live in dynamic shared memory at a
+// 1024-byte aligned offset, as rows of 128 bytes (64 bf16), four stages of 128 rows of A
+// and of 64 k-rows x 64 columns of B. Each 16-byte cp.async lands at its chunk XOR the
+// row's position in its 8-row atom (the 128-byte swizzle wgmma reads). Two blocks are in
+// flight before the loop; a step waits for its own, fences the copies for the async
+// proxy, passes one barrier, issues the block two ahead and issues 4 wgmma m64n64k16
+// (K 64 / 16) by descriptor, B transposed (<row>), leaving one group in flight.
+// CHECK-LABEL: gpu.func @gemm_k0_matmul
+// CHECK-SAME: kf.block = array<i64: 256, 1, 1>
+// CHECK: %[[WIN:.*]] = gpu.dynamic_shared_memory
+// CHECK: memref.extract_aligned_pointer_as_index %[[WIN]]
+// CHECK: %[[A:.*]] = memref.view %[[WIN]]{{.*}} to memref<512x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: %[[B:.*]] = memref.view %[[WIN]]{{.*}} to memref<256x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: arith.xori
+// CHECK: nvgpu.device_async_copy %arg0{{.*}}, %[[A]]{{.*}}, 8, {{.*}} {bypassL1}
+// CHECK: nvgpu.device_async_copy %arg1{{.*}}, %[[B]]{{.*}}, 8, {{.*}} {bypassL1}
+// CHECK: nvvm.cp.async.commit.group
+// CHECK: nvvm.cp.async.commit.group
+// CHECK: scf.for {{.*}} = %c0 to %c128 step %c64 iter_args({{.*}}) -> (!llvm.struct<({{(f32, ){31}f32}})>)
+// CHECK: nvvm.cp.async.wait.group 1
+// CHECK-NEXT: nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
+// CHECK-NEXT: gpu.barrier
+// CHECK: nvvm.cp.async.commit.group
+// CHECK: nvvm.wgmma.fence.aligned
+// CHECK-COUNT-4: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 64, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <row>]
+// CHECK: nvvm.wgmma.commit.group.sync.aligned
+// CHECK-NEXT: nvvm.wgmma.wait.group.sync.aligned 1
+// CHECK: scf.yield
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: nvvm.cp.async.wait.group 0
+// CHECK: llvm.extractvalue
+// CHECK: memref.store {{.*}}, %arg2
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: .target sm_90a
+// PTX-SAME: fence.proxy.async.shared::cta
+// PTX-SAME: wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16
+// SM90-LABEL: gpu.func @gemm_k0_matmul
+// SM90-NOT: wgmma
+// SM90: nvvm.mma.sync
+func.func private @gemm_k0_matmul(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<200x136xbf16> attributes {kf.kernel = "matmul", kf.fused_lines = ["gemm.py:2"]} {
+  %y = "kf.matmul"(%x, %w) : (tensor<200x128xbf16>, tensor<128x136xbf16>) -> tensor<200x136xbf16>
+  return %y : tensor<200x136xbf16>
+}
+func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<200x136xbf16> {
+  %0 = call @gemm_k0_matmul(%x, %w) : (tensor<200x128xbf16>, tensor<128x136xbf16>) -> tensor<200x136xbf16>
+  return %0 : tensor<200x136xbf16>
+}
+
+// -----
+
+// The seed's attention without a mask, head dim 128, 300 keys (not a multiple of the 128
+// a block): Q (128 x 128), K and V (two stages of 128 keys) in swizzled shared memory; S =
+// Q K^T is 8 wgmma m64n128k16 by descriptor per block (K-major B: <col>), the online
+// softmax on its accumulators, then O += P V as 8 register-A wgmmas (inline PTX, V
+// transposed: the trailing 1), each product waited for.
+// CHECK-LABEL: gpu.func @attn_k0_attention
+// CHECK-SAME: kf.block = array<i64: 256, 1, 1>
+// CHECK: memref.view {{.*}} to memref<256x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: memref.view {{.*}} to memref<512x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: memref.view {{.*}} to memref<512x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: scf.for
+// CHECK: nvvm.cp.async.wait.group 0
+// CHECK-NEXT: nvvm.fence.proxy
+// CHECK-NEXT: gpu.barrier
+// CHECK: nvvm.wgmma.fence.aligned
+// CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: gpu.shuffle  xor
+// CHECK: math.exp2
+// CHECK: nvvm.wgmma.fence.aligned
+// CHECK-COUNT-8: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: scf.yield
+// CHECK: arith.divf
+// CHECK: memref.store {{.*}}, %arg3
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16
+// SM90-LABEL: gpu.func @attn_k0_attention
+// SM90-NOT: wgmma
+// SM90: nvvm.mma.sync
+func.func private @attn_k0_attention(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: tensor<2x4x300x128xbf16>) -> tensor<2x4x300x128xbf16> attributes {kf.kernel = "attention", kf.fused_lines = ["attn.py:3"]} {
+  %scale = "kf.fill"() {value = 11.3 : f64} : () -> tensor<bf16>
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x4x300x128xbf16>) -> tensor<2x4x128x300xbf16>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x4x300x128xbf16>, tensor<2x4x128x300xbf16>) -> tensor<2x4x300x300xbf16>
+  %d = "kf.div"(%s, %scale) : (tensor<2x4x300x300xbf16>, tensor<bf16>) -> tensor<2x4x300x300xbf16>
+  %p = "kf.softmax"(%d) {dim = -1 : i64} : (tensor<2x4x300x300xbf16>) -> tensor<2x4x300x300xbf16>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x4x300x300xbf16>, tensor<2x4x300x128xbf16>) -> tensor<2x4x300x128xbf16>
+  return %o : tensor<2x4x300x128xbf16>
+}
+func.func @attn(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: tensor<2x4x300x128xbf16>) -> tensor<2x4x300x128xbf16> {
+  %0 = call @attn_k0_attention(%q, %k, %v) : (tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>) -> tensor<2x4x300x128xbf16>
+  return %0 : tensor<2x4x300x128xbf16>
+}
