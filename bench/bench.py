@@ -291,7 +291,8 @@ def jit_rows() -> list[Row]:
     # ctypes was measured too, once: 7.9 us against 5.9).
     from kf.runtime import cuda as kf_cuda
 
-    program = next(iter(f._fast.values())).__self__._launch  # the CudaProgram behind the CompiledProgram
+    lane = next(iter(f._fast.values()))  # the fast lane (or call_matched) of the CompiledProgram
+    program = (getattr(lane, "program", None) or lane.__self__)._launch  # the CudaProgram behind it
     kernel = program.kernels[0][0]
     bound = kernel._bound[x.get_device()]
     raw = torch.cuda.current_stream().cuda_stream

@@ -148,7 +148,8 @@ class KfFunction:
                 sig, tensors = bind(self.fn, args, kwargs)
                 program = self.specialize(sig, tensors)
                 # the key matched shapes, dtypes and devices: the launcher need not again
-                self._fast[key] = getattr(program, "call_matched", program)
+                matched = getattr(program, "matched_call", None)
+                self._fast[key] = matched(all(t.is_contiguous() for t in tensors)) if matched else program
                 return program(tensors)
         sig, tensors = bind(self.fn, args, kwargs)
         return self.specialize(sig, tensors)(tensors)

@@ -100,6 +100,27 @@ class CompiledProgram:
             return self(tensors)
         return unflatten(self._tree, list(self._unchecked(*tensors)))
 
+    def matched_call(self, contiguous: bool) -> Callable:
+        """What kf's dispatch table keeps for a matched call signature: the launcher's
+        fast lane (``CudaProgram.fast_lane``) where the program and the tensors allow it
+        -- contiguous tensors, no index checks -- else ``call_matched``. Profiling (kf's
+        or torch's) still takes the general path, checked on every call."""
+        make = getattr(self._launch, "fast_lane", None)
+        lane = make() if make is not None and contiguous and not self._index_checks else None
+        if lane is None:
+            return self.call_matched
+        tree = self._tree
+        first = tree[1] if tree[0] == "tensor" else None
+
+        def call(tensors: list):
+            if _PROFILE is not None or _torch_profiling():
+                return self(tensors)
+            outs = lane(tensors)
+            return outs[first] if first is not None else unflatten(tree, outs)
+
+        call.program = self
+        return call
+
 
 #: The recording kf.profile, or None. Read on every launch, so it is a module global
 #: (one dict lookup) rather than anything that imports the profiler.

@@ -459,12 +459,18 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
     return unflatten(_OWNERS[kfn._op_key]._trees[structure], list(flat))
 
 
+_is_compiling = torch.compiler.is_compiling  # the function itself: dynamo folds it under torch.compile
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch._C.is_grad_enabled
+
+
 def needs_op(args: tuple, kwargs: dict) -> bool:
     """Whether a call must go through the op: under torch.compile, torch.export or any
-    tracing mode, or when autograd records it. Otherwise the plain fast path runs."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    tracing mode, or when autograd records it. Otherwise the plain fast path runs.
+    (Module-level names for the three checks: this runs on every call.)"""
+    if _is_compiling() or _dispatch_modes():
         return True
-    if not torch.is_grad_enabled():
+    if not _grad_enabled():
         return False
     for a in args:
         if isinstance(a, torch.Tensor):

@@ -253,6 +253,31 @@ class CudaKernel:
         if self._sync:
             _check(_drv.cuCtxSynchronize(), self.entry, "cuCtxSynchronize (KF_CUDA_SYNC=1, after the launch)")
 
+    @property
+    def launch_pointers(self):
+        """``launch(pointers, device)``: the launch of ``__call__`` for device pointers
+        that the caller has matched to the arguments already (a program's fast lane);
+        None where each call validates its tensors."""
+        if self.validate:
+            return None
+        slots, g, b, shared, params = self._slots, self.grid, self.block, self.shared_bytes, self._params_addr
+
+        def launch(pointers, device: int) -> None:
+            bound = self._bound.get(device)
+            if bound is None:
+                bound = self._bind(device)
+            for i, p in enumerate(pointers):
+                slots[i] = p
+            err = _launch(bound.function, g[0], g[1], g[2], b[0], b[1], b[2], shared,
+                          self._stream(self._raw_stream(device)), params, 0)[0]
+            if err != _SUCCESS:
+                raise CudaError(self.entry, "cuLaunchKernel", err,
+                                f"grid {g}, block {b}, {shared} bytes of dynamic shared memory")
+            if self._sync:
+                _check(_drv.cuCtxSynchronize(), self.entry, "cuCtxSynchronize (KF_CUDA_SYNC=1, after the launch)")
+
+        return launch
+
     def _check_args(self, tensors, device: int) -> None:
         for i, (t, (dtype, shape)) in enumerate(zip(tensors, self._expect)):
             if t.dtype != dtype or tuple(t.shape) != shape or t.get_device() != device or not t.is_contiguous():

@@ -109,6 +109,39 @@ class CudaProgram(_Program):
                 ins[i] = t.clone()
         return self._run(ins + self.constants, None)
 
+    def fast_lane(self):
+        """One function for the commonest call, or None: a program of one kernel, no
+        temporaries, constants, aliased or repeated outputs, called with tensors that
+        kf's dispatch key has matched and found contiguous. It allocates the outputs,
+        checks the 16-byte alignment the kernels assume (a view at an offset goes the
+        general way) and launches, with none of the general path's layers
+        (bench/host_profile.py: each was a microsecond or two of a ~17 us call)."""
+        if len(self.kernels) != 1 or not self.abi.inputs or self.abi.temporaries or self.constants or \
+                any(a >= 0 for a in self.abi.output_aliases) or any(r >= 0 for r in self.repeats):
+            return None
+        kernel, args = self.kernels[0]
+        launch = kernel.launch_pointers
+        if launch is None:
+            return None
+        n_in = len(self.abi.inputs)
+        shapes = [(tuple(a.shape), _dtype(a.elem)) for a in self.abi.outputs]
+        empty, unchecked = torch.empty, self.unchecked
+        order = list(args)
+
+        def call(ins: list) -> list:
+            ptrs = [t.data_ptr() for t in ins]
+            for p in ptrs:
+                if p % ALIGNMENT:
+                    return list(unchecked(*ins))
+            dev = ins[0].device
+            outs = [empty(shape, dtype=dt, device=dev) for shape, dt in shapes]
+            ptrs += [t.data_ptr() for t in outs]
+            launch([ptrs[i] for i in order], dev.index)
+            return outs
+
+        call.n_in = n_in
+        return call
+
     def _run(self, ins: list, events: list | None) -> tuple:
         dev = ins[0].device if ins else torch.device("cuda")
         if self._alloc is None:

@@ -672,7 +672,7 @@ class AttentionStrategy(Strategy):
 
     @staticmethod
     def _skipping_loop(g: GpuFunc, pw: Pointwise, ch: _Chain, key_block, init: list[ir.Value], rows: list[ir.Value],
-                       tig2: ir.Value, bm: int, bn: int, s_lead: list) -> list[ir.Value]:
+                       tig2: ir.Value, bm: int, bn: int, s_lead: list, stage_mask=None) -> list[ir.Value]:
         """The key loop, skipping blocks that the mask masks entirely (a causal mask's
         upper triangle: half the work), exactly.
 
@@ -683,7 +683,8 @@ class AttentionStrategy(Strategy):
         exp(fill - max) are 0 in f32. A row masked everywhere is softmax over equal fills
         in eager torch (uniform weights over all keys), so when one occurs in a block that
         skipped anything, the block runs the loop again without skipping (the outer
-        two-pass loop; the second pass happens only then)."""
+        two-pass loop; the second pass happens only then). ``stage_mask(n0)``, where
+        given, stages the block's mask tile before it is tested (see ``Pointwise.tiles``)."""
         Sq, Sk = ch.seq_q, ch.seq_k
         i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
@@ -699,6 +700,8 @@ class AttentionStrategy(Strategy):
         def inner(allow: ir.Value):
             def block(n0, carried):
                 state, skipped = carried[:-1], carried[-1]
+                if stage_mask is not None:
+                    stage_mask(n0)
                 live = false
                 for gi in rows:
                     for j in range(bn // 8):

@@ -36,7 +36,8 @@ from mlir import ir
 from mlir.dialects import arith, gpu, llvm, nvvm
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
-from .matmul import GpuFunc, MmaSync, Pointwise, direct_source, gpu_arg_types, quad_reduce, store_value
+from .matmul import (Direct, GpuFunc, MmaSync, Pointwise, VectorStaging, _elem_bytes, direct_source, gpu_arg_types,
+                     quad_reduce, store_value)
 from . import wgmma as _wg
 
 #: Whether sm_90a attention takes wgmma (else the mma.sync kernel).
@@ -76,13 +77,57 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     shared = 2 * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
     if shared > target.max_dynamic_shared_bytes:
         return None
+    masks = _staged_masks(ch, bm, bn) if skip and ch.mask_cond is not None else []
+    mask_bytes = sum(_units(bm * (bn + pad) * width) for _, width, pad in masks)
+    if shared + mask_bytes > target.max_dynamic_shared_bytes:
+        masks, mask_bytes = [], 0
+    shared += mask_bytes
     batch = math.prod(ch.batch)
     if batch > 65535:
         return None
     return {"block_m": bm, "block_n": bn, "threads": 128 * WARPGROUPS, "stages": stages, "grid": [-(-ch.seq_q // bm),
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
-            "skip_masked_blocks": skip, "elem": elem}
+            "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _, _ in masks]}
+
+
+#: Mask tiles' rows are padded by 16 bytes: the 8 rows a warp's fragment reads at once
+#: then start in 8 different groups of 4 banks (a 256-byte row would put them in one).
+MASK_PAD_BYTES = 16
+
+
+def _units(nbytes: int) -> int:
+    return -(-nbytes // _wg.ATOM_BYTES) * _wg.ATOM_BYTES
+
+
+def _staged_masks(ch, bm: int, bn: int) -> list[tuple[int, int, int]]:
+    """(argument index, element bytes, pad elements) of each argument the mask reads
+    that is staged a block at a time in shared memory: a [.., Sq, Sk] argument whose
+    leading dims are 1 (one mask for every head: the causal mask) and whose rows are
+    whole 16-byte vectors. The skipping loop reads a block's mask twice (to test the
+    block, then in the softmax), each thread 64 scattered elements a block: from
+    global memory that was most of the causal kernel's time."""
+    from .matmul import defining
+
+    view = ch.view
+    found, seen, stack = [], set(), [ch.mask_cond]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        i = view.arg_index(v)
+        if i is not None:
+            spec = view.arg_specs[i]
+            width = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1, "i1": 1}.get(spec.elem)
+            if width and spec.rank >= 2 and tuple(spec.shape[-2:]) == (ch.seq_q, ch.seq_k) and \
+                    all(x == 1 for x in spec.shape[:-2]) and (ch.seq_k * width) % 16 == 0:
+                found.append((i, width, MASK_PAD_BYTES // width))
+            continue
+        op = defining(v)
+        if op is not None:
+            stack.extend(op.operands)
+    return sorted(set(found))
 
 
 def _register_a_wgmma(acc: ir.Value, n: int, elem: str, a: list[ir.Value], b_desc: ir.Value) -> ir.Value:
@@ -126,9 +171,12 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
         nb = len(ch.batch)
         with ir.InsertionPoint(g.entry):
             # Q: bm rows x D; K: bn rows x D a stage; V: bn k-rows x Dv a stage (MN-major)
-            Qs, Ks, Vs = _wg._carve_aligned(g, [(bm * D // per_row, per_row, et),
-                                                (stages * bn * D // per_row, per_row, et),
-                                                (stages * bn * Dv // per_row, per_row, et)])
+            staged = plan.get("staged_masks", []) if plan.get("skip_masked_blocks") else []
+            mask_elems = [ir.MemRefType(g.args[i].type).element_type for i in staged]
+            Qs, Ks, Vs, *Ms = _wg._carve_aligned(
+                g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
+                    (stages * bn * Dv // per_row, per_row, et)] +
+                [(bm, bn + MASK_PAD_BYTES // _elem_bytes(t), t) for t in mask_elems])
             tid = g.tid()
             qblock = g.bid("x")
             batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
@@ -152,6 +200,14 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             k_tile = _wg.SwizzledTile(g, tid, threads, Ks, k_direct, bn, D, esize, Sk, D, False, width=D)
             v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True)
             s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
+            mask_tiles = []
+            for i, tile in zip(staged, Ms):
+                rank = view.arg_specs[i].rank
+                src = Direct(g.args[i], [g.c(0)] * (rank - 2), False)
+                staging = VectorStaging(g, tid, threads, tile, bm, bn, Sq, Sk, False, src, 16)
+                if not staging.copies_async:
+                    raise NotApplicable(f"the mask argument {i} cannot be staged by cp.async")
+                mask_tiles.append((i, tile, staging))
             n_o = Dv // 8
             q_desc = arith.addi(q_tile.descriptor_base(), arith.index_cast(i64, g.mul(wg, 64 * _wg.SWIZZLE_BYTES // 16)))
             k_desc0, v_desc0 = k_tile.descriptor_base(), v_tile.descriptor_base()
@@ -211,7 +267,21 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             if skip or stages < 2:
                 nvvm.cp_async_commit_group()  # Q lands with the first block's copies
                 if skip:
-                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead)
+                    def stage_mask(n0):
+                        """This block's mask tiles: every thread reads them from here on."""
+                        if not mask_tiles:
+                            return
+                        gpu.barrier()  # the previous block's readers are done
+                        for i, tile, staging in mask_tiles:
+                            staging.copy_async(q0, n0)
+                            pw.tiles[i] = (tile, q0, n0)
+                        nvvm.cp_async_commit_group()
+                        nvvm.cp_async_wait_group(0)
+                        gpu.barrier()
+
+                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
+                                                    stage_mask)
+                    pw.tiles.clear()
                 else:  # one stage: each block staged where it is used
                     final = g.loop(0, Sk, bn, init, lambda n0, c: key_block(n0, c))
             else:

@@ -316,6 +316,10 @@ class Pointwise:
         #: Divide by a constant as a multiply by its reciprocal (one f32 rounding more,
         #: no division: attention's ``scores / sqrt(d)`` per score element).
         self.reciprocal_of_constants = False
+        #: argument index -> (workgroup tile, row0, col0): that argument's elements at
+        #: (.., row0 + r, col0 + c) are read from tile[r, c] (staged by the kernel: an
+        #: attention mask's block) instead of from global memory.
+        self.tiles: dict = {}
 
     def bind(self, v: ir.Value, scalar: ir.Value) -> None:
         self.bound[v] = scalar
@@ -331,7 +335,11 @@ class Pointwise:
 
     def load_arg(self, i: int, index: Sequence[ir.Value]) -> ir.Value:
         spec = self.view.arg_specs[i]
-        v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
+        if i in self.tiles:
+            tile, row0, col0 = self.tiles[i]
+            v = memref.load(tile, [arith.subi(index[-2], row0), arith.subi(index[-1], col0)])
+        else:
+            v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
         if spec.elem == "i1" and v.type != ir.IntegerType.get_signless(1):  # a boolean stored as a byte
             return arith.cmpi(arith.CmpIPredicate.ne, v, scalar_math.const(v.type, 0))
         if spec.elem in FP8_PTX:  # NVVM lowers no fp8 extf: decode the byte (exact)
@@ -567,7 +575,7 @@ class VectorStaging:
         src_elem = ir.MemRefType(direct.mem.type).element_type
         tile_t = ir.MemRefType(tile.type)
         dst_elem = tile_t.element_type
-        widths = {"f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1}
+        widths = {"f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i8": 1}
         if str(src_elem) not in widths or (src_elem != dst_elem and str(dst_elem) != "f32") or \
                 (str(src_elem) in FP8_PTX and src_elem != dst_elem):  # fp8 widens through integers only
             return

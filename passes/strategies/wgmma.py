@@ -44,8 +44,8 @@ from mlir import ir
 from mlir.dialects import arith, gpu, llvm, memref, nvvm
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
-from .matmul import (FP8_PTX, WORKGROUP, Direct, GpuFunc, KernelView, Pointwise, _Gemm, direct_source,
-                     gpu_arg_types, grouped_tiles, store_value)
+from .matmul import (FP8_PTX, WORKGROUP, Direct, GpuFunc, KernelView, Pointwise, _elem_bytes, _Gemm,
+                     direct_source, gpu_arg_types, grouped_tiles, store_value)
 
 #: Whether sm_90a GEMMs take wgmma (else mma.sync, as on sm_80/sm_89).
 WGMMA = True
@@ -219,7 +219,8 @@ def _i64(v: int) -> ir.Value:
 def _carve_aligned(g: GpuFunc, sizes: Sequence[tuple[int, int, ir.Type]]) -> list[ir.Value]:
     """[rows, cols] views of dynamic shared memory, each at a 1024-byte aligned address
     (the swizzle atom; the window itself is only 16-byte aligned): the window is asked
-    for 1 KiB more, and the views start at the first aligned address in it."""
+    for 1 KiB more, and the views start at the first aligned address in it. Each view
+    takes whole 1024-byte units."""
     with ir.InsertionPoint(g.entry):
         window = gpu.dynamic_shared_memory(ir.MemRefType.get(
             [ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8),
@@ -230,7 +231,7 @@ def _carve_aligned(g: GpuFunc, sizes: Sequence[tuple[int, int, ir.Type]]) -> lis
         for rows, cols, elem in sizes:
             t = ir.MemRefType.get([rows, cols], elem, memory_space=ir.Attribute.parse(WORKGROUP))
             views.append(memref.view(t, window, g.add(pad, offset), []))
-            offset += rows * SWIZZLE_BYTES
+            offset += -(-rows * cols * _elem_bytes(elem) // ATOM_BYTES) * ATOM_BYTES
     g.dynamic_shared_bytes = offset + ATOM_BYTES
     return views
 

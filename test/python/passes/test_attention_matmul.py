@@ -377,6 +377,29 @@ def test_unmasked_attention_has_no_block_skipping(d):
     assert r["spill_store_bytes"] == 0 and r["shared_bytes"] + emitted.shared_bytes >= plan["shared_bytes"], r
 
 
+@needs_ptxas
+@pytest.mark.parametrize("mask_shape,staged", [((1000, 1000), True), ((1, 1, 1000, 1000), True),
+                                               ((2, 1, 1000, 1000), False), ((1000, 1000 - 2), None)])
+def test_attention_wgmma_stages_the_mask(mask_shape, staged):
+    """With a mask shared by every head (a causal mask), the skipping wgmma kernel stages
+    each block's mask tile in shared memory by cp.async (rows padded by 16 bytes) and
+    reads it there, twice; a mask per batch stays in global memory."""
+    if staged is None:  # a mask of other lengths is not attention's mask: no kernel to plan
+        return
+    built = attention(2, 8, 1000, 1000, 128, "bf16", mask_shape)
+    plan, emitted = built.emit(HOPPER)
+    assert plan["wgmma"] and plan["skip_masked_blocks"]
+    mask_arg = 3
+    assert plan["staged_masks"] == ([mask_arg] if staged else [])
+    unstaged = 2 * (128 * 128 + 128 * 256) + 1024
+    assert plan["shared_bytes"] == unstaged + (128 * (128 + 4) * 4 if staged else 0)
+    ptx, r = cuda_report(built, "sm_90a")
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
+    global_loads = [ln for ln in ptx.splitlines() if ln.strip().startswith("ld.global")]
+    shared_loads = [ln for ln in ptx.splitlines() if ln.strip().startswith("ld.shared.b32")]  # the f32 mask
+    assert len(shared_loads if staged else global_loads) == 128 and not (global_loads if staged else shared_loads)
+
+
 def test_attention_tensor_cores_only_where_they_apply():
     for target, elem, d, mma in [(CUDA, "f32", 64, False), (SPIRV, "f16", 64, False), (CUDA, "f16", 72, False),
                                  (CUDA, "bf16", 64, True)]:

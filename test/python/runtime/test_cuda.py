@@ -231,3 +231,33 @@ def test_from_abi_and_one_load_per_context():
     torch.cuda.synchronize()
     assert torch.equal(z, 2 * y + x)
     assert len(mod._loaded) == 1
+
+
+@gpu
+@driver
+def test_fast_lane_of_a_matched_call():
+    """Calls after the first take the program's fast lane (one kernel, contiguous matched
+    tensors): fresh outputs each call, right results; a view at an odd offset (not
+    16-byte aligned) and a non-contiguous tensor of the same shape go the general way;
+    kf.profile still sees the launches."""
+    import kf
+
+    f = kf.jit(lambda x, y: x * 2 + y)
+    x, y = torch.randn(1000, 33, device="cuda"), torch.randn(1000, 33, device="cuda")
+    first = f(x, y)
+    lane = next(iter(f._fast.values()))
+    assert getattr(lane, "__name__", "") == "call"  # CompiledProgram.matched_call's fast lane
+    x2, y2 = torch.randn(1000, 33, device="cuda"), torch.randn(1000, 33, device="cuda")
+    second = f(x2, y2)
+    assert second.data_ptr() != first.data_ptr()
+    torch.testing.assert_close(second, x2 * 2 + y2)
+    torch.testing.assert_close(first, x * 2 + y)
+    base = torch.randn(1000 * 33 + 1, device="cuda")
+    odd = base[1:].view(1000, 33)  # contiguous, 4 bytes past an aligned address
+    torch.testing.assert_close(f(odd, y2), odd * 2 + y2)
+    strided = torch.randn(33, 1000, device="cuda").t()
+    torch.testing.assert_close(f(strided, y2), strided * 2 + y2)
+    with kf.profile() as prof:
+        f(x2, y2)
+        torch.cuda.synchronize()
+    assert len(prof.launches) == 1
