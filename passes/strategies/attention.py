@@ -143,8 +143,10 @@ class _Chain:
         # nothing to rows that have a real score somewhere, so the kernel may skip them.
         self.mask_cond, self.mask_fill = None, None
         last = defining(sm.operands[0])
+        self.unmasked_scores = None  # the scores before the mask: a block the mask leaves whole
         if last is not None and last.name == "kf.masked_fill" and op_attrs(last)["value"] <= -1e4:
             self.mask_cond, self.mask_fill = last.operands[1], float(op_attrs(last)["value"])
+            self.unmasked_scores = last.operands[0]
 
 
 def _pow2_ceil(x: int) -> int:
@@ -191,17 +193,19 @@ def _pipelined_key_loop(g: GpuFunc, Sk: int, bn: int, k_stage: VectorStaging, v_
 
 def online_softmax(g: GpuFunc, pw: Pointwise, ch: "_Chain", s: list[list[ir.Value]], m: list[ir.Value],
                    l: list[ir.Value], rows: list[ir.Value], tig2: ir.Value, n0: ir.Value, bm: int, bn: int,
-                   s_lead: list, exp) -> tuple[list, list, list, list]:
+                   s_lead: list, exp, score_in: ir.Value | None = None) -> tuple[list, list, list, list]:
     """One key block of FlashAttention's online softmax on scores in the mma accumulator
     layout (``s[j]``: the 4 values of 8-key tile j: rows gid, gid + 8 -- ``rows`` --,
     columns 2 tig, 2 tig + 1), shared by the mma.sync and wgmma kernels: the elementwise
     chain between the matmuls (scale, mask, bias) per score with the tails at -inf, the
     running row maxima ``m`` and sums ``l`` (quad shuffles), and the probabilities.
-    Returns (m_new, l_new, alpha -- the factor the accumulator is rescaled by --, p)."""
+    Returns (m_new, l_new, alpha -- the factor the accumulator is rescaled by --, p).
+    ``score_in``: the value whose elements are the scores, softmax's operand unless told
+    (the scores before the mask, for a block the mask leaves whole)."""
     Sq, Sk = ch.seq_q, ch.seq_k
     f32 = ir.F32Type.get()
     zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
-    score_in = ch.sm.operands[0]
+    score_in = score_in if score_in is not None else ch.sm.operands[0]
     x = []
     for j in range(bn // 8):
         xj = []
@@ -672,7 +676,8 @@ class AttentionStrategy(Strategy):
 
     @staticmethod
     def _skipping_loop(g: GpuFunc, pw: Pointwise, ch: _Chain, key_block, init: list[ir.Value], rows: list[ir.Value],
-                       tig2: ir.Value, bm: int, bn: int, s_lead: list, stage_mask=None) -> list[ir.Value]:
+                       tig2: ir.Value, bm: int, bn: int, s_lead: list, stage_block=None, start_pass=None,
+                       whole_blocks: bool = False) -> list[ir.Value]:
         """The key loop, skipping blocks that the mask masks entirely (a causal mask's
         upper triangle: half the work), exactly.
 
@@ -683,26 +688,35 @@ class AttentionStrategy(Strategy):
         exp(fill - max) are 0 in f32. A row masked everywhere is softmax over equal fills
         in eager torch (uniform weights over all keys), so when one occurs in a block that
         skipped anything, the block runs the loop again without skipping (the outer
-        two-pass loop; the second pass happens only then). ``stage_mask(n0)``, where
-        given, stages the block's mask tile before it is tested (see ``Pointwise.tiles``)."""
+        two-pass loop; the second pass happens only then).
+
+        Hooks of a pipelined kernel (the wgmma one): ``start_pass()`` at the start of each
+        pass (the first block's copies); ``stage_block(n0)`` at the start of every block,
+        skipped or not, returns the pipeline stage the block's K and V are in (having
+        staged its mask tile, see ``Pointwise.tiles``, and issued the next block's
+        copies), passed on as ``key_block(n0, state, stage)``. With ``whole_blocks`` the
+        workgroup also ANDs whether the mask leaves every score of the block alone, and
+        ``key_block(..., unmasked=pred)`` may then skip the mask (a causal mask's blocks
+        below the diagonal)."""
         Sq, Sk = ch.seq_q, ch.seq_k
         i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
         types = [v.type for v in init]
 
-        def block_or(pred: ir.Value) -> ir.Value:
+        def block_reduce(pred: ir.Value, how: str = "or") -> ir.Value:
             from mlir.dialects import nvvm
 
-            r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse("#nvvm.reduction<or>"),
+            r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
                                reductionPredicate=arith.extui(i32, pred)).res
             return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
+
+        block_or = block_reduce
 
         def inner(allow: ir.Value):
             def block(n0, carried):
                 state, skipped = carried[:-1], carried[-1]
-                if stage_mask is not None:
-                    stage_mask(n0)
-                live = false
+                stage = stage_block(n0) if stage_block is not None else None
+                live, whole = false, true
                 for gi in rows:
                     for j in range(bn // 8):
                         for e in range(2):
@@ -720,8 +734,12 @@ class AttentionStrategy(Strategy):
 
                             m = g.guarded(g.all_of(conds), [i1], masked, lambda: [true])[0]
                             live = arith.ori(live, arith.xori(m, true))
+                            whole = arith.andi(whole, arith.xori(m, true))
                 go = arith.ori(block_or(live), arith.xori(allow, true))
-                out = g.guarded(go, types, lambda: key_block(n0, state), lambda: state)
+                extra = {} if stage is None else {"stage": stage}
+                if whole_blocks:
+                    extra["unmasked"] = block_reduce(whole, "and")
+                out = g.guarded(go, types, lambda: key_block(n0, state, **extra), lambda: state)
                 return out + [arith.ori(skipped, arith.xori(go, true))]
 
             return block
@@ -732,6 +750,8 @@ class AttentionStrategy(Strategy):
             done = carried[0]
 
             def run():
+                if start_pass is not None:
+                    start_pass()
                 allow = arith.cmpi(arith.CmpIPredicate.eq, p, g.c(0))
                 out = g.loop(0, Sk, bn, init + [false], inner(allow))
                 state, skipped = out[:-1], out[-1]

@@ -22,13 +22,23 @@ themselves, through matrix descriptors, and a warpgroup (4 warps) owns 64 query 
   warpgroups do, and the next block's copies are in flight meanwhile.
 
 Masks that mask whole key blocks are skipped exactly as in the mma.sync kernel
-(``AttentionStrategy._skipping_loop``, K and V then staged per block); without a
-mask, or with SKIP_MASKED_BLOCKS off, the double-buffered loop runs.
+(``AttentionStrategy._skipping_loop``). K and V stay double-buffered there (the next
+block's copies issued before this block is tested); a mask every head shares (a
+causal mask) is staged a block tile at a time in swizzled shared memory, double-
+buffered where it fits, and read there by the test and the softmax; blocks it leaves
+whole run the softmax without it. H200, 4x32x2048x128 bf16 causal: 1.53 ms with K and
+V staged per live block and the mask read from global memory, 0.82 ms so
+(bench/results/variants-attention-masks-2026-12-03.json), 0.34x SDPA. What is left is
+the cost of a dead block, ~0.45 ms at that shape measured on a diagonal mask: its
+mask tile and its K and V still cross from L2 to every workgroup. A block
+classification computed once per mask (FlexAttention's block mask) would take both
+away; it is not built.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from kf.dialects import spec_of
 from kf.passes import scalar_math
@@ -73,40 +83,80 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     if view.arg_index(ch.v) is None or not _contiguous_last(view, ch.v):
         return None
     bm, bn = 64 * WARPGROUPS, BLOCK_N
-    stages = 1 if skip else 2
+    stages = 1 if skip and not SKIP_PIPELINE else 2
     shared = 2 * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
     if shared > target.max_dynamic_shared_bytes:
         return None
-    masks = _staged_masks(ch, bm, bn) if skip and ch.mask_cond is not None else []
-    mask_bytes = sum(_units(bm * (bn + pad) * width) for _, width, pad in masks)
-    if shared + mask_bytes > target.max_dynamic_shared_bytes:
-        masks, mask_bytes = [], 0
-    shared += mask_bytes
+    masks = _staged_masks(ch, bm, bn) if STAGE_MASKS and skip and ch.mask_cond is not None else []
+    mask_stages = 0
+    for n in (2, 1)[2 - MASK_STAGES:] if masks and stages == 2 else ():  # double-buffered where that fits
+        mask_bytes = n * sum(_units(bm * bn * width) for _, width in masks)
+        if shared + mask_bytes <= target.max_dynamic_shared_bytes:
+            shared, mask_stages = shared + mask_bytes, n
+            break
+    if not mask_stages:
+        masks = []
     batch = math.prod(ch.batch)
     if batch > 65535:
         return None
     return {"block_m": bm, "block_n": bn, "threads": 128 * WARPGROUPS, "stages": stages, "grid": [-(-ch.seq_q // bm),
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
-            "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _, _ in masks]}
+            "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
+            "mask_stages": mask_stages}
 
 
-#: Mask tiles' rows are padded by 16 bytes: the 8 rows a warp's fragment reads at once
-#: then start in 8 different groups of 4 banks (a 256-byte row would put them in one).
-MASK_PAD_BYTES = 16
+#: Whether a mask that every head shares is staged a block at a time in shared memory
+#: (``_staged_masks``) rather than read from global memory.
+STAGE_MASKS = True
+
+#: At most this many stages of a staged mask: 2, the next block's tile copied with its
+#: K and V (where shared memory has room: a bf16 mask does, an f32 one not), or 1,
+#: copied and waited for at the start of its block. H200, causal 4x32x2048x128: 0.859 ms
+#: with 2, 0.881 with 1 (4096: 1.56, 1.76); a diagonal mask 0.514, 0.477. What a dead
+#: block costs is mostly traffic, not latency: its mask tile and, prefetched before the
+#: block is tested, its K and V (96 KiB a block from L2 per workgroup).
+MASK_STAGES = 2
+
+#: Whether the skipping loop double-buffers K and V like the unmasked one (the next
+#: block's copies issued at the start of each block, skipped or not), rather than
+#: staging each live block where it is used.
+SKIP_PIPELINE = True
+
+#: Whether the skipping loop finds the blocks that the mask leaves whole and runs their
+#: softmax without the mask. H200 (bench/results/variants-attention-masks-2026-12-03.json,
+#: causal bf16 mask): 4x32x2048x128 0.824 ms with, 0.859 without; 2x32x4096 1.53, 1.56.
+WHOLE_BLOCKS = True
+
+
+def _mask_place(g: GpuFunc, width: int, stage_row0) -> Callable[[list], list]:
+    """Where mask tile element [r, c] lies: rows stacked by stage, and the row's 16-byte
+    pieces swizzled, piece p of row r at p ^ (r % 8). A warp's softmax fragment reads
+    8 rows at the same columns at once; unswizzled, 256-byte rows put them all in the
+    same 4 banks (8-way conflicts), swizzled they take 8 different groups of 4."""
+    per = 16 // width
+
+    def place(at: list) -> list:
+        r, c = at
+        bits = arith.muli(arith.andi(r, g.c(7)), g.c(per))
+        return [arith.addi(r, stage_row0) if not isinstance(stage_row0, int) or stage_row0 else r,
+                arith.xori(c, bits)]
+
+    return place
 
 
 def _units(nbytes: int) -> int:
     return -(-nbytes // _wg.ATOM_BYTES) * _wg.ATOM_BYTES
 
 
-def _staged_masks(ch, bm: int, bn: int) -> list[tuple[int, int, int]]:
-    """(argument index, element bytes, pad elements) of each argument the mask reads
+def _staged_masks(ch, bm: int, bn: int) -> list[tuple[int, int]]:
+    """(argument index, element bytes) of each argument the mask reads
     that is staged a block at a time in shared memory: a [.., Sq, Sk] argument whose
     leading dims are 1 (one mask for every head: the causal mask) and whose rows are
-    whole 16-byte vectors. The skipping loop reads a block's mask twice (to test the
-    block, then in the softmax), each thread 64 scattered elements a block: from
-    global memory that was most of the causal kernel's time."""
+    whole 16-byte vectors (and 8 of them in a block row, for the swizzle: see
+    ``_mask_place``). The skipping loop reads a block's mask twice (to test the block,
+    then in the softmax), each thread 64 scattered elements a block: from global memory
+    that was most of the causal kernel's time."""
     from .matmul import defining
 
     view = ch.view
@@ -121,8 +171,8 @@ def _staged_masks(ch, bm: int, bn: int) -> list[tuple[int, int, int]]:
             spec = view.arg_specs[i]
             width = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1, "i1": 1}.get(spec.elem)
             if width and spec.rank >= 2 and tuple(spec.shape[-2:]) == (ch.seq_q, ch.seq_k) and \
-                    all(x == 1 for x in spec.shape[:-2]) and (ch.seq_k * width) % 16 == 0:
-                found.append((i, width, MASK_PAD_BYTES // width))
+                    all(x == 1 for x in spec.shape[:-2]) and (ch.seq_k * width) % 16 == 0 and bn * width >= 128:
+                found.append((i, width))
             continue
         op = defining(v)
         if op is not None:
@@ -172,11 +222,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
         with ir.InsertionPoint(g.entry):
             # Q: bm rows x D; K: bn rows x D a stage; V: bn k-rows x Dv a stage (MN-major)
             staged = plan.get("staged_masks", []) if plan.get("skip_masked_blocks") else []
+            mask_stages = plan.get("mask_stages", 1)
             mask_elems = [ir.MemRefType(g.args[i].type).element_type for i in staged]
             Qs, Ks, Vs, *Ms = _wg._carve_aligned(
                 g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
-                    (stages * bn * Dv // per_row, per_row, et)] +
-                [(bm, bn + MASK_PAD_BYTES // _elem_bytes(t), t) for t in mask_elems])
+                    (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems])
             tid = g.tid()
             qblock = g.bid("x")
             batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
@@ -200,14 +250,17 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             k_tile = _wg.SwizzledTile(g, tid, threads, Ks, k_direct, bn, D, esize, Sk, D, False, width=D)
             v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True)
             s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
-            mask_tiles = []
-            for i, tile in zip(staged, Ms):
-                rank = view.arg_specs[i].rank
-                src = Direct(g.args[i], [g.c(0)] * (rank - 2), False)
+            def mask_staging(i: int, tile: ir.Value) -> VectorStaging:
+                """Made where it is used, in the loop: its per-thread addresses are a few
+                integer ops, and kept from the kernel's start they were registers that
+                the wgmma accumulators need (ptxas spilled with an f32 mask)."""
+                src = Direct(g.args[i], [g.c(0)] * (view.arg_specs[i].rank - 2), False)
                 staging = VectorStaging(g, tid, threads, tile, bm, bn, Sq, Sk, False, src, 16)
                 if not staging.copies_async:
                     raise NotApplicable(f"the mask argument {i} cannot be staged by cp.async")
-                mask_tiles.append((i, tile, staging))
+                return staging
+
+            mask_tiles = list(zip(staged, Ms))
             n_o = Dv // 8
             q_desc = arith.addi(q_tile.descriptor_base(), arith.index_cast(i64, g.mul(wg, 64 * _wg.SWIZZLE_BYTES // 16)))
             k_desc0, v_desc0 = k_tile.descriptor_base(), v_tile.descriptor_base()
@@ -221,9 +274,10 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                                   space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
                 gpu.barrier()
 
-            def key_block(n0, carried, stage=None):
+            def key_block(n0, carried, stage=None, unmasked=None):
                 """One key block; ``stage``: the block is already in that stage (the
-                pipelined loop). Without, it is staged here into stage 0."""
+                pipelined loops). Without, it is staged here into stage 0. ``unmasked``:
+                whether the mask leaves the whole block alone (its scores then skip it)."""
                 m, l, o = carried[0:2], carried[2:4], carried[4]
                 if stage is None:
                     gpu.barrier()  # the previous block's readers are done
@@ -244,7 +298,16 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 nvvm.wgmma_commit_group_sync_aligned()
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 s = [[llvm.extractvalue(f32, acc, [4 * j + k]) for k in range(4)] for j in range(bn // 8)]
-                m_new, l_new, alpha, p = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp)
+                def softmax(score_in=None):
+                    m_, l_, a_, p_ = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp, score_in)
+                    return m_ + l_ + a_ + [x for pj in p_ for x in pj]
+
+                if unmasked is None:
+                    flat = softmax()
+                else:
+                    flat = g.guarded(unmasked, [f32] * (6 + bn // 2), lambda: softmax(ch.unmasked_scores), softmax)
+                m_new, l_new, alpha = flat[0:2], flat[2:4], flat[4:6]
+                p = [flat[6 + 4 * j: 10 + 4 * j] for j in range(bn // 8)]
                 # O *= alpha (the rows' rescale), in the accumulator registers
                 ov = [arith.mulf(llvm.extractvalue(f32, o, [i]), alpha[(i % 4) // 2]) for i in range(Dv // 2)]
                 o = llvm.mlir_undef(o_t)
@@ -264,25 +327,55 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             q_tile.copy_async(q0, 0, 0)
             init = [neg_inf, neg_inf, zero, zero, llvm.mlir_zero(o_t)]
             skip = plan.get("skip_masked_blocks") and ch.mask_cond is not None
-            if skip or stages < 2:
-                nvvm.cp_async_commit_group()  # Q lands with the first block's copies
-                if skip:
-                    def stage_mask(n0):
-                        """This block's mask tiles: every thread reads them from here on."""
-                        if not mask_tiles:
-                            return
-                        gpu.barrier()  # the previous block's readers are done
-                        for i, tile, staging in mask_tiles:
-                            staging.copy_async(q0, n0)
-                            pw.tiles[i] = (tile, q0, n0)
-                        nvvm.cp_async_commit_group()
-                        nvvm.cp_async_wait_group(0)
-                        gpu.barrier()
+            if skip and stages == 2:
+                def stage_masks(n0, stage):
+                    for i, tile in mask_tiles:
+                        width = _elem_bytes(ir.MemRefType(tile.type).element_type)
+                        mask_staging(i, tile).copy_async(q0, n0, place=_mask_place(g, width, g.mul(stage, bm)))
 
-                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
-                                                    stage_mask)
-                    pw.tiles.clear()
-                else:  # one stage: each block staged where it is used
+                def start_pass():
+                    """The first block's K and V (and mask tiles, double-buffered) into
+                    stage 0, with Q on the first pass."""
+                    nvvm.cp_async_wait_group(0)  # a previous pass's last prefetch
+                    k_tile.copy_async(0, 0, 0)
+                    v_tile.copy_async(0, 0, 0)
+                    if mask_stages == 2:
+                        stage_masks(g.c(0), g.c(0))
+                    nvvm.cp_async_commit_group()
+
+                def stage_block(n0):
+                    """The next block's copies into the other stage, and the wait for this
+                    block's (issued a block earlier). A mask tile of one stage is copied
+                    here and waited for at once."""
+                    j = g.div(n0, bn)
+                    cur, nxt, n1 = g.rem(j, 2), g.rem(g.add(j, 1), 2), g.add(n0, bn)
+                    mask_stage = cur if mask_stages == 2 else g.c(0)
+                    gpu.barrier()  # every reader of the other stage (and a one-stage mask) is done
+                    if mask_stages == 1:
+                        stage_masks(n0, mask_stage)
+                    nvvm.cp_async_commit_group()
+                    k_tile.copy_async(n1, 0, nxt)
+                    v_tile.copy_async(0, n1, nxt)
+                    if mask_stages == 2:
+                        stage_masks(n1, nxt)
+                    nvvm.cp_async_commit_group()
+                    nvvm.cp_async_wait_group(1)
+                    fence_and_publish()
+                    for i, tile in mask_tiles:
+                        width = _elem_bytes(ir.MemRefType(tile.type).element_type)
+                        place = _mask_place(g, width, g.mul(mask_stage, bm))
+                        pw.tiles[i] = (tile, lambda index, place=place, n0=n0: place(
+                            [arith.subi(index[-2], q0), arith.subi(index[-1], n0)]))
+                    return cur
+
+                final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
+                                                stage_block, start_pass, whole_blocks=WHOLE_BLOCKS)
+                pw.tiles.clear()
+            elif skip or stages < 2:
+                nvvm.cp_async_commit_group()  # Q lands with the first block's copies
+                if skip:  # one stage: each live block staged where it is used
+                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead)
+                else:
                     final = g.loop(0, Sk, bn, init, lambda n0, c: key_block(n0, c))
             else:
                 k_tile.copy_async(0, 0, 0)

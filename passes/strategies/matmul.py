@@ -316,9 +316,9 @@ class Pointwise:
         #: Divide by a constant as a multiply by its reciprocal (one f32 rounding more,
         #: no division: attention's ``scores / sqrt(d)`` per score element).
         self.reciprocal_of_constants = False
-        #: argument index -> (workgroup tile, row0, col0): that argument's elements at
-        #: (.., row0 + r, col0 + c) are read from tile[r, c] (staged by the kernel: an
-        #: attention mask's block) instead of from global memory.
+        #: argument index -> (workgroup tile, place): that argument's element at an
+        #: index is read from ``tile[place(index)]`` (staged by the kernel: an attention
+        #: mask's block) instead of from global memory.
         self.tiles: dict = {}
 
     def bind(self, v: ir.Value, scalar: ir.Value) -> None:
@@ -336,8 +336,8 @@ class Pointwise:
     def load_arg(self, i: int, index: Sequence[ir.Value]) -> ir.Value:
         spec = self.view.arg_specs[i]
         if i in self.tiles:
-            tile, row0, col0 = self.tiles[i]
-            v = memref.load(tile, [arith.subi(index[-2], row0), arith.subi(index[-1], col0)])
+            tile, place = self.tiles[i]
+            v = memref.load(tile, place(index))
         else:
             v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
         if spec.elem == "i1" and v.type != ir.IntegerType.get_signless(1):  # a boolean stored as a byte
@@ -636,12 +636,14 @@ class VectorStaging:
         nor scatters)."""
         return self.ok and self.vector_store and self.src_t == self.dst_t and self.vec * self.width == 16
 
-    def copy_async(self, row0: ir.Value | int, col0: ir.Value | int, tile_row0: ir.Value | int = 0) -> None:
+    def copy_async(self, row0: ir.Value | int, col0: ir.Value | int, tile_row0: ir.Value | int = 0,
+                   place: Callable[[list], list] | None = None) -> None:
         """Issue this thread's share of the tile at (row0, col0) as ``cp.async.cg`` copies
         of 16 bytes into the tile, its rows offset by ``tile_row0`` (a pipeline stage of a
         stacked tile). Vectors outside the argument copy 0 bytes, which zero-fills them,
         from a clamped in-bounds address. The caller commits and waits
-        (``nvvm.cp.async.commit.group`` / ``wait.group``)."""
+        (``nvvm.cp.async.commit.group`` / ``wait.group``). ``place`` maps a vector's
+        tile position to where it lands (a swizzle)."""
         from mlir.dialects import nvgpu
 
         g, d = self.g, self.direct
@@ -653,6 +655,8 @@ class VectorStaging:
             n = arith.select(cond, g.c(self.vec), g.c(0))
             index = d.lead + ([gc, gr] if d.swapped else [gr, gc])
             at = [cc, rr] if self.transposed else [rr, cc]
+            if place is not None:
+                at = place(at)
             at[0] = g.add(at[0], tile_row0) if isinstance(tile_row0, int) else arith.addi(at[0], tile_row0)
 
             def copy(at=at, index=index, n=n):

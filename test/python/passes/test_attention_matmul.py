@@ -88,19 +88,19 @@ class Built:
             return ("module attributes {gpu.container_module} {\n" + str(self.gpu_module) + "\n}\n")
 
 
-def attention(b, h, sq, sk, d, elem, mask_shape=None, dv=None, scale_op="div"):
+def attention(b, h, sq, sk, d, elem, mask_shape=None, dv=None, scale_op="div", mask_elem="f32"):
     """matmul(q, k^T) -> scale -> masked_fill(cmp(mask, 0, eq), -1e9) -> softmax -> matmul(., v),
     with the argument order kf-fuse may give (k before q)."""
     dv = dv or d
     specs = [TensorSpec((b, h, sk, d), elem), TensorSpec((b, h, sq, d), elem), TensorSpec((b, h, sk, dv), elem)]
     if mask_shape is not None:
-        specs.append(TensorSpec(tuple(mask_shape), "f32"))
+        specs.append(TensorSpec(tuple(mask_shape), mask_elem))
 
     def body(k, q, v, *mask):
         s = kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2]))
         s = kb.div(s, kb.scalar(d ** 0.5, elem)) if scale_op == "div" else kb.mul(s, kb.scalar(d ** -0.5, elem))
         if mask:
-            s = kb.masked_fill(s, kb.cmp(mask[0], kb.scalar(0.0, "f32"), predicate="eq"), value=-1e9)
+            s = kb.masked_fill(s, kb.cmp(mask[0], kb.scalar(0.0, mask_elem), predicate="eq"), value=-1e9)
         return [kb.matmul(kb.softmax(s, dim=-1), v)]
 
     return Built("attention", specs, body)
@@ -378,26 +378,28 @@ def test_unmasked_attention_has_no_block_skipping(d):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("mask_shape,staged", [((1000, 1000), True), ((1, 1, 1000, 1000), True),
-                                               ((2, 1, 1000, 1000), False), ((1000, 1000 - 2), None)])
+@pytest.mark.parametrize("mask_shape,staged", [((2048, 2048), True), ((1, 1, 2048, 2048), True),
+                                               ((2, 1, 2048, 2048), False)])
 def test_attention_wgmma_stages_the_mask(mask_shape, staged):
     """With a mask shared by every head (a causal mask), the skipping wgmma kernel stages
-    each block's mask tile in shared memory by cp.async (rows padded by 16 bytes) and
-    reads it there, twice; a mask per batch stays in global memory."""
-    if staged is None:  # a mask of other lengths is not attention's mask: no kernel to plan
-        return
-    built = attention(2, 8, 1000, 1000, 128, "bf16", mask_shape)
+    each block's mask tile in shared memory by cp.async (rows padded by 16 bytes), and
+    double-buffers K and V as the unmasked kernel does; a mask per batch stays in global
+    memory. Both read the mask twice a block (the test, then the masked softmax of the
+    blocks the mask does not leave whole)."""
+    built = attention(2, 8, 2048, 2048, 128, "bf16", mask_shape, mask_elem="bf16")
     plan, emitted = built.emit(HOPPER)
-    assert plan["wgmma"] and plan["skip_masked_blocks"]
+    assert plan["wgmma"] and plan["skip_masked_blocks"] and plan["stages"] == 2
     mask_arg = 3
     assert plan["staged_masks"] == ([mask_arg] if staged else [])
-    unstaged = 2 * (128 * 128 + 128 * 256) + 1024
-    assert plan["shared_bytes"] == unstaged + (128 * (128 + 4) * 4 if staged else 0)
+    unstaged = 2 * (128 * 128 + 2 * 128 * 256) + 1024  # Q, two stages of K and V
+    assert plan["shared_bytes"] == unstaged + (2 * 128 * 128 * 2 if staged else 0) and plan["mask_stages"] == staged * 2
     ptx, r = cuda_report(built, "sm_90a")
-    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
-    global_loads = [ln for ln in ptx.splitlines() if ln.strip().startswith("ld.global")]
-    shared_loads = [ln for ln in ptx.splitlines() if ln.strip().startswith("ld.shared.b32")]  # the f32 mask
-    assert len(shared_loads if staged else global_loads) == 128 and not (global_loads if staged else shared_loads)
+    # at 255 registers ptxas spills a little with the double-buffered mask (80 bytes on
+    # ptxas 12.x); that variant measured fastest all the same (see attention_wgmma.py)
+    assert r["spill_store_bytes"] <= (128 if staged else 0) and r["registers"] <= 255, r
+    loads = [ln.split()[0] for ln in ptx.splitlines() if ln.strip().startswith(("ld.global", "ld.shared"))]
+    assert loads and all(ld.startswith("ld.shared" if staged else "ld.global") for ld in loads), set(loads)
+    assert "bar.red.or.pred" in ptx
 
 
 def test_attention_tensor_cores_only_where_they_apply():
@@ -721,16 +723,19 @@ def causal_mask(shape, kind: str, gen) -> torch.Tensor:
 @needs_cuda
 @pytest.mark.parametrize("skip", [True, False], ids=["skip", "noskip"])
 @pytest.mark.parametrize("kind", ["causal", "causal_dead_rows", "block_diagonal", "random_dead_columns"])
-@pytest.mark.parametrize("b,h,seq,d,elem,mask_shape", [
-    (1, 2, 1000, 64, "f16", (1000, 1000)), (2, 2, 513, 128, "bf16", (2, 1, 513, 513)), (1, 1, 300, 64, "bf16", (300, 300))])
+@pytest.mark.parametrize("b,h,seq,d,elem,mask_shape,mask_elem", [
+    (1, 2, 1000, 64, "f16", (1000, 1000), "f32"), (2, 2, 513, 128, "bf16", (2, 1, 513, 513), "f32"),
+    (1, 1, 300, 64, "bf16", (300, 300), "f32"), (1, 2, 1000, 128, "bf16", (1000, 1000), "bf16")])
 @pytest.mark.parametrize("chip", ["sm_90", "sm_90a"], ids=["mma.sync", "wgmma"])
-def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, kind, skip, chip):
-    built = attention(b, h, seq, seq, d, elem, mask_shape)
+def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, mask_elem, kind, skip, chip):
+    """Exact block skipping, on masks of several patterns (f32 masks staged a block at a
+    time by the wgmma kernel, bf16 ones double-buffered, a mask per batch not staged)."""
+    built = attention(b, h, seq, seq, d, elem, mask_shape, mask_elem=mask_elem)
     plan, emitted = emit_with(built, CUDA if chip == "sm_90" else hopper_only(), skip_masked_blocks=skip)
     assert plan.get("wgmma", False) == (chip == "sm_90a")
     gen = torch.Generator().manual_seed(seq + d)
     k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
-    mask = causal_mask(mask_shape, kind, gen)
+    mask = causal_mask(mask_shape, kind, gen).to(TORCH[mask_elem])
     out, ptx = cuda_run(built, plan, emitted, [k, q, v, mask], (b, h, seq, d), elem)
     assert ("bar.red.or" in ptx) == skip
     want = attention_reference(k, q, v, mask)
