@@ -151,12 +151,20 @@ def workloads(quick: bool):
     def bias_gelu(x, b):
         return F.gelu(x + b)
 
-    r, c = 8192, 8192
-    yield ("softmax 8192x8192 bf16", kf.jit(softmax), softmax, softmax, lambda: (randn(r, c),), 4 * r * c, 0, 2e-2)
-    yield ("RMSNorm 8192x8192 bf16", kf.jit(rmsnorm), rmsnorm, getattr(F, "rms_norm", None) and
-           (lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)), lambda: (randn(r, c), randn(c)), 4 * r * c, 0, 2e-2)
-    yield ("bias+GELU 8192x8192 bf16", kf.jit(bias_gelu), bias_gelu, None, lambda: (randn(r, c), randn(c)),
-           4 * r * c, 0, 2e-2)
+    # the 8192 x 8192 bf16 rows of earlier runs, and the large shapes the target names
+    for (r, c, dtype) in [(8192, 8192, bf16)] + ([] if quick else [(32768, 8192, bf16), (32768, 8192, torch.float32)]):
+        esz, tol, name = (2, 2e-2, "bf16") if dtype == bf16 else (4, 1e-5, "fp32")
+
+        def rand(*s, dtype=dtype):
+            return randn(*s, dtype=dtype)
+
+        yield (f"softmax {r}x{c} {name}", kf.jit(softmax), softmax, softmax, lambda: (rand(r, c),),
+               2 * r * c * esz, 0, tol)
+        yield (f"RMSNorm {r}x{c} {name}", kf.jit(rmsnorm), rmsnorm, getattr(F, "rms_norm", None) and
+               (lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)), lambda: (rand(r, c), rand(c)),
+               2 * r * c * esz, 0, tol)
+        yield (f"bias+GELU {r}x{c} {name}", kf.jit(bias_gelu), bias_gelu, None, lambda: (rand(r, c), rand(c)),
+               2 * r * c * esz, 0, tol)
 
     def sdpa(q, k, v, mask=None):
         return F.scaled_dot_product_attention(q, k, v)
