@@ -148,9 +148,10 @@ ATTENTION_VARIANTS = {
     "mma.sync (session 3)": {"WGMMA": False},
     "wgmma 2 warpgroups": {},
     "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
-    "wgmma skip, one mask stage": {"MASK_STAGES": 1},
-    "wgmma skip, whole blocks unmasked": {"WHOLE_BLOCKS": True},
-    "wgmma skip, mask from global": {"STAGE_MASKS": False},
+    "wgmma skip, no block table (in-kernel test)": {"BLOCK_TABLE": False},
+    "wgmma skip, no block table, one mask stage": {"BLOCK_TABLE": False, "MASK_STAGES": 1},
+    "wgmma skip, table, masked softmax in whole blocks": {"WHOLE_BLOCKS": False},
+    "wgmma skip, no table, mask from global": {"BLOCK_TABLE": False, "STAGE_MASKS": False},
     "wgmma skip, one stage (session 4 first)": {"SKIP_PIPELINE": False, "STAGE_MASKS": False, "WHOLE_BLOCKS": False},
 }
 # Variants measured before and left out since (their JSON in bench/results): "wgmma 3
@@ -160,7 +161,8 @@ ATTENTION_VARIANTS = {
 
 def _attention_switches(name: str):
     """Where an attention switch lives: attention_wgmma.py or the AttentionStrategy class."""
-    return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES") \
+    return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
+                "BLOCK_TABLE") \
         else at.AttentionStrategy
 
 
@@ -192,7 +194,8 @@ def attention_rows(save, rows: list[dict]) -> list[dict]:
         flops = 4 * b * h * s * s * d / (2 if masked else 1)
         rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
         print(rows[-1], flush=True)
-        mask_only = {"SKIP_MASKED_BLOCKS", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES"}  # same kernel unmasked
+        mask_only = {"SKIP_MASKED_BLOCKS", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
+                     "BLOCK_TABLE"}  # same kernel unmasked
         names = [n for n, v in ATTENTION_VARIANTS.items() if masked or not mask_only & set(v)]
         for name_ in names:
             for k, v in {**defaults, **ATTENTION_VARIANTS[name_]}.items():

@@ -77,14 +77,51 @@ class MapToGpuPass(KfPass):
                     emitted, kind = _emit_one(kernel, gmod, info)
                 except (NotImplementedError, ValueError) as e:
                     raise PassError(f"cannot write kernel @{E.kernel_name(kernel)}: {e}", kernel.location) from None
-                gfunc = _find(gmod, emitted.name)
-                gfunc.attributes["kf.grid"] = _i64_array(emitted.grid)
-                gfunc.attributes["kf.block"] = _i64_array(emitted.block)
-                gfunc.attributes["kf.shared_bytes"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
-                                                                         int(emitted.shared_bytes))
-                gfunc.attributes["kf.fused_lines"] = E.fused_lines(kernel)
-                gfunc.attributes["kf.strategy"] = ir.StringAttr.get(kind)
-                E.declare_kernel(kernel, GPU_MODULE)
+                for part in filter(None, (emitted, emitted.prelude)):
+                    gfunc = _find(gmod, part.name)
+                    gfunc.attributes["kf.grid"] = _i64_array(part.grid)
+                    gfunc.attributes["kf.block"] = _i64_array(part.block)
+                    gfunc.attributes["kf.shared_bytes"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                                             int(part.shared_bytes))
+                    gfunc.attributes["kf.fused_lines"] = E.fused_lines(kernel)
+                    gfunc.attributes["kf.strategy"] = ir.StringAttr.get(kind)
+                decl = E.declare_kernel(kernel, GPU_MODULE)
+                if emitted.prelude is not None:
+                    _schedule_prelude(module, decl, emitted.prelude.name, emitted.prelude_output)
+
+
+def _schedule_prelude(module: ir.Operation, decl: ir.Operation, prelude: str, output: ir.Type) -> None:
+    """Launch gpu.func ``prelude`` before every call of the kernel ``decl``: a declaration
+    of it (the kernel's inputs -> ``output``), a call of it with the same operands just
+    before each call of the kernel, and its result as the kernel's last input."""
+    from mlir.dialects import func
+
+    name = ir.StringAttr(decl.attributes["sym_name"]).value
+    ftype = ir.FunctionType(ir.TypeAttr(decl.attributes["function_type"]).value)
+    with ir.InsertionPoint(decl), decl.location:
+        pre = func.FuncOp(prelude, ir.FunctionType.get(list(ftype.inputs), [output]), visibility="private")
+    pre.attributes["kf.gpu_func"] = ir.SymbolRefAttr.get([GPU_MODULE, prelude])
+    decl.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get(list(ftype.inputs) + [output], list(ftype.results)))
+    calls = []
+
+    def visit(op):
+        if op.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value == name:
+            calls.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    for call in calls:
+        with ir.InsertionPoint(call), call.location:
+            table = func.CallOp([output], ir.FlatSymbolRefAttr.get(prelude), list(call.operands)).result
+            new = func.CallOp([r.type for r in call.results], ir.FlatSymbolRefAttr.get(name),
+                              list(call.operands) + [table])
+        for key in call.attributes:
+            if key != "callee" and key not in new.attributes:
+                new.attributes[key] = call.attributes[key]
+        for old_r, new_r in zip(call.results, new.results):
+            old_r.replace_all_uses_with(new_r)
+        call.erase()
 
 
 def _find(gmod: ir.Operation, name: str) -> ir.Operation:

@@ -679,7 +679,7 @@ class AttentionStrategy(Strategy):
     @staticmethod
     def _skipping_loop(g: GpuFunc, pw: Pointwise, ch: _Chain, key_block, init: list[ir.Value], rows: list[ir.Value],
                        tig2: ir.Value, bm: int, bn: int, s_lead: list, stage_block=None, start_pass=None,
-                       whole_blocks: bool = False) -> list[ir.Value]:
+                       whole_blocks: bool = False, block_class=None) -> list[ir.Value]:
         """The key loop, skipping blocks that the mask masks entirely (a causal mask's
         upper triangle: half the work), exactly.
 
@@ -699,7 +699,9 @@ class AttentionStrategy(Strategy):
         copies), passed on as ``key_block(n0, state, stage)``. With ``whole_blocks`` the
         workgroup also ANDs whether the mask leaves every score of the block alone, and
         ``key_block(..., unmasked=pred)`` may then skip the mask (a causal mask's blocks
-        below the diagonal)."""
+        below the diagonal). ``block_class(n0)``, where given, answers (live, whole) for
+        the block instead of the test (a table made before the kernel); ``stage_block``
+        is then told whether blocks may be skipped at all (``allow``)."""
         Sq, Sk = ch.seq_q, ch.seq_k
         i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
@@ -717,7 +719,13 @@ class AttentionStrategy(Strategy):
         def inner(allow: ir.Value):
             def block(n0, carried):
                 state, skipped = carried[:-1], carried[-1]
-                stage = stage_block(n0) if stage_block is not None else None
+                stage = stage_block(n0, allow) if stage_block is not None else None
+                if block_class is not None:
+                    live, whole = block_class(n0)
+                    go = arith.ori(live, arith.xori(allow, true))
+                    extra = {"stage": stage, **({"unmasked": whole} if whole_blocks else {})}
+                    out = g.guarded(go, types, lambda: key_block(n0, state, **extra), lambda: state)
+                    return out + [arith.ori(skipped, arith.xori(go, true))]
                 live, whole = false, true
                 for gi in rows:
                     for j in range(bn // 8):

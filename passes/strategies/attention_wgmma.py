@@ -43,7 +43,7 @@ from typing import Callable
 from kf.dialects import spec_of
 from kf.passes import scalar_math
 from mlir import ir
-from mlir.dialects import arith, gpu, llvm, nvvm
+from mlir.dialects import arith, gpu, llvm, memref, nvvm
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
 from .matmul import (Direct, GpuFunc, MmaSync, Pointwise, VectorStaging, _elem_bytes, direct_source, gpu_arg_types,
@@ -87,7 +87,8 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     shared = 2 * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
     if shared > target.max_dynamic_shared_bytes:
         return None
-    masks = _staged_masks(ch, bm, bn) if STAGE_MASKS and skip and ch.mask_cond is not None else []
+    table = BLOCK_TABLE and skip and stages == 2 and ch.mask_cond is not None and _head_shared_mask(ch)
+    masks = _staged_masks(ch, bm, bn) if STAGE_MASKS and skip and ch.mask_cond is not None and not table else []
     mask_stages = 0
     for n in (2, 1)[2 - MASK_STAGES:] if masks and stages == 2 else ():  # double-buffered where that fits
         mask_bytes = n * sum(_units(bm * bn * width) for _, width in masks)
@@ -103,7 +104,97 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
             "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
-            "mask_stages": mask_stages}
+            "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else []}
+
+
+#: Whether a mask that every head shares gets a table of its key blocks, made once per
+#: call by a kernel of its own (``_emit_block_table``, FlexAttention's block mask): per
+#: (query block, key block) whether the mask masks all of it (skipped at no cost: no
+#: test, no copies of its K and V), none of it (the softmax without the mask) or part
+#: of it (the mask read where the softmax needs it).
+BLOCK_TABLE = True
+
+#: What the block table says of a block.
+DEAD, PARTIAL, WHOLE = 0, 1, 2
+
+
+def _head_shared_mask(ch) -> bool:
+    """Whether the mask condition reads nothing but [.., Sq, Sk] arguments whose leading
+    dims are 1: one mask for every head and batch, as a causal mask is, so one table of
+    its blocks serves every workgroup."""
+    from .matmul import defining
+
+    view = ch.view
+    seen, stack = set(), [ch.mask_cond]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v == ch.mm1.result:
+            return False
+        i = view.arg_index(v)
+        if i is not None:
+            spec = view.arg_specs[i]
+            if spec.rank < 2 or tuple(spec.shape[-2:]) != (ch.seq_q, ch.seq_k) or any(x != 1 for x in spec.shape[:-2]):
+                return False
+            continue
+        op = defining(v)
+        if op is None:
+            return False
+        stack.extend(op.operands)
+    return True
+
+
+def _block_reduce(pred: ir.Value, how: str) -> ir.Value:
+    """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too)."""
+    i32 = ir.IntegerType.get_signless(32)
+    r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
+                       reductionPredicate=arith.extui(i32, pred)).res
+    return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
+
+
+def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int, bn: int,
+                      table_t: ir.Type) -> EmittedKernel:
+    """The kernel that writes the block table: a workgroup per (query block, key block),
+    its 256 threads reading the block's mask condition, coalesced along the keys; out of
+    range positions count as masked (so a tail block is never WHOLE)."""
+    view = ch.view
+    Sq, Sk = ch.seq_q, ch.seq_k
+    threads = 256
+    i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
+    nq, nk = -(-Sq // bm), -(-Sk // bn)
+    name = f"{view.name}_blocks"
+    arg_types = gpu_arg_types(view, target)[:len(view.args)] + [table_t]
+    g = GpuFunc(gpu_module, name, arg_types, [], (threads, 1, 1))
+    pw = Pointwise(g, view, g.args[:len(view.args)])
+    with ir.InsertionPoint(g.entry):
+        tid, kb, qb = g.tid(), g.bid("x"), g.bid("y")
+        r0, c0 = g.mul(qb, bm), g.mul(kb, bn)
+        true, false = arith.constant(i1, 1), arith.constant(i1, 0)
+        lead = [g.c(0)] * (ch.scores.rank - 2)
+        live, whole = false, true
+        for e in range(bm * bn // threads):
+            lin = g.add(tid, e * threads)
+            r, c = arith.addi(r0, g.div(lin, bn)), arith.addi(c0, g.rem(lin, bn))
+            conds = [x for x in (g.lt(r, Sq) if Sq % bm else None, g.lt(c, Sk) if Sk % bn else None) if x is not None]
+
+            def masked(r=r, c=c):
+                pw.reset()
+                m = pw.eval(ch.mask_cond, pw.operand_index(spec_of(ch.mask_cond.type).shape, lead + [r, c],
+                                                           ch.scores.rank))
+                pw.reset()
+                return [m]
+
+            m = g.guarded(g.all_of(conds), [i1], masked, lambda: [true])[0]
+            live = arith.ori(live, arith.xori(m, true))
+            whole = arith.andi(whole, arith.xori(m, true))
+        live, whole = _block_reduce(live, "or"), _block_reduce(whole, "and")
+        code = arith.select(live, arith.select(whole, arith.constant(i32, WHOLE), arith.constant(i32, PARTIAL)),
+                            arith.constant(i32, DEAD))
+        g.when(arith.cmpi(arith.CmpIPredicate.eq, tid, g.c(0)), lambda: memref.store(code, g.args[-1], [qb, kb]))
+        g.finish()
+    return EmittedKernel(name, (nk, nq, 1), (threads, 1, 1), 0, {"strategy": "attention block table"})
 
 
 #: Whether a mask that every head shares is staged a block at a time in shared memory
@@ -211,10 +302,19 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
     s_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (bn // 2)) + ")>")
     o_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (Dv // 2)) + ")>")
     s_attrs = _wg._wgmma_attrs(elem, bn, 16, False)
+    n_in = len(view.args)
+    table_shape = plan.get("block_table") if plan.get("skip_masked_blocks") and stages == 2 else None
+    arg_types = gpu_arg_types(view, target)
+    prelude = None
     with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [], (threads, 1, 1))  # window: _carve_aligned
-        n_in = len(view.args)
-        out_mem = g.args[n_in]
+        if table_shape:
+            i32 = ir.IntegerType.get_signless(32)
+            table_t = ir.MemRefType.get(list(table_shape), i32)
+            prelude = _emit_block_table(ch, gpu_module, target, bm, bn, table_t)
+            arg_types = arg_types[:n_in] + [table_t] + arg_types[n_in:]
+        g = GpuFunc(gpu_module, view.name, arg_types, [], (threads, 1, 1))  # window: _carve_aligned
+        table = g.args[n_in] if table_shape else None
+        out_mem = g.args[n_in + (1 if table_shape else 0)]
         pw = Pointwise(g, view, g.args[:n_in])
         zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
         tc = MmaSync(elem)
@@ -343,10 +443,21 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         stage_masks(g.c(0), g.c(0))
                     nvvm.cp_async_commit_group()
 
-                def stage_block(n0):
+                def table_at(j):
+                    return memref.load(table, [qblock, j])
+
+                def block_class(n0):
+                    """(live, whole) of a block, from the table: uniform, no test."""
+                    code = table_at(g.div(n0, bn))
+                    return (arith.cmpi(arith.CmpIPredicate.ne, code, arith.constant(code.type, DEAD)),
+                            arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(code.type, WHOLE)))
+
+                def stage_block(n0, allow):
                     """The next block's copies into the other stage, and the wait for this
                     block's (issued a block earlier). A mask tile of one stage is copied
-                    here and waited for at once."""
+                    here and waited for at once. With the block table, the next block's K
+                    and V are copied only if it is live (or nothing is skipped: ``allow``
+                    false, the second pass)."""
                     j = g.div(n0, bn)
                     cur, nxt, n1 = g.rem(j, 2), g.rem(g.add(j, 1), 2), g.add(n0, bn)
                     mask_stage = cur if mask_stages == 2 else g.c(0)
@@ -354,8 +465,20 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     if mask_stages == 1:
                         stage_masks(n0, mask_stage)
                     nvvm.cp_async_commit_group()
-                    k_tile.copy_async(n1, 0, nxt)
-                    v_tile.copy_async(0, n1, nxt)
+
+                    def copy_next():
+                        k_tile.copy_async(n1, 0, nxt)
+                        v_tile.copy_async(0, n1, nxt)
+
+                    if table is None:
+                        copy_next()
+                    else:
+                        last = table_shape[1] - 1
+                        code = table_at(arith.minui(g.add(j, 1), g.c(last)))
+                        live = arith.cmpi(arith.CmpIPredicate.ne, code, arith.constant(code.type, DEAD))
+                        fetch = arith.andi(g.lt(g.add(j, 1), last + 1),
+                                           arith.ori(live, arith.xori(allow, arith.constant(allow.type, 1))))
+                        g.when(fetch, copy_next)
                     if mask_stages == 2:
                         stage_masks(n1, nxt)
                     nvvm.cp_async_commit_group()
@@ -369,7 +492,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return cur
 
                 final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
-                                                stage_block, start_pass, whole_blocks=WHOLE_BLOCKS)
+                                                stage_block, start_pass, whole_blocks=WHOLE_BLOCKS,
+                                                block_class=block_class if table is not None else None)
                 pw.tiles.clear()
             elif skip or stages < 2:
                 nvvm.cp_async_commit_group()  # Q lands with the first block's copies
@@ -409,7 +533,10 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
         g.finish()
     return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes,
                          {"strategy": "attention", "tensor_cores": f"wgmma.m64n{bn}k16+m64n{Dv}k16",
-                          "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn, "stages": stages})
+                          "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn, "stages": stages},
+                         prelude=prelude,
+                         prelude_output=ir.RankedTensorType.get(list(table_shape), ir.IntegerType.get_signless(32))
+                         if table_shape else None)
 
 
 def mmath_exp2(x: ir.Value) -> ir.Value:

@@ -68,6 +68,12 @@ class EmittedKernel:
     block: tuple[int, int, int]
     shared_bytes: int = 0
     notes: dict = field(default_factory=dict)
+    #: A kernel the strategy also wrote, launched just before this one with the same
+    #: inputs and writing one buffer of type ``prelude_output`` (a ranked tensor type)
+    #: that this kernel's gpu.func takes as one more input, after its own (the attention
+    #: kernel's table of a mask's key blocks). kf-map-to-gpu adds it to the schedule.
+    prelude: "EmittedKernel | None" = None
+    prelude_output: object = None
 
 
 class NotApplicable(Exception):

@@ -99,3 +99,46 @@ func.func @attn(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: 
   %0 = call @attn_k0_attention(%q, %k, %v) : (tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>) -> tensor<2x4x300x128xbf16>
   return %0 : tensor<2x4x300x128xbf16>
 }
+
+// -----
+
+// A mask every head shares (a causal [300, 300] mask): the strategy also writes the
+// block table kernel, a workgroup per (query block, key block) of 128 x 128, whose
+// workgroup OR / AND of "unmasked" per position become 0 (dead), 1 (partial) or 2
+// (whole) in an i32 [3, 3] table. The pass declares it, calls it before the attention
+// kernel with the same operands, and passes its table as the kernel's last input; the
+// kernel reads a block's entry instead of testing the block itself.
+// CHECK: func.func private @attn_k0_attention_blocks({{.*}}) -> tensor<3x3xi32> attributes {kf.gpu_func = @kf_kernels::@attn_k0_attention_blocks}
+// CHECK: func.func private @attn_k0_attention({{.*}}, tensor<300x300xbf16>, tensor<3x3xi32>) -> tensor<2x4x300x128xbf16>
+// CHECK: func.func @attn
+// CHECK-NEXT: %[[T:.*]] = call @attn_k0_attention_blocks(%arg0, %arg1, %arg2, %arg3)
+// CHECK-NEXT: call @attn_k0_attention(%arg0, %arg1, %arg2, %arg3, %[[T]])
+// CHECK-LABEL: gpu.func @attn_k0_attention_blocks
+// CHECK-SAME: %arg4: memref<3x3xi32>
+// CHECK-SAME: kf.grid = array<i64: 3, 3, 1>
+// CHECK: nvvm.barrier {{.*}}reduction<or>
+// CHECK: nvvm.barrier {{.*}}reduction<and>
+// CHECK: memref.store {{.*}}, %arg4
+// CHECK-LABEL: gpu.func @attn_k0_attention(
+// CHECK-SAME: %arg4: memref<3x3xi32>
+// CHECK: scf.for
+// CHECK: memref.load %arg4
+// CHECK: nvvm.wgmma.mma_async
+// SM90-LABEL: gpu.func @attn_k0_attention(
+// SM90-NOT: _blocks
+func.func private @attn_k0_attention(%k: tensor<2x4x300x128xbf16>, %q: tensor<2x4x300x128xbf16>, %v: tensor<2x4x300x128xbf16>, %m: tensor<300x300xbf16>) -> tensor<2x4x300x128xbf16> attributes {kf.kernel = "attention", kf.fused_lines = ["attn.py:3"]} {
+  %0 = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x4x300x128xbf16>) -> tensor<2x4x128x300xbf16>
+  %1 = "kf.matmul"(%q, %0) : (tensor<2x4x300x128xbf16>, tensor<2x4x128x300xbf16>) -> tensor<2x4x300x300xbf16>
+  %2 = "kf.fill"() {value = 11.313708498984761 : f64} : () -> tensor<bf16>
+  %3 = "kf.div"(%1, %2) : (tensor<2x4x300x300xbf16>, tensor<bf16>) -> tensor<2x4x300x300xbf16>
+  %4 = "kf.fill"() {value = 0.000000e+00 : f64} : () -> tensor<bf16>
+  %5 = "kf.cmp"(%m, %4) {predicate = "eq"} : (tensor<300x300xbf16>, tensor<bf16>) -> tensor<300x300xi1>
+  %6 = "kf.masked_fill"(%3, %5) {value = -1.000000e+09 : f64} : (tensor<2x4x300x300xbf16>, tensor<300x300xi1>) -> tensor<2x4x300x300xbf16>
+  %7 = "kf.softmax"(%6) {dim = -1 : i64} : (tensor<2x4x300x300xbf16>) -> tensor<2x4x300x300xbf16>
+  %8 = "kf.matmul"(%7, %v) : (tensor<2x4x300x300xbf16>, tensor<2x4x300x128xbf16>) -> tensor<2x4x300x128xbf16>
+  return %8 : tensor<2x4x300x128xbf16>
+}
+func.func @attn(%k: tensor<2x4x300x128xbf16>, %q: tensor<2x4x300x128xbf16>, %v: tensor<2x4x300x128xbf16>, %m: tensor<300x300xbf16>) -> tensor<2x4x300x128xbf16> {
+  %0 = call @attn_k0_attention(%k, %q, %v, %m) : (tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>, tensor<300x300xbf16>) -> tensor<2x4x300x128xbf16>
+  return %0 : tensor<2x4x300x128xbf16>
+}

@@ -134,7 +134,8 @@ def cuda_report(built: Built, chip: str = "sm_90", log: bool = False):
 
     ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
     assembled = to_cuda.assemble(ptx, chip)
-    [report] = assembled.kernels.values()
+    # the kernel itself, not a prelude it launches first (the attention block table)
+    [report] = [r for name, r in assembled.kernels.items() if not name.endswith("_blocks")]
     return (ptx, report, assembled.log) if log else (ptx, report)
 
 
@@ -380,15 +381,19 @@ def test_unmasked_attention_has_no_block_skipping(d):
 @needs_ptxas
 @pytest.mark.parametrize("mask_shape,staged", [((2048, 2048), True), ((1, 1, 2048, 2048), True),
                                                ((2, 1, 2048, 2048), False)])
-def test_attention_wgmma_stages_the_mask(mask_shape, staged):
-    """With a mask shared by every head (a causal mask), the skipping wgmma kernel stages
-    each block's mask tile in shared memory by cp.async (rows padded by 16 bytes), and
+def test_attention_wgmma_stages_the_mask(mask_shape, staged, monkeypatch):
+    """Without the block table (BLOCK_TABLE off), with a mask shared by every head (a
+    causal mask), the skipping wgmma kernel stages each block's mask tile in shared
+    memory by cp.async (swizzled), and
     double-buffers K and V as the unmasked kernel does; a mask per batch stays in global
     memory. Both read the mask twice a block (the test, then the masked softmax of the
     blocks the mask does not leave whole)."""
+    from kf.passes.strategies import attention_wgmma
+
+    monkeypatch.setattr(attention_wgmma, "BLOCK_TABLE", False)
     built = attention(2, 8, 2048, 2048, 128, "bf16", mask_shape, mask_elem="bf16")
     plan, emitted = built.emit(HOPPER)
-    assert plan["wgmma"] and plan["skip_masked_blocks"] and plan["stages"] == 2
+    assert plan["wgmma"] and plan["skip_masked_blocks"] and plan["stages"] == 2 and not plan["block_table"]
     mask_arg = 3
     assert plan["staged_masks"] == ([mask_arg] if staged else [])
     unstaged = 2 * (128 * 128 + 2 * 128 * 256) + 1024  # Q, two stages of K and V
@@ -633,6 +638,37 @@ def test_seed_attention_through_the_pipeline():
     torch.testing.assert_close(out, seed_examples.fused_attention.fn(q, k, v, mask), rtol=2e-5, atol=2e-5)
 
 
+@needs_ptxas
+def test_block_table_kernel_in_the_schedule():
+    """On sm_90a the seed's attention with a causal mask tensor gets the block table: a
+    kernel of its own, launched first with the attention kernel's inputs, whose i32
+    table the attention kernel takes as one more input; the ABI numbers it as a
+    temporary between the two launches."""
+    import kf
+    import seed_examples
+    from kf import gpu_codegen
+    from kf.passes import pipeline
+
+    q, k, v = (torch.randn(2, 4, 512, 128).to(torch.bfloat16) for _ in range(3))
+    mask = torch.tril(torch.ones(512, 512)).to(torch.bfloat16)
+    captured = kf.inspect(seed_examples.fused_attention.with_options(target="cuda"), q, k, v, mask)
+    ctx = kd.make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.parse(str(captured.kf_ir))
+        pm, _ = pipeline.build("builtin.module(kf-fuse, kf-tile{target=cuda chip=sm_90a}, "
+                               "kf-map-to-gpu{target=cuda chip=sm_90a})", ctx)
+        pm.run(module.operation)
+        abi, _, _ = gpu_codegen.schedule_abi(module, "fused_attention", ["q", "k", "v", "mask"], "cuda")
+    blocks, attn = abi.kernels
+    assert blocks.entry.endswith("_attention_blocks") and attn.entry.endswith("_attention")
+    [table] = abi.temporaries
+    assert table.shape == (4, 4) and table.elem == "i32"
+    n_in = len(abi.inputs)
+    table_buffer = n_in + len(abi.outputs)
+    assert blocks.args == attn.args[:n_in] + (table_buffer,) and blocks.grid == (4, 4, 1)
+    assert attn.args[n_in] == table_buffer and attn.args[n_in + 1] == n_in  # then the output
+
+
 # ---- CUDA: run where a GPU is (the H200 device machine) -------------------------------------
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -647,9 +683,15 @@ def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
     chip = "sm_90a" if cap == (9, 0) else "sm_{}{}".format(*cap)  # as kf's driver picks it
     ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
     out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem], device="cuda")
-    k = kcuda.CudaKernel(kcuda.CudaModule(ptx), emitted.name, emitted.grid, emitted.block, emitted.shared_bytes,
-                         len(args) + 1)
-    k(*[a.cuda() for a in args], out)
+    module = kcuda.CudaModule(ptx)
+    ins = [a.cuda() for a in args]
+    if emitted.prelude is not None:  # the block table, written first as kf's schedule does
+        p = emitted.prelude
+        table = torch.full(ir.RankedTensorType(emitted.prelude_output).shape, -1, dtype=torch.int32, device="cuda")
+        kcuda.CudaKernel(module, p.name, p.grid, p.block, p.shared_bytes, len(ins) + 1)(*ins, table)
+        ins.append(table)
+    k = kcuda.CudaKernel(module, emitted.name, emitted.grid, emitted.block, emitted.shared_bytes, len(ins) + 1)
+    k(*ins, out)
     torch.cuda.synchronize()
     return out.cpu(), ptx
 
@@ -726,13 +768,20 @@ def causal_mask(shape, kind: str, gen) -> torch.Tensor:
 @pytest.mark.parametrize("b,h,seq,d,elem,mask_shape,mask_elem", [
     (1, 2, 1000, 64, "f16", (1000, 1000), "f32"), (2, 2, 513, 128, "bf16", (2, 1, 513, 513), "f32"),
     (1, 1, 300, 64, "bf16", (300, 300), "f32"), (1, 2, 1000, 128, "bf16", (1000, 1000), "bf16")])
-@pytest.mark.parametrize("chip", ["sm_90", "sm_90a"], ids=["mma.sync", "wgmma"])
-def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, mask_elem, kind, skip, chip):
-    """Exact block skipping, on masks of several patterns (f32 masks staged a block at a
-    time by the wgmma kernel, bf16 ones double-buffered, a mask per batch not staged)."""
+@pytest.mark.parametrize("chip", ["sm_90", "sm_90a", "sm_90a-in-kernel-test"],
+                         ids=["mma.sync", "wgmma", "wgmma-no-table"])
+def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, mask_elem, kind, skip, chip, monkeypatch):
+    """Exact block skipping, on masks of several patterns: by the block table (a head-
+    shared mask, on wgmma) or by the kernel's own test of each block (f32 masks staged a
+    block at a time by the wgmma kernel, bf16 ones double-buffered, a mask per batch read
+    from global memory)."""
+    from kf.passes.strategies import attention_wgmma
+
+    monkeypatch.setattr(attention_wgmma, "BLOCK_TABLE", chip == "sm_90a")
     built = attention(b, h, seq, seq, d, elem, mask_shape, mask_elem=mask_elem)
     plan, emitted = emit_with(built, CUDA if chip == "sm_90" else hopper_only(), skip_masked_blocks=skip)
-    assert plan.get("wgmma", False) == (chip == "sm_90a")
+    assert plan.get("wgmma", False) == chip.startswith("sm_90a")
+    assert bool(emitted.prelude) == (chip == "sm_90a" and skip and len(mask_shape) == 2)
     gen = torch.Generator().manual_seed(seq + d)
     k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
     mask = causal_mask(mask_shape, kind, gen).to(TORCH[mask_elem])
