@@ -151,6 +151,7 @@ ATTENTION_VARIANTS = {
     "wgmma skip, no block table (in-kernel test)": {"BLOCK_TABLE": False},
     "wgmma skip, no block table, one mask stage": {"BLOCK_TABLE": False, "MASK_STAGES": 1},
     "wgmma skip, table, masked softmax in whole blocks": {"WHOLE_BLOCKS": False},
+    "wgmma skip, table, query blocks in order": {"REVERSE_Q_BLOCKS": False},
     "wgmma skip, no table, mask from global": {"BLOCK_TABLE": False, "STAGE_MASKS": False},
     "wgmma skip, one stage (session 4 first)": {"SKIP_PIPELINE": False, "STAGE_MASKS": False, "WHOLE_BLOCKS": False},
 }
@@ -162,11 +163,11 @@ ATTENTION_VARIANTS = {
 def _attention_switches(name: str):
     """Where an attention switch lives: attention_wgmma.py or the AttentionStrategy class."""
     return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
-                "BLOCK_TABLE") \
+                "BLOCK_TABLE", "REVERSE_Q_BLOCKS") \
         else at.AttentionStrategy
 
 
-def attention_rows(save, rows: list[dict]) -> list[dict]:
+def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()) -> list[dict]:
     """The seed's attention, unmasked and with a causal mask tensor (and one with a fully
     masked query row, the case that makes the skipping kernel rerun a block)."""
     import torch.nn.functional as F
@@ -188,15 +189,18 @@ def attention_rows(save, rows: list[dict]) -> list[dict]:
             # diagonal: only the key equal to the query (all but 1 in 32 key blocks skipped)
             return (*t, torch.tril(ones) if masked == "causal" else torch.diag(torch.diagonal(ones)))
 
-        ins = rotated(make)
         name = f"attention {b}x{h}x{s}x{d}" + (f" {masked} mask" if masked else "")
+        if kinds and not any(k in name for k in kinds):
+            continue
+        ins = rotated(make)
         base = {"sdpa": median_ms(sdpa, ins), "eager": median_ms(fused_attention.fn, ins)}
         flops = 4 * b * h * s * s * d / (2 if masked else 1)
         rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
         print(rows[-1], flush=True)
         mask_only = {"SKIP_MASKED_BLOCKS", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
-                     "BLOCK_TABLE"}  # same kernel unmasked
-        names = [n for n, v in ATTENTION_VARIANTS.items() if masked or not mask_only & set(v)]
+                     "BLOCK_TABLE", "REVERSE_Q_BLOCKS"}  # same kernel unmasked
+        names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only & set(v))
+                 and (not variants or n in variants)]
         for name_ in names:
             for k, v in {**defaults, **ATTENTION_VARIANTS[name_]}.items():
                 setattr(_attention_switches(k), k, v)
@@ -278,6 +282,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="gemm, attention or rowwise")
     ap.add_argument("--gemm-kinds", default="nn,nt,fp8", help="which GEMMs: nn, nt (B transposed), fp8 (_scaled_mm)")
     ap.add_argument("--gemm-variants", default=",".join(GEMM_VARIANTS), help="names from GEMM_VARIANTS")
+    ap.add_argument("--attention-variants", default="", help="names from ATTENTION_VARIANTS, ';'-separated (all)")
+    ap.add_argument("--attention-kinds", default="", help="texts of the shapes to run, ','-separated (all)")
     args = ap.parse_args()
     torch.manual_seed(int(time.time()))
 
@@ -289,7 +295,8 @@ def main() -> int:
     if args.only in ("", "gemm"):
         rows = gemm_rows(args.size, save, tuple(args.gemm_kinds.split(",")), tuple(args.gemm_variants.split(",")))
     if args.only in ("", "attention"):
-        rows = attention_rows(save, rows)
+        rows = attention_rows(save, rows, tuple(v for v in args.attention_variants.split(";") if v),
+                              tuple(k for k in args.attention_kinds.split(",") if k))
     if args.only in ("", "rowwise"):
         rows = rowwise_rows(save, rows)
     return 0

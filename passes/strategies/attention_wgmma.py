@@ -104,7 +104,14 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
             "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
-            "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else []}
+            "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
+            "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None)}
+
+
+#: Whether workgroups take the query blocks last to first where blocks may be skipped:
+#: under a causal mask the last query blocks have the most live key blocks, and started
+#: first they do not trail the grid (workgroups start in block index order).
+REVERSE_Q_BLOCKS = True
 
 
 #: Whether a mask that every head shares gets a table of its key blocks, made once per
@@ -329,6 +336,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems])
             tid = g.tid()
             qblock = g.bid("x")
+            if plan.get("reverse_q_blocks"):  # the last query blocks, with the most live keys, first
+                qblock = arith.subi(g.c(plan["grid"][0] - 1), qblock)
             batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
             warp, lane = g.div(tid, 32), g.rem(tid, 32)
             wg = g.div(warp, 4)
