@@ -316,7 +316,8 @@ def _to(c, node, args, kwargs):
 
 
 @handles("aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
-         "aten.lift_fresh_copy.default", "aten.dropout.default", "aten.lift_fresh.default")
+         "aten.lift_fresh_copy.default", "aten.dropout.default", "aten.lift_fresh.default",
+         "aten.detach_.default")  # torch.tensor([...]) detaches its fresh constant in place
 def _identity(c, node, args, kwargs):
     return args[0]
 

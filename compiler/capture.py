@@ -1,7 +1,8 @@
 """Capture: a Python function of torch tensors becomes a ``func.func`` of kf ops.
 
-torch.export (non-strict) traces the function on fake tensors of the call's signature
-into an ATen graph; Python control flow (``if mask is not None``, ``for k in
+The light tracer (``trace.py``) -- or, for what it does not handle, torch.export
+(non-strict) -- traces the function on data-less tensors of the call's signature into an
+ATen graph; Python control flow (``if mask is not None``, ``for k in
 range(top_k)``) runs at trace time, so the graph is specialized to the signature. Each
 ATen node becomes kf ops through the table in ``aten_to_kf.py``, and every op's MLIR
 location is the user's ``file:line`` that produced it. ATen ops with no kf op go through
@@ -11,6 +12,8 @@ torch-mlir (``torch_mlir_import.py``) or raise ``UnsupportedOpError`` at the use
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 import re
 import types
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ from .errors import CaptureError, KfVerifyError, SourceLoc, UnsupportedOpError
 from .signature import Signature, bind, rebuild_args
 from .torch_ops import AUTOCAST_KEYS
 
+log = logging.getLogger(__name__)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
@@ -45,6 +49,8 @@ class Captured:
     graph: torch.fx.GraphModule | None = None
     source_locs: dict[str, SourceLoc] = field(default_factory=dict)
     fallbacks: dict[str, Callable] = field(default_factory=dict)  # torch-mlir callees -> ATen op
+    tracer: str = "export"  # "trace": the light tracer's graph (trace.py); "export": torch.export's
+    fallback_reason: str | None = None  # why the light tracer gave way to torch.export
 
     @property
     def kf_ir(self) -> str:
@@ -151,9 +157,37 @@ def capture(fn: Callable, *args, **kwargs) -> Captured:
 
 
 def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> Captured:
+    """Capture fn for a signature: with the light tracer (trace.py), which does not
+    import torch._dynamo, and with torch.export wherever the light one meets anything it
+    does not handle exactly, or the graph it makes fails to convert (export's path then
+    reports the error, at the user's line, as it always has). ``KF_CAPTURE=export``
+    skips the light tracer."""
     user = _user_code(fn)
+    reason = "KF_CAPTURE=export"
+    if os.environ.get("KF_CAPTURE", "") != "export":
+        try:
+            from .trace import trace
+
+            traced = trace(user, sig, tensors)
+            return _convert(user, sig, tensors, traced.graph_module, traced.constants, None, "trace")
+        except Exception as e:  # Fallback, or a graph the converter takes only from export
+            reason = f"{type(e).__name__}: {_first_line(e)}"
+            log.debug("capture of %s falls back to torch.export: %s", user.__name__, reason)
     ep = export_graph(user, sig, tensors)
-    gm = ep.graph_module
+    cap = _convert(user, sig, tensors, ep.graph_module, _export_constants(ep), ep.call_spec.out_spec, "export")
+    cap.fallback_reason = reason
+    return cap
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: torch.fx.GraphModule,
+             constants: dict[str, torch.Tensor], out_spec: Any, tracer: str) -> Captured:
+    """The kf function of an ATen graph (export's, or the light tracer's whose output node
+    keeps the result's nesting: out_spec None)."""
     ctx = make_context()
     names = sig.tensor_names()
     with ctx, ir.Location.unknown():
@@ -174,7 +208,7 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
         conv = aten_to_kf.Converter(module, block, user)
         locs: dict[str, SourceLoc] = {}
         with ir.InsertionPoint(block):
-            env = _bind_placeholders(ep, placeholders, list(block.arguments), conv)
+            env = _bind_placeholders(placeholders, list(block.arguments), constants, conv)
             for node in gm.graph.nodes:
                 if node.op != "call_function":
                     continue
@@ -189,7 +223,7 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
                     raise UnsupportedOpError(str(e), sloc, cause=e.cause) from None
                 except KfTypeError as e:
                     raise KfVerifyError(f"{node.target} produced an ill-typed kf op: {e}", sloc) from None
-            flat, tree = _flatten_outputs(out_node.args[0], env, user, ep.call_spec.out_spec)
+            flat, tree = _flatten_outputs(out_node.args[0], env, user, out_spec, structured=out_spec is None)
             with def_loc:
                 func.ReturnOp(flat)
         f.attributes["function_type"] = ir.TypeAttr.get(
@@ -198,7 +232,7 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
         from kf.dialects import spec_of
 
         out_specs = [spec_of(v.type) for v in flat]
-    return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops)
+    return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops, tracer)
 
 
 def source_loc(loc: ir.Location) -> SourceLoc | None:
@@ -224,25 +258,33 @@ def _verify_captured(module: ir.Module, fn: Callable) -> None:
                             source_loc(diag.location) if diag else None) from None
 
 
-def _bind_placeholders(ep, placeholders, args, conv) -> dict:
-    """Map export's placeholders to the function's arguments, and tensors the function
-    made itself (``torch.tensor([...])``, lifted by export as constants) to kf.constant."""
+def _export_constants(ep) -> dict[str, torch.Tensor]:
+    """Export's placeholders for tensors the function made itself (``torch.tensor([...])``,
+    lifted by export as constants), by name, with their values."""
     from torch.export.graph_signature import InputKind
 
+    constants = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            continue
+        if spec.kind not in (InputKind.CONSTANT_TENSOR, InputKind.BUFFER, InputKind.PARAMETER):
+            raise CaptureError(f"unexpected input kind {spec.kind} in the exported graph")
+        value = ep.constants.get(spec.target)
+        constants[spec.arg.name] = ep.state_dict[spec.target] if value is None else value
+    return constants
+
+
+def _bind_placeholders(placeholders, args, constants: dict[str, torch.Tensor], conv) -> dict:
+    """Map the graph's placeholders to the function's arguments, and those of tensors the
+    function made itself to kf.constant."""
     env, user_args = {}, iter(args)
-    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
     for node in placeholders:
-        spec = specs.get(node.name)
-        if spec is None or spec.kind == InputKind.USER_INPUT:
+        value = constants.get(node.name)
+        if value is None:
             env[node] = next(user_args)
-        elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.BUFFER, InputKind.PARAMETER):
-            value = ep.constants.get(spec.target)
-            if value is None:
-                value = ep.state_dict[spec.target]
+        else:
             with ir.Location.unknown():
                 env[node] = conv.constant_tensor(value.detach())
-        else:
-            raise CaptureError(f"unexpected input kind {spec.kind} in the exported graph")
     return env
 
 
@@ -258,9 +300,10 @@ def _tree_of_spec(spec, counter: list[int]) -> Any:
     return (kind, [_tree_of_spec(c, counter) for c in children])
 
 
-def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None) -> tuple[list[ir.Value], Any]:
+def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None,
+                     structured: bool = False) -> tuple[list[ir.Value], Any]:
     """The flat result values, and how they nest (export flattens nested results; its
-    out_spec keeps their structure)."""
+    out_spec keeps their structure; a structured output node keeps it itself)."""
     flat: list[ir.Value] = []
 
     def walk(x):
@@ -274,7 +317,9 @@ def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None) -> tuple[
             return ("tuple" if isinstance(x, tuple) else "list", [walk(y) for y in x])
         raise CaptureError(f"{fn.__name__} returns a {type(x).__name__}; kf functions return tensors")
 
-    walk(out)
+    walked = walk(out)
+    if structured:
+        return flat, walked
     if out_spec is not None:
         tree = _tree_of_spec(out_spec, [0])
         if sum(1 for _ in _leaves(tree)) == len(flat):
