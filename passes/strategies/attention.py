@@ -245,6 +245,16 @@ def online_softmax(g: GpuFunc, pw: Pointwise, ch: "_Chain", s: list[list[ir.Valu
     return m_new, l_new, alpha, p
 
 
+def block_reduce(pred: ir.Value, how: str = "or") -> ir.Value:
+    """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too)."""
+    from mlir.dialects import nvvm
+
+    i32 = ir.IntegerType.get_signless(32)
+    r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
+                       reductionPredicate=arith.extui(i32, pred)).res
+    return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
+
+
 class AttentionStrategy(Strategy):
     KIND = "attention"
 
@@ -706,13 +716,6 @@ class AttentionStrategy(Strategy):
         i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
         types = [v.type for v in init]
-
-        def block_reduce(pred: ir.Value, how: str = "or") -> ir.Value:
-            from mlir.dialects import nvvm
-
-            r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
-                               reductionPredicate=arith.extui(i32, pred)).res
-            return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
 
         block_or = block_reduce
 

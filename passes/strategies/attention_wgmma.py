@@ -155,19 +155,13 @@ def _head_shared_mask(ch) -> bool:
     return True
 
 
-def _block_reduce(pred: ir.Value, how: str) -> ir.Value:
-    """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too)."""
-    i32 = ir.IntegerType.get_signless(32)
-    r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
-                       reductionPredicate=arith.extui(i32, pred)).res
-    return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
-
-
 def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int, bn: int,
                       table_t: ir.Type) -> EmittedKernel:
     """The kernel that writes the block table: a workgroup per (query block, key block),
     its 256 threads reading the block's mask condition, coalesced along the keys; out of
     range positions count as masked (so a tail block is never WHOLE)."""
+    from .attention import block_reduce
+
     view = ch.view
     Sq, Sk = ch.seq_q, ch.seq_k
     threads = 256
@@ -198,7 +192,7 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
             m = g.guarded(g.all_of(conds), [i1], masked, lambda: [true])[0]
             live = arith.ori(live, arith.xori(m, true))
             whole = arith.andi(whole, arith.xori(m, true))
-        live, whole = _block_reduce(live, "or"), _block_reduce(whole, "and")
+        live, whole = block_reduce(live, "or"), block_reduce(whole, "and")
         code = arith.select(live, arith.select(whole, arith.constant(i32, WHOLE), arith.constant(i32, PARTIAL)),
                             arith.constant(i32, DEAD))
         g.when(arith.cmpi(arith.CmpIPredicate.eq, tid, g.c(0)), lambda: memref.store(code, g.args[-1], [qb, kb]))
