@@ -294,30 +294,48 @@ def jit_rows() -> list[Row]:
         x.add(1)
     torch.cuda.synchronize()
     torch_call = (time.perf_counter() - t) / n * 1e6
-    # The same kernel launched by a bare cuLaunchKernel loop with prebuilt parameters,
-    # through cuda.bindings' wrapper as kf's launcher calls it (libcuda's own through
-    # ctypes was measured too, once: 7.9 us against 5.9).
+    # The same kernel launched by bare cuLaunchKernel loops with prebuilt arguments: through
+    # cuda.bindings' wrapper (parameters in the kernel's ctypes slots), and through kf's
+    # compiled launcher (kf.runtime._launcher, pointers as ints), when it is built. kf's
+    # own calls go through whichever runtime/cuda.py chose (launcher in the note);
+    # libcuda's cuLaunchKernel through ctypes was measured once too: 7.9 us against 5.9.
     from kf.runtime import cuda as kf_cuda
 
     lane = next(iter(f._fast.values()))  # the fast lane (or call_matched) of the CompiledProgram
     program = (getattr(lane, "program", None) or lane.__self__)._launch  # the CudaProgram behind it
-    kernel = program.kernels[0][0]
+    kernel, args = program.kernels[0]
     bound = kernel._bound[x.get_device()]
+    buffers = [x, torch.empty_like(x)]  # the program's input and output
+    pointers = [buffers[i].data_ptr() for i in args]
+    for i, p in enumerate(pointers):
+        kernel._slots[i] = p  # what the bindings loop's params point at
     raw = torch.cuda.current_stream().cuda_stream
-    stream = kernel._stream(raw)
     (g0, g1, g2), (b0, b1, b2) = kernel.grid, kernel.block
-    params = kernel._params_addr
+    shared = kernel.shared_bytes
     bare = {}
-    for name, launch, fn, st, extra in (("cuda.bindings", kf_cuda._launch, bound.function, stream, 0),):
+    if kf_cuda._launch is not None:
+        launch, fn, stream, params = kf_cuda._launch, bound.function, kernel._stream(raw), kernel._params_addr
         t = time.perf_counter()
         for _ in range(n):
-            launch(fn, g0, g1, g2, b0, b1, b2, kernel.shared_bytes, st, params, extra)
+            launch(fn, g0, g1, g2, b0, b1, b2, shared, stream, params, 0)
         torch.cuda.synchronize()
-        bare[name] = (time.perf_counter() - t) / n * 1e6
+        bare["cuda.bindings"] = (time.perf_counter() - t) / n * 1e6
+    try:
+        from kf.runtime import _launcher
+    except ImportError:
+        _launcher = None
+    if _launcher is not None:
+        launch, fn = _launcher.launch, bound.handle
+        t = time.perf_counter()
+        for _ in range(n):
+            launch(fn, g0, g1, g2, b0, b1, b2, shared, raw, *pointers)
+        torch.cuda.synchronize()
+        bare["C"] = (time.perf_counter() - t) / n * 1e6
     fastest = min(bare.values())
     rows.append(Row("host overhead per call (us): kf x+1 vs torch x.add(1)", times_ms={"kf": per_call, "eager": torch_call},
-                    note="values in microseconds, wall clock; bare cuLaunchKernel " +
-                         ", ".join(f"{k} {v:.2f} us" for k, v in bare.items()) + f"; kf/fastest bare {per_call / fastest:.2f}"))
+                    note="values in microseconds, wall clock; kf launches through " + kf_cuda.launcher() +
+                         "; bare cuLaunchKernel " + ", ".join(f"{k} {v:.2f} us" for k, v in bare.items()) +
+                         f"; kf/fastest bare {per_call / fastest:.2f}"))
     return rows
 
 

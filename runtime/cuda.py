@@ -11,10 +11,20 @@ The launch path is short because it runs on every call:
 - the module is loaded (``cuModuleLoadData``) and the function looked up once per
   context; kf launches in the primary context of the tensors' device, which is the one
   torch uses, so the per-call lookup is one dict access by device index;
-- the ``void**`` kernel-parameter array is built once per kernel: a ctypes array of
-  N 64-bit slots and an array of N pointers to them; a call only writes the tensors'
-  device addresses into the slots and passes the array's address, so cuda.bindings does
-  no per-call marshalling of arguments (its tuple form builds ctypes objects each time);
+- the launch itself goes through kf's compiled launcher, ``kf.runtime._launcher``
+  (runtime/_launcher.c, built by ``pip install``): one C function that takes the
+  CUfunction's address, grid, block, shared bytes, torch's raw stream and the device
+  pointers as plain ints, builds the ``void**`` parameter array on its stack and calls
+  cuLaunchKernel. cuda.bindings' own cuLaunchKernel wrapper spends microseconds per call
+  converting its arguments, the largest part of a small kernel's host time; Triton
+  launches through a generated C extension for the same reason. Where the extension was
+  not built (no C compiler at install time), or ``KF_CUDA_LAUNCHER=bindings`` asks for it
+  (to compare the two), launches go through cuda.bindings as before: the ``void**``
+  array is then built once per kernel, a ctypes array of N 64-bit slots and an array of
+  N pointers to them, and a call only writes the tensors' device addresses into the
+  slots, so cuda.bindings does no per-call marshalling of the arguments (its tuple form
+  builds ctypes objects each time). Loading modules, looking functions up and naming
+  errors always go through cuda.bindings: they are not on the per-call path;
 - no synchronization: errors that the launch itself reports (bad configuration, too much
   shared memory, a function from another context) raise at once; faults inside the kernel
   surface at torch's next synchronizing call, as they do for torch's own kernels. Set
@@ -41,6 +51,61 @@ except ImportError:  # cuda-python is an optional dependency (pip install kf[cud
 # Looked up once: attribute lookups through the bindings' module cost on every launch.
 _launch = _drv.cuLaunchKernel if _drv is not None else None
 _SUCCESS = _drv.CUresult.CUDA_SUCCESS if _drv is not None else 0
+
+
+def _choose_launcher():
+    """(the compiled launcher's launch function or None, which launcher in words)."""
+    choice = os.environ.get("KF_CUDA_LAUNCHER", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "c", "bindings"):
+        raise ValueError(f"KF_CUDA_LAUNCHER={choice!r}: expected 'auto' (the default), 'c' or 'bindings'")
+    if choice == "bindings":
+        return None, "cuda.bindings (KF_CUDA_LAUNCHER=bindings)"
+    try:
+        from . import _launcher
+    except ImportError as e:
+        if choice == "c":
+            raise ImportError(f"KF_CUDA_LAUNCHER=c, but kf's compiled launcher kf.runtime._launcher does not "
+                              f"import ({e}); reinstall kf with a C compiler and Python's headers "
+                              f"(pip install -e .)") from e
+        return None, f"cuda.bindings (kf.runtime._launcher is not built: {e})"
+    return _launcher.launch, f"C (kf.runtime._launcher, {os.path.basename(_launcher.__file__)})"
+
+
+#: kf.runtime._launcher.launch, or None where launches go through cuda.bindings.
+_c_launch, LAUNCHER = _choose_launcher()
+_c_driver_loaded = False
+
+
+def launcher() -> str:
+    """Which launcher kf's CUDA launches go through, in words (bench/host_profile.py)."""
+    return LAUNCHER
+
+
+def _load_c_driver(kernel: str) -> None:
+    """Open libcuda for the compiled launcher once, at the first bind rather than inside
+    a launch, so a driver it cannot find is reported as what it is."""
+    global _c_driver_loaded
+    if _c_driver_loaded:
+        return
+    from . import _launcher
+
+    try:
+        _launcher.load_driver()
+    except OSError as e:
+        raise CudaError(kernel, "load libcuda.so.1 for kf.runtime._launcher",
+                        detail=f"{e}; KF_CUDA_LAUNCHER=bindings launches through cuda.bindings instead") from None
+    _c_driver_loaded = True
+
+
+def _raw_stream_getter():
+    """``device -> raw CUstream`` of torch's current stream there, as an int.
+    torch._C._cuda_getCurrentRawStream(device) is the int that
+    torch.cuda.current_stream(device).cuda_stream returns, without building a Stream
+    object per call (Triton's launcher uses it the same way)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw or (lambda d: torch.cuda.current_stream(d).cuda_stream)
 
 
 #: Above this many bytes of dynamic shared memory a kernel must opt in with
@@ -76,6 +141,15 @@ def _need_driver(kernel: str) -> None:
     if _drv is None:
         raise CudaError(kernel, "import cuda.bindings.driver",
                         detail="cuda-python is not installed: pip install cuda-python")
+
+
+def _result_code(err: int):
+    """The CUresult enum member of an int the compiled launcher returned (its name goes
+    into CudaError), or the int itself where the bindings do not know it."""
+    try:
+        return _drv.CUresult(err)
+    except Exception:
+        return err
 
 
 def _check(result, kernel: str, call: str, detail: str = ""):
@@ -135,6 +209,7 @@ class CudaModule:
 @dataclass(frozen=True)
 class _Bound:
     function: object  # CUfunction in the device's primary context
+    handle: int  # its address: what the compiled launcher takes
 
 
 class CudaKernel:
@@ -145,7 +220,9 @@ class CudaKernel:
     device, dtype, shape and contiguity of every tensor: a wrong tensor is a silent
     out-of-bounds access otherwise) or just the number of pointer arguments.
 
-    Not safe to call from two threads at once: the parameter slots are shared.
+    Through cuda.bindings (no compiled launcher) it is not safe to call from two threads
+    at once: the parameter slots are shared. The compiled launcher keeps its parameter
+    array on the C stack of each call.
     """
 
     def __init__(self, module: CudaModule, entry: str, grid: Sequence[int], block: Sequence[int],
@@ -168,6 +245,7 @@ class CudaKernel:
         self._params = (ctypes.c_void_p * max(self.nargs, 1))(*[base + 8 * i for i in range(max(self.nargs, 1))])
         self._params_addr = ctypes.addressof(self._params)
         self._bound: dict[int, _Bound] = {}  # torch device index -> function
+        self._handles: dict[int, int] = {}  # torch device index -> CUfunction address (compiled launcher)
         self._streams: dict[int, object] = {}  # raw stream handle -> CUstream
         self._sync = os.environ.get("KF_CUDA_SYNC", "") not in ("", "0")
         self._raw_stream = None
@@ -189,11 +267,9 @@ class CudaKernel:
         import torch
 
         if self._raw_stream is None:
-            # torch._C._cuda_getCurrentRawStream(device) is the int that
-            # torch.cuda.current_stream(device).cuda_stream returns, without building a
-            # Stream object per call (Triton's launcher uses it the same way).
-            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            self._raw_stream = raw or (lambda d: torch.cuda.current_stream(d).cuda_stream)
+            self._raw_stream = _raw_stream_getter()
+        if _c_launch is not None:
+            _load_c_driver(self.entry)
         torch.cuda.init()
         ctx = _current_context(device, self.entry)
         mod = self.module.handle(ctx, self.entry)
@@ -215,8 +291,9 @@ class CudaKernel:
                 self.entry, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", f"{self.shared_bytes} bytes")
         if self.args and self._expect is None:
             self._expect = tuple((getattr(torch, ELEM_INFO[a.elem][0]), tuple(a.shape)) for a in self.args)
-        bound = _Bound(fn)
+        bound = _Bound(fn, int(fn))
         self._bound[device] = bound
+        self._handles[device] = bound.handle
         return bound
 
     def _stream(self, raw: int):
@@ -239,28 +316,50 @@ class CudaKernel:
             bound = self._bind(device)
         if self.validate:
             self._check_args(tensors, device)
-        slots = self._slots
-        for i, t in enumerate(tensors):
-            slots[i] = t.data_ptr()
         g, b = self.grid, self.block
-        # cuda.bindings' cuLaunchKernel: 5.9 us a call on the H200's host, where libcuda's
-        # through ctypes with declared argument types took 7.9 (bench/bench.py, 2026-12-02)
-        err = _launch(bound.function, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
-                      self._stream(self._raw_stream(device)), self._params_addr, 0)[0]
-        if err != _SUCCESS:
-            raise CudaError(self.entry, "cuLaunchKernel", err,
-                            f"grid {g}, block {b}, {self.shared_bytes} bytes of dynamic shared memory")
+        if _c_launch is not None:
+            err = _c_launch(bound.handle, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
+                            self._raw_stream(device), *[t.data_ptr() for t in tensors])
+            if err:
+                self._launch_failed(err)
+        else:
+            slots = self._slots
+            for i, t in enumerate(tensors):
+                slots[i] = t.data_ptr()
+            err = _launch(bound.function, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
+                          self._stream(self._raw_stream(device)), self._params_addr, 0)[0]
+            if err != _SUCCESS:
+                self._launch_failed(err)
         if self._sync:
             _check(_drv.cuCtxSynchronize(), self.entry, "cuCtxSynchronize (KF_CUDA_SYNC=1, after the launch)")
 
     @property
     def launch_pointers(self):
         """``launch(pointers, device)``: the launch of ``__call__`` for device pointers
-        that the caller has matched to the arguments already (a program's fast lane);
-        None where each call validates its tensors."""
+        (a list of ints) that the caller has matched to the arguments already (a
+        program's fast lane); None where each call validates its tensors."""
         if self.validate:
             return None
-        slots, g, b, shared, params = self._slots, self.grid, self.block, self.shared_bytes, self._params_addr
+        g0, g1, g2 = self.grid
+        b0, b1, b2 = self.block
+        shared = self.shared_bytes
+        sync = self._sync
+        raw_stream = _raw_stream_getter()
+        if _c_launch is not None:
+            c_launch, handles = _c_launch, self._handles
+
+            def launch(pointers, device: int) -> None:
+                fn = handles.get(device)
+                if fn is None:
+                    fn = self._bind(device).handle
+                err = c_launch(fn, g0, g1, g2, b0, b1, b2, shared, raw_stream(device), *pointers)
+                if err:
+                    self._launch_failed(err)
+                if sync:
+                    _check(_drv.cuCtxSynchronize(), self.entry, "cuCtxSynchronize (KF_CUDA_SYNC=1, after the launch)")
+
+            return launch
+        slots, params = self._slots, self._params_addr
 
         def launch(pointers, device: int) -> None:
             bound = self._bound.get(device)
@@ -268,15 +367,21 @@ class CudaKernel:
                 bound = self._bind(device)
             for i, p in enumerate(pointers):
                 slots[i] = p
-            err = _launch(bound.function, g[0], g[1], g[2], b[0], b[1], b[2], shared,
-                          self._stream(self._raw_stream(device)), params, 0)[0]
+            err = _launch(bound.function, g0, g1, g2, b0, b1, b2, shared, self._stream(raw_stream(device)), params, 0)[0]
             if err != _SUCCESS:
-                raise CudaError(self.entry, "cuLaunchKernel", err,
-                                f"grid {g}, block {b}, {shared} bytes of dynamic shared memory")
-            if self._sync:
+                self._launch_failed(err)
+            if sync:
                 _check(_drv.cuCtxSynchronize(), self.entry, "cuCtxSynchronize (KF_CUDA_SYNC=1, after the launch)")
 
         return launch
+
+    def _launch_failed(self, err) -> None:
+        """Raise CudaError for a failed cuLaunchKernel (a CUresult, or the compiled
+        launcher's int): the error's name and text are looked up only here."""
+        if isinstance(err, int):
+            err = _result_code(err)
+        raise CudaError(self.entry, "cuLaunchKernel", err,
+                        f"grid {self.grid}, block {self.block}, {self.shared_bytes} bytes of dynamic shared memory")
 
     def _check_args(self, tensors, device: int) -> None:
         for i, (t, (dtype, shape)) in enumerate(zip(tensors, self._expect)):

@@ -24,6 +24,19 @@ def _dtype(elem: str) -> torch.dtype:
 ALIGNMENT = 16
 
 
+def _output_allocator():
+    """(alloc, current_device) for the fast lane's outputs: ``alloc(shape, stride, dtype)``
+    makes an uninitialized tensor on the current CUDA device, which ``current_device()``
+    names. torch._C._dynamo.guards._empty_strided_cuda (what torch.compile's generated
+    code allocates with) where this torch has it; elsewhere current_device() answers None,
+    which no tensor's device index equals, so every call takes torch.empty."""
+    alloc = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_empty_strided_cuda", None)
+    current = getattr(torch._C, "_cuda_getDevice", None)
+    if alloc is None or current is None:
+        return None, lambda: None
+    return alloc, current
+
+
 class LaunchError(TypeError):
     """The tensors of a call do not fit the compiled program."""
 
@@ -115,7 +128,18 @@ class CudaProgram(_Program):
         kf's dispatch key has matched and found contiguous. It allocates the outputs,
         checks the 16-byte alignment the kernels assume (a view at an offset goes the
         general way) and launches, with none of the general path's layers
-        (bench/host_profile.py: each was a microsecond or two of a ~17 us call)."""
+        (bench/host_profile.py: each was a microsecond or two of a ~17 us call).
+
+        Everything that does not depend on the call's tensors is worked out here, once
+        per call signature: the outputs' shapes, strides and dtypes, whether the kernel
+        takes the buffers in their own order (inputs, then outputs: kf-to-cuda's
+        convention, so the pointer list goes to the launch as it is built) and, for one
+        output, a body without loops. Outputs on the current CUDA device come from
+        ``_empty_strided_cuda``, the allocation torch.compile's generated code makes:
+        the same caching allocator as ``torch.empty`` without its argument parsing and
+        dispatch, a microsecond per output (torch.empty also fills with NaN under
+        torch's deterministic mode; the kernel writes every element of an output, so
+        nothing can read what it held)."""
         if len(self.kernels) != 1 or not self.abi.inputs or self.abi.temporaries or self.constants or \
                 any(a >= 0 for a in self.abi.output_aliases) or any(r >= 0 for r in self.repeats):
             return None
@@ -124,20 +148,44 @@ class CudaProgram(_Program):
         if launch is None:
             return None
         n_in = len(self.abi.inputs)
-        shapes = [(tuple(a.shape), _dtype(a.elem)) for a in self.abi.outputs]
+        outputs = tuple((tuple(a.shape), torch.empty(a.shape, device="meta").stride(), _dtype(a.elem))
+                        for a in self.abi.outputs)
         empty, unchecked = torch.empty, self.unchecked
-        order = list(args)
+        alloc, current_device = _output_allocator()
+        order = tuple(args)
+        in_order = order == tuple(range(len(order)))
 
-        def call(ins: list) -> list:
-            ptrs = [t.data_ptr() for t in ins]
-            for p in ptrs:
-                if p % ALIGNMENT:
-                    return list(unchecked(*ins))
-            dev = ins[0].device
-            outs = [empty(shape, dtype=dt, device=dev) for shape, dt in shapes]
-            ptrs += [t.data_ptr() for t in outs]
-            launch([ptrs[i] for i in order], dev.index)
-            return outs
+        if in_order and len(outputs) == 1:
+            ((shape, stride, dtype),) = outputs
+
+            def call(ins: list) -> list:
+                ptrs = [t.data_ptr() for t in ins]
+                for p in ptrs:
+                    if p % ALIGNMENT:
+                        return list(unchecked(*ins))
+                dev = ins[0].get_device()
+                if dev == current_device():
+                    out = alloc(shape, stride, dtype)
+                else:
+                    out = empty(shape, dtype=dtype, device=ins[0].device)
+                ptrs.append(out.data_ptr())
+                launch(ptrs, dev)
+                return [out]
+        else:
+            def call(ins: list) -> list:
+                ptrs = [t.data_ptr() for t in ins]
+                for p in ptrs:
+                    if p % ALIGNMENT:
+                        return list(unchecked(*ins))
+                dev = ins[0].get_device()
+                if dev == current_device():
+                    outs = [alloc(shape, stride, dt) for shape, stride, dt in outputs]
+                else:
+                    where = ins[0].device
+                    outs = [empty(shape, dtype=dt, device=where) for shape, _, dt in outputs]
+                ptrs += [t.data_ptr() for t in outs]
+                launch(ptrs if in_order else [ptrs[i] for i in order], dev)
+                return outs
 
         call.n_in = n_in
         return call

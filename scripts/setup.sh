@@ -24,8 +24,10 @@ if [[ ! -x .venv/bin/python ]]; then
   echo "kf setup: creating .venv" >&2
   "$PY" -m venv .venv
 fi
-# Reinstall when pyproject.toml changed since the last install (its hash is the stamp).
-stamp=$(sha256sum pyproject.toml | cut -d' ' -f1)
+# Reinstall when what the install builds changed since the last one: pyproject.toml, and
+# setup.py with the compiled launcher's source (the editable install compiles
+# runtime/_launcher.c in place; a fresh checkout has no .so yet). The stamp is their hash.
+stamp=$(cat pyproject.toml setup.py runtime/_launcher.c | sha256sum | cut -d' ' -f1)
 if [[ "$(cat .venv/.kf-installed 2>/dev/null)" != "$stamp" ]] || \
    ! .venv/bin/python -c "import kf, mlir, torch, torch_mlir, vulkan, lit, pytest, matplotlib" 2>/dev/null; then
   echo "kf setup: installing Python packages (a few minutes the first time)" >&2
@@ -34,4 +36,9 @@ if [[ "$(cat .venv/.kf-installed 2>/dev/null)" != "$stamp" ]] || \
   .venv/bin/python -m pip install -q "torch==2.13.0"
   .venv/bin/python -m pip install -q -e ".[test]"
   echo "$stamp" > .venv/.kf-installed
+elif ! ls runtime/_launcher.*.so >/dev/null 2>&1 && command -v "${CC:-cc}" >/dev/null; then
+  # Installed, but this checkout has no compiled launcher (a fresh clone beside a kept
+  # .venv): build it in place, a few seconds. Without a compiler kf uses cuda.bindings.
+  echo "kf setup: building kf.runtime._launcher" >&2
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . || true
 fi

@@ -250,6 +250,9 @@ def test_fast_lane_of_a_matched_call():
     x2, y2 = torch.randn(1000, 33, device="cuda"), torch.randn(1000, 33, device="cuda")
     second = f(x2, y2)
     assert second.data_ptr() != first.data_ptr()
+    # the lane's own allocation (_empty_strided_cuda) gives what torch.empty would
+    assert (second.shape, second.stride(), second.dtype, second.device) == \
+        (first.shape, first.stride(), first.dtype, first.device) == ((1000, 33), (33, 1), torch.float32, x.device)
     torch.testing.assert_close(second, x2 * 2 + y2)
     torch.testing.assert_close(first, x * 2 + y)
     base = torch.randn(1000 * 33 + 1, device="cuda")
@@ -261,3 +264,30 @@ def test_fast_lane_of_a_matched_call():
         f(x2, y2)
         torch.cuda.synchronize()
     assert len(prof.launches) == 1
+
+
+@gpu
+@driver
+def test_fast_lane_on_a_side_stream_and_in_a_cuda_graph():
+    """The fast lane launches on torch's current stream and allocates its output where
+    torch would: on a side stream, and from the graph's pool while a CUDA graph is being
+    captured, so that replays write the output the capture returned."""
+    import kf
+
+    f = kf.jit(lambda x: x * 2 + 1)
+    x = torch.randn(4096, device="cuda")
+    f(x)
+    assert next(iter(f._fast.values())).__name__ == "call"  # later calls take the fast lane
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = f(x)
+    s.synchronize()
+    torch.testing.assert_close(y, x * 2 + 1)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = f(x)
+    x.copy_(torch.randn(4096, device="cuda"))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, x * 2 + 1)
