@@ -195,7 +195,8 @@ def _pipelined_key_loop(g: GpuFunc, Sk: int, bn: int, k_stage: VectorStaging, v_
 
 def online_softmax(g: GpuFunc, pw: Pointwise, ch: "_Chain", s: list[list[ir.Value]], m: list[ir.Value],
                    l: list[ir.Value], rows: list[ir.Value], tig2: ir.Value, n0: ir.Value, bm: int, bn: int,
-                   s_lead: list, exp, score_in: ir.Value | None = None) -> tuple[list, list, list, list]:
+                   s_lead: list, exp, score_in: ir.Value | None = None,
+                   causal: bool = False) -> tuple[list, list, list, list]:
     """One key block of FlashAttention's online softmax on scores in the mma accumulator
     layout (``s[j]``: the 4 values of 8-key tile j: rows gid, gid + 8 -- ``rows`` --,
     columns 2 tig, 2 tig + 1), shared by the mma.sync and wgmma kernels: the elementwise
@@ -203,22 +204,34 @@ def online_softmax(g: GpuFunc, pw: Pointwise, ch: "_Chain", s: list[list[ir.Valu
     running row maxima ``m`` and sums ``l`` (quad shuffles), and the probabilities.
     Returns (m_new, l_new, alpha -- the factor the accumulator is rescaled by --, p).
     ``score_in``: the value whose elements are the scores, softmax's operand unless told
-    (the scores before the mask, for a block the mask leaves whole)."""
+    (the scores before the mask, for a block the mask leaves whole). ``causal``: the
+    mask condition is known to be ``key > query`` over this block (the block table's
+    CAUSAL class), so it is computed from the indices instead of read: per score one
+    compare of ``row - n0 - 2 tig`` (once a row) with the column's constant offset."""
     Sq, Sk = ch.seq_q, ch.seq_k
     f32 = ir.F32Type.get()
     zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
     score_in = score_in if score_in is not None else ch.sm.operands[0]
+    i32 = ir.IntegerType.get_signless(32)
+    # key n0 + 2 tig + c is past query row gi iff c > gi - n0 - 2 tig (signed: negative
+    # below the block's first key); i32 as sequences are far below 2^31
+    offsets = [arith.index_cast(i32, arith.subi(gi, arith.addi(n0, tig2))) for gi in rows] if causal else []
     x = []
     for j in range(bn // 8):
         xj = []
         for k in range(4):
             gi, gj = rows[k // 2], arith.addi(n0, g.add(tig2, 8 * j + k % 2))
 
-            def score(dot=s[j][k], gi=gi, gj=gj):
+            def score(dot=s[j][k], gi=gi, gj=gj, h=k // 2, c=8 * j + k % 2):
                 def real():
                     pw.reset()
                     pw.bind(ch.mm1.result, dot)
-                    return [scalar_math.convert(pw.eval(score_in, s_lead + [gi, gj]), f32)]
+                    if causal:
+                        pw.bind(ch.mask_cond, arith.cmpi(arith.CmpIPredicate.slt, offsets[h], arith.constant(i32, c)))
+                    out = scalar_math.convert(pw.eval(score_in, s_lead + [gi, gj]), f32)
+                    if causal:
+                        del pw.bound[ch.mask_cond]
+                    return [out]
 
                 return g.guarded(g.lt(gi, Sq) if Sq % bm or Sq < bm else None, [f32], real,
                                  lambda: [zero])
@@ -711,9 +724,11 @@ class AttentionStrategy(Strategy):
         ``key_block(..., unmasked=pred)`` may then skip the mask (a causal mask's blocks
         below the diagonal). ``block_class(n0)``, where given, answers (live, whole) for
         the block instead of the test (a table made before the kernel); ``stage_block``
-        is then told whether blocks may be skipped at all (``allow``)."""
+        is then told whether blocks may be skipped at all (``allow``). It may answer
+        (live, whole, causal): ``causal`` -- the mask is ``key > query`` over the block --
+        goes to ``key_block(..., causal=pred)``."""
         Sq, Sk = ch.seq_q, ch.seq_k
-        i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
+        i1 = ir.IntegerType.get_signless(1)
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
         types = [v.type for v in init]
 
@@ -724,9 +739,10 @@ class AttentionStrategy(Strategy):
                 state, skipped = carried[:-1], carried[-1]
                 stage = stage_block(n0, allow) if stage_block is not None else None
                 if block_class is not None:
-                    live, whole = block_class(n0)
+                    live, whole, *causal = block_class(n0)
                     go = arith.ori(live, arith.xori(allow, true))
-                    extra = {"stage": stage, **({"unmasked": whole} if whole_blocks else {})}
+                    extra = {"stage": stage, **({"unmasked": whole} if whole_blocks else {}),
+                             **({"causal": causal[0]} if causal else {})}
                     out = g.guarded(go, types, lambda: key_block(n0, state, **extra), lambda: state)
                     return out + [arith.ori(skipped, arith.xori(go, true))]
                 live, whole = false, true
@@ -757,30 +773,47 @@ class AttentionStrategy(Strategy):
 
             return block
 
-        fill_half = g.fconst(ch.mask_fill / 2)
+        def run_pass(allow):
+            if start_pass is not None:
+                start_pass()
+            out = g.loop(0, Sk, bn, init + [false], inner(allow))
+            return out[:-1], out[-1]
 
-        def attempt(p, carried):
-            done = carried[0]
+        return two_pass_loop(g, ch, init, rows, bm, run_pass)
 
-            def run():
-                if start_pass is not None:
-                    start_pass()
-                allow = arith.cmpi(arith.CmpIPredicate.eq, p, g.c(0))
-                out = g.loop(0, Sk, bn, init + [false], inner(allow))
-                state, skipped = out[:-1], out[-1]
-                # a row that saw masked scores only has the fill as its max
-                full = false
-                for h, gi in enumerate(rows):
-                    only_masked = arith.cmpf(arith.CmpFPredicate.OLE, state[h], fill_half)
-                    if Sq % bm or Sq < bm:
-                        only_masked = arith.andi(only_masked, g.lt(gi, Sq))
-                    full = arith.ori(full, only_masked)
-                redo = arith.andi(block_or(full), skipped)
-                return [arith.xori(redo, true)] + state
 
-            return g.guarded(done, [i1] + types, lambda: list(carried), run)
+def two_pass_loop(g: GpuFunc, ch: _Chain, init: list[ir.Value], rows: list[ir.Value], bm: int,
+                  run_pass) -> list[ir.Value]:
+    """The skipping loop's outer loop: ``run_pass(allow)`` runs the key blocks once
+    (skipping dead ones where ``allow``, an i1, holds) and returns (state, skipped). The
+    second pass, with nothing skipped, runs only when the first skipped a block and a
+    query row of the workgroup saw masked scores only (its max is the fill): in eager
+    torch such a row is softmax over equal fills, uniform over all keys."""
+    Sq = ch.seq_q
+    i1 = ir.IntegerType.get_signless(1)
+    true, false = arith.constant(i1, 1), arith.constant(i1, 0)
+    types = [v.type for v in init]
+    fill_half = g.fconst(ch.mask_fill / 2)
 
-        return g.loop(0, 2, 1, [false] + init, attempt)[1:]
+    def attempt(p, carried):
+        done = carried[0]
+
+        def run():
+            allow = arith.cmpi(arith.CmpIPredicate.eq, p, g.c(0))
+            state, skipped = run_pass(allow)
+            # a row that saw masked scores only has the fill as its max
+            full = false
+            for h, gi in enumerate(rows):
+                only_masked = arith.cmpf(arith.CmpFPredicate.OLE, state[h], fill_half)
+                if Sq % bm or Sq < bm:
+                    only_masked = arith.andi(only_masked, g.lt(gi, Sq))
+                full = arith.ori(full, only_masked)
+            redo = arith.andi(block_reduce(full), skipped)
+            return [arith.xori(redo, true)] + list(state)
+
+        return g.guarded(done, [i1] + types, lambda: list(carried), run)
+
+    return g.loop(0, 2, 1, [false] + init, attempt)[1:]
 
 
 register(AttentionStrategy())

@@ -30,9 +30,16 @@ whole run the softmax without it. H200, 4x32x2048x128 bf16 causal: 1.53 ms with 
 V staged per live block and the mask read from global memory, 0.82 ms so
 (bench/results/variants-attention-masks-2026-12-03.json), 0.34x SDPA. What is left is
 the cost of a dead block, ~0.45 ms at that shape measured on a diagonal mask: its
-mask tile and its K and V still cross from L2 to every workgroup. A block
-classification computed once per mask (FlexAttention's block mask) would take both
-away; it is not built.
+mask tile and its K and V still cross from L2 to every workgroup.
+
+The block table (BLOCK_TABLE, FlexAttention's block mask) took that away: a prelude
+kernel classifies each (query block, key block) of a head-shared mask once per call as
+dead, partial or whole (0.597 ms causal, 0.52x SDPA, 2026-12-03). What it left (RESULTS.md):
+the diagonal blocks read the mask from global memory element by element, and every key
+block, dead or not, waited on its table entry and passed two barriers. Two switches
+address that, not yet measured on the H200: CAUSAL_BLOCKS (a fourth class, where the
+mask is the causal pattern over the block, computed from the indices) and TABLE_WALK
+(the table row read once into bit masks; the loop visits the live blocks only).
 """
 
 from __future__ import annotations
@@ -88,6 +95,8 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     if shared > target.max_dynamic_shared_bytes:
         return None
     table = BLOCK_TABLE and skip and stages == 2 and ch.mask_cond is not None and _head_shared_mask(ch)
+    # with the table no mask tile is staged: whole, causal and dead blocks need none, and
+    # partial ones read their elements where the softmax needs them
     masks = _staged_masks(ch, bm, bn) if STAGE_MASKS and skip and ch.mask_cond is not None and not table else []
     mask_stages = 0
     for n in (2, 1)[2 - MASK_STAGES:] if masks and stages == 2 else ():  # double-buffered where that fits
@@ -123,8 +132,26 @@ REVERSE_Q_BLOCKS = True
 #: of it (the mask read where the softmax needs it).
 BLOCK_TABLE = True
 
-#: What the block table says of a block.
-DEAD, PARTIAL, WHOLE = 0, 1, 2
+#: What the block table says of a block. CAUSAL: the mask is partial there and equals
+#: the causal pattern over the block (masked iff key > query, absolute indices).
+DEAD, PARTIAL, WHOLE, CAUSAL = 0, 1, 2, 3
+
+#: Whether the block table also finds the partial blocks where the mask is the causal
+#: pattern (``CAUSAL``; the diagonal blocks of a causal mask tensor) and the kernel then
+#: computes the mask from the row and column indices there instead of reading it from
+#: global memory element by element (64 scattered loads a thread a block, in the
+#: softmax's dependency chain). Other partial blocks keep reading the mask, so any mask
+#: stays exact.
+CAUSAL_BLOCKS = True
+
+#: Whether the kernel reads its query block's row of the table once, at its start (a
+#: warp ballot per 32 key blocks: bit masks of the live, whole and causal blocks, in
+#: registers), and walks the live blocks only: the next live block's K and V are copied
+#: during this one, one barrier a block as in the unmasked loop. Without it, every key
+#: block, dead or not, loads its table entry and the next one's and passes two barriers.
+#: Up to ``TABLE_WALK_MAX_BLOCKS`` key blocks (64-bit masks); more take the per-block loop.
+TABLE_WALK = True
+TABLE_WALK_MAX_BLOCKS = 64
 
 
 def _head_shared_mask(ch) -> bool:
@@ -159,7 +186,10 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
                       table_t: ir.Type) -> EmittedKernel:
     """The kernel that writes the block table: a workgroup per (query block, key block),
     its 256 threads reading the block's mask condition, coalesced along the keys; out of
-    range positions count as masked (so a tail block is never WHOLE)."""
+    range positions count as masked (so a tail block is never WHOLE). With
+    CAUSAL_BLOCKS a live block that is not whole is CAUSAL where every in-range position
+    is masked exactly when its key index exceeds its query index (out of range positions
+    do not count: the attention kernel's tail guards decide them before the mask)."""
     from .attention import block_reduce
 
     view = ch.view
@@ -176,7 +206,7 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
         r0, c0 = g.mul(qb, bm), g.mul(kb, bn)
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
         lead = [g.c(0)] * (ch.scores.rank - 2)
-        live, whole = false, true
+        live, whole, causal = false, true, true
         for e in range(bm * bn // threads):
             lin = g.add(tid, e * threads)
             r, c = arith.addi(r0, g.div(lin, bn)), arith.addi(c0, g.rem(lin, bn))
@@ -187,14 +217,22 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
                 m = pw.eval(ch.mask_cond, pw.operand_index(spec_of(ch.mask_cond.type).shape, lead + [r, c],
                                                            ch.scores.rank))
                 pw.reset()
-                return [m]
+                if not CAUSAL_BLOCKS:
+                    return [m]
+                above = arith.cmpi(arith.CmpIPredicate.ugt, c, r)  # key past query: causal masks it
+                return [m, arith.cmpi(arith.CmpIPredicate.eq, m, above)]
 
-            m = g.guarded(g.all_of(conds), [i1], masked, lambda: [true])[0]
+            m, *agrees = g.guarded(g.all_of(conds), [i1] * (2 if CAUSAL_BLOCKS else 1), masked,
+                                   lambda: [true] * (2 if CAUSAL_BLOCKS else 1))
             live = arith.ori(live, arith.xori(m, true))
             whole = arith.andi(whole, arith.xori(m, true))
+            if agrees:
+                causal = arith.andi(causal, agrees[0])
         live, whole = block_reduce(live, "or"), block_reduce(whole, "and")
-        code = arith.select(live, arith.select(whole, arith.constant(i32, WHOLE), arith.constant(i32, PARTIAL)),
-                            arith.constant(i32, DEAD))
+        partial = arith.constant(i32, PARTIAL)
+        if CAUSAL_BLOCKS:
+            partial = arith.select(block_reduce(causal, "and"), arith.constant(i32, CAUSAL), partial)
+        code = arith.select(live, arith.select(whole, arith.constant(i32, WHOLE), partial), arith.constant(i32, DEAD))
         g.when(arith.cmpi(arith.CmpIPredicate.eq, tid, g.c(0)), lambda: memref.store(code, g.args[-1], [qb, kb]))
         g.finish()
     return EmittedKernel(name, (nk, nq, 1), (threads, 1, 1), 0, {"strategy": "attention block table"})
@@ -272,6 +310,93 @@ def _staged_masks(ch, bm: int, bn: int) -> list[tuple[int, int]]:
         if op is not None:
             stack.extend(op.operands)
     return sorted(set(found))
+
+
+def _table_masks(g: GpuFunc, table: ir.Value, qblock: ir.Value, nk: int, tid: ir.Value,
+                 names: tuple[str, ...]) -> dict[str, ir.Value]:
+    """The workgroup's row of the block table as i64 bit masks (bit j: key block j), of
+    ``names`` among ``live``, ``whole`` and ``causal``: lane l of every warp loads entries
+    l, l + 32 (one L2 line, shared by the warps) and a ballot a mask and word gathers
+    them, so no barrier and no shared memory; the masks are uniform over the workgroup."""
+    i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+    lane = g.rem(tid, 32)
+    everyone = arith.constant(i32, -1)
+    masks: dict[str, ir.Value] = {}
+    for w in range(-(-nk // 32)):
+        col = g.add(lane, 32 * w)
+        code = memref.load(table, [qblock, arith.minui(col, g.c(nk - 1))])
+        inside = g.lt(col, nk) if nk < 32 * (w + 1) else None
+        preds = {"live": arith.cmpi(arith.CmpIPredicate.ne, code, arith.constant(i32, DEAD)),
+                 "whole": arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(i32, WHOLE)),
+                 "causal": arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(i32, CAUSAL))}
+        for name in names:
+            pred = preds[name]
+            if inside is not None:
+                pred = arith.andi(inside, pred)
+            word = arith.extui(i64, nvvm.vote_sync(i32, everyone, pred, nvvm.VoteSyncKind.ballot))
+            if w:
+                word = arith.shli(word, arith.constant(i64, 32 * w))
+            masks[name] = arith.ori(masks[name], word) if name in masks else word
+    return masks
+
+
+def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: int, bm: int, tid: ir.Value,
+                init: list[ir.Value], rows: list[ir.Value], key_block, copy_block, fence_and_publish) -> list[ir.Value]:
+    """The key loop over the live blocks only (TABLE_WALK), from the table's bit masks
+    (``_table_masks``), in the skipping loop's two passes (``attention.two_pass_loop``:
+    the second, over every block, only for a workgroup with a query row masked
+    everywhere). The i-th block walked is in stage i % 2; each step waits for its own
+    copies, fences them for the async proxy and passes one barrier (after which nobody
+    reads the other stage), then issues the next live block's copies into the other
+    stage (the lowest set bit above this block: cttz) and computes. Whole and causal
+    blocks are told so (``key_block(..., unmasked=, causal=)``); the table is not read
+    again."""
+    from mlir.dialects import scf
+
+    from .attention import two_pass_loop
+
+    i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
+    index = ir.IndexType.get()
+    masks = _table_masks(g, table, qblock, nk, tid, ("live",) + ("whole",) * WHOLE_BLOCKS + ("causal",) * CAUSAL_BLOCKS)
+    every = arith.constant(i64, (1 << nk) - 1 if nk < 64 else -1)
+
+    def cttz(x):  # 64 for 0 (math.cttz and ctpop have no NVVM lowering in MLIR 22)
+        return llvm.intr_cttz(x, False)
+
+    def bit(mask, j):
+        return arith.trunci(i1, arith.shrui(mask, j))
+
+    def block_start(j):
+        return g.mul(arith.index_cast(index, j), bn)
+
+    def run_pass(allow):
+        walk = arith.select(allow, masks["live"], every)
+        count = arith.index_cast(index, llvm.intr_ctpop(walk))
+        first = cttz(walk)
+        nvvm.cp_async_wait_group(0)  # a previous pass's last prefetch
+        g.when(arith.cmpi(arith.CmpIPredicate.ugt, count, g.c(0)), lambda: copy_block(block_start(first), g.c(0)))
+        nvvm.cp_async_commit_group()  # with Q's copies on the first pass
+        loop = scf.ForOp(g.c(0), count, g.c(1), list(init) + [first])
+        with ir.InsertionPoint(loop.body):
+            i, carried = loop.induction_variable, list(loop.inner_iter_args)
+            state, j = carried[:-1], carried[-1]
+            nvvm.cp_async_wait_group(0)  # this block's K and V
+            fence_and_publish()  # and every reader of the other stage is done
+            later = arith.andi(walk, arith.shli(arith.constant(i64, -2), j))  # live blocks past j
+            nxt = cttz(later)
+            g.when(arith.cmpi(arith.CmpIPredicate.ne, later, arith.constant(i64, 0)),
+                   lambda: copy_block(block_start(nxt), g.rem(g.add(i, 1), 2)))
+            nvvm.cp_async_commit_group()
+            kinds = {}
+            if WHOLE_BLOCKS:
+                kinds["unmasked"] = bit(masks["whole"], j)
+            if CAUSAL_BLOCKS:
+                kinds["causal"] = bit(masks["causal"], j)
+            scf.yield_(key_block(block_start(j), state, stage=g.rem(i, 2), **kinds) + [nxt])
+        state = list(loop.results)[:-1]
+        return state, arith.cmpi(arith.CmpIPredicate.ne, walk, every)
+
+    return two_pass_loop(g, ch, init, rows, bm, run_pass)
 
 
 def _register_a_wgmma(acc: ir.Value, n: int, elem: str, a: list[ir.Value], b_desc: ir.Value) -> ir.Value:
@@ -379,10 +504,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                                   space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
                 gpu.barrier()
 
-            def key_block(n0, carried, stage=None, unmasked=None):
+            def key_block(n0, carried, stage=None, unmasked=None, causal=None):
                 """One key block; ``stage``: the block is already in that stage (the
                 pipelined loops). Without, it is staged here into stage 0. ``unmasked``:
-                whether the mask leaves the whole block alone (its scores then skip it)."""
+                whether the mask leaves the whole block alone (its scores then skip it);
+                ``causal``: whether it is the causal pattern there (computed, not read)."""
                 m, l, o = carried[0:2], carried[2:4], carried[4]
                 if stage is None:
                     gpu.barrier()  # the previous block's readers are done
@@ -403,14 +529,22 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 nvvm.wgmma_commit_group_sync_aligned()
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 s = [[llvm.extractvalue(f32, acc, [4 * j + k]) for k in range(4)] for j in range(bn // 8)]
-                def softmax(score_in=None):
-                    m_, l_, a_, p_ = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp, score_in)
+                def softmax(score_in=None, causal_mask=False):
+                    m_, l_, a_, p_ = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp, score_in,
+                                                    causal=causal_mask)
                     return m_ + l_ + a_ + [x for pj in p_ for x in pj]
 
+                flat_types = [f32] * (6 + bn // 2)
+
+                def masked_softmax():
+                    if causal is None:
+                        return softmax()
+                    return g.guarded(causal, flat_types, lambda: softmax(causal_mask=True), softmax)
+
                 if unmasked is None:
-                    flat = softmax()
+                    flat = masked_softmax()
                 else:
-                    flat = g.guarded(unmasked, [f32] * (6 + bn // 2), lambda: softmax(ch.unmasked_scores), softmax)
+                    flat = g.guarded(unmasked, flat_types, lambda: softmax(ch.unmasked_scores), masked_softmax)
                 m_new, l_new, alpha = flat[0:2], flat[2:4], flat[4:6]
                 p = [flat[6 + 4 * j: 10 + 4 * j] for j in range(bn // 8)]
                 # O *= alpha (the rows' rescale), in the accumulator registers
@@ -452,10 +586,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return memref.load(table, [qblock, j])
 
                 def block_class(n0):
-                    """(live, whole) of a block, from the table: uniform, no test."""
+                    """(live, whole[, causal]) of a block, from the table: uniform, no test."""
                     code = table_at(g.div(n0, bn))
-                    return (arith.cmpi(arith.CmpIPredicate.ne, code, arith.constant(code.type, DEAD)),
-                            arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(code.type, WHOLE)))
+                    out = (arith.cmpi(arith.CmpIPredicate.ne, code, arith.constant(code.type, DEAD)),
+                           arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(code.type, WHOLE)))
+                    if CAUSAL_BLOCKS:
+                        out += (arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(code.type, CAUSAL)),)
+                    return out
 
                 def stage_block(n0, allow):
                     """The next block's copies into the other stage, and the wait for this
@@ -496,9 +633,17 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                             [arith.subi(index[-2], q0), arith.subi(index[-1], n0)]))
                     return cur
 
-                final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
-                                                stage_block, start_pass, whole_blocks=WHOLE_BLOCKS,
-                                                block_class=block_class if table is not None else None)
+                def copy_block(n0, stage):
+                    k_tile.copy_async(n0, 0, stage)
+                    v_tile.copy_async(0, n0, stage)
+
+                if table is not None and TABLE_WALK and table_shape[1] <= TABLE_WALK_MAX_BLOCKS:
+                    final = _table_walk(g, ch, table, qblock, table_shape[1], bn, bm, tid, init, rows, key_block,
+                                        copy_block, fence_and_publish)
+                else:
+                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
+                                                    stage_block, start_pass, whole_blocks=WHOLE_BLOCKS,
+                                                    block_class=block_class if table is not None else None)
                 pw.tiles.clear()
             elif skip or stages < 2:
                 nvvm.cp_async_commit_group()  # Q lands with the first block's copies

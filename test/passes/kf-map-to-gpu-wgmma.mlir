@@ -104,10 +104,11 @@ func.func @attn(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: 
 
 // A mask every head shares (a causal [300, 300] mask): the strategy also writes the
 // block table kernel, a workgroup per (query block, key block) of 128 x 128, whose
-// workgroup OR / AND of "unmasked" per position become 0 (dead), 1 (partial) or 2
-// (whole) in an i32 [3, 3] table. The pass declares it, calls it before the attention
-// kernel with the same operands, and passes its table as the kernel's last input; the
-// kernel reads a block's entry instead of testing the block itself.
+// workgroup OR / AND of "unmasked" per position, and AND of "the mask is key > query
+// here" (in-range positions only), become 0 (dead), 1 (partial), 2 (whole) or 3 (causal:
+// partial, and exactly the causal pattern) in an i32 [3, 3] table. The pass declares
+// it, calls it before the attention kernel with the same operands, and passes its table
+// as the kernel's last input.
 // CHECK: func.func private @attn_k0_attention_blocks({{.*}}) -> tensor<3x3xi32> attributes {kf.gpu_func = @kf_kernels::@attn_k0_attention_blocks}
 // CHECK: func.func private @attn_k0_attention({{.*}}, tensor<300x300xbf16>, tensor<3x3xi32>) -> tensor<2x4x300x128xbf16>
 // CHECK: func.func @attn
@@ -116,14 +117,55 @@ func.func @attn(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: 
 // CHECK-LABEL: gpu.func @attn_k0_attention_blocks
 // CHECK-SAME: %arg4: memref<3x3xi32>
 // CHECK-SAME: kf.grid = array<i64: 3, 3, 1>
+// CHECK: memref.load %arg3
+// CHECK: arith.cmpi ugt
 // CHECK: nvvm.barrier {{.*}}reduction<or>
 // CHECK: nvvm.barrier {{.*}}reduction<and>
+// CHECK: nvvm.barrier {{.*}}reduction<and>
+// CHECK: arith.select {{.*}}, %c3_i32, %c1_i32
+// CHECK: arith.select {{.*}}, %c2_i32,
 // CHECK: memref.store {{.*}}, %arg4
+// The kernel reads its query block's row of the table once: lane l of each warp loads
+// entry l and three ballots make bit masks of the live, whole and causal key blocks.
+// Each of the (at most two) passes walks the live blocks only (all blocks on the
+// second pass, which runs only where a query row is masked everywhere): popcount of
+// them steps, the first one's K and V copied before the loop; a step waits for its
+// block, fences and passes one barrier, and copies the next live block (cttz of the
+// live bits above this one) into the other stage.
 // CHECK-LABEL: gpu.func @attn_k0_attention(
 // CHECK-SAME: %arg4: memref<3x3xi32>
-// CHECK: scf.for
 // CHECK: memref.load %arg4
+// CHECK-COUNT-3: nvvm.vote.sync  ballot
+// CHECK-NOT: memref.load %arg4
+// CHECK: llvm.intr.ctpop
+// CHECK: llvm.intr.cttz
+// CHECK: scf.for %{{.*}} = %c0 to %{{.*}} step %c1 iter_args
+// CHECK: nvvm.cp.async.wait.group 0
+// CHECK-NEXT: nvvm.fence.proxy
+// CHECK-NEXT: gpu.barrier
+// CHECK: llvm.intr.cttz
+// CHECK: nvgpu.device_async_copy
 // CHECK: nvvm.wgmma.mma_async
+// Then the block's class picks the softmax: whole blocks without the mask, causal ones
+// with the mask computed from the indices (row - n0 - 2 tig, once a row as i32, against
+// each column's constant: 64 compares a thread, no mask element read), the others with
+// the mask read from global memory.
+// CHECK: scf.if %{{.*}} -> ({{(f32, ){69}f32}})
+// CHECK-NOT: memref.load %arg3
+// CHECK: scf.if %{{.*}} -> ({{(f32, ){69}f32}})
+// CHECK: arith.index_cast {{.*}} : index to i32
+// CHECK: arith.index_cast {{.*}} : index to i32
+// CHECK-NOT: memref.load %arg3
+// CHECK-COUNT-64: arith.cmpi slt, {{.*}} : i32
+// CHECK: memref.load %arg3
+// CHECK: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: bar.red.or.pred
+// PTX-SAME: bar.red.and.pred
+// PTX-SAME: bar.red.and.pred
+// PTX-SAME: vote.sync.ballot.b32
+// PTX-SAME: popc.b64
+// PTX-SAME: wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16
 // SM90-LABEL: gpu.func @attn_k0_attention(
 // SM90-NOT: _blocks
 func.func private @attn_k0_attention(%k: tensor<2x4x300x128xbf16>, %q: tensor<2x4x300x128xbf16>, %v: tensor<2x4x300x128xbf16>, %m: tensor<300x300xbf16>) -> tensor<2x4x300x128xbf16> attributes {kf.kernel = "attention", kf.fused_lines = ["attn.py:3"]} {

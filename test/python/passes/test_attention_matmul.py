@@ -669,31 +669,131 @@ def test_block_table_kernel_in_the_schedule():
     assert attn.args[n_in] == table_buffer and attn.args[n_in + 1] == n_in  # then the output
 
 
+def _ptx_entries(ptx: str) -> dict[str, str]:
+    """The PTX text of each .entry (a kernel), by name."""
+    out, name = {}, None
+    for line in ptx.splitlines():
+        if ".entry" in line:
+            name = line.split(".entry")[1].split("(")[0].strip()
+            out[name] = ""
+        if name is not None:
+            out[name] += line + "\n"
+    return out
+
+
+def _nested_ops(op: ir.Operation):
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner.operation
+                yield from _nested_ops(inner.operation)
+
+
+def _causal_branches(gfunc: ir.Operation, mask_arg: ir.Value) -> list[tuple[int, int, int]]:
+    """(causal compares, mask loads in the then-region, mask loads in the else-region) of
+    each scf.if that chooses between the computed causal mask (i32 ``slt`` compares of
+    the row offsets, attention.online_softmax) and the mask read from memory."""
+    def counts(ops):
+        slt = sum(1 for o in ops if o.name == "arith.cmpi"  # predicate 2: slt
+                  and ir.IntegerAttr(o.attributes["predicate"]).value == 2 and str(o.operands[0].type) == "i32")
+        loads = sum(1 for o in ops if o.name == "memref.load" and o.operands[0] == mask_arg)
+        return slt, loads
+
+    def region_ops(region):
+        return [o for b in region.blocks for x in b.operations for o in [x.operation, *_nested_ops(x.operation)]]
+
+    found = []
+    for op in _nested_ops(gfunc):
+        if op.name != "scf.if" or len(op.regions[1].blocks) == 0:
+            continue
+        (slt, then_loads), (_, else_loads) = counts(region_ops(op.regions[0])), counts(region_ops(op.regions[1]))
+        if slt and else_loads:
+            found.append((slt, then_loads, else_loads))
+    return found
+
+
+@needs_ptxas
+@pytest.mark.parametrize("switches", [{}, {"TABLE_WALK": False}, {"CAUSAL_BLOCKS": False},
+                                      {"CAUSAL_BLOCKS": False, "TABLE_WALK": False}],
+                         ids=["default", "no-walk", "no-causal-class", "session-4"])
+def test_block_table_causal_class_and_walk(switches, monkeypatch):
+    """The block table's fourth class and the walk over live blocks, on the shape the
+    benchmark times (4x32x2048x128 bf16, a [2048, 2048] causal mask tensor).
+
+    CAUSAL_BLOCKS: the table kernel ANDs a third predicate (the mask equals key > query
+    on the block: a second bar.red.and), and the attention kernel has a branch that
+    computes the mask from the row offsets (64 i32 compares a thread) and reads no mask
+    element, beside the branch that reads them. TABLE_WALK: the kernel reads its row of
+    the table once (ballots, popc) and loops over the live blocks with one barrier a
+    block; without it every block loads its table entries and passes two barriers.
+    ptxas: no spills in the default kernel."""
+    from kf.passes.strategies import attention_wgmma
+
+    for k, v in switches.items():
+        monkeypatch.setattr(attention_wgmma, k, v)
+    causal, walk = attention_wgmma.CAUSAL_BLOCKS, attention_wgmma.TABLE_WALK
+    built = attention(4, 32, 2048, 2048, 128, "bf16", (2048, 2048), mask_elem="bf16")
+    plan, emitted = built.emit(HOPPER)
+    assert plan["block_table"] == [16, 16] and plan["mask_stages"] == 0 and not plan["staged_masks"]
+    ptx, r = cuda_report(built, "sm_90a")
+    entries = _ptx_entries(ptx)
+    attn, blocks = entries[emitted.name], entries[emitted.prelude.name]
+    # at 255 registers ptxas spills one word with the causal class but per-block table
+    # loads (a variant kept for timing only); the default and session 4's kernels do not spill
+    assert r["spill_store_bytes"] <= (8 if causal and not walk else 0) and r["registers"] <= 255, r
+    assert blocks.count("bar.red.and") == (2 if causal else 1) and blocks.count("bar.red.or") == 1
+    assert ("vote.sync.ballot.b32" in attn) == walk and ("popc.b64" in attn) == walk
+    # barriers in the loop: the walk's one (after fence.proxy), or the per-block loop's two
+    assert attn.count("bar.sync") == (1 if walk else 2), attn.count("bar.sync")
+    with built.ctx:
+        gfunc = next(op.operation for op in built.gpu_module.regions[0].blocks[0].operations
+                     if ir.StringAttr(op.operation.attributes["sym_name"]).value == emitted.name)
+        branches = _causal_branches(gfunc, gfunc.regions[0].blocks[0].arguments[3])
+    if causal:  # 2 rows x 16 tiles x 2 columns a thread; no mask element read there
+        assert branches == [(64, 0, 64)], branches
+    else:
+        assert branches == []
+
+
 # ---- CUDA: run where a GPU is (the H200 device machine) -------------------------------------
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
-def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
-    """Compile the strategy's kernel for the device's chip and launch it on torch tensors."""
+def cuda_compile(built: Built, emitted):
+    """Compile the strategy's kernel (and its prelude) for the device's chip; returns
+    ``run(args, out_shape, out_elem) -> (out, table or None)``, which launches them on
+    torch tensors, and the PTX."""
     from kf.passes import to_cuda
     from kf.runtime import cuda as kcuda
 
     cap = torch.cuda.get_device_capability()
     chip = "sm_90a" if cap == (9, 0) else "sm_{}{}".format(*cap)  # as kf's driver picks it
     ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
-    out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem], device="cuda")
     module = kcuda.CudaModule(ptx)
-    ins = [a.cuda() for a in args]
-    if emitted.prelude is not None:  # the block table, written first as kf's schedule does
-        p = emitted.prelude
-        table = torch.full(ir.RankedTensorType(emitted.prelude_output).shape, -1, dtype=torch.int32, device="cuda")
-        kcuda.CudaKernel(module, p.name, p.grid, p.block, p.shared_bytes, len(ins) + 1)(*ins, table)
-        ins.append(table)
-    k = kcuda.CudaKernel(module, emitted.name, emitted.grid, emitted.block, emitted.shared_bytes, len(ins) + 1)
-    k(*ins, out)
-    torch.cuda.synchronize()
-    return out.cpu(), ptx
+
+    def run(args, out_shape, out_elem):
+        out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem], device="cuda")
+        ins = [a.cuda() for a in args]
+        table = None
+        if emitted.prelude is not None:  # the block table, written first as kf's schedule does
+            p = emitted.prelude
+            table = torch.full(ir.RankedTensorType(emitted.prelude_output).shape, -1, dtype=torch.int32,
+                               device="cuda")
+            kcuda.CudaKernel(module, p.name, p.grid, p.block, p.shared_bytes, len(ins) + 1)(*ins, table)
+            ins.append(table)
+        k = kcuda.CudaKernel(module, emitted.name, emitted.grid, emitted.block, emitted.shared_bytes, len(ins) + 1)
+        k(*ins, out)
+        torch.cuda.synchronize()
+        return out.cpu(), None if table is None else table.cpu()
+
+    return run, ptx
+
+
+def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
+    """Compile the strategy's kernel for the device's chip and launch it on torch tensors."""
+    run, ptx = cuda_compile(built, emitted)
+    return run(args, out_shape, out_elem)[0], ptx
 
 
 #: The tensor-core attention's key loops (AttentionStrategy switches): K and V staged
@@ -790,6 +890,98 @@ def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, mask_elem,
     want = attention_reference(k, q, v, mask)
     tol = {"f16": 4e-3, "bf16": 3e-2}[elem]
     torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+def block_classes(mask: torch.Tensor, bm: int, bn: int, causal_class: bool) -> torch.Tensor:
+    """The block table a [sq, sk] mask (nonzero: kept) must get, from its definition:
+    DEAD (nothing kept), WHOLE (all kept and the block inside both sequences), CAUSAL
+    (kept exactly where key <= query, absolute indices, over the block's positions inside
+    the sequences) or PARTIAL."""
+    from kf.passes.strategies.attention_wgmma import CAUSAL, DEAD, PARTIAL, WHOLE
+
+    keep = mask != 0
+    sq, sk = keep.shape
+    agree = keep == (torch.arange(sk)[None, :] <= torch.arange(sq)[:, None])
+    out = torch.empty(-(-sq // bm), -(-sk // bn), dtype=torch.int32)
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            blk = keep[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn]
+            ok = agree[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn]
+            out[i, j] = DEAD if not blk.any() else WHOLE if blk.shape == (bm, bn) and blk.all() else \
+                CAUSAL if causal_class and ok.all() else PARTIAL
+    return out
+
+
+def table_mask(s: int, kind: str, gen) -> torch.Tensor:
+    """[s, s] masks for the block table's classes: the causal pattern; tril with offsets
+    (+-1, +-128: not causal, and +-128 is causal relative to a block corner, which must
+    not count); causal with one position flipped below or above the diagonal; fully
+    masked rows; random; whole zero column blocks; block-diagonal; all kept; none kept."""
+    ones = torch.ones(s, s)
+    if kind.startswith("tril"):
+        return torch.tril(ones, diagonal=int(kind[4:]))
+    m = torch.tril(ones)
+    if kind == "flip_below":
+        m[s // 2 + 3, s // 2 + 1] = 0
+    elif kind == "flip_above":
+        m[5, 9] = 1
+    elif kind == "dead_rows":
+        m[3] = 0
+        m[s - 1] = 0
+    elif kind == "random":
+        m = (torch.rand(s, s, generator=gen) > 0.3).float()
+    elif kind == "random_dead_columns":
+        m = (torch.rand(s, s, generator=gen) > 0.2).float()
+        m[:, 64:256] = 0
+    elif kind == "block_diagonal":
+        m = torch.block_diag(*[torch.ones(96, 96)] * (s // 96 + 1))[:s, :s]
+    elif kind in ("ones", "zeros"):
+        m = ones if kind == "ones" else torch.zeros(s, s)
+    else:
+        assert kind == "causal", kind
+    return m
+
+
+TABLE_MASKS = ["causal", "tril1", "tril-1", "tril128", "tril-128", "flip_below", "flip_above", "dead_rows", "random",
+               "random_dead_columns", "block_diagonal", "ones", "zeros"]
+
+
+@needs_cuda
+@pytest.mark.parametrize("switches", [{}, {"TABLE_WALK": False}, {"CAUSAL_BLOCKS": False}, {"WHOLE_BLOCKS": False}],
+                         ids=["default", "no-walk", "no-causal-class", "no-whole-blocks"])
+@pytest.mark.parametrize("b,h,seq,d,elem,mask_shape,mask_elem", [
+    (1, 2, 300, 128, "bf16", (300, 300), "bf16"), (2, 2, 1000, 64, "f16", (1, 1, 1000, 1000), "f32"),
+    (1, 2, 2048, 128, "bf16", (2048, 2048), "bf16"), (1, 1, 4160, 64, "bf16", (4160, 4160), "bf16"),
+    (1, 1, 8300, 64, "f16", (8300, 8300), "f32")],
+    ids=["300-tails", "1000-4d-mask", "2048", "4160-two-words", "8300-per-block-loop"])
+def test_block_table_classes_cuda(b, h, seq, d, elem, mask_shape, mask_elem, switches, monkeypatch):
+    """The wgmma kernel with the block table on head-shared masks of every class
+    (``table_mask``), with the walk over live blocks (a second ballot word at 4160; more
+    than 64 key blocks at 8300 take the per-block loop) or without, with and without the
+    causal class: the table the prelude writes is ``block_classes`` of the mask exactly,
+    and the result matches torch on fresh random inputs. One compile a shape and switch
+    set; the masks only change the inputs."""
+    from kf.passes.strategies import attention_wgmma
+
+    hopper = hopper_only()
+    for k, v in switches.items():
+        monkeypatch.setattr(attention_wgmma, k, v)
+    built = attention(b, h, seq, seq, d, elem, mask_shape, mask_elem=mask_elem)
+    plan, emitted = built.emit(hopper)
+    assert plan["wgmma"] and plan["block_table"] and emitted.prelude is not None
+    run, _ = cuda_compile(built, emitted)
+    gen = torch.Generator().manual_seed(seq * 31 + d + len(switches))
+    tol = {"f16": 4e-3, "bf16": 3e-2}[elem]
+    for kind in TABLE_MASKS:
+        k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
+        mask = table_mask(seq, kind, gen)
+        want_table = block_classes(mask, plan["block_m"], plan["block_n"], attention_wgmma.CAUSAL_BLOCKS)
+        mask = mask.expand(mask_shape).contiguous().to(TORCH[mask_elem])
+        out, table = run([k, q, v, mask], (b, h, seq, d), elem)
+        assert torch.equal(table, want_table), (kind, table, want_table)
+        want = attention_reference(*(x.cuda() for x in (k, q, v, mask))).cpu()
+        torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol,
+                                   msg=lambda m, kind=kind: f"{kind}: {m}")
 
 
 #: The tensor-core GEMM's K loops, as module switches of passes/strategies/matmul.py: one
