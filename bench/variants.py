@@ -156,7 +156,9 @@ ATTENTION_VARIANTS = {
     "wgmma skip, one stage (session 4 first)": {"SKIP_PIPELINE": False, "STAGE_MASKS": False, "WHOLE_BLOCKS": False},
     "wgmma skip, table, no causal class": {"CAUSAL_BLOCKS": False},
     "wgmma skip, table, no walk (table entries loaded per block)": {"TABLE_WALK": False},
-    "wgmma skip, table, session 4 (no causal class, no walk)": {"CAUSAL_BLOCKS": False, "TABLE_WALK": False},
+    "wgmma skip, table, branches ptxas thinks divergent (wgmma serialized)": {"UNIFORM_BRANCHES": False},
+    "wgmma skip, table, uniform branches only": {"CAUSAL_BLOCKS": False, "TABLE_WALK": False},
+    "wgmma skip, table, session 4 kernel": {"CAUSAL_BLOCKS": False, "TABLE_WALK": False, "UNIFORM_BRANCHES": False},
 }
 # Variants measured before and left out since (their JSON in bench/results): "wgmma 3
 # warpgroups" {"WARPGROUPS": 3}, "wgmma 64 keys" {"BLOCK_N": 64}, "session 2" {"WGMMA":
@@ -166,7 +168,7 @@ ATTENTION_VARIANTS = {
 def _attention_switches(name: str):
     """Where an attention switch lives: attention_wgmma.py or the AttentionStrategy class."""
     return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
-                "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK") \
+                "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK", "UNIFORM_BRANCHES") \
         else at.AttentionStrategy
 
 
@@ -201,7 +203,8 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
         rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
         print(rows[-1], flush=True)
         mask_only = {"SKIP_MASKED_BLOCKS", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
-                     "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK"}  # same kernel unmasked
+                     "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK",
+                     "UNIFORM_BRANCHES"}  # same kernel unmasked
         names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only & set(v))
                  and (not variants or n in variants)]
         for name_ in names:

@@ -702,7 +702,7 @@ class AttentionStrategy(Strategy):
     @staticmethod
     def _skipping_loop(g: GpuFunc, pw: Pointwise, ch: _Chain, key_block, init: list[ir.Value], rows: list[ir.Value],
                        tig2: ir.Value, bm: int, bn: int, s_lead: list, stage_block=None, start_pass=None,
-                       whole_blocks: bool = False, block_class=None) -> list[ir.Value]:
+                       whole_blocks: bool = False, block_class=None, uniform=None) -> list[ir.Value]:
         """The key loop, skipping blocks that the mask masks entirely (a causal mask's
         upper triangle: half the work), exactly.
 
@@ -726,13 +726,16 @@ class AttentionStrategy(Strategy):
         the block instead of the test (a table made before the kernel); ``stage_block``
         is then told whether blocks may be skipped at all (``allow``). It may answer
         (live, whole, causal): ``causal`` -- the mask is ``key > query`` over the block --
-        goes to ``key_block(..., causal=pred)``."""
+        goes to ``key_block(..., causal=pred)``. ``uniform(pred)``, where given, is what
+        the branch around a block tests instead of whether it runs (the wgmma kernel's
+        warp vote, which ptxas knows to be uniform)."""
         Sq, Sk = ch.seq_q, ch.seq_k
         i1 = ir.IntegerType.get_signless(1)
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
         types = [v.type for v in init]
 
         block_or = block_reduce
+        uniform = uniform or (lambda p: p)
 
         def inner(allow: ir.Value):
             def block(n0, carried):
@@ -743,7 +746,7 @@ class AttentionStrategy(Strategy):
                     go = arith.ori(live, arith.xori(allow, true))
                     extra = {"stage": stage, **({"unmasked": whole} if whole_blocks else {}),
                              **({"causal": causal[0]} if causal else {})}
-                    out = g.guarded(go, types, lambda: key_block(n0, state, **extra), lambda: state)
+                    out = g.guarded(uniform(go), types, lambda: key_block(n0, state, **extra), lambda: state)
                     return out + [arith.ori(skipped, arith.xori(go, true))]
                 live, whole = false, true
                 for gi in rows:
@@ -768,7 +771,7 @@ class AttentionStrategy(Strategy):
                 extra = {} if stage is None else {"stage": stage}
                 if whole_blocks:
                     extra["unmasked"] = block_reduce(whole, "and")
-                out = g.guarded(go, types, lambda: key_block(n0, state, **extra), lambda: state)
+                out = g.guarded(uniform(go), types, lambda: key_block(n0, state, **extra), lambda: state)
                 return out + [arith.ori(skipped, arith.xori(go, true))]
 
             return block

@@ -36,8 +36,11 @@ The block table (BLOCK_TABLE, FlexAttention's block mask) took that away: a prel
 kernel classifies each (query block, key block) of a head-shared mask once per call as
 dead, partial or whole (0.597 ms causal, 0.52x SDPA, 2026-12-03). What it left (RESULTS.md):
 the diagonal blocks read the mask from global memory element by element, and every key
-block, dead or not, waited on its table entry and passed two barriers. Two switches
-address that, not yet measured on the H200: CAUSAL_BLOCKS (a fourth class, where the
+block, dead or not, waited on its table entry and passed two barriers. And, found since
+in ptxas's log: every masked kernel at the benchmark's shapes had its wgmmas serialized
+(C7520), as the branches around the products test conditions ptxas cannot prove
+uniform; the unmasked kernel never had that. Three switches, not yet measured on the
+H200: UNIFORM_BRANCHES (branch on warp votes), CAUSAL_BLOCKS (a fourth class, where the
 mask is the causal pattern over the block, computed from the indices) and TABLE_WALK
 (the table row read once into bit masks; the loop visits the live blocks only).
 """
@@ -152,6 +155,17 @@ CAUSAL_BLOCKS = True
 #: Up to ``TABLE_WALK_MAX_BLOCKS`` key blocks (64-bit masks); more take the per-block loop.
 TABLE_WALK = True
 TABLE_WALK_MAX_BLOCKS = 64
+
+#: Whether the key loops' branches around products (which kind of softmax a block
+#: takes; in the per-block loop, whether the block runs at all) test a warp vote of
+#: their condition rather than the condition itself. The conditions are the same in
+#: every thread (table entries, bar.red results), but ptxas cannot tell; a wgmma whose
+#: register operands (P, the rescaled accumulators) come out of a branch it thinks
+#: divergent makes it serialize every wgmma of the kernel (C7520: "wgmma.mma_async
+#: instructions are serialized due to program dependence on compiler-inserted WG.AR in
+#: divergent path"), which every masked kernel up to 2026-12-03 did. A vote's result is
+#: uniform to ptxas, and with it the warning goes (ptxas 13.0, checked here).
+UNIFORM_BRANCHES = True
 
 
 def _head_shared_mask(ch) -> bool:
@@ -399,6 +413,14 @@ def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: 
     return two_pass_loop(g, ch, init, rows, bm, run_pass)
 
 
+def _uniform(pred: ir.Value) -> ir.Value:
+    """``pred``, the same in every lane, as a warp vote's result (``vote.sync.ballot``
+    != 0), which ptxas knows to be uniform over the warp (UNIFORM_BRANCHES)."""
+    i32 = ir.IntegerType.get_signless(32)
+    b = nvvm.vote_sync(i32, arith.constant(i32, -1), pred, nvvm.VoteSyncKind.ballot)
+    return arith.cmpi(arith.CmpIPredicate.ne, b, arith.constant(i32, 0))
+
+
 def _register_a_wgmma(acc: ir.Value, n: int, elem: str, a: list[ir.Value], b_desc: ir.Value) -> ir.Value:
     """``wgmma.mma_async m64n{n}k16`` with A from registers (4 x b32 of the m64 x k16 A
     tile in mma.sync's fragment layout) and B, transposed (MN-major), by descriptor:
@@ -535,16 +557,17 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return m_ + l_ + a_ + [x for pj in p_ for x in pj]
 
                 flat_types = [f32] * (6 + bn // 2)
+                uniform = _uniform if UNIFORM_BRANCHES else (lambda p: p)
 
                 def masked_softmax():
                     if causal is None:
                         return softmax()
-                    return g.guarded(causal, flat_types, lambda: softmax(causal_mask=True), softmax)
+                    return g.guarded(uniform(causal), flat_types, lambda: softmax(causal_mask=True), softmax)
 
                 if unmasked is None:
                     flat = masked_softmax()
                 else:
-                    flat = g.guarded(unmasked, flat_types, lambda: softmax(ch.unmasked_scores), masked_softmax)
+                    flat = g.guarded(uniform(unmasked), flat_types, lambda: softmax(ch.unmasked_scores), masked_softmax)
                 m_new, l_new, alpha = flat[0:2], flat[2:4], flat[4:6]
                 p = [flat[6 + 4 * j: 10 + 4 * j] for j in range(bn // 8)]
                 # O *= alpha (the rows' rescale), in the accumulator registers
@@ -643,12 +666,14 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 else:
                     final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
                                                     stage_block, start_pass, whole_blocks=WHOLE_BLOCKS,
-                                                    block_class=block_class if table is not None else None)
+                                                    block_class=block_class if table is not None else None,
+                                                    uniform=_uniform if UNIFORM_BRANCHES else None)
                 pw.tiles.clear()
             elif skip or stages < 2:
                 nvvm.cp_async_commit_group()  # Q lands with the first block's copies
                 if skip:  # one stage: each live block staged where it is used
-                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead)
+                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
+                                                    uniform=_uniform if UNIFORM_BRANCHES else None)
                 else:
                     final = g.loop(0, Sk, bn, init, lambda n0, c: key_block(n0, c))
             else:

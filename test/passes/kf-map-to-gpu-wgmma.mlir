@@ -149,10 +149,15 @@ func.func @attn(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: 
 // Then the block's class picks the softmax: whole blocks without the mask, causal ones
 // with the mask computed from the indices (row - n0 - 2 tig, once a row as i32, against
 // each column's constant: 64 compares a thread, no mask element read), the others with
-// the mask read from global memory.
-// CHECK: scf.if %{{.*}} -> ({{(f32, ){69}f32}})
+// the mask read from global memory. Each branch tests a warp vote of its condition, so
+// ptxas sees it uniform and keeps the wgmmas asynchronous.
+// CHECK: %[[WHOLE:.*]] = nvvm.vote.sync  ballot
+// CHECK: %[[W:.*]] = arith.cmpi ne, %[[WHOLE]]
+// CHECK-NEXT: scf.if %[[W]] -> ({{(f32, ){69}f32}})
 // CHECK-NOT: memref.load %arg3
-// CHECK: scf.if %{{.*}} -> ({{(f32, ){69}f32}})
+// CHECK: %[[CAUSAL:.*]] = nvvm.vote.sync  ballot
+// CHECK: %[[C:.*]] = arith.cmpi ne, %[[CAUSAL]]
+// CHECK-NEXT: scf.if %[[C]] -> ({{(f32, ){69}f32}})
 // CHECK: arith.index_cast {{.*}} : index to i32
 // CHECK: arith.index_cast {{.*}} : index to i32
 // CHECK-NOT: memref.load %arg3
