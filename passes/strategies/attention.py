@@ -726,9 +726,9 @@ class AttentionStrategy(Strategy):
         the block instead of the test (a table made before the kernel); ``stage_block``
         is then told whether blocks may be skipped at all (``allow``). It may answer
         (live, whole, causal): ``causal`` -- the mask is ``key > query`` over the block --
-        goes to ``key_block(..., causal=pred)``. ``uniform(pred)``, where given, is what
-        the branch around a block tests instead of whether it runs (the wgmma kernel's
-        warp vote, which ptxas knows to be uniform)."""
+        goes to ``key_block(..., causal=pred)``. ``uniform``, where given, rewrites the
+        condition of the branch around each block (the wgmma kernel: a warp vote of it,
+        which ptxas knows to be uniform)."""
         Sq, Sk = ch.seq_q, ch.seq_k
         i1 = ir.IntegerType.get_signless(1)
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
