@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, field
 
 from mlir import ir
-from mlir.dialects import arith, gpu, memref, scf
+from mlir.dialects import arith, gpu, memref, scf, vector
 
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import spec_of
@@ -65,6 +65,7 @@ ROW_LOOP = "kf.row_loop"  # unit: IV = tid + k*T over [0, ub), each column once 
 VECTOR_LANES = "kf.vector_lanes"  # on a row loop: lanes the plan allows (1 = leave scalar)
 PROMOTE = "kf.promote"  # on a global load: this input's row is read in several phases
 MAX_SHARED = "kf.max_shared_bytes"  # on the gpu.func: the target's workgroup-memory limit
+ASSUMED_ALIGNMENT = "kf.assumed_alignment"  # on the gpu.func: bytes kernel buffers are aligned to (kf-vectorize's)
 
 
 # --------------------------------------------------------------------------- analysis
@@ -331,7 +332,8 @@ class _Emitter:
     def __init__(self, a: Analysis, plan: dict, target: TargetInfo, fn, args, scratch):
         self.a, self.plan, self.target = a, plan, target
         self.fn, self.args, self.scratch = fn, args, scratch
-        self.T = plan["threads"]
+        self.T = plan.get("row_threads", plan["threads"])  # threads that share one row
+        self.P = plan.get("rows_per_block", 1)
         self.row_memo: dict = {}  # (id(node), coords) -> value computed once per row
         self.stats: dict = {}  # (kind, id(node)) -> per-row statistic
         self.promote = set(plan.get("cached_inputs", []))
@@ -339,14 +341,34 @@ class _Emitter:
         self.col: dict | None = None  # inside a row loop: token -> index value
         self.loop_memo: dict = {}
         self.loop_op = None
+        # registers mode: the element being computed, (chunk, lane), and what is loaded
+        self.elem: tuple[int, int] | None = None
+        self.elem_memo: dict = {}  # (chunk, lane) -> that element's memo
+        self.chunk_loads: dict = {}  # (input, leading coords, chunk) -> vector (or i32 words)
+        self.columns: dict = {}  # (chunk, lane) -> column index
+        self.assumed_alignment = 0  # the widest vector access to a kernel buffer, in bytes
 
     # -- coordinates
     def setup(self):
-        self.tid = gpu.thread_id(gpu.Dimension.x)
+        tid = gpu.thread_id(gpu.Dimension.x)
         bid = gpu.block_id(gpu.Dimension.x)
         self.zero = _index(0)
+        self.block_tid = tid
+        self.row_ok = None  # i1: this thread's row exists (several rows a block, rows % P != 0)
+        if self.P > 1:
+            # rows_per_block rows of T threads each: thread tid works on row bid*P + tid/T
+            self.tid = arith.remui(tid, _index(self.T))
+            row = arith.addi(arith.muli(bid, _index(self.P)), arith.divui(tid, _index(self.T)))
+            if self.a.rows % self.P:
+                # Threads past the last row compute the last row again (so that every
+                # thread takes part in the shuffles and barriers) and store nothing.
+                self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, _index(self.a.rows))
+                row = arith.minui(row, _index(self.a.rows - 1))
+        else:
+            self.tid = tid
+            row = bid
         self.rowv = {}
-        rem = bid
+        rem = row
         lead = self.a.lead
         for i in reversed(range(len(lead))):
             if lead[i] == 1:
@@ -379,12 +401,15 @@ class _Emitter:
             return self.zero
         if token[0] == "r":
             return self.rowv[token]
+        if self.elem is not None:
+            return self.column(*self.elem)
         return self.col[token]
 
     # -- values
     def value(self, node: Node, coords: tuple) -> ir.Value:
         in_loop = any(c and c[0] == "c" for c in coords)
-        memo = self.loop_memo if in_loop else self.row_memo
+        memo = (self.elem_memo.setdefault(self.elem, {}) if self.elem is not None else self.loop_memo) \
+            if in_loop else self.row_memo
         key = (id(node), coords)
         if key in memo:
             return memo[key]
@@ -400,13 +425,13 @@ class _Emitter:
     def _value(self, node: Node, coords: tuple) -> ir.Value:
         with node.loc or ir.Location.unknown():
             if node.op == "arg":
+                if self.elem is not None and any(c and c[0] == "c" for c in coords):
+                    return self._element_of(node, coords)
                 t = self.args[node.arg]
                 load = memref.LoadOp(t, [self._idx(c) for c in coords])
                 if node.arg in self.promote and self.col is not None and any(c and c[0] == "c" for c in coords):
                     load.operation.attributes[PROMOTE] = ir.UnitAttr.get()
-                if node.elem == "i1" and load.result.type != ir.IntegerType.get_signless(1):
-                    return arith.cmpi(arith.CmpIPredicate.ne, load.result, sm.const(load.result.type, 0))
-                return sm.convert(load.result, _compute_type(node.elem))
+                return self._widen(load.result, node.elem)
             if node.op in ("kf.fill", "kf.constant"):
                 if node.op == "kf.fill":
                     value = node.attrs["value"]
@@ -424,7 +449,10 @@ class _Emitter:
                 x_id = id(node.operands[0])
                 m, s = self.stats[("max", x_id)], self.stats[("sumexp", x_id)]
                 if node.op == "kf.softmax":
-                    return arith.divf(sm.emit("exp", [arith.subf(x, m)]), s)
+                    e = self.shifted_exp(node.operands[0], coords)
+                    if self.plan.get("reciprocal"):
+                        return arith.mulf(e, self.per_row(("reciprocal", "sumexp", x_id), lambda: self._recip(s)))
+                    return arith.divf(e, s)
                 return arith.subf(arith.subf(x, m), sm.emit("log", [s]))
             if node.op in ("kf.reshape", "kf.broadcast_to"):
                 src = node.operands[0]
@@ -442,7 +470,44 @@ class _Emitter:
             if node.op not in ("kf.select", "kf.masked_fill"):
                 if len({str(v.type) for v in vals}) > 1:
                     raise NotApplicable(f"{node.op} on mixed compute types")
+            if node.op == "kf.div" and self.plan.get("reciprocal") and _has_column(coords):
+                d_coords = _align(coords, node.shape, node.operands[1].shape)
+                if not _has_column(d_coords):
+                    # x / d with d one value per row: x * (1 / d), one division per row
+                    # instead of one per element (the plan allows it where the outputs are
+                    # rounded to 8 or 11 bits, which hides the f32 difference of an ulp)
+                    key = ("reciprocal", id(node.operands[1]), d_coords)
+                    return arith.mulf(vals[0], self.per_row(key, lambda: self._recip(vals[1])))
             return sm.emit(node.op, vals, node.attrs)
+
+    @staticmethod
+    def _recip(d: ir.Value) -> ir.Value:
+        return arith.divf(sm.const(d.type, 1.0), d)
+
+    def per_row(self, key, make) -> ir.Value:
+        """A value computed once per row (before the current row loop, if inside one)."""
+        if key not in self.row_memo:
+            if self.loop_op is not None:
+                with ir.InsertionPoint(self.loop_op):
+                    self.row_memo[key] = make()
+            else:
+                self.row_memo[key] = make()
+        return self.row_memo[key]
+
+    def shifted_exp(self, x: Node, coords: tuple) -> ir.Value:
+        """exp(x - max(x)) of the current element, computed once: the sum of a softmax
+        and its output share it (in registers mode, across phases)."""
+        memo = self.elem_memo.setdefault(self.elem, {}) if self.elem is not None else self.loop_memo
+        key = ("shifted_exp", id(x), coords)
+        if key not in memo:
+            memo[key] = sm.emit("exp", [arith.subf(self.value(x, coords), self.stats[("max", id(x))])])
+        return memo[key]
+
+    def _widen(self, v: ir.Value, elem: str) -> ir.Value:
+        """A loaded storage value in its compute type (booleans, bytes on CUDA, as != 0)."""
+        if elem == "i1" and v.type != ir.IntegerType.get_signless(1):
+            return arith.cmpi(arith.CmpIPredicate.ne, v, sm.const(v.type, 0))
+        return sm.convert(v, _compute_type(elem))
 
     def _reduction_result(self, node: Node) -> ir.Value:
         x = node.operands[0]
@@ -481,7 +546,7 @@ class _Emitter:
                     d = arith.subf(v, self.row_mean(x))
                     v = arith.mulf(d, d)
                 elif kind == "sumexp":  # softmax: exp(x - max), never overflows
-                    v = sm.emit("exp", [arith.subf(v, self.stats[("max", id(x))])])
+                    v = self.shifted_exp(x, _full_tokens(self.a))
                 acc = loop.inner_iter_args[0]
                 scf.YieldOp([self._combine(combine, acc, v)])
             self.col, self.loop_op = None, None
@@ -502,7 +567,8 @@ class _Emitter:
         return {"add": arith.addf, "max": arith.maximumf, "min": arith.minimumf}[kind](a, b)
 
     def workgroup_reduce(self, partial: ir.Value, kind: str) -> ir.Value:
-        """All threads' partials combined; every thread gets the result."""
+        """The partials of the T threads of a row combined; each of them gets the result.
+        With several rows a workgroup, row g's threads are T consecutive ones."""
         buf = self.scratch[self.reductions % 2]
         self.reductions += 1
         T = self.T
@@ -520,39 +586,38 @@ class _Emitter:
                     off //= 2
                 return v
 
-            v = butterfly(partial, min(T, sub))
+            v = butterfly(partial, min(T, sub))  # XOR below T stays among a row's threads
             if T <= sub:
                 return v
-            warps = T // sub
-            lane = arith.remui(self.tid, _index(sub))
-            warp = arith.divui(self.tid, _index(sub))
+            warps = T // sub  # a row's warps, consecutive: their partials go to buf[warp]
+            lane = arith.remui(self.block_tid, _index(sub))
+            warp = arith.divui(self.block_tid, _index(sub))
             first = arith.cmpi(arith.CmpIPredicate.eq, lane, self.zero)
             iff = scf.IfOp(first)
             with ir.InsertionPoint(iff.then_block):
                 memref.store(v, buf, [warp])
                 scf.YieldOp([])
             gpu.barrier()
-            has = arith.cmpi(arith.CmpIPredicate.ult, lane, _index(warps))
-            safe = arith.select(has, lane, self.zero)
-            w = memref.load(buf, [safe])
-            neutral = sm.const(ct, {"add": 0.0, "max": -math.inf, "min": math.inf}[kind])
-            w = arith.select(has, w, neutral)
-            return butterfly(w, sub)
-        memref.store(partial, buf, [self.tid])
+            # lane l of every warp of the row reads the partial of the row's warp l % warps:
+            # a butterfly over `warps` lanes then gives every lane the row's total
+            row_first = arith.subi(warp, arith.remui(warp, _index(warps)))
+            w = memref.load(buf, [arith.addi(row_first, arith.remui(lane, _index(warps)))])
+            return butterfly(w, warps)
+        memref.store(partial, buf, [self.block_tid])
         gpu.barrier()
         s = T // 2
         while s >= 1:
             lt = arith.cmpi(arith.CmpIPredicate.ult, self.tid, _index(s))
             iff = scf.IfOp(lt)
             with ir.InsertionPoint(iff.then_block):
-                other = arith.addi(self.tid, _index(s))
-                u = memref.load(buf, [self.tid])
+                other = arith.addi(self.block_tid, _index(s))
+                u = memref.load(buf, [self.block_tid])
                 w = memref.load(buf, [other])
-                memref.store(self._combine(kind, u, w), buf, [self.tid])
+                memref.store(self._combine(kind, u, w), buf, [self.block_tid])
                 scf.YieldOp([])
             gpu.barrier()
             s //= 2
-        return memref.load(buf, [self.zero])
+        return memref.load(buf, [arith.subi(self.block_tid, self.tid) if self.P > 1 else self.zero])
 
     def outputs(self) -> None:
         a = self.a
@@ -575,16 +640,236 @@ class _Emitter:
                 scf.YieldOp([])
             self.col, self.loop_op = None, None
         if row_outs:
-            vals = [(i, o, coords, self.value(o, coords)) for i, o, coords in row_outs]
-            first = arith.cmpi(arith.CmpIPredicate.eq, self.tid, self.zero)
-            iff = scf.IfOp(first)
-            with ir.InsertionPoint(iff.then_block):
-                for i, o, coords, v in vals:
-                    with o.loc:
-                        mem = self.args[n_in + i]
-                        memref.store(to_storage(v, ir.MemRefType(mem.type).element_type), mem,
-                                     [self._idx(c) for c in coords])
-                scf.YieldOp([])
+            self._row_outputs(row_outs)
+
+    # -- registers mode: the row's elements stay in the threads' registers
+    #
+    # The row is cut into `chunks` x T vectors of L elements (the last chunk partial
+    # where T does not divide the vectors): thread t holds vectors c*T + t. Each phase is
+    # straight-line code over the thread's elements, so a value computed in one phase
+    # (the loaded and extended x, exp(x - max)) is there for the next without being
+    # loaded or computed again, and all of a phase's loads are issued before any is used.
+
+    def chunk_full(self, c: int) -> bool:
+        return (c + 1) * self.T <= self.plan["row_length"] // self.plan["vector_lanes"]
+
+    def vector_of(self, c: int) -> ir.Value:
+        """The index of thread's vector in chunk c, clamped to the row: a partial chunk's
+        threads past the row read the last vector again and use none of it."""
+        key = ("vector", c)
+        if key not in self.row_memo:
+            nvec = self.plan["row_length"] // self.plan["vector_lanes"]
+            v = arith.addi(self.tid, _index(c * self.T)) if c else self.tid
+            self.row_memo[key] = v if self.chunk_full(c) else arith.minui(v, _index(nvec - 1))
+        return self.row_memo[key]
+
+    def chunk_valid(self, c: int) -> ir.Value | None:
+        """i1: chunk c of this thread lies in the row (None: it always does)."""
+        if self.chunk_full(c):
+            return None
+        key = ("valid", c)
+        if key not in self.row_memo:
+            nvec = self.plan["row_length"] // self.plan["vector_lanes"]
+            self.row_memo[key] = arith.cmpi(arith.CmpIPredicate.ult, arith.addi(self.tid, _index(c * self.T)),
+                                            _index(nvec))
+        return self.row_memo[key]
+
+    def column(self, c: int, lane: int) -> ir.Value:
+        if (c, lane) not in self.columns:
+            base = self.vector_base(c) if self.plan["vector_lanes"] > 1 else self.vector_of(c)
+            self.columns[(c, lane)] = arith.addi(base, _index(lane)) if lane else base
+        return self.columns[(c, lane)]
+
+    def vector_base(self, c: int) -> ir.Value:
+        """The first column of this thread's vector in chunk c."""
+        key = ("vector_base", c)
+        if key not in self.row_memo:
+            self.row_memo[key] = arith.muli(self.vector_of(c), _index(self.plan["vector_lanes"]))
+        return self.row_memo[key]
+
+    def _vector_access(self, node_shape: tuple, coords: tuple, mem: ir.Value) -> list | None:
+        """Indices of a vector access of chunk `self.elem[0]` to mem at coords, or None
+        where lanes are not contiguous there (or not worth a vector: one lane, booleans)."""
+        L = self.plan["vector_lanes"]
+        elem = ir.MemRefType(mem.type).element_type
+        if L == 1 or str(elem) not in ("f32", "f16", "bf16", "f64"):
+            return None
+        p = max(k for k, c in enumerate(coords) if c and c[0] == "c")
+        if any(d != 1 for d in node_shape[p + 1:]):
+            return None
+        idx = [self._idx(t) for t in coords[:p]]
+        idx.append(self.vector_base(self.elem[0]))
+        return idx + [self.zero] * (len(coords) - p - 1)
+
+    def _element_of(self, node: Node, coords: tuple) -> ir.Value:
+        """The current element of input node (registers mode): a lane of its chunk's
+        vector, loaded once for all lanes and phases."""
+        c, lane = self.elem
+        mem = self.args[node.arg]
+        mt = ir.MemRefType(mem.type)
+        key = (node.arg, coords, c)
+        if key not in self.chunk_loads:
+            idx = self._vector_access(node.shape, coords, mem)
+            if idx is None:
+                self.chunk_loads[key] = None
+            else:
+                L = self.plan["vector_lanes"]
+                align = min(L * _ELEM_BYTES[str(mt.element_type)], self.target.vector_bytes)
+                self.assumed_alignment = max(self.assumed_alignment, align)
+                vec = vector.load(ir.VectorType.get([L], mt.element_type), mem, idx, alignment=align)
+                if str(mt.element_type) == "bf16" and self.target.name == "cuda":
+                    # bf16 -> f32 is the 16 bits moved up: as 32-bit words, the low element
+                    # is word << 16 and the high one word & 0xffff0000 (one instruction
+                    # each, where extf takes PRMT + shift for every high element)
+                    vec = vector.bitcast(ir.VectorType.get([L // 2], ir.IntegerType.get_signless(32)), vec)
+                self.chunk_loads[key] = vec
+        vec = self.chunk_loads[key]
+        if vec is None:
+            return self._widen(memref.load(mem, [self._idx(t) for t in coords]), node.elem)
+        if ir.VectorType(vec.type).element_type == ir.IntegerType.get_signless(32):
+            i32 = ir.IntegerType.get_signless(32)
+            word = vector.extract(vec, [], [lane // 2])
+            bits = arith.shli(word, arith.constant(i32, 16)) if lane % 2 == 0 else \
+                arith.andi(word, arith.constant(i32, -65536))
+            return arith.bitcast(ir.F32Type.get(), bits)
+        return self._widen(vector.extract(vec, [], [lane]), node.elem)
+
+    def _elements(self):
+        for c in range(self.plan["chunks"]):
+            for lane in range(self.plan["vector_lanes"]):
+                yield c, lane
+
+    def preload(self, nodes: list[tuple[Node, tuple]], only_rows: bool = False) -> None:
+        """Issue the vector loads the elements of nodes need, for every chunk, before any
+        element is computed (only those of inputs that change from row to row, with
+        only_rows: the ones from DRAM)."""
+        acc: set = set()
+        for n, coords in nodes:
+            _loads(self.a, n, coords, acc, set())
+        for arg, coords in sorted(acc, key=lambda k: (k[0], str(k[1]))):
+            if only_rows and not any(t and t[0] == "r" for t in coords):
+                continue
+            node = self.a.inputs[arg]
+            for c in range(self.plan["chunks"]):
+                self.elem = (c, 0)
+                key = (arg, coords, c)
+                if key not in self.chunk_loads and self._vector_access(node.shape, coords, self.args[arg]) is not None:
+                    self._element_of(node, coords)
+        self.elem = None
+
+    def register_phase(self, kind: str, x: Node) -> None:
+        """One statistic of x over the row from the thread's elements, then the
+        workgroup reduction."""
+        ct = _compute_type(x.elem)
+        combine = "max" if kind == "max" else "min" if kind == "min" else "add"
+        neutral = {"add": 0.0, "max": -math.inf, "min": math.inf}[combine]
+        full = _full_tokens(self.a)
+        with x.loc or ir.Location.unknown():
+            if not self.chunk_loads:
+                # Before the first element is used, the loads of every phase: the row's own
+                # inputs (from DRAM) and, with ROW_PRELOAD "all", those shared by all rows
+                # (weights, from L2) too, rather than after the reductions (at the cost of
+                # their registers across them).
+                self.preload([(x_, full) for _, x_ in self.a.stats] + [
+                    (o, _natural(self.a, o)) for o in self.a.outputs if _has_column(_natural(self.a, o))],
+                    only_rows=self.plan.get("preload", "rows") != "all")
+            self.preload([(x, full)])
+            parts = []
+            for c, lane in self._elements():
+                self.elem = (c, lane)
+                v = self.value(x, full)
+                if kind == "m2":  # two-pass variance: squared deviations from the mean
+                    d = arith.subf(v, self.row_mean(x))
+                    v = arith.mulf(d, d)
+                elif kind == "sumexp":
+                    v = self.shifted_exp(x, full)
+                valid = self.chunk_valid(c)
+                parts.append(v if valid is None else arith.select(valid, v, sm.const(ct, neutral)))
+            self.elem = None
+            # a tree: log-depth dependences, and sums of fewer terms of similar size
+            while len(parts) > 1:
+                parts = [self._combine(combine, parts[k], parts[k + 1]) if k + 1 < len(parts) else parts[k]
+                         for k in range(0, len(parts), 2)]
+            self.stats[(kind, id(x))] = self.workgroup_reduce(parts[0], combine)
+
+    def register_outputs(self) -> None:
+        a = self.a
+        n_in = len(a.inputs)
+        col_outs, row_outs = [], []
+        for i, o in enumerate(a.outputs):
+            coords = _natural(a, o)
+            (col_outs if _has_column(coords) else row_outs).append((i, o, coords))
+        self.preload([(o, coords) for _, o, coords in col_outs])
+        L = self.plan["vector_lanes"]
+        for c in range(self.plan["chunks"]):
+            stores = []  # (value, memref, indices): every value and index made before the guard
+            for i, o, coords in col_outs:
+                mem = self.args[n_in + i]
+                st = ir.MemRefType(mem.type).element_type
+                with o.loc:
+                    vals = []
+                    for lane in range(L):
+                        self.elem = (c, lane)
+                        vals.append(to_storage(self.value(o, coords), st))
+                    self.elem = (c, 0)
+                    idx = self._vector_access(o.shape, coords, mem)
+                    if idx is not None:
+                        stores.append((vector.from_elements(ir.VectorType.get([L], st), vals), mem, idx, o.loc))
+                    else:
+                        for lane in range(L):
+                            self.elem = (c, lane)
+                            stores.append((vals[lane], mem, [self._idx(t) for t in coords], o.loc))
+            self.elem = None
+            guard = [g for g in (self.chunk_valid(c), self.row_ok) if g is not None]
+            ip = None
+            if guard:
+                cond = guard[0] if len(guard) == 1 else arith.andi(guard[0], guard[1])
+                iff = scf.IfOp(cond)
+                ip = ir.InsertionPoint(iff.then_block)
+            with ip or _here():
+                for v, mem, idx, loc in stores:
+                    with loc:
+                        if isinstance(v.type, ir.VectorType):
+                            align = min(L * _ELEM_BYTES[str(ir.VectorType(v.type).element_type)],
+                                        self.target.vector_bytes)
+                            self.assumed_alignment = max(self.assumed_alignment, align)
+                            vector.store(v, mem, idx, alignment=align)
+                        else:
+                            memref.store(v, mem, idx)
+                if guard:
+                    scf.YieldOp([])
+        if row_outs:
+            self._row_outputs(row_outs)
+
+    def _row_outputs(self, row_outs) -> None:
+        """Per-row outputs (reductions without keepdim): the row's thread 0 stores them."""
+        n_in = len(self.a.inputs)
+        vals = [(i, o, coords, self.value(o, coords)) for i, o, coords in row_outs]
+        first = arith.cmpi(arith.CmpIPredicate.eq, self.tid, self.zero)
+        if self.row_ok is not None:
+            first = arith.andi(first, self.row_ok)
+        iff = scf.IfOp(first)
+        with ir.InsertionPoint(iff.then_block):
+            for i, o, coords, v in vals:
+                with o.loc:
+                    mem = self.args[n_in + i]
+                    memref.store(to_storage(v, ir.MemRefType(mem.type).element_type), mem,
+                                 [self._idx(c) for c in coords])
+            scf.YieldOp([])
+
+
+class _here:
+    """The current insertion point (a no-op context, beside ir.InsertionPoint)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _has_column(coords: tuple) -> bool:
+    return any(c and c[0] == "c" for c in coords)
 
 
 def _next_pow2(n: int) -> int:
@@ -608,6 +893,39 @@ class RowwiseStrategy(Strategy):
     #: 0.0724 ms, f32 0.117 -> 0.102, 32768x8192 bf16 0.381 either way, f32 0.881 ->
     #: 0.606 (3546 GB/s; 512: 0.590) -- so 256.
     MAX_ROW_THREADS = 256
+
+    #: Registers mode (the default where it applies): a thread keeps its elements of the
+    #: row in registers, at most this many (0: never; then the loop kernel, with the row
+    #: cached in workgroup memory by kf-promote-shared). Why: the loop kernel's phases
+    #: each unpack the row again from workgroup memory behind a barrier, and a softmax
+    #: computes exp twice an element; at 32768x8192 bf16 that work, not DRAM, bounds the
+    #: layer norm and softmax (PTX/SASS counts in bench/RESULTS.md, 2026-12-04).
+    ROW_REGISTERS = 32
+
+    #: Registers mode for rows whose narrowest element moved along the row has at most
+    #: this many bytes. 2: f16/bf16 rows, where the loop kernel is bound by its own work
+    #: (61-73% of copy at 32768x8192 on the H200); f32 rows move twice the bytes for the
+    #: same work, and the loop kernel reached 89-92% there, with 6 workgroups an SM where
+    #: a registers kernel holding f32 weights has 2 (112 registers a thread): left to
+    #: bench/variants.py --only rowwise to decide.
+    ROW_REGISTERS_WIDEST = 2
+
+    #: Threads a workgroup aims at in registers mode: rows short enough for fewer threads
+    #: than this share a workgroup, one group of threads each (reductions of a warp or
+    #: less are shuffles only, with no barrier).
+    ROW_BLOCK = 256
+
+    #: Division by a per-row value (layer norm's sqrt(var + eps), softmax's sum): "narrow"
+    #: multiplies by its reciprocal, computed once a row, where every output is f16/bf16
+    #: (the f32 results differ by an ulp at most, far below their rounding); "always",
+    #: "never".
+    ROW_RECIPROCAL = "narrow"
+
+    #: Registers mode: which loads go before the first phase: "rows" (the inputs that
+    #: change from row to row, from DRAM; a weight is loaded, every chunk at once, by the
+    #: first phase that reads it) or "all" (weights too: their latency off the row's
+    #: critical path, their registers held through the reductions).
+    ROW_PRELOAD = "rows"
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
         """Threads per row, vector lanes, which inputs' rows to cache in workgroup memory
@@ -645,15 +963,48 @@ class RowwiseStrategy(Strategy):
             if reads[arg] > 1 and a.nred == 1 and inp.shape[-1:] == (R,) and nbytes <= budget:
                 cached.append(arg)
                 budget -= nbytes
-        return {"threads": threads, "vector_lanes": lanes, "rows": a.rows, "row_length": R,
-                "reduction": reduction, "cache_row": bool(cached), "cached_inputs": cached,
-                "phases": len(a.stats) + 1, "scratch_bytes": scratch}
+        outs = [n.elem for n in a.outputs]
+        reciprocal = {"always": True, "never": False}.get(
+            self.ROW_RECIPROCAL, bool(outs) and all(e in ("f16", "bf16") for e in outs))
+        common = {"rows": a.rows, "row_length": R, "reduction": reduction, "phases": len(a.stats) + 1,
+                  "reciprocal": reciprocal}
+        registers = self._registers_plan(a, target, lanes) if narrow <= self.ROW_REGISTERS_WIDEST else None
+        if registers is not None:
+            T = registers["threads"]
+            return {**common, **registers, "cache_row": False, "cached_inputs": [],
+                    "scratch_bytes": 2 * (target.subgroup_size if reduction == "shuffle" else T) * 4}
+        return {**common, "mode": "loop", "threads": threads, "vector_lanes": lanes, "cache_row": bool(cached),
+                "cached_inputs": cached, "scratch_bytes": scratch}
+
+    def _registers_plan(self, a: Analysis, target: TargetInfo, lanes: int) -> dict | None:
+        """Registers mode where a thread's share of the row fits ROW_REGISTERS values:
+        L lanes dividing the row (so every row starts aligned), T threads a row (a power
+        of two, at most MAX_ROW_THREADS) for at most ROW_REGISTERS // L vectors each, and
+        as many rows a workgroup as fill ROW_BLOCK threads."""
+        if not self.ROW_REGISTERS or a.nred != 1:
+            return None
+        R = a.row_length
+        L = lanes
+        while L > 1 and R % L:
+            L //= 2
+        nvec = R // L
+        cap = min(target.max_threads, self.MAX_ROW_THREADS or target.max_threads)
+        cap = 1 << (cap.bit_length() - 1)
+        T = min(cap, _next_pow2(-(-nvec // max(1, self.ROW_REGISTERS // L))))
+        chunks = -(-nvec // T)
+        if chunks * L > self.ROW_REGISTERS:
+            return None
+        block = max(T, min(self.ROW_BLOCK, target.max_threads))
+        P = max(1, min(block // T, _next_pow2(a.rows)))
+        return {"mode": "registers", "threads": P * T, "row_threads": T, "rows_per_block": P,
+                "vector_lanes": L, "chunks": chunks, "preload": self.ROW_PRELOAD}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         a = analyze(kernel)
         plan = plan or self.plan(kernel, target)
         name = ir.StringAttr(kernel.attributes["sym_name"]).value
         T = plan["threads"]
+        registers = plan.get("mode") == "registers"
         with kernel.location:
             # booleans are bytes on CUDA (torch's layout; a vector<N x i1> load would read
             # N bits): loaded as != 0, stored zero-extended
@@ -676,11 +1027,16 @@ class RowwiseStrategy(Strategy):
                 em = _Emitter(a, plan, target, fn, args[:len(arg_types)], args[len(arg_types):])
                 em.setup()
                 for kind, node in a.stats:
-                    em.phase(kind, node)
-                em.outputs()
+                    (em.register_phase if registers else em.phase)(kind, node)
+                (em.register_outputs if registers else em.outputs)()
                 gpu.ReturnOp([])
+            if em.assumed_alignment:
+                # what kf-vectorize records for its vector accesses: the launcher's promise
+                fn.operation.attributes[ASSUMED_ALIGNMENT] = ir.IntegerAttr.get(
+                    ir.IntegerType.get_signless(64), em.assumed_alignment)
         notes = dict(plan, inputs=len(a.inputs), outputs=len(a.outputs))
-        return EmittedKernel(name, (a.rows, 1, 1), (T, 1, 1), 0, notes)
+        P = plan.get("rows_per_block", 1)
+        return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes)
 
 
 def _has_terminator(block: ir.Block) -> bool:

@@ -127,11 +127,34 @@ def reference(name, args, elem):
 
 
 CASES = [((1, 256, 1024), "layer_norm"), ((3, 1000), "layer_norm"), ((7, 257), "layer_norm"),
-         ((5, 1024), "softmax"), ((6, 1000), "softmax"), ((7, 257), "softmax"), ((4, 4096), "softmax"),
+         ((3, 4096), "layer_norm"), ((3, 8193), "layer_norm"),
+         ((5, 1024), "softmax"), ((6, 1000), "softmax"), ((7, 1000), "softmax"), ((7, 257), "softmax"),
+         ((4, 4096), "softmax"), ((9, 40), "softmax"),
          ((5, 1024), "log_softmax"), ((7, 257), "log_softmax"),
          ((8, 1024), "rms_norm"), ((3, 1000), "rms_norm"), ((7, 257), "rms_norm"),
          ((2, 3, 1000), "stats"), ((7, 257), "stats")]
 TOL = {"f32": 2e-5, "f16": 1e-2, "bf16": 2e-2}
+
+#: Plan switches of RowwiseStrategy each test case runs under (bench/variants.py times
+#: the same ones on the H200).
+MODES = {
+    # what kf does by default: registers mode for f16/bf16 rows, the loop kernel for f32
+    "default": {},
+    # the loop kernel everywhere (kf-promote-shared and kf-vectorize do the rest),
+    # dividing element by element
+    "loop": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "never"},
+    # registers mode for every row that fits 32 values a thread, f32 too, with reciprocals
+    "registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "always"},
+    # 64 values a thread (3 x 8193 fits, one element a vector), every load up front
+    "registers64": {"ROW_REGISTERS": 64, "ROW_REGISTERS_WIDEST": 8, "ROW_PRELOAD": "all"},
+}
+
+
+@pytest.fixture(params=list(MODES))
+def mode(request, monkeypatch):
+    for k, v in MODES[request.param].items():
+        monkeypatch.setattr(RowwiseStrategy, k, v)
+    return request.param
 
 
 # ----------------------------------------------------------------------------- Vulkan
@@ -163,9 +186,11 @@ def _needs_vulkan():
 
 @pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("shape,name", CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for s, n in CASES])
-def test_vulkan_matches_torch(shape, name, elem):
+def test_vulkan_matches_torch(shape, name, elem, mode):
     _needs_vulkan()
     outs, want, plan, _ = run_vulkan(name, shape, elem, seed=hash((name, shape, elem)) % 2 ** 31)
+    if mode == "loop":
+        assert plan["mode"] == "loop"
     for o, w in zip(outs, want):
         assert not o.isnan().any(), "an element was not written"
         torch.testing.assert_close(o.float(), w.float(), rtol=TOL[elem], atol=TOL[elem])
@@ -190,14 +215,14 @@ def _ptxas():
 
 
 CUDA_CASES = [((1, 256, 1024), "layer_norm"), ((3, 1000), "layer_norm"), ((7, 257), "layer_norm"),
-              ((5, 1024), "softmax"), ((4, 4096), "softmax"), ((5, 1024), "log_softmax"),
+              ((3, 4096), "layer_norm"), ((5, 1024), "softmax"), ((4, 4096), "softmax"), ((5, 1024), "log_softmax"),
               ((8, 4096), "rms_norm"), ((7, 257), "rms_norm"), ((2, 3, 1000), "stats")]
 
 
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("shape,name", CUDA_CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for s, n in CUDA_CASES])
-def test_cuda_ptxas(shape, name, elem, chip):
+def test_cuda_ptxas(shape, name, elem, chip, mode):
     """PTX for sm_80/sm_90: 128-bit global loads where rows allow them, warp shuffles,
     and no spills."""
     _ptxas()
@@ -232,7 +257,7 @@ def _needs_cuda():
 
 @pytest.mark.parametrize("elem", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("shape,name", CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for s, n in CASES])
-def test_cuda_matches_torch(shape, name, elem):
+def test_cuda_matches_torch(shape, name, elem, mode):
     """On a CUDA device: the same kernels launched through runtime/cuda.py."""
     _needs_cuda()
     k, plan = cuda_kernel(name, shape, elem)
@@ -429,9 +454,10 @@ def test_shared_memory_limit_is_respected():
         assert str(gm).count("gpu.barrier") >= 3 and "4096xf32, #gpu.address_space<workgroup>" in str(gm)
 
 
-def test_markers_and_plan():
+def test_markers_and_plan(monkeypatch):
     """The plan's choices reach the IR: lanes on the loops, kf.promote on the loads of
-    cached rows, the target's shared limit on the gpu.func."""
+    cached rows, the target's shared limit on the gpu.func (the loop kernel)."""
+    monkeypatch.setattr(RowwiseStrategy, "ROW_REGISTERS", 0)
     text, plan, emitted = lower("layer_norm", (3, 1000), "f16", TargetInfo.for_target("cuda"), passes=())
     assert plan["vector_lanes"] == 8 and plan["threads"] == 128 and plan["cached_inputs"] == [0]
     assert plan["reduction"] == "shuffle" and emitted.grid == (3, 1, 1) and emitted.block == (128, 1, 1)
@@ -441,6 +467,79 @@ def test_markers_and_plan():
     assert plan["vector_lanes"] == 1 and plan["reduction"] == "tree" and "gpu.shuffle" not in text
     text, plan, _ = lower("layer_norm", (3, 1000), "f16", TargetInfo.for_target("spirv"))
     assert plan["vector_lanes"] == 4 and "vector<4xf16>" in text and "vector<8xf16>" not in text
+
+
+@pytest.mark.parametrize("target,shape,elem,want", [
+    # 32768 x 8192 bf16: 1024 vectors of 8, 256 threads with 4 each, one row a workgroup
+    ("cuda", (32768, 8192), "bf16", {"row_threads": 256, "rows_per_block": 1, "chunks": 4, "vector_lanes": 8}),
+    # 8 KiB rows: 128 threads of 32 values, two rows a workgroup of 256
+    ("cuda", (8192, 4096), "bf16", {"row_threads": 128, "rows_per_block": 2, "chunks": 4, "vector_lanes": 8}),
+    # an odd row: one element a vector, 16 threads a row, 8 rows a workgroup (7 rows: one idle group)
+    ("cuda", (7, 257), "f16", {"row_threads": 16, "rows_per_block": 8, "chunks": 17, "vector_lanes": 1}),
+    # 1000 = 125 x 8: 4 vectors of the 125 per thread, the last chunk partial
+    ("cuda", (7, 1000), "bf16", {"row_threads": 32, "rows_per_block": 8, "chunks": 4, "vector_lanes": 8}),
+    # SPIR-V: no bf16 vectors, so 32 scalar values a thread
+    ("spirv", (32768, 8192), "bf16", {"row_threads": 256, "rows_per_block": 1, "chunks": 32, "vector_lanes": 1}),
+])
+def test_registers_plan(target, shape, elem, want):
+    """Registers mode's plan: lanes that divide the row, threads a row for at most 32
+    values each, and rows sharing a workgroup of 256 threads where a row needs fewer."""
+    ctx, module, kernel, gm = build("layer_norm", shape, elem)
+    with ctx, ir.Location.unknown():
+        plan = RowwiseStrategy().plan(kernel, TargetInfo.for_target(target))
+    assert plan["mode"] == "registers" and {k: plan[k] for k in want} == want
+    assert plan["threads"] == want["row_threads"] * want["rows_per_block"] and plan["reciprocal"]
+    assert plan["chunks"] * plan["vector_lanes"] <= RowwiseStrategy.ROW_REGISTERS
+
+
+def test_registers_plan_falls_back():
+    """The loop kernel where registers mode does not apply: f32 rows by default, rows
+    longer than 32 values a thread at the thread cap, reductions over several dims."""
+    for shape, elem in (((64, 8192), "f32"), ((4, 65536), "bf16"), ((3, 8193), "bf16")):
+        ctx, module, kernel, gm = build("softmax", shape, elem)
+        with ctx, ir.Location.unknown():
+            plan = RowwiseStrategy().plan(kernel, TargetInfo.for_target("cuda"))
+        assert plan["mode"] == "loop" and plan["reciprocal"] == (elem != "f32"), (shape, elem, plan)
+
+
+def test_registers_mode_ir():
+    """Registers mode writes straight-line code: no row loops (so kf-promote-shared and
+    kf-vectorize leave it alone), one vector load a chunk of each input (bf16 read as
+    32-bit words on CUDA), one barrier a reduction, one division a row for
+    1 / sqrt(var + eps), and stores guarded only where a chunk or a row can be missing."""
+    text, plan, emitted = lower("layer_norm", (4, 8192), "bf16", TargetInfo.for_target("cuda"))
+    assert plan["mode"] == "registers" and emitted.grid == (4, 1, 1) and emitted.block == (256, 1, 1)
+    assert "scf.for" not in text and "kf.row_loop" not in text and "kf.promote" not in text
+    assert text.count("vector.load") == 3 * 4 and text.count("vector.store") == 4
+    assert text.count("vector.bitcast") == 3 * 4 and "vector<4xi32>" in text
+    assert text.count("gpu.barrier") == 2 and "scf.if" in text  # the warp partials' store
+    assert "kf.assumed_alignment = 16" in text
+    # sum / R, m2 / (R - 1) and 1 / sqrt(var + eps): none per element
+    assert text.count("arith.divf") == 3 and text.count("arith.mulf") >= 3 * 32
+    text, plan, emitted = lower("layer_norm", (7, 1000), "bf16", TargetInfo.for_target("cuda"))
+    # 125 vectors over 32 threads: chunk 3 exists for threads < 29 only; 7 rows in 8 groups
+    assert plan["rows_per_block"] == 8 and text.count("scf.if") >= 4 and "arith.minui" in text
+    text, plan, _ = lower("layer_norm", (7, 1000), "bf16", TargetInfo.for_target("spirv"))
+    assert "vector.bitcast" not in text and "vector.load" not in text and plan["vector_lanes"] == 1
+
+
+def test_registers_mode_ptx():
+    """In the PTX of registers mode (sm_90): each thread's loads of x are issued before
+    any reduction; exp once an element in the softmax (32 a thread), no division an
+    element in the layer norm; no spills."""
+    _ptxas()
+    from kf.passes.to_cuda import assemble
+
+    ptx, plan = ptx_for("layer_norm", (4, 8192), "bf16")
+    first_sync = ptx.index("bar.sync")
+    assert ptx[:first_sync].count("ld.global.v4") == 4 and ptx.count("ld.global.v4") == 12
+    assert ptx.count("st.global.v4") == 4 and ptx.count("div.rn.f32") <= 3
+    report = assemble(ptx, "sm_90").kernels["layer_norm"]
+    assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, report
+    ptx, plan = ptx_for("softmax", (4, 8192), "bf16")
+    assert ptx.count("ex2.approx") == 32 and "div.rn.f32" not in ptx and ptx.count("bar.sync") == 2
+    ptx, plan = ptx_for("rms_norm", (4, 8192), "bf16")
+    assert ptx.count("ld.global.v4") == 8 and ptx.count("bar.sync") == 1
 
 
 def test_per_row_values_without_keepdim():
@@ -481,7 +580,11 @@ def test_bool_arguments_are_bytes_on_cuda():
             text = str(gm)
         assert want in text.split("gpu.func @k(")[1].split(")")[0]
         if target == "cuda":
-            assert "memref<128x128xi8>, vector<16xi8>" in text and "xi1>, vector<16xi1>" not in text
+            # bytes, never bits: the loop kernel loads 16 of them at a time, the registers
+            # mode (the default for a mask this narrow) one at a time
+            assert "memref<128x128xi8>, vector<16xi8>" in text or "memref.load %arg1[%4, %8] : memref<128x128xi8>" \
+                in text or re.search(r"memref<128x128xi8>, vector<\d+xi8>", text)
+            assert "xi1>, vector<" not in text and ": memref<128x128xi1>" not in text
 
 
 def _bool_mask_inputs(seed):
