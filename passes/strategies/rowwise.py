@@ -497,7 +497,14 @@ class _Emitter:
     def shifted_exp(self, x: Node, coords: tuple) -> ir.Value:
         """exp(x - max(x)) of the current element, computed once: the sum of a softmax
         and its output share it (in registers mode, across phases)."""
-        memo = self.elem_memo.setdefault(self.elem, {}) if self.elem is not None else self.loop_memo
+        # per element in registers mode, per loop inside a row loop (the loop's body is
+        # the only place its values dominate), per row outside any loop: a row of one
+        # column stores its output after the sum's loop, where the loop's exp does not
+        # dominate (kf-map-to-gpu failed on softmax over [.., 1], the MoE's top-1 gate)
+        if self.elem is not None:
+            memo = self.elem_memo.setdefault(self.elem, {})
+        else:
+            memo = self.loop_memo if self.loop_op is not None else self.row_memo
         key = ("shifted_exp", id(x), coords)
         if key not in memo:
             memo[key] = sm.emit("exp", [arith.subf(self.value(x, coords), self.stats[("max", id(x))])])

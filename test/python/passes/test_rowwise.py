@@ -622,3 +622,19 @@ def test_bool_argument_cuda():
     k(*[a.cuda() for a in args], out)
     torch.cuda.synchronize()
     torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_over_a_row_of_one(dtype):
+    """A regression: softmax over [.., 1] (the MoE's top-1 gate) stores its output after
+    the sum's loop, where the exp memoized inside that loop did not dominate
+    (kf-map-to-gpu failed); on Vulkan here, and assembled by ptxas for sm_90a."""
+    import kf
+
+    def softmax(x):
+        return torch.softmax(x, dim=-1)
+
+    x = torch.randn(37, 1, dtype=dtype)
+    assert "ld.global" in kf.inspect(kf.jit(softmax, target="cuda", arch="sm_90a"), x).ptx
+    _needs_vulkan()
+    torch.testing.assert_close(kf.jit(softmax, target="vulkan")(x), torch.softmax(x.float(), -1).to(dtype))
