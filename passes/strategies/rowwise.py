@@ -975,7 +975,9 @@ class RowwiseStrategy(Strategy):
             self.ROW_RECIPROCAL, bool(outs) and all(e in ("f16", "bf16") for e in outs))
         common = {"rows": a.rows, "row_length": R, "reduction": reduction, "phases": len(a.stats) + 1,
                   "reciprocal": reciprocal}
-        registers = self._registers_plan(a, target, lanes) if narrow <= self.ROW_REGISTERS_WIDEST else None
+        # booleans (a mask beside f32 rows) do not make a row narrow: its floats do
+        narrow_float = min((_ELEM_BYTES.get(e, 4) for e in row_elems if e.startswith(("f", "bf"))), default=4)
+        registers = self._registers_plan(a, target, lanes) if narrow_float <= self.ROW_REGISTERS_WIDEST else None
         if registers is not None:
             T = registers["threads"]
             return {**common, **registers, "cache_row": False, "cached_inputs": [],

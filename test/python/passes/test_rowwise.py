@@ -226,6 +226,8 @@ def test_cuda_ptxas(shape, name, elem, chip, mode):
     """PTX for sm_80/sm_90: 128-bit global loads where rows allow them, warp shuffles,
     and no spills."""
     _ptxas()
+    if chip == "sm_80" and mode != "default":
+        pytest.skip("the plan switches are checked on sm_90 (the H200's)")
     from kf.passes.to_cuda import assemble
 
     ptx, plan = ptx_for(name, shape, elem, chip)
@@ -584,7 +586,7 @@ def test_bool_arguments_are_bytes_on_cuda():
             # mode (the default for a mask this narrow) one at a time
             assert "memref<128x128xi8>, vector<16xi8>" in text or "memref.load %arg1[%4, %8] : memref<128x128xi8>" \
                 in text or re.search(r"memref<128x128xi8>, vector<\d+xi8>", text)
-            assert "xi1>, vector<" not in text and ": memref<128x128xi1>" not in text
+            assert not re.search(r"memref<[0-9x]*xi1>, vector<", text) and ": memref<128x128xi1>" not in text
 
 
 def _bool_mask_inputs(seed):
