@@ -1,8 +1,13 @@
-"""kf's tensor-core plan variants on the GPU machine, GEMM and attention: each variant
+"""kf's plan variants on the GPU machine, GEMM, attention and row-wise: each variant
 compiled fresh, checked against torch (fresh random inputs, sizes off the tile grid
-too) and timed beside cuBLAS / torch._scaled_mm / SDPA in one process.
+too) and timed beside cuBLAS / torch._scaled_mm / SDPA / torch's row-wise kernels in one
+process.
 
-    source .device/prelude.sh && python3 bench/variants.py --out $OUT/variants.json [--only gemm|attention]
+    source .device/prelude.sh && python3 bench/variants.py --out $OUT/variants.json [--only gemm|attention|rowwise]
+
+Row-wise variants are RowwiseStrategy switches (ROWWISE_VARIANTS: registers mode or the
+loop kernel, reciprocals, the register cap, when weights are loaded, threads a row);
+``--rowwise-kinds 32768`` / ``8192x4096`` splits the run in two calls of a few minutes.
 
 Variants are module switches of passes/strategies/matmul.py and wgmma.py (GEMM_VARIANTS
 below: mma.sync or wgmma, the cp.async pipeline depth, tile widths, workgroup grouping) and, for attention with a causal mask,
@@ -237,9 +242,46 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
     return rows
 
 
-def rowwise_rows(save, rows: list[dict]) -> list[dict]:
-    """The seed's layer norm with the rowwise strategy's threads per row capped: fewer
-    threads a row means more rows (and more loads) in flight per SM."""
+#: Row-wise plan variants: RowwiseStrategy switches over its defaults (bf16/f16 rows in
+#: registers mode, f32 rows in the loop kernel, reciprocals where outputs are narrow).
+#: A variant whose plan for a workload equals an earlier variant's is the same kernel:
+#: reported as such and not timed again.
+ROWWISE_VARIANTS = {
+    "default": {},
+    "loop, dividing (session 4)": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "never"},
+    "loop + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always"},
+    "registers": {"ROW_REGISTERS_WIDEST": 8},
+    "registers, max 64 registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64},
+    "registers, weights pipelined": {"ROW_REGISTERS_WIDEST": 8, "ROW_PRELOAD": "pipelined"},
+    "registers, max 64, weights pipelined": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64,
+                                             "ROW_PRELOAD": "pipelined"},
+    "registers, every load up front": {"ROW_REGISTERS_WIDEST": 8, "ROW_PRELOAD": "all"},
+    "registers + reciprocal": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "always"},
+    "registers, dividing": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "never"},
+    "registers, 16 values, 512 threads": {"ROW_REGISTERS_WIDEST": 8, "ROW_REGISTERS": 16, "MAX_ROW_THREADS": 512},
+    "registers, one row a workgroup": {"ROW_REGISTERS_WIDEST": 8, "ROW_BLOCK": 1},
+    "loop, 128 threads + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always", "MAX_ROW_THREADS": 128},
+}
+
+
+def _softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def _rmsnorm(x, w):
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+
+def _bias_gelu(x, b):
+    return torch.nn.functional.gelu(x + b)
+
+
+def rowwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()) -> list[dict]:
+    """Issue 4's row-wise functions (the seed's layer norm, softmax, RMSNorm as bench.py
+    writes it, bias+GELU) at 32768x8192 and 8192x4096 in bf16 and fp32, each rowwise plan
+    variant checked against torch (float64) at that shape and at 7x1000 and 3x8193, then
+    timed beside torch's own kernel (F.layer_norm, torch.softmax, F.rms_norm; eager
+    gelu(x + b)) and this run's device-to-device copy bandwidth."""
     import torch.nn.functional as F
 
     from kf.passes.strategies.rowwise import RowwiseStrategy
@@ -247,37 +289,88 @@ def rowwise_rows(save, rows: list[dict]) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from seed_examples import metal_layer_norm
 
-    default_cap = RowwiseStrategy.MAX_ROW_THREADS
-    for (r, c, dt) in ((8192, 4096, torch.bfloat16), (8192, 4096, torch.float32), (32768, 8192, torch.bfloat16),
-                       (32768, 8192, torch.float32)):
-        def make():
-            return (torch.randn(r, c, device="cuda", dtype=dt), torch.randn(c, device="cuda", dtype=dt),
-                    torch.randn(c, device="cuda", dtype=dt))
+    src = torch.randn(256 * 2**20, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src), [()], reps=20)
+    copy_gbs = 2 * src.numel() * 4 / copy_ms / 1e6
+    del src, dst
+    rows.append({"kind": "copy 1 GiB", "variant": "torch", "ms": copy_ms, "GB/s": copy_gbs})
+    print(rows[-1], flush=True)
 
-        ins = rotated(make)
-        nbytes = 2 * r * c * ins[0][0].element_size()
-        name = f"layer norm {r}x{c} {str(dt)[6:]}"
-        base = {"F.layer_norm": median_ms(lambda x, w, b: F.layer_norm(x, (c,), w, b), ins)}
-        rows.append({"kind": name, "variant": "torch", **base, "GB/s": nbytes / base["F.layer_norm"] / 1e6})
-        print(rows[-1], flush=True)
-        for cap in (0, 128, 256, 512):
-            RowwiseStrategy.MAX_ROW_THREADS = cap
-            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
-            row = {"kind": name, "variant": f"max_row_threads={cap}"}
-            f = metal_layer_norm.with_options(target="cuda")
-            try:
-                x = make()
-                row["rel_err"] = rel_err(f(*x), metal_layer_norm.fn(*[t.double() for t in x]))
-                if row["rel_err"] < 2e-2:
-                    row["kf"] = median_ms(f, ins)
-                    row["GB/s"] = nbytes / row["kf"] / 1e6
-                    row["kf/F.layer_norm"] = base["F.layer_norm"] / row["kf"]
-            except Exception as e:
-                row["note"] = f"{type(e).__name__}: {str(e)[:500]}"
-            rows.append(row)
-            print(row, flush=True)
-            save(rows)
-    RowwiseStrategy.MAX_ROW_THREADS = default_cap
+    workloads = {  # name: (kf fn, eager, torch's own kernel, extra inputs given the row length)
+        "layer norm": (metal_layer_norm.fn, metal_layer_norm.fn,
+                       lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), 2),
+        "softmax": (_softmax, _softmax, _softmax, 0),
+        "RMSNorm": (_rmsnorm, _rmsnorm, getattr(F, "rms_norm", None) and
+                    (lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)), 1),
+        "bias+GELU": (_bias_gelu, _bias_gelu, None, 1),
+    }
+    names = [n for n in ROWWISE_VARIANTS if not variants or n in variants]
+    defaults = {k: getattr(RowwiseStrategy, k) for k in {k for v in ROWWISE_VARIANTS.values() for k in v}}
+    for (r, c) in ((32768, 8192), (8192, 4096)):
+        for dt in (torch.bfloat16, torch.float32):
+            for wname, (fn, eager, best, extra) in workloads.items():
+                kind = f"{wname} {r}x{c} {str(dt)[6:]}"
+                if kinds and not any(k in kind for k in kinds):
+                    continue
+
+                def make(r=r, c=c, dt=dt, extra=extra):
+                    return (torch.randn(r, c, device="cuda", dtype=dt),
+                            *[torch.randn(c, device="cuda", dtype=dt) for _ in range(extra)])
+
+                ins = rotated(make)
+                nbytes = 2 * r * c * ins[0][0].element_size()
+                base = {"eager": median_ms(eager, ins)}
+                if best is not None:
+                    base["torch"] = median_ms(best, ins)
+                rows.append({"kind": kind, "variant": "torch", **base,
+                             "torch GB/s": nbytes / base.get("torch", base["eager"]) / 1e6})
+                print(rows[-1], flush=True)
+                seen: dict = {}  # plan (as JSON) -> the variant that had it
+                tol = 2e-2 if dt == torch.bfloat16 else 1e-5
+                for name in names:
+                    for k, v in {**defaults, **ROWWISE_VARIANTS[name]}.items():
+                        setattr(RowwiseStrategy, k, v)
+                    os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
+                    row = {"kind": kind, "variant": name}
+                    f = kf.jit(fn, target="cuda")
+                    try:
+                        x = make()
+                        k0 = kf.explain(f, *x, file=None).kernels[0]
+                        plan = {k: v for k, v in k0.plan.items() if k in (
+                            "strategy", "mode", "threads", "row_threads", "rows_per_block", "chunks", "vector_lanes",
+                            "preload", "reciprocal", "max_registers", "cache_row", "vector_width")}
+                        row["plan"] = plan
+                        row["registers"] = k0.ptxas.get("registers")
+                        row["spilled"] = k0.ptxas.get("spill_store_bytes", 0) + k0.ptxas.get("spill_load_bytes", 0)
+                        key = json.dumps(k0.plan, sort_keys=True, default=str)
+                        if key in seen:
+                            row["note"] = f"same kernel as {seen[key]!r}"
+                            rows.append(row)
+                            print(row, flush=True)
+                            continue
+                        seen[key] = name
+                        errs = [rel_err(f(*x), eager(*[t.double() for t in x]))]
+                        for (rr, cc) in ((7, 1000), (3, 8193)):
+                            y = (torch.randn(rr, cc, device="cuda", dtype=dt),
+                                 *[torch.randn(cc, device="cuda", dtype=dt) for _ in range(extra)])
+                            errs.append(rel_err(f(*y), eager(*[t.double() for t in y])))
+                        row["rel_err"] = errs
+                        if max(errs) < tol:
+                            row["kf"] = median_ms(f, ins)
+                            row["GB/s"] = nbytes / row["kf"] / 1e6
+                            row["% of copy"] = 100 * row["GB/s"] / copy_gbs
+                            row["kf/torch"] = base.get("torch", base["eager"]) / row["kf"]
+                        else:
+                            row["note"] = "wrong result: not timed"
+                    except Exception as e:  # a variant that fails to build or launch is reported
+                        row["note"] = f"{type(e).__name__}: {str(e)[:500]}"
+                    rows.append(row)
+                    print(row, flush=True)
+                    save(rows)
+                del ins
+    for k, v in defaults.items():
+        setattr(RowwiseStrategy, k, v)
     return rows
 
 
@@ -290,6 +383,9 @@ def main() -> int:
     ap.add_argument("--gemm-variants", default=",".join(GEMM_VARIANTS), help="names from GEMM_VARIANTS")
     ap.add_argument("--attention-variants", default="", help="names from ATTENTION_VARIANTS, ';'-separated (all)")
     ap.add_argument("--attention-kinds", default="", help="texts of the shapes to run, ','-separated (all)")
+    ap.add_argument("--rowwise-variants", default="", help="names from ROWWISE_VARIANTS, ';'-separated (all)")
+    ap.add_argument("--rowwise-kinds", default="", help="texts of the workloads to run, ','-separated (all), "
+                    "e.g. 'bfloat16' or 'softmax 32768'")
     args = ap.parse_args()
     torch.manual_seed(int(time.time()))
 
@@ -304,7 +400,8 @@ def main() -> int:
         rows = attention_rows(save, rows, tuple(v for v in args.attention_variants.split(";") if v),
                               tuple(k for k in args.attention_kinds.split(",") if k))
     if args.only in ("", "rowwise"):
-        rows = rowwise_rows(save, rows)
+        rows = rowwise_rows(save, rows, tuple(v for v in args.rowwise_variants.split(";") if v),
+                            tuple(k for k in args.rowwise_kinds.split(",") if k))
     return 0
 
 

@@ -746,10 +746,10 @@ class _Emitter:
             for lane in range(self.plan["vector_lanes"]):
                 yield c, lane
 
-    def preload(self, nodes: list[tuple[Node, tuple]], only_rows: bool = False) -> None:
-        """Issue the vector loads the elements of nodes need, for every chunk, before any
-        element is computed (only those of inputs that change from row to row, with
-        only_rows: the ones from DRAM)."""
+    def preload(self, nodes: list[tuple[Node, tuple]], only_rows: bool = False, chunks=None) -> None:
+        """Issue the vector loads the elements of nodes need, for every chunk (or those
+        of `chunks`), before any element is computed (only those of inputs that change
+        from row to row, with only_rows: the ones from DRAM)."""
         acc: set = set()
         for n, coords in nodes:
             _loads(self.a, n, coords, acc, set())
@@ -757,7 +757,7 @@ class _Emitter:
             if only_rows and not any(t and t[0] == "r" for t in coords):
                 continue
             node = self.a.inputs[arg]
-            for c in range(self.plan["chunks"]):
+            for c in range(self.plan["chunks"]) if chunks is None else chunks:
                 self.elem = (c, 0)
                 key = (arg, coords, c)
                 if key not in self.chunk_loads and self._vector_access(node.shape, coords, self.args[arg]) is not None:
@@ -781,22 +781,28 @@ class _Emitter:
                     (o, _natural(self.a, o)) for o in self.a.outputs if _has_column(_natural(self.a, o))],
                     only_rows=self.plan.get("preload", "rows") != "all")
             self.preload([(x, full)])
-            parts = []
-            for c, lane in self._elements():
-                self.elem = (c, lane)
-                v = self.value(x, full)
-                if kind == "m2":  # two-pass variance: squared deviations from the mean
-                    d = arith.subf(v, self.row_mean(x))
-                    v = arith.mulf(d, d)
-                elif kind == "sumexp":
-                    v = self.shifted_exp(x, full)
-                valid = self.chunk_valid(c)
-                parts.append(v if valid is None else arith.select(valid, v, sm.const(ct, neutral)))
+            acc = None
+            L = self.plan["vector_lanes"]
+            for c in range(self.plan["chunks"]):
+                parts = []
+                for lane in range(L):
+                    self.elem = (c, lane)
+                    v = self.value(x, full)
+                    if kind == "m2":  # two-pass variance: squared deviations from the mean
+                        d = arith.subf(v, self.row_mean(x))
+                        v = arith.mulf(d, d)
+                    elif kind == "sumexp":
+                        v = self.shifted_exp(x, full)
+                    valid = self.chunk_valid(c)
+                    parts.append(v if valid is None else arith.select(valid, v, sm.const(ct, neutral)))
+                # a tree over the chunk's lanes (log-depth dependences), then chunk after
+                # chunk: terms of one chunk are not all live at once beside the row
+                while len(parts) > 1:
+                    parts = [self._combine(combine, parts[k], parts[k + 1]) if k + 1 < len(parts) else parts[k]
+                             for k in range(0, len(parts), 2)]
+                acc = parts[0] if acc is None else self._combine(combine, acc, parts[0])
             self.elem = None
-            # a tree: log-depth dependences, and sums of fewer terms of similar size
-            while len(parts) > 1:
-                parts = [self._combine(combine, parts[k], parts[k + 1]) if k + 1 < len(parts) else parts[k]
-                         for k in range(0, len(parts), 2)]
+            parts = [acc]
             self.stats[(kind, id(x))] = self.workgroup_reduce(parts[0], combine)
 
     def register_outputs(self) -> None:
@@ -806,9 +812,18 @@ class _Emitter:
         for i, o in enumerate(a.outputs):
             coords = _natural(a, o)
             (col_outs if _has_column(coords) else row_outs).append((i, o, coords))
-        self.preload([(o, coords) for _, o, coords in col_outs])
+        needs = [(o, coords) for _, o, coords in col_outs]
+        C = self.plan["chunks"]
+        # "pipelined": the loads of chunk c + 1 (weights, from L2) are issued before chunk
+        # c is computed, so that two chunks' weights, not all of them, are live beside the
+        # row (RMSNorm bf16 32768x8192: 54 -> 48 registers, 4 -> 5 workgroups an SM), at
+        # the cost of waiting on L2 more than once; else all chunks' at once, here
+        ahead = 1 if self.plan.get("preload", "rows") == "pipelined" else C
+        self.preload(needs, chunks=range(min(C, 1 + ahead)))
         L = self.plan["vector_lanes"]
-        for c in range(self.plan["chunks"]):
+        for c in range(C):
+            if c + ahead < C and c:
+                self.preload(needs, chunks=[c + ahead])
             stores = []  # (value, memref, indices): every value and index made before the guard
             for i, o, coords in col_outs:
                 mem = self.args[n_in + i]
@@ -930,9 +945,19 @@ class RowwiseStrategy(Strategy):
 
     #: Registers mode: which loads go before the first phase: "rows" (the inputs that
     #: change from row to row, from DRAM; a weight is loaded, every chunk at once, by the
-    #: first phase that reads it) or "all" (weights too: their latency off the row's
-    #: critical path, their registers held through the reductions).
+    #: first phase that reads it), "pipelined" (as "rows", but the output phase loads a
+    #: weight's chunk c + 1 before computing chunk c: fewer registers) or "all" (weights
+    #: too: their latency off the row's critical path, their registers held through the
+    #: reductions).
     ROW_PRELOAD = "rows"
+
+    #: Registers mode on CUDA: the registers a thread ptxas is held to (.maxnreg) where
+    #: one row a workgroup holds at most 32 values a thread; 0: ptxas's own choice. The
+    #: H200 run of 2026-12-04 had the bf16 layer norm at 80 registers (3 workgroups of 256
+    #: an SM) 6% slower than the loop kernel at 32 (8 workgroups); held to 64 (4 fit) it
+    #: does not spill, but ptxas then takes 64 for the softmax too (48 without: 5
+    #: workgroups), so the cap waits for bench/variants.py --only rowwise: 0 for now.
+    ROW_MAX_REGISTERS = 0
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
         """Threads per row, vector lanes, which inputs' rows to cache in workgroup memory
@@ -1006,7 +1031,17 @@ class RowwiseStrategy(Strategy):
         block = max(T, min(self.ROW_BLOCK, target.max_threads))
         P = max(1, min(block // T, _next_pow2(a.rows)))
         return {"mode": "registers", "threads": P * T, "row_threads": T, "rows_per_block": P,
-                "vector_lanes": L, "chunks": chunks, "preload": self.ROW_PRELOAD}
+                "vector_lanes": L, "chunks": chunks, "preload": self.ROW_PRELOAD,
+                "max_registers": self._max_registers(target, P, chunks * L)}
+
+    def _max_registers(self, target: TargetInfo, rows_per_block: int, values: int) -> int:
+        """The registers a thread ptxas is held to (.maxnreg), or 0 for its own choice:
+        ROW_MAX_REGISTERS on CUDA for one row a workgroup of at most 32 values a thread
+        (ptxas gives the layer norm 80 registers there, 3 workgroups of 256 an SM, and
+        fits 64 without spilling; with several rows a workgroup, 64 spilled)."""
+        if target.name != "cuda" or not self.ROW_MAX_REGISTERS or rows_per_block > 1 or values > 32:
+            return 0
+        return self.ROW_MAX_REGISTERS
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         a = analyze(kernel)
@@ -1039,6 +1074,10 @@ class RowwiseStrategy(Strategy):
                     (em.register_phase if registers else em.phase)(kind, node)
                 (em.register_outputs if registers else em.outputs)()
                 gpu.ReturnOp([])
+            if plan.get("max_registers"):
+                # .maxnreg for ptxas (a cap: it may still use fewer)
+                fn.operation.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(
+                    ir.IntegerType.get_signless(32), plan["max_registers"])
             if em.assumed_alignment:
                 # what kf-vectorize records for its vector accesses: the launcher's promise
                 fn.operation.attributes[ASSUMED_ALIGNMENT] = ir.IntegerAttr.get(

@@ -147,6 +147,8 @@ MODES = {
     "registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "always"},
     # 64 values a thread (3 x 8193 fits, one element a vector), every load up front
     "registers64": {"ROW_REGISTERS": 64, "ROW_REGISTERS_WIDEST": 8, "ROW_PRELOAD": "all"},
+    # held to 64 registers (.maxnreg) where a row is a workgroup's, weights a chunk ahead
+    "capped": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64, "ROW_PRELOAD": "pipelined"},
 }
 
 
@@ -542,6 +544,26 @@ def test_registers_mode_ptx():
     assert ptx.count("ex2.approx") == 32 and "div.rn.f32" not in ptx and ptx.count("bar.sync") == 2
     ptx, plan = ptx_for("rms_norm", (4, 8192), "bf16")
     assert ptx.count("ld.global.v4") == 8 and ptx.count("bar.sync") == 1
+
+
+def test_register_cap_and_pipelined_weights(monkeypatch):
+    """ROW_MAX_REGISTERS reaches the PTX as .maxnreg (one row a workgroup only) and holds
+    the bf16 layer norm at 32768 x 8192 to 64 registers without spills; "pipelined"
+    issues the weights of chunk c + 1 before chunk c's stores."""
+    _ptxas()
+    from kf.passes.to_cuda import assemble
+
+    monkeypatch.setattr(RowwiseStrategy, "ROW_MAX_REGISTERS", 64)
+    monkeypatch.setattr(RowwiseStrategy, "ROW_PRELOAD", "pipelined")
+    ptx, plan = ptx_for("layer_norm", (4, 8192), "bf16", "sm_90")
+    assert plan["max_registers"] == 64 and ".maxnreg 64" in ptx
+    report = assemble(ptx, "sm_90").kernels["layer_norm"]
+    assert report["registers"] <= 64 and report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0
+    # after the reductions: w and b of chunks 0 and 1, then a store before chunk 2's
+    tail = ptx[ptx.rindex("bar.sync"):]
+    assert tail[:tail.index("st.global.v4")].count("ld.global.v4") == 4
+    ptx, plan = ptx_for("layer_norm", (7, 1000), "bf16", "sm_90")
+    assert plan["rows_per_block"] > 1 and not plan["max_registers"] and ".maxnreg" not in ptx
 
 
 def test_per_row_values_without_keepdim():
