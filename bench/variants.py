@@ -250,17 +250,20 @@ ROWWISE_VARIANTS = {
     "default": {},
     "loop, dividing (session 4)": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "never"},
     "loop + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always"},
-    "registers": {"ROW_REGISTERS_WIDEST": 8},
-    "registers, max 64 registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64},
-    "registers, weights pipelined": {"ROW_REGISTERS_WIDEST": 8, "ROW_PRELOAD": "pipelined"},
+    "loop, 128 threads + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always", "MAX_ROW_THREADS": 128},
+    # registers mode, each switch spelled out (the defaults changed with the run of
+    # 2026-12-04: f32 rows, cap 64, pipelined weights)
+    "registers, bf16 rows only (session 5)": {"ROW_REGISTERS_WIDEST": 2, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "rows"},
+    "registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "rows"},
+    "registers, max 64 registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64, "ROW_PRELOAD": "rows"},
+    "registers, weights pipelined": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "pipelined"},
     "registers, max 64, weights pipelined": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64,
                                              "ROW_PRELOAD": "pipelined"},
-    "registers, every load up front": {"ROW_REGISTERS_WIDEST": 8, "ROW_PRELOAD": "all"},
-    "registers + reciprocal": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "always"},
-    "registers, dividing": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "never"},
+    "registers, every load up front": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "all"},
+    "registers, max 64 + reciprocal": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "always"},
+    "registers, max 64, dividing": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "never"},
     "registers, 16 values, 512 threads": {"ROW_REGISTERS_WIDEST": 8, "ROW_REGISTERS": 16, "MAX_ROW_THREADS": 512},
     "registers, one row a workgroup": {"ROW_REGISTERS_WIDEST": 8, "ROW_BLOCK": 1},
-    "loop, 128 threads + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always", "MAX_ROW_THREADS": 128},
 }
 
 

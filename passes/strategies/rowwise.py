@@ -924,13 +924,19 @@ class RowwiseStrategy(Strategy):
     #: layer norm and softmax (PTX/SASS counts in bench/RESULTS.md, 2026-12-04).
     ROW_REGISTERS = 32
 
-    #: Registers mode for rows whose narrowest element moved along the row has at most
+    #: Registers mode for rows whose narrowest float moved along the row has at most
     #: this many bytes. 2: f16/bf16 rows, where the loop kernel is bound by its own work
-    #: (61-73% of copy at 32768x8192 on the H200); f32 rows move twice the bytes for the
-    #: same work, and the loop kernel reached 89-92% there, with 6 workgroups an SM where
-    #: a registers kernel holding f32 weights has 2 (112 registers a thread): left to
-    #: bench/variants.py --only rowwise to decide.
+    #: (61-73% of copy at 32768x8192 on the H200). Wider rows: ROW_REGISTERS_WIDE_CAPPED.
     ROW_REGISTERS_WIDEST = 2
+
+    #: Registers mode for wider (f32) rows too where one row fills a workgroup and
+    #: ROW_MAX_REGISTERS holds it (CUDA). Measured on the H200 (2026-12-04,
+    #: bench/results/variants-rowwise-32768-2026-12-04b.json), % of copy at 32768x8192
+    #: f32, registers (cap 64, pipelined weights) against the loop kernel: layer norm
+    #: 95.9 / 90.9, softmax 96.4 / 93.2, RMSNorm 95.8 / 91.2. With several rows a
+    #: workgroup (8192x4096) the loop kernel was as fast or faster (softmax 81.3 against
+    #: 76.2%) and registers mode spilled on sm_80: those stay on the loop kernel.
+    ROW_REGISTERS_WIDE_CAPPED = True
 
     #: Threads a workgroup aims at in registers mode: rows short enough for fewer threads
     #: than this share a workgroup, one group of threads each (reductions of a warp or
@@ -949,15 +955,19 @@ class RowwiseStrategy(Strategy):
     #: weight's chunk c + 1 before computing chunk c: fewer registers) or "all" (weights
     #: too: their latency off the row's critical path, their registers held through the
     #: reductions).
-    ROW_PRELOAD = "rows"
+    #: "pipelined" measured best or within 1% of it at 32768x8192 for every row-wise
+    #: workload with the register cap (bf16 layer norm 0.2705 ms against 0.2817 with
+    #: "rows"; variants-rowwise-32768-2026-12-04b.json).
+    ROW_PRELOAD = "pipelined"
 
     #: Registers mode on CUDA: the registers a thread ptxas is held to (.maxnreg) where
-    #: one row a workgroup holds at most 32 values a thread; 0: ptxas's own choice. The
-    #: H200 run of 2026-12-04 had the bf16 layer norm at 80 registers (3 workgroups of 256
-    #: an SM) 6% slower than the loop kernel at 32 (8 workgroups); held to 64 (4 fit) it
-    #: does not spill, but ptxas then takes 64 for the softmax too (48 without: 5
-    #: workgroups), so the cap waits for bench/variants.py --only rowwise: 0 for now.
-    ROW_MAX_REGISTERS = 0
+    #: one row a workgroup holds at most 32 values a thread; 0: ptxas's own choice. 64:
+    #: ptxas gives the bf16 layer norm 80 registers on its own (3 workgroups of 256 an
+    #: SM) and fits 64 without spilling (4 fit). Measured on the H200 with pipelined
+    #: weights (bench/variants.py --only rowwise --rowwise-kinds 32768, 2026-12-04), % of
+    #: copy at 32768x8192, cap 64 against none: bf16 layer norm 94.3 / 92.1, softmax
+    #: 96.4 / 93.9, RMSNorm 94.3 / 93.9; f32 95.9 / 95.6, 96.4 / 93.9, 95.8 / 91.3.
+    ROW_MAX_REGISTERS = 64
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
         """Threads per row, vector lanes, which inputs' rows to cache in workgroup memory
@@ -1002,7 +1012,10 @@ class RowwiseStrategy(Strategy):
                   "reciprocal": reciprocal}
         # booleans (a mask beside f32 rows) do not make a row narrow: its floats do
         narrow_float = min((_ELEM_BYTES.get(e, 4) for e in row_elems if e.startswith(("f", "bf"))), default=4)
-        registers = self._registers_plan(a, target, lanes) if narrow_float <= self.ROW_REGISTERS_WIDEST else None
+        registers = self._registers_plan(a, target, lanes)
+        if registers is not None and narrow_float > self.ROW_REGISTERS_WIDEST and not (
+                self.ROW_REGISTERS_WIDE_CAPPED and registers["max_registers"]):
+            registers = None
         if registers is not None:
             T = registers["threads"]
             return {**common, **registers, "cache_row": False, "cached_inputs": [],
