@@ -350,6 +350,10 @@ class AttentionStrategy(Strategy):
         head_dim 128); K and V tiles are kept in the input type, rows padded by 8
         elements so the fragment reads of a warp hit 32 distinct banks."""
         elems = {spec_of(x.type).elem for x in (ch.q, ch.kt, ch.v)}
+        if target.name == "cuda" and len(elems) == 1 and next(iter(elems)).startswith("f8"):
+            from . import attention_wgmma  # fp8: the wgmma kernel or the SIMT one
+
+            return attention_wgmma.plan(ch, target, False)
         if target.name != "cuda" or len(elems) != 1 or elems.pop() not in ("f16", "bf16"):
             return None
         d, dv = ch.head_dim, ch.head_dim_v

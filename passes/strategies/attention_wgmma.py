@@ -43,6 +43,18 @@ uniform; the unmasked kernel never had that. Three switches, not yet measured on
 H200: UNIFORM_BRANCHES (branch on warp votes), CAUSAL_BLOCKS (a fourth class, where the
 mask is the causal pattern over the block, computed from the indices) and TABLE_WALK
 (the table row read once into bit masks; the loop visits the live blocks only).
+
+Since 2026-12-04 (session 6, bench/results/fp8-attention-2026-12-04.json, H200):
+
+- fp8 q, k, v (``precision="fp8"``; FP8): both products are m64nNk32 e4m3/e5m2 wgmmas.
+  K's rows are staged in ``fp8_key_order`` so the f32 score accumulators are already
+  the fp8 A fragment of P V (no shuffles), and V is read K-major from its transpose,
+  which the precision policy stores. 4x32x2048x128: 0.494 ms, 1.33x kf's bf16 kernel
+  (0.657); 2x32x4096x128: 0.860 ms, 1.36x (639 TFLOP/s; SDPA bf16 0.842).
+- OVERLAP_SCORES: block j + 1's S is issued before block j's softmax (three stages).
+- LINEAR_SCORES: a chain that only scales the scores is one factor, folded with log2 e
+  into an FFMA per score (``linear_softmax``).
+- Rank-0 arguments (fp8 dequantization factors) are loaded once (``Pointwise.hoist_scalars``).
 """
 
 from __future__ import annotations
@@ -78,8 +90,9 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
         return None
     view = ch.view
     elems = {spec_of(x.type).elem for x in (ch.q, ch.kt, ch.v)}
-    if len(elems) != 1 or (elem := elems.pop()) not in ("f16", "bf16"):
+    if len(elems) != 1 or (elem := elems.pop()) not in ("f16", "bf16") + tuple(FP8_ELEMS):
         return None
+    fp8 = elem in FP8_ELEMS
     d, dv = ch.head_dim, ch.head_dim_v
     if d % 64 or dv % 64 or max(d, dv) > 256:
         return None
@@ -90,11 +103,20 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
         return None
     if view.arg_index(_transposed_source(ch.kt)) is None or not ch.k_d_contiguous:
         return None
-    if view.arg_index(ch.v) is None or not _contiguous_last(view, ch.v):
+    if fp8:
+        if not _fp8_applies(ch, elem):
+            return None
+    elif view.arg_index(ch.v) is None or not _contiguous_last(view, ch.v):
+        return None
+    elif _p_scale(ch) is None:
         return None
     bm, bn = 64 * WARPGROUPS, BLOCK_N
     stages = 1 if skip and not SKIP_PIPELINE else 2
-    shared = 2 * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
+    esize = 1 if fp8 else 2
+    if OVERLAP_SCORES and not skip and ch.mask_cond is None and max(d, dv) >= 128 and \
+            esize * (bm * d + 3 * bn * (d + dv)) + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes:
+        stages = 3
+    shared = esize * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
     if shared > target.max_dynamic_shared_bytes:
         return None
     table = BLOCK_TABLE and skip and stages == 2 and ch.mask_cond is not None and _head_shared_mask(ch)
@@ -109,6 +131,8 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
             break
     if not mask_stages:
         masks = []
+    if fp8 and (skip or ch.mask_cond is not None):
+        return None
     batch = math.prod(ch.batch)
     if batch > 65535:
         return None
@@ -126,6 +150,227 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
 #: the block table: no measurable change (causal 4x32x2048x128 0.643 ms either way, 2x32x4096
 #: 1.038; bench/results/variants-attention-reverse-2026-12-03.json); kept, as it can only help.
 REVERSE_Q_BLOCKS = True
+
+
+#: Whether the unmasked key loop issues block j + 1's S = Q K^T before block j's
+#: softmax, so that the tensor cores compute it while the warpgroup computes
+#: exponentials (FlashAttention-3's intra-warpgroup overlap), with K and V in three
+#: stages where shared memory has room (bf16 head dim 128: 225 KiB; fp8: 113 KiB).
+#: Without it a warpgroup's products wait for its softmax and the other way round, and
+#: only the workgroup's other warpgroup fills the gap: fp8 products were then no faster
+#: than bf16 ones (H200, 4x32x2048x128: 0.700 against 0.703 ms). Measured with
+#: LINEAR_SCORES (bench/results/fp8-attention-2026-12-04.json), 4x32x2048x128 fp8
+#: 0.519 -> 0.494 ms, bf16 0.661 -> 0.657; 2x32x4096x128 fp8 0.908 -> 0.860, bf16
+#: 1.179 -> 1.174. Head dim 64 is slower with it (0.364 -> 0.444 ms: 170 registers and
+#: 113 KiB, one workgroup an SM instead of two): from head dim 128 only.
+OVERLAP_SCORES = True
+
+#: Whether attention on fp8 q, k and v (``precision="fp8"``) takes the fp8 wgmma kernel:
+#: S = Q K^T by m64nNk32 e4m3/e5m2 products, P rounded to the same fp8 type in registers
+#: (times the P chain's fixed scale) and O += P V by register-A fp8 wgmma, V read K-major
+#: (the precision policy stores it transposed, [.., Dv, Sk]). fp8 wgmma takes K-major
+#: operands only, so V cannot be read as it lies, as the 16-bit kernel does.
+FP8 = True
+
+FP8_ELEMS = {"f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
+
+
+def fp8_key_of(j: int) -> int:
+    """``fp8_key_order`` on a Python int: the key stage row j holds (see there)."""
+    return (j & ~15) | (j & 1) | ((j >> 2) & 2) | ((j << 1) & 12)
+
+
+def fp8_key_order(j: ir.Value, g: GpuFunc) -> ir.Value:
+    """The key (relative to its block) that K's stage row j holds in the fp8 kernel.
+
+    fp8 wgmma's register A fragment gives a thread, of row gid, the 4 consecutive
+    columns 4t..4t+3 and 16+4t..16+4t+3 of each 32 (t = lane % 4), where the f32
+    accumulator of S = Q K^T gives it columns 2t, 2t+1, 8+2t, 9+2t, 16+2t, ... If stage
+    row j = 8s + 2t + e (s, e in {0, 1}; within each 16) holds key 4t + 2s + e, the
+    score accumulators of a thread are, in order, the probabilities its A fragment
+    needs: P goes from the softmax into the second product without a shuffle, and V is
+    read in key order. The permutation keeps bit 4 and up (and bit 0) of j."""
+    low = arith.ori(arith.andi(j, g.c(1)), arith.ori(arith.andi(arith.shrui(j, g.c(2)), g.c(2)),
+                                                   arith.andi(arith.shli(j, g.c(1)), g.c(12))))
+    return arith.ori(arith.andi(j, g.c(~15)), low)
+
+
+def _p_scale(ch) -> float | None:
+    """The constant c with mm2's A operand = c * softmax (rounded to its type), 1.0 where
+    mm2 reads the softmax itself; None for any other P chain."""
+    if getattr(ch, "p_value", ch.sm.result) == ch.sm.result:
+        return 1.0
+    return getattr(ch, "p_scale", None)
+
+
+def _reads_per_key(ch) -> bool:
+    """Whether the score chain (mm1 to the softmax) reads an operand that varies along
+    the keys (a mask, a bias): the fp8 kernel's score columns are keys in
+    ``fp8_key_order``, which ``online_softmax`` does not index by."""
+    from .matmul import defining
+
+    view = ch.view
+    seen, stack = set(), [ch.sm.operands[0]]
+    while stack:
+        v = stack.pop()
+        if v in seen or v == ch.mm1.result:
+            continue
+        seen.add(v)
+        i = view.arg_index(v)
+        if i is not None:
+            shape = view.arg_specs[i].shape
+            if shape and shape[-1] != 1:
+                return True
+            continue
+        op = defining(v)
+        if op is None:
+            continue
+        if op.name == "kf.constant" and spec_of(op.result.type).shape and spec_of(op.result.type).shape[-1] != 1:
+            return True
+        stack.extend(op.operands)
+    return False
+
+
+def _fp8_applies(ch, elem: str) -> bool:
+    """The fp8 kernel's conditions: V is the transpose of an argument stored [.., Dv, Sk]
+    (K-major), head dims whole 128-byte rows, keys whole blocks (no tail: key order is
+    permuted within blocks), no per-key operand in the score chain, and a P chain that
+    rounds c * P to q's fp8 type."""
+    from .attention import _transposed_source
+    from .matmul import _contiguous_last, defining
+
+    if not FP8 or ch.mask_cond is not None:
+        return False
+    view = ch.view
+    vt = _transposed_source(ch.v)
+    if vt == ch.v or view.arg_index(vt) is None or not _contiguous_last(view, vt):
+        return False
+    if ch.head_dim % 128 or ch.seq_k % BLOCK_N or _reads_per_key(ch):
+        return False
+    return getattr(ch, "p_elem", None) == elem and _p_scale(ch) is not None
+
+
+#: Whether scores that the chain between the products only scales (muls and divs by
+#: rank-0 values and constants, casts: the seed's ``/ sqrt(d)``, fp8's dequantization
+#: factors) take ``linear_softmax``: the factors (times log2 e) folded into one value at
+#: the kernel's start, a score then costs a max, an FFMA, an ex2 and an add (and the P
+#: chain's power-of-two scale goes into the exponent), where the general chain costs
+#: its ops one by one (fp8's: a multiply, a round trip through bf16, a multiply, then
+#: subtract, multiply, ex2, add, multiply). H200 (fp8-attention-2026-12-04.json),
+#: 4x32x2048x128: fp8 0.615 -> 0.494 ms, bf16 0.691 -> 0.657; bf16 x64 0.391 -> 0.364.
+#: Casts of the scores to a narrower float are not rounded there, as the products' own
+#: 16-bit result types are not (both kernels keep S in f32).
+LINEAR_SCORES = True
+
+
+def _linear_factors(ch) -> list[tuple[ir.Value, bool]] | None:
+    """The rank-0 values the chain from q k^T to the softmax multiplies (False) or
+    divides (True) the scores by, in order, when that is all it does besides casts
+    between floats; None otherwise (a mask, a bias, any other op)."""
+    from .matmul import defining
+
+    v, factors = ch.sm.operands[0], []
+    while v != ch.mm1.result:
+        op = defining(v)
+        if op is None:
+            return None
+        if op.name == "kf.cast" and spec_of(op.operands[0].type).is_float and spec_of(v.type).is_float:
+            v = op.operands[0]
+            continue
+        if op.name not in ("kf.mul", "kf.div"):
+            return None
+        a, b = op.operands
+        if spec_of(b.type).shape and op.name == "kf.mul" and not spec_of(a.type).shape:
+            a, b = b, a
+        if spec_of(b.type).shape:
+            return None
+        factors.append((b, op.name == "kf.div"))
+        v = a
+    return factors
+
+
+def _positive_constant(pw: Pointwise, factors) -> float | None:
+    """The product of the factors where all are compile-time constants and it is
+    positive (then the row maximum may be taken on the unscaled scores)."""
+    from .matmul import _float_constant
+
+    prod = 1.0
+    for x, div in factors:
+        c = _float_constant(pw.eval(x, []))
+        if c is None or c == 0:
+            return None
+        prod = prod / c if div else prod * c
+    return prod if prod > 0 else None
+
+
+def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float, tig2, n0, bn: int):
+    """``online_softmax`` for scores the chain only scales (``_linear_factors``), in the
+    log2 domain: ``scale`` is the factors' product times log2 e, ``m`` the running
+    maxima of scaled scores; p = 2^(s scale - m + log2_p) (the P chain's power-of-two
+    scale c = 2^log2_p inside the exponent), and l sums those p, so l / c is the sum of
+    the unscaled ones. With a positive constant scale the maximum is taken on the raw
+    scores and each p is one FFMA and one ex2; else each score is scaled first."""
+    from mlir.dialects import math as mmath
+
+    Sk = ch.seq_k
+    neg_inf = g.fconst(-math.inf)
+    tail = bool(Sk % bn)
+    x = []
+    for j in range(bn // 8):
+        xj = []
+        for k in range(4):
+            v = s[j][k] if positive else arith.mulf(s[j][k], scale)
+            if tail:
+                gj = arith.addi(n0, g.add(tig2, 8 * j + k % 2))
+                v = arith.select(g.lt(gj, Sk), v, neg_inf)
+            xj.append(v)
+        x.append(xj)
+    m_new, alpha, shift = [], [], []
+    for h in range(2):
+        mx = x[0][2 * h]
+        for j in range(bn // 8):
+            for k in (2 * h, 2 * h + 1):
+                if (j, k) != (0, 2 * h):
+                    mx = arith.maximumf(mx, x[j][k])
+        mx = quad_reduce(mx, arith.maximumf)
+        if positive:
+            mx = arith.mulf(mx, scale)
+        mx = arith.maximumf(m[h], mx)
+        m_new.append(mx)
+        alpha.append(mmath.exp2(arith.subf(m[h], mx)))
+        # a row with no finite score yet (-inf everywhere) takes p = 0, not NaN
+        safe = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, mx, neg_inf), g.fconst(0.0), mx)
+        shift.append(arith.subf(g.fconst(log2_p), safe) if log2_p else arith.negf(safe))
+    if positive:
+        p = [[mmath.exp2(math_fma(x[j][k], scale, shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
+    else:
+        p = [[mmath.exp2(arith.addf(x[j][k], shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
+    l_new = []
+    for h in range(2):
+        t_ = arith.mulf(l[h], alpha[h])
+        for j in range(bn // 8):
+            t_ = arith.addf(arith.addf(t_, p[j][2 * h]), p[j][2 * h + 1])
+        l_new.append(t_)
+    return m_new, l_new, alpha, p
+
+
+def math_fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    from mlir.dialects import math as mmath
+
+    return mmath.fma(a, b, c)
+
+
+def _pack_fp8x4(elem: str, xs: list[ir.Value]) -> ir.Value:
+    """Four f32 values rounded (satfinite) to fp8 and packed into a b32, xs[0] in the
+    lowest byte: two ``cvt.rn.satfinite.e4m3x2.f32`` (which put their first operand in
+    the upper byte) and a ``mov.b32`` of the halves."""
+    t = FP8_ELEMS[elem]
+    asm = ("{\n.reg .b16 lo, hi;\n"
+           f"cvt.rn.satfinite.{t}x2.f32 lo, $2, $1;\n"
+           f"cvt.rn.satfinite.{t}x2.f32 hi, $4, $3;\n"
+           "mov.b32 $0, {lo, hi};\n}")
+    i32 = ir.IntegerType.get_signless(32)
+    return llvm.InlineAsmOp(i32, list(xs), asm, "=r,f,f,f,f").res
 
 
 #: Whether a mask that every head shares gets a table of its key blocks, made once per
@@ -423,13 +668,19 @@ def _uniform(pred: ir.Value) -> ir.Value:
 
 def _register_a_wgmma(acc: ir.Value, n: int, elem: str, a: list[ir.Value], b_desc: ir.Value) -> ir.Value:
     """``wgmma.mma_async m64n{n}k16`` with A from registers (4 x b32 of the m64 x k16 A
-    tile in mma.sync's fragment layout) and B, transposed (MN-major), by descriptor:
-    inline PTX, accumulators tied in and out (``acc``: a struct of n / 2 f32)."""
+    tile in mma.sync's fragment layout) and B, transposed (MN-major), by descriptor;
+    for fp8 ``m64n{n}k32``, A 4 x b32 of m64 x k32 bytes and B K-major: inline PTX,
+    accumulators tied in and out (``acc``: a struct of n / 2 f32)."""
     n_acc = n // 2
     out = ",".join(f"${i}" for i in range(n_acc))
+    if elem in FP8_ELEMS:  # k32, and no transpose immediates (fp8 B is K-major only)
+        t = FP8_ELEMS[elem]
+        shape, types, tail = f"m64n{n}k32", f"f32.{t}.{t}", "p, 1, 1"
+    else:
+        shape, types, tail = f"m64n{n}k16", f"f32.{elem}.{elem}", "p, 1, 1, 1"
     asm = ("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-           f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{elem}.{elem} {{{out}}}, "
-           f"{{${n_acc}, ${n_acc + 1}, ${n_acc + 2}, ${n_acc + 3}}}, ${n_acc + 4}, p, 1, 1, 1;\n}}")
+           f"wgmma.mma_async.sync.aligned.{shape}.{types} {{{out}}}, "
+           f"{{${n_acc}, ${n_acc + 1}, ${n_acc + 2}, ${n_acc + 3}}}, ${n_acc + 4}, {tail};\n}}")
     cons = ",".join(["=f"] * n_acc + ["r"] * 4 + ["l"] + [str(i) for i in range(n_acc)])
     f32 = ir.F32Type.get()
     accs = [llvm.extractvalue(f32, acc, [i]) for i in range(n_acc)]
@@ -445,13 +696,16 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
     D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
     elem = spec_of(ch.q.type).elem
     et = ir.Type.parse(elem)
-    esize = 2
+    fp8 = elem in FP8_ELEMS
+    esize = 1 if fp8 else 2
+    k_inst = 32 // esize  # k of one wgmma: 16, 32 for fp8
     per_row = _wg.SWIZZLE_BYTES // esize
+    p_scale = _p_scale(ch)
     i64 = ir.IntegerType.get_signless(64)
     f32 = ir.F32Type.get()
     s_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (bn // 2)) + ")>")
     o_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (Dv // 2)) + ")>")
-    s_attrs = _wg._wgmma_attrs(elem, bn, 16, False)
+    s_attrs = _wg._wgmma_attrs(elem, bn, k_inst, False)
     n_in = len(view.args)
     table_shape = plan.get("block_table") if plan.get("skip_masked_blocks") and stages == 2 else None
     arg_types = gpu_arg_types(view, target)
@@ -489,18 +743,39 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             r0 = arith.addi(q0, arith.addi(g.mul(wg, 64), arith.addi(g.mul(g.rem(warp, 4), 16), gid)))
             rows = [r0, g.add(r0, 8)]
             pw.reciprocal_of_constants = True
+            pw.hoist_scalars()
+            factors = _linear_factors(ch) if LINEAR_SCORES and ch.mask_cond is None else None
+            linear, log2_p = None, 0.0
+            if factors is not None:
+                positive = _positive_constant(pw, factors)
+                if positive is not None:
+                    linear = (g.fconst(positive * math.log2(math.e)), True)
+                else:
+                    scale = g.fconst(math.log2(math.e))
+                    for x, div in factors:
+                        xv = scalar_math.convert(pw.eval(x, []), f32)
+                        scale = arith.divf(scale, xv) if div else arith.mulf(scale, xv)
+                    linear = (scale, False)
+                e = math.frexp(p_scale)
+                if p_scale > 0 and e[0] == 0.5:  # a power of two: into the exponent
+                    log2_p = float(e[1] - 1)
 
             def lead(value):
                 return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
 
             q_direct = direct_source(view, g.args[:n_in], ch.q, lead(ch.q), False)
             k_direct = direct_source(view, g.args[:n_in], ch.kt, lead(ch.kt), True)
-            v_direct = direct_source(view, g.args[:n_in], ch.v, lead(ch.v), False)
+            # fp8: V^T as stored ([.., Dv, Sk], K-major for the second product)
+            v_direct = direct_source(view, g.args[:n_in], ch.v, lead(ch.v), fp8)
             if None in (q_direct, k_direct, v_direct):
                 raise NotApplicable("the wgmma attention plan reads q, k and v straight from arguments")
             q_tile = _wg.SwizzledTile(g, tid, threads, Qs, q_direct, bm, D, esize, Sq, D, False, width=D)
-            k_tile = _wg.SwizzledTile(g, tid, threads, Ks, k_direct, bn, D, esize, Sk, D, False, width=D)
-            v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True)
+            k_tile = _wg.SwizzledTile(g, tid, threads, Ks, k_direct, bn, D, esize, Sk, D, False, width=D,
+                                      row_perm=(lambda j: fp8_key_order(j, g)) if fp8 else None)
+            if fp8:
+                v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, False, width=bn)
+            else:
+                v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True)
             s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
             def mask_staging(i: int, tile: ir.Value) -> VectorStaging:
                 """Made where it is used, in the loop: its per-thread addresses are a few
@@ -526,11 +801,26 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                                   space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
                 gpu.barrier()
 
-            def key_block(n0, carried, stage=None, unmasked=None, causal=None):
+            def issue_scores(stage):
+                """S = Q K^T of the block in ``stage``: the wgmmas issued and committed as
+                one group, not waited for (the accumulator struct)."""
+                k_d = arith.addi(k_desc0, arith.index_cast(i64, g.mul(stage, k_tile.stage_bytes // 16)))
+                nvvm.wgmma_fence_aligned()
+                acc = llvm.mlir_zero(s_t)
+                for t in range(D // k_inst):
+                    acc = nvvm.WgmmaMmaAsyncOp(
+                        s_t, acc, arith.addi(q_desc, _wg._i64(q_tile.slice_offset(t, k_inst) // 16)),
+                        arith.addi(k_d, _wg._i64(k_tile.slice_offset(t, k_inst) // 16)), *s_attrs).result
+                nvvm.wgmma_commit_group_sync_aligned()
+                return acc
+
+            def key_block(n0, carried, stage=None, unmasked=None, causal=None, scores=None):
                 """One key block; ``stage``: the block is already in that stage (the
                 pipelined loops). Without, it is staged here into stage 0. ``unmasked``:
                 whether the mask leaves the whole block alone (its scores then skip it);
-                ``causal``: whether it is the causal pattern there (computed, not read)."""
+                ``causal``: whether it is the causal pattern there (computed, not read).
+                ``scores``: its S accumulator, issued earlier (``OVERLAP_SCORES``) and
+                complete; the wgmma wait at the end then also completes the next block's."""
                 m, l, o = carried[0:2], carried[2:4], carried[4]
                 if stage is None:
                     gpu.barrier()  # the previous block's readers are done
@@ -540,20 +830,18 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     nvvm.cp_async_wait_group(0)
                     fence_and_publish()
                     stage = g.c(0)
-                k_d = arith.addi(k_desc0, arith.index_cast(i64, g.mul(stage, k_tile.stage_bytes // 16)))
                 v_d = arith.addi(v_desc0, arith.index_cast(i64, g.mul(stage, v_tile.stage_bytes // 16)))
-                nvvm.wgmma_fence_aligned()
-                acc = llvm.mlir_zero(s_t)
-                for t in range(D // 16):
-                    acc = nvvm.WgmmaMmaAsyncOp(
-                        s_t, acc, arith.addi(q_desc, _wg._i64(q_tile.slice_offset(t, 16) // 16)),
-                        arith.addi(k_d, _wg._i64(k_tile.slice_offset(t, 16) // 16)), *s_attrs).result
-                nvvm.wgmma_commit_group_sync_aligned()
-                nvvm.wgmma_wait_group_sync_aligned(0)
+                acc = scores
+                if acc is None:
+                    acc = issue_scores(stage)
+                    nvvm.wgmma_wait_group_sync_aligned(0)
                 s = [[llvm.extractvalue(f32, acc, [4 * j + k]) for k in range(4)] for j in range(bn // 8)]
                 def softmax(score_in=None, causal_mask=False):
-                    m_, l_, a_, p_ = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp, score_in,
-                                                    causal=causal_mask)
+                    if linear is not None:
+                        m_, l_, a_, p_ = linear_softmax(g, ch, s, m, l, linear[0], linear[1], log2_p, tig2, n0, bn)
+                    else:
+                        m_, l_, a_, p_ = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp,
+                                                        score_in, causal=causal_mask)
                     return m_ + l_ + a_ + [x for pj in p_ for x in pj]
 
                 flat_types = [f32] * (6 + bn // 2)
@@ -575,13 +863,28 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 o = llvm.mlir_undef(o_t)
                 for i, v in enumerate(ov):
                     o = llvm.insertvalue(o, v, [i])
-                pe = [[scalar_math.convert(v, et) for v in pj] for pj in p]
+                if p_scale != 1.0 and not log2_p:  # the P chain (precision policy): c * p, rounded below
+                    c = g.fconst(p_scale)
+                    p = [[arith.mulf(v, c) for v in pj] for pj in p]
                 nvvm.wgmma_fence_aligned()
-                for kk in range(bn // 16):
-                    a = [tc.pack(pe[2 * kk][0], pe[2 * kk][1]), tc.pack(pe[2 * kk][2], pe[2 * kk][3]),
-                         tc.pack(pe[2 * kk + 1][0], pe[2 * kk + 1][1]), tc.pack(pe[2 * kk + 1][2], pe[2 * kk + 1][3])]
-                    a = [x if elem != "f16" else llvm.bitcast(ir.IntegerType.get_signless(32), x) for x in a]
-                    o = _register_a_wgmma(o, Dv, elem, a, arith.addi(v_d, _wg._i64(v_tile.slice_offset(kk, 16) // 16)))
+                if fp8:
+                    # rows gid (0) and gid + 8 (1) of key columns 4t.. and 16 + 4t.. (fp8_key_order)
+                    for kk in range(bn // 32):
+                        q4 = p[4 * kk: 4 * kk + 4]
+                        a = [_pack_fp8x4(elem, [q4[2 * hi][2 * h], q4[2 * hi][2 * h + 1],
+                                                q4[2 * hi + 1][2 * h], q4[2 * hi + 1][2 * h + 1]])
+                             for hi in range(2) for h in range(2)]
+                        o = _register_a_wgmma(o, Dv, elem, a,
+                                              arith.addi(v_d, _wg._i64(v_tile.slice_offset(kk, 32) // 16)))
+                else:
+                    pe = [[scalar_math.convert(v, et) for v in pj] for pj in p]
+                    for kk in range(bn // 16):
+                        a = [tc.pack(pe[2 * kk][0], pe[2 * kk][1]), tc.pack(pe[2 * kk][2], pe[2 * kk][3]),
+                             tc.pack(pe[2 * kk + 1][0], pe[2 * kk + 1][1]),
+                             tc.pack(pe[2 * kk + 1][2], pe[2 * kk + 1][3])]
+                        a = [x if elem != "f16" else llvm.bitcast(ir.IntegerType.get_signless(32), x) for x in a]
+                        o = _register_a_wgmma(o, Dv, elem, a,
+                                              arith.addi(v_d, _wg._i64(v_tile.slice_offset(kk, 16) // 16)))
                 nvvm.wgmma_commit_group_sync_aligned()
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return m_new + l_new + [o]
@@ -676,6 +979,33 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                                                     uniform=_uniform if UNIFORM_BRANCHES else None)
                 else:
                     final = g.loop(0, Sk, bn, init, lambda n0, c: key_block(n0, c))
+            elif stages == 3:
+                # OVERLAP_SCORES: block j + 1's S = Q K^T runs on the tensor cores during
+                # block j's softmax. Three stages: j (its V read by P V), j + 1 (its K by
+                # the early S), j + 2 (copies in flight).
+                for j in range(2):
+                    k_tile.copy_async(j * bn, 0, j)
+                    v_tile.copy_async(0, j * bn, j)
+                    nvvm.cp_async_commit_group()  # block 0 with Q
+                nvvm.cp_async_wait_group(1)
+                fence_and_publish()
+                first = issue_scores(g.c(0))
+                nvvm.wgmma_wait_group_sync_aligned(0)
+
+                def overlapped(n0, carried):
+                    j = g.div(n0, bn)
+                    nvvm.cp_async_wait_group(0)  # block j + 1
+                    # and every warpgroup is done with block j - 1's stage, (j + 2) % 3
+                    fence_and_publish()
+                    n2 = g.add(n0, 2 * bn)  # past the keys: zero-filled, never read
+                    k_tile.copy_async(n2, 0, g.rem(g.add(j, 2), 3))
+                    v_tile.copy_async(0, n2, g.rem(g.add(j, 2), 3))
+                    nvvm.cp_async_commit_group()
+                    # the last block's early S is of a zero-filled stage, and unused
+                    nxt = issue_scores(g.rem(g.add(j, 1), 3))
+                    return key_block(n0, carried[:-1], g.rem(j, 3), scores=carried[-1]) + [nxt]
+
+                final = g.loop(0, Sk, bn, init + [first], overlapped)[:-1]
             else:
                 k_tile.copy_async(0, 0, 0)
                 v_tile.copy_async(0, 0, 0)
@@ -695,19 +1025,29 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 final = g.loop(0, Sk, bn, init, step)
             nvvm.cp_async_wait_group(0)
             totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
+            if log2_p:  # l summed c * p (linear_softmax)
+                totals = [arith.mulf(t, g.fconst(2.0 ** -log2_p)) for t in totals]
+            epilogue = getattr(ch, "epilogue_value", ch.mm2.result)
+            epilogue = None if epilogue == ch.mm2.result else epilogue
             o = final[4]
             for h in range(2):
                 def store(h=h):
                     for n in range(n_o):
                         for k in (2 * h, 2 * h + 1):
                             col = g.add(tig2, 8 * n + k % 2)
-                            v = llvm.extractvalue(f32, o, [4 * n + k])
-                            store_value(arith.divf(v, totals[h]), out_mem, list(batch_idx) + [rows[h], col])
+                            v = arith.divf(llvm.extractvalue(f32, o, [4 * n + k]), totals[h])
+                            idx = list(batch_idx) + [rows[h], col]
+                            if epilogue is not None:  # ops after P V (fp8: the scales)
+                                pw.reset()
+                                pw.bind(ch.mm2.result, v)
+                                v = pw.eval(epilogue, idx)
+                            store_value(v, out_mem, idx)
 
                 g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
         g.finish()
     return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes,
-                         {"strategy": "attention", "tensor_cores": f"wgmma.m64n{bn}k16+m64n{Dv}k16",
+                         {"strategy": "attention", "tensor_cores": f"wgmma.m64n{bn}k{k_inst}+m64n{Dv}k{k_inst}"
+                                                                   + (f".{FP8_ELEMS[elem]}" if fp8 else ""),
                           "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn, "stages": stages},
                          prelude=prelude,
                          prelude_output=ir.RankedTensorType.get(list(table_shape), ir.IntegerType.get_signless(32))

@@ -323,6 +323,16 @@ class Pointwise:
         #: index is read from ``tile[place(index)]`` (staged by the kernel: an attention
         #: mask's block) instead of from global memory.
         self.tiles: dict = {}
+        #: argument index -> its value, loaded once (``hoist_scalars``)
+        self.scalars: dict = {}
+
+    def hoist_scalars(self) -> None:
+        """Load every rank-0 argument (a scale, an fp8 dequantization factor) here, at
+        the insertion point (a kernel's entry), instead of once per use: attention's
+        score chain used it per score, a load each in the softmax's dependency chain."""
+        for i, spec in enumerate(self.view.arg_specs):
+            if not spec.shape and i not in self.tiles:
+                self.scalars[i] = self.load_arg(i, [])
 
     def bind(self, v: ir.Value, scalar: ir.Value) -> None:
         self.bound[v] = scalar
@@ -337,6 +347,8 @@ class Pointwise:
         return [self.g.c(0) if d == 1 else index[lead + i] for i, d in enumerate(shape)]
 
     def load_arg(self, i: int, index: Sequence[ir.Value]) -> ir.Value:
+        if i in self.scalars:
+            return self.scalars[i]
         spec = self.view.arg_specs[i]
         if i in self.tiles:
             tile, place = self.tiles[i]

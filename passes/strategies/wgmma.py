@@ -125,10 +125,14 @@ class SwizzledTile:
 
     ``mem`` is a [stages * rows_per_stage, 128 bytes] view at a 1024-byte aligned
     address; the global source is ``direct`` ([.., R, K] for K-major, [.., K, N] for
-    MN-major, with its lead indices)."""
+    MN-major, with its lead indices). ``row_perm`` (K-major only): a function of the
+    stage row giving the source row it holds, relative to ``row0`` (attention's fp8
+    kernel permutes keys within groups of 32 so that its score accumulators are
+    wgmma's fp8 A fragment, see attention_wgmma.fp8_key_order)."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, mem: ir.Value, direct: Direct, rows: int,
-                 bk: int, esize: int, n_rows: int, n_k: int, mn_major: bool, width: int | None = None):
+                 bk: int, esize: int, n_rows: int, n_k: int, mn_major: bool, width: int | None = None,
+                 row_perm=None):
         self.g, self.mem, self.direct, self.rows, self.bk, self.esize = g, mem, direct, rows, bk, esize
         self.n_rows, self.n_k, self.mn_major = n_rows, n_k, mn_major
         self.vec = 16 // esize
@@ -152,7 +156,9 @@ class SwizzledTile:
             dst_row = arith.addi(g.mul(col, bk if mn_major else rows), r)
             swz = arith.xori(cc, g.rem(r, 8))
             in_share = g.lt(lin, chunks) if (e + 1) * threads > chunks else None
-            self.slots.append((dst_row, g.mul(swz, self.vec), (r, g.mul(c, self.vec)), in_share))
+            # row_perm (K-major): stage row r holds source row row0 + row_perm(r)
+            src_r = row_perm(r) if row_perm is not None and not mn_major else r
+            self.slots.append((dst_row, g.mul(swz, self.vec), (src_r, g.mul(c, self.vec)), in_share))
 
     def copy_async(self, row0: ir.Value | int, k0: ir.Value | int, stage: ir.Value | int) -> None:
         """This thread's cp.async copies of the block at (row0 of M/N, k0) into ``stage``.
