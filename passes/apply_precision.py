@@ -48,11 +48,25 @@ a case in test/passes/kf-apply-precision.mlir):
   E4M3FN values are exact in f32 and are accumulated in f32, so the result is that of an
   fp8 GEMM with f32 accumulation, up to the order of the additions.
 
-On GPU targets the cast of the softmax output between attention's two GEMMs keeps
-kf-fuse from recognizing the attention chain: under bf16, fp16 and fp8, attention runs
-as two matmul kernels and a softmax kernel (the scores reach global memory) until the
-attention strategy reads its probabilities through a cast. The operand casts are
-elementwise kernels of their own before the matmul's, too.
+  A matmul whose first operand is the output of a ``kf.softmax`` (attention's P @ V)
+  quantizes it with the fixed scale 256 instead of the amax:
+  ``P8 = cast(cast(P -> f32) * 256 -> f8E4M3FN)`` (P lies in [0, 1] and 256 is a power of
+  two, so ``P * 256 <= 256 < 448``: no reduction over P, no clamp), and the product is
+  ``matmul(P8, V8) * (1 / (256 * s_v))``. No reduction over P is what keeps attention
+  one kernel: kf-fuse takes the casts and scales into the attention chain, and the
+  fused kernel applies them to the unnormalized probabilities ``exp(s - m)``, so each
+  is rounded to E4M3FN before the row sums divide it (as FlashAttention-3 does) where
+  this IR rounds the normalized one (the CPU target runs the IR as it is). With fp8
+  storage V is quantized from its transpose, ``v8t = quantize(transpose(v))`` of shape
+  ``[.., Dv, Sk]`` (K-major, the only B layout fp8 wgmma reads), and the matmul reads
+  ``transpose(v8t)``; q and k are quantized row-major (k read through its transpose).
+
+Under bf16, fp16 and fp8 attention is one kernel on GPU targets: kf-fuse's attention
+chain takes the casts and rank-0 scales around the two products (see
+``_attention_chains`` in passes/fuse.py), and the kernel rounds the unnormalized
+probabilities (bf16/fp16: ``cast(exp(s - m))`` is the P of the second product, as in
+FlashAttention) while the row sums add them unrounded. The operand casts and the
+quantizations are kernels of their own before it.
 
 An operand reached through layout ops (transpose, reshape, broadcast_to) used only on
 the way to the matmul is converted at its source, once per source and function: the
@@ -81,6 +95,9 @@ FP8 = ("f8E4M3FN", "f8E5M2")
 #: The float types wider than 16 bits, which bf16/fp16 narrow and fp8 quantizes.
 WIDE = ("f32", "f64")
 E4M3_MAX = 448.0
+#: The fixed scale of softmax outputs (attention's P) under fp8: a power of two (exact),
+#: and P * 256 <= 256 stays below E4M3_MAX.
+P_SCALE = 256.0
 #: The smallest amax fp8 scaling divides by (an all-zero operand stays finite).
 AMAX_FLOOR = 1e-12
 #: The attribute that allows tf32 tensor cores for a kf.matmul.
@@ -241,9 +258,31 @@ def _quantize(x: ir.Value, storage: bool) -> tuple[ir.Value, ir.Value]:
     return (x8 if storage else kb.cast(x8, "f32")), scale
 
 
+def _is_softmax(v: ir.Value) -> bool:
+    owner = v.owner
+    return not isinstance(owner, ir.Block) and owner.operation.name == "kf.softmax"
+
+
+def _probabilities(p: ir.Value, storage: bool) -> tuple[ir.Value, ir.Value]:
+    """(P as E4M3FN values, its scale): softmax outputs lie in [0, 1], so they take the
+    fixed scale P_SCALE -- no amax (a reduction over P would keep the attention kernel
+    from being one), no clamp (P * 256 <= 256 < 448)."""
+    pf = p if _elem(p) == "f32" else kb.cast(p, "f32")
+    p8 = kb.cast(kb.mul(pf, kb.scalar(P_SCALE, "f32")), "f8E4M3FN")
+    return (p8 if storage else kb.cast(p8, "f32")), kb.scalar(P_SCALE, "f32")
+
+
+def _k_major(v: ir.Value) -> ir.Value:
+    """v with its last two dims swapped (a kf.transpose)."""
+    r = spec_of(v.type).rank
+    return kb.transpose(v, perm=list(range(r - 2)) + [r - 1, r - 2])
+
+
 def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
     """Each kf.matmul of float operands wider than 8 bits as a per-tensor scaled E4M3FN
-    matmul (the amax of a layout view is its source's, so sources are quantized)."""
+    matmul (the amax of a layout view is its source's, so sources are quantized); a
+    softmax operand (attention's P) takes the fixed scale P_SCALE, and with fp8 storage
+    its V is quantized transposed (K-major) and read through a transpose."""
     scales: dict = {}
 
     def quantize(x):
@@ -256,9 +295,19 @@ def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
         a, b = op.operands
         if _elem(a) not in WIDE + ("f16", "bf16"):
             continue  # integers, and fp8 already
-        qa, src_a = operand(a, op.location)
-        qb, src_b = (qa, src_a) if b == a else operand(b, op.location)
-        sa, sb = scales[src_a], scales[src_b]
+        if _is_softmax(a) and b != a and _elem(b) in WIDE + ("f16", "bf16") and spec_of(b.type).rank >= 2:
+            with ir.InsertionPoint(op), op.location:
+                qa, sa = _probabilities(a, storage)
+                if storage:  # fp8 wgmma reads B K-major only: V^T is what is stored
+                    vt8, sb = _quantize(_k_major(b), True)
+                    qb = _k_major(vt8)
+            if not storage:  # V as any other operand: quantized at its source
+                qb, src_b = operand(b, op.location)
+                sb = scales[src_b]
+        else:
+            qa, src_a = operand(a, op.location)
+            qb, src_b = (qa, src_a) if b == a else operand(b, op.location)
+            sa, sb = scales[src_a], scales[src_b]
         out = _elem(op.result)
         with ir.InsertionPoint(op), op.location:
             mm = kb.build("matmul", [qa, qb], None, [spec_of(op.result.type).with_elem("f32")]).result

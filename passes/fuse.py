@@ -134,33 +134,91 @@ class _Partition:
         return a
 
 
+def _scaled_by(op: ir.Operation, x: ir.Value) -> bool:
+    """Whether op is x times or over a rank-0 value (a scale: a fill, or a scalar another
+    kernel computed, which becomes an argument): ``x * c``, ``c * x``, ``x / c``."""
+    y = _scaled_operand(op)
+    return y is not None and y == x
+
+
+def _scaled_operand(op: ir.Operation) -> ir.Value | None:
+    """For ``x * c``, ``c * x`` or ``x / c`` with c rank-0 and x not: x; else None."""
+    if op.name not in ("kf.mul", "kf.div"):
+        return None
+    a, b = op.operands
+    rank0 = [not spec_of(v.type).shape for v in (a, b)]
+    if rank0[1] and not rank0[0]:
+        return a
+    if op.name == "kf.mul" and rank0[0] and not rank0[1]:
+        return b
+    return None
+
+
+def _float_cast(op: ir.Operation) -> bool:
+    return op.name == "kf.cast" and spec_of(op.operands[0].type).is_float and spec_of(op.result.type).is_float
+
+
+def _last_two_swapped(op: ir.Operation | None) -> bool:
+    if op is None or op.name != "kf.transpose":
+        return False
+    perm = list(op_attrs(op)["perm"])
+    r = len(perm)
+    return r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2]
+
+
 def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
-    """Ops of each matmul -> scale -> mask -> softmax -> matmul chain."""
+    """Ops of each matmul -> scale -> mask -> softmax -> matmul chain, with what the
+    precision policy writes around it (passes/apply_precision.py): casts and rank-0
+    scales between q k^T and the softmax, a "P chain" of casts and rank-0 scales from
+    the softmax to the second matmul, V read through a transpose (fp8's K-major V), and
+    an epilogue of rank-0 scales and casts after the second matmul."""
     chains = []
     for op in ops:
         if op.name != "kf.matmul":
             continue
-        sm = _defining(op.operands[0])
+        # the P chain: casts and rank-0 scales from the softmax to mm2's A operand
+        p_chain, cur = [], _defining(op.operands[0])
+        while cur is not None and (_float_cast(cur) or _scaled_operand(cur) is not None):
+            p_chain.append(cur)
+            cur = _defining(cur.operands[0] if _float_cast(cur) else _scaled_operand(cur))
+        sm = cur
         if sm is None or sm.name != "kf.softmax" or _row_shape(sm) is None:
             continue
-        chain = [op, sm]
+        chain = [op, sm, *p_chain]
         cur = _defining(sm.operands[0])
-        while cur is not None and cur.name in ("kf.masked_fill", "kf.select", "kf.add", "kf.div", "kf.mul"):
+        while cur is not None and cur.name in ("kf.masked_fill", "kf.select", "kf.add", "kf.div", "kf.mul",
+                                               "kf.cast"):
             chain.append(cur)
             if cur.name == "kf.masked_fill":
                 m = _defining(cur.operands[1])
                 if m is not None and m.name == "kf.cmp":
                     chain.append(m)
-            cur = _defining(cur.operands[0] if cur.name != "kf.select" else cur.operands[2])
+            x = _scaled_operand(cur)  # c * s as s * c (the scale and fp8's dequantization)
+            cur = _defining(cur.operands[2] if cur.name == "kf.select" else x if x is not None else cur.operands[0])
         if cur is None or cur.name != "kf.matmul":
             continue
         chain.append(cur)
         kt = _defining(cur.operands[1])
         if kt is not None and kt.name == "kf.transpose":
             chain.append(kt)
+        vt = _defining(op.operands[1])
+        if _last_two_swapped(vt) and all(u.owner == op for u in vt.result.uses):
+            chain.append(vt)
+        # the epilogue: rank-0 scales and casts, each the only use of the one before
+        last = op
+        while True:
+            uses = list(last.results[0].uses)
+            if len(uses) != 1:
+                break
+            nxt = uses[0].owner
+            nxt = getattr(nxt, "operation", nxt)
+            if not (_float_cast(nxt) or _scaled_by(nxt, last.results[0])):
+                break
+            chain.append(nxt)
+            last = nxt
         # Every intermediate must be used only inside the chain.
         members = set(chain)
-        if all(all(u.owner in members for r in c.results for u in r.uses) for c in chain if c is not op):
+        if all(all(u.owner in members for r in c.results for u in r.uses) for c in chain if c is not last):
             chains.append(chain)
     return chains
 

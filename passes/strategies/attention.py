@@ -10,9 +10,25 @@ shape that broadcasts to the scores, an additive bias, a select) is evaluated pe
 in registers by ``Pointwise``, and q, k, v may themselves be elementwise functions or
 transposes of the arguments (``k`` is read through its ``kf.transpose`` without a copy).
 
+Around the two products the chain may hold what the precision policy writes
+(passes/apply_precision.py): casts and rank-0 scales between ``q @ k^T`` and the softmax
+(evaluated per score with the rest of ``f``), a *P chain* from the softmax to the second
+product's A operand (``_Chain.p_value``: casts, and muls/divs by rank-0 fills or
+arguments -- bf16's ``cast(P)``, fp8's ``cast(cast(P -> f32) * 256 -> f8E4M3FN)``), V
+through a last-two-dims transpose (fp8's K-major V), and an *epilogue* after it
+(``_Chain.epilogue_value``: rank-0 scales and casts, fp8's ``* (1 / (256 s_v))``). The
+P chain is homogeneous of degree 1 in P up to its roundings, so every kernel applies it
+to the unnormalized probabilities ``p = exp(s - m)`` (FlashAttention-3's order for fp8:
+the rounding happens before the division by the row sum): the accumulator takes
+``p' v`` with ``p' = P chain(p)`` as an f32 value (an E4M3FN value, say), the row sum
+``l`` adds the unrounded ``p``, and the output is ``epilogue(acc / l)``.
+
 Two kernels. On CUDA with f16/bf16 q, k, v and head dims that are multiples of 16 the
 tensor-core kernel (``_emit_mma``: mma.sync m16n8k16, FlashAttention-2's register
-dataflow). Everywhere else, Vulkan and f32 included, the SIMT kernel:
+dataflow). fp8 q, k, v (``precision="fp8"`` on CUDA) take the fp8 wgmma kernel of
+``attention_wgmma.py`` where it applies (sm_90a), else the SIMT kernel, which widens
+the E4M3FN bytes as it loads them. Everywhere else, Vulkan and f32 included, the SIMT
+kernel:
 
 - one workgroup per (flattened batch element, block of BLOCK_M query rows); each query
   row is owned by TPR = threads / BLOCK_M consecutive threads ("lanes");
@@ -89,23 +105,47 @@ from .matmul import (
 
 
 class _Chain:
-    """The recognized parts of an attention kernel function."""
+    """The recognized parts of an attention kernel function.
+
+    ``mm1``, ``sm``, ``mm2``: q @ k^T, the softmax, the second product; ``q``, ``kt``,
+    ``v``: the products' operands (``kt`` and, for fp8's K-major V, ``v`` may be
+    transposes of arguments: ``_transposed_source``). ``p_value``: mm2's A operand,
+    ``sm.result`` itself or the end of the P chain (casts and rank-0 scales of the
+    softmax); ``p_scale``: the constant c with P chain = c * P up to its casts (1.0
+    without scales), None where a multiplier is not a constant fill; ``p_elem``: the
+    element type of mm2's A operand ("bf16", "f8E4M3FN", "f32"); ``epilogue_value``:
+    the kernel's result, ``mm2.result`` itself or the end of the rank-0 scales and casts
+    after it."""
 
     def __init__(self, kernel: ir.Operation):
         view = KernelView(kernel)
         self.view = view
         if len(view.results) != 1:
             raise NotApplicable(f"@{view.name} returns {len(view.results)} values; attention returns one")
+        # The epilogue: rank-0 scales and casts after P @ V (fp8's dequantization).
+        self.epilogue_value = view.results[0]
         mm2 = defining(view.results[0])
+        while mm2 is not None and _link(mm2) is not None:
+            mm2 = defining(_link(mm2)[0])
         if mm2 is None or mm2.name != "kf.matmul":
             raise NotApplicable("the result is not matmul(softmax(...), v)")
-        sm = defining(mm2.operands[0])
+        # The P chain: casts and rank-0 scales from the softmax to P @ V's A operand (the
+        # precision policy's rounding of P). It is homogeneous of degree 1 in P, which is
+        # what lets the kernels apply it to unnormalized probabilities.
+        self.p_value, self.p_scale = mm2.operands[0], 1.0
+        self.p_elem = spec_of(self.p_value.type).elem
+        sm = defining(self.p_value)
+        while sm is not None and _link(sm) is not None:
+            x, c = _link(sm)
+            self.p_scale = None if self.p_scale is None or math.isnan(c) else self.p_scale * c
+            sm = defining(x)
         if sm is None or sm.name != "kf.softmax":
-            raise NotApplicable("the first operand of the last matmul is not a softmax")
+            raise NotApplicable("the first operand of the last matmul is not a softmax, or casts and rank-0 "
+                                "scales of one")
         s_spec = spec_of(sm.result.type)
         if op_attrs(sm)["dim"] % s_spec.rank != s_spec.rank - 1:
             raise NotApplicable("softmax is not over the last dimension")
-        if any(u.owner != mm2 for u in sm.result.uses):
+        if len(list(sm.result.uses)) != 1:
             raise NotApplicable("the softmax is used outside the last matmul")
         # The one matmul below the softmax through elementwise ops is q @ k^T.
         mm1s, stack, seen = [], [sm.operands[0]], set()
@@ -149,6 +189,59 @@ class _Chain:
         if last is not None and last.name == "kf.masked_fill" and op_attrs(last)["value"] <= -1e4:
             self.mask_cond, self.mask_fill = last.operands[1], float(op_attrs(last)["value"])
             self.unmasked_scores = last.operands[0]
+
+
+def _float_cast(op: ir.Operation) -> bool:
+    return op.name == "kf.cast" and spec_of(op.operands[0].type).is_float and spec_of(op.result.type).is_float
+
+
+def _link(op: ir.Operation) -> tuple[ir.Value, float] | None:
+    """A link of the P chain or the epilogue: (its operand x, its factor) for a float
+    cast of x (1), ``x * c``, ``c * x`` (c) or ``x / c`` (1 / c) with c rank-0 and x not;
+    the factor is NaN where c is not a constant fill (an argument: fp8's scales). None for
+    any other op."""
+    if _float_cast(op):
+        return op.operands[0], 1.0
+    if op.name not in ("kf.mul", "kf.div"):
+        return None
+    a, b = op.operands
+    rank0 = [not spec_of(v.type).shape for v in (a, b)]
+    if rank0[1] and not rank0[0]:
+        x, c = a, b
+    elif op.name == "kf.mul" and rank0[0] and not rank0[1]:
+        x, c = b, a
+    else:
+        return None
+    fill = defining(c)
+    if fill is None or fill.name != "kf.fill":
+        return x, math.nan
+    v = float(op_attrs(fill)["value"])
+    return x, (v if op.name == "kf.mul" else 1.0 / v if v else math.nan)
+
+
+def apply_p_chain(pw: Pointwise, ch: "_Chain", p: ir.Value, index: list) -> ir.Value:
+    """The P chain (what the second product reads of the softmax: fp8's ``cast(P * 256)``,
+    bf16's ``cast(P)``) applied to an unnormalized probability p, in f32: the kernels
+    round before the row sums divide (the chain is homogeneous in P, so the division
+    commutes with everything but the rounding)."""
+    if ch.p_value == ch.sm.result:
+        return p
+    pw.reset()
+    pw.bind(ch.sm.result, p)
+    out = scalar_math.convert(pw.eval(ch.p_value, index), ir.F32Type.get())
+    pw.reset()
+    return out
+
+
+def apply_epilogue(pw: Pointwise, ch: "_Chain", o: ir.Value, index: list) -> ir.Value:
+    """The ops after P @ V (rank-0 scales, casts) on one output element o."""
+    if ch.epilogue_value == ch.mm2.result:
+        return o
+    pw.reset()
+    pw.bind(ch.mm2.result, o)
+    out = pw.eval(ch.epilogue_value, index)
+    pw.reset()
+    return out
 
 
 def _pow2_ceil(x: int) -> int:
@@ -420,6 +513,7 @@ class AttentionStrategy(Strategy):
             zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
             nb = len(ch.batch)
             with ir.InsertionPoint(g.entry):
+                pw.hoist_scalars()  # rank-0 arguments (fp8's scales) loaded once
                 tid = g.tid()
                 qblock = g.bid("x")
                 batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
@@ -492,8 +586,10 @@ class AttentionStrategy(Strategy):
                     l_new = arith.mulf(l_old, alpha)
                     for c in range(n_s):
                         p = mmath.exp(arith.subf(xs[c], m_new))
+                        l_new = arith.addf(l_new, p)  # the row sum of the unrounded p
+                        if ch.p_value != ch.sm.result:  # P @ V reads the P chain of p (fp8: 256 p, rounded)
+                            p = apply_p_chain(pw, ch, p, s_lead + [gi, arith.addi(n0, lane_cols[c])])
                         memref.store(p, Ps, [row, lane_cols[c]])
-                        l_new = arith.addf(l_new, p)
                     acc = [arith.mulf(a, alpha) for a in acc]
                     gpu.barrier()  # K reads and P writes are done
                     stage(KVs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk,
@@ -524,7 +620,8 @@ class AttentionStrategy(Strategy):
 
                 def store():
                     for c in range(n_acc):
-                        store_value(arith.divf(acc[c], total), out_mem, out_lead + [gi, out_cols[c]])
+                        idx = out_lead + [gi, out_cols[c]]
+                        store_value(apply_epilogue(pw, ch, arith.divf(acc[c], total), idx), out_mem, idx)
 
                 g.when(g.lt(gi, Sq) if Sq % bm else None, store)
             g.finish()
@@ -569,6 +666,7 @@ class AttentionStrategy(Strategy):
             tc = MmaSync(elem)
             nb = len(ch.batch)
             with ir.InsertionPoint(g.entry):
+                pw.hoist_scalars()
                 tid = g.tid()
                 qblock = g.bid("x")
                 batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
@@ -659,6 +757,11 @@ class AttentionStrategy(Strategy):
                         s.append(acc)
                     m_new, l_new, alpha, p = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp)
                     o = [arith.mulf(o[4 * n + k], alpha[k // 2]) for n in range(n_o) for k in range(4)]
+                    # P for the product: the P chain on the unnormalized p (bf16's cast of the
+                    # probabilities: the rounding to et, which the mma needs anyway), in et
+                    if ch.p_value != ch.sm.result:
+                        p = [[apply_p_chain(pw, ch, p[j][k], s_lead + [rows[k // 2], arith.addi(n0, g.add(
+                            tig2, 8 * j + k % 2))]) for k in range(4)] for j in range(bn // 8)]
                     pe = [[scalar_math.convert(v, et) for v in pj] for pj in p]
                     for kk in range(bn // 16):
                         a = [tc.pack(pe[2 * kk][0], pe[2 * kk][1]), tc.pack(pe[2 * kk][2], pe[2 * kk][3]),
@@ -694,7 +797,9 @@ class AttentionStrategy(Strategy):
                         for n in range(n_o):
                             for k in (2 * h, 2 * h + 1):
                                 col = g.add(tig2, 8 * n + k % 2)
-                                store_value(arith.divf(o[4 * n + k], totals[h]), out_mem, list(batch_idx) + [rows[h], col])
+                                idx = list(batch_idx) + [rows[h], col]
+                                store_value(apply_epilogue(pw, ch, arith.divf(o[4 * n + k], totals[h]), idx),
+                                            out_mem, idx)
 
                     g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
             g.finish()

@@ -397,6 +397,10 @@ class Pointwise:
             if scalar_math.is_float(src.type) and spec.is_float:
                 if spec.elem in ("f32", "f64") or str(src.type) == spec.elem:
                     return scalar_math.convert(src, ct)
+                if spec.elem in FP8_PTX:  # through the byte: SPIR-V has no fp8 values
+                    from .emit import round_to
+
+                    return scalar_math.convert(round_to(src, spec.elem), ct)
                 return scalar_math.convert(scalar_math.convert(src, ir.Type.parse(spec.elem)), ct)
             return scalar_math.convert(src, ct)
         if name in ("add", "sub", "mul", "div", "max", "min", "pow", "cmp", "select"):

@@ -124,7 +124,9 @@ func.func @low(%x: tensor<4x8xbf16>, %w: tensor<8x3xbf16>) -> (tensor<4x3xbf16>,
 // FP16: return {{.*}} : tensor<2x5x8xf32>
 
 // fp8: k is quantized before its transpose (a transpose keeps the amax); the first
-// product is rescaled before the softmax, the probabilities are quantized in turn.
+// product is rescaled before the softmax; the probabilities take the fixed scale 256 (no
+// amax: they lie in [0, 1]); v is quantized from its transpose (stored K-major, as fp8
+// wgmma reads it) and read through a transpose; the product is rescaled by 1/(256 s_v).
 // FP8-LABEL: func.func @attention
 // FP8: "kf.abs"(%arg1)
 // FP8: %[[K8:.*]] = "kf.cast"({{.*}}) : (tensor<2x5x8xf32>) -> tensor<2x5x8xf8E4M3FN>
@@ -132,8 +134,15 @@ func.func @low(%x: tensor<4x8xbf16>, %w: tensor<8x3xbf16>) -> (tensor<4x3xbf16>,
 // FP8-NEXT: %[[S:.*]] = "kf.matmul"(%{{.*}}, %[[KT]]) : (tensor<2x5x8xf8E4M3FN>, tensor<2x8x5xf8E4M3FN>) -> tensor<2x5x5xf32>
 // FP8: %[[SR:.*]] = "kf.mul"(%[[S]], %{{.*}}) : (tensor<2x5x5xf32>, tensor<f32>) -> tensor<2x5x5xf32>
 // FP8-NEXT: %[[P:.*]] = "kf.softmax"(%[[SR]])
-// FP8-NEXT: "kf.abs"(%[[P]])
-// FP8: "kf.matmul"({{.*}}) : (tensor<2x5x5xf8E4M3FN>, tensor<2x5x8xf8E4M3FN>) -> tensor<2x5x8xf32>
+// FP8-NEXT: %[[C:.*]] = "kf.fill"() {value = 2.560000e+02 : f64} : () -> tensor<f32>
+// FP8-NEXT: %[[PS:.*]] = "kf.mul"(%[[P]], %[[C]])
+// FP8-NEXT: %[[P8:.*]] = "kf.cast"(%[[PS]]) : (tensor<2x5x5xf32>) -> tensor<2x5x5xf8E4M3FN>
+// FP8-NOT: "kf.abs"(%[[P]])
+// FP8: %[[VT:.*]] = "kf.transpose"(%arg2) {perm = array<i64: 0, 2, 1>} : (tensor<2x5x8xf32>) -> tensor<2x8x5xf32>
+// FP8-NEXT: "kf.abs"(%[[VT]])
+// FP8: %[[VT8:.*]] = "kf.cast"({{.*}}) : (tensor<2x8x5xf32>) -> tensor<2x8x5xf8E4M3FN>
+// FP8-NEXT: %[[V8:.*]] = "kf.transpose"(%[[VT8]]) {perm = array<i64: 0, 2, 1>} : (tensor<2x8x5xf8E4M3FN>) -> tensor<2x5x8xf8E4M3FN>
+// FP8-NEXT: "kf.matmul"(%[[P8]], %[[V8]]) : (tensor<2x5x5xf8E4M3FN>, tensor<2x5x8xf8E4M3FN>) -> tensor<2x5x8xf32>
 // FP8: return {{.*}} : tensor<2x5x8xf32>
 func.func @attention(%q: tensor<2x5x8xf32>, %k: tensor<2x5x8xf32>, %v: tensor<2x5x8xf32>) -> tensor<2x5x8xf32> {
   %kt = "kf.transpose"(%k) {perm = array<i64: 0, 2, 1>} : (tensor<2x5x8xf32>) -> tensor<2x8x5xf32>

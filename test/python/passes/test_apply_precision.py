@@ -260,3 +260,87 @@ def test_registered():
     p = registry.create("kf-apply-precision", {"precision": "fp8", "fp8-storage": "false"})
     assert (p.precision, p.fp8_storage) == ("fp8", False)
     assert p.textual() == "kf-apply-precision{precision=fp8 fp8-storage=false}"
+
+
+# ----------------------------------------------------------------------------- fp8 attention
+
+#: q [2, 5, 8], k [2, 7, 8], v [2, 7, 6]: Sq, Sk, D and Dv all different
+ATTENTION_SPECS = [((2, 5, 8), "f32"), ((2, 7, 8), "f32"), ((2, 7, 6), "f32")]
+
+
+def _attention(q, k, v):
+    s = kb.div(kb.matmul(q, kb.transpose(k, perm=[0, 2, 1])), kb.scalar(8 ** 0.5, "f32"))
+    return kb.matmul(kb.softmax(s, dim=-1), v)
+
+
+def _defining(v):
+    return None if isinstance(v.owner, ir.Block) else v.owner.operation
+
+
+@pytest.mark.parametrize("storage", [True, False], ids=["fp8-storage", "f32-storage"])
+def test_fp8_probabilities_take_the_fixed_scale(storage):
+    """P = softmax(...) is quantized as cast(P * 256 -> E4M3FN), no amax over it (only q,
+    k and v have one); the product is rescaled by 1 / (256 s_v). With fp8 storage V is
+    quantized from its transpose ([2, 6, 7]: K-major) and P @ V reads it through a
+    transpose; without it V is quantized as it lies."""
+    ctx, module = build(_attention, ATTENTION_SPECS)
+    apply(ctx, module, "fp8", fp8_storage=storage)
+    with ctx:
+        assert verify(module.operation) == []
+    ops = kf_ops(module)
+    assert Counter(op.name for op in ops)["kf.reduce_max"] == 3
+    [sm] = [op for op in ops if op.name == "kf.softmax"]
+    [use] = [u.owner for u in sm.result.uses]
+    assert use.name == "kf.mul"
+    scale = _defining(use.operands[1])
+    assert scale.name == "kf.fill" and float(ir.FloatAttr(scale.attributes["value"]).value) == 256.0
+    [p8] = [u.owner for u in use.result.uses]
+    assert p8.name == "kf.cast" and spec_of(p8.result.type).elem == "f8E4M3FN"
+    mm2 = [op for op in ops if op.name == "kf.matmul"][-1]
+    a, b = mm2.operands
+    assert spec_of(a.type).elem == ("f8E4M3FN" if storage else "f32")
+    assert spec_of(b.type) == TensorSpec((2, 7, 6), "f8E4M3FN" if storage else "f32")
+    vt = _defining(b)
+    if storage:
+        assert vt.name == "kf.transpose" and list(ir.DenseI64ArrayAttr(vt.attributes["perm"])) == [0, 2, 1]
+        assert spec_of(vt.operands[0].type) == TensorSpec((2, 6, 7), "f8E4M3FN")
+        assert _defining(vt.operands[0]).name == "kf.cast"  # written by the quantization
+        # ... of transpose(v): the amax and the scaling read V^T
+        t = [op for op in ops if op.name == "kf.transpose" and op.operands[0] == the_func(module).regions[0].blocks[0].arguments[2]]
+        assert len(t) == 1 and spec_of(t[0].result.type).shape == (2, 6, 7)
+    else:
+        assert vt.name == "kf.cast" and not any(op.name == "kf.transpose" and op.operands[0] ==
+                                                the_func(module).regions[0].blocks[0].arguments[2] for op in ops)
+    [rescale] = [u.owner for u in mm2.result.uses]
+    inv = _defining(rescale.operands[1])  # 1 / (256 * s_v)
+    assert inv.name == "kf.div" and _defining(inv.operands[1]).name == "kf.mul"
+    assert _defining(_defining(inv.operands[1]).operands[0]).name == "kf.fill"
+
+
+def emulate_fp8_attention(q, k, v):
+    """torch doing the policy's steps for attention: q, k, v per-tensor scaled to 448,
+    P with the fixed scale 256."""
+    def quant(x):
+        s = 448.0 / x.abs().amax().clamp_min(1e-12)
+        return (x * s).clamp(-448, 448).to(torch.float8_e4m3fn).float(), s
+    (q8, sq), (k8, sk), (v8, sv) = quant(q), quant(k), quant(v)
+    s = (q8 @ k8.transpose(-1, -2)) * (1.0 / (sq * sk)) / torch.tensor(8 ** 0.5, dtype=torch.float32)
+    p8 = (torch.softmax(s, -1) * 256.0).to(torch.float8_e4m3fn).float()
+    return (p8 @ v8) * (1.0 / (256.0 * sv))
+
+
+def test_fp8_attention_numbers():
+    """The CPU target (E4M3FN values in f32) and the interpreter (fp8 tensors, V^T
+    stored, and f32 ones) compute the emulated steps."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(s, generator=g) for s, _ in ATTENTION_SPECS)
+    want = emulate_fp8_attention(q, k, v)
+    ctx, module = build(_attention, ATTENTION_SPECS)
+    apply(ctx, module, "fp8", fp8_storage=False)
+    assert _rel(_run_cpu(ctx, module, q, k, v), want) < 1e-5
+    for storage in (True, False):
+        ctx, module = build(_attention, ATTENTION_SPECS)
+        apply(ctx, module, "fp8", fp8_storage=storage)
+        assert _rel(Interpreter(module, "f").run(q, k, v)[0], want) < 1e-5
+    ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8 ** 0.5, -1) @ v.double()
+    assert 5e-3 < _rel(want, ref) < 8e-2
