@@ -57,24 +57,30 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // -----
 
 // The seed's attention without a mask, head dim 128, 300 keys (not a multiple of the 128
-// a block): Q (128 x 128), K and V (two stages of 128 keys) in swizzled shared memory; S =
-// Q K^T is 8 wgmma m64n128k16 by descriptor per block (K-major B: <col>), the online
-// softmax on its accumulators, then O += P V as 8 register-A wgmmas (inline PTX, V
-// transposed: the trailing 1), each product waited for.
+// a block): Q (128 x 128), K and V (three stages of 128 keys) in swizzled shared memory.
+// Block 0's S = Q K^T (8 wgmma m64n128k16 by descriptor, K-major B: <col>) is computed
+// before the loop; in the loop, block j + 1's S is issued first (OVERLAP_SCORES) and
+// runs during block j's softmax, whose scale is one FFMA a score before exp2
+// (LINEAR_SCORES), then O += P V as 8 register-A wgmmas (inline PTX, V transposed: the
+// trailing 1), and one wait for both groups.
 // CHECK-LABEL: gpu.func @attn_k0_attention
 // CHECK-SAME: kf.block = array<i64: 256, 1, 1>
 // CHECK: memref.view {{.*}} to memref<256x64xbf16, #gpu.address_space<workgroup>>
-// CHECK: memref.view {{.*}} to memref<512x64xbf16, #gpu.address_space<workgroup>>
-// CHECK: memref.view {{.*}} to memref<512x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: memref.view {{.*}} to memref<768x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: memref.view {{.*}} to memref<768x64xbf16, #gpu.address_space<workgroup>>
+// CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
 // CHECK: scf.for
 // CHECK: nvvm.cp.async.wait.group 0
 // CHECK-NEXT: nvvm.fence.proxy
 // CHECK-NEXT: gpu.barrier
 // CHECK: nvvm.wgmma.fence.aligned
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
-// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK-NEXT: nvvm.wgmma.commit.group.sync.aligned
+// CHECK-NOT: nvvm.wgmma.wait
 // CHECK: gpu.shuffle  xor
-// CHECK: math.exp2
+// CHECK: math.fma
+// CHECK-NEXT: math.exp2
 // CHECK: nvvm.wgmma.fence.aligned
 // CHECK-COUNT-8: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
