@@ -1,0 +1,255 @@
+"""kf-fuse's attention chain around what the precision policy writes (passes/fuse.py,
+``_attention_chains``), and the attention strategy's reading of it (``_Chain`` in
+passes/strategies/attention.py): under bf16, fp16 and fp8 the seed's attention is one
+attention kernel, and hand-written P chains and epilogues (casts and rank-0 scales
+around P @ V) join it while anything else keeps the chain apart.
+
+test/passes/kf-fuse-precision.mlir shows the fused IR; the kernels' numbers are in
+test_attention_matmul.py (hand-built kernels) and test/python/compiler/test_precision.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from mlir import ir
+from mlir.dialects import func
+
+from kf.dialects import TensorSpec, make_context, mlir_type, spec_of
+from kf.dialects import builders as kb
+from kf.passes import pipeline
+from kf.passes.strategies.attention import _Chain, _transposed_source
+
+
+def fused(body, specs, passes: str = "kf-fuse"):
+    """(ctx, module, {kernel kind: [kernel functions]}) of ``@f(specs) = body`` after passes."""
+    ctx = make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            @func.FuncOp.from_py_func(*[mlir_type(TensorSpec(tuple(s), e)) for s, e in specs], name="f")
+            def f(*args):
+                out = body(*args)
+                return tuple(out) if isinstance(out, (tuple, list)) else out
+        pm, _ = pipeline.build(f"builtin.module({passes})", ctx)
+        pm.run(module.operation)
+    kinds: dict = {}
+    for op in module.body.operations:
+        op = op.operation
+        if "kf.kernel" in op.attributes:
+            kinds.setdefault(ir.StringAttr(op.attributes["kf.kernel"]).value, []).append(op)
+    return ctx, module, kinds
+
+
+def counts(kinds) -> Counter:
+    return Counter({k: len(v) for k, v in kinds.items()})
+
+
+def seed_attention(masked: bool):
+    """The seed's fused_attention as kf ops (q, k, v [, mask])."""
+    def body(q, k, v, *mask):
+        d = spec_of(q.type).shape[-1]
+        elem = spec_of(q.type).elem
+        s = kb.div(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), kb.scalar(d ** 0.5, elem))
+        if mask:
+            s = kb.masked_fill(s, kb.cmp(mask[0], kb.scalar(0.0, elem), predicate="eq"), value=-1e9)
+        return kb.matmul(kb.softmax(s, dim=-1), v)
+
+    return body
+
+
+def precision_passes(precision: str, storage: bool = True) -> str:
+    extra = "" if storage else " fp8-storage=false"
+    return f"kf-apply-precision{{precision={precision}{extra}}}, kf-canonicalize, kf-fuse"
+
+
+CASES = [  # precision, fp8 storage, element type, seq, head dim, masked
+    ("bf16", True, "f32", 100, 64, False), ("bf16", True, "f32", 257, 128, True),
+    ("fp16", True, "f32", 100, 128, True), ("bf16", True, "bf16", 257, 64, True),
+    ("fp8", True, "f32", 100, 64, False), ("fp8", True, "bf16", 257, 128, True),
+    ("fp8", False, "f32", 257, 64, True), ("fp8", False, "bf16", 100, 128, False),
+]
+
+
+@pytest.mark.parametrize("precision,storage,elem,seq,d,masked", CASES)
+def test_seed_attention_is_one_kernel_under_precision(precision, storage, elem, seq, d, masked):
+    """One attention kernel; the other kernels are the operand casts (bf16, fp16) or the
+    amax and quantization of q, k and v (fp8): elementwise and generic ones, never a
+    matmul or a softmax of its own. What _Chain reads off the kernel is the contract the
+    kernels (and attention_wgmma's fp8 plan) are written against."""
+    specs = [((1, 2, seq, d), elem)] * 3 + ([((seq, seq), elem)] if masked else [])
+    ctx, _, kinds = fused(seed_attention(masked), specs, precision_passes(precision, storage))
+    n = counts(kinds)
+    assert n["attention"] == 1 and not n["matmul"] and not n["rowwise"], n
+    assert set(n) <= {"attention", "elementwise", "generic"}, n
+    with ctx, ir.Location.unknown():
+        [kernel] = kinds["attention"]
+        ch = _Chain(kernel)
+        assert len([o for o in kernel.regions[0].blocks[0].operations if o.operation.name == "kf.matmul"]) == 2
+        if precision == "fp8":
+            assert ch.p_scale == 256.0 and ch.p_value != ch.sm.result
+            assert ch.p_elem == ("f8E4M3FN" if storage else "f32")
+            assert ch.epilogue_value != ch.mm2.result  # * 1 / (256 s_v) [, cast]
+            rank0 = [s for s in ch.view.arg_specs if not s.shape]
+            assert len(rank0) == 2  # the scores' and the output's dequantization factors
+            if storage:  # V K-major: the argument is [.., Dv, Sk]
+                vt = _transposed_source(ch.v)
+                assert vt != ch.v and ch.view.arg_index(vt) is not None
+                assert spec_of(vt.type) == TensorSpec((1, 2, d, seq), "f8E4M3FN")
+            else:
+                assert ch.view.arg_index(ch.v) is not None and spec_of(ch.v.type).elem == "f32"
+        elif elem == "f32":  # the probabilities cast for the second product
+            narrow = "bf16" if precision == "bf16" else "f16"
+            assert ch.p_elem == narrow and ch.p_scale == 1.0 and ch.p_value != ch.sm.result
+            assert ch.epilogue_value == ch.mm2.result
+        else:  # bf16 inputs under bf16: nothing to change
+            assert ch.p_value == ch.sm.result and ch.p_elem == "bf16" and n == Counter(attention=1)
+
+
+SPEC = [((2, 3, 40, 16), "f32"), ((2, 3, 48, 16), "f32"), ((2, 3, 48, 24), "f32"), ((), "f32")]
+
+
+def chain(p_chain, epilogue):
+    """q, k, v, a rank-0 argument c: softmax(q k^T) -> p_chain -> @ v -> epilogue."""
+    def body(q, k, v, c):
+        p = p_chain(kb.softmax(kb.mul(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), kb.scalar(0.25, "f32")),
+                               dim=-1), c)
+        return epilogue(product(p, v), c)
+
+    return body
+
+
+def product(p, v):
+    """p @ v with v cast to p's type, accumulated in f32 (as the policy writes it)."""
+    elem = spec_of(p.type).elem
+    vv = v if spec_of(v.type).elem == elem else kb.cast(v, elem)
+    shape = spec_of(p.type).shape[:-1] + spec_of(v.type).shape[-1:]
+    return kb.build("matmul", [p, vv], None, [TensorSpec(shape, "f32")]).result
+
+
+def ident(x, c):
+    return x
+
+
+P_CHAINS = {  # name: (P chain, p_scale, p_elem)
+    "none": (ident, 1.0, "f32"),
+    "cast": (lambda p, c: kb.cast(p, "bf16"), 1.0, "bf16"),
+    "scale_first": (lambda p, c: kb.cast(kb.mul(kb.scalar(4.0, "f32"), p), "f16"), 4.0, "f16"),
+    "div": (lambda p, c: kb.div(kb.cast(p, "bf16"), kb.scalar(0.5, "bf16")), 2.0, "bf16"),
+    "fp8": (lambda p, c: kb.cast(kb.cast(kb.mul(p, kb.scalar(256.0, "f32")), "f8E4M3FN"), "f32"), 256.0, "f32"),
+    "argument": (lambda p, c: kb.mul(p, c), None, "f32"),
+}
+EPILOGUES = {
+    "none": ident,
+    "scale": lambda o, c: kb.mul(o, kb.scalar(0.5, "f32")),
+    "scale_first_cast": lambda o, c: kb.cast(kb.mul(kb.scalar(0.5, "f32"), o), "bf16"),
+    "argument_cast": lambda o, c: kb.cast(kb.div(o, c), "f16"),
+}
+
+
+@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+@pytest.mark.parametrize("p_chain", list(P_CHAINS))
+def test_p_chains_and_epilogues_join_the_kernel(p_chain, epilogue):
+    """Casts and muls/divs by rank-0 values (fills, or an argument, which the kernel
+    takes as one) between the softmax and P @ V and after it: one attention kernel,
+    with p_value, p_scale (c of c * P, None where a factor is not a constant), p_elem
+    and epilogue_value as _Chain documents."""
+    pc, scale, p_elem = P_CHAINS[p_chain]
+    body = chain(pc, EPILOGUES[epilogue])
+    ctx, _, kinds = fused(body, SPEC)
+    n = counts(kinds)
+    assert n["attention"] == 1 and set(n) <= {"attention", "elementwise"}, n  # v's cast is elementwise
+    with ctx, ir.Location.unknown():
+        ch = _Chain(kinds["attention"][0])
+        assert (ch.p_value == ch.sm.result) == (p_chain == "none")
+        assert ch.p_scale == scale and ch.p_elem == p_elem
+        assert (ch.epilogue_value == ch.mm2.result) == (epilogue == "none")
+        assert ch.epilogue_value == ch.view.results[0]
+        if "argument" in (p_chain, epilogue):
+            assert TensorSpec((), "f32") in ch.view.arg_specs
+
+
+def _not_attention(body, specs=SPEC):
+    ctx, _, kinds = fused(body, specs)
+    n = counts(kinds)
+    assert not n["attention"], n
+    assert n["matmul"] == 2  # both products are kernels of their own, as before
+    return n
+
+
+def test_p_chains_that_are_not_a_scale_keep_the_chain_apart():
+    """A factor that varies over P (a tensor), an op that is not linear in P (exp), or
+    P used outside the chain: no attention kernel (the kernels could not apply it to
+    unnormalized probabilities)."""
+    def tensor_factor(q, k, v, w):
+        p = kb.softmax(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), dim=-1)
+        return kb.matmul(kb.mul(p, w), v)
+
+    def nonlinear(q, k, v, c):
+        p = kb.softmax(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), dim=-1)
+        return kb.matmul(kb.exp(kb.cast(p, "bf16")), kb.cast(v, "bf16"))
+
+    def reused(q, k, v, c):
+        p = kb.softmax(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), dim=-1)
+        pb = kb.cast(p, "bf16")
+        return kb.matmul(pb, kb.cast(v, "bf16")), pb
+
+    def divided_by_p(q, k, v, c):
+        p = kb.softmax(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), dim=-1)
+        return kb.matmul(kb.div(c, p), v)
+
+    _not_attention(tensor_factor, SPEC[:3] + [((40, 48), "f32")])
+    for body in (nonlinear, reused, divided_by_p):
+        _not_attention(body)
+
+
+def test_epilogue_stops_where_its_value_is_used_twice():
+    """o * c feeds the result and a second output: the attention kernel returns o * c
+    (the epilogue ends there) and the add is a kernel of its own."""
+    def body(q, k, v, c):
+        p = kb.softmax(kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])), dim=-1)
+        o = kb.mul(product(kb.cast(p, "bf16"), v), c)
+        return o, kb.add(o, kb.scalar(1.0, "f32"))
+
+    ctx, _, kinds = fused(body, SPEC)
+    assert counts(kinds)["attention"] == 1
+    with ctx, ir.Location.unknown():
+        ch = _Chain(kinds["attention"][0])
+        assert ch.epilogue_value != ch.mm2.result and defining_name(ch.epilogue_value) == "kf.mul"
+
+
+def defining_name(v) -> str:
+    return v.owner.operation.name
+
+
+def test_scores_through_a_scale_written_first():
+    """``c * (q k^T)`` (the scale as the first operand) is followed to q k^T."""
+    def body(q, k, v, c):
+        s = kb.mul(c, kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2])))
+        return kb.matmul(kb.softmax(kb.cast(s, "bf16"), dim=-1), kb.cast(v, "bf16"))
+
+    _, _, kinds = fused(body, SPEC)
+    assert counts(kinds)["attention"] == 1
+
+
+def test_other_fusions_are_unchanged_under_precision():
+    """A matmul with its bias and GELU is one matmul kernel under bf16 (the operand
+    casts before it), and the seed's layer norm one rowwise kernel."""
+    def mlp(x, w, b):
+        return kb.gelu(kb.add(kb.matmul(x, w), b))
+
+    _, _, kinds = fused(mlp, [((77, 131), "f32"), ((131, 45), "f32"), ((45,), "f32")], precision_passes("bf16"))
+    assert counts(kinds)["matmul"] == 1 and not counts(kinds)["attention"]
+    [mm] = kinds["matmul"]
+    names = [o.operation.name for o in mm.regions[0].blocks[0].operations]
+    assert "kf.add" in names and "kf.gelu" in names
+
+    def layer_norm(x, w, b):
+        mean = kb.mean(x, dims=[-1], keepdim=True)
+        c = kb.sub(x, mean)
+        var = kb.mean(kb.mul(c, c), dims=[-1], keepdim=True)
+        return kb.add(kb.mul(w, kb.div(c, kb.sqrt(kb.add(var, kb.scalar(1e-5, "f32"))))), b)
+
+    _, _, kinds = fused(layer_norm, [((4, 1000), "f32"), ((1000,), "f32"), ((1000,), "f32")], precision_passes("fp8"))
+    assert counts(kinds) == Counter(rowwise=1)
