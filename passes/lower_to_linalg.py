@@ -341,7 +341,7 @@ def _elementwise(op: ir.Operation, args: list[ir.Value], attrs: dict, out: list[
         scalars = [_widen(s) for s in a] if widen else a
         if name == "kf.cast":
             return sm.convert(a[0], t)
-        return sm.convert(sm.emit(name, scalars, attrs), t)
+        return sm.convert(sm.emit(name, scalars, attrs, stored_as=t), t)
 
     return [map_elements(args, out[0].shape, t, fn)]
 
