@@ -2,7 +2,7 @@
 
     capture -> kf (kf-canonicalize [, kf-apply-precision, kf-canonicalize]) -> per target:
       cpu:           kf-lower-to-linalg -> kf-to-cpu -> shared object
-      cuda / vulkan: kf-fuse -> kf-tile -> kf-map-to-gpu -> kf-promote-shared -> kf-vectorize
+      cuda / vulkan: kf-split-reductions -> kf-fuse -> kf-tile -> kf-map-to-gpu -> kf-promote-shared -> kf-vectorize
                      -> kf-to-cuda (PTX) | kf-to-spirv (SPIR-V) [-> kf-to-metal (MSL)]
 
 A compiled program is stored in the disk cache (cache.py) and loaded from there by the
@@ -119,6 +119,16 @@ class CompiledProgram:
             return outs[first] if first is not None else unflatten(tree, outs)
 
         call.program = self
+        # the same in C (kf.runtime._launcher.Lane) where the launcher is compiled: it
+        # reads the same profiling switches and hands what it does not do itself to call
+        make_c = getattr(self._launch, "c_lane", None)
+        if make_c is not None:
+            import torch
+
+            c_lane = make_c(call, -1 if first is None else first, tree, unflatten, globals(), "_PROFILE",
+                            torch._C._autograd._profiler_enabled, self)
+            if c_lane is not None:
+                return c_lane
         return call
 
 
@@ -354,7 +364,7 @@ def _index_checks(cap) -> list[dict]:
     return list(checks.values())
 
 #: The GPU pipeline after kf-canonicalize; {t} is the strategies' target (cuda, spirv).
-GPU_PASSES = ["kf-recognize-moe", "kf-fuse", "kf-tile{{target={t}{chip}}}", "kf-map-to-gpu{{target={t}{chip}}}",
+GPU_PASSES = ["kf-recognize-moe", "kf-split-reductions", "kf-fuse", "kf-tile{{target={t}{chip}}}", "kf-map-to-gpu{{target={t}{chip}}}",
               "kf-promote-shared", "kf-vectorize"]
 
 

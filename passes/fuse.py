@@ -6,7 +6,9 @@ schedule: one ``func.call`` per kernel, in an order that respects dependencies.
 
 Kinds, in the order they are recognized:
 - ``attention``: ``matmul(q, k^T)`` -> scale -> optional mask -> ``softmax(-1)`` ->
-  ``matmul(., v)``; one kernel, so the score matrix never reaches global memory.
+  ``matmul(., v)``; one kernel, so the score matrix never reaches global memory. With
+  what a precision policy writes around the products (casts, rank-0 scales such as
+  fp8's dequantization factors, V through a transpose; ``_attention_chains``).
 - ``rowwise``: elementwise ops and reductions (sum, mean, max, min, var, softmax,
   log_softmax) over the same trailing dimensions of one row space: layer norm, softmax,
   RMSNorm. Elementwise ops join when their shape is the row shape or a reduced one.
@@ -97,11 +99,18 @@ class _Partition:
         return gid
 
     def producers(self, i: int) -> list[int]:
-        out = []
-        for v in self.ops[i].operands:
-            d = _defining(v)
-            if d is not None and d in self.index:
+        """The kernel ops op i reads, also through ops outside the partition (the view
+        reshapes the host function keeps between kernels: a path through one is a path)."""
+        out, stack, seen = [], list(self.ops[i].operands), set()
+        while stack:
+            d = _defining(stack.pop())
+            if d is None or d in seen:
+                continue
+            seen.add(d)
+            if d in self.index:
                 out.append(self.index[d])
+            elif d.name.startswith("kf."):
+                stack.extend(d.operands)
         return out
 
     def acyclic_if_merged(self, a: int, b: int) -> bool:

@@ -23,6 +23,8 @@ _ENTRIES = [
     PassEntry("kf-apply-precision", "apply_precision", "ApplyPrecisionPass",
               "apply a precision policy (fp32, tf32, bf16, fp16, fp8) inside functions; output types unchanged"),
     PassEntry("kf-recognize-moe", "recognize_moe", "RecognizeMoePass", "rewrite the dense MoE (every expert for every token) as route, two grouped GEMMs and combine"),
+    PassEntry("kf-split-reductions", "split_reductions", "SplitReductionsPass",
+              "full reductions of large tensors as parallel row reductions (reshape, reduce rows, reduce the partials)"),
     PassEntry("kf-fuse", "fuse", "FusePass",
               "partition functions into kernels (attention, rowwise, matmul, elementwise, generic)"),
     PassEntry("kf-to-spirv", "to_spirv", "ToSpirvPass", "lower gpu.module kernels to a validated SPIR-V binary (gpu.binary) for Vulkan"),

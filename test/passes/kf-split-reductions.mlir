@@ -1,0 +1,60 @@
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions)' | FileCheck %s
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions, kf-fuse)' | FileCheck %s --check-prefix=FUSED
+
+// fp8's amax over a 4x32x2048x128 tensor (2^26 elements): rows of 4096 (8192 of them),
+// then the 8192 partial maxima as 2 rows of 4096, then those 2 as one row; each stage is
+// a rowwise kernel (a workgroup a row) where the full reduction was one thread's loop.
+// CHECK-LABEL: func.func @amax
+// CHECK: %[[R1:.*]] = "kf.reshape"(%{{.*}}) : (tensor<4x32x2048x128xf32>) -> tensor<8192x4096xf32>
+// CHECK-NEXT: %[[M1:.*]] = "kf.reduce_max"(%[[R1]]) {dims = array<i64: 1>, keepdim = false} : (tensor<8192x4096xf32>) -> tensor<8192xf32>
+// CHECK-NEXT: %[[R2:.*]] = "kf.reshape"(%[[M1]]) : (tensor<8192xf32>) -> tensor<2x4096xf32>
+// CHECK-NEXT: %[[M2:.*]] = "kf.reduce_max"(%[[R2]]) {{.*}} -> tensor<2xf32>
+// CHECK-NEXT: %[[R3:.*]] = "kf.reshape"(%[[M2]]) : (tensor<2xf32>) -> tensor<1x2xf32>
+// CHECK-NEXT: %[[M3:.*]] = "kf.reduce_max"(%[[R3]]) {{.*}} -> tensor<1xf32>
+// CHECK-NEXT: "kf.reshape"(%[[M3]]) : (tensor<1xf32>) -> tensor<f32>
+// CHECK-NOT: dims = array<i64: 0, 1, 2, 3>
+// FUSED-LABEL: func.func @amax
+// FUSED: call @amax_k{{[0-9]+}}_rowwise
+// FUSED: call @amax_k{{[0-9]+}}_rowwise
+// FUSED: call @amax_k{{[0-9]+}}_rowwise
+// FUSED-NOT: _generic
+// FUSED: return
+func.func @amax(%x: tensor<4x32x2048x128xbf16>) -> tensor<4x32x2048x128xf8E4M3FN> {
+  %0 = "kf.cast"(%x) : (tensor<4x32x2048x128xbf16>) -> tensor<4x32x2048x128xf32>
+  %1 = "kf.abs"(%0) : (tensor<4x32x2048x128xf32>) -> tensor<4x32x2048x128xf32>
+  %2 = "kf.reduce_max"(%1) {dims = array<i64: 0, 1, 2, 3>, keepdim = false} : (tensor<4x32x2048x128xf32>) -> tensor<f32>
+  %3 = "kf.mul"(%0, %2) : (tensor<4x32x2048x128xf32>, tensor<f32>) -> tensor<4x32x2048x128xf32>
+  %4 = "kf.cast"(%3) : (tensor<4x32x2048x128xf32>) -> tensor<4x32x2048x128xf8E4M3FN>
+  return %4 : tensor<4x32x2048x128xf8E4M3FN>
+}
+
+// -----
+
+// A sum with keepdim of a tensor below 2^16 elements, a partial reduction, and a prime
+// count (no row length divides it) are left alone.
+// CHECK-LABEL: func.func @left_alone
+// CHECK-NOT: kf.reshape
+// CHECK: "kf.sum"(%arg0) {dims = array<i64: 0, 1>, keepdim = true}
+// CHECK: "kf.sum"(%arg1) {dims = array<i64: 1>, keepdim = false}
+// CHECK: "kf.reduce_min"(%arg2) {dims = array<i64: 0>, keepdim = false}
+func.func @left_alone(%a: tensor<100x100xf32>, %b: tensor<512x512xf32>, %c: tensor<65537xf32>) -> (tensor<1x1xf32>, tensor<512xf32>, tensor<f32>) {
+  %0 = "kf.sum"(%a) {dims = array<i64: 0, 1>, keepdim = true} : (tensor<100x100xf32>) -> tensor<1x1xf32>
+  %1 = "kf.sum"(%b) {dims = array<i64: 1>, keepdim = false} : (tensor<512x512xf32>) -> tensor<512xf32>
+  %2 = "kf.reduce_min"(%c) {dims = array<i64: 0>, keepdim = false} : (tensor<65537xf32>) -> tensor<f32>
+  return %0, %1, %2 : tensor<1x1xf32>, tensor<512xf32>, tensor<f32>
+}
+
+// -----
+
+// A sum with keepdim over 512x512: rows of 4096 (64 of them), then one row of the 64
+// partial sums, reshaped to the kept dims.
+// CHECK-LABEL: func.func @sum_keepdim
+// CHECK: "kf.reshape"(%arg0) : (tensor<512x512xf32>) -> tensor<64x4096xf32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<64x4096xf32>) -> tensor<64xf32>
+// CHECK: "kf.reshape"({{.*}}) : (tensor<64xf32>) -> tensor<1x64xf32>
+// CHECK: "kf.sum"({{.*}}) -> tensor<1xf32>
+// CHECK: "kf.reshape"({{.*}}) : (tensor<1xf32>) -> tensor<1x1xf32>
+func.func @sum_keepdim(%a: tensor<512x512xf32>) -> tensor<1x1xf32> {
+  %0 = "kf.sum"(%a) {dims = array<i64: 0, 1>, keepdim = true} : (tensor<512x512xf32>) -> tensor<1x1xf32>
+  return %0 : tensor<1x1xf32>
+}
