@@ -5,6 +5,7 @@
 // scale and cast after P @ V; the quantization of q, k and v are kernels of their own.
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8}, kf-fuse)' | FileCheck %s --check-prefix=FP8
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-apply-precision{precision=bf16}, kf-fuse)' | FileCheck %s --check-prefix=BF16
+// RUN: kf-opt %s --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-storage=false}, kf-fuse)' | FileCheck %s --check-prefix=FP8F32
 
 // FP8-LABEL: func.func private @attention_k{{[0-9]+}}_attention
 // FP8-SAME: %[[K8:[a-z0-9]+]]: tensor<2x5x8xf8E4M3FN>, %[[Q8:[a-z0-9]+]]: tensor<2x5x8xf8E4M3FN>, %[[SQK:[a-z0-9]+]]: tensor<f32>, %[[VT8:[a-z0-9]+]]: tensor<2x8x5xf8E4M3FN>, %[[SV:[a-z0-9]+]]: tensor<f32>
@@ -21,6 +22,19 @@
 // FP8-NEXT: return %[[OB]]
 // FP8-LABEL: func.func @attention
 // FP8-COUNT-1: call @attention_k{{[0-9]+}}_attention
+
+// Without fp8 storage (Vulkan, Metal, the CPU) the E4M3FN values are carried in f32: P
+// is rounded and widened again, V is read as it lies (no transpose).
+// FP8F32-LABEL: func.func private @attention_k{{[0-9]+}}_attention
+// FP8F32-SAME: %[[V:[a-z0-9]+]]: tensor<2x5x8xf32>, %[[SV:[a-z0-9]+]]: tensor<f32>) -> tensor<2x5x8xbf16>
+// FP8F32-SAME: kf.kernel = "attention"
+// FP8F32: "kf.softmax"
+// FP8F32: %[[P8:.*]] = "kf.cast"(%{{.*}}) : (tensor<2x5x5xf32>) -> tensor<2x5x5xf8E4M3FN>
+// FP8F32-NEXT: %[[P:.*]] = "kf.cast"(%[[P8]]) : (tensor<2x5x5xf8E4M3FN>) -> tensor<2x5x5xf32>
+// FP8F32-NEXT: %[[O:.*]] = "kf.matmul"(%[[P]], %[[V]])
+// FP8F32-NEXT: "kf.mul"(%[[O]], %[[SV]])
+// FP8F32-LABEL: func.func @attention
+// FP8F32-COUNT-1: call @attention_k{{[0-9]+}}_attention
 
 // BF16-LABEL: func.func private @attention32_k{{[0-9]+}}_attention
 // BF16-SAME: kf.kernel = "attention"

@@ -313,3 +313,72 @@ def test_cuda_attention_under_precision_is_one_wgmma_kernel(precision):
     assert len(_attention_kernels(info)) == 1
     t = "e4m3" if precision == "fp8" else "bf16"
     assert f"wgmma.mma_async.sync.aligned.m64n128k{32 if precision == 'fp8' else 16}.f32.{t}.{t}" in info.ptx
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@VULKAN
+def test_fused_attention_agrees_with_the_unfused_policy(masked, dtype, precision):
+    """The one attention kernel (Vulkan) against the unfused IR of the same policy (the
+    CPU target, which the interpreter agrees with): they differ by where P is rounded
+    (before or after the row sums divide it), which is within the precision's tolerance
+    (measured: fp8 2.9-3.3e-2, bf16 1.9-4.3e-3, fp16 2.2e-4 of f32 inputs), and the fused
+    kernel is at least as accurate against float64 (fp8 4.4-4.9e-2 against 4.9-5.2e-2)."""
+    s, d = (257, 128) if masked else (100, 64)
+    g = torch.Generator().manual_seed(s + d)
+    q, k, v = (torch.randn(1, 2, s, d, generator=g).to(dtype) for _ in range(3))
+    args = (q, k, v) + ((torch.tril(torch.ones(s, s)).to(dtype),) if masked else ())
+    fused = kf.jit(se.fused_attention.fn, target="vulkan", precision=precision)(*args)
+    unfused = kf.jit(se.fused_attention.fn, target="cpu", precision=precision)(*args)
+    interp = kf.jit(se.fused_attention.fn, target="cpu", precision=precision, interpret=True)(*args)
+    ref = se.fused_attention.fn(*[a.double() for a in args])
+
+    def rel(x, y):
+        return ((x.double() - y.double()).norm() / y.double().norm()).item()
+
+    tol = TOL[precision] if dtype == torch.float32 else max(TOL[precision], TOL_INPUT[dtype])
+    assert rel(unfused, interp) < 1e-4
+    assert rel(unfused, ref) < tol and rel(fused, unfused) < tol
+    assert rel(fused, ref) < 1.25 * rel(unfused, ref)
+
+
+def _ptxas():
+    from kf.passes.to_cuda import ptxas_path
+
+    if ptxas_path() is None:
+        pytest.skip("ptxas not installed")
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
+@pytest.mark.parametrize("precision,dtype,masked,seq,d", [
+    ("bf16", torch.float32, True, 257, 64), ("bf16", torch.bfloat16, False, 257, 128),
+    ("fp16", torch.float32, False, 100, 128), ("fp8", torch.bfloat16, False, 256, 128),
+    ("fp8", torch.float32, False, 257, 128), ("fp8", torch.float32, True, 257, 64)], ids=str)
+def test_cuda_attention_under_precision_assembles(arch, precision, dtype, masked, seq, d):
+    """No GPU here: ptxas takes every kernel of the program. One attention kernel: on
+    sm_90 mma.sync (bf16, fp16) or, for fp8 q/k/v, the SIMT kernel widening E4M3FN
+    bytes; on sm_90a the wgmma kernels, but fp8's only without a mask and with whole
+    blocks of 128 keys (attention_wgmma's fp8 plan), else the SIMT kernel. No spills."""
+    _ptxas()
+    from kf.passes.to_cuda import assemble
+
+    q, k, v = (torch.randn(2, 4, seq, d).to(dtype) for _ in range(3))
+    args = (q, k, v) + ((torch.tril(torch.ones(seq, seq)).to(dtype),) if masked else ())
+    f = kf.jit(se.fused_attention.fn, target="cuda", arch=arch, precision=precision)
+    info = kf.inspect(f, *args)
+    assert len(_attention_kernels(info)) == 1
+    ptx = info.stages["ptx"]
+    kernels = assemble(ptx, arch).kernels
+    [name] = [n for n in kernels if n.endswith("_attention")]
+    body = ptx[ptx.index(f".entry {name}("):]
+    body = body[:body.index("\n}")]
+    if precision == "fp8":
+        want = "wgmma" if arch == "sm_90a" and not masked and seq % 128 == 0 else None
+        if want is None:  # the SIMT kernel: bytes widened in registers
+            assert "ld.global.s8" in body or "ld.global.u8" in body
+    else:
+        want = "wgmma" if arch == "sm_90a" else "mma.sync"
+    assert (want in body) if want else ("mma" not in body), (arch, precision)
+    for kname, r in kernels.items():
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, (kname, r)
