@@ -3,11 +3,16 @@ compiled fresh, checked against torch (fresh random inputs, sizes off the tile g
 too) and timed beside cuBLAS / torch._scaled_mm / SDPA / torch's row-wise kernels in one
 process.
 
-    source .device/prelude.sh && python3 bench/variants.py --out $OUT/variants.json [--only gemm|attention|rowwise]
+    source .device/prelude.sh && python3 bench/variants.py --out $OUT/variants.json [--only gemm|attention|rowwise|elementwise]
 
 Row-wise variants are RowwiseStrategy switches (ROWWISE_VARIANTS: registers mode or the
 loop kernel, reciprocals, the register cap, when weights are loaded, threads a row);
 ``--rowwise-kinds 32768`` / ``8192x4096`` splits the run in two calls of a few minutes.
+
+Elementwise variants (``--only elementwise``, ELEMENTWISE_VARIANTS) are
+ElementwiseStrategy.ITEMS_PER_THREAD (vectors a thread) and scalar_math.SHORT_FORMS (the
+short GELU/sigmoid for bf16/f16 results, or libdevice's accurate math), on bias+GELU
+(exact and tanh), bias+sigmoid and x*2+b.
 
 Variants are module switches of passes/strategies/matmul.py and wgmma.py (GEMM_VARIANTS
 below: mma.sync or wgmma, the cp.async pipeline depth, tile widths, workgroup grouping) and, for attention with a causal mask,
@@ -377,11 +382,98 @@ def rowwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()
     return rows
 
 
+#: Elementwise variants: (ElementwiseStrategy.ITEMS_PER_THREAD, scalar_math.SHORT_FORMS).
+ELEMENTWISE_VARIANTS = {
+    "one vector a thread, accurate math (libdevice erff: 45f64fa's kernel but for the bf16 widening)": (1, False),
+    "one vector a thread, short forms": (1, True),
+    "two vectors a thread, short forms (the default)": (2, True),
+    "four vectors a thread, short forms": (4, True),
+}
+
+
+def _bias_gelu_tanh(x, b):
+    return torch.nn.functional.gelu(x + b, approximate="tanh")
+
+
+def _bias_sigmoid(x, b):
+    return torch.sigmoid(x + b)
+
+
+def _axpb(x, b):
+    return x * 2.0 + b
+
+
+def elementwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()) -> list[dict]:
+    """bias+GELU (exact and tanh), bias+sigmoid and x*2+b (memory only) at 32768x8192 and
+    8192x4096 in bf16 and fp32, each ELEMENTWISE_VARIANTS setting checked against torch
+    (float64) and timed against eager and this run's copy bandwidth."""
+    from kf.passes import scalar_math
+    from kf.passes.strategies.elementwise import ElementwiseStrategy
+
+    src = torch.randn(256 * 2**20, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src), [()], reps=20)
+    copy_gbs = 2 * src.numel() * 4 / copy_ms / 1e6
+    del src, dst
+    rows.append({"kind": "copy 1 GiB", "variant": "torch", "ms": copy_ms, "GB/s": copy_gbs})
+    print(rows[-1], flush=True)
+    workloads = {"bias+GELU": _bias_gelu, "bias+GELU tanh": _bias_gelu_tanh, "bias+sigmoid": _bias_sigmoid,
+                 "x*2+b": _axpb}
+    names = [n for n in ELEMENTWISE_VARIANTS if not variants or n in variants]
+    defaults = (ElementwiseStrategy.ITEMS_PER_THREAD, scalar_math.SHORT_FORMS)
+    for (r, c) in ((32768, 8192), (8192, 4096)):
+        for dt in (torch.bfloat16, torch.float32):
+            for wname, fn in workloads.items():
+                kind = f"{wname} {r}x{c} {str(dt)[6:]}"
+                if kinds and not any(k in kind for k in kinds):
+                    continue
+
+                def make(r=r, c=c, dt=dt):
+                    return torch.randn(r, c, device="cuda", dtype=dt) * 3, torch.randn(c, device="cuda", dtype=dt)
+
+                ins = rotated(make)
+                nbytes = 2 * r * c * ins[0][0].element_size()
+                base = {"eager": median_ms(fn, ins)}
+                rows.append({"kind": kind, "variant": "torch", **base, "eager GB/s": nbytes / base["eager"] / 1e6})
+                print(rows[-1], flush=True)
+                for name in names:
+                    ElementwiseStrategy.ITEMS_PER_THREAD, scalar_math.SHORT_FORMS = ELEMENTWISE_VARIANTS[name]
+                    os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
+                    row = {"kind": kind, "variant": name}
+                    f = kf.jit(fn, target="cuda")
+                    try:
+                        x = make()
+                        k0 = kf.explain(f, *x, file=None).kernels[0]
+                        row["plan"] = {k: v for k, v in k0.plan.items()
+                                       if k in ("strategy", "vector_width", "items_per_thread", "grid")}
+                        row["registers"] = k0.ptxas.get("registers")
+                        errs = [rel_err(f(*x), fn(*[t.double() for t in x]))]
+                        for (rr, cc) in ((7, 1000), (3, 8200)):
+                            y = (torch.randn(rr, cc, device="cuda", dtype=dt) * 3, torch.randn(cc, device="cuda", dtype=dt))
+                            errs.append(rel_err(f(*y), fn(*[t.double() for t in y])))
+                        row["rel_err"] = errs
+                        if max(errs) < (2e-2 if dt == torch.bfloat16 else 1e-5):
+                            row["kf"] = median_ms(f, ins)
+                            row["GB/s"] = nbytes / row["kf"] / 1e6
+                            row["% of copy"] = 100 * row["GB/s"] / copy_gbs
+                            row["eager/kf"] = base["eager"] / row["kf"]
+                        else:
+                            row["note"] = "wrong result: not timed"
+                    except Exception as e:  # a variant that fails to build or launch is reported
+                        row["note"] = f"{type(e).__name__}: {str(e)[:500]}"
+                    rows.append(row)
+                    print(row, flush=True)
+                    save(rows)
+                del ins
+    ElementwiseStrategy.ITEMS_PER_THREAD, scalar_math.SHORT_FORMS = defaults
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--size", type=int, default=8192)
-    ap.add_argument("--only", default="", help="gemm, attention or rowwise")
+    ap.add_argument("--only", default="", help="gemm, attention, rowwise or elementwise")
     ap.add_argument("--gemm-kinds", default="nn,nt,fp8", help="which GEMMs: nn, nt (B transposed), fp8 (_scaled_mm)")
     ap.add_argument("--gemm-variants", default=",".join(GEMM_VARIANTS), help="names from GEMM_VARIANTS")
     ap.add_argument("--attention-variants", default="", help="names from ATTENTION_VARIANTS, ';'-separated (all)")
@@ -389,6 +481,9 @@ def main() -> int:
     ap.add_argument("--rowwise-variants", default="", help="names from ROWWISE_VARIANTS, ';'-separated (all)")
     ap.add_argument("--rowwise-kinds", default="", help="texts of the workloads to run, ','-separated (all), "
                     "e.g. 'bfloat16' or 'softmax 32768'")
+    ap.add_argument("--elementwise-variants", default="", help="names from ELEMENTWISE_VARIANTS, ';'-separated (all)")
+    ap.add_argument("--elementwise-kinds", default="", help="texts of the workloads to run, ','-separated (all), "
+                    "e.g. 'bias+GELU 32768'")
     args = ap.parse_args()
     torch.manual_seed(int(time.time()))
 
@@ -405,6 +500,9 @@ def main() -> int:
     if args.only in ("", "rowwise"):
         rows = rowwise_rows(save, rows, tuple(v for v in args.rowwise_variants.split(";") if v),
                             tuple(k for k in args.rowwise_kinds.split(",") if k))
+    if args.only in ("", "elementwise"):
+        rows = elementwise_rows(save, rows, tuple(v for v in args.elementwise_variants.split(";") if v),
+                                tuple(k for k in args.elementwise_kinds.split(",") if k))
     return 0
 
 

@@ -66,30 +66,63 @@ def convert(v: ir.Value, to: ir.Type) -> ir.Value:
     return arith.trunci(to, v)
 
 
-# ---- erf for values that are rounded to a narrow float (bf16, f16, fp8) when stored
+# ---- erf, GELU and sigmoid for values that are rounded to a narrow float (bf16, f16, fp8)
 #
-# erf(z) = z * R(z^2) for |z| <= NARROW_ERF_CLAMP, +-1 beyond: R (degree 10 in z^2,
+# The rule: an op whose result is stored as bf16, f16 or fp8 (``stored_as``, the element
+# type of its result tensor; kf computes it in f32 and rounds once when it is stored) takes
+# the short forms below; every other result (f32, f64, or a caller that does not say)
+# keeps the accurate ones (math.erf / math.tanh / math.exp: libdevice on CUDA).
+#
+# GELU (exact, erf form): x / (1 + 2^(x Q(x^2))), i.e. x * sigmoid of the logit of Phi:
+# Q is a weighted minimax fit of that logit (scripts/fit_narrow_gelu.py: absolute error
+# where |GELU| is large, relative error towards the negative tail), of degree 4 for
+# bf16 and fp8 results and 6 for f16 (three more significand bits). Measured in f32
+# emulation against float64 math.erf on every bf16 and f16 value and a dense f32 grid
+# (test/python/passes/test_scalar_math.py):
+#   bf16 (degree 4): absolute error <= 1.4e-5 on the whole line; <= 0.06 bf16 ulp of the
+#     result for x >= -3, 0.56 for x >= -4 (torch's own f32 erf path, where 1 + erf
+#     cancels: 0.03 and 0.99; the clamped erf polynomial this replaces: 0.16 and 22);
+#   f16 (degree 6): absolute error <= 8.2e-7; <= 0.016 f16 ulp for x >= -3, 0.15 for
+#     x >= -4 (torch: 0.27 and 7.9).
+# Further left |GELU| < 1.3e-4 and only the absolute error holds. Q decreases on s >= 0,
+# so the limits are exact: GELU = x for large x, -0 for large -x; NaN stays NaN.
+# On sm_90 that is 10 (12 for f16) instructions: mul, 4 (6) fma, mul, ex2, add, rcp,
+# mul, against 16 for the clamped erf polynomial and ~30 for libdevice erff. The ex2
+# and the reciprocal are emitted as math.exp2 and arith.divf with ``fastmath<afn>``
+# (kf-to-cuda makes them ex2.approx.ftz.f32 and rcp.approx.ftz.f32, a few f32 ulps;
+# other targets keep their exp2 and division).
+# GELU (tanh form): 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)) exactly, the same three steps.
+# sigmoid: 1 / (1 + 2^(-x log2 e)) (both a few f32 ulps).
+#
+# erf alone: z * R(z^2) for |z| <= NARROW_ERF_CLAMP, +-1 beyond: R (degree 10 in z^2,
 # eleven f32 coefficients) is a minimax fit of erf on [0, 3.3] for absolute error with
 # 3.3 R(3.3^2) = 1 (scripts/fit_narrow_erf.py), error 3.1e-6 = erfc(3.3) in exact
-# arithmetic; evaluated in f32 (Horner with fma) erf's absolute error is <= 2e-5 and
-# GELU's <= 4e-5 (checked on every bf16 and a dense f32 grid against float64 math.erf in
-# test/python/passes/test_scalar_math.py); a bf16 rounding of GELU(1) is up to 2e-3.
-# The clamps make the limits exact: erf = +-1, GELU(x) = x and 0 past |x| = 4.67.
-# GELU is 17 PTX instructions (12 fma, 3 min, abs, mul; abs is a free operand modifier)
-# against 31 for libdevice erff's two intervals (a select per coefficient, ex2, a branch).
+# arithmetic; evaluated in f32 (Horner with fma) its absolute error is <= 2e-5. (A
+# sigmoid form would lose erf's relative accuracy near 0.)
 NARROW_ERF_CLAMP = 3.299999952316284  # f32(3.3)
 NARROW_ERF_COEFFS = (1.128363847732544, -0.37597909569740295, 0.11244583129882812, -0.026384387165308,
                      0.0048906151205301285, -0.0007101717637851834, 7.843021739972755e-05,
                      -6.2813546719553415e-06, 3.400955108645576e-07, -1.1041480618700916e-08,
                      1.6137417790940134e-10)
-# GELU(x) = x * Phi(x), Phi(x) = 1/2 + x * Q(x^2) with Q(s) = R(s / 2) / (2 sqrt 2).
-NARROW_GELU_CLAMP = NARROW_ERF_CLAMP * math.sqrt(2.0)
-NARROW_GELU_COEFFS = tuple(r / 2.0 ** k / (2.0 * math.sqrt(2.0)) for k, r in enumerate(NARROW_ERF_COEFFS))
+#: Q for GELU stored as bf16/fp8 (degree 4) and as f16 (degree 6), f32 values
+NARROW_GELU_COEFFS = (-2.3016536235809326, -0.10579812526702881, 0.0005742133944295347, 6.050080992281437e-05,
+                      -2.1133266727701994e-06)
+NARROW_GELU_F16_COEFFS = (-2.3021812438964844, -0.1048903614282608, 0.00012458210403565317,
+                          0.0001526888954686001, -1.0733431736298371e-05, 3.4987874641956296e-07,
+                          -4.584808976915156e-09)
+_LOG2E = math.log2(math.e)
+# tanh form: -2 log2(e) sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
+NARROW_GELU_TANH_COEFFS = (-2.0 * _LOG2E * math.sqrt(2.0 / math.pi), -2.0 * _LOG2E * math.sqrt(2.0 / math.pi) * 0.044715)
+
+
+#: Off: every result takes the accurate forms (an A/B switch for bench/variants.py; it is
+#: not part of the cache key, so give each setting its own KF_CACHE_DIR).
+SHORT_FORMS = True
 
 
 def narrow(t: ir.Type | str | None) -> bool:
-    """Whether values stored as element type t may take the short erf (bf16, f16, fp8)."""
-    return t is not None and (str(t) in ("bf16", "f16") or str(t).startswith("f8"))
+    """Whether values stored as element type t take the short forms (bf16, f16, fp8)."""
+    return SHORT_FORMS and t is not None and (str(t) in ("bf16", "f16") or str(t).startswith("f8"))
 
 
 def _clamp(x: ir.Value, lo: float, hi: float) -> ir.Value:
@@ -97,63 +130,107 @@ def _clamp(x: ir.Value, lo: float, hi: float) -> ir.Value:
     return arith.minimumf(arith.maximumf(x, const(x.type, lo)), const(x.type, hi))
 
 
-def _odd_poly(x: ir.Value, clamp: float, coeffs: Sequence[float], bias: float, nonneg: bool = False) -> ir.Value:
-    """bias + xc * P(xc^2), xc = x clamped to [-clamp, clamp] (x >= 0 where nonneg), by
-    Horner with fma."""
-    t = x.type
-    xc = arith.minimumf(x, const(t, clamp)) if nonneg else _clamp(x, -clamp, clamp)
-    s = arith.mulf(xc, xc)
-    p = const(t, coeffs[-1])
+def _poly(s: ir.Value, coeffs: Sequence[float]) -> ir.Value:
+    """coeffs[0] + s * (coeffs[1] + ...), Horner with fma."""
+    p = const(s.type, coeffs[-1])
     for c in reversed(coeffs[:-1]):
-        p = mmath.fma(p, s, const(t, c))
-    return mmath.fma(xc, p, const(t, bias))
+        p = mmath.fma(p, s, const(s.type, c))
+    return p
+
+
+def _odd_poly(x: ir.Value, clamp: float, coeffs: Sequence[float], bias: float) -> ir.Value:
+    """bias + xc * P(xc^2), xc = x clamped to [-clamp, clamp], by Horner with fma."""
+    t = x.type
+    xc = _clamp(x, -clamp, clamp)
+    return mmath.fma(xc, _poly(arith.mulf(xc, xc), coeffs), const(t, bias))
 
 
 def _erf_narrow(x: ir.Value) -> ir.Value:
     return _clamp(_odd_poly(x, NARROW_ERF_CLAMP, NARROW_ERF_COEFFS, 0.0), -1.0, 1.0)
 
 
-def erf_narrow_reference(x):
-    """NumPy mirror of the emitted short erf (float32 in and out), for tests."""
-    import numpy as np
-    return np.clip(_odd_poly_np(x, NARROW_ERF_CLAMP, NARROW_ERF_COEFFS, 0.0), -1.0, 1.0).astype(np.float32)
+AFN = "#arith.fastmath<afn>"
 
 
-def gelu_narrow_reference(x):
-    """NumPy mirror of the emitted short GELU (float32 in and out), for tests."""
-    import numpy as np
-    x = np.asarray(x, np.float32)
-    a = np.abs(x)
-    p = np.minimum(_odd_poly_np(a, NARROW_GELU_CLAMP, NARROW_GELU_COEFFS, 0.5), np.float32(1.0))
-    return (a.astype(np.float64) * p + np.minimum(x, 0).astype(np.float64)).astype(np.float32)
+def _over_one_plus_exp2(num: ir.Value, y: ir.Value) -> ir.Value:
+    """num / (1 + 2^y), the exp2 and the division approximate (``fastmath<afn>``): 2^y
+    overflows to inf for large y (the result is then +-0) and is 0 for very negative y."""
+    t = y.type
+    afn = ir.Attribute.parse(AFN)
+    return arith.divf(num, arith.addf(mmath.exp2(y, fastmath=afn), const(t, 1.0)), fastmath=afn)
 
 
-def _odd_poly_np(x, clamp, coeffs, bias):
+def _gelu_coeffs(approximate: str, stored_as) -> tuple:
+    if approximate == "tanh":
+        return NARROW_GELU_TANH_COEFFS
+    return NARROW_GELU_F16_COEFFS if str(stored_as) == "f16" else NARROW_GELU_COEFFS
+
+
+def _gelu_narrow(x: ir.Value, approximate: str, stored_as) -> ir.Value:
+    q = _gelu_coeffs(approximate, stored_as)
+    return _over_one_plus_exp2(x, arith.mulf(x, _poly(arith.mulf(x, x), q)))
+
+
+def _sigmoid_narrow(x: ir.Value) -> ir.Value:
+    return _over_one_plus_exp2(const(x.type, 1.0), arith.mulf(x, const(x.type, -_LOG2E)))
+
+
+# NumPy mirrors of the emitted short forms (float32 in and out; fma rounds once, ex2 and
+# the division are exact here, a few f32 ulps on the GPU), for tests.
+
+def _f32_poly_np(s, coeffs):
     import numpy as np
     f32, f64 = np.float32, np.float64  # an f32 product is exact in f64: fma rounds once (twice, rarely)
-    x = np.asarray(x, f32)
-    xc = np.clip(x, f32(-clamp), f32(clamp)).astype(f32)
-    s = (xc * xc).astype(f32)
     p = np.full_like(s, f32(coeffs[-1]))
     for c in reversed(coeffs[:-1]):
         p = (p.astype(f64) * s.astype(f64) + f64(f32(c))).astype(f32)
-    return (xc.astype(f64) * p.astype(f64) + f64(f32(bias))).astype(f32)
+    return p
+
+
+def _over_one_plus_exp2_np(num, y):
+    import numpy as np
+    f32 = np.float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = (np.exp2(y.astype(np.float64)).astype(f32) + f32(1)).astype(f32)
+        return (num.astype(np.float64) / d.astype(np.float64)).astype(f32)
+
+
+def erf_narrow_reference(x):
+    import numpy as np
+    f32, f64 = np.float32, np.float64
+    xc = np.clip(np.asarray(x, f32), f32(-NARROW_ERF_CLAMP), f32(NARROW_ERF_CLAMP)).astype(f32)
+    p = _f32_poly_np((xc * xc).astype(f32), NARROW_ERF_COEFFS)
+    return np.clip((xc.astype(f64) * p.astype(f64)).astype(f32), -1.0, 1.0).astype(f32)
+
+
+def gelu_narrow_reference(x, approximate: str = "none", stored_as: str = "bf16"):
+    import numpy as np
+    f32 = np.float32
+    x = np.asarray(x, f32)
+    q = _gelu_coeffs(approximate, stored_as)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (x * _f32_poly_np((x * x).astype(f32), q)).astype(f32)
+        # x / d: the reciprocal then the product on CUDA (kf-to-cuda); one rounding here
+        return _over_one_plus_exp2_np(x, y)
+
+
+def sigmoid_narrow_reference(x):
+    import numpy as np
+    f32 = np.float32
+    x = np.asarray(x, f32)
+    return _over_one_plus_exp2_np(np.ones_like(x), (x * f32(-_LOG2E)).astype(f32))
 
 
 def _gelu(x: ir.Value, approximate: str, stored_as=None) -> ir.Value:
     t = x.type
+    if narrow(stored_as) and str(t) == "f32":
+        return _gelu_narrow(x, approximate, stored_as)
     half = const(t, 0.5)
     one = const(t, 1.0)
     if approximate == "tanh":
         inner = arith.mulf(const(t, math.sqrt(2.0 / math.pi)),
                            arith.addf(x, arith.mulf(const(t, 0.044715), arith.mulf(x, arith.mulf(x, x)))))
         return arith.mulf(arith.mulf(half, x), arith.addf(one, mmath.tanh(inner)))
-    if narrow(stored_as) and str(t) == "f32":
-        # p = Phi(|x|) in [1/2, 1]; GELU(x) = x p for x >= 0 and x (1 - p) = |x| p + x
-        # below: one fma, exactly 0 where p is 1 (x <= -4.67).
-        a = mmath.absf(x)
-        p = arith.minimumf(_odd_poly(a, NARROW_GELU_CLAMP, NARROW_GELU_COEFFS, 0.5, True), one)
-        return mmath.fma(a, p, arith.minimumf(x, const(t, 0.0)))
     return arith.mulf(arith.mulf(half, x), arith.addf(one, mmath.erf(arith.mulf(x, const(t, 1 / math.sqrt(2.0))))))
 
 
@@ -164,12 +241,15 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
     Operands of binary ops must already have one type; ``cmp`` returns i1.
 
     ``stored_as`` is the element type of the op's result tensor (callers that know it
-    pass it). erf for values stored as bf16/f16 (or fp8) uses the short approximation
-    above (``NARROW_ERF_*``: a clamped odd minimax polynomial of degree 21, Horner in
-    z^2 with fma, exactly +-1 beyond |z| = 3.3), max error 2e-5 absolute for erf and
-    4e-5 for GELU (f32 evaluation included), fifty times below a bf16 rounding of
-    GELU(1); for ``kf.erf`` and exact ``kf.gelu`` computed in f32 only. Anything else (f32 and f64
-    results, or no ``stored_as``) keeps ``math.erf`` (libdevice erff on CUDA).
+    pass it). Results stored as bf16/f16 (or fp8) and computed in f32 take the short
+    forms above: ``kf.gelu`` (both forms) is x / (1 + 2^(x Q(x^2))) (exact GELU: Q a
+    degree-4 fit for bf16/fp8, absolute error <= 1.4e-5 and <= 0.06 bf16 ulp for
+    x >= -3, degree 6 for f16, 8.2e-7 and 0.016 f16 ulp; tanh GELU: the identity
+    0.5 (1 + tanh u) = 1 / (1 + e^(-2u))), ``kf.sigmoid`` is 1 / (1 + 2^(-x
+    log2 e)), both with an approximate exp2 and division (``fastmath<afn>``: ex2.approx
+    and rcp.approx on CUDA); ``kf.erf`` is a clamped odd polynomial of degree 21
+    (absolute error <= 2e-5). Anything else (f32 and f64 results, or no ``stored_as``)
+    keeps math.erf / math.tanh / math.exp and exact division.
     """
     attrs = attrs or {}
     op = name.removeprefix("kf.")
@@ -221,6 +301,8 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
             return _erf_narrow(x)
         return mmath.erf(x)
     if op == "sigmoid":
+        if narrow(stored_as) and str(t) == "f32":
+            return _sigmoid_narrow(x)
         return arith.divf(const(t, 1.0), arith.addf(const(t, 1.0), mmath.exp(arith.negf(x))))
     if op == "gelu":
         return _gelu(x, attrs.get("approximate", "none"), stored_as)

@@ -520,11 +520,12 @@ def hoist_constants(entry: ir.Block) -> None:
     visit(entry, True)
     for op in dead:
         op.erase()
-    for key, op in list(first.items()):
-        if not list(op.results[0].uses):  # index constants of lanes nothing reads
-            op.erase()
-            del first[key]
+    # Firsts nothing reads (index constants of lanes, say) go, after nested is filtered:
+    # an erased op cannot be compared.
+    unused = [first.pop(key) for key in [k for k, op in first.items() if not list(op.results[0].uses)]]
     nested = [op for op in nested if op in first.values()]
+    for op in unused:
+        op.erase()
     if nested:
         head = entry.operations[0].operation
         for op in nested:

@@ -19,10 +19,11 @@ func.func private @add_1000(%a: tensor<1000xf32>, %b: tensor<1000xf32>) -> tenso
 
 // -----
 
-// 8192 x 4096 f16 with a broadcast bias: 8 halves per thread on CUDA (16 bytes), 4 on
-// SPIR-V (its vectors have 4 components), an exact grid and so no tail.
+// 8192 x 4096 f16 with a broadcast bias: 8 halves per vector on CUDA (16 bytes), two
+// vectors a thread there (ITEMS_PER_THREAD), 4 halves and one vector on SPIR-V (its
+// vectors have 4 components), an exact grid and so no tail.
 // CUDA-LABEL: func.func private @bias_8192x4096
-// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 16384 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", target = "cuda", vector_width = 8 : i64}
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 8192 : i64, grid_stride = false, items_per_thread = 2 : i64, numel = 33554432 : i64, strategy = "elementwise", target = "cuda", vector_width = 8 : i64}
 // SPIRV-LABEL: func.func private @bias_8192x4096
 // SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 32768 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", target = "spirv", vector_width = 4 : i64}
 func.func private @bias_8192x4096(%x: tensor<8192x4096xf16>, %b: tensor<4096xf16>) -> tensor<8192x4096xf16> attributes {kf.kernel = "elementwise"} {

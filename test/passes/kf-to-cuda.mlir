@@ -128,6 +128,41 @@ module attributes {gpu.container_module} {
 
 // -----
 
+// Approximate math (scalar_math's short GELU and sigmoid for bf16/f16 results): f32
+// exp2 and division with fastmath<afn> are ex2.approx.ftz and rcp.approx.ftz (times the
+// numerator, none for 1 / d); without afn, libdevice's exp2 and IEEE division.
+// PTX-LABEL: .visible .entry approx(
+// PTX: ex2.approx.ftz.f32 [[E:%r[0-9]+]],
+// PTX: add.rn.f32 [[D:%r[0-9]+]], [[E]], 0f3F800000;
+// PTX: rcp.approx.ftz.f32 [[R:%r[0-9]+]], [[D]];
+// PTX: mul.rn.f32 {{.*}}[[R]]
+// PTX: rcp.approx.ftz.f32 [[R1:%r[0-9]+]], [[E]];
+// PTX-NEXT: add.s64
+// PTX-NEXT: st.global.b32 {{.*}}[[R1]]
+// PTX: div.rn.f32 {{.*}}[[D]];
+// PTX: ret;
+// PTXAS: // ptxas sm_90 approx: {"barriers": 0, {{.*}}"spill_store_bytes": 0, "stack_bytes": 0}
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @approx(%x: memref<256xf32>, %y: memref<256xf32>, %z: memref<256xf32>, %w: memref<256xf32>) kernel {
+      %tid = gpu.thread_id x
+      %v = memref.load %x[%tid] : memref<256xf32>
+      %one = arith.constant 1.0 : f32
+      %e = math.exp2 %v fastmath<afn> : f32
+      %d = arith.addf %e, %one : f32
+      %g = arith.divf %v, %d fastmath<afn> : f32
+      memref.store %g, %y[%tid] : memref<256xf32>
+      %r = arith.divf %one, %e fastmath<afn> : f32
+      memref.store %r, %z[%tid] : memref<256xf32>
+      %q = arith.divf %v, %d : f32
+      memref.store %q, %w[%tid] : memref<256xf32>
+      gpu.return
+    }
+  }
+}
+
+// -----
+
 // Bare pointers carry no shape: a dynamically shaped argument is refused at its kernel.
 // PTX: kf-to-cuda failed
 // PTX: kernel argument 0 has type memref<?xf32>

@@ -594,6 +594,46 @@ def test_elementwise_several_results_and_masks(run):
     check(got[2], x + y)
 
 
+def _plan_of(m):
+    decl = next(op.operation for op in m.body.operations if op.operation.name == "func.func")
+    return attr_to_plan(decl.attributes["kf.plan"])
+
+
+def test_elementwise_items_per_thread_plans():
+    """On CUDA a thread takes two vectors (ITEMS_PER_THREAD) where there are two blocks'
+    worth; elsewhere, without vectors or with little work, one."""
+    specs = [TensorSpec((64, 8192), "bf16"), TensorSpec((8192,), "bf16")]
+    ctx, m = build_module(lambda a, b: kb.gelu(kb.add(a, b)), specs, "elementwise", target="cuda")
+    with ctx:
+        plan = _plan_of(m)
+        assert plan["vector_width"] == 8 and plan["items_per_thread"] == 2 and plan["grid"] == 64 * 8192 // 8 // 2 // 256
+        assert ir.StringAttr(gpu_func(m).attributes["kf.strategy"]).value == "elementwise"
+    for target, shape, elem in (("spirv", (64, 8192), "f32"), ("cuda", (1000,), "f32"), ("cuda", (3, 1001), "f32")):
+        ctx, m = build_module(lambda a: kb.exp(a), [TensorSpec(shape, elem)], "elementwise", target=target)
+        with ctx:
+            assert "items_per_thread" not in _plan_of(m), (target, shape)
+
+
+@pytest.mark.parametrize("per,shape", [(2, (5, 1000)), (3, (5, 1000)), (2, (4, 1024)), (4, (3, 2048))],
+                         ids=["tail", "tail-after-two", "exact", "exact4"])
+def test_elementwise_items_per_thread(run, per, shape):
+    """Several vectors a thread, from an edited plan (CUDA makes two itself): every element
+    written once (the outputs start as NaN), passes past the end guarded, the stores of
+    the unguarded passes after all of them, a broadcast operand and two outputs."""
+    x, b = rand(*shape), rand(shape[-1])
+
+    def edit(plan):
+        items = plan["numel"] // plan["vector_width"]
+        plan.update(items_per_thread=per, grid=-(-items // (per * plan["block"])), grid_stride=False)
+
+    got = run(lambda a, c: (kb.gelu(kb.add(a, c)), kb.mul(a, c)), x, b, kind="elementwise", plan_edit=edit)
+    check(got[0], torch.nn.functional.gelu(x + b))
+    check(got[1], x * b)
+    xh, bh = x.to(torch.float16), b.to(torch.float16)
+    (got,) = run(lambda a, c: kb.sigmoid(kb.add(a, c)), xh, bh, kind="elementwise", plan_edit=edit)
+    check(got, in_f32(lambda u, v: torch.sigmoid(u + v), xh, bh))
+
+
 def test_passes_leave_declarations_alone():
     """Running kf-tile and kf-map-to-gpu again finds no kernel function left to write."""
     ctx, m = build_module(lambda a: kb.exp(a), [TensorSpec((1000,), "f32")], "elementwise")
