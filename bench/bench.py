@@ -299,6 +299,7 @@ def jit_rows() -> list[Row]:
     # compiled launcher (kf.runtime._launcher, pointers as ints), when it is built. kf's
     # own calls go through whichever runtime/cuda.py chose (launcher in the note);
     # libcuda's cuLaunchKernel through ctypes was measured once too: 7.9 us against 5.9.
+    from kf import api as kf_api
     from kf.runtime import cuda as kf_cuda
 
     lane = next(iter(f._fast.values()))  # the fast lane (or call_matched) of the CompiledProgram
@@ -334,6 +335,7 @@ def jit_rows() -> list[Row]:
     fastest = min(bare.values())
     rows.append(Row("host overhead per call (us): kf x+1 vs torch x.add(1)", times_ms={"kf": per_call, "eager": torch_call},
                     note="values in microseconds, wall clock; kf launches through " + kf_cuda.launcher() +
+                         "; dispatch " + kf_api.DISPATCH.split(" (")[0] +
                          "; bare cuLaunchKernel " + ", ".join(f"{k} {v:.2f} us" for k, v in bare.items()) +
                          f"; kf/fastest bare {per_call / fastest:.2f}"))
     return rows

@@ -25,6 +25,39 @@ _AUTOCAST_DEVICE = {"cuda": "cuda", "metal": "mps", "vulkan": "cpu", "cpu": "cpu
 _AUTOCAST_PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: One C call: whether any autocast region is active (the common case pays only this).
 _any_autocast = torch._C._is_any_autocast_enabled
+_is_compiling = torch_ops._is_compiling
+
+
+def _choose_dispatch():
+    """(kf.runtime._launcher.dispatch or None, its MISS, which dispatch in words).
+
+    The compiled extension (runtime/_launcher.c) does a call's common case in one C call:
+    the checks of ``torch_ops.needs_op`` and of autocast, the dispatch key that
+    ``_fast_key`` builds, the table lookup and the call of its entry (a CUDA program's
+    prebuilt lane runs there too, see ``CudaProgram.c_lane``). ``KF_DISPATCH=python``
+    keeps all of it in Python (as before the extension had it, to compare; the launch
+    still goes through the launcher runtime/cuda.py chose), ``KF_DISPATCH=c`` requires
+    the extension; ``auto`` (the default) uses it where it is built."""
+    choice = os.environ.get("KF_DISPATCH", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "c", "python"):
+        raise ValueError(f"KF_DISPATCH={choice!r}: expected 'auto' (the default), 'c' or 'python'")
+    if choice == "python":
+        return None, None, "Python (KF_DISPATCH=python)"
+    try:
+        from kf.runtime import _launcher
+        dispatch = _launcher.dispatch
+    except (ImportError, AttributeError) as e:
+        if choice == "c":
+            raise ImportError(f"KF_DISPATCH=c, but kf's compiled extension kf.runtime._launcher does not import or "
+                              f"has no dispatch ({e}); reinstall kf with a C compiler (pip install -e .)") from e
+        return None, None, f"Python (kf.runtime._launcher is not built: {e})"
+    _launcher.configure(torch.Tensor, torch_ops._dispatch_modes, torch_ops._grad_enabled, _any_autocast)
+    return dispatch, _launcher.MISS, f"C (kf.runtime._launcher, {os.path.basename(_launcher.__file__)})"
+
+
+#: kf.runtime._launcher.dispatch and the value it answers "not the common case" with,
+#: or None where calls dispatch in Python.
+_c_dispatch, _MISS, DISPATCH = _choose_dispatch()
 
 
 class KfFunction:
@@ -48,6 +81,10 @@ class KfFunction:
         self._fast: dict[tuple, Any] = {}
         self._fast_ok = not any(isinstance(d, (torch.Tensor, list, tuple))
                                 for d in (fn.__defaults__ or ()))
+        # What __call__ asks of the C dispatch (kf.runtime._launcher.dispatch): needs_op's
+        # checks where calls may go through the torch op, autocast's always; -1: no C
+        # dispatch (not built, KF_DISPATCH=python, or no fast path: defaults hold tensors)
+        self._c_checks = -1 if _c_dispatch is None or not self._fast_ok else (3 if torch_op else 2)
         # torch.ops.kf.<name>: what torch.compile, torch.export and autograd see (torch_ops.py)
         # (kf's own generated backward functions are called from their forward's op: none)
         self._params = torch_ops.parameters(fn)
@@ -127,6 +164,13 @@ class KfFunction:
         return v
 
     def __call__(self, *args, **kwargs):
+        # The common case in one C call (_choose_dispatch); MISS for anything else, which
+        # the Python below decides from the start. _is_compiling() comes first in Python:
+        # Dynamo folds it to True and so never traces into the C call.
+        if self._c_checks >= 0 and not kwargs and not _is_compiling():
+            result = _c_dispatch(self._fast, args, self._c_checks)
+            if result is not _MISS:
+                return result
         if self._torch_op is not None and torch_ops.needs_op(args, kwargs):  # tracing, torch.compile, autograd
             return torch_ops.call(self, args, kwargs)
         if _any_autocast():
@@ -140,6 +184,10 @@ class KfFunction:
     def _kernel_call(self, args: tuple, kwargs: dict):
         """Run the compiled program for this call (the op's real implementation)."""
         if not kwargs and self._fast_ok:
+            if _c_dispatch is not None:  # key, lookup and entry in C, no checks (MISS: as below)
+                result = _c_dispatch(self._fast, args, 0)
+                if result is not _MISS:
+                    return result
             key, tensors = _fast_key(args)
             if key is not None:
                 program = self._fast.get(key)

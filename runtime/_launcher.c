@@ -13,6 +13,13 @@
  * the returned CUresult and names the error (cuda.bindings' cuGetErrorString) only on
  * the failure path.
  *
+ * The second half of the file (below "dispatch") moves the rest of a small call's host
+ * work out of Python bytecode: the dispatch key of the call's arguments, the checks that
+ * decide whether a call may skip torch's op (torch_ops.needs_op) and the prebuilt fast
+ * lane of a one-kernel program (allocate the outputs, launch, return). It reads tensors
+ * only through the Python C API (attributes and methods, as the Python code does), so
+ * it needs no torch headers and stays correct for any torch version.
+ *
  *   launch(function, gx, gy, gz, bx, by, bz, shared_bytes, stream, ptr0, ptr1, ...) -> int
  *
  * function: the CUfunction's address (int(cuda.bindings CUfunction)); stream: the raw
@@ -25,6 +32,7 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The signature of cuLaunchKernel in cuda.h (CUresult is an enum, an int in the ABI). */
@@ -163,6 +171,664 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(err);
 }
 
+/* ====================================================================== dispatch
+ *
+ * The per-call work of a kf function between KfFunction.__call__ and the launch, in C:
+ *
+ *   configure(tensor_type, dispatch_modes, grad_enabled, any_autocast) -> None
+ *   key(args) -> (key, tensors) | (None, []) | MISS
+ *   dispatch(table, args, checks) -> result | MISS
+ *   Lane(...)(tensors) -> result
+ *
+ * key() builds exactly the tuple compiler/api.py's _fast_key builds from positional
+ * arguments (per tensor (shape, dtype, device, is_contiguous()), per list or tuple of
+ * tensors (type, per-tensor tuples), per constant (type, value)), reading the same
+ * attributes through the Python C API, so either may fill the dispatch table the other
+ * reads. MISS: an argument it leaves to Python (a list or tuple subclass).
+ *
+ * dispatch() is KfFunction.__call__'s common case in one call: with checks & 1, no
+ * torch dispatch mode active and, where grad mode is on, no tensor requiring grad
+ * (torch_ops.needs_op); with checks & 2, no autocast region; then the key, the table's
+ * entry and its call on the flat tensors. Anything else (a miss, a tensor that requires
+ * grad, an argument it cannot key, an exception while reading an argument) returns MISS,
+ * and the caller runs its Python path from the start, which decides as it always did
+ * and raises what it always raised.
+ *
+ * A Lane is CudaProgram's fast lane and CompiledProgram.matched_call's wrapper in one
+ * object: the profiling guard, the 16-byte alignment check, the outputs from torch's
+ * allocator (the callable it was given), the launch on torch's current stream and the
+ * result. Whatever is not that common case (profiling on, a misaligned view, tensors on
+ * another device than the current one, a device the kernel is not bound on yet) calls
+ * `slow`, the Python lane it stands for.
+ */
+
+static PyObject *str_shape, *str_dtype, *str_device, *str_is_contiguous, *str_requires_grad,
+    *str_data_ptr, *str_get_device;
+static PyObject *miss = NULL;            /* _launcher.MISS */
+static PyTypeObject *tensor_type = NULL; /* torch.Tensor, from configure() */
+static PyObject *dispatch_modes = NULL, *grad_enabled = NULL, *any_autocast = NULL;
+
+#define CHECK_OP 1
+#define CHECK_AUTOCAST 2
+
+enum { KEY_NONE = 0, KEY_OK = 1, KEY_GRAD = 2, KEY_DEFER = 3 };
+
+static int call_truth(PyObject *fn) {
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL)
+        return -1;
+    int t = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return t;
+}
+
+static PyObject *call_method0(PyObject *obj, PyObject *name) {
+    PyObject *a[1] = {obj};
+    return PyObject_VectorcallMethod(name, a, 1, NULL);
+}
+
+/* (shape, dtype, device, is_contiguous()) of a tensor: a new tuple, NULL on error. */
+static PyObject *tensor_key(PyObject *t) {
+    PyObject *k = PyTuple_New(4), *v;
+    if (k == NULL)
+        return NULL;
+    if ((v = PyObject_GetAttr(t, str_shape)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(k, 0, v);
+    if ((v = PyObject_GetAttr(t, str_dtype)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(k, 1, v);
+    if ((v = PyObject_GetAttr(t, str_device)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(k, 2, v);
+    if ((v = call_method0(t, str_is_contiguous)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(k, 3, v);
+    return k;
+fail:
+    Py_DECREF(k);
+    return NULL;
+}
+
+/* With *grad set: 1 where autograd would record a call of this tensor (it requires grad
+ * and grad mode is on), else 0; -1 on error. Grad mode is asked only at the first tensor
+ * that requires grad (most calls have none, and then it does not matter); where it is
+ * off, *grad is cleared and no later tensor is asked either. */
+static int records_grad(PyObject *t, int *grad) {
+    if (!*grad)
+        return 0;
+    PyObject *v = PyObject_GetAttr(t, str_requires_grad);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (r <= 0)
+        return r;
+    if ((r = call_truth(grad_enabled)) == 0)
+        *grad = 0;
+    return r;
+}
+
+static PyObject *pair(PyObject *a, PyObject *b) { return PyTuple_Pack(2, a, b); }
+
+/* The key of positional arguments (a tuple) and their tensors, flat (a list): KEY_OK with
+ * *key_out and *tensors_out set (new references); KEY_NONE where _fast_key answers
+ * (None, []); KEY_GRAD where grad is set, a tensor requires grad and grad mode is on
+ * (torch_ops.needs_op would send the call through the op); KEY_DEFER for an argument
+ * left to Python; -1 with an exception set. */
+static int build_key(PyObject *args, int grad, PyObject **key_out, PyObject **tensors_out) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *key = PyTuple_New(n), *tensors = PyList_New(0), *seq = NULL;
+    int rc = -1;
+    if (key == NULL || tensors == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i), *item;
+        if (PyObject_TypeCheck(a, tensor_type)) {
+            int r = records_grad(a, &grad);
+            if (r != 0) {
+                rc = r < 0 ? -1 : KEY_GRAD;
+                goto done;
+            }
+            if ((item = tensor_key(a)) == NULL || PyList_Append(tensors, a) < 0) {
+                Py_XDECREF(item);
+                goto done;
+            }
+        } else if (PyList_Check(a) || PyTuple_Check(a)) {
+            if (!PyList_CheckExact(a) && !PyTuple_CheckExact(a)) {
+                rc = KEY_DEFER; /* a subclass may index and iterate its own way */
+                goto done;
+            }
+            /* a snapshot: reading a tensor's attributes runs Python that could change a list */
+            seq = PyList_CheckExact(a) ? PyList_AsTuple(a) : Py_NewRef(a);
+            if (seq == NULL)
+                goto done;
+            Py_ssize_t m = PyTuple_GET_SIZE(seq);
+            if (m == 0 || !PyObject_TypeCheck(PyTuple_GET_ITEM(seq, 0), tensor_type)) {
+                rc = KEY_NONE; /* not a list of tensors, and not a constant either */
+                goto done;
+            }
+            for (Py_ssize_t j = 0; j < m; j++) {
+                if (!PyObject_TypeCheck(PyTuple_GET_ITEM(seq, j), tensor_type)) {
+                    rc = KEY_NONE;
+                    goto done;
+                }
+            }
+            PyObject *inner = PyTuple_New(m);
+            if (inner == NULL)
+                goto done;
+            for (Py_ssize_t j = 0; j < m; j++) {
+                PyObject *t = PyTuple_GET_ITEM(seq, j), *tk;
+                int r = records_grad(t, &grad);
+                if (r != 0) {
+                    Py_DECREF(inner);
+                    rc = r < 0 ? -1 : KEY_GRAD;
+                    goto done;
+                }
+                if ((tk = tensor_key(t)) == NULL || PyList_Append(tensors, t) < 0) {
+                    Py_XDECREF(tk);
+                    Py_DECREF(inner);
+                    goto done;
+                }
+                PyTuple_SET_ITEM(inner, j, tk);
+            }
+            item = pair((PyObject *)Py_TYPE(a), inner);
+            Py_DECREF(inner);
+            Py_CLEAR(seq);
+            if (item == NULL)
+                goto done;
+        } else if (a == Py_None || PyLong_Check(a) || PyFloat_Check(a) || PyUnicode_Check(a)) {
+            /* None, bool (an int), int, float, str: the value is part of the key */
+            if ((item = pair((PyObject *)Py_TYPE(a), a)) == NULL)
+                goto done;
+        } else {
+            rc = KEY_NONE;
+            goto done;
+        }
+        PyTuple_SET_ITEM(key, i, item);
+    }
+    *key_out = key;
+    *tensors_out = tensors;
+    return KEY_OK;
+done:
+    Py_XDECREF(seq);
+    Py_XDECREF(key);
+    Py_XDECREF(tensors);
+    return rc;
+}
+
+static int need_configure(void) {
+    if (tensor_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "kf.runtime._launcher: configure(torch.Tensor, ...) has not been called");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(configure_doc,
+"configure(tensor_type, dispatch_modes, grad_enabled, any_autocast) -> None\n\n"
+"What key() and dispatch() read: the tensor type (torch.Tensor) and three callables of\n"
+"no arguments: the number of active torch dispatch modes, whether grad mode is on and\n"
+"whether any autocast region is (compiler/api.py passes torch's own C functions).");
+
+static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "configure() takes 4 arguments, %zd given", nargs);
+        return NULL;
+    }
+    if (!PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "configure() argument 1 must be a type (torch.Tensor)");
+        return NULL;
+    }
+    for (int i = 1; i < 4; i++) {
+        if (!PyCallable_Check(args[i])) {
+            PyErr_Format(PyExc_TypeError, "configure() argument %d must be callable", i + 1);
+            return NULL;
+        }
+    }
+    Py_XSETREF(tensor_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(dispatch_modes, Py_NewRef(args[1]));
+    Py_XSETREF(grad_enabled, Py_NewRef(args[2]));
+    Py_XSETREF(any_autocast, Py_NewRef(args[3]));
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(key_doc,
+"key(args) -> (key, tensors) | (None, []) | MISS\n\n"
+"compiler/api.py's _fast_key(args) in C: the dispatch key of a tuple of positional\n"
+"arguments and their tensors, flat; (None, []) where an argument is neither a tensor, a\n"
+"list or tuple of tensors nor a constant (None, bool, int, float, str); MISS for an\n"
+"argument it leaves to _fast_key (a list or tuple subclass).");
+
+static PyObject *key(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (need_configure() < 0)
+        return NULL;
+    if (!PyTuple_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "key() takes a tuple, not %.100s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    PyObject *k, *tensors;
+    int rc = build_key(arg, 0, &k, &tensors);
+    if (rc < 0)
+        return NULL;
+    if (rc == KEY_DEFER)
+        return Py_NewRef(miss);
+    if (rc == KEY_NONE)
+        return Py_BuildValue("(O[])", Py_None);
+    PyObject *r = pair(k, tensors);
+    Py_DECREF(k);
+    Py_DECREF(tensors);
+    return r;
+}
+
+static PyTypeObject LaneType;
+static PyObject *lane_run(PyObject *lane, PyObject *tensors);
+
+PyDoc_STRVAR(dispatch_doc,
+"dispatch(table, args, checks) -> result | MISS\n\n"
+"KfFunction's common call in one: with checks & 1, MISS while a torch dispatch mode is\n"
+"active or, in grad mode, a tensor requires grad; with checks & 2, MISS in an autocast\n"
+"region; then table[key(args)] called on the flat tensors (a Lane directly), or MISS\n"
+"where the key is not in the table or cannot be made. Exceptions while reading the\n"
+"arguments are left for the Python path to raise (MISS); the entry's own propagate.");
+
+static PyObject *dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "dispatch() takes (table: dict, args: tuple, checks: int)");
+        return NULL;
+    }
+    if (need_configure() < 0)
+        return NULL;
+    long checks = PyLong_AsLong(args[2]);
+    if ((checks & CHECK_OP) && call_truth(dispatch_modes) != 0)
+        goto miss;
+    if ((checks & CHECK_AUTOCAST) && call_truth(any_autocast) != 0)
+        goto miss;
+    PyObject *k, *tensors;
+    if (build_key(args[1], (checks & CHECK_OP) != 0, &k, &tensors) != KEY_OK)
+        goto miss;
+    PyObject *entry = PyDict_GetItemWithError(args[0], k);
+    Py_DECREF(k);
+    if (entry == NULL) {
+        Py_DECREF(tensors);
+        goto miss;
+    }
+    Py_INCREF(entry); /* the table may change while the entry runs */
+    PyObject *result = Py_IS_TYPE(entry, &LaneType) ? lane_run(entry, tensors) : PyObject_CallOneArg(entry, tensors);
+    Py_DECREF(entry);
+    Py_DECREF(tensors);
+    return result;
+miss:
+    PyErr_Clear(); /* the Python path reads the same arguments again and raises there */
+    return Py_NewRef(miss);
+}
+
+/* ------------------------------------------------------------------------- Lane */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *handles;   /* dict: torch device index -> CUfunction address (CudaKernel._handles) */
+    unsigned int dims[7]; /* grid, block, shared bytes */
+    Py_ssize_t n_in, n_out, n_params;
+    Py_ssize_t order[KF_STACK_PARAMS]; /* kernel parameter k is buffer order[k] (inputs, outputs) */
+    PyObject *outputs;   /* tuple of (shape, stride, dtype) */
+    PyObject *alloc, *current_device, *raw_stream, *failed, *slow;
+    PyObject *profile_globals, *profile_name, *profiler_enabled;
+    Py_ssize_t first;    /* the result is output `first`; -1: unflatten(tree, outputs) */
+    uint64_t alignment;  /* of every input's address: others go the slow way */
+    PyObject *tree, *unflatten, *program;
+    PyObject *device;    /* the tensors' device index (get_device()), read at the first call */
+} LaneObject;
+
+/* A uint64 from an int result, consuming the reference; -1 with an exception. */
+static int take_u64(PyObject *v, uint64_t *out) {
+    if (v == NULL)
+        return -1;
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "kf lane: expected an int, got %.100s", Py_TYPE(v)->tp_name);
+        Py_DECREF(v);
+        return -1;
+    }
+    unsigned long long x = PyLong_AsUnsignedLongLong(v);
+    Py_DECREF(v);
+    if (x == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint64_t)x;
+    return 0;
+}
+
+static PyObject *lane_run(PyObject *obj, PyObject *tensors) {
+    LaneObject *self = (LaneObject *)obj;
+    uint64_t bufs[KF_STACK_PARAMS], slots[KF_STACK_PARAMS];
+    void *params[KF_STACK_PARAMS];
+    PyObject *dev = NULL, *outs = NULL, *v;
+    int r;
+
+    if (!PyList_CheckExact(tensors) || PyList_GET_SIZE(tensors) != self->n_in)
+        goto slow;
+    /* kf.profile is recording (driver._PROFILE), or torch.profiler is */
+    if (self->profile_globals != NULL) {
+        v = PyDict_GetItemWithError(self->profile_globals, self->profile_name);
+        if (v == NULL && PyErr_Occurred())
+            return NULL;
+        if (v != NULL && v != Py_None)
+            goto slow;
+    }
+    if (self->profiler_enabled != NULL) {
+        if ((r = call_truth(self->profiler_enabled)) < 0)
+            return NULL;
+        if (r)
+            goto slow;
+    }
+    for (Py_ssize_t i = 0; i < self->n_in; i++) {
+        if (take_u64(call_method0(PyList_GET_ITEM(tensors, i), str_data_ptr), &bufs[i]) < 0)
+            return NULL;
+        if (bufs[i] % self->alignment) /* kf's kernels assume aligned buffers: a view at an offset */
+            goto slow;
+    }
+    /* The device is the same at every call: a lane sits in the dispatch table under one
+     * key, and the key holds every tensor's device. */
+    if (self->device == NULL && (self->device = call_method0(PyList_GET_ITEM(tensors, 0), str_get_device)) == NULL)
+        return NULL;
+    dev = Py_NewRef(self->device);
+    if ((v = PyObject_CallNoArgs(self->current_device)) == NULL)
+        goto fail;
+    r = PyObject_RichCompareBool(dev, v, Py_EQ);
+    Py_DECREF(v);
+    if (r < 0)
+        goto fail;
+    if (r == 0) /* not the current device: torch.empty on the tensors' device, in Python */
+        goto slow;
+    uint64_t fn, stream;
+    v = PyDict_GetItemWithError(self->handles, dev);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            goto fail;
+        goto slow; /* not bound on this device yet: the Python lane binds it */
+    }
+    if (take_u64(Py_NewRef(v), &fn) < 0)
+        goto fail;
+    if ((outs = PyList_New(self->n_out)) == NULL)
+        goto fail;
+    for (Py_ssize_t j = 0; j < self->n_out; j++) {
+        PyObject *spec = PyTuple_GET_ITEM(self->outputs, j);
+        PyObject *out = PyObject_Vectorcall(self->alloc, ((PyTupleObject *)spec)->ob_item, 3, NULL);
+        if (out == NULL)
+            goto fail;
+        PyList_SET_ITEM(outs, j, out);
+        if (take_u64(call_method0(out, str_data_ptr), &bufs[self->n_in + j]) < 0)
+            goto fail;
+    }
+    if (take_u64(PyObject_CallOneArg(self->raw_stream, dev), &stream) < 0)
+        goto fail;
+    for (Py_ssize_t k = 0; k < self->n_params; k++) {
+        slots[k] = bufs[self->order[k]];
+        params[k] = &slots[k];
+    }
+    if (cu_launch_kernel == NULL && load_driver_impl() < 0)
+        goto fail;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = cu_launch_kernel((void *)(uintptr_t)fn, self->dims[0], self->dims[1], self->dims[2], self->dims[3],
+                           self->dims[4], self->dims[5], self->dims[6], (void *)(uintptr_t)stream, params, NULL);
+    Py_END_ALLOW_THREADS
+    if (err) {
+        PyObject *code = PyLong_FromLong(err);
+        if (code != NULL) {
+            v = PyObject_CallOneArg(self->failed, code); /* raises CudaError */
+            Py_DECREF(code);
+            Py_XDECREF(v);
+        }
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_RuntimeError, "kf lane: cuLaunchKernel failed with CUresult %d", err);
+        goto fail;
+    }
+    Py_DECREF(dev);
+    if (self->first >= 0) {
+        v = Py_NewRef(PyList_GET_ITEM(outs, self->first));
+        Py_DECREF(outs);
+        return v;
+    }
+    v = PyObject_CallFunctionObjArgs(self->unflatten, self->tree, outs, NULL);
+    Py_DECREF(outs);
+    return v;
+slow:
+    Py_XDECREF(dev);
+    return PyObject_CallOneArg(self->slow, tensors);
+fail:
+    Py_XDECREF(dev);
+    Py_XDECREF(outs);
+    return NULL;
+}
+
+static PyObject *lane_vectorcall(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "a kf lane takes one argument: the list of the call's tensors");
+        return NULL;
+    }
+    return lane_run(obj, args[0]);
+}
+
+static int lane_u32(PyObject *seq, Py_ssize_t n, unsigned int *out, const char *what) {
+    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_TypeError, "Lane: %s must be a tuple of %zd ints", what, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long v = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(seq, i));
+        if (v == (unsigned long)-1 && PyErr_Occurred())
+            return -1;
+        if (v > UINT_MAX) {
+            PyErr_Format(PyExc_OverflowError, "Lane: %s holds a value above 2**32", what);
+            return -1;
+        }
+        out[i] = (unsigned int)v;
+    }
+    return 0;
+}
+
+static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"handles", "grid", "block", "shared_bytes", "order", "n_in", "outputs", "alloc",
+                            "current_device", "raw_stream", "failed", "slow", "first", "tree", "unflatten",
+                            "profile_globals", "profile_name", "profiler_enabled", "program", "alignment", NULL};
+    PyObject *handles, *grid, *block, *shared, *order, *outputs, *alloc, *current_device, *raw_stream, *failed,
+        *slow, *tree = Py_None, *unflatten = Py_None, *pglobals = Py_None, *pname = Py_None,
+        *penabled = Py_None, *program = Py_None;
+    Py_ssize_t n_in, first = -1, alignment = 16;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOnO!OOOOO|nOOOOOOn:Lane", names, &PyDict_Type, &handles,
+                                     &grid, &block, &shared, &order, &n_in, &PyTuple_Type, &outputs, &alloc,
+                                     &current_device, &raw_stream, &failed, &slow, &first, &tree, &unflatten,
+                                     &pglobals, &pname, &penabled, &program, &alignment))
+        return NULL;
+    if (alignment < 1) {
+        PyErr_SetString(PyExc_ValueError, "Lane: alignment must be positive");
+        return NULL;
+    }
+    Py_ssize_t n_out = PyTuple_GET_SIZE(outputs);
+    if (n_in < 1 || n_in + n_out > KF_STACK_PARAMS) {
+        PyErr_Format(PyExc_ValueError, "Lane: 1 to %d buffers (inputs and outputs), got %zd inputs and %zd outputs",
+                     KF_STACK_PARAMS, n_in, n_out);
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < n_out; j++) {
+        PyObject *spec = PyTuple_GET_ITEM(outputs, j);
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3) {
+            PyErr_SetString(PyExc_TypeError, "Lane: each output is a tuple (shape, stride, dtype)");
+            return NULL;
+        }
+    }
+    if (!PyTuple_Check(order) || PyTuple_GET_SIZE(order) > KF_STACK_PARAMS) {
+        PyErr_SetString(PyExc_TypeError, "Lane: order must be a tuple of buffer indices");
+        return NULL;
+    }
+    PyObject *fns[] = {alloc, current_device, raw_stream, failed, slow};
+    for (int i = 0; i < 5; i++) {
+        if (!PyCallable_Check(fns[i])) {
+            PyErr_SetString(PyExc_TypeError, "Lane: alloc, current_device, raw_stream, failed and slow must be callable");
+            return NULL;
+        }
+    }
+    if (first < 0 && !PyCallable_Check(unflatten)) {
+        PyErr_SetString(PyExc_TypeError, "Lane: without first, unflatten must be callable");
+        return NULL;
+    }
+    if (first >= n_out) {
+        PyErr_SetString(PyExc_ValueError, "Lane: first is not an output");
+        return NULL;
+    }
+    if (pglobals != Py_None && (!PyDict_Check(pglobals) || !PyUnicode_Check(pname))) {
+        PyErr_SetString(PyExc_TypeError, "Lane: profile_globals is a dict and profile_name a str");
+        return NULL;
+    }
+    LaneObject *self = (LaneObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = lane_vectorcall;
+    self->n_in = n_in;
+    self->n_out = n_out;
+    self->n_params = PyTuple_GET_SIZE(order);
+    self->first = first;
+    self->alignment = (uint64_t)alignment;
+    if (lane_u32(grid, 3, self->dims, "grid") < 0 || lane_u32(block, 3, self->dims + 3, "block") < 0)
+        goto fail;
+    {
+        unsigned long v = PyLong_AsUnsignedLong(shared);
+        if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > UINT_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_OverflowError, "Lane: shared_bytes above 2**32");
+            goto fail;
+        }
+        self->dims[6] = (unsigned int)v;
+    }
+    for (Py_ssize_t k = 0; k < self->n_params; k++) {
+        Py_ssize_t b = PyLong_AsSsize_t(PyTuple_GET_ITEM(order, k));
+        if (b == -1 && PyErr_Occurred())
+            goto fail;
+        if (b < 0 || b >= n_in + n_out) {
+            PyErr_Format(PyExc_ValueError, "Lane: order names buffer %zd of %zd", b, n_in + n_out);
+            goto fail;
+        }
+        self->order[k] = b;
+    }
+    self->handles = Py_NewRef(handles);
+    self->outputs = Py_NewRef(outputs);
+    self->alloc = Py_NewRef(alloc);
+    self->current_device = Py_NewRef(current_device);
+    self->raw_stream = Py_NewRef(raw_stream);
+    self->failed = Py_NewRef(failed);
+    self->slow = Py_NewRef(slow);
+    self->tree = Py_NewRef(tree);
+    self->unflatten = Py_NewRef(unflatten);
+    self->program = Py_NewRef(program);
+    if (pglobals != Py_None) {
+        self->profile_globals = Py_NewRef(pglobals);
+        self->profile_name = Py_NewRef(pname);
+    }
+    if (penabled != Py_None)
+        self->profiler_enabled = Py_NewRef(penabled);
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static int lane_traverse(LaneObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->handles);
+    Py_VISIT(self->outputs);
+    Py_VISIT(self->alloc);
+    Py_VISIT(self->current_device);
+    Py_VISIT(self->raw_stream);
+    Py_VISIT(self->failed);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->profile_globals);
+    Py_VISIT(self->profile_name);
+    Py_VISIT(self->profiler_enabled);
+    Py_VISIT(self->tree);
+    Py_VISIT(self->unflatten);
+    Py_VISIT(self->program);
+    Py_VISIT(self->device);
+    return 0;
+}
+
+static int lane_clear(LaneObject *self) {
+    Py_CLEAR(self->handles);
+    Py_CLEAR(self->outputs);
+    Py_CLEAR(self->alloc);
+    Py_CLEAR(self->current_device);
+    Py_CLEAR(self->raw_stream);
+    Py_CLEAR(self->failed);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->profile_globals);
+    Py_CLEAR(self->profile_name);
+    Py_CLEAR(self->profiler_enabled);
+    Py_CLEAR(self->tree);
+    Py_CLEAR(self->unflatten);
+    Py_CLEAR(self->program);
+    Py_CLEAR(self->device);
+    return 0;
+}
+
+static void lane_dealloc(LaneObject *self) {
+    PyObject_GC_UnTrack(self);
+    lane_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *lane_get(LaneObject *self, void *which) {
+    PyObject *v = *(PyObject **)((char *)self + (Py_ssize_t)which);
+    return Py_NewRef(v ? v : Py_None);
+}
+
+static PyObject *lane_get_dims(LaneObject *self, void *unused) {
+    (void)unused;
+    return Py_BuildValue("((III)(III)I)", self->dims[0], self->dims[1], self->dims[2], self->dims[3], self->dims[4],
+                         self->dims[5], self->dims[6]);
+}
+
+static PyGetSetDef lane_getset[] = {
+    {"program", (getter)lane_get, NULL, "what made the lane (CompiledProgram)", (void *)offsetof(LaneObject, program)},
+    {"slow", (getter)lane_get, NULL, "the Python lane: every call that is not the common case",
+     (void *)offsetof(LaneObject, slow)},
+    {"outputs", (getter)lane_get, NULL, "(shape, stride, dtype) per output", (void *)offsetof(LaneObject, outputs)},
+    {"launch_dims", (getter)lane_get_dims, NULL, "(grid, block, shared bytes)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(lane_doc,
+"Lane(handles, grid, block, shared_bytes, order, n_in, outputs, alloc, current_device,\n"
+"     raw_stream, failed, slow, first=-1, tree=None, unflatten=None, profile_globals=None,\n"
+"     profile_name=None, profiler_enabled=None, program=None, alignment=16)\n\n"
+"A program of one kernel, called with a list of tensors that a dispatch key matched to it\n"
+"(shapes, dtypes, device, contiguity; the device is read at the first call and taken to\n"
+"be the same at every later one, as the key holds it): outputs from alloc(shape, stride, dtype), the\n"
+"kernel launched on raw_stream(device) with the buffers (inputs, then outputs) in the\n"
+"kernel's parameter order, and output `first`, or unflatten(tree, outputs), returned.\n"
+"handles: device index -> CUfunction address (filled as the kernel is bound); failed(err)\n"
+"raises for a failed launch. slow(tensors) answers every call that is not that case:\n"
+"profile_globals[profile_name] not None or profiler_enabled() true, an input's address\n"
+"not a multiple of alignment, tensors not on current_device(), a device with no handle yet.");
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kf.runtime._launcher.Lane",
+    .tp_basicsize = sizeof(LaneObject),
+    .tp_dealloc = (destructor)lane_dealloc,
+    .tp_vectorcall_offset = offsetof(LaneObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = lane_doc,
+    .tp_traverse = (traverseproc)lane_traverse,
+    .tp_clear = (inquiry)lane_clear,
+    .tp_getset = lane_getset,
+    .tp_new = lane_new,
+};
+
 PyDoc_STRVAR(load_driver_doc,
 "load_driver() -> None\n\n"
 "Open libcuda.so.1 and look up cuLaunchKernel now rather than on the first launch;\n"
@@ -179,6 +845,9 @@ static PyObject *load_driver(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, launch_doc},
     {"load_driver", load_driver, METH_NOARGS, load_driver_doc},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
+    {"key", key, METH_O, key_doc},
+    {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL, dispatch_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -198,9 +867,28 @@ PyMODINIT_FUNC PyInit__launcher(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "STACK_PARAMS", KF_STACK_PARAMS) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
+    if (PyModule_AddIntConstant(m, "STACK_PARAMS", KF_STACK_PARAMS) < 0)
+        goto fail;
+    if (PyModule_AddIntConstant(m, "CHECK_OP", CHECK_OP) < 0 ||
+        PyModule_AddIntConstant(m, "CHECK_AUTOCAST", CHECK_AUTOCAST) < 0)
+        goto fail;
+    if ((str_shape = PyUnicode_InternFromString("shape")) == NULL ||
+        (str_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
+        (str_device = PyUnicode_InternFromString("device")) == NULL ||
+        (str_is_contiguous = PyUnicode_InternFromString("is_contiguous")) == NULL ||
+        (str_requires_grad = PyUnicode_InternFromString("requires_grad")) == NULL ||
+        (str_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL ||
+        (str_get_device = PyUnicode_InternFromString("get_device")) == NULL)
+        goto fail;
+    /* MISS: an instance of object, the one value dispatch() and key() answer "ask Python" with */
+    if (miss == NULL && (miss = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type)) == NULL)
+        goto fail;
+    if (PyModule_AddObjectRef(m, "MISS", miss) < 0)
+        goto fail;
+    if (PyType_Ready(&LaneType) < 0 || PyModule_AddObjectRef(m, "Lane", (PyObject *)&LaneType) < 0)
+        goto fail;
     return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
 }

@@ -37,6 +37,22 @@ def _output_allocator():
     return alloc, current
 
 
+#: The most buffers a C lane takes (kf.runtime._launcher.STACK_PARAMS).
+STACK_PARAMS = 64
+
+
+def _c_lane_type():
+    """kf.runtime._launcher.Lane, or None: not built, or KF_DISPATCH=python (which keeps a
+    call's whole dispatch in Python, compiler/api.py)."""
+    if os.environ.get("KF_DISPATCH", "auto").strip().lower() == "python":
+        return None
+    try:
+        from . import _launcher
+    except ImportError:
+        return None
+    return getattr(_launcher, "Lane", None)
+
+
 class LaunchError(TypeError):
     """The tensors of a call do not fit the compiled program."""
 
@@ -122,6 +138,19 @@ class CudaProgram(_Program):
                 ins[i] = t.clone()
         return self._run(ins + self.constants, None)
 
+    def _lane_plan(self):
+        """(kernel, buffer order, outputs as (shape, stride, dtype)) of a program that
+        a fast lane can run, or None (see fast_lane)."""
+        if len(self.kernels) != 1 or not self.abi.inputs or self.abi.temporaries or self.constants or \
+                any(a >= 0 for a in self.abi.output_aliases) or any(r >= 0 for r in self.repeats):
+            return None
+        kernel, args = self.kernels[0]
+        if kernel.validate:  # (kernel.launch_pointers is None)
+            return None
+        outputs = tuple((tuple(a.shape), torch.empty(a.shape, device="meta").stride(), _dtype(a.elem))
+                        for a in self.abi.outputs)
+        return kernel, tuple(args), outputs
+
     def fast_lane(self):
         """One function for the commonest call, or None: a program of one kernel, no
         temporaries, constants, aliased or repeated outputs, called with tensors that
@@ -139,20 +168,15 @@ class CudaProgram(_Program):
         the same caching allocator as ``torch.empty`` without its argument parsing and
         dispatch, a microsecond per output (torch.empty also fills with NaN under
         torch's deterministic mode; the kernel writes every element of an output, so
-        nothing can read what it held)."""
-        if len(self.kernels) != 1 or not self.abi.inputs or self.abi.temporaries or self.constants or \
-                any(a >= 0 for a in self.abi.output_aliases) or any(r >= 0 for r in self.repeats):
+        nothing can read what it held). ``c_lane`` is the same lane in C."""
+        plan = self._lane_plan()
+        if plan is None:
             return None
-        kernel, args = self.kernels[0]
+        kernel, order, outputs = plan
         launch = kernel.launch_pointers
-        if launch is None:
-            return None
         n_in = len(self.abi.inputs)
-        outputs = tuple((tuple(a.shape), torch.empty(a.shape, device="meta").stride(), _dtype(a.elem))
-                        for a in self.abi.outputs)
         empty, unchecked = torch.empty, self.unchecked
         alloc, current_device = _output_allocator()
-        order = tuple(args)
         in_order = order == tuple(range(len(order)))
 
         if in_order and len(outputs) == 1:
@@ -189,6 +213,35 @@ class CudaProgram(_Program):
 
         call.n_in = n_in
         return call
+
+    def c_lane(self, slow, first: int = -1, tree=None, unflatten=None, profile_globals=None, profile_name=None,
+               profiler_enabled=None, program=None):
+        """The fast lane and its caller's wrapper in one C object (kf.runtime._launcher.Lane),
+        or None where there is none: no fast lane for this program, launches not through
+        the compiled launcher (cuda.bindings, KF_CUDA_SYNC=1), KF_DISPATCH=python, or no
+        ``_empty_strided_cuda`` in this torch. Called with the list of a matched call's
+        tensors it returns the call's result: output ``first`` or ``unflatten(tree,
+        outputs)``. What it does not do itself goes to ``slow(tensors)``, the Python
+        lane it replaces: a profiler recording (``profile_globals[profile_name]`` not
+        None, or ``profiler_enabled()``), a pointer not 16-byte aligned, tensors on
+        another than the current device, a device the kernel is not bound on yet (the
+        program's first call binds it)."""
+        from . import cuda
+
+        lane_type = _c_lane_type()
+        if lane_type is None or cuda._c_launch is None:
+            return None
+        plan = self._lane_plan()
+        if plan is None:
+            return None
+        kernel, order, outputs = plan
+        alloc, current_device = _output_allocator()
+        if alloc is None or kernel._sync or max(len(order), len(self.abi.inputs) + len(outputs)) > STACK_PARAMS:
+            return None
+        return lane_type(kernel._handles, kernel.grid, kernel.block, kernel.shared_bytes, order,
+                         len(self.abi.inputs), outputs, alloc, current_device, cuda._raw_stream_getter(),
+                         kernel._launch_failed, slow, first, tree, unflatten, profile_globals, profile_name,
+                         profiler_enabled, program, ALIGNMENT)
 
     def _run(self, ins: list, events: list | None) -> tuple:
         dev = ins[0].device if ins else torch.device("cuda")
