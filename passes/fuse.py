@@ -240,12 +240,7 @@ def _operand_transposes(mm: ir.Operation) -> list[ir.Operation]:
     out = []
     for v in mm.operands:
         t = _defining(v)
-        if t is None or t.name != "kf.transpose":
-            continue
-        perm = list(op_attrs(t)["perm"])
-        r = len(perm)
-        if r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2] and \
-                all(u.owner == mm for u in t.results[0].uses):
+        if _last_two_swapped(t) and all(u.owner == mm for u in t.results[0].uses):
             out.append(t)
     return out
 

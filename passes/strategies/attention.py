@@ -342,13 +342,19 @@ def online_softmax(g: GpuFunc, pw: Pointwise, ch: "_Chain", s: list[list[ir.Valu
         m_new.append(mx)
         alpha.append(exp(arith.subf(m[h], mx)))
     p = [[exp(arith.subf(x[j][k], m_new[k // 2])) for k in range(4)] for j in range(bn // 8)]
-    l_new = []
+    return m_new, row_sums(l, alpha, p), alpha, p
+
+
+def row_sums(l: list[ir.Value], alpha: list[ir.Value], p: list[list[ir.Value]]) -> list[ir.Value]:
+    """The running row sums after a key block: l rescaled by alpha plus the block's p
+    (in the mma accumulator layout: rows gid -- values 0, 1 -- and gid + 8 -- 2, 3)."""
+    out = []
     for h in range(2):
         t_ = arith.mulf(l[h], alpha[h])
-        for j in range(bn // 8):
-            t_ = arith.addf(arith.addf(t_, p[j][2 * h]), p[j][2 * h + 1])
-        l_new.append(t_)
-    return m_new, l_new, alpha, p
+        for pj in p:
+            t_ = arith.addf(arith.addf(t_, pj[2 * h]), pj[2 * h + 1])
+        out.append(t_)
+    return out
 
 
 def block_reduce(pred: ir.Value, how: str = "or") -> ir.Value:

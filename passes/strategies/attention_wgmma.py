@@ -345,13 +345,9 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
         p = [[mmath.exp2(math_fma(x[j][k], scale, shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
     else:
         p = [[mmath.exp2(arith.addf(x[j][k], shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
-    l_new = []
-    for h in range(2):
-        t_ = arith.mulf(l[h], alpha[h])
-        for j in range(bn // 8):
-            t_ = arith.addf(arith.addf(t_, p[j][2 * h]), p[j][2 * h + 1])
-        l_new.append(t_)
-    return m_new, l_new, alpha, p
+    from .attention import row_sums
+
+    return m_new, row_sums(l, alpha, p), alpha, p
 
 
 def math_fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
