@@ -62,14 +62,23 @@ def op_name_base(fn: Callable) -> str:
 
 
 def op_name(kfn) -> str:
-    """``<name>_<hash>``: the function's name and a hash of its module, qualified name and
-    options. The name is the same in every process, whatever order functions are made in,
-    so that code Inductor or AOTAutograd cached in one process calls the right op in
-    another; a function defined again (same module, name and options) takes its op over."""
+    """``<name>_<hash>``: the function's name and a hash of its module, qualified name,
+    where its code is and options. The name is the same in every process, whatever order
+    functions are made in, so that code Inductor or AOTAutograd cached in one process
+    calls the right op in another; a function defined again (same module, name, place
+    and options) takes its op over. The place (first line, and for lambdas the column)
+    is what tells apart two lambdas or two nested functions of one name in one scope,
+    which share a qualified name: without it the second took the first's op over, and a
+    call of the first through the op (autograd, torch.compile) ran the second."""
     fn = kfn.fn
     module = getattr(fn, "__module__", "")
     module = "__main__" if module == "__mp_main__" else module  # a script, as spawned workers import it
-    ident = f"{module}:{getattr(fn, '__qualname__', fn.__name__)}:{kfn.options.stable_hash()}"
+    code = getattr(fn, "__code__", None)
+    place = "" if code is None else str(code.co_firstlineno)
+    if code is not None and code.co_name == "<lambda>":  # two on one line: the body's column
+        cols = [p[2] for p in code.co_positions() if p[2]]
+        place += f":{min(cols)}" if cols else ""
+    ident = f"{module}:{getattr(fn, '__qualname__', fn.__name__)}:{place}:{kfn.options.stable_hash()}"
     return f"{op_name_base(fn)}_{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
 
 

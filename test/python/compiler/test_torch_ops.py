@@ -64,6 +64,34 @@ def test_each_function_has_its_op():
     assert torch_ops.op_name(moe_cpu) == moe_cpu.op_name.split("::")[1]
 
 
+def test_functions_of_one_qualified_name_keep_their_ops():
+    """Two lambdas of one scope (one line too), and two nested functions of one name,
+    share a qualified name; each keeps its own op, so a call through the op (here
+    autograd's) runs its own function and returns its own result structure."""
+    f, g = kf.jit(lambda x, y: x * y + 1), kf.jit(lambda x: (x + 1, x * 2))
+    h = kf.jit(lambda x: x - 3)
+
+    def make(k):
+        def inner(x):
+            return x * k
+        return inner
+
+    i2 = kf.jit(make(2.0))
+    i3 = kf.jit(lambda x: x * 3.0)  # a lambda of another line
+    assert len({f.op_name, g.op_name, h.op_name, i2.op_name, i3.op_name}) == 5
+    x, y = torch.randn(5, 3, requires_grad=True), torch.randn(5, 3)
+    out = f(x, y)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, x * y + 1)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, y)
+    a, b = g(x)
+    torch.testing.assert_close(a, x + 1)
+    torch.testing.assert_close(b, x * 2)
+    torch.testing.assert_close(h(x), x - 3)
+    torch.testing.assert_close(i2(x), x * 2.0)
+
+
 @pytest.mark.parametrize("args,kwargs", [
     ((torch.ones(2), [torch.ones(1), torch.ones(3)], None, 2, 1e-5), {}),
     ((torch.ones(2),), {"b": (torch.ones(1),), "c": "a|b", "d": torch.float16}),
