@@ -102,15 +102,15 @@ def main() -> int:
     program = getattr(lane, "program", None)
     kernel = program._launch.kernels[0][0] if program is not None else None
     if kf_cuda._c_launch is not None and kernel is not None:
-        fn, launch = kernel._handles[x.get_device()], kf_cuda._c_launch
+        handle, launch = kernel._handles[x.get_device()], kf_cuda._c_launch
         (g0, g1, g2), (b0, b1, b2), shared = kernel.grid, kernel.block, kernel.shared_bytes
         stream, out = torch.cuda.current_stream().cuda_stream, torch.empty_like(x)
         p0, p1 = x.data_ptr(), out.data_ptr()
-        pieces.append(("bare _launcher.launch of the kernel", lambda: launch(fn, g0, g1, g2, b0, b1, b2, shared,
+        pieces.append(("bare _launcher.launch of the kernel", lambda: launch(handle, g0, g1, g2, b0, b1, b2, shared,
                                                                                stream, p0, p1)))
     print(f"{'us/call':>8}  piece (timed alone)")
-    for name, fn in pieces:
-        print(f"{_per_call(fn, n):8.3f}  {name}")
+    for name, piece in pieces:
+        print(f"{_per_call(piece, n):8.3f}  {name}")
 
     def loop():
         for _ in range(n):
