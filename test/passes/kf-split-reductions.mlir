@@ -4,19 +4,27 @@
 // fp8's amax over a 4x32x2048x128 tensor (2^26 elements): rows of 4096 (8192 of them),
 // then the 8192 partial maxima as 2 rows of 4096, then those 2 as one row; each stage is
 // a rowwise kernel (a workgroup a row) where the full reduction was one thread's loop.
+// The reshape goes under abs(cast(x)): the first stage reads the bf16 x and fuses the
+// chain, rebuilt on the rows; the original cast stays for the quantization, abs goes.
 // CHECK-LABEL: func.func @amax
-// CHECK: %[[R1:.*]] = "kf.reshape"(%{{.*}}) : (tensor<4x32x2048x128xf32>) -> tensor<8192x4096xf32>
-// CHECK-NEXT: %[[M1:.*]] = "kf.reduce_max"(%[[R1]]) {dims = array<i64: 1>, keepdim = false} : (tensor<8192x4096xf32>) -> tensor<8192xf32>
+// CHECK: %[[C:.*]] = "kf.cast"(%arg0) : (tensor<4x32x2048x128xbf16>) -> tensor<4x32x2048x128xf32>
+// CHECK-NOT: "kf.abs"({{.*}}) : (tensor<4x32x2048x128xf32>)
+// CHECK: %[[R1:.*]] = "kf.reshape"(%arg0) : (tensor<4x32x2048x128xbf16>) -> tensor<8192x4096xbf16>
+// CHECK-NEXT: %[[C1:.*]] = "kf.cast"(%[[R1]]) : (tensor<8192x4096xbf16>) -> tensor<8192x4096xf32>
+// CHECK-NEXT: %[[A1:.*]] = "kf.abs"(%[[C1]]) : (tensor<8192x4096xf32>) -> tensor<8192x4096xf32>
+// CHECK-NEXT: %[[M1:.*]] = "kf.reduce_max"(%[[A1]]) {dims = array<i64: 1>, keepdim = false} : (tensor<8192x4096xf32>) -> tensor<8192xf32>
 // CHECK-NEXT: %[[R2:.*]] = "kf.reshape"(%[[M1]]) : (tensor<8192xf32>) -> tensor<2x4096xf32>
 // CHECK-NEXT: %[[M2:.*]] = "kf.reduce_max"(%[[R2]]) {{.*}} -> tensor<2xf32>
 // CHECK-NEXT: %[[R3:.*]] = "kf.reshape"(%[[M2]]) : (tensor<2xf32>) -> tensor<1x2xf32>
 // CHECK-NEXT: %[[M3:.*]] = "kf.reduce_max"(%[[R3]]) {{.*}} -> tensor<1xf32>
-// CHECK-NEXT: "kf.reshape"(%[[M3]]) : (tensor<1xf32>) -> tensor<f32>
+// CHECK-NEXT: %[[S:.*]] = "kf.reshape"(%[[M3]]) : (tensor<1xf32>) -> tensor<f32>
+// CHECK-NEXT: "kf.mul"(%[[C]], %[[S]])
 // CHECK-NOT: dims = array<i64: 0, 1, 2, 3>
 // FUSED-LABEL: func.func @amax
+// FUSED: call @amax_k{{[0-9]+}}_rowwise({{.*}}) : (tensor<8192x4096xbf16>) -> tensor<8192xf32>
 // FUSED: call @amax_k{{[0-9]+}}_rowwise
 // FUSED: call @amax_k{{[0-9]+}}_rowwise
-// FUSED: call @amax_k{{[0-9]+}}_rowwise
+// FUSED: call @amax_k{{[0-9]+}}_elementwise(%arg0, {{.*}}) : (tensor<4x32x2048x128xbf16>, tensor<f32>) -> tensor<4x32x2048x128xf8E4M3FN>
 // FUSED-NOT: _generic
 // FUSED: return
 func.func @amax(%x: tensor<4x32x2048x128xbf16>) -> tensor<4x32x2048x128xf8E4M3FN> {
@@ -26,6 +34,28 @@ func.func @amax(%x: tensor<4x32x2048x128xbf16>) -> tensor<4x32x2048x128xf8E4M3FN
   %3 = "kf.mul"(%0, %2) : (tensor<4x32x2048x128xf32>, tensor<f32>) -> tensor<4x32x2048x128xf32>
   %4 = "kf.cast"(%3) : (tensor<4x32x2048x128xf32>) -> tensor<4x32x2048x128xf8E4M3FN>
   return %4 : tensor<4x32x2048x128xf8E4M3FN>
+}
+
+// -----
+
+// The amax of a transposed tensor (fp8's V, stored K-major) is its source's: the chain
+// is rebuilt on the source's rows, past the transpose and a rank-0 operand; the
+// transpose stays only for its other use.
+// CHECK-LABEL: func.func @amax_transposed
+// CHECK: %[[T:.*]] = "kf.transpose"(%arg0)
+// CHECK: %[[R:.*]] = "kf.reshape"(%arg0) : (tensor<64x2048xbf16>) -> tensor<32x4096xbf16>
+// CHECK-NEXT: %[[C:.*]] = "kf.cast"(%[[R]]) : (tensor<32x4096xbf16>) -> tensor<32x4096xf32>
+// CHECK-NEXT: %[[M:.*]] = "kf.mul"(%[[C]], %arg1) : (tensor<32x4096xf32>, tensor<f32>) -> tensor<32x4096xf32>
+// CHECK-NEXT: "kf.abs"(%[[M]]) : (tensor<32x4096xf32>) -> tensor<32x4096xf32>
+// CHECK: "kf.cast"(%[[T]])
+func.func @amax_transposed(%v: tensor<64x2048xbf16>, %s: tensor<f32>) -> (tensor<f32>, tensor<2048x64xf32>) {
+  %t = "kf.transpose"(%v) {perm = array<i64: 1, 0>} : (tensor<64x2048xbf16>) -> tensor<2048x64xbf16>
+  %0 = "kf.cast"(%t) : (tensor<2048x64xbf16>) -> tensor<2048x64xf32>
+  %1 = "kf.mul"(%0, %s) : (tensor<2048x64xf32>, tensor<f32>) -> tensor<2048x64xf32>
+  %2 = "kf.abs"(%1) : (tensor<2048x64xf32>) -> tensor<2048x64xf32>
+  %3 = "kf.reduce_max"(%2) {dims = array<i64: 0, 1>, keepdim = false} : (tensor<2048x64xf32>) -> tensor<f32>
+  %4 = "kf.cast"(%t) : (tensor<2048x64xbf16>) -> tensor<2048x64xf32>
+  return %3, %4 : tensor<f32>, tensor<2048x64xf32>
 }
 
 // -----
