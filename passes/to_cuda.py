@@ -14,7 +14,8 @@ The pass runs the upstream NVVM path that DESIGN.md records as checked:
                canonicalize, cse)
     reconcile-unrealized-casts
     (kf fix-ups: dynamic shared memory made extern, the ftz flag; before the pipeline,
-     approximate f32 exp2 and division to ex2.approx.ftz / rcp.approx.ftz)
+     approximate f32 exp2 and division to ex2.approx.ftz / rcp.approx.ftz, and fp8
+     conversions to cvt or integer arithmetic)
     gpu-module-to-binary{format=isa}
 
 and leaves one ``gpu.binary`` per ``gpu.module`` whose object holds the PTX text.
@@ -40,6 +41,10 @@ Why these choices:
   adds a compare and two multiplies each (SASS of bf16 bias+GELU: 181 instructions
   for 8 elements against 133). Flushing results below 2^-126 (and reciprocals of
   subnormals) is within what afn allows.
+- fp8: the strategies convert with ``arith.truncf`` / ``arith.extf``, which LLVM 22's
+  NVVM path does not lower. ``lower_fp8_conversions`` (strategies/emit.py) makes them
+  ``cvt.rn.satfinite.e4m3x2.f32`` / ``cvt.rn.f16x2.e4m3x2`` for e4m3 from sm_89 and
+  integer arithmetic otherwise (e5m2, older chips).
 - ``math-extend-to-supported-types`` computes f16/bf16 math in f32: libdevice has only
   f32/f64 entry points. f16/bf16 *loads and stores* need nothing: they are ``ld.global.b16``.
 - ``convert-nvgpu-to-nvvm`` lowers the ``nvgpu.device_async_copy`` of the strategies'
@@ -73,6 +78,7 @@ from mlir.dialects import arith, gpu
 from mlir.passmanager import PassManager
 
 from .base import KfPass, PassError
+from .strategies.emit import FP8_CVT_SM, lower_fp8_conversions
 
 try:
     from kf.errors import TargetError as _TargetBase
@@ -161,6 +167,7 @@ class ToCudaPass(KfPass):
         # they were already emitted, which the outer pass turns into a pass failure.
         for gm in _gpu_modules(module):
             _approximate_math(gm)
+            lower_fp8_conversions(gm, cvt=_sm_number(self.chip) >= FP8_CVT_SM)
         PassManager.parse(p.lowering_pipeline(), context=module.context).run(module)
         for gm in _gpu_modules(module):
             _extern_dynamic_shared(gm)
@@ -182,6 +189,12 @@ def _uses_fp8_mma(module: ir.Operation) -> bool:
 
     module.walk(visit)
     return bool(found)
+
+
+def _sm_number(chip: str) -> int:
+    """90 for "sm_90a", 0 where the chip is not spelled sm_<n>."""
+    m = re.match(r"sm_(\d+)", chip)
+    return int(m.group(1)) if m else 0
 
 
 def _has_afn(op: ir.Operation) -> bool:

@@ -79,6 +79,7 @@ from mlir import ir
 from mlir.passmanager import PassManager
 
 from .base import KfPass, PassError
+from .strategies.emit import lower_fp8_conversions
 
 #: What kf asks of a Vulkan device by default. spirv-update-vce trims the module's
 #: requirements to what it really uses, so an f32 kernel needs only Shader.
@@ -231,6 +232,7 @@ class ToSpirvPass(KfPass):
         metadata = {}
         has_bf16 = False
         for gm in gmods:
+            lower_fp8_conversions(gm, cvt=False)  # fp8 roundings inside chains, through the byte
             self._attach_target(gm)
             metadata[gm.attributes["sym_name"].value] = self._prepare_kernels(gm, default)
             has_bf16 |= _mentions_bf16(gm)

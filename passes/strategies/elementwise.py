@@ -12,7 +12,8 @@ evaluator (scalar_math through kf's precision policy: f16/bf16 computed in f32, 
 once when stored), so the two strategies cannot disagree on a value.
 
 The plan picks ``block`` = 256 threads (every target kf has allows that) and
-``vector_width`` = 16 bytes / the widest element, when the output's innermost dimension
+``vector_width`` = 16 bytes / the widest element (of the outputs and the inputs that
+are not rank 0), when the output's innermost dimension
 is a multiple of it (so a thread's elements never straddle two rows and every access is
 16-byte aligned); booleans (LLVM packs ``vector<Nxi1>`` into bits, torch stores bytes)
 and, on SPIR-V, bf16 (kf-to-spirv loads bf16 as scalars) keep it at 1; SPIR-V caps it
@@ -55,7 +56,9 @@ def _check(kernel: ir.Operation) -> tuple[int, ...]:
 
 def vector_width(kernel: ir.Operation, shape: Sequence[int], target: TargetInfo) -> int:
     ins, outs = E.kernel_signature(kernel)
-    elems = {s.elem for s in [*ins, *outs]}
+    # rank-0 inputs are read once a thread: they do not bound the vector (an f32 scale
+    # kept fp8's bf16 -> e4m3 quantization at 4 lanes, 8-byte loads and 4-byte stores)
+    elems = {s.elem for s in [*ins, *outs] if s.rank > 0 or s in outs}
     if not shape or "i1" in elems or (target.name == "spirv" and "bf16" in elems):
         return 1
     vec = target.vector_bytes // max(E.ELEM_BYTES[e] for e in elems)

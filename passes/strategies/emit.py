@@ -123,8 +123,8 @@ def widen(v: ir.Value) -> ir.Value:
 
 def round_to(v: ir.Value, elem: str) -> ir.Value:
     """A compute value rounded (converted by torch's rules) to elem, back in elem's compute type."""
-    if elem in FP8:  # through the byte, so no fp8-typed value is made (SPIR-V has none)
-        return fp8_byte_to_f32(f32_to_fp8_byte(sm.convert(v, ir.F32Type.get()), elem), elem)
+    if elem in FP8:  # a truncf/extf pair: lower_fp8_conversions folds it into a store's
+        return fp8_to_f32(f32_to_fp8(sm.convert(v, ir.F32Type.get()), elem))
     return widen(to_storage(v, storage_type(elem)))
 
 
@@ -152,9 +152,14 @@ def to_storage(v: ir.Value, elem: ir.Type) -> ir.Value:
 
 # --------------------------------------------------------------------------- fp8
 #
-# LLVM 22's NVVM path does not lower arith.extf/truncf on fp8 (they reach the LLVM
-# translation, which refuses), but it lowers arith.bitcast f8 <-> i8, so kf converts in
-# integer arithmetic (kf-to-spirv stores no fp8 at all). The encoders follow c10's
+# The strategies convert between f32 and fp8 with arith.truncf / arith.extf, which LLVM
+# 22's NVVM path does not lower (they reach the LLVM translation, which refuses) and
+# SPIR-V has no type for. The GPU lowerings run lower_fp8_conversions first: on CUDA
+# from sm_89 e4m3 takes the hardware's cvt (one instruction a value), everything else
+# the integer arithmetic below (kf-to-spirv stores no fp8 at all: there only a rounding
+# inside a chain, truncf then extf, is left, and it goes through the byte, with no
+# fp8-typed value made). A rounding followed by a store (a cast to fp8 that a kernel
+# stores) is one conversion, not two. The encoders follow c10's
 # (Float8_e4m3fn.h, Float8_e5m2.h) step for step, and round as torch's
 # .to(float8) does (checked against torch 2.13 on 400k values): nearest-even,
 # subnormals through one f32 addition, NaN to NaN; e4m3fn saturates (|x| past 448,
@@ -181,8 +186,11 @@ def _f32_bits(value: int) -> ir.Value:
 
 
 def f32_to_fp8(f: ir.Value, fmt: str) -> ir.Value:
-    """f32 -> f8E4M3FN / f8E5M2, rounding as torch does."""
-    return arith.bitcast(ir.Type.parse(fmt), f32_to_fp8_byte(f, fmt))
+    """f32 -> f8E4M3FN / f8E5M2, rounding as torch does, for a store to an fp8 memref
+    (CUDA only: no other GPU target stores fp8): an ``arith.truncf``, which kf-to-cuda
+    lowers to ``cvt.rn.satfinite`` where the chip has it or to f32_to_fp8_byte's integer
+    encoder (passes/to_cuda.py, ``_lower_fp8_truncf``)."""
+    return arith.truncf(ir.Type.parse(fmt), f)
 
 
 def f32_to_fp8_byte(f: ir.Value, fmt: str) -> ir.Value:
@@ -210,8 +218,75 @@ def f32_to_fp8_byte(f: ir.Value, fmt: str) -> ir.Value:
 
 
 def fp8_to_f32(v: ir.Value) -> ir.Value:
-    """f8E4M3FN / f8E5M2 -> f32, exactly."""
-    return fp8_byte_to_f32(arith.bitcast(ir.IntegerType.get_signless(8), v), str(v.type))
+    """f8E4M3FN / f8E5M2 -> f32, exactly: an ``arith.extf`` (see f32_to_fp8)."""
+    return arith.extf(ir.F32Type.get(), v)
+
+
+#: The first CUDA chip with cvt.rn.satfinite.{e4m3,e5m2}x2.f32 and cvt.rn.f16x2.{e4m3,e5m2}x2
+#: (PTX ISA 7.8).
+FP8_CVT_SM = 89
+
+
+def lower_fp8_conversions(gpu_module: ir.Operation, cvt: bool) -> None:
+    """Every scalar ``arith.truncf`` f32 -> fp8 and ``arith.extf`` fp8 -> float in
+    gpu_module as what the target can run (see the section's comment). With cvt (CUDA,
+    sm_89+): f32 -> f8E4M3FN is ``cvt.rn.satfinite.e4m3x2.f32`` (torch's rounding:
+    nearest even, saturated at 448, NaN kept) and f8E4M3FN -> f32 ``cvt.rn.f16x2.e4m3x2``
+    then f16 -> f32 (exact); f8E5M2 keeps the integer encoder (torch lets it overflow to
+    inf, satfinite would not) and its decoder (a shift into an f16). The integer encoder
+    is ~15 instructions a value: it made fp8's bf16 -> e4m3 quantization integer-bound
+    on the H200 (1.2 TB/s, bench/fp8_attention.py)."""
+    from mlir.dialects import llvm
+
+    truncs, exts = [], []
+
+    def visit(op):
+        if op.name == "arith.truncf" and str(op.results[0].type) in FP8:
+            truncs.append(op)
+        elif op.name == "arith.extf" and str(op.operands[0].type) in FP8:
+            exts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    gpu_module.walk(visit)
+    i8, i16, i32 = (ir.IntegerType.get_signless(w) for w in (8, 16, 32))
+    f16, f32 = ir.F16Type.get(), ir.F32Type.get()
+    bytes_of: dict = {}  # an fp8 value (a truncf's result) -> its i8 encoding
+    for op in truncs:  # in program order: a rounding's truncf comes before its store's
+        fmt, x = str(op.results[0].type), op.operands[0]
+        inner = x.owner.operation if isinstance(x, ir.OpResult) else None
+        if inner is not None and inner.name == "arith.extf" and inner.operands[0].type == op.results[0].type:
+            y = inner.operands[0]  # truncf(extf(y)) is y: a rounded value stored
+            if y in bytes_of:
+                bytes_of[op.results[0]] = bytes_of[y]
+                continue
+        with ir.InsertionPoint(op), op.location:
+            x = sm.convert(x, f32)
+            if cvt and fmt == "f8E4M3FN":
+                zero = arith.constant(f32, 0.0)  # the high byte of the pair
+                pair = llvm.InlineAsmOp(i16, [zero, x], "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f").res
+                bytes_of[op.results[0]] = arith.trunci(i8, pair)
+            else:
+                bytes_of[op.results[0]] = f32_to_fp8_byte(x, fmt)
+    for op in exts:
+        v, fmt = op.operands[0], str(op.operands[0].type)
+        with ir.InsertionPoint(op), op.location:
+            byte = bytes_of.get(v)
+            if byte is None:
+                byte = arith.bitcast(i8, v)
+            if cvt and fmt == "f8E4M3FN":
+                pair = llvm.InlineAsmOp(i32, [arith.extui(i16, byte)], "cvt.rn.f16x2.e4m3x2 $0, $1;", "=r,h").res
+                wide = arith.extf(f32, arith.bitcast(f16, arith.trunci(i16, pair)))
+            else:
+                wide = fp8_byte_to_f32(byte, fmt)
+            wide = sm.convert(wide, op.results[0].type)
+        op.results[0].replace_all_uses_with(wide)
+        op.erase()
+    for op in truncs:  # what still needs the fp8 value (stores) takes the byte as fp8
+        result = op.results[0]
+        if any(True for _ in result.uses):
+            with ir.InsertionPoint(op), op.location:
+                result.replace_all_uses_with(arith.bitcast(result.type, bytes_of[result]))
+        op.erase()
 
 
 def fp8_byte_to_f32(byte: ir.Value, fmt: str) -> ir.Value:

@@ -687,15 +687,42 @@ def _skip_spirv(run):
         pytest.skip("kf-to-spirv stores no fp8 (no Vulkan storage type for it)")
 
 
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("dtype", FP8, ids=str)
-def test_fp8_rounds_like_torch(run, dtype):
+def test_fp8_store_is_one_cvt_from_sm_89(dtype, chip):
+    """kf-to-cuda lowers a store's f32 -> f8E4M3FN to cvt.rn.satfinite.e4m3x2.f32 on
+    sm_89+ (the integer encoder made fp8's quantization integer-bound); e5m2 (torch lets
+    it overflow to inf, satfinite would not) and older chips keep the encoder. The
+    elementwise kernel of a bf16 quantization takes 16-byte loads: its f32 scale, rank 0,
+    does not narrow the vector."""
+    from kf.passes.to_cuda import compile_to_ptx
+
+    def quantize(x, s):
+        return kb.cast(kb.min(kb.max(kb.mul(kb.cast(x, "f32"), s), kb.scalar(-448.0, "f32")),
+                              kb.scalar(448.0, "f32")), ELEM[dtype])
+
+    ctx, module = build_module(quantize, [TensorSpec((64, 256), "bf16"), TensorSpec((), "f32")], "elementwise",
+                               target="cuda")
+    with ctx:
+        ptx = compile_to_ptx(module, chip=chip)["kf_kernels"]
+    cvts = ptx.count("cvt.rn.satfinite.e4m3x2.f32")
+    fast = dtype == torch.float8_e4m3fn and chip == "sm_90"
+    # the encoder's subnormal alignment adds 2^14 (e4m3) or 2^7 (e5m2)
+    encoder = {torch.float8_e4m3fn: "0f46800000", torch.float8_e5m2: "0f43000000"}[dtype] in ptx
+    assert (cvts > 0) == fast and encoder != fast, (cvts, encoder)
+    assert "ld.global.v4.b32" in ptx  # 8 bf16 lanes
+
+
+@pytest.mark.parametrize("kind", ["generic", "elementwise"])
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_fp8_rounds_like_torch(run, dtype, kind):
     _skip_spirv(run)
     fmax = torch.finfo(dtype).max
     tiny = torch.finfo(dtype).tiny
     specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, fmax, fmax * 1.03, fmax * 1.07, fmax * 2, 1e30,
                              tiny, tiny / 3, tiny / 8, tiny / 16, -tiny / 7, 1.0625, 1.1875, 3.0e-3, 1e-9])
     a = torch.cat([torch.randn(1000) * 4, torch.randn(500) * tiny * 4, specials, -specials])
-    (got,) = run(lambda x: kb.cast(x, ELEM[dtype]), a)
+    (got,) = run(lambda x: kb.cast(x, ELEM[dtype]), a, kind=kind)
     check_fp8(got, saturating_fp8(a, dtype))
 
 
