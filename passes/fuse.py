@@ -14,6 +14,9 @@ Kinds, in the order they are recognized:
   RMSNorm. Elementwise ops join when their shape is the row shape or a reduced one.
 - ``matmul``: a matmul with the elementwise ops that consume its result (bias, GELU)
   and the transposes of its operands' last two dims (``a @ b.t()``).
+- ``transpose``: any other swap of the last two dims, with the elementwise ops of its
+  result's shape after it (fp8's V quantized K-major; ``x.transpose(-1, -2) * s``):
+  the transpose strategy moves it through workgroup memory.
 - ``elementwise``: a chain of elementwise ops over one shape.
 - ``generic``: any other op, one per kernel.
 
@@ -76,7 +79,7 @@ def _reduced(shape: tuple[int, ...], n: int) -> set[tuple[int, ...]]:
 
 @dataclasses.dataclass
 class _Group:
-    kind: str  # attention, rowwise, matmul, elementwise, generic
+    kind: str  # attention, rowwise, matmul, transpose, elementwise, generic
     ops: list  # indices into the op list, sorted
     row: tuple[tuple[int, ...], int] | None = None  # rowwise: (row shape, reduced dims)
     shape: tuple[int, ...] | None = None  # elementwise / matmul output shape
@@ -272,6 +275,9 @@ def partition(ops: list[ir.Operation]) -> _Partition:
         elif op.name == "kf.matmul":
             part.new("matmul", [i], shape=shape)
             continue
+        elif _last_two_swapped(op):  # the elementwise ops after it join (_merge_kind)
+            part.new("transpose", [i], shape=shape)
+            continue
         elif cat == "elementwise":
             gid = part.new("elementwise", [i], shape=shape)
         else:
@@ -297,6 +303,8 @@ def _merge_kind(producer: _Group, consumer: _Group, op: ir.Operation):
     out_shape = spec_of(op.results[0].type).shape
     if producer.kind == "matmul" and consumer.kind == "elementwise" and consumer.ops and out_shape == producer.shape:
         return "matmul", None, producer.shape
+    if producer.kind == "transpose" and consumer.kind == "elementwise" and out_shape == producer.shape:
+        return "transpose", None, producer.shape
     rows = [g.row for g in (producer, consumer) if g.kind == "rowwise"]
     if producer.kind not in ("rowwise", "elementwise") or consumer.kind not in ("rowwise", "elementwise"):
         return None
@@ -322,7 +330,7 @@ def _loc_line(loc: ir.Location) -> str | None:
 @dataclasses.dataclass(frozen=True)
 class FusePass(KfPass):
     NAME = "kf-fuse"
-    DESCRIPTION = "partition functions into kernels (attention, rowwise, matmul, elementwise, generic)"
+    DESCRIPTION = "partition functions into kernels (attention, rowwise, matmul, transpose, elementwise, generic)"
 
     def run(self, module: ir.Operation) -> None:
         for f in list(module.regions[0].blocks[0].operations):

@@ -112,3 +112,28 @@ func.func @views(%x: tensor<32x16xf32>, %w: tensor<16x8xf32>) -> tensor<32x8xf32
   %r = "kf.reshape"(%m) : (tensor<4x8x8xf32>) -> tensor<32x8xf32>
   return %r : tensor<32x8xf32>
 }
+
+// -----
+
+// A swap of the last two dims that no matmul or attention reads in place is a transpose
+// kernel, with the elementwise ops of its result's shape after it (fp8's V quantized
+// K-major: the scale, the clamp and the cast to e4m3 join); the rank-0 scale is an
+// input, and an op of another shape (the untransposed x + 1) keeps a kernel of its own.
+// CHECK-LABEL: func.func private @quantize_kt_k{{[0-9]+}}_transpose
+// CHECK-SAME: (%{{.*}}: tensor<2x300x128xbf16>, %{{.*}}: tensor<f32>) -> tensor<2x128x300xf8E4M3FN>
+// CHECK: "kf.transpose"
+// CHECK: "kf.mul"
+// CHECK: "kf.cast"({{.*}}) : (tensor<2x128x300xf32>) -> tensor<2x128x300xf8E4M3FN>
+// CHECK-LABEL: func.func private @quantize_kt_k{{[0-9]+}}_elementwise
+// CHECK: "kf.add"
+// CHECK-LABEL: func.func @quantize_kt
+// CHECK-COUNT-2: call @quantize_kt_k
+func.func @quantize_kt(%x: tensor<2x300x128xbf16>, %s: tensor<f32>) -> (tensor<2x128x300xf8E4M3FN>, tensor<2x300x128xbf16>) {
+  %t = "kf.transpose"(%x) {perm = array<i64: 0, 2, 1>} : (tensor<2x300x128xbf16>) -> tensor<2x128x300xbf16>
+  %0 = "kf.cast"(%t) : (tensor<2x128x300xbf16>) -> tensor<2x128x300xf32>
+  %1 = "kf.mul"(%0, %s) : (tensor<2x128x300xf32>, tensor<f32>) -> tensor<2x128x300xf32>
+  %2 = "kf.cast"(%1) : (tensor<2x128x300xf32>) -> tensor<2x128x300xf8E4M3FN>
+  %c = "kf.fill"() {value = 1.0 : f64} : () -> tensor<bf16>
+  %3 = "kf.add"(%x, %c) : (tensor<2x300x128xbf16>, tensor<bf16>) -> tensor<2x300x128xbf16>
+  return %2, %3 : tensor<2x128x300xf8E4M3FN>, tensor<2x300x128xbf16>
+}

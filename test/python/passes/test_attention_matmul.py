@@ -1261,13 +1261,15 @@ def attention_fp8_storage(b, h, sq, sk, d, mask=False):
 @pytest.mark.parametrize("chip,mask", [("sm_90", False), ("sm_90", True), ("sm_90a", True)])
 def test_attention_fp8_storage_simt_ptxas(chip, mask):
     """fp8 q, k, v where no fp8 tensor-core plan applies (sm_90; a mask on sm_90a): the
-    SIMT kernel reads the E4M3FN bytes and widens them (V through its transpose), rounds
-    256 p to E4M3FN (cvt-free: kf's encoder), and assembles without spills."""
+    SIMT kernel reads the E4M3FN bytes and widens them (V through its transpose) with
+    cvt.rn.f16x2.e4m3x2, rounds 256 p to E4M3FN with cvt.rn.satfinite (sm_89+: see
+    emit.lower_fp8_conversions), and assembles without spills."""
     built = attention_fp8_storage(1, 2, 200, 257, 64, mask)
     plan, _ = built.emit(TargetInfo.for_target("cuda", chip=chip))
     assert not plan["mma"] and not plan.get("wgmma"), plan
     ptx, r = cuda_report(built, chip)
-    assert "ld.global.s8" in ptx or "ld.global.u8" in ptx
+    assert any(f"ld.global.{t}8" in ptx for t in "sub")
+    assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
 
 

@@ -1,0 +1,180 @@
+"""The transpose strategy: a swap of a tensor's last two dims, and the elementwise ops kf-fuse
+joins after it (fp8's V quantized K-major: cast, scale, clamp, cast to e4m3), as one pass
+through workgroup memory.
+
+Why: the generic strategy writes one output element a thread and reads the input at
+the transposed index, so a warp's 32 reads land in 32 rows: bf16 V^T of a 4x32x2048x128
+tensor took 0.21 ms on the H200 (633 GB/s, 15% of copy; bench/fp8_attention.py),
+before the quantization read it again.
+
+Shape of the kernel (CUDA; other targets keep the generic kernel: a 64x65 f32 tile is
+more workgroup memory than Vulkan's guaranteed 16 KiB):
+
+    workgroup (batch b, tile of input rows r0.., input cols c0..), TILE x TILE, 256 threads
+    for k < TILE / 4:  tile[ty + 4k][tx] = x[b, r0 + ty + 4k, c0 + tx]     (rows: coalesced)
+    barrier
+    for k < TILE / 4:  v = tile[tx][ty + 4k]                                (column read)
+                       out[b, c0 + ty + 4k, r0 + tx] = chain(v)             (rows: coalesced)
+
+with tx = thread % 64, ty = thread / 64. The tile holds values widened to f32 with a row
+stride of TILE + 1 words, so the column reads fall in 32 different banks. Edges of a
+shape that is not a multiple of TILE are guarded (loads and stores). The chain is the
+generic strategy's evaluator at the output index, its transposed input answered from
+the tile; other inputs (rank 0 scales, tensors of the output's shape or broadcast to
+it) are read at the output index, so they are coalesced too.
+
+Not applicable (generic takes it): no transpose or more than one, a transpose of other
+dims, its input not a kernel input or also read elsewhere, or not a float of at most 32
+bits, ops other than elementwise ones, results of other shapes.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, gpu, memref, scf
+
+from kf.dialects.attrs import op_attrs
+
+from . import emit as E
+from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
+from .generic import Evaluator
+
+#: Rows and columns of the tile a workgroup moves.
+TILE = 64
+#: Threads a workgroup: TILE columns by THREADS / TILE rows at a time.
+THREADS = 256
+
+_ALSO = frozenset({"kf.fill", "kf.broadcast_to"})
+
+
+def _check(kernel: ir.Operation) -> tuple[int, tuple[int, ...]]:
+    """(the transposed input's argument number, its shape), or NotApplicable."""
+    transposes = []
+    for op in E.kernel_ops(kernel):
+        if op.name == "kf.transpose":
+            transposes.append(op)
+        elif not (op.name in E.ELEMENTWISE or op.name in _ALSO or (
+                op.name == "kf.constant" and ir.DenseElementsAttr(op.attributes["value"]).is_splat)):
+            raise NotApplicable(f"{op.name} is neither elementwise nor the transpose")
+    if len(transposes) != 1:
+        raise NotApplicable("not one transpose")
+    [t] = transposes
+    perm = list(op_attrs(t)["perm"])
+    r = len(perm)
+    if r < 2 or perm[:-2] != list(range(r - 2)) or perm[-2:] != [r - 1, r - 2]:
+        raise NotApplicable("the transpose does not swap the last two dims")
+    x = t.operands[0]
+    if not isinstance(x.owner, ir.Block) or any(u.owner != t for u in x.uses):
+        raise NotApplicable("the transposed tensor is not a kernel input read only by the transpose")
+    if E.elem_of(x) not in ("f32", "f16", "bf16", "f8E4M3FN", "f8E5M2"):
+        raise NotApplicable(f"the tile holds f32 values, not {E.elem_of(x)}")
+    out_shape = E.shape_of(t.results[0])
+    _, outs = E.kernel_signature(kernel)
+    if any(s.shape != out_shape for s in outs):
+        raise NotApplicable("results of other shapes than the transpose's")
+    return ir.BlockArgument(x).arg_number, E.shape_of(x)
+
+
+class _FromTile(Evaluator):
+    """The generic evaluator, with the transposed input's element at the current output
+    index answered by ``current`` (read from the tile)."""
+
+    def __init__(self, kb, inputs, arg: int):
+        super().__init__(kb, inputs)
+        self.arg, self.current = arg, None
+
+    def load_input(self, arg: int, idx: tuple) -> ir.Value:
+        if arg == self.arg:
+            return self.current
+        return super().load_input(arg, idx)
+
+
+class TransposeStrategy(Strategy):
+    KIND = "transpose"
+
+    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+        _, shape = _check(kernel)
+        if target.name != "cuda":
+            raise NotApplicable("the tile is more workgroup memory than Vulkan guarantees")
+        rows, cols = shape[-2], shape[-1]
+        batch = E.numel(shape[:-2])
+        tiles = batch * -(-rows // TILE) * -(-cols // TILE)
+        return {"strategy": "transpose", "block": THREADS, "tile": TILE, "grid": tiles,
+                "shared_bytes": TILE * (TILE + 1) * 4}
+
+    def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
+        arg, shape = _check(kernel)
+        ins, outs = E.kernel_signature(kernel)
+        name = E.kernel_name(kernel)
+        tile, block, grid = int(plan["tile"]), int(plan["block"]), int(plan["grid"])
+        per = tile * tile // block  # elements a thread moves each way
+        step = block // tile  # rows a pass of the workgroup covers
+        batch_shape, rows, cols = list(shape[:-2]), shape[-2], shape[-1]
+        tiles_r, tiles_c = -(-rows // tile), -(-cols // tile)
+        wg = ir.Attribute.parse("#gpu.address_space<workgroup>")
+        f32 = ir.F32Type.get()
+        tile_t = ir.MemRefType.get([tile, tile + 1], f32, None, wg)
+        arg_types = [E.memref_type(s, target.name) for s in [*ins, *outs]]
+        body = gpu_module.regions[0].blocks[0]
+        with kernel.location:
+            with ir.InsertionPoint(body):
+                fn = gpu.GPUFuncOp(ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])), sym_name=name, kernel=True,
+                                   known_block_size=[block, 1, 1])
+            fn.operation.attributes["workgroup_attributions"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 1)
+            entry = fn.regions[0].blocks.append(*arg_types, tile_t)
+            args = list(entry.arguments)
+            inputs, outputs, smem = args[:len(ins)], args[len(ins):len(arg_types)], args[-1]
+            with ir.InsertionPoint(entry):
+                kb = E.IndexBuilder(entry)
+                bid = gpu.block_id(gpu.Dimension.x)
+                tid = gpu.thread_id(gpu.Dimension.x)
+                b, tr, tc = kb.delinearize(bid, [E.numel(batch_shape), tiles_r, tiles_c])
+                bidx = kb.delinearize(b, batch_shape) if batch_shape else []
+                r0, c0 = kb.mul(tr, tile), kb.mul(tc, tile)
+                tx, ty = kb.rem(tid, tile), kb.div(tid, tile)
+                ragged_r, ragged_c = rows % tile != 0, cols % tile != 0
+
+                def guarded(conds, fn_):
+                    conds = [c for c in conds if not isinstance(c, bool)]
+                    if not conds:
+                        fn_()
+                        return
+                    cond = conds[0]
+                    for c in conds[1:]:
+                        cond = arith.andi(cond, c)
+                    g = scf.IfOp(cond)
+                    with ir.InsertionPoint(g.then_block):
+                        fn_()
+                        scf.YieldOp([])
+
+                for k in range(per):  # input rows into the tile
+                    lr = kb.add(ty, k * step)
+                    r, c = kb.add(r0, lr), kb.add(c0, tx)
+
+                    def load(r=r, c=c, lr=lr):
+                        v = E.load(inputs[arg], [*bidx, r, c], kb)
+                        memref.store(v, smem, [kb.value(lr), kb.value(tx)])
+
+                    guarded([kb.lt(r, rows) if ragged_r else True, kb.lt(c, cols) if ragged_c else True], load)
+                gpu.barrier()
+                ev = _FromTile(kb, inputs, arg)
+                for a, spec in enumerate(ins):  # rank-0 inputs (scales) loaded once
+                    if not spec.shape:
+                        ev.value(E.kernel_body(kernel).arguments[a], ())
+                for k in range(per):  # tile columns out as output rows
+                    li = kb.add(ty, k * step)  # output row within the tile: an input column
+                    i, j = kb.add(c0, li), kb.add(r0, tx)
+
+                    def store(i=i, j=j, li=li):
+                        ev.current = memref.load(smem, [kb.value(tx), kb.value(li)])
+                        with ev.scope():
+                            for value, mem in zip(E.kernel_results(kernel), outputs):
+                                idx = [*bidx, i, j]
+                                E.store(ev.value(value, idx), mem, idx, kb)
+
+                    guarded([kb.lt(i, cols) if ragged_c else True, kb.lt(j, rows) if ragged_r else True], store)
+            E.finish(entry)
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "transpose", "tile": tile})
+
+
+register(TransposeStrategy())
