@@ -75,14 +75,16 @@ CASES = [  # precision, fp8 storage, element type, seq, head dim, masked
 @pytest.mark.parametrize("precision,storage,elem,seq,d,masked", CASES)
 def test_seed_attention_is_one_kernel_under_precision(precision, storage, elem, seq, d, masked):
     """One attention kernel; the other kernels are the operand casts (bf16, fp16) or the
-    amax and quantization of q, k and v (fp8): elementwise and generic ones, never a
+    amax and quantization of q, k and v (fp8; V's through a transpose kernel with fp8
+    storage): elementwise, transpose and generic ones, never a
     matmul or a softmax of its own. What _Chain reads off the kernel is the contract the
     kernels (and attention_wgmma's fp8 plan) are written against."""
     specs = [((1, 2, seq, d), elem)] * 3 + ([((seq, seq), elem)] if masked else [])
     ctx, _, kinds = fused(seed_attention(masked), specs, precision_passes(precision, storage))
     n = counts(kinds)
     assert n["attention"] == 1 and not n["matmul"] and not n["rowwise"], n
-    assert set(n) <= {"attention", "elementwise", "generic"}, n
+    assert set(n) <= {"attention", "elementwise", "generic", "transpose"}, n
+    assert n["transpose"] == (precision == "fp8" and storage), n  # V quantized K-major
     with ctx, ir.Location.unknown():
         [kernel] = kinds["attention"]
         ch = _Chain(kernel)
