@@ -39,7 +39,11 @@ a case in test/passes/kf-apply-precision.mlir):
   behaviour past 448 irrelevant (kf's encoders and torch 2.13 saturate there; torch 2.11,
   which the interpreter runs on the GPU machine, gives NaN).
   The 1e-12 floor keeps an all-zero operand finite (s at most 4.5e14, s_a * s_b at most
-  2e29). Operands that are already 8-bit are left as they are (scale 1).
+  2e29). Operands that are already 8-bit are left as they are (scale 1), and so is the
+  E4M3FN tensor under an operand that is its widening (``q8.float() @ k8.float().T``:
+  the caller's fp8 tensors and their own scales): its values are E4M3FN already, so it
+  is the matmul's operand with scale 1 -- no amax, no second rounding -- and fp8
+  attention reads the caller's q8, k8 and v8 (V only transposed).
 
   ``fp8-storage=false`` keeps the quantized operands as f32 tensors holding E4M3FN
   values (``cast(cast(... -> f8E4M3FN) -> f32)``) for targets without fp8 matrix units
@@ -258,6 +262,17 @@ def _quantize(x: ir.Value, storage: bool) -> tuple[ir.Value, ir.Value]:
     return (x8 if storage else kb.cast(x8, "f32")), scale
 
 
+def _e4m3_source(x: ir.Value) -> ir.Value | None:
+    """y where x is ``cast(y)`` of an f8E4M3FN tensor y to a wider float: an operand the
+    caller passed as fp8 (``q8.float()``). Its values are E4M3FN already: it enters the
+    fp8 matmul as it is, with scale 1 (no amax, no second rounding)."""
+    d = x.owner
+    if isinstance(d, ir.Block) or d.operation.name != "kf.cast":
+        return None
+    y = d.operation.operands[0]
+    return y if _elem(y) == "f8E4M3FN" else None
+
+
 def _is_softmax(v: ir.Value) -> bool:
     owner = v.owner
     return not isinstance(owner, ir.Block) and owner.operation.name == "kf.softmax"
@@ -286,7 +301,11 @@ def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
     scales: dict = {}
 
     def quantize(x):
-        q, s = _quantize(x, storage)
+        y = _e4m3_source(x)
+        if y is not None:
+            q, s = (y if storage else kb.cast(y, "f32")), kb.scalar(1.0, "f32")
+        else:
+            q, s = _quantize(x, storage)
         scales[q] = s
         return q
 
@@ -299,7 +318,13 @@ def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
             with ir.InsertionPoint(op), op.location:
                 qa, sa = _probabilities(a, storage)
                 if storage:  # fp8 wgmma reads B K-major only: V^T is what is stored
-                    vt8, sb = _quantize(_k_major(b), True)
+                    v8 = _e4m3_source(b)
+                    if v8 is not None:  # passed as fp8: only transposed (through f32, so
+                        # that kf-canonicalize does not fold the two transposes into v8)
+                        vt8 = kb.cast(_k_major(kb.cast(v8, "f32")), "f8E4M3FN")
+                        sb = kb.scalar(1.0, "f32")
+                    else:
+                        vt8, sb = _quantize(_k_major(b), True)
                     qb = _k_major(vt8)
             if not storage:  # V as any other operand: quantized at its source
                 qb, src_b = operand(b, op.location)

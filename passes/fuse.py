@@ -15,8 +15,9 @@ Kinds, in the order they are recognized:
 - ``matmul``: a matmul with the elementwise ops that consume its result (bias, GELU)
   and the transposes of its operands' last two dims (``a @ b.t()``).
 - ``transpose``: any other swap of the last two dims, with the elementwise ops of its
-  result's shape after it (fp8's V quantized K-major; ``x.transpose(-1, -2) * s``):
-  the transpose strategy moves it through workgroup memory.
+  result's shape after it (fp8's V quantized K-major; ``x.transpose(-1, -2) * s``) and
+  an elementwise group that feeds only it (the caller's fp8 V widened): the transpose
+  strategy moves it through workgroup memory.
 - ``elementwise``: a chain of elementwise ops over one shape.
 - ``generic``: any other op, one per kernel.
 
@@ -276,7 +277,13 @@ def partition(ops: list[ir.Operation]) -> _Partition:
             part.new("matmul", [i], shape=shape)
             continue
         elif _last_two_swapped(op):  # the elementwise ops after it join (_merge_kind)
-            part.new("transpose", [i], shape=shape)
+            gid = part.new("transpose", [i], shape=shape)
+            for p in part.producers(i):  # and an elementwise chain that only feeds it
+                pg = part.group_of[p]
+                if pg != gid and part.groups[pg].kind == "elementwise" and _feeds_only(part, pg, op) \
+                        and part.acyclic_if_merged(pg, gid):
+                    gid = part.merge(pg, gid)
+                    part.groups[gid].kind, part.groups[gid].shape = "transpose", shape
             continue
         elif cat == "elementwise":
             gid = part.new("elementwise", [i], shape=shape)
@@ -296,6 +303,17 @@ def partition(ops: list[ir.Operation]) -> _Partition:
                 gid = part.merge(pg, gid)
                 part.groups[gid].kind, part.groups[gid].row, part.groups[gid].shape = kind, row_, shape_
     return part
+
+
+def _feeds_only(part: _Partition, gid: int, op: ir.Operation) -> bool:
+    """Whether everything group gid computes is used inside it or by op alone."""
+    members = {part.ops[m] for m in part.groups[gid].ops} | {op}
+    for m in part.groups[gid].ops:
+        for r in part.ops[m].results:
+            for u in r.uses:
+                if getattr(u.owner, "operation", u.owner) not in members:
+                    return False
+    return True
 
 
 def _merge_kind(producer: _Group, consumer: _Group, op: ir.Operation):

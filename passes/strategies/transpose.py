@@ -23,9 +23,13 @@ generic strategy's evaluator at the output index, its transposed input answered 
 the tile; other inputs (rank 0 scales, tensors of the output's shape or broadcast to
 it) are read at the output index, so they are coalesced too.
 
+The transposed value may be an elementwise chain of one kernel input (``cast(v8)``: the
+caller's fp8 V widened), each op's other operands rank 0: the tile then holds the input
+and the chain runs at the output index.
+
 Not applicable (generic takes it): no transpose or more than one, a transpose of other
-dims, its input not a kernel input or also read elsewhere, or not a float of at most 32
-bits, ops other than elementwise ones, results of other shapes.
+dims, its input not such a chain of a kernel input or read elsewhere too, or not a float
+of at most 32 bits, ops other than elementwise ones, results of other shapes.
 """
 
 from __future__ import annotations
@@ -63,9 +67,16 @@ def _check(kernel: ir.Operation) -> tuple[int, tuple[int, ...]]:
     r = len(perm)
     if r < 2 or perm[:-2] != list(range(r - 2)) or perm[-2:] != [r - 1, r - 2]:
         raise NotApplicable("the transpose does not swap the last two dims")
-    x = t.operands[0]
-    if not isinstance(x.owner, ir.Block) or any(u.owner != t for u in x.uses):
-        raise NotApplicable("the transposed tensor is not a kernel input read only by the transpose")
+    x, user = t.operands[0], t
+    while not isinstance(x.owner, ir.Block):  # an elementwise chain before the transpose
+        d = x.owner.operation
+        full = [a for a in d.operands if E.shape_of(a) == E.shape_of(x)]
+        if d.name not in E.ELEMENTWISE or len(full) != 1 or any(
+                E.shape_of(a) for a in d.operands if a not in full) or any(u.owner != user for u in x.uses):
+            raise NotApplicable(f"{d.name} before the transpose is not a chain of one tensor")
+        x, user = full[0], d
+    if any(u.owner != user for u in x.uses):
+        raise NotApplicable("the transposed tensor is read elsewhere too")
     if E.elem_of(x) not in ("f32", "f16", "bf16", "f8E4M3FN", "f8E5M2"):
         raise NotApplicable(f"the tile holds f32 values, not {E.elem_of(x)}")
     out_shape = E.shape_of(t.results[0])

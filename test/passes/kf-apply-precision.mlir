@@ -186,3 +186,33 @@ func.func @boundary(%x: tensor<4x8xf16>) -> (tensor<4x8xf16>, tensor<4x8xf32>) {
   %f = "kf.cast"(%r) : (tensor<4x8xbf16>) -> tensor<4x8xf32>
   return %i, %f : tensor<4x8xf16>, tensor<4x8xf32>
 }
+
+// -----
+
+// fp8 tensors the caller passed, widened (q8.float() @ k8.float().T, then P @ v8.float()):
+// they are the products' operands as they are, with scale 1 -- no amax, no second
+// rounding; V is only transposed (through f32, so that the two transposes are not folded
+// into v8), and P takes the fixed scale 256.
+// FP8-LABEL: func.func @caller_fp8
+// FP8-NOT: kf.reduce_max
+// FP8: %[[KT:.*]] = "kf.transpose"(%arg1)
+// FP8: %[[S:.*]] = "kf.matmul"(%arg0, %[[KT]]) : (tensor<2x16x32xf8E4M3FN>, tensor<2x32x16xf8E4M3FN>) -> tensor<2x16x16xf32>
+// FP8: %[[VW:.*]] = "kf.cast"(%arg2) : (tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32>
+// FP8: %[[VT:.*]] = "kf.transpose"(%[[VW]]) {{.*}} -> tensor<2x32x16xf32>
+// FP8: %[[VT8:.*]] = "kf.cast"(%[[VT]]) : (tensor<2x32x16xf32>) -> tensor<2x32x16xf8E4M3FN>
+// FP8: %[[V:.*]] = "kf.transpose"(%[[VT8]]) {{.*}} -> tensor<2x16x32xf8E4M3FN>
+// FP8: "kf.matmul"(%{{.*}}, %[[V]]) : (tensor<2x16x16xf8E4M3FN>, tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32>
+// FP8-NOT: kf.reduce_max
+// FP8F32-LABEL: func.func @caller_fp8
+// FP8F32-NOT: kf.reduce_max
+// FP8F32: "kf.matmul"({{.*}}) : (tensor<2x16x32xf32>, tensor<2x32x16xf32>) -> tensor<2x16x16xf32>
+func.func @caller_fp8(%q8: tensor<2x16x32xf8E4M3FN>, %k8: tensor<2x16x32xf8E4M3FN>, %v8: tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32> {
+  %q = "kf.cast"(%q8) : (tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32>
+  %k = "kf.cast"(%k8) : (tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32>
+  %v = "kf.cast"(%v8) : (tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32>
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 2, 1>} : (tensor<2x16x32xf32>) -> tensor<2x32x16xf32>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x16x32xf32>, tensor<2x32x16xf32>) -> tensor<2x16x16xf32>
+  %p = "kf.softmax"(%s) {dim = -1 : i64} : (tensor<2x16x16xf32>) -> tensor<2x16x16xf32>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x16x16xf32>, tensor<2x16x32xf32>) -> tensor<2x16x32xf32>
+  return %o : tensor<2x16x32xf32>
+}

@@ -134,3 +134,77 @@ def test_attention_fp8_cuda(b, h, sq, sk, d, elem, tol):
     ref = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(d), -1) @ vd
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < tol, err
+
+
+# ---- the caller's fp8 tensors (passes/apply_precision.py, _e4m3_source)
+
+
+def caller_attention(q8, k8, v8, sq, sk, sv):
+    """Attention on fp8 tensors the caller quantized, with their scales: torch has no
+    fp8 matmul, so the operands are widened where they are used."""
+    d = q8.shape[-1]
+    s = torch.matmul(q8.float(), k8.float().transpose(-2, -1)) * (sq * sk / math.sqrt(d))
+    return (torch.matmul(torch.softmax(s, dim=-1), v8.float()) * sv).to(torch.bfloat16)
+
+
+def caller_inputs(b, h, s, d, device="cpu"):
+    """q8, k8, v8 (E4M3FN, per-tensor scaled to 448) and their dequantization factors,
+    and the float64 attention of the values they hold."""
+    out, deq = [], []
+    for _ in range(3):
+        x = torch.randn(b, h, s, d, device=device)
+        scale = 448 / x.abs().max()
+        x8 = (x * scale).to(torch.float8_e4m3fn)
+        out.append(x8)
+        deq.append((1 / scale).reshape(()).float())
+    qd, kd, vd = (x8.double() * f.double() for x8, f in zip(out, deq))
+    ref = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(d), -1) @ vd
+    return (*out, *deq), ref
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def test_caller_fp8_attention_cpu():
+    """Under precision="fp8" the caller's E4M3FN tensors are the products' operands as
+    they are (no amax, no second rounding): the error is the probabilities' rounding to
+    E4M3FN alone (2-3%); under "auto" the f32 attention of the same values."""
+    import kf
+
+    args, ref = caller_inputs(2, 3, 200, 64)
+    auto = kf.jit(caller_attention, target="cpu")(*args)
+    fp8 = kf.jit(caller_attention, target="cpu", precision="fp8")(*args)
+    assert rel(auto, ref) < 4e-3  # the bf16 result's rounding
+    assert 4e-3 < rel(fp8, ref) < 4e-2
+
+
+@needs_ptxas
+def test_caller_fp8_attention_is_the_fp8_kernel():
+    """On sm_90a: the fp8 wgmma attention kernel reads the caller's q8 and k8, a
+    transpose kernel makes v8 K-major (the widening fused into it), and the only other
+    kernel computes the scores' rank-0 factor -- no amax, no quantization. No spills."""
+    import kf
+    from kf.passes.to_cuda import assemble
+
+    args, _ = caller_inputs(2, 4, 256, 128)
+    info = kf.inspect(kf.jit(caller_attention, target="cuda", arch="sm_90a", precision="fp8"), *args)
+    kinds = sorted(ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
+                   if 'kf.kernel = "' in ln)
+    assert kinds == ["attention", "elementwise", "transpose"], kinds
+    ptx = info.stages["ptx"]
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
+    for name, r in assemble(ptx, "sm_90a").kernels.items():
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, (name, r)
+
+
+@needs_hopper
+@pytest.mark.parametrize("b,h,s,d", [(2, 4, 256, 128), (1, 3, 384, 256)])
+def test_caller_fp8_attention_cuda(b, h, s, d):
+    """The same on the H200, fresh random values, against float64 of the fp8 values."""
+    import kf
+
+    args, ref = caller_inputs(b, h, s, d, device="cuda")
+    out = kf.jit(caller_attention, precision="fp8")(*args)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, h, s, d)
+    assert rel(out.cpu(), ref.cpu()) < 4e-2

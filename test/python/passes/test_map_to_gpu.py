@@ -847,3 +847,16 @@ def test_transpose_kernel_goes_through_workgroup_memory():
     ctx, module = build_module(build, [TensorSpec((4, 300, 128), "f32"), specs[1]], "transpose")
     with ctx:
         assert "workgroup" not in str(gpu_func(module))
+
+
+@pytest.mark.parametrize("shape", [(2, 100, 72), (128, 64)], ids=str)
+def test_transpose_kernel_with_a_chain_before(run, shape):
+    """An elementwise chain of the input before the transpose (the caller's fp8 V
+    widened, scaled, and stored K-major as E4M3FN): the tile holds the input, the chain
+    runs at the output index; bit for bit."""
+    _skip_spirv(run)
+    x = (torch.randn(*shape) * 40).to(torch.float8_e4m3fn)
+    s = torch.tensor(0.5)
+    (got,) = run(lambda a, c: kb.cast(_swap_last_two(kb.mul(kb.cast(a, "f32"), c)), "f8E4M3FN"), x, s,
+                 kind="transpose")
+    check_fp8(got, (x.float() * s).transpose(-1, -2).to(torch.float8_e4m3fn))
