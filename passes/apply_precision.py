@@ -43,7 +43,8 @@ a case in test/passes/kf-apply-precision.mlir):
   E4M3FN tensor under an operand that is its widening (``q8.float() @ k8.float().T``:
   the caller's fp8 tensors and their own scales): its values are E4M3FN already, so it
   is the matmul's operand with scale 1 -- no amax, no second rounding -- and fp8
-  attention reads the caller's q8, k8 and v8 (V only transposed).
+  attention reads the caller's q8, k8 and v8 (V only transposed, or not even that when
+  the caller stores it K-major and passes ``v8t.float().transpose(-1, -2)``).
 
   ``fp8-storage=false`` keeps the quantized operands as f32 tensors holding E4M3FN
   values (``cast(cast(... -> f8E4M3FN) -> f32)``) for targets without fp8 matrix units
@@ -89,6 +90,7 @@ from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
+from kf.dialects.attrs import op_attrs
 from kf.dialects.types import KfTypeError
 
 from .base import KfPass, PassError
@@ -273,6 +275,14 @@ def _e4m3_source(x: ir.Value) -> ir.Value | None:
     return y if _elem(y) == "f8E4M3FN" else None
 
 
+def _swaps_last_two(op: ir.Operation) -> bool:
+    if op.name != "kf.transpose":
+        return False
+    perm = list(op_attrs(op)["perm"])
+    r = len(perm)
+    return r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2]
+
+
 def _is_softmax(v: ir.Value) -> bool:
     owner = v.owner
     return not isinstance(owner, ir.Block) and owner.operation.name == "kf.softmax"
@@ -319,8 +329,12 @@ def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
                 qa, sa = _probabilities(a, storage)
                 if storage:  # fp8 wgmma reads B K-major only: V^T is what is stored
                     v8 = _e4m3_source(b)
-                    if v8 is not None:  # passed as fp8: only transposed (through f32, so
-                        # that kf-canonicalize does not fold the two transposes into v8)
+                    t = b.owner.operation if not isinstance(b.owner, ir.Block) else None
+                    vt_given = _e4m3_source(t.operands[0]) if t is not None and _swaps_last_two(t) else None
+                    if vt_given is not None:  # the caller's fp8 V^T (v8t.float().mT): as it is
+                        vt8, sb = vt_given, kb.scalar(1.0, "f32")
+                    elif v8 is not None:  # the caller's fp8 V: only transposed (through f32,
+                        # so that kf-canonicalize does not fold the two transposes into v8)
                         vt8 = kb.cast(_k_major(kb.cast(v8, "f32")), "f8E4M3FN")
                         sb = kb.scalar(1.0, "f32")
                     else:

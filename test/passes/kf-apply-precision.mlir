@@ -216,3 +216,23 @@ func.func @caller_fp8(%q8: tensor<2x16x32xf8E4M3FN>, %k8: tensor<2x16x32xf8E4M3F
   %o = "kf.matmul"(%p, %v) : (tensor<2x16x16xf32>, tensor<2x16x32xf32>) -> tensor<2x16x32xf32>
   return %o : tensor<2x16x32xf32>
 }
+
+// -----
+
+// The caller's V stored K-major (P @ v8t.float().transpose): the stored tensor is the
+// K-major operand as it is -- no copy of V at all.
+// FP8-LABEL: func.func @caller_fp8_vt
+// FP8-NOT: kf.reduce_max
+// FP8: %[[V:.*]] = "kf.transpose"(%arg2) {{.*}} : (tensor<2x32x16xf8E4M3FN>) -> tensor<2x16x32xf8E4M3FN>
+// FP8: "kf.matmul"(%{{.*}}, %[[V]]) : (tensor<2x16x16xf8E4M3FN>, tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32>
+func.func @caller_fp8_vt(%q8: tensor<2x16x32xf8E4M3FN>, %k8: tensor<2x16x32xf8E4M3FN>, %v8t: tensor<2x32x16xf8E4M3FN>) -> tensor<2x16x32xf32> {
+  %q = "kf.cast"(%q8) : (tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32>
+  %k = "kf.cast"(%k8) : (tensor<2x16x32xf8E4M3FN>) -> tensor<2x16x32xf32>
+  %vt = "kf.cast"(%v8t) : (tensor<2x32x16xf8E4M3FN>) -> tensor<2x32x16xf32>
+  %v = "kf.transpose"(%vt) {perm = array<i64: 0, 2, 1>} : (tensor<2x32x16xf32>) -> tensor<2x16x32xf32>
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 2, 1>} : (tensor<2x16x32xf32>) -> tensor<2x32x16xf32>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x16x32xf32>, tensor<2x32x16xf32>) -> tensor<2x16x16xf32>
+  %p = "kf.softmax"(%s) {dim = -1 : i64} : (tensor<2x16x16xf32>) -> tensor<2x16x16xf32>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x16x16xf32>, tensor<2x16x32xf32>) -> tensor<2x16x32xf32>
+  return %o : tensor<2x16x32xf32>
+}

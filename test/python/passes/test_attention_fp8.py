@@ -147,6 +147,13 @@ def caller_attention(q8, k8, v8, sq, sk, sv):
     return (torch.matmul(torch.softmax(s, dim=-1), v8.float()) * sv).to(torch.bfloat16)
 
 
+def caller_attention_vt(q8, k8, v8t, sq, sk, sv):
+    """caller_attention with V stored K-major ([.., D, S]), as fp8 wgmma reads it."""
+    d = q8.shape[-1]
+    s = torch.matmul(q8.float(), k8.float().transpose(-2, -1)) * (sq * sk / math.sqrt(d))
+    return (torch.matmul(torch.softmax(s, dim=-1), v8t.float().transpose(-2, -1)) * sv).to(torch.bfloat16)
+
+
 def caller_inputs(b, h, s, d, device="cpu"):
     """q8, k8, v8 (E4M3FN, per-tensor scaled to 448) and their dequantization factors,
     and the float64 attention of the values they hold."""
@@ -199,12 +206,35 @@ def test_caller_fp8_attention_is_the_fp8_kernel():
 
 
 @needs_hopper
+@pytest.mark.parametrize("v_kmajor", [False, True], ids=["v", "vt"])
 @pytest.mark.parametrize("b,h,s,d", [(2, 4, 256, 128), (1, 3, 384, 256)])
-def test_caller_fp8_attention_cuda(b, h, s, d):
-    """The same on the H200, fresh random values, against float64 of the fp8 values."""
+def test_caller_fp8_attention_cuda(b, h, s, d, v_kmajor):
+    """The same on the H200, fresh random values, against float64 of the fp8 values;
+    V row-major (a transpose kernel) or K-major (read as it is)."""
     import kf
 
     args, ref = caller_inputs(b, h, s, d, device="cuda")
-    out = kf.jit(caller_attention, precision="fp8")(*args)
+    fn = caller_attention
+    if v_kmajor:
+        args = (*args[:2], args[2].transpose(-1, -2).contiguous(), *args[3:])
+        fn = caller_attention_vt
+    out = kf.jit(fn, precision="fp8")(*args)
     assert out.dtype == torch.bfloat16 and out.shape == (b, h, s, d)
     assert rel(out.cpu(), ref.cpu()) < 4e-2
+
+
+@needs_ptxas
+def test_caller_fp8_v_transposed_needs_no_copy():
+    """V given K-major: the fp8 kernel reads it as it is (no transpose kernel), and the
+    CPU result is the one of V row-major."""
+    import kf
+
+    (q8, k8, v8, *scales), ref = caller_inputs(2, 4, 256, 128)
+    vt = v8.transpose(-1, -2).contiguous()
+    info = kf.inspect(kf.jit(caller_attention_vt, target="cuda", arch="sm_90a", precision="fp8"), q8, k8, vt, *scales)
+    kinds = sorted(ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
+                   if 'kf.kernel = "' in ln)
+    assert kinds == ["attention", "elementwise"], kinds
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in info.stages["ptx"]
+    cpu = kf.jit(caller_attention_vt, target="cpu", precision="fp8")(q8, k8, vt, *scales)
+    assert 4e-3 < rel(cpu, ref) < 4e-2
