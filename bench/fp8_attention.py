@@ -31,21 +31,8 @@ from bench import median_ms, rel_err, rotated  # noqa: E402
 import kf  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from fp8_caller import caller_attention, caller_attention_vt  # noqa: E402
 from seed_examples import fused_attention  # noqa: E402
-
-
-def caller_attention(q8, k8, v8, sq, sk, sv):
-    """Attention on the caller's E4M3FN tensors and their dequantization factors."""
-    d = q8.shape[-1]
-    s = torch.matmul(q8.float(), k8.float().transpose(-2, -1)) * (sq * sk / math.sqrt(d))
-    return (torch.matmul(torch.softmax(s, dim=-1), v8.float()) * sv).to(torch.bfloat16)
-
-
-def caller_attention_vt(q8, k8, v8t, sq, sk, sv):
-    """caller_attention with V stored K-major ([.., D, S]): no transpose kernel."""
-    d = q8.shape[-1]
-    s = torch.matmul(q8.float(), k8.float().transpose(-2, -1)) * (sq * sk / math.sqrt(d))
-    return (torch.matmul(torch.softmax(s, dim=-1), v8t.float().transpose(-2, -1)) * sv).to(torch.bfloat16)
 
 
 def quantized(x):

@@ -80,6 +80,14 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def swaps_last_two(perm) -> bool:
+    """Whether a permutation keeps every dim but the last two, which it swaps (``x.mT``:
+    what matmuls read in place and fp8 tensor cores need for K-major operands)."""
+    perm = list(perm)
+    r = len(perm)
+    return r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2]
+
+
 def normalize_dim(dim: int, rank: int) -> int:
     """A dimension index in [0, rank), accepting negative indices as torch does."""
     r = max(rank, 1)

@@ -91,7 +91,7 @@ from mlir import ir
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import KfTypeError
+from kf.dialects.types import KfTypeError, swaps_last_two
 
 from .base import KfPass, PassError
 
@@ -275,14 +275,6 @@ def _e4m3_source(x: ir.Value) -> ir.Value | None:
     return y if _elem(y) == "f8E4M3FN" else None
 
 
-def _swaps_last_two(op: ir.Operation) -> bool:
-    if op.name != "kf.transpose":
-        return False
-    perm = list(op_attrs(op)["perm"])
-    r = len(perm)
-    return r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2]
-
-
 def _is_softmax(v: ir.Value) -> bool:
     owner = v.owner
     return not isinstance(owner, ir.Block) and owner.operation.name == "kf.softmax"
@@ -330,7 +322,8 @@ def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
                 if storage:  # fp8 wgmma reads B K-major only: V^T is what is stored
                     v8 = _e4m3_source(b)
                     t = b.owner.operation if not isinstance(b.owner, ir.Block) else None
-                    vt_given = _e4m3_source(t.operands[0]) if t is not None and _swaps_last_two(t) else None
+                    vt_given = _e4m3_source(t.operands[0]) if t is not None and t.name == "kf.transpose" \
+                        and swaps_last_two(op_attrs(t)["perm"]) else None
                     if vt_given is not None:  # the caller's fp8 V^T (v8t.float().mT): as it is
                         vt8, sb = vt_given, kb.scalar(1.0, "f32")
                     elif v8 is not None:  # the caller's fp8 V: only transposed (through f32,

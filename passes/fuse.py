@@ -40,6 +40,7 @@ from mlir.dialects import func
 
 from kf.dialects import BY_NAME, spec_of
 from kf.dialects.attrs import op_attrs
+from kf.dialects.types import swaps_last_two
 
 from .base import KfPass
 
@@ -172,11 +173,7 @@ def _float_cast(op: ir.Operation) -> bool:
 
 
 def _last_two_swapped(op: ir.Operation | None) -> bool:
-    if op is None or op.name != "kf.transpose":
-        return False
-    perm = list(op_attrs(op)["perm"])
-    r = len(perm)
-    return r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2]
+    return op is not None and op.name == "kf.transpose" and swaps_last_two(op_attrs(op)["perm"])
 
 
 def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from kf.dialects import BY_NAME, KfTypeError, spec_of
 from kf.dialects.attrs import op_attrs
+from kf.dialects.types import swaps_last_two
 from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, memref, scf
@@ -464,9 +465,7 @@ def direct_source(view: KernelView, memrefs: Sequence[ir.Value], value: ir.Value
     swapped = tile_swapped
     op = defining(value)
     if op is not None and op.name == "kf.transpose":
-        perm = op_attrs(op)["perm"]
-        r = len(perm)
-        if r < 2 or perm[:-2] != list(range(r - 2)) or perm[-2:] != [r - 1, r - 2]:
+        if not swaps_last_two(op_attrs(op)["perm"]):
             return None
         value, swapped = op.operands[0], not swapped
     i = view.arg_index(value)
@@ -1074,9 +1073,7 @@ def _reads_argument(view: KernelView, v: ir.Value) -> bool:
     (what ``direct_source`` takes)."""
     op = defining(v)
     if op is not None and op.name == "kf.transpose":
-        perm = op_attrs(op)["perm"]
-        r = len(perm)
-        if r < 2 or perm[:-2] != list(range(r - 2)) or perm[-2:] != [r - 1, r - 2]:
+        if not swaps_last_two(op_attrs(op)["perm"]):
             return False
         v = op.operands[0]
     i = view.arg_index(v)

@@ -38,6 +38,7 @@ from mlir import ir
 from mlir.dialects import arith, gpu, memref, scf
 
 from kf.dialects.attrs import op_attrs
+from kf.dialects.types import swaps_last_two
 
 from . import emit as E
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
@@ -63,9 +64,7 @@ def _check(kernel: ir.Operation) -> tuple[int, tuple[int, ...]]:
     if len(transposes) != 1:
         raise NotApplicable("not one transpose")
     [t] = transposes
-    perm = list(op_attrs(t)["perm"])
-    r = len(perm)
-    if r < 2 or perm[:-2] != list(range(r - 2)) or perm[-2:] != [r - 1, r - 2]:
+    if not swaps_last_two(op_attrs(t)["perm"]):
         raise NotApplicable("the transpose does not swap the last two dims")
     x, user = t.operands[0], t
     while not isinstance(x.owner, ir.Block):  # an elementwise chain before the transpose

@@ -138,20 +138,7 @@ def test_attention_fp8_cuda(b, h, sq, sk, d, elem, tol):
 
 # ---- the caller's fp8 tensors (passes/apply_precision.py, _e4m3_source)
 
-
-def caller_attention(q8, k8, v8, sq, sk, sv):
-    """Attention on fp8 tensors the caller quantized, with their scales: torch has no
-    fp8 matmul, so the operands are widened where they are used."""
-    d = q8.shape[-1]
-    s = torch.matmul(q8.float(), k8.float().transpose(-2, -1)) * (sq * sk / math.sqrt(d))
-    return (torch.matmul(torch.softmax(s, dim=-1), v8.float()) * sv).to(torch.bfloat16)
-
-
-def caller_attention_vt(q8, k8, v8t, sq, sk, sv):
-    """caller_attention with V stored K-major ([.., D, S]), as fp8 wgmma reads it."""
-    d = q8.shape[-1]
-    s = torch.matmul(q8.float(), k8.float().transpose(-2, -1)) * (sq * sk / math.sqrt(d))
-    return (torch.matmul(torch.softmax(s, dim=-1), v8t.float().transpose(-2, -1)) * sv).to(torch.bfloat16)
+from fp8_caller import caller_attention, caller_attention_vt  # noqa: E402  (examples/)
 
 
 def caller_inputs(b, h, s, d, device="cpu"):
