@@ -26,7 +26,7 @@ _ENTRIES = [
     PassEntry("kf-split-reductions", "split_reductions", "SplitReductionsPass",
               "full reductions of large tensors as parallel row reductions (reshape, reduce rows, reduce the partials)"),
     PassEntry("kf-fuse", "fuse", "FusePass",
-              "partition functions into kernels (attention, rowwise, matmul, elementwise, generic)"),
+              "partition functions into kernels (attention, rowwise, matmul, transpose, elementwise, generic)"),
     PassEntry("kf-to-spirv", "to_spirv", "ToSpirvPass", "lower gpu.module kernels to a validated SPIR-V binary (gpu.binary) for Vulkan"),
     PassEntry("kf-to-metal", "to_metal", "ToMetalPass", "SPIR-V through SPIRV-Cross to MSL, with threadgroup sizes and buffer indices"),
     PassEntry("kf-to-cuda", "to_cuda", "ToCudaPass", "lower gpu.module kernels through NVVM to PTX (gpu.binary)"),
