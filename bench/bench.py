@@ -166,6 +166,15 @@ def workloads(quick: bool):
         yield (f"bias+GELU {r}x{c} {name}", kf.jit(bias_gelu), bias_gelu, None, lambda: (rand(r, c), rand(c)),
                2 * r * c * esz, 0, tol)
 
+    def transpose_last_two(x):
+        return x.transpose(-1, -2).contiguous()
+
+    # the transpose strategy (a matrix, and attention's [b, h, s, d] as V^T for fp8)
+    for shape in [(8192, 8192)] + ([] if quick else [(4, 32, 2048, 128)]):
+        n = math.prod(shape)
+        yield (f"transpose {'x'.join(map(str, shape))} bf16", kf.jit(transpose_last_two), transpose_last_two, None,
+               lambda shape=shape: (randn(*shape),), 2 * n * 2, 0, 1e-6)
+
     def sdpa(q, k, v, mask=None):
         return F.scaled_dot_product_attention(q, k, v)
 
