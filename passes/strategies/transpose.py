@@ -16,7 +16,8 @@ more workgroup memory than Vulkan's guaranteed 16 KiB):
     for k < TILE / 4:  v = tile[tx][ty + 4k]                                (column read)
                        out[b, c0 + ty + 4k, r0 + tx] = chain(v)             (rows: coalesced)
 
-with tx = thread % 64, ty = thread / 64. The tile holds values widened to f32 with a row
+with tx = thread % 64, ty = thread / 64; where the input is 16-bit and both dims even a
+thread moves pairs (``PAIRS``: 32 threads a tile row, 8 rows a pass). The tile holds values widened to f32 with a row
 stride of TILE + 1 words, so the column reads fall in 32 different banks. Edges of a
 shape that is not a multiple of TILE are guarded (loads and stores). The chain is the
 generic strategy's evaluator at the output index, its transposed input answered from
@@ -35,7 +36,7 @@ of at most 32 bits, ops other than elementwise ones, results of other shapes.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, gpu, memref, scf
+from mlir.dialects import arith, gpu, memref, scf, vector
 
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import swaps_last_two
@@ -48,6 +49,10 @@ from .generic import Evaluator
 TILE = 64
 #: Threads a workgroup: TILE columns by THREADS / TILE rows at a time.
 THREADS = 256
+#: Elements a thread moves at once where the input is 16-bit and both dims are even
+#: (a 4-byte load; the stores of the pair are 4 or 2 bytes): a warp's access is then
+#: 128 contiguous bytes of a row. 1 gives the one-element kernel back.
+PAIRS = 2
 
 _ALSO = frozenset({"kf.fill", "kf.broadcast_to"})
 
@@ -109,7 +114,10 @@ class TransposeStrategy(Strategy):
         rows, cols = shape[-2], shape[-1]
         batch = E.numel(shape[:-2])
         tiles = batch * -(-rows // TILE) * -(-cols // TILE)
-        return {"strategy": "transpose", "block": THREADS, "tile": TILE, "grid": tiles,
+        ins, outs = E.kernel_signature(kernel)
+        narrow = E.ELEM_BYTES[ins[_check(kernel)[0]].elem] == 2 and all(E.ELEM_BYTES[o.elem] <= 2 for o in outs)
+        vec = PAIRS if narrow and rows % 2 == 0 and cols % 2 == 0 else 1
+        return {"strategy": "transpose", "block": THREADS, "tile": TILE, "grid": tiles, "vector_width": vec,
                 "shared_bytes": TILE * (TILE + 1) * 4}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
@@ -117,8 +125,10 @@ class TransposeStrategy(Strategy):
         ins, outs = E.kernel_signature(kernel)
         name = E.kernel_name(kernel)
         tile, block, grid = int(plan["tile"]), int(plan["block"]), int(plan["grid"])
-        per = tile * tile // block  # elements a thread moves each way
-        step = block // tile  # rows a pass of the workgroup covers
+        vec = int(plan.get("vector_width", 1))
+        lanes = tile // vec  # threads along a tile row
+        step = block // lanes  # rows a pass of the workgroup covers
+        per = tile // step  # passes each way
         batch_shape, rows, cols = list(shape[:-2]), shape[-2], shape[-1]
         tiles_r, tiles_c = -(-rows // tile), -(-cols // tile)
         wg = ir.Attribute.parse("#gpu.address_space<workgroup>")
@@ -141,7 +151,8 @@ class TransposeStrategy(Strategy):
                 b, tr, tc = kb.delinearize(bid, [E.numel(batch_shape), tiles_r, tiles_c])
                 bidx = kb.delinearize(b, batch_shape) if batch_shape else []
                 r0, c0 = kb.mul(tr, tile), kb.mul(tc, tile)
-                tx, ty = kb.rem(tid, tile), kb.div(tid, tile)
+                tx, ty = kb.rem(tid, lanes), kb.div(tid, lanes)
+                txv = kb.mul(tx, vec)  # the first of a thread's vec columns in the tile
                 ragged_r, ragged_c = rows % tile != 0, cols % tile != 0
 
                 def guarded(conds, fn_):
@@ -157,13 +168,22 @@ class TransposeStrategy(Strategy):
                         fn_()
                         scf.YieldOp([])
 
+                x_mem = inputs[arg]
+                x_elem = ir.MemRefType(x_mem.type).element_type
                 for k in range(per):  # input rows into the tile
                     lr = kb.add(ty, k * step)
-                    r, c = kb.add(r0, lr), kb.add(c0, tx)
+                    r, c = kb.add(r0, lr), kb.add(c0, txv)
 
                     def load(r=r, c=c, lr=lr):
-                        v = E.load(inputs[arg], [*bidx, r, c], kb)
-                        memref.store(v, smem, [kb.value(lr), kb.value(tx)])
+                        if vec == 1:
+                            values = [E.load(x_mem, [*bidx, r, c], kb)]
+                        else:
+                            vt = ir.VectorType.get([vec], x_elem)
+                            pair = vector.load(vt, x_mem, [kb.value(i) for i in [*bidx, r, c]],
+                                               alignment=vec * E.ELEM_BYTES[str(x_elem)])
+                            values = [E.widen(vector.extract(pair, [], [e])) for e in range(vec)]
+                        for e, v in enumerate(values):
+                            memref.store(v, smem, [kb.value(lr), kb.value(kb.add(txv, e))])
 
                     guarded([kb.lt(r, rows) if ragged_r else True, kb.lt(c, cols) if ragged_c else True], load)
                 gpu.barrier()
@@ -173,18 +193,29 @@ class TransposeStrategy(Strategy):
                         ev.value(E.kernel_body(kernel).arguments[a], ())
                 for k in range(per):  # tile columns out as output rows
                     li = kb.add(ty, k * step)  # output row within the tile: an input column
-                    i, j = kb.add(c0, li), kb.add(r0, tx)
+                    i, j = kb.add(c0, li), kb.add(r0, txv)
 
                     def store(i=i, j=j, li=li):
-                        ev.current = memref.load(smem, [kb.value(tx), kb.value(li)])
-                        with ev.scope():
-                            for value, mem in zip(E.kernel_results(kernel), outputs):
-                                idx = [*bidx, i, j]
-                                E.store(ev.value(value, idx), mem, idx, kb)
+                        results = [[] for _ in outputs]
+                        for e in range(vec):
+                            ev.current = memref.load(smem, [kb.value(kb.add(txv, e)), kb.value(li)])
+                            with ev.scope():
+                                idx = [*bidx, i, kb.add(j, e)]
+                                for o, value in enumerate(E.kernel_results(kernel)):
+                                    results[o].append(ev.value(value, idx))
+                        for mem, values in zip(outputs, results):
+                            et = ir.MemRefType(mem.type).element_type
+                            at = [kb.value(x) for x in [*bidx, i, j]]
+                            if vec == 1:
+                                memref.store(E.to_storage(values[0], et), mem, at)
+                                continue
+                            v = vector.from_elements(ir.VectorType.get([vec], et), [E.to_storage(x, et) for x in values])
+                            vector.store(v, mem, at, alignment=vec * E.ELEM_BYTES[str(et)])
 
                     guarded([kb.lt(i, cols) if ragged_c else True, kb.lt(j, rows) if ragged_r else True], store)
             E.finish(entry)
-        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "transpose", "tile": tile})
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0,
+                             {"strategy": "transpose", "tile": tile, "vector_width": vec})
 
 
 register(TransposeStrategy())

@@ -827,8 +827,9 @@ def test_transpose_kernel_matches_torch(run, shape, elem, out):
 
 
 def test_transpose_kernel_goes_through_workgroup_memory():
-    """On CUDA the tile: coalesced global loads and stores, one barrier, the rank-0
-    scale loaded once, e4m3 by cvt; ptxas: no spills, the 64x65 f32 tile. On SPIR-V
+    """On CUDA the tile: coalesced global loads and stores (pairs: the input is bf16 and
+    both dims even), one barrier, the rank-0 scale loaded once, e4m3 by cvt; ptxas: no
+    spills, the 64x65 f32 tile. On SPIR-V
     (16 KiB guaranteed) the generic kernel."""
     from kf.passes.to_cuda import assemble, compile_to_ptx
 
@@ -841,6 +842,8 @@ def test_transpose_kernel_goes_through_workgroup_memory():
         ptx = compile_to_ptx(module, chip="sm_90")["kf_kernels"]
     assert "bar.sync" in ptx and ptx.count("ld.global.b32") == 1, ptx.count("ld.global.b32")
     assert ptx.count("ld.shared.b32") == 16 and ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 16
+    # bf16 pairs in (4 bytes), e4m3 pairs out (2 bytes): 8 passes each way
+    assert ptx.count("ld.global.v2.b16") == 8 and ptx.count("st.global.v2.b8") == 8
     if shutil.which("ptxas"):
         [r] = assemble(ptx, "sm_90").kernels.values()
         assert r["spill_store_bytes"] == 0 and r["shared_bytes"] == 64 * 65 * 4, r
