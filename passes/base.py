@@ -27,6 +27,17 @@ class PassError(Exception):
         self.location = location
 
 
+def user_functions(module: ir.Operation) -> list[ir.Operation]:
+    """The module's func.func ops that are the user's functions: with a body, and not a
+    kernel function kf-fuse made (the kf-level passes before kf-fuse rewrite these)."""
+    out = []
+    for f in module.regions[0].blocks[0].operations:
+        f = f.operation
+        if f.name == "func.func" and "kf.kernel" not in f.attributes and f.regions[0].blocks:
+            out.append(f)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class KfPass:
     """Subclasses set NAME and DESCRIPTION, declare options as dataclass fields

@@ -53,7 +53,7 @@ from kf.dialects.attrs import op_attrs
 from mlir import ir
 from mlir.dialects import func
 
-from .base import KfPass
+from .base import KfPass, user_functions
 
 ROUTE, GEMM, COMBINE = "moe_route", "moe_gemm", "moe_combine"
 
@@ -381,11 +381,8 @@ class RecognizeMoePass(KfPass):
     DESCRIPTION = "rewrite the dense MoE (every expert for every token) as route, two grouped GEMMs and combine"
 
     def run(self, module: ir.Operation) -> None:
-        body = module.regions[0].blocks[0]
-        for f in list(body.operations):
-            f = f.operation
-            if f.name != "func.func" or "kf.kernel" in f.attributes or not f.regions[0].blocks:
-                continue
+        body = module.regions[0].blocks[0]  # where rewrite puts the kernel functions
+        for f in user_functions(module):
             fname = re.sub(r"\W", "_", ir.StringAttr(f.attributes["sym_name"]).value).strip("_") or "kernel"
             count, taken = 0, set()
             # Any add (or, for one expert, mul) can be the sum over experts: the sum may

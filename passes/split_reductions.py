@@ -40,7 +40,7 @@ from kf.dialects import BY_NAME, spec_of
 from kf.dialects import builders as kb
 from kf.dialects.attrs import op_attrs
 
-from .base import KfPass
+from .base import KfPass, user_functions
 
 #: Elements below which a full reduction stays one generic kernel.
 MIN_ELEMENTS = 1 << 16
@@ -162,11 +162,7 @@ class SplitReductionsPass(KfPass):
     DESCRIPTION = "full reductions of large tensors as parallel row reductions (reshape, reduce rows, reduce the partials)"
 
     def run(self, module: ir.Operation) -> None:
-        body = module.regions[0].blocks[0]
-        for f in list(body.operations):
-            f = f.operation
-            if f.name != "func.func" or "kf.kernel" in f.attributes or not f.regions[0].blocks:
-                continue
+        for f in user_functions(module):
             for op in list(f.regions[0].blocks[0].operations):
                 op = op.operation
                 if op.name in _SPLIT:
