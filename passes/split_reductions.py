@@ -12,7 +12,7 @@ What it changes (test/passes/kf-split-reductions.mlir): ``kf.sum``, ``kf.reduce_
 and ``kf.reduce_min`` over every dim of a float tensor of at least ``MIN_ELEMENTS``
 elements become ``reshape`` to ``[N / C, C]`` (C: the largest divisor of N up to
 ``ROW``, at least ``MIN_ROW``) and the same reduction over the last dim, repeated on the
-``N / C`` partial results until at most ``ROW`` are left, which one last row reduction
+``N / C`` partial results until at most ``LAST_ROW`` are left, which one last row reduction
 (``[1, n]``) combines; the result is reshaped to the original result's shape (rank 0,
 or all ones with keepdim). Sums change their order of additions (as any parallel
 reduction does); max and min are exact. Tensors whose element count has no divisor in
@@ -44,8 +44,15 @@ from .base import KfPass, user_functions
 
 #: Elements below which a full reduction stays one generic kernel.
 MIN_ELEMENTS = 1 << 16
-#: The longest row of a split (a workgroup reduces one).
-ROW = 4096
+#: The longest row of a split (a workgroup reduces one). 8192: the seed's attention
+#: under precision="fp8" (4x32x2048x128, three amaxes of 2^25 elements: 4096 rows, then
+#: one row of the 4096 partials) took 0.696 ms a call in both repetitions of a same-process
+#: A/B on the H200, against 0.707-0.753 with rows of 4096 (three stages), 0.729-0.732
+#: with 4096 and a last row of up to 16384, 0.695-0.722 with 16384
+#: (bench/results/amax-stages-ab-2026-12-04.json).
+ROW = 8192
+#: The most partial results the last stage reduces in one row (one workgroup).
+LAST_ROW = ROW
 #: The shortest row worth a split.
 MIN_ROW = 64
 
@@ -127,7 +134,7 @@ def _split(op: ir.Operation) -> bool:
         return False
     name = op.name.removeprefix("kf.")
     rows, m = [], n
-    while m > ROW:  # the row length of each stage, decided before anything is built
+    while m > LAST_ROW or not rows:  # each stage's row length, decided before anything is built
         c = _row_length(m)
         if c is None:
             return False

@@ -1,28 +1,25 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions)' | FileCheck %s
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions, kf-fuse)' | FileCheck %s --check-prefix=FUSED
 
-// fp8's amax over a 4x32x2048x128 tensor (2^26 elements): rows of 4096 (8192 of them),
-// then the 8192 partial maxima as 2 rows of 4096, then those 2 as one row; each stage is
+// fp8's amax over a 4x32x2048x128 tensor (2^25 elements): rows of 8192 (4096 of them),
+// then the 4096 partial maxima as one row; each stage is
 // a rowwise kernel (a workgroup a row) where the full reduction was one thread's loop.
 // The reshape goes under abs(cast(x)): the first stage reads the bf16 x and fuses the
 // chain, rebuilt on the rows; the original cast stays for the quantization, abs goes.
 // CHECK-LABEL: func.func @amax
 // CHECK: %[[C:.*]] = "kf.cast"(%arg0) : (tensor<4x32x2048x128xbf16>) -> tensor<4x32x2048x128xf32>
 // CHECK-NOT: "kf.abs"({{.*}}) : (tensor<4x32x2048x128xf32>)
-// CHECK: %[[R1:.*]] = "kf.reshape"(%arg0) : (tensor<4x32x2048x128xbf16>) -> tensor<8192x4096xbf16>
-// CHECK-NEXT: %[[C1:.*]] = "kf.cast"(%[[R1]]) : (tensor<8192x4096xbf16>) -> tensor<8192x4096xf32>
-// CHECK-NEXT: %[[A1:.*]] = "kf.abs"(%[[C1]]) : (tensor<8192x4096xf32>) -> tensor<8192x4096xf32>
-// CHECK-NEXT: %[[M1:.*]] = "kf.reduce_max"(%[[A1]]) {dims = array<i64: 1>, keepdim = false} : (tensor<8192x4096xf32>) -> tensor<8192xf32>
-// CHECK-NEXT: %[[R2:.*]] = "kf.reshape"(%[[M1]]) : (tensor<8192xf32>) -> tensor<2x4096xf32>
-// CHECK-NEXT: %[[M2:.*]] = "kf.reduce_max"(%[[R2]]) {{.*}} -> tensor<2xf32>
-// CHECK-NEXT: %[[R3:.*]] = "kf.reshape"(%[[M2]]) : (tensor<2xf32>) -> tensor<1x2xf32>
-// CHECK-NEXT: %[[M3:.*]] = "kf.reduce_max"(%[[R3]]) {{.*}} -> tensor<1xf32>
-// CHECK-NEXT: %[[S:.*]] = "kf.reshape"(%[[M3]]) : (tensor<1xf32>) -> tensor<f32>
+// CHECK: %[[R1:.*]] = "kf.reshape"(%arg0) : (tensor<4x32x2048x128xbf16>) -> tensor<4096x8192xbf16>
+// CHECK-NEXT: %[[C1:.*]] = "kf.cast"(%[[R1]]) : (tensor<4096x8192xbf16>) -> tensor<4096x8192xf32>
+// CHECK-NEXT: %[[A1:.*]] = "kf.abs"(%[[C1]]) : (tensor<4096x8192xf32>) -> tensor<4096x8192xf32>
+// CHECK-NEXT: %[[M1:.*]] = "kf.reduce_max"(%[[A1]]) {dims = array<i64: 1>, keepdim = false} : (tensor<4096x8192xf32>) -> tensor<4096xf32>
+// CHECK-NEXT: %[[R2:.*]] = "kf.reshape"(%[[M1]]) : (tensor<4096xf32>) -> tensor<1x4096xf32>
+// CHECK-NEXT: %[[M2:.*]] = "kf.reduce_max"(%[[R2]]) {{.*}} -> tensor<1xf32>
+// CHECK-NEXT: %[[S:.*]] = "kf.reshape"(%[[M2]]) : (tensor<1xf32>) -> tensor<f32>
 // CHECK-NEXT: "kf.mul"(%[[C]], %[[S]])
 // CHECK-NOT: dims = array<i64: 0, 1, 2, 3>
 // FUSED-LABEL: func.func @amax
-// FUSED: call @amax_k{{[0-9]+}}_rowwise({{.*}}) : (tensor<8192x4096xbf16>) -> tensor<8192xf32>
-// FUSED: call @amax_k{{[0-9]+}}_rowwise
+// FUSED: call @amax_k{{[0-9]+}}_rowwise({{.*}}) : (tensor<4096x8192xbf16>) -> tensor<4096xf32>
 // FUSED: call @amax_k{{[0-9]+}}_rowwise
 // FUSED: call @amax_k{{[0-9]+}}_elementwise(%arg0, {{.*}}) : (tensor<4x32x2048x128xbf16>, tensor<f32>) -> tensor<4x32x2048x128xf8E4M3FN>
 // FUSED-NOT: _generic
@@ -43,10 +40,10 @@ func.func @amax(%x: tensor<4x32x2048x128xbf16>) -> tensor<4x32x2048x128xf8E4M3FN
 // transpose stays only for its other use.
 // CHECK-LABEL: func.func @amax_transposed
 // CHECK: %[[T:.*]] = "kf.transpose"(%arg0)
-// CHECK: %[[R:.*]] = "kf.reshape"(%arg0) : (tensor<64x2048xbf16>) -> tensor<32x4096xbf16>
-// CHECK-NEXT: %[[C:.*]] = "kf.cast"(%[[R]]) : (tensor<32x4096xbf16>) -> tensor<32x4096xf32>
-// CHECK-NEXT: %[[M:.*]] = "kf.mul"(%[[C]], %arg1) : (tensor<32x4096xf32>, tensor<f32>) -> tensor<32x4096xf32>
-// CHECK-NEXT: "kf.abs"(%[[M]]) : (tensor<32x4096xf32>) -> tensor<32x4096xf32>
+// CHECK: %[[R:.*]] = "kf.reshape"(%arg0) : (tensor<64x2048xbf16>) -> tensor<16x8192xbf16>
+// CHECK-NEXT: %[[C:.*]] = "kf.cast"(%[[R]]) : (tensor<16x8192xbf16>) -> tensor<16x8192xf32>
+// CHECK-NEXT: %[[M:.*]] = "kf.mul"(%[[C]], %arg1) : (tensor<16x8192xf32>, tensor<f32>) -> tensor<16x8192xf32>
+// CHECK-NEXT: "kf.abs"(%[[M]]) : (tensor<16x8192xf32>) -> tensor<16x8192xf32>
 // CHECK: "kf.cast"(%[[T]])
 func.func @amax_transposed(%v: tensor<64x2048xbf16>, %s: tensor<f32>) -> (tensor<f32>, tensor<2048x64xf32>) {
   %t = "kf.transpose"(%v) {perm = array<i64: 1, 0>} : (tensor<64x2048xbf16>) -> tensor<2048x64xbf16>
@@ -76,12 +73,12 @@ func.func @left_alone(%a: tensor<100x100xf32>, %b: tensor<512x512xf32>, %c: tens
 
 // -----
 
-// A sum with keepdim over 512x512: rows of 4096 (64 of them), then one row of the 64
+// A sum with keepdim over 512x512: rows of 8192 (32 of them), then one row of the 32
 // partial sums, reshaped to the kept dims.
 // CHECK-LABEL: func.func @sum_keepdim
-// CHECK: "kf.reshape"(%arg0) : (tensor<512x512xf32>) -> tensor<64x4096xf32>
-// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<64x4096xf32>) -> tensor<64xf32>
-// CHECK: "kf.reshape"({{.*}}) : (tensor<64xf32>) -> tensor<1x64xf32>
+// CHECK: "kf.reshape"(%arg0) : (tensor<512x512xf32>) -> tensor<32x8192xf32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<32x8192xf32>) -> tensor<32xf32>
+// CHECK: "kf.reshape"({{.*}}) : (tensor<32xf32>) -> tensor<1x32xf32>
 // CHECK: "kf.sum"({{.*}}) -> tensor<1xf32>
 // CHECK: "kf.reshape"({{.*}}) : (tensor<1xf32>) -> tensor<1x1xf32>
 func.func @sum_keepdim(%a: tensor<512x512xf32>) -> tensor<1x1xf32> {
