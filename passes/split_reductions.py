@@ -49,7 +49,7 @@ MIN_ELEMENTS = 1 << 16
 #: one row of the 4096 partials) took 0.696 ms a call in both repetitions of a same-process
 #: A/B on the H200, against 0.707-0.753 with rows of 4096 (three stages), 0.729-0.732
 #: with 4096 and a last row of up to 16384, 0.695-0.722 with 16384
-#: (bench/results/amax-stages-ab-2026-12-04.json).
+#: (bench/amax_stages.py; bench/results/amax-stages-ab-2026-12-04.json).
 ROW = 8192
 #: The most partial results the last stage reduces in one row (one workgroup).
 LAST_ROW = ROW
