@@ -7,22 +7,24 @@ the transposed index, so a warp's 32 reads land in 32 rows: bf16 V^T of a 4x32x2
 tensor took 0.21 ms on the H200 (633 GB/s, 15% of copy; bench/fp8_attention.py),
 before the quantization read it again.
 
-Shape of the kernel (CUDA; other targets keep the generic kernel: a 64x65 f32 tile is
+Shape of the kernel (TILE = 64 on CUDA; 32 on SPIR-V, where a 64x65 f32 tile would be
 more workgroup memory than Vulkan's guaranteed 16 KiB):
 
-    workgroup (batch b, tile of input rows r0.., input cols c0..), TILE x TILE, 256 threads
-    for k < TILE / 4:  tile[ty + 4k][tx] = x[b, r0 + ty + 4k, c0 + tx]     (rows: coalesced)
+    workgroup (batch b, tile of input rows r0.., input cols c0..), TILE x TILE, 256 threads,
+    S = 256 / TILE rows a pass
+    for k < TILE / S:  tile[ty + S k][tx] = x[b, r0 + ty + S k, c0 + tx]   (rows: coalesced)
     barrier
-    for k < TILE / 4:  v = tile[tx][ty + 4k]                                (column read)
-                       out[b, c0 + ty + 4k, r0 + tx] = chain(v)             (rows: coalesced)
+    for k < TILE / S:  v = tile[tx][ty + S k]                              (column read)
+                       out[b, c0 + ty + S k, r0 + tx] = chain(v)           (rows: coalesced)
 
-with tx = thread % 64, ty = thread / 64; where the input is 16-bit and both dims even a
-thread moves pairs (``PAIRS``: 32 threads a tile row, 8 rows a pass). The tile holds values widened to f32 with a row
-stride of TILE + 1 words, so the column reads fall in 32 different banks. Edges of a
-shape that is not a multiple of TILE are guarded (loads and stores). The chain is the
-generic strategy's evaluator at the output index, its transposed input answered from
-the tile; other inputs (rank 0 scales, tensors of the output's shape or broadcast to
-it) are read at the output index, so they are coalesced too.
+with tx = thread % TILE, ty = thread / TILE; on CUDA, where the input is 16-bit and both
+dims even, a thread moves pairs (``PAIRS``: TILE / 2 threads a tile row). The tile holds
+values widened to f32 with a row stride of TILE + 1 words, so the column reads fall in
+different banks. Edges of a shape that is not a multiple of TILE are guarded (loads and
+stores). The chain is the generic strategy's evaluator at the output index, its
+transposed input answered from the tile; other inputs (rank 0 scales, tensors of the
+output's shape or broadcast to it) are read at the output index, so they are coalesced
+too, and rank-0 ones once.
 
 The transposed value may be an elementwise chain of one kernel input (``cast(v8)``: the
 caller's fp8 V widened), each op's other operands rank 0: the tile then holds the input
@@ -45,8 +47,11 @@ from . import emit as E
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .generic import Evaluator
 
-#: Rows and columns of the tile a workgroup moves.
+#: Rows and columns of the tile a workgroup moves (CUDA).
 TILE = 64
+#: The tile on SPIR-V (Vulkan, Metal): 32 x 33 f32 is 4.2 KiB of the 16 KiB Vulkan
+#: guarantees.
+SPIRV_TILE = 32
 #: Threads a workgroup: TILE columns by THREADS / TILE rows at a time.
 THREADS = 256
 #: Elements a thread moves at once where the input is 16-bit and both dims are even
@@ -109,16 +114,18 @@ class TransposeStrategy(Strategy):
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
         _, shape = _check(kernel)
-        if target.name != "cuda":
-            raise NotApplicable("the tile is more workgroup memory than Vulkan guarantees")
+        tile = TILE if target.name == "cuda" else SPIRV_TILE
         rows, cols = shape[-2], shape[-1]
         batch = E.numel(shape[:-2])
-        tiles = batch * -(-rows // TILE) * -(-cols // TILE)
+        tiles = batch * -(-rows // tile) * -(-cols // tile)
+        if tiles > E.max_grid_x(target.name):
+            raise NotApplicable(f"{tiles} tiles are more workgroups than the grid allows")
         ins, outs = E.kernel_signature(kernel)
         narrow = E.ELEM_BYTES[ins[_check(kernel)[0]].elem] == 2 and all(E.ELEM_BYTES[o.elem] <= 2 for o in outs)
-        vec = PAIRS if narrow and rows % 2 == 0 and cols % 2 == 0 else 1
-        return {"strategy": "transpose", "block": THREADS, "tile": TILE, "grid": tiles, "vector_width": vec,
-                "shared_bytes": TILE * (TILE + 1) * 4}
+        # kf-to-spirv loads bf16 as scalars: pairs are CUDA's
+        vec = PAIRS if narrow and rows % 2 == 0 and cols % 2 == 0 and target.name == "cuda" else 1
+        return {"strategy": "transpose", "block": THREADS, "tile": tile, "grid": tiles, "vector_width": vec,
+                "shared_bytes": tile * (tile + 1) * 4}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         arg, shape = _check(kernel)
