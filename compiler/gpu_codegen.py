@@ -28,11 +28,6 @@ from .errors import SourceLoc, TargetError
 GPU_MODULE = "kf_kernels"
 
 
-def _defining(v: ir.Value):
-    owner = v.owner
-    return None if isinstance(owner, ir.Block) else owner.operation
-
-
 def _func(module: ir.Module, name: str) -> ir.Operation:
     for op in module.body.operations:
         op = op.operation

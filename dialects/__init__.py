@@ -12,7 +12,7 @@ from mlir.dialects import irdl as _irdl
 from . import builders
 from .irdl import irdl_text
 from .ops import BY_NAME, OPS, OpSpec
-from .types import ELEMENT_TYPES, KfTypeError, TensorSpec, mlir_type, spec_of
+from .types import ELEMENT_TYPES, KfTypeError, TensorSpec, defining, mlir_type, spec_of
 from .verifier import verify, verify_op
 
 _LOADED_ATTR = "_kf_dialect_loaded"

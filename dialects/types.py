@@ -80,6 +80,12 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def defining(v: ir.Value) -> ir.Operation | None:
+    """The op that makes v, or None for a block argument."""
+    owner = v.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
 def swaps_last_two(perm) -> bool:
     """Whether a permutation keeps every dim but the last two, which it swaps (``x.mT``:
     what matmuls read in place and fp8 tensor cores need for K-major operands)."""

@@ -24,7 +24,7 @@ from mlir import ir
 
 from kf.dialects import builders
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import broadcast_shapes, spec_of, swaps_last_two
+from kf.dialects.types import broadcast_shapes, defining, spec_of, swaps_last_two
 
 from .base import KfPass
 
@@ -52,13 +52,8 @@ _FOLD_UNARY: dict[str, Callable[[float], float]] = {
 _ELEMENTWISE_BINARY = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.max", "kf.min", "kf.pow", "kf.cmp"}
 
 
-def _defining(v: ir.Value) -> ir.Operation | None:
-    owner = v.owner
-    return None if isinstance(owner, ir.Block) else owner.operation
-
-
 def _fill_value(v: ir.Value) -> float | None:
-    op = _defining(v)
+    op = defining(v)
     if op is not None and op.name == "kf.fill":
         return float(op_attrs(op)["value"])
     return None
@@ -122,7 +117,7 @@ class _Rewriter:
             out = spec_of(op.result.type)
             self.replace(op, builders.fill(out.shape, out.elem, _FOLD_UNARY[op.name](a)))
             return True
-        inner = _defining(x)
+        inner = defining(x)
         if op.name == "kf.neg" and inner is not None and inner.name == "kf.neg":
             self.replace(op, inner.operands[0])
             return True
@@ -132,7 +127,7 @@ class _Rewriter:
         operands = list(op.operands)
         out_shape = spec_of(op.result.type).shape
         for i, v in enumerate(operands):
-            inner = _defining(v)
+            inner = defining(v)
             if inner is None or inner.name != "kf.broadcast_to":
                 continue
             src = inner.operands[0]
@@ -155,7 +150,7 @@ class _Rewriter:
         if spec_of(x.type) == out:
             self.replace(op, x)
             return
-        inner = _defining(x)
+        inner = defining(x)
         if inner is None:
             return
         if inner.name == "kf.broadcast_to":
@@ -169,7 +164,7 @@ class _Rewriter:
         if spec_of(x.type) == out:
             self.replace(op, x)
             return
-        inner = _defining(x)
+        inner = defining(x)
         if inner is not None and inner.name == "kf.reshape":
             self.replace(op, builders.reshape(inner.operands[0], out.shape))
         elif inner is not None and inner.name == "kf.fill":
@@ -193,7 +188,7 @@ class _Rewriter:
         if perm == sorted(perm):
             self.replace(op, x)
             return
-        inner = _defining(x)
+        inner = defining(x)
         if inner is not None and inner.name == "kf.transpose":
             first = op_attrs(inner)["perm"]
             composed = [first[p] for p in perm]

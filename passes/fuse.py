@@ -40,7 +40,7 @@ from mlir.dialects import func
 
 from kf.dialects import BY_NAME, spec_of
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import swaps_last_two
+from kf.dialects.types import defining, swaps_last_two
 
 from .base import KfPass
 
@@ -53,11 +53,6 @@ _HOST = {"kf.constant", "func.call"}
 def _category(op: ir.Operation) -> str:
     spec = BY_NAME.get(op.name)
     return spec.category if spec else "host"
-
-
-def _defining(v: ir.Value) -> ir.Operation | None:
-    owner = v.owner
-    return None if isinstance(owner, ir.Block) else owner.operation
 
 
 def _row_shape(op: ir.Operation) -> tuple[tuple[int, ...], int] | None:
@@ -108,7 +103,7 @@ class _Partition:
         reshapes the host function keeps between kernels: a path through one is a path)."""
         out, stack, seen = [], list(self.ops[i].operands), set()
         while stack:
-            d = _defining(stack.pop())
+            d = defining(stack.pop())
             if d is None or d in seen:
                 continue
             seen.add(d)
@@ -187,31 +182,31 @@ def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
         if op.name != "kf.matmul":
             continue
         # the P chain: casts and rank-0 scales from the softmax to mm2's A operand
-        p_chain, cur = [], _defining(op.operands[0])
+        p_chain, cur = [], defining(op.operands[0])
         while cur is not None and (_float_cast(cur) or _scaled_operand(cur) is not None):
             p_chain.append(cur)
-            cur = _defining(cur.operands[0] if _float_cast(cur) else _scaled_operand(cur))
+            cur = defining(cur.operands[0] if _float_cast(cur) else _scaled_operand(cur))
         sm = cur
         if sm is None or sm.name != "kf.softmax" or _row_shape(sm) is None:
             continue
         chain = [op, sm, *p_chain]
-        cur = _defining(sm.operands[0])
+        cur = defining(sm.operands[0])
         while cur is not None and cur.name in ("kf.masked_fill", "kf.select", "kf.add", "kf.div", "kf.mul",
                                                "kf.cast"):
             chain.append(cur)
             if cur.name == "kf.masked_fill":
-                m = _defining(cur.operands[1])
+                m = defining(cur.operands[1])
                 if m is not None and m.name == "kf.cmp":
                     chain.append(m)
             x = _scaled_operand(cur)  # c * s as s * c (the scale and fp8's dequantization)
-            cur = _defining(cur.operands[2] if cur.name == "kf.select" else x if x is not None else cur.operands[0])
+            cur = defining(cur.operands[2] if cur.name == "kf.select" else x if x is not None else cur.operands[0])
         if cur is None or cur.name != "kf.matmul":
             continue
         chain.append(cur)
-        kt = _defining(cur.operands[1])
+        kt = defining(cur.operands[1])
         if kt is not None and kt.name == "kf.transpose":
             chain.append(kt)
-        vt = _defining(op.operands[1])
+        vt = defining(op.operands[1])
         if _last_two_swapped(vt) and all(u.owner == op for u in vt.result.uses):
             chain.append(vt)
         # the epilogue: rank-0 scales and casts, each the only use of the one before
@@ -240,7 +235,7 @@ def _operand_transposes(mm: ir.Operation) -> list[ir.Operation]:
     kernel of their own that would write the transpose out."""
     out = []
     for v in mm.operands:
-        t = _defining(v)
+        t = defining(v)
         if _last_two_swapped(t) and all(u.owner == mm for u in t.results[0].uses):
             out.append(t)
     return out
@@ -369,7 +364,7 @@ def _view_reshapes(body: list[ir.Operation]) -> list[ir.Operation]:
     for op in body:
         if op.name != "kf.reshape" or op.result in returned or op.operands[0] in returned:
             continue
-        d = _defining(op.operands[0])
+        d = defining(op.operands[0])
         if d is not None and d.name in _FREE:
             continue
         out.append(op)
@@ -414,7 +409,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     for u in units:
         for op in unit_ops(u):
             for v in op.operands:
-                d = _defining(v)
+                d = defining(v)
                 if d is not None and d in unit_of and unit_of[d] != u:
                     deps[u].add(unit_of[d])
     users = {u: set() for u in units}
@@ -457,7 +452,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
         fills = []
         for op in ops:
             for v in op.operands:
-                d = _defining(v)
+                d = defining(v)
                 if d is not None and d in members:
                     continue
                 if d is not None and d.name in _FREE:

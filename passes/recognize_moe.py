@@ -48,7 +48,7 @@ import re
 
 import numpy as np
 from kf.dialects import builders as B
-from kf.dialects import spec_of
+from kf.dialects import defining, spec_of
 from kf.dialects.attrs import op_attrs
 from mlir import ir
 from mlir.dialects import func
@@ -62,13 +62,8 @@ ROUTE, GEMM, COMBINE = "moe_route", "moe_gemm", "moe_combine"
 MAX_ROWS = 65535 * 64
 
 
-def _defining(v: ir.Value) -> ir.Operation | None:
-    owner = v.owner
-    return None if isinstance(owner, ir.Block) else owner.operation
-
-
 def _op(v: ir.Value, name: str) -> ir.Operation | None:
-    d = _defining(v)
+    d = defining(v)
     return d if d is not None and d.name == name else None
 
 
@@ -195,7 +190,7 @@ def _routing_term(v: ir.Value, n_experts: int):
         for i, a in ((cmp.operands[0], cmp.operands[1]), (cmp.operands[1], cmp.operands[0])):
             isl = _last_slice(i)
             if isl is not None and _is_arange(a, n_experts) and _elem(isl[0]) in ("i32", "i64"):
-                return isl[0], isl[1], ws[0], ws[1], [_defining(i), _defining(w), cmp, cast, m]
+                return isl[0], isl[1], ws[0], ws[1], [defining(i), defining(w), cmp, cast, m]
     return None
 
 
@@ -301,7 +296,7 @@ def rewrite(f: ir.Operation, m: Match, module_block: ir.Block, prefix: str) -> N
     t_i32 = lambda shape: ir.RankedTensorType.get(list(shape), i32)
     t_el = lambda shape: ir.RankedTensorType.get(list(shape), ir.Type.parse(elem))
     common = {"experts": E, "top_k": K, "tokens": T, "rows": N}
-    loc = _defining(m.root).location
+    loc = defining(m.root).location
 
     def route_body(idx):
         # key = expert of the slot, E when out of range; the packed row of a slot is the
@@ -354,7 +349,7 @@ def rewrite(f: ir.Operation, m: Match, module_block: ir.Block, prefix: str) -> N
                          down_body)
         k_comb = _kernel(module_block, f, f"{prefix}_combine", COMBINE, [t_el([N, G]), t_rows, i_wt, i_idx],
                          [m.root.type], m.lines[COMBINE], common, combine_body)
-        with ir.InsertionPoint(_defining(m.root)):
+        with ir.InsertionPoint(defining(m.root)):
             offsets, row_token, slot_row = func.CallOp(k_route, [m.idx]).results
             h = func.CallOp(k_up, [m.x, m.w_in, offsets, row_token]).result
             y = func.CallOp(k_down, [h, m.w_out, offsets]).result

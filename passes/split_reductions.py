@@ -36,7 +36,7 @@ import dataclasses
 
 from mlir import ir
 
-from kf.dialects import BY_NAME, spec_of
+from kf.dialects import BY_NAME, defining, spec_of
 from kf.dialects import builders as kb
 from kf.dialects.attrs import op_attrs
 
@@ -63,18 +63,13 @@ _REORDER = ("kf.transpose", "kf.reshape")
 MAX_CHAIN = 16
 
 
-def _defining(v: ir.Value) -> ir.Operation | None:
-    owner = v.owner
-    return None if isinstance(owner, ir.Block) else owner.operation
-
-
 def _producers(x: ir.Value) -> tuple[ir.Value, list[ir.Operation]]:
     """(source, elementwise chain from source to x): the values of x are those of the
     chain applied to source's elements, in some order."""
     chain: list[ir.Operation] = []
     v = x
     while len(chain) < MAX_CHAIN:
-        op = _defining(v)
+        op = defining(v)
         if op is None:
             break
         if op.name in _REORDER:
@@ -106,13 +101,13 @@ def _rebuild(source: ir.Value, chain: list[ir.Operation], shape: list[int]) -> i
 
 def _erase_unused(v: ir.Value) -> None:
     """Erase v's producers (elementwise and reorderings) that nothing uses any more."""
-    op = _defining(v)
+    op = defining(v)
     while op is not None and not any(True for r in op.results for _ in r.uses) and (
             op.name in _REORDER or getattr(BY_NAME.get(op.name), "category", "") == "elementwise"):
         inputs = list(op.operands)
         op.erase()
         nxt = [a for a in inputs if spec_of(a.type).rank > 0]
-        op = _defining(nxt[0]) if len(nxt) == 1 else None
+        op = defining(nxt[0]) if len(nxt) == 1 else None
 
 
 def _row_length(n: int) -> int | None:

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from kf.dialects import BY_NAME, KfTypeError, spec_of
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import swaps_last_two
+from kf.dialects.types import defining, swaps_last_two
 from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, memref, scf
@@ -70,11 +70,6 @@ from .emit import widen as emit_widen
 WORKGROUP = "#gpu.address_space<workgroup>"
 
 # --------------------------------------------------------------------------- kernel functions
-
-
-def defining(v: ir.Value) -> ir.Operation | None:
-    owner = v.owner
-    return None if isinstance(owner, ir.Block) else owner.operation
 
 
 class KernelView:
