@@ -10,28 +10,26 @@ test_attention_matmul.py (hand-built kernels) and test/python/compiler/test_prec
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from mlir import ir
-from mlir.dialects import func
 
-from kf.dialects import TensorSpec, make_context, mlir_type, spec_of
+from kf.dialects import TensorSpec, spec_of
 from kf.dialects import builders as kb
 from kf.passes import pipeline
 from kf.passes.strategies.attention import _Chain, _transposed_source
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_apply_precision import build  # noqa: E402  (a module of one function @f)
+
 
 def fused(body, specs, passes: str = "kf-fuse"):
     """(ctx, module, {kernel kind: [kernel functions]}) of ``@f(specs) = body`` after passes."""
-    ctx = make_context()
+    ctx, module = build(body, specs)
     with ctx, ir.Location.unknown():
-        module = ir.Module.create()
-        with ir.InsertionPoint(module.body):
-            @func.FuncOp.from_py_func(*[mlir_type(TensorSpec(tuple(s), e)) for s, e in specs], name="f")
-            def f(*args):
-                out = body(*args)
-                return tuple(out) if isinstance(out, (tuple, list)) else out
         pm, _ = pipeline.build(f"builtin.module({passes})", ctx)
         pm.run(module.operation)
     kinds: dict = {}
