@@ -255,10 +255,13 @@ def lower_fp8_conversions(gpu_module: ir.Operation, cvt: bool) -> None:
         fmt, x = str(op.results[0].type), op.operands[0]
         inner = x.owner.operation if isinstance(x, ir.OpResult) else None
         if inner is not None and inner.name == "arith.extf" and inner.operands[0].type == op.results[0].type:
-            y = inner.operands[0]  # truncf(extf(y)) is y: a rounded value stored
-            if y in bytes_of:
-                bytes_of[op.results[0]] = bytes_of[y]
-                continue
+            y = inner.operands[0]  # truncf(extf(y)) is y: a rounded (or loaded) value stored
+            byte = bytes_of.get(y)
+            if byte is None:  # made here, for this truncf's users only (it dominates them)
+                with ir.InsertionPoint(op), op.location:
+                    byte = arith.bitcast(i8, y)
+            bytes_of[op.results[0]] = byte
+            continue
         with ir.InsertionPoint(op), op.location:
             x = sm.convert(x, f32)
             if cvt and fmt == "f8E4M3FN":

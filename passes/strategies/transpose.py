@@ -113,7 +113,7 @@ class TransposeStrategy(Strategy):
     KIND = "transpose"
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
-        _, shape = _check(kernel)
+        arg, shape = _check(kernel)
         tile = TILE if target.name == "cuda" else SPIRV_TILE
         rows, cols = shape[-2], shape[-1]
         batch = E.numel(shape[:-2])
@@ -121,7 +121,7 @@ class TransposeStrategy(Strategy):
         if tiles > E.max_grid_x(target.name):
             raise NotApplicable(f"{tiles} tiles are more workgroups than the grid allows")
         ins, outs = E.kernel_signature(kernel)
-        narrow = E.ELEM_BYTES[ins[_check(kernel)[0]].elem] == 2 and all(E.ELEM_BYTES[o.elem] <= 2 for o in outs)
+        narrow = E.ELEM_BYTES[ins[arg].elem] == 2 and all(E.ELEM_BYTES[o.elem] <= 2 for o in outs)
         # kf-to-spirv loads bf16 as scalars: pairs are CUDA's
         vec = PAIRS if narrow and rows % 2 == 0 and cols % 2 == 0 and target.name == "cuda" else 1
         return {"strategy": "transpose", "block": THREADS, "tile": tile, "grid": tiles, "vector_width": vec,
