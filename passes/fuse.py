@@ -22,7 +22,10 @@ Kinds, in the order they are recognized:
 - ``generic``: any other op, one per kernel.
 
 ``kf.fill`` ops are cloned into every kernel that uses them (a fill is cheaper to
-recompute than to read); ``kf.constant`` ops stay in the schedule, so constants reach
+recompute than to read), and so are rank-0 elementwise ops over rank-0 operands that only
+kernels read (``_free_scalars``: fp8's scale arithmetic, ``sq * sk / sqrt(d)``), which
+would otherwise each be a one-thread kernel of their own: a launch and a few
+microseconds on the GPU between the kernels before and after; ``kf.constant`` ops stay in the schedule, so constants reach
 kernels as inputs. Calls to torch-mlir-imported functions stay in the schedule too, and
 so do reshapes between kernels (``_view_reshapes``): views of their operand's buffer, not
 copy kernels.
@@ -371,6 +374,24 @@ def _view_reshapes(body: list[ir.Operation]) -> list[ir.Operation]:
     return out
 
 
+def _free_scalars(kernel_ops: list[ir.Operation]) -> list[ir.Operation]:
+    """The rank-0 elementwise ops over rank-0 operands whose results only kernel ops
+    read (not the return, a host call or a view): each kernel that reads one computes it
+    itself, with the rank-0 ops it depends on, from their rank-0 inputs (arguments or
+    other kernels' results). kf has no random ops, so a recomputed value is the same
+    value; a few scalar ops a thread cost less than a launch of their own."""
+    kernel_set = set(kernel_ops)
+    free = []
+    for op in kernel_ops:
+        if _category(op) != "elementwise" or not op.results:
+            continue
+        if any(spec_of(v.type).shape for v in [*op.operands, *op.results]):
+            continue
+        if all(getattr(u.owner, "operation", u.owner) in kernel_set for r in op.results for u in r.uses):
+            free.append(op)
+    return free
+
+
 def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     block = f.regions[0].blocks[0]
     body = [op.operation for op in block.operations]
@@ -378,6 +399,12 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     view_ids = {id(op) for op in views}
     kernel_ops = [op for op in body
                   if op.name.startswith("kf.") and op.name not in _FREE | _HOST and id(op) not in view_ids]
+    scalars = _free_scalars(kernel_ops)
+    # What every kernel that reads it computes itself (these and the fills), by result:
+    # an Operation's Python object, and so its hash, may be replaced while kernels are
+    # built; a Value hashes by the IR value.
+    cloned = {op.result for op in scalars}
+    kernel_ops = [op for op in kernel_ops if op.result not in cloned] if cloned else kernel_ops
     part = partition(kernel_ops)
     # Kernel names become PTX/SPIR-V/MSL identifiers: keep letters, digits and "_"
     # (a lambda is called "<lambda>").
@@ -385,7 +412,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
 
     # Fills that something other than a kernel uses (a return, a fallback call) need a
     # kernel of their own.
-    in_kernel = set(kernel_ops)
+    in_kernel = set(kernel_ops) | set(scalars)
     for op in body:
         if op.name in _FREE:
             if any(u.owner not in in_kernel for u in op.result.uses):
@@ -393,6 +420,20 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
                 part.ops.append(op)
                 part.index[op] = len(part.ops) - 1
                 part.new("generic", [len(part.ops) - 1])
+            else:
+                cloned.add(op.result)
+
+    def leaves(op: ir.Operation, clones: list, inputs: list) -> None:
+        """What op reads, through the ops kernels clone: those go to clones (operands
+        first), the values computed elsewhere to inputs (each once)."""
+        for v in op.operands:
+            if v in cloned:
+                d = defining(v)
+                if all(c.result != v for c in clones):
+                    leaves(d, clones, inputs)
+                    clones.append(d)
+            elif v not in inputs:
+                inputs.append(v)
     # Units in schedule order: groups and host ops, topologically sorted by first op.
     order = {op: i for i, op in enumerate(body)}
     units: list[tuple[str, object]] = [("group", gid) for gid in part.groups]
@@ -408,7 +449,9 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     deps = {u: set() for u in units}
     for u in units:
         for op in unit_ops(u):
-            for v in op.operands:
+            reads: list = []
+            leaves(op, [], reads)
+            for v in reads:
                 d = defining(v)
                 if d is not None and d in unit_of and unit_of[d] != u:
                     deps[u].add(unit_of[d])
@@ -448,20 +491,10 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
         members = set(ops)
         kname = f"{fname}_k{kernel_count}_{g.kind}"
         kernel_count += 1
-        inputs, input_set = [], set()
-        fills = []
+        reads, clones = [], []
         for op in ops:
-            for v in op.operands:
-                d = defining(v)
-                if d is not None and d in members:
-                    continue
-                if d is not None and d.name in _FREE:
-                    if d not in fills:
-                        fills.append(d)
-                    continue
-                if v not in input_set:
-                    input_set.add(v)
-                    inputs.append(v)
+            leaves(op, clones, reads)
+        inputs = [v for v in reads if defining(v) not in members]
         outputs = []
         for op in ops:
             for r in op.results:
@@ -472,7 +505,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
             kfunc.attributes["sym_visibility"] = ir.StringAttr.get("private")
             kfunc.attributes["kf.kernel"] = ir.StringAttr.get(g.kind)
             lines = []
-            for op in ops:
+            for op in [c for c in clones if c.name not in _FREE] + ops:
                 line = _loc_line(op.location)
                 if line and line not in lines:
                     lines.append(line)
@@ -480,10 +513,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
             kblock = kfunc.add_entry_block()
         kmap = dict(zip(inputs, kblock.arguments))
         with ir.InsertionPoint(kblock):
-            for d in fills:
-                c = d.clone()
-                kmap[d.result] = c.result
-            for op in ops:
+            for op in clones + ops:
                 c = op.clone()
                 for i, v in enumerate(op.operands):
                     c.operands[i] = kmap[v]

@@ -3,13 +3,22 @@
 // dequantization scale and cast of the scores, the probabilities' fixed-scale fp8 cast
 // (FP8) or bf16 cast (BF16), V read through a transpose (fp8 stores it K-major), and the
 // scale and cast after P @ V; the quantization of q, k and v are kernels of their own.
+// The scales' rank-0 arithmetic is no kernel: each kernel that reads a scale computes it
+// from the amaxes (kf-fuse's free scalars).
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8}, kf-fuse)' | FileCheck %s --check-prefix=FP8
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-apply-precision{precision=bf16}, kf-fuse)' | FileCheck %s --check-prefix=BF16
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-storage=false}, kf-fuse)' | FileCheck %s --check-prefix=FP8F32
 
 // FP8-LABEL: func.func private @attention_k{{[0-9]+}}_attention
-// FP8-SAME: %[[K8:[a-z0-9]+]]: tensor<2x5x8xf8E4M3FN>, %[[Q8:[a-z0-9]+]]: tensor<2x5x8xf8E4M3FN>, %[[SQK:[a-z0-9]+]]: tensor<f32>, %[[VT8:[a-z0-9]+]]: tensor<2x8x5xf8E4M3FN>, %[[SV:[a-z0-9]+]]: tensor<f32>
+// FP8-SAME: %[[K8:[a-z0-9]+]]: tensor<2x5x8xf8E4M3FN>, %[[Q8:[a-z0-9]+]]: tensor<2x5x8xf8E4M3FN>, %[[AQ:[a-z0-9]+]]: tensor<f32>, %[[AK:[a-z0-9]+]]: tensor<f32>, %[[VT8:[a-z0-9]+]]: tensor<2x8x5xf8E4M3FN>, %[[AV:[a-z0-9]+]]: tensor<f32>
 // FP8-SAME: kf.kernel = "attention"
+// FP8: "kf.max"(%[[AQ]], %{{.*}}) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// FP8: "kf.max"(%[[AK]], %{{.*}}) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// FP8: %[[QK:.*]] = "kf.mul"(%{{.*}}, %{{.*}}) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// FP8-NEXT: %[[SQK:.*]] = "kf.div"(%{{.*}}, %[[QK]])
+// FP8: "kf.max"(%[[AV]], %{{.*}}) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// FP8: %[[V256:.*]] = "kf.mul"(%{{.*}}, %{{.*}}) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// FP8-NEXT: %[[SV:.*]] = "kf.div"(%{{.*}}, %[[V256]])
 // FP8: %[[S:.*]] = "kf.matmul"(%[[Q8]], %{{.*}}) : (tensor<2x5x8xf8E4M3FN>, tensor<2x8x5xf8E4M3FN>) -> tensor<2x5x5xf32>
 // FP8-NEXT: %[[SS:.*]] = "kf.mul"(%[[S]], %[[SQK]])
 // FP8-NEXT: %[[SB:.*]] = "kf.cast"(%[[SS]]) : (tensor<2x5x5xf32>) -> tensor<2x5x5xbf16>
@@ -22,12 +31,16 @@
 // FP8-NEXT: return %[[OB]]
 // FP8-LABEL: func.func @attention
 // FP8-COUNT-1: call @attention_k{{[0-9]+}}_attention
+// FP8-NEXT: return
 
 // Without fp8 storage (Vulkan, Metal, the CPU) the E4M3FN values are carried in f32: P
 // is rounded and widened again, V is read as it lies (no transpose).
 // FP8F32-LABEL: func.func private @attention_k{{[0-9]+}}_attention
-// FP8F32-SAME: %[[V:[a-z0-9]+]]: tensor<2x5x8xf32>, %[[SV:[a-z0-9]+]]: tensor<f32>) -> tensor<2x5x8xbf16>
+// FP8F32-SAME: %[[V:[a-z0-9]+]]: tensor<2x5x8xf32>, %[[AV:[a-z0-9]+]]: tensor<f32>) -> tensor<2x5x8xbf16>
 // FP8F32-SAME: kf.kernel = "attention"
+// FP8F32: "kf.max"(%[[AV]], %{{.*}}) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// FP8F32: %[[V256:.*]] = "kf.mul"(%{{.*}}, %{{.*}}) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// FP8F32-NEXT: %[[SV:.*]] = "kf.div"(%{{.*}}, %[[V256]])
 // FP8F32: "kf.softmax"
 // FP8F32: %[[P8:.*]] = "kf.cast"(%{{.*}}) : (tensor<2x5x5xf32>) -> tensor<2x5x5xf8E4M3FN>
 // FP8F32-NEXT: %[[P:.*]] = "kf.cast"(%[[P8]]) : (tensor<2x5x5xf8E4M3FN>) -> tensor<2x5x5xf32>

@@ -137,3 +137,38 @@ func.func @quantize_kt(%x: tensor<2x300x128xbf16>, %s: tensor<f32>) -> (tensor<2
   %3 = "kf.add"(%x, %c) : (tensor<2x300x128xbf16>, tensor<bf16>) -> tensor<2x300x128xbf16>
   return %2, %3 : tensor<2x128x300xf8E4M3FN>, tensor<2x300x128xbf16>
 }
+
+// -----
+
+// Rank-0 arithmetic that only kernels read is no kernel of its own: each kernel that
+// reads the scale s = a * b / 2 computes it from a and b (fp8's scales from the amaxes
+// are the same shape of thing). %r is returned, so it is a kernel, which computes s too.
+// CHECK-LABEL: func.func private @scales_k0_elementwise
+// CHECK-SAME: (%[[X:.*]]: tensor<4x8xf32>, %[[A:.*]]: tensor<f32>, %[[B:.*]]: tensor<f32>) -> tensor<4x8xf32>
+// CHECK-SAME: kf.fused_lines = ["s.py:2", "s.py:3"]
+// CHECK-NEXT: %[[AB:.*]] = "kf.mul"(%[[A]], %[[B]]) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+// CHECK-NEXT: %[[TWO:.*]] = "kf.fill"() {value = 2.000000e+00 : f64}
+// CHECK-NEXT: %[[S:.*]] = "kf.div"(%[[AB]], %[[TWO]])
+// CHECK-NEXT: "kf.mul"(%[[X]], %[[S]]) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+// CHECK-LABEL: func.func private @scales_k1_elementwise
+// CHECK-SAME: -> tensor<16xf32>
+// CHECK: "kf.div"
+// CHECK: "kf.mul"({{.*}}) : (tensor<16xf32>, tensor<f32>) -> tensor<16xf32>
+// CHECK-LABEL: func.func private @scales_k2_elementwise
+// CHECK-SAME: (%{{.*}}: tensor<f32>, %{{.*}}: tensor<f32>) -> tensor<f32>
+// CHECK: "kf.div"
+// CHECK: "kf.add"
+// CHECK-LABEL: func.func @scales
+// CHECK-NEXT: call @scales_k0_elementwise(%arg2, %arg0, %arg1)
+// CHECK-NEXT: call @scales_k1_elementwise(%arg3, %arg0, %arg1)
+// CHECK-NEXT: call @scales_k2_elementwise(%arg0, %arg1)
+// CHECK-NEXT: return
+func.func @scales(%a: tensor<f32>, %b: tensor<f32>, %x: tensor<4x8xf32>, %y: tensor<16xf32>) -> (tensor<4x8xf32>, tensor<16xf32>, tensor<f32>) {
+  %two = "kf.fill"() {value = 2.0 : f64} : () -> tensor<f32> loc("s.py":2:5)
+  %ab = "kf.mul"(%a, %b) : (tensor<f32>, tensor<f32>) -> tensor<f32> loc("s.py":2:5)
+  %s = "kf.div"(%ab, %two) : (tensor<f32>, tensor<f32>) -> tensor<f32> loc("s.py":2:5)
+  %xs = "kf.mul"(%x, %s) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32> loc("s.py":3:5)
+  %ys = "kf.mul"(%y, %s) : (tensor<16xf32>, tensor<f32>) -> tensor<16xf32> loc("s.py":4:5)
+  %r = "kf.add"(%s, %a) : (tensor<f32>, tensor<f32>) -> tensor<f32> loc("s.py":5:5)
+  return %xs, %ys, %r : tensor<4x8xf32>, tensor<16xf32>, tensor<f32>
+}

@@ -92,7 +92,9 @@ def test_seed_attention_is_one_kernel_under_precision(precision, storage, elem, 
             assert ch.p_elem == ("f8E4M3FN" if storage else "f32")
             assert ch.epilogue_value != ch.mm2.result  # * 1 / (256 s_v) [, cast]
             rank0 = [s for s in ch.view.arg_specs if not s.shape]
-            assert len(rank0) == 2  # the scores' and the output's dequantization factors
+            # the amaxes of q, k and v: the kernel computes the scores' and the output's
+            # dequantization factors from them (kf-fuse's free scalars)
+            assert len(rank0) == 3
             if storage:  # V K-major: the argument is [.., Dv, Sk]
                 vt = _transposed_source(ch.v)
                 assert vt != ch.v and ch.view.arg_index(vt) is not None
