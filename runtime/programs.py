@@ -40,6 +40,10 @@ def _output_allocator():
 #: The most buffers a C lane takes (kf.runtime._launcher.STACK_PARAMS).
 STACK_PARAMS = 64
 
+#: Where each temporary starts in a lane's one allocation of them: a multiple of the
+#: caching allocator's own alignment, so a kernel sees what torch.empty would give it.
+TEMP_ALIGNMENT = 256
+
 
 def _c_lane_type():
     """kf.runtime._launcher.Lane, or None: not built, or KF_DISPATCH=python (which keeps a
@@ -139,48 +143,51 @@ class CudaProgram(_Program):
         return self._run(ins + self.constants, None)
 
     def _lane_plan(self):
-        """(kernel, buffer order, outputs as (shape, stride, dtype)) of a program that
-        a fast lane can run, or None (see fast_lane)."""
-        if len(self.kernels) != 1 or not self.abi.inputs or self.abi.temporaries or self.constants or \
-                any(a >= 0 for a in self.abi.output_aliases) or any(r >= 0 for r in self.repeats):
-            return None
-        kernel, args = self.kernels[0]
-        if kernel.validate:  # (kernel.launch_pointers is None)
-            return None
+        """(kernels as (kernel, buffer order), outputs as (shape, stride, dtype),
+        temporaries as (bytes, offsets)) of a program that a fast lane can run, or None
+        (see fast_lane)."""
+        if not self.abi.inputs or self.constants or any(a >= 0 for a in self.abi.output_aliases) or \
+                any(r >= 0 for r in self.repeats) or any(k.validate for k, _ in self.kernels):
+            return None  # (a validating kernel has no launch_pointers)
         outputs = tuple((tuple(a.shape), torch.empty(a.shape, device="meta").stride(), _dtype(a.elem))
                         for a in self.abi.outputs)
-        return kernel, tuple(args), outputs
+        offsets, size = [], 0
+        for t in self.abi.temporaries:
+            offsets.append(size)
+            size += -(-t.nbytes // TEMP_ALIGNMENT) * TEMP_ALIGNMENT
+        return [(k, tuple(args)) for k, args in self.kernels], outputs, (size, tuple(offsets))
 
     def fast_lane(self):
-        """One function for the commonest call, or None: a program of one kernel, no
-        temporaries, constants, aliased or repeated outputs, called with tensors that
-        kf's dispatch key has matched and found contiguous. It allocates the outputs,
-        checks the 16-byte alignment the kernels assume (a view at an offset goes the
-        general way) and launches, with none of the general path's layers
-        (bench/host_profile.py: each was a microsecond or two of a ~17 us call).
+        """One function for the common call, or None: a program with no constants,
+        aliased or repeated outputs, called with tensors that kf's dispatch key has
+        matched and found contiguous. It allocates the outputs, and the temporaries in
+        one allocation, checks the 16-byte alignment the kernels assume (a view at an
+        offset goes the general way) and launches the kernels in order, with none of the
+        general path's layers (bench/host_profile.py: each was a microsecond or two of a
+        ~17 us call; a program of a dozen kernels spent ~3 us a kernel there).
 
         Everything that does not depend on the call's tensors is worked out here, once
-        per call signature: the outputs' shapes, strides and dtypes, whether the kernel
-        takes the buffers in their own order (inputs, then outputs: kf-to-cuda's
-        convention, so the pointer list goes to the launch as it is built) and, for one
-        output, a body without loops. Outputs on the current CUDA device come from
+        per call signature: the outputs' shapes, strides and dtypes, the temporaries'
+        offsets, whether a single kernel takes the buffers in their own order (inputs,
+        then outputs: kf-to-cuda's convention, so the pointer list goes to the launch as
+        it is built). Outputs on the current CUDA device come from
         ``_empty_strided_cuda``, the allocation torch.compile's generated code makes:
         the same caching allocator as ``torch.empty`` without its argument parsing and
         dispatch, a microsecond per output (torch.empty also fills with NaN under
-        torch's deterministic mode; the kernel writes every element of an output, so
+        torch's deterministic mode; the kernels write every element of an output, so
         nothing can read what it held). ``c_lane`` is the same lane in C."""
         plan = self._lane_plan()
         if plan is None:
             return None
-        kernel, order, outputs = plan
-        launch = kernel.launch_pointers
+        kernels, outputs, (temp_bytes, offsets) = plan
+        launches = [(k.launch_pointers, order) for k, order in kernels]
         n_in = len(self.abi.inputs)
-        empty, unchecked = torch.empty, self.unchecked
+        empty, unchecked, uint8 = torch.empty, self.unchecked, torch.uint8
         alloc, current_device = _output_allocator()
-        in_order = order == tuple(range(len(order)))
 
-        if in_order and len(outputs) == 1:
+        if len(launches) == 1 and launches[0][1] == tuple(range(n_in + 1)) and len(outputs) == 1:
             ((shape, stride, dtype),) = outputs
+            launch = launches[0][0]
 
             def call(ins: list) -> list:
                 ptrs = [t.data_ptr() for t in ins]
@@ -204,11 +211,17 @@ class CudaProgram(_Program):
                 dev = ins[0].get_device()
                 if dev == current_device():
                     outs = [alloc(shape, stride, dt) for shape, stride, dt in outputs]
+                    temp = alloc((temp_bytes,), (1,), uint8) if offsets else None
                 else:
                     where = ins[0].device
                     outs = [empty(shape, dtype=dt, device=where) for shape, _, dt in outputs]
+                    temp = empty(temp_bytes, dtype=uint8, device=where) if offsets else None
                 ptrs += [t.data_ptr() for t in outs]
-                launch(ptrs if in_order else [ptrs[i] for i in order], dev)
+                if temp is not None:
+                    base = temp.data_ptr()
+                    ptrs += [base + o for o in offsets]
+                for launch, order in launches:
+                    launch([ptrs[i] for i in order], dev)
                 return outs
 
         call.n_in = n_in
@@ -224,8 +237,8 @@ class CudaProgram(_Program):
         outputs)``. What it does not do itself goes to ``slow(tensors)``, the Python
         lane it replaces: a profiler recording (``profile_globals[profile_name]`` not
         None, or ``profiler_enabled()``), a pointer not 16-byte aligned, tensors on
-        another than the current device, a device the kernel is not bound on yet (the
-        program's first call binds it)."""
+        another than the current device, a device a kernel is not bound on yet (the
+        program's first call binds them)."""
         from . import cuda
 
         lane_type = _c_lane_type()
@@ -234,14 +247,17 @@ class CudaProgram(_Program):
         plan = self._lane_plan()
         if plan is None:
             return None
-        kernel, order, outputs = plan
+        kernels, outputs, (temp_bytes, offsets) = plan
         alloc, current_device = _output_allocator()
-        if alloc is None or kernel._sync or max(len(order), len(self.abi.inputs) + len(outputs)) > STACK_PARAMS:
+        n_buffers = len(self.abi.inputs) + len(outputs) + len(offsets)
+        if alloc is None or any(k._sync for k, _ in kernels) or n_buffers > STACK_PARAMS or \
+                len(kernels) > STACK_PARAMS or any(len(order) > STACK_PARAMS for _, order in kernels):
             return None
-        return lane_type(kernel._handles, kernel.grid, kernel.block, kernel.shared_bytes, order,
-                         len(self.abi.inputs), outputs, alloc, current_device, cuda._raw_stream_getter(),
-                         kernel._launch_failed, slow, first, tree, unflatten, profile_globals, profile_name,
-                         profiler_enabled, program, ALIGNMENT)
+        specs = tuple((k._handles, k.grid, k.block, k.shared_bytes, order, k._launch_failed) for k, order in kernels)
+        temporaries = (((temp_bytes,), (1,), torch.uint8), offsets) if offsets else None
+        return lane_type(specs, len(self.abi.inputs), outputs, alloc, current_device, cuda._raw_stream_getter(),
+                         slow, first, tree, unflatten, profile_globals, profile_name, profiler_enabled, program,
+                         ALIGNMENT, temporaries)
 
     def _run(self, ins: list, events: list | None) -> tuple:
         dev = ins[0].device if ins else torch.device("cuda")

@@ -206,15 +206,21 @@ def test_no_reference_leaks():
 # ----------------------------------------------------------------------------- Lane
 
 
+_KERNEL_FIELDS = ("handles", "grid", "block", "shared_bytes", "order", "failed")
+
+
 def _lane(**changes):
-    """A Lane over CPU tensors (device -1) whose common case needs a driver: the tests
-    here reach only its slow paths (or its argument checks)."""
+    """A Lane of one kernel over CPU tensors (device -1) whose common case needs a driver:
+    the tests here reach only its slow paths (or its argument checks). The kernel's
+    fields (_KERNEL_FIELDS) are given as keywords too."""
     calls = []
     kw = dict(handles={-1: 0xF00}, grid=(1, 1, 1), block=(32, 1, 1), shared_bytes=0, order=(0, 1), n_in=1,
               outputs=(((4,), (1,), torch.float32),), alloc=torch._C._dynamo.guards._empty_strided_cpu,
               current_device=(-1).__int__, raw_stream=abs, failed=lambda err: None,
               slow=lambda ts: calls.append(ts) or "slow", first=0, program="the program")
     kw.update(changes)
+    kernel = tuple(kw.pop(f) for f in _KERNEL_FIELDS)
+    kw.setdefault("kernels", (kernel,))
     return _launcher.Lane(**kw), calls
 
 
@@ -226,6 +232,8 @@ def test_lane_slow_paths():
         (dict(), [odd]),  # a view that is not 16-byte aligned
         (dict(current_device=(0).__int__), [x]),  # not the current device
         (dict(handles={}), [x]),  # not bound on this device yet
+        (dict(kernels=(({-1: 0xF00}, (1, 1, 1), (32, 1, 1), 0, (0, 1), abs), ({}, (1, 1, 1), (32, 1, 1), 0, (1,), abs))),
+         [x]),  # a second kernel not bound yet
         (dict(profile_globals={"_PROFILE": object()}, profile_name="_PROFILE"), [x]),  # kf.profile
         (dict(profiler_enabled=lambda: True), [x]),  # torch.profiler
         (dict(), [x, x]),  # not the lane's inputs
@@ -237,7 +245,7 @@ def test_lane_slow_paths():
         assert lane(tensors) == "slow", changes
         assert len(calls) == 1 and calls[0] is tensors
     lane, _ = _lane(profile_globals=globals_, profile_name="_PROFILE")
-    assert lane.program == "the program" and lane.launch_dims == ((1, 1, 1), (32, 1, 1), 0)
+    assert lane.program == "the program" and lane.launch_dims == (((1, 1, 1), (32, 1, 1), 0),)
     assert lane.outputs == (((4,), (1,), torch.float32),)
 
 
@@ -247,6 +255,9 @@ def test_lane_slow_paths():
     (dict(alloc=None), TypeError), (dict(slow=None), TypeError), (dict(first=1), ValueError),
     (dict(first=-1), TypeError), (dict(outputs=((4,),)), TypeError), (dict(handles=[]), TypeError),
     (dict(profile_globals={}, profile_name=None), TypeError), (dict(alignment=0), ValueError),
+    (dict(failed=None), TypeError), (dict(kernels=()), ValueError), (dict(kernels=((),)), TypeError),
+    (dict(temporaries=(((64,), (1,), torch.uint8),)), TypeError),
+    (dict(temporaries=(((64,), (1,), torch.uint8), tuple(range(63)))), ValueError),  # 65 buffers
 ])
 def test_lane_checks_its_arguments(changes, error):
     with pytest.raises(error):
@@ -278,8 +289,8 @@ def test_lane_launches_against_the_stand_in_driver(fake_driver):
         a, b = torch.randn(4, 8), torch.randn(8)
         order = (3, 0, 2, 1)
         tree = ("tuple", [("tensor", 1), ("list", [("tensor", 0)])])
-        lane = _launcher.Lane({-1: 0xf03}, (4, 2, 1), (64, 1, 1), 512, order, 2, outputs, tracked, (-1).__int__,
-                              raw_stream, failed, lambda ts: "slow", -1, tree, unflatten)
+        lane = _launcher.Lane((({-1: 0xf03}, (4, 2, 1), (64, 1, 1), 512, order, failed),), 2, outputs, tracked,
+                              (-1).__int__, raw_stream, lambda ts: "slow", -1, tree, unflatten)
         fake("kf_fake_nparams").value = 4
         o1, (o0,) = lane([a, b])
         assert (o0.shape, o0.stride(), o0.dtype, o1.shape, o1.dtype) == ((4, 8), (8, 1), torch.float32, (4,), torch.int32)
@@ -287,8 +298,8 @@ def test_lane_launches_against_the_stand_in_driver(fake_driver):
         bufs = [a, b, o0, o1]
         assert recorded(4) == (0xf03, (4, 2, 1, 64, 1, 1, 512), 0x5300, [bufs[i].data_ptr() for i in order])
         assert streams == [-1]
-        first = _launcher.Lane({-1: 0xf04}, (1, 1, 1), (32, 1, 1), 0, (0, 1, 2, 3), 2, outputs, alloc, (-1).__int__,
-                               raw_stream, failed, lambda ts: "slow", 1)
+        first = _launcher.Lane((({-1: 0xf04}, (1, 1, 1), (32, 1, 1), 0, (0, 1, 2, 3), failed),), 2, outputs, alloc,
+                               (-1).__int__, raw_stream, lambda ts: "slow", 1)
         fake("kf_fake_nparams").value = 4
         out = first([a, b])
         assert out.dtype == torch.int32 and recorded(4)[3][3] == out.data_ptr()
@@ -350,6 +361,54 @@ def test_program_c_lane_through_a_kf_function(fake_driver, tmp_path, monkeypatch
         f(odd)  # an aligned copy, through the general path
         sent = recorded(2)[3]
         assert sent[0] != odd.data_ptr() and sent[0] % 16 == 0 and fake("kf_fake_calls").value == 2
+        print("ok")
+    """
+    assert _run_with(fake_driver, script).strip() == "ok"
+
+
+@pytest.mark.parametrize("dispatch", ["auto", "python"])
+def test_program_lane_of_several_kernels(fake_driver, tmp_path, monkeypatch, dispatch):
+    """A program of two kernels and two temporaries (fp8 attention's shape: a kernel
+    makes what the next reads) takes the fast lane too, in C and in Python: the
+    temporaries are one allocation at 256-byte offsets, and the kernels launch in order,
+    each with its buffers."""
+    monkeypatch.setenv("KF_DISPATCH", dispatch)
+    (tmp_path / "k.ptx").write_text("// the stand-in driver never reads it\\n")
+    script = f"""
+        import os, torch, kf
+        from kf import api, driver
+        from kf.runtime import cuda as kcuda, programs, _launcher
+        from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
+        made = []
+        def alloc(shape, stride, dtype):
+            made.append(torch._C._dynamo.guards._empty_strided_cpu(shape, stride, dtype))
+            return made[-1]
+        programs._output_allocator = lambda: (alloc, (-1).__int__)
+        kcuda._raw_stream_getter = lambda: (lambda device: 0x5400)
+        # buffers: 0 x, 1 the output, 2 and 3 temporaries
+        first = KernelABI("stage", (0, 2, 3), (2, 1, 1), (32, 1, 1), 0, "k.ptx")
+        second = KernelABI("finish", (3, 2, 1), (1, 1, 1), (64, 1, 1), 128, "k.ptx")
+        abi = ProgramABI("cuda", (TensorArg("x", (16,), "f32"),), (TensorArg("0", (16,), "f32"),),
+                         (TensorArg("t0", (3,), "f32"), TensorArg("t1", (100,), "f32")), (first, second), (-1,))
+        prog = programs.CudaProgram(abi, {str(tmp_path)!r}, {{}})
+        for (k, _), fn in zip(prog.kernels, (0xa1, 0xa2)):
+            k._bound[-1], k._handles[-1] = kcuda._Bound(None, fn), fn
+            k._raw_stream = kcuda._raw_stream_getter()
+        compiled = driver.CompiledProgram(prog, ("tensor", 0), {{}}, {str(tmp_path)!r})
+        lane = compiled.matched_call(True)
+        python = os.environ.get("KF_DISPATCH") == "python"
+        assert (type(lane) is _launcher.Lane) != python, type(lane)
+        if not python:
+            assert lane.launch_dims == (((2, 1, 1), (32, 1, 1), 0), ((1, 1, 1), (64, 1, 1), 128))
+        x = torch.randn(16)
+        fake("kf_fake_nparams").value = 3
+        out = lane([x])
+        assert fake("kf_fake_calls").value == 2
+        temp = made[-1]
+        assert out is made[-2] and out.shape == (16,)
+        assert temp.dtype == torch.uint8 and temp.shape == (256 + 512,), temp.shape  # 12 -> 256, 400 -> 512 bytes
+        t0, t1 = temp.data_ptr(), temp.data_ptr() + 256
+        assert logged(2, 3) == [(0xa1, [x.data_ptr(), t0, t1]), (0xa2, [t1, t0, out.data_ptr()])]
         print("ok")
     """
     assert _run_with(fake_driver, script).strip() == "ok"

@@ -128,6 +128,7 @@ uint64_t kf_fake_function, kf_fake_stream;
 unsigned kf_fake_dims[7];
 uint64_t kf_fake_params[256];
 int kf_fake_nparams = 0;  /* how many params to read: the kernel's signature, for the real driver */
+uint64_t kf_fake_log[64][9];  /* per call (the first 64): the function, then up to 8 params */
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned shared, void *stream, void **params, void **extra) {
     unsigned d[7] = {gx, gy, gz, bx, by, bz, shared};
@@ -136,6 +137,10 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     kf_fake_stream = (uint64_t)(uintptr_t)stream;
     for (int i = 0; i < 7; i++) kf_fake_dims[i] = d[i];
     for (int i = 0; i < kf_fake_nparams; i++) kf_fake_params[i] = *(uint64_t *)params[i];
+    if (kf_fake_calls <= 64) {
+        kf_fake_log[kf_fake_calls - 1][0] = kf_fake_function;
+        for (int i = 0; i < kf_fake_nparams && i < 8; i++) kf_fake_log[kf_fake_calls - 1][1 + i] = kf_fake_params[i];
+    }
     return extra == 0 ? kf_fake_result : -1;
 }
 """
@@ -145,6 +150,9 @@ import ctypes
 lib = ctypes.CDLL("libcuda.so.1")  # the stand-in: LD_LIBRARY_PATH puts it first
 def fake(name, kind=ctypes.c_int):
     return kind.in_dll(lib, name)
+def logged(calls, n):  # (function, its first n params) of each of the first calls launches
+    log = (ctypes.c_uint64 * 9 * 64).in_dll(lib, "kf_fake_log")
+    return [(log[c][0], list(log[c][1:1 + n])) for c in range(calls)]
 def recorded(n):
     fake("kf_fake_nparams").value = 0
     return (fake("kf_fake_function", ctypes.c_uint64).value, tuple((ctypes.c_uint * 7).in_dll(lib, "kf_fake_dims")),
