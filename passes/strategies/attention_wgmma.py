@@ -63,9 +63,11 @@ import math
 from typing import Callable
 
 from kf.dialects import spec_of
+from kf.dialects.attrs import op_attrs
 from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, memref, nvvm
+from mlir.dialects import math as mmath
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
 from .matmul import (Direct, GpuFunc, MmaSync, Pointwise, VectorStaging, _elem_bytes, direct_source, gpu_arg_types,
@@ -303,15 +305,43 @@ def _positive_constant(pw: Pointwise, factors) -> float | None:
     return prod if prod > 0 else None
 
 
+#: kf ops whose result is >= 0 (or NaN) when their operands are (``_nonnegative``).
+_KEEPS_SIGN = {"kf.mul", "kf.div", "kf.add", "kf.min", "kf.cast", "kf.reciprocal", "kf.rsqrt", "kf.sqrt"}
+_NONNEGATIVE = {"kf.abs", "kf.exp", "kf.sigmoid", "kf.relu"}
+
+
+def _nonnegative(v: ir.Value) -> bool:
+    """Whether a rank-0 value of the kernel is >= 0 (or NaN) by construction: fills,
+    abs, exp, max with something non-negative, and products, quotients, sums, casts of
+    such values -- fp8's dequantization factor 1 / ((448 / max(amax_q, eps)) (448 /
+    max(amax_k, eps))), which kf-fuse computes in the attention kernel. Arguments are
+    not: the caller's scales could be negative."""
+    from .matmul import defining
+
+    op = defining(v)
+    if op is None or spec_of(v.type).shape:
+        return False
+    if op.name == "kf.fill":
+        return op_attrs(op)["value"] >= 0
+    if op.name in _NONNEGATIVE:
+        return True
+    if op.name == "kf.max":
+        return any(_nonnegative(x) for x in op.operands)
+    if op.name == "kf.pow":
+        return _nonnegative(op.operands[0])
+    if op.name in _KEEPS_SIGN:
+        return all(_nonnegative(x) for x in op.operands)
+    return False
+
+
 def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float, tig2, n0, bn: int):
     """``online_softmax`` for scores the chain only scales (``_linear_factors``), in the
     log2 domain: ``scale`` is the factors' product times log2 e, ``m`` the running
     maxima of scaled scores; p = 2^(s scale - m + log2_p) (the P chain's power-of-two
     scale c = 2^log2_p inside the exponent), and l sums those p, so l / c is the sum of
-    the unscaled ones. With a positive constant scale the maximum is taken on the raw
-    scores and each p is one FFMA and one ex2; else each score is scaled first."""
-    from mlir.dialects import math as mmath
-
+    the unscaled ones. With a positive scale (a constant, or ``_nonnegative`` factors)
+    the maximum is taken on the raw scores and each p is one FFMA and one ex2; else
+    each score is scaled first."""
     Sk = ch.seq_k
     neg_inf = g.fconst(-math.inf)
     tail = bool(Sk % bn)
@@ -337,22 +367,20 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
             mx = arith.mulf(mx, scale)
         mx = arith.maximumf(m[h], mx)
         m_new.append(mx)
-        alpha.append(mmath.exp2(arith.subf(m[h], mx)))
+        alpha.append(softmax_exp2(arith.subf(m[h], mx)))
         # a row with no finite score yet (-inf everywhere) takes p = 0, not NaN
         safe = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, mx, neg_inf), g.fconst(0.0), mx)
         shift.append(arith.subf(g.fconst(log2_p), safe) if log2_p else arith.negf(safe))
     if positive:
-        p = [[mmath.exp2(math_fma(x[j][k], scale, shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
+        p = [[softmax_exp2(math_fma(x[j][k], scale, shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
     else:
-        p = [[mmath.exp2(arith.addf(x[j][k], shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
+        p = [[softmax_exp2(arith.addf(x[j][k], shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
     from .attention import row_sums
 
     return m_new, row_sums(l, alpha, p), alpha, p
 
 
 def math_fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    from mlir.dialects import math as mmath
-
     return mmath.fma(a, b, c)
 
 
@@ -751,7 +779,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     for x, div in factors:
                         xv = scalar_math.convert(pw.eval(x, []), f32)
                         scale = arith.divf(scale, xv) if div else arith.mulf(scale, xv)
-                    linear = (scale, False)
+                    if all(_nonnegative(x) for x, _ in factors):
+                        # >= 0, so the row maximum may be taken on the raw scores (one
+                        # FMUL a score fewer); at least the least normal float, so that
+                        # a zero cannot make a ragged tail's -inf * 0 a NaN
+                        linear = (arith.maximumf(scale, g.fconst(2.0 ** -126)), True)
+                    else:
+                        linear = (scale, False)
                 e = math.frexp(p_scale)
                 if p_scale > 0 and e[0] == 0.5:  # a power of two: into the exponent
                     log2_p = float(e[1] - 1)
@@ -789,8 +823,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             k_desc0, v_desc0 = k_tile.descriptor_base(), v_tile.descriptor_base()
             log2e = g.fconst(math.log2(math.e))
 
-            def exp(x):
-                return mmath_exp2(arith.mulf(x, log2e))
+            def exp(x):  # (masked and general chains; FTZ_EXP2 made the masked kernel spill)
+                return mmath.exp2(arith.mulf(x, log2e))
 
             def fence_and_publish():
                 nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
@@ -1050,7 +1084,22 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                          if table_shape else None)
 
 
-def mmath_exp2(x: ir.Value) -> ir.Value:
-    from mlir.dialects import math as mmath
+#: Whether ``linear_softmax`` (the unmasked wgmma kernels) takes 2^x as ``ex2.approx.ftz.f32`` (one
+#: MUFU.EX2) rather than ``math.exp2``, which NVPTX lowers to ``ex2.approx.f32``: without
+#: ftz, ptxas keeps subnormal results by wrapping each MUFU.EX2 in an FSETP (x < -126),
+#: a predicated FMUL by 0.5 before and a predicated squaring after -- three more
+#: instructions per score (the fp8 kernel's key loop, sm_90a SASS: 64 MUFU.EX2 beside
+#: 262 FMUL and 68 FSETP). Flushed are only probabilities below 2^-126 of the row's
+#: maximum, which no bf16 or fp8 P, and no f32 row sum, can tell from 0. The masked
+#: wgmma kernel and the mma.sync one keep ``math.exp2``: with it they spilled (8 and 48
+#: bytes at their register limits, ptxas 13.0).
+FTZ_EXP2 = True
 
-    return mmath.exp2(x)
+
+def softmax_exp2(x: ir.Value) -> ir.Value:
+    """2^x in f32 for ``linear_softmax`` (``FTZ_EXP2``)."""
+    if not FTZ_EXP2:
+        return mmath.exp2(x)
+    # the NVVM intrinsic rather than inline PTX: LLVM knows it reads nothing and
+    # schedules it (inline asm made ptxas spill in the mma.sync kernel)
+    return llvm.call_intrinsic(x.type, "llvm.nvvm.ex2.approx.ftz.f", [x], [], [])

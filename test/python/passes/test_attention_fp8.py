@@ -105,6 +105,37 @@ def test_linear_scores_and_overlap_bf16(d):
     assert r["spill_store_bytes"] == 0, r
 
 
+@needs_ptxas
+@pytest.mark.parametrize("caller", [False, True], ids=["amax", "caller"])
+def test_fp8_scores_one_ffma_and_ex2_ftz(caller):
+    """The seed's attention under precision="fp8": the scores' factor, which the kernel
+    computes from the amaxes (1 / ((448 / max(a_q, eps)) (448 / max(a_k, eps))) / sqrt(d)),
+    is non-negative by construction, so the row maximum is taken on the raw scores and a
+    score costs one FFMA before its ex2 (64 a key block a thread), as with the bf16
+    kernel's constant. The caller's own scales are arguments of unknown sign: their
+    scores are scaled first (no FFMA). Either way 2^x is ex2.approx.ftz.f32, one
+    MUFU.EX2 (FTZ_EXP2), never the non-ftz form that ptxas wraps in three more
+    instructions."""
+    import re
+
+    import kf
+    from fp8_caller import caller_attention_vt
+    from seed_examples import fused_attention
+
+    if caller:
+        (q8, k8, v8, *scales), _ = caller_inputs(1, 2, 256, 128)
+        fn, args = kf.jit(caller_attention_vt, target="cuda", arch="sm_90a", precision="fp8"), \
+            (q8, k8, v8.transpose(-1, -2).contiguous(), *scales)
+    else:
+        fn = fused_attention.with_options(target="cuda", arch="sm_90a", precision="fp8")
+        args = [torch.randn(1, 2, 256, 128, dtype=torch.bfloat16) for _ in range(3)]
+    ptx = kf.inspect(fn, *args).stages["ptx"]
+    entry = next(m for m in re.findall(r"\.entry (\w+)", ptx) if m.endswith("_attention"))
+    body = ptx[ptx.index(".entry " + entry):]
+    assert body.count("fma.rn.f32") == (0 if caller else 64), body.count("fma.rn.f32")
+    assert body.count("ex2.approx.ftz.f32") == 66 and "ex2.approx.f32" not in body
+
+
 def quantize(x, elem):
     dt, mx = F8[elem]
     s = mx / x.abs().amax().float()
@@ -175,9 +206,10 @@ def test_caller_fp8_attention_cpu():
 
 @needs_ptxas
 def test_caller_fp8_attention_is_the_fp8_kernel():
-    """On sm_90a: the fp8 wgmma attention kernel reads the caller's q8 and k8, a
-    transpose kernel makes v8 K-major (the widening fused into it), and the only other
-    kernel computes the scores' rank-0 factor -- no amax, no quantization. No spills."""
+    """On sm_90a: the fp8 wgmma attention kernel reads the caller's q8 and k8 and a
+    transpose kernel makes v8 K-major (the widening fused into it) -- no amax, no
+    quantization, and no kernel for the scores' rank-0 factor, which the attention
+    kernel computes from sq and sk (kf-fuse's free scalars). No spills."""
     import kf
     from kf.passes.to_cuda import assemble
 
@@ -185,7 +217,7 @@ def test_caller_fp8_attention_is_the_fp8_kernel():
     info = kf.inspect(kf.jit(caller_attention, target="cuda", arch="sm_90a", precision="fp8"), *args)
     kinds = sorted(ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
                    if 'kf.kernel = "' in ln)
-    assert kinds == ["attention", "elementwise", "transpose"], kinds
+    assert kinds == ["attention", "transpose"], kinds
     ptx = info.stages["ptx"]
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
     for name, r in assemble(ptx, "sm_90a").kernels.items():
@@ -212,8 +244,8 @@ def test_caller_fp8_attention_cuda(b, h, s, d, v_kmajor):
 
 @needs_ptxas
 def test_caller_fp8_v_transposed_needs_no_copy():
-    """V given K-major: the fp8 kernel reads it as it is (no transpose kernel), and the
-    CPU result is the one of V row-major."""
+    """V given K-major: the fp8 kernel reads it as it is (no transpose kernel): the
+    call is that one kernel, and the CPU result is the one of V row-major."""
     import kf
 
     (q8, k8, v8, *scales), ref = caller_inputs(2, 4, 256, 128)
@@ -221,7 +253,7 @@ def test_caller_fp8_v_transposed_needs_no_copy():
     info = kf.inspect(kf.jit(caller_attention_vt, target="cuda", arch="sm_90a", precision="fp8"), q8, k8, vt, *scales)
     kinds = sorted(ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
                    if 'kf.kernel = "' in ln)
-    assert kinds == ["attention", "elementwise"], kinds
+    assert kinds == ["attention"], kinds
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in info.stages["ptx"]
     cpu = kf.jit(caller_attention_vt, target="cpu", precision="fp8")(q8, k8, vt, *scales)
     assert 4e-3 < rel(cpu, ref) < 4e-2
