@@ -50,7 +50,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--shapes", default="4x32x2048x128,2x32x4096x128,4x32x2048x64")
+    ap.add_argument("--switch", action="append", default=[],
+                    help="NAME=VALUE: set an attention_wgmma switch (FTZ_EXP2=0, ...) before compiling, "
+                         "with a fresh cache folder (switches are not part of the cache key)")
     args = ap.parse_args()
+    if args.switch:
+        import os
+        import tempfile
+
+        from kf.passes.strategies import attention_wgmma
+
+        for text in args.switch:
+            name, value = text.split("=")
+            setattr(attention_wgmma, name, type(getattr(attention_wgmma, name))(int(value)))
+        os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
     fp8 = fused_attention.with_options(precision="fp8")
     rows = []
     for text in args.shapes.split(","):

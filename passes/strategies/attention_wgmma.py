@@ -83,6 +83,13 @@ WARPGROUPS = 2
 #: Keys a block.
 BLOCK_N = 128
 
+#: An sm_90 SM's registers and shared memory, and the shared memory the driver keeps
+#: per workgroup (ncu's "Driver Shared Memory Per Block"): what decides whether two
+#: workgroups fit on one SM.
+SM_REGISTERS = 65536
+SM_SHARED_BYTES = 228 * 1024
+DRIVER_SHARED_BYTES = 1024
+
 
 def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     """The wgmma attention plan, or None where the mma.sync kernel stays: not sm_90a,
@@ -138,12 +145,20 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     batch = math.prod(ch.batch)
     if batch > 65535:
         return None
+    # unmasked, two workgroups an SM where their shared memory fits: ptxas is then held
+    # to the registers that two leave a thread (SM_REGISTERS / (2 x threads) = 128),
+    # which it otherwise may pass (FTZ_EXP2 took head dim 64 bf16 to 136: one workgroup
+    # an SM, 0.37 -> 0.43 ms on the H200). Masked kernels need more (at 128, head dim 64
+    # spilled 176 bytes); at exactly half the SM's shared memory ncu reports one
+    # workgroup an SM (fp8 head dim 128), hence the strict bound.
+    pair = not skip and ch.mask_cond is None and 2 * (shared + DRIVER_SHARED_BYTES) < SM_SHARED_BYTES
     return {"block_m": bm, "block_n": bn, "threads": 128 * WARPGROUPS, "stages": stages, "grid": [-(-ch.seq_q // bm),
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
             "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
             "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
-            "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None)}
+            "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None),
+            "max_registers": SM_REGISTERS // (2 * 128 * WARPGROUPS) if pair else 0}
 
 
 #: Whether workgroups take the query blocks last to first where blocks may be skipped:
@@ -304,6 +319,11 @@ def _positive_constant(pw: Pointwise, factors) -> float | None:
         prod = prod / c if div else prod * c
     return prod if prod > 0 else None
 
+
+#: Whether scores whose factors are non-negative by construction (``_nonnegative``),
+#: not only constants, take ``linear_softmax``'s raw-score maximum: one FMUL a score
+#: fewer in the fp8 kernel on bf16 inputs, whose factors come from the amaxes.
+NONNEGATIVE_FACTORS = True
 
 #: kf ops whose result is >= 0 (or NaN) when their operands are (``_nonnegative``).
 _KEEPS_SIGN = {"kf.mul", "kf.div", "kf.add", "kf.min", "kf.cast", "kf.reciprocal", "kf.rsqrt", "kf.sqrt"}
@@ -741,6 +761,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             prelude = _emit_block_table(ch, gpu_module, target, bm, bn, table_t)
             arg_types = arg_types[:n_in] + [table_t] + arg_types[n_in:]
         g = GpuFunc(gpu_module, view.name, arg_types, [], (threads, 1, 1))  # window: _carve_aligned
+        if plan.get("max_registers"):
+            g.op.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), plan["max_registers"])
         table = g.args[n_in] if table_shape else None
         out_mem = g.args[n_in + (1 if table_shape else 0)]
         pw = Pointwise(g, view, g.args[:n_in])
@@ -779,7 +801,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     for x, div in factors:
                         xv = scalar_math.convert(pw.eval(x, []), f32)
                         scale = arith.divf(scale, xv) if div else arith.mulf(scale, xv)
-                    if all(_nonnegative(x) for x, _ in factors):
+                    if NONNEGATIVE_FACTORS and all(_nonnegative(x) for x, _ in factors):
                         # >= 0, so the row maximum may be taken on the raw scores (one
                         # FMUL a score fewer); at least the least normal float, so that
                         # a zero cannot make a ragged tail's -inf * 0 a NaN
