@@ -158,6 +158,7 @@ ATTENTION_VARIANTS = {
     "mma.sync (session 3)": {"WGMMA": False},
     "wgmma 2 warpgroups": {},
     "wgmma, exp2 without ftz (before session 8)": {"FTZ_EXP2": False},
+    "wgmma, row maximum as a chain (before session 8)": {"TREE_REDUCE": False},
     "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
     "wgmma skip, no block table (in-kernel test)": {"BLOCK_TABLE": False},
     "wgmma skip, no block table, one mask stage": {"BLOCK_TABLE": False, "MASK_STAGES": 1},
@@ -180,7 +181,7 @@ def _attention_switches(name: str):
     """Where an attention switch lives: attention_wgmma.py or the AttentionStrategy class."""
     return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
                 "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK", "UNIFORM_BRANCHES",
-                "FTZ_EXP2") \
+                "FTZ_EXP2", "TREE_REDUCE") \
         else at.AttentionStrategy
 
 

@@ -377,11 +377,8 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
         x.append(xj)
     m_new, alpha, shift = [], [], []
     for h in range(2):
-        mx = x[0][2 * h]
-        for j in range(bn // 8):
-            for k in (2 * h, 2 * h + 1):
-                if (j, k) != (0, 2 * h):
-                    mx = arith.maximumf(mx, x[j][k])
+        row = [x[j][k] for j in range(bn // 8) for k in (2 * h, 2 * h + 1)]
+        mx = tree_reduce(row, arith.maximumf) if TREE_REDUCE else chain_reduce(row, arith.maximumf)
         mx = quad_reduce(mx, arith.maximumf)
         if positive:
             mx = arith.mulf(mx, scale)
@@ -398,6 +395,30 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
     from .attention import row_sums
 
     return m_new, row_sums(l, alpha, p), alpha, p
+
+
+#: Whether ``linear_softmax`` takes a thread's row maximum over a key block (2 x bn / 8
+#: values a row) as a pairwise tree, depth 5 at 128 keys, rather than a chain of 31
+#: dependent FMNMX: the maximum is on the path to every ex2 of the block, and with two
+#: warps a scheduler (one workgroup of 8 warps an SM) little else hides a chain's
+#: latency (ncu, fp8 kernel: "wait" was the largest stall after issuing). The row sums
+#: stay chains, off that path: as trees they made head dim 64 spill at 128 registers.
+TREE_REDUCE = True
+
+
+def chain_reduce(xs: list, combine):
+    out = xs[0]
+    for v in xs[1:]:
+        out = combine(out, v)
+    return out
+
+
+def tree_reduce(xs: list, combine):
+    """combine over xs as a balanced tree of pairs (depth log2 len)."""
+    xs = list(xs)
+    while len(xs) > 1:
+        xs = [combine(xs[i], xs[i + 1]) if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
+    return xs[0]
 
 
 def math_fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
