@@ -450,3 +450,22 @@ def test_c_lane_on_the_gpu_matches_torch():
     xg = x.clone().requires_grad_()
     f(xg, y).sum().backward()
     torch.testing.assert_close(xg.grad, y)
+
+
+@gpu
+def test_c_lane_of_several_kernels_on_the_gpu():
+    """A program of several kernels with temporaries (x / x.abs().amax(): the split
+    reduction's two stages, then the division) takes the lane too, and every call
+    computes from its own inputs: the temporaries of one call are never another's."""
+    import kf
+    from kf.runtime import cuda as kcuda
+
+    f = kf.jit(lambda x: x / x.abs().amax())
+    xs = [torch.randn(1024, 4096, device="cuda") * (i + 1) for i in range(3)]
+    for _ in range(2):
+        outs = [f(x) for x in xs]  # queued back to back, sharing the allocator's blocks
+        for x, out in zip(xs, outs):
+            torch.testing.assert_close(out, x / x.abs().amax())
+    program = next(iter(f._fast.values()))
+    if kcuda._c_launch is not None and api._c_dispatch is not None:
+        assert type(program) is _launcher.Lane and len(program.launch_dims) > 1, program
