@@ -208,7 +208,7 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
             return (*t, torch.tril(ones) if masked == "causal" else torch.diag(torch.diagonal(ones)))
 
         name = f"attention {b}x{h}x{s}x{d}" + (f" {masked} mask" if masked else "")
-        if kinds and not any(k in name for k in kinds):
+        if kinds and not any(name.endswith(k[:-1]) if k.endswith("$") else k in name for k in kinds):
             continue
         ins = rotated(make)
         base = {"sdpa": median_ms(sdpa, ins), "eager": median_ms(fused_attention.fn, ins)}
@@ -480,7 +480,8 @@ def main() -> int:
     ap.add_argument("--gemm-kinds", default="nn,nt,fp8", help="which GEMMs: nn, nt (B transposed), fp8 (_scaled_mm)")
     ap.add_argument("--gemm-variants", default=",".join(GEMM_VARIANTS), help="names from GEMM_VARIANTS")
     ap.add_argument("--attention-variants", default="", help="names from ATTENTION_VARIANTS, ';'-separated (all)")
-    ap.add_argument("--attention-kinds", default="", help="texts of the shapes to run, ','-separated (all)")
+    ap.add_argument("--attention-kinds", default="", help="texts of the shapes to run, ','-separated (all); "
+                    "a text ending in $ matches the end of a name ('4x32x2048x128$': unmasked only)")
     ap.add_argument("--rowwise-variants", default="", help="names from ROWWISE_VARIANTS, ';'-separated (all)")
     ap.add_argument("--rowwise-kinds", default="", help="texts of the workloads to run, ','-separated (all), "
                     "e.g. 'bfloat16' or 'softmax 32768'")
