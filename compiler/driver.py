@@ -307,10 +307,21 @@ def precision_passes(options: Options) -> list[str]:
     fp8 matmul operands are fp8 tensors only on CUDA, whose tensor cores multiply them;
     elsewhere the E4M3FN values are carried in f32 (``fp8-storage=false``: the same
     products and f32 sums): kf-to-spirv stores no fp8 tensors, and the CPU would widen
-    each fp8 operand into an f32 copy before its matmul anyway."""
+    each fp8 operand into an f32 copy before its matmul anyway.
+
+    On CUDA, attention is quantized only where the fp8 attention kernel takes it (sm_90a:
+    head dims 128 or 256, whole 128-key blocks, no mask; ``fp8-attention=kernel``; on
+    other chips there is none, ``fp8-attention=none``); elsewhere it stays 16-bit, as
+    its fp8 products would run on CUDA cores, several times slower than the bf16
+    tensor-core kernel (passes/apply_precision.py, ``_sixteen_bit_attention``)."""
     if options.precision == "auto":
         return []
-    extra = " fp8-storage=false" if options.precision == "fp8" and options.target != "cuda" else ""
+    extra = ""
+    if options.precision == "fp8":
+        if options.target != "cuda":
+            extra = " fp8-storage=false"
+        else:
+            extra = " fp8-attention=" + ("kernel" if target_arch(options) == "sm_90a" else "none")
     return [f"kf-apply-precision{{precision={options.precision}{extra}}}", "kf-canonicalize"]
 
 

@@ -46,6 +46,16 @@ a case in test/passes/kf-apply-precision.mlir):
   attention reads the caller's q8, k8 and v8 (V only transposed, or not even that when
   the caller stores it K-major and passes ``v8t.float().transpose(-1, -2)``).
 
+  ``fp8-attention`` says which attentions (a matmul of a softmax and V, with the
+  ``q @ k^T`` under that softmax) are quantized: ``any`` (the default: every one),
+  ``kernel`` (what the driver asks for on sm_90a: only those CUDA's fp8 attention kernel
+  takes -- head dims 128 or 256, whole blocks of 128 keys, scores only scaled -- the
+  others keep both products 16-bit: bf16 for wider operands, nothing quantized for
+  them), ``none`` (CUDA chips without that kernel). On CUDA cores fp8 attention ran 30x
+  slower than the bf16 tensor-core kernel (H200, 4x32x2048x64: 9.76 against 0.326 ms),
+  so kf keeps such attention 16-bit, as Transformer Engine falls back to bf16 attention
+  where its fp8 one does not apply.
+
   ``fp8-storage=false`` keeps the quantized operands as f32 tensors holding E4M3FN
   values (``cast(cast(... -> f8E4M3FN) -> f32)``) for targets without fp8 matrix units
   (the driver asks for it everywhere but CUDA: kf-to-spirv stores no fp8 tensors, and
@@ -295,12 +305,86 @@ def _k_major(v: ir.Value) -> ir.Value:
     return kb.transpose(v, perm=list(range(r - 2)) + [r - 1, r - 2])
 
 
-def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
+def _score_matmul(p: ir.Value) -> tuple[ir.Operation | None, bool]:
+    """(the ``q @ k^T`` matmul of which p is the softmax, whether more than casts and
+    rank-0 scales -- the seed's ``/ sqrt(d)`` -- lies between: a mask, a bias), walking
+    the ops kf-fuse's attention chain takes (passes/fuse.py, ``_attention_chains``)."""
+    v, plain = p.owner.operation.operands[0], True
+    while not isinstance(v.owner, ir.Block):
+        op = v.owner.operation
+        if op.name == "kf.matmul":
+            return op, not plain
+        if op.name == "kf.cast":
+            v = op.operands[0]
+            continue
+        if op.name in ("kf.mul", "kf.div"):
+            a, b = op.operands
+            if not spec_of(b.type).shape and spec_of(a.type).shape:
+                v = a
+                continue
+            if op.name == "kf.mul" and not spec_of(a.type).shape and spec_of(b.type).shape:
+                v = b
+                continue
+        if op.name not in ("kf.masked_fill", "kf.select", "kf.add", "kf.mul", "kf.div"):
+            return None, True
+        plain = False
+        v = op.operands[2] if op.name == "kf.select" else op.operands[0]
+    return None, True
+
+
+#: What CUDA's fp8 attention kernel (passes/strategies/attention_wgmma.py, FP8) takes:
+#: head dims whole 128-byte rows of E4M3FN and at most 256, keys whole 128-key blocks,
+#: scores that are only scaled (no mask, no bias).
+FP8_ATTENTION_HEAD_DIMS = (128, 256)
+FP8_ATTENTION_KEY_BLOCK = 128
+
+
+#: ``fp8-attention``: which attentions fp8 quantizes. ``any``: every one (the policy as
+#: IR, what the CPU, Vulkan and Metal run); ``kernel``: those CUDA's fp8 attention kernel
+#: takes, the others stay 16-bit (the driver's choice on sm_90a); ``none``: no attention
+#: (CUDA chips without that kernel).
+FP8_ATTENTION = ("any", "kernel", "none")
+
+
+def _sixteen_bit_attention(f: ir.Operation, every: bool = False) -> set:
+    """The matmuls of the attentions that stay 16-bit under fp8 (``fp8-attention=kernel``):
+    those the fp8 attention kernel does not take (every one where ``every``:
+    ``fp8-attention=none``) -- a head dim other than 128 or 256, keys not whole blocks of
+    128, a mask or bias in the scores. On CUDA cores (the SIMT kernel) their fp8 products would run
+    several times slower than the bf16 tensor-core kernel; as Transformer Engine falls
+    back to bf16 attention where its fp8 one does not apply, kf keeps both products in
+    the inputs' 16-bit type (bf16 for wider inputs) and quantizes nothing for them."""
+    keep = set()
+    for mm2 in _matmuls(f):
+        p, v = mm2.operands
+        if not _is_softmax(p) or spec_of(v.type).rank < 2:
+            continue
+        mm1, masked = _score_matmul(p)
+        if mm1 is not None and not every and not masked:
+            d, dv = spec_of(mm1.operands[0].type).shape[-1], spec_of(v.type).shape[-1]
+            sk = spec_of(mm1.operands[1].type).shape[-1]
+            if d in FP8_ATTENTION_HEAD_DIMS and dv in FP8_ATTENTION_HEAD_DIMS and sk % FP8_ATTENTION_KEY_BLOCK == 0:
+                continue
+        keep |= {mm2} | ({mm1} if mm1 is not None else set())
+    return keep
+
+
+def _scale_matmuls(f: ir.Operation, storage: bool, attention: str = "any") -> None:
     """Each kf.matmul of float operands wider than 8 bits as a per-tensor scaled E4M3FN
     matmul (the amax of a layout view is its source's, so sources are quantized); a
     softmax operand (attention's P) takes the fixed scale P_SCALE, and with fp8 storage
-    its V is quantized transposed (K-major) and read through a transpose."""
+    its V is quantized transposed (K-major) and read through a transpose. Attentions
+    that ``attention`` (``FP8_ATTENTION``) leaves out stay 16-bit
+    (``_sixteen_bit_attention``)."""
     scales: dict = {}
+    keep = _sixteen_bit_attention(f, every=attention == "none") if attention != "any" else set()
+    kept = {op.result for op in keep}  # by Value: see kf-fuse's free scalars
+    if keep:
+        narrow = _Operands(f, lambda x: kb.cast(x, "bf16"))
+        for op in keep:
+            for i, x in enumerate(list(op.operands)):
+                if _elem(x) in WIDE:
+                    op.operands[i] = narrow(x, op.location)[0]
 
     def quantize(x):
         y = _e4m3_source(x)
@@ -314,8 +398,8 @@ def _scale_matmuls(f: ir.Operation, storage: bool) -> None:
     operand = _Operands(f, quantize)
     for op in _matmuls(f):
         a, b = op.operands
-        if _elem(a) not in WIDE + ("f16", "bf16"):
-            continue  # integers, and fp8 already
+        if _elem(a) not in WIDE + ("f16", "bf16") or op.result in kept:
+            continue  # integers, fp8 already, and attention that stays 16-bit
         if _is_softmax(a) and b != a and _elem(b) in WIDE + ("f16", "bf16") and spec_of(b.type).rank >= 2:
             with ir.InsertionPoint(op), op.location:
                 qa, sa = _probabilities(a, storage)
@@ -356,10 +440,13 @@ class ApplyPrecisionPass(KfPass):
     DESCRIPTION = "apply a precision policy (fp32, tf32, bf16, fp16, fp8) inside functions; output types unchanged"
     precision: str = "auto"
     fp8_storage: bool = True
+    fp8_attention: str = "any"
 
     def run(self, module: ir.Operation) -> None:
         if self.precision not in PRECISIONS:
             raise PassError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.fp8_attention not in FP8_ATTENTION:
+            raise PassError(f"fp8-attention must be one of {', '.join(FP8_ATTENTION)}, got {self.fp8_attention!r}")
         for f in _functions(module):
             with f.location:
                 if self.precision in ("fp32", "tf32"):
@@ -367,4 +454,4 @@ class ApplyPrecisionPass(KfPass):
                 elif self.precision in ("bf16", "fp16"):
                     _narrow_matmuls(f, "bf16" if self.precision == "bf16" else "f16")
                 elif self.precision == "fp8":
-                    _scale_matmuls(f, self.fp8_storage)
+                    _scale_matmuls(f, self.fp8_storage, self.fp8_attention)

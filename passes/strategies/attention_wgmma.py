@@ -151,7 +151,8 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     # an SM, 0.37 -> 0.43 ms on the H200). Masked kernels need more (at 128, head dim 64
     # spilled 176 bytes); at exactly half the SM's shared memory ncu reports one
     # workgroup an SM (fp8 head dim 128), hence the strict bound.
-    pair = not skip and ch.mask_cond is None and 2 * (shared + DRIVER_SHARED_BYTES) < SM_SHARED_BYTES
+    pair = not skip and ch.mask_cond is None and 2 * (shared + DRIVER_SHARED_BYTES) < SM_SHARED_BYTES \
+        and SM_REGISTERS // (2 * 128 * WARPGROUPS) >= 128  # (three warpgroups would leave 85)
     return {"block_m": bm, "block_n": bn, "threads": 128 * WARPGROUPS, "stages": stages, "grid": [-(-ch.seq_q // bm),
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
@@ -377,8 +378,11 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
         x.append(xj)
     m_new, alpha, shift = [], [], []
     for h in range(2):
-        row = [x[j][k] for j in range(bn // 8) for k in (2 * h, 2 * h + 1)]
-        mx = tree_reduce(row, arith.maximumf) if TREE_REDUCE else chain_reduce(row, arith.maximumf)
+        mx = x[0][2 * h]
+        for j in range(bn // 8):
+            for k in (2 * h, 2 * h + 1):
+                if (j, k) != (0, 2 * h):
+                    mx = arith.maximumf(mx, x[j][k])
         mx = quad_reduce(mx, arith.maximumf)
         if positive:
             mx = arith.mulf(mx, scale)
@@ -397,28 +401,6 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
     return m_new, row_sums(l, alpha, p), alpha, p
 
 
-#: Whether ``linear_softmax`` takes a thread's row maximum over a key block (2 x bn / 8
-#: values a row) as a pairwise tree, depth 5 at 128 keys, rather than a chain of 31
-#: dependent FMNMX: the maximum is on the path to every ex2 of the block, and with two
-#: warps a scheduler (one workgroup of 8 warps an SM) little else hides a chain's
-#: latency (ncu, fp8 kernel: "wait" was the largest stall after issuing). The row sums
-#: stay chains, off that path: as trees they made head dim 64 spill at 128 registers.
-TREE_REDUCE = True
-
-
-def chain_reduce(xs: list, combine):
-    out = xs[0]
-    for v in xs[1:]:
-        out = combine(out, v)
-    return out
-
-
-def tree_reduce(xs: list, combine):
-    """combine over xs as a balanced tree of pairs (depth log2 len)."""
-    xs = list(xs)
-    while len(xs) > 1:
-        xs = [combine(xs[i], xs[i + 1]) if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
-    return xs[0]
 
 
 def math_fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:

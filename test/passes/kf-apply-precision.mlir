@@ -5,6 +5,8 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp16})' | FileCheck %s --check-prefix=FP16
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8})' | FileCheck %s --check-prefix=FP8
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-storage=false})' | FileCheck %s --check-prefix=FP8F32
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-attention=kernel})' | FileCheck %s --check-prefix=FP8K
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-attention=none})' | FileCheck %s --check-prefix=FP8N
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=int4})' 2>&1 | FileCheck %s --check-prefix=BAD
 
 // BAD: kf-apply-precision: precision must be one of auto, fp32, tf32, bf16, fp16, fp8, got 'int4'
@@ -235,4 +237,54 @@ func.func @caller_fp8_vt(%q8: tensor<2x16x32xf8E4M3FN>, %k8: tensor<2x16x32xf8E4
   %p = "kf.softmax"(%s) {dim = -1 : i64} : (tensor<2x16x16xf32>) -> tensor<2x16x16xf32>
   %o = "kf.matmul"(%p, %v) : (tensor<2x16x16xf32>, tensor<2x16x32xf32>) -> tensor<2x16x32xf32>
   return %o : tensor<2x16x32xf32>
+}
+
+// -----
+
+// fp8-attention=kernel (the driver's choice on sm_90a): attention is quantized only where
+// CUDA's fp8 attention kernel takes it -- head dims 128 or 256, whole blocks of 128 keys,
+// scores that are only scaled. @small (head dim 8) and @masked (a mask between the
+// products) stay 16-bit: their f32 operands become bf16 and nothing is fp8; @fits (head
+// dim 128, 256 keys) is quantized as under fp8-attention=any. fp8-attention=none (CUDA
+// chips without the kernel) keeps every attention 16-bit. Other matmuls are quantized
+// either way (@fits' projection).
+// FP8K-LABEL: func.func @small
+// FP8K-NOT: f8E4M3FN
+// FP8K: "kf.matmul"({{.*}}) : (tensor<2x5x8xbf16>, tensor<2x8x5xbf16>) -> tensor<2x5x5xf32>
+// FP8K: "kf.matmul"({{.*}}) : (tensor<2x5x5xbf16>, tensor<2x5x8xbf16>) -> tensor<2x5x8xf32>
+// FP8K-LABEL: func.func @masked
+// FP8K-NOT: f8E4M3FN
+// FP8K: "kf.matmul"({{.*}}) : (tensor<2x256x256xbf16>, tensor<2x256x128xbf16>) -> tensor<2x256x128xf32>
+// FP8K-LABEL: func.func @fits
+// FP8K: "kf.matmul"({{.*}}) : (tensor<2x256x128xf8E4M3FN>, tensor<2x128x256xf8E4M3FN>) -> tensor<2x256x256xf32>
+// FP8K: "kf.matmul"({{.*}}) : (tensor<2x256x256xf8E4M3FN>, tensor<2x256x128xf8E4M3FN>) -> tensor<2x256x128xf32>
+// FP8K: "kf.matmul"({{.*}}) : (tensor<2x256x128xf8E4M3FN>, tensor<128x64xf8E4M3FN>) -> tensor<2x256x64xf32>
+// FP8N-LABEL: func.func @fits
+// FP8N: "kf.matmul"({{.*}}) : (tensor<2x256x128xbf16>, tensor<2x128x256xbf16>) -> tensor<2x256x256xf32>
+// FP8N: "kf.matmul"({{.*}}) : (tensor<2x256x256xbf16>, tensor<2x256x128xbf16>) -> tensor<2x256x128xf32>
+// FP8N: "kf.matmul"({{.*}}) : (tensor<2x256x128xf8E4M3FN>, tensor<128x64xf8E4M3FN>) -> tensor<2x256x64xf32>
+func.func @small(%q: tensor<2x5x8xf32>, %k: tensor<2x5x8xf32>, %v: tensor<2x5x8xf32>) -> tensor<2x5x8xf32> {
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 2, 1>} : (tensor<2x5x8xf32>) -> tensor<2x8x5xf32>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x5x8xf32>, tensor<2x8x5xf32>) -> tensor<2x5x5xf32>
+  %p = "kf.softmax"(%s) {dim = -1 : i64} : (tensor<2x5x5xf32>) -> tensor<2x5x5xf32>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x5x5xf32>, tensor<2x5x8xf32>) -> tensor<2x5x8xf32>
+  return %o : tensor<2x5x8xf32>
+}
+func.func @masked(%q: tensor<2x256x128xf32>, %k: tensor<2x256x128xf32>, %v: tensor<2x256x128xf32>, %m: tensor<256x256xi1>) -> tensor<2x256x128xf32> {
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 2, 1>} : (tensor<2x256x128xf32>) -> tensor<2x128x256xf32>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x256x128xf32>, tensor<2x128x256xf32>) -> tensor<2x256x256xf32>
+  %sm = "kf.masked_fill"(%s, %m) {value = -1.0e9 : f64} : (tensor<2x256x256xf32>, tensor<256x256xi1>) -> tensor<2x256x256xf32>
+  %p = "kf.softmax"(%sm) {dim = -1 : i64} : (tensor<2x256x256xf32>) -> tensor<2x256x256xf32>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x256x256xf32>, tensor<2x256x128xf32>) -> tensor<2x256x128xf32>
+  return %o : tensor<2x256x128xf32>
+}
+func.func @fits(%q: tensor<2x256x128xf32>, %k: tensor<2x256x128xf32>, %v: tensor<2x256x128xf32>, %w: tensor<128x64xf32>) -> tensor<2x256x64xf32> {
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 2, 1>} : (tensor<2x256x128xf32>) -> tensor<2x128x256xf32>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x256x128xf32>, tensor<2x128x256xf32>) -> tensor<2x256x256xf32>
+  %c = "kf.fill"() {value = 0.088388 : f64} : () -> tensor<f32>
+  %sc = "kf.mul"(%s, %c) : (tensor<2x256x256xf32>, tensor<f32>) -> tensor<2x256x256xf32>
+  %p = "kf.softmax"(%sc) {dim = -1 : i64} : (tensor<2x256x256xf32>) -> tensor<2x256x256xf32>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x256x256xf32>, tensor<2x256x128xf32>) -> tensor<2x256x128xf32>
+  %y = "kf.matmul"(%o, %w) : (tensor<2x256x128xf32>, tensor<128x64xf32>) -> tensor<2x256x64xf32>
+  return %y : tensor<2x256x64xf32>
 }

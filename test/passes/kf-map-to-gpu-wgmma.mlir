@@ -60,9 +60,9 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // a block): Q (128 x 128), K and V (three stages of 128 keys) in swizzled shared memory.
 // Block 0's S = Q K^T (8 wgmma m64n128k16 by descriptor, K-major B: <col>) is computed
 // before the loop; in the loop, block j + 1's S is issued first (OVERLAP_SCORES) and
-// runs during block j's softmax, whose scale is one FFMA a score before exp2
-// (LINEAR_SCORES), then O += P V as 8 register-A wgmmas (inline PTX, V transposed: the
-// trailing 1), and one wait for both groups.
+// runs during block j's softmax, whose scale is one FFMA a score before ex2.approx.ftz
+// (LINEAR_SCORES, FTZ_EXP2), then O += P V as 8 register-A wgmmas (inline PTX, V
+// transposed: the trailing 1), and one wait for both groups.
 // CHECK-LABEL: gpu.func @attn_k0_attention
 // CHECK-SAME: kf.block = array<i64: 256, 1, 1>
 // CHECK: memref.view {{.*}} to memref<256x64xbf16, #gpu.address_space<workgroup>>
@@ -80,7 +80,7 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // CHECK-NOT: nvvm.wgmma.wait
 // CHECK: gpu.shuffle  xor
 // CHECK: math.fma
-// CHECK-NEXT: math.exp2
+// CHECK-NEXT: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
 // CHECK: nvvm.wgmma.fence.aligned
 // CHECK-COUNT-8: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
@@ -88,6 +88,7 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // CHECK: arith.divf
 // CHECK: memref.store {{.*}}, %arg3
 // PTX: gpu.binary @kf_kernels
+// PTX-SAME: ex2.approx.ftz.f32
 // PTX-SAME: wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16
 // SM90-LABEL: gpu.func @attn_k0_attention
 // SM90-NOT: wgmma
