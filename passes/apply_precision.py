@@ -350,10 +350,10 @@ def _sixteen_bit_attention(f: ir.Operation, every: bool = False) -> set:
     """The matmuls of the attentions that stay 16-bit under fp8 (``fp8-attention=kernel``):
     those the fp8 attention kernel does not take (every one where ``every``:
     ``fp8-attention=none``) -- a head dim other than 128 or 256, keys not whole blocks of
-    128, a mask or bias in the scores. On CUDA cores (the SIMT kernel) their fp8 products would run
-    several times slower than the bf16 tensor-core kernel; as Transformer Engine falls
-    back to bf16 attention where its fp8 one does not apply, kf keeps both products in
-    the inputs' 16-bit type (bf16 for wider inputs) and quantizes nothing for them."""
+    128, a mask or bias in the scores. On CUDA cores (the SIMT kernel) their fp8 products
+    would run many times slower than the bf16 tensor-core kernel; as Transformer Engine
+    falls back to bf16 attention where its fp8 one does not apply, kf keeps both products
+    in the inputs' 16-bit type (bf16 for wider inputs) and quantizes nothing for them."""
     keep = set()
     for mm2 in _matmuls(f):
         p, v = mm2.operands

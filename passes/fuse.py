@@ -25,10 +25,10 @@ Kinds, in the order they are recognized:
 recompute than to read), and so are rank-0 elementwise ops over rank-0 operands that only
 kernels read (``_free_scalars``: fp8's scale arithmetic, ``sq * sk / sqrt(d)``), which
 would otherwise each be a one-thread kernel of their own: a launch and a few
-microseconds on the GPU between the kernels before and after; ``kf.constant`` ops stay in the schedule, so constants reach
-kernels as inputs. Calls to torch-mlir-imported functions stay in the schedule too, and
-so do reshapes between kernels (``_view_reshapes``): views of their operand's buffer, not
-copy kernels.
+microseconds on the GPU between the kernels before and after. ``kf.constant`` ops stay
+in the schedule, so constants reach kernels as inputs. Calls to torch-mlir-imported
+functions stay in the schedule too, and so do reshapes between kernels
+(``_view_reshapes``): views of their operand's buffer, not copy kernels.
 Groups merge only when the merged kernel graph stays acyclic.
 """
 
