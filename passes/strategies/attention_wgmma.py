@@ -848,12 +848,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             k_desc0, v_desc0 = k_tile.descriptor_base(), v_tile.descriptor_base()
             log2e = g.fconst(math.log2(math.e))
 
-            # masked and general chains: ex2.ftz too, but not in the kernel that tests each
-            # block's mask itself (no block table), where it made ptxas spill
-            ftz = not plan.get("skip_masked_blocks") or bool(plan.get("block_table"))
-
-            def exp(x):
-                return softmax_exp2(arith.mulf(x, log2e)) if ftz else mmath.exp2(arith.mulf(x, log2e))
+            def exp(x):  # (masked and general chains; FTZ_EXP2 made the masked kernel spill)
+                return mmath.exp2(arith.mulf(x, log2e))
 
             def fence_and_publish():
                 nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
@@ -1113,22 +1109,20 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                          if table_shape else None)
 
 
-#: Whether the wgmma kernels' softmax takes 2^x as ``ex2.approx.ftz.f32`` (one
+#: Whether ``linear_softmax`` (the unmasked wgmma kernels) takes 2^x as ``ex2.approx.ftz.f32`` (one
 #: MUFU.EX2) rather than ``math.exp2``, which NVPTX lowers to ``ex2.approx.f32``: without
 #: ftz, ptxas keeps subnormal results by wrapping each MUFU.EX2 in an FSETP (x < -126),
 #: a predicated FMUL by 0.5 before and a predicated squaring after -- three more
 #: instructions per score (the fp8 kernel's key loop, sm_90a SASS: 64 MUFU.EX2 beside
 #: 262 FMUL and 68 FSETP). Flushed are only probabilities below 2^-126 of the row's
 #: maximum, which no bf16 or fp8 P, and no f32 row sum, can tell from 0. The masked
-#: kernels take it too (with the block table: 253 -> 240 registers at head dim 128),
-#: except the one that tests each block's mask itself (BLOCK_TABLE off) and the mma.sync
-#: kernel, which keep ``math.exp2``: with it they spilled (8 and 48 bytes at their
-#: register limits, ptxas 13.0).
+#: wgmma kernel and the mma.sync one keep ``math.exp2``: with it they spilled (8 and 48
+#: bytes at their register limits, ptxas 13.0).
 FTZ_EXP2 = True
 
 
 def softmax_exp2(x: ir.Value) -> ir.Value:
-    """2^x in f32 for the wgmma kernels' softmax (``FTZ_EXP2``)."""
+    """2^x in f32 for ``linear_softmax`` (``FTZ_EXP2``)."""
     if not FTZ_EXP2:
         return mmath.exp2(x)
     # the NVVM intrinsic rather than inline PTX: LLVM knows it reads nothing and
