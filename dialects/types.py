@@ -86,6 +86,14 @@ def defining(v: ir.Value) -> ir.Operation | None:
     return None if isinstance(owner, ir.Block) else owner.operation
 
 
+def transposes_last_two(op: ir.Operation | None) -> bool:
+    """Whether op is a ``kf.transpose`` that swaps the last two dims (``swaps_last_two``):
+    an operand matmuls read in place, fp8's K-major V, the transpose kernel's kind."""
+    from .attrs import op_attrs
+
+    return op is not None and op.name == "kf.transpose" and swaps_last_two(op_attrs(op)["perm"])
+
+
 def swaps_last_two(perm) -> bool:
     """Whether a permutation keeps every dim but the last two, which it swaps (``x.mT``:
     what matmuls read in place and fp8 tensor cores need for K-major operands)."""

@@ -100,8 +100,7 @@ from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
-from kf.dialects.attrs import op_attrs
-from kf.dialects.types import KfTypeError, swaps_last_two
+from kf.dialects.types import KfTypeError, transposes_last_two
 
 from .base import KfPass, PassError
 
@@ -406,8 +405,7 @@ def _scale_matmuls(f: ir.Operation, storage: bool, attention: str = "any") -> No
                 if storage:  # fp8 wgmma reads B K-major only: V^T is what is stored
                     v8 = _e4m3_source(b)
                     t = b.owner.operation if not isinstance(b.owner, ir.Block) else None
-                    vt_given = _e4m3_source(t.operands[0]) if t is not None and t.name == "kf.transpose" \
-                        and swaps_last_two(op_attrs(t)["perm"]) else None
+                    vt_given = _e4m3_source(t.operands[0]) if transposes_last_two(t) else None
                     if vt_given is not None:  # the caller's fp8 V^T (v8t.float().mT): as it is
                         vt8, sb = vt_given, kb.scalar(1.0, "f32")
                     elif v8 is not None:  # the caller's fp8 V: only transposed (through f32,

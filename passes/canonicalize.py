@@ -24,7 +24,7 @@ from mlir import ir
 
 from kf.dialects import builders
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import broadcast_shapes, defining, spec_of, swaps_last_two
+from kf.dialects.types import broadcast_shapes, defining, spec_of, transposes_last_two
 
 from .base import KfPass
 
@@ -169,7 +169,7 @@ class _Rewriter:
             self.replace(op, builders.reshape(inner.operands[0], out.shape))
         elif inner is not None and inner.name == "kf.fill":
             self.replace(op, builders.fill(out.shape, out.elem, _fill_value(x)))
-        elif inner is not None and inner.name == "kf.transpose" and swaps_last_two(op_attrs(inner)["perm"]):
+        elif transposes_last_two(inner):
             # reshape(transpose_last_two(t)) with the last two dims kept (only batch dims
             # merged or split) is transpose_last_two(reshape(t)): the reshape of t is then a
             # view (kf-fuse) and the transpose one a matmul reads in place (the batched

@@ -43,7 +43,7 @@ from mlir.dialects import func
 
 from kf.dialects import BY_NAME, spec_of
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import defining, swaps_last_two
+from kf.dialects.types import defining, transposes_last_two
 
 from .base import KfPass
 
@@ -170,10 +170,6 @@ def _float_cast(op: ir.Operation) -> bool:
     return op.name == "kf.cast" and spec_of(op.operands[0].type).is_float and spec_of(op.result.type).is_float
 
 
-def _last_two_swapped(op: ir.Operation | None) -> bool:
-    return op is not None and op.name == "kf.transpose" and swaps_last_two(op_attrs(op)["perm"])
-
-
 def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
     """Ops of each matmul -> scale -> mask -> softmax -> matmul chain, with what the
     precision policy writes around it (passes/apply_precision.py): casts and rank-0
@@ -210,7 +206,7 @@ def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
         if kt is not None and kt.name == "kf.transpose":
             chain.append(kt)
         vt = defining(op.operands[1])
-        if _last_two_swapped(vt) and all(u.owner == op for u in vt.result.uses):
+        if transposes_last_two(vt) and all(u.owner == op for u in vt.result.uses):
             chain.append(vt)
         # the epilogue: rank-0 scales and casts, each the only use of the one before
         last = op
@@ -239,7 +235,7 @@ def _operand_transposes(mm: ir.Operation) -> list[ir.Operation]:
     out = []
     for v in mm.operands:
         t = defining(v)
-        if _last_two_swapped(t) and all(u.owner == mm for u in t.results[0].uses):
+        if transposes_last_two(t) and all(u.owner == mm for u in t.results[0].uses):
             out.append(t)
     return out
 
@@ -271,7 +267,7 @@ def partition(ops: list[ir.Operation]) -> _Partition:
         elif op.name == "kf.matmul":
             part.new("matmul", [i], shape=shape)
             continue
-        elif _last_two_swapped(op):  # the elementwise ops after it join (_merge_kind)
+        elif transposes_last_two(op):  # the elementwise ops after it join (_merge_kind)
             gid = part.new("transpose", [i], shape=shape)
             for p in part.producers(i):  # and an elementwise chain that only feeds it
                 pg = part.group_of[p]

@@ -255,7 +255,7 @@ def _fp8_applies(ch, elem: str) -> bool:
     permuted within blocks), no per-key operand in the score chain, and a P chain that
     rounds c * P to q's fp8 type."""
     from .attention import _transposed_source
-    from .matmul import _contiguous_last, defining
+    from .matmul import _contiguous_last
 
     if not FP8 or ch.mask_cond is not None:
         return False
