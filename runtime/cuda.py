@@ -25,10 +25,11 @@ The launch path is short because it runs on every call:
   slots, so cuda.bindings does no per-call marshalling of the arguments (its tuple form
   builds ctypes objects each time). Loading modules, looking functions up and naming
   errors always go through cuda.bindings: they are not on the per-call path;
-- with the compiled launcher, a one-kernel program's whole fast lane runs in C as well
-  (``CudaProgram.c_lane``, the extension's ``Lane``: outputs from ``_empty_strided_cuda``,
-  this module's raw stream, the function's address from ``CudaKernel._handles``, which
-  ``_bind`` fills), called straight from kf's C dispatch (compiler/api.py);
+- with the compiled launcher, a program's whole fast lane runs in C as well
+  (``CudaProgram.c_lane``, the extension's ``Lane``: outputs and one allocation of the
+  temporaries from ``_empty_strided_cuda``, this module's raw stream, each kernel's
+  function address from its ``CudaKernel._handles``, which ``_bind`` fills), called
+  straight from kf's C dispatch (compiler/api.py);
   ``KF_DISPATCH=python`` keeps the lane and the dispatch in Python to compare;
 - no synchronization: errors that the launch itself reports (bad configuration, too much
   shared memory, a function from another context) raise at once; faults inside the kernel
