@@ -205,8 +205,12 @@ def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
         kt = defining(cur.operands[1])
         if kt is not None and kt.name == "kf.transpose":
             chain.append(kt)
+        # V read through a transpose joins when it is fp8 (stored K-major, as fp8 tensor
+        # cores read it); a 16-bit one is a transpose kernel of its own, so that the
+        # attention kernel reads V as it lies (what its tensor-core plans take)
         vt = defining(op.operands[1])
-        if transposes_last_two(vt) and all(u.owner == op for u in vt.result.uses):
+        if transposes_last_two(vt) and all(u.owner == op for u in vt.result.uses) and \
+                spec_of(vt.result.type).elem.startswith("f8"):
             chain.append(vt)
         # the epilogue: rank-0 scales and casts, each the only use of the one before
         last = op

@@ -259,3 +259,25 @@ def test_caller_fp8_v_transposed_needs_no_copy():
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in info.stages["ptx"]
     cpu = kf.jit(caller_attention_vt, target="cpu", precision="fp8")(q8, k8, vt, *scales)
     assert 4e-3 < rel(cpu, ref) < 4e-2
+
+
+@needs_ptxas
+@pytest.mark.parametrize("v_kmajor", [False, True], ids=["v", "vt"])
+def test_caller_fp8_at_head_dim_64_is_bf16_attention(v_kmajor):
+    """Head dim 64, which the fp8 kernel does not take: under precision="fp8" on sm_90a
+    the attention stays 16-bit (kf-apply-precision's fp8-attention=kernel), the caller's
+    E4M3FN values widened to bf16 (exactly) for the bf16 wgmma kernel. V given K-major
+    goes through a transpose kernel of its own, so that the attention reads V as it lies:
+    read through the transpose inside the attention kernel, it had kept the bf16 wgmma
+    plan from applying (1.18 ms against 0.33 for the bf16 call on the H200, 4x32x2048x64)."""
+    import kf
+
+    (q8, k8, v8, *scales), _ = caller_inputs(2, 4, 256, 64)
+    fn, v = (caller_attention_vt, v8.transpose(-1, -2).contiguous()) if v_kmajor else (caller_attention, v8)
+    info = kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a", precision="fp8"), q8, k8, v, *scales)
+    kinds = [ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
+             if 'kf.kernel = "' in ln]
+    assert kinds.count("attention") == 1 and kinds.count("transpose") == v_kmajor, kinds
+    ptx = info.stages["ptx"]
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in ptx and "e4m3.e4m3" not in ptx
+
