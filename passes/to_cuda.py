@@ -34,9 +34,10 @@ Why these choices:
   ``ftz`` sets libdevice's ``__nvvm_reflect("__CUDA_FTZ")`` through the
   ``nvvm-reflect-ftz`` module flag (flush-to-zero math, as nvcc's -ftz=true).
 - Approximate math: scalar f32 ``math.exp2`` and ``arith.divf`` that carry
-  ``fastmath<afn>`` (scalar_math's short GELU and sigmoid for bf16/f16 results; nothing
-  else in kf sets afn) become ``ex2.approx.ftz.f32`` and ``rcp.approx.ftz.f32`` (times the
-  numerator): one MUFU instruction each in SASS. Left to the pipeline they would be
+  ``fastmath<afn>`` (scalar_math's short GELU and sigmoid for bf16/f16 results, and the
+  wgmma attention's softmax, ``softmax_exp2``; nothing else in kf sets afn) become
+  ``ex2.approx.ftz.f32`` and ``rcp.approx.ftz.f32`` (times the numerator): one MUFU
+  instruction each in SASS. Left to the pipeline they would be
   libdevice's ``ex2.approx.f32`` and LLVM's ``div.approx.f32``, whose denormal handling
   adds a compare and two multiplies each (SASS of bf16 bias+GELU: 181 instructions
   for 8 elements against 133). Flushing results below 2^-126 (and reciprocals of

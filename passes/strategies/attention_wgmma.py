@@ -64,6 +64,7 @@ from typing import Callable
 
 from kf.dialects import spec_of
 from kf.dialects.attrs import op_attrs
+from kf.dialects.types import defining
 from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, memref, nvvm
@@ -151,15 +152,16 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     # an SM, 0.37 -> 0.43 ms on the H200). Masked kernels need more (at 128, head dim 64
     # spilled 176 bytes); at exactly half the SM's shared memory ncu reports one
     # workgroup an SM (fp8 head dim 128), hence the strict bound.
+    pair_registers = SM_REGISTERS // (2 * 128 * WARPGROUPS)  # (three warpgroups would leave 85)
     pair = not skip and ch.mask_cond is None and 2 * (shared + DRIVER_SHARED_BYTES) < SM_SHARED_BYTES \
-        and SM_REGISTERS // (2 * 128 * WARPGROUPS) >= 128  # (three warpgroups would leave 85)
+        and pair_registers >= 128
     return {"block_m": bm, "block_n": bn, "threads": 128 * WARPGROUPS, "stages": stages, "grid": [-(-ch.seq_q // bm),
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
             "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
             "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
             "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None),
-            "max_registers": SM_REGISTERS // (2 * 128 * WARPGROUPS) if pair else 0}
+            "max_registers": pair_registers if pair else 0}
 
 
 #: Whether workgroups take the query blocks last to first where blocks may be skipped:
@@ -225,8 +227,6 @@ def _reads_per_key(ch) -> bool:
     """Whether the score chain (mm1 to the softmax) reads an operand that varies along
     the keys (a mask, a bias): the fp8 kernel's score columns are keys in
     ``fp8_key_order``, which ``online_softmax`` does not index by."""
-    from .matmul import defining
-
     view = ch.view
     seen, stack = set(), [ch.sm.operands[0]]
     while stack:
@@ -285,8 +285,6 @@ def _linear_factors(ch) -> list[tuple[ir.Value, bool]] | None:
     """The rank-0 values the chain from q k^T to the softmax multiplies (False) or
     divides (True) the scores by, in order, when that is all it does besides casts
     between floats; None otherwise (a mask, a bias, any other op)."""
-    from .matmul import defining
-
     v, factors = ch.sm.operands[0], []
     while v != ch.mm1.result:
         op = defining(v)
@@ -337,8 +335,6 @@ def _nonnegative(v: ir.Value) -> bool:
     such values -- fp8's dequantization factor 1 / ((448 / max(amax_q, eps)) (448 /
     max(amax_k, eps))), which kf-fuse computes in the attention kernel. Arguments are
     not: the caller's scales could be negative."""
-    from .matmul import defining
-
     op = defining(v)
     if op is None or spec_of(v.type).shape:
         return False
@@ -399,8 +395,6 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
     from .attention import row_sums
 
     return m_new, row_sums(l, alpha, p), alpha, p
-
-
 
 
 def math_fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
@@ -464,8 +458,6 @@ def _head_shared_mask(ch) -> bool:
     """Whether the mask condition reads nothing but [.., Sq, Sk] arguments whose leading
     dims are 1: one mask for every head and batch, as a causal mask is, so one table of
     its blocks serves every workgroup."""
-    from .matmul import defining
-
     view = ch.view
     seen, stack = set(), [ch.mask_cond]
     while stack:
@@ -595,8 +587,6 @@ def _staged_masks(ch, bm: int, bn: int) -> list[tuple[int, int]]:
     ``_mask_place``). The skipping loop reads a block's mask twice (to test the block,
     then in the softmax), each thread 64 scattered elements a block: from global memory
     that was most of the causal kernel's time."""
-    from .matmul import defining
-
     view = ch.view
     found, seen, stack = [], set(), [ch.mask_cond]
     while stack:
@@ -1122,9 +1112,9 @@ FTZ_EXP2 = True
 
 
 def softmax_exp2(x: ir.Value) -> ir.Value:
-    """2^x in f32 for ``linear_softmax`` (``FTZ_EXP2``)."""
+    """2^x in f32 for ``linear_softmax`` (``FTZ_EXP2``): ``math.exp2`` with
+    ``fastmath<afn>``, which kf-to-cuda makes the ``ex2.approx.ftz`` intrinsic, as it does
+    for scalar_math's short forms (passes/to_cuda.py, ``_approximate_math``)."""
     if not FTZ_EXP2:
         return mmath.exp2(x)
-    # the NVVM intrinsic rather than inline PTX: LLVM knows it reads nothing and
-    # schedules it (inline asm made ptxas spill in the mma.sync kernel)
-    return llvm.call_intrinsic(x.type, "llvm.nvvm.ex2.approx.ftz.f", [x], [], [])
+    return mmath.exp2(x, fastmath=ir.Attribute.parse(scalar_math.AFN))

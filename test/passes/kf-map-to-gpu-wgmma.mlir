@@ -80,7 +80,7 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // CHECK-NOT: nvvm.wgmma.wait
 // CHECK: gpu.shuffle  xor
 // CHECK: math.fma
-// CHECK-NEXT: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"
+// CHECK-NEXT: math.exp2 {{.*}} fastmath<afn> : f32
 // CHECK: nvvm.wgmma.fence.aligned
 // CHECK-COUNT-8: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
