@@ -103,6 +103,7 @@ from kf.dialects import spec_of
 from kf.dialects.types import KfTypeError, transposes_last_two
 
 from .base import KfPass, PassError
+from .fuse import scaled_operand, score_chain
 
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp8")
 LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
@@ -304,33 +305,6 @@ def _k_major(v: ir.Value) -> ir.Value:
     return kb.transpose(v, perm=list(range(r - 2)) + [r - 1, r - 2])
 
 
-def _score_matmul(p: ir.Value) -> tuple[ir.Operation | None, bool]:
-    """(the ``q @ k^T`` matmul of which p is the softmax, whether more than casts and
-    rank-0 scales -- the seed's ``/ sqrt(d)`` -- lies between: a mask, a bias), walking
-    the ops kf-fuse's attention chain takes (passes/fuse.py, ``_attention_chains``)."""
-    v, plain = p.owner.operation.operands[0], True
-    while not isinstance(v.owner, ir.Block):
-        op = v.owner.operation
-        if op.name == "kf.matmul":
-            return op, not plain
-        if op.name == "kf.cast":
-            v = op.operands[0]
-            continue
-        if op.name in ("kf.mul", "kf.div"):
-            a, b = op.operands
-            if not spec_of(b.type).shape and spec_of(a.type).shape:
-                v = a
-                continue
-            if op.name == "kf.mul" and not spec_of(a.type).shape and spec_of(b.type).shape:
-                v = b
-                continue
-        if op.name not in ("kf.masked_fill", "kf.select", "kf.add", "kf.mul", "kf.div"):
-            return None, True
-        plain = False
-        v = op.operands[2] if op.name == "kf.select" else op.operands[0]
-    return None, True
-
-
 #: What CUDA's fp8 attention kernel (passes/strategies/attention_wgmma.py, FP8) takes:
 #: head dims whole 128-byte rows of E4M3FN and at most 256, keys whole 128-key blocks,
 #: scores that are only scaled (no mask, no bias).
@@ -358,7 +332,9 @@ def _sixteen_bit_attention(f: ir.Operation, every: bool = False) -> set:
         p, v = mm2.operands
         if not _is_softmax(p) or spec_of(v.type).rank < 2:
             continue
-        mm1, masked = _score_matmul(p)
+        between, mm1 = score_chain(p.owner.operation)
+        # only scaled: casts and rank-0 scales between the products (no mask, no bias)
+        masked = any(op.name != "kf.cast" and scaled_operand(op) is None for op in between)
         if mm1 is not None and not every and not masked:
             d, dv = spec_of(mm1.operands[0].type).shape[-1], spec_of(v.type).shape[-1]
             sk = spec_of(mm1.operands[1].type).shape[-1]

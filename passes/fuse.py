@@ -149,11 +149,11 @@ class _Partition:
 def _scaled_by(op: ir.Operation, x: ir.Value) -> bool:
     """Whether op is x times or over a rank-0 value (a scale: a fill, or a scalar another
     kernel computed, which becomes an argument): ``x * c``, ``c * x``, ``x / c``."""
-    y = _scaled_operand(op)
+    y = scaled_operand(op)
     return y is not None and y == x
 
 
-def _scaled_operand(op: ir.Operation) -> ir.Value | None:
+def scaled_operand(op: ir.Operation) -> ir.Value | None:
     """For ``x * c``, ``c * x`` or ``x / c`` with c rank-0 and x not: x; else None."""
     if op.name not in ("kf.mul", "kf.div"):
         return None
@@ -170,6 +170,23 @@ def _float_cast(op: ir.Operation) -> bool:
     return op.name == "kf.cast" and spec_of(op.operands[0].type).is_float and spec_of(op.result.type).is_float
 
 
+def score_chain(sm: ir.Operation) -> tuple[list[ir.Operation], ir.Operation | None]:
+    """(the ops from a softmax's operand back to the scores' matmul -- casts, scales,
+    masks and the comparison a masked_fill reads, softmax side first -- and that
+    ``q @ k^T`` matmul, or None where the walk ends elsewhere). An op ``c * s`` is walked
+    as ``s * c`` (the seed's scale, fp8's dequantization)."""
+    between, cur = [], defining(sm.operands[0])
+    while cur is not None and cur.name in ("kf.masked_fill", "kf.select", "kf.add", "kf.div", "kf.mul", "kf.cast"):
+        between.append(cur)
+        if cur.name == "kf.masked_fill":
+            m = defining(cur.operands[1])
+            if m is not None and m.name == "kf.cmp":
+                between.append(m)
+        x = scaled_operand(cur)
+        cur = defining(cur.operands[2] if cur.name == "kf.select" else x if x is not None else cur.operands[0])
+    return between, (cur if cur is not None and cur.name == "kf.matmul" else None)
+
+
 def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
     """Ops of each matmul -> scale -> mask -> softmax -> matmul chain, with what the
     precision policy writes around it (passes/apply_precision.py): casts and rank-0
@@ -182,26 +199,16 @@ def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
             continue
         # the P chain: casts and rank-0 scales from the softmax to mm2's A operand
         p_chain, cur = [], defining(op.operands[0])
-        while cur is not None and (_float_cast(cur) or _scaled_operand(cur) is not None):
+        while cur is not None and (_float_cast(cur) or scaled_operand(cur) is not None):
             p_chain.append(cur)
-            cur = defining(cur.operands[0] if _float_cast(cur) else _scaled_operand(cur))
+            cur = defining(cur.operands[0] if _float_cast(cur) else scaled_operand(cur))
         sm = cur
         if sm is None or sm.name != "kf.softmax" or _row_shape(sm) is None:
             continue
-        chain = [op, sm, *p_chain]
-        cur = defining(sm.operands[0])
-        while cur is not None and cur.name in ("kf.masked_fill", "kf.select", "kf.add", "kf.div", "kf.mul",
-                                               "kf.cast"):
-            chain.append(cur)
-            if cur.name == "kf.masked_fill":
-                m = defining(cur.operands[1])
-                if m is not None and m.name == "kf.cmp":
-                    chain.append(m)
-            x = _scaled_operand(cur)  # c * s as s * c (the scale and fp8's dequantization)
-            cur = defining(cur.operands[2] if cur.name == "kf.select" else x if x is not None else cur.operands[0])
-        if cur is None or cur.name != "kf.matmul":
+        between, cur = score_chain(sm)
+        if cur is None:
             continue
-        chain.append(cur)
+        chain = [op, sm, *p_chain, *between, cur]
         kt = defining(cur.operands[1])
         if kt is not None and kt.name == "kf.transpose":
             chain.append(kt)
