@@ -158,6 +158,7 @@ ATTENTION_VARIANTS = {
     "mma.sync (session 3)": {"WGMMA": False},
     "wgmma 2 warpgroups": {},
     "wgmma, exp2 without ftz (before session 8)": {"FTZ_EXP2": False},
+    "wgmma, P V waited for at once (before session 9)": {"OVERLAP_PV": False},
     "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
     "wgmma skip, no block table (in-kernel test)": {"BLOCK_TABLE": False},
     "wgmma skip, no block table, one mask stage": {"BLOCK_TABLE": False, "MASK_STAGES": 1},
@@ -183,7 +184,7 @@ def _attention_switches(name: str):
     """Where an attention switch lives: attention_wgmma.py or the AttentionStrategy class."""
     return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
                 "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK", "UNIFORM_BRANCHES",
-                "FTZ_EXP2") \
+                "FTZ_EXP2", "OVERLAP_PV") \
         else at.AttentionStrategy
 
 
@@ -199,7 +200,8 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
     def sdpa(q, k, v, mask=None):
         return F.scaled_dot_product_attention(q, k, v, is_causal=mask is not None)
 
-    for (b, h, s, d, masked) in ((4, 32, 2048, 128, ""), (4, 32, 2048, 64, ""), (4, 32, 2048, 128, "causal"),
+    for (b, h, s, d, masked) in ((4, 32, 2048, 128, ""), (4, 32, 2048, 64, ""), (2, 32, 4096, 128, ""),
+                                 (4, 32, 2048, 128, "causal"),
                                  (2, 32, 4096, 128, "causal"), (4, 32, 2048, 128, "diagonal")):
         def make():
             t = [torch.randn(b, h, s, d, device="cuda", dtype=bf) for _ in range(3)]

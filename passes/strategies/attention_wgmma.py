@@ -161,7 +161,11 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
             "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
             "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
             "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None),
-            "max_registers": pair_registers if pair else 0}
+            "max_registers": pair_registers if pair else 0,
+            # O (Dv / 2 registers), S, and two blocks of P: head dim 256 spills (336 bytes,
+            # fp8); and two key blocks, whose loop of one trip LLVM removes, spilled 96
+            # bytes at head dim 128 in fp8 (the straight code scheduled wider)
+            "overlap_pv": OVERLAP_PV and stages == 3 and dv <= 128 and ch.seq_k > 2 * bn}
 
 
 #: Whether workgroups take the query blocks last to first where blocks may be skipped:
@@ -184,6 +188,13 @@ REVERSE_Q_BLOCKS = True
 #: 1.179 -> 1.174. Head dim 64 is slower with it (0.364 -> 0.444 ms: 170 registers and
 #: 113 KiB, one workgroup an SM instead of two): from head dim 128 only.
 OVERLAP_SCORES = True
+
+#: Whether the three-stage key loop takes FlashAttention-3's schedule (``pipelined``):
+#: block j's S = Q K^T and block j - 1's O += P V issued together, S waited for alone,
+#: the softmax of S_j computed while P V runs. With ``OVERLAP_SCORES`` alone, P V is
+#: waited for as soon as it is issued, and the warpgroup idles for it every block.
+#: Up to head dim 128 (V's), and from three key blocks (see ``plan``).
+OVERLAP_PV = True
 
 #: Whether attention on fp8 q, k and v (``precision="fp8"``) takes the fp8 wgmma kernel:
 #: S = Q K^T by m64nNk32 e4m3/e5m2 products, P rounded to the same fp8 type in registers
@@ -859,6 +870,65 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 nvvm.wgmma_commit_group_sync_aligned()
                 return acc
 
+            def p_operands(p):
+                """P (f32, the softmax's C layout) as the register A operands of P V: a
+                function of kk that emits the 4 x b32 of the kk-th wgmma (16 keys; fp8: 32
+                keys in ``fp8_key_order``), times the P chain's scale, rounded to the
+                input type and packed. Emitted where each wgmma is issued, ptxas needs
+                fewer registers (all of them first: head dim 64 spilled 12 bytes)."""
+                if p_scale != 1.0 and not log2_p:  # the P chain (precision policy): c * p, rounded below
+                    c = g.fconst(p_scale)
+                    p = [[arith.mulf(v, c) for v in pj] for pj in p]
+
+                def part(kk):
+                    if fp8:
+                        # rows gid (0) and gid + 8 (1) of key columns 4t.. and 16 + 4t.. (fp8_key_order)
+                        q4 = p[4 * kk: 4 * kk + 4]
+                        return [_pack_fp8x4(elem, [q4[2 * hi][2 * h], q4[2 * hi][2 * h + 1],
+                                                   q4[2 * hi + 1][2 * h], q4[2 * hi + 1][2 * h + 1]])
+                                for hi in range(2) for h in range(2)]
+                    pe = [[scalar_math.convert(v, et) for v in p[2 * kk + i]] for i in range(2)]
+                    a = [tc.pack(pe[0][0], pe[0][1]), tc.pack(pe[0][2], pe[0][3]),
+                         tc.pack(pe[1][0], pe[1][1]), tc.pack(pe[1][2], pe[1][3])]
+                    return [x if elem != "f16" else llvm.bitcast(ir.IntegerType.get_signless(32), x) for x in a]
+                return part
+
+            def packed(p):
+                """``p_operands`` emitted at once, flat (the pipelined loop carries them)."""
+                part = p_operands(p)
+                return [x for kk in range(bn // k_inst) for x in part(kk)]
+
+            def issue_pv(o, a, stage, fence=True):
+                """O += P V of the block in ``stage``: the register-A wgmmas issued and
+                committed as one group, not waited for. ``a``: ``p_operands``'s function,
+                or the flat list of ``packed``. ``fence``: the wgmma fence first (else the
+                caller has placed it)."""
+                part = a if callable(a) else (lambda kk: a[4 * kk: 4 * kk + 4])
+                v_d = arith.addi(v_desc0, arith.index_cast(i64, g.mul(stage, v_tile.stage_bytes // 16)))
+                if fence:
+                    nvvm.wgmma_fence_aligned()
+                for kk in range(bn // k_inst):
+                    o = _register_a_wgmma(o, Dv, elem, part(kk),
+                                          arith.addi(v_d, _wg._i64(v_tile.slice_offset(kk, k_inst) // 16)))
+                nvvm.wgmma_commit_group_sync_aligned()
+                return o
+
+            def block_softmax(n0, acc, m, l, score_in=None, causal_mask=False):
+                """The online softmax of a key block's S accumulator: (m, l, alpha, p)."""
+                s = [[llvm.extractvalue(f32, acc, [4 * j + k]) for k in range(4)] for j in range(bn // 8)]
+                if linear is not None:
+                    return linear_softmax(g, ch, s, m, l, linear[0], linear[1], log2_p, tig2, n0, bn)
+                return online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp, score_in,
+                                      causal=causal_mask)
+
+            def rescale(o, alpha):
+                """O *= alpha (the rows' rescale), in the accumulator registers."""
+                ov = [arith.mulf(llvm.extractvalue(f32, o, [i]), alpha[(i % 4) // 2]) for i in range(Dv // 2)]
+                o = llvm.mlir_undef(o_t)
+                for i, v in enumerate(ov):
+                    o = llvm.insertvalue(o, v, [i])
+                return o
+
             def key_block(n0, carried, stage=None, unmasked=None, causal=None, scores=None):
                 """One key block; ``stage``: the block is already in that stage (the
                 pipelined loops). Without, it is staged here into stage 0. ``unmasked``:
@@ -875,18 +945,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     nvvm.cp_async_wait_group(0)
                     fence_and_publish()
                     stage = g.c(0)
-                v_d = arith.addi(v_desc0, arith.index_cast(i64, g.mul(stage, v_tile.stage_bytes // 16)))
                 acc = scores
                 if acc is None:
                     acc = issue_scores(stage)
                     nvvm.wgmma_wait_group_sync_aligned(0)
-                s = [[llvm.extractvalue(f32, acc, [4 * j + k]) for k in range(4)] for j in range(bn // 8)]
+
                 def softmax(score_in=None, causal_mask=False):
-                    if linear is not None:
-                        m_, l_, a_, p_ = linear_softmax(g, ch, s, m, l, linear[0], linear[1], log2_p, tig2, n0, bn)
-                    else:
-                        m_, l_, a_, p_ = online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp,
-                                                        score_in, causal=causal_mask)
+                    m_, l_, a_, p_ = block_softmax(n0, acc, m, l, score_in, causal_mask)
                     return m_ + l_ + a_ + [x for pj in p_ for x in pj]
 
                 flat_types = [f32] * (6 + bn // 2)
@@ -903,36 +968,52 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     flat = g.guarded(uniform(unmasked), flat_types, lambda: softmax(ch.unmasked_scores), masked_softmax)
                 m_new, l_new, alpha = flat[0:2], flat[2:4], flat[4:6]
                 p = [flat[6 + 4 * j: 10 + 4 * j] for j in range(bn // 8)]
-                # O *= alpha (the rows' rescale), in the accumulator registers
-                ov = [arith.mulf(llvm.extractvalue(f32, o, [i]), alpha[(i % 4) // 2]) for i in range(Dv // 2)]
-                o = llvm.mlir_undef(o_t)
-                for i, v in enumerate(ov):
-                    o = llvm.insertvalue(o, v, [i])
-                if p_scale != 1.0 and not log2_p:  # the P chain (precision policy): c * p, rounded below
-                    c = g.fconst(p_scale)
-                    p = [[arith.mulf(v, c) for v in pj] for pj in p]
-                nvvm.wgmma_fence_aligned()
-                if fp8:
-                    # rows gid (0) and gid + 8 (1) of key columns 4t.. and 16 + 4t.. (fp8_key_order)
-                    for kk in range(bn // 32):
-                        q4 = p[4 * kk: 4 * kk + 4]
-                        a = [_pack_fp8x4(elem, [q4[2 * hi][2 * h], q4[2 * hi][2 * h + 1],
-                                                q4[2 * hi + 1][2 * h], q4[2 * hi + 1][2 * h + 1]])
-                             for hi in range(2) for h in range(2)]
-                        o = _register_a_wgmma(o, Dv, elem, a,
-                                              arith.addi(v_d, _wg._i64(v_tile.slice_offset(kk, 32) // 16)))
-                else:
-                    pe = [[scalar_math.convert(v, et) for v in pj] for pj in p]
-                    for kk in range(bn // 16):
-                        a = [tc.pack(pe[2 * kk][0], pe[2 * kk][1]), tc.pack(pe[2 * kk][2], pe[2 * kk][3]),
-                             tc.pack(pe[2 * kk + 1][0], pe[2 * kk + 1][1]),
-                             tc.pack(pe[2 * kk + 1][2], pe[2 * kk + 1][3])]
-                        a = [x if elem != "f16" else llvm.bitcast(ir.IntegerType.get_signless(32), x) for x in a]
-                        o = _register_a_wgmma(o, Dv, elem, a,
-                                              arith.addi(v_d, _wg._i64(v_tile.slice_offset(kk, 16) // 16)))
-                nvvm.wgmma_commit_group_sync_aligned()
+                o = rescale(o, alpha)
+                nvvm.wgmma_fence_aligned()  # before P's rounding, as ptxas then needs fewer registers
+                o = issue_pv(o, p_operands(p), stage, fence=False)
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return m_new + l_new + [o]
+
+            def pipelined():
+                """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline):
+                block j's S and block j - 1's O += P V are issued together, the softmax of
+                S_j runs while P V is on the tensor cores, and O is rescaled once both are
+                done. K and V in three stages: j - 1 (V read by P V), j (K read by S),
+                j + 1 (copies in flight)."""
+                for j in range(2):
+                    k_tile.copy_async(j * bn, 0, j)
+                    v_tile.copy_async(0, j * bn, j)
+                    nvvm.cp_async_commit_group()  # block 0 with Q
+                nvvm.cp_async_wait_group(1)
+                fence_and_publish()
+                first = issue_scores(g.c(0))
+                nvvm.wgmma_wait_group_sync_aligned(0)
+                m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])
+                carried = m + l + [init[4]] + packed(p)
+
+                def step(n0, c):
+                    m, l, o, a = c[0:2], c[2:4], c[4], c[5:]
+                    j = g.div(n0, bn)
+                    nvvm.cp_async_wait_group(0)  # block j
+                    # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
+                    fence_and_publish()
+                    n1 = g.add(n0, bn)  # past the keys: zero-filled, never read
+                    k_tile.copy_async(n1, 0, g.rem(g.add(j, 1), 3))
+                    v_tile.copy_async(0, n1, g.rem(g.add(j, 1), 3))
+                    nvvm.cp_async_commit_group()
+                    acc = issue_scores(g.rem(j, 3))
+                    o = issue_pv(o, a, g.rem(g.add(j, 2), 3))  # block j - 1
+                    nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
+                    m, l, alpha, p = block_softmax(n0, acc, m, l)
+                    a = packed(p)
+                    nvvm.wgmma_wait_group_sync_aligned(0)
+                    return m + l + [rescale(o, alpha)] + a
+
+                c = g.loop(bn, Sk, bn, carried, step)
+                last = (-(-Sk // bn) - 1) % 3
+                o = issue_pv(c[4], c[5:], g.c(last))
+                nvvm.wgmma_wait_group_sync_aligned(0)
+                return c[0:4] + [o]
 
             q_tile.copy_async(q0, 0, 0)
             init = [neg_inf, neg_inf, zero, zero, llvm.mlir_zero(o_t)]
@@ -1024,7 +1105,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                                                     uniform=_uniform if UNIFORM_BRANCHES else None)
                 else:
                     final = g.loop(0, Sk, bn, init, lambda n0, c: key_block(n0, c))
-            elif stages == 3:
+            elif stages == 3 and not plan.get("overlap_pv"):
                 # OVERLAP_SCORES: block j + 1's S = Q K^T runs on the tensor cores during
                 # block j's softmax. Three stages: j (its V read by P V), j + 1 (its K by
                 # the early S), j + 2 (copies in flight).
@@ -1051,6 +1132,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return key_block(n0, carried[:-1], g.rem(j, 3), scores=carried[-1]) + [nxt]
 
                 final = g.loop(0, Sk, bn, init + [first], overlapped)[:-1]
+            elif stages == 3:  # overlap_pv
+                final = pipelined()
             else:
                 k_tile.copy_async(0, 0, 0)
                 v_tile.copy_async(0, 0, 0)

@@ -108,6 +108,27 @@ def test_linear_scores_and_overlap_bf16(d):
 
 
 @needs_ptxas
+@pytest.mark.parametrize("kind,sk", [("bf16", 2048), ("bf16", 333), ("fp8", 2048), ("fp8", 384), ("fp8", 256)])
+def test_pipelined_key_loop(kind, sk):
+    """OVERLAP_PV (FlashAttention-3's intra-warpgroup pipeline) where it applies: three
+    stages, head dim (V's) up to 128 and more than two key blocks. Block j's S and
+    block j - 1's P V are one wait apart: the loop waits for S alone (wait_group 1,
+    groups complete in order) and later for both (0). The first block's softmax is
+    peeled off the loop, so the kernel has two, each one FFMA and one ex2 a score.
+    ptxas neither spills nor serializes the wgmmas."""
+    built = attention_fp8(2, 4, 256, sk, 128) if kind == "fp8" else attention(2, 4, 256, sk, 128, "bf16")
+    plan, _ = built.emit(HOPPER)
+    assert plan["stages"] == 3 and plan["overlap_pv"] == (sk > 256), plan
+    ptx, r, log = cuda_report(built, "sm_90a", log=True)
+    waits = [ln.split()[-1] for ln in ptx.splitlines() if "wgmma.wait_group.sync.aligned" in ln]
+    assert ("1;" in waits) == plan["overlap_pv"], waits
+    if plan["overlap_pv"]:
+        assert ptx.count("ex2.approx.ftz.f32") == 2 * (64 + 2), ptx.count("ex2.approx.ftz.f32")
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+    assert "C7520" not in log
+
+
+@needs_ptxas
 @pytest.mark.parametrize("caller", [False, True], ids=["amax", "caller"])
 def test_fp8_scores_one_ffma_and_ex2_ftz(caller):
     """The seed's attention under precision="fp8": the scores' factor, which the kernel
