@@ -1005,9 +1005,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     o = issue_pv(o, a, g.rem(g.add(j, 2), 3))  # block j - 1
                     nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
                     m, l, alpha, p = block_softmax(n0, acc, m, l)
-                    a = packed(p)
                     nvvm.wgmma_wait_group_sync_aligned(0)
-                    return m + l + [rescale(o, alpha)] + a
+                    # P rounded after the wait: the loop-carried registers of P_j are
+                    # those P V of block j - 1 reads, and ptxas serializes every wgmma
+                    # (C7513) where an instruction writes them before that P V is done
+                    return m + l + [rescale(o, alpha)] + packed(p)
 
                 c = g.loop(bn, Sk, bn, carried, step)
                 last = (-(-Sk // bn) - 1) % 3

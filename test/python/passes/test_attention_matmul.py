@@ -786,7 +786,7 @@ def test_masked_wgmma_attention_keeps_wgmma_async(seq, d, mask_shape, mask_elem,
     plan, _ = built.emit(HOPPER)
     assert plan["wgmma"] and plan["skip_masked_blocks"]
     _, r, log = cuda_report(built, "sm_90a", log=True)
-    assert "C7520" not in log, log
+    assert "serialized" not in log, log
     # without the table the mask tile's staging costs registers: ptxas spilled 84 bytes
     # there in session 4 already
     assert r["spill_store_bytes"] <= (128 if switches else 0), r
