@@ -825,13 +825,17 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             v_direct = direct_source(view, g.args[:n_in], ch.v, lead(ch.v), fp8)
             if None in (q_direct, k_direct, v_direct):
                 raise NotApplicable("the wgmma attention plan reads q, k and v straight from arguments")
-            q_tile = _wg.SwizzledTile(g, tid, threads, Qs, q_direct, bm, D, esize, Sq, D, False, width=D)
+            # LEAN_COPIES' four more registers through the loop made the kernels held to
+            # 128 (two workgroups an SM, head dim 64) spill 8 bytes
+            lean = not plan.get("max_registers")
+            q_tile = _wg.SwizzledTile(g, tid, threads, Qs, q_direct, bm, D, esize, Sq, D, False, width=D, lean=False)
             k_tile = _wg.SwizzledTile(g, tid, threads, Ks, k_direct, bn, D, esize, Sk, D, False, width=D,
-                                      row_perm=(lambda j: fp8_key_order(j, g)) if fp8 else None)
+                                      row_perm=(lambda j: fp8_key_order(j, g)) if fp8 else None, lean=lean)
             if fp8:
-                v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, False, width=bn)
+                v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, False, width=bn,
+                                          lean=lean)
             else:
-                v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True)
+                v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True, lean=lean)
             s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
             def mask_staging(i: int, tile: ir.Value) -> VectorStaging:
                 """Made where it is used, in the loop: its per-thread addresses are a few
