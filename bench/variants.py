@@ -78,6 +78,7 @@ GEMM_VARIANTS = {
     "mma.sync x4 (session 3)": {"WGMMA": False},
     "wgmma x4 n256": {},
     "wgmma x4 n256 per-copy addresses (before session 9)": {"LEAN_COPIES": False},
+    "wgmma x4 n256 lean copies behind a branch": {"LEAN_BRANCH": True},
     "wgmma x3 n256": {"WGMMA_STAGES": 3},
     "wgmma x4 n256 none in flight": {"WGMMA_INFLIGHT": 0},
     "wgmma x6 n128": {"WGMMA_MAX_N": 128, "WGMMA_STAGES": 6},
@@ -93,8 +94,8 @@ GEMM_VARIANTS = {
 
 
 def _switches(name: str):
-    """The module a GEMM switch lives in: matmul.py (MMA_*) or wgmma.py (WGMMA*, LEAN_COPIES)."""
-    return wg if name.startswith("WGMMA") or name == "LEAN_COPIES" else mm
+    """The module a GEMM switch lives in: matmul.py (MMA_*) or wgmma.py (WGMMA*, LEAN_*)."""
+    return wg if name.startswith("WGMMA") or name.startswith("LEAN_") else mm
 
 
 def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VARIANTS)) -> list[dict]:
@@ -160,6 +161,8 @@ ATTENTION_VARIANTS = {
     "wgmma 2 warpgroups": {},
     "wgmma, exp2 without ftz (before session 8)": {"FTZ_EXP2": False},
     "wgmma, per-copy addresses (before session 9)": {"LEAN_COPIES": False},
+    "wgmma, P V waited for at once": {"OVERLAP_PV": False},
+    "wgmma, lean copies behind a branch": {"LEAN_BRANCH": True},
     "wgmma, per-copy addresses, P V waited for at once (session 8 kernel)": {"LEAN_COPIES": False,
                                                                                "OVERLAP_PV": False},
     "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
@@ -186,7 +189,7 @@ ATTENTION_VARIANTS = {
 def _attention_switches(name: str):
     """Where an attention switch lives: wgmma.py (LEAN_COPIES), attention_wgmma.py or the
     AttentionStrategy class."""
-    if name == "LEAN_COPIES":
+    if name in ("LEAN_COPIES", "LEAN_BRANCH"):
         return wg
     return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
                 "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK", "UNIFORM_BRANCHES",

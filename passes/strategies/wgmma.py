@@ -70,6 +70,11 @@ SWIZZLE_BYTES = 128  # one swizzled row
 #: 16-byte copy computed its indices, clamped them at the edges and linearized them
 #: (about 8 instructions a copy, 130 of the 585 in bf16 attention's key loop).
 LEAN_COPIES = True
+
+#: Whether a block outside the source is skipped by a branch around its copies (else
+#: every copy is issued, of 0 bytes from a valid address: straight code that ptxas may
+#: interleave with what follows).
+LEAN_BRANCH = False
 ATOM_BYTES = 1024  # 8 rows: the swizzle pattern's period, and the descriptors' alignment
 
 _WGMMA_TYPES = {"bf16": "bf16", "f16": "f16", "f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
@@ -249,6 +254,13 @@ class SwizzledTile:
         inside = g.all_of([g.lt(index(x), n) for x, n in ((first, n_first), (second, n_second))
                            if not (isinstance(x, int) and x < n)])
         cg = ir.Attribute.parse("#nvvm<load_cache_modifier cg>")
+        size = None
+        if inside is not None and not LEAN_BRANCH:
+            # a block outside copies 0 bytes (zero-fill) from the thread's first slot
+            src = arith.select(inside, src, src0)
+            i32 = ir.IntegerType.get_signless(32)
+            size = arith.select(inside, arith.constant(i32, 16), arith.constant(i32, 0))
+            inside = None
 
         def copies():
             # each slot a constant byte offset of the block's pointers (getelementptr),
@@ -259,7 +271,7 @@ class SwizzledTile:
             for e in range(slots):
                 s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, inbounds)
                         for p, off in zip(ptrs, (e * step * b_first, e * step * SWIZZLE_BYTES)))
-                nvvm.CpAsyncOp(t, s, 16, cg)
+                nvvm.CpAsyncOp(t, s, 16, cg, cpSize=size)
 
         g.when(inside, copies)
 
