@@ -266,10 +266,9 @@ class SwizzledTile:
             # each slot a constant byte offset of the block's pointers (getelementptr),
             # which becomes the immediate of the cp.async addresses
             i8 = ir.IntegerType.get_signless(8)
-            inbounds = llvm.GEPNoWrapFlags.inbounds
             ptrs = [llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), x) for space, x in ((1, src), (3, dst))]
             for e in range(slots):
-                s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, inbounds)
+                s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, None)
                         for p, off in zip(ptrs, (e * step * b_first, e * step * SWIZZLE_BYTES)))
                 nvvm.CpAsyncOp(t, s, 16, cg, cpSize=size)
 

@@ -58,11 +58,13 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 
 // The seed's attention without a mask, head dim 128, 300 keys (not a multiple of the 128
 // a block): Q (128 x 128), K and V (three stages of 128 keys) in swizzled shared memory.
-// Block 0's S = Q K^T (8 wgmma m64n128k16 by descriptor, K-major B: <col>) is computed
-// before the loop; in the loop, block j + 1's S is issued first (OVERLAP_SCORES) and
-// runs during block j's softmax, whose scale is one FFMA a score before ex2.approx.ftz
-// (LINEAR_SCORES, FTZ_EXP2), then O += P V as 8 register-A wgmmas (inline PTX, V
-// transposed: the trailing 1), and one wait for both groups.
+// Block 0's S = Q K^T (8 wgmma m64n128k16 by descriptor, K-major B: <col>) and its
+// softmax are computed before the loop, whose scale is one FFMA a score before
+// ex2.approx.ftz (LINEAR_SCORES, FTZ_EXP2). In the loop (OVERLAP_PV, three blocks or
+// more), block j's S and block j - 1's O += P V (8 register-A wgmmas, inline PTX, V
+// transposed: the trailing 1) are issued as two groups; the loop waits for S alone
+// (wait 1) before its softmax and for both (wait 0) before O is rescaled. The last
+// block's P V follows the loop.
 // CHECK-LABEL: gpu.func @attn_k0_attention
 // CHECK-SAME: kf.block = array<i64: 256, 1, 1>
 // CHECK: memref.view {{.*}} to memref<256x64xbf16, #gpu.address_space<workgroup>>
@@ -70,6 +72,8 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // CHECK: memref.view {{.*}} to memref<768x64xbf16, #gpu.address_space<workgroup>>
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: math.fma
+// CHECK-NEXT: math.exp2 {{.*}} fastmath<afn> : f32
 // CHECK: scf.for
 // CHECK: nvvm.cp.async.wait.group 0
 // CHECK-NEXT: nvvm.fence.proxy
@@ -78,13 +82,18 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
 // CHECK-NEXT: nvvm.wgmma.commit.group.sync.aligned
 // CHECK-NOT: nvvm.wgmma.wait
+// CHECK: nvvm.wgmma.fence.aligned
+// CHECK-COUNT-8: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;
+// CHECK: nvvm.wgmma.commit.group.sync.aligned
+// CHECK-NEXT: nvvm.wgmma.wait.group.sync.aligned 1
 // CHECK: gpu.shuffle  xor
 // CHECK: math.fma
 // CHECK-NEXT: math.exp2 {{.*}} fastmath<afn> : f32
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: scf.yield
 // CHECK: nvvm.wgmma.fence.aligned
 // CHECK-COUNT-8: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
-// CHECK: scf.yield
 // CHECK: arith.divf
 // CHECK: memref.store {{.*}}, %arg3
 // PTX: gpu.binary @kf_kernels
@@ -195,4 +204,38 @@ func.func private @attn_k0_attention(%k: tensor<2x4x300x128xbf16>, %q: tensor<2x
 func.func @attn(%k: tensor<2x4x300x128xbf16>, %q: tensor<2x4x300x128xbf16>, %v: tensor<2x4x300x128xbf16>, %m: tensor<300x300xbf16>) -> tensor<2x4x300x128xbf16> {
   %0 = call @attn_k0_attention(%k, %q, %v, %m) : (tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>, tensor<300x300xbf16>) -> tensor<2x4x300x128xbf16>
   return %0 : tensor<2x4x300x128xbf16>
+}
+
+// -----
+
+// A GEMM on the tile grid (M and N multiples of 128 and 256, K of 64): every block of a
+// tile lies all inside or all outside its argument, so the copies take LEAN_COPIES.
+// A thread's first address is computed once; a block adds one offset and tests once
+// (a block outside copies 0 bytes from the thread's first address: src-size 0), and
+// each further 16-byte copy is a constant byte offset of both pointers, which becomes
+// the immediate of cp.async's addresses. No per-copy index arithmetic is left.
+// CHECK-LABEL: gpu.func @grid_k0_matmul
+// CHECK-NOT: nvgpu.device_async_copy
+// CHECK: %[[IN:.*]] = arith.cmpi ult
+// CHECK: %[[SRC:.*]] = arith.select %[[IN]]
+// CHECK: %[[N:.*]] = arith.select %[[IN]], %c16_i32, %c0_i32 : i32
+// CHECK: %[[S:.*]] = llvm.inttoptr %[[SRC]] : i64 to !llvm.ptr<1>
+// CHECK: %[[D:.*]] = llvm.inttoptr {{.*}} : i64 to !llvm.ptr<3>
+// CHECK: nvvm.cp.async.shared.global %[[D]], %[[S]], 16, cache =  cg, %[[N]]
+// CHECK: %[[S1:.*]] = llvm.getelementptr %[[S]][8192] : (!llvm.ptr<1>) -> !llvm.ptr<1>, i8
+// CHECK: %[[D1:.*]] = llvm.getelementptr %[[D]][4096] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
+// CHECK: nvvm.cp.async.shared.global %[[D1]], %[[S1]], 16, cache =  cg, %[[N]]
+// CHECK: scf.for
+// CHECK-NOT: nvgpu.device_async_copy
+// CHECK: nvvm.cp.async.shared.global
+// CHECK: scf.yield
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: cp.async.cg.shared.global [%rd{{[0-9]+}}+4096], [%rd{{[0-9]+}}+8192], 16, %r{{[0-9]+}};
+func.func private @grid_k0_matmul(%x: tensor<256x128xbf16>, %w: tensor<128x256xbf16>) -> tensor<256x256xbf16> attributes {kf.kernel = "matmul", kf.fused_lines = ["gemm.py:2"]} {
+  %y = "kf.matmul"(%x, %w) : (tensor<256x128xbf16>, tensor<128x256xbf16>) -> tensor<256x256xbf16>
+  return %y : tensor<256x256xbf16>
+}
+func.func @grid(%x: tensor<256x128xbf16>, %w: tensor<128x256xbf16>) -> tensor<256x256xbf16> {
+  %0 = call @grid_k0_matmul(%x, %w) : (tensor<256x128xbf16>, tensor<128x256xbf16>) -> tensor<256x256xbf16>
+  return %0 : tensor<256x256xbf16>
 }
