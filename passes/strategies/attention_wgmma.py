@@ -831,8 +831,9 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             if None in (q_direct, k_direct, v_direct):
                 raise NotApplicable("the wgmma attention plan reads q, k and v straight from arguments")
             # LEAN_COPIES' four more registers through the loop made the kernels held to
-            # 128 (two workgroups an SM, head dim 64) spill 8 bytes
-            lean = not plan.get("max_registers")
+            # 128 (two workgroups an SM, head dim 64) spill 8 bytes, and fp8 head dim 256
+            # over two key blocks (a loop of one trip, which LLVM removes) 92
+            lean = not plan.get("max_registers") and Sk > 2 * bn
             q_tile = _wg.SwizzledTile(g, tid, threads, Qs, q_direct, bm, D, esize, Sq, D, False, width=D, lean=False)
             k_tile = _wg.SwizzledTile(g, tid, threads, Ks, k_direct, bn, D, esize, Sk, D, False, width=D,
                                       row_perm=(lambda j: fp8_key_order(j, g)) if fp8 else None, lean=lean)

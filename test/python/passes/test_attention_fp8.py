@@ -62,11 +62,13 @@ def test_fp8_key_order_makes_scores_the_a_fragment():
 @needs_ptxas
 @pytest.mark.parametrize("elem", ["f8E4M3FN", "f8E5M2"])
 @pytest.mark.parametrize("d", [128, 256])
-def test_attention_fp8_wgmma_ptxas(elem, d):
+@pytest.mark.parametrize("sk", [256, 1024])
+def test_attention_fp8_wgmma_ptxas(elem, d, sk):
     """fp8 q/k/v on sm_90a: both products m64nNk32 fp8 wgmmas (the second with P from
     registers, rounded by cvt.rn.satfinite), three stages of K and V (224 KiB at head dim 256), the dequantization
-    factors loaded once; ptxas neither spills nor serializes the wgmmas."""
-    built = attention_fp8(2, 4, 300, 256, d, elem)
+    factors loaded once; ptxas neither spills nor serializes the wgmmas. Head dim 256
+    over 1024 keys spilled 80 bytes before wgmma.LEAN_COPIES."""
+    built = attention_fp8(2, 4, 300, sk, d, elem)
     plan, emitted = built.emit(HOPPER)
     t = {"f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}[elem]
     assert plan["wgmma"] and plan["elem"] == elem and plan["stages"] == 3, plan
