@@ -984,12 +984,9 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return m_new + l_new + [o]
 
-            def pipelined():
-                """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline):
-                block j's S and block j - 1's O += P V are issued together, the softmax of
-                S_j runs while P V is on the tensor cores, and O is rescaled once both are
-                done. K and V in three stages: j - 1 (V read by P V), j (K read by S),
-                j + 1 (copies in flight)."""
+            def first_scores():
+                """The three-stage loops' start: blocks 0 and 1 copied into stages 0 and 1
+                (block 0 with Q), block 0's S = Q K^T computed and waited for."""
                 for j in range(2):
                     k_tile.copy_async(j * bn, 0, j)
                     v_tile.copy_async(0, j * bn, j)
@@ -998,6 +995,15 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 fence_and_publish()
                 first = issue_scores(g.c(0))
                 nvvm.wgmma_wait_group_sync_aligned(0)
+                return first
+
+            def pipelined():
+                """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline):
+                block j's S and block j - 1's O += P V are issued together, the softmax of
+                S_j runs while P V is on the tensor cores, and O is rescaled once both are
+                done. K and V in three stages: j - 1 (V read by P V), j (K read by S),
+                j + 1 (copies in flight)."""
+                first = first_scores()
                 m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])
                 carried = m + l + [init[4]] + packed(p)
 
@@ -1121,14 +1127,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 # OVERLAP_SCORES: block j + 1's S = Q K^T runs on the tensor cores during
                 # block j's softmax. Three stages: j (its V read by P V), j + 1 (its K by
                 # the early S), j + 2 (copies in flight).
-                for j in range(2):
-                    k_tile.copy_async(j * bn, 0, j)
-                    v_tile.copy_async(0, j * bn, j)
-                    nvvm.cp_async_commit_group()  # block 0 with Q
-                nvvm.cp_async_wait_group(1)
-                fence_and_publish()
-                first = issue_scores(g.c(0))
-                nvvm.wgmma_wait_group_sync_aligned(0)
+                first = first_scores()
 
                 def overlapped(n0, carried):
                     j = g.div(n0, bn)

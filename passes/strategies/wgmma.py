@@ -281,7 +281,6 @@ class SwizzledTile:
         groups is 1024 bytes; the leading offset is unused (1). MN-major: SBO 1024 between
         groups of 8 k-rows, and LBO one atom column (bk rows of 128 bytes) between
         64-column atoms (checked on the H200: the two swapped fault)."""
-        g = self.g
         i64 = ir.IntegerType.get_signless(64)
         addr = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(self.mem))
         lbo, sbo = 16, ATOM_BYTES
