@@ -201,6 +201,14 @@ OVERLAP_SCORES = True
 #: Up to head dim 128 (V's), and from three key blocks (see ``plan``).
 OVERLAP_PV = True
 
+#: With OVERLAP_PV, in 16-bit kernels with linear scores: the running row maxima move
+#: only when a row of the warp would gain more than this (log2 units: P then up to
+#: 2^8, which bf16 and f16 hold, and O and l in f32 keep their sums), and O's rescale
+#: (Dv / 2 FMULs a thread a block) is skipped where they did not -- exact, as O and l
+#: share the maxima they were summed under (FlashAttention-4's conditional rescaling).
+#: 0 or None: every block rescales.
+LAZY_RESCALE = 8.0
+
 #: Whether attention on fp8 q, k and v (``precision="fp8"``) takes the fp8 wgmma kernel:
 #: S = Q K^T by m64nNk32 e4m3/e5m2 products, P rounded to the same fp8 type in registers
 #: (times the P chain's fixed scale) and O += P V by register-A fp8 wgmma, V read K-major
@@ -367,14 +375,21 @@ def _nonnegative(v: ir.Value) -> bool:
     return False
 
 
-def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float, tig2, n0, bn: int):
+def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float, tig2, n0, bn: int,
+                   lazy: float | None = None):
     """``online_softmax`` for scores the chain only scales (``_linear_factors``), in the
     log2 domain: ``scale`` is the factors' product times log2 e, ``m`` the running
     maxima of scaled scores; p = 2^(s scale - m + log2_p) (the P chain's power-of-two
     scale c = 2^log2_p inside the exponent), and l sums those p, so l / c is the sum of
     the unscaled ones. With a positive scale (a constant, or ``_nonnegative`` factors)
     the maximum is taken on the raw scores and each p is one FFMA and one ex2; else
-    each score is scaled first."""
+    each score is scaled first.
+
+    ``lazy`` (``LAZY_RESCALE``, log2 units): the running maxima move only when a row of
+    the warp would gain more than that, and then every row of the warp takes its own;
+    else p is up to 2^lazy and alpha is 1. Returns, after (m, l, alpha, p), whether the
+    maxima moved (a warp-uniform i1; None without ``lazy``), so that the caller may skip
+    O's rescale (FlashAttention-4's conditional rescaling)."""
     Sk = ch.seq_k
     neg_inf = g.fconst(-math.inf)
     tail = bool(Sk % bn)
@@ -398,8 +413,15 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
         mx = quad_reduce(mx, arith.maximumf)
         if positive:
             mx = arith.mulf(mx, scale)
-        mx = arith.maximumf(m[h], mx)
-        m_new.append(mx)
+        m_new.append(arith.maximumf(m[h], mx))
+    moved = None
+    if lazy is not None:
+        # any row of the warp gaining more than lazy (from -inf: the first block) moves all
+        gains = [arith.cmpf(arith.CmpFPredicate.UGT, arith.subf(m_new[h], m[h]), g.fconst(lazy)) for h in range(2)]
+        moved = _uniform(arith.ori(*gains))
+        m_new = [arith.select(moved, m_new[h], m[h]) for h in range(2)]
+    for h in range(2):
+        mx = m_new[h]
         alpha.append(softmax_exp2(arith.subf(m[h], mx)))
         # a row with no finite score yet (-inf everywhere) takes p = 0, not NaN
         safe = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, mx, neg_inf), g.fconst(0.0), mx)
@@ -410,6 +432,8 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
         p = [[softmax_exp2(arith.addf(x[j][k], shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
     from .attention import row_sums
 
+    if lazy is not None:
+        return m_new, row_sums(l, alpha, p), alpha, p, moved
     return m_new, row_sums(l, alpha, p), alpha, p
 
 
@@ -923,11 +947,12 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 nvvm.wgmma_commit_group_sync_aligned()
                 return o
 
-            def block_softmax(n0, acc, m, l, score_in=None, causal_mask=False):
-                """The online softmax of a key block's S accumulator: (m, l, alpha, p)."""
+            def block_softmax(n0, acc, m, l, score_in=None, causal_mask=False, lazy=None):
+                """The online softmax of a key block's S accumulator: (m, l, alpha, p), and
+                with ``lazy`` (linear scores only) whether the maxima moved."""
                 s = [[llvm.extractvalue(f32, acc, [4 * j + k]) for k in range(4)] for j in range(bn // 8)]
                 if linear is not None:
-                    return linear_softmax(g, ch, s, m, l, linear[0], linear[1], log2_p, tig2, n0, bn)
+                    return linear_softmax(g, ch, s, m, l, linear[0], linear[1], log2_p, tig2, n0, bn, lazy)
                 return online_softmax(g, pw, ch, s, m, l, rows, tig2, n0, bm, bn, s_lead, exp, score_in,
                                       causal=causal_mask)
 
@@ -998,18 +1023,39 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 return first
 
             def pipelined():
-                """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline):
-                block j's S and block j - 1's O += P V are issued together, the softmax of
-                S_j runs while P V is on the tensor cores, and O is rescaled once both are
-                done. K and V in three stages: j - 1 (V read by P V), j (K read by S),
-                j + 1 (copies in flight)."""
+                """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline).
+                Iteration j issues block j's S and block j - 1's O += P V, waits for S
+                alone and computes its softmax while P V runs; P V is waited for at the
+                top of the next iteration, before O is rescaled and before the barrier
+                that lets block j + 1's copies overwrite block j - 2's stage. (A wait for
+                P V after the softmax, in the same block of code, ptxas hoisted above the
+                exponentials: no overlap.) P is carried in f32 and rounded where its P V
+                is issued, so no register a P V in flight reads is written. K and V in
+                three stages: j - 1 (V read by P V), j (K read by S), j + 1 (copies)."""
                 first = first_scores()
-                m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])
-                carried = m + l + [init[4]] + packed(p)
+                # P up to 2^lazy: 16-bit P only (fp8's is scaled to its range already)
+                lazy = LAZY_RESCALE if LAZY_RESCALE and linear is not None and not fp8 else None
+                m, l, alpha, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
+                moved = [arith.constant(ir.IntegerType.get_signless(1), 1)] if lazy else []
+                n_fixed = 7 + len(moved)
+                carried = m + l + [init[4]] + alpha + moved + [x for pj in p for x in pj]
+
+                def unpack(c):
+                    """(m, l, o, alpha, moved or None, p) of the loop's carried values."""
+                    flat = c[n_fixed:]
+                    return (c[0:2], c[2:4], c[4], c[5:7], c[7] if lazy else None,
+                            [flat[4 * j: 4 * j + 4] for j in range(bn // 8)])
+
+                def rescaled(o, alpha, moved):
+                    if moved is None:
+                        return rescale(o, alpha)
+                    # alpha is 1 where the maxima stayed
+                    return g.guarded(moved, [o_t], lambda: [rescale(o, alpha)], lambda: [o])[0]
 
                 def step(n0, c):
-                    m, l, o, a = c[0:2], c[2:4], c[4], c[5:]
+                    m, l, o, alpha, moved, p = unpack(c)
                     j = g.div(n0, bn)
+                    nvvm.wgmma_wait_group_sync_aligned(0)  # block j - 2's P V
                     nvvm.cp_async_wait_group(0)  # block j
                     # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
                     fence_and_publish()
@@ -1018,20 +1064,22 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     v_tile.copy_async(0, n1, g.rem(g.add(j, 1), 3))
                     nvvm.cp_async_commit_group()
                     acc = issue_scores(g.rem(j, 3))
-                    o = issue_pv(o, a, g.rem(g.add(j, 2), 3))  # block j - 1
+                    o = rescaled(o, alpha, moved)  # while S runs
+                    nvvm.wgmma_fence_aligned()
+                    o = issue_pv(o, p_operands(p), g.rem(g.add(j, 2), 3), fence=False)  # block j - 1
                     nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
-                    m, l, alpha, p = block_softmax(n0, acc, m, l)
-                    nvvm.wgmma_wait_group_sync_aligned(0)
-                    # P rounded after the wait: the loop-carried registers of P_j are
-                    # those P V of block j - 1 reads, and ptxas serializes every wgmma
-                    # (C7513) where an instruction writes them before that P V is done
-                    return m + l + [rescale(o, alpha)] + packed(p)
+                    out = block_softmax(n0, acc, m, l, lazy=lazy)
+                    m, l, alpha, p = out[:4]
+                    return m + l + [o] + alpha + list(out[4:]) + [x for pj in p for x in pj]
 
                 c = g.loop(bn, Sk, bn, carried, step)
-                last = (-(-Sk // bn) - 1) % 3
-                o = issue_pv(c[4], c[5:], g.c(last))
+                m, l, o, alpha, moved, p = unpack(c)
                 nvvm.wgmma_wait_group_sync_aligned(0)
-                return c[0:4] + [o]
+                o = rescaled(o, alpha, moved)
+                nvvm.wgmma_fence_aligned()
+                o = issue_pv(o, p_operands(p), g.c((-(-Sk // bn) - 1) % 3), fence=False)
+                nvvm.wgmma_wait_group_sync_aligned(0)
+                return m + l + [o]
 
             q_tile.copy_async(q0, 0, 0)
             init = [neg_inf, neg_inf, zero, zero, llvm.mlir_zero(o_t)]

@@ -114,8 +114,10 @@ def test_linear_scores_and_overlap_bf16(d):
 def test_pipelined_key_loop(kind, sk):
     """OVERLAP_PV (FlashAttention-3's intra-warpgroup pipeline) where it applies: three
     stages, head dim (V's) up to 128 and more than two key blocks. Block j's S and
-    block j - 1's P V are one wait apart: the loop waits for S alone (wait_group 1,
-    groups complete in order) and later for both (0). The first block's softmax is
+    block j - 1's P V are issued together; the loop waits for S alone (wait_group 1,
+    groups complete in order) and for P V at the top of the next iteration (0), so
+    that ptxas cannot hoist that wait above the softmax (it did, when the wait followed
+    the softmax: seen in the SASS, not in the PTX). The first block's softmax is
     peeled off the loop, so the kernel has two, each one FFMA and one ex2 a score.
     ptxas neither spills nor serializes the wgmmas."""
     built = attention_fp8(2, 4, 256, sk, 128) if kind == "fp8" else attention(2, 4, 256, sk, 128, "bf16")
