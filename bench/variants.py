@@ -163,6 +163,7 @@ ATTENTION_VARIANTS = {
     "wgmma, per-copy addresses (before session 9)": {"LEAN_COPIES": False},
     "wgmma, P V waited for at once": {"OVERLAP_PV": False},
     "wgmma, every block rescales O": {"LAZY_RESCALE": 0},
+    "wgmma, P V waited for in the next iteration": {"PV_WAIT": "next"},
     "wgmma, lean copies behind a branch": {"LEAN_BRANCH": True},
     "wgmma, per-copy addresses, P V waited for at once (session 8 kernel)": {"LEAN_COPIES": False,
                                                                                "OVERLAP_PV": False},
@@ -194,7 +195,7 @@ def _attention_switches(name: str):
         return wg
     return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
                 "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK", "UNIFORM_BRANCHES",
-                "FTZ_EXP2", "OVERLAP_PV", "LAZY_RESCALE") \
+                "FTZ_EXP2", "OVERLAP_PV", "LAZY_RESCALE", "PV_WAIT") \
         else at.AttentionStrategy
 
 

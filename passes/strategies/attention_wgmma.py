@@ -201,6 +201,10 @@ OVERLAP_SCORES = True
 #: Up to head dim 128 (V's), and from three key blocks (see ``plan``).
 OVERLAP_PV = True
 
+#: Where OVERLAP_PV's loop waits for block j - 1's P V: "same" (after block j's
+#: softmax, in the same iteration) or "next" (at the top of the next iteration).
+PV_WAIT = "same"
+
 #: With OVERLAP_PV, in 16-bit kernels with linear scores: the running row maxima move
 #: only when a row of the warp would gain more than this (log2 units: P then up to
 #: 2^8, which bf16 and f16 hold, and O and l in f32 keep their sums), and O's rescale
@@ -404,6 +408,13 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
             xj.append(v)
         x.append(xj)
     m_new, alpha, shift = [], [], []
+
+    def scale_of(h, mx):
+        alpha.append(softmax_exp2(arith.subf(m[h], mx)))
+        # a row with no finite score yet (-inf everywhere) takes p = 0, not NaN
+        safe = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, mx, neg_inf), g.fconst(0.0), mx)
+        shift.append(arith.subf(g.fconst(log2_p), safe) if log2_p else arith.negf(safe))
+
     for h in range(2):
         mx = x[0][2 * h]
         for j in range(bn // 8):
@@ -414,18 +425,16 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
         if positive:
             mx = arith.mulf(mx, scale)
         m_new.append(arith.maximumf(m[h], mx))
+        if lazy is None:
+            scale_of(h, m_new[h])
     moved = None
     if lazy is not None:
         # any row of the warp gaining more than lazy (from -inf: the first block) moves all
         gains = [arith.cmpf(arith.CmpFPredicate.UGT, arith.subf(m_new[h], m[h]), g.fconst(lazy)) for h in range(2)]
         moved = _uniform(arith.ori(*gains))
         m_new = [arith.select(moved, m_new[h], m[h]) for h in range(2)]
-    for h in range(2):
-        mx = m_new[h]
-        alpha.append(softmax_exp2(arith.subf(m[h], mx)))
-        # a row with no finite score yet (-inf everywhere) takes p = 0, not NaN
-        safe = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, mx, neg_inf), g.fconst(0.0), mx)
-        shift.append(arith.subf(g.fconst(log2_p), safe) if log2_p else arith.negf(safe))
+        for h in range(2):
+            scale_of(h, m_new[h])
     if positive:
         p = [[softmax_exp2(math_fma(x[j][k], scale, shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
     else:
@@ -1022,6 +1031,49 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return first
 
+            def rescaled(o, alpha, moved):
+                """``rescale``, skipped where ``moved`` (LAZY_RESCALE's warp vote) is false:
+                alpha is 1 there."""
+                if moved is None:
+                    return rescale(o, alpha)
+                return g.guarded(moved, [o_t], lambda: [rescale(o, alpha)], lambda: [o])[0]
+
+            def pipelined_same():
+                """``OVERLAP_PV`` with ``PV_WAIT`` "same": block j's S and block j - 1's
+                P V issued together, S waited for alone before the softmax and P V after
+                it in the same iteration (ptxas hoists that wait above the exponentials:
+                the softmax's row maxima overlap P V, its exponentials do not). P_j is
+                rounded after the wait: its loop-carried registers are those P V of block
+                j - 1 reads, and ptxas serializes every wgmma (C7513) where an instruction
+                writes them before that P V is done."""
+                first = first_scores()
+                lazy = LAZY_RESCALE if LAZY_RESCALE and linear is not None and not fp8 else None
+                m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
+                carried = m + l + [init[4]] + packed(p)
+
+                def step(n0, c):
+                    m, l, o, a = c[0:2], c[2:4], c[4], c[5:]
+                    j = g.div(n0, bn)
+                    nvvm.cp_async_wait_group(0)  # block j
+                    # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
+                    fence_and_publish()
+                    n1 = g.add(n0, bn)  # past the keys: zero-filled, never read
+                    k_tile.copy_async(n1, 0, g.rem(g.add(j, 1), 3))
+                    v_tile.copy_async(0, n1, g.rem(g.add(j, 1), 3))
+                    nvvm.cp_async_commit_group()
+                    acc = issue_scores(g.rem(j, 3))
+                    o = issue_pv(o, a, g.rem(g.add(j, 2), 3))  # block j - 1
+                    nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
+                    out = block_softmax(n0, acc, m, l, lazy=lazy)
+                    m, l, alpha, p = out[:4]
+                    nvvm.wgmma_wait_group_sync_aligned(0)
+                    return m + l + [rescaled(o, alpha, out[4] if lazy else None)] + packed(p)
+
+                c = g.loop(bn, Sk, bn, carried, step)
+                o = issue_pv(c[4], c[5:], g.c((-(-Sk // bn) - 1) % 3))
+                nvvm.wgmma_wait_group_sync_aligned(0)
+                return c[0:4] + [o]
+
             def pipelined():
                 """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline).
                 Iteration j issues block j's S and block j - 1's O += P V, waits for S
@@ -1045,12 +1097,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     flat = c[n_fixed:]
                     return (c[0:2], c[2:4], c[4], c[5:7], c[7] if lazy else None,
                             [flat[4 * j: 4 * j + 4] for j in range(bn // 8)])
-
-                def rescaled(o, alpha, moved):
-                    if moved is None:
-                        return rescale(o, alpha)
-                    # alpha is 1 where the maxima stayed
-                    return g.guarded(moved, [o_t], lambda: [rescale(o, alpha)], lambda: [o])[0]
 
                 def step(n0, c):
                     m, l, o, alpha, moved, p = unpack(c)
@@ -1192,7 +1238,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
                 final = g.loop(0, Sk, bn, init + [first], overlapped)[:-1]
             elif stages == 3:  # overlap_pv
-                final = pipelined()
+                final = pipelined() if PV_WAIT == "next" else pipelined_same()
             else:
                 k_tile.copy_async(0, 0, 0)
                 v_tile.copy_async(0, 0, 0)
