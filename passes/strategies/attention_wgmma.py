@@ -198,20 +198,24 @@ OVERLAP_SCORES = True
 #: block j's S = Q K^T and block j - 1's O += P V issued together, S waited for alone,
 #: the softmax of S_j computed while P V runs. With ``OVERLAP_SCORES`` alone, P V is
 #: waited for as soon as it is issued, and the warpgroup idles for it every block.
-#: Up to head dim 128 (V's), and from three key blocks (see ``plan``).
+#: Up to head dim 128 (V's), and from three key blocks (see ``plan``). H200, with
+#: wgmma.LEAN_COPIES (bench/results/variants-attention-session9-2026-12-04.json):
+#: 4x32x2048x128 0.617 against 0.629 ms without it, 2x32x4096x128 1.088 against 1.121.
+#: Waiting for P V at the top of the next iteration (the whole softmax in the overlap,
+#: 240 registers) was slower: 0.675 and 1.225 ms (0.643 and 1.156 with LAZY_RESCALE),
+#: against 0.634 and 1.133 without the overlap in the same run.
 OVERLAP_PV = True
-
-#: Where OVERLAP_PV's loop waits for block j - 1's P V: "same" (after block j's
-#: softmax, in the same iteration) or "next" (at the top of the next iteration).
-PV_WAIT = "same"
 
 #: With OVERLAP_PV, in 16-bit kernels with linear scores: the running row maxima move
 #: only when a row of the warp would gain more than this (log2 units: P then up to
 #: 2^8, which bf16 and f16 hold, and O and l in f32 keep their sums), and O's rescale
 #: (Dv / 2 FMULs a thread a block) is skipped where they did not -- exact, as O and l
 #: share the maxima they were summed under (FlashAttention-4's conditional rescaling).
-#: 0 or None: every block rescales.
-LAZY_RESCALE = 8.0
+#: Measured only with P V waited for at the top of the next iteration (that loop, now
+#: removed): 0.675 -> 0.643 ms at 4x32x2048x128, 1.225 -> 1.156 at 2x32x4096x128 (H200,
+#: bench/results/variants-attention-pv-next-session9-2026-12-04.json). Not yet measured
+#: with the kept loop, so off (0); ``bench/variants.py``'s "wgmma, lazy rescale" (8.0).
+LAZY_RESCALE = 0.0
 
 #: Whether attention on fp8 q, k and v (``precision="fp8"``) takes the fp8 wgmma kernel:
 #: S = Q K^T by m64nNk32 e4m3/e5m2 products, P rounded to the same fp8 type in registers
@@ -1038,14 +1042,18 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return rescale(o, alpha)
                 return g.guarded(moved, [o_t], lambda: [rescale(o, alpha)], lambda: [o])[0]
 
-            def pipelined_same():
-                """``OVERLAP_PV`` with ``PV_WAIT`` "same": block j's S and block j - 1's
-                P V issued together, S waited for alone before the softmax and P V after
-                it in the same iteration (ptxas hoists that wait above the exponentials:
-                the softmax's row maxima overlap P V, its exponentials do not). P_j is
-                rounded after the wait: its loop-carried registers are those P V of block
-                j - 1 reads, and ptxas serializes every wgmma (C7513) where an instruction
-                writes them before that P V is done."""
+            def pipelined():
+                """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline):
+                block j's S and block j - 1's O += P V are issued together, S is waited for
+                alone before its softmax, P V after it. K and V in three stages: j - 1 (V
+                read by P V), j (K read by S), j + 1 (copies in flight). ptxas hoists the
+                wait for P V above the softmax's exponentials (the row maxima overlap P V,
+                the rest does not; seen in the SASS, not in the PTX); waiting for it at
+                the top of the next iteration instead kept the whole softmax in the
+                overlap but measured slower (see ``OVERLAP_PV``). P_j is rounded after the
+                wait: its loop-carried registers are those P V of block j - 1 reads, and
+                ptxas serializes every wgmma (C7513) where an instruction writes them
+                before that P V is done."""
                 first = first_scores()
                 lazy = LAZY_RESCALE if LAZY_RESCALE and linear is not None and not fp8 else None
                 m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
@@ -1073,59 +1081,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 o = issue_pv(c[4], c[5:], g.c((-(-Sk // bn) - 1) % 3))
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return c[0:4] + [o]
-
-            def pipelined():
-                """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline).
-                Iteration j issues block j's S and block j - 1's O += P V, waits for S
-                alone and computes its softmax while P V runs; P V is waited for at the
-                top of the next iteration, before O is rescaled and before the barrier
-                that lets block j + 1's copies overwrite block j - 2's stage. (A wait for
-                P V after the softmax, in the same block of code, ptxas hoisted above the
-                exponentials: no overlap.) P is carried in f32 and rounded where its P V
-                is issued, so no register a P V in flight reads is written. K and V in
-                three stages: j - 1 (V read by P V), j (K read by S), j + 1 (copies)."""
-                first = first_scores()
-                # P up to 2^lazy: 16-bit P only (fp8's is scaled to its range already)
-                lazy = LAZY_RESCALE if LAZY_RESCALE and linear is not None and not fp8 else None
-                m, l, alpha, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
-                moved = [arith.constant(ir.IntegerType.get_signless(1), 1)] if lazy else []
-                n_fixed = 7 + len(moved)
-                carried = m + l + [init[4]] + alpha + moved + [x for pj in p for x in pj]
-
-                def unpack(c):
-                    """(m, l, o, alpha, moved or None, p) of the loop's carried values."""
-                    flat = c[n_fixed:]
-                    return (c[0:2], c[2:4], c[4], c[5:7], c[7] if lazy else None,
-                            [flat[4 * j: 4 * j + 4] for j in range(bn // 8)])
-
-                def step(n0, c):
-                    m, l, o, alpha, moved, p = unpack(c)
-                    j = g.div(n0, bn)
-                    nvvm.wgmma_wait_group_sync_aligned(0)  # block j - 2's P V
-                    nvvm.cp_async_wait_group(0)  # block j
-                    # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
-                    fence_and_publish()
-                    n1 = g.add(n0, bn)  # past the keys: zero-filled, never read
-                    k_tile.copy_async(n1, 0, g.rem(g.add(j, 1), 3))
-                    v_tile.copy_async(0, n1, g.rem(g.add(j, 1), 3))
-                    nvvm.cp_async_commit_group()
-                    acc = issue_scores(g.rem(j, 3))
-                    o = rescaled(o, alpha, moved)  # while S runs
-                    nvvm.wgmma_fence_aligned()
-                    o = issue_pv(o, p_operands(p), g.rem(g.add(j, 2), 3), fence=False)  # block j - 1
-                    nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
-                    out = block_softmax(n0, acc, m, l, lazy=lazy)
-                    m, l, alpha, p = out[:4]
-                    return m + l + [o] + alpha + list(out[4:]) + [x for pj in p for x in pj]
-
-                c = g.loop(bn, Sk, bn, carried, step)
-                m, l, o, alpha, moved, p = unpack(c)
-                nvvm.wgmma_wait_group_sync_aligned(0)
-                o = rescaled(o, alpha, moved)
-                nvvm.wgmma_fence_aligned()
-                o = issue_pv(o, p_operands(p), g.c((-(-Sk // bn) - 1) % 3), fence=False)
-                nvvm.wgmma_wait_group_sync_aligned(0)
-                return m + l + [o]
 
             q_tile.copy_async(q0, 0, 0)
             init = [neg_inf, neg_inf, zero, zero, llvm.mlir_zero(o_t)]
@@ -1238,7 +1193,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
                 final = g.loop(0, Sk, bn, init + [first], overlapped)[:-1]
             elif stages == 3:  # overlap_pv
-                final = pipelined() if PV_WAIT == "next" else pipelined_same()
+                final = pipelined()
             else:
                 k_tile.copy_async(0, 0, 0)
                 v_tile.copy_async(0, 0, 0)

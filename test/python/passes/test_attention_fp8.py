@@ -115,9 +115,7 @@ def test_pipelined_key_loop(kind, sk):
     """OVERLAP_PV (FlashAttention-3's intra-warpgroup pipeline) where it applies: three
     stages, head dim (V's) up to 128 and more than two key blocks. Block j's S and
     block j - 1's P V are issued together; the loop waits for S alone (wait_group 1,
-    groups complete in order) and for P V at the top of the next iteration (0), so
-    that ptxas cannot hoist that wait above the softmax (it did, when the wait followed
-    the softmax: seen in the SASS, not in the PTX). The first block's softmax is
+    groups complete in order) and later for both (0). The first block's softmax is
     peeled off the loop, so the kernel has two, each one FFMA and one ex2 a score.
     ptxas neither spills nor serializes the wgmmas."""
     built = attention_fp8(2, 4, 256, sk, 128) if kind == "fp8" else attention(2, 4, 256, sk, 128, "bf16")
@@ -130,6 +128,25 @@ def test_pipelined_key_loop(kind, sk):
         assert ptx.count("ex2.approx.ftz.f32") == 2 * (64 + 2), ptx.count("ex2.approx.ftz.f32")
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
     assert "serialized" not in log, log  # C7513, C7520
+
+
+@needs_ptxas
+@pytest.mark.parametrize("elem", ["bf16", "f16"])
+def test_lazy_rescale(elem, monkeypatch):
+    """LAZY_RESCALE (off by default until measured with this loop): O's rescale becomes
+    a branch on a warp vote, taken where a row maximum of the warp moved by more than
+    2^8; ptxas neither spills nor serializes the wgmmas around it (the vote makes the
+    branch uniform to it). fp8 attention, whose P is scaled to its range, keeps the
+    rescale of every block."""
+    from kf.passes.strategies import attention_wgmma as awg
+
+    monkeypatch.setattr(awg, "LAZY_RESCALE", 8.0)
+    for built, lazy in ((attention(2, 4, 256, 2048, 128, elem), True), (attention_fp8(2, 4, 256, 2048, 128), False)):
+        plan, _ = built.emit(HOPPER)
+        assert plan["overlap_pv"], plan
+        ptx, r, log = cuda_report(built, "sm_90a", log=True)
+        assert ("vote.sync.ballot" in ptx) == lazy
+        assert r["spill_store_bytes"] == 0 and "serialized" not in log, (r, log)
 
 
 @needs_ptxas
