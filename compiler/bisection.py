@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 #: The CPU target's pipeline after capture (driver.build with target="cpu").

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
-from mlir.passmanager import PassManager
 
 from kf.dialects.types import spec_of
 from kf.passes import pipeline

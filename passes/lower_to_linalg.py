@@ -404,7 +404,6 @@ def _softmax(op, args, attrs, out):
         return [filled((), out[0].elem, 0.0 if op.name == "kf.log_softmax" else 1.0)]
     dim = normalize_dim(int(attrs["dim"]), rank)
     acc_elem = compute_elem(out[0].elem)
-    acc_t = _type(acc_elem)
     kept = [d for d in range(rank) if d != dim]
     proj = _projection(rank, kept)
     mx = reduce(x, [dim], acc_elem, -math.inf, lambda a, acc: arith.maximumf(_widen(a[0]), acc))

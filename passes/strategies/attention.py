@@ -666,7 +666,6 @@ class AttentionStrategy(Strategy):
             n_in = len(view.args)
             out_mem = g.args[n_in]
             pw = Pointwise(g, view, g.args[:n_in])
-            f32 = g.f32
             zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
             zero_e = g.fconst(0.0, et)
             tc = MmaSync(elem)
@@ -704,7 +703,6 @@ class AttentionStrategy(Strategy):
                 k_direct = direct_source(view, g.args[:n_in], ch.kt, k_lead, True)
                 v_direct = direct_source(view, g.args[:n_in], ch.v, v_lead, False)
                 s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
-                score_in = ch.sm.operands[0]
                 n_o = Dv // 8
 
                 vb = plan.get("vector_bytes", 0)

@@ -579,7 +579,6 @@ class _Emitter:
         buf = self.scratch[self.reductions % 2]
         self.reductions += 1
         T = self.T
-        ct = partial.type
         i32 = ir.IntegerType.get_signless(32)
         if self.plan["reduction"] == "shuffle":
             sub = self.target.subgroup_size
