@@ -185,13 +185,13 @@ class SwizzledTile:
         step = threads // n_chunks if threads % n_chunks == 0 else 0
         if not step or step % 16 or chunks % threads:
             return None
-        shape = ir.MemRefType(d.mem.type).shape
-        if any(n == ir.ShapedType.get_dynamic_size() for n in shape):
+        # a 16-byte copy runs along the source's last dim, which the tile's second
+        # coordinate (K-major: k, MN-major: n) must walk; static strides, no offset
+        strides, offset = ir.MemRefType(d.mem.type).get_strides_and_offset()
+        dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+        if d.swapped or offset != 0 or dynamic in strides or strides[-1] != 1:
             return None
-        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-        # a tile's (first, second) coordinates: K-major (row, k), MN-major (k, n); the
-        # first walks the source's dim -2 unless the source is read transposed
-        s_first, s_second = (strides[-1], strides[-2]) if d.swapped else (strides[-2], strides[-1])
+        s_first, s_second = strides[-2], strides[-1]
         i64 = ir.IntegerType.get_signless(64)
         r0, c = g.div(tid, n_chunks), g.rem(tid, n_chunks)
         col, cc = g.div(c, SWIZZLE_BYTES // 16), g.rem(c, SWIZZLE_BYTES // 16)
