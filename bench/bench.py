@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,21 @@ def median_ms(fn: Callable, inputs: list[tuple], reps: int = 30, warmup: int = 3
         times.append(a.elapsed_time(b))
     times.sort()
     return times[len(times) // 2]
+
+
+def host_us(fn: Callable[[], object], n: int = 20000, repeats: int = 5) -> float:
+    """Median over repeats of host time per call (us) of n calls back to back,
+    synchronizing outside the clock (what kf's per-call overhead is measured with)."""
+    per = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        per.append((t1 - t0) / n * 1e6)
+    return statistics.median(per)
 
 
 def rotated(make: Callable[[], tuple]) -> list[tuple]:

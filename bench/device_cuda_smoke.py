@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from bench import host_us  # (bench/ is the script's folder)
 from kf.passes import to_cuda
 from kf.runtime import cuda as kcuda
 from kf.runtime.abi import TensorArg
@@ -141,20 +142,6 @@ def event_ms(fn, reps=50, warmup=5) -> float:
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def host_us(fn, n=20000, repeats=5) -> float:
-    """Median over repeats of host time per call (µs), synchronizing outside the clock."""
-    per = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        per.append((t1 - t0) / n * 1e6)
-    return statistics.median(per)
 
 
 def overhead():

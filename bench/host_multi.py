@@ -11,24 +11,11 @@ to back measure the host's time a call (the median of 15 repetitions).
 from __future__ import annotations
 
 import os
-import time
 
 import torch
+from bench import host_us  # (bench/ is the script's folder)
 
 import kf
-
-
-def host_us(fn, n: int = 250, reps: int = 15) -> float:
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        times.append((time.perf_counter() - t) / n * 1e6)
-        torch.cuda.synchronize()
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main() -> None:
@@ -37,8 +24,8 @@ def main() -> None:
     torch.testing.assert_close(f(x), x / x.abs().amax())
     lane = next(iter(f._fast.values()))
     print(os.environ.get("KF_DISPATCH", "auto"), type(lane).__name__, "kernels", len(lane.program._launch.kernels))
-    print("  lane call us %.2f" % host_us(lambda: f(x)))
-    print("  general path us %.2f" % host_us(lambda: lane.program.call_matched([x])))
+    print("  lane call us %.2f" % host_us(lambda: f(x), n=250, repeats=15))
+    print("  general path us %.2f" % host_us(lambda: lane.program.call_matched([x]), n=250, repeats=15))
 
 
 if __name__ == "__main__":
