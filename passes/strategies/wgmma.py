@@ -68,13 +68,12 @@ SWIZZLE_BYTES = 128  # one swizzled row
 #: (extents multiples of the tile's) from per-thread addresses computed once
 #: (``_lean_addresses``): a block is then a uniform offset and one test, where each
 #: 16-byte copy computed its indices, clamped them at the edges and linearized them
-#: (about 8 instructions a copy, 130 of the 585 in bf16 attention's key loop).
+#: (about 8 instructions a copy, 130 of the 585 in bf16 attention's key loop). A block
+#: outside the source is 16-byte copies of 0 bytes from a valid address: straight code
+#: that ptxas may interleave with what follows. A branch around them instead was slower
+#: (H200, bf16 attention 4x32x2048x128: 0.656 against 0.617 ms; 2x32x4096x128: 1.184
+#: against 1.088; bench/results/variants-attention-session9-2026-12-04.json).
 LEAN_COPIES = True
-
-#: Whether a block outside the source is skipped by a branch around its copies (else
-#: every copy is issued, of 0 bytes from a valid address: straight code that ptxas may
-#: interleave with what follows).
-LEAN_BRANCH = False
 ATOM_BYTES = 1024  # 8 rows: the swizzle pattern's period, and the descriptors' alignment
 
 _WGMMA_TYPES = {"bf16": "bf16", "f16": "f16", "f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
@@ -240,7 +239,8 @@ class SwizzledTile:
             g.when(in_share, copy)
 
     def _lean_copy(self, first, second, n_first: int, n_second: int, stage) -> None:
-        """``copy_async`` by ``_lean_addresses``: one uniform test for the whole block."""
+        """``copy_async`` by ``_lean_addresses``: one uniform test for the whole block,
+        which makes its copies 0 bytes where it lies outside."""
         g = self.g
         src0, dst0, step, slots, (b_first, b_second) = self.lean
         i64 = ir.IntegerType.get_signless(64)
@@ -255,24 +255,19 @@ class SwizzledTile:
                            if not (isinstance(x, int) and x < n)])
         cg = ir.Attribute.parse("#nvvm<load_cache_modifier cg>")
         size = None
-        if inside is not None and not LEAN_BRANCH:
+        if inside is not None:
             # a block outside copies 0 bytes (zero-fill) from the thread's first slot
             src = arith.select(inside, src, src0)
             i32 = ir.IntegerType.get_signless(32)
             size = arith.select(inside, arith.constant(i32, 16), arith.constant(i32, 0))
-            inside = None
-
-        def copies():
-            # each slot a constant byte offset of the block's pointers (getelementptr),
-            # which becomes the immediate of the cp.async addresses
-            i8 = ir.IntegerType.get_signless(8)
-            ptrs = [llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), x) for space, x in ((1, src), (3, dst))]
-            for e in range(slots):
-                s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, None)
-                        for p, off in zip(ptrs, (e * step * b_first, e * step * SWIZZLE_BYTES)))
-                nvvm.CpAsyncOp(t, s, 16, cg, cpSize=size)
-
-        g.when(inside, copies)
+        # each slot a constant byte offset of the block's pointers (getelementptr),
+        # which becomes the immediate of the cp.async addresses
+        i8 = ir.IntegerType.get_signless(8)
+        ptrs = [llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), x) for space, x in ((1, src), (3, dst))]
+        for e in range(slots):
+            s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, None)
+                    for p, off in zip(ptrs, (e * step * b_first, e * step * SWIZZLE_BYTES)))
+            nvvm.CpAsyncOp(t, s, 16, cg, cpSize=size)
 
     def descriptor_base(self) -> ir.Value:
         """The matrix descriptor of stage 0, row 0 (i64): address / 16 in bits 0-13, the
