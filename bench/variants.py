@@ -162,6 +162,9 @@ ATTENTION_VARIANTS = {
     "wgmma, per-copy addresses (before session 9)": {"LEAN_COPIES": False},
     "wgmma, P V waited for at once": {"OVERLAP_PV": False},
     "wgmma, lazy rescale": {"LAZY_RESCALE": 8.0},
+    "wgmma, producer warpgroup, no ping-pong": {"PINGPONG": False},
+    "wgmma, no producer warpgroup (session 9 kernel)": {"WARP_SPECIALIZED": False},
+    "wgmma, no producer warpgroup, lazy rescale": {"WARP_SPECIALIZED": False, "LAZY_RESCALE": 8.0},
     "wgmma, per-copy addresses, P V waited for at once (session 8 kernel)": {"LEAN_COPIES": False,
                                                                                "OVERLAP_PV": False},
     "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
@@ -195,10 +198,7 @@ def _attention_switches(name: str):
     AttentionStrategy class."""
     if name == "LEAN_COPIES":
         return wg
-    return awg if name in ("WGMMA", "WARPGROUPS", "BLOCK_N", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
-                "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK", "UNIFORM_BRANCHES",
-                "FTZ_EXP2", "OVERLAP_PV", "LAZY_RESCALE") \
-        else at.AttentionStrategy
+    return awg if hasattr(awg, name) else at.AttentionStrategy
 
 
 def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()) -> list[dict]:

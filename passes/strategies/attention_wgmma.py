@@ -72,7 +72,7 @@ from kf.dialects.attrs import op_attrs
 from kf.dialects.types import defining
 from kf.passes import scalar_math
 from mlir import ir
-from mlir.dialects import arith, gpu, llvm, memref, nvvm
+from mlir.dialects import arith, gpu, llvm, memref, nvvm, scf
 from mlir.dialects import math as mmath
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
@@ -160,7 +160,14 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     pair_registers = SM_REGISTERS // (2 * 128 * WARPGROUPS)  # (three warpgroups would leave 85)
     pair = not skip and ch.mask_cond is None and 2 * (shared + DRIVER_SHARED_BYTES) < SM_SHARED_BYTES \
         and pair_registers >= 128
-    return {"block_m": bm, "block_n": bn, "threads": 128 * WARPGROUPS, "stages": stages, "grid": [-(-ch.seq_q // bm),
+    overlap_pv = OVERLAP_PV and stages == 3 and dv <= 128 and ch.seq_k > 2 * bn
+    # a producer warpgroup: one more 128-thread warpgroup and the stages' mbarriers
+    specialized = WARP_SPECIALIZED and overlap_pv and WARPGROUPS == 2 and \
+        shared + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes
+    if specialized:
+        shared += _wg.ATOM_BYTES
+    return {"block_m": bm, "block_n": bn, "threads": 128 * (WARPGROUPS + specialized), "stages": stages,
+            "grid": [-(-ch.seq_q // bm),
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
             "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
@@ -170,7 +177,7 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
             # O (Dv / 2 registers), S, and two blocks of P: head dim 256 spills (336 bytes,
             # fp8); and two key blocks, whose loop of one trip LLVM removes, spilled 96
             # bytes at head dim 128 in fp8 (the straight code scheduled wider)
-            "overlap_pv": OVERLAP_PV and stages == 3 and dv <= 128 and ch.seq_k > 2 * bn}
+            "overlap_pv": overlap_pv, "warp_specialized": specialized}
 
 
 #: Whether workgroups take the query blocks last to first where blocks may be skipped:
@@ -205,6 +212,26 @@ OVERLAP_SCORES = True
 #: 240 registers) was slower: 0.675 and 1.225 ms (0.643 and 1.156 with LAZY_RESCALE),
 #: against 0.634 and 1.133 without the overlap in the same run.
 OVERLAP_PV = True
+
+#: With OVERLAP_PV: whether a third warpgroup (the producer) issues every cp.async copy
+#: of Q, K and V, and the two consumer warpgroups only compute (FlashAttention-3's
+#: warp specialization, with cp.async where it has TMA). Each stage has two mbarriers:
+#: *full*, which the producer's 128 threads arrive on as their copies of a block land
+#: (``cp.async.mbarrier.arrive.noinc``), and *empty*, which the 256 consumer threads
+#: arrive on once their P V of the block is complete. The consumers then no longer meet
+#: at a barrier per block, carry no copy addresses, and the producer gives them its
+#: registers (``setmaxnreg``: 240 a consumer thread, 24 a producer one).
+WARP_SPECIALIZED = True
+
+#: Registers a thread of the consumer and of the producer warpgroups (``setmaxnreg``;
+#: multiples of 8, 2 x 128 x 240 + 128 x 24 = 64512 of the SM's 65536).
+CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
+
+#: With WARP_SPECIALIZED: whether the two consumer warpgroups take turns at issuing their
+#: wgmmas (FlashAttention-3's ping-pong): each issues a block's S and P V only after the
+#: other issued its own, so that one's softmax runs while the other's products do, rather
+#: than both softmaxes at once with the tensor cores idle. Two named barriers (ids 1, 2).
+PINGPONG = False
 
 #: With OVERLAP_PV, in 16-bit kernels with linear scores: the running row maxima move
 #: only when a row of the warp would gain more than this (log2 units: P then up to
@@ -748,6 +775,101 @@ def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: 
     return two_pass_loop(g, ch, init, rows, bm, run_pass)
 
 
+class _StageBarriers:
+    """WARP_SPECIALIZED's mbarriers, two a stage in ``mem`` ([1, 2 x stages] i64 of shared
+    memory): *full* (the producer's copies of the stage's block landed) and *empty* (the
+    consumers are done reading it). Block j uses stage j % stages, and is the
+    (j / stages)-th phase of both: its full barrier's phase completes as its copies land,
+    its empty barrier's as the consumers give it back. A wait names the parity of the
+    phase it waits for; a fresh barrier counts the phase before its first as complete,
+    so the producer's first ``stages`` waits return at once."""
+
+    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int):
+        self.g, self.stages = g, stages
+        i64 = ir.IntegerType.get_signless(64)
+        self.base = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(mem))
+
+    def _at(self, kind: int, stage: ir.Value | int) -> ir.Value:
+        g = self.g
+        stage = g.c(stage) if isinstance(stage, int) else stage
+        i64 = ir.IntegerType.get_signless(64)
+        offset = arith.index_cast(i64, g.mul(g.add(stage, kind * self.stages), 8))
+        return llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), arith.addi(self.base, offset))
+
+    def initialize(self, producers: int, consumers: int) -> None:
+        """Thread 0 sets the arrival counts; a barrier of the whole workgroup then
+        publishes them (the last one the producer and consumers share)."""
+        g = self.g
+        i32 = ir.IntegerType.get_signless(32)
+
+        def init():
+            for s in range(self.stages):
+                nvvm.MBarrierInitOp(self._at(0, s), arith.constant(i32, producers))
+                nvvm.MBarrierInitOp(self._at(1, s), arith.constant(i32, consumers))
+
+        g.when(arith.cmpi(arith.CmpIPredicate.eq, gpu.thread_id(gpu.Dimension.x), g.c(0)), init)
+        gpu.barrier()
+
+    def _wait(self, kind: int, j: ir.Value, flip: int) -> None:
+        g = self.g
+        i32 = ir.IntegerType.get_signless(32)
+        parity = arith.index_cast(i32, g.rem(arith.addi(g.div(j, self.stages), g.c(flip)), 2))
+        nvvm.MBarrierTryWaitParityOp(self._at(kind, g.rem(j, self.stages)), parity,
+                                     arith.constant(i32, 0x989680))
+
+    def wait_full(self, j: ir.Value) -> None:
+        """Consumers: block j is in its stage. Then the proxy fence: the copies wrote
+        through the generic proxy, wgmma reads through the async one."""
+        self._wait(0, j, 0)
+        nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
+                          space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
+
+    def wait_empty(self, j: ir.Value) -> None:
+        """Producer: block j - stages, the stage's last, is read (parity of the phase before)."""
+        self._wait(1, j, 1)
+
+    def arrive_full(self, stage: ir.Value) -> None:
+        """Producer: each thread arrives as its copies issued so far land (noinc: counted
+        in the barrier's arrivals)."""
+        nvvm.CpAsyncMBarrierArriveOp(self._at(0, stage), noinc=True)
+
+    def release(self, j: ir.Value) -> None:
+        """Consumers: block j's stage may be refilled."""
+        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._at(1, self.g.rem(j, self.stages)))
+
+
+class _Turns:
+    """``PINGPONG``'s turns of the two consumer warpgroups (``wg`` 0 and 1) at issuing
+    wgmmas: named barrier 1 + w is warpgroup w's turn, which the other's 128 threads
+    give by ``bar.arrive`` and its own take by ``bar.sync`` (256 in all). Warpgroup 1
+    gives warpgroup 0 the first turn; warpgroup 0 takes the turn that warpgroup 1's
+    last one gives, so that both barriers end as they began."""
+
+    def __init__(self, g: GpuFunc, wg: ir.Value):
+        i32 = ir.IntegerType.get_signless(32)
+        self.g, self.wg = g, wg
+        self.first = arith.cmpi(arith.CmpIPredicate.eq, wg, g.c(0))
+        self.own = arith.index_cast(i32, g.add(wg, 1))
+        self.other = arith.index_cast(i32, arith.subi(g.c(2), wg))
+        self.threads = arith.constant(i32, 256)
+
+    def _fixed(self, which: int) -> ir.Value:
+        return arith.constant(ir.IntegerType.get_signless(32), which)
+
+    def start(self) -> None:
+        self.g.when(arith.xori(self.first, arith.constant(self.first.type, 1)),
+                    lambda: nvvm.BarrierArriveOp(self.threads, barrierId=self._fixed(1)))
+
+    def begin(self) -> None:
+        nvvm.BarrierOp(None, barrierId=self.own, numberOfThreads=self.threads)
+
+    def end(self) -> None:
+        nvvm.BarrierArriveOp(self.threads, barrierId=self.other)
+
+    def finish(self) -> None:
+        self.g.when(self.first, lambda: nvvm.BarrierOp(None, barrierId=self._fixed(1), numberOfThreads=self.threads))
+
+
 def _uniform(pred: ir.Value) -> ir.Value:
     """``pred``, the same in every lane, as a warp vote's result (``vote.sync.ballot``
     != 0), which ptxas knows to be uniform over the warp (UNIFORM_BRANCHES)."""
@@ -820,9 +942,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             staged = plan.get("staged_masks", []) if plan.get("skip_masked_blocks") else []
             mask_stages = plan.get("mask_stages", 1)
             mask_elems = [ir.MemRefType(g.args[i].type).element_type for i in staged]
+            specialized = plan.get("warp_specialized", False)
             Qs, Ks, Vs, *Ms = _wg._carve_aligned(
                 g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
-                    (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems])
+                    (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems]
+                + ([(1, 2 * stages, i64)] if specialized else []))
+            barriers = _StageBarriers(g, Ms.pop(), stages) if specialized else None
+            turns = None
             tid = g.tid()
             qblock = g.bid("x")
             if plan.get("reverse_q_blocks"):  # the last query blocks, with the most live keys, first
@@ -870,15 +996,22 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             # LEAN_COPIES' four more registers through the loop made the kernels held to
             # 128 (two workgroups an SM, head dim 64) spill 8 bytes, and fp8 head dim 256
             # over two key blocks (a loop of one trip, which LLVM removes) 92
-            lean = not plan.get("max_registers") and Sk > 2 * bn
+            lean = not plan.get("max_registers") and Sk > 2 * bn and not specialized
             q_tile = _wg.SwizzledTile(g, tid, threads, Qs, q_direct, bm, D, esize, Sq, D, False, width=D, lean=False)
-            k_tile = _wg.SwizzledTile(g, tid, threads, Ks, k_direct, bn, D, esize, Sk, D, False, width=D,
-                                      row_perm=(lambda j: fp8_key_order(j, g)) if fp8 else None, lean=lean)
-            if fp8:
-                v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, False, width=bn,
-                                          lean=lean)
-            else:
-                v_tile = _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True, lean=lean)
+
+            def kv_tiles(tid, threads, lean, producer=False):
+                """K's and V's SwizzledTiles, copied by ``threads`` threads (``tid`` from 0);
+                ``producer``: WARP_SPECIALIZED's (see SwizzledTile)."""
+                k = _wg.SwizzledTile(g, tid, threads, Ks, k_direct, bn, D, esize, Sk, D, False, width=D,
+                                     row_perm=(lambda j: fp8_key_order(j, g)) if fp8 else None, lean=lean,
+                                     producer=producer)
+                if fp8:  # V^T, K-major
+                    return k, _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, False,
+                                               width=bn, lean=lean, producer=producer)
+                return k, _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True, lean=lean,
+                                           producer=producer)
+
+            k_tile, v_tile = kv_tiles(tid, threads, lean)
             s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
             def mask_staging(i: int, tile: ir.Value) -> VectorStaging:
                 """Made where it is used, in the loop: its per-thread addresses are a few
@@ -1024,14 +1157,23 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
             def first_scores():
                 """The three-stage loops' start: blocks 0 and 1 copied into stages 0 and 1
-                (block 0 with Q), block 0's S = Q K^T computed and waited for."""
-                for j in range(2):
-                    k_tile.copy_async(j * bn, 0, j)
-                    v_tile.copy_async(0, j * bn, j)
-                    nvvm.cp_async_commit_group()  # block 0 with Q
-                nvvm.cp_async_wait_group(1)
-                fence_and_publish()
+                (block 0 with Q; by the producer where ``barriers``), block 0's S = Q K^T
+                computed and waited for."""
+                if barriers is not None:
+                    barriers.wait_full(g.c(0))
+                else:
+                    for j in range(2):
+                        k_tile.copy_async(j * bn, 0, j)
+                        v_tile.copy_async(0, j * bn, j)
+                        nvvm.cp_async_commit_group()  # block 0 with Q
+                    nvvm.cp_async_wait_group(1)
+                    fence_and_publish()
+                if turns is not None:
+                    turns.start()
+                    turns.begin()
                 first = issue_scores(g.c(0))
+                if turns is not None:
+                    turns.end()
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return first
 
@@ -1053,7 +1195,9 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 overlap but measured slower (see ``OVERLAP_PV``). P_j is rounded after the
                 wait: its loop-carried registers are those P V of block j - 1 reads, and
                 ptxas serializes every wgmma (C7513) where an instruction writes them
-                before that P V is done."""
+                before that P V is done. With ``barriers`` (WARP_SPECIALIZED) the
+                producer warpgroup copies; a block is waited for on its full mbarrier,
+                and its stage given back on its empty one once its P V is complete."""
                 first = first_scores()
                 lazy = LAZY_RESCALE if LAZY_RESCALE and linear is not None and not fp8 else None
                 m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
@@ -1062,28 +1206,90 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 def step(n0, c):
                     m, l, o, a = c[0:2], c[2:4], c[4], c[5:]
                     j = g.div(n0, bn)
-                    nvvm.cp_async_wait_group(0)  # block j
-                    # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
-                    fence_and_publish()
-                    n1 = g.add(n0, bn)  # past the keys: zero-filled, never read
-                    k_tile.copy_async(n1, 0, g.rem(g.add(j, 1), 3))
-                    v_tile.copy_async(0, n1, g.rem(g.add(j, 1), 3))
-                    nvvm.cp_async_commit_group()
+                    if barriers is not None:
+                        barriers.wait_full(j)
+                    else:
+                        nvvm.cp_async_wait_group(0)  # block j
+                        # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
+                        fence_and_publish()
+                        n1 = g.add(n0, bn)  # past the keys: zero-filled, never read
+                        k_tile.copy_async(n1, 0, g.rem(g.add(j, 1), 3))
+                        v_tile.copy_async(0, n1, g.rem(g.add(j, 1), 3))
+                        nvvm.cp_async_commit_group()
+                    if turns is not None:
+                        turns.begin()
                     acc = issue_scores(g.rem(j, 3))
                     o = issue_pv(o, a, g.rem(g.add(j, 2), 3))  # block j - 1
+                    if turns is not None:
+                        turns.end()
                     nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
                     out = block_softmax(n0, acc, m, l, lazy=lazy)
                     m, l, alpha, p = out[:4]
                     nvvm.wgmma_wait_group_sync_aligned(0)
+                    if barriers is not None:
+                        barriers.release(arith.subi(j, g.c(1)))  # block j - 1's K and V are read
                     return m + l + [rescaled(o, alpha, out[4] if lazy else None)] + packed(p)
 
                 c = g.loop(bn, Sk, bn, carried, step)
+                if turns is not None:
+                    turns.begin()
                 o = issue_pv(c[4], c[5:], g.c((-(-Sk // bn) - 1) % 3))
+                if turns is not None:
+                    turns.end()
+                    turns.finish()
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return c[0:4] + [o]
 
-            q_tile.copy_async(q0, 0, 0)
+            def store_output(final):
+                """O / l, through the kernel's ops after P V, stored from the accumulators."""
+                totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
+                if log2_p:  # l summed c * p (linear_softmax)
+                    totals = [arith.mulf(t, g.fconst(2.0 ** -log2_p)) for t in totals]
+                epilogue = getattr(ch, "epilogue_value", ch.mm2.result)
+                epilogue = None if epilogue == ch.mm2.result else epilogue
+                o = final[4]
+                for h in range(2):
+                    def store(h=h):
+                        for n in range(n_o):
+                            for k in (2 * h, 2 * h + 1):
+                                col = g.add(tig2, 8 * n + k % 2)
+                                v = arith.divf(llvm.extractvalue(f32, o, [4 * n + k]), totals[h])
+                                idx = list(batch_idx) + [rows[h], col]
+                                if epilogue is not None:  # ops after P V (fp8: the scales)
+                                    pw.reset()
+                                    pw.bind(ch.mm2.result, v)
+                                    v = pw.eval(epilogue, idx)
+                                store_value(v, out_mem, idx)
+
+                    g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
+
+            def producer():
+                """WARP_SPECIALIZED's third warpgroup: Q, then each key block's K and V into
+                stage j % 3 once its empty mbarrier says the consumers are done with block
+                j - 3, its full one arrived on as the copies land."""
+                nvvm.SetMaxRegisterOp(PRODUCER_REGISTERS, ir.Attribute.parse("#nvvm<action decrease>"))
+                ptid = arith.subi(tid, g.c(threads - 128))
+                q_p = _wg.SwizzledTile(g, ptid, 128, Qs, q_direct, bm, D, esize, Sq, D, False, width=D, lean=False)
+                # per-copy addresses spilled at 24 registers (528 bytes, 333 keys)
+                k_p, v_p = kv_tiles(ptid, 128, True, producer=True)
+                q_p.copy_async(q0, 0, 0)
+
+                def block(n0, _):
+                    j = g.div(n0, bn)
+                    stage = g.rem(j, stages)
+                    barriers.wait_empty(j)
+                    k_p.copy_async(n0, 0, stage)
+                    v_p.copy_async(0, n0, stage)
+                    barriers.arrive_full(stage)
+                    return []
+
+                g.loop(0, Sk, bn, [], block)
+                nvvm.cp_async_commit_group()
+                nvvm.cp_async_wait_group(0)
+
             init = [neg_inf, neg_inf, zero, zero, llvm.mlir_zero(o_t)]
+            if not specialized:
+                q_tile.copy_async(q0, 0, 0)
             skip = plan.get("skip_masked_blocks") and ch.mask_cond is not None
             if skip and stages == 2:
                 def stage_masks(n0, stage):
@@ -1192,6 +1398,18 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return key_block(n0, carried[:-1], g.rem(j, 3), scores=carried[-1]) + [nxt]
 
                 final = g.loop(0, Sk, bn, init + [first], overlapped)[:-1]
+            elif stages == 3 and specialized:
+                barriers.initialize(128, 256)
+                final = None
+                split = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, tid, g.c(threads - 128)), [], has_else=True)
+                with ir.InsertionPoint(split.then_block):
+                    producer()
+                    scf.yield_([])
+                with ir.InsertionPoint(split.else_block):
+                    nvvm.SetMaxRegisterOp(CONSUMER_REGISTERS, ir.Attribute.parse("#nvvm<action increase>"))
+                    turns = _Turns(g, wg) if PINGPONG else None
+                    store_output(pipelined())
+                    scf.yield_([])
             elif stages == 3:  # overlap_pv
                 final = pipelined()
             else:
@@ -1211,27 +1429,9 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return key_block(n0, carried, g.rem(j, 2))
 
                 final = g.loop(0, Sk, bn, init, step)
-            nvvm.cp_async_wait_group(0)
-            totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
-            if log2_p:  # l summed c * p (linear_softmax)
-                totals = [arith.mulf(t, g.fconst(2.0 ** -log2_p)) for t in totals]
-            epilogue = getattr(ch, "epilogue_value", ch.mm2.result)
-            epilogue = None if epilogue == ch.mm2.result else epilogue
-            o = final[4]
-            for h in range(2):
-                def store(h=h):
-                    for n in range(n_o):
-                        for k in (2 * h, 2 * h + 1):
-                            col = g.add(tig2, 8 * n + k % 2)
-                            v = arith.divf(llvm.extractvalue(f32, o, [4 * n + k]), totals[h])
-                            idx = list(batch_idx) + [rows[h], col]
-                            if epilogue is not None:  # ops after P V (fp8: the scales)
-                                pw.reset()
-                                pw.bind(ch.mm2.result, v)
-                                v = pw.eval(epilogue, idx)
-                            store_value(v, out_mem, idx)
-
-                g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
+            if final is not None:
+                nvvm.cp_async_wait_group(0)
+                store_output(final)
         g.finish()
     return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes,
                          {"strategy": "attention", "tensor_cores": f"wgmma.m64n{bn}k{k_inst}+m64n{Dv}k{k_inst}"

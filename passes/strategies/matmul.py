@@ -252,7 +252,7 @@ class GpuFunc:
 
 
 def _elem_bytes(t: ir.Type) -> int:
-    return {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i8": 1}[str(t)]
+    return {"i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i8": 1}[str(t)]
 
 
 def workgroup_memref(shape: Sequence[int], elem: ir.Type | None = None) -> ir.MemRefType:

@@ -137,14 +137,17 @@ class SwizzledTile:
     ``mem`` is a [stages * rows_per_stage, 128 bytes] view at a 1024-byte aligned
     address; the global source is ``direct`` ([.., R, K] for K-major, [.., K, N] for
     MN-major, with its lead indices). ``lean``: whether ``LEAN_COPIES`` may apply (its
-    per-thread addresses stay in registers through the loop). ``row_perm`` (K-major only): a function of the
+    per-thread addresses stay in registers through the loop). ``producer``: the tile of
+    a producer warpgroup (attention's WARP_SPECIALIZED), whose copies are its only work:
+    lean copies also with 8 rows between a thread's slots and in blocks across the
+    source's edge (each slot then tests its coordinates). ``row_perm`` (K-major only): a function of the
     stage row giving the source row it holds, relative to ``row0`` (attention's fp8
     kernel permutes keys within groups of 32 so that its score accumulators are
     wgmma's fp8 A fragment, see attention_wgmma.fp8_key_order)."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, mem: ir.Value, direct: Direct, rows: int,
                  bk: int, esize: int, n_rows: int, n_k: int, mn_major: bool, width: int | None = None,
-                 row_perm=None, lean: bool = True):
+                 row_perm=None, lean: bool = True, producer: bool = False):
         self.g, self.mem, self.direct, self.rows, self.bk, self.esize = g, mem, direct, rows, bk, esize
         self.n_rows, self.n_k, self.mn_major = n_rows, n_k, mn_major
         self.vec = 16 // esize
@@ -171,18 +174,23 @@ class SwizzledTile:
             # row_perm (K-major): stage row r holds source row row0 + row_perm(r)
             src_r = row_perm(r) if row_perm is not None and not mn_major else r
             self.slots.append((dst_row, g.mul(swz, self.vec), (src_r, g.mul(c, self.vec)), in_share))
+        self.producer = producer
         self.lean = self._lean_addresses(tid, threads, n_chunks, chunks, row_perm) if LEAN_COPIES and lean else None
 
     def _lean_addresses(self, tid: ir.Value, threads: int, n_chunks: int, chunks: int, row_perm):
         """``LEAN_COPIES``: where every thread copies whole slots and the slots of a thread
         are the same chunk ``step`` source rows apart (step a multiple of 16, so the
-        swizzle, ``row % 8``, and fp8's key order, within 16, are the same in each),
+        swizzle, ``row % 8``, and fp8's key order, within 16, are the same in each; of
+        8 for a producer's tiles without a row permutation),
         the thread's source and destination byte addresses of its first slot, computed
         once (i64): a block's copies are then one uniform offset, and each slot a
         constant one that ptxas folds into the instruction. None elsewhere."""
         g, d = self.g, self.direct
         step = threads // n_chunks if threads % n_chunks == 0 else 0
-        if not step or step % 16 or chunks % threads:
+        # 8 rows keep the swizzle; the measured GEMM and attention kernels were tuned
+        # with 16 (GEMM nn's B, 8 rows a step at 256 threads, keeps per-copy addresses)
+        least = 16 if row_perm is not None or not self.producer else 8
+        if not step or step % least or chunks % threads:
             return None
         # a 16-byte copy runs along the source's last dim, which the tile's second
         # coordinate (K-major: k, MN-major: n) must walk; static strides, no offset
@@ -200,10 +208,13 @@ class SwizzledTile:
         elems = arith.addi(g.mul(src_r, s_first), g.mul(g.mul(c, self.vec), s_second))
         for i, x in enumerate(d.lead):
             elems = arith.addi(elems, g.mul(x, strides[i]))
-        src = arith.addi(memref.extract_aligned_pointer_as_index(d.mem), g.mul(elems, self.esize))
+        base = memref.extract_aligned_pointer_as_index(d.mem)
+        src = arith.addi(base, g.mul(elems, self.esize))
         dst = arith.addi(memref.extract_aligned_pointer_as_index(self.mem), dst)
+        # the first slot's (first, second) source coordinates, for blocks across an edge
+        coords = (src_r, g.mul(c, self.vec)) if not self.mn_major else (r0, g.mul(c, self.vec))
         return (arith.index_cast(i64, src), arith.index_cast(i64, dst), step, chunks // threads,
-                (s_first * self.esize, s_second * self.esize))
+                (s_first * self.esize, s_second * self.esize), coords, arith.index_cast(i64, base))
 
     def copy_async(self, row0: ir.Value | int, k0: ir.Value | int, stage: ir.Value | int) -> None:
         """This thread's cp.async copies of the block at (row0 of M/N, k0) into ``stage``.
@@ -215,9 +226,10 @@ class SwizzledTile:
         first, second = (k0, row0) if self.mn_major else (row0, k0)
         n_first, n_second = (self.n_k, self.n_rows) if self.mn_major else (self.n_rows, self.n_k)
         e_first, e_second = (self.bk, self.rows) if self.mn_major else (self.rows, self.width)
-        if self.lean and n_first % e_first == 0 and n_second % e_second == 0:
-            # block starts are multiples of the tile's extents: a block is all in or all out
-            self._lean_copy(first, second, n_first, n_second, stage)
+        # whole: block starts are multiples of the tile's extents, a block is all in or all out
+        whole = n_first % e_first == 0 and n_second % e_second == 0
+        if self.lean and (whole or self.producer):
+            self._lean_copy(first, second, n_first, n_second, stage, whole)
             return
         srow = g.mul(stage, self.stage_rows) if not isinstance(stage, int) else g.c(stage * self.stage_rows)
         for dst_row, dst_col, (a, b), in_share in self.slots:
@@ -238,11 +250,12 @@ class SwizzledTile:
 
             g.when(in_share, copy)
 
-    def _lean_copy(self, first, second, n_first: int, n_second: int, stage) -> None:
-        """``copy_async`` by ``_lean_addresses``: one uniform test for the whole block,
-        which makes its copies 0 bytes where it lies outside."""
+    def _lean_copy(self, first, second, n_first: int, n_second: int, stage, whole: bool) -> None:
+        """``copy_async`` by ``_lean_addresses``. ``whole``: one uniform test for the block,
+        which makes its copies 0 bytes where it lies outside. Else each slot tests its own
+        coordinates, and one outside copies 0 bytes from the source's base address."""
         g = self.g
-        src0, dst0, step, slots, (b_first, b_second) = self.lean
+        src0, dst0, step, slots, (b_first, b_second), (f0, s0), base = self.lean
         i64 = ir.IntegerType.get_signless(64)
 
         def index(v):
@@ -251,9 +264,23 @@ class SwizzledTile:
         block = arith.addi(g.mul(index(first), b_first), g.mul(index(second), b_second))
         src = arith.addi(src0, arith.index_cast(i64, block))
         dst = arith.addi(dst0, arith.index_cast(i64, g.mul(index(stage), self.stage_bytes)))
+        cg = ir.Attribute.parse("#nvvm<load_cache_modifier cg>")
+        i8 = ir.IntegerType.get_signless(8)
+        if not whole:
+            i32 = ir.IntegerType.get_signless(32)
+            ptrs = [llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), x) for space, x in ((1, src), (3, dst))]
+            at_second = g.lt(_plus(g, s0, second), n_second)
+            row = _plus(g, f0, first)
+            for e in range(slots):
+                inside = arith.andi(g.lt(g.add(row, e * step), n_first), at_second)
+                s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, None)
+                        for p, off in zip(ptrs, (e * step * b_first, e * step * SWIZZLE_BYTES)))
+                s = llvm.inttoptr(s.type, arith.select(inside, llvm.ptrtoint(base.type, s), base))
+                size = arith.select(inside, arith.constant(i32, 16), arith.constant(i32, 0))
+                nvvm.CpAsyncOp(t, s, 16, cg, cpSize=size)
+            return
         inside = g.all_of([g.lt(index(x), n) for x, n in ((first, n_first), (second, n_second))
                            if not (isinstance(x, int) and x < n)])
-        cg = ir.Attribute.parse("#nvvm<load_cache_modifier cg>")
         size = None
         if inside is not None:
             # a block outside copies 0 bytes (zero-fill) from the thread's first slot
@@ -262,7 +289,6 @@ class SwizzledTile:
             size = arith.select(inside, arith.constant(i32, 16), arith.constant(i32, 0))
         # each slot a constant byte offset of the block's pointers (getelementptr),
         # which becomes the immediate of the cp.async addresses
-        i8 = ir.IntegerType.get_signless(8)
         ptrs = [llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), x) for space, x in ((1, src), (3, dst))]
         for e in range(slots):
             s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, None)

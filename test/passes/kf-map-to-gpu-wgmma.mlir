@@ -57,27 +57,51 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // -----
 
 // The seed's attention without a mask, head dim 128, 300 keys (not a multiple of the 128
-// a block): Q (128 x 128), K and V (three stages of 128 keys) in swizzled shared memory.
-// Block 0's S = Q K^T (8 wgmma m64n128k16 by descriptor, K-major B: <col>) and its
-// softmax are computed before the loop, whose scale is one FFMA a score before
-// ex2.approx.ftz (LINEAR_SCORES, FTZ_EXP2). In the loop (OVERLAP_PV, three blocks or
-// more), block j's S and block j - 1's O += P V (8 register-A wgmmas, inline PTX, V
+// a block): Q (128 x 128), K and V (three stages of 128 keys) in swizzled shared memory,
+// and two mbarriers a stage (WARP_SPECIALIZED). Thread 0 initializes them: full ones to
+// 128 arrivals (the producer warpgroup's threads), empty ones to 256 (the consumers').
+// The third warpgroup is the producer: it gives up registers, and for each block waits
+// on the stage's empty barrier, issues its 16 + 16 copies of K and V (edge-tested one by
+// one: the last block is past the keys' end) and arrives on the full one as they land.
+// The first two compute, with the producer's registers. Block 0's S = Q K^T (8 wgmma
+// m64n128k16 by descriptor, K-major B: <col>) and its softmax come before the loop,
+// whose scale is one FFMA a score before ex2.approx.ftz (LINEAR_SCORES, FTZ_EXP2). In
+// the loop (OVERLAP_PV, three blocks or more) a block is waited for on its full
+// barrier, then the async proxy fenced (the copies wrote through the generic one);
+// block j's S and block j - 1's O += P V (8 register-A wgmmas, inline PTX, V
 // transposed: the trailing 1) are issued as two groups; the loop waits for S alone
-// (wait 1) before its softmax and for both (wait 0) before O is rescaled. The last
-// block's P V follows the loop.
+// (wait 1) before its softmax and for both (wait 0) before O is rescaled, and then
+// gives block j - 1's stage back on its empty barrier. No barrier of the whole
+// workgroup in the loop. The last block's P V follows the loop.
 // CHECK-LABEL: gpu.func @attn_k0_attention
-// CHECK-SAME: kf.block = array<i64: 256, 1, 1>
+// CHECK-SAME: kf.block = array<i64: 384, 1, 1>
 // CHECK: memref.view {{.*}} to memref<256x64xbf16, #gpu.address_space<workgroup>>
 // CHECK: memref.view {{.*}} to memref<768x64xbf16, #gpu.address_space<workgroup>>
 // CHECK: memref.view {{.*}} to memref<768x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: memref.view {{.*}} to memref<1x6xi64, #gpu.address_space<workgroup>>
+// CHECK: nvvm.mbarrier.init {{.*}}, %c128_i32
+// CHECK: nvvm.mbarrier.init {{.*}}, %c256_i32
+// CHECK-COUNT-4: nvvm.mbarrier.init
+// CHECK: gpu.barrier
+// CHECK-NEXT: %[[P:.*]] = arith.cmpi uge, %thread_id_x, %c256 : index
+// CHECK-NEXT: scf.if %[[P]]
+// CHECK-NEXT: nvvm.setmaxregister decrease 24
+// CHECK: scf.for
+// CHECK: nvvm.mbarrier.try_wait.parity
+// CHECK-COUNT-32: nvvm.cp.async.shared.global {{.*}}, 16, cache =  cg
+// CHECK: nvvm.cp.async.mbarrier.arrive {{.*}} {noinc = true}
+// CHECK: } else {
+// CHECK-NEXT: nvvm.setmaxregister increase 240
+// CHECK: nvvm.mbarrier.try_wait.parity
+// CHECK-NEXT: nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
 // CHECK: math.fma
 // CHECK-NEXT: math.exp2 {{.*}} fastmath<afn> : f32
 // CHECK: scf.for
-// CHECK: nvvm.cp.async.wait.group 0
+// CHECK: nvvm.mbarrier.try_wait.parity
 // CHECK-NEXT: nvvm.fence.proxy
-// CHECK-NEXT: gpu.barrier
+// CHECK-NOT: gpu.barrier
 // CHECK: nvvm.wgmma.fence.aligned
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
 // CHECK-NEXT: nvvm.wgmma.commit.group.sync.aligned
@@ -90,6 +114,9 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // CHECK: math.fma
 // CHECK-NEXT: math.exp2 {{.*}} fastmath<afn> : f32
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK-NOT: gpu.barrier
+// CHECK: nvvm.mbarrier.arrive
+// CHECK-NOT: gpu.barrier
 // CHECK: scf.yield
 // CHECK: nvvm.wgmma.fence.aligned
 // CHECK-COUNT-8: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;

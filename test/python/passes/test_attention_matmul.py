@@ -882,6 +882,33 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape, attention_loop):
     torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
 
 
+@needs_cuda
+@pytest.mark.parametrize("switches", [{}, {"PINGPONG": False}, {"LAZY_RESCALE": 8.0}, {"WARP_SPECIALIZED": False}],
+                         ids=["pingpong", "no-pingpong", "lazy", "no-producer"])
+@pytest.mark.parametrize("b,h,sq,sk,elem", [(2, 3, 1000, 1000, "bf16"), (1, 2, 333, 1024, "f16"),
+                                             (1, 4, 2048, 2048, "bf16"), (3, 1, 64, 4096, "bf16")])
+def test_warp_specialized_attention_cuda(b, h, sq, sk, elem, switches, monkeypatch):
+    """The unmasked head-dim-128 kernel with its producer warpgroup (WARP_SPECIALIZED),
+    with and without the consumers' turns (PINGPONG) and LAZY_RESCALE, and without the
+    producer: ragged and whole key blocks, fewer query blocks than SMs, and many key
+    blocks per query block (4096 keys: each stage's mbarriers through 10 phases)."""
+    from kf.passes.strategies import attention_wgmma
+
+    hopper_only()
+    for k, v in switches.items():
+        monkeypatch.setattr(attention_wgmma, k, v)
+    built = attention(b, h, sq, sk, 128, elem)
+    plan, emitted = built.emit(HOPPER)
+    assert plan["warp_specialized"] == switches.get("WARP_SPECIALIZED", True), plan
+    gen = torch.Generator().manual_seed(sq + sk + b)
+    q = randn((b, h, sq, 128), elem, gen)
+    k, v = (randn((b, h, sk, 128), elem, gen) for _ in range(2))
+    out, _ = cuda_run(built, plan, emitted, [k, q, v], (b, h, sq, 128), elem)
+    want = attention_reference(k, q, v, None)
+    tol = {"f16": 4e-3, "bf16": 3e-2}[elem]
+    torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
 def causal_mask(shape, kind: str, gen) -> torch.Tensor:
     """Masks whose blocks the tensor-core kernel skips: causal (the upper triangle),
     causal with fully masked query rows (uniform weights in torch: the rerun path),
