@@ -159,12 +159,18 @@ ATTENTION_VARIANTS = {
     "mma.sync (session 3)": {"WGMMA": False},
     "wgmma 2 warpgroups": {},
     "wgmma, exp2 without ftz (before session 8)": {"FTZ_EXP2": False},
-    "wgmma, per-copy addresses (before session 9)": {"LEAN_COPIES": False},
+    "wgmma, per-copy addresses": {"LEAN_COPIES": False},
     "wgmma, P V waited for at once": {"OVERLAP_PV": False},
-    "wgmma, lazy rescale": {"LAZY_RESCALE": 8.0},
-    "wgmma, producer warpgroup, no ping-pong": {"PINGPONG": False},
-    "wgmma, no producer warpgroup (session 9 kernel)": {"WARP_SPECIALIZED": False},
-    "wgmma, no producer warpgroup, lazy rescale": {"WARP_SPECIALIZED": False, "LAZY_RESCALE": 8.0},
+    "wgmma, every block rescales O": {"LAZY_RESCALE": 0.0},
+    "wgmma, consumers take turns (ping-pong)": {"PINGPONG": True},
+    "wgmma, no producer warpgroup (session 9 kernel)": {"WARP_SPECIALIZED": False, "LAZY_RESCALE": 0.0},
+    "wgmma, no producer warpgroup, lazy rescale": {"WARP_SPECIALIZED": False},
+    "wgmma, masked walk: online softmax in every block": {"LINEAR_MASKED_BLOCKS": False},
+    "wgmma, three stages and a producer warpgroup from head dim 64": {"THREE_STAGES_FROM": 64},
+    "wgmma, masked: two stages, no producer warpgroup at head dim 64": {"WALK_THREE_STAGES_FROM": 128},
+    "wgmma, masked walk: P V waited for at once": {"WALK_OVERLAP_PV": False},
+    "wgmma, masked walk: P V waited for at once, online softmax": {"WALK_OVERLAP_PV": False,
+                                                                    "LINEAR_MASKED_BLOCKS": False},
     "wgmma, per-copy addresses, P V waited for at once (session 8 kernel)": {"LEAN_COPIES": False,
                                                                                "OVERLAP_PV": False},
     "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
@@ -214,7 +220,7 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
         return F.scaled_dot_product_attention(q, k, v, is_causal=mask is not None)
 
     for (b, h, s, d, masked) in ((4, 32, 2048, 128, ""), (4, 32, 2048, 64, ""), (2, 32, 4096, 128, ""),
-                                 (4, 32, 2048, 128, "causal"),
+                                 (4, 32, 2048, 128, "causal"), (4, 32, 2048, 64, "causal"),
                                  (2, 32, 4096, 128, "causal"), (4, 32, 2048, 128, "diagonal")):
         def make():
             t = [torch.randn(b, h, s, d, device="cuda", dtype=bf) for _ in range(3)]

@@ -357,13 +357,21 @@ def row_sums(l: list[ir.Value], alpha: list[ir.Value], p: list[list[ir.Value]]) 
     return out
 
 
-def block_reduce(pred: ir.Value, how: str = "or") -> ir.Value:
-    """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too)."""
+def block_reduce(pred: ir.Value, how: str = "or", barrier: tuple[int, int] | None = None) -> ir.Value:
+    """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too). ``barrier``:
+    (id, threads) of a named barrier of some of the workgroup's warps instead."""
     from mlir.dialects import nvvm
 
+    from mlir.dialects import llvm
+
     i32 = ir.IntegerType.get_signless(32)
-    r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
-                       reductionPredicate=arith.extui(i32, pred)).res
+    if barrier is not None:  # the NVVM op reduces on barrier 0 only
+        asm = (f"{{ .reg .pred p, q; setp.ne.u32 q, $1, 0; bar.red.{how}.pred p, {barrier[0]}, {barrier[1]}, q; "
+               "selp.u32 $0, 1, 0, p; }")
+        r = llvm.InlineAsmOp(i32, [arith.extui(i32, pred)], asm, "=r,r", has_side_effects=True).res
+    else:
+        r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
+                           reductionPredicate=arith.extui(i32, pred)).res
     return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
 
 
@@ -899,12 +907,13 @@ class AttentionStrategy(Strategy):
 
 
 def two_pass_loop(g: GpuFunc, ch: _Chain, init: list[ir.Value], rows: list[ir.Value], bm: int,
-                  run_pass) -> list[ir.Value]:
+                  run_pass, reduce=block_reduce) -> list[ir.Value]:
     """The skipping loop's outer loop: ``run_pass(allow)`` runs the key blocks once
     (skipping dead ones where ``allow``, an i1, holds) and returns (state, skipped). The
     second pass, with nothing skipped, runs only when the first skipped a block and a
     query row of the workgroup saw masked scores only (its max is the fill): in eager
-    torch such a row is softmax over equal fills, uniform over all keys."""
+    torch such a row is softmax over equal fills, uniform over all keys. ``reduce``: the
+    OR over the threads that compute (``block_reduce``)."""
     Sq = ch.seq_q
     i1 = ir.IntegerType.get_signless(1)
     true, false = arith.constant(i1, 1), arith.constant(i1, 0)
@@ -924,7 +933,7 @@ def two_pass_loop(g: GpuFunc, ch: _Chain, init: list[ir.Value], rows: list[ir.Va
                 if Sq % bm or Sq < bm:
                     only_masked = arith.andi(only_masked, g.lt(gi, Sq))
                 full = arith.ori(full, only_masked)
-            redo = arith.andi(block_reduce(full), skipped)
+            redo = arith.andi(reduce(full), skipped)
             return [arith.xori(redo, true)] + list(state)
 
         return g.guarded(done, [i1] + types, lambda: list(carried), run)

@@ -128,7 +128,7 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     bm, bn = 64 * WARPGROUPS, BLOCK_N
     stages = 1 if skip and not SKIP_PIPELINE else 2
     esize = 1 if fp8 else 2
-    if OVERLAP_SCORES and not skip and ch.mask_cond is None and max(d, dv) >= 128 and \
+    if OVERLAP_SCORES and not skip and ch.mask_cond is None and max(d, dv) >= THREE_STAGES_FROM and \
             esize * (bm * d + 3 * bn * (d + dv)) + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes:
         stages = 3
     shared = esize * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
@@ -166,6 +166,12 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
         shared + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes
     if specialized:
         shared += _wg.ATOM_BYTES
+    # with the block table, the walk over live blocks in three stages (WARP_SPECIALIZED)
+    walk_shared = esize * (bm * d + 3 * bn * (d + dv)) + 2 * _wg.ATOM_BYTES
+    if WARP_SPECIALIZED and table and TABLE_WALK and -(-ch.seq_k // bn) <= TABLE_WALK_MAX_BLOCKS and \
+            WARPGROUPS == 2 and max(d, dv) >= WALK_THREE_STAGES_FROM and dv <= 128 and walk_shared <= target.max_dynamic_shared_bytes:
+        specialized = overlap_pv = True
+        stages, shared = 3, walk_shared
     return {"block_m": bm, "block_n": bn, "threads": 128 * (WARPGROUPS + specialized), "stages": stages,
             "grid": [-(-ch.seq_q // bm),
             batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
@@ -201,6 +207,17 @@ REVERSE_Q_BLOCKS = True
 #: 113 KiB, one workgroup an SM instead of two): from head dim 128 only.
 OVERLAP_SCORES = True
 
+#: The least head dim that takes three stages (and with them OVERLAP_PV and
+#: WARP_SPECIALIZED) without a mask: at 64, two stages let two workgroups share an SM.
+#: H200, 4x32x2048x64: 0.326 ms with two, 0.383 with three and the producer warpgroup
+#: (bench/results/variants-attention-session10-2026-12-04.json).
+THREE_STAGES_FROM = 128
+
+#: The same for the walk over the block table's live blocks (a mask): there the
+#: producer warpgroup pays at head dim 64 too. H200, 4x32x2048x64 with a causal mask:
+#: 0.348 ms with two stages and no producer, 0.277 with them.
+WALK_THREE_STAGES_FROM = 64
+
 #: Whether the three-stage key loop takes FlashAttention-3's schedule (``pipelined``):
 #: block j's S = Q K^T and block j - 1's O += P V issued together, S waited for alone,
 #: the softmax of S_j computed while P V runs. With ``OVERLAP_SCORES`` alone, P V is
@@ -223,6 +240,20 @@ OVERLAP_PV = True
 #: registers (``setmaxnreg``: 240 a consumer thread, 24 a producer one).
 WARP_SPECIALIZED = True
 
+#: With WARP_SPECIALIZED and the block table: whether the blocks the mask leaves whole and
+#: those of the causal pattern take ``linear_softmax`` where the scores before the mask
+#: are linear (the seed's scale): one FFMA and one ex2 a score, as in the unmasked kernel,
+#: where ``online_softmax`` evaluates the chain per score.
+LINEAR_MASKED_BLOCKS = True
+
+#: With WARP_SPECIALIZED and the block table: whether the walk over live blocks overlaps
+#: a block's P V with the next one's softmax (``pipelined``), or waits for it first. H200,
+#: causal 4x32x2048x128: 0.391 against 0.421 ms; 2x32x4096x128: 0.618 against 0.692
+#: (bench/results/variants-causal-session10-2026-12-04.json), though ptxas spills 84
+#: bytes with it (20 without; consumers at 240 registers). Not where the queries or keys
+#: end inside a block: the tails' guards took the spill to 240 bytes (300 x 300).
+WALK_OVERLAP_PV = True
+
 #: Registers a thread of the consumer and of the producer warpgroups (``setmaxnreg``;
 #: multiples of 8, 2 x 128 x 240 + 128 x 24 = 64512 of the SM's 65536).
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
@@ -242,7 +273,7 @@ PINGPONG = False
 #: removed): 0.675 -> 0.643 ms at 4x32x2048x128, 1.225 -> 1.156 at 2x32x4096x128 (H200,
 #: bench/results/variants-attention-pv-next-session9-2026-12-04.json). Not yet measured
 #: with the kept loop, so off (0); ``bench/variants.py``'s "wgmma, lazy rescale" (8.0).
-LAZY_RESCALE = 0.0
+LAZY_RESCALE = 8.0
 
 #: Whether attention on fp8 q, k and v (``precision="fp8"``) takes the fp8 wgmma kernel:
 #: S = Q K^T by m64nNk32 e4m3/e5m2 products, P rounded to the same fp8 type in registers
@@ -340,11 +371,12 @@ def _fp8_applies(ch, elem: str) -> bool:
 LINEAR_SCORES = True
 
 
-def _linear_factors(ch) -> list[tuple[ir.Value, bool]] | None:
-    """The rank-0 values the chain from q k^T to the softmax multiplies (False) or
-    divides (True) the scores by, in order, when that is all it does besides casts
-    between floats; None otherwise (a mask, a bias, any other op)."""
-    v, factors = ch.sm.operands[0], []
+def _linear_factors(ch, scores: ir.Value | None = None) -> list[tuple[ir.Value, bool]] | None:
+    """The rank-0 values the chain from q k^T to the softmax (or to ``scores``: the
+    scores before a mask) multiplies (False) or divides (True) the scores by, in order,
+    when that is all it does besides casts between floats; None otherwise (a mask, a
+    bias, any other op)."""
+    v, factors = scores if scores is not None else ch.sm.operands[0], []
     while v != ch.mm1.result:
         op = defining(v)
         if op is None:
@@ -411,7 +443,7 @@ def _nonnegative(v: ir.Value) -> bool:
 
 
 def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float, tig2, n0, bn: int,
-                   lazy: float | None = None):
+                   lazy: float | None = None, masked: Callable[[int, int], ir.Value] | None = None):
     """``online_softmax`` for scores the chain only scales (``_linear_factors``), in the
     log2 domain: ``scale`` is the factors' product times log2 e, ``m`` the running
     maxima of scaled scores; p = 2^(s scale - m + log2_p) (the P chain's power-of-two
@@ -424,7 +456,8 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
     the warp would gain more than that, and then every row of the warp takes its own;
     else p is up to 2^lazy and alpha is 1. Returns, after (m, l, alpha, p), whether the
     maxima moved (a warp-uniform i1; None without ``lazy``), so that the caller may skip
-    O's rescale (FlashAttention-4's conditional rescaling)."""
+    O's rescale (FlashAttention-4's conditional rescaling). ``masked(j, k)``: an i1,
+    whether a mask takes score k of 8-key tile j out (-inf)."""
     Sk = ch.seq_k
     neg_inf = g.fconst(-math.inf)
     tail = bool(Sk % bn)
@@ -436,6 +469,8 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
             if tail:
                 gj = arith.addi(n0, g.add(tig2, 8 * j + k % 2))
                 v = arith.select(g.lt(gj, Sk), v, neg_inf)
+            if masked is not None:
+                v = arith.select(masked(j, k), neg_inf, v)
             xj.append(v)
         x.append(xj)
     m_new, alpha, shift = [], [], []
@@ -784,8 +819,8 @@ class _StageBarriers:
     phase it waits for; a fresh barrier counts the phase before its first as complete,
     so the producer's first ``stages`` waits return at once."""
 
-    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int):
-        self.g, self.stages = g, stages
+    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False):
+        self.g, self.stages, self.q = g, stages, q
         i64 = ir.IntegerType.get_signless(64)
         self.base = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(mem))
 
@@ -806,6 +841,8 @@ class _StageBarriers:
             for s in range(self.stages):
                 nvvm.MBarrierInitOp(self._at(0, s), arith.constant(i32, producers))
                 nvvm.MBarrierInitOp(self._at(1, s), arith.constant(i32, consumers))
+            if self.q:
+                nvvm.MBarrierInitOp(self._at(2, 0), arith.constant(i32, producers))
 
         g.when(arith.cmpi(arith.CmpIPredicate.eq, gpu.thread_id(gpu.Dimension.x), g.c(0)), init)
         gpu.barrier()
@@ -817,10 +854,23 @@ class _StageBarriers:
         nvvm.MBarrierTryWaitParityOp(self._at(kind, g.rem(j, self.stages)), parity,
                                      arith.constant(i32, 0x989680))
 
+    def wait_q(self) -> None:
+        """Consumers: Q landed (the barrier after the stages', with ``q``)."""
+        self._wait(2, self.g.c(0), 0)
+        self._fence()
+
+    def arrive_q(self) -> None:
+        """Producer: as its copies of Q land."""
+        nvvm.CpAsyncMBarrierArriveOp(self._at(2, 0), noinc=True)
+
     def wait_full(self, j: ir.Value) -> None:
         """Consumers: block j is in its stage. Then the proxy fence: the copies wrote
         through the generic proxy, wgmma reads through the async one."""
         self._wait(0, j, 0)
+        self._fence()
+
+    @staticmethod
+    def _fence() -> None:
         nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
                           space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
 
@@ -870,6 +920,21 @@ class _Turns:
         self.g.when(self.first, lambda: nvvm.BarrierOp(None, barrierId=self._fixed(1), numberOfThreads=self.threads))
 
 
+def _cttz(x: ir.Value) -> ir.Value:
+    """The lowest set bit's index of an i64 (64 for 0; math.cttz and ctpop have no NVVM
+    lowering in MLIR 22)."""
+    return llvm.intr_cttz(x, False)
+
+
+def _block_start(j: ir.Value, bn: int) -> ir.Value:
+    """Key block j's (i64) first key, as an index."""
+    return arith.muli(arith.index_cast(ir.IndexType.get(), j), arith.constant(ir.IndexType.get(), bn))
+
+
+def _i32(v: int) -> ir.Value:
+    return arith.constant(ir.IntegerType.get_signless(32), v)
+
+
 def _uniform(pred: ir.Value) -> ir.Value:
     """``pred``, the same in every lane, as a warp vote's result (``vote.sync.ballot``
     != 0), which ptxas knows to be uniform over the warp (UNIFORM_BRANCHES)."""
@@ -901,7 +966,7 @@ def _register_a_wgmma(acc: ir.Value, n: int, elem: str, a: list[ir.Value], b_des
 
 def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
     """The wgmma attention kernel of a ``plan()`` plan (see the module docstring)."""
-    from .attention import online_softmax
+    from .attention import block_reduce, online_softmax, two_pass_loop
 
     view = ch.view
     bm, bn, threads, stages = plan["block_m"], plan["block_n"], plan["threads"], plan["stages"]
@@ -919,7 +984,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
     o_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (Dv // 2)) + ")>")
     s_attrs = _wg._wgmma_attrs(elem, bn, k_inst, False)
     n_in = len(view.args)
-    table_shape = plan.get("block_table") if plan.get("skip_masked_blocks") and stages == 2 else None
+    specialized = plan.get("warp_specialized", False)
+    table_shape = plan.get("block_table") if plan.get("skip_masked_blocks") and (stages == 2 or specialized) else None
     arg_types = gpu_arg_types(view, target)
     prelude = None
     with kernel.location:
@@ -942,12 +1008,12 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             staged = plan.get("staged_masks", []) if plan.get("skip_masked_blocks") else []
             mask_stages = plan.get("mask_stages", 1)
             mask_elems = [ir.MemRefType(g.args[i].type).element_type for i in staged]
-            specialized = plan.get("warp_specialized", False)
             Qs, Ks, Vs, *Ms = _wg._carve_aligned(
                 g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
                     (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems]
-                + ([(1, 2 * stages, i64)] if specialized else []))
-            barriers = _StageBarriers(g, Ms.pop(), stages) if specialized else None
+                + ([(1, 2 * stages + bool(table_shape), i64)] if specialized else []))
+            # with the table, a barrier for Q too: a workgroup may walk no block
+            barriers = _StageBarriers(g, Ms.pop(), stages, bool(table_shape)) if specialized else None
             turns = None
             tid = g.tid()
             qblock = g.bid("x")
@@ -963,23 +1029,27 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             pw.reciprocal_of_constants = True
             pw.hoist_scalars()
             factors = _linear_factors(ch) if LINEAR_SCORES and ch.mask_cond is None else None
-            linear, log2_p = None, 0.0
-            if factors is not None:
+
+            def linear_scale(factors):
+                """(the factors' product times log2 e, whether the maximum may be taken
+                on the raw scores) for ``linear_softmax``."""
                 positive = _positive_constant(pw, factors)
                 if positive is not None:
-                    linear = (g.fconst(positive * math.log2(math.e)), True)
-                else:
-                    scale = g.fconst(math.log2(math.e))
-                    for x, div in factors:
-                        xv = scalar_math.convert(pw.eval(x, []), f32)
-                        scale = arith.divf(scale, xv) if div else arith.mulf(scale, xv)
-                    if NONNEGATIVE_FACTORS and all(_nonnegative(x) for x, _ in factors):
-                        # >= 0, so the row maximum may be taken on the raw scores (one
-                        # FMUL a score fewer); at least the least normal float, so that
-                        # a zero cannot make a ragged tail's -inf * 0 a NaN
-                        linear = (arith.maximumf(scale, g.fconst(2.0 ** -126)), True)
-                    else:
-                        linear = (scale, False)
+                    return g.fconst(positive * math.log2(math.e)), True
+                scale = g.fconst(math.log2(math.e))
+                for x, div in factors:
+                    xv = scalar_math.convert(pw.eval(x, []), f32)
+                    scale = arith.divf(scale, xv) if div else arith.mulf(scale, xv)
+                if NONNEGATIVE_FACTORS and all(_nonnegative(x) for x, _ in factors):
+                    # >= 0, so the row maximum may be taken on the raw scores (one
+                    # FMUL a score fewer); at least the least normal float, so that
+                    # a zero cannot make a ragged tail's -inf * 0 a NaN
+                    return arith.maximumf(scale, g.fconst(2.0 ** -126)), True
+                return scale, False
+
+            linear, log2_p = None, 0.0
+            if factors is not None:
+                linear = linear_scale(factors)
                 e = math.frexp(p_scale)
                 if p_scale > 0 and e[0] == 0.5:  # a power of two: into the exponent
                     log2_p = float(e[1] - 1)
@@ -1011,7 +1081,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 return k, _wg.SwizzledTile(g, tid, threads, Vs, v_direct, Dv, bn, esize, Dv, Sk, True, lean=lean,
                                            producer=producer)
 
-            k_tile, v_tile = kv_tiles(tid, threads, lean)
+            # WARP_SPECIALIZED: copied by the consumers where they copy (the walk's second pass)
+            k_tile, v_tile = kv_tiles(tid, 256 if specialized else threads, lean)
             s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
             def mask_staging(i: int, tile: ir.Value) -> VectorStaging:
                 """Made where it is used, in the loop: its per-thread addresses are a few
@@ -1032,10 +1103,18 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             def exp(x):  # (masked and general chains; FTZ_EXP2 made the masked kernel spill)
                 return mmath.exp2(arith.mulf(x, log2e))
 
+            def sync():
+                """A barrier of every thread that computes (WARP_SPECIALIZED: the 256 of the
+                consumer warpgroups, named barrier 1; else the workgroup)."""
+                if specialized:
+                    nvvm.BarrierOp(None, barrierId=_i32(1), numberOfThreads=_i32(256))
+                else:
+                    gpu.barrier()
+
             def fence_and_publish():
                 nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
                                   space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
-                gpu.barrier()
+                sync()
 
             def issue_scores(stage):
                 """S = Q K^T of the block in ``stage``: the wgmmas issued and committed as
@@ -1110,29 +1189,33 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     o = llvm.insertvalue(o, v, [i])
                 return o
 
-            def key_block(n0, carried, stage=None, unmasked=None, causal=None, scores=None):
-                """One key block; ``stage``: the block is already in that stage (the
-                pipelined loops). Without, it is staged here into stage 0. ``unmasked``:
-                whether the mask leaves the whole block alone (its scores then skip it);
-                ``causal``: whether it is the causal pattern there (computed, not read).
-                ``scores``: its S accumulator, issued earlier (``OVERLAP_SCORES``) and
-                complete; the wgmma wait at the end then also completes the next block's."""
-                m, l, o = carried[0:2], carried[2:4], carried[4]
-                if stage is None:
-                    gpu.barrier()  # the previous block's readers are done
-                    k_tile.copy_async(n0, 0, 0)
-                    v_tile.copy_async(0, n0, 0)
-                    nvvm.cp_async_commit_group()
-                    nvvm.cp_async_wait_group(0)
-                    fence_and_publish()
-                    stage = g.c(0)
-                acc = scores
-                if acc is None:
-                    acc = issue_scores(stage)
-                    nvvm.wgmma_wait_group_sync_aligned(0)
+            masked_linear = None
+            if LINEAR_MASKED_BLOCKS and specialized and ch.mask_cond is not None:
+                whole_factors = _linear_factors(ch, ch.unmasked_scores)
+                masked_linear = linear_scale(whole_factors) if whole_factors is not None else None
 
+            def classified_softmax(n0, acc, m, l, unmasked=None, causal=None):
+                """``block_softmax`` of a block the mask may leave alone (``unmasked``) or
+                give the causal pattern (``causal``): uniform branches over the three.
+                With ``masked_linear`` (LINEAR_MASKED_BLOCKS) the first two take
+                ``linear_softmax``, in the log2 domain: m is kept in the scores' units
+                (the mask's fill compares with it), so it is scaled by log2 e into it and
+                back out."""
                 def softmax(score_in=None, causal_mask=False):
-                    m_, l_, a_, p_ = block_softmax(n0, acc, m, l, score_in, causal_mask)
+                    if masked_linear is not None and (score_in is not None or causal_mask):
+                        s = [[llvm.extractvalue(f32, acc, [4 * j + k]) for k in range(4)] for j in range(bn // 8)]
+                        masked = None
+                        if causal_mask:  # key n0 + 2 tig + c past query row: c > row - n0 - 2 tig
+                            i32 = ir.IntegerType.get_signless(32)
+                            offsets = [arith.index_cast(i32, arith.subi(gi, arith.addi(n0, tig2))) for gi in rows]
+                            masked = lambda j, k: arith.cmpi(arith.CmpIPredicate.slt, offsets[k // 2],  # noqa: E731
+                                                             arith.constant(i32, 8 * j + k % 2))
+                        m2 = [arith.mulf(x, log2e) for x in m]
+                        m_, l_, a_, p_ = linear_softmax(g, ch, s, m2, l, masked_linear[0], masked_linear[1], 0.0,
+                                                        tig2, n0, bn, masked=masked)
+                        m_ = [arith.mulf(x, g.fconst(math.log(2.0))) for x in m_]
+                    else:
+                        m_, l_, a_, p_ = block_softmax(n0, acc, m, l, score_in, causal_mask)
                     return m_ + l_ + a_ + [x for pj in p_ for x in pj]
 
                 flat_types = [f32] * (6 + bn // 2)
@@ -1147,8 +1230,29 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     flat = masked_softmax()
                 else:
                     flat = g.guarded(uniform(unmasked), flat_types, lambda: softmax(ch.unmasked_scores), masked_softmax)
-                m_new, l_new, alpha = flat[0:2], flat[2:4], flat[4:6]
-                p = [flat[6 + 4 * j: 10 + 4 * j] for j in range(bn // 8)]
+                return flat[0:2], flat[2:4], flat[4:6], [flat[6 + 4 * j: 10 + 4 * j] for j in range(bn // 8)]
+
+            def key_block(n0, carried, stage=None, unmasked=None, causal=None, scores=None):
+                """One key block; ``stage``: the block is already in that stage (the
+                pipelined loops). Without, it is staged here into stage 0. ``unmasked``:
+                whether the mask leaves the whole block alone (its scores then skip it);
+                ``causal``: whether it is the causal pattern there (computed, not read).
+                ``scores``: its S accumulator, issued earlier (``OVERLAP_SCORES``) and
+                complete; the wgmma wait at the end then also completes the next block's."""
+                m, l, o = carried[0:2], carried[2:4], carried[4]
+                if stage is None:
+                    sync()  # the previous block's readers are done
+                    k_tile.copy_async(n0, 0, 0)
+                    v_tile.copy_async(0, n0, 0)
+                    nvvm.cp_async_commit_group()
+                    nvvm.cp_async_wait_group(0)
+                    fence_and_publish()
+                    stage = g.c(0)
+                acc = scores
+                if acc is None:
+                    acc = issue_scores(stage)
+                    nvvm.wgmma_wait_group_sync_aligned(0)
+                m_new, l_new, alpha, p = classified_softmax(n0, acc, m, l, unmasked, causal)
                 o = rescale(o, alpha)
                 nvvm.wgmma_fence_aligned()  # before P's rounding, as ptxas then needs fewer registers
                 o = issue_pv(o, p_operands(p), stage, fence=False)
@@ -1184,7 +1288,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return rescale(o, alpha)
                 return g.guarded(moved, [o_t], lambda: [rescale(o, alpha)], lambda: [o])[0]
 
-            def pipelined():
+            def pipelined(walk=None, classes=None):
                 """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline):
                 block j's S and block j - 1's O += P V are issued together, S is waited for
                 alone before its softmax, P V after it. K and V in three stages: j - 1 (V
@@ -1197,11 +1301,48 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 ptxas serializes every wgmma (C7513) where an instruction writes them
                 before that P V is done. With ``barriers`` (WARP_SPECIALIZED) the
                 producer warpgroup copies; a block is waited for on its full mbarrier,
-                and its stage given back on its empty one once its P V is complete."""
-                first = first_scores()
+                and its stage given back on its empty one once its P V is complete.
+
+                ``walk`` (WARP_SPECIALIZED, with the block table): the live key blocks
+                only, an i64 bit mask with at least one bit set; the i-th of them is in
+                stage i % 3, and ``classes(j)`` gives block j's (unmasked, causal) for
+                ``classified_softmax``."""
                 lazy = LAZY_RESCALE if LAZY_RESCALE and linear is not None and not fp8 else None
-                m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
-                carried = m + l + [init[4]] + packed(p)
+                if walk is None:
+                    first = first_scores()
+                    m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
+                    carried = m + l + [init[4]] + packed(p)
+                else:
+                    j0 = _cttz(walk)
+                    barriers.wait_full(g.c(0))
+                    first = issue_scores(g.c(0))
+                    nvvm.wgmma_wait_group_sync_aligned(0)
+                    m, l, _, p = classified_softmax(_block_start(j0, bn), first, init[0:2], init[2:4], *classes(j0))
+                    carried = m + l + [init[4]] + packed(p) + [j0]
+
+                def walked(i, c):
+                    """The i-th live block (i >= 1) after block c[-1]."""
+                    m, l, o, a, prev = c[0:2], c[2:4], c[4], c[5:-1], c[-1]
+                    i64 = ir.IntegerType.get_signless(64)
+                    j = _cttz(arith.andi(walk, arith.shli(arith.constant(i64, -2), prev)))
+                    barriers.wait_full(i)
+                    acc = issue_scores(g.rem(i, 3))
+                    o = issue_pv(o, a, g.rem(g.add(i, 2), 3))  # the block before
+                    nvvm.wgmma_wait_group_sync_aligned(1)
+                    m, l, alpha, p = classified_softmax(_block_start(j, bn), acc, m, l, *classes(j))
+                    nvvm.wgmma_wait_group_sync_aligned(0)
+                    barriers.release(arith.subi(i, g.c(1)))
+                    return m + l + [rescale(o, alpha)] + packed(p) + [j]
+
+                if walk is not None:
+                    count = arith.index_cast(ir.IndexType.get(), llvm.intr_ctpop(walk))
+                    loop = scf.ForOp(g.c(1), count, g.c(1), carried)
+                    with ir.InsertionPoint(loop.body):
+                        scf.yield_(walked(loop.induction_variable, list(loop.inner_iter_args)))
+                    c = list(loop.results)
+                    o = issue_pv(c[4], c[5:-1], g.rem(arith.addi(count, g.c(2)), 3))
+                    nvvm.wgmma_wait_group_sync_aligned(0)
+                    return c[0:4] + [o]
 
                 def step(n0, c):
                     m, l, o, a = c[0:2], c[2:4], c[4], c[5:]
@@ -1263,35 +1404,130 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
                     g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
 
-            def producer():
+            def producer(walk_of=None):
                 """WARP_SPECIALIZED's third warpgroup: Q, then each key block's K and V into
                 stage j % 3 once its empty mbarrier says the consumers are done with block
-                j - 3, its full one arrived on as the copies land."""
+                j - 3, its full one arrived on as the copies land. ``walk_of()``: the i64
+                bit mask of the blocks to copy (the i-th set bit's into stage i % 3); Q
+                then has a barrier of its own."""
                 nvvm.SetMaxRegisterOp(PRODUCER_REGISTERS, ir.Attribute.parse("#nvvm<action decrease>"))
+                walk = walk_of() if walk_of is not None else None
                 ptid = arith.subi(tid, g.c(threads - 128))
                 q_p = _wg.SwizzledTile(g, ptid, 128, Qs, q_direct, bm, D, esize, Sq, D, False, width=D, lean=False)
                 # per-copy addresses spilled at 24 registers (528 bytes, 333 keys)
                 k_p, v_p = kv_tiles(ptid, 128, True, producer=True)
                 q_p.copy_async(q0, 0, 0)
 
-                def block(n0, _):
-                    j = g.div(n0, bn)
-                    stage = g.rem(j, stages)
-                    barriers.wait_empty(j)
+                def copy(i, n0):
+                    stage = g.rem(i, stages)
+                    barriers.wait_empty(i)
                     k_p.copy_async(n0, 0, stage)
                     v_p.copy_async(0, n0, stage)
                     barriers.arrive_full(stage)
-                    return []
 
-                g.loop(0, Sk, bn, [], block)
+                if walk is None:
+                    def block(n0, _):
+                        copy(g.div(n0, bn), n0)
+                        return []
+
+                    g.loop(0, Sk, bn, [], block)
+                else:
+                    barriers.arrive_q()
+                    i64 = ir.IntegerType.get_signless(64)
+                    count = arith.index_cast(ir.IndexType.get(), llvm.intr_ctpop(walk))
+                    loop = scf.ForOp(g.c(0), count, g.c(1), [_cttz(walk)])
+                    with ir.InsertionPoint(loop.body):
+                        j = loop.inner_iter_args[0]
+                        copy(loop.induction_variable, _block_start(j, bn))
+                        scf.yield_([_cttz(arith.andi(walk, arith.shli(arith.constant(i64, -2), j)))])
                 nvvm.cp_async_commit_group()
                 nvvm.cp_async_wait_group(0)
+
+            def split(produce, consume):
+                """The producer warpgroup (the last) and the consumers' code, each with its
+                registers (setmaxnreg)."""
+                op = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, tid, g.c(threads - 128)), [], has_else=True)
+                with ir.InsertionPoint(op.then_block):
+                    produce()
+                    scf.yield_([])
+                with ir.InsertionPoint(op.else_block):
+                    nvvm.SetMaxRegisterOp(CONSUMER_REGISTERS, ir.Attribute.parse("#nvvm<action increase>"))
+                    consume()
+                    scf.yield_([])
+
+            def walk_consumers():
+                """The table walk's consumers (WARP_SPECIALIZED): the first pass over the
+                live blocks as the producer copies them (``pipelined``); the second, rare
+                (``two_pass_loop``: a query row masked everywhere), over every block,
+                copied by the consumers themselves into stage 0, as ``key_block`` does."""
+                masks = _table_masks(g, table, qblock, table_shape[1], tid,
+                                     ("live",) + ("whole",) * WHOLE_BLOCKS + ("causal",) * CAUSAL_BLOCKS)
+                i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
+                nk = table_shape[1]
+                every = arith.constant(i64, (1 << nk) - 1 if nk < 64 else -1)
+                types = [v.type for v in init]
+                barriers.wait_q()
+
+                def kinds(j):
+                    out = {}
+                    if WHOLE_BLOCKS:
+                        out["unmasked"] = arith.trunci(i1, arith.shrui(masks["whole"], j))
+                    if CAUSAL_BLOCKS:
+                        out["causal"] = arith.trunci(i1, arith.shrui(masks["causal"], j))
+                    return out
+
+                def classes(j):
+                    k = kinds(j)
+                    return k.get("unmasked"), k.get("causal")
+
+                def serial(walk):
+                    """The live blocks, each one's P V waited for before the next block's S."""
+                    count = arith.index_cast(ir.IndexType.get(), llvm.intr_ctpop(walk))
+                    loop = scf.ForOp(g.c(0), count, g.c(1), list(init) + [_cttz(walk)])
+                    with ir.InsertionPoint(loop.body):
+                        i, c = loop.induction_variable, list(loop.inner_iter_args)
+                        j = c[-1]
+                        barriers.wait_full(i)
+                        out = key_block(_block_start(j, bn), c[:-1], stage=g.rem(i, 3), **kinds(j))
+                        barriers.release(i)
+                        scf.yield_(out + [_cttz(arith.andi(walk, arith.shli(arith.constant(i64, -2), j)))])
+                    return list(loop.results)[:-1]
+
+                def first_pass():
+                    if not WALK_OVERLAP_PV or Sq % bm or Sk % bn:  # tails: see WALK_OVERLAP_PV
+                        return serial(masks["live"])
+                    live = arith.cmpi(arith.CmpIPredicate.ne, masks["live"], arith.constant(i64, 0))
+                    return g.guarded(live, types, lambda: pipelined(masks["live"], classes), lambda: list(init))
+
+                def every_block():
+                    # the consumers' copy addresses made here: from the kernel's start they
+                    # were registers through the first pass (ptxas spilled 176 bytes)
+                    nonlocal k_tile, v_tile
+                    k_tile, v_tile = kv_tiles(tid, 256, False)
+
+                    def step(n0, c):
+                        j = arith.index_cast(i64, g.div(n0, bn))
+                        return key_block(n0, c, **kinds(j))
+                    return g.loop(0, Sk, bn, list(init), step)
+
+                def run_pass(allow):
+                    state = g.guarded(allow, types, first_pass, every_block)
+                    return state, arith.cmpi(arith.CmpIPredicate.ne, masks["live"], every)
+
+                store_output(two_pass_loop(g, ch, init, rows, bm, run_pass,
+                                           reduce=lambda pred: block_reduce(pred, barrier=(1, 256))))
 
             init = [neg_inf, neg_inf, zero, zero, llvm.mlir_zero(o_t)]
             if not specialized:
                 q_tile.copy_async(q0, 0, 0)
             skip = plan.get("skip_masked_blocks") and ch.mask_cond is not None
-            if skip and stages == 2:
+            if skip and specialized:
+                barriers.initialize(128, 256)
+                final = None
+
+                split(lambda: producer(lambda: _table_masks(g, table, qblock, table_shape[1], tid, ("live",))["live"]),
+                      walk_consumers)
+            elif skip and stages == 2:
                 def stage_masks(n0, stage):
                     for i, tile in mask_tiles:
                         width = _elem_bytes(ir.MemRefType(tile.type).element_type)
@@ -1401,15 +1637,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             elif stages == 3 and specialized:
                 barriers.initialize(128, 256)
                 final = None
-                split = scf.IfOp(arith.cmpi(arith.CmpIPredicate.uge, tid, g.c(threads - 128)), [], has_else=True)
-                with ir.InsertionPoint(split.then_block):
-                    producer()
-                    scf.yield_([])
-                with ir.InsertionPoint(split.else_block):
-                    nvvm.SetMaxRegisterOp(CONSUMER_REGISTERS, ir.Attribute.parse("#nvvm<action increase>"))
+
+                def consumers():
+                    nonlocal turns
                     turns = _Turns(g, wg) if PINGPONG else None
                     store_output(pipelined())
-                    scf.yield_([])
+
+                split(producer, consumers)
             elif stages == 3:  # overlap_pv
                 final = pipelined()
             else:

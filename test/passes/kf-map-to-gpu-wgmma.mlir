@@ -168,36 +168,57 @@ func.func @attn(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: 
 // CHECK: arith.select {{.*}}, %c3_i32, %c1_i32
 // CHECK: arith.select {{.*}}, %c2_i32,
 // CHECK: memref.store {{.*}}, %arg4
-// The kernel reads its query block's row of the table once: lane l of each warp loads
-// entry l and three ballots make bit masks of the live, whole and causal key blocks.
-// Each of the (at most two) passes walks the live blocks only (all blocks on the
-// second pass, which runs only where a query row is masked everywhere): popcount of
-// them steps, the first one's K and V copied before the loop; a step waits for its
-// block, fences and passes one barrier, and copies the next live block (cttz of the
-// live bits above this one) into the other stage.
+// The kernel has a producer warpgroup (WARP_SPECIALIZED), which walks the same table
+// row: mbarriers for three stages and one for Q (7), then the producer reads the row
+// (lane l of each warp loads entry l, a ballot makes the bit mask of live key blocks),
+// copies Q and arrives on Q's barrier as it lands, and copies the i-th live block (cttz
+// of the live bits above the last one) into stage i % 3 when its empty barrier allows.
 // CHECK-LABEL: gpu.func @attn_k0_attention(
 // CHECK-SAME: %arg4: memref<3x3xi32>
+// CHECK-COUNT-7: nvvm.mbarrier.init
+// CHECK: gpu.barrier
+// CHECK: scf.if
+// CHECK-NEXT: nvvm.setmaxregister decrease 24
 // CHECK: memref.load %arg4
-// CHECK-COUNT-3: nvvm.vote.sync  ballot
-// CHECK-NOT: memref.load %arg4
+// CHECK: nvvm.vote.sync ballot
+// CHECK-NOT: nvvm.vote.sync
+// CHECK: nvvm.cp.async.mbarrier.arrive {{.*}} {noinc = true}
 // CHECK: llvm.intr.ctpop
+// CHECK: scf.for
+// CHECK: nvvm.mbarrier.try_wait.parity
+// CHECK: nvvm.cp.async.mbarrier.arrive {{.*}} {noinc = true}
 // CHECK: llvm.intr.cttz
-// CHECK: scf.for %{{.*}} = %c0 to %{{.*}} step %c1 iter_args
-// CHECK: nvvm.cp.async.wait.group 0
+// The consumers read the row too (three ballots: live, whole and causal blocks) and wait
+// for Q. Of the (at most two) passes, the first walks the live blocks as the producer
+// copies them: wait on the block's full barrier, fence, S = Q K^T; with tails (300
+// queries and keys) a block's P V is waited for before the next S (WALK_OVERLAP_PV
+// applies where blocks are whole). The second pass, only where a query row is masked
+// everywhere, is the consumers' alone (their own copies, named barrier 1 of 256).
+// CHECK: } else {
+// CHECK-NEXT: nvvm.setmaxregister increase 240
+// CHECK: memref.load %arg4
+// CHECK-COUNT-3: nvvm.vote.sync ballot
+// CHECK-NOT: memref.load %arg4
+// CHECK: nvvm.mbarrier.try_wait.parity
 // CHECK-NEXT: nvvm.fence.proxy
-// CHECK-NEXT: gpu.barrier
-// CHECK: llvm.intr.cttz
-// CHECK: nvgpu.device_async_copy
+// CHECK: llvm.intr.ctpop
+// CHECK: scf.for
+// CHECK: nvvm.mbarrier.try_wait.parity
+// CHECK-NEXT: nvvm.fence.proxy
 // CHECK: nvvm.wgmma.mma_async
-// Then the block's class picks the softmax: whole blocks without the mask, causal ones
-// with the mask computed from the indices (row - n0 - 2 tig, once a row as i32, against
-// each column's constant: 64 compares a thread, no mask element read), the others with
-// the mask read from global memory. Each branch tests a warp vote of its condition, so
-// ptxas sees it uniform and keeps the wgmmas asynchronous.
+// Then the block's class picks the softmax: whole blocks without the mask and causal
+// ones with it computed from the indices (row - n0 - 2 tig, once a row as i32, against
+// each column's constant: 64 compares a thread, no mask element read) in the log2
+// domain, one FFMA and one ex2 a score (LINEAR_MASKED_BLOCKS); the others with the mask
+// read from global memory. Each branch tests a warp vote of its condition, so ptxas
+// sees it uniform and keeps the wgmmas asynchronous. The block's stage goes back on its
+// empty barrier after its P V.
 // CHECK: %[[WHOLE:.*]] = nvvm.vote.sync  ballot
 // CHECK: %[[W:.*]] = arith.cmpi ne, %[[WHOLE]]
 // CHECK-NEXT: scf.if %[[W]] -> ({{(f32, ){69}f32}})
 // CHECK-NOT: memref.load %arg3
+// CHECK: math.fma
+// CHECK-NEXT: math.exp2
 // CHECK: %[[CAUSAL:.*]] = nvvm.vote.sync  ballot
 // CHECK: %[[C:.*]] = arith.cmpi ne, %[[CAUSAL]]
 // CHECK-NEXT: scf.if %[[C]] -> ({{(f32, ){69}f32}})
@@ -205,8 +226,15 @@ func.func @attn(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: 
 // CHECK: arith.index_cast {{.*}} : index to i32
 // CHECK-NOT: memref.load %arg3
 // CHECK-COUNT-64: arith.cmpi slt, {{.*}} : i32
+// CHECK: math.fma
+// CHECK-NEXT: math.exp2
 // CHECK: memref.load %arg3
 // CHECK: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: nvvm.mbarrier.arrive
+// CHECK: nvvm.barrier id = %c1_i32{{.*}} number_of_threads = %c256_i32
+// CHECK: nvgpu.device_async_copy
+// CHECK: llvm.inline_asm has_side_effects {{.*}}bar.red.or.pred p, 1, 256, q
 // PTX: gpu.binary @kf_kernels
 // PTX-SAME: bar.red.or.pred
 // PTX-SAME: bar.red.and.pred
