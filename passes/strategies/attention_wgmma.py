@@ -60,6 +60,14 @@ Since session 9 (bench/results/variants-attention-session9-2026-12-04.json): OVE
 FlashAttention-3's intra-warpgroup schedule (block j's S and block j - 1's P V in flight
 together, the softmax between their waits), and wgmma.LEAN_COPIES for K and V: with both,
 4x32x2048x128 0.637 -> 0.617 ms, 2x32x4096x128 1.130 -> 1.088, causal 0.478 -> 0.456.
+
+Since session 10 (bench/results/variants-*-session10-2026-12-04.json): WARP_SPECIALIZED,
+FlashAttention-3's producer warpgroup (with cp.async and mbarriers where it has TMA): a
+third warpgroup copies, the two others only compute, in the three-stage loops (unmasked
+from head dim 128, the block table's walk from 64). With LINEAR_MASKED_BLOCKS (the walk's
+whole and causal blocks by ``linear_softmax``) and LAZY_RESCALE: 4x32x2048x128 0.617 ->
+0.533 ms (0.83x SDPA), 2x32x4096x128 1.088 -> 0.931 (0.91x), causal 0.456 -> 0.388
+(0.73x), causal head dim 64 0.348 -> 0.290.
 """
 
 from __future__ import annotations
