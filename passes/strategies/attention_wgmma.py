@@ -270,17 +270,19 @@ CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 #: wgmmas (FlashAttention-3's ping-pong): each issues a block's S and P V only after the
 #: other issued its own, so that one's softmax runs while the other's products do, rather
 #: than both softmaxes at once with the tensor cores idle. Two named barriers (ids 1, 2).
+#: Measured no faster (H200: 0.539 against 0.536 ms at 4x32x2048x128, 0.942 against 0.929
+#: at 2x32x4096x128, bench/results/variants-attention-ws-session10-2026-12-04.json): the
+#: warpgroups, no longer meeting at a barrier a block, drift apart by themselves. Off.
 PINGPONG = False
 
-#: With OVERLAP_PV, in 16-bit kernels with linear scores: the running row maxima move
-#: only when a row of the warp would gain more than this (log2 units: P then up to
-#: 2^8, which bf16 and f16 hold, and O and l in f32 keep their sums), and O's rescale
-#: (Dv / 2 FMULs a thread a block) is skipped where they did not -- exact, as O and l
-#: share the maxima they were summed under (FlashAttention-4's conditional rescaling).
-#: Measured only with P V waited for at the top of the next iteration (that loop, now
-#: removed): 0.675 -> 0.643 ms at 4x32x2048x128, 1.225 -> 1.156 at 2x32x4096x128 (H200,
-#: bench/results/variants-attention-pv-next-session9-2026-12-04.json). Not yet measured
-#: with the kept loop, so off (0); ``bench/variants.py``'s "wgmma, lazy rescale" (8.0).
+#: With OVERLAP_PV, in kernels with linear scores: the running row maxima move only when
+#: a row of the warp would gain more than this (log2 units: P then up to 2^8, which bf16
+#: and f16 hold, and O and l in f32 keep their sums; fp8 less, ``_lazy_threshold``), and
+#: O's rescale (Dv / 2 FMULs a thread a block) is skipped where they did not -- exact, as
+#: O and l share the maxima they were summed under (FlashAttention-4's conditional
+#: rescaling). H200 with the producer warpgroup: 4x32x2048x128 0.5335 against 0.5388 ms,
+#: 0.530 against 0.539 in another run; 2x32x4096x128 0.920 against 0.928
+#: (bench/results/variants-attention-*session10-2026-12-04.json). 0 turns it off.
 LAZY_RESCALE = 8.0
 
 #: Whether attention on fp8 q, k and v (``precision="fp8"``) takes the fp8 wgmma kernel:
@@ -928,6 +930,26 @@ class _Turns:
         self.g.when(self.first, lambda: nvvm.BarrierOp(None, barrierId=self._fixed(1), numberOfThreads=self.threads))
 
 
+#: The largest finite value of each fp8 type (e4m3fn saturates there).
+FP8_MAX = {"f8E4M3FN": 448.0, "f8E5M2": 57344.0}
+
+#: Whether fp8 kernels take LAZY_RESCALE too, with the threshold their P's range allows.
+FP8_LAZY_RESCALE = True
+
+
+def _lazy_threshold(elem: str, p_scale: float, log2_p: float) -> float | None:
+    """LAZY_RESCALE's threshold (log2 units) for P of type ``elem``, or None for every
+    block's rescale: P is up to 2^threshold times the P chain's scale c, which fp8 must
+    hold (e4m3 at c = 256: 448 / 256 leaves 0.75, in eighths)."""
+    if not LAZY_RESCALE:
+        return None
+    if elem not in FP8_MAX:
+        return LAZY_RESCALE
+    c = 2.0 ** log2_p if log2_p else p_scale
+    room = math.floor(math.log2(FP8_MAX[elem] / c) * 8) / 8 if FP8_LAZY_RESCALE and c > 0 else 0.0
+    return min(LAZY_RESCALE, room) if room > 0 else None
+
+
 def _cttz(x: ir.Value) -> ir.Value:
     """The lowest set bit's index of an i64 (64 for 0; math.cttz and ctpop have no NVVM
     lowering in MLIR 22)."""
@@ -1315,7 +1337,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 only, an i64 bit mask with at least one bit set; the i-th of them is in
                 stage i % 3, and ``classes(j)`` gives block j's (unmasked, causal) for
                 ``classified_softmax``."""
-                lazy = LAZY_RESCALE if LAZY_RESCALE and linear is not None and not fp8 else None
+                lazy = _lazy_threshold(elem, p_scale, log2_p) if linear is not None else None
                 if walk is None:
                     first = first_scores()
                     m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]

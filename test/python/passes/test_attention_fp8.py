@@ -164,20 +164,22 @@ def test_warp_specialized_key_loop(kind, sk, pingpong, monkeypatch):
 @needs_ptxas
 @pytest.mark.parametrize("elem", ["bf16", "f16"])
 def test_lazy_rescale(elem, monkeypatch):
-    """LAZY_RESCALE (off by default until measured with this loop): O's rescale becomes
-    a branch on a warp vote, taken where a row maximum of the warp moved by more than
-    2^8; ptxas neither spills nor serializes the wgmmas around it (the vote makes the
-    branch uniform to it). fp8 attention, whose P is scaled to its range, keeps the
-    rescale of every block."""
+    """LAZY_RESCALE: O's rescale becomes a branch on a warp vote, taken where a row
+    maximum of the warp moved by more than 2^8 (fp8, whose P is scaled by 256 towards
+    e4m3's 448: 2^0.75); ptxas neither spills nor serializes the wgmmas around it (the
+    vote makes the branch uniform to it). Without it (0) no vote."""
     from kf.passes.strategies import attention_wgmma as awg
 
-    monkeypatch.setattr(awg, "LAZY_RESCALE", 8.0)
-    for built, lazy in ((attention(2, 4, 256, 2048, 128, elem), True), (attention_fp8(2, 4, 256, 2048, 128), False)):
-        plan, _ = built.emit(HOPPER)
-        assert plan["overlap_pv"], plan
-        ptx, r, log = cuda_report(built, "sm_90a", log=True)
-        assert ("vote.sync.ballot" in ptx) == lazy
-        assert r["spill_store_bytes"] == 0 and "serialized" not in log, (r, log)
+    assert awg._lazy_threshold(elem, 1.0, 0.0) == 8.0 and awg._lazy_threshold("f8E4M3FN", 256.0, 8.0) == 0.75
+    assert awg._lazy_threshold("f8E5M2", 256.0, 8.0) == 7.75
+    for lazy in (8.0, 0.0):
+        monkeypatch.setattr(awg, "LAZY_RESCALE", lazy)
+        for built in (attention(2, 4, 256, 2048, 128, elem), attention_fp8(2, 4, 256, 2048, 128)):
+            plan, _ = built.emit(HOPPER)
+            assert plan["overlap_pv"], plan
+            ptx, r, log = cuda_report(built, "sm_90a", log=True)
+            assert ("vote.sync.ballot" in ptx) == bool(lazy)
+            assert r["spill_store_bytes"] == 0 and "serialized" not in log, (r, log)
 
 
 @needs_ptxas
