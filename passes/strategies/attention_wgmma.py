@@ -934,6 +934,9 @@ class _Turns:
 FP8_MAX = {"f8E4M3FN": 448.0, "f8E5M2": 57344.0}
 
 #: Whether fp8 kernels take LAZY_RESCALE too, with the threshold their P's range allows.
+#: H200, fp8 kernel: 4x32x2048x128 0.412 against 0.425 ms, 2x32x4096x128 0.705 against
+#: 0.730 (bench/results/fp8-attention-{lazy,nolazy}-session10-2026-12-04.json), though
+#: ptxas spills 24 bytes with it.
 FP8_LAZY_RESCALE = True
 
 
