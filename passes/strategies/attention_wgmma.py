@@ -907,18 +907,15 @@ class _Turns:
 
     def __init__(self, g: GpuFunc, wg: ir.Value):
         i32 = ir.IntegerType.get_signless(32)
-        self.g, self.wg = g, wg
+        self.g = g
         self.first = arith.cmpi(arith.CmpIPredicate.eq, wg, g.c(0))
         self.own = arith.index_cast(i32, g.add(wg, 1))
         self.other = arith.index_cast(i32, arith.subi(g.c(2), wg))
-        self.threads = arith.constant(i32, 256)
-
-    def _fixed(self, which: int) -> ir.Value:
-        return arith.constant(ir.IntegerType.get_signless(32), which)
+        self.threads = _i32(256)
 
     def start(self) -> None:
         self.g.when(arith.xori(self.first, arith.constant(self.first.type, 1)),
-                    lambda: nvvm.BarrierArriveOp(self.threads, barrierId=self._fixed(1)))
+                    lambda: nvvm.BarrierArriveOp(self.threads, barrierId=_i32(1)))
 
     def begin(self) -> None:
         nvvm.BarrierOp(None, barrierId=self.own, numberOfThreads=self.threads)
@@ -927,7 +924,7 @@ class _Turns:
         nvvm.BarrierArriveOp(self.threads, barrierId=self.other)
 
     def finish(self) -> None:
-        self.g.when(self.first, lambda: nvvm.BarrierOp(None, barrierId=self._fixed(1), numberOfThreads=self.threads))
+        self.g.when(self.first, lambda: nvvm.BarrierOp(None, barrierId=_i32(1), numberOfThreads=self.threads))
 
 
 #: The largest finite value of each fp8 type (e4m3fn saturates there).
