@@ -87,6 +87,7 @@ from .base import EmittedKernel, NotApplicable, TargetInfo
 from .matmul import (Direct, GpuFunc, MmaSync, Pointwise, VectorStaging, _elem_bytes, direct_source, gpu_arg_types,
                      quad_reduce, store_value)
 from . import wgmma as _wg
+from .hopper_sync import StageBarriers, Turns, const_i32
 
 #: Whether sm_90a attention takes wgmma (else the mma.sync kernel).
 WGMMA = True
@@ -820,113 +821,6 @@ def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: 
     return two_pass_loop(g, ch, init, rows, bm, run_pass)
 
 
-class _StageBarriers:
-    """WARP_SPECIALIZED's mbarriers, two a stage in ``mem`` ([1, 2 x stages] i64 of shared
-    memory): *full* (the producer's copies of the stage's block landed) and *empty* (the
-    consumers are done reading it). Block j uses stage j % stages, and is the
-    (j / stages)-th phase of both: its full barrier's phase completes as its copies land,
-    its empty barrier's as the consumers give it back. A wait names the parity of the
-    phase it waits for; a fresh barrier counts the phase before its first as complete,
-    so the producer's first ``stages`` waits return at once."""
-
-    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False):
-        self.g, self.stages, self.q = g, stages, q
-        i64 = ir.IntegerType.get_signless(64)
-        self.base = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(mem))
-
-    def _at(self, kind: int, stage: ir.Value | int) -> ir.Value:
-        g = self.g
-        stage = g.c(stage) if isinstance(stage, int) else stage
-        i64 = ir.IntegerType.get_signless(64)
-        offset = arith.index_cast(i64, g.mul(g.add(stage, kind * self.stages), 8))
-        return llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), arith.addi(self.base, offset))
-
-    def initialize(self, producers: int, consumers: int) -> None:
-        """Thread 0 sets the arrival counts; a barrier of the whole workgroup then
-        publishes them (the last one the producer and consumers share)."""
-        g = self.g
-        i32 = ir.IntegerType.get_signless(32)
-
-        def init():
-            for s in range(self.stages):
-                nvvm.MBarrierInitOp(self._at(0, s), arith.constant(i32, producers))
-                nvvm.MBarrierInitOp(self._at(1, s), arith.constant(i32, consumers))
-            if self.q:
-                nvvm.MBarrierInitOp(self._at(2, 0), arith.constant(i32, producers))
-
-        g.when(arith.cmpi(arith.CmpIPredicate.eq, gpu.thread_id(gpu.Dimension.x), g.c(0)), init)
-        gpu.barrier()
-
-    def _wait(self, kind: int, j: ir.Value, flip: int) -> None:
-        g = self.g
-        i32 = ir.IntegerType.get_signless(32)
-        parity = arith.index_cast(i32, g.rem(arith.addi(g.div(j, self.stages), g.c(flip)), 2))
-        nvvm.MBarrierTryWaitParityOp(self._at(kind, g.rem(j, self.stages)), parity,
-                                     arith.constant(i32, 0x989680))
-
-    def wait_q(self) -> None:
-        """Consumers: Q landed (the barrier after the stages', with ``q``)."""
-        self._wait(2, self.g.c(0), 0)
-        self._fence()
-
-    def arrive_q(self) -> None:
-        """Producer: as its copies of Q land."""
-        nvvm.CpAsyncMBarrierArriveOp(self._at(2, 0), noinc=True)
-
-    def wait_full(self, j: ir.Value) -> None:
-        """Consumers: block j is in its stage. Then the proxy fence: the copies wrote
-        through the generic proxy, wgmma reads through the async one."""
-        self._wait(0, j, 0)
-        self._fence()
-
-    @staticmethod
-    def _fence() -> None:
-        nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
-                          space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
-
-    def wait_empty(self, j: ir.Value) -> None:
-        """Producer: block j - stages, the stage's last, is read (parity of the phase before)."""
-        self._wait(1, j, 1)
-
-    def arrive_full(self, stage: ir.Value) -> None:
-        """Producer: each thread arrives as its copies issued so far land (noinc: counted
-        in the barrier's arrivals)."""
-        nvvm.CpAsyncMBarrierArriveOp(self._at(0, stage), noinc=True)
-
-    def release(self, j: ir.Value) -> None:
-        """Consumers: block j's stage may be refilled."""
-        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._at(1, self.g.rem(j, self.stages)))
-
-
-class _Turns:
-    """``PINGPONG``'s turns of the two consumer warpgroups (``wg`` 0 and 1) at issuing
-    wgmmas: named barrier 1 + w is warpgroup w's turn, which the other's 128 threads
-    give by ``bar.arrive`` and its own take by ``bar.sync`` (256 in all). Warpgroup 1
-    gives warpgroup 0 the first turn; warpgroup 0 takes the turn that warpgroup 1's
-    last one gives, so that both barriers end as they began."""
-
-    def __init__(self, g: GpuFunc, wg: ir.Value):
-        i32 = ir.IntegerType.get_signless(32)
-        self.g = g
-        self.first = arith.cmpi(arith.CmpIPredicate.eq, wg, g.c(0))
-        self.own = arith.index_cast(i32, g.add(wg, 1))
-        self.other = arith.index_cast(i32, arith.subi(g.c(2), wg))
-        self.threads = _i32(256)
-
-    def start(self) -> None:
-        self.g.when(arith.xori(self.first, arith.constant(self.first.type, 1)),
-                    lambda: nvvm.BarrierArriveOp(self.threads, barrierId=_i32(1)))
-
-    def begin(self) -> None:
-        nvvm.BarrierOp(None, barrierId=self.own, numberOfThreads=self.threads)
-
-    def end(self) -> None:
-        nvvm.BarrierArriveOp(self.threads, barrierId=self.other)
-
-    def finish(self) -> None:
-        self.g.when(self.first, lambda: nvvm.BarrierOp(None, barrierId=_i32(1), numberOfThreads=self.threads))
-
-
 #: The largest finite value of each fp8 type (e4m3fn saturates there).
 FP8_MAX = {"f8E4M3FN": 448.0, "f8E5M2": 57344.0}
 
@@ -959,10 +853,6 @@ def _cttz(x: ir.Value) -> ir.Value:
 def _block_start(j: ir.Value, bn: int) -> ir.Value:
     """Key block j's (i64) first key, as an index."""
     return arith.muli(arith.index_cast(ir.IndexType.get(), j), arith.constant(ir.IndexType.get(), bn))
-
-
-def _i32(v: int) -> ir.Value:
-    return arith.constant(ir.IntegerType.get_signless(32), v)
 
 
 def _uniform(pred: ir.Value) -> ir.Value:
@@ -1043,7 +933,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems]
                 + ([(1, 2 * stages + bool(table_shape), i64)] if specialized else []))
             # with the table, a barrier for Q too: a workgroup may walk no block
-            barriers = _StageBarriers(g, Ms.pop(), stages, bool(table_shape)) if specialized else None
+            barriers = StageBarriers(g, Ms.pop(), stages, bool(table_shape)) if specialized else None
             turns = None
             tid = g.tid()
             qblock = g.bid("x")
@@ -1137,7 +1027,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 """A barrier of every thread that computes (WARP_SPECIALIZED: the 256 of the
                 consumer warpgroups, named barrier 1; else the workgroup)."""
                 if specialized:
-                    nvvm.BarrierOp(None, barrierId=_i32(1), numberOfThreads=_i32(256))
+                    nvvm.BarrierOp(None, barrierId=const_i32(1), numberOfThreads=const_i32(256))
                 else:
                     gpu.barrier()
 
@@ -1670,7 +1560,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
                 def consumers():
                     nonlocal turns
-                    turns = _Turns(g, wg) if PINGPONG else None
+                    turns = Turns(g, wg) if PINGPONG else None
                     store_output(pipelined())
 
                 split(producer, consumers)

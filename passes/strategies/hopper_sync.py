@@ -1,0 +1,131 @@
+"""Hopper's synchronization between warpgroups of one workgroup that do different work:
+the mbarriers of a producer/consumer pipeline of shared-memory stages, and turns
+between two consumer warpgroups on named barriers.
+
+A producer warpgroup (attention_wgmma.WARP_SPECIALIZED) copies key blocks into stages
+while consumer warpgroups compute on earlier ones. ``bar.sync`` of the whole workgroup
+would make them meet every block; an mbarrier lets each side wait for exactly the other
+side's progress on one stage: the consumers for its copies (*full*, arrived on by
+``cp.async.mbarrier.arrive.noinc`` as they land), the producer for its readers being
+done (*empty*). Named barriers (``bar.sync id, n`` / ``bar.arrive id, n``) order groups
+of warps the same way without the rest of the workgroup.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, gpu, llvm, memref, nvvm
+
+from .matmul import GpuFunc
+
+
+def const_i32(v: int) -> ir.Value:
+    """An i32 constant."""
+    return arith.constant(ir.IntegerType.get_signless(32), v)
+
+
+class StageBarriers:
+    """A producer/consumer pipeline's mbarriers, two a stage in ``mem`` ([1, 2 x stages] i64 of shared
+    memory): *full* (the producer's copies of the stage's block landed) and *empty* (the
+    consumers are done reading it). Block j uses stage j % stages, and is the
+    (j / stages)-th phase of both: its full barrier's phase completes as its copies land,
+    its empty barrier's as the consumers give it back. A wait names the parity of the
+    phase it waits for; a fresh barrier counts the phase before its first as complete,
+    so the producer's first ``stages`` waits return at once."""
+
+    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False):
+        self.g, self.stages, self.q = g, stages, q
+        i64 = ir.IntegerType.get_signless(64)
+        self.base = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(mem))
+
+    def _at(self, kind: int, stage: ir.Value | int) -> ir.Value:
+        g = self.g
+        stage = g.c(stage) if isinstance(stage, int) else stage
+        i64 = ir.IntegerType.get_signless(64)
+        offset = arith.index_cast(i64, g.mul(g.add(stage, kind * self.stages), 8))
+        return llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), arith.addi(self.base, offset))
+
+    def initialize(self, producers: int, consumers: int) -> None:
+        """Thread 0 sets the arrival counts; a barrier of the whole workgroup then
+        publishes them (the last one the producer and consumers share)."""
+        g = self.g
+        i32 = ir.IntegerType.get_signless(32)
+
+        def init():
+            for s in range(self.stages):
+                nvvm.MBarrierInitOp(self._at(0, s), arith.constant(i32, producers))
+                nvvm.MBarrierInitOp(self._at(1, s), arith.constant(i32, consumers))
+            if self.q:
+                nvvm.MBarrierInitOp(self._at(2, 0), arith.constant(i32, producers))
+
+        g.when(arith.cmpi(arith.CmpIPredicate.eq, gpu.thread_id(gpu.Dimension.x), g.c(0)), init)
+        gpu.barrier()
+
+    def _wait(self, kind: int, j: ir.Value, flip: int) -> None:
+        g = self.g
+        i32 = ir.IntegerType.get_signless(32)
+        parity = arith.index_cast(i32, g.rem(arith.addi(g.div(j, self.stages), g.c(flip)), 2))
+        nvvm.MBarrierTryWaitParityOp(self._at(kind, g.rem(j, self.stages)), parity,
+                                     arith.constant(i32, 0x989680))
+
+    def wait_q(self) -> None:
+        """Consumers: Q landed (the barrier after the stages', with ``q``)."""
+        self._wait(2, self.g.c(0), 0)
+        self._fence()
+
+    def arrive_q(self) -> None:
+        """Producer: as its copies of Q land."""
+        nvvm.CpAsyncMBarrierArriveOp(self._at(2, 0), noinc=True)
+
+    def wait_full(self, j: ir.Value) -> None:
+        """Consumers: block j is in its stage. Then the proxy fence: the copies wrote
+        through the generic proxy, wgmma reads through the async one."""
+        self._wait(0, j, 0)
+        self._fence()
+
+    @staticmethod
+    def _fence() -> None:
+        nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
+                          space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
+
+    def wait_empty(self, j: ir.Value) -> None:
+        """Producer: block j - stages, the stage's last, is read (parity of the phase before)."""
+        self._wait(1, j, 1)
+
+    def arrive_full(self, stage: ir.Value) -> None:
+        """Producer: each thread arrives as its copies issued so far land (noinc: counted
+        in the barrier's arrivals)."""
+        nvvm.CpAsyncMBarrierArriveOp(self._at(0, stage), noinc=True)
+
+    def release(self, j: ir.Value) -> None:
+        """Consumers: block j's stage may be refilled."""
+        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._at(1, self.g.rem(j, self.stages)))
+
+
+class Turns:
+    """Two consumer warpgroups' turns (``wg`` 0 and 1) at issuing
+    wgmmas: named barrier 1 + w is warpgroup w's turn, which the other's 128 threads
+    give by ``bar.arrive`` and its own take by ``bar.sync`` (256 in all). Warpgroup 1
+    gives warpgroup 0 the first turn; warpgroup 0 takes the turn that warpgroup 1's
+    last one gives, so that both barriers end as they began."""
+
+    def __init__(self, g: GpuFunc, wg: ir.Value):
+        i32 = ir.IntegerType.get_signless(32)
+        self.g = g
+        self.first = arith.cmpi(arith.CmpIPredicate.eq, wg, g.c(0))
+        self.own = arith.index_cast(i32, g.add(wg, 1))
+        self.other = arith.index_cast(i32, arith.subi(g.c(2), wg))
+        self.threads = const_i32(256)
+
+    def start(self) -> None:
+        self.g.when(arith.xori(self.first, arith.constant(self.first.type, 1)),
+                    lambda: nvvm.BarrierArriveOp(self.threads, barrierId=const_i32(1)))
+
+    def begin(self) -> None:
+        nvvm.BarrierOp(None, barrierId=self.own, numberOfThreads=self.threads)
+
+    def end(self) -> None:
+        nvvm.BarrierArriveOp(self.threads, barrierId=self.other)
+
+    def finish(self) -> None:
+        self.g.when(self.first, lambda: nvvm.BarrierOp(None, barrierId=const_i32(1), numberOfThreads=self.threads))
