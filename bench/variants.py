@@ -163,6 +163,8 @@ ATTENTION_VARIANTS = {
     "wgmma, P V waited for at once": {"OVERLAP_PV": False},
     "wgmma, every block rescales O": {"LAZY_RESCALE": 0.0},
     "wgmma, consumers take turns (ping-pong)": {"PINGPONG": True},
+    "wgmma, K and V on one pair of barriers": {"SPLIT_KV_BARRIERS": False},
+    "wgmma, K and V each on its own pair of barriers": {"SPLIT_KV_BARRIERS": True},
     "wgmma, no producer warpgroup (session 9 kernel)": {"WARP_SPECIALIZED": False, "LAZY_RESCALE": 0.0},
     "wgmma, no producer warpgroup, lazy rescale": {"WARP_SPECIALIZED": False},
     "wgmma, masked walk: online softmax in every block": {"LINEAR_MASKED_BLOCKS": False},

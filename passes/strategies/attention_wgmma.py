@@ -267,6 +267,12 @@ WALK_OVERLAP_PV = True
 #: multiples of 8, 2 x 128 x 240 + 128 x 24 = 64512 of the SM's 65536).
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 
+#: With WARP_SPECIALIZED, unmasked: whether K and V of a stage each have their own full
+#: and empty mbarriers. S_j waits for K_j only and gives it back as soon as S_j is
+#: complete, P V_{j-1} waits for V_{j-1}: the producer may refill a stage's K half an
+#: iteration earlier, and the consumers start S_j before V_j lands.
+SPLIT_KV_BARRIERS = True
+
 #: With WARP_SPECIALIZED: whether the two consumer warpgroups take turns at issuing their
 #: wgmmas (FlashAttention-3's ping-pong): each issues a block's S and P V only after the
 #: other issued its own, so that one's softmax runs while the other's products do, rather
@@ -906,6 +912,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
     n_in = len(view.args)
     specialized = plan.get("warp_specialized", False)
     table_shape = plan.get("block_table") if plan.get("skip_masked_blocks") and (stages == 2 or specialized) else None
+    # SPLIT_KV_BARRIERS: K and V each with their own full and empty barriers (no table)
+    kv_parts = 2 if specialized and SPLIT_KV_BARRIERS and not table_shape else 1
     arg_types = gpu_arg_types(view, target)
     prelude = None
     with kernel.location:
@@ -931,9 +939,9 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             Qs, Ks, Vs, *Ms = _wg._carve_aligned(
                 g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
                     (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems]
-                + ([(1, 2 * stages + bool(table_shape), i64)] if specialized else []))
+                + ([(1, StageBarriers.size(stages, bool(table_shape), kv_parts), i64)] if specialized else []))
             # with the table, a barrier for Q too: a workgroup may walk no block
-            barriers = StageBarriers(g, Ms.pop(), stages, bool(table_shape)) if specialized else None
+            barriers = StageBarriers(g, Ms.pop(), stages, bool(table_shape), kv_parts) if specialized else None
             turns = None
             tid = g.tid()
             qblock = g.bid("x")
@@ -1230,6 +1238,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 lazy = _lazy_threshold(elem, p_scale, log2_p) if linear is not None else None
                 if walk is None:
                     first = first_scores()
+                    if kv_parts == 2:
+                        barriers.release(g.c(0))  # K_0 is read
                     m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
                     carried = m + l + [init[4]] + packed(p)
                 else:
@@ -1268,7 +1278,9 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     m, l, o, a = c[0:2], c[2:4], c[4], c[5:]
                     j = g.div(n0, bn)
                     if barriers is not None:
-                        barriers.wait_full(j)
+                        barriers.wait_full(j)  # K_j (and V_j unless split)
+                        if kv_parts == 2:
+                            barriers.wait_full(arith.subi(j, g.c(1)), part=1)  # V_{j-1}
                     else:
                         nvvm.cp_async_wait_group(0)  # block j
                         # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
@@ -1284,14 +1296,18 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     if turns is not None:
                         turns.end()
                     nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
+                    if kv_parts == 2:
+                        barriers.release(j)  # K_j is read
                     out = block_softmax(n0, acc, m, l, lazy=lazy)
                     m, l, alpha, p = out[:4]
                     nvvm.wgmma_wait_group_sync_aligned(0)
-                    if barriers is not None:
-                        barriers.release(arith.subi(j, g.c(1)))  # block j - 1's K and V are read
+                    if barriers is not None:  # block j - 1's V (and K unless split) is read
+                        barriers.release(arith.subi(j, g.c(1)), part=kv_parts - 1)
                     return m + l + [rescaled(o, alpha, out[4] if lazy else None)] + packed(p)
 
                 c = g.loop(bn, Sk, bn, carried, step)
+                if kv_parts == 2:
+                    barriers.wait_full(g.c(-(-Sk // bn) - 1), part=1)
                 if turns is not None:
                     turns.begin()
                 o = issue_pv(c[4], c[5:], g.c((-(-Sk // bn) - 1) % 3))
@@ -1342,8 +1358,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     stage = g.rem(i, stages)
                     barriers.wait_empty(i)
                     k_p.copy_async(n0, 0, stage)
+                    if kv_parts == 2:  # K and V each on its own pair of barriers
+                        barriers.arrive_full(stage)
+                        barriers.wait_empty(i, part=1)
                     v_p.copy_async(0, n0, stage)
-                    barriers.arrive_full(stage)
+                    barriers.arrive_full(stage, part=kv_parts - 1)
 
                 if walk is None:
                     def block(n0, _):

@@ -31,12 +31,27 @@ class StageBarriers:
     (j / stages)-th phase of both: its full barrier's phase completes as its copies land,
     its empty barrier's as the consumers give it back. A wait names the parity of the
     phase it waits for; a fresh barrier counts the phase before its first as complete,
-    so the producer's first ``stages`` waits return at once."""
+    so the producer's first ``stages`` waits return at once.
 
-    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False):
-        self.g, self.stages, self.q = g, stages, q
+    ``q``: one more barrier after them, for a copy made once (attention's Q). ``parts``
+    2: a second pair a stage (``part=1``; after Q's), so that two operands of a block
+    (attention's K and V) land and are given back each on its own. ``mem`` holds
+    ``size(stages, q, parts)`` barriers."""
+
+    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False, parts: int = 1):
+        self.g, self.stages, self.q, self.parts = g, stages, q, parts
         i64 = ir.IntegerType.get_signless(64)
         self.base = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(mem))
+
+    @staticmethod
+    def size(stages: int, q: bool, parts: int = 1) -> int:
+        """The barriers (i64) of such a pipeline."""
+        return 5 * stages if parts == 2 else 2 * stages + q
+
+    @staticmethod
+    def _kinds(part: int) -> tuple[int, int]:
+        """(full, empty) kinds of a part: 0 and 1, or after Q's 2, 3 and 4."""
+        return (0, 1) if part == 0 else (3, 4)
 
     def _at(self, kind: int, stage: ir.Value | int) -> ir.Value:
         g = self.g
@@ -52,9 +67,11 @@ class StageBarriers:
         i32 = ir.IntegerType.get_signless(32)
 
         def init():
-            for s in range(self.stages):
-                nvvm.MBarrierInitOp(self._at(0, s), arith.constant(i32, producers))
-                nvvm.MBarrierInitOp(self._at(1, s), arith.constant(i32, consumers))
+            for part in range(self.parts):
+                full, empty = self._kinds(part)
+                for s in range(self.stages):
+                    nvvm.MBarrierInitOp(self._at(full, s), arith.constant(i32, producers))
+                    nvvm.MBarrierInitOp(self._at(empty, s), arith.constant(i32, consumers))
             if self.q:
                 nvvm.MBarrierInitOp(self._at(2, 0), arith.constant(i32, producers))
 
@@ -77,10 +94,10 @@ class StageBarriers:
         """Producer: as its copies of Q land."""
         nvvm.CpAsyncMBarrierArriveOp(self._at(2, 0), noinc=True)
 
-    def wait_full(self, j: ir.Value) -> None:
-        """Consumers: block j is in its stage. Then the proxy fence: the copies wrote
-        through the generic proxy, wgmma reads through the async one."""
-        self._wait(0, j, 0)
+    def wait_full(self, j: ir.Value, part: int = 0) -> None:
+        """Consumers: block j (its ``part``) is in its stage. Then the proxy fence: the
+        copies wrote through the generic proxy, wgmma reads through the async one."""
+        self._wait(self._kinds(part)[0], j, 0)
         self._fence()
 
     @staticmethod
@@ -88,18 +105,19 @@ class StageBarriers:
         nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
                           space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
 
-    def wait_empty(self, j: ir.Value) -> None:
+    def wait_empty(self, j: ir.Value, part: int = 0) -> None:
         """Producer: block j - stages, the stage's last, is read (parity of the phase before)."""
-        self._wait(1, j, 1)
+        self._wait(self._kinds(part)[1], j, 1)
 
-    def arrive_full(self, stage: ir.Value) -> None:
+    def arrive_full(self, stage: ir.Value, part: int = 0) -> None:
         """Producer: each thread arrives as its copies issued so far land (noinc: counted
         in the barrier's arrivals)."""
-        nvvm.CpAsyncMBarrierArriveOp(self._at(0, stage), noinc=True)
+        nvvm.CpAsyncMBarrierArriveOp(self._at(self._kinds(part)[0], stage), noinc=True)
 
-    def release(self, j: ir.Value) -> None:
-        """Consumers: block j's stage may be refilled."""
-        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._at(1, self.g.rem(j, self.stages)))
+    def release(self, j: ir.Value, part: int = 0) -> None:
+        """Consumers: block j's stage (its ``part``) may be refilled."""
+        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64),
+                              self._at(self._kinds(part)[1], self.g.rem(j, self.stages)))
 
 
 class Turns:

@@ -153,7 +153,8 @@ def test_warp_specialized_key_loop(kind, sk, pingpong, monkeypatch):
     ptx, r, log = cuda_report(built, "sm_90a", log=True)
     assert ptx.count("setmaxnreg.dec.sync.aligned.u32 \t24;") == 1, "the producer"
     assert ptx.count("setmaxnreg.inc.sync.aligned.u32 \t240;") == 1, "the consumers"
-    assert ptx.count("mbarrier.init.shared.b64") == 6  # full and empty, three stages
+    # full and empty, three stages (SPLIT_KV_BARRIERS: for K and for V)
+    assert ptx.count("mbarrier.init.shared.b64") == 6 * (1 + attention_wgmma.SPLIT_KV_BARRIERS)
     assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx and "mbarrier.arrive.shared.b64" in ptx
     assert "fence.proxy.async.shared::cta" in ptx
     assert ptx.count("bar.sync \t0;") == 1, "the workgroup meets once, after the mbarriers' initialization"

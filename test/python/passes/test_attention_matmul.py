@@ -919,8 +919,9 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape, attention_loop):
 
 
 @needs_cuda
-@pytest.mark.parametrize("switches", [{}, {"PINGPONG": False}, {"LAZY_RESCALE": 8.0}, {"WARP_SPECIALIZED": False}],
-                         ids=["pingpong", "no-pingpong", "lazy", "no-producer"])
+@pytest.mark.parametrize("switches", [{}, {"PINGPONG": True}, {"LAZY_RESCALE": 0.0}, {"WARP_SPECIALIZED": False},
+                                      {"SPLIT_KV_BARRIERS": True}, {"SPLIT_KV_BARRIERS": False}],
+                         ids=["default", "pingpong", "no-lazy", "no-producer", "split-kv", "one-pair"])
 @pytest.mark.parametrize("b,h,sq,sk,elem", [(2, 3, 1000, 1000, "bf16"), (1, 2, 333, 1024, "f16"),
                                              (1, 4, 2048, 2048, "bf16"), (3, 1, 64, 4096, "bf16")])
 def test_warp_specialized_attention_cuda(b, h, sq, sk, elem, switches, monkeypatch):
