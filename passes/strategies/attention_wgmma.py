@@ -270,8 +270,11 @@ CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 #: With WARP_SPECIALIZED, unmasked: whether K and V of a stage each have their own full
 #: and empty mbarriers. S_j waits for K_j only and gives it back as soon as S_j is
 #: complete, P V_{j-1} waits for V_{j-1}: the producer may refill a stage's K half an
-#: iteration earlier, and the consumers start S_j before V_j lands.
-SPLIT_KV_BARRIERS = True
+#: iteration earlier, and the consumers start S_j before V_j lands. H200, in one process
+#: (bench/results/*split-kv*, *one-pair*-session10): bf16 4x32x2048x128 0.548 against
+#: 0.564 ms, but 2x32x4096x128 0.951 against 0.934, and the fp8 kernel 0.426 against
+#: 0.408 and 0.730 against 0.708: the copies are not what the consumers wait for. Off.
+SPLIT_KV_BARRIERS = False
 
 #: With WARP_SPECIALIZED: whether the two consumer warpgroups take turns at issuing their
 #: wgmmas (FlashAttention-3's ping-pong): each issues a block's S and P V only after the
