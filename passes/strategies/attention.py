@@ -360,9 +360,7 @@ def row_sums(l: list[ir.Value], alpha: list[ir.Value], p: list[list[ir.Value]]) 
 def block_reduce(pred: ir.Value, how: str = "or", barrier: tuple[int, int] | None = None) -> ir.Value:
     """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too). ``barrier``:
     (id, threads) of a named barrier of some of the workgroup's warps instead."""
-    from mlir.dialects import nvvm
-
-    from mlir.dialects import llvm
+    from mlir.dialects import llvm, nvvm
 
     i32 = ir.IntegerType.get_signless(32)
     if barrier is not None:  # the NVVM op reduces on barrier 0 only
