@@ -771,6 +771,38 @@ def _table_masks(g: GpuFunc, table: ir.Value, qblock: ir.Value, nk: int, tid: ir
     return masks
 
 
+def _walk_classes() -> tuple[str, ...]:
+    """The ``_table_masks`` a walk over live blocks reads: live, and whole and causal
+    where WHOLE_BLOCKS and CAUSAL_BLOCKS tell them apart."""
+    return ("live",) + ("whole",) * WHOLE_BLOCKS + ("causal",) * CAUSAL_BLOCKS
+
+
+def _every_block(nk: int) -> ir.Value:
+    """The i64 bit mask of all nk key blocks (a pass that skips none)."""
+    return arith.constant(ir.IntegerType.get_signless(64), (1 << nk) - 1 if nk < 64 else -1)
+
+
+def _live_count(walk: ir.Value) -> ir.Value:
+    """The blocks a walk visits: its bits (an index)."""
+    return arith.index_cast(ir.IndexType.get(), llvm.intr_ctpop(walk))
+
+
+def _live_after(walk: ir.Value, j: ir.Value) -> ir.Value:
+    """The walk's blocks past block j (its bits above bit j)."""
+    return arith.andi(walk, arith.shli(arith.constant(ir.IntegerType.get_signless(64), -2), j))
+
+
+def _block_kinds(masks: dict[str, ir.Value], j: ir.Value) -> dict[str, ir.Value]:
+    """Block j's classes as ``key_block``'s keywords: ``unmasked`` (whole) and ``causal``."""
+    i1 = ir.IntegerType.get_signless(1)
+    kinds = {}
+    if WHOLE_BLOCKS:
+        kinds["unmasked"] = arith.trunci(i1, arith.shrui(masks["whole"], j))
+    if CAUSAL_BLOCKS:
+        kinds["causal"] = arith.trunci(i1, arith.shrui(masks["causal"], j))
+    return kinds
+
+
 def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: int, bm: int, tid: ir.Value,
                 init: list[ir.Value], rows: list[ir.Value], key_block, copy_block, fence_and_publish) -> list[ir.Value]:
     """The key loop over the live blocks only (TABLE_WALK), from the table's bit masks
@@ -786,24 +818,17 @@ def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: 
 
     from .attention import two_pass_loop
 
-    i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
-    index = ir.IndexType.get()
-    masks = _table_masks(g, table, qblock, nk, tid, ("live",) + ("whole",) * WHOLE_BLOCKS + ("causal",) * CAUSAL_BLOCKS)
-    every = arith.constant(i64, (1 << nk) - 1 if nk < 64 else -1)
-
-    def cttz(x):  # 64 for 0 (math.cttz and ctpop have no NVVM lowering in MLIR 22)
-        return llvm.intr_cttz(x, False)
-
-    def bit(mask, j):
-        return arith.trunci(i1, arith.shrui(mask, j))
+    i64 = ir.IntegerType.get_signless(64)
+    masks = _table_masks(g, table, qblock, nk, tid, _walk_classes())
+    every = _every_block(nk)
 
     def block_start(j):
-        return g.mul(arith.index_cast(index, j), bn)
+        return _block_start(g, j, bn)
 
     def run_pass(allow):
         walk = arith.select(allow, masks["live"], every)
-        count = arith.index_cast(index, llvm.intr_ctpop(walk))
-        first = cttz(walk)
+        count = _live_count(walk)
+        first = _cttz(walk)
         nvvm.cp_async_wait_group(0)  # a previous pass's last prefetch
         g.when(arith.cmpi(arith.CmpIPredicate.ugt, count, g.c(0)), lambda: copy_block(block_start(first), g.c(0)))
         nvvm.cp_async_commit_group()  # with Q's copies on the first pass
@@ -813,17 +838,12 @@ def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: 
             state, j = carried[:-1], carried[-1]
             nvvm.cp_async_wait_group(0)  # this block's K and V
             fence_and_publish()  # and every reader of the other stage is done
-            later = arith.andi(walk, arith.shli(arith.constant(i64, -2), j))  # live blocks past j
-            nxt = cttz(later)
+            later = _live_after(walk, j)
+            nxt = _cttz(later)
             g.when(arith.cmpi(arith.CmpIPredicate.ne, later, arith.constant(i64, 0)),
                    lambda: copy_block(block_start(nxt), g.rem(g.add(i, 1), 2)))
             nvvm.cp_async_commit_group()
-            kinds = {}
-            if WHOLE_BLOCKS:
-                kinds["unmasked"] = bit(masks["whole"], j)
-            if CAUSAL_BLOCKS:
-                kinds["causal"] = bit(masks["causal"], j)
-            scf.yield_(key_block(block_start(j), state, stage=g.rem(i, 2), **kinds) + [nxt])
+            scf.yield_(key_block(block_start(j), state, stage=g.rem(i, 2), **_block_kinds(masks, j)) + [nxt])
         state = list(loop.results)[:-1]
         return state, arith.cmpi(arith.CmpIPredicate.ne, walk, every)
 
@@ -859,9 +879,9 @@ def _cttz(x: ir.Value) -> ir.Value:
     return llvm.intr_cttz(x, False)
 
 
-def _block_start(j: ir.Value, bn: int) -> ir.Value:
+def _block_start(g: GpuFunc, j: ir.Value, bn: int) -> ir.Value:
     """Key block j's (i64) first key, as an index."""
-    return arith.muli(arith.index_cast(ir.IndexType.get(), j), arith.constant(ir.IndexType.get(), bn))
+    return g.mul(arith.index_cast(ir.IndexType.get(), j), bn)
 
 
 def _uniform(pred: ir.Value) -> ir.Value:
@@ -1250,25 +1270,24 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     barriers.wait_full(g.c(0))
                     first = issue_scores(g.c(0))
                     nvvm.wgmma_wait_group_sync_aligned(0)
-                    m, l, _, p = classified_softmax(_block_start(j0, bn), first, init[0:2], init[2:4], *classes(j0))
+                    m, l, _, p = classified_softmax(_block_start(g, j0, bn), first, init[0:2], init[2:4], *classes(j0))
                     carried = m + l + [init[4]] + packed(p) + [j0]
 
                 def walked(i, c):
                     """The i-th live block (i >= 1) after block c[-1]."""
                     m, l, o, a, prev = c[0:2], c[2:4], c[4], c[5:-1], c[-1]
-                    i64 = ir.IntegerType.get_signless(64)
-                    j = _cttz(arith.andi(walk, arith.shli(arith.constant(i64, -2), prev)))
+                    j = _cttz(_live_after(walk, prev))
                     barriers.wait_full(i)
                     acc = issue_scores(g.rem(i, 3))
                     o = issue_pv(o, a, g.rem(g.add(i, 2), 3))  # the block before
                     nvvm.wgmma_wait_group_sync_aligned(1)
-                    m, l, alpha, p = classified_softmax(_block_start(j, bn), acc, m, l, *classes(j))
+                    m, l, alpha, p = classified_softmax(_block_start(g, j, bn), acc, m, l, *classes(j))
                     nvvm.wgmma_wait_group_sync_aligned(0)
                     barriers.release(arith.subi(i, g.c(1)))
                     return m + l + [rescale(o, alpha)] + packed(p) + [j]
 
                 if walk is not None:
-                    count = arith.index_cast(ir.IndexType.get(), llvm.intr_ctpop(walk))
+                    count = _live_count(walk)
                     loop = scf.ForOp(g.c(1), count, g.c(1), carried)
                     with ir.InsertionPoint(loop.body):
                         scf.yield_(walked(loop.induction_variable, list(loop.inner_iter_args)))
@@ -1375,13 +1394,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     g.loop(0, Sk, bn, [], block)
                 else:
                     barriers.arrive_q()
-                    i64 = ir.IntegerType.get_signless(64)
-                    count = arith.index_cast(ir.IndexType.get(), llvm.intr_ctpop(walk))
-                    loop = scf.ForOp(g.c(0), count, g.c(1), [_cttz(walk)])
+                    loop = scf.ForOp(g.c(0), _live_count(walk), g.c(1), [_cttz(walk)])
                     with ir.InsertionPoint(loop.body):
                         j = loop.inner_iter_args[0]
-                        copy(loop.induction_variable, _block_start(j, bn))
-                        scf.yield_([_cttz(arith.andi(walk, arith.shli(arith.constant(i64, -2), j)))])
+                        copy(loop.induction_variable, _block_start(g, j, bn))
+                        scf.yield_([_cttz(_live_after(walk, j))])
                 nvvm.cp_async_commit_group()
                 nvvm.cp_async_wait_group(0)
 
@@ -1402,37 +1419,25 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 live blocks as the producer copies them (``pipelined``); the second, rare
                 (``two_pass_loop``: a query row masked everywhere), over every block,
                 copied by the consumers themselves into stage 0, as ``key_block`` does."""
-                masks = _table_masks(g, table, qblock, table_shape[1], tid,
-                                     ("live",) + ("whole",) * WHOLE_BLOCKS + ("causal",) * CAUSAL_BLOCKS)
-                i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
-                nk = table_shape[1]
-                every = arith.constant(i64, (1 << nk) - 1 if nk < 64 else -1)
+                masks = _table_masks(g, table, qblock, table_shape[1], tid, _walk_classes())
+                i64 = ir.IntegerType.get_signless(64)
                 types = [v.type for v in init]
                 barriers.wait_q()
 
-                def kinds(j):
-                    out = {}
-                    if WHOLE_BLOCKS:
-                        out["unmasked"] = arith.trunci(i1, arith.shrui(masks["whole"], j))
-                    if CAUSAL_BLOCKS:
-                        out["causal"] = arith.trunci(i1, arith.shrui(masks["causal"], j))
-                    return out
-
                 def classes(j):
-                    k = kinds(j)
+                    k = _block_kinds(masks, j)
                     return k.get("unmasked"), k.get("causal")
 
                 def serial(walk):
                     """The live blocks, each one's P V waited for before the next block's S."""
-                    count = arith.index_cast(ir.IndexType.get(), llvm.intr_ctpop(walk))
-                    loop = scf.ForOp(g.c(0), count, g.c(1), list(init) + [_cttz(walk)])
+                    loop = scf.ForOp(g.c(0), _live_count(walk), g.c(1), list(init) + [_cttz(walk)])
                     with ir.InsertionPoint(loop.body):
                         i, c = loop.induction_variable, list(loop.inner_iter_args)
                         j = c[-1]
                         barriers.wait_full(i)
-                        out = key_block(_block_start(j, bn), c[:-1], stage=g.rem(i, 3), **kinds(j))
+                        out = key_block(_block_start(g, j, bn), c[:-1], stage=g.rem(i, 3), **_block_kinds(masks, j))
                         barriers.release(i)
-                        scf.yield_(out + [_cttz(arith.andi(walk, arith.shli(arith.constant(i64, -2), j)))])
+                        scf.yield_(out + [_cttz(_live_after(walk, j))])
                     return list(loop.results)[:-1]
 
                 def first_pass():
@@ -1448,13 +1453,12 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     k_tile, v_tile = kv_tiles(tid, 256, False)
 
                     def step(n0, c):
-                        j = arith.index_cast(i64, g.div(n0, bn))
-                        return key_block(n0, c, **kinds(j))
+                        return key_block(n0, c, **_block_kinds(masks, arith.index_cast(i64, g.div(n0, bn))))
                     return g.loop(0, Sk, bn, list(init), step)
 
                 def run_pass(allow):
                     state = g.guarded(allow, types, first_pass, every_block)
-                    return state, arith.cmpi(arith.CmpIPredicate.ne, masks["live"], every)
+                    return state, arith.cmpi(arith.CmpIPredicate.ne, masks["live"], _every_block(table_shape[1]))
 
                 store_output(two_pass_loop(g, ch, init, rows, bm, run_pass,
                                            reduce=lambda pred: block_reduce(pred, barrier=(1, 256))))
