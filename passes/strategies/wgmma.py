@@ -266,15 +266,24 @@ class SwizzledTile:
         dst = arith.addi(dst0, arith.index_cast(i64, g.mul(index(stage), self.stage_bytes)))
         cg = ir.Attribute.parse("#nvvm<load_cache_modifier cg>")
         i8 = ir.IntegerType.get_signless(8)
+
+        def pointers(src):
+            return [llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), x) for space, x in ((1, src), (3, dst))]
+
+        def slot(ptrs, e):
+            """Slot e's (source, destination): a constant byte offset of the block's
+            pointers (getelementptr), which becomes the immediate of the cp.async."""
+            return (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, None)
+                    for p, off in zip(ptrs, (e * step * b_first, e * step * SWIZZLE_BYTES)))
+
         if not whole:
             i32 = ir.IntegerType.get_signless(32)
-            ptrs = [llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), x) for space, x in ((1, src), (3, dst))]
+            ptrs = pointers(src)
             at_second = g.lt(_plus(g, s0, second), n_second)
             row = _plus(g, f0, first)
             for e in range(slots):
                 inside = arith.andi(g.lt(g.add(row, e * step), n_first), at_second)
-                s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, None)
-                        for p, off in zip(ptrs, (e * step * b_first, e * step * SWIZZLE_BYTES)))
+                s, t = slot(ptrs, e)
                 s = llvm.inttoptr(s.type, arith.select(inside, llvm.ptrtoint(base.type, s), base))
                 size = arith.select(inside, arith.constant(i32, 16), arith.constant(i32, 0))
                 nvvm.CpAsyncOp(t, s, 16, cg, cpSize=size)
@@ -287,12 +296,9 @@ class SwizzledTile:
             src = arith.select(inside, src, src0)
             i32 = ir.IntegerType.get_signless(32)
             size = arith.select(inside, arith.constant(i32, 16), arith.constant(i32, 0))
-        # each slot a constant byte offset of the block's pointers (getelementptr),
-        # which becomes the immediate of the cp.async addresses
-        ptrs = [llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), x) for space, x in ((1, src), (3, dst))]
+        ptrs = pointers(src)
         for e in range(slots):
-            s, t = (p if not off else llvm.getelementptr(p.type, p, [], [off], i8, None)
-                    for p, off in zip(ptrs, (e * step * b_first, e * step * SWIZZLE_BYTES)))
+            s, t = slot(ptrs, e)
             nvvm.CpAsyncOp(t, s, 16, cg, cpSize=size)
 
     def descriptor_base(self) -> ir.Value:
