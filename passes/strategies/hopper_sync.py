@@ -25,8 +25,8 @@ def const_i32(v: int) -> ir.Value:
 
 
 class StageBarriers:
-    """A producer/consumer pipeline's mbarriers, two a stage in ``mem`` ([1, 2 x stages] i64 of shared
-    memory): *full* (the producer's copies of the stage's block landed) and *empty* (the
+    """A producer/consumer pipeline's mbarriers, two a stage in ``mem`` (i64 of shared
+    memory, ``size()`` of them): *full* (the producer's copies of the stage's block landed) and *empty* (the
     consumers are done reading it). Block j uses stage j % stages, and is the
     (j / stages)-th phase of both: its full barrier's phase completes as its copies land,
     its empty barrier's as the consumers give it back. A wait names the parity of the
