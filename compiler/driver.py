@@ -204,6 +204,19 @@ def target_arch(options: Options) -> str:
     return "sm_90a"
 
 
+def target_multiprocessors(target: str) -> int:
+    """The streaming multiprocessors of the current CUDA device, which persistent kernels
+    start one workgroup on each (part of the cache key, as the arch is); without a GPU,
+    the H200's 132, as ``target_arch`` takes its sm_90a. 0 for other targets."""
+    if target != "cuda":
+        return 0
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132
+
+
 def debug() -> bool:
     """KF_DEBUG=1 keeps kf's own frames in the traceback of a CompileError."""
     return os.environ.get("KF_DEBUG", "") not in ("", "0")
@@ -227,7 +240,7 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
             return InterpretedProgram(cap)
         arch = target_arch(options)
-        key = cache.key(fn, sig, options, arch)
+        key = cache.key(fn, sig, options, f"{arch} {target_multiprocessors(options.target)}")
         entry = cache.load(key)
         if entry is None:
             meta, artifacts = build(fn, sig, tensors, options, arch)
@@ -386,6 +399,8 @@ def gpu_passes(target: str, arch: str) -> list[str]:
 
     t = "cuda" if target == "cuda" else "spirv"
     chip = f" chip={arch}" if target == "cuda" and arch else ""
+    if target == "cuda":
+        chip += f" multiprocessors={target_multiprocessors(target)}"
     out = []
     for p in GPU_PASSES:
         name = p.split("{")[0]

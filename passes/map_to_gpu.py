@@ -62,10 +62,12 @@ class MapToGpuPass(KfPass):
 
     target: str = "cuda"
     chip: str = "sm_90"
+    #: the device's multiprocessors (CUDA; persistent kernels start one workgroup on each)
+    multiprocessors: int = 132
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location)
-        info = TargetInfo.for_target(self.target, self.chip)
+        info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors)
         kernels = E.kernel_functions(module)
         if not kernels:
             return

@@ -98,10 +98,12 @@ class TilePass(KfPass):
 
     target: str = "cuda"
     chip: str = "sm_90"
+    #: the device's multiprocessors (CUDA; persistent kernels start one workgroup on each)
+    multiprocessors: int = 132
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location)
-        info = TargetInfo.for_target(self.target, self.chip)
+        info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors)
         for kernel in E.kernel_functions(module):
             with kernel.context, kernel.location:
                 _, plan = choose(kernel, info)

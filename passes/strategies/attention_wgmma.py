@@ -80,12 +80,13 @@ from kf.dialects.attrs import op_attrs
 from kf.dialects.types import defining
 from kf.passes import scalar_math
 from mlir import ir
-from mlir.dialects import arith, gpu, llvm, memref, nvvm, scf
+from mlir.dialects import arith, gpu, llvm, memref, nvvm, scf, vector
 from mlir.dialects import math as mmath
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
+from .emit import to_storage as emit_to_storage
 from .matmul import (Direct, GpuFunc, MmaSync, Pointwise, VectorStaging, _elem_bytes, direct_source, gpu_arg_types,
-                     quad_reduce, store_value)
+                     quad_reduce)
 from . import wgmma as _wg
 from .hopper_sync import StageBarriers, Turns, const_i32
 
@@ -181,9 +182,16 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
             WARPGROUPS == 2 and max(d, dv) >= WALK_THREE_STAGES_FROM and dv <= 128 and walk_shared <= target.max_dynamic_shared_bytes:
         specialized = overlap_pv = True
         stages, shared = 3, walk_shared
+    grid = [-(-ch.seq_q // bm), batch, 1]
+    # PERSISTENT: the unmasked producer/consumer kernel, one workgroup an SM over the tiles
+    # (and while the keys and values the SMs' tiles read at once stay a fraction of L2)
+    window = target.multiprocessors / grid[0] * ch.seq_k * (d + dv) * esize
+    persistent = PERSISTENT and specialized and not table and not SPLIT_KV_BARRIERS and not PINGPONG \
+        and target.multiprocessors > 0 and window <= PERSISTENT_WINDOW_BYTES
+    if persistent:
+        grid = [min(grid[0] * batch, target.multiprocessors), 1, 1]
     return {"block_m": bm, "block_n": bn, "threads": 128 * (WARPGROUPS + specialized), "stages": stages,
-            "grid": [-(-ch.seq_q // bm),
-            batch, 1], "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
+            "grid": grid, "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
             "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
             "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
@@ -192,7 +200,8 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
             # O (Dv / 2 registers), S, and two blocks of P: head dim 256 spills (336 bytes,
             # fp8); and two key blocks, whose loop of one trip LLVM removes, spilled 96
             # bytes at head dim 128 in fp8 (the straight code scheduled wider)
-            "overlap_pv": overlap_pv, "warp_specialized": specialized}
+            "overlap_pv": overlap_pv, "warp_specialized": specialized,
+            "persistent": [-(-ch.seq_q // bm), batch] if persistent else []}
 
 
 #: Whether workgroups take the query blocks last to first where blocks may be skipped:
@@ -248,6 +257,25 @@ OVERLAP_PV = True
 #: at a barrier per block, carry no copy addresses, and the producer gives them its
 #: registers (``setmaxnreg``: 240 a consumer thread, 24 a producer one).
 WARP_SPECIALIZED = True
+
+#: With WARP_SPECIALIZED, unmasked: whether the kernel is persistent: one workgroup an SM
+#: (``TargetInfo.multiprocessors`` of them) takes tiles (query block, batch) t, t + grid,
+#: ... in turn, and its producer copies the next tile's Q, K and V while the consumers
+#: finish the last blocks of the current one and store its O. Q then has a barrier of
+#: its own (``StageBarriers.q_free``), the stages' phases run on across tiles. Without,
+#: each workgroup starts with empty stages and ends with idle tensor cores: with one
+#: workgroup an SM (225 KiB of shared memory) nothing else fills that time.
+PERSISTENT = True
+
+#: PERSISTENT only where the keys and values of the tiles that run at once (one an SM:
+#: multiprocessors / query blocks heads, each Sk x (D + Dv) elements) take at most this
+#: much of L2 (50 MiB on the H200). A workgroup takes every grid-th tile whatever the
+#: others do, so over many tiles they drift apart, and the tiles in flight span more
+#: heads than the hardware's in-order dispatch of a grid of tiles would have: H200,
+#: 4x32 heads, 2048 queries, d128 (8 MiB at 2048 keys): 0.512 against 0.529 ms at 2048
+#: keys, but 0.972 against 0.891 at 4096 (16 MiB) and 1.94 against 1.77 at 8192 (33
+#: MiB); 2x32x4096x128 (8 MiB): 0.910 against 0.914 (bench/results/*session11*).
+PERSISTENT_WINDOW_BYTES = 12 << 20
 
 #: With WARP_SPECIALIZED and the block table: whether the blocks the mask leaves whole and
 #: those of the causal pattern take ``linear_softmax`` where the scores before the mask
@@ -873,6 +901,15 @@ def _lazy_threshold(elem: str, p_scale: float, log2_p: float) -> float | None:
     return min(LAZY_RESCALE, room) if room > 0 else None
 
 
+def _opaque_tid() -> ir.Value:
+    """The thread's index (x) as an index, read by inline PTX with side effects: LLVM
+    neither hoists it out of a loop nor merges it with another read, so what is
+    computed from it stays where it is used (``gpu.thread_id`` is a pure intrinsic)."""
+    i32 = ir.IntegerType.get_signless(32)
+    r = llvm.InlineAsmOp(i32, [], "mov.u32 $0, %tid.x;", "=r", has_side_effects=True).res
+    return arith.index_cast(ir.IndexType.get(), r)
+
+
 def _cttz(x: ir.Value) -> ir.Value:
     """The lowest set bit's index of an i64 (64 for 0; math.cttz and ctpop have no NVVM
     lowering in MLIR 22)."""
@@ -962,21 +999,55 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             Qs, Ks, Vs, *Ms = _wg._carve_aligned(
                 g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
                     (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems]
-                + ([(1, StageBarriers.size(stages, bool(table_shape), kv_parts), i64)] if specialized else []))
-            # with the table, a barrier for Q too: a workgroup may walk no block
-            barriers = StageBarriers(g, Ms.pop(), stages, bool(table_shape), kv_parts) if specialized else None
+                + ([(1, StageBarriers.size(stages, bool(table_shape), kv_parts, bool(plan.get("persistent"))), i64)]
+                   if specialized else []))
+            # with the table, a barrier for Q too: a workgroup may walk no block; PERSISTENT:
+            # one on which the consumers give Q back for the next tile
+            barriers = StageBarriers(g, Ms.pop(), stages, bool(table_shape), kv_parts,
+                                     q_free=bool(plan.get("persistent"))) if specialized else None
             turns = None
             tid = g.tid()
+            persistent = plan.get("persistent")
             qblock = g.bid("x")
             if plan.get("reverse_q_blocks"):  # the last query blocks, with the most live keys, first
                 qblock = arith.subi(g.c(plan["grid"][0] - 1), qblock)
-            batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
+            batch = g.bid("y")
+            if persistent:  # the first tile's (the loops place each: ``place_tile``)
+                qblock, batch = g.rem(qblock, persistent[0]), g.div(qblock, persistent[0])
+            batch_idx = g.delinearize(batch, ch.batch) if ch.batch else []
             warp, lane = g.div(tid, 32), g.rem(tid, 32)
             wg = g.div(warp, 4)
             gid, tig2 = g.div(lane, 4), g.mul(g.rem(lane, 4), 2)
-            q0 = g.mul(qblock, bm)
-            r0 = arith.addi(q0, arith.addi(g.mul(wg, 64), arith.addi(g.mul(g.rem(warp, 4), 16), gid)))
-            rows = [r0, g.add(r0, 8)]
+            q0 = rows = q_direct = k_direct = v_direct = None
+
+            def place_rows() -> None:
+                """The tile's first query row and each thread's two rows."""
+                nonlocal q0, rows
+                q0 = g.mul(qblock, bm)
+                r0 = arith.addi(q0, arith.addi(g.mul(wg, 64), arith.addi(g.mul(g.rem(warp, 4), 16), gid)))
+                rows = [r0, g.add(r0, 8)]
+
+            def place_sources() -> None:
+                """Where the tile's Q, K and V lie."""
+                nonlocal q_direct, k_direct, v_direct
+                q_direct = direct_source(view, g.args[:n_in], ch.q, lead(ch.q), False)
+                k_direct = direct_source(view, g.args[:n_in], ch.kt, lead(ch.kt), True)
+                # fp8: V^T as stored ([.., Dv, Sk], K-major for the second product)
+                v_direct = direct_source(view, g.args[:n_in], ch.v, lead(ch.v), fp8)
+
+            def place_tile(block: ir.Value, batch: ir.Value) -> None:
+                """PERSISTENT: the workgroup's tile, query block ``block`` of batch (linear
+                index) ``batch``, and what follows from it, set again for each tile."""
+                nonlocal qblock, batch_idx
+                qblock = block
+                batch_idx = g.delinearize(batch, ch.batch) if ch.batch else []
+                place_rows()
+                place_sources()
+
+            def lead(value):
+                return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
+
+            place_rows()
             pw.reciprocal_of_constants = True
             pw.hoist_scalars()
             factors = _linear_factors(ch) if LINEAR_SCORES and ch.mask_cond is None else None
@@ -1005,13 +1076,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 if p_scale > 0 and e[0] == 0.5:  # a power of two: into the exponent
                     log2_p = float(e[1] - 1)
 
-            def lead(value):
-                return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
-
-            q_direct = direct_source(view, g.args[:n_in], ch.q, lead(ch.q), False)
-            k_direct = direct_source(view, g.args[:n_in], ch.kt, lead(ch.kt), True)
-            # fp8: V^T as stored ([.., Dv, Sk], K-major for the second product)
-            v_direct = direct_source(view, g.args[:n_in], ch.v, lead(ch.v), fp8)
+            place_sources()
             if None in (q_direct, k_direct, v_direct):
                 raise NotApplicable("the wgmma attention plan reads q, k and v straight from arguments")
             # LEAN_COPIES' four more registers through the loop made the kernels held to
@@ -1047,6 +1112,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
             mask_tiles = list(zip(staged, Ms))
             n_o = Dv // 8
+            n_blocks = -(-Sk // bn)
             q_desc = arith.addi(q_tile.descriptor_base(), arith.index_cast(i64, g.mul(wg, 64 * _wg.SWIZZLE_BYTES // 16)))
             k_desc0, v_desc0 = k_tile.descriptor_base(), v_tile.descriptor_base()
             log2e = g.fconst(math.log2(math.e))
@@ -1210,12 +1276,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return m_new + l_new + [o]
 
-            def first_scores():
+            def first_scores(base=None):
                 """The three-stage loops' start: blocks 0 and 1 copied into stages 0 and 1
                 (block 0 with Q; by the producer where ``barriers``), block 0's S = Q K^T
-                computed and waited for."""
+                computed and waited for. ``base``: block 0 is the pipeline's block base
+                (PERSISTENT)."""
                 if barriers is not None:
-                    barriers.wait_full(g.c(0))
+                    barriers.wait_full(g.c(0) if base is None else base)
                 else:
                     for j in range(2):
                         k_tile.copy_async(j * bn, 0, j)
@@ -1226,7 +1293,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 if turns is not None:
                     turns.start()
                     turns.begin()
-                first = issue_scores(g.c(0))
+                first = issue_scores(g.c(0) if base is None else g.rem(base, 3))
                 if turns is not None:
                     turns.end()
                 nvvm.wgmma_wait_group_sync_aligned(0)
@@ -1239,7 +1306,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return rescale(o, alpha)
                 return g.guarded(moved, [o_t], lambda: [rescale(o, alpha)], lambda: [o])[0]
 
-            def pipelined(walk=None, classes=None):
+            def pipelined(walk=None, classes=None, base=None):
                 """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline):
                 block j's S and block j - 1's O += P V are issued together, S is waited for
                 alone before its softmax, P V after it. K and V in three stages: j - 1 (V
@@ -1257,10 +1324,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 ``walk`` (WARP_SPECIALIZED, with the block table): the live key blocks
                 only, an i64 bit mask with at least one bit set; the i-th of them is in
                 stage i % 3, and ``classes(j)`` gives block j's (unmasked, causal) for
-                ``classified_softmax``."""
+                ``classified_softmax``. ``base`` (PERSISTENT): key block j is the
+                pipeline's block base + j; Q and the last block are given back."""
                 lazy = _lazy_threshold(elem, p_scale, log2_p) if linear is not None else None
                 if walk is None:
-                    first = first_scores()
+                    first = first_scores(base)
                     if kv_parts == 2:
                         barriers.release(g.c(0))  # K_0 is read
                     m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
@@ -1299,6 +1367,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 def step(n0, c):
                     m, l, o, a = c[0:2], c[2:4], c[4], c[5:]
                     j = g.div(n0, bn)
+                    if base is not None:
+                        j = arith.addi(base, j)
                     if barriers is not None:
                         barriers.wait_full(j)  # K_j (and V_j unless split)
                         if kv_parts == 2:
@@ -1332,33 +1402,50 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     barriers.wait_full(g.c(-(-Sk // bn) - 1), part=1)
                 if turns is not None:
                     turns.begin()
-                o = issue_pv(c[4], c[5:], g.c((-(-Sk // bn) - 1) % 3))
+                if base is not None:  # every S of the tile is complete
+                    barriers.release_q()
+                    last = g.add(base, n_blocks - 1)
+                    o = issue_pv(c[4], c[5:], g.rem(last, 3))
+                else:
+                    o = issue_pv(c[4], c[5:], g.c((n_blocks - 1) % 3))
                 if turns is not None:
                     turns.end()
                     turns.finish()
                 nvvm.wgmma_wait_group_sync_aligned(0)
+                if base is not None:
+                    barriers.release(last)
                 return c[0:4] + [o]
 
             def store_output(final):
-                """O / l, through the kernel's ops after P V, stored from the accumulators."""
+                """O / l, through the kernel's ops after P V, stored from the accumulators:
+                O times 1 / l, the reciprocal once a row (a division a value was a
+                slow-path check and call each, 64 a thread: 22% of the consumers' samples
+                under ncu at 4x32x2048x128), and each thread's two neighbouring columns
+                as one store (the runtime's buffers are 16-byte aligned; the columns'
+                offsets and the rows' lengths are even)."""
                 totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
                 if log2_p:  # l summed c * p (linear_softmax)
                     totals = [arith.mulf(t, g.fconst(2.0 ** -log2_p)) for t in totals]
                 epilogue = getattr(ch, "epilogue_value", ch.mm2.result)
                 epilogue = None if epilogue == ch.mm2.result else epilogue
+                out_elem = ir.MemRefType(out_mem.type).element_type
+                pair_t = ir.VectorType.get([2], out_elem)
                 o = final[4]
                 for h in range(2):
                     def store(h=h):
+                        inverse = arith.divf(g.fconst(1.0), totals[h])
                         for n in range(n_o):
+                            pair = []
                             for k in (2 * h, 2 * h + 1):
-                                col = g.add(tig2, 8 * n + k % 2)
-                                v = arith.divf(llvm.extractvalue(f32, o, [4 * n + k]), totals[h])
-                                idx = list(batch_idx) + [rows[h], col]
+                                v = arith.mulf(llvm.extractvalue(f32, o, [4 * n + k]), inverse)
                                 if epilogue is not None:  # ops after P V (fp8: the scales)
                                     pw.reset()
                                     pw.bind(ch.mm2.result, v)
-                                    v = pw.eval(epilogue, idx)
-                                store_value(v, out_mem, idx)
+                                    v = pw.eval(epilogue, list(batch_idx) + [rows[h], g.add(tig2, 8 * n + k % 2)])
+                                pair.append(emit_to_storage(v, out_elem))
+                            vector.store(vector.from_elements(pair_t, pair), out_mem,
+                                         list(batch_idx) + [rows[h], g.add(tig2, 8 * n)],
+                                         alignment=2 * _elem_bytes(out_elem))
 
                     g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
 
@@ -1370,13 +1457,22 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 then has a barrier of its own."""
                 nvvm.SetMaxRegisterOp(PRODUCER_REGISTERS, ir.Attribute.parse("#nvvm<action decrease>"))
                 walk = walk_of() if walk_of is not None else None
-                ptid = arith.subi(tid, g.c(threads - 128))
-                q_p = _wg.SwizzledTile(g, ptid, 128, Qs, q_direct, bm, D, esize, Sq, D, False, width=D, lean=False)
-                # per-copy addresses spilled at 24 registers (528 bytes, 333 keys)
-                k_p, v_p = kv_tiles(ptid, 128, True, producer=True)
-                q_p.copy_async(q0, 0, 0)
+                ptid0 = arith.subi(tid, g.c(threads - 128))
 
-                def copy(i, n0):
+                def tiles():
+                    """The producer's copies of the tile placed (``place_tile``): Q, K, V.
+                    PERSISTENT: their per-thread offsets from a thread index read anew
+                    (``_opaque_tid``), so that they are computed in each tile rather than
+                    hoisted out of the tile loop and held in the producer's 24 registers
+                    (ptxas spilled 16 to 128 bytes)."""
+                    ptid = arith.subi(_opaque_tid(), g.c(threads - 128)) if persistent else ptid0
+                    # PERSISTENT: lean too (ptxas keeps per-copy addresses through the tile loop)
+                    q_p = _wg.SwizzledTile(g, ptid, 128, Qs, q_direct, bm, D, esize, Sq, D, False, width=D,
+                                           lean=bool(persistent), producer=bool(persistent))
+                    # per-copy addresses spilled at 24 registers (528 bytes, 333 keys)
+                    return (q_p, *kv_tiles(ptid, 128, True, producer=True))
+
+                def copy(i, n0, k_p, v_p):
                     stage = g.rem(i, stages)
                     barriers.wait_empty(i)
                     k_p.copy_async(n0, 0, stage)
@@ -1386,21 +1482,63 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     v_p.copy_async(0, n0, stage)
                     barriers.arrive_full(stage, part=kv_parts - 1)
 
-                if walk is None:
+                def key_blocks(k_p, v_p):
                     def block(n0, _):
-                        copy(g.div(n0, bn), n0)
+                        copy(g.div(n0, bn), n0, k_p, v_p)
                         return []
 
                     g.loop(0, Sk, bn, [], block)
-                else:
-                    barriers.arrive_q()
-                    loop = scf.ForOp(g.c(0), _live_count(walk), g.c(1), [_cttz(walk)])
+
+                if persistent:
+                    # one loop over the workgroup's tiles' key blocks, i = k x blocks + j:
+                    # nested, LLVM unrolled a short inner loop, and ptxas spilled (108
+                    # bytes, fp8 with three key blocks)
+                    grid = gpu.grid_dim(gpu.Dimension.x)
+                    mine = arith.divui(arith.addi(arith.subi(g.c(persistent[0] * persistent[1]), g.bid("x")),
+                                                  arith.subi(grid, g.c(1))), grid)
+                    # (an i32 count: as an index, ptxas spilled its 64 bits at 333 keys)
+                    i32 = ir.IntegerType.get_signless(32)
+                    loop = scf.ForOp(arith.constant(i32, 0), arith.index_cast(i32, g.mul(mine, n_blocks)),
+                                     arith.constant(i32, 1), [])
                     with ir.InsertionPoint(loop.body):
-                        j = loop.inner_iter_args[0]
-                        copy(loop.induction_variable, _block_start(g, j, bn))
-                        scf.yield_([_cttz(_live_after(walk, j))])
+                        i = arith.index_cast(ir.IndexType.get(), loop.induction_variable)
+                        k, j = g.div(i, n_blocks), g.rem(i, n_blocks)
+                        t = arith.addi(g.bid("x"), arith.muli(k, grid))
+                        place_tile(g.rem(t, persistent[0]), g.div(t, persistent[0]))
+                        q_p, k_p, v_p = tiles()
+
+                        def tile_start():  # Q lands with the tile's first block (its full barrier)
+                            barriers.wait_q_free(k)
+                            q_p.copy_async(q0, 0, 0)
+
+                        g.when(arith.cmpi(arith.CmpIPredicate.eq, j, g.c(0)), tile_start)
+                        copy(i, g.mul(j, bn), k_p, v_p)
+                        scf.yield_([])
+                else:
+                    q_p, k_p, v_p = tiles()
+                    q_p.copy_async(q0, 0, 0)
+                    if walk is None:
+                        key_blocks(k_p, v_p)
+                    else:
+                        barriers.arrive_q()
+                        loop = scf.ForOp(g.c(0), _live_count(walk), g.c(1), [_cttz(walk)])
+                        with ir.InsertionPoint(loop.body):
+                            j = loop.inner_iter_args[0]
+                            copy(loop.induction_variable, _block_start(g, j, bn), k_p, v_p)
+                            scf.yield_([_cttz(_live_after(walk, j))])
                 nvvm.cp_async_commit_group()
                 nvvm.cp_async_wait_group(0)
+
+            def tile_loop(body: Callable[[ir.Value], None]) -> None:
+                """PERSISTENT: ``body(k)`` for the workgroup's k-th tile t (t = its block
+                index + k x the grid), placed (``place_tile``) first."""
+                loop = scf.ForOp(g.bid("x"), g.c(persistent[0] * persistent[1]),
+                                 gpu.grid_dim(gpu.Dimension.x), [g.c(0)])
+                with ir.InsertionPoint(loop.body):
+                    t, k = loop.induction_variable, loop.inner_iter_args[0]
+                    place_tile(g.rem(t, persistent[0]), g.div(t, persistent[0]))
+                    body(k)
+                    scf.yield_([g.add(k, 1)])
 
             def split(produce, consume):
                 """The producer warpgroup (the last) and the consumers' code, each with its
@@ -1587,7 +1725,10 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 def consumers():
                     nonlocal turns
                     turns = Turns(g, wg) if PINGPONG else None
-                    store_output(pipelined())
+                    if persistent:
+                        tile_loop(lambda k: store_output(pipelined(base=g.mul(k, n_blocks))))
+                    else:
+                        store_output(pipelined())
 
                 split(producer, consumers)
             elif stages == 3:  # overlap_pv

@@ -30,6 +30,9 @@ class TargetInfo:
     vector_bytes: int = 16  # widest global access
     has_shuffle: bool = True
     chip: str = "sm_90"
+    #: streaming multiprocessors of the device (CUDA; 0: unknown), for persistent kernels
+    #: that start one workgroup on each; H200's 132 where no device is there to ask
+    multiprocessors: int = 132
 
     @property
     def max_dynamic_shared_bytes(self) -> int:
@@ -49,14 +52,14 @@ class TargetInfo:
         return self.max_shared_bytes
 
     @staticmethod
-    def for_target(name: str, chip: str = "sm_90") -> "TargetInfo":
+    def for_target(name: str, chip: str = "sm_90", multiprocessors: int = 132) -> "TargetInfo":
         if name == "cuda":
-            return TargetInfo("cuda", chip=chip)
+            return TargetInfo("cuda", chip=chip, multiprocessors=multiprocessors)
         # Vulkan 1.1 guarantees 16 KiB of shared memory and 128 invocations per
         # workgroup; lavapipe and Apple GPUs give more, but kernels written for these
         # limits run everywhere.
         return TargetInfo("spirv", max_threads=256, max_shared_bytes=16 * 1024, subgroup_size=32,
-                          vector_bytes=16, has_shuffle=False, chip="")
+                          vector_bytes=16, has_shuffle=False, chip="", multiprocessors=0)
 
 
 @dataclass

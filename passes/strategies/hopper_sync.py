@@ -35,18 +35,23 @@ class StageBarriers:
 
     ``q``: one more barrier after them, for a copy made once (attention's Q). ``parts``
     2: a second pair a stage (``part=1``; after Q's), so that two operands of a block
-    (attention's K and V) land and are given back each on its own. ``mem`` holds
-    ``size(stages, q, parts)`` barriers."""
+    (attention's K and V) land and are given back each on its own. ``q_free``: one more
+    after Q's, on which the consumers give back a buffer that outlives the stages (a
+    persistent workgroup's Q, read by every block of one tile and refilled for the
+    next). ``mem`` holds ``size(stages, q, parts, q_free)`` barriers."""
 
-    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False, parts: int = 1):
-        self.g, self.stages, self.q, self.parts = g, stages, q, parts
+    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False, parts: int = 1,
+                 q_free: bool = False):
+        if q_free and parts != 1:
+            raise ValueError("a q_free barrier with K and V on barriers of their own")
+        self.g, self.stages, self.q, self.parts, self.q_free = g, stages, q, parts, q_free
         i64 = ir.IntegerType.get_signless(64)
         self.base = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(mem))
 
     @staticmethod
-    def size(stages: int, q: bool, parts: int = 1) -> int:
+    def size(stages: int, q: bool, parts: int = 1, q_free: bool = False) -> int:
         """The barriers (i64) of such a pipeline."""
-        return 5 * stages if parts == 2 else 2 * stages + q
+        return 5 * stages if parts == 2 else 2 * stages + q + q_free
 
     @staticmethod
     def _kinds(part: int) -> tuple[int, int]:
@@ -74,16 +79,35 @@ class StageBarriers:
                     nvvm.MBarrierInitOp(self._at(empty, s), arith.constant(i32, consumers))
             if self.q:
                 nvvm.MBarrierInitOp(self._at(2, 0), arith.constant(i32, producers))
+            if self.q_free:
+                nvvm.MBarrierInitOp(self._q_free_at(), arith.constant(i32, consumers))
 
         g.when(arith.cmpi(arith.CmpIPredicate.eq, gpu.thread_id(gpu.Dimension.x), g.c(0)), init)
         gpu.barrier()
 
-    def _wait(self, kind: int, j: ir.Value, flip: int) -> None:
+    def _q_free_at(self) -> ir.Value:
+        i64 = ir.IntegerType.get_signless(64)
+        offset = arith.constant(i64, 8 * (2 * self.stages + self.q))
+        return llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), arith.addi(self.base, offset))
+
+    def _wait(self, kind: int, j: ir.Value, flip: int, at: ir.Value | None = None) -> None:
+        """Wait for the phase of block j (``flip`` 1: the one before) of barrier
+        ``kind`` of j's stage, or of ``at`` (one barrier, phase j)."""
         g = self.g
         i32 = ir.IntegerType.get_signless(32)
-        parity = arith.index_cast(i32, g.rem(arith.addi(g.div(j, self.stages), g.c(flip)), 2))
-        nvvm.MBarrierTryWaitParityOp(self._at(kind, g.rem(j, self.stages)), parity,
+        stages = 1 if at is not None else self.stages
+        parity = arith.index_cast(i32, g.rem(arith.addi(g.div(j, stages), g.c(flip)), 2))
+        nvvm.MBarrierTryWaitParityOp(at if at is not None else self._at(kind, g.rem(j, self.stages)), parity,
                                      arith.constant(i32, 0x989680))
+
+    def wait_q_free(self, k: ir.Value) -> None:
+        """Producer, before the k-th refill of the ``q_free`` buffer: the consumers gave
+        back the (k - 1)-th (returns at once for k = 0)."""
+        self._wait(0, k, 1, at=self._q_free_at())
+
+    def release_q(self) -> None:
+        """Consumers: done reading the ``q_free`` buffer's current contents."""
+        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._q_free_at())
 
     def wait_q(self) -> None:
         """Consumers: Q landed (the barrier after the stages', with ``q``)."""

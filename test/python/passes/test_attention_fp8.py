@@ -127,8 +127,15 @@ def test_pipelined_key_loop(kind, sk):
     assert ("1;" in waits) == plan["overlap_pv"], waits
     if plan["overlap_pv"]:
         assert ptx.count("ex2.approx.ftz.f32") == 2 * (64 + 2), ptx.count("ex2.approx.ftz.f32")
-    assert r["spill_store_bytes"] <= (24 if kind == "fp8" and plan["overlap_pv"] else 0), r
+    assert r["spill_store_bytes"] <= (24 if kind == "fp8" and plan["overlap_pv"] else _ragged_producer(plan, sk)), r
     assert "serialized" not in log, log  # C7513, C7520
+
+
+def _ragged_producer(plan: dict, sk: int) -> int:
+    """Spill bytes allowed where the persistent producer copies a ragged last key block:
+    at 24 registers ptxas keeps one 64-bit address of its per-slot edge tests in local
+    memory, stored and loaded within a block's copies (ptxas 13.0, 333 keys)."""
+    return 8 if plan.get("persistent") and sk % 128 else 0
 
 
 @needs_ptxas
@@ -154,12 +161,13 @@ def test_warp_specialized_key_loop(kind, sk, pingpong, monkeypatch):
     assert ptx.count("setmaxnreg.dec.sync.aligned.u32 \t24;") == 1, "the producer"
     assert ptx.count("setmaxnreg.inc.sync.aligned.u32 \t240;") == 1, "the consumers"
     # full and empty, three stages (SPLIT_KV_BARRIERS: for K and for V)
-    assert ptx.count("mbarrier.init.shared.b64") == 6 * (1 + attention_wgmma.SPLIT_KV_BARRIERS)
+    # (PERSISTENT: one more, on which the consumers give Q back)
+    assert ptx.count("mbarrier.init.shared.b64") == 6 * (1 + attention_wgmma.SPLIT_KV_BARRIERS) + bool(plan["persistent"])
     assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx and "mbarrier.arrive.shared.b64" in ptx
     assert "fence.proxy.async.shared::cta" in ptx
     assert ptx.count("bar.sync \t0;") == 1, "the workgroup meets once, after the mbarriers' initialization"
     assert ("bar.arrive" in ptx) == pingpong
-    assert r["spill_store_bytes"] <= (24 if kind == "fp8" else 0), r
+    assert r["spill_store_bytes"] <= (24 if kind == "fp8" else _ragged_producer(plan, sk)), r
     assert "serialized" not in log, log
 
 

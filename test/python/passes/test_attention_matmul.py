@@ -920,15 +920,20 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape, attention_loop):
 
 @needs_cuda
 @pytest.mark.parametrize("switches", [{}, {"PINGPONG": True}, {"LAZY_RESCALE": 0.0}, {"WARP_SPECIALIZED": False},
-                                      {"SPLIT_KV_BARRIERS": True}, {"SPLIT_KV_BARRIERS": False}],
-                         ids=["default", "pingpong", "no-lazy", "no-producer", "split-kv", "one-pair"])
+                                      {"SPLIT_KV_BARRIERS": True}, {"SPLIT_KV_BARRIERS": False},
+                                      {"PERSISTENT": False}],
+                         ids=["default", "pingpong", "no-lazy", "no-producer", "split-kv", "one-pair",
+                              "not-persistent"])
 @pytest.mark.parametrize("b,h,sq,sk,elem", [(2, 3, 1000, 1000, "bf16"), (1, 2, 333, 1024, "f16"),
-                                             (1, 4, 2048, 2048, "bf16"), (3, 1, 64, 4096, "bf16")])
+                                             (1, 4, 2048, 2048, "bf16"), (3, 1, 64, 4096, "bf16"),
+                                             (4, 8, 2048, 512, "bf16"), (2, 40, 1000, 333, "f16")])
 def test_warp_specialized_attention_cuda(b, h, sq, sk, elem, switches, monkeypatch):
     """The unmasked head-dim-128 kernel with its producer warpgroup (WARP_SPECIALIZED),
-    with and without the consumers' turns (PINGPONG) and LAZY_RESCALE, and without the
-    producer: ragged and whole key blocks, fewer query blocks than SMs, and many key
-    blocks per query block (4096 keys: each stage's mbarriers through 10 phases)."""
+    with and without the consumers' turns (PINGPONG) and LAZY_RESCALE, persistent or not,
+    and without the producer: ragged and whole key blocks, fewer tiles than SMs, several
+    tiles a persistent workgroup (512 and 640 tiles: the stages' and Q's mbarriers run on
+    across them), and many key blocks per query block (4096 keys: each stage's mbarriers
+    through 10 phases)."""
     from kf.passes.strategies import attention_wgmma
 
     hopper_only()
@@ -937,6 +942,11 @@ def test_warp_specialized_attention_cuda(b, h, sq, sk, elem, switches, monkeypat
     built = attention(b, h, sq, sk, 128, elem)
     plan, emitted = built.emit(HOPPER)
     assert plan["warp_specialized"] == switches.get("WARP_SPECIALIZED", True), plan
+    persistent = plan["warp_specialized"] and not set(switches) & {"PINGPONG", "SPLIT_KV_BARRIERS", "PERSISTENT"} \
+        or switches == {"SPLIT_KV_BARRIERS": False}
+    assert bool(plan["persistent"]) == persistent, plan
+    if persistent:
+        assert plan["grid"] == [min(-(-sq // 128) * b * h, HOPPER.multiprocessors), 1, 1]
     gen = torch.Generator().manual_seed(sq + sk + b)
     q = randn((b, h, sq, 128), elem, gen)
     k, v = (randn((b, h, sk, 128), elem, gen) for _ in range(2))
