@@ -166,7 +166,7 @@ ATTENTION_VARIANTS = {
     "wgmma, K and V on one pair of barriers": {"SPLIT_KV_BARRIERS": False},
     "wgmma, K and V each on its own pair of barriers": {"SPLIT_KV_BARRIERS": True},
     "wgmma, not persistent (session 10 kernel)": {"PERSISTENT": False},
-    "wgmma, persistent, no Q prefetch": {"PREFETCH_Q": False},
+    "wgmma, persistent, Q prefetched into L2": {"PREFETCH_Q": True},
     "wgmma, no producer warpgroup (session 9 kernel)": {"WARP_SPECIALIZED": False, "LAZY_RESCALE": 0.0},
     "wgmma, no producer warpgroup, lazy rescale": {"WARP_SPECIALIZED": False},
     "wgmma, masked walk: online softmax in every block": {"LINEAR_MASKED_BLOCKS": False},

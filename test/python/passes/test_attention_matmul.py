@@ -942,8 +942,10 @@ def test_warp_specialized_attention_cuda(b, h, sq, sk, elem, switches, monkeypat
     built = attention(b, h, sq, sk, 128, elem)
     plan, emitted = built.emit(HOPPER)
     assert plan["warp_specialized"] == switches.get("WARP_SPECIALIZED", True), plan
-    persistent = plan["warp_specialized"] and not set(switches) & {"PINGPONG", "SPLIT_KV_BARRIERS", "PERSISTENT"} \
-        or switches == {"SPLIT_KV_BARRIERS": False}
+    # persistent where the keys and values of the tiles in flight fit the window
+    window = HOPPER.multiprocessors / -(-sq // 128) * sk * 256 * 2 <= attention_wgmma.PERSISTENT_WINDOW_BYTES
+    persistent = window and plan["warp_specialized"] and (
+        not set(switches) & {"PINGPONG", "SPLIT_KV_BARRIERS", "PERSISTENT"} or switches == {"SPLIT_KV_BARRIERS": False})
     assert bool(plan["persistent"]) == persistent, plan
     if persistent:
         assert plan["grid"] == [min(-(-sq // 128) * b * h, HOPPER.multiprocessors), 1, 1]
