@@ -217,6 +217,12 @@ def target_multiprocessors(target: str) -> int:
     return 132
 
 
+def device_key(options: Options) -> str:
+    """What the compiled code depends on of the device, for the cache key: the
+    architecture and the multiprocessors (persistent kernels' grids)."""
+    return f"{target_arch(options)} {target_multiprocessors(options.target)}"
+
+
 def debug() -> bool:
     """KF_DEBUG=1 keeps kf's own frames in the traceback of a CompileError."""
     return os.environ.get("KF_DEBUG", "") not in ("", "0")
@@ -240,7 +246,7 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
             return InterpretedProgram(cap)
         arch = target_arch(options)
-        key = cache.key(fn, sig, options, f"{arch} {target_multiprocessors(options.target)}")
+        key = cache.key(fn, sig, options, device_key(options))
         entry = cache.load(key)
         if entry is None:
             meta, artifacts = build(fn, sig, tensors, options, arch)

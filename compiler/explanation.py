@@ -159,7 +159,7 @@ def explain(fn: Callable, *args, device: str | None = None, file=sys.stdout, **k
     options = kfn.options.with_(target=target, interpret=False)
     arch = driver.target_arch(options)
     try:
-        key = cache.key(kfn.fn, sig, options, arch)
+        key = cache.key(kfn.fn, sig, options, driver.device_key(options))
         entry = cache.load(key)
         if entry is None:
             meta, artifacts = driver.build(kfn.fn, sig, tensors, options, arch)

@@ -187,7 +187,7 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     # (and while the keys and values the SMs' tiles read at once stay a fraction of L2)
     window = target.multiprocessors / grid[0] * ch.seq_k * (d + dv) * esize
     persistent = PERSISTENT and specialized and not table and not SPLIT_KV_BARRIERS and not PINGPONG \
-        and target.multiprocessors > 0 and window <= PERSISTENT_WINDOW_BYTES
+        and target.multiprocessors > 0 and window <= PERSISTENT_WINDOW_BYTES and ch.seq_k % bn == 0
     if persistent:
         grid = [min(grid[0] * batch, target.multiprocessors), 1, 1]
     return {"block_m": bm, "block_n": bn, "threads": 128 * (WARPGROUPS + specialized), "stages": stages,
@@ -264,7 +264,9 @@ WARP_SPECIALIZED = True
 #: finish the last blocks of the current one and store its O. Q then has a barrier of
 #: its own (``StageBarriers.q_free``), the stages' phases run on across tiles. Without,
 #: each workgroup starts with empty stages and ends with idle tensor cores: with one
-#: workgroup an SM (225 KiB of shared memory) nothing else fills that time.
+#: workgroup an SM (225 KiB of shared memory) nothing else fills that time. Not where
+#: the keys end inside a block: the producer's per-slot edge tests then spilled 8 bytes
+#: at its 24 registers (257 and 333 keys).
 PERSISTENT = True
 
 #: PERSISTENT only where the keys and values of the tiles that run at once (one an SM:

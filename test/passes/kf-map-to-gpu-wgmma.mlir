@@ -72,40 +72,27 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // transposed: the trailing 1) are issued as two groups; the loop waits for S alone
 // (wait 1) before its softmax and for both (wait 0) before O is rescaled, and then
 // gives block j - 1's stage back on its empty barrier. No barrier of the whole
-// workgroup in the loop. The last block's P V follows the loop.
-// The kernel is persistent (PERSISTENT: 24 tiles of (query block, head), a workgroup
-// an SM, at most 132): the producer walks its tiles' key blocks in one i32 loop, with
-// addresses from a thread index read anew (inline PTX), and at a tile's first block
-// copies Q (16 copies a thread) once the consumers gave it back on a seventh mbarrier;
-// the consumers loop over the tiles with the grid's stride, give Q back after the
-// tile's last S, and store O as 1 / l times O, two columns a store.
+// workgroup in the loop. The last block's P V follows the loop. O is stored as 1 / l
+// (one division a row) times O, a thread's two neighbouring columns a store.
 // CHECK-LABEL: gpu.func @attn_k0_attention
 // CHECK-SAME: kf.block = array<i64: 384, 1, 1>
-// CHECK-SAME: kf.grid = array<i64: 24, 1, 1>
 // CHECK: memref.view {{.*}} to memref<256x64xbf16, #gpu.address_space<workgroup>>
 // CHECK: memref.view {{.*}} to memref<768x64xbf16, #gpu.address_space<workgroup>>
 // CHECK: memref.view {{.*}} to memref<768x64xbf16, #gpu.address_space<workgroup>>
-// CHECK: memref.view {{.*}} to memref<1x7xi64, #gpu.address_space<workgroup>>
+// CHECK: memref.view {{.*}} to memref<1x6xi64, #gpu.address_space<workgroup>>
 // CHECK: nvvm.mbarrier.init {{.*}}, %c128_i32
 // CHECK: nvvm.mbarrier.init {{.*}}, %c256_i32
-// CHECK-COUNT-5: nvvm.mbarrier.init
+// CHECK-COUNT-4: nvvm.mbarrier.init
 // CHECK: gpu.barrier
 // CHECK-NEXT: %[[P:.*]] = arith.cmpi uge, %thread_id_x, %c256 : index
 // CHECK-NEXT: scf.if %[[P]]
 // CHECK-NEXT: nvvm.setmaxregister decrease 24
-// CHECK: gpu.grid_dim x
-// CHECK: scf.for {{.*}} : i32
-// CHECK: llvm.inline_asm has_side_effects "mov.u32 $0, %tid.x;"
-// CHECK: scf.if
-// CHECK: nvvm.mbarrier.try_wait.parity
-// CHECK-COUNT-16: nvvm.cp.async.shared.global {{.*}}, 16, cache =  cg
+// CHECK: scf.for
 // CHECK: nvvm.mbarrier.try_wait.parity
 // CHECK-COUNT-32: nvvm.cp.async.shared.global {{.*}}, 16, cache =  cg
 // CHECK: nvvm.cp.async.mbarrier.arrive {{.*}} {noinc = true}
 // CHECK: } else {
 // CHECK-NEXT: nvvm.setmaxregister increase 240
-// CHECK: gpu.grid_dim x
-// CHECK-NEXT: scf.for {{.*}} = %block_id_x{{.*}} to %c24 step %grid_dim_x
 // CHECK: nvvm.mbarrier.try_wait.parity
 // CHECK-NEXT: nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 16>, D[<f32>, <one>], A[<bf16>, <one>, <row>], B[<bf16>, <one>, <col>]
@@ -135,7 +122,6 @@ func.func @gemm(%x: tensor<200x128xbf16>, %w: tensor<128x136xbf16>) -> tensor<20
 // CHECK: nvvm.wgmma.fence.aligned
 // CHECK-COUNT-8: llvm.inline_asm has_side_effects {{.*}}wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
-// CHECK: nvvm.mbarrier.arrive
 // CHECK: arith.divf %cst
 // CHECK-NOT: arith.divf
 // CHECK: vector.store {{.*}}, %arg3{{.*}} {alignment = 4 : i64} : memref<2x4x300x128xbf16>, vector<2xbf16>
@@ -156,6 +142,59 @@ func.func private @attn_k0_attention(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x
 }
 func.func @attn(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x300x128xbf16>, %v: tensor<2x4x300x128xbf16>) -> tensor<2x4x300x128xbf16> {
   %0 = call @attn_k0_attention(%q, %k, %v) : (tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>, tensor<2x4x300x128xbf16>) -> tensor<2x4x300x128xbf16>
+  return %0 : tensor<2x4x300x128xbf16>
+}
+
+// -----
+
+// The same attention with 384 keys (whole blocks) is persistent (PERSISTENT): 24 tiles
+// of (query block, head), a workgroup each up to the 132 multiprocessors kf-map-to-gpu
+// is told of. The producer walks its tiles' key blocks in one i32 loop, with addresses
+// from a thread index read anew (inline asm; hoisted out of the tile loop they spilled),
+// and at a tile's first block copies Q (16 copies a thread) once the consumers gave it
+// back on a seventh mbarrier; the consumers loop over the tiles with the grid's stride
+// and give Q back when the tile's last S is complete.
+// CHECK-LABEL: gpu.func @attnp_k0_attention
+// CHECK-SAME: kf.block = array<i64: 384, 1, 1>
+// CHECK-SAME: kf.grid = array<i64: 24, 1, 1>
+// CHECK: memref.view {{.*}} to memref<1x7xi64, #gpu.address_space<workgroup>>
+// CHECK: nvvm.mbarrier.init {{.*}}, %c128_i32
+// CHECK: nvvm.mbarrier.init {{.*}}, %c256_i32
+// CHECK-COUNT-5: nvvm.mbarrier.init
+// CHECK: nvvm.setmaxregister decrease 24
+// CHECK: gpu.grid_dim x
+// CHECK: scf.for {{.*}} : i32
+// CHECK: llvm.inline_asm has_side_effects "mov.u32 $0, %tid.x;"
+// CHECK: scf.if
+// CHECK: nvvm.mbarrier.try_wait.parity
+// CHECK-COUNT-16: nvvm.cp.async.shared.global {{.*}}, 16, cache =  cg
+// CHECK: nvvm.mbarrier.try_wait.parity
+// CHECK-COUNT-32: nvvm.cp.async.shared.global {{.*}}, 16, cache =  cg
+// CHECK: nvvm.cp.async.mbarrier.arrive {{.*}} {noinc = true}
+// CHECK: } else {
+// CHECK-NEXT: nvvm.setmaxregister increase 240
+// CHECK: gpu.grid_dim x
+// CHECK-NEXT: scf.for {{.*}} = %block_id_x{{.*}} to %c24 step %grid_dim_x
+// CHECK: scf.for
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 1
+// CHECK-NEXT: %[[LAST:.*]] = arith.cmpi eq, %{{.*}}, %c256 : index
+// CHECK-NEXT: scf.if %[[LAST]] {
+// CHECK: nvvm.mbarrier.arrive
+// CHECK: vector.store {{.*}}, %arg3
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: cp.async.mbarrier.arrive.noinc.shared.b64
+func.func private @attnp_k0_attention(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x384x128xbf16>, %v: tensor<2x4x384x128xbf16>) -> tensor<2x4x300x128xbf16> attributes {kf.kernel = "attention", kf.fused_lines = ["attn.py:3"]} {
+  %scale = "kf.fill"() {value = 11.3 : f64} : () -> tensor<bf16>
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x4x384x128xbf16>) -> tensor<2x4x128x384xbf16>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x4x300x128xbf16>, tensor<2x4x128x384xbf16>) -> tensor<2x4x300x384xbf16>
+  %d = "kf.div"(%s, %scale) : (tensor<2x4x300x384xbf16>, tensor<bf16>) -> tensor<2x4x300x384xbf16>
+  %p = "kf.softmax"(%d) {dim = -1 : i64} : (tensor<2x4x300x384xbf16>) -> tensor<2x4x300x384xbf16>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x4x300x384xbf16>, tensor<2x4x384x128xbf16>) -> tensor<2x4x300x128xbf16>
+  return %o : tensor<2x4x300x128xbf16>
+}
+
+func.func @attnp(%q: tensor<2x4x300x128xbf16>, %k: tensor<2x4x384x128xbf16>, %v: tensor<2x4x384x128xbf16>) -> tensor<2x4x300x128xbf16> {
+  %0 = call @attnp_k0_attention(%q, %k, %v) : (tensor<2x4x300x128xbf16>, tensor<2x4x384x128xbf16>, tensor<2x4x384x128xbf16>) -> tensor<2x4x300x128xbf16>
   return %0 : tensor<2x4x300x128xbf16>
 }
 

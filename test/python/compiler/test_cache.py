@@ -89,6 +89,27 @@ def test_key_changes_with_what_changes_the_code(monkeypatch, tmp_path):
                 cache.key(f, s1, Options(target="cuda"), "sm_80"), cache.key(f, s1, Options(target="cuda"), "sm_90")}) == 7
 
 
+def test_key_and_passes_name_the_devices_multiprocessors(monkeypatch):
+    """Persistent kernels start one workgroup a multiprocessor: the count is a pass
+    option of kf-tile and kf-map-to-gpu and part of the cache key, so a cubin built for
+    an H200 (132) is not reused on a GPU of another count. Without a GPU, 132."""
+    from kf import driver
+    from kf.options import Options
+
+    opts = Options(target="cuda")
+    if not torch.cuda.is_available():
+        assert driver.target_multiprocessors("cuda") == 132
+    assert driver.target_multiprocessors("vulkan") == 0
+    monkeypatch.setattr(driver, "target_multiprocessors", lambda target: 114)
+    assert driver.device_key(opts).endswith(" 114")
+    passes = driver.gpu_passes("cuda", "sm_90a")
+    assert "kf-tile{target=cuda chip=sm_90a multiprocessors=114}" in passes, passes
+    assert "kf-map-to-gpu{target=cuda chip=sm_90a multiprocessors=114}" in passes, passes
+    key_114 = driver.device_key(opts)
+    monkeypatch.setattr(driver, "target_multiprocessors", lambda target: 132)
+    assert driver.device_key(opts) != key_114
+
+
 def test_in_memory_table_compiles_once_per_signature(tmp_path, monkeypatch):
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
 
