@@ -921,6 +921,22 @@ def _opaque_tid() -> ir.Value:
     return arith.index_cast(ir.IndexType.get(), r)
 
 
+def _prefetch_row(g: GpuFunc, direct: Direct, lead: list, row: ir.Value, nbytes: int) -> None:
+    """``cp.async.bulk.prefetch.L2`` of ``nbytes`` from the start of a row of an argument
+    read as it lies (``direct``, not swapped: rows contiguous), at ``lead`` + (row, 0);
+    nothing where its layout is not static."""
+    strides, offset = ir.MemRefType(direct.mem.type).get_strides_and_offset()
+    if direct.swapped or ir.ShapedType.get_dynamic_stride_or_offset() in (*strides, offset):
+        return
+    elems = arith.addi(g.mul(row, strides[-2]), g.c(offset))
+    for i, x in enumerate(lead):
+        elems = arith.addi(elems, g.mul(x, strides[i]))
+    esize = _elem_bytes(ir.MemRefType(direct.mem.type).element_type)
+    at = arith.addi(memref.extract_aligned_pointer_as_index(direct.mem), g.mul(elems, esize))
+    ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<1>"), arith.index_cast(ir.IntegerType.get_signless(64), at))
+    nvvm.CpAsyncBulkPrefetchOp(ptr, const_i32(nbytes))
+
+
 def _cttz(x: ir.Value) -> ir.Value:
     """The lowest set bit's index of an i64 (64 for 0; math.cttz and ctpop have no NVVM
     lowering in MLIR 22)."""
@@ -1508,24 +1524,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     grid = gpu.grid_dim(gpu.Dimension.x)
                     mine = arith.divui(arith.addi(arith.subi(g.c(persistent[0] * persistent[1]), g.bid("x")),
                                                   arith.subi(grid, g.c(1))), grid)
-                    def prefetch_q(t):
-                        """Tile t's Q rows into L2 (cp.async.bulk.prefetch, a row a thread),
-                        a tile ahead: its copy into shared memory waits for the consumers
-                        to give Q back, and from DRAM it was what they waited for at the
-                        next tile's start."""
-                        strides, offset = ir.MemRefType(q_direct.mem.type).get_strides_and_offset()
-                        if q_direct.swapped or ir.ShapedType.get_dynamic_stride_or_offset() in (*strides, offset):
-                            return
-                        row = arith.addi(g.mul(g.rem(t, persistent[0]), bm), arith.subi(_opaque_tid(), g.c(threads - 128)))
-                        elems = arith.addi(g.mul(row, strides[-2]), g.c(offset))
-                        batch = g.delinearize(g.div(t, persistent[0]), ch.batch) if ch.batch else []
-                        for i, x in enumerate(pw.operand_index(spec_of(ch.q.type).shape[:-2], batch, nb)):
-                            elems = arith.addi(elems, g.mul(x, strides[i]))
-                        at = arith.addi(memref.extract_aligned_pointer_as_index(q_direct.mem), g.mul(elems, esize))
-                        ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<1>"), arith.index_cast(i64, at))
-                        g.when(arith.cmpi(arith.CmpIPredicate.ult, row, g.c(Sq)),
-                               lambda: nvvm.CpAsyncBulkPrefetchOp(ptr, const_i32(D * esize)))
-
                     # (an i32 count: as an index, ptxas spilled its 64 bits at 333 keys)
                     i32 = ir.IntegerType.get_signless(32)
                     loop = scf.ForOp(arith.constant(i32, 0), arith.index_cast(i32, g.mul(mine, n_blocks)),
@@ -1542,9 +1540,16 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                             q_p.copy_async(q0, 0, 0)
                             if not PREFETCH_Q:
                                 return
+                            # the next tile's Q rows into L2, a row a producer thread
                             following = arith.addi(t, grid)
-                            g.when(arith.cmpi(arith.CmpIPredicate.ult, following, g.c(persistent[0] * persistent[1])),
-                                   lambda: prefetch_q(following))
+                            batch = g.div(following, persistent[0])
+                            lead_q = pw.operand_index(spec_of(ch.q.type).shape[:-2],
+                                                      g.delinearize(batch, ch.batch) if ch.batch else [], nb)
+                            row = arith.addi(g.mul(g.rem(following, persistent[0]), bm),
+                                             arith.subi(_opaque_tid(), g.c(threads - 128)))
+                            g.when(arith.andi(arith.cmpi(arith.CmpIPredicate.ult, following,
+                                                         g.c(persistent[0] * persistent[1])), g.lt(row, Sq)),
+                                   lambda: _prefetch_row(g, q_direct, lead_q, row, D * esize))
 
                         g.when(arith.cmpi(arith.CmpIPredicate.eq, j, g.c(0)), tile_start)
                         copy(i, g.mul(j, bn), k_p, v_p)
