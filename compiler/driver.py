@@ -214,7 +214,7 @@ def target_multiprocessors(target: str) -> int:
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return 132
+    return 132  # strategies.base.DEFAULT_MULTIPROCESSORS (not imported: a cache hit imports no MLIR)
 
 
 def device_key(options: Options) -> str:

@@ -24,7 +24,7 @@ from mlir import ir
 
 from .base import KfPass, PassError
 from .strategies import emit as E
-from .strategies.base import EmittedKernel, NotApplicable, TargetInfo, strategy_for
+from .strategies.base import DEFAULT_MULTIPROCESSORS, EmittedKernel, NotApplicable, TargetInfo, strategy_for
 from .tile import check_target, choose, recorded_plan
 
 GPU_MODULE = "kf_kernels"
@@ -63,7 +63,7 @@ class MapToGpuPass(KfPass):
     target: str = "cuda"
     chip: str = "sm_90"
     #: the device's multiprocessors (CUDA; persistent kernels start one workgroup on each)
-    multiprocessors: int = 132
+    multiprocessors: int = DEFAULT_MULTIPROCESSORS
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location)

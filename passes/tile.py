@@ -23,7 +23,7 @@ from mlir import ir
 
 from .base import KfPass, PassError
 from .strategies import emit as E
-from .strategies.base import NotApplicable, Strategy, TargetInfo, strategy_for
+from .strategies.base import DEFAULT_MULTIPROCESSORS, NotApplicable, Strategy, TargetInfo, strategy_for
 
 
 def plan_to_attr(value: Any) -> ir.Attribute:
@@ -99,7 +99,7 @@ class TilePass(KfPass):
     target: str = "cuda"
     chip: str = "sm_90"
     #: the device's multiprocessors (CUDA; persistent kernels start one workgroup on each)
-    multiprocessors: int = 132
+    multiprocessors: int = DEFAULT_MULTIPROCESSORS
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location)

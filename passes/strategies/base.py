@@ -19,6 +19,11 @@ from typing import ClassVar
 from mlir import ir
 
 
+#: Multiprocessors assumed where no device is there to ask: the H200's (kf's driver asks
+#: the device and says so in the passes' ``multiprocessors`` option).
+DEFAULT_MULTIPROCESSORS = 132
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """What a strategy may assume about the device it writes for."""
@@ -31,8 +36,8 @@ class TargetInfo:
     has_shuffle: bool = True
     chip: str = "sm_90"
     #: streaming multiprocessors of the device (CUDA; 0: unknown), for persistent kernels
-    #: that start one workgroup on each; H200's 132 where no device is there to ask
-    multiprocessors: int = 132
+    #: that start one workgroup on each
+    multiprocessors: int = DEFAULT_MULTIPROCESSORS
 
     @property
     def max_dynamic_shared_bytes(self) -> int:
@@ -52,7 +57,7 @@ class TargetInfo:
         return self.max_shared_bytes
 
     @staticmethod
-    def for_target(name: str, chip: str = "sm_90", multiprocessors: int = 132) -> "TargetInfo":
+    def for_target(name: str, chip: str = "sm_90", multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> "TargetInfo":
         if name == "cuda":
             return TargetInfo("cuda", chip=chip, multiprocessors=multiprocessors)
         # Vulkan 1.1 guarantees 16 KiB of shared memory and 128 invocations per
