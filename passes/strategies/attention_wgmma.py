@@ -1039,8 +1039,15 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             if plan.get("reverse_q_blocks"):  # the last query blocks, with the most live keys, first
                 qblock = arith.subi(g.c(plan["grid"][0] - 1), qblock)
             batch = g.bid("y")
+            n_tiles = persistent[0] * persistent[1] if persistent else 0
+
+            def tile_of(t: ir.Value) -> tuple[ir.Value, ir.Value]:
+                """PERSISTENT: tile t's query block and batch (linear index), query blocks
+                fastest (a head's tiles run side by side and share its K and V in L2)."""
+                return g.rem(t, persistent[0]), g.div(t, persistent[0])
+
             if persistent:  # the first tile's (the loops place each: ``place_tile``)
-                qblock, batch = g.rem(qblock, persistent[0]), g.div(qblock, persistent[0])
+                qblock, batch = tile_of(qblock)
             batch_idx = g.delinearize(batch, ch.batch) if ch.batch else []
             warp, lane = g.div(tid, 32), g.rem(tid, 32)
             wg = g.div(warp, 4)
@@ -1062,11 +1069,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 # fp8: V^T as stored ([.., Dv, Sk], K-major for the second product)
                 v_direct = direct_source(view, g.args[:n_in], ch.v, lead(ch.v), fp8)
 
-            def place_tile(block: ir.Value, batch: ir.Value) -> None:
-                """PERSISTENT: the workgroup's tile, query block ``block`` of batch (linear
-                index) ``batch``, and what follows from it, set again for each tile."""
+            def place_tile(t: ir.Value) -> None:
+                """PERSISTENT: the workgroup's tile t (``tile_of``) and what follows from it,
+                set again for each tile."""
                 nonlocal qblock, batch_idx
-                qblock = block
+                qblock, batch = tile_of(t)
                 batch_idx = g.delinearize(batch, ch.batch) if ch.batch else []
                 place_rows()
                 place_sources()
@@ -1522,7 +1529,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     # nested, LLVM unrolled a short inner loop, and ptxas spilled (108
                     # bytes, fp8 with three key blocks)
                     grid = gpu.grid_dim(gpu.Dimension.x)
-                    mine = arith.divui(arith.addi(arith.subi(g.c(persistent[0] * persistent[1]), g.bid("x")),
+                    mine = arith.divui(arith.addi(arith.subi(g.c(n_tiles), g.bid("x")),
                                                   arith.subi(grid, g.c(1))), grid)
                     # (an i32 count: as an index, ptxas spilled its 64 bits at 333 keys)
                     i32 = ir.IntegerType.get_signless(32)
@@ -1532,7 +1539,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         i = arith.index_cast(ir.IndexType.get(), loop.induction_variable)
                         k, j = g.div(i, n_blocks), g.rem(i, n_blocks)
                         t = arith.addi(g.bid("x"), arith.muli(k, grid))
-                        place_tile(g.rem(t, persistent[0]), g.div(t, persistent[0]))
+                        place_tile(t)
                         q_p, k_p, v_p = tiles()
 
                         def tile_start():  # Q lands with the tile's first block (its full barrier)
@@ -1542,13 +1549,12 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                                 return
                             # the next tile's Q rows into L2, a row a producer thread
                             following = arith.addi(t, grid)
-                            batch = g.div(following, persistent[0])
+                            block, batch = tile_of(following)
                             lead_q = pw.operand_index(spec_of(ch.q.type).shape[:-2],
                                                       g.delinearize(batch, ch.batch) if ch.batch else [], nb)
-                            row = arith.addi(g.mul(g.rem(following, persistent[0]), bm),
-                                             arith.subi(_opaque_tid(), g.c(threads - 128)))
-                            g.when(arith.andi(arith.cmpi(arith.CmpIPredicate.ult, following,
-                                                         g.c(persistent[0] * persistent[1])), g.lt(row, Sq)),
+                            row = arith.addi(g.mul(block, bm), arith.subi(_opaque_tid(), g.c(threads - 128)))
+                            g.when(arith.andi(arith.cmpi(arith.CmpIPredicate.ult, following, g.c(n_tiles)),
+                                              g.lt(row, Sq)),
                                    lambda: _prefetch_row(g, q_direct, lead_q, row, D * esize))
 
                         g.when(arith.cmpi(arith.CmpIPredicate.eq, j, g.c(0)), tile_start)
@@ -1572,11 +1578,10 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             def tile_loop(body: Callable[[ir.Value], None]) -> None:
                 """PERSISTENT: ``body(k)`` for the workgroup's k-th tile t (t = its block
                 index + k x the grid), placed (``place_tile``) first."""
-                loop = scf.ForOp(g.bid("x"), g.c(persistent[0] * persistent[1]),
-                                 gpu.grid_dim(gpu.Dimension.x), [g.c(0)])
+                loop = scf.ForOp(g.bid("x"), g.c(n_tiles), gpu.grid_dim(gpu.Dimension.x), [g.c(0)])
                 with ir.InsertionPoint(loop.body):
                     t, k = loop.induction_variable, loop.inner_iter_args[0]
-                    place_tile(g.rem(t, persistent[0]), g.div(t, persistent[0]))
+                    place_tile(t)
                     body(k)
                     scf.yield_([g.add(k, 1)])
 

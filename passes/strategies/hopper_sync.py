@@ -62,7 +62,10 @@ class StageBarriers:
         g = self.g
         stage = g.c(stage) if isinstance(stage, int) else stage
         i64 = ir.IntegerType.get_signless(64)
-        offset = arith.index_cast(i64, g.mul(g.add(stage, kind * self.stages), 8))
+        return self._pointer(arith.index_cast(i64, g.mul(g.add(stage, kind * self.stages), 8)))
+
+    def _pointer(self, offset: ir.Value) -> ir.Value:
+        """The barrier ``offset`` (i64) bytes into ``mem``."""
         return llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), arith.addi(self.base, offset))
 
     def initialize(self, producers: int, consumers: int) -> None:
@@ -86,24 +89,28 @@ class StageBarriers:
         gpu.barrier()
 
     def _q_free_at(self) -> ir.Value:
-        i64 = ir.IntegerType.get_signless(64)
-        offset = arith.constant(i64, 8 * (2 * self.stages + self.q))
-        return llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), arith.addi(self.base, offset))
+        return self._pointer(arith.constant(ir.IntegerType.get_signless(64), 8 * (2 * self.stages + self.q)))
 
-    def _wait(self, kind: int, j: ir.Value, flip: int, at: ir.Value | None = None) -> None:
-        """Wait for the phase of block j (``flip`` 1: the one before) of barrier
-        ``kind`` of j's stage, or of ``at`` (one barrier, phase j)."""
+    def _parity(self, j: ir.Value, per_phase: int, flip: int) -> ir.Value:
+        """The parity (i32) of phase j / per_phase (``flip`` 1: of the phase before)."""
         g = self.g
-        i32 = ir.IntegerType.get_signless(32)
-        stages = 1 if at is not None else self.stages
-        parity = arith.index_cast(i32, g.rem(arith.addi(g.div(j, stages), g.c(flip)), 2))
-        nvvm.MBarrierTryWaitParityOp(at if at is not None else self._at(kind, g.rem(j, self.stages)), parity,
-                                     arith.constant(i32, 0x989680))
+        return arith.index_cast(ir.IntegerType.get_signless(32), g.rem(arith.addi(g.div(j, per_phase), g.c(flip)), 2))
+
+    @staticmethod
+    def _try_wait(barrier: ir.Value, parity: ir.Value) -> None:
+        nvvm.MBarrierTryWaitParityOp(barrier, parity, arith.constant(ir.IntegerType.get_signless(32), 0x989680))
+
+    def _wait(self, kind: int, j: ir.Value, flip: int) -> None:
+        """Wait for the phase of block j (``flip`` 1: the one before) of barrier ``kind``
+        of j's stage."""
+        parity = self._parity(j, self.stages, flip)
+        self._try_wait(self._at(kind, self.g.rem(j, self.stages)), parity)
 
     def wait_q_free(self, k: ir.Value) -> None:
         """Producer, before the k-th refill of the ``q_free`` buffer: the consumers gave
         back the (k - 1)-th (returns at once for k = 0)."""
-        self._wait(0, k, 1, at=self._q_free_at())
+        parity = self._parity(k, 1, 1)
+        self._try_wait(self._q_free_at(), parity)
 
     def release_q(self) -> None:
         """Consumers: done reading the ``q_free`` buffer's current contents."""
