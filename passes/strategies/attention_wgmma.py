@@ -282,7 +282,7 @@ PERSISTENT_WINDOW_BYTES = 12 << 20
 #: With PERSISTENT: whether the producer, as it copies a tile's Q, prefetches the next
 #: tile's Q rows into L2 (``cp.async.bulk.prefetch.L2``, a row a thread). Q is read once,
 #: from DRAM, and its copy waits for the consumers to give Q back at the tile's end: the
-#: consumers' wait for it at the next tile's start was 7.5% of their ncu samples (H200,
+#: consumers' wait for it at the next tile's start was 8% of their ncu samples (H200,
 #: 4x32x2048x128, Q given back after the last softmax). With Q given back as soon as the
 #: last S is complete, the prefetch measured slower: 0.482 against 0.457 ms, and
 #: 2x32x4096x128 0.895 against 0.851 (bench/results/*prefetch*session11*). Off.
