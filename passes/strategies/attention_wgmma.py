@@ -86,7 +86,7 @@ from mlir.dialects import math as mmath
 from .base import EmittedKernel, NotApplicable, TargetInfo
 from .emit import to_storage as emit_to_storage
 from .matmul import (Direct, GpuFunc, MmaSync, Pointwise, VectorStaging, _elem_bytes, direct_source, gpu_arg_types,
-                     quad_reduce)
+                     quad_reduce, workgroup_memref)
 from . import wgmma as _wg
 from .hopper_sync import StageBarriers, Turns, const_i32
 
@@ -178,8 +178,10 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
         shared += _wg.ATOM_BYTES
     # with the block table, the walk over live blocks in three stages (WARP_SPECIALIZED)
     walk_shared = esize * (bm * d + 3 * bn * (d + dv)) + 2 * _wg.ATOM_BYTES
-    if WARP_SPECIALIZED and table and TABLE_WALK and -(-ch.seq_k // bn) <= TABLE_WALK_MAX_BLOCKS and \
-            WARPGROUPS == 2 and max(d, dv) >= WALK_THREE_STAGES_FROM and dv <= 128 and walk_shared <= target.max_dynamic_shared_bytes:
+    walk = WARP_SPECIALIZED and table and TABLE_WALK and -(-ch.seq_k // bn) <= TABLE_WALK_MAX_BLOCKS and \
+        WARPGROUPS == 2 and max(d, dv) >= WALK_THREE_STAGES_FROM and dv <= 128 and \
+        walk_shared <= target.max_dynamic_shared_bytes
+    if walk:
         specialized = overlap_pv = True
         stages, shared = 3, walk_shared
     grid = [-(-ch.seq_q // bm), batch, 1]
@@ -188,20 +190,27 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     window = target.multiprocessors / grid[0] * ch.seq_k * (d + dv) * esize
     persistent = PERSISTENT and specialized and not table and not SPLIT_KV_BARRIERS and not PINGPONG \
         and target.multiprocessors > 0 and window <= PERSISTENT_WINDOW_BYTES and ch.seq_k % bn == 0
-    if persistent:
+    # PERSISTENT_WALK: the walk's, with tiles claimed in turn (whole blocks only: the
+    # walk's tails take the serial loop, see WALK_OVERLAP_PV)
+    persistent_walk = PERSISTENT_WALK and walk and WALK_OVERLAP_PV and not PINGPONG and target.multiprocessors > 0 \
+        and window <= PERSISTENT_WINDOW_BYTES and ch.seq_q % bm == 0 and ch.seq_k % bn == 0
+    if persistent or persistent_walk:
         grid = [min(grid[0] * batch, target.multiprocessors), 1, 1]
+    # heads a group of the claim order: their keys and values within the window
+    group = max(1, min(batch, int(PERSISTENT_WINDOW_BYTES // (ch.seq_k * (d + dv) * esize)))) if WALK_HEAD_GROUPS else 1
     return {"block_m": bm, "block_n": bn, "threads": 128 * (WARPGROUPS + specialized), "stages": stages,
             "grid": grid, "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
             "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
             "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
-            "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None),
+            "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None and not persistent_walk),
             "max_registers": pair_registers if pair else 0,
             # O (Dv / 2 registers), S, and two blocks of P: head dim 256 spills (336 bytes,
             # fp8); and two key blocks, whose loop of one trip LLVM removes, spilled 96
             # bytes at head dim 128 in fp8 (the straight code scheduled wider)
             "overlap_pv": overlap_pv, "warp_specialized": specialized,
-            "persistent": [-(-ch.seq_q // bm), batch] if persistent else []}
+            "persistent": [-(-ch.seq_q // bm), batch] if persistent else [],
+            "persistent_walk": [-(-ch.seq_q // bm), batch, group] if persistent_walk else []}
 
 
 #: Whether workgroups take the query blocks last to first where blocks may be skipped:
@@ -279,6 +288,28 @@ PERSISTENT = True
 #: MiB); 2x32x4096x128 (8 MiB): 0.910 against 0.914 (bench/results/*session11*).
 PERSISTENT_WINDOW_BYTES = 12 << 20
 
+#: With WARP_SPECIALIZED and the block table's walk: whether that kernel is persistent
+#: too, one workgroup an SM. Its tiles differ in work (under a causal mask a query
+#: block's live key blocks are its index + 1), so a workgroup claims its next tile from a
+#: counter (``atomicAdd``; the block table's kernel zeroes it each call), in an order that
+#: takes a group of heads' tiles (``plan``'s group: their keys and values within
+#: PERSISTENT_WINDOW_BYTES) by query block, last to first: the longest first, the
+#: shortest last, where they fill the ends of the others (list scheduling). The producer
+#: claims, reads the tile's row of the table and hands the walk to the consumers in
+#: shared memory on Q's barrier. There is no second pass: the block table also holds, per
+#: block, which query rows see a live score there (``_emit_block_table``), and a tile
+#: with a row masked everywhere walks every block instead of its live ones. Whole blocks
+#: only (the walk's tails have no pipelined loop).
+PERSISTENT_WALK = True
+
+#: With PERSISTENT_WALK: whether the claim order takes a group of heads' tiles by query
+#: block (else one head's tiles, last to first, then the next head's: a group of one).
+WALK_HEAD_GROUPS = True
+
+#: i64 slots after the barriers (PERSISTENT_WALK): the claimed tile, its walk, whole and
+#: causal masks (consumers), and two slots for the producer's claim (by tile parity).
+WALK_INFO_SLOTS = 6
+
 #: With PERSISTENT: whether the producer, as it copies a tile's Q, prefetches the next
 #: tile's Q rows into L2 (``cp.async.bulk.prefetch.L2``, a row a thread). Q is read once,
 #: from DRAM, and its copy waits for the consumers to give Q back at the tile's end: the
@@ -301,6 +332,10 @@ LINEAR_MASKED_BLOCKS = True
 #: bytes with it (20 without; consumers at 240 registers). Not where the queries or keys
 #: end inside a block: the tails' guards took the spill to 240 bytes (300 x 300).
 WALK_OVERLAP_PV = True
+
+#: The named barrier of the producer warpgroup's 128 threads (PERSISTENT_WALK's claims;
+#: 0 is the workgroup's, 1 the consumers', 1 and 2 PINGPONG's turns).
+PRODUCER_BARRIER = 3
 
 #: Registers a thread of the consumer and of the producer warpgroups (``setmaxnreg``;
 #: multiples of 8, 2 x 128 x 240 + 128 x 24 = 64512 of the SM's 65536).
@@ -654,14 +689,33 @@ def _head_shared_mask(ch) -> bool:
     return True
 
 
+def _table_columns(nk: int, rows_live: bool) -> int:
+    """The block table's columns: a code per key block; with ``rows_live``
+    (PERSISTENT_WALK) then ``ROW_WORDS`` words a key block of which query rows see a live
+    score there, and the tile counter (row 0's last column)."""
+    return nk * (1 + ROW_WORDS) + 1 if rows_live else nk
+
+
+#: Words of a block's live query rows in the block table (PERSISTENT_WALK): bit e of
+#: word 2p + h is row 2 (32 h + e) + p of the query block (the table kernel's threads
+#: take rows of one parity a warp; see ``_emit_block_table``).
+ROW_WORDS = 4
+
+
 def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int, bn: int,
-                      table_t: ir.Type) -> EmittedKernel:
+                      table_t: ir.Type, rows_live: bool = False) -> EmittedKernel:
     """The kernel that writes the block table: a workgroup per (query block, key block),
     its 256 threads reading the block's mask condition, coalesced along the keys; out of
     range positions count as masked (so a tail block is never WHOLE). With
     CAUSAL_BLOCKS a live block that is not whole is CAUSAL where every in-range position
     is masked exactly when its key index exceeds its query index (out of range positions
-    do not count: the attention kernel's tail guards decide them before the mask)."""
+    do not count: the attention kernel's tail guards decide them before the mask).
+
+    ``rows_live`` (PERSISTENT_WALK): also which query rows see an unmasked in-range score
+    in the block (``ROW_WORDS`` words: a warp vote per row, the four warps of a row's
+    parity ORed through shared memory; rows past the queries count as live), and
+    workgroup (0, 0) zeroes the tile counter, which the attention kernel, launched after
+    this one on the same stream, counts up."""
     from .attention import block_reduce
 
     view = ch.view
@@ -671,7 +725,11 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
     nq, nk = -(-Sq // bm), -(-Sk // bn)
     name = f"{view.name}_blocks"
     arg_types = gpu_arg_types(view, target)[:len(view.args)] + [table_t]
-    g = GpuFunc(gpu_module, name, arg_types, [], (threads, 1, 1))
+    warps = threads // 32
+    if rows_live and (bn % 32 or threads % bn or bm * bn // threads != 64):
+        raise NotApplicable("the block table's live rows take 128-key blocks and 256 threads")
+    g = GpuFunc(gpu_module, name, arg_types, [workgroup_memref([2 * warps], i32)] if rows_live else [],
+                (threads, 1, 1))
     pw = Pointwise(g, view, g.args[:len(view.args)])
     with ir.InsertionPoint(g.entry):
         tid, kb, qb = g.tid(), g.bid("x"), g.bid("y")
@@ -679,6 +737,7 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
         true, false = arith.constant(i1, 1), arith.constant(i1, 0)
         lead = [g.c(0)] * (ch.scores.rank - 2)
         live, whole, causal = false, true, true
+        row_words = [arith.constant(i32, 0)] * 2  # this warp's rows, e < 32 and e >= 32
         for e in range(bm * bn // threads):
             lin = g.add(tid, e * threads)
             r, c = arith.addi(r0, g.div(lin, bn)), arith.addi(c0, g.rem(lin, bn))
@@ -700,6 +759,32 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
             whole = arith.andi(whole, arith.xori(m, true))
             if agrees:
                 causal = arith.andi(causal, agrees[0])
+            if rows_live:  # the warp's row (2e + its parity): any lane's score live
+                seen = nvvm.vote_sync(i1, arith.constant(i32, -1), arith.xori(m, true), nvvm.VoteSyncKind.any)
+                if Sq % bm:
+                    seen = arith.ori(seen, arith.cmpi(arith.CmpIPredicate.uge, r, g.c(Sq)))
+                bit = arith.shli(arith.extui(i32, seen), arith.constant(i32, e % 32))
+                row_words[e // 32] = arith.ori(row_words[e // 32], bit)
+        if rows_live:
+            shared = g.shared[0]
+            warp = g.div(tid, 32)
+            g.when(arith.cmpi(arith.CmpIPredicate.eq, g.rem(tid, 32), g.c(0)),
+                   lambda: [memref.store(w, shared, [g.add(g.mul(warp, 2), h)]) for h, w in enumerate(row_words)])
+            gpu.barrier()
+
+            def gather():  # word 2p + h: the OR of the parity p warps' (4p .. 4p + 3) word h
+                p, h = g.div(tid, 2), g.rem(tid, 2)
+                word = arith.constant(i32, 0)
+                for w in range(warps // 2):
+                    at = g.add(g.mul(g.add(g.mul(p, warps // 2), w), 2), h)
+                    word = arith.ori(word, memref.load(shared, [at]))
+                memref.store(word, g.args[-1], [qb, g.add(g.add(g.mul(kb, ROW_WORDS), tid), nk)])
+
+            g.when(g.lt(tid, ROW_WORDS), gather)
+            first = arith.andi(arith.cmpi(arith.CmpIPredicate.eq, g.add(kb, qb), g.c(0)),
+                               arith.cmpi(arith.CmpIPredicate.eq, tid, g.c(0)))
+            g.when(first, lambda: memref.store(arith.constant(i32, 0), g.args[-1],
+                                               [g.c(0), g.c(_table_columns(nk, True) - 1)]))
         live, whole = block_reduce(live, "or"), block_reduce(whole, "and")
         partial = arith.constant(i32, PARTIAL)
         if CAUSAL_BLOCKS:
@@ -819,6 +904,31 @@ def _walk_classes() -> tuple[str, ...]:
 def _every_block(nk: int) -> ir.Value:
     """The i64 bit mask of all nk key blocks (a pass that skips none)."""
     return arith.constant(ir.IntegerType.get_signless(64), (1 << nk) - 1 if nk < 64 else -1)
+
+
+def _rows_dead(g: GpuFunc, table: ir.Value, qblock: ir.Value, nk: int, tid: ir.Value) -> ir.Value:
+    """PERSISTENT_WALK: whether a query row of the workgroup's block sees no live score in
+    any key block (the table's row words, ``ROW_WORDS`` a block, ORed over the blocks:
+    lane l of every warp loads blocks l, l + 32, ..., and ``redux.sync`` ORs the warp's):
+    uniform over the workgroup, no barrier. Such a row's softmax is over its fills, so
+    the walk must visit every block."""
+    i32 = ir.IntegerType.get_signless(32)
+    lane = g.rem(tid, 32)
+    zero, everyone = arith.constant(i32, 0), arith.constant(i32, -1)
+    words = [zero] * ROW_WORDS
+    for w in range(-(-nk // 32)):
+        col = g.add(lane, 32 * w)
+        at = g.add(g.mul(arith.minui(col, g.c(nk - 1)), ROW_WORDS), nk)
+        for h in range(ROW_WORDS):
+            x = memref.load(table, [qblock, g.add(at, h)])
+            if nk < 32 * (w + 1):
+                x = arith.select(g.lt(col, nk), x, zero)
+            words[h] = arith.ori(words[h], x)
+    dead = arith.constant(ir.IntegerType.get_signless(1), 0)
+    for word in words:
+        seen = nvvm.redux_sync(i32, word, nvvm.ReduxKind.OR, everyone)
+        dead = arith.ori(dead, arith.cmpi(arith.CmpIPredicate.ne, seen, everyone))
+    return dead
 
 
 def _live_count(walk: ir.Value) -> ir.Value:
@@ -1003,11 +1113,12 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
     kv_parts = 2 if specialized and SPLIT_KV_BARRIERS and not table_shape else 1
     arg_types = gpu_arg_types(view, target)
     prelude = None
+    walk_persistent = plan.get("persistent_walk") if table_shape else None
     with kernel.location:
         if table_shape:
             i32 = ir.IntegerType.get_signless(32)
-            table_t = ir.MemRefType.get(list(table_shape), i32)
-            prelude = _emit_block_table(ch, gpu_module, target, bm, bn, table_t)
+            table_t = ir.MemRefType.get([table_shape[0], _table_columns(table_shape[1], bool(walk_persistent))], i32)
+            prelude = _emit_block_table(ch, gpu_module, target, bm, bn, table_t, rows_live=bool(walk_persistent))
             arg_types = arg_types[:n_in] + [table_t] + arg_types[n_in:]
         g = GpuFunc(gpu_module, view.name, arg_types, [], (threads, 1, 1))  # window: _carve_aligned
         if plan.get("max_registers"):
@@ -1021,17 +1132,19 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
         with ir.InsertionPoint(g.entry):
             # Q: bm rows x D; K: bn rows x D a stage; V: bn k-rows x Dv a stage (MN-major)
             staged = plan.get("staged_masks", []) if plan.get("skip_masked_blocks") else []
+            reuses_q = bool(plan.get("persistent") or walk_persistent)  # Q refilled a tile
+            n_barriers = StageBarriers.size(stages, bool(table_shape), kv_parts, reuses_q)
             mask_stages = plan.get("mask_stages", 1)
             mask_elems = [ir.MemRefType(g.args[i].type).element_type for i in staged]
             Qs, Ks, Vs, *Ms = _wg._carve_aligned(
                 g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
                     (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems]
-                + ([(1, StageBarriers.size(stages, bool(table_shape), kv_parts, bool(plan.get("persistent"))), i64)]
-                   if specialized else []))
+                + ([(1, n_barriers + (WALK_INFO_SLOTS if walk_persistent else 0), i64)] if specialized else []))
             # with the table, a barrier for Q too: a workgroup may walk no block; PERSISTENT:
             # one on which the consumers give Q back for the next tile
-            barriers = StageBarriers(g, Ms.pop(), stages, bool(table_shape), kv_parts,
-                                     q_free=bool(plan.get("persistent"))) if specialized else None
+            barrier_mem = Ms.pop() if specialized else None
+            barriers = StageBarriers(g, barrier_mem, stages, bool(table_shape), kv_parts,
+                                     q_free=reuses_q) if specialized else None
             turns = None
             tid = g.tid()
             persistent = plan.get("persistent")
@@ -1045,6 +1158,18 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 """PERSISTENT: tile t's query block and batch (linear index), query blocks
                 fastest (a head's tiles run side by side and share its K and V in L2)."""
                 return g.rem(t, persistent[0]), g.div(t, persistent[0])
+
+            def walk_tile_of(u: ir.Value) -> tuple[ir.Value, ir.Value]:
+                """PERSISTENT_WALK: the u-th tile claimed: heads in groups of ``group``
+                (the last may be smaller), a group's tiles by query block last to first,
+                then by head."""
+                nq, heads, group = walk_persistent
+                per_group = group * nq
+                first = g.mul(g.div(u, per_group), group)
+                size = arith.minui(g.c(group), arith.subi(g.c(heads), first))
+                within = g.rem(u, per_group)
+                block = arith.subi(g.c(nq - 1), arith.divui(within, size))
+                return block, arith.addi(first, arith.remui(within, size))
 
             if persistent:  # the first tile's (the loops place each: ``place_tile``)
                 qblock, batch = tile_of(qblock)
@@ -1070,11 +1195,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 v_direct = direct_source(view, g.args[:n_in], ch.v, lead(ch.v), fp8)
 
             def place_tile(t: ir.Value) -> None:
-                """PERSISTENT: the workgroup's tile t (``tile_of``) and what follows from it,
-                set again for each tile."""
-                nonlocal qblock, batch_idx
-                qblock, batch = tile_of(t)
+                """PERSISTENT: the workgroup's tile t (``tile_of``; PERSISTENT_WALK: the
+                t-th claimed, ``walk_tile_of``) and what follows from it, set again for
+                each tile."""
+                nonlocal qblock, batch_idx, s_lead
+                qblock, batch = (walk_tile_of if walk_persistent else tile_of)(t)
                 batch_idx = g.delinearize(batch, ch.batch) if ch.batch else []
+                s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
                 place_rows()
                 place_sources()
 
@@ -1358,9 +1485,14 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 ``walk`` (WARP_SPECIALIZED, with the block table): the live key blocks
                 only, an i64 bit mask with at least one bit set; the i-th of them is in
                 stage i % 3, and ``classes(j)`` gives block j's (unmasked, causal) for
-                ``classified_softmax``. ``base`` (PERSISTENT): key block j is the
-                pipeline's block base + j; Q and the last block are given back."""
+                ``classified_softmax``. ``base`` (PERSISTENT, PERSISTENT_WALK): key block
+                j (the walk's j-th block) is the pipeline's block base + j; Q is given
+                back once the tile's last S is complete, and the last block after its
+                P V."""
                 lazy = _lazy_threshold(elem, p_scale, log2_p) if linear is not None else None
+
+                def at(i):  # the pipeline's index of the walk's i-th block
+                    return i if base is None else arith.addi(base, i)
                 if walk is None:
                     first = first_scores(base)
                     if kv_parts == 2:
@@ -1368,10 +1500,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
                     carried = m + l + [init[4]] + packed(p)
                 else:
+                    count = _live_count(walk)
                     j0 = _cttz(walk)
-                    barriers.wait_full(g.c(0))
-                    first = issue_scores(g.c(0))
+                    barriers.wait_full(at(g.c(0)))
+                    first = issue_scores(g.c(0) if base is None else g.rem(base, 3))
                     nvvm.wgmma_wait_group_sync_aligned(0)
+                    if base is not None:  # a walk of one block: its S was the tile's last
+                        g.when(arith.cmpi(arith.CmpIPredicate.eq, count, g.c(1)), barriers.release_q)
                     m, l, _, p = classified_softmax(_block_start(g, j0, bn), first, init[0:2], init[2:4], *classes(j0))
                     carried = m + l + [init[4]] + packed(p) + [j0]
 
@@ -1379,23 +1514,26 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     """The i-th live block (i >= 1) after block c[-1]."""
                     m, l, o, a, prev = c[0:2], c[2:4], c[4], c[5:-1], c[-1]
                     j = _cttz(_live_after(walk, prev))
-                    barriers.wait_full(i)
-                    acc = issue_scores(g.rem(i, 3))
-                    o = issue_pv(o, a, g.rem(g.add(i, 2), 3))  # the block before
+                    barriers.wait_full(at(i))
+                    acc = issue_scores(g.rem(at(i), 3))
+                    o = issue_pv(o, a, g.rem(g.add(at(i), 2), 3))  # the block before
                     nvvm.wgmma_wait_group_sync_aligned(1)
+                    if base is not None:
+                        g.when(arith.cmpi(arith.CmpIPredicate.eq, i, arith.subi(count, g.c(1))), barriers.release_q)
                     m, l, alpha, p = classified_softmax(_block_start(g, j, bn), acc, m, l, *classes(j))
                     nvvm.wgmma_wait_group_sync_aligned(0)
-                    barriers.release(arith.subi(i, g.c(1)))
+                    barriers.release(arith.subi(at(i), g.c(1)))
                     return m + l + [rescale(o, alpha)] + packed(p) + [j]
 
                 if walk is not None:
-                    count = _live_count(walk)
                     loop = scf.ForOp(g.c(1), count, g.c(1), carried)
                     with ir.InsertionPoint(loop.body):
                         scf.yield_(walked(loop.induction_variable, list(loop.inner_iter_args)))
                     c = list(loop.results)
-                    o = issue_pv(c[4], c[5:-1], g.rem(arith.addi(count, g.c(2)), 3))
+                    o = issue_pv(c[4], c[5:-1], g.rem(arith.addi(at(count), g.c(2)), 3))
                     nvvm.wgmma_wait_group_sync_aligned(0)
+                    if base is not None:
+                        barriers.release(arith.subi(at(count), g.c(1)))
                     return c[0:4] + [o]
 
                 def step(n0, c):
@@ -1484,6 +1622,31 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
                     g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
 
+            def tiles():
+                """The producer's copies of the tile placed (``place_tile``): Q, K, V.
+                PERSISTENT, PERSISTENT_WALK: their per-thread offsets from a thread index
+                read anew (``_opaque_tid``), so that they are computed in each tile rather
+                than hoisted out of the tile loop and held in the producer's 24 registers
+                (ptxas spilled 16 to 128 bytes)."""
+                ptid = arith.subi(_opaque_tid() if reuses_q else tid, g.c(threads - 128))
+                # PERSISTENT: lean too (ptxas keeps per-copy addresses through the tile loop)
+                q_p = _wg.SwizzledTile(g, ptid, 128, Qs, q_direct, bm, D, esize, Sq, D, False, width=D,
+                                       lean=reuses_q, producer=reuses_q)
+                # per-copy addresses spilled at 24 registers (528 bytes, 333 keys)
+                return (q_p, *kv_tiles(ptid, 128, True, producer=True))
+
+            def copy(i, n0, k_p, v_p):
+                """The producer's copies of key block n0 into the stage of the pipeline's
+                i-th block, once its last block there is given back."""
+                stage = g.rem(i, stages)
+                barriers.wait_empty(i)
+                k_p.copy_async(n0, 0, stage)
+                if kv_parts == 2:  # K and V each on its own pair of barriers
+                    barriers.arrive_full(stage)
+                    barriers.wait_empty(i, part=1)
+                v_p.copy_async(0, n0, stage)
+                barriers.arrive_full(stage, part=kv_parts - 1)
+
             def producer(walk_of=None):
                 """WARP_SPECIALIZED's third warpgroup: Q, then each key block's K and V into
                 stage j % 3 once its empty mbarrier says the consumers are done with block
@@ -1492,30 +1655,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 then has a barrier of its own."""
                 nvvm.SetMaxRegisterOp(PRODUCER_REGISTERS, ir.Attribute.parse("#nvvm<action decrease>"))
                 walk = walk_of() if walk_of is not None else None
-                ptid0 = arith.subi(tid, g.c(threads - 128))
-
-                def tiles():
-                    """The producer's copies of the tile placed (``place_tile``): Q, K, V.
-                    PERSISTENT: their per-thread offsets from a thread index read anew
-                    (``_opaque_tid``), so that they are computed in each tile rather than
-                    hoisted out of the tile loop and held in the producer's 24 registers
-                    (ptxas spilled 16 to 128 bytes)."""
-                    ptid = arith.subi(_opaque_tid(), g.c(threads - 128)) if persistent else ptid0
-                    # PERSISTENT: lean too (ptxas keeps per-copy addresses through the tile loop)
-                    q_p = _wg.SwizzledTile(g, ptid, 128, Qs, q_direct, bm, D, esize, Sq, D, False, width=D,
-                                           lean=bool(persistent), producer=bool(persistent))
-                    # per-copy addresses spilled at 24 registers (528 bytes, 333 keys)
-                    return (q_p, *kv_tiles(ptid, 128, True, producer=True))
-
-                def copy(i, n0, k_p, v_p):
-                    stage = g.rem(i, stages)
-                    barriers.wait_empty(i)
-                    k_p.copy_async(n0, 0, stage)
-                    if kv_parts == 2:  # K and V each on its own pair of barriers
-                        barriers.arrive_full(stage)
-                        barriers.wait_empty(i, part=1)
-                    v_p.copy_async(0, n0, stage)
-                    barriers.arrive_full(stage, part=kv_parts - 1)
 
                 def key_blocks(k_p, v_p):
                     def block(n0, _):
@@ -1646,11 +1785,122 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 store_output(two_pass_loop(g, ch, init, rows, bm, run_pass,
                                            reduce=lambda pred: block_reduce(pred, barrier=(1, 256))))
 
+            def info(slot: int) -> list[ir.Value]:
+                """PERSISTENT_WALK: the index of an i64 slot after the barriers."""
+                return [g.c(0), g.c(n_barriers + slot)]
+
+            def claimed(k: ir.Value) -> ir.Value:
+                """PERSISTENT_WALK's producer: the workgroup's next tile (its k-th), from the
+                table's counter: one thread adds, the producer warpgroup reads it on a named
+                barrier of its own (slot by k's parity: a thread still reading the last
+                one's is not overwritten)."""
+                i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+                slot = arith.addi(g.c(n_barriers + 4), g.rem(k, 2))
+
+                def take():
+                    u = memref.atomic_rmw(arith.AtomicRMWKind.addi, arith.constant(i32, 1), table,
+                                          [g.c(0), g.c(_table_columns(table_shape[1], True) - 1)])
+                    memref.store(arith.extui(i64, u), barrier_mem, [g.c(0), slot])
+
+                g.when(arith.cmpi(arith.CmpIPredicate.eq, tid, g.c(threads - 128)), take)
+                nvvm.BarrierOp(None, barrierId=const_i32(PRODUCER_BARRIER), numberOfThreads=const_i32(128))
+                return arith.index_cast(ir.IndexType.get(), memref.load(barrier_mem, [g.c(0), slot]))
+
+            def walk_producer():
+                """PERSISTENT_WALK's producer warpgroup: claims tiles (``claimed``) until
+                none is left. A tile: its row of the block table (the walk: its live
+                blocks, or every block where a query row sees no live score,
+                ``_rows_dead``), Q copied once the consumers gave the last tile's back, the
+                tile and its masks handed to them in shared memory on Q's barrier
+                (``announce_q``), then the walk's K and V as ``producer`` copies them;
+                the stages' phases run on across tiles (``base``). At the end the
+                consumers get a tile past the last."""
+                nvvm.SetMaxRegisterOp(PRODUCER_REGISTERS, ir.Attribute.parse("#nvvm<action decrease>"))
+                idx, i64 = ir.IndexType.get(), ir.IntegerType.get_signless(64)
+                nq, heads, _ = walk_persistent
+                leader = arith.cmpi(arith.CmpIPredicate.eq, tid, g.c(threads - 128))
+                nk = table_shape[1]
+                loop = scf.WhileOp([idx, idx, idx], [g.c(0), g.c(0)])
+                before = loop.before.blocks.append(idx, idx)
+                with ir.InsertionPoint(before):
+                    k, base = before.arguments
+                    u = claimed(k)
+                    scf.condition(g.lt(u, nq * heads), [k, base, u])
+                after = loop.after.blocks.append(idx, idx, idx)
+                with ir.InsertionPoint(after):
+                    k, base, u = after.arguments
+                    place_tile(u)
+                    masks = _table_masks(g, table, qblock, nk, tid, _walk_classes())
+                    walk = arith.select(_rows_dead(g, table, qblock, nk, tid), _every_block(nk), masks["live"])
+                    q_p, k_p, v_p = tiles()
+                    barriers.wait_q_free(k)
+                    q_p.copy_async(q0, 0, 0)
+                    barriers.arrive_q()
+
+                    def announce():
+                        none = arith.constant(i64, 0)
+                        for slot, v in enumerate((arith.index_cast(i64, u), walk, masks.get("whole", none),
+                                                  masks.get("causal", none))):
+                            memref.store(v, barrier_mem, info(slot))
+                        barriers.announce_q()
+
+                    g.when(leader, announce)
+                    count = _live_count(walk)
+                    blocks = scf.ForOp(g.c(0), count, g.c(1), [_cttz(walk)])
+                    with ir.InsertionPoint(blocks.body):
+                        j = blocks.inner_iter_args[0]
+                        copy(arith.addi(base, blocks.induction_variable), _block_start(g, j, bn), k_p, v_p)
+                        scf.yield_([_cttz(_live_after(walk, j))])
+                    scf.yield_([g.add(k, 1), arith.addi(base, count)])
+                k, u = loop.results[0], loop.results[2]
+                barriers.wait_q_free(k)  # the end, as a tile past the last, with Q's arrivals
+                barriers.arrive_q()
+
+                def end():
+                    memref.store(arith.index_cast(i64, u), barrier_mem, info(0))
+                    barriers.announce_q()
+
+                g.when(leader, end)
+                nvvm.cp_async_commit_group()
+                nvvm.cp_async_wait_group(0)
+
+            def persistent_walk_consumers():
+                """PERSISTENT_WALK's consumer warpgroups: a tile as the producer hands it
+                over on Q's barrier (k-th fill), its walk ``pipelined`` and its O stored,
+                until the tile handed over is past the last."""
+                idx = ir.IndexType.get()
+                i64 = ir.IntegerType.get_signless(64)
+                nq, heads, _ = walk_persistent
+                loop = scf.WhileOp([idx, idx, idx, i64, i64, i64], [g.c(0), g.c(0)])
+                before = loop.before.blocks.append(idx, idx)
+                with ir.InsertionPoint(before):
+                    k, base = before.arguments
+                    barriers.wait_q(k)
+                    u = arith.index_cast(idx, memref.load(barrier_mem, info(0)))
+                    masks = [memref.load(barrier_mem, info(slot)) for slot in (1, 2, 3)]
+                    scf.condition(g.lt(u, nq * heads), [k, base, u] + masks)
+                after = loop.after.blocks.append(idx, idx, idx, i64, i64, i64)
+                with ir.InsertionPoint(after):
+                    k, base, u, walk, whole, causal = after.arguments
+                    place_tile(u)
+                    masks = {"live": walk, "whole": whole, "causal": causal}
+
+                    def classes(j):
+                        kinds = _block_kinds(masks, j)
+                        return kinds.get("unmasked"), kinds.get("causal")
+
+                    store_output(pipelined(walk, classes, base=base))
+                    scf.yield_([g.add(k, 1), arith.addi(base, _live_count(walk))])
+
             init = [neg_inf, neg_inf, zero, zero, llvm.mlir_zero(o_t)]
             if not specialized:
                 q_tile.copy_async(q0, 0, 0)
             skip = plan.get("skip_masked_blocks") and ch.mask_cond is not None
-            if skip and specialized:
+            if skip and specialized and walk_persistent:
+                barriers.initialize(128, 256, q_extra=1)  # the producer's announce_q
+                final = None
+                split(walk_producer, persistent_walk_consumers)
+            elif skip and specialized:
                 barriers.initialize(128, 256)
                 final = None
 
@@ -1804,7 +2054,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                                                                    + (f".{FP8_ELEMS[elem]}" if fp8 else ""),
                           "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn, "stages": stages},
                          prelude=prelude,
-                         prelude_output=ir.RankedTensorType.get(list(table_shape), ir.IntegerType.get_signless(32))
+                         prelude_output=ir.RankedTensorType.get(ir.MemRefType(table_t).shape, ir.IntegerType.get_signless(32))
                          if table_shape else None)
 
 

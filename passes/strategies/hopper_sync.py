@@ -68,9 +68,10 @@ class StageBarriers:
         """The barrier ``offset`` (i64) bytes into ``mem``."""
         return llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), arith.addi(self.base, offset))
 
-    def initialize(self, producers: int, consumers: int) -> None:
+    def initialize(self, producers: int, consumers: int, q_extra: int = 0) -> None:
         """Thread 0 sets the arrival counts; a barrier of the whole workgroup then
-        publishes them (the last one the producer and consumers share)."""
+        publishes them (the last one the producer and consumers share). ``q_extra``:
+        arrivals on Q's barrier beside the producers' copies (``announce_q``)."""
         g = self.g
         i32 = ir.IntegerType.get_signless(32)
 
@@ -81,7 +82,7 @@ class StageBarriers:
                     nvvm.MBarrierInitOp(self._at(full, s), arith.constant(i32, producers))
                     nvvm.MBarrierInitOp(self._at(empty, s), arith.constant(i32, consumers))
             if self.q:
-                nvvm.MBarrierInitOp(self._at(2, 0), arith.constant(i32, producers))
+                nvvm.MBarrierInitOp(self._at(2, 0), arith.constant(i32, producers + q_extra))
             if self.q_free:
                 nvvm.MBarrierInitOp(self._q_free_at(), arith.constant(i32, consumers))
 
@@ -116,14 +117,24 @@ class StageBarriers:
         """Consumers: done reading the ``q_free`` buffer's current contents."""
         nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._q_free_at())
 
-    def wait_q(self) -> None:
-        """Consumers: Q landed (the barrier after the stages', with ``q``)."""
-        self._wait(2, self.g.c(0), 0)
+    def wait_q(self, k: ir.Value | None = None) -> None:
+        """Consumers: Q landed (the barrier after the stages', with ``q``); ``k``: its
+        k-th fill (with ``q_free``), else the first."""
+        if k is None:
+            self._wait(2, self.g.c(0), 0)
+        else:
+            self._try_wait(self._at(2, 0), self._parity(k, 1, 0))
         self._fence()
 
     def arrive_q(self) -> None:
         """Producer: as its copies of Q land."""
         nvvm.CpAsyncMBarrierArriveOp(self._at(2, 0), noinc=True)
+
+    def announce_q(self) -> None:
+        """Producer, one thread: an arrival on Q's barrier now, with release semantics, so
+        that what the thread wrote to shared memory before (the tile Q is of) is seen by
+        the consumers that wait for Q (``initialize``'s ``q_extra``)."""
+        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._at(2, 0))
 
     def wait_full(self, j: ir.Value, part: int = 0) -> None:
         """Consumers: block j (its ``part``) is in its stage. Then the proxy fence: the

@@ -168,8 +168,9 @@ def test_persistent_plan():
     """PERSISTENT: the unmasked producer/consumer kernel starts one workgroup a
     multiprocessor of the target (not where it does not know them, 0), and takes the
     (query block, batch) tiles in turn; not where the keys and values of the tiles in
-    flight pass PERSISTENT_WINDOW_BYTES (2048 queries, 4096 keys: 16.5 MiB), nor with a
-    mask (the block table's walk varies in blocks per tile)."""
+    flight pass PERSISTENT_WINDOW_BYTES (2048 queries, 4096 keys: 16.5 MiB). With a mask
+    the block table's walk is persistent instead (PERSISTENT_WALK: tiles claimed from a
+    counter), where queries and keys fill whole blocks."""
     from dataclasses import replace
 
     from kf.passes.strategies import attention_wgmma as awg
@@ -185,8 +186,20 @@ def test_persistent_plan():
     assert 132 / 16 * 4096 * 256 * 2 > awg.PERSISTENT_WINDOW_BYTES
     p = plan_of(attention(4, 32, 2048, 4096, 128, "bf16"))
     assert p["warp_specialized"] and not p["persistent"] and p["grid"] == [16, 128, 1], p
+    # the block table's walk: PERSISTENT_WALK, tiles claimed in groups of heads whose keys
+    # and values fit the window (8 of 512 KiB here, 12 of 1 MiB, 6 of 2 MiB)
     p = plan_of(attention(2, 4, 1024, 1024, 128, "bf16", mask_shape=(1024, 1024)))
-    assert p["warp_specialized"] and not p["persistent"], p
+    assert p["warp_specialized"] and not p["persistent"] and p["persistent_walk"] == [8, 8, 8], p
+    assert p["grid"] == [64, 1, 1] and not p["reverse_q_blocks"], p
+    p = plan_of(attention(4, 32, 2048, 2048, 128, "bf16", mask_shape=(2048, 2048)))
+    assert p["persistent_walk"] == [16, 128, 12] and p["grid"] == [132, 1, 1], p
+    assert plan_of(attention(2, 32, 4096, 4096, 128, "bf16", mask_shape=(4096, 4096)))["persistent_walk"] == [32, 64, 6]
+    for built, target in ((attention(2, 4, 1000, 1000, 128, "bf16", mask_shape=(1000, 1000)), HOPPER),  # tails
+                          (attention(2, 4, 1024, 1024, 128, "bf16", mask_shape=(1024, 1024)),
+                           replace(HOPPER, multiprocessors=0)),
+                          (attention(1, 4, 1024, 16384, 128, "bf16", mask_shape=(1024, 16384)), HOPPER)):  # window
+        p = plan_of(built, target)
+        assert not p["persistent_walk"] and p["grid"][1] > 1, p
     p = plan_of(attention(2, 4, 1024, 1000, 128, "bf16"))  # keys ending inside a block
     assert p["warp_specialized"] and not p["persistent"], p
     assert plan_of(attention_fp8(4, 8, 2048, 2048, 128))["persistent"] == [16, 32]

@@ -771,30 +771,39 @@ def test_block_table_causal_class_and_walk(name, monkeypatch):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap-pv", "serial"])
+@pytest.mark.parametrize("overlap,persistent", [(True, True), (True, False), (False, False)],
+                         ids=["persistent", "overlap-pv", "serial"])
 @pytest.mark.parametrize("d", [128, 64])
-def test_block_table_walk_warp_specialized(d, overlap, monkeypatch):
+def test_block_table_walk_warp_specialized(d, overlap, persistent, monkeypatch):
     """The walk over the table's live blocks with a producer warpgroup (WARP_SPECIALIZED,
     the benchmark's causal shape): both warpgroup kinds walk the same bit mask (popc,
     and the next block by cttz: brev + bfind in PTX); the producer copies Q under a
-    barrier of its own (7 mbarriers) and each live block into stage i % 3; the consumers
-    reduce their rare second pass's test over their own 256 threads (bar.red on named
-    barrier 1, which the workgroup-wide NVVM op cannot), and take linear_softmax in
-    whole and causal blocks (LINEAR_MASKED_BLOCKS: ex2.approx.ftz) beside the online
-    softmax of the partial ones. ptxas does not serialize; it spills a little (84
-    bytes with WALK_OVERLAP_PV at 128, 56 at 64, 20 without), measured faster anyway."""
+    barrier of its own and each live block into stage i % 3; the consumers take
+    linear_softmax in whole and causal blocks (LINEAR_MASKED_BLOCKS: ex2.approx.ftz)
+    beside the online softmax of the partial ones. Not persistent (7 mbarriers), the
+    consumers reduce their rare second pass's test over their own 256 threads (bar.red
+    on named barrier 1, which the workgroup-wide NVVM op cannot); ptxas spills a little
+    (84 bytes with WALK_OVERLAP_PV at 128, 56 at 64, 20 without), measured faster anyway.
+    PERSISTENT_WALK: 132 workgroups; the producer claims a tile by one atomic add and
+    hands it round on named barrier 3 (its 128 threads), ORs the table's live-row words
+    (four redux.sync) instead of a second pass, and gives the consumers the tile on Q's
+    barrier; an eighth mbarrier for Q's release; no spill and no second pass."""
     from kf.passes.strategies import attention_wgmma
 
     monkeypatch.setattr(attention_wgmma, "WALK_OVERLAP_PV", overlap)
+    monkeypatch.setattr(attention_wgmma, "PERSISTENT_WALK", persistent)
     built = attention(4, 32, 2048, 2048, d, "bf16", (2048, 2048), mask_elem="bf16")
     plan, emitted = built.emit(HOPPER)
     assert plan["warp_specialized"] and plan["stages"] == 3 and plan["threads"] == 384, plan
+    assert bool(plan["persistent_walk"]) == persistent and emitted.grid == ((132, 1, 1) if persistent else (16, 128, 1))
     ptx, r, log = cuda_report(built, "sm_90a", log=True)
     attn = _ptx_entries(ptx)[emitted.name]
     assert "serialized" not in log, log
-    assert r["spill_store_bytes"] <= (96 if overlap else 24), r
-    assert attn.count("mbarrier.init.shared.b64") == 7 and attn.count("popc.b64") >= 2
-    assert "bar.red.or.pred p, 1, 256, q" in attn
+    assert r["spill_store_bytes"] <= (0 if persistent else 96 if overlap else 24), r
+    assert attn.count("mbarrier.init.shared.b64") == (8 if persistent else 7) and attn.count("popc.b64") >= 2
+    assert ("bar.red.or.pred p, 1, 256, q" in attn) != persistent
+    assert attn.count("atom.global.add.u32") == persistent and attn.count("bar.sync \t3, 128") == persistent
+    assert attn.count("redux.sync.or.b32") == 4 * persistent
     assert attn.count("ex2.approx.ftz.f32") >= 64 and "setmaxnreg.inc.sync.aligned.u32 \t240" in attn
     waits = [ln.split()[-1] for ln in attn.splitlines() if "wgmma.wait_group.sync.aligned" in ln]
     assert ("1;" in waits) == overlap, waits
@@ -1059,42 +1068,82 @@ TABLE_MASKS = ["causal", "tril1", "tril-1", "tril128", "tril-128", "flip_below",
                "random_dead_columns", "block_diagonal", "ones", "zeros"]
 
 
+def live_row_words(mask: torch.Tensor, bm: int, bn: int) -> torch.Tensor:
+    """The block table's live-row words (PERSISTENT_WALK) a [sq, sk] mask must get: per
+    (query block, key block), bit e of word 2p + h set where row 2 (32 h + e) + p of the
+    block keeps a key of the block (rows past the queries count as kept), as int32."""
+    from kf.passes.strategies.attention_wgmma import ROW_WORDS
+
+    keep = mask != 0
+    sq, sk = keep.shape
+    nq, nk = -(-sq // bm), -(-sk // bn)
+    out = torch.zeros(nq, nk * ROW_WORDS, dtype=torch.int64)
+    for i in range(nq):
+        for j in range(nk):
+            for r in range(bm):
+                row = i * bm + r
+                if row >= sq or keep[row, j * bn:(j + 1) * bn].any():
+                    e, p = r // 2, r % 2
+                    out[i, ROW_WORDS * j + 2 * p + e // 32] |= 1 << (e % 32)
+    return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
+
+
 @needs_cuda
 @pytest.mark.parametrize("switches", [{}, {"TABLE_WALK": False}, {"CAUSAL_BLOCKS": False}, {"WHOLE_BLOCKS": False},
                                       {"WALK_OVERLAP_PV": False}, {"LINEAR_MASKED_BLOCKS": False},
-                                      {"WARP_SPECIALIZED": False}],
+                                      {"WARP_SPECIALIZED": False}, {"PERSISTENT_WALK": False},
+                                      {"multiprocessors": 5}],
                          ids=["default", "no-walk", "no-causal-class", "no-whole-blocks", "walk-serial",
-                              "walk-online-softmax", "no-producer"])
+                              "walk-online-softmax", "no-producer", "not-persistent", "5-workgroups"])
 @pytest.mark.parametrize("b,h,seq,d,elem,mask_shape,mask_elem", [
     (1, 2, 300, 128, "bf16", (300, 300), "bf16"), (2, 2, 1000, 64, "f16", (1, 1, 1000, 1000), "f32"),
     (1, 2, 2048, 128, "bf16", (2048, 2048), "bf16"), (1, 1, 4160, 64, "bf16", (4160, 4160), "bf16"),
-    (1, 1, 8300, 64, "f16", (8300, 8300), "f32")],
-    ids=["300-tails", "1000-4d-mask", "2048", "4160-two-words", "8300-per-block-loop"])
+    (1, 1, 8300, 64, "f16", (8300, 8300), "f32"), (3, 11, 1024, 128, "bf16", (1024, 1024), "bf16")],
+    ids=["300-tails", "1000-4d-mask", "2048", "4160-two-words", "8300-per-block-loop", "3x11-heads-264-tiles"])
 def test_block_table_classes_cuda(b, h, seq, d, elem, mask_shape, mask_elem, switches, monkeypatch):
     """The wgmma kernel with the block table on head-shared masks of every class
     (``table_mask``), with the walk over live blocks (a second ballot word at 4160; more
     than 64 key blocks at 8300 take the per-block loop) or without, with and without the
-    causal class: the table the prelude writes is ``block_classes`` of the mask exactly,
-    and the result matches torch on fresh random inputs. One compile a shape and switch
-    set; the masks only change the inputs."""
+    causal class, persistent (PERSISTENT_WALK where the blocks are whole: 2048 and the
+    264 tiles of 3 x 11 heads, several a workgroup; with 5 workgroups, dozens) or not: the table the prelude writes is ``block_classes`` of the mask exactly (and
+    ``live_row_words`` where persistent), and the result matches torch on fresh random
+    inputs, rows masked everywhere included. One compile a shape and switch set; the
+    masks only change the inputs."""
+    import dataclasses
+
     from kf.passes.strategies import attention_wgmma
 
     hopper = hopper_only()
     for k, v in switches.items():
-        monkeypatch.setattr(attention_wgmma, k, v)
+        if k == "multiprocessors":
+            hopper = dataclasses.replace(hopper, multiprocessors=v)
+        else:
+            monkeypatch.setattr(attention_wgmma, k, v)
     built = attention(b, h, seq, seq, d, elem, mask_shape, mask_elem=mask_elem)
     plan, emitted = built.emit(hopper)
     assert plan["wgmma"] and plan["block_table"] and emitted.prelude is not None
+    whole = seq % plan["block_m"] == 0 and plan["warp_specialized"] and attention_wgmma.TABLE_WALK and seq <= 8192
+    persistent = whole and attention_wgmma.PERSISTENT_WALK and attention_wgmma.WALK_OVERLAP_PV
+    assert bool(plan["persistent_walk"]) == persistent, plan
+    if persistent:
+        assert emitted.grid[0] == min(b * h * seq // plan["block_m"], hopper.multiprocessors), emitted.grid
     run, _ = cuda_compile(built, emitted)
     gen = torch.Generator().manual_seed(seq * 31 + d + len(switches))
     tol = {"f16": 4e-3, "bf16": 3e-2}[elem]
+    nk = plan["block_table"][1]
     for kind in TABLE_MASKS:
         k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
         mask = table_mask(seq, kind, gen)
         want_table = block_classes(mask, plan["block_m"], plan["block_n"], attention_wgmma.CAUSAL_BLOCKS)
+        want_rows = live_row_words(mask, plan["block_m"], plan["block_n"]) if persistent else None
         mask = mask.expand(mask_shape).contiguous().to(TORCH[mask_elem])
         out, table = run([k, q, v, mask], (b, h, seq, d), elem)
-        assert torch.equal(table, want_table), (kind, table, want_table)
+        assert torch.equal(table[:, :nk], want_table), (kind, table[:, :nk], want_table)
+        if persistent:  # the rows' words, and the counter at the tiles claimed: one past the last a workgroup
+            assert torch.equal(table[:, nk:-1], want_rows), (kind, table[:, nk:-1], want_rows)
+            assert table[0, -1].item() == b * h * plan["block_table"][0] + emitted.grid[0], table[0, -1]
+        else:
+            assert table.shape[1] == nk
         want = attention_reference(*(x.cuda() for x in (k, q, v, mask))).cpu()
         torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol,
                                    msg=lambda m, kind=kind: f"{kind}: {m}")
