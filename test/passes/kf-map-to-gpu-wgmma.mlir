@@ -318,6 +318,75 @@ func.func @attn(%k: tensor<2x4x300x128xbf16>, %q: tensor<2x4x300x128xbf16>, %v: 
 
 // -----
 
+// The same mask with 256 queries and keys (whole blocks): the walk is persistent
+// (PERSISTENT_WALK). The table grows to 2 x 11: a code per key block, four words a block
+// of which query rows see a live score there (a warp vote per row, the warps of a row's
+// parity ORed in shared memory), and a tile counter that workgroup (0, 0) zeroes.
+// CHECK: func.func private @attnw_k0_attention_blocks({{.*}}) -> tensor<2x11xi32>
+// CHECK-LABEL: gpu.func @attnw_k0_attention_blocks
+// CHECK-SAME: workgroup(%{{.*}} : memref<16xi32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// CHECK: nvvm.vote.sync  any
+// CHECK: gpu.barrier
+// CHECK: memref.store {{.*}}, %arg4[%block_id_y, {{.*}}] : memref<2x11xi32>
+// CHECK: memref.store %{{.*}}, %arg4[%c0, %c10] : memref<2x11xi32>
+// The attention kernel starts a workgroup a tile up to the multiprocessors (16 here),
+// with an eighth mbarrier (Q given back) and Q's barrier counting one more arrival.
+// The producer claims a tile (an atomic add on the counter, handed to its 128 threads
+// on named barrier 3) until none is left; per tile it ORs the rows' words (redux.sync:
+// a row masked everywhere makes the walk visit every block, so there is no second
+// pass), copies Q, and one thread writes the tile and its masks beside the barriers and
+// arrives on Q's barrier. The consumers wait for Q's k-th fill, read the tile there and
+// walk it, giving Q back at its last S.
+// CHECK-LABEL: gpu.func @attnw_k0_attention(
+// CHECK-SAME: kf.grid = array<i64: 16, 1, 1>
+// CHECK: memref.view {{.*}} to memref<1x14xi64, #gpu.address_space<workgroup>>
+// CHECK-COUNT-6: nvvm.mbarrier.init
+// CHECK: nvvm.mbarrier.init {{.*}}, %c129_i32
+// CHECK: nvvm.mbarrier.init {{.*}}, %c256_i32
+// CHECK: nvvm.setmaxregister  decrease 24
+// CHECK: scf.while
+// CHECK: memref.atomic_rmw addi %c1_i32, %arg4[%c0, %c10]
+// CHECK: nvvm.barrier id = %c3_i32 number_of_threads = %c128_i32
+// CHECK: scf.condition
+// CHECK-COUNT-4: nvvm.redux.sync  or
+// CHECK: nvvm.cp.async.mbarrier.arrive {{.*}} {noinc = true}
+// CHECK: scf.if
+// CHECK: memref.store
+// CHECK: nvvm.mbarrier.arrive
+// CHECK: } else {
+// CHECK-NEXT: nvvm.setmaxregister  increase 240
+// CHECK-NEXT: scf.while
+// CHECK: nvvm.mbarrier.try_wait.parity
+// CHECK-NEXT: nvvm.fence.proxy
+// CHECK-COUNT-4: memref.load %view_8
+// CHECK: scf.condition
+// CHECK-NOT: bar.red
+// CHECK: vector.store
+// CHECK: scf.yield
+// PTX: gpu.binary @kf_kernels
+// PTX-SAME: vote.sync.any.pred
+// PTX-SAME: atom.global.add.u32
+// PTX-SAME: bar.sync \093, 128
+// PTX-SAME: redux.sync.or.b32
+func.func private @attnw_k0_attention(%k: tensor<2x4x256x128xbf16>, %q: tensor<2x4x256x128xbf16>, %v: tensor<2x4x256x128xbf16>, %m: tensor<256x256xbf16>) -> tensor<2x4x256x128xbf16> attributes {kf.kernel = "attention", kf.fused_lines = ["attn.py:3"]} {
+  %0 = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x4x256x128xbf16>) -> tensor<2x4x128x256xbf16>
+  %1 = "kf.matmul"(%q, %0) : (tensor<2x4x256x128xbf16>, tensor<2x4x128x256xbf16>) -> tensor<2x4x256x256xbf16>
+  %2 = "kf.fill"() {value = 11.313708498984761 : f64} : () -> tensor<bf16>
+  %3 = "kf.div"(%1, %2) : (tensor<2x4x256x256xbf16>, tensor<bf16>) -> tensor<2x4x256x256xbf16>
+  %4 = "kf.fill"() {value = 0.000000e+00 : f64} : () -> tensor<bf16>
+  %5 = "kf.cmp"(%m, %4) {predicate = "eq"} : (tensor<256x256xbf16>, tensor<bf16>) -> tensor<256x256xi1>
+  %6 = "kf.masked_fill"(%3, %5) {value = -1.000000e+09 : f64} : (tensor<2x4x256x256xbf16>, tensor<256x256xi1>) -> tensor<2x4x256x256xbf16>
+  %7 = "kf.softmax"(%6) {dim = -1 : i64} : (tensor<2x4x256x256xbf16>) -> tensor<2x4x256x256xbf16>
+  %8 = "kf.matmul"(%7, %v) : (tensor<2x4x256x256xbf16>, tensor<2x4x256x128xbf16>) -> tensor<2x4x256x128xbf16>
+  return %8 : tensor<2x4x256x128xbf16>
+}
+func.func @attnw(%k: tensor<2x4x256x128xbf16>, %q: tensor<2x4x256x128xbf16>, %v: tensor<2x4x256x128xbf16>, %m: tensor<256x256xbf16>) -> tensor<2x4x256x128xbf16> {
+  %0 = call @attnw_k0_attention(%k, %q, %v, %m) : (tensor<2x4x256x128xbf16>, tensor<2x4x256x128xbf16>, tensor<2x4x256x128xbf16>, tensor<256x256xbf16>) -> tensor<2x4x256x128xbf16>
+  return %0 : tensor<2x4x256x128xbf16>
+}
+
+// -----
+
 // A GEMM on the tile grid (M and N multiples of 128 and 256, K of 64): every block of a
 // tile lies all inside or all outside its argument, so the copies take LEAN_COPIES.
 // A thread's first address is computed once; a block adds one offset and tests once
