@@ -175,6 +175,7 @@ ATTENTION_VARIANTS = {
     "wgmma, masked walk: P V waited for at once": {"WALK_OVERLAP_PV": False},
     "wgmma, masked walk not persistent (session 11 kernel)": {"PERSISTENT_WALK": False},
     "wgmma, masked walk persistent, tiles claimed head by head": {"WALK_HEAD_GROUPS": False},
+    "wgmma, masked walk persistent, groups as large as the window": {"WALK_EVEN_GROUPS": False},
     "wgmma, masked walk: P V waited for at once, online softmax": {"WALK_OVERLAP_PV": False,
                                                                     "LINEAR_MASKED_BLOCKS": False},
     "wgmma, per-copy addresses, P V waited for at once (session 8 kernel)": {"LEAN_COPIES": False,
@@ -246,7 +247,7 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
         print(rows[-1], flush=True)
         mask_only = {"SKIP_MASKED_BLOCKS", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
                      "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK",
-                     "UNIFORM_BRANCHES", "PERSISTENT_WALK", "WALK_HEAD_GROUPS"}  # same kernel unmasked
+                     "UNIFORM_BRANCHES", "PERSISTENT_WALK", "WALK_HEAD_GROUPS", "WALK_EVEN_GROUPS"}  # same kernel unmasked
         names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only & set(v))
                  and (not variants or n in variants)]
         for name_ in names:

@@ -187,13 +187,16 @@ def test_persistent_plan():
     p = plan_of(attention(4, 32, 2048, 4096, 128, "bf16"))
     assert p["warp_specialized"] and not p["persistent"] and p["grid"] == [16, 128, 1], p
     # the block table's walk: PERSISTENT_WALK, tiles claimed in groups of heads whose keys
-    # and values fit the window (8 of 512 KiB here, 12 of 1 MiB, 6 of 2 MiB)
+    # and values fit the window (8 of 512 KiB here, 12 of 1 MiB, 6 of 2 MiB) and that
+    # divide the heads (WALK_EVEN_GROUPS: 8 and 4 of those)
     p = plan_of(attention(2, 4, 1024, 1024, 128, "bf16", mask_shape=(1024, 1024)))
     assert p["warp_specialized"] and not p["persistent"] and p["persistent_walk"] == [8, 8, 8], p
     assert p["grid"] == [64, 1, 1] and not p["reverse_q_blocks"], p
     p = plan_of(attention(4, 32, 2048, 2048, 128, "bf16", mask_shape=(2048, 2048)))
-    assert p["persistent_walk"] == [16, 128, 12] and p["grid"] == [132, 1, 1], p
-    assert plan_of(attention(2, 32, 4096, 4096, 128, "bf16", mask_shape=(4096, 4096)))["persistent_walk"] == [32, 64, 6]
+    assert p["persistent_walk"] == [16, 128, 8] and p["grid"] == [132, 1, 1], p
+    assert plan_of(attention(2, 32, 4096, 4096, 128, "bf16", mask_shape=(4096, 4096)))["persistent_walk"] == [32, 64, 4]
+    assert plan_of(attention(3, 11, 1024, 1024, 128, "bf16", mask_shape=(1024, 1024)))["persistent_walk"] == [8, 33, 11]
+    assert plan_of(attention(1, 37, 1024, 1024, 128, "bf16", mask_shape=(1024, 1024)))["persistent_walk"] == [8, 37, 1]
     for built, target in ((attention(2, 4, 1000, 1000, 128, "bf16", mask_shape=(1000, 1000)), HOPPER),  # tails
                           (attention(2, 4, 1024, 1024, 128, "bf16", mask_shape=(1024, 1024)),
                            replace(HOPPER, multiprocessors=0)),
