@@ -72,7 +72,8 @@ whole and causal blocks by ``linear_softmax``) and LAZY_RESCALE: 4x32x2048x128 0
 Since session 11 the unmasked producer/consumer kernel is persistent (PERSISTENT), and since
 session 12 the block table's walk too (PERSISTENT_WALK: tiles claimed from a counter in the
 table, longest first in groups of heads; the table's live-row words replace the second
-pass): causal 4x32x2048x128 0.355 -> 0.293 ms, 0.98x SDPA's causal kernel
+pass): causal 4x32x2048x128 0.355 ms not persistent against 0.308 persistent in one run,
+0.293 with WALK_EVEN_GROUPS in another; 0.98x SDPA's causal kernel in the final benchmark
 (bench/RESULTS.md, session 12).
 """
 
