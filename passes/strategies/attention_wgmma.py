@@ -79,6 +79,7 @@ pass): causal 4x32x2048x128 0.355 ms not persistent against 0.308 persistent in 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -957,6 +958,12 @@ def _live_after(walk: ir.Value, j: ir.Value) -> ir.Value:
     return arith.andi(walk, arith.shli(arith.constant(ir.IntegerType.get_signless(64), -2), j))
 
 
+def _walk_classes_of(masks: dict[str, ir.Value], j: ir.Value) -> tuple[ir.Value | None, ir.Value | None]:
+    """Block j's (unmasked, causal) for ``classified_softmax`` (None where not told apart)."""
+    kinds = _block_kinds(masks, j)
+    return kinds.get("unmasked"), kinds.get("causal")
+
+
 def _block_kinds(masks: dict[str, ir.Value], j: ir.Value) -> dict[str, ir.Value]:
     """Block j's classes as ``key_block``'s keywords: ``unmasked`` (whole) and ``causal``."""
     i1 = ir.IntegerType.get_signless(1)
@@ -1663,6 +1670,16 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 v_p.copy_async(0, n0, stage)
                 barriers.arrive_full(stage, part=kv_parts - 1)
 
+            def copy_walk(walk, k_p, v_p, base=None):
+                """The producer's copies of a walk's blocks: its i-th (cttz of the bits
+                above the last) into the stage of the pipeline's block i (PERSISTENT_WALK:
+                base + i)."""
+                loop = scf.ForOp(g.c(0), _live_count(walk), g.c(1), [_cttz(walk)])
+                with ir.InsertionPoint(loop.body):
+                    j, i = loop.inner_iter_args[0], loop.induction_variable
+                    copy(i if base is None else arith.addi(base, i), _block_start(g, j, bn), k_p, v_p)
+                    scf.yield_([_cttz(_live_after(walk, j))])
+
             def producer(walk_of=None):
                 """WARP_SPECIALIZED's third warpgroup: Q, then each key block's K and V into
                 stage j % 3 once its empty mbarrier says the consumers are done with block
@@ -1722,11 +1739,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         key_blocks(k_p, v_p)
                     else:
                         barriers.arrive_q()
-                        loop = scf.ForOp(g.c(0), _live_count(walk), g.c(1), [_cttz(walk)])
-                        with ir.InsertionPoint(loop.body):
-                            j = loop.inner_iter_args[0]
-                            copy(loop.induction_variable, _block_start(g, j, bn), k_p, v_p)
-                            scf.yield_([_cttz(_live_after(walk, j))])
+                        copy_walk(walk, k_p, v_p)
                 nvvm.cp_async_commit_group()
                 nvvm.cp_async_wait_group(0)
 
@@ -1761,10 +1774,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 i64 = ir.IntegerType.get_signless(64)
                 types = [v.type for v in init]
                 barriers.wait_q()
-
-                def classes(j):
-                    k = _block_kinds(masks, j)
-                    return k.get("unmasked"), k.get("causal")
+                classes = functools.partial(_walk_classes_of, masks)
 
                 def serial(walk):
                     """The live blocks, each one's P V waited for before the next block's S."""
@@ -1805,11 +1815,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 """PERSISTENT_WALK: the index of an i64 slot after the barriers."""
                 return [g.c(0), g.c(n_barriers + slot)]
 
-            def claimed(k: ir.Value) -> ir.Value:
+            def claimed(k: ir.Value, leader: ir.Value) -> ir.Value:
                 """PERSISTENT_WALK's producer: the workgroup's next tile (its k-th), from the
                 table's counter: one thread adds, the producer warpgroup reads it on a named
                 barrier of its own (slot by k's parity: a thread still reading the last
-                one's is not overwritten)."""
+                one's is not overwritten); ``leader``: the thread that adds."""
                 i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
                 slot = arith.addi(g.c(n_barriers + 4), g.rem(k, 2))
 
@@ -1818,7 +1828,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                                           [g.c(0), g.c(_table_columns(table_shape[1], True) - 1)])
                     memref.store(arith.extui(i64, u), barrier_mem, [g.c(0), slot])
 
-                g.when(arith.cmpi(arith.CmpIPredicate.eq, tid, g.c(threads - 128)), take)
+                g.when(leader, take)
                 nvvm.BarrierOp(None, barrierId=const_i32(PRODUCER_BARRIER), numberOfThreads=const_i32(128))
                 return arith.index_cast(ir.IndexType.get(), memref.load(barrier_mem, [g.c(0), slot]))
 
@@ -1840,7 +1850,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 before = loop.before.blocks.append(idx, idx)
                 with ir.InsertionPoint(before):
                     k, base = before.arguments
-                    u = claimed(k)
+                    u = claimed(k, leader)
                     scf.condition(g.lt(u, nq * heads), [k, base, u])
                 after = loop.after.blocks.append(idx, idx, idx)
                 with ir.InsertionPoint(after):
@@ -1861,13 +1871,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         barriers.announce_q()
 
                     g.when(leader, announce)
-                    count = _live_count(walk)
-                    blocks = scf.ForOp(g.c(0), count, g.c(1), [_cttz(walk)])
-                    with ir.InsertionPoint(blocks.body):
-                        j = blocks.inner_iter_args[0]
-                        copy(arith.addi(base, blocks.induction_variable), _block_start(g, j, bn), k_p, v_p)
-                        scf.yield_([_cttz(_live_after(walk, j))])
-                    scf.yield_([g.add(k, 1), arith.addi(base, count)])
+                    copy_walk(walk, k_p, v_p, base)
+                    scf.yield_([g.add(k, 1), arith.addi(base, _live_count(walk))])
                 k, u = loop.results[0], loop.results[2]
                 barriers.wait_q_free(k)  # the end, as a tile past the last, with Q's arrivals
                 barriers.arrive_q()
@@ -1899,12 +1904,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 with ir.InsertionPoint(after):
                     k, base, u, walk, whole, causal = after.arguments
                     place_tile(u)
-                    masks = {"live": walk, "whole": whole, "causal": causal}
-
-                    def classes(j):
-                        kinds = _block_kinds(masks, j)
-                        return kinds.get("unmasked"), kinds.get("causal")
-
+                    classes = functools.partial(_walk_classes_of, {"live": walk, "whole": whole, "causal": causal})
                     store_output(pipelined(walk, classes, base=base))
                     scf.yield_([g.add(k, 1), arith.addi(base, _live_count(walk))])
 

@@ -120,10 +120,7 @@ class StageBarriers:
     def wait_q(self, k: ir.Value | None = None) -> None:
         """Consumers: Q landed (the barrier after the stages', with ``q``); ``k``: its
         k-th fill (with ``q_free``), else the first."""
-        if k is None:
-            self._wait(2, self.g.c(0), 0)
-        else:
-            self._try_wait(self._at(2, 0), self._parity(k, 1, 0))
+        self._try_wait(self._at(2, 0), self._parity(self.g.c(0) if k is None else k, 1, 0))
         self._fence()
 
     def arrive_q(self) -> None:
