@@ -13,8 +13,10 @@ function whose arguments come from two places: parameters the module has as attr
 each call, so training updates and ``load_state_dict`` are seen, and the others are filled
 in order from the forward's own arguments. So ``layer_norm(x, weight, bias, eps=1e-5)``
 fits ``nn.LayerNorm`` and ``linear(x, weight, bias)`` fits ``nn.Linear`` with no glue code.
-A module the function cannot stand for (LayerNorm over two dims, a missing attribute) is
-left alone and the report says why.
+A module the function cannot stand for (LayerNorm over two dims, a parameter that is
+neither an attribute of the module nor an argument of its forward) is left alone at patch
+time and the report says why. Calls under ``torch.compile`` change no Python state (they
+are not counted), so a patched model compiles once, ``fullgraph=True`` included.
 
 Functions of ``torch.nn.functional`` (keys that are functions) are replaced in that module
 while patched, so every caller that looks them up there sees kf, including the standard
@@ -180,9 +182,55 @@ def _plan_module_call(module: torch.nn.Module, kfn) -> tuple[list[str], list[str
             from_args.append(p.name)
     if not from_args:
         return f"{_kf_name(kfn)} takes no argument the forward could give"
+    unfilled = _unfilled(module, [p for p in params if p.name in from_args])
+    if unfilled:
+        attrs = ", ".join(n for n, _ in module.named_parameters(recurse=False)) or "none"
+        return (f"{_kf_name(kfn)}'s parameter '{unfilled}' is neither an attribute of {type(module).__name__} "
+                f"(its parameters: {attrs}) nor given by its forward{_forward_text(module)}; name it after the "
+                f"attribute it stands for")
     if isinstance(module, torch.nn.LayerNorm) and len(module.normalized_shape) != 1:
         return f"normalizes over {len(module.normalized_shape)} dims; the kf function normalizes the last one"
     return from_module, from_args
+
+
+def _forward_parameters(module: torch.nn.Module) -> list[inspect.Parameter] | None:
+    """The parameters of the module's forward (self excluded), or None where they cannot be read."""
+    try:
+        return list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _forward_text(module: torch.nn.Module) -> str:
+    params = _forward_parameters(module)
+    return "" if params is None else f"({', '.join(p.name for p in params)})"
+
+
+def _unfilled(module: torch.nn.Module, wanted: list[inspect.Parameter]) -> str | None:
+    """The first required parameter of the kf function that a call of the module's forward
+    cannot fill: forward's arguments fill ``wanted`` in order, and by name."""
+    given = _forward_parameters(module)
+    if given is None or any(p.kind == p.VAR_POSITIONAL for p in given):
+        return None
+    positional = [p for p in given if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    by_name = {p.name for p in given if p.kind != p.POSITIONAL_ONLY} if not any(
+        p.kind == p.VAR_KEYWORD for p in given) else None
+    for i, p in enumerate(wanted):
+        if i < len(positional) or p.default is not p.empty or by_name is None or p.name in by_name:
+            continue
+        return p.name
+    return None
+
+
+def _module_value(module: torch.nn.Module, name: str, args: tuple):
+    """The module's attribute ``name`` as the kf function's argument. ``eps=None``
+    (nn.RMSNorm's default) means the machine epsilon of the input's dtype, as torch's
+    rms_norm reads it."""
+    value = getattr(module, name)
+    if value is None and name == "eps" and args and isinstance(args[0], torch.Tensor) \
+            and args[0].is_floating_point():
+        return torch.finfo(args[0].dtype).eps
+    return value
 
 
 def _patch_module(report, name, module, kfn, validate, rng) -> None:
@@ -197,7 +245,7 @@ def _patch_module(report, name, module, kfn, validate, rng) -> None:
     had_own = "forward" in module.__dict__
 
     def kf_forward(*args, **kwargs):
-        call = {n: getattr(module, n) for n in from_module}
+        call = {n: _module_value(module, n, args) for n in from_module}
         call.update(zip(from_args, args))
         call.update(kwargs)
         return kfn(**call)
@@ -314,8 +362,12 @@ def _guarded(entry: Replacement, kf_call: Callable, original: Callable, validate
         except CompileError as e:
             fall_back(f"kf could not compile it: {e.message}")
             return original(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            # Python state changed inside a compiled region is a guard Dynamo must re-check:
+            # a counter would recompile the model on every call. Compiled calls are not counted.
+            return out
         entry.calls += 1  # calls that kf ran
-        if validate and not torch.compiler.is_compiling() and rng.random() < validate:
+        if validate and rng.random() < validate:
             entry.validated += 1
             with torch.no_grad():
                 want = original(*args, **kwargs)

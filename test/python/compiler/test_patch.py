@@ -207,6 +207,62 @@ def test_patched_model_under_torch_compile_fullgraph():
     kf.unpatch(m)
 
 
+def test_patched_model_compiles_once_under_torch_compile():
+    # Python state the patched forward changes inside the compiled region (a call counter)
+    # would be a guard that fails on every call: Dynamo would recompile until its limit.
+    m = _model()
+    kf.patch(m, {torch.nn.LayerNorm: layer_norm, torch.nn.Linear: linear, torch.nn.GELU: gelu})
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(m, backend=backend, fullgraph=True)
+    x = torch.randn(2, 4, 32)
+    for _ in range(4):
+        compiled(x)
+    assert len(graphs) == 1
+    kf.unpatch(m)
+
+
+@kf.jit(target="cpu")
+def rms_norm_w(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+@kf.jit(target="cpu")
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+
+
+def test_patch_leaves_a_module_whose_arguments_it_cannot_fill():
+    # 'w' is no attribute of nn.RMSNorm and its forward gives only the input: the patch
+    # would fail at the first call, so it leaves the module alone and says why
+    m = torch.nn.RMSNorm(16)
+    report = kf.patch(m, {torch.nn.RMSNorm: rms_norm_w})
+    assert not report.replaced and "forward" not in m.__dict__
+    (entry,) = report.skipped
+    assert "'w'" in entry.reason and "weight" in entry.reason
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(m(x), F.rms_norm(x, (16,), m.weight))
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+def test_rms_norm_module_eps(eps):
+    # nn.RMSNorm's eps=None is the input dtype's machine epsilon, as torch reads it
+    m = torch.nn.RMSNorm(16, eps=eps)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+    x = torch.randn(5, 16) * 1e-3
+    want = m(x)
+    report = kf.patch(m, {torch.nn.RMSNorm: rms_norm})
+    assert len(report.replaced) == 1
+    torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-6)
+    assert report.entries[0].calls == 1
+    kf.unpatch(m)
+
+
 def test_function_form_for_a_builtin_with_several_arguments():
     import seed_examples as se
 
