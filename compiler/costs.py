@@ -147,9 +147,9 @@ PEAKS: dict[str, DevicePeak] = {
     "H200": DevicePeak(
         "NVIDIA H200", bytes_per_s=4.25e12, vector_flops=67e12,
         matmul={"bf16": 788e12, "f16": 788e12, "f8E4M3FN": 1576e12, "f8E5M2": 1576e12, "f32": 67e12},
-        source="copy 4.25 TB/s and bf16 8192^3 matmul 788 TFLOP/s measured on this project's H200 "
-               "(.library/device/KINDS.md, range 680-798); fp32 and fp8 rates from the datasheet "
-               "(fp8 as twice bf16)"),
+        source="copy 4.25 TB/s and bf16 8192^3 GEMM 788 TFLOP/s, an H200's measured ceilings (bench/bench.py "
+               "measures them in each run: 4.18-4.20 TB/s, 772-788 TFLOP/s in bench/RESULTS.md); fp32 and fp8 "
+               "rates from the datasheet (fp8 as twice bf16)"),
 }
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import linecache
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,9 +47,10 @@ class KernelPlan:
     static_shared: int = 0  # workgroup memory declared in the kernel (SPIR-V, ptxas)
 
 
-@dataclass
+@dataclass(repr=False)
 class Explanation:
-    """What ``kf.explain`` found: the target, the device whose peaks it used, the kernels."""
+    """What ``kf.explain`` found: the target, the device whose peaks it used, the kernels.
+    Its repr is the text, so a REPL shows the plan as ``print`` does."""
 
     function: str
     signature: str
@@ -109,6 +109,8 @@ class Explanation:
             out.append(f"whole call: at least {self.floor_s * 1e6:.2f} us on {self.peak.name}")
         return "\n".join(out)
 
+    __repr__ = __str__
+
 
 def _vector_width(plan: dict) -> int | None:
     for key in ("vector_width", "vector_lanes", "vec"):
@@ -142,9 +144,10 @@ def plan_of(meta: dict, peak: costs.DevicePeak | None) -> list[KernelPlan]:
     return out
 
 
-def explain(fn: Callable, *args, device: str | None = None, file=sys.stdout, **kwargs) -> Explanation:
-    """Compile ``fn`` for these arguments (or read the cache) and print its kernel plan to
-    ``file`` (None: only return it). ``device`` names whose peaks the floors use."""
+def explain(fn: Callable, *args, device: str | None = None, file=None, **kwargs) -> Explanation:
+    """Compile ``fn`` for these arguments (or read the cache) and return its kernel plan,
+    whose repr is the text (a REPL shows it once; ``print(kf.explain(...))`` in a script);
+    ``file`` also prints it there. ``device`` names whose peaks the floors use."""
     from . import cache, driver
     from .api import _DEVICE_TARGET, KfFunction
     from .errors import CompileError

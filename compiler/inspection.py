@@ -42,7 +42,10 @@ class Inspection:
         raise AttributeError(f"no stage '{stage}' (stages: {', '.join(stages)})")
 
     def __repr__(self) -> str:
-        return f"<kf.Inspection {self.name}{self.signature}>"
+        """The kf IR under a header naming the stages, so a REPL shows what was captured."""
+        later = "" if self._compile_rest is not None else ", ".join(k for k in self._stages if k != "kf")
+        stages = "kf" + (f", {later}" if later else " (later stages compile when read: .stages, .ptx, .spirv, ...)")
+        return f"kf.inspect {self.name}{self.signature}; stages: {stages}\n{self.kf_ir}"
 
 
 def inspect(fn: Callable, *args, **kwargs) -> Inspection:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,9 +243,10 @@ class profile:
         out.sort(key=lambda s: -s.total_s)
         return out
 
-    def table(self, file=sys.stdout, lines: bool = True) -> str:
+    def table(self, file=None, lines: bool = True) -> "Text":
         """The profile as text: one row per kernel, then the user lines each fuses and the
-        compile time by pass. Printed to ``file`` (None: only returned)."""
+        compile time by pass. A ``str`` whose repr is the text itself, so a REPL shows it
+        once; ``file`` also prints it there (``print(prof.table())`` in a script)."""
         stats = self.kernels()
         rows = [("kernel", "target", "strategy", "calls", "total ms", "mean us", "MB", "MFLOP", "GB/s",
                  "TFLOP/s", "% roof", "bound", "regs", "smem", "spills", "occ")]
@@ -293,7 +293,7 @@ class profile:
                 items = sorted(seconds.items(), key=lambda kv: -kv[1])
                 out.append(f"  {fn}: {sum(seconds.values()) * 1e3:.1f} total; "
                            + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in items))
-        text = "\n".join(out)
+        text = Text("\n".join(out))
         if file is not None:
             print(text, file=file)
         return text
@@ -342,7 +342,11 @@ class profile:
         x: arithmetic intensity (FLOP/byte), y: achieved FLOP/s; the roofs are peak
         bandwidth × intensity and the vector (and, where it differs, matrix) FLOP rate.
         Kernels with no FLOPs cannot sit on a log axis: they are listed under the plot."""
-        import matplotlib
+        try:
+            import matplotlib
+        except ModuleNotFoundError:
+            raise ImportError("kf's roofline plot needs matplotlib, part of the 'plot' extra: "
+                              "pip install 'kf[plot]' (or pip install matplotlib)") from None
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -391,6 +395,13 @@ class profile:
 
     def __repr__(self) -> str:
         return f"<kf.profile: {len(self.launches)} kernel launches>"
+
+
+class Text(str):
+    """Report text that a REPL shows as it reads (a str's repr would quote and escape it)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def _short(line: str) -> str:

@@ -93,3 +93,20 @@ def test_named_device_peaks_for_a_cuda_kernel():
     assert k.floor_s == pytest.approx(k.nbytes / 4.25e12)
     assert k.ptxas["registers"] > 0 and k.occupancy["occupancy"] > 0
     assert "ptxas:" in str(e) and "occupancy" in str(e)
+
+
+def test_explain_and_inspect_return_their_text_as_repr(capsys):
+    f = kf.jit(softmax_of_product, target="cpu")
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    e = kf.explain(f, a, b)
+    assert capsys.readouterr().out == ""  # returned, not printed: a REPL shows the repr once
+    assert repr(e) == str(e) and "softmax_of_product" in repr(e) and "kernel 0" in repr(e)
+    i = kf.inspect(f, a, b)
+    assert "kf.matmul" in repr(i) and repr(i).startswith("kf.inspect softmax_of_product")
+
+
+def test_named_device_peaks_cite_no_path_outside_kf():
+    from kf import costs
+
+    source = costs.peak_for("cuda", "H200").source
+    assert ".library" not in source and "bench/" in source

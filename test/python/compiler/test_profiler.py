@@ -251,3 +251,23 @@ def test_launches_outside_a_profile_never_import_the_profiler(tmp_path):
                        env={**__import__("os").environ, "KF_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert "profiler imported: False" in r.stdout
+
+
+def test_table_is_returned_not_printed_and_reads_as_text(capsys):
+    # a REPL shows a returned value's repr: the table must show once, unquoted
+    f = kf.jit(linear_gelu, target="cpu")
+    x, w = torch.randn(16, 8), torch.randn(8, 4)
+    with kf.profile() as prof:
+        f(x, w)
+    text = prof.table()
+    assert capsys.readouterr().out == ""
+    assert isinstance(text, str) and repr(text) == str(text) and "linear_gelu" in text
+
+
+def test_roofline_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    prof = kf.profile()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"kf\[plot\]"):
+        prof.roofline(str(tmp_path / "r.png"))
