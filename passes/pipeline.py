@@ -8,6 +8,7 @@ kf parses ``--pass-pipeline`` itself: kf passes (by registry name) go to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mlir import ir
@@ -116,11 +117,23 @@ def _check_no_kf(el: Element) -> None:
         _check_no_kf(c)
 
 
-def build(text: str, ctx: ir.Context | None = None) -> tuple[PassManager, list[str]]:
-    """A PassManager on builtin.module for the pipeline, and the pass names in order."""
+def build(text: str, ctx: ir.Context | None = None, *, print_before: frozenset[str] = frozenset(),
+          print_after: frozenset[str] = frozenset(),
+          dump: Callable[[ir.Operation, str], None] | None = None) -> tuple[PassManager, list[str]]:
+    """A PassManager on builtin.module for the pipeline, and the pass names in order.
+
+    ``dump(module, title)`` is called before each pass named in ``print_before`` and after
+    each in ``print_after`` (mlir-opt's ``--mlir-print-ir-before/after=<pass>``): a pass
+    of that name, kf's or upstream, runs in a pass manager step of its own."""
     pm = PassManager("builtin.module", context=ctx)
     names: list[str] = []
     upstream: list[Element] = []
+    watched = print_before | print_after
+
+    def observe(title: str):
+        def run(op, pass_):
+            dump(op, title)
+        pm.add(run, name=f"print-ir-{title}", argument="", description=title)
 
     def flush():
         if upstream:
@@ -132,6 +145,10 @@ def build(text: str, ctx: ir.Context | None = None) -> tuple[PassManager, list[s
             upstream.clear()
 
     for el in parse(text):
+        if el.name in watched:
+            flush()
+        if el.name in print_before:
+            observe(f"Before {el.name}")
         if registry.is_kf_pass(el.name):
             if el.nested:
                 raise PipelineError(f"kf pass '{el.name}' does not nest other passes")
@@ -146,5 +163,9 @@ def build(text: str, ctx: ir.Context | None = None) -> tuple[PassManager, list[s
             _check_no_kf(el)
             upstream.append(el)
             names.append(el.name)
+        if el.name in watched:
+            flush()
+        if el.name in print_after:
+            observe(f"After {el.name}")
     flush()
     return pm, names

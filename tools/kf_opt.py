@@ -122,7 +122,8 @@ def process_chunk(text: str, args, filename: str) -> tuple[bool, str, list[Diag]
             return False, "", diags
         if args.pass_pipeline:
             try:
-                pm, _ = pipeline.build(args.pass_pipeline, ctx)
+                pm, _ = pipeline.build(args.pass_pipeline, ctx, print_before=args.print_before,
+                                       print_after=args.print_after, dump=_dump)
             except pipeline.PipelineError as e:
                 diags.append(Diag("error", None, None, "", str(e)))
                 return False, "", diags
@@ -151,6 +152,51 @@ def process_chunk(text: str, args, filename: str) -> tuple[bool, str, list[Diag]
         return True, printed, diags
 
 
+def _dump(op, title: str) -> None:
+    """One IR dump on stderr, framed as mlir-opt frames its own."""
+    sys.stderr.write(f"// -----// IR Dump {title} //----- //\n{op.get_asm()}\n")
+
+
+def version() -> str:
+    """kf's version and the MLIR it is built on."""
+    from importlib import metadata
+
+    import kf
+
+    try:
+        mlir_version = metadata.version("xtc-mlir-python-bindings")
+    except metadata.PackageNotFoundError:
+        mlir_version = "unknown"
+    return f"kf-opt (kf {kf.__version__})\n  MLIR Python bindings {mlir_version} (upstream LLVM {mlir_version.rsplit('.', 1)[0]})"
+
+
+def _is_pass(name: str) -> bool:
+    """Whether name is a kf pass or a pass registered with upstream MLIR."""
+    if registry.is_kf_pass(name):
+        return True
+    from mlir.passmanager import PassManager
+
+    with ir.Context():
+        try:
+            PassManager.parse(f"builtin.module({name})")
+        except ValueError:
+            return False
+    return True
+
+
+def _pass_flags(extra: list[str]) -> tuple[list[str], list[str]]:
+    """mlir-opt's pass flags (``-kf-fuse``, ``--kf-tile="target=cuda"``) among the
+    arguments argparse did not know: (pipeline elements in order, the unknown rest)."""
+    elements, unknown = [], []
+    for arg in extra:
+        name, _, options = arg.lstrip("-").partition("=")
+        if arg.startswith("-") and name and _is_pass(name):
+            elements.append(f"{name}{{{options}}}" if options else name)
+        else:
+            unknown.append(arg)
+    return elements, unknown
+
+
 def list_passes() -> str:
     lines = ["kf passes:"]
     for name in sorted(registry.REGISTRY):
@@ -161,7 +207,11 @@ def list_passes() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kf-opt", description="kf's mlir-opt: run kf and MLIR passes on a .mlir file")
+    ap = argparse.ArgumentParser(prog="kf-opt", allow_abbrev=False,
+                                 description="kf's mlir-opt: run kf and MLIR passes on a .mlir file. Passes are given "
+                                             "as --pass-pipeline='builtin.module(a, b{opt=1})' or, as in mlir-opt, "
+                                             "as flags in order: -kf-fuse --kf-tile='target=cuda'")
+    ap.add_argument("--version", action="store_true", help="print kf's and MLIR's versions")
     ap.add_argument("input", nargs="?", default="-", help="input .mlir file, or - for stdin")
     ap.add_argument("-o", dest="output", default="-", help="output file (default: stdout)")
     ap.add_argument("--pass-pipeline", default="", help="e.g. 'builtin.module(kf-verify, canonicalize)'")
@@ -171,12 +221,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mlir-print-ir-after-all", action="store_true")
     ap.add_argument("--mlir-print-ir-after-failure", action="store_true")
     ap.add_argument("--mlir-print-debuginfo", action="store_true", help="print locations")
+    ap.add_argument("--mlir-print-ir-before", action="append", default=[], metavar="PASS",
+                    help="print the IR before each run of PASS (repeatable, or a comma list)")
+    ap.add_argument("--mlir-print-ir-after", action="append", default=[], metavar="PASS",
+                    help="print the IR after each run of PASS (repeatable, or a comma list)")
     ap.add_argument("--mlir-timing", action="store_true", help="print the time each pass took")
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
 
+    if args.version:
+        print(version())
+        return 0
     if args.list_passes:
         print(list_passes())
         return 0
+    flags, unknown = _pass_flags(extra)
+    if unknown:
+        ap.error(f"unrecognized arguments: {' '.join(unknown)} (not a kf-opt option nor a registered pass)")
+    if flags and args.pass_pipeline:
+        ap.error(f"pass flags ({', '.join(flags)}) and --pass-pipeline cannot be mixed: write one pipeline")
+    if flags:
+        args.pass_pipeline = f"builtin.module({', '.join(flags)})"
+    for when in ("before", "after"):
+        given = getattr(args, f"mlir_print_ir_{when}")
+        names = frozenset(n.strip() for v in given for n in v.split(",") if n.strip())
+        bad = sorted(n for n in names if not _is_pass(n))
+        if bad:
+            ap.error(f"--mlir-print-ir-{when}: no pass named {', '.join(bad)} (kf-opt --list-passes)")
+        setattr(args, f"print_{when}", names)
     filename = "<stdin>" if args.input == "-" else args.input
     try:
         text = sys.stdin.read() if args.input == "-" else open(args.input).read()
