@@ -3,8 +3,8 @@ matmul, the seed's attention and the seed's layer norm, on the targets this mach
 and for fp8: ``precision="fp8"`` (per-tensor scaled E4M3 operands of every matmul) and
 ``torch._scaled_mm`` with e4m3 operands (kf's fp8 GEMM, which is wgmma on the H200).
 
-    python bench/accuracy.py [--targets cpu,vulkan] [--out results.json]
-    source .device/prelude.sh && python3 bench/accuracy.py --targets cuda --gpu-shapes --out $OUT/accuracy.json
+    python3 bench/accuracy.py [--targets cpu,vulkan] [--out-dir DIR]
+    python3 bench/accuracy.py --targets cuda --gpu-shapes        # on the GPU machine
 
 Inputs are fresh standard-normal draws rounded to the dtype; the reference computes in
 float64 on those rounded inputs, so the error is kf's own (its accumulation and rounding
@@ -12,13 +12,13 @@ of the result), not the rounding of the inputs. Torch eager in the same dtype (o
 first target's device) is measured beside it; for ``_scaled_mm`` that is torch's own fp8
 GEMM (cuBLAS). ``--gpu-shapes`` adds the sizes at which the CUDA target takes its
 tensor-core kernels (wgmma on sm_90a): the small shapes run kf's general kernels there.
-bench/RESULTS-accuracy.md records the runs.
+The rows go to bench/results/accuracy-<targets>-<date>-<commit>.json (bench/run_name.py);
+bench/RESULTS.md records the tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import kf  # noqa: E402
+import run_name  # noqa: E402  (bench/, the script's folder)
 from seed_examples import fused_attention, metal_layer_norm  # noqa: E402
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -103,11 +104,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--targets", default="cpu,vulkan")
     ap.add_argument("--gpu-shapes", action="store_true", help="also the sizes that take tensor-core kernels on CUDA")
-    ap.add_argument("--out", default="")
+    run_name.add_arguments(ap)
     args = ap.parse_args()
+    targets = args.targets.split(",")
+    out = run_name.output_path(args, "-".join(["accuracy", *targets]))
     torch.manual_seed(0)
     rows = []
-    targets = args.targets.split(",")
     head = f"{'case':<32}{'dtype':>16}" + "".join(f"{'kf ' + t:>14}" for t in targets) + f"{'torch eager':>14}"
     print(head)
 
@@ -142,8 +144,7 @@ def main() -> int:
             eager = scaled_mm if "cuda" in targets[:1] else None
             _measure(row, targets, scaled_mm, [a8, b8t, sa, sb], ref, "auto", eager)
             show(row)
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+    run_name.write_json(out, rows)
     return 0
 
 

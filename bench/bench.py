@@ -2,18 +2,20 @@
 own code), torch's best built-in kernel and torch.compile, in one process, against the
 measured copy bandwidth and bf16 GEMM rate of the same run.
 
-    source .device/prelude.sh && python3 bench/bench.py --out $OUT/bench.json [--quick] [--only TEXT,...] [--jit]
+    python3 bench/bench.py [--quick] [--only TEXT,...] [--jit] [--out-dir DIR] [--tag TEXT]
 
 Each kf result is checked against torch (‖kf − ref‖ / ‖ref‖ in float64) before it is
 timed; a failed check is reported and the row is not timed. Times are medians of CUDA
 event measurements after warm-up, with inputs rotated among enough copies that L2
-(60 MB on the H200) does not serve them. bench/RESULTS.md records the table.
+(60 MB on the H200) does not serve them. The rows go to
+bench/results/bench-<date>-<commit>.json (bench-<only texts>-... with --only; named by
+bench/run_name.py), rewritten after every row so that a run cut short keeps its rows.
+bench/RESULTS.md records the tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import kf  # noqa: E402
+import run_name  # noqa: E402  (bench/, the script's folder)
 from moe import moe_layer_fused  # noqa: E402
 from seed_examples import fused_attention, metal_layer_norm  # noqa: E402
 
@@ -167,7 +170,7 @@ def workloads(quick: bool):
     def bias_gelu(x, b):
         return F.gelu(x + b)
 
-    # the 8192 x 8192 bf16 rows of earlier runs, and the large shapes the target names
+    # 8192 x 8192 bf16 (128 MiB: twice the L2), and the large shapes the targets name
     for (r, c, dtype) in [(8192, 8192, bf16)] + ([] if quick else [(32768, 8192, bf16), (32768, 8192, torch.float32)]):
         esz, tol, name = (2, 2e-2, "bf16") if dtype == bf16 else (4, 1e-5, "fp32")
 
@@ -323,7 +326,8 @@ def jit_rows() -> list[Row]:
     # cuda.bindings' wrapper (parameters in the kernel's ctypes slots), and through kf's
     # compiled launcher (kf.runtime._launcher, pointers as ints), when it is built. kf's
     # own calls go through whichever runtime/cuda.py chose (launcher in the note);
-    # libcuda's cuLaunchKernel through ctypes was measured once too: 7.9 us against 5.9.
+    # (libcuda's cuLaunchKernel through ctypes is not among them: 7.9 us against
+    # cuda.bindings' 5.9, bench/RESULTS.md.)
     from kf import api as kf_api
     from kf.runtime import cuda as kf_cuda
 
@@ -395,24 +399,23 @@ def table(rows: list[Row], copy_gbs: float, tflops: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="", help="JSON file, rewritten after every row (a cut-short run keeps its rows)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer workloads")
     ap.add_argument("--only", default="", help="comma-separated texts: run the workloads whose name contains one")
     ap.add_argument("--jit", action="store_true", help="with --only: also the JIT and host-overhead rows")
+    run_name.add_arguments(ap)
     args = ap.parse_args()
+    only = [o for o in args.only.split(",") if o]
+    out = run_name.output_path(args, "-".join(["bench", *only]))
     torch.manual_seed(int(time.time()))
     dev = torch.cuda.get_device_name(0)
     print(f"device {dev}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     copy_gbs, tflops, rows = ceilings(args.quick)
     print(f"ceilings: copy {copy_gbs:.0f} GB/s, bf16 GEMM {tflops:.0f} TFLOP/s", flush=True)
-    only = [o for o in args.only.split(",") if o]
 
     def save() -> str:
         text = table(rows, copy_gbs, tflops)
-        if args.out:
-            Path(args.out).write_text(json.dumps({"device": dev, "torch": torch.__version__, "copy_gbs": copy_gbs,
-                                                  "gemm_tflops": tflops, "rows": [asdict(r) for r in rows],
-                                                  "table": text}, indent=1))
+        run_name.write_json(out, {"device": dev, "torch": torch.__version__, "copy_gbs": copy_gbs,
+                                  "gemm_tflops": tflops, "rows": [asdict(r) for r in rows], "table": text})
         return text
 
     for w in workloads(args.quick):

@@ -1,8 +1,7 @@
-"""CUDA back-end smoke run for the H200: kf-to-cuda's PTX launched through runtime/cuda.py.
+"""CUDA back-end smoke run: kf-to-cuda's PTX launched through runtime/cuda.py, checked and
+timed in one process, so one run on a GPU machine says whether the back end works there:
 
-One script for one device call (device time is scarce), from the repository root:
-
-    source .device/prelude.sh && python3 bench/device_cuda_smoke.py --out $OUT/cuda_smoke.json
+    python3 bench/device_cuda_smoke.py [--out-dir DIR]   # bench/results/cuda-smoke-<date>-<commit>.json
 
 1. compiles the hand-written kernels of test/python/passes/test_to_cuda.py for the
    device's chip and, where ptxas is found, prints its resource report;
@@ -12,14 +11,13 @@ One script for one device call (device time is scarce), from the repository root
    parameters, kf's launcher with and without argument checks, and a tiny torch op),
    and bandwidth-bound kernels with CUDA events against torch: a 16M-element axpy and
    the row mean/variance kernel at 8192×4096 (f32 and bf16), beside a device copy as the
-   bandwidth ceiling. The table at the end is what bench/RESULTS-cuda-smoke.md records.
+   bandwidth ceiling. bench/RESULTS.md records the tables printed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -27,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from bench import host_us  # (bench/ is the script's folder)
+import run_name  # (bench/, the script's folder)
+from bench import host_us
 from kf.passes import to_cuda
 from kf.runtime import cuda as kcuda
 from kf.runtime.abi import TensorArg
@@ -236,8 +235,8 @@ def bandwidth():
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="", help="write all numbers as JSON here")
-    args = ap.parse_args()
+    run_name.add_arguments(ap)
+    out = run_name.output_path(ap.parse_args(), "cuda-smoke")
     print(f"device: {torch.cuda.get_device_name()} ({CHIP}), torch {torch.__version__}, "
           f"ptxas {'found' if to_cuda.ptxas_path() else 'not found'}")
     print("correctness (fresh random inputs, NaN-poisoned outputs):")
@@ -270,8 +269,7 @@ def main() -> int:
     failed = [c["name"] for c in results["checks"] if not c["ok"]]
     print(f"\n{len(results['checks']) - len(failed)}/{len(results['checks'])} checks passed"
           + (f"; FAILED: {', '.join(failed)}" if failed else ""))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+    run_name.write_json(out, results)
     return 1 if failed else 0
 
 

@@ -1,21 +1,18 @@
 """The seed's three functions on CUDA: compiled by kf, checked against torch, timed.
 
-One script for one device call, from the repository root on the GPU machine:
-
-    source .device/prelude.sh && python3 bench/device_seed_check.py --out $OUT/seed_check.json
+    python3 bench/device_seed_check.py [--out-dir DIR]   # bench/results/seed-check-<date>-<commit>.json
 
 For each case it draws fresh random inputs, runs the seed's code unchanged (the
 decorated functions from examples/seed_examples.py and examples/moe.py), compares with
 torch eager in float64 as ‖kf − ref‖ / ‖ref‖ (NaN fails), and times kf and eager with
 CUDA events (median of many runs after warm-up). It also measures a cold compile and
-the first call of a fresh process with a warm disk cache. The table at the end is what
-bench/RESULTS-seed-cuda.md records.
+the first call of a fresh process with a warm disk cache. bench/RESULTS.md records the
+table printed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -29,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import kf  # noqa: E402
+import run_name  # noqa: E402  (bench/, the script's folder)
 from bench import median_ms, rel_err  # noqa: E402  (bench/bench.py: one timing method for both)
 from moe import moe_layer_fused  # noqa: E402
 from seed_examples import fused_attention, metal_layer_norm  # noqa: E402
@@ -91,8 +89,8 @@ def fresh_process(cache: str) -> tuple[float, float, bool]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="")
-    args = ap.parse_args()
+    run_name.add_arguments(ap)
+    out = run_name.output_path(ap.parse_args(), "seed-check")
     torch.manual_seed(int(time.time()))
     print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__)
     rows, failures = [], 0
@@ -106,7 +104,7 @@ def main() -> int:
             err = rel_err(out, ref)
             ok = err == err and err <= tol
             kf_ms, eager_ms = cuda_time(fn, *inputs), cuda_time(ref_fn, *inputs)
-        except Exception as e:  # report and go on: one call must check everything
+        except Exception as e:  # report and go on: one run checks every case
             rows.append({"case": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             failures += 1
             print(f"{name:<34} ERROR {type(e).__name__}: {str(e)[:300]}")
@@ -124,8 +122,7 @@ def main() -> int:
           f"mlir imported: {warm[2]}")
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows,
               "cold_process": cold, "warm_process": warm}
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    run_name.write_json(out, result)
     print(f"{len(rows) - failures}/{len(rows)} cases ok")
     return 1 if failures else 0
 

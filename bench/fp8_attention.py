@@ -1,7 +1,9 @@
 """fp8 attention on the H200: the seed's ``fused_attention`` with ``precision="fp8"``
 beside kf's bf16 kernel, torch's SDPA and eager, in one process.
 
-    source .device/prelude.sh && python3 bench/fp8_attention.py --out $OUT/fp8-attention.json
+    python3 bench/fp8_attention.py [--shapes 4x32x2048x128,...] [--switch NAME=VALUE] [--out-dir DIR]
+
+writes bench/results/fp8-attention-<date>-<commit>[-<switches>].json (bench/run_name.py).
 
 Per shape, bf16 q, k, v with fresh random values: the kf bf16 call, the kf fp8 call
 (its kernels: amax and quantization of q, k and v, then one attention kernel on fp8
@@ -10,8 +12,9 @@ attention kernel's own time, which is the comparison issue 7 asks for (fp8 atten
 kernel against kf's bf16 one, ≥ 1.3x); the quantization's time is reported beside it.
 Then the call on fp8 tensors the caller quantized (``caller_attention``: q8, k8, v8 and
 their scales; under ``precision="fp8"`` they reach the fp8 kernel as they are, V through a
-transpose kernel). Errors are relative (Frobenius) against float64 attention of the bf16
-inputs.
+transpose kernel), and the same with V given K-major (``caller_attention_vt``: read as it
+is). Errors are relative (Frobenius) against float64 attention of the bf16 inputs.
+``--switch`` sets an attention_wgmma switch, for an A/B of a kernel variant across runs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run_name  # noqa: E402
 from bench import median_ms, rel_err, rotated  # noqa: E402
 
 import kf  # noqa: E402
@@ -48,12 +52,15 @@ def reference(q, k, v):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="")
     ap.add_argument("--shapes", default="4x32x2048x128,2x32x4096x128,4x32x2048x64")
     ap.add_argument("--switch", action="append", default=[],
                     help="NAME=VALUE: set an attention_wgmma switch (FTZ_EXP2=0, ...) before compiling, "
                          "with a fresh cache folder (switches are not part of the cache key)")
+    run_name.add_arguments(ap)
     args = ap.parse_args()
+    # a run with switches set is named after them unless --tag says otherwise
+    args.tag = args.tag or "-".join(args.switch)
+    out = run_name.output_path(args, "fp8-attention")
     if args.switch:
         import os
         import tempfile
@@ -113,8 +120,7 @@ def main() -> int:
         row["fp8 call / bf16 call speedup"] = ms["kf bf16"] / ms["kf fp8 (call)"]
         print(json.dumps(row, indent=1), flush=True)
         rows.append(row)
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        run_name.write_json(out, rows)
     return 0
 
 

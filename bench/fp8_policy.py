@@ -1,9 +1,9 @@
 """precision="fp8" attention at a head dim the fp8 attention kernel does not take (64):
 the driver's policy (``fp8-attention=kernel``: such attention stays 16-bit) against
 quantizing it anyway (``fp8-attention=any``: fp8 operands on the SIMT kernel), beside
-the bf16 call, in one process.
+the bf16 call, in one process: what the policy saves where the fp8 kernel does not apply.
 
-    source .device/prelude.sh && python3 bench/fp8_policy.py
+    python3 bench/fp8_policy.py
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The GPT example's kf functions, forward and backward, against torch on one target:
 per input, the relative error of the gradient (and of the output) at the model's shapes.
 
-    python bench/grad_check.py --target vulkan                  # here
-    source .device/prelude.sh && python3 bench/grad_check.py --target cuda   # on the H200
+    python3 bench/grad_check.py --target vulkan
+    python3 bench/grad_check.py --target cuda     # on the GPU machine
 
-Found the first time it ran on the H200: bench/train_gpt.py's kf losses drifted from
-eager's (2.8e-1 after 50 steps) while the first step's loss agreed; this names the
-kernel whose gradient differs.
+A wrong gradient shows in bench/train_gpt.py only as kf's losses drifting from eager's
+over the steps while the first step's loss agrees; this names the function, and the
+input, whose gradient differs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The pieces of the GPT attention's backward, each as its own kf function on one target
-against torch: which kernel kind computes a wrong gradient (bench/grad_check.py found the
-attention backward off on CUDA while every piece is right on Vulkan).
+against torch: which kernel kind computes a wrong gradient where bench/grad_check.py
+finds the attention backward off on a target.
 
-    source .device/prelude.sh && python3 bench/grad_pieces.py --target cuda
+    python3 bench/grad_pieces.py --target cuda     # or vulkan
 """
 
 from __future__ import annotations

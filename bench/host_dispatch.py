@@ -11,8 +11,7 @@ lane's device is then -1, its outputs come from ``_empty_strided_cpu``, the curr
 device and the raw stream from C builtins of the same shape as torch's). What remains is
 kf's own per-call work: the checks, the dispatch key, the table lookup, the lane, the
 allocation and the launcher's argument handling. Run twice, in child processes: with
-``KF_DISPATCH=python`` (all of it in Python, as before kf.runtime._launcher had a
-dispatch) and with the default (the C dispatch and the C lane). Prints per-call
+``KF_DISPATCH=python`` (all of it in Python) and with the default (the C dispatch and the C lane). Prints per-call
 microseconds of the whole call and of its pieces, minimum over repeats (this measures
 the host's Python, so a quiet machine matters more than the count).
 

@@ -1,7 +1,8 @@
 """Host time a call of a program of several kernels: the fast lane (C, or Python with
-KF_DISPATCH=python) against the general path it replaced (CompiledProgram.call_matched).
+KF_DISPATCH=python) against the general path (CompiledProgram.call_matched, which a
+program with constants or aliased outputs takes).
 
-    source .device/prelude.sh && python3 bench/host_multi.py && KF_DISPATCH=python python3 bench/host_multi.py
+    python3 bench/host_multi.py && KF_DISPATCH=python python3 bench/host_multi.py
 
 ``x / x.abs().amax()`` on a small tensor is three kernels (the amax's two stages, the
 division) over two temporaries; the GPU work is a few microseconds, so 250 calls back

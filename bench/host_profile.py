@@ -2,7 +2,7 @@
 called many times, its pieces timed alone, the same loop under cProfile, beside a bare
 cuLaunchKernel of the same kernel (what bench/bench.py's host-overhead row measures).
 
-    source .device/prelude.sh && python3 bench/host_profile.py [--calls 20000] [--no-compare]
+    python3 bench/host_profile.py [--calls 20000] [--no-compare]
     KF_CUDA_LAUNCHER=bindings python3 bench/host_profile.py   # launches through cuda.bindings
     KF_DISPATCH=python python3 bench/host_profile.py          # the call path in Python
 

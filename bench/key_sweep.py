@@ -2,14 +2,17 @@
 head dim 128, bf16) over 512 to 8192 keys, in one process: a linear fit over the keys
 splits each kernel's time into a cost per key block and one per tile (query block).
 
-    source .device/prelude.sh && python3 bench/key_sweep.py   (writes $OUT/sweep.json)
+    python3 bench/key_sweep.py [--out-dir DIR]   # bench/results/key-sweep-<date>-<commit>.json
 
-Session 11 found kf's per-tile cost twice SDPA's this way (bench/RESULTS.md).
+With the queries fixed, a kernel's time is (key blocks x per-block cost + per-tile cost) x
+tiles an SM: the slope of a least-squares line through the sweep is the key loop's cost,
+its intercept what a workgroup pays once a tile (start, the first blocks in flight, the
+last P V and the stores). bench/RESULTS.md has the fits.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import sys
 import tempfile
@@ -19,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "examples")]
+import run_name  # noqa: E402
 from bench import median_ms, rel_err, rotated  # noqa: E402
 from seed_examples import fused_attention  # noqa: E402
 
@@ -26,6 +30,9 @@ from kf.passes.strategies import attention_wgmma as awg  # noqa: E402
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_name.add_arguments(ap)
+    out = run_name.output_path(ap.parse_args(), "key-sweep")
     rows = []
     for sk in (512, 1024, 2048, 4096, 8192):
         ins = rotated(lambda: tuple(torch.randn(4, 32, s, 128, device="cuda", dtype=torch.bfloat16)
@@ -40,7 +47,7 @@ def main() -> int:
             row[name] = median_ms(f, ins) if err < 2e-2 else f"wrong result ({err:.2e}): not timed"
         print(row, flush=True)
         rows.append(row)
-    Path(os.environ.get("OUT", "/tmp"), "sweep.json").write_text(json.dumps(rows, indent=1))
+        run_name.write_json(out, rows)
     return 0
 
 

@@ -8,8 +8,8 @@
 Splits the SASS at ``USETMAXREG`` (a warp-specialized kernel's producer and consumer
 code) and at the loops (backward branches executed more than once a warp), and prints
 for each region its stall samples, executed instructions and leading stall reasons, then
-the instructions with the most samples. Session 11 found the attention kernel's per-tile
-division and its wait for Q this way (bench/RESULTS.md).
+the instructions with the most samples: which part of a warp-specialized kernel waits,
+and on what (bench/RESULTS.md has the attention kernels' regions).
 """
 
 from __future__ import annotations

@@ -1,29 +1,23 @@
 """examples/train_gpt.py on CUDA: the GPT trained with kf's kernels, timed against eager
 torch and torch.compile.
 
-One script for one device call, from the repository root on the GPU machine:
-
-    source .device/prelude.sh && python3 bench/train_gpt.py --out $OUT/train_gpt.json
+    python3 bench/train_gpt.py [--steps 50] [--out-dir DIR]   # bench/results/train-gpt-<date>-<commit>.json
+    python3 bench/train_gpt.py --device cpu                   # the same comparison on the CPU target
 
 Three runs from the same initial weights on the same batches: the kf model (layer norm,
 causal attention and GELU as kf programs in forward and backward, target cuda), the same
 model eagerly (the very same Python functions, run by torch) and the eager model under
 ``torch.compile``. It prints each run's loss curve against eager's (the largest relative
 difference over the steps) and the median step time after warm-up (CUDA synchronized at
-each step's end), and writes them as JSON for bench/RESULTS.md.
-
-Status: written on a CPU-only machine and smoke-tested there with ``--device cpu`` (the
-same three runs on the CPU target: the loss curves agree to 2e-7); it has not been run
-on the H200 yet, so bench/RESULTS.md has no training numbers. What it depends on there: the CUDA back end
-compiling the derived backward functions (matmul, reductions and elementwise chains of
-the recomputed forward) as it compiles the forwards.
+each step's end). The losses check the derived backward functions end to end (a wrong
+gradient shows as a drifting loss; bench/grad_check.py then names the kernel); the step
+times show what a small model's many small kernels cost against torch's own.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -33,7 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
-import train_gpt as tg  # noqa: E402
+import run_name  # noqa: E402  (bench/, the script's folder)
+import train_gpt as tg  # noqa: E402  (examples/train_gpt.py: examples/ is searched first)
 
 
 def run(model, steps: int, batch: int, device: str) -> dict:
@@ -51,12 +46,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--out", default="")
     p.add_argument("--device", default="cuda", help="cpu runs the same comparison on the CPU target (a smoke test)")
+    run_name.add_arguments(p)
     args = p.parse_args()
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench/train_gpt.py needs a CUDA device (or --device cpu)")
+    out = run_name.output_path(args, "train-gpt" if device == "cuda" else f"train-gpt-{device}")
 
     torch.manual_seed(0)
     kf_model = tg.GPT(use_kf=True).to(device)
@@ -78,9 +74,8 @@ def main() -> None:
         speedup = results["eager"]["median_step_ms"] / r["median_step_ms"]
         print(f"{name:<14} {r['median_step_ms']:>9.2f} ms {speedup:>8.2f}x {r['first_step_s']:>9.1f} s "
               f"{worst:>18.2e}")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"batch": args.batch, "steps": args.steps,
-                                              "device": _device_name(device), "runs": results}, indent=1))
+    run_name.write_json(out, {"batch": args.batch, "steps": args.steps, "device": _device_name(device),
+                              "runs": results})
 
 
 if __name__ == "__main__":
