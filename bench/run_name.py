@@ -13,8 +13,8 @@ every script in bench/ names its output through here instead of taking a file na
 - ``tag``: what else sets the run apart from another of the same day and commit (a
   switch turned off, a second configuration), from ``--tag``.
 
-``--out-dir`` picks the folder (bench/results by default; ``$OUT`` on a machine whose
-output folder is copied back).
+``--out-dir`` picks the folder (bench/results by default; any other, such as the folder a
+remote GPU machine copies back).
 """
 
 from __future__ import annotations

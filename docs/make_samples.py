@@ -2,7 +2,7 @@
 profiling" shows), for the targets of this machine:
 
     python docs/make_samples.py --targets cpu,vulkan --tag cpu-vulkan          # here
-    python docs/make_samples.py --targets cuda --tag h200 --out $OUT           # on the H200
+    python docs/make_samples.py --targets cuda --tag h200 [--out DIR]          # on the H200
 
 Each run writes ``profile-<tag>.txt`` (kf.explain of every function, then prof.table()),
 ``roofline-<tag>.png`` and ``trace-<tag>.json`` (open it in https://ui.perfetto.dev).
