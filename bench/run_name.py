@@ -8,8 +8,9 @@ every script in bench/ names its output through here instead of taking a file na
 - ``date``: the day of the run, UTC, ``YYYY-MM-DD``;
 - ``commit``: the code measured, ``git rev-parse --short HEAD``, with ``-dirty`` when
   tracked files differ from that commit (the measured code is then not in git as it ran);
-  ``KF_COMMIT`` names it instead where the tree is a copy without its ``.git`` (a GPU
-  machine that received the working tree);
+  ``KF_COMMIT`` names it instead where the tree is a copy whose ``.git`` is missing or
+  not its own (a GPU machine that received the working tree: a stale ``.git`` there makes
+  every run ``<old commit>-dirty``);
 - ``tag``: what else sets the run apart from another of the same day and commit (a
   switch turned off, a second configuration), from ``--tag``.
 
