@@ -69,6 +69,10 @@ class Converter:
         self.fn = fn
         self._fallbacks = 0
         self.fallback_ops: dict[str, Callable] = {}  # torch-mlir-imported callee -> the ATen op
+        # the function's random state (a block argument made on the first random op,
+        # see random_state.py) and the counters its random ops have taken so far
+        self.random_state: ir.Value | None = None
+        self.random_offset = 0
 
     # ------------------------------------------------------------------ helpers
     def convert(self, node: torch.fx.Node, env: dict) -> Any:
@@ -79,6 +83,11 @@ class Converter:
         args = [_lookup(a, env) for a in node.args]
         kwargs = {k: _lookup(v, env) for k, v in node.kwargs.items()}
         handler = HANDLERS.get(name)
+        if handler is None and _draws_random(node.target):
+            # torch-mlir's random ops keep a seed of their own: torch.manual_seed would not
+            # reproduce them, and a backward could not recompute their numbers
+            raise Unsupported(f"{name} draws random numbers, which kf does not support for this op",
+                              cause="kf draws them for dropout, rand, rand_like, randn, randn_like and bernoulli")
         if handler is None:
             from . import torch_mlir_import
 
@@ -125,6 +134,20 @@ class Converter:
         v = kb.constant(attr)
         return v if elem_store == elem else kb.cast(v, elem)
 
+    def rand(self, shape, distribution: str = "uniform") -> ir.Value:
+        """kf.rand of shape (f32 samples) from the function's random state, on the next
+        counters: each random op of a function takes its own range (dialects/philox.py)."""
+        if self.random_state is None:
+            from kf.dialects import TensorSpec, mlir_type
+
+            from .random_state import STATE_SHAPE
+
+            self.random_state = self.block.add_argument(mlir_type(TensorSpec(STATE_SHAPE, "i64")),
+                                                        ir.Location.unknown())
+        value = kb.rand(self.random_state, tuple(shape), offset=self.random_offset, distribution=distribution)
+        self.random_offset += math.prod(shape)
+        return value
+
     def compute_elem(self, *xs) -> str:
         """torch's promoted dtype of the operands (tensors win over Python numbers)."""
         tensors = [x for x in xs if isinstance(x, ir.Value)]
@@ -150,6 +173,11 @@ def _lookup(a, env):
     if isinstance(a, (list, tuple)):
         return type(a)(_lookup(x, env) for x in a)
     return a
+
+
+def _draws_random(target) -> bool:
+    """Whether an ATen op draws from torch's generator (torch tags it so)."""
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
 
 
 def _target_name(target) -> str:
@@ -316,7 +344,7 @@ def _to(c, node, args, kwargs):
 
 
 @handles("aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
-         "aten.lift_fresh_copy.default", "aten.dropout.default", "aten.lift_fresh.default",
+         "aten.lift_fresh_copy.default", "aten.lift_fresh.default",
          "aten.detach_.default")  # torch.tensor([...]) detaches its fresh constant in place
 def _identity(c, node, args, kwargs):
     return args[0]
@@ -689,6 +717,105 @@ def _arange(c, node, args, kwargs):
     val = _val(node)
     values = torch.arange(*args, dtype=val.dtype)
     return c.constant_tensor(values)
+
+
+# ---------------------------------------------------------------- random numbers
+#
+# Random ops take kf.rand samples from the function's random state (Converter.rand),
+# each op its own counters, in graph order. A backward recomputes them from the forward's
+# state with the ops compiler/autograd.py writes for the same ATen ops (_replay_table), in
+# the same order and with the same arithmetic, so the two must change together.
+
+
+def _probability(p, what: str) -> float:
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise Unsupported(f"{what} probability has to be between 0 and 1, but got {p}")
+    return p
+
+
+def _no_generator(name: str, generator) -> None:
+    if generator is not None:
+        raise Unsupported(f"{name} with a generator of its own is not supported by kf",
+                          cause="kf draws from torch's default generator (torch.manual_seed)")
+
+
+def _dropped(c: Converter, x: ir.Value, p: float) -> tuple[ir.Value, ir.Value]:
+    """(x where its uniform sample is > p, scaled by 1 / (1 - p), and zero elsewhere (x * 0:
+    NaN stays NaN, as in eager); the keep mask). Computed in f32 (f64 for f64) and rounded
+    once to x's type; 0 < p < 1."""
+    elem = spec_of(x.type).elem
+    if not spec_of(x.type).is_float:
+        raise Unsupported(f"dropout of a tensor of {elem}: torch drops out floating-point tensors only")
+    keep = kb.cmp(c.rand(_shape(x)), kb.scalar(p, "f32"), predicate="gt")
+    ce = "f64" if elem == "f64" else "f32"
+    scale = kb.select(keep, kb.scalar(1.0 / (1.0 - p), ce), kb.scalar(0.0, ce))
+    return c.tensor(kb.mul(c.tensor(x, ce), scale), elem), keep
+
+
+@handles("aten.dropout.default")
+def _dropout(c, node, args, kwargs):
+    x = args[0]
+    p = _probability(args[1] if len(args) > 1 else kwargs["p"], "dropout")
+    train = args[2] if len(args) > 2 else kwargs["train"]
+    if not train or p == 0.0 or math.prod(_shape(x)) == 0:
+        return x
+    if p == 1.0:  # eager multiplies by zero (NaN stays NaN) and draws nothing
+        return kb.mul(x, c.tensor(0.0, spec_of(x.type).elem))
+    return _dropped(c, x, p)[0]
+
+
+@handles("aten.native_dropout.default")
+def _native_dropout(c, node, args, kwargs):
+    x = args[0]
+    p = _probability(args[1] if len(args) > 1 else kwargs["p"], "dropout")
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    shape = _shape(x)
+    if train is False or p == 0.0 or math.prod(shape) == 0:  # None trains, as in eager
+        return x, kb.fill(shape, "i1", 1.0)
+    if p == 1.0:
+        return kb.mul(x, c.tensor(0.0, spec_of(x.type).elem)), kb.fill(shape, "i1", 0.0)
+    return _dropped(c, x, p)
+
+
+@handles("aten.rand.default", "aten.rand_like.default", "aten.randn.default", "aten.randn_like.default")
+def _rand(c, node, args, kwargs):
+    val = _val(node)
+    shape, elem = tuple(val.shape), kf_elem(val.dtype)
+    if math.prod(shape) == 0:
+        return kb.fill(shape, elem, 0.0)
+    if node.target._opname.startswith("randn"):
+        return c.tensor(c.rand(shape, "normal"), elem)
+    u = c.tensor(c.rand(shape), elem)
+    if elem in ("f32", "f64"):
+        return u
+    # a narrower type rounds samples near 1 up to 1: those become 0, as torch's CUDA
+    # uniform_ does, so the samples stay in [0, 1)
+    return kb.select(kb.cmp(u, c.tensor(1.0, elem), predicate="eq"), c.tensor(0.0, elem), u)
+
+
+@handles("aten.bernoulli.default", "aten.bernoulli.p")
+def _bernoulli(c, node, args, kwargs):
+    x = args[0]
+    if node.target._overloadname == "p":
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        _no_generator("bernoulli", args[2] if len(args) > 2 else kwargs.get("generator"))
+    else:
+        p = x
+        _no_generator("bernoulli", kwargs.get("generator"))
+    elem = c.out_elem(node)
+    if math.prod(_shape(x)) == 0:
+        return kb.fill(_shape(x), elem, 0.0)
+    u = c.rand(_shape(x))
+    ce = c.compute_elem(u, p)
+    return c.tensor(kb.cmp(c.tensor(u, ce), c.tensor(p, ce), predicate="lt"), elem)
+
+
+@handles("kf.philox_rand.default")
+def _philox_rand(c, node, args, kwargs):
+    """kf.rand reading an explicit state (a generated backward's: random_state.py)."""
+    state, offset, size, distribution = args
+    return kb.rand(state, tuple(size), offset=int(offset), distribution=distribution)
 
 
 @handles("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range.default",

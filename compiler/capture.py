@@ -51,6 +51,7 @@ class Captured:
     fallbacks: dict[str, Callable] = field(default_factory=dict)  # torch-mlir callees -> ATen op
     tracer: str = "export"  # "trace": the light tracer's graph (trace.py); "export": torch.export's
     fallback_reason: str | None = None  # why the light tracer gave way to torch.export
+    random_input: int | None = None  # the input that holds the random state (random_state.py), if any
 
     @property
     def kf_ir(self) -> str:
@@ -226,13 +227,22 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
             flat, tree = _flatten_outputs(out_node.args[0], env, user, out_spec, structured=out_spec is None)
             with def_loc:
                 func.ReturnOp(flat)
+        random_input = None
+        if conv.random_state is not None:  # the state random ops read: the last input
+            from .random_state import STATE_NAME, STATE_SHAPE
+
+            random_input = len(in_specs)
+            in_specs.append(TensorSpec(STATE_SHAPE, "i64"))
+            names = [*names, STATE_NAME]
+            f.arg_attrs = ir.ArrayAttr.get([*arg_attrs, ir.DictAttr.get({"kf.name": ir.StringAttr.get(STATE_NAME)})])
         f.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get([mlir_type(s) for s in in_specs], [v.type for v in flat]))
         _verify_captured(module, user)
         from kf.dialects import spec_of
 
         out_specs = [spec_of(v.type) for v in flat]
-    return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops, tracer)
+    return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops, tracer,
+                    random_input=random_input)
 
 
 def source_loc(loc: ir.Location) -> SourceLoc | None:

@@ -31,13 +31,18 @@ from .signature import Signature
 class InterpretedProgram:
     """Runs the captured kf IR with torch, op by op (see interpreter.py)."""
 
-    def __init__(self, cap):
+    def __init__(self, cap, target: str = "cpu"):
         from .interpreter import Interpreter
 
         self.captured = cap
         self._interp = Interpreter(cap.module, cap.name, cap.fallbacks)
+        self._target = target
 
-    def __call__(self, tensors: list):
+    def __call__(self, tensors: list, drawn: list | None = None):
+        if self.captured.random_input is not None:
+            from .random_state import with_state
+
+            tensors = with_state(tensors, self._target, drawn)
         if _PROFILE is not None:
             from .profiler import record_interpreted
 
@@ -75,17 +80,26 @@ def _check_index(t, check: dict) -> None:
 class CompiledProgram:
     """A program loaded from the cache: the target's launcher plus the result structure."""
 
-    def __init__(self, launcher: Callable, tree: Any, meta: dict, directory: Path):
+    def __init__(self, launcher: Callable, tree: Any, meta: dict, directory: Path, target: str = "cpu"):
         self._launch = launcher
         self._tree = tree
         self.meta = meta
         self.directory = directory
         self._index_checks = meta.get("index_checks", [])
         self._unchecked = getattr(launcher, "unchecked", None)
+        # a program that draws random numbers takes a fresh state after the user's tensors
+        self._random = meta.get("random_state") is not None
+        self._target = target
 
-    def __call__(self, tensors: list):
+    def __call__(self, tensors: list, drawn: list | None = None):
+        """Run the program; ``drawn`` (a list) receives the random state the call drew,
+        if it drew one."""
         for check in self._index_checks:
             _check_index(tensors[check["input"]], check)
+        if self._random:
+            from .random_state import with_state
+
+            tensors = with_state(tensors, self._target, drawn)
         if _PROFILE is not None or _torch_profiling():
             # kf.profile is recording, or torch.profiler is: time the launch and name it.
             from .profiler import launch
@@ -96,7 +110,7 @@ class CompiledProgram:
     def call_matched(self, tensors: list):
         """As a call, for tensors that kf's dispatch key has matched to the program's
         signature (shapes, dtypes, device, contiguity): the launcher skips re-checking."""
-        if self._index_checks or _PROFILE is not None or _torch_profiling() or self._unchecked is None:
+        if self._index_checks or self._random or _PROFILE is not None or _torch_profiling() or self._unchecked is None:
             return self(tensors)
         return unflatten(self._tree, list(self._unchecked(*tensors)))
 
@@ -106,7 +120,7 @@ class CompiledProgram:
         -- contiguous tensors, no index checks -- else ``call_matched``. Profiling (kf's
         or torch's) still takes the general path, checked on every call."""
         make = getattr(self._launch, "fast_lane", None)
-        lane = make() if make is not None and contiguous and not self._index_checks else None
+        lane = make() if make is not None and contiguous and not self._index_checks and not self._random else None
         if lane is None:
             return self.call_matched
         tree = self._tree
@@ -154,7 +168,7 @@ def _load(entry: cache.Entry) -> CompiledProgram:
     abi = ProgramABI.from_json(meta["abi"])
     tree = json.loads(meta["output_tree"])
     launcher = programs.load(abi, str(entry.directory), meta)
-    return CompiledProgram(launcher, _tuple_tree(tree), meta, entry.directory)
+    return CompiledProgram(launcher, _tuple_tree(tree), meta, entry.directory, abi.target)
 
 
 def _tuple_tree(tree):
@@ -244,7 +258,7 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
 
             cap = capture_signature(fn, sig, tensors)
             apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
-            return InterpretedProgram(cap)
+            return InterpretedProgram(cap, options.target)
         arch = target_arch(options)
         key = cache.key(fn, sig, options, device_key(options))
         entry = cache.load(key)
@@ -314,6 +328,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         "output_tree": json.dumps(cap.output_tree),
         "compile_seconds": log.seconds,
         "index_checks": index_checks,
+        "random_state": cap.random_input,
         **extra_meta,
     }
     return meta, artifacts

@@ -159,6 +159,11 @@ class Interpreter:
                     results = (torch.full(shape, attrs["value"], dtype=outs[0], device=device),)
                 elif op.name == "kf.constant":
                     results = (_constant(args, attrs, outs[0], device),)
+                elif op.name == "kf.rand":
+                    from .random_state import samples
+
+                    shape = spec_of(op.result.type).shape
+                    results = (samples(args[0], int(attrs["offset"]), shape, attrs["distribution"]),)
                 elif op.name in ("kf.reshape", "kf.broadcast_to"):
                     shape = spec_of(op.result.type).shape
                     x = args[0]

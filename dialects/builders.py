@@ -115,3 +115,10 @@ def constant(value: ir.Attribute, *, loc: ir.Location | None = None) -> ir.Value
 def scalar(value: float, elem: str, *, loc: ir.Location | None = None) -> ir.Value:
     """A rank-0 kf.fill: how Python numbers in torch code enter kf IR."""
     return fill((), elem, value, loc=loc)
+
+
+def rand(state: ir.Value, shape: Sequence[int], *, offset: int, distribution: str = "uniform",
+         loc: ir.Location | None = None) -> ir.Value:
+    """kf.rand: f32 samples of shape from the random state (tensor<2xi64>), counters from offset."""
+    return build("rand", [state], {"offset": offset, "distribution": distribution},
+                 [TensorSpec(tuple(shape), "f32")], loc).result

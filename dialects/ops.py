@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from .philox import DISTRIBUTIONS
 from .types import (
     KfTypeError,
     TensorSpec,
@@ -313,6 +314,20 @@ def _fill(ops, attrs, results):
     return [_given_result("kf.fill")(results)]
 
 
+def _rand(ops, attrs, results):
+    (state,) = ops
+    if state.elem != "i64" or state.shape != (2,):
+        raise KfTypeError(f"the random state must be a tensor<2xi64> ([seed, offset]), got {state}")
+    out = _given_result("kf.rand")(results)
+    if out.elem != "f32":
+        raise KfTypeError(f"kf.rand gives f32 samples (cast them after), got {out.elem}")
+    if attrs.get("distribution") not in DISTRIBUTIONS:
+        raise KfTypeError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {attrs.get('distribution')!r}")
+    if int(attrs.get("offset", 0)) < 0:
+        raise KfTypeError(f"offset must not be negative, got {attrs.get('offset')}")
+    return [out]
+
+
 def _cmp_dims(ops, attrs, results):
     return [ops[0]]
 
@@ -401,6 +416,10 @@ OPS: tuple[OpSpec, ...] = (
            category="value"),
     OpSpec("fill", "a tensor with every element equal to value", (), ("result",), {"value": "float"},
            infer=_fill, category="value"),
+    # random numbers: element i is a function of the state, offset and i alone (philox.py)
+    OpSpec("rand", "uniform [0, 1) or standard normal f32 samples, Philox4x32-10 keyed by the state "
+           "[seed, offset], counter offset + state offset + linear index", ("state",), ("result",),
+           {"offset": "int", "distribution": "str"}, infer=_rand, category="random"),
 )
 
 BY_NAME: dict[str, OpSpec] = {op.full_name: op for op in OPS}

@@ -18,7 +18,9 @@ cases; test/python/passes/test_lower_to_linalg_cpu.py runs every op against torc
   ``tensor.extract_slice``, ``tensor.insert_slice`` into ``tensor.empty`` (concat);
 - topk: an ``scf.for`` over k that runs a masked arg-best reduction and marks the
   element it picked; gather/index_select: a generic that ``tensor.extract``s;
-  index_add/scatter_add: ``scf.for`` loops over the index with extract/insert.
+  index_add/scatter_add: ``scf.for`` loops over the index with extract/insert;
+- rand: a parallel generic computing each element's Philox block from its linear index
+  (``linalg.index``) and the state's two words (``passes/philox.py``).
 
 Precision policy: f16, bf16 and fp8 elementwise math is computed in f32 and rounded
 once to the result type; reductions and matmul accumulate in f32 (f64 stays f64,
@@ -38,6 +40,7 @@ from mlir.dialects import arith, linalg, scf, tensor
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import TensorSpec, normalize_dim, spec_of
 
+from . import philox
 from . import scalar_math as sm
 from .base import KfPass, PassError
 
@@ -631,6 +634,23 @@ def _fill(op, args, attrs, out):
     return [filled(out[0].shape, out[0].elem, value)]
 
 
+def _rand(op, args, attrs, out):
+    """A parallel generic whose element at linear index i is the sample of Philox block
+    offset + i (passes/philox.py); the state's two words are read once, outside it."""
+    (state,) = args
+    shape = out[0].shape
+    rank = len(shape)
+    seed, offset = (tensor.extract(state, [_index(k)]) for k in (0, 1))
+
+    def body(a):
+        lin = _index(0)
+        for d, size in enumerate(shape):
+            lin = arith.addi(arith.muli(lin, _index(size)), _loop_index(d)) if d else _loop_index(d)
+        return [philox.sample(seed, philox.counter(offset, int(attrs["offset"]), lin), attrs["distribution"])]
+
+    return generic([], [empty(shape, "f32")], [_identity(rank)], ["parallel"] * rank, body)
+
+
 Lowering = Callable[[ir.Operation, list[ir.Value], dict, list[TensorSpec]], list[ir.Value]]
 
 LOWERINGS: dict[str, Lowering] = {
@@ -642,7 +662,7 @@ LOWERINGS: dict[str, Lowering] = {
     "kf.matmul": _matmul, "kf.transpose": _transpose, "kf.reshape": _reshape, "kf.broadcast_to": _broadcast_to,
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
-    "kf.constant": _constant, "kf.fill": _fill,
+    "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
 }
 
 

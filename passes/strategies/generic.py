@@ -21,7 +21,9 @@ op that made ``v`` computes it from its operands' values at remapped indices:
   on it: deterministic, no atomics;
 - constant: a splat is one constant, other constants a chain of selects on the linear
   index (up to ``MAX_CONSTANT_ELEMENTS``: bigger ones should be kernel inputs); fill: a
-  constant.
+  constant;
+- rand: the Philox block of the element's linear index (``passes/philox.py``), so a
+  value recomputed in another kernel or thread is the same value.
 
 Values of one tensor at one index are computed once per region (a cache scoped to the
 ``scf.for``/``scf.if`` bodies they dominate), so a value used twice, like ``x`` in
@@ -51,6 +53,7 @@ from collections.abc import Callable, Sequence
 
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import normalize_dim
+from kf.passes import philox
 from kf.passes import scalar_math as sm
 from mlir import ir
 from mlir.dialects import arith, scf
@@ -447,6 +450,14 @@ def _scalar_const(ev: Evaluator, t: ir.Type, value) -> ir.Value:
     return ev.kb.const(t, value)
 
 
+def _rand(ev: Evaluator, op, idx, attrs):
+    """The sample of the Philox block at the element's linear index (passes/philox.py)."""
+    state = op.operands[0]
+    seed, offset = ev.value(state, [0]), ev.value(state, [1])
+    lin = ev.kb.value(ev.kb.linearize(idx, E.shape_of(op.results[0])))
+    return [philox.sample(seed, philox.counter(offset, int(attrs["offset"]), lin), attrs["distribution"])]
+
+
 def _fill(ev: Evaluator, op, idx, attrs):
     elem = E.elem_of(op.results[0])
     t = E.compute_type(elem)
@@ -464,7 +475,7 @@ _HANDLERS = {
     "kf.matmul": _matmul, "kf.transpose": _transpose, "kf.reshape": _reshape, "kf.broadcast_to": _broadcast_to,
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
-    "kf.constant": _constant, "kf.fill": _fill,
+    "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
 }
 
 
