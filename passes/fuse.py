@@ -18,7 +18,9 @@ Kinds, in the order they are recognized:
   result's shape after it (fp8's V quantized K-major; ``x.transpose(-1, -2) * s``) and
   an elementwise group that feeds only it (the caller's fp8 V widened): the transpose
   strategy moves it through workgroup memory.
-- ``elementwise``: a chain of elementwise ops over one shape.
+- ``elementwise``: a chain of elementwise ops over one shape, with the ``kf.rand`` ops
+  they read (a group that has one merges with elementwise groups only: no other
+  strategy computes random numbers).
 - ``generic``: any other op, one per kernel.
 
 ``kf.fill`` ops are cloned into every kernel that uses them (a fill is cheaper to
@@ -83,6 +85,7 @@ class _Group:
     ops: list  # indices into the op list, sorted
     row: tuple[tuple[int, ...], int] | None = None  # rowwise: (row shape, reduced dims)
     shape: tuple[int, ...] | None = None  # elementwise / matmul output shape
+    random: bool = False  # holds a kf.rand (an elementwise group that stays elementwise)
 
 
 class _Partition:
@@ -141,6 +144,7 @@ class _Partition:
     def merge(self, a: int, b: int) -> int:
         ga, gb = self.groups[a], self.groups.pop(b)
         ga.ops = sorted(set(ga.ops) | set(gb.ops))
+        ga.random = ga.random or gb.random
         for m in gb.ops:
             self.group_of[m] = a
         return a
@@ -287,8 +291,8 @@ def partition(ops: list[ir.Operation]) -> _Partition:
                     gid = part.merge(pg, gid)
                     part.groups[gid].kind, part.groups[gid].shape = "transpose", shape
             continue
-        elif cat == "elementwise":
-            gid = part.new("elementwise", [i], shape=shape)
+        elif cat in ("elementwise", "random"):
+            gid = part.new("elementwise", [i], shape=shape, random=cat == "random")
         else:
             part.new("generic", [i])
             continue
@@ -321,6 +325,8 @@ def _feeds_only(part: _Partition, gid: int, op: ir.Operation) -> bool:
 def _merge_kind(producer: _Group, consumer: _Group, op: ir.Operation):
     """The kind of the merged group, or None when the two do not fuse."""
     out_shape = spec_of(op.results[0].type).shape
+    if (producer.random or consumer.random) and not (producer.kind == consumer.kind == "elementwise"):
+        return None
     if producer.kind == "matmul" and consumer.kind == "elementwise" and consumer.ops and out_shape == producer.shape:
         return "matmul", None, producer.shape
     if producer.kind == "transpose" and consumer.kind == "elementwise" and out_shape == producer.shape:
@@ -385,8 +391,8 @@ def _free_scalars(kernel_ops: list[ir.Operation]) -> list[ir.Operation]:
     """The rank-0 elementwise ops over rank-0 operands whose results only kernel ops
     read (not the return, a host call or a view): each kernel that reads one computes it
     itself, with the rank-0 ops it depends on, from their rank-0 inputs (arguments or
-    other kernels' results). kf has no random ops, so a recomputed value is the same
-    value; a few scalar ops a thread cost less than a launch of their own."""
+    other kernels' results). Elementwise ops are pure, so a recomputed value is the
+    same value; a few scalar ops a thread cost less than a launch of their own."""
     kernel_set = set(kernel_ops)
     free = []
     for op in kernel_ops:

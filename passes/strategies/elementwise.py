@@ -1,5 +1,5 @@
 """The elementwise strategy: a fused chain of elementwise kf ops (with torch broadcasting,
-fills, splat constants and broadcast_to) written as one pass over the output.
+fills, splat constants, broadcast_to and kf.rand) written as one pass over the output.
 
 One thread computes ``vec`` contiguous elements of the output (one when ``vec`` is 1),
 on CUDA ``items_per_thread`` such groups (``ITEMS_PER_THREAD``, one grid's width apart):
@@ -37,7 +37,7 @@ from . import emit as E
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .generic import Evaluator, emit_outputs
 
-_ALSO = frozenset({"kf.fill", "kf.broadcast_to"})
+_ALSO = frozenset({"kf.fill", "kf.broadcast_to", "kf.rand"})
 
 
 def _check(kernel: ir.Operation) -> tuple[int, ...]:
@@ -54,11 +54,24 @@ def _check(kernel: ir.Operation) -> tuple[int, ...]:
     return shapes.pop()
 
 
+def _random_states(kernel: ir.Operation) -> set[int]:
+    """The kernel arguments only kf.rand reads (random states: two words a thread)."""
+    args = E.kernel_body(kernel).arguments
+    states = set()
+    for i, a in enumerate(args):
+        users = [getattr(u.owner, "operation", u.owner) for u in a.uses]
+        if users and all(op.name == "kf.rand" for op in users):
+            states.add(i)
+    return states
+
+
 def vector_width(kernel: ir.Operation, shape: Sequence[int], target: TargetInfo) -> int:
     ins, outs = E.kernel_signature(kernel)
     # rank-0 inputs are read once a thread: they do not bound the vector (an f32 scale
-    # kept fp8's bf16 -> e4m3 quantization at 4 lanes, 8-byte loads and 4-byte stores)
-    elems = {s.elem for s in [*ins, *outs] if s.rank > 0 or s in outs}
+    # kept fp8's bf16 -> e4m3 quantization at 4 lanes, 8-byte loads and 4-byte stores);
+    # nor do random states, read once a thread too
+    states = _random_states(kernel)
+    elems = {s.elem for i, s in enumerate(ins) if s.rank > 0 and i not in states} | {s.elem for s in outs}
     if not shape or "i1" in elems or (target.name == "spirv" and "bf16" in elems):
         return 1
     vec = target.vector_bytes // max(E.ELEM_BYTES[e] for e in elems)
