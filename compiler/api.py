@@ -159,7 +159,7 @@ class KfFunction:
         v = self._variants.get(precision)
         if v is None:
             v = KfFunction(self.fn, self.options.with_(precision=precision), torch_op=False)
-            v._trees, v._backwards = {}, {}
+            v._trees, v._backwards, v._random = {}, {}, {}
             self._variants[precision] = v
         return v
 
@@ -181,8 +181,12 @@ class KfFunction:
                 return self.variant(precision)._kernel_call(args, kwargs)
         return self._kernel_call(args, kwargs)
 
-    def _kernel_call(self, args: tuple, kwargs: dict):
-        """Run the compiled program for this call (the op's real implementation)."""
+    def _kernel_call(self, args: tuple, kwargs: dict, drawn: list | None = None):
+        """Run the compiled program for this call (the op's real implementation);
+        ``drawn`` (a list) receives the random state the program draws, if it draws one."""
+        if drawn is not None:
+            sig, tensors = bind(self.fn, args, kwargs)
+            return self.specialize(sig, tensors)(tensors, drawn)
         if not kwargs and self._fast_ok:
             if _c_dispatch is not None:  # key, lookup and entry in C, no checks (MISS: as below)
                 result = _c_dispatch(self._fast, args, 0)

@@ -15,6 +15,16 @@ for any kf function. The graph is written out as a small Python module (under th
 so the cache key, the error locations and ``kf.inspect`` work on it as on any user
 function) and compiled with ``kf.jit`` for the forward's own target.
 
+Random numbers are recomputed too, from the random state the forward drew (the forward's
+op returns it: torch_ops.py), which the joint takes as one more input after the
+gradients: the joint's random ops (dropout as ``native_dropout``, ``rand_like``, ...)
+become ``kf::philox_rand`` calls on that state (``_replay_table``), on the same counters
+and with the same arithmetic as the forward's conversion (aten_to_kf.py), so the
+backward keeps the elements the forward kept. Autograd's composite ``dropout`` is traced
+through its Python decomposition (the Python dispatcher, as AOTAutograd traces), which
+calls ``native_dropout`` on every device. A random op that neither converts is an error
+at the user's line, never a fresh mask.
+
 Each ATen op of the joint graph remembers the user's line it comes from (forward ops by
 their Python stack, backward ops by the forward op whose autograd node ran them, found
 with anomaly mode's creation tracebacks), so when kf cannot compile the backward the error
@@ -24,6 +34,7 @@ names the op and the line of the forward that needs it.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import traceback
@@ -85,12 +96,83 @@ def _scatter_src(input, dim, index, src):
     return torch.where(taken, values, x).movedim(-1, dim)
 
 
+def _replay_table(box: dict) -> dict:
+    """Decompositions of the random ATen ops that recompute their numbers from the
+    forward's state ``box["state"]``, taking counters in order from ``box["offset"]``:
+    op for op what kf's conversion of the forward computes (aten_to_kf.py, "random
+    numbers"), and drawing exactly where it draws."""
+    aten = torch.ops.aten
+
+    def draw(shape, distribution="uniform"):
+        offset = box["offset"]
+        box["offset"] += math.prod(shape)
+        return torch.ops.kf.philox_rand(box["state"], offset, [int(s) for s in shape], distribution)
+
+    def native_dropout(x, p, train=None):
+        if train is False or p == 0 or x.numel() == 0:
+            return x, torch.ones_like(x, dtype=torch.bool)
+        if p == 1:
+            return x * 0, torch.zeros_like(x, dtype=torch.bool)
+        keep = draw(x.shape) > p
+        ce = torch.float64 if x.dtype == torch.float64 else torch.float32
+        scale = torch.where(keep, x.new_full((), 1.0 / (1.0 - p), dtype=ce), x.new_zeros((), dtype=ce))
+        return (x.to(ce) * scale).to(x.dtype), keep
+
+    def uniform(shape, dtype):
+        if math.prod(shape) == 0:
+            return torch.zeros(shape, dtype=dtype, device=box["state"].device)
+        u = draw(shape).to(dtype)
+        return u if dtype in (torch.float32, torch.float64) else torch.where(u == 1, 0.0, u)
+
+    def normal(shape, dtype):
+        if math.prod(shape) == 0:
+            return torch.zeros(shape, dtype=dtype, device=box["state"].device)
+        return draw(shape, "normal").to(dtype)
+
+    def like(sample):
+        return lambda x, dtype=None, **kw: sample(tuple(x.shape), dtype or x.dtype)
+
+    def new(sample):
+        return lambda size, dtype=None, **kw: sample(tuple(size), dtype or torch.get_default_dtype())
+
+    def bernoulli(x, p=None, generator=None):
+        if generator is not None:
+            return NotImplemented  # left in the graph: derive reports it
+        if x.numel() == 0:
+            return torch.zeros_like(x)
+        return (draw(x.shape) < (x if p is None else p)).to(x.dtype)
+
+    return {
+        aten.native_dropout.default: native_dropout,
+        aten.rand_like.default: like(uniform), aten.rand.default: new(uniform),
+        aten.randn_like.default: like(normal), aten.randn.default: new(normal),
+        aten.bernoulli.default: lambda x, generator=None: bernoulli(x, None, generator),
+        aten.bernoulli.p: lambda x, p=0.5, generator=None: bernoulli(x, p, generator),
+    }
+
+
+def _check_replayed(gm: torch.fx.GraphModule, user) -> None:
+    """No op of the joint draws from torch's generator: the backward would draw numbers
+    of its own instead of the forward's."""
+    from .errors import UnsupportedOpError
+
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and \
+                torch.Tag.nondeterministic_seeded in target.tags:
+            raise UnsupportedOpError(
+                f"the backward of {user.__name__}: {target} draws random numbers that kf cannot recompute",
+                _user_loc(node.meta.get("stack_trace", ""), user.__code__.co_filename),
+                cause="kf differentiates dropout, rand, rand_like, randn, randn_like and bernoulli")
+
+
 @dataclass
 class Backward:
     """The compiled backward of one forward specialization.
 
     ``fn`` takes the forward's flat tensor inputs, then one gradient per floating-point
-    output, and returns one gradient per floating-point input (``diff`` says which).
+    output, then (``random``: the forward draws random numbers) the random state the
+    forward drew, and returns one gradient per floating-point input (``diff`` says which).
     Calling it runs the compiled kernel directly (it is called from the op
     ``kf::<name>_backward``, which is what traces and compiled graphs see); called as a
     function, ``fn`` goes through its own op, whose backward is derived in turn (double
@@ -101,11 +183,17 @@ class Backward:
     diff: tuple[bool, ...]
     source: str
     line_locs: dict[int, SourceLoc]
+    random: bool = False
 
-    def __call__(self, tensors: list[torch.Tensor], grads: list) -> list:
+    def __call__(self, tensors: list[torch.Tensor], grads: list, state: torch.Tensor | None = None) -> list:
+        if self.random and state is None:
+            raise CompileError(f"the backward of {self.fn.fn.__name__.removesuffix('_backward')} recomputes "
+                               f"random numbers, but the forward's random state was not saved",
+                               stage="autograd", cause="an internal error in kf's autograd")
+        extra = (state,) if self.random else ()
         try:
             # the backward was traced on row-major examples: its views assume that layout
-            flat = self.fn._kernel_call(tuple(t.contiguous() for t in (*tensors, *grads)), {})
+            flat = self.fn._kernel_call(tuple(t.contiguous() for t in (*tensors, *grads, *extra)), {})
         except CompileError as e:
             raise _at_user_line(e, self) from None
         flat = list(flat) if isinstance(flat, (tuple, list)) else [flat]
@@ -168,13 +256,20 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
     from . import torch_ops
     from .patching import originals
 
+    from torch._dispatch.python import enable_python_dispatcher
+
+    from .random_state import STATE_SHAPE
+
     user = kfn.fn
     name = torch_ops.op_name_base(user)
     diff = tuple(t.is_floating_point() for t in tensors)
+    box: dict = {}
+    table = {**_decompositions(), **_replay_table(box)}
 
     def joint(*flat):
         ins = list(flat[:len(tensors)])
-        tangents = list(flat[len(tensors):])
+        tangents = list(flat[len(tensors):-1])
+        box["state"], box["offset"] = flat[-1], 0
         prim = [x.detach().requires_grad_() if d else x for x, d in zip(ins, diff)]
         with torch.enable_grad(), _Locate(), originals():
             outs = [o for o in torch_ops.flatten_results(user(**torch_ops.rebuild(kfn, structure, prim)))
@@ -192,16 +287,24 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
         anomaly.__enter__()
         examples = [_example(t) for t in tensors]
         tangents = [_example(g) for g in grads]
+        state = torch.zeros(STATE_SHAPE, dtype=torch.int64, device=tensors[0].device if tensors else "cpu")
         try:
-            gm = make_fx(joint, decomposition_table=_decompositions(), tracing_mode="fake")(*examples, *tangents)
+            with enable_python_dispatcher():
+                gm = make_fx(joint, decomposition_table=table, tracing_mode="fake")(*examples, *tangents, state)
         finally:
             anomaly.__exit__(None, None, None)
     gm.graph.eliminate_dead_code()
+    _check_replayed(gm, user)
+    # the state stays a parameter of the backward only where it recomputes random numbers
+    state_node = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+    random = bool(state_node.users)
+    if not random:
+        gm.graph.erase_node(state_node)
     gm.recompile()
-    return _materialize(kfn, name, gm, diff, user)
+    return _materialize(kfn, name, gm, diff, user, random)
 
 
-def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user) -> Backward:
+def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user, random: bool = False) -> Backward:
     """Write the backward graph as a Python function in a file and make it a KfFunction."""
     from .api import KfFunction
     from .cache import cache_dir
@@ -239,7 +342,7 @@ def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user) -> Backwa
             loc = _user_loc(node.meta.get("stack_trace", ""), user.__code__.co_filename)
             if loc is not None:
                 line_locs[lineno] = loc
-    return Backward(KfFunction(fn, kfn.options), diff, str(path), line_locs)
+    return Backward(KfFunction(fn, kfn.options), diff, str(path), line_locs, random)
 
 
 def backward_of(kfn, *args, **kwargs) -> Backward:

@@ -34,6 +34,12 @@ break; shapes and dtypes travel with the tensors.
   implementation runs the kf-compiled backward of the specialization (autograd.py).
   The backward op's own formula differentiates that backward function in turn (double
   backward).
+- A function that draws random numbers (dropout) returns one more tensor from the op:
+  the random state its program drew (random_state.py), which the autograd formula saves
+  with the inputs and hands to the backward, so that the backward recomputes the same
+  numbers (the same dropout mask). Whether a function draws is read off its run on fake
+  tensors (an op torch tags ``nondeterministic_seeded``), in the fake implementation and,
+  before the first call, in the real one, so the two agree on the outputs.
 """
 
 from __future__ import annotations
@@ -277,6 +283,7 @@ def register(kfn) -> Any:
         same = previous is not None and previous.fn is kfn.fn
         kfn._trees = previous._trees if same else {}
         kfn._backwards = previous._backwards if same else {}
+        kfn._random = previous._random if same else {}  # structure -> whether it draws
         _OWNERS[name] = kfn
         if name not in _OPS:
             _OPS[name] = _define(name)
@@ -320,36 +327,49 @@ _TOP_LEVEL_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatc
 
 def _define(name: str) -> tuple:
     def real(tensors: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
+        from .random_state import STATE_SHAPE, device_for
+
         kfn = _OWNERS[name]
         impl, _ = implementation(kfn, structure)  # the autocast precision's variant, if any
         call = rebuild(kfn, structure, list(tensors))
         with _opaque():
+            if structure not in kfn._random:
+                kfn._trees[structure], kfn._random[structure] = _tree_of(kfn, structure, tensors)
+            drawn = [] if kfn._random[structure] else None  # receives the state the call draws
             if kfn._params and not any(p[2] for p in kfn._params):
                 # every parameter positionally, in order: KfFunction's fast path, no binding
-                result = impl._kernel_call(tuple(call.values()), {})
+                result = impl._kernel_call(tuple(call.values()), {}, drawn)
             else:
-                result = impl._kernel_call((), call)
-            if structure not in kfn._trees:
-                kfn._trees[structure] = _tree_of(kfn, structure, tensors)
-        return _fresh(flatten_results(result), tensors)
+                result = impl._kernel_call((), call, drawn)
+        outs = _fresh(flatten_results(result), tensors)
+        if drawn is not None:  # a program that drew nothing (dropout(p=0)) replays nothing
+            outs.append(drawn[0] if drawn else torch.zeros(STATE_SHAPE, dtype=torch.int64,
+                                                            device=device_for(tensors, impl.options.target)))
+        return outs
 
     def fake(tensors, structure):
         from .patching import originals
+        from .random_state import STATE_SHAPE, device_for
 
         kfn = _OWNERS[name]
         # the function's own body, with torch's functions unpatched, and outside any
         # autocast region: kf's programs return the function's own dtypes under autocast
-        with originals(), torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
+        with originals(), torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS), _RandomOps() as seen:
             result = kfn.fn(**rebuild(kfn, structure, list(tensors)))
         kfn._trees[structure] = result_tree(result)
+        kfn._random[structure] = seen.draws
         # kf's programs return new row-major tensors
-        return [o.new_empty(o.shape) for o in flatten_results(result)]
+        outs = [o.new_empty(o.shape) for o in flatten_results(result)]
+        if seen.draws:
+            outs.append(torch.empty(STATE_SHAPE, dtype=torch.int64, device=device_for(tensors, kfn.options.target)))
+        return outs
 
     def backward_real(tensors: list[torch.Tensor], grads: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
         impl, rest = implementation(_OWNERS[name], structure)
+        tensors, state = split_state(list(tensors), structure)
         with _opaque():
-            bwd = _backward_of(impl, rest, list(tensors), list(grads))
-            return _fresh([g for g in bwd(list(tensors), list(grads)) if g is not None], list(tensors) + list(grads))
+            bwd = _backward_of(impl, rest, tensors, list(grads))
+            return _fresh([g for g in bwd(tensors, list(grads), state) if g is not None], tensors + list(grads))
 
     def backward_fake(tensors, grads, structure):
         return [t.new_empty(t.shape) for t in tensors if t.is_floating_point()]
@@ -360,19 +380,48 @@ def _define(name: str) -> tuple:
     bop = torch.library.custom_op(f"kf::{name}_backward", backward_real, mutates_args=(),
                                   schema="(Tensor[] tensors, Tensor[] grads, str structure) -> Tensor[]")
     bop.register_fake(backward_fake)
-    op.register_autograd(_backward_formula(name), setup_context=_setup_context)
+    op.register_autograd(_backward_formula(name), setup_context=_setup_context(name))
     bop.register_autograd(_double_backward_formula(name), setup_context=_setup_double)
     return op, bop
 
 
-def _tree_of(kfn, structure: str, tensors: list):
-    """How the function's results nest, from a run of the function on fake tensors (the
-    compiled program returns them flat)."""
+def _tree_of(kfn, structure: str, tensors: list) -> tuple[Any, bool]:
+    """(how the function's results nest, whether it draws random numbers), from a run of
+    the function on fake tensors (the compiled program returns its results flat)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
         fakes = [mode.from_tensor(t) for t in tensors]
-        return result_tree(kfn.fn(**rebuild(kfn, structure, fakes)))
+        with _RandomOps() as seen:
+            result = kfn.fn(**rebuild(kfn, structure, fakes))
+        return result_tree(result), seen.draws
+
+
+class _RandomOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Notes whether any op of a run draws from torch's generator (torch tags those ops
+    ``nondeterministic_seeded``: dropout, rand, bernoulli, ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.draws = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+            self.draws = True
+        return func(*args, **(kwargs or {}))
+
+
+def _tensor_count(structure: str) -> int:
+    """How many tensors a call of this structure passes."""
+    return sum(1 if kind == "T" else value for kind, value in _parse(split_precision(structure)[1])
+               if kind in ("T", "L", "U"))
+
+
+def split_state(tensors: list, structure: str) -> tuple[list, torch.Tensor | None]:
+    """(the call's tensors, the random state the forward drew, or None): the forward's
+    saved tensors hold the state after the call's own when its function draws."""
+    n = _tensor_count(structure)
+    return (tensors[:n], tensors[n]) if len(tensors) > n else (tensors, None)
 
 
 def _backward_of(kfn, structure: str, tensors: list, grads: list):
@@ -402,12 +451,16 @@ def _fresh(outs: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.T
     return out
 
 
-def _setup_context(ctx, inputs, output):
-    tensors, structure = inputs
-    ctx.structure = structure
-    ctx.outputs_meta = [(o.shape, o.dtype, o.device) for o in output]
-    ctx.float_inputs = [t.is_floating_point() for t in tensors]
-    ctx.save_for_backward(*tensors)
+def _setup_context(name: str):
+    def setup(ctx, inputs, output):
+        tensors, structure = inputs
+        ctx.structure = structure
+        ctx.outputs_meta = [(o.shape, o.dtype, o.device) for o in output]  # the state: int64, no gradient
+        ctx.float_inputs = [t.is_floating_point() for t in tensors]
+        draws = _OWNERS[name]._random.get(structure, False)
+        ctx.save_for_backward(*tensors, *output[-1:] if draws else ())
+
+    return setup
 
 
 def _backward_formula(name: str):
@@ -438,10 +491,14 @@ def _double_backward_formula(name: str):
         saved = list(ctx.saved_tensors)
         tensors, grads = saved[:ctx.n], saved[ctx.n:]
         impl, rest = implementation(_OWNERS[name], ctx.structure)
+        tensors, state = split_state(tensors, ctx.structure)
         bwd = _backward_of(impl, rest, [t.detach() for t in tensors], [g.detach() for g in grads])
         with torch.enable_grad():
             ins = [t.detach().requires_grad_(t.is_floating_point()) for t in saved]
-            outs = bwd.fn(*ins)
+            # the backward function takes the forward's tensors, the gradients, then the state
+            n = len(tensors)
+            args = ins[:n] + ins[ctx.n:] + ins[n:ctx.n] if bwd.random else ins
+            outs = bwd.fn(*args)
             outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
             pairs = [(o, gg) for o, gg in zip(outs, ggs) if gg is not None]
             wrt = [i for i in ins if i.requires_grad]
@@ -464,8 +521,11 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
     if precision is not None:
         structure = f"@{precision};{structure}"
     flat = kfn._torch_op(tensors, structure)
-    # the implementations record the structure on the op's current owner
-    return unflatten(_OWNERS[kfn._op_key]._trees[structure], list(flat))
+    # the implementations record the structure on the op's current owner (and whether a
+    # random state follows the results)
+    owner = _OWNERS[kfn._op_key]
+    flat = list(flat)
+    return unflatten(owner._trees[structure], flat[:-1] if owner._random.get(structure) else flat)
 
 
 _is_compiling = torch.compiler.is_compiling  # the function itself: dynamo folds it under torch.compile

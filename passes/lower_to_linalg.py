@@ -643,9 +643,9 @@ def _rand(op, args, attrs, out):
     seed, offset = (tensor.extract(state, [_index(k)]) for k in (0, 1))
 
     def body(a):
-        lin = _index(0)
-        for d, size in enumerate(shape):
-            lin = arith.addi(arith.muli(lin, _index(size)), _loop_index(d)) if d else _loop_index(d)
+        lin = _loop_index(0) if shape else _index(0)
+        for d in range(1, rank):
+            lin = arith.addi(arith.muli(lin, _index(shape[d])), _loop_index(d))
         return [philox.sample(seed, philox.counter(offset, int(attrs["offset"]), lin), attrs["distribution"])]
 
     return generic([], [empty(shape, "f32")], [_identity(rank)], ["parallel"] * rank, body)

@@ -104,3 +104,27 @@ func.func @attribute_kind(%a: tensor<4x8xf32>) -> tensor<4x1xf32> {
   %0 = "kf.sum"(%a) {dims = 1 : i64, keepdim = true} : (tensor<4x8xf32>) -> tensor<4x1xf32>
   return %0 : tensor<4x1xf32>
 }
+
+// -----
+
+func.func @rand_state(%s: tensor<2xi32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kf.rand' op the random state must be a tensor<2xi64> ([seed, offset]), got tensor<2xi32>}}
+  %0 = "kf.rand"(%s) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @rand_result(%s: tensor<2xi64>) -> tensor<4xbf16> {
+  // expected-error @+1 {{'kf.rand' op kf.rand gives f32 samples (cast them after), got bf16}}
+  %0 = "kf.rand"(%s) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<4xbf16>
+  return %0 : tensor<4xbf16>
+}
+
+// -----
+
+func.func @rand_distribution(%s: tensor<2xi64>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kf.rand' op distribution must be one of uniform, normal, got 'poisson'}}
+  %0 = "kf.rand"(%s) {distribution = "poisson", offset = 0 : i64} : (tensor<2xi64>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}

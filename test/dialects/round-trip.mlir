@@ -88,3 +88,12 @@ func.func @values_and_types() -> (tensor<3xf32>, tensor<2x2xf8E4M3FN>, tensor<4x
   %i = "kf.fill"() {value = 7.0 : f64} : () -> tensor<2xi64>
   return %c, %f, %e, %b, %i : tensor<3xf32>, tensor<2x2xf8E4M3FN>, tensor<4xf8E5M2>, tensor<2xi1>, tensor<2xi64>
 }
+
+// CHECK-LABEL: func.func @random
+func.func @random(%state: tensor<2xi64>) -> (tensor<3x257xf32>, tensor<f32>) {
+  // CHECK: "kf.rand"(%arg0) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<3x257xf32>
+  %u = "kf.rand"(%state) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<3x257xf32>
+  // CHECK: "kf.rand"(%arg0) {distribution = "normal", offset = 771 : i64} : (tensor<2xi64>) -> tensor<f32>
+  %n = "kf.rand"(%state) {distribution = "normal", offset = 771 : i64} : (tensor<2xi64>) -> tensor<f32>
+  return %u, %n : tensor<3x257xf32>, tensor<f32>
+}

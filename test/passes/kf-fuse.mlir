@@ -172,3 +172,44 @@ func.func @scales(%a: tensor<f32>, %b: tensor<f32>, %x: tensor<4x8xf32>, %y: ten
   %r = "kf.add"(%s, %a) : (tensor<f32>, tensor<f32>) -> tensor<f32> loc("s.py":5:5)
   return %xs, %ys, %r : tensor<4x8xf32>, tensor<16xf32>, tensor<f32>
 }
+
+// -----
+
+// Dropout's kf.rand joins the elementwise kernel of the ops that read it (the mask and
+// the scaling) and nothing else: the softmax before it stays a rowwise kernel and the
+// matmul after it a matmul kernel (their strategies compute no random numbers), and the
+// dropout of the matmul's result is an elementwise kernel of its own. Both dropout
+// kernels read the one random state.
+// CHECK-LABEL: func.func private @attn_dropout_k0_rowwise
+// CHECK-NOT: kf.rand
+// CHECK-LABEL: func.func private @attn_dropout_k1_elementwise
+// CHECK-SAME: (%arg0: tensor<2xi64>, %arg1: tensor<4x64xf32>) -> tensor<4x64xf32>
+// CHECK: "kf.rand"(%arg0) {distribution = "uniform", offset = 0 : i64}
+// CHECK: "kf.cmp"
+// CHECK: "kf.select"
+// CHECK: "kf.mul"(%arg1
+// CHECK-LABEL: func.func private @attn_dropout_k2_matmul
+// CHECK-NOT: kf.rand
+// CHECK-LABEL: func.func private @attn_dropout_k3_elementwise
+// CHECK: "kf.rand"(%arg0) {distribution = "uniform", offset = 256 : i64}
+// CHECK-LABEL: func.func @attn_dropout
+// CHECK-NEXT: %[[P:.*]] = call @attn_dropout_k0_rowwise(%arg0)
+// CHECK-NEXT: %[[D:.*]] = call @attn_dropout_k1_elementwise(%arg2, %[[P]])
+// CHECK-NEXT: %[[O:.*]] = call @attn_dropout_k2_matmul(%[[D]], %arg1)
+// CHECK-NEXT: call @attn_dropout_k3_elementwise(%arg2, %[[O]])
+func.func @attn_dropout(%s: tensor<4x64xf32>, %v: tensor<64x16xf32>, %state: tensor<2xi64>) -> tensor<4x16xf32> {
+  %p = "kf.softmax"(%s) {dim = -1 : i64} : (tensor<4x64xf32>) -> tensor<4x64xf32> loc("a.py":2:5)
+  %u = "kf.rand"(%state) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<4x64xf32> loc("a.py":3:5)
+  %t = "kf.fill"() {value = 0.1 : f64} : () -> tensor<f32> loc("a.py":3:5)
+  %keep = "kf.cmp"(%u, %t) {predicate = "gt"} : (tensor<4x64xf32>, tensor<f32>) -> tensor<4x64xi1> loc("a.py":3:5)
+  %sc = "kf.fill"() {value = 1.1111111111111112 : f64} : () -> tensor<f32> loc("a.py":3:5)
+  %z = "kf.fill"() {value = 0.0 : f64} : () -> tensor<f32> loc("a.py":3:5)
+  %m = "kf.select"(%keep, %sc, %z) : (tensor<4x64xi1>, tensor<f32>, tensor<f32>) -> tensor<4x64xf32> loc("a.py":3:5)
+  %d = "kf.mul"(%p, %m) : (tensor<4x64xf32>, tensor<4x64xf32>) -> tensor<4x64xf32> loc("a.py":3:5)
+  %o = "kf.matmul"(%d, %v) : (tensor<4x64xf32>, tensor<64x16xf32>) -> tensor<4x16xf32> loc("a.py":4:5)
+  %u2 = "kf.rand"(%state) {distribution = "uniform", offset = 256 : i64} : (tensor<2xi64>) -> tensor<4x16xf32> loc("a.py":5:5)
+  %keep2 = "kf.cmp"(%u2, %t) {predicate = "gt"} : (tensor<4x16xf32>, tensor<f32>) -> tensor<4x16xi1> loc("a.py":5:5)
+  %m2 = "kf.select"(%keep2, %sc, %z) : (tensor<4x16xi1>, tensor<f32>, tensor<f32>) -> tensor<4x16xf32> loc("a.py":5:5)
+  %y = "kf.mul"(%o, %m2) : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32> loc("a.py":5:5)
+  return %y : tensor<4x16xf32>
+}

@@ -186,3 +186,47 @@ func.func @bool_sum(%a: tensor<3x7xi1>) -> tensor<3xi1> {
   %0 = "kf.sum"(%a) {dims = array<i64: 1>, keepdim = false} : (tensor<3x7xi1>) -> tensor<3xi1>
   return %0 : tensor<3xi1>
 }
+
+// -----
+
+// kf.rand: the state's two words are read once; each element's counter is the state's
+// offset + its linear index (linalg.index) + the op's offset, its sample the first word
+// of a 10-round Philox4x32 block (20 widening multiplies), top 24 bits times 2^-24.
+// CHECK-DAG: #[[ID:.*]] = affine_map<(d0, d1) -> (d0, d1)>
+// CHECK-LABEL: func.func @rand
+// CHECK: %[[SEED:.*]] = tensor.extract %arg0[%{{.*}}] : tensor<2xi64>
+// CHECK: %[[OFFSET:.*]] = tensor.extract %arg0[%{{.*}}] : tensor<2xi64>
+// CHECK: linalg.generic {indexing_maps = [#[[ID]]], iterator_types = ["parallel", "parallel"]} outs(%{{.*}} : tensor<3x5xf32>)
+// CHECK: %[[I:.*]] = linalg.index 0 : index
+// CHECK: %[[ROW:.*]] = arith.muli %[[I]], %{{.*}} : index
+// CHECK: %[[J:.*]] = linalg.index 1 : index
+// CHECK: %[[LIN:.*]] = arith.addi %[[ROW]], %[[J]] : index
+// CHECK: %[[L64:.*]] = arith.index_cast %[[LIN]] : index to i64
+// CHECK: %[[C:.*]] = arith.addi %[[L64]], %[[OFFSET]] : i64
+// CHECK: %[[SEVEN:.*]] = arith.constant 7 : i64
+// CHECK: arith.addi %[[C]], %[[SEVEN]] : i64
+// CHECK: arith.trunci %[[SEED]] : i64 to i32
+// CHECK-COUNT-20: arith.mului_extended
+// CHECK: %[[BITS:.*]] = arith.shrui %{{.*}}, %{{.*}} : i32
+// CHECK: %[[F:.*]] = arith.sitofp %[[BITS]] : i32 to f32
+// CHECK: %[[U:.*]] = arith.mulf %[[F]], %{{.*}} : f32
+// CHECK: linalg.yield %[[U]] : f32
+// CHECK-NOT: kf.
+func.func @rand(%state: tensor<2xi64>) -> tensor<3x5xf32> {
+  %0 = "kf.rand"(%state) {distribution = "uniform", offset = 7 : i64} : (tensor<2xi64>) -> tensor<3x5xf32>
+  return %0 : tensor<3x5xf32>
+}
+
+// -----
+
+// A normal sample: Box-Muller on the block's first two words.
+// CHECK-LABEL: func.func @randn
+// CHECK: linalg.generic
+// CHECK: math.log
+// CHECK: math.sqrt
+// CHECK: math.cos
+// CHECK: linalg.yield
+func.func @randn(%state: tensor<2xi64>) -> tensor<f32> {
+  %0 = "kf.rand"(%state) {distribution = "normal", offset = 0 : i64} : (tensor<2xi64>) -> tensor<f32>
+  return %0 : tensor<f32>
+}

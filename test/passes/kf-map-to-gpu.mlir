@@ -98,3 +98,64 @@ module attributes {gpu.container_module} {
     return %0 : tensor<1000xi1>
   }
 }
+
+// -----
+
+// Dropout in one elementwise kernel: kf.rand is computed per lane from the element's
+// linear index, the state's two words loaded once a thread (they do not narrow the
+// vector: 4 f32 lanes), each lane one Philox block (20 widening multiplies); x is read
+// and the result written as vectors.
+// CHECK-LABEL: gpu.func @dropout
+// CHECK-SAME: (%[[S:.*]]: memref<2xi64>, %[[X:.*]]: memref<4x8xf32>, %[[Y:.*]]: memref<4x8xf32>) kernel
+// CHECK-SAME: kf.strategy = "elementwise"
+// CHECK: %[[E:.*]] = arith.muli %{{.*}}, %c4 : index
+// CHECK: %[[COL:.*]] = arith.remui %[[E]], %c8
+// CHECK: %[[ROW:.*]] = arith.divui %[[E]], %c8
+// CHECK: vector.load %[[X]][%[[ROW]], %[[COL]]] {alignment = 16 : i64} : memref<4x8xf32>, vector<4xf32>
+// CHECK: %[[SEED:.*]] = memref.load %[[S]][%c0] : memref<2xi64>
+// CHECK: %[[OFF:.*]] = memref.load %[[S]][%c1] : memref<2xi64>
+// CHECK: %[[LIN:.*]] = arith.index_cast %{{.*}} : index to i64
+// CHECK: %[[C:.*]] = arith.addi %[[LIN]], %[[OFF]] : i64
+// CHECK: arith.addi %[[C]], %c64_i64 : i64
+// CHECK-COUNT-80: arith.mului_extended
+// CHECK-NOT: memref.load %[[S]]
+// CHECK: %[[R:.*]] = vector.from_elements
+// CHECK: vector.store %[[R]], %[[Y]][%[[ROW]], %[[COL]]] {alignment = 16 : i64} : memref<4x8xf32>, vector<4xf32>
+// SPIRV-LABEL: gpu.func @dropout
+// SPIRV-SAME: kf.strategy = "elementwise"
+// SPIRV: arith.mului_extended
+func.func private @dropout(%state: tensor<2xi64>, %x: tensor<4x8xf32>) -> tensor<4x8xf32> attributes {kf.kernel = "elementwise", kf.fused_lines = ["model.py:7"]} {
+  %u = "kf.rand"(%state) {distribution = "uniform", offset = 64 : i64} : (tensor<2xi64>) -> tensor<4x8xf32>
+  %p = "kf.fill"() {value = 0.25 : f64} : () -> tensor<f32>
+  %keep = "kf.cmp"(%u, %p) {predicate = "gt"} : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xi1>
+  %s = "kf.fill"() {value = 1.3333333333333333 : f64} : () -> tensor<f32>
+  %z = "kf.fill"() {value = 0.0 : f64} : () -> tensor<f32>
+  %scale = "kf.select"(%keep, %s, %z) : (tensor<4x8xi1>, tensor<f32>, tensor<f32>) -> tensor<4x8xf32>
+  %y = "kf.mul"(%x, %scale) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %y : tensor<4x8xf32>
+}
+func.func @dropout_main(%x: tensor<4x8xf32>, %state: tensor<2xi64>) -> tensor<4x8xf32> {
+  %0 = call @dropout(%state, %x) : (tensor<2xi64>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// A normal sample in a generic kernel (a reshape of it): Box-Muller's log, sqrt and cos
+// lower on both back ends.
+// CHECK-LABEL: gpu.func @noise
+// CHECK-SAME: kf.strategy = "generic"
+// CHECK: math.log
+// CHECK: math.cos
+// SPIRV-LABEL: gpu.func @noise
+// SPIRV: math.cos
+func.func private @noise(%state: tensor<2xi64>) -> tensor<15xbf16> attributes {kf.kernel = "generic"} {
+  %n = "kf.rand"(%state) {distribution = "normal", offset = 0 : i64} : (tensor<2xi64>) -> tensor<3x5xf32>
+  %r = "kf.reshape"(%n) : (tensor<3x5xf32>) -> tensor<15xf32>
+  %b = "kf.cast"(%r) : (tensor<15xf32>) -> tensor<15xbf16>
+  return %b : tensor<15xbf16>
+}
+func.func @noise_main(%state: tensor<2xi64>) -> tensor<15xbf16> {
+  %0 = call @noise(%state) : (tensor<2xi64>) -> tensor<15xbf16>
+  return %0 : tensor<15xbf16>
+}
