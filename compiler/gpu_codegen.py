@@ -153,6 +153,8 @@ def _with(k: KernelABI, **changes) -> KernelABI:
 def lower_cuda(module: ir.Module, abi: ProgramABI, arch: str, log) -> tuple[ProgramABI, dict[str, bytes]]:
     from kf.passes.to_cuda import assemble, compile_to_ptx, ptxas_path
 
+    if not abi.kernels:  # the function launches nothing (it returns an input, or views of one)
+        return abi, {}
     ptx = compile_to_ptx(module, chip=arch)[GPU_MODULE]
     log.texts["ptx"] = ptx
     log.dump("ptx", ptx, "ptx")
@@ -179,6 +181,8 @@ def _spirv_text(binary: bytes) -> str:
 def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool) -> tuple[ProgramABI, dict[str, bytes]]:
     from kf.passes.to_spirv import compile_spirv
 
+    if not abi.kernels:  # the function launches nothing (it returns an input, or views of one)
+        return abi, {}
     binaries = compile_spirv(module)
     binary = next(b for b in binaries if b.name == GPU_MODULE)
     text = _spirv_text(binary.binary)

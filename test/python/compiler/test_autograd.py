@@ -224,3 +224,108 @@ def test_double_backward():
     (gr,) = torch.autograd.grad(elementwise.fn(xr, x.detach()).sum(), xr, create_graph=True)
     (ggr,) = torch.autograd.grad(gr.sum(), xr)
     torch.testing.assert_close(gg, ggr)
+
+
+# ----------------------------------------------------------------------------- random numbers
+
+
+_TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                      reason="no Vulkan device"))]
+
+
+@kf.jit(target="cpu")
+def dropout_cpu(x, p):
+    return torch.nn.functional.dropout(x, p, training=True)
+
+
+@kf.jit(target="vulkan")
+def dropout_vulkan(x, p):
+    return torch.nn.functional.dropout(x, p, training=True)
+
+
+@pytest.mark.parametrize("target", _TARGETS)
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("shape", [(1,), (257,), (7, 33)])
+def test_dropout_backward_uses_the_forward_mask(target, p, shape):
+    f = dropout_cpu if target == "cpu" else dropout_vulkan
+    x = (torch.rand(shape) + 0.5).requires_grad_()  # no zeros: a 0 output is a dropped element
+    y = f(x, p)
+    g = torch.randn(shape)
+    (gx,) = torch.autograd.grad(y, x, g)
+    kept = y.detach() != 0
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+    assert torch.equal(gx, torch.where(kept, g * scale, 0.0))
+
+
+@kf.jit(target="cpu")
+def dropout_tanh(x):
+    return torch.tanh(torch.nn.functional.dropout(x, 0.3, training=True)) * x
+
+
+def test_dropout_backward_recomputes_the_forward_values():
+    # the backward needs the dropped-out values themselves (tanh's derivative): it
+    # recomputes them from the forward's state, so they are the forward's
+    x = torch.randn(4, 257, requires_grad=True)
+    out = dropout_tanh(x)
+    (gx,) = torch.autograd.grad(out.sum(), x)
+    xd = x.detach()
+    t = out.detach() / xd  # tanh(y), y the forward's dropped-out x
+    kept = t != 0
+    y = torch.where(kept, xd * torch.tensor(1 / 0.7), 0.0)
+    want = t + xd * (1 - t * t) * torch.where(kept, torch.tensor(1 / 0.7), 0.0)
+    torch.testing.assert_close(gx, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tanh(y), t, rtol=1e-6, atol=1e-6)
+
+
+@kf.jit(target="cpu")
+def noisy(x):
+    return x * torch.rand_like(x) + torch.randn_like(x)
+
+
+def test_random_factors_are_replayed():
+    x = (torch.rand(1000) + 1).requires_grad_()
+    torch.manual_seed(3)
+    out = noisy(x)
+    (gx,) = torch.autograd.grad(out.sum(), x)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        again = noisy(x)
+    assert torch.equal(out.detach(), again)  # the op path draws as a plain call does
+    from kf import random_state
+
+    torch.manual_seed(3)
+    u = random_state.samples(random_state.draw("cpu"), 0, x.shape)
+    assert torch.equal(gx, u)
+
+
+def test_dropout_double_backward():
+    x = torch.randn(64, requires_grad=True)
+    y = dropout_cpu(x, 0.25)
+    (g,) = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    keep = (y.detach() != 0).float()
+    torch.testing.assert_close(gg, 6 * x.detach() * keep / 0.75 ** 3, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_trains_under_torch_compile():
+    def step(x):
+        return (dropout_cpu(x, 0.4) * 2.0).square().sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    x = torch.rand(257, requires_grad=True) + 0.5
+    torch.manual_seed(0)
+    (gx,) = torch.autograd.grad(compiled(x), x)
+    kept = gx != 0
+    assert 0 < int(kept.sum()) < 257
+    torch.testing.assert_close(gx[kept], 8 * x.detach()[kept] / 0.6 ** 2, rtol=1e-5, atol=1e-6)
+
+
+def test_backward_of_a_random_op_kf_cannot_replay():
+    @kf.jit(target="cpu")
+    def channels(x):
+        return torch.nn.functional.dropout2d(x, 0.5, True)
+
+    x = torch.randn(2, 3, 4, 4, requires_grad=True)
+    with pytest.raises(kf.UnsupportedOpError, match="cannot recompute") as err:
+        autograd.backward_of(channels, x)
+    assert err.value.loc is not None and err.value.loc.file == __file__

@@ -1,0 +1,216 @@
+"""Random numbers in kf functions (kf/compiler/random_state.py): dropout, rand, randn and
+bernoulli draw a fresh Philox state from torch's generator at each call, so
+torch.manual_seed reproduces a call, two calls differ, and every target and the
+interpreter compute the same numbers from one state."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kf
+from kf import random_state
+from kf.dialects import philox
+from kf.runtime import vulkan
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(
+    not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)"))]
+
+
+def dropout(x, p):
+    return F.dropout(x, p, training=True)
+
+
+def _drop(target):
+    return kf.jit(dropout, target=target)
+
+
+def _mask(seed: int, shape, p: float) -> torch.Tensor:
+    """The keep mask a call after torch.manual_seed(seed) computes: the reference."""
+    torch.manual_seed(seed)
+    state = random_state.draw("cpu")
+    return random_state.samples(state, 0, shape) > p
+
+
+def _within(count: int, n: int, q: float, sigmas: float = 6.0) -> bool:
+    """count is a plausible Binomial(n, q) draw."""
+    return abs(count - n * q) <= sigmas * math.sqrt(n * q * (1 - q))
+
+
+def test_dropout_is_not_the_identity():
+    y = kf.jit(lambda x: F.dropout(x, 0.5, training=True), target="cpu")(torch.ones(1000))
+    assert set(y.unique().tolist()) == {0.0, 2.0}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_rate_and_scale(target, p, dtype):
+    n = 1 << 18
+    x = (torch.rand(n) + 0.5).to(dtype)  # no zeros: an output of 0 is a dropped element
+    y = _drop(target)(x, p)
+    assert y.dtype == dtype and y.shape == x.shape
+    kept = y != 0
+    assert _within(int(kept.sum()), n, 1 - p), (int(kept.sum()), n * (1 - p))
+    # kept: x / (1 - p) computed in f32 and rounded once, as torch's native_dropout does
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+    assert torch.equal(y[kept], (x[kept].float() * scale).to(dtype))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_manual_seed_reproduces_and_calls_differ(target):
+    f = _drop(target)
+    x = torch.randn(4096)
+    torch.manual_seed(1234)
+    first, second = f(x, 0.5), f(x, 0.5)
+    torch.manual_seed(1234)
+    again = f(x, 0.5)
+    assert torch.equal(first, again)
+    assert not torch.equal(first != 0, second != 0)
+    torch.manual_seed(1235)
+    assert not torch.equal(f(x, 0.5) != 0, first != 0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(1,), (257,), (3, 5, 7)])
+def test_targets_and_interpreter_draw_the_reference(target, shape):
+    # every target and the interpreter compute kf.rand's definition from one state
+    x = torch.randn(shape)
+    want = _mask(7, shape, 0.3)
+    torch.manual_seed(7)
+    got = _drop(target)(x, 0.3)
+    torch.manual_seed(7)
+    interpreted = kf.jit(dropout, target=target, interpret=True)(x, 0.3)
+    assert torch.equal(got != 0, want) and torch.equal(interpreted, got)
+    assert torch.equal(got[want], (x[want] * torch.tensor(1 / 0.7, dtype=torch.float32)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_non_contiguous_and_empty_inputs(target):
+    f = _drop(target)
+    x = torch.randn(40, 30).t()  # the mask follows the logical (row-major) order
+    torch.manual_seed(3)
+    y = f(x, 0.25)
+    assert torch.equal(y != 0, _mask(3, (30, 40), 0.25))
+    empty = f(torch.randn(0, 5), 0.25)
+    assert empty.shape == (0, 5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_dropout_without_randomness(target):
+    x = torch.randn(33)
+    f = _drop(target)
+    torch.manual_seed(0)
+    assert torch.equal(f(x, 0.0), x)
+    assert torch.equal(kf.jit(lambda x: F.dropout(x, 0.5, training=False), target=target)(x), x)
+    assert torch.equal(kf.jit(lambda x: torch.nn.Dropout(0.5).eval()(x), target=target)(x), x)
+    # nothing was drawn: the generator is where manual_seed left it
+    assert torch.equal(torch.rand(4), (torch.manual_seed(0), torch.rand(4))[1])
+    zeros = f(x, 1.0)
+    assert torch.equal(zeros, torch.zeros_like(x))
+    if target == "cpu":  # eager multiplies by zero (Vulkan drivers may fold inf * 0 to 0)
+        inf = f(torch.tensor([float("inf"), 1.0]), 1.0)
+        assert inf[0].isnan() and inf[1] == 0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_module_and_torch_dropout(target):
+    block = torch.nn.Sequential(torch.nn.Dropout(0.2))
+
+    def fn(x):
+        return block(x) + torch.dropout(x, 0.6, True)
+
+    x = torch.rand(2, 3000) + 1
+    torch.manual_seed(11)
+    y = kf.jit(fn, target=target)(x)
+    # two dropouts, on consecutive counters: offsets 0 and 6000
+    torch.manual_seed(11)
+    state = random_state.draw("cpu")
+    k1 = random_state.samples(state, 0, x.shape) > 0.2
+    k2 = random_state.samples(state, x.numel(), x.shape) > 0.6
+    want = x * torch.where(k1, torch.tensor(1 / 0.8), 0.0) + x * torch.where(k2, torch.tensor(1 / 0.4), 0.0)
+    torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rand_randn_bernoulli(target):
+    n = 1 << 16
+
+    def fn(x):
+        return torch.rand_like(x), torch.randn_like(x), torch.bernoulli(x), x.bernoulli(0.25), torch.rand(3, 5)
+
+    x = torch.full((n,), 0.7)
+    u, z, b, b25, r = kf.jit(fn, target=target)(x)
+    assert u.dtype == torch.float32 and r.shape == (3, 5)
+    assert (u >= 0).all() and (u < 1).all()
+    for k in range(10):  # each decile holds a tenth
+        assert _within(int(((u >= k / 10) & (u < (k + 1) / 10)).sum()), n, 0.1)
+    assert abs(z.mean().item()) < 6 / math.sqrt(n) and abs(z.std().item() - 1) < 6 / math.sqrt(2 * n)
+    assert _within(int((z.abs() < 1).sum()), n, math.erf(1 / math.sqrt(2)))
+    assert set(b.unique().tolist()) <= {0.0, 1.0} and _within(int(b.sum()), n, 0.7)
+    assert _within(int(b25.sum()), n, 0.25)
+    # five random ops, five counter ranges: no two draw the same numbers
+    assert not torch.equal(u[:15], r.flatten())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_low_precision_uniform_stays_below_one(target):
+    # rounding to bf16 takes samples above 1 - 2^-9 to 1.0; those become 0 (torch does so)
+    u = kf.jit(lambda x: torch.rand_like(x), target=target)(torch.empty(1 << 16, dtype=torch.bfloat16))
+    assert u.dtype == torch.bfloat16 and (u >= 0).all() and (u < 1).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("seed,offset", [(123, 0), (-7, (1 << 32) - 5), (2 ** 63 - 1, -3)])
+def test_compiled_blocks_match_the_definition(target, seed, offset):
+    # an explicit state (what a generated backward passes): counters that carry into the
+    # high word and wrap, a negative seed; uniform exactly, normal to f32 rounding
+    def fn(state):
+        return (torch.ops.kf.philox_rand(state, 5, [11], "uniform"),
+                torch.ops.kf.philox_rand(state, 16, [11], "normal"))
+
+    u, z = kf.jit(fn, target=target)(torch.tensor([seed, offset], dtype=torch.int64))
+    want_u = [philox.sample(philox.block(seed, offset + 5, i)) for i in range(11)]
+    want_z = [philox.sample(philox.block(seed, offset + 16, i), "normal") for i in range(11)]
+    assert torch.equal(u, torch.tensor(want_u, dtype=torch.float32))
+    torch.testing.assert_close(z.double(), torch.tensor(want_z, dtype=torch.float64), rtol=1e-5, atol=2e-6)
+
+
+def test_random_ops_kf_cannot_replay_are_errors():
+    # torch-mlir's random ops keep a seed of their own (torch.manual_seed would not
+    # reproduce them): kf refuses them at the user's line
+    with pytest.raises(kf.UnsupportedOpError, match="draws random numbers") as err:
+        kf.jit(lambda x: F.dropout2d(x, 0.5, True), target="cpu")(torch.randn(2, 3, 4, 4))
+    assert err.value.loc is not None and err.value.loc.file == __file__
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(kf.CompileError):  # a generator of its own: not kf's to draw from
+        kf.jit(lambda x: x + torch.rand(x.shape, generator=g), target="cpu")(torch.randn(3))
+
+
+def test_the_state_is_an_input_of_the_program():
+    info = kf.inspect(kf.jit(dropout, target="cpu"), torch.randn(8), 0.5)
+    assert '%arg1: tensor<2xi64> {kf.name = "kf.random_state"}' in info.kf_ir
+    assert 'kf.rand"(%arg1) {distribution = "uniform", offset = 0 : i64}' in info.kf_ir
+    # one program serves every call (the state is not baked in): a second call compiles nothing
+    f = kf.jit(dropout, target="cpu")
+    f(torch.randn(8), 0.5)
+    assert len(f._table) == 1
+    f(torch.randn(8), 0.5)
+    assert len(f._table) == 1
+
+
+def test_cuda_ptx_assembles():
+    from kf.passes import to_cuda
+
+    if to_cuda.ptxas_path() is None:
+        pytest.skip("ptxas not found (no CUDA toolkit here)")
+
+    def fn(x):
+        return F.dropout(x, 0.1, training=True) + torch.randn_like(x)
+
+    for dtype in (torch.float32, torch.bfloat16):
+        ptx = kf.inspect(kf.jit(fn, target="cuda"), torch.randn(4, 257, dtype=dtype)).ptx
+        assembled = to_cuda.assemble(ptx, "sm_90a")
+        for entry, report in assembled.kernels.items():
+            assert report["spill_store_bytes"] == 0 and report["stack_bytes"] == 0, (entry, report)
