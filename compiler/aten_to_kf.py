@@ -136,7 +136,7 @@ class Converter:
 
     def rand(self, shape, distribution: str = "uniform") -> ir.Value:
         """kf.rand of shape (f32 samples) from the function's random state, on the next
-        counters: each random op of a function takes its own range (dialects/philox.py)."""
+        counters: each random op of a function takes its own blocks (dialects/philox.py)."""
         if self.random_state is None:
             from kf.dialects import TensorSpec, mlir_type
 
@@ -144,8 +144,10 @@ class Converter:
 
             self.random_state = self.block.add_argument(mlir_type(TensorSpec(STATE_SHAPE, "i64")),
                                                         ir.Location.unknown())
+        from kf.dialects.philox import blocks
+
         value = kb.rand(self.random_state, tuple(shape), offset=self.random_offset, distribution=distribution)
-        self.random_offset += math.prod(shape)
+        self.random_offset += blocks(math.prod(shape), distribution)
         return value
 
     def compute_elem(self, *xs) -> str:

@@ -101,11 +101,13 @@ def _replay_table(box: dict) -> dict:
     forward's state ``box["state"]``, taking counters in order from ``box["offset"]``:
     op for op what kf's conversion of the forward computes (aten_to_kf.py, "random
     numbers"), and drawing exactly where it draws."""
+    from kf.dialects.philox import blocks
+
     aten = torch.ops.aten
 
     def draw(shape, distribution="uniform"):
         offset = box["offset"]
-        box["offset"] += math.prod(shape)
+        box["offset"] += blocks(math.prod(shape), distribution)
         return torch.ops.kf.philox_rand(box["state"], offset, [int(s) for s in shape], distribution)
 
     def native_dropout(x, p, train=None):

@@ -75,11 +75,14 @@ def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def samples(state: torch.Tensor, offset: int, shape: Sequence[int], distribution: str = "uniform") -> torch.Tensor:
     """``kf.rand``'s f32 samples, computed with torch on state's device (no synchronization)."""
+    if distribution not in philox.DISTRIBUTIONS:
+        raise ValueError(f"kf.rand has no distribution {distribution!r}")
     shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape)
     device = state.device
     state = state.to(torch.int64)
     seed, base = state[0], state[1]
-    index = torch.arange(math.prod(shape), dtype=torch.int64, device=device)
+    index = torch.arange(philox.blocks(numel, distribution), dtype=torch.int64, device=device)
     c = base + offset + index  # wraps modulo 2^64, as the kernels' 64-bit add does
     c0, c1 = c & _M32, (c >> 32) & _M32
     c2 = c3 = torch.zeros_like(c0)
@@ -90,14 +93,17 @@ def samples(state: torch.Tensor, offset: int, shape: Sequence[int], distribution
         hi0, lo0 = _mulhilo(philox.M0, c0)
         hi1, lo1 = _mulhilo(philox.M1, c2)
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    u = (c0 >> philox.SAMPLE_SHIFT).to(torch.float32) * philox.SAMPLE_SCALE
-    if distribution == "normal":
-        u1 = ((c0 >> philox.SAMPLE_SHIFT) + 1).to(torch.float32) * philox.SAMPLE_SCALE
-        u2 = (c1 >> philox.SAMPLE_SHIFT).to(torch.float32) * philox.SAMPLE_SCALE
-        u = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
-    elif distribution != "uniform":
-        raise ValueError(f"kf.rand has no distribution {distribution!r}")
-    return u.reshape(shape)
+
+    def unit(word, plus_one=False):
+        return ((word >> philox.SAMPLE_SHIFT) + int(plus_one)).to(torch.float32) * philox.SAMPLE_SCALE
+
+    if distribution == "uniform":
+        values = [unit(w) for w in (c0, c1, c2, c3)]
+    else:
+        values = [torch.sqrt(-2.0 * torch.log(unit(a, True))) * torch.cos((2.0 * math.pi) * unit(b))
+                  for a, b in ((c0, c1), (c2, c3))]
+    # element i is word i % n of block i // n
+    return torch.stack(values, dim=-1).flatten()[:numel].reshape(shape)
 
 
 # ----------------------------------------------------------------------------- the op

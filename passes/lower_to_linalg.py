@@ -19,8 +19,8 @@ cases; test/python/passes/test_lower_to_linalg_cpu.py runs every op against torc
 - topk: an ``scf.for`` over k that runs a masked arg-best reduction and marks the
   element it picked; gather/index_select: a generic that ``tensor.extract``s;
   index_add/scatter_add: ``scf.for`` loops over the index with extract/insert;
-- rand: a parallel generic computing each element's Philox block from its linear index
-  (``linalg.index``) and the state's two words (``passes/philox.py``).
+- rand: a parallel generic computing each element's sample from its Philox block, found
+  from its linear index (``linalg.index``) and the state's two words (``passes/philox.py``).
 
 Precision policy: f16, bf16 and fp8 elementwise math is computed in f32 and rounded
 once to the result type; reductions and matmul accumulate in f32 (f64 stays f64,
@@ -635,8 +635,8 @@ def _fill(op, args, attrs, out):
 
 
 def _rand(op, args, attrs, out):
-    """A parallel generic whose element at linear index i is the sample of Philox block
-    offset + i (passes/philox.py); the state's two words are read once, outside it."""
+    """A parallel generic whose element at linear index i is its sample of Philox block
+    offset + i // n (passes/philox.py); the state's two words are read once, outside it."""
     (state,) = args
     shape = out[0].shape
     rank = len(shape)
@@ -646,7 +646,7 @@ def _rand(op, args, attrs, out):
         lin = _loop_index(0) if shape else _index(0)
         for d in range(1, rank):
             lin = arith.addi(arith.muli(lin, _index(shape[d])), _loop_index(d))
-        return [philox.sample(seed, philox.counter(offset, int(attrs["offset"]), lin), attrs["distribution"])]
+        return [philox.sample(seed, offset, int(attrs["offset"]), lin, attrs["distribution"])]
 
     return generic([], [empty(shape, "f32")], [_identity(rank)], ["parallel"] * rank, body)
 

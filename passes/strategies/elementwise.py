@@ -9,11 +9,14 @@ words with one shift or mask each), operands broadcast along it are read
 once per thread and shared by the lanes, and each output is written with one
 ``vector.store``. The scalar arithmetic of each lane is the generic strategy's
 evaluator (scalar_math through kf's precision policy: f16/bf16 computed in f32, rounded
-once when stored), so the two strategies cannot disagree on a value.
+once when stored), so the two strategies cannot disagree on a value. A ``kf.rand`` of the
+output's shape is computed one Philox block per 4 lanes (2 for normal samples), which
+the lanes share, where the vector is whole blocks; elsewhere each element computes its
+own block, as in the generic strategy.
 
 The plan picks ``block`` = 256 threads (every target kf has allows that) and
 ``vector_width`` = 16 bytes / the widest element (of the outputs and the inputs that
-are not rank 0), when the output's innermost dimension
+are not rank 0 or random states), when the output's innermost dimension
 is a multiple of it (so a thread's elements never straddle two rows and every access is
 16-byte aligned); booleans (LLVM packs ``vector<Nxi1>`` into bits, torch stores bytes)
 and, on SPIR-V, bf16 (kf-to-spirv loads bf16 as scalars) keep it at 1; SPIR-V caps it
@@ -32,6 +35,10 @@ from collections.abc import Sequence
 
 from mlir import ir
 from mlir.dialects import arith, scf, vector
+
+from kf.dialects.attrs import op_attrs
+from kf.dialects.philox import PER_BLOCK
+from kf.passes import philox
 
 from . import emit as E
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
@@ -81,13 +88,42 @@ def vector_width(kernel: ir.Operation, shape: Sequence[int], target: TargetInfo)
 
 
 class _Lane(Evaluator):
-    """The evaluator of lane ``lane`` of a thread's ``vec`` elements; loads are shared by
-    the lanes through ``shared`` (vectors for operands along the innermost dimension,
-    scalars for the others)."""
+    """The evaluator of lane ``lane`` of a thread's ``vec`` elements, the thread's
+    ``item``-th group of the output (of ``shape``); loads are shared by the lanes through
+    ``shared`` (vectors for operands along the innermost dimension, scalars for the
+    others), and so are Philox blocks."""
 
-    def __init__(self, kb, inputs, lane: int, inner: Sequence[ir.Value], shared: dict):
+    def __init__(self, kb, inputs, lane: int, inner: Sequence[ir.Value], shared: dict,
+                 item: ir.Value | None = None, shape: Sequence[int] = ()):
         super().__init__(kb, inputs)
         self.lane, self.inner, self.shared = lane, inner, shared
+        self.item, self.shape = item, tuple(shape)
+
+    def compute(self, op: ir.Operation, idx: list, which: int) -> list[ir.Value]:
+        if op.name == "kf.rand":
+            value = self._shared_block_sample(op, idx)
+            if value is not None:
+                return [value]
+        return super().compute(op, idx, which)
+
+    def _shared_block_sample(self, op: ir.Operation, idx: list) -> ir.Value | None:
+        """This lane's sample of a Philox block the lanes share, or None: when the rand has
+        the output's shape (its element is the lane's own) and the vector is whole blocks
+        (the first lane's element, ``item * vec``, then starts one), lane k takes word
+        k % n of the thread's block k // n, made once."""
+        attrs = op_attrs(op)
+        n = PER_BLOCK[attrs["distribution"]]
+        vec = len(self.inner)
+        if self.item is None or vec % n or E.shape_of(op.results[0]) != self.shape or \
+                not idx or idx[-1] != self.inner[self.lane]:
+            return None
+        key = ("philox", op, self.lane // n)
+        if key not in self.shared:
+            state = op.operands[0]
+            seed, offset = self.value(state, [0]), self.value(state, [1])
+            b = self.kb.value(self.kb.add(self.kb.mul(self.item, vec // n), self.lane // n))
+            self.shared[key] = philox.block(seed, philox.counter(offset, int(attrs["offset"]), b))
+        return philox.from_words(self.shared[key], self.lane % n, attrs["distribution"])
 
     def load_input(self, arg: int, idx: tuple) -> ir.Value:
         mem = self.inputs[arg]
@@ -220,7 +256,7 @@ def _emit_vector(kb: E.IndexBuilder, kernel, inputs, outputs, item: ir.Value, sh
     inner = [inner0] + [kb.add(inner0, k) for k in range(1, vec)]
     inner = [kb.value(i) for i in inner]
     shared: dict = {}
-    lanes = [_Lane(kb, inputs, k, inner, shared) for k in range(vec)]
+    lanes = [_Lane(kb, inputs, k, inner, shared, item, shape) for k in range(vec)]
     for value, mem in zip(E.kernel_results(kernel), outputs):
         mt = ir.MemRefType(mem.type)
         elems = [E.to_storage(lane.value(value, [*outer, inner[k]]), mt.element_type) for k, lane in enumerate(lanes)]

@@ -22,8 +22,8 @@ op that made ``v`` computes it from its operands' values at remapped indices:
 - constant: a splat is one constant, other constants a chain of selects on the linear
   index (up to ``MAX_CONSTANT_ELEMENTS``: bigger ones should be kernel inputs); fill: a
   constant;
-- rand: the Philox block of the element's linear index (``passes/philox.py``), so a
-  value recomputed in another kernel or thread is the same value.
+- rand: the element's sample of the Philox block its linear index names
+  (``passes/philox.py``), so a value recomputed in another kernel or thread is the same.
 
 Values of one tensor at one index are computed once per region (a cache scoped to the
 ``scf.for``/``scf.if`` bodies they dominate), so a value used twice, like ``x`` in
@@ -451,11 +451,11 @@ def _scalar_const(ev: Evaluator, t: ir.Type, value) -> ir.Value:
 
 
 def _rand(ev: Evaluator, op, idx, attrs):
-    """The sample of the Philox block at the element's linear index (passes/philox.py)."""
+    """The element's sample of its Philox block, found from its linear index (passes/philox.py)."""
     state = op.operands[0]
     seed, offset = ev.value(state, [0]), ev.value(state, [1])
     lin = ev.kb.value(ev.kb.linearize(idx, E.shape_of(op.results[0])))
-    return [philox.sample(seed, philox.counter(offset, int(attrs["offset"]), lin), attrs["distribution"])]
+    return [philox.sample(seed, offset, int(attrs["offset"]), lin, attrs["distribution"])]
 
 
 def _fill(ev: Evaluator, op, idx, attrs):

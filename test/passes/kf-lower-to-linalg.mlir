@@ -189,9 +189,10 @@ func.func @bool_sum(%a: tensor<3x7xi1>) -> tensor<3xi1> {
 
 // -----
 
-// kf.rand: the state's two words are read once; each element's counter is the state's
-// offset + its linear index (linalg.index) + the op's offset, its sample the first word
-// of a 10-round Philox4x32 block (20 widening multiplies), top 24 bits times 2^-24.
+// kf.rand: the state's two words are read once; element i takes word i % 4 of the
+// Philox block at counter state offset + op offset + i / 4 (i the linear index, from
+// linalg.index): a 10-round Philox4x32 (20 widening multiplies), the word picked by
+// i % 4, its top 24 bits times 2^-24.
 // CHECK-DAG: #[[ID:.*]] = affine_map<(d0, d1) -> (d0, d1)>
 // CHECK-LABEL: func.func @rand
 // CHECK: %[[SEED:.*]] = tensor.extract %arg0[%{{.*}}] : tensor<2xi64>
@@ -201,12 +202,16 @@ func.func @bool_sum(%a: tensor<3x7xi1>) -> tensor<3xi1> {
 // CHECK: %[[ROW:.*]] = arith.muli %[[I]], %{{.*}} : index
 // CHECK: %[[J:.*]] = linalg.index 1 : index
 // CHECK: %[[LIN:.*]] = arith.addi %[[ROW]], %[[J]] : index
-// CHECK: %[[L64:.*]] = arith.index_cast %[[LIN]] : index to i64
-// CHECK: %[[C:.*]] = arith.addi %[[L64]], %[[OFFSET]] : i64
+// CHECK: %[[BLOCK:.*]] = arith.divui %[[LIN]], %{{.*}} : index
+// CHECK: %[[WORD:.*]] = arith.remui %[[LIN]], %{{.*}} : index
+// CHECK: %[[B64:.*]] = arith.index_cast %[[BLOCK]] : index to i64
+// CHECK: %[[C:.*]] = arith.addi %[[B64]], %[[OFFSET]] : i64
 // CHECK: %[[SEVEN:.*]] = arith.constant 7 : i64
 // CHECK: arith.addi %[[C]], %[[SEVEN]] : i64
 // CHECK: arith.trunci %[[SEED]] : i64 to i32
 // CHECK-COUNT-20: arith.mului_extended
+// CHECK: arith.cmpi eq, %[[WORD]]
+// CHECK: arith.select
 // CHECK: %[[BITS:.*]] = arith.shrui %{{.*}}, %{{.*}} : i32
 // CHECK: %[[F:.*]] = arith.sitofp %[[BITS]] : i32 to f32
 // CHECK: %[[U:.*]] = arith.mulf %[[F]], %{{.*}} : f32
@@ -219,7 +224,7 @@ func.func @rand(%state: tensor<2xi64>) -> tensor<3x5xf32> {
 
 // -----
 
-// A normal sample: Box-Muller on the block's first two words.
+// A normal sample: Box-Muller on a pair of the block's words.
 // CHECK-LABEL: func.func @randn
 // CHECK: linalg.generic
 // CHECK: math.log

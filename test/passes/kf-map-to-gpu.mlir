@@ -101,10 +101,10 @@ module attributes {gpu.container_module} {
 
 // -----
 
-// Dropout in one elementwise kernel: kf.rand is computed per lane from the element's
-// linear index, the state's two words loaded once a thread (they do not narrow the
-// vector: 4 f32 lanes), each lane one Philox block (20 widening multiplies); x is read
-// and the result written as vectors.
+// Dropout in one elementwise kernel: the state's two words are loaded once a thread
+// (they do not narrow the vector: 4 f32 lanes), and the thread's 4 elements are the 4
+// words of one Philox block (20 widening multiplies), the block at the thread's item
+// (item * 4 / 4) + the op's offset; x is read and the result written as vectors.
 // CHECK-LABEL: gpu.func @dropout
 // CHECK-SAME: (%[[S:.*]]: memref<2xi64>, %[[X:.*]]: memref<4x8xf32>, %[[Y:.*]]: memref<4x8xf32>) kernel
 // CHECK-SAME: kf.strategy = "elementwise"
@@ -114,10 +114,11 @@ module attributes {gpu.container_module} {
 // CHECK: vector.load %[[X]][%[[ROW]], %[[COL]]] {alignment = 16 : i64} : memref<4x8xf32>, vector<4xf32>
 // CHECK: %[[SEED:.*]] = memref.load %[[S]][%c0] : memref<2xi64>
 // CHECK: %[[OFF:.*]] = memref.load %[[S]][%c1] : memref<2xi64>
-// CHECK: %[[LIN:.*]] = arith.index_cast %{{.*}} : index to i64
-// CHECK: %[[C:.*]] = arith.addi %[[LIN]], %[[OFF]] : i64
+// CHECK: %[[B:.*]] = arith.index_cast %[[ITEM:.*]] : index to i64
+// CHECK: %[[C:.*]] = arith.addi %[[B]], %[[OFF]] : i64
 // CHECK: arith.addi %[[C]], %c64_i64 : i64
-// CHECK-COUNT-80: arith.mului_extended
+// CHECK-COUNT-20: arith.mului_extended
+// CHECK-NOT: arith.mului_extended
 // CHECK-NOT: memref.load %[[S]]
 // CHECK: %[[R:.*]] = vector.from_elements
 // CHECK: vector.store %[[R]], %[[Y]][%[[ROW]], %[[COL]]] {alignment = 16 : i64} : memref<4x8xf32>, vector<4xf32>

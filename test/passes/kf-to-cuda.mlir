@@ -163,6 +163,30 @@ module attributes {gpu.container_module} {
 
 // -----
 
+// A 32x32 -> 64-bit product (kf.rand's Philox rounds) stays in 32-bit registers:
+// mul.lo and mul.hi.u32, not a 64-bit multiply of widened operands.
+// PTX-LABEL: .visible .entry mulhi(
+// PTX: mul.hi.u32
+// PTX-NOT: mul.wide
+// PTX-NOT: mul.lo.s64
+// PTX: ret;
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @mulhi(%x: memref<256xi32>, %y: memref<256xi32>) kernel
+        attributes {known_block_size = array<i32: 256, 1, 1>} {
+      %tid = gpu.thread_id x
+      %v = memref.load %x[%tid] : memref<256xi32>
+      %m = arith.constant -766435501 : i32
+      %lo, %hi = arith.mului_extended %m, %v : i32
+      %r = arith.xori %lo, %hi : i32
+      memref.store %r, %y[%tid] : memref<256xi32>
+      gpu.return
+    }
+  }
+}
+
+// -----
+
 // Bare pointers carry no shape: a dynamically shaped argument is refused at its kernel.
 // PTX: kf-to-cuda failed
 // PTX: kernel argument 0 has type memref<?xf32>

@@ -124,11 +124,11 @@ def test_module_and_torch_dropout(target):
     x = torch.rand(2, 3000) + 1
     torch.manual_seed(11)
     y = kf.jit(fn, target=target)(x)
-    # two dropouts, on consecutive counters: offsets 0 and 6000
+    # two dropouts, on consecutive counters: blocks from 0 and from 6000 / 4
     torch.manual_seed(11)
     state = random_state.draw("cpu")
     k1 = random_state.samples(state, 0, x.shape) > 0.2
-    k2 = random_state.samples(state, x.numel(), x.shape) > 0.6
+    k2 = random_state.samples(state, x.numel() // 4, x.shape) > 0.6
     want = x * torch.where(k1, torch.tensor(1 / 0.8), 0.0) + x * torch.where(k2, torch.tensor(1 / 0.4), 0.0)
     torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
 
@@ -161,20 +161,23 @@ def test_low_precision_uniform_stays_below_one(target):
     assert u.dtype == torch.bfloat16 and (u >= 0).all() and (u < 1).all()
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("seed,offset", [(123, 0), (-7, (1 << 32) - 5), (2 ** 63 - 1, -3)])
-def test_compiled_blocks_match_the_definition(target, seed, offset):
-    # an explicit state (what a generated backward passes): counters that carry into the
-    # high word and wrap, a negative seed; uniform exactly, normal to f32 rounding
-    def fn(state):
-        return (torch.ops.kf.philox_rand(state, 5, [11], "uniform"),
-                torch.ops.kf.philox_rand(state, 16, [11], "normal"))
+def philox_pair(state, n: int, m: int):
+    return (torch.ops.kf.philox_rand(state, 5, [n, m], "uniform"),
+            torch.ops.kf.philox_rand(state, 16, [n, m], "normal"))
 
-    u, z = kf.jit(fn, target=target)(torch.tensor([seed, offset], dtype=torch.int64))
-    want_u = [philox.sample(philox.block(seed, offset + 5, i)) for i in range(11)]
-    want_z = [philox.sample(philox.block(seed, offset + 16, i), "normal") for i in range(11)]
-    assert torch.equal(u, torch.tensor(want_u, dtype=torch.float32))
-    torch.testing.assert_close(z.double(), torch.tensor(want_z, dtype=torch.float64), rtol=1e-5, atol=2e-6)
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("seed,offset", [(123, 0), (-7, (1 << 32) - 2), (2 ** 63 - 1, -3)])
+@pytest.mark.parametrize("n,m", [(1, 11), (6, 8)])
+def test_compiled_blocks_match_the_definition(target, seed, offset, n, m):
+    # an explicit state (what a generated backward passes): counters that carry into the
+    # high word and wrap, a negative seed; rows of 11 (a block per element) and of 8 (GPU
+    # lanes sharing blocks); uniform exactly, normal to f32 rounding
+    u, z = kf.jit(philox_pair, target=target)(torch.tensor([seed, offset], dtype=torch.int64), n, m)
+    want_u = [philox.sample(seed, offset + 5, i) for i in range(n * m)]
+    want_z = [philox.sample(seed, offset + 16, i, "normal") for i in range(n * m)]
+    assert torch.equal(u.flatten(), torch.tensor(want_u, dtype=torch.float32))
+    torch.testing.assert_close(z.flatten().double(), torch.tensor(want_z, dtype=torch.float64), rtol=1e-5, atol=2e-6)
 
 
 def test_random_ops_kf_cannot_replay_are_errors():

@@ -24,23 +24,30 @@ def test_known_answers(counter, key, want):
 
 
 def test_block_layout():
-    # the counter is offset + index in the low two words, the key the seed's two halves
-    seed, offset = -5, (1 << 32) - 2
+    # the counter is in the low two words, the key is the seed's two halves
+    seed, counter = -5, (1 << 32) + 1
     s = seed & ((1 << 64) - 1)
-    c = offset + 3
-    assert philox.block(seed, offset, 3) == philox.philox4x32((c & 0xFFFFFFFF, c >> 32, 0, 0),
-                                                               (s & 0xFFFFFFFF, s >> 32))
+    assert philox.block(seed, counter) == philox.philox4x32((1, 1, 0, 0), (s & 0xFFFFFFFF, s >> 32))
 
 
-@pytest.mark.parametrize("seed,offset", [(0, 0), (12345, 7), (-1, (1 << 32) - 5), (2 ** 63 - 1, 2 ** 63 - 3),
-                                         (-(2 ** 63), -4)])
+def test_elements_of_a_block():
+    # four uniform samples a block (its words in order), two normal ones (a pair each)
+    words = philox.block(9, 100 + 2)
+    assert [philox.sample(9, 100, 8 + k) for k in range(4)] == [philox.unit(w) for w in words]
+    u1, u2 = philox.unit(words[2], plus_one=True), philox.unit(words[3])
+    assert philox.sample(9, 100, 5, "normal") == math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+    assert philox.blocks(9, "uniform") == 3 and philox.blocks(9, "normal") == 5 and philox.blocks(0, "uniform") == 0
+
+
+@pytest.mark.parametrize("seed,offset", [(0, 0), (12345, 7), (-1, (1 << 32) - 3), (2 ** 63 - 1, 2 ** 63 - 2),
+                                         (-(2 ** 63), -2)])
 @pytest.mark.parametrize("distribution", ["uniform", "normal"])
 def test_torch_samples_follow_the_reference(seed, offset, distribution):
     # counters cross 2^32 (a carry into the second word) and wrap past 2^64
     state = torch.tensor([seed, offset], dtype=torch.int64)
     got = samples(state, 2, (3, 5), distribution)
     assert got.dtype == torch.float32 and got.shape == (3, 5)
-    want = [philox.sample(philox.block(seed, offset + 2, i), distribution) for i in range(15)]
+    want = [philox.sample(seed, offset + 2, i, distribution) for i in range(15)]
     want = torch.tensor(want, dtype=torch.float64).reshape(3, 5)
     if distribution == "uniform":
         assert torch.equal(got, want.float())  # 24-bit values times 2^-24: exact
@@ -51,6 +58,5 @@ def test_torch_samples_follow_the_reference(seed, offset, distribution):
 
 def test_uniform_grid():
     # the smallest and largest words map to 0 and 1 - 2^-24
-    assert philox.sample((0, 0, 0, 0)) == 0.0
-    assert philox.sample((0xFFFFFFFF, 0, 0, 0)) == 1 - 2 ** -24
-    assert math.isfinite(philox.sample((0xFFFFFFFF, 0xFFFFFFFF, 0, 0), "normal"))
+    assert philox.unit(0) == 0.0 and philox.unit(0xFFFFFFFF) == 1 - 2 ** -24
+    assert philox.unit(0xFFFFFFFF, plus_one=True) == 1.0  # Box-Muller's log argument: never 0
