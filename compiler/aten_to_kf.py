@@ -86,8 +86,10 @@ class Converter:
         if handler is None and _draws_random(node.target):
             # torch-mlir's random ops keep a seed of their own: torch.manual_seed would not
             # reproduce them, and a backward could not recompute their numbers
+            in_place = node.target._opname.endswith("_")
             raise Unsupported(f"{name} draws random numbers, which kf does not support for this op",
-                              cause="kf draws them for dropout, rand, rand_like, randn, randn_like and bernoulli")
+                              cause="use the op's out-of-place form (inplace=False)" if in_place else
+                              "kf draws them for dropout, rand, rand_like, randn, randn_like and bernoulli")
         if handler is None:
             from . import torch_mlir_import
 

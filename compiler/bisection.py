@@ -215,6 +215,10 @@ def bisect(fn: Callable, *args, passes: list[str] | None = None, rtol: float | N
         want = [t for t in _flatten(fn(*args, **kwargs))]
     rtol, atol = _tolerance(want, rtol, atol)
     cap = capture_signature(fn, sig, tensors)
+    if cap.random_input is not None:
+        raise CompileError(f"kf.bisect cannot check {cap.name}: it draws random numbers, and torch eager, which "
+                           f"bisection compares with, draws others", stage="bisect",
+                           cause="bisect the function without its random ops (dropout with training=False)")
     module = cap.module
     log = StageLog(cap.name)
     steps: list[Step] = []

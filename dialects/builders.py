@@ -119,6 +119,6 @@ def scalar(value: float, elem: str, *, loc: ir.Location | None = None) -> ir.Val
 
 def rand(state: ir.Value, shape: Sequence[int], *, offset: int, distribution: str = "uniform",
          loc: ir.Location | None = None) -> ir.Value:
-    """kf.rand: f32 samples of shape from the random state (tensor<2xi64>), counters from offset."""
+    """kf.rand: f32 samples of shape from the random state (tensor<2xi64>), Philox blocks from offset."""
     return build("rand", [state], {"offset": offset, "distribution": distribution},
                  [TensorSpec(tuple(shape), "f32")], loc).result

@@ -416,9 +416,11 @@ OPS: tuple[OpSpec, ...] = (
            category="value"),
     OpSpec("fill", "a tensor with every element equal to value", (), ("result",), {"value": "float"},
            infer=_fill, category="value"),
-    # random numbers: element i is a function of the state, offset and i alone (philox.py)
+    # random numbers: element i is a function of the state, offset and i alone (philox.py);
+    # offset counts Philox blocks
     OpSpec("rand", "uniform [0, 1) or standard normal f32 samples, Philox4x32-10 keyed by the state "
-           "[seed, offset], counter offset + state offset + linear index", ("state",), ("result",),
+           "[seed, offset]: element i is from the block at state offset + offset + i / 4 (i / 2: normal)",
+           ("state",), ("result",),
            {"offset": "int", "distribution": "str"}, infer=_rand, category="random"),
 )
 

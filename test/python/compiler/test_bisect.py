@@ -149,3 +149,14 @@ def test_compare_tolerances_and_nans():
     assert not ok and err == pytest.approx(1e-2, rel=1e-3)
     assert not compare([torch.tensor([1, 2])], [torch.tensor([1, 3])], 0, 0)[0]
     assert not compare([torch.zeros(2)], [torch.zeros(3)], 1, 1)[0]
+
+
+def test_a_function_that_draws_random_numbers_is_refused():
+    # eager draws other numbers than kf: no snapshot could be compared with it
+    def drop(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True)
+
+    with pytest.raises(kf.CompileError, match="draws random numbers"):
+        kf.bisect(drop, torch.randn(8), file=None)
+    assert kf.bisect(lambda x: torch.nn.functional.dropout(x, 0.5, training=False) * 2, torch.randn(8),
+                     file=None).first_bad is None

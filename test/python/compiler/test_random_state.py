@@ -186,6 +186,9 @@ def test_random_ops_kf_cannot_replay_are_errors():
     with pytest.raises(kf.UnsupportedOpError, match="draws random numbers") as err:
         kf.jit(lambda x: F.dropout2d(x, 0.5, True), target="cpu")(torch.randn(2, 3, 4, 4))
     assert err.value.loc is not None and err.value.loc.file == __file__
+    with pytest.raises(kf.UnsupportedOpError, match="dropout_") as err:
+        kf.jit(lambda x: F.dropout(x * 2, 0.5, True, inplace=True), target="cpu")(torch.randn(8))
+    assert "out-of-place" in err.value.cause
     g = torch.Generator().manual_seed(0)
     with pytest.raises(kf.CompileError):  # a generator of its own: not kf's to draw from
         kf.jit(lambda x: x + torch.rand(x.shape, generator=g), target="cpu")(torch.randn(3))
