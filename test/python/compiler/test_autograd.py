@@ -230,7 +230,8 @@ def test_double_backward():
 
 
 _TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
-                                                                      reason="no Vulkan device"))]
+                                                                      reason="no Vulkan device")),
+            pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
 
 
 @kf.jit(target="cpu")
@@ -243,17 +244,23 @@ def dropout_vulkan(x, p):
     return torch.nn.functional.dropout(x, p, training=True)
 
 
+@kf.jit(target="cuda")
+def dropout_cuda(x, p):
+    return torch.nn.functional.dropout(x, p, training=True)
+
+
 @pytest.mark.parametrize("target", _TARGETS)
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-@pytest.mark.parametrize("shape", [(1,), (257,), (7, 33)])
+@pytest.mark.parametrize("shape", [(1,), (257,), (7, 33), (8, 64)])
 def test_dropout_backward_uses_the_forward_mask(target, p, shape):
-    f = dropout_cpu if target == "cpu" else dropout_vulkan
-    x = (torch.rand(shape) + 0.5).requires_grad_()  # no zeros: a 0 output is a dropped element
+    f = {"cpu": dropout_cpu, "vulkan": dropout_vulkan, "cuda": dropout_cuda}[target]
+    dev = "cuda" if target == "cuda" else "cpu"
+    x = (torch.rand(shape, device=dev) + 0.5).requires_grad_()  # no zeros: a 0 output is a dropped element
     y = f(x, p)
-    g = torch.randn(shape)
+    g = torch.randn(shape, device=dev)
     (gx,) = torch.autograd.grad(y, x, g)
     kept = y.detach() != 0
-    scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device=dev)
     assert torch.equal(gx, torch.where(kept, g * scale, 0.0))
 
 

@@ -1,7 +1,8 @@
 """Random numbers in kf functions (kf/compiler/random_state.py): dropout, rand, randn and
 bernoulli draw a fresh Philox state from torch's generator at each call, so
 torch.manual_seed reproduces a call, two calls differ, and every target and the
-interpreter compute the same numbers from one state."""
+interpreter compute the same numbers from one state. The CUDA cases run where a GPU
+is (the H200); here the PTX is assembled with ptxas."""
 
 import math
 
@@ -14,8 +15,15 @@ from kf import random_state
 from kf.dialects import philox
 from kf.runtime import vulkan
 
-TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(
-    not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)"))]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+TARGETS = ["cpu",
+           pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                           reason="no Vulkan device (install mesa-vulkan-drivers)")),
+           pytest.param("cuda", marks=needs_cuda)]
+
+
+def _device(target: str) -> str:
+    return "cuda" if target == "cuda" else "cpu"
 
 
 def dropout(x, p):
@@ -26,10 +34,10 @@ def _drop(target):
     return kf.jit(dropout, target=target)
 
 
-def _mask(seed: int, shape, p: float) -> torch.Tensor:
+def _mask(seed: int, shape, p: float, device: str = "cpu") -> torch.Tensor:
     """The keep mask a call after torch.manual_seed(seed) computes: the reference."""
     torch.manual_seed(seed)
-    state = random_state.draw("cpu")
+    state = random_state.draw(device)
     return random_state.samples(state, 0, shape) > p
 
 
@@ -48,20 +56,20 @@ def test_dropout_is_not_the_identity():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_rate_and_scale(target, p, dtype):
     n = 1 << 18
-    x = (torch.rand(n) + 0.5).to(dtype)  # no zeros: an output of 0 is a dropped element
+    x = (torch.rand(n) + 0.5).to(dtype).to(_device(target))  # no zeros: a 0 output is a dropped element
     y = _drop(target)(x, p)
     assert y.dtype == dtype and y.shape == x.shape
     kept = y != 0
     assert _within(int(kept.sum()), n, 1 - p), (int(kept.sum()), n * (1 - p))
     # kept: x / (1 - p) computed in f32 and rounded once, as torch's native_dropout does
-    scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32, device=x.device)
     assert torch.equal(y[kept], (x[kept].float() * scale).to(dtype))
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_manual_seed_reproduces_and_calls_differ(target):
     f = _drop(target)
-    x = torch.randn(4096)
+    x = torch.randn(4096, device=_device(target))
     torch.manual_seed(1234)
     first, second = f(x, 0.5), f(x, 0.5)
     torch.manual_seed(1234)
@@ -73,40 +81,44 @@ def test_manual_seed_reproduces_and_calls_differ(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("shape", [(1,), (257,), (3, 5, 7)])
+@pytest.mark.parametrize("shape", [(1,), (257,), (3, 5, 7), (4, 64)])
 def test_targets_and_interpreter_draw_the_reference(target, shape):
-    # every target and the interpreter compute kf.rand's definition from one state
-    x = torch.randn(shape)
-    want = _mask(7, shape, 0.3)
+    # every target and the interpreter compute kf.rand's definition from one state (rows
+    # of 64: GPU lanes that share Philox blocks; the others: a block per element)
+    dev = _device(target)
+    x = torch.randn(shape, device=dev)
+    want = _mask(7, shape, 0.3, dev)
     torch.manual_seed(7)
     got = _drop(target)(x, 0.3)
     torch.manual_seed(7)
     interpreted = kf.jit(dropout, target=target, interpret=True)(x, 0.3)
     assert torch.equal(got != 0, want) and torch.equal(interpreted, got)
-    assert torch.equal(got[want], (x[want] * torch.tensor(1 / 0.7, dtype=torch.float32)))
+    assert torch.equal(got[want], (x[want] * torch.tensor(1 / 0.7, dtype=torch.float32, device=dev)))
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_non_contiguous_and_empty_inputs(target):
+    dev = _device(target)
     f = _drop(target)
-    x = torch.randn(40, 30).t()  # the mask follows the logical (row-major) order
+    x = torch.randn(40, 32, device=dev).t()  # the mask follows the logical (row-major) order
     torch.manual_seed(3)
     y = f(x, 0.25)
-    assert torch.equal(y != 0, _mask(3, (30, 40), 0.25))
-    empty = f(torch.randn(0, 5), 0.25)
+    assert torch.equal(y != 0, _mask(3, (32, 40), 0.25, dev))
+    empty = f(torch.randn(0, 5, device=dev), 0.25)
     assert empty.shape == (0, 5)
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_dropout_without_randomness(target):
-    x = torch.randn(33)
+    dev = _device(target)
+    x = torch.randn(33, device=dev)
     f = _drop(target)
     torch.manual_seed(0)
     assert torch.equal(f(x, 0.0), x)
     assert torch.equal(kf.jit(lambda x: F.dropout(x, 0.5, training=False), target=target)(x), x)
     assert torch.equal(kf.jit(lambda x: torch.nn.Dropout(0.5).eval()(x), target=target)(x), x)
     # nothing was drawn: the generator is where manual_seed left it
-    assert torch.equal(torch.rand(4), (torch.manual_seed(0), torch.rand(4))[1])
+    assert torch.equal(torch.rand(4, device=dev), (torch.manual_seed(0), torch.rand(4, device=dev))[1])
     zeros = f(x, 1.0)
     assert torch.equal(zeros, torch.zeros_like(x))
     if target == "cpu":  # eager multiplies by zero (Vulkan drivers may fold inf * 0 to 0)
@@ -116,20 +128,22 @@ def test_dropout_without_randomness(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_module_and_torch_dropout(target):
+    dev = _device(target)
     block = torch.nn.Sequential(torch.nn.Dropout(0.2))
 
     def fn(x):
         return block(x) + torch.dropout(x, 0.6, True)
 
-    x = torch.rand(2, 3000) + 1
+    x = torch.rand(2, 3000, device=dev) + 1
     torch.manual_seed(11)
     y = kf.jit(fn, target=target)(x)
     # two dropouts, on consecutive counters: blocks from 0 and from 6000 / 4
     torch.manual_seed(11)
-    state = random_state.draw("cpu")
+    state = random_state.draw(dev)
     k1 = random_state.samples(state, 0, x.shape) > 0.2
     k2 = random_state.samples(state, x.numel() // 4, x.shape) > 0.6
-    want = x * torch.where(k1, torch.tensor(1 / 0.8), 0.0) + x * torch.where(k2, torch.tensor(1 / 0.4), 0.0)
+    one = torch.tensor(1.0, device=dev)
+    want = x * torch.where(k1, one / 0.8, 0.0) + x * torch.where(k2, one / 0.4, 0.0)
     torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
 
 
@@ -138,9 +152,10 @@ def test_rand_randn_bernoulli(target):
     n = 1 << 16
 
     def fn(x):
-        return torch.rand_like(x), torch.randn_like(x), torch.bernoulli(x), x.bernoulli(0.25), torch.rand(3, 5)
+        return (torch.rand_like(x), torch.randn_like(x), torch.bernoulli(x), x.bernoulli(0.25),
+                torch.rand(3, 5, device=x.device))
 
-    x = torch.full((n,), 0.7)
+    x = torch.full((n,), 0.7, device=_device(target))
     u, z, b, b25, r = kf.jit(fn, target=target)(x)
     assert u.dtype == torch.float32 and r.shape == (3, 5)
     assert (u >= 0).all() and (u < 1).all()
@@ -157,7 +172,8 @@ def test_rand_randn_bernoulli(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_low_precision_uniform_stays_below_one(target):
     # rounding to bf16 takes samples above 1 - 2^-9 to 1.0; those become 0 (torch does so)
-    u = kf.jit(lambda x: torch.rand_like(x), target=target)(torch.empty(1 << 16, dtype=torch.bfloat16))
+    x = torch.empty(1 << 16, dtype=torch.bfloat16, device=_device(target))
+    u = kf.jit(lambda x: torch.rand_like(x), target=target)(x)
     assert u.dtype == torch.bfloat16 and (u >= 0).all() and (u < 1).all()
 
 
@@ -173,11 +189,30 @@ def test_compiled_blocks_match_the_definition(target, seed, offset, n, m):
     # an explicit state (what a generated backward passes): counters that carry into the
     # high word and wrap, a negative seed; rows of 11 (a block per element) and of 8 (GPU
     # lanes sharing blocks); uniform exactly, normal to f32 rounding
-    u, z = kf.jit(philox_pair, target=target)(torch.tensor([seed, offset], dtype=torch.int64), n, m)
+    state = torch.tensor([seed, offset], dtype=torch.int64, device=_device(target))
+    u, z = kf.jit(philox_pair, target=target)(state, n, m)
     want_u = [philox.sample(seed, offset + 5, i) for i in range(n * m)]
     want_z = [philox.sample(seed, offset + 16, i, "normal") for i in range(n * m)]
-    assert torch.equal(u.flatten(), torch.tensor(want_u, dtype=torch.float32))
-    torch.testing.assert_close(z.flatten().double(), torch.tensor(want_z, dtype=torch.float64), rtol=1e-5, atol=2e-6)
+    assert torch.equal(u.flatten().cpu(), torch.tensor(want_u, dtype=torch.float32))
+    torch.testing.assert_close(z.flatten().double().cpu(), torch.tensor(want_z, dtype=torch.float64),
+                               rtol=1e-5, atol=2e-6)
+
+
+@needs_cuda
+def test_cuda_graph_replays_draw_fresh_masks():
+    # the state is drawn by a torch kernel, which a CUDA graph replays with the
+    # generator's advancing offset: each replay drops other elements
+    f = _drop("cuda")
+    x = torch.randn(1 << 16, device="cuda")
+    f(x, 0.5)  # compile and warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = f(x, 0.5)
+    graph.replay()
+    first = (y != 0).clone()
+    graph.replay()
+    assert not torch.equal(first, y != 0)
+    assert _within(int(first.sum()), x.numel(), 0.5)
 
 
 def test_random_ops_kf_cannot_replay_are_errors():
@@ -220,3 +255,5 @@ def test_cuda_ptx_assembles():
         assembled = to_cuda.assemble(ptx, "sm_90a")
         for entry, report in assembled.kernels.items():
             assert report["spill_store_bytes"] == 0 and report["stack_bytes"] == 0, (entry, report)
+        # the Philox products stay 32-bit: no 64-bit multiply of widened words
+        assert "mul.hi.u32" in ptx and "mul.lo.s64" not in ptx
