@@ -205,7 +205,20 @@ def target_arch(options: Options) -> str:
     """The architecture a target compiles for: sm_XX of the current CUDA device, and
     sm_90a on Hopper (as Triton does: its arch-specific instructions, wgmma among them,
     run only on sm_90 itself; kf's cubins are built per device anyway). Without a GPU,
-    sm_90a, the H200 kf is measured on."""
+    sm_90a, the H200 kf is measured on. For Vulkan and Metal, the device's limits that
+    the strategies tile for (``kf.runtime.abi.DeviceLimits.spec()``): ``arch`` when
+    given, else the Vulkan device's own; "" (the limits' defaults) for Metal and where
+    there is no Vulkan device."""
+    if options.target in ("vulkan", "metal"):
+        if options.arch:
+            from kf.runtime.abi import DeviceLimits
+
+            return DeviceLimits.parse(options.arch).spec()
+        if options.target == "metal":
+            return ""
+        from kf.runtime import vulkan
+
+        return vulkan.device().target_limits().spec() if vulkan.is_available() else ""
     if options.target != "cuda":
         return ""
     if options.arch:
@@ -233,7 +246,8 @@ def target_multiprocessors(target: str) -> int:
 
 def device_key(options: Options) -> str:
     """What the compiled code depends on of the device, for the cache key: the
-    architecture and the multiprocessors (persistent kernels' grids)."""
+    architecture (Vulkan and Metal: the device's limits) and the multiprocessors
+    (persistent kernels' grids)."""
     return f"{target_arch(options)} {target_multiprocessors(options.target)}"
 
 
@@ -422,6 +436,8 @@ def gpu_passes(target: str, arch: str) -> list[str]:
     chip = f" chip={arch}" if target == "cuda" and arch else ""
     if target == "cuda":
         chip += f" multiprocessors={target_multiprocessors(target)}"
+    elif arch:
+        chip = f" limits={arch}"  # the Vulkan device's limits (target_arch)
     out = []
     for p in GPU_PASSES:
         name = p.split("{")[0]
@@ -513,7 +529,7 @@ def _lower_target(cap, log, abi, target: str, arch: str):
     else:
         stage = "kf-to-spirv" + (" + kf-to-metal (SPIRV-Cross)" if target == "metal" else " (spirv-val)")
         text = "kf-to-spirv" + (", kf-to-metal" if target == "metal" else "")
-        run = lambda: gpu_codegen.lower_spirv(cap.module, abi, log, metal=target == "metal")  # noqa: E731
+        run = lambda: gpu_codegen.lower_spirv(cap.module, abi, log, metal=target == "metal", limits=arch)  # noqa: E731
     before = cap.module.operation.get_asm(enable_debug_info=True)
     start = time.perf_counter()
     try:

@@ -178,12 +178,21 @@ def _spirv_text(binary: bytes) -> str:
         return subprocess.run([dis, f.name], capture_output=True, text=True).stdout
 
 
-def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool) -> tuple[ProgramABI, dict[str, bytes]]:
+def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool,
+                limits: str = "") -> tuple[ProgramABI, dict[str, bytes]]:
+    """SPIR-V (and MSL when metal) for the device of ``limits`` (DeviceLimits.spec(); "":
+    kf-to-spirv's defaults): its subgroup size is what the subgroup ops are lowered for."""
     from kf.passes.to_spirv import compile_spirv
 
     if not abi.kernels:  # the function launches nothing (it returns an input, or views of one)
         return abi, {}
-    binaries = compile_spirv(module)
+    options = {}
+    if limits:
+        from kf.runtime.abi import DeviceLimits
+
+        dev = DeviceLimits.parse(limits)
+        options = {"shared_memory_bytes": dev.shared_bytes, "subgroup_size": dev.subgroup_size or 32}
+    binaries = compile_spirv(module, **options)
     binary = next(b for b in binaries if b.name == GPU_MODULE)
     text = _spirv_text(binary.binary)
     log.texts["spirv"] = text

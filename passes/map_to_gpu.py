@@ -64,10 +64,15 @@ class MapToGpuPass(KfPass):
     chip: str = "sm_90"
     #: the device's multiprocessors (CUDA; persistent kernels start one workgroup on each)
     multiprocessors: int = DEFAULT_MULTIPROCESSORS
+    #: the device's limits (SPIR-V: ``kf.runtime.abi.DeviceLimits.spec()``; "": its defaults)
+    limits: str = ""
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location)
-        info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors)
+        try:
+            info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors, self.limits)
+        except ValueError as e:
+            raise PassError(str(e), module.location) from None
         kernels = E.kernel_functions(module)
         if not kernels:
             return

@@ -4,7 +4,10 @@ For each ``func.func`` with a ``kf.kernel = "<kind>"`` attribute the pass asks t
 kind's strategy for a plan on the target (``strategy_for(kind).plan(kernel,
 TargetInfo.for_target(target))``) and records it on the function as the dictionary
 attribute ``kf.plan``. A strategy that cannot take the kernel (``NotApplicable``) is
-replaced by the generic one, and the plan says so (``strategy = "generic"``).
+replaced by the generic one, and the plan says so (``strategy = "generic"``). For
+SPIR-V the ``limits`` option names the device the plans are for (its workgroup memory,
+workgroup size and subgroups: ``kf.runtime.abi.DeviceLimits``); the driver gives the
+Vulkan device's own.
 
 Planning is its own pass, not a step of kf-map-to-gpu, so that the choices can be read
 (and FileChecked, and changed by hand or by a later tuning pass) before any gpu code is
@@ -100,10 +103,15 @@ class TilePass(KfPass):
     chip: str = "sm_90"
     #: the device's multiprocessors (CUDA; persistent kernels start one workgroup on each)
     multiprocessors: int = DEFAULT_MULTIPROCESSORS
+    #: the device's limits (SPIR-V: ``kf.runtime.abi.DeviceLimits.spec()``; "": its defaults)
+    limits: str = ""
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location)
-        info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors)
+        try:
+            info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors, self.limits)
+        except ValueError as e:
+            raise PassError(str(e), module.location) from None
         for kernel in E.kernel_functions(module):
             with kernel.context, kernel.location:
                 _, plan = choose(kernel, info)

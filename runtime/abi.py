@@ -88,3 +88,80 @@ class ProgramABI:
             for k in d["kernels"])
         return ProgramABI(d["target"], tuple(map(targ, d["inputs"])), tuple(map(targ, d["outputs"])),
                           tuple(map(targ, d["temporaries"])), kernels, tuple(d.get("output_aliases", ())))
+
+
+#: Vulkan's subgroup operations (VkSubgroupFeatureFlagBits, bit i = name i) by the
+#: names kf uses.
+SUBGROUP_OPS = ("basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad")
+
+#: VK_SHADER_STAGE_COMPUTE_BIT: subgroup operations count only where compute shaders have them.
+_COMPUTE_STAGE = 0x20
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What kf's SPIR-V strategies may assume of the device a Vulkan (or Metal) program
+    runs on: workgroup memory, workgroup size, subgroup size and operations.
+
+    The runtime reads them from the Vulkan device (``from_vulkan``); the compiler hands
+    them to kf-tile and kf-map-to-gpu as the text of ``spec()`` (the ``limits`` option,
+    part of the cache key through the driver's device key), so two devices of other
+    limits never share a program. The defaults are what kf assumes of a device it cannot
+    ask (the Metal target, or no Vulkan here): 16 KiB of workgroup memory, 256
+    invocations, and no subgroup operations -- what nearly every Vulkan and Metal device
+    gives (Vulkan itself guarantees 16 KiB and 128).
+    """
+
+    shared_bytes: int = 16 * 1024  # maxComputeSharedMemorySize
+    invocations: int = 256  # maxComputeWorkGroupInvocations
+    workgroup_size: tuple[int, int, int] = (256, 256, 64)  # maxComputeWorkGroupSize
+    subgroup_size: int = 32  # subgroupSize (0: unknown)
+    subgroup_ops: tuple[str, ...] = ()  # of SUBGROUP_OPS, those compute shaders have
+
+    def spec(self) -> str:
+        """The limits as one word of text (a pass option's value, a cache key's part)."""
+        size = "x".join(map(str, self.workgroup_size))
+        ops = "+".join(self.subgroup_ops) or "none"
+        return (f"shared={self.shared_bytes},invocations={self.invocations},size={size},"
+                f"subgroup={self.subgroup_size},ops={ops}")
+
+    @staticmethod
+    def parse(text: str) -> "DeviceLimits":
+        """The inverse of spec(); a malformed text is a ValueError naming what is wrong."""
+        fields = {}
+        for item in text.split(","):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"device limits '{text}': '{item}' is not key=value "
+                                 f"(expected {DeviceLimits().spec()})")
+            fields[key.strip()] = value.strip()
+        known = {"shared", "invocations", "size", "subgroup", "ops"}
+        if set(fields) != known:
+            raise ValueError(f"device limits '{text}' must give exactly {', '.join(sorted(known))}")
+        try:
+            size = tuple(int(v) for v in fields["size"].split("x"))
+            limits = DeviceLimits(int(fields["shared"]), int(fields["invocations"]), size,
+                                  int(fields["subgroup"]),
+                                  tuple(o for o in fields["ops"].split("+") if o and o != "none"))
+        except ValueError:
+            raise ValueError(f"device limits '{text}': shared, invocations and subgroup are integers, size "
+                             f"is AxBxC") from None
+        unknown = [o for o in limits.subgroup_ops if o not in SUBGROUP_OPS]
+        if len(size) != 3 or unknown:
+            raise ValueError(f"device limits '{text}': size has three numbers and ops are among "
+                             f"{', '.join(SUBGROUP_OPS)} (got {size}, unknown ops {unknown})")
+        return limits
+
+    @staticmethod
+    def from_vulkan(properties: dict) -> "DeviceLimits":
+        """The limits of a device from its Vulkan properties, given by Vulkan's own names:
+        ``{"limits": {maxComputeSharedMemorySize, maxComputeWorkGroupInvocations,
+        maxComputeWorkGroupSize}, "subgroup": {subgroupSize, supportedStages,
+        supportedOperations}}`` (what ``runtime/vulkan.py`` reads of a device, and what
+        the recorded devices of kf's tests hold)."""
+        lim, sub = properties["limits"], properties.get("subgroup", {})
+        stages, bits = int(sub.get("supportedStages", 0)), int(sub.get("supportedOperations", 0))
+        ops = tuple(n for i, n in enumerate(SUBGROUP_OPS) if bits >> i & 1) if stages & _COMPUTE_STAGE else ()
+        return DeviceLimits(int(lim["maxComputeSharedMemorySize"]), int(lim["maxComputeWorkGroupInvocations"]),
+                            tuple(int(v) for v in lim["maxComputeWorkGroupSize"]),
+                            int(sub.get("subgroupSize", 0)), ops)

@@ -81,7 +81,10 @@ class _Program:
         self.constants = [c.to(device) for c in _constants(meta, directory)]
         self.repeats = meta.get("repeats", [-1] * len(abi.outputs))
 
-    def _check(self, inputs: Sequence[torch.Tensor], device_type: str) -> list[torch.Tensor]:
+    def _check(self, inputs: Sequence[torch.Tensor], device_type: str, dense: bool = True) -> list[torch.Tensor]:
+        """The call's tensors checked against the program, and its constants after them;
+        with ``dense``, views made contiguous and 16-byte aligned (the kernels read the
+        tensors' own memory), else as they are (the launcher copies them)."""
         if len(inputs) != self.n_user:
             raise LaunchError(f"the program takes {self.n_user} tensors, got {len(inputs)}")
         out = []
@@ -90,9 +93,9 @@ class _Program:
                 raise LaunchError(f"'{a.name}' is on {t.device}; this program runs on {device_type} tensors")
             if tuple(t.shape) != a.shape or t.dtype != _dtype(a.elem):
                 raise LaunchError(f"'{a.name}': compiled for {a.elem}{list(a.shape)}, got {t.dtype} {list(t.shape)}")
-            if not t.is_contiguous():
+            if dense and not t.is_contiguous():
                 t = t.contiguous()
-            elif t.data_ptr() % ALIGNMENT:
+            elif dense and t.data_ptr() % ALIGNMENT:
                 # kf's kernels load 16 bytes at a time (kf-vectorize assumes 16-byte aligned
                 # buffers); a view at an odd storage offset would fault: give it its own copy.
                 t = t.clone()
@@ -284,7 +287,9 @@ class CudaProgram(_Program):
 
 
 class VulkanProgram(_Program):
-    """Runs on the Vulkan device (lavapipe in CI) over CPU tensors, one submission per call."""
+    """Runs on the Vulkan device (lavapipe in CI) over CPU tensors, one submission per call.
+    Views are handed to the launcher as they are: it copies them into device buffers
+    anyway, and keyed by their own storage they stay resident between calls."""
 
     def __init__(self, abi: ProgramABI, directory: str, meta: dict):
         super().__init__(abi, directory, meta, "cpu")
@@ -297,7 +302,7 @@ class VulkanProgram(_Program):
     def __call__(self, *inputs: torch.Tensor, timings: list | None = None) -> tuple:
         from . import vulkan
 
-        return self._finish(list(vulkan.run_program(self.abi, self.binaries, self._check(inputs, "cpu"),
+        return self._finish(list(vulkan.run_program(self.abi, self.binaries, self._check(inputs, "cpu", False),
                                                     timings=timings)))
 
 

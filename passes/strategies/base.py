@@ -57,14 +57,26 @@ class TargetInfo:
         return self.max_shared_bytes
 
     @staticmethod
-    def for_target(name: str, chip: str = "sm_90", multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> "TargetInfo":
+    def for_target(name: str, chip: str = "sm_90", multiprocessors: int = DEFAULT_MULTIPROCESSORS,
+                   limits: str = "") -> "TargetInfo":
+        """The target's facts. For SPIR-V (Vulkan and Metal) they are the device's limits
+        (``limits``: the text of ``kf.runtime.abi.DeviceLimits.spec()``, what the driver
+        reads of the Vulkan device): workgroup memory, the widest workgroup, the subgroup
+        size, and subgroup shuffles where compute shaders have them. Without limits, the
+        defaults of DeviceLimits: 16 KiB, 256 invocations, no subgroup operations --
+        kernels written for them run on nearly every Vulkan and Metal device."""
         if name == "cuda":
             return TargetInfo("cuda", chip=chip, multiprocessors=multiprocessors)
-        # Vulkan 1.1 guarantees 16 KiB of shared memory and 128 invocations per
-        # workgroup; lavapipe and Apple GPUs give more, but kernels written for these
-        # limits run everywhere.
-        return TargetInfo("spirv", max_threads=256, max_shared_bytes=16 * 1024, subgroup_size=32,
-                          vector_bytes=16, has_shuffle=False, chip="", multiprocessors=0)
+        from kf.runtime.abi import DeviceLimits
+
+        dev = DeviceLimits.parse(limits) if limits else DeviceLimits()
+        sub = dev.subgroup_size
+        # the butterfly reductions exchange lanes at power-of-two distances: a subgroup
+        # size that is not a power of two (or not known) keeps them in workgroup memory
+        shuffle = "shuffle" in dev.subgroup_ops and sub >= 2 and sub & (sub - 1) == 0
+        return TargetInfo("spirv", max_threads=min(dev.invocations, dev.workgroup_size[0]),
+                          max_shared_bytes=dev.shared_bytes, subgroup_size=sub if sub > 0 else 32,
+                          vector_bytes=16, has_shuffle=shuffle, chip="", multiprocessors=0)
 
 
 @dataclass

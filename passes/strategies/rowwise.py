@@ -8,8 +8,10 @@ Shape of the emitted kernel (one workgroup per row, T threads, T a power of two)
     for each statistic, in dependency order:          (a *phase*)
         acc = scf.for j = tid to R step T iter_args(neutral) {kf.row_loop}
                   acc op f(x[row, j], earlier statistics)
-        stat = workgroup_reduce(acc)      (warp shuffles on CUDA, else a tree in
-                                           workgroup memory with gpu.barrier)
+        stat = workgroup_reduce(acc)      (subgroup shuffles where the target has
+                                           them -- CUDA, Vulkan devices with subgroup
+                                           shuffles --, else a tree in workgroup
+                                           memory with gpu.barrier)
     scf.for j = tid to R step T {kf.row_loop}:   (the output phase)
         out[row, j] = g(x[row, j], statistics)
     per-row outputs: thread 0 stores them
@@ -991,7 +993,12 @@ class RowwiseStrategy(Strategy):
         threads = min(target.max_threads, max(target.subgroup_size, _next_pow2(-(-R // lanes))))
         if self.MAX_ROW_THREADS:
             threads = max(target.subgroup_size, min(threads, self.MAX_ROW_THREADS))
-        reduction = "shuffle" if target.has_shuffle and target.name == "cuda" else "tree"
+        def reduction_for(block: int) -> str:
+            # subgroup butterflies, then one across the subgroups' partials: that second
+            # one needs at most a subgroup of them (CUDA: 32 x 32 covers any workgroup)
+            return "shuffle" if target.has_shuffle and block <= target.subgroup_size ** 2 else "tree"
+
+        reduction = reduction_for(threads)
         scratch = 2 * (target.subgroup_size if reduction == "shuffle" else threads) * 4
         cached, budget = [], target.max_shared_bytes - scratch
         reads: dict[int, int] = {}
@@ -1017,7 +1024,8 @@ class RowwiseStrategy(Strategy):
             registers = None
         if registers is not None:
             T = registers["threads"]
-            return {**common, **registers, "cache_row": False, "cached_inputs": [],
+            reduction = reduction_for(T)
+            return {**common, "reduction": reduction, **registers, "cache_row": False, "cached_inputs": [],
                     "scratch_bytes": 2 * (target.subgroup_size if reduction == "shuffle" else T) * 4}
         return {**common, "mode": "loop", "threads": threads, "vector_lanes": lanes, "cache_row": bool(cached),
                 "cached_inputs": cached, "scratch_bytes": scratch}
