@@ -140,3 +140,30 @@ def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path, monkeypatch)
     x = torch.randn(5)
     with pytest.warns(RuntimeWarning, match="cannot write the cache"):
         torch.testing.assert_close(twice(x), x * 2)
+
+
+def test_vulkan_key_and_passes_name_the_devices_limits(recorded_device):
+    """A Vulkan program is tiled for its device's limits: they are the target's arch (the
+    driver reads them from the device, or ``arch`` gives them), part of the cache key and
+    the limits option of kf-tile and kf-map-to-gpu, so devices of other limits never
+    share a program. Metal (no device to ask) and a machine without Vulkan take the
+    defaults."""
+    from kf import driver
+    from kf.options import Options
+    from kf.runtime import vulkan
+    from kf.runtime.abi import DeviceLimits
+
+    lvp = DeviceLimits.from_vulkan(recorded_device("lavapipe")).spec()
+    nv = DeviceLimits.from_vulkan(recorded_device("nvidia-h200")).spec()
+    keys = {driver.device_key(Options(target="vulkan", arch=spec)) for spec in (lvp, nv)}
+    assert len(keys) == 2 and all(nv in k or lvp in k for k in keys)
+    own = driver.target_arch(Options(target="vulkan"))
+    assert own == (vulkan.device().target_limits().spec() if vulkan.is_available() else "")
+    assert driver.target_arch(Options(target="metal")) == ""
+    assert driver.target_arch(Options(target="metal", arch=nv)) == nv
+    passes = driver.gpu_passes("vulkan", nv)
+    assert f"kf-tile{{target=spirv limits={nv}}}" in passes
+    assert f"kf-map-to-gpu{{target=spirv limits={nv}}}" in passes
+    assert "kf-tile{target=spirv}" in driver.gpu_passes("metal", "")
+    with pytest.raises(ValueError, match="device limits"):
+        driver.target_arch(Options(target="vulkan", arch="sm_90"))

@@ -86,3 +86,21 @@ def test_misaligned_views_are_copied_before_launch():
     x = base[1:]  # contiguous, but 4 bytes past an aligned address
     assert x.data_ptr() % 16 != 0
     torch.testing.assert_close(f(x), x * 2)
+
+
+@pytest.mark.parametrize("shape", [(5, 31), (3, 200), (2, 7, 64)])
+def test_seed_layer_norm_with_subgroup_reductions(shape):
+    """Rows short enough for at most 64 threads: on a device with subgroup shuffles
+    (lavapipe: 8 lanes) the reductions are subgroup butterflies, then one across the
+    subgroups' partials."""
+    from kf.runtime.abi import ProgramABI
+    from kf.signature import bind
+
+    x = torch.randn(*shape)
+    w, b = torch.randn(shape[-1]), torch.randn(shape[-1])
+    f = se.metal_layer_norm.with_options(target="vulkan")
+    out = f(x, w, b)
+    assert _rel(out, se.metal_layer_norm.fn(x.double(), w.double(), b.double())) < 1e-5
+    [k] = ProgramABI.from_json(f.specialize(*bind(f.fn, (x, w, b), {})).meta["abi"]).kernels
+    shuffles = "shuffle" in vulkan.device().target_limits().subgroup_ops
+    assert (k.extra["plan"]["reduction"] == "shuffle") == shuffles
