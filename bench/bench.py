@@ -11,6 +11,16 @@ event measurements after warm-up, with inputs rotated among enough copies that L
 bench/results/bench-<date>-<commit>.json (bench-<only texts>-... with --only; named by
 bench/run_name.py), rewritten after every row so that a run cut short keeps its rows.
 bench/RESULTS.md records the tables.
+
+The ``vulkan:`` rows (``--only vulkan``) run kf's Vulkan target on the machine's Vulkan
+device against that device's own copy rate (``vulkan_rows``); on the GPU machine NVIDIA's
+Vulkan driver needs its loader first (carry .gl and .whl, see
+shared/device/vulkan-gpu.sh):
+
+    source shared/device/prelude.sh && source shared/device/vulkan-prelude.sh
+    python3 bench/bench.py --only vulkan
+
+Without CUDA (lavapipe here) only the Vulkan rows run.
 """
 
 from __future__ import annotations
@@ -97,6 +107,7 @@ class Row:
     times_ms: dict = field(default_factory=dict)  # impl -> ms
     rel_err: float | None = None
     note: str = ""
+    ceiling_gbs: float | None = None  # the copy rate %ceil is of, where not the CUDA one (Vulkan rows)
 
 
 def ceilings(quick: bool) -> tuple[float, float, list[Row]]:
@@ -268,6 +279,111 @@ def transformer_block_workloads(quick: bool):
            0, gemm_flops + attn_flops, 3e-2)
 
 
+def vulkan_rows(quick: bool, only: list[str]) -> list[Row]:
+    """kf's Vulkan target on this machine's Vulkan device (on the GPU machine NVIDIA's
+    driver: source shared/device/vulkan-prelude.sh first), beside the CUDA rows: the
+    seed's layer norm and attention in fp32 with their inputs resident on the device (a
+    warm-up call uploads them; the timed calls upload nothing, which the note's
+    "uploads a call" shows), against the device's own copy rate (vkCmdCopyBuffer,
+    device to device) as the ceiling. kf ms is the kernels' GPU time (timestamp
+    queries); the note gives the wall time of a call, which also copies the result
+    into the CPU tensor it returns. eager is the seed's function on the CPU in torch.
+    Correctness: the seed's attention at the odd shapes of test_e2e_vulkan.py."""
+    from kf.runtime import vulkan
+    from kf.signature import bind
+
+    def wanted(name):
+        return not only or any(o in name for o in only)
+
+    r, c = (8192, 4096) if quick else (32768, 8192)
+    b, h, sq, d = (1, 8, 1024, 128) if quick else (4, 32, 2048, 128)
+    names = [f"vulkan: seed layer norm {r}x{c} fp32, data resident",
+             f"vulkan: seed attention {b}x{h}x{sq}x{d} fp32, data resident",
+             "vulkan: seed attention at the tests' odd shapes (correctness)"]
+    if not any(map(wanted, names)):
+        return []
+    if not vulkan.is_available():
+        try:
+            vulkan.device()
+        except vulkan.VulkanError as e:
+            return [Row("vulkan: no device", note=str(e)[:200])]
+    dev = vulkan.device()
+    rows = []
+    n = (256 if quick else 1024) << 20
+    copy_s = dev.copy_seconds(n)
+    copy_gbs = 2 * n / copy_s / 1e9
+    rows.append(Row(f"vulkan: copy {n / 2**30:.2f} GiB (ceiling)", bytes=2 * n, times_ms={"torch": copy_s * 1e3},
+                    ceiling_gbs=copy_gbs, note=f"vkCmdCopyBuffer on {dev.name}"))
+    print(f"  {rows[-1].workload}: {copy_gbs:.0f} GB/s on {dev.name}", flush=True)
+    ref_device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def run(name, f, eager, args, bytes_, flops, tol):
+        row = Row(name, bytes=bytes_, flops=flops, ceiling_gbs=copy_gbs)
+        try:
+            out = f(*args)
+            ref = eager(*[a.to(ref_device, torch.float64) for a in args]).cpu()
+            row.rel_err = rel_err(out, ref)
+            if not row.rel_err <= tol:
+                row.note = f"kf result wrong (rel err {row.rel_err:.2e} > {tol}); not timed"
+                return row
+            program = f.specialize(*bind(f.fn, args, {}))._launch  # the VulkanProgram
+            program(*args)  # resident from here on
+            u = dev.uploads
+            gpu = []
+            for _ in range(10):
+                timings = []
+                program(*args, timings=timings)
+                gpu.append(sum(t for _, t in timings))
+            walls = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                f(*args)
+                walls.append(time.perf_counter() - t0)
+            uploads = (dev.uploads - u) / 15
+            row.times_ms["kf"] = statistics.median(gpu) * 1e3
+            t0 = time.perf_counter()
+            eager(*args)
+            row.times_ms["eager"] = (time.perf_counter() - t0) * 1e3
+            row.note = (f"wall {statistics.median(walls) * 1e3:.1f} ms a call (with the result's download), "
+                        f"uploads a call {uploads:g}; {dev.name}")
+        except Exception as e:
+            row.note = f"kf failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return row
+
+    f32 = torch.float32
+    ln = metal_layer_norm.with_options(target="vulkan")
+    attn = fused_attention.with_options(target="vulkan")
+    name = names[0]
+    if wanted(name):
+        args = (torch.randn(r, c, dtype=f32), torch.randn(c, dtype=f32), torch.randn(c, dtype=f32))
+        rows.append(run(name, ln, metal_layer_norm.fn, args, (2 * r * c + 2 * c) * 4, 0, 1e-5))
+        print(f"  {rows[-1].workload}: {rows[-1].times_ms} {rows[-1].note}", flush=True)
+    name = names[1]
+    if wanted(name):
+        args = tuple(torch.randn(b, h, sq, d, dtype=f32) for _ in range(3))
+        rows.append(run(name, attn, fused_attention.fn, args, 4 * b * h * sq * d * 4, 4 * b * h * sq * sq * d, 1e-5))
+        print(f"  {rows[-1].workload}: {rows[-1].times_ms} {rows[-1].note}", flush=True)
+    name = names[2]
+    if wanted(name):
+        worst, notes = 0.0, []
+        for (bb, hh, ss, dd, masked) in [(1, 2, 257, 64, False), (1, 2, 257, 64, True), (1, 2, 64, 64, True),
+                                          (2, 3, 67, 128, False), (1, 2, 130, 128, True)]:
+            q, k, v = (torch.randn(bb, hh, ss, dd) for _ in range(3))
+            mask = (torch.rand(ss, ss) > 0.25).float() if masked else None
+            try:
+                out = attn(q, k, v, mask)
+                ref = fused_attention.fn(q.double(), k.double(), v.double(), None if mask is None else mask.double())
+                err = rel_err(out, ref)
+            except Exception as e:
+                err = float("nan")
+                notes.append(f"{type(e).__name__}: {str(e).splitlines()[0][:80]}")
+            worst = max(worst, err) if err == err else float("nan")
+            notes.append(f"{bb}x{hh}x{ss}x{dd}{' masked' if masked else ''} {err:.1e}")
+        rows.append(Row(name, rel_err=worst, note=("ok" if worst <= 1e-5 else "WRONG") + ": " + ", ".join(notes)))
+        print(f"  {rows[-1].workload}: {rows[-1].note}", flush=True)
+    return rows
+
+
 FRESH = """
 import sys, time
 t0 = time.perf_counter()
@@ -383,7 +499,10 @@ def table(rows: list[Row], copy_gbs: float, tflops: float) -> str:
 
         gbs = r.bytes / k / 1e6 if k and r.bytes else None
         tfs = r.flops / k / 1e9 if k and r.flops else None
-        frac = (tfs / tflops if tfs else (gbs / copy_gbs if gbs else None))
+        if r.ceiling_gbs:  # a Vulkan row: % of that device's copy rate (memory-bound rows only)
+            frac = gbs / r.ceiling_gbs if gbs and not tfs else None
+        else:
+            frac = tfs / tflops if tfs and tflops else (gbs / copy_gbs if gbs and copy_gbs else None)
         cells = "".join(f"{t[n]:9.3f}" if n in t else f"{'':>9}" for n in ("kf", "eager", "best", "compile"))
         if not t.get("kf") and ("torch" in t or "cuBLAS" in t):
             cells = f"{'':>9}{t.get('torch', t.get('cuBLAS')):9.3f}{'':>27}"
@@ -407,18 +526,29 @@ def main() -> int:
     only = [o for o in args.only.split(",") if o]
     out = run_name.output_path(args, "-".join(["bench", *only]))
     torch.manual_seed(int(time.time()))
-    dev = torch.cuda.get_device_name(0)
+    cuda = torch.cuda.is_available()  # without it, only the Vulkan rows (--only vulkan)
+    dev = torch.cuda.get_device_name(0) if cuda else "no CUDA device"
     print(f"device {dev}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
-    copy_gbs, tflops, rows = ceilings(args.quick)
+    copy_gbs, tflops, rows = ceilings(args.quick) if cuda else (0.0, 0.0, [])
     print(f"ceilings: copy {copy_gbs:.0f} GB/s, bf16 GEMM {tflops:.0f} TFLOP/s", flush=True)
+    vulkan_device = {}
 
     def save() -> str:
         text = table(rows, copy_gbs, tflops)
         run_name.write_json(out, {"device": dev, "torch": torch.__version__, "copy_gbs": copy_gbs,
-                                  "gemm_tflops": tflops, "rows": [asdict(r) for r in rows], "table": text})
+                                  "gemm_tflops": tflops, "rows": [asdict(r) for r in rows], "table": text,
+                                  "vulkan_device": vulkan_device})
         return text
 
-    for w in workloads(args.quick):
+    vk_rows = vulkan_rows(args.quick, only)
+    if vk_rows:
+        rows += vk_rows
+        from kf.runtime import vulkan
+
+        if vulkan.is_available():  # its properties as Vulkan names them (test/python/devices/ records them)
+            vulkan_device.update(vulkan.device().properties)
+        save()
+    for w in workloads(args.quick) if cuda else ():
         if only and not any(o in w[0] for o in only):
             continue
         t0 = time.perf_counter()
@@ -427,7 +557,7 @@ def main() -> int:
         print(f"  {row.workload}: {row.times_ms} err {row.rel_err} {row.note} ({time.perf_counter() - t0:.0f} s)",
               flush=True)
         save()
-    if not only or args.jit:
+    if cuda and (not only or args.jit):
         rows += jit_rows()
     print(save())
     return 0
