@@ -194,6 +194,7 @@ class Device:
     residency: Residency | None = None
     pipelines: dict = field(default_factory=dict)
     pool: dict = field(default_factory=dict)  # (kind, size) -> free buffers
+    pool_order: list = field(default_factory=list)  # the free buffers, least recently freed first
     pooled_bytes: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
     #: tensors copied host -> device and device -> host, their bytes, and submits (for
@@ -294,8 +295,10 @@ class Device:
         with self.lock:
             free = self.pool.get((kind, size))
             if free:
+                b = free.pop()
+                self.pool_order.remove(b)
                 self.pooled_bytes -= size
-                return free.pop()
+                return b
         try:
             return self._new_buffer(size, kind)
         except VulkanError as e:
@@ -307,20 +310,28 @@ class Device:
             return self._new_buffer(size, kind)
 
     def free(self, b: _Buffer) -> None:
-        """Return a buffer to the pool (bounded by POOL_BYTES; one buffer of any size is
-        kept), or release it."""
+        """Return a buffer to the pool, which keeps the most recently freed ones up to
+        POOL_BYTES (or the one, when it alone is larger: a call repeated on large
+        tensors then allocates nothing), and releases the others."""
+        out = []
         with self.lock:
-            if self.pooled_bytes + b.size <= max(POOL_BYTES, b.size):
-                self.pool.setdefault((b.kind, b.size), []).append(b)
-                self.pooled_bytes += b.size
-                return
-        self._release(b)
+            self.pool.setdefault((b.kind, b.size), []).append(b)
+            self.pool_order.append(b)
+            self.pooled_bytes += b.size
+            while self.pooled_bytes > max(POOL_BYTES, b.size):
+                old = self.pool_order.pop(0)
+                self.pool[(old.kind, old.size)].remove(old)
+                self.pooled_bytes -= old.size
+                out.append(old)
+        for old in out:
+            self._release(old)
 
     def release_pool(self) -> None:
         """Release every pooled buffer."""
         with self.lock:
-            bufs = [b for free in self.pool.values() for b in free]
+            bufs = list(self.pool_order)
             self.pool.clear()
+            self.pool_order.clear()
             self.pooled_bytes = 0
         for b in bufs:
             self._release(b)
@@ -536,12 +547,13 @@ class Call:
         self._done = True
         dev = self.dev
         res = dev.residency
-        submitted = waited = False
         vk, handle = dev.vk, dev.handle
         pool = cmd = fence = qpool = None
         outputs_done = []
+        device_work = self.launches or self.copies or any(s is not None for _, s, _, _ in self.reads_back)
+        submitted, waited = False, not device_work
         try:
-            if self.launches or self.copies or any(s is not None for _, s, _, _ in self.reads_back):
+            if device_work:
                 timed = timed and dev.timestamps
                 n_q = 2 if time_copies else 2 * len(self.launches)
                 with dev.lock:
@@ -557,6 +569,9 @@ class Call:
                     e.ready = True
                 _wait(dev, fence)
                 waited = True
+            else:
+                for e in self._new:  # written straight into mapped buffers
+                    e.ready = True
             torch = _torch()
             for b, s, nbytes, sink in self.reads_back:
                 src = torch.frombuffer((s or b).mapped, dtype=torch.uint8, count=nbytes)
