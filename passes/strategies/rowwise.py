@@ -993,6 +993,7 @@ class RowwiseStrategy(Strategy):
         threads = min(target.max_threads, max(target.subgroup_size, _next_pow2(-(-R // lanes))))
         if self.MAX_ROW_THREADS:
             threads = max(target.subgroup_size, min(threads, self.MAX_ROW_THREADS))
+
         def reduction_for(block: int) -> str:
             # subgroup butterflies, then one across the subgroups' partials: that second
             # one needs at most a subgroup of them (CUDA: 32 x 32 covers any workgroup)
