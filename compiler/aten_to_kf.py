@@ -198,6 +198,12 @@ def _shape(x: ir.Value) -> tuple[int, ...]:
     return spec_of(x.type).shape
 
 
+def _vector(x: ir.Value) -> ir.Value:
+    """A 0-dim tensor as a 1-element vector: torch takes dim 0 or -1 of a 0-dim tensor as
+    its one element, kf's indexing ops need a dimension to index."""
+    return kb.reshape(x, [1]) if _rank(x) == 0 else x
+
+
 def _dims(dims, rank: int) -> list[int]:
     if dims is None or dims == []:
         return list(range(rank))
@@ -561,6 +567,8 @@ def _t(c, node, args, kwargs):
 def _transpose(c, node, args, kwargs):
     x, d0, d1 = args
     r = _rank(x)
+    if r == 0:  # transpose(0, 0) or (0, -1) of a 0-dim tensor is the tensor
+        return x
     perm = list(range(r))
     d0, d1 = d0 % r, d1 % r
     perm[d0], perm[d1] = perm[d1], perm[d0]
@@ -655,18 +663,26 @@ def _topk(c, node, args, kwargs):
     x, k = args[0], args[1]
     dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
     largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    if _rank(x) == 0:
+        values, indices = kb.topk(_vector(x), k=k, dim=0, largest=bool(largest))
+        shapes = [tuple(v.shape) for v in _val(node)]
+        return kb.reshape(values, shapes[0]), kb.reshape(indices, shapes[1])
     return kb.topk(x, k=k, dim=dim % _rank(x), largest=bool(largest))
 
 
 @handles("aten.gather.default")
 def _gather(c, node, args, kwargs):
     x, dim, index = args[:3]
+    if _rank(x) == 0:
+        return kb.reshape(kb.gather(_vector(x), _vector(index), dim=0), tuple(_val(node).shape))
     return kb.gather(x, index, dim=dim % _rank(x))
 
 
 @handles("aten.index_select.default")
 def _index_select(c, node, args, kwargs):
     x, dim, index = args
+    if _rank(x) == 0:
+        return kb.reshape(kb.index_select(_vector(x), _vector(index), dim=0), tuple(_val(node).shape))
     return kb.index_select(x, index, dim=dim % _rank(x))
 
 
@@ -692,7 +708,11 @@ def _index_add(c, node, args, kwargs):
 @handles("aten.scatter_add.default")
 def _scatter_add(c, node, args, kwargs):
     x, dim, index, src = args
-    return kb.scatter_add(x, index, c.tensor(src, spec_of(x.type).elem), dim=dim % _rank(x))
+    src = c.tensor(src, spec_of(x.type).elem)
+    if _rank(x) == 0:
+        out = kb.scatter_add(_vector(x), _vector(index), _vector(src), dim=0)
+        return kb.reshape(out, tuple(_val(node).shape))
+    return kb.scatter_add(x, index, src, dim=dim % _rank(x))
 
 
 # ---------------------------------------------------------------- values
