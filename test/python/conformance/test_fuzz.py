@@ -42,8 +42,10 @@ TARGETS = [pytest.param("cpu"),
 FUZZ = settings(max_examples=int(os.environ.get("KF_FUZZ_EXAMPLES", "8")),
                 derandomize=os.environ.get("KF_FUZZ_RANDOM", "") in ("", "0"),
                 deadline=None, database=None,
+                # filter_too_much: examples with size-0 inputs that kf refuses are filtered
+                # out (see check), many of them on Vulkan
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture])
+                                       HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 
 SIZES = st.sampled_from([0, 1, 2, 3, 5, 7, 13, 31, 257])
 NONZERO = st.sampled_from([1, 2, 3, 5, 7, 13, 31, 257])
@@ -429,7 +431,7 @@ def permute_scale(x, perm: tuple):
 
 
 def view_ops(x):
-    return x[..., ::2].transpose(0, -1) + x[..., 1::2].sum(-1).unsqueeze(-1).transpose(0, -1)
+    return x[..., ::2].transpose(0, -1) + x[..., 1::2].sum(-1, keepdim=True).transpose(0, -1)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -446,7 +448,6 @@ def test_transpose(target, spec, seed, perm_seed):
 @given(spec=tensors(rank_min=2, rank_max=3), seed=SEEDS)
 def test_views(target, spec, seed):
     shape, dtype, layout = spec
-    assume(shape[-1] % 2 == 0 or shape[-1] == 0)
     check(target, view_ops, (make(shape, dtype, layout, generator(seed)),), scaled=True)
 
 
