@@ -107,3 +107,25 @@ def test_opinfo_sample(results, target, dtype, op, variant):
     if r is None:
         pytest.skip(f"{full} has no sample inputs for {dtype}")
     assert r.cls not in runner.FAILURES, f"{r.case.name}: {r.cls}: {r.detail}\n  reproduce: {r.case.reproducer()}"
+
+
+def test_classes_of_errors_and_results():
+    """The runner's classification: kf's own refusals are KF_ERROR, its wrapped bugs and
+    foreign exceptions INTERNAL; results differing in dtype, shape or values are named."""
+    import kf
+    import torch
+
+    assert runner.classify_exception(kf.UnsupportedOpError("aten.foo has no kf op"))[0] == "KF_ERROR"
+    assert runner.classify_exception(kf.CompileError("f: internal compiler error", cause="KeyError: 3"))[0] == "INTERNAL"
+    assert runner.classify_exception(KeyError("x"))[0] == "INTERNAL"
+    x = torch.arange(6.0).reshape(2, 3)
+    assert runner.compare(x, x.clone(), None, 1e-6, 1e-6) == ""
+    assert "dtype" in runner.compare(x.double(), x, None, 1e-6, 1e-6)
+    assert "shape" in runner.compare(x.t(), x, None, 1e-6, 1e-6)
+    assert "1 of 6 values" in runner.compare(x + torch.tensor([[0, 0, 1.0], [0, 0, 0]]), x, None, 1e-6, 1e-6)
+    # a fused result closer to float64 than eager's passes although it differs from eager
+    exact = torch.tensor([1 / 3], dtype=torch.float64)
+    eager = torch.tensor([0.3359375], dtype=torch.bfloat16)
+    fused = torch.tensor([1 / 3], dtype=torch.bfloat16)
+    assert runner.compare(fused, eager, exact, 1e-6, 1e-6) == ""
+    assert runner.compare(eager - 0.25, eager, exact, 1e-6, 1e-6) != ""
