@@ -132,7 +132,8 @@ def check(target: str, fn, args: tuple, consts: tuple = (), *, scaled: bool = Fa
           exact: bool = False):
     """Run fn through kf on target and check it against torch (see the module's docstring).
     scaled: the tolerance scales with fn on the inputs' magnitudes (sums, products)."""
-    assume(not any(pending(target, args) for pending, _ in PENDING))
+    if any(pending(target, args) for pending, _ in PENDING):
+        assume(False)
     try:
         out = compiled(fn, target)(*args, *consts)
     except kf.CompileError:
