@@ -61,7 +61,7 @@ import time
 import traceback
 import warnings
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -493,8 +493,6 @@ def _seeds_itself(call_op) -> bool:
 
 def run_case(case: Case) -> Result:
     """Run one case in this process and classify it."""
-    import torch
-
     start = time.perf_counter()
     opinfo = _op_table()[(case.op, case.variant)]
     dtype = _torch_dtype(case.dtype)
@@ -619,7 +617,7 @@ def _run_batch(cases: list[Case], opts: RunOptions, workdir: Path) -> list[Resul
             proc = subprocess.Popen([opts.python, str(SCRIPT), "--worker", str(cases_file), str(out_file),
                                      "--threads", str(threads)], stdout=subprocess.DEVNULL, stderr=err,
                                     cwd=str(REPO), env=env, start_new_session=True)
-            timed_out, started, last_start = _watch(proc, out_file, opts.case_timeout)
+            timed_out = _watch(proc, out_file, opts.case_timeout)
         lines = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip().endswith("}")]
         finished = set()
         for line in lines:
@@ -658,9 +656,10 @@ def _stderr_tail(path: Path) -> str:
     return f": {text[-1].strip()[:200]}" if text else ""
 
 
-def _watch(proc, out_file: Path, case_timeout: float) -> tuple[bool, int, str]:
-    """Wait for the worker; kill its process group when one case runs past the timeout."""
-    seen, since, current = 0, time.monotonic(), ""
+def _watch(proc, out_file: Path, case_timeout: float) -> bool:
+    """Wait for the worker; kill its process group when one case runs past the timeout
+    (no line written for that long). Whether it was killed so."""
+    seen, since = 0, time.monotonic()
     while proc.poll() is None:
         time.sleep(0.2)
         size = out_file.stat().st_size
@@ -670,8 +669,8 @@ def _watch(proc, out_file: Path, case_timeout: float) -> tuple[bool, int, str]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
             proc.wait()
-            return True, seen, current
-    return False, seen, current
+            return True
+    return False
 
 
 def run_cases(cases: list[Case], opts: RunOptions) -> list[Result]:
