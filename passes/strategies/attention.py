@@ -77,7 +77,7 @@ import math
 
 from kf.dialects import spec_of
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import broadcast_shapes
+from kf.dialects.types import broadcast_shapes, defining
 from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, memref
@@ -85,14 +85,11 @@ from mlir.dialects import math as mmath
 
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from . import matmul as _matmul
-from .matmul import (
+from .kernel_ir import (
     GpuFunc,
     KernelView,
-    MmaSync,
     Pointwise,
     VectorStaging,
-    _contiguous_last,
-    defining,
     direct_source,
     gpu_arg_types,
     pointwise_closure,
@@ -102,6 +99,8 @@ from .matmul import (
     store_value,
     workgroup_memref,
 )
+from .kernel_ir import contiguous_last as _contiguous_last
+from .nvidia.mma_sync import MmaSync
 
 
 class _Chain:

@@ -93,8 +93,10 @@ from mlir.dialects import math as mmath
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
 from .emit import to_storage as emit_to_storage
-from .matmul import (Direct, GpuFunc, MmaSync, Pointwise, VectorStaging, _elem_bytes, direct_source, gpu_arg_types,
-                     quad_reduce, workgroup_memref)
+from .kernel_ir import (Direct, GpuFunc, Pointwise, VectorStaging, direct_source, gpu_arg_types, quad_reduce,
+                        workgroup_memref)
+from .kernel_ir import elem_bytes as _elem_bytes
+from .nvidia.mma_sync import MmaSync
 from . import wgmma as _wg
 from .hopper_sync import StageBarriers, Turns, const_i32
 
@@ -130,7 +132,7 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     if d % 64 or dv % 64 or max(d, dv) > 256:
         return None
     from .attention import _transposed_source
-    from .matmul import _contiguous_last
+    from .kernel_ir import contiguous_last as _contiguous_last
 
     if view.arg_index(ch.q) is None or not _contiguous_last(view, ch.q):
         return None
@@ -456,7 +458,7 @@ def _fp8_applies(ch, elem: str) -> bool:
     permuted within blocks), no per-key operand in the score chain, and a P chain that
     rounds c * P to q's fp8 type."""
     from .attention import _transposed_source
-    from .matmul import _contiguous_last
+    from .kernel_ir import contiguous_last as _contiguous_last
 
     if not FP8 or ch.mask_cond is not None:
         return False
@@ -510,7 +512,7 @@ def _linear_factors(ch, scores: ir.Value | None = None) -> list[tuple[ir.Value, 
 def _positive_constant(pw: Pointwise, factors) -> float | None:
     """The product of the factors where all are compile-time constants and it is
     positive (then the row maximum may be taken on the unscaled scores)."""
-    from .matmul import _float_constant
+    from .kernel_ir import float_constant as _float_constant
 
     prod = 1.0
     for x, div in factors:

@@ -48,18 +48,18 @@ from mlir.dialects import arith, gpu, memref
 from . import emit as E
 from . import matmul as matmul_strategy
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from .matmul import (
+from .kernel_ir import (
     Direct,
     GpuFunc,
     KernelView,
-    MatmulStrategy,
-    MmaSync,
     VectorStaging,
     stage_tile,
     staging_vector_bytes,
     store_value,
     workgroup_memref,
 )
+from .matmul import MatmulStrategy
+from .nvidia.mma_sync import MmaSync
 
 
 def moe_attrs(kernel: ir.Operation) -> dict:

@@ -44,8 +44,10 @@ from mlir import ir
 from mlir.dialects import arith, gpu, llvm, memref, nvvm
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
-from .matmul import (FP8_PTX, WORKGROUP, Direct, GpuFunc, KernelView, Pointwise, _elem_bytes, _Gemm,
-                     direct_source, gpu_arg_types, grouped_tiles, store_value)
+from .kernel_ir import WORKGROUP, Direct, GpuFunc, KernelView, Pointwise, direct_source, gpu_arg_types, store_value
+from .kernel_ir import elem_bytes as _elem_bytes
+from .matmul import _Gemm, grouped_tiles
+from .nvidia.mma_sync import FP8_PTX
 
 #: Whether sm_90a GEMMs take wgmma (else mma.sync, as on sm_80/sm_89).
 WGMMA = True
