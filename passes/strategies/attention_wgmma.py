@@ -98,7 +98,7 @@ from .kernel_ir import (Direct, GpuFunc, Pointwise, VectorStaging, direct_source
 from .kernel_ir import elem_bytes as _elem_bytes
 from .nvidia.mma_sync import MmaSync
 from . import wgmma as _wg
-from .hopper_sync import StageBarriers, Turns, const_i32
+from .nvidia.barriers import StageBarriers, Turns, const_i32
 
 #: Whether sm_90a attention takes wgmma (else the mma.sync kernel).
 WGMMA = True

@@ -16,7 +16,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, memref, nvvm
 
-from .kernel_ir import GpuFunc
+from ..kernel_ir import GpuFunc
 
 
 def const_i32(v: int) -> ir.Value:
