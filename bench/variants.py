@@ -39,7 +39,8 @@ import kf  # noqa: E402
 from kf.passes.strategies import attention as at  # noqa: E402
 from kf.passes.strategies import matmul as mm  # noqa: E402
 from kf.passes.strategies import attention_wgmma as awg  # noqa: E402
-from kf.passes.strategies import wgmma as wg  # noqa: E402
+from kf.passes.strategies.matmul import wgmma as wg  # noqa: E402
+from kf.passes.strategies.nvidia import wgmma as nv_wg  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from seed_examples import fused_attention  # noqa: E402
@@ -93,8 +94,9 @@ GEMM_VARIANTS = {
 
 
 def _switches(name: str):
-    """The module a GEMM switch lives in: matmul.py (MMA_*) or wgmma.py (WGMMA*, LEAN_COPIES)."""
-    return wg if name.startswith("WGMMA") or name == "LEAN_COPIES" else mm
+    """The module a GEMM switch lives in: matmul (MMA_*), matmul/wgmma.py (WGMMA*) or
+    nvidia/wgmma.py (LEAN_COPIES)."""
+    return nv_wg if name == "LEAN_COPIES" else wg if name.startswith("WGMMA") else mm
 
 
 def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VARIANTS)) -> list[dict]:
@@ -210,7 +212,7 @@ def _attention_switches(name: str):
     """Where an attention switch lives: wgmma.py (LEAN_COPIES), attention_wgmma.py or the
     AttentionStrategy class."""
     if name == "LEAN_COPIES":
-        return wg
+        return nv_wg
     return awg if hasattr(awg, name) else at.AttentionStrategy
 
 

@@ -282,10 +282,10 @@ LEGACY = {
         "OVERLAP_PV", "FTZ_EXP2", "PERSISTENT_WALK", "WALK_OVERLAP_PV", "LINEAR_MASKED_BLOCKS", "TABLE_WALK",
         "CAUSAL_BLOCKS", "UNIFORM_BRANCHES", "WHOLE_BLOCKS", "BLOCK_TABLE", "MASK_STAGES", "WALK_HEAD_GROUPS",
         "WALK_EVEN_GROUPS", "REVERSE_Q_BLOCKS")},
-    "attention.lean_copies": ("wgmma", "LEAN_COPIES"), "matmul.lean_copies": ("wgmma", "LEAN_COPIES"),
-    "attention.pipeline": ("attention.AttentionStrategy", "PIPELINE"),
-    "matmul.wgmma": ("wgmma", "WGMMA"), "matmul.wgmma_stages": ("wgmma", "WGMMA_STAGES"),
-    "matmul.wgmma_inflight": ("wgmma", "WGMMA_INFLIGHT"), "matmul.wgmma_max_n": ("wgmma", "WGMMA_MAX_N"),
+    "attention.lean_copies": ("nvidia.wgmma", "LEAN_COPIES"), "matmul.lean_copies": ("nvidia.wgmma", "LEAN_COPIES"),
+    "attention.pipeline": ("attention:AttentionStrategy", "PIPELINE"),
+    "matmul.wgmma": ("matmul.wgmma", "WGMMA"), "matmul.wgmma_stages": ("matmul.wgmma", "WGMMA_STAGES"),
+    "matmul.wgmma_inflight": ("matmul.wgmma", "WGMMA_INFLIGHT"), "matmul.wgmma_max_n": ("matmul.wgmma", "WGMMA_MAX_N"),
     "matmul.group_m": ("matmul", "MMA_GROUP_M"), "matmul.stages": ("matmul", "MMA_STAGES"),
     "matmul.prefetch": ("matmul", "MMA_PREFETCH"), "matmul.ldmatrix": ("matmul", "MMA_LDMATRIX"),
     "matmul.warp_tiles": ("matmul", "MMA_WARP_TILES"), "matmul.k_bytes": ("matmul", "MMA_K_BYTES"),
@@ -299,7 +299,7 @@ def _legacy_switches(plan: dict) -> list[tuple[object, str, object]]:
     undo = []
     for key, value in plan.items():
         where, name = LEGACY[key]
-        mod, _, cls = where.partition(".")
+        mod, _, cls = where.partition(":")
         obj = importlib.import_module(f"kf.passes.strategies.{mod}")
         obj = getattr(obj, cls) if cls else obj
         undo.append((obj, name, getattr(obj, name)))
@@ -383,7 +383,9 @@ def main() -> int:
             line = f"{c.name}  {hashlib.sha256(data).hexdigest()}  {' '.join(kernels)}"
         except Exception as e:  # a configuration that no longer compiles is a line of its own
             failed += 1
-            line = f"{c.name}  ERROR {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            lines = str(e).splitlines() or [""]
+            why = next((x.strip() for x in lines if "error" in x.lower()), lines[0])
+            line = f"{c.name}  ERROR {type(e).__name__}: {why[:300]}"
         print(line, flush=True)
         print(f"  {c.name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     return 1 if failed else 0

@@ -253,7 +253,7 @@ def _shared_bytes(bm: int, bn: int, d: int, dv: int, tpr: int) -> int:
 
 def _transposed_source(v: ir.Value) -> ir.Value:
     """The operand of a kf.transpose that defines v (K for K^T), else v."""
-    op = _matmul.defining(v)
+    op = defining(v)
     return op.operands[0] if op is not None and op.name == "kf.transpose" else v
 
 

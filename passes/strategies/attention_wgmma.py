@@ -97,7 +97,7 @@ from .kernel_ir import (Direct, GpuFunc, Pointwise, VectorStaging, direct_source
                         workgroup_memref)
 from .kernel_ir import elem_bytes as _elem_bytes
 from .nvidia.mma_sync import MmaSync
-from . import wgmma as _wg
+from .nvidia import wgmma as _wg
 from .nvidia.barriers import StageBarriers, Turns, const_i32
 
 #: Whether sm_90a attention takes wgmma (else the mma.sync kernel).
@@ -1091,27 +1091,6 @@ def _uniform(pred: ir.Value) -> ir.Value:
     return arith.cmpi(arith.CmpIPredicate.ne, b, arith.constant(i32, 0))
 
 
-def _register_a_wgmma(acc: ir.Value, n: int, elem: str, a: list[ir.Value], b_desc: ir.Value) -> ir.Value:
-    """``wgmma.mma_async m64n{n}k16`` with A from registers (4 x b32 of the m64 x k16 A
-    tile in mma.sync's fragment layout) and B, transposed (MN-major), by descriptor;
-    for fp8 ``m64n{n}k32``, A 4 x b32 of m64 x k32 bytes and B K-major: inline PTX,
-    accumulators tied in and out (``acc``: a struct of n / 2 f32)."""
-    n_acc = n // 2
-    out = ",".join(f"${i}" for i in range(n_acc))
-    if elem in FP8_ELEMS:  # k32, and no transpose immediates (fp8 B is K-major only)
-        t = FP8_ELEMS[elem]
-        shape, types, tail = f"m64n{n}k32", f"f32.{t}.{t}", "p, 1, 1"
-    else:
-        shape, types, tail = f"m64n{n}k16", f"f32.{elem}.{elem}", "p, 1, 1, 1"
-    asm = ("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-           f"wgmma.mma_async.sync.aligned.{shape}.{types} {{{out}}}, "
-           f"{{${n_acc}, ${n_acc + 1}, ${n_acc + 2}, ${n_acc + 3}}}, ${n_acc + 4}, {tail};\n}}")
-    cons = ",".join(["=f"] * n_acc + ["r"] * 4 + ["l"] + [str(i) for i in range(n_acc)])
-    f32 = ir.F32Type.get()
-    accs = [llvm.extractvalue(f32, acc, [i]) for i in range(n_acc)]
-    return llvm.InlineAsmOp(acc.type, [*a, b_desc, *accs], asm, cons, has_side_effects=True).res
-
-
 def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
     """The wgmma attention kernel of a ``plan()`` plan (see the module docstring)."""
     from .attention import block_reduce, online_softmax, two_pass_loop
@@ -1130,7 +1109,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
     f32 = ir.F32Type.get()
     s_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (bn // 2)) + ")>")
     o_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * (Dv // 2)) + ")>")
-    s_attrs = _wg._wgmma_attrs(elem, bn, k_inst, False)
+    s_attrs = _wg.wgmma_attrs(elem, bn, k_inst, False)
     n_in = len(view.args)
     specialized = plan.get("warp_specialized", False)
     table_shape = plan.get("block_table") if plan.get("skip_masked_blocks") and (stages == 2 or specialized) else None
@@ -1161,7 +1140,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             n_barriers = StageBarriers.size(stages, bool(table_shape), kv_parts, reuses_q)
             mask_stages = plan.get("mask_stages", 1)
             mask_elems = [ir.MemRefType(g.args[i].type).element_type for i in staged]
-            Qs, Ks, Vs, *Ms = _wg._carve_aligned(
+            Qs, Ks, Vs, *Ms = _wg.carve_aligned(
                 g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
                     (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems]
                 + ([(1, n_barriers + (WALK_INFO_SLOTS if walk_persistent else 0), i64)] if specialized else []))
@@ -1327,8 +1306,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 acc = llvm.mlir_zero(s_t)
                 for t in range(D // k_inst):
                     acc = nvvm.WgmmaMmaAsyncOp(
-                        s_t, acc, arith.addi(q_desc, _wg._i64(q_tile.slice_offset(t, k_inst) // 16)),
-                        arith.addi(k_d, _wg._i64(k_tile.slice_offset(t, k_inst) // 16)), *s_attrs).result
+                        s_t, acc, arith.addi(q_desc, _wg.i64_const(q_tile.slice_offset(t, k_inst) // 16)),
+                        arith.addi(k_d, _wg.i64_const(k_tile.slice_offset(t, k_inst) // 16)), *s_attrs).result
                 nvvm.wgmma_commit_group_sync_aligned()
                 return acc
 
@@ -1370,8 +1349,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 if fence:
                     nvvm.wgmma_fence_aligned()
                 for kk in range(bn // k_inst):
-                    o = _register_a_wgmma(o, Dv, elem, part(kk),
-                                          arith.addi(v_d, _wg._i64(v_tile.slice_offset(kk, k_inst) // 16)))
+                    o = _wg.register_a_wgmma(o, Dv, elem, part(kk),
+                                          arith.addi(v_d, _wg.i64_const(v_tile.slice_offset(kk, k_inst) // 16)))
                 nvvm.wgmma_commit_group_sync_aligned()
                 return o
 

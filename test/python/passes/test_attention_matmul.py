@@ -1165,7 +1165,7 @@ def gemm_loop(request, monkeypatch) -> TargetInfo:
     """The target to plan for, with the loop's switches set: sm_90 for the mma.sync
     loops, sm_90a (and a Hopper device) for wgmma."""
     from kf.passes.strategies import matmul as mm
-    from kf.passes.strategies import wgmma as wg
+    from kf.passes.strategies.matmul import wgmma as wg
 
     for k, v in GEMM_LOOPS[request.param].items():
         monkeypatch.setattr(wg if k.startswith("WGMMA") else mm, k, v)

@@ -48,20 +48,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from kf.dialects import spec_of
-from kf.dialects.attrs import op_attrs
-from kf.dialects.types import defining, swaps_last_two
 from mlir import ir
 from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
-from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from .kernel_ir import (GpuFunc, KernelView, Pointwise, VectorStaging, contiguous_last, direct_source,
-                        gpu_arg_types, pointwise_closure, stage_tile, staging_vector_bytes, store_value,
-                        unique_results, workgroup_memref)
-from .nvidia.mma_sync import FP8_PTX, MMA_ELEMS, MmaSync, mma_k_loop, mma_pipelined_k_loop
+from ..base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
+from ..kernel_ir import (GpuFunc, KernelView, Pointwise, VectorStaging, direct_source, gpu_arg_types, stage_tile,
+                         staging_vector_bytes, store_value, workgroup_memref)
+from ..nvidia.mma_sync import FP8_PTX, MMA_ELEMS, MmaSync, mma_k_loop, mma_pipelined_k_loop
+from .gemm import Gemm, analyze, grouped_tiles
 
 #: Whether tensor-core GEMM plans prefetch the next tiles into registers across the loop.
 #: Measured on the H200 (bench/variants.py, 2026-12-02, bf16 8192^3 with ldmatrix):
@@ -93,24 +90,6 @@ MMA_WARP_TILES = (4, 8)
 MMA_GROUP_M = 8
 
 
-def grouped_tiles(g: GpuFunc, tiles_n: int, tiles_m: int, group_m: int) -> tuple[ir.Value, ir.Value]:
-    """(column tile, row tile) of this workgroup. Without ``group_m``, block ids x and y.
-    With it, the linear block id walks groups of ``group_m`` tile rows column by column,
-    so the workgroups resident at once cover a near-square patch of the output and read
-    the same A rows and B columns from L2 instead of sweeping all of B per tile row."""
-    bx, by = g.bid("x"), g.bid("y")
-    if group_m <= 1 or tiles_m <= group_m or tiles_n == 1:
-        return bx, by
-    pid = arith.addi(g.mul(by, tiles_n), bx)
-    per_group = group_m * tiles_n
-    first_m = g.mul(g.div(pid, per_group), group_m)
-    in_group = g.rem(pid, per_group)
-    if tiles_m % group_m:
-        size = arith.minui(arith.subi(g.c(tiles_m), first_m), g.c(group_m))
-        return arith.divui(in_group, size), arith.addi(first_m, arith.remui(in_group, size))
-    return g.div(in_group, group_m), arith.addi(first_m, g.rem(in_group, group_m))
-
-
 def simt_tile_products(g: GpuFunc, As: ir.Value, Bs: ir.Value, row_of: Sequence[ir.Value],
                        col_of: Sequence[ir.Value], bk: int, tn: int, acc: list[ir.Value]) -> list[ir.Value]:
     """One K block of a thread's register tile without tensor cores: ``As`` and ``Bs``
@@ -124,76 +103,6 @@ def simt_tile_products(g: GpuFunc, As: ir.Value, Bs: ir.Value, row_of: Sequence[
     return g.loop(0, bk, 1, acc, inner)
 
 
-# --------------------------------------------------------------------------- matmul
-
-
-@dataclass
-class _Gemm:
-    mm: ir.Operation
-    batch: tuple[int, ...]
-    m: int
-    n: int
-    k: int
-    a_k_contiguous: bool  # A's innermost memory dimension is k (else m: a transposed argument)
-    b_n_contiguous: bool
-    a_direct: bool = False  # A is an argument read as it is (or with its last two dims swapped)
-    b_direct: bool = False
-
-
-def _analyze(kernel: ir.Operation) -> tuple[KernelView, _Gemm]:
-    view = KernelView(kernel)
-    mms = [op for op in view.ops if op.name == "kf.matmul"]
-    if len(mms) != 1:
-        raise NotApplicable(f"@{view.name} has {len(mms)} matmuls; the matmul strategy takes one")
-    mm = mms[0]
-    unique_results(view)
-    a, b = mm.operands
-    pointwise_closure(view, [a, b], [])
-    pointwise_closure(view, view.results, [mm.result])
-    # The matmul result must reach the outputs only through ops over the output shape.
-    out = spec_of(mm.result.type)
-    for r, s in zip(view.results, view.result_specs):
-        if s.shape != out.shape:
-            raise NotApplicable(f"result of shape {list(s.shape)} differs from the matmul's {list(out.shape)}")
-    for op in view.ops:
-        if op == mm or op.name == "kf.fill":
-            continue
-        if _depends_on(op, mm.result) and spec_of(op.results[0].type).shape != out.shape:
-            raise NotApplicable(f"{op.name} after the matmul changes the shape")
-    sa, sb = spec_of(a.type), spec_of(b.type)
-    return view, _Gemm(mm, out.shape[:-2], sa.shape[-2], sb.shape[-1], sa.shape[-1],
-                       contiguous_last(view, a), contiguous_last(view, b), _reads_argument(view, a),
-                       _reads_argument(view, b))
-
-
-def _reads_argument(view: KernelView, v: ir.Value) -> bool:
-    """Whether v is a kernel argument of rank >= 2, maybe with its last two dims swapped
-    (what ``direct_source`` takes)."""
-    op = defining(v)
-    if op is not None and op.name == "kf.transpose":
-        if not swaps_last_two(op_attrs(op)["perm"]):
-            return False
-        v = op.operands[0]
-    i = view.arg_index(v)
-    return i is not None and view.arg_specs[i].rank >= 2
-
-
-def _depends_on(op: ir.Operation, v: ir.Value) -> bool:
-    stack = list(op.operands)
-    seen = set()
-    while stack:
-        x = stack.pop()
-        if x == v:
-            return True
-        if x in seen:
-            continue
-        seen.add(x)
-        d = defining(x)
-        if d is not None:
-            stack.extend(d.operands)
-    return False
-
-
 class MatmulStrategy(Strategy):
     KIND = "matmul"
 
@@ -203,7 +112,7 @@ class MatmulStrategy(Strategy):
         within Vulkan's guaranteed limit only for the smaller thread count: the plan
         shrinks the tile until threads and shared memory fit the target). BLOCK_K is
         the largest of 32/16/8 whose two staged tiles fit the shared-memory budget."""
-        _, gm = _analyze(kernel)
+        _, gm = analyze(kernel)
         mma = self._mma_plan(gm, target)
         if mma is not None:
             return mma
@@ -229,7 +138,7 @@ class MatmulStrategy(Strategy):
                 "grid": grid, "shared_bytes": self._shared(bm, bn, bk), "m": gm.m, "n": gm.n, "k": gm.k,
                 "batch": list(gm.batch), "mma": False, "vector_bytes": staging_vector_bytes(target)}
 
-    def _mma_plan(self, gm: _Gemm, target: TargetInfo) -> dict | None:
+    def _mma_plan(self, gm: Gemm, target: TargetInfo) -> dict | None:
         """Tensor cores (CUDA, f16/bf16/fp8 operands): tiles of 8 warps (2 x 4, each
         16 MMA_WARP_TILES[0] x 8 MMA_WARP_TILES[1]: 64 x 32 by default, 64 accumulators a
         thread) when they give about a wave of workgroups, else 64x64 of 4 warps (2 x 2,
@@ -288,7 +197,7 @@ class MatmulStrategy(Strategy):
                 "dynamic_shared": shared > target.max_shared_bytes, "group_m": MMA_GROUP_M,
                 "ldmatrix": MMA_LDMATRIX, "b_k_major": b_k_major}
 
-    def _emit_mma(self, view: KernelView, gm: _Gemm, kernel: ir.Operation, plan: dict,
+    def _emit_mma(self, view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict,
                   gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         """The tensor-core GEMM: per K step the workgroup stages A (m-major) and B
         (n-major) tiles between two barriers; each warp loads its A and B fragments
@@ -382,7 +291,7 @@ class MatmulStrategy(Strategy):
         return (bk * (bm + 1) + bk * bn) * 4
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
-        view, gm = _analyze(kernel)
+        view, gm = analyze(kernel)
         if plan.get("mma"):
             if target.name != "cuda":
                 raise NotApplicable("the tensor-core matmul plan is for CUDA")
