@@ -142,9 +142,6 @@ add(
 UNMASKED_VARIANTS = {
     "not-persistent": {"attention.persistent": False},
     "no-producer": {"attention.warp_specialized": False},
-    "pingpong": {"attention.pingpong": True},
-    "split-kv": {"attention.split_kv_barriers": True},
-    "prefetch-q": {"attention.prefetch_q": True},
     "no-lazy-rescale": {"attention.lazy_rescale": 0.0},
     "no-overlap-pv": {"attention.overlap_pv": False},
     "no-ftz-exp2": {"attention.ftz_exp2": False},
@@ -152,8 +149,6 @@ UNMASKED_VARIANTS = {
 }
 for v, plan in UNMASKED_VARIANTS.items():
     add(Config(f"att-h.bf16.d128.unmasked.{v}", attention, att(4, 32, 2048, 2048, 128), plan=plan))
-add(Config("att-h.fp8.d128.pingpong", attention, att(2, 4, 1024, 1024, 128), precision="fp8",
-           plan={"attention.pingpong": True}))
 CAUSAL_VARIANTS = {
     "not-persistent": {"attention.persistent_walk": False},
     "walk-serial": {"attention.walk_overlap_pv": False},
@@ -278,7 +273,7 @@ def plan_option(plan: dict) -> str:
 #: were data): (module, attribute).
 LEGACY = {
     **{f"attention.{k.lower()}": ("attention_wgmma", k) for k in (
-        "PERSISTENT", "WARP_SPECIALIZED", "PINGPONG", "SPLIT_KV_BARRIERS", "PREFETCH_Q", "LAZY_RESCALE",
+        "PERSISTENT", "WARP_SPECIALIZED", "LAZY_RESCALE",
         "OVERLAP_PV", "FTZ_EXP2", "PERSISTENT_WALK", "WALK_OVERLAP_PV", "LINEAR_MASKED_BLOCKS", "TABLE_WALK",
         "CAUSAL_BLOCKS", "UNIFORM_BRANCHES", "WHOLE_BLOCKS", "BLOCK_TABLE", "MASK_STAGES", "WALK_HEAD_GROUPS",
         "WALK_EVEN_GROUPS", "REVERSE_Q_BLOCKS")},

@@ -98,7 +98,7 @@ from .kernel_ir import (Direct, GpuFunc, Pointwise, VectorStaging, direct_source
 from .kernel_ir import elem_bytes as _elem_bytes
 from .nvidia.mma_sync import MmaSync
 from .nvidia import wgmma as _wg
-from .nvidia.barriers import StageBarriers, Turns, const_i32
+from .nvidia.barriers import NamedBarrier, StageBarriers, named_sync
 
 #: Whether sm_90a attention takes wgmma (else the mma.sync kernel).
 WGMMA = True
@@ -198,11 +198,11 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     # PERSISTENT: the unmasked producer/consumer kernel, one workgroup an SM over the tiles
     # (and while the keys and values the SMs' tiles read at once stay a fraction of L2)
     window = target.multiprocessors / grid[0] * ch.seq_k * (d + dv) * esize
-    persistent = PERSISTENT and specialized and not table and not SPLIT_KV_BARRIERS and not PINGPONG \
+    persistent = PERSISTENT and specialized and not table \
         and target.multiprocessors > 0 and window <= PERSISTENT_WINDOW_BYTES and ch.seq_k % bn == 0
     # PERSISTENT_WALK: the walk's, with tiles claimed in turn (whole blocks only: the
     # walk's tails take the serial loop, see WALK_OVERLAP_PV)
-    persistent_walk = PERSISTENT_WALK and walk and WALK_OVERLAP_PV and not PINGPONG and target.multiprocessors > 0 \
+    persistent_walk = PERSISTENT_WALK and walk and WALK_OVERLAP_PV and target.multiprocessors > 0 \
         and window <= PERSISTENT_WINDOW_BYTES and ch.seq_q % bm == 0 and ch.seq_k % bn == 0
     if persistent or persistent_walk:
         grid = [min(grid[0] * batch, target.multiprocessors), 1, 1]
@@ -329,15 +329,6 @@ WALK_EVEN_GROUPS = True
 #: causal masks (consumers), and two slots for the producer's claim (by tile parity).
 WALK_INFO_SLOTS = 6
 
-#: With PERSISTENT: whether the producer, as it copies a tile's Q, prefetches the next
-#: tile's Q rows into L2 (``cp.async.bulk.prefetch.L2``, a row a thread). Q is read once,
-#: from DRAM, and its copy waits for the consumers to give Q back at the tile's end: the
-#: consumers' wait for it at the next tile's start was 8% of their ncu samples (H200,
-#: 4x32x2048x128, Q given back after the last softmax). With Q given back as soon as the
-#: last S is complete, the prefetch measured slower: 0.482 against 0.457 ms, and
-#: 2x32x4096x128 0.895 against 0.851 (bench/results/*prefetch*session11*). Off.
-PREFETCH_Q = False
-
 #: With WARP_SPECIALIZED and the block table: whether the blocks the mask leaves whole and
 #: those of the causal pattern take ``linear_softmax`` where the scores before the mask
 #: are linear (the seed's scale): one FFMA and one ex2 a score, as in the unmasked kernel,
@@ -352,31 +343,9 @@ LINEAR_MASKED_BLOCKS = True
 #: end inside a block: the tails' guards took the spill to 240 bytes (300 x 300).
 WALK_OVERLAP_PV = True
 
-#: The named barrier of the producer warpgroup's 128 threads (PERSISTENT_WALK's claims;
-#: 0 is the workgroup's, 1 the consumers', 1 and 2 PINGPONG's turns).
-PRODUCER_BARRIER = 3
-
 #: Registers a thread of the consumer and of the producer warpgroups (``setmaxnreg``;
 #: multiples of 8, 2 x 128 x 240 + 128 x 24 = 64512 of the SM's 65536).
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
-
-#: With WARP_SPECIALIZED, unmasked: whether K and V of a stage each have their own full
-#: and empty mbarriers. S_j waits for K_j only and gives it back as soon as S_j is
-#: complete, P V_{j-1} waits for V_{j-1}: the producer may refill a stage's K half an
-#: iteration earlier, and the consumers start S_j before V_j lands. H200, in one process
-#: (bench/results/*split-kv*, *one-pair*-session10): bf16 4x32x2048x128 0.548 against
-#: 0.564 ms, but 2x32x4096x128 0.951 against 0.934, and the fp8 kernel 0.426 against
-#: 0.408 and 0.730 against 0.708: the copies are not what the consumers wait for. Off.
-SPLIT_KV_BARRIERS = False
-
-#: With WARP_SPECIALIZED: whether the two consumer warpgroups take turns at issuing their
-#: wgmmas (FlashAttention-3's ping-pong): each issues a block's S and P V only after the
-#: other issued its own, so that one's softmax runs while the other's products do, rather
-#: than both softmaxes at once with the tensor cores idle. Two named barriers (ids 1, 2).
-#: Measured no faster (H200: 0.539 against 0.536 ms at 4x32x2048x128, 0.942 against 0.929
-#: at 2x32x4096x128, bench/results/variants-attention-ws-session10-2026-12-04.json): the
-#: warpgroups, no longer meeting at a barrier a block, drift apart by themselves. Off.
-PINGPONG = False
 
 #: With OVERLAP_PV, in kernels with linear scores: the running row maxima move only when
 #: a row of the warp would gain more than this (log2 units: P then up to 2^8, which bf16
@@ -1056,22 +1025,6 @@ def _opaque_tid() -> ir.Value:
     return arith.index_cast(ir.IndexType.get(), r)
 
 
-def _prefetch_row(g: GpuFunc, direct: Direct, lead: list, row: ir.Value, nbytes: int) -> None:
-    """``cp.async.bulk.prefetch.L2`` of ``nbytes`` from the start of a row of an argument
-    read as it lies (``direct``, not swapped: rows contiguous), at ``lead`` + (row, 0);
-    nothing where its layout is not static."""
-    strides, offset = ir.MemRefType(direct.mem.type).get_strides_and_offset()
-    if direct.swapped or ir.ShapedType.get_dynamic_stride_or_offset() in (*strides, offset):
-        return
-    elems = arith.addi(g.mul(row, strides[-2]), g.c(offset))
-    for i, x in enumerate(lead):
-        elems = arith.addi(elems, g.mul(x, strides[i]))
-    esize = _elem_bytes(ir.MemRefType(direct.mem.type).element_type)
-    at = arith.addi(memref.extract_aligned_pointer_as_index(direct.mem), g.mul(elems, esize))
-    ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<1>"), arith.index_cast(ir.IntegerType.get_signless(64), at))
-    nvvm.CpAsyncBulkPrefetchOp(ptr, const_i32(nbytes))
-
-
 def _cttz(x: ir.Value) -> ir.Value:
     """The lowest set bit's index of an i64 (64 for 0; math.cttz and ctpop have no NVVM
     lowering in MLIR 22)."""
@@ -1113,8 +1066,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
     n_in = len(view.args)
     specialized = plan.get("warp_specialized", False)
     table_shape = plan.get("block_table") if plan.get("skip_masked_blocks") and (stages == 2 or specialized) else None
-    # SPLIT_KV_BARRIERS: K and V each with their own full and empty barriers (no table)
-    kv_parts = 2 if specialized and SPLIT_KV_BARRIERS and not table_shape else 1
     arg_types = gpu_arg_types(view, target)
     prelude = None
     walk_persistent = plan.get("persistent_walk") if table_shape else None
@@ -1137,7 +1088,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             # Q: bm rows x D; K: bn rows x D a stage; V: bn k-rows x Dv a stage (MN-major)
             staged = plan.get("staged_masks", []) if plan.get("skip_masked_blocks") else []
             reuses_q = bool(plan.get("persistent") or walk_persistent)  # Q refilled a tile
-            n_barriers = StageBarriers.size(stages, bool(table_shape), kv_parts, reuses_q)
+            n_barriers = StageBarriers.size(stages, bool(table_shape), reuses_q)
             mask_stages = plan.get("mask_stages", 1)
             mask_elems = [ir.MemRefType(g.args[i].type).element_type for i in staged]
             Qs, Ks, Vs, *Ms = _wg.carve_aligned(
@@ -1147,9 +1098,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             # with the table, a barrier for Q too: a workgroup may walk no block; PERSISTENT:
             # one on which the consumers give Q back for the next tile
             barrier_mem = Ms.pop() if specialized else None
-            barriers = StageBarriers(g, barrier_mem, stages, bool(table_shape), kv_parts,
+            barriers = StageBarriers(g, barrier_mem, stages, bool(table_shape),
                                      q_free=reuses_q) if specialized else None
-            turns = None
             tid = g.tid()
             persistent = plan.get("persistent")
             qblock = g.bid("x")
@@ -1287,9 +1237,9 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
             def sync():
                 """A barrier of every thread that computes (WARP_SPECIALIZED: the 256 of the
-                consumer warpgroups, named barrier 1; else the workgroup)."""
+                consumer warpgroups; else the workgroup)."""
                 if specialized:
-                    nvvm.BarrierOp(None, barrierId=const_i32(1), numberOfThreads=const_i32(256))
+                    named_sync(NamedBarrier.CONSUMERS, 256)
                 else:
                     gpu.barrier()
 
@@ -1455,12 +1405,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         nvvm.cp_async_commit_group()  # block 0 with Q
                     nvvm.cp_async_wait_group(1)
                     fence_and_publish()
-                if turns is not None:
-                    turns.start()
-                    turns.begin()
                 first = issue_scores(g.c(0) if base is None else g.rem(base, 3))
-                if turns is not None:
-                    turns.end()
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 return first
 
@@ -1499,8 +1444,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return i if base is None else arith.addi(base, i)
                 if walk is None:
                     first = first_scores(base)
-                    if kv_parts == 2:
-                        barriers.release(g.c(0))  # K_0 is read
                     m, l, _, p = block_softmax(g.c(0), first, init[0:2], init[2:4])[:4]
                     carried = m + l + [init[4]] + packed(p)
                 else:
@@ -1546,9 +1489,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     if base is not None:
                         j = arith.addi(base, j)
                     if barriers is not None:
-                        barriers.wait_full(j)  # K_j (and V_j unless split)
-                        if kv_parts == 2:
-                            barriers.wait_full(arith.subi(j, g.c(1)), part=1)  # V_{j-1}
+                        barriers.wait_full(j)
                     else:
                         nvvm.cp_async_wait_group(0)  # block j
                         # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
@@ -1557,37 +1498,24 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         k_tile.copy_async(n1, 0, g.rem(g.add(j, 1), 3))
                         v_tile.copy_async(0, n1, g.rem(g.add(j, 1), 3))
                         nvvm.cp_async_commit_group()
-                    if turns is not None:
-                        turns.begin()
                     acc = issue_scores(g.rem(j, 3))
                     o = issue_pv(o, a, g.rem(g.add(j, 2), 3))  # block j - 1
-                    if turns is not None:
-                        turns.end()
                     nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
                     if base is not None:  # the tile's last S is complete: Q may be refilled
                         g.when(arith.cmpi(arith.CmpIPredicate.eq, n0, g.c((n_blocks - 1) * bn)), barriers.release_q)
-                    if kv_parts == 2:
-                        barriers.release(j)  # K_j is read
                     out = block_softmax(n0, acc, m, l, lazy=lazy)
                     m, l, alpha, p = out[:4]
                     nvvm.wgmma_wait_group_sync_aligned(0)
-                    if barriers is not None:  # block j - 1's V (and K unless split) is read
-                        barriers.release(arith.subi(j, g.c(1)), part=kv_parts - 1)
+                    if barriers is not None:  # block j - 1 is read
+                        barriers.release(arith.subi(j, g.c(1)))
                     return m + l + [rescaled(o, alpha, out[4] if lazy else None)] + packed(p)
 
                 c = g.loop(bn, Sk, bn, carried, step)
-                if kv_parts == 2:
-                    barriers.wait_full(g.c(-(-Sk // bn) - 1), part=1)
-                if turns is not None:
-                    turns.begin()
                 if base is not None:
                     last = g.add(base, n_blocks - 1)
                     o = issue_pv(c[4], c[5:], g.rem(last, 3))
                 else:
                     o = issue_pv(c[4], c[5:], g.c((n_blocks - 1) % 3))
-                if turns is not None:
-                    turns.end()
-                    turns.finish()
                 nvvm.wgmma_wait_group_sync_aligned(0)
                 if base is not None:
                     barriers.release(last)
@@ -1645,11 +1573,8 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 stage = g.rem(i, stages)
                 barriers.wait_empty(i)
                 k_p.copy_async(n0, 0, stage)
-                if kv_parts == 2:  # K and V each on its own pair of barriers
-                    barriers.arrive_full(stage)
-                    barriers.wait_empty(i, part=1)
                 v_p.copy_async(0, n0, stage)
-                barriers.arrive_full(stage, part=kv_parts - 1)
+                barriers.arrive_full(stage)
 
             def copy_walk(walk, k_p, v_p, base=None):
                 """The producer's copies of a walk's blocks: its i-th (cttz of the bits
@@ -1698,17 +1623,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         def tile_start():  # Q lands with the tile's first block (its full barrier)
                             barriers.wait_q_free(k)
                             q_p.copy_async(q0, 0, 0)
-                            if not PREFETCH_Q:
-                                return
-                            # the next tile's Q rows into L2, a row a producer thread
-                            following = arith.addi(t, grid)
-                            block, batch = tile_of(following)
-                            lead_q = pw.operand_index(spec_of(ch.q.type).shape[:-2],
-                                                      g.delinearize(batch, ch.batch) if ch.batch else [], nb)
-                            row = arith.addi(g.mul(block, bm), arith.subi(_opaque_tid(), g.c(threads - 128)))
-                            g.when(arith.andi(arith.cmpi(arith.CmpIPredicate.ult, following, g.c(n_tiles)),
-                                              g.lt(row, Sq)),
-                                   lambda: _prefetch_row(g, q_direct, lead_q, row, D * esize))
 
                         g.when(arith.cmpi(arith.CmpIPredicate.eq, j, g.c(0)), tile_start)
                         copy(i, g.mul(j, bn), k_p, v_p)
@@ -1789,8 +1703,9 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     state = g.guarded(allow, types, first_pass, every_block)
                     return state, arith.cmpi(arith.CmpIPredicate.ne, masks["live"], _every_block(table_shape[1]))
 
+                consumers = (int(NamedBarrier.CONSUMERS), 256)
                 store_output(two_pass_loop(g, ch, init, rows, bm, run_pass,
-                                           reduce=lambda pred: block_reduce(pred, barrier=(1, 256))))
+                                           reduce=lambda pred: block_reduce(pred, barrier=consumers)))
 
             def info(slot: int) -> list[ir.Value]:
                 """PERSISTENT_WALK: the index of an i64 slot after the barriers."""
@@ -1810,7 +1725,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     memref.store(arith.extui(i64, u), barrier_mem, [g.c(0), slot])
 
                 g.when(leader, take)
-                nvvm.BarrierOp(None, barrierId=const_i32(PRODUCER_BARRIER), numberOfThreads=const_i32(128))
+                named_sync(NamedBarrier.PRODUCER, 128)
                 return arith.index_cast(ir.IndexType.get(), memref.load(barrier_mem, [g.c(0), slot]))
 
             def walk_producer():
@@ -2015,8 +1930,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 final = None
 
                 def consumers():
-                    nonlocal turns
-                    turns = Turns(g, wg) if PINGPONG else None
                     if persistent:
                         tile_loop(lambda k: store_output(pipelined(base=g.mul(k, n_blocks))))
                     else:

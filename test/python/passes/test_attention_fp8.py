@@ -132,34 +132,28 @@ def test_pipelined_key_loop(kind, sk):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "no-pingpong"])
 @pytest.mark.parametrize("kind,sk", [("bf16", 2048), ("bf16", 333), ("f16", 1000), ("fp8", 384)])
-def test_warp_specialized_key_loop(kind, sk, pingpong, monkeypatch):
+def test_warp_specialized_key_loop(kind, sk):
     """WARP_SPECIALIZED: a third warpgroup copies, the first two compute. The producer
     gives up registers (setmaxnreg.dec to 24) and issues cp.async copies only, each
     block's arrival on its full mbarrier (noinc: counted as one of its 128); the
     consumers take 240, wait on full mbarriers, fence the async proxy before wgmma
     reads, and give stages back on empty ones, with no barrier of the whole workgroup
-    in the loop. With PINGPONG they take turns at issuing wgmmas on named barriers 1
-    and 2. ptxas neither spills (at 24 registers the producer's per-copy addresses
+    in the loop. ptxas neither spills (at 24 registers the producer's per-copy addresses
     spilled 528 bytes at 333 keys before its copies took per-slot edge tests) nor
     serializes; fp8 with LAZY_RESCALE spills 24 bytes (measured faster anyway)."""
-    from kf.passes.strategies import attention_wgmma
-
-    monkeypatch.setattr(attention_wgmma, "PINGPONG", pingpong)
     built = attention_fp8(2, 4, 256, sk, 128) if kind == "fp8" else attention(2, 4, 256, sk, 128, kind)
     plan, emitted = built.emit(HOPPER)
     assert plan["warp_specialized"] and plan["threads"] == 384 and emitted.block == (384, 1, 1), plan
     ptx, r, log = cuda_report(built, "sm_90a", log=True)
     assert ptx.count("setmaxnreg.dec.sync.aligned.u32 \t24;") == 1, "the producer"
     assert ptx.count("setmaxnreg.inc.sync.aligned.u32 \t240;") == 1, "the consumers"
-    # full and empty, three stages (SPLIT_KV_BARRIERS: for K and for V)
-    # (PERSISTENT: one more, on which the consumers give Q back)
-    assert ptx.count("mbarrier.init.shared.b64") == 6 * (1 + attention_wgmma.SPLIT_KV_BARRIERS) + bool(plan["persistent"])
+    # full and empty, three stages (PERSISTENT: one more, on which the consumers give Q back)
+    assert ptx.count("mbarrier.init.shared.b64") == 6 + bool(plan["persistent"])
     assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx and "mbarrier.arrive.shared.b64" in ptx
     assert "fence.proxy.async.shared::cta" in ptx
     assert ptx.count("bar.sync \t0;") == 1, "the workgroup meets once, after the mbarriers' initialization"
-    assert ("bar.arrive" in ptx) == pingpong
+    assert "bar.arrive" not in ptx
     assert r["spill_store_bytes"] <= (24 if kind == "fp8" else 0), r
     assert "serialized" not in log, log
 

@@ -930,17 +930,14 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape, attention_loop):
 
 
 @needs_cuda
-@pytest.mark.parametrize("switches", [{}, {"PINGPONG": True}, {"LAZY_RESCALE": 0.0}, {"WARP_SPECIALIZED": False},
-                                      {"SPLIT_KV_BARRIERS": True}, {"SPLIT_KV_BARRIERS": False},
-                                      {"PERSISTENT": False}],
-                         ids=["default", "pingpong", "no-lazy", "no-producer", "split-kv", "one-pair",
-                              "not-persistent"])
+@pytest.mark.parametrize("switches", [{}, {"LAZY_RESCALE": 0.0}, {"WARP_SPECIALIZED": False}, {"PERSISTENT": False}],
+                         ids=["default", "no-lazy", "no-producer", "not-persistent"])
 @pytest.mark.parametrize("b,h,sq,sk,elem", [(2, 3, 1000, 1000, "bf16"), (1, 2, 333, 1024, "f16"),
                                              (1, 4, 2048, 2048, "bf16"), (3, 1, 64, 4096, "bf16"),
                                              (4, 8, 2048, 512, "bf16"), (2, 40, 1000, 384, "f16")])
 def test_warp_specialized_attention_cuda(b, h, sq, sk, elem, switches, monkeypatch):
     """The unmasked head-dim-128 kernel with its producer warpgroup (WARP_SPECIALIZED),
-    with and without the consumers' turns (PINGPONG) and LAZY_RESCALE, persistent or not,
+    with and without LAZY_RESCALE, persistent or not,
     and without the producer: ragged and whole key blocks, fewer tiles than SMs, several
     tiles a persistent workgroup (512 and 640 tiles, the latter with the queries ending
     inside a block: the stages' and Q's mbarriers run on across them), and many key
@@ -955,8 +952,7 @@ def test_warp_specialized_attention_cuda(b, h, sq, sk, elem, switches, monkeypat
     assert plan["warp_specialized"] == switches.get("WARP_SPECIALIZED", True), plan
     # persistent where the keys and values of the tiles in flight fit the window
     window = HOPPER.multiprocessors / -(-sq // 128) * sk * 256 * 2 <= attention_wgmma.PERSISTENT_WINDOW_BYTES
-    persistent = window and sk % 128 == 0 and plan["warp_specialized"] and (
-        not set(switches) & {"PINGPONG", "SPLIT_KV_BARRIERS", "PERSISTENT"} or switches == {"SPLIT_KV_BARRIERS": False})
+    persistent = window and sk % 128 == 0 and plan["warp_specialized"] and "PERSISTENT" not in switches
     assert bool(plan["persistent"]) == persistent, plan
     if persistent:
         assert plan["grid"] == [min(-(-sq // 128) * b * h, HOPPER.multiprocessors), 1, 1]
