@@ -40,7 +40,6 @@ from kf.passes.strategies import attention as at  # noqa: E402
 from kf.passes.strategies import matmul as mm  # noqa: E402
 from kf.passes.strategies import attention_wgmma as awg  # noqa: E402
 from kf.passes.strategies.matmul import wgmma as wg  # noqa: E402
-from kf.passes.strategies.nvidia import wgmma as nv_wg  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from seed_examples import fused_attention  # noqa: E402
@@ -78,7 +77,6 @@ FNS = {"nn": nn, "nt": nt, "fp8": scaled}
 GEMM_VARIANTS = {
     "mma.sync x4 (session 3)": {"WGMMA": False},
     "wgmma x4 n256": {},
-    "wgmma x4 n256 per-copy addresses (before session 9)": {"LEAN_COPIES": False},
     "wgmma x3 n256": {"WGMMA_STAGES": 3},
     "wgmma x4 n256 none in flight": {"WGMMA_INFLIGHT": 0},
     "wgmma x6 n128": {"WGMMA_MAX_N": 128, "WGMMA_STAGES": 6},
@@ -94,9 +92,8 @@ GEMM_VARIANTS = {
 
 
 def _switches(name: str):
-    """The module a GEMM switch lives in: matmul (MMA_*), matmul/wgmma.py (WGMMA*) or
-    nvidia/wgmma.py (LEAN_COPIES)."""
-    return nv_wg if name == "LEAN_COPIES" else wg if name.startswith("WGMMA") else mm
+    """The module a GEMM switch lives in: matmul (MMA_*) or matmul/wgmma.py (WGMMA*)."""
+    return wg if name.startswith("WGMMA") else mm
 
 
 def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VARIANTS)) -> list[dict]:
@@ -158,57 +155,14 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
 #: the kernel of the 2026-12-02 afternoon run (K/V staged synchronously, 4 warps); the
 #: ones that turn block skipping off run on masked shapes only.
 ATTENTION_VARIANTS = {
-    "mma.sync (session 3)": {"WGMMA": False},
     "wgmma 2 warpgroups": {},
-    "wgmma, exp2 without ftz (before session 8)": {"FTZ_EXP2": False},
-    "wgmma, per-copy addresses": {"LEAN_COPIES": False},
-    "wgmma, P V waited for at once": {"OVERLAP_PV": False},
-    "wgmma, every block rescales O": {"LAZY_RESCALE": 0.0},
-    "wgmma, not persistent (session 10 kernel)": {"PERSISTENT": False},
-    "wgmma, no producer warpgroup (session 9 kernel)": {"WARP_SPECIALIZED": False, "LAZY_RESCALE": 0.0},
-    "wgmma, no producer warpgroup, lazy rescale": {"WARP_SPECIALIZED": False},
-    "wgmma, masked walk: online softmax in every block": {"LINEAR_MASKED_BLOCKS": False},
-    "wgmma, three stages and a producer warpgroup from head dim 64": {"THREE_STAGES_FROM": 64},
-    "wgmma, masked: two stages, no producer warpgroup at head dim 64": {"WALK_THREE_STAGES_FROM": 128},
-    "wgmma, masked walk: P V waited for at once": {"WALK_OVERLAP_PV": False},
-    "wgmma, masked walk not persistent (session 11 kernel)": {"PERSISTENT_WALK": False},
-    "wgmma, masked walk persistent, tiles claimed head by head": {"WALK_HEAD_GROUPS": False},
-    "wgmma, masked walk persistent, groups as large as the window": {"WALK_EVEN_GROUPS": False},
-    "wgmma, masked walk: P V waited for at once, online softmax": {"WALK_OVERLAP_PV": False,
-                                                                    "LINEAR_MASKED_BLOCKS": False},
-    "wgmma, per-copy addresses, P V waited for at once (session 8 kernel)": {"LEAN_COPIES": False,
-                                                                               "OVERLAP_PV": False},
     "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
-    "wgmma skip, no block table (in-kernel test)": {"BLOCK_TABLE": False},
-    "wgmma skip, no block table, one mask stage": {"BLOCK_TABLE": False, "MASK_STAGES": 1},
-    "wgmma skip, table, masked softmax in whole blocks": {"WHOLE_BLOCKS": False},
     "wgmma skip, table, query blocks in order": {"REVERSE_Q_BLOCKS": False},
-    "wgmma skip, no table, mask from global": {"BLOCK_TABLE": False, "STAGE_MASKS": False},
-    "wgmma skip, one stage (session 4 first)": {"SKIP_PIPELINE": False, "STAGE_MASKS": False, "WHOLE_BLOCKS": False},
-    "wgmma skip, table, no causal class": {"CAUSAL_BLOCKS": False},
-    "wgmma skip, table, no walk (table entries loaded per block)": {"TABLE_WALK": False},
-    "wgmma skip, table, branches ptxas thinks divergent (wgmma serialized)": {"UNIFORM_BRANCHES": False},
-    "wgmma skip, table, uniform branches only": {"CAUSAL_BLOCKS": False, "TABLE_WALK": False},
-    "wgmma skip, table, session 4 kernel": {"CAUSAL_BLOCKS": False, "TABLE_WALK": False, "UNIFORM_BRANCHES": False},
 }
-# Variants measured before and left out since (their JSON in bench/results): "lean
-# copies behind a branch" (session 9, {"LEAN_BRANCH": True}: 0.656 against 0.617 ms at
-# 4x32x2048x128; removed with the switch), "P V
-# waited for in the next iteration" (session 9, {"PV_WAIT": "next"}: 0.643 ms at
-# 4x32x2048x128 against 0.634 without the overlap in its run, where the kept loop took
-# 0.617 against 0.629 in another; removed), "wgmma, row
-# maximum as a tree" (session 8: a pairwise tree instead of the chain of 31 FMNMX in
-# linear_softmax; 0.639 against 0.631 ms at d128, 0.3235 against 0.3233 at d64: no gain,
-# removed), "wgmma 3
-# warpgroups" {"WARPGROUPS": 3}, "wgmma 64 keys" {"BLOCK_N": 64}, "session 2" {"WGMMA":
-# False, "PIPELINE": False}, "mma.sync no skip" {"WGMMA": False, "SKIP_MASKED_BLOCKS": False}.
 
 
 def _attention_switches(name: str):
-    """Where an attention switch lives: wgmma.py (LEAN_COPIES), attention_wgmma.py or the
-    AttentionStrategy class."""
-    if name == "LEAN_COPIES":
-        return nv_wg
+    """Where an attention switch lives: attention_wgmma.py or the AttentionStrategy class."""
     return awg if hasattr(awg, name) else at.AttentionStrategy
 
 
@@ -243,9 +197,7 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
         flops = 4 * b * h * s * s * d / (2 if masked else 1)
         rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
         print(rows[-1], flush=True)
-        mask_only = {"SKIP_MASKED_BLOCKS", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
-                     "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK",
-                     "UNIFORM_BRANCHES", "PERSISTENT_WALK", "WALK_HEAD_GROUPS", "WALK_EVEN_GROUPS"}  # same kernel unmasked
+        mask_only = {"SKIP_MASKED_BLOCKS", "REVERSE_Q_BLOCKS"}  # same kernel unmasked
         names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only & set(v))
                  and (not variants or n in variants)]
         for name_ in names:

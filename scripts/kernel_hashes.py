@@ -139,34 +139,8 @@ add(
     Config("att-h.fp8.d256", attention, att(1, 3, 384, 384, 256), precision="fp8"),
     Config("att-h.fp8.d128.short", attention, att(2, 4, 256, 256, 128), precision="fp8"),
 )
-UNMASKED_VARIANTS = {
-    "not-persistent": {"attention.persistent": False},
-    "no-producer": {"attention.warp_specialized": False},
-    "no-lazy-rescale": {"attention.lazy_rescale": 0.0},
-    "no-overlap-pv": {"attention.overlap_pv": False},
-    "no-ftz-exp2": {"attention.ftz_exp2": False},
-    "per-copy-addresses": {"attention.lean_copies": False},
-}
-for v, plan in UNMASKED_VARIANTS.items():
-    add(Config(f"att-h.bf16.d128.unmasked.{v}", attention, att(4, 32, 2048, 2048, 128), plan=plan))
-CAUSAL_VARIANTS = {
-    "not-persistent": {"attention.persistent_walk": False},
-    "walk-serial": {"attention.walk_overlap_pv": False},
-    "walk-online-softmax": {"attention.linear_masked_blocks": False},
-    "no-producer": {"attention.warp_specialized": False},
-    "no-walk": {"attention.warp_specialized": False, "attention.table_walk": False},
-    "no-causal-class": {"attention.warp_specialized": False, "attention.causal_blocks": False},
-    "divergent-branches": {"attention.warp_specialized": False, "attention.uniform_branches": False},
-    "no-whole-blocks": {"attention.whole_blocks": False},
-    "no-table": {"attention.block_table": False},
-    "no-table-one-mask-stage": {"attention.block_table": False, "attention.mask_stages": 1},
-    "head-by-head": {"attention.walk_head_groups": False},
-    "window-groups": {"attention.walk_even_groups": False},
-    "q-blocks-in-order": {"attention.warp_specialized": False, "attention.reverse_q_blocks": False},
-}
-for v, plan in CAUSAL_VARIANTS.items():
-    add(Config(f"att-h.bf16.d128.causal.{v}", masked_attention, att(4, 32, 2048, 2048, 128) + [causal(2048, 2048)],
-               plan=plan))
+add(Config("att-h.bf16.d128.causal-tails.q-blocks-in-order", masked_attention,
+           att(1, 2, 300, 300, 128) + [causal(300, 300)], plan={"attention.reverse_q_blocks": False}))
 
 # attention elsewhere: mma.sync (sm_80), SIMT (f32, Vulkan, Metal)
 add(
@@ -208,7 +182,6 @@ GEMM_HOPPER_VARIANTS = {
     "none-in-flight": {"matmul.wgmma_inflight": 0},
     "n128": {"matmul.wgmma_max_n": 128},
     "ungrouped": {"matmul.group_m": 0},
-    "per-copy-addresses": {"matmul.lean_copies": False},
 }
 for v, plan in GEMM_HOPPER_VARIANTS.items():
     add(Config(f"mm-h.bf16.nn.{v}", bias_gelu_gemm, [(4096, 4096), (4096, 1024), (1024,)], plan=plan))
@@ -277,7 +250,6 @@ LEGACY = {
         "OVERLAP_PV", "FTZ_EXP2", "PERSISTENT_WALK", "WALK_OVERLAP_PV", "LINEAR_MASKED_BLOCKS", "TABLE_WALK",
         "CAUSAL_BLOCKS", "UNIFORM_BRANCHES", "WHOLE_BLOCKS", "BLOCK_TABLE", "MASK_STAGES", "WALK_HEAD_GROUPS",
         "WALK_EVEN_GROUPS", "REVERSE_Q_BLOCKS")},
-    "attention.lean_copies": ("nvidia.wgmma", "LEAN_COPIES"), "matmul.lean_copies": ("nvidia.wgmma", "LEAN_COPIES"),
     "attention.pipeline": ("attention:AttentionStrategy", "PIPELINE"),
     "matmul.wgmma": ("matmul.wgmma", "WGMMA"), "matmul.wgmma_stages": ("matmul.wgmma", "WGMMA_STAGES"),
     "matmul.wgmma_inflight": ("matmul.wgmma", "WGMMA_INFLIGHT"), "matmul.wgmma_max_n": ("matmul.wgmma", "WGMMA_MAX_N"),

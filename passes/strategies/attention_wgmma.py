@@ -93,18 +93,15 @@ from mlir.dialects import math as mmath
 
 from .base import EmittedKernel, NotApplicable, TargetInfo
 from .emit import to_storage as emit_to_storage
-from .kernel_ir import (Direct, GpuFunc, Pointwise, VectorStaging, direct_source, gpu_arg_types, quad_reduce,
-                        workgroup_memref)
+from .kernel_ir import GpuFunc, Pointwise, direct_source, gpu_arg_types, quad_reduce, workgroup_memref
 from .kernel_ir import elem_bytes as _elem_bytes
 from .nvidia.mma_sync import MmaSync
 from .nvidia import wgmma as _wg
 from .nvidia.barriers import NamedBarrier, StageBarriers, named_sync
 
-#: Whether sm_90a attention takes wgmma (else the mma.sync kernel).
-WGMMA = True
-
-#: Warpgroups a workgroup (64 query rows each).
+#: Query rows a workgroup: two consumer warpgroups of 64 rows each.
 WARPGROUPS = 2
+BLOCK_M = 64 * WARPGROUPS
 
 #: Keys a block.
 BLOCK_N = 128
@@ -116,12 +113,41 @@ SM_REGISTERS = 65536
 SM_SHARED_BYTES = 228 * 1024
 DRIVER_SHARED_BYTES = 1024
 
+#: The least head dim whose unmasked kernel takes three stages of K and V (and with
+#: them the producer warpgroup): at 64 two stages let two workgroups share an SM, which
+#: pays more. The walk over a mask's live blocks takes three stages from 64.
+THREE_STAGES_FROM = 128
+WALK_THREE_STAGES_FROM = 64
+
+#: A persistent kernel only where the keys and values of the tiles that run at once (one
+#: an SM: multiprocessors / query blocks heads, each Sk x (D + Dv) elements) take at most
+#: this much of L2 (50 MiB on the H200): a workgroup takes its tiles whatever the others
+#: do, so over many tiles they drift apart, and beyond this the tiles in flight no longer
+#: share their heads' keys and values in L2.
+PERSISTENT_WINDOW_BYTES = 12 << 20
+
+#: i64 slots after the barriers (the persistent walk): the claimed tile, its walk, whole
+#: and causal masks (consumers), and two slots for the producer's claim (by tile parity).
+WALK_INFO_SLOTS = 6
+
+#: Registers a thread of the consumer and of the producer warpgroups (``setmaxnreg``;
+#: multiples of 8, 2 x 128 x 240 + 128 x 24 = 64512 of the SM's 65536).
+CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
+
+#: Where the scores are linear and the producer warpgroup overlaps products with the
+#: softmax, the running row maxima move only when a row of the warp would gain more than
+#: this (log2 units: P then up to 2^8, which bf16 and f16 hold, and O and l in f32 keep
+#: their sums; fp8 less, ``_lazy_threshold``), and O's rescale (Dv / 2 FMULs a thread a
+#: block) is skipped where they did not -- exact, as O and l share the maxima they were
+#: summed under (FlashAttention-4's conditional rescaling).
+LAZY_RESCALE = 8.0
+
 
 def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
     """The wgmma attention plan, or None where the mma.sync kernel stays: not sm_90a,
     q/k/v not f16/bf16 arguments read as they lie (K through its transpose), head dims
     not multiples of 64 (whole 128-byte swizzled rows) up to 256, or shared memory short."""
-    if not (WGMMA and _wg.available(target)):
+    if not _wg.available(target):
         return None
     view = ch.view
     elems = {spec_of(x.type).elem for x in (ch.q, ch.kt, ch.v)}
@@ -145,27 +171,16 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
         return None
     elif _p_scale(ch) is None:
         return None
-    bm, bn = 64 * WARPGROUPS, BLOCK_N
-    stages = 1 if skip and not SKIP_PIPELINE else 2
+    bm, bn = BLOCK_M, BLOCK_N
+    stages = 2
     esize = 1 if fp8 else 2
-    if OVERLAP_SCORES and not skip and ch.mask_cond is None and max(d, dv) >= THREE_STAGES_FROM and \
+    if not skip and ch.mask_cond is None and max(d, dv) >= THREE_STAGES_FROM and \
             esize * (bm * d + 3 * bn * (d + dv)) + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes:
         stages = 3
     shared = esize * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
     if shared > target.max_dynamic_shared_bytes:
         return None
-    table = BLOCK_TABLE and skip and stages == 2 and ch.mask_cond is not None and _head_shared_mask(ch)
-    # with the table no mask tile is staged: whole, causal and dead blocks need none, and
-    # partial ones read their elements where the softmax needs them
-    masks = _staged_masks(ch, bm, bn) if STAGE_MASKS and skip and ch.mask_cond is not None and not table else []
-    mask_stages = 0
-    for n in (2, 1)[2 - MASK_STAGES:] if masks and stages == 2 else ():  # double-buffered where that fits
-        mask_bytes = n * sum(_units(bm * bn * width) for _, width in masks)
-        if shared + mask_bytes <= target.max_dynamic_shared_bytes:
-            shared, mask_stages = shared + mask_bytes, n
-            break
-    if not mask_stages:
-        masks = []
+    table = skip and ch.mask_cond is not None and _head_shared_mask(ch)
     if fp8 and (skip or ch.mask_cond is not None):
         return None
     batch = math.prod(ch.batch)
@@ -173,55 +188,54 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
         return None
     # unmasked, two workgroups an SM where their shared memory fits: ptxas is then held
     # to the registers that two leave a thread (SM_REGISTERS / (2 x threads) = 128),
-    # which it otherwise may pass (FTZ_EXP2 took head dim 64 bf16 to 136: one workgroup
-    # an SM, 0.37 -> 0.43 ms on the H200). Masked kernels need more (at 128, head dim 64
+    # which it otherwise may pass (head dim 64 bf16 took 136 with ex2.approx.ftz: one
+    # workgroup an SM). Masked kernels need more (at 128, head dim 64
     # spilled 176 bytes); at exactly half the SM's shared memory ncu reports one
     # workgroup an SM (fp8 head dim 128), hence the strict bound.
     pair_registers = SM_REGISTERS // (2 * 128 * WARPGROUPS)  # (three warpgroups would leave 85)
     pair = not skip and ch.mask_cond is None and 2 * (shared + DRIVER_SHARED_BYTES) < SM_SHARED_BYTES \
         and pair_registers >= 128
-    overlap_pv = OVERLAP_PV and stages == 3 and dv <= 128 and ch.seq_k > 2 * bn
-    # a producer warpgroup: one more 128-thread warpgroup and the stages' mbarriers
-    specialized = WARP_SPECIALIZED and overlap_pv and WARPGROUPS == 2 and \
+    # the producer warpgroup (one more 128-thread warpgroup and the stages' mbarriers),
+    # with FlashAttention-3's overlap of a block's P V with the next block's softmax: up
+    # to head dim 128 (V's; O, S and two blocks of P spill at 256) and from three key
+    # blocks (two, a loop of one trip that LLVM removes, spilled in fp8)
+    specialized = stages == 3 and dv <= 128 and ch.seq_k > 2 * bn and \
         shared + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes
     if specialized:
         shared += _wg.ATOM_BYTES
-    # with the block table, the walk over live blocks in three stages (WARP_SPECIALIZED)
+    # with the block table, the walk over live blocks in three stages with the producer
     walk_shared = esize * (bm * d + 3 * bn * (d + dv)) + 2 * _wg.ATOM_BYTES
-    walk = WARP_SPECIALIZED and table and TABLE_WALK and -(-ch.seq_k // bn) <= TABLE_WALK_MAX_BLOCKS and \
-        WARPGROUPS == 2 and max(d, dv) >= WALK_THREE_STAGES_FROM and dv <= 128 and \
-        walk_shared <= target.max_dynamic_shared_bytes
+    walk = table and -(-ch.seq_k // bn) <= TABLE_WALK_MAX_BLOCKS and \
+        max(d, dv) >= WALK_THREE_STAGES_FROM and dv <= 128 and walk_shared <= target.max_dynamic_shared_bytes
     if walk:
-        specialized = overlap_pv = True
+        specialized = True
         stages, shared = 3, walk_shared
     grid = [-(-ch.seq_q // bm), batch, 1]
-    # PERSISTENT: the unmasked producer/consumer kernel, one workgroup an SM over the tiles
-    # (and while the keys and values the SMs' tiles read at once stay a fraction of L2)
+    # persistent: the unmasked producer/consumer kernel, one workgroup an SM over the
+    # tiles, while the keys and values the SMs' tiles read at once stay a fraction of L2;
+    # not where the keys end inside a block (the producer's per-slot edge tests spilled at
+    # its 24 registers)
     window = target.multiprocessors / grid[0] * ch.seq_k * (d + dv) * esize
-    persistent = PERSISTENT and specialized and not table \
+    persistent = specialized and not table \
         and target.multiprocessors > 0 and window <= PERSISTENT_WINDOW_BYTES and ch.seq_k % bn == 0
-    # PERSISTENT_WALK: the walk's, with tiles claimed in turn (whole blocks only: the
-    # walk's tails take the serial loop, see WALK_OVERLAP_PV)
-    persistent_walk = PERSISTENT_WALK and walk and WALK_OVERLAP_PV and target.multiprocessors > 0 \
+    # the walk's, with tiles claimed in turn (whole blocks only: the walk's tails take the
+    # serial loop, whose overlap's guards spilled)
+    persistent_walk = walk and target.multiprocessors > 0 \
         and window <= PERSISTENT_WINDOW_BYTES and ch.seq_q % bm == 0 and ch.seq_k % bn == 0
     if persistent or persistent_walk:
         grid = [min(grid[0] * batch, target.multiprocessors), 1, 1]
-    # heads a group of the claim order: their keys and values within the window, and
-    # (WALK_EVEN_GROUPS) a divisor of the heads, so that the last group is a whole one
-    group = max(1, min(batch, int(PERSISTENT_WINDOW_BYTES // (ch.seq_k * (d + dv) * esize)))) if WALK_HEAD_GROUPS else 1
-    if WALK_EVEN_GROUPS:
-        group = max(g for g in range(1, group + 1) if batch % g == 0)
+    # heads a group of the claim order: their keys and values within the window, and a
+    # divisor of the heads, so that the last group is a whole one
+    group = max(1, min(batch, int(PERSISTENT_WINDOW_BYTES // (ch.seq_k * (d + dv) * esize))))
+    group = max(g for g in range(1, group + 1) if batch % g == 0)
     return {"block_m": bm, "block_n": bn, "threads": 128 * (WARPGROUPS + specialized), "stages": stages,
             "grid": grid, "shared_bytes": shared, "dynamic_shared": True, "seq_q": ch.seq_q, "seq_k": ch.seq_k,
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
-            "skip_masked_blocks": skip, "elem": elem, "staged_masks": [i for i, _ in masks],
-            "mask_stages": mask_stages, "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
+            "skip_masked_blocks": skip, "elem": elem,
+            "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
             "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None and not persistent_walk),
             "max_registers": pair_registers if pair else 0,
-            # O (Dv / 2 registers), S, and two blocks of P: head dim 256 spills (336 bytes,
-            # fp8); and two key blocks, whose loop of one trip LLVM removes, spilled 96
-            # bytes at head dim 128 in fp8 (the straight code scheduled wider)
-            "overlap_pv": overlap_pv, "warp_specialized": specialized,
+            "overlap_pv": specialized, "warp_specialized": specialized,
             "persistent": [-(-ch.seq_q // bm), batch] if persistent else [],
             "persistent_walk": [-(-ch.seq_q // bm), batch, group] if persistent_walk else []}
 
@@ -233,136 +247,6 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
 #: 1.038; bench/results/variants-attention-reverse-2026-12-03.json); kept, as it can only help.
 REVERSE_Q_BLOCKS = True
 
-
-#: Whether the unmasked key loop issues block j + 1's S = Q K^T before block j's
-#: softmax, so that the tensor cores compute it while the warpgroup computes
-#: exponentials (FlashAttention-3's intra-warpgroup overlap), with K and V in three
-#: stages where shared memory has room (bf16 head dim 128: 225 KiB; fp8: 113 KiB).
-#: Without it a warpgroup's products wait for its softmax and the other way round, and
-#: only the workgroup's other warpgroup fills the gap: fp8 products were then no faster
-#: than bf16 ones (H200, 4x32x2048x128: 0.700 against 0.703 ms). Measured with
-#: LINEAR_SCORES (bench/results/fp8-attention-2026-12-04.json), 4x32x2048x128 fp8
-#: 0.519 -> 0.494 ms, bf16 0.661 -> 0.657; 2x32x4096x128 fp8 0.908 -> 0.860, bf16
-#: 1.179 -> 1.174. Head dim 64 is slower with it (0.364 -> 0.444 ms: 170 registers and
-#: 113 KiB, one workgroup an SM instead of two): from head dim 128 only.
-OVERLAP_SCORES = True
-
-#: The least head dim that takes three stages (and with them OVERLAP_PV and
-#: WARP_SPECIALIZED) without a mask: at 64, two stages let two workgroups share an SM.
-#: H200, 4x32x2048x64: 0.326 ms with two, 0.383 with three and the producer warpgroup
-#: (bench/results/variants-attention-session10-2026-12-04.json).
-THREE_STAGES_FROM = 128
-
-#: The same for the walk over the block table's live blocks (a mask): there the
-#: producer warpgroup pays at head dim 64 too. H200, 4x32x2048x64 with a causal mask:
-#: 0.348 ms with two stages and no producer, 0.277 with them.
-WALK_THREE_STAGES_FROM = 64
-
-#: Whether the three-stage key loop takes FlashAttention-3's schedule (``pipelined``):
-#: block j's S = Q K^T and block j - 1's O += P V issued together, S waited for alone,
-#: the softmax of S_j computed while P V runs. With ``OVERLAP_SCORES`` alone, P V is
-#: waited for as soon as it is issued, and the warpgroup idles for it every block.
-#: Up to head dim 128 (V's), and from three key blocks (see ``plan``). H200, with
-#: wgmma.LEAN_COPIES (bench/results/variants-attention-session9-2026-12-04.json):
-#: 4x32x2048x128 0.617 against 0.629 ms without it, 2x32x4096x128 1.088 against 1.121.
-#: Waiting for P V at the top of the next iteration (the whole softmax in the overlap,
-#: 240 registers) was slower: 0.675 and 1.225 ms (0.643 and 1.156 with LAZY_RESCALE),
-#: against 0.634 and 1.133 without the overlap in the same run.
-OVERLAP_PV = True
-
-#: With OVERLAP_PV: whether a third warpgroup (the producer) issues every cp.async copy
-#: of Q, K and V, and the two consumer warpgroups only compute (FlashAttention-3's
-#: warp specialization, with cp.async where it has TMA). Each stage has two mbarriers:
-#: *full*, which the producer's 128 threads arrive on as their copies of a block land
-#: (``cp.async.mbarrier.arrive.noinc``), and *empty*, which the 256 consumer threads
-#: arrive on once their P V of the block is complete. The consumers then no longer meet
-#: at a barrier per block, carry no copy addresses, and the producer gives them its
-#: registers (``setmaxnreg``: 240 a consumer thread, 24 a producer one).
-WARP_SPECIALIZED = True
-
-#: With WARP_SPECIALIZED, unmasked: whether the kernel is persistent: one workgroup an SM
-#: (``TargetInfo.multiprocessors`` of them) takes tiles (query block, batch) t, t + grid,
-#: ... in turn, and its producer copies the next tile's Q, K and V while the consumers
-#: finish the last blocks of the current one and store its O. Q then has a barrier of
-#: its own (``StageBarriers.q_free``), the stages' phases run on across tiles. Without,
-#: each workgroup starts with empty stages and ends with idle tensor cores: with one
-#: workgroup an SM (225 KiB of shared memory) nothing else fills that time. Not where
-#: the keys end inside a block: the producer's per-slot edge tests then spilled 8 bytes
-#: at its 24 registers (257 and 333 keys).
-PERSISTENT = True
-
-#: PERSISTENT only where the keys and values of the tiles that run at once (one an SM:
-#: multiprocessors / query blocks heads, each Sk x (D + Dv) elements) take at most this
-#: much of L2 (50 MiB on the H200). A workgroup takes every grid-th tile whatever the
-#: others do, so over many tiles they drift apart, and the tiles in flight span more
-#: heads than the hardware's in-order dispatch of a grid of tiles would have: H200,
-#: 4x32 heads, 2048 queries, d128 (8 MiB at 2048 keys): 0.512 against 0.529 ms at 2048
-#: keys, but 0.972 against 0.891 at 4096 (16 MiB) and 1.94 against 1.77 at 8192 (33
-#: MiB); 2x32x4096x128 (8 MiB): 0.910 against 0.914 (bench/results/*session11*).
-PERSISTENT_WINDOW_BYTES = 12 << 20
-
-#: With WARP_SPECIALIZED and the block table's walk: whether that kernel is persistent
-#: too, one workgroup an SM. Its tiles differ in work (under a causal mask a query
-#: block's live key blocks are its index + 1), so a workgroup claims its next tile from a
-#: counter (``atomicAdd``; the block table's kernel zeroes it each call), in an order that
-#: takes a group of heads' tiles (``plan``'s group: their keys and values within
-#: PERSISTENT_WINDOW_BYTES) by query block, last to first: the longest first, the
-#: shortest last, where they fill the ends of the others (list scheduling). The producer
-#: claims, reads the tile's row of the table and hands the walk to the consumers in
-#: shared memory on Q's barrier. There is no second pass: the block table also holds, per
-#: block, which query rows see a live score there (``_emit_block_table``), and a tile
-#: with a row masked everywhere walks every block instead of its live ones. Whole blocks
-#: only (the walk's tails have no pipelined loop).
-PERSISTENT_WALK = True
-
-#: With PERSISTENT_WALK: whether the claim order takes a group of heads' tiles by query
-#: block (else one head's tiles, last to first, then the next head's: a group of one).
-WALK_HEAD_GROUPS = True
-
-#: With WALK_HEAD_GROUPS: whether a group is the most heads that divide the head count
-#: (else the most the window holds, the last group smaller). In a list-scheduling model
-#: of the causal tiles (``bench/tile_orders.py``), 128 heads of 16 query blocks over 132
-#: SMs: the busiest SM 1.5% above the mean with groups of 8, 3.8% with 12 (8 in the last).
-WALK_EVEN_GROUPS = True
-
-#: i64 slots after the barriers (PERSISTENT_WALK): the claimed tile, its walk, whole and
-#: causal masks (consumers), and two slots for the producer's claim (by tile parity).
-WALK_INFO_SLOTS = 6
-
-#: With WARP_SPECIALIZED and the block table: whether the blocks the mask leaves whole and
-#: those of the causal pattern take ``linear_softmax`` where the scores before the mask
-#: are linear (the seed's scale): one FFMA and one ex2 a score, as in the unmasked kernel,
-#: where ``online_softmax`` evaluates the chain per score.
-LINEAR_MASKED_BLOCKS = True
-
-#: With WARP_SPECIALIZED and the block table: whether the walk over live blocks overlaps
-#: a block's P V with the next one's softmax (``pipelined``), or waits for it first. H200,
-#: causal 4x32x2048x128: 0.391 against 0.421 ms; 2x32x4096x128: 0.618 against 0.692
-#: (bench/results/variants-causal-session10-2026-12-04.json), though ptxas spills 84
-#: bytes with it (20 without; consumers at 240 registers). Not where the queries or keys
-#: end inside a block: the tails' guards took the spill to 240 bytes (300 x 300).
-WALK_OVERLAP_PV = True
-
-#: Registers a thread of the consumer and of the producer warpgroups (``setmaxnreg``;
-#: multiples of 8, 2 x 128 x 240 + 128 x 24 = 64512 of the SM's 65536).
-CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
-
-#: With OVERLAP_PV, in kernels with linear scores: the running row maxima move only when
-#: a row of the warp would gain more than this (log2 units: P then up to 2^8, which bf16
-#: and f16 hold, and O and l in f32 keep their sums; fp8 less, ``_lazy_threshold``), and
-#: O's rescale (Dv / 2 FMULs a thread a block) is skipped where they did not -- exact, as
-#: O and l share the maxima they were summed under (FlashAttention-4's conditional
-#: rescaling). H200 with the producer warpgroup: 4x32x2048x128 0.5335 against 0.5388 ms,
-#: 0.530 against 0.539 in another run; 2x32x4096x128 0.920 against 0.928
-#: (bench/results/variants-attention-*session10-2026-12-04.json). 0 turns it off.
-LAZY_RESCALE = 8.0
-
-#: Whether attention on fp8 q, k and v (``precision="fp8"``) takes the fp8 wgmma kernel:
-#: S = Q K^T by m64nNk32 e4m3/e5m2 products, P rounded to the same fp8 type in registers
-#: (times the P chain's fixed scale) and O += P V by register-A fp8 wgmma, V read K-major
-#: (the precision policy stores it transposed, [.., Dv, Sk]). fp8 wgmma takes K-major
-#: operands only, so V cannot be read as it lies, as the 16-bit kernel does.
-FP8 = True
 
 FP8_ELEMS = {"f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
 
@@ -429,7 +313,7 @@ def _fp8_applies(ch, elem: str) -> bool:
     from .attention import _transposed_source
     from .kernel_ir import contiguous_last as _contiguous_last
 
-    if not FP8 or ch.mask_cond is not None:
+    if ch.mask_cond is not None:
         return False
     view = ch.view
     vt = _transposed_source(ch.v)
@@ -438,19 +322,6 @@ def _fp8_applies(ch, elem: str) -> bool:
     if ch.head_dim % 128 or ch.seq_k % BLOCK_N or _reads_per_key(ch):
         return False
     return getattr(ch, "p_elem", None) == elem and _p_scale(ch) is not None
-
-
-#: Whether scores that the chain between the products only scales (muls and divs by
-#: rank-0 values and constants, casts: the seed's ``/ sqrt(d)``, fp8's dequantization
-#: factors) take ``linear_softmax``: the factors (times log2 e) folded into one value at
-#: the kernel's start, a score then costs a max, an FFMA, an ex2 and an add (and the P
-#: chain's power-of-two scale goes into the exponent), where the general chain costs
-#: its ops one by one (fp8's: a multiply, a round trip through bf16, a multiply, then
-#: subtract, multiply, ex2, add, multiply). H200 (fp8-attention-2026-12-04.json),
-#: 4x32x2048x128: fp8 0.615 -> 0.494 ms, bf16 0.691 -> 0.657; bf16 x64 0.391 -> 0.364.
-#: Casts of the scores to a narrower float are not rounded there, as the products' own
-#: 16-bit result types are not (both kernels keep S in f32).
-LINEAR_SCORES = True
 
 
 def _linear_factors(ch, scores: ir.Value | None = None) -> list[tuple[ir.Value, bool]] | None:
@@ -491,11 +362,6 @@ def _positive_constant(pw: Pointwise, factors) -> float | None:
         prod = prod / c if div else prod * c
     return prod if prod > 0 else None
 
-
-#: Whether scores whose factors are non-negative by construction (``_nonnegative``),
-#: not only constants, take ``linear_softmax``'s raw-score maximum: one FMUL a score
-#: fewer in the fp8 kernel on bf16 inputs, whose factors come from the amaxes.
-NONNEGATIVE_FACTORS = True
 
 #: kf ops whose result is >= 0 (or NaN) when their operands are (``_nonnegative``).
 _KEEPS_SIGN = {"kf.mul", "kf.div", "kf.add", "kf.min", "kf.cast", "kf.reciprocal", "kf.rsqrt", "kf.sqrt"}
@@ -611,45 +477,17 @@ def _pack_fp8x4(elem: str, xs: list[ir.Value]) -> ir.Value:
     return llvm.InlineAsmOp(i32, list(xs), asm, "=r,f,f,f,f").res
 
 
-#: Whether a mask that every head shares gets a table of its key blocks, made once per
-#: call by a kernel of its own (``_emit_block_table``, FlexAttention's block mask): per
-#: (query block, key block) whether the mask masks all of it (skipped at no cost: no
-#: test, no copies of its K and V), none of it (the softmax without the mask) or part
-#: of it (the mask read where the softmax needs it).
-BLOCK_TABLE = True
-
-#: What the block table says of a block. CAUSAL: the mask is partial there and equals
-#: the causal pattern over the block (masked iff key > query, absolute indices).
+#: What the block table says of a block: DEAD (the mask masks all of it: skipped at no
+#: cost, no test, no copies of its K and V), WHOLE (none of it: the softmax without the
+#: mask), CAUSAL (the mask is the causal pattern over the block, masked iff key > query in
+#: absolute indices: computed from the indices, not read), PARTIAL (the mask read where
+#: the softmax needs it, so any mask stays exact).
 DEAD, PARTIAL, WHOLE, CAUSAL = 0, 1, 2, 3
 
-#: Whether the block table also finds the partial blocks where the mask is the causal
-#: pattern (``CAUSAL``; the diagonal blocks of a causal mask tensor) and the kernel then
-#: computes the mask from the row and column indices there instead of reading it from
-#: global memory element by element (64 scattered loads a thread a block, in the
-#: softmax's dependency chain). Other partial blocks keep reading the mask, so any mask
-#: stays exact.
-CAUSAL_BLOCKS = True
 
-#: Whether the kernel reads its query block's row of the table once, at its start (a
-#: warp ballot per 32 key blocks: bit masks of the live, whole and causal blocks, in
-#: registers), and walks the live blocks only: the next live block's K and V are copied
-#: during this one, one barrier a block as in the unmasked loop. Without it, every key
-#: block, dead or not, loads its table entry and the next one's and passes two barriers.
-#: Up to ``TABLE_WALK_MAX_BLOCKS`` key blocks (64-bit masks); more take the per-block loop.
-TABLE_WALK = True
+#: The most key blocks a walk over live blocks takes (its bit masks are i64); more take
+#: the per-block loop, which loads each block's table entry.
 TABLE_WALK_MAX_BLOCKS = 64
-
-#: Whether the key loops' branches around products (which kind of softmax a block
-#: takes; in the per-block loop, whether the block runs at all) test a warp vote of
-#: their condition rather than the condition itself. The conditions are the same in
-#: every thread (table entries, bar.red results), but ptxas cannot tell; a wgmma whose
-#: register operands (P, the rescaled accumulators) come out of a branch it thinks
-#: divergent makes it serialize every wgmma of the kernel (C7520: "wgmma.mma_async
-#: instructions are serialized due to program dependence on compiler-inserted WG.AR in
-#: divergent path"), which every masked kernel up to 2026-12-03 did. A vote's result is
-#: uniform to ptxas, and with it the warning goes (ptxas 13.0, checked here).
-UNIFORM_BRANCHES = True
-
 
 def _head_shared_mask(ch) -> bool:
     """Whether the mask condition reads nothing but [.., Sq, Sk] arguments whose leading
@@ -736,13 +574,10 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
                 m = pw.eval(ch.mask_cond, pw.operand_index(spec_of(ch.mask_cond.type).shape, lead + [r, c],
                                                            ch.scores.rank))
                 pw.reset()
-                if not CAUSAL_BLOCKS:
-                    return [m]
                 above = arith.cmpi(arith.CmpIPredicate.ugt, c, r)  # key past query: causal masks it
                 return [m, arith.cmpi(arith.CmpIPredicate.eq, m, above)]
 
-            m, *agrees = g.guarded(g.all_of(conds), [i1] * (2 if CAUSAL_BLOCKS else 1), masked,
-                                   lambda: [true] * (2 if CAUSAL_BLOCKS else 1))
+            m, *agrees = g.guarded(g.all_of(conds), [i1] * 2, masked, lambda: [true] * 2)
             live = arith.ori(live, arith.xori(m, true))
             whole = arith.andi(whole, arith.xori(m, true))
             if agrees:
@@ -775,84 +610,11 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
                                                [g.c(0), g.c(_table_columns(nk, True) - 1)]))
         live, whole = block_reduce(live, "or"), block_reduce(whole, "and")
         partial = arith.constant(i32, PARTIAL)
-        if CAUSAL_BLOCKS:
-            partial = arith.select(block_reduce(causal, "and"), arith.constant(i32, CAUSAL), partial)
+        partial = arith.select(block_reduce(causal, "and"), arith.constant(i32, CAUSAL), partial)
         code = arith.select(live, arith.select(whole, arith.constant(i32, WHOLE), partial), arith.constant(i32, DEAD))
         g.when(arith.cmpi(arith.CmpIPredicate.eq, tid, g.c(0)), lambda: memref.store(code, g.args[-1], [qb, kb]))
         g.finish()
     return EmittedKernel(name, (nk, nq, 1), (threads, 1, 1), 0, {"strategy": "attention block table"})
-
-
-#: Whether a mask that every head shares is staged a block at a time in shared memory
-#: (``_staged_masks``) rather than read from global memory.
-STAGE_MASKS = True
-
-#: At most this many stages of a staged mask: 2, the next block's tile copied with its
-#: K and V (where shared memory has room: a bf16 mask does, an f32 one not), or 1,
-#: copied and waited for at the start of its block. H200, causal 4x32x2048x128: 0.859 ms
-#: with 2, 0.881 with 1 (4096: 1.56, 1.76); a diagonal mask 0.514, 0.477. What a dead
-#: block costs is mostly traffic, not latency: its mask tile and, prefetched before the
-#: block is tested, its K and V (96 KiB a block from L2 per workgroup).
-MASK_STAGES = 2
-
-#: Whether the skipping loop double-buffers K and V like the unmasked one (the next
-#: block's copies issued at the start of each block, skipped or not), rather than
-#: staging each live block where it is used.
-SKIP_PIPELINE = True
-
-#: Whether the skipping loop finds the blocks that the mask leaves whole and runs their
-#: softmax without the mask. H200 (bench/results/variants-attention-masks-2026-12-03.json,
-#: causal bf16 mask): 4x32x2048x128 0.824 ms with, 0.859 without; 2x32x4096 1.53, 1.56.
-WHOLE_BLOCKS = True
-
-
-def _mask_place(g: GpuFunc, width: int, stage_row0) -> Callable[[list], list]:
-    """Where mask tile element [r, c] lies: rows stacked by stage, and the row's 16-byte
-    pieces swizzled, piece p of row r at p ^ (r % 8). A warp's softmax fragment reads
-    8 rows at the same columns at once; unswizzled, 256-byte rows put them all in the
-    same 4 banks (8-way conflicts), swizzled they take 8 different groups of 4."""
-    per = 16 // width
-
-    def place(at: list) -> list:
-        r, c = at
-        bits = arith.muli(arith.andi(r, g.c(7)), g.c(per))
-        return [arith.addi(r, stage_row0) if not isinstance(stage_row0, int) or stage_row0 else r,
-                arith.xori(c, bits)]
-
-    return place
-
-
-def _units(nbytes: int) -> int:
-    return -(-nbytes // _wg.ATOM_BYTES) * _wg.ATOM_BYTES
-
-
-def _staged_masks(ch, bm: int, bn: int) -> list[tuple[int, int]]:
-    """(argument index, element bytes) of each argument the mask reads
-    that is staged a block at a time in shared memory: a [.., Sq, Sk] argument whose
-    leading dims are 1 (one mask for every head: the causal mask) and whose rows are
-    whole 16-byte vectors (and 8 of them in a block row, for the swizzle: see
-    ``_mask_place``). The skipping loop reads a block's mask twice (to test the block,
-    then in the softmax), each thread 64 scattered elements a block: from global memory
-    that was most of the causal kernel's time."""
-    view = ch.view
-    found, seen, stack = [], set(), [ch.mask_cond]
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        i = view.arg_index(v)
-        if i is not None:
-            spec = view.arg_specs[i]
-            width = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1, "i1": 1}.get(spec.elem)
-            if width and spec.rank >= 2 and tuple(spec.shape[-2:]) == (ch.seq_q, ch.seq_k) and \
-                    all(x == 1 for x in spec.shape[:-2]) and (ch.seq_k * width) % 16 == 0 and bn * width >= 128:
-                found.append((i, width))
-            continue
-        op = defining(v)
-        if op is not None:
-            stack.extend(op.operands)
-    return sorted(set(found))
 
 
 def _table_masks(g: GpuFunc, table: ir.Value, qblock: ir.Value, nk: int, tid: ir.Value,
@@ -884,9 +646,8 @@ def _table_masks(g: GpuFunc, table: ir.Value, qblock: ir.Value, nk: int, tid: ir
 
 
 def _walk_classes() -> tuple[str, ...]:
-    """The ``_table_masks`` a walk over live blocks reads: live, and whole and causal
-    where WHOLE_BLOCKS and CAUSAL_BLOCKS tell them apart."""
-    return ("live",) + ("whole",) * WHOLE_BLOCKS + ("causal",) * CAUSAL_BLOCKS
+    """The ``_table_masks`` a walk over live blocks reads."""
+    return ("live", "whole", "causal")
 
 
 def _every_block(nk: int) -> ir.Value:
@@ -938,12 +699,8 @@ def _walk_classes_of(masks: dict[str, ir.Value], j: ir.Value) -> tuple[ir.Value 
 def _block_kinds(masks: dict[str, ir.Value], j: ir.Value) -> dict[str, ir.Value]:
     """Block j's classes as ``key_block``'s keywords: ``unmasked`` (whole) and ``causal``."""
     i1 = ir.IntegerType.get_signless(1)
-    kinds = {}
-    if WHOLE_BLOCKS:
-        kinds["unmasked"] = arith.trunci(i1, arith.shrui(masks["whole"], j))
-    if CAUSAL_BLOCKS:
-        kinds["causal"] = arith.trunci(i1, arith.shrui(masks["causal"], j))
-    return kinds
+    return {"unmasked": arith.trunci(i1, arith.shrui(masks["whole"], j)),
+            "causal": arith.trunci(i1, arith.shrui(masks["causal"], j))}
 
 
 def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: int, bm: int, tid: ir.Value,
@@ -996,23 +753,14 @@ def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: 
 #: The largest finite value of each fp8 type (e4m3fn saturates there).
 FP8_MAX = {"f8E4M3FN": 448.0, "f8E5M2": 57344.0}
 
-#: Whether fp8 kernels take LAZY_RESCALE too, with the threshold their P's range allows.
-#: H200, fp8 kernel: 4x32x2048x128 0.412 against 0.425 ms, 2x32x4096x128 0.705 against
-#: 0.730 (bench/results/fp8-attention-{lazy,nolazy}-session10-2026-12-04.json), though
-#: ptxas spills 24 bytes with it.
-FP8_LAZY_RESCALE = True
-
-
 def _lazy_threshold(elem: str, p_scale: float, log2_p: float) -> float | None:
     """LAZY_RESCALE's threshold (log2 units) for P of type ``elem``, or None for every
     block's rescale: P is up to 2^threshold times the P chain's scale c, which fp8 must
     hold (e4m3 at c = 256: 448 / 256 leaves 0.75, in eighths)."""
-    if not LAZY_RESCALE:
-        return None
     if elem not in FP8_MAX:
         return LAZY_RESCALE
     c = 2.0 ** log2_p if log2_p else p_scale
-    room = math.floor(math.log2(FP8_MAX[elem] / c) * 8) / 8 if FP8_LAZY_RESCALE and c > 0 else 0.0
+    room = math.floor(math.log2(FP8_MAX[elem] / c) * 8) / 8 if c > 0 else 0.0
     return min(LAZY_RESCALE, room) if room > 0 else None
 
 
@@ -1038,7 +786,12 @@ def _block_start(g: GpuFunc, j: ir.Value, bn: int) -> ir.Value:
 
 def _uniform(pred: ir.Value) -> ir.Value:
     """``pred``, the same in every lane, as a warp vote's result (``vote.sync.ballot``
-    != 0), which ptxas knows to be uniform over the warp (UNIFORM_BRANCHES)."""
+    != 0), which ptxas knows to be uniform over the warp. The key loops' branches around
+    products (which kind of softmax a block takes; in the per-block loop, whether the
+    block runs at all) test such votes: their conditions are the same in every thread
+    (table entries, bar.red results), but where ptxas cannot tell, a wgmma whose register
+    operands come out of a branch it thinks divergent makes it serialize every wgmma of
+    the kernel (C7520)."""
     i32 = ir.IntegerType.get_signless(32)
     b = nvvm.vote_sync(i32, arith.constant(i32, -1), pred, nvvm.VoteSyncKind.ballot)
     return arith.cmpi(arith.CmpIPredicate.ne, b, arith.constant(i32, 0))
@@ -1086,14 +839,11 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
         nb = len(ch.batch)
         with ir.InsertionPoint(g.entry):
             # Q: bm rows x D; K: bn rows x D a stage; V: bn k-rows x Dv a stage (MN-major)
-            staged = plan.get("staged_masks", []) if plan.get("skip_masked_blocks") else []
             reuses_q = bool(plan.get("persistent") or walk_persistent)  # Q refilled a tile
             n_barriers = StageBarriers.size(stages, bool(table_shape), reuses_q)
-            mask_stages = plan.get("mask_stages", 1)
-            mask_elems = [ir.MemRefType(g.args[i].type).element_type for i in staged]
             Qs, Ks, Vs, *Ms = _wg.carve_aligned(
                 g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),
-                    (stages * bn * Dv // per_row, per_row, et)] + [(mask_stages * bm, bn, t) for t in mask_elems]
+                    (stages * bn * Dv // per_row, per_row, et)]
                 + ([(1, n_barriers + (WALK_INFO_SLOTS if walk_persistent else 0), i64)] if specialized else []))
             # with the table, a barrier for Q too: a workgroup may walk no block; PERSISTENT:
             # one on which the consumers give Q back for the next tile
@@ -1165,7 +915,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             place_rows()
             pw.reciprocal_of_constants = True
             pw.hoist_scalars()
-            factors = _linear_factors(ch) if LINEAR_SCORES and ch.mask_cond is None else None
+            factors = _linear_factors(ch) if ch.mask_cond is None else None
 
             def linear_scale(factors):
                 """(the factors' product times log2 e, whether the maximum may be taken
@@ -1177,7 +927,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 for x, div in factors:
                     xv = scalar_math.convert(pw.eval(x, []), f32)
                     scale = arith.divf(scale, xv) if div else arith.mulf(scale, xv)
-                if NONNEGATIVE_FACTORS and all(_nonnegative(x) for x, _ in factors):
+                if all(_nonnegative(x) for x, _ in factors):
                     # >= 0, so the row maximum may be taken on the raw scores (one
                     # FMUL a score fewer); at least the least normal float, so that
                     # a zero cannot make a ragged tail's -inf * 0 a NaN
@@ -1215,24 +965,13 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
             # WARP_SPECIALIZED: copied by the consumers where they copy (the walk's second pass)
             k_tile, v_tile = kv_tiles(tid, 256 if specialized else threads, lean)
             s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
-            def mask_staging(i: int, tile: ir.Value) -> VectorStaging:
-                """Made where it is used, in the loop: its per-thread addresses are a few
-                integer ops, and kept from the kernel's start they were registers that
-                the wgmma accumulators need (ptxas spilled with an f32 mask)."""
-                src = Direct(g.args[i], [g.c(0)] * (view.arg_specs[i].rank - 2), False)
-                staging = VectorStaging(g, tid, threads, tile, bm, bn, Sq, Sk, False, src, 16)
-                if not staging.copies_async:
-                    raise NotApplicable(f"the mask argument {i} cannot be staged by cp.async")
-                return staging
-
-            mask_tiles = list(zip(staged, Ms))
             n_o = Dv // 8
             n_blocks = -(-Sk // bn)
             q_desc = arith.addi(q_tile.descriptor_base(), arith.index_cast(i64, g.mul(wg, 64 * _wg.SWIZZLE_BYTES // 16)))
             k_desc0, v_desc0 = k_tile.descriptor_base(), v_tile.descriptor_base()
             log2e = g.fconst(math.log2(math.e))
 
-            def exp(x):  # (masked and general chains; FTZ_EXP2 made the masked kernel spill)
+            def exp(x):  # (masked and general chains: with ex2.approx.ftz the masked kernel spilled)
                 return mmath.exp2(arith.mulf(x, log2e))
 
             def sync():
@@ -1322,14 +1061,14 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 return o
 
             masked_linear = None
-            if LINEAR_MASKED_BLOCKS and specialized and ch.mask_cond is not None:
+            if specialized and ch.mask_cond is not None:
                 whole_factors = _linear_factors(ch, ch.unmasked_scores)
                 masked_linear = linear_scale(whole_factors) if whole_factors is not None else None
 
             def classified_softmax(n0, acc, m, l, unmasked=None, causal=None):
                 """``block_softmax`` of a block the mask may leave alone (``unmasked``) or
                 give the causal pattern (``causal``): uniform branches over the three.
-                With ``masked_linear`` (LINEAR_MASKED_BLOCKS) the first two take
+                With ``masked_linear`` (the walk's blocks) the first two take
                 ``linear_softmax``, in the log2 domain: m is kept in the scores' units
                 (the mask's fill compares with it), so it is scaled by log2 e into it and
                 back out."""
@@ -1351,7 +1090,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return m_ + l_ + a_ + [x for pj in p_ for x in pj]
 
                 flat_types = [f32] * (6 + bn // 2)
-                uniform = _uniform if UNIFORM_BRANCHES else (lambda p: p)
+                uniform = _uniform
 
                 def masked_softmax():
                     if causal is None:
@@ -1417,24 +1156,24 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                 return g.guarded(moved, [o_t], lambda: [rescale(o, alpha)], lambda: [o])[0]
 
             def pipelined(walk=None, classes=None, base=None):
-                """``OVERLAP_PV``'s key loop (FlashAttention-3's intra-warpgroup pipeline):
+                """The producer/consumer kernel's key loop (FlashAttention-3's intra-warpgroup pipeline):
                 block j's S and block j - 1's O += P V are issued together, S is waited for
                 alone before its softmax, P V after it. K and V in three stages: j - 1 (V
                 read by P V), j (K read by S), j + 1 (copies in flight). ptxas hoists the
                 wait for P V above the softmax's exponentials (the row maxima overlap P V,
                 the rest does not; seen in the SASS, not in the PTX); waiting for it at
                 the top of the next iteration instead kept the whole softmax in the
-                overlap but measured slower (see ``OVERLAP_PV``). P_j is rounded after the
+                overlap but was slower. P_j is rounded after the
                 wait: its loop-carried registers are those P V of block j - 1 reads, and
                 ptxas serializes every wgmma (C7513) where an instruction writes them
-                before that P V is done. With ``barriers`` (WARP_SPECIALIZED) the
-                producer warpgroup copies; a block is waited for on its full mbarrier,
-                and its stage given back on its empty one once its P V is complete.
+                before that P V is done. The producer warpgroup copies; a block is waited
+                for on its full mbarrier, and its stage given back on its empty one once
+                its P V is complete.
 
-                ``walk`` (WARP_SPECIALIZED, with the block table): the live key blocks
+                ``walk`` (with the block table): the live key blocks
                 only, an i64 bit mask with at least one bit set; the i-th of them is in
                 stage i % 3, and ``classes(j)`` gives block j's (unmasked, causal) for
-                ``classified_softmax``. ``base`` (PERSISTENT, PERSISTENT_WALK): key block
+                ``classified_softmax``. ``base`` (persistent kernels): key block
                 j (the walk's j-th block) is the pipeline's block base + j; Q is given
                 back once the tile's last S is complete, and the last block after its
                 P V."""
@@ -1488,16 +1227,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     j = g.div(n0, bn)
                     if base is not None:
                         j = arith.addi(base, j)
-                    if barriers is not None:
-                        barriers.wait_full(j)
-                    else:
-                        nvvm.cp_async_wait_group(0)  # block j
-                        # and every warpgroup is done with block j - 2's stage, (j + 1) % 3
-                        fence_and_publish()
-                        n1 = g.add(n0, bn)  # past the keys: zero-filled, never read
-                        k_tile.copy_async(n1, 0, g.rem(g.add(j, 1), 3))
-                        v_tile.copy_async(0, n1, g.rem(g.add(j, 1), 3))
-                        nvvm.cp_async_commit_group()
+                    barriers.wait_full(j)
                     acc = issue_scores(g.rem(j, 3))
                     o = issue_pv(o, a, g.rem(g.add(j, 2), 3))  # block j - 1
                     nvvm.wgmma_wait_group_sync_aligned(1)  # S (groups complete in order)
@@ -1506,8 +1236,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     out = block_softmax(n0, acc, m, l, lazy=lazy)
                     m, l, alpha, p = out[:4]
                     nvvm.wgmma_wait_group_sync_aligned(0)
-                    if barriers is not None:  # block j - 1 is read
-                        barriers.release(arith.subi(j, g.c(1)))
+                    barriers.release(arith.subi(j, g.c(1)))  # block j - 1 is read
                     return m + l + [rescaled(o, alpha, out[4] if lazy else None)] + packed(p)
 
                 c = g.loop(bn, Sk, bn, carried, step)
@@ -1684,7 +1413,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return list(loop.results)[:-1]
 
                 def first_pass():
-                    if not WALK_OVERLAP_PV or Sq % bm or Sk % bn:  # tails: see WALK_OVERLAP_PV
+                    if Sq % bm or Sk % bn:  # tails: the overlap's guards spilled
                         return serial(masks["live"])
                     live = arith.cmpi(arith.CmpIPredicate.ne, masks["live"], arith.constant(i64, 0))
                     return g.guarded(live, types, lambda: pipelined(masks["live"], classes), lambda: list(init))
@@ -1818,46 +1547,32 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
 
                 split(lambda: producer(lambda: _table_masks(g, table, qblock, table_shape[1], tid, ("live",))["live"]),
                       walk_consumers)
-            elif skip and stages == 2:
-                def stage_masks(n0, stage):
-                    for i, tile in mask_tiles:
-                        width = _elem_bytes(ir.MemRefType(tile.type).element_type)
-                        mask_staging(i, tile).copy_async(q0, n0, place=_mask_place(g, width, g.mul(stage, bm)))
-
+            elif skip:
                 def start_pass():
-                    """The first block's K and V (and mask tiles, double-buffered) into
-                    stage 0, with Q on the first pass."""
+                    """The first block's K and V into stage 0, with Q on the first pass."""
                     nvvm.cp_async_wait_group(0)  # a previous pass's last prefetch
                     k_tile.copy_async(0, 0, 0)
                     v_tile.copy_async(0, 0, 0)
-                    if mask_stages == 2:
-                        stage_masks(g.c(0), g.c(0))
                     nvvm.cp_async_commit_group()
 
                 def table_at(j):
                     return memref.load(table, [qblock, j])
 
                 def block_class(n0):
-                    """(live, whole[, causal]) of a block, from the table: uniform, no test."""
+                    """(live, whole, causal) of a block, from the table: uniform, no test."""
                     code = table_at(g.div(n0, bn))
-                    out = (arith.cmpi(arith.CmpIPredicate.ne, code, arith.constant(code.type, DEAD)),
-                           arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(code.type, WHOLE)))
-                    if CAUSAL_BLOCKS:
-                        out += (arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(code.type, CAUSAL)),)
-                    return out
+                    return (arith.cmpi(arith.CmpIPredicate.ne, code, arith.constant(code.type, DEAD)),
+                            arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(code.type, WHOLE)),
+                            arith.cmpi(arith.CmpIPredicate.eq, code, arith.constant(code.type, CAUSAL)))
 
                 def stage_block(n0, allow):
                     """The next block's copies into the other stage, and the wait for this
-                    block's (issued a block earlier). A mask tile of one stage is copied
-                    here and waited for at once. With the block table, the next block's K
-                    and V are copied only if it is live (or nothing is skipped: ``allow``
-                    false, the second pass)."""
+                    block's (issued a block earlier). With the block table, the next
+                    block's K and V are copied only if it is live (or nothing is skipped:
+                    ``allow`` false, the second pass)."""
                     j = g.div(n0, bn)
                     cur, nxt, n1 = g.rem(j, 2), g.rem(g.add(j, 1), 2), g.add(n0, bn)
-                    mask_stage = cur if mask_stages == 2 else g.c(0)
-                    gpu.barrier()  # every reader of the other stage (and a one-stage mask) is done
-                    if mask_stages == 1:
-                        stage_masks(n0, mask_stage)
+                    gpu.barrier()  # every reader of the other stage is done
                     nvvm.cp_async_commit_group()
 
                     def copy_next():
@@ -1873,38 +1588,23 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         fetch = arith.andi(g.lt(g.add(j, 1), last + 1),
                                            arith.ori(live, arith.xori(allow, arith.constant(allow.type, 1))))
                         g.when(fetch, copy_next)
-                    if mask_stages == 2:
-                        stage_masks(n1, nxt)
                     nvvm.cp_async_commit_group()
                     nvvm.cp_async_wait_group(1)
                     fence_and_publish()
-                    for i, tile in mask_tiles:
-                        width = _elem_bytes(ir.MemRefType(tile.type).element_type)
-                        place = _mask_place(g, width, g.mul(mask_stage, bm))
-                        pw.tiles[i] = (tile, lambda index, place=place, n0=n0: place(
-                            [arith.subi(index[-2], q0), arith.subi(index[-1], n0)]))
                     return cur
 
                 def copy_block(n0, stage):
                     k_tile.copy_async(n0, 0, stage)
                     v_tile.copy_async(0, n0, stage)
 
-                if table is not None and TABLE_WALK and table_shape[1] <= TABLE_WALK_MAX_BLOCKS:
+                if table is not None and table_shape[1] <= TABLE_WALK_MAX_BLOCKS:
                     final = _table_walk(g, ch, table, qblock, table_shape[1], bn, bm, tid, init, rows, key_block,
                                         copy_block, fence_and_publish)
                 else:
                     final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
-                                                    stage_block, start_pass, whole_blocks=WHOLE_BLOCKS,
+                                                    stage_block, start_pass, whole_blocks=True,
                                                     block_class=block_class if table is not None else None,
-                                                    uniform=_uniform if UNIFORM_BRANCHES else None)
-                pw.tiles.clear()
-            elif skip or stages < 2:
-                nvvm.cp_async_commit_group()  # Q lands with the first block's copies
-                if skip:  # one stage: each live block staged where it is used
-                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
-                                                    uniform=_uniform if UNIFORM_BRANCHES else None)
-                else:
-                    final = g.loop(0, Sk, bn, init, lambda n0, c: key_block(n0, c))
+                                                    uniform=_uniform)
             elif stages == 3 and not plan.get("overlap_pv"):
                 # OVERLAP_SCORES: block j + 1's S = Q K^T runs on the tensor cores during
                 # block j's softmax. Three stages: j (its V read by P V), j + 1 (its K by
@@ -1925,7 +1625,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     return key_block(n0, carried[:-1], g.rem(j, 3), scores=carried[-1]) + [nxt]
 
                 final = g.loop(0, Sk, bn, init + [first], overlapped)[:-1]
-            elif stages == 3 and specialized:
+            elif stages == 3:
                 barriers.initialize(128, 256)
                 final = None
 
@@ -1936,8 +1636,6 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                         store_output(pipelined())
 
                 split(producer, consumers)
-            elif stages == 3:  # overlap_pv
-                final = pipelined()
             else:
                 k_tile.copy_async(0, 0, 0)
                 v_tile.copy_async(0, 0, 0)

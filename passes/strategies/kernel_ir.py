@@ -287,10 +287,6 @@ class Pointwise:
         #: Divide by a constant as a multiply by its reciprocal (one f32 rounding more,
         #: no division: attention's ``scores / sqrt(d)`` per score element).
         self.reciprocal_of_constants = False
-        #: argument index -> (workgroup tile, place): that argument's element at an
-        #: index is read from ``tile[place(index)]`` (staged by the kernel: an attention
-        #: mask's block) instead of from global memory.
-        self.tiles: dict = {}
         #: argument index -> its value, loaded once (``hoist_scalars``)
         self.scalars: dict = {}
 
@@ -299,7 +295,7 @@ class Pointwise:
         the insertion point (a kernel's entry), instead of once per use: attention's
         score chain used it per score, a load each in the softmax's dependency chain."""
         for i, spec in enumerate(self.view.arg_specs):
-            if not spec.shape and i not in self.tiles:
+            if not spec.shape:
                 self.scalars[i] = self.load_arg(i, [])
 
     def bind(self, v: ir.Value, scalar: ir.Value) -> None:
@@ -318,11 +314,7 @@ class Pointwise:
         if i in self.scalars:
             return self.scalars[i]
         spec = self.view.arg_specs[i]
-        if i in self.tiles:
-            tile, place = self.tiles[i]
-            v = memref.load(tile, place(index))
-        else:
-            v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
+        v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
         if spec.elem == "i1" and v.type != ir.IntegerType.get_signless(1):  # a boolean stored as a byte
             return arith.cmpi(arith.CmpIPredicate.ne, v, scalar_math.const(v.type, 0))
         if spec.elem in FP8_ELEMS:  # NVVM lowers no fp8 extf: decode the byte (exact)

@@ -41,16 +41,6 @@ from .mma_sync import FP8_PTX
 
 SWIZZLE_BYTES = 128  # one swizzled row
 
-#: Whether SwizzledTile copies blocks that are all inside or all outside the source
-#: (extents multiples of the tile's) from per-thread addresses computed once
-#: (``_lean_addresses``): a block is then a uniform offset and one test, where each
-#: 16-byte copy computed its indices, clamped them at the edges and linearized them
-#: (about 8 instructions a copy, 130 of the 585 in bf16 attention's key loop). A block
-#: outside the source is 16-byte copies of 0 bytes from a valid address: straight code
-#: that ptxas may interleave with what follows. A branch around them instead was slower
-#: (H200, bf16 attention 4x32x2048x128: 0.656 against 0.617 ms; 2x32x4096x128: 1.184
-#: against 1.088; bench/results/variants-attention-session9-2026-12-04.json).
-LEAN_COPIES = True
 ATOM_BYTES = 1024  # 8 rows: the swizzle pattern's period, and the descriptors' alignment
 
 WGMMA_TYPES = {"bf16": "bf16", "f16": "f16", "f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
@@ -76,8 +66,9 @@ class SwizzledTile:
 
     ``mem`` is a [stages * rows_per_stage, 128 bytes] view at a 1024-byte aligned
     address; the global source is ``direct`` ([.., R, K] for K-major, [.., K, N] for
-    MN-major, with its lead indices). ``lean``: whether ``LEAN_COPIES`` may apply (its
-    per-thread addresses stay in registers through the loop). ``producer``: the tile of
+    MN-major, with its lead indices). ``lean``: whether the copies may take per-thread
+    addresses computed once (``_lean_addresses``; they stay in registers through the
+    loop). ``producer``: the tile of
     a producer warpgroup (attention's WARP_SPECIALIZED), whose copies are its only work:
     lean copies also with 8 rows between a thread's slots and in blocks across the
     source's edge (each slot then tests its coordinates). ``row_perm`` (K-major only): a function of the
@@ -115,10 +106,10 @@ class SwizzledTile:
             src_r = row_perm(r) if row_perm is not None and not mn_major else r
             self.slots.append((dst_row, g.mul(swz, self.vec), (src_r, g.mul(c, self.vec)), in_share))
         self.producer = producer
-        self.lean = self._lean_addresses(tid, threads, n_chunks, chunks, row_perm) if LEAN_COPIES and lean else None
+        self.lean = self._lean_addresses(tid, threads, n_chunks, chunks, row_perm) if lean else None
 
     def _lean_addresses(self, tid: ir.Value, threads: int, n_chunks: int, chunks: int, row_perm):
-        """``LEAN_COPIES``: where every thread copies whole slots and the slots of a thread
+        """Lean copies: where every thread copies whole slots and the slots of a thread
         are the same chunk ``step`` source rows apart (step a multiple of 16, so the
         swizzle, ``row % 8``, and fp8's key order, within 16, are the same in each; of
         8 for a producer's tiles without a row permutation),

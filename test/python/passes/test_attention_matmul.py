@@ -10,6 +10,7 @@ that matters is not a multiple of the block sizes (257, 129, 65).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -378,35 +379,6 @@ def test_unmasked_attention_has_no_block_skipping(d):
     assert r["spill_store_bytes"] == 0 and r["shared_bytes"] + emitted.shared_bytes >= plan["shared_bytes"], r
 
 
-@needs_ptxas
-@pytest.mark.parametrize("mask_shape,staged", [((2048, 2048), True), ((1, 1, 2048, 2048), True),
-                                               ((2, 1, 2048, 2048), False)])
-def test_attention_wgmma_stages_the_mask(mask_shape, staged, monkeypatch):
-    """Without the block table (BLOCK_TABLE off), with a mask shared by every head (a
-    causal mask), the skipping wgmma kernel stages each block's mask tile in shared
-    memory by cp.async (swizzled), and
-    double-buffers K and V as the unmasked kernel does; a mask per batch stays in global
-    memory. Both read the mask twice a block (the test, then the masked softmax of the
-    blocks the mask does not leave whole)."""
-    from kf.passes.strategies import attention_wgmma
-
-    monkeypatch.setattr(attention_wgmma, "BLOCK_TABLE", False)
-    built = attention(2, 8, 2048, 2048, 128, "bf16", mask_shape, mask_elem="bf16")
-    plan, emitted = built.emit(HOPPER)
-    assert plan["wgmma"] and plan["skip_masked_blocks"] and plan["stages"] == 2 and not plan["block_table"]
-    mask_arg = 3
-    assert plan["staged_masks"] == ([mask_arg] if staged else [])
-    unstaged = 2 * (128 * 128 + 2 * 128 * 256) + 1024  # Q, two stages of K and V
-    assert plan["shared_bytes"] == unstaged + (2 * 128 * 128 * 2 if staged else 0) and plan["mask_stages"] == staged * 2
-    ptx, r = cuda_report(built, "sm_90a")
-    # at 255 registers ptxas spills a little with the double-buffered mask (80 bytes on
-    # ptxas 12.x); that variant measured fastest all the same (see attention_wgmma.py)
-    assert r["spill_store_bytes"] <= (128 if staged else 0) and r["registers"] <= 255, r
-    loads = [ln.split()[0] for ln in ptx.splitlines() if ln.strip().startswith(("ld.global", "ld.shared"))]
-    assert loads and all(ld.startswith("ld.shared" if staged else "ld.global") for ld in loads), set(loads)
-    assert "bar.red.or.pred" in ptx
-
-
 def test_attention_tensor_cores_only_where_they_apply():
     for target, elem, d, mma in [(CUDA, "f32", 64, False), (SPIRV, "f16", 64, False), (CUDA, "f16", 72, False),
                                  (CUDA, "bf16", 64, True)]:
@@ -714,90 +686,67 @@ def _causal_branches(gfunc: ir.Operation, mask_arg: ir.Value) -> list[tuple[int,
     return found
 
 
-#: Switch sets of the block-table kernel (attention_wgmma.py) and what ptxas gives for
-#: them at 4x32x2048x128 with a causal mask: spilled bytes allowed, and whether ptxas
-#: serializes the wgmmas. The per-block loop (no walk) at 255 registers spills a little;
-#: it is kept as a variant to time and for more than 64 key blocks. All without the
-#: producer warpgroup: the two-stage walk, which head dims over 128 keep
-#: (test_block_table_walk_warp_specialized: the walk with one).
-_TWO_STAGES = {"WARP_SPECIALIZED": False}
-TABLE_SWITCHES = {
-    "default": (_TWO_STAGES, 0, False),
-    "no-walk": ({**_TWO_STAGES, "TABLE_WALK": False}, 64, False),
-    "no-causal-class": ({**_TWO_STAGES, "CAUSAL_BLOCKS": False}, 0, False),
-    "divergent-branches": ({**_TWO_STAGES, "UNIFORM_BRANCHES": False}, 0, True),
-    "session-4": ({**_TWO_STAGES, "CAUSAL_BLOCKS": False, "TABLE_WALK": False, "UNIFORM_BRANCHES": False}, 0, True),
-}
-
-
 @needs_ptxas
-@pytest.mark.parametrize("name", list(TABLE_SWITCHES))
-def test_block_table_causal_class_and_walk(name, monkeypatch):
-    """The block table's fourth class, the walk over live blocks and uniform branches,
-    on the shape the benchmark times (4x32x2048x128 bf16, a [2048, 2048] causal mask).
+def test_block_table_causal_class_and_walk():
+    """The block table's classes and the walk over live blocks, on the shape the
+    benchmark times (4x32x2048x128 bf16, a [2048, 2048] causal mask).
 
-    CAUSAL_BLOCKS: the table kernel ANDs a third predicate (the mask equals key > query
-    on the block: a second bar.red.and), and the attention kernel has a branch that
-    computes the mask from the row offsets (64 i32 compares a thread) and reads no mask
-    element, beside the branch that reads them. TABLE_WALK: the kernel reads its row of
-    the table once (ballots, popc) and loops over the live blocks with one barrier a
-    block; without it every block loads its table entries and passes two barriers.
-    UNIFORM_BRANCHES: without it ptxas serializes the wgmmas (C7520), as it did in
-    session 4's kernel. ptxas: no spills in the default kernel."""
-    from kf.passes.strategies import attention_wgmma
-
-    switches, spill, serialized = TABLE_SWITCHES[name]
-    for k, v in switches.items():
-        monkeypatch.setattr(attention_wgmma, k, v)
-    causal, walk = attention_wgmma.CAUSAL_BLOCKS, attention_wgmma.TABLE_WALK
+    The table kernel ANDs two predicates (whole, and the mask equal to key > query on the
+    block: the CAUSAL class) and ORs one (live). The attention kernel reads its row of
+    the table once (ballots, popc) and walks the live blocks; its causal blocks take a
+    branch that computes the mask from the row offsets (64 i32 compares a thread) and
+    reads no mask element, beside the branch of the partial blocks that reads them (the
+    first block's, peeled off the loop, and the loop's). Every branch around a wgmma is on
+    a warp vote, so ptxas does not serialize the wgmmas (C7520); no spills."""
     built = attention(4, 32, 2048, 2048, 128, "bf16", (2048, 2048), mask_elem="bf16")
     plan, emitted = built.emit(HOPPER)
-    assert plan["block_table"] == [16, 16] and plan["mask_stages"] == 0 and not plan["staged_masks"]
+    assert plan["block_table"] == [16, 16] and plan["warp_specialized"], plan
     ptx, r, log = cuda_report(built, "sm_90a", log=True)
     entries = _ptx_entries(ptx)
     attn, blocks = entries[emitted.name], entries[emitted.prelude.name]
-    assert r["spill_store_bytes"] <= spill and r["registers"] <= 255, r
-    assert ("C7520" in log) == serialized, log
-    assert blocks.count("bar.red.and") == (2 if causal else 1) and blocks.count("bar.red.or") == 1
-    assert ("popc.b64" in attn) == walk
-    # barriers in the loop: the walk's one (after fence.proxy), or the per-block loop's two
-    assert attn.count("bar.sync") == (1 if walk else 2), attn.count("bar.sync")
+    assert r["spill_store_bytes"] == 0 and r["registers"] <= 255, r
+    assert "C7520" not in log and "serialized" not in log, log
+    assert blocks.count("bar.red.and") == 2 and blocks.count("bar.red.or") == 1
+    assert "popc.b64" in attn
     with built.ctx:
         gfunc = next(op.operation for op in built.gpu_module.regions[0].blocks[0].operations
                      if ir.StringAttr(op.operation.attributes["sym_name"]).value == emitted.name)
         branches = _causal_branches(gfunc, gfunc.regions[0].blocks[0].arguments[3])
-    if causal:  # 2 rows x 16 tiles x 2 columns a thread; no mask element read there
-        assert branches == [(64, 0, 64)], branches
-    else:
-        assert branches == []
+    # 2 rows x 16 tiles x 2 columns a thread; no mask element read there
+    assert branches and all(b == (64, 0, 64) for b in branches), branches
+
+
+#: The walk over the block table's live blocks: persistent (tiles claimed in turn) where
+#: queries and keys fill whole blocks and the target's multiprocessors are known; else one
+#: workgroup a tile, with the overlap of P V and the softmax where the blocks are whole,
+#: and waiting for P V first with tails.
+WALKS = {"persistent-d128": (2048, 128, HOPPER), "persistent-d64": (2048, 64, HOPPER),
+         "overlap-pv": (2048, 128, dataclasses.replace(HOPPER, multiprocessors=0)),
+         "serial-tails": (300, 128, HOPPER)}
 
 
 @needs_ptxas
-@pytest.mark.parametrize("overlap,persistent", [(True, True), (True, False), (False, False)],
-                         ids=["persistent", "overlap-pv", "serial"])
-@pytest.mark.parametrize("d", [128, 64])
-def test_block_table_walk_warp_specialized(d, overlap, persistent, monkeypatch):
-    """The walk over the table's live blocks with a producer warpgroup (WARP_SPECIALIZED,
-    the benchmark's causal shape): both warpgroup kinds walk the same bit mask (popc,
-    and the next block by cttz: brev + bfind in PTX); the producer copies Q under a
-    barrier of its own and each live block into stage i % 3; the consumers take
-    linear_softmax in whole and causal blocks (LINEAR_MASKED_BLOCKS: ex2.approx.ftz)
-    beside the online softmax of the partial ones. Not persistent (7 mbarriers), the
-    consumers reduce their rare second pass's test over their own 256 threads (bar.red
-    on named barrier 1, which the workgroup-wide NVVM op cannot); ptxas spills a little
-    (84 bytes with WALK_OVERLAP_PV at 128, 56 at 64, 20 without), measured faster anyway.
-    PERSISTENT_WALK: 132 workgroups; the producer claims a tile by one atomic add and
-    hands it round on named barrier 3 (its 128 threads), ORs the table's live-row words
-    (four redux.sync) instead of a second pass, and gives the consumers the tile on Q's
-    barrier; an eighth mbarrier for Q's release; no spill and no second pass."""
-    from kf.passes.strategies import attention_wgmma
-
-    monkeypatch.setattr(attention_wgmma, "WALK_OVERLAP_PV", overlap)
-    monkeypatch.setattr(attention_wgmma, "PERSISTENT_WALK", persistent)
-    built = attention(4, 32, 2048, 2048, d, "bf16", (2048, 2048), mask_elem="bf16")
-    plan, emitted = built.emit(HOPPER)
+@pytest.mark.parametrize("walk", list(WALKS))
+def test_block_table_walk_warp_specialized(walk):
+    """The walk over the table's live blocks with a producer warpgroup (the benchmark's
+    causal shape): both warpgroup kinds walk the same bit mask (popc, and the next block
+    by cttz: brev + bfind in PTX); the producer copies Q under a barrier of its own and
+    each live block into stage i % 3; the consumers take linear_softmax in whole and
+    causal blocks (ex2.approx.ftz) beside the online softmax of the partial ones. Not
+    persistent (7 mbarriers), the consumers reduce their rare second pass's test over
+    their own 256 threads (bar.red on their named barrier, which the workgroup-wide NVVM
+    op cannot); ptxas spills a little there (84 bytes with the overlap at 128, 20 without),
+    measured faster anyway. Persistent: 132 workgroups; the producer claims a tile by one
+    atomic add and hands it round on its named barrier (its 128 threads), ORs the table's
+    live-row words (four redux.sync) instead of a second pass, and gives the consumers the
+    tile on Q's barrier; an eighth mbarrier for Q's release; no spill and no second pass."""
+    seq, d, target = WALKS[walk]
+    persistent, overlap = walk.startswith("persistent"), not walk.startswith("serial")
+    built = attention(4, 32, seq, seq, d, "bf16", (seq, seq), mask_elem="bf16")
+    plan, emitted = built.emit(target)
     assert plan["warp_specialized"] and plan["stages"] == 3 and plan["threads"] == 384, plan
-    assert bool(plan["persistent_walk"]) == persistent and emitted.grid == ((132, 1, 1) if persistent else (16, 128, 1))
+    grid = -(-seq // 128)
+    assert bool(plan["persistent_walk"]) == persistent and emitted.grid == ((132, 1, 1) if persistent else (grid, 128, 1))
     ptx, r, log = cuda_report(built, "sm_90a", log=True)
     attn = _ptx_entries(ptx)[emitted.name]
     assert "serialized" not in log, log
@@ -812,30 +761,23 @@ def test_block_table_walk_warp_specialized(d, overlap, persistent, monkeypatch):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("seq,d,mask_shape,mask_elem,switches", [
-    (2048, 64, (2048, 2048), "bf16", {}), (4096, 128, (4096, 4096), "bf16", {}), (300, 128, (300, 300), "bf16", {}),
-    (513, 128, (2, 1, 513, 513), "f32", {}), (2048, 128, (2048, 2048), "bf16", {"BLOCK_TABLE": False}),
-    (8300, 64, (8300, 8300), "f32", {})],
-    ids=["2048-d64", "4096", "300-tails", "mask-per-batch", "no-table", "8300-per-block-loop"])
-def test_masked_wgmma_attention_keeps_wgmma_async(seq, d, mask_shape, mask_elem, switches, monkeypatch):
+@pytest.mark.parametrize("seq,d,mask_shape,mask_elem", [
+    (2048, 64, (2048, 2048), "bf16"), (4096, 128, (4096, 4096), "bf16"), (300, 128, (300, 300), "bf16"),
+    (513, 128, (2, 1, 513, 513), "f32"), (8300, 64, (8300, 8300), "f32")],
+    ids=["2048-d64", "4096", "300-tails", "mask-per-batch", "8300-per-block-loop"])
+def test_masked_wgmma_attention_keeps_wgmma_async(seq, d, mask_shape, mask_elem):
     """Every skipping loop of the wgmma kernel (the walk, the per-block loop with the
     table beyond 64 key blocks, the in-kernel test without a table or for a mask per
     batch) branches on warp votes, so ptxas neither serializes the wgmmas (C7520) nor
     spills."""
-    from kf.passes.strategies import attention_wgmma
-
-    for k, v in switches.items():
-        monkeypatch.setattr(attention_wgmma, k, v)
     built = attention(2, 2, seq, seq, d, "bf16", mask_shape, mask_elem=mask_elem)
     plan, _ = built.emit(HOPPER)
     assert plan["wgmma"] and plan["skip_masked_blocks"]
     _, r, log = cuda_report(built, "sm_90a", log=True)
     assert "serialized" not in log, log
-    # without the table the mask tile's staging costs registers: ptxas spilled 84 bytes
-    # there in session 4 already. The walk with a producer warpgroup (WARP_SPECIALIZED,
-    # consumers at 240 registers, WALK_OVERLAP_PV) spills 84 bytes at head dim 128, 56 at
-    # 64, and 16 with tails (the walk without the overlap); measured faster all the same.
-    allowed = 128 if switches else {True: 96 if seq % 128 == 0 else 16, False: 0}[plan["warp_specialized"]]
+    # the walk with a producer warpgroup (consumers at 240 registers) spills 16 bytes with
+    # tails (the walk without the overlap); measured faster all the same
+    allowed = {True: 96 if seq % 128 == 0 else 16, False: 0}[plan["warp_specialized"]]
     assert r["spill_store_bytes"] <= allowed, r
 
 
@@ -885,7 +827,7 @@ def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
 ATTENTION_LOOPS = {"sync": {"PIPELINE": False, "PREFETCH": False}, "prefetch": {"PIPELINE": False, "PREFETCH": True},
                    "cp.async": {"PIPELINE": True, "PREFETCH": False},
                    "cp.async-8warps": {"PIPELINE": True, "PREFETCH": False, "MMA_WARPS": 8},
-                   "wgmma": {}, "wgmma-3warpgroups": {"WARPGROUPS": 3}}
+                   "wgmma": {}}
 
 
 def hopper_only():
@@ -898,11 +840,10 @@ def hopper_only():
 def attention_loop(request, monkeypatch) -> TargetInfo:
     """The target to plan for with the loop's switches set: sm_90 (mma.sync) or, for
     the wgmma loops, sm_90a."""
-    from kf.passes.strategies import attention_wgmma
     from kf.passes.strategies.attention import AttentionStrategy
 
     for k, v in ATTENTION_LOOPS[request.param].items():
-        monkeypatch.setattr(attention_wgmma if k == "WARPGROUPS" else AttentionStrategy, k, v)
+        monkeypatch.setattr(AttentionStrategy, k, v)
     return hopper_only() if request.param.startswith("wgmma") else CUDA
 
 
@@ -930,29 +871,24 @@ def test_attention_cuda(b, h, seq, d, elem, mask_shape, attention_loop):
 
 
 @needs_cuda
-@pytest.mark.parametrize("switches", [{}, {"LAZY_RESCALE": 0.0}, {"WARP_SPECIALIZED": False}, {"PERSISTENT": False}],
-                         ids=["default", "no-lazy", "no-producer", "not-persistent"])
 @pytest.mark.parametrize("b,h,sq,sk,elem", [(2, 3, 1000, 1000, "bf16"), (1, 2, 333, 1024, "f16"),
                                              (1, 4, 2048, 2048, "bf16"), (3, 1, 64, 4096, "bf16"),
                                              (4, 8, 2048, 512, "bf16"), (2, 40, 1000, 384, "f16")])
-def test_warp_specialized_attention_cuda(b, h, sq, sk, elem, switches, monkeypatch):
-    """The unmasked head-dim-128 kernel with its producer warpgroup (WARP_SPECIALIZED),
-    with and without LAZY_RESCALE, persistent or not,
-    and without the producer: ragged and whole key blocks, fewer tiles than SMs, several
+def test_warp_specialized_attention_cuda(b, h, sq, sk, elem):
+    """The unmasked head-dim-128 kernel with its producer warpgroup, persistent or not:
+    ragged and whole key blocks, fewer tiles than SMs, several
     tiles a persistent workgroup (512 and 640 tiles, the latter with the queries ending
     inside a block: the stages' and Q's mbarriers run on across them), and many key
     blocks per query block (4096 keys: each stage's mbarriers through 10 phases)."""
     from kf.passes.strategies import attention_wgmma
 
     hopper_only()
-    for k, v in switches.items():
-        monkeypatch.setattr(attention_wgmma, k, v)
     built = attention(b, h, sq, sk, 128, elem)
     plan, emitted = built.emit(HOPPER)
-    assert plan["warp_specialized"] == switches.get("WARP_SPECIALIZED", True), plan
+    assert plan["warp_specialized"], plan
     # persistent where the keys and values of the tiles in flight fit the window
     window = HOPPER.multiprocessors / -(-sq // 128) * sk * 256 * 2 <= attention_wgmma.PERSISTENT_WINDOW_BYTES
-    persistent = window and sk % 128 == 0 and plan["warp_specialized"] and "PERSISTENT" not in switches
+    persistent = window and sk % 128 == 0
     assert bool(plan["persistent"]) == persistent, plan
     if persistent:
         assert plan["grid"] == [min(-(-sq // 128) * b * h, HOPPER.multiprocessors), 1, 1]
@@ -988,16 +924,11 @@ def causal_mask(shape, kind: str, gen) -> torch.Tensor:
 @pytest.mark.parametrize("b,h,seq,d,elem,mask_shape,mask_elem", [
     (1, 2, 1000, 64, "f16", (1000, 1000), "f32"), (2, 2, 513, 128, "bf16", (2, 1, 513, 513), "f32"),
     (1, 1, 300, 64, "bf16", (300, 300), "f32"), (1, 2, 1000, 128, "bf16", (1000, 1000), "bf16")])
-@pytest.mark.parametrize("chip", ["sm_90", "sm_90a", "sm_90a-in-kernel-test"],
-                         ids=["mma.sync", "wgmma", "wgmma-no-table"])
-def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, mask_elem, kind, skip, chip, monkeypatch):
+@pytest.mark.parametrize("chip", ["sm_90", "sm_90a"], ids=["mma.sync", "wgmma"])
+def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, mask_elem, kind, skip, chip):
     """Exact block skipping, on masks of several patterns: by the block table (a head-
-    shared mask, on wgmma) or by the kernel's own test of each block (f32 masks staged a
-    block at a time by the wgmma kernel, bf16 ones double-buffered, a mask per batch read
-    from global memory)."""
-    from kf.passes.strategies import attention_wgmma
-
-    monkeypatch.setattr(attention_wgmma, "BLOCK_TABLE", chip == "sm_90a")
+    shared mask, on wgmma) or by the kernel's own test of each block (a mask per batch, and
+    mma.sync)."""
     built = attention(b, h, seq, seq, d, elem, mask_shape, mask_elem=mask_elem)
     plan, emitted = emit_with(built, CUDA if chip == "sm_90" else hopper_only(), skip_masked_blocks=skip)
     assert plan.get("wgmma", False) == chip.startswith("sm_90a")
@@ -1087,52 +1018,38 @@ def live_row_words(mask: torch.Tensor, bm: int, bn: int) -> torch.Tensor:
 
 
 @needs_cuda
-@pytest.mark.parametrize("switches", [{}, {"TABLE_WALK": False}, {"CAUSAL_BLOCKS": False}, {"WHOLE_BLOCKS": False},
-                                      {"WALK_OVERLAP_PV": False}, {"LINEAR_MASKED_BLOCKS": False},
-                                      {"WARP_SPECIALIZED": False}, {"PERSISTENT_WALK": False},
-                                      {"multiprocessors": 5}],
-                         ids=["default", "no-walk", "no-causal-class", "no-whole-blocks", "walk-serial",
-                              "walk-online-softmax", "no-producer", "not-persistent", "5-workgroups"])
+@pytest.mark.parametrize("multiprocessors", [132, 5, 0], ids=["default", "5-workgroups", "not-persistent"])
 @pytest.mark.parametrize("b,h,seq,d,elem,mask_shape,mask_elem", [
     (1, 2, 300, 128, "bf16", (300, 300), "bf16"), (2, 2, 1000, 64, "f16", (1, 1, 1000, 1000), "f32"),
     (1, 2, 2048, 128, "bf16", (2048, 2048), "bf16"), (1, 1, 4160, 64, "bf16", (4160, 4160), "bf16"),
     (1, 1, 8300, 64, "f16", (8300, 8300), "f32"), (3, 11, 1024, 128, "bf16", (1024, 1024), "bf16")],
     ids=["300-tails", "1000-4d-mask", "2048", "4160-two-words", "8300-per-block-loop", "3x11-heads-264-tiles"])
-def test_block_table_classes_cuda(b, h, seq, d, elem, mask_shape, mask_elem, switches, monkeypatch):
+def test_block_table_classes_cuda(b, h, seq, d, elem, mask_shape, mask_elem, multiprocessors):
     """The wgmma kernel with the block table on head-shared masks of every class
     (``table_mask``), with the walk over live blocks (a second ballot word at 4160; more
-    than 64 key blocks at 8300 take the per-block loop) or without, with and without the
-    causal class, persistent (PERSISTENT_WALK where the blocks are whole: 2048 and the
-    264 tiles of 3 x 11 heads, several a workgroup; with 5 workgroups, dozens) or not: the table the prelude writes is ``block_classes`` of the mask exactly (and
+    than 64 key blocks at 8300 take the per-block loop), persistent where the blocks are
+    whole (2048 and the 264 tiles of 3 x 11 heads, several a workgroup; with 5 workgroups,
+    dozens) or not (no multiprocessors known): the table the prelude writes is
+    ``block_classes`` of the mask exactly (and
     ``live_row_words`` where persistent), and the result matches torch on fresh random
     inputs, rows masked everywhere included. One compile a shape and switch set; the
     masks only change the inputs."""
-    import dataclasses
-
-    from kf.passes.strategies import attention_wgmma
-
-    hopper = hopper_only()
-    for k, v in switches.items():
-        if k == "multiprocessors":
-            hopper = dataclasses.replace(hopper, multiprocessors=v)
-        else:
-            monkeypatch.setattr(attention_wgmma, k, v)
+    hopper = dataclasses.replace(hopper_only(), multiprocessors=multiprocessors)
     built = attention(b, h, seq, seq, d, elem, mask_shape, mask_elem=mask_elem)
     plan, emitted = built.emit(hopper)
     assert plan["wgmma"] and plan["block_table"] and emitted.prelude is not None
-    whole = seq % plan["block_m"] == 0 and plan["warp_specialized"] and attention_wgmma.TABLE_WALK and seq <= 8192
-    persistent = whole and attention_wgmma.PERSISTENT_WALK and attention_wgmma.WALK_OVERLAP_PV
+    persistent = seq % plan["block_m"] == 0 and plan["warp_specialized"] and seq <= 8192 and multiprocessors > 0
     assert bool(plan["persistent_walk"]) == persistent, plan
     if persistent:
         assert emitted.grid[0] == min(b * h * seq // plan["block_m"], hopper.multiprocessors), emitted.grid
     run, _ = cuda_compile(built, emitted)
-    gen = torch.Generator().manual_seed(seq * 31 + d + len(switches))
+    gen = torch.Generator().manual_seed(seq * 31 + d + multiprocessors)
     tol = {"f16": 4e-3, "bf16": 3e-2}[elem]
     nk = plan["block_table"][1]
     for kind in TABLE_MASKS:
         k, q, v = (randn((b, h, seq, d), elem, gen) for _ in range(3))
         mask = table_mask(seq, kind, gen)
-        want_table = block_classes(mask, plan["block_m"], plan["block_n"], attention_wgmma.CAUSAL_BLOCKS)
+        want_table = block_classes(mask, plan["block_m"], plan["block_n"], True)
         want_rows = live_row_words(mask, plan["block_m"], plan["block_n"]) if persistent else None
         mask = mask.expand(mask_shape).contiguous().to(TORCH[mask_elem])
         out, table = run([k, q, v, mask], (b, h, seq, d), elem)
