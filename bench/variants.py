@@ -14,10 +14,11 @@ ElementwiseStrategy.ITEMS_PER_THREAD (vectors a thread) and scalar_math.SHORT_FO
 short GELU/sigmoid for bf16/f16 results, or libdevice's accurate math), on bias+GELU
 (exact and tanh), bias+sigmoid and x*2+b.
 
-Variants are module switches of passes/strategies/matmul.py and wgmma.py (GEMM_VARIANTS
-below: mma.sync or wgmma, the cp.async pipeline depth, tile widths, workgroup grouping) and, for attention with a causal mask,
-AttentionStrategy.SKIP_MASKED_BLOCKS. Each variant gets its own cache folder, as the
-switches are not part of the cache key.
+GEMM variants are the matmul strategy's kernel variants, given as the option ``variants``
+(GEMM_VARIANTS below: the cp.async pipeline depth, wgmma groups in flight, tile widths,
+workgroup grouping); attention's are AttentionStrategy switches (block skipping) and its
+kernel variants. Each variant compiles into a cache folder of its own, so that its
+compile time is measured.
 """
 
 from __future__ import annotations
@@ -37,9 +38,6 @@ from bench import median_ms, rel_err, rotated  # noqa: E402
 
 import kf  # noqa: E402
 from kf.passes.strategies import attention as at  # noqa: E402
-from kf.passes.strategies import matmul as mm  # noqa: E402
-from kf.passes.strategies import attention_wgmma as awg  # noqa: E402
-from kf.passes.strategies.matmul import wgmma as wg  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from seed_examples import fused_attention  # noqa: E402
@@ -71,35 +69,21 @@ def inputs(kind: str, m: int, n: int, k: int):
 FNS = {"nn": nn, "nt": nt, "fp8": scaled}
 
 
-#: GEMM plan variants: module switches of passes/strategies/matmul.py, each applied over
-#: the module's defaults. "session 2" is the kernel of the 2026-12-02 afternoon run (one
-#: staged tile, register prefetch, workgroups row by row).
+#: GEMM plan variants: the matmul strategy's kernel variants (the option ``variants``,
+#: passes/strategies/matmul/plan.py's MatmulVariant) over its defaults.
 GEMM_VARIANTS = {
-    "mma.sync x4 (session 3)": {"WGMMA": False},
-    "wgmma x4 n256": {},
-    "wgmma x3 n256": {"WGMMA_STAGES": 3},
-    "wgmma x4 n256 none in flight": {"WGMMA_INFLIGHT": 0},
-    "wgmma x6 n128": {"WGMMA_MAX_N": 128, "WGMMA_STAGES": 6},
-    "wgmma x4 n128": {"WGMMA_MAX_N": 128},
-    "wgmma x4 n256 ungrouped": {"MMA_GROUP_M": 0},
-    "session 2": {"WGMMA": False, "MMA_STAGES": 1, "MMA_GROUP_M": 0},
-    "1 stage grouped": {"MMA_STAGES": 1},
-    "cp.async x2": {"WGMMA": False, "MMA_STAGES": 2},
-    "cp.async x3": {"WGMMA": False, "MMA_STAGES": 3},
-    "cp.async x3 ungrouped": {"WGMMA": False, "MMA_STAGES": 3, "MMA_GROUP_M": 0},
-    "cp.async x3 64x32 warps": {"WGMMA": False, "MMA_STAGES": 3, "MMA_WARP_TILES": (4, 4)},
+    "wgmma x4 n256": "",
+    "wgmma x3 n256": "matmul.stages=3",
+    "wgmma x4 n256 none in flight": "matmul.inflight=0",
+    "wgmma x6 n128": "matmul.max_block_n=128 matmul.stages=6",
+    "wgmma x4 n128": "matmul.max_block_n=128",
+    "wgmma x4 n256 ungrouped": "matmul.group_m=0",
 }
-
-
-def _switches(name: str):
-    """The module a GEMM switch lives in: matmul (MMA_*) or matmul/wgmma.py (WGMMA*)."""
-    return wg if name.startswith("WGMMA") else mm
 
 
 def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VARIANTS)) -> list[dict]:
     rows = []
     s = size
-    defaults = {k: getattr(_switches(k), k) for k in {k for v in GEMM_VARIANTS.values() for k in v}}
     for kind in kinds:
         make = inputs(kind, s, s, s)
         ins = rotated(make)
@@ -110,11 +94,9 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
         rows.append({"kind": kind, "variant": "torch", **base})
         print(kind, base, flush=True)
         for name in variants:
-            for k, v in {**defaults, **GEMM_VARIANTS[name]}.items():
-                setattr(_switches(k), k, v)
-            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
+            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()  # compile_and_check_s: a fresh compile
             row = {"kind": kind, "variant": name}
-            f = kf.jit(FNS[kind])
+            f = kf.jit(FNS[kind], variants=GEMM_VARIANTS[name])
             try:
                 t0 = time.perf_counter()
                 errs = []
@@ -146,24 +128,17 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
             rows.append(row)
             print(row, flush=True)
             save(rows)
-    for k, v in defaults.items():
-        setattr(_switches(k), k, v)
     return rows
 
 
-#: Attention plan variants: AttentionStrategy switches over its defaults. "session 2" is
-#: the kernel of the 2026-12-02 afternoon run (K/V staged synchronously, 4 warps); the
-#: ones that turn block skipping off run on masked shapes only.
+#: Attention plan variants: AttentionStrategy switches over its defaults, and kernel
+#: variants (the option ``variants``, attention's AttentionVariant); the ones that change
+#: block skipping run on masked shapes only.
 ATTENTION_VARIANTS = {
     "wgmma 2 warpgroups": {},
     "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
-    "wgmma skip, table, query blocks in order": {"REVERSE_Q_BLOCKS": False},
+    "wgmma skip, table, query blocks in order": {"variants": "attention.reverse_q_blocks=false"},
 }
-
-
-def _attention_switches(name: str):
-    """Where an attention switch lives: attention_wgmma.py or the AttentionStrategy class."""
-    return awg if hasattr(awg, name) else at.AttentionStrategy
 
 
 def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()) -> list[dict]:
@@ -171,7 +146,8 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
     masked query row, the case that makes the skipping kernel rerun a block)."""
     import torch.nn.functional as F
 
-    defaults = {k: getattr(_attention_switches(k), k) for k in {k for v in ATTENTION_VARIANTS.values() for k in v}}
+    defaults = {k: getattr(at.AttentionStrategy, k) for k in {k for v in ATTENTION_VARIANTS.values() for k in v}
+                if k != "variants"}
 
     bf = torch.bfloat16
 
@@ -197,15 +173,19 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
         flops = 4 * b * h * s * s * d / (2 if masked else 1)
         rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
         print(rows[-1], flush=True)
-        mask_only = {"SKIP_MASKED_BLOCKS", "REVERSE_Q_BLOCKS"}  # same kernel unmasked
-        names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only & set(v))
+        def mask_only(v):  # the same kernel unmasked
+            return "SKIP_MASKED_BLOCKS" in v or "reverse_q_blocks" in v.get("variants", "")
+
+        names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only(v))
                  and (not variants or n in variants)]
         for name_ in names:
-            for k, v in {**defaults, **ATTENTION_VARIANTS[name_]}.items():
-                setattr(_attention_switches(k), k, v)
+            spec = ATTENTION_VARIANTS[name_]
+            for k, v in {**defaults, **spec}.items():
+                if k != "variants":
+                    setattr(at.AttentionStrategy, k, v)
             os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
             row = {"kind": name, "variant": name_}
-            f = fused_attention.with_options(target="cuda")
+            f = fused_attention.with_options(target="cuda", variants=spec.get("variants", ""))
             try:
                 x = make()
                 if masked:  # a fully masked query row too: uniform weights in torch
@@ -226,7 +206,7 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
             print(row, flush=True)
             save(rows)
     for k, v in defaults.items():
-        setattr(_attention_switches(k), k, v)
+        setattr(at.AttentionStrategy, k, v)
     return rows
 
 

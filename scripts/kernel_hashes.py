@@ -97,8 +97,10 @@ class Config:
     target: str = "cuda"
     arch: str = "sm_90a"
     precision: str = "auto"
-    #: plan overrides, as kf-tile takes them: {"attention.persistent": False}
+    #: kernel variants, as kf-tile takes them: {"matmul.stages": 3}
     plan: dict = field(default_factory=dict)
+    #: class attributes of a strategy that are still switches: {"attention:AttentionStrategy.PIPELINE": False}
+    switches: dict = field(default_factory=dict)
 
 
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -149,7 +151,7 @@ add(
            arch="sm_80"),
     Config("att-a.f16.d80.unmasked", attention, att(1, 2, 100, 100, 80), F16, arch="sm_80"),
     Config("att-a.bf16.d64.unmasked.no-pipeline", attention, att(2, 8, 1000, 1000, 64), arch="sm_80",
-           plan={"attention.pipeline": False}),
+           switches={"attention:AttentionStrategy.PIPELINE": False}),
     Config("att-a.f32.d64.causal", masked_attention, att(2, 2, 257, 257, 64) + [causal(257, 257)], F32,
            arch="sm_80"),
     Config("att-h.fp8.d64.simt", attention, att(1, 2, 256, 256, 64), precision="fp8"),
@@ -177,23 +179,22 @@ add(
     Config("mm-m.f32", bias_gelu_gemm, [(257, 65), (65, 129), (129,)], F32, target="metal", arch=""),
 )
 GEMM_HOPPER_VARIANTS = {
-    "mma-sync": {"matmul.wgmma": False},
-    "3-stages": {"matmul.wgmma_stages": 3},
-    "none-in-flight": {"matmul.wgmma_inflight": 0},
-    "n128": {"matmul.wgmma_max_n": 128},
+    "3-stages": {"matmul.stages": 3},
+    "none-in-flight": {"matmul.inflight": 0},
+    "n128": {"matmul.max_block_n": 128},
     "ungrouped": {"matmul.group_m": 0},
 }
 for v, plan in GEMM_HOPPER_VARIANTS.items():
     add(Config(f"mm-h.bf16.nn.{v}", bias_gelu_gemm, [(4096, 4096), (4096, 1024), (1024,)], plan=plan))
 GEMM_MMA_VARIANTS = {
     "1-stage": {"matmul.stages": 1},
-    "1-stage-no-prefetch": {"matmul.stages": 1, "matmul.prefetch": False},
-    "no-ldmatrix": {"matmul.ldmatrix": False},
     "3-stages-64x32": {"matmul.stages": 3, "matmul.warp_tiles": (4, 4)},
     "k-128-bytes": {"matmul.k_bytes": 128},
 }
 for v, plan in GEMM_MMA_VARIANTS.items():
     add(Config(f"mm-a.bf16.nn.{v}", bias_gelu_gemm, [(4096, 4096), (4096, 1024), (1024,)], arch="sm_80", plan=plan))
+add(Config("moe-a.f16.1-stage", moe_layer, [(1, 300, 256), (8, 256), (8, 256, 512), (8, 512, 256)], F16,
+           arch="sm_80", plan={"moe_gemm.stages": 1, "matmul.stages": 1}))
 
 # row-wise, elementwise, transpose, generic, MoE
 for target, arch in (("cuda", "sm_90a"), ("vulkan", ""), ("metal", "")):
@@ -236,60 +237,30 @@ def plan_option(plan: dict) -> str:
         if isinstance(v, bool):
             return str(v).lower()
         if isinstance(v, (tuple, list)):
-            return "x".join(str(x) for x in v)
+            return ",".join(str(x) for x in v)
         return str(v)
 
     return " ".join(f"{k}={text(v)}" for k, v in sorted(plan.items()))
 
 
-#: Where each override lived while variants were module switches (trees before plans
-#: were data): (module, attribute).
-LEGACY = {
-    **{f"attention.{k.lower()}": ("attention_wgmma", k) for k in (
-        "PERSISTENT", "WARP_SPECIALIZED", "LAZY_RESCALE",
-        "OVERLAP_PV", "FTZ_EXP2", "PERSISTENT_WALK", "WALK_OVERLAP_PV", "LINEAR_MASKED_BLOCKS", "TABLE_WALK",
-        "CAUSAL_BLOCKS", "UNIFORM_BRANCHES", "WHOLE_BLOCKS", "BLOCK_TABLE", "MASK_STAGES", "WALK_HEAD_GROUPS",
-        "WALK_EVEN_GROUPS", "REVERSE_Q_BLOCKS")},
-    "attention.pipeline": ("attention:AttentionStrategy", "PIPELINE"),
-    "matmul.wgmma": ("matmul.wgmma", "WGMMA"), "matmul.wgmma_stages": ("matmul.wgmma", "WGMMA_STAGES"),
-    "matmul.wgmma_inflight": ("matmul.wgmma", "WGMMA_INFLIGHT"), "matmul.wgmma_max_n": ("matmul.wgmma", "WGMMA_MAX_N"),
-    "matmul.group_m": ("matmul", "MMA_GROUP_M"), "matmul.stages": ("matmul", "MMA_STAGES"),
-    "matmul.prefetch": ("matmul", "MMA_PREFETCH"), "matmul.ldmatrix": ("matmul", "MMA_LDMATRIX"),
-    "matmul.warp_tiles": ("matmul", "MMA_WARP_TILES"), "matmul.k_bytes": ("matmul", "MMA_K_BYTES"),
-}
-
-
-def _legacy_switches(plan: dict) -> list[tuple[object, str, object]]:
-    """Set the overrides as module switches; returns what to restore."""
+def compile_config(c: Config) -> tuple[bytes, list[str]]:
+    """(the target's text or binary, "kernel:strategy" of each gpu.func), with the
+    configuration's switches set for the time of the compile."""
     import importlib
 
     undo = []
-    for key, value in plan.items():
-        where, name = LEGACY[key]
-        mod, _, cls = where.partition(":")
+    for where, value in c.switches.items():
+        mod, _, attr = where.partition(":")
+        cls, _, name = attr.rpartition(".")
         obj = importlib.import_module(f"kf.passes.strategies.{mod}")
         obj = getattr(obj, cls) if cls else obj
         undo.append((obj, name, getattr(obj, name)))
         setattr(obj, name, value)
-    return undo
-
-
-def _takes_plan_options() -> bool:
-    from kf.passes.tile import TilePass
-
-    return "plan" in {f.name for f in __import__("dataclasses").fields(TilePass)}
-
-
-def compile_config(c: Config) -> tuple[bytes, list[str]]:
-    """(the target's text or binary, "kernel:strategy" of each gpu.func)."""
-    if c.plan and not _takes_plan_options():
-        undo = _legacy_switches(c.plan)
-        try:
-            return _compile(Config(**{**c.__dict__, "plan": {}}))
-        finally:
-            for obj, name, value in undo:
-                setattr(obj, name, value)
-    return _compile(c)
+    try:
+        return _compile(c)
+    finally:
+        for obj, name, value in reversed(undo):
+            setattr(obj, name, value)
 
 
 def _compile(c: Config) -> tuple[bytes, list[str]]:

@@ -83,8 +83,8 @@ from mlir import ir
 from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
+from .attention_wgmma import AttentionVariant
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from . import matmul as _matmul
 from .kernel_ir import (
     GpuFunc,
     KernelView,
@@ -374,6 +374,7 @@ def block_reduce(pred: ir.Value, how: str = "or", barrier: tuple[int, int] | Non
 
 class AttentionStrategy(Strategy):
     KIND = "attention"
+    VARIANT = AttentionVariant
 
     #: Register prefetch of the next K/V block (H200, 4x32x2048: 1.26 ms with it, 1.30
     #: without at head_dim 128, 0.667 and 0.648 at 64); off, as it also turns off block skipping.
@@ -401,7 +402,7 @@ class AttentionStrategy(Strategy):
     #: this ptxas starts to spill at 128 threads (checked at head_dim 128).
     MAX_REGISTER_TILE = 64
 
-    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+    def plan(self, kernel: ir.Operation, target: TargetInfo, variant: AttentionVariant | None = None) -> dict:
         """Block sizes: the largest BLOCK_M x BLOCK_N tile (then the larger BLOCK_M, which
         loads K and V fewer times) whose Q, K/V, P and row-exchange buffers fit the
         shared-memory budget, with 128 threads (TPR = 128 / BLOCK_M lanes per row)
@@ -409,7 +410,7 @@ class AttentionStrategy(Strategy):
         accumulators per thread. Blocks larger than the sequences are not considered."""
         ch = _Chain(kernel)
         d, dv = ch.head_dim, ch.head_dim_v
-        mma = self._mma_plan(ch, target)
+        mma = self._mma_plan(ch, target, variant or AttentionVariant())
         if mma is not None:
             return mma
         threads = min(128, target.max_threads)
@@ -447,7 +448,7 @@ class AttentionStrategy(Strategy):
     #: Warps per workgroup of the tensor-core kernel; each owns 16 query rows.
     MMA_WARPS = 4
 
-    def _mma_plan(self, ch: _Chain, target: TargetInfo) -> dict | None:
+    def _mma_plan(self, ch: _Chain, target: TargetInfo, variant: AttentionVariant) -> dict | None:
         """The tensor-core plan (CUDA, f16/bf16 q/k/v, head dims multiples of 16 and 8),
         or None for the SIMT kernel. BLOCK_N is 64 keys up to head_dim 64 and 32 above
         (the S fragments then cost 16 registers instead of 32, next to 64 accumulators at
@@ -457,7 +458,7 @@ class AttentionStrategy(Strategy):
         if target.name == "cuda" and len(elems) == 1 and next(iter(elems)).startswith("f8"):
             from . import attention_wgmma  # fp8: the wgmma kernel or the SIMT one
 
-            return attention_wgmma.plan(ch, target, False)
+            return attention_wgmma.plan(ch, target, False, variant)
         if target.name != "cuda" or len(elems) != 1 or elems.pop() not in ("f16", "bf16"):
             return None
         d, dv = ch.head_dim, ch.head_dim_v
@@ -473,11 +474,11 @@ class AttentionStrategy(Strategy):
         batch = math.prod(ch.batch)
         if batch > 65535:
             return None
-        ldm = _matmul.MMA_LDMATRIX and dv % 16 == 0
+        ldm = dv % 16 == 0
         skip = self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None
         from . import attention_wgmma
 
-        hopper = attention_wgmma.plan(ch, target, skip)
+        hopper = attention_wgmma.plan(ch, target, skip, variant)
         if hopper is not None:
             return hopper
         view = ch.view

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 from kf.dialects import spec_of
@@ -143,7 +144,18 @@ CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 LAZY_RESCALE = 8.0
 
 
-def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
+@dataclass(frozen=True)
+class AttentionVariant:
+    """The attention kernels' variants (``kf-tile{attention.<field>=<value>}``)."""
+
+    #: where blocks may be skipped and tiles are not claimed in turn, workgroups take the
+    #: query blocks last to first: under a causal mask the last query blocks have the most
+    #: live key blocks, and started first they do not trail the grid (workgroups start in
+    #: block index order)
+    reverse_q_blocks: bool = True
+
+
+def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant) -> dict | None:
     """The wgmma attention plan, or None where the mma.sync kernel stays: not sm_90a,
     q/k/v not f16/bf16 arguments read as they lie (K through its transpose), head dims
     not multiples of 64 (whole 128-byte swizzled rows) up to 256, or shared memory short."""
@@ -233,19 +245,12 @@ def plan(ch, target: TargetInfo, skip: bool) -> dict | None:
             "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "mma": True, "wgmma": True,
             "skip_masked_blocks": skip, "elem": elem,
             "block_table": [-(-ch.seq_q // bm), -(-ch.seq_k // bn)] if table else [],
-            "reverse_q_blocks": bool(REVERSE_Q_BLOCKS and skip and ch.mask_cond is not None and not persistent_walk),
+            "reverse_q_blocks": bool(variant.reverse_q_blocks and skip and ch.mask_cond is not None
+                                     and not persistent_walk),
             "max_registers": pair_registers if pair else 0,
             "overlap_pv": specialized, "warp_specialized": specialized,
             "persistent": [-(-ch.seq_q // bm), batch] if persistent else [],
             "persistent_walk": [-(-ch.seq_q // bm), batch, group] if persistent_walk else []}
-
-
-#: Whether workgroups take the query blocks last to first where blocks may be skipped:
-#: under a causal mask the last query blocks have the most live key blocks, and started
-#: first they do not trail the grid (workgroups start in block index order). H200, with
-#: the block table: no measurable change (causal 4x32x2048x128 0.643 ms either way, 2x32x4096
-#: 1.038; bench/results/variants-attention-reverse-2026-12-03.json); kept, as it can only help.
-REVERSE_Q_BLOCKS = True
 
 
 FP8_ELEMS = {"f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}

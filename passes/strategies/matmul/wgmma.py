@@ -30,28 +30,11 @@ from .gemm import Gemm, grouped_tiles
 from ..nvidia.wgmma import (ATOM_BYTES, SWIZZLE_BYTES, WGMMA_TYPES, SwizzledTile, available, carve_aligned,
                             i64_const, wgmma_attrs)
 
-#: Whether sm_90a GEMMs take wgmma (else mma.sync, as on sm_80/sm_89).
-WGMMA = True
-
-#: Depth of the cp.async pipeline of the wgmma GEMM (stages of BLOCK_K = 128 bytes of K).
-WGMMA_STAGES = 4
-
-#: wgmma groups left in flight at the end of a K step (0 or 1): with 1 the tensor cores
-#: run while the next step waits for its tiles; one more stage is then kept out of the
-#: copies' reach.
-WGMMA_INFLIGHT = 1
-
-#: The widest BLOCK_N (columns of one wgmma) a plan takes, narrowed while the grid
-#: would be less than a wave of workgroups.
-WGMMA_MAX_N = 256
-
-
-
-def plan(gm: Gemm, target: TargetInfo) -> dict | None:
+def plan(gm: Gemm, target: TargetInfo, variant) -> dict | None:
     """The wgmma plan for a GEMM, or None where the mma.sync kernel stays: the target is
     not sm_90a, an operand is not an argument read as it lies, A is not K-major, B is
     MN-major in fp8, or rows are not whole 16-byte pieces (cp.async copies 16 bytes)."""
-    if not (WGMMA and available(target)):
+    if not available(target):
         return None
     elem = spec_of(gm.mm.operands[0].type).elem
     if elem not in WGMMA_TYPES or spec_of(gm.mm.operands[1].type).elem != elem:
@@ -63,25 +46,23 @@ def plan(gm: Gemm, target: TargetInfo) -> dict | None:
     if (gm.k * esize) % 16 or (b_mn_major and (gm.n * esize) % 16):
         return None
     batch = math.prod(gm.batch)
-    bm, bn = 128, WGMMA_MAX_N
+    bm, bn = 128, variant.max_block_n
     while bn > 64 and -(-gm.m // bm) * -(-gm.n // bn) * batch < 128:
         bn //= 2
     bk = SWIZZLE_BYTES // esize
     stage_bytes = (bm + bn) * SWIZZLE_BYTES
-    stages = WGMMA_STAGES
-    while stages > 2 + WGMMA_INFLIGHT and stages * stage_bytes + ATOM_BYTES > target.max_dynamic_shared_bytes:
+    stages, inflight = variant.stages, variant.inflight
+    while stages > 2 + inflight and stages * stage_bytes + ATOM_BYTES > target.max_dynamic_shared_bytes:
         stages -= 1
-    if stages < 2 + WGMMA_INFLIGHT or stages * stage_bytes + ATOM_BYTES > target.max_dynamic_shared_bytes:
+    if stages < 2 + inflight or stages * stage_bytes + ATOM_BYTES > target.max_dynamic_shared_bytes:
         return None
     grid = [-(-gm.n // bn), -(-gm.m // bm), batch]
     if grid[2] > 65535 or grid[1] > 65535:
         return None
-    from . import MMA_GROUP_M
-
     return {"block_m": bm, "block_n": bn, "block_k": bk, "threads": 256, "grid": grid, "m": gm.m, "n": gm.n,
             "k": gm.k, "batch": list(gm.batch), "mma": True, "wgmma": True, "stages": stages,
-            "inflight": WGMMA_INFLIGHT, "shared_bytes": stages * stage_bytes + ATOM_BYTES,
-            "dynamic_shared": True, "group_m": MMA_GROUP_M, "b_k_major": not b_mn_major}
+            "inflight": inflight, "shared_bytes": stages * stage_bytes + ATOM_BYTES,
+            "dynamic_shared": True, "group_m": variant.group_m, "b_k_major": not b_mn_major}
 
 
 def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,

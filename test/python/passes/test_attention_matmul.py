@@ -75,11 +75,12 @@ class Built:
             self.gpu_module = next(op.operation for op in self.module.body.operations
                                    if op.operation.name == "gpu.module")
 
-    def emit(self, target: TargetInfo):
-        """The strategy's plan and report; the kernel function is left in place."""
+    def emit(self, target: TargetInfo, variant=None):
+        """The strategy's plan and report; the kernel function is left in place.
+        ``variant``: the strategy's VARIANT to plan with (its defaults where None)."""
         with self.ctx, ir.Location.unknown():
             strategy = strategy_for(ir.StringAttr(self.kernel.attributes["kf.kernel"]).value)
-            plan = strategy.plan(self.kernel.operation, target)
+            plan = strategy.plan(self.kernel.operation, target, *([variant] if variant is not None else []))
             emitted = strategy.emit(self.kernel.operation, plan, self.gpu_module, target)
         return plan, emitted
 
@@ -495,23 +496,22 @@ def test_matmul_ptxas(elem):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("switches", [{"MMA_STAGES": 1}, {"MMA_STAGES": 2}, {"MMA_STAGES": 3, "MMA_WARP_TILES": (4, 4)},
-                                      {"MMA_STAGES": 4, "MMA_WARP_TILES": (4, 8)}, {"MMA_GROUP_M": 0}])
-def test_matmul_plan_variants_assemble(switches, monkeypatch):
+@pytest.mark.parametrize("variant", [{"stages": 1}, {"stages": 2}, {"stages": 3, "warp_tiles": (4, 4)},
+                                     {"stages": 4, "warp_tiles": (4, 8)}, {"group_m": 0}])
+def test_matmul_plan_variants_assemble(variant):
     """The GEMM plan variants bench/variants.py times assemble without spills: one staged
     tile with register prefetch (no cp.async), 2-4 pipeline stages, 64 x 64 warp tiles,
     workgroups in grid order."""
-    from kf.passes.strategies import matmul as mm
+    from kf.passes.strategies.matmul import MatmulVariant
 
-    for k, v in switches.items():
-        monkeypatch.setattr(mm, k, v)
+    v = MatmulVariant(**variant)
     built = matmul_bias_gelu(4096, 4096, 1024, "bf16")
-    plan, emitted = built.emit(CUDA)
+    plan, emitted = built.emit(CUDA, v)
     ptx, r = cuda_report(built)
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
-    assert plan["stages"] == switches.get("MMA_STAGES", mm.MMA_STAGES)
+    assert plan["stages"] == v.stages and plan["group_m"] == v.group_m
     assert ("cp.async.cg" in ptx) == (plan["stages"] > 1)
-    assert (plan["block_m"], plan["block_n"]) == (128, 32 * tuple(mm.MMA_WARP_TILES)[1])
+    assert (plan["block_m"], plan["block_n"]) == (128, 32 * v.warp_tiles[1])
 
 
 def matmul_nt(m, k, n, elem):
@@ -1064,29 +1064,26 @@ def test_block_table_classes_cuda(b, h, seq, d, elem, mask_shape, mask_elem, mul
                                    msg=lambda m, kind=kind: f"{kind}: {m}")
 
 
-#: The tensor-core GEMM's K loops, as module switches of passes/strategies/matmul.py: one
-#: staged tile (synchronous, or with register prefetch), the cp.async pipeline, and the
-#: pipeline with 64 x 64 warp tiles (128 x 256 workgroup tiles on large outputs).
-GEMM_LOOPS = {"sync": {"MMA_STAGES": 1, "MMA_PREFETCH": False}, "prefetch": {"MMA_STAGES": 1},
-              "cp.async3-64x32": {"MMA_STAGES": 3, "MMA_WARP_TILES": (4, 4)},
-              "cp.async4-64x64": {"MMA_STAGES": 4, "MMA_WARP_TILES": (4, 8)},
-              "wgmma": {}, "wgmma3-n128": {"WGMMA_STAGES": 3, "WGMMA_MAX_N": 128}}
+#: The tensor-core GEMM's K loops, as variants of the matmul strategy: one staged tile
+#: with register prefetch, the cp.async pipeline, and the pipeline with 64 x 64 warp tiles
+#: (128 x 256 workgroup tiles on large outputs).
+GEMM_LOOPS = {"prefetch": {"stages": 1}, "cp.async3-64x32": {"stages": 3, "warp_tiles": (4, 4)},
+              "cp.async4-64x64": {"stages": 4, "warp_tiles": (4, 8)},
+              "wgmma": {}, "wgmma3-n128": {"stages": 3, "max_block_n": 128}}
 
 
 @pytest.fixture(params=list(GEMM_LOOPS))
-def gemm_loop(request, monkeypatch) -> TargetInfo:
-    """The target to plan for, with the loop's switches set: sm_90 for the mma.sync
-    loops, sm_90a (and a Hopper device) for wgmma."""
-    from kf.passes.strategies import matmul as mm
-    from kf.passes.strategies.matmul import wgmma as wg
+def gemm_loop(request):
+    """(target, variant) to plan with: sm_90 for the mma.sync loops, sm_90a (and a
+    Hopper device) for wgmma."""
+    from kf.passes.strategies.matmul import MatmulVariant
 
-    for k, v in GEMM_LOOPS[request.param].items():
-        monkeypatch.setattr(wg if k.startswith("WGMMA") else mm, k, v)
+    variant = MatmulVariant(**GEMM_LOOPS[request.param])
     if request.param.startswith("wgmma"):
         if torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0):
             pytest.skip("wgmma needs an sm_90 device")
-        return HOPPER
-    return CUDA
+        return HOPPER, variant
+    return CUDA, variant
 
 
 @needs_cuda
@@ -1098,8 +1095,8 @@ def test_matmul_bias_gelu_cuda(elem, m, k, n, gemm_loop):
     that are not whole 16-byte pieces (K 65: no cp.async) and a grid big enough for the
     large plans (2000 x 2296)."""
     built = matmul_bias_gelu(m, k, n, elem)
-    plan, emitted = built.emit(gemm_loop)
-    assert plan.get("wgmma", False) == (gemm_loop is HOPPER and elem != "f32" and k % 8 == 0 and n % 8 == 0)
+    plan, emitted = built.emit(*gemm_loop)
+    assert plan.get("wgmma", False) == (gemm_loop[0] is HOPPER and elem != "f32" and k % 8 == 0 and n % 8 == 0)
     gen = torch.Generator().manual_seed(m + k)
     a, b, bias = randn((m, k), elem, gen), randn((k, n), elem, gen), randn((n,), elem, gen)
     out, _ = cuda_run(built, plan, emitted, [a, b, bias], (m, n), elem)
@@ -1113,7 +1110,7 @@ def test_matmul_bias_gelu_cuda(elem, m, k, n, gemm_loop):
 @pytest.mark.parametrize("elem,transpose_b", [("f32", False), ("f16", True), ("bf16", False)])
 def test_matmul_batched_broadcast_cuda(elem, transpose_b, mkn, gemm_loop):
     built, (m, k, n, bshape) = matmul_batched(elem, transpose_b, mkn)
-    plan, emitted = built.emit(gemm_loop)
+    plan, emitted = built.emit(*gemm_loop)
     gen = torch.Generator().manual_seed(9)
     a, b, s = randn((2, 1, m, k), elem, gen), randn(bshape, elem, gen), torch.tensor(0.7).to(TORCH[elem])
     out, _ = cuda_run(built, plan, emitted, [a, b, s], (2, 3, m, n), "f32")
