@@ -83,9 +83,9 @@ from mlir import ir
 from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
-from .attention_wgmma import AttentionVariant
-from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from .kernel_ir import (
+from ..attention_wgmma import AttentionVariant
+from ..base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
+from ..kernel_ir import (
     GpuFunc,
     KernelView,
     Pointwise,
@@ -99,8 +99,8 @@ from .kernel_ir import (
     store_value,
     workgroup_memref,
 )
-from .kernel_ir import contiguous_last as _contiguous_last
-from .nvidia.mma_sync import MmaSync
+from ..kernel_ir import contiguous_last as _contiguous_last
+from ..nvidia.mma_sync import MmaSync
 
 
 class _Chain:
@@ -456,7 +456,7 @@ class AttentionStrategy(Strategy):
         elements so the fragment reads of a warp hit 32 distinct banks."""
         elems = {spec_of(x.type).elem for x in (ch.q, ch.kt, ch.v)}
         if target.name == "cuda" and len(elems) == 1 and next(iter(elems)).startswith("f8"):
-            from . import attention_wgmma  # fp8: the wgmma kernel or the SIMT one
+            from .. import attention_wgmma  # fp8: the wgmma kernel or the SIMT one
 
             return attention_wgmma.plan(ch, target, False, variant)
         if target.name != "cuda" or len(elems) != 1 or elems.pop() not in ("f16", "bf16"):
@@ -476,7 +476,7 @@ class AttentionStrategy(Strategy):
             return None
         ldm = dv % 16 == 0
         skip = self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None
-        from . import attention_wgmma
+        from .. import attention_wgmma
 
         hopper = attention_wgmma.plan(ch, target, skip, variant)
         if hopper is not None:
@@ -501,7 +501,7 @@ class AttentionStrategy(Strategy):
             if target.name != "cuda":
                 raise NotApplicable("the tensor-core attention plan is for CUDA")
             if plan.get("wgmma"):
-                from . import attention_wgmma
+                from .. import attention_wgmma
 
                 return attention_wgmma.emit(self, ch, kernel, plan, gpu_module, target)
             return self._emit_mma(ch, kernel, plan, gpu_module, target)
