@@ -98,7 +98,10 @@ from .kernel_ir import GpuFunc, Pointwise, direct_source, gpu_arg_types, quad_re
 from .kernel_ir import elem_bytes as _elem_bytes
 from .nvidia.mma_sync import MmaSync
 from .nvidia import wgmma as _wg
-from .nvidia.barriers import NamedBarrier, StageBarriers, named_sync
+from .attention.chain import transposed_source
+from .attention.skipping import skipping_loop, two_pass_loop
+from .attention.softmax import online_softmax, row_sums
+from .nvidia.barriers import NamedBarrier, StageBarriers, block_reduce, named_sync
 
 #: Query rows a workgroup: two consumer warpgroups of 64 rows each.
 WARPGROUPS = 2
@@ -169,12 +172,11 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant) -> dict 
     d, dv = ch.head_dim, ch.head_dim_v
     if d % 64 or dv % 64 or max(d, dv) > 256:
         return None
-    from .attention import _transposed_source
     from .kernel_ir import contiguous_last as _contiguous_last
 
     if view.arg_index(ch.q) is None or not _contiguous_last(view, ch.q):
         return None
-    if view.arg_index(_transposed_source(ch.kt)) is None or not ch.k_d_contiguous:
+    if view.arg_index(transposed_source(ch.kt)) is None or not ch.k_d_contiguous:
         return None
     if fp8:
         if not _fp8_applies(ch, elem):
@@ -315,13 +317,12 @@ def _fp8_applies(ch, elem: str) -> bool:
     (K-major), head dims whole 128-byte rows, keys whole blocks (no tail: key order is
     permuted within blocks), no per-key operand in the score chain, and a P chain that
     rounds c * P to q's fp8 type."""
-    from .attention import _transposed_source
     from .kernel_ir import contiguous_last as _contiguous_last
 
     if ch.mask_cond is not None:
         return False
     view = ch.view
-    vt = _transposed_source(ch.v)
+    vt = transposed_source(ch.v)
     if vt == ch.v or view.arg_index(vt) is None or not _contiguous_last(view, vt):
         return False
     if ch.head_dim % 128 or ch.seq_k % BLOCK_N or _reads_per_key(ch):
@@ -458,8 +459,6 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
         p = [[softmax_exp2(math_fma(x[j][k], scale, shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
     else:
         p = [[softmax_exp2(arith.addf(x[j][k], shift[k // 2])) for k in range(4)] for j in range(bn // 8)]
-    from .attention import row_sums
-
     if lazy is not None:
         return m_new, row_sums(l, alpha, p), alpha, p, moved
     return m_new, row_sums(l, alpha, p), alpha, p
@@ -547,8 +546,6 @@ def _emit_block_table(ch, gpu_module: ir.Operation, target: TargetInfo, bm: int,
     parity ORed through shared memory; rows past the queries count as live), and
     workgroup (0, 0) zeroes the tile counter, which the attention kernel, launched after
     this one on the same stream, counts up."""
-    from .attention import block_reduce
-
     view = ch.view
     Sq, Sk = ch.seq_q, ch.seq_k
     threads = 256
@@ -721,8 +718,6 @@ def _table_walk(g: GpuFunc, ch, table: ir.Value, qblock: ir.Value, nk: int, bn: 
     again."""
     from mlir.dialects import scf
 
-    from .attention import two_pass_loop
-
     i64 = ir.IntegerType.get_signless(64)
     masks = _table_masks(g, table, qblock, nk, tid, _walk_classes())
     every = _every_block(nk)
@@ -804,8 +799,6 @@ def _uniform(pred: ir.Value) -> ir.Value:
 
 def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
     """The wgmma attention kernel of a ``plan()`` plan (see the module docstring)."""
-    from .attention import block_reduce, online_softmax, two_pass_loop
-
     view = ch.view
     bm, bn, threads, stages = plan["block_m"], plan["block_n"], plan["threads"], plan["stages"]
     D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
@@ -1606,7 +1599,7 @@ def emit(strategy, ch, kernel: ir.Operation, plan: dict, gpu_module: ir.Operatio
                     final = _table_walk(g, ch, table, qblock, table_shape[1], bn, bm, tid, init, rows, key_block,
                                         copy_block, fence_and_publish)
                 else:
-                    final = strategy._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
+                    final = skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead,
                                                     stage_block, start_pass, whole_blocks=True,
                                                     block_class=block_class if table is not None else None,
                                                     uniform=_uniform)

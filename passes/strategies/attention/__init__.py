@@ -76,8 +76,6 @@ from __future__ import annotations
 import math
 
 from kf.dialects import spec_of
-from kf.dialects.attrs import op_attrs
-from kf.dialects.types import broadcast_shapes, defining
 from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, memref
@@ -87,12 +85,10 @@ from ..attention_wgmma import AttentionVariant
 from ..base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from ..kernel_ir import (
     GpuFunc,
-    KernelView,
     Pointwise,
     VectorStaging,
     direct_source,
     gpu_arg_types,
-    pointwise_closure,
     quad_reduce,
     stage_tile,
     staging_vector_bytes,
@@ -101,146 +97,11 @@ from ..kernel_ir import (
 )
 from ..kernel_ir import contiguous_last as _contiguous_last
 from ..nvidia.mma_sync import MmaSync
-
-
-class _Chain:
-    """The recognized parts of an attention kernel function.
-
-    ``mm1``, ``sm``, ``mm2``: q @ k^T, the softmax, the second product; ``q``, ``kt``,
-    ``v``: the products' operands (``kt`` and, for fp8's K-major V, ``v`` may be
-    transposes of arguments: ``_transposed_source``). ``p_value``: mm2's A operand,
-    ``sm.result`` itself or the end of the P chain (casts and rank-0 scales of the
-    softmax); ``p_scale``: the constant c with P chain = c * P up to its casts (1.0
-    without scales), None where a multiplier is not a constant fill; ``p_elem``: the
-    element type of mm2's A operand ("bf16", "f8E4M3FN", "f32"); ``epilogue_value``:
-    the kernel's result, ``mm2.result`` itself or the end of the rank-0 scales and casts
-    after it."""
-
-    def __init__(self, kernel: ir.Operation):
-        view = KernelView(kernel)
-        self.view = view
-        if len(view.results) != 1:
-            raise NotApplicable(f"@{view.name} returns {len(view.results)} values; attention returns one")
-        # The epilogue: rank-0 scales and casts after P @ V (fp8's dequantization).
-        self.epilogue_value = view.results[0]
-        mm2 = defining(view.results[0])
-        while mm2 is not None and _link(mm2) is not None:
-            mm2 = defining(_link(mm2)[0])
-        if mm2 is None or mm2.name != "kf.matmul":
-            raise NotApplicable("the result is not matmul(softmax(...), v)")
-        # The P chain: casts and rank-0 scales from the softmax to P @ V's A operand (the
-        # precision policy's rounding of P). It is homogeneous of degree 1 in P, which is
-        # what lets the kernels apply it to unnormalized probabilities.
-        self.p_value, self.p_scale = mm2.operands[0], 1.0
-        self.p_elem = spec_of(self.p_value.type).elem
-        sm = defining(self.p_value)
-        while sm is not None and _link(sm) is not None:
-            x, c = _link(sm)
-            self.p_scale = None if self.p_scale is None or math.isnan(c) else self.p_scale * c
-            sm = defining(x)
-        if sm is None or sm.name != "kf.softmax":
-            raise NotApplicable("the first operand of the last matmul is not a softmax, or casts and rank-0 "
-                                "scales of one")
-        s_spec = spec_of(sm.result.type)
-        if op_attrs(sm)["dim"] % s_spec.rank != s_spec.rank - 1:
-            raise NotApplicable("softmax is not over the last dimension")
-        if len(list(sm.result.uses)) != 1:
-            raise NotApplicable("the softmax is used outside the last matmul")
-        # The one matmul below the softmax through elementwise ops is q @ k^T.
-        mm1s, stack, seen = [], [sm.operands[0]], set()
-        while stack:
-            v = stack.pop()
-            if v in seen or view.arg_index(v) is not None:
-                continue
-            seen.add(v)
-            op = defining(v)
-            if op.name == "kf.matmul":
-                mm1s.append(op)
-                continue
-            stack.extend(op.operands)
-        if len(mm1s) != 1:
-            raise NotApplicable(f"{len(mm1s)} matmuls feed the softmax; attention needs exactly q @ k^T")
-        mm1 = mm1s[0]
-        pointwise_closure(view, [sm.operands[0]], [mm1.result])
-        scores = spec_of(mm1.result.type)
-        for v in seen:
-            if broadcast_shapes(spec_of(v.type).shape, scores.shape) != scores.shape:
-                raise NotApplicable(f"{v.type} between the matmuls does not broadcast to the scores")
-        q, kt = mm1.operands
-        vv = mm2.operands[1]
-        pointwise_closure(view, [q, kt, vv], [])
-        self.mm1, self.sm, self.mm2 = mm1, sm, mm2
-        self.q, self.kt, self.v = q, kt, vv
-        self.scores = scores
-        self.out = view.result_specs[0]
-        qs, ks, vs = spec_of(q.type), spec_of(kt.type), spec_of(vv.type)
-        self.seq_q, self.head_dim = qs.shape[-2], qs.shape[-1]
-        self.seq_k = ks.shape[-1]
-        self.head_dim_v = vs.shape[-1]
-        self.batch = self.out.shape[:-2]
-        self.k_d_contiguous = not _contiguous_last(view, kt)  # k^T read through a transpose of k
-        # A mask applied last, with a fill far below any real score (the seed's
-        # masked_fill(mask == 0, -1e9)): key blocks where it masks every score add exactly
-        # nothing to rows that have a real score somewhere, so the kernel may skip them.
-        self.mask_cond, self.mask_fill = None, None
-        last = defining(sm.operands[0])
-        self.unmasked_scores = None  # the scores before the mask: a block the mask leaves whole
-        if last is not None and last.name == "kf.masked_fill" and op_attrs(last)["value"] <= -1e4:
-            self.mask_cond, self.mask_fill = last.operands[1], float(op_attrs(last)["value"])
-            self.unmasked_scores = last.operands[0]
-
-
-def _float_cast(op: ir.Operation) -> bool:
-    return op.name == "kf.cast" and spec_of(op.operands[0].type).is_float and spec_of(op.result.type).is_float
-
-
-def _link(op: ir.Operation) -> tuple[ir.Value, float] | None:
-    """A link of the P chain or the epilogue: (its operand x, its factor) for a float
-    cast of x (1), ``x * c``, ``c * x`` (c) or ``x / c`` (1 / c) with c rank-0 and x not;
-    the factor is NaN where c is not a constant fill (an argument: fp8's scales). None for
-    any other op."""
-    if _float_cast(op):
-        return op.operands[0], 1.0
-    if op.name not in ("kf.mul", "kf.div"):
-        return None
-    a, b = op.operands
-    rank0 = [not spec_of(v.type).shape for v in (a, b)]
-    if rank0[1] and not rank0[0]:
-        x, c = a, b
-    elif op.name == "kf.mul" and rank0[0] and not rank0[1]:
-        x, c = b, a
-    else:
-        return None
-    fill = defining(c)
-    if fill is None or fill.name != "kf.fill":
-        return x, math.nan
-    v = float(op_attrs(fill)["value"])
-    return x, (v if op.name == "kf.mul" else 1.0 / v if v else math.nan)
-
-
-def apply_p_chain(pw: Pointwise, ch: "_Chain", p: ir.Value, index: list) -> ir.Value:
-    """The P chain (what the second product reads of the softmax: fp8's ``cast(P * 256)``,
-    bf16's ``cast(P)``) applied to an unnormalized probability p, in f32: the kernels
-    round before the row sums divide (the chain is homogeneous in P, so the division
-    commutes with everything but the rounding)."""
-    if ch.p_value == ch.sm.result:
-        return p
-    pw.reset()
-    pw.bind(ch.sm.result, p)
-    out = scalar_math.convert(pw.eval(ch.p_value, index), ir.F32Type.get())
-    pw.reset()
-    return out
-
-
-def apply_epilogue(pw: Pointwise, ch: "_Chain", o: ir.Value, index: list) -> ir.Value:
-    """The ops after P @ V (rank-0 scales, casts) on one output element o."""
-    if ch.epilogue_value == ch.mm2.result:
-        return o
-    pw.reset()
-    pw.bind(ch.mm2.result, o)
-    out = pw.eval(ch.epilogue_value, index)
-    pw.reset()
-    return out
+from .chain import Chain as _Chain
+from .chain import apply_epilogue, apply_p_chain
+from .chain import transposed_source as _transposed_source
+from .skipping import skipping_loop
+from .softmax import online_softmax
 
 
 def _pow2_ceil(x: int) -> int:
@@ -249,12 +110,6 @@ def _pow2_ceil(x: int) -> int:
 
 def _shared_bytes(bm: int, bn: int, d: int, dv: int, tpr: int) -> int:
     return 4 * (bm * (d + 1) + bn * (max(d, dv) + 1) + bm * (bn + 1) + bm * tpr)
-
-
-def _transposed_source(v: ir.Value) -> ir.Value:
-    """The operand of a kf.transpose that defines v (K for K^T), else v."""
-    op = defining(v)
-    return op.operands[0] if op is not None and op.name == "kf.transpose" else v
 
 
 def _pipelined_key_loop(g: GpuFunc, Sk: int, bn: int, k_stage: VectorStaging, v_stage: VectorStaging,
@@ -283,93 +138,6 @@ def _pipelined_key_loop(g: GpuFunc, Sk: int, bn: int, k_stage: VectorStaging, v_
     final = g.loop(0, Sk, bn, init, step)
     nvvm.cp_async_wait_group(0)
     return final
-
-
-def online_softmax(g: GpuFunc, pw: Pointwise, ch: "_Chain", s: list[list[ir.Value]], m: list[ir.Value],
-                   l: list[ir.Value], rows: list[ir.Value], tig2: ir.Value, n0: ir.Value, bm: int, bn: int,
-                   s_lead: list, exp, score_in: ir.Value | None = None,
-                   causal: bool = False) -> tuple[list, list, list, list]:
-    """One key block of FlashAttention's online softmax on scores in the mma accumulator
-    layout (``s[j]``: the 4 values of 8-key tile j: rows gid, gid + 8 -- ``rows`` --,
-    columns 2 tig, 2 tig + 1), shared by the mma.sync and wgmma kernels: the elementwise
-    chain between the matmuls (scale, mask, bias) per score with the tails at -inf, the
-    running row maxima ``m`` and sums ``l`` (quad shuffles), and the probabilities.
-    Returns (m_new, l_new, alpha -- the factor the accumulator is rescaled by --, p).
-    ``score_in``: the value whose elements are the scores, softmax's operand unless told
-    (the scores before the mask, for a block the mask leaves whole). ``causal``: the
-    mask condition is known to be ``key > query`` over this block (the block table's
-    CAUSAL class), so it is computed from the indices instead of read: per score one
-    compare of ``row - n0 - 2 tig`` (once a row) with the column's constant offset."""
-    Sq, Sk = ch.seq_q, ch.seq_k
-    f32 = ir.F32Type.get()
-    zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
-    score_in = score_in if score_in is not None else ch.sm.operands[0]
-    i32 = ir.IntegerType.get_signless(32)
-    # key n0 + 2 tig + c is past query row gi iff c > gi - n0 - 2 tig (signed: negative
-    # below the block's first key); i32 as sequences are far below 2^31
-    offsets = [arith.index_cast(i32, arith.subi(gi, arith.addi(n0, tig2))) for gi in rows] if causal else []
-    x = []
-    for j in range(bn // 8):
-        xj = []
-        for k in range(4):
-            gi, gj = rows[k // 2], arith.addi(n0, g.add(tig2, 8 * j + k % 2))
-
-            def score(dot=s[j][k], gi=gi, gj=gj, h=k // 2, c=8 * j + k % 2):
-                def real():
-                    pw.reset()
-                    pw.bind(ch.mm1.result, dot)
-                    if causal:
-                        pw.bind(ch.mask_cond, arith.cmpi(arith.CmpIPredicate.slt, offsets[h], arith.constant(i32, c)))
-                    out = scalar_math.convert(pw.eval(score_in, s_lead + [gi, gj]), f32)
-                    if causal:
-                        del pw.bound[ch.mask_cond]
-                    return [out]
-
-                return g.guarded(g.lt(gi, Sq) if Sq % bm or Sq < bm else None, [f32], real,
-                                 lambda: [zero])
-
-            xj.append(g.guarded(g.lt(gj, Sk) if Sk % bn else None, [f32], score, lambda: [neg_inf])[0])
-        x.append(xj)
-    m_new, alpha = [], []
-    for h in range(2):  # rows gid and gid + 8
-        mx = x[0][2 * h]
-        for j in range(bn // 8):
-            for k in (2 * h, 2 * h + 1):
-                if (j, k) != (0, 2 * h):
-                    mx = arith.maximumf(mx, x[j][k])
-        mx = arith.maximumf(m[h], quad_reduce(mx, arith.maximumf))
-        m_new.append(mx)
-        alpha.append(exp(arith.subf(m[h], mx)))
-    p = [[exp(arith.subf(x[j][k], m_new[k // 2])) for k in range(4)] for j in range(bn // 8)]
-    return m_new, row_sums(l, alpha, p), alpha, p
-
-
-def row_sums(l: list[ir.Value], alpha: list[ir.Value], p: list[list[ir.Value]]) -> list[ir.Value]:
-    """The running row sums after a key block: l rescaled by alpha plus the block's p
-    (in the mma accumulator layout: rows gid -- values 0, 1 -- and gid + 8 -- 2, 3)."""
-    out = []
-    for h in range(2):
-        t_ = arith.mulf(l[h], alpha[h])
-        for pj in p:
-            t_ = arith.addf(arith.addf(t_, pj[2 * h]), pj[2 * h + 1])
-        out.append(t_)
-    return out
-
-
-def block_reduce(pred: ir.Value, how: str = "or", barrier: tuple[int, int] | None = None) -> ir.Value:
-    """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too). ``barrier``:
-    (id, threads) of a named barrier of some of the workgroup's warps instead."""
-    from mlir.dialects import llvm, nvvm
-
-    i32 = ir.IntegerType.get_signless(32)
-    if barrier is not None:  # the NVVM op reduces on barrier 0 only
-        asm = (f"{{ .reg .pred p, q; setp.ne.u32 q, $1, 0; bar.red.{how}.pred p, {barrier[0]}, {barrier[1]}, q; "
-               "selp.u32 $0, 1, 0, p; }")
-        r = llvm.InlineAsmOp(i32, [arith.extui(i32, pred)], asm, "=r,r", has_side_effects=True).res
-    else:
-        r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
-                           reductionPredicate=arith.extui(i32, pred)).res
-    return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
 
 
 class AttentionStrategy(Strategy):
@@ -792,7 +560,7 @@ class AttentionStrategy(Strategy):
 
                 init = [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o)
                 if ch.mask_cond is not None and not prefetch and plan.get("skip_masked_blocks", False):
-                    final = self._skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead)
+                    final = skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead)
                 elif stages > 1:
                     if not (k_stage.copies_async and v_stage.copies_async and lt is not None):
                         raise NotApplicable("the plan's cp.async K/V pipeline needs both tiles staged as 16-byte "
@@ -817,126 +585,6 @@ class AttentionStrategy(Strategy):
                              {"strategy": "attention", "tensor_cores": "mma.sync.m16n8k16",
                               "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn,
                               "stages": stages})
-
-    @staticmethod
-    def _skipping_loop(g: GpuFunc, pw: Pointwise, ch: _Chain, key_block, init: list[ir.Value], rows: list[ir.Value],
-                       tig2: ir.Value, bm: int, bn: int, s_lead: list, stage_block=None, start_pass=None,
-                       whole_blocks: bool = False, block_class=None, uniform=None) -> list[ir.Value]:
-        """The key loop, skipping blocks that the mask masks entirely (a causal mask's
-        upper triangle: half the work), exactly.
-
-        Per key block every thread tests its own score positions of the mask and the
-        workgroup ORs them (``bar.red.or``); a block with no unmasked score is neither
-        staged nor computed. That is exact for every row with an unmasked score
-        somewhere, whose running max is then a real score and the skipped terms
-        exp(fill - max) are 0 in f32. A row masked everywhere is softmax over equal fills
-        in eager torch (uniform weights over all keys), so when one occurs in a block that
-        skipped anything, the block runs the loop again without skipping (the outer
-        two-pass loop; the second pass happens only then).
-
-        Hooks of a pipelined kernel (the wgmma one): ``start_pass()`` at the start of each
-        pass (the first block's copies); ``stage_block(n0)`` at the start of every block,
-        skipped or not, returns the pipeline stage the block's K and V are in (having
-        staged its mask tile, see ``Pointwise.tiles``, and issued the next block's
-        copies), passed on as ``key_block(n0, state, stage)``. With ``whole_blocks`` the
-        workgroup also ANDs whether the mask leaves every score of the block alone, and
-        ``key_block(..., unmasked=pred)`` may then skip the mask (a causal mask's blocks
-        below the diagonal). ``block_class(n0)``, where given, answers (live, whole) for
-        the block instead of the test (a table made before the kernel); ``stage_block``
-        is then told whether blocks may be skipped at all (``allow``). It may answer
-        (live, whole, causal): ``causal`` -- the mask is ``key > query`` over the block --
-        goes to ``key_block(..., causal=pred)``. ``uniform``, where given, rewrites the
-        condition of the branch around each block (the wgmma kernel: a warp vote of it,
-        which ptxas knows to be uniform)."""
-        Sq, Sk = ch.seq_q, ch.seq_k
-        i1 = ir.IntegerType.get_signless(1)
-        true, false = arith.constant(i1, 1), arith.constant(i1, 0)
-        types = [v.type for v in init]
-
-        block_or = block_reduce
-        uniform = uniform or (lambda p: p)
-
-        def inner(allow: ir.Value):
-            def block(n0, carried):
-                state, skipped = carried[:-1], carried[-1]
-                stage = stage_block(n0, allow) if stage_block is not None else None
-                if block_class is not None:
-                    live, whole, *causal = block_class(n0)
-                    go = arith.ori(live, arith.xori(allow, true))
-                    extra = {"stage": stage, **({"unmasked": whole} if whole_blocks else {}),
-                             **({"causal": causal[0]} if causal else {})}
-                    out = g.guarded(uniform(go), types, lambda: key_block(n0, state, **extra), lambda: state)
-                    return out + [arith.ori(skipped, arith.xori(go, true))]
-                live, whole = false, true
-                for gi in rows:
-                    for j in range(bn // 8):
-                        for e in range(2):
-                            gj = arith.addi(n0, g.add(tig2, 8 * j + e))
-                            conds = [c for c in (g.lt(gi, Sq) if Sq % bm or Sq < bm else None,
-                                                 g.lt(gj, Sk) if Sk % bn else None) if c is not None]
-
-                            def masked(gi=gi, gj=gj):
-                                pw.reset()
-                                # the condition at its own (broadcast) index, e.g. a [seq, seq] mask
-                                c = pw.eval(ch.mask_cond, pw.operand_index(
-                                    spec_of(ch.mask_cond.type).shape, s_lead + [gi, gj], ch.scores.rank))
-                                pw.reset()
-                                return [c]
-
-                            m = g.guarded(g.all_of(conds), [i1], masked, lambda: [true])[0]
-                            live = arith.ori(live, arith.xori(m, true))
-                            whole = arith.andi(whole, arith.xori(m, true))
-                go = arith.ori(block_or(live), arith.xori(allow, true))
-                extra = {} if stage is None else {"stage": stage}
-                if whole_blocks:
-                    extra["unmasked"] = block_reduce(whole, "and")
-                out = g.guarded(uniform(go), types, lambda: key_block(n0, state, **extra), lambda: state)
-                return out + [arith.ori(skipped, arith.xori(go, true))]
-
-            return block
-
-        def run_pass(allow):
-            if start_pass is not None:
-                start_pass()
-            out = g.loop(0, Sk, bn, init + [false], inner(allow))
-            return out[:-1], out[-1]
-
-        return two_pass_loop(g, ch, init, rows, bm, run_pass)
-
-
-def two_pass_loop(g: GpuFunc, ch: _Chain, init: list[ir.Value], rows: list[ir.Value], bm: int,
-                  run_pass, reduce=block_reduce) -> list[ir.Value]:
-    """The skipping loop's outer loop: ``run_pass(allow)`` runs the key blocks once
-    (skipping dead ones where ``allow``, an i1, holds) and returns (state, skipped). The
-    second pass, with nothing skipped, runs only when the first skipped a block and a
-    query row of the workgroup saw masked scores only (its max is the fill): in eager
-    torch such a row is softmax over equal fills, uniform over all keys. ``reduce``: the
-    OR over the threads that compute (``block_reduce``)."""
-    Sq = ch.seq_q
-    i1 = ir.IntegerType.get_signless(1)
-    true, false = arith.constant(i1, 1), arith.constant(i1, 0)
-    types = [v.type for v in init]
-    fill_half = g.fconst(ch.mask_fill / 2)
-
-    def attempt(p, carried):
-        done = carried[0]
-
-        def run():
-            allow = arith.cmpi(arith.CmpIPredicate.eq, p, g.c(0))
-            state, skipped = run_pass(allow)
-            # a row that saw masked scores only has the fill as its max
-            full = false
-            for h, gi in enumerate(rows):
-                only_masked = arith.cmpf(arith.CmpFPredicate.OLE, state[h], fill_half)
-                if Sq % bm or Sq < bm:
-                    only_masked = arith.andi(only_masked, g.lt(gi, Sq))
-                full = arith.ori(full, only_masked)
-            redo = arith.andi(reduce(full), skipped)
-            return [arith.xori(redo, true)] + list(state)
-
-        return g.guarded(done, [i1] + types, lambda: list(carried), run)
-
-    return g.loop(0, 2, 1, [false] + init, attempt)[1:]
 
 
 register(AttentionStrategy())

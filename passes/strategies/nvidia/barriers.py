@@ -168,3 +168,17 @@ class StageBarriers:
         """Consumers: block j's stage may be refilled."""
         nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64),
                               self._at(self.EMPTY, self.g.rem(j, self.stages)))
+
+
+def block_reduce(pred: ir.Value, how: str = "or", barrier: tuple[int, int] | None = None) -> ir.Value:
+    """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too). ``barrier``:
+    (id, threads) of a named barrier of some of the workgroup's warps instead."""
+    i32 = ir.IntegerType.get_signless(32)
+    if barrier is not None:  # the NVVM op reduces on barrier 0 only
+        asm = (f"{{ .reg .pred p, q; setp.ne.u32 q, $1, 0; bar.red.{how}.pred p, {barrier[0]}, {barrier[1]}, q; "
+               "selp.u32 $0, 1, 0, p; }")
+        r = llvm.InlineAsmOp(i32, [arith.extui(i32, pred)], asm, "=r,r", has_side_effects=True).res
+    else:
+        r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
+                           reductionPredicate=arith.extui(i32, pred)).res
+    return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))
