@@ -81,7 +81,6 @@ from mlir import ir
 from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
-from ..attention_wgmma import AttentionVariant
 from ..base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from ..kernel_ir import (
     GpuFunc,
@@ -97,9 +96,11 @@ from ..kernel_ir import (
 )
 from ..kernel_ir import contiguous_last as _contiguous_last
 from ..nvidia.mma_sync import MmaSync
+from . import hopper
 from .chain import Chain as _Chain
 from .chain import apply_epilogue, apply_p_chain
 from .chain import transposed_source as _transposed_source
+from .hopper import AttentionVariant
 from .skipping import skipping_loop
 from .softmax import online_softmax
 
@@ -224,9 +225,7 @@ class AttentionStrategy(Strategy):
         elements so the fragment reads of a warp hit 32 distinct banks."""
         elems = {spec_of(x.type).elem for x in (ch.q, ch.kt, ch.v)}
         if target.name == "cuda" and len(elems) == 1 and next(iter(elems)).startswith("f8"):
-            from .. import attention_wgmma  # fp8: the wgmma kernel or the SIMT one
-
-            return attention_wgmma.plan(ch, target, False, variant)
+            return hopper.plan(ch, target, False, variant)  # fp8: the wgmma kernel or the SIMT one
         if target.name != "cuda" or len(elems) != 1 or elems.pop() not in ("f16", "bf16"):
             return None
         d, dv = ch.head_dim, ch.head_dim_v
@@ -244,11 +243,9 @@ class AttentionStrategy(Strategy):
             return None
         ldm = dv % 16 == 0
         skip = self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None
-        from .. import attention_wgmma
-
-        hopper = attention_wgmma.plan(ch, target, skip, variant)
-        if hopper is not None:
-            return hopper
+        on_hopper = hopper.plan(ch, target, skip, variant)
+        if on_hopper is not None:
+            return on_hopper
         view = ch.view
         reads_args = all(view.arg_index(x) is not None for x in (_transposed_source(ch.kt), ch.v)) and \
             ch.k_d_contiguous and _contiguous_last(view, ch.v)
@@ -269,9 +266,7 @@ class AttentionStrategy(Strategy):
             if target.name != "cuda":
                 raise NotApplicable("the tensor-core attention plan is for CUDA")
             if plan.get("wgmma"):
-                from .. import attention_wgmma
-
-                return attention_wgmma.emit(self, ch, kernel, plan, gpu_module, target)
+                return hopper.emit(ch, kernel, plan, gpu_module, target)
             return self._emit_mma(ch, kernel, plan, gpu_module, target)
         view = ch.view
         bm, bn, threads, tpr = plan["block_m"], plan["block_n"], plan["threads"], plan["lanes_per_row"]

@@ -74,7 +74,7 @@ class SwizzledTile:
     source's edge (each slot then tests its coordinates). ``row_perm`` (K-major only): a function of the
     stage row giving the source row it holds, relative to ``row0`` (attention's fp8
     kernel permutes keys within groups of 32 so that its score accumulators are
-    wgmma's fp8 A fragment, see attention_wgmma.fp8_key_order)."""
+    wgmma's fp8 A fragment, see attention.hopper.mma.fp8_key_order)."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, mem: ir.Value, direct: Direct, rows: int,
                  bk: int, esize: int, n_rows: int, n_k: int, mn_major: bool, width: int | None = None,

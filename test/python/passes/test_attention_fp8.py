@@ -1,4 +1,4 @@
-"""The fp8 wgmma attention kernel (passes/strategies/attention_wgmma.py, FP8) and the
+"""The fp8 wgmma attention kernel (passes/strategies/attention/hopper/) and the
 key loop's score overlap and linear-score softmax, which the bf16 kernel shares.
 
 The kernel function is the one kf-fuse makes of the seed's attention under
@@ -50,7 +50,7 @@ def test_fp8_key_order_makes_scores_the_a_fragment():
     accumulators (columns 2t, 2t+1, 8+2t, 9+2t of each 16, mma's C layout) are then
     the keys 4t .. 4t+3 that fp8 wgmma's register A fragment gives lane t (k32: columns
     4t..4t+3 and 16+4t..16+4t+3), in register order."""
-    from kf.passes.strategies.attention_wgmma import fp8_key_of
+    from kf.passes.strategies.attention.hopper.mma import fp8_key_of
 
     assert sorted(fp8_key_of(j) for j in range(128)) == list(range(128))
     for t in range(4):
@@ -167,7 +167,7 @@ def test_persistent_plan():
     counter), where queries and keys fill whole blocks."""
     from dataclasses import replace
 
-    from kf.passes.strategies import attention_wgmma as awg
+    from kf.passes.strategies.attention.hopper.plan import PERSISTENT_WINDOW_BYTES
 
     def plan_of(built, target=HOPPER):
         return built.emit(target)[0]
@@ -177,7 +177,7 @@ def test_persistent_plan():
     assert plan_of(attention(4, 32, 2048, 2048, 128, "bf16"), replace(HOPPER, multiprocessors=114))["grid"] == [114, 1, 1]
     p = plan_of(attention(4, 32, 2048, 2048, 128, "bf16"), replace(HOPPER, multiprocessors=0))
     assert not p["persistent"] and p["grid"] == [16, 128, 1], p
-    assert 132 / 16 * 4096 * 256 * 2 > awg.PERSISTENT_WINDOW_BYTES
+    assert 132 / 16 * 4096 * 256 * 2 > PERSISTENT_WINDOW_BYTES
     p = plan_of(attention(4, 32, 2048, 4096, 128, "bf16"))
     assert p["warp_specialized"] and not p["persistent"] and p["grid"] == [16, 128, 1], p
     # the block table's walk: PERSISTENT_WALK, tiles claimed in groups of heads whose keys
@@ -209,10 +209,10 @@ def test_lazy_rescale(elem):
     moved by more than 2^8 (fp8, whose P is scaled by 256 towards e4m3's 448: 2^0.75);
     ptxas neither spills nor serializes the wgmmas around it (the vote makes the branch
     uniform to it). fp8 spills 24 bytes (measured faster all the same)."""
-    from kf.passes.strategies import attention_wgmma as awg
+    from kf.passes.strategies.attention.hopper.softmax import lazy_threshold
 
-    assert awg._lazy_threshold(elem, 1.0, 0.0) == 8.0 and awg._lazy_threshold("f8E4M3FN", 256.0, 8.0) == 0.75
-    assert awg._lazy_threshold("f8E5M2", 256.0, 8.0) == 7.75
+    assert lazy_threshold(elem, 1.0, 0.0) == 8.0 and lazy_threshold("f8E4M3FN", 256.0, 8.0) == 0.75
+    assert lazy_threshold("f8E5M2", 256.0, 8.0) == 7.75
     for built in (attention(2, 4, 256, 2048, 128, elem), attention_fp8(2, 4, 256, 2048, 128)):
         plan, _ = built.emit(HOPPER)
         assert plan["overlap_pv"], plan

@@ -880,14 +880,14 @@ def test_warp_specialized_attention_cuda(b, h, sq, sk, elem):
     tiles a persistent workgroup (512 and 640 tiles, the latter with the queries ending
     inside a block: the stages' and Q's mbarriers run on across them), and many key
     blocks per query block (4096 keys: each stage's mbarriers through 10 phases)."""
-    from kf.passes.strategies import attention_wgmma
+    from kf.passes.strategies.attention.hopper.plan import PERSISTENT_WINDOW_BYTES
 
     hopper_only()
     built = attention(b, h, sq, sk, 128, elem)
     plan, emitted = built.emit(HOPPER)
     assert plan["warp_specialized"], plan
     # persistent where the keys and values of the tiles in flight fit the window
-    window = HOPPER.multiprocessors / -(-sq // 128) * sk * 256 * 2 <= attention_wgmma.PERSISTENT_WINDOW_BYTES
+    window = HOPPER.multiprocessors / -(-sq // 128) * sk * 256 * 2 <= PERSISTENT_WINDOW_BYTES
     persistent = window and sk % 128 == 0
     assert bool(plan["persistent"]) == persistent, plan
     if persistent:
@@ -948,7 +948,7 @@ def block_classes(mask: torch.Tensor, bm: int, bn: int, causal_class: bool) -> t
     DEAD (nothing kept), WHOLE (all kept and the block inside both sequences), CAUSAL
     (kept exactly where key <= query, absolute indices, over the block's positions inside
     the sequences) or PARTIAL."""
-    from kf.passes.strategies.attention_wgmma import CAUSAL, DEAD, PARTIAL, WHOLE
+    from kf.passes.strategies.attention.hopper.block_table import CAUSAL, DEAD, PARTIAL, WHOLE
 
     keep = mask != 0
     sq, sk = keep.shape
@@ -1001,7 +1001,7 @@ def live_row_words(mask: torch.Tensor, bm: int, bn: int) -> torch.Tensor:
     """The block table's live-row words (PERSISTENT_WALK) a [sq, sk] mask must get: per
     (query block, key block), bit e of word 2p + h set where row 2 (32 h + e) + p of the
     block keeps a key of the block (rows past the queries count as kept), as int32."""
-    from kf.passes.strategies.attention_wgmma import ROW_WORDS
+    from kf.passes.strategies.attention.hopper.block_table import ROW_WORDS
 
     keep = mask != 0
     sq, sk = keep.shape
