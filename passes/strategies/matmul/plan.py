@@ -12,8 +12,8 @@ from kf.dialects import spec_of
 from ..base import NotApplicable, TargetInfo
 from ..kernel_ir import staging_vector_bytes
 from ..nvidia.mma_sync import FP8_PTX, MMA_ELEMS
-from . import wgmma
 from .gemm import Gemm
+from .wgmma import plan as wgmma_plan
 
 @dataclass(frozen=True)
 class MatmulVariant:
@@ -91,7 +91,7 @@ def mma_plan(gm: Gemm, target: TargetInfo, variant: MatmulVariant) -> dict | Non
         return None
     if elem in FP8_PTX and _sm(target) < 89:
         raise NotApplicable(f"fp8 tensor cores need sm_89 or later; the target is {target.chip}")
-    hopper = wgmma.plan(gm, target, variant)
+    hopper = wgmma_plan(gm, target, variant)
     if hopper is not None:
         return hopper
     batch = math.prod(gm.batch)
