@@ -5,7 +5,7 @@ attention kernel, and hand-written P chains and epilogues (casts and rank-0 scal
 around P @ V) join it while anything else keeps the chain apart.
 
 test/passes/kf-fuse-precision.mlir shows the fused IR; the kernels' numbers are in
-test_attention_matmul.py (hand-built kernels) and test/python/compiler/test_precision.py.
+test/python/passes/strategies/ (hand-built kernels) and test/python/compiler/test_precision.py.
 """
 
 from __future__ import annotations
