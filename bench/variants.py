@@ -14,11 +14,10 @@ ElementwiseStrategy.ITEMS_PER_THREAD (vectors a thread) and scalar_math.SHORT_FO
 short GELU/sigmoid for bf16/f16 results, or libdevice's accurate math), on bias+GELU
 (exact and tanh), bias+sigmoid and x*2+b.
 
-GEMM variants are the matmul strategy's kernel variants, given as the option ``variants``
-(GEMM_VARIANTS below: the cp.async pipeline depth, wgmma groups in flight, tile widths,
-workgroup grouping); attention's are AttentionStrategy switches (block skipping) and its
-kernel variants. Each variant compiles into a cache folder of its own, so that its
-compile time is measured.
+GEMM and attention variants are the strategies' kernel variants, given as the option
+``variants`` (GEMM_VARIANTS below: the cp.async pipeline depth, wgmma groups in flight,
+tile widths, workgroup grouping; ATTENTION_VARIANTS: the order of query blocks). Each
+variant compiles into a cache folder of its own, so that its compile time is measured.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import median_ms, rel_err, rotated  # noqa: E402
 
 import kf  # noqa: E402
-from kf.passes.strategies import attention as at  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from seed_examples import fused_attention  # noqa: E402
@@ -131,13 +129,12 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
     return rows
 
 
-#: Attention plan variants: AttentionStrategy switches over its defaults, and kernel
-#: variants (the option ``variants``, attention's AttentionVariant); the ones that change
-#: block skipping run on masked shapes only.
+#: Attention plan variants: the attention strategy's kernel variants (the option
+#: ``variants``, attention/hopper/plan.py's AttentionVariant) over its defaults; the ones
+#: of masked kernels run on masked shapes only.
 ATTENTION_VARIANTS = {
-    "wgmma 2 warpgroups": {},
-    "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
-    "wgmma skip, table, query blocks in order": {"variants": "attention.reverse_q_blocks=false"},
+    "wgmma 2 warpgroups": "",
+    "wgmma skip, table, query blocks in order": "attention.reverse_q_blocks=false",
 }
 
 
@@ -146,8 +143,6 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
     masked query row, the case that makes the skipping kernel rerun a block)."""
     import torch.nn.functional as F
 
-    defaults = {k: getattr(at.AttentionStrategy, k) for k in {k for v in ATTENTION_VARIANTS.values() for k in v}
-                if k != "variants"}
 
     bf = torch.bfloat16
 
@@ -174,18 +169,14 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
         rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
         print(rows[-1], flush=True)
         def mask_only(v):  # the same kernel unmasked
-            return "SKIP_MASKED_BLOCKS" in v or "reverse_q_blocks" in v.get("variants", "")
+            return "reverse_q_blocks" in v
 
         names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only(v))
                  and (not variants or n in variants)]
         for name_ in names:
-            spec = ATTENTION_VARIANTS[name_]
-            for k, v in {**defaults, **spec}.items():
-                if k != "variants":
-                    setattr(at.AttentionStrategy, k, v)
-            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
+            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()  # a fresh compile
             row = {"kind": name, "variant": name_}
-            f = fused_attention.with_options(target="cuda", variants=spec.get("variants", ""))
+            f = fused_attention.with_options(target="cuda", variants=ATTENTION_VARIANTS[name_])
             try:
                 x = make()
                 if masked:  # a fully masked query row too: uniform weights in torch
@@ -205,8 +196,6 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
             rows.append(row)
             print(row, flush=True)
             save(rows)
-    for k, v in defaults.items():
-        setattr(at.AttentionStrategy, k, v)
     return rows
 
 

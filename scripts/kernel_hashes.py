@@ -99,8 +99,6 @@ class Config:
     precision: str = "auto"
     #: kernel variants, as kf-tile takes them: {"matmul.stages": 3}
     plan: dict = field(default_factory=dict)
-    #: class attributes of a strategy that are still switches: {"attention:AttentionStrategy.PIPELINE": False}
-    switches: dict = field(default_factory=dict)
 
 
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -150,8 +148,6 @@ add(
     Config("att-a.f16.d64.causal", masked_attention, att(2, 8, 1000, 1000, 64) + [causal(1000, 1000)], F16,
            arch="sm_80"),
     Config("att-a.f16.d80.unmasked", attention, att(1, 2, 100, 100, 80), F16, arch="sm_80"),
-    Config("att-a.bf16.d64.unmasked.no-pipeline", attention, att(2, 8, 1000, 1000, 64), arch="sm_80",
-           switches={"attention:AttentionStrategy.PIPELINE": False}),
     Config("att-a.f32.d64.causal", masked_attention, att(2, 2, 257, 257, 64) + [causal(257, 257)], F32,
            arch="sm_80"),
     Config("att-h.fp8.d64.simt", attention, att(1, 2, 256, 256, 64), precision="fp8"),
@@ -244,26 +240,6 @@ def plan_option(plan: dict) -> str:
 
 
 def compile_config(c: Config) -> tuple[bytes, list[str]]:
-    """(the target's text or binary, "kernel:strategy" of each gpu.func), with the
-    configuration's switches set for the time of the compile."""
-    import importlib
-
-    undo = []
-    for where, value in c.switches.items():
-        mod, _, attr = where.partition(":")
-        cls, _, name = attr.rpartition(".")
-        obj = importlib.import_module(f"kf.passes.strategies.{mod}")
-        obj = getattr(obj, cls) if cls else obj
-        undo.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, value)
-    try:
-        return _compile(c)
-    finally:
-        for obj, name, value in reversed(undo):
-            setattr(obj, name, value)
-
-
-def _compile(c: Config) -> tuple[bytes, list[str]]:
     import kf
     from kf import dialects as kd
     from kf import driver

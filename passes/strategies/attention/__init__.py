@@ -23,12 +23,14 @@ the rounding happens before the division by the row sum): the accumulator takes
 ``p' v`` with ``p' = P chain(p)`` as an f32 value (an E4M3FN value, say), the row sum
 ``l`` adds the unrounded ``p``, and the output is ``epilogue(acc / l)``.
 
-Two kernels. On CUDA with f16/bf16 q, k, v and head dims that are multiples of 16 the
-tensor-core kernel (``_emit_mma``: mma.sync m16n8k16, FlashAttention-2's register
-dataflow). fp8 q, k, v (``precision="fp8"`` on CUDA) take the fp8 wgmma kernel of
-``attention_wgmma.py`` where it applies (sm_90a), else the SIMT kernel, which widens
-the E4M3FN bytes as it loads them. Everywhere else, Vulkan and f32 included, the SIMT
-kernel:
+Three kernels. On sm_90a the Hopper kernel (``hopper/``: wgmma, a producer warpgroup,
+the block table of a mask) where it applies, for f16/bf16 and fp8 q, k, v. Elsewhere on
+CUDA, with f16/bf16 q, k, v and head dims that are multiples of 16, the tensor-core
+kernel (``_emit_mma``: mma.sync m16n8k16, FlashAttention-2's register dataflow; key
+blocks a mask masks entirely skipped, ``skipping.py``, else K and V double-buffered by
+cp.async). fp8 q, k, v where the Hopper kernel does not apply take the SIMT kernel, which
+widens the E4M3FN bytes as it loads them. Everywhere else, Vulkan and f32 included, the
+SIMT kernel:
 
 - one workgroup per (flattened batch element, block of BLOCK_M query rows); each query
   row is owned by TPR = threads / BLOCK_M consecutive threads ("lanes");
@@ -54,21 +56,9 @@ before V overwrites K, after V); two in the tensor-core kernel. Tiles read strai
 from arguments are staged with 128-bit loads on CUDA. The plan (``plan``) says which
 kernel, and its block sizes, as JSON-able values.
 
-Measured on an H200 (2026-12-02, 4 x 16 heads x 2048, no mask): f16 head dim 64 at
-163 TFLOP/s and bf16 head dim 128 at 148, against torch's flash SDPA at 451 and 648;
-the f32 SIMT kernel at 14 against 34. Checked against torch on the H200: sequence
-tails (257, 513, 1000), [s, s], [b, 1, s, s] and boolean masks, head dims 64 and 128
-(the head-dim-80 and single-row CUDA cases in the tests came later and have not run there).
-
-Since then: K and V fragments by ldmatrix (V with .trans), exp as exp2, the scale as a
-reciprocal multiply, and key blocks that a mask masks entirely skipped (``_skipping_loop``):
-4x32x2048x128 bf16 1.62 -> 1.30 ms, x64 0.83 -> 0.65 ms (bench/variants.py). Then K and
-V double-buffered by cp.async where no blocks are skipped (``PIPELINE``): 1.30 -> 1.04
-ms and 0.64 -> 0.57 ms. On sm_90a the plan is the wgmma kernel of
-``attention_wgmma.py`` (2026-12-03: 4x32x2048x128 0.73 ms, 0.61x SDPA; x64 0.41 ms), which
-shares ``online_softmax`` and ``_skipping_loop`` with this one; this kernel's skipping loop
-still stages synchronously (a register prefetch exists, ``PREFETCH``, off by default, as
-it turns skipping off). No TMA in either.
+What the shared parts are: ``chain.py`` (the recognized chain, its P chain and
+epilogue), ``softmax.py`` (the online softmax in the mma layout), ``skipping.py`` (the
+block-skipping key loops). Measurements: bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -145,28 +135,6 @@ class AttentionStrategy(Strategy):
     KIND = "attention"
     VARIANT = AttentionVariant
 
-    #: Register prefetch of the next K/V block (H200, 4x32x2048: 1.26 ms with it, 1.30
-    #: without at head_dim 128, 0.667 and 0.648 at 64); off, as it also turns off block skipping.
-    PREFETCH = False
-
-    #: Whether tensor-core plans skip key blocks that a mask masks entirely (see
-    #: ``_skipping_loop``).
-    SKIP_MASKED_BLOCKS = True
-
-    #: Whether tensor-core plans without block skipping double-buffer K and V with
-    #: cp.async (the next block's copies in flight during this block's products), where
-    #: both are arguments read as they lie with rows of whole 16-byte pieces. H200,
-    #: 4x32x2048 bf16 (bench/results/variants-attention-pipeline-2026-12-02.json): head
-    #: dim 128 1.30 -> 1.04 ms, 64 0.64 -> 0.57 ms. Eight warps (MMA_WARPS) were slower
-    #: in every case there.
-    PIPELINE = True
-
-    #: A register budget for the tensor-core kernel (``.maxnreg``), or 0 for ptxas's own
-    #: choice, which caps it at 168 for 128 threads (three workgroups an SM) and then
-    #: spills 20 to 44 bytes at head_dim 128 with a mask; 255 gives it what it asks (about
-    #: 210, two workgroups an SM) and was 10-20% slower on the H200 in every case measured.
-    MAX_REGISTERS = 0
-
     #: per-thread f32 registers of scores plus accumulators that the plan allows: above
     #: this ptxas starts to spill at 128 threads (checked at head_dim 128).
     MAX_REGISTER_TILE = 64
@@ -222,7 +190,11 @@ class AttentionStrategy(Strategy):
         or None for the SIMT kernel. BLOCK_N is 64 keys up to head_dim 64 and 32 above
         (the S fragments then cost 16 registers instead of 32, next to 64 accumulators at
         head_dim 128); K and V tiles are kept in the input type, rows padded by 8
-        elements so the fragment reads of a warp hit 32 distinct banks."""
+        elements so the fragment reads of a warp hit 32 distinct banks. Key blocks that a
+        mask masks entirely are skipped (``skipping.skipping_loop``); without a mask, K and
+        V are double-buffered by cp.async (the next block's copies in flight during this
+        block's products) where both are arguments read as they lie with rows of whole
+        16-byte pieces."""
         elems = {spec_of(x.type).elem for x in (ch.q, ch.kt, ch.v)}
         if target.name == "cuda" and len(elems) == 1 and next(iter(elems)).startswith("f8"):
             return hopper.plan(ch, target, False, variant)  # fp8: the wgmma kernel or the SIMT one
@@ -242,23 +214,22 @@ class AttentionStrategy(Strategy):
         if batch > 65535:
             return None
         ldm = dv % 16 == 0
-        skip = self.SKIP_MASKED_BLOCKS and ch.mask_cond is not None
+        skip = ch.mask_cond is not None
         on_hopper = hopper.plan(ch, target, skip, variant)
         if on_hopper is not None:
             return on_hopper
         view = ch.view
         reads_args = all(view.arg_index(x) is not None for x in (_transposed_source(ch.kt), ch.v)) and \
             ch.k_d_contiguous and _contiguous_last(view, ch.v)
-        stages = 2 if (self.PIPELINE and ldm and not skip and not self.PREFETCH and reads_args
-                       and staging_vector_bytes(target) == 16 and (2 * shared) <= target.max_dynamic_shared_bytes) \
-            else 1
+        stages = 2 if (ldm and not skip and reads_args and staging_vector_bytes(target) == 16
+                       and (2 * shared) <= target.max_dynamic_shared_bytes) else 1
         shared *= stages
         return {"block_m": bm, "block_n": bn, "threads": 32 * self.MMA_WARPS, "lanes_per_row": 4,
                 "stages": stages, "dynamic_shared": shared > target.max_shared_bytes,
                 "grid": [-(-ch.seq_q // bm), batch, 1], "shared_bytes": shared, "seq_q": ch.seq_q,
                 "seq_k": ch.seq_k, "head_dim": d, "head_dim_v": dv, "batch": list(ch.batch), "unroll": 1,
-                "mma": True, "vector_bytes": staging_vector_bytes(target), "prefetch": self.PREFETCH,
-                "ldmatrix": ldm, "skip_masked_blocks": skip, "max_registers": self.MAX_REGISTERS}
+                "mma": True, "vector_bytes": staging_vector_bytes(target), "ldmatrix": ldm,
+                "skip_masked_blocks": skip}
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = _Chain(kernel)
@@ -429,9 +400,6 @@ class AttentionStrategy(Strategy):
                         [workgroup_memref([stages * bn, D + 8], et), workgroup_memref([stages * bn, Dv + 8], et)],
                         (threads, 1, 1), dynamic_shared=plan.get("dynamic_shared", False))
             Ks, Vs = g.shared
-            if plan.get("max_registers"):
-                g.op.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
-                                                                     plan["max_registers"])
             n_in = len(view.args)
             out_mem = g.args[n_in]
             pw = Pointwise(g, view, g.args[:n_in])
@@ -477,11 +445,6 @@ class AttentionStrategy(Strategy):
                 vb = plan.get("vector_bytes", 0)
                 k_stage = VectorStaging(g, tid, threads, Ks, bn, D, Sk, D, False, k_direct, vb)
                 v_stage = VectorStaging(g, tid, threads, Vs, bn, Dv, Sk, Dv, False, v_direct, vb)
-                # Register prefetch: the next block's K and V are loaded before this block's
-                # products, so their latency hides behind the tensor cores.
-                prefetch = plan.get("prefetch", False) and k_stage.ok and v_stage.ok and stages == 1
-                n_pre = len(k_stage.slots) + len(v_stage.slots) if prefetch else 0
-                first = k_stage.load(0, 0, True) + v_stage.load(0, 0, True) if prefetch else []
 
                 log2e = g.fconst(math.log2(math.e))
 
@@ -493,23 +456,14 @@ class AttentionStrategy(Strategy):
                 def key_block(n0, carried, kv_row0=None):
                     """One key block; ``kv_row0``: the block is already staged (the
                     pipeline), at that row of the stacked K and V tiles."""
-                    m, l, o = carried[0:2], carried[2:4], carried[4:len(carried) - n_pre]
+                    m, l, o = carried[0:2], carried[2:4], carried[4:]
                     if kv_row0 is None:
                         gpu.barrier()  # the previous block's fragment reads are done
-                        if prefetch:
-                            staged = carried[len(carried) - n_pre:]
-                            k_stage.store(staged[:len(k_stage.slots)])
-                            v_stage.store(staged[len(k_stage.slots):])
-                        else:
-                            stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
-                                       lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct, vector_bytes=vb)
-                            stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
-                                       lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct, vector_bytes=vb)
+                        stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
+                                   lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct, vector_bytes=vb)
+                        stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
+                                   lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct, vector_bytes=vb)
                         gpu.barrier()
-                    upcoming = []
-                    if prefetch:
-                        n1 = g.add(n0, bn)
-                        upcoming = k_stage.load(n1, 0, True) + v_stage.load(n1, 0, True)
                     s = []
                     if lt is not None:
                         k_row = lt["b_n"] if kv_row0 is None else arith.addi(lt["b_n"], kv_row0)
@@ -551,10 +505,10 @@ class AttentionStrategy(Strategy):
                             b = [tc.pack(memref.load(Vs, [g.add(kr, dk), col]), memref.load(Vs, [g.add(kr, dk + 1), col]))
                                  for dk in (0, 8)]
                             o[4 * n:4 * n + 4] = tc(a, b, o[4 * n:4 * n + 4])
-                    return m_new + l_new + o + upcoming
+                    return m_new + l_new + o
 
                 init = [neg_inf, neg_inf, zero, zero] + [zero] * (4 * n_o)
-                if ch.mask_cond is not None and not prefetch and plan.get("skip_masked_blocks", False):
+                if ch.mask_cond is not None and plan.get("skip_masked_blocks", False):
                     final = skipping_loop(g, pw, ch, key_block, init, rows, tig2, bm, bn, s_lead)
                 elif stages > 1:
                     if not (k_stage.copies_async and v_stage.copies_async and lt is not None):
@@ -562,7 +516,7 @@ class AttentionStrategy(Strategy):
                                             "copies and ldmatrix fragments")
                     final = _pipelined_key_loop(g, Sk, bn, k_stage, v_stage, init, key_block)
                 else:
-                    final = g.loop(0, Sk, bn, init + first, key_block)
+                    final = g.loop(0, Sk, bn, init, key_block)
                 totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
                 o = final[4:4 + 4 * n_o]
                 for h in range(2):

@@ -264,23 +264,15 @@ def test_seed_attention_through_the_pipeline():
     torch.testing.assert_close(out, seed_examples.fused_attention.fn(q, k, v, mask), rtol=2e-5, atol=2e-5)
 
 
-#: The tensor-core attention's key loops (AttentionStrategy switches): K and V staged
-#: synchronously, with register prefetch, or double-buffered by cp.async.
-ATTENTION_LOOPS = {"sync": {"PIPELINE": False, "PREFETCH": False}, "prefetch": {"PIPELINE": False, "PREFETCH": True},
-                   "cp.async": {"PIPELINE": True, "PREFETCH": False},
-                   "cp.async-8warps": {"PIPELINE": True, "PREFETCH": False, "MMA_WARPS": 8},
-                   "wgmma": {}}
+#: The tensor-core attention kernels: mma.sync (sm_90: K and V double-buffered by
+#: cp.async without a mask, key blocks skipped with one) and wgmma (sm_90a).
+ATTENTION_LOOPS = ["mma.sync", "wgmma"]
 
 
-@pytest.fixture(params=list(ATTENTION_LOOPS))
-def attention_loop(request, monkeypatch) -> TargetInfo:
-    """The target to plan for with the loop's switches set: sm_90 (mma.sync) or, for
-    the wgmma loops, sm_90a."""
-    from kf.passes.strategies.attention import AttentionStrategy
-
-    for k, v in ATTENTION_LOOPS[request.param].items():
-        monkeypatch.setattr(AttentionStrategy, k, v)
-    return hopper_only() if request.param.startswith("wgmma") else CUDA
+@pytest.fixture(params=ATTENTION_LOOPS)
+def attention_loop(request) -> TargetInfo:
+    """The target to plan for: sm_90 (mma.sync) or sm_90a (wgmma, on a Hopper device)."""
+    return hopper_only() if request.param == "wgmma" else CUDA
 
 
 @needs_cuda
