@@ -26,22 +26,19 @@ loaded, so ``x @ w.T`` (a kf.transpose of an argument) and broadcast batch dims 
 arguments directly; no transposed copy is made. Tiles read straight from an argument
 are loaded with 128-bit vectors on CUDA when the rows allow it (``VectorStaging``).
 
-On CUDA with f16/bf16 operands the plan takes the tensor cores instead
-(``mma.py``): mma.sync m16n8k16 from A/B tiles kept in the input type, the same
-epilogue on the f32 accumulators. Measured on an H200 (2026-12-02, 4096^3 with
-bias + GELU): 76 TFLOP/s against cuBLAS + two torch kernels at 560 (the SIMT f32 GEMM:
-36 against 50); at 257x65x129 the one fused kernel takes 10 us, torch's three 40-50 us.
-Since then: fragments by ldmatrix with B staged as it lies in memory (the transposed B
-stores had been 16-way bank conflicts) and a register prefetch of the next K tiles
-(``MMA_PREFETCH``): 8192^3 bf16 went from 14.3 ms to 4.05 ms (271 TFLOP/s, 0.35x
-cuBLAS; bench/variants.py). Then a multi-stage cp.async pipeline and 64x64 warp
-tiles (3.38 ms, 0.45x), and on sm_90a Hopper's wgmma (``wgmma.py``, which ``plan.mma_plan``
-asks first): 8192^3 bf16 1.65-1.69 ms, 0.87x cuBLAS (nn) and 1.03x (B transposed), fp8
-0.99 ms (2026-12-03). mma.sync stays for sm_80/sm_89/sm_90 and where wgmma's layouts do
-not apply. Not used: TMA (the tiles come by cp.async).
+On CUDA with f16/bf16 (fp8 from sm_89) operands the plan takes the tensor cores instead:
+on sm_90a Hopper's wgmma (``wgmma.py``: operands from 128-byte swizzled shared memory by
+descriptor, a cp.async pipeline with a wgmma group in flight), elsewhere, and where
+wgmma's operand layouts do not apply, mma.sync (``mma.py``: fragments by ldmatrix, B
+staged as it lies in memory, a cp.async pipeline of several stages or one staged tile
+with a register prefetch of the next); the same epilogue on the f32 accumulators.
+``plan.py`` chooses the kernel and its tiles; its ``MatmulVariant`` holds the tuning
+numbers a plan can be told (``kf-tile{matmul.stages=3}``). Not used: TMA (the tiles come
+by cp.async). Measurements: bench/RESULTS.md.
 
 The kernel-building toolkit (``GpuFunc``, ``Pointwise``, tile staging) is ``kernel_ir.py``;
-mma.sync and its K loops are ``nvidia/mma_sync.py``.
+mma.sync and its K loops are ``nvidia/mma_sync.py``, wgmma's operands ``nvidia/wgmma.py``;
+the recognized GEMM is ``gemm.py``, the SIMT kernel ``simt.py``.
 """
 
 from __future__ import annotations

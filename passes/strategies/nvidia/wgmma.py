@@ -68,8 +68,11 @@ class SwizzledTile:
     address; the global source is ``direct`` ([.., R, K] for K-major, [.., K, N] for
     MN-major, with its lead indices). ``lean``: whether the copies may take per-thread
     addresses computed once (``_lean_addresses``; they stay in registers through the
-    loop). ``producer``: the tile of
-    a producer warpgroup (attention's WARP_SPECIALIZED), whose copies are its only work:
+    loop): a block of copies is then one uniform offset and one test, where each 16-byte
+    copy computed its indices, clamped them at the edges and linearized them (about 8
+    instructions a copy); a block outside the source is 16-byte copies of 0 bytes from a
+    valid address, straight code that ptxas may interleave with what follows. ``producer``: the tile of
+    a producer warpgroup (attention.hopper.producer), whose copies are its only work:
     lean copies also with 8 rows between a thread's slots and in blocks across the
     source's edge (each slot then tests its coordinates). ``row_perm`` (K-major only): a function of the
     stage row giving the source row it holds, relative to ``row0`` (attention's fp8
@@ -118,7 +121,7 @@ class SwizzledTile:
         constant one that ptxas folds into the instruction. None elsewhere."""
         g, d = self.g, self.direct
         step = threads // n_chunks if threads % n_chunks == 0 else 0
-        # 8 rows keep the swizzle; the measured GEMM and attention kernels were tuned
+        # 8 rows keep the swizzle; the GEMM and attention kernels were tuned
         # with 16 (GEMM nn's B, 8 rows a step at 256 threads, keeps per-copy addresses)
         least = 16 if row_perm is not None or not self.producer else 8
         if not step or step % least or chunks % threads:
