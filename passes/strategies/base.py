@@ -138,16 +138,6 @@ def variant_from_text(cls: type, fields: Mapping[str, str]) -> Any:
     return cls(**kwargs)
 
 
-def variant_from_plan(cls: type, plan: Mapping) -> Any:
-    """The ``cls`` a recorded plan was made with (its ``variant`` entry; defaults where a
-    plan has none)."""
-    recorded = dict(plan.get("variant", {}))
-    for f in dataclasses.fields(cls):
-        if f.name in recorded and isinstance(f.default, tuple):
-            recorded[f.name] = tuple(recorded[f.name])
-    return cls(**recorded)
-
-
 def variants_by_kind(options: Mapping[str, str]) -> dict[str, Any]:
     """{kind: its VARIANT} from ``{"<kind>.<field>": value text}`` (kf-tile's options).
     Raises ValueError for a kind without variants or an unknown field."""

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 from kf.passes import registry
-from kf.passes.strategies.base import variant_from_plan, variant_from_text, variants_by_kind
+from kf.passes.strategies.base import variant_from_text, variants_by_kind
 from kf.passes.strategies.matmul import MatmulVariant
 from kf.passes.tile import TilePass
 
@@ -23,12 +23,9 @@ def test_variants_are_options_and_round_trip():
     assert by_kind["matmul"] == MatmulVariant(stages=3) and by_kind["attention"].reverse_q_blocks is False
 
 
-def test_variant_values_from_text_and_from_a_recorded_plan():
+def test_variant_values_from_text():
     v = variant_from_text(MatmulVariant, {"warp_tiles": "4,4", "group_m": "0"})
     assert v == MatmulVariant(warp_tiles=(4, 4), group_m=0)
-    # a recorded plan holds lists where the dataclass holds tuples
-    assert variant_from_plan(MatmulVariant, {"variant": {**dataclasses.asdict(v), "warp_tiles": [4, 4]}}) == v
-    assert variant_from_plan(MatmulVariant, {}) == MatmulVariant()
     for fields, message in (({"stage": "2"}, "no variant 'stage'"), ({"stages": "2.5"}, "takes an int"),
                             ({"warp_tiles": "4x4"}, "takes ints like 4,8")):
         with pytest.raises(ValueError, match=message):
