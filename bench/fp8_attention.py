@@ -3,7 +3,7 @@ beside kf's bf16 kernel, torch's SDPA and eager, in one process.
 
     python3 bench/fp8_attention.py [--shapes 4x32x2048x128,...] [--variants KIND.FIELD=VALUE] [--out-dir DIR]
 
-writes bench/results/fp8-attention-<date>-<commit>[-<switches>].json (bench/run_name.py).
+writes bench/results/fp8-attention-<date>-<commit>[-<variants>].json (bench/run_name.py).
 
 Per shape, bf16 q, k, v with fresh random values: the kf bf16 call, the kf fp8 call
 (its kernels: amax and quantization of q, k and v, then one attention kernel on fp8
