@@ -1,9 +1,9 @@
 """fp8 attention on the H200: the seed's ``fused_attention`` with ``precision="fp8"``
 beside kf's bf16 kernel, torch's SDPA and eager, in one process.
 
-    python3 bench/fp8_attention.py [--shapes 4x32x2048x128,...] [--switch NAME=VALUE] [--out-dir DIR]
+    python3 bench/fp8_attention.py [--shapes 4x32x2048x128,...] [--variants KIND.FIELD=VALUE] [--out-dir DIR]
 
-writes bench/results/fp8-attention-<date>-<commit>[-<switches>].json (bench/run_name.py).
+writes bench/results/fp8-attention-<date>-<commit>[-<variants>].json (bench/run_name.py).
 
 Per shape, bf16 q, k, v with fresh random values: the kf bf16 call, the kf fp8 call
 (its kernels: amax and quantization of q, k and v, then one attention kernel on fp8
@@ -14,7 +14,8 @@ Then the call on fp8 tensors the caller quantized (``caller_attention``: q8, k8,
 their scales; under ``precision="fp8"`` they reach the fp8 kernel as they are, V through a
 transpose kernel), and the same with V given K-major (``caller_attention_vt``: read as it
 is). Errors are relative (Frobenius) against float64 attention of the bf16 inputs.
-``--switch`` sets an attention_wgmma switch, for an A/B of a kernel variant across runs.
+``--variants`` sets kernel variants (kf's option ``variants``), for an A/B of a kernel
+variant across runs.
 """
 
 from __future__ import annotations
@@ -53,25 +54,15 @@ def reference(q, k, v):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4x32x2048x128,2x32x4096x128,4x32x2048x64")
-    ap.add_argument("--switch", action="append", default=[],
-                    help="NAME=VALUE: set an attention_wgmma switch (FTZ_EXP2=0, ...) before compiling, "
-                         "with a fresh cache folder (switches are not part of the cache key)")
+    ap.add_argument("--variants", default="",
+                    help="kernel variants for every kf call (the option variants: attention.reverse_q_blocks=false)")
     run_name.add_arguments(ap)
     args = ap.parse_args()
-    # a run with switches set is named after them unless --tag says otherwise
-    args.tag = args.tag or "-".join(args.switch)
+    # a run with variants set is named after them unless --tag says otherwise
+    args.tag = args.tag or "-".join(args.variants.split())
     out = run_name.output_path(args, "fp8-attention")
-    if args.switch:
-        import os
-        import tempfile
-
-        from kf.passes.strategies import attention_wgmma
-
-        for text in args.switch:
-            name, value = text.split("=")
-            setattr(attention_wgmma, name, type(getattr(attention_wgmma, name))(int(value)))
-        os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
-    fp8 = fused_attention.with_options(precision="fp8")
+    kf_attention = fused_attention.with_options(variants=args.variants)
+    fp8 = kf_attention.with_options(precision="fp8")
     rows = []
     for text in args.shapes.split(","):
         b, h, s, d = (int(x) for x in text.split("x"))
@@ -83,10 +74,10 @@ def main() -> int:
         ins = rotated(make)
         q, k, v = ins[0]
         ref = reference(q, k, v)
-        row = {"shape": text, "errors": {"kf bf16": rel_err(fused_attention(q, k, v), ref),
+        row = {"shape": text, "errors": {"kf bf16": rel_err(kf_attention(q, k, v), ref),
                                          "kf fp8": rel_err(fp8(q, k, v), ref),
                                          "sdpa bf16": rel_err(F.scaled_dot_product_attention(q, k, v), ref)}}
-        ms = {"kf bf16": median_ms(fused_attention, ins), "kf fp8 (call)": median_ms(fp8, ins),
+        ms = {"kf bf16": median_ms(kf_attention, ins), "kf fp8 (call)": median_ms(fp8, ins),
               "sdpa bf16": median_ms(F.scaled_dot_product_attention, ins),
               "eager bf16": median_ms(fused_attention.fn, ins[:2], reps=10)}
         with kf.profile() as prof:
@@ -103,14 +94,14 @@ def main() -> int:
                            "min ms": x.min_s * 1e3, "GB/s": x.gbps, "registers": x.ptxas.get("registers")}
                           for x in kernels]
         row["TFLOP/s"] = {k_: flops / t / 1e9 for k_, t in ms.items() if "quantization" not in k_ and t == t}
-        caller = kf.jit(caller_attention, precision="fp8")
+        caller = kf.jit(caller_attention, precision="fp8", variants=args.variants)
         ins8 = [tuple(a for x in qkv for a in quantized(x)) for qkv in ins]
         ins8 = [(t[0], t[2], t[4], t[1], t[3], t[5]) for t in ins8]
         row["errors"]["kf fp8 (caller's fp8 tensors)"] = rel_err(caller(*ins8[0]), ref)
         ms["kf fp8 (caller's fp8 tensors)"] = median_ms(caller, ins8)
         row["fp8 call on the caller's fp8 tensors / bf16 call speedup"] = (
             ms["kf bf16"] / ms["kf fp8 (caller's fp8 tensors)"])
-        caller_vt = kf.jit(caller_attention_vt, precision="fp8")
+        caller_vt = kf.jit(caller_attention_vt, precision="fp8", variants=args.variants)
         ins8t = [(t[0], t[1], t[2].transpose(-1, -2).contiguous(), *t[3:]) for t in ins8]
         row["errors"]["kf fp8 (caller's fp8 tensors, V K-major)"] = rel_err(caller_vt(*ins8t[0]), ref)
         ms["kf fp8 (caller's fp8 tensors, V K-major)"] = median_ms(caller_vt, ins8t)

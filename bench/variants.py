@@ -14,10 +14,10 @@ ElementwiseStrategy.ITEMS_PER_THREAD (vectors a thread) and scalar_math.SHORT_FO
 short GELU/sigmoid for bf16/f16 results, or libdevice's accurate math), on bias+GELU
 (exact and tanh), bias+sigmoid and x*2+b.
 
-Variants are module switches of passes/strategies/matmul.py and wgmma.py (GEMM_VARIANTS
-below: mma.sync or wgmma, the cp.async pipeline depth, tile widths, workgroup grouping) and, for attention with a causal mask,
-AttentionStrategy.SKIP_MASKED_BLOCKS. Each variant gets its own cache folder, as the
-switches are not part of the cache key.
+GEMM and attention variants are the strategies' kernel variants, given as the option
+``variants`` (GEMM_VARIANTS below: the cp.async pipeline depth, wgmma groups in flight,
+tile widths, workgroup grouping; ATTENTION_VARIANTS: the order of query blocks). Each
+variant compiles into a cache folder of its own, so that its compile time is measured.
 """
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import median_ms, rel_err, rotated  # noqa: E402
 
 import kf  # noqa: E402
-from kf.passes.strategies import attention as at  # noqa: E402
-from kf.passes.strategies import matmul as mm  # noqa: E402
-from kf.passes.strategies import attention_wgmma as awg  # noqa: E402
-from kf.passes.strategies import wgmma as wg  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from seed_examples import fused_attention  # noqa: E402
@@ -71,36 +67,21 @@ def inputs(kind: str, m: int, n: int, k: int):
 FNS = {"nn": nn, "nt": nt, "fp8": scaled}
 
 
-#: GEMM plan variants: module switches of passes/strategies/matmul.py, each applied over
-#: the module's defaults. "session 2" is the kernel of the 2026-12-02 afternoon run (one
-#: staged tile, register prefetch, workgroups row by row).
+#: GEMM plan variants: the matmul strategy's kernel variants (the option ``variants``,
+#: passes/strategies/matmul/plan.py's MatmulVariant) over its defaults.
 GEMM_VARIANTS = {
-    "mma.sync x4 (session 3)": {"WGMMA": False},
-    "wgmma x4 n256": {},
-    "wgmma x4 n256 per-copy addresses (before session 9)": {"LEAN_COPIES": False},
-    "wgmma x3 n256": {"WGMMA_STAGES": 3},
-    "wgmma x4 n256 none in flight": {"WGMMA_INFLIGHT": 0},
-    "wgmma x6 n128": {"WGMMA_MAX_N": 128, "WGMMA_STAGES": 6},
-    "wgmma x4 n128": {"WGMMA_MAX_N": 128},
-    "wgmma x4 n256 ungrouped": {"MMA_GROUP_M": 0},
-    "session 2": {"WGMMA": False, "MMA_STAGES": 1, "MMA_GROUP_M": 0},
-    "1 stage grouped": {"MMA_STAGES": 1},
-    "cp.async x2": {"WGMMA": False, "MMA_STAGES": 2},
-    "cp.async x3": {"WGMMA": False, "MMA_STAGES": 3},
-    "cp.async x3 ungrouped": {"WGMMA": False, "MMA_STAGES": 3, "MMA_GROUP_M": 0},
-    "cp.async x3 64x32 warps": {"WGMMA": False, "MMA_STAGES": 3, "MMA_WARP_TILES": (4, 4)},
+    "wgmma x4 n256": "",
+    "wgmma x3 n256": "matmul.stages=3",
+    "wgmma x4 n256 none in flight": "matmul.inflight=0",
+    "wgmma x6 n128": "matmul.max_block_n=128 matmul.stages=6",
+    "wgmma x4 n128": "matmul.max_block_n=128",
+    "wgmma x4 n256 ungrouped": "matmul.group_m=0",
 }
-
-
-def _switches(name: str):
-    """The module a GEMM switch lives in: matmul.py (MMA_*) or wgmma.py (WGMMA*, LEAN_COPIES)."""
-    return wg if name.startswith("WGMMA") or name == "LEAN_COPIES" else mm
 
 
 def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VARIANTS)) -> list[dict]:
     rows = []
     s = size
-    defaults = {k: getattr(_switches(k), k) for k in {k for v in GEMM_VARIANTS.values() for k in v}}
     for kind in kinds:
         make = inputs(kind, s, s, s)
         ins = rotated(make)
@@ -111,11 +92,9 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
         rows.append({"kind": kind, "variant": "torch", **base})
         print(kind, base, flush=True)
         for name in variants:
-            for k, v in {**defaults, **GEMM_VARIANTS[name]}.items():
-                setattr(_switches(k), k, v)
-            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
+            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()  # compile_and_check_s: a fresh compile
             row = {"kind": kind, "variant": name}
-            f = kf.jit(FNS[kind])
+            f = kf.jit(FNS[kind], variants=GEMM_VARIANTS[name])
             try:
                 t0 = time.perf_counter()
                 errs = []
@@ -147,71 +126,16 @@ def gemm_rows(size: int, save, kinds=("nn", "nt", "fp8"), variants=tuple(GEMM_VA
             rows.append(row)
             print(row, flush=True)
             save(rows)
-    for k, v in defaults.items():
-        setattr(_switches(k), k, v)
     return rows
 
 
-#: Attention plan variants: AttentionStrategy switches over its defaults. "session 2" is
-#: the kernel of the 2026-12-02 afternoon run (K/V staged synchronously, 4 warps); the
-#: ones that turn block skipping off run on masked shapes only.
+#: Attention plan variants: the attention strategy's kernel variants (the option
+#: ``variants``, attention/hopper/plan.py's AttentionVariant) over its defaults; the ones
+#: of masked kernels run on masked shapes only.
 ATTENTION_VARIANTS = {
-    "mma.sync (session 3)": {"WGMMA": False},
-    "wgmma 2 warpgroups": {},
-    "wgmma, exp2 without ftz (before session 8)": {"FTZ_EXP2": False},
-    "wgmma, per-copy addresses": {"LEAN_COPIES": False},
-    "wgmma, P V waited for at once": {"OVERLAP_PV": False},
-    "wgmma, every block rescales O": {"LAZY_RESCALE": 0.0},
-    "wgmma, consumers take turns (ping-pong)": {"PINGPONG": True},
-    "wgmma, K and V on one pair of barriers": {"SPLIT_KV_BARRIERS": False},
-    "wgmma, K and V each on its own pair of barriers": {"SPLIT_KV_BARRIERS": True},
-    "wgmma, not persistent (session 10 kernel)": {"PERSISTENT": False},
-    "wgmma, persistent, Q prefetched into L2": {"PREFETCH_Q": True},
-    "wgmma, no producer warpgroup (session 9 kernel)": {"WARP_SPECIALIZED": False, "LAZY_RESCALE": 0.0},
-    "wgmma, no producer warpgroup, lazy rescale": {"WARP_SPECIALIZED": False},
-    "wgmma, masked walk: online softmax in every block": {"LINEAR_MASKED_BLOCKS": False},
-    "wgmma, three stages and a producer warpgroup from head dim 64": {"THREE_STAGES_FROM": 64},
-    "wgmma, masked: two stages, no producer warpgroup at head dim 64": {"WALK_THREE_STAGES_FROM": 128},
-    "wgmma, masked walk: P V waited for at once": {"WALK_OVERLAP_PV": False},
-    "wgmma, masked walk not persistent (session 11 kernel)": {"PERSISTENT_WALK": False},
-    "wgmma, masked walk persistent, tiles claimed head by head": {"WALK_HEAD_GROUPS": False},
-    "wgmma, masked walk persistent, groups as large as the window": {"WALK_EVEN_GROUPS": False},
-    "wgmma, masked walk: P V waited for at once, online softmax": {"WALK_OVERLAP_PV": False,
-                                                                    "LINEAR_MASKED_BLOCKS": False},
-    "wgmma, per-copy addresses, P V waited for at once (session 8 kernel)": {"LEAN_COPIES": False,
-                                                                               "OVERLAP_PV": False},
-    "wgmma no skip": {"SKIP_MASKED_BLOCKS": False},
-    "wgmma skip, no block table (in-kernel test)": {"BLOCK_TABLE": False},
-    "wgmma skip, no block table, one mask stage": {"BLOCK_TABLE": False, "MASK_STAGES": 1},
-    "wgmma skip, table, masked softmax in whole blocks": {"WHOLE_BLOCKS": False},
-    "wgmma skip, table, query blocks in order": {"REVERSE_Q_BLOCKS": False},
-    "wgmma skip, no table, mask from global": {"BLOCK_TABLE": False, "STAGE_MASKS": False},
-    "wgmma skip, one stage (session 4 first)": {"SKIP_PIPELINE": False, "STAGE_MASKS": False, "WHOLE_BLOCKS": False},
-    "wgmma skip, table, no causal class": {"CAUSAL_BLOCKS": False},
-    "wgmma skip, table, no walk (table entries loaded per block)": {"TABLE_WALK": False},
-    "wgmma skip, table, branches ptxas thinks divergent (wgmma serialized)": {"UNIFORM_BRANCHES": False},
-    "wgmma skip, table, uniform branches only": {"CAUSAL_BLOCKS": False, "TABLE_WALK": False},
-    "wgmma skip, table, session 4 kernel": {"CAUSAL_BLOCKS": False, "TABLE_WALK": False, "UNIFORM_BRANCHES": False},
+    "wgmma 2 warpgroups": "",
+    "wgmma skip, table, query blocks in order": "attention.reverse_q_blocks=false",
 }
-# Variants measured before and left out since (their JSON in bench/results): "lean
-# copies behind a branch" (session 9, {"LEAN_BRANCH": True}: 0.656 against 0.617 ms at
-# 4x32x2048x128; removed with the switch), "P V
-# waited for in the next iteration" (session 9, {"PV_WAIT": "next"}: 0.643 ms at
-# 4x32x2048x128 against 0.634 without the overlap in its run, where the kept loop took
-# 0.617 against 0.629 in another; removed), "wgmma, row
-# maximum as a tree" (session 8: a pairwise tree instead of the chain of 31 FMNMX in
-# linear_softmax; 0.639 against 0.631 ms at d128, 0.3235 against 0.3233 at d64: no gain,
-# removed), "wgmma 3
-# warpgroups" {"WARPGROUPS": 3}, "wgmma 64 keys" {"BLOCK_N": 64}, "session 2" {"WGMMA":
-# False, "PIPELINE": False}, "mma.sync no skip" {"WGMMA": False, "SKIP_MASKED_BLOCKS": False}.
-
-
-def _attention_switches(name: str):
-    """Where an attention switch lives: wgmma.py (LEAN_COPIES), attention_wgmma.py or the
-    AttentionStrategy class."""
-    if name == "LEAN_COPIES":
-        return wg
-    return awg if hasattr(awg, name) else at.AttentionStrategy
 
 
 def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()) -> list[dict]:
@@ -219,7 +143,6 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
     masked query row, the case that makes the skipping kernel rerun a block)."""
     import torch.nn.functional as F
 
-    defaults = {k: getattr(_attention_switches(k), k) for k in {k for v in ATTENTION_VARIANTS.values() for k in v}}
 
     bf = torch.bfloat16
 
@@ -245,17 +168,15 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
         flops = 4 * b * h * s * s * d / (2 if masked else 1)
         rows.append({"kind": name, "variant": "torch", **base, "sdpa TFLOP/s": flops / base["sdpa"] / 1e9})
         print(rows[-1], flush=True)
-        mask_only = {"SKIP_MASKED_BLOCKS", "WHOLE_BLOCKS", "STAGE_MASKS", "SKIP_PIPELINE", "MASK_STAGES",
-                     "BLOCK_TABLE", "REVERSE_Q_BLOCKS", "CAUSAL_BLOCKS", "TABLE_WALK",
-                     "UNIFORM_BRANCHES", "PERSISTENT_WALK", "WALK_HEAD_GROUPS", "WALK_EVEN_GROUPS"}  # same kernel unmasked
-        names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only & set(v))
+        def mask_only(v):  # the same kernel unmasked
+            return "reverse_q_blocks" in v
+
+        names = [n for n, v in ATTENTION_VARIANTS.items() if (masked or not mask_only(v))
                  and (not variants or n in variants)]
         for name_ in names:
-            for k, v in {**defaults, **ATTENTION_VARIANTS[name_]}.items():
-                setattr(_attention_switches(k), k, v)
-            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
+            os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()  # a fresh compile
             row = {"kind": name, "variant": name_}
-            f = fused_attention.with_options(target="cuda")
+            f = fused_attention.with_options(target="cuda", variants=ATTENTION_VARIANTS[name_])
             try:
                 x = make()
                 if masked:  # a fully masked query row too: uniform weights in torch
@@ -275,8 +196,6 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
             rows.append(row)
             print(row, flush=True)
             save(rows)
-    for k, v in defaults.items():
-        setattr(_attention_switches(k), k, v)
     return rows
 
 

@@ -319,7 +319,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         if options.target == "cpu":
             abi, artifacts = _build_cpu(cap, log)
         elif options.target in ("cuda", "vulkan", "metal"):
-            abi, artifacts, extra_meta = _build_gpu(cap, log, options.target, arch)
+            abi, artifacts, extra_meta = _build_gpu(cap, log, options.target, arch, options.variants)
         else:
             raise TargetError(f"unknown target {options.target}")
     except CompileError:
@@ -427,9 +427,10 @@ GPU_PASSES = ["kf-recognize-moe", "kf-split-reductions", "kf-fuse", "kf-tile{{ta
               "kf-promote-shared", "kf-vectorize"]
 
 
-def gpu_passes(target: str, arch: str) -> list[str]:
+def gpu_passes(target: str, arch: str, variants: str = "") -> list[str]:
     """The kf passes from fused kernels to the gpu.module, for registered passes only
-    (kf-promote-shared and kf-vectorize are optimizations: a build without them is correct)."""
+    (kf-promote-shared and kf-vectorize are optimizations: a build without them is correct).
+    ``variants``: kernel variants (``Options.variants``), kf-tile's options."""
     from kf.passes import registry
 
     t = "cuda" if target == "cuda" else "spirv"
@@ -442,7 +443,10 @@ def gpu_passes(target: str, arch: str) -> list[str]:
     for p in GPU_PASSES:
         name = p.split("{")[0]
         if registry.is_kf_pass(name):
-            out.append(p.format(t=t, chip=chip))
+            p = p.format(t=t, chip=chip)
+            if name == "kf-tile" and variants.strip():
+                p = p[:-1] + " " + " ".join(variants.split()) + "}"
+            out.append(p)
     return out
 
 
@@ -463,14 +467,15 @@ def _record_linalg(cap, log) -> None:
         log.texts["linalg"] = copy.operation.get_asm(enable_debug_info=True, use_local_scope=True)
 
 
-def _build_gpu(cap, log, target: str, arch: str):
+def _build_gpu(cap, log, target: str, arch: str, variants: str = ""):
     from . import gpu_codegen
     from .stages import run_passes
 
     gpu_codegen.reject_fallbacks(cap.module, cap.name, target)
     if log.inspecting:
         _record_linalg(cap, log)
-    passes = gpu_passes(target, arch)
+    _check_variants(cap.name, variants, log.default_loc)
+    passes = gpu_passes(target, arch, variants)
     record = {next(p for p in passes if p.startswith("kf-fuse")): "fused", passes[-1]: "gpu"}
     # Kernel bodies (for FLOPs) and plans are both there after kf-tile, and only then:
     # kf-map-to-gpu leaves declarations.
@@ -488,6 +493,19 @@ def _build_gpu(cap, log, target: str, arch: str):
     if table:
         artifacts["constants.bin"] = blob
     return abi, artifacts, {"constants": table, "repeats": repeats}
+
+
+def _check_variants(name: str, variants: str, loc) -> None:
+    """A CompileError at the user's function for kernel variants kf-tile would refuse."""
+    if not variants.strip():
+        return
+    from kf.passes.strategies.base import variants_by_kind
+
+    try:
+        variants_by_kind(dict(item.split("=", 1) for item in variants.split()))
+    except ValueError as e:
+        raise CompileError(f"{name}: the variants option names no kernel variant kf has", loc, stage="options",
+                           cause=str(e)) from None
 
 
 def _kernel_info(module) -> dict[str, dict]:

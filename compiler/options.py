@@ -22,6 +22,10 @@ class Options:
       in the input types (f32 accumulation for low-precision inputs) and follows an active
       ``torch.autocast`` region; ``fp32``, ``tf32``, ``bf16``, ``fp16`` and ``fp8`` change
       the internal precision only, never the output dtypes.
+    variants: kernel variants for kf-tile, as it takes them: ``<kind>.<field>=<value>``
+      separated by spaces (``"matmul.stages=3 attention.reverse_q_blocks=false"``; the
+      fields of each strategy's VARIANT, passes/strategies/). Part of the cache key, as
+      every option.
     """
 
     target: str = "auto"
@@ -29,12 +33,18 @@ class Options:
     dump_ir: str = ""
     arch: str = ""
     precision: str = "auto"
+    variants: str = ""
 
     def __post_init__(self):
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        for item in self.variants.split():
+            key, eq, value = item.partition("=")
+            kind, dot, name = key.partition(".")
+            if not (eq and dot and kind and name and value):
+                raise ValueError(f"variants are '<kind>.<field>=<value>' separated by spaces, got {item!r}")
 
     def with_(self, **changes) -> "Options":
         """These options with some changed; an unknown name is a TypeError that lists the known ones."""

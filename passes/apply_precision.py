@@ -305,7 +305,7 @@ def _k_major(v: ir.Value) -> ir.Value:
     return kb.transpose(v, perm=list(range(r - 2)) + [r - 1, r - 2])
 
 
-#: What CUDA's fp8 attention kernel (passes/strategies/attention_wgmma.py, FP8) takes:
+#: What CUDA's fp8 attention kernel (passes/strategies/attention/hopper/) takes:
 #: head dims whole 128-byte rows of E4M3FN and at most 256, keys whole 128-key blocks,
 #: scores that are only scaled (no mask, no bias).
 FP8_ATTENTION_HEAD_DIMS = (128, 256)

@@ -26,7 +26,8 @@ from mlir import ir
 
 from .base import KfPass, PassError
 from .strategies import emit as E
-from .strategies.base import DEFAULT_MULTIPROCESSORS, NotApplicable, Strategy, TargetInfo, strategy_for
+from .strategies.base import (DEFAULT_MULTIPROCESSORS, NotApplicable, Strategy, TargetInfo, strategy_for,
+                              variants_by_kind)
 
 
 def plan_to_attr(value: Any) -> ir.Attribute:
@@ -67,16 +68,25 @@ def attr_to_plan(attr: ir.Attribute) -> Any:
     raise TypeError(f"not a plan attribute: {attr}")
 
 
-def choose(kernel: ir.Operation, target: TargetInfo) -> tuple[Strategy, dict]:
-    """The strategy that takes kernel and its plan (generic when the kind's refuses)."""
+def choose(kernel: ir.Operation, target: TargetInfo, variants: dict | None = None) -> tuple[Strategy, dict]:
+    """The strategy that takes kernel and its plan (generic when the kind's refuses).
+    ``variants``: {kind: a strategy's VARIANT} (``variants_by_kind``); a strategy with
+    variants plans with its own (or its defaults), and the plan records it."""
     strategy = strategy_for(E.kernel_kind(kernel))
     try:
-        plan = strategy.plan(kernel, target)
+        plan = _plan(strategy, kernel, target, variants)
     except NotApplicable:
         strategy = strategy_for("generic")
-        plan = strategy.plan(kernel, target)
+        plan = _plan(strategy, kernel, target, variants)
     # kf-map-to-gpu reads which strategy and target a recorded plan is for.
     return strategy, {"strategy": strategy.KIND, "target": target.name, **plan}
+
+
+def _plan(strategy: Strategy, kernel: ir.Operation, target: TargetInfo, variants: dict | None) -> dict:
+    if strategy.VARIANT is None:
+        return strategy.plan(kernel, target)
+    variant = (variants or {}).get(strategy.KIND) or strategy.VARIANT()
+    return {**strategy.plan(kernel, target, variant), "variant": dataclasses.asdict(variant)}
 
 
 def recorded_plan(kernel: ir.Operation) -> dict | None:
@@ -96,6 +106,11 @@ def check_target(target: str, location: ir.Location) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TilePass(KfPass):
+    """Besides its own options, kf-tile takes kernel variants as ``<kind>.<field>=<value>``
+    (``kf-tile{target=cuda attention.reverse_q_blocks=false matmul.stages=3}``): fields of
+    the VARIANT of the strategy of that kind (passes/strategies/base.py), for every kernel
+    of the kind it plans."""
+
     NAME = "kf-tile"
     DESCRIPTION = "record each kernel function's strategy plan (tile sizes, launch geometry) as kf.plan"
 
@@ -105,6 +120,22 @@ class TilePass(KfPass):
     multiprocessors: int = DEFAULT_MULTIPROCESSORS
     #: the device's limits (SPIR-V: ``kf.runtime.abi.DeviceLimits.spec()``; "": its defaults)
     limits: str = ""
+    #: kernel variants: (``<kind>.<field>``, value text) pairs, sorted
+    variants: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> "TilePass":
+        own = {k: v for k, v in options.items() if "." not in k}
+        variants = {k: v for k, v in options.items() if "." in k}
+        variants_by_kind(variants)  # a ValueError for an unknown kind, field or value
+        return dataclasses.replace(super().from_options(own), variants=tuple(sorted(variants.items())))
+
+    def textual(self) -> str:
+        text = dataclasses.replace(self, variants=()).textual() if self.variants else super().textual()
+        if not self.variants:
+            return text
+        extra = " ".join(f"{k}={v}" for k, v in self.variants)
+        return text[:-1] + f" {extra}}}" if text.endswith("}") else f"{text}{{{extra}}}"
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location)
@@ -112,7 +143,8 @@ class TilePass(KfPass):
             info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors, self.limits)
         except ValueError as e:
             raise PassError(str(e), module.location) from None
+        variants = variants_by_kind(dict(self.variants))
         for kernel in E.kernel_functions(module):
             with kernel.context, kernel.location:
-                _, plan = choose(kernel, info)
+                _, plan = choose(kernel, info, variants)
                 kernel.attributes["kf.plan"] = plan_to_attr(plan)

@@ -13,8 +13,10 @@ assumed) and handles any size, whatever its tile sizes (tails are guarded).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from mlir import ir
 
@@ -101,17 +103,77 @@ class NotApplicable(Exception):
 
 
 class Strategy:
-    """Subclasses set KIND and implement plan and emit."""
+    """Subclasses set KIND and implement plan and emit.
+
+    ``VARIANT``, where a strategy has kernel variants, is a frozen dataclass of them: each
+    field a choice the planner makes by default (a tuning number, or which of two kernels),
+    settable as ``kf-tile{<KIND>.<field>=<value>}``. kf-tile passes the strategy's variant
+    to ``plan`` and records it in ``kf.plan`` as ``variant``; the kernel is written from
+    the plan alone, so the IR (and with it the cache key) says which variant it is."""
 
     KIND: ClassVar[str] = ""
+    VARIANT: ClassVar[type | None] = None
 
-    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
-        """Tile sizes and launch geometry for this kernel on this target (JSON-able values)."""
+    def plan(self, kernel: ir.Operation, target: TargetInfo, variant: Any = None) -> dict:
+        """Tile sizes and launch geometry for this kernel on this target (JSON-able values);
+        ``variant``: a ``VARIANT`` (its defaults where None), for strategies that have one."""
         raise NotImplementedError
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         """Write the gpu.func for kernel into gpu_module's body; return its launch geometry."""
         raise NotImplementedError
+
+
+def variant_from_text(cls: type, fields: Mapping[str, str]) -> Any:
+    """``cls`` (a frozen dataclass of variants) with ``fields`` set from their text, as
+    kf-tile's options give them: ``true``/``false`` for bools, ``4,8`` for a tuple of ints.
+    Raises ValueError naming an unknown field (and the known ones) or a bad value."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for name, text in fields.items():
+        if name not in known:
+            raise ValueError(f"no variant '{name}' (variants: {', '.join(sorted(known)) or 'none'})")
+        default = known[name].default
+        try:
+            if isinstance(default, bool):
+                if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                    raise ValueError(text)
+                kwargs[name] = text.lower() in ("1", "true", "yes", "on")
+            elif isinstance(default, tuple):
+                kwargs[name] = tuple(int(x) for x in text.split(","))
+            else:
+                kwargs[name] = type(default)(text)
+        except ValueError:
+            kind = {bool: "true or false", int: "an int", float: "a number", tuple: "ints like 4,8"}.get(
+                type(default), "a string")
+            raise ValueError(f"variant '{name}' takes {kind}, not '{text}'") from None
+    return cls(**kwargs)
+
+
+def variants_by_kind(options: Mapping[str, str]) -> dict[str, Any]:
+    """{kind: its VARIANT} from ``{"<kind>.<field>": value text}`` (kf-tile's options).
+    Raises ValueError for a kind without variants or an unknown field."""
+    grouped: dict[str, dict[str, str]] = {}
+    for key, text in options.items():
+        kind, _, name = key.partition(".")
+        grouped.setdefault(kind, {})[name] = text
+    out = {}
+    for kind, fields in grouped.items():
+        cls = _strategy(kind).VARIANT if _strategy(kind) is not None else None
+        if cls is None:
+            with_variants = sorted(k for k, st in STRATEGIES.items() if st.VARIANT is not None)
+            raise ValueError(f"kernels of kind '{kind}' have no variants (kinds with variants: "
+                             f"{', '.join(with_variants)})")
+        try:
+            out[kind] = variant_from_text(cls, fields)
+        except ValueError as e:
+            raise ValueError(f"{kind}: {e}") from None
+    return out
+
+
+def _strategy(kind: str) -> "Strategy | None":
+    strategy_for(kind)  # imports the strategy modules
+    return STRATEGIES.get(kind)
 
 
 STRATEGIES: dict[str, Strategy] = {}

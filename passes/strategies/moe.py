@@ -18,7 +18,7 @@ options these strategies read).
   static bound ceil(N / BLOCK_M) + E + 1 on the number of such tiles. The K loop is the
   matmul strategy's: on CUDA with f16/bf16 its tensor-core loop (mma.sync m16n8k16,
   f32 accumulators, fragments by ldmatrix with the weights staged k-major as they lie;
-  register prefetch of the next tiles where the matmul's MMA_PREFETCH switch is on),
+  register prefetch of the next tiles where the cp.async pipeline does not apply),
   else its SIMT loop (f32
   accumulators in a THREAD_M x THREAD_N register tile); tiles go through workgroup
   memory, read with 128-bit loads on CUDA (``VectorStaging``). The B tile is read
@@ -40,26 +40,27 @@ tiles (the grid's unused y tiles return at once, up to E + 1 of a column).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from kf.passes import scalar_math
 from mlir import ir
 from mlir.dialects import arith, gpu, memref
 
 from . import emit as E
-from . import matmul as matmul_strategy
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from .matmul import (
+from .kernel_ir import (
     Direct,
     GpuFunc,
     KernelView,
-    MatmulStrategy,
-    MmaSync,
     VectorStaging,
     stage_tile,
     staging_vector_bytes,
     store_value,
     workgroup_memref,
 )
+from .matmul import MatmulStrategy
+from .matmul.simt import simt_tile_products
+from .nvidia.mma_sync import MmaSync, mma_k_loop, mma_pipelined_k_loop
 
 
 def moe_attrs(kernel: ir.Operation) -> dict:
@@ -258,10 +259,20 @@ class _GatherStaging(VectorStaging):
             g.when(in_tile, copy)
 
 
+@dataclass(frozen=True)
+class MoeGemmVariant:
+    """The grouped GEMMs' variants (``kf-tile{moe_gemm.<field>=<value>}``)."""
+
+    #: depth of the tensor-core kernel's cp.async pipeline (1: one staged tile, the next
+    #: K step's prefetched into registers); fewer where shared memory is short
+    stages: int = 4
+
+
 class MoeGemmStrategy(Strategy):
     KIND = "moe_gemm"
+    VARIANT = MoeGemmVariant
 
-    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+    def plan(self, kernel: ir.Operation, target: TargetInfo, variant: MoeGemmVariant | None = None) -> dict:
         """Tensor cores (mma.sync m16n8k16, f32 accumulators) for f16/bf16 on CUDA with
         the matmul strategy's warp layout: 128x128 tiles of 8 warps when that gives
         about a wave of workgroups, else 64x64 of 4. Otherwise the SIMT matmul's tiles:
@@ -280,12 +291,13 @@ class MoeGemmStrategy(Strategy):
             warps_m, warps_n, tiles_m, tiles_n = (2, 4, 4, 4) if big else (2, 2, 2, 4)
             bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 32
             # with ldmatrix, B (the expert's [K, N] weights) is staged k-major as it lies
-            ldm = matmul_strategy.MMA_LDMATRIX
+            ldm = True
             stage_bytes = 2 * (bm * (bk + 8) + (bk * (bn + 8) if ldm else bn * (bk + 8)))
             # the matmul strategy's cp.async pipeline where A's rows (K) and the weights'
             # rows (N) are whole 16-byte pieces and B is staged k-major as it lies
-            stages = matmul_strategy.MMA_STAGES if (matmul_strategy.MMA_STAGES >= 2 and ldm and k % 8 == 0
-                                                    and n_cols % 8 == 0 and common["vector_bytes"] == 16) else 1
+            stages = (variant or MoeGemmVariant()).stages
+            if not (stages >= 2 and ldm and k % 8 == 0 and n_cols % 8 == 0 and common["vector_bytes"] == 16):
+                stages = 1
             while stages > 2 and stages * stage_bytes > target.max_dynamic_shared_bytes:
                 stages -= 1
             shared = stages * stage_bytes
@@ -293,7 +305,7 @@ class MoeGemmStrategy(Strategy):
                 return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
                         "mma_tiles_m": tiles_m, "mma_tiles_n": tiles_n, "threads": 32 * warps_m * warps_n,
                         "grid": self._grid(n_rows, n_cols, bm, bn, info["experts"]), "shared_bytes": shared,
-                        "mma": True, "prefetch": matmul_strategy.MMA_PREFETCH and stages == 1, "ldmatrix": ldm,
+                        "mma": True, "prefetch": stages == 1, "ldmatrix": ldm,
                         "stages": stages, "dynamic_shared": shared > target.max_shared_bytes, **common}
         bm, bn, tm, tn = (128, 128, 8, 8) if big else (64, 64, 4, 4)
         while (bm // tm) * (bn // tn) > target.max_threads:
@@ -446,7 +458,7 @@ class _Tile:
             stage_tile(g, _NoMemo(), self.tid, threads, Bs, bk, bn, True, k0, self.K, self.n0, self.N, self.read_b,
                        direct=b_direct, vector_bytes=vb)
             gpu.barrier()
-            return matmul_strategy.simt_tile_products(g, As, Bs, row_of, col_of, bk, tn, acc)
+            return simt_tile_products(g, As, Bs, row_of, col_of, bk, tn, acc)
 
         acc = g.loop(0, self.K, bk, [g.fconst(0.0)] * (tm * tn), k_step)
         for i in range(tm):
@@ -455,7 +467,7 @@ class _Tile:
                 self.store(acc[i * tn + j], gr, g.add(self.n0, col_of[j]))
 
     def mma(self) -> None:
-        """The matmul strategy's tensor-core K loop (MatmulStrategy._emit_mma): A staged
+        """The matmul strategy's tensor-core K loop (matmul/mma.py): A staged
         m-major and B n-major in the input type, each warp's fragments from them, 4 f32
         accumulators per 16x8 tile; the next K step's tiles are prefetched into
         registers when both stagings take vectors."""
@@ -478,7 +490,7 @@ class _Tile:
         b_direct = Direct(self.w_mem, [self.expert], False)
         a_stage = self.a_staging(As, bm, bk, False)
         b_stage = VectorStaging(g, tid, threads, Bs, bk, bn, self.K, self.N, not ldm, b_direct, vb)
-        # Register prefetch follows the matmul strategy's switch (MMA_PREFETCH); without
+        # Register prefetch where the plan says so (one staged tile); without
         # it the gathered A rows are still staged with vectors.
         prefetch = bool(p.get("prefetch")) and a_stage.ok and b_stage.ok
 
@@ -495,12 +507,12 @@ class _Tile:
             if not (a_stage.copies_async and b_stage.copies_async):
                 raise NotApplicable(f"the plan's {stages}-stage cp.async pipeline needs both tiles staged as "
                                     "16-byte copies")
-            acc = matmul_strategy.mma_pipelined_k_loop(
+            acc = mma_pipelined_k_loop(
                 g, self.K, bk, 4 * tms * tns, stages, a_stage, b_stage, self.m0, self.n0, bm, bk,
                 lambda acc, a0, b0: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0, True, a_rows,
                                                       b_cols, tig2, a0, b0))
         else:
-            acc = matmul_strategy.mma_k_loop(
+            acc = mma_k_loop(
                 g, self.K, bk, 4 * tms * tns, a_stage, b_stage, prefetch, self.m0, self.n0, stage,
                 lambda acc: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0, True, a_rows, b_cols,
                                               tig2))

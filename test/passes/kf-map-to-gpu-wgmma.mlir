@@ -1,5 +1,5 @@
 // kf-map-to-gpu for sm_90a: the matmul and attention strategies write wgmma kernels
-// (passes/strategies/wgmma.py, attention_wgmma.py); for sm_90 the same functions get
+// (passes/strategies/matmul/wgmma.py, attention/hopper/); for sm_90 the same functions get
 // mma.sync (kf-map-to-gpu-attention.mlir).
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda chip=sm_90a})' | FileCheck %s
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda chip=sm_90a}, kf-to-cuda{chip=sm_90a})' | FileCheck %s --check-prefix=PTX

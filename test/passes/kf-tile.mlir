@@ -1,9 +1,20 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda})' | FileCheck %s --check-prefix=CUDA
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=spirv})' | FileCheck %s --check-prefix=SPIRV
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=rocm})' 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=sm_80 matmul.stages=2 matmul.group_m=0})' | FileCheck %s --check-prefix=VARIANT
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stage=2})' 2>&1 | FileCheck %s --check-prefix=BADFIELD
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stages=two})' 2>&1 | FileCheck %s --check-prefix=BADVALUE
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{rowwise.stages=2})' 2>&1 | FileCheck %s --check-prefix=BADKIND
 
 // kf-tile records each kernel function's plan as kf.plan and touches nothing else.
 // BAD: kf-tile: target must be one of cuda, spirv, vulkan, metal, got 'rocm'
+
+// Kernel variants (the fields of a strategy's VARIANT) are kf-tile options
+// <kind>.<field>=<value>; an unknown field, a bad value or a kind without variants is an
+// error that names what there is.
+// BADFIELD: matmul: no variant 'stage' (variants: group_m, inflight, k_bytes, max_block_n, stages, warp_tiles)
+// BADVALUE: matmul: variant 'stages' takes an int, not 'two'
+// BADKIND: kernels of kind 'rowwise' have no variants (kinds with variants: attention, matmul, moe_gemm)
 
 // 1000 f32 elements: one thread per 4 (16-byte accesses, 1000 = 250 x 4), 256 threads,
 // one block; the last block is partial (250 < 256), so the kernel guards its tail.
@@ -78,4 +89,22 @@ func.func private @sum_rows(%a: tensor<3x257xf32>) -> tensor<3xf32> attributes {
 func.func @main(%a: tensor<3x257xf32>) -> tensor<3xf32> {
   %0 = call @sum_rows(%a) : (tensor<3x257xf32>) -> tensor<3xf32>
   return %0 : tensor<3xf32>
+}
+
+// -----
+
+// A GEMM's plan records the variant it was planned with (the matmul strategy's defaults,
+// or kf-tile's matmul.* options): here a two-stage cp.async pipeline (mma.sync, sm_80)
+// and workgroups in the grid's own order.
+// CUDA-LABEL: func.func private @gemm_256
+// CUDA-SAME: group_m = 8 : i64
+// CUDA-SAME: stages = 4 : i64
+// CUDA-SAME: variant = {group_m = 8 : i64, inflight = 1 : i64, k_bytes = 0 : i64, max_block_n = 256 : i64, stages = 4 : i64, warp_tiles = array<i64: 4, 8>}
+// VARIANT-LABEL: func.func private @gemm_256
+// VARIANT-SAME: group_m = 0 : i64
+// VARIANT-SAME: stages = 2 : i64
+// VARIANT-SAME: variant = {group_m = 0 : i64, inflight = 1 : i64, k_bytes = 0 : i64, max_block_n = 256 : i64, stages = 2 : i64, warp_tiles = array<i64: 4, 8>}
+func.func private @gemm_256(%a: tensor<256x256xbf16>, %b: tensor<256x256xbf16>) -> tensor<256x256xbf16> attributes {kf.kernel = "matmul"} {
+  %0 = "kf.matmul"(%a, %b) : (tensor<256x256xbf16>, tensor<256x256xbf16>) -> tensor<256x256xbf16>
+  return %0 : tensor<256x256xbf16>
 }

@@ -110,6 +110,41 @@ def test_key_and_passes_name_the_devices_multiprocessors(monkeypatch):
     assert driver.device_key(opts) != key_114
 
 
+def test_kernel_variants_reach_kf_tile_and_the_key(monkeypatch):
+    """The option ``variants`` (kernel variants, kf-tile's ``<kind>.<field>=<value>``
+    options) is part of the cache key and goes to kf-tile alone; a malformed item is a
+    ValueError naming the form, and a variant kf does not have a CompileError at the
+    user's function naming the variants there are."""
+    import kf
+    from kf import driver
+    from kf.errors import CompileError
+    from kf.options import Options
+    from kf.signature import bind
+
+    def f(a, b):
+        return a @ b
+
+    a = torch.randn(64, 64, dtype=torch.bfloat16)
+    sig, _ = bind(f, (a, a), {})
+    keys = {cache.key(f, sig, Options(target="cuda", variants=v), "sm_80")
+            for v in ("", "matmul.stages=2", "matmul.stages=3", "matmul.stages=3 matmul.group_m=0")}
+    assert len(keys) == 4
+    monkeypatch.setattr(driver, "target_multiprocessors", lambda target: 132)
+    passes = driver.gpu_passes("cuda", "sm_80", " matmul.stages=3   attention.reverse_q_blocks=false ")
+    assert "kf-tile{target=cuda chip=sm_80 multiprocessors=132 matmul.stages=3 attention.reverse_q_blocks=false}" \
+        in passes, passes
+    assert sum("matmul.stages" in p for p in passes) == 1
+    for bad in ("stages=3", "matmul.stages", "matmul.=3", ".stages=3"):
+        with pytest.raises(ValueError, match="<kind>.<field>=<value>"):
+            Options(variants=bad)
+    fn = kf.jit(f, target="cuda", arch="sm_80", variants="matmul.stages=2")
+    fused = kf.inspect(fn, a, a).stages["gpu"]
+    assert "stages = 2 : i64, strategy = \"matmul\"" in fused and "variant = {" in fused
+    with pytest.raises(CompileError, match="names no kernel variant") as e:
+        kf.inspect(kf.jit(f, target="cuda", arch="sm_80", variants="matmul.stage=2"), a, a).stages
+    assert "no variant 'stage' (variants: group_m, inflight" in str(e.value) and e.value.stage == "options"
+
+
 def test_in_memory_table_compiles_once_per_signature(tmp_path, monkeypatch):
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
 

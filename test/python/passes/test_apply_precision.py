@@ -9,6 +9,7 @@ precision on the CPU and Vulkan targets is in test/python/compiler/test_precisio
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections import Counter
 
@@ -344,3 +345,117 @@ def test_fp8_attention_numbers():
         assert _rel(Interpreter(module, "f").run(q, k, v)[0], want) < 1e-5
     ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8 ** 0.5, -1) @ v.double()
     assert 5e-3 < _rel(want, ref) < 8e-2
+
+
+# ---- the caller's fp8 tensors (_e4m3_source): the fp8 attention kernel takes them as they are
+
+from fp8_caller import caller_attention, caller_attention_vt  # noqa: E402  (examples/)
+from kf.passes.to_cuda import ptxas_path  # noqa: E402
+
+needs_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas not installed")
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                  reason="fp8 wgmma needs an sm_90 device")
+
+
+def _caller_inputs(b, h, s, d, device="cpu"):
+    """q8, k8, v8 (E4M3FN, per-tensor scaled to 448) and their dequantization factors,
+    and the float64 attention of the values they hold."""
+    out, deq = [], []
+    for _ in range(3):
+        x = torch.randn(b, h, s, d, device=device)
+        scale = 448 / x.abs().max()
+        x8 = (x * scale).to(torch.float8_e4m3fn)
+        out.append(x8)
+        deq.append((1 / scale).reshape(()).float())
+    qd, kd, vd = (x8.double() * f.double() for x8, f in zip(out, deq))
+    ref = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(d), -1) @ vd
+    return (*out, *deq), ref
+
+
+def test_caller_fp8_attention_cpu():
+    """Under precision="fp8" the caller's E4M3FN tensors are the products' operands as
+    they are (no amax, no second rounding): the error is the probabilities' rounding to
+    E4M3FN alone (2-3%); under "auto" the f32 attention of the same values."""
+    import kf
+
+    args, ref = _caller_inputs(2, 3, 200, 64)
+    auto = kf.jit(caller_attention, target="cpu")(*args)
+    fp8 = kf.jit(caller_attention, target="cpu", precision="fp8")(*args)
+    assert _rel(auto, ref) < 4e-3  # the bf16 result's rounding
+    assert 4e-3 < _rel(fp8, ref) < 4e-2
+
+
+@needs_ptxas
+def test_caller_fp8_attention_is_the_fp8_kernel():
+    """On sm_90a: the fp8 wgmma attention kernel reads the caller's q8 and k8 and a
+    transpose kernel makes v8 K-major (the widening fused into it) -- no amax, no
+    quantization, and no kernel for the scores' rank-0 factor, which the attention
+    kernel computes from sq and sk (kf-fuse's free scalars). No spills."""
+    import kf
+    from kf.passes.to_cuda import assemble
+
+    args, _ = _caller_inputs(2, 4, 256, 128)
+    info = kf.inspect(kf.jit(caller_attention, target="cuda", arch="sm_90a", precision="fp8"), *args)
+    kinds = sorted(ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
+                   if 'kf.kernel = "' in ln)
+    assert kinds == ["attention", "transpose"], kinds
+    ptx = info.stages["ptx"]
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
+    for name, r in assemble(ptx, "sm_90a").kernels.items():
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, (name, r)
+
+
+@needs_hopper
+@pytest.mark.parametrize("v_kmajor", [False, True], ids=["v", "vt"])
+@pytest.mark.parametrize("b,h,s,d", [(2, 4, 256, 128), (1, 3, 384, 256)])
+def test_caller_fp8_attention_cuda(b, h, s, d, v_kmajor):
+    """The same on the H200, fresh random values, against float64 of the fp8 values;
+    V row-major (a transpose kernel) or K-major (read as it is)."""
+    import kf
+
+    args, ref = _caller_inputs(b, h, s, d, device="cuda")
+    fn = caller_attention
+    if v_kmajor:
+        args = (*args[:2], args[2].transpose(-1, -2).contiguous(), *args[3:])
+        fn = caller_attention_vt
+    out = kf.jit(fn, precision="fp8")(*args)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, h, s, d)
+    assert _rel(out.cpu(), ref.cpu()) < 4e-2
+
+
+@needs_ptxas
+def test_caller_fp8_v_transposed_needs_no_copy():
+    """V given K-major: the fp8 kernel reads it as it is (no transpose kernel): the
+    call is that one kernel, and the CPU result is the one of V row-major."""
+    import kf
+
+    (q8, k8, v8, *scales), ref = _caller_inputs(2, 4, 256, 128)
+    vt = v8.transpose(-1, -2).contiguous()
+    info = kf.inspect(kf.jit(caller_attention_vt, target="cuda", arch="sm_90a", precision="fp8"), q8, k8, vt, *scales)
+    kinds = sorted(ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
+                   if 'kf.kernel = "' in ln)
+    assert kinds == ["attention"], kinds
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in info.stages["ptx"]
+    cpu = kf.jit(caller_attention_vt, target="cpu", precision="fp8")(q8, k8, vt, *scales)
+    assert 4e-3 < _rel(cpu, ref) < 4e-2
+
+
+@needs_ptxas
+@pytest.mark.parametrize("v_kmajor", [False, True], ids=["v", "vt"])
+def test_caller_fp8_at_head_dim_64_is_bf16_attention(v_kmajor):
+    """Head dim 64, which the fp8 kernel does not take: under precision="fp8" on sm_90a
+    the attention stays 16-bit (kf-apply-precision's fp8-attention=kernel), the caller's
+    E4M3FN values widened to bf16 (exactly) for the bf16 wgmma kernel. V given K-major
+    goes through a transpose kernel of its own, so that the attention reads V as it lies:
+    read through the transpose inside the attention kernel, it had kept the bf16 wgmma
+    plan from applying (1.18 ms against 0.33 for the bf16 call on the H200, 4x32x2048x64)."""
+    import kf
+
+    (q8, k8, v8, *scales), _ = _caller_inputs(2, 4, 256, 64)
+    fn, v = (caller_attention_vt, v8.transpose(-1, -2).contiguous()) if v_kmajor else (caller_attention, v8)
+    info = kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a", precision="fp8"), q8, k8, v, *scales)
+    kinds = [ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
+             if 'kf.kernel = "' in ln]
+    assert kinds.count("attention") == 1 and kinds.count("transpose") == v_kmajor, kinds
+    ptx = info.stages["ptx"]
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in ptx and "e4m3.e4m3" not in ptx

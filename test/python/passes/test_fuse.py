@@ -5,7 +5,7 @@ attention kernel, and hand-written P chains and epilogues (casts and rank-0 scal
 around P @ V) join it while anything else keeps the chain apart.
 
 test/passes/kf-fuse-precision.mlir shows the fused IR; the kernels' numbers are in
-test_attention_matmul.py (hand-built kernels) and test/python/compiler/test_precision.py.
+test/python/passes/strategies/ (hand-built kernels) and test/python/compiler/test_precision.py.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_seed_attention_is_one_kernel_under_precision(precision, storage, elem, 
     amax and quantization of q, k and v (fp8; V's through a transpose kernel with fp8
     storage): elementwise, transpose and generic ones, never a
     matmul or a softmax of its own. What _Chain reads off the kernel is the contract the
-    kernels (and attention_wgmma's fp8 plan) are written against."""
+    kernels (and the Hopper kernel's fp8 plan) are written against."""
     specs = [((1, 2, seq, d), elem)] * 3 + ([((seq, seq), elem)] if masked else [])
     ctx, _, kinds = fused(seed_attention(masked), specs, precision_passes(precision, storage))
     n = counts(kinds)

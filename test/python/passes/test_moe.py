@@ -114,18 +114,13 @@ def test_flops_are_top_k_over_experts(top_k):
     assert grouped * experts == dense * top_k
 
 
-#: The grouped GEMMs' K loops (module switches of the matmul strategy): one staged tile,
-#: synchronous or with register prefetch, and the cp.async pipeline.
-LOOPS = {"sync": {"MMA_STAGES": 1, "MMA_PREFETCH": False}, "prefetch": {"MMA_STAGES": 1},
-         "cp.async4": {"MMA_STAGES": 4}}
+#: The grouped GEMMs' K loops, as kernel variants (the option ``variants``): one staged
+#: tile with register prefetch, and the cp.async pipeline.
+LOOPS = {"prefetch": "moe_gemm.stages=1", "cp.async4": "moe_gemm.stages=4"}
 
 
 @pytest.fixture(params=list(LOOPS))
-def k_loop(request, monkeypatch):
-    import kf.passes.strategies.matmul as matmul_strategy
-
-    for k, v in LOOPS[request.param].items():
-        monkeypatch.setattr(matmul_strategy, k, v)
+def k_loop(request):
     return request.param
 
 
@@ -133,8 +128,8 @@ def k_loop(request, monkeypatch):
 @pytest.mark.parametrize("dtype,top_k", [(torch.bfloat16, 2), (torch.float32, 1), (torch.float16, 2)])
 def test_cuda_build_assembles(dtype, top_k, k_loop):
     x, gate, w_in, w_out = _inputs(1, 37, dtype)
-    stages = kf.inspect(moe.moe_layer_fused.with_options(target="cuda", arch="sm_90"), x, gate, [w_in, w_out],
-                        top_k=top_k).stages
+    fn = moe.moe_layer_fused.with_options(target="cuda", arch="sm_90", variants=LOOPS[k_loop])
+    stages = kf.inspect(fn, x, gate, [w_in, w_out], top_k=top_k).stages
     ptx = stages["ptx"]
     entries = re.findall(r"\.entry (\w+)", ptx)
     for role in ("route", "up", "down", "combine"):
@@ -222,7 +217,7 @@ def test_moe_layer_on_cuda(batch, seq, top_k, dtype, k_loop):
     where two experts' logits are that close the top-k choice (so the token's output)
     can differ, for at most a few tokens of a thousand. Each tensor-core K loop (LOOPS)."""
     x, gate, w_in, w_out = (t.cuda() for t in _inputs(batch, seq, dtype))
-    out = moe.moe_layer_fused(x, gate, [w_in, w_out], top_k=top_k)
+    out = moe.moe_layer_fused.with_options(variants=LOOPS[k_loop])(x, gate, [w_in, w_out], top_k=top_k)
     ref = moe.moe_layer_fused.fn(x, gate, [w_in, w_out], top_k=top_k)
     err = (out.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1).clamp_min(1e-6)
     assert (err > 4 * TOL[dtype]).double().mean().item() <= 0.01, err.max().item()

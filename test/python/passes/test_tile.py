@@ -1,9 +1,11 @@
-"""kf-tile on SPIR-V: plans follow the device's limits (``limits``, DeviceLimits) -- the
-recorded lavapipe and NVIDIA H200 (test/python/devices/) against the defaults -- and
-the SPIR-V of each validates (spirv-val)."""
+"""kf-tile (passes/tile.py): on SPIR-V, plans follow the device's limits (``limits``,
+DeviceLimits) -- the recorded lavapipe and NVIDIA H200 (test/python/devices/) against the
+defaults -- and the SPIR-V of each validates (spirv-val); kernel variants are options
+``<kind>.<field>=<value>``."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -12,7 +14,10 @@ import torch
 import kf
 import seed_examples as se
 from kf.dialects import make_context
+from kf.passes import registry
 from kf.passes.base import PassError
+from kf.passes.strategies.base import variant_from_text, variants_by_kind
+from kf.passes.strategies.matmul import MatmulVariant
 from kf.passes.tile import TilePass, attr_to_plan
 from kf.runtime.abi import DeviceLimits, ProgramABI
 from kf.signature import bind
@@ -143,3 +148,26 @@ def test_lit_test_names_the_recorded_devices(devices):
 
     text = (pathlib.Path(__file__).parents[2] / "passes" / "kf-tile-limits.mlir").read_text()
     assert f"limits={devices['lavapipe']}}}" in text and f"limits={devices['nvidia']}}}" in text
+
+
+def test_variants_are_options_and_round_trip():
+    p = registry.create("kf-tile", {"target": "cuda", "matmul.stages": "3", "attention.reverse_q_blocks": "false"})
+    assert isinstance(p, TilePass) and p.target == "cuda"
+    assert p.variants == (("attention.reverse_q_blocks", "false"), ("matmul.stages", "3"))
+    assert p.textual() == "kf-tile{attention.reverse_q_blocks=false matmul.stages=3}"
+    assert TilePass().textual() == "kf-tile" and TilePass(chip="sm_80").textual() == "kf-tile{chip=sm_80}"
+    assert dataclasses.replace(p, chip="sm_80").textual() == \
+        "kf-tile{chip=sm_80 attention.reverse_q_blocks=false matmul.stages=3}"
+    by_kind = variants_by_kind(dict(p.variants))
+    assert by_kind["matmul"] == MatmulVariant(stages=3) and by_kind["attention"].reverse_q_blocks is False
+
+
+def test_variant_values_from_text():
+    v = variant_from_text(MatmulVariant, {"warp_tiles": "4,4", "group_m": "0"})
+    assert v == MatmulVariant(warp_tiles=(4, 4), group_m=0)
+    for fields, message in (({"stage": "2"}, "no variant 'stage'"), ({"stages": "2.5"}, "takes an int"),
+                            ({"warp_tiles": "4x4"}, "takes ints like 4,8")):
+        with pytest.raises(ValueError, match=message):
+            variant_from_text(MatmulVariant, fields)
+    with pytest.raises(ValueError, match="'elementwise' have no variants"):
+        variants_by_kind({"elementwise.items": "2"})

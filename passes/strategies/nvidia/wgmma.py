@@ -1,8 +1,8 @@
-"""Hopper's warpgroup MMA (``wgmma.mma_async``, sm_90a) for the matmul strategy's GEMM.
+"""Hopper's warpgroup MMA, ``wgmma.mma_async`` (sm_90a), as kf's kernels use it.
 
-mma.sync keeps a Hopper SM's tensor cores at about half their rate (kf's mma.sync GEMM:
-0.45x cuBLAS at 8192^3 on the H200); wgmma is the instruction that reaches the rest.
-It differs from mma.sync in three ways, and this module is those three things:
+mma.sync keeps a Hopper SM's tensor cores at about half their rate; wgmma is the
+instruction that reaches the rest. It differs from mma.sync in three ways, and this
+module is those three things:
 
 - **Operands come from shared memory through descriptors.** A 64-bit *matrix
   descriptor* names a tile's start address, the byte strides between its 8-row core
@@ -10,115 +10,45 @@ It differs from mma.sync in three ways, and this module is those three things:
   layout (``SwizzledTile``): rows of 128 bytes (64 bf16 or 128 fp8 elements of K, or,
   for a B that lies k-by-n in memory, 64 n-elements of one k), and the 16-byte chunk
   ``c`` of row ``r`` stored at chunk ``c ^ (r % 8)``, in 1024-byte aligned atoms of 8
-  rows. That is the layout the hardware reads without bank conflicts, and the one
-  cp.async can write: each 16-byte copy lands whole in its swizzled place.
+  rows (``carve_aligned``). That is the layout the hardware reads without bank
+  conflicts, and the one cp.async can write: each 16-byte copy lands whole in its
+  swizzled place. ``wgmma_attrs`` are the descriptor form's attributes;
+  ``register_a_wgmma`` is the form with A from registers (inline PTX: MLIR's op takes
+  descriptors only).
 - **It is asynchronous.** A warpgroup (4 warps, 128 threads) issues the instructions of
-  one K block, commits them as a group and goes on; ``wgmma.wait_group 1`` at the end of
-  a step waits for the *previous* step's group only, so the tensor cores are busy while
-  the next step waits for its tiles. A stage is refilled only when no group in flight
-  reads it, hence ``ahead = stages - 2`` blocks in flight on the copy side.
+  one K block, commits them as a group and goes on; ``wgmma.wait_group`` waits for all
+  but the newest groups, so the tensor cores run while the warpgroup does other work.
+  A stage is refilled only when no group in flight reads it.
 - **Shared memory written by threads is in the generic proxy; wgmma reads through the
   async proxy.** Each thread fences its landed copies (``fence.proxy.async.shared::cta``)
   before the barrier that publishes a stage.
 
-The workgroup is two warpgroups (256 threads) over a BLOCK_M = 128 row tile, each
-warpgroup one m64nNk16 (k32 for fp8) accumulator of N = BLOCK_N columns in f32
-registers (N/2 a thread: 128 at N = 256). The accumulator fragment of warp w of a
-warpgroup is mma.sync's C layout repeated over N/8 column groups: value 4i + 2h + e at
-row 16w + lane/4 + 8h, column 8i + 2(lane%4) + e. The epilogue is the matmul strategy's
-(``Pointwise`` over the kernel's ops after the matmul, one rounding when stored).
-
-Operand layouts: A must be k-contiguous in memory ("K-major"); B either k-contiguous
-(``a @ b.t()``, nn.Linear weights) or n-contiguous (``a @ b``) -- wgmma transposes B
-itself for 16-bit types (``imm-trans-b``); fp8 takes K-major B only. Anything else, and
-targets that are not sm_90a, keep the mma.sync kernel.
+The accumulator fragment of warp w of a warpgroup is mma.sync's C layout repeated over
+N/8 column groups: value 4i + 2h + e at row 16w + lane/4 + 8h, column 8i + 2(lane%4) + e.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-from kf.dialects import spec_of
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, memref, nvvm
 
-from .base import EmittedKernel, NotApplicable, TargetInfo
-from .matmul import (FP8_PTX, WORKGROUP, Direct, GpuFunc, KernelView, Pointwise, _elem_bytes, _Gemm,
-                     direct_source, gpu_arg_types, grouped_tiles, store_value)
-
-#: Whether sm_90a GEMMs take wgmma (else mma.sync, as on sm_80/sm_89).
-WGMMA = True
-
-#: Depth of the cp.async pipeline of the wgmma GEMM (stages of BLOCK_K = 128 bytes of K).
-WGMMA_STAGES = 4
-
-#: wgmma groups left in flight at the end of a K step (0 or 1): with 1 the tensor cores
-#: run while the next step waits for its tiles; one more stage is then kept out of the
-#: copies' reach.
-WGMMA_INFLIGHT = 1
-
-#: The widest BLOCK_N (columns of one wgmma) a plan takes, narrowed while the grid
-#: would be less than a wave of workgroups.
-WGMMA_MAX_N = 256
+from ..base import NotApplicable, TargetInfo
+from ..kernel_ir import WORKGROUP, Direct, GpuFunc
+from ..kernel_ir import elem_bytes as _elem_bytes
+from .mma_sync import FP8_PTX
 
 SWIZZLE_BYTES = 128  # one swizzled row
 
-#: Whether SwizzledTile copies blocks that are all inside or all outside the source
-#: (extents multiples of the tile's) from per-thread addresses computed once
-#: (``_lean_addresses``): a block is then a uniform offset and one test, where each
-#: 16-byte copy computed its indices, clamped them at the edges and linearized them
-#: (about 8 instructions a copy, 130 of the 585 in bf16 attention's key loop). A block
-#: outside the source is 16-byte copies of 0 bytes from a valid address: straight code
-#: that ptxas may interleave with what follows. A branch around them instead was slower
-#: (H200, bf16 attention 4x32x2048x128: 0.656 against 0.617 ms; 2x32x4096x128: 1.184
-#: against 1.088; bench/results/variants-attention-session9-2026-12-04.json).
-LEAN_COPIES = True
 ATOM_BYTES = 1024  # 8 rows: the swizzle pattern's period, and the descriptors' alignment
 
-_WGMMA_TYPES = {"bf16": "bf16", "f16": "f16", "f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
+WGMMA_TYPES = {"bf16": "bf16", "f16": "f16", "f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}
 
 
 def available(target: TargetInfo) -> bool:
     """wgmma is an sm_90a instruction (the ``a`` features: not portable to later chips)."""
-    return WGMMA and target.name == "cuda" and target.chip == "sm_90a"
-
-
-def plan(gm: _Gemm, target: TargetInfo) -> dict | None:
-    """The wgmma plan for a GEMM, or None where the mma.sync kernel stays: the target is
-    not sm_90a, an operand is not an argument read as it lies, A is not K-major, B is
-    MN-major in fp8, or rows are not whole 16-byte pieces (cp.async copies 16 bytes)."""
-    if not available(target):
-        return None
-    elem = spec_of(gm.mm.operands[0].type).elem
-    if elem not in _WGMMA_TYPES or spec_of(gm.mm.operands[1].type).elem != elem:
-        return None
-    esize = 1 if elem in FP8_PTX else 2
-    b_mn_major = gm.b_n_contiguous
-    if not (gm.a_direct and gm.b_direct and gm.a_k_contiguous) or (b_mn_major and esize == 1):
-        return None
-    if (gm.k * esize) % 16 or (b_mn_major and (gm.n * esize) % 16):
-        return None
-    batch = math.prod(gm.batch)
-    bm, bn = 128, WGMMA_MAX_N
-    while bn > 64 and -(-gm.m // bm) * -(-gm.n // bn) * batch < 128:
-        bn //= 2
-    bk = SWIZZLE_BYTES // esize
-    stage_bytes = (bm + bn) * SWIZZLE_BYTES
-    stages = WGMMA_STAGES
-    while stages > 2 + WGMMA_INFLIGHT and stages * stage_bytes + ATOM_BYTES > target.max_dynamic_shared_bytes:
-        stages -= 1
-    if stages < 2 + WGMMA_INFLIGHT or stages * stage_bytes + ATOM_BYTES > target.max_dynamic_shared_bytes:
-        return None
-    grid = [-(-gm.n // bn), -(-gm.m // bm), batch]
-    if grid[2] > 65535 or grid[1] > 65535:
-        return None
-    from . import matmul
-
-    return {"block_m": bm, "block_n": bn, "block_k": bk, "threads": 256, "grid": grid, "m": gm.m, "n": gm.n,
-            "k": gm.k, "batch": list(gm.batch), "mma": True, "wgmma": True, "stages": stages,
-            "inflight": WGMMA_INFLIGHT, "shared_bytes": stages * stage_bytes + ATOM_BYTES,
-            "dynamic_shared": True, "group_m": matmul.MMA_GROUP_M, "b_k_major": not b_mn_major}
+    return target.name == "cuda" and target.chip == "sm_90a"
 
 
 class SwizzledTile:
@@ -136,14 +66,18 @@ class SwizzledTile:
 
     ``mem`` is a [stages * rows_per_stage, 128 bytes] view at a 1024-byte aligned
     address; the global source is ``direct`` ([.., R, K] for K-major, [.., K, N] for
-    MN-major, with its lead indices). ``lean``: whether ``LEAN_COPIES`` may apply (its
-    per-thread addresses stay in registers through the loop). ``producer``: the tile of
-    a producer warpgroup (attention's WARP_SPECIALIZED), whose copies are its only work:
+    MN-major, with its lead indices). ``lean``: whether the copies may take per-thread
+    addresses computed once (``_lean_addresses``; they stay in registers through the
+    loop): a block of copies is then one uniform offset and one test, where each 16-byte
+    copy computed its indices, clamped them at the edges and linearized them (about 8
+    instructions a copy); a block outside the source is 16-byte copies of 0 bytes from a
+    valid address, straight code that ptxas may interleave with what follows. ``producer``: the tile of
+    a producer warpgroup (attention.hopper.producer), whose copies are its only work:
     lean copies also with 8 rows between a thread's slots and in blocks across the
     source's edge (each slot then tests its coordinates). ``row_perm`` (K-major only): a function of the
     stage row giving the source row it holds, relative to ``row0`` (attention's fp8
     kernel permutes keys within groups of 32 so that its score accumulators are
-    wgmma's fp8 A fragment, see attention_wgmma.fp8_key_order)."""
+    wgmma's fp8 A fragment, see attention.hopper.mma.fp8_key_order)."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, mem: ir.Value, direct: Direct, rows: int,
                  bk: int, esize: int, n_rows: int, n_k: int, mn_major: bool, width: int | None = None,
@@ -175,10 +109,10 @@ class SwizzledTile:
             src_r = row_perm(r) if row_perm is not None and not mn_major else r
             self.slots.append((dst_row, g.mul(swz, self.vec), (src_r, g.mul(c, self.vec)), in_share))
         self.producer = producer
-        self.lean = self._lean_addresses(tid, threads, n_chunks, chunks, row_perm) if LEAN_COPIES and lean else None
+        self.lean = self._lean_addresses(tid, threads, n_chunks, chunks, row_perm) if lean else None
 
     def _lean_addresses(self, tid: ir.Value, threads: int, n_chunks: int, chunks: int, row_perm):
-        """``LEAN_COPIES``: where every thread copies whole slots and the slots of a thread
+        """Lean copies: where every thread copies whole slots and the slots of a thread
         are the same chunk ``step`` source rows apart (step a multiple of 16, so the
         swizzle, ``row % 8``, and fp8's key order, within 16, are the same in each; of
         8 for a producer's tiles without a row permutation),
@@ -187,7 +121,7 @@ class SwizzledTile:
         constant one that ptxas folds into the instruction. None elsewhere."""
         g, d = self.g, self.direct
         step = threads // n_chunks if threads % n_chunks == 0 else 0
-        # 8 rows keep the swizzle; the measured GEMM and attention kernels were tuned
+        # 8 rows keep the swizzle; the GEMM and attention kernels were tuned
         # with 16 (GEMM nn's B, 8 rows a step at 256 threads, keeps per-copy addresses)
         least = 16 if row_perm is not None or not self.producer else 8
         if not step or step % least or chunks % threads:
@@ -314,8 +248,8 @@ class SwizzledTile:
         if self.mn_major:
             lbo = self.bk * SWIZZLE_BYTES
         const = ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 62)
-        low = arith.andi(arith.shrui(addr, _i64(4)), _i64(0x3FFF))
-        return arith.ori(low, _i64(const))
+        low = arith.andi(arith.shrui(addr, i64_const(4)), i64_const(0x3FFF))
+        return arith.ori(low, i64_const(const))
 
     def slice_offset(self, t: int, k_inst: int) -> int:
         """Bytes from a stage's start to the t-th k slice of k_inst elements (K-major:
@@ -331,12 +265,12 @@ def _plus(g: GpuFunc, a: ir.Value, b: ir.Value | int) -> ir.Value:
     return g.add(a, b) if isinstance(b, int) else arith.addi(a, b)
 
 
-def _i64(v: int) -> ir.Value:
+def i64_const(v: int) -> ir.Value:
     i64 = ir.IntegerType.get_signless(64)
     return arith.constant(i64, v)
 
 
-def _carve_aligned(g: GpuFunc, sizes: Sequence[tuple[int, int, ir.Type]]) -> list[ir.Value]:
+def carve_aligned(g: GpuFunc, sizes: Sequence[tuple[int, int, ir.Type]]) -> list[ir.Value]:
     """[rows, cols] views of dynamic shared memory, each at a 1024-byte aligned address
     (the swizzle atom; the window itself is only 16-byte aligned): the window is asked
     for 1 KiB more, and the views start at the first aligned address in it. Each view
@@ -356,120 +290,34 @@ def _carve_aligned(g: GpuFunc, sizes: Sequence[tuple[int, int, ir.Type]]) -> lis
     return views
 
 
-def emit(view: KernelView, gm: _Gemm, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
-         target: TargetInfo) -> EmittedKernel:
-    """The wgmma GEMM kernel of a ``plan()`` plan (see the module docstring)."""
-    bm, bn, bk, threads = plan["block_m"], plan["block_n"], plan["block_k"], plan["threads"]
-    stages, inflight = plan["stages"], plan["inflight"]
-    M, N, K = gm.m, gm.n, gm.k
-    elem = spec_of(gm.mm.operands[0].type).elem
-    esize = 1 if elem in FP8_PTX else 2
-    k_inst = 32 // esize  # k of one wgmma: 16 (16-bit types), 32 (fp8)
-    b_mn_major = not plan["b_k_major"]
-    etype = ir.Type.parse(elem)
-    acc_n = bn // 2  # f32 accumulators a thread: 64 x bn over 128 threads
-    f32 = ir.F32Type.get()
-    acc_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * acc_n) + ")>")
-    ahead = stages - 1 - inflight
-    with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [], (threads, 1, 1))  # window: _carve_aligned
-        n_in = len(view.args)
-        pw = Pointwise(g, view, g.args[:n_in])
-        a_val, b_val = gm.mm.operands
-        with ir.InsertionPoint(g.entry):
-            per_row = SWIZZLE_BYTES // esize
-            b_rows = bn if not b_mn_major else bk * (bn * esize // SWIZZLE_BYTES)
-            As, Bs = _carve_aligned(g, [(stages * bm, per_row, etype), (stages * b_rows, per_row, etype)])
-            tid = g.tid()
-            col_tile, row_tile = grouped_tiles(g, plan["grid"][0], plan["grid"][1], plan.get("group_m", 0))
-            batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []
-            m0, n0 = g.mul(row_tile, bm), g.mul(col_tile, bn)
-            a_lead = pw.operand_index(spec_of(a_val.type).shape[:-2], batch_idx, len(gm.batch))
-            b_lead = pw.operand_index(spec_of(b_val.type).shape[:-2], batch_idx, len(gm.batch))
-            a_direct = direct_source(view, g.args[:n_in], a_val, a_lead, False)
-            b_direct = direct_source(view, g.args[:n_in], b_val, b_lead, not b_mn_major)
-            if a_direct is None or b_direct is None:
-                raise NotApplicable("the wgmma plan reads both operands straight from arguments")
-            a_tile = SwizzledTile(g, tid, threads, As, a_direct, bm, bk, esize, M, K, False)
-            b_tile = SwizzledTile(g, tid, threads, Bs, b_direct, bn, bk, esize, N, K, b_mn_major)
-            warp, lane = g.div(tid, 32), g.rem(tid, 32)
-            wg = g.div(warp, 4)
-            i64 = ir.IntegerType.get_signless(64)
-            # this warpgroup's 64 rows of A: 64 rows of 128 bytes from the stage's start
-            a_desc0 = arith.addi(a_tile.descriptor_base(),
-                                 arith.index_cast(i64, g.mul(wg, 64 * SWIZZLE_BYTES // 16)))
-            b_desc0 = b_tile.descriptor_base()
-            wg_attrs = _wgmma_attrs(elem, bn, k_inst, b_mn_major)
-
-            def issue(kb: ir.Value | int, stage: ir.Value | int) -> None:
-                a_tile.copy_async(m0, kb, stage)
-                b_tile.copy_async(n0, kb, stage)
-                nvvm.cp_async_commit_group()
-
-            for s in range(ahead):
-                issue(s * bk, s)
-
-            def k_step(k0, carried):
-                (acc,) = carried
-                step = g.div(k0, bk)
-                nvvm.cp_async_wait_group(ahead - 1)
-                # this thread's landed copies, visible to the async proxy wgmma reads through
-                nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
-                                  space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
-                gpu.barrier()
-                issue(g.add(k0, ahead * bk), g.rem(g.add(step, ahead), stages))
-                cur = g.rem(step, stages)
-                a_stage = arith.index_cast(i64, g.mul(cur, a_tile.stage_bytes // 16))
-                b_stage = arith.index_cast(i64, g.mul(cur, b_tile.stage_bytes // 16))
-                a_d, b_d = arith.addi(a_desc0, a_stage), arith.addi(b_desc0, b_stage)
-                nvvm.wgmma_fence_aligned()
-                for t in range(bk // k_inst):
-                    da = arith.addi(a_d, _i64(a_tile.slice_offset(t, k_inst) // 16))
-                    db = arith.addi(b_d, _i64(b_tile.slice_offset(t, k_inst) // 16))
-                    acc = nvvm.WgmmaMmaAsyncOp(acc_t, acc, da, db, *wg_attrs).result
-                nvvm.wgmma_commit_group_sync_aligned()
-                nvvm.wgmma_wait_group_sync_aligned(inflight)
-                return [acc]
-
-            zero = llvm.mlir_zero(acc_t)
-            (acc,) = g.loop(0, K, bk, [zero], k_step)
-            nvvm.wgmma_wait_group_sync_aligned(0)
-            nvvm.cp_async_wait_group(0)  # nothing may still be landing in shared memory at exit
-
-            outs = g.args[n_in:]
-            gid, tig2 = g.div(lane, 4), g.mul(g.rem(lane, 4), 2)
-            row_base = arith.addi(m0, arith.addi(g.mul(wg, 64), arith.addi(g.mul(g.rem(warp, 4), 16), gid)))
-            col_base = arith.addi(n0, tig2)
-            for i in range(bn // 8):
-                for h in range(2):
-                    gr = g.add(row_base, 8 * h)
-                    for e in range(2):
-                        gc = g.add(col_base, 8 * i + e)
-                        conds = [c for c in (g.lt(gr, M) if M % bm else None, g.lt(gc, N) if N % bn else None)
-                                 if c is not None]
-
-                        def store(k=4 * i + 2 * h + e, gr=gr, gc=gc):
-                            pw.reset()
-                            pw.bind(gm.mm.result, llvm.extractvalue(f32, acc, [k]))
-                            idx = list(batch_idx) + [gr, gc]
-                            for r, o in zip(view.results, outs):
-                                store_value(pw.eval(r, idx), o, idx)
-
-                        g.when(g.all_of(conds), store)
-        g.finish()
-    inst = f"wgmma.m64n{bn}k{k_inst}.{_WGMMA_TYPES[elem]}"
-    return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes,
-                         {"strategy": "matmul", "tensor_cores": inst, "workgroup_bytes": plan["shared_bytes"],
-                          "tile": [bm, bn, bk], "stages": stages})
-
-
-def _wgmma_attrs(elem: str, n: int, k: int, b_mn_major: bool) -> list[ir.Attribute]:
+def wgmma_attrs(elem: str, n: int, k: int, b_mn_major: bool) -> list[ir.Attribute]:
     """shape, typeA, typeB, typeD, scaleD, scaleA, scaleB, layoutA, layoutB of
     nvvm.wgmma.mma_async: A K-major (``row``); B K-major is ``col``, MN-major ``row``
     (which MLIR prints as imm-trans-b = 1)."""
-    t = _WGMMA_TYPES[elem]
+    t = WGMMA_TYPES[elem]
     p = ir.Attribute.parse
     return [p(f"#nvvm.shape<m = 64, n = {n}, k = {k}>"), p(f"#nvvm.wgmma_type<{t}>"), p(f"#nvvm.wgmma_type<{t}>"),
             p("#nvvm.wgmma_type<f32>"), p("#nvvm.wgmma_scale_out<one>"), p("#nvvm.wgmma_scale_in<one>"),
             p("#nvvm.wgmma_scale_in<one>"), p("#nvvm.mma_layout<row>"),
             p(f"#nvvm.mma_layout<{'row' if b_mn_major else 'col'}>")]
+
+
+def register_a_wgmma(acc: ir.Value, n: int, elem: str, a: list[ir.Value], b_desc: ir.Value) -> ir.Value:
+    """``wgmma.mma_async m64n{n}k16`` with A from registers (4 x b32 of the m64 x k16 A
+    tile in mma.sync's fragment layout) and B, transposed (MN-major), by descriptor;
+    for fp8 ``m64n{n}k32``, A 4 x b32 of m64 x k32 bytes and B K-major: inline PTX,
+    accumulators tied in and out (``acc``: a struct of n / 2 f32)."""
+    n_acc = n // 2
+    out = ",".join(f"${i}" for i in range(n_acc))
+    if elem in FP8_PTX:  # k32, and no transpose immediates (fp8 B is K-major only)
+        t = FP8_PTX[elem]
+        shape, types, tail = f"m64n{n}k32", f"f32.{t}.{t}", "p, 1, 1"
+    else:
+        shape, types, tail = f"m64n{n}k16", f"f32.{elem}.{elem}", "p, 1, 1, 1"
+    asm = ("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+           f"wgmma.mma_async.sync.aligned.{shape}.{types} {{{out}}}, "
+           f"{{${n_acc}, ${n_acc + 1}, ${n_acc + 2}, ${n_acc + 3}}}, ${n_acc + 4}, {tail};\n}}")
+    cons = ",".join(["=f"] * n_acc + ["r"] * 4 + ["l"] + [str(i) for i in range(n_acc)])
+    f32 = ir.F32Type.get()
+    accs = [llvm.extractvalue(f32, acc, [i]) for i in range(n_acc)]
+    return llvm.InlineAsmOp(acc.type, [*a, b_desc, *accs], asm, cons, has_side_effects=True).res

@@ -1,27 +1,47 @@
 """Hopper's synchronization between warpgroups of one workgroup that do different work:
-the mbarriers of a producer/consumer pipeline of shared-memory stages, and turns
-between two consumer warpgroups on named barriers.
+the mbarriers of a producer/consumer pipeline of shared-memory stages, and named
+barriers for groups of warps.
 
-A producer warpgroup (attention_wgmma.WARP_SPECIALIZED) copies key blocks into stages
-while consumer warpgroups compute on earlier ones. ``bar.sync`` of the whole workgroup
-would make them meet every block; an mbarrier lets each side wait for exactly the other
-side's progress on one stage: the consumers for its copies (*full*, arrived on by
-``cp.async.mbarrier.arrive.noinc`` as they land), the producer for its readers being
-done (*empty*). Named barriers (``bar.sync id, n`` / ``bar.arrive id, n``) order groups
-of warps the same way without the rest of the workgroup.
+A producer warpgroup (attention's Hopper kernel) copies key blocks into stages while
+consumer warpgroups compute on earlier ones. ``bar.sync`` of the whole workgroup would
+make them meet every block; an mbarrier lets each side wait for exactly the other side's
+progress on one stage: the consumers for its copies (*full*, arrived on by
+``cp.async.mbarrier.arrive.noinc`` as they land), the producer for its readers being done
+(*empty*). Named barriers (``bar.sync id, n``) order a group of warps the same way
+without the rest of the workgroup; ``NamedBarrier`` gives each group its id, so that no
+id is claimed by two groups.
 """
 
 from __future__ import annotations
 
+import enum
+
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, memref, nvvm
 
-from .matmul import GpuFunc
+from ..kernel_ir import GpuFunc
 
 
 def const_i32(v: int) -> ir.Value:
     """An i32 constant."""
     return arith.constant(ir.IntegerType.get_signless(32), v)
+
+
+class NamedBarrier(enum.IntEnum):
+    """The named barriers of kf's kernels, by the group of warps that meets on each
+    (the values are the ids in the PTX; the hardware has 16)."""
+
+    #: every warp of the workgroup (``gpu.barrier``, ``bar.sync 0``)
+    WORKGROUP = 0
+    #: the consumer warpgroups of a warp-specialized kernel (256 threads)
+    CONSUMERS = 1
+    #: the producer warpgroup (128 threads), where its threads share a value
+    PRODUCER = 3
+
+
+def named_sync(barrier: NamedBarrier, threads: int) -> None:
+    """``bar.sync barrier, threads``: wait until ``threads`` threads (whole warps) arrived."""
+    nvvm.BarrierOp(None, barrierId=const_i32(int(barrier)), numberOfThreads=const_i32(threads))
 
 
 class StageBarriers:
@@ -33,30 +53,23 @@ class StageBarriers:
     phase it waits for; a fresh barrier counts the phase before its first as complete,
     so the producer's first ``stages`` waits return at once.
 
-    ``q``: one more barrier after them, for a copy made once (attention's Q). ``parts``
-    2: a second pair a stage (``part=1``; after Q's), so that two operands of a block
-    (attention's K and V) land and are given back each on its own. ``q_free``: one more
-    after Q's, on which the consumers give back a buffer that outlives the stages (a
-    persistent workgroup's Q, read by every block of one tile and refilled for the
-    next). ``mem`` holds ``size(stages, q, parts, q_free)`` barriers."""
+    ``q``: one more barrier after them, for a copy made once (attention's Q).
+    ``q_free``: one more after Q's, on which the consumers give back a buffer that
+    outlives the stages (a persistent workgroup's Q, read by every block of one tile and
+    refilled for the next). ``mem`` holds ``size(stages, q, q_free)`` barriers."""
 
-    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False, parts: int = 1,
-                 q_free: bool = False):
-        if q_free and parts != 1:
-            raise ValueError("a q_free barrier with K and V on barriers of their own")
-        self.g, self.stages, self.q, self.parts, self.q_free = g, stages, q, parts, q_free
+    #: the barriers' kinds, in ``mem`` by kind then stage: full, empty, then Q's
+    FULL, EMPTY, Q = 0, 1, 2
+
+    def __init__(self, g: GpuFunc, mem: ir.Value, stages: int, q: bool = False, q_free: bool = False):
+        self.g, self.stages, self.q, self.q_free = g, stages, q, q_free
         i64 = ir.IntegerType.get_signless(64)
         self.base = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(mem))
 
     @staticmethod
-    def size(stages: int, q: bool, parts: int = 1, q_free: bool = False) -> int:
+    def size(stages: int, q: bool, q_free: bool = False) -> int:
         """The barriers (i64) of such a pipeline."""
-        return 5 * stages if parts == 2 else 2 * stages + q + q_free
-
-    @staticmethod
-    def _kinds(part: int) -> tuple[int, int]:
-        """(full, empty) kinds of a part: 0 and 1, or after Q's 2, 3 and 4."""
-        return (0, 1) if part == 0 else (3, 4)
+        return 2 * stages + q + q_free
 
     def _at(self, kind: int, stage: ir.Value | int) -> ir.Value:
         g = self.g
@@ -76,13 +89,11 @@ class StageBarriers:
         i32 = ir.IntegerType.get_signless(32)
 
         def init():
-            for part in range(self.parts):
-                full, empty = self._kinds(part)
-                for s in range(self.stages):
-                    nvvm.MBarrierInitOp(self._at(full, s), arith.constant(i32, producers))
-                    nvvm.MBarrierInitOp(self._at(empty, s), arith.constant(i32, consumers))
+            for s in range(self.stages):
+                nvvm.MBarrierInitOp(self._at(self.FULL, s), arith.constant(i32, producers))
+                nvvm.MBarrierInitOp(self._at(self.EMPTY, s), arith.constant(i32, consumers))
             if self.q:
-                nvvm.MBarrierInitOp(self._at(2, 0), arith.constant(i32, producers + q_extra))
+                nvvm.MBarrierInitOp(self._at(self.Q, 0), arith.constant(i32, producers + q_extra))
             if self.q_free:
                 nvvm.MBarrierInitOp(self._q_free_at(), arith.constant(i32, consumers))
 
@@ -120,23 +131,23 @@ class StageBarriers:
     def wait_q(self, k: ir.Value | None = None) -> None:
         """Consumers: Q landed (the barrier after the stages', with ``q``); ``k``: its
         k-th fill (with ``q_free``), else the first."""
-        self._try_wait(self._at(2, 0), self._parity(self.g.c(0) if k is None else k, 1, 0))
+        self._try_wait(self._at(self.Q, 0), self._parity(self.g.c(0) if k is None else k, 1, 0))
         self._fence()
 
     def arrive_q(self) -> None:
         """Producer: as its copies of Q land."""
-        nvvm.CpAsyncMBarrierArriveOp(self._at(2, 0), noinc=True)
+        nvvm.CpAsyncMBarrierArriveOp(self._at(self.Q, 0), noinc=True)
 
     def announce_q(self) -> None:
         """Producer, one thread: an arrival on Q's barrier now, with release semantics, so
         that what the thread wrote to shared memory before (the tile Q is of) is seen by
         the consumers that wait for Q (``initialize``'s ``q_extra``)."""
-        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._at(2, 0))
+        nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64), self._at(self.Q, 0))
 
-    def wait_full(self, j: ir.Value, part: int = 0) -> None:
-        """Consumers: block j (its ``part``) is in its stage. Then the proxy fence: the
-        copies wrote through the generic proxy, wgmma reads through the async one."""
-        self._wait(self._kinds(part)[0], j, 0)
+    def wait_full(self, j: ir.Value) -> None:
+        """Consumers: block j is in its stage. Then the proxy fence: the copies wrote
+        through the generic proxy, wgmma reads through the async one."""
+        self._wait(self.FULL, j, 0)
         self._fence()
 
     @staticmethod
@@ -144,45 +155,30 @@ class StageBarriers:
         nvvm.FenceProxyOp(ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
                           space=ir.Attribute.parse("#nvvm.shared_space<cta>"))
 
-    def wait_empty(self, j: ir.Value, part: int = 0) -> None:
+    def wait_empty(self, j: ir.Value) -> None:
         """Producer: block j - stages, the stage's last, is read (parity of the phase before)."""
-        self._wait(self._kinds(part)[1], j, 1)
+        self._wait(self.EMPTY, j, 1)
 
-    def arrive_full(self, stage: ir.Value, part: int = 0) -> None:
+    def arrive_full(self, stage: ir.Value) -> None:
         """Producer: each thread arrives as its copies issued so far land (noinc: counted
         in the barrier's arrivals)."""
-        nvvm.CpAsyncMBarrierArriveOp(self._at(self._kinds(part)[0], stage), noinc=True)
+        nvvm.CpAsyncMBarrierArriveOp(self._at(self.FULL, stage), noinc=True)
 
-    def release(self, j: ir.Value, part: int = 0) -> None:
-        """Consumers: block j's stage (its ``part``) may be refilled."""
+    def release(self, j: ir.Value) -> None:
+        """Consumers: block j's stage may be refilled."""
         nvvm.MBarrierArriveOp(ir.IntegerType.get_signless(64),
-                              self._at(self._kinds(part)[1], self.g.rem(j, self.stages)))
+                              self._at(self.EMPTY, self.g.rem(j, self.stages)))
 
 
-class Turns:
-    """Two consumer warpgroups' turns (``wg`` 0 and 1) at issuing
-    wgmmas: named barrier 1 + w is warpgroup w's turn, which the other's 128 threads
-    give by ``bar.arrive`` and its own take by ``bar.sync`` (256 in all). Warpgroup 1
-    gives warpgroup 0 the first turn; warpgroup 0 takes the turn that warpgroup 1's
-    last one gives, so that both barriers end as they began."""
-
-    def __init__(self, g: GpuFunc, wg: ir.Value):
-        i32 = ir.IntegerType.get_signless(32)
-        self.g = g
-        self.first = arith.cmpi(arith.CmpIPredicate.eq, wg, g.c(0))
-        self.own = arith.index_cast(i32, g.add(wg, 1))
-        self.other = arith.index_cast(i32, arith.subi(g.c(2), wg))
-        self.threads = const_i32(256)
-
-    def start(self) -> None:
-        self.g.when(arith.xori(self.first, arith.constant(self.first.type, 1)),
-                    lambda: nvvm.BarrierArriveOp(self.threads, barrierId=const_i32(1)))
-
-    def begin(self) -> None:
-        nvvm.BarrierOp(None, barrierId=self.own, numberOfThreads=self.threads)
-
-    def end(self) -> None:
-        nvvm.BarrierArriveOp(self.threads, barrierId=self.other)
-
-    def finish(self) -> None:
-        self.g.when(self.first, lambda: nvvm.BarrierOp(None, barrierId=const_i32(1), numberOfThreads=self.threads))
+def block_reduce(pred: ir.Value, how: str = "or", barrier: tuple[int, int] | None = None) -> ir.Value:
+    """The workgroup's OR / AND of a predicate (``bar.red``; a barrier too). ``barrier``:
+    (id, threads) of a named barrier of some of the workgroup's warps instead."""
+    i32 = ir.IntegerType.get_signless(32)
+    if barrier is not None:  # the NVVM op reduces on barrier 0 only
+        asm = (f"{{ .reg .pred p, q; setp.ne.u32 q, $1, 0; bar.red.{how}.pred p, {barrier[0]}, {barrier[1]}, q; "
+               "selp.u32 $0, 1, 0, p; }")
+        r = llvm.InlineAsmOp(i32, [arith.extui(i32, pred)], asm, "=r,r", has_side_effects=True).res
+    else:
+        r = nvvm.BarrierOp(i32, reductionOp=ir.Attribute.parse(f"#nvvm.reduction<{how}>"),
+                           reductionPredicate=arith.extui(i32, pred)).res
+    return arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i32, 0))

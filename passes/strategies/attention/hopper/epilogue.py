@@ -1,0 +1,50 @@
+"""The consumers' epilogue: O / l, through the kernel function's ops after P V (fp8's
+dequantization scales), stored from the accumulators.
+
+O is multiplied by 1 / l, the reciprocal once a row (a division a value was a slow-path
+check and call each, 64 a thread), and each thread's two neighbouring columns go out as
+one store (the runtime's buffers are 16-byte aligned; the columns' offsets and the rows'
+lengths are even).
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, llvm, vector
+
+from ...emit import to_storage as emit_to_storage
+from ...kernel_ir import elem_bytes, quad_reduce
+
+
+def store_output(k, final) -> None:
+    """Store the tile of the kernel ``k`` (a HopperAttention) whose key loop left
+    ``final`` (m, l, O)."""
+    g, ch, pw = k.g, k.ch, k.pw
+    f32 = ir.F32Type.get()
+    log2_p = k.softmax.log2_p
+    totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
+    if log2_p:  # l summed c * p (linear_softmax)
+        totals = [arith.mulf(t, g.fconst(2.0 ** -log2_p)) for t in totals]
+    epilogue = getattr(ch, "epilogue_value", ch.mm2.result)
+    epilogue = None if epilogue == ch.mm2.result else epilogue
+    out_elem = ir.MemRefType(k.out_mem.type).element_type
+    pair_t = ir.VectorType.get([2], out_elem)
+    o = final[4]
+    rows, batch_idx, tig2 = k.rows, k.batch_idx, k.tig2
+    for h in range(2):
+        def store(h=h):
+            inverse = arith.divf(g.fconst(1.0), totals[h])
+            for n in range(k.Dv // 8):
+                pair = []
+                for i in (2 * h, 2 * h + 1):
+                    v = arith.mulf(llvm.extractvalue(f32, o, [4 * n + i]), inverse)
+                    if epilogue is not None:  # ops after P V (fp8: the scales)
+                        pw.reset()
+                        pw.bind(ch.mm2.result, v)
+                        v = pw.eval(epilogue, list(batch_idx) + [rows[h], g.add(tig2, 8 * n + i % 2)])
+                    pair.append(emit_to_storage(v, out_elem))
+                vector.store(vector.from_elements(pair_t, pair), k.out_mem,
+                             list(batch_idx) + [rows[h], g.add(tig2, 8 * n)],
+                             alignment=2 * elem_bytes(out_elem))
+
+        g.when(g.lt(rows[h], k.Sq) if k.Sq % k.bm or k.Sq < k.bm else None, store)

@@ -1,0 +1,7 @@
+"""The strategies' tests share their kernel builders (``kernels.py``): importable from
+every test module below this directory."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))

@@ -1,0 +1,263 @@
+"""Kernel functions built by hand as kf-fuse makes them (a ``func.func private`` with
+``kf.kernel`` and a host function calling it), and the ways the strategies' tests write,
+compile and run them: on the Vulkan device (lavapipe on CPU-only machines) against torch,
+assembled by ptxas, or launched where a CUDA GPU is."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from kf import dialects as kd
+from kf.dialects import builders as kb
+from kf.dialects.types import TensorSpec
+from kf.passes.strategies.base import TargetInfo, strategy_for
+from mlir import ir
+from mlir.dialects import func
+
+
+TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SPIRV, CUDA = TargetInfo.for_target("spirv"), TargetInfo.for_target("cuda")
+HOPPER = TargetInfo.for_target("cuda", chip="sm_90a")  # wgmma
+
+
+def vulkan_runtime():
+    from kf.runtime import vulkan
+
+    return vulkan
+
+
+needs_vulkan = pytest.mark.skipif(not vulkan_runtime().is_available(), reason="no Vulkan device (mesa-vulkan-drivers)")
+
+
+def _has_ptxas() -> bool:
+    from kf.passes.to_cuda import ptxas_path
+
+    return ptxas_path() is not None
+
+
+needs_ptxas = pytest.mark.skipif(not _has_ptxas(), reason="ptxas not installed")
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+class Built:
+    """A module holding one kernel function (and a host function calling it) in its own
+    context, with an empty ``gpu.module @kf_kernels`` for the strategy to write into."""
+
+    def __init__(self, kind: str, arg_specs, body):
+        self.ctx = kd.make_context()
+        with self.ctx, ir.Location.unknown():
+            self.module = ir.Module.parse("module attributes {gpu.container_module} { gpu.module @kf_kernels {} }")
+            types = [kd.mlir_type(s) for s in arg_specs]
+            with ir.InsertionPoint.at_block_begin(self.module.body):
+                self.kernel = func.FuncOp(f"k_{kind}", ir.FunctionType.get(types, []), visibility="private")
+                block = self.kernel.add_entry_block()
+                with ir.InsertionPoint(block):
+                    outs = body(*block.arguments)
+                    func.ReturnOp(outs)
+                out_types = [o.type for o in outs]
+                self.kernel.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(types, out_types))
+                self.kernel.attributes["kf.kernel"] = ir.StringAttr.get(kind)
+                host = func.FuncOp("host", ir.FunctionType.get(types, out_types))
+                with ir.InsertionPoint(host.add_entry_block()):
+                    call = func.CallOp(out_types, ir.FlatSymbolRefAttr.get(f"k_{kind}"),
+                                       list(host.entry_block.arguments))
+                    func.ReturnOp(list(call.results))
+            self.gpu_module = next(op.operation for op in self.module.body.operations
+                                   if op.operation.name == "gpu.module")
+
+    def emit(self, target: TargetInfo, variant=None):
+        """The strategy's plan and report; the kernel function is left in place.
+        ``variant``: the strategy's VARIANT to plan with (its defaults where None)."""
+        with self.ctx, ir.Location.unknown():
+            strategy = strategy_for(ir.StringAttr(self.kernel.attributes["kf.kernel"]).value)
+            plan = strategy.plan(self.kernel.operation, target, *([variant] if variant is not None else []))
+            emitted = strategy.emit(self.kernel.operation, plan, self.gpu_module, target)
+        return plan, emitted
+
+    def gpu_text(self) -> str:
+        """The module as the back ends take it: container module and gpu.module only."""
+        with self.ctx:
+            return ("module attributes {gpu.container_module} {\n" + str(self.gpu_module) + "\n}\n")
+
+
+def randn(shape, elem, gen):
+    return torch.randn(shape, generator=gen).to(TORCH[elem])
+
+
+def attention(b, h, sq, sk, d, elem, mask_shape=None, dv=None, scale_op="div", mask_elem="f32"):
+    """matmul(q, k^T) -> scale -> masked_fill(cmp(mask, 0, eq), -1e9) -> softmax -> matmul(., v),
+    with the argument order kf-fuse may give (k before q)."""
+    dv = dv or d
+    specs = [TensorSpec((b, h, sk, d), elem), TensorSpec((b, h, sq, d), elem), TensorSpec((b, h, sk, dv), elem)]
+    if mask_shape is not None:
+        specs.append(TensorSpec(tuple(mask_shape), mask_elem))
+
+    def body(k, q, v, *mask):
+        s = kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2]))
+        s = kb.div(s, kb.scalar(d ** 0.5, elem)) if scale_op == "div" else kb.mul(s, kb.scalar(d ** -0.5, elem))
+        if mask:
+            s = kb.masked_fill(s, kb.cmp(mask[0], kb.scalar(0.0, mask_elem), predicate="eq"), value=-1e9)
+        return [kb.matmul(kb.softmax(s, dim=-1), v)]
+
+    return Built("attention", specs, body)
+
+
+def attention_reference(k, q, v, mask, scale_op="div"):
+    d = q.shape[-1]
+    s = q.float() @ k.float().transpose(-1, -2)
+    s = s / d ** 0.5 if scale_op == "div" else s * d ** -0.5
+    if mask is not None:
+        s = s.masked_fill(mask == 0, -1e9)
+    return torch.softmax(s, -1) @ v.float()
+
+
+def attention_fp8(b, h, sq, sk, d, elem="f8E4M3FN", out="bf16", p_scale=256.0):
+    """k8, q8, vt8 ([.., d, sk]), the scores' and the output's dequantization factors."""
+    specs = [TensorSpec((b, h, sk, d), elem), TensorSpec((b, h, sq, d), elem), TensorSpec((b, h, d, sk), elem),
+             TensorSpec((), "f32"), TensorSpec((), "f32")]
+
+    def body(k, q, vt, s_qk, s_v):
+        s = kb.build("matmul", [q, kb.transpose(k, perm=[0, 1, 3, 2])], None,
+                     [TensorSpec((b, h, sq, sk), "f32")]).result
+        s = kb.div(kb.cast(kb.mul(s, s_qk), out), kb.scalar(d ** 0.5, out))
+        p = kb.softmax(s, dim=-1)
+        p8 = kb.cast(kb.mul(kb.cast(p, "f32"), kb.scalar(p_scale, "f32")), elem)
+        o = kb.build("matmul", [p8, kb.transpose(vt, perm=[0, 1, 3, 2])], None,
+                     [TensorSpec((b, h, sq, d), "f32")]).result
+        return [kb.cast(kb.mul(o, kb.div(s_v, kb.scalar(p_scale, "f32"))), out)]
+
+    return Built("attention", specs, body)
+
+
+def matmul_bias_gelu(m, k, n, elem):
+    return Built("matmul", [TensorSpec((m, k), elem), TensorSpec((k, n), elem), TensorSpec((n,), elem)],
+                 lambda a, b, bias: [kb.gelu(kb.add(kb.matmul(a, b), bias))])
+
+
+def matmul_batched(elem, transpose_b=False, mkn=(100, 70, 50)):
+    """[2,1,M,K] @ [3,K,N] (or [3,N,K]^T) broadcast to [2,3,M,N], scaled by a rank-0
+    argument and cast to f32."""
+    m, k, n = mkn
+    bshape = (3, n, k) if transpose_b else (3, k, n)
+
+    def body(a, b, s):
+        rhs = kb.transpose(b, perm=[0, 2, 1]) if transpose_b else b
+        return [kb.cast(kb.mul(kb.matmul(a, rhs), s), "f32")]
+
+    return Built("matmul", [TensorSpec((2, 1, m, k), elem), TensorSpec(bshape, elem), TensorSpec((), elem)], body), \
+        (m, k, n, bshape)
+
+
+def matmul_nt(m, k, n, elem):
+    """a @ b.T with b stored [n, k] (nn.Linear's weight): both operands K-major."""
+    return Built("matmul", [TensorSpec((m, k), elem), TensorSpec((n, k), elem)],
+                 lambda a, b: [kb.matmul(a, kb.transpose(b, perm=[1, 0]))])
+
+
+def emit_with(built: Built, target: TargetInfo, **changes):
+    """Emit with plan entries changed (what a tuning pass may do to a recorded plan)."""
+    with built.ctx, ir.Location.unknown():
+        strategy = strategy_for(ir.StringAttr(built.kernel.attributes["kf.kernel"]).value)
+        plan = {**strategy.plan(built.kernel.operation, target), **changes}
+        return plan, strategy.emit(built.kernel.operation, plan, built.gpu_module, target)
+
+
+def spirv_run(built: Built, emitted, args, out_shape, out_elem):
+    from kf.passes.to_spirv import compile_spirv
+    from kf.runtime.abi import KernelABI
+
+    vulkan = vulkan_runtime()
+    [binary] = compile_spirv(built.gpu_text())
+    [k] = binary.kernels.values()
+    out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem])
+    abi = KernelABI(k.entry, tuple(range(len(k.bindings))), grid=emitted.grid, block=k.workgroup_size,
+                    extra=k.abi_extra())
+    vulkan.launch(binary.binary, abi, list(args) + [out], written=[len(args)])
+    return out, k
+
+
+def cuda_report(built: Built, chip: str = "sm_90", log: bool = False):
+    from kf.passes import to_cuda
+
+    ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
+    assembled = to_cuda.assemble(ptx, chip)
+    # the kernel itself, not a prelude it launches first (the attention block table)
+    [report] = [r for name, r in assembled.kernels.items() if not name.endswith("_blocks")]
+    return (ptx, report, assembled.log) if log else (ptx, report)
+
+
+def ptx_entries(ptx: str) -> dict[str, str]:
+    """The PTX text of each .entry (a kernel), by name."""
+    out, name = {}, None
+    for line in ptx.splitlines():
+        if ".entry" in line:
+            name = line.split(".entry")[1].split("(")[0].strip()
+            out[name] = ""
+        if name is not None:
+            out[name] += line + "\n"
+    return out
+
+
+def cuda_compile(built: Built, emitted):
+    """Compile the strategy's kernel (and its prelude) for the device's chip; returns
+    ``run(args, out_shape, out_elem) -> (out, table or None)``, which launches them on
+    torch tensors, and the PTX."""
+    from kf.passes import to_cuda
+    from kf.runtime import cuda as kcuda
+
+    cap = torch.cuda.get_device_capability()
+    chip = "sm_90a" if cap == (9, 0) else "sm_{}{}".format(*cap)  # as kf's driver picks it
+    ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
+    module = kcuda.CudaModule(ptx)
+
+    def run(args, out_shape, out_elem):
+        out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem], device="cuda")
+        ins = [a.cuda() for a in args]
+        table = None
+        if emitted.prelude is not None:  # the block table, written first as kf's schedule does
+            p = emitted.prelude
+            table = torch.full(ir.RankedTensorType(emitted.prelude_output).shape, -1, dtype=torch.int32,
+                               device="cuda")
+            kcuda.CudaKernel(module, p.name, p.grid, p.block, p.shared_bytes, len(ins) + 1)(*ins, table)
+            ins.append(table)
+        k = kcuda.CudaKernel(module, emitted.name, emitted.grid, emitted.block, emitted.shared_bytes, len(ins) + 1)
+        k(*ins, out)
+        torch.cuda.synchronize()
+        return out.cpu(), None if table is None else table.cpu()
+
+    return run, ptx
+
+
+def cuda_run(built: Built, plan, emitted, args, out_shape, out_elem):
+    """Compile the strategy's kernel for the device's chip and launch it on torch tensors."""
+    run, ptx = cuda_compile(built, emitted)
+    return run(args, out_shape, out_elem)[0], ptx
+
+
+def hopper_only():
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 device")
+    return HOPPER
+
+
+def caller_inputs(b, h, s, d, device="cpu"):
+    """q8, k8, v8 (E4M3FN, per-tensor scaled to 448) and their dequantization factors,
+    and the float64 attention of the values they hold."""
+    out, deq = [], []
+    for _ in range(3):
+        x = torch.randn(b, h, s, d, device=device)
+        scale = 448 / x.abs().max()
+        x8 = (x * scale).to(torch.float8_e4m3fn)
+        out.append(x8)
+        deq.append((1 / scale).reshape(()).float())
+    qd, kd, vd = (x8.double() * f.double() for x8, f in zip(out, deq))
+    ref = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(d), -1) @ vd
+    return (*out, *deq), ref
+
+
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                  reason="fp8 wgmma needs an sm_90 device")

@@ -1,0 +1,59 @@
+"""The matmul strategy's wgmma GEMM (passes/strategies/matmul/wgmma.py): where it
+applies, and its PTX."""
+
+from __future__ import annotations
+
+import pytest
+from kf.dialects import builders as kb
+from kf.dialects.types import TensorSpec
+from kf.passes.strategies.base import strategy_for
+from mlir import ir
+from kernels import CUDA, HOPPER, Built, cuda_report, matmul_bias_gelu, matmul_nt, needs_ptxas
+
+
+@needs_ptxas
+@pytest.mark.parametrize("layout,elem", [("nn", "bf16"), ("nt", "bf16"), ("nn", "f16"), ("nt", "f8E4M3FN"),
+                                         ("nt", "f8E5M2")])
+def test_matmul_wgmma_ptxas(layout, elem):
+    """On sm_90a the GEMM is wgmma: m64n256 (k16, k32 for fp8) from 128-byte swizzled
+    tiles, B transposed by the instruction when it lies k-by-n, a cp.async pipeline whose
+    copies are fenced for the async proxy; ptxas neither spills nor serializes the wgmmas."""
+    built = matmul_bias_gelu(8192, 4096, 8192, elem) if layout == "nn" else matmul_nt(8192, 4096, 8192, elem)
+    plan, emitted = built.emit(HOPPER)
+    assert plan["wgmma"] and (plan["block_m"], plan["block_n"], plan["threads"]) == (128, 256, 256)
+    assert plan["block_k"] * (1 if elem.startswith("f8") else 2) == 128 and plan["b_k_major"] == (layout == "nt")
+    ptx, r, log = cuda_report(built, "sm_90a", log=True)
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+    ptx_t = {"f8E4M3FN": "e4m3", "f8E5M2": "e5m2"}.get(elem, elem)
+    k = 32 if elem.startswith("f8") else 16
+    inst = [ln.split()[0] for ln in ptx.splitlines() if ln.startswith("wgmma.mma_async")]
+    assert inst and set(inst) == {f"wgmma.mma_async.sync.aligned.m64n256k{k}.f32.{ptx_t}.{ptx_t}"}
+    # the immediates after the descriptors: scale-d predicate, scale-a, scale-b, trans-a, trans-b
+    mma = next(ln for ln in ptx.splitlines() if ln.startswith("wgmma.mma_async"))
+    tail = "p,1,1;" if elem.startswith("f8") else f"p,1,1,0,{int(layout == 'nn')};"  # fp8: no transposes
+    assert mma.replace(" ", "").endswith(tail)
+    assert "fence.proxy.async.shared::cta" in ptx and "wgmma.wait_group.sync.aligned \t1" in ptx
+    assert "cp.async.cg.shared.global" in ptx and "serialized" not in log
+    assert emitted.shared_bytes == plan["shared_bytes"] == plan["stages"] * (128 + 256) * 128 + 1024
+
+
+def test_matmul_wgmma_only_where_it_applies():
+    """mma.sync stays for sm_90 (not sm_90a), rows that are not 16-byte pieces (cp.async),
+    a transposed A, fp8 with a k-by-n B (wgmma transposes 16-bit types only), and f32."""
+    def plan(built, target=HOPPER):
+        with built.ctx, ir.Location.unknown():
+            return strategy_for("matmul").plan(built.kernel.operation, target)
+
+    assert plan(matmul_bias_gelu(512, 512, 512, "bf16"))["wgmma"]
+    assert "wgmma" not in plan(matmul_bias_gelu(512, 512, 512, "bf16"), CUDA)
+    assert "wgmma" not in plan(matmul_bias_gelu(512, 65, 512, "bf16"))
+    assert "wgmma" not in plan(matmul_bias_gelu(512, 512, 500, "bf16"))  # B's rows: 1000 bytes
+    assert plan(matmul_bias_gelu(512, 512, 504, "bf16"))["wgmma"]
+    assert "wgmma" not in plan(matmul_bias_gelu(512, 512, 516, "f8E4M3FN"))
+    assert plan(matmul_nt(512, 512, 512, "f8E4M3FN"))["wgmma"]
+    assert not plan(matmul_bias_gelu(512, 512, 512, "f32"))["mma"]
+    ta = Built("matmul", [TensorSpec((64, 512), "bf16"), TensorSpec((64, 512), "bf16")],
+               lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), b)])
+    assert "wgmma" not in plan(ta)
+    # small outputs narrow the tile until the grid is about a wave
+    assert plan(matmul_bias_gelu(512, 512, 512, "bf16"))["block_n"] == 64
