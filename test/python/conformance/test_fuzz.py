@@ -113,19 +113,11 @@ SEEDS = st.integers(0, 2**31 - 1)
 # ----------------------------------------------------------------------------- checks
 
 
-def _single_element_strided(target: str, args: tuple) -> bool:
-    return target == "vulkan" and any(a.numel() == 1 and a.dim() and a.stride(-1) != 1 for a in args)
-
-
 #: Inputs kf gets wrong today, each pending its own fix: kept out of the fuzzed space so
 #: that the tests guard everything else. Each has a strict expected failure below
 #: (test_pending_*), which starts to pass, and so fails, when the fix lands: then the
 #: entry goes.
-PENDING = [
-    (_single_element_strided,
-     "Vulkan: a one-element input whose stride is not 1 (x[::2] of length 2) fails to upload "
-     "(runtime/vulkan.py: view as bytes of a reshape that keeps the stride)"),
-]
+PENDING: list = []
 
 
 def check(target: str, fn, args: tuple, consts: tuple = (), *, scaled: bool = False, ulps: float = ULPS,
@@ -505,9 +497,9 @@ def test_embedding(target, rows, width, n, batch, dtype, layout, seed):
 # ----------------------------------------------------------------------------- pending
 
 
-@pytest.mark.parametrize("target", TARGETS[1:])
-@pytest.mark.xfail(strict=True, reason=PENDING[0][1], raises=RuntimeError)
-def test_pending_single_element_strided(target):
+@pytest.mark.parametrize("target", TARGETS)
+def test_single_element_strided(target):
+    # a one-element view whose stride is not 1 (x[::2] of length 2) uploads as its one element
     x = torch.rand(2, generator=generator(0))[::2]
     torch.testing.assert_close(compiled(unary_chain, target)(x), unary_chain(x))
 

@@ -47,7 +47,6 @@ COMPLEX = ("complex dtypes are internal errors (KfTypeError/TypeError from kf's 
            "'internal compiler error'), not a clear refusal")
 SCALAR_RESULT = "a function returning a Python number (Tensor.item) is an internal error, not a clear refusal"
 SPARSE = "sparse tensor arguments escape as a raw RuntimeError from is_contiguous in kf's dispatch key"
-DROPOUT = "dropout in training mode is the identity (multi_head_attention_forward with dropout_p > 0)"
 BF16_CPU_SYMBOLS = "CPU bf16 programs of torch-mlir-lowered ops abort: 'Failed to materialize symbols'"
 VAR_CORRECTION = "var/std over an empty dimension is not NaN as in eager (var/std correction fix pending)"
 
@@ -58,8 +57,6 @@ EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
         ("sparse.sampled_addmm", SPARSE), ("stft", COMPLEX), ("view_as_complex", COMPLEX)]},
     ("cpu", "bfloat16", "cdouble"): COMPLEX,
     ("cpu", "bfloat16", "char"): NARROW_INTS,
-    ("cpu", "bfloat16", "nn.functional.multi_head_attention_forward"): DROPOUT,
-    ("cpu", "bfloat16", "randn_like"): BF16_CPU_SYMBOLS,
     ("cpu", "bfloat16", "var_mean"): BF16_CPU_SYMBOLS,
     ("cpu", "bfloat16", "var_mean.unbiased"): VAR_CORRECTION,
 }
