@@ -19,7 +19,6 @@ from mlir.dialects import func
 from .aten_to_kf import Unsupported
 
 
-
 def _with_location(text: str, loc: ir.Location) -> str:
     """torch-mlir's text with every op located at the user's line that called the op."""
     parsed = ir.Module.parse(text)
@@ -56,8 +55,36 @@ def _example(val) -> torch.Tensor:
     return torch.zeros(tuple(val.shape), dtype=val.dtype)
 
 
+#: Names of ATen arguments that hold indices into another tensor.
+_INDEX_ARGS = ("index", "indices", "target", "offsets", "idx")
+
+
+def _refuse_unsafe(node: torch.fx.Node, name: str) -> None:
+    """Unsupported for what kf must not hand to torch-mlir: an op that indexes through a
+    tensor of indices (its lowering reads where the index points, unchecked, or aborts
+    the process in an assertion), and an op on a tensor with no elements (its shape
+    arithmetic divides by zero and kills the process)."""
+    schema = getattr(node.target, "_schema", None)
+    for i, arg in enumerate(schema.arguments if schema is not None else ()):
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            val = v.meta.get("val") if isinstance(v, torch.fx.Node) else None
+            if not isinstance(val, torch.Tensor):
+                continue
+            if arg.name in _INDEX_ARGS and not val.dtype.is_floating_point and val.dtype != torch.bool:
+                raise Unsupported(f"{name} has no kf op, and its indices ('{arg.name}') cannot be checked on "
+                                  f"torch-mlir's path", cause="kf runs an op that indexes only where every index "
+                                                              "is bounds-checked; rewrite it with gather, "
+                                                              "index_select, index_add or scatter_add")
+            if val.numel() == 0:
+                raise Unsupported(f"{name} has no kf op, and torch-mlir cannot lower it on a tensor with no "
+                                  f"elements ('{arg.name}' has shape {list(val.shape)})")
+
+
 def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     """Lower one ATen node through torch-mlir; returns the kf-side value(s)."""
+    _refuse_unsafe(node, name)
     try:
         from torch_mlir import fx as tm_fx
     except ImportError:
@@ -112,4 +139,6 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     ftype = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value)
     call = func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(fname), values)
     results = list(call.results)
+    if isinstance(node.meta.get("val"), (list, tuple)):  # a list of one tensor stays a list
+        return tuple(results)
     return results[0] if len(results) == 1 else tuple(results)

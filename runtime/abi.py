@@ -133,8 +133,8 @@ class ProgramABI:
             raise IndexOutOfRange(f"kf: a kernel used an index {value} that is out of range")
         s = self.index_sites[site]
         where = f" at {s.where}" if s.where else ""
-        raise IndexOutOfRange(f"index {value} is out of range for dimension {s.dim} with size {s.bound} "
-                              f"({s.op}{where})")
+        # (the dimension's number is kf's: advanced indexing moves dims, so it is not said)
+        raise IndexOutOfRange(f"index {value} is out of range for a dimension of size {s.bound} ({s.op}{where})")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
