@@ -531,6 +531,18 @@ def _std(c, node, args, kwargs):
     return kb.sqrt(_var(c, node, args, kwargs))
 
 
+@handles("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default", "aten.std_mean.correction",
+         "aten.std_mean.dim", "aten.std_mean.default")
+def _var_mean(c, node, args, kwargs):
+    elem = kf_elem(_val(node)[0].dtype)
+    x = c.tensor(args[0], elem)
+    dims, corr, keep = _var_args(args, kwargs, _rank(x))
+    spread = kb.var(x, dims=dims, correction=corr, keepdim=keep)
+    if node.target._opname == "std_mean":
+        spread = kb.sqrt(spread)
+    return (spread, kb.mean(x, dims=dims, keepdim=keep))
+
+
 @handles("aten.softmax.int", "aten._softmax.default")
 def _softmax(c, node, args, kwargs):
     return kb.softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])
