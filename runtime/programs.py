@@ -302,9 +302,9 @@ class CudaProgram(_Program):
         unified addressing), so neither a memset launch nor a copy back is needed.
         Under a CUDA graph capture it is the program's own, kept for the graph's
         replays (a call's own flag would be freed before they run)."""
+        if self._replay_flag is None:  # made outside a capture, where the first call runs
+            self._replay_flag = torch.zeros(self.abi.flag_arg.shape, dtype=torch.int32, pin_memory=True)
         if capturing:
-            if self._replay_flag is None:
-                self._replay_flag = torch.zeros(self.abi.flag_arg.shape, dtype=torch.int32, pin_memory=True)
             return self._replay_flag
         return torch.zeros(self.abi.flag_arg.shape, dtype=torch.int32, pin_memory=True)
 
@@ -317,7 +317,7 @@ class CudaProgram(_Program):
         torch.cuda.current_stream(dev).synchronize()
         self.abi.raise_index_error(flag.tolist())
         replay = self._replay_flag
-        if replay is not None and replay[0].item():
+        if replay[0].item():
             words = replay.tolist()
             replay.zero_()
             try:

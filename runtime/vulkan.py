@@ -932,7 +932,8 @@ def launch(spirv: bytes, kernel: KernelABI, args: Sequence, *, written: Sequence
     for i, t in enumerate(args):
         if layout is not None:
             _check_tensor(t, layout[i]["elem"], f"argument {i} of {kernel.entry}")
-            if t.numel() != _prod(layout[i]["shape"]):
+            # (an empty tensor is declared with its zero dims as 1: SPIR-V has no empty arrays)
+            if t.numel() != _prod(layout[i]["shape"]) and t.numel() > 0:
                 raise VulkanError(f"argument {i} of {kernel.entry} has {t.numel()} elements; the kernel was "
                                   f"compiled for shape {tuple(layout[i]['shape'])}")
     written = set(range(len(args)) if written is None else written)

@@ -559,11 +559,14 @@ class IndexChecks:
     compared before any narrowing to ``index``, which is 32-bit on SPIR-V) with the
     bound of the dimension it indexes, in one unsigned comparison (a negative index is
     a huge unsigned one), and gives back an index that is always inside the dimension:
-    the index itself, or 0 when it is out of range. An out-of-range index also sets the
-    program's error flag (``flag``, the kernel's last argument; layout in
-    runtime/abi.py): ``atomic or`` of 1 into word 0, and, by the one thread that found
-    it 0, the site and the value into words 1..3. The branch is not taken on good
-    input, so the cost is the compare and a select per index.
+    the index itself, or 0 when it is out of range. The thread keeps the first bad
+    index it meets (site and value) in two private words, without branching: checks sit
+    inside loops (a reduction over a gathered row, index_add's walk of the index), and
+    a branch there made lavapipe compute garbage. ``finish``, at the end of the kernel,
+    reports it into the program's error flag (``flag``, the kernel's last argument;
+    layout in runtime/abi.py): ``atomic or`` of 1 into word 0, and, by the one thread
+    that found it 0, the site and the value into words 1..3. On good input the cost is
+    a compare and three selects per index, in registers, and one branch per thread.
 
     Sites are numbered across the gpu.module (``base``: the sites of the kernels
     written before this one), and recorded on the gpu.func as ``kf.index_sites``
@@ -574,6 +577,14 @@ class IndexChecks:
         self.kb, self.flag, self.base = kb, flag, base
         self.sites: list[dict] = []
         self._ids: dict = {}
+        i64 = ir.IntegerType.get_signless(64)
+        private = ir.Attribute.parse("#gpu.address_space<private>")
+        with ir.InsertionPoint.at_block_begin(kb.entry):
+            # [site + 1 of the first bad index (0: none yet), its value]
+            self.first = memref.alloca(ir.MemRefType.get([2], i64, memory_space=private), [], [])
+            zero = arith.constant(i64, 0)
+            for k in range(2):
+                memref.store(zero, self.first, [arith.constant(ir.IndexType.get(), k)])
 
     @staticmethod
     def first_site(gmod: ir.Operation) -> int:
@@ -594,41 +605,53 @@ class IndexChecks:
 
     def check(self, op: ir.Operation, value: ir.Value, bound: int, dim: int) -> ir.Value | None:
         """``value`` as an index into a dimension of ``bound`` elements, clamped; None
-        when the dimension is empty (no index is valid: the flag is set, and the caller
-        must not access the tensor)."""
+        when the dimension is empty (no index is valid: the error is noted, and the
+        caller must not access the tensor)."""
         site = self.site(op, bound, dim)
         t = value.type
         if bound == 0:
-            self._report(site, value)
+            self._note(site, value, None)
             return None
         bad = arith.cmpi(arith.CmpIPredicate.uge, value, self.kb.const(t, bound))
-        guard = scf.IfOp(bad)
-        with ir.InsertionPoint(guard.then_block):
-            self._report(site, value)
-            scf.YieldOp([])
+        self._note(site, value, bad)
         return self.kb.from_int(arith.select(bad, self.kb.const(t, 0), value))
 
     def verify(self, op: ir.Operation, value: ir.Value, bound: int, dim: int) -> None:
         """Check an index that is only compared, never used as an address (index_add
-        and scatter_add match their targets against it): out of range it sets the flag."""
+        and scatter_add match their targets against it)."""
         site = self.site(op, bound, dim)
-        bad = arith.cmpi(arith.CmpIPredicate.uge, value, self.kb.const(value.type, bound))
-        guard = scf.IfOp(bad)
-        with ir.InsertionPoint(guard.then_block):
-            self._report(site, value)
-            scf.YieldOp([])
+        self._note(site, value, arith.cmpi(arith.CmpIPredicate.uge, value, self.kb.const(value.type, bound)))
 
-    def _report(self, site: int, value: ir.Value) -> None:
+    def _note(self, site: int, value: ir.Value, bad: ir.Value | None) -> None:
+        """Keep (site, value) as the thread's first bad index when ``bad`` (always when
+        None) and none was kept before."""
+        i64 = ir.IntegerType.get_signless(64)
+        kb = self.kb
+        c = lambda v: kb.const(ir.IndexType.get(), v)  # noqa: E731
+        kept = memref.load(self.first, [c(0)])
+        none_yet = arith.cmpi(arith.CmpIPredicate.eq, kept, kb.const(i64, 0))
+        take = none_yet if bad is None else arith.andi(bad, none_yet)
+        wide = value if ir.IntegerType(value.type).width == 64 else arith.extsi(i64, value)
+        memref.store(arith.select(take, kb.const(i64, site + 1), kept), self.first, [c(0)])
+        memref.store(arith.select(take, wide, memref.load(self.first, [c(1)])), self.first, [c(1)])
+
+    def finish(self) -> None:
+        """Report the thread's first bad index, if any, into the error flag (at the end
+        of the kernel, outside every loop)."""
         i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
         kb = self.kb
         c = lambda v: kb.const(ir.IndexType.get(), v)  # noqa: E731
-        before = memref.atomic_rmw(arith.AtomicRMWKind.ori, kb.const(i32, 1), self.flag, [c(0)])
-        first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, before, kb.const(i32, 0)))
-        with ir.InsertionPoint(first.then_block):
-            wide = value if ir.IntegerType(value.type).width == 64 else arith.extsi(i64, value)
-            memref.store(kb.const(i32, site), self.flag, [c(1)])
-            memref.store(arith.trunci(i32, wide), self.flag, [c(2)])
-            memref.store(arith.trunci(i32, arith.shrsi(wide, kb.const(i64, 32))), self.flag, [c(3)])
+        kept = memref.load(self.first, [c(0)])
+        found = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ne, kept, kb.const(i64, 0)))
+        with ir.InsertionPoint(found.then_block):
+            before = memref.atomic_rmw(arith.AtomicRMWKind.ori, kb.const(i32, 1), self.flag, [c(0)])
+            first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, before, kb.const(i32, 0)))
+            with ir.InsertionPoint(first.then_block):
+                value = memref.load(self.first, [c(1)])
+                memref.store(arith.trunci(i32, arith.subi(kept, kb.const(i64, 1))), self.flag, [c(1)])
+                memref.store(arith.trunci(i32, value), self.flag, [c(2)])
+                memref.store(arith.trunci(i32, arith.shrsi(value, kb.const(i64, 32))), self.flag, [c(3)])
+                scf.YieldOp([])
             scf.YieldOp([])
 
     def record(self, gfunc: ir.Operation) -> None:

@@ -559,9 +559,10 @@ class GenericStrategy(Strategy):
                     emit_outputs(ev, kernel, args[len(ins):len(ins) + len(outs)], lin, total)
 
             E.for_each_thread_item(kb, total, block, grid, bool(plan["grid_stride"]), body)
-            E.finish(entry)
             if checks is not None:
+                checks.finish()
                 checks.record(gfunc)
+            E.finish(entry)
         return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"})
 
 
