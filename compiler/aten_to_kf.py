@@ -206,12 +206,12 @@ def _refuse_dtypes(node: torch.fx.Node, name: str, args: list) -> None:
                 yield from walk(y)
 
     for dtype in walk(args):
-        raise Unsupported(f"{name} takes a {str(dtype).removeprefix('torch.')} tensor, which kf does not support",
+        raise Unsupported(f"{name} takes a tensor of {str(dtype).removeprefix('torch.')}, which kf does not support",
                           cause=_DTYPE_ADVICE)
     for t in _tensors(_val(node)):
         if t.dtype not in TORCH_TO_KF:
-            raise Unsupported(f"{name} makes a {str(t.dtype).removeprefix('torch.')} tensor, which kf does not "
-                              f"support", cause=_DTYPE_ADVICE)
+            raise Unsupported(f"{name} makes a tensor of {str(t.dtype).removeprefix('torch.')}, which kf does "
+                              f"not support", cause=_DTYPE_ADVICE)
 
 
 def _tensors(val) -> list[torch.Tensor]:

@@ -483,12 +483,12 @@ def broadcast_index(idx: Sequence[Ix], in_shape: Sequence[int], out_shape: Seque
 
 
 def memref_type(spec: TensorSpec, target: str) -> ir.MemRefType:
-    """The kernel argument type of a tensor. On SPIR-V a tensor with no elements is
-    declared with its zero dims as 1: SPIR-V has no arrays of length 0, and a kernel
-    never touches an element of an empty tensor (the launcher's buffer is never empty
-    either: Vulkan buffers are at least 256 bytes)."""
+    """The kernel argument type of a tensor. A tensor with no elements is declared
+    with its zero dims as 1: neither SPIR-V (no arrays of length 0) nor the GPU
+    lowerings' function signatures take an empty memref, and a kernel never touches an
+    element of an empty tensor (its loops over it run zero times)."""
     shape = list(spec.shape)
-    if target != "cuda" and 0 in shape:
+    if 0 in shape:
         shape = [max(d, 1) for d in shape]
     return ir.MemRefType.get(shape, storage_type(spec.elem, target))
 
