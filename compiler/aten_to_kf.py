@@ -84,6 +84,7 @@ class Converter:
         kwargs = {k: _lookup(v, env) for k, v in node.kwargs.items()}
         _refuse_data_dependent(node, name)
         _refuse_dtypes(node, name, [*args, *kwargs.values()])
+        _refuse_indexing_nothing(node, name)
         empty = _empty_results(_val(node))
         if empty is not None:
             # Nothing to compute: any op whose results have no elements is those empty
@@ -243,6 +244,23 @@ def _refuse_data_dependent(node: torch.fx.Node, name: str) -> None:
                           f"their shapes", cause="kf compiles a function for its arguments' shapes; keep "
                           "data-dependent shapes (nonzero, masked_select, x[mask], unique, .item()) outside the "
                           "kf function, or use torch.where / masked_fill with a fixed shape")
+
+
+#: ATen ops that add into ``self`` along ``dim`` at the positions of ``index``.
+_ADD_AT_INDEX = ("aten.index_add.default", "aten.scatter_add.default")
+
+
+def _refuse_indexing_nothing(node: torch.fx.Node, name: str) -> None:
+    """An error for index_add / scatter_add into a dimension of size 0 with indices: every
+    index is out of range whatever its value (torch raises), and the result, having no
+    elements, would otherwise need no kernel to check them."""
+    if name not in _ADD_AT_INDEX:
+        return
+    x, dim, index = (_val(a) if isinstance(a, torch.fx.Node) else a for a in node.args[:3])
+    size = x.shape[dim % max(x.dim(), 1)] if x.dim() else 1
+    if size == 0 and index.numel():
+        raise Unsupported(f"{name}: index out of range: it adds at {index.numel()} indices into a dimension of size 0",
+                          cause="no index is valid in an empty dimension")
 
 
 def _empty_results(val):

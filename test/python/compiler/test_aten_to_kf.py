@@ -29,7 +29,8 @@ def _vulkan() -> bool:
     return vulkan.is_available()
 
 
-TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not _vulkan(), reason="no Vulkan device"))]
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not _vulkan(), reason="no Vulkan device")),
+           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
 
 
 def _i(*shape, high, low=0):
@@ -172,6 +173,11 @@ REFUSED = {
     "masked_select": (lambda x: torch.masked_select(x, x > 0), lambda: (torch.randn(5),), "depends on the values"),
     "bool_mask": (lambda x: x[x > 0], lambda: (torch.randn(5),), "depends on the values"),
     "item": (lambda x: x * x.sum().item(), lambda: (torch.randn(5),), "depends on the values"),
+    "index_add_into_nothing": (lambda x, i, s: x.index_add(0, i, s),
+                               lambda: (torch.zeros(0, 3), torch.tensor([0]), torch.ones(1, 3)), "dimension of size 0"),
+    "scatter_add_into_nothing": (lambda x, i, s: x.scatter_add(0, i, s),
+                                 lambda: (torch.zeros(0, 3), torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3)),
+                                 "dimension of size 0"),
     "int8_cast": (lambda x: x.to(torch.int8).float(), lambda: (torch.randn(5) * 9,), "tensor of int8"),
     "uint8_cast": (lambda x: x.to(torch.uint8), lambda: (torch.rand(5) * 9,), "tensor of uint8"),
     "int16_cast": (lambda x: x.to(torch.int16) * 2, lambda: (torch.randn(5) * 9,), "tensor of int16"),
@@ -191,6 +197,7 @@ def _same(got, want) -> str:
     if len(gots) != len(wants):
         return f"{len(gots)} results, torch gives {len(wants)}"
     for g, w in zip(gots, wants):
+        g, w = g.cpu(), w.cpu()
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"{g.dtype}{list(g.shape)}, torch gives {w.dtype}{list(w.shape)}"
         tol = 1e-2 if w.dtype == torch.bfloat16 else 1e-5
@@ -206,7 +213,9 @@ def _child(group: str, target: str) -> None:
     import kf
 
     torch.manual_seed(0)
+    device = "cuda" if target == "cuda" else "cpu"
     for name, (fn, make, extra) in GROUPS[group].items():
+        make = (lambda make=make: tuple(a.to(device) for a in make()))  # noqa: E731
         n = max(k for _, _, k in fn.__code__.co_lines() if k)  # the op's line
         line = f"{__file__}:{n}"
         f = kf.jit(fn, target=target)
@@ -230,7 +239,7 @@ def _child(group: str, target: str) -> None:
             if not problem and extra is not None:
                 position, bad = extra
                 args = list(make())
-                args[position] = bad()
+                args[position] = bad().to(device)
                 try:
                     f(*args)
                     problem = "no IndexOutOfRange for a bad index"
