@@ -8,6 +8,7 @@ artifacts alone.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Sequence
 
 import torch
@@ -129,6 +130,7 @@ class CudaProgram(_Program):
             self.kernels.append((cuda.CudaKernel.from_abi(k, buffers, modules[k.artifact], validate=False), k.args))
         self._alloc = None  # (shape, dtype) of outputs and temporaries, made on first use
         self._replay_flag = None  # the index error flag that captured CUDA graphs write
+        self._flags = threading.local()  # each thread's index error flag (.word)
 
     def __call__(self, *inputs: torch.Tensor, events: list | None = None) -> tuple:
         """Launch the kernels; with ``events`` (the profiler's hook), each kernel is
@@ -297,16 +299,20 @@ class CudaProgram(_Program):
         return self._finish(outs)
 
     def _flag(self, capturing: bool) -> torch.Tensor:
-        """The index error flag for one call: zeroed pinned host memory, which kernels
-        write directly (a pinned allocation's address is valid on the device under
-        unified addressing), so neither a memset launch nor a copy back is needed.
-        Under a CUDA graph capture it is the program's own, kept for the graph's
-        replays (a call's own flag would be freed before they run)."""
+        """The index error flag for one call: pinned host memory, which kernels write
+        directly (a pinned allocation's address is valid on the device under unified
+        addressing), so neither a memset launch nor a copy back is needed. Each thread
+        has its own, made once: kernels only set it, and the call that reads it set
+        clears it. Under a CUDA graph capture it is the program's own, kept for the
+        graph's replays."""
         if self._replay_flag is None:  # made outside a capture, where the first call runs
             self._replay_flag = torch.zeros(self.abi.flag_arg.shape, dtype=torch.int32, pin_memory=True)
         if capturing:
             return self._replay_flag
-        return torch.zeros(self.abi.flag_arg.shape, dtype=torch.int32, pin_memory=True)
+        flag = getattr(self._flags, "word", None)
+        if flag is None:
+            flag = self._flags.word = torch.zeros(self.abi.flag_arg.shape, dtype=torch.int32, pin_memory=True)
+        return flag
 
     def _check_flag(self, flag: torch.Tensor, dev) -> None:
         """Wait for the call's kernels and raise IndexOutOfRange when one saw a bad
@@ -315,7 +321,10 @@ class CudaProgram(_Program):
         which kills the CUDA context). A replay of a captured graph cannot wait: its
         flag is read here, at the program's next call outside a capture."""
         torch.cuda.current_stream(dev).synchronize()
-        self.abi.raise_index_error(flag.tolist())
+        if flag[0].item():
+            words = flag.tolist()
+            flag.zero_()
+            self.abi.raise_index_error(words)
         replay = self._replay_flag
         if replay[0].item():
             words = replay.tolist()
