@@ -181,7 +181,7 @@ REFUSED = {
     "int8_cast": (lambda x: x.to(torch.int8).float(), lambda: (torch.randn(5) * 9,), "tensor of int8"),
     "uint8_cast": (lambda x: x.to(torch.uint8), lambda: (torch.rand(5) * 9,), "tensor of uint8"),
     "int16_cast": (lambda x: x.to(torch.int16) * 2, lambda: (torch.randn(5) * 9,), "tensor of int16"),
-    "int8_constant": (lambda x: x + torch.tensor([1, 2, 3], dtype=torch.int8), lambda: (torch.randn(3),),
+    "int8_constant": (lambda x: x + torch.tensor([1, 2, 3], dtype=torch.int8, device=x.device), lambda: (torch.randn(3),),
                       "tensor of int8"),
     "int8_argument": (lambda x: x + 1, lambda: (torch.ones(3, dtype=torch.int8),), "torch.int8 is not supported"),
     "uint8_argument": (lambda x: x * 2, lambda: (torch.ones(3, dtype=torch.uint8),), "torch.uint8 is not supported"),
