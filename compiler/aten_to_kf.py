@@ -657,7 +657,7 @@ def _linear(c, node, args, kwargs):
     return out
 
 
-@handles("aten.addmm.default")
+@handles("aten.addmm.default", "aten.baddbmm.default")
 def _addmm(c, node, args, kwargs):
     bias, a, b = args[:3]
     elem = c.out_elem(node)
