@@ -934,7 +934,8 @@ def _take_along_dim(c, node, args, kwargs):
     d = _dim(dim, x)
     x, index = _vector(x), _vector(index)
     # torch broadcasts the two in every dim but dim
-    shape = list(_broadcast([_shape(x)[:d] + (1,) + _shape(x)[d + 1:], _shape(index)[:d] + (1,) + _shape(index)[d + 1:]]))
+    outside = [_shape(t)[:d] + (1,) + _shape(t)[d + 1:] for t in (x, index)]
+    shape = list(_broadcast(outside))
     xb, ib = list(shape), list(shape)
     xb[d], ib[d] = _shape(x)[d], _shape(index)[d]
     x = kb.broadcast_to(x, xb) if list(_shape(x)) != xb else x

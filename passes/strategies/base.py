@@ -8,7 +8,10 @@ A strategy turns one kernel function into one ``gpu.func ... kernel`` inside the
 ``gpu.module @kf_kernels`` of the module: its arguments are statically shaped, dense
 row-major memrefs, the kernel's inputs then its outputs, in the kernel function's
 order. It writes every element of every output (no zero-initialized outputs are
-assumed) and handles any size, whatever its tile sizes (tails are guarded).
+assumed) and handles any size, whatever its tile sizes (tails are guarded). A kernel
+that loads or stores through a tensor of indices checks each index where it uses it
+(``emit.IndexChecks``): its gpu.func takes the program's index error flag as one more
+argument, last, and lists the ops it checks as ``kf.index_sites``.
 """
 
 from __future__ import annotations
