@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     filename = "<stdin>" if args.input == "-" else args.input
     try:
         if args.input == "-":
-            data = sys.stdin.buffer.read()
+            # bytes where stdin has them (a replaced sys.stdin may be text already)
+            stdin = getattr(sys.stdin, "buffer", None)
+            data = stdin.read() if stdin is not None else sys.stdin.read().encode()
         else:
             with open(args.input, "rb") as f:
                 data = f.read()
