@@ -12,7 +12,6 @@ runtime alone, so a later process with the same key never imports MLIR.
 from __future__ import annotations
 
 import json
-import re
 import os
 import tempfile
 from pathlib import Path
@@ -464,8 +463,13 @@ def _with_kernel_info(abi, info: dict[str, dict]):
 
 
 def _lower_target(cap, log, abi, target: str, arch: str):
-    """The back end, timed as a stage, its failures raised at the user's line."""
+    """The back end, timed as a stage, its failures raised at the user's line. A
+    function that needs no kernel (it returns its inputs, views of them or empty
+    tensors) has no back-end stage and no binary."""
     import time
+
+    if not abi.kernels:
+        return abi, {}
 
     from . import gpu_codegen
     from .stages import target_failure
@@ -491,9 +495,9 @@ def _lower_target(cap, log, abi, target: str, arch: str):
 
 
 def _build_cpu(cap, log):
-    from kf.runtime.abi import ProgramABI, TensorArg
+    from kf.runtime.abi import TensorArg
 
-    from .cpu_codegen import _func, _signature, link_shared_object
+    from .cpu_codegen import _func, _signature, index_sites, link_shared_object, program_abi
     from .stages import run_passes
 
     from .costs import kernel_flops
@@ -504,8 +508,9 @@ def _build_cpu(cap, log):
     ins = tuple(TensorArg(n, a.shape, a.elem) for n, a in zip(cap.input_names, ins))
     if "arg_attrs" in entry.attributes:  # parameter names are for people; the ABI has them
         del entry.attributes["arg_attrs"]
-    run_passes(cap.module, ["kf-lower-to-linalg", "kf-to-cpu"], log,
-               record_after={"kf-lower-to-linalg": "linalg", "kf-to-cpu": "llvm"})
+    run_passes(cap.module, ["kf-lower-to-linalg"], log, record_after={"kf-lower-to-linalg": "linalg"})
+    sites = index_sites(_func(cap.module, cap.name))
+    run_passes(cap.module, ["kf-to-cpu"], log, record_after={"kf-to-cpu": "llvm"})
     import time
 
     start = time.perf_counter()
@@ -513,12 +518,10 @@ def _build_cpu(cap, log):
         so = link_shared_object(cap.module, os.path.join(tmp, f"{cap.name}.so"))
         data = Path(so).read_bytes()
     log.seconds["llvm codegen + link"] = time.perf_counter() - start
-    from kf.runtime.abi import KernelABI
-
-    kernel = KernelABI(entry=f"_mlir_ciface_{cap.name}", args=tuple(range(len(ins) + len(outs))),
-                       artifact=f"{cap.name}.so", fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})),
-                       extra={"strategy": "cpu", "flops": flops, "matmul_flops": mm})
-    return ProgramABI(target="cpu", inputs=ins, outputs=outs, kernels=(kernel,)), {f"{cap.name}.so": data}
+    abi = program_abi(cap.name, ins, outs, sites, f"{cap.name}.so",
+                      fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})),
+                      extra={"strategy": "cpu", "flops": flops, "matmul_flops": mm})
+    return abi, {f"{cap.name}.so": data}
 
 
 # ----------------------------------------------------------------------------- inspect
