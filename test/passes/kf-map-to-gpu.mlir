@@ -159,6 +159,7 @@ func.func private @noise(%state: tensor<2xi64>) -> tensor<15xbf16> attributes {k
 func.func @noise_main(%state: tensor<2xi64>) -> tensor<15xbf16> {
   %0 = call @noise(%state) : (tensor<2xi64>) -> tensor<15xbf16>
   return %0 : tensor<15xbf16>
+}
 
 // -----
 
