@@ -118,11 +118,6 @@ def _constant(conv, t: torch.Tensor):
 def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     """Lower one ATen node through torch-mlir; returns the kf-side value(s)."""
     _refuse_unsafe(node, name)
-    try:
-        from torch_mlir import fx as tm_fx
-    except ImportError:
-        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, kf's fallback for other ATen ops, "
-                                                         "is not installed (pip install torch-mlir)") from None
     values: list[ir.Value] = []
     examples: list[torch.Tensor] = []
     fakes: list[torch.Tensor] = []
@@ -142,6 +137,11 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     constant = _all_empty(conv, node, _OneOp(node.target, op_args, op_kwargs, None), fakes)
     if constant is not None:
         return constant
+    try:
+        from torch_mlir import fx as tm_fx
+    except ImportError:
+        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, kf's fallback for other ATen ops, "
+                                                         "is not installed (pip install torch-mlir)") from None
     fname = f"kf_{name.replace('.', '_')}_{conv._fallbacks}"
     conv._fallbacks += 1
     one_op = _OneOp(node.target, op_args, op_kwargs, None)

@@ -153,8 +153,8 @@ class CudaProgram(_Program):
     def _lane_plan(self):
         """(kernels as (kernel, buffer order), outputs as (shape, stride, dtype),
         temporaries as (bytes, offsets)) of a program that a fast lane can run, or None
-        (see fast_lane)."""
-        if not self.abi.inputs or self.constants or self.abi.index_sites or \
+        (see fast_lane; a program of no kernels, empty results, has nothing to hurry)."""
+        if not self.abi.inputs or not self.kernels or self.constants or self.abi.index_sites or \
                 any(a >= 0 for a in self.abi.output_aliases) or \
                 any(r >= 0 for r in self.repeats) or any(k.validate for k, _ in self.kernels):
             return None  # (a validating kernel has no launch_pointers)

@@ -355,7 +355,7 @@ def test_zero_dim_operands_of_indexing_ops(target, fn, make, _cache):
     ``dim % rank`` and divided by zero (an internal compiler error)."""
     import kf
 
-    args = make()
+    args = tuple(a.to("cuda" if target == "cuda" else "cpu") for a in make())
     out = kf.jit(target=target)(fn)(*args)
     want = fn(*args)
     assert out.shape == want.shape and out.dtype == want.dtype
