@@ -24,7 +24,7 @@ _EXPORTS = {
     "inspect": "inspection", "Inspection": "inspection",
     "CompileError": "errors", "CaptureError": "errors", "UnsupportedOpError": "errors",
     "KfVerifyError": "errors", "PassFailedError": "errors", "TargetError": "errors",
-    "SignatureError": "errors", "SourceLoc": "errors",
+    "SignatureError": "errors", "SourceLoc": "errors", "IndexOutOfRange": "errors",
     # debugging and profiling (the modules' names differ from the functions', as
     # inspection.py's does from kf.inspect: importing kf.explain the module would
     # otherwise replace kf.explain the function)

@@ -18,7 +18,7 @@ from mlir import ir
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
 
-from .dtypes import kf_elem
+from .dtypes import TORCH_TO_KF, kf_elem
 
 
 class Unsupported(Exception):
@@ -82,6 +82,14 @@ class Converter:
         name = _target_name(node.target)
         args = [_lookup(a, env) for a in node.args]
         kwargs = {k: _lookup(v, env) for k, v in node.kwargs.items()}
+        _refuse_data_dependent(node, name)
+        _refuse_dtypes(node, name, [*args, *kwargs.values()])
+        _refuse_indexing_nothing(node, name)
+        empty = _empty_results(_val(node))
+        if empty is not None:
+            # Nothing to compute: any op whose results have no elements is those empty
+            # tensors (and torch-mlir's lowerings divide by zero-sized dims).
+            return empty
         handler = HANDLERS.get(name)
         if handler is None and _draws_random(node.target):
             # torch-mlir's random ops keep a seed of their own: torch.manual_seed would not
@@ -120,10 +128,13 @@ class Converter:
             return kb.scalar(float(x), elem)
         raise Unsupported(f"expected a tensor or a number, got {type(x).__name__}")
 
-    def constant_tensor(self, t: torch.Tensor) -> ir.Value:
-        """A kf.constant with the values of a tensor the function made itself."""
+    def constant_tensor(self, t: torch.Tensor) -> ir.Value | "Unconvertible":
+        """A kf.constant with the values of a tensor the function made itself (an
+        Unconvertible, which the op that uses it reports, for a dtype kf lacks)."""
         import numpy as np
 
+        if t.dtype not in TORCH_TO_KF:
+            return Unconvertible(t.dtype)
         elem = kf_elem(t.dtype)
         arr = t.detach().cpu()
         if elem in ("bf16", "f8E4M3FN", "f8E5M2"):
@@ -169,6 +180,103 @@ class Converter:
         elif any(_py_kind(s) == "int" for s in scalars) and dt == torch.bool:
             dt = torch.int64
         return kf_elem(dt)
+
+
+class Unconvertible:
+    """A constant of a dtype kf has no element type for; the op using it is refused."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+
+#: ATen ops whose results kf does not support the element type of, or whose arguments
+#: it cannot hold, get this advice.
+_DTYPE_ADVICE = ("kf's tensors hold " + ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_KF)
+                 + "; int8, int16 and uint8 are not supported yet (compute in torch.int32 and convert "
+                   "outside the kf function)")
+
+
+def _refuse_dtypes(node: torch.fx.Node, name: str, args: list) -> None:
+    """Unsupported, naming the dtype, for an op that makes or takes a tensor of a dtype
+    kf has no element type for (int8, int16, uint8, complex, ...)."""
+    def walk(x):
+        if isinstance(x, Unconvertible):
+            yield x.dtype
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                yield from walk(y)
+
+    for dtype in walk(args):
+        raise Unsupported(f"{name} takes a tensor of {str(dtype).removeprefix('torch.')}, which kf does not support",
+                          cause=_DTYPE_ADVICE)
+    for t in _tensors(_val(node)):
+        if t.dtype not in TORCH_TO_KF:
+            raise Unsupported(f"{name} makes a tensor of {str(t.dtype).removeprefix('torch.')}, which kf does "
+                              f"not support", cause=_DTYPE_ADVICE)
+
+
+def _tensors(val) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [t for v in val for t in _tensors(v)]
+    return []
+
+
+def _symbolic(val) -> bool:
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(val, torch.Tensor):
+        return any(not isinstance(d, int) for d in val.shape)
+    if isinstance(val, (list, tuple)):
+        return any(_symbolic(v) for v in val)
+    return False
+
+
+def _refuse_data_dependent(node: torch.fx.Node, name: str) -> None:
+    """Unsupported for an op whose result's shape (nonzero, masked_select, unique,
+    boolean-mask indexing) or value as a Python number (item) depends on the values of
+    its inputs: kf compiles a function for the shapes of its arguments, so such a result
+    would be the one of the example call, silently wrong on other values."""
+    if _symbolic(_val(node)):
+        what = "value" if not _tensors(_val(node)) else "shape"
+        raise Unsupported(f"{name}: the {what} of its result depends on the values of its inputs, not only on "
+                          f"their shapes", cause="kf compiles a function for its arguments' shapes; keep "
+                          "data-dependent shapes (nonzero, masked_select, x[mask], unique, .item()) outside the "
+                          "kf function, or use torch.where / masked_fill with a fixed shape")
+
+
+#: ATen ops that add into ``self`` along ``dim`` at the positions of ``index``.
+_ADD_AT_INDEX = ("aten.index_add.default", "aten.scatter_add.default")
+
+
+def _refuse_indexing_nothing(node: torch.fx.Node, name: str) -> None:
+    """An error for index_add / scatter_add into a dimension of size 0 with indices: every
+    index is out of range whatever its value (torch raises), and the result, having no
+    elements, would otherwise need no kernel to check them."""
+    if name not in _ADD_AT_INDEX:
+        return
+    x, dim, index = (_val(a) if isinstance(a, torch.fx.Node) else a for a in node.args[:3])
+    size = x.shape[dim % max(x.dim(), 1)] if x.dim() else 1
+    if size == 0 and index.numel():
+        raise Unsupported(f"{name}: index out of range: it adds at {index.numel()} indices into a dimension of size 0",
+                          cause="no index is valid in an empty dimension")
+
+
+def _empty_results(val):
+    """Empty kf tensors for a node whose every result has no elements, else None."""
+    tensors = _tensors(val)
+    if not tensors or any(t.numel() for t in tensors):
+        return None
+
+    def make(v):
+        if isinstance(v, torch.Tensor):
+            return kb.fill(tuple(v.shape), kf_elem(v.dtype), 0.0)
+        return type(v)(make(x) for x in v)
+
+    if isinstance(val, (list, tuple)) and any(not isinstance(v, (torch.Tensor, list, tuple)) for v in val):
+        return None
+    return make(val)
 
 
 def _lookup(a, env):
@@ -441,6 +549,18 @@ def _std(c, node, args, kwargs):
     return kb.sqrt(_var(c, node, args, kwargs))
 
 
+@handles("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default", "aten.std_mean.correction",
+         "aten.std_mean.dim", "aten.std_mean.default")
+def _var_mean(c, node, args, kwargs):
+    elem = kf_elem(_val(node)[0].dtype)
+    x = c.tensor(args[0], elem)
+    dims, corr, keep = _var_args(args, kwargs, _rank(x))
+    spread = kb.var(x, dims=dims, correction=corr, keepdim=keep)
+    if node.target._opname == "std_mean":
+        spread = kb.sqrt(spread)
+    return (spread, kb.mean(x, dims=dims, keepdim=keep))
+
+
 @handles("aten.softmax.int", "aten._softmax.default")
 def _softmax(c, node, args, kwargs):
     return kb.softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])
@@ -537,7 +657,7 @@ def _linear(c, node, args, kwargs):
     return out
 
 
-@handles("aten.addmm.default")
+@handles("aten.addmm.default", "aten.baddbmm.default")
 def _addmm(c, node, args, kwargs):
     bias, a, b = args[:3]
     elem = c.out_elem(node)
@@ -643,7 +763,25 @@ def _stack(c, node, args, kwargs):
     return kb.concat(parts, dim=dim)
 
 
-@handles("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default")
+@handles("aten.meshgrid.default", "aten.meshgrid.indexing")
+def _meshgrid(c, node, args, kwargs):
+    xs = [kb.reshape(x, [math.prod(_shape(x))]) for x in args[0]]
+    indexing = args[1] if len(args) > 1 else kwargs.get("indexing", "ij")
+    shape = [_shape(x)[0] for x in xs]
+    order = list(range(len(xs)))
+    if indexing == "xy" and len(xs) > 1:  # the first two grids' axes swapped
+        shape[0], shape[1] = shape[1], shape[0]
+        order[0], order[1] = 1, 0
+    outs = []
+    for k, x in enumerate(xs):
+        at = [1] * len(xs)
+        at[order[k]] = shape[order[k]]
+        outs.append(kb.broadcast_to(kb.reshape(x, at), shape))
+    return tuple(outs)
+
+
+@handles("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unsafe_split.Tensor",
+         "aten.unsafe_split_with_sizes.default", "aten.unsafe_chunk.default")
 def _split(c, node, args, kwargs):
     x = args[0]
     dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % _rank(x)
@@ -670,20 +808,39 @@ def _topk(c, node, args, kwargs):
     return kb.topk(x, k=k, dim=dim % _rank(x), largest=bool(largest))
 
 
+def _dim(dim: int, x: ir.Value) -> int:
+    """dim of x in [0, rank), a 0-dim tensor counting as 1-D (torch's rule for the
+    indexing ops); an IndexError-like Unsupported out of range."""
+    r = max(_rank(x), 1)
+    if not -r <= dim < r:
+        raise Unsupported(f"dimension {dim} is out of range for a tensor of rank {_rank(x)}")
+    return dim % r
+
+
+def _wrap_negative(i: ir.Value, size: int) -> ir.Value:
+    """Python's rule for negative indices, as advanced indexing and take apply it:
+    ``i + size`` where ``-size <= i < 0``. What is still out of range is left so: the
+    kernel that uses the index reports it."""
+    elem = spec_of(i.type).elem
+    zero, n = kb.fill((), elem, 0.0), kb.fill((), elem, float(size))
+    return kb.select(kb.cmp(i, zero, predicate="lt"), kb.add(i, n), i)
+
+
+def _as_shape(c, node, v: ir.Value) -> ir.Value:
+    return kb.reshape(v, tuple(_val(node).shape))
+
+
 @handles("aten.gather.default")
 def _gather(c, node, args, kwargs):
     x, dim, index = args[:3]
-    if _rank(x) == 0:
-        return kb.reshape(kb.gather(_vector(x), _vector(index), dim=0), tuple(_val(node).shape))
-    return kb.gather(x, index, dim=dim % _rank(x))
+    return _as_shape(c, node, kb.gather(_vector(x), _vector(index), dim=_dim(dim, x)))
 
 
 @handles("aten.index_select.default")
 def _index_select(c, node, args, kwargs):
     x, dim, index = args
-    if _rank(x) == 0:
-        return kb.reshape(kb.index_select(_vector(x), _vector(index), dim=0), tuple(_val(node).shape))
-    return kb.index_select(x, index, dim=dim % _rank(x))
+    return _as_shape(c, node, kb.index_select(_vector(x), kb.reshape(index, [math.prod(_shape(index))]),
+                                              dim=_dim(dim, x)))
 
 
 @handles("aten.embedding.default")
@@ -697,22 +854,155 @@ def _embedding(c, node, args, kwargs):
 @handles("aten.index_add.default")
 def _index_add(c, node, args, kwargs):
     x, dim, index, source = args[:4]
-    alpha = kwargs.get("alpha", 1)
+    alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
     elem = spec_of(x.type).elem
     source = c.tensor(source, elem)
     if alpha != 1:
         source = kb.mul(source, c.tensor(alpha, elem))
-    return kb.index_add(x, index, source, dim=dim % _rank(x))
+    d = _dim(dim, x)
+    index = kb.reshape(index, [math.prod(_shape(index))])
+    source = _vector(source) if _rank(x) == 0 else source
+    return _as_shape(c, node, kb.index_add(_vector(x), index, source, dim=d))
 
 
 @handles("aten.scatter_add.default")
 def _scatter_add(c, node, args, kwargs):
     x, dim, index, src = args
     src = c.tensor(src, spec_of(x.type).elem)
-    if _rank(x) == 0:
-        out = kb.scatter_add(_vector(x), _vector(index), _vector(src), dim=0)
-        return kb.reshape(out, tuple(_val(node).shape))
-    return kb.scatter_add(x, index, src, dim=dim % _rank(x))
+    return _as_shape(c, node, kb.scatter_add(_vector(x), _vector(index), _vector(src), dim=_dim(dim, x)))
+
+
+@handles("aten.index.Tensor")
+def _index_tensor(c, node, args, kwargs):
+    """Advanced indexing ``x[i, j]`` with integer index tensors (a None is a ``:``): the
+    index tensors broadcast together and wrap negative values as Python does; the first
+    indexed dim is an index_select, each further one a gather along it, so every index
+    is checked against its own dimension by the kernel that uses it. The broadcast
+    dims go where the indexed ones were when these are adjacent, else first (torch's
+    rule)."""
+    x, indices = args[0], list(args[1])
+    xs = _shape(x)
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    if not pos or any(_elem_of(indices[d]) not in ("i32", "i64") for d in pos):
+        raise Unsupported("indexing with boolean masks or non-integer tensors is not supported by kf",
+                          cause="index with integer tensors, or use torch.where / masked_fill")
+    bshape = _broadcast([_shape(indices[d]) for d in pos])
+    n = math.prod(bshape)
+    wrapped = []
+    for d in pos:
+        i = indices[d]
+        if _shape(i) != bshape:
+            i = kb.broadcast_to(i, bshape)
+        wrapped.append(kb.reshape(_wrap_negative(i, xs[d]), [n]))
+    others = [d for d in range(len(xs)) if d not in pos]
+    perm = pos + others
+    t = kb.transpose(x, perm=perm) if perm != list(range(len(xs))) else x
+    r = kb.index_select(t, wrapped[0], dim=0)  # [n, the other indexed dims, the rest]
+    for w in wrapped[1:]:
+        rest = list(_shape(r)[2:])
+        at = kb.broadcast_to(kb.reshape(w, [n, 1] + [1] * len(rest)), [n, 1] + rest)
+        r = kb.reshape(kb.gather(r, at, dim=1), [n] + rest)
+    rest = [xs[d] for d in others]
+    r = kb.reshape(r, list(bshape) + rest)
+    if pos == list(range(pos[0], pos[0] + len(pos))) and pos[0] > 0:
+        nb, before = len(bshape), pos[0]
+        r = kb.transpose(r, perm=list(range(nb, nb + before)) + list(range(nb)) +
+                         list(range(nb + before, nb + len(rest))))
+    return r
+
+
+def _broadcast(shapes) -> tuple[int, ...]:
+    from kf.dialects.types import broadcast_shapes
+
+    return broadcast_shapes(*shapes)
+
+
+@handles("aten.take.default")
+def _take(c, node, args, kwargs):
+    x, index = args
+    n = math.prod(_shape(x))
+    flat_index = _wrap_negative(kb.reshape(index, [math.prod(_shape(index))]), n)
+    return _as_shape(c, node, kb.index_select(kb.reshape(x, [n]), flat_index, dim=0))
+
+
+@handles("aten.take_along_dim.default")
+def _take_along_dim(c, node, args, kwargs):
+    x, index = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    if dim is None:
+        return _take(c, node, [x, index], {})
+    d = _dim(dim, x)
+    x, index = _vector(x), _vector(index)
+    # torch broadcasts the two in every dim but dim
+    outside = [_shape(t)[:d] + (1,) + _shape(t)[d + 1:] for t in (x, index)]
+    shape = list(_broadcast(outside))
+    xb, ib = list(shape), list(shape)
+    xb[d], ib[d] = _shape(x)[d], _shape(index)[d]
+    x = kb.broadcast_to(x, xb) if list(_shape(x)) != xb else x
+    index = kb.broadcast_to(index, ib) if list(_shape(index)) != ib else index
+    return _as_shape(c, node, kb.gather(x, _wrap_negative(index, xb[d]), dim=d))
+
+
+@handles("aten.one_hot.default")
+def _one_hot(c, node, args, kwargs):
+    """``one_hot(i, C)``: each index is checked (torch refuses classes outside [0, C))
+    by an index_select from ``arange(C)``, then compared with every class."""
+    i = args[0]
+    classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    n = math.prod(_shape(i))
+    table = c.constant_tensor(torch.arange(classes, dtype=torch.int64))
+    checked = kb.index_select(table, kb.cast(kb.reshape(i, [n]), "i64") if _elem_of(i) != "i64"
+                              else kb.reshape(i, [n]), dim=0)
+    hot = kb.cmp(kb.reshape(checked, [n, 1]), kb.reshape(table, [1, classes]), predicate="eq")
+    return _as_shape(c, node, kb.cast(hot, "i64"))
+
+
+@handles("aten.cross_entropy_loss.default", "aten.nll_loss_nd.default", "aten.nll_loss.default",
+         "aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default")
+def _nll(c, node, args, kwargs):
+    """cross_entropy / nll_loss with class indices: the picked log-probability of each
+    target (a gather, so each target is checked against the classes; targets equal to
+    ignore_index are left out and never read), weighted, then reduced as torch does."""
+    cross = node.target._opname == "cross_entropy_loss"
+    names = ["self", "target", "weight", "reduction", "ignore_index"] + (["label_smoothing"] if cross else [])
+    p = dict(zip(names, args))
+    p.update(kwargs)
+    x, target = p["self"], p["target"]
+    weight, reduction = p.get("weight"), p.get("reduction", 1)
+    ignore = p.get("ignore_index", -100)
+    if isinstance(reduction, str):
+        reduction = {"none": 0, "mean": 1, "sum": 2}[reduction]
+    if not isinstance(target, ir.Value) or not _elem_of(target) in ("i32", "i64"):
+        raise Unsupported(f"{_target_name(node.target)} with class probabilities as the target is not supported "
+                          f"by kf", cause="give class indices")
+    if cross and p.get("label_smoothing", 0.0):
+        raise Unsupported("cross_entropy with label_smoothing is not supported by kf")
+    elem = spec_of(x.type).elem
+    logp = kb.log_softmax(x, dim=0 if _rank(x) == 1 else 1) if cross else x
+    if _rank(logp) == 1:
+        logp, target = kb.reshape(logp, [1, _shape(logp)[0]]), kb.reshape(target, [1])
+    ts = _shape(target)
+    classes = _shape(logp)[1]
+    t_elem = _elem_of(target)
+    valid = kb.cmp(target, kb.fill((), t_elem, float(ignore)), predicate="ne")
+    safe = kb.select(valid, target, kb.fill((), t_elem, 0.0))  # ignored targets read class 0, weighted 0
+    at = kb.reshape(safe, [ts[0], 1, *ts[1:]])
+    picked = kb.reshape(kb.gather(logp, at, dim=1), list(ts))
+    w = kb.cast(valid, elem)
+    if weight is not None:
+        w = kb.mul(w, kb.reshape(kb.index_select(weight, kb.reshape(safe, [math.prod(ts)]), dim=0), list(ts)))
+    loss = kb.neg(kb.mul(picked, w))
+    dims = list(range(len(ts)))
+    if node.target._opname in ("nll_loss_forward", "nll_loss2d_forward"):
+        total = kb.sum(w, dims=dims)
+        out = loss if reduction == 0 else kb.sum(loss, dims=dims)
+        if reduction == 1:
+            out = kb.div(out, total)
+        return (_as_shape(c, node, out) if reduction == 0 else out, total)
+    if reduction == 0:
+        return _as_shape(c, node, loss)
+    out = kb.sum(loss, dims=dims)
+    return kb.div(out, kb.sum(w, dims=dims)) if reduction == 1 else out
 
 
 # ---------------------------------------------------------------- values

@@ -55,13 +55,41 @@ def _func(module: ir.Module, entry: str) -> ir.Operation:
     raise CpuCodegenError(f"no function @{entry} in the module")
 
 
-def lower_for_cpu(module: ir.Module, *, kf_level: bool = True) -> None:
-    """Run kf's CPU pipeline in place: kf → linalg (when kf_level) → LLVM dialect.
+def index_sites(f: ir.Operation) -> tuple:
+    """The IndexSites kf-lower-to-linalg recorded on a function (``kf.index_sites``):
+    it then returns the index error flag as its last result."""
+    from kf.runtime.abi import IndexSite
+
+    if "kf.index_sites" not in f.attributes:
+        return ()
+    out = []
+    for a in ir.ArrayAttr(f.attributes["kf.index_sites"]):
+        d = ir.DictAttr(a)
+        out.append(IndexSite(ir.StringAttr(d["op"]).value, ir.StringAttr(d["where"]).value,
+                             ir.IntegerAttr(d["dim"]).value, ir.IntegerAttr(d["bound"]).value))
+    return tuple(out)
+
+
+def program_abi(name: str, ins: tuple, outs: tuple, sites: tuple, artifact: str, **kernel) -> ProgramABI:
+    """The ABI of a CPU program: one entry taking the inputs, the outputs and, with index
+    sites, the error flag (the function's last result)."""
+    args = tuple(range(len(ins) + len(outs)))
+    abi = ProgramABI(target="cpu", inputs=ins, outputs=outs, index_sites=sites)
+    if sites:
+        args += (abi.flag_buffer,)
+    k = KernelABI(entry=f"_mlir_ciface_{name}", args=args, artifact=artifact, **kernel)
+    return ProgramABI(target="cpu", inputs=ins, outputs=outs, kernels=(k,), index_sites=sites)
+
+
+def lower_for_cpu(module: ir.Module, *, kf_level: bool = True, stop_at_linalg: bool = False) -> None:
+    """Run kf's CPU pipeline in place: kf → linalg (when kf_level) → LLVM dialect
+    (unless stop_at_linalg).
 
     On failure the input is saved as a .mlir file and the error names it with the
     ``kf-opt`` command that fails on it.
     """
-    text = "builtin.module(" + ("kf-lower-to-linalg, " if kf_level else "") + "kf-to-cpu)"
+    steps = (["kf-lower-to-linalg"] if kf_level else []) + ([] if stop_at_linalg else ["kf-to-cpu"])
+    text = "builtin.module(" + ", ".join(steps) + ")"
     before = module.operation.get_asm(enable_debug_info=True)
     pm, _ = pipeline.build(text, module.context)
     try:
@@ -118,12 +146,13 @@ def compile_module(module: ir.Module, entry: str, out_dir: str, *, kf_level: boo
     """Lower ``module`` (consumed: it is rewritten in place), link it into
     ``out_dir/<entry>.so`` and describe ``@entry`` for the launcher."""
     ins, outs = _signature(_func(module, entry))
-    lower_for_cpu(module, kf_level=kf_level)
+    if kf_level:
+        lower_for_cpu(module, kf_level=True, stop_at_linalg=True)
+    sites = index_sites(_func(module, entry))
+    lower_for_cpu(module, kf_level=False)
     os.makedirs(out_dir, exist_ok=True)
     so = link_shared_object(module, os.path.join(out_dir, f"{entry}.so"), opt_level=opt_level)
-    n = len(ins) + len(outs)
-    kernel = KernelABI(entry=f"_mlir_ciface_{entry}", args=tuple(range(n)), artifact=os.path.basename(so))
-    return CpuArtifact(so, ProgramABI(target="cpu", inputs=ins, outputs=outs, kernels=(kernel,)))
+    return CpuArtifact(so, program_abi(entry, ins, outs, sites, os.path.basename(so)))
 
 
 __all__ = ["CpuArtifact", "CpuCodegenError", "compile_module", "link_shared_object", "lower_for_cpu"]

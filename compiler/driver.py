@@ -12,7 +12,6 @@ runtime alone, so a later process with the same key never imports MLIR.
 from __future__ import annotations
 
 import json
-import re
 import os
 import tempfile
 from pathlib import Path
@@ -50,33 +49,6 @@ class InterpretedProgram:
         return unflatten(self.captured.output_tree, self._interp.run(*tensors))
 
 
-def torch_cuda_capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph."""
-    import torch
-
-    return torch.cuda.is_current_stream_capturing()
-
-
-class IndexOutOfRange(IndexError):
-    """A caller's index tensor holds a value outside the dimension it indexes."""
-
-
-def _check_index(t, check: dict) -> None:
-    # One reduction over the index tensor; on CUDA it synchronizes, as torch's own index
-    # checks do, because a kernel given a bad index would access memory out of bounds.
-    # While a CUDA graph is being captured nothing may synchronize: the check is skipped
-    # there (the graph replays with whatever indices its buffers hold, as torch's own
-    # kernels do under capture).
-    if t.numel() == 0 or (t.is_cuda and torch_cuda_capturing()):
-        return
-    lo, hi = int(t.min()), int(t.max())
-    if lo < 0 or hi >= check["bound"]:
-        bad = lo if lo < 0 else hi
-        where = f" (used at {check['where']})" if check.get("where") else ""
-        raise IndexOutOfRange(f"index {bad} in '{check['name']}' is out of range for a dimension of size "
-                              f"{check['bound']}{where}; kf's kernels take indices in [0, {check['bound']})")
-
-
 class CompiledProgram:
     """A program loaded from the cache: the target's launcher plus the result structure."""
 
@@ -85,7 +57,6 @@ class CompiledProgram:
         self._tree = tree
         self.meta = meta
         self.directory = directory
-        self._index_checks = meta.get("index_checks", [])
         self._unchecked = getattr(launcher, "unchecked", None)
         # a program that draws random numbers takes a fresh state after the user's tensors
         self._random = meta.get("random_state") is not None
@@ -94,8 +65,6 @@ class CompiledProgram:
     def __call__(self, tensors: list, drawn: list | None = None):
         """Run the program; ``drawn`` (a list) receives the random state the call drew,
         if it drew one."""
-        for check in self._index_checks:
-            _check_index(tensors[check["input"]], check)
         if self._random:
             from .random_state import with_state
 
@@ -110,17 +79,18 @@ class CompiledProgram:
     def call_matched(self, tensors: list):
         """As a call, for tensors that kf's dispatch key has matched to the program's
         signature (shapes, dtypes, device, contiguity): the launcher skips re-checking."""
-        if self._index_checks or self._random or _PROFILE is not None or _torch_profiling() or self._unchecked is None:
+        if self._random or _PROFILE is not None or _torch_profiling() or self._unchecked is None:
             return self(tensors)
         return unflatten(self._tree, list(self._unchecked(*tensors)))
 
     def matched_call(self, contiguous: bool) -> Callable:
         """What kf's dispatch table keeps for a matched call signature: the launcher's
         fast lane (``CudaProgram.fast_lane``) where the program and the tensors allow it
-        -- contiguous tensors, no index checks -- else ``call_matched``. Profiling (kf's
-        or torch's) still takes the general path, checked on every call."""
+        -- contiguous tensors, no index error flag to read, no random state to draw --
+        else ``call_matched``. Profiling (kf's or torch's) still takes the general path,
+        checked on every call."""
         make = getattr(self._launch, "fast_lane", None)
-        lane = make() if make is not None and contiguous and not self._index_checks and not self._random else None
+        lane = make() if make is not None and contiguous and not self._random else None
         if lane is None:
             return self.call_matched
         tree = self._tree
@@ -311,7 +281,6 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     log.default_loc = where
     log.function_lines = _code_lines(code)
     log.record("kf", cap.module)
-    index_checks = _index_checks(cap)
     try:
         run_passes(cap.module, ["kf-canonicalize"], log)
         apply_precision(cap, options, log)
@@ -341,7 +310,6 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         "abi": abi.to_json(),
         "output_tree": json.dumps(cap.output_tree),
         "compile_seconds": log.seconds,
-        "index_checks": index_checks,
         "random_state": cap.random_input,
         **extra_meta,
     }
@@ -381,46 +349,6 @@ def apply_precision(cap, options: Options, log) -> None:
     if passes:
         run_passes(cap.module, passes, log)
 
-
-_INDEXED = {"kf.gather": 1, "kf.index_select": 1, "kf.index_add": 1, "kf.scatter_add": 1}
-
-
-def _index_checks(cap) -> list[dict]:
-    """The caller's tensors that kernels use as indices, with the bound each must respect.
-
-    Kernels trust their indices (an out-of-range one would read or write outside a
-    buffer), so indices that come from the caller are checked before every launch; indices
-    kf computes itself (topk) are in range by construction. Reshapes and casts between
-    the argument and its use are looked through.
-    """
-    from mlir import ir
-
-    from kf.dialects.attrs import op_attrs
-    from kf.dialects.types import spec_of
-
-    from .gpu_codegen import _func
-
-    f = _func(cap.module, cap.name)
-    args = list(f.regions[0].blocks[0].arguments)
-    checks: dict[int, dict] = {}
-    for op in f.regions[0].blocks[0].operations:
-        op = op.operation
-        pos = _INDEXED.get(op.name)
-        if pos is None:
-            continue
-        v = op.operands[pos]
-        while not isinstance(v.owner, ir.Block) and v.owner.operation.name in ("kf.reshape", "kf.cast"):
-            v = v.owner.operation.operands[0]
-        if not isinstance(v.owner, ir.Block) or v not in args:
-            continue
-        i = args.index(v)
-        x = spec_of(op.operands[0].type)
-        bound = x.shape[int(op_attrs(op)["dim"]) % x.rank]
-        if i not in checks or bound < checks[i]["bound"]:
-            m = re.search(r'loc\("([^"]+)":(\d+)', str(op.location))
-            checks[i] = {"input": i, "name": cap.input_names[i], "bound": bound,
-                         "where": f"{m.group(1)}:{m.group(2)}" if m else ""}
-    return list(checks.values())
 
 #: The GPU pipeline after kf-canonicalize; {t} is the strategies' target (cuda, spirv).
 GPU_PASSES = ["kf-recognize-moe", "kf-split-reductions", "kf-fuse", "kf-tile{{target={t}{chip}}}", "kf-map-to-gpu{{target={t}{chip}}}",
@@ -535,8 +463,13 @@ def _with_kernel_info(abi, info: dict[str, dict]):
 
 
 def _lower_target(cap, log, abi, target: str, arch: str):
-    """The back end, timed as a stage, its failures raised at the user's line."""
+    """The back end, timed as a stage, its failures raised at the user's line. A
+    function that needs no kernel (it returns its inputs, views of them or empty
+    tensors) has no back-end stage and no binary."""
     import time
+
+    if not abi.kernels:
+        return abi, {}
 
     from . import gpu_codegen
     from .stages import target_failure
@@ -562,9 +495,9 @@ def _lower_target(cap, log, abi, target: str, arch: str):
 
 
 def _build_cpu(cap, log):
-    from kf.runtime.abi import ProgramABI, TensorArg
+    from kf.runtime.abi import TensorArg
 
-    from .cpu_codegen import _func, _signature, link_shared_object
+    from .cpu_codegen import _func, _signature, index_sites, link_shared_object, program_abi
     from .stages import run_passes
 
     from .costs import kernel_flops
@@ -575,8 +508,9 @@ def _build_cpu(cap, log):
     ins = tuple(TensorArg(n, a.shape, a.elem) for n, a in zip(cap.input_names, ins))
     if "arg_attrs" in entry.attributes:  # parameter names are for people; the ABI has them
         del entry.attributes["arg_attrs"]
-    run_passes(cap.module, ["kf-lower-to-linalg", "kf-to-cpu"], log,
-               record_after={"kf-lower-to-linalg": "linalg", "kf-to-cpu": "llvm"})
+    run_passes(cap.module, ["kf-lower-to-linalg"], log, record_after={"kf-lower-to-linalg": "linalg"})
+    sites = index_sites(_func(cap.module, cap.name))
+    run_passes(cap.module, ["kf-to-cpu"], log, record_after={"kf-to-cpu": "llvm"})
     import time
 
     start = time.perf_counter()
@@ -584,12 +518,10 @@ def _build_cpu(cap, log):
         so = link_shared_object(cap.module, os.path.join(tmp, f"{cap.name}.so"))
         data = Path(so).read_bytes()
     log.seconds["llvm codegen + link"] = time.perf_counter() - start
-    from kf.runtime.abi import KernelABI
-
-    kernel = KernelABI(entry=f"_mlir_ciface_{cap.name}", args=tuple(range(len(ins) + len(outs))),
-                       artifact=f"{cap.name}.so", fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})),
-                       extra={"strategy": "cpu", "flops": flops, "matmul_flops": mm})
-    return ProgramABI(target="cpu", inputs=ins, outputs=outs, kernels=(kernel,)), {f"{cap.name}.so": data}
+    abi = program_abi(cap.name, ins, outs, sites, f"{cap.name}.so",
+                      fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})),
+                      extra={"strategy": "cpu", "flops": flops, "matmul_flops": mm})
+    return abi, {f"{cap.name}.so": data}
 
 
 # ----------------------------------------------------------------------------- inspect

@@ -11,6 +11,8 @@ from __future__ import annotations
 import linecache
 from dataclasses import dataclass
 
+from kf.runtime.abi import IndexOutOfRange  # raised by the launchers, which share only abi.py
+
 
 @dataclass(frozen=True)
 class SourceLoc:
@@ -97,3 +99,7 @@ class TargetError(CompileError):
 
 class SignatureError(TypeError):
     """A call's arguments do not fit the function (wrong device, dtype or structure)."""
+
+
+__all__ = ["CaptureError", "CompileError", "IndexOutOfRange", "KfVerifyError", "PassFailedError", "SignatureError",
+           "SourceLoc", "TargetError", "UnsupportedOpError"]

@@ -21,7 +21,7 @@ from mlir import ir
 
 from kf.dialects.attrs import from_attr
 from kf.dialects.types import spec_of
-from kf.runtime.abi import ELEM_INFO, KernelABI, ProgramABI, TensorArg
+from kf.runtime.abi import ELEM_INFO, IndexSite, KernelABI, ProgramABI, TensorArg
 
 from .errors import SourceLoc, TargetError
 
@@ -113,6 +113,8 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
     temporaries: list[TensorArg] = []
     kernels: list[KernelABI] = []
     n_fixed = n_in + len(outputs)
+    sites: dict[int, IndexSite] = {}
+    flagged: list[int] = []  # kernels that take the index error flag, last
     for op in ops:
         if op.name == "kf.reshape":  # a view kf-fuse left in the schedule: the same buffer
             buffer_of[op.result] = buffer_of[op.operands[0]]
@@ -120,6 +122,12 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
         if op.name != "func.call":
             continue
         callee = _func(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+        if "kf.empty" in callee.attributes:  # results with no elements: nothing to launch
+            for r in op.results:
+                if r not in buffer_of:
+                    buffer_of[r] = n_fixed + len(temporaries)
+                    temporaries.append(_targ(f"tmp{len(temporaries)}", r.type))
+            continue
         if "kf.gpu_func" not in callee.attributes:
             raise TargetError(f"{entry}: call of @{ir.StringAttr(callee.attributes['sym_name']).value} "
                               f"is not a kf kernel")
@@ -133,14 +141,29 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
         lines = tuple(from_attr(a) for a in ir.ArrayAttr(g.attributes["kf.fused_lines"])) \
             if "kf.fused_lines" in g.attributes else ()
         shared = int(from_attr(g.attributes["kf.shared_bytes"])) if "kf.shared_bytes" in g.attributes else 0
+        if "kf.index_sites" in g.attributes:
+            for a in ir.ArrayAttr(g.attributes["kf.index_sites"]):
+                d = {a[i].name: from_attr(a[i].attr) for i in range(len(ir.DictAttr(a)))}
+                sites[d["id"]] = IndexSite(d["op"], d["where"], d["dim"], d["bound"])
+            flagged.append(len(kernels))
         kernels.append(KernelABI(entry=gname, args=args, grid=tuple(from_attr(g.attributes["kf.grid"])),
                                  block=tuple(from_attr(g.attributes["kf.block"])), shared_bytes=shared,
                                  artifact="", fused_lines=tuple(str(x) for x in lines),
                                  extra={"strategy": str(from_attr(g.attributes["kf.strategy"]))
                                         if "kf.strategy" in g.attributes else ""}))
     all_inputs = tuple(inputs) + tuple(c for c, _ in constants)
+    if sorted(sites) != list(range(len(sites))):
+        raise TargetError(f"{entry}: the kernels' index sites are numbered {sorted(sites)}, not 0..{len(sites) - 1}")
     abi = ProgramABI(target=target, inputs=all_inputs, outputs=tuple(outputs), temporaries=tuple(temporaries),
-                     kernels=tuple(kernels), output_aliases=tuple(aliases))
+                     kernels=tuple(kernels), output_aliases=tuple(aliases),
+                     index_sites=tuple(sites[i] for i in range(len(sites))))
+    if flagged:  # the flag is the buffer after the temporaries, the last argument of these kernels
+        import dataclasses
+
+        ks = list(abi.kernels)
+        for i in flagged:
+            ks[i] = dataclasses.replace(ks[i], args=ks[i].args + (abi.flag_buffer,))
+        abi = dataclasses.replace(abi, kernels=tuple(ks))
     return abi, constants, repeats
 
 

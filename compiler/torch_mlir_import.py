@@ -19,7 +19,6 @@ from mlir.dialects import func
 from .aten_to_kf import Unsupported
 
 
-
 def _with_location(text: str, loc: ir.Location) -> str:
     """torch-mlir's text with every op located at the user's line that called the op."""
     parsed = ir.Module.parse(text)
@@ -56,19 +55,77 @@ def _example(val) -> torch.Tensor:
     return torch.zeros(tuple(val.shape), dtype=val.dtype)
 
 
+#: Names of ATen arguments that hold indices into another tensor.
+_INDEX_ARGS = ("index", "indices", "target", "offsets", "idx")
+
+
+def _tensor_args(node: torch.fx.Node):
+    """(argument name, fake tensor) of each tensor the node takes, lists flattened."""
+    schema = getattr(node.target, "_schema", None)
+    for i, arg in enumerate(schema.arguments if schema is not None else ()):
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            val = v.meta.get("val") if isinstance(v, torch.fx.Node) else None
+            if isinstance(val, torch.Tensor):
+                yield arg.name, val
+
+
+def _refuse_unsafe(node: torch.fx.Node, name: str) -> None:
+    """Unsupported for what kf must not hand to torch-mlir: an op that indexes through a
+    tensor of indices (its lowering reads where the index points, unchecked, or aborts
+    the process in an assertion), and an op on a tensor with no elements (its shape
+    arithmetic divides by zero and kills the process) unless all its tensors are empty
+    (``_all_empty``)."""
+    tensors = list(_tensor_args(node))
+    for arg, val in tensors:
+        if arg in _INDEX_ARGS and not val.dtype.is_floating_point and val.dtype != torch.bool:
+            raise Unsupported(f"{name} has no kf op, and its indices ('{arg}') cannot be checked on "
+                              f"torch-mlir's path", cause="kf runs an op that indexes only where every index "
+                                                          "is bounds-checked; rewrite it with gather, "
+                                                          "index_select, index_add or scatter_add")
+    empty = [(arg, val) for arg, val in tensors if val.numel() == 0]
+    if empty and len(empty) < len(tensors):
+        arg, val = empty[0]
+        raise Unsupported(f"{name} has no kf op, and torch-mlir cannot lower it on a tensor with no "
+                          f"elements ('{arg}' has shape {list(val.shape)})")
+
+
+def _all_empty(conv, node: torch.fx.Node, one_op, slots: list):
+    """The results of an op whose every tensor argument has no elements, or None when
+    it has some that do: such results depend on the shapes alone (a sum over nothing
+    is 0, a product 1, padding pads with its value), so torch computes them here, once,
+    and they become constants."""
+    tensors = list(_tensor_args(node))
+    if not tensors or any(val.numel() for _, val in tensors):
+        return None
+    result = one_op(*[torch.empty(tuple(v.shape), dtype=v.dtype) for v in slots])
+    if isinstance(result, torch.Tensor):
+        return _constant(conv, result)
+    return tuple(_constant(conv, t) for t in result)
+
+
+def _constant(conv, t: torch.Tensor):
+    from kf.dialects import builders as kb
+
+    from .dtypes import kf_elem
+
+    flat = t.reshape(-1)
+    if t.numel() and (bool((flat == flat[0]).all()) or bool(flat.isnan().all())):
+        return kb.fill(tuple(t.shape), kf_elem(t.dtype), float(flat[0]))
+    return conv.constant_tensor(t)
+
+
 def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     """Lower one ATen node through torch-mlir; returns the kf-side value(s)."""
-    try:
-        from torch_mlir import fx as tm_fx
-    except ImportError:
-        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, kf's fallback for other ATen ops, "
-                                                         "is not installed (pip install torch-mlir)") from None
+    _refuse_unsafe(node, name)
     values: list[ir.Value] = []
     examples: list[torch.Tensor] = []
+    fakes: list[torch.Tensor] = []
 
     def slot(a_fx, a_kf):
         if isinstance(a_fx, torch.fx.Node):
             values.append(a_kf)
+            fakes.append(a_fx.meta["val"])
             examples.append(_example(a_fx.meta["val"]))
             return _Slot(len(values) - 1)
         if isinstance(a_fx, (list, tuple)):
@@ -77,6 +134,14 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
 
     op_args = [slot(a, b) for a, b in zip(node.args, args)]
     op_kwargs = {k: slot(node.kwargs[k], v) for k, v in kwargs.items()}
+    constant = _all_empty(conv, node, _OneOp(node.target, op_args, op_kwargs, None), fakes)
+    if constant is not None:
+        return constant
+    try:
+        from torch_mlir import fx as tm_fx
+    except ImportError:
+        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, kf's fallback for other ATen ops, "
+                                                         "is not installed (pip install torch-mlir)") from None
     fname = f"kf_{name.replace('.', '_')}_{conv._fallbacks}"
     conv._fallbacks += 1
     one_op = _OneOp(node.target, op_args, op_kwargs, None)
@@ -112,4 +177,6 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     ftype = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value)
     call = func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(fname), values)
     results = list(call.results)
+    if isinstance(node.meta.get("val"), (list, tuple)):  # a list of one tensor stays a list
+        return tuple(results)
     return results[0] if len(results) == 1 else tuple(results)

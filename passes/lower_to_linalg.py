@@ -22,6 +22,15 @@ cases; test/python/passes/test_lower_to_linalg_cpu.py runs every op against torc
 - rand: a parallel generic computing each element's sample from its Philox block, found
   from its linear index (``linalg.index``) and the state's two words (``passes/philox.py``).
 
+Index checks: an op that indexes through a tensor (gather, index_select, index_add,
+scatter_add) reads its indices through a copy in which each one outside the dimension
+it indexes is 0 (so no extract or insert leaves the tensor), and one reduction over the
+indices (their minimum and maximum) tells whether any was outside. The function gets
+one more result, last: the index error flag of runtime/abi.py (``tensor<4xi32>``: set,
+which op, the value), and the attribute ``kf.index_sites`` listing the ops in the
+flag's numbering (op, the user's file:line, dim, bound), from which the driver makes
+``ProgramABI.index_sites``.
+
 Precision policy: f16, bf16 and fp8 elementwise math is computed in f32 and rounded
 once to the result type; reductions and matmul accumulate in f32 (f64 stays f64,
 integers accumulate in their own type).
@@ -30,8 +39,10 @@ integers accumulate in their own type).
 from __future__ import annotations
 
 import array
+import contextvars
 import dataclasses
 import math
+import re
 from typing import Callable, Sequence
 
 from mlir import ir
@@ -545,10 +556,86 @@ def _as_index(v: ir.Value) -> ir.Value:
     return arith.index_cast(ir.IndexType.get(), v)
 
 
+class _Sites:
+    """The index checks of one function being lowered: per op, whether an index was
+    out of range and the first such value (i1, i64 scalars); ``finish`` makes the flag."""
+
+    def __init__(self) -> None:
+        self.checks: list[tuple[dict, ir.Value, ir.Value]] = []
+
+    def finish(self, f: ir.Operation) -> None:
+        """Return the flag from f (last result) and record ``kf.index_sites`` on it."""
+        from mlir.dialects import func
+
+        i1, i32, i64 = (ir.IntegerType.get_signless(w) for w in (1, 32, 64))
+        ret = list(f.regions[0].blocks[0].operations)[-1].operation
+        with ir.InsertionPoint(ret), ret.location:
+            hit, site, value = arith.constant(i1, 0), arith.constant(i32, 0), arith.constant(i64, 0)
+            for n, (_, bad, v) in enumerate(self.checks):
+                take = arith.andi(bad, arith.xori(hit, arith.constant(i1, 1)))
+                site = arith.select(take, arith.constant(i32, n), site)
+                value = arith.select(take, v, value)
+                hit = arith.ori(hit, bad)
+            words = [arith.extui(i32, hit), site, arith.trunci(i32, value),
+                     arith.trunci(i32, arith.shrsi(value, arith.constant(i64, 32)))]
+            flag = tensor.from_elements(_tensor_type([len(words)], i32), words)
+            func.ReturnOp([*ret.operands, flag])
+        ret.erase()
+        ftype = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
+        f.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get(list(ftype.inputs), [*ftype.results, flag.type]))
+        if "res_attrs" in f.attributes:
+            f.attributes["res_attrs"] = ir.ArrayAttr.get([*ir.ArrayAttr(f.attributes["res_attrs"]),
+                                                          ir.DictAttr.get({})])
+        f.attributes["kf.index_sites"] = ir.ArrayAttr.get([ir.DictAttr.get({
+            "op": ir.StringAttr.get(s["op"]), "where": ir.StringAttr.get(s["where"]),
+            "dim": _i64_attr(s["dim"]), "bound": _i64_attr(s["bound"])}) for s, _, _ in self.checks])
+
+
+#: The sites of the function the running kf-lower-to-linalg is lowering (per thread).
+_SITES: contextvars.ContextVar[_Sites | None] = contextvars.ContextVar("kf_index_sites", default=None)
+
+
+def checked_index(op: ir.Operation, index: ir.Value, bound: int, dim: int) -> ir.Value:
+    """``index`` with every element outside [0, bound) replaced by 0, and a check of it
+    recorded for the function's error flag (see the module docstring)."""
+    sites = _SITES.get()
+    if sites is None:
+        raise PassError(f"{op.name} needs its indices checked; lower it with kf-lower-to-linalg", op.location)
+    i64 = ir.IntegerType.get_signless(64)
+    shape, t = _shape(index), ir.RankedTensorType(index.type).element_type
+    rank = len(shape)
+
+    def lowest_highest(a):
+        v = sm.convert(a[0], i64) if t != i64 else a[0]
+        return [arith.minsi(v, a[1]), arith.maxsi(v, a[2])]
+
+    inits = [linalg.fill(arith.constant(i64, ext), outs=[empty([], i64)]) for ext in (2 ** 63 - 1, -2 ** 63)]
+    lo, hi = generic([index], inits, [_identity(rank), _projection(rank, []), _projection(rank, [])],
+                     ["reduction"] * rank, lowest_highest)
+    lo, hi = tensor.extract(lo, []), tensor.extract(hi, [])
+    below = arith.cmpi(arith.CmpIPredicate.slt, lo, arith.constant(i64, 0))
+    above = arith.cmpi(arith.CmpIPredicate.sge, hi, arith.constant(i64, bound))
+    where = re.search(r'loc\("([^"]+)":(\d+)', str(op.location))
+    site = {"op": op.name, "where": f"{where.group(1)}:{where.group(2)}" if where else "", "dim": dim,
+            "bound": bound}
+    sites.checks.append((site, arith.ori(below, above), arith.select(below, lo, hi)))
+
+    def clamp(a):
+        bad = arith.cmpi(arith.CmpIPredicate.uge, a[0], arith.constant(t, bound))
+        return arith.select(bad, arith.constant(t, 0), a[0])
+
+    return map_elements([index], shape, t, clamp, maps=[_identity(rank)])
+
+
 def _gather(op, args, attrs, out):
     x, index = args
     rank = len(_shape(x))
     dim = normalize_dim(int(attrs["dim"]), rank)
+    bound = _shape(x)[dim]
+    index = checked_index(op, index, bound, dim)
+    if bound == 0:  # no index is valid: the flag is set, nothing may be read
+        return [filled(out[0].shape, out[0].elem, 0.0)]
 
     def fn(a):
         coords = [_as_index(a[0]) if d == dim else _loop_index(d) for d in range(rank)]
@@ -561,6 +648,10 @@ def _index_select(op, args, attrs, out):
     x, index = args
     rank = len(_shape(x))
     dim = normalize_dim(int(attrs["dim"]), rank)
+    bound = _shape(x)[dim]
+    index = checked_index(op, index, bound, dim)
+    if bound == 0:
+        return [filled(out[0].shape, out[0].elem, 0.0)]
 
     def fn(a):
         coords = [_as_index(a[0]) if d == dim else _loop_index(d) for d in range(rank)]
@@ -579,6 +670,9 @@ def _index_add(op, args, attrs, out):
     rank = len(shape)
     dim = normalize_dim(int(attrs["dim"]), rank)
     row = [1 if d == dim else shape[d] for d in range(rank)]
+    index = checked_index(op, index, shape[dim], dim)
+    if shape[dim] == 0:
+        return [x]
 
     def step(i, carried):
         (acc,) = carried
@@ -597,6 +691,9 @@ def _scatter_add(op, args, attrs, out):
     ishape = _shape(index)
     rank = len(ishape)
     dim = normalize_dim(int(attrs["dim"]), rank)
+    index = checked_index(op, index, _shape(x)[dim], dim)
+    if _shape(x)[dim] == 0:
+        return [x]
 
     def nest(depth: int, coords: list[ir.Value], acc: ir.Value) -> ir.Value:
         if depth == rank:
@@ -702,5 +799,26 @@ class LowerToLinalgPass(KfPass):
         module.walk(visit)
         # Producers before users is the walk's order; each op's operands are already
         # lowered values (or block arguments) when its turn comes.
+        by_function: dict = {}
         for op in ops:
-            lower_op(op)
+            by_function.setdefault(_function_of(op), []).append(op)
+        for f, members in by_function.items():
+            sites = _Sites()
+            token = _SITES.set(sites)
+            try:
+                for op in members:
+                    lower_op(op)
+            finally:
+                _SITES.reset(token)
+            if sites.checks:
+                if f is None or f.name != "func.func":
+                    raise PassError("index checks need the indexing op inside a func.func", members[0].location)
+                sites.finish(f)
+
+
+def _function_of(op: ir.Operation) -> ir.Operation | None:
+    """The func.func (or other top-level op) that holds op."""
+    parent = op.parent
+    while parent is not None and parent.name not in ("func.func", "builtin.module"):
+        parent = parent.parent
+    return parent

@@ -9,6 +9,10 @@ The gpu.func gets the launch facts the back ends and the launcher need:
 memory), ``kf.fused_lines`` (the user's lines, from the kernel function) and
 ``kf.strategy``.
 
+A kernel whose results all have no elements is not written: its declaration gets
+``kf.empty`` instead of ``kf.gpu_func``, and the driver launches nothing for it (the
+launcher allocates its empty results).
+
 The kernel function keeps its name, type and attributes but loses its body:
 ``func.func private @k(...) -> ... attributes {kf.kernel = ..., kf.gpu_func =
 @kf_kernels::@k}``, so the host function's ``func.call @k`` ops stay as they are and
@@ -80,6 +84,12 @@ class MapToGpuPass(KfPass):
             gmod = E.gpu_module(module, GPU_MODULE)
         for kernel in kernels:
             with kernel.context, kernel.location:
+                _, outs = E.kernel_signature(kernel)
+                if outs and all(E.numel(s.shape) == 0 for s in outs):
+                    decl = E.declare_kernel(kernel, GPU_MODULE)
+                    del decl.attributes["kf.gpu_func"]
+                    decl.attributes["kf.empty"] = ir.UnitAttr.get()
+                    continue
                 try:
                     emitted, kind = _emit_one(kernel, gmod, info)
                 except (NotImplementedError, ValueError) as e:

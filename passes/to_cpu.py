@@ -181,6 +181,24 @@ def _f32_to_fp8(x: ir.Value, to: ir.Type) -> ir.Value:
     return arith.bitcast(to, arith.trunci(i8, result))
 
 
+def narrow_f64_conversions(module: ir.Operation) -> None:
+    """Rewrite every scalar ``arith.truncf`` from f64 to f16 or bf16 as a truncation to
+    f32, then to the 16-bit type. LLVM would otherwise call compiler-rt's
+    ``__truncdfbf2`` / ``__truncdfhf2``, which the JIT that makes kf's object code
+    cannot resolve (it aborts the process); torch converts a double to a half or a
+    bfloat16 through float as well, so the values are torch's."""
+    ops: list[ir.Operation] = []
+    module.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
+    for op in ops:
+        if op.name != "arith.truncf" or str(op.operands[0].type) != "f64" or \
+                str(op.result.type) not in ("f16", "bf16"):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            out = arith.truncf(op.result.type, arith.truncf(ir.F32Type.get(), op.operands[0]))
+        op.result.replace_all_uses_with(out)
+        op.erase()
+
+
 def expand_fp8_conversions(module: ir.Operation) -> None:
     """Rewrite every extf from and truncf to an fp8 type into integer arithmetic.
 
@@ -331,6 +349,7 @@ class ToCpuPass(KfPass):
     def run(self, module: ir.Operation) -> None:
         with module.context, module.location:
             expand_fp8_conversions(module)
+            narrow_f64_conversions(module)
         for op in module.regions[0].blocks[0].operations:
             op = op.operation  # an OpView's .name is its symbol, an Operation's its kind
             if op.name == "func.func" and is_public(op) and len(op.regions[0].blocks):

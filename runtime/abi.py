@@ -8,6 +8,21 @@ mlir nor torch, so a cache hit in a new process needs neither the compiler nor M
 Calling convention (destination passing), the same on every target: the kernel takes
 its inputs, then its outputs, each a dense row-major buffer of the given shape and
 element type; the launcher allocates outputs and makes inputs contiguous.
+
+Index checks: a program whose kernels load or store through indices (gather,
+index_select, index_add, scatter_add) lists each such op as an ``IndexSite``. Those
+kernels check every index against its bound where they use it, clamp it so the access
+stays inside the buffer, and report the first bad one in the program's error flag: one
+more buffer, ``ProgramABI.flag_buffer``, of ``INDEX_FLAG_WORDS`` int32 words that the
+launcher zeroes before the launch and reads after it (``ProgramABI.raise_index_error``)::
+
+    word 0: nonzero once an index was out of range
+    word 1: the IndexSite (its position in ``index_sites``) that saw it
+    words 2, 3: the index's value, low and high 32 bits
+
+The kernel that sees a bad index first sets word 0 with an atomic or and, only if it
+was 0 before, writes words 1..3, so the three belong to one index even when many
+threads fail at once.
 """
 
 from __future__ import annotations
@@ -43,6 +58,27 @@ class TensorArg:
         return self.numel * ELEM_INFO[self.elem][1]
 
 
+#: int32 words of a program's index error flag (see the module docstring).
+INDEX_FLAG_WORDS = 4
+
+
+class IndexOutOfRange(IndexError):
+    """An index that a kf kernel used is outside the dimension it indexes: the op, the
+    user's line and the bound it broke are in the message. The kernel clamped it (no
+    memory outside a buffer was touched); the call's results are not returned."""
+
+
+@dataclass(frozen=True)
+class IndexSite:
+    """One op whose kernel checks its indices: the kf op, the user's file:line, the
+    dimension it indexes and that dimension's size."""
+
+    op: str
+    where: str
+    dim: int
+    bound: int
+
+
 @dataclass(frozen=True)
 class KernelABI:
     """How to launch one kernel. ``args`` index into the program's buffers (see ProgramABI)."""
@@ -71,6 +107,34 @@ class ProgramABI:
     temporaries: tuple[TensorArg, ...] = ()
     kernels: tuple[KernelABI, ...] = ()
     output_aliases: tuple[int, ...] = ()  # for each output: -1, or the input it is a view of
+    index_sites: tuple[IndexSite, ...] = ()  # the ops whose kernels write the error flag
+
+    @property
+    def flag_buffer(self) -> int:
+        """The buffer id of the index error flag (after the temporaries), -1 when no
+        kernel checks indices."""
+        if not self.index_sites:
+            return -1
+        return len(self.inputs) + len(self.outputs) + len(self.temporaries)
+
+    @property
+    def flag_arg(self) -> TensorArg:
+        """The error flag as a buffer (``INDEX_FLAG_WORDS`` int32 words)."""
+        return TensorArg("index_error_flag", (INDEX_FLAG_WORDS,), "i32")
+
+    def raise_index_error(self, words) -> None:
+        """Raise IndexOutOfRange for a read-back error flag (a sequence of its int32
+        words) that is set; return when it is not."""
+        if not words[0]:
+            return
+        site = int(words[1])
+        value = (int(words[2]) & 0xFFFFFFFF) | (int(words[3]) << 32)
+        if site < 0 or site >= len(self.index_sites):
+            raise IndexOutOfRange(f"kf: a kernel used an index {value} that is out of range")
+        s = self.index_sites[site]
+        where = f" at {s.where}" if s.where else ""
+        # (the dimension's number is kf's: advanced indexing moves dims, so it is not said)
+        raise IndexOutOfRange(f"index {value} is out of range for a dimension of size {s.bound} ({s.op}{where})")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -86,8 +150,10 @@ class ProgramABI:
             KernelABI(k["entry"], tuple(k["args"]), tuple(k["grid"]), tuple(k["block"]), k["shared_bytes"],
                       k["artifact"], tuple(k["fused_lines"]), k["extra"])
             for k in d["kernels"])
+        sites = tuple(IndexSite(x["op"], x["where"], int(x["dim"]), int(x["bound"]))
+                      for x in d.get("index_sites", ()))
         return ProgramABI(d["target"], tuple(map(targ, d["inputs"])), tuple(map(targ, d["outputs"])),
-                          tuple(map(targ, d["temporaries"])), kernels, tuple(d.get("output_aliases", ())))
+                          tuple(map(targ, d["temporaries"])), kernels, tuple(d.get("output_aliases", ())), sites)
 
 
 #: Vulkan's subgroup operations (VkSubgroupFeatureFlagBits, bit i = name i) by the

@@ -86,8 +86,15 @@ class CpuProgram:
             for t, a in zip(outs, abi.outputs):
                 if self._check(t, a) is not t:
                     raise CpuLaunchError(f"{a.name}: an output buffer must be contiguous")
-        descriptors = [descriptor(t) for t in ins + outs]
+        bufs = ins + outs
+        flag = None
+        if abi.index_sites:  # the index error flag: the kernel writes all of it
+            flag = torch.empty(abi.flag_arg.shape, dtype=torch.int32)
+            bufs.append(flag)
+        descriptors = [descriptor(bufs[i]) for i in abi.kernels[0].args]
         self._entry(*[ctypes.addressof(d) for d in descriptors])
+        if flag is not None:
+            abi.raise_index_error(flag.tolist())
         return tuple(outs)
 
 

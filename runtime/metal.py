@@ -100,10 +100,16 @@ def run_program(abi: ProgramABI, sources: Mapping[str, str], inputs: Sequence) -
     outs = [torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]), device="mps") for a in abi.outputs]
     temps = [torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]), device="mps") for a in abi.temporaries]
     bufs = [t.contiguous() for t in inputs] + outs + temps
+    flag = None
+    if abi.index_sites:  # the index error flag, zeroed: kernels only ever set it
+        flag = torch.zeros(abi.flag_arg.shape, dtype=torch.int32, device="mps")
+        bufs.append(flag)
     for k in abi.kernels:
         if k.artifact not in sources:
             raise MetalError(f"no MSL for kernel {k.entry} (artifact '{k.artifact}')")
         launch(sources[k.artifact], k, [bufs[i] for i in k.args])
+    if flag is not None:  # .tolist() waits for the kernels
+        abi.raise_index_error(flag.tolist())
     for j, alias in enumerate(abi.output_aliases):
         if alias >= 0:
             outs[j] = inputs[alias].reshape(abi.outputs[j].shape)

@@ -8,6 +8,7 @@ artifacts alone.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Sequence
 
 import torch
@@ -119,6 +120,8 @@ class CudaProgram(_Program):
 
         modules = {}
         buffers = list(abi.inputs) + list(abi.outputs) + list(abi.temporaries)
+        if abi.index_sites:
+            buffers.append(abi.flag_arg)
         self.kernels = []
         for k in abi.kernels:
             if k.artifact not in modules:
@@ -126,6 +129,8 @@ class CudaProgram(_Program):
                     modules[k.artifact] = cuda.CudaModule(f.read().decode())
             self.kernels.append((cuda.CudaKernel.from_abi(k, buffers, modules[k.artifact], validate=False), k.args))
         self._alloc = None  # (shape, dtype) of outputs and temporaries, made on first use
+        self._replay_flag = None  # the index error flag that captured CUDA graphs write
+        self._flags = threading.local()  # each thread's index error flag (.word)
 
     def __call__(self, *inputs: torch.Tensor, events: list | None = None) -> tuple:
         """Launch the kernels; with ``events`` (the profiler's hook), each kernel is
@@ -148,8 +153,9 @@ class CudaProgram(_Program):
     def _lane_plan(self):
         """(kernels as (kernel, buffer order), outputs as (shape, stride, dtype),
         temporaries as (bytes, offsets)) of a program that a fast lane can run, or None
-        (see fast_lane)."""
-        if not self.abi.inputs or self.constants or any(a >= 0 for a in self.abi.output_aliases) or \
+        (see fast_lane; a program of no kernels, empty results, has nothing to hurry)."""
+        if not self.abi.inputs or not self.kernels or self.constants or self.abi.index_sites or \
+                any(a >= 0 for a in self.abi.output_aliases) or \
                 any(r >= 0 for r in self.repeats) or any(k.validate for k, _ in self.kernels):
             return None  # (a validating kernel has no launch_pointers)
         outputs = tuple((tuple(a.shape), torch.empty(a.shape, device="meta").stride(), _dtype(a.elem))
@@ -270,6 +276,11 @@ class CudaProgram(_Program):
         outs = [torch.empty(shape, dtype=dt, device=dev) for shape, dt in self._alloc[0]]
         temps = [torch.empty(shape, dtype=dt, device=dev) for shape, dt in self._alloc[1]]
         bufs = ins + outs + temps
+        flag, capturing = None, False
+        if self.abi.index_sites:
+            capturing = torch.cuda.is_current_stream_capturing()
+            flag = self._flag(capturing)
+            bufs.append(flag)
         if events is None:
             for kernel, args in self.kernels:
                 kernel(*[bufs[i] for i in args])
@@ -280,10 +291,48 @@ class CudaProgram(_Program):
                 kernel(*[bufs[i] for i in args])
                 end.record()
                 events.append((kernel.entry, start, end))
+        if flag is not None and not capturing:
+            self._check_flag(flag, dev)
         for j, alias in enumerate(self.abi.output_aliases):
             if alias >= 0:
                 outs[j] = ins[alias].reshape(self.abi.outputs[j].shape)
         return self._finish(outs)
+
+    def _flag(self, capturing: bool) -> torch.Tensor:
+        """The index error flag for one call: pinned host memory, which kernels write
+        directly (a pinned allocation's address is valid on the device under unified
+        addressing), so neither a memset launch nor a copy back is needed. Each thread
+        has its own, made once: kernels only set it, and the call that reads it set
+        clears it. Under a CUDA graph capture it is the program's own, kept for the
+        graph's replays."""
+        if self._replay_flag is None:  # made outside a capture, where the first call runs
+            self._replay_flag = torch.zeros(self.abi.flag_arg.shape, dtype=torch.int32, pin_memory=True)
+        if capturing:
+            return self._replay_flag
+        flag = getattr(self._flags, "word", None)
+        if flag is None:
+            flag = self._flags.word = torch.zeros(self.abi.flag_arg.shape, dtype=torch.int32, pin_memory=True)
+        return flag
+
+    def _check_flag(self, flag: torch.Tensor, dev) -> None:
+        """Wait for the call's kernels and raise IndexOutOfRange when one saw a bad
+        index. This is the price of the check on CUDA: a call of a program that indexes
+        waits for its stream (torch's own index kernels assert on the device instead,
+        which kills the CUDA context). A replay of a captured graph cannot wait: its
+        flag is read here, at the program's next call outside a capture."""
+        torch.cuda.current_stream(dev).synchronize()
+        if flag[0].item():
+            words = flag.tolist()
+            flag.zero_()
+            self.abi.raise_index_error(words)
+        replay = self._replay_flag
+        if replay[0].item():
+            words = replay.tolist()
+            replay.zero_()
+            try:
+                self.abi.raise_index_error(words)
+            except IndexError as e:
+                raise type(e)(f"{e}, in a replay of a CUDA graph that captured this function") from None
 
 
 class VulkanProgram(_Program):

@@ -932,7 +932,8 @@ def launch(spirv: bytes, kernel: KernelABI, args: Sequence, *, written: Sequence
     for i, t in enumerate(args):
         if layout is not None:
             _check_tensor(t, layout[i]["elem"], f"argument {i} of {kernel.entry}")
-            if t.numel() != _prod(layout[i]["shape"]):
+            # (an empty tensor is declared with its zero dims as 1: SPIR-V has no empty arrays)
+            if t.numel() != _prod(layout[i]["shape"]) and t.numel() > 0:
                 raise VulkanError(f"argument {i} of {kernel.entry} has {t.numel()} elements; the kernel was "
                                   f"compiled for shape {tuple(layout[i]['shape'])}")
     written = set(range(len(args)) if written is None else written)
@@ -975,6 +976,8 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
         bufs = [call.read(t) for t in inputs]
         bufs += [call.write(out) if out is not None else call.scratch(a.nbytes) for out, a in zip(outputs, abi.outputs)]
         bufs += [call.scratch(t.nbytes) for t in abi.temporaries]
+        if abi.index_sites:  # the index error flag, zeroed: kernels only ever set it
+            bufs.append(call.scratch(abi.flag_arg.nbytes, fill=bytes(abi.flag_arg.nbytes), read_back=True))
         for k in abi.kernels:
             if k.artifact not in binaries:
                 raise VulkanError(f"no SPIR-V for kernel {k.entry} (artifact '{k.artifact}')")
@@ -984,6 +987,9 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
         if not done:
             call.abandon()
     times = call.finish(timings is not None)
+    if abi.index_sites:
+        flag = torch.frombuffer(bytearray(call.results[bufs[abi.flag_buffer]]), dtype=torch.int32)
+        abi.raise_index_error(flag.tolist())
     for j, alias in enumerate(aliases):
         if alias >= 0:
             outputs[j] = inputs[alias].reshape(abi.outputs[j].shape)

@@ -206,6 +206,19 @@ def list_passes() -> str:
     return "\n".join(lines)
 
 
+def _decode(data: bytes, filename: str) -> str | None:
+    """The input as text; None, after a located diagnostic, when it is not UTF-8 (MLIR's
+    source files are UTF-8)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        print(f"{filename}:{line}:{col}: error: the input is not UTF-8 text: byte 0x{data[e.start]:02x} "
+              f"({e.reason})", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kf-opt", allow_abbrev=False,
                                  description="kf's mlir-opt: run kf and MLIR passes on a .mlir file. Passes are given "
@@ -250,9 +263,18 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, f"print_{when}", names)
     filename = "<stdin>" if args.input == "-" else args.input
     try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+        if args.input == "-":
+            # bytes where stdin has them (a replaced sys.stdin may be text already)
+            stdin = getattr(sys.stdin, "buffer", None)
+            data = stdin.read() if stdin is not None else sys.stdin.read().encode()
+        else:
+            with open(args.input, "rb") as f:
+                data = f.read()
     except OSError as e:
         print(f"kf-opt: cannot read {filename}: {e.strerror}", file=sys.stderr)
+        return 1
+    text = _decode(data, filename)
+    if text is None:
         return 1
 
     # Each chunk is padded with the newlines before it so that locations and

@@ -8,12 +8,16 @@ A strategy turns one kernel function into one ``gpu.func ... kernel`` inside the
 ``gpu.module @kf_kernels`` of the module: its arguments are statically shaped, dense
 row-major memrefs, the kernel's inputs then its outputs, in the kernel function's
 order. It writes every element of every output (no zero-initialized outputs are
-assumed) and handles any size, whatever its tile sizes (tails are guarded).
+assumed) and handles any size, whatever its tile sizes (tails are guarded). A kernel
+that loads or stores through a tensor of indices checks each index where it uses it
+(``emit.IndexChecks``): its gpu.func takes the program's index error flag as one more
+argument, last, and lists the ops it checks as ``kf.index_sites``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -178,6 +182,9 @@ def _strategy(kind: str) -> "Strategy | None":
 
 STRATEGIES: dict[str, Strategy] = {}
 _loaded = False
+#: Held while the strategy modules are imported: kf compiles from several threads, and
+#: a thread must not see the table before every module has registered.
+_LOAD_LOCK = threading.RLock()  # reentrant: a module that asks for a strategy while loading does not hang
 
 
 def register(strategy: Strategy) -> Strategy:
@@ -189,15 +196,18 @@ def strategy_for(kind: str) -> Strategy:
     """The strategy of a kind, importing the strategy modules on first use."""
     global _loaded
     if not _loaded:
-        # Import every strategy module once, even if one was imported directly before
-        # (its registration alone would leave the others, generic included, missing).
-        _loaded = True
-        import importlib
-        import pkgutil
+        with _LOAD_LOCK:
+            if not _loaded:
+                # Import every strategy module once, even if one was imported directly
+                # before (its registration alone would leave the others, generic
+                # included, missing); the table is complete before _loaded says so.
+                import importlib
+                import pkgutil
 
-        import kf.passes.strategies as pkg
+                import kf.passes.strategies as pkg
 
-        for info in pkgutil.iter_modules(pkg.__path__):
-            if info.name not in ("base",):
-                importlib.import_module(f"kf.passes.strategies.{info.name}")
+                for info in pkgutil.iter_modules(pkg.__path__):
+                    if info.name not in ("base",):
+                        importlib.import_module(f"kf.passes.strategies.{info.name}")
+                _loaded = True
     return STRATEGIES.get(kind) or STRATEGIES["generic"]

@@ -483,7 +483,14 @@ def broadcast_index(idx: Sequence[Ix], in_shape: Sequence[int], out_shape: Seque
 
 
 def memref_type(spec: TensorSpec, target: str) -> ir.MemRefType:
-    return ir.MemRefType.get(list(spec.shape), storage_type(spec.elem, target))
+    """The kernel argument type of a tensor. A tensor with no elements is declared
+    with its zero dims as 1: neither SPIR-V (no arrays of length 0) nor the GPU
+    lowerings' function signatures take an empty memref, and a kernel never touches an
+    element of an empty tensor (its loops over it run zero times)."""
+    shape = list(spec.shape)
+    if 0 in shape:
+        shape = [max(d, 1) for d in shape]
+    return ir.MemRefType.get(shape, storage_type(spec.elem, target))
 
 
 def gpu_module(module: ir.Operation, name: str = "kf_kernels") -> ir.Operation:
@@ -502,19 +509,158 @@ def gpu_module(module: ir.Operation, name: str = "kf_kernels") -> ir.Operation:
 
 
 def make_gpu_func(gmod: ir.Operation, name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                  block: Sequence[int], loc: ir.Location, *, target: str) -> tuple[ir.Operation, ir.Block]:
+                  block: Sequence[int], loc: ir.Location, *, target: str,
+                  index_flag: bool = False) -> tuple[ir.Operation, ir.Block]:
     """An empty ``gpu.func @name(inputs..., outputs...) kernel`` with known_block_size in
     gmod (erroring if the name is taken), its memrefs typed for target ("cuda" or
-    "spirv"); returns it and its entry block."""
+    "spirv"); returns it and its entry block. With ``index_flag`` it takes one more
+    argument, last: the program's index error flag (``IndexChecks``)."""
     body = gmod.regions[0].blocks[0]
     for op in body.operations:
         if "sym_name" in op.operation.attributes and ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
             raise ValueError(f"gpu.module already holds @{name}")
-    ftype = ir.FunctionType.get([memref_type(s, target) for s in [*inputs, *outputs]], [])
+    types = [memref_type(s, target) for s in [*inputs, *outputs]]
+    if index_flag:
+        types.append(ir.MemRefType.get([INDEX_FLAG_WORDS], ir.IntegerType.get_signless(32)))
+    ftype = ir.FunctionType.get(types, [])
     with ir.InsertionPoint(body), loc:
         f = gpu.GPUFuncOp(ftype, sym_name=name, kernel=True, known_block_size=[int(b) for b in block] + [1] * (3 - len(block)))
         entry = f.add_entry_block()
     return f.operation, entry
+
+
+# --------------------------------------------------------------------------- index checks
+
+#: int32 words of the error flag (runtime/abi.py's INDEX_FLAG_WORDS: the runtime reads it)
+INDEX_FLAG_WORDS = 4
+
+#: kf ops that load or store through an index operand (operand 1), and the dimension
+#: (attribute ``dim``) of operand 0 that it indexes
+INDEXING_OPS = ("kf.gather", "kf.index_select", "kf.index_add", "kf.scatter_add")
+
+
+def uses_indices(kernel: ir.Operation) -> bool:
+    """Whether a kernel function holds an op that indexes through a tensor of indices."""
+    return any(op.name in INDEXING_OPS for op in kernel_ops(kernel))
+
+
+def site_where(loc: ir.Location) -> str:
+    """The user's file:line of an op's location ("" when it has none)."""
+    import re
+
+    m = re.search(r'loc\("([^"]+)":(\d+)', str(loc))
+    return f"{m.group(1)}:{m.group(2)}" if m else ""
+
+
+class IndexChecks:
+    """Bounds checks of the indices one kernel loads or stores through.
+
+    ``check`` compares an index (an integer scalar as the tensor holds it, i32 or i64:
+    compared before any narrowing to ``index``, which is 32-bit on SPIR-V) with the
+    bound of the dimension it indexes, in one unsigned comparison (a negative index is
+    a huge unsigned one), and gives back an index that is always inside the dimension:
+    the index itself, or 0 when it is out of range. The thread keeps the first bad
+    index it meets (site and value) in two private words, without branching: checks sit
+    inside loops (a reduction over a gathered row, index_add's walk of the index), and
+    a branch there made lavapipe compute garbage. ``finish``, at the end of the kernel,
+    reports it into the program's error flag (``flag``, the kernel's last argument;
+    layout in runtime/abi.py): ``atomic or`` of 1 into word 0, and, by the one thread
+    that found it 0, the site and the value into words 1..3. On good input the cost is
+    a compare and three selects per index, in registers, and one branch per thread.
+
+    Sites are numbered across the gpu.module (``base``: the sites of the kernels
+    written before this one), and recorded on the gpu.func as ``kf.index_sites``
+    (``record``), from which the driver builds ProgramABI.index_sites.
+    """
+
+    def __init__(self, kb: IndexBuilder, flag: ir.Value, base: int):
+        self.kb, self.flag, self.base = kb, flag, base
+        self.sites: list[dict] = []
+        self._ids: dict = {}
+        i64 = ir.IntegerType.get_signless(64)
+        private = ir.Attribute.parse("#gpu.address_space<private>")
+        with ir.InsertionPoint.at_block_begin(kb.entry):
+            # [site + 1 of the first bad index (0: none yet), its value]
+            self.first = memref.alloca(ir.MemRefType.get([2], i64, memory_space=private), [], [])
+            zero = arith.constant(i64, 0)
+            for k in range(2):
+                memref.store(zero, self.first, [arith.constant(ir.IndexType.get(), k)])
+
+    @staticmethod
+    def first_site(gmod: ir.Operation) -> int:
+        """The number the next kernel's first site gets: the sites recorded so far."""
+        n = 0
+        for op in gmod.regions[0].blocks[0].operations:
+            if "kf.index_sites" in op.operation.attributes:
+                n += len(ir.ArrayAttr(op.operation.attributes["kf.index_sites"]))
+        return n
+
+    def site(self, op: ir.Operation, bound: int, dim: int) -> int:
+        key = (id(op), dim)
+        if key not in self._ids:
+            self._ids[key] = self.base + len(self.sites)
+            self.sites.append({"id": self._ids[key], "op": op.name, "where": site_where(op.location),
+                               "dim": dim, "bound": bound})
+        return self._ids[key]
+
+    def check(self, op: ir.Operation, value: ir.Value, bound: int, dim: int) -> ir.Value | None:
+        """``value`` as an index into a dimension of ``bound`` elements, clamped; None
+        when the dimension is empty (no index is valid: the error is noted, and the
+        caller must not access the tensor)."""
+        site = self.site(op, bound, dim)
+        t = value.type
+        if bound == 0:
+            self._note(site, value, None)
+            return None
+        bad = arith.cmpi(arith.CmpIPredicate.uge, value, self.kb.const(t, bound))
+        self._note(site, value, bad)
+        return self.kb.from_int(arith.select(bad, self.kb.const(t, 0), value))
+
+    def verify(self, op: ir.Operation, value: ir.Value, bound: int, dim: int) -> None:
+        """Check an index that is only compared, never used as an address (index_add
+        and scatter_add match their targets against it)."""
+        site = self.site(op, bound, dim)
+        self._note(site, value, arith.cmpi(arith.CmpIPredicate.uge, value, self.kb.const(value.type, bound)))
+
+    def _note(self, site: int, value: ir.Value, bad: ir.Value | None) -> None:
+        """Keep (site, value) as the thread's first bad index when ``bad`` (always when
+        None) and none was kept before."""
+        i64 = ir.IntegerType.get_signless(64)
+        kb = self.kb
+        c = lambda v: kb.const(ir.IndexType.get(), v)  # noqa: E731
+        kept = memref.load(self.first, [c(0)])
+        none_yet = arith.cmpi(arith.CmpIPredicate.eq, kept, kb.const(i64, 0))
+        take = none_yet if bad is None else arith.andi(bad, none_yet)
+        wide = value if ir.IntegerType(value.type).width == 64 else arith.extsi(i64, value)
+        memref.store(arith.select(take, kb.const(i64, site + 1), kept), self.first, [c(0)])
+        memref.store(arith.select(take, wide, memref.load(self.first, [c(1)])), self.first, [c(1)])
+
+    def finish(self) -> None:
+        """Report the thread's first bad index, if any, into the error flag (at the end
+        of the kernel, outside every loop)."""
+        i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+        kb = self.kb
+        c = lambda v: kb.const(ir.IndexType.get(), v)  # noqa: E731
+        kept = memref.load(self.first, [c(0)])
+        found = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ne, kept, kb.const(i64, 0)))
+        with ir.InsertionPoint(found.then_block):
+            before = memref.atomic_rmw(arith.AtomicRMWKind.ori, kb.const(i32, 1), self.flag, [c(0)])
+            first = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, before, kb.const(i32, 0)))
+            with ir.InsertionPoint(first.then_block):
+                value = memref.load(self.first, [c(1)])
+                memref.store(arith.trunci(i32, arith.subi(kept, kb.const(i64, 1))), self.flag, [c(1)])
+                memref.store(arith.trunci(i32, value), self.flag, [c(2)])
+                memref.store(arith.trunci(i32, arith.shrsi(value, kb.const(i64, 32))), self.flag, [c(3)])
+                scf.YieldOp([])
+            scf.YieldOp([])
+
+    def record(self, gfunc: ir.Operation) -> None:
+        """Record the sites on the kernel's gpu.func (``kf.index_sites``)."""
+        from kf.dialects.attrs import to_attr
+
+        gfunc.attributes["kf.index_sites"] = ir.ArrayAttr.get([
+            ir.DictAttr.get({k: to_attr("str" if isinstance(v, str) else "int", v) for k, v in s.items()})
+            for s in self.sites])
 
 
 def linear_thread_id(kb: IndexBuilder, block: int) -> ir.Value:

@@ -18,7 +18,10 @@ op that made ``v`` computes it from its operands' values at remapped indices:
   element after the previous pick, so no per-row scratch memory is needed;
 - gather / index_select load the index and read the input there; index_add and
   scatter_add loop, per output element, over the index and sum the sources that land
-  on it: deterministic, no atomics;
+  on it: deterministic, no atomics. Every index is checked against the dimension it
+  indexes where it is used (``emit.IndexChecks``): one out of range is clamped to 0 (no
+  access leaves the buffer) and sets the program's error flag, which the launcher
+  raises as an IndexError naming the op and the user's line;
 - constant: a splat is one constant, other constants a chain of selects on the linear
   index (up to ``MAX_CONSTANT_ELEMENTS``: bigger ones should be kernel inputs); fill: a
   constant;
@@ -59,7 +62,7 @@ from mlir import ir
 from mlir.dialects import arith, scf
 
 from . import emit as E
-from .base import EmittedKernel, Strategy, TargetInfo, register
+from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 
 MAX_CONSTANT_ELEMENTS = 1024
 
@@ -68,13 +71,16 @@ class Evaluator:
     """Computes the value of any tensor of a kernel function at an index, in compute type.
 
     ``inputs`` maps the kernel function's block arguments (by number) to the gpu.func's
-    memrefs. Subclasses may override ``load_input`` (the elementwise strategy loads
-    vectors there).
+    memrefs. ``checks`` (``emit.IndexChecks``) checks the indices of gather,
+    index_select, index_add and scatter_add; an evaluator without it refuses them
+    (NotApplicable), so no strategy can read through an unchecked index. Subclasses may
+    override ``load_input`` (the elementwise strategy loads vectors there).
     """
 
-    def __init__(self, kb: E.IndexBuilder, inputs: Sequence[ir.Value]):
+    def __init__(self, kb: E.IndexBuilder, inputs: Sequence[ir.Value], checks: E.IndexChecks | None = None):
         self.kb = kb
         self.inputs = list(inputs)
+        self.checks = checks
         self._scopes: list[dict] = [{}]
 
     # ---- caching by region
@@ -147,7 +153,15 @@ class Evaluator:
         handler = _HANDLERS.get(name)
         if handler is None:
             raise NotImplementedError(f"the generic strategy has no rule for {name}")
+        if name in E.INDEXING_OPS and self.checks is None:
+            raise NotApplicable(f"{name} needs its indices checked (a kernel with the index error flag)")
         return handler(self, op, idx, attrs)
+
+    def index(self, op: ir.Operation, index: ir.Value, at: Sequence[E.Ix], dim: int) -> ir.Value | None:
+        """Element ``at`` of the index tensor ``index`` of op, checked against dimension
+        ``dim`` of op's input and clamped into it (None: the dimension is empty)."""
+        bound = E.shape_of(op.operands[0])[dim]
+        return self.checks.check(op, self.value(index, at), bound, dim)
 
 
 # --------------------------------------------------------------------------- per-op rules
@@ -346,20 +360,32 @@ def _topk(ev: Evaluator, op, idx, attrs):
     return [v, i]
 
 
+def _zero(op) -> ir.Value:
+    return sm.const(E.compute_type(E.elem_of(op.results[0])), 0)
+
+
 def _gather(ev: Evaluator, op, idx, attrs):
     x, index = op.operands
     dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
     src = list(idx)
-    src[dim] = ev.kb.from_int(ev.value(index, idx))
-    return [ev.value(x, src)]
+    src[dim] = ev.index(op, index, idx, dim)
+    return [_zero(op) if src[dim] is None else ev.value(x, src)]
 
 
 def _index_select(ev: Evaluator, op, idx, attrs):
     x, index = op.operands
     dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
     src = list(idx)
-    src[dim] = ev.kb.from_int(ev.value(index, [idx[dim]]))
-    return [ev.value(x, src)]
+    src[dim] = ev.index(op, index, [idx[dim]], dim)
+    return [_zero(op) if src[dim] is None else ev.value(x, src)]
+
+
+def _target(ev: Evaluator, op, index: ir.Value, at: Sequence[E.Ix], dim: int) -> ir.Value:
+    """The index element ``at`` that index_add / scatter_add compare with an output
+    position along dim: checked (out of range it sets the flag and matches nothing)."""
+    v = ev.value(index, at)
+    ev.checks.verify(op, v, E.shape_of(op.operands[0])[dim], dim)
+    return ev.kb.from_int(v)
 
 
 def _index_add(ev: Evaluator, op, idx, attrs):
@@ -368,7 +394,7 @@ def _index_add(ev: Evaluator, op, idx, attrs):
     target = ev.kb.value(idx[dim])
 
     def step(i, c):
-        hit = arith.cmpi(arith.CmpIPredicate.eq, ev.kb.from_int(ev.value(index, [i])), target)
+        hit = arith.cmpi(arith.CmpIPredicate.eq, _target(ev, op, index, [i], dim), target)
         at = list(idx)
         at[dim] = i
         return [arith.select(hit, sm.emit("add", [c[0], ev.value(source, at)]), c[0])]
@@ -402,7 +428,7 @@ def _scatter_add(ev: Evaluator, op, idx, attrs):
     def step(j, c):
         at = list(idx)
         at[dim] = j
-        hit = arith.cmpi(arith.CmpIPredicate.eq, kb.from_int(ev.value(index, at)), target)
+        hit = arith.cmpi(arith.CmpIPredicate.eq, _target(ev, op, index, at, dim), target)
         return [arith.select(hit, sm.emit("add", [c[0], ev.value(source, at)]), c[0])]
 
     return ev.loop(trips, [ev.value(x, idx)], step)
@@ -518,17 +544,24 @@ class GenericStrategy(Strategy):
         ins, outs = E.kernel_signature(kernel)
         name = E.kernel_name(kernel)
         block, total, grid = int(plan["block"]), int(plan["numel"]), int(plan["grid"])
-        _, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
-                                  target=target.name)
+        flagged = E.uses_indices(kernel)
+        base = E.IndexChecks.first_site(gpu_module)
+        gfunc, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
+                                       target=target.name, index_flag=flagged)
         args = list(entry.arguments)
         with kernel.location, ir.InsertionPoint(entry):
             kb = E.IndexBuilder(entry)
-            ev = Evaluator(kb, args[:len(ins)])
+            checks = E.IndexChecks(kb, args[-1], base) if flagged else None
+            ev = Evaluator(kb, args[:len(ins)], checks)
+
             def body(lin):
                 with ev.scope():
-                    emit_outputs(ev, kernel, args[len(ins):], lin, total)
+                    emit_outputs(ev, kernel, args[len(ins):len(ins) + len(outs)], lin, total)
 
             E.for_each_thread_item(kb, total, block, grid, bool(plan["grid_stride"]), body)
+            if checks is not None:
+                checks.finish()
+                checks.record(gfunc)
             E.finish(entry)
         return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"})
 

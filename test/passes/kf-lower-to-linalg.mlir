@@ -165,14 +165,26 @@ func.func @layout(%a: tensor<3x7xf32>, %b: tensor<3x2xf32>) -> tensor<9x3xf32> {
 // -----
 
 // gather: a generic over the index that extracts from the input, the gathered dim
-// read from the index tensor and the others from linalg.index.
+// read from the index tensor and the others from linalg.index. The index is checked:
+// its minimum and maximum in one reduction, a copy with every index outside [0, 257)
+// as 0 (what the extract reads), and the function returns the index error flag
+// (set, site, value low and high) last, the site listed in kf.index_sites.
 // CHECK-LABEL: func.func @gather
-// CHECK: linalg.generic {{.*}} ins(%arg1 : tensor<3x4xi64>) outs(%{{.*}} : tensor<3x4xf32>)
+// CHECK-SAME: -> (tensor<3x4xf32>, tensor<4xi32>) attributes {kf.index_sites = [{bound = 257 : i64, dim = 1 : i64, op = "kf.gather", where = "{{.*}}"}]}
+// CHECK: %[[LOHI:.*]]:2 = linalg.generic {{.*}} iterator_types = ["reduction", "reduction"]} ins(%arg1 : tensor<3x4xi64>)
+// CHECK: arith.minsi
+// CHECK: arith.maxsi
+// CHECK: %[[SAFE:.*]] = linalg.generic {{.*}} ins(%arg1 : tensor<3x4xi64>) outs(%{{.*}} : tensor<3x4xi64>)
+// CHECK: %[[BAD:.*]] = arith.cmpi uge, %{{.*}}, %{{.*}} : i64
+// CHECK: arith.select %[[BAD]]
+// CHECK: linalg.generic {{.*}} ins(%[[SAFE]] : tensor<3x4xi64>) outs(%{{.*}} : tensor<3x4xf32>)
 // CHECK: ^bb0(%[[IDX:.*]]: i64, %{{.*}}: f32):
 // CHECK: %[[ROW:.*]] = linalg.index 0 : index
 // CHECK: %[[COL:.*]] = arith.index_cast %[[IDX]] : i64 to index
 // CHECK: %[[X:.*]] = tensor.extract %arg0[%[[ROW]], %[[COL]]] : tensor<3x257xf32>
 // CHECK: linalg.yield %[[X]] : f32
+// CHECK: %[[FLAG:.*]] = tensor.from_elements {{.*}} : tensor<4xi32>
+// CHECK: return %{{.*}}, %[[FLAG]] : tensor<3x4xf32>, tensor<4xi32>
 func.func @gather(%a: tensor<3x257xf32>, %i: tensor<3x4xi64>) -> tensor<3x4xf32> {
   %0 = "kf.gather"(%a, %i) {dim = 1} : (tensor<3x257xf32>, tensor<3x4xi64>) -> tensor<3x4xf32>
   return %0 : tensor<3x4xf32>

@@ -160,3 +160,40 @@ func.func @noise_main(%state: tensor<2xi64>) -> tensor<15xbf16> {
   %0 = call @noise(%state) : (tensor<2xi64>) -> tensor<15xbf16>
   return %0 : tensor<15xbf16>
 }
+
+// -----
+
+// Indices are checked where a kernel uses them: the gpu.func takes the program's error
+// flag last (memref<4xi32>) and lists its sites (kf.index_sites, numbered across the
+// gpu.module); each index is compared unsigned with its bound and clamped to 0 when
+// out of range, the thread's first bad (site + 1, value) kept in private words, and
+// reported once after the loop with an atomic or into word 0. A kernel whose results
+// have no elements is not written (kf.empty on its declaration).
+// CHECK-LABEL: func.func private @nothing
+// CHECK-SAME: kf.empty
+// CHECK: gpu.func @pick(%[[X:.*]]: memref<7x5xf32>, %[[I:.*]]: memref<3xi64>, %[[Y:.*]]: memref<3x5xf32>, %[[FLAG:.*]]: memref<4xi32>) kernel
+// CHECK-SAME: kf.index_sites = [{bound = 7 : i64, dim = 0 : i64, id = 0 : i64, op = "kf.index_select", where = "model.py:8"}]
+// CHECK: %[[FIRST:.*]] = memref.alloca() : memref<2xi64, #gpu.address_space<private>>
+// CHECK: %[[IDX:.*]] = memref.load %[[I]]
+// CHECK: %[[BAD:.*]] = arith.cmpi uge, %[[IDX]], %c7_i64 : i64
+// CHECK: %[[SAFE:.*]] = arith.select %[[BAD]], %c0_i64, %[[IDX]] : i64
+// CHECK: %[[ROW:.*]] = arith.index_cast %[[SAFE]] : i64 to index
+// CHECK: memref.load %[[X]][%[[ROW]]
+// CHECK: scf.if
+// CHECK: memref.atomic_rmw ori %c1_i32, %[[FLAG]][%c0] : (i32, memref<4xi32>) -> i32
+// CHECK-NOT: gpu.func @nothing
+// SPIRV: gpu.func @pick({{.*}}, %{{.*}}: memref<4xi32>) kernel
+// SPIRV: memref.atomic_rmw ori
+func.func private @pick(%x: tensor<7x5xf32>, %i: tensor<3xi64>) -> tensor<3x5xf32> attributes {kf.kernel = "generic", kf.fused_lines = ["model.py:8"]} {
+  %0 = "kf.index_select"(%x, %i) {dim = 0} : (tensor<7x5xf32>, tensor<3xi64>) -> tensor<3x5xf32> loc("model.py":8:3)
+  return %0 : tensor<3x5xf32>
+}
+func.func private @nothing(%x: tensor<0x5xf32>) -> tensor<0x5xf32> attributes {kf.kernel = "elementwise"} {
+  %0 = "kf.relu"(%x) : (tensor<0x5xf32>) -> tensor<0x5xf32>
+  return %0 : tensor<0x5xf32>
+}
+func.func @main(%x: tensor<7x5xf32>, %i: tensor<3xi64>, %e: tensor<0x5xf32>) -> (tensor<3x5xf32>, tensor<0x5xf32>) {
+  %0 = call @pick(%x, %i) : (tensor<7x5xf32>, tensor<3xi64>) -> tensor<3x5xf32>
+  %1 = call @nothing(%e) : (tensor<0x5xf32>) -> tensor<0x5xf32>
+  return %0, %1 : tensor<3x5xf32>, tensor<0x5xf32>
+}

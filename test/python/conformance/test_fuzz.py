@@ -126,14 +126,7 @@ def check(target: str, fn, args: tuple, consts: tuple = (), *, scaled: bool = Fa
     scaled: the tolerance scales with fn on the inputs' magnitudes (sums, products)."""
     if any(pending(target, args) for pending, _ in PENDING):
         assume(False)
-    try:
-        out = compiled(fn, target)(*args, *consts)
-    except kf.CompileError:
-        if any(a.numel() == 0 for a in args):
-            # kf refuses some size-0 inputs with a clear error while that fix is pending;
-            # test_size_zero below holds the known cases (wrong values are never let pass)
-            assume(False)
-        raise
+    out = compiled(fn, target)(*args, *consts)
     eager = fn(*args, *consts)
     outs, eagers = (out, eager) if isinstance(eager, tuple) else ((out,), (eager,))
     refs = fn(*(a.double() if a.is_floating_point() else a for a in args), *consts)
@@ -505,7 +498,6 @@ def test_single_element_strided(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.xfail(strict=True, reason="size-0 inputs are refused or crash (pending fix)", raises=kf.CompileError)
-def test_pending_size_zero(target):
+def test_size_zero(target):
     out = compiled(view_ops, target)(torch.rand(0, 0))
     assert out.shape == view_ops(torch.rand(0, 0)).shape

@@ -41,23 +41,13 @@ JOBS = int(os.environ.get("KF_CONFORMANCE_JOBS", "2"))
 
 # Why cases of the sample fail today, each pending its own fix (test/conformance/README.md
 # lists them with their reproducers).
-ZERO_DIM_NONZERO = "nonzero/argwhere of a 0-dim tensor crashes (SIGSEGV in the torch-mlir import)"
-NARROW_INTS = "int8/int16 dtypes are internal errors (TypeError from kf's dtype table), not clear ones"
-COMPLEX = ("complex dtypes are internal errors (KfTypeError/TypeError from kf's dtype table wrapped as "
-           "'internal compiler error'), not a clear refusal")
-SCALAR_RESULT = "a function returning a Python number (Tensor.item) is an internal error, not a clear refusal"
 SPARSE = "sparse tensor arguments escape as a raw RuntimeError from is_contiguous in kf's dispatch key"
-BF16_CPU_SYMBOLS = "CPU bf16 programs of torch-mlir-lowered ops abort: 'Failed to materialize symbols'"
 VAR_CORRECTION = "var/std over an empty dimension is not NaN as in eager (var/std correction fix pending)"
 
 #: (target, dtype, op) -> why its case fails today
 EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
-    **{(t, "float32", op): why for t in ("cpu", "vulkan") for op, why in [
-        ("argwhere", ZERO_DIM_NONZERO), ("complex", COMPLEX), ("item", SCALAR_RESULT), ("short", NARROW_INTS),
-        ("sparse.sampled_addmm", SPARSE), ("stft", COMPLEX), ("view_as_complex", COMPLEX)]},
-    ("cpu", "bfloat16", "cdouble"): COMPLEX,
-    ("cpu", "bfloat16", "char"): NARROW_INTS,
-    ("cpu", "bfloat16", "var_mean"): BF16_CPU_SYMBOLS,
+    **{(t, "float32", "sparse.sampled_addmm"): SPARSE for t in ("cpu", "vulkan")},
+    ("cpu", "bfloat16", "var_mean"): VAR_CORRECTION,
     ("cpu", "bfloat16", "var_mean.unbiased"): VAR_CORRECTION,
 }
 

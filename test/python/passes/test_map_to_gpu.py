@@ -83,36 +83,50 @@ def gpu_func(module):
     return f
 
 
-def run_vulkan(build, *inputs, kind="generic", plan_edit=None):
-    """Compile build for the inputs' shapes and dtypes and run it on Vulkan."""
+def run_vulkan(build, *inputs, kind="generic", plan_edit=None, flag=None):
+    """Compile build for the inputs' shapes and dtypes and run it on Vulkan. A kernel
+    that checks indices gets a zeroed error flag, last; it must stay 0 unless ``flag``
+    (a list) is given, which then receives the flag's words."""
     specs = [TensorSpec(tuple(t.shape), ELEM[t.dtype]) for t in inputs]
     ctx, module = build_module(build, specs, kind, plan_edit)
     with ctx:
         f = gpu_func(module)
         grid = tuple(ir.DenseI64ArrayAttr(f.attributes["kf.grid"]))
         ftype = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
-        outs = [ir.MemRefType(t) for t in ftype.inputs[len(inputs):]]
+        flagged = "kf.index_sites" in f.attributes
+        outs = [ir.MemRefType(t) for t in ftype.inputs[len(inputs):len(ftype.inputs) - flagged]]
         out_specs = [(tuple(t.shape), str(t.element_type)) for t in outs]
         [binary] = compile_spirv(module)
     [kernel] = binary.kernels.values()
     outputs = [_sentinel(shape, TORCH[e]) for shape, e in out_specs]
-    abi = KernelABI(kernel.entry, tuple(range(len(inputs) + len(outputs))), grid=grid,
+    words = [torch.zeros(4, dtype=torch.int32)] if flagged else []
+    abi = KernelABI(kernel.entry, tuple(range(len(inputs) + len(outputs) + len(words))), grid=grid,
                     block=kernel.workgroup_size, extra=kernel.abi_extra())
-    args = [t.contiguous() for t in inputs] + outputs
+    args = [t.contiguous() for t in inputs] + outputs + words
     vulkan.launch(binary.binary, abi, args, written=list(range(len(inputs), len(args))))
+    _flag_words(words, flag)
     return tuple(outputs)
+
+
+def _flag_words(words, flag):
+    if flag is not None:
+        flag.extend(words[0].tolist() if words else [])
+    elif words:
+        assert not any(words[0].tolist()), f"a kernel reported a bad index: {words[0].tolist()}"
 
 
 def has_cuda() -> bool:
     return kcuda._drv is not None and torch.cuda.is_available()
 
 
-def run_cuda(build, *inputs, kind="generic", plan_edit=None):
-    """Compile build with kf-to-cuda and launch it through runtime/cuda.py on the GPU."""
+def run_cuda(build, *inputs, kind="generic", plan_edit=None, flag=None):
+    """Compile build with kf-to-cuda and launch it through runtime/cuda.py on the GPU
+    (the error flag as run_vulkan's)."""
     specs = [TensorSpec(tuple(t.shape), ELEM[t.dtype]) for t in inputs]
     ctx, module = build_module(build, specs, kind, plan_edit, target="cuda")
     with ctx:
         f = gpu_func(module)
+        flagged = "kf.index_sites" in f.attributes
         grid = tuple(ir.DenseI64ArrayAttr(f.attributes["kf.grid"]))
         block = tuple(ir.DenseI64ArrayAttr(f.attributes["kf.block"]))
         [decl] = [op.operation for op in module.body.operations if op.operation.name == "func.func"
@@ -121,9 +135,12 @@ def run_cuda(build, *inputs, kind="generic", plan_edit=None):
         out_specs = [(tuple(ir.RankedTensorType(t).shape), str(ir.RankedTensorType(t).element_type)) for t in results]
         ptx = compile_to_ptx(module)["kf_kernels"]
     outputs = [_sentinel(shape, TORCH[e]).cuda() for shape, e in out_specs]
-    kernel = kcuda.CudaKernel(kcuda.CudaModule(ptx), "k", grid, block, 0, args=len(inputs) + len(outputs))
-    kernel(*[t.contiguous().cuda() for t in inputs], *outputs)
+    words = [torch.zeros(4, dtype=torch.int32, device="cuda")] if flagged else []
+    kernel = kcuda.CudaKernel(kcuda.CudaModule(ptx), "k", grid, block, 0,
+                              args=len(inputs) + len(outputs) + len(words))
+    kernel(*[t.contiguous().cuda() for t in inputs], *outputs, *words)
     torch.cuda.synchronize()
+    _flag_words([w.cpu() for w in words], flag)
     return tuple(o.cpu() for o in outputs)
 
 
@@ -474,6 +491,76 @@ def test_scatter_add(run):
     src = rand(3, 11)
     (got,) = run(lambda x, i, s: kb.scatter_add(x, i, s, dim=1), a, index, src)
     check(got, a.scatter_add(1, index, src))
+
+
+@pytest.mark.parametrize("itype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("op", ["gather", "index_select", "index_add", "scatter_add"])
+@pytest.mark.parametrize("bad", [7, -1, 2 ** 31 - 1, -(2 ** 31)])
+def test_bad_index_is_clamped_and_sets_the_flag(run, op, itype, bad):
+    """An index outside its dimension sets the error flag (set; site; value low, high) and
+    is clamped: the kernel writes every output and touches nothing outside the input
+    (an index of 2**31 - 1 would land far outside it)."""
+    a = rand(7, 5)
+    good = torch.tensor([[1, 6, 0, 2, 3]], dtype=itype)
+    worse = good.clone()
+    worse[0, 2] = bad
+    builds = {
+        "gather": lambda x, i: kb.gather(x, i, dim=0),
+        "index_select": lambda x, i: kb.index_select(x, kb.reshape(i, [5]), dim=0),
+        "index_add": lambda x, i: kb.index_add(x, kb.reshape(i, [5]), kb.slice(x, dim=0, start=0, end=5), dim=0),
+        "scatter_add": lambda x, i: kb.scatter_add(x, i, x, dim=0),
+    }
+    flag: list = []
+    (clean,) = run(builds[op], a, good)
+    (got,) = run(builds[op], a, worse, flag=flag)
+    wide = bad if itype == torch.int64 else int(torch.tensor(bad, dtype=torch.int32))
+    assert flag == [1, 0, wide & 0xFFFFFFFF if wide & 0x80000000 == 0 else (wide & 0xFFFFFFFF) - 2 ** 32,
+                    wide >> 32], flag
+    assert not torch.isnan(got).any()  # written everywhere, from inside the input
+    if op in ("gather", "index_select"):  # the bad index read row 0, the others their own
+        want = clean.clone()
+        if op == "index_select":
+            want[2] = a[0]
+        else:
+            want[0, 2] = a[0, 2]
+        check(got, want)
+
+
+def test_empty_dimension_sets_the_flag_and_reads_nothing(run):
+    a = torch.empty(0, 5)
+    flag: list = []
+    (got,) = run(lambda x, i: kb.index_select(x, i, dim=0), a, torch.tensor([0, 0]), flag=flag)
+    assert flag[:3] == [1, 0, 0] and got.shape == (2, 5) and not torch.isnan(got).any()
+
+
+def test_index_sites_are_numbered_across_kernels():
+    """Two kernels of one module: the second's sites continue the first's numbers, and
+    each gpu.func records its own (kf.index_sites) with the op, line, dim and bound."""
+    specs = [TensorSpec((7, 5), "f32"), TensorSpec((3,), "i64")]
+    ctx = make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        types = [mlir_type(s) for s in specs]
+        kernels = []
+        with ir.InsertionPoint(module.body):
+            for name, dim in (("k0", 0), ("k1", 1)):
+                @func.FuncOp.from_py_func(*types, name=name)
+                def k(x, i, dim=dim):
+                    loc = ir.Location.file("user.py", 10 + dim, 1)
+                    return kb.index_select(x, i, dim=dim, loc=loc), kb.gather(x, kb.broadcast_to(
+                        kb.reshape(i, [3, 1]), [3, 5]), dim=0, loc=loc)
+
+                k.func_op.attributes["kf.kernel"] = ir.StringAttr.get("generic")
+                k.func_op.attributes["sym_visibility"] = ir.StringAttr.get("private")
+                kernels.append(k.func_op)
+        TilePass(target="spirv").run(module.operation)
+        MapToGpuPass(target="spirv").run(module.operation)
+        [gm] = [op for op in module.body.operations if op.operation.name == "gpu.module"]
+        sites = [[{a[j].name: a[j].attr for j in range(len(ir.DictAttr(a)))} for a in
+                  ir.ArrayAttr(f.operation.attributes["kf.index_sites"])] for f in gm.regions[0].blocks[0].operations]
+        assert [[int(ir.IntegerAttr(d["id"]).value) for d in fs] for fs in sites] == [[0, 1], [2, 3]]
+        assert [ir.StringAttr(d["where"]).value for d in sites[1]] == ["user.py:11", "user.py:11"]
+        assert [int(ir.IntegerAttr(d["bound"]).value) for d in sites[1]] == [5, 7]
 
 
 def test_constant_and_fill(run):

@@ -1,11 +1,12 @@
 """runtime/abi.py: DeviceLimits, the device facts the SPIR-V strategies tile for, as the
-runtime reads them from a Vulkan device and as the compiler takes them (text)."""
+runtime reads them from a Vulkan device and as the compiler takes them (text); the index
+error flag that kernels write and launchers read."""
 
 from __future__ import annotations
 
 import pytest
 
-from kf.runtime.abi import DeviceLimits
+from kf.runtime.abi import INDEX_FLAG_WORDS, DeviceLimits, IndexOutOfRange, IndexSite, KernelABI, ProgramABI, TensorArg
 
 
 @pytest.mark.parametrize("name", ["lavapipe", "nvidia-h200"])
@@ -50,3 +51,43 @@ def test_defaults_are_the_portable_device():
 def test_malformed_limits_say_what_is_wrong(text, what):
     with pytest.raises(ValueError, match=what):
         DeviceLimits.parse(text)
+
+
+def _abi(sites=()):
+    return ProgramABI("cuda", (TensorArg("x", (7, 5), "f32"), TensorArg("i", (3,), "i64")),
+                      (TensorArg("result0", (3, 5), "f32"),), (TensorArg("tmp0", (3,), "i64"),),
+                      (KernelABI("k", (0, 1, 2)),), (-1,), tuple(sites))
+
+
+SITES = (IndexSite("kf.gather", "model.py:3", 1, 5), IndexSite("kf.index_select", "model.py:8", 0, 7))
+
+
+def test_the_flag_is_the_buffer_after_the_temporaries():
+    assert _abi().flag_buffer == -1
+    abi = _abi(SITES)
+    assert abi.flag_buffer == 4
+    assert abi.flag_arg.shape == (INDEX_FLAG_WORDS,) and abi.flag_arg.elem == "i32"
+
+
+def test_sites_survive_json():
+    abi = _abi(SITES)
+    assert ProgramABI.from_json(abi.to_json()) == abi
+
+
+def test_a_clear_flag_raises_nothing():
+    _abi(SITES).raise_index_error([0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("value", [7, -1, 2 ** 40 + 3, -(2 ** 40), 2 ** 63 - 1, -(2 ** 63)])
+def test_a_set_flag_names_the_value_the_bound_the_op_and_the_line(value):
+    lo = value & 0xFFFFFFFF
+    words = [1, 1, lo - (1 << 32) if lo >= 1 << 31 else lo, value >> 32]  # as int32 words read back
+    with pytest.raises(IndexOutOfRange, match=rf"^index {value} is out of range for a dimension of size 7 "
+                                              rf"\(kf.index_select at model.py:8\)$"):
+        _abi(SITES).raise_index_error(words)
+
+
+def test_index_out_of_range_is_an_index_error():
+    import kf
+
+    assert issubclass(kf.IndexOutOfRange, IndexError) and kf.IndexOutOfRange is IndexOutOfRange
