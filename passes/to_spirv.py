@@ -19,8 +19,8 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
    - ``memref.alloca`` in workgroup space becomes ``memref.alloc`` (only alloc has a
      Workgroup pattern upstream);
    - math ops upstream's MathToSPIRV lacks (erf, erfc, exp2, trunc, cbrt, atan2, ipowi)
-     are expanded and powf gets torch's values where GLSL's pow is undefined
-     (``_expand_math``); ``arith-expand`` rewrites floordivsi/ceildivsi;
+     are expanded, and powf gets torch's values where GLSL's pow is undefined (negative
+     and zero bases: ``_powf``); ``arith-expand`` rewrites floordivsi/ceildivsi;
    - 1-D ``vector.load/store`` on scalar memrefs become scalar accesses (upstream's
      pointer bitcast is illegal under Vulkan's logical addressing);
    - bf16 (see below);
@@ -499,6 +499,37 @@ _EXPANDED_MATH = ("math.erf", "math.erfc", "math.exp2", "math.trunc", "math.cbrt
                   "math.powf")
 
 
+def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
+    """x ** y with C's (and torch's) values, from GLSL's pow, which is defined only for
+    x > 0: pow(|x|, y) gives the magnitude; a negative base takes the sign of an odd
+    integer exponent and is NaN for a non-integer one (except -inf, which C defines for
+    every y); a zero base gives 0 or inf (signed by an odd integer exponent); and
+    pow(x, 0) = pow(1, y) = pow(-1, +-inf) = 1 even for NaN operands, as C's pow."""
+    from mlir.dialects import arith
+    from mlir.dialects import math as m
+
+    t, P = x.type, arith.CmpFPredicate
+    ax = m.absf(x)
+    p = m.powf(ax, y)
+    fy = m.floor(y)
+    integer = arith.cmpf(P.OEQ, fy, y)  # false for NaN, true for +-inf
+    half = arith.mulf(y, c(t, 0.5))
+    odd = arith.andi(integer, arith.cmpf(P.ONE, m.floor(half), half))  # every f32 of magnitude >= 2^25 is even
+    signed_p = arith.select(odd, arith.negf(p), p)
+    negative = arith.cmpf(P.OLT, x, c(t, 0.0))
+    minus_inf = arith.cmpf(P.OEQ, x, c(t, -math.inf))
+    r = arith.select(negative, arith.select(arith.ori(integer, minus_inf), signed_p, c(t, math.nan)), p)
+    zero = arith.select(arith.cmpf(P.OLT, y, c(t, 0.0)), c(t, math.inf), c(t, 0.0))
+    zero = arith.select(odd, m.copysign(zero, x), zero)  # (-0) ** odd keeps the sign
+    zero = arith.select(arith.cmpf(P.UNO, y, y), c(t, math.nan), zero)
+    r = arith.select(arith.cmpf(P.OEQ, x, c(t, 0.0)), zero, r)
+    r = arith.select(arith.cmpf(P.UNO, x, y), c(t, math.nan), r)
+    unit = arith.ori(arith.cmpf(P.OEQ, y, c(t, 0.0)), arith.cmpf(P.OEQ, x, c(t, 1.0)))
+    unit = arith.ori(unit, arith.andi(arith.cmpf(P.OEQ, x, c(t, -1.0)),
+                                      arith.cmpf(P.OEQ, m.absf(y), c(t, math.inf))))
+    return arith.select(unit, c(t, 1.0), r)
+
+
 def _expand_math(gm: ir.Operation) -> None:
     """Rewrite the ops of ``_EXPANDED_MATH`` into ops SPIR-V has (GLSL.std.450).
 
@@ -507,8 +538,8 @@ def _expand_math(gm: ir.Operation) -> None:
     arguments do not cancel to 0 early); exp2(x) = pow(2, x); trunc(x) = copysign(floor(|x|),
     x); cbrt(x) = copysign(pow(|x|, 1/3), x); atan2 by quadrant from atan(y / x);
     ipowi by square-and-multiply over the exponent's bits (negative exponents: 0, except
-    for bases 1 and -1, as upstream's ipowi expansion). powf is kept but given torch's
-    values where GLSL's pow is undefined: pow(x, 0) = 1, pow(0, y < 0) = inf."""
+    for bases 1 and -1, as upstream's ipowi expansion). powf keeps GLSL's pow for the
+    magnitude and takes torch's values where GLSL's pow is undefined (``_powf``)."""
     from mlir.dialects import arith, scf
     from mlir.dialects import math as m
 
@@ -553,12 +584,7 @@ def _expand_math(gm: ir.Operation) -> None:
                 near = arith.subf(c(t, 1.0), arith.select(is_small, small, m.copysign(arith.subf(c(t, 1.0), tail), x)))
                 r = arith.select(positive, tail, near)
             elif op.name == "math.powf":
-                y = op.operands[1]
-                p = m.powf(x, y)
-                zero_base = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, y, c(t, 0.0)), c(t, math.inf),
-                                         c(t, 0.0))
-                r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, x, c(t, 0.0)), zero_base, p)
-                r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, y, c(t, 0.0)), c(t, 1.0), r)
+                r = _powf(x, op.operands[1], c)
             elif op.name == "math.exp2":
                 r = m.powf(c(t, 2.0), x)
             elif op.name == "math.trunc":

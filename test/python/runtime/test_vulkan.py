@@ -420,6 +420,33 @@ def test_math_ops(op, ref, prep, rtol, atol):
 
 
 @needs_vulkan
+def test_powf_negative_and_special_bases():
+    """math.powf where GLSL's pow is undefined (x <= 0) gets torch's values: NaN for a
+    negative base and a non-integer exponent, the sign of an odd integer exponent, signed
+    zeros and infinities for zero bases, 1 for pow(x, 0), pow(1, y) and pow(-1, +-inf);
+    random negative bases with integer and non-integer exponents besides."""
+    inf, nan = math.inf, math.nan
+    bases = [-inf, -3.0, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, inf, nan]
+    exps = [-inf, -3.0, -2.0, -1.5, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, 3.0, 2.5, 1e10, 3e7 + 1, inf, nan]
+    grid_a = torch.tensor([b for b in bases for _ in exps])
+    grid_b = torch.tensor([e for _ in bases for e in exps])
+    gen = torch.Generator().manual_seed(13)
+    m = 1000
+    ra = -torch.rand(m, generator=gen) * 4 - 0.01
+    rb = torch.randint(-6, 7, (m,), generator=gen).float() + torch.where(
+        torch.rand(m, generator=gen) < 0.5, 0.0, torch.rand(m, generator=gen))
+    a, b = torch.cat([grid_a, ra]), torch.cat([grid_b, rb])
+    n = a.numel()
+    binary, k = compile_one(op_kernel(n, "f32", "math.powf %x, %y"))
+    c = torch.empty(n)
+    vulkan.launch(binary, kernel_abi(k, (math.ceil(n / 128), 1, 1)), [a, b, c], written=[2])
+    want = torch.pow(a, b)
+    torch.testing.assert_close(c, want, rtol=2e-5, atol=0, equal_nan=True)
+    assert torch.equal(c.isnan(), want.isnan())
+    assert torch.equal(torch.signbit(c[~want.isnan()]), torch.signbit(want[~want.isnan()]))
+
+
+@needs_vulkan
 @pytest.mark.parametrize("elem", ["i32", "i64"])
 @pytest.mark.parametrize("op", ["math.ipowi %x, %y", "arith.floordivsi %x, %y", "arith.remsi %x, %y",
                                 "arith.maxsi %x, %y", "math.absi %x"])
