@@ -403,15 +403,15 @@ class AttentionStrategy(Strategy):
     MAX_REGISTER_TILE = 64
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
-        """Block sizes: the largest BLOCK_M x BLOCK_N tile (then the larger BLOCK_M, then
-        more threads) whose Q, K/V, P and row-exchange buffers fit the shared-memory
-        budget, with 128, 64, 32 or 16 threads (TPR = threads / BLOCK_M lanes per row,
-        dividing BLOCK_N) and at most MAX_REGISTER_TILE scores plus accumulators per thread. A lane
-        owns ceil(Dv / TPR) output columns (the last partly past Dv where TPR does not
-        divide it: those are computed on a clamped column and not stored), so every head
-        dim has a plan; fewer threads let a short query block (BLOCK_M = 4) take key blocks
-        small enough for a large head dim's budget, or for a few keys. Blocks larger than the
-        sequences are not considered."""
+        """Block sizes: the largest BLOCK_M x BLOCK_N tile (then the larger BLOCK_M) whose
+        Q, K/V, P and row-exchange buffers fit the shared-memory budget, with 128 threads,
+        or the most of 64, 32 and 16 that have such a tile (TPR = threads / BLOCK_M lanes
+        per row, dividing BLOCK_N), and at most MAX_REGISTER_TILE scores plus
+        accumulators per thread. A lane owns ceil(Dv / TPR) output columns (the last
+        partly past Dv where TPR does not divide it: those are computed on a clamped
+        column and not stored), so every head dim has a plan; fewer threads let a short
+        query block (BLOCK_M = 4) take key blocks small enough for a large head dim's
+        budget, or for a few keys. Blocks larger than the sequences are not considered."""
         ch = _Chain(kernel)
         d, dv = ch.head_dim, ch.head_dim_v
         mma = self._mma_plan(ch, target)
@@ -419,7 +419,7 @@ class AttentionStrategy(Strategy):
             return mma
         best = None
         for threads in (128, 64, 32, 16):
-            if threads > target.max_threads:
+            if threads > target.max_threads or best is not None:
                 continue
             for bm in (64, 32, 16, 8, 4):
                 if bm > max(4, _pow2_ceil(ch.seq_q)) or threads % bm:
@@ -436,7 +436,7 @@ class AttentionStrategy(Strategy):
                     shared = _shared_bytes(bm, bn, d, dv, tpr)
                     if shared > target.max_shared_bytes:
                         continue
-                    key = (bm * bn, bm, threads)
+                    key = (bm * bn, bm)
                     if best is None or key > best[0]:
                         best = (key, bm, bn, tpr, shared, threads)
         if best is None:

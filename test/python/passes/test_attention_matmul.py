@@ -337,7 +337,7 @@ def test_attention_not_applicable():
 
 @needs_ptxas
 @pytest.mark.parametrize("d,elem,sq", [(64, "f32", 257), (128, "f32", 257), (128, "f32", 2), (65, "f32", 1),
-                                       (40, "bf16", 3)])
+                                       (40, "bf16", 3), (1, "f32", 17), (8, "bf16", 1)])
 def test_attention_ptxas(d, elem, sq):
     """The SIMT kernel (f32 on CUDA; bf16 where the head dim is no multiple of 16), also
     with a short query block and head dims that the lanes of a row do not divide (where
@@ -1500,4 +1500,25 @@ def test_attention_sweep_vulkan(d):
         tol = (2e-5 if elem == "f32" else 8e-3) * max(1.0, want.abs().max().item())
         if not err <= tol:
             bad.append((sq, sk, elem, masked, err))
+    assert not bad, bad
+
+
+@needs_cuda
+@pytest.mark.parametrize("d", SWEEP_HEAD_DIMS)
+def test_attention_sweep_cuda(d):
+    """The sweep on a CUDA GPU, every shape in all four variants: the SIMT kernel for f32
+    and for bf16 at head dims no multiple of 16, the tensor-core kernels for the rest."""
+    bad = []
+    cap = torch.cuda.get_device_capability()
+    target = TargetInfo.for_target("cuda", chip="sm_90a" if cap == (9, 0) else "sm_{}{}".format(*cap))
+    for i, (sq, sk) in enumerate((sq, sk) for sq in SWEEP_QUERIES for sk in SWEEP_KEYS):
+        for elem, masked in SWEEP_VARIANTS:
+            built, args, want = _sweep_case(d, sq, sk, elem, masked, seed=1000 * d + i)
+            plan, emitted = built.emit(target)
+            out, _ = cuda_run(built, plan, emitted, args, (1, 2, sq, d), elem)
+            err = (out.double() - want).abs().max().item()
+            # the tensor-core kernels round P to bf16 before P @ V, as FlashAttention does
+            tol = (2e-5 if elem == "f32" else 3e-2 if plan["mma"] else 8e-3) * max(1.0, want.abs().max().item())
+            if not err <= tol:
+                bad.append((sq, sk, elem, masked, err))
     assert not bad, bad
