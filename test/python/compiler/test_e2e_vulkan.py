@@ -62,6 +62,21 @@ def test_seed_attention_small_query_blocks_and_odd_head_dims(d, sq, sk, dtype, m
     assert out.dtype == dtype and _rel(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
+def test_long_loops_are_right_or_refused():
+    """A matmul over 2^21 terms: its threads loop more than lavapipe's 65535 iterations
+    (after which lavapipe drops the rest: 1048560 came out): the right result, or the
+    launcher's error naming the limit, never a wrong number."""
+    import kf
+
+    a, b = torch.ones(2, 2 ** 21), torch.ones(2 ** 21, 3)
+    try:
+        out = kf.jit(lambda a, b: a @ b, target="vulkan")(a, b)
+    except vulkan.VulkanError as e:
+        assert "loop iterations per invocation" in str(e) and "lambda" in str(e)
+    else:
+        assert torch.equal(out, torch.full((2, 3), 2.0 ** 21))
+
+
 def test_complete_moe():
     x, gate = torch.randn(1, 5, 64), torch.randn(4, 64)
     w_in, w_out = torch.randn(4, 64, 96) / 8, torch.randn(4, 96, 64) / 10

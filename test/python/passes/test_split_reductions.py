@@ -1,8 +1,9 @@
-"""kf-split-reductions on the GPU path, run by Vulkan (lavapipe here) against torch in
-f64 on fresh random inputs: reductions over more elements than one thread may walk
-(``ROW`` for a generic thread, ``ROWWISE_ROW`` for a row) come out right whatever their
-dims and sizes (primes: a tail beside the blocks), and f32 sums of many elements keep
-their precision. The IR the pass writes is in test/passes/kf-split-reductions.mlir.
+"""kf-split-reductions on the GPU path, run by Vulkan (lavapipe here) and on a CUDA GPU
+where there is one, against torch in f64 on fresh random inputs: reductions over more
+elements than one thread may walk (``ROW`` for a generic thread, ``ROWWISE_ROW`` for a
+row) come out right whatever their dims and sizes (primes: a tail beside the blocks),
+and f32 sums of many elements keep their precision. The IR the pass writes is in
+test/passes/kf-split-reductions.mlir.
 
 lavapipe stops a shader invocation after 65535 loop iterations in all, so before the
 pass split them these reductions dropped elements there (``ones(65537).sum()`` gave
@@ -17,16 +18,27 @@ import torch
 import kf
 from kf.runtime import vulkan
 
-pytestmark = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)")
-
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
 
 
-def run(fn, *args):
-    return kf.jit(fn, target="vulkan")(*args)
+@pytest.fixture(params=["vulkan", "cuda"])
+def run(request):
+    """fn compiled for one GPU target and called on its device; results on the CPU."""
+    target = request.param
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device (install mesa-vulkan-drivers)")
+    if target == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    device = "cuda" if target == "cuda" else "cpu"
+
+    def call(fn, *args):
+        out = kf.jit(fn, target=target)(*[a.to(device) for a in args])
+        return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+    return call
 
 
 def rel(out, ref) -> float:
@@ -34,7 +46,7 @@ def rel(out, ref) -> float:
     return ((out.double() - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
 
 
-def test_sums_and_means_of_many_ones_are_exact():
+def test_sums_and_means_of_many_ones_are_exact(run):
     """Full reductions of 2^25 ones (every f32 partial sum exact), and of a prime count,
     which has no row length: its blocks leave a tail."""
     ones = torch.ones(2 ** 25)
@@ -43,14 +55,14 @@ def test_sums_and_means_of_many_ones_are_exact():
     assert run(lambda x: (x.sum(), x.amax(), x.amin()), torch.ones(65537))[0].item() == 65537
 
 
-def test_f32_sum_of_2_25_randn_against_f64():
+def test_f32_sum_of_2_25_randn_against_f64(run):
     """A sequential f32 sum of these 2^25 values is off by 5e-5 of the result."""
     x = torch.randn(2 ** 25, generator=torch.Generator().manual_seed(0))
     assert rel(run(lambda x: x.sum(), x), x.double().sum()) < 1e-6
 
 
 @pytest.mark.parametrize("n", [40000, 65537, 131074])
-def test_var_and_std_of_all_elements(n):
+def test_var_and_std_of_all_elements(run, n):
     """Two staged sums (the mean, then squared deviations), mean far from 0."""
     x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 2 + 3
     var, std = run(lambda x: (x.var(), x.std(correction=0)), x)
@@ -60,7 +72,7 @@ def test_var_and_std_of_all_elements(n):
 @pytest.mark.parametrize("shape,dims,keepdim", [((100003, 3), (0,), False), ((3, 100003, 2), (1,), True),
                                                 ((300, 5, 401), (0, 2), False), ((70001, 3), (0, 1), True)])
 @pytest.mark.parametrize("op", ["sum", "mean", "var", "amax", "amin"])
-def test_reductions_over_leading_and_middle_dims(shape, dims, keepdim, op):
+def test_reductions_over_leading_and_middle_dims(run, shape, dims, keepdim, op):
     """Dims other than the trailing ones (a thread per output element walks them) and
     primes (100003, 70001, 401): blocks along the largest reduced dim, a tail beside."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape))) + 1
@@ -72,7 +84,7 @@ def test_reductions_over_leading_and_middle_dims(shape, dims, keepdim, op):
     assert rel(out, fn(x.double())) <= (0 if op in ("amax", "amin") else 1e-5)
 
 
-def test_long_rows():
+def test_long_rows(run):
     """Rows of more than 2^24 elements (blocks of ROWWISE_ROW, then the row of partials);
     a transposed view of them reduced over its leading dim."""
     x = torch.ones(1, 3 * 2 ** 23)
@@ -82,7 +94,7 @@ def test_long_rows():
     assert rel(out[0], y.double().mean(-1, keepdim=True)) < 1e-5 and rel(out[1], y.double().sum(-1)) < 1e-5
 
 
-def test_integer_bool_and_bf16_sums():
+def test_integer_bool_and_bf16_sums(run):
     """Integers and booleans (generic threads: blocks of ROW) sum exactly into int64;
     bf16 sums into f32 partials and rounds once."""
     gen = torch.Generator().manual_seed(2)

@@ -586,6 +586,47 @@ def test_subgroup_ops():
         compile_spirv(subgroup_kernel(n, other), subgroup_size=size)
 
 
+def counting_kernel(trips: int) -> str:
+    """c[0] = the number of times a loop of `trips` iterations ran (one invocation)."""
+    return f"""
+module attributes {{gpu.container_module}} {{
+  gpu.module @kf_kernels {{
+    gpu.func @count(%a: memref<1xf32>, %c: memref<1xf32>) kernel attributes {{known_block_size = array<i32: 1, 1, 1>}} {{
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %n = arith.constant {trips} : index
+      %one = memref.load %a[%c0] : memref<1xf32>
+      %zero = arith.constant 0.0 : f32
+      %s = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %zero) -> (f32) {{
+        %t = arith.addf %acc, %one : f32
+        scf.yield %t : f32
+      }}
+      memref.store %s, %c[%c0] : memref<1xf32>
+      gpu.return
+    }}
+  }}
+}}
+"""
+
+
+@needs_vulkan
+def test_loop_limit_refused_not_dropped():
+    """A device with a loop limit (lavapipe: 65535 iterations an invocation, after which
+    the rest of the work is silently dropped) refuses a kernel whose bound is over it,
+    naming the kernel and the limit; under it the count is exact."""
+    most = vulkan.device().limits["max_loop_iterations"]
+    if not most:
+        pytest.skip(f"{vulkan.device().name} has no loop limit")
+    a, c = torch.ones(1), torch.empty(1)
+    binary, k = compile_one(counting_kernel(most - 1))
+    vulkan.launch(binary, kernel_abi(k, (1, 1, 1)), [a, c], written=[1])
+    assert c.item() == most - 1
+    binary, k = compile_one(counting_kernel(most + 2))
+    assert k.loop_iterations == most + 3
+    with pytest.raises(vulkan.VulkanError, match=f"kernel count runs up to {most + 3} loop iterations .*{most}"):
+        vulkan.launch(binary, kernel_abi(k, (1, 1, 1)), [a, c], written=[1])
+
+
 @needs_vulkan
 def test_run_program_chains_kernels_through_a_temporary():
     """Two kernels in one submission: t = a*b + exp(a); out = t*b + exp(t), with a
