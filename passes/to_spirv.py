@@ -44,8 +44,10 @@ the launcher refuses a device with another size.
 
 Binding layout: descriptor set 0, binding i = kernel argument i (upstream's default
 ``spirv.interface_var_abi``, which this pass relies on and records). Every kernel's
-layout, workgroup size, workgroup-memory bytes and required capabilities are recorded on
-the result op as ``kf.kernels``; ``compile_spirv`` returns them as plain data for
+layout, workgroup size, workgroup-memory bytes, required capabilities and a bound on the
+loop iterations of one invocation (``loop_iterations``: lavapipe ends an invocation
+after 65535 and the Vulkan launcher refuses a kernel over a device's limit) are recorded
+on the result op as ``kf.kernels``; ``compile_spirv`` returns them as plain data for
 ``runtime/abi.py``'s ``KernelABI.extra`` (see ``SpirvKernel.abi_extra``).
 
 Element types of arguments: f32, f16, i32, i64 natively (lavapipe has shaderFloat16,

@@ -419,7 +419,9 @@ class AttentionStrategy(Strategy):
             return mma
         best = None
         for threads in (128, 64, 32, 16):
-            if threads > target.max_threads or best is not None:
+            if best is not None:
+                break
+            if threads > target.max_threads:
                 continue
             for bm in (64, 32, 16, 8, 4):
                 if bm > max(4, _pow2_ceil(ch.seq_q)) or threads % bm:
