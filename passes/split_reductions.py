@@ -19,8 +19,8 @@ Why, three reasons with one cure:
   ``ROWWISE_ROW`` / threads times.
 
 What it changes (test/passes/kf-split-reductions.mlir): ``kf.sum``, ``kf.mean``,
-``kf.var``, ``kf.reduce_max`` and ``kf.reduce_min`` whose reduced element count n is
-above the op's stage bound: ``ROWWISE_ROW`` for a float reduction over trailing dims
+``kf.var``, ``kf.reduce_max``, ``kf.reduce_min`` (and ``kf.argmax``, below) whose reduced
+element count n is above the op's stage bound: ``ROWWISE_ROW`` for a float reduction over trailing dims
 that keeps some dims (the rowwise strategy's rows: a workgroup shares each row, so
 layer norms over wide rows stay one kernel), ``ROW`` for every other one.
 
@@ -47,6 +47,9 @@ layer norms over wide rows stay one kernel), ``ROW`` for every other one.
   combined with the rest.
 - ``kf.mean`` is the staged sum divided by n; ``kf.var`` two staged sums (the mean,
   then the squared deviations from it, as every kf kernel computes a variance).
+- ``kf.argmax`` along a dim of more than ``ROW``: each block's maximum and argmax, then
+  the argmax of the blocks' maxima, offset by the chosen block's own (``_argmax_stages``:
+  the first occurrence, NaN the largest, as kf.argmax has it).
 
 Partial results are f32 for f16/bf16/fp8 inputs (kf's policy: reductions accumulate in
 f32, the result is rounded once) and i64 for sums of integers and booleans. Sums change
@@ -236,6 +239,62 @@ class _Stages:
         return out
 
 
+def _argmax_stages(x: ir.Value, dim: int) -> tuple[ir.Value, ir.Value]:
+    """(maximum, index of its first occurrence) along dim (keepdim false), in blocks of at
+    most ROW: each block's maximum and argmax, then the argmax over the blocks' maxima
+    picks the block (the first of equal maxima: the first occurrence; NaN counts as the
+    largest, as kf.argmax and reduce_max have it), whose own argmax it offsets; a tail
+    wins only with a larger maximum (or a first NaN)."""
+    shape = _shape(x)
+    e = shape[dim]
+    if e <= ROW:
+        return kb.reduce_max(x, dims=[dim], keepdim=False), kb.argmax(x, dim=dim, keepdim=False)
+    c, o, tail = _blocks(e, ROW)
+    main = kb.slice(x, dim=dim, start=0, end=o * c) if tail else x
+    block_max, block_arg = _argmax_stages(_reshape(main, shape[:dim] + [o, c] + shape[dim + 1:]), dim + 1)
+    best, which = _argmax_stages(block_max, dim)
+    kept = shape[:dim] + [1] + shape[dim + 1:]
+    inner = _reshape(kb.gather(block_arg, _reshape(which, kept), dim=dim), shape[:dim] + shape[dim + 1:])
+    index = kb.add(kb.mul(which, kb.scalar(float(c), "i64")), inner)
+    if not tail:
+        return best, index
+    t_max, t_arg = _argmax_stages(kb.slice(x, dim=dim, start=o * c, end=e), dim)
+    larger = kb.cmp(t_max, best, predicate="gt")
+    first_nan = kb.min(kb.cmp(t_max, t_max, predicate="ne"), kb.cmp(best, best, predicate="eq"))  # and
+    take = kb.max(larger, first_nan)  # or
+    return (kb.select(take, t_max, best),
+            kb.select(take, kb.add(t_arg, kb.scalar(float(o * c), "i64")), index))
+
+
+def _split_argmax(op: ir.Operation) -> bool:
+    """kf.argmax along a dim longer than ROW as ``_argmax_stages``."""
+    x = op.operands[0]
+    spec = spec_of(x.type)
+    if spec.rank == 0:
+        return False
+    dim = op_attrs(op)["dim"] % spec.rank
+    if spec.shape[dim] <= ROW:
+        return False
+    with ir.InsertionPoint(op), op.location:
+        best, index = _argmax_stages(x, dim)
+        index = _reshape(index, list(spec_of(op.result.type).shape))
+    op.result.replace_all_uses_with(index)
+    op.erase()
+    _erase_dead(best)  # the last stage's maximum: only the index is asked for
+    return True
+
+
+def _erase_dead(v: ir.Value) -> None:
+    """Erase v's producer if nothing uses it, then the producers that leaves unused."""
+    op = defining(v)
+    if op is None or any(True for r in op.results for _ in r.uses):
+        return
+    inputs = list(op.operands)
+    op.erase()
+    for a in inputs:
+        _erase_dead(a)
+
+
 def _merge_adjacent(x: ir.Value, dims: list[int]) -> tuple[ir.Value, list[int]]:
     """x reshaped so that each run of adjacent reduced dims is one dim (a full reduction:
     1-D), with the reduced dims of the new shape."""
@@ -317,3 +376,5 @@ class SplitReductionsPass(KfPass):
                 op = op.operation
                 if op.name in _SPLIT:
                     _split(op)
+                elif op.name == "kf.argmax":
+                    _split_argmax(op)

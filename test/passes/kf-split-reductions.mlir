@@ -159,3 +159,27 @@ func.func @sum_keepdim(%a: tensor<512x512xf32>) -> tensor<1x1xf32> {
   %0 = "kf.sum"(%a) {dims = array<i64: 0, 1>, keepdim = true} : (tensor<512x512xf32>) -> tensor<1x1xf32>
   return %0 : tensor<1x1xf32>
 }
+
+// -----
+
+// argmax along 70001 elements: each block's maximum and argmax, the argmax of the 8
+// blocks' maxima, the chosen block's own argmax gathered and offset by 8192 per block;
+// the tail's index (offset by 65536) where its maximum is larger or a first NaN.
+// CHECK-LABEL: func.func @argmax
+// CHECK: %[[B:.*]] = "kf.reshape"({{.*}}) : (tensor<65536x2xf32>) -> tensor<8x8192x2xf32>
+// CHECK: %[[BM:.*]] = "kf.reduce_max"(%[[B]]) {dims = array<i64: 1>, keepdim = false} : (tensor<8x8192x2xf32>) -> tensor<8x2xf32>
+// CHECK: %[[BA:.*]] = "kf.argmax"(%[[B]]) {dim = 1 : i64, keepdim = false} : (tensor<8x8192x2xf32>) -> tensor<8x2xi64>
+// CHECK: %[[W:.*]] = "kf.argmax"(%[[BM]]) {dim = 0 : i64, keepdim = false} : (tensor<8x2xf32>) -> tensor<2xi64>
+// CHECK: %[[W1:.*]] = "kf.reshape"(%[[W]]) : (tensor<2xi64>) -> tensor<1x2xi64>
+// CHECK: "kf.gather"(%[[BA]], %[[W1]]) {dim = 0 : i64}
+// CHECK: "kf.fill"() {value = 8.192000e+03 : f64} : () -> tensor<i64>
+// CHECK: "kf.slice"(%arg0) {dim = 0 : i64, end = 70001 : i64, start = 65536 : i64, step = 1 : i64}
+// CHECK: "kf.cmp"({{.*}}) {predicate = "gt"}
+// CHECK: "kf.fill"() {value = 6.553600e+04 : f64} : () -> tensor<i64>
+// CHECK: %[[I:.*]] = "kf.select"
+// CHECK-NOT: "kf.select"
+// CHECK: "kf.reshape"(%[[I]]) : (tensor<2xi64>) -> tensor<1x2xi64>
+func.func @argmax(%a: tensor<70001x2xf32>) -> tensor<1x2xi64> {
+  %0 = "kf.argmax"(%a) {dim = 0 : i64, keepdim = true} : (tensor<70001x2xf32>) -> tensor<1x2xi64>
+  return %0 : tensor<1x2xi64>
+}

@@ -106,3 +106,22 @@ def test_integer_bool_and_bf16_sums(run):
     out = run(lambda h: (h.sum(0), h.mean()), h)
     assert out[0].dtype == torch.bfloat16
     assert rel(out[0], h.double().sum(0)) < 8e-3 and rel(out[1], h.double().mean()) < 8e-3
+
+
+@pytest.mark.parametrize("shape,dim,keepdim", [((3, 100003), -1, False), ((70001, 2), 0, True), ((2 ** 17,), 0, False)])
+def test_argmax_along_long_dims(run, shape, dim, keepdim):
+    """argmax along more than ROW elements: block argmaxes, then the argmax of the blocks'
+    maxima; the first occurrence wins (ties planted in two blocks and in the tail), and
+    the first NaN (in the tail of one row, in a block of another)."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))).round(decimals=1)
+    n = x.shape[dim]
+    top = x.max() + 1
+    for pos in (n - 3, 9000, 20000 % n):  # the tail's, then earlier blocks': the earliest wins
+        x.narrow(dim, pos, 1).fill_(top)
+    fn = lambda x: x.argmax(dim, keepdim=keepdim)  # noqa: E731
+    assert torch.equal(run(fn, x), fn(x))
+    if x.dim() == 2 and dim == -1:
+        x[1, n - 2] = float("nan")
+        x[1, n - 1] = float("nan")
+        x[2, 10000] = float("nan")
+        assert torch.equal(run(fn, x), fn(x))
