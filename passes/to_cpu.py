@@ -21,16 +21,24 @@ Three rewrites are kf's own, each because upstream LLVM 22 lacks it: fp8 convers
 in integer arithmetic (no fp8 in LLVM, no upstream expansion), strided memref copies as
 loops (upstream calls a runtime-library function), and booleans stored as bytes
 (upstream asserts on i1 stores; torch keeps a bool per byte anyway).
+
+A fourth is about numerics: linalg-to-loops sums a reduction sequentially, and an f32
+sum of n elements can lose n/2 ulps (``ones(2**25).sum()`` stops at 2^24), so after
+fusion every float sum over more than ``REDUCTION_BLOCK`` elements is rewritten into
+stages of at most that many (``blocked_reductions``; upstream's split-reduction
+transform needs the block to divide the dim and rewrites one stage).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, func, linalg
+from mlir.dialects import arith, bufferization, func, linalg, tensor
 from mlir.passmanager import PassManager
 
+from . import scalar_math as sm
 from .base import KfPass, PassError
 
 BUFFERIZE = (
@@ -280,6 +288,204 @@ def contiguous_inner_loops(module: ir.Operation) -> None:
                 inner.attributes["dim"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), new_pos[d])
 
 
+#: The longest sequential chain of one reduction on the CPU: a linalg reduction over more
+#: elements is split into stages (``blocked_reductions``).
+REDUCTION_BLOCK = 4096
+
+#: Combiners whose error grows with the chain's length, and their identity (-0.0 + x is x,
+#: -0.0 included). Not mulf: a product rounds once per factor in any order.
+_COMBINERS = {"arith.addf": -0.0}
+
+
+def _dim_of(e: ir.AffineExpr) -> int | None:
+    return e.position if isinstance(e, ir.AffineDimExpr) else None
+
+
+def _loop_extents(op: ir.Operation, maps: list[ir.AffineMap]) -> list[int] | None:
+    """The static extent of each loop dim of a linalg.generic (from its operands'
+    shapes), or None where one is unknown."""
+    extents: list[int | None] = [None] * maps[0].n_dims
+    for v, m in zip(op.operands, maps):
+        shape = list(ir.RankedTensorType(v.type).shape) if isinstance(v.type, ir.RankedTensorType) else []
+        for pos, e in enumerate(m.results):
+            d = _dim_of(e)
+            if d is not None and pos < len(shape):
+                extents[d] = shape[pos]
+    return None if any(x is None or x < 0 for x in extents) else extents
+
+
+def _combiner(op: ir.Operation) -> ir.Operation | None:
+    """The yield's ``acc + f(inputs)`` of a one-result float reduction generic whose
+    accumulator is used only there, else None."""
+    block = op.regions[0].blocks[0]
+    acc = block.arguments[len(block.arguments) - 1]
+    ops = [o.operation for o in block.operations]
+    if any(o.name == "linalg.index" for o in ops):
+        return None
+    y = ops[-1]
+    if len(y.operands) != 1 or isinstance(y.operands[0].owner, ir.Block):
+        return None
+    comb = y.operands[0].owner.operation
+    if comb.name not in _COMBINERS or acc not in list(comb.operands):
+        return None
+    uses = [u.owner for u in acc.uses]
+    return comb if len(uses) == 1 else None
+
+
+def _maps_attr(maps: list[ir.AffineMap]) -> ir.ArrayAttr:
+    return ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
+
+
+def _iterators_attr(its: list[str]) -> ir.ArrayAttr:
+    return ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{it}>") for it in its])
+
+
+def _split_operand(v: ir.Value, pos: int, start: int, size: int, blocks: tuple[int, int] | None) -> ir.Value:
+    """v sliced to [start, start + size) along dim pos, then that dim split into blocks
+    (o, c) when given (a view: no data moves once bufferized)."""
+    from .lower_to_linalg import _reassoc, _tensor_type, extract_slice
+
+    shape = list(ir.RankedTensorType(v.type).shape)
+    elem = ir.RankedTensorType(v.type).element_type
+    if (start, size) != (0, shape[pos]):
+        sizes = shape[:pos] + [size] + shape[pos + 1:]
+        v = extract_slice(v, [0] * pos + [start] + [0] * (len(shape) - pos - 1), sizes)
+        shape = sizes
+    if blocks is None:
+        return v
+    out = shape[:pos] + list(blocks) + shape[pos + 1:]
+    groups = [[d] for d in range(pos)] + [[pos, pos + 1]] + [[d + 1] for d in range(pos + 1, len(shape))]
+    return tensor.expand_shape(_tensor_type(out, elem), v, _reassoc(groups), [], out)
+
+
+def _reduce_last(partial: ir.Value, pos: int, init: ir.Value, combiner: str) -> ir.Value:
+    """init + the partial results reduced over their dim pos."""
+    from .lower_to_linalg import _identity, _projection, generic
+
+    rank = len(ir.RankedTensorType(partial.type).shape)
+    kept = [d for d in range(rank) if d != pos]
+    its = ["reduction" if d == pos else "parallel" for d in range(rank)]
+    return generic([partial], [init], [_identity(rank), _projection(rank, kept)], its,
+                   lambda a: [ir.Operation.create(combiner, [a[0].type], [a[0], a[1]]).result])[0]
+
+
+def _block_one(op: ir.Operation, bound: int) -> list[ir.Operation] | None:
+    """Split one sum generic that reduces more than bound elements: the reduced loop dim
+    r of largest extent E becomes blocks (o = E // c parallel, c reduced; c times the
+    other reduced extents within bound) summed into partial results (the result with a
+    dim o added, among its dims in loop order), which a second generic sums into the
+    original accumulator; a tail of E % c elements is summed first, into that
+    accumulator. Where the other reduced dims alone exceed the bound, r is made parallel
+    instead. The operands' blocks are slices and reshapes (views). Returns the new
+    generics (to be split again where still over the bound), or None where op is not a
+    sum this applies to."""
+    from .lower_to_linalg import filled
+
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return None
+    n_out = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[1]
+    its, maps = _iterators(op), _maps(op)
+    if n_out != 1 or "reduction" not in its or not sm.is_float(ir.RankedTensorType(op.results[0].type).element_type):
+        return None
+    comb = _combiner(op)
+    extents = _loop_extents(op, maps)
+    if comb is None or extents is None:
+        return None
+    red = [d for d, it in enumerate(its) if it == "reduction"]
+    n = math.prod(extents[d] for d in red)
+    if n <= bound:
+        return None
+    r = max(red, key=lambda d: (extents[d], d))
+    e = extents[r]
+    others = n // e
+    if any(sum(1 for x in m.results if _dim_of(x) == r) > 1 for m in maps):
+        return None
+    if others > bound // 2:
+        c, o, tail = 1, e, 0  # r parallel, its elements each a partial result
+    else:
+        block = min(bound // others, e - 1)
+        c = next((k for k in range(block, block // 2, -1) if e % k == 0), block)  # a divisor leaves no tail
+        o, tail = e // c, e % c
+    init = op.operands[len(op.operands) - 1]
+    out_t = ir.RankedTensorType(op.results[0].type)
+    identity = _COMBINERS[comb.name]
+    split = c > 1
+    # The new loop domain: r becomes (o, c) when split, stays (as o) when not.
+    shift = 1 if split else 0
+
+    def renumber(m: ir.AffineMap, at_r: list[ir.AffineExpr]) -> list[ir.AffineExpr]:
+        out = []
+        for x in m.results:
+            d = _dim_of(x)
+            if d is None:
+                out.append(x)
+            elif d == r:
+                out.extend(at_r)
+            else:
+                out.append(ir.AffineDimExpr.get(d + shift if d > r else d))
+        return out
+
+    n_dims = len(its) + shift
+    d_o, d_c = ir.AffineDimExpr.get(r), ir.AffineDimExpr.get(r + 1)
+    new_maps = [ir.AffineMap.get(n_dims, 0, renumber(m, [d_o, d_c] if split else [d_o])) for m in maps[:-1]]
+    out_res = renumber(maps[-1], [])
+    pos = sum(1 for x in out_res if _dim_of(x) is not None and _dim_of(x) < r)
+    out_res.insert(pos, d_o)
+    new_maps.append(ir.AffineMap.get(n_dims, 0, out_res))
+    new_its = its[:r] + (["parallel", "reduction"] if split else ["parallel"]) + its[r + 1:]
+    made = []
+    with ir.InsertionPoint(op), op.location:
+        ins = []
+        for v, m in zip(list(op.operands)[:-1], maps[:-1]):
+            at = [i for i, x in enumerate(m.results) if _dim_of(x) == r]
+            ins.append(_split_operand(v, at[0], 0, o * c, (o, c) if split else None) if at else v)
+        shape = list(out_t.shape)
+        partial_shape = shape[:pos] + [o] + shape[pos:]
+        partial = filled(partial_shape, out_t.element_type, identity)
+        first = op.clone()
+        for i, v in enumerate(ins):
+            first.operands[i] = v
+        first.operands[len(ins)] = partial
+        first.attributes["indexing_maps"] = _maps_attr(new_maps)
+        first.attributes["iterator_types"] = _iterators_attr(new_its)
+        first.results[0].set_type(ir.RankedTensorType.get(partial_shape, out_t.element_type))
+        made.append(first)
+        acc = init
+        if tail:
+            tails = {}
+            for i, (v, m) in enumerate(zip(list(op.operands)[:-1], maps[:-1])):
+                at = [k for k, x in enumerate(m.results) if _dim_of(x) == r]
+                if at:
+                    tails[i] = _split_operand(v, at[0], o * c, tail, None)
+            rest = op.clone()  # after its operands: a clone goes at the insertion point
+            for i, v in tails.items():
+                rest.operands[i] = v
+            made.append(rest)
+            acc = rest.results[0]
+        result = _reduce_last(first.results[0], pos, acc, comb.name)
+        made.append(result.owner.operation if hasattr(result.owner, "operation") else result.owner)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    return made
+
+
+def blocked_reductions(module: ir.Operation, bound: int = REDUCTION_BLOCK) -> None:
+    """Split every float sum (a linalg.generic whose body yields ``acc + f(x)``, kf's and
+    torch-mlir's alike: sum, mean, var, norm, logsumexp) that reduces more than bound
+    elements into stages of at most bound: a sequential f32 sum of ``ones(2**25)`` stops
+    at 2^24, and its error grows with the chain's length; in stages it grows with their
+    number (here log_bound(n)). Max, min and integer reductions are exact in any order,
+    and a product rounds once per factor in any order: they stay as they are."""
+    work: list[ir.Operation] = []
+    module.walk(lambda op: work.append(op.operation) or ir.WalkResult.ADVANCE)
+    work = [op for op in work if op.name == "linalg.generic"]
+    while work:
+        op = work.pop()
+        made = _block_one(op, bound)
+        if made:
+            work.extend(made)
+
+
 def _memref(t: ir.Type) -> ir.Type:
     if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
         raise PassError(f"kf-to-cpu needs statically shaped tensor arguments and results, got {t}")
@@ -337,14 +543,15 @@ class ToCpuPass(KfPass):
     #: (fewer temporaries and loops); off shows one loop nest per kf op.
     fuse: bool = True
 
-    def pipelines(self) -> tuple[str, str, str]:
-        """The upstream passes around kf's memref-level rewrites (copies and loop order,
-        then bools)."""
+    def pipelines(self) -> tuple[str, str, str, str]:
+        """The upstream passes around kf's rewrites: fusion on tensors, then (after the
+        reductions are blocked) bufferization, then (after the memref-level rewrites of
+        copies and loop order) loops, then (after bools) LLVM."""
         # eliminate-empty-tensors before cse: cse would merge the identical empty/fill inits of
         # two reductions, and both results would then land in one output buffer.
-        pre = ("canonicalize, linalg-fuse-elementwise-ops, eliminate-empty-tensors, cse, " if self.fuse
-               else "canonicalize, eliminate-empty-tensors, cse, ")
-        return (f"builtin.module({pre}{BUFFERIZE})", f"builtin.module({TO_LOOPS})", f"builtin.module({TO_LLVM})")
+        fuse = "canonicalize, linalg-fuse-elementwise-ops" if self.fuse else "canonicalize"
+        return (f"builtin.module({fuse})", f"builtin.module(eliminate-empty-tensors, cse, {BUFFERIZE})",
+                f"builtin.module({TO_LOOPS})", f"builtin.module({TO_LLVM})")
 
     def run(self, module: ir.Operation) -> None:
         with module.context, module.location:
@@ -354,7 +561,10 @@ class ToCpuPass(KfPass):
             op = op.operation  # an OpView's .name is its symbol, an Operation's its kind
             if op.name == "func.func" and is_public(op) and len(op.regions[0].blocks):
                 to_destination_passing(op)
-        bufferize, to_loops, to_llvm = self.pipelines()
+        fuse, bufferize, to_loops, to_llvm = self.pipelines()
+        self._upstream(fuse, module)
+        with module.context, module.location:
+            blocked_reductions(module)
         self._upstream(bufferize, module)
         with module.context, module.location:
             strided_copies_as_loops(module)

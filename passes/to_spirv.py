@@ -19,8 +19,8 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
    - ``memref.alloca`` in workgroup space becomes ``memref.alloc`` (only alloc has a
      Workgroup pattern upstream);
    - math ops upstream's MathToSPIRV lacks (erf, erfc, exp2, trunc, cbrt, atan2, ipowi)
-     are expanded and powf gets torch's values where GLSL's pow is undefined
-     (``_expand_math``); ``arith-expand`` rewrites floordivsi/ceildivsi;
+     are expanded, and powf gets torch's values where GLSL's pow is undefined (negative
+     and zero bases: ``_powf``); ``arith-expand`` rewrites floordivsi/ceildivsi;
    - 1-D ``vector.load/store`` on scalar memrefs become scalar accesses (upstream's
      pointer bitcast is illegal under Vulkan's logical addressing);
    - bf16 (see below);
@@ -44,8 +44,10 @@ the launcher refuses a device with another size.
 
 Binding layout: descriptor set 0, binding i = kernel argument i (upstream's default
 ``spirv.interface_var_abi``, which this pass relies on and records). Every kernel's
-layout, workgroup size, workgroup-memory bytes and required capabilities are recorded on
-the result op as ``kf.kernels``; ``compile_spirv`` returns them as plain data for
+layout, workgroup size, workgroup-memory bytes, required capabilities and a bound on the
+loop iterations of one invocation (``loop_iterations``: lavapipe ends an invocation
+after 65535 and the Vulkan launcher refuses a kernel over a device's limit) are recorded
+on the result op as ``kf.kernels``; ``compile_spirv`` returns them as plain data for
 ``runtime/abi.py``'s ``KernelABI.extra`` (see ``SpirvKernel.abi_extra``).
 
 Element types of arguments: f32, f16, i32, i64 natively (lavapipe has shaderFloat16,
@@ -124,13 +126,16 @@ class SpirvKernel:
     capabilities: tuple[str, ...]
     extensions: tuple[str, ...]
     subgroup_size: int = 0  # the subgroup size its subgroup ops assume; 0: uses none
+    #: at most how many loop iterations one invocation runs (``loop_iterations``); -1: no
+    #: bound is known
+    loop_iterations: int = 0
 
     def abi_extra(self) -> dict:
         """What goes into ``KernelABI.extra`` for the vulkan (and metal) launcher."""
         return {"spirv_bindings": [dataclasses.asdict(b) for b in self.bindings],
                 "workgroup_size": list(self.workgroup_size), "workgroup_bytes": self.workgroup_bytes,
                 "spirv_capabilities": list(self.capabilities), "spirv_extensions": list(self.extensions),
-                "subgroup_size": self.subgroup_size}
+                "subgroup_size": self.subgroup_size, "loop_iterations": self.loop_iterations}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +248,10 @@ class ToSpirvPass(KfPass):
             _expand_math(gm)
             _scalarize_vector_memory(gm)
             _rewrite_memory(gm)
+        for gm in gmods:  # every loop of the kernel is an scf.for or scf.while by now
+            name = gm.attributes["sym_name"].value
+            metadata[name] = {k: dataclasses.replace(v, loop_iterations=loop_iterations(_kernel_func(gm, k)))
+                              for k, v in metadata[name].items()}
         # floordivsi/ceildivsi and friends have no SPIR-V pattern: arith-expand rewrites them
         _run(module, "gpu.module(arith-expand)")
         if has_bf16:
@@ -499,6 +508,37 @@ _EXPANDED_MATH = ("math.erf", "math.erfc", "math.exp2", "math.trunc", "math.cbrt
                   "math.powf")
 
 
+def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
+    """x ** y with C's (and torch's) values, from GLSL's pow, which is defined only for
+    x > 0: pow(|x|, y) gives the magnitude; a negative base takes the sign of an odd
+    integer exponent and is NaN for a non-integer one (except -inf, which C defines for
+    every y); a zero base gives 0 or inf (signed by an odd integer exponent); and
+    pow(x, 0) = pow(1, y) = pow(-1, +-inf) = 1 even for NaN operands, as C's pow."""
+    from mlir.dialects import arith
+    from mlir.dialects import math as m
+
+    t, P = x.type, arith.CmpFPredicate
+    ax = m.absf(x)
+    p = m.powf(ax, y)
+    fy = m.floor(y)
+    integer = arith.cmpf(P.OEQ, fy, y)  # false for NaN, true for +-inf
+    half = arith.mulf(y, c(t, 0.5))
+    odd = arith.andi(integer, arith.cmpf(P.ONE, m.floor(half), half))  # every f32 of magnitude >= 2^25 is even
+    signed_p = arith.select(odd, arith.negf(p), p)
+    negative = arith.cmpf(P.OLT, x, c(t, 0.0))
+    minus_inf = arith.cmpf(P.OEQ, x, c(t, -math.inf))
+    r = arith.select(negative, arith.select(arith.ori(integer, minus_inf), signed_p, c(t, math.nan)), p)
+    zero = arith.select(arith.cmpf(P.OLT, y, c(t, 0.0)), c(t, math.inf), c(t, 0.0))
+    zero = arith.select(odd, m.copysign(zero, x), zero)  # (-0) ** odd keeps the sign
+    zero = arith.select(arith.cmpf(P.UNO, y, y), c(t, math.nan), zero)
+    r = arith.select(arith.cmpf(P.OEQ, x, c(t, 0.0)), zero, r)
+    r = arith.select(arith.cmpf(P.UNO, x, y), c(t, math.nan), r)
+    unit = arith.ori(arith.cmpf(P.OEQ, y, c(t, 0.0)), arith.cmpf(P.OEQ, x, c(t, 1.0)))
+    unit = arith.ori(unit, arith.andi(arith.cmpf(P.OEQ, x, c(t, -1.0)),
+                                      arith.cmpf(P.OEQ, m.absf(y), c(t, math.inf))))
+    return arith.select(unit, c(t, 1.0), r)
+
+
 def _expand_math(gm: ir.Operation) -> None:
     """Rewrite the ops of ``_EXPANDED_MATH`` into ops SPIR-V has (GLSL.std.450).
 
@@ -507,8 +547,8 @@ def _expand_math(gm: ir.Operation) -> None:
     arguments do not cancel to 0 early); exp2(x) = pow(2, x); trunc(x) = copysign(floor(|x|),
     x); cbrt(x) = copysign(pow(|x|, 1/3), x); atan2 by quadrant from atan(y / x);
     ipowi by square-and-multiply over the exponent's bits (negative exponents: 0, except
-    for bases 1 and -1, as upstream's ipowi expansion). powf is kept but given torch's
-    values where GLSL's pow is undefined: pow(x, 0) = 1, pow(0, y < 0) = inf."""
+    for bases 1 and -1, as upstream's ipowi expansion). powf keeps GLSL's pow for the
+    magnitude and takes torch's values where GLSL's pow is undefined (``_powf``)."""
     from mlir.dialects import arith, scf
     from mlir.dialects import math as m
 
@@ -553,12 +593,7 @@ def _expand_math(gm: ir.Operation) -> None:
                 near = arith.subf(c(t, 1.0), arith.select(is_small, small, m.copysign(arith.subf(c(t, 1.0), tail), x)))
                 r = arith.select(positive, tail, near)
             elif op.name == "math.powf":
-                y = op.operands[1]
-                p = m.powf(x, y)
-                zero_base = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, y, c(t, 0.0)), c(t, math.inf),
-                                         c(t, 0.0))
-                r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, x, c(t, 0.0)), zero_base, p)
-                r = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, y, c(t, 0.0)), c(t, 1.0), r)
+                r = _powf(x, op.operands[1], c)
             elif op.name == "math.exp2":
                 r = m.powf(c(t, 2.0), x)
             elif op.name == "math.trunc":
@@ -594,6 +629,123 @@ def _expand_math(gm: ir.Operation) -> None:
                 r = arith.select(arith.cmpi(arith.CmpIPredicate.slt, e, c(t, 0)), neg, pos)
         op.results[0].replace_all_uses_with(r)
         op.erase()
+
+
+def _kernel_func(gm: ir.Operation, entry: str) -> ir.Operation:
+    for op in gm.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "gpu.func" and op.attributes["sym_name"].value == entry:
+            return op
+    raise PassError(f"no kernel @{entry} in @{gm.attributes['sym_name'].value}", gm.location)
+
+
+_INF = math.inf
+
+
+def _mul(a: float, b: float) -> float:
+    return 0 if a == 0 or b == 0 else a * b
+
+
+class _Bounds:
+    """Integer bounds (lo, hi) of a kernel's index values, from its constants, its
+    workgroup size and grid (``known_block_size``, ``kf.grid``), arithmetic and loop
+    induction variables; (-inf, inf) where the value comes from memory or from an op
+    this does not follow."""
+
+    def __init__(self, func: ir.Operation):
+        block = tuple(ir.DenseI32ArrayAttr(func.attributes["known_block_size"])) \
+            if "known_block_size" in func.attributes else ()
+        grid = tuple(ir.DenseI64ArrayAttr(func.attributes["kf.grid"])) if "kf.grid" in func.attributes else ()
+        self.block = {d: n for d, n in zip("xyz", block)}
+        self.grid = {d: n for d, n in zip("xyz", grid)}
+        self.known: dict = {}
+
+    def of(self, v: ir.Value) -> tuple[float, float]:
+        hit = self.known.get(v)
+        if hit is None:
+            hit = self.known[v] = self._compute(v)
+        return hit
+
+    def _compute(self, v: ir.Value) -> tuple[float, float]:
+        if isinstance(v.owner, ir.Block):
+            return -_INF, _INF
+        op = v.owner.operation
+        name, args = op.name, list(op.operands)
+        if name == "arith.constant":
+            attr = op.attributes["value"]
+            return (ir.IntegerAttr(attr).value,) * 2 if isinstance(attr, ir.IntegerAttr) else (-_INF, _INF)
+        if name in ("gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim"):
+            dim = str(op.attributes["dimension"]).rstrip(">").split()[-1]  # #gpu<dim x>
+            size = (self.block if name in ("gpu.thread_id", "gpu.block_dim") else self.grid).get(dim)
+            if name in ("gpu.block_dim", "gpu.grid_dim"):
+                return (size, size) if size else (1, _INF)
+            return 0, (size - 1 if size else _INF)
+        if name in ("arith.index_cast", "arith.index_castui", "arith.extsi", "arith.extui", "arith.trunci"):
+            return self.of(args[0])
+        if name == "arith.select":
+            (a, b), (c, d) = self.of(args[1]), self.of(args[2])
+            return min(a, c), max(b, d)
+        if len(args) != 2:
+            return -_INF, _INF
+        (a, b), (c, d) = self.of(args[0]), self.of(args[1])
+        if name == "arith.addi":
+            return a + c, b + d
+        if name == "arith.subi":
+            return a - d, b - c
+        if name == "arith.muli":
+            ends = [_mul(x, y) for x in (a, b) for y in (c, d)]
+            return min(ends), max(ends)
+        if name in ("arith.minsi", "arith.minui"):
+            return min(a, c), min(b, d)
+        if name in ("arith.maxsi", "arith.maxui"):
+            return max(a, c), max(b, d)
+        if c == d and c > 0:  # by a positive constant
+            if name in ("arith.divui", "arith.divsi", "arith.floordivsi") and a >= 0:
+                return a // c, (b // c if b < _INF else _INF)
+            if name in ("arith.ceildivui", "arith.ceildivsi") and a >= 0:
+                return -(-a // c), (-(-b // c) if b < _INF else _INF)
+            if name in ("arith.remui", "arith.remsi") and a >= 0:
+                return 0, min(b, c - 1)
+        return -_INF, _INF
+
+    def trips(self, loop: ir.Operation) -> float:
+        """At most how many times an scf.for runs its body."""
+        lb, ub, step = (self.of(x) for x in list(loop.operands)[:3])
+        if step[0] <= 0:
+            return _INF
+        span = ub[1] - lb[0]
+        return max(0, math.ceil(span / step[0])) if span < _INF else _INF
+
+
+def loop_iterations(func: ir.Operation) -> int:
+    """At most how many loop iterations one invocation of a kernel runs, all loops
+    together (-1 where no bound is known): a loop that runs t times counts t + 1 (its
+    exit test), a nested loop once per iteration of the loops around it, and both
+    branches of an ``scf.if`` count (a SIMD group of invocations runs both).
+
+    Why: Mesa's lavapipe (llvmpipe) stops every shader invocation after 65535 loop
+    iterations in all, its guard against infinite loops, and the work after that is
+    silently dropped; the Vulkan launcher refuses a kernel over a device's limit."""
+    bounds = _Bounds(func)
+
+    def cost(block: ir.Block) -> float:
+        total = 0.0
+        for op in block.operations:
+            op = op.operation
+            if op.name == "scf.while":
+                return _INF
+            if op.name == "scf.for":
+                body = op.regions[0].blocks[0]
+                lb, ub = bounds.of(op.operands[0]), bounds.of(op.operands[1])
+                bounds.known[body.arguments[0]] = (lb[0], ub[1] - 1)
+                t = bounds.trips(op)
+                total += t + 1 + _mul(t, cost(body))
+            else:
+                total += sum(cost(b) for r in op.regions for b in r.blocks)
+        return total
+
+    n = sum(cost(b) for b in func.regions[0].blocks)
+    return int(n) if n < _INF else -1
 
 
 def _initialize_loop_results(spv: ir.Operation) -> None:
@@ -717,6 +869,7 @@ def _kernels_attr(kernels: dict[str, SpirvKernel]) -> ir.Attribute:
             "workgroup_size": ir.DenseI64ArrayAttr.get(list(k.workgroup_size)),
             "workgroup_bytes": ir.IntegerAttr.get(i64, k.workgroup_bytes),
             "subgroup_size": ir.IntegerAttr.get(i64, k.subgroup_size),
+            "loop_iterations": ir.IntegerAttr.get(i64, k.loop_iterations),
             "capabilities": ir.ArrayAttr.get([ir.StringAttr.get(c) for c in k.capabilities]),
             "extensions": ir.ArrayAttr.get([ir.StringAttr.get(c) for c in k.extensions]),
             "bindings": ir.ArrayAttr.get([ir.DictAttr.get({
@@ -741,7 +894,8 @@ def kernels_from_attr(attr: ir.Attribute) -> dict[str, SpirvKernel]:
             for b in map(ir.DictAttr, ir.ArrayAttr(k["bindings"])))
         out[entry] = SpirvKernel(entry, tuple(ir.DenseI64ArrayAttr(k["workgroup_size"])), bindings,
                                  ir.IntegerAttr(k["workgroup_bytes"]).value, strs(k["capabilities"]),
-                                 strs(k["extensions"]), ir.IntegerAttr(k["subgroup_size"]).value)
+                                 strs(k["extensions"]), ir.IntegerAttr(k["subgroup_size"]).value,
+                                 ir.IntegerAttr(k["loop_iterations"]).value)
     return out
 
 

@@ -251,6 +251,12 @@ class Device:
         if sg and sg != self.subgroup_size:
             raise VulkanError(f"kernel {kernel.entry} was compiled for subgroup size {sg}; {self.name} has "
                               f"{self.subgroup_size} (compile with kf-to-spirv{{subgroup-size={self.subgroup_size}}})")
+        loops, most = kernel.extra.get("loop_iterations", 0), self.limits.get("max_loop_iterations", 0)
+        if most and (loops < 0 or loops > most):
+            runs = "an unbounded number of" if loops < 0 else f"up to {loops}"
+            raise VulkanError(f"kernel {kernel.entry} runs {runs} loop iterations per invocation; {self.name} "
+                              f"stops a shader invocation after {most} (Mesa's loop limiter) and would silently "
+                              f"drop the rest: run it on a GPU's Vulkan driver or on target='cpu'")
         if kernel.extra.get("workgroup_bytes", 0) > self.limits["max_shared_bytes"]:
             raise VulkanError(f"kernel {kernel.entry} uses {kernel.extra['workgroup_bytes']} bytes of workgroup "
                               f"memory; {self.name} has {self.limits['max_shared_bytes']}")
@@ -854,7 +860,10 @@ def _make_device() -> Device:
               "max_workgroup_count": tuple(lim.maxComputeWorkGroupCount),
               "max_workgroup_invocations": lim.maxComputeWorkGroupInvocations,
               "max_shared_bytes": lim.maxComputeSharedMemorySize,
-              "max_storage_buffer_range": lim.maxStorageBufferRange}
+              "max_storage_buffer_range": lim.maxStorageBufferRange,
+              # llvmpipe (lavapipe) ends every loop of an invocation once 65535 iterations
+              # have run in all (LP_MAX_TGSI_LOOP_ITERATIONS, gallivm's infinite-loop guard)
+              "max_loop_iterations": 65535 if "llvmpipe" in name.lower() else 0}
     subgroup = {}
     if api >= (1, 1, 0):
         sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)

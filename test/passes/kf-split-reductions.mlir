@@ -57,18 +57,92 @@ func.func @amax_transposed(%v: tensor<64x2048xbf16>, %s: tensor<f32>) -> (tensor
 
 // -----
 
-// A sum with keepdim of a tensor below 2^16 elements, a partial reduction, and a prime
-// count (no row length divides it) are left alone.
+// Left alone: a full sum of ROW (8192) elements (one generic thread walks it), a row
+// reduction over rows of 65536 (the rowwise strategy's bound: its threads share a row).
 // CHECK-LABEL: func.func @left_alone
 // CHECK-NOT: kf.reshape
 // CHECK: "kf.sum"(%arg0) {dims = array<i64: 0, 1>, keepdim = true}
 // CHECK: "kf.sum"(%arg1) {dims = array<i64: 1>, keepdim = false}
-// CHECK: "kf.reduce_min"(%arg2) {dims = array<i64: 0>, keepdim = false}
-func.func @left_alone(%a: tensor<100x100xf32>, %b: tensor<512x512xf32>, %c: tensor<65537xf32>) -> (tensor<1x1xf32>, tensor<512xf32>, tensor<f32>) {
-  %0 = "kf.sum"(%a) {dims = array<i64: 0, 1>, keepdim = true} : (tensor<100x100xf32>) -> tensor<1x1xf32>
-  %1 = "kf.sum"(%b) {dims = array<i64: 1>, keepdim = false} : (tensor<512x512xf32>) -> tensor<512xf32>
-  %2 = "kf.reduce_min"(%c) {dims = array<i64: 0>, keepdim = false} : (tensor<65537xf32>) -> tensor<f32>
-  return %0, %1, %2 : tensor<1x1xf32>, tensor<512xf32>, tensor<f32>
+func.func @left_alone(%a: tensor<64x128xf32>, %b: tensor<4x65536xf32>) -> (tensor<1x1xf32>, tensor<4xf32>) {
+  %0 = "kf.sum"(%a) {dims = array<i64: 0, 1>, keepdim = true} : (tensor<64x128xf32>) -> tensor<1x1xf32>
+  %1 = "kf.sum"(%b) {dims = array<i64: 1>, keepdim = false} : (tensor<4x65536xf32>) -> tensor<4xf32>
+  return %0, %1 : tensor<1x1xf32>, tensor<4xf32>
+}
+
+// -----
+
+// A prime count (no row length divides it): rows of 8192 over the first 8 x 8192
+// elements, the one-element tail reduced on its own and combined.
+// CHECK-LABEL: func.func @prime
+// CHECK: %[[M:.*]] = "kf.slice"(%arg0) {dim = 0 : i64, end = 65536 : i64, start = 0 : i64, step = 1 : i64}
+// CHECK: %[[R:.*]] = "kf.reshape"(%[[M]]) : (tensor<65536xf32>) -> tensor<8x8192xf32>
+// CHECK: "kf.reduce_min"(%[[R]]) {dims = array<i64: 1>, keepdim = false} : (tensor<8x8192xf32>) -> tensor<8xf32>
+// CHECK: %[[L:.*]] = "kf.reshape"({{.*}}) : (tensor<1xf32>) -> tensor<f32>
+// CHECK: %[[T:.*]] = "kf.slice"(%arg0) {dim = 0 : i64, end = 65537 : i64, start = 65536 : i64, step = 1 : i64}
+// CHECK: %[[TM:.*]] = "kf.reduce_min"(%[[T]]) {dims = array<i64: 0>, keepdim = false} : (tensor<1xf32>) -> tensor<f32>
+// CHECK: "kf.min"(%[[L]], %[[TM]])
+func.func @prime(%c: tensor<65537xf32>) -> tensor<f32> {
+  %0 = "kf.reduce_min"(%c) {dims = array<i64: 0>, keepdim = false} : (tensor<65537xf32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}
+
+// -----
+
+// A sum over a leading dim (the generic strategy: a thread per output element walks the
+// dim): blocks of 8192 along it, then the 12 partial sums; the tail of 1699 rows beside.
+// CHECK-LABEL: func.func @leading
+// CHECK: "kf.slice"(%arg0) {dim = 0 : i64, end = 98304 : i64, start = 0 : i64, step = 1 : i64}
+// CHECK: "kf.reshape"({{.*}}) : (tensor<98304x3xf32>) -> tensor<12x8192x3xf32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<12x8192x3xf32>) -> tensor<12x3xf32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 0>, keepdim = false} : (tensor<12x3xf32>) -> tensor<3xf32>
+// CHECK: "kf.slice"(%arg0) {dim = 0 : i64, end = 100003 : i64, start = 98304 : i64, step = 1 : i64}
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 0>, keepdim = false} : (tensor<1699x3xf32>) -> tensor<3xf32>
+// CHECK: "kf.add"
+func.func @leading(%a: tensor<100003x3xf32>) -> tensor<3xf32> {
+  %0 = "kf.sum"(%a) {dims = array<i64: 0>, keepdim = false} : (tensor<100003x3xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// -----
+
+// mean is the staged sum over n, var two staged sums (mean, then squared deviations);
+// bf16 sums into f32 partials (one rounding, at the end). Reduced dims 0 and 2: dim 2
+// (the larger) in blocks of 25 (300 x 25 elements a block, within 8192).
+// CHECK-LABEL: func.func @mean_var
+// CHECK: "kf.reshape"(%arg0) : (tensor<300x5x400xbf16>) -> tensor<300x5x16x25xbf16>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 0, 3>, keepdim = false} : (tensor<300x5x16x25xbf16>) -> tensor<5x16xf32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<5x16xf32>) -> tensor<5xf32>
+// CHECK: %[[N:.*]] = "kf.fill"() {value = 1.200000e+05 : f64} : () -> tensor<f32>
+// CHECK: %[[MEAN:.*]] = "kf.div"({{.*}}, %[[N]])
+// CHECK: "kf.cast"(%[[MEAN]]) : (tensor<5xf32>) -> tensor<5xbf16>
+// CHECK: %[[X:.*]] = "kf.cast"(%arg0) : (tensor<300x5x400xbf16>) -> tensor<300x5x400xf32>
+// CHECK: %[[D:.*]] = "kf.sub"(%[[X]], {{.*}}) : (tensor<300x5x400xf32>, tensor<1x5x1xf32>)
+// CHECK: %[[SQ:.*]] = "kf.mul"(%[[D]], %[[D]])
+// CHECK: "kf.reshape"(%[[SQ]]) : (tensor<300x5x400xf32>) -> tensor<300x5x16x25xf32>
+// CHECK: "kf.fill"() {value = 1.199990e+05 : f64}
+// CHECK: "kf.cast"({{.*}}) : (tensor<5xf32>) -> tensor<5xbf16>
+func.func @mean_var(%a: tensor<300x5x400xbf16>) -> (tensor<5xbf16>, tensor<5xbf16>) {
+  %0 = "kf.mean"(%a) {dims = array<i64: 0, 2>, keepdim = false} : (tensor<300x5x400xbf16>) -> tensor<5xbf16>
+  %1 = "kf.var"(%a) {dims = array<i64: 0, 2>, correction = 1.0, keepdim = false} : (tensor<300x5x400xbf16>) -> tensor<5xbf16>
+  return %0, %1 : tensor<5xbf16>, tensor<5xbf16>
+}
+
+// -----
+
+// Rows longer than 65536 become blocks of 65536 (then a row of the partials); integer
+// sums are staged at 8192 (the rowwise strategy does not take them: generic threads
+// walk them), into i64 partials.
+// CHECK-LABEL: func.func @rows
+// CHECK: "kf.reshape"(%arg0) : (tensor<2x131072xf32>) -> tensor<2x2x65536xf32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 2>, keepdim = false} : (tensor<2x2x65536xf32>) -> tensor<2x2xf32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<2x2xf32>) -> tensor<2xf32>
+// CHECK: "kf.reshape"(%arg1) : (tensor<3x100000xi32>) -> tensor<3x16x6250xi32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 2>, keepdim = false} : (tensor<3x16x6250xi32>) -> tensor<3x16xi64>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<3x16xi64>) -> tensor<3xi64>
+func.func @rows(%b: tensor<2x131072xf32>, %c: tensor<3x100000xi32>) -> (tensor<2xf32>, tensor<3xi64>) {
+  %0 = "kf.sum"(%b) {dims = array<i64: 1>, keepdim = false} : (tensor<2x131072xf32>) -> tensor<2xf32>
+  %1 = "kf.sum"(%c) {dims = array<i64: 1>, keepdim = false} : (tensor<3x100000xi32>) -> tensor<3xi64>
+  return %0, %1 : tensor<2xf32>, tensor<3xi64>
 }
 
 // -----
@@ -84,4 +158,28 @@ func.func @left_alone(%a: tensor<100x100xf32>, %b: tensor<512x512xf32>, %c: tens
 func.func @sum_keepdim(%a: tensor<512x512xf32>) -> tensor<1x1xf32> {
   %0 = "kf.sum"(%a) {dims = array<i64: 0, 1>, keepdim = true} : (tensor<512x512xf32>) -> tensor<1x1xf32>
   return %0 : tensor<1x1xf32>
+}
+
+// -----
+
+// argmax along 70001 elements: each block's maximum and argmax, the argmax of the 8
+// blocks' maxima, the chosen block's own argmax gathered and offset by 8192 per block;
+// the tail's index (offset by 65536) where its maximum is larger or a first NaN.
+// CHECK-LABEL: func.func @argmax
+// CHECK: %[[B:.*]] = "kf.reshape"({{.*}}) : (tensor<65536x2xf32>) -> tensor<8x8192x2xf32>
+// CHECK: %[[BM:.*]] = "kf.reduce_max"(%[[B]]) {dims = array<i64: 1>, keepdim = false} : (tensor<8x8192x2xf32>) -> tensor<8x2xf32>
+// CHECK: %[[BA:.*]] = "kf.argmax"(%[[B]]) {dim = 1 : i64, keepdim = false} : (tensor<8x8192x2xf32>) -> tensor<8x2xi64>
+// CHECK: %[[W:.*]] = "kf.argmax"(%[[BM]]) {dim = 0 : i64, keepdim = false} : (tensor<8x2xf32>) -> tensor<2xi64>
+// CHECK: %[[W1:.*]] = "kf.reshape"(%[[W]]) : (tensor<2xi64>) -> tensor<1x2xi64>
+// CHECK: "kf.gather"(%[[BA]], %[[W1]]) {dim = 0 : i64}
+// CHECK: "kf.fill"() {value = 8.192000e+03 : f64} : () -> tensor<i64>
+// CHECK: "kf.slice"(%arg0) {dim = 0 : i64, end = 70001 : i64, start = 65536 : i64, step = 1 : i64}
+// CHECK: "kf.cmp"({{.*}}) {predicate = "gt"}
+// CHECK: "kf.fill"() {value = 6.553600e+04 : f64} : () -> tensor<i64>
+// CHECK: %[[I:.*]] = "kf.select"
+// CHECK-NOT: "kf.select"
+// CHECK: "kf.reshape"(%[[I]]) : (tensor<2xi64>) -> tensor<1x2xi64>
+func.func @argmax(%a: tensor<70001x2xf32>) -> tensor<1x2xi64> {
+  %0 = "kf.argmax"(%a) {dim = 0 : i64, keepdim = true} : (tensor<70001x2xf32>) -> tensor<1x2xi64>
+  return %0 : tensor<1x2xi64>
 }

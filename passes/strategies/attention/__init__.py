@@ -140,39 +140,48 @@ class AttentionStrategy(Strategy):
     MAX_REGISTER_TILE = 64
 
     def plan(self, kernel: ir.Operation, target: TargetInfo, variant: AttentionVariant | None = None) -> dict:
-        """Block sizes: the largest BLOCK_M x BLOCK_N tile (then the larger BLOCK_M, which
-        loads K and V fewer times) whose Q, K/V, P and row-exchange buffers fit the
-        shared-memory budget, with 128 threads (TPR = 128 / BLOCK_M lanes per row)
-        dividing the head dims and BLOCK_N, and at most MAX_REGISTER_TILE scores plus
-        accumulators per thread. Blocks larger than the sequences are not considered."""
+        """Block sizes: the largest BLOCK_M x BLOCK_N tile (then the larger BLOCK_M) whose
+        Q, K/V, P and row-exchange buffers fit the shared-memory budget, with 128 threads,
+        or the most of 64, 32 and 16 that have such a tile (TPR = threads / BLOCK_M lanes
+        per row, dividing BLOCK_N), and at most MAX_REGISTER_TILE scores plus
+        accumulators per thread. A lane owns ceil(Dv / TPR) output columns (the last
+        partly past Dv where TPR does not divide it: those are computed on a clamped
+        column and not stored), so every head dim has a plan; fewer threads let a short
+        query block (BLOCK_M = 4) take key blocks small enough for a large head dim's
+        budget, or for a few keys. Blocks larger than the sequences are not considered."""
         ch = _Chain(kernel)
         d, dv = ch.head_dim, ch.head_dim_v
         mma = self._mma_plan(ch, target, variant or AttentionVariant())
         if mma is not None:
             return mma
-        threads = min(128, target.max_threads)
         best = None
-        for bm in (64, 32, 16, 8, 4):
-            if bm > max(4, _pow2_ceil(ch.seq_q)) or threads % bm:
+        for threads in (128, 64, 32, 16):
+            if best is not None:
+                break
+            if threads > target.max_threads:
                 continue
-            tpr = threads // bm
-            if tpr > 32 or d % tpr or dv % tpr:
-                continue
-            for bn in (64, 32, 16, 8, 4):
-                if bn % tpr or bn > max(4, _pow2_ceil(ch.seq_k)):
+            for bm in (64, 32, 16, 8, 4):
+                if bm > max(4, _pow2_ceil(ch.seq_q)) or threads % bm:
                     continue
-                if bn // tpr + dv // tpr > self.MAX_REGISTER_TILE:
+                tpr = threads // bm
+                if tpr > 32:
                     continue
-                shared = _shared_bytes(bm, bn, d, dv, tpr)
-                if shared > target.max_shared_bytes:
-                    continue
-                key = (bm * bn, bm)
-                if best is None or key > best[0]:
-                    best = (key, bm, bn, tpr, shared)
+                n_acc = -(-dv // tpr)
+                for bn in (64, 32, 16, 8, 4):
+                    if bn % tpr or bn > max(4, _pow2_ceil(ch.seq_k)):
+                        continue
+                    if bn // tpr + n_acc > self.MAX_REGISTER_TILE:
+                        continue
+                    shared = _shared_bytes(bm, bn, d, dv, tpr)
+                    if shared > target.max_shared_bytes:
+                        continue
+                    key = (bm * bn, bm)
+                    if best is None or key > best[0]:
+                        best = (key, bm, bn, tpr, shared, threads)
         if best is None:
             raise NotApplicable(f"no attention tiling of head dims {d}/{dv} fits {target.max_shared_bytes} bytes "
-                                f"of shared memory with {threads} threads")
-        _, bm, bn, tpr, shared = best
+                                f"of shared memory")
+        _, bm, bn, tpr, shared, threads = best
         batch = math.prod(ch.batch)
         grid = [-(-ch.seq_q // bm), batch, 1]
         if batch > 65535:
@@ -246,7 +255,7 @@ class AttentionStrategy(Strategy):
         if (D, Dv, Sq, Sk) != (plan["head_dim"], plan["head_dim_v"], plan["seq_q"], plan["seq_k"]):
             raise NotApplicable("the plan was made for another kernel")
         dkv = max(D, Dv)
-        n_s, n_acc = bn // tpr, Dv // tpr
+        n_s, n_acc = bn // tpr, -(-Dv // tpr)
         shared_types = [workgroup_memref([bm, D + 1]), workgroup_memref([bn, dkv + 1]),
                         workgroup_memref([bm, bn + 1]), workgroup_memref([bm, tpr])]
         with kernel.location:
@@ -286,6 +295,9 @@ class AttentionStrategy(Strategy):
 
                 lane_cols = [g.add(lane, tpr * c) for c in range(n_s)]  # keys of this lane in a block
                 out_cols = [g.add(lane, tpr * c) for c in range(n_acc)]  # output columns of this lane
+                # Columns past Dv (TPR not dividing it) read column Dv - 1 and are not stored.
+                v_cols = out_cols if Dv % tpr == 0 else \
+                    out_cols[:-1] + [arith.minui(out_cols[-1], g.c(Dv - 1))]
                 score_in = ch.sm.operands[0]
 
                 def key_block(n0, carried):
@@ -348,7 +360,7 @@ class AttentionStrategy(Strategy):
                             j = g.add(j0, u)
                             p = memref.load(Ps, [row, j])
                             for c in range(n_acc):
-                                acc[c] = mmath.fma(p, memref.load(KVs, [j, out_cols[c]]), acc[c])
+                                acc[c] = mmath.fma(p, memref.load(KVs, [j, v_cols[c]]), acc[c])
                         return acc
 
                     acc = g.loop(0, bn, unroll, acc, pv)
@@ -367,7 +379,11 @@ class AttentionStrategy(Strategy):
                 def store():
                     for c in range(n_acc):
                         idx = out_lead + [gi, out_cols[c]]
-                        store_value(apply_epilogue(pw, ch, arith.divf(acc[c], total), idx), out_mem, idx)
+
+                        def one(c=c, idx=idx):
+                            store_value(apply_epilogue(pw, ch, arith.divf(acc[c], total), idx), out_mem, idx)
+
+                        g.when(g.lt(out_cols[c], Dv) if tpr * (c + 1) > Dv else None, one)
 
                 g.when(g.lt(gi, Sq) if Sq % bm else None, store)
             g.finish()

@@ -46,6 +46,37 @@ def test_seed_attention_head_dim_128_bf16():
     assert _rel(out, se.fused_attention.fn(q.double(), k.double(), v.double())) < 2e-2
 
 
+@pytest.mark.parametrize("d,sq,sk,dtype,masked", [
+    (128, 1, 255, torch.float32, False), (128, 2, 257, torch.bfloat16, True), (65, 3, 31, torch.float32, True),
+    (1, 17, 256, torch.bfloat16, False), (40, 1, 1, torch.float32, False)])
+def test_seed_attention_small_query_blocks_and_odd_head_dims(d, sq, sk, dtype, masked):
+    """Shapes the attention kernel once had no tiling for (1-3 queries at head dim 128, head
+    dims that no lane count divides): they fell back to the generic strategy, whose
+    per-thread loops (keys^2 x head dim) lavapipe cut short. bf16 at scale 10: scores in
+    the hundreds."""
+    scale = 10.0 if dtype == torch.bfloat16 else 1.0
+    q, k, v = ((torch.randn(1, 2, n, d) * scale).to(dtype) for n in (sq, sk, sk))
+    mask = (torch.rand(sq, sk) > 0.3).float() if masked else None
+    out = se.fused_attention.with_options(target="vulkan")(q, k, v, mask)
+    ref = se.fused_attention.fn(q.double(), k.double(), v.double(), None if mask is None else mask.double())
+    assert out.dtype == dtype and _rel(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_long_loops_are_right_or_refused():
+    """A matmul over 2^21 terms: its threads loop more than lavapipe's 65535 iterations
+    (after which lavapipe drops the rest: 1048560 came out): the right result, or the
+    launcher's error naming the limit, never a wrong number."""
+    import kf
+
+    a, b = torch.ones(2, 2 ** 21), torch.ones(2 ** 21, 3)
+    try:
+        out = kf.jit(lambda a, b: a @ b, target="vulkan")(a, b)
+    except vulkan.VulkanError as e:
+        assert "loop iterations per invocation" in str(e) and "lambda" in str(e)
+    else:
+        assert torch.equal(out, torch.full((2, 3), 2.0 ** 21))
+
+
 def test_complete_moe():
     x, gate = torch.randn(1, 5, 64), torch.randn(4, 64)
     w_in, w_out = torch.randn(4, 64, 96) / 8, torch.randn(4, 96, 64) / 10

@@ -415,6 +415,39 @@ def test_attention_chain(dtype):
     torch.testing.assert_close(got.double(), ref.to(dtype).double(), rtol=rtol * 4, atol=atol * 4)
 
 
+@pytest.mark.parametrize("d", [1, 8, 40, 64, 65, 128])
+def test_attention_sweep(d):
+    """The seed's attention (scale, masked_fill(mask == 0, -1e9), softmax) at the head
+    dims, query and key counts of the GPU targets' sweep (test_attention_matmul.py), each
+    shape in one of four variants: f32 against torch in f64; bf16 at scale 10 against
+    torch eager in bf16, which rounds each op's result as this path does."""
+    shapes = [(1, 255), (2, 257), (3, 31), (17, 256), (128, 1), (257, 300)]
+    variants = [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False), (torch.bfloat16, True)]
+    for i, (sq, sk) in enumerate(shapes):
+        dtype, masked = variants[(i + d) % 4]
+        gen = torch.Generator().manual_seed(d * 100 + i)
+        scale = 10.0 if dtype == torch.bfloat16 else 1.0
+        q, k, v = ((torch.randn(1, 2, n, d, generator=gen) * scale).to(dtype) for n in (sq, sk, sk))
+        mask = (torch.rand(sq, sk, generator=gen) > 0.3).float()
+        mask[sq // 2] = 0
+
+        def build(q_, k_, v_, m_):
+            s = kb.div(kb.matmul(q_, kb.transpose(k_, perm=[0, 1, 3, 2])), kb.scalar(d ** 0.5, ELEM[dtype]))
+            if masked:
+                s = kb.masked_fill(s, kb.cmp(m_, kb.scalar(0.0, "f32"), predicate="eq"), value=-1e9)
+            return kb.matmul(kb.softmax(s, dim=-1), v_)
+
+        (got,) = run_kf(build, q, k, v, mask)
+
+        def seed(q, k, v):  # the scale as the kernel has it: a scalar of q's type
+            s = q @ k.transpose(-2, -1) / torch.tensor(d ** 0.5, dtype=q.dtype)
+            return torch.softmax(s.masked_fill(mask == 0, -1e9) if masked else s, -1) @ v
+
+        want = seed(q.double(), k.double(), v.double()) if dtype == torch.float32 else seed(q, k, v)
+        tol = (2e-5 if dtype == torch.float32 else 1e-2) * max(1.0, want.double().abs().max().item())
+        assert (got.double() - want.double()).abs().max().item() <= tol, (d, sq, sk, dtype, masked)
+
+
 def test_topk_softmax_gate():
     logits = rand(1000, 7)
 

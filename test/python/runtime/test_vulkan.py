@@ -420,6 +420,33 @@ def test_math_ops(op, ref, prep, rtol, atol):
 
 
 @needs_vulkan
+def test_powf_negative_and_special_bases():
+    """math.powf where GLSL's pow is undefined (x <= 0) gets torch's values: NaN for a
+    negative base and a non-integer exponent, the sign of an odd integer exponent, signed
+    zeros and infinities for zero bases, 1 for pow(x, 0), pow(1, y) and pow(-1, +-inf);
+    random negative bases with integer and non-integer exponents besides."""
+    inf, nan = math.inf, math.nan
+    bases = [-inf, -3.0, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, inf, nan]
+    exps = [-inf, -3.0, -2.0, -1.5, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, 3.0, 2.5, 1e10, 3e7 + 1, inf, nan]
+    grid_a = torch.tensor([b for b in bases for _ in exps])
+    grid_b = torch.tensor([e for _ in bases for e in exps])
+    gen = torch.Generator().manual_seed(13)
+    m = 1000
+    ra = -torch.rand(m, generator=gen) * 4 - 0.01
+    rb = torch.randint(-6, 7, (m,), generator=gen).float() + torch.where(
+        torch.rand(m, generator=gen) < 0.5, 0.0, torch.rand(m, generator=gen))
+    a, b = torch.cat([grid_a, ra]), torch.cat([grid_b, rb])
+    n = a.numel()
+    binary, k = compile_one(op_kernel(n, "f32", "math.powf %x, %y"))
+    c = torch.empty(n)
+    vulkan.launch(binary, kernel_abi(k, (math.ceil(n / 128), 1, 1)), [a, b, c], written=[2])
+    want = torch.pow(a, b)
+    torch.testing.assert_close(c, want, rtol=2e-5, atol=0, equal_nan=True)
+    assert torch.equal(c.isnan(), want.isnan())
+    assert torch.equal(torch.signbit(c[~want.isnan()]), torch.signbit(want[~want.isnan()]))
+
+
+@needs_vulkan
 @pytest.mark.parametrize("elem", ["i32", "i64"])
 @pytest.mark.parametrize("op", ["math.ipowi %x, %y", "arith.floordivsi %x, %y", "arith.remsi %x, %y",
                                 "arith.maxsi %x, %y", "math.absi %x"])
@@ -557,6 +584,47 @@ def test_subgroup_ops():
         vulkan.launch(b.binary, kernel_abi(b.kernels["sg"], (n // 64, 1, 1)), [a, c, d])
     with pytest.raises(PassError, match="gpu.shuffle"):  # width != subgroup-size: upstream cannot lower it
         compile_spirv(subgroup_kernel(n, other), subgroup_size=size)
+
+
+def counting_kernel(trips: int) -> str:
+    """c[0] = the number of times a loop of `trips` iterations ran (one invocation)."""
+    return f"""
+module attributes {{gpu.container_module}} {{
+  gpu.module @kf_kernels {{
+    gpu.func @count(%a: memref<1xf32>, %c: memref<1xf32>) kernel attributes {{known_block_size = array<i32: 1, 1, 1>}} {{
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %n = arith.constant {trips} : index
+      %one = memref.load %a[%c0] : memref<1xf32>
+      %zero = arith.constant 0.0 : f32
+      %s = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %zero) -> (f32) {{
+        %t = arith.addf %acc, %one : f32
+        scf.yield %t : f32
+      }}
+      memref.store %s, %c[%c0] : memref<1xf32>
+      gpu.return
+    }}
+  }}
+}}
+"""
+
+
+@needs_vulkan
+def test_loop_limit_refused_not_dropped():
+    """A device with a loop limit (lavapipe: 65535 iterations an invocation, after which
+    the rest of the work is silently dropped) refuses a kernel whose bound is over it,
+    naming the kernel and the limit; under it the count is exact."""
+    most = vulkan.device().limits["max_loop_iterations"]
+    if not most:
+        pytest.skip(f"{vulkan.device().name} has no loop limit")
+    a, c = torch.ones(1), torch.empty(1)
+    binary, k = compile_one(counting_kernel(most - 1))
+    vulkan.launch(binary, kernel_abi(k, (1, 1, 1)), [a, c], written=[1])
+    assert c.item() == most - 1
+    binary, k = compile_one(counting_kernel(most + 2))
+    assert k.loop_iterations == most + 3
+    with pytest.raises(vulkan.VulkanError, match=f"kernel count runs up to {most + 3} loop iterations .*{most}"):
+        vulkan.launch(binary, kernel_abi(k, (1, 1, 1)), [a, c], written=[1])
 
 
 @needs_vulkan

@@ -175,14 +175,18 @@ def test_attention_not_applicable():
 
 
 @needs_ptxas
-@pytest.mark.parametrize("d,elem", [(64, "f32"), (128, "f32")])
-def test_attention_ptxas(d, elem):
-    """The SIMT kernel (f32 on CUDA)."""
-    built = attention(2, 8, 257, 257, d, elem, (257, 257))
+@pytest.mark.parametrize("d,elem,sq", [(64, "f32", 257), (128, "f32", 257), (128, "f32", 2), (65, "f32", 1),
+                                       (40, "bf16", 3), (1, "f32", 17), (8, "bf16", 1)])
+def test_attention_ptxas(d, elem, sq):
+    """The SIMT kernel (f32 on CUDA; bf16 where the head dim is no multiple of 16), also
+    with a short query block and head dims that the lanes of a row do not divide (where
+    the head dim is no multiple of 4 the kernel does not unroll the dot products; ptxas
+    does, into up to 255 registers)."""
+    built = attention(2, 8, sq, 257, d, elem, (sq, 257))
     plan, _ = built.emit(CUDA)
     ptx, r = cuda_report(built)
     assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0 and r["stack_bytes"] == 0, r
-    assert r["shared_bytes"] == plan["shared_bytes"] and r["registers"] <= 128, r
+    assert r["shared_bytes"] == plan["shared_bytes"] and r["registers"] <= (128 if sq == 257 else 255), r
     assert "bar.sync" in ptx and "ex2.approx" in ptx  # barriers; exp through libdevice's exp2
 
 
@@ -350,3 +354,94 @@ def test_attention_masked_blocks_cuda(b, h, seq, d, elem, mask_shape, mask_elem,
     want = attention_reference(k, q, v, mask)
     tol = {"f16": 4e-3, "bf16": 3e-2}[elem]
     torch.testing.assert_close(out.float(), want.to(TORCH[elem]).float(), rtol=tol, atol=tol)
+
+
+# ---- attention sweep: every head dim, query and key count ------------------------------
+
+SWEEP_HEAD_DIMS = (1, 8, 40, 64, 65, 128)
+SWEEP_QUERIES = (1, 2, 3, 17, 128, 257)
+SWEEP_KEYS = (1, 31, 255, 256, 257, 300)
+
+
+def _sweep_case(d, sq, sk, elem, masked, seed):
+    """(built, args, reference in f64) of one sweep case: bf16 inputs at scale 10 (scores
+    in the hundreds: the online softmax's rescaling matters), f32 at scale 1; the mask
+    (where there is one) keeps about 70% of the keys and masks one query row entirely."""
+    built = attention(1, 2, sq, sk, d, elem, (sq, sk) if masked else None)
+    gen = torch.Generator().manual_seed(seed)
+    scale = 10.0 if elem == "bf16" else 1.0
+    k, q, v = ((torch.randn(shape, generator=gen) * scale).to(TORCH[elem])
+               for shape in ((1, 2, sk, d), (1, 2, sq, d), (1, 2, sk, d)))
+    args, mask = [k, q, v], None
+    if masked:
+        mask = (torch.rand(sq, sk, generator=gen) > 0.3).float()
+        mask[sq // 2] = 0
+        args.append(mask)
+    s = q.double() @ k.double().transpose(-1, -2) / d ** 0.5
+    if mask is not None:
+        s = s.masked_fill(mask == 0, -1e9)
+    return built, args, torch.softmax(s, -1) @ v.double()
+
+
+SWEEP_VARIANTS = (("f32", False), ("f32", True), ("bf16", False), ("bf16", True))
+
+
+@pytest.mark.parametrize("target,elem,masked", [(SPIRV, "f32", True), (CUDA, "bf16", False)], ids=["spirv", "cuda"])
+def test_attention_sweep_plans(target, elem, masked):
+    """Every shape of the sweep has an attention plan (none falls back to the generic
+    strategy, whose per-thread work grows as keys^2 x head dim): the SIMT kernel within
+    the shared-memory budget wherever the tensor-core kernel does not apply (every
+    SPIR-V plan, and CUDA's head dims that are not multiples of 16)."""
+    for d in SWEEP_HEAD_DIMS:
+        for sq in SWEEP_QUERIES:
+            for sk in SWEEP_KEYS:
+                built = attention(1, 2, sq, sk, d, elem, (sq, sk) if masked else None)
+                with built.ctx:
+                    plan = strategy_for("attention").plan(built.kernel.operation, target)
+                assert plan["mma"] == (target is CUDA and d % 16 == 0), (d, sq, sk)
+                if not plan["mma"]:
+                    assert plan["threads"] == plan["block_m"] * plan["lanes_per_row"]
+                    assert plan["shared_bytes"] <= target.max_shared_bytes
+                    assert plan["block_n"] % plan["lanes_per_row"] == 0
+
+
+@needs_vulkan
+@pytest.mark.parametrize("d", SWEEP_HEAD_DIMS)
+def test_attention_sweep_vulkan(d):
+    """The SIMT kernel at every query and key count of the sweep against torch in f64,
+    each shape in one of the four variants (f32 or bf16 at scale 10, with or without a
+    mask; the variant rotates with the shape and the head dim, so every variant meets
+    every query count and key count): the error is that of the output's rounding."""
+    bad = []
+    shapes = [(sq, sk) for sq in SWEEP_QUERIES for sk in SWEEP_KEYS]
+    for i, (sq, sk) in enumerate(shapes):
+        elem, masked = SWEEP_VARIANTS[(i + i // len(SWEEP_KEYS) + SWEEP_HEAD_DIMS.index(d)) % 4]
+        built, args, want = _sweep_case(d, sq, sk, elem, masked, seed=1000 * d + i)
+        plan, emitted = built.emit(SPIRV)
+        out, _ = spirv_run(built, emitted, args, (1, 2, sq, d), elem)
+        err = (out.double() - want).abs().max().item()
+        tol = (2e-5 if elem == "f32" else 8e-3) * max(1.0, want.abs().max().item())
+        if not err <= tol:
+            bad.append((sq, sk, elem, masked, err))
+    assert not bad, bad
+
+
+@needs_cuda
+@pytest.mark.parametrize("d", SWEEP_HEAD_DIMS)
+def test_attention_sweep_cuda(d):
+    """The sweep on a CUDA GPU, every shape in all four variants: the SIMT kernel for f32
+    and for bf16 at head dims no multiple of 16, the tensor-core kernels for the rest."""
+    bad = []
+    cap = torch.cuda.get_device_capability()
+    target = TargetInfo.for_target("cuda", chip="sm_90a" if cap == (9, 0) else "sm_{}{}".format(*cap))
+    for i, (sq, sk) in enumerate((sq, sk) for sq in SWEEP_QUERIES for sk in SWEEP_KEYS):
+        for elem, masked in SWEEP_VARIANTS:
+            built, args, want = _sweep_case(d, sq, sk, elem, masked, seed=1000 * d + i)
+            plan, emitted = built.emit(target)
+            out, _ = cuda_run(built, plan, emitted, args, (1, 2, sq, d), elem)
+            err = (out.double() - want).abs().max().item()
+            # the tensor-core kernels round P to bf16 before P @ V, as FlashAttention does
+            tol = (2e-5 if elem == "f32" else 3e-2 if plan["mma"] else 8e-3) * max(1.0, want.abs().max().item())
+            if not err <= tol:
+                bad.append((sq, sk, elem, masked, err))
+    assert not bad, bad
