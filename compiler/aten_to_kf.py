@@ -414,31 +414,72 @@ def _argmax(c, node, args, kwargs):
     return kb.argmax(x, dim=dim, keepdim=keep)
 
 
-def _var_args(args, kwargs, rank):
-    dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), rank)
-    correction = kwargs.get("correction")
-    keep = bool(kwargs.get("keepdim", False))
-    if len(args) > 2:
-        if isinstance(args[2], bool):  # var.dim(self, dim, unbiased, keepdim)
-            correction = 1 if args[2] else 0
-            keep = bool(args[3]) if len(args) > 3 else keep
+def _bound(node, args, kwargs) -> dict:
+    """The call's arguments by their schema names, defaults filled in: overloads such
+    as ``var.default(self, unbiased)`` and ``var.dim(self, dim, unbiased, keepdim)`` put
+    different things at one position."""
+    p = {}
+    for i, a in enumerate(node.target._schema.arguments):
+        if not a.kwarg_only and i < len(args):
+            p[a.name] = args[i]
+        elif a.name in kwargs:
+            p[a.name] = kwargs[a.name]
         else:
-            correction = args[2]
-    if "unbiased" in kwargs:
-        correction = 1 if kwargs["unbiased"] else 0
-    return dims, (1.0 if correction is None else float(correction)), keep
+            p[a.name] = a.default_value if a.has_default_value() else None
+    return p
+
+
+#: the element type statistics are computed in: f16/bf16 (and fp8) inputs in f32, rounded once
+def _stat_elem(elem: str) -> str:
+    return "f32" if elem in ("f16", "bf16", "f8E4M3FN", "f8E5M2") else elem
+
+
+def _variance(c, node, args, kwargs):
+    """(variance, mean, keepdim, the result element type) of var/std/var_mean/std_mean,
+    in the statistics' precision: torch's correction (``unbiased``: 1 or 0; neither: 1),
+    all dims for ``dim=None`` or ``[]``; over no elements both are NaN, and where the
+    correction leaves no degrees of freedom the variance is m2 / 0 (inf, NaN for m2 = 0),
+    as torch's max(0, N - correction)."""
+    p = _bound(node, args, kwargs)
+    out = _val(node)
+    elem = kf_elem((out[0] if isinstance(out, (tuple, list)) else out).dtype)
+    x = c.tensor(p["self"], _stat_elem(elem))
+    dims = _dims(p.get("dim"), _rank(x))
+    keep = bool(p.get("keepdim") or False)
+    if p.get("correction") is not None:
+        corr = float(p["correction"])
+    elif p.get("unbiased") is not None:
+        corr = 1.0 if p["unbiased"] else 0.0
+    else:
+        corr = 1.0
+    n = math.prod(_shape(x)[d] for d in dims) if _rank(x) else 1
+    shape = tuple(1 if i in dims else s for i, s in enumerate(_shape(x)) if keep or i not in dims)
+    st = spec_of(x.type).elem
+    if n == 0:
+        nan = kb.fill(shape, st, math.nan)
+        return nan, nan, keep, elem
+    return kb.var(x, dims=dims, correction=corr, keepdim=keep), kb.mean(x, dims=dims, keepdim=keep), keep, elem
 
 
 @handles("aten.var.correction", "aten.var.dim", "aten.var.default")
 def _var(c, node, args, kwargs):
-    x = c.tensor(args[0], c.out_elem(node))
-    dims, corr, keep = _var_args(args, kwargs, _rank(x))
-    return kb.var(x, dims=dims, correction=corr, keepdim=keep)
+    var, _, _, elem = _variance(c, node, args, kwargs)
+    return c.tensor(var, elem)
 
 
 @handles("aten.std.correction", "aten.std.dim", "aten.std.default")
 def _std(c, node, args, kwargs):
-    return kb.sqrt(_var(c, node, args, kwargs))
+    var, _, _, elem = _variance(c, node, args, kwargs)
+    return c.tensor(kb.sqrt(var), elem)
+
+
+@handles("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default",
+         "aten.std_mean.correction", "aten.std_mean.dim", "aten.std_mean.default")
+def _var_mean(c, node, args, kwargs):
+    var, mean, _, elem = _variance(c, node, args, kwargs)
+    if node.target._opname == "std_mean":
+        var = kb.sqrt(var)
+    return c.tensor(var, elem), c.tensor(mean, elem)
 
 
 @handles("aten.softmax.int", "aten._softmax.default")
@@ -451,24 +492,192 @@ def _log_softmax(c, node, args, kwargs):
     return kb.log_softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])
 
 
+# ---------------------------------------------------------------- norms
+# Statistics are computed in f32 for f16/bf16 inputs (f64 stays f64) and each result is
+# rounded once to its type: what kf promises for norms, and what torch's fused kernels do.
+
+
+def _normalize(c, xs, mean, var, eps: float, weight, bias, param_shape: tuple | None, elem: str):
+    """(xs - mean) * rsqrt(var + eps) [* weight] [+ bias] in xs's (statistics) type,
+    rounded once to elem; weight and bias reshaped to param_shape (None: as they are);
+    returns (y, rstd)."""
+    st = spec_of(xs.type).elem
+    rstd = kb.rsqrt(kb.add(var, kb.scalar(float(eps), st)))
+    y = kb.mul(kb.sub(xs, mean), rstd)
+    for p, op in ((weight, kb.mul), (bias, kb.add)):
+        if p is not None:
+            p = c.tensor(p, st)
+            y = op(y, kb.reshape(p, param_shape) if param_shape and _shape(p) != param_shape else p)
+    return c.tensor(y, elem), rstd
+
+
 @handles("aten.layer_norm.default", "aten.native_layer_norm.default")
 def _layer_norm(c, node, args, kwargs):
-    x, normalized_shape = args[0], args[1]
-    weight = args[2] if len(args) > 2 else kwargs.get("weight")
-    bias = args[3] if len(args) > 3 else kwargs.get("bias")
-    eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
+    p = _bound(node, args, kwargs)
+    x, normalized_shape = p["input"], p["normalized_shape"]
     elem = spec_of(x.type).elem
+    xs = c.tensor(x, _stat_elem(elem))
     dims = list(range(_rank(x) - len(normalized_shape), _rank(x)))
-    mean = kb.mean(x, dims=dims, keepdim=True)
-    var = kb.var(x, dims=dims, correction=0.0, keepdim=True)
-    rstd = kb.rsqrt(kb.add(var, c.tensor(eps, elem)))
-    y = kb.mul(kb.sub(x, mean), rstd)
-    if weight is not None:
-        y = kb.mul(y, c.tensor(weight, elem))
-    if bias is not None:
-        y = kb.add(y, c.tensor(bias, elem))
+    mean = kb.mean(xs, dims=dims, keepdim=True)
+    var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    y, rstd = _normalize(c, xs, mean, var, p["eps"], p.get("weight"), p.get("bias"), None, elem)
     if node.target._opname == "native_layer_norm":
-        return (y, mean, rstd)
+        val = _val(node)
+        return (y, c.tensor(mean, kf_elem(val[1].dtype)), c.tensor(rstd, kf_elem(val[2].dtype)))
+    return y
+
+
+@handles("aten.rms_norm.default")
+def _rms_norm(c, node, args, kwargs):
+    """x * rsqrt(mean(x²) + eps) * weight; eps None: the machine epsilon of the type
+    the statistics are computed in, as torch."""
+    p = _bound(node, args, kwargs)
+    x = p["input"]
+    elem = spec_of(x.type).elem
+    st = _stat_elem(elem)
+    xs = c.tensor(x, st)
+    eps = p.get("eps")
+    eps = torch.finfo(torch.float64 if st == "f64" else torch.float32).eps if eps is None else float(eps)
+    dims = list(range(_rank(x) - len(p["normalized_shape"]), _rank(x)))
+    ms = kb.mean(kb.mul(xs, xs), dims=dims, keepdim=True)
+    y = kb.mul(xs, kb.rsqrt(kb.add(ms, kb.scalar(eps, st))))
+    if p.get("weight") is not None:
+        y = kb.mul(y, c.tensor(p["weight"], st))
+    return c.tensor(y, elem)
+
+
+def _channel_shape(x) -> tuple[int, ...]:
+    """Where a per-channel tensor (dim 1 of x) broadcasts against x: (1, C, 1, ...)."""
+    return (1, _shape(x)[1]) + (1,) * (_rank(x) - 2)
+
+
+def _batch_norm(c, x, weight, bias, running_mean, running_var, training: bool, momentum, eps: float):
+    """Batch norm as torch's kernels compute it: (out, mean, rstd, new running mean, new
+    running var) in the statistics' type (the last two None without running stats).
+    Training normalizes by the batch's statistics over every dim but the channels (the
+    biased variance), and moves the running ones towards them: ``(1 - momentum) *
+    running + momentum * batch``, with the unbiased variance; otherwise it normalizes by
+    the running statistics."""
+    elem = spec_of(x.type).elem
+    st = _stat_elem(elem)
+    xs = c.tensor(x, st)
+    ch = _channel_shape(x)
+    C = ch[1]
+    if training:
+        dims = [0] + list(range(2, _rank(x)))
+        mean = kb.mean(xs, dims=dims, keepdim=True)
+        var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    elif running_mean is None or running_var is None:
+        raise Unsupported("batch norm in evaluation mode needs running_mean and running_var")
+    else:
+        mean = kb.reshape(c.tensor(running_mean, st), ch)
+        var = kb.reshape(c.tensor(running_var, st), ch)
+    y, rstd = _normalize(c, xs, mean, var, eps, weight, bias, ch, elem)
+    new_mean = new_var = None
+    if training and running_mean is not None and running_var is not None:
+        n = math.prod(_shape(x)) // max(C, 1)
+        m = 0.1 if momentum is None else float(momentum)
+        batch_var = kb.mul(var, kb.scalar(n / (n - 1), st)) if n > 1 else kb.mul(var, kb.scalar(math.inf, st))
+        moved = []
+        for running, batch in ((running_mean, mean), (running_var, batch_var)):
+            r_elem = spec_of(running.type).elem
+            r = kb.add(kb.mul(c.tensor(running, st), kb.scalar(1.0 - m, st)),
+                       kb.mul(kb.reshape(batch, (C,)), kb.scalar(m, st)))
+            moved.append(c.tensor(r, r_elem))
+        new_mean, new_var = moved
+    return y, mean, rstd, new_mean, new_var
+
+
+def _saved(c, node, i: int, stat):
+    """Output i of a batch norm node (a saved mean or rstd): the statistic reshaped to the
+    shape torch gives (C; 0 elements in evaluation mode) and its type."""
+    val = _val(node)[i]
+    if math.prod(val.shape) == 0:
+        return kb.fill(tuple(val.shape), kf_elem(val.dtype), 0.0)
+    return c.tensor(kb.reshape(stat, tuple(val.shape)), kf_elem(val.dtype))
+
+
+@handles("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.default",
+         "aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_no_training.default",
+         "aten.native_batch_norm.default")
+def _native_batch_norm(c, node, args, kwargs):
+    """The ATen batch norms of a functionalized graph: (out, save_mean, save_rstd), and the
+    new running statistics for ``_functional`` (which capture copies back into the
+    caller's tensors). The forms that write to their running statistics themselves appear
+    only in a graph capture did not functionalize: they are refused."""
+    p = _bound(node, args, kwargs)
+    name = _target_name(node.target)
+    training = name == "aten._native_batch_norm_legit.no_stats" or bool(p.get("training"))
+    rm, rv = p.get("running_mean"), p.get("running_var")
+    writes = name in ("aten._native_batch_norm_legit.default", "aten.native_batch_norm.default")
+    if writes and training and rm is not None:
+        raise Unsupported(f"{name} writes to its running statistics in a graph kf did not functionalize",
+                          cause="an internal error in kf's capture")
+    y, mean, rstd, new_mean, new_var = _batch_norm(c, p["input"], p.get("weight"), p.get("bias"), rm, rv,
+                                                   training, p.get("momentum"), float(p["eps"]))
+    outs = (y, _saved(c, node, 1, mean), _saved(c, node, 2, rstd))
+    if name == "aten._native_batch_norm_legit_functional.default":
+        outs += (new_mean, new_var)
+    return outs
+
+
+@handles("aten.batch_norm.default", "aten.instance_norm.default")
+def _batch_norm_op(c, node, args, kwargs):
+    """F.batch_norm / F.instance_norm as one op (a graph capture did not functionalize, or
+    instance norm, which torch.export keeps whole). The running statistics a training
+    norm would update are refused: the graph has no output to write them back from."""
+    p = _bound(node, args, kwargs)
+    x, rm, rv = p["input"], p.get("running_mean"), p.get("running_var")
+    training = bool(p["training"] if "training" in p else p["use_input_stats"])
+    name = node.target._opname
+    if training and (rm is not None or rv is not None):
+        raise Unsupported(f"{name} with running statistics in training mode is not supported by kf",
+                          cause="kf does not update the running statistics of this form; pass "
+                                "running_mean=None and running_var=None (track_running_stats=False)"
+                          if name == "instance_norm" else "an internal error in kf's capture")
+    if name == "batch_norm":
+        return _batch_norm(c, x, p.get("weight"), p.get("bias"), rm, rv, training, p.get("momentum"),
+                           float(p["eps"]))[0]
+    if not training:  # instance norm by the running statistics: a batch norm in evaluation
+        return _batch_norm(c, x, p.get("weight"), p.get("bias"), rm, rv, False, None, float(p["eps"]))[0]
+    elem = spec_of(x.type).elem
+    xs = c.tensor(x, _stat_elem(elem))
+    dims = list(range(2, _rank(x)))
+    mean = kb.mean(xs, dims=dims, keepdim=True)
+    var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    return _normalize(c, xs, mean, var, float(p["eps"]), p.get("weight"), p.get("bias"), _channel_shape(x),
+                      elem)[0]
+
+
+@handles("aten.group_norm.default", "aten.native_group_norm.default")
+def _group_norm(c, node, args, kwargs):
+    """Statistics over each group of channels (and every spatial dim), computed on x
+    viewed as (N, G, C / G, spatial): the reductions are over trailing dims, and the
+    per-channel weight and bias are applied in that view."""
+    p = _bound(node, args, kwargs)
+    x = p["input"]
+    shape = _shape(x)
+    if node.target._opname == "native_group_norm":
+        g = p["group"]
+    else:
+        g = p["num_groups"]
+    n, ch = shape[0], shape[1]
+    if g <= 0 or ch % g:
+        raise Unsupported(f"group_norm of {ch} channels in {g} groups")
+    elem = spec_of(x.type).elem
+    st = _stat_elem(elem)
+    spatial = math.prod(shape[2:])
+    grouped = (n, g, ch // g, spatial)
+    xs = c.tensor(kb.reshape(x, grouped), st)
+    mean = kb.mean(xs, dims=[2, 3], keepdim=True)
+    var = kb.var(xs, dims=[2, 3], correction=0.0, keepdim=True)
+    y, rstd = _normalize(c, xs, mean, var, float(p["eps"]), p.get("weight"), p.get("bias"),
+                         (1, g, ch // g, 1), elem)
+    y = kb.reshape(y, shape)
+    if node.target._opname == "native_group_norm":
+        val = _val(node)
+        return (y, c.tensor(kb.reshape(mean, (n, g)), kf_elem(val[1].dtype)),
+                c.tensor(kb.reshape(rstd, (n, g)), kf_elem(val[2].dtype)))
     return y
 
 
@@ -847,3 +1056,138 @@ def _philox_rand(c, node, args, kwargs):
 def _assertion(c, node, args, kwargs):
     # Checks that export inserts about tensor metadata; the signature already fixes it.
     return None
+
+
+# ---------------------------------------------------------------- writes, functionalized
+# A function that writes to a tensor is captured functionalized (capture.py): each
+# write becomes the op that computes the written tensor's new value, below.
+
+
+@handles("aten.copy.default")
+def _copy(c, node, args, kwargs):
+    """copy(self, src): src cast to self's dtype and broadcast to its shape."""
+    val = _val(node)
+    src = c.tensor(args[1], kf_elem(val.dtype))
+    return src if _shape(src) == tuple(val.shape) else kb.broadcast_to(src, tuple(val.shape))
+
+
+@handles("aten.fill.Scalar", "aten.fill.Tensor", "aten.zero.default")
+def _fill(c, node, args, kwargs):
+    val = _val(node)
+    shape, elem = tuple(val.shape), kf_elem(val.dtype)
+    value = 0.0 if node.target._opname == "zero" else args[1]
+    if isinstance(value, ir.Value):
+        return kb.broadcast_to(c.tensor(value, elem), shape)
+    return kb.fill(shape, elem, float(value))
+
+
+@handles("aten.select_scatter.default")
+def _select_scatter(c, node, args, kwargs):
+    x, src, dim, index = args[:4]
+    dim = dim % _rank(x)
+    index = index % _shape(x)[dim]
+    shape = list(_shape(src))
+    shape.insert(dim, 1)
+    return _scatter_slice(c, x, kb.reshape(c.tensor(src, spec_of(x.type).elem), shape), dim, index, index + 1, 1)
+
+
+@handles("aten.slice_scatter.default")
+def _slice_scatter(c, node, args, kwargs):
+    names = ("self", "src", "dim", "start", "end", "step")
+    p = {"dim": 0, "start": None, "end": None, "step": 1, **dict(zip(names, args)), **kwargs}
+    x = p["self"]
+    dim = p["dim"] % _rank(x)
+    start, end, step = slice(p["start"], p["end"], p["step"]).indices(_shape(x)[dim])
+    return _scatter_slice(c, x, c.tensor(p["src"], spec_of(x.type).elem), dim, start, max(end, start), step)
+
+
+def _scatter_slice(c, x, src, dim: int, start: int, end: int, step: int):
+    """x with x[start:end:step] along dim replaced by src (of that slice's shape)."""
+    n = _shape(x)[dim]
+    count = _shape(src)[dim]
+    if count == 0:
+        return x
+    if step == 1:
+        parts = [kb.slice(x, dim=dim, start=0, end=start, step=1)] if start > 0 else []
+        parts.append(src)
+        if end < n:
+            parts.append(kb.slice(x, dim=dim, start=end, end=n, step=1))
+        return kb.concat(parts, dim=dim)
+    # every step-th element: src's rows spread out by a constant index, chosen by a mask
+    rows = torch.arange(n)
+    hit = (rows >= start) & (rows < end) & ((rows - start) % step == 0)
+    pick = ((rows - start) // step).clamp(0, count - 1)
+    spread = kb.index_select(src, c.constant_tensor(pick), dim=dim)
+    mask_shape = [1] * _rank(x)
+    mask_shape[dim] = n
+    return kb.select(_mask_constant(c, hit.reshape(mask_shape)), spread, x)
+
+
+def _mask_constant(c, mask: torch.Tensor) -> ir.Value:
+    """A boolean kf constant (built from i32: dense i1 attributes want packed bits)."""
+    return kb.cmp(c.constant_tensor(mask.to(torch.int32)), kb.scalar(0.0, "i32"), predicate="ne")
+
+
+#: The most indices a non-accumulating index_put takes: its repeated indices are found
+#: by comparing every pair of them.
+INDEX_PUT_PAIRS_LIMIT = 4096
+
+
+@handles("aten.index_put.default")
+def _index_put(c, node, args, kwargs):
+    """``x[index] = values`` (and ``+=`` with accumulate) for one index: a boolean mask
+    over x's leading dims with one value, or a 1-D integer index along one dim. Where a
+    non-accumulating index repeats, the last write wins, as in torch's CPU kernel."""
+    x, indices, values = args[:3]
+    accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
+    elem, shape, rank = spec_of(x.type).elem, _shape(x), _rank(x)
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or not isinstance(given[0][1], ir.Value):
+        raise Unsupported("x[i, j, ...] = v with more than one index tensor is not supported by kf",
+                          cause="index one dimension at a time, or use torch.where with a mask")
+    d, index = given[0]
+    ispec = spec_of(index.type)
+    v = c.tensor(values, elem)
+    if ispec.elem == "i1":
+        if d != 0 or ispec.shape != shape[:ispec.rank]:
+            raise Unsupported(f"a boolean index of shape {list(ispec.shape)} for a tensor of shape {list(shape)} "
+                              f"is not supported by kf", cause="the mask must cover the tensor's leading dims")
+        if math.prod(_shape(v)) != 1:
+            raise Unsupported("x[mask] = values with more than one value is not supported by kf",
+                              cause="how many elements the mask selects is known only at run time; "
+                                    "use torch.where(mask, values, x)")
+        mask = kb.reshape(index, ispec.shape + (1,) * (rank - ispec.rank))
+        v = kb.reshape(v, ())
+        if accumulate:
+            return kb.add(x, kb.select(mask, v, kb.scalar(0.0, elem)))
+        return kb.select(mask, v, x)
+    if ispec.rank != 1:
+        raise Unsupported(f"x[index] = v with a {ispec.rank}-d index is not supported by kf",
+                          cause="flatten the index (and the values) to 1-D")
+    m = ispec.shape[0]
+    if m == 0:
+        return x
+    rows = list(shape)
+    rows[d] = m
+    v = kb.broadcast_to(v, tuple(rows)) if _shape(v) != tuple(rows) else v
+    if accumulate:
+        return kb.index_add(x, index, v, dim=d)
+    if m > INDEX_PUT_PAIRS_LIMIT:
+        raise Unsupported(f"x[index] = v with {m} indices is not supported by kf (at most {INDEX_PUT_PAIRS_LIMIT})",
+                          cause="repeated indices are found by comparing every pair; use index_put_ with "
+                                "accumulate=True or index_copy on unique indices")
+    # keep[p]: no later position writes the same row (the last write wins); computed in
+    # the layout of the rows (m along d, a trailing dim over the other positions q), so
+    # that nothing is reshaped after a reduction
+    along = [1] * rank
+    along[d] = m
+    same = kb.cmp(kb.reshape(index, along + [1]), kb.reshape(index, [1] * rank + [m]), predicate="eq")
+    later = _mask_constant(c, (torch.arange(m)[None, :] > torch.arange(m)[:, None]).reshape(along + [m]))
+    overwritten = kb.sum(kb.cast(kb.select(later, same, kb.scalar(0.0, "i1")), "f32"), dims=[rank], keepdim=False)
+    v = kb.select(kb.cmp(overwritten, kb.scalar(0.0, "f32"), predicate="eq"), v, kb.scalar(0.0, elem))
+    # the rows some position writes: cleared first (a select, so that NaN rows clear too)
+    rows_n = [1] * rank
+    rows_n[d] = shape[d]
+    hit = kb.index_add(kb.fill(rows_n, "f32", 0.0), index, kb.fill(along, "f32", 1.0), dim=d)
+    hit = kb.cmp(hit, kb.scalar(0.0, "f32"), predicate="ne")
+    return kb.index_add(kb.select(hit, kb.scalar(0.0, elem), x), index, v, dim=d)

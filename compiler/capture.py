@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import operator
 import os
 import re
 import types
@@ -28,6 +29,7 @@ from kf.dialects import KfTypeError, TensorSpec, make_context, mlir_type
 from . import aten_to_kf
 from .dtypes import kf_elem
 from .errors import CaptureError, KfVerifyError, SourceLoc, UnsupportedOpError
+from .mutation import Mutation
 from .signature import Signature, bind, rebuild_args
 from .torch_ops import AUTOCAST_KEYS
 
@@ -52,6 +54,8 @@ class Captured:
     tracer: str = "export"  # "trace": the light tracer's graph (trace.py); "export": torch.export's
     fallback_reason: str | None = None  # why the light tracer gave way to torch.export
     random_input: int | None = None  # the input that holds the random state (random_state.py), if any
+    #: the arguments the function writes to: extra outputs copied back by the call (mutation.py)
+    mutations: tuple[Mutation, ...] = ()
 
     @property
     def kf_ir(self) -> str:
@@ -138,7 +142,46 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export could not trace {user.__name__}", loc,
                            cause=f"{type(e).__name__}: {first}") from None
+    writer = _first_write(ep.graph_module)
+    if writer is not None:
+        ep = _functionalize(ep, writer, user)
     return ep
+
+
+#: Ops whose schemas say they write to no argument but which write to their running
+#: statistics in training (F.batch_norm, torch.native_batch_norm): their graphs are
+#: functionalized too, which turns them into ATen batch norms that return the new
+#: statistics. (F.instance_norm stays one op through functionalization: aten_to_kf
+#: refuses its running statistics.)
+_HIDDEN_WRITERS = frozenset({"aten.batch_norm.default", "aten.native_batch_norm.default"})
+#: The one writing op torch.tensor([...]) leaves in a graph, on its own fresh constant.
+_HARMLESS_WRITES = frozenset({"aten.detach_.default"})
+
+
+def _first_write(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The first node of export's graph that writes to a tensor, or None."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            name = aten_to_kf._target_name(node.target)
+            if name in _HARMLESS_WRITES:
+                continue
+            if node.target._schema.is_mutable or name in _HIDDEN_WRITERS:
+                return node
+    return None
+
+
+def _functionalize(ep, writer: torch.fx.Node, user: Callable):
+    """export's graph with every write replaced by the value it writes (torch's
+    functionalization, as torch.compile runs it): the new value of each written argument
+    becomes an output, listed in the graph signature as a USER_INPUT_MUTATION."""
+    try:
+        with torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
+            return ep.run_decompositions({})
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CaptureError(f"{user.__name__} writes to a tensor kf cannot write back: only its tensor arguments "
+                           f"can be written (not a module's buffers, nor closure or global tensors)",
+                           _user_loc(writer, user), cause=f"{type(e).__name__}: {first[:200]}") from None
 
 
 def _loc_from_exception(e: BaseException, fn: Callable) -> SourceLoc | None:
@@ -175,9 +218,30 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
             reason = f"{type(e).__name__}: {_first_line(e)}"
             log.debug("capture of %s falls back to torch.export: %s", user.__name__, reason)
     ep = export_graph(user, sig, tensors)
-    cap = _convert(user, sig, tensors, ep.graph_module, _export_constants(ep), ep.call_spec.out_spec, "export")
+    cap = _convert(user, sig, tensors, ep.graph_module, _export_constants(ep), ep.call_spec.out_spec, "export",
+                   _written_inputs(ep, user))
     cap.fallback_reason = reason
     return cap
+
+
+def _written_inputs(ep, user: Callable) -> dict[int, int]:
+    """Position in the graph's outputs -> index of the user input whose new value it is
+    (the USER_INPUT_MUTATION outputs of a functionalized graph)."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
+    written = {}
+    for k, spec in enumerate(ep.graph_signature.output_specs):
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            written[k] = inputs.index(spec.target)
+        elif spec.kind not in (OutputKind.USER_OUTPUT,):
+            node = out_node.args[0][k]
+            raise CaptureError(f"{user.__name__} writes to a tensor that is not one of its arguments "
+                               f"({spec.kind.name.lower()} {spec.target}); kf writes back only to arguments",
+                               _user_loc(node, user) if isinstance(node, torch.fx.Node) else None,
+                               cause="pass the tensor as an argument")
+    return written
 
 
 def _first_line(e: BaseException) -> str:
@@ -186,9 +250,11 @@ def _first_line(e: BaseException) -> str:
 
 
 def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: torch.fx.GraphModule,
-             constants: dict[str, torch.Tensor], out_spec: Any, tracer: str) -> Captured:
+             constants: dict[str, torch.Tensor], out_spec: Any, tracer: str,
+             written: dict[int, int] | None = None) -> Captured:
     """The kf function of an ATen graph (export's, or the light tracer's whose output node
-    keeps the result's nesting: out_spec None)."""
+    keeps the result's nesting: out_spec None). ``written`` maps positions of the graph's
+    outputs that are new values of user inputs to those inputs (a functionalized graph)."""
     ctx = make_context()
     names = sig.tensor_names()
     with ctx, ir.Location.unknown():
@@ -224,7 +290,11 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
                     raise UnsupportedOpError(str(e), sloc, cause=e.cause) from None
                 except KfTypeError as e:
                     raise KfVerifyError(f"{node.target} produced an ill-typed kf op: {e}", sloc) from None
-            flat, tree = _flatten_outputs(out_node.args[0], env, user, out_spec, structured=out_spec is None)
+            outs = out_node.args[0]
+            if written:
+                outs = type(outs)(a for k, a in enumerate(outs) if k not in written)
+            flat, tree = _flatten_outputs(outs, env, user, out_spec, structured=out_spec is None)
+            mutations = _mutation_outputs(out_node.args[0], written or {}, env, flat, names, user)
             with def_loc:
                 func.ReturnOp(flat)
         random_input = None
@@ -242,7 +312,29 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
 
         out_specs = [spec_of(v.type) for v in flat]
     return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops, tracer,
-                    random_input=random_input)
+                    random_input=random_input, mutations=mutations)
+
+
+def _mutation_outputs(outs, written: dict[int, int], env: dict, flat: list[ir.Value], names: list[str],
+                      user: Callable) -> tuple[Mutation, ...]:
+    """The new value of each written input as a flat output (appended to flat, or the
+    result that already is that value), with the line that writes it."""
+    found = []
+    for k, i in sorted(written.items(), key=lambda kv: kv[1]):
+        node = outs[k]
+        v = env.get(node) if isinstance(node, torch.fx.Node) else None
+        if not isinstance(v, ir.Value):
+            raise CaptureError(f"{user.__name__} writes to its argument '{names[i]}' a value kf did not compute")
+        j = next((j for j, f in enumerate(flat) if f == v), None)
+        if j is None:
+            flat.append(v)
+            j = len(flat) - 1
+        loc = _user_loc(node, user)
+        if loc is None and node.target is operator.getitem:  # a result of a batch norm
+            loc = _user_loc(node.args[0], user)
+        found.append(Mutation(j, i, names[i], loc.file if loc else "", loc.line if loc else 0,
+                              loc.function if loc else ""))
+    return tuple(found)
 
 
 def source_loc(loc: ir.Location) -> SourceLoc | None:
