@@ -7,6 +7,9 @@ range(top_k)``) runs at trace time, so the graph is specialized to the signature
 ATen node becomes kf ops through the table in ``aten_to_kf.py``, and every op's MLIR
 location is the user's ``file:line`` that produced it. ATen ops with no kf op go through
 torch-mlir (``torch_mlir_import.py``) or raise ``UnsupportedOpError`` at the user's line.
+A function that writes to a tensor (``x.add_(1)``, ``y[0] = 5``, a batch norm in
+training) is captured functionalized: the new value of each argument it writes is an
+extra output of the kf function, which the call copies back (``mutation.py``).
 """
 
 from __future__ import annotations
@@ -122,8 +125,21 @@ def _user_loc(node: torch.fx.Node, fn: Callable) -> SourceLoc | None:
 def _trace_inputs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     # export turns these into fake tensors on their own device (so tensors the function
     # makes itself, torch.zeros(n) on the CPU, meet inputs on the device eager would see)
-    # and never runs the function on the real data.
-    return [t.detach() for t in tensors]
+    # and never runs the function on the real data. A program does not depend on whether
+    # the caller's tensors share memory (the signature does not say): one that shares an
+    # earlier one's is traced as a tensor of its own (export's functionalization of a
+    # write through aliased inputs fails; mutation.py refuses such calls of a function
+    # that writes).
+    out, seen = [], set()
+    for t in tensors:
+        t = t.detach()
+        storage = t.untyped_storage().data_ptr() if t.numel() else 0
+        if storage in seen:
+            t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        elif storage:
+            seen.add(storage)
+        out.append(t)
+    return out
 
 
 def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> torch.export.ExportedProgram:
