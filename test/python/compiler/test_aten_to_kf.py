@@ -4,6 +4,9 @@ must follow torch's semantics exactly -- the variance family's corrections, the 
 (statistics in f32 for 16-bit inputs, batch norm's outputs and running statistics),
 average pooling's divisors and embedding bags."""
 
+import os
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -274,3 +277,44 @@ def test_embedding_bag_max_is_refused():
     fn = lambda w, i, o: F.embedding_bag(i, w, o, mode="max")  # noqa: E731
     with pytest.raises(kf.UnsupportedOpError, match="mode='max'"):
         kf.jit(fn, target="cpu")(_r(10, 3), _ids(8), torch.tensor([0, 3]))
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+def _write_row(x, y):
+    y[0] = 5.0
+    return x + y
+
+
+CUDA_CASES = {
+    "layer_norm_bf16": (ROUNDED_ONCE["layer_norm"][0], ROUNDED_ONCE["layer_norm"][1]),
+    "linear_bias_bf16": (ROUNDED_ONCE["linear_bias"][0], ROUNDED_ONCE["linear_bias"][1]),
+    "batch_norm_train": NORMS["batch_norm_train"],
+    "var_size_1_dim": (VARIANCES["var_size_1_dim"][0], lambda: (_r(5, 1),)),
+    "avg_pool3d": POOLS["avg_pool3d_ceil_no_pad_count"],
+    "embedding_bag": BAGS["sum_weights"],
+    "write_row": (_write_row, lambda: (_r(257), _r(257))),
+}
+_PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+@pytest.mark.parametrize("name", list(CUDA_CASES))
+def test_cuda_ptx_assembles(name):
+    fn, make = CUDA_CASES[name]
+    stages = kf.inspect(kf.jit(fn, target="cuda"), *make()).stages  # ptxas runs on the PTX
+    assert ".entry" in stages["ptx"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", list(CUDA_CASES))
+def test_cuda_runs_follow_torch(name):
+    fn, make = CUDA_CASES[name]
+    args = [a.cuda() for a in make()]
+    expected_args = [a.clone() for a in args]
+    want = fn(*expected_args)
+    got = kf.jit(fn, target="cuda")(*args)
+    low = args[0].dtype == BF16
+    torch.testing.assert_close(got, want, atol=3e-2 if low else 1e-5, rtol=1e-2 if low else 1e-5)
+    torch.testing.assert_close(args, expected_args, atol=1e-6, rtol=1e-6)
