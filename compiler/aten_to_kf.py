@@ -1176,18 +1176,36 @@ def _index_put(c, node, args, kwargs):
     if ispec.rank != 1:
         raise Unsupported(f"x[index] = v with a {ispec.rank}-d index is not supported by kf",
                           cause="flatten the index (and the values) to 1-D")
-    m = ispec.shape[0]
+    return _put_rows(c, x, d, index, v, accumulate)
+
+
+def _rows_hit(c, x, d: int, index):
+    """i1 of shape (1, .., size of dim d, .., 1): whether index names each row."""
+    rows_n = [1] * _rank(x)
+    rows_n[d] = _shape(x)[d]
+    ones = [1] * _rank(x)
+    ones[d] = _shape(index)[0]
+    hit = kb.index_add(kb.fill(rows_n, "f32", 0.0), index, kb.fill(ones, "f32", 1.0), dim=d)
+    return kb.cmp(hit, kb.scalar(0.0, "f32"), predicate="ne")
+
+
+def _put_rows(c, x, d: int, index, v, accumulate: bool):
+    """x with rows index[p] along dim d replaced by v's rows p (added with accumulate);
+    where an index repeats the last write wins, as in torch's CPU kernels."""
+    elem, shape, rank = spec_of(x.type).elem, _shape(x), _rank(x)
+    m = _shape(index)[0]
     if m == 0:
         return x
     rows = list(shape)
     rows[d] = m
+    v = c.tensor(v, elem)
     v = kb.broadcast_to(v, tuple(rows)) if _shape(v) != tuple(rows) else v
     if accumulate:
         return kb.index_add(x, index, v, dim=d)
     if m > INDEX_PUT_PAIRS_LIMIT:
-        raise Unsupported(f"x[index] = v with {m} indices is not supported by kf (at most {INDEX_PUT_PAIRS_LIMIT})",
+        raise Unsupported(f"writing {m} indexed rows is not supported by kf (at most {INDEX_PUT_PAIRS_LIMIT})",
                           cause="repeated indices are found by comparing every pair; use index_put_ with "
-                                "accumulate=True or index_copy on unique indices")
+                                "accumulate=True on unique indices")
     # keep[p]: no later position writes the same row (the last write wins); computed in
     # the layout of the rows (m along d, a trailing dim over the other positions q), so
     # that nothing is reshaped after a reduction
@@ -1197,12 +1215,23 @@ def _index_put(c, node, args, kwargs):
     later = _mask_constant(c, (torch.arange(m)[None, :] > torch.arange(m)[:, None]).reshape(along + [m]))
     overwritten = kb.sum(kb.cast(kb.select(later, same, kb.scalar(0.0, "i1")), "f32"), dims=[rank], keepdim=False)
     v = kb.select(kb.cmp(overwritten, kb.scalar(0.0, "f32"), predicate="eq"), v, kb.scalar(0.0, elem))
-    # the rows some position writes: cleared first (a select, so that NaN rows clear too)
-    rows_n = [1] * rank
-    rows_n[d] = shape[d]
-    hit = kb.index_add(kb.fill(rows_n, "f32", 0.0), index, kb.fill(along, "f32", 1.0), dim=d)
-    hit = kb.cmp(hit, kb.scalar(0.0, "f32"), predicate="ne")
-    return kb.index_add(kb.select(hit, kb.scalar(0.0, elem), x), index, v, dim=d)
+    # the rows some position writes are cleared first (a select: NaN rows clear too)
+    return kb.index_add(kb.select(_rows_hit(c, x, d, index), kb.scalar(0.0, elem), x), index, v, dim=d)
+
+
+@handles("aten.index_copy.default")
+def _index_copy(c, node, args, kwargs):
+    x, dim, index, source = args[:4]
+    return _put_rows(c, x, dim % _rank(x), index, source, accumulate=False)
+
+
+@handles("aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor")
+def _index_fill(c, node, args, kwargs):
+    x, dim, index, value = args[:4]
+    index = kb.reshape(index, (1,)) if _rank(index) == 0 else index
+    elem = spec_of(x.type).elem
+    value = kb.reshape(c.tensor(value, elem), ()) if isinstance(value, ir.Value) else kb.scalar(float(value), elem)
+    return kb.select(_rows_hit(c, x, dim % _rank(x), index), value, x)
 
 
 # ---------------------------------------------------------------- pooling

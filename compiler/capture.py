@@ -104,7 +104,11 @@ def _traceable(fn: Callable) -> Callable:
 
 
 def _user_loc(node: torch.fx.Node, fn: Callable) -> SourceLoc | None:
-    trace = node.meta.get("stack_trace") or ""
+    return _user_loc_in(node.meta.get("stack_trace") or "", fn)
+
+
+def _user_loc_in(trace: str, fn: Callable) -> SourceLoc | None:
+    """The user's line in a stack trace of export's format."""
     code = fn.__code__
     frames = _FRAME.findall(trace)
     # The innermost frame in the user's file, preferring the decorated function itself.
@@ -195,8 +199,9 @@ def _functionalize(ep, writer: torch.fx.Node, user: Callable):
             return ep.run_decompositions({})
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CaptureError(f"{user.__name__} writes to a tensor kf cannot write back: only its tensor arguments "
-                           f"can be written (not a module's buffers, nor closure or global tensors)",
+        raise CaptureError(f"{user.__name__} writes to a tensor in a way kf cannot write back: kf writes back "
+                           f"the values of its tensor arguments (not their shapes or strides, nor a module's "
+                           f"buffers, closure or global tensors)",
                            _user_loc(writer, user), cause=f"{type(e).__name__}: {first[:200]}") from None
 
 
@@ -223,7 +228,7 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
     reports the error, at the user's line, as it always has). ``KF_CAPTURE=export``
     skips the light tracer."""
     user = _user_code(fn)
-    reason = "KF_CAPTURE=export"
+    reason, written_at = "KF_CAPTURE=export", ""
     if os.environ.get("KF_CAPTURE", "") != "export":
         try:
             from .trace import trace
@@ -232,8 +237,18 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
             return _convert(user, sig, tensors, traced.graph_module, traced.constants, None, "trace")
         except Exception as e:  # Fallback, or a graph the converter takes only from export
             reason = f"{type(e).__name__}: {_first_line(e)}"
+            written_at = getattr(e, "stack_trace", "")
             log.debug("capture of %s falls back to torch.export: %s", user.__name__, reason)
-    ep = export_graph(user, sig, tensors)
+    try:
+        ep = export_graph(user, sig, tensors)
+    except CaptureError as e:
+        where = _user_loc_in(written_at, user) if written_at else None
+        if e.loc is not None or where is None:
+            raise
+        # export failed after tracing (a write to a tensor's shape or strides, x.t_()):
+        # the write the light tracer met is where it happened
+        raise CaptureError(f"{e.message}: it writes to a tensor in place ({reason.split(': ', 1)[-1]})", where,
+                           cause=e.cause) from None
     cap = _convert(user, sig, tensors, ep.graph_module, _export_constants(ep), ep.call_spec.out_spec, "export",
                    _written_inputs(ep, user))
     cap.fallback_reason = reason

@@ -124,6 +124,8 @@ def _cases():
                                                           r(2))),
         "masked_put": (masked_put, lambda: (r(5, 3),)),
         "index_add_in_place": (index_add_in_place, lambda: (r(5, 3), torch.tensor([0, 3, 0]), r(3, 3))),
+        "index_copy": (lambda x, i, s: x.index_copy_(1, i, s), lambda: (r(3, 7), torch.tensor([6, 0, 2]), r(3, 3))),
+        "index_fill": (lambda x, i: x.index_fill_(0, i, -1.0) * 2, lambda: (r(5, 3), torch.tensor([0, 3, 0]))),
     }
 
 
@@ -211,6 +213,23 @@ def writes_a_global(x):
 
 
 def test_writing_a_tensor_that_is_not_an_argument_is_a_capture_error():
-    with pytest.raises(kf.CaptureError, match="only its tensor arguments can be written") as err:
+    with pytest.raises(kf.CaptureError, match="kf writes back the values of its tensor arguments") as err:
         kf.jit(writes_a_global, target="cpu")(torch.randn(3))
     assert err.value.loc.line == writes_a_global.__code__.co_firstlineno + 1
+
+
+def transposes_in_place(x):
+    x.t_()
+    return x
+
+
+def unsqueezes_in_place(x):
+    x.unsqueeze_(0)
+    return x
+
+
+@pytest.mark.parametrize("fn", [transposes_in_place, unsqueezes_in_place])
+def test_writing_a_shape_is_a_capture_error_at_its_line(fn):
+    with pytest.raises(kf.CaptureError) as err:
+        kf.jit(fn, target="cpu")(torch.randn(2, 3))
+    assert err.value.loc is not None and err.value.loc.line == fn.__code__.co_firstlineno + 1
