@@ -667,17 +667,24 @@ def _group_norm(c, node, args, kwargs):
     elem = spec_of(x.type).elem
     st = _stat_elem(elem)
     spatial = math.prod(shape[2:])
-    grouped = (n, g, ch // g, spatial)
-    xs = c.tensor(kb.reshape(x, grouped), st)
-    mean = kb.mean(xs, dims=[2, 3], keepdim=True)
-    var = kb.var(xs, dims=[2, 3], correction=0.0, keepdim=True)
-    y, rstd = _normalize(c, xs, mean, var, float(p["eps"]), p.get("weight"), p.get("bias"),
-                         (1, g, ch // g, 1), elem)
-    y = kb.reshape(y, shape)
+    eps = float(p["eps"])
+    if ch // g * spatial == 1:
+        # groups of one element, (N, C) with C groups: each is its own mean, its variance
+        # is 0 (in x's own layout: no reduction whose result a reshape would carry)
+        xs = c.tensor(kb.reshape(x, (n, g)), st)
+        y, rstd = _normalize(c, xs, xs, kb.fill((n, g), st, 0.0), eps, p.get("weight"), p.get("bias"), None, elem)
+        mean, y = xs, kb.reshape(y, shape)
+    else:
+        grouped = (n, g, ch // g, spatial)
+        xs = c.tensor(kb.reshape(x, grouped), st)
+        mean = kb.mean(xs, dims=[2, 3], keepdim=True)
+        var = kb.var(xs, dims=[2, 3], correction=0.0, keepdim=True)
+        y, rstd = _normalize(c, xs, mean, var, eps, p.get("weight"), p.get("bias"), (1, g, ch // g, 1), elem)
+        y = kb.reshape(y, shape)
     if node.target._opname == "native_group_norm":
         val = _val(node)
         return (y, c.tensor(kb.reshape(mean, (n, g)), kf_elem(val[1].dtype)),
-                c.tensor(kb.reshape(rstd, (n, g)), kf_elem(val[2].dtype)))
+                c.tensor(kb.reshape(kb.broadcast_to(rstd, _shape(mean)), (n, g)), kf_elem(val[2].dtype)))
     return y
 
 
