@@ -106,8 +106,15 @@ def copy_back(mutations: tuple[Mutation, ...], tensors: list[torch.Tensor], outs
     """Copy each written argument's new value into the caller's tensor; the output that
     held it becomes the caller's tensor (a result that is the argument itself)."""
     outs = list(outs)
+    # a new value that is (a view of) a written argument itself -- a program may return an
+    # input as it is (``x.copy_(y); y.copy_(x0)`` swaps) -- is read before any copy writes
+    written = {tensors[m.input].untyped_storage().data_ptr() for m in mutations if tensors[m.input].numel()}
+    values = []
     for m in mutations:
+        v = outs[m.output]
+        values.append(v.clone() if v.numel() and v.untyped_storage().data_ptr() in written else v)
+    for m, v in zip(mutations, values):
         t = tensors[m.input]
-        t.copy_(outs[m.output])
+        t.copy_(v)
         outs[m.output] = t
     return outs

@@ -95,6 +95,13 @@ def masked_put(x):
     return x
 
 
+def swap(x, y):
+    t = x.clone()
+    x.copy_(y)
+    y.copy_(t)
+    return x * 2
+
+
 def index_add_in_place(x, i, s):
     return x.index_add_(0, i, s)
 
@@ -124,6 +131,7 @@ def _cases():
                                                           r(2))),
         "masked_put": (masked_put, lambda: (r(5, 3),)),
         "index_add_in_place": (index_add_in_place, lambda: (r(5, 3), torch.tensor([0, 3, 0]), r(3, 3))),
+        "swap": (swap, lambda: (r(5), r(5))),
         "index_copy": (lambda x, i, s: x.index_copy_(1, i, s), lambda: (r(3, 7), torch.tensor([6, 0, 2]), r(3, 3))),
         "index_fill": (lambda x, i: x.index_fill_(0, i, -1.0) * 2, lambda: (r(5, 3), torch.tensor([0, 3, 0]))),
     }
