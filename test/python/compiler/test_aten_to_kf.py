@@ -61,6 +61,12 @@ def test_zero_dim_operands_of_indexing_ops(target, fn, make):
     torch.testing.assert_close(out, want)
 
 
+def _check(fn, args, target, atol=1e-5, rtol=1.3e-6):
+    want = fn(*[a.clone() for a in args])
+    got = kf.jit(fn, target=target)(*args)
+    torch.testing.assert_close(got, want, equal_nan=True, atol=atol, rtol=rtol)
+
+
 # ---------------------------------------------------------------- var, std
 
 
