@@ -155,6 +155,20 @@ def test_writes_reach_the_callers_tensors(name, target):
     assert (out is args[0]) == (expected is expected_args[0])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", ["write_row", "returns_itself", "every_other_column", "index_put_repeated",
+                                  "non_contiguous", "swap"])
+def test_writes_reach_the_callers_tensors_on_cuda(name):
+    fn, make = CASES[name]
+    args = [a.cuda() for a in make()]
+    expected_args = [a.clone() for a in args]
+    expected = fn(*expected_args)
+    out = kf.jit(fn, target="cuda")(*args)
+    torch.testing.assert_close(out, expected, equal_nan=True)
+    torch.testing.assert_close(args, expected_args, equal_nan=True)
+    assert (out is args[0]) == (expected is expected_args[0])
+
+
 def test_a_cached_program_writes_too():
     x, y = torch.randn(6), torch.randn(6)
     kf.jit(write_row, target="cpu")(x.clone(), y.clone())  # compiled and stored
