@@ -23,7 +23,7 @@ _EXPORTS = {
     "Captured": "capture",
     "inspect": "inspection", "Inspection": "inspection",
     "CompileError": "errors", "CaptureError": "errors", "UnsupportedOpError": "errors",
-    "KfVerifyError": "errors", "PassFailedError": "errors", "TargetError": "errors",
+    "KfVerifyError": "errors", "PassFailedError": "errors", "TargetError": "errors", "MutationError": "errors",
     "SignatureError": "errors", "SourceLoc": "errors", "IndexOutOfRange": "errors",
     # debugging and profiling (the modules' names differ from the functions', as
     # inspection.py's does from kf.inspect: importing kf.explain the module would

@@ -522,43 +522,72 @@ def _argmax(c, node, args, kwargs):
     return kb.argmax(x, dim=dim, keepdim=keep)
 
 
-def _var_args(args, kwargs, rank):
-    dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), rank)
-    correction = kwargs.get("correction")
-    keep = bool(kwargs.get("keepdim", False))
-    if len(args) > 2:
-        if isinstance(args[2], bool):  # var.dim(self, dim, unbiased, keepdim)
-            correction = 1 if args[2] else 0
-            keep = bool(args[3]) if len(args) > 3 else keep
+def _bound(node, args, kwargs) -> dict:
+    """The call's arguments by their schema names, defaults filled in: overloads such
+    as ``var.default(self, unbiased)`` and ``var.dim(self, dim, unbiased, keepdim)`` put
+    different things at one position."""
+    p = {}
+    for i, a in enumerate(node.target._schema.arguments):
+        if not a.kwarg_only and i < len(args):
+            p[a.name] = args[i]
+        elif a.name in kwargs:
+            p[a.name] = kwargs[a.name]
         else:
-            correction = args[2]
-    if "unbiased" in kwargs:
-        correction = 1 if kwargs["unbiased"] else 0
-    return dims, (1.0 if correction is None else float(correction)), keep
+            p[a.name] = a.default_value if a.has_default_value() else None
+    return p
+
+
+#: the element type statistics are computed in: f16/bf16 (and fp8) inputs in f32, rounded once
+def _stat_elem(elem: str) -> str:
+    return "f32" if elem in ("f16", "bf16", "f8E4M3FN", "f8E5M2") else elem
+
+
+def _variance(c, node, args, kwargs):
+    """(variance, mean, keepdim, the result element type) of var/std/var_mean/std_mean,
+    in the statistics' precision: torch's correction (``unbiased``: 1 or 0; neither: 1),
+    all dims for ``dim=None`` or ``[]``; over no elements both are NaN, and where the
+    correction leaves no degrees of freedom the variance is m2 / 0 (inf, NaN for m2 = 0),
+    as torch's max(0, N - correction)."""
+    p = _bound(node, args, kwargs)
+    out = _val(node)
+    elem = kf_elem((out[0] if isinstance(out, (tuple, list)) else out).dtype)
+    x = c.tensor(p["self"], _stat_elem(elem))
+    dims = _dims(p.get("dim"), _rank(x))
+    keep = bool(p.get("keepdim") or False)
+    if p.get("correction") is not None:
+        corr = float(p["correction"])
+    elif p.get("unbiased") is not None:
+        corr = 1.0 if p["unbiased"] else 0.0
+    else:
+        corr = 1.0
+    n = math.prod(_shape(x)[d] for d in dims) if _rank(x) else 1
+    shape = tuple(1 if i in dims else s for i, s in enumerate(_shape(x)) if keep or i not in dims)
+    st = spec_of(x.type).elem
+    if n == 0:
+        nan = kb.fill(shape, st, math.nan)
+        return nan, nan, keep, elem
+    return kb.var(x, dims=dims, correction=corr, keepdim=keep), kb.mean(x, dims=dims, keepdim=keep), keep, elem
 
 
 @handles("aten.var.correction", "aten.var.dim", "aten.var.default")
 def _var(c, node, args, kwargs):
-    x = c.tensor(args[0], c.out_elem(node))
-    dims, corr, keep = _var_args(args, kwargs, _rank(x))
-    return kb.var(x, dims=dims, correction=corr, keepdim=keep)
+    var, _, _, elem = _variance(c, node, args, kwargs)
+    return c.tensor(var, elem)
 
 
 @handles("aten.std.correction", "aten.std.dim", "aten.std.default")
 def _std(c, node, args, kwargs):
-    return kb.sqrt(_var(c, node, args, kwargs))
+    var, _, _, elem = _variance(c, node, args, kwargs)
+    return c.tensor(kb.sqrt(var), elem)
 
 
-@handles("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default", "aten.std_mean.correction",
-         "aten.std_mean.dim", "aten.std_mean.default")
+@handles("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default",
+         "aten.std_mean.correction", "aten.std_mean.dim", "aten.std_mean.default")
 def _var_mean(c, node, args, kwargs):
-    elem = kf_elem(_val(node)[0].dtype)
-    x = c.tensor(args[0], elem)
-    dims, corr, keep = _var_args(args, kwargs, _rank(x))
-    spread = kb.var(x, dims=dims, correction=corr, keepdim=keep)
+    var, mean, _, elem = _variance(c, node, args, kwargs)
     if node.target._opname == "std_mean":
-        spread = kb.sqrt(spread)
-    return (spread, kb.mean(x, dims=dims, keepdim=keep))
+        var = kb.sqrt(var)
+    return c.tensor(var, elem), c.tensor(mean, elem)
 
 
 @handles("aten.softmax.int", "aten._softmax.default")
@@ -571,24 +600,199 @@ def _log_softmax(c, node, args, kwargs):
     return kb.log_softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])
 
 
+# ---------------------------------------------------------------- norms
+# Statistics are computed in f32 for f16/bf16 inputs (f64 stays f64) and each result is
+# rounded once to its type: what kf promises for norms, and what torch's fused kernels do.
+
+
+def _normalize(c, xs, mean, var, eps: float, weight, bias, param_shape: tuple | None, elem: str):
+    """(xs - mean) * rsqrt(var + eps) [* weight] [+ bias] in xs's (statistics) type,
+    rounded once to elem; weight and bias reshaped to param_shape (None: as they are);
+    returns (y, rstd)."""
+    st = spec_of(xs.type).elem
+    rstd = kb.rsqrt(kb.add(var, kb.scalar(float(eps), st)))
+    y = kb.mul(kb.sub(xs, mean), rstd)
+    for p, op in ((weight, kb.mul), (bias, kb.add)):
+        if p is not None:
+            p = c.tensor(p, st)
+            y = op(y, kb.reshape(p, param_shape) if param_shape and _shape(p) != param_shape else p)
+    return c.tensor(y, elem), rstd
+
+
 @handles("aten.layer_norm.default", "aten.native_layer_norm.default")
 def _layer_norm(c, node, args, kwargs):
-    x, normalized_shape = args[0], args[1]
-    weight = args[2] if len(args) > 2 else kwargs.get("weight")
-    bias = args[3] if len(args) > 3 else kwargs.get("bias")
-    eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
+    p = _bound(node, args, kwargs)
+    x, normalized_shape = p["input"], p["normalized_shape"]
     elem = spec_of(x.type).elem
+    xs = c.tensor(x, _stat_elem(elem))
     dims = list(range(_rank(x) - len(normalized_shape), _rank(x)))
-    mean = kb.mean(x, dims=dims, keepdim=True)
-    var = kb.var(x, dims=dims, correction=0.0, keepdim=True)
-    rstd = kb.rsqrt(kb.add(var, c.tensor(eps, elem)))
-    y = kb.mul(kb.sub(x, mean), rstd)
-    if weight is not None:
-        y = kb.mul(y, c.tensor(weight, elem))
-    if bias is not None:
-        y = kb.add(y, c.tensor(bias, elem))
+    mean = kb.mean(xs, dims=dims, keepdim=True)
+    var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    y, rstd = _normalize(c, xs, mean, var, p["eps"], p.get("weight"), p.get("bias"), None, elem)
     if node.target._opname == "native_layer_norm":
-        return (y, mean, rstd)
+        val = _val(node)
+        return (y, c.tensor(mean, kf_elem(val[1].dtype)), c.tensor(rstd, kf_elem(val[2].dtype)))
+    return y
+
+
+@handles("aten.rms_norm.default")
+def _rms_norm(c, node, args, kwargs):
+    """x * rsqrt(mean(x²) + eps) * weight; eps None: the machine epsilon of the type
+    the statistics are computed in, as torch."""
+    p = _bound(node, args, kwargs)
+    x = p["input"]
+    elem = spec_of(x.type).elem
+    st = _stat_elem(elem)
+    xs = c.tensor(x, st)
+    eps = p.get("eps")
+    eps = torch.finfo(torch.float64 if st == "f64" else torch.float32).eps if eps is None else float(eps)
+    dims = list(range(_rank(x) - len(p["normalized_shape"]), _rank(x)))
+    ms = kb.mean(kb.mul(xs, xs), dims=dims, keepdim=True)
+    y = kb.mul(xs, kb.rsqrt(kb.add(ms, kb.scalar(eps, st))))
+    if p.get("weight") is not None:
+        y = kb.mul(y, c.tensor(p["weight"], st))
+    return c.tensor(y, elem)
+
+
+def _channel_shape(x) -> tuple[int, ...]:
+    """Where a per-channel tensor (dim 1 of x) broadcasts against x: (1, C, 1, ...)."""
+    return (1, _shape(x)[1]) + (1,) * (_rank(x) - 2)
+
+
+def _batch_norm(c, x, weight, bias, running_mean, running_var, training: bool, momentum, eps: float):
+    """Batch norm as torch's kernels compute it: (out, mean, rstd, new running mean, new
+    running var) in the statistics' type (the last two None without running stats).
+    Training normalizes by the batch's statistics over every dim but the channels (the
+    biased variance), and moves the running ones towards them: ``(1 - momentum) *
+    running + momentum * batch``, with the unbiased variance; otherwise it normalizes by
+    the running statistics."""
+    elem = spec_of(x.type).elem
+    st = _stat_elem(elem)
+    xs = c.tensor(x, st)
+    ch = _channel_shape(x)
+    C = ch[1]
+    if training:
+        dims = [0] + list(range(2, _rank(x)))
+        mean = kb.mean(xs, dims=dims, keepdim=True)
+        var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    elif running_mean is None or running_var is None:
+        raise Unsupported("batch norm in evaluation mode needs running_mean and running_var")
+    else:
+        mean = kb.reshape(c.tensor(running_mean, st), ch)
+        var = kb.reshape(c.tensor(running_var, st), ch)
+    y, rstd = _normalize(c, xs, mean, var, eps, weight, bias, ch, elem)
+    new_mean = new_var = None
+    if training and running_mean is not None and running_var is not None:
+        n = math.prod(_shape(x)) // max(C, 1)
+        m = 0.1 if momentum is None else float(momentum)
+        batch_var = kb.mul(var, kb.scalar(n / (n - 1), st)) if n > 1 else kb.mul(var, kb.scalar(math.inf, st))
+        moved = []
+        for running, batch in ((running_mean, mean), (running_var, batch_var)):
+            r_elem = spec_of(running.type).elem
+            r = kb.add(kb.mul(c.tensor(running, st), kb.scalar(1.0 - m, st)),
+                       kb.mul(kb.reshape(batch, (C,)), kb.scalar(m, st)))
+            moved.append(c.tensor(r, r_elem))
+        new_mean, new_var = moved
+    return y, mean, rstd, new_mean, new_var
+
+
+def _saved(c, node, i: int, stat):
+    """Output i of a batch norm node (a saved mean or rstd): the statistic reshaped to the
+    shape torch gives (C; 0 elements in evaluation mode) and its type."""
+    val = _val(node)[i]
+    if math.prod(val.shape) == 0:
+        return kb.fill(tuple(val.shape), kf_elem(val.dtype), 0.0)
+    return c.tensor(kb.reshape(stat, tuple(val.shape)), kf_elem(val.dtype))
+
+
+@handles("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.default",
+         "aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_no_training.default",
+         "aten.native_batch_norm.default")
+def _native_batch_norm(c, node, args, kwargs):
+    """The ATen batch norms of a functionalized graph: (out, save_mean, save_rstd), and the
+    new running statistics for ``_functional`` (which capture copies back into the
+    caller's tensors). The forms that write to their running statistics themselves appear
+    only in a graph capture did not functionalize: they are refused."""
+    p = _bound(node, args, kwargs)
+    name = _target_name(node.target)
+    training = name == "aten._native_batch_norm_legit.no_stats" or bool(p.get("training"))
+    rm, rv = p.get("running_mean"), p.get("running_var")
+    writes = name in ("aten._native_batch_norm_legit.default", "aten.native_batch_norm.default")
+    if writes and training and rm is not None:
+        raise Unsupported(f"{name} writes to its running statistics in a graph kf did not functionalize",
+                          cause="an internal error in kf's capture")
+    y, mean, rstd, new_mean, new_var = _batch_norm(c, p["input"], p.get("weight"), p.get("bias"), rm, rv,
+                                                   training, p.get("momentum"), float(p["eps"]))
+    outs = (y, _saved(c, node, 1, mean), _saved(c, node, 2, rstd))
+    if name == "aten._native_batch_norm_legit_functional.default":
+        outs += (new_mean, new_var)
+    return outs
+
+
+@handles("aten.batch_norm.default", "aten.instance_norm.default")
+def _batch_norm_op(c, node, args, kwargs):
+    """F.batch_norm / F.instance_norm as one op (a graph capture did not functionalize, or
+    instance norm, which torch.export keeps whole). The running statistics a training
+    norm would update are refused: the graph has no output to write them back from."""
+    p = _bound(node, args, kwargs)
+    x, rm, rv = p["input"], p.get("running_mean"), p.get("running_var")
+    training = bool(p["training"] if "training" in p else p["use_input_stats"])
+    name = node.target._opname
+    if training and (rm is not None or rv is not None):
+        raise Unsupported(f"{name} with running statistics in training mode is not supported by kf",
+                          cause="kf does not update the running statistics of this form; pass "
+                                "running_mean=None and running_var=None (track_running_stats=False)"
+                          if name == "instance_norm" else "an internal error in kf's capture")
+    if name == "batch_norm":
+        return _batch_norm(c, x, p.get("weight"), p.get("bias"), rm, rv, training, p.get("momentum"),
+                           float(p["eps"]))[0]
+    if not training:  # instance norm by the running statistics: a batch norm in evaluation
+        return _batch_norm(c, x, p.get("weight"), p.get("bias"), rm, rv, False, None, float(p["eps"]))[0]
+    elem = spec_of(x.type).elem
+    xs = c.tensor(x, _stat_elem(elem))
+    dims = list(range(2, _rank(x)))
+    mean = kb.mean(xs, dims=dims, keepdim=True)
+    var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    return _normalize(c, xs, mean, var, float(p["eps"]), p.get("weight"), p.get("bias"), _channel_shape(x),
+                      elem)[0]
+
+
+@handles("aten.group_norm.default", "aten.native_group_norm.default")
+def _group_norm(c, node, args, kwargs):
+    """Statistics over each group of channels (and every spatial dim), computed on x
+    viewed as (N, G, C / G, spatial): the reductions are over trailing dims, and the
+    per-channel weight and bias are applied in that view."""
+    p = _bound(node, args, kwargs)
+    x = p["input"]
+    shape = _shape(x)
+    if node.target._opname == "native_group_norm":
+        g = p["group"]
+    else:
+        g = p["num_groups"]
+    n, ch = shape[0], shape[1]
+    if g <= 0 or ch % g:
+        raise Unsupported(f"group_norm of {ch} channels in {g} groups")
+    elem = spec_of(x.type).elem
+    st = _stat_elem(elem)
+    spatial = math.prod(shape[2:])
+    eps = float(p["eps"])
+    if ch // g * spatial == 1:
+        # groups of one element, (N, C) with C groups: each is its own mean, its variance
+        # is 0 (in x's own layout: no reduction whose result a reshape would carry)
+        xs = c.tensor(kb.reshape(x, (n, g)), st)
+        y, rstd = _normalize(c, xs, xs, kb.fill((n, g), st, 0.0), eps, p.get("weight"), p.get("bias"), None, elem)
+        mean, y = xs, kb.reshape(y, shape)
+    else:
+        grouped = (n, g, ch // g, spatial)
+        xs = c.tensor(kb.reshape(x, grouped), st)
+        mean = kb.mean(xs, dims=[2, 3], keepdim=True)
+        var = kb.var(xs, dims=[2, 3], correction=0.0, keepdim=True)
+        y, rstd = _normalize(c, xs, mean, var, eps, p.get("weight"), p.get("bias"), (1, g, ch // g, 1), elem)
+        y = kb.reshape(y, shape)
+    if node.target._opname == "native_group_norm":
+        val = _val(node)
+        return (y, c.tensor(kb.reshape(mean, (n, g)), kf_elem(val[1].dtype)),
+                c.tensor(kb.reshape(kb.broadcast_to(rstd, _shape(mean)), (n, g)), kf_elem(val[2].dtype)))
     return y
 
 
@@ -646,29 +850,41 @@ def _scaled_mm(c, node, args, kwargs):
     return c.tensor(out, c.out_elem(node))
 
 
+def _matmul_plus(c, a, b, bias, elem: str, alpha=1, beta=1):
+    """alpha * (a @ b) + beta * bias, rounded once to elem: for f16/bf16 the product is
+    kept in its f32 accumulator and the bias added in f32 (as torch's GEMM epilogues do),
+    not rounded to elem before the addition."""
+    from kf.dialects.types import TensorSpec
+
+    st = _stat_elem(elem)
+    a, b = c.tensor(a, elem), c.tensor(b, elem)
+    if st == elem:
+        out = kb.matmul(a, b)
+    else:
+        shape = _shape(a)[:-1] + _shape(b)[-1:]
+        out = kb.build("matmul", [a, b], None, [TensorSpec(tuple(shape), st)]).result
+    if alpha != 1:
+        out = kb.mul(out, c.tensor(alpha, st))
+    if bias is not None:
+        bias = c.tensor(c.tensor(bias, elem), st)
+        if beta != 1:
+            bias = kb.mul(bias, c.tensor(beta, st))
+        out = kb.add(out, bias)
+    return c.tensor(out, elem)
+
+
 @handles("aten.linear.default")
 def _linear(c, node, args, kwargs):
     x, w = args[0], args[1]
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
     elem = c.out_elem(node)
-    out = kb.matmul(c.tensor(x, elem), kb.transpose(c.tensor(w, elem), perm=[1, 0]))
-    if bias is not None:
-        out = kb.add(out, c.tensor(bias, elem))
-    return out
+    return _matmul_plus(c, x, kb.transpose(c.tensor(w, elem), perm=[1, 0]), bias, elem)
 
 
 @handles("aten.addmm.default", "aten.baddbmm.default")
 def _addmm(c, node, args, kwargs):
     bias, a, b = args[:3]
-    elem = c.out_elem(node)
-    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-    prod = kb.matmul(c.tensor(a, elem), c.tensor(b, elem))
-    if alpha != 1:
-        prod = kb.mul(prod, c.tensor(alpha, elem))
-    bias = c.tensor(bias, elem)
-    if beta != 1:
-        bias = kb.mul(bias, c.tensor(beta, elem))
-    return kb.add(prod, bias)
+    return _matmul_plus(c, a, b, bias, c.out_elem(node), alpha=kwargs.get("alpha", 1), beta=kwargs.get("beta", 1))
 
 
 # ---------------------------------------------------------------- layout
@@ -982,7 +1198,6 @@ def _nll(c, node, args, kwargs):
     if _rank(logp) == 1:
         logp, target = kb.reshape(logp, [1, _shape(logp)[0]]), kb.reshape(target, [1])
     ts = _shape(target)
-    classes = _shape(logp)[1]
     t_elem = _elem_of(target)
     valid = kb.cmp(target, kb.fill((), t_elem, float(ignore)), predicate="ne")
     safe = kb.select(valid, target, kb.fill((), t_elem, 0.0))  # ignored targets read class 0, weighted 0
@@ -1137,3 +1352,338 @@ def _philox_rand(c, node, args, kwargs):
 def _assertion(c, node, args, kwargs):
     # Checks that export inserts about tensor metadata; the signature already fixes it.
     return None
+
+
+# ---------------------------------------------------------------- writes, functionalized
+# A function that writes to a tensor is captured functionalized (capture.py): each
+# write becomes the op that computes the written tensor's new value, below.
+
+
+@handles("aten.copy.default")
+def _copy(c, node, args, kwargs):
+    """copy(self, src): src cast to self's dtype and broadcast to its shape."""
+    val = _val(node)
+    src = c.tensor(args[1], kf_elem(val.dtype))
+    return src if _shape(src) == tuple(val.shape) else kb.broadcast_to(src, tuple(val.shape))
+
+
+@handles("aten.fill.Scalar", "aten.fill.Tensor", "aten.zero.default")
+def _fill(c, node, args, kwargs):
+    val = _val(node)
+    shape, elem = tuple(val.shape), kf_elem(val.dtype)
+    value = 0.0 if node.target._opname == "zero" else args[1]
+    if isinstance(value, ir.Value):
+        return kb.broadcast_to(c.tensor(value, elem), shape)
+    return kb.fill(shape, elem, float(value))
+
+
+@handles("aten.select_scatter.default")
+def _select_scatter(c, node, args, kwargs):
+    x, src, dim, index = args[:4]
+    dim = dim % _rank(x)
+    index = index % _shape(x)[dim]
+    shape = list(_shape(src))
+    shape.insert(dim, 1)
+    return _scatter_slice(c, x, kb.reshape(c.tensor(src, spec_of(x.type).elem), shape), dim, index, index + 1, 1)
+
+
+@handles("aten.slice_scatter.default")
+def _slice_scatter(c, node, args, kwargs):
+    names = ("self", "src", "dim", "start", "end", "step")
+    p = {"dim": 0, "start": None, "end": None, "step": 1, **dict(zip(names, args)), **kwargs}
+    x = p["self"]
+    dim = p["dim"] % _rank(x)
+    start, end, step = slice(p["start"], p["end"], p["step"]).indices(_shape(x)[dim])
+    return _scatter_slice(c, x, c.tensor(p["src"], spec_of(x.type).elem), dim, start, max(end, start), step)
+
+
+def _scatter_slice(c, x, src, dim: int, start: int, end: int, step: int):
+    """x with x[start:end:step] along dim replaced by src (of that slice's shape)."""
+    n = _shape(x)[dim]
+    count = _shape(src)[dim]
+    if count == 0:
+        return x
+    if step == 1:
+        parts = [kb.slice(x, dim=dim, start=0, end=start, step=1)] if start > 0 else []
+        parts.append(src)
+        if end < n:
+            parts.append(kb.slice(x, dim=dim, start=end, end=n, step=1))
+        return kb.concat(parts, dim=dim)
+    # every step-th element: src's rows spread out by a constant index, chosen by a mask
+    rows = torch.arange(n)
+    hit = (rows >= start) & (rows < end) & ((rows - start) % step == 0)
+    pick = ((rows - start) // step).clamp(0, count - 1)
+    spread = kb.index_select(src, c.constant_tensor(pick), dim=dim)
+    mask_shape = [1] * _rank(x)
+    mask_shape[dim] = n
+    return kb.select(_mask_constant(c, hit.reshape(mask_shape)), spread, x)
+
+
+def _mask_constant(c, mask: torch.Tensor) -> ir.Value:
+    """A boolean kf constant (built from i32: dense i1 attributes want packed bits)."""
+    return kb.cmp(c.constant_tensor(mask.to(torch.int32)), kb.scalar(0.0, "i32"), predicate="ne")
+
+
+#: The most indices a non-accumulating index_put takes: its repeated indices are found
+#: by comparing every pair of them.
+INDEX_PUT_PAIRS_LIMIT = 4096
+
+
+@handles("aten.index_put.default")
+def _index_put(c, node, args, kwargs):
+    """``x[index] = values`` (and ``+=`` with accumulate) for one index: a boolean mask
+    over x's leading dims with one value, or a 1-D integer index along one dim. Where a
+    non-accumulating index repeats, the last write wins, as in torch's CPU kernel."""
+    x, indices, values = args[:3]
+    accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
+    elem, shape, rank = spec_of(x.type).elem, _shape(x), _rank(x)
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or not isinstance(given[0][1], ir.Value):
+        raise Unsupported("x[i, j, ...] = v with more than one index tensor is not supported by kf",
+                          cause="index one dimension at a time, or use torch.where with a mask")
+    d, index = given[0]
+    ispec = spec_of(index.type)
+    v = c.tensor(values, elem)
+    if ispec.elem == "i1":
+        if d != 0 or ispec.shape != shape[:ispec.rank]:
+            raise Unsupported(f"a boolean index of shape {list(ispec.shape)} for a tensor of shape {list(shape)} "
+                              f"is not supported by kf", cause="the mask must cover the tensor's leading dims")
+        if math.prod(_shape(v)) != 1:
+            raise Unsupported("x[mask] = values with more than one value is not supported by kf",
+                              cause="how many elements the mask selects is known only at run time; "
+                                    "use torch.where(mask, values, x)")
+        mask = kb.reshape(index, ispec.shape + (1,) * (rank - ispec.rank))
+        v = kb.reshape(v, ())
+        if accumulate:
+            return kb.add(x, kb.select(mask, v, kb.scalar(0.0, elem)))
+        return kb.select(mask, v, x)
+    if ispec.rank != 1:
+        raise Unsupported(f"x[index] = v with a {ispec.rank}-d index is not supported by kf",
+                          cause="flatten the index (and the values) to 1-D")
+    return _put_rows(c, x, d, index, v, accumulate)
+
+
+def _rows_hit(c, x, d: int, index):
+    """i1 of shape (1, .., size of dim d, .., 1): whether index names each row."""
+    rows_n = [1] * _rank(x)
+    rows_n[d] = _shape(x)[d]
+    ones = [1] * _rank(x)
+    ones[d] = _shape(index)[0]
+    hit = kb.index_add(kb.fill(rows_n, "f32", 0.0), index, kb.fill(ones, "f32", 1.0), dim=d)
+    return kb.cmp(hit, kb.scalar(0.0, "f32"), predicate="ne")
+
+
+def _put_rows(c, x, d: int, index, v, accumulate: bool):
+    """x with rows index[p] along dim d replaced by v's rows p (added with accumulate);
+    where an index repeats the last write wins, as in torch's CPU kernels."""
+    elem, shape, rank = spec_of(x.type).elem, _shape(x), _rank(x)
+    m = _shape(index)[0]
+    if m == 0:
+        return x
+    rows = list(shape)
+    rows[d] = m
+    v = c.tensor(v, elem)
+    v = kb.broadcast_to(v, tuple(rows)) if _shape(v) != tuple(rows) else v
+    if accumulate:
+        return kb.index_add(x, index, v, dim=d)
+    if m > INDEX_PUT_PAIRS_LIMIT:
+        raise Unsupported(f"writing {m} indexed rows is not supported by kf (at most {INDEX_PUT_PAIRS_LIMIT})",
+                          cause="repeated indices are found by comparing every pair; use index_put_ with "
+                                "accumulate=True on unique indices")
+    # keep[p]: no later position writes the same row (the last write wins); computed in
+    # the layout of the rows (m along d, a trailing dim over the other positions q), so
+    # that nothing is reshaped after a reduction
+    along = [1] * rank
+    along[d] = m
+    same = kb.cmp(kb.reshape(index, along + [1]), kb.reshape(index, [1] * rank + [m]), predicate="eq")
+    later = _mask_constant(c, (torch.arange(m)[None, :] > torch.arange(m)[:, None]).reshape(along + [m]))
+    overwritten = kb.sum(kb.cast(kb.select(later, same, kb.scalar(0.0, "i1")), "f32"), dims=[rank], keepdim=False)
+    v = kb.select(kb.cmp(overwritten, kb.scalar(0.0, "f32"), predicate="eq"), v, kb.scalar(0.0, elem))
+    # the rows some position writes are cleared first (a select: NaN rows clear too)
+    return kb.index_add(kb.select(_rows_hit(c, x, d, index), kb.scalar(0.0, elem), x), index, v, dim=d)
+
+
+@handles("aten.index_copy.default")
+def _index_copy(c, node, args, kwargs):
+    x, dim, index, source = args[:4]
+    return _put_rows(c, x, dim % _rank(x), index, source, accumulate=False)
+
+
+@handles("aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor")
+def _index_fill(c, node, args, kwargs):
+    x, dim, index, value = args[:4]
+    index = kb.reshape(index, (1,)) if _rank(index) == 0 else index
+    elem = spec_of(x.type).elem
+    value = kb.reshape(c.tensor(value, elem), ()) if isinstance(value, ir.Value) else kb.scalar(float(value), elem)
+    return kb.select(_rows_hit(c, x, dim % _rank(x), index), value, x)
+
+
+# ---------------------------------------------------------------- pooling
+# Average pooling is separable: the sum over a window is a sum along each pooled dim in
+# turn, and torch's divisor is a product of one factor per dim (or divisor_override).
+# Along one dim, output o sums input positions window(o) = [lo, hi); the j-th element
+# of every window is one index_select of a constant index, masked where a window is
+# shorter (padding, ceil_mode's last window, adaptive windows). Sums are in f32 for
+# f16/bf16 inputs and rounded once.
+
+
+def _windows(size: int, out: int, kernel: int, stride: int, pad: int) -> tuple[list, list, list]:
+    """torch's avg_pool windows along one dim: (first index, end, window size counting
+    padding) per output, the indices clipped to the input."""
+    los, his, sizes = [], [], []
+    for o in range(out):
+        start = o * stride - pad
+        end = min(start + kernel, size + pad)
+        sizes.append(end - start)
+        los.append(max(start, 0))
+        his.append(min(end, size))
+    return los, his, sizes
+
+
+def _window_sum(c, x, dim: int, los: list, his: list):
+    """out[.., o, ..] = sum of x[.., lo[o]:hi[o], ..] along dim (0 for an empty window)."""
+    size, out = _shape(x)[dim], len(los)
+    elem = spec_of(x.type).elem
+    along = [1] * _rank(x)
+    along[dim] = out
+    total = None
+    for j in range(max((h - lo for lo, h in zip(los, his)), default=0)):
+        pos = torch.tensor([lo + j for lo in los])
+        valid = torch.tensor([lo + j < h for lo, h in zip(los, his)])
+        if pos.tolist() == list(range(size)) and bool(valid.all()):
+            term = x
+        else:
+            term = kb.index_select(x, c.constant_tensor(pos.clamp(0, size - 1)), dim=dim)
+        if not bool(valid.all()):
+            term = kb.select(_mask_constant(c, valid.reshape(along)), term, kb.scalar(0.0, elem))
+        total = term if total is None else kb.add(total, term)
+    if total is None:
+        shape = list(_shape(x))
+        shape[dim] = out
+        return kb.fill(shape, elem, 0.0)
+    return total
+
+
+def _pool_mean(c, x, windows: list[tuple[list, list]], divisor: torch.Tensor):
+    """x summed over the windows of its last len(windows) dims, divided by divisor (the
+    outputs' spatial shape), in the statistics' type and rounded once."""
+    elem = spec_of(x.type).elem
+    xs = c.tensor(x, _stat_elem(elem))
+    k = len(windows)
+    for i, (los, his) in enumerate(windows):
+        xs = _window_sum(c, xs, _rank(x) - k + i, los, his)
+    out = kb.div(xs, c.constant_tensor(divisor.to(torch.float64 if _stat_elem(elem) == "f64" else torch.float32)))
+    return c.tensor(out, elem)
+
+
+def _triple(v, k: int) -> list[int]:
+    v = [v] if isinstance(v, int) else list(v)
+    return v * k if len(v) == 1 else v
+
+
+@handles("aten.avg_pool1d.default", "aten.avg_pool2d.default", "aten.avg_pool3d.default")
+def _avg_pool(c, node, args, kwargs):
+    """torch's avg_pool: windows of kernel_size every stride, padding counted in the
+    divisor with count_include_pad (up to the padded input's end, so that ceil_mode's
+    extra window is not), divisor_override instead of either."""
+    p = _bound(node, args, kwargs)
+    x = p["self"]
+    k = int(node.target._opname[-2])
+    kernel = _triple(p["kernel_size"], k)
+    stride = _triple(p.get("stride") or kernel, k)
+    pad = _triple(p.get("padding") or 0, k)
+    out = tuple(_val(node).shape[-k:])
+    windows, factors = [], []
+    for d in range(k):
+        los, his, sizes = _windows(_shape(x)[_rank(x) - k + d], out[d], kernel[d], stride[d], pad[d])
+        windows.append((los, his))
+        factors.append(torch.tensor(sizes if p.get("count_include_pad", True) else
+                                    [h - lo for lo, h in zip(los, his)], dtype=torch.float64))
+    counts = _outer([torch.tensor([h - lo for lo, h in zip(*w)], dtype=torch.float64) for w in windows])
+    if p.get("divisor_override"):
+        divisor = torch.full(out, float(p["divisor_override"]), dtype=torch.float64)
+    else:
+        divisor = _outer(factors)
+    divisor = torch.where(counts > 0, divisor, 1.0)  # an empty window's output is 0, as torch's
+    return _pool_mean(c, x, windows, divisor)
+
+
+@handles("aten.adaptive_avg_pool1d.default", "aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default",
+         "aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")
+def _adaptive_avg_pool(c, node, args, kwargs):
+    """torch's adaptive windows: output o of n over an input of size s averages
+    [floor(o * s / n), ceil((o + 1) * s / n))."""
+    x = args[0]
+    k = int(node.target._opname[-2])
+    out = tuple(_val(node).shape[-k:])
+    windows, factors = [], []
+    for d in range(k):
+        s = _shape(x)[_rank(x) - k + d]
+        los = [(o * s) // out[d] for o in range(out[d])]
+        his = [-((-(o + 1) * s) // out[d]) for o in range(out[d])]
+        windows.append((los, his))
+        factors.append(torch.tensor([h - lo for lo, h in zip(los, his)], dtype=torch.float64))
+    divisor = _outer(factors)
+    return _pool_mean(c, x, windows, torch.where(divisor > 0, divisor, 1.0))
+
+
+def _outer(factors: list[torch.Tensor]) -> torch.Tensor:
+    """The product of one factor per dim, over the grid of the dims."""
+    out = torch.ones(())
+    for f in factors:
+        out = out.unsqueeze(-1) * f.to(out.dtype)
+    return out
+
+
+# ---------------------------------------------------------------- embedding bags
+
+
+@handles("aten.embedding_bag.default", "aten.embedding_bag.padding_idx", "aten._embedding_bag.default")
+def _embedding_bag(c, node, args, kwargs):
+    """F.embedding_bag's sums and means (max: not supported): each index's row of the
+    weight, times its per_sample_weight (sum only, as torch), rows equal to padding_idx
+    left out (of the mean's count too), added into its bag. Bag b holds the positions from
+    offsets[b] on; a position's bag is how many offsets it has reached, less one. Empty
+    bags give zeros. Only the first result (the bags) is computed. Finding the bags
+    compares every position with every offset (n x bags comparisons)."""
+    p = _bound(node, args, kwargs)
+    weight, idx, offsets, mode = p["weight"], p["indices"], p["offsets"], int(p["mode"])
+    for user in node.users:
+        if user.target is operator.getitem and user.args[1] != 0 and user.users:
+            raise Unsupported("embedding_bag's offset2bag, bag_size and max_indices results are not computed by kf")
+    if mode == 2:
+        raise Unsupported("embedding_bag with mode='max' is not supported by kf", cause="use mode='sum' or 'mean'")
+    if _rank(idx) != 1:
+        raise Unsupported(f"embedding_bag of {_rank(idx)}-d indices with offsets")
+    psw = p.get("per_sample_weights")
+    if psw is not None and mode != 0:
+        raise Unsupported("embedding_bag's per_sample_weights need mode='sum' (as torch)")
+    pad = p.get("padding_idx")
+    pad = None if pad is None or pad < 0 else pad
+    elem = spec_of(weight.type).elem
+    st = _stat_elem(elem)
+    n, dim = _shape(idx)[0], _shape(weight)[1]
+    bags = _shape(offsets)[0] - (1 if p.get("include_last_offset") else 0)
+    out = kb.fill((bags, dim), st, 0.0)
+    if n == 0 or bags <= 0:
+        return c.tensor(out, elem), None, None, None
+    rows = c.tensor(kb.index_select(weight, idx, dim=0), st)
+    if psw is not None:
+        rows = kb.mul(rows, kb.reshape(c.tensor(psw, st), (n, 1)))
+    kept = None
+    if pad is not None:
+        kept = kb.reshape(kb.cmp(idx, kb.scalar(float(pad), spec_of(idx.type).elem), predicate="ne"), (n, 1))
+        rows = kb.select(kept, rows, kb.scalar(0.0, st))
+    starts = kb.slice(offsets, dim=0, start=0, end=bags, step=1)
+    reached = kb.cmp(c.constant_tensor(torch.arange(n).reshape(n, 1)), kb.reshape(c.tensor(starts, "i64"), (1, bags)),
+                     predicate="ge")
+    bag = kb.sum(kb.cast(reached, "f32"), dims=[1], keepdim=False)
+    # offsets that break torch's rules (offsets[0] != 0) cannot index outside the bags
+    bag = kb.cast(kb.min(kb.max(kb.sub(bag, kb.scalar(1.0, "f32")), kb.scalar(0.0, "f32")),
+                         kb.scalar(float(bags - 1), "f32")), "i64")
+    out = kb.index_add(out, bag, rows, dim=0)
+    if mode == 1:
+        ones = kb.fill((n, 1), st, 1.0) if kept is None else kb.cast(kept, st)
+        count = kb.index_add(kb.fill((bags, 1), st, 0.0), bag, ones, dim=0)
+        out = kb.div(out, kb.max(count, kb.scalar(1.0, st)))
+    return c.tensor(out, elem), None, None, None

@@ -78,6 +78,20 @@ def _flatten(x) -> list:
     return [x]
 
 
+def _expected(cap, results: list, inputs: list) -> list:
+    """Eager's values in the order of the program's flat outputs: each result where the
+    output tree puts it, and each written argument's value after the call where the
+    program returns its new value (mutation.py)."""
+    from .capture import _leaves
+
+    want = [None] * len(cap.output_specs)
+    for k, j in enumerate(_leaves(cap.output_tree)):
+        want[j] = results[k]
+    for m in cap.mutations:
+        want[m.output] = inputs[m.input]
+    return want
+
+
 def _tolerance(outputs: list, rtol: float | None, atol: float | None) -> tuple[float, float]:
     import torch
 
@@ -205,20 +219,24 @@ def bisect(fn: Callable, *args, passes: list[str] | None = None, rtol: float | N
 
     from .capture import capture_signature
     from .errors import CompileError
-    from .signature import bind
+    from .signature import bind, rebuild_args
     from .stages import StageLog, run_passes
 
     user = getattr(fn, "__kf_function__", None)
     fn = user.fn if user is not None else fn
     sig, tensors = bind(fn, args, kwargs)
+    # eager runs on copies: a function that writes to its arguments leaves the caller's
+    # tensors (which every snapshot runs on) as they were
+    copies = [t.clone() for t in tensors]
     with torch.no_grad():
-        want = [t for t in _flatten(fn(*args, **kwargs))]
-    rtol, atol = _tolerance(want, rtol, atol)
+        results = _flatten(fn(**rebuild_args(sig, copies)))
+    rtol, atol = _tolerance(results, rtol, atol)
     cap = capture_signature(fn, sig, tensors)
     if cap.random_input is not None:
         raise CompileError(f"kf.bisect cannot check {cap.name}: it draws random numbers, and torch eager, which "
                            f"bisection compares with, draws others", stage="bisect",
                            cause="bisect the function without its random ops (dropout with training=False)")
+    want = _expected(cap, results, copies)
     module = cap.module
     log = StageLog(cap.name)
     steps: list[Step] = []

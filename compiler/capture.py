@@ -7,12 +7,16 @@ range(top_k)``) runs at trace time, so the graph is specialized to the signature
 ATen node becomes kf ops through the table in ``aten_to_kf.py``, and every op's MLIR
 location is the user's ``file:line`` that produced it. ATen ops with no kf op go through
 torch-mlir (``torch_mlir_import.py``) or raise ``UnsupportedOpError`` at the user's line.
+A function that writes to a tensor (``x.add_(1)``, ``y[0] = 5``, a batch norm in
+training) is captured functionalized: the new value of each argument it writes is an
+extra output of the kf function, which the call copies back (``mutation.py``).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import operator
 import os
 import re
 import types
@@ -28,6 +32,7 @@ from kf.dialects import KfTypeError, TensorSpec, make_context, mlir_type
 from . import aten_to_kf
 from .dtypes import kf_elem
 from .errors import CaptureError, KfVerifyError, SourceLoc, UnsupportedOpError
+from .mutation import Mutation
 from .signature import Signature, bind, rebuild_args
 from .torch_ops import AUTOCAST_KEYS
 
@@ -52,6 +57,8 @@ class Captured:
     tracer: str = "export"  # "trace": the light tracer's graph (trace.py); "export": torch.export's
     fallback_reason: str | None = None  # why the light tracer gave way to torch.export
     random_input: int | None = None  # the input that holds the random state (random_state.py), if any
+    #: the arguments the function writes to: extra outputs copied back by the call (mutation.py)
+    mutations: tuple[Mutation, ...] = ()
 
     @property
     def kf_ir(self) -> str:
@@ -97,7 +104,11 @@ def _traceable(fn: Callable) -> Callable:
 
 
 def _user_loc(node: torch.fx.Node, fn: Callable) -> SourceLoc | None:
-    trace = node.meta.get("stack_trace") or ""
+    return _user_loc_in(node.meta.get("stack_trace") or "", fn)
+
+
+def _user_loc_in(trace: str, fn: Callable) -> SourceLoc | None:
+    """The user's line in a stack trace of export's format."""
     code = fn.__code__
     frames = _FRAME.findall(trace)
     # The innermost frame in the user's file, preferring the decorated function itself.
@@ -118,8 +129,21 @@ def _user_loc(node: torch.fx.Node, fn: Callable) -> SourceLoc | None:
 def _trace_inputs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     # export turns these into fake tensors on their own device (so tensors the function
     # makes itself, torch.zeros(n) on the CPU, meet inputs on the device eager would see)
-    # and never runs the function on the real data.
-    return [t.detach() for t in tensors]
+    # and never runs the function on the real data. A program does not depend on whether
+    # the caller's tensors share memory (the signature does not say): one that shares an
+    # earlier one's is traced as a tensor of its own (export's functionalization of a
+    # write through aliased inputs fails; mutation.py refuses such calls of a function
+    # that writes).
+    out, seen = [], set()
+    for t in tensors:
+        t = t.detach()
+        storage = t.untyped_storage().data_ptr() if t.numel() else 0
+        if storage in seen:
+            t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        elif storage:
+            seen.add(storage)
+        out.append(t)
+    return out
 
 
 def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> torch.export.ExportedProgram:
@@ -138,7 +162,47 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export could not trace {user.__name__}", loc,
                            cause=f"{type(e).__name__}: {first}") from None
+    writer = _first_write(ep.graph_module)
+    if writer is not None:
+        ep = _functionalize(ep, writer, user)
     return ep
+
+
+#: Ops whose schemas say they write to no argument but which write to their running
+#: statistics in training (F.batch_norm, torch.native_batch_norm): their graphs are
+#: functionalized too, which turns them into ATen batch norms that return the new
+#: statistics. (F.instance_norm stays one op through functionalization: aten_to_kf
+#: refuses its running statistics.)
+_HIDDEN_WRITERS = frozenset({"aten.batch_norm.default", "aten.native_batch_norm.default"})
+#: The one writing op torch.tensor([...]) leaves in a graph, on its own fresh constant.
+_HARMLESS_WRITES = frozenset({"aten.detach_.default"})
+
+
+def _first_write(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The first node of export's graph that writes to a tensor, or None."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            name = aten_to_kf._target_name(node.target)
+            if name in _HARMLESS_WRITES:
+                continue
+            if node.target._schema.is_mutable or name in _HIDDEN_WRITERS:
+                return node
+    return None
+
+
+def _functionalize(ep, writer: torch.fx.Node, user: Callable):
+    """export's graph with every write replaced by the value it writes (torch's
+    functionalization, as torch.compile runs it): the new value of each written argument
+    becomes an output, listed in the graph signature as a USER_INPUT_MUTATION."""
+    try:
+        with torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
+            return ep.run_decompositions({})
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CaptureError(f"{user.__name__} writes to a tensor in a way kf cannot write back: kf writes back "
+                           f"the values of its tensor arguments (not their shapes or strides, nor a module's "
+                           f"buffers, closure or global tensors)",
+                           _user_loc(writer, user), cause=f"{type(e).__name__}: {first[:200]}") from None
 
 
 def _loc_from_exception(e: BaseException, fn: Callable) -> SourceLoc | None:
@@ -164,7 +228,7 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
     reports the error, at the user's line, as it always has). ``KF_CAPTURE=export``
     skips the light tracer."""
     user = _user_code(fn)
-    reason = "KF_CAPTURE=export"
+    reason, written_at = "KF_CAPTURE=export", ""
     if os.environ.get("KF_CAPTURE", "") != "export":
         try:
             from .trace import trace
@@ -173,11 +237,42 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
             return _convert(user, sig, tensors, traced.graph_module, traced.constants, None, "trace")
         except Exception as e:  # Fallback, or a graph the converter takes only from export
             reason = f"{type(e).__name__}: {_first_line(e)}"
+            written_at = getattr(e, "stack_trace", "")
             log.debug("capture of %s falls back to torch.export: %s", user.__name__, reason)
-    ep = export_graph(user, sig, tensors)
-    cap = _convert(user, sig, tensors, ep.graph_module, _export_constants(ep), ep.call_spec.out_spec, "export")
+    try:
+        ep = export_graph(user, sig, tensors)
+    except CaptureError as e:
+        where = _user_loc_in(written_at, user) if written_at else None
+        if e.loc is not None or where is None:
+            raise
+        # export failed after tracing (a write to a tensor's shape or strides, x.t_()):
+        # the write the light tracer met is where it happened
+        raise CaptureError(f"{e.message}: it writes to a tensor in place ({reason.split(': ', 1)[-1]})", where,
+                           cause=e.cause) from None
+    cap = _convert(user, sig, tensors, ep.graph_module, _export_constants(ep), ep.call_spec.out_spec, "export",
+                   _written_inputs(ep, user))
     cap.fallback_reason = reason
     return cap
+
+
+def _written_inputs(ep, user: Callable) -> dict[int, int]:
+    """Position in the graph's outputs -> index of the user input whose new value it is
+    (the USER_INPUT_MUTATION outputs of a functionalized graph)."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
+    written = {}
+    for k, spec in enumerate(ep.graph_signature.output_specs):
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            written[k] = inputs.index(spec.target)
+        elif spec.kind not in (OutputKind.USER_OUTPUT,):
+            node = out_node.args[0][k]
+            raise CaptureError(f"{user.__name__} writes to a tensor that is not one of its arguments "
+                               f"({spec.kind.name.lower()} {spec.target}); kf writes back only to arguments",
+                               _user_loc(node, user) if isinstance(node, torch.fx.Node) else None,
+                               cause="pass the tensor as an argument")
+    return written
 
 
 def _first_line(e: BaseException) -> str:
@@ -186,9 +281,11 @@ def _first_line(e: BaseException) -> str:
 
 
 def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: torch.fx.GraphModule,
-             constants: dict[str, torch.Tensor], out_spec: Any, tracer: str) -> Captured:
+             constants: dict[str, torch.Tensor], out_spec: Any, tracer: str,
+             written: dict[int, int] | None = None) -> Captured:
     """The kf function of an ATen graph (export's, or the light tracer's whose output node
-    keeps the result's nesting: out_spec None)."""
+    keeps the result's nesting: out_spec None). ``written`` maps positions of the graph's
+    outputs that are new values of user inputs to those inputs (a functionalized graph)."""
     ctx = make_context()
     names = sig.tensor_names()
     with ctx, ir.Location.unknown():
@@ -224,7 +321,11 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
                     raise UnsupportedOpError(str(e), sloc, cause=e.cause) from None
                 except KfTypeError as e:
                     raise KfVerifyError(f"{node.target} produced an ill-typed kf op: {e}", sloc) from None
-            flat, tree = _flatten_outputs(out_node.args[0], env, user, out_spec, structured=out_spec is None)
+            outs = out_node.args[0]
+            if written:
+                outs = type(outs)(a for k, a in enumerate(outs) if k not in written)
+            flat, tree = _flatten_outputs(outs, env, user, out_spec, structured=out_spec is None)
+            mutations = _mutation_outputs(out_node.args[0], written or {}, env, flat, names, user)
             with def_loc:
                 func.ReturnOp(flat)
         random_input = None
@@ -242,7 +343,29 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
 
         out_specs = [spec_of(v.type) for v in flat]
     return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops, tracer,
-                    random_input=random_input)
+                    random_input=random_input, mutations=mutations)
+
+
+def _mutation_outputs(outs, written: dict[int, int], env: dict, flat: list[ir.Value], names: list[str],
+                      user: Callable) -> tuple[Mutation, ...]:
+    """The new value of each written input as a flat output (appended to flat, or the
+    result that already is that value), with the line that writes it."""
+    found = []
+    for k, i in sorted(written.items(), key=lambda kv: kv[1]):
+        node = outs[k]
+        v = env.get(node) if isinstance(node, torch.fx.Node) else None
+        if not isinstance(v, ir.Value):
+            raise CaptureError(f"{user.__name__} writes to its argument '{names[i]}' a value kf did not compute")
+        j = next((j for j, f in enumerate(flat) if f == v), None)
+        if j is None:
+            flat.append(v)
+            j = len(flat) - 1
+        loc = _user_loc(node, user)
+        if loc is None and node.target is operator.getitem:  # a result of a batch norm
+            loc = _user_loc(node.args[0], user)
+        found.append(Mutation(j, i, names[i], loc.file if loc else "", loc.line if loc else 0,
+                              loc.function if loc else ""))
+    return tuple(found)
 
 
 def source_loc(loc: ir.Location) -> SourceLoc | None:

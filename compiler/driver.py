@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from . import cache
+from . import cache, mutation
 from .errors import CompileError, SourceLoc, TargetError
 from .options import Options
 from .results import unflatten
@@ -38,6 +38,9 @@ class InterpretedProgram:
         self._target = target
 
     def __call__(self, tensors: list, drawn: list | None = None):
+        mutations = self.captured.mutations
+        if mutations:
+            mutation.check(mutations, self.captured.name, tensors)
         if self.captured.random_input is not None:
             from .random_state import with_state
 
@@ -45,8 +48,12 @@ class InterpretedProgram:
         if _PROFILE is not None:
             from .profiler import record_interpreted
 
-            return unflatten(self.captured.output_tree, record_interpreted(self, tensors))
-        return unflatten(self.captured.output_tree, self._interp.run(*tensors))
+            outs = record_interpreted(self, tensors)
+        else:
+            outs = self._interp.run(*tensors)
+        if mutations:
+            outs = mutation.copy_back(mutations, tensors, outs)
+        return unflatten(self.captured.output_tree, outs)
 
 
 class CompiledProgram:
@@ -61,10 +68,14 @@ class CompiledProgram:
         # a program that draws random numbers takes a fresh state after the user's tensors
         self._random = meta.get("random_state") is not None
         self._target = target
+        #: arguments the function writes to: checked before and copied back after each launch
+        self._mutations = tuple(mutation.Mutation.from_json(m) for m in meta.get("mutations", []))
 
     def __call__(self, tensors: list, drawn: list | None = None):
         """Run the program; ``drawn`` (a list) receives the random state the call drew,
         if it drew one."""
+        if self._mutations:
+            mutation.check(self._mutations, self.meta["name"], tensors)
         if self._random:
             from .random_state import with_state
 
@@ -73,13 +84,18 @@ class CompiledProgram:
             # kf.profile is recording, or torch.profiler is: time the launch and name it.
             from .profiler import launch
 
-            return unflatten(self._tree, launch(self, tensors))
-        return unflatten(self._tree, list(self._launch(*tensors)))
+            outs = launch(self, tensors)
+        else:
+            outs = list(self._launch(*tensors))
+        if self._mutations:
+            outs = mutation.copy_back(self._mutations, tensors, outs)
+        return unflatten(self._tree, outs)
 
     def call_matched(self, tensors: list):
         """As a call, for tensors that kf's dispatch key has matched to the program's
         signature (shapes, dtypes, device, contiguity): the launcher skips re-checking."""
-        if self._random or _PROFILE is not None or _torch_profiling() or self._unchecked is None:
+        if (self._random or self._mutations or _PROFILE is not None or _torch_profiling()
+                or self._unchecked is None):
             return self(tensors)
         return unflatten(self._tree, list(self._unchecked(*tensors)))
 
@@ -90,7 +106,7 @@ class CompiledProgram:
         else ``call_matched``. Profiling (kf's or torch's) still takes the general path,
         checked on every call."""
         make = getattr(self._launch, "fast_lane", None)
-        lane = make() if make is not None and contiguous and not self._random else None
+        lane = make() if make is not None and contiguous and not self._random and not self._mutations else None
         if lane is None:
             return self.call_matched
         tree = self._tree
@@ -311,6 +327,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         "output_tree": json.dumps(cap.output_tree),
         "compile_seconds": log.seconds,
         "random_state": cap.random_input,
+        "mutations": [m.to_json() for m in cap.mutations],
         **extra_meta,
     }
     return meta, artifacts

@@ -97,6 +97,13 @@ class TargetError(CompileError):
     stage = "target"
 
 
+class MutationError(CompileError):
+    """The function writes to an argument where kf cannot write the new value back
+    (calls through torch.compile, torch.export or autograd; arguments that share memory)."""
+
+    stage = "call"
+
+
 class SignatureError(TypeError):
     """A call's arguments do not fit the function (wrong device, dtype or structure)."""
 

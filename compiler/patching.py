@@ -27,7 +27,9 @@ function does not take (``F.gelu(x, approximate="tanh")`` for a kf GELU without
 
 ``validate=p`` runs torch's original beside kf on a fraction p of calls (chosen by a seeded
 generator, so runs repeat) and compares the results with the tolerance of their dtype
-(``TOLERANCES``). On a mismatch that call returns torch's result, the site keeps using
+(``TOLERANCES``); a call whose kf function writes to tensors it is given (a batch norm's
+running statistics) has those writes undone before torch's original runs from the same
+values, and they are compared too. On a mismatch that call returns torch's result, the site keeps using
 torch from then on, and one warning names the site and the difference. A kf function that
 fails to compile for a call (an unsupported op, a target that cannot run the tensors)
 warns once and falls back to torch the same way: patching never breaks a working model.
@@ -250,7 +252,8 @@ def _patch_module(report, name, module, kfn, validate, rng) -> None:
         call.update(kwargs)
         return kfn(**call)
 
-    module.forward = _guarded(entry, kf_forward, original, validate, rng)
+    module.forward = _guarded(entry, kf_forward, original, validate, rng,
+                              lambda: [getattr(module, n) for n in from_module])
 
     def undo():
         if had_own:
@@ -340,20 +343,28 @@ class _NotRepresentable(Exception):
 # ----------------------------------------------------------------------------- calls
 
 
-def _guarded(entry: Replacement, kf_call: Callable, original: Callable, validate: float, rng) -> Callable:
-    """kf_call with the fallbacks and the validation; original is torch's."""
-    state = {"warned": False}
+def _guarded(entry: Replacement, kf_call: Callable, original: Callable, validate: float, rng,
+             state: Callable[[], list] = list) -> Callable:
+    """kf_call with the fallbacks and the validation; original is torch's; state gives the
+    tensors a call may write besides its arguments (a module's parameters and buffers)."""
+
+    warned = {"once": False}
 
     def fall_back(reason: str):
         entry.status, entry.reason = "fell back", reason
-        if not state["warned"]:
-            state["warned"] = True
+        if not warned["once"]:
+            warned["once"] = True
             warnings.warn(f"kf.patch: {entry.where or '(model)'} ({entry.original} -> {entry.kf_function}): {reason}; "
                           f"using torch from now on", RuntimeWarning, stacklevel=3)
 
     def call(*args, **kwargs):
         if entry.status == "fell back" or _BYPASS[0]:
             return original(*args, **kwargs)
+        check = validate and not torch.compiler.is_compiling() and rng.random() < validate
+        # a kf function may write to the tensors it is given (a batch norm's running
+        # statistics): a validated call keeps what they held, so that torch's original
+        # writes them once, from the same values
+        before = _snapshot(args, kwargs, state) if check else []
         try:
             with originals():
                 out = kf_call(*args, **kwargs)
@@ -367,19 +378,33 @@ def _guarded(entry: Replacement, kf_call: Callable, original: Callable, validate
             # a counter would recompile the model on every call. Compiled calls are not counted.
             return out
         entry.calls += 1  # calls that kf ran
-        if validate and rng.random() < validate:
+        if check:
             entry.validated += 1
+            written = [(t, t.detach().clone()) for t, version, value in before if t._version != version]
             with torch.no_grad():
+                for t, _ in written:
+                    t.copy_(next(value for u, _, value in before if u is t))
                 want = original(*args, **kwargs)
-            diff = _difference(out, want)
+            diff = _difference((out, [w for _, w in written]), (want, [t for t, _ in written]))
             if diff is not None:
                 fall_back(f"kf's result differs from torch's: {diff}")
-                return original(*args, **kwargs)
+                return want
         return out
 
     call.__wrapped__ = original
     call.__kf_patch__ = entry
     return call
+
+
+def _snapshot(args: tuple, kwargs: dict, state: Callable[[], list]) -> list:
+    """(tensor, its version, a copy of its values) of each tensor a call is given."""
+    seen, out = set(), []
+    for t in [*args, *kwargs.values(), *state()]:
+        for u in (t if isinstance(t, (list, tuple)) else [t]):
+            if isinstance(u, torch.Tensor) and id(u) not in seen:
+                seen.add(id(u))
+                out.append((u, u._version, u.detach().clone()))
+    return out
 
 
 def _difference(got: Any, want: Any) -> str | None:

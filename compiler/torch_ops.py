@@ -20,7 +20,9 @@ break; shapes and dtypes travel with the tensors.
 
 - The real implementation runs the compiled kf program (the ordinary dispatch of
   ``KfFunction``), outside any mode or tracing context of the caller (``_opaque``);
-  outputs that alias an input are copied, as custom ops require.
+  outputs that alias an input are copied, as custom ops require. A function that writes
+  to an argument raises MutationError there (mutation.py): the schema declares no
+  writes, so torch.compile and autograd would not see them.
 - A call under ``torch.autocast`` (with the precision option ``auto``) writes the
   autocast precision before its structure, ``@bf16;T|T``: the implementations run the
   function's variant of that precision (``KfFunction.variant``) and its backward. The
@@ -55,6 +57,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import mutation
 from .errors import SignatureError
 from .results import unflatten
 
@@ -325,6 +328,11 @@ AUTOCAST_KEYS = _autocast_keys()
 _TOP_LEVEL_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
 
 
+#: why a call through the op may not write to its arguments (mutation.py)
+_REFUSED_WRITES = ("when it is called through its torch op (torch.compile, torch.export, or autograd because an "
+                   "argument requires grad): the op promises to write to none of its inputs")
+
+
 def _define(name: str) -> tuple:
     def real(tensors: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
         from .random_state import STATE_SHAPE, device_for
@@ -332,7 +340,7 @@ def _define(name: str) -> tuple:
         kfn = _OWNERS[name]
         impl, _ = implementation(kfn, structure)  # the autocast precision's variant, if any
         call = rebuild(kfn, structure, list(tensors))
-        with _opaque():
+        with _opaque(), mutation.refused(_REFUSED_WRITES):
             if structure not in kfn._random:
                 kfn._trees[structure], kfn._random[structure] = _tree_of(kfn, structure, tensors)
             drawn = [] if kfn._random[structure] else None  # receives the state the call draws

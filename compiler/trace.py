@@ -54,7 +54,13 @@ _HARMLESS_MUTATIONS = frozenset({"aten.detach_.default"})
 
 
 class Fallback(Exception):
-    """The light tracer cannot stand in for torch.export on this function (the message says why)."""
+    """The light tracer cannot stand in for torch.export on this function (the message says
+    why); ``stack_trace``: where the function wrote to a tensor, in export's format, when
+    that is why (export's path reports its errors there)."""
+
+    def __init__(self, reason: str, stack_trace: str = ""):
+        super().__init__(reason)
+        self.stack_trace = stack_trace
 
 
 @dataclass
@@ -630,6 +636,7 @@ class _Recorder(TorchDispatchMode):
         self._constant_of: dict[int, _Traced] = {}  # id of a real tensor -> its constant
         self._last_constant: torch.fx.Node | None = None
         self.failed: str | None = None  # set once, so a user's try/except cannot hide it
+        self.failed_at = ""  # the stack trace of a write that made it fail
         code = fn.__code__
         # export keeps the frames of functions named forward and of registered anchors
         # (torch >= 2.12 registers the user's function, see capture._traceable)
@@ -645,9 +652,10 @@ class _Recorder(TorchDispatchMode):
         # never runs inside a Dynamo trace (kf's op runs it outside, see torch_ops._opaque).
         return False
 
-    def fail(self, reason: str) -> None:
-        self.failed = self.failed or reason
-        raise Fallback(reason)
+    def fail(self, reason: str, stack_trace: str = "") -> None:
+        if self.failed is None:
+            self.failed, self.failed_at = reason, stack_trace
+        raise Fallback(reason, stack_trace)
 
     def wrap(self, val: torch.Tensor, known: bool, device: torch.device, node: torch.fx.Node) -> _Traced:
         return _Traced(val, known, device, node, self)
@@ -655,14 +663,14 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.failed:
-            raise Fallback(self.failed)
+            raise Fallback(self.failed, self.failed_at)
         if not isinstance(func, torch._ops.OpOverload):
             self.fail(f"{func} is not an ATen op")
         if func is torch.ops.aten.lift_fresh.default and not isinstance(args[0], _Traced):
             return self.constant(args[0])  # torch.tensor([...]): the data, made into a constant
         name = aten_to_kf._target_name(func)
         if func._schema.is_mutable and name not in _HARMLESS_MUTATIONS:
-            self.fail(f"{name} mutates a tensor")
+            self.fail(f"{name} mutates a tensor", self._stack_trace())
         rule = _RULES.get(name)
         if rule is None and name not in _ARANGE:
             self.fail(f"{name}: the light tracer has no shape rule for it")
@@ -823,8 +831,8 @@ def trace(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> Trace:
     except Fallback:
         raise
     except Exception as e:
-        raise Fallback(rec.failed or f"the function raised {type(e).__name__}: {e}") from None
+        raise Fallback(rec.failed or f"the function raised {type(e).__name__}: {e}", rec.failed_at) from None
     if rec.failed:
-        raise Fallback(rec.failed)
+        raise Fallback(rec.failed, rec.failed_at)
     rec.graph.output(_output(result))
     return Trace(torch.fx.GraphModule(torch.nn.Module(), rec.graph), rec.constants)

@@ -396,8 +396,8 @@ def _var(op, args, attrs, out):
         return arith.addf(acc, arith.mulf(d, d))
 
     m2 = reduce(x, red, acc_elem, 0, sq, extra=[mean])
-    dof = n - float(attrs.get("correction", 1.0))
-    return [_finish(m2, lambda v: arith.divf(v, sm.const(acc_t, dof)), out[0], red)]
+    corr = float(attrs.get("correction", 1.0))
+    return [_finish(m2, lambda v: sm.variance(v, n, corr), out[0], red)]
 
 
 def _argmax(op, args, attrs, out):

@@ -38,6 +38,18 @@ def const(t: ir.Type, value: float) -> ir.Value:
     return arith.constant(t, int(value))
 
 
+def variance(m2: ir.Value, n: int, correction: float) -> ir.Value:
+    """A variance from the sum of squared deviations m2 of n elements: m2 / (n -
+    correction), and where the correction leaves no degrees of freedom torch's m2 / 0
+    (inf, NaN where m2 is 0 or NaN) written out: a division by a constant zero is what
+    some Vulkan compilers fold to anything (lavapipe returned the input)."""
+    dof = n - correction
+    if dof > 0:
+        return arith.divf(m2, const(m2.type, dof))
+    positive = arith.cmpf(arith.CmpFPredicate.OGT, m2, const(m2.type, 0.0))
+    return arith.select(positive, const(m2.type, math.inf), const(m2.type, math.nan))
+
+
 def convert(v: ir.Value, to: ir.Type) -> ir.Value:
     """Convert a scalar between any two kf element types (torch's rules: float to int
     truncates toward zero, anything to i1 tests for non-zero)."""

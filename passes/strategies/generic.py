@@ -229,7 +229,7 @@ def _var(ev: Evaluator, op, idx, attrs):
         return [arith.addf(c[0], arith.mulf(d, d))]
 
     [m2] = _reduce_loop(ev, x, red, base, [sm.const(t, 0)], sq)
-    return [arith.divf(m2, sm.const(t, n - float(attrs.get("correction", 1.0))))]
+    return [sm.variance(m2, n, float(attrs.get("correction", 1.0)))]
 
 
 def _argmax(ev: Evaluator, op, idx, attrs):

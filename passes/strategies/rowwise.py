@@ -520,14 +520,13 @@ class _Emitter:
 
     def _reduction_result(self, node: Node) -> ir.Value:
         x = node.operands[0]
-        ct = _compute_type(x.elem)
         if node.op == "kf.sum":
             return self.stats[("sum", id(x))]
         if node.op == "kf.mean":
             return self.row_mean(x)
         if node.op == "kf.var":
-            return arith.divf(self.stats[("m2", id(x))],
-                              sm.const(ct, self.a.row_length - float(node.attrs.get("correction", 1.0))))
+            return sm.variance(self.stats[("m2", id(x))], self.a.row_length,
+                               float(node.attrs.get("correction", 1.0)))
         return self.stats[({"kf.reduce_max": "max", "kf.reduce_min": "min"}[node.op], id(x))]
 
     # -- loops

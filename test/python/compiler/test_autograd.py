@@ -149,17 +149,17 @@ needs_vulkan = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan d
 def test_backward_error_names_op_and_forward_line():
     @kf.jit(target="vulkan")
     def every_other(x):
-        y = torch.tanh(x)
-        return y[:, ::2] * 2.0  # its backward is a strided slice_scatter: no kf op
+        y = torch.abs(torch.tanh(x))  # its backward multiplies by a sign: no kf op on Vulkan
+        return y * 2.0
 
     x = torch.randn(4, 8, requires_grad=True)
     out = every_other(x)
     with pytest.raises(kf.CompileError) as info:
         out.sum().backward()
     e = info.value
-    assert "backward of every_other" in str(e) and "slice_scatter" in str(e)
+    assert "backward of every_other" in str(e) and "sign" in str(e)
     assert e.loc is not None and e.loc.file == __file__
-    assert "y[:, ::2]" in e.loc.snippet()
+    assert "torch.abs(torch.tanh(x))" in e.loc.snippet()
 
 
 @needs_vulkan

@@ -51,6 +51,19 @@ def test_a_correct_pipeline_passes_every_step():
     assert all(s.ok for s in r.steps)
 
 
+def writes_a_row(x, y):
+    y[0] = 5.0
+    return x + y
+
+
+def test_a_function_that_writes_its_argument_bisects_clean():
+    x, y = torch.randn(7), torch.randn(7)
+    before = y.clone()
+    result = kf.bisect(writes_a_row, x, y, file=None)
+    assert result.first_bad is None and all(s.ok for s in result.steps)
+    assert torch.equal(y, before)  # eager ran on a copy
+
+
 def test_seed_functions_bisect_clean():
     x, w, b = torch.randn(3, 100), torch.randn(100), torch.randn(100)
     assert kf.bisect(se.metal_layer_norm, x, w, b, file=None).first_bad is None

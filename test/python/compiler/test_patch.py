@@ -280,3 +280,26 @@ def test_function_form_for_a_builtin_with_several_arguments():
     finally:
         kf.unpatch(report)
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+@kf.jit(target="cpu")
+def batch_norm(x, running_mean, running_var, weight, bias, momentum=0.1, eps=1e-5):
+    return F.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=momentum, eps=eps)
+
+
+def test_validated_writes_reach_the_module_once():
+    torch.manual_seed(0)
+    eager, patched = torch.nn.BatchNorm1d(5), torch.nn.BatchNorm1d(5)
+    patched.load_state_dict(eager.state_dict())
+    report = kf.patch(patched, {torch.nn.BatchNorm1d: batch_norm}, validate=1.0)
+    try:
+        for _ in range(3):
+            x = torch.randn(8, 5, 3) * 2 + 1
+            with torch.no_grad():
+                torch.testing.assert_close(patched(x), eager(x))
+        assert report.entries[0].status == "replaced" and report.entries[0].validated == 3
+        # kf's writes were undone before torch's original wrote them: one update a call
+        torch.testing.assert_close(patched.running_mean, eager.running_mean)
+        torch.testing.assert_close(patched.running_var, eager.running_var)
+    finally:
+        kf.unpatch(patched)
