@@ -42,13 +42,10 @@ JOBS = int(os.environ.get("KF_CONFORMANCE_JOBS", "2"))
 # Why cases of the sample fail today, each pending its own fix (test/conformance/README.md
 # lists them with their reproducers).
 SPARSE = "sparse tensor arguments escape as a raw RuntimeError from is_contiguous in kf's dispatch key"
-VAR_CORRECTION = "var/std over an empty dimension is not NaN as in eager (var/std correction fix pending)"
 
 #: (target, dtype, op) -> why its case fails today
 EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
     **{(t, "float32", "sparse.sampled_addmm"): SPARSE for t in ("cpu", "vulkan")},
-    ("cpu", "bfloat16", "var_mean"): VAR_CORRECTION,
-    ("cpu", "bfloat16", "var_mean.unbiased"): VAR_CORRECTION,
 }
 
 
