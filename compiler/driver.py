@@ -298,7 +298,8 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             except Exception as e:
                 if _unavailable(e):
                     raise
-                cache.discard(entry.directory, key, f"it does not load: {type(e).__name__}: {_first_line(e)}")
+                if (entry.directory / "program.json").exists():  # else removed meanwhile: compile it again
+                    cache.discard(entry.directory, key, f"it does not load: {type(e).__name__}: {_first_line(e)}")
         meta, artifacts = build(fn, sig, tensors, options, arch, reads=reads)
     except CompileError as e:
         if debug():
@@ -308,9 +309,10 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
         entry = cache.store(key, meta, artifacts, private=not reads.persistent)
         try:
             return _load(entry, len(reads.tensors))
-        except FileNotFoundError:
-            if attempt == 2:
+        except Exception:
+            if attempt == 2 or (entry.directory / "program.json").exists():
                 raise
+            # removed by another process between the store and the load: store it again
 
 
 def _unavailable(e: BaseException) -> bool:
