@@ -67,9 +67,12 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 #: torch's value types: dtypes, layouts and memory formats are singletons; devices compare by value.
 _TORCH_SINGLETONS = (torch.dtype, torch.layout, torch.memory_format)
 #: Entries of an nn.Module's __dict__ that its forward never reads.
+#: (The hooks' companions, ``_forward_hooks_with_kwargs`` and the like, are keyed by the
+#: ids of hooks in ``_forward_hooks`` and ``_forward_pre_hooks``, whose keys are checked.)
 _MODULE_SKIP = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
                 "_load_state_dict_post_hooks", "_non_persistent_buffers_set", "_backward_hooks",
-                "_backward_pre_hooks", "_is_full_backward_hook")
+                "_backward_pre_hooks", "_is_full_backward_hook", "_forward_hooks_with_kwargs",
+                "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 #: Names that reach a method without being written: calling an object, an nn.Module's forward.
 _IMPLICIT = frozenset({"__call__", "forward"})
 
@@ -258,7 +261,18 @@ class _Walker:
     # values
     def value(self, v: Any, src: int, label: str, implied: bool = False) -> None:
         """Walk v, read at src; ``implied``: its identity follows from a check already made
-        (an element of a tuple whose identity is checked), so it needs none of its own."""
+        (an element of a tuple whose identity is checked), so it needs none of its own.
+        A value the walk cannot take apart (its attributes raise, it nests too deep) is
+        held by identity, for this process only."""
+        try:
+            self._value(v, src, label, implied)
+        except Exception:
+            self.persistent = False
+            self.unstable.append(label)
+            self.note(label, f"unwalked:{id(v)}")
+            self.check(src, CHECK_IS, v)
+
+    def _value(self, v: Any, src: int, label: str, implied: bool) -> None:
         t = type(v)
         if t in _SCALARS:
             self.note(label, scalar_text(v))
@@ -301,7 +315,9 @@ class _Walker:
         else:
             self._object(v, src, label, implied)
             return
-        if not implied:
+        if not implied and not isinstance(v, (list, dict)):
+            # a list or a dict needs no identity of its own: its length or keys are checked
+            # on whatever object is there, and its elements are read from that object
             self.check(src, CHECK_IS, v)
         if isinstance(v, tuple):
             for i, x in enumerate(v):
@@ -434,10 +450,12 @@ class _Walker:
             for name, attr in proxy.items():
                 if name in self.names or name in _IMPLICIT:
                     self.value(attr, self.child(src, GET_ITEM, name), f"{label}.{klass.__name__}.{name}")
-                elif isinstance(attr, (types.FunctionType, staticmethod, classmethod, property)):
-                    # any method may run (through another one, or a dunder): its code is part
-                    # of what the class is, checked through the class's identity
-                    self.value(attr, self.const(attr), f"{label}.{klass.__name__}.{name}", implied=True)
+                else:
+                    # a method no code names may still run (a dunder): its code is part of what
+                    # the class is (its globals are followed once something names it)
+                    fn = getattr(attr, "__func__", getattr(attr, "fget", attr))
+                    if isinstance(fn, types.FunctionType):
+                        self.note(f"{label}.{klass.__name__}.{name}", _code_digest(fn.__code__))
 
     def _attribute(self, obj: Any, name: str, label: str, library: bool) -> None:
         """Walk obj.name as Python looks it up: a data descriptor of its class (a property,

@@ -462,3 +462,48 @@ def test_a_new_process_compiles_anew_for_what_changed(tmp_path):
     for change in [{"dict": -3.0}, {"module": 4}, {"helper_global": 2.5}, {"act": "sigmoid"}]:
         assert "compiled: True" in _fresh(tmp_path, dict(base, **change), 3)
     assert "compiled: False" in _fresh(tmp_path, dict(base, weights=-2.0), 4)  # read, not baked
+
+
+SENTINEL = object()
+MODE = SENTINEL
+
+
+def test_what_cannot_be_named_in_another_process_stays_in_this_one(guard_kind, tmp_path, monkeypatch):
+    """An object with no attributes and no stable repr: the program is keyed by its
+    identity for this process and never written to the disk cache."""
+    global MODE
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    x = torch.randn(5)
+
+    @kf.jit(target="cpu")
+    def f(x):
+        return x + 1 if MODE is SENTINEL else x - 1
+
+    MODE = SENTINEL
+    _close(f(x), x + 1)
+    MODE = object()
+    _close(f(x), x - 1)
+    MODE = SENTINEL
+    _close(f(x), x + 1)
+    assert not list(tmp_path.glob("*/*/program.json"))
+
+
+W = torch.randn(6, 6)
+
+
+def test_explain_and_a_call_share_one_entry(tmp_path, monkeypatch):
+    """kf.explain compiles (or reads) the entry a call uses: the same key, the same
+    reached inputs."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+    def mm(x):
+        return x @ W
+
+    x = torch.randn(3, 6)
+    kf.explain(kf.jit(mm, target="cpu"), x, file=None)
+    assert len(list(tmp_path.glob("*/*/program.json"))) == 1
+    f = kf.jit(mm, target="cpu")
+    _close(f(x), x @ W)
+    W.mul_(-1)
+    _close(f(x), x @ W)
+    assert len(list(tmp_path.glob("*/*/program.json"))) == 1
