@@ -698,7 +698,7 @@ def run_guards(consts: tuple, ops: tuple, n_extra: int) -> list | None:
             ok = False
         if not ok:
             return None
-    return extra
+    return extra if all(t is not None for t in extra) else None
 
 
 def arg_absent(mapping: Any, key: Any) -> bool:

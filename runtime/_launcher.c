@@ -1016,25 +1016,45 @@ static int same_keys(PyObject *v, PyObject *e, Py_ssize_t n) {
     return i == n;
 }
 
-/* The reached tensors (a new list of n_extra), or Py_None (a new reference) where a guard
- * fails; NULL only for a failed allocation. */
-static PyObject *guarded_check(GuardedObject *self) {
+/* A tensor's (shape, dtype, device, is_contiguous()) equals the tuple e: compared one
+ * attribute at a time (no key tuple is made). 1, or 0 (errors cleared). */
+static int tensor_matches(PyObject *t, PyObject *e) {
+    static PyObject **names[3] = {&str_shape, &str_dtype, &str_device};
+    if (tensor_type == NULL || !PyObject_TypeCheck(t, tensor_type) || !PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4)
+        return 0;
+    for (int i = 0; i < 4; i++) {
+        PyObject *v = i < 3 ? PyObject_GetAttr(t, *names[i]) : call_method0(t, str_is_contiguous);
+        if (v == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        PyObject *want = PyTuple_GET_ITEM(e, i);
+        int r = v == want ? 1 : PyObject_RichCompareBool(v, want, Py_EQ);
+        Py_DECREF(v);
+        if (r <= 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Run the guards: 1 where every check holds (extra[slot] then holds a new reference to
+ * each reached tensor, where extra is not NULL), 0 where one fails; -1 only for a failed
+ * allocation. */
+static int guarded_check(GuardedObject *self, PyObject **extra) {
     Py_ssize_t n_consts = PyTuple_GET_SIZE(self->consts), n = n_consts + self->n_ops;
     PyObject *stack[64], **regs = n <= 64 ? stack : PyMem_Malloc(sizeof(PyObject *) * n);
-    PyObject *extra = PyList_New(self->n_extra);
     Py_ssize_t filled = 0;
     int ok = 1;
-    if (regs == NULL || extra == NULL) {
-        if (regs != NULL && regs != stack)
-            PyMem_Free(regs);
-        Py_XDECREF(extra);
-        return regs == NULL ? PyErr_NoMemory() : NULL;
+    if (regs == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
-    for (Py_ssize_t i = 0; i < self->n_extra; i++)
-        PyList_SET_ITEM(extra, i, Py_NewRef(Py_None));
+    for (Py_ssize_t i = 0; i < self->n_extra && extra != NULL; i++)
+        extra[i] = NULL;
     for (Py_ssize_t i = 0; i < n_consts; i++)
-        regs[i] = Py_NewRef(PyTuple_GET_ITEM(self->consts, i));
-    filled = n_consts;
+        regs[i] = PyTuple_GET_ITEM(self->consts, i); /* borrowed: the tuple holds them */
     for (Py_ssize_t i = 0; i < self->n_ops && ok; i++) {
         GuardOp *op = &self->ops[i];
         PyObject *src = regs[op->src], *v = NULL;
@@ -1071,7 +1091,7 @@ static PyObject *guarded_check(GuardedObject *self) {
             ok = 0;
             break;
         }
-        regs[filled++] = v;
+        regs[n_consts + filled++] = v;
         switch (op->check) {
         case C_NONE:
             break;
@@ -1087,21 +1107,12 @@ static PyObject *guarded_check(GuardedObject *self) {
         case C_LEN:
             ok = PyList_Check(v) && PyList_GET_SIZE(v) == op->n;
             break;
-        case C_TENSOR: {
-            PyObject *k;
-            ok = tensor_type != NULL && PyObject_TypeCheck(v, tensor_type);
-            if (ok && (k = tensor_key(v)) != NULL) {
-                int r = PyObject_RichCompareBool(k, op->expected, Py_EQ);
-                Py_DECREF(k);
-                ok = r > 0;
-            } else {
-                ok = 0;
+        case C_TENSOR:
+            ok = tensor_matches(v, op->expected);
+            if (ok && extra != NULL) {
+                Py_XSETREF(extra[op->slot], Py_NewRef(v));
             }
-            if (ok)
-                PyList_SetItem(extra, op->slot, Py_NewRef(v));
-            PyErr_Clear();
             break;
-        }
         case C_NOKEY: {
             int r = PySequence_Contains(v, op->expected);
             ok = r == 0;
@@ -1113,46 +1124,52 @@ static PyObject *guarded_check(GuardedObject *self) {
         }
     }
     for (Py_ssize_t i = 0; i < filled; i++)
-        Py_DECREF(regs[i]);
+        Py_DECREF(regs[n_consts + i]);
     if (regs != stack)
         PyMem_Free(regs);
-    if (!ok) {
-        Py_DECREF(extra);
-        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < self->n_extra && extra != NULL; i++) {
+        if (!ok || extra[i] == NULL) { /* every slot is filled where the guards were made right */
+            ok = 0;
+            Py_CLEAR(extra[i]);
+        }
     }
-    return extra;
+    return ok;
 }
 
 /* The entry's call on tensors with the reached tensors appended, or MISS where a guard
  * fails. */
 static PyObject *guarded_run(PyObject *obj, PyObject *tensors) {
     GuardedObject *self = (GuardedObject *)obj;
-    PyObject *extra = guarded_check(self), *all, *result;
-    if (extra == NULL)
-        return NULL;
-    if (extra == Py_None) {
-        Py_DECREF(extra);
-        return Py_NewRef(miss);
+    PyObject *all, *result, *small[16], **extra = self->n_extra <= 16 ? small : NULL;
+    if (extra == NULL && (extra = PyMem_Malloc(sizeof(PyObject *) * self->n_extra)) == NULL)
+        return PyErr_NoMemory();
+    int ok = guarded_check(self, extra);
+    if (ok <= 0) {
+        if (extra != small)
+            PyMem_Free(extra);
+        return ok < 0 ? NULL : Py_NewRef(miss);
     }
     if (self->n_extra == 0) {
         all = Py_NewRef(tensors);
     } else {
         Py_ssize_t n = PyList_Check(tensors) ? PyList_GET_SIZE(tensors) : -1;
-        if (n < 0) {
-            Py_DECREF(extra);
-            PyErr_SetString(PyExc_TypeError, "a Guarded entry takes a list of tensors");
-            return NULL;
-        }
-        if ((all = PyList_New(n + self->n_extra)) == NULL) {
-            Py_DECREF(extra);
+        all = n < 0 ? NULL : PyList_New(n + self->n_extra);
+        if (all == NULL) {
+            if (n < 0)
+                PyErr_SetString(PyExc_TypeError, "a Guarded entry takes a list of tensors");
+            for (Py_ssize_t i = 0; i < self->n_extra; i++)
+                Py_DECREF(extra[i]);
+            if (extra != small)
+                PyMem_Free(extra);
             return NULL;
         }
         for (Py_ssize_t i = 0; i < n; i++)
             PyList_SET_ITEM(all, i, Py_NewRef(PyList_GET_ITEM(tensors, i)));
         for (Py_ssize_t i = 0; i < self->n_extra; i++)
-            PyList_SET_ITEM(all, n + i, Py_NewRef(PyList_GET_ITEM(extra, i)));
+            PyList_SET_ITEM(all, n + i, extra[i]); /* the reference check took */
     }
-    Py_DECREF(extra);
+    if (extra != small)
+        PyMem_Free(extra);
     result = Py_IS_TYPE(self->call, &LaneType) ? lane_run(self->call, all) : PyObject_CallOneArg(self->call, all);
     Py_DECREF(all);
     return result;
@@ -1168,7 +1185,24 @@ static PyObject *guarded_vectorcall(PyObject *obj, PyObject *const *args, size_t
 
 static PyObject *guarded_check_method(PyObject *obj, PyObject *unused) {
     (void)unused;
-    return guarded_check((GuardedObject *)obj);
+    GuardedObject *self = (GuardedObject *)obj;
+    PyObject **extra = PyMem_Malloc(sizeof(PyObject *) * (self->n_extra ? self->n_extra : 1)), *out;
+    if (extra == NULL)
+        return PyErr_NoMemory();
+    int ok = guarded_check(self, extra);
+    if (ok <= 0) {
+        PyMem_Free(extra);
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    if ((out = PyList_New(self->n_extra)) != NULL) {
+        for (Py_ssize_t i = 0; i < self->n_extra; i++)
+            PyList_SET_ITEM(out, i, extra[i]);
+    } else {
+        for (Py_ssize_t i = 0; i < self->n_extra; i++)
+            Py_DECREF(extra[i]);
+    }
+    PyMem_Free(extra);
+    return out;
 }
 
 static int guarded_clear(GuardedObject *self) {
