@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -143,6 +144,8 @@ class KfFunction:
         the reached tensors it uses (``reads.tensors[j] for j in program.reached``)."""
         reads = guards.walk(self.fn)
         program = self._table.get((sig, reads.fingerprint))
+        if program is not None and any(t._version != v for t, v in program.baked):
+            program = None  # a tensor it holds as a constant changed in place
         if program is None:
             from . import driver
 
@@ -150,6 +153,14 @@ class KfFunction:
             options = self.options.with_(target=target, interpret=self._interpret())
             program = driver.compile_function(self.fn, sig, tensors, options, reads)
             self._check_reached(reads, program.reached, target)
+            program.baked = [(t, t._version) for t in reads.baked]
+            if reads.baked:
+                warnings.warn(f"kf: {self.fn.__name__} reads {len(reads.baked)} tensor(s) ("
+                              f"{', '.join(f'{t.dtype} {list(t.shape)}' for t in reads.baked)}) through a way kf "
+                              f"cannot follow (a name computed at run time, state inside a library object): they "
+                              f"are constants of its program, which is compiled again when one changes in place, "
+                              f"but not when another tensor takes its place; pass them as arguments",
+                              RuntimeWarning, stacklevel=4)
             self._table[(sig, reads.fingerprint)] = program
         return program, reads
 
@@ -231,8 +242,8 @@ class KfFunction:
                 # reached tensors': the launcher need not again
                 matched = getattr(program, "matched_call", None)
                 call = matched(all(t.is_contiguous() for t in tensors)) if matched else program
-                self._fast[key] = reads.guarded(call, used)
-                self._entries[sig] = reads.guarded(program, used)
+                self._fast[key] = reads.guarded(call, used, program.baked)
+                self._entries[sig] = reads.guarded(program, used, program.baked)
                 return program(tensors)
         sig, tensors = bind(self.fn, args, kwargs)
         entry = self._entries.get(sig)
@@ -241,7 +252,7 @@ class KfFunction:
             if result is not guards.MISS:
                 return result
         program, reads = self.specialize(sig, tensors)
-        self._entries[sig] = reads.guarded(program, program.reached)
+        self._entries[sig] = reads.guarded(program, program.reached, program.baked)
         return program(tensors + [reads.tensors[j] for j in program.reached])
 
     def inspect(self, *args, **kwargs):

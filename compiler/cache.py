@@ -248,14 +248,17 @@ def store(k: str, meta: dict, artifacts: dict[str, bytes], private: bool = False
     """Write an entry atomically: into a temporary folder, then rename it into place.
     Where another process stored the key first, its entry is kept. Where the cache's
     folders vanish meanwhile (another process cleared the cache), they are made again.
-    ``private``: in this process's own folder, removed when it exits."""
+    ``private``: in a folder of this process's own, removed when it exits, never loaded
+    by its key."""
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in artifacts.items()}
     meta = json.loads(json.dumps(dict(meta, format=FORMAT, key=k, artifacts=digests)))
     meta["digest"] = _digest(meta)
     text = json.dumps(meta, indent=1, sort_keys=True)
     for attempt in range(3):
         root = _private_root() / k[:2] if private else _writable(cache_dir() / k[:2])
-        final = root / k
+        # a private entry is never loaded by its key: each gets a folder of its own (a
+        # program built again for one key must not meet the old one's loaded .so)
+        final = root / (f"{k}-{secrets.token_hex(6)}" if private else k)
         tmp = None
         try:
             root.mkdir(parents=True, exist_ok=True)

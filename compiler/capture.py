@@ -55,6 +55,9 @@ class Captured:
     #: the reached tensors (indices into the ``reached`` capture was given) that are the
     #: function's last inputs, in order
     reached: list[int] = field(default_factory=list)
+    #: tensors made constants that the function neither made from data nor reached where
+    #: the walk of what it reads looked (the light tracer's: trace.Trace.unsourced)
+    unsourced: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def kf_ir(self) -> str:
@@ -178,8 +181,10 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor],
             from .trace import trace
 
             traced = trace(user, sig, tensors, reached)
-            return _convert(user, sig, tensors, traced.graph_module, traced.constants, None, "trace",
-                            traced.reached, reached, reached_names)
+            cap = _convert(user, sig, tensors, traced.graph_module, traced.constants, None, "trace",
+                           traced.reached, reached, reached_names)
+            cap.unsourced = traced.unsourced
+            return cap
         except Exception as e:  # Fallback, or a graph the converter takes only from export
             reason = f"{type(e).__name__}: {_first_line(e)}"
             log.debug("capture of %s falls back to torch.export: %s", user.__name__, reason)

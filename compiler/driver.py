@@ -36,6 +36,7 @@ class InterpretedProgram:
 
         self.captured = cap
         self.reached = cap.reached
+        self.baked: list = []  # (tensor, version) of constants the walk did not find (api.py)
         self._interp = Interpreter(cap.module, cap.name, cap.fallbacks)
         self._target = target
 
@@ -88,6 +89,7 @@ class CompiledProgram:
         self.directory = directory
         #: the reached tensors (guards.Reads.tensors) the program takes after the call's own
         self.reached = list(meta.get("reached", []))
+        self.baked: list = []  # (tensor, version) of constants the walk did not find (api.py)
         self._index_checks = meta.get("index_checks", [])
         self._unchecked = getattr(launcher, "unchecked", None)
         # a program that draws random numbers takes a fresh state after the user's tensors
@@ -287,6 +289,7 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             from .stages import StageLog, dump_dir_for
 
             cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
+            reads.baked = cap.unsourced
             apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
             return InterpretedProgram(cap, options.target)
         arch = target_arch(options)
@@ -305,8 +308,11 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
         if debug():
             raise
         raise _user_facing(e) from None
+    # what cannot be named in another process, or holds tensors the walk did not find,
+    # stays in this one
+    private = not reads.persistent or bool(reads.baked)
     for attempt in range(3):
-        entry = cache.store(key, meta, artifacts, private=not reads.persistent)
+        entry = cache.store(key, meta, artifacts, private=private)
         try:
             return _load(entry, len(reads.tensors))
         except Exception:
@@ -343,6 +349,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     start = time.perf_counter()
     try:
         cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
+        reads.baked = cap.unsourced
     except CompileError:
         raise
     except Exception as e:  # a bug in kf's ATen conversion (there is no IR to save yet)

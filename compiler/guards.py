@@ -46,6 +46,7 @@ import enum
 import functools
 import hashlib
 import os
+import re
 import site
 import struct
 import sys
@@ -342,12 +343,12 @@ class _Walker:
     def tensor(self, t: torch.Tensor, src: int, label: str) -> None:
         j = self._candidate_of.get(id(t))
         if j is not None:  # the same tensor by another path: that path must still reach it
-            self.note(label, f"same:{self.labels[j]}")
+            self.note(label, f"same:{j}")
             self.check(src, CHECK_IS, t, candidate=j)
             return
         j = self._candidate_of[id(t)] = len(self.tensors)
         self.tensors.append(t)
-        self.labels.append(label)
+        self.labels.append(_display(label))
         self._keep.append(t)
         self.note(label, "tensor:" + repr(tensor_key(t)))
         self.check(src, CHECK_TENSOR, tensor_key(t), candidate=j)
@@ -374,8 +375,6 @@ class _Walker:
             self.value(v.func, self.const(v.func), label + ".func", implied=True)
             self.value(v.args, self.const(v.args), label + ".args", implied=True)
             self.value(v.keywords, self.const(v.keywords), label + ".keywords", implied=True)
-            if v.keywords:
-                self._dict(v.keywords, self.const(v.keywords), label + ".keywords")
         elif getattr(v, "__kf_function__", None) is v:
             self.note(label, f"kf:{v.options.stable_hash()}")
             self.function(v.fn, label + ".fn")
@@ -527,6 +526,18 @@ class _Walker:
 _ABSENT = object()
 
 
+def _display(label: str) -> str:
+    """A walk's label as a person writes it: ``G``, ``lin.weight``, ``table['w'][1]``
+    (labels are ``fn:name`` for a global, ``fn:<name>`` for a closure cell, and ``{key}``
+    for a dict's item, which for a module's parameters, buffers and submodules reads as
+    an attribute)."""
+    label = re.sub(r"^[^:]*:", "", label, count=1)  # the function's own name
+    label = re.sub(r"<([^>]*)>", r"\1", label)
+    label = re.sub(r"\{str:'_(?:parameters|buffers|modules)'\}\{str:'([^']*)'\}", r".\1", label)
+    label = re.sub(r"\{str:('[^']*')\}", r"[\1]", label)
+    return label.replace(":", ".")
+
+
 def _value_text(v: Any) -> str:
     if type(v) in _SCALARS:
         return scalar_text(v)
@@ -570,10 +581,15 @@ class Reads:
     unstable: list[str] = field(default_factory=list)
     _sources: list = field(default_factory=list, repr=False)
     _checks: list = field(default_factory=list, repr=False)
+    #: set by a build from these reads: tensors capture met that the walk did not (read
+    #: through a name computed at run time, say), which the program holds as constants
+    baked: list[torch.Tensor] = field(default_factory=list, repr=False)
 
-    def program(self, used: Sequence[int]) -> tuple[tuple, tuple, int]:
+    def program(self, used: Sequence[int], baked: Sequence[tuple] = ()) -> tuple[tuple, tuple, int]:
         """(constants, operations, number of extra tensors) of the guards of a program that
-        reads the reached tensors ``used`` (indices into ``tensors``), in that order."""
+        reads the reached tensors ``used`` (indices into ``tensors``), in that order, and
+        holds the ``baked`` tensors ((tensor, its version when built): an in-place change
+        fails the guards)."""
         slot_of = {j: i for i, j in enumerate(used)}
         consts: list = []
         const_reg: dict[int, int] = {}
@@ -609,15 +625,18 @@ class Reads:
                 ops[-r - 1][3:] = [c.code, c.expected, slot]  # fold into the op that got the value
             else:
                 ops.append([GET_SAME, r, None, c.code, c.expected, slot])
+        for t, version in baked:
+            consts.append(t)
+            ops.append([GET_ATTR, len(consts) - 1, "_version", CHECK_EQ, version, -1])
         n = len(consts)
         fixed = tuple((g, (s if s >= 0 else n + (-s - 1)), a, ch, e, sl) for g, s, a, ch, e, sl in ops)
         # an op's own register is n + its index: every op writes one, GET_SAME ones a copy
         return tuple(consts), fixed, len(used)
 
-    def guarded(self, call: Callable, used: Sequence[int]) -> Callable:
-        """call behind the guards of a program that reads ``used``; call itself where
-        nothing needs checking."""
-        consts, ops, n_extra = self.program(used)
+    def guarded(self, call: Callable, used: Sequence[int], baked: Sequence[tuple] = ()) -> Callable:
+        """call behind the guards of a program that reads ``used`` (and holds ``baked``);
+        call itself where nothing needs checking."""
+        consts, ops, n_extra = self.program(used, baked)
         if not ops:
             return call
         return guarded_type()(consts, ops, n_extra, call)
@@ -626,9 +645,13 @@ class Reads:
 def walk(fn: Callable) -> Reads:
     """Everything fn reads besides its arguments (the module docstring says what)."""
     names = set(_IMPLICIT)
+    name = getattr(fn, "__name__", type(fn).__name__)
     while True:  # until no helper adds a name (an attribute walked too early is walked again)
         w = _Walker(names)
-        w.function(fn, fn.__name__)
+        if isinstance(fn, types.FunctionType):
+            w.function(fn, name)
+        else:  # a callable object: what it is and what it holds
+            w.value(fn, w.const(fn), name, implied=True)
         if w.names == names:
             break
         names = w.names

@@ -67,6 +67,8 @@ class Trace:
     constants: dict[str, torch.Tensor]
     #: placeholder name -> which of the reached tensors it is (an input after the arguments)
     reached: dict[str, int]
+    #: constants that are neither made by the function nor reached tensors (see _Recorder.constant)
+    unsourced: list[torch.Tensor]
 
 
 def _need(cond: bool, what: str) -> None:
@@ -634,6 +636,7 @@ class _Recorder(TorchDispatchMode):
         self.constants: dict[str, torch.Tensor] = {}
         self.reached: dict[str, int] = {}
         self._reached_index = {id(t): j for j, t in enumerate(reached)}
+        self.unsourced: list[torch.Tensor] = []
         self._constant_of: dict[int, _Traced] = {}  # id of a real tensor -> its constant
         self._last_constant: torch.fx.Node | None = None
         self.failed: str | None = None  # set once, so a user's try/except cannot hide it
@@ -666,7 +669,7 @@ class _Recorder(TorchDispatchMode):
         if not isinstance(func, torch._ops.OpOverload):
             self.fail(f"{func} is not an ATen op")
         if func is torch.ops.aten.lift_fresh.default and not isinstance(args[0], _Traced):
-            return self.constant(args[0])  # torch.tensor([...]): the data, made into a constant
+            return self.constant(args[0], fresh=True)  # torch.tensor([...]): the data, made into a constant
         name = aten_to_kf._target_name(func)
         if func._schema.is_mutable and name not in _HARMLESS_MUTATIONS:
             self.fail(f"{name} mutates a tensor")
@@ -726,9 +729,11 @@ class _Recorder(TorchDispatchMode):
             return self.constant(a)
         return a
 
-    def constant(self, t: torch.Tensor) -> _Traced:
+    def constant(self, t: torch.Tensor, fresh: bool = False) -> _Traced:
         """A placeholder for a tensor with data, before the inputs, as export lifts them;
-        for a tensor the function reaches, an input after the arguments."""
+        for a tensor the function reaches, an input after the arguments. ``fresh``: one the
+        function made from Python data; any other that is not a reached tensor came from
+        somewhere the walk of what the function reads did not see (``unsourced``)."""
         known = self._constant_of.get(id(t))
         if known is not None:
             return known
@@ -737,6 +742,8 @@ class _Recorder(TorchDispatchMode):
             return self._reached_input(t, j)
         if t.device.type == "meta" or type(t) is not torch.Tensor:
             self.fail("a tensor without data of its own reached the trace")
+        if not fresh:
+            self.unsourced.append(t)
         name = f"c_lifted_tensor_{len(self.constants)}"
         if self._last_constant is not None:
             where = self.graph.inserting_after(self._last_constant)
@@ -853,4 +860,4 @@ def trace(fn: Callable, sig: Signature, tensors: list[torch.Tensor], reached: Se
     if rec.failed:
         raise Fallback(rec.failed)
     rec.graph.output(_output(result))
-    return Trace(torch.fx.GraphModule(torch.nn.Module(), rec.graph), rec.constants, rec.reached)
+    return Trace(torch.fx.GraphModule(torch.nn.Module(), rec.graph), rec.constants, rec.reached, rec.unsourced)

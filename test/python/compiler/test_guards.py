@@ -507,3 +507,32 @@ def test_explain_and_a_call_share_one_entry(tmp_path, monkeypatch):
     W.mul_(-1)
     _close(f(x), x @ W)
     assert len(list(tmp_path.glob("*/*/program.json"))) == 1
+
+
+class _Stash:
+    pass
+
+
+STASH = _Stash()
+STASH.kept = [torch.randn(6)]
+PART = "ke"
+
+
+def test_a_tensor_reached_where_the_walk_does_not_look(guard_kind, tmp_path, monkeypatch):
+    """Read through a name computed at run time: the walk cannot name it, so it is a
+    constant of the program, with a warning; an in-place change compiles it again, and
+    the program is kept out of the disk cache (another process could not check it)."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    x = torch.randn(6)
+
+    @kf.jit(target="cpu")
+    def f(x):
+        return x + getattr(STASH, PART + "pt")[0]
+
+    with pytest.warns(RuntimeWarning, match="cannot follow"):
+        _close(f(x), x + STASH.kept[0])
+    _close(f(x), x + STASH.kept[0])
+    STASH.kept[0].mul_(-3)
+    with pytest.warns(RuntimeWarning, match="cannot follow"):
+        _close(f(x), x + STASH.kept[0])
+    assert not list(tmp_path.glob("*/*/program.json"))
