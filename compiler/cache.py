@@ -248,8 +248,9 @@ def store(k: str, meta: dict, artifacts: dict[str, bytes], private: bool = False
     """Write an entry atomically: into a temporary folder, then rename it into place.
     Where another process stored the key first, its entry is kept. Where the cache's
     folders vanish meanwhile (another process cleared the cache), they are made again.
-    ``private``: in a folder of this process's own, removed when it exits, never loaded
-    by its key."""
+    ``private`` (or ``meta["private"]``): in a folder of this process's own, removed when
+    it exits, never loaded by its key."""
+    private = private or bool(meta.get("private"))
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in artifacts.items()}
     meta = json.loads(json.dumps(dict(meta, format=FORMAT, key=k, artifacts=digests)))
     meta["digest"] = _digest(meta)
@@ -268,13 +269,22 @@ def store(k: str, meta: dict, artifacts: dict[str, bytes], private: bool = False
             (tmp / "program.json").write_text(text)
             try:
                 os.replace(tmp, final)
+                return Entry(final, meta)
             except FileNotFoundError:
                 raise
             except OSError:
-                # Another process stored the same key first (the rename target exists and
-                # is not empty): keep theirs.
+                pass
+            # Another process stored the same key first (the rename target exists and is
+            # not empty): keep theirs, checked whole. Where it is damaged and cannot be
+            # removed (another user's, in a shared cache), this process uses its own copy.
+            theirs = load(k)
+            if theirs is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-            return Entry(final, meta)
+                return theirs
+            own = _private_root() / k[:2] / f"{k}-{secrets.token_hex(6)}"
+            own.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(tmp), str(own))
+            return Entry(own, meta)
         except FileNotFoundError:
             # a folder vanished under this write (the cache was cleared): write it again
             if tmp is not None:

@@ -308,11 +308,8 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
         if debug():
             raise
         raise _user_facing(e) from None
-    # what cannot be named in another process, or holds tensors the walk did not find,
-    # stays in this one
-    private = not reads.persistent or bool(reads.baked)
     for attempt in range(3):
-        entry = cache.store(key, meta, artifacts, private=private)
+        entry = cache.store(key, meta, artifacts)
         try:
             return _load(entry, len(reads.tensors))
         except Exception:
@@ -395,6 +392,9 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         "index_checks": index_checks,
         "random_state": cap.random_input,
         "reached": cap.reached,
+        # what cannot be named in another process, or holds tensors the walk did not find,
+        # stays in this one (cache.store)
+        "private": not reads.persistent or bool(cap.unsourced),
         **extra_meta,
     }
     return meta, artifacts

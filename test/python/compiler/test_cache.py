@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -310,8 +311,9 @@ _DAMAGES = {d.__name__: d for d in (_edit_json, _truncate, _flip_byte, _delete_a
                                     _unloadable_but_consistent)}
 
 _DAMAGED = textwrap.dedent("""
-    import sys, torch, kf
-    import test_cache_damage as d
+    import os, sys, torch, kf
+    from pathlib import Path
+    import test_cache as t  # this file: its damages
 
     @kf.jit(target="cpu")
     def rms(x, w, eps=1e-6):
@@ -324,8 +326,7 @@ _DAMAGED = textwrap.dedent("""
     # damage the entry again, and call a new function of the same key (not for a .so this
     # process has opened already: the dynamic loader answers its path with what it holds)
     if sys.argv[1] not in ("-", "_unloadable_but_consistent"):
-        entry = d.only_entry()
-        d.DAMAGES[sys.argv[1]](entry)
+        t._DAMAGES[sys.argv[1]](t._only_entry(Path(os.environ["KF_CACHE_DIR"])))
         again = kf.jit(rms.fn, target="cpu")
         torch.testing.assert_close(again(x, w), ref)
     print("mlir imported:", "mlir" in sys.modules)
@@ -334,15 +335,7 @@ _DAMAGED = textwrap.dedent("""
 
 def _run_damaged(tmp_path: Path, again: str, seed: int) -> str:
     (tmp_path / "user_code.py").write_text(_DAMAGED)
-    (tmp_path / "test_cache_damage.py").write_text(
-        "import os\nfrom pathlib import Path\n" + "\n".join(
-            textwrap.dedent(__import__("inspect").getsource(f)) for f in
-            (_only_entry, _rewrite, _so, *_DAMAGES.values())) +
-        "\nfrom kf import cache\nimport hashlib, json\n"
-        "DAMAGES = {f.__name__: f for f in (_edit_json, _truncate, _flip_byte, _delete_artifact, _garbage_json, "
-        "_unloadable_but_consistent)}\n"
-        "def only_entry():\n    return _only_entry(Path(os.environ['KF_CACHE_DIR']))\n")
-    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(tmp_path))
+    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(Path(__file__).parent))
     r = subprocess.run([sys.executable, str(tmp_path / "user_code.py"), again, str(seed)], capture_output=True,
                        text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -361,6 +354,27 @@ def test_each_corruption_is_reported_once_and_rebuilt(tmp_path, damage):
     assert out.count("is corrupt") == 1 and str(entry) in out and "mlir imported: True" in out, out[-3000:]
     assert _only_entry(tmp_path / "cache") == entry
     assert "is corrupt" not in _run_damaged(tmp_path, "-", 3)  # whole again
+
+
+def test_a_damaged_entry_that_cannot_be_removed(tmp_path, monkeypatch):
+    """A shared cache's damaged entry that this user may not remove: the call compiles its
+    own program, keeps it out of the shared folder, and runs it (never the damaged one)."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "_reported", set())
+    x = torch.randn(9)
+    torch.testing.assert_close(_compile(x), x * x + 1)
+    entry = _only_entry(tmp_path)
+    _flip_byte(entry)
+    damaged = _so(entry).read_bytes()
+    discard = cache.discard
+    monkeypatch.setattr(cache, "discard", lambda directory, k, reason, stacklevel=3: warnings.warn(
+        f"kf: cache entry {directory} is corrupt ({reason}); recompiling", RuntimeWarning))
+    f = kf.jit(_square_plus, target="cpu")
+    with pytest.warns(RuntimeWarning, match="is corrupt"):
+        torch.testing.assert_close(f(x), x * x + 1)
+    (program,) = f._table.values()
+    assert tmp_path not in program.directory.parents and _so(entry).read_bytes() == damaged
+    monkeypatch.setattr(cache, "discard", discard)
 
 
 def test_load_checks_the_whole_entry(tmp_path, monkeypatch):
