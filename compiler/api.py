@@ -220,8 +220,8 @@ class KfFunction:
         """Run the compiled program for this call (the op's real implementation);
         ``drawn`` (a list) receives the random state the program draws, if it draws one."""
         if drawn is not None:
-            sig, tensors = bind(self.fn, args, kwargs)
-            return self.specialize(sig, tensors)(tensors, drawn)
+            program, tensors = self._bound(*bind(self.fn, args, kwargs))
+            return program(tensors, drawn)
         if not kwargs and self._fast_ok:
             if _c_dispatch is not None:  # key, lookup and entry in C, no checks (MISS: as below)
                 result = _c_dispatch(self._fast, args, 0)
@@ -245,15 +245,22 @@ class KfFunction:
                 self._fast[key] = reads.guarded(call, used, program.baked)
                 self._entries[sig] = reads.guarded(program, used, program.baked)
                 return program(tensors)
-        sig, tensors = bind(self.fn, args, kwargs)
+        program, tensors = self._bound(*bind(self.fn, args, kwargs))
+        return program(tensors)
+
+    def _bound(self, sig: Signature, tensors: list) -> tuple[Any, list]:
+        """(the program of a bound call, its tensors followed by the reached ones it reads):
+        its signature's entry where the entry's guards hold, else specialized anew."""
         entry = self._entries.get(sig)
         if entry is not None:
-            result = entry(tensors)
-            if result is not guards.MISS:
-                return result
+            if not guards.is_guarded(entry):
+                return entry, tensors
+            extra = entry.check()
+            if extra is not None:
+                return entry.call, tensors + extra
         program, reads = self.specialize(sig, tensors)
         self._entries[sig] = reads.guarded(program, program.reached, program.baked)
-        return program(tensors + [reads.tensors[j] for j in program.reached])
+        return program, tensors + [reads.tensors[j] for j in program.reached]
 
     def inspect(self, *args, **kwargs):
         """Every stage's text for this call signature (see kf.inspect)."""

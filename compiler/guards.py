@@ -749,6 +749,22 @@ class PyGuarded:
         return self.call(tensors + extra if extra else tensors)
 
 
+def _guarded_types() -> tuple[type, ...]:
+    try:
+        from kf.runtime._launcher import Guarded
+        return PyGuarded, Guarded
+    except ImportError:
+        return (PyGuarded,)
+
+
+_GUARDED_TYPES = _guarded_types()
+
+
+def is_guarded(entry: Any) -> bool:
+    """Whether a dispatch table's entry stands behind guards (has ``check()`` and ``call``)."""
+    return isinstance(entry, _GUARDED_TYPES)
+
+
 @functools.lru_cache(maxsize=None)
 def guarded_type() -> type:
     """kf.runtime._launcher.Guarded where calls dispatch in C (api.py chooses, and gives

@@ -536,3 +536,27 @@ def test_a_tensor_reached_where_the_walk_does_not_look(guard_kind, tmp_path, mon
     with pytest.warns(RuntimeWarning, match="cannot follow"):
         _close(f(x), x + STASH.kept[0])
     assert not list(tmp_path.glob("*/*/program.json"))
+
+
+GAIN = torch.rand(64) + 0.5
+
+
+def test_random_numbers_and_reached_tensors(guard_kind):
+    """A function that draws random numbers and reads a global tensor: the reached tensor
+    and the random state are both inputs (in that order after the call's own), on the
+    plain path and on the torch op's (which takes back the state it drew)."""
+    import torch.nn.functional as F
+
+    @kf.jit(target="cpu")
+    def f(x):
+        return F.dropout(x * GAIN, 0.5, training=True)
+
+    for step in range(2):
+        x = torch.randn(64)
+        drawn = []
+        for y in (f(x), f._kernel_call((x,), {}, drawn)):
+            kept = y != 0
+            assert 0 < kept.sum() < 64
+            torch.testing.assert_close(y[kept], (x * GAIN * 2)[kept])
+        assert len(drawn) == 1
+        GAIN.add_(1.0)
