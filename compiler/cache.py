@@ -39,7 +39,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from .options import Options
 from .signature import Signature
