@@ -152,7 +152,7 @@ class KfFunction:
             target = self.resolve_target(sig)
             options = self.options.with_(target=target, interpret=self._interpret())
             program = driver.compile_function(self.fn, sig, tensors, options, reads)
-            self._check_reached(reads, program.reached, target)
+            program.moves = self._moves(reads, program.reached, target, tensors)
             program.baked = [(t, t._version) for t in reads.baked]
             if reads.baked:
                 warnings.warn(f"kf: {self.fn.__name__} reads {len(reads.baked)} tensor(s) ("
@@ -164,15 +164,24 @@ class KfFunction:
             self._table[(sig, reads.fingerprint)] = program
         return program, reads
 
-    def _check_reached(self, reads: guards.Reads, used: list, target: str) -> None:
-        """The tensors the function reaches are on its target's device, as its arguments
-        must be: the program reads them where they are at every call."""
-        for j in used:
+    def _moves(self, reads: guards.Reads, used: list, target: str, tensors: list) -> list[tuple[int, Any]]:
+        """(input position, device) of the reached tensors a call copies to the target's
+        device: 0-d CPU tensors, which eager torch lets meet tensors of any device
+        (``scale = torch.tensor(2.0)`` read by a CUDA function). Any other tensor on
+        another device than the target's is an error, as it is in eager."""
+        moves = []
+        device = tensors[0].device if tensors else torch.device(_TARGET_DEVICES[target][0])
+        for slot, j in enumerate(used):
             t = reads.tensors[j]
-            if t.device.type not in _TARGET_DEVICES[target]:
-                raise TargetError(f"{self.fn.__name__} reads the tensor '{reads.labels[j]}' on {t.device}, but runs "
-                                  f"on {target}", cause=f"move it to the device of the function's arguments "
-                                  f"({_TARGET_DEVICES[target][0]}), or pass it as an argument")
+            if t.device.type in _TARGET_DEVICES[target]:
+                continue
+            if t.device.type == "cpu" and t.dim() == 0:
+                moves.append((len(tensors) + slot, device))
+                continue
+            raise TargetError(f"{self.fn.__name__} reads the tensor '{reads.labels[j]}' on {t.device}, but runs "
+                              f"on {target}", cause=f"move it to the device of the function's arguments "
+                              f"({_TARGET_DEVICES[target][0]}), or pass it as an argument")
+        return moves
 
     def autocast_precision(self, device_type: str) -> str | None:
         """The precision an active ``torch.autocast`` region asks of a call on device_type
@@ -242,9 +251,9 @@ class KfFunction:
                 # reached tensors': the launcher need not again
                 matched = getattr(program, "matched_call", None)
                 call = matched(all(t.is_contiguous() for t in tensors)) if matched else program
-                self._fast[key] = reads.guarded(call, used, program.baked)
-                self._entries[sig] = reads.guarded(program, used, program.baked)
-                return program(tensors)
+                self._fast[key] = reads.guarded(_moving(call, program.moves), used, program.baked)
+                self._entries[sig] = reads.guarded(_moving(program, program.moves), used, program.baked)
+                return _moving(program, program.moves)(tensors)
         program, tensors = self._bound(*bind(self.fn, args, kwargs))
         return program(tensors)
 
@@ -259,8 +268,9 @@ class KfFunction:
             if extra is not None:
                 return entry.call, tensors + extra
         program, reads = self.specialize(sig, tensors)
-        self._entries[sig] = reads.guarded(program, program.reached, program.baked)
-        return program, tensors + [reads.tensors[j] for j in program.reached]
+        call = _moving(program, program.moves)
+        self._entries[sig] = reads.guarded(call, program.reached, program.baked)
+        return call, tensors + [reads.tensors[j] for j in program.reached]
 
     def inspect(self, *args, **kwargs):
         """Every stage's text for this call signature (see kf.inspect)."""
@@ -278,6 +288,20 @@ class KfFunction:
         if precision is not None:
             options = options.with_(precision=precision)
         return driver.inspect_function(self.fn, sig, tensors, options)
+
+
+def _moving(call: Callable, moves: list) -> Callable:
+    """call, with the reached tensors at ``moves`` (position, device) copied to the
+    device first (KfFunction._moves); call itself where there are none."""
+    if not moves:
+        return call
+
+    def run(tensors: list, *rest):
+        for i, device in moves:
+            tensors[i] = tensors[i].to(device)
+        return call(tensors, *rest)
+
+    return run
 
 
 def _device_type(args: tuple, kwargs: dict) -> str:

@@ -37,6 +37,7 @@ class InterpretedProgram:
         self.captured = cap
         self.reached = cap.reached
         self.baked: list = []  # (tensor, version) of constants the walk did not find (api.py)
+        self.moves: list = []  # (input, device) of reached 0-d CPU tensors copied at each call (api.py)
         self._interp = Interpreter(cap.module, cap.name, cap.fallbacks)
         self._target = target
 
@@ -90,6 +91,7 @@ class CompiledProgram:
         #: the reached tensors (guards.Reads.tensors) the program takes after the call's own
         self.reached = list(meta.get("reached", []))
         self.baked: list = []  # (tensor, version) of constants the walk did not find (api.py)
+        self.moves: list = []  # (input, device) of reached 0-d CPU tensors copied at each call (api.py)
         self._index_checks = meta.get("index_checks", [])
         self._unchecked = getattr(launcher, "unchecked", None)
         # a program that draws random numbers takes a fresh state after the user's tensors

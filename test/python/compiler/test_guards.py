@@ -560,3 +560,64 @@ def test_random_numbers_and_reached_tensors(guard_kind):
             torch.testing.assert_close(y[kept], (x * GAIN * 2)[kept])
         assert len(drawn) == 1
         GAIN.add_(1.0)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@needs_cuda
+def test_reached_cuda_tensors_through_the_c_lane(guard_kind):
+    """On the GPU the fast entry is the program's C lane behind the guards: the reached
+    tensors are appended to the call's before the lane launches, every call."""
+    global G
+    G = torch.randn(1000, device="cuda")
+    lin = torch.nn.Linear(64, 64).cuda()
+    x, h = torch.randn(1000, device="cuda"), torch.randn(8, 64, device="cuda")
+
+    @kf.jit
+    def f(x):
+        return x * 2 + G
+
+    @kf.jit
+    def g(h):
+        return torch.relu(lin(h))
+
+    for _ in range(2):
+        _close(f(x), x * 2 + G)
+        with torch.no_grad():
+            _close(g(h), torch.relu(lin(h)))
+            lin.weight.mul_(-1)
+        G.add_(3)
+        G = G.clone()
+    entry = next(iter(f._fast.values()))
+    assert guards.is_guarded(entry)
+    from kf import api
+    from kf.runtime import cuda as kcuda
+
+    if guard_kind is _launcher.Guarded and kcuda._c_launch is not None and api._c_dispatch is not None:
+        assert type(entry.call) is _launcher.Lane
+
+
+@needs_cuda
+def test_reached_tensors_on_the_cpu_of_a_cuda_function(guard_kind):
+    """A 0-d CPU tensor meets CUDA tensors in eager: it is copied to the device at each
+    call (its value of the call). Any other CPU tensor is an error naming it, as in eager."""
+    from kf.errors import TargetError
+
+    scale = torch.tensor(2.0)
+    table = torch.randn(10)
+    x = torch.randn(10, device="cuda")
+
+    @kf.jit
+    def f(x):
+        return x * scale
+
+    @kf.jit
+    def g(x):
+        return x + table
+
+    for _ in range(2):
+        _close(f(x), x * scale.cuda())
+        scale.add_(1.5)
+    with pytest.raises(TargetError, match="table"):
+        g(x)
