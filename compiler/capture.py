@@ -21,7 +21,7 @@ import os
 import re
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from mlir import ir
@@ -59,6 +59,12 @@ class Captured:
     random_input: int | None = None  # the input that holds the random state (random_state.py), if any
     #: the arguments the function writes to: extra outputs copied back by the call (mutation.py)
     mutations: tuple[Mutation, ...] = ()
+    #: the reached tensors (indices into the ``reached`` capture was given) that are the
+    #: function's last inputs, in order
+    reached: list[int] = field(default_factory=list)
+    #: tensors made constants that the function neither made from data nor reached where
+    #: the walk of what it reads looked (the light tracer's: trace.Trace.unsourced)
+    unsourced: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def kf_ir(self) -> str:
@@ -221,20 +227,28 @@ def capture(fn: Callable, *args, **kwargs) -> Captured:
     return capture_signature(fn, sig, tensors)
 
 
-def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> Captured:
+def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor], reached: Sequence[torch.Tensor] = (),
+                      reached_names: Sequence[str] = ()) -> Captured:
     """Capture fn for a signature: with the light tracer (trace.py), which does not
     import torch._dynamo, and with torch.export wherever the light one meets anything it
     does not handle exactly, or the graph it makes fails to convert (export's path then
     reports the error, at the user's line, as it always has). ``KF_CAPTURE=export``
-    skips the light tracer."""
+    skips the light tracer.
+
+    ``reached``: the tensors fn reads besides its arguments (guards.Reads.tensors, named
+    ``reached_names``); those it uses become its last inputs (``Captured.reached``), so
+    that the program reads them at every call instead of keeping their values."""
     user = _user_code(fn)
     reason, written_at = "KF_CAPTURE=export", ""
     if os.environ.get("KF_CAPTURE", "") != "export":
         try:
             from .trace import trace
 
-            traced = trace(user, sig, tensors)
-            return _convert(user, sig, tensors, traced.graph_module, traced.constants, None, "trace")
+            traced = trace(user, sig, tensors, reached)
+            cap = _convert(user, sig, tensors, traced.graph_module, traced.constants, None, "trace",
+                           traced.reached, reached, reached_names)
+            cap.unsourced = traced.unsourced
+            return cap
         except Exception as e:  # Fallback, or a graph the converter takes only from export
             reason = f"{type(e).__name__}: {_first_line(e)}"
             written_at = getattr(e, "stack_trace", "")
@@ -249,8 +263,10 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor])
         # the write the light tracer met is where it happened
         raise CaptureError(f"{e.message}: it writes to a tensor in place ({reason.split(': ', 1)[-1]})", where,
                            cause=e.cause) from None
-    cap = _convert(user, sig, tensors, ep.graph_module, _export_constants(ep), ep.call_spec.out_spec, "export",
-                   _written_inputs(ep, user))
+    constants = _export_constants(ep)
+    of_reached = _reached_constants(constants, reached)
+    cap = _convert(user, sig, tensors, ep.graph_module, constants, ep.call_spec.out_spec, "export",
+                   of_reached, reached, reached_names, _written_inputs(ep, user))
     cap.fallback_reason = reason
     return cap
 
@@ -275,22 +291,49 @@ def _written_inputs(ep, user: Callable) -> dict[int, int]:
     return written
 
 
+def _reached_constants(constants: dict[str, torch.Tensor], reached: Sequence[torch.Tensor]) -> dict[str, int]:
+    """Export's constants that are reached tensors (the tensor itself, or export's detached
+    alias of it: the same storage, offset, shape, strides and dtype), taken out of
+    ``constants``: placeholder name -> index into reached."""
+    def where(t: torch.Tensor) -> tuple:
+        return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+    index = {}
+    for j, t in enumerate(reached):
+        if t.device.type != "meta":
+            index.setdefault(where(t), j)
+    out = {}
+    for name, value in list(constants.items()):
+        j = next((j for j, t in enumerate(reached) if t is value), None)
+        if j is None and value.device.type != "meta":
+            j = index.get(where(value))
+        if j is not None:
+            out[name] = j
+            del constants[name]
+    return out
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
 
 def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: torch.fx.GraphModule,
-             constants: dict[str, torch.Tensor], out_spec: Any, tracer: str,
+             constants: dict[str, torch.Tensor], out_spec: Any, tracer: str, of_reached: dict[str, int],
+             reached: Sequence[torch.Tensor], reached_names: Sequence[str],
              written: dict[int, int] | None = None) -> Captured:
     """The kf function of an ATen graph (export's, or the light tracer's whose output node
-    keeps the result's nesting: out_spec None). ``written`` maps positions of the graph's
+    keeps the result's nesting: out_spec None). Its inputs: the arguments' tensors, then
+    the reached tensors of placeholders in ``of_reached`` (placeholder name -> index
+    into reached), in the graph's order. ``written`` maps positions of the graph's
     outputs that are new values of user inputs to those inputs (a functionalized graph)."""
     ctx = make_context()
-    names = sig.tensor_names()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    used = [of_reached[n.name] for n in placeholders if n.name in of_reached]
+    names = sig.tensor_names() + [reached_names[j] if j < len(reached_names) else f"reached_{j}" for j in used]
+    tensors = list(tensors) + [reached[j] for j in used]
     with ctx, ir.Location.unknown():
         module = ir.Module.create()
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         in_specs = [TensorSpec(tuple(t.shape), kf_elem(t.dtype)) for t in tensors]
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         with ir.InsertionPoint(module.body):
@@ -306,7 +349,7 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
         conv = aten_to_kf.Converter(module, block, user)
         locs: dict[str, SourceLoc] = {}
         with ir.InsertionPoint(block):
-            env = _bind_placeholders(placeholders, list(block.arguments), constants, conv)
+            env = _bind_placeholders(placeholders, list(block.arguments), constants, conv, set(of_reached))
             for node in gm.graph.nodes:
                 if node.op != "call_function":
                     continue
@@ -343,7 +386,7 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
 
         out_specs = [spec_of(v.type) for v in flat]
     return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops, tracer,
-                    random_input=random_input, mutations=mutations)
+                    random_input=random_input, mutations=mutations, reached=used)
 
 
 def _mutation_outputs(outs, written: dict[int, int], env: dict, flat: list[ir.Value], names: list[str],
@@ -407,13 +450,16 @@ def _export_constants(ep) -> dict[str, torch.Tensor]:
     return constants
 
 
-def _bind_placeholders(placeholders, args, constants: dict[str, torch.Tensor], conv) -> dict:
-    """Map the graph's placeholders to the function's arguments, and those of tensors the
-    function made itself to kf.constant."""
-    env, user_args = {}, iter(args)
+def _bind_placeholders(placeholders, args, constants: dict[str, torch.Tensor], conv, reached: set[str]) -> dict:
+    """Map the graph's placeholders to the function's arguments (the call's tensors, then
+    the reached ones), and those of tensors the function made itself to kf.constant."""
+    n_reached = sum(1 for n in placeholders if n.name in reached)
+    env, user_args, reached_args = {}, iter(args[:len(args) - n_reached]), iter(args[len(args) - n_reached:])
     for node in placeholders:
         value = constants.get(node.name)
-        if value is None:
+        if node.name in reached:
+            env[node] = next(reached_args)
+        elif value is None:
             env[node] = next(user_args)
         else:
             with ir.Location.unknown():

@@ -34,6 +34,9 @@ class InterpretedProgram:
         from .interpreter import Interpreter
 
         self.captured = cap
+        self.reached = cap.reached
+        self.baked: list = []  # (tensor, version) of constants the walk did not find (api.py)
+        self.moves: list = []  # (input, device) of reached 0-d CPU tensors copied at each call (api.py)
         self._interp = Interpreter(cap.module, cap.name, cap.fallbacks)
         self._target = target
 
@@ -64,6 +67,10 @@ class CompiledProgram:
         self._tree = tree
         self.meta = meta
         self.directory = directory
+        #: the reached tensors (guards.Reads.tensors) the program takes after the call's own
+        self.reached = list(meta.get("reached", []))
+        self.baked: list = []  # (tensor, version) of constants the walk did not find (api.py)
+        self.moves: list = []  # (input, device) of reached 0-d CPU tensors copied at each call (api.py)
         self._unchecked = getattr(launcher, "unchecked", None)
         # a program that draws random numbers takes a fresh state after the user's tensors
         self._random = meta.get("random_state") is not None
@@ -145,12 +152,14 @@ def _torch_profiling() -> bool:
     return _torch_profiling()
 
 
-def _load(entry: cache.Entry) -> CompiledProgram:
+def _load(entry: cache.Entry, n_reached: int) -> CompiledProgram:
     from kf.runtime.abi import ProgramABI
 
     from kf.runtime import programs
 
     meta = entry.meta
+    if any(not isinstance(j, int) or not 0 <= j < n_reached for j in meta.get("reached", [])):
+        raise ValueError(f"the entry reads reached tensors {meta.get('reached')} of {n_reached}")
     abi = ProgramABI.from_json(meta["abi"])
     tree = json.loads(meta["output_tree"])
     launcher = programs.load(abi, str(entry.directory), meta)
@@ -249,42 +258,83 @@ def _user_facing(e: CompileError) -> CompileError:
     return e.with_traceback(None)
 
 
-def compile_function(fn: Callable, sig: Signature, tensors: list, options: Options):
-    """A callable that takes the flat tensor arguments and returns the function's results."""
+def compile_function(fn: Callable, sig: Signature, tensors: list, options: Options, reads=None):
+    """A callable that takes the flat tensor arguments, then the reached tensors it reads
+    (``program.reached``: indices into ``reads.tensors``; reads: guards.walk(fn), walked
+    here if not given), and returns the function's results.
+
+    A cached entry that fails to load (the cache checked its digest; this is the runtime's
+    turn: a .so that does not open, a module the driver refuses) is corrupt: reported,
+    removed and compiled again. An entry removed by another process between its store
+    and its load is stored again from the artifacts in hand."""
+    if reads is None:
+        from .guards import walk
+
+        reads = walk(fn)
     try:
         if options.interpret:
             from .capture import capture_signature
             from .stages import StageLog, dump_dir_for
 
-            cap = capture_signature(fn, sig, tensors)
+            cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
+            reads.baked = cap.unsourced
             apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
             return InterpretedProgram(cap, options.target)
         arch = target_arch(options)
-        key = cache.key(fn, sig, options, device_key(options))
-        entry = cache.load(key)
-        if entry is None:
-            meta, artifacts = build(fn, sig, tensors, options, arch)
-            entry = cache.store(key, meta, artifacts)
+        key = cache.key(fn, sig, options, device_key(options), reads)
+        entry = cache.load(key) if reads.persistent else None
+        if entry is not None:
+            try:
+                return _load(entry, len(reads.tensors))
+            except Exception as e:
+                if _unavailable(e):
+                    raise
+                if (entry.directory / "program.json").exists():  # else removed meanwhile: compile it again
+                    cache.discard(entry.directory, key, f"it does not load: {type(e).__name__}: {_first_line(e)}")
+        meta, artifacts = build(fn, sig, tensors, options, arch, reads=reads)
     except CompileError as e:
         if debug():
             raise
         raise _user_facing(e) from None
-    return _load(entry)
+    for attempt in range(3):
+        entry = cache.store(key, meta, artifacts)
+        try:
+            return _load(entry, len(reads.tensors))
+        except Exception:
+            if attempt == 2 or (entry.directory / "program.json").exists():
+                raise
+            # removed by another process between the store and the load: store it again
+
+
+def _unavailable(e: BaseException) -> bool:
+    """An error that says the target cannot run here (no Vulkan, no Metal), not that the
+    entry is damaged."""
+    from kf.runtime.metal import MetalUnavailable
+    from kf.runtime.vulkan import VulkanUnavailable
+
+    return isinstance(e, (MetalUnavailable, VulkanUnavailable))
 
 
 def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: str,
-          log=None) -> tuple[dict, dict[str, bytes]]:
-    """Compile one specialization: (metadata, artifacts) for the cache."""
+          log=None, reads=None) -> tuple[dict, dict[str, bytes]]:
+    """Compile one specialization: (metadata, artifacts) for the cache. ``reads``:
+    guards.walk(fn), walked here if not given; the reached tensors the function uses are
+    the program's last inputs (``meta["reached"]``)."""
     import time
 
     from .capture import capture_signature
     from .stages import StageLog, dump_dir_for, run_passes
 
+    if reads is None:
+        from .guards import walk
+
+        reads = walk(fn)
     code = _user_code(fn)
     where = SourceLoc(code.co_filename, code.co_firstlineno, 1, code.co_name)
     start = time.perf_counter()
     try:
-        cap = capture_signature(fn, sig, tensors)
+        cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
+        reads.baked = cap.unsourced
     except CompileError:
         raise
     except Exception as e:  # a bug in kf's ATen conversion (there is no IR to save yet)
@@ -328,6 +378,10 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         "compile_seconds": log.seconds,
         "random_state": cap.random_input,
         "mutations": [m.to_json() for m in cap.mutations],
+        "reached": cap.reached,
+        # what cannot be named in another process, or holds tensors the walk did not find,
+        # stays in this one (cache.store)
+        "private": not reads.persistent or bool(cap.unsourced),
         **extra_meta,
     }
     return meta, artifacts
@@ -550,8 +604,11 @@ def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Optio
     from .inspection import Inspection
     from .stages import StageLog, dump_dir_for
 
+    from .guards import walk
+
+    reads = walk(fn)
     try:
-        cap = capture_signature(fn, sig, tensors)
+        cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
         # the kf stage is the IR the precision policy leaves (the casts it makes show)
         apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
     except CompileError as e:
@@ -562,7 +619,7 @@ def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Optio
     def compile_rest() -> dict:
         log = StageLog(cap.name, dump_dir_for(options.dump_ir), inspecting=True)
         try:
-            build(fn, sig, tensors, options.with_(interpret=False), target_arch(options), log)
+            build(fn, sig, tensors, options.with_(interpret=False), target_arch(options), log, reads)
         except CompileError as e:
             if debug():
                 raise

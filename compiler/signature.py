@@ -4,12 +4,18 @@ A call's arguments are bound to the function's parameters (defaults applied); ea
 parameter is a tensor (shape, dtype, device, contiguity), a list or tuple of tensors,
 ``None``, or a Python constant (``top_k=2``, ``eps=1e-5``) whose value is baked into the
 kernel. Two calls with equal signatures run the same compiled code.
+
+Constants are compared by type and bits, not by ``==``: ``2``, ``2.0`` and ``True`` are
+three signatures (torch promotes ``x * 2`` and ``x * 2.0`` to different dtypes, and the
+function may branch on ``is True``), ``0.0`` and ``-0.0`` two, and a NaN equals every
+NaN of its bits (``==`` would make each new one a new signature).
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -32,14 +38,32 @@ class TensorSig:
         return TensorSig(tuple(t.shape), kf_elem(t.dtype), t.device.type, t.is_contiguous())
 
 
+def const_key(value: Any) -> Any:
+    """A constant as a dispatch key: its type with its value, a float by its bits, a
+    tuple or list element by element."""
+    t = type(value)
+    if isinstance(value, float):
+        return t, struct.pack("=d", value)
+    if isinstance(value, complex):
+        return t, struct.pack("=dd", value.real, value.imag)
+    if isinstance(value, (tuple, list)):
+        return t, tuple(const_key(v) for v in value)
+    return t, value
+
+
 @dataclass(frozen=True)
 class Param:
-    """One bound parameter. kind is tensor, tensors (list/tuple), const or none."""
+    """One bound parameter. kind is tensor, tensors (list/tuple), const or none. Equal
+    parameters have equal keys: a constant's is ``const_key(value)``."""
 
     name: str
     kind: str
-    value: Any  # TensorSig, tuple[TensorSig, ...], a constant, or None
-    container: str = ""  # "list" or "tuple" for kind == tensors
+    value: Any = field(compare=False)  # TensorSig, tuple[TensorSig, ...], a constant, or None
+    container: str = ""  # "list" or "tuple" for kind == tensors and for a list or tuple constant
+    key: Any = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "key", const_key(self.value) if self.kind == "const" else self.value)
 
 
 @dataclass(frozen=True)
@@ -100,7 +124,8 @@ def bind(fn: Callable, args: tuple, kwargs: dict) -> tuple[Signature, list[torch
             params.append(Param(name, "none", None))
         elif isinstance(value, _CONST_TYPES) or (
                 isinstance(value, (list, tuple)) and all(isinstance(v, _CONST_TYPES) for v in value)):
-            params.append(Param(name, "const", tuple(value) if isinstance(value, list) else value))
+            container = "list" if isinstance(value, list) else "tuple" if isinstance(value, tuple) else ""
+            params.append(Param(name, "const", tuple(value) if container == "list" else value, container))
         elif isinstance(value, torch.dtype):
             params.append(Param(name, "const", value))
         else:
@@ -129,6 +154,8 @@ def rebuild_args(sig: Signature, tensors: list) -> dict[str, Any]:
             seq = tensors[i:i + n]
             out[p.name] = list(seq) if p.container == "list" else tuple(seq)
             i += n
+        elif p.kind == "const" and p.container == "list":
+            out[p.name] = list(p.value)  # the function sees the list it was given
         else:
             out[p.name] = p.value
     return out

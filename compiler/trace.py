@@ -12,7 +12,10 @@ runs, so the mode meets ops as export's training IR keeps them (``aten.matmul``,
 ``aten.softmax.int``, ``aten.linear``), not their decompositions (``bmm``, ``_softmax``).
 
 The graph has export's shape: a placeholder per input tensor (``tensors_i``), one per
-tensor the function made from data (``torch.tensor([...])``, a tensor of its closure),
+tensor the function reaches (a global, a closure cell, a module's parameter: the
+``reached`` tensors capture is given, guards.py, read as inputs at every call:
+``reached_j``), one per tensor the function made from data (``torch.tensor([...])``,
+a constant),
 ``call_function`` nodes with ``meta["val"]`` (a meta tensor) and ``meta["stack_trace"]``
 (the frames export would keep), and an output node that keeps the result's nesting.
 
@@ -33,7 +36,7 @@ import operator
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -68,6 +71,10 @@ class Trace:
     graph_module: torch.fx.GraphModule
     #: placeholder name -> a tensor the function made from data, which becomes kf.constant
     constants: dict[str, torch.Tensor]
+    #: placeholder name -> which of the reached tensors it is (an input after the arguments)
+    reached: dict[str, int]
+    #: constants that are neither made by the function nor reached tensors (see _Recorder.constant)
+    unsourced: list[torch.Tensor]
 
 
 def _need(cond: bool, what: str) -> None:
@@ -629,10 +636,13 @@ def _bind(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict:
 class _Recorder(TorchDispatchMode):
     """Records each ATen call as an FX node with its result's shape, dtype and strides."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, reached: "Sequence[torch.Tensor]" = ()):
         super().__init__()
         self.graph = torch.fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
+        self.reached: dict[str, int] = {}
+        self._reached_index = {id(t): j for j, t in enumerate(reached)}
+        self.unsourced: list[torch.Tensor] = []
         self._constant_of: dict[int, _Traced] = {}  # id of a real tensor -> its constant
         self._last_constant: torch.fx.Node | None = None
         self.failed: str | None = None  # set once, so a user's try/except cannot hide it
@@ -667,7 +677,7 @@ class _Recorder(TorchDispatchMode):
         if not isinstance(func, torch._ops.OpOverload):
             self.fail(f"{func} is not an ATen op")
         if func is torch.ops.aten.lift_fresh.default and not isinstance(args[0], _Traced):
-            return self.constant(args[0])  # torch.tensor([...]): the data, made into a constant
+            return self.constant(args[0], fresh=True)  # torch.tensor([...]): the data, made into a constant
         name = aten_to_kf._target_name(func)
         if func._schema.is_mutable and name not in _HARMLESS_MUTATIONS:
             self.fail(f"{name} mutates a tensor", self._stack_trace())
@@ -727,13 +737,21 @@ class _Recorder(TorchDispatchMode):
             return self.constant(a)
         return a
 
-    def constant(self, t: torch.Tensor) -> _Traced:
-        """A placeholder for a tensor with data, before the inputs, as export lifts them."""
+    def constant(self, t: torch.Tensor, fresh: bool = False) -> _Traced:
+        """A placeholder for a tensor with data, before the inputs, as export lifts them;
+        for a tensor the function reaches, an input after the arguments. ``fresh``: one the
+        function made from Python data; any other that is not a reached tensor came from
+        somewhere the walk of what the function reads did not see (``unsourced``)."""
         known = self._constant_of.get(id(t))
         if known is not None:
             return known
+        j = self._reached_index.get(id(t))
+        if j is not None:
+            return self._reached_input(t, j)
         if t.device.type == "meta" or type(t) is not torch.Tensor:
             self.fail("a tensor without data of its own reached the trace")
+        if not fresh:
+            self.unsourced.append(t)
         name = f"c_lifted_tensor_{len(self.constants)}"
         if self._last_constant is not None:
             where = self.graph.inserting_after(self._last_constant)
@@ -744,6 +762,19 @@ class _Recorder(TorchDispatchMode):
         self._last_constant = node
         node.meta["val"] = val = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
         self.constants[name] = t.detach()
+        traced = self._constant_of[id(t)] = self.wrap(val, True, t.device, node)
+        return traced
+
+    def _reached_input(self, t: torch.Tensor, j: int) -> _Traced:
+        """A placeholder after the arguments' (and the reached tensors' met before) for
+        reached tensor j, which the program reads at every call."""
+        after = [n for n in self.graph.nodes if n.op == "placeholder" and n.name not in self.constants]
+        where = self.graph.inserting_after(after[-1]) if after else self.graph.inserting_before(
+            next(iter(self.graph.nodes), None))
+        with where:
+            node = self.graph.placeholder(f"reached_{j}")
+        node.meta["val"] = val = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
+        self.reached[node.name] = j
         traced = self._constant_of[id(t)] = self.wrap(val, True, t.device, node)
         return traced
 
@@ -814,12 +845,14 @@ def _output(x: Any) -> Any:
     raise Fallback(f"the function returns a {type(x).__name__}")
 
 
-def trace(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> Trace:
+def trace(fn: Callable, sig: Signature, tensors: list[torch.Tensor], reached: Sequence[torch.Tensor] = ()) -> Trace:
     """The ATen graph of fn specialized to sig; raises Fallback where export must trace it.
+    ``reached``: tensors fn reads besides its arguments (guards.Reads.tensors), which
+    become inputs where it uses them.
 
     Like capture.export_graph, it traces outside any torch.autocast region of the caller,
     and below autograd (no_grad's semantics: nothing records a backward)."""
-    rec = _Recorder(fn)
+    rec = _Recorder(fn, reached)
     inputs = []
     for i, t in enumerate(tensors):
         node = rec.graph.placeholder(f"tensors_{i}")
@@ -835,4 +868,4 @@ def trace(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> Trace:
     if rec.failed:
         raise Fallback(rec.failed, rec.failed_at)
     rec.graph.output(_output(result))
-    return Trace(torch.fx.GraphModule(torch.nn.Module(), rec.graph), rec.constants)
+    return Trace(torch.fx.GraphModule(torch.nn.Module(), rec.graph), rec.constants, rec.reached, rec.unsourced)

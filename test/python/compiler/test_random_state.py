@@ -221,12 +221,26 @@ def test_random_ops_kf_cannot_replay_are_errors():
     with pytest.raises(kf.UnsupportedOpError, match="draws random numbers") as err:
         kf.jit(lambda x: F.dropout2d(x, 0.5, True), target="cpu")(torch.randn(2, 3, 4, 4))
     assert err.value.loc is not None and err.value.loc.file == __file__
-    with pytest.raises(kf.UnsupportedOpError, match="dropout_") as err:
-        kf.jit(lambda x: F.dropout(x * 2, 0.5, True, inplace=True), target="cpu")(torch.randn(8))
-    assert "out-of-place" in err.value.cause
     g = torch.Generator().manual_seed(0)
     with pytest.raises(kf.CompileError):  # a generator of its own: not kf's to draw from
         kf.jit(lambda x: x + torch.rand(x.shape, generator=g), target="cpu")(torch.randn(3))
+
+
+def test_inplace_dropout_of_an_intermediate():
+    """dropout_ on a tensor the function made is functionalized like the out-of-place op:
+    every kept element is scaled by 1 / (1 - p), the argument is left alone, and the
+    same seed draws the same mask."""
+    f = kf.jit(lambda x: F.dropout(x * 2, 0.5, True, inplace=True), target="cpu")
+    x = torch.randn(257) + 3
+    before = x.clone()
+    torch.manual_seed(1)
+    a = f(x)
+    torch.manual_seed(1)
+    b = f(x)
+    assert torch.equal(x, before) and torch.equal(a, b)
+    kept = a != 0
+    assert 0 < int(kept.sum()) < 257
+    torch.testing.assert_close(a[kept], (x * 4)[kept])
 
 
 def test_the_state_is_an_input_of_the_program():

@@ -1,0 +1,83 @@
+"""Signatures (signature.py): constants specialize by type and by bits, through both
+dispatch tables (the positional fast key, in C and in Python, and the bound signature)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kf
+from kf import api
+from kf.signature import bind, const_key
+
+
+@pytest.fixture(params=["c", "python"])
+def dispatch(request, monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kf_cache_signature"))
+    if request.param == "python":
+        monkeypatch.setattr(api, "_c_dispatch", None)
+    elif api._c_dispatch is None:
+        pytest.skip(f"the C dispatch is off here: {api.DISPATCH}")
+    return request.param
+
+
+def _scale(x, k):
+    return x * k
+
+
+def _branch(x, flag):
+    return x + 1 if flag is True else x - 1
+
+
+def test_equal_constants_of_other_types_are_other_signatures():
+    x = torch.randn(3)
+    sigs = {bind(_scale, (x, k), {})[0] for k in (2, 2.0, True, 1, 0.0, -0.0, float("nan"))}
+    assert len(sigs) == 7
+    assert bind(_scale, (x, float("nan")), {})[0] == bind(_scale, (x, float("nan")), {})[0]
+    assert const_key(-0.0) != const_key(0.0) and const_key((1, 2.0)) != const_key((1, 2))
+    assert const_key([1]) != const_key((1,))
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_int_then_float_promotes_as_torch_does(dispatch, by_keyword):
+    """f(x_int32, 2) then f(x_int32, 2.0): int32, then float32, as eager."""
+    f = kf.jit(_scale, target="cpu")
+    x = torch.randint(-50, 50, (257,), dtype=torch.int32)
+    for k in (2, 2.0, True, 3, 2, 2.5, False):
+        out = f(x, k=k) if by_keyword else f(x, k)
+        ref = x * k
+        assert out.dtype == ref.dtype, (k, out.dtype, ref.dtype)
+        torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_true_then_one_takes_its_own_branch(dispatch, by_keyword):
+    f = kf.jit(_branch, target="cpu")
+    x = torch.randn(13)
+    for flag in (True, 1, True, 1.0, 1):
+        out = f(x, flag=flag) if by_keyword else f(x, flag)
+        torch.testing.assert_close(out, _branch(x, flag))
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_negative_zero_keeps_its_sign(dispatch, by_keyword):
+    f = kf.jit(_scale, target="cpu")
+    x = torch.rand(31) + 0.5
+    for k in (0.0, -0.0, 0.0, -0.0):
+        out = f(x, k=k) if by_keyword else f(x, k)
+        assert torch.equal(torch.signbit(out), torch.signbit(x * k)), k
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_nan_has_one_entry_however_often_it_comes(dispatch, by_keyword):
+    f = kf.jit(_scale, target="cpu")
+    x = torch.randn(7)
+    for _ in range(20):
+        k = float("nan")  # a new object each call
+        out = f(x, k=k) if by_keyword else f(x, k)
+        assert torch.isnan(out).all()
+    assert len(f._table) == 1 and len(f._fast) <= 1 and len(f._entries) <= 1
+    f(x, math.inf)
+    assert len(f._table) == 2
