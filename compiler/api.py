@@ -13,6 +13,7 @@ here, to walk the function again and compile anew where what it reads has change
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import struct
 import warnings
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import guards, torch_ops
+from . import guards, logs, torch_ops
 from .errors import TargetError
 from .options import Options
 from .signature import Signature, bind
@@ -61,6 +62,8 @@ def _choose_dispatch():
     _launcher.configure(torch.Tensor, torch_ops._dispatch_modes, torch_ops._grad_enabled, _any_autocast)
     return dispatch, _launcher.MISS, f"C (kf.runtime._launcher, {os.path.basename(_launcher.__file__)})"
 
+
+logs.configure()  # KF_LOGS
 
 #: kf.runtime._launcher.dispatch and the value it answers "not the common case" with,
 #: or None where calls dispatch in Python.
@@ -144,16 +147,23 @@ class KfFunction:
         the reached tensors it uses (``reads.tensors[j] for j in program.reached``)."""
         reads = guards.walk(self.fn)
         program = self._table.get((sig, reads.fingerprint))
-        if program is not None and any(t._version != v for t, v in program.baked):
+        changed = program is not None and any(t._version != v for t, v in program.baked)
+        if changed:
             program = None  # a tensor it holds as a constant changed in place
         if program is None:
             from . import driver
 
+            if self._table and logs.recompile_log.isEnabledFor(logging.INFO):
+                reason = (f"{self.fn.__name__}: a tensor it holds as a constant changed in place" if changed else
+                          logs.recompile_reason(self.fn.__name__, sig, reads.parts,
+                                                [(s, getattr(p, "read_parts", {})) for (s, _), p in self._table.items()]))
+                logs.recompile_log.info("%s", reason)
             target = self.resolve_target(sig)
             options = self.options.with_(target=target, interpret=self._interpret())
             program = driver.compile_function(self.fn, sig, tensors, options, reads)
             program.moves = self._moves(reads, program.reached, target, tensors)
             program.baked = [(t, t._version) for t in reads.baked]
+            program.read_parts = reads.parts
             if reads.baked:
                 warnings.warn(f"kf: {self.fn.__name__} reads {len(reads.baked)} tensor(s) ("
                               f"{', '.join(f'{t.dtype} {list(t.shape)}' for t in reads.baked)}) through a way kf "

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
-from . import cache, mutation
+from . import cache, logs, mutation
 from .errors import CompileError, SourceLoc, TargetError
 from .options import Options
 from .results import unflatten
@@ -282,16 +283,25 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             return InterpretedProgram(cap, options.target)
         arch = target_arch(options)
         key = cache.key(fn, sig, options, device_key(options), reads)
-        entry = cache.load(key) if reads.persistent else None
+        name = getattr(fn, "__name__", type(fn).__name__)
+        skip = _skip_cache(options, reads)
+        if skip:
+            logs.cache_log.info("%s%s: not loaded from the disk cache: %s", name, sig.describe(), skip)
+        entry = cache.load(key) if not skip else None
         if entry is not None:
             try:
-                return _load(entry, len(reads.tensors))
+                program = _load(entry, len(reads.tensors))
+                logs.cache_log.info("%s%s: loaded from the disk cache (%s)", name, sig.describe(), entry.directory)
+                return program
             except Exception as e:
                 if _unavailable(e):
                     raise
                 if (entry.directory / "program.json").exists():  # else removed meanwhile: compile it again
                     cache.discard(entry.directory, key, f"it does not load: {type(e).__name__}: {_first_line(e)}")
+        start = time.perf_counter()
         meta, artifacts = build(fn, sig, tensors, options, arch, reads=reads)
+        logs.compile_log.info("compiled %s%s for %s%s in %.2f s", name, sig.describe(), options.target,
+                              f" ({arch})" if arch else "", time.perf_counter() - start)
     except CompileError as e:
         if debug():
             raise
@@ -304,6 +314,20 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             if attempt == 2 or (entry.directory / "program.json").exists():
                 raise
             # removed by another process between the store and the load: store it again
+
+
+def _skip_cache(options: Options, reads) -> str:
+    """Why a compile must not load its program from the disk cache, or "": KF_ALWAYS_COMPILE
+    asks for a fresh compile (the result is still stored), KF_DUMP_IR needs the stages
+    run to write them, and reads that cannot be named in another process have no
+    entry."""
+    if os.environ.get("KF_ALWAYS_COMPILE", "") not in ("", "0"):
+        return "KF_ALWAYS_COMPILE is set"
+    if options.dump_ir or os.environ.get("KF_DUMP_IR", ""):
+        return "the IR is dumped (KF_DUMP_IR or dump_ir=)"
+    if not reads.persistent:
+        return "it reads values that cannot be named in another process (" + ", ".join(reads.unstable[:3]) + ")"
+    return ""
 
 
 def _unavailable(e: BaseException) -> bool:
@@ -320,8 +344,6 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     """Compile one specialization: (metadata, artifacts) for the cache. ``reads``:
     guards.walk(fn), walked here if not given; the reached tensors the function uses are
     the program's last inputs (``meta["reached"]``)."""
-    import time
-
     from .capture import capture_signature
     from .stages import StageLog, dump_dir_for, run_passes
 

@@ -236,6 +236,8 @@ class _Walker:
         self.labels: list[str] = []
         self.persistent = True
         self.unstable: list[str] = []
+        #: a digest of what was read at each label: says which read changed (logs.py)
+        self.parts: dict[str, str] = {}
         self._seen: dict[int, str] = {}
         self._candidate_of: dict[int, int] = {}
         self._keep: list = []  # what the walk saw, alive while it runs (ids stay unique)
@@ -258,6 +260,7 @@ class _Walker:
 
     def note(self, label: str, text: str) -> None:
         self.h.update(f"{label}\x1f{text}\x1e".encode())
+        self.parts[label] = hashlib.blake2b(f"{self.parts.get(label, '')}{text}".encode(), digest_size=8).hexdigest()
 
     # values
     def value(self, v: Any, src: int, label: str, implied: bool = False) -> None:
@@ -584,6 +587,8 @@ class Reads:
     #: set by a build from these reads: tensors capture met that the walk did not (read
     #: through a name computed at run time, say), which the program holds as constants
     baked: list[torch.Tensor] = field(default_factory=list, repr=False)
+    #: a digest per label of what was read there (which read changed: logs.recompile_reason)
+    parts: dict[str, str] = field(default_factory=dict, repr=False)
 
     def program(self, used: Sequence[int], baked: Sequence[tuple] = ()) -> tuple[tuple, tuple, int]:
         """(constants, operations, number of extra tensors) of the guards of a program that
@@ -655,7 +660,8 @@ def walk(fn: Callable) -> Reads:
         if w.names == names:
             break
         names = w.names
-    return Reads(w.h.hexdigest(), w.persistent, w.tensors, w.labels, w.unstable, w.sources, w.checks)
+    return Reads(w.h.hexdigest(), w.persistent, w.tensors, w.labels, w.unstable, w.sources, w.checks,
+                 parts=w.parts)
 
 
 # ----------------------------------------------------------------------------- checking

@@ -96,7 +96,8 @@ class Signature:
         parts = []
         for p in self.params:
             if p.kind == "tensor":
-                parts.append(f"{p.name}: {p.value.elem}{list(p.value.shape)}@{p.value.device}")
+                strided = "" if p.value.contiguous else " strided"
+                parts.append(f"{p.name}: {p.value.elem}{list(p.value.shape)}@{p.value.device}{strided}")
             elif p.kind == "tensors":
                 parts.append(f"{p.name}: [{', '.join(f'{s.elem}{list(s.shape)}' for s in p.value)}]")
             else:

@@ -19,6 +19,7 @@ from mlir import ir
 
 from kf.passes import pipeline
 
+from . import logs
 from .errors import PassFailedError, SourceLoc
 
 
@@ -38,6 +39,9 @@ class StageLog:
     inspecting: bool = False
     _count: int = 0
 
+    def __post_init__(self):
+        self.seconds = _StageSeconds(self.name, self.seconds)
+
     def record(self, stage: str, module: ir.Module) -> None:
         text = module.operation.get_asm(enable_debug_info=True, use_local_scope=True)
         self.texts[stage] = text
@@ -52,6 +56,22 @@ class StageLog:
         path = os.path.join(self.dump_dir, f"{self.name}.{self._count:02d}.{safe}.{ext}")
         with open(path, "w") as f:
             f.write(text)
+
+
+class _StageSeconds(dict):
+    """Seconds per stage of one compile; once the compile has run ``logs.PROGRESS_AFTER``
+    seconds, each stage that finishes is logged on ``kf.compile`` with the time so far."""
+
+    def __init__(self, name: str, items: dict):
+        super().__init__(items)
+        self.name = name
+        self.started = time.perf_counter()
+
+    def __setitem__(self, stage: str, seconds: float) -> None:
+        super().__setitem__(stage, seconds)
+        elapsed = time.perf_counter() - self.started
+        if elapsed > logs.PROGRESS_AFTER:
+            logs.compile_log.info("%s: %s took %.2f s (%.1f s so far)", self.name, stage, seconds, elapsed)
 
 
 def dump_dir_for(option: str) -> str:
