@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from . import guards, logs, torch_ops
-from .errors import TargetError
+from .errors import CompileError, IndexOutOfRange, SignatureError, TargetError
 from .options import Options
 from .signature import Signature, bind
 
@@ -64,6 +64,9 @@ def _choose_dispatch():
 
 
 logs.configure()  # KF_LOGS
+
+#: the errors a call raises for the user's code or data (errors.py), shown from the call
+_USER_ERRORS = (CompileError, SignatureError, IndexOutOfRange)
 
 #: kf.runtime._launcher.dispatch and the value it answers "not the common case" with,
 #: or None where calls dispatch in Python.
@@ -225,15 +228,22 @@ class KfFunction:
             result = _c_dispatch(self._fast, args, self._c_checks)
             if result is not _MISS:
                 return result
-        if self._torch_op is not None and torch_ops.needs_op(args, kwargs):  # tracing, torch.compile, autograd
-            return torch_ops.call(self, args, kwargs)
-        if _any_autocast():
-            # the effective precision is part of the specialization: an autocast call runs
-            # the variant of that precision, whose tables are apart from these
-            precision = self.autocast_precision(_device_type(args, kwargs))
-            if precision is not None:
-                return self.variant(precision)._kernel_call(args, kwargs)
-        return self._kernel_call(args, kwargs)
+        try:
+            if self._torch_op is not None and torch_ops.needs_op(args, kwargs):  # tracing, torch.compile, autograd
+                return torch_ops.call(self, args, kwargs)
+            if _any_autocast():
+                # the effective precision is part of the specialization: an autocast call runs
+                # the variant of that precision, whose tables are apart from these
+                precision = self.autocast_precision(_device_type(args, kwargs))
+                if precision is not None:
+                    return self.variant(precision)._kernel_call(args, kwargs)
+            return self._kernel_call(args, kwargs)
+        except _USER_ERRORS as e:
+            # kf's errors name the user's line in their message; the traceback ends here,
+            # above kf's own frames (KF_DEBUG=1 keeps them)
+            if os.environ.get("KF_DEBUG", "") not in ("", "0"):
+                raise
+            raise e.with_traceback(None) from None
 
     def _kernel_call(self, args: tuple, kwargs: dict, drawn: list | None = None):
         """Run the compiled program for this call (the op's real implementation);

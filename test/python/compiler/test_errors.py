@@ -72,6 +72,10 @@ def test_unsupported_op_at_the_users_line_without_kf_frames():
     assert "return torch.cumsum(y, dim=0)" in text and "stage: capture" in text and "cause:" in text
     assert _kf_frames(err) == []
     assert err.__cause__ is None and err.__suppress_context__
+    # the traceback goes from the user's call to the decorated function's __call__ only
+    frames = [(os.path.basename(f.filename), f.name) for f in traceback.extract_tb(err.__traceback__)
+              if f.filename != __file__ and "_pytest" not in f.filename and "pluggy" not in f.filename]
+    assert frames == [("api.py", "__call__")]
 
 
 def test_kf_debug_keeps_the_compilers_frames(monkeypatch):
