@@ -140,8 +140,8 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     try:
         from torch_mlir import fx as tm_fx
     except ImportError:
-        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, kf's fallback for other ATen ops, "
-                                                         "is not installed (pip install torch-mlir)") from None
+        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, the cpu target's fallback for other ATen ops, "
+                                                         "is not installed: pip install 'kf[fallback]'") from None
     fname = f"kf_{name.replace('.', '_')}_{conv._fallbacks}"
     conv._fallbacks += 1
     one_op = _OneOp(node.target, op_args, op_kwargs, None)

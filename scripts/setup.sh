@@ -34,7 +34,7 @@ if [[ "$(cat .venv/.kf-installed 2>/dev/null)" != "$stamp" ]] || \
   .venv/bin/python -m pip install -q --upgrade pip
   # The CPU build of torch first, by exact version, so that nothing pulls a CUDA build.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q -e ".[test,fallback]"
   echo "$stamp" > .venv/.kf-installed
 elif ! ls runtime/_launcher.*.so >/dev/null 2>&1 && command -v "${CC:-cc}" >/dev/null; then
   # Installed, but this checkout has no compiled launcher (a fresh clone beside a kept
