@@ -13,10 +13,11 @@ here, to walk the function again and compile anew where what it reads has change
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import struct
+import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -24,7 +25,7 @@ import torch
 from . import guards, logs, torch_ops
 from .errors import CompileError, IndexOutOfRange, SignatureError, TargetError
 from .options import Options
-from .signature import Signature, bind
+from .signature import Signature, bind, lift_scalars, rebuild_args, scalar_dtype, unlift_scalars
 
 _DEVICE_TARGET = {"cuda": "cuda", "mps": "metal", "cpu": "cpu"}
 _TARGET_DEVICES = {"cuda": ("cuda",), "metal": ("mps",), "vulkan": ("cpu",), "cpu": ("cpu",)}
@@ -108,6 +109,17 @@ class KfFunction:
         self._torch_op = torch_ops.register(self) if torch_op else None
         # precision -> this function with that precision: what runs under torch.autocast
         self._variants: dict[str, KfFunction] = {}
+        # Float arguments are runtime scalars (signature.lift_scalars): one program serves
+        # every value. These parameters stay constants instead: the function branches on
+        # them, or hands them where torch takes only a Python number (_bound_call).
+        self._constant_floats: set[str] = set()
+        self._compiles: list[CompileRecord] = []
+
+    @property
+    def compiles(self) -> tuple["CompileRecord", ...]:
+        """Each program this function compiled (or loaded from the disk cache) in this
+        process, in order, with its signature, target, seconds and why it was needed."""
+        return tuple(self._compiles)
 
     def __repr__(self) -> str:
         return f"<kf function {self.fn.__name__} target={self.options.target}>"
@@ -156,14 +168,17 @@ class KfFunction:
         if program is None:
             from . import driver
 
-            if self._table and logs.recompile_log.isEnabledFor(logging.INFO):
+            reason = "first call"
+            if self._table:
                 reason = (f"{self.fn.__name__}: a tensor it holds as a constant changed in place" if changed else
                           logs.recompile_reason(self.fn.__name__, sig, reads.parts,
                                                 [(s, getattr(p, "read_parts", {})) for (s, _), p in self._table.items()]))
                 logs.recompile_log.info("%s", reason)
             target = self.resolve_target(sig)
             options = self.options.with_(target=target, interpret=self._interpret())
+            start = time.perf_counter()
             program = driver.compile_function(self.fn, sig, tensors, options, reads)
+            self._compiles.append(CompileRecord(sig.describe(), target, time.perf_counter() - start, reason))
             program.moves = self._moves(reads, program.reached, target, tensors)
             program.baked = [(t, t._version) for t in reads.baked]
             program.read_parts = reads.parts
@@ -249,7 +264,7 @@ class KfFunction:
         """Run the compiled program for this call (the op's real implementation);
         ``drawn`` (a list) receives the random state the program draws, if it draws one."""
         if drawn is not None:
-            program, tensors = self._bound(*bind(self.fn, args, kwargs))
+            program, tensors = self._bound_call(args, kwargs)
             return program(tensors, drawn)
         if not kwargs and self._fast_ok:
             if _c_dispatch is not None:  # key, lookup and entry in C, no checks (MISS: as below)
@@ -263,7 +278,10 @@ class KfFunction:
                     result = entry(tensors)
                     if result is not guards.MISS:
                         return result
-                sig, tensors = bind(self.fn, args, kwargs)
+                sig, tensors = self._bind(args, kwargs)
+                if _has_scalars(sig):  # bound calls: one entry for every value of the floats
+                    program, tensors = self._bound_call(args, kwargs)
+                    return program(tensors)
                 program, reads = self.specialize(sig, tensors)
                 used = program.reached
                 tensors += [reads.tensors[j] for j in used]
@@ -274,8 +292,42 @@ class KfFunction:
                 self._fast[key] = reads.guarded(_moving(call, program.moves), used, program.baked)
                 self._entries[sig] = reads.guarded(_moving(program, program.moves), used, program.baked)
                 return _moving(program, program.moves)(tensors)
-        program, tensors = self._bound(*bind(self.fn, args, kwargs))
+        program, tensors = self._bound_call(args, kwargs)
         return program(tensors)
+
+    def _bind(self, args: tuple, kwargs: dict) -> tuple[Signature, list]:
+        """The call's signature and tensors, its float arguments runtime scalars (those
+        not kept constants, where the tensors' dtypes let them be: scalar_dtype)."""
+        sig, tensors = bind(self.fn, args, kwargs)
+        names = {p.name for p in sig.params if p.kind == "const" and type(p.value) is float}
+        names -= self._constant_floats
+        if names:
+            dtype = scalar_dtype(tensors)
+            if dtype is not None:
+                sig, tensors = lift_scalars(sig, tensors, names, dtype)
+        return sig, tensors
+
+    def _bound_call(self, args: tuple, kwargs: dict) -> tuple[Any, list]:
+        """As ``_bound`` for a call. Where its floats are runtime scalars but the function
+        does not compute with them as with numbers -- it branches on one (a capture
+        error), or a result's dtype or shape would differ (checked on fake tensors
+        before the first compile) -- those parameters become constants for good."""
+        sig, tensors = self._bind(args, kwargs)
+        if not _has_scalars(sig):
+            return self._bound(sig, tensors)
+        try:
+            if sig not in self._entries:
+                why = _scalars_change_results(self.fn, sig, tensors)
+                if why:
+                    raise _KeepConstant(why)
+            return self._bound(sig, tensors)
+        except (CompileError, _KeepConstant) as e:
+            names = sorted(p.name for p in sig.params if p.kind == "scalar")
+            self._constant_floats.update(names)
+            why = e.args[0] if isinstance(e, _KeepConstant) else f"{type(e).__name__}: {e.message}"
+            logs.recompile_log.info("%s: float argument(s) %s compiled as constants: %s", self.fn.__name__,
+                                    ", ".join(names), why.splitlines()[0])
+            return self._bound(*bind(self.fn, args, kwargs))
 
     def _bound(self, sig: Signature, tensors: list) -> tuple[Any, list]:
         """(the program of a bound call, its tensors followed by the reached ones it reads):
@@ -308,6 +360,50 @@ class KfFunction:
         if precision is not None:
             options = options.with_(precision=precision)
         return driver.inspect_function(self.fn, sig, tensors, options)
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    """One compile of a kf function (``KfFunction.compiles``)."""
+
+    signature: str
+    target: str
+    seconds: float
+    reason: str  # "first call", or why it compiled again (logs.recompile_reason)
+
+
+class _KeepConstant(Exception):
+    """A float argument that must stay a constant of the program."""
+
+
+def _has_scalars(sig: Signature) -> bool:
+    return any(p.kind == "scalar" for p in sig.params)
+
+
+def _scalars_change_results(fn: Callable, sig: Signature, tensors: list) -> str:
+    """Why fn's results would differ with its floats as 0-dim tensors ("" where they do
+    not): run both ways on fake tensors (shapes and dtypes only, no data), compared
+    result by result."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._pytree import tree_flatten
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t) for t in tensors]
+    try:
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with_scalars = tree_flatten(fn(**rebuild_args(sig, fakes)))[0]
+            with_floats = tree_flatten(fn(**rebuild_args(*unlift_scalars(sig, fakes))))[0]
+    except Exception as e:  # it branches on a value, or torch wants a number there
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    if len(with_scalars) != len(with_floats):
+        return "the results differ in number"
+    for a, b in zip(with_scalars, with_floats):
+        if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+            return "a result is a tensor one way and not the other"
+        if isinstance(a, torch.Tensor) and (a.dtype != b.dtype or a.shape != b.shape):
+            return f"a result is {a.dtype} {list(a.shape)} instead of {b.dtype} {list(b.shape)}"
+    return ""
 
 
 def _moving(call: Callable, moves: list) -> Callable:

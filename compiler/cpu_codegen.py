@@ -55,6 +55,21 @@ def _func(module: ir.Module, entry: str) -> ir.Operation:
     raise CpuCodegenError(f"no function @{entry} in the module")
 
 
+#: the prefix of a program's symbol in its shared object: a user function named like a
+#: libc or libm function (step, exp, round, free) must not define that symbol, which the
+#: dynamic linker would resolve to the library's (the program calling glibc's step) or
+#: the library's calls to the program's (malloc)
+SYMBOL_PREFIX = "kf_program_"
+
+
+def rename_entry(module: ir.Module, entry: str) -> str:
+    """Give the function ``@entry`` its symbol in the shared object (SYMBOL_PREFIX + entry)
+    and return that name."""
+    symbol = SYMBOL_PREFIX + entry
+    _func(module, entry).attributes["sym_name"] = ir.StringAttr.get(symbol, module.context)
+    return symbol
+
+
 def index_sites(f: ir.Operation) -> tuple:
     """The IndexSites kf-lower-to-linalg recorded on a function (``kf.index_sites``):
     it then returns the index error flag as its last result."""
@@ -146,13 +161,14 @@ def compile_module(module: ir.Module, entry: str, out_dir: str, *, kf_level: boo
     """Lower ``module`` (consumed: it is rewritten in place), link it into
     ``out_dir/<entry>.so`` and describe ``@entry`` for the launcher."""
     ins, outs = _signature(_func(module, entry))
+    symbol = rename_entry(module, entry)
     if kf_level:
         lower_for_cpu(module, kf_level=True, stop_at_linalg=True)
-    sites = index_sites(_func(module, entry))
+    sites = index_sites(_func(module, symbol))
     lower_for_cpu(module, kf_level=False)
     os.makedirs(out_dir, exist_ok=True)
     so = link_shared_object(module, os.path.join(out_dir, f"{entry}.so"), opt_level=opt_level)
-    return CpuArtifact(so, program_abi(entry, ins, outs, sites, os.path.basename(so)))
+    return CpuArtifact(so, program_abi(symbol, ins, outs, sites, os.path.basename(so)))
 
 
 __all__ = ["CpuArtifact", "CpuCodegenError", "compile_module", "link_shared_object", "lower_for_cpu"]

@@ -590,7 +590,7 @@ def _lower_target(cap, log, abi, target: str, arch: str):
 def _build_cpu(cap, log):
     from kf.runtime.abi import TensorArg
 
-    from .cpu_codegen import _func, _signature, index_sites, link_shared_object, program_abi
+    from .cpu_codegen import _func, _signature, index_sites, link_shared_object, program_abi, rename_entry
     from .stages import run_passes
 
     from .costs import kernel_flops
@@ -601,8 +601,9 @@ def _build_cpu(cap, log):
     ins = tuple(TensorArg(n, a.shape, a.elem) for n, a in zip(cap.input_names, ins))
     if "arg_attrs" in entry.attributes:  # parameter names are for people; the ABI has them
         del entry.attributes["arg_attrs"]
+    symbol = rename_entry(cap.module, cap.name)
     run_passes(cap.module, ["kf-lower-to-linalg"], log, record_after={"kf-lower-to-linalg": "linalg"})
-    sites = index_sites(_func(cap.module, cap.name))
+    sites = index_sites(_func(cap.module, symbol))
     run_passes(cap.module, ["kf-to-cpu"], log, record_after={"kf-to-cpu": "llvm"})
     import time
 
@@ -611,7 +612,7 @@ def _build_cpu(cap, log):
         so = link_shared_object(cap.module, os.path.join(tmp, f"{cap.name}.so"))
         data = Path(so).read_bytes()
     log.seconds["llvm codegen + link"] = time.perf_counter() - start
-    abi = program_abi(cap.name, ins, outs, sites, f"{cap.name}.so",
+    abi = program_abi(symbol, ins, outs, sites, f"{cap.name}.so",
                       fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})),
                       extra={"strategy": "cpu", "flops": flops, "matmul_flops": mm})
     return abi, {f"{cap.name}.so": data}

@@ -103,7 +103,8 @@ def _differences(old: Signature, new: Signature) -> list[str]:
 
 
 def _kind(p) -> str:
-    return {"tensor": "a tensor", "tensors": "a list of tensors", "none": "None"}.get(p.kind, f"the constant {p.value!r}")
+    return {"tensor": "a tensor", "tensors": "a list of tensors", "none": "None",
+            "scalar": "a float read at run time"}.get(p.kind, f"the constant {p.value!r}")
 
 
 def _tensor_changes(a, b) -> list[str]:

@@ -53,14 +53,18 @@ def const_key(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Param:
-    """One bound parameter. kind is tensor, tensors (list/tuple), const or none. Equal
-    parameters have equal keys: a constant's is ``const_key(value)``."""
+    """One bound parameter. kind is tensor, tensors (list/tuple), const, scalar or none.
+    Equal parameters have equal keys: a constant's is ``const_key(value)``. A scalar is a
+    Python float the program reads at run time (``lift_scalars``): its value is the
+    TensorSig of the 0-dim tensor that carries it, so every float has the same key."""
 
     name: str
     kind: str
     value: Any = field(compare=False)  # TensorSig, tuple[TensorSig, ...], a constant, or None
     container: str = ""  # "list" or "tuple" for kind == tensors and for a list or tuple constant
     key: Any = field(init=False, repr=False)
+    #: a scalar's float in the call that bound it (not part of the key)
+    scalar: float | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "key", const_key(self.value) if self.kind == "const" else self.value)
@@ -74,7 +78,7 @@ class Signature:
         """Names of the flattened tensor arguments, in order (``expert_weights.0`` ...)."""
         names = []
         for p in self.params:
-            if p.kind == "tensor":
+            if p.kind in ("tensor", "scalar"):
                 names.append(p.name)
             elif p.kind == "tensors":
                 names.extend(f"{p.name}.{i}" for i in range(len(p.value)))
@@ -83,7 +87,7 @@ class Signature:
     def tensor_sigs(self) -> list[TensorSig]:
         out = []
         for p in self.params:
-            if p.kind == "tensor":
+            if p.kind in ("tensor", "scalar"):
                 out.append(p.value)
             elif p.kind == "tensors":
                 out.extend(p.value)
@@ -100,6 +104,8 @@ class Signature:
                 parts.append(f"{p.name}: {p.value.elem}{list(p.value.shape)}@{p.value.device}{strided}")
             elif p.kind == "tensors":
                 parts.append(f"{p.name}: [{', '.join(f'{s.elem}{list(s.shape)}' for s in p.value)}]")
+            elif p.kind == "scalar":
+                parts.append(f"{p.name}: float")
             else:
                 parts.append(f"{p.name}={p.value!r}")
         return "(" + ", ".join(parts) + ")"
@@ -147,7 +153,7 @@ def rebuild_args(sig: Signature, tensors: list) -> dict[str, Any]:
     """Keyword arguments for the function from the signature and its flattened tensors."""
     out, i = {}, 0
     for p in sig.params:
-        if p.kind == "tensor":
+        if p.kind in ("tensor", "scalar"):  # a scalar: the 0-dim tensor that carries it
             out[p.name] = tensors[i]
             i += 1
         elif p.kind == "tensors":
@@ -160,3 +166,52 @@ def rebuild_args(sig: Signature, tensors: list) -> dict[str, Any]:
         else:
             out[p.name] = p.value
     return out
+
+
+def scalar_dtype(tensors: list) -> torch.dtype | None:
+    """The dtype a runtime scalar takes among these tensors, or None where a float cannot
+    be one without changing the results: the dtype of the floating tensors where they all
+    have one, f32 or f64 (a Python float meets them at that precision in eager), the
+    default dtype where none is floating; None for 16-bit or mixed floating tensors (eager
+    computes with the float at a precision kf would not)."""
+    floats = {t.dtype for t in tensors if t.is_floating_point()}
+    if not floats:
+        return torch.get_default_dtype()
+    if len(floats) == 1 and floats <= {torch.float32, torch.float64}:
+        return next(iter(floats))
+    return None
+
+
+def lift_scalars(sig: Signature, tensors: list, names: set[str], dtype: torch.dtype) -> tuple[Signature, list]:
+    """The signature and tensors of a call with the float constants ``names`` made
+    runtime scalars: each becomes a 0-dim tensor input of ``dtype`` (``scalar_dtype``) at
+    its parameter's place, on the device of the call's tensors. One program then serves
+    every value."""
+    device = tensors[0].device if tensors else torch.device("cpu")
+    params, out, i = [], [], 0
+    for p in sig.params:
+        if p.kind == "const" and type(p.value) is float and p.name in names:
+            t = torch.tensor(p.value, dtype=dtype, device=device)
+            params.append(Param(p.name, "scalar", TensorSig.of(t), "float", scalar=p.value))
+            out.append(t)
+            continue
+        params.append(p)
+        n = 1 if p.kind == "tensor" else len(p.value) if p.kind == "tensors" else 0
+        out.extend(tensors[i:i + n])
+        i += n
+    return Signature(tuple(params)), out
+
+
+def unlift_scalars(sig: Signature, tensors: list) -> tuple[Signature, list]:
+    """The signature and tensors of the same call with its runtime scalars constants again."""
+    params, out, i = [], [], 0
+    for p in sig.params:
+        n = 1 if p.kind in ("tensor", "scalar") else len(p.value) if p.kind == "tensors" else 0
+        if p.kind == "scalar":
+            params.append(Param(p.name, "const", p.scalar))
+        else:
+            params.append(p)
+            out.extend(tensors[i:i + n])
+        i += n
+    return Signature(tuple(params)), out
+

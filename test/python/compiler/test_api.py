@@ -181,3 +181,72 @@ def test_reshapes_between_kernels_are_views(target):
     kinds = [line.split('kf.kernel = "')[1].split('"')[0] for line in fused.splitlines() if 'kf.kernel = "' in line]
     assert kinds.count("generic") == 0, kinds  # neither reshape is a copy kernel
     assert '"kf.reshape"' in fused.split("func.func @f(")[1]
+
+
+# ----------------------------------------------------------------------------- runtime floats
+
+
+def _vulkan() -> bool:
+    from kf.runtime import vulkan
+
+    return vulkan.is_available()
+
+
+CPU_VULKAN = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not _vulkan(), reason="no Vulkan device"))]
+
+
+def sgd_step(p, g, lr, wd=0.01):
+    return p - lr * (g + wd * p)
+
+
+@pytest.mark.parametrize("target", CPU_VULKAN)
+def test_a_float_that_changes_every_step_compiles_once(target):
+    f = kf.jit(sgd_step, target=target)
+    p, g = torch.randn(257), torch.randn(257)
+    for step in range(8):
+        lr = 0.1 / (step + 1)
+        torch.testing.assert_close(f(p, g, lr), sgd_step(p, g, lr))
+    assert len(f.compiles) == 1
+    record = f.compiles[0]
+    assert record.target == target and record.reason == "first call"
+    assert "lr: float" in record.signature and "wd: float" in record.signature
+    f(p, g, 0.5, wd=0.2)  # keywords: the same program
+    torch.testing.assert_close(f(p, g, 0.5, wd=0.2), sgd_step(p, g, 0.5, wd=0.2))
+    assert len(f.compiles) == 1
+
+
+def threshold(x, t):
+    if t > 0.5:
+        return x * 2
+    return x - t
+
+
+def dropout_plus(x, p):
+    return torch.nn.functional.dropout(x, p, training=False) + p
+
+
+@pytest.mark.parametrize("fn", [threshold, dropout_plus])
+def test_a_float_the_function_branches_on_stays_a_constant(fn):
+    f = kf.jit(fn, target="cpu")
+    x = torch.randn(7)
+    for t in (0.7, 0.2, 0.7):
+        torch.testing.assert_close(f(x, t), fn(x, t))
+    assert len(f.compiles) == 2 and f.compiles[0].signature.endswith("=0.7)"), f.compiles
+
+
+@pytest.mark.parametrize("dtype,want", [(torch.int64, torch.float32), (torch.float64, torch.float64),
+                                        (torch.bfloat16, torch.bfloat16)])
+def test_runtime_floats_keep_eagers_result_types_and_precision(dtype, want):
+    """A float meets int tensors as torch's default dtype, f64 tensors at f64 (0.1 is not
+    rounded to f32), and 16-bit tensors as a constant (eager computes with it in f32)."""
+    f = kf.jit(sgd_step, target="cpu")
+    p = (torch.randn(33) * 10).to(dtype)
+    for lr in (0.1, 0.3):
+        out = f(p, p, lr)
+        assert out.dtype == want == sgd_step(p, p, lr).dtype
+        if dtype == torch.bfloat16:
+            torch.testing.assert_close(out.double(), sgd_step(p.double(), p.double(), lr), atol=0.2, rtol=2e-2)
+        else:
+            torch.testing.assert_close(out, sgd_step(p, p, lr), rtol=1e-12 if dtype == torch.float64 else 1.3e-6,
+                                       atol=1e-12 if dtype == torch.float64 else 1e-5)
+    assert len(f.compiles) == (2 if dtype == torch.bfloat16 else 1)

@@ -79,5 +79,30 @@ def test_nan_has_one_entry_however_often_it_comes(dispatch, by_keyword):
         out = f(x, k=k) if by_keyword else f(x, k)
         assert torch.isnan(out).all()
     assert len(f._table) == 1 and len(f._fast) <= 1 and len(f._entries) <= 1
-    f(x, math.inf)
-    assert len(f._table) == 2
+    # a float is read at run time: the same program takes inf
+    assert torch.equal(f(x, math.inf), x * math.inf)
+    assert len(f._table) == 1
+
+
+def test_lifted_floats_share_one_key_and_come_back():
+    from kf.signature import bind, lift_scalars, scalar_dtype, unlift_scalars
+
+    def f(x, lr, n=2, eps=1e-5):
+        return x
+
+    x = torch.randn(3, dtype=torch.float64)
+    sigs = []
+    for lr in (0.1, 0.25):
+        sig, tensors = bind(f, (x, lr), {})
+        assert scalar_dtype(tensors) == torch.float64
+        lifted, lt = lift_scalars(sig, tensors, {"lr", "eps"}, torch.float64)
+        assert [p.kind for p in lifted.params] == ["tensor", "scalar", "const", "scalar"]
+        assert lt[0] is x and lt[1].dtype == torch.float64 and lt[1].item() == lr and lt[2].item() == 1e-5
+        assert lifted.tensor_names() == ["x", "lr", "eps"]
+        back = unlift_scalars(lifted, lt)
+        assert back[0] == sig and back[1] == [x]
+        sigs.append(lifted)
+    assert sigs[0] == sigs[1] and hash(sigs[0]) == hash(sigs[1]) and repr(sigs[0]) == repr(sigs[1])
+    assert scalar_dtype([torch.randn(2, dtype=torch.bfloat16)]) is None
+    assert scalar_dtype([torch.randn(2), torch.randn(2, dtype=torch.float64)]) is None
+    assert scalar_dtype([torch.arange(3)]) == torch.get_default_dtype()
