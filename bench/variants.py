@@ -205,12 +205,12 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
 #: reported as such and not timed again.
 ROWWISE_VARIANTS = {
     "default": {},
-    "loop, dividing (session 4)": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "never"},
+    "loop, dividing": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "never"},
     "loop + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always"},
     "loop, 128 threads + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always", "MAX_ROW_THREADS": 128},
     # registers mode, each switch spelled out (the defaults changed with the run of
     # 2026-12-04: f32 rows, cap 64, pipelined weights)
-    "registers, bf16 rows only (session 5)": {"ROW_REGISTERS_WIDEST": 2, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "rows"},
+    "registers, bf16 rows only": {"ROW_REGISTERS_WIDEST": 2, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "rows"},
     "registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "rows"},
     "registers, max 64 registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64, "ROW_PRELOAD": "rows"},
     "registers, weights pipelined": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "pipelined"},

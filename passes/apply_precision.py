@@ -51,10 +51,10 @@ a case in test/passes/kf-apply-precision.mlir):
   ``kernel`` (what the driver asks for on sm_90a: only those CUDA's fp8 attention kernel
   takes -- head dims 128 or 256, whole blocks of 128 keys, scores only scaled -- the
   others keep both products 16-bit: bf16 for wider operands, nothing quantized for
-  them), ``none`` (CUDA chips without that kernel). On CUDA cores fp8 attention ran 30x
-  slower than the bf16 tensor-core kernel (H200, 4x32x2048x64: 9.76 against 0.326 ms),
-  so kf keeps such attention 16-bit, as Transformer Engine falls back to bf16 attention
-  where its fp8 one does not apply.
+  them), ``none`` (CUDA chips without that kernel). On CUDA cores fp8 attention is an
+  order of magnitude slower than the bf16 tensor-core kernel (bench/fp8_policy.py; the
+  numbers in bench/RESULTS.md), so kf keeps such attention 16-bit, as Transformer Engine
+  falls back to bf16 attention where its fp8 one does not apply.
 
   ``fp8-storage=false`` keeps the quantized operands as f32 tensors holding E4M3FN
   values (``cast(cast(... -> f8E4M3FN) -> f32)``) for targets without fp8 matrix units

@@ -38,6 +38,11 @@ def user_functions(module: ir.Operation) -> list[ir.Operation]:
     return out
 
 
+#: how a boolean option may be written (``kf-to-cpu{fuse}`` alone means true)
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "": True, "0": False, "false": False, "no": False,
+          "off": False}
+
+
 @dataclasses.dataclass(frozen=True)
 class KfPass:
     """Subclasses set NAME and DESCRIPTION, declare options as dataclass fields
@@ -62,9 +67,15 @@ class KfPass:
             kind = f.type if isinstance(f.type, type) else {"int": int, "bool": bool, "str": str, "float": float}.get(
                 str(f.type), str)
             if kind is bool:
-                kwargs[f.name] = text.lower() in ("1", "true", "yes", "on", "")
+                if text.lower() not in _BOOLS:
+                    raise ValueError(f"pass '{cls.NAME}' option '{key}' is true or false, got '{text}'")
+                kwargs[f.name] = _BOOLS[text.lower()]
             else:
-                kwargs[f.name] = kind(text)
+                try:
+                    kwargs[f.name] = kind(text)
+                except ValueError:
+                    raise ValueError(f"pass '{cls.NAME}' option '{key}' takes {'an' if kind is int else 'a'} "
+                                     f"{kind.__name__}, got '{text}'") from None
         return cls(**kwargs)
 
     def textual(self) -> str:

@@ -43,7 +43,7 @@ from typing import ClassVar
 from mlir import ir
 from mlir.dialects import gpu, memref, scf
 
-from .base import KfPass
+from .base import KfPass, PassError
 
 ROW_LOOP = "kf.row_loop"
 PROMOTE = "kf.promote"
@@ -97,6 +97,11 @@ class PromoteSharedPass(KfPass):
     min_reads: int = 2
 
     def run(self, module: ir.Operation) -> None:
+        if self.max_shared_bytes < 0:
+            raise PassError(f"max-shared-bytes must be 0 (the kernel's own limit) or positive, got "
+                            f"{self.max_shared_bytes}", module.location)
+        if self.min_reads < 1:
+            raise PassError(f"min-reads must be at least 1, got {self.min_reads}", module.location)
         for gm in _walk(module):
             if gm.name != "gpu.module":
                 continue
@@ -109,7 +114,10 @@ class PromoteSharedPass(KfPass):
         if self.max_shared_bytes:
             return self.max_shared_bytes
         if MAX_SHARED in fn.attributes:
-            return ir.IntegerAttr(fn.attributes[MAX_SHARED]).value
+            limit = fn.attributes[MAX_SHARED]
+            if not isinstance(limit, ir.IntegerAttr) or limit.value <= 0:
+                raise PassError(f"{MAX_SHARED} is {limit}, not a positive number of bytes", fn.location)
+            return limit.value
         return 48 * 1024
 
     def promote(self, fn: ir.Operation) -> list[int]:

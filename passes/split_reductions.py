@@ -9,9 +9,9 @@ Why, three reasons with one cure:
 - parallelism: kf-fuse gives a reduction over all dims (or over leading dims) to the
   generic strategy, where one thread computes each output element -- for a full
   reduction one thread walks the whole tensor. fp8's amax (``max(abs(x))``,
-  passes/apply_precision.py and kf.fp8_amax) over a 4x32x2048x128 tensor took ~0.56 s a
-  tensor that way on the H200 (bench/fp8_attention.py). Rows are what the rowwise
-  strategy reduces in parallel (a workgroup a row);
+  passes/apply_precision.py and kf.fp8_amax) over a 4x32x2048x128 tensor is then 2^25
+  elements in one thread. Rows are what the rowwise strategy reduces in parallel (a
+  workgroup a row);
 - bounded loops: Mesa's lavapipe stops every shader invocation after 65535 loop
   iterations in all (llvmpipe's loop limiter), so a longer loop silently drops the rest
   of the elements (``torch.ones(65537).sum()`` gave 65535). After this pass a reduction
@@ -70,12 +70,10 @@ from kf.dialects.attrs import op_attrs
 from .base import KfPass, user_functions
 
 #: The longest reduction a generic thread runs, and the longest row of a full
-#: reduction's stages. 8192: the seed's attention under precision="fp8" (4x32x2048x128,
-#: three amaxes of 2^25 elements: 4096 rows, then one row of the 4096 partials) took
-#: 0.696 ms a call in both repetitions of a same-process A/B on the H200, against
-#: 0.707-0.753 with rows of 4096 (three stages), 0.729-0.732 with 4096 and a last row of
-#: up to 16384, 0.695-0.722 with 16384 (bench/amax_stages.py;
-#: bench/results/amax-stages-ab-2026-12-04.json).
+#: reduction's stages. 8192: of rows of 4096, 8192 and 16384, the fastest and steadiest
+#: for the seed's attention under precision="fp8" (4x32x2048x128, three amaxes of 2^25
+#: elements: 4096 rows, then one row of the 4096 partials); bench/amax_stages.py measures
+#: it, bench/RESULTS.md ("The amax's stages") has the numbers.
 ROW = 8192
 #: The most partial results the last stage of a full reduction reduces in one row (one
 #: workgroup).

@@ -94,9 +94,20 @@ def _plan(strategy: Strategy, kernel: ir.Operation, target: TargetInfo, variants
 
 
 def recorded_plan(kernel: ir.Operation) -> dict | None:
+    """The kernel's kf.plan, or None where it has none; a PassError at the kernel where
+    kf.plan is not a plan (a dictionary naming its strategy and target)."""
     if "kf.plan" not in kernel.attributes:
         return None
-    return attr_to_plan(kernel.attributes["kf.plan"])
+    attr = kernel.attributes["kf.plan"]
+    try:
+        plan = attr_to_plan(attr)
+    except TypeError as e:
+        plan = e
+    if not isinstance(plan, dict) or not isinstance(plan.get("strategy", ""), str) or \
+            not isinstance(plan.get("target", ""), str):
+        raise PassError(f"kernel @{E.kernel_name(kernel)}: kf.plan is {attr}, not a plan (a dictionary such as "
+                        "kf-tile records)", kernel.location)
+    return plan
 
 
 #: Targets a plan can be made for; Vulkan and Metal both run kf's SPIR-V.
@@ -150,5 +161,8 @@ class TilePass(KfPass):
         variants = variants_by_kind(dict(self.variants))
         for kernel in E.kernel_functions(module):
             with kernel.context, kernel.location:
-                _, plan = choose(kernel, info, variants)
+                try:
+                    _, plan = choose(kernel, info, variants)
+                except ValueError as e:  # a KfTypeError: an element type or shape kf has no kernels for
+                    raise PassError(f"cannot plan kernel @{E.kernel_name(kernel)}: {e}", kernel.location) from None
                 kernel.attributes["kf.plan"] = plan_to_attr(plan)

@@ -486,9 +486,10 @@ def blocked_reductions(module: ir.Operation, bound: int = REDUCTION_BLOCK) -> No
             work.extend(made)
 
 
-def _memref(t: ir.Type) -> ir.Type:
+def _memref(t: ir.Type, f: ir.Operation, what: str) -> ir.Type:
     if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
-        raise PassError(f"kf-to-cpu needs statically shaped tensor arguments and results, got {t}")
+        raise PassError(f"@{ir.StringAttr(f.attributes['sym_name']).value}: {what} is {t}; kf-to-cpu takes "
+                        "statically shaped tensors", f.location)
     return ir.MemRefType.get(list(t.shape), t.element_type)
 
 
@@ -503,13 +504,14 @@ def to_destination_passing(f: ir.Operation) -> None:
     if not blocks:
         return
     if len(blocks) != 1:
-        raise PassError("kf-to-cpu expects single-block functions", f.location)
+        raise PassError(f"@{ir.StringAttr(f.attributes['sym_name']).value} has {len(blocks)} blocks; kf-to-cpu "
+                        "takes single-block functions", f.location)
     block = blocks[0]
     ftype = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
     n_in = len(ftype.inputs)
     with f.location:
-        in_types = [_memref(t) for t in ftype.inputs]
-        out_types = [_memref(t) for t in ftype.results]
+        in_types = [_memref(t, f, f"argument {i}") for i, t in enumerate(ftype.inputs)]
+        out_types = [_memref(t, f, f"result {i}") for i, t in enumerate(ftype.results)]
         # New memref arguments go after the old tensor ones, which are erased once the
         # to_tensor values have replaced them.
         new_args = [block.add_argument(t, f.location) for t in in_types + out_types]
@@ -535,6 +537,22 @@ def to_destination_passing(f: ir.Operation) -> None:
         f.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
 
 
+def _check_lowered(module: ir.Operation) -> None:
+    """kf-to-cpu takes linalg on tensors: a kf op left means kf-lower-to-linalg did not run
+    (upstream bufferization would only say that the op "was not bufferized")."""
+    left: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name.startswith("kf."):
+            left.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    if left:
+        raise PassError(f"{left[0].name} is not lowered: run kf-lower-to-linalg before kf-to-cpu", left[0].location)
+
+
 @dataclasses.dataclass(frozen=True)
 class ToCpuPass(KfPass):
     NAME = "kf-to-cpu"
@@ -554,6 +572,7 @@ class ToCpuPass(KfPass):
                 f"builtin.module({TO_LOOPS})", f"builtin.module({TO_LLVM})")
 
     def run(self, module: ir.Operation) -> None:
+        _check_lowered(module)
         with module.context, module.location:
             expand_fp8_conversions(module)
             narrow_f64_conversions(module)

@@ -78,6 +78,8 @@ def single_entry(binary: bytes, entry: str) -> bytes:
     (plain word surgery: the instruction layout is fixed by the SPIR-V spec), then
     ``spirv-opt`` drops the dead functions, variables and types. Without spirv-opt the
     module is returned unchanged (correct, only wasteful)."""
+    if len(binary) % 4:
+        raise PassError(f"not a little-endian SPIR-V binary ({len(binary)} bytes: not whole 32-bit words)")
     words = array.array("I", binary)
     if len(words) < 5 or words[0] != 0x07230203:
         raise PassError("not a little-endian SPIR-V binary")
@@ -225,6 +227,9 @@ class ToMetalPass(KfPass):
     msl_version: int = DEFAULT_MSL_VERSION
 
     def run(self, module: ir.Operation) -> None:
+        if not 10000 <= self.msl_version < 40000:
+            raise PassError(f"msl-version is major * 10000 + minor * 100 (20300: MSL 2.3), got {self.msl_version}",
+                            module.location)
         top = module.regions[0].blocks[0]
         if any(op.operation.name == "spirv.module" for op in top.operations):
             raise PassError("kf-to-metal needs the serialized SPIR-V: run kf-to-spirv without serialize=false",

@@ -2,8 +2,8 @@
 
 A rowwise kernel's phases are loops ``scf.for %j = %tid to %R step %T {kf.row_loop}``
 whose loads and stores index the innermost, contiguous dimension with ``%j``. Each thread
-moves 4 bytes (f32) or 2 (f16) per access; the H200 measurement in DESIGN.md puts scalar
-accesses at 80% of the bandwidth torch reaches. This pass rewrites such a loop into
+moves 4 bytes (f32) or 2 (f16) per access, which leaves part of the bandwidth that
+torch's 128-bit accesses reach unused. This pass rewrites such a loop into
 
     %v = scf.for %jv = %tid * L to R' step %T * L iter_args(vector accumulators) {
            vector.load %x[..., %jv] {alignment}  ->  arithmetic on vector<L x T>
@@ -52,13 +52,17 @@ from typing import ClassVar
 from mlir import ir
 from mlir.dialects import arith, scf, vector
 
-from .base import KfPass
+from .base import KfPass, PassError
 
 ROW_LOOP = "kf.row_loop"
 VECTOR_LANES = "kf.vector_lanes"
 ASSUMED_ALIGNMENT = "kf.assumed_alignment"  # on the gpu.func: bytes every kernel argument must be aligned to
 _BITS = {"f64": 64, "f32": 32, "f16": 16, "bf16": 16, "i64": 64, "i32": 32, "i16": 16, "i8": 8, "i1": 8}
 _COMBINE = {"arith.addf": "add", "arith.mulf": "mul", "arith.maximumf": "maximumf", "arith.minimumf": "minimumf"}
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 class _Refuse(Exception):
@@ -149,9 +153,19 @@ class VectorizePass(KfPass):
     max_lanes: int = 0  # 0: no cap beyond the loop's kf.vector_lanes / vector-bits
 
     def run(self, module: ir.Operation) -> None:
+        if self.vector_bits < 8 or not _power_of_two(self.vector_bits):
+            raise PassError(f"vector-bits must be a power of two of at least 8, got {self.vector_bits}",
+                            module.location)
+        if self.max_lanes and (self.max_lanes < 0 or not _power_of_two(self.max_lanes)):
+            raise PassError(f"max-lanes must be 0 (no cap) or a power of two, got {self.max_lanes}", module.location)
         for fn in _walk(module):
             if fn.name != "gpu.func" or "gpu.kernel" not in fn.attributes:
                 continue
+            for loop in [op for op in _walk(fn) if op.name == "scf.for" and VECTOR_LANES in op.attributes]:
+                lanes = loop.attributes[VECTOR_LANES]
+                if not isinstance(lanes, ir.IntegerAttr) or lanes.value < 1 or not _power_of_two(lanes.value):
+                    raise PassError(f"{VECTOR_LANES} is {lanes}: the lanes of a row loop are a power of two "
+                                    "(an integer attribute)", loop.location)
             block = tuple(ir.DenseI32ArrayAttr(fn.attributes["known_block_size"])) \
                 if "known_block_size" in fn.attributes else None
             for loop in [op for op in _walk(fn) if op.name == "scf.for" and ROW_LOOP in op.attributes]:

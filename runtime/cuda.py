@@ -12,7 +12,7 @@ The launch path is short because it runs on every call:
   context; kf launches in the primary context of the tensors' device, which is the one
   torch uses, so the per-call lookup is one dict access by device index;
 - the launch itself goes through kf's compiled launcher, ``kf.runtime._launcher``
-  (runtime/_launcher.c, built by ``pip install``): one C function that takes the
+  (runtime/_launcher*.c, built by ``pip install``): one C function that takes the
   CUfunction's address, grid, block, shared bytes, torch's raw stream and the device
   pointers as plain ints, builds the ``void**`` parameter array on its stack and calls
   cuLaunchKernel. cuda.bindings' own cuLaunchKernel wrapper spends microseconds per call

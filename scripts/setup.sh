@@ -25,9 +25,9 @@ if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi
 # Reinstall when what the install builds changed since the last one: pyproject.toml, and
-# setup.py with the compiled launcher's source (the editable install compiles
-# runtime/_launcher.c in place; a fresh checkout has no .so yet). The stamp is their hash.
-stamp=$(cat pyproject.toml setup.py runtime/_launcher.c | sha256sum | cut -d' ' -f1)
+# setup.py with the compiled launcher's sources (the editable install compiles
+# runtime/_launcher*.c in place; a fresh checkout has no .so yet). The stamp is their hash.
+stamp=$(cat pyproject.toml setup.py runtime/_launcher*.c runtime/_launcher.h | sha256sum | cut -d' ' -f1)
 if [[ "$(cat .venv/.kf-installed 2>/dev/null)" != "$stamp" ]] || \
    ! .venv/bin/python -c "import kf, mlir, torch, torch_mlir, vulkan, lit, pytest, hypothesis, matplotlib, expecttest" 2>/dev/null; then
   echo "kf setup: installing Python packages (a few minutes the first time)" >&2

@@ -235,7 +235,7 @@ def lower_fp8_conversions(gpu_module: ir.Operation, cvt: bool) -> None:
     then f16 -> f32 (exact); f8E5M2 keeps the integer encoder (torch lets it overflow to
     inf, satfinite would not) and its decoder (a shift into an f16). The integer encoder
     is ~15 instructions a value: it made fp8's bf16 -> e4m3 quantization integer-bound
-    on the H200 (1.2 TB/s, bench/fp8_attention.py)."""
+    (bench/fp8_attention.py; bench/RESULTS.md, "The quantization before the kernel")."""
     from mlir.dialects import llvm
 
     truncs, exts = [], []

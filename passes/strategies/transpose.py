@@ -4,8 +4,9 @@ through workgroup memory.
 
 Why: the generic strategy writes one output element a thread and reads the input at
 the transposed index, so a warp's 32 reads land in 32 rows: bf16 V^T of a 4x32x2048x128
-tensor took 0.21 ms on the H200 (633 GB/s, 15% of copy; bench/fp8_attention.py),
-before the quantization read it again.
+tensor reached a small fraction of the copy bandwidth (bench/fp8_attention.py; the
+numbers in bench/RESULTS.md, "The quantization before the kernel"), before the
+quantization read it again.
 
 Shape of the kernel (TILE = 64 on CUDA; 32 on SPIR-V, where a 64x65 f32 tile would be
 more workgroup memory than Vulkan's guaranteed 16 KiB):

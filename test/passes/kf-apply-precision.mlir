@@ -8,6 +8,12 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-attention=kernel})' | FileCheck %s --check-prefix=FP8K
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-attention=none})' | FileCheck %s --check-prefix=FP8N
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=int4})' 2>&1 | FileCheck %s --check-prefix=BAD
+// Invalid inputs (Inputs/kf-apply-precision-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-apply-precision-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-apply-precision{precision=bf16})'
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-attention=always})' 2>&1 | FileCheck %s --check-prefix=BAD-ATTENTION
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-apply-precision{precision=fp8 fp8-storage=sometimes})' 2>&1 | FileCheck %s --check-prefix=BAD-BOOL
+// BAD-ATTENTION: error: kf-apply-precision: fp8-attention must be one of any, kernel, none, got 'always'
+// BAD-BOOL: error: pass 'kf-apply-precision' option 'fp8-storage' is true or false, got 'sometimes'
 
 // BAD: kf-apply-precision: precision must be one of auto, fp32, tf32, bf16, fp16, fp8, got 'int4'
 

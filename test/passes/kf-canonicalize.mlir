@@ -1,4 +1,8 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-canonicalize)' | FileCheck %s
+// Invalid inputs (Inputs/kf-canonicalize-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-canonicalize-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-canonicalize)'
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-canonicalize{max-iterations=many})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
+// BAD-INT: error: pass 'kf-canonicalize' option 'max-iterations' takes an int, got 'many'
 
 // A broadcast feeding an elementwise op is dropped: kf ops broadcast implicitly.
 // CHECK-LABEL: func.func @drop_broadcast

@@ -1,4 +1,8 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-fuse)' | FileCheck %s
+// Invalid inputs (Inputs/kf-fuse-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-fuse-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-fuse)'
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-fuse{max-ops=4})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
+// BAD-OPTION: error: pass 'kf-fuse' has no option 'max-ops' (options: none)
 
 // The seed's layer norm is one rowwise kernel: two reductions over the last dim and the
 // elementwise ops around them, with the rank-0 eps fill cloned into the kernel.

@@ -1,4 +1,7 @@
 // RUN: kf-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-lower-to-linalg)' | FileCheck %s
+// Bad options (it has none):
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-lower-to-linalg{target=cpu})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
+// BAD-OPTION: error: pass 'kf-lower-to-linalg' has no option 'target' (options: none)
 
 // Torch broadcasting is in the indexing maps: the 1-D operand maps to the trailing dim,
 // the size-1 dim reads index 0, the rank-0 operand maps to (). f16 math runs in f32 and

@@ -3,6 +3,13 @@
 // Both back ends take what the strategies write (spirv-val runs inside kf-to-spirv):
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv}, kf-to-spirv)' | FileCheck %s --check-prefix=BIN
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda}, kf-to-cuda)' | FileCheck %s --check-prefix=BIN
+// Invalid inputs (Inputs/kf-map-to-gpu-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda})'
+// RUN: kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv})'
+// RUN: not kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=rocm})' 2>&1 | FileCheck %s --check-prefix=BAD-TARGET
+// RUN: not kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv limits=shared=lots})' 2>&1 | FileCheck %s --check-prefix=BAD-LIMITS
+// BAD-TARGET: error: kf-map-to-gpu: target must be one of cuda, spirv, vulkan, metal, got 'rocm'
+// BAD-LIMITS: error: kf-map-to-gpu: device limits 'shared=lots' must give exactly invocations, ops, shared, size, subgroup
 // BIN: gpu.binary @kf_kernels
 // BIN: gpu.binary @kf_kernels
 

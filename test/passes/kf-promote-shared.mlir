@@ -1,5 +1,13 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-promote-shared)' | FileCheck %s
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-promote-shared{max-shared-bytes=2048})' | FileCheck %s --check-prefix=SMALL
+// Invalid inputs (Inputs/kf-promote-shared-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-promote-shared-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-promote-shared)'
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-promote-shared{max-shared-bytes=-1})' 2>&1 | FileCheck %s --check-prefix=BAD-LIMIT
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-promote-shared{min-reads=0})' 2>&1 | FileCheck %s --check-prefix=BAD-READS
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-promote-shared{max-shared-bytes=48K})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
+// BAD-LIMIT: error: kf-promote-shared: max-shared-bytes must be 0 (the kernel's own limit) or positive, got -1
+// BAD-READS: error: kf-promote-shared: min-reads must be at least 1, got 0
+// BAD-INT: error: pass 'kf-promote-shared' option 'max-shared-bytes' takes an int, got '48K'
 
 // The layer norm shape: x is read by the sum phase and by the output phase (both
 // loads marked kf.promote by the rowwise strategy). The row is copied once into a new

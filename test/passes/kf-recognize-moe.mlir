@@ -1,4 +1,8 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-recognize-moe)' | FileCheck %s
+// Invalid inputs (Inputs/kf-recognize-moe-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-recognize-moe-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-recognize-moe)'
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-recognize-moe{experts=3})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
+// BAD-OPTION: error: pass 'kf-recognize-moe' has no option 'experts' (options: none)
 
 // examples/moe.py after kf-canonicalize (top-2 of 3 experts, 5 tokens): the routing
 // weights built from `idx == arange(E)`, and per expert e a slice of the stacked

@@ -1,5 +1,9 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions)' | FileCheck %s
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions, kf-fuse)' | FileCheck %s --check-prefix=FUSED
+// Invalid inputs (Inputs/kf-split-reductions-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-split-reductions-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-split-reductions)'
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions{rows=8192})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
+// BAD-OPTION: error: pass 'kf-split-reductions' has no option 'rows' (options: none)
 
 // fp8's amax over a 4x32x2048x128 tensor (2^25 elements): rows of 8192 (4096 of them),
 // then the 4096 partial maxima as one row; each stage is

@@ -5,6 +5,10 @@
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stage=2})' 2>&1 | FileCheck %s --check-prefix=BADFIELD
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stages=two})' 2>&1 | FileCheck %s --check-prefix=BADVALUE
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{rowwise.stages=2})' 2>&1 | FileCheck %s --check-prefix=BADKIND
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{multiprocessors=many})' 2>&1 | FileCheck %s --check-prefix=BADINT
+// Invalid inputs (Inputs/kf-tile-invalid.mlir):
+// RUN: kf-opt %S/Inputs/kf-tile-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-tile{target=cuda})'
+// RUN: kf-opt %S/Inputs/kf-tile-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-tile{target=spirv})'
 
 // kf-tile records each kernel function's plan as kf.plan and touches nothing else.
 // BAD: kf-tile: target must be one of cuda, spirv, vulkan, metal, got 'rocm'
@@ -15,6 +19,7 @@
 // BADFIELD: matmul: no variant 'stage' (variants: group_m, inflight, k_bytes, max_block_n, stages, warp_tiles)
 // BADVALUE: matmul: variant 'stages' takes an int, not 'two'
 // BADKIND: kernels of kind 'rowwise' have no variants (kinds with variants: attention, matmul, moe_gemm)
+// BADINT: error: pass 'kf-tile' option 'multiprocessors' takes an int, got 'many'
 
 // 1000 f32 elements: one thread per 4 (16-byte accesses, 1000 = 250 x 4), 256 threads,
 // one block; the last block is partial (250 < 256), so the kernel guards its tail.

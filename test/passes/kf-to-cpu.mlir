@@ -1,4 +1,10 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-lower-to-linalg, kf-to-cpu)' | FileCheck %s
+// Invalid inputs (Inputs/kf-to-cpu-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-to-cpu-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-to-cpu)'
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-lower-to-linalg, kf-to-cpu{fuse=maybe})' 2>&1 | FileCheck %s --check-prefix=BAD-BOOL
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-lower-to-linalg, kf-to-cpu{opt-level=3})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
+// BAD-BOOL: error: pass 'kf-to-cpu' option 'fuse' is true or false, got 'maybe'
+// BAD-OPTION: error: pass 'kf-to-cpu' has no option 'opt-level' (options: fuse)
 
 // Destination passing: the inputs' memref descriptors (2-D: ptr, ptr, offset, 2 sizes,
 // 2 strides) come first, then the output's, and nothing is returned. The two kf ops

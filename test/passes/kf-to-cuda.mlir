@@ -6,6 +6,11 @@
 // ptxas's report where ptxas exists (lit's %if rather than a file-wide REQUIRES, so the
 // checks above still run on machines without the CUDA toolkit):
 // RUN: %if ptxas %{ not %PYTHON -m kf.passes.to_cuda --split-input-file --ptxas --chip=sm_90 %s 2>&1 | FileCheck %s --check-prefix=PTXAS %}
+// Bad options:
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-cuda{opt-level=high})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-cuda{arch=sm_90})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
+// BAD-INT: error: pass 'kf-to-cuda' option 'opt-level' takes an int, got 'high'
+// BAD-OPTION: error: pass 'kf-to-cuda' has no option 'arch' (options: chip, features, ftz, index-bitwidth, opt-level)
 
 // An elementwise kernel on bf16 with a tail guard: 1000 elements, blocks of 128.
 // BIN: gpu.binary @kf_kernels {{.*}}#nvvm.target<O = 3, chip = "sm_90">{{.*}}assembly = "{{.*}}.visible .entry scale(

@@ -1,6 +1,14 @@
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-to-metal)' | FileCheck %s
 // RUN: %PYTHON -m kf.passes.to_metal %s | FileCheck %s --check-prefix=MSL
 // REQUIRES: spirv-cross
+// Invalid inputs (Inputs/kf-to-metal-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-to-metal-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-to-metal)'
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-to-metal{msl-version=23})' 2>&1 | FileCheck %s --check-prefix=BAD-VERSION
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-to-metal{msl-version=2.3})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-to-metal{version=2})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
+// BAD-VERSION: error: kf-to-metal: msl-version is major * 10000 + minor * 100 (20300: MSL 2.3), got 23
+// BAD-INT: error: pass 'kf-to-metal' option 'msl-version' takes an int, got '2.3'
+// BAD-OPTION: error: pass 'kf-to-metal' has no option 'version' (options: msl-version, workgroup-size)
 
 // kf-to-metal runs kf-to-spirv, then SPIRV-Cross per entry point. The gpu.binary keeps
 // its SPIR-V and gains the MSL and the launch facts: threadgroup size and buffer indices.

@@ -2,6 +2,11 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv)' | FileCheck %s --check-prefix=BIN
 // RUN: kf-opt %S/Inputs/kf-to-spirv-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-to-spirv)'
 // REQUIRES: spirv-val
+// Bad options:
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{serialize=perhaps})' 2>&1 | FileCheck %s --check-prefix=BAD-BOOL
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{subgroup-size=wide})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
+// BAD-BOOL: error: pass 'kf-to-spirv' option 'serialize' is true or false, got 'perhaps'
+// BAD-INT: error: pass 'kf-to-spirv' option 'subgroup-size' takes an int, got 'wide'
 
 // An elementwise kernel with the tail guard i < n (1000 is not a multiple of 256): the
 // workgroup size comes from known_block_size, gpu.block_dim folds to it, and binding i

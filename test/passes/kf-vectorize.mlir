@@ -6,6 +6,14 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-vectorize)' -o %t.mlir
 // RUN: %if ptxas %{ %PYTHON -m kf.passes.to_cuda --split-input-file --ptxas --chip=sm_90 %t.mlir | FileCheck %s --check-prefix=PTX %}
 // RUN: %if ptxas %{ %PYTHON -m kf.passes.to_cuda --split-input-file --ptxas --chip=sm_80 %t.mlir | FileCheck %s --check-prefix=PTX %}
+// Invalid inputs (Inputs/kf-vectorize-invalid.mlir) and options:
+// RUN: kf-opt %S/Inputs/kf-vectorize-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-vectorize)'
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-vectorize{vector-bits=96})' 2>&1 | FileCheck %s --check-prefix=BAD-BITS
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-vectorize{max-lanes=3})' 2>&1 | FileCheck %s --check-prefix=BAD-LANES
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-vectorize{lanes=4})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
+// BAD-BITS: error: kf-vectorize: vector-bits must be a power of two of at least 8, got 96
+// BAD-LANES: error: kf-vectorize: max-lanes must be 0 (no cap) or a power of two, got 3
+// BAD-OPTION: error: pass 'kf-vectorize' has no option 'lanes' (options: max-lanes, vector-bits)
 // REQUIRES: ptxas
 
 // A sum phase over rows of 1024 f32 (a multiple of 4): the loop becomes vector<4xf32>

@@ -1,4 +1,4 @@
-"""The call-path half of runtime/_launcher.c: key(), dispatch() and Lane.
+"""kf.runtime._launcher's call path (runtime/_launcher_dispatch.c, _launcher_lane.c): key(), dispatch(), Lane.
 
 Without a GPU: key() builds exactly the tuple compiler/api.py's _fast_key builds (so
 either can fill the table the other reads), equal where a call may share a program and

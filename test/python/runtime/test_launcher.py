@@ -1,4 +1,4 @@
-"""runtime/_launcher.c (kf.runtime._launcher) and how runtime/cuda.py and
+"""runtime/_launcher*.c (kf.runtime._launcher) and how runtime/cuda.py and
 runtime/programs.py launch through it.
 
 Without a GPU: setup.py builds the extension; bad arguments raise before any driver call;

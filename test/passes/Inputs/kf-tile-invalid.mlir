@@ -1,0 +1,23 @@
+// Invalid inputs of kf-tile, run by test/passes/kf-tile.mlir with --verify-diagnostics.
+
+// A kernel over an element type kf has no kernels for.
+// expected-error @below {{kf-tile: cannot plan kernel @complex: element type complex<f32> is not one of f64, f32, f16, bf16, f8E4M3FN, f8E5M2, i1, i32, i64}}
+func.func private @complex(%a: tensor<4x8xcomplex<f32>>) -> tensor<4x8xcomplex<f32>> attributes {kf.kernel = "elementwise"} {
+  return %a : tensor<4x8xcomplex<f32>>
+}
+
+// -----
+
+// expected-error @below {{kf-tile: cannot plan kernel @bytes: element type i8 is not one of}}
+func.func private @bytes(%a: tensor<64xi8>) -> tensor<64xi8> attributes {kf.kernel = "elementwise"} {
+  return %a : tensor<64xi8>
+}
+
+// -----
+
+// Kernels have static shapes; kf-opt's verifier reports the op before kf-tile runs.
+func.func private @dynamic(%a: tensor<?x8xf32>) -> tensor<?x8xf32> attributes {kf.kernel = "elementwise"} {
+  // expected-error @below {{'kf.exp' op expected a static shape, got tensor<?x8xf32>}}
+  %0 = "kf.exp"(%a) : (tensor<?x8xf32>) -> tensor<?x8xf32>
+  return %0 : tensor<?x8xf32>
+}
