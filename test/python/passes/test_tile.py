@@ -114,7 +114,8 @@ def compiled(fn, spec: str, *args) -> ProgramABI:
     """The program ABI of fn compiled for vulkan with the device limits spec (not run)."""
     f = kf.jit(fn, target="vulkan", arch=spec)
     sig, tensors = bind(f.fn, args, {})
-    return ProgramABI.from_json(f.specialize(sig, tensors).meta["abi"])
+    program, _ = f.specialize(sig, tensors)
+    return ProgramABI.from_json(program.meta["abi"])
 
 
 @needs_spirv_val
