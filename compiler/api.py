@@ -40,12 +40,12 @@ _is_compiling = torch_ops._is_compiling
 def _choose_dispatch():
     """(kf.runtime._launcher.dispatch or None, its MISS, which dispatch in words).
 
-    The compiled extension (runtime/_launcher.c) does a call's common case in one C call:
+    The compiled extension (runtime/_launcher_*.c) does a call's common case in one C call:
     the checks of ``torch_ops.needs_op`` and of autocast, the dispatch key that
     ``_fast_key`` builds, the table lookup and the call of its entry (a CUDA program's
     prebuilt lane runs there too, see ``CudaProgram.c_lane``). ``KF_DISPATCH=python``
-    keeps all of it in Python (as before the extension had it, to compare; the launch
-    still goes through the launcher runtime/cuda.py chose), ``KF_DISPATCH=c`` requires
+    keeps all of it in Python (to compare; the launch still goes through the launcher
+    runtime/cuda.py chose), ``KF_DISPATCH=c`` requires
     the extension; ``auto`` (the default) uses it where it is built."""
     choice = os.environ.get("KF_DISPATCH", "auto").strip().lower() or "auto"
     if choice not in ("auto", "c", "python"):
