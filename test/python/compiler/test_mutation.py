@@ -255,3 +255,18 @@ def test_writing_a_shape_is_a_capture_error_at_its_line(fn):
     with pytest.raises(kf.CaptureError) as err:
         kf.jit(fn, target="cpu")(torch.randn(2, 3))
     assert err.value.loc is not None and err.value.loc.line == fn.__code__.co_firstlineno + 1
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_returning_an_in_place_result_of_an_intermediate(target):
+    """``return y.add_(1)`` on a tensor the function made is its new value (it was refused
+    as 'returns add_, which is not a tensor'); the argument is left alone."""
+    def scaled_then_shifted(x):
+        y = x * 2
+        return y.add_(1).mul_(3)
+
+    x = torch.randn(257)
+    before = x.clone()
+    out = kf.jit(scaled_then_shifted, target=target)(x)
+    torch.testing.assert_close(out, (before * 2 + 1) * 3)
+    assert torch.equal(x, before)
