@@ -9,7 +9,8 @@ logsumexp, D = rowsum(dO * O), and the products dq, dk, dv). It is written as:
   a workspace;
 - the main kernel: a workgroup per key block accumulates dK and dV over the query
   blocks, recomputing P from the logsumexp; dQ in workgroups per query block of the
-  same launch (``simt``, every target).
+  same launch (``simt``, every target), or on sm_90a (``hopper``) by wgmma, with dQ
+  added atomically into f32 sums and converted by a postprocess.
 
 Measurements: bench/RESULTS.md.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 from mlir import ir
 
 from ...base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from . import simt
+from . import hopper, simt
 from .chain import BackwardChain
 
 
@@ -28,12 +29,16 @@ class AttentionBackwardStrategy(Strategy):
 
     def plan(self, kernel: ir.Operation, target: TargetInfo, variant=None) -> dict:
         ch = BackwardChain(kernel)
-        return simt.plan(ch, target)
+        return hopper.plan(ch, target) or simt.plan(ch, target)
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = BackwardChain(kernel)
         if plan.get("kernel") == "simt":
             return simt.SimtBackward(ch, kernel, plan, gpu_module, target).emit()
+        if plan.get("kernel") == "hopper":
+            if target.name != "cuda":
+                raise NotApplicable("the wgmma attention backward plan is for CUDA")
+            return hopper.emit(ch, kernel, plan, gpu_module, target)
         raise NotApplicable(f"no attention backward kernel '{plan.get('kernel')}'")
 
 

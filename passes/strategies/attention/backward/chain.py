@@ -93,8 +93,9 @@ class BackwardChain:
     def __init__(self, kernel: ir.Operation):
         view = KernelView(kernel)
         self.view = view
-        matmuls = [op for op in view.ops if op.name == "kf.matmul"]
-        sums = [op for op in view.ops if op.name in ("kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var",
+        live = _live_ops(view)
+        matmuls = [op for op in live if op.name == "kf.matmul"]
+        sums = [op for op in live if op.name in ("kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var",
                                                      "kf.softmax", "kf.log_softmax")]
         if len(sums) != 1 or sums[0].name != "kf.sum":
             raise NotApplicable(f"@{view.name}: an attention backward has one row sum (D), not "
@@ -112,7 +113,7 @@ class BackwardChain:
         if len(inner) != 2:
             raise NotApplicable(f"@{view.name}: {len(inner)} products feed the results; the attention backward "
                                 "has two (q @ k^T and dO @ v^T)")
-        exps = [op for op in view.ops if op.name == "kf.exp" and _exp_of_difference(op, inner)]
+        exps = [op for op in live if op.name == "kf.exp" and _exp_of_difference(op, inner)]
         if len(exps) != 1:
             raise NotApplicable(f"@{view.name}: {len(exps)} exp(x - lse) ops; the backward recomputes P once")
         self.p = exps[0]
@@ -234,6 +235,18 @@ class BackwardChain:
         return self.view.result_specs[self.products[role].result]
 
 
+def _live_ops(view: KernelView) -> list[ir.Operation]:
+    """The kernel function's ops that its results are computed from, in order."""
+    seen, stack = set(), list(view.results)
+    while stack:
+        op = defining(stack.pop())
+        if op is None or op in seen:
+            continue
+        seen.add(op)
+        stack.extend(op.operands)
+    return [op for op in view.ops if op in seen]
+
+
 def _epilogue_product(r: ir.Value) -> tuple[ir.Operation | None, bool]:
     """The output product under a result (through float casts, rank-0 scales and
     transposes of the last two dims) and whether they transpose it."""
@@ -317,3 +330,119 @@ def _last_mask(x: ir.Value) -> tuple[ir.Value | None, float | None, ir.Value | N
                 op_attrs(fill)["value"] <= MASK_FILL_AT_MOST:
             return op.operands[0], float(op_attrs(fill)["value"]), op.operands[2]
     return None, None, None
+
+
+@dataclass(frozen=True)
+class LinearForm:
+    """The chain as FlashAttention's kernels compute it: x = ``score_scale`` * S (a mask
+    applied last aside), Pv = P, and dSq = dSk = ``grad_scale`` * P * (dP - D), zero
+    where the mask masks (``masked``), all up to roundings between floats."""
+
+    score_scale: float
+    grad_scale: float
+    masked: bool
+
+
+def linear_form(ch: BackwardChain) -> LinearForm | None:
+    """The chain's ``LinearForm``, or None where it is anything else (a bias, another
+    function of the scores, a mask that is not the forward's)."""
+    x = ch.unmasked_x if ch.mask_cond is not None else ch.x
+    c_s = _scaled(x, ch.mm_s.result)
+    if c_s is None:
+        return None
+    if "dv" in ch.products and _strip_casts(_untransposed(ch.products["dv"].region)) != ch.p.result:
+        return None
+    scales = set()
+    for role in ("dq", "dk"):
+        if role not in ch.products:
+            continue
+        region = ch.products[role].region
+        region = _untransposed(region) if ch.products[role].region_is_lhs and role == "dk" else region
+        c_d = _softmax_grad(ch, region)
+        if c_d is None:
+            return None
+        scales.add(c_d)
+    if len(scales) > 1:
+        return None
+    return LinearForm(c_s, scales.pop() if scales else 1.0, ch.mask_cond is not None)
+
+
+def _strip_casts(v: ir.Value) -> ir.Value:
+    op = defining(v)
+    while op is not None and op.name == "kf.cast" and spec_of(op.operands[0].type).is_float and \
+            spec_of(op.result.type).is_float:
+        v = op.operands[0]
+        op = defining(v)
+    return v
+
+
+def _constant_factor(op: ir.Operation) -> tuple[ir.Value, float] | None:
+    """(x, c) for ``x * c``, ``c * x``, ``x / c`` with c a rank-0 constant fill."""
+    if op.name not in ("kf.mul", "kf.div"):
+        return None
+    a, b = op.operands
+    for x, c, inverse in ((a, b, op.name == "kf.div"), (b, a, False)):
+        if spec_of(c.type).shape or not spec_of(x.type).shape:
+            continue
+        fill = defining(c)
+        if fill is None or fill.name != "kf.fill":
+            continue
+        value = float(op_attrs(fill)["value"])
+        if inverse and value == 0:
+            return None
+        return x, (1.0 / value if inverse else value)
+    return None
+
+
+def _scaled(v: ir.Value, base: ir.Value) -> float | None:
+    """c where v is c * base through casts and constant factors, else None."""
+    c = 1.0
+    while True:
+        v = _strip_casts(v)
+        if v == base:
+            return c
+        op = defining(v)
+        found = _constant_factor(op) if op is not None else None
+        if found is None:
+            return None
+        v, f = found
+        c *= f
+
+
+def _softmax_grad(ch: BackwardChain, v: ir.Value) -> float | None:
+    """c where v is c * P * (dP - D) (zero where the forward's mask masks), through casts
+    and constant factors: ``P * (dP - D)`` or ``dP * P - P * D`` in any operand order."""
+    c = 1.0
+    p, dp, d = ch.p.result, ch.mm_dp.result, ch.d_sum.result
+    while True:
+        v = _strip_casts(v)
+        op = defining(v)
+        if op is None:
+            return None
+        if op.name == "kf.select" and ch.mask_cond is not None and op.operands[0] == ch.mask_cond:
+            zero = defining(op.operands[1])
+            if zero is None or zero.name != "kf.fill" or op_attrs(zero)["value"] != 0.0:
+                return None
+            v = op.operands[2]
+            continue
+        found = _constant_factor(op)
+        if found is not None:
+            v, f = found
+            c *= f
+            continue
+        break
+    a, b = (_strip_casts(x) for x in op.operands)
+    if op.name == "kf.mul":  # P * (dP - D)
+        diff = b if a == p else a if b == p else None
+        sub = defining(diff) if diff is not None else None
+        if sub is not None and sub.name == "kf.sub" and _strip_casts(sub.operands[0]) == dp and \
+                _strip_casts(sub.operands[1]) == d:
+            return c
+        return None
+    if op.name == "kf.sub":  # dP * P - P * D
+        m1, m2 = defining(a), defining(b)
+        if m1 is None or m2 is None or m1.name != "kf.mul" or m2.name != "kf.mul":
+            return None
+        if {_strip_casts(x) for x in m1.operands} == {dp, p} and {_strip_casts(x) for x in m2.operands} == {p, d}:
+            return c
+    return None

@@ -264,13 +264,14 @@ needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.ge
 
 
 def attention_backward(b, h, sq, sk, d, elem, mask_shape=None, dv=None, mask_form="select", scale_op="div",
-                       dk_form="direct"):
+                       dk_form="direct", results=("dq", "dk", "dv")):
     """An attention backward kernel function as kf-fuse makes it (kind
     ``attention_backward``): q, k, v, [mask], o, lse ([b, h, sq, 1], f32), dO ->
     dq, dk, dv, with P = exp(x - lse), D = rowsum(dO * O) in f32 and the softmax
     backward in f32 (16-bit products rounded to their type, as the decomposed ATen graph
     does). ``mask_form``: ``select`` (masked_fill as ATen decomposes it) or
-    ``masked_fill``; ``dk_form``: ``direct`` (dS^T @ q) or ``swapped`` ((q^T @ dS)^T)."""
+    ``masked_fill``; ``dk_form``: ``direct`` (dS^T @ q) or ``swapped`` ((q^T @ dS)^T);
+    ``results``: which gradients it returns, in that order."""
     dv = dv or d
     specs = [TensorSpec((b, h, sq, d), elem), TensorSpec((b, h, sk, d), elem), TensorSpec((b, h, sk, dv), elem)]
     if mask_shape is not None:
@@ -303,7 +304,8 @@ def attention_backward(b, h, sq, sk, d, elem, mask_shape=None, dv=None, mask_for
             dk = kb.matmul(kb.transpose(ds, perm=[0, 1, 3, 2]), q)
         else:
             dk = kb.transpose(kb.matmul(kb.transpose(q, perm=[0, 1, 3, 2]), ds), perm=[0, 1, 3, 2])
-        return [dq, dk, dv_]
+        grads = {"dq": dq, "dk": dk, "dv": dv_}
+        return [grads[r] for r in results]
 
     return Built("attention_backward", specs, body)
 
@@ -356,3 +358,44 @@ def spirv_run_program(built: Built, emitted, args, out_specs):
                     extra=k.abi_extra())
     vulkan.launch(binary.binary, abi, args + outs, written=list(range(len(args), len(args) + len(outs))))
     return outs
+
+
+def cuda_run_program(built: Built, emitted, args, out_specs):
+    """Compile a strategy's kernels for the device's chip and launch them on torch tensors
+    as kf's schedule does: the prelude into a buffer the kernel then takes after its
+    inputs, the kernel, and the postlude (writing the results ``emitted.postlude_results``,
+    which the kernel does not take). Returns the outputs (on the CPU) and the PTX."""
+    from kf.passes import to_cuda
+    from kf.runtime import cuda as kcuda
+
+    cap = torch.cuda.get_device_capability()
+    chip = "sm_90a" if cap == (9, 0) else "sm_{}{}".format(*cap)
+    ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
+    module = kcuda.CudaModule(ptx)
+    ins = [a.cuda() for a in args]
+    if emitted.prelude is not None:
+        t = ir.RankedTensorType(emitted.prelude_output)
+        buf = torch.full(list(t.shape), float("nan"), dtype=torch.float32, device="cuda")
+        p = emitted.prelude
+        kcuda.CudaKernel(module, p.name, p.grid, p.block, p.shared_bytes, len(ins) + 1)(*ins, buf)
+        ins.append(buf)
+    outs = [torch.full(s.shape, float("nan"), dtype=TORCH[s.elem], device="cuda") for s in out_specs]
+    taken = set(emitted.postlude_results)
+    mine = [o for n, o in enumerate(outs) if n not in taken]
+    kcuda.CudaKernel(module, emitted.name, emitted.grid, emitted.block, emitted.shared_bytes,
+                     len(ins) + len(mine))(*ins, *mine)
+    if emitted.postlude is not None:
+        p = emitted.postlude
+        theirs = [outs[n] for n in emitted.postlude_results]
+        kcuda.CudaKernel(module, p.name, p.grid, p.block, p.shared_bytes, len(ins) + len(theirs))(*ins, *theirs)
+    torch.cuda.synchronize()
+    return [o.cpu() for o in outs], ptx
+
+
+def ptxas_reports(built: Built, chip: str = "sm_90a"):
+    """Every kernel's ptxas report (registers, spills), by name, and ptxas's log."""
+    from kf.passes import to_cuda
+
+    ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
+    assembled = to_cuda.assemble(ptx, chip)
+    return ptx, assembled.kernels, assembled.log
