@@ -90,8 +90,11 @@ class BackwardChain:
     a mask applied last to x (``masked_fill`` or ``select`` with a fill of at most
     ``MASK_FILL_AT_MOST``), else None."""
 
-    def __init__(self, kernel: ir.Operation):
-        view = KernelView(kernel)
+    def __init__(self, kernel: ir.Operation | None = None, view=None):
+        """Of a kernel function, or of ``view``: anything with a KernelView's ``name``,
+        ``args``, ``ops``, ``results``, ``arg_specs``, ``result_specs`` and ``arg_index``
+        (kf-fuse's candidate groups)."""
+        view = view if view is not None else KernelView(kernel)
         self.view = view
         live = _live_ops(view)
         matmuls = [op for op in live if op.name == "kf.matmul"]
