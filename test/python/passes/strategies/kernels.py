@@ -310,10 +310,13 @@ def attention_backward(b, h, sq, sk, d, elem, mask_shape=None, dv=None, mask_for
     return Built("attention_backward", specs, body)
 
 
-def attention_backward_inputs(b, h, sq, sk, d, elem, mask_shape=None, dv=None, gen=None, dead_row=None):
+def attention_backward_inputs(b, h, sq, sk, d, elem, mask_shape=None, dv=None, gen=None, dead_row=None,
+                              causal=False):
     """Random q, k, v, [mask], dO and the forward's O and logsumexp (from float64), and
     the float64 gradients (dq, dk, dv) of softmax(masked_fill(q k^T / sqrt(d), mask == 0,
-    -1e9)) @ v: the kernel function's arguments in order, and the reference."""
+    -1e9)) @ v: the kernel function's arguments in order, and the reference. The mask is
+    random (70% kept), or with ``causal`` 1 where the key is not past the query;
+    ``dead_row``: a query row it masks everywhere."""
     dv = dv or d
     gen = gen or torch.Generator().manual_seed(sq * 7 + sk + d)
     q, k = randn((b, h, sq, d), elem, gen), randn((b, h, sk, d), elem, gen)
@@ -321,6 +324,8 @@ def attention_backward_inputs(b, h, sq, sk, d, elem, mask_shape=None, dv=None, g
     mask = None
     if mask_shape is not None:
         mask = (torch.rand(mask_shape, generator=gen) > 0.3).float()
+        if causal:
+            mask = torch.ones(mask_shape).tril()
         if dead_row is not None:
             mask[..., dead_row, :] = 0
     qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))

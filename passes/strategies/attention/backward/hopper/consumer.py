@@ -5,30 +5,36 @@ backward mainloop for the warpgroup's 64 keys.
   holds a key row's scores for its query columns, and P^T and dS^T come out in the A
   fragment layout of the next products);
 - P^T = 2^(S^T c log2 e - lse log2 e) with the stage's logsumexp, dS^T = P^T (dP^T - D);
+  under a mask the steps are the query blocks ``walk`` lists, and P^T is 0 where the
+  mask masks (``_cut``: nothing in whole blocks, the indices in causal ones, the mask
+  itself in the others);
 - dV += P^T dO and dK += dS^T Q (register-A wgmmas; dO and Q read MN-major);
 - dS^T stored to shared memory as dS (MN-major), both warpgroups' halves behind one named
   barrier, and dQ = dS K (each warpgroup 64 of the head dim, or 64 of the queries at head
   dim 64) added into the workspace's f32 sums with ``red.global.add.v2.f32``.
 
 The stage goes back to the producer once the step's products are done. At the end dK
-(times the chain's gradient scale) and dV are stored through the kernel function's
-epilogues.
+(times the chain's gradient scale) and dV (plus, under a mask, the share of the rows it
+masks everywhere) are stored through the kernel function's epilogues.
 """
 
 from __future__ import annotations
 
 import math
 
+from kf.dialects import spec_of
 from kf.passes import scalar_math
 from mlir import ir
-from mlir.dialects import arith, llvm, nvvm, vector
+from mlir.dialects import arith, llvm, memref, nvvm, vector
 
 from ....emit import to_storage
 from ....kernel_ir import elem_bytes
 from ....nvidia import wgmma as _wg
 from ....nvidia.barriers import NamedBarrier, named_sync
-from ...hopper.softmax import softmax_exp2
-from .plan import STAGES
+from ...hopper.softmax import softmax_exp2, uniform
+from .plan import FLAG_ROWS, STAGES
+from .preprocess import load_i32
+from .walk import CAUSAL_BIT, WHOLE_BIT, has, list_steps, listed, walk
 
 _K = 16  # k of a 16-bit wgmma
 
@@ -106,23 +112,29 @@ class Consumer:
         self.q_attrs = _wg.wgmma_attrs(k.elem, 64, _K, True, a_mn_major=True)
         self.scale = k.g.fconst(k.plan.score_scale * math.log2(math.e))
         zero = llvm.mlir_zero(self.o_t)
-        out = g.loop(0, k.query_blocks, 1, [zero, zero], self.step)
+        self.masked = k.plan.masked
+        if self.masked:
+            out = listed(k, k.steps, list_steps(k, k.steps), [zero, zero], self.step)
+        else:
+            out = walk(k, None, [zero, zero], lambda it, m, c: self.step(it, m, None, c))
         self.store(out[0], out[1])
 
     # ---- a step
 
-    def step(self, it, carried):
+    def step(self, it, m, entry, carried):
+        """The it-th step: query block m (under a mask ``entry``: its step list entry)."""
         k = self.k
         g, D, bm, bn = k.g, k.D, k.bm, k.bn
         dk, dv = carried
+        m0 = g.mul(m, bm)
         stage = g.rem(it, STAGES)
         q_off = arith.index_cast(ir.IntegerType.get_signless(64), g.mul(stage, k.stage_bytes // 16))
+        cut = self._cut(m0, entry) if self.masked else None
         k.barriers.wait_full(it)
         s = self._ss(self._fresh("k_a"), arith.addi(self._fresh("q_b"), q_off), D // _K, bn, bm)
         dp = self._ss(self._fresh("v_a"), arith.addi(self._fresh("do_b"), q_off), D // _K, bn, bm)
-        lse = self._stats(stage, 1)
         nvvm.wgmma_wait_group_sync_aligned(1)
-        p = [softmax_exp2(arith.subf(arith.mulf(v, self.scale), lse(i))) for i, v in enumerate(_values(s, bm // 2))]
+        p = self._probabilities(_values(s, bm // 2), stage, cut)
         dsum = self._stats(stage, 0)
         nvvm.wgmma_wait_group_sync_aligned(0)
         p_a, ds_a = self._fragments(p, _values(dp, bm // 2), dsum)
@@ -153,7 +165,7 @@ class Consumer:
         nvvm.wgmma_commit_group_sync_aligned()
         if dq is not None:
             nvvm.wgmma_wait_group_sync_aligned(1)  # dV and dQ; dK may be in flight
-            self._add_dq(dq, g.mul(it, bm))
+            self._add_dq(dq, m0)
         nvvm.wgmma_wait_group_sync_aligned(0)
         k.barriers.release(it)
         return [dk, dv]
@@ -195,12 +207,86 @@ class Consumer:
 
         return value
 
-    def _fragments(self, p: list, dp: list, dsum: list) -> tuple[list, list]:
+    def _cut(self, m0, entry) -> list[ir.Value]:
+        """Which of the thread's accumulator values of the query block at m0 the mask masks (or
+        lie past the keys or queries), as i32 words (bit i % 32 of word i / 32), by the
+        block's class (``walk``): whole blocks none, causal ones from the indices, the
+        others read from the mask. Made before the step's products, whose accumulators
+        are not live yet: the mask's loads then cost no registers of theirs."""
+        k = self.k
+        g, ch = k.g, k.ch
+        i1, i32 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32)
+        n = k.bm // 2
+        words = -(-n // 32)
+        # the thread's first key, opaque: what is made from it (clamped keys, their bounds)
+        # is loop-invariant, and held through the walk it would spill the consumers'
+        idx, i64 = ir.IndexType.get(), ir.IntegerType.get_signless(64)
+        key0 = arith.index_cast(idx, _wg.opaque(arith.index_cast(i64, arith.addi(
+            k.n0, arith.addi(g.mul(self.wg, 64), self.row)))))
+        q0 = arith.addi(m0, self.tig2)
+
+        def coords(i):  # accumulator value i: key row + 8 h, query column 8 (i / 4) + i % 2
+            return g.add(key0, 8 * ((i // 2) % 2)), g.add(q0, 8 * (i // 4) + i % 2)
+
+        def pack(pred):
+            out = []
+            for w in range(words):
+                word = arith.constant(i32, 0)
+                for i in range(32 * w, min(n, 32 * w + 32)):
+                    bit_i = arith.shli(arith.extui(i32, pred(i)), arith.constant(i32, i % 32))
+                    word = arith.ori(word, bit_i)
+                out.append(word)
+            return out
+
+        def causal():
+            return pack(lambda i: arith.cmpi(arith.CmpIPredicate.ugt, *coords(i)))
+
+        def partial():
+            pw = k.pw
+            spec = spec_of(ch.mask_cond.type)
+            lead = [g.c(0)] * (ch.scores.rank - 2)
+
+            def cut(i):
+                key, q = coords(i)
+                inside = arith.andi(g.lt(key, ch.seq_k), g.lt(q, ch.seq_q))
+                qc, kc = arith.minui(q, g.c(ch.seq_q - 1)), arith.minui(key, g.c(ch.seq_k - 1))
+                pw.reset()
+                cond = pw.eval(ch.mask_cond, pw.operand_index(spec.shape, lead + [qc, kc], ch.scores.rank))
+                pw.reset()
+                return arith.ori(cond, arith.xori(inside, arith.constant(i1, 1)))
+            return pack(cut)
+
+        def masked():
+            return g.guarded(uniform(has(entry, CAUSAL_BIT)), [i32] * words, causal, partial)
+
+        return g.guarded(uniform(has(entry, WHOLE_BIT)), [i32] * words, lambda: [arith.constant(i32, 0)] * words,
+                         masked)
+
+    @staticmethod
+    def _is_cut(cut: list, i: int) -> ir.Value:
+        """Bit i of ``_cut``'s words."""
+        i32 = ir.IntegerType.get_signless(32)
+        word = arith.andi(cut[i // 32], arith.constant(i32, 1 << (i % 32) if i % 32 < 31 else -(1 << 31)))
+        return arith.cmpi(arith.CmpIPredicate.ne, word, arith.constant(i32, 0))
+
+    def _probabilities(self, s: list, stage, cut: list | None) -> list:
+        """P^T of the step from its scores (the thread's accumulator values) and the rows'
+        log2 logsumexp; 0 where the mask masks it (``cut``: ``_cut``'s words), also in a
+        row it masks everywhere (whose P the preprocess gives dV: ``walk``)."""
+        lse = self._stats(stage, 1)
+        out = []
+        for i, v in enumerate(s):
+            p = softmax_exp2(arith.subf(arith.mulf(v, self.scale), lse(i)))
+            if cut is not None:
+                p = arith.select(self._is_cut(cut, i), self.k.g.fconst(0.0), p)
+            out.append(p)
+        return out
+
+    def _fragments(self, p: list, dp: list, dsum) -> tuple[list, list]:
         """The A fragments (per k slice of 16 queries, 4 x b32 of a register-A wgmma, rounded
         to the input type) of P^T and of dS^T = P^T (dP^T - D), from values in the
         accumulator layout: each pair of dS made and both pairs packed at once, so that P
         and dP die as they go (head dim 64: 64 of each a thread)."""
-        k = self.k
         pf, df = [], []
         for kk in range(len(p) // 8):
             pk, dk = [], []
@@ -257,6 +343,33 @@ class Consumer:
 
     # ---- the end
 
+    def _add_dead_dv(self, vals: list) -> list:
+        """dV plus the share of the rows the mask masks everywhere (``walk``): the
+        preprocess's sums of the batch element's flagged row groups, at the thread's
+        columns (8 i + 2 tig + e), the same for both its key rows."""
+        k = self.k
+        g, D, plan = k.g, k.D, k.plan
+        layout = plan.layout
+        f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
+        slots = plan.seq_q_padded // FLAG_ROWS
+        cols = [g.add(self.tig2, 8 * i + e) for i in range(D // 8) for e in range(2)]
+
+        def slot(b, sums):
+            at = arith.addi(g.mul(k.bh, slots), b)
+            flag = load_i32(k.ws, arith.addi(at, g.c(layout.dead_at)))
+
+            def add():
+                base = arith.addi(g.mul(at, D), g.c(layout.dead_dv_at))
+                return [arith.addf(x, memref.load(k.ws, [arith.addi(base, c)])) for x, c in zip(sums, cols)]
+
+            dead = arith.cmpi(arith.CmpIPredicate.ne, flag, arith.constant(i32, 0))
+            return g.guarded(uniform(dead), [f32] * len(cols), add, lambda: sums)
+
+        sums = g.loop(0, slots, 1, [g.fconst(0.0)] * len(cols), slot)
+        # value 4 i + 2 h + e is column 8 i + 2 tig + e
+        return [arith.addf(v, sums[2 * (n // 4) + n % 2]) for n, v in enumerate(vals)]
+
+
     def store(self, dk, dv):
         """dK (times the gradient scale) and dV of the warpgroup's keys, through the
         kernel function's epilogues (one 2-element store a pair of columns)."""
@@ -275,6 +388,8 @@ class Consumer:
             out_elem = ir.MemRefType(out.type).element_type
             pair_t = ir.VectorType.get([2], out_elem)
             vals = _values(acc, D // 2)
+            if role == "dv" and self.masked:
+                vals = self._add_dead_dv(vals)
             for h in range(2):
                 key = arith.addi(k.n0, arith.addi(g.mul(self.wg, 64), g.add(self.row, 8 * h)))
 

@@ -10,7 +10,7 @@ Shared memory, 128-byte swizzled (``nvidia.wgmma``): K and V of the key block (K
 the A operands of S^T = K Q^T and dP^T = V dO^T, and K read MN-major as dQ's B), Q and
 dO in ``STAGES`` (K-major B of S^T and dP^T; read MN-major as the B of dK and dV), dS in
 ``STAGES`` (the MN-major A of dQ = dS K, written by the consumers from their dS^T
-registers), and a stage's D and logsumexp.
+registers), a stage's D and logsumexp, and under a mask the consumers' step list.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ....nvidia.mma_sync import MmaSync
 from ...hopper.producer import CONSUMER_REGISTERS
 from ..chain import BackwardChain
 from .consumer import Consumer
-from .plan import STAGES, HopperBackwardPlan
+from .plan import STAGES, WALK_MAX_BLOCKS, HopperBackwardPlan
 from .postprocess import emit_postprocess
 from .preprocess import emit_preprocess
 from .producer import Producer
@@ -89,10 +89,13 @@ class HopperBackward:
         per_row = _wg.SWIZZLE_BYTES // 2
         i64, f32 = ir.IntegerType.get_signless(64), ir.F32Type.get()
         self.n_barriers = StageBarriers.size(STAGES, True)
-        self.Ks, self.Vs, self.Qs, self.dOs, self.dSs, self.stats, mem = _wg.carve_aligned(g, [
+        views = _wg.carve_aligned(g, [
             (bn * D // per_row, per_row, et), (bn * D // per_row, per_row, et),
             (STAGES * bm * D // per_row, per_row, et), (STAGES * bm * D // per_row, per_row, et),
-            (STAGES * bm * bn // per_row, per_row, et), (2 * STAGES, bm, f32), (1, self.n_barriers, i64)])
+            (STAGES * bm * bn // per_row, per_row, et), (2 * STAGES, bm, f32), (1, self.n_barriers, i64)]
+            + ([(1, WALK_MAX_BLOCKS, ir.IntegerType.get_signless(32))] if plan.masked else []))
+        self.Ks, self.Vs, self.Qs, self.dOs, self.dSs, self.stats, mem = views[:7]
+        self.steps = views[7] if plan.masked else None  # the consumers' step list (``walk.list_steps``)
         self.barriers = StageBarriers(g, mem, STAGES, q=True)  # Q's barrier: K and V, copied once
         self.tid = g.tid()
         self.n0 = g.mul(g.bid("x"), bn)

@@ -33,15 +33,26 @@ BLOCK_M = {64: 128, 128: 64}
 STAGES = 2
 
 
+#: Rows of a dead-row flag (the preprocess's workgroups).
+FLAG_ROWS = 64
+
+#: The most query blocks a key block's walk takes (its bit masks are i64).
+WALK_MAX_BLOCKS = 64
+
+
 @dataclass(frozen=True)
 class Workspace:
     """The prelude's f32 buffer: D and the log2-scaled logsumexp of every (padded) query
-    row, the f32 dQ sums, and a mask's block table (i32 codes, ``table``: key blocks x
-    query blocks, then a query block's dead-row flags)."""
+    row, the f32 dQ sums, and with a mask its block table (i32: a code a (key block,
+    query block), ``codes_at`` + key block x query blocks + query block), a flag a
+    ``FLAG_ROWS`` rows of a batch element, whether one of them is masked everywhere
+    (``dead_at``), and, where the flag is set, those rows' share of every key's dV
+    (``dead_dv_at``: the sum of their dO over Sk, head dim floats a flag)."""
 
     rows: int  # batch x padded queries
     head_dim: int
-    table_size: int = 0
+    key_blocks: int = 0  # with a mask
+    query_blocks: int = 0
 
     @property
     def d_at(self) -> int:
@@ -60,8 +71,22 @@ class Workspace:
         return self.dq_at + self.rows * self.head_dim
 
     @property
+    def codes_at(self) -> int:
+        return self.table_at
+
+    @property
+    def dead_at(self) -> int:
+        return self.codes_at + self.key_blocks * self.query_blocks
+
+    @property
+    def dead_dv_at(self) -> int:
+        return self.dead_at + self.rows // FLAG_ROWS
+
+    @property
     def size(self) -> int:
-        return self.table_at + self.table_size
+        if not self.key_blocks:
+            return self.table_at
+        return self.dead_dv_at + self.rows // FLAG_ROWS * self.head_dim
 
 
 @dataclass(frozen=True)
@@ -83,6 +108,7 @@ class HopperBackwardPlan:
     score_scale: float
     grad_scale: float
     masked: bool
+    mask_fill: float
     workspace: int
     kernel: str = "hopper"
 
@@ -105,22 +131,26 @@ class HopperBackwardPlan:
 
     @property
     def layout(self) -> Workspace:
+        if self.masked:
+            return Workspace(self.rows, self.head_dim, self.key_blocks, self.query_blocks)
         return Workspace(self.rows, self.head_dim)
 
 
-def shared_bytes(bm: int, d: int) -> int:
+def shared_bytes(bm: int, d: int, masked: bool = False) -> int:
     """K and V (128 keys), Q and dO (``STAGES`` of bm queries), dS (``STAGES`` of bm x
-    128), 16-bit; the stages' D and logsumexp; the barriers; 1 KiB of alignment."""
+    128), 16-bit; the stages' D and logsumexp; the barriers; under a mask the step list;
+    1 KiB of alignment."""
     tiles = 2 * (2 * BLOCK_N * d + 2 * STAGES * bm * d + STAGES * bm * BLOCK_N)
     stats = -(-STAGES * 2 * bm * 4 // _wg.ATOM_BYTES) * _wg.ATOM_BYTES
-    return tiles + stats + 2 * _wg.ATOM_BYTES
+    return tiles + stats + (3 if masked else 2) * _wg.ATOM_BYTES
 
 
 def plan(ch: BackwardChain, target: TargetInfo) -> dict | None:
     """The wgmma backward's plan, or None where another kernel takes the chain: not
     sm_90a, q, k, v, dO not f16/bf16 arguments read as they lie (k and v through
     transposes), head dims other than 64 and 128 or unequal, a chain that is not
-    ``LinearForm``, or a mask (those take the SIMT kernel)."""
+    ``LinearForm``, a mask that is not every head's or over more than ``WALK_MAX_BLOCKS``
+    query blocks."""
     if not _wg.available(target):
         return None
     view = ch.view
@@ -135,19 +165,49 @@ def plan(ch: BackwardChain, target: TargetInfo) -> dict | None:
         if view.arg_index(source) is None or contiguous_last(view, value) == swapped:
             return None
     form = linear_form(ch)
-    if form is None or form.masked:
+    if form is None:
         return None
     batch = math.prod(ch.batch)
     if batch > 65535:
         return None
     bm = BLOCK_M[d]
-    shared = shared_bytes(bm, d)
+    shared = shared_bytes(bm, d, form.masked)
     if shared > target.max_dynamic_shared_bytes:
         return None
     sqp = -(-ch.seq_q // bm) * bm
-    layout = Workspace(batch * sqp, d)
+    nq, nk = sqp // bm, -(-ch.seq_k // BLOCK_N)
+    if form.masked and (nq > WALK_MAX_BLOCKS or not head_shared_mask(ch)):
+        return None
+    layout = Workspace(batch * sqp, d, nk, nq) if form.masked else Workspace(batch * sqp, d)
     return dataclasses.asdict(HopperBackwardPlan(
         block_m=bm, block_n=BLOCK_N, threads=384, stages=STAGES, grid=[-(-ch.seq_k // BLOCK_N), batch, 1],
         shared_bytes=shared, seq_q=ch.seq_q, seq_k=ch.seq_k, seq_q_padded=sqp, head_dim=d, batch=list(ch.batch),
         elem=elem, score_scale=form.score_scale, grad_scale=form.grad_scale, masked=form.masked,
-        workspace=layout.size))
+        mask_fill=ch.mask_fill if form.masked else 0.0, workspace=layout.size))
+
+
+def head_shared_mask(ch: BackwardChain) -> bool:
+    """Whether the mask reads nothing but [.., Sq, Sk] arguments whose leading dims are
+    1 (and constants): one mask for every head and batch element, as a causal mask is,
+    so one block table serves every workgroup."""
+    from kf.dialects.types import defining
+
+    view = ch.view
+    seen, stack = set(), [ch.mask_cond]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        i = view.arg_index(v)
+        if i is not None:
+            spec = view.arg_specs[i]
+            if spec.rank and (spec.rank < 2 or tuple(spec.shape[-2:]) != (ch.seq_q, ch.seq_k)
+                              or any(x != 1 for x in spec.shape[:-2])):
+                return False
+            continue
+        op = defining(v)
+        if op is None or op in (ch.mm_s, ch.mm_dp):
+            return False
+        stack.extend(op.operands)
+    return True

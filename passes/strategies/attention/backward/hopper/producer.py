@@ -1,6 +1,7 @@
 """The Hopper backward's producer warpgroup: K and V of the key block once (on the
-barrier after the stages'), then per step the query block's Q and dO, and its D and
-logsumexp from the workspace, into the step's stage once the consumers gave it back
+barrier after the stages'), then per step (a query block the key block visits; under a
+mask those ``walk`` keeps) the query block's Q and dO, and its D and logsumexp from the
+workspace, into the step's stage once the consumers gave it back
 (``nvidia.barriers.StageBarriers``), with cp.async; each thread arrives on the stage's
 full barrier as its copies land. It keeps ``PRODUCER_REGISTERS`` of its registers."""
 
@@ -12,6 +13,7 @@ from mlir.dialects import arith, llvm, memref, nvvm
 from ....nvidia import wgmma as _wg
 from ...hopper.producer import PRODUCER_REGISTERS
 from .plan import STAGES
+from .walk import visit_mask, walk
 
 
 class Producer:
@@ -39,9 +41,9 @@ class Producer:
         chunks = bm * 4 // 16  # 16-byte pieces of a block's D (and of its logsumexp)
         layout = k.plan.layout
 
-        def step(it, _):
+        def step(it, m, _):
             stage = g.rem(it, STAGES)
-            m0 = g.mul(it, bm)
+            m0 = g.mul(m, bm)
             k.barriers.wait_empty(it)
             q_tile.copy_async(m0, 0, stage)
             do_tile.copy_async(m0, 0, stage)
@@ -63,6 +65,6 @@ class Producer:
             k.barriers.arrive_full(stage)
             return []
 
-        g.loop(0, k.query_blocks, 1, [], step)
+        walk(k, visit_mask(k) if k.plan.masked else None, [], step)
         nvvm.cp_async_commit_group()
         nvvm.cp_async_wait_group(0)
