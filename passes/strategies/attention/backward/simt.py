@@ -199,13 +199,14 @@ class SimtBackward:
                     self.v_direct, not contiguous_last(self.view, ch.vt))
 
     def _dot(self, a, ra, b_, rb, n):
-        """sum over d < n of a[ra][d] * b_[rb][d] (workgroup tiles)."""
+        """sum over d < n of a[ra][d] * b_[rb][d] (workgroup tiles), unrolled: lavapipe
+        ends an invocation after 65535 loop iterations, which a loop over the head dim
+        for every score would pass at a few hundred queries."""
         g = self.g
-
-        def step(d, acc):
-            return [mmath.fma(memref.load(a, [ra, d]), memref.load(b_, [rb, d]), acc[0])]
-
-        return g.loop(0, n, 1, [g.fconst(0.0)], step)[0]
+        acc = g.fconst(0.0)
+        for d in range(n):
+            acc = mmath.fma(memref.load(a, [ra, g.c(d)]), memref.load(b_, [rb, g.c(d)]), acc)
+        return acc
 
     def _row_stats(self, r: ir.Value) -> tuple[ir.Value, ir.Value]:
         """(D, logsumexp) of global query row r (< Sq), from the workspace."""
@@ -262,11 +263,11 @@ class SimtBackward:
             gpu.barrier()  # the previous block's readers of Q, dO, P and dS are done
             self._stage_q(i0)
             gpu.barrier()
-            for c in range(n_q):
-                q = g.add(self.lane, tpr * c)
+            def score(c, _):
+                q = arith.addi(self.lane, g.mul(c, tpr))
                 i = arith.addi(i0, q)
 
-                def real(q=q, i=i):
+                def real():
                     s = self._dot(self.Ks, self.row, self.Qs, q, D)
                     dp = self._dot(self.Vs, self.row, self.Os, q, Dv)
                     d_row, lse = self._row_stats(i)
@@ -277,6 +278,9 @@ class SimtBackward:
                 vals = g.guarded(inside, [g.f32] * len(prods), real, lambda: [zero] * len(prods))
                 for prod, v in zip(prods, vals):
                     memref.store(v, self.Ps if prod.role == "dv" else self.Ss, [self.row, q])
+                return []
+
+            g.loop(0, n_q, 1, [], score)
             gpu.barrier()
             out, at = [], 0
             for prod in prods:
@@ -320,11 +324,11 @@ class SimtBackward:
             gpu.barrier()  # the previous block's readers of K, V and dS are done
             self._stage_k(j0)
             gpu.barrier()
-            for c in range(b // tpr):
-                kk = g.add(self.lane, tpr * c)
+            def score(c, _):
+                kk = arith.addi(self.lane, g.mul(c, tpr))
                 j = arith.addi(j0, kk)
 
-                def real(kk=kk, j=j):
+                def real():
                     s = self._dot(self.Qs, self.row, self.Ks, kk, D)
                     dp = self._dot(self.Os, self.row, self.Vs, kk, Dv)
                     return self._element(i, j, s, dp, d_row, lse, [prod])
@@ -332,6 +336,9 @@ class SimtBackward:
                 inside = g.all_of([x for x in (in_q, g.lt(j, Sk) if Sk % b else None) if x is not None])
                 v = g.guarded(inside, [g.f32], real, lambda: [zero])[0]
                 memref.store(v, self.Ss, [self.row, kk])
+                return []
+
+            g.loop(0, b // tpr, 1, [], score)
             gpu.barrier()
 
             def acc_step(jj, acc):

@@ -39,3 +39,16 @@ def test_backward_vulkan(b, h, sq, sk, d, dv, elem, mask_shape):
     out_shapes = [(b, h, sq, d), (b, h, sk, d), (b, h, sk, dv or d)]
     outs = spirv_run_program(built, emitted, args, [TensorSpec(s, elem) for s in out_shapes])
     _check(outs, want, elem)
+
+
+@pytest.mark.parametrize("seq,d", [(257, 65), (2048, 64), (4096, 128)])
+def test_loop_iterations_within_lavapipe(seq, d):
+    """An invocation's loop iterations (kf-to-spirv's bound) stay under lavapipe's 65535
+    at long sequences, so the Vulkan launcher runs the kernel instead of refusing it."""
+    from kf.passes.to_spirv import compile_spirv
+
+    built = attention_backward(1, 1, seq, seq, d, "f32", (seq, seq))
+    _, emitted = built.emit(SPIRV)
+    [binary] = compile_spirv(built.gpu_text())
+    loops = binary.kernels[emitted.name].abi_extra()["loop_iterations"]
+    assert 0 <= loops <= 65535, loops
