@@ -412,6 +412,22 @@ def _scaled(v: ir.Value, base: ir.Value) -> float | None:
         c *= f
 
 
+def _same_value(a: ir.Value, b: ir.Value) -> bool:
+    """Whether a and b are one value, or the same side-effect-free ops (kf.cmp, kf.fill,
+    ...) of the same values: the mask's comparison, written twice by a tracer that does
+    not merge common subexpressions (``mask == 0`` in the forward and again in the
+    backward), is still the forward's mask."""
+    if a == b:
+        return True
+    x, y = defining(a), defining(b)
+    if x is None or y is None or x.name != y.name or not x.name.startswith("kf.") or x.regions or \
+            x.name == "kf.rand" or a.type != b.type:
+        return False
+    if len(x.operands) != len(y.operands) or op_attrs(x) != op_attrs(y):
+        return False
+    return all(_same_value(u, w) for u, w in zip(x.operands, y.operands))
+
+
 def _softmax_grad(ch: BackwardChain, v: ir.Value) -> float | None:
     """c where v is c * P * (dP - D) (zero where the forward's mask masks), through casts
     and constant factors: ``P * (dP - D)`` or ``dP * P - P * D`` in any operand order."""
@@ -422,11 +438,16 @@ def _softmax_grad(ch: BackwardChain, v: ir.Value) -> float | None:
         op = defining(v)
         if op is None:
             return None
-        if op.name == "kf.select" and ch.mask_cond is not None and op.operands[0] == ch.mask_cond:
+        if op.name == "kf.select" and ch.mask_cond is not None and _same_value(op.operands[0], ch.mask_cond):
             zero = defining(op.operands[1])
             if zero is None or zero.name != "kf.fill" or op_attrs(zero)["value"] != 0.0:
                 return None
             v = op.operands[2]
+            continue
+        if op.name == "kf.masked_fill" and ch.mask_cond is not None and _same_value(op.operands[1], ch.mask_cond):
+            if op_attrs(op)["value"] != 0.0:
+                return None
+            v = op.operands[0]
             continue
         found = _constant_factor(op)
         if found is not None:
