@@ -1,13 +1,16 @@
 """The SIMT attention backward (passes/strategies/attention/backward/simt.py) on kernel
 functions built by hand, run on the Vulkan device against float64 gradients: odd sizes
-(seq 257, head dims 40 and 65, batch 1), masks with a fully masked row, cross lengths."""
+(seq 257, head dims 40 and 65, batch 1), masks with a fully masked row, cross lengths;
+its loop bound within lavapipe's; and as CUDA's kernel where no wgmma is (sm_80/89),
+assembled by ptxas."""
 
 from __future__ import annotations
 
 import pytest
 from kf.dialects.types import TensorSpec
-from kernels import (SPIRV, attention_backward, attention_backward_inputs, needs_vulkan,
-                     spirv_run_program)
+from kf.passes.strategies.base import TargetInfo
+from kernels import (SPIRV, attention_backward, attention_backward_inputs, needs_ptxas, needs_vulkan,
+                     ptxas_reports, spirv_run_program)
 
 CASES = [
     # b, h, sq, sk, d, dv, elem, mask shape
@@ -52,3 +55,19 @@ def test_loop_iterations_within_lavapipe(seq, d):
     [binary] = compile_spirv(built.gpu_text())
     loops = binary.kernels[emitted.name].abi_extra()["loop_iterations"]
     assert 0 <= loops <= 65535, loops
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_80", "sm_89"])
+@pytest.mark.parametrize("d,mask_shape", [(64, None), (128, (257, 257)), (40, (257, 257))])
+def test_cuda_fallback_ptxas(chip, d, mask_shape):
+    """On sm_80/89 (no wgmma) the attention backward is the SIMT kernel and its
+    preprocess; ptxas assembles both for the chip without spills."""
+    target = TargetInfo.for_target("cuda", chip=chip)
+    built = attention_backward(1, 2, 257, 257, d, "bf16", mask_shape)
+    plan, emitted = built.emit(target)
+    assert plan["kernel"] == "simt"
+    _, reports, _ = ptxas_reports(built, chip)
+    assert set(reports) == {emitted.name, emitted.prelude.name}
+    for name, r in reports.items():
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, (name, r)
