@@ -109,3 +109,49 @@ def test_gradients_cuda(d, mask_kind):
     args, want = _inputs(1, 2, 257, d, torch.bfloat16, mask_kind)
     outs = kf.jit(seed_attention_backward)(*(None if a is None else a.cuda() for a in args))
     _check([o.cpu() for o in outs], want, 3e-2)
+
+
+def _saves_logsumexp() -> bool:
+    """Whether kf's autograd splits a forward so that it saves attention's logsumexp
+    (``compiler/partition.py``); before, the backward recomputes the forward."""
+    from kf import autograd
+
+    return hasattr(autograd, "derive_training")
+
+
+@pytest.mark.skipif(not _saves_logsumexp(), reason="kf's autograd recomputes the forward in the backward")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", [None, pytest.param("float", marks=pytest.mark.xfail(
+    strict=True, reason="a float mask's gradient (zeros) is a kernel of its own")), "bool"])
+def test_autograd_backward_sm90a(d, mask):
+    """The seed attention's backward as kf's autograd derives it is, on sm_90a, the three
+    kernels of the wgmma backward and nothing else."""
+    from kf import autograd
+
+    q, k, v = (torch.randn(1, 2, 257, d, dtype=torch.bfloat16) for _ in range(3))
+    m = None if mask is None else torch.ones(257, 257).tril()
+    m = m.bool() if mask == "bool" else m
+    bwd = autograd.backward_of(se.fused_attention.with_options(target="cpu"), q, k, v, m)
+    stages = bwd.inspect(target="cuda", arch="sm_90a").stages
+    entries = [line for line in stages["ptx"].splitlines() if ".entry" in line]
+    assert 'kernel = "hopper"' in stages["gpu"]
+    assert len(entries) <= 3, entries
+
+
+@pytest.mark.skipif(not _saves_logsumexp(), reason="kf's autograd recomputes the forward in the backward")
+@pytest.mark.parametrize("target", ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(
+    not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)"))])
+@pytest.mark.parametrize("d", [40, 65])
+@pytest.mark.parametrize("masked", [False, True])
+def test_autograd_gradients(target, d, masked):
+    """Gradients of the seed attention under autograd (seq 257, batch 1, f32) against
+    float64."""
+    gen = torch.Generator().manual_seed(d)
+    q, k, v, g = (torch.randn(1, 2, 257, d, generator=gen) for _ in range(4))
+    mask = (torch.rand(257, 257, generator=gen) > 0.3).float() if masked else None
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = se.fused_attention.with_options(target=target)(*ins, mask)
+    got = torch.autograd.grad(out, ins, g)
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(se.fused_attention.fn(*ref, None if mask is None else mask.double()), ref, g.double())
+    _check(got, want, 1e-4)
