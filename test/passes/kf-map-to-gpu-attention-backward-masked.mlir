@@ -1,7 +1,7 @@
 // kf-map-to-gpu on the seed's masked attention backward (bf16, (B, H, S, D) = (2, 8, 257,
 // 64), a [S, S] mask every head shares) for sm_90a: the wgmma kernel, its preprocess
 // classifying the mask's blocks as well. The preprocess: 3 x 3 table workgroups (a key
-// block of 128 and a query block of 128 each; batch element 0 reads them) before the 6
+// block of 128 and a query block of 128 each) in the grid's first column, then the 6
 // row workgroups of the 384 padded rows. The workspace: D, the log2 logsumexp and the
 // 64 dQ sums of the 2 x 8 x 384 rows, the 9 codes, a dead-row flag and a 64-float dV
 // share a 64 rows. The main kernel walks its key block's column of the table (a warp
@@ -13,7 +13,7 @@
 // CHECK-NEXT: %[[R:.*]]:2 = call @backward_k0_attention_backward({{.*}}, %[[W]])
 // CHECK-NEXT: %[[Q:.*]] = call @backward_k0_attention_backward_post({{.*}}, %[[W]])
 // CHECK-LABEL: gpu.func @backward_k0_attention_backward_pre
-// CHECK-SAME: kf.grid = array<i64: 15, 16, 1>
+// CHECK-SAME: kf.grid = array<i64: 7, 16, 1>
 // CHECK: nvvm.barrier #nvvm.reduction<and>
 // CHECK-LABEL: gpu.func @backward_k0_attention_backward(
 // CHECK-SAME: kf.block = array<i64: 384, 1, 1>

@@ -12,8 +12,8 @@ workgroup also flags its 64 rows if one of them is masked everywhere (its logsum
 within half the mask's fill) and then sums such rows' share of every key's dV
 (``_dead_dv``), which the main kernel adds to its dV.
 
-A *table workgroup* (with a mask, first in the grid, batch element 0 only: the mask is
-every head's) classifies one (query block, key block) of the mask as the forward's table
+A *table workgroup* (with a mask: the first grid columns, table block x * batch + y; the
+mask is every head's) classifies one (query block, key block) of the mask as the forward's table
 does (``attention.hopper.block_table``): DEAD, WHOLE, CAUSAL (masked exactly where the
 key is past the query) or PARTIAL, its 256 threads reading the block's mask along the
 keys and reducing with ``bar.red``.
@@ -74,18 +74,20 @@ def emit_preprocess(k) -> EmittedKernel:
     g = GpuFunc(k.gpu_module, name, gpu_arg_types(view, k.target)[:n_in] + [k.ws_type], [], (THREADS, 1, 1))
     pw = Pointwise(g, view, g.args[:n_in])
     tables = plan.query_blocks * plan.key_blocks if plan.masked else 0
+    batch = math.prod(ch.batch)
+    columns = -(-tables // batch)  # grid columns of table workgroups, every row of the grid
     with ir.InsertionPoint(g.entry):
         x = g.bid("x")
         if tables:
-            is_table = g.lt(x, tables)
-            g.when(arith.andi(is_table, arith.cmpi(arith.CmpIPredicate.eq, g.bid("y"), g.c(0))),
-                   lambda: _table_block(k, g, pw, x))
+            is_table = g.lt(x, columns)
+            t = arith.addi(g.mul(x, batch), g.bid("y"))
+            g.when(arith.andi(is_table, g.lt(t, tables)), lambda: _table_block(k, g, pw, t))
             g.when(arith.xori(is_table, arith.constant(is_table.type, 1)),
-                   lambda: _rows(k, g, pw, arith.subi(x, g.c(tables))))
+                   lambda: _rows(k, g, pw, arith.subi(x, g.c(columns))))
         else:
             _rows(k, g, pw, x)
         g.finish()
-    return EmittedKernel(name, (tables + plan.seq_q_padded // ROWS, math.prod(ch.batch), 1), (THREADS, 1, 1), 0,
+    return EmittedKernel(name, (columns + plan.seq_q_padded // ROWS, batch, 1), (THREADS, 1, 1), 0,
                          {"strategy": "attention backward preprocess"})
 
 

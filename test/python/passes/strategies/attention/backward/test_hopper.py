@@ -96,7 +96,8 @@ def test_masked_plan(mask_shape):
     assert plan["kernel"] == "hopper" and plan["masked"] and plan["mask_fill"] == -1e9, plan
     rows = 2 * 2 * 256
     assert plan["workspace"] == 2 * rows + rows * 128 + 2 * 4 + rows // 64 + rows // 64 * 128
-    assert emitted.prelude.grid == (2 * 4 + 4, 4, 1)  # table workgroups, then row workgroups
+    # the 2 x 4 table workgroups in the first 2 columns of the 4 rows, then row workgroups
+    assert emitted.prelude.grid == (2 + 4, 4, 1)
 
 
 @needs_ptxas
