@@ -139,22 +139,27 @@ def test_gradients_h200(b, h, seq, d):
 
 
 @needs_hopper
-@pytest.mark.parametrize("seq,d,how", [(257, 128, "random"), (300, 64, "random"), (257, 64, "causal"),
-                                       (1000, 128, "causal"), (2048, 64, "causal"), (257, 128, "dead row"),
-                                       (300, 64, "dead row")])
-def test_masked_gradients_h200(seq, d, how):
+@pytest.mark.parametrize("sq,sk,d,how", [(257, 257, 128, "random"), (300, 300, 64, "random"), (257, 257, 64, "causal"),
+                                         (1000, 1000, 128, "causal"), (2048, 2048, 64, "causal"),
+                                         (257, 257, 128, "dead row"), (300, 300, 64, "dead row"),
+                                         (300, 1000, 64, "random"), (1000, 257, 128, "causal")])
+def test_masked_gradients_h200(sq, sk, d, how):
     """The masked kernels on the H200 against float64 gradients: a random mask (blocks the
     table calls partial), a causal one (dead, causal and whole blocks), a row masked
-    everywhere (its P is 1 / Sk: dV takes the preprocess's share, dS and dQ are 0)."""
+    everywhere (its P is 1 / Sk: dV takes the preprocess's share, dS and dQ are 0),
+    cross lengths."""
     b, h = 1, 2
-    built = attention_backward(b, h, seq, seq, d, "bf16", mask_shape=(seq, seq))
+    built = attention_backward(b, h, sq, sk, d, "bf16", mask_shape=(sq, sk))
     plan, emitted = built.emit(HOPPER)
     assert plan["kernel"] == "hopper" and plan["masked"]
-    args, want = attention_backward_inputs(b, h, seq, seq, d, "bf16", mask_shape=(seq, seq), causal=how == "causal",
-                                           dead_row=seq - 2 if how == "dead row" else None)
-    outs, _ = cuda_run_program(built, emitted, args, [TensorSpec((b, h, seq, d), "bf16")] * 3)
+    dead = sq - 2 if how == "dead row" else None
+    args, want = attention_backward_inputs(b, h, sq, sk, d, "bf16", mask_shape=(sq, sk), causal=how == "causal",
+                                           dead_row=dead)
+    outs, _ = cuda_run_program(built, emitted, args, [TensorSpec((b, h, sq, d), "bf16"),
+                                                      TensorSpec((b, h, sk, d), "bf16"),
+                                                      TensorSpec((b, h, sk, d), "bf16")])
     for name, got, ref in zip(("dq", "dk", "dv"), outs, want):
         err = (got.double() - ref).abs().max().item()
         assert err <= 3e-2 * ref.abs().max().item(), f"{name}: {err}"
-    if how == "dead row":
-        assert (outs[0][..., seq - 2, :] == 0).all()
+    if dead is not None:
+        assert (outs[0][..., dead, :] == 0).all()
