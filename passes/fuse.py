@@ -9,6 +9,9 @@ Kinds, in the order they are recognized:
   ``matmul(., v)``; one kernel, so the score matrix never reaches global memory. With
   what a precision policy writes around the products (casts, rank-0 scales such as
   fp8's dequantization factors, V through a transpose; ``_attention_chains``).
+- ``attention_backward``: the gradients of an attention as kf's autograd writes them
+  (P recomputed as ``exp(x - lse)``, D as rowsum(dO * O)): dq, dk and dv of one kernel
+  function (passes/fuse_attention_backward.py).
 - ``rowwise``: elementwise ops and reductions (sum, mean, max, min, var, softmax,
   log_softmax) over the same trailing dimensions of one row space: layer norm, softmax,
   RMSNorm. Elementwise ops join when their shape is the row shape or a reduced one.
@@ -48,6 +51,7 @@ from kf.dialects.attrs import op_attrs
 from kf.dialects.types import defining, transposes_last_two
 
 from .base import KfPass
+from .fuse_attention_backward import attention_backward_groups
 
 _REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}
 _ROW_NORMS = {"kf.softmax", "kf.log_softmax"}
@@ -263,6 +267,10 @@ def partition(ops: list[ir.Operation]) -> _Partition:
         if any(i in part.group_of for i in idx):
             continue
         part.new("attention", idx)
+    for group in attention_backward_groups(ops):
+        idx = [part.index[c] for c in group]
+        if not any(i in part.group_of for i in idx):
+            part.new("attention_backward", idx)
 
     for i, op in enumerate(ops):
         if op.name == "kf.matmul" and i not in part.group_of:

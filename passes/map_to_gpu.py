@@ -94,7 +94,7 @@ class MapToGpuPass(KfPass):
                     emitted, kind = _emit_one(kernel, gmod, info)
                 except (NotImplementedError, ValueError) as e:
                     raise PassError(f"cannot write kernel @{E.kernel_name(kernel)}: {e}", kernel.location) from None
-                for part in filter(None, (emitted, emitted.prelude)):
+                for part in filter(None, (emitted, emitted.prelude, emitted.postlude)):
                     gfunc = _find(gmod, part.name)
                     gfunc.attributes["kf.grid"] = _i64_array(part.grid)
                     gfunc.attributes["kf.block"] = _i64_array(part.block)
@@ -105,6 +105,8 @@ class MapToGpuPass(KfPass):
                 decl = E.declare_kernel(kernel, GPU_MODULE)
                 if emitted.prelude is not None:
                     _schedule_prelude(module, decl, emitted.prelude.name, emitted.prelude_output)
+                if emitted.postlude is not None:
+                    _schedule_postlude(module, decl, emitted.postlude.name, emitted.postlude_results)
 
 
 def _schedule_prelude(module: ir.Operation, decl: ir.Operation, prelude: str, output: ir.Type) -> None:
@@ -138,6 +140,44 @@ def _schedule_prelude(module: ir.Operation, decl: ir.Operation, prelude: str, ou
                 new.attributes[key] = call.attributes[key]
         for old_r, new_r in zip(call.results, new.results):
             old_r.replace_all_uses_with(new_r)
+        call.erase()
+
+
+def _schedule_postlude(module: ir.Operation, decl: ir.Operation, postlude: str, taken: tuple) -> None:
+    """Launch gpu.func ``postlude`` after every call of the kernel ``decl``, with the same
+    operands, writing the kernel's results at ``taken`` (which the kernel no longer
+    returns): a declaration of it, and the calls."""
+    from mlir.dialects import func
+
+    name = ir.StringAttr(decl.attributes["sym_name"]).value
+    ftype = ir.FunctionType(ir.TypeAttr(decl.attributes["function_type"]).value)
+    results = list(ftype.results)
+    kept = [i for i in range(len(results)) if i not in taken]
+    with ir.InsertionPoint(decl), decl.location:
+        post = func.FuncOp(postlude, ir.FunctionType.get(list(ftype.inputs), [results[i] for i in taken]),
+                           visibility="private")
+    post.attributes["kf.gpu_func"] = ir.SymbolRefAttr.get([GPU_MODULE, postlude])
+    decl.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get(list(ftype.inputs), [results[i] for i in kept]))
+    calls = []
+
+    def visit(op):
+        if op.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value == name:
+            calls.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    for call in calls:
+        with ir.InsertionPoint(call), call.location:
+            new = func.CallOp([results[i] for i in kept], ir.FlatSymbolRefAttr.get(name), list(call.operands))
+            after = func.CallOp([results[i] for i in taken], ir.FlatSymbolRefAttr.get(postlude), list(call.operands))
+        for key in call.attributes:
+            if key != "callee" and key not in new.attributes:
+                new.attributes[key] = call.attributes[key]
+        for i, r in zip(kept, new.results):
+            call.results[i].replace_all_uses_with(r)
+        for i, r in zip(taken, after.results):
+            call.results[i].replace_all_uses_with(r)
         call.erase()
 
 

@@ -165,6 +165,8 @@ class ToCudaPass(KfPass):
         p = self
         if not self.features and _uses_fp8_mma(module):
             p = replace(self, features="+ptx84")  # mma.sync on e4m3/e5m2 is PTX ISA 8.4
+        elif not self.features and _uses_vector_red(module):
+            p = replace(self, features="+ptx81")  # red.global.add.v2.f32 is PTX ISA 8.1
         # The nested runs report through the context's diagnostics; an MLIRError here means
         # they were already emitted, which the outer pass turns into a pass failure.
         for gm in _gpu_modules(module):
@@ -186,6 +188,21 @@ def _uses_fp8_mma(module: ir.Operation) -> bool:
     def visit(op):
         if op.name == "llvm.inline_asm" and any(
                 t in ir.StringAttr(op.attributes["asm_string"]).value for t in (".e4m3.", ".e5m2.")):
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return bool(found)
+
+
+def _uses_vector_red(module: ir.Operation) -> bool:
+    """Whether a kernel issues vector reductions to global memory (inline PTX
+    ``red.global.add.v2.f32``: the attention backward's dQ sums)."""
+    found = []
+
+    def visit(op):
+        if op.name == "llvm.inline_asm" and "red.global.add.v" in ir.StringAttr(op.attributes["asm_string"]).value:
             found.append(op)
             return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE

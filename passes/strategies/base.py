@@ -100,6 +100,13 @@ class EmittedKernel:
     #: kernel's table of a mask's key blocks). kf-map-to-gpu adds it to the schedule.
     prelude: "EmittedKernel | None" = None
     prelude_output: object = None
+    #: A kernel the strategy also wrote, launched just after this one with the same
+    #: inputs (the prelude's buffer included) and writing the kernel function's results
+    #: at ``postlude_results``, which this kernel's gpu.func then does not take (the
+    #: attention backward's dQ, converted from the f32 sums the kernel adds into the
+    #: prelude's buffer). kf-map-to-gpu adds it to the schedule.
+    postlude: "EmittedKernel | None" = None
+    postlude_results: tuple = ()
 
 
 class NotApplicable(Exception):

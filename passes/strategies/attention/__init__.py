@@ -553,3 +553,5 @@ class AttentionStrategy(Strategy):
 
 
 register(AttentionStrategy())
+
+from . import backward  # noqa: E402,F401  (registers the attention_backward strategy)

@@ -290,16 +290,48 @@ def carve_aligned(g: GpuFunc, sizes: Sequence[tuple[int, int, ir.Type]]) -> list
     return views
 
 
-def wgmma_attrs(elem: str, n: int, k: int, b_mn_major: bool) -> list[ir.Attribute]:
+def wgmma_attrs(elem: str, n: int, k: int, b_mn_major: bool, a_mn_major: bool = False) -> list[ir.Attribute]:
     """shape, typeA, typeB, typeD, scaleD, scaleA, scaleB, layoutA, layoutB of
-    nvvm.wgmma.mma_async: A K-major (``row``); B K-major is ``col``, MN-major ``row``
-    (which MLIR prints as imm-trans-b = 1)."""
+    nvvm.wgmma.mma_async: A K-major is ``row``, MN-major ``col`` (imm-trans-a = 1; 16-bit
+    types only); B K-major is ``col``, MN-major ``row`` (which MLIR prints as
+    imm-trans-b = 1)."""
     t = WGMMA_TYPES[elem]
     p = ir.Attribute.parse
     return [p(f"#nvvm.shape<m = 64, n = {n}, k = {k}>"), p(f"#nvvm.wgmma_type<{t}>"), p(f"#nvvm.wgmma_type<{t}>"),
             p("#nvvm.wgmma_type<f32>"), p("#nvvm.wgmma_scale_out<one>"), p("#nvvm.wgmma_scale_in<one>"),
-            p("#nvvm.wgmma_scale_in<one>"), p("#nvvm.mma_layout<row>"),
+            p("#nvvm.wgmma_scale_in<one>"), p(f"#nvvm.mma_layout<{'col' if a_mn_major else 'row'}>"),
             p(f"#nvvm.mma_layout<{'row' if b_mn_major else 'col'}>")]
+
+
+def descriptor(mem: ir.Value, leading_bytes: int) -> ir.Value:
+    """The matrix descriptor (i64) of a 128-byte swizzled tile at ``mem`` (a view of
+    shared memory, 1024-byte aligned): as ``SwizzledTile.descriptor_base`` gives it, with
+    the leading byte offset ``leading_bytes`` (an MN-major operand's stride between its
+    64-element atom columns; a K-major one's is unused: 16). One tile in the K-major
+    layout of rows by k is also the MN-major layout of the same rows as k by n, so the
+    two descriptors of one tile read it both ways."""
+    i64 = ir.IntegerType.get_signless(64)
+    addr = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(mem))
+    const = ((leading_bytes >> 4) << 16) | ((ATOM_BYTES >> 4) << 32) | (1 << 62)
+    low = arith.andi(arith.shrui(addr, i64_const(4)), i64_const(0x3FFF))
+    return arith.ori(low, i64_const(const))
+
+
+def opaque(x: ir.Value) -> ir.Value:
+    """x (an i64) through an inline-PTX move with side effects: what is computed from it
+    is computed where it is used. A loop's descriptors are loop-invariant sums of a base
+    and a slice's offset, which LLVM hoists and keeps in registers through the loop (two
+    a descriptor, dozens in a backward step); from an opaque base each is one add by the
+    wgmma that reads it."""
+    i64 = ir.IntegerType.get_signless(64)
+    return llvm.InlineAsmOp(i64, [x], "mov.b64 $0, $1;", "=l,l", has_side_effects=True).res
+
+
+def red_add_f32x2(address: ir.Value, a: ir.Value, b: ir.Value) -> None:
+    """``red.global.add.v2.f32``: two f32 added to global memory at an 8-byte aligned
+    ``address`` (i64), the reduction done in L2 (sm_90: vector reductions of f32)."""
+    llvm.InlineAsmOp(None, [address, a, b], "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
+                     has_side_effects=True)
 
 
 def register_a_wgmma(acc: ir.Value, n: int, elem: str, a: list[ir.Value], b_desc: ir.Value) -> ir.Value:

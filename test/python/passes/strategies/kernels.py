@@ -261,3 +261,146 @@ def caller_inputs(b, h, s, d, device="cpu"):
 
 needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                   reason="fp8 wgmma needs an sm_90 device")
+
+
+def attention_backward(b, h, sq, sk, d, elem, mask_shape=None, dv=None, mask_form="select", scale_op="div",
+                       dk_form="direct", results=("dq", "dk", "dv")):
+    """An attention backward kernel function as kf-fuse makes it (kind
+    ``attention_backward``): q, k, v, [mask], o, lse ([b, h, sq, 1], f32), dO ->
+    dq, dk, dv, with P = exp(x - lse), D = rowsum(dO * O) in f32 and the softmax
+    backward in f32 (16-bit products rounded to their type, as the decomposed ATen graph
+    does). ``mask_form``: ``select`` (masked_fill as ATen decomposes it) or
+    ``masked_fill``; ``dk_form``: ``direct`` (dS^T @ q) or ``swapped`` ((q^T @ dS)^T);
+    ``results``: which gradients it returns, in that order."""
+    dv = dv or d
+    specs = [TensorSpec((b, h, sq, d), elem), TensorSpec((b, h, sk, d), elem), TensorSpec((b, h, sk, dv), elem)]
+    if mask_shape is not None:
+        specs.append(TensorSpec(tuple(mask_shape), "f32"))
+    specs += [TensorSpec((b, h, sq, dv), elem), TensorSpec((b, h, sq, 1), "f32"), TensorSpec((b, h, sq, dv), elem)]
+    f32 = "f32"
+
+    def body(q, k, v, *rest):
+        mask, (o, lse, do) = (rest[0], rest[1:]) if mask_shape is not None else (None, rest)
+        s = kb.matmul(q, kb.transpose(k, perm=[0, 1, 3, 2]))
+        x = kb.div(s, kb.scalar(d ** 0.5, elem)) if scale_op == "div" else kb.mul(s, kb.scalar(d ** -0.5, elem))
+        cond = None
+        if mask is not None:
+            cond = kb.cmp(mask, kb.scalar(0.0, "f32"), predicate="eq")
+            x = kb.select(cond, kb.scalar(-1e9, elem), x) if mask_form == "select" else \
+                kb.masked_fill(x, cond, value=-1e9)
+        p = kb.exp(kb.sub(kb.cast(x, f32) if elem != f32 else x, lse))
+        p_e = kb.cast(p, elem) if elem != f32 else p
+        dv_ = kb.matmul(kb.transpose(p_e, perm=[0, 1, 3, 2]), do)
+        dp = kb.matmul(do, kb.transpose(v, perm=[0, 1, 3, 2]))
+        wide = (lambda t: kb.cast(t, f32)) if elem != f32 else (lambda t: t)
+        dsum = kb.sum(kb.mul(wide(do), wide(o)), dims=[3], keepdim=True)
+        ds = kb.mul(p, kb.sub(wide(dp), dsum))
+        ds = kb.cast(ds, elem) if elem != f32 else ds
+        if cond is not None:
+            ds = kb.select(cond, kb.scalar(0.0, elem), ds)
+        ds = kb.div(ds, kb.scalar(d ** 0.5, elem)) if scale_op == "div" else kb.mul(ds, kb.scalar(d ** -0.5, elem))
+        dq = kb.matmul(ds, k)
+        if dk_form == "direct":
+            dk = kb.matmul(kb.transpose(ds, perm=[0, 1, 3, 2]), q)
+        else:
+            dk = kb.transpose(kb.matmul(kb.transpose(q, perm=[0, 1, 3, 2]), ds), perm=[0, 1, 3, 2])
+        grads = {"dq": dq, "dk": dk, "dv": dv_}
+        return [grads[r] for r in results]
+
+    return Built("attention_backward", specs, body)
+
+
+def attention_backward_inputs(b, h, sq, sk, d, elem, mask_shape=None, dv=None, gen=None, dead_row=None,
+                              causal=False):
+    """Random q, k, v, [mask], dO and the forward's O and logsumexp (from float64), and
+    the float64 gradients (dq, dk, dv) of softmax(masked_fill(q k^T / sqrt(d), mask == 0,
+    -1e9)) @ v: the kernel function's arguments in order, and the reference. The mask is
+    random (70% kept), or with ``causal`` 1 where the key is not past the query;
+    ``dead_row``: a query row it masks everywhere."""
+    dv = dv or d
+    gen = gen or torch.Generator().manual_seed(sq * 7 + sk + d)
+    q, k = randn((b, h, sq, d), elem, gen), randn((b, h, sk, d), elem, gen)
+    v, do = randn((b, h, sk, dv), elem, gen), randn((b, h, sq, dv), elem, gen)
+    mask = None
+    if mask_shape is not None:
+        mask = (torch.rand(mask_shape, generator=gen) > 0.3).float()
+        if causal:
+            mask = torch.ones(mask_shape).tril()
+        if dead_row is not None:
+            mask[..., dead_row, :] = 0
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    x = qd @ kd.transpose(-1, -2) / d ** 0.5
+    if mask is not None:
+        x = x.masked_fill(mask == 0, -1e9)
+    lse = torch.logsumexp(x, -1, keepdim=True)
+    o = torch.softmax(x, -1) @ vd
+    o.backward(do.double())
+    args = [q, k, v] + ([mask] if mask is not None else []) + [o.detach().to(TORCH[elem]), lse.detach().float(), do]
+    return args, (qd.grad, kd.grad, vd.grad)
+
+
+def spirv_run_program(built: Built, emitted, args, out_specs):
+    """Run a strategy's kernel and its prelude (written first, into a buffer the kernel
+    then takes after its inputs) on the Vulkan device; returns the outputs."""
+    from kf.passes.to_spirv import compile_spirv
+    from kf.runtime.abi import KernelABI
+
+    vulkan = vulkan_runtime()
+    [binary] = compile_spirv(built.gpu_text())
+    args = list(args)
+    if emitted.prelude is not None:
+        t = ir.RankedTensorType(emitted.prelude_output)
+        elem = {"f32": torch.float32, "i32": torch.int32}[str(t.element_type)]
+        buf = torch.zeros(list(t.shape), dtype=elem)
+        k = binary.kernels[emitted.prelude.name]
+        abi = KernelABI(k.entry, tuple(range(len(k.bindings))), grid=emitted.prelude.grid, block=k.workgroup_size,
+                        extra=k.abi_extra())
+        vulkan.launch(binary.binary, abi, args + [buf], written=[len(args)])
+        args.append(buf)
+    outs = [torch.full(s.shape, float("nan"), dtype=TORCH[s.elem]) for s in out_specs]
+    k = binary.kernels[emitted.name]
+    abi = KernelABI(k.entry, tuple(range(len(k.bindings))), grid=emitted.grid, block=k.workgroup_size,
+                    extra=k.abi_extra())
+    vulkan.launch(binary.binary, abi, args + outs, written=list(range(len(args), len(args) + len(outs))))
+    return outs
+
+
+def cuda_run_program(built: Built, emitted, args, out_specs):
+    """Compile a strategy's kernels for the device's chip and launch them on torch tensors
+    as kf's schedule does: the prelude into a buffer the kernel then takes after its
+    inputs, the kernel, and the postlude (writing the results ``emitted.postlude_results``,
+    which the kernel does not take). Returns the outputs (on the CPU) and the PTX."""
+    from kf.passes import to_cuda
+    from kf.runtime import cuda as kcuda
+
+    cap = torch.cuda.get_device_capability()
+    chip = "sm_90a" if cap == (9, 0) else "sm_{}{}".format(*cap)
+    ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
+    module = kcuda.CudaModule(ptx)
+    ins = [a.cuda() for a in args]
+    if emitted.prelude is not None:
+        t = ir.RankedTensorType(emitted.prelude_output)
+        buf = torch.full(list(t.shape), float("nan"), dtype=torch.float32, device="cuda")
+        p = emitted.prelude
+        kcuda.CudaKernel(module, p.name, p.grid, p.block, p.shared_bytes, len(ins) + 1)(*ins, buf)
+        ins.append(buf)
+    outs = [torch.full(s.shape, float("nan"), dtype=TORCH[s.elem], device="cuda") for s in out_specs]
+    taken = set(emitted.postlude_results)
+    mine = [o for n, o in enumerate(outs) if n not in taken]
+    kcuda.CudaKernel(module, emitted.name, emitted.grid, emitted.block, emitted.shared_bytes,
+                     len(ins) + len(mine))(*ins, *mine)
+    if emitted.postlude is not None:
+        p = emitted.postlude
+        theirs = [outs[n] for n in emitted.postlude_results]
+        kcuda.CudaKernel(module, p.name, p.grid, p.block, p.shared_bytes, len(ins) + len(theirs))(*ins, *theirs)
+    torch.cuda.synchronize()
+    return [o.cpu() for o in outs], ptx
+
+
+def ptxas_reports(built: Built, chip: str = "sm_90a"):
+    """Every kernel's ptxas report (registers, spills), by name, and ptxas's log."""
+    from kf.passes import to_cuda
+
+    ptx = to_cuda.compile_to_ptx(built.gpu_text(), chip=chip)["kf_kernels"]
+    assembled = to_cuda.assemble(ptx, chip)
+    return ptx, assembled.kernels, assembled.log
