@@ -125,13 +125,13 @@ def test_seed_layer_norm_with_subgroup_reductions(shape):
     (lavapipe: 8 lanes) the reductions are subgroup butterflies, then one across the
     subgroups' partials."""
     from kf.runtime.abi import ProgramABI
-    from kf.signature import bind
 
     x = torch.randn(*shape)
     w, b = torch.randn(shape[-1]), torch.randn(shape[-1])
     f = se.metal_layer_norm.with_options(target="vulkan")
     out = f(x, w, b)
     assert _rel(out, se.metal_layer_norm.fn(x.double(), w.double(), b.double())) < 1e-5
-    [k] = ProgramABI.from_json(f.specialize(*bind(f.fn, (x, w, b), {})).meta["abi"]).kernels
+    program, _ = f.specialize(*f._bind((x, w, b), {}))
+    [k] = ProgramABI.from_json(program.meta["abi"]).kernels
     shuffles = "shuffle" in vulkan.device().target_limits().subgroup_ops
     assert (k.extra["plan"]["reduction"] == "shuffle") == shuffles
