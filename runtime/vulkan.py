@@ -84,6 +84,8 @@ _CAPABILITY_FEATURE = {
     "Int16": ("core", "shaderInt16"), "Int64": ("core", "shaderInt64"), "Float64": ("core", "shaderFloat64"),
     "StorageBuffer16BitAccess": ("vulkan11", "storageBuffer16BitAccess"),
     "StorageBuffer8BitAccess": ("vulkan12", "storageBuffer8BitAccess"),
+    # kf-to-spirv asks for IEEE inf, NaN and signed zeros in every kernel that computes in floats
+    "SignedZeroInfNanPreserve": ("float_controls", "shaderSignedZeroInfNanPreserveFloat32"),
 }
 
 #: SPIR-V subgroup capability -> the subgroup operation (abi.SUBGROUP_OPS) it needs.
@@ -228,6 +230,9 @@ class Device:
             feat = _CAPABILITY_FEATURE.get(cap)
             if feat and not self.features.get(feat[1], False):
                 missing.append(f"{cap} (needs {feat[1]})")
+            if cap == "SignedZeroInfNanPreserve" and "Float16" in kernel.extra.get("spirv_capabilities", ()) and \
+                    not self.features.get("shaderSignedZeroInfNanPreserveFloat16", False):
+                missing.append(f"{cap} (needs shaderSignedZeroInfNanPreserveFloat16)")
             op = _CAPABILITY_SUBGROUP.get(cap)
             if op and op not in ops:
                 missing.append(f"{cap} (needs subgroup {op} operations in compute shaders)")
@@ -837,6 +842,12 @@ def _make_device() -> Device:
         chain = vk.VkPhysicalDeviceVulkan12Features(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, pNext=e11,
             **{f: vk.VK_TRUE for f in ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess") if features[f]})
+        controls = vk.VkPhysicalDeviceFloatControlsProperties(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES)
+        vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=controls))
+        for f in ("shaderSignedZeroInfNanPreserveFloat16", "shaderSignedZeroInfNanPreserveFloat32"):
+            features[f] = bool(getattr(controls, f))
     # before 1.2 only the core features are asked for: f16/i8/16-bit storage kernels are refused
     queue_info = vk.VkDeviceQueueCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, queueFamilyIndex=qf,
                                             queueCount=1, pQueuePriorities=[1.0])
