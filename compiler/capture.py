@@ -29,7 +29,7 @@ from mlir.dialects import func
 
 from kf.dialects import KfTypeError, TensorSpec, make_context, mlir_type
 
-from . import aten_to_kf
+from . import aliasing, aten_to_kf
 from .dtypes import kf_elem
 from .errors import CaptureError, KfVerifyError, SourceLoc, UnsupportedOpError
 from .mutation import Mutation
@@ -65,6 +65,10 @@ class Captured:
     #: tensors made constants that the function neither made from data nor reached where
     #: the walk of what it reads looked (the light tracer's: trace.Trace.unsourced)
     unsourced: list[torch.Tensor] = field(default_factory=list)
+    #: per flat output: ("input", i) / ("view", i) where eager returns user tensor i or a view of it, else None
+    eager_aliases: list = field(default_factory=list)
+    #: per flat output: the first earlier output that eager returns as the same tensor, or -1
+    eager_repeats: list = field(default_factory=list)
 
     @property
     def kf_ir(self) -> str:
@@ -368,7 +372,15 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
             if written:
                 outs = type(outs)(a for k, a in enumerate(outs) if k not in written)
             flat, tree = _flatten_outputs(outs, env, user, out_spec, structured=out_spec is None)
+            nodes = aliasing.output_nodes(outs)
+            if len(nodes) != len(flat):
+                nodes = [object() for _ in flat]  # unknown: no result aliases anything
+            eager = [aliasing.eager_alias(n, env) for n in nodes]
+            same = [next((k for k in range(j) if nodes[k] is n), -1) for j, n in enumerate(nodes)]
             mutations = _mutation_outputs(out_node.args[0], written or {}, env, flat, names, user)
+            # the written arguments' new values, appended: new tensors, copied back by the call
+            eager += [None] * (len(flat) - len(eager))
+            same += [-1] * (len(flat) - len(same))
             with def_loc:
                 func.ReturnOp(flat)
         random_input = None
@@ -386,7 +398,8 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
 
         out_specs = [spec_of(v.type) for v in flat]
     return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops, tracer,
-                    random_input=random_input, mutations=mutations, reached=used)
+                    random_input=random_input, mutations=mutations, reached=used,
+                    eager_aliases=eager, eager_repeats=same)
 
 
 def _mutation_outputs(outs, written: dict[int, int], env: dict, flat: list[ir.Value], names: list[str],

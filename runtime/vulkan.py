@@ -591,7 +591,9 @@ class Call:
                     continue
                 sink = sink.detach()
                 if sink.is_contiguous():
-                    sink.view(-1).view(torch.uint8).copy_(src)
+                    # as_strided, not view(-1): a contiguous tensor may still have a
+                    # stride != 1 on a size-1 dim (x[::2] of 2 elements), and a byte view needs 1
+                    sink.as_strided((sink.numel(),), (1,)).view(torch.uint8).copy_(src)
                 else:
                     sink.copy_(src.view(sink.dtype).view(sink.shape))
                 with dev.lock:
@@ -985,11 +987,10 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
         _check_tensor(t, a.elem, f"input {i} ('{a.name}')")
         if tuple(t.shape) != tuple(a.shape):
             raise VulkanError(f"input {i} ('{a.name}') has shape {tuple(t.shape)}; compiled for {a.shape}")
-    aliases = [abi.output_aliases[j] if j < len(abi.output_aliases) else -1 for j in range(len(abi.outputs))]
     # outputs have version counters (residency needs them) even under inference_mode
     with torch.inference_mode(False):
-        outputs = [torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0])) if alias < 0 else None
-                   for a, alias in zip(abi.outputs, aliases)]
+        outputs = [None if abi.unwritten(j) else torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]))
+                   for j, a in enumerate(abi.outputs)]
     call = dev.call()
     done = False
     try:
@@ -1010,9 +1011,7 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
     if abi.index_sites:
         flag = torch.frombuffer(bytearray(call.results[bufs[abi.flag_buffer]]), dtype=torch.int32)
         abi.raise_index_error(flag.tolist())
-    for j, alias in enumerate(aliases):
-        if alias >= 0:
-            outputs[j] = inputs[alias].reshape(abi.outputs[j].shape)
+    outputs = abi.take_inputs(inputs, outputs)
     if timings is not None:
         timings.extend(zip((k.entry for k in abi.kernels), times))
     return tuple(outputs)
