@@ -169,6 +169,12 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
             ep = torch.export.export(_Wrapper(traced, sig), tuple(_trace_inputs(tensors)), strict=False)
     except Exception as e:  # torch's own errors name the user's frame in their text
         loc = _loc_from_exception(e, user)
+        if _data_dependent(e):
+            raise CaptureError(f"{user.__name__} uses a tensor's value as a Python value (an if or while on a "
+                               f"tensor, bool(), float(), int()), which kf cannot compile: it compiles the "
+                               f"function once, for every value", loc,
+                               cause="keep it a tensor: torch.where(cond, a, b) instead of an if on a "
+                                     "tensor's value, x * x.sum() instead of x * float(x.sum())") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export could not trace {user.__name__}", loc,
                            cause=f"{type(e).__name__}: {first}") from None
@@ -213,6 +219,13 @@ def _functionalize(ep, writer: torch.fx.Node, user: Callable):
                            f"the values of its tensor arguments (not their shapes or strides, nor a module's "
                            f"buffers, closure or global tensors)",
                            _user_loc(writer, user), cause=f"{type(e).__name__}: {first[:200]}") from None
+
+
+def _data_dependent(e: BaseException) -> bool:
+    """Whether export failed on Python control flow over a tensor's value."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return isinstance(e, GuardOnDataDependentSymNode) or "data-dependent" in str(e)[:500]
 
 
 def _loc_from_exception(e: BaseException, fn: Callable) -> SourceLoc | None:

@@ -159,3 +159,39 @@ def test_locations_without_the_anchor_api(monkeypatch):
     cap = capture(seed_examples.metal_layer_norm.fn, torch.randn(2, 16), torch.randn(16), torch.randn(16))
     assert {loc.line for loc in cap.source_locs.values()} == {41, 42, 43, 44}
     assert {loc.function for loc in cap.source_locs.values()} == {"metal_layer_norm"}
+
+
+# ---------------------------------------------------------------- refusals at the user's line
+
+
+def _line_of(fn, text: str) -> int:
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_python_numbers_of_tensors_are_refused_at_the_users_line():
+    """.item(), float(t) and an if on a tensor's value: a kf error at the line, saying what
+    to write instead."""
+    def item(x):
+        return x.sum().item()
+
+    def divide(x):
+        return x / x.max().item()
+
+    def branch(x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+    def to_float(x):
+        return x * float(x.sum())
+
+    for fn, text, hint in [(item, "item()", ".item()"), (divide, "item()", ".item()"),
+                           (branch, "if x.sum()", "torch.where"), (to_float, "* float(", "x * x.sum()")]:
+        with pytest.raises(kf.CompileError) as e:
+            kf.inspect(fn, torch.randn(3))
+        assert "internal" not in str(e.value)
+        assert e.value.loc is not None and e.value.loc.line == _line_of(fn, text), str(e.value)
+        assert hint in str(e.value)
