@@ -178,6 +178,7 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export could not trace {user.__name__}", loc,
                            cause=f"{type(e).__name__}: {first}") from None
+    _refuse_custom_objects(ep, user)
     writer = _first_write(ep.graph_module)
     if writer is not None:
         ep = _functionalize(ep, writer, user)
@@ -226,6 +227,28 @@ def _data_dependent(e: BaseException) -> bool:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     return isinstance(e, GuardOnDataDependentSymNode) or "data-dependent" in str(e)[:500]
+
+
+def _refuse_custom_objects(ep, fn: Callable) -> None:
+    """An op that export gave an object input (a torch.Generator) is refused at its line."""
+    from torch.export.graph_signature import InputKind
+
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != InputKind.CUSTOM_OBJ:
+            continue
+        holder = next((n for n in ep.graph_module.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name),
+                      None)
+        user = next(iter(holder.users), None) if holder is not None else None
+        op = aten_to_kf._target_name(user.target) if user is not None else "an op"
+        loc = _user_loc(user, fn) if user is not None else None
+        generator = isinstance(getattr(spec.arg, "class_fqn", ""), str) and "Generator" in spec.arg.class_fqn
+        if generator or user is not None and "generator" in user.kwargs:
+            raise UnsupportedOpError(f"{op} takes a generator= argument; kf draws random numbers from torch's "
+                                     f"default generator, so a generator= argument is not supported", loc,
+                                     cause="drop generator= and seed torch's default generator "
+                                           "(torch.manual_seed) instead")
+        raise UnsupportedOpError(f"{op} takes a {getattr(spec.arg, 'class_fqn', 'Python object')} argument, "
+                                 f"which kf does not support", loc)
 
 
 def _loc_from_exception(e: BaseException, fn: Callable) -> SourceLoc | None:

@@ -195,3 +195,15 @@ def test_python_numbers_of_tensors_are_refused_at_the_users_line():
         assert "internal" not in str(e.value)
         assert e.value.loc is not None and e.value.loc.line == _line_of(fn, text), str(e.value)
         assert hint in str(e.value)
+
+
+def test_generator_argument_is_refused_at_the_users_line():
+    g = torch.Generator().manual_seed(0)
+
+    def f(x):
+        return torch.rand(3, generator=g) + x
+
+    with pytest.raises(kf.UnsupportedOpError, match="generator= argument") as e:
+        kf.inspect(f, torch.randn(3))
+    assert e.value.loc.line == _line_of(f, "generator=g")
+    assert "aten.rand" in str(e.value) and "manual_seed" in str(e.value)
