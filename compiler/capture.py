@@ -407,7 +407,8 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
             outs = out_node.args[0]
             if written:
                 outs = type(outs)(a for k, a in enumerate(outs) if k not in written)
-            flat, tree = _flatten_outputs(outs, env, user, out_spec, structured=out_spec is None)
+            flat, tree = _flatten_outputs(outs, env, user, out_spec, structured=out_spec is None,
+                                          locs=locs)
             nodes = aliasing.output_nodes(outs)
             if len(nodes) != len(flat):
                 nodes = [object() for _ in flat]  # unknown: no result aliases anything
@@ -516,20 +517,53 @@ def _bind_placeholders(placeholders, args, constants: dict[str, torch.Tensor], c
     return env
 
 
-def _tree_of_spec(spec, counter: list[int]) -> Any:
-    """kf's JSON-able result structure from export's pytree spec of the outputs."""
+def _tree_of_spec(spec, counter: list[int], fn: Callable | None = None) -> Any:
+    """kf's JSON-able result structure from export's pytree spec of the outputs: kinds
+    "tensor", "tuple", "list", and "named:<module>:<name>" for a namedtuple or a
+    torch.return_types result (torch.max(x, 1)), which the call returns as that type."""
     if spec.is_leaf():
         counter[0] += 1
         return ("tensor", counter[0] - 1)
     kind = {tuple: "tuple", list: "list"}.get(spec.type)
+    named = _named_type(spec) if kind is None else None
+    if named is not None:
+        kind = _named_kind(named, fn)
     if kind is None:
-        raise CaptureError(f"kf functions return tensors, tuples and lists of them, not {spec.type.__name__}")
+        loc = SourceLoc(fn.__code__.co_filename, fn.__code__.co_firstlineno, 1, fn.__name__) if fn else None
+        raise CaptureError(f"{fn.__name__ if fn else 'the function'} returns a "
+                           f"{getattr(spec.type, '__name__', spec.type)}; kf functions return tensors, and tuples, "
+                           f"lists and namedtuples of them", loc)
     children = spec.children() if hasattr(spec, "children") else spec.children_specs
-    return (kind, [_tree_of_spec(c, counter) for c in children])
+    return (kind, [_tree_of_spec(c, counter, fn) for c in children])
+
+
+def _named_type(spec) -> type | None:
+    """The namedtuple or structseq (torch.return_types) type of a pytree node, or None."""
+    import collections
+
+    if spec.type is collections.namedtuple and isinstance(spec.context, type):
+        return spec.context
+    if isinstance(spec.type, type) and issubclass(spec.type, tuple) and hasattr(spec.type, "n_fields"):
+        return spec.type
+    return None
+
+
+def _named_kind(cls: type, fn: Callable | None) -> str:
+    """The tree kind of a namedtuple result type, which a later process must import (the
+    cache keeps the tree)."""
+    from .results import named_kind
+
+    kind = named_kind(cls)
+    if kind is None:
+        loc = SourceLoc(fn.__code__.co_filename, fn.__code__.co_firstlineno, 1, fn.__name__) if fn else None
+        raise CaptureError(f"{fn.__name__ if fn else 'the function'} returns a {cls.__qualname__}, a namedtuple "
+                           f"type that cannot be imported by its name", loc,
+                           cause="define the namedtuple at the top level of a module, or return a tuple")
+    return kind
 
 
 def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None,
-                     structured: bool = False) -> tuple[list[ir.Value], Any]:
+                     structured: bool = False, locs: dict | None = None) -> tuple[list[ir.Value], Any]:
     """The flat result values, and how they nest (export flattens nested results; its
     out_spec keeps their structure; a structured output node keeps it itself)."""
     flat: list[ir.Value] = []
@@ -538,7 +572,9 @@ def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None,
         if isinstance(x, torch.fx.Node):
             v = env.get(x)
             if not isinstance(v, ir.Value):
-                raise CaptureError(f"{fn.__name__} returns {x.name}, which is not a tensor")
+                op = aten_to_kf._target_name(x.target) if x.op == "call_function" else x.name
+                raise CaptureError(f"{fn.__name__} returns the result of {op}, which is not a tensor",
+                                   (locs or {}).get(x.name))
             flat.append(v)
             return ("tensor", len(flat) - 1)
         if isinstance(x, (tuple, list)):
@@ -549,7 +585,7 @@ def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None,
     if structured:
         return flat, walked
     if out_spec is not None:
-        tree = _tree_of_spec(out_spec, [0])
+        tree = _tree_of_spec(out_spec, [0], fn)
         if sum(1 for _ in _leaves(tree)) == len(flat):
             return flat, tree
     if isinstance(out, (tuple, list)) and len(out) == 1:
