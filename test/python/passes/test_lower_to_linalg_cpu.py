@@ -637,6 +637,8 @@ TORCH_MLIR_OPS = {
     "sum_to_size": (lambda x, y, w: x.sum_to_size(1, 257), (61, 257)),
     "bilinear": (lambda x, y, w: torch.nn.functional.bilinear(x[..., :7], y[..., :11], w), (3, 13)),
 }
+#: ops of the list that kf lowers itself: the same precision is asked of them
+KF_OPS = {"avg_pool1d", "avg_pool2d"}
 #: ops whose eager kernel rounds an intermediate to bf16/f16 (bilinear: x1 W, then the
 #: product with x2): kf's one rounding is then only no further from float64 than eager
 ROUNDS_INSIDE = {"bilinear"}
@@ -651,7 +653,8 @@ def test_torch_mlir_ops_compute_in_f32(name, dtype, tmp_path, monkeypatch):
     fn, shape = TORCH_MLIR_OPS[name]
     x, y = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
     w = _bilinear_weight(dtype)
-    assert "kf.aten" in kf.inspect(kf.jit(fn, target="cpu"), x, y, w).kf_ir  # it is a torch-mlir op
+    if name not in KF_OPS:
+        assert "kf.aten" in kf.inspect(kf.jit(fn, target="cpu"), x, y, w).kf_ir  # it is a torch-mlir op
     got = kf.jit(fn, target="cpu")(x, y, w)
     want = fn(x, y, w)  # torch's CPU kernels: f32 math and accumulation, one rounding
     exact = fn(x.double(), y.double(), w.double())
