@@ -88,6 +88,23 @@ def test_strided_input_returned_is_the_input(target):
     assert torch.equal(y, x) and not _shares(y, base)
 
 
+def _writes_x_returns_y(x, y):
+    x.add_(1)
+    return y, y.clone(), x * 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_results_of_a_function_that_writes_an_argument(target):
+    """A written argument's new value is one more output of the program (copied back by
+    the call): the user's results keep eager's sharing, y itself and new tensors."""
+    x, y = torch.arange(6.0), torch.arange(6.0) + 10
+    x0 = x.clone()
+    got = kf.jit(_writes_x_returns_y, target=target)(x, y)
+    assert torch.equal(x, x0 + 1)
+    assert got[0] is y and not _shares(got[1], y) and torch.equal(got[1], y)
+    assert torch.equal(got[2], (x0 + 1) * 2)
+
+
 def _abi(fn, target: str, *args):
     from kf.driver import build
     from kf.options import Options
