@@ -438,10 +438,12 @@ def _fast_key(args: tuple) -> tuple[tuple | None, list]:
     Tensor = torch.Tensor
     for a in args:
         if isinstance(a, Tensor):
+            if a.layout != torch.strided:  # a sparse tensor has no is_contiguous(): bind() refuses it
+                return None, []
             key.append((a.shape, a.dtype, a.device, a.is_contiguous()))
             tensors.append(a)
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
-            if not all(isinstance(t, Tensor) for t in a):
+            if not all(isinstance(t, Tensor) and t.layout == torch.strided for t in a):
                 return None, []
             key.append((type(a), tuple((t.shape, t.dtype, t.device, t.is_contiguous()) for t in a)))
             tensors.extend(a)

@@ -29,7 +29,7 @@ from mlir.dialects import func
 
 from kf.dialects import KfTypeError, TensorSpec, make_context, mlir_type
 
-from . import aten_to_kf
+from . import aliasing, aten_to_kf
 from .dtypes import kf_elem
 from .errors import CaptureError, KfVerifyError, SourceLoc, UnsupportedOpError
 from .mutation import Mutation
@@ -65,6 +65,10 @@ class Captured:
     #: tensors made constants that the function neither made from data nor reached where
     #: the walk of what it reads looked (the light tracer's: trace.Trace.unsourced)
     unsourced: list[torch.Tensor] = field(default_factory=list)
+    #: per flat output: ("input", i) / ("view", i) where eager returns user tensor i or a view of it, else None
+    eager_aliases: list = field(default_factory=list)
+    #: per flat output: the first earlier output that eager returns as the same tensor, or -1
+    eager_repeats: list = field(default_factory=list)
 
     @property
     def kf_ir(self) -> str:
@@ -165,9 +169,16 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
             ep = torch.export.export(_Wrapper(traced, sig), tuple(_trace_inputs(tensors)), strict=False)
     except Exception as e:  # torch's own errors name the user's frame in their text
         loc = _loc_from_exception(e, user)
+        if _data_dependent(e):
+            raise CaptureError(f"{user.__name__} uses a tensor's value as a Python value (an if or while on a "
+                               f"tensor, bool(), float(), int()), which kf cannot compile: it compiles the "
+                               f"function once, for every value", loc,
+                               cause="keep it a tensor: torch.where(cond, a, b) instead of an if on a "
+                                     "tensor's value, x * x.sum() instead of x * float(x.sum())") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export could not trace {user.__name__}", loc,
                            cause=f"{type(e).__name__}: {first}") from None
+    _refuse_custom_objects(ep, user)
     writer = _first_write(ep.graph_module)
     if writer is not None:
         ep = _functionalize(ep, writer, user)
@@ -209,6 +220,35 @@ def _functionalize(ep, writer: torch.fx.Node, user: Callable):
                            f"the values of its tensor arguments (not their shapes or strides, nor a module's "
                            f"buffers, closure or global tensors)",
                            _user_loc(writer, user), cause=f"{type(e).__name__}: {first[:200]}") from None
+
+
+def _data_dependent(e: BaseException) -> bool:
+    """Whether export failed on Python control flow over a tensor's value."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return isinstance(e, GuardOnDataDependentSymNode) or "data-dependent" in str(e)[:500]
+
+
+def _refuse_custom_objects(ep, fn: Callable) -> None:
+    """An op that export gave an object input (a torch.Generator) is refused at its line."""
+    from torch.export.graph_signature import InputKind
+
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != InputKind.CUSTOM_OBJ:
+            continue
+        holder = next((n for n in ep.graph_module.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name),
+                      None)
+        user = next(iter(holder.users), None) if holder is not None else None
+        op = aten_to_kf._target_name(user.target) if user is not None else "an op"
+        loc = _user_loc(user, fn) if user is not None else None
+        generator = isinstance(getattr(spec.arg, "class_fqn", ""), str) and "Generator" in spec.arg.class_fqn
+        if generator or user is not None and "generator" in user.kwargs:
+            raise UnsupportedOpError(f"{op} takes a generator= argument; kf draws random numbers from torch's "
+                                     f"default generator, so a generator= argument is not supported", loc,
+                                     cause="drop generator= and seed torch's default generator "
+                                           "(torch.manual_seed) instead")
+        raise UnsupportedOpError(f"{op} takes a {getattr(spec.arg, 'class_fqn', 'Python object')} argument, "
+                                 f"which kf does not support", loc)
 
 
 def _loc_from_exception(e: BaseException, fn: Callable) -> SourceLoc | None:
@@ -367,8 +407,17 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
             outs = out_node.args[0]
             if written:
                 outs = type(outs)(a for k, a in enumerate(outs) if k not in written)
-            flat, tree = _flatten_outputs(outs, env, user, out_spec, structured=out_spec is None)
+            flat, tree = _flatten_outputs(outs, env, user, out_spec, structured=out_spec is None,
+                                          locs=locs)
+            nodes = aliasing.output_nodes(outs)
+            if len(nodes) != len(flat):
+                nodes = [object() for _ in flat]  # unknown: no result aliases anything
+            eager = [aliasing.eager_alias(n, env) for n in nodes]
+            same = [next((k for k in range(j) if nodes[k] is n), -1) for j, n in enumerate(nodes)]
             mutations = _mutation_outputs(out_node.args[0], written or {}, env, flat, names, user)
+            # the written arguments' new values, appended: new tensors, copied back by the call
+            eager += [None] * (len(flat) - len(eager))
+            same += [-1] * (len(flat) - len(same))
             with def_loc:
                 func.ReturnOp(flat)
         random_input = None
@@ -386,7 +435,8 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
 
         out_specs = [spec_of(v.type) for v in flat]
     return Captured(module, ctx, user.__name__, sig, names, out_specs, tree, gm, locs, conv.fallback_ops, tracer,
-                    random_input=random_input, mutations=mutations, reached=used)
+                    random_input=random_input, mutations=mutations, reached=used,
+                    eager_aliases=eager, eager_repeats=same)
 
 
 def _mutation_outputs(outs, written: dict[int, int], env: dict, flat: list[ir.Value], names: list[str],
@@ -467,20 +517,53 @@ def _bind_placeholders(placeholders, args, constants: dict[str, torch.Tensor], c
     return env
 
 
-def _tree_of_spec(spec, counter: list[int]) -> Any:
-    """kf's JSON-able result structure from export's pytree spec of the outputs."""
+def _tree_of_spec(spec, counter: list[int], fn: Callable | None = None) -> Any:
+    """kf's JSON-able result structure from export's pytree spec of the outputs: kinds
+    "tensor", "tuple", "list", and "named:<module>:<name>" for a namedtuple or a
+    torch.return_types result (torch.max(x, 1)), which the call returns as that type."""
     if spec.is_leaf():
         counter[0] += 1
         return ("tensor", counter[0] - 1)
     kind = {tuple: "tuple", list: "list"}.get(spec.type)
+    named = _named_type(spec) if kind is None else None
+    if named is not None:
+        kind = _named_kind(named, fn)
     if kind is None:
-        raise CaptureError(f"kf functions return tensors, tuples and lists of them, not {spec.type.__name__}")
+        loc = SourceLoc(fn.__code__.co_filename, fn.__code__.co_firstlineno, 1, fn.__name__) if fn else None
+        raise CaptureError(f"{fn.__name__ if fn else 'the function'} returns a "
+                           f"{getattr(spec.type, '__name__', spec.type)}; kf functions return tensors, and tuples, "
+                           f"lists and namedtuples of them", loc)
     children = spec.children() if hasattr(spec, "children") else spec.children_specs
-    return (kind, [_tree_of_spec(c, counter) for c in children])
+    return (kind, [_tree_of_spec(c, counter, fn) for c in children])
+
+
+def _named_type(spec) -> type | None:
+    """The namedtuple or structseq (torch.return_types) type of a pytree node, or None."""
+    import collections
+
+    if spec.type is collections.namedtuple and isinstance(spec.context, type):
+        return spec.context
+    if isinstance(spec.type, type) and issubclass(spec.type, tuple) and hasattr(spec.type, "n_fields"):
+        return spec.type
+    return None
+
+
+def _named_kind(cls: type, fn: Callable | None) -> str:
+    """The tree kind of a namedtuple result type, which a later process must import (the
+    cache keeps the tree)."""
+    from .results import named_kind
+
+    kind = named_kind(cls)
+    if kind is None:
+        loc = SourceLoc(fn.__code__.co_filename, fn.__code__.co_firstlineno, 1, fn.__name__) if fn else None
+        raise CaptureError(f"{fn.__name__ if fn else 'the function'} returns a {cls.__qualname__}, a namedtuple "
+                           f"type that cannot be imported by its name", loc,
+                           cause="define the namedtuple at the top level of a module, or return a tuple")
+    return kind
 
 
 def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None,
-                     structured: bool = False) -> tuple[list[ir.Value], Any]:
+                     structured: bool = False, locs: dict | None = None) -> tuple[list[ir.Value], Any]:
     """The flat result values, and how they nest (export flattens nested results; its
     out_spec keeps their structure; a structured output node keeps it itself)."""
     flat: list[ir.Value] = []
@@ -489,7 +572,9 @@ def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None,
         if isinstance(x, torch.fx.Node):
             v = env.get(x)
             if not isinstance(v, ir.Value):
-                raise CaptureError(f"{fn.__name__} returns {x.name}, which is not a tensor")
+                op = aten_to_kf._target_name(x.target) if x.op == "call_function" else x.name
+                raise CaptureError(f"{fn.__name__} returns the result of {op}, which is not a tensor",
+                                   (locs or {}).get(x.name))
             flat.append(v)
             return ("tensor", len(flat) - 1)
         if isinstance(x, (tuple, list)):
@@ -500,7 +585,7 @@ def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None,
     if structured:
         return flat, walked
     if out_spec is not None:
-        tree = _tree_of_spec(out_spec, [0])
+        tree = _tree_of_spec(out_spec, [0], fn)
         if sum(1 for _ in _leaves(tree)) == len(flat):
             return flat, tree
     if isinstance(out, (tuple, list)) and len(out) == 1:

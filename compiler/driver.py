@@ -78,6 +78,8 @@ class CompiledProgram:
         self._target = target
         #: arguments the function writes to: checked before and copied back after each launch
         self._mutations = tuple(mutation.Mutation.from_json(m) for m in meta.get("mutations", []))
+        self._returns_inputs = [tuple(p) for p in meta.get("returns_inputs", [])]
+        self._same_results = [tuple(p) for p in meta.get("same_results", [])]
 
     def __call__(self, tensors: list, drawn: list | None = None):
         """Run the program; ``drawn`` (a list) receives the random state the call drew,
@@ -97,7 +99,18 @@ class CompiledProgram:
             outs = list(self._launch(*tensors))
         if self._mutations:
             outs = mutation.copy_back(self._mutations, tensors, outs)
-        return unflatten(self._tree, outs)
+        return unflatten(self._tree, self._with_inputs(outs, tensors))
+
+    def _with_inputs(self, outs: list, tensors: list) -> list:
+        """The outputs, with those that eager returns as an input tensor itself (``return x``,
+        ``x.contiguous()`` of a contiguous x) replaced by that tensor, and one that eager
+        returns twice (``return y, y``) the same tensor twice, as eager gives them."""
+        outs = list(outs)
+        for j, i in self._returns_inputs:
+            outs[j] = tensors[i]
+        for j, k in self._same_results:
+            outs[j] = outs[k]
+        return outs
 
     def call_matched(self, tensors: list):
         """As a call, for tensors that kf's dispatch key has matched to the program's
@@ -105,7 +118,7 @@ class CompiledProgram:
         if (self._random or self._mutations or _PROFILE is not None or _torch_profiling()
                 or self._unchecked is None):
             return self(tensors)
-        return unflatten(self._tree, list(self._unchecked(*tensors)))
+        return unflatten(self._tree, self._with_inputs(list(self._unchecked(*tensors)), tensors))
 
     def matched_call(self, contiguous: bool) -> Callable:
         """What kf's dispatch table keeps for a matched call signature: the launcher's
@@ -114,7 +127,8 @@ class CompiledProgram:
         else ``call_matched``. Profiling (kf's or torch's) still takes the general path,
         checked on every call."""
         make = getattr(self._launch, "fast_lane", None)
-        lane = make() if make is not None and contiguous and not self._random and not self._mutations else None
+        lane = make() if make is not None and contiguous and not self._random and not self._mutations \
+            and not self._returns_inputs and not self._same_results else None
         if lane is None:
             return self.call_matched
         tree = self._tree
@@ -404,6 +418,10 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
         # what cannot be named in another process, or holds tensors the walk did not find,
         # stays in this one (cache.store)
         "private": not reads.persistent or bool(cap.unsourced),
+        # [output, input] where eager returns the input tensor itself, [output, earlier output]
+        # where it returns one tensor twice: the call returns them so too
+        "returns_inputs": [[j, a[1]] for j, a in enumerate(cap.eager_aliases) if a is not None and a[0] == "input"],
+        "same_results": [[j, k] for j, k in enumerate(cap.eager_repeats) if k >= 0],
         **extra_meta,
     }
     return meta, artifacts
@@ -504,7 +522,8 @@ def _build_gpu(cap, log, target: str, arch: str, variants: str = ""):
     run_passes(cap.module, passes[:planned], log, record_after=record)
     kernel_info = _kernel_info(cap.module)
     run_passes(cap.module, passes[planned:], log, record_after=record)
-    abi, constants, repeats = gpu_codegen.schedule_abi(cap.module, cap.name, cap.input_names, target)
+    abi, constants, repeats = gpu_codegen.schedule_abi(cap.module, cap.name, cap.input_names, target,
+                                                       cap.eager_aliases, cap.eager_repeats)
     abi = _with_kernel_info(abi, kernel_info)
     abi, artifacts = _lower_target(cap, log, abi, target, arch)
     blob, table = b"", []

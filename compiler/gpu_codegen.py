@@ -78,10 +78,18 @@ def reject_fallbacks(module: ir.Module, entry: str, target: str) -> None:
                                              f"supported torch ops (target '{target}')")
 
 
-def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: str
+def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: str,
+                 eager_aliases: list | None = None, eager_repeats: list | None = None
                  ) -> tuple[ProgramABI, list[tuple[TensorArg, bytes]], list[int]]:
     """The program's ABI from the launch schedule, the constants' data, and for each output
-    the index of an earlier output it repeats (-1 if none)."""
+    the index of an earlier output it repeats (-1 if none).
+
+    An output whose value is an input's buffer is that input (a view, ``output_aliases``)
+    only where eager returns that input or a view of it (``eager_aliases``, from
+    aliasing.py); elsewhere (``x.clone()``, ``x * 1``, a constant) it is a new tensor with
+    the input's values (``output_copies``). Likewise an output repeats an earlier one (the
+    same tensor twice) only where eager returns the same tensor twice (``eager_repeats``);
+    ``(y, y.clone())`` gives a copy."""
     f = _func(module, entry)
     block = f.regions[0].blocks[0]
     gfuncs = _gpu_funcs(module)
@@ -99,17 +107,31 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
             buffer_of[op.result] = len(inputs) + len(constants) - 1
     n_in = len(inputs) + len(constants)
     ret = next(op for op in ops if op.name == "func.return")
-    outputs, aliases, repeats = [], [], []
+    n_out = len(list(ret.operands))
+    eager_aliases = eager_aliases if eager_aliases is not None and len(eager_aliases) == n_out else [None] * n_out
+    eager_repeats = eager_repeats if eager_repeats is not None and len(eager_repeats) == n_out else [-1] * n_out
+    outputs, aliases, repeats, copies = [], [], [], []
     for j, v in enumerate(ret.operands):
         outputs.append(_targ(f"result{j}", v.type))
         first = next((i for i, w in enumerate(list(ret.operands)[:j]) if w == v), -1)
-        repeats.append(first)
-        if v in buffer_of and buffer_of[v] < n_in:
-            aliases.append(buffer_of[v])
+        alias = copy = -1
+        if first >= 0 and eager_repeats[j] == first:
+            pass  # the same tensor as output `first`, as in eager
+        elif v in buffer_of and buffer_of[v] < n_in:
+            b = buffer_of[v]
+            eager = eager_aliases[j]
+            if eager is not None and eager[1] == b and b < len(inputs):
+                alias = b
+            else:
+                copy = b
+            first = -1
+        elif first >= 0:
+            copy, first = n_in + first, -1  # eager returns two tensors with these values
         else:
-            aliases.append(-1)
-            if first < 0:
-                buffer_of[v] = n_in + j
+            buffer_of[v] = n_in + j
+        aliases.append(alias)
+        copies.append(copy)
+        repeats.append(first)
     temporaries: list[TensorArg] = []
     kernels: list[KernelABI] = []
     n_fixed = n_in + len(outputs)
@@ -156,7 +178,8 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
         raise TargetError(f"{entry}: the kernels' index sites are numbered {sorted(sites)}, not 0..{len(sites) - 1}")
     abi = ProgramABI(target=target, inputs=all_inputs, outputs=tuple(outputs), temporaries=tuple(temporaries),
                      kernels=tuple(kernels), output_aliases=tuple(aliases),
-                     index_sites=tuple(sites[i] for i in range(len(sites))))
+                     index_sites=tuple(sites[i] for i in range(len(sites))),
+                     output_copies=tuple(copies) if any(c >= 0 for c in copies) else ())
     if flagged:  # the flag is the buffer after the temporaries, the last argument of these kernels
         import dataclasses
 

@@ -143,6 +143,10 @@ def bind(fn: Callable, args: tuple, kwargs: dict) -> tuple[Signature, list[torch
 
 
 def _tensor_sig(fn: Callable, name: str, t: torch.Tensor) -> TensorSig:
+    if t.layout != torch.strided or t.is_nested:
+        kind = "a nested" if t.is_nested else f"a {str(t.layout).removeprefix('torch.')}"
+        raise SignatureError(f"{fn.__name__}(): argument '{name}' is {kind} tensor; kf functions take dense "
+                             f"tensors (pass {name}.to_dense())")
     try:
         return TensorSig.of(t)
     except TypeError as e:

@@ -264,7 +264,12 @@ def result_tree(result: Any, counter: list | None = None) -> Any:
     if isinstance(result, torch.Tensor):
         counter[0] += 1
         return ("tensor", counter[0] - 1)
-    return ("tuple" if isinstance(result, tuple) else "list", [result_tree(r, counter) for r in result])
+    kind = "tuple" if isinstance(result, tuple) else "list"
+    if isinstance(result, tuple) and type(result) is not tuple:  # torch.max(x, 1), a namedtuple
+        from .results import named_kind
+
+        kind = named_kind(type(result)) or kind
+    return (kind, [result_tree(r, counter) for r in result])
 
 
 # ----------------------------------------------------------------------------- the op

@@ -2,7 +2,8 @@
 
 What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
 - arithmetic on splat fills folds to a fill: ``fill(2) * fill(3)`` is ``fill(6)``;
-- identities vanish: ``x * 1``, ``x / 1``, ``x + 0``, ``x - 0``, ``-(-x)``;
+- identities vanish: ``x * 1``, ``x / 1``, ``x + (-0.0)``, ``x - 0``, ``-(-x)`` (``x + 0`` stays:
+  it is +0 where x is -0, as in torch);
 - broadcasts simplify: a ``broadcast_to`` feeding an elementwise op is dropped where
   the op's implicit broadcasting gives the same result, a broadcast to the same shape
   is removed, chains of broadcasts merge and a broadcast fill becomes a larger fill;
@@ -28,27 +29,75 @@ from kf.dialects.types import broadcast_shapes, defining, spec_of, transposes_la
 
 from .base import KfPass
 
+def _div(a: float, b: float) -> float:
+    if b:
+        return a / b
+    if a != a or not a:
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)  # the sign of a zero divisor counts
+
+
+def _max(a: float, b: float) -> float:
+    return a if a != a or a >= b else b  # NaN wins; of equal values (0 and -0) the first, as torch
+
+
+def _min(a: float, b: float) -> float:
+    return a if a != a or a <= b else b
+
+
+def _pow(a: float, b: float) -> float:
+    try:
+        return math.pow(a, b)
+    except OverflowError:  # |a| ** b beyond the double range
+        return math.inf if a > 0 or float(b).is_integer() and b % 2 == 0 else -math.inf
+    except ValueError:  # a negative base to a non-integer power, or 0 to a negative one
+        if a == 0:
+            return math.copysign(math.inf, a) if float(b).is_integer() and b % 2 == 1 else math.inf
+        return math.nan
+
+
+def _exp(a: float) -> float:
+    try:
+        return math.exp(a)
+    except OverflowError:
+        return math.inf
+
+
+# Folding follows IEEE 754 in double precision, as torch computes: NaN propagates,
+# inf and signed zeros come out as the hardware's would (Python's own operators raise on
+# 0 ** -1 and exp(1000), and its max/min ignore a NaN in second place).
 _FOLD_BINARY: dict[str, Callable[[float, float], float]] = {
     "kf.add": lambda a, b: a + b,
     "kf.sub": lambda a, b: a - b,
     "kf.mul": lambda a, b: a * b,
-    "kf.div": lambda a, b: a / b if b else math.copysign(math.inf, a) if a else math.nan,
-    "kf.max": max,
-    "kf.min": min,
-    "kf.pow": lambda a, b: a ** b,
+    "kf.div": _div,
+    "kf.max": _max,
+    "kf.min": _min,
+    "kf.pow": _pow,
 }
 _FOLD_UNARY: dict[str, Callable[[float], float]] = {
     "kf.neg": lambda a: -a,
     "kf.abs": abs,
-    "kf.exp": math.exp,
+    "kf.exp": _exp,
     "kf.log": lambda a: math.log(a) if a > 0 else (-math.inf if a == 0 else math.nan),
     "kf.sqrt": lambda a: math.sqrt(a) if a >= 0 else math.nan,
-    "kf.rsqrt": lambda a: 1 / math.sqrt(a) if a > 0 else (math.inf if a == 0 else math.nan),
-    "kf.reciprocal": lambda a: 1 / a if a else math.inf,
+    "kf.rsqrt": lambda a: 1 / math.sqrt(a) if a > 0 else (math.copysign(math.inf, a) if a == 0 else math.nan),
+    "kf.reciprocal": lambda a: 1 / a if a else math.copysign(math.inf, a),
     "kf.tanh": math.tanh,
     "kf.erf": math.erf,
-    "kf.relu": lambda a: max(a, 0.0),
+    "kf.relu": lambda a: a if a != a or a >= 0 else 0.0,
 }
+#: x op c is x exactly when c is this (IEEE: x + 0 is 0 for x = -0, so only -0 is the
+#: additive identity; x - 0 is x for every x)
+_RIGHT_IDENTITY = {"kf.add": -0.0, "kf.sub": 0.0, "kf.mul": 1.0, "kf.div": 1.0}
+
+
+def _is_identity(value: float | None, identity: float, is_float: bool) -> bool:
+    if value is None or value != identity:
+        return False
+    return not is_float or identity != 0 or math.copysign(1.0, value) == math.copysign(1.0, identity)
+
+
 _ELEMENTWISE_BINARY = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.max", "kf.min", "kf.pow", "kf.cmp"}
 
 
@@ -100,12 +149,13 @@ class _Rewriter:
                 value = float(int(value))
             self.replace(op, builders.fill(out.shape, out.elem, value))
             return True
-        same_as_lhs = spec_of(lhs.type) == out
-        identity = {"kf.add": 0.0, "kf.sub": 0.0, "kf.mul": 1.0, "kf.div": 1.0}.get(op.name)
-        if identity is not None and b == identity and same_as_lhs:
+        identity = _RIGHT_IDENTITY.get(op.name)
+        if identity is None:
+            return False
+        if _is_identity(b, identity, out.is_float) and spec_of(lhs.type) == out:
             self.replace(op, lhs)
             return True
-        if op.name in ("kf.add", "kf.mul") and a == identity and spec_of(rhs.type) == out:
+        if op.name in ("kf.add", "kf.mul") and _is_identity(a, identity, out.is_float) and spec_of(rhs.type) == out:
             self.replace(op, rhs)
             return True
         return False

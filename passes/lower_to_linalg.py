@@ -32,8 +32,12 @@ flag's numbering (op, the user's file:line, dim, bound), from which the driver m
 ``ProgramABI.index_sites``.
 
 Precision policy: f16, bf16 and fp8 elementwise math is computed in f32 and rounded
-once to the result type; reductions and matmul accumulate in f32 (f64 stays f64,
-integers accumulate in their own type).
+once to the result type; a bf16/f16 result that only elementwise ops read is not rounded
+at all but stays an f32 tensor (``keeps_wide``: rounded once, where something else reads
+it, as in a fused GPU kernel); reductions and matmul accumulate in f32 (f64 stays f64,
+integers accumulate in their own type). torch-mlir's functions (the ATen ops kf has no op
+for) compute bf16/f16 in f32 and round where they return (``compute_in_f32``), as torch's
+CPU kernels do.
 """
 
 from __future__ import annotations
@@ -345,19 +349,29 @@ def arg_best(x: ir.Value, dim: int, largest: bool, taken: ir.Value | None = None
 # --------------------------------------------------------------------------- op lowerings
 
 
-def _elementwise(op: ir.Operation, args: list[ir.Value], attrs: dict, out: list[TensorSpec]) -> list[ir.Value]:
+def _elementwise(op: ir.Operation, args: list[ir.Value], attrs: dict, out: list[TensorSpec],
+                 wide: bool = False) -> list[ir.Value]:
+    """One elementwise kf op. Its operands may be tensors of their compute type (f32 for a
+    bf16/f16 value another elementwise op left unrounded); with ``wide`` its result is one
+    too: the f32 value before rounding (a cast still rounds to its target type)."""
     name = op.name
     t = _type(out[0].elem)
-    # select/masked_fill only move values: no widening, so no rounding at all.
-    widen = name not in ("kf.select", "kf.masked_fill")
+    store = _type(compute_elem(out[0].elem)) if wide else t
+    # select/masked_fill only move values: no widening (no rounding at all) unless their
+    # operands are of two types (one of them left unrounded)
+    moves = name in ("kf.select", "kf.masked_fill")
+    values = args[1:] if name == "kf.select" else args[:1]
+    widen = not moves or wide or any(_elem(v) != out[0].elem for v in values)
 
     def fn(a):
         scalars = [_widen(s) for s in a] if widen else a
         if name == "kf.cast":
-            return sm.convert(a[0], t)
-        return sm.convert(sm.emit(name, scalars, attrs, stored_as=t), t)
+            return sm.convert(sm.convert(a[0], t), store)
+        if moves and widen:
+            return sm.convert(sm.emit(name, scalars, attrs), store)
+        return sm.convert(sm.emit(name, scalars, attrs, stored_as=t), store)
 
-    return [map_elements(args, out[0].shape, t, fn)]
+    return [map_elements(args, out[0].shape, store, fn)]
 
 
 def _sum_like(op, args, attrs, out):
@@ -763,8 +777,28 @@ LOWERINGS: dict[str, Lowering] = {
 }
 
 
-def lower_op(op: ir.Operation) -> None:
-    """Replace one kf op by its linalg-on-tensors lowering."""
+#: the elementwise kf ops: a bf16/f16 result that only they use stays f32 between them
+ELEMENTWISE = frozenset(name for name, lowering in LOWERINGS.items() if lowering is _elementwise)
+
+
+def keeps_wide(op: ir.Operation) -> bool:
+    """Whether op's low-precision float result is left unrounded (an f32 tensor): op is
+    elementwise and every user is too, so the value is rounded once, where a user that is
+    not elementwise (or the function's return) reads it. This is the GPU strategies' policy
+    (values stay in f32 within a fused kernel and round at the store) and torch's own for
+    one op (its CPU kernels compute bf16/f16 in f32)."""
+    if op.name not in ELEMENTWISE or len(op.results) != 1:
+        return False
+    result = op.results[0]
+    if spec_of(result.type).elem not in _NARROW_FLOATS or op.name == "kf.cmp":
+        return False
+    uses = list(result.uses)
+    return bool(uses) and all(u.owner.name in ELEMENTWISE for u in uses)
+
+
+def lower_op(op: ir.Operation, wide: bool = False) -> None:
+    """Replace one kf op by its linalg-on-tensors lowering (with ``wide``, an elementwise
+    op's low-precision result as an f32 tensor: see keeps_wide)."""
     lowering = LOWERINGS.get(op.name)
     if lowering is None:
         raise PassError(f"no lowering to linalg for '{op.name}'", op.location)
@@ -773,14 +807,160 @@ def lower_op(op: ir.Operation) -> None:
     out = [spec_of(r.type) for r in op.results]
     with ir.InsertionPoint(op), op.location:
         try:
-            values = lowering(op, list(op.operands), op_attrs(op), out)
+            if wide:
+                values = _elementwise(op, list(op.operands), op_attrs(op), out, wide=True)
+            else:
+                values = lowering(op, list(op.operands), op_attrs(op), out)
         except ValueError as e:  # scalar_math's refusals: arithmetic it does not define
             raise PassError(f"cannot lower {op.name}: {e}", op.location) from None
     for result, value in zip(op.results, values):
-        if value.type != result.type:
+        if value.type != result.type and not wide:
             raise PassError(f"lowering of {op.name} produced {value.type}, expected {result.type}", op.location)
         result.replace_all_uses_with(value)
     op.erase()
+
+
+# --------------------------------------------------------------------------- torch-mlir's functions
+
+#: ops whose bf16/f16 results and region arguments may simply become f32: arithmetic, math,
+#: structure and data movement, none of whose meaning depends on the float width
+_RETYPED_OPS = frozenset({
+    "arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.remf", "arith.negf", "arith.maximumf",
+    "arith.minimumf", "arith.maxnumf", "arith.minnumf", "arith.select", "arith.cmpf", "arith.fptosi",
+    "arith.fptoui", "linalg.generic", "linalg.yield", "linalg.index", "tensor.empty", "tensor.extract",
+    "tensor.insert", "tensor.extract_slice", "tensor.insert_slice", "tensor.collapse_shape",
+    "tensor.expand_shape", "tensor.cast", "tensor.pad", "tensor.concat", "tensor.from_elements",
+    "tensor.splat", "tensor.reshape", "tensor.yield", "scf.for", "scf.if", "scf.yield", "scf.while",
+    "scf.condition"})
+_NARROW_FLOATS = ("bf16", "f16")
+
+
+def _narrow(t: ir.Type) -> bool:
+    elem = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
+    return str(elem) in _NARROW_FLOATS
+
+
+def _widened_type(t: ir.Type) -> ir.Type:
+    f32 = ir.F32Type.get()
+    if isinstance(t, ir.RankedTensorType):
+        return ir.RankedTensorType.get(t.shape, f32, t.encoding)
+    return f32
+
+
+def _convert_value(v: ir.Value, to: ir.Type) -> ir.Value:
+    """v (a scalar or a ranked tensor) with its elements converted to to's element type."""
+    if isinstance(to, ir.RankedTensorType):
+        return map_elements([v], _shape(v), to.element_type, lambda a: sm.convert(a[0], to.element_type))
+    return sm.convert(v, to)
+
+
+def compute_in_f32(func_op: ir.Operation) -> None:
+    """Make a torch-mlir function of one ATen op compute bf16/f16 in f32 and round once,
+    where it returns, as torch's CPU kernels do (bf16/f16 math and accumulation in float).
+
+    torch-mlir lowers an op on bf16 tensors to linalg on bf16: every add of a sum rounds to
+    bf16 (avg_pool2d, sum_to_size, bilinear's contractions), expm1 is computed in bf16.
+    Here named linalg ops become generics, and every value of bf16/f16 type (scalars and
+    tensors: results, region arguments, constants) becomes f32 where its op's meaning does
+    not depend on the width (``_RETYPED_OPS``); the function's arguments are extended at
+    its entry and its results rounded at its return; an op outside that list (a bitcast,
+    an int-to-float conversion, an explicit truncf) keeps its narrow type and is converted
+    at its edges, so the roundings torch-mlir asks for stay."""
+    _run_on(func_op, "func.func(linalg-generalize-named-ops)")
+    entry = func_op.regions[0].blocks[0]
+    original: dict = {}  # widened value -> its narrow type
+
+    def widen_in_place(v: ir.Value) -> None:
+        if _narrow(v.type):
+            original[v] = v.type
+            v.set_type(_widened_type(v.type))
+
+    def extend_after(v: ir.Value, ip: ir.InsertionPoint) -> None:
+        with ip:
+            wide = _convert_value(v, _widened_type(v.type))
+        v.replace_all_uses_except(wide, _generic_of(wide))
+        original[wide] = v.type
+
+    with func_op.context, func_op.location:
+        ops = _ops_of(entry)  # before any conversion is inserted: those are not revisited
+        for a in list(entry.arguments):
+            if _narrow(a.type):
+                extend_after(a, ir.InsertionPoint.at_block_begin(entry))
+        for op in ops:
+            name = op.name
+            with op.location:
+                if name == "arith.constant" and _narrow(op.results[0].type):
+                    _widen_constant(op, original)
+                    continue
+                if name == "arith.extf" and op.operands[0] in original:
+                    if str(op.results[0].type) == "f32":
+                        op.results[0].replace_all_uses_with(op.operands[0])
+                        op.erase()
+                    continue
+                if name in _RETYPED_OPS or name.startswith("math."):
+                    for r in op.results:
+                        widen_in_place(r)
+                    for region in op.regions:
+                        for block in region.blocks:
+                            for a in block.arguments:
+                                widen_in_place(a)
+                    continue
+                # kept as it is: narrow operands rounded back before it, narrow results extended after it
+                for i, v in enumerate(list(op.operands)):
+                    if v in original:
+                        with ir.InsertionPoint(op):
+                            op.operands[i] = _convert_value(v, original[v])
+                for r in op.results:
+                    if _narrow(r.type) and list(r.uses):
+                        extend_after(r, ir.InsertionPoint.after(op))
+
+
+def _generic_of(v: ir.Value) -> ir.Operation:
+    """The op that made v (the conversion whose own use of the converted value stays)."""
+    owner = v.owner
+    return getattr(owner, "operation", owner)
+
+
+def _widen_constant(op: ir.Operation, original: dict) -> None:
+    """A bf16/f16 constant as the f32 constant of the same values (each is exactly an f32)."""
+    result = op.results[0]
+    narrow_t = result.type
+    attr = op.attributes["value"]
+    wide_t = _widened_type(narrow_t)
+    with ir.InsertionPoint(op):
+        if isinstance(attr, ir.FloatAttr):
+            new = arith.constant(wide_t, ir.FloatAttr.get(wide_t, attr.value))
+        elif isinstance(attr, ir.DenseElementsAttr) and attr.is_splat:
+            value = ir.FloatAttr(attr.get_splat_value()).value
+            new = arith.constant(wide_t, ir.DenseElementsAttr.get_splat(wide_t, ir.FloatAttr.get(ir.F32Type.get(),
+                                                                                              value)))
+        else:  # a dense constant of many values: converted where it stands
+            new = None
+    if new is None:
+        with ir.InsertionPoint.after(op):
+            new = _convert_value(result, wide_t)
+        result.replace_all_uses_except(new, _generic_of(new))
+    else:
+        result.replace_all_uses_with(new)
+        op.erase()
+    original[new] = narrow_t
+
+
+def _ops_of(block: ir.Block) -> list[ir.Operation]:
+    """Every op in block and the regions under it, parents before children (a snapshot)."""
+    out = []
+    for op in block.operations:
+        out.append(op.operation)
+        for region in op.operation.regions:
+            for b in region.blocks:
+                out.extend(_ops_of(b))
+    return out
+
+
+def _run_on(op: ir.Operation, pipeline: str) -> None:
+    from mlir.passmanager import PassManager
+
+    PassManager.parse(pipeline, context=op.context).run(op)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -797,6 +977,12 @@ class LowerToLinalgPass(KfPass):
             return ir.WalkResult.ADVANCE
 
         module.walk(visit)
+        for op in module.regions[0].blocks[0].operations:
+            op = op.operation
+            if op.name == "func.func" and "kf.aten" in op.attributes:
+                compute_in_f32(op)
+        # Decided before any op is lowered (lowering replaces the users' operands).
+        wide = {id(op) for op in ops if keeps_wide(op)}
         # Producers before users is the walk's order; each op's operands are already
         # lowered values (or block arguments) when its turn comes.
         by_function: dict = {}
@@ -807,7 +993,7 @@ class LowerToLinalgPass(KfPass):
             token = _SITES.set(sites)
             try:
                 for op in members:
-                    lower_op(op)
+                    lower_op(op, wide=id(op) in wide)
             finally:
                 _SITES.reset(token)
             if sites.checks:

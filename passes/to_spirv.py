@@ -24,9 +24,14 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
    - 1-D ``vector.load/store`` on scalar memrefs become scalar accesses (upstream's
      pointer bitcast is illegal under Vulkan's logical addressing);
    - bf16 (see below);
+   - float arithmetic with a literal +0.0 operand becomes compares and selects of the same
+     IEEE value (``_shield_zero_operands``: lavapipe's code generator folds ``x * 0`` to 0);
 3. runs ``gpu.module(convert-math-to-spirv), convert-gpu-to-spirv,
    spirv.module(spirv-lower-abi-attrs, spirv-update-vce)``;
-4. repairs two things in upstream's SPIR-V dialect output:
+4. gives every entry point the execution mode ``SignedZeroInfNanPreserve`` (SPV_KHR_float_controls)
+   for the float widths it computes in: without it a Vulkan driver may assume that no inf,
+   NaN or -0.0 occurs (Mesa folds ``x - x`` to 0), and torch's results are IEEE's;
+5. repairs two things in upstream's SPIR-V dialect output:
    - an ``scf.for`` result lives in a Function variable that upstream stores only inside
      the loop body, so a loop that runs zero times (a thread whose strided slice is
      empty: row length < workgroup size) returns an *uninitialized* value; the pass
@@ -34,7 +39,7 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
    - workgroup memory comes out as a one-member struct around the array (upstream reuses
      its storage-buffer wrapping); the pass unwraps it, so the SPIR-V holds plain
      Workgroup arrays and the MSL plain ``threadgroup float x[N]`` arrays;
-5. with ``serialize`` (the default) moves the ``spirv.module`` into its gpu.module and
+6. with ``serialize`` (the default) moves the ``spirv.module`` into its gpu.module and
    runs ``gpu-module-to-binary``: the result is a ``gpu.binary`` holding the SPIR-V words,
    checked with ``spirv-val`` when the tool exists.
 
@@ -87,8 +92,9 @@ from .strategies.emit import lower_fp8_conversions
 #: requirements to what it really uses, so an f32 kernel needs only Shader.
 DEFAULT_CAPABILITIES = ("Shader", "Int64", "Int16", "Int8", "Float16", "StorageBuffer16BitAccess",
                         "StorageBuffer8BitAccess", "GroupNonUniform", "GroupNonUniformArithmetic",
-                        "GroupNonUniformBallot", "GroupNonUniformShuffle")
-DEFAULT_EXTENSIONS = ("SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_storage", "SPV_KHR_8bit_storage")
+                        "GroupNonUniformBallot", "GroupNonUniformShuffle", "SignedZeroInfNanPreserve")
+DEFAULT_EXTENSIONS = ("SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_storage", "SPV_KHR_8bit_storage",
+                      "SPV_KHR_float_controls")
 #: Limits that nearly every Vulkan compute device meets (lavapipe: 32 KiB, 1024).
 DEFAULT_SHARED_BYTES = 32768
 DEFAULT_MAX_INVOCATIONS = 1024
@@ -261,12 +267,17 @@ class ToSpirvPass(KfPass):
                     if any(isinstance(r.type, ir.BF16Type) for r in op.results):
                         raise PassError("a bf16 value is left after bf16 emulation (memref.load/store, arith "
                                         "and math are handled): compute in f32", op.location)
+        for gm in gmods:
+            _shield_zero_operands(gm)
         _run(module, "gpu.module(convert-math-to-spirv), "
                      f"convert-gpu-to-spirv{{use-64bit-index={str(self.use_64bit_index).lower()}}}, "
-                     "spirv.module(spirv-lower-abi-attrs, spirv-update-vce)")
+                     "spirv.module(spirv-lower-abi-attrs)")
         top = module.regions[0].blocks[0]
         spv_by_name = {op.operation.attributes["sym_name"].value: op.operation
                        for op in top.operations if op.operation.name == "spirv.module"}
+        for spv in spv_by_name.values():
+            _preserve_inf_nan(spv)
+        _run(module, "spirv.module(spirv-update-vce)")
         for spv in spv_by_name.values():
             with spv.location:
                 _initialize_loop_results(spv)
@@ -746,6 +757,108 @@ def loop_iterations(func: ir.Operation) -> int:
 
     n = sum(cost(b) for b in func.regions[0].blocks)
     return int(n) if n < _INF else -1
+
+
+def _zero_constant(v: ir.Value) -> float | None:
+    """+0.0 or -0.0 where v is that constant (a scalar, or a splat or broadcast vector of it)."""
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return None
+    if owner.name == "vector.broadcast":
+        return _zero_constant(owner.operands[0])
+    if owner.name != "arith.constant":
+        return None
+    attr = owner.attributes["value"]
+    if isinstance(attr, ir.DenseElementsAttr):
+        if not attr.is_splat:
+            return None
+        attr = attr.get_splat_value()
+    if not isinstance(attr, ir.FloatAttr) or attr.value != 0.0:
+        return None
+    return attr.value
+
+
+def _shield_zero_operands(gm: ir.Operation) -> None:
+    """Rewrite float arithmetic on a literal zero into compares and selects of the same IEEE value.
+
+    Mesa's llvmpipe code generator (gallivm, under lavapipe) returns 0 for ``x * 0``, x for
+    ``x + 0`` and ``x / 0`` and 0 for ``0 / x`` when the zero is the constant +0.0 (and
+    the driver turns ``x - (-0.0)`` into ``x + 0.0``), whatever the execution modes say:
+    inf * 0 became 0 instead of NaN, -0 + 0 stayed -0. The forms below give IEEE's results
+    with no arithmetic on a zero, on every driver: ``x * 0`` = NaN where x is not finite,
+    else 0 with x's sign; ``x + 0`` and ``x - (-0)`` = 0 where x == 0, else x; ``0 - x`` = 0
+    where x == 0, else -x; ``x / 0`` = x * inf; ``0 / x`` = NaN where x is 0 or NaN, else 0
+    with x's sign. Arithmetic on -0.0 otherwise is left alone (no driver folds it wrongly)."""
+    from mlir.dialects import arith
+    from mlir.dialects import math as m
+
+    def const(t, value):
+        if isinstance(t, ir.VectorType):
+            return arith.constant(t, ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(t.element_type, value)))
+        return arith.constant(t, value)
+
+    def signed_zero(x):
+        return m.copysign(const(x.type, 0.0), x)
+
+    def positive(z):
+        return z is not None and math.copysign(1.0, z) > 0
+
+    for op in _ops(gm.regions[0].blocks[0]):
+        if op.name not in ("arith.mulf", "arith.addf", "arith.subf", "arith.divf"):
+            continue
+        lhs, rhs = op.operands
+        zl, zr = _zero_constant(lhs), _zero_constant(rhs)
+        if (zl is None) == (zr is None):
+            continue
+        x = rhs if zl is not None else lhs
+        P = arith.CmpFPredicate
+        with op.location, ir.InsertionPoint(op):
+            if op.name == "arith.mulf" and positive(zl if zl is not None else zr):
+                finite = arith.cmpf(P.ONE, m.absf(x), const(x.type, math.inf))
+                r = arith.select(finite, signed_zero(x), const(x.type, math.nan))
+            elif (op.name == "arith.addf" and positive(zl if zl is not None else zr)) or \
+                    (op.name == "arith.subf" and zr is not None and not positive(zr)):
+                r = arith.select(arith.cmpf(P.OEQ, x, const(x.type, 0.0)), const(x.type, 0.0), x)
+            elif op.name == "arith.subf" and positive(zl):
+                r = arith.select(arith.cmpf(P.OEQ, x, const(x.type, 0.0)), const(x.type, 0.0), arith.negf(x))
+            elif op.name == "arith.divf" and positive(zr):
+                r = arith.mulf(x, const(x.type, math.inf))
+            elif op.name == "arith.divf" and positive(zl):
+                r = arith.select(arith.cmpf(P.UEQ, x, const(x.type, 0.0)), const(x.type, math.nan), signed_zero(x))
+            else:
+                continue
+        op.results[0].replace_all_uses_with(r)
+        op.erase()
+
+
+def _preserve_inf_nan(spv: ir.Operation) -> None:
+    """Give every entry point ``SignedZeroInfNanPreserve`` for each float width it computes in
+    (the results of the module's float arithmetic).
+
+    Without it a Vulkan driver may assume no inf, NaN or -0.0 (Mesa folds ``x * 0.0`` to 0,
+    ``x - x`` to 0, ``x + 0.0`` to x), and kf's results must be IEEE's, as torch's are. The
+    mode needs SPV_KHR_float_controls (core in Vulkan 1.2); the launcher checks the device's
+    ``shaderSignedZeroInfNanPreserveFloat{16,32}``."""
+    from mlir.dialects import spirv as spirv_d
+
+    body = spv.regions[0].blocks[0]
+    widths = set()
+    for op in _ops(body):
+        if op.name.startswith(("spirv.F", "spirv.GL.", "spirv.CL.")) and op.name != "spirv.FConvert":
+            for r in op.results:
+                m = re.search(r"\bf(16|32|64)\b", str(r.type))
+                if m:
+                    widths.add(int(m.group(1)))
+    i32 = ir.IntegerType.get_signless(32)
+    for op in list(body.operations):
+        op = op.operation
+        if op.name != "spirv.EntryPoint":
+            continue
+        with op.location:
+            mode = ir.Attribute.parse("#spirv.execution_mode<SignedZeroInfNanPreserve>")
+            for w in sorted(widths):
+                spirv_d.ExecutionModeOp(op.attributes["fn"], mode, ir.ArrayAttr.get([ir.IntegerAttr.get(i32, w)]),
+                                        ip=ir.InsertionPoint(body))
 
 
 def _initialize_loop_results(spv: ir.Operation) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 #: kf element type name -> (torch dtype name, bytes per element)
 ELEM_INFO: dict[str, tuple[str, int]] = {
@@ -108,6 +109,9 @@ class ProgramABI:
     kernels: tuple[KernelABI, ...] = ()
     output_aliases: tuple[int, ...] = ()  # for each output: -1, or the input it is a view of
     index_sites: tuple[IndexSite, ...] = ()  # the ops whose kernels write the error flag
+    #: for each output (or empty: none): -1, or the buffer (an input, or an earlier output)
+    #: whose values it takes as a new tensor, where kf computed nothing but eager returns new memory
+    output_copies: tuple[int, ...] = ()
 
     @property
     def flag_buffer(self) -> int:
@@ -139,6 +143,24 @@ class ProgramABI:
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
+    def take_inputs(self, inputs: Sequence, outs: list) -> list:
+        """The outputs after the kernels ran: those that are views of an input
+        (``output_aliases``) made so, those that copy a buffer (``output_copies``: an
+        input, or an earlier output) made new tensors with its values."""
+        for j, alias in enumerate(self.output_aliases):
+            if alias >= 0:
+                outs[j] = inputs[alias].reshape(self.outputs[j].shape)
+        for j, c in enumerate(self.output_copies):
+            if c >= 0:
+                src = inputs[c] if c < len(self.inputs) else outs[c - len(self.inputs)]
+                outs[j] = src.reshape(self.outputs[j].shape).clone()
+        return outs
+
+    def unwritten(self, j: int) -> bool:
+        """Whether no kernel writes output j (it is a view or a copy of another buffer)."""
+        return (j < len(self.output_aliases) and self.output_aliases[j] >= 0) or \
+            (j < len(self.output_copies) and self.output_copies[j] >= 0)
+
     @staticmethod
     def from_json(text: str) -> "ProgramABI":
         d = json.loads(text)
@@ -153,7 +175,8 @@ class ProgramABI:
         sites = tuple(IndexSite(x["op"], x["where"], int(x["dim"]), int(x["bound"]))
                       for x in d.get("index_sites", ()))
         return ProgramABI(d["target"], tuple(map(targ, d["inputs"])), tuple(map(targ, d["outputs"])),
-                          tuple(map(targ, d["temporaries"])), kernels, tuple(d.get("output_aliases", ())), sites)
+                          tuple(map(targ, d["temporaries"])), kernels, tuple(d.get("output_aliases", ())), sites,
+                          tuple(d.get("output_copies", ())))
 
 
 #: Vulkan's subgroup operations (VkSubgroupFeatureFlagBits, bit i = name i) by the

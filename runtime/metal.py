@@ -110,7 +110,4 @@ def run_program(abi: ProgramABI, sources: Mapping[str, str], inputs: Sequence) -
         launch(sources[k.artifact], k, [bufs[i] for i in k.args])
     if flag is not None:  # .tolist() waits for the kernels
         abi.raise_index_error(flag.tolist())
-    for j, alias in enumerate(abi.output_aliases):
-        if alias >= 0:
-            outs[j] = inputs[alias].reshape(abi.outputs[j].shape)
-    return tuple(outs)
+    return tuple(abi.take_inputs(inputs, outs))

@@ -155,7 +155,7 @@ class CudaProgram(_Program):
         temporaries as (bytes, offsets)) of a program that a fast lane can run, or None
         (see fast_lane; a program of no kernels, empty results, has nothing to hurry)."""
         if not self.abi.inputs or not self.kernels or self.constants or self.abi.index_sites or \
-                any(a >= 0 for a in self.abi.output_aliases) or \
+                any(map(self.abi.unwritten, range(len(self.abi.outputs)))) or \
                 any(r >= 0 for r in self.repeats) or any(k.validate for k, _ in self.kernels):
             return None  # (a validating kernel has no launch_pointers)
         outputs = tuple((tuple(a.shape), torch.empty(a.shape, device="meta").stride(), _dtype(a.elem))
@@ -293,10 +293,7 @@ class CudaProgram(_Program):
                 events.append((kernel.entry, start, end))
         if flag is not None and not capturing:
             self._check_flag(flag, dev)
-        for j, alias in enumerate(self.abi.output_aliases):
-            if alias >= 0:
-                outs[j] = ins[alias].reshape(self.abi.outputs[j].shape)
-        return self._finish(outs)
+        return self._finish(self.abi.take_inputs(ins, outs))
 
     def _flag(self, capturing: bool) -> torch.Tensor:
         """The index error flag for one call: pinned host memory, which kernels write

@@ -84,6 +84,8 @@ _CAPABILITY_FEATURE = {
     "Int16": ("core", "shaderInt16"), "Int64": ("core", "shaderInt64"), "Float64": ("core", "shaderFloat64"),
     "StorageBuffer16BitAccess": ("vulkan11", "storageBuffer16BitAccess"),
     "StorageBuffer8BitAccess": ("vulkan12", "storageBuffer8BitAccess"),
+    # kf-to-spirv asks for IEEE inf, NaN and signed zeros in every kernel that computes in floats
+    "SignedZeroInfNanPreserve": ("float_controls", "shaderSignedZeroInfNanPreserveFloat32"),
 }
 
 #: SPIR-V subgroup capability -> the subgroup operation (abi.SUBGROUP_OPS) it needs.
@@ -228,6 +230,9 @@ class Device:
             feat = _CAPABILITY_FEATURE.get(cap)
             if feat and not self.features.get(feat[1], False):
                 missing.append(f"{cap} (needs {feat[1]})")
+            if cap == "SignedZeroInfNanPreserve" and "Float16" in kernel.extra.get("spirv_capabilities", ()) and \
+                    not self.features.get("shaderSignedZeroInfNanPreserveFloat16", False):
+                missing.append(f"{cap} (needs shaderSignedZeroInfNanPreserveFloat16)")
             op = _CAPABILITY_SUBGROUP.get(cap)
             if op and op not in ops:
                 missing.append(f"{cap} (needs subgroup {op} operations in compute shaders)")
@@ -586,7 +591,9 @@ class Call:
                     continue
                 sink = sink.detach()
                 if sink.is_contiguous():
-                    sink.view(-1).view(torch.uint8).copy_(src)
+                    # as_strided, not view(-1): a contiguous tensor may still have a
+                    # stride != 1 on a size-1 dim (x[::2] of 2 elements), and a byte view needs 1
+                    sink.as_strided((sink.numel(),), (1,)).view(torch.uint8).copy_(src)
                 else:
                     sink.copy_(src.view(sink.dtype).view(sink.shape))
                 with dev.lock:
@@ -837,6 +844,12 @@ def _make_device() -> Device:
         chain = vk.VkPhysicalDeviceVulkan12Features(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, pNext=e11,
             **{f: vk.VK_TRUE for f in ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess") if features[f]})
+        controls = vk.VkPhysicalDeviceFloatControlsProperties(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES)
+        vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=controls))
+        for f in ("shaderSignedZeroInfNanPreserveFloat16", "shaderSignedZeroInfNanPreserveFloat32"):
+            features[f] = bool(getattr(controls, f))
     # before 1.2 only the core features are asked for: f16/i8/16-bit storage kernels are refused
     queue_info = vk.VkDeviceQueueCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, queueFamilyIndex=qf,
                                             queueCount=1, pQueuePriorities=[1.0])
@@ -974,11 +987,10 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
         _check_tensor(t, a.elem, f"input {i} ('{a.name}')")
         if tuple(t.shape) != tuple(a.shape):
             raise VulkanError(f"input {i} ('{a.name}') has shape {tuple(t.shape)}; compiled for {a.shape}")
-    aliases = [abi.output_aliases[j] if j < len(abi.output_aliases) else -1 for j in range(len(abi.outputs))]
     # outputs have version counters (residency needs them) even under inference_mode
     with torch.inference_mode(False):
-        outputs = [torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0])) if alias < 0 else None
-                   for a, alias in zip(abi.outputs, aliases)]
+        outputs = [None if abi.unwritten(j) else torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]))
+                   for j, a in enumerate(abi.outputs)]
     call = dev.call()
     done = False
     try:
@@ -999,9 +1011,7 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
     if abi.index_sites:
         flag = torch.frombuffer(bytearray(call.results[bufs[abi.flag_buffer]]), dtype=torch.int32)
         abi.raise_index_error(flag.tolist())
-    for j, alias in enumerate(aliases):
-        if alias >= 0:
-            outputs[j] = inputs[alias].reshape(abi.outputs[j].shape)
+    outputs = abi.take_inputs(inputs, outputs)
     if timings is not None:
         timings.extend(zip((k.entry for k in abi.kernels), times))
     return tuple(outputs)

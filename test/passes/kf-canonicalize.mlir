@@ -30,17 +30,61 @@ func.func @fold_fills(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
 
 // -----
 
-// Identities vanish: x * 1, x + 0, -(-x).
+// Identities vanish: x * 1, x + (-0), x - 0, -(-x).
 // CHECK-LABEL: func.func @identities
 // CHECK-NEXT: return %arg0
 func.func @identities(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
   %one = "kf.fill"() {value = 1.0} : () -> tensor<f32>
   %zero = "kf.fill"() {value = 0.0} : () -> tensor<f32>
+  %nzero = "kf.fill"() {value = -0.0} : () -> tensor<f32>
   %0 = "kf.mul"(%a, %one) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
-  %1 = "kf.add"(%0, %zero) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
-  %2 = "kf.neg"(%1) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %1 = "kf.add"(%0, %nzero) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+  %2 = "kf.sub"(%1, %zero) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
   %3 = "kf.neg"(%2) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %4 = "kf.neg"(%3) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %4 : tensor<4x8xf32>
+}
+
+// -----
+
+// IEEE keeps x + 0 (it is +0 where x is -0), x - (-0) and x * 0 (NaN where x is inf
+// or NaN): none of them folds.
+// CHECK-LABEL: func.func @not_identities
+// CHECK: "kf.add"(%arg0,
+// CHECK: "kf.add"(%
+// CHECK: "kf.sub"(%
+// CHECK: "kf.mul"(%
+func.func @not_identities(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %zero = "kf.fill"() {value = 0.0} : () -> tensor<f32>
+  %nzero = "kf.fill"() {value = -0.0} : () -> tensor<f32>
+  %0 = "kf.add"(%a, %zero) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+  %1 = "kf.add"(%zero, %0) : (tensor<f32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %2 = "kf.sub"(%1, %nzero) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+  %3 = "kf.mul"(%2, %zero) : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
   return %3 : tensor<4x8xf32>
+}
+
+// -----
+
+// Folds follow IEEE: 1 / -0 is -inf, max(NaN, 1) and max(1, NaN) are NaN, 0 ** -1 is inf
+// and exp(1000) is inf (no Python exception).
+// CHECK-LABEL: func.func @ieee_folds
+// CHECK-DAG: "kf.fill"() {value = 0xFFF0000000000000 : f64}
+// CHECK-DAG: "kf.fill"() {value = 0x7FF8000000000000 : f64}
+// CHECK-DAG: "kf.fill"() {value = 0x7FF0000000000000 : f64}
+func.func @ieee_folds() -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>) {
+  %one = "kf.fill"() {value = 1.0} : () -> tensor<f32>
+  %nzero = "kf.fill"() {value = -0.0} : () -> tensor<f32>
+  %zero = "kf.fill"() {value = 0.0} : () -> tensor<f32>
+  %mone = "kf.fill"() {value = -1.0} : () -> tensor<f32>
+  %big = "kf.fill"() {value = 1000.0} : () -> tensor<f32>
+  %nan = "kf.fill"() {value = 0x7FF8000000000000 : f64} : () -> tensor<f32>
+  %0 = "kf.div"(%one, %nzero) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %1 = "kf.max"(%one, %nan) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %2 = "kf.max"(%nan, %one) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %3 = "kf.pow"(%zero, %mone) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %4 = "kf.exp"(%big) : (tensor<f32>) -> tensor<f32>
+  return %0, %1, %2, %3, %4 : tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>
 }
 
 // -----

@@ -5,29 +5,49 @@
 
 // Torch broadcasting is in the indexing maps: the 1-D operand maps to the trailing dim,
 // the size-1 dim reads index 0, the rank-0 operand maps to (). f16 math runs in f32 and
-// is rounded once; select only moves values, so it stays in f16.
+// is rounded once, where a user that is not elementwise reads it (here the return): the
+// sum stays an f32 tensor for the select, which then selects in f32 and rounds.
 // CHECK-DAG: #[[ID:.*]] = affine_map<(d0, d1) -> (d0, d1)>
 // CHECK-DAG: #[[ROW:.*]] = affine_map<(d0, d1) -> (d1)>
 // CHECK-DAG: #[[COL:.*]] = affine_map<(d0, d1) -> (d0, 0)>
 // CHECK-DAG: #[[SCALAR:.*]] = affine_map<(d0, d1) -> ()>
 // CHECK-LABEL: func.func @broadcast
-// CHECK: %[[E:.*]] = tensor.empty() : tensor<3x257xf16>
+// CHECK: %[[E:.*]] = tensor.empty() : tensor<3x257xf32>
 // CHECK: %[[SUM:.*]] = linalg.generic {indexing_maps = [#[[ID]], #[[ROW]], #[[ID]]], iterator_types = ["parallel", "parallel"]}
-// CHECK-SAME: ins(%arg0, %arg1 : tensor<3x257xf16>, tensor<257xf16>) outs(%[[E]] : tensor<3x257xf16>)
+// CHECK-SAME: ins(%arg0, %arg1 : tensor<3x257xf16>, tensor<257xf16>) outs(%[[E]] : tensor<3x257xf32>)
 // CHECK: %[[X:.*]] = arith.extf %{{.*}} : f16 to f32
 // CHECK: %[[Y:.*]] = arith.extf %{{.*}} : f16 to f32
 // CHECK: %[[S:.*]] = arith.addf %[[X]], %[[Y]] : f32
-// CHECK: %[[R:.*]] = arith.truncf %[[S]] : f32 to f16
-// CHECK: linalg.yield %[[R]] : f16
+// CHECK-NEXT: linalg.yield %[[S]] : f32
 // CHECK: linalg.generic {indexing_maps = [#[[COL]], #[[ID]], #[[SCALAR]], #[[ID]]]
-// CHECK-SAME: ins(%arg2, %[[SUM]], %arg3 : tensor<3x1xi1>, tensor<3x257xf16>, tensor<f16>)
-// CHECK: ^bb0(%[[C:.*]]: i1, %[[A:.*]]: f16, %[[B:.*]]: f16, %{{.*}}: f16):
-// CHECK-NEXT: arith.select %[[C]], %[[A]], %[[B]] : f16
+// CHECK-SAME: ins(%arg2, %[[SUM]], %arg3 : tensor<3x1xi1>, tensor<3x257xf32>, tensor<f16>)
+// CHECK: ^bb0(%[[C:.*]]: i1, %[[A:.*]]: f32, %[[B:.*]]: f16, %{{.*}}: f16):
+// CHECK-NEXT: %[[BW:.*]] = arith.extf %[[B]] : f16 to f32
+// CHECK-NEXT: %[[SEL:.*]] = arith.select %[[C]], %[[A]], %[[BW]] : f32
+// CHECK-NEXT: arith.truncf %[[SEL]] : f32 to f16
 // CHECK-NOT: kf.
 func.func @broadcast(%a: tensor<3x257xf16>, %b: tensor<257xf16>, %m: tensor<3x1xi1>, %c: tensor<f16>) -> tensor<3x257xf16> {
   %0 = "kf.add"(%a, %b) : (tensor<3x257xf16>, tensor<257xf16>) -> tensor<3x257xf16>
   %1 = "kf.select"(%m, %0, %c) : (tensor<3x1xi1>, tensor<3x257xf16>, tensor<f16>) -> tensor<3x257xf16>
   return %1 : tensor<3x257xf16>
+}
+
+// -----
+
+// select of f16 values only moves them: it stays in f16 (no rounding at all). A sum that
+// a reduction reads is rounded to f16 (the reduction reads a tensor of its type).
+// CHECK-LABEL: func.func @select_f16
+// CHECK: ^bb0(%[[C:.*]]: i1, %[[A:.*]]: f16, %[[B:.*]]: f16, %{{.*}}: f16):
+// CHECK-NEXT: arith.select %[[C]], %[[A]], %[[B]] : f16
+// CHECK: arith.addf %{{.*}}, %{{.*}} : f32
+// CHECK-NEXT: %[[R:.*]] = arith.truncf %{{.*}} : f32 to f16
+// CHECK-NEXT: linalg.yield %[[R]] : f16
+// CHECK: iterator_types = ["parallel", "reduction"]
+func.func @select_f16(%a: tensor<3x257xf16>, %b: tensor<3x257xf16>, %m: tensor<3x257xi1>) -> (tensor<3x257xf16>, tensor<3xf16>) {
+  %0 = "kf.select"(%m, %a, %b) : (tensor<3x257xi1>, tensor<3x257xf16>, tensor<3x257xf16>) -> tensor<3x257xf16>
+  %1 = "kf.add"(%a, %b) : (tensor<3x257xf16>, tensor<3x257xf16>) -> tensor<3x257xf16>
+  %2 = "kf.sum"(%1) {dims = array<i64: -1>, keepdim = false} : (tensor<3x257xf16>) -> tensor<3xf16>
+  return %0, %2 : tensor<3x257xf16>, tensor<3xf16>
 }
 
 // -----
@@ -249,4 +269,50 @@ func.func @rand(%state: tensor<2xi64>) -> tensor<3x5xf32> {
 func.func @randn(%state: tensor<2xi64>) -> tensor<f32> {
   %0 = "kf.rand"(%state) {distribution = "normal", offset = 0 : i64} : (tensor<2xi64>) -> tensor<f32>
   return %0 : tensor<f32>
+}
+
+// -----
+
+// A torch-mlir function of one ATen op (kf.aten) on bf16 computes in f32 and rounds once,
+// where it returns: the argument is extended, the named pooling op becomes a generic that
+// accumulates in f32 (its init and window tensors f32 too), the division runs in f32.
+// CHECK-LABEL: func.func private @avg_pool
+// CHECK: arith.extf %{{.*}} : bf16 to f32
+// CHECK: arith.constant 9.000000e+00 : f32
+// CHECK: iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction"]
+// CHECK-SAME: outs(%{{.*}} : tensor<1x2x2x2xf32>)
+// CHECK: arith.addf %{{.*}}, %{{.*}} : f32
+// CHECK: arith.divf %{{.*}}, %{{.*}} : f32
+// CHECK: arith.truncf %{{.*}} : f32 to bf16
+// CHECK: return %{{.*}} : tensor<1x2x2x2xbf16>
+func.func private @avg_pool(%arg0: tensor<1x2x6x6xbf16>) -> tensor<1x2x2x2xbf16> attributes {kf.aten = "aten.avg_pool2d.default"} {
+  %cst = arith.constant 0.000000e+00 : bf16
+  %cst_0 = arith.constant 9.000000e+00 : bf16
+  %0 = tensor.empty() : tensor<1x2x2x2xbf16>
+  %1 = linalg.fill ins(%cst : bf16) outs(%0 : tensor<1x2x2x2xbf16>) -> tensor<1x2x2x2xbf16>
+  %2 = tensor.empty() : tensor<3x3xbf16>
+  %3 = linalg.pooling_nchw_sum {dilations = dense<1> : vector<2xi64>, strides = dense<3> : vector<2xi64>} ins(%arg0, %2 : tensor<1x2x6x6xbf16>, tensor<3x3xbf16>) outs(%1 : tensor<1x2x2x2xbf16>) -> tensor<1x2x2x2xbf16>
+  %4 = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%3 : tensor<1x2x2x2xbf16>) outs(%0 : tensor<1x2x2x2xbf16>) {
+  ^bb0(%in: bf16, %out: bf16):
+    %5 = arith.divf %in, %cst_0 : bf16
+    linalg.yield %5 : bf16
+  } -> tensor<1x2x2x2xbf16>
+  return %4 : tensor<1x2x2x2xbf16>
+}
+
+// -----
+
+// Roundings torch-mlir asks for stay: a truncf to bf16 keeps its result bf16 (extended
+// after it), a bitcast reads the bf16 value (rounded before it).
+// CHECK-LABEL: func.func private @explicit_rounding
+// CHECK: %[[T:.*]] = arith.truncf %{{.*}} : f32 to bf16
+// CHECK: %[[W:.*]] = arith.extf %[[T]] : bf16 to f32
+// CHECK: %[[M:.*]] = arith.mulf %[[W]], %{{.*}} : f32
+// CHECK: %[[R:.*]] = arith.truncf %[[M]] : f32 to bf16
+// CHECK: arith.bitcast %[[R]] : bf16 to i16
+func.func private @explicit_rounding(%x: f32, %y: bf16) -> i16 attributes {kf.aten = "aten.example"} {
+  %0 = arith.truncf %x : f32 to bf16
+  %1 = arith.mulf %0, %y : bf16
+  %2 = arith.bitcast %1 : bf16 to i16
+  return %2 : i16
 }

@@ -201,3 +201,51 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// IEEE inf, NaN and signed zeros: the entry point gets SignedZeroInfNanPreserve for f32
+// (SPV_KHR_float_controls), and arithmetic on a literal +0.0, which lavapipe's code
+// generator folds (x * 0 to 0), becomes compares and selects: x * 0 is NaN where |x| is
+// not finite, else 0 with x's sign; x + 0 is 0 where x == 0; x / 0 is x * inf; 0 / x is
+// NaN where x is 0 or NaN, else 0 with x's sign. x - 0 is left alone (it is x exactly).
+// SPV-LABEL: spirv.module @__spv__kf_kernels
+// SPV-SAME: SignedZeroInfNanPreserve
+// SPV-SAME: SPV_KHR_float_controls
+// SPV: spirv.func @zero_operands()
+// SPV-NOT: spirv.FMul %{{.*}}, %cst_f32
+// SPV: spirv.FOrdNotEqual
+// SPV: spirv.Select
+// SPV: spirv.FOrdEqual
+// SPV: spirv.Select
+// SPV: spirv.FMul %{{.*}}, %cst_f32_{{[0-9]+}}
+// SPV: spirv.FUnordEqual
+// SPV: spirv.ExecutionMode @zero_operands "SignedZeroInfNanPreserve", 32
+// BIN-LABEL: gpu.binary @kf_kernels
+// BIN-SAME: capabilities = [{{.*}}"SignedZeroInfNanPreserve"
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @zero_operands(%a: memref<4xf32>, %o: memref<5x4xf32>) kernel
+        attributes {known_block_size = array<i32: 4, 1, 1>} {
+      %i = gpu.thread_id x
+      %x = memref.load %a[%i] : memref<4xf32>
+      %zero = arith.constant 0.0 : f32
+      %r0 = arith.mulf %x, %zero : f32
+      %r1 = arith.addf %zero, %x : f32
+      %r2 = arith.divf %x, %zero : f32
+      %r3 = arith.divf %zero, %x : f32
+      %r4 = arith.subf %x, %zero : f32
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c3 = arith.constant 3 : index
+      %c4 = arith.constant 4 : index
+      memref.store %r0, %o[%c0, %i] : memref<5x4xf32>
+      memref.store %r1, %o[%c1, %i] : memref<5x4xf32>
+      memref.store %r2, %o[%c2, %i] : memref<5x4xf32>
+      memref.store %r3, %o[%c3, %i] : memref<5x4xf32>
+      memref.store %r4, %o[%c4, %i] : memref<5x4xf32>
+      gpu.return
+    }
+  }
+}

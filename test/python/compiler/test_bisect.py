@@ -95,14 +95,14 @@ def test_wrong_rewrite_in_kf_canonicalize_is_named(monkeypatch):
 def test_wrong_lowering_is_found_in_compiled_tensor_ir(monkeypatch):
     lower_op = lower_to_linalg.lower_op
 
-    def wrong(op):
+    def wrong(op, **kwargs):
         if op.name == "kf.sub":
             with ir.InsertionPoint(op), op.location:
                 new = ir.Operation.create("kf.add", results=[op.results[0].type], operands=list(op.operands))
             op.results[0].replace_all_uses_with(new.results[0])
             op.erase()
             op = new
-        return lower_op(op)
+        return lower_op(op, **kwargs)
 
     monkeypatch.setattr(lower_to_linalg, "lower_op", wrong)
     r = kf.bisect(diff_tanh, torch.randn(8, 5), torch.randn(8, 5), file=None)

@@ -159,3 +159,100 @@ def test_locations_without_the_anchor_api(monkeypatch):
     cap = capture(seed_examples.metal_layer_norm.fn, torch.randn(2, 16), torch.randn(16), torch.randn(16))
     assert {loc.line for loc in cap.source_locs.values()} == {41, 42, 43, 44}
     assert {loc.function for loc in cap.source_locs.values()} == {"metal_layer_norm"}
+
+
+# ---------------------------------------------------------------- results and refusals
+
+import collections  # noqa: E402
+
+#: a namedtuple a kf function may return (importable by its name, as the cache needs)
+Stats = collections.namedtuple("Stats", "low high")
+
+
+def _line_of(fn, text: str) -> int:
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+def test_namedtuple_results_keep_their_type(target, tmp_path, monkeypatch):
+    """torch.max(x, 1) and friends return torch.return_types, a user's namedtuple its own
+    type: the kf function returns the same types, by field and by position."""
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+    def f(x):
+        return torch.max(x, 1), torch.topk(x, 2, dim=0), Stats(x.min(), x.amax()), x * 2
+
+    x = torch.randn(5, 7)
+    got, want = kf.jit(f, target=target)(x), f(x)
+    for g, w in zip(got, want):
+        assert type(g) is type(w)
+    assert torch.equal(got[0].values, want[0].values) and torch.equal(got[0].indices, want[0].indices)
+    assert torch.equal(got[1].indices, want[1].indices) and torch.equal(got[2].high, want[2].high)
+    # from the cache, in a new table: the tree names the type, which is imported again
+    again = kf.jit(f, target=target)(x)
+    assert type(again[0]) is torch.return_types.max and type(again[2]) is Stats
+
+
+def test_namedtuple_result_with_autograd():
+    f = kf.jit(lambda x: torch.max(x * 2, 1))
+    x = torch.randn(3, 4, requires_grad=True)
+    r = f(x)
+    assert type(r) is torch.return_types.max
+    r.values.sum().backward()
+    assert torch.equal(x.grad, torch.zeros(3, 4).scatter_(1, r.indices[:, None], 2.0))
+
+
+def test_local_namedtuple_type_is_refused_clearly():
+    Local = collections.namedtuple("Local", "a b")
+
+    def f(x):
+        return Local(x, x * 2)
+
+    with pytest.raises(kf.CaptureError, match="cannot be imported by its name") as e:
+        kf.inspect(f, torch.randn(3))
+    assert e.value.loc.file == __file__
+
+
+def test_python_numbers_of_tensors_are_refused_at_the_users_line():
+    """.item(), float(t) and an if on a tensor's value: a kf error at the line, saying what
+    to write instead."""
+    def item(x):
+        return x.sum().item()
+
+    def divide(x):
+        return x / x.max().item()
+
+    def branch(x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+    def to_float(x):
+        return x * float(x.sum())
+
+    for fn, text, hint in [(item, "item()", ".item()"), (divide, "item()", ".item()"),
+                           (branch, "if x.sum()", "torch.where"), (to_float, "* float(", "x * x.sum()")]:
+        with pytest.raises(kf.CompileError) as e:
+            kf.inspect(fn, torch.randn(3))
+        assert "internal" not in str(e.value)
+        assert e.value.loc is not None and e.value.loc.line == _line_of(fn, text), str(e.value)
+        assert hint in str(e.value)
+
+
+def test_generator_argument_is_refused_at_the_users_line():
+    g = torch.Generator().manual_seed(0)
+
+    def f(x):
+        return torch.rand(3, generator=g) + x
+
+    with pytest.raises(kf.UnsupportedOpError, match="generator= argument") as e:
+        kf.inspect(f, torch.randn(3))
+    assert e.value.loc.line == _line_of(f, "generator=g")
+    assert "aten.rand" in str(e.value) and "manual_seed" in str(e.value)

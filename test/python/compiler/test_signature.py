@@ -106,3 +106,21 @@ def test_lifted_floats_share_one_key_and_come_back():
     assert scalar_dtype([torch.randn(2, dtype=torch.bfloat16)]) is None
     assert scalar_dtype([torch.randn(2), torch.randn(2, dtype=torch.float64)]) is None
     assert scalar_dtype([torch.arange(3)]) == torch.get_default_dtype()
+
+
+@pytest.mark.parametrize("make", [lambda: torch.eye(3).to_sparse_csr(), lambda: torch.eye(3).to_sparse(),
+                                  lambda: torch.eye(3).to_sparse_csc()])
+def test_sparse_arguments_are_refused_by_name(dispatch, make):
+    """A sparse tensor has no strides (its is_contiguous() raises): a SignatureError names
+    the argument, whether the call takes a fast table (made by the first call) or binds,
+    for a tensor argument or one in a list."""
+    f = kf.jit(lambda x: x * 2, target="cpu")
+    f(torch.ones(2))  # the fast tables exist: the next call goes through them first
+    with pytest.raises(kf.SignatureError, match="argument 'x' is a sparse"):
+        f(make())
+    g = kf.jit(lambda xs: xs[0] * 2, target="cpu")
+    g([torch.ones(2)])
+    with pytest.raises(kf.SignatureError, match=r"argument 'xs\[0\]' is a sparse"):
+        g([make()])
+    with pytest.raises(kf.SignatureError, match="to_dense"):
+        kf.inspect(lambda x: x + 1, make())

@@ -39,14 +39,9 @@ EVERY = 5
 CONFIGS = [("cpu", "float32"), ("cpu", "bfloat16"), ("vulkan", "float32")]
 JOBS = int(os.environ.get("KF_CONFORMANCE_JOBS", "2"))
 
-# Why cases of the sample fail today, each pending its own fix (test/conformance/README.md
-# lists them with their reproducers).
-SPARSE = "sparse tensor arguments escape as a raw RuntimeError from is_contiguous in kf's dispatch key"
-
-#: (target, dtype, op) -> why its case fails today
-EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
-    **{(t, "float32", "sparse.sampled_addmm"): SPARSE for t in ("cpu", "vulkan")},
-}
+#: (target, dtype, op) -> why its case fails today, pending its own fix (a strict expected
+#: failure; test/conformance/README.md lists such cases with their reproducers). None now.
+EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {}
 
 
 def _params():

@@ -594,3 +594,73 @@ def test_bool_and_integer_tensors_through_layout_ops():
             m.index_select(0, idx), torch.topk(i, 3, 1).values, i.t())
     for g, w in zip(got, want):
         check(g, w.contiguous())
+
+
+# ----------------------------------------------------------------------------- bf16/f16 precision
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_elementwise_chain_rounds_once(dtype):
+    """A bf16/f16 value that only elementwise ops read stays f32 between them (as in a
+    fused GPU kernel): exp(x) - 1 near 0 keeps its digits, where rounding exp(x) to bf16
+    first would leave 1.0625 - 1."""
+    x, y = rand(3, 257, dtype=dtype) / 8, rand(257, dtype=dtype)
+
+    def build(x_, y_):
+        one = kb.scalar(1.0, ELEM[dtype])
+        return kb.sub(kb.exp(x_), one), kb.add(kb.tanh(kb.mul(x_, y_)), kb.reciprocal(kb.add(y_, kb.scalar(3.0, ELEM[dtype]))))
+
+    got = run_kf(build, x, y)
+    want = [(torch.exp(x.float()) - 1).to(dtype), (torch.tanh(x.float() * y.float()) + 1 / (y.float() + 3)).to(dtype)]
+    eps = torch.finfo(dtype).eps
+    for g, w in zip(got, want):
+        assert g.dtype == dtype
+        # kf's f32 tanh/exp may differ from torch's by an f32 ulp, which can round to the
+        # neighbouring bf16/f16 value; rounding between the ops differs in many elements
+        torch.testing.assert_close(g.double(), w.double(), rtol=eps, atol=0)
+        assert (g != w).double().mean() <= 0.01, f"{int((g != w).sum())} of {g.numel()} values differ"
+
+
+def _bilinear_weight(dtype):
+    return torch.randn(5, 7, 11, dtype=dtype)
+
+
+#: ATen ops that kf lowers through torch-mlir: on bf16/f16 they compute in f32 and round
+#: once, as torch's CPU kernels do (torch-mlir's own linalg accumulates and computes in bf16)
+TORCH_MLIR_OPS = {
+    "expm1": (lambda x, y, w: torch.expm1(x), (3, 257)),
+    "log1p": (lambda x, y, w: torch.log1p(x.abs()), (3, 257)),
+    "logaddexp2": (lambda x, y, w: torch.logaddexp2(x, y), (3, 257)),
+    "avg_pool1d": (lambda x, y, w: torch.nn.functional.avg_pool1d(x, 3, stride=2), (2, 5, 37)),
+    "avg_pool2d": (lambda x, y, w: torch.nn.functional.avg_pool2d(x, 3), (1, 3, 13, 11)),
+    "l1_loss": (lambda x, y, w: torch.nn.functional.l1_loss(x, y), (7, 257)),
+    "sum_to_size": (lambda x, y, w: x.sum_to_size(1, 257), (61, 257)),
+    "bilinear": (lambda x, y, w: torch.nn.functional.bilinear(x[..., :7], y[..., :11], w), (3, 13)),
+}
+#: ops of the list that kf lowers itself: the same precision is asked of them
+KF_OPS = {"avg_pool1d", "avg_pool2d"}
+#: ops whose eager kernel rounds an intermediate to bf16/f16 (bilinear: x1 W, then the
+#: product with x2): kf's one rounding is then only no further from float64 than eager
+ROUNDS_INSIDE = {"bilinear"}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("name", sorted(TORCH_MLIR_OPS))
+def test_torch_mlir_ops_compute_in_f32(name, dtype, tmp_path, monkeypatch):
+    import kf
+
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    fn, shape = TORCH_MLIR_OPS[name]
+    x, y = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    w = _bilinear_weight(dtype)
+    if name not in KF_OPS:
+        assert "kf.aten" in kf.inspect(kf.jit(fn, target="cpu"), x, y, w).kf_ir  # it is a torch-mlir op
+    got = kf.jit(fn, target="cpu")(x, y, w)
+    want = fn(x, y, w)  # torch's CPU kernels: f32 math and accumulation, one rounding
+    exact = fn(x.double(), y.double(), w.double())
+    assert got.dtype == want.dtype and got.shape == want.shape
+    # within one ulp of eager, and no further from float64 than eager is plus one ulp
+    ulp = torch.finfo(dtype).eps * want.double().abs().clamp_min(torch.finfo(dtype).tiny)
+    if name not in ROUNDS_INSIDE:
+        assert ((got.double() - want.double()).abs() <= ulp * 1.01).all(), (got, want)
+    assert ((got.double() - exact).abs() <= (want.double() - exact).abs() + ulp * 1.01).all(), (got, want)

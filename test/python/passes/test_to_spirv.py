@@ -2,14 +2,25 @@
 which the Vulkan launcher compares with the device's limit: lavapipe stops a shader
 invocation after 65535 loop iterations in all and silently drops the rest of its work.
 The bound is checked here on hand-written kernels, against the count the loops really
-make; the launcher's refusal is in test/python/runtime/test_vulkan.py."""
+make; the launcher's refusal is in test/python/runtime/test_vulkan.py.
+
+kf-to-spirv's IEEE guarantees, run for real: inf, NaN and signed zeros come out of Vulkan
+kernels as torch eager gives them (the SignedZeroInfNanPreserve execution mode, and the
+rewrite of arithmetic on a literal +0.0, which lavapipe's code generator folds). The same
+functions run on the cpu target, whose folds (kf-canonicalize) must keep those values too.
+"""
 
 from __future__ import annotations
 
-import pytest
+import math
 
-from kf.passes.to_spirv import compile_spirv, loop_iterations
+import pytest
+import torch
 from mlir import ir
+
+import kf
+from kf.passes.to_spirv import compile_spirv, loop_iterations
+from kf.runtime import vulkan
 
 
 def kernel(body: str, block: int = 128) -> str:
@@ -107,3 +118,102 @@ def test_loop_iterations_recorded_for_the_launcher():
     [binary] = compile_spirv(kernel(NESTED))
     [k] = binary.kernels.values()
     assert k.loop_iterations == 301 + 300 * 8 and k.abi_extra()["loop_iterations"] == k.loop_iterations
+
+
+# ----------------------------------------------------------------------------- IEEE values
+
+INF, NAN = math.inf, math.nan
+#: every class of float: infinities, NaN, both zeros, normal values of both signs, the
+#: largest. (No subnormals: Vulkan lets a device flush them, and lavapipe does.)
+SPECIAL = [INF, -INF, NAN, 0.0, -0.0, 1.0, -1.0, 2.5, -0.75, 3.0e38, -3.0e38]
+
+#: functions whose results are exact in IEEE arithmetic: compared bit for bit (NaN to NaN,
+#: and the sign of every zero)
+EXACT = {
+    "x*0": lambda x: x * 0.0, "0*x": lambda x: 0.0 * x, "x*-0": lambda x: x * -0.0,
+    "x+0": lambda x: x + 0.0, "0+x": lambda x: 0.0 + x, "x+-0": lambda x: x + -0.0,
+    "x-0": lambda x: x - 0.0, "0-x": lambda x: 0.0 - x, "x--0": lambda x: x - -0.0,
+    "x/0": lambda x: x / 0.0, "0/x": lambda x: 0.0 / x, "x/-0": lambda x: x / -0.0,
+    "x*1": lambda x: x * 1.0, "x/1": lambda x: x / 1.0, "x-x": lambda x: x - x, "x/x": lambda x: x / x,
+    "x*x": lambda x: x * x, "x*inf": lambda x: x * INF, "neg": lambda x: -x, "2x+0": lambda x: x * 2.0 + 0.0,
+    "where": lambda x: torch.where(x > 0, x, 0.0),
+}
+#: transcendental functions: NaN and inf where eager has them, zeros with eager's sign,
+#: the rest within float32's tolerance
+APPROX = {
+    "exp": lambda x: torch.exp(x), "sqrt": lambda x: torch.sqrt(x), "tanh": lambda x: torch.tanh(x),
+    "sigmoid": lambda x: torch.sigmoid(x), "silu": lambda x: torch.nn.functional.silu(x),
+    "erf": lambda x: torch.erf(x), "rsqrt": lambda x: torch.rsqrt(x),
+}
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                  reason="no Vulkan device"))]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _same_specials(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -> list[str]:
+    """Where got and want disagree on NaN, inf or the sign of a zero."""
+    bad = []
+    for a, g, w in zip(x.tolist(), got.tolist(), want.tolist()):
+        if math.isnan(w) != math.isnan(g) or (math.isinf(w) and g != w) or \
+                (w == 0 and (g != 0 or math.copysign(1, g) != math.copysign(1, w))):
+            bad.append(f"x={a}: {g} != eager's {w}")
+    return bad
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", sorted(EXACT))
+def test_exact_ops_keep_inf_nan_and_signed_zeros(target, name):
+    fn = EXACT[name]
+    # a 1-element, a prime-sized and a 257-element tensor of the special values (scalar
+    # and vectorized paths)
+    for n in (1, len(SPECIAL), 257):
+        x = torch.tensor(SPECIAL * (n // len(SPECIAL) + 1))[:n] if n > 1 else torch.tensor([-0.0])
+        got = kf.jit(fn, target=target)(x.clone())
+        want = fn(x.clone())
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert not _same_specials(x, got, want), f"{name} on {target}: {_same_specials(x, got, want)[:4]}"
+        finite = torch.isfinite(want)
+        assert torch.equal(got[finite], want[finite]), f"{name} on {target}: {got} != {want}"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", sorted(APPROX))
+def test_math_keeps_inf_nan_and_signed_zeros(target, name):
+    fn = APPROX[name]
+    x = torch.tensor(SPECIAL)
+    got = kf.jit(fn, target=target)(x.clone())
+    want = fn(x.clone())
+    assert not _same_specials(x, got, want), f"{name} on {target}: {_same_specials(x, got, want)}"
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device")
+def test_kernels_ask_for_signed_zero_inf_nan_preserve():
+    """Every float kernel's recorded capabilities include SignedZeroInfNanPreserve (the
+    launcher refuses it on a device without shaderSignedZeroInfNanPreserveFloat32)."""
+    from kf.passes.to_spirv import compile_spirv
+
+    text = """
+    module attributes {gpu.container_module} {
+      gpu.module @kf_kernels {
+        gpu.func @scale(%a: memref<8xf32>, %o: memref<8xf32>) kernel
+            attributes {known_block_size = array<i32: 8, 1, 1>} {
+          %i = gpu.thread_id x
+          %x = memref.load %a[%i] : memref<8xf32>
+          %zero = arith.constant 0.0 : f32
+          %y = arith.mulf %x, %zero : f32
+          memref.store %y, %o[%i] : memref<8xf32>
+          gpu.return
+        }
+      }
+    }"""
+    (binary,) = compile_spirv(text)
+    kernel = binary.kernels["scale"]
+    assert "SignedZeroInfNanPreserve" in kernel.capabilities
+    assert "SPV_KHR_float_controls" in kernel.extensions
+    assert vulkan.device().features["shaderSignedZeroInfNanPreserveFloat32"]

@@ -20,7 +20,7 @@ import kf
 from kf.runtime import vulkan
 from kf.runtime.abi import ProgramABI, TensorArg
 
-from vulkan_kernels import compile_one, elementwise_kernel, kernel_abi, needs_vulkan
+from vulkan_kernels import TORCH, compile_one, elementwise_kernel, kernel_abi, needs_vulkan, random
 
 
 @pytest.fixture(params=[False, True], ids=["mapped", "staged"])
@@ -302,3 +302,26 @@ def test_copy_rate_is_measured_on_the_device():
         pytest.skip("no timestamp queries")
     seconds = dev.copy_seconds(1 << 20, repeats=3)
     assert 0 < seconds < 1
+
+
+@needs_vulkan
+@pytest.mark.parametrize("elem", ["f32", "bf16", "i64"])
+@pytest.mark.parametrize("staged", [False, True])
+def test_one_element_views_with_any_stride(elem, staged, monkeypatch):
+    """A one-element tensor is contiguous whatever its stride (torch ignores the strides of
+    size-1 dims): ``x[::2]`` of a 2-element tensor has stride 2. Its bytes go up and come
+    back down into it, through mapped memory and through staging buffers."""
+    monkeypatch.setattr(vulkan.device(), "staged", staged)
+    binary, k = compile_one(elementwise_kernel(1, elem, 32))
+    gen = torch.Generator().manual_seed(7)
+    base = [random((2,), elem, gen) for _ in range(3)]
+    a, b, c = (t[::2] for t in base)
+    assert a.is_contiguous() and a.stride() == (2,)
+    untouched = base[2][1].clone()
+    vulkan.launch(binary, kernel_abi(k, (1, 1, 1)), [a, b, c], written=[2])
+    if elem == "i64":
+        assert torch.equal(c, a * b + a)
+    else:
+        want = (a.float() * b.float() + a.float().exp()).to(TORCH[elem])
+        torch.testing.assert_close(c.float(), want.float(), rtol=2e-2, atol=1e-5)
+    assert torch.equal(base[2][1], untouched)  # the element beside the view is not written
