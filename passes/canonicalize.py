@@ -10,6 +10,9 @@ What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
 - a reshape of a last-two-dims transpose that keeps those dims (batch dims merged or
   split) becomes the transpose of the reshape, which kf-fuse then leaves as a view feeding
   a matmul that reads the transpose in place;
+- a matmul of operands whose batch dims were merged into one, reshaped back to those
+  batch dims, becomes the matmul over the batch dims (torch's 4-D matmul traced as bmm,
+  as autograd's derived graphs have it);
 - kf ops whose results are unused are erased (kf ops have no side effects).
 It runs the rules to a fixed point.
 """
@@ -165,6 +168,8 @@ class _Rewriter:
             self.replace(op, x)
             return
         inner = defining(x)
+        if inner is not None and inner.name == "kf.matmul" and self._batched_matmul(op, inner):
+            return
         if inner is not None and inner.name == "kf.reshape":
             self.replace(op, builders.reshape(inner.operands[0], out.shape))
         elif inner is not None and inner.name == "kf.fill":
@@ -181,6 +186,25 @@ class _Rewriter:
                 r = builders.reshape(inner.operands[0], lead)
                 n = len(lead)
                 self.replace(op, builders.transpose(r, perm=list(range(n - 2)) + [n - 1, n - 2]))
+
+    def _batched_matmul(self, op: ir.Operation, mm: ir.Operation) -> bool:
+        """``reshape(matmul(reshape(a), reshape(b)))`` that merges batch dims into one and
+        splits them back is ``matmul(a, b)`` over the batch dims (torch's matmul of 4-D
+        tensors traced as bmm: a derived forward or backward), which kf-fuse recognizes
+        as the attention it is; an operand may be the last-two-dims transpose of such a
+        reshape (``k^T``)."""
+        if len(list(mm.result.uses)) != 1:
+            return False
+        out = spec_of(op.result.type)
+        mshape = spec_of(mm.result.type).shape
+        if len(mshape) != 3 or len(out.shape) < 3 or out.shape[-2:] != mshape[-2:]:
+            return False
+        lead = tuple(out.shape[:-2])
+        operands = [_unbatched(v, lead) for v in mm.operands]
+        if any(v is None for v in operands):
+            return False
+        self.replace(op, builders.build("matmul", operands, None, [out]).result)
+        return True
 
     def _transpose(self, op: ir.Operation) -> None:
         (x,) = op.operands
@@ -203,6 +227,24 @@ class _Rewriter:
         if a is not None:
             out = spec_of(op.result.type)
             self.replace(op, builders.fill(out.shape, out.elem, float(int(a)) if not out.is_float else a))
+
+
+def _unbatched(v: ir.Value, lead: tuple[int, ...]) -> ir.Value | None:
+    """A value with batch dims ``lead`` whose batch dims merged are v -- v's reshape
+    operand, or the transpose of one where v transposes its last two dims --, else None.
+    Made at the current insertion point."""
+    op = defining(v)
+    shape = spec_of(v.type).shape
+    if op is None or len(shape) != 3 or math.prod(lead) != shape[0]:
+        return None
+    if op.name == "kf.reshape" and spec_of(op.operands[0].type).shape == lead + shape[-2:]:
+        return op.operands[0]
+    if transposes_last_two(op):
+        inner = _unbatched(op.operands[0], lead)
+        if inner is not None:
+            n = len(lead) + 2
+            return builders.transpose(inner, perm=list(range(n - 2)) + [n - 1, n - 2])
+    return None
 
 
 def _ops_in_order(root: ir.Operation) -> list[ir.Operation]:

@@ -413,8 +413,69 @@ def _free_scalars(kernel_ops: list[ir.Operation]) -> list[ir.Operation]:
     return free
 
 
+def _lse_beside_attention(op: ir.Operation) -> None:
+    """A ``kf.logsumexp`` of the scores an attention's softmax reads (what kf's autograd
+    saves for attention's backward, compiler/partition.py) reads a copy of the score chain
+    instead -- the ``q @ k^T`` matmul and the ops from it to the scores --, so that the
+    attention chain stays whole and one kernel, and the copy becomes kernels of its own
+    (a matmul, then the row-wise logsumexp). The attention kernels do not write lse as a
+    second output yet; when they do, the attention group takes the logsumexp instead."""
+    x = op.operands[0]
+    sm = next((getattr(u.owner, "operation", u.owner) for u in x.uses
+               if getattr(u.owner, "operation", u.owner).name == "kf.softmax"), None)
+    if sm is None:
+        return
+    between, mm = score_chain(sm)
+    if mm is None or defining(x) != (between[0] if between else mm):
+        return
+    chain = [mm, *reversed(between)]
+    kt = defining(mm.operands[1])
+    if transposes_last_two(kt):
+        chain.insert(0, kt)
+    mapping: dict = {}
+    with ir.InsertionPoint(op):
+        for c in chain:
+            clone = c.clone()
+            for i, v in enumerate(c.operands):
+                if v in mapping:
+                    clone.operands[i] = mapping[v]
+            for r, cr in zip(c.results, clone.results):
+                mapping[r] = cr
+    op.operands[0] = mapping.get(x, x)
+
+
+def _expand_logsumexp(op: ir.Operation) -> None:
+    """``kf.logsumexp`` as the row ops the row-wise strategy fuses: ``m + log(sum(exp(x -
+    m)))`` with m the max (0 where the max is infinite, as torch.logsumexp), in f32."""
+    from kf.dialects import builders as kb
+
+    attrs = op_attrs(op)
+    dims, keep = list(attrs.get("dims") or []), bool(attrs.get("keepdim"))
+    out = spec_of(op.result.type)
+    with ir.InsertionPoint(op), op.location:
+        x = op.operands[0]
+        if spec_of(x.type).elem != out.elem:
+            x = kb.cast(x, elem=out.elem)
+
+        def finite_max(keepdim: bool) -> ir.Value:
+            m = kb.reduce_max(x, dims=dims, keepdim=keepdim)
+            inf = kb.cmp(kb.abs(m), kb.fill((), out.elem, float("inf")), predicate="eq")
+            return kb.select(inf, kb.fill((), out.elem, 0.0), m)
+
+        # (the max without keepdim is the row-wise kernel's same statistic, not a reshape:
+        # a reshape of a result the function returns would be a kernel of its own)
+        m = finite_max(True)
+        total = kb.sum(kb.exp(kb.sub(x, m)), dims=dims, keepdim=keep)
+        lse = kb.add(kb.log(total), m if keep else finite_max(False))
+    op.result.replace_all_uses_with(lse)
+    op.erase()
+
+
 def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     block = f.regions[0].blocks[0]
+    for op in [o.operation for o in block.operations if o.operation.name == "kf.logsumexp"]:
+        _lse_beside_attention(op)
+        _expand_logsumexp(op)
     body = [op.operation for op in block.operations]
     views = _view_reshapes(body)
     view_ids = {id(op) for op in views}

@@ -104,11 +104,15 @@ def test_gradcheck_moe():
     assert torch.autograd.gradcheck(lambda x, g, wi, wo: moe_cpu(x, g, [wi, wo]), (x, gate, w_in, w_out))
 
 
-def test_gradients_match_eager_and_only_inputs_are_saved():
+def test_gradients_match_eager_and_the_rule_is_what_is_saved():
     x, w, b = _rand(4, 16), _rand(16), _rand(16)
     out = layer_norm(x, w, b)
-    # the graph node saves the three inputs, nothing computed in the forward
-    assert len(out.grad_fn.saved_tensors) == 3
+    # the graph node saves the three inputs and the two row statistics the forward's
+    # kernel computed (mean and variance, one value a row): nothing as large as x besides x
+    saved = out.grad_fn.saved_tensors
+    assert [tuple(t.shape) for t in saved] == [(4, 16), (16,), (16,), (4, 1), (4, 1)]
+    torch.testing.assert_close(saved[3], x.mean(-1, keepdim=True))
+    torch.testing.assert_close(saved[4], x.var(-1, keepdim=True))
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, (x, w, b), g)
     want = torch.autograd.grad(layer_norm.fn(x, w, b), (x, w, b), g)
@@ -133,8 +137,9 @@ def test_integer_outputs_and_unused_outputs():
 def test_backward_is_a_kf_program():
     x, w, b = _rand(2, 8), _rand(8), _rand(8)
     layer_norm(x, w, b).sum().backward()
-    (bwd,) = [b for key, b in layer_norm._backwards.items() if key[1][0][0] == (2, 8)]
-    assert isinstance(bwd, autograd.Backward)
+    (training,) = [t for key, (t, _) in layer_norm._trainings.items() if key[1][0][0] == (2, 8)]
+    bwd = training.backward
+    assert isinstance(bwd, autograd.Backward) and isinstance(training.forward, kf.KfFunction)
     assert isinstance(bwd.fn, kf.KfFunction) and bwd.fn.options.target == "cpu"
     programs = list(bwd.fn._table.values())
     assert programs and all(type(p).__name__ == "CompiledProgram" for p in programs)
@@ -203,9 +208,11 @@ def test_backward_of_can_be_inspected():
     bwd = autograd.backward_of(layer_norm, x, w, b)
     assert bwd.diff == (True, True, True)
     g = torch.randn(4, 16)
-    info = kf.inspect(bwd.fn, x, w, b, g)
+    # it takes the inputs, the forward's mean and variance, then the gradient
+    assert [tuple(t.shape) for t in bwd.example_args] == [(4, 16), (16,), (16,), (4, 1), (4, 1), (4, 16)]
+    info = bwd.inspect()
     assert "kf.sum" in info.kf_ir and bwd.source in info.kf_ir
-    grads = bwd([x, w, b], [g])
+    grads = bwd([x, w, b, x.mean(-1, keepdim=True), x.var(-1, keepdim=True)], [g])
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
     want = torch.autograd.grad(layer_norm.fn(xr, wr, br), (xr, wr, br), g)
     for a, e in zip(grads, want):
