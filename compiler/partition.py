@@ -12,7 +12,7 @@ by kind, so that what is saved is known before anything is measured):
 
 - the inputs (autograd holds them anyway) and the user's outputs;
 - per-row statistics: the results of reductions (a norm's mean and variance, or its
-  mean square): a value per row; what the forward computes from them alone (``rstd =
+  mean square; ``native_layer_norm``'s mean and rstd): a value per row; what the forward computes from them alone (``rstd =
   rsqrt(var + eps)``) the backward recomputes, once per row;
 - for a softmax the backward reads, unless it is an output itself: its row logsumexp
   ``lse = kf::logsumexp(scores, [-1])`` in f32, shape ``[..., Sq]``; the backward
@@ -77,6 +77,9 @@ _REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.
                aten.amin.default, aten.var.correction, aten.var.dim, aten.var_mean.correction,
                aten.std.correction, aten.logsumexp.default, torch.ops.kf.logsumexp.default,
                aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.prod.dim_int}
+
+#: ops whose results at these indices are per-row statistics (a layer norm's mean and rstd)
+_STATISTICS_AT = {aten.native_layer_norm.default: (1, 2)}
 
 #: products whose results are saved rather than recomputed (outside attention's scores)
 _PRODUCTS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
@@ -161,9 +164,29 @@ def _hashable(x):
     return x
 
 
+def out_of_place(gm: fx.GraphModule) -> None:
+    """In-place ops whose mutated operand nothing reads afterwards (``F.rms_norm`` writes
+    ``mean(x * x).add_(eps)``) become their out-of-place forms: the value the graph
+    computes is the same, the saved statistic is the reduction's own result, and the
+    backward does not write into a tensor autograd saved (nor leave kf's light tracer)."""
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for n in list(gm.graph.nodes):
+        t = n.target
+        if not (isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable and t._opname.endswith("_")
+                and n.args and isinstance(n.args[0], fx.Node)):
+            continue
+        packet = getattr(aten, t._opname[:-1], None)
+        functional = getattr(packet, t._overloadname, None) if packet is not None else None
+        if functional is None or any(position[u] > position[n] for u in n.args[0].users if u is not n):
+            continue
+        n.target = functional
+    gm.graph.lint()
+
+
 def split(gm: fx.GraphModule, n_inputs: int, n_outputs: int) -> Split:
     """Split the joint graph ``gm``: placeholders (inputs, output gradients), returning
     (*the forward's ``n_outputs`` outputs, *input gradients)."""
+    out_of_place(gm)
     cse(gm)
     graph = gm.graph
     places = [n for n in graph.nodes if n.op == "placeholder"]
@@ -189,7 +212,10 @@ def split(gm: fx.GraphModule, n_inputs: int, n_outputs: int) -> Split:
         if n.op != "call_function" or n in backward:
             return False
         if n.target is operator.getitem:
-            return isinstance(n.args[0], fx.Node) and statistic(n.args[0])
+            src = n.args[0]
+            if isinstance(src, fx.Node) and src.target in _STATISTICS_AT:
+                return n.args[1] in _STATISTICS_AT[src.target]
+            return isinstance(src, fx.Node) and statistic(src)
         return n.target in _REDUCTIONS
 
     # what the backward reads from the forward, decided value by value
