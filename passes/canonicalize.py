@@ -13,6 +13,8 @@ What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
 - a matmul of operands whose batch dims were merged into one, reshaped back to those
   batch dims, becomes the matmul over the batch dims (torch's 4-D matmul traced as bmm,
   as autograd's derived graphs have it);
+- a reshape that drops the unit dims a ``keepdim`` reduction kept becomes the
+  reduction without keepdim;
 - kf ops whose results are unused are erased (kf ops have no side effects).
 It runs the rules to a fixed point.
 """
@@ -170,6 +172,8 @@ class _Rewriter:
         inner = defining(x)
         if inner is not None and inner.name == "kf.matmul" and self._batched_matmul(op, inner):
             return
+        if inner is not None and inner.name in _KEEPDIM_REDUCTIONS and self._drop_kept_dims(op, inner):
+            return
         if inner is not None and inner.name == "kf.reshape":
             self.replace(op, builders.reshape(inner.operands[0], out.shape))
         elif inner is not None and inner.name == "kf.fill":
@@ -186,6 +190,24 @@ class _Rewriter:
                 r = builders.reshape(inner.operands[0], lead)
                 n = len(lead)
                 self.replace(op, builders.transpose(r, perm=list(range(n - 2)) + [n - 1, n - 2]))
+
+    def _drop_kept_dims(self, op: ir.Operation, red: ir.Operation) -> bool:
+        """``reshape(sum(x, dims, keepdim=True))`` to the shape without the kept unit dims
+        is ``sum(x, dims, keepdim=False)`` (autograd writes a bias's gradient so): a
+        reshape of a result the function returns would be a copy kernel of its own."""
+        if len(list(red.result.uses)) != 1:
+            return False
+        attrs = op_attrs(red)
+        if not attrs.get("keepdim"):
+            return False
+        shape = spec_of(red.operands[0].type).shape
+        dims = {d % max(len(shape), 1) for d in (attrs.get("dims") or range(len(shape)))}
+        dropped = tuple(s for i, s in enumerate(shape) if i not in dims)
+        if dropped != spec_of(op.result.type).shape:
+            return False
+        attrs = {**attrs, "keepdim": False}
+        self.replace(op, builders.build(red.name, list(red.operands), attrs).result)
+        return True
 
     def _batched_matmul(self, op: ir.Operation, mm: ir.Operation) -> bool:
         """``reshape(matmul(reshape(a), reshape(b)))`` that merges batch dims into one and
@@ -227,6 +249,9 @@ class _Rewriter:
         if a is not None:
             out = spec_of(op.result.type)
             self.replace(op, builders.fill(out.shape, out.elem, float(int(a)) if not out.is_float else a))
+
+
+_KEEPDIM_REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}
 
 
 def _unbatched(v: ir.Value, lead: tuple[int, ...]) -> ir.Value | None:

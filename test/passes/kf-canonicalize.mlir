@@ -119,3 +119,26 @@ func.func @batched_matmul_other_dims(%a: tensor<2x3x16x8xf32>, %b: tensor<3x2x8x
   %m4 = "kf.reshape"(%m) : (tensor<6x16x4xf32>) -> tensor<2x3x16x4xf32>
   return %m4 : tensor<2x3x16x4xf32>
 }
+
+// -----
+
+// A reshape that drops the unit dims a keepdim reduction kept is the reduction without
+// keepdim (a bias's gradient, as autograd writes it); other reshapes of it stay.
+// CHECK-LABEL: func.func @drop_kept_dims
+// CHECK: %[[S:.*]] = "kf.sum"(%arg0) {dims = array<i64: 0>, keepdim = false} : (tensor<257x64xf32>) -> tensor<64xf32>
+// CHECK-NOT: kf.reshape
+// CHECK: return %[[S]]
+func.func @drop_kept_dims(%x: tensor<257x64xf32>) -> tensor<64xf32> {
+  %s = "kf.sum"(%x) {dims = array<i64: 0>, keepdim = true} : (tensor<257x64xf32>) -> tensor<1x64xf32>
+  %r = "kf.reshape"(%s) : (tensor<1x64xf32>) -> tensor<64xf32>
+  return %r : tensor<64xf32>
+}
+
+// CHECK-LABEL: func.func @keep_other_reshape
+// CHECK: "kf.sum"(%arg0) {dims = array<i64: 1>, keepdim = true}
+// CHECK: "kf.reshape"
+func.func @keep_other_reshape(%x: tensor<4x6x8xf32>) -> tensor<32xf32> {
+  %s = "kf.sum"(%x) {dims = array<i64: 1>, keepdim = true} : (tensor<4x6x8xf32>) -> tensor<4x1x8xf32>
+  %r = "kf.reshape"(%s) : (tensor<4x1x8xf32>) -> tensor<32xf32>
+  return %r : tensor<32xf32>
+}

@@ -251,3 +251,70 @@ func.func @attn_dropout(%s: tensor<4x64xf32>, %v: tensor<64x16xf32>, %state: ten
   %y = "kf.mul"(%o, %m2) : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32> loc("a.py":5:5)
   return %y : tensor<4x16xf32>
 }
+
+// -----
+
+// A layer norm's backward (bf16, saved mean and rstd): dx is one rowwise kernel, with the
+// casts of the saved statistics and of the weight computed inside it; the weight's and
+// the bias's gradients (sums over the rows) are one generic kernel, which recomputes
+// dy * xhat from the inputs rather than reading it from the row kernel, and rounds the
+// sums to bf16 itself.
+// CHECK-LABEL: func.func private @ln_backward_k0_rowwise
+// CHECK-SAME: -> tensor<257x64xbf16>
+// CHECK-NOT: dims = array<i64: 0>
+// CHECK: return
+// CHECK-LABEL: func.func private @ln_backward_k1_generic
+// CHECK-SAME: -> (tensor<64xbf16>, tensor<64xbf16>)
+// CHECK: "kf.sub"
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 0>, keepdim = false}
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 0>, keepdim = false}
+// CHECK-LABEL: func.func @ln_backward
+// CHECK-NEXT: call @ln_backward_k0_rowwise
+// CHECK-NEXT: call @ln_backward_k1_generic
+// CHECK-NEXT: return
+func.func @ln_backward(%x: tensor<257x64xbf16>, %w: tensor<64xbf16>, %mean: tensor<257x1xbf16>, %rstd: tensor<257x1xbf16>, %dy: tensor<257x64xbf16>) -> (tensor<257x64xbf16>, tensor<64xbf16>, tensor<64xbf16>) {
+  %g = "kf.cast"(%dy) : (tensor<257x64xbf16>) -> tensor<257x64xf32>
+  %xf = "kf.cast"(%x) : (tensor<257x64xbf16>) -> tensor<257x64xf32>
+  %wf = "kf.cast"(%w) : (tensor<64xbf16>) -> tensor<64xf32>
+  %mf = "kf.cast"(%mean) : (tensor<257x1xbf16>) -> tensor<257x1xf32>
+  %c = "kf.sub"(%xf, %mf) : (tensor<257x64xf32>, tensor<257x1xf32>) -> tensor<257x64xf32>
+  %rf = "kf.cast"(%rstd) : (tensor<257x1xbf16>) -> tensor<257x1xf32>
+  %xhat = "kf.mul"(%c, %rf) : (tensor<257x64xf32>, tensor<257x1xf32>) -> tensor<257x64xf32>
+  %gw = "kf.mul"(%g, %wf) : (tensor<257x64xf32>, tensor<64xf32>) -> tensor<257x64xf32>
+  %n = "kf.fill"() {value = 64.0 : f64} : () -> tensor<f32>
+  %gwn = "kf.mul"(%gw, %n) : (tensor<257x64xf32>, tensor<f32>) -> tensor<257x64xf32>
+  %s1 = "kf.sum"(%gw) {dims = array<i64: 1>, keepdim = true} : (tensor<257x64xf32>) -> tensor<257x1xf32>
+  %p = "kf.mul"(%gw, %xhat) : (tensor<257x64xf32>, tensor<257x64xf32>) -> tensor<257x64xf32>
+  %s2 = "kf.sum"(%p) {dims = array<i64: 1>, keepdim = true} : (tensor<257x64xf32>) -> tensor<257x1xf32>
+  %t = "kf.mul"(%xhat, %s2) : (tensor<257x64xf32>, tensor<257x1xf32>) -> tensor<257x64xf32>
+  %d1 = "kf.sub"(%gwn, %s1) : (tensor<257x64xf32>, tensor<257x1xf32>) -> tensor<257x64xf32>
+  %d2 = "kf.sub"(%d1, %t) : (tensor<257x64xf32>, tensor<257x64xf32>) -> tensor<257x64xf32>
+  %k = "kf.div"(%rf, %n) : (tensor<257x1xf32>, tensor<f32>) -> tensor<257x1xf32>
+  %dxf = "kf.mul"(%k, %d2) : (tensor<257x1xf32>, tensor<257x64xf32>) -> tensor<257x64xf32>
+  %dx = "kf.cast"(%dxf) : (tensor<257x64xf32>) -> tensor<257x64xbf16>
+  %gx = "kf.mul"(%g, %xhat) : (tensor<257x64xf32>, tensor<257x64xf32>) -> tensor<257x64xf32>
+  %dwf = "kf.sum"(%gx) {dims = array<i64: 0>, keepdim = false} : (tensor<257x64xf32>) -> tensor<64xf32>
+  %dbf = "kf.sum"(%g) {dims = array<i64: 0>, keepdim = false} : (tensor<257x64xf32>) -> tensor<64xf32>
+  %dw = "kf.cast"(%dwf) : (tensor<64xf32>) -> tensor<64xbf16>
+  %db = "kf.cast"(%dbf) : (tensor<64xf32>) -> tensor<64xbf16>
+  return %dx, %dw, %db : tensor<257x64xbf16>, tensor<64xbf16>, tensor<64xbf16>
+}
+
+// -----
+
+// A broadcast of a row statistic to the row space is elementwise over its result: the
+// ops that read it stay in the row kernel (RMSNorm's backward, from autograd's expand).
+// CHECK-LABEL: func.func private @broadcast_in_row_k0_rowwise
+// CHECK: "kf.broadcast_to"
+// CHECK-LABEL: func.func @broadcast_in_row
+// CHECK-NEXT: call @broadcast_in_row_k0_rowwise
+// CHECK-NEXT: return
+func.func @broadcast_in_row(%x: tensor<13x33xf32>, %dy: tensor<13x33xf32>) -> tensor<13x33xf32> {
+  %p = "kf.mul"(%dy, %x) : (tensor<13x33xf32>, tensor<13x33xf32>) -> tensor<13x33xf32>
+  %s = "kf.sum"(%p) {dims = array<i64: 1>, keepdim = true} : (tensor<13x33xf32>) -> tensor<13x1xf32>
+  %e = "kf.broadcast_to"(%s) : (tensor<13x1xf32>) -> tensor<13x33xf32>
+  %n = "kf.fill"() {value = 33.0 : f64} : () -> tensor<f32>
+  %d = "kf.div"(%e, %n) : (tensor<13x33xf32>, tensor<f32>) -> tensor<13x33xf32>
+  %r = "kf.mul"(%d, %x) : (tensor<13x33xf32>, tensor<13x33xf32>) -> tensor<13x33xf32>
+  return %r : tensor<13x33xf32>
+}
