@@ -138,3 +138,38 @@ def test_forward_runs_once_under_autograd_and_nothing_is_saved_without_it():
         out = norm(x, w, b)
         out.backward(torch.ones_like(out))
     assert [k.function for k in prof.launches] == ["norm_forward", "norm_backward"]
+
+
+@kf.jit(target="cpu")
+def f_layer_norm(x, weight, bias):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, 1e-5)
+
+
+@kf.jit(target="cpu")
+def f_rms_norm(x, weight):
+    return torch.nn.functional.rms_norm(x, x.shape[-1:], weight, 1e-6)
+
+
+def test_torch_norms_save_their_statistics():
+    """F.layer_norm (aten.native_layer_norm in the joint graph) saves its mean and rstd;
+    F.rms_norm (``mean(x * x).add_(eps)``) its mean square, untouched by the backward's
+    ``+ eps`` (done out of place); neither backward recomputes the norm."""
+    x, w, b = (torch.randn(*s, dtype=D, requires_grad=True) for s in [(257, 31), (31,), (31,)])
+    saved = f_layer_norm(x, w, b).grad_fn.saved_tensors
+    assert [tuple(t.shape) for t in saved] == [(257, 31), (31,), (31,), (257, 1), (257, 1)]
+    torch.testing.assert_close(saved[3], x.mean(-1, keepdim=True))
+    torch.testing.assert_close(saved[4], torch.rsqrt(x.var(-1, correction=0, keepdim=True) + 1e-5))
+    src = open(autograd.backward_of(f_layer_norm, x, w, b).source).read()
+    assert "native_layer_norm" not in src
+    out = f_rms_norm(x, w)
+    saved = out.grad_fn.saved_tensors
+    assert [tuple(t.shape) for t in saved] == [(257, 31), (31,), (257, 1)]
+    want = x.pow(2).mean(-1, keepdim=True)
+    torch.testing.assert_close(saved[2], want)
+    g = torch.randn_like(out)
+    for _ in range(2):  # the saved mean square is the same for a second backward
+        got = torch.autograd.grad(out, (x, w), g, retain_graph=True)
+        torch.testing.assert_close(saved[2], want)
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    for a, e in zip(got, torch.autograd.grad(f_rms_norm.fn(xr, wr), (xr, wr), g)):
+        torch.testing.assert_close(a, e)
