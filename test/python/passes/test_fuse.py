@@ -331,3 +331,32 @@ def test_row_backward_kernels_in_sm90a_ptx(fn, weights, kinds):
     entries = re.findall(r"\.entry\s+(\w+)", info.stages["ptx"])
     assert sorted(e.rsplit("_", 1)[-1] for e in entries) == kinds, entries
     assert set(assemble(info.stages["ptx"], "sm_90a").kernels) == set(entries)
+
+
+def _mlp(x, w1, b1, w2):
+    return torch.nn.functional.gelu(x @ w1 + b1) @ w2
+
+
+@needs_ptxas
+def test_gemm_backward_reads_transposed_operands_in_place():
+    """An MLP's backward: dA = dC B^T and dB = A^T dC are matmul kernels that read the
+    transposed operand in place (the transpose inside the matmul kernel, no transpose
+    kernel, no copy), GELU's derivative is the epilogue of the first, and the bias's
+    gradient is one column kernel."""
+    import re
+
+    import kf
+    import kf.autograd
+
+    dt = torch.bfloat16
+    args = [torch.randn(*s, dtype=dt) for s in [(256, 128), (128, 512), (512,), (512, 128)]]
+    bwd = kf.autograd.backward_of(kf.jit(_mlp, target="cuda", arch="sm_90a"), *args)
+    info = bwd.inspect()
+    kinds = sorted(e.rsplit("_", 1)[-1] for e in re.findall(r"\.entry\s+(\w+)", info.stages["ptx"]))
+    assert kinds == ["generic"] + ["matmul"] * 4, kinds
+    fused = info.stages["fused"]
+    kernels = fused.split("func.func private @")[1:]
+    for k in kernels:
+        if '"kf.transpose"' in k:
+            assert '"kf.matmul"' in k, k  # only as a matmul's operand
+    assert sum('"kf.transpose"' in k for k in kernels) == 4
