@@ -355,6 +355,19 @@ def _group_users(part: _Partition, gid: int) -> set:
     return out
 
 
+def _reads_a_view(part: _Partition, gid: int) -> bool:
+    """Whether group gid reads a kf op the schedule keeps between kernels (a view
+    reshape): merged with the group behind the view, the view would both read the kernel
+    and feed it -- a cycle ``acyclic_if_merged`` does not see (it walks through views)."""
+    for m in part.groups[gid].ops:
+        for v in part.ops[m].operands:
+            d = defining(v)
+            if d is not None and d not in part.index and d.name.startswith("kf.") and d.name not in _FREE \
+                    and spec_of(v.type).rank > 0:
+                return True
+    return False
+
+
 def _absorb(part: _Partition) -> None:
     """Second-round merges that the op-by-op walk of ``partition`` cannot see:
 
@@ -382,7 +395,7 @@ def _absorb(part: _Partition) -> None:
     while changed:
         changed = False
         for gid, g in list(part.groups.items()):
-            if gid not in part.groups or g.kind != "elementwise" or g.random:
+            if gid not in part.groups or g.kind != "elementwise" or g.random or _reads_a_view(part, gid):
                 continue
             users = _group_users(part, gid)
             if len(users) == 1 and None not in users:

@@ -318,3 +318,23 @@ func.func @broadcast_in_row(%x: tensor<13x33xf32>, %dy: tensor<13x33xf32>) -> te
   %r = "kf.mul"(%d, %x) : (tensor<13x33xf32>, tensor<13x33xf32>) -> tensor<13x33xf32>
   return %r : tensor<13x33xf32>
 }
+
+// -----
+
+// An elementwise group that reads a column reduction through a view the schedule keeps
+// (batch norm's running mean: reshape of mean(x, 0, keepdim)) stays its own kernel:
+// merged, the view would read the kernel and feed it.
+// CHECK-LABEL: func.func @column_through_view
+// CHECK: %[[M:.*]] = call @column_through_view_k0_generic(%arg0)
+// CHECK: %[[V:.*]] = "kf.reshape"(%[[M]])
+// CHECK: call @column_through_view_k1_elementwise(%arg1, %[[V]])
+func.func @column_through_view(%x: tensor<7x3xf32>, %rm: tensor<3xf32>) -> tensor<3xf32> {
+  %m = "kf.mean"(%x) {dims = array<i64: 0>, keepdim = true} : (tensor<7x3xf32>) -> tensor<1x3xf32>
+  %a = "kf.fill"() {value = 0.8 : f64} : () -> tensor<f32>
+  %r = "kf.mul"(%rm, %a) : (tensor<3xf32>, tensor<f32>) -> tensor<3xf32>
+  %v = "kf.reshape"(%m) : (tensor<1x3xf32>) -> tensor<3xf32>
+  %b = "kf.fill"() {value = 0.2 : f64} : () -> tensor<f32>
+  %s = "kf.mul"(%v, %b) : (tensor<3xf32>, tensor<f32>) -> tensor<3xf32>
+  %n = "kf.add"(%r, %s) : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
+  return %n : tensor<3xf32>
+}
