@@ -300,6 +300,7 @@ def register(kfn) -> Any:
         kfn._backwards = previous._backwards if same else {}
         kfn._random = previous._random if same else {}  # structure -> whether it draws
         kfn._trainings = previous._trainings if same else {}  # forward and backward split for autograd
+        kfn._writes = previous._writes if same else set()  # structures whose calls write to an argument
         _OWNERS[name] = kfn
         if name not in _OPS:
             _OPS[name] = _define(name)
@@ -355,7 +356,9 @@ def _define(name: str) -> tuple:
         call = rebuild(kfn, structure, list(tensors))
         with _opaque(), mutation.refused(_REFUSED_WRITES):
             if structure not in kfn._random:
-                kfn._trees[structure], kfn._random[structure] = _tree_of(kfn, structure, tensors)
+                kfn._trees[structure], kfn._random[structure], writes = _tree_of(kfn, structure, tensors)
+                if writes:  # the function's own program refuses it, at the user's line
+                    kfn._writes.add(structure)
             if _split(kfn, structure):
                 # under autograd: the forward that also returns what its backward needs;
                 # where that is nothing beyond the results, the function's own program
@@ -422,16 +425,19 @@ def _define(name: str) -> tuple:
     return op, bop
 
 
-def _tree_of(kfn, structure: str, tensors: list) -> tuple[Any, bool]:
-    """(how the function's results nest, whether it draws random numbers), from a run of
-    the function on fake tensors (the compiled program returns its results flat)."""
+def _tree_of(kfn, structure: str, tensors: list) -> tuple[Any, bool, bool]:
+    """(how the function's results nest, whether it draws random numbers, whether it
+    writes to an argument), from a run of the function on fake tensors (the compiled
+    program returns its results flat)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
-        fakes = [mode.from_tensor(t) for t in tensors]
+        fakes = [mode.from_tensor(t).detach() for t in tensors]
+        versions = [f._version for f in fakes]
         with _RandomOps() as seen:
             result = kfn.fn(**rebuild(kfn, structure, fakes))
-        return result_tree(result), seen.draws
+        writes = any(f._version != v for f, v in zip(fakes, versions))
+        return result_tree(result), seen.draws, writes
 
 
 class _RandomOps(torch.utils._python_dispatch.TorchDispatchMode):
@@ -466,9 +472,10 @@ def split_state(owner, tensors: list, structure: str) -> tuple[list, torch.Tenso
 
 def _split(owner, structure: str) -> bool:
     """Whether a call of this structure ran the split forward (``training_of``): under
-    autograd, for a function that draws no random numbers (``owner``: the function whose
-    op was called, which records that per structure)."""
-    return is_training(structure) and not owner._random.get(structure, False)
+    autograd, for a function that draws no random numbers and writes to none of its
+    arguments (its own program refuses that at the user's line; ``owner``: the function
+    whose op was called, which records both per structure)."""
+    return is_training(structure) and not owner._random.get(structure, False) and structure not in owner._writes
 
 
 def training_of(kfn, structure: str, tensors: list) -> tuple[Any, list[tuple[tuple[int, ...], torch.dtype]]]:
