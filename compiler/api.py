@@ -231,7 +231,7 @@ class KfFunction:
         v = self._variants.get(precision)
         if v is None:
             v = KfFunction(self.fn, self.options.with_(precision=precision), torch_op=False)
-            v._trees, v._backwards, v._random = {}, {}, {}
+            v._trees, v._backwards, v._random, v._trainings = {}, {}, {}, {}
             self._variants[precision] = v
         return v
 

@@ -590,6 +590,22 @@ def _var_mean(c, node, args, kwargs):
     return c.tensor(var, elem), c.tensor(mean, elem)
 
 
+@handles("aten.logsumexp.default")
+def _logsumexp(c, node, args, kwargs):
+    x = c.tensor(args[0], c.out_elem(node))
+    dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), _rank(x))
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    out = kb.logsumexp(x, dims=dims, keepdim=keep)
+    return out if spec_of(out.type).elem == spec_of(x.type).elem else kb.cast(out, elem=spec_of(x.type).elem)
+
+
+@handles("kf.logsumexp.default")
+def _row_logsumexp(c, node, args, kwargs):
+    """kf's own op (compiler/partition.py): the statistic in f32, whatever the input's type."""
+    x = args[0]
+    return kb.logsumexp(x, dims=_dims(args[1], _rank(x)), keepdim=bool(args[2]))
+
+
 @handles("aten.softmax.int", "aten._softmax.default")
 def _softmax(c, node, args, kwargs):
     return kb.softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])

@@ -3,19 +3,48 @@
 For one specialization of a forward function ``f`` (its argument structure and tensor
 shapes), kf traces the *joint* function
 
-    backward(*inputs, *grad_outputs) = torch.autograd.grad(f(*inputs), float inputs, grad_outputs)
+    joint(*inputs, *grad_outputs) = (*f(*inputs), *torch.autograd.grad(f(*inputs), float inputs, grad_outputs))
 
 with ``make_fx`` on fake tensors, decomposing ATen's backward ops (``_softmax_backward_data``,
 ``native_layer_norm_backward``, ``gelu_backward``, ...) into the primitive ops kf
-compiles. The trace is an ATen graph of the forward followed by its backward; the forward
-part is recomputed from the saved inputs rather than saved (as flash attention recomputes
-its scores), so a training step keeps only the inputs alive between forward and backward;
-how the recomputed part is tiled (attention block by block) is up to kf's strategies, as
-for any kf function. The graph is written out as a small Python module (under the cache folder,
-so the cache key, the error locations and ``kf.inspect`` work on it as on any user
-function) and compiled with ``kf.jit`` for the forward's own target.
+compiles. compiler/partition.py splits that graph in two (``derive_training``): a
+*forward* that returns the user's outputs and then what the backward needs, and a
+*backward* that takes it. What crosses is kf's rule, not a min-cut: the inputs, the
+outputs, per-row statistics (reduction results: a norm's mean and variance; a softmax's
+row logsumexp), and matmul products outside attention's scores; everything else the
+backward reads (elementwise chains, views, masks, the scores and probabilities of an
+attention) is recomputed inside the backward's kernels. Each graph is written out as a
+small Python module (under the cache folder, so the cache key, the error locations and
+``kf.inspect`` work on it as on any user function) and compiled with ``kf.jit`` for the
+forward's own target. Under autograd the op runs that forward (torch_ops.py: a call
+whose structure starts with ``!``, an eager call; under torch.compile or export
+the backward recomputes the forward, ``derive``): the same fused kernels as without autograd, which
+also write the statistics; without autograd nothing of this runs and nothing is saved.
 
-Random numbers are recomputed too, from the random state the forward drew (the forward's
+Attention, the interface its backward kernels build on. For a forward that kf-fuse
+recognizes as attention (``matmul(q, k^T)`` -> scale -> optional mask -> ``softmax(-1)``
+-> ``matmul(., v)``), the forward saves q, k, v, the mask (inputs), O (the output) and
+
+    lse = kf.logsumexp(scores) {dims = [-1]}     f32 (f64 for f64), shape [..., Sq]
+
+the natural-log logsumexp of the scaled and masked scores of each query row. In the
+forward's kf IR it reads the same scores value as the ``kf.softmax``; kf-fuse folds it
+into the attention kernel as a second output where the attention kernels write it, and
+until then computes it beside the attention from a copy of the score chain
+(passes/fuse.py, ``_lse_beside_attention``). The backward's kf IR recomputes the scores
+from q and k with the forward's own ops (scale, mask), then
+
+    P = cast(exp(scores - lse[..., None]), the softmax's type)
+    D = sum(dO * O, -1, keepdim)                 (FlashAttention's rowsum, from the saved O)
+    dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dQ = dS K * scale,  dK = dS^T Q * scale
+
+(the last line as autograd's decompositions write it: casts, the mask's ``select`` of
+dS, the scale as a division). Matmuls over batch dims reach kf-fuse as 4-D ``kf.matmul``
+(kf-canonicalize lifts the bmm of merged batch dims that tracing leaves).
+
+A function that draws random numbers (dropout) keeps recomputing its forward in the
+backward (``derive``): its random state is an input of the program the forward runs, and
+the backward recomputes the same numbers from the state the forward drew (the forward's
 op returns it: torch_ops.py), which the joint takes as one more input after the
 gradients: the joint's random ops (dropout as ``native_dropout``, ``rand_like``, ...)
 become ``kf::philox_rand`` calls on that state (``_replay_table``), on the same counters
@@ -23,7 +52,8 @@ and with the same arithmetic as the forward's conversion (aten_to_kf.py), so the
 backward keeps the elements the forward kept. Autograd's composite ``dropout`` is traced
 through its Python decomposition (the Python dispatcher, as AOTAutograd traces), which
 calls ``native_dropout`` on every device. A random op that neither converts is an error
-at the user's line, never a fresh mask.
+at the user's line, never a fresh mask. Double backward differentiates that recomputing
+backward too: the same function of the inputs and gradients as the split one.
 
 Each ATen op of the joint graph remembers the user's line it comes from (forward ops by
 their Python stack, backward ops by the forward op whose autograd node ran them, found
@@ -172,13 +202,15 @@ def _check_replayed(gm: torch.fx.GraphModule, user) -> None:
 class Backward:
     """The compiled backward of one forward specialization.
 
-    ``fn`` takes the forward's flat tensor inputs, then one gradient per floating-point
-    output, then (``random``: the forward draws random numbers) the random state the
-    forward drew, and returns one gradient per floating-point input (``diff`` says which).
-    Calling it runs the compiled kernel directly (it is called from the op
-    ``kf::<name>_backward``, which is what traces and compiled graphs see); called as a
-    function, ``fn`` goes through its own op, whose backward is derived in turn (double
-    backward).
+    ``fn`` takes the tensors the forward saved -- the forward's flat tensor inputs, then,
+    where the forward was split (``Training``), the results and extras it saved --, then
+    one gradient per floating-point output, then (``random``: the forward draws random
+    numbers) the random state the forward drew, and returns one gradient per
+    floating-point input (``diff`` says which). Calling it runs the compiled kernel
+    directly (it is called from the op ``kf::<name>_backward``, which is what traces and
+    compiled graphs see); called as a function, ``fn`` goes through its own op, whose
+    backward is derived in turn (double backward). ``example_args``: tensors shaped like
+    its arguments, where ``backward_of`` made it (``inspect`` reads its IR with them).
     """
 
     fn: Any  # a KfFunction
@@ -186,6 +218,7 @@ class Backward:
     source: str
     line_locs: dict[int, SourceLoc]
     random: bool = False
+    example_args: list | None = None
 
     def __call__(self, tensors: list[torch.Tensor], grads: list, state: torch.Tensor | None = None) -> list:
         if self.random and state is None:
@@ -197,21 +230,32 @@ class Backward:
             # the backward was traced on row-major examples: its views assume that layout
             flat = self.fn._kernel_call(tuple(t.contiguous() for t in (*tensors, *grads, *extra)), {})
         except CompileError as e:
-            raise _at_user_line(e, self) from None
+            raise _at_user_line(e, self.fn, self.source, self.line_locs, "backward") from None
         flat = list(flat) if isinstance(flat, (tuple, list)) else [flat]
         out, it = [], iter(flat)
         for d in self.diff:
             out.append(next(it) if d else None)
         return out
 
+    def inspect(self, **options):
+        """``kf.inspect`` of ``fn`` on ``example_args`` (``options``: e.g. target="cuda")."""
+        from .inspection import inspect
 
-def _at_user_line(e: CompileError, bwd: Backward) -> CompileError:
-    """The same error, pointing at the forward line whose backward needs the failing op."""
-    loc = bwd.line_locs.get(e.loc.line) if e.loc is not None and e.loc.file == bwd.source else None
-    where = f"generated backward {bwd.source}:{e.loc.line}" if e.loc is not None else f"generated backward {bwd.source}"
+        if self.example_args is None:
+            raise ValueError("this Backward has no example arguments: make it with kf.autograd.backward_of")
+        fn = self.fn.with_options(**options) if options else self.fn
+        return inspect(fn, *self.example_args)
+
+
+def _at_user_line(e: CompileError, fn, source: str, line_locs: dict, role: str) -> CompileError:
+    """The same error, pointing at the forward line whose backward (or saving forward)
+    needs the failing op."""
+    loc = line_locs.get(e.loc.line) if e.loc is not None and e.loc.file == source else None
+    where = f"generated {role} {source}:{e.loc.line}" if e.loc is not None else f"generated {role} {source}"
     cause = f"{e.cause}; {where}" if e.cause else where
     new = type(e).__new__(type(e))
-    CompileError.__init__(new, f"the backward of {bwd.fn.fn.__name__.removesuffix('_backward')}: {e.message}",
+    name = fn.fn.__name__.removesuffix(f"_{role}")
+    CompileError.__init__(new, f"the {role} of {name}: {e.message}",
                           loc or e.loc, stage=e.stage, cause=cause, reproducer=e.reproducer, command=e.command)
     return new
 
@@ -242,15 +286,18 @@ def _user_loc(stack: str, user_file: str) -> SourceLoc | None:
     return found
 
 
-def _example(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor of t's metadata (t may be fake, functional or symbolic)."""
-    shape = [int(s) if isinstance(s, int) else int(s.node.hint) for s in t.shape]
-    return torch.empty(shape, dtype=t.dtype, device=t.device)
+def concrete_shape(t) -> tuple[int, ...]:
+    """t's shape in ints (t may be fake, functional or symbolic: a symbol's hint)."""
+    return tuple(int(s) if isinstance(s, int) else int(s.node.hint) for s in t.shape)
 
 
-def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor]) -> Backward:
-    """Trace and wrap the backward of ``kfn`` for this structure and these input shapes;
-    ``grads`` are the gradients of its floating-point outputs, in order."""
+def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor],
+                 with_outputs: bool = False) -> tuple[torch.fx.GraphModule, tuple[bool, ...], int]:
+    """(the joint graph, which inputs are differentiable, how many outputs it returns
+    before the gradients): placeholders are the inputs, the gradients of the floating-point
+    outputs and the random state (removed where nothing reads it); it returns the input
+    gradients, after every output of the forward (``with_outputs``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     import torch.fx.traceback as fx_traceback
     from torch.utils._python_dispatch import _disable_current_modes
@@ -263,10 +310,10 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
     from .random_state import STATE_SHAPE
 
     user = kfn.fn
-    name = torch_ops.op_name_base(user)
     diff = tuple(t.is_floating_point() for t in tensors)
     box: dict = {}
     table = {**_decompositions(), **_replay_table(box)}
+    n_outputs = [0]
 
     def joint(*flat):
         ins = list(flat[:len(tensors)])
@@ -274,22 +321,29 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
         box["state"], box["offset"] = flat[-1], 0
         prim = [x.detach().requires_grad_() if d else x for x, d in zip(ins, diff)]
         with torch.enable_grad(), _Locate(), originals():
-            outs = [o for o in torch_ops.flatten_results(user(**torch_ops.rebuild(kfn, structure, prim)))
-                    if o.is_floating_point()]
+            every = torch_ops.flatten_results(user(**torch_ops.rebuild(kfn, structure, prim)))
+            outs = [o for o in every if o.is_floating_point()]
             wrt = [p for p, d in zip(prim, diff) if d]
             pairs = [(o, g) for o, g in zip(outs, tangents) if o.requires_grad]
             grads = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True) \
                 if pairs else [None] * len(wrt)
-        return tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt))
+        grads = tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt))
+        if not with_outputs:
+            return grads
+        n_outputs[0] = len(every)
+        return (*(o.detach() for o in every), *grads)
 
     with _disable_current_modes(), warnings.catch_warnings(), fx_traceback.preserve_node_meta():
         # anomaly mode only for its creation tracebacks (the user's lines); it warns that it is slow
         warnings.simplefilter("ignore", UserWarning)
         anomaly = torch.autograd.detect_anomaly(check_nan=False)
         anomaly.__enter__()
-        examples = [_example(t) for t in tensors]
-        tangents = [_example(g) for g in grads]
-        state = torch.zeros(STATE_SHAPE, dtype=torch.int64, device=tensors[0].device if tensors else "cpu")
+        # fake examples (no memory): make_fx traces in their mode
+        device = tensors[0].device if tensors else torch.device("cpu")
+        with FakeTensorMode():
+            examples = [torch.empty(concrete_shape(t), dtype=t.dtype, device=t.device) for t in tensors]
+            tangents = [torch.empty(concrete_shape(g), dtype=g.dtype, device=device) for g in grads]
+            state = torch.zeros(STATE_SHAPE, dtype=torch.int64, device=device)
         try:
             with enable_python_dispatcher():
                 gm = make_fx(joint, decomposition_table=table, tracing_mode="fake")(*examples, *tangents, state)
@@ -299,23 +353,94 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
     _check_replayed(gm, user)
     # the state stays a parameter of the backward only where it recomputes random numbers
     state_node = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
-    random = bool(state_node.users)
-    if not random:
+    if not state_node.users:
         gm.graph.erase_node(state_node)
     gm.recompile()
-    return _materialize(kfn, name, gm, diff, user, random)
+    return gm, diff, n_outputs[0]
 
 
-def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user, random: bool = False) -> Backward:
-    """Write the backward graph as a Python function in a file and make it a KfFunction."""
+def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor]) -> Backward:
+    """Trace and wrap the backward of ``kfn`` for this structure and these input shapes,
+    recomputing the forward from the inputs (what double backward differentiates, and
+    what runs for a function that draws random numbers); ``grads`` are the gradients of
+    its floating-point outputs, in order."""
+    from . import torch_ops
+
+    gm, diff, _ = _trace_joint(kfn, structure, tensors, grads)
+    random = len([n for n in gm.graph.nodes if n.op == "placeholder"]) > len(tensors) + len(grads)
+    name = torch_ops.op_name_base(kfn.fn)
+    fn, path, line_locs = _materialize(kfn, f"{name}_backward", gm, kfn.fn, "backward")
+    return Backward(fn, diff, path, line_locs, random)
+
+
+@dataclass
+class Training:
+    """A forward and its backward for one specialization, split by compiler/partition.py.
+
+    ``forward`` takes the function's flat tensors and returns its flat results, then the
+    extras; ``backward.fn`` takes the flat tensors, the results ``saved_outputs`` names,
+    the extras, then one gradient per floating-point result. ``forward`` is None where
+    the function draws random numbers: then the plain forward runs, and ``backward``
+    recomputes the forward from the inputs and the random state (``derive``)."""
+
+    forward: Any  # a KfFunction, or None
+    backward: Backward
+    n_outputs: int
+    saved_outputs: tuple[int, ...] = ()
+    extras: tuple = ()  # (shape, dtype, kind) of each saved value beyond inputs and outputs
+    forward_source: str = ""
+    forward_locs: dict = None
+
+    def run_forward(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The forward's results, then the extras."""
+        try:
+            flat = self.forward._kernel_call(tuple(t.contiguous() for t in tensors), {})
+        except CompileError as e:
+            raise _at_user_line(e, self.forward, self.forward_source, self.forward_locs, "forward") from None
+        return list(flat) if isinstance(flat, (tuple, list)) else [flat]
+
+    def saved(self, tensors: list, results: list) -> list:
+        """What the backward takes before the gradients: the inputs, the results it reads
+        and the extras (``results``: the forward's results then its extras)."""
+        return [*tensors, *(results[i] for i in self.saved_outputs), *results[self.n_outputs:]]
+
+    def example_saved(self, tensors: list[torch.Tensor], results_meta: list) -> list[torch.Tensor]:
+        """Empty tensors shaped like ``saved`` (``results_meta``: (shape, dtype) of each result)."""
+        device = tensors[0].device if tensors else torch.device("cpu")
+        outs = [torch.empty(results_meta[i][0], dtype=results_meta[i][1], device=device) for i in self.saved_outputs]
+        extras = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, _ in self.extras]
+        return [*tensors, *outs, *extras]
+
+
+def derive_training(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor]) -> Training:
+    """Trace the joint graph of ``kfn`` once and split it (partition.split): the forward
+    that also returns what its backward needs, and the backward that takes it."""
+    from . import partition, torch_ops
+
+    gm, diff, n_outputs = _trace_joint(kfn, structure, tensors, grads, with_outputs=True)
+    n_places = len([n for n in gm.graph.nodes if n.op == "placeholder"])
+    if n_places > len(tensors) + len(grads):
+        # random numbers: the forward's kernels draw them; the backward replays them
+        return Training(None, derive(kfn, structure, tensors, grads), n_outputs)
+    cut = partition.split(gm, len(tensors), n_outputs)
+    name = torch_ops.op_name_base(kfn.fn)
+    fwd, fpath, flocs = _materialize(kfn, f"{name}_forward", cut.forward, kfn.fn, "forward", torch_op=False)
+    bfn, bpath, blocs = _materialize(kfn, f"{name}_backward", cut.backward, kfn.fn, "backward")
+    return Training(fwd, Backward(bfn, diff, bpath, blocs), n_outputs, cut.saved_outputs, cut.extras, fpath, flocs)
+
+
+def _materialize(kfn, fname: str, gm: torch.fx.GraphModule, user, role: str,
+                 torch_op: bool = True) -> tuple[Any, str, dict[int, SourceLoc]]:
+    """Write a graph as a Python function ``fname`` in a file and make it a KfFunction;
+    (the function, the file, the user's line behind each line of the file)."""
     from .api import KfFunction
     from .cache import cache_dir
 
+    gm.recompile()
     code = gm.graph.python_code(root_module="self")
     src = code.src
-    fname = f"{name}_backward"
     src = re.sub(r"def forward\(self,?\s*", f"def {fname}(", src, count=1)
-    header = (f"# The backward of {user.__name__} ({user.__code__.co_filename}:{user.__code__.co_firstlineno}),\n"
+    header = (f"# The {role} of {user.__name__} ({user.__code__.co_filename}:{user.__code__.co_firstlineno}),\n"
               f"# traced by kf.autograd from the forward. Generated: edits are overwritten.\n"
               f"import torch\n")
     text = header + src
@@ -328,7 +453,7 @@ def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user, random: b
         tmp.write_text(text)
         os.replace(tmp, path)
     glb = dict(code.globals)
-    glb.update({"torch": torch, "self": gm, "__name__": f"kf_backward_{name}"})
+    glb.update({"torch": torch, "self": gm, "__name__": f"kf_{role}_{fname}"})
     exec(compile(text, str(path), "exec"), glb)
     fn = glb[fname]
     # one op per generated function (torch_ops names ops by qualified name): each
@@ -344,22 +469,25 @@ def _materialize(kfn, name: str, gm: torch.fx.GraphModule, diff, user, random: b
             loc = _user_loc(node.meta.get("stack_trace", ""), user.__code__.co_filename)
             if loc is not None:
                 line_locs[lineno] = loc
-    return Backward(KfFunction(fn, kfn.options), diff, str(path), line_locs, random)
+    return KfFunction(fn, kfn.options, torch_op=torch_op), str(path), line_locs
 
 
 def backward_of(kfn, *args, **kwargs) -> Backward:
-    """The backward kf derives for this call of ``kfn`` (derived now if it was not yet), to
-    read or inspect: ``kf.inspect(b.fn, *inputs, *grads)`` shows its IR, ``b.source`` is its
-    Python. Gradients are taken for the floating-point outputs, shaped like them."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    """The backward kf derives for this call of ``kfn`` under autograd (derived now if it
+    was not yet), to read or inspect: ``b.source`` is its Python, ``b.inspect()`` (or
+    ``kf.inspect(b.fn, *b.example_args)``) its IR -- ``b.inspect(target="cuda")``, its PTX
+    without a GPU. It takes what the forward saves (the inputs, the outputs and extras
+    ``b.saved`` lists), then the gradients of the floating-point outputs."""
     from . import torch_ops
 
     tensors, structure = torch_ops.flatten_call(kfn, args, kwargs)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fakes = [mode.from_tensor(t) for t in tensors]
-        outs = torch_ops.flatten_results(kfn.fn(**torch_ops.rebuild(kfn, structure, fakes)))
-        metas = [(tuple(o.shape), o.dtype) for o in outs if o.is_floating_point()]
+    tensors = [t.detach() for t in tensors]
+    training, metas = torch_ops.training_of(kfn, structure, tensors)
+    bwd = training.backward
     device = tensors[0].device if tensors else torch.device("cpu")
-    grads = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in metas]
-    return torch_ops._backward_of(kfn, structure, [t.detach() for t in tensors], grads)
+    grads = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in metas if dtype.is_floating_point]
+    saved = training.example_saved(tensors, metas) if training.forward is not None else list(tensors)
+    from .random_state import STATE_SHAPE
+    state = [torch.zeros(STATE_SHAPE, dtype=torch.int64, device=device)] if bwd.random else []
+    bwd.example_args = [*saved, *grads, *state]
+    return bwd

@@ -95,6 +95,7 @@ OPS: dict[str, Callable] = {
     "kf.mean": _reduce(lambda x, d, k: torch.mean(x, d, keepdim=k)),
     "kf.reduce_max": _reduce(lambda x, d, k: torch.amax(x, d, keepdim=k)),
     "kf.reduce_min": _reduce(lambda x, d, k: torch.amin(x, d, keepdim=k)),
+    "kf.logsumexp": _reduce(lambda x, d, k: torch.logsumexp(x, d, keepdim=k)),
     "kf.argmax": lambda a, at, o: torch.argmax(a[0], dim=int(at["dim"]), keepdim=bool(at.get("keepdim", False))),
     "kf.softmax": lambda a, at, o: torch.softmax(_acc(a[0]), dim=int(at["dim"])).to(o),
     "kf.log_softmax": lambda a, at, o: torch.log_softmax(_acc(a[0]), dim=int(at["dim"])).to(o),

@@ -202,10 +202,22 @@ def _parse(structure: str) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
+#: Written before a call's structure (before its precision) where autograd records the
+#: call: the op then runs the forward that also returns what its backward needs.
+TRAINING = "!"
+
+
+def is_training(structure: str) -> bool:
+    """Whether a call's structure asks for the forward that saves (``TRAINING``)."""
+    return structure.startswith(TRAINING)
+
+
 def split_precision(structure: str) -> tuple[str | None, str]:
-    """(the precision a call's structure asks for, the structure without it): a call under
-    ``torch.autocast`` writes ``@bf16;`` (or ``@fp16;``) before its structure, which
-    otherwise starts with a parameter's part (never ``@``)."""
+    """(the precision a call's structure asks for, the structure without it and without
+    the ``TRAINING`` mark): a call under ``torch.autocast`` writes ``@bf16;`` (or
+    ``@fp16;``) before its structure, which otherwise starts with a parameter's part
+    (never ``@`` or ``!``)."""
+    structure = structure.removeprefix(TRAINING)
     if structure.startswith("@"):
         precision, _, rest = structure[1:].partition(";")
         return precision, rest
@@ -292,6 +304,8 @@ def register(kfn) -> Any:
         kfn._trees = previous._trees if same else {}
         kfn._backwards = previous._backwards if same else {}
         kfn._random = previous._random if same else {}  # structure -> whether it draws
+        kfn._trainings = previous._trainings if same else {}  # forward and backward split for autograd
+        kfn._writes = previous._writes if same else set()  # structures whose calls write to an argument
         _OWNERS[name] = kfn
         if name not in _OPS:
             _OPS[name] = _define(name)
@@ -343,11 +357,19 @@ def _define(name: str) -> tuple:
         from .random_state import STATE_SHAPE, device_for
 
         kfn = _OWNERS[name]
-        impl, _ = implementation(kfn, structure)  # the autocast precision's variant, if any
+        impl, rest = implementation(kfn, structure)  # the autocast precision's variant, if any
         call = rebuild(kfn, structure, list(tensors))
         with _opaque(), mutation.refused(_REFUSED_WRITES):
             if structure not in kfn._random:
-                kfn._trees[structure], kfn._random[structure] = _tree_of(kfn, structure, tensors)
+                kfn._trees[structure], kfn._random[structure], writes = _tree_of(kfn, structure, tensors)
+                if writes:  # the function's own program refuses it, at the user's line
+                    kfn._writes.add(structure)
+            if _split(kfn, structure):
+                # under autograd: the forward that also returns what its backward needs;
+                # where that is nothing beyond the results, the function's own program
+                training, _ = training_of(impl, rest, list(tensors))
+                if training.extras:
+                    return _fresh(training.run_forward(list(tensors)), tensors)
             drawn = [] if kfn._random[structure] else None  # receives the state the call draws
             if kfn._params and not any(p[2] for p in kfn._params):
                 # every parameter positionally, in order: KfFunction's fast path, no binding
@@ -373,19 +395,29 @@ def _define(name: str) -> tuple:
         kfn._random[structure] = seen.draws
         # kf's programs return new row-major tensors
         outs = [o.new_empty(o.shape) for o in flatten_results(result)]
+        if is_training(structure) and not seen.draws:
+            impl, rest = implementation(kfn, structure)
+            with _opaque():
+                training, _ = training_of(impl, rest, list(tensors))
+            outs += [tensors[0].new_empty(shape, dtype=dtype) for shape, dtype, _ in training.extras]
         if seen.draws:
             outs.append(torch.empty(STATE_SHAPE, dtype=torch.int64, device=device_for(tensors, kfn.options.target)))
         return outs
 
     def backward_real(tensors: list[torch.Tensor], grads: list[torch.Tensor], structure: str) -> list[torch.Tensor]:
-        impl, rest = implementation(_OWNERS[name], structure)
-        tensors, state = split_state(list(tensors), structure)
+        owner = _OWNERS[name]
+        impl, rest = implementation(owner, structure)
+        inputs, state = split_state(owner, list(tensors), structure)
         with _opaque():
-            bwd = _backward_of(impl, rest, tensors, list(grads))
-            return _fresh([g for g in bwd(tensors, list(grads), state) if g is not None], tensors + list(grads))
+            if _split(owner, structure):
+                bwd = training_of(impl, rest, inputs)[0].backward
+                grad_in = bwd(list(tensors), list(grads))
+            else:
+                grad_in = _backward_of(impl, rest, inputs, list(grads))(inputs, list(grads), state)
+            return _fresh([g for g in grad_in if g is not None], list(tensors) + list(grads))
 
     def backward_fake(tensors, grads, structure):
-        return [t.new_empty(t.shape) for t in tensors if t.is_floating_point()]
+        return [t.new_empty(t.shape) for t in tensors[:_tensor_count(structure)] if t.is_floating_point()]
 
     schema = "(Tensor[] tensors, str structure) -> Tensor[]"
     op = torch.library.custom_op(f"kf::{name}", real, mutates_args=(), schema=schema)
@@ -398,16 +430,19 @@ def _define(name: str) -> tuple:
     return op, bop
 
 
-def _tree_of(kfn, structure: str, tensors: list) -> tuple[Any, bool]:
-    """(how the function's results nest, whether it draws random numbers), from a run of
-    the function on fake tensors (the compiled program returns its results flat)."""
+def _tree_of(kfn, structure: str, tensors: list) -> tuple[Any, bool, bool]:
+    """(how the function's results nest, whether it draws random numbers, whether it
+    writes to an argument), from a run of the function on fake tensors (the compiled
+    program returns its results flat)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
-        fakes = [mode.from_tensor(t) for t in tensors]
+        fakes = [mode.from_tensor(t).detach() for t in tensors]
+        versions = [f._version for f in fakes]
         with _RandomOps() as seen:
             result = kfn.fn(**rebuild(kfn, structure, fakes))
-        return result_tree(result), seen.draws
+        writes = any(f._version != v for f, v in zip(fakes, versions))
+        return result_tree(result), seen.draws, writes
 
 
 class _RandomOps(torch.utils._python_dispatch.TorchDispatchMode):
@@ -430,11 +465,52 @@ def _tensor_count(structure: str) -> int:
                if kind in ("T", "L", "U"))
 
 
-def split_state(tensors: list, structure: str) -> tuple[list, torch.Tensor | None]:
+def split_state(owner, tensors: list, structure: str) -> tuple[list, torch.Tensor | None]:
     """(the call's tensors, the random state the forward drew, or None): the forward's
-    saved tensors hold the state after the call's own when its function draws."""
+    saved tensors hold the state after the call's own when its function draws (and the
+    saved results and extras after them, where the forward was split: ``_split``)."""
     n = _tensor_count(structure)
+    if _split(owner, structure):
+        return tensors[:n], None
     return (tensors[:n], tensors[n]) if len(tensors) > n else (tensors, None)
+
+
+def _split(owner, structure: str) -> bool:
+    """Whether a call of this structure ran the split forward (``training_of``): under
+    autograd, for a function that draws no random numbers and writes to none of its
+    arguments (its own program refuses that at the user's line; ``owner``: the function
+    whose op was called, which records both per structure)."""
+    return is_training(structure) and not owner._random.get(structure, False) and structure not in owner._writes
+
+
+def training_of(kfn, structure: str, tensors: list) -> tuple[Any, list[tuple[tuple[int, ...], torch.dtype]]]:
+    """(the split forward and backward of kfn for this structure -- without its marks --
+    and these tensors, derived once: autograd.Training; (shape, dtype) of each of the
+    function's flat results)."""
+    from . import autograd
+
+    key = (structure, tuple((autograd.concrete_shape(t), t.dtype, t.device.type) for t in tensors))
+    hit = kfn._trainings.get(key)
+    if hit is None:
+        metas = _result_metas(kfn, structure, tensors)
+        grads = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas if dtype.is_floating_point]
+        hit = kfn._trainings[key] = (autograd.derive_training(kfn, structure, list(tensors), grads), metas)
+    return hit
+
+
+def _result_metas(kfn, structure: str, tensors: list) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of each flat result of the function, from a run on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from . import autograd
+    from .patching import originals
+
+    with _disable_current_modes(), FakeTensorMode():
+        fakes = [torch.empty(autograd.concrete_shape(t), dtype=t.dtype, device=t.device) for t in tensors]
+        with originals(), torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
+            outs = flatten_results(kfn.fn(**rebuild(kfn, structure, fakes)))
+        return [(tuple(int(d) for d in o.shape), o.dtype) for o in outs]
 
 
 def _backward_of(kfn, structure: str, tensors: list, grads: list):
@@ -467,10 +543,21 @@ def _fresh(outs: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.T
 def _setup_context(name: str):
     def setup(ctx, inputs, output):
         tensors, structure = inputs
+        owner = _OWNERS[name]
         ctx.structure = structure
-        ctx.outputs_meta = [(o.shape, o.dtype, o.device) for o in output]  # the state: int64, no gradient
         ctx.float_inputs = [t.is_floating_point() for t in tensors]
-        draws = _OWNERS[name]._random.get(structure, False)
+        if _split(owner, structure):
+            # the results, then the extras the split forward returned (training_of)
+            impl, rest = implementation(owner, structure)
+            training, _ = training_of(impl, rest, list(tensors))
+            n = training.n_outputs
+            ctx.outputs_meta = [(o.shape, o.dtype, o.device) for o in output[:n]]
+            if len(output) > n:
+                ctx.mark_non_differentiable(*output[n:])
+            ctx.save_for_backward(*training.saved(list(tensors), list(output)))
+            return
+        ctx.outputs_meta = [(o.shape, o.dtype, o.device) for o in output]  # the state: int64, no gradient
+        draws = owner._random.get(structure, False)
         ctx.save_for_backward(*tensors, *output[-1:] if draws else ())
 
     return setup
@@ -503,14 +590,19 @@ def _double_backward_formula(name: str):
     def backward(ctx, ggs):
         saved = list(ctx.saved_tensors)
         tensors, grads = saved[:ctx.n], saved[ctx.n:]
-        impl, rest = implementation(_OWNERS[name], ctx.structure)
-        tensors, state = split_state(tensors, ctx.structure)
-        bwd = _backward_of(impl, rest, [t.detach() for t in tensors], [g.detach() for g in grads])
+        owner = _OWNERS[name]
+        impl, rest = implementation(owner, ctx.structure)
+        inputs, state = split_state(owner, tensors, ctx.structure)
+        n = len(inputs)
+        # the derivative of the backward that recomputes the forward from the inputs: the
+        # same function of (inputs, gradients) as a split backward, whose saved results
+        # and extras are functions of the inputs too (they get no gradient of their own)
+        bwd = _backward_of(impl, rest, [t.detach() for t in inputs], [g.detach() for g in grads])
         with torch.enable_grad():
-            ins = [t.detach().requires_grad_(t.is_floating_point()) for t in saved]
-            # the backward function takes the forward's tensors, the gradients, then the state
-            n = len(tensors)
-            args = ins[:n] + ins[ctx.n:] + ins[n:ctx.n] if bwd.random else ins
+            ins = [t.detach().requires_grad_(t.is_floating_point() and (i < n or i >= ctx.n))
+                   for i, t in enumerate(saved)]
+            # that backward takes the forward's tensors, the gradients, then the state
+            args = ins[:n] + ins[ctx.n:] + ([ins[n]] if bwd.random else [])
             outs = bwd.fn(*args)
             outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
             pairs = [(o, gg) for o, gg in zip(outs, ggs) if gg is not None]
@@ -533,12 +625,32 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
     precision = kfn.autocast_precision(tensors[0].device.type if tensors else "cpu")
     if precision is not None:
         structure = f"@{precision};{structure}"
+    if _grad_enabled() and _any_requires_grad(tensors) and not (_is_compiling() or _dispatch_modes()):
+        # autograd records an eager call: the forward also returns what its backward
+        # needs. Not under torch.compile, torch.export or tracing: their graphs keep the
+        # structure, and the split is made at one shape (a symbolic shape has none) --
+        # there the backward recomputes the forward from the inputs (``derive``)
+        structure = TRAINING + structure
     flat = kfn._torch_op(tensors, structure)
     # the implementations record the structure on the op's current owner (and whether a
-    # random state follows the results)
+    # random state follows the results); the results come first, then what is saved
     owner = _OWNERS[kfn._op_key]
-    flat = list(flat)
-    return unflatten(owner._trees[structure], flat[:-1] if owner._random.get(structure) else flat)
+    tree = owner._trees[structure]
+    return unflatten(tree, list(flat)[:tree_size(tree)])
+
+
+def _any_requires_grad(tensors: list) -> bool:
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
+
+
+def tree_size(tree: Any) -> int:
+    """How many tensors a result tree (``result_tree``) holds."""
+    if tree[0] == "tensor":
+        return 1
+    return sum(tree_size(t) for t in tree[1])
 
 
 _is_compiling = torch.compiler.is_compiling  # the function itself: dynamo folds it under torch.compile

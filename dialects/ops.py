@@ -159,6 +159,15 @@ def _argmax(ops, attrs, results):
     return [TensorSpec(_reduced_shape(x, [dim], bool(attrs.get("keepdim", False))), "i64")]
 
 
+def _logsumexp(ops, attrs, results):
+    x = ops[0]
+    _float_only(x)
+    # a statistic: kept in the type kf computes in (f32; f64 for f64), never rounded to
+    # the input's 8 or 11 bits (attention's backward subtracts it from scores)
+    elem = "f64" if x.elem == "f64" else "f32"
+    return [TensorSpec(_reduced_shape(x, attrs.get("dims", []), bool(attrs.get("keepdim", False))), elem)]
+
+
 def _softmax(ops, attrs, results):
     x = ops[0]
     _float_only(x)
@@ -379,6 +388,9 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("var", "variance over dims with a correction (1 = unbiased)", ("input",), ("result",),
            {"dims": "i64_array", "correction": "float", "keepdim": "bool"},
            infer=_reduce(float_only=True), category="reduction"),
+    OpSpec("logsumexp", "log(sum(exp(x))) over dims, in f32 (f64 for f64): a softmax's row statistic",
+           ("input",), ("result",), {"dims": "i64_array", "keepdim": "bool"}, infer=_logsumexp,
+           category="reduction"),
     OpSpec("argmax", "index of the maximum along dim", ("input",), ("result",), {"dim": "int", "keepdim": "bool"},
            infer=_argmax, category="reduction"),
     OpSpec("softmax", "softmax along dim", ("input",), ("result",), {"dim": "int"}, infer=_softmax,

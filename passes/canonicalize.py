@@ -11,6 +11,11 @@ What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
 - a reshape of a last-two-dims transpose that keeps those dims (batch dims merged or
   split) becomes the transpose of the reshape, which kf-fuse then leaves as a view feeding
   a matmul that reads the transpose in place;
+- a matmul of operands whose batch dims were merged into one, reshaped back to those
+  batch dims, becomes the matmul over the batch dims (torch's 4-D matmul traced as bmm,
+  as autograd's derived graphs have it);
+- a reshape that drops the unit dims a ``keepdim`` reduction kept becomes the
+  reduction without keepdim;
 - kf ops whose results are unused are erased (kf ops have no side effects).
 It runs the rules to a fixed point.
 """
@@ -215,6 +220,10 @@ class _Rewriter:
             self.replace(op, x)
             return
         inner = defining(x)
+        if inner is not None and inner.name == "kf.matmul" and self._batched_matmul(op, inner):
+            return
+        if inner is not None and inner.name in _KEEPDIM_REDUCTIONS and self._drop_kept_dims(op, inner):
+            return
         if inner is not None and inner.name == "kf.reshape":
             self.replace(op, builders.reshape(inner.operands[0], out.shape))
         elif inner is not None and inner.name == "kf.fill":
@@ -231,6 +240,43 @@ class _Rewriter:
                 r = builders.reshape(inner.operands[0], lead)
                 n = len(lead)
                 self.replace(op, builders.transpose(r, perm=list(range(n - 2)) + [n - 1, n - 2]))
+
+    def _drop_kept_dims(self, op: ir.Operation, red: ir.Operation) -> bool:
+        """``reshape(sum(x, dims, keepdim=True))`` to the shape without the kept unit dims
+        is ``sum(x, dims, keepdim=False)`` (autograd writes a bias's gradient so): a
+        reshape of a result the function returns would be a copy kernel of its own."""
+        if len(list(red.result.uses)) != 1:
+            return False
+        attrs = op_attrs(red)
+        if not attrs.get("keepdim"):
+            return False
+        shape = spec_of(red.operands[0].type).shape
+        dims = {d % max(len(shape), 1) for d in (attrs.get("dims") or range(len(shape)))}
+        dropped = tuple(s for i, s in enumerate(shape) if i not in dims)
+        if dropped != spec_of(op.result.type).shape:
+            return False
+        attrs = {**attrs, "keepdim": False}
+        self.replace(op, builders.build(red.name, list(red.operands), attrs).result)
+        return True
+
+    def _batched_matmul(self, op: ir.Operation, mm: ir.Operation) -> bool:
+        """``reshape(matmul(reshape(a), reshape(b)))`` that merges batch dims into one and
+        splits them back is ``matmul(a, b)`` over the batch dims (torch's matmul of 4-D
+        tensors traced as bmm: a derived forward or backward), which kf-fuse recognizes
+        as the attention it is; an operand may be the last-two-dims transpose of such a
+        reshape (``k^T``)."""
+        if len(list(mm.result.uses)) != 1:
+            return False
+        out = spec_of(op.result.type)
+        mshape = spec_of(mm.result.type).shape
+        if len(mshape) != 3 or len(out.shape) < 3 or out.shape[-2:] != mshape[-2:]:
+            return False
+        lead = tuple(out.shape[:-2])
+        operands = [_unbatched(v, lead) for v in mm.operands]
+        if any(v is None for v in operands):
+            return False
+        self.replace(op, builders.build("matmul", operands, None, [out]).result)
+        return True
 
     def _transpose(self, op: ir.Operation) -> None:
         (x,) = op.operands
@@ -253,6 +299,27 @@ class _Rewriter:
         if a is not None:
             out = spec_of(op.result.type)
             self.replace(op, builders.fill(out.shape, out.elem, float(int(a)) if not out.is_float else a))
+
+
+_KEEPDIM_REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}
+
+
+def _unbatched(v: ir.Value, lead: tuple[int, ...]) -> ir.Value | None:
+    """A value with batch dims ``lead`` whose batch dims merged are v -- v's reshape
+    operand, or the transpose of one where v transposes its last two dims --, else None.
+    Made at the current insertion point."""
+    op = defining(v)
+    shape = spec_of(v.type).shape
+    if op is None or len(shape) != 3 or math.prod(lead) != shape[0]:
+        return None
+    if op.name == "kf.reshape" and spec_of(op.operands[0].type).shape == lead + shape[-2:]:
+        return op.operands[0]
+    if transposes_last_two(op):
+        inner = _unbatched(op.operands[0], lead)
+        if inner is not None:
+            n = len(lead) + 2
+            return builders.transpose(inner, perm=list(range(n - 2)) + [n - 1, n - 2])
+    return None
 
 
 def _ops_in_order(root: ir.Operation) -> list[ir.Operation]:

@@ -24,7 +24,16 @@ Kinds, in the order they are recognized:
 - ``elementwise``: a chain of elementwise ops over one shape, with the ``kf.rand`` ops
   they read (a group that has one merges with elementwise groups only: no other
   strategy computes random numbers).
-- ``generic``: any other op, one per kernel.
+- ``generic``: any other op, one per kernel -- except column reductions (sums over the
+  leading dims: a norm's weight and bias gradients), which share one generic kernel per
+  input shape, with the elementwise chains they reduce (recomputed from the kernel's
+  inputs where the row kernel uses them too: ``_recompute_column_operands``) and the
+  casts of their results (``_absorb``).
+
+A broadcast_to joins elementwise groups like an elementwise op of its result's shape, and
+an elementwise group that only one rowwise or column-reduction kernel reads (a cast of a
+saved statistic or of a weight) is computed inside that kernel (``_absorb``): a backward
+of layer norm or RMSNorm is two kernels, dx's row kernel and the column kernel.
 
 ``kf.fill`` ops are cloned into every kernel that uses them (a fill is cheaper to
 recompute than to read), and so are rank-0 elementwise ops over rank-0 operands that only
@@ -299,7 +308,8 @@ def partition(ops: list[ir.Operation]) -> _Partition:
                     gid = part.merge(pg, gid)
                     part.groups[gid].kind, part.groups[gid].shape = "transpose", shape
             continue
-        elif cat in ("elementwise", "random"):
+        elif cat in ("elementwise", "random") or op.name == "kf.broadcast_to":
+            # (a broadcast is elementwise over its result: both strategies read it so)
             gid = part.new("elementwise", [i], shape=shape, random=cat == "random")
         else:
             part.new("generic", [i])
@@ -317,6 +327,154 @@ def partition(ops: list[ir.Operation]) -> _Partition:
                 gid = part.merge(pg, gid)
                 part.groups[gid].kind, part.groups[gid].row, part.groups[gid].shape = kind, row_, shape_
     return part
+
+
+def _column_reduction(op: ir.Operation) -> tuple | None:
+    """(input shape, reduced dims) of a sum/mean/max/min over leading dims only of a
+    tensor of rank >= 2 (a weight's or a bias's gradient: ``sum(dy * xhat, 0)``), else None."""
+    if op.name not in _REDUCTIONS or op.name == "kf.var":
+        return None
+    x = spec_of(op.operands[0].type)
+    dims = sorted(d % max(x.rank, 1) for d in (op_attrs(op).get("dims") or range(x.rank)))
+    if x.rank < 2 or not dims or dims != list(range(len(dims))) or len(dims) == x.rank:
+        return None
+    return x.shape, tuple(dims)
+
+
+def _group_users(part: _Partition, gid: int) -> set:
+    """The groups that read what group gid computes (None for a use outside the kernels)."""
+    members = {part.ops[m] for m in part.groups[gid].ops}
+    out: set = set()
+    for m in part.groups[gid].ops:
+        for r in part.ops[m].results:
+            for u in r.uses:
+                owner = getattr(u.owner, "operation", u.owner)
+                if owner in members:
+                    continue
+                out.add(part.group_of.get(part.index.get(owner)) if owner in part.index else None)
+    return out
+
+
+def _reads_a_view(part: _Partition, gid: int) -> bool:
+    """Whether group gid reads a kf op the schedule keeps between kernels (a view
+    reshape): merged with the group behind the view, the view would both read the kernel
+    and feed it -- a cycle ``acyclic_if_merged`` does not see (it walks through views)."""
+    for m in part.groups[gid].ops:
+        for v in part.ops[m].operands:
+            d = defining(v)
+            if d is not None and d not in part.index and d.name.startswith("kf.") and d.name not in _FREE \
+                    and spec_of(v.type).rank > 0:
+                return True
+    return False
+
+
+def _absorb(part: _Partition) -> None:
+    """Second-round merges that the op-by-op walk of ``partition`` cannot see:
+
+    - column reductions of one input shape over the same leading dims (a norm's weight
+      and bias gradients) become one generic kernel -- a thread per column, both sums
+      in it -- with the elementwise ops after them of their result's shape (the casts
+      to the parameters' type);
+    - an elementwise group that feeds only one rowwise or column-reduction group, over
+      shapes that group reads (the row space, a reduced shape, the columns: a cast of a
+      saved statistic or of a weight), is computed inside it rather than written out."""
+    columns: dict = {}
+    for gid, g in list(part.groups.items()):
+        if g.kind == "generic" and len(g.ops) == 1:
+            key = _column_reduction(part.ops[g.ops[0]])
+            if key is not None:
+                columns.setdefault(key, []).append(gid)
+    column_groups: dict = {}
+    for key, gids in columns.items():
+        gid = gids[0]
+        for other in gids[1:]:
+            if part.acyclic_if_merged(gid, other):
+                gid = part.merge(gid, other)
+        column_groups[gid] = key
+    changed = True
+    while changed:
+        changed = False
+        for gid, g in list(part.groups.items()):
+            if gid not in part.groups or g.kind != "elementwise" or g.random or _reads_a_view(part, gid):
+                continue
+            users = _group_users(part, gid)
+            if len(users) == 1 and None not in users:
+                (target,) = users
+                tg = part.groups.get(target)
+                if tg is not None and tg.kind == "rowwise":
+                    space, n = tg.row
+                    fits = g.shape in {space, space[-n:]} | _reduced(space, n)
+                elif target in column_groups:
+                    # the generic strategy reads any operand that broadcasts to the input
+                    fits = _broadcasts_to(g.shape, column_groups[target][0])
+                else:
+                    continue
+                if fits and part.acyclic_if_merged(target, gid):
+                    part.merge(target, gid)
+                    changed = True
+                continue
+            # the casts after the column reductions: elementwise ops of their result's shape
+            producers = {part.group_of[p] for m in g.ops for p in part.producers(m)} - {gid}
+            if len(producers) == 1:
+                (source,) = producers
+                if source in column_groups and g.shape == _reduced_shape(*column_groups[source]) \
+                        and part.acyclic_if_merged(source, gid):
+                    part.merge(source, gid)
+                    changed = True
+
+
+def _broadcasts_to(shape: tuple | None, target: tuple) -> bool:
+    if shape is None or len(shape) > len(target):
+        return False
+    return all(a in (1, b) for a, b in zip(reversed(shape), reversed(target)))
+
+
+def _reduced_shape(shape: tuple, dims: tuple) -> tuple:
+    return shape[len(dims):]
+
+
+def _recompute_column_operands(op: ir.Operation) -> None:
+    """A column reduction (``_column_reduction``) of an elementwise chain that something
+    else reads too reads a copy of the chain instead (back to the values no elementwise
+    op makes): its kernel recomputes ``dy * xhat`` from dy, x and the row statistics
+    rather than the row kernel writing the product out in f32 for it to read. Not where
+    the reduced value is a result of the function (the kernels write it anyway)."""
+    if _column_reduction(op) is None:
+        return
+    if any(getattr(u.owner, "operation", u.owner).name == "func.return" for u in op.operands[0].uses):
+        return  # written out anyway (a bias's gradient is the sum of dx): read it
+    chain, stack, seen = [], [op.operands[0]], set()
+    while stack:
+        d = defining(stack.pop())
+        if d is None or d in seen or _category(d) != "elementwise" or d.name == "kf.fill":
+            continue
+        seen.add(d)
+        chain.append(d)
+        stack.extend(d.operands)
+    if not chain:
+        return
+    if all(all(getattr(u.owner, "operation", u.owner) in seen or getattr(u.owner, "operation", u.owner) == op
+               for u in d.result.uses) for d in chain):
+        return  # nothing else reads it: the chain joins the reduction's kernel as it is
+    mapping: dict = {}
+    with ir.InsertionPoint(op):
+        for d in _in_block_order(chain):
+            clone = d.clone()
+            for i, v in enumerate(d.operands):
+                if v in mapping:
+                    clone.operands[i] = mapping[v]
+            mapping[d.result] = clone.result
+    op.operands[0] = mapping[op.operands[0]]
+    for d in reversed(_in_block_order(chain)):  # what only the reduction read is dead now
+        if not list(d.result.uses):
+            d.erase()
+
+
+def _in_block_order(ops: list[ir.Operation]) -> list[ir.Operation]:
+    """ops sorted by their position in their (shared) block."""
+    block = ops[0].parent.regions[0].blocks[0]
+    wanted = set(ops)
+    return [o.operation for o in block.operations if o.operation in wanted]
 
 
 def _feeds_only(part: _Partition, gid: int, op: ir.Operation) -> bool:
@@ -413,8 +571,71 @@ def _free_scalars(kernel_ops: list[ir.Operation]) -> list[ir.Operation]:
     return free
 
 
+def _lse_beside_attention(op: ir.Operation) -> None:
+    """A ``kf.logsumexp`` of the scores an attention's softmax reads (what kf's autograd
+    saves for attention's backward, compiler/partition.py) reads a copy of the score chain
+    instead -- the ``q @ k^T`` matmul and the ops from it to the scores --, so that the
+    attention chain stays whole and one kernel, and the copy becomes kernels of its own
+    (a matmul, then the row-wise logsumexp). The attention kernels do not write lse as a
+    second output yet; when they do, the attention group takes the logsumexp instead."""
+    x = op.operands[0]
+    sm = next((getattr(u.owner, "operation", u.owner) for u in x.uses
+               if getattr(u.owner, "operation", u.owner).name == "kf.softmax"), None)
+    if sm is None:
+        return
+    between, mm = score_chain(sm)
+    if mm is None or defining(x) != (between[0] if between else mm):
+        return
+    chain = [mm, *reversed(between)]
+    kt = defining(mm.operands[1])
+    if transposes_last_two(kt):
+        chain.insert(0, kt)
+    mapping: dict = {}
+    with ir.InsertionPoint(op):
+        for c in chain:
+            clone = c.clone()
+            for i, v in enumerate(c.operands):
+                if v in mapping:
+                    clone.operands[i] = mapping[v]
+            for r, cr in zip(c.results, clone.results):
+                mapping[r] = cr
+    op.operands[0] = mapping.get(x, x)
+
+
+def _expand_logsumexp(op: ir.Operation) -> None:
+    """``kf.logsumexp`` as the row ops the row-wise strategy fuses: ``m + log(sum(exp(x -
+    m)))`` with m the max (0 where the max is infinite, as torch.logsumexp), in f32."""
+    from kf.dialects import builders as kb
+
+    attrs = op_attrs(op)
+    dims, keep = list(attrs.get("dims") or []), bool(attrs.get("keepdim"))
+    out = spec_of(op.result.type)
+    with ir.InsertionPoint(op), op.location:
+        x = op.operands[0]
+        if spec_of(x.type).elem != out.elem:
+            x = kb.cast(x, elem=out.elem)
+
+        def finite_max(keepdim: bool) -> ir.Value:
+            m = kb.reduce_max(x, dims=dims, keepdim=keepdim)
+            inf = kb.cmp(kb.abs(m), kb.fill((), out.elem, float("inf")), predicate="eq")
+            return kb.select(inf, kb.fill((), out.elem, 0.0), m)
+
+        # (the max without keepdim is the row-wise kernel's same statistic, not a reshape:
+        # a reshape of a result the function returns would be a kernel of its own)
+        m = finite_max(True)
+        total = kb.sum(kb.exp(kb.sub(x, m)), dims=dims, keepdim=keep)
+        lse = kb.add(kb.log(total), m if keep else finite_max(False))
+    op.result.replace_all_uses_with(lse)
+    op.erase()
+
+
 def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     block = f.regions[0].blocks[0]
+    for op in [o.operation for o in block.operations if o.operation.name == "kf.logsumexp"]:
+        _lse_beside_attention(op)
+        _expand_logsumexp(op)
+    for op in [o.operation for o in block.operations if _column_reduction(o.operation) is not None]:
+        _recompute_column_operands(op)
     body = [op.operation for op in block.operations]
     views = _view_reshapes(body)
     view_ids = {id(op) for op in views}
@@ -427,6 +648,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     cloned = {op.result for op in scalars}
     kernel_ops = [op for op in kernel_ops if op.result not in cloned] if cloned else kernel_ops
     part = partition(kernel_ops)
+    _absorb(part)
     # Kernel names become PTX/SPIR-V/MSL identifiers: keep letters, digits and "_"
     # (a lambda is called "<lambda>").
     fname = re.sub(r"\W", "_", ir.StringAttr(f.attributes["sym_name"]).value).strip("_") or "kernel"

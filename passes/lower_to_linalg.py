@@ -414,6 +414,26 @@ def _var(op, args, attrs, out):
     return [_finish(m2, lambda v: sm.variance(v, n, corr), out[0], red)]
 
 
+def _logsumexp(op, args, attrs, out):
+    """max + log(sum(exp(x - max))): the sum never overflows. A row whose max is +-inf
+    shifts by 0 instead (torch.logsumexp's rule): an all -inf row gives -inf, not NaN."""
+    (x,) = args
+    red = _reduced_dims(len(_shape(x)), attrs.get("dims", []))
+    acc_elem = compute_elem(out[0].elem)
+    acc_t = _type(acc_elem)
+    mx = reduce(x, red, acc_elem, -math.inf, lambda a, acc: arith.maximumf(_widen(a[0]), acc))
+
+    def finite(a):
+        inf = arith.cmpf(arith.CmpFPredicate.OEQ, sm.emit("abs", [a[0]]), sm.const(acc_t, math.inf))
+        return arith.select(inf, sm.const(acc_t, 0.0), a[0])
+
+    shift = map_elements([mx], _shape(mx), acc_t, finite)
+    total = reduce(x, red, acc_elem, 0,
+                   lambda a, acc: arith.addf(acc, sm.emit("exp", [arith.subf(_widen(a[0]), a[1])])), extra=[shift])
+    lse = map_elements([total, shift], _shape(total), acc_t, lambda a: arith.addf(sm.emit("log", [a[0]]), a[1]))
+    return [_finish(lse, None, out[0], red)]
+
+
 def _argmax(op, args, attrs, out):
     (x,) = args
     rank = len(_shape(x))
@@ -769,7 +789,7 @@ LOWERINGS: dict[str, Lowering] = {
         "add", "sub", "mul", "div", "pow", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt",
         "reciprocal", "tanh", "erf", "sigmoid", "relu", "gelu", "cmp", "select", "masked_fill", "cast")},
     "kf.sum": _sum_like, "kf.mean": _sum_like, "kf.reduce_max": _sum_like, "kf.reduce_min": _sum_like,
-    "kf.var": _var, "kf.argmax": _argmax, "kf.softmax": _softmax, "kf.log_softmax": _softmax,
+    "kf.var": _var, "kf.logsumexp": _logsumexp, "kf.argmax": _argmax, "kf.softmax": _softmax, "kf.log_softmax": _softmax,
     "kf.matmul": _matmul, "kf.transpose": _transpose, "kf.reshape": _reshape, "kf.broadcast_to": _broadcast_to,
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,

@@ -132,3 +132,57 @@ func.func @reshape_of_transpose(%x: tensor<2x4x128x64xf32>, %y: tensor<8x128x32x
   %m = "kf.matmul"(%r, %y) : (tensor<8x64x128xf32>, tensor<8x128x32xf32>) -> tensor<8x64x32xf32>
   return %m : tensor<8x64x32xf32>
 }
+
+// -----
+
+// A matmul of operands whose batch dims were merged (torch's 4-D matmul traced as bmm,
+// k^T through a transpose of the merged reshape), reshaped back, is the 4-D matmul.
+// CHECK-LABEL: func.func @batched_matmul
+// CHECK: %[[T:.*]] = "kf.transpose"(%arg1) {perm = array<i64: 0, 1, 3, 2>}
+// CHECK: %[[M:.*]] = "kf.matmul"(%arg0, %[[T]]) : (tensor<2x3x16x8xf32>, tensor<2x3x8x16xf32>) -> tensor<2x3x16x16xf32>
+// CHECK-NOT: kf.reshape
+// CHECK: return %[[M]]
+func.func @batched_matmul(%q: tensor<2x3x16x8xf32>, %k: tensor<2x3x16x8xf32>) -> tensor<2x3x16x16xf32> {
+  %q3 = "kf.reshape"(%q) : (tensor<2x3x16x8xf32>) -> tensor<6x16x8xf32>
+  %k3 = "kf.reshape"(%k) : (tensor<2x3x16x8xf32>) -> tensor<6x16x8xf32>
+  %kt = "kf.transpose"(%k3) {perm = array<i64: 0, 2, 1>} : (tensor<6x16x8xf32>) -> tensor<6x8x16xf32>
+  %s = "kf.matmul"(%q3, %kt) : (tensor<6x16x8xf32>, tensor<6x8x16xf32>) -> tensor<6x16x16xf32>
+  %s4 = "kf.reshape"(%s) : (tensor<6x16x16xf32>) -> tensor<2x3x16x16xf32>
+  return %s4 : tensor<2x3x16x16xf32>
+}
+
+// -----
+
+// A product whose batch dims are not those the operands were merged from stays 3-D.
+// CHECK-LABEL: func.func @batched_matmul_other_dims
+// CHECK: "kf.matmul"(%{{.*}}, %{{.*}}) : (tensor<6x16x8xf32>, tensor<6x8x4xf32>) -> tensor<6x16x4xf32>
+func.func @batched_matmul_other_dims(%a: tensor<2x3x16x8xf32>, %b: tensor<3x2x8x4xf32>) -> tensor<2x3x16x4xf32> {
+  %a3 = "kf.reshape"(%a) : (tensor<2x3x16x8xf32>) -> tensor<6x16x8xf32>
+  %b3 = "kf.reshape"(%b) : (tensor<3x2x8x4xf32>) -> tensor<6x8x4xf32>
+  %m = "kf.matmul"(%a3, %b3) : (tensor<6x16x8xf32>, tensor<6x8x4xf32>) -> tensor<6x16x4xf32>
+  %m4 = "kf.reshape"(%m) : (tensor<6x16x4xf32>) -> tensor<2x3x16x4xf32>
+  return %m4 : tensor<2x3x16x4xf32>
+}
+
+// -----
+
+// A reshape that drops the unit dims a keepdim reduction kept is the reduction without
+// keepdim (a bias's gradient, as autograd writes it); other reshapes of it stay.
+// CHECK-LABEL: func.func @drop_kept_dims
+// CHECK: %[[S:.*]] = "kf.sum"(%arg0) {dims = array<i64: 0>, keepdim = false} : (tensor<257x64xf32>) -> tensor<64xf32>
+// CHECK-NOT: kf.reshape
+// CHECK: return %[[S]]
+func.func @drop_kept_dims(%x: tensor<257x64xf32>) -> tensor<64xf32> {
+  %s = "kf.sum"(%x) {dims = array<i64: 0>, keepdim = true} : (tensor<257x64xf32>) -> tensor<1x64xf32>
+  %r = "kf.reshape"(%s) : (tensor<1x64xf32>) -> tensor<64xf32>
+  return %r : tensor<64xf32>
+}
+
+// CHECK-LABEL: func.func @keep_other_reshape
+// CHECK: "kf.sum"(%arg0) {dims = array<i64: 1>, keepdim = true}
+// CHECK: "kf.reshape"
+func.func @keep_other_reshape(%x: tensor<4x6x8xf32>) -> tensor<32xf32> {
+  %s = "kf.sum"(%x) {dims = array<i64: 1>, keepdim = true} : (tensor<4x6x8xf32>) -> tensor<4x1x8xf32>
+  %r = "kf.reshape"(%s) : (tensor<4x1x8xf32>) -> tensor<32xf32>
+  return %r : tensor<32xf32>
+}

@@ -56,6 +56,40 @@ func.func @attention(%q: tensor<2x8x257x64xbf16>, %k: tensor<2x8x257x64xbf16>, %
 
 // -----
 
+// Attention under autograd: the saved row logsumexp of the scores (kf.logsumexp beside
+// the softmax, compiler/partition.py) reads a copy of the score chain, so the attention
+// stays one kernel; the copy is a matmul kernel (after the copied mask comparison's own)
+// and the logsumexp a row-wise one (max, then the sum of exp(x - max), in f32), written
+// straight to its [..., Sq] result.
+// CHECK-LABEL: func.func private @attention_lse_k{{[0-9]+}}_attention
+// CHECK-SAME: kf.kernel = "attention"
+// CHECK-LABEL: func.func private @attention_lse_k{{[0-9]+}}_matmul
+// CHECK-LABEL: func.func private @attention_lse_k{{[0-9]+}}_rowwise
+// CHECK-SAME: -> tensor<2x8x257xf32>
+// CHECK: "kf.reduce_max"
+// CHECK: "kf.exp"
+// CHECK: "kf.sum"
+// CHECK: "kf.log"
+// CHECK-NOT: kf.logsumexp
+// CHECK-LABEL: func.func @attention_lse
+// CHECK-COUNT-4: call
+// CHECK-NOT: call
+func.func @attention_lse(%q: tensor<2x8x257x64xbf16>, %k: tensor<2x8x257x64xbf16>, %v: tensor<2x8x257x64xbf16>, %mask: tensor<257x257xbf16>) -> (tensor<2x8x257x64xbf16>, tensor<2x8x257xf32>) {
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x8x257x64xbf16>) -> tensor<2x8x64x257xbf16>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x8x257x64xbf16>, tensor<2x8x64x257xbf16>) -> tensor<2x8x257x257xbf16>
+  %eight = "kf.fill"() {value = 8.0 : f64} : () -> tensor<bf16>
+  %sc = "kf.div"(%s, %eight) : (tensor<2x8x257x257xbf16>, tensor<bf16>) -> tensor<2x8x257x257xbf16>
+  %zero = "kf.fill"() {value = 0.0 : f64} : () -> tensor<bf16>
+  %m = "kf.cmp"(%mask, %zero) {predicate = "eq"} : (tensor<257x257xbf16>, tensor<bf16>) -> tensor<257x257xi1>
+  %mf = "kf.masked_fill"(%sc, %m) {value = -1.0e9 : f64} : (tensor<2x8x257x257xbf16>, tensor<257x257xi1>) -> tensor<2x8x257x257xbf16>
+  %p = "kf.softmax"(%mf) {dim = -1 : i64} : (tensor<2x8x257x257xbf16>) -> tensor<2x8x257x257xbf16>
+  %lse = "kf.logsumexp"(%mf) {dims = array<i64: 3>, keepdim = false} : (tensor<2x8x257x257xbf16>) -> tensor<2x8x257xf32>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x8x257x257xbf16>, tensor<2x8x257x64xbf16>) -> tensor<2x8x257x64xbf16>
+  return %o, %lse : tensor<2x8x257x64xbf16>, tensor<2x8x257xf32>
+}
+
+// -----
+
 // A matmul takes its elementwise consumers as an epilogue (bias, GELU) and the
 // transpose of its weight (read in place, not written out); ops that fuse with nothing
 // are kernels of their own, launched in dependency order.
@@ -216,4 +250,91 @@ func.func @attn_dropout(%s: tensor<4x64xf32>, %v: tensor<64x16xf32>, %state: ten
   %m2 = "kf.select"(%keep2, %sc, %z) : (tensor<4x16xi1>, tensor<f32>, tensor<f32>) -> tensor<4x16xf32> loc("a.py":5:5)
   %y = "kf.mul"(%o, %m2) : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32> loc("a.py":5:5)
   return %y : tensor<4x16xf32>
+}
+
+// -----
+
+// A layer norm's backward (bf16, saved mean and rstd): dx is one rowwise kernel, with the
+// casts of the saved statistics and of the weight computed inside it; the weight's and
+// the bias's gradients (sums over the rows) are one generic kernel, which recomputes
+// dy * xhat from the inputs rather than reading it from the row kernel, and rounds the
+// sums to bf16 itself.
+// CHECK-LABEL: func.func private @ln_backward_k0_rowwise
+// CHECK-SAME: -> tensor<257x64xbf16>
+// CHECK-NOT: dims = array<i64: 0>
+// CHECK: return
+// CHECK-LABEL: func.func private @ln_backward_k1_generic
+// CHECK-SAME: -> (tensor<64xbf16>, tensor<64xbf16>)
+// CHECK: "kf.sub"
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 0>, keepdim = false}
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 0>, keepdim = false}
+// CHECK-LABEL: func.func @ln_backward
+// CHECK-NEXT: call @ln_backward_k0_rowwise
+// CHECK-NEXT: call @ln_backward_k1_generic
+// CHECK-NEXT: return
+func.func @ln_backward(%x: tensor<257x64xbf16>, %w: tensor<64xbf16>, %mean: tensor<257x1xbf16>, %rstd: tensor<257x1xbf16>, %dy: tensor<257x64xbf16>) -> (tensor<257x64xbf16>, tensor<64xbf16>, tensor<64xbf16>) {
+  %g = "kf.cast"(%dy) : (tensor<257x64xbf16>) -> tensor<257x64xf32>
+  %xf = "kf.cast"(%x) : (tensor<257x64xbf16>) -> tensor<257x64xf32>
+  %wf = "kf.cast"(%w) : (tensor<64xbf16>) -> tensor<64xf32>
+  %mf = "kf.cast"(%mean) : (tensor<257x1xbf16>) -> tensor<257x1xf32>
+  %c = "kf.sub"(%xf, %mf) : (tensor<257x64xf32>, tensor<257x1xf32>) -> tensor<257x64xf32>
+  %rf = "kf.cast"(%rstd) : (tensor<257x1xbf16>) -> tensor<257x1xf32>
+  %xhat = "kf.mul"(%c, %rf) : (tensor<257x64xf32>, tensor<257x1xf32>) -> tensor<257x64xf32>
+  %gw = "kf.mul"(%g, %wf) : (tensor<257x64xf32>, tensor<64xf32>) -> tensor<257x64xf32>
+  %n = "kf.fill"() {value = 64.0 : f64} : () -> tensor<f32>
+  %gwn = "kf.mul"(%gw, %n) : (tensor<257x64xf32>, tensor<f32>) -> tensor<257x64xf32>
+  %s1 = "kf.sum"(%gw) {dims = array<i64: 1>, keepdim = true} : (tensor<257x64xf32>) -> tensor<257x1xf32>
+  %p = "kf.mul"(%gw, %xhat) : (tensor<257x64xf32>, tensor<257x64xf32>) -> tensor<257x64xf32>
+  %s2 = "kf.sum"(%p) {dims = array<i64: 1>, keepdim = true} : (tensor<257x64xf32>) -> tensor<257x1xf32>
+  %t = "kf.mul"(%xhat, %s2) : (tensor<257x64xf32>, tensor<257x1xf32>) -> tensor<257x64xf32>
+  %d1 = "kf.sub"(%gwn, %s1) : (tensor<257x64xf32>, tensor<257x1xf32>) -> tensor<257x64xf32>
+  %d2 = "kf.sub"(%d1, %t) : (tensor<257x64xf32>, tensor<257x64xf32>) -> tensor<257x64xf32>
+  %k = "kf.div"(%rf, %n) : (tensor<257x1xf32>, tensor<f32>) -> tensor<257x1xf32>
+  %dxf = "kf.mul"(%k, %d2) : (tensor<257x1xf32>, tensor<257x64xf32>) -> tensor<257x64xf32>
+  %dx = "kf.cast"(%dxf) : (tensor<257x64xf32>) -> tensor<257x64xbf16>
+  %gx = "kf.mul"(%g, %xhat) : (tensor<257x64xf32>, tensor<257x64xf32>) -> tensor<257x64xf32>
+  %dwf = "kf.sum"(%gx) {dims = array<i64: 0>, keepdim = false} : (tensor<257x64xf32>) -> tensor<64xf32>
+  %dbf = "kf.sum"(%g) {dims = array<i64: 0>, keepdim = false} : (tensor<257x64xf32>) -> tensor<64xf32>
+  %dw = "kf.cast"(%dwf) : (tensor<64xf32>) -> tensor<64xbf16>
+  %db = "kf.cast"(%dbf) : (tensor<64xf32>) -> tensor<64xbf16>
+  return %dx, %dw, %db : tensor<257x64xbf16>, tensor<64xbf16>, tensor<64xbf16>
+}
+
+// -----
+
+// A broadcast of a row statistic to the row space is elementwise over its result: the
+// ops that read it stay in the row kernel (RMSNorm's backward, from autograd's expand).
+// CHECK-LABEL: func.func private @broadcast_in_row_k0_rowwise
+// CHECK: "kf.broadcast_to"
+// CHECK-LABEL: func.func @broadcast_in_row
+// CHECK-NEXT: call @broadcast_in_row_k0_rowwise
+// CHECK-NEXT: return
+func.func @broadcast_in_row(%x: tensor<13x33xf32>, %dy: tensor<13x33xf32>) -> tensor<13x33xf32> {
+  %p = "kf.mul"(%dy, %x) : (tensor<13x33xf32>, tensor<13x33xf32>) -> tensor<13x33xf32>
+  %s = "kf.sum"(%p) {dims = array<i64: 1>, keepdim = true} : (tensor<13x33xf32>) -> tensor<13x1xf32>
+  %e = "kf.broadcast_to"(%s) : (tensor<13x1xf32>) -> tensor<13x33xf32>
+  %n = "kf.fill"() {value = 33.0 : f64} : () -> tensor<f32>
+  %d = "kf.div"(%e, %n) : (tensor<13x33xf32>, tensor<f32>) -> tensor<13x33xf32>
+  %r = "kf.mul"(%d, %x) : (tensor<13x33xf32>, tensor<13x33xf32>) -> tensor<13x33xf32>
+  return %r : tensor<13x33xf32>
+}
+
+// -----
+
+// An elementwise group that reads a column reduction through a view the schedule keeps
+// (batch norm's running mean: reshape of mean(x, 0, keepdim)) stays its own kernel:
+// merged, the view would read the kernel and feed it.
+// CHECK-LABEL: func.func @column_through_view
+// CHECK: %[[M:.*]] = call @column_through_view_k0_generic(%arg0)
+// CHECK: %[[V:.*]] = "kf.reshape"(%[[M]])
+// CHECK: call @column_through_view_k1_elementwise(%arg1, %[[V]])
+func.func @column_through_view(%x: tensor<7x3xf32>, %rm: tensor<3xf32>) -> tensor<3xf32> {
+  %m = "kf.mean"(%x) {dims = array<i64: 0>, keepdim = true} : (tensor<7x3xf32>) -> tensor<1x3xf32>
+  %a = "kf.fill"() {value = 0.8 : f64} : () -> tensor<f32>
+  %r = "kf.mul"(%rm, %a) : (tensor<3xf32>, tensor<f32>) -> tensor<3xf32>
+  %v = "kf.reshape"(%m) : (tensor<1x3xf32>) -> tensor<3xf32>
+  %b = "kf.fill"() {value = 0.2 : f64} : () -> tensor<f32>
+  %s = "kf.mul"(%v, %b) : (tensor<3xf32>, tensor<f32>) -> tensor<3xf32>
+  %n = "kf.add"(%r, %s) : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
+  return %n : tensor<3xf32>
 }

@@ -117,6 +117,26 @@ func.func @softmax(%a: tensor<3x257xf32>) -> tensor<3x257xf32> {
 
 // -----
 
+// logsumexp of bf16 rows is an f32 statistic: the max, 0 where it is infinite (an all
+// -inf row gives -inf, not NaN), the sum of exp(x - max), then log(sum) + max.
+// CHECK-LABEL: func.func @logsumexp
+// CHECK: %[[MAX:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<3xf32>)
+// CHECK: arith.maximumf
+// CHECK: %[[SHIFT:.*]] = linalg.generic {{.*}} ins(%[[MAX]] : tensor<3xf32>)
+// CHECK: math.absf
+// CHECK: arith.select
+// CHECK: %[[SUM:.*]] = linalg.generic {{.*}} ins(%arg0, %[[SHIFT]] : tensor<3x257xbf16>, tensor<3xf32>)
+// CHECK: math.exp
+// CHECK: linalg.generic {{.*}} ins(%[[SUM]], %[[SHIFT]] : tensor<3xf32>, tensor<3xf32>)
+// CHECK: math.log
+// CHECK: return {{.*}} : tensor<3xf32>
+func.func @logsumexp(%a: tensor<3x257xbf16>) -> tensor<3xf32> {
+  %0 = "kf.logsumexp"(%a) {dims = array<i64: 1>, keepdim = false} : (tensor<3x257xbf16>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// -----
+
 // 2-D matmul is linalg.matmul accumulating f16 in f32; broadcast batch dims need a
 // generic contraction whose lhs map reads batch index 0 for its size-1 dim.
 // CHECK-DAG: #[[LHS:.*]] = affine_map<(d0, d1, d2, d3, d4) -> (d0, 0, d2, d4)>

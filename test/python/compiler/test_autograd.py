@@ -104,11 +104,15 @@ def test_gradcheck_moe():
     assert torch.autograd.gradcheck(lambda x, g, wi, wo: moe_cpu(x, g, [wi, wo]), (x, gate, w_in, w_out))
 
 
-def test_gradients_match_eager_and_only_inputs_are_saved():
+def test_gradients_match_eager_and_the_rule_is_what_is_saved():
     x, w, b = _rand(4, 16), _rand(16), _rand(16)
     out = layer_norm(x, w, b)
-    # the graph node saves the three inputs, nothing computed in the forward
-    assert len(out.grad_fn.saved_tensors) == 3
+    # the graph node saves the three inputs and the two row statistics the forward's
+    # kernel computed (mean and variance, one value a row): nothing as large as x besides x
+    saved = out.grad_fn.saved_tensors
+    assert [tuple(t.shape) for t in saved] == [(4, 16), (16,), (16,), (4, 1), (4, 1)]
+    torch.testing.assert_close(saved[3], x.mean(-1, keepdim=True))
+    torch.testing.assert_close(saved[4], x.var(-1, keepdim=True))
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, (x, w, b), g)
     want = torch.autograd.grad(layer_norm.fn(x, w, b), (x, w, b), g)
@@ -133,8 +137,9 @@ def test_integer_outputs_and_unused_outputs():
 def test_backward_is_a_kf_program():
     x, w, b = _rand(2, 8), _rand(8), _rand(8)
     layer_norm(x, w, b).sum().backward()
-    (bwd,) = [b for key, b in layer_norm._backwards.items() if key[1][0][0] == (2, 8)]
-    assert isinstance(bwd, autograd.Backward)
+    (training,) = [t for key, (t, _) in layer_norm._trainings.items() if key[1][0][0] == (2, 8)]
+    bwd = training.backward
+    assert isinstance(bwd, autograd.Backward) and isinstance(training.forward, kf.KfFunction)
     assert isinstance(bwd.fn, kf.KfFunction) and bwd.fn.options.target == "cpu"
     programs = list(bwd.fn._table.values())
     assert programs and all(type(p).__name__ == "CompiledProgram" for p in programs)
@@ -203,9 +208,11 @@ def test_backward_of_can_be_inspected():
     bwd = autograd.backward_of(layer_norm, x, w, b)
     assert bwd.diff == (True, True, True)
     g = torch.randn(4, 16)
-    info = kf.inspect(bwd.fn, x, w, b, g)
+    # it takes the inputs, the forward's mean and variance, then the gradient
+    assert [tuple(t.shape) for t in bwd.example_args] == [(4, 16), (16,), (16,), (4, 1), (4, 1), (4, 16)]
+    info = bwd.inspect()
     assert "kf.sum" in info.kf_ir and bwd.source in info.kf_ir
-    grads = bwd([x, w, b], [g])
+    grads = bwd([x, w, b, x.mean(-1, keepdim=True), x.var(-1, keepdim=True)], [g])
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
     want = torch.autograd.grad(layer_norm.fn(xr, wr, br), (xr, wr, br), g)
     for a, e in zip(grads, want):
@@ -336,3 +343,96 @@ def test_backward_of_a_random_op_kf_cannot_replay():
     with pytest.raises(kf.UnsupportedOpError, match="cannot recompute") as err:
         autograd.backward_of(channels, x)
     assert err.value.loc is not None and err.value.loc.file == __file__
+
+
+# ---------------------------------------------------------------- row-wise training at odd shapes
+
+
+def _f_layer_norm(x, weight, bias):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, 1e-5)
+
+
+def _f_rms_norm(x, weight):
+    return torch.nn.functional.rms_norm(x, x.shape[-1:], weight, 1e-6)
+
+
+def _hand_rms_norm(x, weight):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+
+def _log_softmax(x):
+    return torch.log_softmax(x, dim=-1)
+
+
+def _bias_gelu(x, bias):
+    return torch.nn.functional.gelu(x + bias)
+
+
+def _swiglu_residual(x, gate, up):
+    return x + torch.nn.functional.silu(gate) * up
+
+
+_ROW_FUNCTIONS = {
+    "F.layer_norm": (_f_layer_norm, lambda r, c: [(*r, c), (c,), (c,)]),
+    "layer_norm": (layer_norm.fn, lambda r, c: [(*r, c), (c,), (c,)]),
+    "F.rms_norm": (_f_rms_norm, lambda r, c: [(*r, c), (c,)]),
+    "rms_norm": (_hand_rms_norm, lambda r, c: [(*r, c), (c,)]),
+    "softmax": (softmax.fn, lambda r, c: [(*r, c)]),
+    "log_softmax": (_log_softmax, lambda r, c: [(*r, c)]),
+    "bias_gelu": (_bias_gelu, lambda r, c: [(*r, c), (c,)]),
+    "swiglu_residual": (_swiglu_residual, lambda r, c: [(*r, c)] * 3),
+}
+#: float64 on cpu; float32 on vulkan; float32 on cuda, whose matmuls may round to TF32
+_TOLERANCE = {"cpu": dict(rtol=1e-9, atol=1e-9), "vulkan": dict(rtol=1e-4, atol=1e-4),
+              "cuda": dict(rtol=2e-3, atol=2e-3)}
+#: (leading dims, row length): one row, a batch of one, 257 rows, primes
+_ODD_SHAPES = [((1,), 33), ((1, 7), 1), ((257,), 31), ((3, 5), 67)]
+
+
+@pytest.mark.parametrize("target", _TARGETS)
+@pytest.mark.parametrize("rows,cols", _ODD_SHAPES, ids=[f"{'x'.join(map(str, r))}x{c}" for r, c in _ODD_SHAPES])
+@pytest.mark.parametrize("name", list(_ROW_FUNCTIONS))
+def test_row_gradients_at_odd_shapes_match_float64(name, rows, cols, target):
+    """The split forward and the fused row-wise backward (dx in one row kernel, the
+    weight's and bias's gradients in one column kernel) against torch in float64, on
+    fresh random values; float64 on cpu, float32 on vulkan (lavapipe has no float64)."""
+    fn, shapes = _ROW_FUNCTIONS[name]
+    kfn = kf.jit(fn, target=target)
+    dtype = D if target == "cpu" else torch.float32
+    args = [torch.randn(*s, dtype=dtype, requires_grad=True) for s in shapes(rows, cols)]
+    out = kfn(*args)
+    assert out.grad_fn is not None
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, args, g)
+    ref = [a.detach().double().requires_grad_() for a in args]
+    want = torch.autograd.grad(fn(*ref), ref, g.double())
+    tol = _TOLERANCE[target]
+    for a, e in zip(got, want):
+        assert a.dtype == dtype
+        # (NaN where torch's is: the unbiased variance of a row of one)
+        torch.testing.assert_close(a.double(), e, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("name", ["F.layer_norm", "F.rms_norm", "log_softmax", "bias_gelu"])
+def test_gradcheck_row_functions_at_one_row(name):
+    fn, shapes = _ROW_FUNCTIONS[name]
+    args = [torch.randn(*s, dtype=D, requires_grad=True) for s in shapes((1,), 7)]
+    assert torch.autograd.gradcheck(kf.jit(fn, target="cpu"), args)
+
+
+@pytest.mark.parametrize("target", _TARGETS)
+def test_attention_gradients_at_odd_shapes_match_float64(target):
+    """Batch 1, seq 257, head dim 40, a causal mask tensor: the split forward (O and the
+    row logsumexp saved) and the backward recomputing P = exp(S - lse)."""
+    att = se.fused_attention.with_options(target=target)
+    dtype = D if target == "cpu" else torch.float32
+    q, k, v = (torch.randn(1, 2, 257, 40, dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = torch.tril(torch.ones(257, 257, dtype=torch.long))
+    out = att(q, k, v, mask)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref = [a.detach().double().requires_grad_() for a in (q, k, v)]
+    want = torch.autograd.grad(se.fused_attention.fn(*ref, mask), ref, g.double())
+    tol = _TOLERANCE[target]
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.double(), e, **tol)

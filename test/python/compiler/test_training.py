@@ -20,10 +20,20 @@ def test_gpt_trains_through_kf_like_eager():
 
     # the kernels were kf's, forward and backward
     for kfn in (tg.layer_norm, tg.causal_attention, tg.gelu):
-        assert kfn._table, f"{kfn} never compiled a forward"
-        assert kfn._backwards, f"{kfn} never derived a backward"
-        for bwd in kfn._backwards.values():
-            assert bwd.fn._table and all(type(p).__name__ == "CompiledProgram" for p in bwd.fn._table.values())
-    # the final parameters agree as well
+        assert kfn._trainings, f"{kfn} never derived a backward"
+        for training, _ in kfn._trainings.values():
+            # a forward that saves nothing beyond its results runs the function's own program
+            forward = training.forward if training.extras else kfn
+            for f in (forward, training.backward.fn):
+                assert f._table and all(type(p).__name__ == "CompiledProgram" for p in f._table.values())
+    # the final parameters agree as well -- except the key bias: it adds q.b_k to every
+    # score of a row, which the softmax cancels, so its gradient is zero in exact arithmetic
+    # and rounding noise of either program, normalized by AdamW, is all that moves it (by
+    # up to lr = 1e-3 a step); it is checked against that bound
+    width = kf_model.head.in_features
     for (name, p), (_, q) in zip(kf_model.named_parameters(), eager.named_parameters()):
+        if name.endswith("qkv.bias"):
+            key = slice(width, 2 * width)
+            torch.testing.assert_close(p[key], q[key], rtol=0, atol=1e-3, msg=name)
+            p, q = torch.cat([p[:width], p[2 * width:]]), torch.cat([q[:width], q[2 * width:]])
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4, msg=name)

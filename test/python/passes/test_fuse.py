@@ -15,11 +15,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from mlir import ir
 
 from kf.dialects import TensorSpec, spec_of
 from kf.dialects import builders as kb
 from kf.passes import pipeline
+from kf.passes.to_cuda import assemble, ptxas_path
 from kf.passes.strategies.attention import _Chain, _transposed_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -255,3 +257,106 @@ def test_other_fusions_are_unchanged_under_precision():
 
     _, _, kinds = fused(layer_norm, [((4, 1000), "f32"), ((1000,), "f32"), ((1000,), "f32")], precision_passes("fp8"))
     assert counts(kinds) == Counter(rowwise=1)
+
+
+# ---------------------------------------------------------------- backward graphs
+
+
+needs_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas not installed")
+
+
+def _f_layer_norm(x, w, b):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, 1e-5)
+
+
+def _hand_layer_norm(x, w, b):
+    mean = x.mean(-1, keepdim=True)
+    return w * (x - mean) * torch.rsqrt(((x - mean) ** 2).mean(-1, keepdim=True) + 1e-5) + b
+
+
+def _f_rms_norm(x, w):
+    return torch.nn.functional.rms_norm(x, x.shape[-1:], w, 1e-6)
+
+
+def _hand_rms_norm(x, w):
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+
+def _softmax(x):
+    return torch.softmax(x, -1)
+
+
+def _log_softmax(x):
+    return torch.log_softmax(x, -1)
+
+
+def _bias_gelu(x, b):
+    return torch.nn.functional.gelu(x + b)
+
+
+def _swiglu(gate, up):
+    return torch.nn.functional.silu(gate) * up
+
+
+
+@needs_ptxas
+@pytest.mark.parametrize("fn,weights,kinds", [
+    (_f_layer_norm, 2, ["generic", "rowwise"]),
+    (_hand_layer_norm, 2, ["generic", "rowwise"]),
+    (_f_rms_norm, 1, ["generic", "rowwise"]),
+    (_hand_rms_norm, 1, ["generic", "rowwise"]),
+    (_softmax, 0, ["rowwise"]),
+    (_log_softmax, 0, ["rowwise"]),
+    (_bias_gelu, 1, ["elementwise", "generic"]),
+    (_swiglu, -1, ["elementwise"]),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_row_backward_kernels_in_sm90a_ptx(fn, weights, kinds):
+    """The backward of a norm is a row kernel (dx, reading the saved statistics) and one
+    column kernel computing the weight's and the bias's gradients from the inputs (no
+    f32 product written between them); softmax's is the row kernel alone; an elementwise
+    chain's is one kernel (bias + GELU: and the bias gradient's column sum of it).
+    Counted as ``.entry`` lines of the PTX for sm_90a, as it assembles without a GPU."""
+    import re
+
+    import kf
+    import kf.autograd
+
+    rows, cols = 257, 1024
+    x = torch.randn(rows, cols, dtype=torch.bfloat16)
+    args = [x] + ([torch.randn(rows, cols, dtype=torch.bfloat16)] if weights < 0 else
+                  [torch.randn(cols, dtype=torch.bfloat16) for _ in range(weights)])
+    kfn = kf.jit(fn, target="cuda", arch="sm_90a")
+    bwd = kf.autograd.backward_of(kfn, *args)
+    info = bwd.inspect()
+    entries = re.findall(r"\.entry\s+(\w+)", info.stages["ptx"])
+    assert sorted(e.rsplit("_", 1)[-1] for e in entries) == kinds, entries
+    assert set(assemble(info.stages["ptx"], "sm_90a").kernels) == set(entries)
+
+
+def _mlp(x, w1, b1, w2):
+    return torch.nn.functional.gelu(x @ w1 + b1) @ w2
+
+
+@needs_ptxas
+def test_gemm_backward_reads_transposed_operands_in_place():
+    """An MLP's backward: dA = dC B^T and dB = A^T dC are matmul kernels that read the
+    transposed operand in place (the transpose inside the matmul kernel, no transpose
+    kernel, no copy), GELU's derivative is the epilogue of the first, and the bias's
+    gradient is one column kernel."""
+    import re
+
+    import kf
+    import kf.autograd
+
+    dt = torch.bfloat16
+    args = [torch.randn(*s, dtype=dt) for s in [(256, 128), (128, 512), (512,), (512, 128)]]
+    bwd = kf.autograd.backward_of(kf.jit(_mlp, target="cuda", arch="sm_90a"), *args)
+    info = bwd.inspect()
+    kinds = sorted(e.rsplit("_", 1)[-1] for e in re.findall(r"\.entry\s+(\w+)", info.stages["ptx"]))
+    assert kinds == ["generic"] + ["matmul"] * 4, kinds
+    fused = info.stages["fused"]
+    kernels = fused.split("func.func private @")[1:]
+    for k in kernels:
+        if '"kf.transpose"' in k:
+            assert '"kf.matmul"' in k, k  # only as a matmul's operand
+    assert sum('"kf.transpose"' in k for k in kernels) == 4
