@@ -113,6 +113,7 @@ class KfFunction:
         # every value. These parameters stay constants instead: the function branches on
         # them, or hands them where torch takes only a Python number (_bound_call).
         self._constant_floats: set[str] = set()
+        self._scalar_entries: dict[Signature, int] = {}  # dispatch-table entries made per signature
         self._compiles: list[CompileRecord] = []
 
     @property
@@ -279,9 +280,8 @@ class KfFunction:
                     if result is not guards.MISS:
                         return result
                 sig, tensors = self._bind(args, kwargs)
-                if _has_scalars(sig):  # bound calls: one entry for every value of the floats
-                    program, tensors = self._bound_call(args, kwargs)
-                    return program(tensors)
+                if _has_scalars(sig):
+                    return self._scalar_call(key, sig, tensors, args, kwargs)
                 program, reads = self.specialize(sig, tensors)
                 used = program.reached
                 tensors += [reads.tensors[j] for j in used]
@@ -294,6 +294,31 @@ class KfFunction:
                 return _moving(program, program.moves)(tensors)
         program, tensors = self._bound_call(args, kwargs)
         return program(tensors)
+
+    def _scalar_call(self, key: tuple, sig: Signature, tensors: list, args: tuple, kwargs: dict):
+        """A positional call whose floats are runtime scalars: run through the bound path
+        (one program for every value); the first ``SCALAR_ENTRIES`` values also get a
+        dispatch-table entry that holds their 0-dim tensors, so a float that repeats (a
+        fixed scale, a default eps) takes the fast path and one that changes every call
+        (a learning rate) adds no entries."""
+        call, full = self._bound_call(args, kwargs)
+        if sig in self._entries and self._scalar_entries.get(sig, 0) < SCALAR_ENTRIES:
+            self._scalar_entries[sig] = self._scalar_entries.get(sig, 0) + 1
+            program, reads = self.specialize(sig, tensors)
+            slots = [(i, t) for i, (t, p) in enumerate(zip(tensors, _tensor_params(sig))) if p.kind == "scalar"]
+            reached = [reads.tensors[j] for j in program.reached]
+            matched = getattr(program, "matched_call", None)
+            base = matched(all(t.is_contiguous() for t in tensors + reached)) if matched else program
+            base = _moving(base, program.moves)
+
+            def with_scalars(ts: list, base=base, slots=slots):
+                ts = list(ts)
+                for i, t in slots:
+                    ts.insert(i, t)
+                return base(ts)
+
+            self._fast[key] = reads.guarded(with_scalars, program.reached, program.baked)
+        return call(full)
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple[Signature, list]:
         """The call's signature and tensors, its float arguments runtime scalars (those
@@ -374,6 +399,21 @@ class CompileRecord:
 
 class _KeepConstant(Exception):
     """A float argument that must stay a constant of the program."""
+
+
+#: values of a signature's runtime floats that get a dispatch-table entry (_scalar_call)
+SCALAR_ENTRIES = 8
+
+
+def _tensor_params(sig: Signature) -> list:
+    """The parameter of each of a call's flat tensors, in order."""
+    out = []
+    for p in sig.params:
+        if p.kind in ("tensor", "scalar"):
+            out.append(p)
+        elif p.kind == "tensors":
+            out.extend([p] * len(p.value))
+    return out
 
 
 def _has_scalars(sig: Signature) -> bool:

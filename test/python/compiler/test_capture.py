@@ -101,16 +101,20 @@ def test_low_precision_types_follow_torch(dtype):
 
 
 def test_constant_arguments_specialize():
-    def scaled(x, scale=2.0, shift=None):
-        y = x * scale
+    """Which optional tensors are None and int constants specialize; a float is read at
+    run time (one program for 2.0 and 3.0)."""
+    def scaled(x, scale=2.0, shift=None, times=1):
+        y = x * scale * times
         return y if shift is None else y + shift
 
     jf = kf.jit(scaled, interpret=True)
     x = torch.randn(8)
     _close(jf(x), x * 2.0)
     _close(jf(x, scale=3.0), x * 3.0)
+    assert len(jf._table) == 1
     s = torch.randn(8)
     _close(jf(x, shift=s), x * 2.0 + s)
+    _close(jf(x, times=3), x * 6.0)
     assert len(jf._table) == 3
 
 
