@@ -52,7 +52,7 @@ def test_a_compile_and_each_recompile_say_what_and_why(caplog):
     assert _messages(caplog, "kf.recompiles") == [
         "scaled: argument 'x': shape [4, 8] -> [4, 9]",
         "scaled: argument 'x': dtype f32 -> f64",
-        "scaled: argument 'k' was 2 (int), now 2.0 (float)",
+        "scaled: argument 'k' was the constant 2, now a float read at run time",
         "scaled: argument 'x': contiguous -> strided",
         "scaled: what it reads besides its arguments changed: SCALE",
     ]
