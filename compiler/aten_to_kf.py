@@ -17,6 +17,7 @@ from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
+from kf.dialects.elements import LOW_PRECISION
 
 from .dtypes import TORCH_TO_KF, kf_elem
 
@@ -539,7 +540,7 @@ def _bound(node, args, kwargs) -> dict:
 
 #: the element type statistics are computed in: f16/bf16 (and fp8) inputs in f32, rounded once
 def _stat_elem(elem: str) -> str:
-    return "f32" if elem in ("f16", "bf16", "f8E4M3FN", "f8E5M2") else elem
+    return "f32" if elem in LOW_PRECISION else elem
 
 
 def _variance(c, node, args, kwargs):
