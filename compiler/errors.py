@@ -108,5 +108,21 @@ class SignatureError(TypeError):
     """A call's arguments do not fit the function (wrong device, dtype or structure)."""
 
 
+
 __all__ = ["CaptureError", "CompileError", "IndexOutOfRange", "KfVerifyError", "PassFailedError", "SignatureError",
            "SourceLoc", "TargetError", "UnsupportedOpError"]
+
+
+def user_facing(e: "CompileError") -> "CompileError":
+    """The error without the compiler's frames below this one (Triton hides its own the
+    same way): the traceback ends in a few frames of kf's API above the user's call,
+    and the message, not a stack of passes, says what failed where."""
+    return e.with_traceback(None)
+
+
+def debug() -> bool:
+    """KF_DEBUG=1 keeps kf's own frames in the traceback of a CompileError, and lets an
+    internal error escape as itself instead of a CompileError at the user's line."""
+    import os
+
+    return os.environ.get("KF_DEBUG", "") not in ("", "0")

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import costs, programs
+from . import costs, programs, targets
 
 
 @dataclass
@@ -195,7 +195,7 @@ class profile:
         buffers = list(abi.inputs) + list(abi.outputs) + list(abi.temporaries)
         for k, (seconds, ev, timer) in zip(abi.kernels, per_kernel):
             launch = KernelLaunch(
-                function=name, kernel=k.entry if abi.target != "cpu" else name, target=abi.target,
+                function=name, kernel=k.entry if targets.get(abi.target).is_gpu else name, target=abi.target,
                 strategy=str(k.extra.get("strategy", "")), fused_lines=tuple(k.fused_lines),
                 start_s=t0 - self._t0, nbytes=sum(buffers[i].nbytes for i in sorted(set(k.args))),
                 flops=int(k.extra.get("flops", 0)), matmul_flops=int(k.extra.get("matmul_flops", 0)),

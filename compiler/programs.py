@@ -193,38 +193,38 @@ def _abi(program: CompiledProgram):
 
 def _timed_launch(program: CompiledProgram, tensors: list) -> list:
     """Run a CompiledProgram under the open kf.profile and/or torch.profiler: named in
-    torch's trace (and as an NVTX range on CUDA), timed by the target's own clock (CUDA
-    events, Vulkan timestamps, else wall time) and recorded in the profile."""
+    torch's trace (and as an NVTX range where the target has them), timed by the
+    target's own clock (``Target.timing``: CUDA events, Vulkan timestamps, else wall
+    time) and recorded in the profile."""
     import torch
+
+    from . import targets
 
     prof = _PROFILE
     abi = _abi(program)
+    target = targets.get(abi.target)
     name = program.meta["name"]
-    timings = events = None
+    times = None
     with torch.profiler.record_function(name):
-        nvtx = prof is not None and prof.nvtx and abi.target == "cuda"
+        nvtx = prof is not None and prof.nvtx and target.nvtx
         if nvtx:
             torch.cuda.nvtx.range_push(name)
         try:
-            if prof is not None and abi.target == "cuda":
+            if prof is not None and target.timing == "events":
                 prof._cuda_reference()
             t0 = time.perf_counter()
-            if prof is None:
+            if prof is None or not target.timing:
                 outs = program._launch(*tensors)
-            elif abi.target == "vulkan":
-                timings = []
-                outs = program._launch(*tensors, timings=timings)
-            elif abi.target == "cuda":
-                events = []
-                outs = program._launch(*tensors, events=events)
             else:
-                outs = program._launch(*tensors)
+                times = []
+                outs = program._launch(*tensors, **{target.timing: times})
             t1 = time.perf_counter()
         finally:
             if nvtx:
                 torch.cuda.nvtx.range_pop()
     if prof is not None:
-        prof._record(program, abi, t0, t1, timings, events)
+        prof._record(program, abi, t0, t1, times if target.timing == "timings" else None,
+                     times if target.timing == "events" else None)
     return list(outs)
 
 
