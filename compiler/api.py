@@ -72,6 +72,7 @@ _USER_ERRORS = (CompileError, SignatureError, IndexOutOfRange)
 #: kf.runtime._launcher.dispatch and the value it answers "not the common case" with,
 #: or None where calls dispatch in Python.
 _c_dispatch, _MISS, DISPATCH = _choose_dispatch()
+guards.c_dispatch = _c_dispatch is not None
 
 
 class KfFunction:
@@ -371,7 +372,7 @@ class KfFunction:
 
     def inspect(self, *args, **kwargs):
         """Every stage's text for this call signature (see kf.inspect)."""
-        from . import driver
+        from . import inspection
 
         sig, tensors = bind(self.fn, args, kwargs)
         # Inspection compiles for the decorator's target whatever device the example
@@ -384,7 +385,7 @@ class KfFunction:
         precision = self.autocast_precision(device)
         if precision is not None:
             options = options.with_(precision=precision)
-        return driver.inspect_function(self.fn, sig, tensors, options)
+        return inspection.inspect_function(self.fn, sig, tensors, options)
 
 
 @dataclass(frozen=True)
@@ -514,3 +515,9 @@ cuda_kernel.__doc__ = """``@kf.jit(target="cuda")``: compile to PTX and run on N
 metal_shader = _decorator(Options(target="metal"))
 metal_shader.__doc__ = """``@kf.jit(target="metal")``: compile to MSL and run on Apple GPUs."""
 
+
+def inspect(fn: Callable, *args, **kwargs):
+    """Capture fn for these arguments; the result (an ``inspection.Inspection``) gives the
+    text of every stage."""
+    kfn = getattr(fn, "__kf_function__", None) or KfFunction(fn, Options())
+    return kfn.inspect(*args, **kwargs)

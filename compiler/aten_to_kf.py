@@ -20,14 +20,7 @@ from kf.dialects import spec_of
 from kf.dialects.elements import LOW_PRECISION
 
 from .dtypes import TORCH_TO_KF, kf_elem
-
-
-class Unsupported(Exception):
-    """No kf lowering for an ATen op (and no fallback could lower it)."""
-
-    def __init__(self, message: str, cause: str | None = None):
-        super().__init__(message)
-        self.cause = cause
+from .errors import Unsupported
 
 
 Handler = Callable[["Converter", torch.fx.Node, list, dict], Any]

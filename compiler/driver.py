@@ -150,34 +150,3 @@ def _internal_error(b: targets.Build, e: Exception) -> CompileError:
     path = save_reproducer(b.log, b.cap.module.operation.get_asm(enable_debug_info=True))
     return CompileError(f"{b.cap.name}: internal compiler error", b.log.default_loc, stage="compile", cause=why,
                         reproducer=path)
-
-
-def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Options):
-    """Every stage's text for one specialization; stages after kf compile lazily."""
-    from .capture import capture_signature
-    from .guards import walk
-    from .inspection import Inspection
-    from .stages import StageLog, dump_dir_for
-
-    reads = walk(fn)
-    target = targets.get(options.target)
-    try:
-        cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
-        # the kf stage is the IR the precision policy leaves (the casts it makes show)
-        target.apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
-    except CompileError as e:
-        if debug():
-            raise
-        raise user_facing(e) from None
-
-    def compile_rest() -> dict:
-        log = StageLog(cap.name, dump_dir_for(options.dump_ir), inspecting=True)
-        try:
-            build(fn, sig, tensors, options.with_(interpret=False), target.arch(options), log, reads)
-        except CompileError as e:
-            if debug():
-                raise
-            raise user_facing(e) from None
-        return log.texts
-
-    return Inspection(cap.name, sig.describe(), cap.kf_ir, cap, compile_rest)

@@ -109,6 +109,15 @@ class SignatureError(TypeError):
 
 
 
+class Unsupported(Exception):
+    """No kf lowering for an ATen op (and no fallback could lower it): what the ATen
+    conversion (aten_to_kf.py) and its torch-mlir fallback (torch_mlir_import.py) raise,
+    and capture turns into an UnsupportedOpError at the user's line."""
+
+    def __init__(self, message: str, cause: str | None = None):
+        super().__init__(message)
+        self.cause = cause
+
 __all__ = ["CaptureError", "CompileError", "IndexOutOfRange", "KfVerifyError", "PassFailedError", "SignatureError",
            "SourceLoc", "TargetError", "UnsupportedOpError"]
 

@@ -93,6 +93,25 @@ MISS = _miss()
 # ----------------------------------------------------------------------------- library code
 
 
+#: kf's packages: in a source checkout each is its own folder (pyproject.toml's
+#: package-dir), in an installed kf all of them are folders of kf/.
+_PACKAGES = ("kf", "kf.dialects", "kf.passes", "kf.runtime", "kf.tools")
+
+
+@functools.lru_cache(maxsize=None)
+def kf_package_dirs() -> tuple[str, ...]:
+    """The folders kf's packages are imported from (none of them nested in another): kf's
+    own files, which a walk treats as library code and the cache key hashes whole."""
+    import importlib.util
+
+    dirs = set()
+    for name in _PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for d in (spec.submodule_search_locations or []) if spec is not None else []:
+            dirs.add(os.path.realpath(d))
+    return tuple(sorted(d for d in dirs if not any(d.startswith(o + os.sep) for o in dirs)))
+
+
 @functools.lru_cache(maxsize=None)
 def _library_roots() -> tuple[str, ...]:
     roots = set()
@@ -105,8 +124,6 @@ def _library_roots() -> tuple[str, ...]:
     except AttributeError:  # some virtualenvs' site module
         pass
     roots.add(os.path.dirname(torch.__file__))
-    from .cache import kf_package_dirs
-
     roots.update(kf_package_dirs())
     return tuple(sorted(os.path.realpath(r).rstrip(os.sep) + os.sep for r in roots))
 
@@ -771,13 +788,16 @@ def is_guarded(entry: Any) -> bool:
     return isinstance(entry, _GUARDED_TYPES)
 
 
-@functools.lru_cache(maxsize=None)
-def guarded_type() -> type:
-    """kf.runtime._launcher.Guarded where calls dispatch in C (api.py chooses, and gives
-    the extension torch.Tensor to check tensors against), else PyGuarded."""
-    from . import api
+#: Whether calls dispatch in C: api.py chooses when it is imported and says so here (this
+#: module is below it), as guarded entries are then the extension's Guarded type.
+c_dispatch = False
 
-    if api._c_dispatch is None:
+
+def guarded_type() -> type:
+    """kf.runtime._launcher.Guarded where calls dispatch in C (api.py chooses, sets
+    ``c_dispatch``, and gives the extension torch.Tensor to check tensors against),
+    else PyGuarded."""
+    if not c_dispatch:
         return PyGuarded
     from kf.runtime import _launcher
 
