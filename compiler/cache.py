@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import secrets
@@ -41,8 +40,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from .guards import kf_package_dirs, walk
+from .guards import walk
 from .options import Options
+from .packages import kf_package_dirs
 from .signature import Signature
 
 FORMAT = 2  # bump when the entry layout changes

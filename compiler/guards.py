@@ -57,6 +57,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .packages import kf_package_dirs
+
 # Getter codes: how an operation gets its value from the register `src`.
 GET_SAME, GET_ITEM, GET_ATTR, GET_CELL, GET_INDEX = range(5)
 # Check codes: what an operation asks of the value it got.
@@ -91,25 +93,6 @@ MISS = _miss()
 
 
 # ----------------------------------------------------------------------------- library code
-
-
-#: kf's packages: in a source checkout each is its own folder (pyproject.toml's
-#: package-dir), in an installed kf all of them are folders of kf/.
-_PACKAGES = ("kf", "kf.dialects", "kf.passes", "kf.runtime", "kf.tools")
-
-
-@functools.lru_cache(maxsize=None)
-def kf_package_dirs() -> tuple[str, ...]:
-    """The folders kf's packages are imported from (none of them nested in another): kf's
-    own files, which a walk treats as library code and the cache key hashes whole."""
-    import importlib.util
-
-    dirs = set()
-    for name in _PACKAGES:
-        spec = importlib.util.find_spec(name)
-        for d in (spec.submodule_search_locations or []) if spec is not None else []:
-            dirs.add(os.path.realpath(d))
-    return tuple(sorted(d for d in dirs if not any(d.startswith(o + os.sep) for o in dirs)))
 
 
 @functools.lru_cache(maxsize=None)
