@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from bench import median_ms, rel_err, rotated  # noqa: E402
 
 import kf  # noqa: E402
-from kf import driver  # noqa: E402
+from kf import targets  # noqa: E402
 from seed_examples import fused_attention  # noqa: E402
 
 
@@ -33,8 +33,8 @@ def main() -> None:
     fp8 = fused_attention.with_options(precision="fp8")
     print("fp8, the driver's policy (attention 16-bit here) %.3f ms, error %.1e"
           % (median_ms(fp8, ins), rel_err(fp8(*ins[0]), ref)))
-    policy = driver.precision_passes
-    driver.precision_passes = lambda o: [p.replace("fp8-attention=kernel", "fp8-attention=any") for p in policy(o)]
+    policy = targets.CUDA.precision_passes
+    targets.CUDA.precision_passes = lambda o: [p.replace("fp8-attention=kernel", "fp8-attention=any") for p in policy(o)]
     os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()  # the pass options are not part of the cache key
     anyway = kf.jit(fused_attention.fn, precision="fp8")
     print("fp8, quantized anyway (fp8 operands, SIMT kernel) %.3f ms, error %.1e"

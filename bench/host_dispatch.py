@@ -50,7 +50,8 @@ def setup() -> dict:
     _TENSOR = torch.randn(16)
 
     import kf
-    from kf import api, driver, torch_ops
+    from kf import api, torch_ops
+    from kf.programs import CompiledProgram
     from kf.runtime import _launcher
     from kf.runtime import cuda as kcuda
     from kf.runtime import programs
@@ -70,7 +71,7 @@ def setup() -> dict:
     k = prog.kernels[0][0]
     k._bound[-1], k._handles[-1] = kcuda._Bound(None, 0xF00), 0xF00  # what _bind records
     k._raw_stream = kcuda._raw_stream_getter()
-    compiled = driver.CompiledProgram(prog, ("tensor", 0), {}, d)
+    compiled = CompiledProgram(prog, ("tensor", 0), {}, d)
 
     f = kf.jit(lambda x: x + 1)
     x = torch.randn(16)

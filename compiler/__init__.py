@@ -21,7 +21,7 @@ _EXPORTS = {
     "jit": "api", "cuda_kernel": "api", "metal_shader": "api", "KfFunction": "api",
     "Options": "options",
     "Captured": "capture",
-    "inspect": "inspection", "Inspection": "inspection",
+    "inspect": "api", "Inspection": "inspection",
     "CompileError": "errors", "CaptureError": "errors", "UnsupportedOpError": "errors",
     "KfVerifyError": "errors", "PassFailedError": "errors", "TargetError": "errors", "MutationError": "errors",
     "SignatureError": "errors", "SourceLoc": "errors", "IndexOutOfRange": "errors",

@@ -22,15 +22,15 @@ from typing import Any, Callable
 
 import torch
 
-from . import guards, logs, torch_ops
+from . import guards, logs, targets, torch_ops
 from .errors import CompileError, IndexOutOfRange, SignatureError, TargetError
 from .options import Options
 from .signature import Signature, bind, lift_scalars, rebuild_args, scalar_dtype, unlift_scalars
 
-_DEVICE_TARGET = {"cuda": "cuda", "mps": "metal", "cpu": "cpu"}
-_TARGET_DEVICES = {"cuda": ("cuda",), "metal": ("mps",), "vulkan": ("cpu",), "cpu": ("cpu",)}
+_DEVICE_TARGET = {device: t.name for device, t in targets.BY_DEVICE.items()}
+_TARGET_DEVICES = {t.name: (t.torch_device,) for t in targets.TARGETS.values()}
 #: The torch.autocast device type whose region a target follows.
-_AUTOCAST_DEVICE = {"cuda": "cuda", "metal": "mps", "vulkan": "cpu", "cpu": "cpu"}
+_AUTOCAST_DEVICE = {t.name: t.torch_device for t in targets.TARGETS.values()}
 _AUTOCAST_PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: One C call: whether any autocast region is active (the common case pays only this).
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -72,6 +72,7 @@ _USER_ERRORS = (CompileError, SignatureError, IndexOutOfRange)
 #: kf.runtime._launcher.dispatch and the value it answers "not the common case" with,
 #: or None where calls dispatch in Python.
 _c_dispatch, _MISS, DISPATCH = _choose_dispatch()
+guards.c_dispatch = _c_dispatch is not None
 
 
 class KfFunction:
@@ -371,7 +372,7 @@ class KfFunction:
 
     def inspect(self, *args, **kwargs):
         """Every stage's text for this call signature (see kf.inspect)."""
-        from . import driver
+        from . import inspection
 
         sig, tensors = bind(self.fn, args, kwargs)
         # Inspection compiles for the decorator's target whatever device the example
@@ -384,7 +385,7 @@ class KfFunction:
         precision = self.autocast_precision(device)
         if precision is not None:
             options = options.with_(precision=precision)
-        return driver.inspect_function(self.fn, sig, tensors, options)
+        return inspection.inspect_function(self.fn, sig, tensors, options)
 
 
 @dataclass(frozen=True)
@@ -513,3 +514,10 @@ cuda_kernel = _decorator(Options(target="cuda"))
 cuda_kernel.__doc__ = """``@kf.jit(target="cuda")``: compile to PTX and run on NVIDIA GPUs."""
 metal_shader = _decorator(Options(target="metal"))
 metal_shader.__doc__ = """``@kf.jit(target="metal")``: compile to MSL and run on Apple GPUs."""
+
+
+def inspect(fn: Callable, *args, **kwargs):
+    """Capture fn for these arguments; the result (an ``inspection.Inspection``) gives the
+    text of every stage."""
+    kfn = getattr(fn, "__kf_function__", None) or KfFunction(fn, Options())
+    return kfn.inspect(*args, **kwargs)

@@ -17,16 +17,10 @@ from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
+from kf.dialects.elements import LOW_PRECISION
 
 from .dtypes import TORCH_TO_KF, kf_elem
-
-
-class Unsupported(Exception):
-    """No kf lowering for an ATen op (and no fallback could lower it)."""
-
-    def __init__(self, message: str, cause: str | None = None):
-        super().__init__(message)
-        self.cause = cause
+from .errors import Unsupported
 
 
 Handler = Callable[["Converter", torch.fx.Node, list, dict], Any]
@@ -539,7 +533,7 @@ def _bound(node, args, kwargs) -> dict:
 
 #: the element type statistics are computed in: f16/bf16 (and fp8) inputs in f32, rounded once
 def _stat_elem(elem: str) -> str:
-    return "f32" if elem in ("f16", "bf16", "f8E4M3FN", "f8E5M2") else elem
+    return "f32" if elem in LOW_PRECISION else elem
 
 
 def _variance(c, node, args, kwargs):

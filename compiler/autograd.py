@@ -59,6 +59,12 @@ Each ATen op of the joint graph remembers the user's line it comes from (forward
 their Python stack, backward ops by the forward op whose autograd node ran them, found
 with anomaly mode's creation tracebacks), so when kf cannot compile the backward the error
 names the op and the line of the forward that needs it.
+
+This module and torch_ops.py import each other (each where it calls the other): a kf
+function's torch op derives its backward here (``torch_ops._backward_of``), and the
+derivation reads the call's flattened arguments with torch_ops' encoding of a call's
+structure (``flatten_call``, ``rebuild``), which stays in one place. A third module for
+either half would be imported by both and own neither.
 """
 
 from __future__ import annotations
@@ -239,12 +245,10 @@ class Backward:
 
     def inspect(self, **options):
         """``kf.inspect`` of ``fn`` on ``example_args`` (``options``: e.g. target="cuda")."""
-        from .inspection import inspect
-
         if self.example_args is None:
             raise ValueError("this Backward has no example arguments: make it with kf.autograd.backward_of")
         fn = self.fn.with_options(**options) if options else self.fn
-        return inspect(fn, *self.example_args)
+        return fn.inspect(*self.example_args)
 
 
 def _at_user_line(e: CompileError, fn, source: str, line_locs: dict, role: str) -> CompileError:
@@ -433,7 +437,6 @@ def _materialize(kfn, fname: str, gm: torch.fx.GraphModule, user, role: str,
                  torch_op: bool = True) -> tuple[Any, str, dict[int, SourceLoc]]:
     """Write a graph as a Python function ``fname`` in a file and make it a KfFunction;
     (the function, the file, the user's line behind each line of the file)."""
-    from .api import KfFunction
     from .cache import cache_dir
 
     gm.recompile()
@@ -469,7 +472,7 @@ def _materialize(kfn, fname: str, gm: torch.fx.GraphModule, user, role: str,
             loc = _user_loc(node.meta.get("stack_trace", ""), user.__code__.co_filename)
             if loc is not None:
                 line_locs[lineno] = loc
-    return KfFunction(fn, kfn.options, torch_op=torch_op), str(path), line_locs
+    return type(kfn)(fn, kfn.options, torch_op=torch_op), str(path), line_locs
 
 
 def backward_of(kfn, *args, **kwargs) -> Backward:

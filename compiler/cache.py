@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import secrets
@@ -41,31 +40,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from .guards import walk
 from .options import Options
+from .packages import kf_package_dirs
 from .signature import Signature
 
 FORMAT = 2  # bump when the entry layout changes
 
-#: kf's packages: in a source checkout each is its own folder (pyproject.toml's
-#: package-dir), in an installed kf all of them are folders of kf/.
-_PACKAGES = ("kf", "kf.dialects", "kf.passes", "kf.runtime", "kf.tools")
 #: kf's files that make up the compiler and the runtime (sources and compiled extensions)
 _SOURCE_SUFFIXES = (".py", ".c", ".so", ".pyd", ".json", ".mlir")
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("KF_CACHE_DIR") or Path.home() / ".cache" / "kf")
-
-
-@lru_cache(maxsize=None)
-def kf_package_dirs() -> tuple[str, ...]:
-    """The folders kf's packages are imported from (none of them nested in another)."""
-    dirs = set()
-    for name in _PACKAGES:
-        spec = importlib.util.find_spec(name)
-        for d in (spec.submodule_search_locations or []) if spec is not None else []:
-            dirs.add(os.path.realpath(d))
-    return tuple(sorted(d for d in dirs if not any(d.startswith(o + os.sep) for o in dirs)))
 
 
 @lru_cache(maxsize=None)
@@ -96,16 +83,12 @@ def compiler_fingerprint() -> str:
 
 def function_fingerprint(fn: Callable) -> str:
     """A hash of what the function computes: its code and everything it reads (guards.py)."""
-    from .guards import walk
-
     return walk(fn).fingerprint
 
 
 def key(fn: Callable, sig: Signature, options: Options, arch: str, reads=None) -> str:
     """The cache key of one specialization; ``reads``: guards.walk(fn), walked here if not given."""
     if reads is None:
-        from .guards import walk
-
         reads = walk(fn)
     h = hashlib.sha256()
     for part in (compiler_fingerprint(), reads.fingerprint, repr(sig), options.stable_hash(), options.target, arch):

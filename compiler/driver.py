@@ -1,276 +1,35 @@
 """The pipeline driver: from a call signature to a ready program.
 
-    capture -> kf (kf-canonicalize [, kf-apply-precision, kf-canonicalize]) -> per target:
-      cpu:           kf-lower-to-linalg -> kf-to-cpu -> shared object
-      cuda / vulkan: kf-split-reductions -> kf-fuse -> kf-tile -> kf-map-to-gpu -> kf-promote-shared -> kf-vectorize
-                     -> kf-to-cuda (PTX) | kf-to-spirv (SPIR-V) [-> kf-to-metal (MSL)]
+The target of ``options.target`` (targets/) gives an ordered table of named stages;
+the driver walks it over one ``targets.Build``::
 
-A compiled program is stored in the disk cache (cache.py) and loaded from there by the
-runtime alone, so a later process with the same key never imports MLIR.
+    cpu:     capture -> precision -> linalg -> llvm -> so -> package
+    cuda:    capture -> precision -> kernels -> schedule -> ptx -> constants -> package
+    vulkan:  ...                                          -> spirv -> ...
+    metal:   ...                                          -> msl -> ...
+
+and turns what escapes a stage into one CompileError at the user's function (a
+reproducer saved, kf's frames hidden unless KF_DEBUG=1). A compiled program is stored
+in the disk cache (cache.py) and loaded from there by the runtime alone (programs.py),
+so a later process with the same key never imports MLIR.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from . import cache, logs, mutation
-from .errors import CompileError, SourceLoc, TargetError
+from . import cache, logs, targets
+from .errors import CompileError, debug, user_facing
 from .options import Options
-from .results import unflatten
+from .programs import InterpretedProgram, load
 from .signature import Signature
-
-
-# ----------------------------------------------------------------------------- programs
-
-
-class InterpretedProgram:
-    """Runs the captured kf IR with torch, op by op (see interpreter.py)."""
-
-    def __init__(self, cap, target: str = "cpu"):
-        from .interpreter import Interpreter
-
-        self.captured = cap
-        self.reached = cap.reached
-        self.baked: list = []  # (tensor, version) of constants the walk did not find (api.py)
-        self.moves: list = []  # (input, device) of reached 0-d CPU tensors copied at each call (api.py)
-        self._interp = Interpreter(cap.module, cap.name, cap.fallbacks)
-        self._target = target
-
-    def __call__(self, tensors: list, drawn: list | None = None):
-        mutations = self.captured.mutations
-        if mutations:
-            mutation.check(mutations, self.captured.name, tensors)
-        if self.captured.random_input is not None:
-            from .random_state import with_state
-
-            tensors = with_state(tensors, self._target, drawn)
-        if _PROFILE is not None:
-            from .profiler import record_interpreted
-
-            outs = record_interpreted(self, tensors)
-        else:
-            outs = self._interp.run(*tensors)
-        if mutations:
-            outs = mutation.copy_back(mutations, tensors, outs)
-        return unflatten(self.captured.output_tree, outs)
-
-
-class CompiledProgram:
-    """A program loaded from the cache: the target's launcher plus the result structure."""
-
-    def __init__(self, launcher: Callable, tree: Any, meta: dict, directory: Path, target: str = "cpu"):
-        self._launch = launcher
-        self._tree = tree
-        self.meta = meta
-        self.directory = directory
-        #: the reached tensors (guards.Reads.tensors) the program takes after the call's own
-        self.reached = list(meta.get("reached", []))
-        self.baked: list = []  # (tensor, version) of constants the walk did not find (api.py)
-        self.moves: list = []  # (input, device) of reached 0-d CPU tensors copied at each call (api.py)
-        self._unchecked = getattr(launcher, "unchecked", None)
-        # a program that draws random numbers takes a fresh state after the user's tensors
-        self._random = meta.get("random_state") is not None
-        self._target = target
-        #: arguments the function writes to: checked before and copied back after each launch
-        self._mutations = tuple(mutation.Mutation.from_json(m) for m in meta.get("mutations", []))
-        self._returns_inputs = [tuple(p) for p in meta.get("returns_inputs", [])]
-        self._same_results = [tuple(p) for p in meta.get("same_results", [])]
-
-    def __call__(self, tensors: list, drawn: list | None = None):
-        """Run the program; ``drawn`` (a list) receives the random state the call drew,
-        if it drew one."""
-        if self._mutations:
-            mutation.check(self._mutations, self.meta["name"], tensors)
-        if self._random:
-            from .random_state import with_state
-
-            tensors = with_state(tensors, self._target, drawn)
-        if _PROFILE is not None or _torch_profiling():
-            # kf.profile is recording, or torch.profiler is: time the launch and name it.
-            from .profiler import launch
-
-            outs = launch(self, tensors)
-        else:
-            outs = list(self._launch(*tensors))
-        if self._mutations:
-            outs = mutation.copy_back(self._mutations, tensors, outs)
-        return unflatten(self._tree, self._with_inputs(outs, tensors))
-
-    def _with_inputs(self, outs: list, tensors: list) -> list:
-        """The outputs, with those that eager returns as an input tensor itself (``return x``,
-        ``x.contiguous()`` of a contiguous x) replaced by that tensor, and one that eager
-        returns twice (``return y, y``) the same tensor twice, as eager gives them."""
-        outs = list(outs)
-        for j, i in self._returns_inputs:
-            outs[j] = tensors[i]
-        for j, k in self._same_results:
-            outs[j] = outs[k]
-        return outs
-
-    def call_matched(self, tensors: list):
-        """As a call, for tensors that kf's dispatch key has matched to the program's
-        signature (shapes, dtypes, device, contiguity): the launcher skips re-checking."""
-        if (self._random or self._mutations or _PROFILE is not None or _torch_profiling()
-                or self._unchecked is None):
-            return self(tensors)
-        return unflatten(self._tree, self._with_inputs(list(self._unchecked(*tensors)), tensors))
-
-    def matched_call(self, contiguous: bool) -> Callable:
-        """What kf's dispatch table keeps for a matched call signature: the launcher's
-        fast lane (``CudaProgram.fast_lane``) where the program and the tensors allow it
-        -- contiguous tensors, no index error flag to read, no random state to draw --
-        else ``call_matched``. Profiling (kf's or torch's) still takes the general path,
-        checked on every call."""
-        make = getattr(self._launch, "fast_lane", None)
-        lane = make() if make is not None and contiguous and not self._random and not self._mutations \
-            and not self._returns_inputs and not self._same_results else None
-        if lane is None:
-            return self.call_matched
-        tree = self._tree
-        first = tree[1] if tree[0] == "tensor" else None
-
-        def call(tensors: list):
-            if _PROFILE is not None or _torch_profiling():
-                return self(tensors)
-            outs = lane(tensors)
-            return outs[first] if first is not None else unflatten(tree, outs)
-
-        call.program = self
-        # the same in C (kf.runtime._launcher.Lane) where the launcher is compiled: it
-        # reads the same profiling switches and hands what it does not do itself to call
-        make_c = getattr(self._launch, "c_lane", None)
-        if make_c is not None:
-            import torch
-
-            c_lane = make_c(call, -1 if first is None else first, tree, unflatten, globals(), "_PROFILE",
-                            torch._C._autograd._profiler_enabled, self)
-            if c_lane is not None:
-                return c_lane
-        return call
-
-
-#: The recording kf.profile, or None. Read on every launch, so it is a module global
-#: (one dict lookup) rather than anything that imports the profiler.
-_PROFILE = None
-
-
-def _torch_profiling() -> bool:
-    global _torch_profiling
-    import torch
-
-    _torch_profiling = torch._C._autograd._profiler_enabled  # C++: a flag read, no Python frames
-    return _torch_profiling()
-
-
-def _load(entry: cache.Entry, n_reached: int) -> CompiledProgram:
-    from kf.runtime.abi import ProgramABI
-
-    from kf.runtime import programs
-
-    meta = entry.meta
-    if any(not isinstance(j, int) or not 0 <= j < n_reached for j in meta.get("reached", [])):
-        raise ValueError(f"the entry reads reached tensors {meta.get('reached')} of {n_reached}")
-    abi = ProgramABI.from_json(meta["abi"])
-    tree = json.loads(meta["output_tree"])
-    launcher = programs.load(abi, str(entry.directory), meta)
-    return CompiledProgram(launcher, _tuple_tree(tree), meta, entry.directory, abi.target)
-
-
-def _tuple_tree(tree):
-    kind, payload = tree
-    if kind == "tensor":
-        return (kind, payload)
-    return (kind, [_tuple_tree(t) for t in payload])
-
-
-# ----------------------------------------------------------------------------- compile
-
-
-def _code_lines(code) -> frozenset:
-    """Source lines of a code object and the code nested in it (lambdas, comprehensions)."""
-    lines = {line for _, _, line in code.co_lines() if line is not None}
-    for c in code.co_consts:
-        if hasattr(c, "co_lines"):
-            lines |= _code_lines(c)
-    return frozenset(lines)
 
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else ""
-
-
-def _user_code(fn: Callable):
-    import inspect
-
-    return inspect.unwrap(fn).__code__
-
-
-def target_arch(options: Options) -> str:
-    """The architecture a target compiles for: sm_XX of the current CUDA device, and
-    sm_90a on Hopper (as Triton does: its arch-specific instructions, wgmma among them,
-    run only on sm_90 itself; kf's cubins are built per device anyway). Without a GPU,
-    sm_90a, the H200 kf is measured on. For Vulkan and Metal, the device's limits that
-    the strategies tile for (``kf.runtime.abi.DeviceLimits.spec()``): ``arch`` when
-    given, else the Vulkan device's own; "" (the limits' defaults) for Metal and where
-    there is no Vulkan device."""
-    if options.target in ("vulkan", "metal"):
-        if options.arch:
-            from kf.runtime.abi import DeviceLimits
-
-            return DeviceLimits.parse(options.arch).spec()
-        if options.target == "metal":
-            return ""
-        from kf.runtime import vulkan
-
-        return vulkan.device().target_limits().spec() if vulkan.is_available() else ""
-    if options.target != "cuda":
-        return ""
-    if options.arch:
-        return options.arch
-    import torch
-
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
-    return "sm_90a"
-
-
-def target_multiprocessors(target: str) -> int:
-    """The streaming multiprocessors of the current CUDA device, which persistent kernels
-    start one workgroup on each (part of the cache key, as the arch is); without a GPU,
-    the H200's 132, as ``target_arch`` takes its sm_90a. 0 for other targets."""
-    if target != "cuda":
-        return 0
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return 132  # strategies.base.DEFAULT_MULTIPROCESSORS (not imported: a cache hit imports no MLIR)
-
-
-def device_key(options: Options) -> str:
-    """What the compiled code depends on of the device, for the cache key: the
-    architecture (Vulkan and Metal: the device's limits) and the multiprocessors
-    (persistent kernels' grids)."""
-    return f"{target_arch(options)} {target_multiprocessors(options.target)}"
-
-
-def debug() -> bool:
-    """KF_DEBUG=1 keeps kf's own frames in the traceback of a CompileError."""
-    return os.environ.get("KF_DEBUG", "") not in ("", "0")
-
-
-def _user_facing(e: CompileError) -> CompileError:
-    """The error without the compiler's frames below this one (Triton hides its own the
-    same way): the traceback ends in a few frames of kf's API above the user's call,
-    and the message, not a stack of passes, says what failed where."""
-    return e.with_traceback(None)
 
 
 def compile_function(fn: Callable, sig: Signature, tensors: list, options: Options, reads=None):
@@ -287,16 +46,17 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
 
         reads = walk(fn)
     try:
+        target = targets.get(options.target)
         if options.interpret:
             from .capture import capture_signature
             from .stages import StageLog, dump_dir_for
 
             cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
             reads.baked = cap.unsourced
-            apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
+            target.apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
             return InterpretedProgram(cap, options.target)
-        arch = target_arch(options)
-        key = cache.key(fn, sig, options, device_key(options), reads)
+        arch = target.arch(options)
+        key = cache.key(fn, sig, options, target.device_key(options), reads)
         name = getattr(fn, "__name__", type(fn).__name__)
         skip = _skip_cache(options, reads)
         if skip:
@@ -304,7 +64,7 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
         entry = cache.load(key) if not skip else None
         if entry is not None:
             try:
-                program = _load(entry, len(reads.tensors))
+                program = load(entry, len(reads.tensors))
                 logs.cache_log.info("%s%s: loaded from the disk cache (%s)", name, sig.describe(), entry.directory)
                 return program
             except Exception as e:
@@ -319,11 +79,11 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
     except CompileError as e:
         if debug():
             raise
-        raise _user_facing(e) from None
+        raise user_facing(e) from None
     for attempt in range(3):
         entry = cache.store(key, meta, artifacts)
         try:
-            return _load(entry, len(reads.tensors))
+            return load(entry, len(reads.tensors))
         except Exception:
             if attempt == 2 or (entry.directory / "program.json").exists():
                 raise
@@ -355,317 +115,38 @@ def _unavailable(e: BaseException) -> bool:
 
 def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: str,
           log=None, reads=None) -> tuple[dict, dict[str, bytes]]:
-    """Compile one specialization: (metadata, artifacts) for the cache. ``reads``:
-    guards.walk(fn), walked here if not given; the reached tensors the function uses are
-    the program's last inputs (``meta["reached"]``)."""
-    from .capture import capture_signature
-    from .stages import StageLog, dump_dir_for, run_passes
-
+    """Compile one specialization by walking its target's stages: (metadata, artifacts)
+    for the cache. ``arch``: the target's (``Target.arch``); ``log``: a StageLog to
+    record into (kf.inspect's), else one is made at capture; ``reads``: guards.walk(fn),
+    walked here if not given; the reached tensors the function uses are the program's
+    last inputs (``meta["reached"]``)."""
     if reads is None:
         from .guards import walk
 
         reads = walk(fn)
-    code = _user_code(fn)
-    where = SourceLoc(code.co_filename, code.co_firstlineno, 1, code.co_name)
-    start = time.perf_counter()
-    try:
-        cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
-        reads.baked = cap.unsourced
-    except CompileError:
-        raise
-    except Exception as e:  # a bug in kf's ATen conversion (there is no IR to save yet)
-        if debug():
-            raise
-        raise CompileError(f"{code.co_name}: internal compiler error during capture", where, stage="capture",
-                           cause=f"{type(e).__name__}: {_first_line(e)} (KF_DEBUG=1 shows kf's traceback)") from None
-    log = log or StageLog(cap.name, dump_dir_for(options.dump_ir))
-    log.seconds["capture"] = time.perf_counter() - start
-    log.default_loc = where
-    log.function_lines = _code_lines(code)
-    log.record("kf", cap.module)
-    try:
-        run_passes(cap.module, ["kf-canonicalize"], log)
-        apply_precision(cap, options, log)
-        extra_meta: dict = {}
-        if options.target == "cpu":
-            abi, artifacts = _build_cpu(cap, log)
-        elif options.target in ("cuda", "vulkan", "metal"):
-            abi, artifacts, extra_meta = _build_gpu(cap, log, options.target, arch, options.variants)
-        else:
-            raise TargetError(f"unknown target {options.target}")
-    except CompileError:
-        raise
-    except Exception as e:
-        # A bug in kf, not in the user's code: still a CompileError at their function,
-        # with the IR it happened on saved for the report.
-        if debug():
-            raise
-        from .stages import save_reproducer
-
-        path = save_reproducer(log, cap.module.operation.get_asm(enable_debug_info=True))
-        raise CompileError(f"{cap.name}: internal compiler error", log.default_loc, stage="compile",
-                           cause=f"{type(e).__name__}: {_first_line(e)} (KF_DEBUG=1 shows kf's traceback)",
-                           reproducer=path) from None
-    meta = {
-        "name": cap.name,
-        "signature": sig.describe(),
-        "abi": abi.to_json(),
-        "output_tree": json.dumps(cap.output_tree),
-        "compile_seconds": log.seconds,
-        "random_state": cap.random_input,
-        "mutations": [m.to_json() for m in cap.mutations],
-        "reached": cap.reached,
-        # what cannot be named in another process, or holds tensors the walk did not find,
-        # stays in this one (cache.store)
-        "private": not reads.persistent or bool(cap.unsourced),
-        # [output, input] where eager returns the input tensor itself, [output, earlier output]
-        # where it returns one tensor twice: the call returns them so too
-        "returns_inputs": [[j, a[1]] for j, a in enumerate(cap.eager_aliases) if a is not None and a[0] == "input"],
-        "same_results": [[j, k] for j, k in enumerate(cap.eager_repeats) if k >= 0],
-        **extra_meta,
-    }
-    return meta, artifacts
-
-
-def precision_passes(options: Options) -> list[str]:
-    """The kf-level passes of ``options.precision`` (none for ``auto``): the policy
-    (passes/apply_precision.py), then kf-canonicalize for the identity casts it leaves.
-
-    fp8 matmul operands are fp8 tensors only on CUDA, whose tensor cores multiply them;
-    elsewhere the E4M3FN values are carried in f32 (``fp8-storage=false``: the same
-    products and f32 sums): kf-to-spirv stores no fp8 tensors, and the CPU would widen
-    each fp8 operand into an f32 copy before its matmul anyway.
-
-    On CUDA, attention is quantized only where the fp8 attention kernel takes it (sm_90a:
-    head dims 128 or 256, whole 128-key blocks, no mask; ``fp8-attention=kernel``; on
-    other chips there is none, ``fp8-attention=none``); elsewhere it stays 16-bit, as
-    its fp8 products would run on CUDA cores, several times slower than the bf16
-    tensor-core kernel (passes/apply_precision.py, ``_sixteen_bit_attention``)."""
-    if options.precision == "auto":
-        return []
-    extra = ""
-    if options.precision == "fp8":
-        if options.target != "cuda":
-            extra = " fp8-storage=false"
-        else:
-            extra = " fp8-attention=" + ("kernel" if target_arch(options) == "sm_90a" else "none")
-    return [f"kf-apply-precision{{precision={options.precision}{extra}}}", "kf-canonicalize"]
-
-
-def apply_precision(cap, options: Options, log) -> None:
-    """Run the precision policy's passes on a captured function's kf IR, in place."""
-    from .stages import run_passes
-
-    passes = precision_passes(options)
-    if passes:
-        run_passes(cap.module, passes, log)
-
-
-#: The GPU pipeline after kf-canonicalize; {t} is the strategies' target (cuda, spirv).
-GPU_PASSES = ["kf-recognize-moe", "kf-split-reductions", "kf-fuse", "kf-tile{{target={t}{chip}}}", "kf-map-to-gpu{{target={t}{chip}}}",
-              "kf-promote-shared", "kf-vectorize"]
-
-
-def gpu_passes(target: str, arch: str, variants: str = "") -> list[str]:
-    """The kf passes from fused kernels to the gpu.module, for registered passes only
-    (kf-promote-shared and kf-vectorize are optimizations: a build without them is correct).
-    ``variants``: kernel variants (``Options.variants``), kf-tile's options."""
-    from kf.passes import registry
-
-    t = "cuda" if target == "cuda" else "spirv"
-    chip = f" chip={arch}" if target == "cuda" and arch else ""
-    if target == "cuda":
-        chip += f" multiprocessors={target_multiprocessors(target)}"
-    elif arch:
-        chip = f" limits={arch}"  # the Vulkan device's limits (target_arch)
-    out = []
-    for p in GPU_PASSES:
-        name = p.split("{")[0]
-        if registry.is_kf_pass(name):
-            p = p.format(t=t, chip=chip)
-            if name == "kf-tile" and variants.strip():
-                p = p[:-1] + " " + " ".join(variants.split()) + "}"
-            out.append(p)
-    return out
-
-
-def _record_linalg(cap, log) -> None:
-    """The linalg form of the function (what the CPU target compiles), for kf.inspect: GPU
-    kernels are written from the fused kf IR instead, so this runs on a copy."""
-    from mlir import ir
-
-    from kf.passes import pipeline
-
-    with cap.context:
-        copy = ir.Module.parse(cap.module.operation.get_asm(enable_debug_info=True))
-        pm, _ = pipeline.build("builtin.module(kf-lower-to-linalg)", cap.context)
+    target = targets.get(options.target)
+    b = targets.Build(target, fn, sig, tensors, options, arch, reads, log)
+    for stage in target.stages().values():
         try:
-            pm.run(copy.operation)
-        except ir.MLIRError:
-            return  # the stage is informative only; the GPU build does not use it
-        log.texts["linalg"] = copy.operation.get_asm(enable_debug_info=True, use_local_scope=True)
-
-
-def _build_gpu(cap, log, target: str, arch: str, variants: str = ""):
-    from . import gpu_codegen
-    from .stages import run_passes
-
-    gpu_codegen.reject_fallbacks(cap.module, cap.name, target)
-    if log.inspecting:
-        _record_linalg(cap, log)
-    _check_variants(cap.name, variants, log.default_loc)
-    passes = gpu_passes(target, arch, variants)
-    record = {next(p for p in passes if p.startswith("kf-fuse")): "fused", passes[-1]: "gpu"}
-    # Kernel bodies (for FLOPs) and plans are both there after kf-tile, and only then:
-    # kf-map-to-gpu leaves declarations.
-    planned = next((i + 1 for i, p in enumerate(passes) if p.startswith("kf-tile")), 1)
-    run_passes(cap.module, passes[:planned], log, record_after=record)
-    kernel_info = _kernel_info(cap.module)
-    run_passes(cap.module, passes[planned:], log, record_after=record)
-    abi, constants, repeats = gpu_codegen.schedule_abi(cap.module, cap.name, cap.input_names, target,
-                                                       cap.eager_aliases, cap.eager_repeats)
-    abi = _with_kernel_info(abi, kernel_info)
-    abi, artifacts = _lower_target(cap, log, abi, target, arch)
-    blob, table = b"", []
-    for arg, data in constants:
-        table.append({"offset": len(blob), "nbytes": len(data), "shape": list(arg.shape), "elem": arg.elem})
-        blob += data + b"\0" * (-len(data) % 16)
-    if table:
-        artifacts["constants.bin"] = blob
-    return abi, artifacts, {"constants": table, "repeats": repeats}
-
-
-def _check_variants(name: str, variants: str, loc) -> None:
-    """A CompileError at the user's function for kernel variants kf-tile would refuse."""
-    if not variants.strip():
-        return
-    from kf.passes.strategies.base import variants_by_kind
-
-    try:
-        variants_by_kind(dict(item.split("=", 1) for item in variants.split()))
-    except ValueError as e:
-        raise CompileError(f"{name}: the variants option names no kernel variant kf has", loc, stage="options",
-                           cause=str(e)) from None
-
-
-def _kernel_info(module) -> dict[str, dict]:
-    """Per kernel function: its kf.plan and its FLOPs (costs.py), keyed by the name of
-    the gpu.func kf-map-to-gpu will give it (the kernel function's own name)."""
-    from mlir import ir
-
-    from kf.passes.tile import recorded_plan
-
-    from .costs import kernel_flops
-
-    out = {}
-    for op in module.body.operations:
-        op = op.operation
-        if op.name == "func.func" and "kf.kernel" in op.attributes:
-            flops, mm = kernel_flops(op)
-            out[ir.StringAttr(op.attributes["sym_name"]).value] = {
-                "plan": recorded_plan(op) or {}, "flops": flops, "matmul_flops": mm}
-    return out
-
-
-def _with_kernel_info(abi, info: dict[str, dict]):
-    import dataclasses
-
-    kernels = tuple(dataclasses.replace(k, extra={**k.extra, **info.get(k.entry, {})}) for k in abi.kernels)
-    return dataclasses.replace(abi, kernels=kernels)
-
-
-def _lower_target(cap, log, abi, target: str, arch: str):
-    """The back end, timed as a stage, its failures raised at the user's line. A
-    function that needs no kernel (it returns its inputs, views of them or empty
-    tensors) has no back-end stage and no binary."""
-    import time
-
-    if not abi.kernels:
-        return abi, {}
-
-    from . import gpu_codegen
-    from .stages import target_failure
-
-    if target == "cuda":
-        stage, text = "kf-to-cuda (ptxas)", f"kf-to-cuda{{chip={arch}}}"
-        run = lambda: gpu_codegen.lower_cuda(cap.module, abi, arch, log)  # noqa: E731
-    else:
-        stage = "kf-to-spirv" + (" + kf-to-metal (SPIRV-Cross)" if target == "metal" else " (spirv-val)")
-        text = "kf-to-spirv" + (", kf-to-metal" if target == "metal" else "")
-        run = lambda: gpu_codegen.lower_spirv(cap.module, abi, log, metal=target == "metal", limits=arch)  # noqa: E731
-    before = cap.module.operation.get_asm(enable_debug_info=True)
-    start = time.perf_counter()
-    try:
-        return run()
-    except Exception as e:
-        if debug():
+            stage(b)
+        except CompileError:
             raise
-        lines = {k.entry: k.fused_lines for k in abi.kernels}
-        raise target_failure(log, stage, text, before, e, lines) from None
-    finally:
-        log.seconds[stage] = time.perf_counter() - start
-
-
-def _build_cpu(cap, log):
-    from kf.runtime.abi import TensorArg
-
-    from .cpu_codegen import _func, _signature, index_sites, link_shared_object, program_abi, rename_entry
-    from .stages import run_passes
-
-    from .costs import kernel_flops
-
-    entry = _func(cap.module, cap.name)
-    flops, mm = kernel_flops(entry)
-    ins, outs = _signature(entry)
-    ins = tuple(TensorArg(n, a.shape, a.elem) for n, a in zip(cap.input_names, ins))
-    if "arg_attrs" in entry.attributes:  # parameter names are for people; the ABI has them
-        del entry.attributes["arg_attrs"]
-    symbol = rename_entry(cap.module, cap.name)
-    run_passes(cap.module, ["kf-lower-to-linalg"], log, record_after={"kf-lower-to-linalg": "linalg"})
-    sites = index_sites(_func(cap.module, symbol))
-    run_passes(cap.module, ["kf-to-cpu"], log, record_after={"kf-to-cpu": "llvm"})
-    import time
-
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kf-cpu-") as tmp:
-        so = link_shared_object(cap.module, os.path.join(tmp, f"{cap.name}.so"))
-        data = Path(so).read_bytes()
-    log.seconds["llvm codegen + link"] = time.perf_counter() - start
-    abi = program_abi(symbol, ins, outs, sites, f"{cap.name}.so",
-                      fused_lines=tuple(sorted({str(l) for l in cap.source_locs.values()})),
-                      extra={"strategy": "cpu", "flops": flops, "matmul_flops": mm})
-    return abi, {f"{cap.name}.so": data}
-
-
-# ----------------------------------------------------------------------------- inspect
-
-
-def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Options):
-    """Every stage's text for one specialization; stages after kf compile lazily."""
-    from .capture import capture_signature
-    from .inspection import Inspection
-    from .stages import StageLog, dump_dir_for
-
-    from .guards import walk
-
-    reads = walk(fn)
-    try:
-        cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
-        # the kf stage is the IR the precision policy leaves (the casts it makes show)
-        apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
-    except CompileError as e:
-        if debug():
-            raise
-        raise _user_facing(e) from None
-
-    def compile_rest() -> dict:
-        log = StageLog(cap.name, dump_dir_for(options.dump_ir), inspecting=True)
-        try:
-            build(fn, sig, tensors, options.with_(interpret=False), target_arch(options), log, reads)
-        except CompileError as e:
+        except Exception as e:
             if debug():
                 raise
-            raise _user_facing(e) from None
-        return log.texts
+            raise _internal_error(b, e) from None
+    return b.meta, b.artifacts
 
-    return Inspection(cap.name, sig.describe(), cap.kf_ir, cap, compile_rest)
+
+def _internal_error(b: targets.Build, e: Exception) -> CompileError:
+    """A bug in kf, not in the user's code: still a CompileError at their function, with
+    the IR it happened on saved for the report (there is none before capture)."""
+    why = f"{type(e).__name__}: {_first_line(e)} (KF_DEBUG=1 shows kf's traceback)"
+    if b.cap is None:
+        return CompileError(f"{b.code.co_name}: internal compiler error during capture", b.where, stage="capture",
+                            cause=why)
+    from .stages import save_reproducer
+
+    path = save_reproducer(b.log, b.cap.module.operation.get_asm(enable_debug_info=True))
+    return CompileError(f"{b.cap.name}: internal compiler error", b.log.default_loc, stage="compile", cause=why,
+                        reproducer=path)

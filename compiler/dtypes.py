@@ -1,14 +1,12 @@
-"""torch dtypes and kf element types, both ways."""
+"""torch dtypes and kf element types, both ways (from kf's element table, kf.dialects.elements)."""
 
 from __future__ import annotations
 
 import torch
 
-TORCH_TO_KF: dict[torch.dtype, str] = {
-    torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
-    torch.float8_e4m3fn: "f8E4M3FN", torch.float8_e5m2: "f8E5M2",
-    torch.bool: "i1", torch.int32: "i32", torch.int64: "i64",
-}
+from kf.dialects.elements import ELEMENTS
+
+TORCH_TO_KF: dict[torch.dtype, str] = {getattr(torch, e.torch_name): n for n, e in ELEMENTS.items()}
 KF_TO_TORCH: dict[str, torch.dtype] = {v: k for k, v in TORCH_TO_KF.items()}
 
 

@@ -108,5 +108,30 @@ class SignatureError(TypeError):
     """A call's arguments do not fit the function (wrong device, dtype or structure)."""
 
 
+
+class Unsupported(Exception):
+    """No kf lowering for an ATen op (and no fallback could lower it): what the ATen
+    conversion (aten_to_kf.py) and its torch-mlir fallback (torch_mlir_import.py) raise,
+    and capture turns into an UnsupportedOpError at the user's line."""
+
+    def __init__(self, message: str, cause: str | None = None):
+        super().__init__(message)
+        self.cause = cause
+
 __all__ = ["CaptureError", "CompileError", "IndexOutOfRange", "KfVerifyError", "PassFailedError", "SignatureError",
            "SourceLoc", "TargetError", "UnsupportedOpError"]
+
+
+def user_facing(e: "CompileError") -> "CompileError":
+    """The error without the compiler's frames below this one (Triton hides its own the
+    same way): the traceback ends in a few frames of kf's API above the user's call,
+    and the message, not a stack of passes, says what failed where."""
+    return e.with_traceback(None)
+
+
+def debug() -> bool:
+    """KF_DEBUG=1 keeps kf's own frames in the traceback of a CompileError, and lets an
+    internal error escape as itself instead of a CompileError at the user's line."""
+    import os
+
+    return os.environ.get("KF_DEBUG", "") not in ("", "0")

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import costs
+from . import costs, targets
 
 
 @dataclass
@@ -86,7 +86,7 @@ class Explanation:
             plan = {key: v for key, v in k.plan.items() if key not in ("strategy", "target")}
             if plan:
                 out.append("  plan:  " + ", ".join(f"{key}={v}" for key, v in plan.items()))
-            if self.target == "cpu":
+            if not targets.get(self.target).is_gpu:
                 out.append("  one loop nest on the host (linalg -> LLVM), vectorized by LLVM")
             else:
                 out.append(f"  grid={tuple(k.grid)} block={tuple(k.block)} "
@@ -137,7 +137,7 @@ def plan_of(meta: dict, peak: costs.DevicePeak | None) -> list[KernelPlan]:
         occ = costs.cuda_occupancy(math.prod(k.block), int(ptxas.get("registers", 0)),
                                    k.shared_bytes + int(ptxas.get("shared_bytes", 0))) if ptxas else None
         plan = dict(k.extra.get("plan") or {})
-        out.append(KernelPlan(k.entry if abi.target != "cpu" else meta["name"], str(k.extra.get("strategy", "")),
+        out.append(KernelPlan(k.entry if targets.get(abi.target).is_gpu else meta["name"], str(k.extra.get("strategy", "")),
                               tuple(k.fused_lines), plan, tuple(k.grid), tuple(k.block), int(k.shared_bytes),
                               _vector_width(plan), nbytes, flops, mm, elem, floor, bound, ptxas, occ,
                               int(ptxas.get("shared_bytes", 0) or k.extra.get("workgroup_bytes", 0) or 0)))
@@ -149,8 +149,9 @@ def explain(fn: Callable, *args, device: str | None = None, file=None, **kwargs)
     whose repr is the text (a REPL shows it once; ``print(kf.explain(...))`` in a script);
     ``file`` also prints it there. ``device`` names whose peaks the floors use."""
     from . import cache, driver
-    from .api import _DEVICE_TARGET, KfFunction
-    from .errors import CompileError
+    from .api import KfFunction
+    from .errors import CompileError, debug
+    from .guards import walk
     from .options import Options
     from .signature import bind
 
@@ -158,17 +159,19 @@ def explain(fn: Callable, *args, device: str | None = None, file=None, **kwargs)
     sig, tensors = bind(kfn.fn, args, kwargs)
     target = kfn.options.target
     if target == "auto":
-        target = _DEVICE_TARGET.get(next(iter(sig.devices()), "cpu"), "cpu")
+        target = targets.BY_DEVICE.get(next(iter(sig.devices()), "cpu"), targets.CPU).name
     options = kfn.options.with_(target=target, interpret=False)
-    arch = driver.target_arch(options)
+    compiled_for = targets.get(target)
+    arch = compiled_for.arch(options)
     try:
-        key = cache.key(kfn.fn, sig, options, driver.device_key(options))
+        reads = walk(kfn.fn)
+        key = cache.key(kfn.fn, sig, options, compiled_for.device_key(options), reads)
         entry = cache.load(key)
         if entry is None:
-            meta, artifacts = driver.build(kfn.fn, sig, tensors, options, arch)
+            meta, artifacts = driver.build(kfn.fn, sig, tensors, options, arch, reads=reads)
             entry = cache.store(key, meta, artifacts)
     except CompileError as e:
-        if driver.debug():
+        if debug():
             raise
         raise e.with_traceback(None) from None
     meta = entry.meta

@@ -21,11 +21,10 @@ from mlir import ir
 
 from kf.dialects.attrs import from_attr
 from kf.dialects.types import spec_of
+from kf.passes.map_to_gpu import GPU_MODULE
 from kf.runtime.abi import ELEM_INFO, IndexSite, KernelABI, ProgramABI, TensorArg
 
 from .errors import SourceLoc, TargetError
-
-GPU_MODULE = "kf_kernels"
 
 
 def _func(module: ir.Module, name: str) -> ir.Operation:

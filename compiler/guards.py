@@ -57,6 +57,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .packages import kf_package_dirs
+
 # Getter codes: how an operation gets its value from the register `src`.
 GET_SAME, GET_ITEM, GET_ATTR, GET_CELL, GET_INDEX = range(5)
 # Check codes: what an operation asks of the value it got.
@@ -105,8 +107,6 @@ def _library_roots() -> tuple[str, ...]:
     except AttributeError:  # some virtualenvs' site module
         pass
     roots.add(os.path.dirname(torch.__file__))
-    from .cache import kf_package_dirs
-
     roots.update(kf_package_dirs())
     return tuple(sorted(os.path.realpath(r).rstrip(os.sep) + os.sep for r in roots))
 
@@ -771,13 +771,16 @@ def is_guarded(entry: Any) -> bool:
     return isinstance(entry, _GUARDED_TYPES)
 
 
-@functools.lru_cache(maxsize=None)
-def guarded_type() -> type:
-    """kf.runtime._launcher.Guarded where calls dispatch in C (api.py chooses, and gives
-    the extension torch.Tensor to check tensors against), else PyGuarded."""
-    from . import api
+#: Whether calls dispatch in C: api.py chooses when it is imported and says so here (this
+#: module is below it), as guarded entries are then the extension's Guarded type.
+c_dispatch = False
 
-    if api._c_dispatch is None:
+
+def guarded_type() -> type:
+    """kf.runtime._launcher.Guarded where calls dispatch in C (api.py chooses, sets
+    ``c_dispatch``, and gives the extension torch.Tensor to check tensors against),
+    else PyGuarded."""
+    if not c_dispatch:
         return PyGuarded
     from kf.runtime import _launcher
 

@@ -1,4 +1,4 @@
-"""``kf.inspect``: every stage's text for one specialization of a function.
+"""What ``kf.inspect`` gives: every stage's text for one specialization of a function.
 
 The kf IR is there at once; the later stages (linalg, gpu, ptx, spirv, msl, ...) are
 compiled on first access, for the decorator's target (or the tensors' device), without
@@ -8,6 +8,11 @@ running anything: a metal_shader's MSL can be read on Linux.
 from __future__ import annotations
 
 from typing import Callable
+
+from . import targets
+from .errors import CompileError, debug, user_facing
+from .options import Options
+from .signature import Signature
 
 
 class Inspection:
@@ -48,12 +53,32 @@ class Inspection:
         return f"kf.inspect {self.name}{self.signature}; stages: {stages}\n{self.kf_ir}"
 
 
-def inspect(fn: Callable, *args, **kwargs) -> Inspection:
-    """Capture fn for these arguments; the result gives the text of every stage."""
-    target = getattr(fn, "__kf_function__", None)
-    if target is None:
-        from .api import KfFunction
-        from .options import Options
+def inspect_function(fn: Callable, sig: Signature, tensors: list, options: Options):
+    """Every stage's text for one specialization; stages after kf compile lazily."""
+    from .capture import capture_signature
+    from .driver import build
+    from .guards import walk
+    from .stages import StageLog, dump_dir_for
 
-        target = KfFunction(fn, Options())
-    return target.inspect(*args, **kwargs)
+    reads = walk(fn)
+    target = targets.get(options.target)
+    try:
+        cap = capture_signature(fn, sig, tensors, reads.tensors, reads.labels)
+        # the kf stage is the IR the precision policy leaves (the casts it makes show)
+        target.apply_precision(cap, options, StageLog(cap.name, dump_dir_for(options.dump_ir)))
+    except CompileError as e:
+        if debug():
+            raise
+        raise user_facing(e) from None
+
+    def compile_rest() -> dict:
+        log = StageLog(cap.name, dump_dir_for(options.dump_ir), inspecting=True)
+        try:
+            build(fn, sig, tensors, options.with_(interpret=False), target.arch(options), log, reads)
+        except CompileError as e:
+            if debug():
+                raise
+            raise user_facing(e) from None
+        return log.texts
+
+    return Inspection(cap.name, sig.describe(), cap.kf_ir, cap, compile_rest)

@@ -9,9 +9,10 @@
 
 Why it is built this way:
 
-- **Recorded at the launch, not sampled.** While a profile is open, ``driver._PROFILE``
+- **Recorded at the launch, not sampled.** While a profile is open, ``programs._PROFILE``
   points at it, and ``CompiledProgram.__call__`` (the fast path's only callee) takes the
-  timed path here instead of calling the launcher directly; closed, the fast path costs
+  timed path (programs.py) instead of calling the launcher directly, which records
+  each launch here; closed, the fast path costs
   one global read. The same path runs when ``torch.profiler`` is recording, so kf
   launches appear in its traces under their function names (``record_function``; on
   CUDA also as NVTX ranges, for Nsight Systems).
@@ -39,8 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import costs
-from . import driver
+from . import costs, programs, targets
 
 
 @dataclass
@@ -163,13 +163,13 @@ class profile:
         self._peaks: dict[str, costs.DevicePeak | None] = {}
 
     def __enter__(self) -> "profile":
-        self._parent = driver._PROFILE
+        self._parent = programs._PROFILE
         self._t0 = time.perf_counter()
-        driver._PROFILE = self
+        programs._PROFILE = self
         return self
 
     def __exit__(self, *exc) -> None:
-        driver._PROFILE = self._parent
+        programs._PROFILE = self._parent
         for launch in self.launches:  # read the CUDA events while the stream is known done
             if launch._events is not None:
                 launch.seconds  # noqa: B018
@@ -195,7 +195,7 @@ class profile:
         buffers = list(abi.inputs) + list(abi.outputs) + list(abi.temporaries)
         for k, (seconds, ev, timer) in zip(abi.kernels, per_kernel):
             launch = KernelLaunch(
-                function=name, kernel=k.entry if abi.target != "cpu" else name, target=abi.target,
+                function=name, kernel=k.entry if targets.get(abi.target).is_gpu else name, target=abi.target,
                 strategy=str(k.extra.get("strategy", "")), fused_lines=tuple(k.fused_lines),
                 start_s=t0 - self._t0, nbytes=sum(buffers[i].nbytes for i in sorted(set(k.args))),
                 flops=int(k.extra.get("flops", 0)), matmul_flops=int(k.extra.get("matmul_flops", 0)),
@@ -208,6 +208,26 @@ class profile:
             while p is not None:
                 p.launches.append(launch)
                 p = p._parent
+
+    def _record_interpreted(self, program, tensors: list, outs: list, t0: float, t1: float) -> None:
+        """Record a call of an InterpretedProgram: one "kernel", its wall time."""
+        from kf.runtime.abi import ELEM_INFO
+
+        cap = program.captured
+        flops = getattr(program, "_kf_flops", None)
+        if flops is None:
+            from .cpu_codegen import _func
+
+            flops = program._kf_flops = costs.kernel_flops(_func(cap.module, cap.name))
+        nbytes = sum(t.numel() * t.element_size() for t in list(tensors) + list(outs))
+        elem = next((e for e, (n, _) in ELEM_INFO.items() if outs and str(outs[0].dtype) == f"torch.{n}"), "f32")
+        launch = KernelLaunch(cap.name, f"{cap.name} (interpreted)", "interpreter", "interpreter",
+                              tuple(sorted({str(x) for x in cap.source_locs.values()})), t0 - self._t0, nbytes,
+                              flops[0], flops[1], elem, _seconds=t1 - t0)
+        p = self
+        while p is not None:
+            p.launches.append(launch)
+            p = p._parent
 
     def _cuda_reference(self):
         if self._cuda_ref is None:
@@ -407,79 +427,3 @@ class Text(str):
 def _short(line: str) -> str:
     file, _, no = line.rpartition(":")
     return f"{os.path.basename(file)}:{no}" if file else line
-
-
-# ---------------------------------------------------------------------------- the launch path
-
-
-def _abi(program):
-    abi = getattr(program, "_kf_abi", None)
-    if abi is None:
-        from kf.runtime.abi import ProgramABI
-
-        abi = program._kf_abi = ProgramABI.from_json(program.meta["abi"])
-    return abi
-
-
-def launch(program, tensors: list) -> list:
-    """Run a CompiledProgram under the open profile and/or torch.profiler."""
-    import torch
-
-    prof = driver._PROFILE
-    abi = _abi(program)
-    name = program.meta["name"]
-    timings = events = None
-    with torch.profiler.record_function(name):
-        nvtx = prof is not None and prof.nvtx and abi.target == "cuda"
-        if nvtx:
-            torch.cuda.nvtx.range_push(name)
-        try:
-            if prof is not None and abi.target == "cuda":
-                prof._cuda_reference()
-            t0 = time.perf_counter()
-            if prof is None:
-                outs = program._launch(*tensors)
-            elif abi.target == "vulkan":
-                timings = []
-                outs = program._launch(*tensors, timings=timings)
-            elif abi.target == "cuda":
-                events = []
-                outs = program._launch(*tensors, events=events)
-            else:
-                outs = program._launch(*tensors)
-            t1 = time.perf_counter()
-        finally:
-            if nvtx:
-                torch.cuda.nvtx.range_pop()
-    if prof is not None:
-        prof._record(program, abi, t0, t1, timings, events)
-    return list(outs)
-
-
-def record_interpreted(program, tensors: list) -> list:
-    """Run an InterpretedProgram under the open profile: one "kernel", wall time."""
-    import torch
-
-    from kf.runtime.abi import ELEM_INFO
-
-    prof = driver._PROFILE
-    cap = program.captured
-    with torch.profiler.record_function(cap.name):
-        t0 = time.perf_counter()
-        outs = program._interp.run(*tensors)
-        t1 = time.perf_counter()
-    flops = getattr(program, "_kf_flops", None)
-    if flops is None:
-        from .cpu_codegen import _func
-
-        flops = program._kf_flops = costs.kernel_flops(_func(cap.module, cap.name))
-    nbytes = sum(t.numel() * t.element_size() for t in list(tensors) + list(outs))
-    elem = next((e for e, (n, _) in ELEM_INFO.items() if outs and str(outs[0].dtype) == f"torch.{n}"), "f32")
-    launch = KernelLaunch(cap.name, f"{cap.name} (interpreted)", "interpreter", "interpreter",
-                          tuple(sorted({str(x) for x in cap.source_locs.values()})), t0 - prof._t0, nbytes,
-                          flops[0], flops[1], elem, _seconds=t1 - t0)
-    p = prof
-    while p is not None:
-        p.launches.append(launch)
-        p = p._parent
-    return outs

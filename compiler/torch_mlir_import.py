@@ -16,7 +16,7 @@ import torch
 from mlir import ir
 from mlir.dialects import func
 
-from .aten_to_kf import Unsupported
+from .errors import Unsupported
 
 
 def _with_location(text: str, loc: ir.Location) -> str:

@@ -12,10 +12,7 @@ from dataclasses import dataclass
 
 from mlir import ir
 
-#: Element types a kf tensor may hold, by their MLIR spelling.
-FLOAT_TYPES = ("f64", "f32", "f16", "bf16", "f8E4M3FN", "f8E5M2")
-INT_TYPES = ("i1", "i32", "i64")
-ELEMENT_TYPES = FLOAT_TYPES + INT_TYPES
+from .elements import ELEMENT_TYPES, FLOAT_TYPES, INT_TYPES  # noqa: F401 (names of this module too)
 
 
 class KfTypeError(ValueError):

@@ -100,14 +100,13 @@ from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
+from kf.dialects.elements import FP8, LOW_PRECISION
 from kf.dialects.types import KfTypeError, transposes_last_two
 
 from .base import KfPass, PassError
 from .fuse import scaled_operand, score_chain
 
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16", "fp8")
-LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
-FP8 = ("f8E4M3FN", "f8E5M2")
 #: The float types wider than 16 bits, which bf16/fp16 narrow and fp8 quantizes.
 WIDE = ("f32", "f64")
 E4M3_MAX = 448.0

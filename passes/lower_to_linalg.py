@@ -53,13 +53,13 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from kf.dialects.attrs import op_attrs
+from kf.dialects.elements import LOW_PRECISION
 from kf.dialects.types import TensorSpec, normalize_dim, spec_of
 
 from . import philox
 from . import scalar_math as sm
 from .base import KfPass, PassError
 
-LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
 
 Body = Callable[[list[ir.Value]], list[ir.Value]]
 

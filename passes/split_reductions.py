@@ -66,6 +66,7 @@ from mlir import ir
 from kf.dialects import BY_NAME, defining, spec_of
 from kf.dialects import builders as kb
 from kf.dialects.attrs import op_attrs
+from kf.dialects.elements import LOW_PRECISION as _LOW_PRECISION
 
 from .base import KfPass, user_functions
 
@@ -85,7 +86,6 @@ ROWWISE_ROW = 1 << 16
 MIN_ROW = 64
 
 _SPLIT = ("kf.sum", "kf.mean", "kf.var", "kf.reduce_max", "kf.reduce_min")
-_LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
 #: Layout ops that only reorder the elements (a full reduction reads them in any order).
 _REORDER = ("kf.transpose", "kf.reshape")
 #: The longest producer chain rebuilt on the reshaped source.

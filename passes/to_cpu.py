@@ -38,6 +38,8 @@ from mlir import ir
 from mlir.dialects import arith, bufferization, func, linalg, tensor
 from mlir.passmanager import PassManager
 
+from kf.dialects.elements import FP8 as _FP8
+
 from . import scalar_math as sm
 from .base import KfPass, PassError
 
@@ -128,9 +130,6 @@ def strided_copies_as_loops(module: ir.Operation) -> None:
         with ir.InsertionPoint(op), op.location:
             linalg.copy(src, outs=[dst])
         op.erase()
-
-
-_FP8 = ("f8E4M3FN", "f8E5M2")
 
 
 def _int(t: ir.Type, value: int) -> ir.Value:

@@ -63,7 +63,7 @@ PyObject *lane_run(PyObject *obj, PyObject *tensors) {
 
     if (!PyList_CheckExact(tensors) || PyList_GET_SIZE(tensors) != self->n_in)
         goto slow;
-    /* kf.profile is recording (driver._PROFILE), or torch.profiler is */
+    /* kf.profile is recording (programs._PROFILE), or torch.profiler is */
     if (self->profile_globals != NULL) {
         v = PyDict_GetItemWithError(self->profile_globals, self->profile_name);
         if (v == NULL && PyErr_Occurred())

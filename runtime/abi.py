@@ -3,7 +3,8 @@ reads: entry point, tensor arguments, launch geometry, shared memory, artifact k
 
 This is the only thing compiler and runtime share (as IREE's compiler and runtime share
 only the artifact format). It is plain data, serialized as JSON; it imports neither
-mlir nor torch, so a cache hit in a new process needs neither the compiler nor MLIR.
+mlir nor torch (its element types are kf's element table, ``kf.dialects.elements``,
+plain data too), so a cache hit in a new process needs neither the compiler nor MLIR.
 
 Calling convention (destination passing), the same on every target: the kernel takes
 its inputs, then its outputs, each a dense row-major buffer of the given shape and
@@ -31,12 +32,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-#: kf element type name -> (torch dtype name, bytes per element)
-ELEM_INFO: dict[str, tuple[str, int]] = {
-    "f64": ("float64", 8), "f32": ("float32", 4), "f16": ("float16", 2), "bf16": ("bfloat16", 2),
-    "f8E4M3FN": ("float8_e4m3fn", 1), "f8E5M2": ("float8_e5m2", 1),
-    "i1": ("bool", 1), "i32": ("int32", 4), "i64": ("int64", 8),
-}
+from kf.dialects.elements import ELEMENTS
+
+#: kf element type name -> (torch dtype name, bytes per element), from kf's element table
+ELEM_INFO: dict[str, tuple[str, int]] = {n: (e.torch_name, e.nbytes) for n, e in ELEMENTS.items()}
+
+#: Multiprocessors assumed where no CUDA device is there to ask: the H200's. The compiler
+#: builds persistent kernels' grids for it (kf.targets.cuda, the strategies) without a GPU.
+DEFAULT_MULTIPROCESSORS = 132
 
 
 @dataclass(frozen=True)

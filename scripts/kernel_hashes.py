@@ -242,13 +242,13 @@ def plan_option(plan: dict) -> str:
 def compile_config(c: Config) -> tuple[bytes, list[str]]:
     import kf
     from kf import dialects as kd
-    from kf import driver
+    from kf import targets
     from kf.passes import pipeline
     from mlir import ir
 
     fn = kf.jit(c.fn, target=c.target, arch=c.arch, precision=c.precision)
     kf_ir = kf.inspect(fn, *inputs(c)).kf_ir
-    passes = ["kf-canonicalize"] + driver.gpu_passes(c.target, c.arch)
+    passes = ["kf-canonicalize"] + targets.get(c.target).passes(c.arch)
     if c.plan:
         passes = [p[:-1] + " " + plan_option(c.plan) + "}" if p.startswith("kf-tile{") else p for p in passes]
     ctx = kd.make_context()

@@ -24,10 +24,7 @@ from typing import Any, ClassVar
 
 from mlir import ir
 
-
-#: Multiprocessors assumed where no device is there to ask: the H200's (kf's driver asks
-#: the device and says so in the passes' ``multiprocessors`` option).
-DEFAULT_MULTIPROCESSORS = 132
+from kf.runtime.abi import DEFAULT_MULTIPROCESSORS
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from kf.dialects.elements import ELEM_BYTES, FP8, LOW_PRECISION
 from kf.dialects.types import TensorSpec, spec_of
 from kf.passes import scalar_math as sm
 from mlir import ir
 from mlir.dialects import arith, func, gpu, memref, scf
 
 Ix = int | ir.Value
-
-LOW_PRECISION = ("f16", "bf16", "f8E4M3FN", "f8E5M2")
-ELEM_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i1": 1, "i32": 4, "i64": 8}
 
 
 # --------------------------------------------------------------------------- kernel functions
@@ -165,7 +163,6 @@ def to_storage(v: ir.Value, elem: ir.Type) -> ir.Value:
 # subnormals through one f32 addition, NaN to NaN; e4m3fn saturates (|x| past 448,
 # inf included, is 448: it has no inf), e5m2 overflows to inf.
 
-FP8 = ("f8E4M3FN", "f8E5M2")
 
 # format -> (first overflowing |bits|, denormal magic, smallest normal |bits|, mantissa shift,
 #            exponent rebias + rounding half-ulp - 1)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from kf.dialects import BY_NAME, KfTypeError, spec_of
 from kf.dialects.attrs import op_attrs
+from kf.dialects.elements import FP8 as FP8_ELEMS
 from kf.dialects.types import defining, swaps_last_two
 from kf.passes import scalar_math
 from mlir import ir
@@ -36,8 +37,6 @@ from .emit import compute_type, memref_type
 from .emit import to_storage as emit_to_storage
 from .emit import widen as emit_widen
 
-#: The fp8 element types (stored as bytes; NVVM and SPIR-V have no fp8 constants).
-FP8_ELEMS = ("f8E4M3FN", "f8E5M2")
 
 WORKGROUP = "#gpu.address_space<workgroup>"
 
@@ -662,7 +661,6 @@ def unique_results(view: KernelView) -> None:
         if view.arg_index(r) is not None:
             raise NotApplicable("a kernel argument returned as a result")
         seen.add(r)
-
 
 
 def contiguous_last(view: KernelView, v: ir.Value) -> bool:

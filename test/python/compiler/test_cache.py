@@ -97,34 +97,13 @@ def test_key_changes_with_what_changes_the_code(monkeypatch, tmp_path):
                 cache.key(f, s1, Options(target="cuda"), "sm_80"), cache.key(f, s1, Options(target="cuda"), "sm_90")}) == 7
 
 
-def test_key_and_passes_name_the_devices_multiprocessors(monkeypatch):
-    """Persistent kernels start one workgroup a multiprocessor: the count is a pass
-    option of kf-tile and kf-map-to-gpu and part of the cache key, so a cubin built for
-    an H200 (132) is not reused on a GPU of another count. Without a GPU, 132."""
-    from kf import driver
-    from kf.options import Options
-
-    opts = Options(target="cuda")
-    if not torch.cuda.is_available():
-        assert driver.target_multiprocessors("cuda") == 132
-    assert driver.target_multiprocessors("vulkan") == 0
-    monkeypatch.setattr(driver, "target_multiprocessors", lambda target: 114)
-    assert driver.device_key(opts).endswith(" 114")
-    passes = driver.gpu_passes("cuda", "sm_90a")
-    assert "kf-tile{target=cuda chip=sm_90a multiprocessors=114}" in passes, passes
-    assert "kf-map-to-gpu{target=cuda chip=sm_90a multiprocessors=114}" in passes, passes
-    key_114 = driver.device_key(opts)
-    monkeypatch.setattr(driver, "target_multiprocessors", lambda target: 132)
-    assert driver.device_key(opts) != key_114
-
-
 def test_kernel_variants_reach_kf_tile_and_the_key(monkeypatch):
     """The option ``variants`` (kernel variants, kf-tile's ``<kind>.<field>=<value>``
     options) is part of the cache key and goes to kf-tile alone; a malformed item is a
     ValueError naming the form, and a variant kf does not have a CompileError at the
     user's function naming the variants there are."""
     import kf
-    from kf import driver
+    from kf import targets
     from kf.errors import CompileError
     from kf.options import Options
     from kf.signature import bind
@@ -137,8 +116,8 @@ def test_kernel_variants_reach_kf_tile_and_the_key(monkeypatch):
     keys = {cache.key(f, sig, Options(target="cuda", variants=v), "sm_80")
             for v in ("", "matmul.stages=2", "matmul.stages=3", "matmul.stages=3 matmul.group_m=0")}
     assert len(keys) == 4
-    monkeypatch.setattr(driver, "target_multiprocessors", lambda target: 132)
-    passes = driver.gpu_passes("cuda", "sm_80", " matmul.stages=3   attention.reverse_q_blocks=false ")
+    monkeypatch.setattr(targets.CUDA, "multiprocessors", lambda: 132)
+    passes = targets.CUDA.passes("sm_80", " matmul.stages=3   attention.reverse_q_blocks=false ")
     assert "kf-tile{target=cuda chip=sm_80 multiprocessors=132 matmul.stages=3 attention.reverse_q_blocks=false}" \
         in passes, passes
     assert sum("matmul.stages" in p for p in passes) == 1
@@ -184,32 +163,6 @@ def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path, monkeypatch)
     with pytest.warns(RuntimeWarning, match="cannot write the cache"):
         torch.testing.assert_close(twice(x), x * 2)
 
-
-def test_vulkan_key_and_passes_name_the_devices_limits(recorded_device):
-    """A Vulkan program is tiled for its device's limits: they are the target's arch (the
-    driver reads them from the device, or ``arch`` gives them), part of the cache key and
-    the limits option of kf-tile and kf-map-to-gpu, so devices of other limits never
-    share a program. Metal (no device to ask) and a machine without Vulkan take the
-    defaults."""
-    from kf import driver
-    from kf.options import Options
-    from kf.runtime import vulkan
-    from kf.runtime.abi import DeviceLimits
-
-    lvp = DeviceLimits.from_vulkan(recorded_device("lavapipe")).spec()
-    nv = DeviceLimits.from_vulkan(recorded_device("nvidia-h200")).spec()
-    keys = {driver.device_key(Options(target="vulkan", arch=spec)) for spec in (lvp, nv)}
-    assert len(keys) == 2 and all(nv in k or lvp in k for k in keys)
-    own = driver.target_arch(Options(target="vulkan"))
-    assert own == (vulkan.device().target_limits().spec() if vulkan.is_available() else "")
-    assert driver.target_arch(Options(target="metal")) == ""
-    assert driver.target_arch(Options(target="metal", arch=nv)) == nv
-    passes = driver.gpu_passes("vulkan", nv)
-    assert f"kf-tile{{target=spirv limits={nv}}}" in passes
-    assert f"kf-map-to-gpu{{target=spirv limits={nv}}}" in passes
-    assert "kf-tile{target=spirv}" in driver.gpu_passes("metal", "")
-    with pytest.raises(ValueError, match="device limits"):
-        driver.target_arch(Options(target="vulkan", arch="sm_90"))
 
 def test_key_tells_callables_slices_and_partials_apart():
     """Closed-over callables, slices and partials are keyed by what they are, not by

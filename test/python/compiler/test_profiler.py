@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kf
-from kf import costs, driver
+from kf import costs, programs
 from kf.runtime import vulkan
 
 
@@ -41,7 +41,7 @@ def test_cpu_launches_are_recorded_with_work_and_wall_time():
     with kf.profile() as prof:
         for _ in range(3):
             f(x, w)
-    assert driver._PROFILE is None
+    assert programs._PROFILE is None
     assert len(prof.launches) == 3
     launch = prof.launches[0]
     assert launch.function == "linear_gelu" and launch.target == "cpu" and launch.timer == "wall"
@@ -85,7 +85,7 @@ def test_nothing_is_recorded_outside_a_profile_and_profiles_nest():
         f(x)
         with kf.profile() as inner:
             f(x)
-        assert driver._PROFILE is outer
+        assert programs._PROFILE is outer
     f(x)
     assert len(outer.launches) == 2 and len(inner.launches) == 1
 

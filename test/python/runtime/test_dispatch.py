@@ -332,7 +332,8 @@ def test_program_c_lane_through_a_kf_function(fake_driver, tmp_path, monkeypatch
     (tmp_path / "k.ptx").write_text("// the stand-in driver never reads it\\n")
     script = f"""
         import os, torch, kf
-        from kf import api, driver
+        from kf import api
+        from kf.programs import CompiledProgram
         from kf.runtime import cuda as kcuda, programs, _launcher
         from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
         programs._output_allocator = lambda: (torch._C._dynamo.guards._empty_strided_cpu, (-1).__int__)
@@ -343,7 +344,7 @@ def test_program_c_lane_through_a_kf_function(fake_driver, tmp_path, monkeypatch
         k = prog.kernels[0][0]
         k._bound[-1], k._handles[-1] = kcuda._Bound(None, 0xf05), 0xf05
         k._raw_stream = kcuda._raw_stream_getter()
-        compiled = driver.CompiledProgram(prog, ("tensor", 0), {{}}, {str(tmp_path)!r})
+        compiled = CompiledProgram(prog, ("tensor", 0), {{}}, {str(tmp_path)!r})
         f = kf.jit(lambda x: x + 1)
         x = torch.randn(16)
         lane = compiled.matched_call(True)
@@ -376,7 +377,8 @@ def test_program_lane_of_several_kernels(fake_driver, tmp_path, monkeypatch, dis
     (tmp_path / "k.ptx").write_text("// the stand-in driver never reads it\\n")
     script = f"""
         import os, torch, kf
-        from kf import api, driver
+        from kf import api
+        from kf.programs import CompiledProgram
         from kf.runtime import cuda as kcuda, programs, _launcher
         from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
         made = []
@@ -394,7 +396,7 @@ def test_program_lane_of_several_kernels(fake_driver, tmp_path, monkeypatch, dis
         for (k, _), fn in zip(prog.kernels, (0xa1, 0xa2)):
             k._bound[-1], k._handles[-1] = kcuda._Bound(None, fn), fn
             k._raw_stream = kcuda._raw_stream_getter()
-        compiled = driver.CompiledProgram(prog, ("tensor", 0), {{}}, {str(tmp_path)!r})
+        compiled = CompiledProgram(prog, ("tensor", 0), {{}}, {str(tmp_path)!r})
         lane = compiled.matched_call(True)
         python = os.environ.get("KF_DISPATCH") == "python"
         assert (type(lane) is _launcher.Lane) != python, type(lane)
