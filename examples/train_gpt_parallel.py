@@ -28,6 +28,8 @@ import train_gpt as tg
 # machines do not support it).
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 MODES = ("ddp", "fsdp")
+#: how the model runs: kf's programs, the same Python eagerly, or that under torch.compile
+IMPLS = ("kf", "eager", "torch.compile")
 
 
 def global_batches(steps: int, batch: int, world: int, seq: int, vocab: int, device="cpu"):
@@ -36,10 +38,12 @@ def global_batches(steps: int, batch: int, world: int, seq: int, vocab: int, dev
     return zip(*streams)
 
 
-def _model(use_kf: bool, device: str, config: dict) -> tg.GPT:
+def _model(impl: str, device: str, config: dict) -> tg.GPT:
     """The same initial weights in every process (seed 0)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl {impl!r}: one of {IMPLS}")
     torch.manual_seed(0)
-    return tg.GPT(use_kf=use_kf, **config).to(device)
+    return tg.GPT(use_kf=impl == "kf", **config).to(device)
 
 
 def _step(model, opt, x, y, vocab: int) -> torch.Tensor:
@@ -55,20 +59,21 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def single(steps: int, batch: int, world: int, use_kf: bool = True, device: str = "cpu",
+def single(steps: int, batch: int, world: int, impl: str = "kf", device: str = "cpu",
            config: dict | None = None) -> dict:
     """One process trained on the concatenation of the ``world`` ranks' batches: the
     per-step losses and the final weights."""
     config = config or {}
-    model = _model(use_kf, device, config)
+    model = _model(impl, device, config)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    run = torch.compile(model) if impl == "torch.compile" else model
     vocab, seq = model.head.out_features, model.mask.shape[0]
     losses, times = [], []
     for parts in global_batches(steps, batch, world, seq, vocab, device):
         x = torch.cat([p[0] for p in parts])
         y = torch.cat([p[1] for p in parts])
         t0 = time.perf_counter()
-        loss = _step(model, opt, x, y, vocab)
+        loss = _step(run, opt, x, y, vocab)
         _sync(device)
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
@@ -95,7 +100,7 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     return (full() if full is not None else p).detach().cpu().clone()
 
 
-def worker(rank: int, world: int, port: int, mode: str, steps: int, batch: int, use_kf: bool,
+def worker(rank: int, world: int, port: int, mode: str, steps: int, batch: int, impl: str,
            backend: str, config: dict, result: str) -> None:
     """One rank: ``mode``-wrapped training on this rank's batches; its per-step losses
     and step times, and the final (whole) weights go to ``result % rank`` (torch.save)."""
@@ -109,9 +114,11 @@ def worker(rank: int, world: int, port: int, mode: str, steps: int, batch: int, 
         device = "cuda"
     dist.init_process_group(backend, rank=rank, world_size=world)
     try:
-        model = _model(use_kf, device, config)
+        model = _model(impl, device, config)
         wrapped = _wrap(model, mode, device)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3, weight_decay=0.0)
+        if impl == "torch.compile":
+            wrapped = torch.compile(wrapped)
         vocab, seq = model.head.out_features, model.mask.shape[0]
         losses, times = [], []
         for parts in global_batches(steps, batch, world, seq, vocab, device):
@@ -127,20 +134,22 @@ def worker(rank: int, world: int, port: int, mode: str, steps: int, batch: int, 
         dist.destroy_process_group()
 
 
-def run(mode: str, steps: int = 3, batch: int = 1, world: int = 2, use_kf: bool = True,
+def run(mode: str, steps: int = 3, batch: int = 1, world: int = 2, impl: str = "kf",
         backend: str = "gloo", config: dict | None = None) -> list[dict]:
     """Spawn ``world`` processes (``worker``) on the loopback interface; each rank's results."""
     import torch.multiprocessing as mp
 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {MODES}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl {impl!r}: one of {IMPLS}")
     os.environ.update(MULTICAST_OFF)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix=f"kf-{mode}-") as tmp:
         result = f"{tmp}/rank%d.pt"
-        mp.spawn(worker, args=(world, port, mode, steps, batch, use_kf, backend, config or {}, result),
+        mp.spawn(worker, args=(world, port, mode, steps, batch, impl, backend, config or {}, result),
                  nprocs=world, join=True)
         return [torch.load(result % r) for r in range(world)]
 
