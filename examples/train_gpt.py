@@ -142,11 +142,20 @@ def twin_models(seed: int = 0, **kwargs) -> tuple[GPT, GPT]:
     return kf_model, eager
 
 
+def _digests(tensors: dict) -> dict[str, str]:
+    """Each tensor's bytes as a SHA-256: what two ranks compare step by step, to name the
+    first step and tensor at which they part."""
+    import hashlib
+
+    return {n: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest() for n, t in tensors.items()}
+
+
 def ddp_worker(rank: int, world: int, port: int, steps: int, batch: int, result: str) -> None:
     """One rank of data-parallel training with gloo on the loopback interface: the kf model
     and its eager twin, each wrapped in DistributedDataParallel, train on this rank's own
-    batches; the per-step losses, the last step's (all-reduced) gradients and the final
-    weights go to ``result % rank`` (torch.save). kf adds nothing for DDP: its ops are
+    batches; the per-step losses, the last step's (all-reduced) gradients, the final
+    weights and, per step, digests of the gradients and of the weights after the update go
+    to ``result % rank`` (torch.save). kf adds nothing for DDP: its ops are
     ordinary autograd nodes, and DDP's gradient hooks fire on the parameters as usual."""
     import os
 
@@ -162,7 +171,7 @@ def ddp_worker(rank: int, world: int, port: int, steps: int, batch: int, result:
             ddp = DistributedDataParallel(model)
             opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.0)
             vocab, seq = model.head.out_features, model.mask.shape[0]
-            losses = []
+            losses, digests = [], []
             for x, y in batches(steps, batch, seq, vocab, seed=1000 + rank):
                 loss = torch.nn.functional.cross_entropy(ddp(x).reshape(-1, vocab), y.reshape(-1))
                 opt.zero_grad(set_to_none=True)
@@ -170,7 +179,8 @@ def ddp_worker(rank: int, world: int, port: int, steps: int, batch: int, result:
                 grads = {n: p.grad.clone() for n, p in model.named_parameters()}
                 opt.step()
                 losses.append(loss.item())
-            out[name] = {"losses": losses, "grads": grads,
+                digests.append({"grads": _digests(grads), "params": _digests(dict(model.named_parameters()))})
+            out[name] = {"losses": losses, "grads": grads, "digests": digests,
                          "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
         torch.save(out, result % rank)
     finally:
