@@ -42,6 +42,7 @@ trailing dims work but are not vectorized (their column index is not the loop in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -774,7 +775,7 @@ class _Emitter:
         with x.loc or ir.Location.unknown():
             if not self.chunk_loads:
                 # Before the first element is used, the loads of every phase: the row's own
-                # inputs (from DRAM) and, with ROW_PRELOAD "all", those shared by all rows
+                # inputs (from DRAM) and, with the preload "all", those shared by all rows
                 # (weights, from L2) too, rather than after the reductions (at the cost of
                 # their registers across them).
                 self.preload([(x_, full) for _, x_ in self.a.stats] + [
@@ -898,80 +899,82 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@dataclass(frozen=True)
+class RowwiseVariant:
+    """The rowwise kernels' variants (``kf-tile{rowwise.<field>=<value>}``): which of the
+    two kernels a row gets -- registers mode (a thread keeps its share of the row in
+    registers, straight-line code) or the loop kernel (row loops that kf-vectorize and
+    kf-promote-shared rewrite) -- and their tuning numbers. bench/RESULTS.md has the
+    measurements behind each default."""
+
+    #: a cap on the vector lanes of row accesses (0: none, the target's widest access,
+    #: which moves the most bytes an instruction)
+    max_lanes: int = 0
+    #: a cap on the threads that share a row (0: one thread per vector of the row, up to
+    #: the workgroup limit). Fewer threads a row loop over more vectors each, and more
+    #: workgroups (rows) stay resident on a multiprocessor: more loads in flight; 256
+    #: keeps a long row's loop short while leaving room for that.
+    max_row_threads: int = 256
+    #: registers mode where a thread's share of the row fits this many values (0: never,
+    #: the loop kernel everywhere). The loop kernel's phases each unpack the row again
+    #: from workgroup memory behind a barrier, and a softmax computes exp twice an
+    #: element; registers mode loads and computes each element once. 32 values a thread
+    #: fit beside a reduction's working set without spilling.
+    row_registers: int = 32
+    #: registers mode for rows whose narrowest float moved along the row has at most this
+    #: many bytes. 2: f16/bf16 rows, where the loop kernel's own instructions (unpacking
+    #: and converting halves), not memory, bound it; wider rows take registers mode only
+    #: as ``row_registers_wide_capped`` allows.
+    row_registers_widest: int = 2
+    #: registers mode for wider (f32) rows too where one row fills a workgroup and
+    #: ``row_max_registers`` holds the thread to its cap (CUDA). With several rows a
+    #: workgroup the loop kernel is as fast and registers mode spills on sm_80: those
+    #: rows stay on the loop kernel.
+    row_registers_wide_capped: bool = True
+    #: threads a workgroup aims at in registers mode: rows short enough for fewer threads
+    #: share a workgroup, one group of threads each (reductions of a warp or less are
+    #: shuffles only, with no barrier)
+    row_block: int = 256
+    #: division by a per-row value (layer norm's sqrt(var + eps), softmax's sum):
+    #: "narrow" multiplies by its reciprocal, computed once a row, where every output is
+    #: f16/bf16 (the f32 results differ by an ulp at most, far below their rounding);
+    #: "always"; "never"
+    row_reciprocal: str = "narrow"
+    #: registers mode: which loads go before the first phase. "rows": the inputs that
+    #: change from row to row (from DRAM); a weight is loaded, every chunk at once, by the
+    #: first phase that reads it. "pipelined": as "rows", but the output phase loads a
+    #: weight's chunk c + 1 before computing chunk c, so that two chunks' weights, not
+    #: all, are live beside the row (fewer registers, more workgroups resident). "all":
+    #: weights too, their latency off the row's critical path and their registers held
+    #: through the reductions.
+    row_preload: str = "pipelined"
+    #: registers mode on CUDA: the registers ptxas holds a thread to (.maxnreg) where one
+    #: row a workgroup holds at most 32 values a thread; 0: ptxas's own choice. Left to
+    #: itself ptxas gives the bf16 layer norm more registers than four workgroups of 256
+    #: threads a multiprocessor allow; 64 fits them without spilling. With several rows a
+    #: workgroup 64 spills, so the cap is not applied there.
+    row_max_registers: int = 64
+
+    def __post_init__(self):
+        choices = {"row_reciprocal": ("narrow", "always", "never"), "row_preload": ("rows", "pipelined", "all")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"variant '{name}' takes {', '.join(allowed[:-1])} or {allowed[-1]}, "
+                                 f"not '{getattr(self, name)}'")
+        for f in dataclasses.fields(self):
+            if isinstance(getattr(self, f.name), int) and getattr(self, f.name) < 0:
+                raise ValueError(f"variant '{f.name}' takes an int >= 0, not '{getattr(self, f.name)}'")
+
+
 class RowwiseStrategy(Strategy):
     KIND = "rowwise"
+    VARIANT = RowwiseVariant
 
-    #: A cap on the vector lanes of row loops (0: none), for experiments.
-    MAX_LANES = 0
-
-    #: A cap on the threads that share a row (0: one thread per vector of the row, up to
-    #: the workgroup limit). 128 measured best on the H200 (bench/variants.py --only
-    #: rowwise, 2026-12-02): the seed's layer norm at 32768x8192 bf16 0.908 -> 0.400 ms
-    #: (1182 -> 2684 GB/s), 8192x4096 f32 0.142 -> 0.120, bf16 0.092 -> 0.085; 32 was
-    #: slower everywhere. Fewer threads a row loop over more vectors each, with more
-    #: workgroups (rows) resident per SM: more loads in flight. Measured again with
-    #: caps 128/256/512 (2026-12-03, bench/results/variants-rowwise-2026-12-03.json):
-    #: 256 is the best or within 3% of it at every shape -- 8192x4096 bf16 0.0775 ->
-    #: 0.0724 ms, f32 0.117 -> 0.102, 32768x8192 bf16 0.381 either way, f32 0.881 ->
-    #: 0.606 (3546 GB/s; 512: 0.590) -- so 256.
-    MAX_ROW_THREADS = 256
-
-    #: Registers mode (the default where it applies): a thread keeps its elements of the
-    #: row in registers, at most this many (0: never; then the loop kernel, with the row
-    #: cached in workgroup memory by kf-promote-shared). Why: the loop kernel's phases
-    #: each unpack the row again from workgroup memory behind a barrier, and a softmax
-    #: computes exp twice an element; at 32768x8192 bf16 that work, not DRAM, bounds the
-    #: layer norm and softmax (PTX/SASS counts in bench/RESULTS.md, 2026-12-04).
-    ROW_REGISTERS = 32
-
-    #: Registers mode for rows whose narrowest float moved along the row has at most
-    #: this many bytes. 2: f16/bf16 rows, where the loop kernel is bound by its own work
-    #: (61-73% of copy at 32768x8192 on the H200). Wider rows: ROW_REGISTERS_WIDE_CAPPED.
-    ROW_REGISTERS_WIDEST = 2
-
-    #: Registers mode for wider (f32) rows too where one row fills a workgroup and
-    #: ROW_MAX_REGISTERS holds it (CUDA). Measured on the H200 (2026-12-04,
-    #: bench/results/variants-rowwise-32768-2026-12-04b.json), % of copy at 32768x8192
-    #: f32, registers (cap 64, pipelined weights) against the loop kernel: layer norm
-    #: 95.9 / 90.9, softmax 96.4 / 93.2, RMSNorm 95.8 / 91.2. With several rows a
-    #: workgroup (8192x4096) the loop kernel was as fast or faster (softmax 81.3 against
-    #: 76.2%) and registers mode spilled on sm_80: those stay on the loop kernel.
-    ROW_REGISTERS_WIDE_CAPPED = True
-
-    #: Threads a workgroup aims at in registers mode: rows short enough for fewer threads
-    #: than this share a workgroup, one group of threads each (reductions of a warp or
-    #: less are shuffles only, with no barrier).
-    ROW_BLOCK = 256
-
-    #: Division by a per-row value (layer norm's sqrt(var + eps), softmax's sum): "narrow"
-    #: multiplies by its reciprocal, computed once a row, where every output is f16/bf16
-    #: (the f32 results differ by an ulp at most, far below their rounding); "always",
-    #: "never".
-    ROW_RECIPROCAL = "narrow"
-
-    #: Registers mode: which loads go before the first phase: "rows" (the inputs that
-    #: change from row to row, from DRAM; a weight is loaded, every chunk at once, by the
-    #: first phase that reads it), "pipelined" (as "rows", but the output phase loads a
-    #: weight's chunk c + 1 before computing chunk c: fewer registers) or "all" (weights
-    #: too: their latency off the row's critical path, their registers held through the
-    #: reductions).
-    #: "pipelined" measured best or within 1% of it at 32768x8192 for every row-wise
-    #: workload with the register cap (bf16 layer norm 0.2705 ms against 0.2817 with
-    #: "rows"; variants-rowwise-32768-2026-12-04b.json).
-    ROW_PRELOAD = "pipelined"
-
-    #: Registers mode on CUDA: the registers a thread ptxas is held to (.maxnreg) where
-    #: one row a workgroup holds at most 32 values a thread; 0: ptxas's own choice. 64:
-    #: ptxas gives the bf16 layer norm 80 registers on its own (3 workgroups of 256 an
-    #: SM) and fits 64 without spilling (4 fit). Measured on the H200 with pipelined
-    #: weights (bench/variants.py --only rowwise --rowwise-kinds 32768, 2026-12-04), % of
-    #: copy at 32768x8192, cap 64 against none: bf16 layer norm 94.3 / 92.1, softmax
-    #: 96.4 / 93.9, RMSNorm 94.3 / 93.9; f32 95.9 / 95.6, 96.4 / 93.9, 95.8 / 91.3.
-    ROW_MAX_REGISTERS = 64
-
-    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+    def plan(self, kernel: ir.Operation, target: TargetInfo, variant: RowwiseVariant | None = None) -> dict:
         """Threads per row, vector lanes, which inputs' rows to cache in workgroup memory
-        and how reductions combine across threads."""
+        and how reductions combine across threads; ``variant``: a RowwiseVariant (its
+        defaults where None)."""
+        v = variant or RowwiseVariant()
         a = analyze(kernel)
         R = a.row_length
         phases = phase_loads(a)
@@ -987,11 +990,11 @@ class RowwiseStrategy(Strategy):
             lanes = 1 if "bf16" in row_elems else min(lanes, 4)
         if a.nred != 1:
             lanes = 1
-        if self.MAX_LANES:
-            lanes = min(lanes, self.MAX_LANES)
+        if v.max_lanes:
+            lanes = min(lanes, v.max_lanes)
         threads = min(target.max_threads, max(target.subgroup_size, _next_pow2(-(-R // lanes))))
-        if self.MAX_ROW_THREADS:
-            threads = max(target.subgroup_size, min(threads, self.MAX_ROW_THREADS))
+        if v.max_row_threads:
+            threads = max(target.subgroup_size, min(threads, v.max_row_threads))
 
         def reduction_for(block: int) -> str:
             # subgroup butterflies, then one across the subgroups' partials: that second
@@ -1013,14 +1016,14 @@ class RowwiseStrategy(Strategy):
                 budget -= nbytes
         outs = [n.elem for n in a.outputs]
         reciprocal = {"always": True, "never": False}.get(
-            self.ROW_RECIPROCAL, bool(outs) and all(e in ("f16", "bf16") for e in outs))
+            v.row_reciprocal, bool(outs) and all(e in ("f16", "bf16") for e in outs))
         common = {"rows": a.rows, "row_length": R, "reduction": reduction, "phases": len(a.stats) + 1,
                   "reciprocal": reciprocal}
         # booleans (a mask beside f32 rows) do not make a row narrow: its floats do
         narrow_float = min((_ELEM_BYTES.get(e, 4) for e in row_elems if e.startswith(("f", "bf"))), default=4)
-        registers = self._registers_plan(a, target, lanes)
-        if registers is not None and narrow_float > self.ROW_REGISTERS_WIDEST and not (
-                self.ROW_REGISTERS_WIDE_CAPPED and registers["max_registers"]):
+        registers = self._registers_plan(a, target, lanes, v)
+        if registers is not None and narrow_float > v.row_registers_widest and not (
+                v.row_registers_wide_capped and registers["max_registers"]):
             registers = None
         if registers is not None:
             T = registers["threads"]
@@ -1030,38 +1033,37 @@ class RowwiseStrategy(Strategy):
         return {**common, "mode": "loop", "threads": threads, "vector_lanes": lanes, "cache_row": bool(cached),
                 "cached_inputs": cached, "scratch_bytes": scratch}
 
-    def _registers_plan(self, a: Analysis, target: TargetInfo, lanes: int) -> dict | None:
-        """Registers mode where a thread's share of the row fits ROW_REGISTERS values:
-        L lanes dividing the row (so every row starts aligned), T threads a row (a power
-        of two, at most MAX_ROW_THREADS) for at most ROW_REGISTERS // L vectors each, and
-        as many rows a workgroup as fill ROW_BLOCK threads."""
-        if not self.ROW_REGISTERS or a.nred != 1:
+    def _registers_plan(self, a: Analysis, target: TargetInfo, lanes: int, v: RowwiseVariant) -> dict | None:
+        """Registers mode where a thread's share of the row fits ``v.row_registers``
+        values: L lanes dividing the row (so every row starts aligned), T threads a row (a
+        power of two, at most ``v.max_row_threads``) for at most row_registers // L vectors
+        each, and as many rows a workgroup as fill ``v.row_block`` threads."""
+        if not v.row_registers or a.nred != 1:
             return None
         R = a.row_length
         L = lanes
         while L > 1 and R % L:
             L //= 2
         nvec = R // L
-        cap = min(target.max_threads, self.MAX_ROW_THREADS or target.max_threads)
+        cap = min(target.max_threads, v.max_row_threads or target.max_threads)
         cap = 1 << (cap.bit_length() - 1)
-        T = min(cap, _next_pow2(-(-nvec // max(1, self.ROW_REGISTERS // L))))
+        T = min(cap, _next_pow2(-(-nvec // max(1, v.row_registers // L))))
         chunks = -(-nvec // T)
-        if chunks * L > self.ROW_REGISTERS:
+        if chunks * L > v.row_registers:
             return None
-        block = max(T, min(self.ROW_BLOCK, target.max_threads))
+        block = max(T, min(v.row_block, target.max_threads))
         P = max(1, min(block // T, _next_pow2(a.rows)))
         return {"mode": "registers", "threads": P * T, "row_threads": T, "rows_per_block": P,
-                "vector_lanes": L, "chunks": chunks, "preload": self.ROW_PRELOAD,
-                "max_registers": self._max_registers(target, P, chunks * L)}
+                "vector_lanes": L, "chunks": chunks, "preload": v.row_preload,
+                "max_registers": self._max_registers(target, P, chunks * L, v)}
 
-    def _max_registers(self, target: TargetInfo, rows_per_block: int, values: int) -> int:
+    def _max_registers(self, target: TargetInfo, rows_per_block: int, values: int, v: RowwiseVariant) -> int:
         """The registers a thread ptxas is held to (.maxnreg), or 0 for its own choice:
-        ROW_MAX_REGISTERS on CUDA for one row a workgroup of at most 32 values a thread
-        (ptxas gives the layer norm 80 registers there, 3 workgroups of 256 an SM, and
-        fits 64 without spilling; with several rows a workgroup, 64 spilled)."""
-        if target.name != "cuda" or not self.ROW_MAX_REGISTERS or rows_per_block > 1 or values > 32:
+        ``v.row_max_registers`` on CUDA for one row a workgroup of at most 32 values a
+        thread (with several rows a workgroup the cap spills)."""
+        if target.name != "cuda" or not v.row_max_registers or rows_per_block > 1 or values > 32:
             return 0
-        return self.ROW_MAX_REGISTERS
+        return v.row_max_registers
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         a = analyze(kernel)

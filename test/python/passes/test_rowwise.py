@@ -13,6 +13,7 @@ then
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -25,7 +26,7 @@ from kf.dialects import make_context
 from kf.dialects.types import TensorSpec, mlir_type
 from kf.passes import registry
 from kf.passes.strategies.base import NotApplicable, TargetInfo
-from kf.passes.strategies.rowwise import RowwiseStrategy
+from kf.passes.strategies.rowwise import RowwiseStrategy, RowwiseVariant
 
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 EPS = 1e-5
@@ -97,14 +98,16 @@ def build(name: str, shape: tuple[int, ...], elem: str):
     return ctx, module, kernel.operation, gm
 
 
-def lower(name, shape, elem, target: TargetInfo, passes=("kf-promote-shared", "kf-vectorize")):
-    """The strategy's gpu.func after the given kf passes; returns (gpu.module text, plan, emitted)."""
+def lower(name, shape, elem, target: TargetInfo, passes=("kf-promote-shared", "kf-vectorize"),
+          variant: RowwiseVariant | None = None):
+    """The strategy's gpu.func (planned with ``variant``, the defaults where None) after
+    the given kf passes; returns (gpu.module text, plan, emitted)."""
     ctx, module, kernel, gm = build(name, shape, elem)
     with ctx, ir.Location.unknown():
         # The strategy itself rather than strategy_for: that imports every strategy module,
         # and this test is about this one.
         strategy = RowwiseStrategy()
-        plan = strategy.plan(kernel, target)
+        plan = strategy.plan(kernel, target, variant)
         emitted = strategy.emit(kernel, plan, gm, target)
         for p in passes:
             registry.create(p).run(module.operation)
@@ -135,39 +138,38 @@ CASES = [((1, 256, 1024), "layer_norm"), ((3, 1000), "layer_norm"), ((7, 257), "
          ((2, 3, 1000), "stats"), ((7, 257), "stats")]
 TOL = {"f32": 2e-5, "f16": 1e-2, "bf16": 2e-2}
 
-#: Plan switches of RowwiseStrategy each test case runs under (bench/variants.py times
-#: the same ones on the H200).
+#: Rowwise kernel variants each test case runs under (bench/variants.py times the same
+#: ones on a GPU).
 MODES = {
     # what kf does by default: registers mode for f16/bf16 rows, the loop kernel for f32
-    "default": {},
+    "default": RowwiseVariant(),
     # the loop kernel everywhere (kf-promote-shared and kf-vectorize do the rest),
     # dividing element by element
-    "loop": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "never"},
+    "loop": RowwiseVariant(row_registers=0, row_reciprocal="never"),
     # registers mode for every row that fits 32 values a thread, f32 too, with reciprocals
-    "registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "always"},
+    "registers": RowwiseVariant(row_registers_widest=8, row_reciprocal="always"),
     # 64 values a thread (3 x 8193 fits, one element a vector), every load up front
-    "registers64": {"ROW_REGISTERS": 64, "ROW_REGISTERS_WIDEST": 8, "ROW_PRELOAD": "all"},
+    "registers64": RowwiseVariant(row_registers=64, row_registers_widest=8, row_preload="all"),
     # held to 64 registers (.maxnreg) where a row is a workgroup's, weights a chunk ahead
-    "capped": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64, "ROW_PRELOAD": "pipelined"},
+    "capped": RowwiseVariant(row_registers_widest=8, row_max_registers=64, row_preload="pipelined"),
 }
 
 
 @pytest.fixture(params=list(MODES))
-def mode(request, monkeypatch):
-    for k, v in MODES[request.param].items():
-        monkeypatch.setattr(RowwiseStrategy, k, v)
+def mode(request):
+    """The name of a variant of MODES."""
     return request.param
 
 
 # ----------------------------------------------------------------------------- Vulkan
 
 
-def run_vulkan(name, shape, elem, passes=("kf-promote-shared", "kf-vectorize"), seed=0):
+def run_vulkan(name, shape, elem, passes=("kf-promote-shared", "kf-vectorize"), seed=0, variant=None):
     from kf.passes.to_spirv import compile_spirv
     from kf.runtime import vulkan
     from kf.runtime.abi import KernelABI
 
-    text, plan, emitted = lower(name, shape, elem, TargetInfo.for_target("spirv"), passes)
+    text, plan, emitted = lower(name, shape, elem, TargetInfo.for_target("spirv"), passes, variant)
     [binary] = compile_spirv(text)
     [k] = binary.kernels.values()
     args = inputs_for(name, shape, elem, seed)
@@ -190,7 +192,7 @@ def _needs_vulkan():
 @pytest.mark.parametrize("shape,name", CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for s, n in CASES])
 def test_vulkan_matches_torch(shape, name, elem, mode):
     _needs_vulkan()
-    outs, want, plan, _ = run_vulkan(name, shape, elem, seed=hash((name, shape, elem)) % 2 ** 31)
+    outs, want, plan, _ = run_vulkan(name, shape, elem, seed=hash((name, shape, elem)) % 2 ** 31, variant=MODES[mode])
     if mode == "loop":
         assert plan["mode"] == "loop"
     for o, w in zip(outs, want):
@@ -201,10 +203,10 @@ def test_vulkan_matches_torch(shape, name, elem, mode):
 # ----------------------------------------------------------------------------- CUDA
 
 
-def ptx_for(name, shape, elem, chip="sm_90", passes=("kf-promote-shared", "kf-vectorize")):
+def ptx_for(name, shape, elem, chip="sm_90", passes=("kf-promote-shared", "kf-vectorize"), variant=None):
     from kf.passes.to_cuda import compile_to_ptx
 
-    text, plan, emitted = lower(name, shape, elem, TargetInfo.for_target("cuda", chip), passes)
+    text, plan, emitted = lower(name, shape, elem, TargetInfo.for_target("cuda", chip), passes, variant)
     [ptx] = compile_to_ptx(text, chip=chip).values()
     return ptx, plan
 
@@ -229,10 +231,10 @@ def test_cuda_ptxas(shape, name, elem, chip, mode):
     and no spills."""
     _ptxas()
     if chip == "sm_80" and mode != "default":
-        pytest.skip("the plan switches are checked on sm_90 (the H200's)")
+        pytest.skip("the variants are checked on sm_90 (the H200's)")
     from kf.passes.to_cuda import assemble
 
-    ptx, plan = ptx_for(name, shape, elem, chip)
+    ptx, plan = ptx_for(name, shape, elem, chip, variant=MODES[mode])
     report = assemble(ptx, chip).kernels[name]
     assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, report
     assert "shfl.sync.bfly" in ptx
@@ -243,12 +245,12 @@ def test_cuda_ptxas(shape, name, elem, chip, mode):
         assert "st.shared" in ptx and report["shared_bytes"] >= shape[-1] * (4 if elem == "f32" else 2)
 
 
-def cuda_kernel(name, shape, elem, passes=("kf-promote-shared", "kf-vectorize")):
+def cuda_kernel(name, shape, elem, passes=("kf-promote-shared", "kf-vectorize"), variant=None):
     """A runtime/cuda.py launcher for the kernel, from PTX for the device's chip."""
     from kf.passes.to_cuda import compile_to_ptx
     from kf.runtime import cuda as kcuda
     chip = "sm_%d%d" % torch.cuda.get_device_capability()
-    text, plan, emitted = lower(name, shape, elem, TargetInfo.for_target("cuda", chip), passes)
+    text, plan, emitted = lower(name, shape, elem, TargetInfo.for_target("cuda", chip), passes, variant)
     [ptx] = compile_to_ptx(text, chip=chip).values()
     nargs = emitted.notes["inputs"] + emitted.notes["outputs"]
     return kcuda.CudaKernel(kcuda.CudaModule(ptx), name, emitted.grid, emitted.block, 0, nargs, validate=False), plan
@@ -264,7 +266,7 @@ def _needs_cuda():
 def test_cuda_matches_torch(shape, name, elem, mode):
     """On a CUDA device: the same kernels launched through runtime/cuda.py."""
     _needs_cuda()
-    k, plan = cuda_kernel(name, shape, elem)
+    k, plan = cuda_kernel(name, shape, elem, variant=MODES[mode])
     args = [a.cuda() for a in inputs_for(name, shape, elem, hash((name, shape, elem)) % 2 ** 31)]
     want = reference(name, args, elem)
     outs = [torch.full_like(w, float("nan")) for w in want]
@@ -458,11 +460,11 @@ def test_shared_memory_limit_is_respected():
         assert str(gm).count("gpu.barrier") >= 3 and "4096xf32, #gpu.address_space<workgroup>" in str(gm)
 
 
-def test_markers_and_plan(monkeypatch):
+def test_markers_and_plan():
     """The plan's choices reach the IR: lanes on the loops, kf.promote on the loads of
     cached rows, the target's shared limit on the gpu.func (the loop kernel)."""
-    monkeypatch.setattr(RowwiseStrategy, "ROW_REGISTERS", 0)
-    text, plan, emitted = lower("layer_norm", (3, 1000), "f16", TargetInfo.for_target("cuda"), passes=())
+    text, plan, emitted = lower("layer_norm", (3, 1000), "f16", TargetInfo.for_target("cuda"), passes=(),
+                                variant=RowwiseVariant(row_registers=0))
     assert plan["vector_lanes"] == 8 and plan["threads"] == 128 and plan["cached_inputs"] == [0]
     assert plan["reduction"] == "shuffle" and emitted.grid == (3, 1, 1) and emitted.block == (128, 1, 1)
     assert text.count("kf.vector_lanes = 8") == 3 and text.count("{kf.promote}") == 3
@@ -493,7 +495,7 @@ def test_registers_plan(target, shape, elem, want):
         plan = RowwiseStrategy().plan(kernel, TargetInfo.for_target(target))
     assert plan["mode"] == "registers" and {k: plan[k] for k in want} == want
     assert plan["threads"] == want["row_threads"] * want["rows_per_block"] and plan["reciprocal"]
-    assert plan["chunks"] * plan["vector_lanes"] <= RowwiseStrategy.ROW_REGISTERS
+    assert plan["chunks"] * plan["vector_lanes"] <= RowwiseVariant().row_registers == 32
 
 
 def test_registers_plan_falls_back():
@@ -510,13 +512,12 @@ def test_registers_plan_falls_back():
 
 def test_registers_plan_f32_capped():
     """f32 rows take registers mode on CUDA where one row fills a workgroup and the
-    register cap holds it (95.9-96.4% of copy on the H200 against 90.9-93.2 for the
-    loop kernel at 32768x8192); the division stays a division (f32 outputs)."""
+    register cap holds it; the division stays a division (f32 outputs)."""
     ctx, module, kernel, gm = build("softmax", (64, 8192), "f32")
     with ctx, ir.Location.unknown():
         plan = RowwiseStrategy().plan(kernel, TargetInfo.for_target("cuda"))
     assert plan["mode"] == "registers" and plan["rows_per_block"] == 1, plan
-    assert plan["max_registers"] == RowwiseStrategy.ROW_MAX_REGISTERS == 64 and not plan["reciprocal"]
+    assert plan["max_registers"] == RowwiseVariant().row_max_registers == 64 and not plan["reciprocal"]
 
 
 def test_registers_mode_ir():
@@ -559,23 +560,22 @@ def test_registers_mode_ptx():
     assert ptx.count("ld.global.v4") == 8 and ptx.count("bar.sync") == 1
 
 
-def test_register_cap_and_pipelined_weights(monkeypatch):
-    """ROW_MAX_REGISTERS reaches the PTX as .maxnreg (one row a workgroup only) and holds
+def test_register_cap_and_pipelined_weights():
+    """row_max_registers reaches the PTX as .maxnreg (one row a workgroup only) and holds
     the bf16 layer norm at 32768 x 8192 to 64 registers without spills; "pipelined"
     issues the weights of chunk c + 1 before chunk c's stores."""
     _ptxas()
     from kf.passes.to_cuda import assemble
 
-    monkeypatch.setattr(RowwiseStrategy, "ROW_MAX_REGISTERS", 64)
-    monkeypatch.setattr(RowwiseStrategy, "ROW_PRELOAD", "pipelined")
-    ptx, plan = ptx_for("layer_norm", (4, 8192), "bf16", "sm_90")
+    capped = RowwiseVariant(row_max_registers=64, row_preload="pipelined")
+    ptx, plan = ptx_for("layer_norm", (4, 8192), "bf16", "sm_90", variant=capped)
     assert plan["max_registers"] == 64 and ".maxnreg 64" in ptx
     report = assemble(ptx, "sm_90").kernels["layer_norm"]
     assert report["registers"] <= 64 and report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0
     # after the reductions: w and b of chunks 0 and 1, then a store before chunk 2's
     tail = ptx[ptx.rindex("bar.sync"):]
     assert tail[:tail.index("st.global.v4")].count("ld.global.v4") == 4
-    ptx, plan = ptx_for("layer_norm", (7, 1000), "bf16", "sm_90")
+    ptx, plan = ptx_for("layer_norm", (7, 1000), "bf16", "sm_90", variant=capped)
     assert plan["rows_per_block"] > 1 and not plan["max_registers"] and ".maxnreg" not in ptx
 
 
@@ -675,3 +675,39 @@ def test_softmax_over_a_row_of_one(dtype):
     assert "ld.global" in kf.inspect(kf.jit(softmax, target="cuda", arch="sm_90a"), x).ptx
     _needs_vulkan()
     torch.testing.assert_close(kf.jit(softmax, target="vulkan")(x), torch.softmax(x.float(), -1).to(dtype))
+
+
+def test_variants_are_plan_data():
+    """The rowwise variants are kf-tile options and the option ``variants``: the plan
+    records the variant it was made with, so the IR (and the cache key) tells the
+    kernels apart; a variant that selects the loop kernel computes what torch does on
+    fresh inputs (an odd row of 257 on Vulkan)."""
+    import kf
+    from kf.passes.strategies.base import variants_by_kind
+
+    v = variants_by_kind({"rowwise.row_registers": "0", "rowwise.row_preload": "all",
+                          "rowwise.row_registers_wide_capped": "false"})["rowwise"]
+    assert v == RowwiseVariant(row_registers=0, row_preload="all", row_registers_wide_capped=False)
+    for fields, message in (({"row_preload": "some"}, "'row_preload' takes rows, pipelined or all, not 'some'"),
+                            ({"row_reciprocal": "sometimes"}, "'row_reciprocal' takes narrow, always or never"),
+                            ({"row_block": "-1"}, "'row_block' takes an int >= 0"),
+                            ({"row_register": "0"}, "no variant 'row_register'")):
+        with pytest.raises(ValueError, match=message):
+            variants_by_kind({f"rowwise.{k}": t for k, t in fields.items()})
+
+    def softmax(x):
+        return torch.softmax(x, dim=-1)
+
+    x = torch.randn(7, 257, dtype=torch.float16)
+    plans = {}
+    for variants in ("", "rowwise.row_registers=0"):
+        f = kf.jit(softmax, target="vulkan", variants=variants)
+        [k] = kf.explain(f, x, file=None).kernels
+        plans[variants] = k.plan
+    assert plans[""]["mode"] == "registers" and plans[""]["variant"] == dataclasses.asdict(RowwiseVariant())
+    assert plans["rowwise.row_registers=0"]["mode"] == "loop"
+    assert plans["rowwise.row_registers=0"]["variant"]["row_registers"] == 0
+    _needs_vulkan()
+    y = torch.randn(7, 257, dtype=torch.float16)
+    torch.testing.assert_close(kf.jit(softmax, target="vulkan", variants="rowwise.row_registers=0")(y),
+                               torch.softmax(y.float(), -1).half(), rtol=1e-2, atol=1e-3)
