@@ -201,7 +201,7 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
 
 
 #: Row-wise plan variants: the rowwise strategy's kernel variants (the option ``variants``,
-#: passes/strategies/rowwise.py's RowwiseVariant) over its defaults (bf16/f16 rows in
+#: passes/strategies/rowwise/plan.py's RowwiseVariant) over its defaults (bf16/f16 rows in
 #: registers mode, f32 rows in registers mode where one row fills a workgroup, else the
 #: loop kernel; reciprocals where outputs are narrow). A variant whose plan for a
 #: workload equals an earlier variant's is the same kernel: reported as such and not
