@@ -6,6 +6,7 @@
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stages=two})' 2>&1 | FileCheck %s --check-prefix=BADVALUE
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{elementwise.stages=2})' 2>&1 | FileCheck %s --check-prefix=BADKIND
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{multiprocessors=many})' 2>&1 | FileCheck %s --check-prefix=BADINT
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=ampere})' 2>&1 | FileCheck %s --check-prefix=BADCHIP
 // Invalid inputs (Inputs/kf-tile-invalid.mlir):
 // RUN: kf-opt %S/Inputs/kf-tile-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-tile{target=cuda})'
 // RUN: kf-opt %S/Inputs/kf-tile-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-tile{target=spirv})'
@@ -20,6 +21,7 @@
 // BADVALUE: matmul: variant 'stages' takes an int, not 'two'
 // BADKIND: kernels of kind 'elementwise' have no variants (kinds with variants: attention, matmul, moe_gemm, rowwise)
 // BADINT: error: pass 'kf-tile' option 'multiprocessors' takes an int, got 'many'
+// BADCHIP: error: kf-tile: chip must be a CUDA chip such as sm_80, sm_90 or sm_90a, got 'ampere'
 
 // 1000 f32 elements: one thread per 4 (16-byte accesses, 1000 = 250 x 4), 256 threads,
 // one block; the last block is partial (250 < 256), so the kernel guards its tail.
