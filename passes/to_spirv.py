@@ -166,7 +166,10 @@ class SpirvValidationError(PassError):
 def _parse_size(text: str) -> tuple[int, int, int] | None:
     if not text:
         return None
-    parts = [int(p) for p in re.split(r"[,x\s]+", text.strip()) if p]
+    try:
+        parts = [int(p) for p in re.split(r"[,x\s]+", text.strip()) if p]
+    except ValueError:
+        parts = []
     if not 1 <= len(parts) <= 3 or any(p <= 0 for p in parts):
         raise ValueError(f"workgroup-size must be 1 to 3 positive integers, got '{text}'")
     return tuple(parts + [1] * (3 - len(parts)))  # type: ignore[return-value]
@@ -184,6 +187,22 @@ class ToSpirvPass(KfPass):
     capabilities: str = ",".join(DEFAULT_CAPABILITIES)
     shared_memory_bytes: int = DEFAULT_SHARED_BYTES
     subgroup_size: int = 32  # what gpu.shuffle widths must equal; lavapipe's is 8
+
+    def __post_init__(self):
+        # Checked when the pass is made: a bad workgroup size was a raw ValueError of
+        # int(), a subgroup size of 0 or 12 and a negative memory size were taken.
+        try:
+            _parse_size(self.workgroup_size)
+            size = None
+        except ValueError as e:
+            size = str(e)
+        sg = self.subgroup_size
+        problems = [size,None if self.shared_memory_bytes >= 0 else
+                    f"shared-memory-bytes must be 0 or more, got {self.shared_memory_bytes}",
+                    None if 1 <= sg <= 128 and sg & (sg - 1) == 0 else
+                    f"subgroup-size must be a power of two from 1 to 128 (a Vulkan subgroup size), got {sg}"]
+        for problem in filter(None, problems):
+            raise ValueError(f"pass '{self.NAME}': {problem}")
 
     def run(self, module: ir.Operation) -> None:
         gmods = [op.operation for op in module.regions[0].blocks[0].operations if op.operation.name == "gpu.module"]
@@ -270,6 +289,11 @@ class ToSpirvPass(KfPass):
                 f"api=Vulkan, #spirv.resource_limits<max_compute_shared_memory_size = {self.shared_memory_bytes}, "
                 f"max_compute_workgroup_invocations = {DEFAULT_MAX_INVOCATIONS}, "
                 f"max_compute_workgroup_size = [1024, 1024, 64], subgroup_size = {self.subgroup_size}>>")
+        unknown = [c for c in caps if not _is_capability(c)]
+        if unknown:  # else MLIR's parse error of the whole environment, at no useful place
+            raise PassError(f"capabilities: {', '.join(unknown)} "
+                            f"{'is not a SPIR-V capability' if len(unknown) == 1 else 'are not SPIR-V capabilities'} "
+                            "(such as Shader, Float16, GroupNonUniformShuffle)", gm.location)
         gm.attributes["spirv.target_env"] = ir.Attribute.parse(text)
 
     def _prepare_kernels(self, gm: ir.Operation, default) -> dict[str, SpirvKernel]:
@@ -315,6 +339,19 @@ class ToSpirvPass(KfPass):
         if not out:
             raise PassError(f"gpu.module @{gm.attributes['sym_name'].value} has no kernel", gm.location)
         return out
+
+
+def _is_capability(name: str) -> bool:
+    """Whether MLIR's SPIR-V dialect knows the capability ``name`` (asked quietly: the
+    parser's own diagnostic is not the pass's)."""
+    handler = ir.Context.current.attach_diagnostic_handler(lambda d: True)
+    try:
+        ir.Attribute.parse(f"#spirv.vce<v1.3, [{name}], []>")
+        return True
+    except ir.MLIRError:
+        return False
+    finally:
+        handler.detach()
 
 
 def _kernel_size(op: ir.Operation, default) -> tuple[int, int, int] | None:
