@@ -57,14 +57,8 @@ def main() -> int:
     ap.add_argument("--rowwise-lanes", type=int, default=0, help="cap the rowwise strategy's vector lanes")
     ap.add_argument("--only", default="")
     args = ap.parse_args()
-    if args.rowwise_lanes:
-        from kf.passes.strategies.rowwise import RowwiseStrategy
-
-        RowwiseStrategy.MAX_LANES = args.rowwise_lanes
-        import os
-        import tempfile
-
-        os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
+    # the rowwise kernels' lanes capped: a kernel variant (RowwiseVariant.max_lanes)
+    variants = f"rowwise.max_lanes={args.rowwise_lanes}" if args.rowwise_lanes else ""
     dev = "cuda" if args.target == "cuda" else "cpu"
     torch.manual_seed(0)
     r = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
@@ -82,7 +76,7 @@ def main() -> int:
     for fn, xs in cases:
         if args.only and args.only not in fn.__name__:
             continue
-        f = kf.jit(fn, target=args.target)
+        f = kf.jit(fn, target=args.target, variants=variants)
         try:
             out = f(*xs)
             ref = fn(*[x.double() if x.is_floating_point() else x for x in xs])

@@ -5,8 +5,9 @@ process.
 
     source .device/prelude.sh && python3 bench/variants.py --out $OUT/variants.json [--only gemm|attention|rowwise|elementwise]
 
-Row-wise variants are RowwiseStrategy switches (ROWWISE_VARIANTS: registers mode or the
-loop kernel, reciprocals, the register cap, when weights are loaded, threads a row);
+Row-wise variants are the rowwise strategy's kernel variants (ROWWISE_VARIANTS: registers
+mode or the loop kernel, reciprocals, the register cap, when weights are loaded, threads a
+row), given as the option ``variants`` like GEMM's;
 ``--rowwise-kinds 32768`` / ``8192x4096`` splits the run in two calls of a few minutes.
 
 Elementwise variants (``--only elementwise``, ELEMENTWISE_VARIANTS) are
@@ -199,28 +200,34 @@ def attention_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = 
     return rows
 
 
-#: Row-wise plan variants: RowwiseStrategy switches over its defaults (bf16/f16 rows in
-#: registers mode, f32 rows in the loop kernel, reciprocals where outputs are narrow).
-#: A variant whose plan for a workload equals an earlier variant's is the same kernel:
-#: reported as such and not timed again.
+#: Row-wise plan variants: the rowwise strategy's kernel variants (the option ``variants``,
+#: passes/strategies/rowwise/plan.py's RowwiseVariant) over its defaults (bf16/f16 rows in
+#: registers mode, f32 rows in registers mode where one row fills a workgroup, else the
+#: loop kernel; reciprocals where outputs are narrow). A variant whose plan for a
+#: workload equals an earlier variant's is the same kernel: reported as such and not
+#: timed again.
 ROWWISE_VARIANTS = {
-    "default": {},
-    "loop, dividing": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "never"},
-    "loop + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always"},
-    "loop, 128 threads + reciprocal": {"ROW_REGISTERS": 0, "ROW_RECIPROCAL": "always", "MAX_ROW_THREADS": 128},
-    # registers mode, each switch spelled out (the defaults changed with the run of
-    # 2026-12-04: f32 rows, cap 64, pipelined weights)
-    "registers, bf16 rows only": {"ROW_REGISTERS_WIDEST": 2, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "rows"},
-    "registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "rows"},
-    "registers, max 64 registers": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64, "ROW_PRELOAD": "rows"},
-    "registers, weights pipelined": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "pipelined"},
-    "registers, max 64, weights pipelined": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 64,
-                                             "ROW_PRELOAD": "pipelined"},
-    "registers, every load up front": {"ROW_REGISTERS_WIDEST": 8, "ROW_MAX_REGISTERS": 0, "ROW_PRELOAD": "all"},
-    "registers, max 64 + reciprocal": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "always"},
-    "registers, max 64, dividing": {"ROW_REGISTERS_WIDEST": 8, "ROW_RECIPROCAL": "never"},
-    "registers, 16 values, 512 threads": {"ROW_REGISTERS_WIDEST": 8, "ROW_REGISTERS": 16, "MAX_ROW_THREADS": 512},
-    "registers, one row a workgroup": {"ROW_REGISTERS_WIDEST": 8, "ROW_BLOCK": 1},
+    "default": "",
+    "loop, dividing": "rowwise.row_registers=0 rowwise.row_reciprocal=never",
+    "loop + reciprocal": "rowwise.row_registers=0 rowwise.row_reciprocal=always",
+    "loop, 128 threads + reciprocal": "rowwise.row_registers=0 rowwise.row_reciprocal=always "
+                                      "rowwise.max_row_threads=128",
+    # registers mode, each field spelled out
+    "registers, bf16 rows only": "rowwise.row_registers_widest=2 rowwise.row_max_registers=0 rowwise.row_preload=rows",
+    "registers": "rowwise.row_registers_widest=8 rowwise.row_max_registers=0 rowwise.row_preload=rows",
+    "registers, max 64 registers": "rowwise.row_registers_widest=8 rowwise.row_max_registers=64 "
+                                   "rowwise.row_preload=rows",
+    "registers, weights pipelined": "rowwise.row_registers_widest=8 rowwise.row_max_registers=0 "
+                                    "rowwise.row_preload=pipelined",
+    "registers, max 64, weights pipelined": "rowwise.row_registers_widest=8 rowwise.row_max_registers=64 "
+                                            "rowwise.row_preload=pipelined",
+    "registers, every load up front": "rowwise.row_registers_widest=8 rowwise.row_max_registers=0 "
+                                      "rowwise.row_preload=all",
+    "registers, max 64 + reciprocal": "rowwise.row_registers_widest=8 rowwise.row_reciprocal=always",
+    "registers, max 64, dividing": "rowwise.row_registers_widest=8 rowwise.row_reciprocal=never",
+    "registers, 16 values, 512 threads": "rowwise.row_registers_widest=8 rowwise.row_registers=16 "
+                                         "rowwise.max_row_threads=512",
+    "registers, one row a workgroup": "rowwise.row_registers_widest=8 rowwise.row_block=1",
 }
 
 
@@ -244,8 +251,6 @@ def rowwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()
     gelu(x + b)) and this run's device-to-device copy bandwidth."""
     import torch.nn.functional as F
 
-    from kf.passes.strategies.rowwise import RowwiseStrategy
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from seed_examples import metal_layer_norm
 
@@ -266,7 +271,6 @@ def rowwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()
         "bias+GELU": (_bias_gelu, _bias_gelu, None, 1),
     }
     names = [n for n in ROWWISE_VARIANTS if not variants or n in variants]
-    defaults = {k: getattr(RowwiseStrategy, k) for k in {k for v in ROWWISE_VARIANTS.values() for k in v}}
     for (r, c) in ((32768, 8192), (8192, 4096)):
         for dt in (torch.bfloat16, torch.float32):
             for wname, (fn, eager, best, extra) in workloads.items():
@@ -289,11 +293,9 @@ def rowwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()
                 seen: dict = {}  # plan (as JSON) -> the variant that had it
                 tol = 2e-2 if dt == torch.bfloat16 else 1e-5
                 for name in names:
-                    for k, v in {**defaults, **ROWWISE_VARIANTS[name]}.items():
-                        setattr(RowwiseStrategy, k, v)
                     os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
                     row = {"kind": kind, "variant": name}
-                    f = kf.jit(fn, target="cuda")
+                    f = kf.jit(fn, target="cuda", variants=ROWWISE_VARIANTS[name])
                     try:
                         x = make()
                         k0 = kf.explain(f, *x, file=None).kernels[0]
@@ -329,8 +331,6 @@ def rowwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()
                     print(row, flush=True)
                     save(rows)
                 del ins
-    for k, v in defaults.items():
-        setattr(RowwiseStrategy, k, v)
     return rows
 
 

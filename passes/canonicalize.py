@@ -339,6 +339,11 @@ class CanonicalizePass(KfPass):
     DESCRIPTION = "fold constants, simplify broadcasts, reshapes and transposes, remove dead kf ops"
     max_iterations: int = 16
 
+    def __post_init__(self):
+        # 0 or fewer sweeps would leave the module as it is, silently
+        if self.max_iterations < 1:
+            raise ValueError(f"pass '{self.NAME}': max-iterations must be 1 or more, got {self.max_iterations}")
+
     def run(self, module: ir.Operation) -> None:
         for _ in range(self.max_iterations):
             rw = _Rewriter()

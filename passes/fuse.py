@@ -59,7 +59,7 @@ from kf.dialects import BY_NAME, spec_of
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import defining, transposes_last_two
 
-from .base import KfPass
+from .base import KfPass, PassError
 from .fuse_attention_backward import attention_backward_groups
 
 _REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}
@@ -531,7 +531,29 @@ class FusePass(KfPass):
                 continue
             if not f.regions[0].blocks:
                 continue
+            _check_function(f)
             _fuse_function(module, f)
+
+
+def _check_function(f: ir.Operation) -> None:
+    """A PassError for a function kf-fuse cannot partition: one of several blocks
+    (branches; kf's capture writes straight-line functions), or one with an op on tensors
+    that is neither a kf op nor a call (its operands and results would not be ordered
+    with the kernels that make and read them)."""
+    name = ir.StringAttr(f.attributes["sym_name"]).value
+    blocks = list(f.regions[0].blocks)
+    if len(blocks) > 1:
+        raise PassError(f"function @{name} has {len(blocks)} blocks: kf-fuse partitions straight-line functions "
+                        "(one block, as kf's capture writes them)", f.location)
+    for op in blocks[0].operations:
+        op = op.operation
+        if op.name.startswith("kf.") or op.name in ("func.call", "func.return"):
+            continue
+        values = list(op.operands) + list(op.results)
+        if any(isinstance(v.type, ir.RankedTensorType) or isinstance(v.type, ir.UnrankedTensorType)
+               for v in values):
+            raise PassError(f"{op.name} on tensors in @{name}: kf-fuse partitions kf ops and calls; write it "
+                            "as a kf op (or lower the function with kf-lower-to-linalg instead)", op.location)
 
 
 def _view_reshapes(body: list[ir.Operation]) -> list[ir.Operation]:

@@ -28,7 +28,8 @@ from mlir import ir
 
 from .base import KfPass, PassError
 from .strategies import emit as E
-from .strategies.base import DEFAULT_MULTIPROCESSORS, EmittedKernel, NotApplicable, TargetInfo, strategy_for
+from .strategies.base import (DEFAULT_MULTIPROCESSORS, STRATEGIES, EmittedKernel, NotApplicable, TargetInfo,
+                              strategy_for)
 from .tile import check_target, choose, recorded_plan
 
 GPU_MODULE = "kf_kernels"
@@ -40,16 +41,27 @@ def _i64_array(values) -> ir.Attribute:
 
 def _emit_one(kernel: ir.Operation, gmod: ir.Operation, info: TargetInfo) -> tuple[EmittedKernel, str]:
     plan = recorded_plan(kernel)
-    if plan is None or plan.get("target", info.name) != info.name:
+    recorded = plan is not None and plan.get("target", info.name) == info.name
+    if not recorded:
         # No plan, or one made for another target (its vector widths and grid limits
         # would be wrong here): plan now.
         strategy, plan = choose(kernel, info)
     else:
-        strategy = strategy_for(plan.get("strategy", E.kernel_kind(kernel)))
+        kind = plan.get("strategy", E.kernel_kind(kernel))
+        strategy = strategy_for(kind)
+        if strategy.KIND != kind:  # strategy_for's fallback is for kernel kinds, not plans
+            raise ValueError(f"kf.plan names the strategy '{kind}', which kf does not have (strategies: "
+                             f"{', '.join(sorted(STRATEGIES))})")
     body = gmod.regions[0].blocks[0]
     before = {id(op.operation) for op in body.operations}
     try:
         return strategy.emit(kernel, plan, gmod, info), strategy.KIND
+    except KeyError as e:
+        if not recorded or not e.args or e.args[0] in plan:
+            raise
+        # a plan written by hand or cut short: name what it lacks rather than a KeyError
+        raise ValueError(f"kf.plan has no '{e.args[0]}', which the {strategy.KIND} strategy's plans hold "
+                         "(kf-tile records whole plans)") from None
     except NotApplicable:
         # Whatever the refusing strategy had written goes before generic writes its own.
         for op in list(body.operations):
@@ -72,7 +84,7 @@ class MapToGpuPass(KfPass):
     limits: str = ""
 
     def run(self, module: ir.Operation) -> None:
-        check_target(self.target, module.location)
+        check_target(self.target, module.location, self.chip, self.multiprocessors)
         try:
             info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors, self.limits)
         except ValueError as e:
@@ -84,7 +96,10 @@ class MapToGpuPass(KfPass):
             gmod = E.gpu_module(module, GPU_MODULE)
         for kernel in kernels:
             with kernel.context, kernel.location:
-                _, outs = E.kernel_signature(kernel)
+                try:
+                    _, outs = E.kernel_signature(kernel)
+                except ValueError as e:  # a KfTypeError: an element type kf has no kernels for
+                    raise PassError(f"cannot write kernel @{E.kernel_name(kernel)}: {e}", kernel.location) from None
                 if outs and all(E.numel(s.shape) == 0 for s in outs):
                     decl = E.declare_kernel(kernel, GPU_MODULE)
                     del decl.attributes["kf.gpu_func"]

@@ -114,9 +114,20 @@ def recorded_plan(kernel: ir.Operation) -> dict | None:
 TARGETS = ("cuda", "spirv", "vulkan", "metal")
 
 
-def check_target(target: str, location: ir.Location) -> None:
+def check_target(target: str, location: ir.Location, chip: str = "sm_90",
+                 multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> None:
+    """A PassError for a target kf has no kernels for, and on CUDA for a chip that is not
+    one (the strategies read its number: sm_90a's wgmma) or a negative multiprocessor
+    count."""
     if target not in TARGETS:
         raise PassError(f"target must be one of {', '.join(TARGETS)}, got '{target}'", location)
+    if target == "cuda":
+        from .to_cuda import chip_error
+
+        if chip_error(chip):
+            raise PassError(chip_error(chip), location)
+        if multiprocessors < 0:
+            raise PassError(f"multiprocessors must be 0 (not known) or more, got {multiprocessors}", location)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +164,7 @@ class TilePass(KfPass):
         return text[:-1] + f" {extra}}}" if text.endswith("}") else f"{text}{{{extra}}}"
 
     def run(self, module: ir.Operation) -> None:
-        check_target(self.target, module.location)
+        check_target(self.target, module.location, self.chip, self.multiprocessors)
         try:
             info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors, self.limits)
         except ValueError as e:

@@ -342,7 +342,7 @@ def _iterators_attr(its: list[str]) -> ir.ArrayAttr:
 def _split_operand(v: ir.Value, pos: int, start: int, size: int, blocks: tuple[int, int] | None) -> ir.Value:
     """v sliced to [start, start + size) along dim pos, then that dim split into blocks
     (o, c) when given (a view: no data moves once bufferized)."""
-    from .lower_to_linalg import _reassoc, _tensor_type, extract_slice
+    from .linalg.build import extract_slice, reassociation, tensor_type
 
     shape = list(ir.RankedTensorType(v.type).shape)
     elem = ir.RankedTensorType(v.type).element_type
@@ -354,17 +354,17 @@ def _split_operand(v: ir.Value, pos: int, start: int, size: int, blocks: tuple[i
         return v
     out = shape[:pos] + list(blocks) + shape[pos + 1:]
     groups = [[d] for d in range(pos)] + [[pos, pos + 1]] + [[d + 1] for d in range(pos + 1, len(shape))]
-    return tensor.expand_shape(_tensor_type(out, elem), v, _reassoc(groups), [], out)
+    return tensor.expand_shape(tensor_type(out, elem), v, reassociation(groups), [], out)
 
 
 def _reduce_last(partial: ir.Value, pos: int, init: ir.Value, combiner: str) -> ir.Value:
     """init + the partial results reduced over their dim pos."""
-    from .lower_to_linalg import _identity, _projection, generic
+    from .linalg.build import generic, identity_map, projection_map
 
     rank = len(ir.RankedTensorType(partial.type).shape)
     kept = [d for d in range(rank) if d != pos]
     its = ["reduction" if d == pos else "parallel" for d in range(rank)]
-    return generic([partial], [init], [_identity(rank), _projection(rank, kept)], its,
+    return generic([partial], [init], [identity_map(rank), projection_map(rank, kept)], its,
                    lambda a: [ir.Operation.create(combiner, [a[0].type], [a[0], a[1]]).result])[0]
 
 
@@ -378,7 +378,7 @@ def _block_one(op: ir.Operation, bound: int) -> list[ir.Operation] | None:
     instead. The operands' blocks are slices and reshapes (views). Returns the new
     generics (to be split again where still over the bound), or None where op is not a
     sum this applies to."""
-    from .lower_to_linalg import filled
+    from .linalg.build import filled
 
     if op.name != "linalg.generic" or len(op.results) != 1:
         return None

@@ -102,6 +102,18 @@ class CudaCompileError(_TargetBase):
                              command=command or None)
 
 
+#: How a CUDA chip is spelled: sm_<number>, with "a" or "f" for the architecture-specific
+#: features (sm_90a: wgmma).
+CUDA_CHIP = re.compile(r"sm_[1-9][0-9]+[af]?")
+
+
+def chip_error(chip: str) -> str | None:
+    """Why ``chip`` is not a CUDA chip, or None where it is one."""
+    if CUDA_CHIP.fullmatch(chip):
+        return None
+    return f"chip must be a CUDA chip such as sm_80, sm_90 or sm_90a, got '{chip}'"
+
+
 @dataclass(frozen=True)
 class ToCudaPass(KfPass):
     """``kf-to-cuda{chip=sm_90 features=+ptx80 opt-level=3 ftz=false index-bitwidth=64}``."""
@@ -114,6 +126,17 @@ class ToCudaPass(KfPass):
     opt_level: int = 3
     ftz: bool = False  # libdevice's flush-to-zero variants (__nvvm_reflect("__CUDA_FTZ") = 1)
     index_bitwidth: int = 64  # 32 saves registers when every index fits in i32
+
+    def __post_init__(self):
+        # Checked when the pass is made, before any pipeline is: nvvm-attach-target takes
+        # any chip name (writing PTX for ".target banana") and asserts on an opt level
+        # past 3, which ends the process.
+        problems = [chip_error(self.chip),
+                    None if 0 <= self.opt_level <= 3 else f"opt-level must be 0, 1, 2 or 3, got {self.opt_level}",
+                    None if self.index_bitwidth in (32, 64) else
+                    f"index-bitwidth must be 32 or 64, got {self.index_bitwidth}"]
+        for problem in filter(None, problems):
+            raise ValueError(f"pass '{self.NAME}': {problem}")
 
     def lowering_pipeline(self) -> str:
         """gpu dialect to the LLVM/NVVM dialects inside each gpu.module."""

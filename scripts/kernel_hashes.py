@@ -4,8 +4,8 @@ A move of code between modules must not change a single instruction. This script
 compiles a broad, fixed set of functions -- attention (bf16, f16, fp8; head dims 64, 128,
 256; unmasked, causal, ragged, a mask per batch; persistent and not), GEMMs (mma.sync
 and wgmma shapes, fp8), row-wise, elementwise, transpose and MoE kernels -- for CUDA
-sm_90a and sm_80, Vulkan (SPIR-V) and Metal (MSL), with kernel variants set through
-plan overrides, and prints one line per configuration: its name, the sha256 of the
+sm_90a and sm_80, Vulkan (SPIR-V) and Metal (MSL), with kernel variants (GEMM, attention,
+row-wise) set through plan overrides, and prints one line per configuration: its name, the sha256 of the
 target's text (PTX and MSL as text, SPIR-V as the binary) and the kernels with their
 strategies. No GPU is needed: the back ends stop before ptxas.
 
@@ -97,7 +97,7 @@ class Config:
     target: str = "cuda"
     arch: str = "sm_90a"
     precision: str = "auto"
-    #: kernel variants, as kf-tile takes them: {"matmul.stages": 3}
+    #: kernel variants, as kf-tile takes them: {"matmul.stages": 3, "rowwise.row_registers": 0}
     plan: dict = field(default_factory=dict)
 
 
@@ -205,6 +205,18 @@ for target, arch in (("cuda", "sm_90a"), ("vulkan", ""), ("metal", "")):
         Config(f"moe-{t}.f32", moe_layer, [(2, 19, 64), (4, 64), (4, 64, 96), (4, 96, 64)], F32, target=target,
                arch=arch),
     )
+ROWWISE_VARIANTS = {
+    "loop": {"rowwise.row_registers": 0},
+    "registers-everywhere": {"rowwise.row_registers_widest": 8, "rowwise.row_reciprocal": "always"},
+    "64-values-all-loads-first": {"rowwise.row_registers": 64, "rowwise.row_registers_widest": 8,
+                                  "rowwise.row_preload": "all", "rowwise.row_max_registers": 0},
+}
+for target, arch in (("cuda", "sm_90a"), ("vulkan", "")):
+    t = {"cuda": "h", "vulkan": "v"}[target]
+    for v, plan in ROWWISE_VARIANTS.items():
+        add(Config(f"row-{t}.bf16.layer-norm.{v}", layer_norm, [(8192, 4096), (4096,), (4096,)], target=target,
+                   arch=arch, plan=plan),
+            Config(f"row-{t}.f32.softmax.{v}", softmax, [(1000, 1000)], F32, target=target, arch=arch, plan=plan))
 add(
     Config("row-a.f32.layer-norm", layer_norm, [(32768, 8192), (8192,), (8192,)], F32, arch="sm_80"),
     Config("moe-h.bf16", moe_layer, [(1, 300, 256), (8, 256), (8, 256, 512), (8, 512, 256)]),

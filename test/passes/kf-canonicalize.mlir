@@ -3,6 +3,8 @@
 // RUN: kf-opt %S/Inputs/kf-canonicalize-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-canonicalize)'
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-canonicalize{max-iterations=many})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
 // BAD-INT: error: pass 'kf-canonicalize' option 'max-iterations' takes an int, got 'many'
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-canonicalize{max-iterations=0})' 2>&1 | FileCheck %s --check-prefix=BAD-ZERO
+// BAD-ZERO: error: pass 'kf-canonicalize': max-iterations must be 1 or more, got 0
 
 // A broadcast feeding an elementwise op is dropped: kf ops broadcast implicitly.
 // CHECK-LABEL: func.func @drop_broadcast

@@ -8,7 +8,11 @@
 // RUN: kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv})'
 // RUN: not kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=rocm})' 2>&1 | FileCheck %s --check-prefix=BAD-TARGET
 // RUN: not kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=spirv limits=shared=lots})' 2>&1 | FileCheck %s --check-prefix=BAD-LIMITS
+// RUN: not kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda chip=sm90})' 2>&1 | FileCheck %s --check-prefix=BAD-CHIP
+// RUN: not kf-opt %S/Inputs/kf-map-to-gpu-invalid.mlir --split-input-file --pass-pipeline='builtin.module(kf-map-to-gpu{target=cuda multiprocessors=-1})' 2>&1 | FileCheck %s --check-prefix=BAD-MP
 // BAD-TARGET: error: kf-map-to-gpu: target must be one of cuda, spirv, vulkan, metal, got 'rocm'
+// BAD-CHIP: error: kf-map-to-gpu: chip must be a CUDA chip such as sm_80, sm_90 or sm_90a, got 'sm90'
+// BAD-MP: error: kf-map-to-gpu: multiprocessors must be 0 (not known) or more, got -1
 // BAD-LIMITS: error: kf-map-to-gpu: device limits 'shared=lots' must give exactly invocations, ops, shared, size, subgroup
 // BIN: gpu.binary @kf_kernels
 // BIN: gpu.binary @kf_kernels

@@ -1,11 +1,12 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda})' | FileCheck %s --check-prefix=CUDA
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=spirv})' | FileCheck %s --check-prefix=SPIRV
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=rocm})' 2>&1 | FileCheck %s --check-prefix=BAD
-// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=sm_80 matmul.stages=2 matmul.group_m=0})' | FileCheck %s --check-prefix=VARIANT
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=sm_80 matmul.stages=2 matmul.group_m=0 rowwise.row_registers=0})' | FileCheck %s --check-prefix=VARIANT
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stage=2})' 2>&1 | FileCheck %s --check-prefix=BADFIELD
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stages=two})' 2>&1 | FileCheck %s --check-prefix=BADVALUE
-// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{rowwise.stages=2})' 2>&1 | FileCheck %s --check-prefix=BADKIND
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{elementwise.stages=2})' 2>&1 | FileCheck %s --check-prefix=BADKIND
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{multiprocessors=many})' 2>&1 | FileCheck %s --check-prefix=BADINT
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=ampere})' 2>&1 | FileCheck %s --check-prefix=BADCHIP
 // Invalid inputs (Inputs/kf-tile-invalid.mlir):
 // RUN: kf-opt %S/Inputs/kf-tile-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-tile{target=cuda})'
 // RUN: kf-opt %S/Inputs/kf-tile-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-tile{target=spirv})'
@@ -18,8 +19,9 @@
 // error that names what there is.
 // BADFIELD: matmul: no variant 'stage' (variants: group_m, inflight, k_bytes, max_block_n, stages, warp_tiles)
 // BADVALUE: matmul: variant 'stages' takes an int, not 'two'
-// BADKIND: kernels of kind 'rowwise' have no variants (kinds with variants: attention, matmul, moe_gemm)
+// BADKIND: kernels of kind 'elementwise' have no variants (kinds with variants: attention, matmul, moe_gemm, rowwise)
 // BADINT: error: pass 'kf-tile' option 'multiprocessors' takes an int, got 'many'
+// BADCHIP: error: kf-tile: chip must be a CUDA chip such as sm_80, sm_90 or sm_90a, got 'ampere'
 
 // 1000 f32 elements: one thread per 4 (16-byte accesses, 1000 = 250 x 4), 256 threads,
 // one block; the last block is partial (250 < 256), so the kernel guards its tail.
@@ -112,4 +114,19 @@ func.func @main(%a: tensor<3x257xf32>) -> tensor<3xf32> {
 func.func private @gemm_256(%a: tensor<256x256xbf16>, %b: tensor<256x256xbf16>) -> tensor<256x256xbf16> attributes {kf.kernel = "matmul"} {
   %0 = "kf.matmul"(%a, %b) : (tensor<256x256xbf16>, tensor<256x256xbf16>) -> tensor<256x256xbf16>
   return %0 : tensor<256x256xbf16>
+}
+
+// -----
+
+// A rowwise kernel's plan records its variant too: f16 rows of 1000 keep their share of
+// the row in registers by default; rowwise.row_registers=0 selects the loop kernel.
+// CUDA-LABEL: func.func private @softmax_1000
+// CUDA-SAME: mode = "registers"
+// CUDA-SAME: variant = {max_lanes = 0 : i64, max_row_threads = 256 : i64, row_block = 256 : i64, row_max_registers = 64 : i64, row_preload = "pipelined", row_reciprocal = "narrow", row_registers = 32 : i64, row_registers_wide_capped = true, row_registers_widest = 2 : i64}
+// VARIANT-LABEL: func.func private @softmax_1000
+// VARIANT-SAME: mode = "loop"
+// VARIANT-SAME: variant = {{{.*}}row_registers = 0 : i64
+func.func private @softmax_1000(%x: tensor<4x1000xf16>) -> tensor<4x1000xf16> attributes {kf.kernel = "rowwise"} {
+  %0 = "kf.softmax"(%x) {dim = -1 : i64} : (tensor<4x1000xf16>) -> tensor<4x1000xf16>
+  return %0 : tensor<4x1000xf16>
 }

@@ -10,7 +10,15 @@
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-cuda{opt-level=high})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-cuda{arch=sm_90})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
 // BAD-INT: error: pass 'kf-to-cuda' option 'opt-level' takes an int, got 'high'
+// Options out of range are errors when the pass is made: nvvm-attach-target would write
+// PTX for ".target banana" and asserts (ending the process) on an opt level past 3.
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-cuda{chip=banana})' 2>&1 | FileCheck %s --check-prefix=BAD-CHIP
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-cuda{opt-level=9})' 2>&1 | FileCheck %s --check-prefix=BAD-OPT
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-cuda{index-bitwidth=16})' 2>&1 | FileCheck %s --check-prefix=BAD-INDEX
 // BAD-OPTION: error: pass 'kf-to-cuda' has no option 'arch' (options: chip, features, ftz, index-bitwidth, opt-level)
+// BAD-CHIP: error: pass 'kf-to-cuda': chip must be a CUDA chip such as sm_80, sm_90 or sm_90a, got 'banana'
+// BAD-OPT: error: pass 'kf-to-cuda': opt-level must be 0, 1, 2 or 3, got 9
+// BAD-INDEX: error: pass 'kf-to-cuda': index-bitwidth must be 32 or 64, got 16
 
 // An elementwise kernel on bf16 with a tail guard: 1000 elements, blocks of 128.
 // BIN: gpu.binary @kf_kernels {{.*}}#nvvm.target<O = 3, chip = "sm_90">{{.*}}assembly = "{{.*}}.visible .entry scale(

@@ -7,6 +7,17 @@
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{subgroup-size=wide})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
 // BAD-BOOL: error: pass 'kf-to-spirv' option 'serialize' is true or false, got 'perhaps'
 // BAD-INT: error: pass 'kf-to-spirv' option 'subgroup-size' takes an int, got 'wide'
+// Values out of range are errors when the pass is made (they were taken, or failed deep
+// inside: int() of the workgroup size, MLIR's parse of the target environment).
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{subgroup-size=12})' 2>&1 | FileCheck %s --check-prefix=BAD-SUBGROUP
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{shared-memory-bytes=-1})' 2>&1 | FileCheck %s --check-prefix=BAD-SHARED
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{workgroup-size=wide})' 2>&1 | FileCheck %s --check-prefix=BAD-SIZE
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{capabilities=Shader,Banana})' 2>&1 | FileCheck %s --check-prefix=BAD-CAPS
+// BAD-SUBGROUP: error: pass 'kf-to-spirv': subgroup-size must be a power of two from 1 to 128 (a Vulkan subgroup size), got 12
+// BAD-SHARED: error: pass 'kf-to-spirv': shared-memory-bytes must be 0 or more, got -1
+// BAD-SIZE: error: pass 'kf-to-spirv': workgroup-size must be 1 to 3 positive integers, got 'wide'
+// BAD-CAPS-NOT: unknown capability
+// BAD-CAPS: error: kf-to-spirv: capabilities: Banana is not a SPIR-V capability (such as Shader, Float16, GroupNonUniformShuffle)
 
 // An elementwise kernel with the tail guard i < n (1000 is not a multiple of 256): the
 // workgroup size comes from known_block_size, gpu.block_dim folds to it, and binding i

@@ -33,7 +33,7 @@ def _kf_frames(e: BaseException) -> list[str]:
     root = os.path.dirname(os.path.dirname(kf.__file__))
     internal = [os.path.join(root, d) for d in ("passes", "dialects")] + [
         os.path.join(os.path.dirname(kf.__file__), m) for m in
-        ("capture.py", "aten_to_kf.py", "stages.py", "gpu_codegen.py", "cpu_codegen.py", "interpreter.py")]
+        ("capture.py", "aten_to_kf.py", "aten", "stages.py", "gpu_codegen.py", "cpu_codegen.py", "interpreter.py")]
     return [f.filename for f in traceback.extract_tb(e.__traceback__)
             if any(f.filename.startswith(p) for p in internal)]
 

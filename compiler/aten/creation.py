@@ -1,0 +1,140 @@
+"""Handlers that make values: fills, arange, and random numbers (rand, bernoulli,
+dropout) drawn from the program's Philox state."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from mlir import ir
+
+from kf.dialects import builders as kb
+from kf.dialects import spec_of
+
+from ..dtypes import kf_elem
+from ..errors import Unsupported
+from .core import Converter, HANDLERS, fake_value, handles, shape_of
+
+
+def _fill_like(value_of: Callable[[list, dict], float]):
+    def handler(c: Converter, node, args, kwargs):
+        val = fake_value(node)
+        return kb.fill(tuple(val.shape), kf_elem(val.dtype), float(value_of(args, kwargs)))
+
+    return handler
+
+
+for _n, _f in [("zeros_like.default", lambda a, k: 0.0), ("ones_like.default", lambda a, k: 1.0),
+               ("empty_like.default", lambda a, k: 0.0), ("zeros.default", lambda a, k: 0.0),
+               ("ones.default", lambda a, k: 1.0), ("empty.memory_format", lambda a, k: 0.0),
+               ("full.default", lambda a, k: a[1]), ("full_like.default", lambda a, k: a[1]),
+               ("new_zeros.default", lambda a, k: 0.0), ("new_ones.default", lambda a, k: 1.0),
+               ("new_full.default", lambda a, k: a[2]), ("scalar_tensor.default", lambda a, k: a[0]),
+               ("new_empty.default", lambda a, k: 0.0)]:
+    HANDLERS["aten." + _n] = _fill_like(_f)
+
+
+@handles("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def _arange(c, node, args, kwargs):
+    val = fake_value(node)
+    values = torch.arange(*args, dtype=val.dtype)
+    return c.constant_tensor(values)
+
+
+def _probability(p, what: str) -> float:
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise Unsupported(f"{what} probability has to be between 0 and 1, but got {p}")
+    return p
+
+
+def _no_generator(name: str, generator) -> None:
+    if generator is not None:
+        raise Unsupported(f"{name} with a generator of its own is not supported by kf",
+                          cause="kf draws from torch's default generator (torch.manual_seed)")
+
+
+def _dropped(c: Converter, x: ir.Value, p: float) -> tuple[ir.Value, ir.Value]:
+    """(x where its uniform sample is > p, scaled by 1 / (1 - p), and zero elsewhere (x * 0:
+    NaN stays NaN, as in eager); the keep mask). Computed in f32 (f64 for f64) and rounded
+    once to x's type; 0 < p < 1."""
+    elem = spec_of(x.type).elem
+    if not spec_of(x.type).is_float:
+        raise Unsupported(f"dropout of a tensor of {elem}: torch drops out floating-point tensors only")
+    keep = kb.cmp(c.rand(shape_of(x)), kb.scalar(p, "f32"), predicate="gt")
+    ce = "f64" if elem == "f64" else "f32"
+    scale = kb.select(keep, kb.scalar(1.0 / (1.0 - p), ce), kb.scalar(0.0, ce))
+    return c.tensor(kb.mul(c.tensor(x, ce), scale), elem), keep
+
+
+@handles("aten.dropout.default")
+def _dropout(c, node, args, kwargs):
+    x = args[0]
+    p = _probability(args[1] if len(args) > 1 else kwargs["p"], "dropout")
+    train = args[2] if len(args) > 2 else kwargs["train"]
+    if not train or p == 0.0 or math.prod(shape_of(x)) == 0:
+        return x
+    if p == 1.0:  # eager multiplies by zero (NaN stays NaN) and draws nothing
+        return kb.mul(x, c.tensor(0.0, spec_of(x.type).elem))
+    return _dropped(c, x, p)[0]
+
+
+@handles("aten.native_dropout.default")
+def _native_dropout(c, node, args, kwargs):
+    x = args[0]
+    p = _probability(args[1] if len(args) > 1 else kwargs["p"], "dropout")
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    shape = shape_of(x)
+    if train is False or p == 0.0 or math.prod(shape) == 0:  # None trains, as in eager
+        return x, kb.fill(shape, "i1", 1.0)
+    if p == 1.0:
+        return kb.mul(x, c.tensor(0.0, spec_of(x.type).elem)), kb.fill(shape, "i1", 0.0)
+    return _dropped(c, x, p)
+
+
+@handles("aten.rand.default", "aten.rand_like.default", "aten.randn.default", "aten.randn_like.default")
+def _rand(c, node, args, kwargs):
+    val = fake_value(node)
+    shape, elem = tuple(val.shape), kf_elem(val.dtype)
+    if math.prod(shape) == 0:
+        return kb.fill(shape, elem, 0.0)
+    if node.target._opname.startswith("randn"):
+        return c.tensor(c.rand(shape, "normal"), elem)
+    u = c.tensor(c.rand(shape), elem)
+    if elem in ("f32", "f64"):
+        return u
+    # a narrower type rounds samples near 1 up to 1: those become 0, as torch's CUDA
+    # uniform_ does, so the samples stay in [0, 1)
+    return kb.select(kb.cmp(u, c.tensor(1.0, elem), predicate="eq"), c.tensor(0.0, elem), u)
+
+
+@handles("aten.bernoulli.default", "aten.bernoulli.p")
+def _bernoulli(c, node, args, kwargs):
+    x = args[0]
+    if node.target._overloadname == "p":
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        _no_generator("bernoulli", args[2] if len(args) > 2 else kwargs.get("generator"))
+    else:
+        p = x
+        _no_generator("bernoulli", kwargs.get("generator"))
+    elem = c.out_elem(node)
+    if math.prod(shape_of(x)) == 0:
+        return kb.fill(shape_of(x), elem, 0.0)
+    u = c.rand(shape_of(x))
+    ce = c.compute_elem(u, p)
+    return c.tensor(kb.cmp(c.tensor(u, ce), c.tensor(p, ce), predicate="lt"), elem)
+
+
+@handles("kf.philox_rand.default")
+def _philox_rand(c, node, args, kwargs):
+    """kf.rand reading an explicit state (a generated backward's: random_state.py)."""
+    state, offset, size, distribution = args
+    return kb.rand(state, tuple(size), offset=int(offset), distribution=distribution)
+
+
+@handles("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range.default",
+         "aten._assert_async.msg", "aten._functional_assert_async.msg")
+def _assertion(c, node, args, kwargs):
+    # Checks that export inserts about tensor metadata; the signature already fixes it.
+    return None

@@ -1,0 +1,223 @@
+"""Handlers of selection and indexing: topk, gather, index_select, embedding,
+index_add, scatter_add, advanced indexing, take, one_hot, nll_loss."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from mlir import ir
+
+from kf.dialects import builders as kb
+from kf.dialects import spec_of
+
+from ..errors import Unsupported
+from .core import _target_name, as_vector, elem_of, fake_value, handles, rank_of, shape_of
+
+
+@handles("aten.topk.default")
+def _topk(c, node, args, kwargs):
+    x, k = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+    largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    if rank_of(x) == 0:
+        values, indices = kb.topk(as_vector(x), k=k, dim=0, largest=bool(largest))
+        shapes = [tuple(v.shape) for v in fake_value(node)]
+        return kb.reshape(values, shapes[0]), kb.reshape(indices, shapes[1])
+    return kb.topk(x, k=k, dim=dim % rank_of(x), largest=bool(largest))
+
+
+def _dim(dim: int, x: ir.Value) -> int:
+    """dim of x in [0, rank), a 0-dim tensor counting as 1-D (torch's rule for the
+    indexing ops); an IndexError-like Unsupported out of range."""
+    r = max(rank_of(x), 1)
+    if not -r <= dim < r:
+        raise Unsupported(f"dimension {dim} is out of range for a tensor of rank {rank_of(x)}")
+    return dim % r
+
+
+def _wrap_negative(i: ir.Value, size: int) -> ir.Value:
+    """Python's rule for negative indices, as advanced indexing and take apply it:
+    ``i + size`` where ``-size <= i < 0``. What is still out of range is left so: the
+    kernel that uses the index reports it."""
+    elem = spec_of(i.type).elem
+    zero, n = kb.fill((), elem, 0.0), kb.fill((), elem, float(size))
+    return kb.select(kb.cmp(i, zero, predicate="lt"), kb.add(i, n), i)
+
+
+def _as_shape(c, node, v: ir.Value) -> ir.Value:
+    return kb.reshape(v, tuple(fake_value(node).shape))
+
+
+@handles("aten.gather.default")
+def _gather(c, node, args, kwargs):
+    x, dim, index = args[:3]
+    return _as_shape(c, node, kb.gather(as_vector(x), as_vector(index), dim=_dim(dim, x)))
+
+
+@handles("aten.index_select.default")
+def _index_select(c, node, args, kwargs):
+    x, dim, index = args
+    return _as_shape(c, node, kb.index_select(as_vector(x), kb.reshape(index, [math.prod(shape_of(index))]),
+                                              dim=_dim(dim, x)))
+
+
+@handles("aten.embedding.default")
+def _embedding(c, node, args, kwargs):
+    weight, indices = args[0], args[1]
+    flat = kb.reshape(indices, [math.prod(shape_of(indices))])
+    rows = kb.index_select(weight, flat, dim=0)
+    return kb.reshape(rows, tuple(fake_value(node).shape))
+
+
+@handles("aten.index_add.default")
+def _index_add(c, node, args, kwargs):
+    x, dim, index, source = args[:4]
+    alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
+    elem = spec_of(x.type).elem
+    source = c.tensor(source, elem)
+    if alpha != 1:
+        source = kb.mul(source, c.tensor(alpha, elem))
+    d = _dim(dim, x)
+    index = kb.reshape(index, [math.prod(shape_of(index))])
+    source = as_vector(source) if rank_of(x) == 0 else source
+    return _as_shape(c, node, kb.index_add(as_vector(x), index, source, dim=d))
+
+
+@handles("aten.scatter_add.default")
+def _scatter_add(c, node, args, kwargs):
+    x, dim, index, src = args
+    src = c.tensor(src, spec_of(x.type).elem)
+    return _as_shape(c, node, kb.scatter_add(as_vector(x), as_vector(index), as_vector(src), dim=_dim(dim, x)))
+
+
+@handles("aten.index.Tensor")
+def _index_tensor(c, node, args, kwargs):
+    """Advanced indexing ``x[i, j]`` with integer index tensors (a None is a ``:``): the
+    index tensors broadcast together and wrap negative values as Python does; the first
+    indexed dim is an index_select, each further one a gather along it, so every index
+    is checked against its own dimension by the kernel that uses it. The broadcast
+    dims go where the indexed ones were when these are adjacent, else first (torch's
+    rule)."""
+    x, indices = args[0], list(args[1])
+    xs = shape_of(x)
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    if not pos or any(elem_of(indices[d]) not in ("i32", "i64") for d in pos):
+        raise Unsupported("indexing with boolean masks or non-integer tensors is not supported by kf",
+                          cause="index with integer tensors, or use torch.where / masked_fill")
+    bshape = _broadcast([shape_of(indices[d]) for d in pos])
+    n = math.prod(bshape)
+    wrapped = []
+    for d in pos:
+        i = indices[d]
+        if shape_of(i) != bshape:
+            i = kb.broadcast_to(i, bshape)
+        wrapped.append(kb.reshape(_wrap_negative(i, xs[d]), [n]))
+    others = [d for d in range(len(xs)) if d not in pos]
+    perm = pos + others
+    t = kb.transpose(x, perm=perm) if perm != list(range(len(xs))) else x
+    r = kb.index_select(t, wrapped[0], dim=0)  # [n, the other indexed dims, the rest]
+    for w in wrapped[1:]:
+        rest = list(shape_of(r)[2:])
+        at = kb.broadcast_to(kb.reshape(w, [n, 1] + [1] * len(rest)), [n, 1] + rest)
+        r = kb.reshape(kb.gather(r, at, dim=1), [n] + rest)
+    rest = [xs[d] for d in others]
+    r = kb.reshape(r, list(bshape) + rest)
+    if pos == list(range(pos[0], pos[0] + len(pos))) and pos[0] > 0:
+        nb, before = len(bshape), pos[0]
+        r = kb.transpose(r, perm=list(range(nb, nb + before)) + list(range(nb)) +
+                         list(range(nb + before, nb + len(rest))))
+    return r
+
+
+def _broadcast(shapes) -> tuple[int, ...]:
+    from kf.dialects.types import broadcast_shapes
+
+    return broadcast_shapes(*shapes)
+
+
+@handles("aten.take.default")
+def _take(c, node, args, kwargs):
+    x, index = args
+    n = math.prod(shape_of(x))
+    flat_index = _wrap_negative(kb.reshape(index, [math.prod(shape_of(index))]), n)
+    return _as_shape(c, node, kb.index_select(kb.reshape(x, [n]), flat_index, dim=0))
+
+
+@handles("aten.take_along_dim.default")
+def _take_along_dim(c, node, args, kwargs):
+    x, index = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    if dim is None:
+        return _take(c, node, [x, index], {})
+    d = _dim(dim, x)
+    x, index = as_vector(x), as_vector(index)
+    # torch broadcasts the two in every dim but dim
+    outside = [shape_of(t)[:d] + (1,) + shape_of(t)[d + 1:] for t in (x, index)]
+    shape = list(_broadcast(outside))
+    xb, ib = list(shape), list(shape)
+    xb[d], ib[d] = shape_of(x)[d], shape_of(index)[d]
+    x = kb.broadcast_to(x, xb) if list(shape_of(x)) != xb else x
+    index = kb.broadcast_to(index, ib) if list(shape_of(index)) != ib else index
+    return _as_shape(c, node, kb.gather(x, _wrap_negative(index, xb[d]), dim=d))
+
+
+@handles("aten.one_hot.default")
+def _one_hot(c, node, args, kwargs):
+    """``one_hot(i, C)``: each index is checked (torch refuses classes outside [0, C))
+    by an index_select from ``arange(C)``, then compared with every class."""
+    i = args[0]
+    classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    n = math.prod(shape_of(i))
+    table = c.constant_tensor(torch.arange(classes, dtype=torch.int64))
+    checked = kb.index_select(table, kb.cast(kb.reshape(i, [n]), "i64") if elem_of(i) != "i64"
+                              else kb.reshape(i, [n]), dim=0)
+    hot = kb.cmp(kb.reshape(checked, [n, 1]), kb.reshape(table, [1, classes]), predicate="eq")
+    return _as_shape(c, node, kb.cast(hot, "i64"))
+
+
+@handles("aten.cross_entropy_loss.default", "aten.nll_loss_nd.default", "aten.nll_loss.default",
+         "aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default")
+def _nll(c, node, args, kwargs):
+    """cross_entropy / nll_loss with class indices: the picked log-probability of each
+    target (a gather, so each target is checked against the classes; targets equal to
+    ignore_index are left out and never read), weighted, then reduced as torch does."""
+    cross = node.target._opname == "cross_entropy_loss"
+    names = ["self", "target", "weight", "reduction", "ignore_index"] + (["label_smoothing"] if cross else [])
+    p = dict(zip(names, args))
+    p.update(kwargs)
+    x, target = p["self"], p["target"]
+    weight, reduction = p.get("weight"), p.get("reduction", 1)
+    ignore = p.get("ignore_index", -100)
+    if isinstance(reduction, str):
+        reduction = {"none": 0, "mean": 1, "sum": 2}[reduction]
+    if not isinstance(target, ir.Value) or not elem_of(target) in ("i32", "i64"):
+        raise Unsupported(f"{_target_name(node.target)} with class probabilities as the target is not supported "
+                          f"by kf", cause="give class indices")
+    if cross and p.get("label_smoothing", 0.0):
+        raise Unsupported("cross_entropy with label_smoothing is not supported by kf")
+    elem = spec_of(x.type).elem
+    logp = kb.log_softmax(x, dim=0 if rank_of(x) == 1 else 1) if cross else x
+    if rank_of(logp) == 1:
+        logp, target = kb.reshape(logp, [1, shape_of(logp)[0]]), kb.reshape(target, [1])
+    ts = shape_of(target)
+    t_elem = elem_of(target)
+    valid = kb.cmp(target, kb.fill((), t_elem, float(ignore)), predicate="ne")
+    safe = kb.select(valid, target, kb.fill((), t_elem, 0.0))  # ignored targets read class 0, weighted 0
+    at = kb.reshape(safe, [ts[0], 1, *ts[1:]])
+    picked = kb.reshape(kb.gather(logp, at, dim=1), list(ts))
+    w = kb.cast(valid, elem)
+    if weight is not None:
+        w = kb.mul(w, kb.reshape(kb.index_select(weight, kb.reshape(safe, [math.prod(ts)]), dim=0), list(ts)))
+    loss = kb.neg(kb.mul(picked, w))
+    dims = list(range(len(ts)))
+    if node.target._opname in ("nll_loss_forward", "nll_loss2d_forward"):
+        total = kb.sum(w, dims=dims)
+        out = loss if reduction == 0 else kb.sum(loss, dims=dims)
+        if reduction == 1:
+            out = kb.div(out, total)
+        return (_as_shape(c, node, out) if reduction == 0 else out, total)
+    if reduction == 0:
+        return _as_shape(c, node, loss)
+    out = kb.sum(loss, dims=dims)
+    return kb.div(out, kb.sum(w, dims=dims)) if reduction == 1 else out

@@ -1,0 +1,129 @@
+"""Handlers of layout ops: transpose, permute, reshape/view, expand, slices, cat,
+stack, split, meshgrid."""
+
+from __future__ import annotations
+
+import math
+
+from kf.dialects import builders as kb
+
+from .core import fake_value, handles, rank_of, shape_of
+
+
+@handles("aten.t.default", "aten.numpy_T.default")
+def _t(c, node, args, kwargs):
+    x = args[0]
+    r = rank_of(x)
+    if r < 2:
+        return x
+    return kb.transpose(x, perm=list(reversed(range(r))))
+
+
+@handles("aten.transpose.int", "aten.swapaxes.default")
+def _transpose(c, node, args, kwargs):
+    x, d0, d1 = args
+    r = rank_of(x)
+    if r == 0:  # transpose(0, 0) or (0, -1) of a 0-dim tensor is the tensor
+        return x
+    perm = list(range(r))
+    d0, d1 = d0 % r, d1 % r
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return kb.transpose(x, perm=perm)
+
+
+@handles("aten.permute.default")
+def _permute(c, node, args, kwargs):
+    x, perm = args
+    return kb.transpose(x, perm=[p % rank_of(x) for p in perm])
+
+
+@handles("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.unsqueeze.default",
+         "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.flatten.using_ints",
+         "aten.unflatten.int", "aten.view_as.default", "aten.reshape_as.default")
+def _reshape(c, node, args, kwargs):
+    return kb.reshape(args[0], tuple(fake_value(node).shape))
+
+
+@handles("aten.expand.default", "aten.expand_as.default", "aten.broadcast_to.default")
+def _expand(c, node, args, kwargs):
+    return kb.broadcast_to(args[0], tuple(fake_value(node).shape))
+
+
+@handles("aten.slice.Tensor")
+def _slice(c, node, args, kwargs):
+    x = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    start = args[2] if len(args) > 2 else None
+    end = args[3] if len(args) > 3 else None
+    step = args[4] if len(args) > 4 else 1
+    size = shape_of(x)[dim % rank_of(x)]
+    start, end, step = slice(start, end, step).indices(size)
+    end = max(end, start)
+    return kb.slice(x, dim=dim % rank_of(x), start=start, end=end, step=step)
+
+
+@handles("aten.select.int")
+def _select_int(c, node, args, kwargs):
+    x, dim, index = args
+    dim = dim % rank_of(x)
+    index = index % shape_of(x)[dim]
+    s = kb.slice(x, dim=dim, start=index, end=index + 1, step=1)
+    return kb.reshape(s, tuple(fake_value(node).shape))
+
+
+@handles("aten.narrow.default")
+def _narrow(c, node, args, kwargs):
+    x, dim, start, length = args
+    return kb.slice(x, dim=dim % rank_of(x), start=start, end=start + length, step=1)
+
+
+@handles("aten.cat.default", "aten.concat.default")
+def _cat(c, node, args, kwargs):
+    xs = [x for x in args[0] if math.prod(shape_of(x)) > 0 or rank_of(x) > 1]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    elem = c.out_elem(node)
+    return kb.concat([c.tensor(x, elem) for x in xs], dim=dim % rank_of(xs[0]))
+
+
+@handles("aten.stack.default")
+def _stack(c, node, args, kwargs):
+    xs = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    r = rank_of(xs[0]) + 1
+    dim = dim % r
+    parts = []
+    for x in xs:
+        shape = list(shape_of(x))
+        shape.insert(dim, 1)
+        parts.append(kb.reshape(x, shape))
+    return kb.concat(parts, dim=dim)
+
+
+@handles("aten.meshgrid.default", "aten.meshgrid.indexing")
+def _meshgrid(c, node, args, kwargs):
+    xs = [kb.reshape(x, [math.prod(shape_of(x))]) for x in args[0]]
+    indexing = args[1] if len(args) > 1 else kwargs.get("indexing", "ij")
+    shape = [shape_of(x)[0] for x in xs]
+    order = list(range(len(xs)))
+    if indexing == "xy" and len(xs) > 1:  # the first two grids' axes swapped
+        shape[0], shape[1] = shape[1], shape[0]
+        order[0], order[1] = 1, 0
+    outs = []
+    for k, x in enumerate(xs):
+        at = [1] * len(xs)
+        at[order[k]] = shape[order[k]]
+        outs.append(kb.broadcast_to(kb.reshape(x, at), shape))
+    return tuple(outs)
+
+
+@handles("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unsafe_split.Tensor",
+         "aten.unsafe_split_with_sizes.default", "aten.unsafe_chunk.default")
+def _split(c, node, args, kwargs):
+    x = args[0]
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % rank_of(x)
+    outs, start = [], 0
+    for v in fake_value(node):
+        n = v.shape[dim]
+        outs.append(kb.slice(x, dim=dim, start=start, end=start + n, step=1))
+        start += n
+    return tuple(outs)

@@ -1,0 +1,352 @@
+"""Handlers of reductions (sum, mean, amax, argmax, var/std, logsumexp), softmax and
+the norms (layer, RMS, batch, group), with the statistics the backward reads."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kf.dialects import builders as kb
+from kf.dialects import spec_of
+from kf.dialects.elements import LOW_PRECISION
+
+from ..dtypes import kf_elem
+from ..errors import Unsupported
+from .core import _target_name, fake_value, handles, norm_dims, rank_of, shape_of
+
+
+@handles("aten.sum.dim_IntList", "aten.sum.default")
+def _sum(c, node, args, kwargs):
+    x = args[0]
+    dims = norm_dims(args[1] if len(args) > 1 else kwargs.get("dim"), rank_of(x))
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    elem = c.out_elem(node)
+    if spec_of(x.type).is_float or elem == spec_of(x.type).elem:
+        return kb.sum(c.tensor(x, elem), dims=dims, keepdim=keep)
+    return kb.sum(c.tensor(x, elem), dims=dims, keepdim=keep)
+
+
+@handles("aten.mean.dim", "aten.mean.default")
+def _mean(c, node, args, kwargs):
+    x = c.tensor(args[0], c.out_elem(node))
+    dims = norm_dims(args[1] if len(args) > 1 else kwargs.get("dim"), rank_of(x))
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    return kb.mean(x, dims=dims, keepdim=keep)
+
+
+@handles("aten.amax.default", "aten.amin.default", "aten.max.default", "aten.min.default")
+def _amax(c, node, args, kwargs):
+    x = args[0]
+    dims = norm_dims(args[1] if len(args) > 1 else kwargs.get("dim"), rank_of(x))
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    is_max = node.target._opname in ("amax", "max")
+    return (kb.reduce_max if is_max else kb.reduce_min)(x, dims=dims, keepdim=keep)
+
+
+@handles("aten.max.dim", "aten.min.dim")
+def _max_dim(c, node, args, kwargs):
+    x, dim = args[0], args[1]
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    if node.target._opname == "max":
+        values = kb.reduce_max(x, dims=[dim], keepdim=keep)
+        indices = kb.argmax(x, dim=dim, keepdim=keep)
+    else:
+        values = kb.reduce_min(x, dims=[dim], keepdim=keep)
+        indices = kb.argmax(kb.neg(x), dim=dim, keepdim=keep)
+    return (values, indices)
+
+
+@handles("aten.argmax.default")
+def _argmax(c, node, args, kwargs):
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    if dim is None:
+        x, dim = kb.reshape(x, [math.prod(shape_of(x))]), 0
+    return kb.argmax(x, dim=dim, keepdim=keep)
+
+
+def bound_args(node, args, kwargs) -> dict:
+    """The call's arguments by their schema names, defaults filled in: overloads such
+    as ``var.default(self, unbiased)`` and ``var.dim(self, dim, unbiased, keepdim)`` put
+    different things at one position."""
+    p = {}
+    for i, a in enumerate(node.target._schema.arguments):
+        if not a.kwarg_only and i < len(args):
+            p[a.name] = args[i]
+        elif a.name in kwargs:
+            p[a.name] = kwargs[a.name]
+        else:
+            p[a.name] = a.default_value if a.has_default_value() else None
+    return p
+
+
+#: the element type statistics are computed in: f16/bf16 (and fp8) inputs in f32, rounded once
+def stat_elem(elem: str) -> str:
+    return "f32" if elem in LOW_PRECISION else elem
+
+
+def _variance(c, node, args, kwargs):
+    """(variance, mean, keepdim, the result element type) of var/std/var_mean/std_mean,
+    in the statistics' precision: torch's correction (``unbiased``: 1 or 0; neither: 1),
+    all dims for ``dim=None`` or ``[]``; over no elements both are NaN, and where the
+    correction leaves no degrees of freedom the variance is m2 / 0 (inf, NaN for m2 = 0),
+    as torch's max(0, N - correction)."""
+    p = bound_args(node, args, kwargs)
+    out = fake_value(node)
+    elem = kf_elem((out[0] if isinstance(out, (tuple, list)) else out).dtype)
+    x = c.tensor(p["self"], stat_elem(elem))
+    dims = norm_dims(p.get("dim"), rank_of(x))
+    keep = bool(p.get("keepdim") or False)
+    if p.get("correction") is not None:
+        corr = float(p["correction"])
+    elif p.get("unbiased") is not None:
+        corr = 1.0 if p["unbiased"] else 0.0
+    else:
+        corr = 1.0
+    n = math.prod(shape_of(x)[d] for d in dims) if rank_of(x) else 1
+    shape = tuple(1 if i in dims else s for i, s in enumerate(shape_of(x)) if keep or i not in dims)
+    st = spec_of(x.type).elem
+    if n == 0:
+        nan = kb.fill(shape, st, math.nan)
+        return nan, nan, keep, elem
+    return kb.var(x, dims=dims, correction=corr, keepdim=keep), kb.mean(x, dims=dims, keepdim=keep), keep, elem
+
+
+@handles("aten.var.correction", "aten.var.dim", "aten.var.default")
+def _var(c, node, args, kwargs):
+    var, _, _, elem = _variance(c, node, args, kwargs)
+    return c.tensor(var, elem)
+
+
+@handles("aten.std.correction", "aten.std.dim", "aten.std.default")
+def _std(c, node, args, kwargs):
+    var, _, _, elem = _variance(c, node, args, kwargs)
+    return c.tensor(kb.sqrt(var), elem)
+
+
+@handles("aten.var_mean.correction", "aten.var_mean.dim", "aten.var_mean.default",
+         "aten.std_mean.correction", "aten.std_mean.dim", "aten.std_mean.default")
+def _var_mean(c, node, args, kwargs):
+    var, mean, _, elem = _variance(c, node, args, kwargs)
+    if node.target._opname == "std_mean":
+        var = kb.sqrt(var)
+    return c.tensor(var, elem), c.tensor(mean, elem)
+
+
+@handles("aten.logsumexp.default")
+def _logsumexp(c, node, args, kwargs):
+    x = c.tensor(args[0], c.out_elem(node))
+    dims = norm_dims(args[1] if len(args) > 1 else kwargs.get("dim"), rank_of(x))
+    keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    out = kb.logsumexp(x, dims=dims, keepdim=keep)
+    return out if spec_of(out.type).elem == spec_of(x.type).elem else kb.cast(out, elem=spec_of(x.type).elem)
+
+
+@handles("kf.logsumexp.default")
+def _row_logsumexp(c, node, args, kwargs):
+    """kf's own op (compiler/partition.py): the statistic in f32, whatever the input's type."""
+    x = args[0]
+    return kb.logsumexp(x, dims=norm_dims(args[1], rank_of(x)), keepdim=bool(args[2]))
+
+
+@handles("aten.softmax.int", "aten._softmax.default")
+def _softmax(c, node, args, kwargs):
+    return kb.softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])
+
+
+@handles("aten.log_softmax.int", "aten._log_softmax.default")
+def _log_softmax(c, node, args, kwargs):
+    return kb.log_softmax(c.tensor(args[0], c.out_elem(node)), dim=args[1])
+
+
+def _normalize(c, xs, mean, var, eps: float, weight, bias, param_shape: tuple | None, elem: str):
+    """(xs - mean) * rsqrt(var + eps) [* weight] [+ bias] in xs's (statistics) type,
+    rounded once to elem; weight and bias reshaped to param_shape (None: as they are);
+    returns (y, rstd)."""
+    st = spec_of(xs.type).elem
+    rstd = kb.rsqrt(kb.add(var, kb.scalar(float(eps), st)))
+    y = kb.mul(kb.sub(xs, mean), rstd)
+    for p, op in ((weight, kb.mul), (bias, kb.add)):
+        if p is not None:
+            p = c.tensor(p, st)
+            y = op(y, kb.reshape(p, param_shape) if param_shape and shape_of(p) != param_shape else p)
+    return c.tensor(y, elem), rstd
+
+
+@handles("aten.layer_norm.default", "aten.native_layer_norm.default")
+def _layer_norm(c, node, args, kwargs):
+    p = bound_args(node, args, kwargs)
+    x, normalized_shape = p["input"], p["normalized_shape"]
+    elem = spec_of(x.type).elem
+    xs = c.tensor(x, stat_elem(elem))
+    dims = list(range(rank_of(x) - len(normalized_shape), rank_of(x)))
+    mean = kb.mean(xs, dims=dims, keepdim=True)
+    var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    y, rstd = _normalize(c, xs, mean, var, p["eps"], p.get("weight"), p.get("bias"), None, elem)
+    if node.target._opname == "native_layer_norm":
+        val = fake_value(node)
+        return (y, c.tensor(mean, kf_elem(val[1].dtype)), c.tensor(rstd, kf_elem(val[2].dtype)))
+    return y
+
+
+@handles("aten.rms_norm.default")
+def _rms_norm(c, node, args, kwargs):
+    """x * rsqrt(mean(x²) + eps) * weight; eps None: the machine epsilon of the type
+    the statistics are computed in, as torch."""
+    p = bound_args(node, args, kwargs)
+    x = p["input"]
+    elem = spec_of(x.type).elem
+    st = stat_elem(elem)
+    xs = c.tensor(x, st)
+    eps = p.get("eps")
+    eps = torch.finfo(torch.float64 if st == "f64" else torch.float32).eps if eps is None else float(eps)
+    dims = list(range(rank_of(x) - len(p["normalized_shape"]), rank_of(x)))
+    ms = kb.mean(kb.mul(xs, xs), dims=dims, keepdim=True)
+    y = kb.mul(xs, kb.rsqrt(kb.add(ms, kb.scalar(eps, st))))
+    if p.get("weight") is not None:
+        y = kb.mul(y, c.tensor(p["weight"], st))
+    return c.tensor(y, elem)
+
+
+def _channel_shape(x) -> tuple[int, ...]:
+    """Where a per-channel tensor (dim 1 of x) broadcasts against x: (1, C, 1, ...)."""
+    return (1, shape_of(x)[1]) + (1,) * (rank_of(x) - 2)
+
+
+def _batch_norm(c, x, weight, bias, running_mean, running_var, training: bool, momentum, eps: float):
+    """Batch norm as torch's kernels compute it: (out, mean, rstd, new running mean, new
+    running var) in the statistics' type (the last two None without running stats).
+    Training normalizes by the batch's statistics over every dim but the channels (the
+    biased variance), and moves the running ones towards them: ``(1 - momentum) *
+    running + momentum * batch``, with the unbiased variance; otherwise it normalizes by
+    the running statistics."""
+    elem = spec_of(x.type).elem
+    st = stat_elem(elem)
+    xs = c.tensor(x, st)
+    ch = _channel_shape(x)
+    C = ch[1]
+    if training:
+        dims = [0] + list(range(2, rank_of(x)))
+        mean = kb.mean(xs, dims=dims, keepdim=True)
+        var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    elif running_mean is None or running_var is None:
+        raise Unsupported("batch norm in evaluation mode needs running_mean and running_var")
+    else:
+        mean = kb.reshape(c.tensor(running_mean, st), ch)
+        var = kb.reshape(c.tensor(running_var, st), ch)
+    y, rstd = _normalize(c, xs, mean, var, eps, weight, bias, ch, elem)
+    new_mean = new_var = None
+    if training and running_mean is not None and running_var is not None:
+        n = math.prod(shape_of(x)) // max(C, 1)
+        m = 0.1 if momentum is None else float(momentum)
+        batch_var = kb.mul(var, kb.scalar(n / (n - 1), st)) if n > 1 else kb.mul(var, kb.scalar(math.inf, st))
+        moved = []
+        for running, batch in ((running_mean, mean), (running_var, batch_var)):
+            r_elem = spec_of(running.type).elem
+            r = kb.add(kb.mul(c.tensor(running, st), kb.scalar(1.0 - m, st)),
+                       kb.mul(kb.reshape(batch, (C,)), kb.scalar(m, st)))
+            moved.append(c.tensor(r, r_elem))
+        new_mean, new_var = moved
+    return y, mean, rstd, new_mean, new_var
+
+
+def _saved(c, node, i: int, stat):
+    """Output i of a batch norm node (a saved mean or rstd): the statistic reshaped to the
+    shape torch gives (C; 0 elements in evaluation mode) and its type."""
+    val = fake_value(node)[i]
+    if math.prod(val.shape) == 0:
+        return kb.fill(tuple(val.shape), kf_elem(val.dtype), 0.0)
+    return c.tensor(kb.reshape(stat, tuple(val.shape)), kf_elem(val.dtype))
+
+
+@handles("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.default",
+         "aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_no_training.default",
+         "aten.native_batch_norm.default")
+def _native_batch_norm(c, node, args, kwargs):
+    """The ATen batch norms of a functionalized graph: (out, save_mean, save_rstd), and the
+    new running statistics for ``_functional`` (which capture copies back into the
+    caller's tensors). The forms that write to their running statistics themselves appear
+    only in a graph capture did not functionalize: they are refused."""
+    p = bound_args(node, args, kwargs)
+    name = _target_name(node.target)
+    training = name == "aten._native_batch_norm_legit.no_stats" or bool(p.get("training"))
+    rm, rv = p.get("running_mean"), p.get("running_var")
+    writes = name in ("aten._native_batch_norm_legit.default", "aten.native_batch_norm.default")
+    if writes and training and rm is not None:
+        raise Unsupported(f"{name} writes to its running statistics in a graph kf did not functionalize",
+                          cause="an internal error in kf's capture")
+    y, mean, rstd, new_mean, new_var = _batch_norm(c, p["input"], p.get("weight"), p.get("bias"), rm, rv,
+                                                   training, p.get("momentum"), float(p["eps"]))
+    outs = (y, _saved(c, node, 1, mean), _saved(c, node, 2, rstd))
+    if name == "aten._native_batch_norm_legit_functional.default":
+        outs += (new_mean, new_var)
+    return outs
+
+
+@handles("aten.batch_norm.default", "aten.instance_norm.default")
+def _batch_norm_op(c, node, args, kwargs):
+    """F.batch_norm / F.instance_norm as one op (a graph capture did not functionalize, or
+    instance norm, which torch.export keeps whole). The running statistics a training
+    norm would update are refused: the graph has no output to write them back from."""
+    p = bound_args(node, args, kwargs)
+    x, rm, rv = p["input"], p.get("running_mean"), p.get("running_var")
+    training = bool(p["training"] if "training" in p else p["use_input_stats"])
+    name = node.target._opname
+    if training and (rm is not None or rv is not None):
+        raise Unsupported(f"{name} with running statistics in training mode is not supported by kf",
+                          cause="kf does not update the running statistics of this form; pass "
+                                "running_mean=None and running_var=None (track_running_stats=False)"
+                          if name == "instance_norm" else "an internal error in kf's capture")
+    if name == "batch_norm":
+        return _batch_norm(c, x, p.get("weight"), p.get("bias"), rm, rv, training, p.get("momentum"),
+                           float(p["eps"]))[0]
+    if not training:  # instance norm by the running statistics: a batch norm in evaluation
+        return _batch_norm(c, x, p.get("weight"), p.get("bias"), rm, rv, False, None, float(p["eps"]))[0]
+    elem = spec_of(x.type).elem
+    xs = c.tensor(x, stat_elem(elem))
+    dims = list(range(2, rank_of(x)))
+    mean = kb.mean(xs, dims=dims, keepdim=True)
+    var = kb.var(xs, dims=dims, correction=0.0, keepdim=True)
+    return _normalize(c, xs, mean, var, float(p["eps"]), p.get("weight"), p.get("bias"), _channel_shape(x),
+                      elem)[0]
+
+
+@handles("aten.group_norm.default", "aten.native_group_norm.default")
+def _group_norm(c, node, args, kwargs):
+    """Statistics over each group of channels (and every spatial dim), computed on x
+    viewed as (N, G, C / G, spatial): the reductions are over trailing dims, and the
+    per-channel weight and bias are applied in that view."""
+    p = bound_args(node, args, kwargs)
+    x = p["input"]
+    shape = shape_of(x)
+    if node.target._opname == "native_group_norm":
+        g = p["group"]
+    else:
+        g = p["num_groups"]
+    n, ch = shape[0], shape[1]
+    if g <= 0 or ch % g:
+        raise Unsupported(f"group_norm of {ch} channels in {g} groups")
+    elem = spec_of(x.type).elem
+    st = stat_elem(elem)
+    spatial = math.prod(shape[2:])
+    eps = float(p["eps"])
+    if ch // g * spatial == 1:
+        # groups of one element, (N, C) with C groups: each is its own mean, its variance
+        # is 0 (in x's own layout: no reduction whose result a reshape would carry)
+        xs = c.tensor(kb.reshape(x, (n, g)), st)
+        y, rstd = _normalize(c, xs, xs, kb.fill((n, g), st, 0.0), eps, p.get("weight"), p.get("bias"), None, elem)
+        mean, y = xs, kb.reshape(y, shape)
+    else:
+        grouped = (n, g, ch // g, spatial)
+        xs = c.tensor(kb.reshape(x, grouped), st)
+        mean = kb.mean(xs, dims=[2, 3], keepdim=True)
+        var = kb.var(xs, dims=[2, 3], correction=0.0, keepdim=True)
+        y, rstd = _normalize(c, xs, mean, var, eps, p.get("weight"), p.get("bias"), (1, g, ch // g, 1), elem)
+        y = kb.reshape(y, shape)
+    if node.target._opname == "native_group_norm":
+        val = fake_value(node)
+        return (y, c.tensor(kb.reshape(mean, (n, g)), kf_elem(val[1].dtype)),
+                c.tensor(kb.reshape(kb.broadcast_to(rstd, shape_of(mean)), (n, g)), kf_elem(val[2].dtype)))
+    return y

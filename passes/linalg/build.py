@@ -1,0 +1,289 @@
+"""The linalg-on-tensors builders kf-lower-to-linalg writes with: types, indexing maps,
+``linalg.generic`` over broadcast operands (``map_elements``), fills, reshapes, slices,
+loops, reductions and the masked arg-best reduction (argmax, topk)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, linalg, scf, tensor
+
+from kf.dialects.elements import LOW_PRECISION
+from kf.dialects.types import TensorSpec, normalize_dim, spec_of
+
+from .. import scalar_math as sm
+
+
+Body = Callable[[list[ir.Value]], list[ir.Value]]
+
+
+def elem_type(elem: str) -> ir.Type:
+    return ir.Type.parse(elem)
+
+
+def tensor_type(shape: Sequence[int], elem: str | ir.Type) -> ir.RankedTensorType:
+    t = elem if isinstance(elem, ir.Type) else elem_type(elem)
+    return ir.RankedTensorType.get(list(shape), t)
+
+
+def compute_elem(elem: str) -> str:
+    """The element type kf computes and accumulates in for tensors of ``elem``."""
+    return "f32" if elem in LOW_PRECISION else elem
+
+
+def widen_value(v: ir.Value) -> ir.Value:
+    """A scalar extended to its compute type (f16/bf16/fp8 to f32, others unchanged)."""
+    return sm.convert(v, elem_type(compute_elem(str(v.type))))
+
+
+def shape_of(v: ir.Value) -> tuple[int, ...]:
+    return tuple(ir.RankedTensorType(v.type).shape)
+
+
+def elem_of(v: ir.Value) -> str:
+    return spec_of(v.type).elem
+
+
+def loop_index(dim: int) -> ir.Value:
+    """linalg.index: the current iteration along loop dim of the enclosing generic."""
+    return linalg.IndexOp(i64_attr(dim)).result
+
+
+def i64_attr(value: int) -> ir.Attribute:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+
+
+def index_const(value: int) -> ir.Value:
+    return arith.constant(ir.IndexType.get(), value)
+
+
+def identity_map(rank: int) -> ir.AffineMap:
+    return ir.AffineMap.get_identity(rank) if rank else ir.AffineMap.get(0, 0, [])
+
+
+def broadcast_map(in_shape: Sequence[int], out_shape: Sequence[int]) -> ir.AffineMap:
+    """Torch broadcasting of an operand of in_shape into a loop nest over out_shape."""
+    rank, lead = len(out_shape), len(out_shape) - len(in_shape)
+    exprs = []
+    for i, size in enumerate(in_shape):
+        j = lead + i
+        exprs.append(ir.AffineConstantExpr.get(0) if size == 1 and out_shape[j] != 1 else ir.AffineDimExpr.get(j))
+    return ir.AffineMap.get(rank, 0, exprs)
+
+
+def projection_map(rank: int, kept: Sequence[int]) -> ir.AffineMap:
+    return ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in kept])
+
+
+def empty(shape: Sequence[int], elem: str | ir.Type) -> ir.Value:
+    return tensor.empty(list(shape), elem if isinstance(elem, ir.Type) else elem_type(elem))
+
+
+def filled(shape: Sequence[int], elem: str | ir.Type, value: float) -> ir.Value:
+    """A tensor of shape with every element equal to value (linalg.fill)."""
+    t = elem if isinstance(elem, ir.Type) else elem_type(elem)
+    return linalg.fill(sm.const(t, value), outs=[empty(shape, t)])
+
+
+def generic(ins: Sequence[ir.Value], outs: Sequence[ir.Value], maps: Sequence[ir.AffineMap],
+            iterators: Sequence[str], body: Body) -> list[ir.Value]:
+    """A linalg.generic; ``body`` gets the block's scalars (ins, then outs) and returns
+    the values to yield."""
+    op = linalg.GenericOp(
+        [o.type for o in outs], list(ins), list(outs),
+        ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+        ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{it}>") for it in iterators]))
+    block = op.regions[0].blocks.append(*[ir.RankedTensorType(v.type).element_type for v in [*ins, *outs]])
+    with ir.InsertionPoint(block):
+        linalg.YieldOp(body(list(block.arguments)))
+    return list(op.results)
+
+
+def map_elements(ins: Sequence[ir.Value], out_shape: Sequence[int], out_elem: str | ir.Type,
+                 fn: Callable[[list[ir.Value]], ir.Value],
+                 maps: Sequence[ir.AffineMap] | None = None) -> ir.Value:
+    """A parallel generic over out_shape computing ``fn(scalars of ins)``; ins broadcast
+    like torch unless explicit maps are given."""
+    rank = len(out_shape)
+    maps = list(maps) if maps is not None else [broadcast_map(shape_of(v), out_shape) for v in ins]
+    init = empty(out_shape, out_elem)
+    return generic(ins, [init], [*maps, identity_map(rank)], ["parallel"] * rank,
+                   lambda args: [fn(args[:-1])])[0]
+
+
+def convert_tensor(v: ir.Value, elem: str) -> ir.Value:
+    """v with its elements converted to elem (v itself when it already is)."""
+    if elem_of(v) == elem:
+        return v
+    t = elem_type(elem)
+    return map_elements([v], shape_of(v), t, lambda a: sm.convert(a[0], t))
+
+
+def expand_keepdim(v: ir.Value, shape: Sequence[int], red: Sequence[int]) -> ir.Value:
+    """v (the kept dims of a reduction) reshaped to shape, which has size 1 at each dim
+    of red; v itself when shape has no reduced dims (keepdim=False)."""
+    if len(shape_of(v)) == len(shape):
+        return v
+    kept = [d for d in range(len(shape)) if d not in red]
+    groups: list[list[int]] = [[d] for d in kept]
+    for d in red:
+        # A reduced dim joins the group of the kept dim before it (the first group when
+        # it leads).
+        owner = max((i for i, k in enumerate(kept) if k < d), default=0)
+        if groups:
+            groups[owner].append(d)
+    elem = ir.RankedTensorType(v.type).element_type
+    return tensor.expand_shape(tensor_type(shape, elem), v, reassociation([sorted(g) for g in groups]), [], list(shape))
+
+
+def reassociation(groups: Sequence[Sequence[int]]) -> ir.ArrayAttr:
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([i64_attr(d) for d in g]) for g in groups])
+
+
+def reshape(v: ir.Value, shape: Sequence[int]) -> ir.Value:
+    """v with the same elements in a new static shape: collapse to 1-D, then expand.
+
+    Going through 1-D is always valid for static shapes, and the canonicalizer folds a
+    collapse/expand pair into one reassociation when one exists.
+    """
+    src, elem = shape_of(v), ir.RankedTensorType(v.type).element_type
+    shape = list(shape)
+    if list(src) == shape:
+        return v
+    numel = math.prod(src)
+    if len(src) == 0:
+        flat = tensor.expand_shape(tensor_type([1], elem), v, reassociation([]), [], [1])
+    elif len(src) == 1:
+        flat = v
+    else:
+        flat = tensor.collapse_shape(tensor_type([numel], elem), v, reassociation([list(range(len(src)))]))
+    if len(shape) == 0:
+        return tensor.collapse_shape(tensor_type([], elem), flat, reassociation([]))
+    if len(shape) == 1:
+        return flat
+    return tensor.expand_shape(tensor_type(shape, elem), flat, reassociation([list(range(len(shape)))]), [], shape)
+
+
+def extract_slice(v: ir.Value, offsets: Sequence[int | ir.Value], sizes: Sequence[int],
+                  strides: Sequence[int] | None = None, result_shape: Sequence[int] | None = None) -> ir.Value:
+    """tensor.extract_slice with static sizes and static or dynamic offsets."""
+    strides = list(strides or [1] * len(sizes))
+    dyn = [o for o in offsets if isinstance(o, ir.Value)]
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else int(o) for o in offsets]
+    out = tensor_type(result_shape if result_shape is not None else sizes,
+                       ir.RankedTensorType(v.type).element_type)
+    return tensor.extract_slice(out, v, dyn, [], [], static, list(sizes), strides)
+
+
+def insert_slice(src: ir.Value, dest: ir.Value, offsets: Sequence[int | ir.Value], sizes: Sequence[int],
+                 strides: Sequence[int] | None = None) -> ir.Value:
+    """tensor.insert_slice with static sizes and static or dynamic offsets."""
+    strides = list(strides or [1] * len(sizes))
+    dyn = [o for o in offsets if isinstance(o, ir.Value)]
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else int(o) for o in offsets]
+    return tensor.insert_slice(src, dest, dyn, [], [], static, list(sizes), strides)
+
+
+def for_loop(lb: int, ub: int, iter_args: Sequence[ir.Value],
+             body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+    """scf.for from lb to ub (step 1) carrying iter_args; body returns the next values."""
+    loop = scf.ForOp(index_const(lb), index_const(ub), index_const(1), list(iter_args))
+    with ir.InsertionPoint(loop.body):
+        scf.YieldOp(body(loop.induction_variable, list(loop.inner_iter_args)))
+    return list(loop.results)
+
+
+def reduced_dims(rank: int, dims: Sequence[int]) -> list[int]:
+    if rank == 0:
+        return []
+    return sorted({normalize_dim(int(d), rank) for d in dims}) if dims else list(range(rank))
+
+
+def reduce(x: ir.Value, red: Sequence[int], acc_elem: str, init: float,
+           combine: Callable[[list[ir.Value], ir.Value], ir.Value],
+           extra: Sequence[ir.Value] = ()) -> ir.Value:
+    """Reduce x over dims red into a tensor of the kept dims, of element acc_elem.
+
+    ``combine(scalars, acc)`` gets the scalars of x and of each ``extra`` operand (which
+    have the kept dims only, like the result) and the accumulator, and returns the new
+    accumulator.
+    """
+    shape = shape_of(x)
+    rank = len(shape)
+    kept = [d for d in range(rank) if d not in red]
+    init_t = filled([shape[d] for d in kept], acc_elem, init)
+    proj = projection_map(rank, kept)
+    iterators = ["reduction" if d in red else "parallel" for d in range(rank)]
+    return generic([x, *extra], [init_t], [identity_map(rank), *[proj] * len(extra), proj], iterators,
+                   lambda a: [combine(a[:-1], a[-1])])[0]
+
+
+def finish_reduction(v: ir.Value, fn: Callable[[ir.Value], ir.Value] | None, out: TensorSpec,
+            red: Sequence[int] = ()) -> ir.Value:
+    """Apply fn to each accumulated element, round to out's element type and restore
+    the reduced dims red as size 1 when out keeps them."""
+    t = elem_type(out.elem)
+    if fn is not None or elem_of(v) != out.elem:
+        v = map_elements([v], shape_of(v), t, lambda a: sm.convert(fn(a[0]) if fn else a[0], t))
+    return expand_keepdim(v, out.shape, red)
+
+
+def min_value(elem: str) -> float:
+    if elem in ("i32", "i64"):
+        return -(2 ** (int(elem[1:]) - 1))
+    return 0 if elem == "i1" else -math.inf
+
+
+def max_value(elem: str) -> float:
+    if elem in ("i32", "i64"):
+        return 2 ** (int(elem[1:]) - 1) - 1
+    return 1 if elem == "i1" else math.inf
+
+
+def _better(x: ir.Value, best: ir.Value, largest: bool) -> ir.Value:
+    """x should replace best: strictly greater (smaller), NaN counting as the greatest."""
+    if sm.is_float(x.type):
+        pred = arith.CmpFPredicate.OGT if largest else arith.CmpFPredicate.OLT
+        strict = arith.cmpf(pred, x, best)
+        x_nan = arith.cmpf(arith.CmpFPredicate.UNO, x, x)
+        best_nan = arith.cmpf(arith.CmpFPredicate.UNO, best, best)
+        one = sm.const(ir.IntegerType.get_signless(1), 1)
+        nan_wins = (arith.andi(x_nan, arith.xori(best_nan, one)) if largest
+                    else arith.andi(best_nan, arith.xori(x_nan, one)))
+        return arith.ori(strict, nan_wins)
+    if ir.IntegerType(x.type).width == 1:  # false < true: unsigned
+        return arith.cmpi(arith.CmpIPredicate.ugt if largest else arith.CmpIPredicate.ult, x, best)
+    return arith.cmpi(arith.CmpIPredicate.sgt if largest else arith.CmpIPredicate.slt, x, best)
+
+
+def arg_best(x: ir.Value, dim: int, largest: bool, taken: ir.Value | None = None) -> tuple[ir.Value, ir.Value]:
+    """(best value, its first index) along dim, skipping elements where taken is true.
+
+    The index accumulator starts at -1 (nothing seen), so no sentinel value is needed and
+    an all -inf (or all NaN) row still yields its first element.
+    """
+    shape = shape_of(x)
+    rank = len(shape)
+    kept = [d for d in range(rank) if d != dim]
+    acc_elem = compute_elem(elem_of(x))
+    vals = filled([shape[d] for d in kept], acc_elem, 0)
+    idxs = filled([shape[d] for d in kept], "i64", -1)
+    ins = [x] if taken is None else [x, taken]
+    proj = projection_map(rank, kept)
+    i64 = ir.IntegerType.get_signless(64)
+
+    def body(a):
+        v = widen_value(a[0])
+        best, best_i = a[-2], a[-1]
+        i = arith.index_cast(i64, loop_index(dim))
+        none = arith.cmpi(arith.CmpIPredicate.eq, best_i, sm.const(i64, -1))
+        take = arith.ori(none, _better(v, best, largest))
+        if taken is not None:
+            take = arith.andi(take, arith.xori(a[1], sm.const(ir.IntegerType.get_signless(1), 1)))
+        return [arith.select(take, v, best), arith.select(take, i, best_i)]
+
+    iterators = ["reduction" if d == dim else "parallel" for d in range(rank)]
+    v, i = generic(ins, [vals, idxs], [identity_map(rank)] * len(ins) + [proj, proj], iterators, body)
+    return v, i

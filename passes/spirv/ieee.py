@@ -1,0 +1,114 @@
+"""IEEE results on Vulkan drivers: float arithmetic with a literal +0.0 operand as compares
+and selects of the same value (lavapipe folds x * 0 to 0), and SignedZeroInfNanPreserve
+on every entry point for the float widths it computes in."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from mlir import ir
+
+from .walk import walk_ops
+
+
+def _zero_constant(v: ir.Value) -> float | None:
+    """+0.0 or -0.0 where v is that constant (a scalar, or a splat or broadcast vector of it)."""
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return None
+    if owner.name == "vector.broadcast":
+        return _zero_constant(owner.operands[0])
+    if owner.name != "arith.constant":
+        return None
+    attr = owner.attributes["value"]
+    if isinstance(attr, ir.DenseElementsAttr):
+        if not attr.is_splat:
+            return None
+        attr = attr.get_splat_value()
+    if not isinstance(attr, ir.FloatAttr) or attr.value != 0.0:
+        return None
+    return attr.value
+
+
+def shield_zero_operands(gm: ir.Operation) -> None:
+    """Rewrite float arithmetic on a literal zero into compares and selects of the same IEEE value.
+
+    Mesa's llvmpipe code generator (gallivm, under lavapipe) returns 0 for ``x * 0``, x for
+    ``x + 0`` and ``x / 0`` and 0 for ``0 / x`` when the zero is the constant +0.0 (and
+    the driver turns ``x - (-0.0)`` into ``x + 0.0``), whatever the execution modes say:
+    inf * 0 became 0 instead of NaN, -0 + 0 stayed -0. The forms below give IEEE's results
+    with no arithmetic on a zero, on every driver: ``x * 0`` = NaN where x is not finite,
+    else 0 with x's sign; ``x + 0`` and ``x - (-0)`` = 0 where x == 0, else x; ``0 - x`` = 0
+    where x == 0, else -x; ``x / 0`` = x * inf; ``0 / x`` = NaN where x is 0 or NaN, else 0
+    with x's sign. Arithmetic on -0.0 otherwise is left alone (no driver folds it wrongly)."""
+    from mlir.dialects import arith
+    from mlir.dialects import math as m
+
+    def const(t, value):
+        if isinstance(t, ir.VectorType):
+            return arith.constant(t, ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(t.element_type, value)))
+        return arith.constant(t, value)
+
+    def signed_zero(x):
+        return m.copysign(const(x.type, 0.0), x)
+
+    def positive(z):
+        return z is not None and math.copysign(1.0, z) > 0
+
+    for op in walk_ops(gm.regions[0].blocks[0]):
+        if op.name not in ("arith.mulf", "arith.addf", "arith.subf", "arith.divf"):
+            continue
+        lhs, rhs = op.operands
+        zl, zr = _zero_constant(lhs), _zero_constant(rhs)
+        if (zl is None) == (zr is None):
+            continue
+        x = rhs if zl is not None else lhs
+        P = arith.CmpFPredicate
+        with op.location, ir.InsertionPoint(op):
+            if op.name == "arith.mulf" and positive(zl if zl is not None else zr):
+                finite = arith.cmpf(P.ONE, m.absf(x), const(x.type, math.inf))
+                r = arith.select(finite, signed_zero(x), const(x.type, math.nan))
+            elif (op.name == "arith.addf" and positive(zl if zl is not None else zr)) or \
+                    (op.name == "arith.subf" and zr is not None and not positive(zr)):
+                r = arith.select(arith.cmpf(P.OEQ, x, const(x.type, 0.0)), const(x.type, 0.0), x)
+            elif op.name == "arith.subf" and positive(zl):
+                r = arith.select(arith.cmpf(P.OEQ, x, const(x.type, 0.0)), const(x.type, 0.0), arith.negf(x))
+            elif op.name == "arith.divf" and positive(zr):
+                r = arith.mulf(x, const(x.type, math.inf))
+            elif op.name == "arith.divf" and positive(zl):
+                r = arith.select(arith.cmpf(P.UEQ, x, const(x.type, 0.0)), const(x.type, math.nan), signed_zero(x))
+            else:
+                continue
+        op.results[0].replace_all_uses_with(r)
+        op.erase()
+
+
+def preserve_inf_nan(spv: ir.Operation) -> None:
+    """Give every entry point ``SignedZeroInfNanPreserve`` for each float width it computes in
+    (the results of the module's float arithmetic).
+
+    Without it a Vulkan driver may assume no inf, NaN or -0.0 (Mesa folds ``x * 0.0`` to 0,
+    ``x - x`` to 0, ``x + 0.0`` to x), and kf's results must be IEEE's, as torch's are. The
+    mode needs SPV_KHR_float_controls (core in Vulkan 1.2); the launcher checks the device's
+    ``shaderSignedZeroInfNanPreserveFloat{16,32}``."""
+    from mlir.dialects import spirv as spirv_d
+
+    body = spv.regions[0].blocks[0]
+    widths = set()
+    for op in walk_ops(body):
+        if op.name.startswith(("spirv.F", "spirv.GL.", "spirv.CL.")) and op.name != "spirv.FConvert":
+            for r in op.results:
+                m = re.search(r"\bf(16|32|64)\b", str(r.type))
+                if m:
+                    widths.add(int(m.group(1)))
+    i32 = ir.IntegerType.get_signless(32)
+    for op in list(body.operations):
+        op = op.operation
+        if op.name != "spirv.EntryPoint":
+            continue
+        with op.location:
+            mode = ir.Attribute.parse("#spirv.execution_mode<SignedZeroInfNanPreserve>")
+            for w in sorted(widths):
+                spirv_d.ExecutionModeOp(op.attributes["fn"], mode, ir.ArrayAttr.get([ir.IntegerAttr.get(i32, w)]),
+                                        ip=ir.InsertionPoint(body))
