@@ -374,7 +374,10 @@ class KfFunction:
         """Every stage's text for this call signature (see kf.inspect)."""
         from . import inspection
 
-        sig, tensors = bind(self.fn, args, kwargs)
+        # the signature a call compiles: floats read at run time where they can be
+        sig, tensors = self._bind(args, kwargs)
+        if _has_scalars(sig) and _scalars_change_results(self.fn, sig, tensors):
+            sig, tensors = bind(self.fn, args, kwargs)
         # Inspection compiles for the decorator's target whatever device the example
         # tensors are on: a metal_shader's MSL can be read on Linux.
         target = self.options.target
