@@ -36,14 +36,15 @@ def test_every_view_reads_the_table():
     passes' sets are the table's, not copies that could drift."""
     from kf import dtypes
     from kf.dialects import types
-    from kf.passes import apply_precision, lower_to_linalg
+    from kf.passes import apply_precision
+    from kf.passes.linalg import build as linalg_build
     from kf.passes.strategies import emit, kernel_ir
     from kf.runtime.abi import ELEM_INFO
 
     assert types.ELEMENT_TYPES is elements.ELEMENT_TYPES
     assert {n: (t, b) for n, (t, b) in ELEM_INFO.items()} == {n: (e.torch_name, e.nbytes) for n, e in ELEMENTS.items()}
     assert set(dtypes.KF_TO_TORCH) == set(ELEMENTS)
-    assert apply_precision.LOW_PRECISION is LOW_PRECISION and lower_to_linalg.LOW_PRECISION is LOW_PRECISION
+    assert apply_precision.LOW_PRECISION is LOW_PRECISION and linalg_build.LOW_PRECISION is LOW_PRECISION
     assert emit.FP8 is FP8 and kernel_ir.FP8_ELEMS is FP8 and emit.ELEM_BYTES is elements.ELEM_BYTES
 
 
