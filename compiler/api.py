@@ -286,11 +286,7 @@ class KfFunction:
                 program, reads = self.specialize(sig, tensors)
                 used = program.reached
                 tensors += [reads.tensors[j] for j in used]
-                # the key matched shapes, dtypes and devices, and the guards check the
-                # reached tensors': the launcher need not again
-                matched = getattr(program, "matched_call", None)
-                call = matched(all(t.is_contiguous() for t in tensors)) if matched else program
-                self._fast[key] = reads.guarded(_moving(call, program.moves), used, program.baked)
+                self._fast[key] = reads.guarded(_matched(program, tensors), used, program.baked)
                 self._entries[sig] = reads.guarded(_moving(program, program.moves), used, program.baked)
                 return _moving(program, program.moves)(tensors)
         program, tensors = self._bound_call(args, kwargs)
@@ -307,10 +303,7 @@ class KfFunction:
             self._scalar_entries[sig] = self._scalar_entries.get(sig, 0) + 1
             program, reads = self.specialize(sig, tensors)
             slots = [(i, t) for i, (t, p) in enumerate(zip(tensors, _tensor_params(sig))) if p.kind == "scalar"]
-            reached = [reads.tensors[j] for j in program.reached]
-            matched = getattr(program, "matched_call", None)
-            base = matched(all(t.is_contiguous() for t in tensors + reached)) if matched else program
-            base = _moving(base, program.moves)
+            base = _matched(program, tensors + [reads.tensors[j] for j in program.reached])
 
             def with_scalars(ts: list, base=base, slots=slots):
                 ts = list(ts)
@@ -448,6 +441,15 @@ def _scalars_change_results(fn: Callable, sig: Signature, tensors: list) -> str:
         if isinstance(a, torch.Tensor) and (a.dtype != b.dtype or a.shape != b.shape):
             return f"a result is {a.dtype} {list(a.shape)} instead of {b.dtype} {list(b.shape)}"
     return ""
+
+
+def _matched(program, tensors: list) -> Callable:
+    """What a dispatch-table entry calls for a program and a call's tensors (reached ones
+    included): the key matched shapes, dtypes and devices, and the guards check the
+    reached tensors', so the launcher need not again (``matched_call``)."""
+    matched = getattr(program, "matched_call", None)
+    call = matched(all(t.is_contiguous() for t in tensors)) if matched else program
+    return _moving(call, program.moves)
 
 
 def _moving(call: Callable, moves: list) -> Callable:
