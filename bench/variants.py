@@ -10,9 +10,9 @@ mode or the loop kernel, reciprocals, the register cap, when weights are loaded,
 row), given as the option ``variants`` like GEMM's;
 ``--rowwise-kinds 32768`` / ``8192x4096`` splits the run in two calls of a few minutes.
 
-Elementwise variants (``--only elementwise``, ELEMENTWISE_VARIANTS) are
-ElementwiseStrategy.ITEMS_PER_THREAD (vectors a thread) and scalar_math.SHORT_FORMS (the
-short GELU/sigmoid for bf16/f16 results, or libdevice's accurate math), on bias+GELU
+Elementwise variants (``--only elementwise``, ELEMENTWISE_VARIANTS) are the elementwise
+strategy's kernel variants: vectors a thread (``items_per_thread``) and ``short_forms``
+(the short GELU/sigmoid for bf16/f16 results, or libdevice's accurate math), on bias+GELU
 (exact and tanh), bias+sigmoid and x*2+b.
 
 GEMM and attention variants are the strategies' kernel variants, given as the option
@@ -334,12 +334,13 @@ def rowwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple = ()
     return rows
 
 
-#: Elementwise variants: (ElementwiseStrategy.ITEMS_PER_THREAD, scalar_math.SHORT_FORMS).
+#: Elementwise plan variants: the elementwise strategy's kernel variants (the option
+#: ``variants``, passes/strategies/elementwise.py's ElementwiseVariant) over its defaults.
 ELEMENTWISE_VARIANTS = {
-    "one vector a thread, accurate math (libdevice erff: 45f64fa's kernel but for the bf16 widening)": (1, False),
-    "one vector a thread, short forms": (1, True),
-    "two vectors a thread, short forms (the default)": (2, True),
-    "four vectors a thread, short forms": (4, True),
+    "one vector a thread, accurate math (libdevice erff)": "elementwise.items_per_thread=1 elementwise.short_forms=false",
+    "one vector a thread, short forms": "elementwise.items_per_thread=1",
+    "two vectors a thread, short forms (the default)": "",
+    "four vectors a thread, short forms": "elementwise.items_per_thread=4",
 }
 
 
@@ -359,9 +360,6 @@ def elementwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple 
     """bias+GELU (exact and tanh), bias+sigmoid and x*2+b (memory only) at 32768x8192 and
     8192x4096 in bf16 and fp32, each ELEMENTWISE_VARIANTS setting checked against torch
     (float64) and timed against eager and this run's copy bandwidth."""
-    from kf.passes import scalar_math
-    from kf.passes.strategies.elementwise import ElementwiseStrategy
-
     src = torch.randn(256 * 2**20, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
     copy_ms = median_ms(lambda: dst.copy_(src), [()], reps=20)
@@ -372,7 +370,6 @@ def elementwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple 
     workloads = {"bias+GELU": _bias_gelu, "bias+GELU tanh": _bias_gelu_tanh, "bias+sigmoid": _bias_sigmoid,
                  "x*2+b": _axpb}
     names = [n for n in ELEMENTWISE_VARIANTS if not variants or n in variants]
-    defaults = (ElementwiseStrategy.ITEMS_PER_THREAD, scalar_math.SHORT_FORMS)
     for (r, c) in ((32768, 8192), (8192, 4096)):
         for dt in (torch.bfloat16, torch.float32):
             for wname, fn in workloads.items():
@@ -389,10 +386,9 @@ def elementwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple 
                 rows.append({"kind": kind, "variant": "torch", **base, "eager GB/s": nbytes / base["eager"] / 1e6})
                 print(rows[-1], flush=True)
                 for name in names:
-                    ElementwiseStrategy.ITEMS_PER_THREAD, scalar_math.SHORT_FORMS = ELEMENTWISE_VARIANTS[name]
                     os.environ["KF_CACHE_DIR"] = tempfile.mkdtemp()
                     row = {"kind": kind, "variant": name}
-                    f = kf.jit(fn, target="cuda")
+                    f = kf.jit(fn, target="cuda", variants=ELEMENTWISE_VARIANTS[name])
                     try:
                         x = make()
                         k0 = kf.explain(f, *x, file=None).kernels[0]
@@ -417,7 +413,6 @@ def elementwise_rows(save, rows: list[dict], variants: tuple = (), kinds: tuple 
                     print(row, flush=True)
                     save(rows)
                 del ins
-    ElementwiseStrategy.ITEMS_PER_THREAD, scalar_math.SHORT_FORMS = defaults
     return rows
 
 

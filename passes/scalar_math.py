@@ -127,14 +127,9 @@ _LOG2E = math.log2(math.e)
 NARROW_GELU_TANH_COEFFS = (-2.0 * _LOG2E * math.sqrt(2.0 / math.pi), -2.0 * _LOG2E * math.sqrt(2.0 / math.pi) * 0.044715)
 
 
-#: Off: every result takes the accurate forms (an A/B switch for bench/variants.py; it is
-#: not part of the cache key, so give each setting its own KF_CACHE_DIR).
-SHORT_FORMS = True
-
-
 def narrow(t: ir.Type | str | None) -> bool:
     """Whether values stored as element type t take the short forms (bf16, f16, fp8)."""
-    return SHORT_FORMS and t is not None and (str(t) in ("bf16", "f16") or str(t).startswith("f8"))
+    return t is not None and (str(t) in ("bf16", "f16") or str(t).startswith("f8"))
 
 
 def _clamp(x: ir.Value, lo: float, hi: float) -> ir.Value:
@@ -247,7 +242,7 @@ def _gelu(x: ir.Value, approximate: str, stored_as=None) -> ir.Value:
 
 
 def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
-         stored_as: ir.Type | str | None = None) -> ir.Value:
+         stored_as: ir.Type | str | None = None, short_forms: bool = True) -> ir.Value:
     """The scalar result of kf elementwise op ``name`` (``kf.add`` or ``add``) on args.
 
     Operands of binary ops must already have one type; ``cmp`` returns i1.
@@ -261,9 +256,12 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
     log2 e)), both with an approximate exp2 and division (``fastmath<afn>``: ex2.approx
     and rcp.approx on CUDA); ``kf.erf`` is a clamped odd polynomial of degree 21
     (absolute error <= 2e-5). Anything else (f32 and f64 results, or no ``stored_as``)
-    keeps math.erf / math.tanh / math.exp and exact division.
+    keeps math.erf / math.tanh / math.exp and exact division. ``short_forms=False`` (the
+    elementwise strategy's variant of that name) gives every result the accurate forms.
     """
     attrs = attrs or {}
+    if not short_forms:
+        stored_as = None
     op = name.removeprefix("kf.")
     x = args[0]
     t = x.type

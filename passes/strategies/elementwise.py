@@ -2,7 +2,7 @@
 fills, splat constants, broadcast_to and kf.rand) written as one pass over the output.
 
 One thread computes ``vec`` contiguous elements of the output (one when ``vec`` is 1),
-on CUDA ``items_per_thread`` such groups (``ITEMS_PER_THREAD``, one grid's width apart):
+on CUDA ``items_per_thread`` such groups (``ElementwiseVariant``, one grid's width apart):
 operands that run along the output's innermost dimension are read with one
 ``vector.load`` of ``vec`` elements (16 bytes; bf16 lanes are widened from its 32-bit
 words with one shift or mask each), operands broadcast along it are read
@@ -32,6 +32,7 @@ shapes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from mlir import ir
 from mlir.dialects import arith, scf, vector
@@ -94,8 +95,8 @@ class _Lane(Evaluator):
     others), and so are Philox blocks."""
 
     def __init__(self, kb, inputs, lane: int, inner: Sequence[ir.Value], shared: dict,
-                 item: ir.Value | None = None, shape: Sequence[int] = ()):
-        super().__init__(kb, inputs)
+                 item: ir.Value | None = None, shape: Sequence[int] = (), short_forms: bool = True):
+        super().__init__(kb, inputs, short_forms=short_forms)
         self.lane, self.inner, self.shared = lane, inner, shared
         self.item, self.shape = item, tuple(shape)
 
@@ -163,22 +164,37 @@ def _alignment(mt: ir.MemRefType, vec: int) -> int:
     return vec * E.ELEM_BYTES[str(mt.element_type)]
 
 
-class ElementwiseStrategy(Strategy):
-    KIND = "elementwise"
+@dataclass(frozen=True)
+class ElementwiseVariant:
+    """The elementwise kernel's variants (``kf-tile{elementwise.<field>=<value>}``)."""
 
     #: Vectors a thread handles on CUDA (plan key ``items_per_thread``, absent when 1; 1 on
     #: other targets and without vectors). Two share the index arithmetic and a broadcast
     #: operand's load: bf16 bias+GELU 32768x8192 on sm_90 is 245 SASS instructions a
     #: thread for 16 elements (15.3 an element) against 133 for 8 (16.6); f32 252 for 8
     #: (31.5) against 135 for 4 (33.8). 1 gives the one-vector kernel back.
-    ITEMS_PER_THREAD = 2
+    items_per_thread: int = 2
+    #: Results stored as bf16/f16/fp8 take scalar_math's short forms of GELU, sigmoid and
+    #: erf (``scalar_math.emit`` gives their errors); False: the accurate forms
+    #: (libdevice's erff and exact division) everywhere.
+    short_forms: bool = True
 
-    def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+    def __post_init__(self):
+        if self.items_per_thread < 1:
+            raise ValueError(f"variant 'items_per_thread' takes an int >= 1, not '{self.items_per_thread}'")
+
+
+class ElementwiseStrategy(Strategy):
+    KIND = "elementwise"
+    VARIANT = ElementwiseVariant
+
+    def plan(self, kernel: ir.Operation, target: TargetInfo, variant: ElementwiseVariant | None = None) -> dict:
+        v = variant or ElementwiseVariant()
         shape = _check(kernel)
         vec = vector_width(kernel, shape, target)
         block = min(256, target.max_threads)
         items = E.numel(shape) // vec
-        per = max(1, int(self.ITEMS_PER_THREAD)) if target.name == "cuda" and vec > 1 else 1
+        per = v.items_per_thread if target.name == "cuda" and vec > 1 else 1
         per = min(per, max(1, items // block))
         grid, stride = E.launch_geometry(-(-items // per), block, E.max_grid_x(target.name))
         if stride:
@@ -188,6 +204,8 @@ class ElementwiseStrategy(Strategy):
                 "grid": grid, "grid_stride": stride}
         if per > 1:
             plan["items_per_thread"] = per
+        if not v.short_forms:
+            plan["short_forms"] = False
         return plan
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
@@ -195,6 +213,7 @@ class ElementwiseStrategy(Strategy):
         ins, outs = E.kernel_signature(kernel)
         name = E.kernel_name(kernel)
         block, grid, vec = int(plan["block"]), int(plan["grid"]), int(plan["vector_width"])
+        short = bool(plan.get("short_forms", True))
         total = E.numel(shape)
         if vec > 1 and shape[-1] % vec:
             raise NotApplicable(f"vector width {vec} does not divide the innermost dimension {shape[-1]}")
@@ -207,11 +226,11 @@ class ElementwiseStrategy(Strategy):
 
             def body(item, stores=None):
                 if vec == 1:
-                    ev = Evaluator(kb, inputs)
+                    ev = Evaluator(kb, inputs, short_forms=short)
                     with ev.scope():
                         emit_outputs(ev, kernel, outputs, item, total)
                     return
-                _emit_vector(kb, kernel, inputs, outputs, item, shape, vec, stores)
+                _emit_vector(kb, kernel, inputs, outputs, item, shape, vec, stores, short)
 
             per = int(plan.get("items_per_thread", 1))
             if per == 1:
@@ -248,7 +267,7 @@ def _for_items(kb: E.IndexBuilder, items: int, block: int, grid: int, per: int, 
 
 
 def _emit_vector(kb: E.IndexBuilder, kernel, inputs, outputs, item: ir.Value, shape, vec: int,
-                 stores: list | None = None) -> None:
+                 stores: list | None = None, short_forms: bool = True) -> None:
     """Elements item*vec .. item*vec + vec - 1 of every output; with ``stores``, the
     stores are appended to it (as callables) instead of made."""
     idx0 = kb.delinearize(kb.mul(item, vec), shape)
@@ -256,7 +275,7 @@ def _emit_vector(kb: E.IndexBuilder, kernel, inputs, outputs, item: ir.Value, sh
     inner = [inner0] + [kb.add(inner0, k) for k in range(1, vec)]
     inner = [kb.value(i) for i in inner]
     shared: dict = {}
-    lanes = [_Lane(kb, inputs, k, inner, shared, item, shape) for k in range(vec)]
+    lanes = [_Lane(kb, inputs, k, inner, shared, item, shape, short_forms) for k in range(vec)]
     for value, mem in zip(E.kernel_results(kernel), outputs):
         mt = ir.MemRefType(mem.type)
         elems = [E.to_storage(lane.value(value, [*outer, inner[k]]), mt.element_type) for k, lane in enumerate(lanes)]

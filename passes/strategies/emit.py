@@ -333,14 +333,15 @@ ELEMENTWISE = frozenset({
     "kf.cmp", "kf.select", "kf.masked_fill", "kf.cast"})
 
 
-def elementwise_value(op: ir.Operation, args: Sequence[ir.Value], attrs: dict) -> ir.Value:
+def elementwise_value(op: ir.Operation, args: Sequence[ir.Value], attrs: dict, short_forms: bool = True) -> ir.Value:
     """The scalar of elementwise kf op ``op`` on compute-typed args, in the compute type of
     its result (i1 for cmp). A cast rounds to its target type; nothing else rounds.
     scalar_math is told the result's element type: erf of a value stored as bf16/f16 takes
-    its short approximation (``scalar_math.emit``'s docstring gives the error)."""
+    its short approximation (``scalar_math.emit``'s docstring gives the error), unless
+    ``short_forms`` is off."""
     if op.name == "kf.cast":
         return round_to(args[0], elem_of(op.results[0]))
-    return sm.emit(op.name, list(args), attrs, stored_as=elem_of(op.results[0]))
+    return sm.emit(op.name, list(args), attrs, stored_as=elem_of(op.results[0]), short_forms=short_forms)
 
 
 def better(x: ir.Value, best: ir.Value, largest: bool) -> ir.Value:

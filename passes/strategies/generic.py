@@ -75,10 +75,13 @@ class Evaluator:
     index_select, index_add and scatter_add; an evaluator without it refuses them
     (NotApplicable), so no strategy can read through an unchecked index. Subclasses may
     override ``load_input`` (the elementwise strategy loads vectors there).
+    ``short_forms``: whether results stored as bf16/f16/fp8 take scalar_math's short forms.
     """
 
-    def __init__(self, kb: E.IndexBuilder, inputs: Sequence[ir.Value], checks: E.IndexChecks | None = None):
+    def __init__(self, kb: E.IndexBuilder, inputs: Sequence[ir.Value], checks: E.IndexChecks | None = None,
+                 short_forms: bool = True):
         self.kb = kb
+        self.short_forms = short_forms
         self.inputs = list(inputs)
         self.checks = checks
         self._scopes: list[dict] = [{}]
@@ -149,7 +152,7 @@ class Evaluator:
         if name in E.ELEMENTWISE:
             out = E.shape_of(op.results[0])
             args = [self.value(o, E.broadcast_index(idx, E.shape_of(o), out)) for o in op.operands]
-            return [E.elementwise_value(op, args, attrs)]
+            return [E.elementwise_value(op, args, attrs, self.short_forms)]
         handler = _HANDLERS.get(name)
         if handler is None:
             raise NotImplementedError(f"the generic strategy has no rule for {name}")

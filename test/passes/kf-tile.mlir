@@ -1,10 +1,10 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda})' | FileCheck %s --check-prefix=CUDA
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=spirv})' | FileCheck %s --check-prefix=SPIRV
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=rocm})' 2>&1 | FileCheck %s --check-prefix=BAD
-// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=sm_80 matmul.stages=2 matmul.group_m=0 rowwise.row_registers=0})' | FileCheck %s --check-prefix=VARIANT
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=sm_80 matmul.stages=2 matmul.group_m=0 rowwise.row_registers=0 elementwise.items_per_thread=1 elementwise.short_forms=false})' | FileCheck %s --check-prefix=VARIANT
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stage=2})' 2>&1 | FileCheck %s --check-prefix=BADFIELD
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{matmul.stages=two})' 2>&1 | FileCheck %s --check-prefix=BADVALUE
-// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{elementwise.stages=2})' 2>&1 | FileCheck %s --check-prefix=BADKIND
+// RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{transpose.stages=2})' 2>&1 | FileCheck %s --check-prefix=BADKIND
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{multiprocessors=many})' 2>&1 | FileCheck %s --check-prefix=BADINT
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=ampere})' 2>&1 | FileCheck %s --check-prefix=BADCHIP
 // Invalid inputs (Inputs/kf-tile-invalid.mlir):
@@ -19,17 +19,17 @@
 // error that names what there is.
 // BADFIELD: matmul: no variant 'stage' (variants: group_m, inflight, k_bytes, max_block_n, stages, warp_tiles)
 // BADVALUE: matmul: variant 'stages' takes an int, not 'two'
-// BADKIND: kernels of kind 'elementwise' have no variants (kinds with variants: attention, matmul, moe_gemm, rowwise)
+// BADKIND: kernels of kind 'transpose' have no variants (kinds with variants: attention, elementwise, matmul, moe_gemm, rowwise)
 // BADINT: error: pass 'kf-tile' option 'multiprocessors' takes an int, got 'many'
 // BADCHIP: error: kf-tile: chip must be a CUDA chip such as sm_80, sm_90 or sm_90a, got 'ampere'
 
 // 1000 f32 elements: one thread per 4 (16-byte accesses, 1000 = 250 x 4), 256 threads,
 // one block; the last block is partial (250 < 256), so the kernel guards its tail.
 // CUDA-LABEL: func.func private @add_1000
-// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", target = "cuda", vector_width = 4 : i64}
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", target = "cuda", variant = {items_per_thread = 2 : i64, short_forms = true}, vector_width = 4 : i64}
 // CUDA: "kf.add"
 // SPIRV-LABEL: func.func private @add_1000
-// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", target = "spirv", vector_width = 4 : i64}
+// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 1 : i64, grid_stride = false, numel = 1000 : i64, strategy = "elementwise", target = "spirv", variant = {items_per_thread = 2 : i64, short_forms = true}, vector_width = 4 : i64}
 func.func private @add_1000(%a: tensor<1000xf32>, %b: tensor<1000xf32>) -> tensor<1000xf32> attributes {kf.kernel = "elementwise"} {
   %0 = "kf.add"(%a, %b) : (tensor<1000xf32>, tensor<1000xf32>) -> tensor<1000xf32>
   return %0 : tensor<1000xf32>
@@ -38,12 +38,16 @@ func.func private @add_1000(%a: tensor<1000xf32>, %b: tensor<1000xf32>) -> tenso
 // -----
 
 // 8192 x 4096 f16 with a broadcast bias: 8 halves per vector on CUDA (16 bytes), two
-// vectors a thread there (ITEMS_PER_THREAD), 4 halves and one vector on SPIR-V (its
-// vectors have 4 components), an exact grid and so no tail.
+// vectors a thread there (the variant's items_per_thread), 4 halves and one vector on
+// SPIR-V (its vectors have 4 components), an exact grid and so no tail. The options
+// elementwise.items_per_thread=1 elementwise.short_forms=false give one vector a thread
+// and the accurate math, and the plan says so.
 // CUDA-LABEL: func.func private @bias_8192x4096
-// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 8192 : i64, grid_stride = false, items_per_thread = 2 : i64, numel = 33554432 : i64, strategy = "elementwise", target = "cuda", vector_width = 8 : i64}
+// CUDA-SAME: kf.plan = {block = 256 : i64, grid = 8192 : i64, grid_stride = false, items_per_thread = 2 : i64, numel = 33554432 : i64, strategy = "elementwise", target = "cuda", variant = {items_per_thread = 2 : i64, short_forms = true}, vector_width = 8 : i64}
 // SPIRV-LABEL: func.func private @bias_8192x4096
-// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 32768 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", target = "spirv", vector_width = 4 : i64}
+// SPIRV-SAME: kf.plan = {block = 256 : i64, grid = 32768 : i64, grid_stride = false, numel = 33554432 : i64, strategy = "elementwise", target = "spirv", variant = {items_per_thread = 2 : i64, short_forms = true}, vector_width = 4 : i64}
+// VARIANT-LABEL: func.func private @bias_8192x4096
+// VARIANT-SAME: kf.plan = {block = 256 : i64, grid = 16384 : i64, grid_stride = false, numel = 33554432 : i64, short_forms = false, strategy = "elementwise", target = "cuda", variant = {items_per_thread = 1 : i64, short_forms = false}, vector_width = 8 : i64}
 func.func private @bias_8192x4096(%x: tensor<8192x4096xf16>, %b: tensor<4096xf16>) -> tensor<8192x4096xf16> attributes {kf.kernel = "elementwise"} {
   %0 = "kf.add"(%x, %b) : (tensor<8192x4096xf16>, tensor<4096xf16>) -> tensor<8192x4096xf16>
   %1 = "kf.gelu"(%0) {approximate = "tanh"} : (tensor<8192x4096xf16>) -> tensor<8192x4096xf16>

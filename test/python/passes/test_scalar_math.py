@@ -277,7 +277,7 @@ def _count(ptx, opcode):
 
 
 def test_bf16_bias_gelu_ptx_is_short_and_packed():
-    """Two vectors of 8 a thread (ITEMS_PER_THREAD): x read twice, b once (the same
+    """Two vectors of 8 a thread (the elementwise variant items_per_thread): x read twice, b once (the same
     columns), two 16-byte stores, and per element one ex2 and one reciprocal."""
     ptx = _ptx(torch.bfloat16)
     assert _count(ptx, "ex2.approx.ftz.f32") == 16 and _count(ptx, "rcp.approx.ftz.f32") == 16

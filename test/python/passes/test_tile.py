@@ -170,5 +170,7 @@ def test_variant_values_from_text():
                             ({"warp_tiles": "4x4"}, "takes ints like 4,8")):
         with pytest.raises(ValueError, match=message):
             variant_from_text(MatmulVariant, fields)
-    with pytest.raises(ValueError, match="'elementwise' have no variants"):
-        variants_by_kind({"elementwise.items": "2"})
+    with pytest.raises(ValueError, match="'transpose' have no variants"):
+        variants_by_kind({"transpose.items": "2"})
+    with pytest.raises(ValueError, match="items_per_thread"):
+        variants_by_kind({"elementwise.items_per_thread": "0"})

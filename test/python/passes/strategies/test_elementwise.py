@@ -56,7 +56,7 @@ def _plan_of(m):
 
 
 def test_elementwise_items_per_thread_plans():
-    """On CUDA a thread takes two vectors (ITEMS_PER_THREAD) where there are two blocks'
+    """On CUDA a thread takes two vectors (items_per_thread) where there are two blocks'
     worth; elsewhere, without vectors or with little work, one."""
     specs = [TensorSpec((64, 8192), "bf16"), TensorSpec((8192,), "bf16")]
     ctx, m = build_module(lambda a, b: kb.gelu(kb.add(a, b)), specs, "elementwise", target="cuda")
@@ -88,3 +88,28 @@ def test_elementwise_items_per_thread(run, per, shape):
     xh, bh = x.to(torch.float16), b.to(torch.float16)
     (got,) = run(lambda a, c: kb.sigmoid(kb.add(a, c)), xh, bh, kind="elementwise", plan_edit=edit)
     check(got, in_f32(lambda u, v: torch.sigmoid(u + v), xh, bh))
+
+
+def test_elementwise_variants_are_plan_fields():
+    """``elementwise.items_per_thread`` and ``elementwise.short_forms`` are kf-tile options:
+    the plan records them (so the IR and the cache key say which kernel it is), and the
+    accurate forms replace the short sigmoid's ex2.approx/rcp.approx in the PTX."""
+    import kf
+
+    def bias_sigmoid(x, b):
+        return torch.sigmoid(x + b)
+
+    x, b = torch.randn(64, 8192, dtype=torch.bfloat16), torch.randn(8192, dtype=torch.bfloat16)
+    ptx = {}
+    for name, variants in (("default", ""), ("one", "elementwise.items_per_thread=1"),
+                           ("accurate", "elementwise.items_per_thread=1 elementwise.short_forms=false")):
+        f = kf.jit(bias_sigmoid, target="cuda", variants=variants)
+        k = kf.explain(f, x, b, file=None).kernels[0]
+        assert k.plan["strategy"] == "elementwise"
+        assert k.plan.get("items_per_thread", 1) == (2 if name == "default" else 1), (name, k.plan)
+        assert k.plan["variant"]["short_forms"] == (name != "accurate")
+        ptx[name] = f.inspect(x, b).ptx
+    assert "ex2.approx" in ptx["one"] and "rcp.approx" in ptx["one"]
+    assert ptx["accurate"] != ptx["one"] and "rcp.approx" not in ptx["accurate"]
+    with pytest.raises(Exception, match="items_per_thread"):
+        kf.explain(kf.jit(bias_sigmoid, target="cuda", variants="elementwise.items_per_thread=0"), x, b, file=None)
