@@ -266,6 +266,10 @@ class MoeGemmVariant:
     #: depth of the tensor-core kernel's cp.async pipeline (1: one staged tile, the next
     #: K step's prefetched into registers); fewer where shared memory is short
     stages: int = 4
+    #: bytes a staging load moves: 0 the target's own (its widest access on CUDA, scalars
+    #: on SPIR-V); 16 gives every target CUDA's 128-bit staging (kf-to-spirv splits the
+    #: vectors into scalars), so that its index arithmetic runs on lavapipe too
+    staging_bytes: int = 0
 
 
 class MoeGemmStrategy(Strategy):
@@ -285,8 +289,9 @@ class MoeGemmStrategy(Strategy):
         k = view.arg_specs[1].shape[1]
         elem = view.arg_specs[1].elem
         big = target.name == "cuda" and -(-n_rows // 128) * -(-n_cols // 128) >= 128
+        v = variant or MoeGemmVariant()
         common = {"m": n_rows, "n": n_cols, "k": k, "experts": info["experts"],
-                  "vector_bytes": staging_vector_bytes(target)}
+                  "vector_bytes": v.staging_bytes or staging_vector_bytes(target)}
         if target.name == "cuda" and elem in ("f16", "bf16"):
             warps_m, warps_n, tiles_m, tiles_n = (2, 4, 4, 4) if big else (2, 2, 2, 4)
             bm, bn, bk = warps_m * 16 * tiles_m, warps_n * 8 * tiles_n, 32
@@ -295,7 +300,7 @@ class MoeGemmStrategy(Strategy):
             stage_bytes = 2 * (bm * (bk + 8) + (bk * (bn + 8) if ldm else bn * (bk + 8)))
             # the matmul strategy's cp.async pipeline where A's rows (K) and the weights'
             # rows (N) are whole 16-byte pieces and B is staged k-major as it lies
-            stages = (variant or MoeGemmVariant()).stages
+            stages = v.stages
             if not (stages >= 2 and ldm and k % 8 == 0 and n_cols % 8 == 0 and common["vector_bytes"] == 16):
                 stages = 1
             while stages > 2 and stages * stage_bytes > target.max_dynamic_shared_bytes:

@@ -178,17 +178,14 @@ def test_out_of_range_and_repeated_indices():
 
 @needs_vulkan
 @pytest.mark.parametrize("batch,seq,top_k", [(1, 37, 2), (2, 32, 1)])
-def test_cuda_staging_runs_on_vulkan(batch, seq, top_k, monkeypatch):
+def test_cuda_staging_runs_on_vulkan(batch, seq, top_k):
     """The CUDA plans stage tiles with 128-bit loads (VectorStaging, the gathered rows of
-    _GatherStaging); kf-to-spirv splits vectors into scalars, so with the plans' vector
-    width forced to 16 bytes the same index arithmetic runs on lavapipe (f32: SPIR-V
+    _GatherStaging); kf-to-spirv splits vectors into scalars, so with the variant
+    moe_gemm.staging_bytes=16 the same index arithmetic runs on lavapipe (f32: SPIR-V
     takes no f16/bf16 vectors here). 2x32 slots fill whole 64-row tiles while a bucket's
     tiles start anywhere: the row guard of every load is needed."""
-    import kf.passes.strategies.moe as moe_strategies
-
-    monkeypatch.setattr(moe_strategies, "staging_vector_bytes", lambda target: 16)
     x, gate, w_in, w_out = _inputs(batch, seq, torch.float32)
-    f = moe.moe_layer_fused.with_options(target="vulkan")
+    f = moe.moe_layer_fused.with_options(target="vulkan", variants="moe_gemm.staging_bytes=16")
     gpu = kf.inspect(f, x, gate, [w_in, w_out], top_k=top_k).stages["gpu"]
     up = gpu[gpu.index("gpu.func @moe_layer_fused_moe0_up"):gpu.index("gpu.func @moe_layer_fused_moe0_down")]
     assert "vector.load" in up
