@@ -158,6 +158,11 @@ class Interpreter:
                 if op.name == "kf.fill":
                     shape = spec_of(op.result.type).shape
                     results = (torch.full(shape, attrs["value"], dtype=outs[0], device=device),)
+                elif op.name == "kf.iota":
+                    shape = spec_of(op.result.type).shape
+                    dim = int(attrs["dim"]) % len(shape)
+                    line = torch.arange(shape[dim], dtype=outs[0], device=device)
+                    results = (line.reshape([-1 if d == dim else 1 for d in range(len(shape))]).expand(shape),)
                 elif op.name == "kf.constant":
                     results = (_constant(args, attrs, outs[0], device),)
                 elif op.name == "kf.rand":

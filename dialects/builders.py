@@ -106,6 +106,11 @@ def fill(shape: Sequence[int], elem: str, value: float, *, loc: ir.Location | No
     return build("fill", [], {"value": value}, [TensorSpec(tuple(shape), elem)], loc).result
 
 
+def iota(shape: Sequence[int], dim: int, elem: str = "i64", *, loc: ir.Location | None = None) -> ir.Value:
+    """kf.iota: a tensor of shape whose element at index (.., i_dim, ..) is i_dim."""
+    return build("iota", [], {"dim": dim}, [TensorSpec(tuple(shape), elem)], loc).result
+
+
 def constant(value: ir.Attribute, *, loc: ir.Location | None = None) -> ir.Value:
     """kf.constant holding a dense elements attribute."""
     spec = spec_of(value.type)

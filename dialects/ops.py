@@ -323,6 +323,16 @@ def _fill(ops, attrs, results):
     return [_given_result("kf.fill")(results)]
 
 
+def _iota(ops, attrs, results):
+    out = _given_result("kf.iota")(results)
+    if out.elem not in ("i32", "i64"):
+        raise KfTypeError(f"kf.iota gives i32 or i64 indices (cast them after), got {out.elem}")
+    if not out.rank:
+        raise KfTypeError("kf.iota needs a result of rank 1 or more (a rank-0 index is a kf.fill)")
+    normalize_dim(int(attrs["dim"]), out.rank)
+    return [out]
+
+
 def _rand(ops, attrs, results):
     (state,) = ops
     if state.elem != "i64" or state.shape != (2,):
@@ -428,6 +438,9 @@ OPS: tuple[OpSpec, ...] = (
            category="value"),
     OpSpec("fill", "a tensor with every element equal to value", (), ("result",), {"value": "float"},
            infer=_fill, category="value"),
+    # indices: what arange, tril and triu are made of, computed where they are used
+    OpSpec("iota", "each element's index along dim", (), ("result",), {"dim": "int"}, infer=_iota,
+           category="value"),
     # random numbers: element i is a function of the state, offset and i alone (philox.py);
     # offset counts Philox blocks
     OpSpec("rand", "uniform [0, 1) or standard normal f32 samples, Philox4x32-10 keyed by the state "

@@ -8,6 +8,8 @@ What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
   the op's implicit broadcasting gives the same result, a broadcast to the same shape
   is removed, chains of broadcasts merge and a broadcast fill becomes a larger fill;
 - ``reshape``/``transpose``/``cast`` that change nothing are removed, chains merge;
+- a reshape of a ``kf.iota`` that only adds or drops unit dims is an iota of the new
+  shape (``arange(n)[:, None]``), so that it stays free for kf-fuse;
 - a reshape of a last-two-dims transpose that keeps those dims (batch dims merged or
   split) becomes the transpose of the reshape, which kf-fuse then leaves as a view feeding
   a matmul that reads the transpose in place;
@@ -40,6 +42,20 @@ def _div(a: float, b: float) -> float:
     if a != a or not a:
         return math.nan
     return math.copysign(math.inf, a) * math.copysign(1.0, b)  # the sign of a zero divisor counts
+
+
+def _iota_dim_after_reshape(shape, dim: int, new_shape) -> int | None:
+    """The dim of ``new_shape`` that a reshape of an iota along ``dim`` of ``shape`` runs
+    along, where the reshape only adds or drops unit dims and keeps that dim (an
+    ``arange(n)[:, None]``); None for any other reshape. A size-1 dim gives a dim of size 1."""
+    dim %= len(shape)
+    kept = [(i, d) for i, d in enumerate(shape) if d != 1]
+    new_kept = [(i, d) for i, d in enumerate(new_shape) if d != 1]
+    if [d for _, d in kept] != [d for _, d in new_kept]:
+        return None
+    if shape[dim] == 1:
+        return new_shape.index(1) if 1 in new_shape else None
+    return new_kept[[i for i, _ in kept].index(dim)][0]
 
 
 def _max(a: float, b: float) -> float:
@@ -228,6 +244,11 @@ class _Rewriter:
             self.replace(op, builders.reshape(inner.operands[0], out.shape))
         elif inner is not None and inner.name == "kf.fill":
             self.replace(op, builders.fill(out.shape, out.elem, _fill_value(x)))
+        elif inner is not None and inner.name == "kf.iota":
+            dim = _iota_dim_after_reshape(spec_of(x.type).shape, int(op_attrs(inner)["dim"]), out.shape)
+            if dim is not None:
+                self.replace(op, builders.iota(out.shape, dim, out.elem) if out.shape[dim] > 1
+                             else builders.fill(out.shape, out.elem, 0.0))
         elif transposes_last_two(inner):
             # reshape(transpose_last_two(t)) with the last two dims kept (only batch dims
             # merged or split) is transpose_last_two(reshape(t)): the reshape of t is then a

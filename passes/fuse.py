@@ -64,7 +64,7 @@ from .fuse_attention_backward import attention_backward_groups
 
 _REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}
 _ROW_NORMS = {"kf.softmax", "kf.log_softmax"}
-_FREE = {"kf.fill"}
+_FREE = {"kf.fill", "kf.iota"}
 _HOST = {"kf.constant", "func.call"}
 
 
@@ -576,20 +576,28 @@ def _view_reshapes(body: list[ir.Operation]) -> list[ir.Operation]:
 
 
 def _free_scalars(kernel_ops: list[ir.Operation]) -> list[ir.Operation]:
-    """The rank-0 elementwise ops over rank-0 operands whose results only kernel ops
-    read (not the return, a host call or a view): each kernel that reads one computes it
-    itself, with the rank-0 ops it depends on, from their rank-0 inputs (arguments or
-    other kernels' results). Elementwise ops are pure, so a recomputed value is the
-    same value; a few scalar ops a thread cost less than a launch of their own."""
+    """The elementwise ops whose results only kernel ops read (not the return, a host
+    call or a view) and that are rank-0 over rank-0 operands, or of any shape over fills
+    and kf.iota alone (a mask ``torch.ones(L, S).tril()``, an ``arange``): each kernel
+    that reads one computes it itself, with the ops it depends on, from their inputs
+    (arguments or other kernels' results, rank-0). Elementwise ops are pure, so a
+    recomputed value is the same value; a few scalar ops a thread cost less than a
+    launch of their own, and a mask computed where it is read is never a tensor in
+    memory."""
     kernel_set = set(kernel_ops)
     free = []
+    made_of_indices: set = set()  # results of free ops that read fills and kf.iota only
     for op in kernel_ops:
         if _category(op) != "elementwise" or not op.results:
             continue
-        if any(spec_of(v.type).shape for v in [*op.operands, *op.results]):
+        from_indices = all(v in made_of_indices or (defining(v) is not None and defining(v).name in _FREE)
+                           for v in op.operands)
+        if not from_indices and any(spec_of(v.type).shape for v in [*op.operands, *op.results]):
             continue
         if all(getattr(u.owner, "operation", u.owner) in kernel_set for r in op.results for u in r.uses):
             free.append(op)
+            if from_indices:
+                made_of_indices.update(op.results)
     return free
 
 

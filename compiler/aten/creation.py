@@ -1,5 +1,7 @@
-"""Handlers that make values: fills, arange, and random numbers (rand, bernoulli,
-dropout) drawn from the program's Philox state."""
+"""Handlers that make values: fills, arange, tril and triu (from kf.iota: indices
+computed where they are used, so a mask made inside the function is never a tensor in
+memory), and random numbers (rand, bernoulli, dropout) drawn from the program's Philox
+state."""
 
 from __future__ import annotations
 
@@ -35,11 +37,55 @@ for _n, _f in [("zeros_like.default", lambda a, k: 0.0), ("ones_like.default", l
     HANDLERS["aten." + _n] = _fill_like(_f)
 
 
+#: The largest integer each type holds exactly, with every integer below it.
+_EXACT_INTS = {"i32": 2**31 - 1, "i64": 2**63 - 1, "f64": 2**53, "f32": 2**24, "f16": 2**11, "bf16": 2**8}
+
+
 @handles("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
 def _arange(c, node, args, kwargs):
+    """start + i * step from kf.iota where every value is an integer the result type
+    holds exactly (then any order of computing it gives eager's values); a constant
+    otherwise (torch computes float steps in double)."""
     val = fake_value(node)
-    values = torch.arange(*args, dtype=val.dtype)
-    return c.constant_tensor(values)
+    elem = kf_elem(val.dtype)
+    bounds = [args[0], 0, 1] if len(args) == 1 else [args[1], args[0], 1] if len(args) == 2 else \
+        [args[1], args[0], args[2]]
+    end, start, step = bounds
+    n = val.shape[0]
+    ints = all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+    if not ints or elem not in _EXACT_INTS or max(abs(start), abs(start + (n - 1) * step)) > _EXACT_INTS[elem]:
+        return c.constant_tensor(torch.arange(*args, dtype=val.dtype))
+    v = kb.iota((n,), 0, "i64")
+    if step != 1:
+        v = kb.mul(v, kb.scalar(step, "i64"))
+    if start != 0:
+        v = kb.add(v, kb.scalar(start, "i64"))
+    return v if elem == "i64" else kb.cast(v, elem)
+
+
+def _triangle(lower: bool):
+    """tril (lower) or triu: x where col - row <= k (>= k for triu), 0 elsewhere; the
+    condition from two kf.iota, so a mask ``torch.ones(L, S).tril()`` is computed in the
+    kernel that reads it."""
+
+    def handler(c: Converter, node, args, kwargs):
+        x = args[0]
+        k = int(args[1] if len(args) > 1 else kwargs.get("diagonal", 0))
+        shape = shape_of(x)
+        if len(shape) < 2:
+            raise Unsupported(f"{'tril' if lower else 'triu'} needs a tensor of 2 or more dimensions, "
+                              f"got {len(shape)}")
+        rows, cols = shape[-2:]
+        offset = kb.sub(kb.iota((1, cols), 1), kb.iota((rows, 1), 0))
+        keep = kb.cmp(offset, kb.scalar(k, "i64"), predicate="le" if lower else "ge")
+        elem = spec_of(x.type).elem
+        return kb.select(keep, x, kb.scalar(0.0, elem))
+
+    return handler
+
+
+HANDLERS["aten.tril.default"] = _triangle(True)
+HANDLERS["aten.triu.default"] = _triangle(False)
 
 
 def _probability(p, what: str) -> float:

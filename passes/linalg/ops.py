@@ -364,6 +364,16 @@ def _fill(op, args, attrs, out):
     return [filled(out[0].shape, out[0].elem, value)]
 
 
+def _iota(op, args, attrs, out):
+    """A parallel generic whose element is its loop index along dim."""
+    shape = out[0].shape
+    rank = len(shape)
+    dim = int(attrs["dim"]) % rank
+    t = elem_type(out[0].elem)
+    return generic([], [empty(shape, out[0].elem)], [identity_map(rank)], ["parallel"] * rank,
+                   lambda a: [arith.index_cast(t, loop_index(dim))])
+
+
 def _rand(op, args, attrs, out):
     """A parallel generic whose element at linear index i is its sample of Philox block
     offset + i // n (passes/philox.py); the state's two words are read once, outside it."""
@@ -394,6 +404,7 @@ LOWERINGS: dict[str, Lowering] = {
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
     "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
+    "kf.iota": _iota,
 }
 
 

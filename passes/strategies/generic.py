@@ -487,6 +487,12 @@ def _rand(ev: Evaluator, op, idx, attrs):
     return [philox.sample(seed, offset, int(attrs["offset"]), lin, attrs["distribution"])]
 
 
+def _iota(ev: Evaluator, op, idx, attrs):
+    i = idx[int(attrs["dim"]) % len(idx)]
+    t = E.compute_type(E.elem_of(op.results[0]))
+    return [ev.kb.const(t, i) if isinstance(i, int) else arith.index_cast(t, i)]
+
+
 def _fill(ev: Evaluator, op, idx, attrs):
     elem = E.elem_of(op.results[0])
     t = E.compute_type(elem)
@@ -505,6 +511,7 @@ _HANDLERS = {
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
     "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
+    "kf.iota": _iota,
 }
 
 

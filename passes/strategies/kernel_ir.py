@@ -240,7 +240,7 @@ _LAYOUT = {"kf.transpose", "kf.broadcast_to"}
 
 def _is_pointwise(op: ir.Operation) -> bool:
     spec = BY_NAME.get(op.name)
-    return op.name in _LAYOUT or op.name == "kf.fill" or (spec is not None and spec.category == "elementwise")
+    return op.name in _LAYOUT or op.name in ("kf.fill", "kf.iota") or (spec is not None and spec.category == "elementwise")
 
 
 def pointwise_closure(view: KernelView, roots: Sequence[ir.Value], bound: Sequence[ir.Value]) -> None:
@@ -267,7 +267,8 @@ class Pointwise:
     """Computes a kf value of the kernel function at one index, in registers.
 
     ``eval(v, index)`` takes ``v``'s own multi-index (one index Value per dimension of
-    v). Kernel arguments are loaded from their memrefs; ``kf.fill`` is a constant;
+    v). Kernel arguments are loaded from their memrefs; ``kf.fill`` is a constant,
+    ``kf.iota`` the index along its dim;
     elementwise ops apply scalar_math to their operands, each evaluated at the
     broadcast of the index (right-aligned, size-1 dims at 0); ``kf.transpose`` permutes
     the index. ``bind`` gives values computed elsewhere (a matmul's accumulator).
@@ -340,6 +341,9 @@ class Pointwise:
         ct = compute_type(spec.elem)
         if op.name == "kf.fill":
             return scalar_math.const(ct, attrs["value"])
+        if op.name == "kf.iota":
+            i = index[int(attrs["dim"]) % len(index)]
+            return arith.index_cast(ct, i) if isinstance(i.type, ir.IndexType) else scalar_math.convert(i, ct)
         if op.name == "kf.transpose":
             perm = attrs["perm"]
             inner = [None] * len(perm)

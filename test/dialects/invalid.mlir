@@ -115,6 +115,22 @@ func.func @rand_state(%s: tensor<2xi32>) -> tensor<4xf32> {
 
 // -----
 
+func.func @iota_float() -> tensor<4xf32> {
+  // expected-error @+1 {{'kf.iota' op kf.iota gives i32 or i64 indices (cast them after), got f32}}
+  %0 = "kf.iota"() {dim = 0 : i64} : () -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @iota_dim() -> tensor<4x2xi64> {
+  // expected-error @+1 {{'kf.iota' op dimension 2 is out of range for rank 2}}
+  %0 = "kf.iota"() {dim = 2 : i64} : () -> tensor<4x2xi64>
+  return %0 : tensor<4x2xi64>
+}
+
+// -----
+
 func.func @rand_result(%s: tensor<2xi64>) -> tensor<4xbf16> {
   // expected-error @+1 {{'kf.rand' op kf.rand gives f32 samples (cast them after), got bf16}}
   %0 = "kf.rand"(%s) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<4xbf16>

@@ -89,6 +89,15 @@ func.func @values_and_types() -> (tensor<3xf32>, tensor<2x2xf8E4M3FN>, tensor<4x
   return %c, %f, %e, %b, %i : tensor<3xf32>, tensor<2x2xf8E4M3FN>, tensor<4xf8E5M2>, tensor<2xi1>, tensor<2xi64>
 }
 
+// CHECK-LABEL: func.func @indices
+func.func @indices() -> (tensor<3x257xi64>, tensor<5xi32>) {
+  // CHECK: "kf.iota"() {dim = 1 : i64} : () -> tensor<3x257xi64>
+  %a = "kf.iota"() {dim = 1 : i64} : () -> tensor<3x257xi64>
+  // CHECK: "kf.iota"() {dim = -1 : i64} : () -> tensor<5xi32>
+  %b = "kf.iota"() {dim = -1 : i64} : () -> tensor<5xi32>
+  return %a, %b : tensor<3x257xi64>, tensor<5xi32>
+}
+
 // CHECK-LABEL: func.func @random
 func.func @random(%state: tensor<2xi64>) -> (tensor<3x257xf32>, tensor<f32>) {
   // CHECK: "kf.rand"(%arg0) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<3x257xf32>

@@ -188,3 +188,24 @@ func.func @keep_other_reshape(%x: tensor<4x6x8xf32>) -> tensor<32xf32> {
   %r = "kf.reshape"(%s) : (tensor<4x1x8xf32>) -> tensor<32xf32>
   return %r : tensor<32xf32>
 }
+
+// -----
+
+// A reshape of an iota that adds or drops unit dims is an iota of the new shape
+// (arange(n)[:, None]); along a dim of size 1, a fill of 0. Other reshapes stay.
+// CHECK-LABEL: func.func @iota_reshape
+// CHECK-DAG: "kf.iota"() {dim = 0 : i64} : () -> tensor<37x1xi64>
+// CHECK-DAG: "kf.iota"() {dim = 2 : i64} : () -> tensor<1x1x41xi64>
+// CHECK-DAG: "kf.fill"() {value = 0.000000e+00 : f64} : () -> tensor<1x1xi64>
+// CHECK-DAG: "kf.reshape"(%{{.*}}) : (tensor<6xi64>) -> tensor<2x3xi64>
+func.func @iota_reshape() -> (tensor<37x1xi64>, tensor<1x1x41xi64>, tensor<1x1xi64>, tensor<2x3xi64>) {
+  %a = "kf.iota"() {dim = 0 : i64} : () -> tensor<37xi64>
+  %ra = "kf.reshape"(%a) : (tensor<37xi64>) -> tensor<37x1xi64>
+  %b = "kf.iota"() {dim = -2 : i64} : () -> tensor<41x1xi64>
+  %rb = "kf.reshape"(%b) : (tensor<41x1xi64>) -> tensor<1x1x41xi64>
+  %c = "kf.iota"() {dim = 0 : i64} : () -> tensor<1xi64>
+  %rc = "kf.reshape"(%c) : (tensor<1xi64>) -> tensor<1x1xi64>
+  %d = "kf.iota"() {dim = 0 : i64} : () -> tensor<6xi64>
+  %rd = "kf.reshape"(%d) : (tensor<6xi64>) -> tensor<2x3xi64>
+  return %ra, %rb, %rc, %rd : tensor<37x1xi64>, tensor<1x1x41xi64>, tensor<1x1xi64>, tensor<2x3xi64>
+}

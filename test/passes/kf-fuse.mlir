@@ -338,3 +338,26 @@ func.func @column_through_view(%x: tensor<7x3xf32>, %rm: tensor<3xf32>) -> tenso
   %n = "kf.add"(%r, %s) : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
   return %n : tensor<3xf32>
 }
+
+// -----
+
+// A mask made of indices (tril's col - row <= 0 over two kf.iota) is computed in the
+// kernel that reads it, like a fill: one kernel, no mask tensor between kernels.
+// CHECK-LABEL: func.func private @iota_mask_k0_elementwise(%arg0: tensor<3x5xf32>
+// CHECK-DAG: "kf.iota"() {dim = 1 : i64}
+// CHECK-DAG: "kf.iota"() {dim = 0 : i64}
+// CHECK: "kf.cmp"
+// CHECK: "kf.select"
+// CHECK-LABEL: func.func @iota_mask
+// CHECK-NEXT: call @iota_mask_k0_elementwise(%arg0)
+// CHECK-NEXT: return
+func.func @iota_mask(%x: tensor<3x5xf32>) -> tensor<3x5xf32> {
+  %c = "kf.iota"() {dim = 1 : i64} : () -> tensor<1x5xi64>
+  %r = "kf.iota"() {dim = 0 : i64} : () -> tensor<3x1xi64>
+  %d = "kf.sub"(%c, %r) : (tensor<1x5xi64>, tensor<3x1xi64>) -> tensor<3x5xi64>
+  %k = "kf.fill"() {value = 0.0 : f64} : () -> tensor<i64>
+  %m = "kf.cmp"(%d, %k) {predicate = "le"} : (tensor<3x5xi64>, tensor<i64>) -> tensor<3x5xi1>
+  %z = "kf.fill"() {value = 0.0 : f64} : () -> tensor<f32>
+  %y = "kf.select"(%m, %x, %z) : (tensor<3x5xi1>, tensor<3x5xf32>, tensor<f32>) -> tensor<3x5xf32>
+  return %y : tensor<3x5xf32>
+}

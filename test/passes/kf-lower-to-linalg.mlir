@@ -336,3 +336,23 @@ func.func private @explicit_rounding(%x: f32, %y: bf16) -> i16 attributes {kf.at
   %2 = arith.bitcast %1 : bf16 to i16
   return %2 : i16
 }
+
+// -----
+
+// kf.iota is a generic that yields its loop index along dim; tril's condition (col -
+// row <= k) broadcasts two of them.
+// CHECK-LABEL: func.func @iota
+// CHECK: linalg.generic {{.*}} outs(%{{.*}} : tensor<1x5xi64>)
+// CHECK: %[[I:.*]] = linalg.index 1 : index
+// CHECK: arith.index_cast %[[I]] : index to i64
+// CHECK: linalg.generic {{.*}} outs(%{{.*}} : tensor<3x1xi64>)
+// CHECK: %[[J:.*]] = linalg.index 0 : index
+// CHECK: arith.index_cast %[[J]] : index to i64
+// CHECK: arith.subi
+// CHECK-NOT: kf.
+func.func @iota() -> tensor<3x5xi64> {
+  %c = "kf.iota"() {dim = 1 : i64} : () -> tensor<1x5xi64>
+  %r = "kf.iota"() {dim = -2 : i64} : () -> tensor<3x1xi64>
+  %d = "kf.sub"(%c, %r) : (tensor<1x5xi64>, tensor<3x1xi64>) -> tensor<3x5xi64>
+  return %d : tensor<3x5xi64>
+}
