@@ -86,6 +86,11 @@ def _unary(float_only: bool = True) -> Infer:
     return infer
 
 
+def _signbit(ops, attrs, results):
+    _float_only(ops[0])
+    return [ops[0].with_elem("i1")]
+
+
 def _compare(ops, attrs, results):
     if attrs.get("predicate") not in ("eq", "ne", "lt", "le", "gt", "ge"):
         raise KfTypeError(f"predicate must be one of eq, ne, lt, le, gt, ge, got {attrs.get('predicate')!r}")
@@ -375,6 +380,13 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("reciprocal", "1 / x", ("input",), ("result",), infer=_U, category="elementwise"),
     OpSpec("tanh", "hyperbolic tangent", ("input",), ("result",), infer=_U, category="elementwise"),
     OpSpec("erf", "error function", ("input",), ("result",), infer=_U, category="elementwise"),
+    OpSpec("erfc", "complementary error function 1 - erf(x), accurate where erf(x) is near 1", ("input",),
+           ("result",), infer=_U, category="elementwise"),
+    OpSpec("trunc", "x rounded toward zero", ("input",), ("result",), infer=_U, category="elementwise"),
+    OpSpec("round", "x rounded to the nearest integer, ties to even", ("input",), ("result",), infer=_U,
+           category="elementwise"),
+    OpSpec("signbit", "whether the sign bit of x is set (true for -0.0 and negative NaNs)", ("input",),
+           ("result",), infer=_signbit, category="elementwise"),
     OpSpec("sigmoid", "1 / (1 + e ** -x)", ("input",), ("result",), infer=_U, category="elementwise"),
     OpSpec("relu", "max(x, 0)", ("input",), ("result",), infer=_unary(False), category="elementwise"),
     OpSpec("gelu", "GELU; approximate = \"none\" | \"tanh\"", ("input",), ("result",),

@@ -106,6 +106,10 @@ _FOLD_UNARY: dict[str, Callable[[float], float]] = {
     "kf.reciprocal": lambda a: 1 / a if a else math.copysign(math.inf, a),
     "kf.tanh": math.tanh,
     "kf.erf": math.erf,
+    "kf.erfc": math.erfc,
+    # (zeros keep the operand's sign; Python's round takes ties to even, as kf.round)
+    "kf.trunc": lambda a: math.copysign(float(math.trunc(a)), a) if math.isfinite(a) else a,
+    "kf.round": lambda a: math.copysign(float(round(a)), a) if math.isfinite(a) else a,
     "kf.relu": lambda a: a if a != a or a >= 0 else 0.0,
 }
 #: x op c is x exactly when c is this (IEEE: x + 0 is 0 for x = -0, so only -0 is the

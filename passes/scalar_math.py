@@ -310,6 +310,18 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
         if narrow(stored_as) and str(t) == "f32":
             return _erf_narrow(x)
         return mmath.erf(x)
+    if op == "erfc":
+        return mmath.erfc(x)
+    if op == "trunc":
+        # floor and ceil lower on every target (NVVM has no pattern for math.trunc);
+        # ceil(-0.5) is -0.0, as trunc(-0.5)
+        neg = arith.cmpf(arith.CmpFPredicate.OLT, x, const(t, 0.0))
+        return arith.select(neg, mmath.ceil(x), mmath.floor(x))
+    if op == "round":
+        return mmath.roundeven(x)
+    if op == "signbit":
+        bits = ir.IntegerType.get_signless({"f64": 64, "f32": 32}.get(str(t), 16))
+        return arith.cmpi(arith.CmpIPredicate.slt, arith.bitcast(bits, x), const(bits, 0))
     if op == "sigmoid":
         if narrow(stored_as) and str(t) == "f32":
             return _sigmoid_narrow(x)

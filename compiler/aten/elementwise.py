@@ -1,5 +1,7 @@
 """Handlers of elementwise ATen ops: arithmetic with torch's type promotion and
-alpha, comparisons, where/masked_fill, unary math, activations, casts."""
+alpha, comparisons, where/masked_fill, unary math, activations, casts, and the special
+values and roundings (isnan, isinf, isfinite, sign, trunc, frac, round, hypot,
+copysign) made of kf ops that every target computes."""
 
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ def _unary(kf_name: str, float_result: bool = True):
 
 for _n, _k in [("neg", "neg"), ("abs", "abs"), ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"),
                ("rsqrt", "rsqrt"), ("reciprocal", "reciprocal"), ("tanh", "tanh"), ("erf", "erf"),
-               ("sigmoid", "sigmoid"), ("relu", "relu")]:
+               ("sigmoid", "sigmoid"), ("relu", "relu"), ("erfc", "erfc")]:
     HANDLERS[f"aten.{_n}.default"] = _unary(_k)
 
 
@@ -155,3 +157,118 @@ def _to(c, node, args, kwargs):
          "aten.detach_.default")  # torch.tensor([...]) detaches its fresh constant in place
 def _identity(c, node, args, kwargs):
     return args[0]
+
+
+# ------------------------------------------------------------------ special values, roundings
+
+
+def _is_float(x) -> bool:
+    return spec_of(x.type).is_float
+
+
+def _classify(name: str, on_ints: bool, test):
+    """isnan / isinf / isfinite / ...: ``test(x)`` on floats; on integers and booleans
+    every element gives ``on_ints``."""
+
+    def handler(c: Converter, node, args, kwargs):
+        x = args[0]
+        if not _is_float(x):
+            return kb.fill(spec_of(x.type).shape, "i1", float(on_ints))
+        return test(x)
+
+    HANDLERS[f"aten.{name}.default"] = handler
+
+
+def _inf(x):
+    return kb.scalar(float("inf"), spec_of(x.type).elem)
+
+
+_classify("isnan", False, lambda x: kb.cmp(x, x, predicate="ne"))
+_classify("isinf", False, lambda x: kb.cmp(kb.abs(x), _inf(x), predicate="eq"))
+_classify("isfinite", True, lambda x: kb.cmp(kb.abs(x), _inf(x), predicate="lt"))  # NaN: false
+_classify("isposinf", False, lambda x: kb.cmp(x, _inf(x), predicate="eq"))
+_classify("isneginf", False, lambda x: kb.cmp(kb.neg(x), _inf(x), predicate="eq"))
+
+
+@handles("aten.signbit.default")
+def _signbit(c, node, args, kwargs):
+    x = args[0]
+    elem = spec_of(x.type).elem
+    if _is_float(x):
+        return kb.signbit(x)
+    if elem == "i1":
+        return kb.fill(spec_of(x.type).shape, "i1", 0.0)
+    return kb.cmp(x, c.tensor(0, elem), predicate="lt")
+
+
+@handles("aten.sign.default", "aten.sgn.default")
+def _sign(c, node, args, kwargs):
+    """1, -1 or 0 by the sign of x; NaN gives 0, as torch on the CPU."""
+    elem = c.out_elem(node)
+    x = c.tensor(args[0], elem)
+    if elem == "i1":
+        return x
+    one, zero = c.tensor(1, elem), c.tensor(0, elem)
+    return kb.select(kb.cmp(x, zero, predicate="gt"), one,
+                     kb.select(kb.cmp(x, zero, predicate="lt"), c.tensor(-1, elem), zero))
+
+
+def _rounding(kf_name: str):
+    def handler(c: Converter, node, args, kwargs):
+        elem = c.out_elem(node)
+        x = c.tensor(args[0], elem)
+        return getattr(kb, kf_name)(x) if _is_float(x) else x
+
+    return handler
+
+
+HANDLERS["aten.trunc.default"] = HANDLERS["aten.fix.default"] = _rounding("trunc")
+HANDLERS["aten.round.default"] = _rounding("round")
+
+
+@handles("aten.round.decimals")
+def _round_decimals(c, node, args, kwargs):
+    """torch's rule: round(x * 10^d) / 10^d for d > 0, round(x / 10^-d) * 10^-d for d < 0."""
+    elem = c.out_elem(node)
+    x = c.tensor(args[0], elem)
+    d = int(kwargs.get("decimals", args[1] if len(args) > 1 else 0))
+    if not _is_float(x):
+        raise Unsupported(f"round with decimals of a tensor of {elem}: torch rounds floating-point tensors only")
+    if d == 0:
+        return kb.round(x)
+    scale = c.tensor(10.0 ** abs(d), elem)
+    if d > 0:
+        return kb.div(kb.round(kb.mul(x, scale)), scale)
+    return kb.mul(kb.round(kb.div(x, scale)), scale)
+
+
+@handles("aten.frac.default")
+def _frac(c, node, args, kwargs):
+    x = c.tensor(args[0], c.out_elem(node))
+    return kb.sub(x, kb.trunc(x))
+
+
+@handles("aten.hypot.default")
+def _hypot(c, node, args, kwargs):
+    """sqrt(x^2 + y^2) without overflow or underflow on the way: m sqrt(1 + (s/m)^2) with
+    m = max(|x|, |y|), s the other; 0 where both are 0, inf where either is inf (even
+    beside NaN, as C's hypot), NaN where either is NaN otherwise."""
+    elem = c.out_elem(node)
+    ax, ay = kb.abs(c.tensor(args[0], elem)), kb.abs(c.tensor(args[1], elem))
+    m, s = kb.max(ax, ay), kb.min(ax, ay)
+    one, zero = c.tensor(1.0, elem), c.tensor(0.0, elem)
+    r = kb.div(s, kb.select(kb.cmp(m, zero, predicate="eq"), one, m))
+    h = kb.mul(m, kb.sqrt(kb.add(one, kb.mul(r, r))))
+    inf = _inf(ax)
+    either_inf = kb.cmp(kb.max(kb.select(kb.cmp(ax, ax, predicate="ne"), zero, ax),
+                               kb.select(kb.cmp(ay, ay, predicate="ne"), zero, ay)), inf, predicate="eq")
+    return kb.select(either_inf, inf, h)
+
+
+@handles("aten.copysign.Tensor", "aten.copysign.Scalar")
+def _copysign(c, node, args, kwargs):
+    """|x| with the sign bit of y (-0.0 and negative NaNs count as negative)."""
+    elem = c.out_elem(node)
+    x, y = c.tensor(args[0], elem), c.tensor(args[1], elem)
+    ax = kb.abs(x)
+    return kb.select(kb.signbit(y), kb.neg(ax), ax)

@@ -106,3 +106,16 @@ func.func @random(%state: tensor<2xi64>) -> (tensor<3x257xf32>, tensor<f32>) {
   %n = "kf.rand"(%state) {distribution = "normal", offset = 771 : i64} : (tensor<2xi64>) -> tensor<f32>
   return %u, %n : tensor<3x257xf32>, tensor<f32>
 }
+
+// CHECK-LABEL: func.func @special_values
+func.func @special_values(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>, tensor<7xf32>, tensor<7xi1>) {
+  // CHECK: "kf.erfc"(%arg0) : (tensor<7xf32>) -> tensor<7xf32>
+  %a = "kf.erfc"(%x) : (tensor<7xf32>) -> tensor<7xf32>
+  // CHECK: "kf.trunc"(%arg0) : (tensor<7xf32>) -> tensor<7xf32>
+  %b = "kf.trunc"(%x) : (tensor<7xf32>) -> tensor<7xf32>
+  // CHECK: "kf.round"(%arg0) : (tensor<7xf32>) -> tensor<7xf32>
+  %c = "kf.round"(%x) : (tensor<7xf32>) -> tensor<7xf32>
+  // CHECK: "kf.signbit"(%arg0) : (tensor<7xf32>) -> tensor<7xi1>
+  %d = "kf.signbit"(%x) : (tensor<7xf32>) -> tensor<7xi1>
+  return %a, %b, %c, %d : tensor<7xf32>, tensor<7xf32>, tensor<7xf32>, tensor<7xi1>
+}

@@ -356,3 +356,22 @@ func.func @iota() -> tensor<3x5xi64> {
   %d = "kf.sub"(%c, %r) : (tensor<1x5xi64>, tensor<3x1xi64>) -> tensor<3x5xi64>
   return %d : tensor<3x5xi64>
 }
+
+// -----
+
+// round is roundeven (ties to even); trunc is floor or ceil by the sign (NVVM lowers no
+// math.trunc); signbit tests the sign bit of the bits, so -0.0 and -NaN count.
+// CHECK-LABEL: func.func @roundings
+// CHECK: math.roundeven %{{.*}} : f32
+// CHECK: arith.cmpf olt
+// CHECK: math.ceil
+// CHECK: math.floor
+// CHECK: arith.select
+// CHECK: %[[B:.*]] = arith.bitcast %{{.*}} : f32 to i32
+// CHECK: arith.cmpi slt, %[[B]]
+func.func @roundings(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>, tensor<7xi1>) {
+  %r = "kf.round"(%x) : (tensor<7xf32>) -> tensor<7xf32>
+  %t = "kf.trunc"(%x) : (tensor<7xf32>) -> tensor<7xf32>
+  %s = "kf.signbit"(%x) : (tensor<7xf32>) -> tensor<7xi1>
+  return %r, %t, %s : tensor<7xf32>, tensor<7xf32>, tensor<7xi1>
+}

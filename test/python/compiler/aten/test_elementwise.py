@@ -1,0 +1,150 @@
+"""Special values and roundings (compiler/aten/elementwise.py; kf.erfc, kf.trunc,
+kf.round, kf.signbit in passes/scalar_math.py): isnan, isinf, isfinite, sign, trunc,
+frac, round (ties to even, with decimals), erfc, hypot, copysign, signbit against torch
+on cpu and vulkan, with NaN, infinities and signed zeros among fresh random values, at
+odd and empty sizes and through non-contiguous views, and as PTX for cuda."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import kf
+from kf.runtime import vulkan
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                   reason="no Vulkan device"))]
+_PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
+
+SPECIALS = [float("nan"), -0.0, 0.0, float("inf"), -float("inf"), 2.5, -3.5, 0.5, -0.5, 1.5, 1e30, -1e-30]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _values(n: int, dtype, gen) -> torch.Tensor:
+    x = torch.randn(n, generator=gen) * 4
+    k = min(n, len(SPECIALS))
+    x[:k] = torch.tensor(SPECIALS[:k])
+    return x[torch.randperm(n, generator=gen)].to(dtype)
+
+
+def _py(op):
+    """op as a Python function of one tensor (kf.jit reads a function's code)."""
+    return lambda x: op(x)
+
+
+def _py2(op):
+    return lambda x, y: op(x, y)
+
+
+UNARY = {
+    **{name: _py(getattr(torch, name)) for name in ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit",
+                                                     "sign", "trunc", "fix", "frac", "round", "erfc")},
+    "round_2": lambda x: torch.round(x, decimals=2), "round_-1": lambda x: torch.round(x * 10, decimals=-1),
+}
+BINARY = {"hypot": _py2(torch.hypot), "copysign": _py2(torch.copysign)}
+
+
+def _check(got, want, exact: bool):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if exact:
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    else:
+        torch.testing.assert_close(got.double(), want.double(), rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
+def _same_sign_bits(got, want):
+    """-0.0 and 0.0 apart (assert_close takes them as equal)."""
+    finite = ~want.isnan()
+    assert torch.equal(got[finite].signbit(), want[finite].signbit())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [1, 7, 257, 0])
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_specials_follow_torch(name, n, target):
+    gen = torch.Generator().manual_seed(n + len(name))
+    fn = UNARY[name]
+    x = _values(n, torch.float32, gen)
+    got, want = kf.jit(fn, target=target)(x), fn(x)
+    _check(got, want, exact=name not in ("erfc", "round_2", "round_-1"))
+    if name in ("trunc", "round", "fix") and n:
+        _same_sign_bits(got, want)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [1, 7, 257, 0])
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_specials_follow_torch(name, n, target):
+    gen = torch.Generator().manual_seed(n + 100)
+    fn = BINARY[name]
+    x, y = _values(n, torch.float32, gen), _values(n, torch.float32, gen)
+    got, want = kf.jit(fn, target=target)(x, y), fn(x, y)
+    _check(got, want, exact=name == "copysign")
+    if name == "copysign" and n:
+        _same_sign_bits(got, want)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_hypot_does_not_overflow_or_underflow(target):
+    x = torch.tensor([3e38, 3e-39, 3.0, 0.0, float("inf"), float("nan"), float("nan")])
+    y = torch.tensor([3e38, 4e-39, 4.0, 0.0, float("nan"), float("inf"), 1.0])
+    _check(kf.jit(BINARY["hypot"], target=target)(x, y), torch.hypot(x, y), exact=False)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool], ids=str)
+@pytest.mark.parametrize("name", ["isnan", "isinf", "isfinite", "sign", "trunc", "round", "frac", "signbit"])
+def test_every_dtype(name, dtype, target):
+    fn = UNARY[name]
+    gen = torch.Generator().manual_seed(3)
+    if dtype.is_floating_point:
+        x = _values(37, dtype, gen)
+    elif dtype == torch.bool:
+        x = torch.rand(37, generator=gen) > 0.5
+    else:
+        x = torch.randint(-50, 50, (37,), generator=gen, dtype=dtype)
+    try:
+        want = fn(x)
+    except (RuntimeError, NotImplementedError):
+        pytest.skip(f"torch has no {name} for {dtype}")
+    _check(kf.jit(fn, target=target)(x), want, exact=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_round_ties_to_even(target):
+    x = torch.arange(-20, 21, dtype=torch.float32) / 2 + torch.tensor(0.0)  # every half
+    _check(kf.jit(UNARY["round"], target=target)(x), torch.round(x), exact=True)
+    big = torch.tensor([2.0 ** 23 + 1, 2.0 ** 24, -(2.0 ** 23) - 1, 8388607.5, -8388607.5])
+    _check(kf.jit(UNARY["round"], target=target)(big), torch.round(big), exact=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_non_contiguous(target):
+    gen = torch.Generator().manual_seed(5)
+    x = _values(13 * 9, torch.float32, gen).reshape(9, 13).t()
+    y = _values(13 * 18, torch.float32, gen).reshape(13, 18)[:, ::2]
+
+    def fn(x, y):
+        return torch.hypot(x, y) + torch.frac(x) * torch.copysign(torch.ones_like(x), y), torch.isfinite(x)
+
+    for got, want in zip(kf.jit(fn, target=target)(x, y), fn(x, y)):
+        _check(got, want, exact=False)
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_specials_assemble_for_cuda():
+    """Without a GPU: the specials lower to PTX that ptxas assembles (kf.trunc as floor
+    or ceil: NVVM has no pattern for math.trunc)."""
+    def fn(x, y):
+        return (torch.isnan(x), torch.isfinite(x), torch.sign(x), torch.trunc(x), torch.frac(x),
+                torch.round(x, decimals=1), torch.erfc(x), torch.hypot(x, y), torch.copysign(x, y))
+
+    x, y = torch.randn(257), torch.randn(257)
+    assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, y).stages["ptx"]
