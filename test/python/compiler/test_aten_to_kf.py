@@ -192,6 +192,8 @@ REFUSED = {
     "nonzero": (lambda x: torch.nonzero(x), lambda: (torch.randn(5),), "depends on the values"),
     "masked_select": (lambda x: torch.masked_select(x, x > 0), lambda: (torch.randn(5),), "depends on the values"),
     "bool_mask": (lambda x: x[x > 0], lambda: (torch.randn(5),), "depends on the values"),
+    "unique": (lambda x: torch.unique(x), lambda: (torch.randn(5),), "depends on the values"),
+    "argwhere": (lambda x: torch.argwhere(x), lambda: (torch.randn(7),), "depends on the values"),
     "item": (lambda x: x * x.sum().item(), lambda: (torch.randn(5),), "depends on the values"),
     "index_add_into_nothing": (lambda x, i, s: x.index_add(0, i, s),
                                lambda: (torch.zeros(0, 3), torch.tensor([0]), torch.ones(1, 3)), "dimension of size 0"),
