@@ -296,11 +296,14 @@ def concrete_shape(t) -> tuple[int, ...]:
 
 
 def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor],
-                 with_outputs: bool = False) -> tuple[torch.fx.GraphModule, tuple[bool, ...], int]:
+                 with_outputs: bool = False, wants: tuple[bool, ...] | None = None
+                 ) -> tuple[torch.fx.GraphModule, tuple[bool, ...], int]:
     """(the joint graph, which inputs are differentiable, how many outputs it returns
     before the gradients): placeholders are the inputs, the gradients of the floating-point
     outputs and the random state (removed where nothing reads it); it returns the input
-    gradients, after every output of the forward (``with_outputs``)."""
+    gradients, after every output of the forward (``with_outputs``). ``wants``: the inputs
+    that get a gradient (every floating-point one where None): no kernel computes the
+    gradient of a frozen weight or a float mask."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     import torch.fx.traceback as fx_traceback
@@ -314,7 +317,8 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
     from .random_state import STATE_SHAPE
 
     user = kfn.fn
-    diff = tuple(t.is_floating_point() for t in tensors)
+    diff = tuple(t.is_floating_point() and (wants is None or bool(w))
+                 for t, w in zip(tensors, wants if wants is not None else [True] * len(tensors)))
     box: dict = {}
     table = {**_decompositions(), **_replay_table(box)}
     n_outputs = [0]
@@ -363,14 +367,15 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
     return gm, diff, n_outputs[0]
 
 
-def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor]) -> Backward:
+def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor],
+           wants: tuple[bool, ...] | None = None) -> Backward:
     """Trace and wrap the backward of ``kfn`` for this structure and these input shapes,
     recomputing the forward from the inputs (what double backward differentiates, and
     what runs for a function that draws random numbers); ``grads`` are the gradients of
-    its floating-point outputs, in order."""
+    its floating-point outputs, in order; ``wants`` the inputs that get a gradient."""
     from . import torch_ops
 
-    gm, diff, _ = _trace_joint(kfn, structure, tensors, grads)
+    gm, diff, _ = _trace_joint(kfn, structure, tensors, grads, wants=wants)
     random = len([n for n in gm.graph.nodes if n.op == "placeholder"]) > len(tensors) + len(grads)
     name = torch_ops.op_name_base(kfn.fn)
     fn, path, line_locs = _materialize(kfn, f"{name}_backward", gm, kfn.fn, "backward")
@@ -416,16 +421,19 @@ class Training:
         return [*tensors, *outs, *extras]
 
 
-def derive_training(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor]) -> Training:
+def derive_training(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor],
+                    wants: tuple[bool, ...] | None = None) -> Training:
     """Trace the joint graph of ``kfn`` once and split it (partition.split): the forward
-    that also returns what its backward needs, and the backward that takes it."""
+    that also returns what its backward needs, and the backward that takes it, which
+    computes the gradients of the inputs ``wants`` names (every floating-point one where
+    None)."""
     from . import partition, torch_ops
 
-    gm, diff, n_outputs = _trace_joint(kfn, structure, tensors, grads, with_outputs=True)
+    gm, diff, n_outputs = _trace_joint(kfn, structure, tensors, grads, with_outputs=True, wants=wants)
     n_places = len([n for n in gm.graph.nodes if n.op == "placeholder"])
     if n_places > len(tensors) + len(grads):
         # random numbers: the forward's kernels draw them; the backward replays them
-        return Training(None, derive(kfn, structure, tensors, grads), n_outputs)
+        return Training(None, derive(kfn, structure, tensors, grads, wants), n_outputs)
     cut = partition.split(gm, len(tensors), n_outputs)
     name = torch_ops.op_name_base(kfn.fn)
     fwd, fpath, flocs = _materialize(kfn, f"{name}_forward", cut.forward, kfn.fn, "forward", torch_op=False)
@@ -484,8 +492,10 @@ def backward_of(kfn, *args, **kwargs) -> Backward:
     from . import torch_ops
 
     tensors, structure = torch_ops.flatten_call(kfn, args, kwargs)
+    # the gradients autograd would ask for: of the tensors that require grad, where any does
+    wants = tuple(t.is_floating_point() and t.requires_grad for t in tensors)
     tensors = [t.detach() for t in tensors]
-    training, metas = torch_ops.training_of(kfn, structure, tensors)
+    training, metas = torch_ops.training_of(kfn, structure, tensors, wants if any(wants) else None)
     bwd = training.backward
     device = tensors[0].device if tensors else torch.device("cpu")
     grads = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in metas if dtype.is_floating_point]

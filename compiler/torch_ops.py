@@ -53,7 +53,7 @@ import hashlib
 import inspect
 import re
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -205,6 +205,9 @@ def _parse(structure: str) -> tuple[tuple[str, Any], ...]:
 #: Written before a call's structure (before its precision) where autograd records the
 #: call: the op then runs the forward that also returns what its backward needs.
 TRAINING = "!"
+#: after ``TRAINING``: which of the call's tensors want a gradient (``~0110;``, one digit a
+#: tensor), so that the backward computes only those (a frozen weight, a float mask)
+GRADS = "~"
 
 
 def is_training(structure: str) -> bool:
@@ -212,12 +215,32 @@ def is_training(structure: str) -> bool:
     return structure.startswith(TRAINING)
 
 
+def _strip_marks(structure: str) -> tuple[tuple[bool, ...] | None, str]:
+    """(the gradients the ``GRADS`` mark asks for, or None; the structure without the
+    ``TRAINING`` and ``GRADS`` marks)."""
+    structure = structure.removeprefix(TRAINING)
+    if structure.startswith(GRADS):
+        bits, _, structure = structure[1:].partition(";")
+        return tuple(b == "1" for b in bits), structure
+    return None, structure
+
+
+def wants_of(structure: str, tensors: Sequence[torch.Tensor]) -> tuple[bool, ...]:
+    """Which of the call's tensors get a gradient: the floating-point ones, and of those
+    only the ones the ``GRADS`` mark names where the structure has it."""
+    asked, _ = _strip_marks(structure)
+    floats = tuple(t.is_floating_point() for t in tensors)
+    if asked is None or len(asked) != len(floats):
+        return floats
+    return tuple(f and a for f, a in zip(floats, asked))
+
+
 def split_precision(structure: str) -> tuple[str | None, str]:
     """(the precision a call's structure asks for, the structure without it and without
-    the ``TRAINING`` mark): a call under ``torch.autocast`` writes ``@bf16;`` (or
-    ``@fp16;``) before its structure, which otherwise starts with a parameter's part
-    (never ``@`` or ``!``)."""
-    structure = structure.removeprefix(TRAINING)
+    the ``TRAINING`` and ``GRADS`` marks): a call under ``torch.autocast`` writes
+    ``@bf16;`` (or ``@fp16;``) before its structure, which otherwise starts with a
+    parameter's part (never ``@``, ``!`` or ``~``)."""
+    _, structure = _strip_marks(structure)
     if structure.startswith("@"):
         precision, _, rest = structure[1:].partition(";")
         return precision, rest
@@ -367,7 +390,7 @@ def _define(name: str) -> tuple:
             if _split(kfn, structure):
                 # under autograd: the forward that also returns what its backward needs;
                 # where that is nothing beyond the results, the function's own program
-                training, _ = training_of(impl, rest, list(tensors))
+                training, _ = training_of(impl, rest, list(tensors), wants_of(structure, tensors))
                 if training.extras:
                     return _fresh(training.run_forward(list(tensors)), tensors)
             drawn = [] if kfn._random[structure] else None  # receives the state the call draws
@@ -398,7 +421,7 @@ def _define(name: str) -> tuple:
         if is_training(structure) and not seen.draws:
             impl, rest = implementation(kfn, structure)
             with _opaque():
-                training, _ = training_of(impl, rest, list(tensors))
+                training, _ = training_of(impl, rest, list(tensors), wants_of(structure, tensors))
             outs += [tensors[0].new_empty(shape, dtype=dtype) for shape, dtype, _ in training.extras]
         if seen.draws:
             outs.append(torch.empty(STATE_SHAPE, dtype=torch.int64, device=device_for(tensors, kfn.options.target)))
@@ -408,16 +431,18 @@ def _define(name: str) -> tuple:
         owner = _OWNERS[name]
         impl, rest = implementation(owner, structure)
         inputs, state = split_state(owner, list(tensors), structure)
+        wants = wants_of(structure, inputs)
         with _opaque():
             if _split(owner, structure):
-                bwd = training_of(impl, rest, inputs)[0].backward
+                bwd = training_of(impl, rest, inputs, wants)[0].backward
                 grad_in = bwd(list(tensors), list(grads))
             else:
-                grad_in = _backward_of(impl, rest, inputs, list(grads))(inputs, list(grads), state)
+                grad_in = _backward_of(impl, rest, inputs, list(grads), wants)(inputs, list(grads), state)
             return _fresh([g for g in grad_in if g is not None], list(tensors) + list(grads))
 
     def backward_fake(tensors, grads, structure):
-        return [t.new_empty(t.shape) for t in tensors[:_tensor_count(structure)] if t.is_floating_point()]
+        inputs = tensors[:_tensor_count(structure)]
+        return [t.new_empty(t.shape) for t, w in zip(inputs, wants_of(structure, inputs)) if w]
 
     schema = "(Tensor[] tensors, str structure) -> Tensor[]"
     op = torch.library.custom_op(f"kf::{name}", real, mutates_args=(), schema=schema)
@@ -483,18 +508,21 @@ def _split(owner, structure: str) -> bool:
     return is_training(structure) and not owner._random.get(structure, False) and structure not in owner._writes
 
 
-def training_of(kfn, structure: str, tensors: list) -> tuple[Any, list[tuple[tuple[int, ...], torch.dtype]]]:
+def training_of(kfn, structure: str, tensors: list, wants: tuple[bool, ...] | None = None
+                ) -> tuple[Any, list[tuple[tuple[int, ...], torch.dtype]]]:
     """(the split forward and backward of kfn for this structure -- without its marks --
     and these tensors, derived once: autograd.Training; (shape, dtype) of each of the
-    function's flat results)."""
+    function's flat results). ``wants``: which tensors get a gradient (every
+    floating-point one where None)."""
     from . import autograd
 
-    key = (structure, tuple((autograd.concrete_shape(t), t.dtype, t.device.type) for t in tensors))
+    wants = tuple(t.is_floating_point() for t in tensors) if wants is None else tuple(wants)
+    key = (structure, tuple((autograd.concrete_shape(t), t.dtype, t.device.type) for t in tensors), wants)
     hit = kfn._trainings.get(key)
     if hit is None:
         metas = _result_metas(kfn, structure, tensors)
         grads = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas if dtype.is_floating_point]
-        hit = kfn._trainings[key] = (autograd.derive_training(kfn, structure, list(tensors), grads), metas)
+        hit = kfn._trainings[key] = (autograd.derive_training(kfn, structure, list(tensors), grads, wants), metas)
     return hit
 
 
@@ -513,14 +541,15 @@ def _result_metas(kfn, structure: str, tensors: list) -> list[tuple[tuple[int, .
         return [(tuple(int(d) for d in o.shape), o.dtype) for o in outs]
 
 
-def _backward_of(kfn, structure: str, tensors: list, grads: list):
+def _backward_of(kfn, structure: str, tensors: list, grads: list, wants: tuple[bool, ...] | None = None):
     from . import autograd
 
+    wants = tuple(t.is_floating_point() for t in tensors) if wants is None else tuple(wants)
     key = (structure, tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors),
-           tuple((tuple(g.shape), g.dtype) for g in grads))
+           tuple((tuple(g.shape), g.dtype) for g in grads), wants)
     bwd = kfn._backwards.get(key)
     if bwd is None:
-        bwd = kfn._backwards[key] = autograd.derive(kfn, structure, tensors, grads)
+        bwd = kfn._backwards[key] = autograd.derive(kfn, structure, tensors, grads, wants)
     return bwd
 
 
@@ -545,11 +574,13 @@ def _setup_context(name: str):
         tensors, structure = inputs
         owner = _OWNERS[name]
         ctx.structure = structure
-        ctx.float_inputs = [t.is_floating_point() for t in tensors]
+        # the inputs that get a gradient (the backward op returns one for each)
+        ctx.float_inputs = list(wants_of(structure, tensors[:_tensor_count(structure)]))
+        ctx.float_inputs += [False] * (len(tensors) - len(ctx.float_inputs))
         if _split(owner, structure):
             # the results, then the extras the split forward returned (training_of)
             impl, rest = implementation(owner, structure)
-            training, _ = training_of(impl, rest, list(tensors))
+            training, _ = training_of(impl, rest, list(tensors), wants_of(structure, tensors))
             n = training.n_outputs
             ctx.outputs_meta = [(o.shape, o.dtype, o.device) for o in output[:n]]
             if len(output) > n:
@@ -597,7 +628,8 @@ def _double_backward_formula(name: str):
         # the derivative of the backward that recomputes the forward from the inputs: the
         # same function of (inputs, gradients) as a split backward, whose saved results
         # and extras are functions of the inputs too (they get no gradient of their own)
-        bwd = _backward_of(impl, rest, [t.detach() for t in inputs], [g.detach() for g in grads])
+        bwd = _backward_of(impl, rest, [t.detach() for t in inputs], [g.detach() for g in grads],
+                           wants_of(ctx.structure, inputs))
         with torch.enable_grad():
             ins = [t.detach().requires_grad_(t.is_floating_point() and (i < n or i >= ctx.n))
                    for i, t in enumerate(saved)]
@@ -630,7 +662,8 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
         # needs. Not under torch.compile, torch.export or tracing: their graphs keep the
         # structure, and the split is made at one shape (a symbolic shape has none) --
         # there the backward recomputes the forward from the inputs (``derive``)
-        structure = TRAINING + structure
+        wants = "".join("1" if t.requires_grad else "0" for t in tensors)
+        structure = f"{TRAINING}{GRADS}{wants};{structure}"
     flat = kfn._torch_op(tensors, structure)
     # the implementations record the structure on the op's current owner (and whether a
     # random state follows the results); the results come first, then what is saved

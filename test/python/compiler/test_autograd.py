@@ -436,3 +436,35 @@ def test_attention_gradients_at_odd_shapes_match_float64(target):
     tol = _TOLERANCE[target]
     for a, e in zip(got, want):
         torch.testing.assert_close(a.double(), e, **tol)
+
+
+def test_backward_computes_only_the_gradients_asked_for():
+    """A frozen weight (requires_grad False) gets no gradient and no kernel computes one:
+    the backward of x @ w1 @ w2 with w2 frozen differs from the one with every gradient,
+    and the gradients it does compute match torch's."""
+    @kf.jit(target="cpu")
+    def mlp(x, w1, w2):
+        return torch.relu(x @ w1) @ w2
+
+    x, w1, w2 = torch.randn(7, 16), torch.randn(16, 32), torch.randn(32, 5)
+    for frozen in ((), ("w2",), ("x", "w1")):
+        ins = {"x": x.clone(), "w1": w1.clone(), "w2": w2.clone()}
+        for name, t in ins.items():
+            t.requires_grad_(name not in frozen)
+        out = mlp(**ins)
+        out.square().sum().backward()
+        ref = {name: t.detach().clone().requires_grad_(name not in frozen) for name, t in ins.items()}
+        (torch.relu(ref["x"] @ ref["w1"]) @ ref["w2"]).square().sum().backward()
+        for name in ins:
+            if name in frozen:
+                assert ins[name].grad is None, name
+            else:
+                torch.testing.assert_close(ins[name].grad, ref[name].grad, rtol=1e-4, atol=1e-4)
+    full = kf.autograd.backward_of(mlp, *(t.requires_grad_() for t in (x.clone(), w1.clone(), w2.clone())))
+    part = kf.autograd.backward_of(mlp, x, w1.clone().requires_grad_(), w2)
+    assert full.diff == (True, True, True) and part.diff == (False, True, False)
+    # the partial backward's matmuls: dH (through w2) and dW1; the full one's add dX and dW2
+    def matmuls(b):
+        text = open(b.source).read()
+        return sum(text.count(f"aten.{op}") for op in ("mm.default", "matmul.default", "bmm.default"))
+    assert 0 < matmuls(part) < matmuls(full), (matmuls(part), matmuls(full))
