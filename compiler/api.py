@@ -25,7 +25,7 @@ import torch
 from . import guards, logs, targets, torch_ops
 from .errors import CompileError, IndexOutOfRange, SignatureError, TargetError
 from .options import Options
-from .signature import Signature, bind, lift_scalars, rebuild_args, scalar_dtype, unlift_scalars
+from .signature import Signature, bind, check_callable, invoke, lift_scalars, rebuild_args, scalar_dtype, unlift_scalars
 
 _DEVICE_TARGET = {device: t.name for device, t in targets.BY_DEVICE.items()}
 _TARGET_DEVICES = {t.name: (t.torch_device,) for t in targets.TARGETS.values()}
@@ -81,6 +81,7 @@ class KfFunction:
     def __init__(self, fn: Callable, options: Options, torch_op: bool = True):
         if isinstance(fn, KfFunction):
             fn = fn.fn
+        check_callable(fn)
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.options = options
@@ -429,8 +430,8 @@ def _scalars_change_results(fn: Callable, sig: Signature, tensors: list) -> str:
     try:
         with mode, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with_scalars = tree_flatten(fn(**rebuild_args(sig, fakes)))[0]
-            with_floats = tree_flatten(fn(**rebuild_args(*unlift_scalars(sig, fakes))))[0]
+            with_scalars = tree_flatten(invoke(fn, rebuild_args(sig, fakes)))[0]
+            with_floats = tree_flatten(invoke(fn, rebuild_args(*unlift_scalars(sig, fakes))))[0]
     except Exception as e:  # it branches on a value, or torch wants a number there
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     if len(with_scalars) != len(with_floats):

@@ -81,6 +81,7 @@ from typing import Any
 import torch
 
 from .errors import CompileError, SourceLoc
+from .signature import invoke
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
@@ -329,7 +330,7 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
         box["state"], box["offset"] = flat[-1], 0
         prim = [x.detach().requires_grad_() if d else x for x, d in zip(ins, diff)]
         with torch.enable_grad(), _Locate(), originals():
-            every = torch_ops.flatten_results(user(**torch_ops.rebuild(kfn, structure, prim)))
+            every = torch_ops.flatten_results(invoke(user, torch_ops.rebuild(kfn, structure, prim)))
             outs = [o for o in every if o.is_floating_point()]
             wrt = [p for p, d in zip(prim, diff) if d]
             pairs = [(o, g) for o, g in zip(outs, tangents) if o.requires_grad]

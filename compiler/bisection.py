@@ -219,7 +219,7 @@ def bisect(fn: Callable, *args, passes: list[str] | None = None, rtol: float | N
 
     from .capture import capture_signature
     from .errors import CompileError
-    from .signature import bind, rebuild_args
+    from .signature import bind, invoke, rebuild_args
     from .stages import StageLog, run_passes
 
     user = getattr(fn, "__kf_function__", None)
@@ -229,7 +229,7 @@ def bisect(fn: Callable, *args, passes: list[str] | None = None, rtol: float | N
     # tensors (which every snapshot runs on) as they were
     copies = [t.clone() for t in tensors]
     with torch.no_grad():
-        results = _flatten(fn(**rebuild_args(sig, copies)))
+        results = _flatten(invoke(fn, rebuild_args(sig, copies)))
     rtol, atol = _tolerance(results, rtol, atol)
     cap = capture_signature(fn, sig, tensors)
     if cap.random_input is not None:

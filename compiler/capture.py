@@ -33,7 +33,7 @@ from . import aliasing, aten_to_kf
 from .dtypes import kf_elem
 from .errors import CaptureError, KfVerifyError, SourceLoc, UnsupportedOpError
 from .mutation import Mutation
-from .signature import Signature, bind, rebuild_args
+from .signature import Signature, bind, invoke, rebuild_args
 from .torch_ops import AUTOCAST_KEYS
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class _Wrapper(torch.nn.Module):
         self.sig = sig
 
     def forward(self, *tensors):
-        return self.fn(**rebuild_args(self.sig, list(tensors)))
+        return invoke(self.fn, rebuild_args(self.sig, list(tensors)))
 
 
 def _user_code(fn: Callable) -> Callable:

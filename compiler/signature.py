@@ -153,6 +153,50 @@ def _tensor_sig(fn: Callable, name: str, t: torch.Tensor) -> TensorSig:
         raise SignatureError(f"{fn.__name__}(): argument '{name}': {e}") from None
 
 
+def check_callable(fn: Callable) -> None:
+    """Refuse what kf cannot capture as a function of named parameters: a builtin or C
+    function (no Python signature) and a ``**kwargs`` parameter."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        params = None
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if params is None or getattr(fn, "__code__", None) is None:
+        module = getattr(fn, "__module__", None)
+        qualified = f"{module}.{name}" if module else name
+        raise SignatureError(f"kf compiles Python functions (def or lambda); {qualified} is a "
+                             f"{type(fn).__name__}: wrap it, e.g. kf.jit(lambda x: {qualified}(x))")
+    for p in params:
+        if p.kind == p.VAR_KEYWORD:
+            raise SignatureError(f"{name}(): kf functions take named parameters and *args, not **{p.name}: "
+                                 f"name the arguments the function reads")
+
+
+def split_call(fn: Callable, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """(positional, keyword) arguments that call ``fn`` with its bound arguments by name
+    (``rebuild_args``): a ``*args`` parameter's values and positional-only parameters go in
+    position; for any other function, all by name."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not (code.co_flags & inspect.CO_VARARGS or code.co_posonlyargcount):
+        return (), kwargs
+    args, rest = [], dict(kwargs)
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and name in rest:
+            args.append(rest.pop(name))
+        elif p.kind == p.VAR_POSITIONAL:
+            args.extend(rest.pop(name, ()))
+            break
+        else:
+            break
+    return tuple(args), rest
+
+
+def invoke(fn: Callable, kwargs: dict[str, Any]) -> Any:
+    """``fn`` called with its bound arguments by name (``split_call``)."""
+    args, kw = split_call(fn, kwargs)
+    return fn(*args, **kw)
+
+
 def rebuild_args(sig: Signature, tensors: list) -> dict[str, Any]:
     """Keyword arguments for the function from the signature and its flattened tensors."""
     out, i = {}, 0

@@ -60,6 +60,7 @@ import torch
 from . import mutation
 from .errors import SignatureError
 from .results import unflatten
+from .signature import invoke, split_call
 
 _LOCK = threading.Lock()
 
@@ -398,7 +399,7 @@ def _define(name: str) -> tuple:
                 # every parameter positionally, in order: KfFunction's fast path, no binding
                 result = impl._kernel_call(tuple(call.values()), {}, drawn)
             else:
-                result = impl._kernel_call((), call, drawn)
+                result = impl._kernel_call(*split_call(impl.fn, call), drawn)
         outs = _fresh(flatten_results(result), tensors)
         if drawn is not None:  # a program that drew nothing (dropout(p=0)) replays nothing
             outs.append(drawn[0] if drawn else torch.zeros(STATE_SHAPE, dtype=torch.int64,
@@ -413,7 +414,7 @@ def _define(name: str) -> tuple:
         # the function's own body, with torch's functions unpatched, and outside any
         # autocast region: kf's programs return the function's own dtypes under autocast
         with originals(), torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS), _RandomOps() as seen:
-            result = kfn.fn(**rebuild(kfn, structure, list(tensors)))
+            result = invoke(kfn.fn, rebuild(kfn, structure, list(tensors)))
         kfn._trees[structure] = result_tree(result)
         kfn._random[structure] = seen.draws
         # kf's programs return new row-major tensors
@@ -465,7 +466,7 @@ def _tree_of(kfn, structure: str, tensors: list) -> tuple[Any, bool, bool]:
         fakes = [mode.from_tensor(t).detach() for t in tensors]
         versions = [f._version for f in fakes]
         with _RandomOps() as seen:
-            result = kfn.fn(**rebuild(kfn, structure, fakes))
+            result = invoke(kfn.fn, rebuild(kfn, structure, fakes))
         writes = any(f._version != v for f, v in zip(fakes, versions))
         return result_tree(result), seen.draws, writes
 
@@ -537,7 +538,7 @@ def _result_metas(kfn, structure: str, tensors: list) -> list[tuple[tuple[int, .
     with _disable_current_modes(), FakeTensorMode():
         fakes = [torch.empty(autograd.concrete_shape(t), dtype=t.dtype, device=t.device) for t in tensors]
         with originals(), torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
-            outs = flatten_results(kfn.fn(**rebuild(kfn, structure, fakes)))
+            outs = flatten_results(invoke(kfn.fn, rebuild(kfn, structure, fakes)))
         return [(tuple(int(d) for d in o.shape), o.dtype) for o in outs]
 
 

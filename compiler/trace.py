@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from . import aten_to_kf
-from .signature import Signature, rebuild_args
+from .signature import Signature, invoke, rebuild_args
 from .torch_ops import AUTOCAST_KEYS
 from .trace_shapes import ARANGE, RULES, Out
 from .trace_tensor import Fallback, Traced, contiguous_strides, is_contiguous, need
@@ -312,7 +312,7 @@ def trace(fn: Callable, sig: Signature, tensors: list[torch.Tensor], reached: Se
         inputs.append(rec.wrap(val, True, t.device, node))
     try:
         with torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS), torch._C._AutoDispatchBelowAutograd(), rec:
-            result = fn(**rebuild_args(sig, inputs))
+            result = invoke(fn, rebuild_args(sig, inputs))
     except Fallback:
         raise
     except Exception as e:

@@ -124,3 +124,32 @@ def test_sparse_arguments_are_refused_by_name(dispatch, make):
         g([make()])
     with pytest.raises(kf.SignatureError, match="to_dense"):
         kf.inspect(lambda x: x + 1, make())
+
+
+def test_star_args_and_positional_only_parameters():
+    """*args and positional-only parameters are bound and passed in position, in the
+    plain call and under autograd; the results match torch."""
+    import kf
+
+    x, y = torch.randn(7, 5), torch.randn(7, 5)
+    f = kf.jit(lambda *a: torch.hypot(*a), target="cpu")
+    torch.testing.assert_close(f(x, y), torch.hypot(x, y))
+
+    def pos(a, b, /, scale=2.0):
+        return (a - b) * scale
+
+    g = kf.jit(pos, target="cpu")
+    torch.testing.assert_close(g(x, y), (x - y) * 2.0)
+    torch.testing.assert_close(g(x, y, scale=3.0), (x - y) * 3.0)
+    xg = x.clone().requires_grad_()
+    f(xg, y).sum().backward()
+    torch.testing.assert_close(xg.grad, x / torch.hypot(x, y))
+
+
+def test_callables_kf_cannot_capture_are_refused_at_decoration():
+    import kf
+
+    with pytest.raises(kf.SignatureError, match=r"Python functions.*torch\.isnan is a builtin.*lambda x: torch\.isnan\(x\)"):
+        kf.jit(torch.isnan, target="cpu")
+    with pytest.raises(kf.SignatureError, match=r"not \*\*kw"):
+        kf.jit(lambda x, **kw: x * 2, target="cpu")
