@@ -56,9 +56,10 @@ at the user's line, never a fresh mask. Double backward differentiates that reco
 backward too: the same function of the inputs and gradients as the split one.
 
 Each ATen op of the joint graph remembers the user's line it comes from (forward ops by
-their Python stack, backward ops by the forward op whose autograd node ran them, found
-with anomaly mode's creation tracebacks), so when kf cannot compile the backward the error
-names the op and the line of the forward that needs it.
+the Python stack of the torch call that makes them; backward ops by the creation
+traceback, in anomaly mode, of the autograd node that runs them, which is that forward
+call's stack: ``_Locate``), so when kf cannot compile the backward the error names the
+op and the line of the forward that needs it.
 
 This module and torch_ops.py import each other (each where it calls the other): a kf
 function's torch op derives its backward here (``torch_ops._backward_of``), and the
@@ -73,7 +74,7 @@ import hashlib
 import math
 import os
 import re
-import traceback
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -265,22 +266,48 @@ def _at_user_line(e: CompileError, fn, source: str, line_locs: dict, role: str) 
     return new
 
 
-class _Locate(torch.utils._python_dispatch.TorchDispatchMode):
-    """Puts the Python stack that produced each ATen op into the node make_fx records.
+class _Locate(torch.overrides.TorchFunctionMode):
+    """Gives each torch call of the forward the Python stack that makes it.
 
-    Backward ops run inside autograd's engine, where the Python stack says nothing about
-    the user: their stack is the creation traceback of the autograd node running them
-    (recorded by anomaly mode in the forward)."""
+    Under ``fx_traceback.preserve_node_meta`` one stack, ``current_meta["stack_trace"]``,
+    names the line of every record made: make_fx copies it into each node it records,
+    and anomaly mode into the creation traceback of each autograd node
+    (``fx_traceback.format_stack``), which the backward's ops are later given
+    (``_backward_at_forward_lines``). Autograd creates its node before the op reaches
+    any dispatch mode, so the stack is set here, where the torch call starts (a call's
+    inner ops share its line), and cleared when it returns: an op no call covers gets
+    no line rather than the previous op's."""
 
-    def __torch_dispatch__(self, func, types, args, kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         import torch.fx.traceback as fx_traceback
 
-        node = torch._C._current_autograd_node()
-        # (under an outer backward, the forward's ops see the outer node, which has no traceback)
-        created = node.metadata.get("traceback_") if node is not None else None
-        stack = "".join(created) if created else "".join(traceback.format_stack(limit=40))
-        fx_traceback.current_meta["stack_trace"] = stack
-        return func(*args, **(kwargs or {}))
+        before = fx_traceback.current_meta.get("stack_trace")
+        fx_traceback.set_stack_trace([_python_stack()])
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            fx_traceback.set_stack_trace([before] if before else [])
+
+
+def _python_stack() -> str:
+    """The calling Python stack, outermost frame first, in traceback's format (file, line
+    and function only: reading source lines for every op would be slow)."""
+    lines = []
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n')
+        frame = frame.f_back
+    return "".join(reversed(lines))
+
+
+def _backward_at_forward_lines(outs: list[torch.Tensor]) -> None:
+    """While autograd runs the backward of ``outs``, each autograd node's ops carry the
+    stack its forward op was created at: AOTAutograd's hooks (a pre-hook sets the
+    node's creation traceback as fx's current stack), as its joint graph does."""
+    from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
+
+    setup_stacktrace_preservation_hooks([o.grad_fn for o in outs if o.grad_fn is not None])
 
 
 def _user_loc(stack: str, user_file: str) -> SourceLoc | None:
@@ -329,11 +356,13 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
         tangents = list(flat[len(tensors):-1])
         box["state"], box["offset"] = flat[-1], 0
         prim = [x.detach().requires_grad_() if d else x for x, d in zip(ins, diff)]
-        with torch.enable_grad(), _Locate(), originals():
-            every = torch_ops.flatten_results(invoke(user, torch_ops.rebuild(kfn, structure, prim)))
+        with torch.enable_grad(), originals():
+            with _Locate():
+                every = torch_ops.flatten_results(invoke(user, torch_ops.rebuild(kfn, structure, prim)))
             outs = [o for o in every if o.is_floating_point()]
             wrt = [p for p, d in zip(prim, diff) if d]
             pairs = [(o, g) for o, g in zip(outs, tangents) if o.requires_grad]
+            _backward_at_forward_lines([o for o, _ in pairs])
             grads = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True) \
                 if pairs else [None] * len(wrt)
         grads = tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt))

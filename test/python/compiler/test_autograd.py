@@ -1,5 +1,7 @@
 """kf functions are differentiable: backward derived from the forward, compiled by kf."""
 
+import re
+
 import pytest
 import torch
 
@@ -154,17 +156,64 @@ needs_vulkan = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan d
 def test_backward_error_names_op_and_forward_line():
     @kf.jit(target="vulkan")
     def every_other(x):
-        y = torch.abs(torch.tanh(x))  # its backward multiplies by a sign: no kf op on Vulkan
+        y = torch.nn.functional.avg_pool2d(x, 2)  # its backward, avg_pool2d_backward, has no kf op
         return y * 2.0
 
-    x = torch.randn(4, 8, requires_grad=True)
+    x = torch.randn(1, 1, 4, 8, requires_grad=True)
     out = every_other(x)
     with pytest.raises(kf.CompileError) as info:
         out.sum().backward()
     e = info.value
-    assert "backward of every_other" in str(e) and "sign" in str(e)
+    assert "backward of every_other" in str(e) and "avg_pool2d_backward" in str(e)
     assert e.loc is not None and e.loc.file == __file__
-    assert "torch.abs(torch.tanh(x))" in e.loc.snippet()
+    assert "avg_pool2d(x, 2)" in e.loc.snippet()
+
+
+def _halved(t):
+    return torch.sqrt(t) * 0.5
+
+
+@kf.jit(target="cpu")
+def three_lines(x):
+    s = torch.sin(x)
+    h = _halved(s + 2.0)
+    return torch.exp(h)
+
+
+def _line_of(fn, text: str) -> int:
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_backward_ops_map_to_the_forward_line_they_differentiate():
+    # each op of the generated backward names the forward line whose op it
+    # differentiates (or recomputes); an op inside a helper names the helper's line
+    sin_line, add_line, exp_line = (_line_of(three_lines, t) for t in ("torch.sin(x)", "s + 2.0", "torch.exp(h)"))
+    helper_line = _line_of(_halved, "torch.sqrt(t) * 0.5")
+    x = torch.randn(3, 5, dtype=D, requires_grad=True)
+    bwd = autograd.backward_of(three_lines, x)
+    ops = {}
+    for lineno, line in enumerate(open(bwd.source).read().splitlines(), 1):
+        op = re.search(r"= torch\.ops\.aten\.(\w+)\.\w+\((.*?)\)", line)
+        if op is None or op.group(1) == "alias":
+            continue
+        loc = bwd.line_locs.get(lineno)
+        assert loc is not None and loc.file == __file__, line
+        ops.setdefault(op.group(1), []).append((op.group(2), loc.line))
+    assert {line for _, line in ops["sin"] + ops["cos"]} == {sin_line}
+    assert {line for _, line in ops["add"]} == {add_line}
+    assert {line for _, line in ops["sqrt"] + ops["div"]} == {helper_line}
+    muls = ops["mul"]
+    assert {line for args, line in muls if "0.5" in args} == {helper_line}
+    assert {line for args, line in muls if "cos" in args} == {sin_line}
+    assert {line for _, line in muls} == {sin_line, helper_line, exp_line}
+    # and the gradient is right
+    three_lines(x).sum().backward()
+    ref = x.detach().clone().requires_grad_()
+    torch.exp(torch.sqrt(torch.sin(ref) + 2.0) * 0.5).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
 
 
 @needs_vulkan
