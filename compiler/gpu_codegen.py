@@ -131,6 +131,7 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
         aliases.append(alias)
         copies.append(copy)
         repeats.append(first)
+    _tie_outputs_back(ops, module, buffer_of)
     temporaries: list[TensorArg] = []
     kernels: list[KernelABI] = []
     n_fixed = n_in + len(outputs)
@@ -154,11 +155,16 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
                               f"is not a kf kernel")
         gname = str(callee.attributes["kf.gpu_func"]).split("::@")[-1].lstrip("@")
         g = gfuncs[gname]
-        for r in op.results:
-            if r not in buffer_of:
+        tied = _tied(callee, len(op.results))
+        for r, t in zip(op.results, tied):
+            if t >= 0:  # the operand's buffer, written in place
+                if buffer_of.setdefault(r, buffer_of[op.operands[t]]) != buffer_of[op.operands[t]]:
+                    raise TargetError(f"{entry}: a result of @{gname} written in place is not its operand's buffer")
+            elif r not in buffer_of:
                 buffer_of[r] = n_fixed + len(temporaries)
                 temporaries.append(_targ(f"tmp{len(temporaries)}", r.type))
-        args = tuple(buffer_of[v] for v in op.operands) + tuple(buffer_of[r] for r in op.results)
+        args = tuple(buffer_of[v] for v in op.operands) + tuple(buffer_of[r] for r, t in zip(op.results, tied)
+                                                                 if t < 0)
         lines = tuple(from_attr(a) for a in ir.ArrayAttr(g.attributes["kf.fused_lines"])) \
             if "kf.fused_lines" in g.attributes else ()
         shared = int(from_attr(g.attributes["kf.shared_bytes"])) if "kf.shared_bytes" in g.attributes else 0
@@ -187,6 +193,27 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
             ks[i] = dataclasses.replace(ks[i], args=ks[i].args + (abi.flag_buffer,))
         abi = dataclasses.replace(abi, kernels=tuple(ks))
     return abi, constants, repeats
+
+
+def _tied(callee: ir.Operation, n: int) -> list[int]:
+    """For each result of a kernel declaration, the operand whose buffer it writes in
+    place (``kf.tied``, kf-linalg-to-gpu), or -1 for a buffer of its own."""
+    if "kf.tied" not in callee.attributes:
+        return [-1] * n
+    return list(ir.DenseI64ArrayAttr(callee.attributes["kf.tied"]))
+
+
+def _tie_outputs_back(ops: list, module: ir.Module, buffer_of: dict) -> None:
+    """Give the earlier values of a buffer written in place the buffer of its last value
+    where that is an output (assigned before the kernels are walked): every value of the
+    chain is one buffer."""
+    for op in reversed(ops):
+        if op.name != "func.call":
+            continue
+        callee = _func(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+        for r, t in zip(op.results, _tied(callee, len(op.results))):
+            if t >= 0 and r in buffer_of and op.operands[t] not in buffer_of:
+                buffer_of[op.operands[t]] = buffer_of[r]
 
 
 def _with(k: KernelABI, **changes) -> KernelABI:

@@ -33,6 +33,8 @@ _ENTRIES = [
     PassEntry("kf-lower-to-linalg", "lower_to_linalg", "LowerToLinalgPass", "rewrite kf ops into linalg/tensor/arith/math/scf on tensors"),
     PassEntry("kf-tile", "tile", "TilePass", "record each kernel function's strategy plan (tile sizes, launch geometry) as kf.plan"),
     PassEntry("kf-map-to-gpu", "map_to_gpu", "MapToGpuPass", "write each kernel function as a gpu.func in gpu.module @kf_kernels"),
+    PassEntry("kf-linalg-to-gpu", "linalg_to_gpu", "LinalgToGpuPass",
+              "GPU kernels for torch-mlir's linalg functions (kf.aten), launched in the schedule"),
     PassEntry("kf-promote-shared", "promote_shared", "PromoteSharedPass", "copy rows read in several phases into workgroup memory once (rowwise kernels)"),
     PassEntry("kf-vectorize", "vectorize", "VectorizePass", "128-bit vector loads/stores for row loops over the contiguous dimension, scalar tails"),
     PassEntry("kf-to-cpu", "to_cpu", "ToCpuPass", "destination-passing style, bufferize, lower linalg on tensors to LLVM"),

@@ -22,7 +22,8 @@ from .base import Build, Stage, Target
 #: The GPU pipeline after kf-canonicalize; {t} is the strategies' target (cuda, spirv),
 #: {chip} the device's facts (``GpuTarget.pass_options``).
 GPU_PASSES = ["kf-recognize-moe", "kf-split-reductions", "kf-fuse", "kf-tile{{target={t}{chip}}}",
-              "kf-map-to-gpu{{target={t}{chip}}}", "kf-promote-shared", "kf-vectorize"]
+              "kf-map-to-gpu{{target={t}{chip}}}", "kf-promote-shared", "kf-vectorize",
+              "kf-linalg-to-gpu{{target={t}}}"]
 
 
 class GpuTarget(Target):
@@ -76,11 +77,9 @@ class GpuTarget(Target):
 def kernels(b: Build) -> None:
     """The kernel passes, recording the ``fused`` and ``gpu`` stages, with each kernel's
     plan and FLOPs read after kf-tile (kf-map-to-gpu leaves declarations)."""
-    from .. import gpu_codegen
     from ..stages import run_passes
 
     cap, log, target = b.cap, b.log, b.target
-    gpu_codegen.reject_fallbacks(cap.module, cap.name, target.name)
     if log.inspecting:
         _record_linalg(cap, log)
     _check_variants(cap.name, b.options.variants, log.default_loc)
