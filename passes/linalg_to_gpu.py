@@ -51,7 +51,9 @@ _VIEWS = frozenset({"memref.subview", "memref.expand_shape", "memref.collapse_sh
 #: ops that make a buffer
 _ROOTS = frozenset({"memref.alloc", "memref.alloca", "memref.get_global"})
 
-_BUFFERIZE = ("builtin.module(one-shot-bufferize{bufferize-function-boundaries=1 "
+#: producer/consumer elementwise generics fused on tensors first: one kernel, not one a generic
+_FUSE = "builtin.module(canonicalize, linalg-fuse-elementwise-ops, canonicalize)"
+_BUFFERIZE = ("builtin.module(eliminate-empty-tensors, cse, one-shot-bufferize{bufferize-function-boundaries=1 "
               "function-boundary-type-conversion=identity-layout-map}, "
               "func.func(linalg-generalize-named-ops))")
 _TO_LOOPS = "builtin.module(func.func(convert-linalg-to-parallel-loops))"
@@ -239,6 +241,7 @@ class _Translation:
         f.attributes["arg_attrs"] = ir.ArrayAttr.get(
             [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)}) for _ in ftype.inputs])
         compute_in_f32(f)
+        _run(_FUSE, scratch.operation, "fusion", self.loc)
         _run(_BUFFERIZE, scratch.operation, "bufferization", self.loc)
         f = next(op.operation for op in scratch.body.operations if op.operation.name == "func.func")
         _returns_fresh_buffers(f)
@@ -297,6 +300,10 @@ class _Translation:
             if geometry is not None:
                 launches.append((name, roots, written, geometry))
         _run(_KERNEL_CLEANUP, scratch.operation, "kernel cleanup", self.loc)
+        for g in scratch_gmod.regions[0].blocks[0].operations:
+            _expand_math(g.operation)
+            if self.target != "cuda":
+                self._f64_as_f32(g.operation)
         gbody = self.gmod.regions[0].blocks[0]
         for op in list(scratch_gmod.regions[0].blocks[0].operations):
             op = op.operation
@@ -447,6 +454,37 @@ class _Translation:
         g.attributes["kf.strategy"] = ir.StringAttr.get("linalg")
         return grid, block
 
+    def _f64_as_f32(self, g: ir.Operation) -> None:
+        """f64 scalars (torch-mlir computes some constants' arithmetic in double: linspace's
+        step) computed in f32 on SPIR-V, which kf runs without Float64 (Metal has none);
+        torch computes these in the tensor's float type. f64 tensors are refused."""
+        f32, f64 = ir.F32Type.get(), ir.F64Type.get()
+        ops: list[ir.Operation] = []
+        g.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
+        for a in g.regions[0].blocks[0].arguments:
+            if ir.MemRefType(a.type).element_type == f64:
+                self.fail("float64 tensors have no kernels on the SPIR-V targets")
+        dead = []
+        for op in ops:
+            if op.name == "arith.bitcast" and any(v.type == f64 for v in [*op.operands, *op.results]):
+                self.fail("its torch-mlir lowering reinterprets float64 bits, which the SPIR-V targets cannot")
+            for region in op.regions:
+                for block in region.blocks:
+                    for a in block.arguments:
+                        if a.type == f64:
+                            a.set_type(f32)
+            for r in op.results:
+                if r.type == f64:
+                    r.set_type(f32)
+            if op.name == "arith.constant" and op.results[0].type == f32 and \
+                    ir.FloatAttr(op.attributes["value"]).type == f64:
+                op.attributes["value"] = ir.FloatAttr.get(f32, ir.FloatAttr(op.attributes["value"]).value)
+            if op.name in ("arith.truncf", "arith.extf") and op.operands[0].type == op.results[0].type:
+                op.results[0].replace_all_uses_with(op.operands[0])
+                dead.append(op)
+        for op in dead:
+            op.erase()
+
     def _lines(self) -> list[str]:
         m = re.search(r'loc\("([^"]+)":(\d+):(\d+)', str(self.loc))
         return [f"{m.group(1)}:{m.group(2)}"] if m else []
@@ -542,6 +580,19 @@ class _Translation:
             decl = func.FuncOp(name, ftype, visibility="private")
         for k, v in attrs.items():
             decl.attributes[k] = v
+
+
+def _expand_math(g: ir.Operation) -> None:
+    """math ops that a back end has no lowering for (NVVM: math.absi), as arith."""
+    ops: list[ir.Operation] = []
+    g.walk(lambda op: (ops.append(op.operation) if op.name == "math.absi" else None) or ir.WalkResult.ADVANCE)
+    for op in ops:
+        x = op.operands[0]
+        with ir.InsertionPoint(op), op.location:
+            zero = arith.constant(x.type, 0)
+            out = arith.select(arith.cmpi(arith.CmpIPredicate.slt, x, zero), arith.subi(zero, x), x)
+        op.results[0].replace_all_uses_with(out)
+        op.erase()
 
 
 def _ops_in(op: ir.Operation, out: dict) -> None:
