@@ -5,7 +5,8 @@ A ``func.call`` of a function with ``kf.aten`` (linalg on tensors, from
 compiler/torch_mlir_import.py) becomes a run of kernel launches in the launch schedule:
 
 1. A copy of the function is bufferized (one-shot, its arguments read-only), its named
-   linalg ops generalized, each generic's loops reordered so the parallel ones come first,
+   linalg ops generalized, float sums over more than 4096 elements split into stages
+   (``to_cpu.blocked_reductions``: a chain's error grows with its length), each generic's loops reordered so the parallel ones come first,
    and lowered to ``scf.parallel`` over the parallel loops with ``scf.for`` inside for the
    reduction loops (``convert-linalg-to-parallel-loops``).
 2. Each top-level ``scf.parallel`` becomes one ``gpu.func``: its iteration space is
@@ -227,6 +228,7 @@ class _Translation:
     def lowered(self) -> ir.Module:
         """A copy of the callee in a module of its own, bufferized and lowered to loops."""
         from .linalg.narrow import compute_in_f32
+        from .to_cpu import blocked_reductions
 
         text = self.callee.get_asm(enable_debug_info=True)
         scratch = ir.Module.parse(text)
@@ -242,6 +244,7 @@ class _Translation:
             [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)}) for _ in ftype.inputs])
         compute_in_f32(f)
         _run(_FUSE, scratch.operation, "fusion", self.loc)
+        blocked_reductions(scratch.operation)
         _run(_BUFFERIZE, scratch.operation, "bufferization", self.loc)
         f = next(op.operation for op in scratch.body.operations if op.operation.name == "func.func")
         _returns_fresh_buffers(f)

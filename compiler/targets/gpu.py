@@ -2,7 +2,8 @@
 end, and the constants the schedule uploads.
 
     kernels   kf-recognize-moe -> kf-split-reductions -> kf-fuse -> kf-tile ->
-              kf-map-to-gpu -> kf-promote-shared -> kf-vectorize (GPU_PASSES)
+              kf-map-to-gpu -> kf-promote-shared -> kf-vectorize -> kf-linalg-to-gpu
+              (GPU_PASSES; the last writes torch-mlir's functions as kernels)
     schedule  the ProgramABI of the launch schedule (gpu_codegen.schedule_abi), each
               kernel with its kf.plan and FLOPs
     <back end> the target's: ``ptx`` (CUDA), ``spirv`` (Vulkan), ``msl`` (Metal)
@@ -77,6 +78,7 @@ class GpuTarget(Target):
 def kernels(b: Build) -> None:
     """The kernel passes, recording the ``fused`` and ``gpu`` stages, with each kernel's
     plan and FLOPs read after kf-tile (kf-map-to-gpu leaves declarations)."""
+    from ..errors import PassFailedError, TargetError
     from ..stages import run_passes
 
     cap, log, target = b.cap, b.log, b.target
@@ -90,7 +92,16 @@ def kernels(b: Build) -> None:
     planned = next((i + 1 for i, p in enumerate(passes) if p.startswith("kf-tile")), 1)
     run_passes(cap.module, passes[:planned], log, record_after=record)
     b.notes["kernel_info"] = _kernel_info(cap.module)
-    run_passes(cap.module, passes[planned:], log, record_after=record)
+    try:
+        run_passes(cap.module, passes[planned:], log, record_after=record)
+    except PassFailedError as e:
+        if not str(e.stage).startswith("kf-linalg-to-gpu"):
+            raise
+        # torch-mlir's lowering of an op kf has no op for, which kf-linalg-to-gpu cannot
+        # write as kernels: the target cannot run the function (the cpu target can).
+        raise TargetError(f"{cap.name}: an ATen op with no kf op has a torch-mlir lowering that cannot run on "
+                          f"the {target.name} target (the cpu target runs it)", e.loc, cause=e.cause,
+                          reproducer=e.reproducer, command=e.command) from None
 
 
 def schedule(b: Build) -> None:
