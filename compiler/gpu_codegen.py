@@ -3,7 +3,8 @@ and the target's binaries.
 
 After ``kf-map-to-gpu`` the entry function is a launch schedule: ``kf.constant`` ops
 (host data), and ``func.call``s of kernel declarations whose ``kf.gpu_func`` names the
-gpu.func to launch. This module numbers the program's buffers (the user's inputs, then
+gpu.func to launch (``kf-linalg-to-gpu`` adds calls whose results are written in place:
+``kf.tied`` names the operand whose buffer each result is). This module numbers the program's buffers (the user's inputs, then
 the constants, then the outputs, then temporaries), writes one KernelABI per call, and
 lowers the gpu.module with ``kf-to-cuda`` (PTX), ``kf-to-spirv`` (SPIR-V) or
 ``kf-to-metal`` (MSL).
@@ -11,7 +12,6 @@ lowers the gpu.module with ``kf-to-cuda`` (PTX), ``kf-to-spirv`` (SPIR-V) or
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import tempfile
@@ -24,7 +24,7 @@ from kf.dialects.types import spec_of
 from kf.passes.map_to_gpu import GPU_MODULE
 from kf.runtime.abi import ELEM_INFO, IndexSite, KernelABI, ProgramABI, TensorArg
 
-from .errors import SourceLoc, TargetError
+from .errors import TargetError
 
 
 def _func(module: ir.Module, name: str) -> ir.Operation:
@@ -59,22 +59,6 @@ def _constant_bytes(attr: ir.Attribute, elem: str) -> bytes:
 
     t = torch.from_numpy(np.ascontiguousarray(arr)).to(getattr(torch, torch_name))
     return t.contiguous().view(torch.uint8).numpy().tobytes()
-
-
-def reject_fallbacks(module: ir.Module, entry: str, target: str) -> None:
-    """torch-mlir-imported ops run on the CPU target only: say so at the user's line."""
-    f = _func(module, entry)
-    for op in f.regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name == "func.call":
-            callee = _func(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
-            if "kf.aten" in callee.attributes:
-                aten = ir.StringAttr(callee.attributes["kf.aten"]).value
-                m = re.search(r'loc\("([^"]+)":(\d+):(\d+)', str(op.location))
-                loc = SourceLoc(m.group(1), int(m.group(2)), int(m.group(3))) if m else None
-                raise TargetError(f"{aten} has no kf op; its torch-mlir lowering runs on the cpu target only",
-                                  loc, cause=f"use target='cpu' for this function, or rewrite the op with "
-                                             f"supported torch ops (target '{target}')")
 
 
 def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: str,

@@ -219,6 +219,8 @@ class _Translation:
         self.prefix = prefix
         self.loc = call.location
         self.aten = ir.StringAttr(callee.attributes["kf.aten"]).value
+        self._returned: dict = {}  # buffer -> the memref type the function returns it as
+        self._buffers = 0  # kf.empty declarations made
 
     def fail(self, message: str):
         raise PassError(f"{self.aten}: {message}", self.loc)
@@ -237,9 +239,9 @@ class _Translation:
             if key in f.attributes:
                 del f.attributes[key]
         ftype = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
-        for t in list(ftype.inputs) + list(ftype.results):
-            if not ir.ShapedType(t).has_static_shape if isinstance(t, ir.ShapedType) else False:
-                self.fail("its torch-mlir lowering has dynamic shapes")
+        if any(not ir.ShapedType(t).has_static_shape for t in [*ftype.inputs, *ftype.results]
+               if isinstance(t, ir.ShapedType)):
+            self.fail("its torch-mlir lowering has dynamic shapes")
         f.attributes["arg_attrs"] = ir.ArrayAttr.get(
             [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)}) for _ in ftype.inputs])
         compute_in_f32(f)
@@ -259,24 +261,24 @@ class _Translation:
         scratch = self.lowered()
         f = next(op.operation for op in scratch.body.operations if op.operation.name == "func.func")
         last = f.regions[0].blocks[0].operations
-        self._returned = {}
         for v in last[len(last) - 1].operation.operands:
             t = ir.MemRefType(v.type)
-            self._returned[_root(v)] = [ir.MemRefType.get(t.shape, t.element_type)]
+            self._returned[_root(v)] = ir.MemRefType.get(t.shape, t.element_type)
         globals_ = {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
                     for op in scratch.body.operations if op.operation.name == "memref.global"}
         entry = f.regions[0].blocks[0]
         top = [op.operation for op in entry.operations]
         ret = top[-1]
         kernels: list[_Kernel] = []
-        writes_at: list[tuple[int, set]] = []  # (position, roots written) per kernel
         for i, op in enumerate(top[:-1]):
             if op.name in _ROOTS or op.name in _VIEWS or op.name == "memref.dealloc":
                 continue
             if op.name == "scf.parallel":
                 kernels.append(_Kernel([op], True, i))
             elif _writes(op):
-                if kernels and not kernels[-1].parallel and kernels[-1].ops[-1] is top[i - 1]:
+                if any(list(r.uses) for r in op.results):
+                    self.fail(f"its torch-mlir lowering hands a value from one kernel to the next ({op.name})")
+                if kernels and not kernels[-1].parallel and kernels[-1].ops[-1] == top[i - 1]:
                     kernels[-1].ops.append(op)
                 else:
                     kernels.append(_Kernel([op], False, i))
@@ -285,7 +287,9 @@ class _Translation:
                 if _int_of(cond) not in (1, -1):
                     self.fail("its torch-mlir lowering checks a condition at run time (cf.assert), which the "
                               "GPU targets cannot report")
-            # else: a pure scalar op (a constant, a load, arithmetic): rebuilt in the kernels that use it
+            elif not len(op.results):
+                self.fail(f"its torch-mlir lowering has an op kf-linalg-to-gpu cannot place ({op.name})")
+            # else: a scalar op (a constant, a load, arithmetic): rebuilt in the kernels that use it
         scratch_gmod = self._scratch_gpu_module(scratch)
         position = {op: i for i, op in enumerate(top)}
         launches = []
@@ -501,9 +505,7 @@ class _Translation:
         """The memref type the schedule gives a buffer: the function's result type where it
         returns a reshape of it (so the call's result is that buffer), else its own."""
         t = ir.MemRefType(root.type)
-        for r in getattr(self, "_returned", {}).get(root, []):
-            return r
-        return ir.MemRefType.get(t.shape, t.element_type)
+        return self._returned.get(root, ir.MemRefType.get(t.shape, t.element_type))
 
     def _natural_view(self, arg: ir.Value, root: ir.Value) -> ir.Value:
         """The kernel argument seen as the buffer's own type (a reshape when the schedule
@@ -531,13 +533,11 @@ class _Translation:
     def _schedule(self, launches, ret: ir.Operation, globals_: dict) -> None:
         from kf.dialects import builders as kb_
 
-        from .map_to_gpu import _i64_array  # noqa: F401  (the same attribute form)
 
         call = self.call
         f_args = list(self.callee.regions[0].blocks[0].arguments)
         current: dict = {}
         with ir.InsertionPoint(call), self.loc:
-            scratch_args = None
 
             def value_of(root: ir.Value) -> ir.Value:
                 if root in current:
@@ -573,8 +573,8 @@ class _Translation:
         return ir.RankedTensorType.get(list(t.shape), t.element_type)
 
     def _empty(self, t: ir.Type) -> ir.Value:
-        name = f"{self.prefix}_buffer{len(getattr(self, '_buffers', []))}"
-        self._buffers = getattr(self, "_buffers", []) + [name]
+        name = f"{self.prefix}_buffer{self._buffers}"
+        self._buffers += 1
         self._declare(name, ir.FunctionType.get([], [t]), {"kf.empty": ir.UnitAttr.get()})
         return func.CallOp([t], ir.FlatSymbolRefAttr.get(name), []).result
 
@@ -616,9 +616,10 @@ def _operands_in(op: ir.Operation):
 
 
 def _writes(op: ir.Operation) -> bool:
+    """Whether op writes memory (else it is a scalar op, rebuilt where it is used)."""
     w = set()
     _collect_writes(op, w)
-    return bool(w) or op.name in ("memref.store", "memref.copy") or bool(op.regions)
+    return bool(w)
 
 
 def _collect_writes(op: ir.Operation, out: set) -> None:

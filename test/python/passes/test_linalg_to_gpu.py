@@ -1,0 +1,181 @@
+"""kf-linalg-to-gpu (passes/linalg_to_gpu.py): the ATen ops kf has no op for, lowered by
+torch-mlir, run as GPU kernels. On Vulkan (lavapipe) against torch eager on fresh random
+inputs at odd sizes, empty and non-contiguous inputs; for CUDA the same functions' PTX
+assembles with ptxas for sm_90a; for Metal SPIRV-Cross writes their MSL."""
+
+import re
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kf
+from kf.runtime import vulkan
+
+pytest.importorskip("torch_mlir")
+
+needs_vulkan = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device (install mesa-vulkan-drivers)")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _norm_rows(x):
+    return torch.linalg.vector_norm(x, dim=-1)
+
+
+def _norm_all(x):
+    return torch.linalg.vector_norm(x)
+
+
+def _norm_cols(x):  # the reduction loop is the outer one in torch-mlir's generic
+    return torch.linalg.vector_norm(x, ord=3, dim=0)
+
+
+def _pad(x):
+    return F.pad(x, (1, 2, 0, 3), value=0.5)
+
+
+def _pad_reflect(x):
+    return F.pad(x.unsqueeze(0), (1, 0), mode="reflect").squeeze(0)
+
+
+def _broadcast(x):
+    a, b = torch.broadcast_tensors(x[:, :1], x[:1, :])
+    return a * 2, b
+
+
+def _round(x):
+    return torch.round(x * 10) + torch.round(x, decimals=2)
+
+
+def _linspace(x):
+    return x + torch.linspace(-1, 3, x.shape[-1])
+
+
+def _conv(x):  # a named op (linalg.conv_1d_ncw_fcw) with reduction loops, a padded input
+    return F.conv1d(x.unsqueeze(1), torch.ones(2, 1, 3) * 0.5, padding=1)
+
+
+def _logaddexp(x):
+    return torch.logaddexp(x, x.flip(-1))
+
+
+FUNCTIONS = [_norm_rows, _norm_all, _norm_cols, _pad, _pad_reflect, _broadcast, _round, _linspace,
+             _conv, _logaddexp]
+SIZES = [(1, 1), (7, 3), (5, 257), (257, 7)]
+
+
+def _close(got, ref):
+    if isinstance(ref, torch.Tensor):
+        got, ref = (got,), (ref,)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        torch.testing.assert_close(g, r, rtol=2e-5, atol=2e-5)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("shape", SIZES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_torch_on_vulkan(fn, shape):
+    if fn is _pad_reflect and shape[-1] < 2:
+        pytest.skip("reflect padding needs two columns")
+    x = torch.randn(*shape)
+    _close(kf.jit(fn, target="vulkan")(x), fn(x))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("fn", [_norm_rows, _pad, _round, _linspace], ids=lambda f: f.__name__.strip("_"))
+def test_non_contiguous_input(fn):
+    x = torch.randn(13, 7).t()
+    assert not x.is_contiguous()
+    _close(kf.jit(fn, target="vulkan")(x), fn(x))
+
+
+@needs_vulkan
+@pytest.mark.parametrize("fn", [_norm_rows, _pad, _round], ids=lambda f: f.__name__.strip("_"))
+def test_empty_input(fn):
+    x = torch.randn(0, 5)
+    _close(kf.jit(fn, target="vulkan")(x), fn(x))
+
+
+@needs_vulkan
+def test_scalars_ints_and_bools():
+    """0-d tensors (a norm of everything, then arithmetic on it) and the i64 and i1
+    tensors torch-mlir makes (linspace's iota and its masks) inside one function."""
+    def f(x):
+        n = torch.linalg.vector_norm(x)
+        return torch.round(x / n, decimals=3), n
+
+    x = torch.randn(257)
+    _close(kf.jit(f, target="vulkan")(x), f(x))
+
+
+@needs_vulkan
+def test_kernels_between_kf_kernels():
+    """A kf kernel before and after the fallback: its buffers come from the schedule."""
+    def f(x, w):
+        y = F.pad(torch.relu(x @ w), (2, 1))
+        return torch.softmax(torch.linalg.vector_norm(y, dim=0, keepdim=True) * y, dim=-1)
+
+    x, w = torch.randn(7, 33), torch.randn(33, 5)
+    _close(kf.jit(f, target="vulkan")(x, w), f(x, w))
+
+
+@needs_vulkan
+def test_long_sum_in_stages():
+    """Float sums over more than 4096 elements run in stages: the sum of ones(2**22)
+    squared is exact (a sequential f32 chain would stop at 2**24; here it shows its
+    growing error), and a random one is within 1e-6 of float64."""
+    f = kf.jit(_norm_all, target="vulkan")
+    assert f(torch.ones(2 ** 22)).item() == 2048.0
+    x = torch.rand(3, 2 ** 18)
+    ref = torch.linalg.vector_norm(x.double(), dim=-1)
+    assert ((kf.jit(_norm_rows, target="vulkan")(x).double() - ref).abs() / ref).max() < 1e-6
+
+
+@needs_vulkan
+def test_schedule_launches_the_fallback_in_order():
+    """The fallback's kernels are in the program's gpu.module and launched between the kf
+    kernels, each writing its buffers in place (kf.tied)."""
+    def f(x):
+        return F.pad(torch.round(x * 2), (1, 2)) + 1
+
+    x = torch.randn(3, 5)
+    info = kf.inspect(kf.jit(f, target="vulkan"), x)
+    gpu = info.stages["gpu"]
+    assert "kf.aten" not in gpu
+    assert re.search(r"call @f_k0_elementwise.*\n.*call @kf_aten_round_default_0_c0_buffer0", gpu), gpu
+    assert gpu.count('kf.strategy = "linalg"') == 3  # round; pad's fill, then its copy into the middle
+    assert "kf.tied" in gpu
+
+
+def test_float64_on_spirv_is_a_target_error_at_the_line():
+    def f(x):
+        return torch.round(x, decimals=1)
+
+    with pytest.raises(kf.TargetError) as e:
+        kf.inspect(kf.jit(f, target="vulkan"), torch.randn(5, dtype=torch.float64)).stages["spirv"]
+    assert e.value.loc is not None and e.value.loc.line == f.__code__.co_firstlineno + 1
+    assert "float64" in e.value.cause and "aten.round.decimals" in e.value.cause
+
+
+@pytest.mark.skipif(not shutil.which("ptxas"), reason="ptxas not installed")
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__.strip("_"))
+def test_ptx_assembles_for_cuda(fn):
+    """The same functions for CUDA: their PTX (the fallback's kernels among its entries)
+    assembles with ptxas for sm_90a (the ptx stage runs ptxas and raises if it refuses)."""
+    stages = kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a"), torch.randn(7, 257)).stages
+    ptx = stages["ptx"]
+    assert ".target sm_90a" in ptx and re.search(r"\.entry kf_aten_\w+_k\d+", ptx), ptx[:2000]
+
+
+@pytest.mark.skipif(not shutil.which("spirv-cross"), reason="spirv-cross not installed")
+@pytest.mark.parametrize("fn", [_norm_cols, _pad, _linspace], ids=lambda f: f.__name__.strip("_"))
+def test_msl_for_metal(fn):
+    stages = kf.inspect(kf.jit(fn, target="metal"), torch.randn(7, 257)).stages
+    assert re.search(r"kernel void kf_aten_\w+_k\d+", stages["msl"]), stages["msl"][:2000]
