@@ -140,7 +140,7 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     try:
         from torch_mlir import fx as tm_fx
     except ImportError:
-        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, the cpu target's fallback for other ATen ops, "
+        raise Unsupported(f"{name} has no kf op", cause="torch-mlir, kf's fallback for other ATen ops, "
                                                          "is not installed: pip install 'kf[fallback]'") from None
     fname = f"kf_{name.replace('.', '_')}_{conv._fallbacks}"
     conv._fallbacks += 1

@@ -309,7 +309,9 @@ class _Translation:
         _run(_KERNEL_CLEANUP, scratch.operation, "kernel cleanup", self.loc)
         for g in scratch_gmod.regions[0].blocks[0].operations:
             _expand_math(g.operation)
-            if self.target != "cuda":
+            if self.target == "cuda":
+                self._bools_as_bytes(g.operation)
+            else:
                 self._f64_as_f32(g.operation)
         gbody = self.gmod.regions[0].blocks[0]
         for op in list(scratch_gmod.regions[0].blocks[0].operations):
@@ -460,6 +462,36 @@ class _Translation:
         g.attributes["kf.fused_lines"] = ir.ArrayAttr.get([ir.StringAttr.get(x) for x in self._lines()])
         g.attributes["kf.strategy"] = ir.StringAttr.get("linalg")
         return grid, block
+
+    def _bools_as_bytes(self, g: ir.Operation) -> None:
+        """Boolean buffers as bytes on CUDA (kf's storage for them there: emit.storage_type;
+        the LLVM lowering loads no i1): a load compares its byte with 0, a store writes 0 or 1."""
+        i1, i8 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(8)
+        entry = g.regions[0].blocks[0]
+        changed = False
+        for a in entry.arguments:
+            t = ir.MemRefType(a.type)
+            if t.element_type != i1:
+                continue
+            changed = True
+            a.set_type(ir.MemRefType.get(t.shape, i8))
+            for use in list(a.uses):
+                op = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+                if op.name == "memref.load":
+                    r = op.results[0]
+                    r.set_type(i8)
+                    with ir.InsertionPoint.after(op), op.location:
+                        b = arith.cmpi(arith.CmpIPredicate.ne, r, arith.constant(i8, 0))
+                    r.replace_all_uses_except(b, b.owner.operation)
+                elif op.name == "memref.store" and use.operand_number == 1:
+                    with ir.InsertionPoint(op), op.location:
+                        op.operands[0] = arith.extui(i8, op.operands[0])
+                else:
+                    self.fail(f"a boolean buffer is used by {op.name}, which kf-linalg-to-gpu does not "
+                              "rewrite for CUDA's byte booleans")
+        if changed:
+            g.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get([a.type for a in entry.arguments], []))
 
     def _f64_as_f32(self, g: ir.Operation) -> None:
         """f64 scalars (torch-mlir computes some constants' arithmetic in double: linspace's

@@ -115,6 +115,40 @@ def test_scalars_ints_and_bools():
     _close(kf.jit(f, target="vulkan")(x), f(x))
 
 
+def _remainder(x):
+    return torch.remainder(x, 3)
+
+
+def _to_3d(x):
+    return torch.atleast_3d(x)
+
+
+def _isclose(x):
+    return torch.isclose(x, x.round(), atol=0.3)
+
+
+INT_BOOL_CASES = [(_remainder, lambda: torch.randint(-50, 50, (7, 257))),
+                  (_remainder, lambda: torch.randint(-50, 50, (1,), dtype=torch.int32)),
+                  (_to_3d, lambda: torch.rand(7) > 0.5),
+                  (_isclose, lambda: torch.randn(257, 3))]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("fn, make", INT_BOOL_CASES, ids=["i64", "i32", "bool", "to_bool"])
+def test_int_and_bool_tensors(fn, make):
+    """int32, int64 and bool tensors in and out of torch-mlir's functions, exactly."""
+    x = make()
+    got, ref = kf.jit(fn, target="vulkan")(x), fn(x)
+    assert got.dtype == ref.dtype and torch.equal(got, ref)
+
+
+@pytest.mark.skipif(not shutil.which("ptxas"), reason="ptxas not installed")
+@pytest.mark.parametrize("fn, make", INT_BOOL_CASES, ids=["i64", "i32", "bool", "to_bool"])
+def test_int_and_bool_ptx(fn, make):
+    ptx = kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a"), make()).stages["ptx"]
+    assert re.search(r"\.entry kf_aten_\w+_k\d+", ptx)
+
+
 @needs_vulkan
 def test_kernels_between_kf_kernels():
     """A kf kernel before and after the fallback: its buffers come from the schedule."""
