@@ -2,6 +2,8 @@
 // Both back ends take the kernels (spirv-val runs inside kf-to-spirv, ptxas where installed):
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-linalg-to-gpu{target=spirv}, kf-to-spirv)' | FileCheck %s --check-prefix=BIN
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-linalg-to-gpu{target=cuda}, kf-to-cuda)' | FileCheck %s --check-prefix=BIN
+// Booleans are bytes on CUDA (the CUDA prefix):
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-linalg-to-gpu{target=cuda})' | FileCheck %s --check-prefix=CUDA
 // What the pass cannot write is an error at the call:
 // RUN: kf-opt %S/Inputs/kf-linalg-to-gpu-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-linalg-to-gpu{target=spirv})'
 
@@ -15,7 +17,7 @@
 // CHECK: %[[R:.*]] = call @kf_round_c0_k0(%[[X]], %[[B]])
 // CHECK: return %[[R]]
 // CHECK: gpu.func @kf_round_c0_k0(%[[IN:.*]]: memref<3x5xf32>, %[[OUT:.*]]: memref<3x5xf32>) kernel
-// CHECK-SAME: kf.block = array<i64: 256, 1, 1>, kf.fused_lines = ["-:35"], kf.grid = array<i64: 1, 1, 1>
+// CHECK-SAME: kf.block = array<i64: 256, 1, 1>, kf.fused_lines = ["-:{{[0-9]+}}"], kf.grid = array<i64: 1, 1, 1>
 // CHECK-SAME: kf.strategy = "linalg"
 // CHECK: arith.cmpi ult, %{{.*}}, %c15
 // CHECK: math.roundeven
@@ -92,4 +94,31 @@ func.func private @kf_pad(%arg0: tensor<3x5xf32>) -> tensor<3x8xf32> attributes 
 func.func @h(%x: tensor<3x5xf32>) -> tensor<3x8xf32> {
   %r = call @kf_pad(%x) : (tensor<3x5xf32>) -> tensor<3x8xf32>
   return %r : tensor<3x8xf32>
+}
+
+// -----
+
+// A comparison to a boolean tensor: i1 buffers on SPIR-V (kf-to-spirv stores them as
+// bytes), i8 on CUDA, where a store writes 0 or 1.
+// CHECK-LABEL: func.func private @kf_gt_c0_buffer0() -> tensor<9xi1>
+// CHECK: gpu.func @kf_gt_c0_k0(%{{.*}}: memref<9xf32>, %[[OUT:.*]]: memref<9xi1>) kernel
+// CHECK: %[[B:.*]] = arith.cmpf ogt
+// CHECK: memref.store %[[B]], %[[OUT]]
+// CUDA: gpu.func @kf_gt_c0_k0(%{{.*}}: memref<9xf32>, %[[OUT:.*]]: memref<9xi8>) kernel
+// CUDA: %[[B:.*]] = arith.cmpf ogt
+// CUDA: %[[BYTE:.*]] = arith.extui %[[B]] : i1 to i8
+// CUDA: memref.store %[[BYTE]], %[[OUT]]
+func.func private @kf_gt(%arg0: tensor<9xf32>) -> tensor<9xi1> attributes {kf.aten = "aten.gt.Scalar"} {
+  %cst = arith.constant 0.5 : f32
+  %0 = tensor.empty() : tensor<9xi1>
+  %1 = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]} ins(%arg0 : tensor<9xf32>) outs(%0 : tensor<9xi1>) {
+  ^bb0(%in: f32, %out: i1):
+    %2 = arith.cmpf ogt, %in, %cst : f32
+    linalg.yield %2 : i1
+  } -> tensor<9xi1>
+  return %1 : tensor<9xi1>
+}
+func.func @k(%x: tensor<9xf32>) -> tensor<9xi1> {
+  %r = call @kf_gt(%x) : (tensor<9xf32>) -> tensor<9xi1>
+  return %r : tensor<9xi1>
 }
