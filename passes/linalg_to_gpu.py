@@ -306,9 +306,10 @@ class _Translation:
             geometry = self._write_kernel(scratch_gmod, name, kern, roots, closure)
             if geometry is not None:
                 launches.append((name, roots, written, geometry))
-        _run(_KERNEL_CLEANUP, scratch.operation, "kernel cleanup", self.loc)
         for g in scratch_gmod.regions[0].blocks[0].operations:
             _expand_math(g.operation)
+        _run(_KERNEL_CLEANUP, scratch.operation, "kernel cleanup", self.loc)
+        for g in scratch_gmod.regions[0].blocks[0].operations:
             if self.target == "cuda":
                 self._bools_as_bytes(g.operation)
             else:
@@ -618,16 +619,48 @@ class _Translation:
 
 
 def _expand_math(g: ir.Operation) -> None:
-    """math ops that a back end has no lowering for (NVVM: math.absi), as arith."""
+    """math ops that a back end has no lowering for, as arith: math.absi (NVVM), and
+    math.fpowi and math.ipowi (SPIR-V has neither; NVVM would call compiler-rt's powi)."""
     ops: list[ir.Operation] = []
-    g.walk(lambda op: (ops.append(op.operation) if op.name == "math.absi" else None) or ir.WalkResult.ADVANCE)
+    g.walk(lambda op: (ops.append(op.operation) if op.name in ("math.absi", "math.fpowi", "math.ipowi") else None)
+           or ir.WalkResult.ADVANCE)
     for op in ops:
-        x = op.operands[0]
         with ir.InsertionPoint(op), op.location:
-            zero = arith.constant(x.type, 0)
-            out = arith.select(arith.cmpi(arith.CmpIPredicate.slt, x, zero), arith.subi(zero, x), x)
+            if op.name == "math.absi":
+                x = op.operands[0]
+                zero = arith.constant(x.type, 0)
+                out = arith.select(arith.cmpi(arith.CmpIPredicate.slt, x, zero), arith.subi(zero, x), x)
+            else:
+                out = _power(op.operands[0], op.operands[1], floating=op.name == "math.fpowi")
         op.results[0].replace_all_uses_with(out)
         op.erase()
+
+
+def _power(x: ir.Value, n: ir.Value, floating: bool) -> ir.Value:
+    """x ** n for an integer n by squaring (one multiply a bit of |n|, in a loop over the
+    bits of n's type); a negative n gives 1 / x ** |n|, in integers truncated (0 unless
+    x ** |n| is 1 or -1)."""
+    mul = arith.mulf if floating else arith.muli
+    width = ir.IntegerType(n.type).width
+    zero_n = arith.constant(n.type, 0)
+    one_n = arith.constant(n.type, 1)
+    one = arith.constant(x.type, 1.0 if floating else 1)
+    negative = arith.cmpi(arith.CmpIPredicate.slt, n, zero_n)
+    e = arith.select(negative, arith.subi(zero_n, n), n)
+    index = ir.IndexType.get()
+    loop = scf.ForOp(arith.constant(index, 0), arith.constant(index, width), arith.constant(index, 1), [one, x])
+    with ir.InsertionPoint(loop.body):
+        i = arith.index_cast(n.type, loop.induction_variable)
+        r, b = loop.inner_iter_args
+        bit = arith.cmpi(arith.CmpIPredicate.ne, arith.andi(arith.shrui(e, i), one_n), zero_n)
+        scf.YieldOp([arith.select(bit, mul(r, b), r), mul(b, b)])
+    r = loop.results[0]
+    if floating:
+        inverse = arith.divf(one, r)
+    else:  # 1 / r in integers: r itself where r is 1 or -1, else 0 (and no division by 0)
+        unit = arith.cmpi(arith.CmpIPredicate.eq, arith.muli(r, r), one)
+        inverse = arith.select(unit, r, arith.constant(x.type, 0))
+    return arith.select(negative, inverse, r)
 
 
 def _ops_in(op: ir.Operation, out: dict) -> None:

@@ -122,3 +122,30 @@ func.func @k(%x: tensor<9xf32>) -> tensor<9xi1> {
   %r = call @kf_gt(%x) : (tensor<9xf32>) -> tensor<9xi1>
   return %r : tensor<9xi1>
 }
+
+// -----
+
+// math.fpowi (torch-mlir's square in mse_loss) by squaring: SPIR-V has no fpowi, and NVVM
+// would call compiler-rt (the exponent's sign is known here: no reciprocal is left).
+// A 0-d result: the kernel is one thread.
+// CHECK-LABEL: func.func private @kf_square_c0_buffer0() -> tensor<f32>
+// CHECK: gpu.func @kf_square_c0_k0(%[[IN:.*]]: memref<f32>, %[[OUT:.*]]: memref<f32>) kernel
+// CHECK-SAME: kf.block = array<i64: 1, 1, 1>
+// CHECK-NOT: math.fpowi
+// CHECK: scf.for %{{.*}} = %c0 to %c32 step %c1 iter_args
+// CHECK: arith.mulf
+// CHECK: memref.store %{{.*}}, %[[OUT]][]
+func.func private @kf_square(%arg0: tensor<f32>) -> tensor<f32> attributes {kf.aten = "aten.mse_loss.default"} {
+  %c2 = arith.constant 2 : i32
+  %0 = tensor.empty() : tensor<f32>
+  %1 = linalg.generic {indexing_maps = [affine_map<() -> ()>, affine_map<() -> ()>], iterator_types = []} ins(%arg0 : tensor<f32>) outs(%0 : tensor<f32>) {
+  ^bb0(%in: f32, %out: f32):
+    %2 = math.fpowi %in, %c2 : f32, i32
+    linalg.yield %2 : f32
+  } -> tensor<f32>
+  return %1 : tensor<f32>
+}
+func.func @m(%x: tensor<f32>) -> tensor<f32> {
+  %r = call @kf_square(%x) : (tensor<f32>) -> tensor<f32>
+  return %r : tensor<f32>
+}

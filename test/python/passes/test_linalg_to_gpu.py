@@ -150,6 +150,14 @@ def test_int_and_bool_ptx(fn, make):
 
 
 @needs_vulkan
+@pytest.mark.parametrize("loss", [F.mse_loss, F.smooth_l1_loss], ids=["mse", "smooth_l1"])
+def test_zero_dim_tensors(loss):
+    """0-d inputs and result: torch-mlir's square is math.fpowi, written by squaring."""
+    x, y = torch.randn(()), torch.randn(())
+    _close(kf.jit(loss, target="vulkan")(x, y), loss(x, y))
+
+
+@needs_vulkan
 def test_kernels_between_kf_kernels():
     """A kf kernel before and after the fallback: its buffers come from the schedule."""
     def f(x, w):
