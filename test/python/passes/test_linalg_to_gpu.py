@@ -53,11 +53,11 @@ def _remainder_float(x):
 
 
 def _linspace(x):
-    return x + torch.linspace(-1, 3, x.shape[-1])
+    return x + torch.linspace(-1, 3, x.shape[-1], device=x.device)
 
 
 def _conv(x):  # a named op (linalg.conv_1d_ncw_fcw) with reduction loops, a padded input
-    return F.conv1d(x.unsqueeze(1), torch.ones(2, 1, 3) * 0.5, padding=1)
+    return F.conv1d(x.unsqueeze(1), x.new_ones(2, 1, 3) * 0.5, padding=1)
 
 
 def _logaddexp(x):
@@ -205,6 +205,24 @@ def test_float64_on_spirv_is_a_target_error_at_the_line():
         kf.inspect(kf.jit(f, target="vulkan"), torch.randn(5, dtype=torch.float64)).stages["spirv"]
     assert e.value.loc is not None and e.value.loc.line == f.__code__.co_firstlineno + 1
     assert "float64" in e.value.cause and "aten.pad.default" in e.value.cause
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("shape", SIZES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_torch_on_cuda(fn, shape):
+    if fn is _pad_reflect and shape[-1] < 2:
+        pytest.skip("reflect padding needs two columns")
+    x = torch.randn(*shape, device="cuda")
+    _close(kf.jit(fn, target="cuda")(x), fn(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("fn, make", INT_BOOL_CASES, ids=["i64", "i32", "bool", "to_bool"])
+def test_int_and_bool_tensors_on_cuda(fn, make):
+    x = make().cuda()
+    got, ref = kf.jit(fn, target="cuda")(x), fn(x)
+    assert got.dtype == ref.dtype and torch.equal(got, ref)
 
 
 @pytest.mark.skipif(not shutil.which("ptxas"), reason="ptxas not installed")
