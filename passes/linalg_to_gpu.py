@@ -4,11 +4,13 @@ no op for), launched in order with the kf kernels.
 A ``func.call`` of a function with ``kf.aten`` (linalg on tensors, from
 compiler/torch_mlir_import.py) becomes a run of kernel launches in the launch schedule:
 
-1. A copy of the function is bufferized (one-shot, its arguments read-only), its named
-   linalg ops generalized, float sums over more than 4096 elements split into stages
-   (``to_cpu.blocked_reductions``: a chain's error grows with its length), each generic's loops reordered so the parallel ones come first,
-   and lowered to ``scf.parallel`` over the parallel loops with ``scf.for`` inside for the
-   reduction loops (``convert-linalg-to-parallel-loops``).
+1. A copy of the function (bf16/f16 computed in f32, as on the CPU) has its elementwise
+   generics fused and its float sums over more than 4096 elements split into stages
+   (``to_cpu.blocked_reductions``: a chain's error grows with its length); it is
+   bufferized (one-shot, its arguments read-only), its named linalg ops generalized,
+   each generic's loops reordered so the parallel ones come first, and lowered to
+   ``scf.parallel`` over the parallel loops with ``scf.for`` inside for the reduction
+   loops (``convert-linalg-to-parallel-loops``).
 2. Each top-level ``scf.parallel`` becomes one ``gpu.func``: its iteration space is
    linearized, one point per thread (grid-stride beyond the target's grid limit), and a
    thread runs the reduction loops of its point sequentially, so no two threads write one
@@ -23,10 +25,15 @@ compiler/torch_mlir_import.py) becomes a run of kernel launches in the launch sc
    tied (``kf.tied``: the operand it is) to that operand: the same buffer, written in
    place. The call's results are the last values of the buffers the function returns.
 
+Back-end repairs in the kernels: math.absi, math.fpowi and math.ipowi as arith; on CUDA
+boolean buffers as bytes (kf's storage for them there); on SPIR-V f64 scalars in f32.
+
 Not handled (a PassError at the call's location, which the driver reports as a
-TargetError at the user's line): dynamic shapes, ops left after lowering that write
-memory in a way this pass cannot place (a scalar read of a buffer that a later kernel
-overwrites before its use), and anything the upstream passes refuse.
+TargetError at the user's line): dynamic shapes, float64 tensors on SPIR-V, a value
+handed from one kernel to the next as a scalar, a scalar read of a buffer that a later
+kernel overwrites before its use, and anything the upstream passes refuse. Speed: one
+thread a point, reductions sequential in it (a full reduction is one thread); no tiling
+or shared memory.
 """
 
 from __future__ import annotations
