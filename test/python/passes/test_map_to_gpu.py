@@ -36,7 +36,8 @@ def test_plans():
         decl = next(op.operation for op in m.body.operations if op.operation.name == "func.func")
         plan = attr_to_plan(decl.attributes["kf.plan"])
         assert plan == {"strategy": "elementwise", "target": "spirv", "block": 256, "vector_width": 4,
-                        "numel": 1000, "grid": 1, "grid_stride": False}
+                        "numel": 1000, "grid": 1, "grid_stride": False,
+                        "variant": {"items_per_thread": 2, "short_forms": True}}
         assert len(decl.regions[0].blocks) == 0  # a declaration now
         assert str(decl.attributes["kf.gpu_func"]) == "@kf_kernels::@k"
         f = gpu_func(m)
