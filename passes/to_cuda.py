@@ -329,6 +329,10 @@ def _check_kernel_signatures(module: ir.Operation) -> None:
                     if not t.has_static_shape or not identity:
                         raise PassError(f"kernel argument {i} has type {t}: the bare-pointer convention needs a "
                                         "static shape and the identity layout", op.operation.location)
+                    if isinstance(t.element_type, ir.IntegerType) and ir.IntegerType(t.element_type).width < 8:
+                        # MemRefToLLVM asserts (the process aborts) on sub-byte loads
+                        raise PassError(f"kernel argument {i} has type {t}: CUDA buffers of booleans hold bytes "
+                                        "(i8), as torch stores them", op.operation.location)
 
 
 # --------------------------------------------------------------------------- Python API

@@ -211,3 +211,22 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// Torch stores booleans as bytes: a kernel argument of i1 is refused at its kernel (MLIR's
+// memref-to-LLVM lowering would assert on the sub-byte load and end the process).
+// PTX: kf-to-cuda failed
+// PTX: kernel argument 0 has type memref<4xi1>
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    // expected-error @below {{kf-to-cuda: kernel argument 0 has type memref<4xi1>: CUDA buffers of booleans hold bytes (i8), as torch stores them}}
+    gpu.func @bits(%a: memref<4xi1>, %b: memref<4xf32>) kernel {
+      %t = gpu.thread_id x
+      %v = memref.load %a[%t] : memref<4xi1>
+      %f = arith.uitofp %v : i1 to f32
+      memref.store %f, %b[%t] : memref<4xf32>
+      gpu.return
+    }
+  }
+}
