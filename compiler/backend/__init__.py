@@ -90,8 +90,13 @@ def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = 
 
     from ..autograd import _decompositions
     from .graphs import compile_graph
+    from .rewrites import attention_as_math
 
+    from .. import logs
+
+    logs.configure()  # KF_LOGS, where nothing of kf was imported before torch.compile found it
     opts = parse_options(options, example_inputs)
+    attention_as_math(gm)
     kf_opts = _Resolved(opts)
     return aot_autograd(fw_compiler=partial(compile_graph, options=kf_opts, kind="forward"),
                         bw_compiler=partial(compile_graph, options=kf_opts, kind="backward"),

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import CompileError, SourceLoc
+from ..errors import CompileError, SourceLoc, debug
 from ..options import Options
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -154,7 +154,16 @@ def _elem(dtype) -> str:
 
 def compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options, name: str) -> Compiled:
     """The kf program of a region whose nodes have concrete sizes, for these input
-    tensors (real or fake: only their shapes, dtypes and devices are read)."""
+    tensors (real or fake: only their shapes, dtypes and devices are read). It runs
+    outside the fake tensor mode AOTAutograd compiles in: kf's handlers compute constants
+    (an arange's values) with real tensors."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return _compile_concrete(gm, tensors, options, name)
+
+
+def _compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options, name: str) -> Compiled:
     from .. import cache, targets
     from ..capture import _convert
     from ..guards import walk
@@ -191,12 +200,19 @@ def compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options, 
             # the node whose conversion failed: the partitioner leaves it out next time
             e.kf_node = last[0].name if last[0] is not None else None
             raise
+        except Exception as e:  # a handler's internal error: that node falls back
+            if debug():
+                raise
+            err = CompileError(f"kf's conversion of {last[0].target if last[0] is not None else 'the region'} "
+                               f"failed", user_loc(last[0]) if last[0] is not None else None,
+                               stage="capture", cause=f"{type(e).__name__}: {str(e).strip()[:200]}")
+            err.kf_node = last[0].name if last[0] is not None else None
+            raise err from None
         b.log = StageLog(b.cap.name, dump_dir_for(options.dump_ir))
         b.log.default_loc = first
         b.log.function_lines = frozenset(l.line for l in locs if l is not None)
         b.log.record("kf", b.cap.module)
         from ..driver import _internal_error
-        from ..errors import debug
 
         for stage_name, stage in target.stages().items():
             if stage_name == "capture":

@@ -9,11 +9,10 @@ runs the compiled model once while collecting the reports of every graph that ru
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-log = logging.getLogger("kf.backend")
+from ..logs import backend_log as log
 
 
 @dataclass
