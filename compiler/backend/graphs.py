@@ -16,6 +16,7 @@ back whole. Every fallback is reported with its op, the user's line and the reas
 
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import torch
@@ -85,6 +86,7 @@ def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
     any_failed = False
     for i, node in enumerate(n for n in fused.graph.nodes if n.op == "call_module" and n.target in new):
         sub = fused.get_submodule(node.target)
+        _carry_values(node, sub)
         ops = [support.op_name(n) for n in sub.graph.nodes if support.op_name(n)]
         lines = []
         for n in sub.graph.nodes:
@@ -120,6 +122,19 @@ def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
     return any_failed
 
 
+def _carry_values(node: torch.fx.Node, sub: torch.fx.GraphModule) -> None:
+    """The region's results' fake values on its call and the getitems that take them
+    apart (what Inductor's segments after it read as example inputs)."""
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    if isinstance(out, (tuple, list)):
+        node.meta["val"] = tuple(o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in out)
+        for user in node.users:
+            if user.target is operator.getitem:
+                user.meta["val"] = node.meta["val"][user.args[1]]
+    elif isinstance(out, torch.fx.Node):
+        node.meta["val"] = out.meta.get("val")
+
+
 def _example(arg, example_inputs, gm):
     """A region input's example value: the node's metadata (a fake tensor)."""
     if isinstance(arg, torch.fx.Node):
@@ -132,8 +147,8 @@ def _report_fallbacks(gm, rep, refused) -> None:
         if node.op != "call_function":
             continue
         name = support.op_name(node)
-        if not name:
-            continue
+        if not name or not isinstance(node.target, torch._ops.OpOverload):
+            continue  # size arithmetic on SymInts: Python, not a tensor op
         why = support.why_not(node, refused) or "only views and layout changes around it: left to the fallback"
         loc = regions.user_loc(node)
         line = f"{loc.file}:{loc.line}" if loc else ""
@@ -154,11 +169,15 @@ def _inductor_rest(gm: torch.fx.GraphModule, rep) -> Callable:
             part[node] = segment
             segment += 1
             current = segment
+        elif node.target is operator.getitem and node.args[0] in part and part[node.args[0]] % 2 == 1:
+            part[node] = part[node.args[0]]  # a region's results are taken apart with it
         elif node.op not in ("placeholder", "output"):
             part[node] = current
     if not any(part[n] % 2 == 0 for n in part if n.op == "call_function"):
         return gm
     split = split_module(gm, None, lambda n: part[n], keep_original_order=True)
+    # split_module names each segment's inputs after the nodes of gm they are
+    values = {n.name: n.meta.get("val") for n in gm.graph.nodes}
     for node in split.graph.nodes:
         if node.op != "call_module":
             continue
@@ -168,7 +187,10 @@ def _inductor_rest(gm: torch.fx.GraphModule, rep) -> Callable:
             continue
         if not any(n.op == "call_function" for n in sub.graph.nodes):
             continue
-        examples = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+        examples = []
+        for ph in (n for n in sub.graph.nodes if n.op == "placeholder"):
+            ph.meta["val"] = values.get(ph.name)
+            examples.append(ph.meta["val"])
         split.add_submodule(node.target, _Call(_inductor(sub, examples)))
     split.recompile()
     return split
@@ -177,12 +199,18 @@ def _inductor_rest(gm: torch.fx.GraphModule, rep) -> Callable:
 def _inductor(sub: torch.fx.GraphModule, examples: list) -> Callable:
     """A segment compiled by Inductor (its output made a tuple, as Inductor wants)."""
     from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     out = next(n for n in sub.graph.nodes if n.op == "output")
     single = not isinstance(out.args[0], (tuple, list))
     if single:
         out.args = ((out.args[0],),)
         sub.recompile()
+    # the segment in the ops Inductor lowers (its own decompositions: AOTAutograd ran kf's)
+    with fx_traceback.preserve_node_meta():
+        sub = make_fx(torch.fx.Interpreter(sub).run, decomposition_table=select_decomp_table())(*examples)
     compiled = compile_fx_inner(sub, examples)
 
     def run(*args):
