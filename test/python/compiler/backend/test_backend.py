@@ -1,0 +1,131 @@
+"""torch.compile(backend="kf") on small modules: registration, options, the partition
+rule, fallbacks and what the report and the ``kf.backend`` logger say about them."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kf
+from kf.backend import parse_options
+
+
+def test_entry_point_registers_kf_without_importing_it():
+    """A fresh process that never imports kf finds backend="kf" through the entry point."""
+    code = textwrap.dedent("""
+        import sys, torch
+        assert "kf" not in sys.modules
+        f = torch.compile(lambda x: (x * 2).relu() + 1, backend="kf", options={"target": "cpu", "fallback": "eager"})
+        x = torch.randn(5, 7)
+        torch.testing.assert_close(f(x), (x * 2).relu() + 1)
+        print("ok", "kf" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ok", "True"]
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="unknown option"):
+        parse_options({"targt": "cpu"}, [])
+    with pytest.raises(ValueError, match="fallback must be one of"):
+        parse_options({"fallback": "aot_eager"}, [])
+    with pytest.raises(ValueError, match="target"):
+        parse_options({"target": "tpu"}, [])
+    opts = parse_options(None, [torch.randn(2)])
+    assert opts.fallback == "inductor"
+    # CPU tensors: vulkan only where the Vulkan device is a GPU (lavapipe is not)
+    from kf.backend import best_target
+
+    assert opts.target == best_target("cpu")[0]
+
+
+class _Cumsum(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        h = torch.cumsum(h, dim=-1)  # no kf op: falls back
+        return (h * 2 + 1).softmax(-1)
+
+
+@pytest.mark.parametrize("fallback", ["eager", "inductor"])
+def test_fallback_runs_what_kf_leaves_and_report_names_it(fallback, caplog):
+    torch.manual_seed(0)
+    model = _Cumsum()
+    x = torch.randn(7, 16)
+    compiled = torch.compile(model, backend="kf", options={"target": "cpu", "fallback": fallback})
+    with caplog.at_level(logging.INFO, logger="kf.backend"):
+        out = compiled(x)
+    want = model(x)
+    torch.testing.assert_close(out, want)
+    g = torch.randn_like(want)
+    (out * g).sum().backward()
+    got = model.lin.weight.grad.clone()
+    model.zero_grad()
+    (want * g).sum().backward()
+    torch.testing.assert_close(got, model.lin.weight.grad)
+
+    report = kf.explain(compiled, x, backward=True)
+    cumsum = [f for f in report.fallbacks if f.op == "aten.cumsum.default"]
+    assert cumsum and all(f.to == fallback for f in cumsum)
+    assert cumsum[0].line.endswith(f"test_backend.py:{_Cumsum.forward.__code__.co_firstlineno + 2}")
+    assert "kf has no op for aten.cumsum.default" in cumsum[0].reason
+    assert any("addmm" in op for r in report.regions for op in r.ops)
+    assert "fallback: aten.cumsum.default" in str(report)
+    assert any("aten.cumsum.default" in r.getMessage() for r in caplog.records if r.name == "kf.backend")
+
+
+def test_views_alone_are_no_region():
+    """A region made only of views would copy what the fallback returns as a view."""
+    f = torch.compile(lambda x: x.t().reshape(-1)[:5], backend="kf", options={"target": "cpu", "fallback": "eager"})
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(f(x), x.t().reshape(-1)[:5])
+    report = kf.explain(f, x)
+    assert not report.regions
+    assert report.fallbacks and all("only views" in fb.reason for fb in report.fallbacks)
+
+
+def test_op_refused_at_compile_falls_back_alone():
+    """A handler that refuses its arguments (a 2-d index_put) sends that op alone to the
+    fallback; the ops around it still run in kf."""
+    def f(x, idx, v):
+        y = x * 2
+        y = torch.index_put(y, (idx,), v)
+        return y + 1
+
+    x, v = torch.randn(6, 5), torch.randn(2, 3, 5)
+    idx = torch.tensor([[0, 2, 4], [1, 3, 5]])
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager"})
+    torch.testing.assert_close(c(x, idx, v), f(x, idx, v))
+    report = kf.explain(c, x, idx, v)
+    put = [fb for fb in report.fallbacks if fb.op == "aten.index_put.default"]
+    assert put and "UnsupportedOpError" in put[0].reason
+    assert report.regions
+
+
+@pytest.mark.parametrize("n", [1, 7, 257])
+def test_odd_sizes_and_strided_outputs(n):
+    """Odd sizes; an output that is a transposed view keeps eager's strides."""
+    def f(x, w):
+        return (x @ w).relu().t(), x.sum(0)
+
+    x, w = torch.randn(n, 3), torch.randn(3, n)
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager"})
+    got, want = c(x, w), f(x, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+        assert a.shape == b.shape
+
+
+def test_empty_input():
+    f = torch.compile(lambda x: (x * 3).exp(), backend="kf", options={"target": "cpu", "fallback": "eager"})
+    x = torch.randn(0, 4)
+    assert f(x).shape == (0, 4)
