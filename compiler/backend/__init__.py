@@ -50,15 +50,15 @@ def best_target(device_type: str = "cpu") -> tuple[str, str]:
     a GPU, else on ``cpu`` (a Vulkan device that runs on the CPU, Mesa's lavapipe, is
     slower than kf's cpu target)."""
     if device_type == "cuda":
-        return "cuda", f"the tensors are on a CUDA GPU ({torch.cuda.get_device_name()})"
+        return "cuda", f"a CUDA GPU is present ({torch.cuda.get_device_name()})"
     if device_type == "mps":
-        return "metal", "the tensors are on an Apple GPU (torch.mps)"
+        return "metal", "an Apple GPU is present (torch.mps)"
     from kf.runtime import vulkan
 
     if vulkan.is_available():
         dev = vulkan.device()
         if dev.device_type != "CPU":
-            return "vulkan", f"Vulkan device {dev.name} is a GPU ({dev.device_type.lower()})"
+            return "vulkan", f"no CUDA GPU; Vulkan device {dev.name} is a GPU ({dev.device_type.lower()})"
         return "cpu", f"no GPU: the only Vulkan device, {dev.name}, runs on the CPU, slower than kf's cpu target"
     return "cpu", "no GPU and no Vulkan device"
 
