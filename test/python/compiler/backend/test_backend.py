@@ -129,3 +129,25 @@ def test_empty_input():
     f = torch.compile(lambda x: (x * 3).exp(), backend="kf", options={"target": "cpu", "fallback": "eager"})
     x = torch.randn(0, 4)
     assert f(x).shape == (0, 4)
+
+
+def test_symbolic_sizes_compile_a_program_per_length():
+    """Under Dynamo's symbolic sizes one graph serves every length; kf's regions, static
+    today, compile a program for each new length at its first call, never reuse one for
+    another length, and reuse it when the length comes again."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    w = torch.randn(16, 16)
+
+    def f(x):
+        return torch.softmax(x @ w, dim=-1) * x.shape[0]
+
+    c = torch.compile(f, backend="kf", dynamic=True, options={"target": "cpu", "fallback": "eager"})
+    for n in (5, 9, 17, 9):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(c(x), f(x))
+    assert counters["stats"]["unique_graphs"] == 1
+    report = kf.explain(c, torch.randn(9, 16))
+    assert [r.compiles for r in report.regions] == [3]

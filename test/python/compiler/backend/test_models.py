@@ -85,3 +85,20 @@ def test_graph_break_matches_eager(name, target, capsys):
     model.blocks[0] = _Printing(model.blocks[0])
     _check(model, target, fullgraph=False)
     assert "a graph break" in capsys.readouterr().out
+
+
+def test_bf16_within_eager_rounding():
+    """bf16 weights: kf's forward and gradients are as far from float32's as eager's are."""
+    torch.manual_seed(0)
+    model = _llama().to(torch.bfloat16)
+    eager, exact = copy.deepcopy(model), copy.deepcopy(model).float()
+    x = torch.randint(0, 64, (2, 16))
+    compiled = torch.compile(model, backend="kf", options={"target": "cpu", "fallback": "eager"})
+    out, want, ref = compiled(x), eager(x), exact(x)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() <= 2 * (want.float() - ref).abs().max() + 1e-2
+    for y in (out, want, ref):
+        y.float().square().sum().backward()
+    for (name, p), q, r in zip(model.named_parameters(), eager.parameters(), exact.parameters()):
+        scale = r.grad.abs().max()
+        assert (p.grad.float() - r.grad).abs().max() / scale <= 3 * (q.grad.float() - r.grad).abs().max() / scale + 1e-2, name
