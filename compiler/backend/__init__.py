@@ -84,7 +84,9 @@ def parse_options(options: dict | None, example_inputs) -> BackendOptions:
 
 
 def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
-    """The Dynamo backend: AOTAutograd with kf compiling its forward and backward graphs."""
+    """The Dynamo backend: AOTAutograd with kf compiling its forward and backward graphs.
+    ``mode`` is accepted and not acted on: ``mode="reduce-overhead"`` (CUDA graphs) does
+    not capture kf's launches yet, so it is logged and the graph runs as without it."""
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
@@ -96,6 +98,8 @@ def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = 
 
     logs.configure()  # KF_LOGS, where nothing of kf was imported before torch.compile found it
     opts = parse_options(options, example_inputs)
+    if mode not in (None, "default"):
+        logs.backend_log.info("torch.compile(mode=%r): kf runs the graph without it (no CUDA graphs yet)", mode)
     attention_as_math(gm)
     kf_opts = _Resolved(opts)
     return aot_autograd(fw_compiler=partial(compile_graph, options=kf_opts, kind="forward"),

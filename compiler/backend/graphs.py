@@ -97,12 +97,12 @@ def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
         record = regions.Region(f"{kind}_region_{i}", kind, ops, lines)
         fallback = sub
 
-        def on_failure(region, why, _node, rep=rep):
+        def on_failure(region, why, rep=rep):
             report.log.info("%s: %s falls back at run time: %s", rep.kind, region.name, why)
 
         runner = regions.RegionRunner(sub, options, record, fallback, on_failure)
         if not runner.symbolic:
-            examples = [_example(a, example_inputs, gm) for a in node.args]
+            examples = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
             try:
                 runner.precompile(examples)
             except CompileError as e:
@@ -133,13 +133,6 @@ def _carry_values(node: torch.fx.Node, sub: torch.fx.GraphModule) -> None:
                 user.meta["val"] = node.meta["val"][user.args[1]]
     elif isinstance(out, torch.fx.Node):
         node.meta["val"] = out.meta.get("val")
-
-
-def _example(arg, example_inputs, gm):
-    """A region input's example value: the node's metadata (a fake tensor)."""
-    if isinstance(arg, torch.fx.Node):
-        return arg.meta.get("val")
-    return arg
 
 
 def _report_fallbacks(gm, rep, refused) -> None:

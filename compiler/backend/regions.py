@@ -252,7 +252,7 @@ class RegionRunner:
     fallback where kf cannot compile it."""
 
     def __init__(self, gm: torch.fx.GraphModule, options: Options, record: Region, fallback: Callable,
-                 on_failure: Callable[[Region, str, "torch.fx.Node | None"], None]):
+                 on_failure: Callable[[Region, str], None]):
         self.gm = gm
         self.options = options
         self.record = record
@@ -288,9 +288,6 @@ class RegionRunner:
         if compiled is None:
             return self.fallback(*args)
         self.record.calls += 1
-        from .report import note_run
-
-        note_run(self.record)
         tensors = [a.contiguous() for a in args if isinstance(a, torch.Tensor)]
         result = compiled.program(tensors)
         if isinstance(result, (list, tuple)):
@@ -304,7 +301,7 @@ class RegionRunner:
             compiled = self._compile(gm, tensors)
         except CompileError as e:
             self.record.failed = f"{type(e).__name__}: {e.message}"
-            self.on_failure(self.record, self.record.failed, None)
+            self.on_failure(self.record, self.record.failed)
             compiled = None
         self._programs[key] = compiled
         return compiled

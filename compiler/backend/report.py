@@ -103,10 +103,6 @@ def note_graph(report: GraphReport) -> None:
             found.append(report)
 
 
-def note_run(region) -> None:
-    """A region ran: nothing to do unless collecting (the graph is noted by its runner)."""
-
-
 @contextmanager
 def collect():
     found: list[GraphReport] = []
