@@ -15,6 +15,9 @@ Options (``torch.compile(model, backend="kf", options={...})``):
   tensors ``vulkan`` where a Vulkan device is a GPU, else ``cpu`` (``best_target``).
 - ``fallback``: ``inductor`` (default) or ``eager``: what runs the ops kf leaves.
 - ``precision``: kf's precision option for every region (default ``auto``).
+- ``attention``: how ``F.scaled_dot_product_attention`` runs (rewrites.py): ``kf`` (default)
+  as kf's attention function, one op whose backward is kf's fused one; ``math`` as its
+  ops, fused by kf-fuse with the ops around it.
 
 ``kf.explain(compiled_model, *inputs)`` reports what ran in kf and what fell back and why
 (report.py); the same records go to the ``kf.backend`` logger (``KF_LOGS=backend``).
@@ -37,6 +40,7 @@ class BackendOptions:
     target: str
     fallback: str = "inductor"
     precision: str = "auto"
+    attention: str = "kf"
 
     def kf_options(self):
         from ..options import Options
@@ -67,10 +71,13 @@ def parse_options(options: dict | None, example_inputs) -> BackendOptions:
     from ..options import Options
 
     options = dict(options or {})
-    unknown = sorted(set(options) - {"target", "fallback", "precision"})
+    unknown = sorted(set(options) - {"target", "fallback", "precision", "attention"})
     if unknown:
         raise ValueError(f"torch.compile(backend='kf'): unknown option(s) {', '.join(unknown)}; "
-                         f"kf takes target, fallback and precision")
+                         f"kf takes target, fallback, precision and attention")
+    if options.get("attention", "kf") not in ("kf", "math"):
+        raise ValueError(f"torch.compile(backend='kf'): attention must be 'kf' or 'math', "
+                         f"got {options['attention']!r}")
     fallback = options.get("fallback", "inductor")
     if fallback not in FALLBACKS:
         raise ValueError(f"torch.compile(backend='kf'): fallback must be one of {', '.join(FALLBACKS)}, "
@@ -80,7 +87,7 @@ def parse_options(options: dict | None, example_inputs) -> BackendOptions:
         device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
         target = best_target(device)[0]
     Options(target=target, precision=options.get("precision", "auto"))  # checks both
-    return BackendOptions(target, fallback, options.get("precision", "auto"))
+    return BackendOptions(target, fallback, options.get("precision", "auto"), options.get("attention", "kf"))
 
 
 def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
@@ -92,7 +99,7 @@ def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = 
 
     from ..autograd import _decompositions
     from .graphs import compile_graph
-    from .rewrites import attention_as_math
+    from .rewrites import attention
 
     from .. import logs
 
@@ -100,7 +107,7 @@ def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = 
     opts = parse_options(options, example_inputs)
     if mode not in (None, "default"):
         logs.backend_log.info("torch.compile(mode=%r): kf runs the graph without it (no CUDA graphs yet)", mode)
-    attention_as_math(gm)
+    attention(gm, opts.attention, opts.kf_options())
     kf_opts = _Resolved(opts)
     return aot_autograd(fw_compiler=partial(compile_graph, options=kf_opts, kind="forward"),
                         bw_compiler=partial(compile_graph, options=kf_opts, kind="backward"),

@@ -145,7 +145,8 @@ def _report_fallbacks(gm, rep, refused) -> None:
         why = support.why_not(node, refused) or "only views and layout changes around it: left to the fallback"
         loc = regions.user_loc(node)
         line = f"{loc.file}:{loc.line}" if loc else ""
-        rep.fallbacks.append(report.Fallback(name, line, why, rep.fallback))
+        to = "kf" if why == support.KF_FUNCTION else rep.fallback
+        rep.fallbacks.append(report.Fallback(name, line, why, to))
 
 
 def _inductor_rest(gm: torch.fx.GraphModule, rep) -> Callable:

@@ -38,10 +38,13 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 def user_loc(node: torch.fx.Node) -> SourceLoc | None:
     """The innermost frame of a node's stack trace outside torch: the user's line."""
+    from ..packages import kf_package_dirs
+
     trace = node.meta.get("stack_trace") or ""
     best = None
+    ours = tuple(d + "/" for d in kf_package_dirs())
     for file, line, name in _FRAME.findall(trace):
-        if "/torch/" in file or "/kf/" in file and "/compiler/" in file:
+        if "/torch/" in file or file.startswith(ours):
             continue
         best = (file, int(line), name)
     if best is None:

@@ -25,6 +25,8 @@ class Fallback:
     to: str  # "inductor" or "eager"
 
     def __str__(self) -> str:
+        if self.to == "kf":
+            return f"{self.op} at {self.line or '(no user line)'}: {self.reason}"
         return f"{self.op} at {self.line or '(no user line)'} -> {self.to}: {self.reason}"
 
 
@@ -41,8 +43,9 @@ class GraphReport:
 
     def lines(self) -> list[str]:
         kf_ops = sum(len(r.ops) for r in self.regions)
-        out = [f"{self.kind} graph: {self.ops} ops; {kf_ops} in {len(self.regions)} kf region(s) on {self.target}, "
-               f"{len(self.fallbacks)} to {self.fallback}"]
+        own = sum(1 for f in self.fallbacks if f.to == "kf")
+        out = [f"{self.kind} graph: {self.ops} ops; {kf_ops} in {len(self.regions)} kf region(s) on {self.target}"
+               + (f", {own} kf function op(s)" if own else "") + f", {len(self.fallbacks) - own} to {self.fallback}"]
         for r in self.regions:
             status = f"kernels {', '.join(r.kernels)}" if r.kernels else "not compiled yet"
             if r.failed:
@@ -52,7 +55,7 @@ class GraphReport:
             if r.lines:
                 out.append(f"    lines: {', '.join(r.lines[:8])}{' ...' if len(r.lines) > 8 else ''}")
         for f in self.fallbacks:
-            out.append(f"  fallback: {f}")
+            out.append(f"  {'kf function' if f.to == 'kf' else 'fallback'}: {f}")
         return out
 
 

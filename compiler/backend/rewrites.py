@@ -1,13 +1,15 @@
 """Rewrites of Dynamo's graph before AOTAutograd traces it.
 
-``F.scaled_dot_product_attention`` becomes its math form (scores, scale, causal or given
-mask, softmax, product with V). Left alone, AOTAutograd would trace it to the device's
-fused attention op (``_scaled_dot_product_flash_attention_for_cpu``, the CUDA flash and
-efficient kernels) whose backward is another fused op kf has no table entry for; and the
-decomposition torch keeps for the forward returns the attention weights where the backward
-expects the row logsumexp (it is meant for export, not training). In the math form autograd
-derives the backward from the same ops, and kf-fuse recognizes the attention pattern (and
-its backward) in the forward and backward graphs. Calls with dropout keep the fused op.
+``F.scaled_dot_product_attention`` without dropout becomes kf's attention: by default
+(``attention="kf"``) a call of the kf function of attention.py, one op with kf's fused
+backward; with ``attention="math"`` its math form (scores, scale, causal or given mask,
+softmax, product with V), which AOTAutograd differentiates op by op and the partitioner
+puts into kf regions with the ops around it. Left alone, AOTAutograd would trace it to the
+device's fused attention op (``_scaled_dot_product_flash_attention_for_cpu``, the CUDA
+flash and efficient kernels), whose backward is another fused op kf has no table entry
+for; and the decomposition torch keeps for the forward returns the attention weights
+where the backward expects the row logsumexp (it is meant for export, not training).
+Calls with dropout keep the fused op.
 """
 
 from __future__ import annotations
@@ -48,12 +50,31 @@ def _dropout(node: torch.fx.Node) -> bool:
     return not (isinstance(p, (int, float)) and p == 0.0)
 
 
-def attention_as_math(gm: torch.fx.GraphModule) -> int:
-    """Point each dropout-free SDPA call of gm at ``sdpa_math``; the number rewritten."""
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def kf_attention(kfn):
+    """An SDPA-signature call of the attention kf function ``kfn`` (attention.py)."""
+    def call(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+        return kfn(query, key, value, attn_mask, s, bool(is_causal))
+
+    call.__name__ = "kf_attention"
+    return call
+
+
+def attention(gm: torch.fx.GraphModule, how: str, options=None) -> int:
+    """Point each dropout-free SDPA call of gm at kf's attention function (``how="kf"``)
+    or at ``sdpa_math`` (``how="math"``); the number rewritten."""
+    target = sdpa_math
+    if how == "kf":
+        from .attention import for_options
+
+        target = kf_attention(for_options(options))
     n = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _SDPA and not _dropout(node):
-            node.target = sdpa_math
+            node.target = target
             n += 1
     if n:
         gm.recompile()

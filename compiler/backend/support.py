@@ -32,6 +32,10 @@ LAYOUT_OPS = frozenset({
 })
 
 
+#: why a kf function's own op (``torch.ops.kf.<name>``, attention.py) is outside the regions
+KF_FUNCTION = "a kf function's op: its own kf program, called as it is"
+
+
 def op_name(node: torch.fx.Node) -> str:
     """The node's ATen overload as kf's table names it (``aten.add.Tensor``), or ""."""
     from kf.aten_to_kf import _target_name
@@ -68,6 +72,8 @@ def why_not(node: torch.fx.Node, refused: dict[str, str]) -> str:
         src = node.args[0]
         return "" if isinstance(src, torch.fx.Node) and not why_not(src, refused) else "takes a result of an op kf leaves"
     name = op_name(node)
+    if name.startswith("kf.") and name not in HANDLERS:
+        return KF_FUNCTION
     if name not in HANDLERS:
         return f"kf has no op for {name}"
     val = node.meta.get("val")

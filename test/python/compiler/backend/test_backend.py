@@ -151,3 +151,30 @@ def test_symbolic_sizes_compile_a_program_per_length():
     assert counters["stats"]["unique_graphs"] == 1
     report = kf.explain(c, torch.randn(9, 16))
     assert [r.compiles for r in report.regions] == [3]
+
+
+@pytest.mark.parametrize("how", ["kf", "math"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_forward_and_backward(how, causal):
+    """SDPA (grouped-query, odd length) as kf's attention function (one op with kf's
+    fused backward) or as its math form in a kf region: eager's output and gradients."""
+    import torch.nn.functional as F
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True).relu()
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 13, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 13, 8, requires_grad=True) for _ in range(2))
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager", "attention": how})
+    out, want = c(q, k, v), f(q, k, v)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad((out * g).sum(), (q, k, v)), torch.autograd.grad((want * g).sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    report = kf.explain(c, q, k, v, backward=True)
+    own = [fb for fb in report.fallbacks if fb.to == "kf"]
+    if how == "kf":
+        assert {fb.op.split("_")[0] for fb in own} == {"kf.attention"} and len(own) == 2  # forward, backward
+    else:
+        assert not own and any("aten._softmax.default" in r.ops for r in report.regions)
