@@ -6,7 +6,7 @@ random weights, no downloads.
 
     python examples/llama.py                        # forward and 5 training steps beside eager
     python examples/llama.py --target vulkan --steps 3 --seq 64
-    python examples/llama.py --fallback inductor    # ops kf leaves go to Inductor (default: eager here)
+    python examples/llama.py --fallback eager       # ops kf leaves run eagerly (default: Inductor)
 
 whole_model.py has the loop both this and gpt2.py run: the same model compiled with kf and
 run eagerly from the same weights on the same batches, the losses and gradients side by
