@@ -205,7 +205,20 @@ def _inductor(sub: torch.fx.GraphModule, examples: list) -> Callable:
     # the segment in the ops Inductor lowers (its own decompositions: AOTAutograd ran kf's)
     with fx_traceback.preserve_node_meta():
         sub = make_fx(torch.fx.Interpreter(sub).run, decomposition_table=select_decomp_table())(*examples)
-    compiled = compile_fx_inner(sub, examples)
+    # Inductor records its graph's output strides for AOTAutograd in the tracing context,
+    # once per graph; a segment is not the graph, so each compiles against a clean record
+    # and AOTAutograd's is left as it was
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    saved = ctx.output_strides if ctx is not None else None
+    if ctx is not None:
+        ctx.output_strides = []
+    try:
+        compiled = compile_fx_inner(sub, examples)
+    finally:
+        if ctx is not None:
+            ctx.output_strides = saved
 
     def run(*args):
         result = compiled(list(args))

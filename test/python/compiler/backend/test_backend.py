@@ -178,3 +178,21 @@ def test_attention_forward_and_backward(how, causal):
         assert {fb.op.split("_")[0] for fb in own} == {"kf.attention"} and len(own) == 2  # forward, backward
     else:
         assert not own and any("aten._softmax.default" in r.ops for r in report.regions)
+
+
+def test_inductor_compiles_each_segment_between_regions():
+    """Two ops kf has no op for, with a kf region between them: two Inductor segments in
+    one graph (each compiled on its own, beside AOTAutograd's record of the graph)."""
+    def f(x):
+        h = torch.cumsum(x, dim=0)
+        h = (h * 0.1).exp()
+        return torch.cumsum(h, dim=1).softmax(-1)
+
+    x = torch.randn(5, 7, requires_grad=True)
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "inductor"})
+    out, want = c(x), f(x)
+    torch.testing.assert_close(out, want)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad((out * g).sum(), x)[0], torch.autograd.grad((want * g).sum(), x)[0])
+    report = kf.explain(c, x)
+    assert [fb.op for fb in report.fallbacks if fb.to == "inductor"] == ["aten.cumsum.default"] * 2
