@@ -361,12 +361,15 @@ def _first_line(e: BaseException) -> str:
 def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: torch.fx.GraphModule,
              constants: dict[str, torch.Tensor], out_spec: Any, tracer: str, of_reached: dict[str, int],
              reached: Sequence[torch.Tensor], reached_names: Sequence[str],
-             written: dict[int, int] | None = None) -> Captured:
+             written: dict[int, int] | None = None,
+             locate: Callable[[torch.fx.Node], SourceLoc | None] | None = None) -> Captured:
     """The kf function of an ATen graph (export's, or the light tracer's whose output node
     keeps the result's nesting: out_spec None). Its inputs: the arguments' tensors, then
     the reached tensors of placeholders in ``of_reached`` (placeholder name -> index
     into reached), in the graph's order. ``written`` maps positions of the graph's
-    outputs that are new values of user inputs to those inputs (a functionalized graph)."""
+    outputs that are new values of user inputs to those inputs (a functionalized graph).
+    ``locate``: the user's line of a node, where it is not in ``user``'s file (a graph
+    that Dynamo captured from a whole model: compiler/backend)."""
     ctx = make_context()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     used = [of_reached[n.name] for n in placeholders if n.name in of_reached]
@@ -393,7 +396,7 @@ def _convert(user: Callable, sig: Signature, tensors: list[torch.Tensor], gm: to
             for node in gm.graph.nodes:
                 if node.op != "call_function":
                     continue
-                sloc = _user_loc(node, user)
+                sloc = locate(node) if locate is not None else _user_loc(node, user)
                 if sloc is not None:
                     locs[node.name] = sloc
                 mloc = ir.Location.file(sloc.file, sloc.line, sloc.col) if sloc else ir.Location.unknown()

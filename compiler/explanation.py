@@ -147,7 +147,18 @@ def plan_of(meta: dict, peak: costs.DevicePeak | None) -> list[KernelPlan]:
 def explain(fn: Callable, *args, device: str | None = None, file=None, **kwargs) -> Explanation:
     """Compile ``fn`` for these arguments (or read the cache) and return its kernel plan,
     whose repr is the text (a REPL shows it once; ``print(kf.explain(...))`` in a script);
-    ``file`` also prints it there. ``device`` names whose peaks the floors use."""
+    ``file`` also prints it there. ``device`` names whose peaks the floors use.
+
+    A model or function compiled with ``torch.compile(..., backend="kf")`` is run on
+    the arguments instead, and the result is the backend's report (backend/report.py):
+    its kf regions, ops and kernels, and what fell back and why."""
+    if _compiled_by_dynamo(fn):
+        from .backend.report import explain as explain_compiled
+
+        result = explain_compiled(fn, *args, **kwargs)
+        if file is not None:
+            print(result, file=file)
+        return result
     from . import cache, driver
     from .api import KfFunction
     from .errors import CompileError, debug
@@ -181,3 +192,13 @@ def explain(fn: Callable, *args, device: str | None = None, file=None, **kwargs)
     if file is not None:
         print(result, file=file)
     return result
+
+
+def _compiled_by_dynamo(fn) -> bool:
+    """Whether fn is what torch.compile returned (a module or a function)."""
+    import sys
+
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    if dynamo is None:
+        return False
+    return isinstance(fn, dynamo.OptimizedModule) or hasattr(fn, "_torchdynamo_orig_callable")

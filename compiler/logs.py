@@ -24,9 +24,11 @@ from .signature import Signature
 compile_log = logging.getLogger("kf.compile")
 cache_log = logging.getLogger("kf.cache")
 recompile_log = logging.getLogger("kf.recompiles")
+#: torch.compile(backend="kf"): each graph's kf regions and fallbacks (backend/report.py)
+backend_log = logging.getLogger("kf.backend")
 
 #: the KF_LOGS names and their loggers
-CHANNELS = {"compile": compile_log, "cache": cache_log, "recompiles": recompile_log}
+CHANNELS = {"compile": compile_log, "cache": cache_log, "recompiles": recompile_log, "backend": backend_log}
 
 #: a compile that runs longer than this many seconds logs its stages as they finish
 PROGRESS_AFTER = 2.0

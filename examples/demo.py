@@ -21,20 +21,15 @@ from seed_examples import fused_attention, metal_layer_norm  # noqa: E402  (the 
 
 def best_target() -> tuple[str, str]:
     """The fastest real target here and why: CUDA, then Metal, then a Vulkan device that
-    is a GPU, then kf's CPU target. A Vulkan device that is a CPU (Mesa's lavapipe, a
-    software rasterizer) runs kf's GPU kernels far slower than the CPU target does."""
-    if torch.cuda.is_available():
-        return "cuda", f"a CUDA GPU is present ({torch.cuda.get_device_name()})"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "metal", "an Apple GPU is present (torch.mps)"
-    from kf.runtime import vulkan
+    is a GPU, then kf's CPU target (kf.backend.best_target, which torch.compile's
+    backend="kf" uses too, says why a CPU Vulkan device is not chosen)."""
+    from kf.backend import best_target as for_device
 
-    if vulkan.is_available():
-        dev = vulkan.device()
-        if dev.device_type != "CPU":
-            return "vulkan", f"no CUDA GPU; Vulkan device {dev.name} is a GPU ({dev.device_type.lower()})"
-        return "cpu", f"no GPU: the only Vulkan device, {dev.name}, runs on the CPU, slower than kf's cpu target"
-    return "cpu", "no GPU and no Vulkan device"
+    if torch.cuda.is_available():
+        return for_device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return for_device("mps")
+    return for_device("cpu")
 
 
 def timed(fn, *args, repeat: int = 20) -> float:

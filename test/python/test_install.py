@@ -75,6 +75,26 @@ def test_installed_kf_compiles_and_runs_outside_the_repository(installed, tmp_pa
     assert v.returncode == 0 and v.stdout.startswith("kf-opt"), v.stdout + v.stderr
 
 
+def test_installed_kf_is_a_torch_compile_backend(installed, wheel, tmp_path):
+    """The wheel registers backend="kf" (the torch_dynamo_backends entry point): torch.compile
+    finds it in a process that never imported kf."""
+    with zipfile.ZipFile(wheel) as z:
+        entry = next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))
+        text = z.read(entry).decode()
+    assert "[torch_dynamo_backends]" in text and "kf = kf.backend:kf_backend" in text, text
+    program = (
+        "import sys, torch\n"
+        "assert 'kf' not in sys.modules\n"
+        "f = torch.compile(lambda x: (x * 2).relu() + 1, backend='kf', options={'target': 'cpu', 'fallback': 'eager'})\n"
+        "x = torch.randn(5, 7)\n"
+        "torch.testing.assert_close(f(x), (x * 2).relu() + 1)\n"
+        "print(sys.modules['kf'].__file__)\n")
+    r = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=_env(installed, tmp_path),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == str(installed / "kf" / "__init__.py")
+
+
 def test_the_lit_suite_passes_against_the_installed_kf(installed, tmp_path):
     lit = shutil.which("lit", path=os.path.dirname(sys.executable)) or shutil.which("lit")
     if lit is None:

@@ -1,0 +1,227 @@
+"""One graph (AOTAutograd's forward, backward or inference graph) split into kf regions
+and the rest.
+
+``CapabilityBasedPartitioner`` with ``support.KfSupport`` proposes maximal regions of
+ops kf compiles (no cycles through the rest); regions that only change views are
+dropped (support.py says why). Each region becomes one submodule run by a
+``regions.RegionRunner``; the rest of the graph runs eagerly (``fallback="eager"``) or is
+cut, between the regions, into segments that Inductor compiles (``compile_fx_inner``,
+as Inductor compiles AOTAutograd's graphs itself).
+
+Where a region's compile refuses one of its ops (a handler that does not take these
+arguments), that op is marked and the graph partitioned again, so the op falls back and
+the rest of the region still runs in kf; a region that fails as a whole (a pass) falls
+back whole. Every fallback is reported with its op, the user's line and the reason.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable
+
+import torch
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+from ..errors import CompileError
+from . import regions, report, support
+
+#: how often a graph is partitioned again after its regions' compiles refuse an op
+MAX_ROUNDS = 8
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of the graph whose nodes keep their names and (shared) metadata."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
+
+
+class _Call(torch.nn.Module):
+    """A callable as a submodule (what a call_module node runs)."""
+
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options, kind: str) -> Callable:
+    """The callable AOTAutograd runs for this graph."""
+    refused: dict[str, str] = {}
+    rep = None
+    for _ in range(MAX_ROUNDS):
+        rep = report.GraphReport(kind, options.target, options.fallback)
+        work = _copy(gm)
+        failed = _partition(work, example_inputs, options, kind, refused, rep)
+        if not failed:
+            break
+    _report_fallbacks(work, rep, refused)
+    report.log_report(rep)
+    run = work if options.fallback == "eager" else _inductor_rest(work, rep)
+
+    def call(args: list):
+        # boxed (AOTAutograd's convention): the list is cleared so that inputs can be freed
+        report.note_graph(rep)
+        inputs = list(args)
+        args.clear()
+        return run(*inputs)
+
+    call._boxed_call = True
+    call.kf_report = rep
+    return call
+
+
+def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
+    """Partition gm in place into kf regions; compile the static ones now. True where a
+    compile refused an op (recorded in ``refused``): partition again."""
+    rep.ops = sum(1 for n in gm.graph.nodes if support.op_name(n))
+    partitioner = CapabilityBasedPartitioner(gm, support.KfSupport(refused), allows_single_node_partition=True)
+    proposed = [p for p in partitioner.propose_partitions() if support.computes(p.nodes)]
+    names_before = {n for n, _ in gm.named_children()}
+    fused = partitioner.fuse_partitions(proposed)
+    new = [n for n, _ in fused.named_children() if n not in names_before]
+    any_failed = False
+    for i, node in enumerate(n for n in fused.graph.nodes if n.op == "call_module" and n.target in new):
+        sub = fused.get_submodule(node.target)
+        _carry_values(node, sub)
+        ops = [support.op_name(n) for n in sub.graph.nodes if support.op_name(n)]
+        lines = []
+        for n in sub.graph.nodes:
+            loc = regions.user_loc(n) if n.op == "call_function" else None
+            text = f"{loc.file.rsplit('/', 1)[-1]}:{loc.line}" if loc else ""
+            if text and text not in lines:
+                lines.append(text)
+        record = regions.Region(f"{kind}_region_{i}", kind, ops, lines)
+        fallback = sub
+
+        def on_failure(region, why, rep=rep):
+            report.log.info("%s: %s falls back at run time: %s", rep.kind, region.name, why)
+
+        runner = regions.RegionRunner(sub, options, record, fallback, on_failure)
+        if not runner.symbolic:
+            examples = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+            try:
+                runner.precompile(examples)
+            except CompileError as e:
+                bad = getattr(e, "kf_node", None)
+                why = f"{type(e).__name__}: {e.message}" + (f" ({e.cause})" if e.cause else "")
+                if bad is not None:
+                    refused[bad] = why
+                else:
+                    for n in sub.graph.nodes:
+                        if n.op == "call_function":
+                            refused[n.name] = f"its region failed to compile: {why}"
+                any_failed = True
+                continue
+        rep.regions.append(record)
+        fused.add_submodule(node.target, _Call(runner))
+    fused.recompile()
+    return any_failed
+
+
+def _carry_values(node: torch.fx.Node, sub: torch.fx.GraphModule) -> None:
+    """The region's results' fake values on its call and the getitems that take them
+    apart (what Inductor's segments after it read as example inputs)."""
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    if isinstance(out, (tuple, list)):
+        node.meta["val"] = tuple(o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in out)
+        for user in node.users:
+            if user.target is operator.getitem:
+                user.meta["val"] = node.meta["val"][user.args[1]]
+    elif isinstance(out, torch.fx.Node):
+        node.meta["val"] = out.meta.get("val")
+
+
+def _report_fallbacks(gm, rep, refused) -> None:
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = support.op_name(node)
+        if not name or not isinstance(node.target, torch._ops.OpOverload):
+            continue  # size arithmetic on SymInts: Python, not a tensor op
+        why = support.why_not(node, refused) or "only views and layout changes around it: left to the fallback"
+        loc = regions.user_loc(node)
+        line = f"{loc.file}:{loc.line}" if loc else ""
+        to = "kf" if why == support.KF_FUNCTION else rep.fallback
+        rep.fallbacks.append(report.Fallback(name, line, why, to))
+
+
+def _inductor_rest(gm: torch.fx.GraphModule, rep) -> Callable:
+    """gm with the ops outside kf's regions compiled by Inductor: the graph cut into
+    segments at the regions (in node order, so no cycle), each segment that computes
+    compiled with ``compile_fx_inner``."""
+    from torch.fx.passes.split_module import split_module
+
+    regions_ = {n for n, m in gm.named_children() if isinstance(m, _Call)}
+    part, segment, current = {}, 0, 0
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and node.target in regions_:
+            segment += 1
+            part[node] = segment
+            segment += 1
+            current = segment
+        elif node.target is operator.getitem and node.args[0] in part and part[node.args[0]] % 2 == 1:
+            part[node] = part[node.args[0]]  # a region's results are taken apart with it
+        elif node.op not in ("placeholder", "output"):
+            part[node] = current
+    if not any(part[n] % 2 == 0 for n in part if n.op == "call_function"):
+        return gm
+    split = split_module(gm, None, lambda n: part[n], keep_original_order=True)
+    # split_module names each segment's inputs after the nodes of gm they are
+    values = {n.name: n.meta.get("val") for n in gm.graph.nodes}
+    for node in split.graph.nodes:
+        if node.op != "call_module":
+            continue
+        sub = split.get_submodule(node.target)
+        if any(n.op == "call_module" and isinstance(getattr(sub, n.target, None), _Call)
+               for n in sub.graph.nodes):
+            continue
+        if not any(n.op == "call_function" for n in sub.graph.nodes):
+            continue
+        examples = []
+        for ph in (n for n in sub.graph.nodes if n.op == "placeholder"):
+            ph.meta["val"] = values.get(ph.name)
+            examples.append(ph.meta["val"])
+        split.add_submodule(node.target, _Call(_inductor(sub, examples)))
+    split.recompile()
+    return split
+
+
+def _inductor(sub: torch.fx.GraphModule, examples: list) -> Callable:
+    """A segment compiled by Inductor (its output made a tuple, as Inductor wants)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    out = next(n for n in sub.graph.nodes if n.op == "output")
+    single = not isinstance(out.args[0], (tuple, list))
+    if single:
+        out.args = ((out.args[0],),)
+        sub.recompile()
+    # the segment in the ops Inductor lowers (its own decompositions: AOTAutograd ran kf's)
+    with fx_traceback.preserve_node_meta():
+        sub = make_fx(torch.fx.Interpreter(sub).run, decomposition_table=select_decomp_table())(*examples)
+    # Inductor records its graph's output strides for AOTAutograd in the tracing context,
+    # once per graph; a segment is not the graph, so each compiles against a clean record
+    # and AOTAutograd's is left as it was
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    saved = ctx.output_strides if ctx is not None else None
+    if ctx is not None:
+        ctx.output_strides = []
+    try:
+        compiled = compile_fx_inner(sub, examples)
+    finally:
+        if ctx is not None:
+            ctx.output_strides = saved
+
+    def run(*args):
+        result = compiled(list(args))
+        return result[0] if single else tuple(result)
+
+    return run

@@ -1,0 +1,198 @@
+"""torch.compile(backend="kf") on small modules: registration, options, the partition
+rule, fallbacks and what the report and the ``kf.backend`` logger say about them."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kf
+from kf.backend import parse_options
+
+
+def test_entry_point_registers_kf_without_importing_it():
+    """A fresh process that never imports kf finds backend="kf" through the entry point."""
+    code = textwrap.dedent("""
+        import sys, torch
+        assert "kf" not in sys.modules
+        f = torch.compile(lambda x: (x * 2).relu() + 1, backend="kf", options={"target": "cpu", "fallback": "eager"})
+        x = torch.randn(5, 7)
+        torch.testing.assert_close(f(x), (x * 2).relu() + 1)
+        print("ok", "kf" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ok", "True"]
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="unknown option"):
+        parse_options({"targt": "cpu"}, [])
+    with pytest.raises(ValueError, match="fallback must be one of"):
+        parse_options({"fallback": "aot_eager"}, [])
+    with pytest.raises(ValueError, match="target"):
+        parse_options({"target": "tpu"}, [])
+    opts = parse_options(None, [torch.randn(2)])
+    assert opts.fallback == "inductor"
+    # CPU tensors: vulkan only where the Vulkan device is a GPU (lavapipe is not)
+    from kf.backend import best_target
+
+    assert opts.target == best_target("cpu")[0]
+
+
+class _Cumsum(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        h = torch.cumsum(h, dim=-1)  # no kf op: falls back
+        return (h * 2 + 1).softmax(-1)
+
+
+@pytest.mark.parametrize("fallback", ["eager", "inductor"])
+def test_fallback_runs_what_kf_leaves_and_report_names_it(fallback, caplog):
+    torch.manual_seed(0)
+    model = _Cumsum()
+    x = torch.randn(7, 16)
+    compiled = torch.compile(model, backend="kf", options={"target": "cpu", "fallback": fallback})
+    with caplog.at_level(logging.INFO, logger="kf.backend"):
+        out = compiled(x)
+    want = model(x)
+    torch.testing.assert_close(out, want)
+    g = torch.randn_like(want)
+    (out * g).sum().backward()
+    got = model.lin.weight.grad.clone()
+    model.zero_grad()
+    (want * g).sum().backward()
+    torch.testing.assert_close(got, model.lin.weight.grad)
+
+    report = kf.explain(compiled, x, backward=True)
+    cumsum = [f for f in report.fallbacks if f.op == "aten.cumsum.default"]
+    assert cumsum and all(f.to == fallback for f in cumsum)
+    assert cumsum[0].line.endswith(f"test_backend.py:{_Cumsum.forward.__code__.co_firstlineno + 2}")
+    assert "kf has no op for aten.cumsum.default" in cumsum[0].reason
+    assert any("addmm" in op for r in report.regions for op in r.ops)
+    assert "fallback: aten.cumsum.default" in str(report)
+    assert any("aten.cumsum.default" in r.getMessage() for r in caplog.records if r.name == "kf.backend")
+
+
+def test_views_alone_are_no_region():
+    """A region made only of views would copy what the fallback returns as a view."""
+    f = torch.compile(lambda x: x.t().reshape(-1)[:5], backend="kf", options={"target": "cpu", "fallback": "eager"})
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(f(x), x.t().reshape(-1)[:5])
+    report = kf.explain(f, x)
+    assert not report.regions
+    assert report.fallbacks and all("only views" in fb.reason for fb in report.fallbacks)
+
+
+def test_op_refused_at_compile_falls_back_alone():
+    """A handler that refuses its arguments (a 2-d index_put) sends that op alone to the
+    fallback; the ops around it still run in kf."""
+    def f(x, idx, v):
+        y = x * 2
+        y = torch.index_put(y, (idx,), v)
+        return y + 1
+
+    x, v = torch.randn(6, 5), torch.randn(2, 3, 5)
+    idx = torch.tensor([[0, 2, 4], [1, 3, 5]])
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager"})
+    torch.testing.assert_close(c(x, idx, v), f(x, idx, v))
+    report = kf.explain(c, x, idx, v)
+    put = [fb for fb in report.fallbacks if fb.op == "aten.index_put.default"]
+    assert put and "UnsupportedOpError" in put[0].reason
+    assert report.regions
+
+
+@pytest.mark.parametrize("n", [1, 7, 257])
+def test_odd_sizes_and_strided_outputs(n):
+    """Odd sizes; an output that is a transposed view keeps eager's strides."""
+    def f(x, w):
+        return (x @ w).relu().t(), x.sum(0)
+
+    x, w = torch.randn(n, 3), torch.randn(3, n)
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager"})
+    got, want = c(x, w), f(x, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+        assert a.shape == b.shape
+
+
+def test_empty_input():
+    f = torch.compile(lambda x: (x * 3).exp(), backend="kf", options={"target": "cpu", "fallback": "eager"})
+    x = torch.randn(0, 4)
+    assert f(x).shape == (0, 4)
+
+
+def test_symbolic_sizes_compile_a_program_per_length():
+    """Under Dynamo's symbolic sizes one graph serves every length; kf's regions, static
+    today, compile a program for each new length at its first call, never reuse one for
+    another length, and reuse it when the length comes again."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    w = torch.randn(16, 16)
+
+    def f(x):
+        return torch.softmax(x @ w, dim=-1) * x.shape[0]
+
+    c = torch.compile(f, backend="kf", dynamic=True, options={"target": "cpu", "fallback": "eager"})
+    for n in (5, 9, 17, 9):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(c(x), f(x))
+    assert counters["stats"]["unique_graphs"] == 1
+    report = kf.explain(c, torch.randn(9, 16))
+    assert [r.compiles for r in report.regions] == [3]
+
+
+@pytest.mark.parametrize("how", ["kf", "math"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_forward_and_backward(how, causal):
+    """SDPA (grouped-query, odd length) as kf's attention function (one op with kf's
+    fused backward) or as its math form in a kf region: eager's output and gradients."""
+    import torch.nn.functional as F
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True).relu()
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 13, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 13, 8, requires_grad=True) for _ in range(2))
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager", "attention": how})
+    out, want = c(q, k, v), f(q, k, v)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad((out * g).sum(), (q, k, v)), torch.autograd.grad((want * g).sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    report = kf.explain(c, q, k, v, backward=True)
+    own = [fb for fb in report.fallbacks if fb.to == "kf"]
+    if how == "kf":
+        assert {fb.op.split("_")[0] for fb in own} == {"kf.attention"} and len(own) == 2  # forward, backward
+    else:
+        assert not own and any("aten._softmax.default" in r.ops for r in report.regions)
+
+
+def test_inductor_compiles_each_segment_between_regions():
+    """Two ops kf has no op for, with a kf region between them: two Inductor segments in
+    one graph (each compiled on its own, beside AOTAutograd's record of the graph)."""
+    def f(x):
+        h = torch.cumsum(x, dim=0)
+        h = (h * 0.1).exp()
+        return torch.cumsum(h, dim=1).softmax(-1)
+
+    x = torch.randn(5, 7, requires_grad=True)
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "inductor"})
+    out, want = c(x), f(x)
+    torch.testing.assert_close(out, want)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad((out * g).sum(), x)[0], torch.autograd.grad((want * g).sum(), x)[0])
+    report = kf.explain(c, x)
+    assert [fb.op for fb in report.fallbacks if fb.to == "inductor"] == ["aten.cumsum.default"] * 2
