@@ -84,7 +84,7 @@ OPS: dict[str, Callable] = {
     "kf.neg": _unary(torch.neg), "kf.abs": _unary(torch.abs), "kf.exp": _unary(torch.exp),
     "kf.log": _unary(torch.log), "kf.sqrt": _unary(torch.sqrt), "kf.rsqrt": _unary(torch.rsqrt),
     "kf.reciprocal": _unary(torch.reciprocal), "kf.tanh": _unary(torch.tanh), "kf.erf": _unary(torch.erf),
-    "kf.erfc": _unary(torch.erfc), "kf.trunc": _unary(torch.trunc), "kf.round": _unary(torch.round),
+    "kf.erfc": _unary(torch.erfc), "kf.sin": _unary(torch.sin), "kf.cos": _unary(torch.cos), "kf.trunc": _unary(torch.trunc), "kf.round": _unary(torch.round),
     "kf.signbit": lambda a, at, o: torch.signbit(a[0]),
     "kf.sigmoid": _unary(torch.sigmoid), "kf.relu": _unary(torch.relu),
     "kf.gelu": lambda a, at, o: torch.nn.functional.gelu(_acc(a[0]), approximate=at.get("approximate", "none")).to(o),

@@ -380,6 +380,8 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("reciprocal", "1 / x", ("input",), ("result",), infer=_U, category="elementwise"),
     OpSpec("tanh", "hyperbolic tangent", ("input",), ("result",), infer=_U, category="elementwise"),
     OpSpec("erf", "error function", ("input",), ("result",), infer=_U, category="elementwise"),
+    OpSpec("sin", "sine of x (radians)", ("input",), ("result",), infer=_U, category="elementwise"),
+    OpSpec("cos", "cosine of x (radians)", ("input",), ("result",), infer=_U, category="elementwise"),
     OpSpec("erfc", "complementary error function 1 - erf(x), accurate where erf(x) is near 1", ("input",),
            ("result",), infer=_U, category="elementwise"),
     OpSpec("trunc", "x rounded toward zero", ("input",), ("result",), infer=_U, category="elementwise"),

@@ -107,6 +107,8 @@ _FOLD_UNARY: dict[str, Callable[[float], float]] = {
     "kf.tanh": math.tanh,
     "kf.erf": math.erf,
     "kf.erfc": math.erfc,
+    "kf.sin": math.sin,
+    "kf.cos": math.cos,
     # (zeros keep the operand's sign; Python's round takes ties to even, as kf.round)
     "kf.trunc": lambda a: math.copysign(float(math.trunc(a)), a) if math.isfinite(a) else a,
     "kf.round": lambda a: math.copysign(float(round(a)), a) if math.isfinite(a) else a,

@@ -310,6 +310,10 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
         if narrow(stored_as) and str(t) == "f32":
             return _erf_narrow(x)
         return mmath.erf(x)
+    if op == "sin":
+        return mmath.sin(x)
+    if op == "cos":
+        return mmath.cos(x)
     if op == "erfc":
         return mmath.erfc(x)
     if op == "trunc":

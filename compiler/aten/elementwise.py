@@ -81,7 +81,8 @@ def _unary(kf_name: str, float_result: bool = True):
 
 for _n, _k in [("neg", "neg"), ("abs", "abs"), ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"),
                ("rsqrt", "rsqrt"), ("reciprocal", "reciprocal"), ("tanh", "tanh"), ("erf", "erf"),
-               ("sigmoid", "sigmoid"), ("relu", "relu"), ("erfc", "erfc")]:
+               ("sigmoid", "sigmoid"), ("relu", "relu"), ("erfc", "erfc"),
+               ("sin", "sin"), ("cos", "cos")]:
     HANDLERS[f"aten.{_n}.default"] = _unary(_k)
 
 

@@ -330,7 +330,7 @@ def max_value(t: ir.Type) -> float:
 ELEMENTWISE = frozenset({
     "kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.max", "kf.min", "kf.neg", "kf.abs", "kf.exp",
     "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid", "kf.relu", "kf.gelu",
-    "kf.erfc", "kf.trunc", "kf.round", "kf.signbit",
+    "kf.erfc", "kf.sin", "kf.cos", "kf.trunc", "kf.round", "kf.signbit",
     "kf.cmp", "kf.select", "kf.masked_fill", "kf.cast"})
 
 

@@ -107,6 +107,15 @@ func.func @random(%state: tensor<2xi64>) -> (tensor<3x257xf32>, tensor<f32>) {
   return %u, %n : tensor<3x257xf32>, tensor<f32>
 }
 
+// CHECK-LABEL: func.func @trigonometry
+func.func @trigonometry(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>) {
+  // CHECK: "kf.sin"(%arg0) : (tensor<7xf32>) -> tensor<7xf32>
+  %a = "kf.sin"(%x) : (tensor<7xf32>) -> tensor<7xf32>
+  // CHECK: "kf.cos"(%arg0) : (tensor<7xf32>) -> tensor<7xf32>
+  %b = "kf.cos"(%x) : (tensor<7xf32>) -> tensor<7xf32>
+  return %a, %b : tensor<7xf32>, tensor<7xf32>
+}
+
 // CHECK-LABEL: func.func @special_values
 func.func @special_values(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>, tensor<7xf32>, tensor<7xi1>) {
   // CHECK: "kf.erfc"(%arg0) : (tensor<7xf32>) -> tensor<7xf32>

@@ -20,7 +20,7 @@ from ..base import NotApplicable
 
 ELEMENTWISE = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.max", "kf.min", "kf.neg", "kf.abs",
                 "kf.exp", "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid",
-                "kf.erfc", "kf.trunc", "kf.round", "kf.signbit",
+                "kf.erfc", "kf.sin", "kf.cos", "kf.trunc", "kf.round", "kf.signbit",
                 "kf.relu", "kf.gelu", "kf.cmp", "kf.select", "kf.masked_fill"}
 REDUCTIONS = {"kf.sum": "add", "kf.mean": "add", "kf.reduce_max": "max", "kf.reduce_min": "min",
                "kf.var": "add"}
