@@ -69,6 +69,10 @@ class Captured:
     eager_aliases: list = field(default_factory=list)
     #: per flat output: the first earlier output that eager returns as the same tensor, or -1
     eager_repeats: list = field(default_factory=list)
+    #: with run-time sizes (dynamic.py): per input and per output, each dim's size as text,
+    #: a number or an expression over the inputs' symbols ("s0", "2*s0"); empty: static
+    input_dims: list = field(default_factory=list)
+    output_dims: list = field(default_factory=list)
 
     @property
     def kf_ir(self) -> str:
@@ -279,6 +283,10 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor],
     ``reached_names``); those it uses become its last inputs (``Captured.reached``), so
     that the program reads them at every call instead of keeping their values."""
     user = _user_code(fn)
+    if any(s < 0 for spec in sig.tensor_sigs() for s in spec.shape):  # run-time sizes
+        from .dynamic import capture_dynamic
+
+        return capture_dynamic(fn, sig, tensors, reached, reached_names)
     reason, written_at = "KF_CAPTURE=export", ""
     if os.environ.get("KF_CAPTURE", "") != "export":
         try:

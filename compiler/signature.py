@@ -28,6 +28,9 @@ _CONST_TYPES = (bool, int, float, str, type(None))
 
 @dataclass(frozen=True)
 class TensorSig:
+    """A tensor argument. A dim of shape is a size, or -1 (-16) for a size known only at run
+    time (a multiple of 16), see ``Signature.generalize``."""
+
     shape: tuple[int, ...]
     elem: str
     device: str  # torch device type: cpu, cuda, mps
@@ -96,19 +99,57 @@ class Signature:
     def devices(self) -> set[str]:
         return {s.device for s in self.tensor_sigs()}
 
+    def generalize(self, dynamic: set[tuple[str, int]], divisibility: int = 0) -> "Signature":
+        """This signature with the dims in ``dynamic`` ((tensor name, dim), names as
+        ``tensor_names``) sizes known only at run time, where the size is at least 2
+        (dynamic.generalize_shape: sizes 0 and 1 stay static); itself where none is."""
+        if not dynamic:
+            return self
+        from .dynamic import generalize_shape
+
+        wanted: dict[str, list[int]] = {}
+        for name, d in dynamic:
+            wanted.setdefault(name, []).append(d)
+
+        def general(name: str, s: TensorSig) -> TensorSig:
+            dims = wanted.get(name)
+            if not dims or not s.shape:
+                return s
+            return TensorSig(generalize_shape(s.shape, dims, divisibility), s.elem, s.device, s.contiguous)
+
+        params = []
+        for p in self.params:
+            if p.kind == "tensor":
+                p = Param(p.name, p.kind, general(p.name, p.value), p.container)
+            elif p.kind == "tensors":
+                p = Param(p.name, p.kind, tuple(general(f"{p.name}.{i}", s) for i, s in enumerate(p.value)),
+                          p.container)
+            params.append(p)
+        out = Signature(tuple(params))
+        return self if out == self else out
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(d < 0 for s in self.tensor_sigs() for d in s.shape)
+
     def describe(self) -> str:
         parts = []
         for p in self.params:
             if p.kind == "tensor":
                 strided = "" if p.value.contiguous else " strided"
-                parts.append(f"{p.name}: {p.value.elem}{list(p.value.shape)}@{p.value.device}{strided}")
+                parts.append(f"{p.name}: {p.value.elem}{_dims(p.value.shape)}@{p.value.device}{strided}")
             elif p.kind == "tensors":
-                parts.append(f"{p.name}: [{', '.join(f'{s.elem}{list(s.shape)}' for s in p.value)}]")
+                parts.append(f"{p.name}: [{', '.join(f'{s.elem}{_dims(s.shape)}' for s in p.value)}]")
             elif p.kind == "scalar":
                 parts.append(f"{p.name}: float")
             else:
                 parts.append(f"{p.name}={p.value!r}")
         return "(" + ", ".join(parts) + ")"
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    """A shape as text: ``?`` for a run-time size, ``?16`` for one that is a multiple of 16."""
+    return "[" + ", ".join("?" if d == -1 else "?16" if d == -16 else str(d) for d in shape) + "]"
 
 
 def bind(fn: Callable, args: tuple, kwargs: dict) -> tuple[Signature, list[torch.Tensor]]:

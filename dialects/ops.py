@@ -1,7 +1,8 @@
 """The kf dialect's ops: one table that the IRDL definition, the Python builders and the
 semantic verifier are all generated from, so the three cannot disagree.
 
-Every kf op has value semantics on ranked, statically shaped tensors. IRDL checks the
+Every kf op has value semantics on ranked tensors, whose dims are sizes or `?` (known at
+run time: dialects/types.DYN). IRDL checks the
 structure of an op when it is parsed (tensor operands, attribute kinds); the rules that
 need arithmetic on shapes (broadcasting, contraction sizes, reduced dims) live here as
 ``infer`` functions, run by the builders as ops are made and by ``kf-verify`` (which
@@ -15,6 +16,7 @@ from typing import Callable, Sequence
 
 from .philox import DISTRIBUTIONS
 from .types import (
+    DYN,
     KfTypeError,
     TensorSpec,
     broadcast_shapes,
@@ -185,7 +187,7 @@ def _matmul(ops, attrs, results):
     elem = _same_elem(ops)
     if a.rank < 2 or b.rank < 2:
         raise KfTypeError(f"matmul needs operands of rank 2 or more, got ranks {a.rank} and {b.rank}")
-    if a.shape[-1] != b.shape[-2]:
+    if a.shape[-1] != b.shape[-2] and DYN not in (a.shape[-1], b.shape[-2]):
         raise KfTypeError(
             f"contracting dimensions differ: lhs {list(a.shape)} has {a.shape[-1]}, "
             f"rhs {list(b.shape)} has {b.shape[-2]}"
@@ -213,7 +215,9 @@ def _numel(shape) -> int:
 def _reshape(ops, attrs, results):
     x = ops[0]
     out = _given_result("kf.reshape")(results)
-    if out.elem != x.elem or _numel(out.shape) != _numel(x.shape):
+    if (DYN in x.shape) != (DYN in out.shape):  # a run-time size goes somewhere (or comes from nowhere)
+        raise KfTypeError(f"cannot reshape {x} into {out}")
+    if out.elem != x.elem or (DYN not in x.shape and _numel(out.shape) != _numel(x.shape)):
         raise KfTypeError(f"cannot reshape {x} into {out}")
     return [out]
 

@@ -1,4 +1,6 @@
-"""Tensor types as kf's verifiers see them: a static shape and an element type name.
+"""Tensor types as kf's verifiers see them: a shape and an element type name. A dim is a
+size, or ``DYN`` (MLIR's ``?``): a size known only at run time, which a program reads
+from its arguments (``tensor<?x64xf32>``).
 
 The verifiers and builders reason about ``TensorSpec`` rather than MLIR type objects
 so that shape rules are plain Python, shared by the builders (which infer result types
@@ -19,9 +21,13 @@ class KfTypeError(ValueError):
     """An op's operands, attributes or results break its typing rules."""
 
 
+#: a dim whose size is known only at run time (``?`` in MLIR's tensor types)
+DYN = -1
+
+
 @dataclass(frozen=True)
 class TensorSpec:
-    """A ranked tensor type with a static shape."""
+    """A ranked tensor type; a dim is a size or ``DYN``."""
 
     shape: tuple[int, ...]
     elem: str
@@ -34,6 +40,10 @@ class TensorSpec:
     def is_float(self) -> bool:
         return self.elem in FLOAT_TYPES
 
+    @property
+    def is_static(self) -> bool:
+        return DYN not in self.shape
+
     def with_shape(self, shape) -> "TensorSpec":
         return TensorSpec(tuple(int(d) for d in shape), self.elem)
 
@@ -41,7 +51,7 @@ class TensorSpec:
         return TensorSpec(self.shape, elem)
 
     def __str__(self) -> str:
-        dims = "".join(f"{d}x" for d in self.shape)
+        dims = "".join("?x" if d == DYN else f"{d}x" for d in self.shape)
         return f"tensor<{dims}{self.elem}>"
 
 
@@ -50,26 +60,30 @@ def spec_of(t: ir.Type) -> TensorSpec:
     if not isinstance(t, ir.RankedTensorType):
         raise KfTypeError(f"expected a ranked tensor, got {t}")
     rt = t
-    if not rt.has_static_shape:
-        raise KfTypeError(f"expected a static shape, got {t}")
     elem = str(rt.element_type)
     if elem not in ELEMENT_TYPES:
         raise KfTypeError(f"element type {elem} is not one of {', '.join(ELEMENT_TYPES)}")
-    return TensorSpec(tuple(rt.shape), elem)
+    return TensorSpec(tuple(DYN if rt.is_dynamic_dim(i) else d for i, d in enumerate(rt.shape)), elem)
 
 
 def mlir_type(spec: TensorSpec) -> ir.Type:
     """The MLIR ranked tensor type of a TensorSpec (needs a current context)."""
-    return ir.RankedTensorType.get(list(spec.shape), ir.Type.parse(spec.elem))
+    dyn = ir.ShapedType.get_dynamic_size()
+    return ir.RankedTensorType.get([dyn if d == DYN else d for d in spec.shape], ir.Type.parse(spec.elem))
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """NumPy/torch broadcasting of shapes; raises KfTypeError when they do not broadcast."""
+    """NumPy/torch broadcasting of shapes; raises KfTypeError when they do not broadcast.
+    A ``DYN`` dim is never 1 (a size 1 is specialized, see compiler/dynamic.py): it meets
+    a 1 or another ``DYN`` (capture checked that both have one size), and where it meets a
+    size, it is that size."""
     rank = max((len(s) for s in shapes), default=0)
     out = []
     for i in range(rank):
         dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
         dims.discard(1)
+        if len(dims) > 1:
+            dims.discard(DYN)
         if len(dims) > 1:
             shown = " and ".join(str(list(s)) for s in shapes)
             raise KfTypeError(f"shapes {shown} do not broadcast")

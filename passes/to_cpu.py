@@ -486,9 +486,11 @@ def blocked_reductions(module: ir.Operation, bound: int = REDUCTION_BLOCK) -> No
 
 
 def _memref(t: ir.Type, f: ir.Operation, what: str) -> ir.Type:
-    if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
+    """The dense memref of a ranked tensor type (``?`` dims stay ``?``: the caller's
+    descriptor gives their sizes)."""
+    if not isinstance(t, ir.RankedTensorType):
         raise PassError(f"@{ir.StringAttr(f.attributes['sym_name']).value}: {what} is {t}; kf-to-cpu takes "
-                        "statically shaped tensors", f.location)
+                        "ranked tensors", f.location)
     return ir.MemRefType.get(list(t.shape), t.element_type)
 
 

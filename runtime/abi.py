@@ -28,7 +28,9 @@ threads fail at once.
 
 from __future__ import annotations
 
+import ast
 import json
+import operator
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -42,13 +44,33 @@ ELEM_INFO: dict[str, tuple[str, int]] = {n: (e.torch_name, e.nbytes) for n, e in
 DEFAULT_MULTIPROCESSORS = 132
 
 
+#: a dim of TensorArg.shape whose size is known only at run time
+DYN = -1
+
+
 @dataclass(frozen=True)
 class TensorArg:
-    """One tensor argument: its name in the user's function (or result index), shape, element type."""
+    """One tensor argument: its name in the user's function (or result index), shape, element type.
+
+    A program compiled for run-time sizes has ``DYN`` dims in its shapes, and ``dims``
+    says each dim's size: a number, or an expression over symbols (``s0``, ``2*s0``). An
+    input's run-time dims are bare symbols, which a call binds (``bind_sizes``); an
+    output's or temporary's are evaluated from them (``sized``)."""
 
     name: str
     shape: tuple[int, ...]
     elem: str
+    dims: tuple[str, ...] = ()
+
+    @property
+    def is_static(self) -> bool:
+        return DYN not in self.shape
+
+    def sized(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        """The shape in a call whose symbols have these sizes."""
+        if not self.dims:
+            return self.shape
+        return tuple(d if d != DYN else eval_size(e, sizes) for d, e in zip(self.shape, self.dims))
 
     @property
     def numel(self) -> int:
@@ -60,6 +82,54 @@ class TensorArg:
     @property
     def nbytes(self) -> int:
         return self.numel * ELEM_INFO[self.elem][1]
+
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+           ast.Mod: operator.mod}
+#: the functions of sympy's printing of torch's size expressions
+_CALLS = {"FloorDiv": operator.floordiv, "Mod": operator.mod, "Max": max, "Min": min}
+
+
+def eval_size(expr: str, sizes: dict[str, int]) -> int:
+    """An integer size expression (``2*s0 + 1``, ``FloorDiv(s0, 2)``) for these symbol
+    sizes; ValueError for anything else (the runtime evaluates no other code)."""
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and type(n.value) is int:
+            return n.value
+        if isinstance(n, ast.Name) and n.id in sizes:
+            return sizes[n.id]
+        if isinstance(n, ast.BinOp) and type(n.op) in _BINARY:
+            return _BINARY[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -ev(n.operand)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _CALLS and not n.keywords:
+            return _CALLS[n.func.id](*[ev(a) for a in n.args])
+        raise ValueError(f"size expression {expr!r}: {ast.dump(n)[:80]} is not integer arithmetic on its symbols")
+
+    return int(ev(ast.parse(expr, mode="eval")))
+
+
+def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min_size: int = 2) -> dict[str, int] | str:
+    """The symbols' sizes in a call whose inputs have these shapes, or why the shapes do
+    not fit the program (text): a static dim that differs, a run-time dim below min_size
+    (sizes 0 and 1 are compiled apart), or one symbol given two sizes."""
+    sizes: dict[str, int] = {}
+    for a, shape in zip(args, shapes):
+        if len(shape) != len(a.shape):
+            return f"'{a.name}' has rank {len(shape)}, the program takes rank {len(a.shape)}"
+        for d, (want, got) in enumerate(zip(a.shape, shape)):
+            if want != DYN:
+                if want != got:
+                    return f"'{a.name}' dim {d} is {got}, the program takes {want}"
+                continue
+            name = a.dims[d]
+            if got < min_size:
+                return f"'{a.name}' dim {d} is {got}; the program takes sizes from {min_size}"
+            if sizes.setdefault(name, got) != got:
+                return f"'{a.name}' dim {d} is {got}, but {name} is {sizes[name]} in another input"
+    return sizes
 
 
 #: int32 words of a program's index error flag (see the module docstring).
@@ -143,6 +213,11 @@ class ProgramABI:
         # (the dimension's number is kf's: advanced indexing moves dims, so it is not said)
         raise IndexOutOfRange(f"index {value} is out of range for a dimension of size {s.bound} ({s.op}{where})")
 
+    @property
+    def is_static(self) -> bool:
+        """No buffer has a run-time size."""
+        return all(a.is_static for a in (*self.inputs, *self.outputs, *self.temporaries))
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
@@ -169,7 +244,7 @@ class ProgramABI:
         d = json.loads(text)
 
         def targ(x):
-            return TensorArg(x["name"], tuple(x["shape"]), x["elem"])
+            return TensorArg(x["name"], tuple(x["shape"]), x["elem"], tuple(x.get("dims", ())))
 
         kernels = tuple(
             KernelABI(k["entry"], tuple(k["args"]), tuple(k["grid"]), tuple(k["block"]), k["shared_bytes"],

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from .abi import ELEM_INFO, ProgramABI, TensorArg
+from .abi import ELEM_INFO, ProgramABI, TensorArg, bind_sizes
 
 
 @lru_cache(maxsize=None)
@@ -64,12 +64,14 @@ class CpuProgram:
         self._entry = getattr(self._lib, kernel.entry)
         self._entry.restype = None
         self._entry.argtypes = [ctypes.c_void_p] * len(kernel.args)
+        self._static = abi.is_static
 
-    def _check(self, t: torch.Tensor, arg: TensorArg) -> torch.Tensor:
+    def _check(self, t: torch.Tensor, arg: TensorArg, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
             raise CpuLaunchError(f"{arg.name}: expected a CPU tensor, got {type(t).__name__} "
                                  f"on {getattr(t, 'device', '?')}")
-        if tuple(t.shape) != arg.shape or t.dtype != _dtype(arg.elem):
+        if t.dtype != _dtype(arg.elem) or (shape is None and tuple(t.shape) != arg.shape) or \
+                (shape is not None and tuple(t.shape) != shape):
             raise CpuLaunchError(f"{arg.name}: compiled for {list(arg.shape)} {_dtype(arg.elem)}, "
                                  f"got {list(t.shape)} {t.dtype}")
         return t if t.is_contiguous() else t.contiguous()
@@ -78,13 +80,21 @@ class CpuProgram:
         abi = self.abi
         if len(inputs) != len(abi.inputs):
             raise CpuLaunchError(f"expected {len(abi.inputs)} inputs, got {len(inputs)}")
-        ins = [self._check(t, a) for t, a in zip(inputs, abi.inputs)]
+        if self._static:
+            ins = [self._check(t, a) for t, a in zip(inputs, abi.inputs)]
+            shapes = [a.shape for a in abi.outputs]
+        else:  # run-time sizes: the inputs' give the symbols, which give the outputs'
+            sizes = bind_sizes(abi.inputs, [tuple(getattr(t, "shape", ())) for t in inputs])
+            if isinstance(sizes, str):
+                raise CpuLaunchError(sizes)
+            ins = [self._check(t, a, tuple(t.shape)) for t, a in zip(inputs, abi.inputs)]
+            shapes = [a.sized(sizes) for a in abi.outputs]
         if out is None:
-            outs = [torch.empty(a.shape, dtype=_dtype(a.elem)) for a in abi.outputs]
+            outs = [torch.empty(s, dtype=_dtype(a.elem)) for s, a in zip(shapes, abi.outputs)]
         else:
             outs = list(out)
-            for t, a in zip(outs, abi.outputs):
-                if self._check(t, a) is not t:
+            for t, a, s in zip(outs, abi.outputs, shapes):
+                if self._check(t, a, s) is not t:
                     raise CpuLaunchError(f"{a.name}: an output buffer must be contiguous")
         bufs = ins + outs
         flag = None

@@ -40,8 +40,13 @@ def linalg(b: Build) -> None:
     cap = b.cap
     entry = _func(cap.module, cap.name)
     b.notes["flops"] = kernel_flops(entry)
-    ins, b.notes["outputs"] = _signature(entry)
-    b.notes["inputs"] = tuple(TensorArg(n, a.shape, a.elem) for n, a in zip(cap.input_names, ins))
+    ins, outs = _signature(entry)
+    # run-time sizes: each dim's size as text (dynamic.py), which the launcher evaluates
+    in_dims, out_dims = cap.input_dims or [()] * len(ins), cap.output_dims or [()] * len(outs)
+    b.notes["inputs"] = tuple(TensorArg(n, a.shape, a.elem, () if a.is_static else tuple(d))
+                              for n, a, d in zip(cap.input_names, ins, in_dims))
+    b.notes["outputs"] = tuple(TensorArg(a.name, a.shape, a.elem, () if a.is_static else tuple(d))
+                               for a, d in zip(outs, out_dims))
     if "arg_attrs" in entry.attributes:  # parameter names are for people; the ABI has them
         del entry.attributes["arg_attrs"]
     symbol = b.notes["symbol"] = rename_entry(cap.module, cap.name)

@@ -1,6 +1,13 @@
 """The linalg-on-tensors builders kf-lower-to-linalg writes with: types, indexing maps,
 ``linalg.generic`` over broadcast operands (``map_elements``), fills, reshapes, slices,
-loops, reductions and the masked arg-best reduction (argmax, topk)."""
+loops, reductions and the masked arg-best reduction (argmax, topk).
+
+A dim may be ``DYN`` (``?``, known at run time). A new tensor (``empty``, ``filled``)
+takes each such size as a value, ``tensor.dim`` of the operand it comes from (``dim``);
+``map_elements`` and ``reduce`` find them through their operands' indexing maps. Where no
+operand gives one, lowering refuses (``DynamicSizeError``), and the driver compiles the
+function for static sizes instead.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +18,18 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from kf.dialects.elements import LOW_PRECISION
-from kf.dialects.types import TensorSpec, normalize_dim, spec_of
+from kf.dialects.types import DYN, TensorSpec, normalize_dim, spec_of
 
 from .. import scalar_math as sm
 
 
 Body = Callable[[list[ir.Value]], list[ir.Value]]
+#: sizes of a new tensor's DYN dims: position -> an index value
+Sizes = dict[int, ir.Value]
+
+
+class DynamicSizeError(ValueError):
+    """A run-time size that this lowering cannot find among an op's operands."""
 
 
 def elem_type(elem: str) -> ir.Type:
@@ -25,7 +38,8 @@ def elem_type(elem: str) -> ir.Type:
 
 def tensor_type(shape: Sequence[int], elem: str | ir.Type) -> ir.RankedTensorType:
     t = elem if isinstance(elem, ir.Type) else elem_type(elem)
-    return ir.RankedTensorType.get(list(shape), t)
+    dyn = ir.ShapedType.get_dynamic_size()
+    return ir.RankedTensorType.get([dyn if d == DYN else d for d in shape], t)
 
 
 def compute_elem(elem: str) -> str:
@@ -39,7 +53,41 @@ def widen_value(v: ir.Value) -> ir.Value:
 
 
 def shape_of(v: ir.Value) -> tuple[int, ...]:
-    return tuple(ir.RankedTensorType(v.type).shape)
+    """v's shape, ``DYN`` for a size known at run time."""
+    return spec_of(v.type).shape
+
+
+def dim(v: ir.Value, d: int) -> ir.Value:
+    """The size of v's dim d, an index value (``tensor.dim``; a constant where static)."""
+    size = shape_of(v)[d]
+    return index_const(size) if size != DYN else tensor.dim(v, index_const(d))
+
+
+def loop_sizes(ins: Sequence[ir.Value], maps: Sequence[ir.AffineMap], rank: int) -> Sizes:
+    """The run-time size of each DYN loop dim of a generic over ins with these maps,
+    from an operand whose map reads it (where the operands' sizes are not all static)."""
+    out: Sizes = {}
+    for v, m in zip(ins, maps):
+        shape = shape_of(v)
+        for pos, e in enumerate(m.results):
+            if isinstance(e, ir.AffineDimExpr) and e.position < rank and shape[pos] == DYN and e.position not in out:
+                out[e.position] = dim(v, pos)
+    return out
+
+
+def sizes_of(v: ir.Value, dims: Sequence[int]) -> Sizes:
+    """Sizes for a new tensor whose position i has v's dim ``dims[i]`` (-1: none)."""
+    shape = shape_of(v)
+    return {i: dim(v, d) for i, d in enumerate(dims) if d >= 0 and shape[d] == DYN}
+
+
+def _dynamic(shape: Sequence[int], sizes: Sizes | None) -> list[ir.Value]:
+    """The size values of shape's DYN dims, in order."""
+    missing = [i for i, d in enumerate(shape) if d == DYN and i not in (sizes or {})]
+    if missing:
+        raise DynamicSizeError(f"no operand gives the run-time size of dim {missing[0]} of a "
+                               f"{'x'.join('?' if d == DYN else str(d) for d in shape)} tensor")
+    return [sizes[i] for i, d in enumerate(shape) if d == DYN]
 
 
 def elem_of(v: ir.Value) -> str:
@@ -77,14 +125,19 @@ def projection_map(rank: int, kept: Sequence[int]) -> ir.AffineMap:
     return ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in kept])
 
 
-def empty(shape: Sequence[int], elem: str | ir.Type) -> ir.Value:
-    return tensor.empty(list(shape), elem if isinstance(elem, ir.Type) else elem_type(elem))
+def empty(shape: Sequence[int], elem: str | ir.Type, sizes: Sizes | None = None) -> ir.Value:
+    """tensor.empty of shape; ``sizes`` gives its DYN dims' sizes."""
+    t = elem if isinstance(elem, ir.Type) else elem_type(elem)
+    if DYN not in shape:
+        return tensor.empty(list(shape), t)
+    values = iter(_dynamic(shape, sizes))
+    return tensor.empty([next(values) if d == DYN else d for d in shape], t)
 
 
-def filled(shape: Sequence[int], elem: str | ir.Type, value: float) -> ir.Value:
+def filled(shape: Sequence[int], elem: str | ir.Type, value: float, sizes: Sizes | None = None) -> ir.Value:
     """A tensor of shape with every element equal to value (linalg.fill)."""
     t = elem if isinstance(elem, ir.Type) else elem_type(elem)
-    return linalg.fill(sm.const(t, value), outs=[empty(shape, t)])
+    return linalg.fill(sm.const(t, value), outs=[empty(shape, t, sizes)])
 
 
 def generic(ins: Sequence[ir.Value], outs: Sequence[ir.Value], maps: Sequence[ir.AffineMap],
@@ -108,7 +161,7 @@ def map_elements(ins: Sequence[ir.Value], out_shape: Sequence[int], out_elem: st
     like torch unless explicit maps are given."""
     rank = len(out_shape)
     maps = list(maps) if maps is not None else [broadcast_map(shape_of(v), out_shape) for v in ins]
-    init = empty(out_shape, out_elem)
+    init = empty(out_shape, out_elem, loop_sizes(ins, maps, rank))
     return generic(ins, [init], [*maps, identity_map(rank)], ["parallel"] * rank,
                    lambda args: [fn(args[:-1])])[0]
 
@@ -135,7 +188,10 @@ def expand_keepdim(v: ir.Value, shape: Sequence[int], red: Sequence[int]) -> ir.
         if groups:
             groups[owner].append(d)
     elem = ir.RankedTensorType(v.type).element_type
-    return tensor.expand_shape(tensor_type(shape, elem), v, reassociation([sorted(g) for g in groups]), [], list(shape))
+    # the kept dims' run-time sizes are v's
+    sizes = [dim(v, kept.index(d)) for d, size in enumerate(shape) if size == DYN]
+    static = [ir.ShapedType.get_dynamic_size() if d == DYN else d for d in shape]
+    return tensor.expand_shape(tensor_type(shape, elem), v, reassociation([sorted(g) for g in groups]), sizes, static)
 
 
 def reassociation(groups: Sequence[Sequence[int]]) -> ir.ArrayAttr:
@@ -150,8 +206,10 @@ def reshape(v: ir.Value, shape: Sequence[int]) -> ir.Value:
     """
     src, elem = shape_of(v), ir.RankedTensorType(v.type).element_type
     shape = list(shape)
-    if list(src) == shape:
+    if list(src) == shape and DYN not in shape:
         return v
+    if DYN in src or DYN in shape:
+        raise DynamicSizeError(f"a reshape of {list(src)} to {list(shape)} with run-time sizes")
     numel = math.prod(src)
     if len(src) == 0:
         flat = tensor.expand_shape(tensor_type([1], elem), v, reassociation([]), [], [1])
@@ -195,6 +253,18 @@ def for_loop(lb: int, ub: int, iter_args: Sequence[ir.Value],
     return list(loop.results)
 
 
+def count(x: ir.Value, red: Sequence[int], t: ir.Type) -> ir.Value:
+    """The number of elements of x's dims red, a scalar of float type t (a constant where
+    their sizes are static)."""
+    shape = shape_of(x)
+    if all(shape[d] != DYN for d in red):
+        return sm.const(t, math.prod(shape[d] for d in red))
+    n = index_const(1)
+    for d in red:
+        n = arith.muli(n, dim(x, d))
+    return arith.uitofp(t, arith.index_cast(ir.IntegerType.get_signless(64), n))
+
+
 def reduced_dims(rank: int, dims: Sequence[int]) -> list[int]:
     if rank == 0:
         return []
@@ -213,7 +283,7 @@ def reduce(x: ir.Value, red: Sequence[int], acc_elem: str, init: float,
     shape = shape_of(x)
     rank = len(shape)
     kept = [d for d in range(rank) if d not in red]
-    init_t = filled([shape[d] for d in kept], acc_elem, init)
+    init_t = filled([shape[d] for d in kept], acc_elem, init, sizes_of(x, kept))
     proj = projection_map(rank, kept)
     iterators = ["reduction" if d in red else "parallel" for d in range(rank)]
     return generic([x, *extra], [init_t], [identity_map(rank), *[proj] * len(extra), proj], iterators,
@@ -268,8 +338,8 @@ def arg_best(x: ir.Value, dim: int, largest: bool, taken: ir.Value | None = None
     rank = len(shape)
     kept = [d for d in range(rank) if d != dim]
     acc_elem = compute_elem(elem_of(x))
-    vals = filled([shape[d] for d in kept], acc_elem, 0)
-    idxs = filled([shape[d] for d in kept], "i64", -1)
+    vals = filled([shape[d] for d in kept], acc_elem, 0, sizes_of(x, kept))
+    idxs = filled([shape[d] for d in kept], "i64", -1, sizes_of(x, kept))
     ins = [x] if taken is None else [x, taken]
     proj = projection_map(rank, kept)
     i64 = ir.IntegerType.get_signless(64)

@@ -11,15 +11,15 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import TensorSpec, normalize_dim, spec_of
+from kf.dialects.types import DYN, TensorSpec, normalize_dim, spec_of
 
 from .. import philox
 from .. import scalar_math as sm
 from ..base import PassError
-from .build import (arg_best, compute_elem, convert_tensor, elem_of, elem_type, empty, expand_keepdim, extract_slice,
-                    filled, finish_reduction, for_loop, generic, identity_map, index_const, insert_slice, loop_index,
-                    map_elements, max_value, min_value, projection_map, reduce, reduced_dims, reshape, shape_of,
-                    tensor_type, widen_value)
+from .build import (DynamicSizeError, arg_best, compute_elem, convert_tensor, count, dim, elem_of, elem_type, empty,
+                    expand_keepdim, extract_slice, filled, finish_reduction, for_loop, generic, identity_map,
+                    index_const, insert_slice, loop_index, map_elements, max_value, min_value, projection_map,
+                    reduce, reduced_dims, reshape, shape_of, sizes_of, tensor_type, widen_value)
 from .index_checks import as_index, checked_index
 from .narrow import NARROW_FLOATS
 
@@ -60,8 +60,8 @@ def _sum_like(op, args, attrs, out):
                         op.location)
     if name in ("kf.sum", "kf.mean"):
         s = reduce(x, red, acc_elem, 0, lambda a, acc: sm.emit("add", [sm.convert(a[0], acc_t), acc]))
-        n = math.prod(shape_of(x)[d] for d in red)
-        fn = (lambda v: arith.divf(v, sm.const(acc_t, n))) if name == "kf.mean" else None
+        n = count(x, red, acc_t) if name == "kf.mean" else None
+        fn = (lambda v: arith.divf(v, n)) if name == "kf.mean" else None
         return [finish_reduction(s, fn, out[0], red)]
     largest = name == "kf.reduce_max"
     init = min_value(acc_elem) if largest else max_value(acc_elem)
@@ -74,11 +74,11 @@ def _var(op, args, attrs, out):
     red = reduced_dims(len(shape_of(x)), attrs.get("dims", []))
     acc_elem = compute_elem(out[0].elem)
     acc_t = elem_type(acc_elem)
-    n = math.prod(shape_of(x)[d] for d in red)
+    n = count(x, red, acc_t)
     # Two passes (mean, then squared deviations) rather than E[x²] - E[x]²: the one-pass
     # formula loses all precision when the mean is large relative to the spread.
     total = reduce(x, red, acc_elem, 0, lambda a, acc: arith.addf(widen_value(a[0]), acc))
-    mean = map_elements([total], shape_of(total), acc_t, lambda a: arith.divf(a[0], sm.const(acc_t, n)))
+    mean = map_elements([total], shape_of(total), acc_t, lambda a: arith.divf(a[0], n))
 
     def sq(a, acc):
         d = arith.subf(widen_value(a[0]), a[1])
@@ -86,6 +86,13 @@ def _var(op, args, attrs, out):
 
     m2 = reduce(x, red, acc_elem, 0, sq, extra=[mean])
     corr = float(attrs.get("correction", 1.0))
+    if any(shape_of(x)[d] == DYN for d in red):
+        # a run-time size is at least 2 (compiler/dynamic.py): n - correction > 0 for
+        # corrections up to 1; a larger one may leave no degrees of freedom
+        if corr > 1:
+            raise DynamicSizeError(f"a variance with correction {corr} over a run-time size")
+        return [finish_reduction(m2, lambda v: arith.divf(v, arith.subf(n, sm.const(acc_t, corr))), out[0], red)]
+    n = math.prod(shape_of(x)[d] for d in red)
     return [finish_reduction(m2, lambda v: sm.variance(v, n, corr), out[0], red)]
 
 
@@ -152,7 +159,7 @@ def _matmul(op, args, attrs, out):
     a, b = (map_elements([v], shape_of(v), acc_elem, lambda x: widen_value(x[0]))
             if ir.RankedTensorType(v.type).element_type != elem_type(acc_elem) and
             str(ir.RankedTensorType(v.type).element_type).startswith("f8") else v for v in (a, b))
-    acc = filled(so, acc_elem, 0)
+    acc = filled(so, acc_elem, 0, _matmul_sizes(a, b, so))
     if len(sa) == 2 and len(sb) == 2:
         r = linalg.matmul(a, b, outs=[acc])
     elif len(sa) == 3 and len(sb) == 3 and sa[0] == sb[0]:
@@ -160,6 +167,23 @@ def _matmul(op, args, attrs, out):
     else:
         r = _batched_contraction(a, b, acc)
     return [finish_reduction(r, None, out[0])]
+
+
+def _matmul_sizes(a: ir.Value, b: ir.Value, so) -> dict:
+    """The run-time sizes of a matmul's result: batch dims from the operand that has them
+    at run time, rows from a, columns from b."""
+    sa, sb, r = shape_of(a), shape_of(b), len(so)
+    sizes = {}
+    for i in range(r - 2):
+        for v, s in ((a, sa), (b, sb)):
+            j = i - (r - len(s))
+            if j >= 0 and s[j] == DYN and i not in sizes:
+                sizes[i] = dim(v, j)
+    if sa[-2] == DYN:
+        sizes[r - 2] = dim(a, len(sa) - 2)
+    if sb[-1] == DYN:
+        sizes[r - 1] = dim(b, len(sb) - 1)
+    return sizes
 
 
 def _batched_contraction(a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
@@ -195,7 +219,7 @@ def _one_result(built) -> ir.Value:
 
 
 def _transpose(op, args, attrs, out):
-    init = empty(out[0].shape, out[0].elem)
+    init = empty(out[0].shape, out[0].elem, sizes_of(args[0], [int(p) for p in attrs["perm"]]))
     return [_one_result(linalg.transpose(args[0], outs=[init], permutation=[int(p) for p in attrs["perm"]]))]
 
 
@@ -411,6 +435,11 @@ LOWERINGS: dict[str, Lowering] = {
 #: the elementwise kf ops: a bf16/f16 result that only they use stays f32 between them
 ELEMENTWISE = frozenset(name for name, lowering in LOWERINGS.items() if lowering is _elementwise)
 
+#: the ops whose lowerings take run-time (DYN) sizes; any other op with one is refused
+DYNAMIC = ELEMENTWISE | {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var", "kf.logsumexp",
+                         "kf.argmax", "kf.softmax", "kf.log_softmax", "kf.matmul", "kf.transpose", "kf.reshape",
+                         "kf.broadcast_to"}
+
 
 def keeps_wide(op: ir.Operation) -> bool:
     """Whether op's low-precision float result is left unrounded (an f32 tensor): op is
@@ -436,6 +465,8 @@ def lower_op(op: ir.Operation, wide: bool = False) -> None:
     if op.name == "kf.div" and not all(spec_of(v.type).is_float for v in op.operands):
         raise PassError("kf.div needs floating-point operands", op.location)
     out = [spec_of(r.type) for r in op.results]
+    if op.name not in DYNAMIC and not all(spec_of(v.type).is_static for v in [*op.operands, *op.results]):
+        raise PassError(f"{op.name} takes no run-time sizes", op.location)
     with ir.InsertionPoint(op), op.location:
         try:
             if wide:

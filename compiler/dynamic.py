@@ -1,0 +1,282 @@
+"""Capture with run-time sizes: one kf function for every size of some dims.
+
+A signature whose tensors have ``DYN`` dims (signature.generalize) is traced by
+torch.export with ``Dim.AUTO`` on those dims: torch's ShapeEnv gives each one a symbol,
+every result's sizes as expressions over the symbols, and specializes a dim where the
+trace needs its value (a guard ``s0 == 64``, a view that divides by it). kf keeps a dim
+dynamic only where torch did; the specialization rule is Triton's and dynamo's: sizes 0
+and 1 are never dynamic (``generalize`` leaves them static), so a symbol ranges over
+``[2, inf)``, which is what torch assumed while tracing (a ``?`` dim never broadcasts,
+``squeeze`` never drops it). Where a target's code depends on a size's divisibility by
+16 (``Target.divisibility``) that bit is part of the signature too.
+
+The graph is converted to kf IR by the ordinary converter twice, with the symbols
+replaced by two sets of sizes (``_hints``): kf's converters read sizes as numbers, and
+the two conversions agree on every op and attribute exactly when nothing of the kf IR but
+the sizes in its types depends on the symbols' values. Where they agree, each type's dims
+that differ become ``?``; where they do not (a constant sized by the input, a slice that
+ends at ``s0 - 1``), the function is compiled for static sizes instead
+(``DynamicFallback``). The kf function then records, per input and output dim, its size
+as an expression over the symbols (``Captured.input_dims``, ``output_dims``), which the
+runtime evaluates at each call (runtime/abi.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from mlir import ir
+
+from kf.dialects.types import DYN, KfTypeError, mlir_type, spec_of
+
+#: a DYN dim whose size is a multiple of 16 (a guard where the target's code depends on it)
+DYN16 = -16
+#: the sizes a run-time dim may take: [MIN_SIZE, inf) (0 and 1 are specialized)
+MIN_SIZE = 2
+
+
+class DynamicFallback(Exception):
+    """The function cannot be compiled with these dims dynamic: the reason, for the
+    ``kf.recompiles`` log; it is compiled for static sizes instead."""
+
+
+def is_dynamic(size: int) -> bool:
+    return size in (DYN, DYN16)
+
+
+def generalize_shape(shape: Sequence[int], dims: Sequence[int], divisibility: int) -> tuple[int, ...]:
+    """shape with each dim of ``dims`` whose size is at least MIN_SIZE made DYN (DYN16 for
+    a multiple of ``divisibility`` where the target asks for it)."""
+    out = list(shape)
+    for d in dims:
+        if 0 <= d < len(out) and out[d] >= MIN_SIZE:
+            out[d] = DYN16 if divisibility and out[d] % divisibility == 0 else DYN
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def _export(user: Callable, sig, tensors: list[torch.Tensor], dynamic: list[list[int]]):
+    """torch.export of the function with Dim.AUTO on each input's dynamic dims."""
+    from torch.export import Dim
+
+    from .capture import _traceable, _trace_inputs, _Wrapper
+    from .torch_ops import AUTOCAST_KEYS
+
+    shapes = tuple({d: Dim.AUTO for d in dims} or None for dims in dynamic)
+    try:
+        with torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
+            return torch.export.export(_Wrapper(_traceable(user), sig), tuple(_trace_inputs(tensors)),
+                                       dynamic_shapes=(shapes,), strict=False)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DynamicFallback(f"torch.export with dynamic dims failed: {type(e).__name__}: {first[:200]}") from None
+
+
+def _symbols(ep, n_inputs: int, dynamic: list[list[int]], names: Sequence[str]) -> tuple[list[tuple[str, ...]], dict]:
+    """(each user input's dims as text: a size or a symbol, symbol -> sympy symbol) of the
+    exported program; a dim asked to be dynamic that torch specialized is a
+    DynamicFallback naming it."""
+    import sympy
+    from torch.export.graph_signature import InputKind
+    from torch.utils._sympy.numbers import int_oo
+
+    users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
+    dims, symbols = [], {}
+    for i, name in enumerate(users[:n_inputs]):
+        val = nodes[name].meta["val"]
+        row = []
+        for d, size in enumerate(val.shape):
+            if isinstance(size, int):
+                if d in dynamic[i]:
+                    raise DynamicFallback(f"torch specialized {names[i]} dim {d} to {size} (the function "
+                                          f"needs that size)")
+                row.append(str(size))
+                continue
+            expr = size.node.expr
+            if not isinstance(expr, sympy.Symbol):
+                raise DynamicFallback(f"{names[i]} dim {d} is {expr} of other dims")
+            symbols[str(expr)] = expr
+            row.append(str(expr))
+        dims.append(tuple(row))
+    for sym, vr in ep.range_constraints.items():
+        if str(sym) in symbols and (int(vr.lower) != MIN_SIZE or vr.upper != int_oo):
+            raise DynamicFallback(f"torch bounds {sym} to [{vr.lower}, {vr.upper}]")
+    return dims, symbols
+
+
+def _hints(symbols: dict, which: int) -> dict:
+    """Sizes that stand for the symbols in one of the two conversions: primes, far from
+    each other and from any size a program is likely to hold (so a size derived from a
+    symbol differs between the two)."""
+    import sympy
+
+    out, p = {}, (1009 if which == 0 else 4001)
+    for name in sorted(symbols):
+        p = sympy.nextprime(p)
+        out[symbols[name]] = sympy.Integer(p)
+    return out
+
+
+def _concrete(x: Any, hints: dict) -> Any:
+    """x (a SymInt, a number, a list of them) with the symbols replaced by hints."""
+    if isinstance(x, torch.SymInt):
+        value = x.node.expr.xreplace(hints)
+        if not value.is_number:
+            raise DynamicFallback(f"the size {x.node.expr} has symbols of no input")
+        return int(value)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_concrete(y, hints) for y in x)
+    return x
+
+
+#: graph nodes that check sizes at run time: a program without them would skip the check
+_ASSERTS = ("_assert", "sym_constrain_range")
+
+
+def _hinted(gm: torch.fx.GraphModule, hints: dict) -> torch.fx.GraphModule:
+    """A copy of export's graph with every size a number: the nodes that compute sizes
+    (``sym_size``, arithmetic on them) replaced by their values under hints, each
+    tensor's ``meta["val"]`` a meta tensor of its sizes."""
+    graph = torch.fx.Graph()
+    env: dict = {}
+    sizes: dict = {}  # node that computes a size -> its number
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "call_function" and any(a in str(node.target) for a in _ASSERTS):
+            raise DynamicFallback(f"the trace checks sizes at run time ({node.target})")
+        if node.op == "call_function" and isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+            sizes[node] = _concrete(val, hints)
+            continue
+        new = graph.node_copy(node, lambda n: sizes[n] if n in sizes else env[n])
+        if isinstance(val, torch.Tensor):
+            new.meta["val"] = _meta(val, hints)
+        elif isinstance(val, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in val):
+            new.meta["val"] = type(val)(_meta(v, hints) if isinstance(v, torch.Tensor) else v for v in val)
+        env[node] = new
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _meta(val: torch.Tensor, hints: dict) -> torch.Tensor:
+    shape, strides = _concrete(list(val.shape), hints), _concrete(list(val.stride()), hints)
+    return torch.empty_strided(shape, strides, dtype=val.dtype, device="meta")
+
+
+# ----------------------------------------------------------------------------- unification
+
+
+def _ops(module: ir.Module) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+    module.operation.walk(lambda op: found.append(op.operation) or ir.WalkResult.ADVANCE, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def _attrs(op: ir.Operation) -> dict[str, str]:
+    named = [op.attributes[i] for i in range(len(op.attributes))]
+    return {a.name: str(a.attr) for a in named if a.name != "function_type"}
+
+
+def _general(a: ir.Type, b: ir.Type) -> ir.Type:
+    """The type of both a and b: their dims that differ made ``?``."""
+    if a == b:
+        return a
+    try:
+        sa, sb = spec_of(a), spec_of(b)
+    except KfTypeError:
+        raise DynamicFallback(f"types {a} and {b} differ with the sizes") from None
+    if sa.elem != sb.elem or sa.rank != sb.rank:
+        raise DynamicFallback(f"types {a} and {b} differ with the sizes")
+    return mlir_type(sa.with_shape([x if x == y else DYN for x, y in zip(sa.shape, sb.shape)]))
+
+
+def unify(a: ir.Module, b: ir.Module) -> None:
+    """Make a, in place, the kf IR of both conversions (see the module docstring): every
+    op and attribute equal, each type the general one of a's and b's; else
+    DynamicFallback."""
+    ops_a, ops_b = _ops(a), _ops(b)
+    if len(ops_a) != len(ops_b):
+        raise DynamicFallback("the kf IR differs with the sizes (a different number of ops)")
+    for x, y in zip(ops_a, ops_b):
+        if x.name != y.name or _attrs(x) != _attrs(y) or len(x.results) != len(y.results) or \
+                len(x.operands) != len(y.operands):
+            raise DynamicFallback(f"the kf IR differs with the sizes ({x.name}: {_attrs(x)} / {_attrs(y)})")
+        for r, s in zip(x.results, y.results):
+            r.set_type(_general(r.type, s.type))
+        if x.name == "func.func":
+            for block_x, block_y in zip(x.regions[0].blocks, y.regions[0].blocks):
+                for u, v in zip(block_x.arguments, block_y.arguments):
+                    u.set_type(_general(u.type, v.type))
+    for op in ops_a:
+        if op.name == "func.func" and len(op.regions[0].blocks):
+            block = op.regions[0].blocks[0]
+            ret = list(block.operations)[-1]
+            op.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get([v.type for v in block.arguments], [v.type for v in ret.operands]))
+
+
+def _dims_text(val: torch.Tensor) -> tuple[str, ...]:
+    return tuple(str(s.node.expr) if isinstance(s, torch.SymInt) else str(int(s)) for s in val.shape)
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Sequence[torch.Tensor] = (),
+                    reached_names: Sequence[str] = ()):
+    """The Captured kf function of a signature with DYN dims (see the module docstring);
+    DynamicFallback where it cannot be one program for every size."""
+    from kf.dialects import verify
+
+    from .capture import (_convert, _export_constants, _reached_constants, _user_code, _written_inputs)
+
+    user = _user_code(fn)
+    specs = sig.tensor_sigs()
+    dynamic = [[d for d, s in enumerate(spec.shape) if is_dynamic(s)] for spec in specs]
+    names = sig.tensor_names()
+    ep = _export(user, sig, tensors, dynamic)
+    if _written_inputs(ep, user):
+        raise DynamicFallback("the function writes to its arguments")
+    input_dims, symbols = _symbols(ep, len(tensors), dynamic, names)
+    constants = _export_constants(ep)
+    of_reached = _reached_constants(constants, reached)
+    caps = []
+    for which in (0, 1):
+        hints = _hints(symbols, which)
+        gm = _hinted(ep.graph_module, hints)
+        metas = []
+        for t, dims in zip(tensors, input_dims):
+            shape = [int(sz) if sz.lstrip("-").isdigit() else int(hints[symbols[sz]]) for sz in dims]
+            metas.append(torch.empty(shape, dtype=t.dtype, device="meta"))
+        caps.append(_convert(user, sig, metas, gm, constants, ep.call_spec.out_spec, "export", of_reached,
+                             reached, reached_names))
+    cap, other = caps
+    if cap.fallbacks:
+        raise DynamicFallback("ops of the function go through torch-mlir, which kf compiles for static sizes")
+    with cap.context, ir.Location.unknown():
+        unify(cap.module, other.module)
+        errors = verify(cap.module.operation)
+        if errors:
+            raise DynamicFallback(f"the kf IR with run-time sizes does not verify: {errors[0][1]}")
+    out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
+    outs = [a for a in out_node.args[0] if isinstance(a, torch.fx.Node)]
+    if len(outs) != len(cap.output_specs):
+        raise DynamicFallback("the results do not match the graph's outputs")
+    cap.output_dims = [_dims_text(o.meta["val"]) for o in outs]
+    cap.input_dims = list(input_dims) + [tuple(str(s) for s in t.shape) for t in
+                                         (reached[j] for j in cap.reached)]
+    if cap.random_input is not None:
+        cap.input_dims.append(("2",))
+    with cap.context:
+        entry = next(op for op in _ops(cap.module) if op.name == "func.func")
+        ftype = ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value)
+        cap.output_specs = [spec_of(t) for t in ftype.results]
+    for dims, spec in zip(cap.output_dims, cap.output_specs):
+        for text, size in zip(dims, spec.shape):
+            if size != DYN and text != str(size):
+                raise DynamicFallback(f"a result's size {text} is {size} in the kf IR")
+    cap.fallback_reason = None
+    cap.tracer = "export-dynamic"
+    return cap
