@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from . import guards, logs, targets, torch_ops
-from .errors import CompileError, IndexOutOfRange, SignatureError, TargetError
+from .errors import CompileError, DynamicFallback, IndexOutOfRange, SignatureError, TargetError
 from .options import Options
 from .signature import Signature, bind, check_callable, invoke, lift_scalars, rebuild_args, scalar_dtype, unlift_scalars
 
@@ -117,11 +117,22 @@ class KfFunction:
         self._constant_floats: set[str] = set()
         self._scalar_entries: dict[Signature, int] = {}  # dispatch-table entries made per signature
         self._compiles: list[CompileRecord] = []
+        # Run-time sizes (compiler/dynamic.py). (tensor name, dim) of the dims made dynamic
+        # by automatic dynamic, the size first seen in each dim, the dims that must stay
+        # static (their program could not be one for every size), why each dim became
+        # dynamic (for the compile's reason), and whether the recompile limit was reported.
+        self._auto: set[tuple[str, int]] = set()
+        self._first: dict[tuple[str, int], int] = {}
+        self._static: set[tuple[str, int]] = set()
+        self._why_dynamic: list[str] = []
+        self._profile_read = False
+        self._limit_warned = False
 
     @property
     def compiles(self) -> tuple["CompileRecord", ...]:
-        """Each program this function compiled (or loaded from the disk cache) in this
-        process, in order, with its signature, target, seconds and why it was needed."""
+        """Each program this function compiled (or loaded from the disk cache: ``cached``)
+        in this process, in order, with its signature, target, seconds and why it was
+        needed."""
         return tuple(self._compiles)
 
     def __repr__(self) -> str:
@@ -177,11 +188,22 @@ class KfFunction:
                           logs.recompile_reason(self.fn.__name__, sig, reads.parts,
                                                 [(s, getattr(p, "read_parts", {})) for (s, _), p in self._table.items()]))
                 logs.recompile_log.info("%s", reason)
+            if self._why_dynamic:
+                reason = f"{reason}; {'; '.join(self._why_dynamic)}"
+                self._why_dynamic = []
             target = self.resolve_target(sig)
             options = self.options.with_(target=target, interpret=self._interpret())
+            self._check_limit(sig)
             start = time.perf_counter()
-            program = driver.compile_function(self.fn, sig, tensors, options, reads)
-            self._compiles.append(CompileRecord(sig.describe(), target, time.perf_counter() - start, reason))
+            try:
+                program = driver.compile_function(self.fn, sig, tensors, options, reads)
+            except (DynamicFallback, CompileError) as e:
+                if not sig.is_dynamic:
+                    raise
+                program, sig = self._static_fallback(sig, tensors, options, reads, e)
+                reason = f"{reason}; compiled for static sizes"
+            self._compiles.append(CompileRecord(sig.describe(), target, time.perf_counter() - start, reason,
+                                                getattr(program, "from_cache", False)))
             program.moves = self._moves(reads, program.reached, target, tensors)
             program.baked = [(t, t._version) for t in reads.baked]
             program.read_parts = reads.parts
@@ -194,6 +216,83 @@ class KfFunction:
                               RuntimeWarning, stacklevel=4)
             self._table[(sig, reads.fingerprint)] = program
         return program, reads
+
+    def _static_fallback(self, sig: Signature, tensors: list, options: Options, reads, e: Exception):
+        """(the program for the call's static sizes, its signature) where a signature with
+        run-time sizes cannot be one program: its dynamic dims stay static for good, with
+        a kf.recompiles line saying why."""
+        from . import driver
+
+        why = str(e).splitlines()[0] if isinstance(e, DynamicFallback) else \
+            f"{type(e).__name__}: {e.message}" + (f" ({e.cause.splitlines()[0]})" if e.cause else "")
+        dims = sig.dynamic_dims()
+        self._static |= dims
+        shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
+        logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
+        static = sig.sized(tensors)
+        program = self._table.get((static, reads.fingerprint))
+        if program is None:
+            program = driver.compile_function(self.fn, static, tensors, options, reads)
+        return program, static
+
+    def _check_limit(self, sig: Signature) -> None:
+        """Past RECOMPILE_LIMIT programs, a warning (once; on the kf.recompiles logger and in
+        ``warnings``) naming the argument and dim, or the value, that keeps changing."""
+        if len(self._compiles) < RECOMPILE_LIMIT or self._limit_warned:
+            return
+        self._limit_warned = True
+        what = _changing([s for s, _ in self._table] + [sig])
+        msg = (f"kf: {self.fn.__name__} has compiled {len(self._compiles)} programs (the limit is "
+               f"{RECOMPILE_LIMIT}); {what} keeps changing"
+               + ("" if self.options.dynamic is not False and "dim" in what else
+                  "; pass it as a tensor, or mark it dynamic (kf.jit(dynamic=...))" if "dim" in what else
+                  "; a value the function branches on or sizes with is compiled for each value"))
+        logs.recompile_log.warning("%s", msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=5)
+
+    def _generalized(self, sig: Signature) -> Signature:
+        """sig with the dims that take run-time sizes marked (Signature.generalize): those
+        of ``options.dynamic``, or under automatic dynamic those whose size has changed
+        since the first call, less those that must stay static; sig itself on targets
+        whose programs take no run-time sizes."""
+        mode = self.options.dynamic
+        if mode is False:
+            return sig
+        try:
+            target = targets.get(self.resolve_target(sig))
+        except CompileError:
+            return sig  # the call's error comes from specialize
+        if not target.dynamic_shapes or self._interpret():
+            return sig
+        names = sig.tensor_names()
+        shapes = [s.shape for s in sig.tensor_sigs()]
+        scalars = {p.name for p in sig.params if p.kind == "scalar"}
+        if mode is True:
+            wanted = {(n, d) for n, shape in zip(names, shapes) if n not in scalars for d in range(len(shape))}
+        elif isinstance(mode, tuple):
+            given = dict(mode)
+            wanted = {(n, d) for n, shape in zip(names, shapes)
+                      for d in given.get(n, given.get(n.split(".")[0], ())) if d < len(shape)}
+        else:
+            if not self._profile_read:
+                self._profile_read = True
+                from . import cache
+
+                self._auto |= cache.dynamic_profile(self.fn)
+            for n, shape in zip(names, shapes):
+                for d, size in enumerate(shape):
+                    first = self._first.setdefault((n, d), size)
+                    if first != size and (n, d) not in self._auto and (n, d) not in self._static:
+                        self._auto.add((n, d))
+                        self._why_dynamic.append(f"'{n}' dim {d} changed size ({first} -> {size}): "
+                                                 f"compiled with it dynamic")
+                        logs.recompile_log.info("%s: '%s' dim %d changed size (%d -> %d): it is dynamic from now on",
+                                                self.fn.__name__, n, d, first, size)
+                        from . import cache
+
+                        cache.add_dynamic_profile(self.fn, self._auto)
+            wanted = self._auto
+        return sig.generalize(wanted - self._static, target.divisibility)
 
     def _moves(self, reads: guards.Reads, used: list, target: str, tensors: list) -> list[tuple[int, Any]]:
         """(input position, device) of the reached tensors a call copies to the target's
@@ -325,7 +424,7 @@ class KfFunction:
             dtype = scalar_dtype(tensors)
             if dtype is not None:
                 sig, tensors = lift_scalars(sig, tensors, names, dtype)
-        return sig, tensors
+        return self._generalized(sig), tensors
 
     def _bound_call(self, args: tuple, kwargs: dict) -> tuple[Any, list]:
         """As ``_bound`` for a call. Where its floats are runtime scalars but the function
@@ -347,7 +446,8 @@ class KfFunction:
             why = e.args[0] if isinstance(e, _KeepConstant) else f"{type(e).__name__}: {e.message}"
             logs.recompile_log.info("%s: float argument(s) %s compiled as constants: %s", self.fn.__name__,
                                     ", ".join(names), why.splitlines()[0])
-            return self._bound(*bind(self.fn, args, kwargs))
+            sig, tensors = bind(self.fn, args, kwargs)
+            return self._bound(self._generalized(sig), tensors)
 
     def _bound(self, sig: Signature, tensors: list) -> tuple[Any, list]:
         """(the program of a bound call, its tensors followed by the reached ones it reads):
@@ -393,6 +493,30 @@ class CompileRecord:
     target: str
     seconds: float
     reason: str  # "first call", or why it compiled again (logs.recompile_reason)
+    cached: bool = False  # loaded from the disk cache: nothing was compiled
+
+
+#: programs of one function past which a warning names what keeps changing
+RECOMPILE_LIMIT = 8
+
+
+def _changing(sigs: list[Signature]) -> str:
+    """What takes the most distinct values over the signatures of one function's compiles:
+    "argument 'x' dim 1 (sizes 7, 9, 11, ...)" or "argument 'k' (values 1, 2, 3, ...)"."""
+    seen: dict[str, list] = {}
+    for sig in sigs:
+        for name, spec in zip(sig.tensor_names(), sig.tensor_sigs()):
+            for d, size in enumerate(spec.shape):
+                seen.setdefault(f"argument '{name}' dim {d}", []).append("?" if size < 0 else size)
+            seen.setdefault(f"argument '{name}' (dtype, layout or rank)", []).append(
+                (spec.elem, spec.contiguous, len(spec.shape)))
+        for p in sig.params:
+            if p.kind == "const":
+                seen.setdefault(f"argument '{p.name}'", []).append(p.value)
+    best, values = max(seen.items(), key=lambda kv: len({repr(v) for v in kv[1]}), default=("an argument", []))
+    distinct = list(dict.fromkeys(repr(v) for v in values))
+    kind = "sizes" if " dim " in best else "values"
+    return f"{best} ({kind} {', '.join(distinct[:6])}{', ...' if len(distinct) > 6 else ''})"
 
 
 class _KeepConstant(Exception):

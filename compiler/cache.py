@@ -279,3 +279,41 @@ def store(k: str, meta: dict, artifacts: dict[str, bytes], private: bool = False
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
     raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------- dynamic dims
+
+
+def _profile_path(fn: Callable) -> Path:
+    """Where the dims that automatic dynamic made dynamic for fn are kept: by its code's
+    place (file, line, name), so that a later process knows them on its first call."""
+    import inspect
+
+    code = inspect.unwrap(fn).__code__
+    where = f"{os.path.abspath(code.co_filename)}:{code.co_firstlineno}:{code.co_qualname}"
+    return cache_dir() / "dynamic" / (hashlib.sha256(where.encode()).hexdigest()[:32] + ".json")
+
+
+def dynamic_profile(fn: Callable) -> set[tuple[str, int]]:
+    """(tensor name, dim) of fn's dims that an earlier process found to change size (as
+    dynamo's automatic dynamic profile): a hint for the first call's signature, which
+    then finds that program in the cache; an unreadable profile is none."""
+    try:
+        data = json.loads(_profile_path(fn).read_text())
+        return {(str(n), int(d)) for n, d in data["dims"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def add_dynamic_profile(fn: Callable, dims: set[tuple[str, int]]) -> None:
+    """Record fn's dynamic dims (with those recorded before), written atomically; a cache
+    that cannot be written keeps none."""
+    path = _profile_path(fn)
+    dims = dims | dynamic_profile(fn)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}")
+        tmp.write_text(json.dumps({"dims": sorted([n, d] for n, d in dims)}))
+        os.replace(tmp, path)
+    except OSError:
+        pass

@@ -21,7 +21,7 @@ import time
 from typing import Callable
 
 from . import cache, logs, targets
-from .errors import CompileError, debug, user_facing
+from .errors import CompileError, DynamicFallback, debug, user_facing
 from .options import Options
 from .programs import InterpretedProgram, load
 from .signature import Signature
@@ -66,6 +66,7 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             try:
                 program = load(entry, len(reads.tensors))
                 logs.cache_log.info("%s%s: loaded from the disk cache (%s)", name, sig.describe(), entry.directory)
+                program.from_cache = True
                 return program
             except Exception as e:
                 if _unavailable(e):
@@ -129,7 +130,7 @@ def build(fn: Callable, sig: Signature, tensors: list, options: Options, arch: s
     for stage in target.stages().values():
         try:
             stage(b)
-        except CompileError:
+        except (CompileError, DynamicFallback):
             raise
         except Exception as e:
             if debug():

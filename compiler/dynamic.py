@@ -30,30 +30,8 @@ from mlir import ir
 
 from kf.dialects.types import DYN, KfTypeError, mlir_type, spec_of
 
-#: a DYN dim whose size is a multiple of 16 (a guard where the target's code depends on it)
-DYN16 = -16
-#: the sizes a run-time dim may take: [MIN_SIZE, inf) (0 and 1 are specialized)
-MIN_SIZE = 2
-
-
-class DynamicFallback(Exception):
-    """The function cannot be compiled with these dims dynamic: the reason, for the
-    ``kf.recompiles`` log; it is compiled for static sizes instead."""
-
-
-def is_dynamic(size: int) -> bool:
-    return size in (DYN, DYN16)
-
-
-def generalize_shape(shape: Sequence[int], dims: Sequence[int], divisibility: int) -> tuple[int, ...]:
-    """shape with each dim of ``dims`` whose size is at least MIN_SIZE made DYN (DYN16 for
-    a multiple of ``divisibility`` where the target asks for it)."""
-    out = list(shape)
-    for d in dims:
-        if 0 <= d < len(out) and out[d] >= MIN_SIZE:
-            out[d] = DYN16 if divisibility and out[d] % divisibility == 0 else DYN
-    return tuple(out)
-
+from .errors import DynamicFallback
+from .signature import MIN_SIZE, is_dynamic
 
 # ----------------------------------------------------------------------------- export
 
@@ -90,6 +68,8 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]], names: Sequence[str]) 
         val = nodes[name].meta["val"]
         row = []
         for d, size in enumerate(val.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_number:
+                size = int(size.node.expr)
             if isinstance(size, int):
                 if d in dynamic[i]:
                     raise DynamicFallback(f"torch specialized {names[i]} dim {d} to {size} (the function "

@@ -104,6 +104,12 @@ class MutationError(CompileError):
     stage = "call"
 
 
+class DynamicFallback(Exception):
+    """A signature with run-time sizes that cannot be one program (compiler/dynamic.py):
+    the reason, for the ``kf.recompiles`` log; the function is compiled for the call's
+    static sizes instead."""
+
+
 class SignatureError(TypeError):
     """A call's arguments do not fit the function (wrong device, dtype or structure)."""
 

@@ -112,7 +112,9 @@ def _kind(p) -> str:
 def _tensor_changes(a, b) -> list[str]:
     out = []
     if a.shape != b.shape:
-        out.append(f"shape {list(a.shape)} -> {list(b.shape)}")
+        from .signature import _dims
+
+        out.append(f"shape {_dims(a.shape)} -> {_dims(b.shape)}")
     if a.elem != b.elem:
         out.append(f"dtype {a.elem} -> {b.elem}")
     if a.device != b.device:

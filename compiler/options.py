@@ -26,6 +26,13 @@ class Options:
       separated by spaces (``"matmul.stages=3 attention.reverse_q_blocks=false"``; the
       fields of each strategy's VARIANT, passes/strategies/). Part of the cache key, as
       every option.
+    dynamic: which dims take run-time sizes (one program for every size, compiler/dynamic.py):
+      ``None`` (the default) makes a dim dynamic once a call brings a second size for it
+      (automatic dynamic, as dynamo's); ``True`` every dim of every tensor argument;
+      ``False`` none (each size compiles its own program); ``{"q": [2], "x": [0]}`` those
+      dims of those arguments (``name.i`` for a list's tensor i; a name alone for all of
+      its tensors). Sizes 0 and 1 are always compiled apart. Not part of the cache key:
+      the signature says which dims are dynamic.
     """
 
     target: str = "auto"
@@ -34,8 +41,17 @@ class Options:
     arch: str = ""
     precision: str = "auto"
     variants: str = ""
+    dynamic: object = None  # None, True, False, or a tuple of (name, (dims...)) (a dict given)
 
     def __post_init__(self):
+        if isinstance(self.dynamic, dict):
+            try:
+                pairs = tuple(sorted((str(k), tuple(sorted(int(d) for d in v))) for k, v in self.dynamic.items()))
+            except (TypeError, ValueError):
+                raise ValueError(f"dynamic maps argument names to lists of dims, got {self.dynamic!r}") from None
+            object.__setattr__(self, "dynamic", pairs)
+        elif not (self.dynamic is None or isinstance(self.dynamic, (bool, tuple))):
+            raise ValueError(f"dynamic is None, True, False or {{name: [dims]}}, got {self.dynamic!r}")
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
         if self.precision not in PRECISIONS:
@@ -56,5 +72,5 @@ class Options:
 
     def stable_hash(self) -> str:
         """A hash that is the same in every process (Python's hash() is salted)."""
-        fields = {k: v for k, v in asdict(self).items() if k != "dump_ir"}
+        fields = {k: v for k, v in asdict(self).items() if k not in ("dump_ir", "dynamic")}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -55,6 +55,7 @@ class CompiledProgram:
 
     def __init__(self, launcher: Callable, tree: Any, meta: dict, directory: Path, target: str = "cpu"):
         self._launch = launcher
+        self.from_cache = False  # loaded from the disk cache rather than compiled (driver.py)
         self._tree = tree
         self.meta = meta
         self.directory = directory

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -24,6 +24,27 @@ from .dtypes import kf_elem
 from .errors import SignatureError
 
 _CONST_TYPES = (bool, int, float, str, type(None))
+
+#: a dim of a TensorSig whose size is known only at run time (compiler/dynamic.py)
+DYN = -1
+#: a DYN dim whose size is a multiple of 16 (a guard where the target's code depends on it)
+DYN16 = -16
+#: the sizes a run-time dim may take: [MIN_SIZE, inf) (0 and 1 are specialized)
+MIN_SIZE = 2
+
+
+def is_dynamic(size: int) -> bool:
+    return size in (DYN, DYN16)
+
+
+def generalize_shape(shape: Sequence[int], dims: Sequence[int], divisibility: int) -> tuple[int, ...]:
+    """shape with each dim of ``dims`` whose size is at least MIN_SIZE made DYN (DYN16 for
+    a multiple of ``divisibility`` where the target asks for it)."""
+    out = list(shape)
+    for d in dims:
+        if 0 <= d < len(out) and out[d] >= MIN_SIZE:
+            out[d] = DYN16 if divisibility and out[d] % divisibility == 0 else DYN
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -102,11 +123,10 @@ class Signature:
     def generalize(self, dynamic: set[tuple[str, int]], divisibility: int = 0) -> "Signature":
         """This signature with the dims in ``dynamic`` ((tensor name, dim), names as
         ``tensor_names``) sizes known only at run time, where the size is at least 2
-        (dynamic.generalize_shape: sizes 0 and 1 stay static); itself where none is."""
-        if not dynamic:
-            return self
-        from .dynamic import generalize_shape
-
+        (generalize_shape: sizes 0 and 1 stay static); itself where none is, and for a
+        call with an empty tensor."""
+        if not dynamic or any(0 in s.shape for s in self.tensor_sigs()):
+            return self  # a call with an empty tensor runs nothing: compiled for its sizes
         wanted: dict[str, list[int]] = {}
         for name, d in dynamic:
             wanted.setdefault(name, []).append(d)
@@ -127,6 +147,29 @@ class Signature:
             params.append(p)
         out = Signature(tuple(params))
         return self if out == self else out
+
+    def dynamic_dims(self) -> set[tuple[str, int]]:
+        """(tensor name, dim) of each run-time size."""
+        return {(n, d) for n, s in zip(self.tensor_names(), self.tensor_sigs()) for d, size in enumerate(s.shape)
+                if size < 0}
+
+    def sized(self, tensors: list) -> "Signature":
+        """This signature with each run-time size the size of the call's tensor there."""
+        sizes = iter([tuple(t.shape) for t in tensors])
+
+        def one(s: TensorSig) -> TensorSig:
+            shape = next(sizes)
+            return TensorSig(tuple(shape[d] if x < 0 else x for d, x in enumerate(s.shape)), s.elem, s.device,
+                             s.contiguous)
+
+        params = []
+        for p in self.params:
+            if p.kind in ("tensor", "scalar"):
+                p = Param(p.name, p.kind, one(p.value), p.container, scalar=p.scalar)
+            elif p.kind == "tensors":
+                p = Param(p.name, p.kind, tuple(one(s) for s in p.value), p.container)
+            params.append(p)
+        return Signature(tuple(params))
 
     @property
     def is_dynamic(self) -> bool:

@@ -78,6 +78,12 @@ class Target:
     timing: str = ""
     #: kf.profile marks each launch as an NVTX range (Nsight Systems)
     nvtx: bool = False
+    #: its programs take run-time sizes (dims of ``?`` in kf IR, compiler/dynamic.py);
+    #: elsewhere every call signature's sizes are compiled for
+    dynamic_shapes: bool = False
+    #: a run-time size's divisibility by this (0: none) is part of the signature: where
+    #: the code depends on it (vector width, whole-tile paths), Triton's rule
+    divisibility: int = 0
 
     def __repr__(self) -> str:
         return f"<kf target {self.name}>"

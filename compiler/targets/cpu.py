@@ -18,6 +18,7 @@ class CpuTarget(Target):
 
     name = "cpu"
     torch_device = "cpu"
+    dynamic_shapes = True  # the linalg path sizes its tensors from tensor.dim
 
     def add_stages(self, stages: dict[str, Stage]) -> None:
         stages["linalg"] = linalg

@@ -31,6 +31,7 @@ class GpuTarget(Target):
     """A target whose kernels the strategies write as gpu.funcs and a back end lowers."""
 
     is_gpu = True
+    divisibility = 16
     #: kf-tile's and kf-map-to-gpu's ``target`` option: the strategies' view of the target
     strategy_target: str = ""
     #: the back end's stage: its name in the stage table and ``kf.inspect`` (ptx, spirv, msl)

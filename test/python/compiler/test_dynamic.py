@@ -1,0 +1,225 @@
+"""Run-time sizes (compiler/dynamic.py and the API around it): one program serves every
+size of a dynamic dim, checked against torch on fresh random inputs."""
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import seed_examples as se
+import torch
+
+import kf
+from kf.capture import capture_signature
+from kf.signature import bind
+
+SIZES = (7, 257, 300, 1000)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    # automatic dynamic reads and writes a profile beside the cache: each test its own
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _layer_norm(x, weight, bias, eps=1e-5):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, keepdim=True)
+    return weight * (x - mean) / torch.sqrt(var + eps) + bias
+
+
+def _close(got, want, tol=1e-4):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def _compiled(fn):
+    return [c for c in fn.compiles if not c.cached]
+
+
+def test_capture_gives_run_time_dims_in_kf_ir():
+    x, w, b = torch.randn(3, 7, 64), torch.randn(64), torch.randn(64)
+    sig, tensors = bind(_layer_norm, (x, w, b), {})
+    cap = capture_signature(_layer_norm, sig.generalize({("x", 0), ("x", 1)}), tensors)
+    assert "tensor<?x?x64xf32>" in cap.kf_ir and "tensor<?x?x1xf32>" in cap.kf_ir
+    assert cap.input_dims[1:] == [("64",), ("64",)]
+    s0, s1, _ = cap.input_dims[0]
+    assert cap.output_dims == [(s0, s1, "64")] and s0 != s1
+
+
+def test_torch_specialized_dim_compiles_static_and_logs_why(caplog):
+    @kf.jit(target="cpu", dynamic={"x": [1]})
+    def f(x):
+        return x + torch.arange(4.0)  # x's dim 1 must be 4: torch specializes it
+
+    x = torch.randn(3, 4)
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        _close(f(x), x + torch.arange(4.0))
+    assert "x dim 1 compiled for static sizes" in caplog.text and "specialized" in caplog.text
+    assert "[3, 4]" in f.compiles[0].signature
+
+
+@pytest.mark.parametrize("target", ["cpu"])
+def test_seed_layer_norm_one_program_for_every_size(target):
+    ln = kf.jit(se.metal_layer_norm.fn, target=target, dynamic=True)
+    w, b = torch.randn(64), torch.randn(64)
+    for n in SIZES:
+        x = torch.randn(1, n, 64)
+        _close(ln(x, w, b), se.metal_layer_norm.fn(x, w, b))
+    assert len(ln.compiles) == 1 and "?" in ln.compiles[0].signature
+
+
+@pytest.mark.parametrize("target", ["cpu"])
+def test_seed_attention_automatic_dynamic(target, caplog):
+    attn = kf.jit(se.fused_attention.fn, target=target)
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in SIZES:
+            q, k, v = (torch.randn(1, 2, n, 32) for _ in range(3))
+            _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    # the first size compiles static; the second recompiles once with seq dynamic
+    assert len(attn.compiles) == 2
+    assert "'q' dim 2 changed size (7 -> 257)" in caplog.text
+    assert "[1, 2, ?, 32]" in attn.compiles[1].signature
+    assert "compiled with it dynamic" in attn.compiles[1].reason
+
+
+def test_seed_attention_with_mask_dynamic():
+    attn = kf.jit(se.fused_attention.fn, target="cpu", dynamic={"q": [2], "k": [2], "v": [2], "mask": [2, 3]})
+    for n in SIZES[:3]:
+        q, k, v = (torch.randn(1, 2, n, 16) for _ in range(3))
+        mask = (torch.rand(1, 1, n, n) > 0.2).to(torch.int32)
+        _close(attn(q, k, v, mask), se.fused_attention.fn(q, k, v, mask))
+    assert len(attn.compiles) == 1
+
+
+def test_sizes_0_and_1_are_compiled_apart():
+    ln = kf.jit(_layer_norm, target="cpu", dynamic=True)
+    w, b = torch.randn(16), torch.randn(16)
+    for n in (1, 0, 7, 9, 1):
+        x = torch.randn(n, 16)
+        want = _layer_norm(x, w, b)
+        got = ln(x, w, b)
+        assert got.shape == want.shape
+        if n:
+            _close(got, want)
+    sigs = [c.signature for c in ln.compiles]
+    assert len(sigs) == 3 and "[1, ?]" in sigs[0] and "[0, 16]" in sigs[1] and "[?, ?]" in sigs[2]
+
+
+def test_elementwise_and_reductions():
+    @kf.jit(target="cpu", dynamic=True)
+    def f(x, y):
+        z = torch.relu(x * y + 1.0)
+        return z.sum(dim=0), z.amax(dim=1), torch.softmax(z, dim=-1), z.mean()
+
+    for n in (7, 257, 3):
+        x, y = torch.randn(n, 5), torch.randn(n, 5)
+        for got, want in zip(f(x, y), f.fn(x, y)):
+            _close(got, want)
+    assert len(f.compiles) == 1
+
+
+def test_non_contiguous_inputs():
+    f = kf.jit(_layer_norm, target="cpu", dynamic={"x": [0]})
+    w, b = torch.randn(8), torch.randn(8)
+    for n in (7, 257):
+        x = torch.randn(8, n).t()  # [n, 8], strided
+        assert not x.is_contiguous()
+        _close(f(x, w, b), _layer_norm(x, w, b))
+    assert len(f.compiles) == 1
+
+
+def test_float_argument_over_8_steps_compiles_once():
+    f = kf.jit(_layer_norm, target="cpu")
+    x, w, b = torch.randn(4, 7, 32), torch.randn(32), torch.randn(32)
+    for step in range(8):
+        eps = 1e-5 * (step + 1)
+        _close(f(x, w, b, eps), _layer_norm(x, w, b, eps))
+    assert len(f.compiles) == 1
+
+
+def test_19_lengths_compile_at_most_2_programs_per_function():
+    ln = kf.jit(se.metal_layer_norm.fn, target="cpu")
+    attn = kf.jit(se.fused_attention.fn, target="cpu")
+    w, b = torch.randn(64), torch.randn(64)
+    lengths = list(range(320, 2049, 96))
+    assert len(lengths) == 19
+    for n in lengths:
+        x = torch.randn(1, n, 64)
+        q, k, v = (torch.randn(1, 1, n, 32) for _ in range(3))
+        _close(ln(x, w, b), se.metal_layer_norm.fn(x, w, b))
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    assert len(ln.compiles) <= 2 and len(attn.compiles) <= 2
+
+
+def test_recompile_limit_names_the_argument_and_dim(caplog):
+    f = kf.jit(lambda x: x * 2, target="cpu", dynamic=False)
+    with caplog.at_level(logging.WARNING, logger="kf.recompiles"), pytest.warns(RuntimeWarning) as caught:
+        for n in range(2, 12):
+            f(torch.randn(3, n))
+    msg = [str(w.message) for w in caught if "limit" in str(w.message)]
+    assert len(msg) == 1 and "argument 'x' dim 1" in msg[0] and "keeps changing" in msg[0]
+    assert "argument 'x' dim 1" in caplog.text
+
+
+def test_recompile_limit_names_a_changing_value():
+    @kf.jit(target="cpu")
+    def f(x, k: int):
+        return x * k
+
+    with pytest.warns(RuntimeWarning, match=r"argument 'k' \(values"):
+        for k in range(10):
+            f(torch.randn(3), k)
+
+
+def test_lowering_without_a_size_falls_back_static(caplog):
+    @kf.jit(target="cpu", dynamic={"x": [0]})
+    def f(x):
+        return x[:-1] * 2  # a slice to s0 - 1: no operand gives that size
+
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (5, 9):
+            x = torch.randn(n, 3)
+            _close(f(x), x[:-1] * 2)
+    assert "compiled for static sizes" in caplog.text
+    assert len(f.compiles) == 2 and all("?" not in c.signature for c in f.compiles)
+
+
+FRESH = textwrap.dedent("""
+    import sys
+    import torch
+    import kf
+
+    @kf.jit(target="cpu")
+    def ln(x, w, b):
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True)
+        return w * (x - mean) / torch.sqrt(var + 1e-5) + b
+
+    w, b = torch.randn(64), torch.randn(64)
+    for n in map(int, sys.argv[1:]):
+        x = torch.randn(2, n, 64)
+        ref = w * (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) + b
+        assert torch.allclose(ln(x, w, b), ref, atol=1e-4)
+    print("compiled", sum(not c.cached for c in ln.compiles), "loaded", sum(c.cached for c in ln.compiles))
+    print("mlir imported:", "mlir" in sys.modules)
+""")
+
+
+def test_fresh_process_compiles_nothing_for_a_new_length(tmp_path):
+    script = tmp_path / "user_code.py"
+    script.write_text(FRESH)
+    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run(*sizes):
+        r = subprocess.run([sys.executable, str(script), *map(str, sizes)], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "compiled 2 loaded 0" in run(7, 257)  # static, then dynamic
+    out = run(300, 1000)  # new lengths: the dynamic program from the cache
+    assert "compiled 0 loaded 1" in out and "mlir imported: False" in out
