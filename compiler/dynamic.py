@@ -82,6 +82,14 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]], names: Sequence[str]) 
             symbols[str(expr)] = expr
             row.append(str(expr))
         dims.append(tuple(row))
+    # A guard the trace needed (``Ne(s0, 7)`` from an if on a size, ``Ne(s0 - 1, 1)`` from a
+    # slice) holds for some sizes only; export keeps no check of it in the graph.
+    env = next(iter(nodes.values())).meta["val"].fake_mode.shape_env if nodes else None
+    if env is not None:
+        guards = [str(g.expr) for g in env.guards if {str(x) for x in g.expr.free_symbols} & symbols.keys()]
+        asserts = [str(a.expr) for items in env.deferred_runtime_asserts.values() for a in items]
+        if guards or asserts:
+            raise DynamicFallback(f"the trace holds for some sizes only (guard {(guards + asserts)[0]})")
     for sym, vr in ep.range_constraints.items():
         if str(sym) in symbols and (int(vr.lower) != MIN_SIZE or vr.upper != int_oo):
             raise DynamicFallback(f"torch bounds {sym} to [{vr.lower}, {vr.upper}]")

@@ -54,7 +54,8 @@ def widen_value(v: ir.Value) -> ir.Value:
 
 def shape_of(v: ir.Value) -> tuple[int, ...]:
     """v's shape, ``DYN`` for a size known at run time."""
-    return spec_of(v.type).shape
+    t = ir.RankedTensorType(v.type)
+    return tuple(DYN if t.is_dynamic_dim(i) else d for i, d in enumerate(t.shape))
 
 
 def dim(v: ir.Value, d: int) -> ir.Value:

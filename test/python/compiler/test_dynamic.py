@@ -223,3 +223,20 @@ def test_fresh_process_compiles_nothing_for_a_new_length(tmp_path):
     assert "compiled 2 loaded 0" in run(7, 257)  # static, then dynamic
     out = run(300, 1000)  # new lengths: the dynamic program from the cache
     assert "compiled 0 loaded 1" in out and "mlir imported: False" in out
+
+
+def test_branch_on_a_size_is_never_served_by_the_dynamic_program(caplog):
+    # torch's trace at size 9 holds only where the size is not 7 (a guard Ne(s0, 7)); export
+    # keeps no check of it, so the program must not be one for every size
+    @kf.jit(target="cpu", dynamic={"x": [1]})
+    def f(x):
+        if x.shape[1] == 7:
+            return x * 2
+        return x * 3
+
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (9, 7, 11):
+            x = torch.randn(2, n)
+            _close(f(x), f.fn(x))
+    assert "holds for some sizes only" in caplog.text
+    assert all("?" not in c.signature for c in f.compiles)

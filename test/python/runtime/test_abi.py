@@ -91,3 +91,24 @@ def test_index_out_of_range_is_an_index_error():
     import kf
 
     assert issubclass(kf.IndexOutOfRange, IndexError) and kf.IndexOutOfRange is IndexOutOfRange
+
+
+def test_size_expressions_and_binding():
+    from kf.runtime.abi import DYN, TensorArg, bind_sizes, eval_size
+
+    assert eval_size("2*s0 + 1", {"s0": 5}) == 11
+    assert eval_size("FloorDiv(s0, 2) - Mod(s1, 3)", {"s0": 9, "s1": 7}) == 3
+    with pytest.raises(ValueError, match="not integer arithmetic"):
+        eval_size("__import__('os')", {})
+    with pytest.raises(ValueError):
+        eval_size("s9", {"s0": 1})
+    x = TensorArg("x", (DYN, 64), "f32", ("s0", "64"))
+    y = TensorArg("y", (DYN,), "f32", ("s0",))
+    assert bind_sizes([x, y], [(7, 64), (7,)]) == {"s0": 7}
+    assert "dim 1 is 63" in bind_sizes([x, y], [(7, 63), (7,)])
+    assert "s0 is 7" in bind_sizes([x, y], [(7, 64), (8,)])
+    assert "from 2" in bind_sizes([x, y], [(1, 64), (1,)])
+    out = TensorArg("result0", (DYN, 64), "f32", ("2*s0", "64"))
+    assert out.sized({"s0": 7}) == (14, 64)
+    assert ProgramABI("cpu", (x,), (out,)).to_json() and \
+        ProgramABI.from_json(ProgramABI("cpu", (x,), (out,)).to_json()).outputs[0] == out
