@@ -236,6 +236,8 @@ def _slice(ops, attrs, results):
     start, end, step = int(attrs["start"]), int(attrs["end"]), int(attrs.get("step", 1))
     if step < 1:
         raise KfTypeError(f"slice step must be positive, got {step}")
+    if x.shape[dim] == DYN:
+        raise KfTypeError(f"a slice of dimension {dim}, whose size is known only at run time, is not supported")
     if not 0 <= start <= end <= x.shape[dim]:
         raise KfTypeError(f"slice [{start}:{end}] is out of bounds for dimension {dim} of size {x.shape[dim]}")
     shape = list(x.shape)

@@ -254,16 +254,21 @@ def for_loop(lb: int, ub: int, iter_args: Sequence[ir.Value],
     return list(loop.results)
 
 
-def count(x: ir.Value, red: Sequence[int], t: ir.Type) -> ir.Value:
-    """The number of elements of x's dims red, a scalar of float type t (a constant where
-    their sizes are static)."""
+def count(x: ir.Value, red: Sequence[int], t: ir.Type) -> int | ir.Value:
+    """The number of elements of x's dims red: a number where their sizes are static, else
+    a scalar of float type t computed from their run-time sizes (``scalar``)."""
     shape = shape_of(x)
     if all(shape[d] != DYN for d in red):
-        return sm.const(t, math.prod(shape[d] for d in red))
+        return math.prod(shape[d] for d in red)
     n = index_const(1)
     for d in red:
         n = arith.muli(n, dim(x, d))
     return arith.uitofp(t, arith.index_cast(ir.IntegerType.get_signless(64), n))
+
+
+def scalar(n: int | ir.Value, t: ir.Type) -> ir.Value:
+    """A count of ``count`` as a scalar of type t (a constant made where it is used)."""
+    return n if isinstance(n, ir.Value) else sm.const(t, n)
 
 
 def reduced_dims(rank: int, dims: Sequence[int]) -> list[int]:

@@ -19,7 +19,7 @@ from ..base import PassError
 from .build import (DynamicSizeError, arg_best, compute_elem, convert_tensor, count, dim, elem_of, elem_type, empty,
                     expand_keepdim, extract_slice, filled, finish_reduction, for_loop, generic, identity_map,
                     index_const, insert_slice, loop_index, map_elements, max_value, min_value, projection_map,
-                    reduce, reduced_dims, reshape, shape_of, sizes_of, tensor_type, widen_value)
+                    reduce, reduced_dims, reshape, scalar, shape_of, sizes_of, tensor_type, widen_value)
 from .index_checks import as_index, checked_index
 from .narrow import NARROW_FLOATS
 
@@ -61,7 +61,7 @@ def _sum_like(op, args, attrs, out):
     if name in ("kf.sum", "kf.mean"):
         s = reduce(x, red, acc_elem, 0, lambda a, acc: sm.emit("add", [sm.convert(a[0], acc_t), acc]))
         n = count(x, red, acc_t) if name == "kf.mean" else None
-        fn = (lambda v: arith.divf(v, n)) if name == "kf.mean" else None
+        fn = (lambda v: arith.divf(v, scalar(n, acc_t))) if name == "kf.mean" else None
         return [finish_reduction(s, fn, out[0], red)]
     largest = name == "kf.reduce_max"
     init = min_value(acc_elem) if largest else max_value(acc_elem)
@@ -78,7 +78,7 @@ def _var(op, args, attrs, out):
     # Two passes (mean, then squared deviations) rather than E[x²] - E[x]²: the one-pass
     # formula loses all precision when the mean is large relative to the spread.
     total = reduce(x, red, acc_elem, 0, lambda a, acc: arith.addf(widen_value(a[0]), acc))
-    mean = map_elements([total], shape_of(total), acc_t, lambda a: arith.divf(a[0], n))
+    mean = map_elements([total], shape_of(total), acc_t, lambda a: arith.divf(a[0], scalar(n, acc_t)))
 
     def sq(a, acc):
         d = arith.subf(widen_value(a[0]), a[1])

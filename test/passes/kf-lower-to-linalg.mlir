@@ -359,6 +359,27 @@ func.func @iota() -> tensor<3x5xi64> {
 
 // -----
 
+// Run-time sizes: each new tensor takes its ? sizes from tensor.dim of the operand
+// they come from; mean divides by the reduced dim's run-time size; keepdim expands
+// with the kept dims' sizes.
+// CHECK-LABEL: func.func @dynamic_mean
+// CHECK: %[[D0:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x?xf32>
+// CHECK: tensor.empty(%[[D0]]) : tensor<?xf32>
+// CHECK: %[[D1:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x?xf32>
+// CHECK: %[[N:.*]] = arith.index_cast %{{.*}} : index to i64
+// CHECK: %[[NF:.*]] = arith.uitofp %[[N]] : i64 to f32
+// CHECK: arith.divf %{{.*}}, %[[NF]] : f32
+// CHECK: tensor.expand_shape %{{.*}} {{\[\[}}0, 1]] output_shape [%{{.*}}, 1] : tensor<?xf32> into tensor<?x1xf32>
+// CHECK: tensor.empty(%{{.*}}, %{{.*}}) : tensor<?x?xf32>
+// CHECK-NOT: kf.
+func.func @dynamic_mean(%x: tensor<?x?xf32>) -> tensor<?x?xf32> {
+  %0 = "kf.mean"(%x) {dims = array<i64: 1>, keepdim = true} : (tensor<?x?xf32>) -> tensor<?x1xf32>
+  %1 = "kf.sub"(%x, %0) : (tensor<?x?xf32>, tensor<?x1xf32>) -> tensor<?x?xf32>
+  return %1 : tensor<?x?xf32>
+}
+
+// -----
+
 // round is roundeven (ties to even); trunc is floor or ceil by the sign (NVVM lowers no
 // math.trunc); signbit tests the sign bit of the bits, so -0.0 and -NaN count.
 // CHECK-LABEL: func.func @roundings
@@ -374,4 +395,26 @@ func.func @roundings(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>, tensor
   %t = "kf.trunc"(%x) : (tensor<7xf32>) -> tensor<7xf32>
   %s = "kf.signbit"(%x) : (tensor<7xf32>) -> tensor<7xi1>
   return %r, %t, %s : tensor<7xf32>, tensor<7xf32>, tensor<7xi1>
+}
+
+// -----
+
+// A matmul's result: rows from the lhs, columns from the rhs.
+// CHECK-LABEL: func.func @dynamic_matmul
+// CHECK-DAG: %[[M:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x16xf32>
+// CHECK-DAG: %[[N:.*]] = tensor.dim %arg1, %{{.*}} : tensor<16x?xf32>
+// CHECK: tensor.empty(%[[M]], %[[N]]) : tensor<?x?xf32>
+// CHECK: linalg.matmul
+func.func @dynamic_matmul(%a: tensor<?x16xf32>, %b: tensor<16x?xf32>) -> tensor<?x?xf32> {
+  %0 = "kf.matmul"(%a, %b) : (tensor<?x16xf32>, tensor<16x?xf32>) -> tensor<?x?xf32>
+  return %0 : tensor<?x?xf32>
+}
+
+// -----
+
+// A slice of a run-time size is refused (the driver then compiles static sizes).
+func.func @dynamic_slice(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+  // expected-error @+1 {{whose size is known only at run time, is not supported}}
+  %0 = "kf.slice"(%x) {dim = 0 : i64, start = 1 : i64, end = 3 : i64, step = 1 : i64} : (tensor<?x4xf32>) -> tensor<?x4xf32>
+  return %0 : tensor<?x4xf32>
 }
