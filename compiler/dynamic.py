@@ -53,10 +53,11 @@ def _export(user: Callable, sig, tensors: list[torch.Tensor], dynamic: list[list
         raise DynamicFallback(f"torch.export with dynamic dims failed: {type(e).__name__}: {first[:200]}") from None
 
 
-def _symbols(ep, n_inputs: int, dynamic: list[list[int]], names: Sequence[str]) -> tuple[list[tuple[str, ...]], dict]:
-    """(each user input's dims as text: a size or a symbol, symbol -> sympy symbol) of the
-    exported program; a dim asked to be dynamic that torch specialized is a
-    DynamicFallback naming it."""
+def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
+             names: Sequence[str]) -> tuple[list[tuple[str, ...]], dict, dict]:
+    """(each user input's dims as text: a size or a symbol, symbol name -> sympy symbol,
+    sympy symbol -> the equal one that stands for it) of the exported program; a dim asked
+    to be dynamic that torch specialized is a DynamicFallback naming it."""
     import sympy
     from torch.export.graph_signature import InputKind
     from torch.utils._sympy.numbers import int_oo
@@ -83,20 +84,39 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]], names: Sequence[str]) 
             row.append(str(expr))
         dims.append(tuple(row))
     # A guard the trace needed (``Ne(s0, 7)`` from an if on a size, ``Ne(s0 - 1, 1)`` from a
-    # slice) holds for some sizes only; export keeps no check of it in the graph.
+    # slice) holds for some sizes only; export keeps no check of it in the graph. Two dims
+    # found equal (``Eq(s0, s1)``: the keys of an attention and its values) become one
+    # symbol, which the launcher checks is one size (runtime/abi.bind_sizes).
     env = next(iter(nodes.values())).meta["val"].fake_mode.shape_env if nodes else None
+    equal: dict = {}
     if env is not None:
-        guards = [str(g.expr) for g in env.guards if {str(x) for x in g.expr.free_symbols} & symbols.keys()]
-        asserts = [str(a.expr) for items in env.deferred_runtime_asserts.values() for a in items]
-        if guards or asserts:
-            raise DynamicFallback(f"the trace holds for some sizes only (guard {(guards + asserts)[0]})")
+        same: dict[str, str] = {}
+        others = []
+        for g in env.guards:
+            e = g.expr
+            if not {str(x) for x in e.free_symbols} & symbols.keys():
+                continue
+            if isinstance(e, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in e.args):
+                inputs = sorted(str(a) for a in e.args if str(a) in symbols)
+                if len(inputs) == 2:
+                    same[inputs[1]] = same.get(inputs[0], inputs[0])
+                # else torch replaced the other symbol by this one everywhere already
+            else:
+                others.append(str(e))
+        others += [str(a.expr) for items in env.deferred_runtime_asserts.values() for a in items]
+        if others:
+            raise DynamicFallback(f"the trace holds for some sizes only (guard {others[0]})")
+        if same:
+            dims = [tuple(same.get(x, x) for x in row) for row in dims]
+            equal = {symbols[b]: symbols[a] for b, a in same.items()}
+            symbols = {k: v for k, v in symbols.items() if k not in same}
     for sym, vr in ep.range_constraints.items():
         if str(sym) in symbols and (int(vr.lower) != MIN_SIZE or vr.upper != int_oo):
             raise DynamicFallback(f"torch bounds {sym} to [{vr.lower}, {vr.upper}]")
-    return dims, symbols
+    return dims, symbols, equal
 
 
-def _hints(symbols: dict, which: int) -> dict:
+def _hints(symbols: dict, equal: dict, which: int) -> dict:
     """Sizes that stand for the symbols in one of the two conversions: primes, far from
     each other and from any size a program is likely to hold (so a size derived from a
     symbol differs between the two)."""
@@ -106,6 +126,8 @@ def _hints(symbols: dict, which: int) -> dict:
     for name in sorted(symbols):
         p = sympy.nextprime(p)
         out[symbols[name]] = sympy.Integer(p)
+    for b, a in equal.items():  # a symbol found equal to another: its size
+        out[b] = out[a]
     return out
 
 
@@ -205,8 +227,10 @@ def unify(a: ir.Module, b: ir.Module) -> None:
                 ir.FunctionType.get([v.type for v in block.arguments], [v.type for v in ret.operands]))
 
 
-def _dims_text(val: torch.Tensor) -> tuple[str, ...]:
-    return tuple(str(s.node.expr) if isinstance(s, torch.SymInt) else str(int(s)) for s in val.shape)
+def _dims_text(val: torch.Tensor, same: dict) -> tuple[str, ...]:
+    """A tensor's dims as text over the inputs' symbols (``same``: symbol -> the equal
+    one that stands for both)."""
+    return tuple(str(s.node.expr.xreplace(same)) if isinstance(s, torch.SymInt) else str(int(s)) for s in val.shape)
 
 
 # ----------------------------------------------------------------------------- capture
@@ -227,12 +251,12 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
     ep = _export(user, sig, tensors, dynamic)
     if _written_inputs(ep, user):
         raise DynamicFallback("the function writes to its arguments")
-    input_dims, symbols = _symbols(ep, len(tensors), dynamic, names)
+    input_dims, symbols, equal = _symbols(ep, len(tensors), dynamic, names)
     constants = _export_constants(ep)
     of_reached = _reached_constants(constants, reached)
     caps = []
     for which in (0, 1):
-        hints = _hints(symbols, which)
+        hints = _hints(symbols, equal, which)
         gm = _hinted(ep.graph_module, hints)
         metas = []
         for t, dims in zip(tensors, input_dims):
@@ -252,7 +276,7 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
     outs = [a for a in out_node.args[0] if isinstance(a, torch.fx.Node)]
     if len(outs) != len(cap.output_specs):
         raise DynamicFallback("the results do not match the graph's outputs")
-    cap.output_dims = [_dims_text(o.meta["val"]) for o in outs]
+    cap.output_dims = [_dims_text(o.meta["val"], equal) for o in outs]
     cap.input_dims = list(input_dims) + [tuple(str(s) for s in t.shape) for t in
                                          (reached[j] for j in cap.reached)]
     if cap.random_input is not None:

@@ -1,0 +1,156 @@
+"""Run-time sizes: dynamic against static kernels, and the 19-length loop.
+
+    python3 bench/dynamic_shapes.py [--target cpu|cuda|vulkan] [--dry-run] [--out-dir DIR]
+
+Two tables, for the seed's layer norm and attention (examples/seed_examples.py):
+
+- ``speed``: at each size, the median time of the program compiled for that size
+  (``dynamic=False``) and of the one program compiled with the sequence dim dynamic
+  (``dynamic={...}``), and their ratio (the issue asks for >= 0.95x). Each result is
+  checked against torch before it is timed.
+- ``loop``: the 19 sequence lengths 320, 416, ..., 2048 with automatic dynamic (the
+  default): programs compiled, compile seconds in all and for the first length, and the
+  same loop under ``torch.compile(dynamic=True)`` where ``--torch-compile`` asks.
+
+A target whose programs take no run-time sizes yet compiles each size (its rows say
+how many programs it compiled). ``--dry-run`` runs small sizes and 3 lengths, to check
+the script; the rows go to bench/results/dynamic-<date>-<commit>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import seed_examples as se  # noqa: E402
+
+import kf  # noqa: E402
+
+DEVICE = {"cpu": "cpu", "vulkan": "cpu", "cuda": "cuda", "metal": "mps"}
+
+
+def _timed(fn, args, device: str, reps: int) -> float:
+    """Median seconds of fn(*args) after a warm-up call."""
+    fn(*args)
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _workloads(device: str, dtype: torch.dtype):
+    """name -> (function, dynamic dims, inputs for a sequence length)."""
+    def ln_inputs(n):
+        return (torch.randn(1, n, 1024, device=device, dtype=dtype), torch.randn(1024, device=device, dtype=dtype),
+                torch.randn(1024, device=device, dtype=dtype))
+
+    def attn_inputs(n):
+        return tuple(torch.randn(2, 8, n, 64, device=device, dtype=dtype) for _ in range(3))
+
+    return {
+        "layer_norm": (se.metal_layer_norm.fn, {"x": [1]}, ln_inputs),
+        "attention": (se.fused_attention.fn, {"q": [2], "k": [2], "v": [2]}, attn_inputs),
+    }
+
+
+def _check(got, want) -> float:
+    err = (got.double() - want.double()).norm() / max(want.double().norm(), 1e-30)
+    return float(err)
+
+
+def speed_rows(target: str, sizes: list[int], reps: int, dtype: torch.dtype) -> list[dict]:
+    device = DEVICE[target]
+    rows = []
+    for name, (fn, dims, inputs) in _workloads(device, dtype).items():
+        dynamic = kf.jit(fn, target=target, dynamic=dims)
+        for n in sizes:
+            args = inputs(n)
+            static = kf.jit(fn, target=target, dynamic=False)
+            want = fn(*args)
+            err_s, err_d = _check(static(*args), want), _check(dynamic(*args), want)
+            t_s, t_d = _timed(static, args, device, reps), _timed(dynamic, args, device, reps)
+            rows.append({"table": "speed", "workload": name, "target": target, "size": n,
+                         "static_us": t_s * 1e6, "dynamic_us": t_d * 1e6, "dynamic_vs_static": t_s / t_d,
+                         "rel_err_static": err_s, "rel_err_dynamic": err_d})
+            print(f"speed {name:10s} n={n:5d} static {t_s * 1e6:9.1f} us  dynamic {t_d * 1e6:9.1f} us  "
+                  f"{t_s / t_d:5.2f}x  (err {err_s:.1e} / {err_d:.1e})", flush=True)
+        rows[-1]["dynamic_programs"] = len(dynamic.compiles)
+    return rows
+
+
+def loop_rows(target: str, lengths: list[int], dtype: torch.dtype, torch_compile: bool) -> list[dict]:
+    device = DEVICE[target]
+    rows = []
+    for name, (fn, _, inputs) in _workloads(device, dtype).items():
+        f = kf.jit(fn, target=target)
+        start = time.perf_counter()
+        for n in lengths:
+            f(*inputs(n))
+        wall = time.perf_counter() - start
+        records = f.compiles
+        row = {"table": "loop", "workload": name, "target": target, "lengths": len(lengths),
+               "programs": len(records), "compile_s": sum(r.seconds for r in records),
+               "first_compile_s": records[0].seconds if records else 0.0, "loop_wall_s": wall,
+               "signatures": [r.signature for r in records]}
+        if torch_compile:
+            g = torch.compile(fn, dynamic=True)
+            start = time.perf_counter()
+            for n in lengths:
+                g(*inputs(n))
+            row["torch_compile_loop_wall_s"] = time.perf_counter() - start
+        rows.append(row)
+        print(f"loop  {name:10s} {len(lengths)} lengths: {row['programs']} programs, {row['compile_s']:.2f} s "
+              f"compiling ({row['first_compile_s']:.2f} s the first), loop {wall:.2f} s"
+              + (f", torch.compile {row['torch_compile_loop_wall_s']:.2f} s" if torch_compile else ""), flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="cuda" if torch.cuda.is_available() else "cpu", choices=sorted(DEVICE))
+    ap.add_argument("--dry-run", action="store_true", help="small sizes and 3 lengths: checks the script")
+    ap.add_argument("--torch-compile", action="store_true", help="the loop under torch.compile(dynamic=True) too")
+    ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    dtype = torch.bfloat16 if args.target == "cuda" else torch.float32
+    if args.dry_run:
+        sizes, lengths, reps = [7, 257], [320, 416, 512], 3
+        os.environ.setdefault("KF_CACHE_DIR", tempfile.mkdtemp(prefix="kf-bench-dyn-"))
+    else:
+        sizes, lengths, reps = [320, 1024, 2048, 4096], list(range(320, 2049, 96)), 20
+    rows = speed_rows(args.target, sizes, reps, dtype) + loop_rows(args.target, lengths, dtype, args.torch_compile)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    out = Path(args.out_dir) / f"dynamic-{time.strftime('%Y%m%d')}-{commit or 'nocommit'}" \
+        f"{'-dry' if args.dry_run else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
+                               "commit": commit, "rows": rows}, indent=1))
+    print(f"rows in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
