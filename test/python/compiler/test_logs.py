@@ -32,7 +32,7 @@ def test_a_compile_and_each_recompile_say_what_and_why(caplog):
     def scaled(x, k=2):
         return x * SCALE + k
 
-    f = kf.jit(scaled, target="cpu")
+    f = kf.jit(scaled, target="cpu", dynamic=False)  # each size its program (test_dynamic.py: one for all)
     caplog.set_level(logging.INFO, logger="kf")
     f(torch.randn(4, 8))
     compiled = _messages(caplog, "kf.compile")
