@@ -24,7 +24,7 @@ from typing import Any
 
 from mlir import ir
 
-from .base import KfPass, PassError
+from .base import KfPass, PassError, require_static
 from .strategies import emit as E
 from .strategies.base import (DEFAULT_MULTIPROCESSORS, NotApplicable, Strategy, TargetInfo, strategy_for,
                               variants_by_kind)
@@ -165,6 +165,7 @@ class TilePass(KfPass):
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location, self.chip, self.multiprocessors)
+        require_static(module)
         try:
             info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors, self.limits)
         except ValueError as e:

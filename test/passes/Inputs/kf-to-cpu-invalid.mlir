@@ -9,22 +9,15 @@ func.func @not_lowered(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
 
 // -----
 
-// The compiled function takes buffers of known sizes.
-// expected-error @below {{kf-to-cpu: @dynamic: argument 0 is tensor<?xf32>; kf-to-cpu takes statically shaped tensors}}
-func.func @dynamic(%a: tensor<?xf32>) -> tensor<?xf32> {
-  return %a : tensor<?xf32>
-}
-
-// -----
-
-// expected-error @below {{kf-to-cpu: @buffers: argument 0 is memref<4xf32>; kf-to-cpu takes statically shaped tensors}}
+// The compiled function takes ranked tensors (of static or run-time sizes).
+// expected-error @below {{kf-to-cpu: @buffers: argument 0 is memref<4xf32>; kf-to-cpu takes ranked tensors}}
 func.func @buffers(%a: memref<4xf32>) -> memref<4xf32> {
   return %a : memref<4xf32>
 }
 
 // -----
 
-// expected-error @below {{kf-to-cpu: @unranked: result 0 is tensor<*xf32>; kf-to-cpu takes statically shaped tensors}}
+// expected-error @below {{kf-to-cpu: @unranked: result 0 is tensor<*xf32>; kf-to-cpu takes ranked tensors}}
 func.func @unranked(%a: tensor<4xf32>) -> tensor<*xf32> {
   %0 = tensor.cast %a : tensor<4xf32> to tensor<*xf32>
   return %0 : tensor<*xf32>
