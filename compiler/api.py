@@ -127,6 +127,7 @@ class KfFunction:
         self._why_dynamic: list[str] = []
         self._profile_read = False
         self._limit_warned = False
+        self._static_logged = False
 
     @property
     def compiles(self) -> tuple["CompileRecord", ...]:
@@ -263,6 +264,7 @@ class KfFunction:
         except CompileError:
             return sig  # the call's error comes from specialize
         if not target.dynamic_shapes or self._interpret():
+            self._log_static_target(sig, target.name)
             return sig
         names = sig.tensor_names()
         shapes = [s.shape for s in sig.tensor_sigs()]
@@ -293,6 +295,22 @@ class KfFunction:
                         cache.add_dynamic_profile(self.fn, self._auto)
             wanted = self._auto
         return sig.generalize(wanted - self._static, target.divisibility)
+
+    def _log_static_target(self, sig: Signature, target: str) -> None:
+        """Once per function, where a dim would take run-time sizes (asked for, or a
+        second size met) on a target whose programs take none: a kf.recompiles line saying
+        that each size compiles, and why."""
+        if self._static_logged:
+            return
+        changed = [(n, d) for n, s in zip(sig.tensor_names(), sig.tensor_sigs()) for d, size in enumerate(s.shape)
+                   if self._first.setdefault((n, d), size) != size]
+        if self.options.dynamic is None and not changed:
+            return
+        self._static_logged = True
+        what = f"'{changed[0][0]}' dim {changed[0][1]} changed size; " if changed else ""
+        why = "kf.jit(interpret=True) runs the captured IR" if self._interpret() else \
+            f"the {target} target's kernels take no run-time sizes yet"
+        logs.recompile_log.info("%s: %seach size is compiled: %s", self.fn.__name__, what, why)
 
     def _moves(self, reads: guards.Reads, used: list, target: str, tensors: list) -> list[tuple[int, Any]]:
         """(input position, device) of the reached tensors a call copies to the target's

@@ -240,3 +240,15 @@ def test_branch_on_a_size_is_never_served_by_the_dynamic_program(caplog):
             _close(f(x), f.fn(x))
     assert "holds for some sizes only" in caplog.text
     assert all("?" not in c.signature for c in f.compiles)
+
+
+def test_a_target_without_run_time_sizes_compiles_each_size_and_says_why(caplog):
+    f = kf.jit(_layer_norm, target="vulkan")
+    w, b = torch.randn(16), torch.randn(16)
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (7, 9):
+            x = torch.randn(n, 16)
+            _close(f(x, w, b), _layer_norm(x, w, b))
+    assert "'x' dim 0 changed size; each size is compiled: the vulkan target's kernels take no run-time sizes yet" \
+        in caplog.text
+    assert len(f.compiles) == 2
