@@ -251,11 +251,12 @@ class KfFunction:
         logs.recompile_log.warning("%s", msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=5)
 
-    def _generalized(self, sig: Signature) -> Signature:
+    def _generalized(self, sig: Signature, observe: bool = True) -> Signature:
         """sig with the dims that take run-time sizes marked (Signature.generalize): those
         of ``options.dynamic``, or under automatic dynamic those whose size has changed
         since the first call, less those that must stay static; sig itself on targets
-        whose programs take no run-time sizes."""
+        whose programs take no run-time sizes. ``observe=False`` (kf.inspect) records no
+        size and reads no profile."""
         mode = self.options.dynamic
         if mode is False:
             return sig
@@ -264,7 +265,8 @@ class KfFunction:
         except CompileError:
             return sig  # the call's error comes from specialize
         if not target.dynamic_shapes or self._interpret():
-            self._log_static_target(sig, target.name)
+            if observe:
+                self._log_static_target(sig, target.name)
             return sig
         names = sig.tensor_names()
         shapes = [s.shape for s in sig.tensor_sigs()]
@@ -275,6 +277,8 @@ class KfFunction:
             given = dict(mode)
             wanted = {(n, d) for n, shape in zip(names, shapes)
                       for d in given.get(n, given.get(n.split(".")[0], ())) if d < len(shape)}
+        elif not observe:
+            wanted = self._auto
         else:
             if not self._profile_read:
                 self._profile_read = True
@@ -432,7 +436,7 @@ class KfFunction:
             self._fast[key] = reads.guarded(with_scalars, program.reached, program.baked)
         return call(full)
 
-    def _bind(self, args: tuple, kwargs: dict) -> tuple[Signature, list]:
+    def _bind(self, args: tuple, kwargs: dict, observe: bool = True) -> tuple[Signature, list]:
         """The call's signature and tensors, its float arguments runtime scalars (those
         not kept constants, where the tensors' dtypes let them be: scalar_dtype)."""
         sig, tensors = bind(self.fn, args, kwargs)
@@ -442,7 +446,7 @@ class KfFunction:
             dtype = scalar_dtype(tensors)
             if dtype is not None:
                 sig, tensors = lift_scalars(sig, tensors, names, dtype)
-        return self._generalized(sig), tensors
+        return self._generalized(sig, observe), tensors
 
     def _bound_call(self, args: tuple, kwargs: dict) -> tuple[Any, list]:
         """As ``_bound`` for a call. Where its floats are runtime scalars but the function
@@ -486,10 +490,12 @@ class KfFunction:
         """Every stage's text for this call signature (see kf.inspect)."""
         from . import inspection
 
-        # the signature a call compiles: floats read at run time where they can be
-        sig, tensors = self._bind(args, kwargs)
+        # the signature a call compiles: floats read at run time where they can be, the
+        # dims this function has made dynamic so far (nothing recorded by looking)
+        sig, tensors = self._bind(args, kwargs, observe=False)
         if _has_scalars(sig) and _scalars_change_results(self.fn, sig, tensors):
             sig, tensors = bind(self.fn, args, kwargs)
+            sig = self._generalized(sig, observe=False)
         # Inspection compiles for the decorator's target whatever device the example
         # tensors are on: a metal_shader's MSL can be read on Linux.
         target = self.options.target
@@ -500,6 +506,11 @@ class KfFunction:
         precision = self.autocast_precision(device)
         if precision is not None:
             options = options.with_(precision=precision)
+        if sig.is_dynamic:
+            try:
+                return inspection.inspect_function(self.fn, sig, tensors, options)
+            except (DynamicFallback, CompileError):
+                sig = sig.sized(tensors)  # a call compiles these sizes too (_static_fallback)
         return inspection.inspect_function(self.fn, sig, tensors, options)
 
 

@@ -283,10 +283,6 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor],
     ``reached_names``); those it uses become its last inputs (``Captured.reached``), so
     that the program reads them at every call instead of keeping their values."""
     user = _user_code(fn)
-    if any(s < 0 for spec in sig.tensor_sigs() for s in spec.shape):  # run-time sizes
-        from .dynamic import capture_dynamic
-
-        return capture_dynamic(fn, sig, tensors, reached, reached_names)
     reason, written_at = "KF_CAPTURE=export", ""
     if os.environ.get("KF_CAPTURE", "") != "export":
         try:

@@ -153,7 +153,12 @@ def capture(b: Build) -> None:
     from ..stages import StageLog, dump_dir_for
 
     start = time.perf_counter()
-    cap = capture_signature(b.fn, b.sig, b.tensors, b.reads.tensors, b.reads.labels)
+    if b.sig.is_dynamic:  # run-time sizes
+        from ..dynamic import capture_dynamic
+
+        cap = capture_dynamic(b.fn, b.sig, b.tensors, b.reads.tensors, b.reads.labels)
+    else:
+        cap = capture_signature(b.fn, b.sig, b.tensors, b.reads.tensors, b.reads.labels)
     b.reads.baked = cap.unsourced
     b.cap = cap
     log = b.log = b.log or StageLog(cap.name, dump_dir_for(b.options.dump_ir))
