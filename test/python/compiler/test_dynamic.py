@@ -13,7 +13,7 @@ import seed_examples as se
 import torch
 
 import kf
-from kf.capture import capture_signature
+from kf.dynamic import capture_dynamic
 from kf.signature import bind
 
 SIZES = (7, 257, 300, 1000)
@@ -43,7 +43,7 @@ def _compiled(fn):
 def test_capture_gives_run_time_dims_in_kf_ir():
     x, w, b = torch.randn(3, 7, 64), torch.randn(64), torch.randn(64)
     sig, tensors = bind(_layer_norm, (x, w, b), {})
-    cap = capture_signature(_layer_norm, sig.generalize({("x", 0), ("x", 1)}), tensors)
+    cap = capture_dynamic(_layer_norm, sig.generalize({("x", 0), ("x", 1)}), tensors)
     assert "tensor<?x?x64xf32>" in cap.kf_ir and "tensor<?x?x1xf32>" in cap.kf_ir
     assert cap.input_dims[1:] == [("64",), ("64",)]
     s0, s1, _ = cap.input_dims[0]
