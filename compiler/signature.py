@@ -31,6 +31,12 @@ DYN = -1
 DYN16 = -16
 #: the sizes a run-time dim may take: [MIN_SIZE, inf) (0 and 1 are specialized)
 MIN_SIZE = 2
+#: the largest size a call's dim is generalized from: larger sizes compile for their own
+#: value. A float sum over more than this many elements runs in stages on the cpu target
+#: (passes/to_cpu.blocked_reductions, REDUCTION_BLOCK), which needs the extent: over a
+#: run-time extent it would be one sequential chain (an f32 sum of ones(2**25) stops at
+#: 2**24). Up to this size the staged and the sequential sum are the same program.
+MAX_DYNAMIC_SIZE = 4096
 
 
 def is_dynamic(size: int) -> bool:
@@ -38,11 +44,11 @@ def is_dynamic(size: int) -> bool:
 
 
 def generalize_shape(shape: Sequence[int], dims: Sequence[int], divisibility: int) -> tuple[int, ...]:
-    """shape with each dim of ``dims`` whose size is at least MIN_SIZE made DYN (DYN16 for
-    a multiple of ``divisibility`` where the target asks for it)."""
+    """shape with each dim of ``dims`` whose size is in [MIN_SIZE, MAX_DYNAMIC_SIZE] made
+    DYN (DYN16 for a multiple of ``divisibility`` where the target asks for it)."""
     out = list(shape)
     for d in dims:
-        if 0 <= d < len(out) and out[d] >= MIN_SIZE:
+        if 0 <= d < len(out) and MIN_SIZE <= out[d] <= MAX_DYNAMIC_SIZE:
             out[d] = DYN16 if divisibility and out[d] % divisibility == 0 else DYN
     return tuple(out)
 

@@ -252,3 +252,22 @@ def test_a_target_without_run_time_sizes_compiles_each_size_and_says_why(caplog)
     assert "'x' dim 0 changed size; each size is compiled: the vulkan target's kernels take no run-time sizes yet" \
         in caplog.text
     assert len(f.compiles) == 2
+
+
+def test_long_float_sums_keep_their_stages():
+    """A float sum over more than MAX_DYNAMIC_SIZE elements runs in stages (to_cpu's
+    blocked_reductions needs the extent), so such sizes compile for their own value: the
+    sum of ones(2**25) after ones(3 * 2**23) is 2**25, not the 2**24 a sequential f32
+    chain stops at; sizes up to the bound share one program."""
+    from kf.signature import MAX_DYNAMIC_SIZE
+    from kf.passes.to_cpu import REDUCTION_BLOCK
+
+    assert MAX_DYNAMIC_SIZE <= REDUCTION_BLOCK
+    f = kf.jit(lambda x: x.sum(), target="cpu")
+    assert f(torch.ones(3 * 2**23)).item() == 3 * 2**23
+    assert f(torch.ones(2**25)).item() == 2**25
+    g = kf.jit(lambda x: x.sum(-1), target="cpu")
+    for n in (300, 1000, 4096):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(g(x), x.sum(-1), rtol=1e-5, atol=1e-4)
+    assert len(g.compiles) == 2  # 300, then one program for 1000 and 4096
