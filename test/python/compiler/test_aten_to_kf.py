@@ -191,6 +191,9 @@ EMPTY = {
     "clone": (lambda a: a.clone(), lambda: (torch.randn(3, 3),), None),
     "identity": (lambda a: a, lambda: (torch.randn(3, 3),), None),
     "empty_identity": (lambda a: a, lambda: (torch.randn(0, 3),), None),
+    # an empty result beside one that is not: the empty one a constant of no bytes
+    "inv_ex": (lambda a: torch.linalg.inv_ex(a), lambda: (torch.randn(1, 1, 0, 0),), None),
+    "ldl_factor_ex": (lambda a: torch.linalg.ldl_factor_ex(a), lambda: (torch.randn(0, 0),), None),
 }
 
 # kf refuses these with an error at the user's line (message fragments).
