@@ -1,10 +1,13 @@
 """Seeded fuzz tests: kf against torch on generated shapes, dtypes and memory layouts,
 one test per strategy family (elementwise, reductions, row-wise, matmul, attention,
-transpose and views, gather and index), each on the ``cpu`` and ``vulkan`` targets.
+transpose and views, gather and index) and for the rules every family follows (integer
+division and remainder signs, bool/int/float promotion, broadcasting of size-1 dims,
+reductions over a million elements), each on the ``cpu`` and ``vulkan`` targets.
 
 The shapes take sizes 0, 1, primes and 257 (tiles never divide them evenly); the dtypes
-are f32, f16 and bf16; inputs arrive contiguous, transposed, sliced with a step, expanded
-(stride 0) or at a storage offset (a "misaligned" start). Each result is checked against
+are f32, f16 and bf16 (and bool, int32, int64 where the rule is about them); inputs
+arrive contiguous, transposed, sliced with a step, expanded (stride 0), at a storage
+offset (a "misaligned" start) or with odd strides at an offset. Each result is checked against
 torch in float64 on the same inputs: kf may differ from that reference by at most twice
 eager's own error plus a tolerance of a few units of the dtype's precision (of the value
 and of the tensor's mean magnitude; for sums and products also of the same computation on
