@@ -191,6 +191,10 @@ EMPTY = {
     "clone": (lambda a: a.clone(), lambda: (torch.randn(3, 3),), None),
     "identity": (lambda a: a, lambda: (torch.randn(3, 3),), None),
     "empty_identity": (lambda a: a, lambda: (torch.randn(0, 3),), None),
+    # a sum over an empty dim fused into a kernel whose inputs and results are not empty
+    "sum_empty_dim_fused": (lambda x: x + x[:, 1::2].sum(-1, keepdim=True), lambda: (torch.randn(5, 1),), None),
+    "view_ops_1x1": (lambda x: x[..., ::2].transpose(0, -1) + x[..., 1::2].sum(-1, keepdim=True).transpose(0, -1),
+                     lambda: (torch.randn(1, 1),), None),
     # an empty result beside one that is not: the empty one a constant of no bytes
     "inv_ex": (lambda a: torch.linalg.inv_ex(a), lambda: (torch.randn(1, 1, 0, 0),), None),
     "ldl_factor_ex": (lambda a: torch.linalg.ldl_factor_ex(a), lambda: (torch.randn(0, 0),), None),
