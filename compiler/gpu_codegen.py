@@ -58,6 +58,8 @@ def _constant_bytes(attr: ir.Attribute, elem: str) -> bytes:
     import torch
 
     t = torch.from_numpy(np.ascontiguousarray(arr)).to(getattr(torch, torch_name))
+    if t.numel() == 0:  # numpy gives it strides of 0, which a byte view refuses
+        return b""
     return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 

@@ -90,6 +90,52 @@ def _refuse_unsafe(node: torch.fx.Node, name: str) -> None:
                           f"elements ('{arg}' has shape {list(val.shape)})")
 
 
+#: ATen ops that read or write their first argument's storage by explicit strides
+_STORAGE_VIEWS = ("aten.as_strided.default", "aten.as_strided_.default", "aten.as_strided_copy.default",
+                  "aten.as_strided_scatter.default")
+
+
+def _owns_storage(arg) -> bool:
+    """Whether arg is a tensor the function computed itself (not an input, nor a view
+    of something else): its storage holds exactly its elements, from offset 0."""
+    if not isinstance(arg, torch.fx.Node) or arg.op != "call_function":
+        return False
+    schema = getattr(arg.target, "_schema", None)
+    return schema is not None and not any(r.alias_info is not None for r in schema.returns)
+
+
+def _refuse_storage_view(node: torch.fx.Node, name: str) -> None:
+    """Unsupported for an as_strided whose result eager would read from memory kf's
+    program does not hold. as_strided indexes its input's storage, not its elements:
+    kf's program sees an input's elements in row-major order from its first one, so it
+    agrees with eager only where the input is contiguous, the view stays within the
+    input's own elements, and an explicit ``storage_offset`` (counted from the start of
+    the storage, which a caller's view may not share) is 0 on a tensor the function
+    made itself."""
+    if name not in _STORAGE_VIEWS:
+        return
+    schema = node.target._schema
+    bound = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value))
+             for i, a in enumerate(schema.arguments)}
+    x = bound["self"].meta.get("val") if isinstance(bound["self"], torch.fx.Node) else None
+    if not isinstance(x, torch.Tensor):
+        return
+    size, stride, offset = list(bound["size"]), list(bound["stride"]), bound.get("storage_offset")
+    if not x.is_contiguous():
+        raise Unsupported(f"{name} on a tensor that is not contiguous (strides {list(x.stride())}): it indexes "
+                          f"the tensor's memory, which kf does not keep", cause="call .contiguous() first")
+    if offset is not None and not (offset == 0 and _owns_storage(bound["self"])):
+        raise Unsupported(f"{name} with storage_offset={offset}: the offset counts from the start of its input's "
+                          f"storage, which kf does not keep", cause="slice the input instead, or leave out "
+                                                                    "storage_offset")
+    if any(s == 0 for s in size):
+        return
+    last = sum((s - 1) * st for s, st in zip(size, stride))
+    if min(stride, default=0) < 0 or last >= x.numel():
+        raise Unsupported(f"{name} of size {size} and stride {stride} reads element {last} of a tensor of "
+                          f"{x.numel()} elements: beyond the tensor, in memory kf does not keep")
+
+
 def _all_empty(conv, node: torch.fx.Node, one_op, slots: list):
     """The results of an op whose every tensor argument has no elements, or None when
     it has some that do: such results depend on the shapes alone (a sum over nothing
@@ -118,6 +164,15 @@ def _constant(conv, t: torch.Tensor):
 def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     """Lower one ATen node through torch-mlir; returns the kf-side value(s)."""
     _refuse_unsafe(node, name)
+    _refuse_storage_view(node, name)
+    if name == "aten.as_strided.default" and node.args[0].meta["val"].dim() == 0:
+        # a 0-dim tensor's one element at every index (the only view inside it, as
+        # _refuse_storage_view made sure); torch-mlir's lowering of as_strided kills the
+        # process on a 0-dim input
+        from kf.dialects import builders as kb
+
+        shape = tuple(node.meta["val"].shape)
+        return kb.broadcast_to(kb.reshape(args[0], (1,) * len(shape)), shape) if shape else args[0]
     values: list[ir.Value] = []
     examples: list[torch.Tensor] = []
     fakes: list[torch.Tensor] = []

@@ -70,12 +70,15 @@ def attr_to_plan(attr: ir.Attribute) -> Any:
 
 def choose(kernel: ir.Operation, target: TargetInfo, variants: dict | None = None) -> tuple[Strategy, dict]:
     """The strategy that takes kernel and its plan (generic when the kind's refuses, and
-    for a kernel that reads or writes a tensor with no elements: the specialized
-    strategies' tiles assume rows and tiles that exist, generic's loops just run zero
-    times). ``variants``: {kind: a strategy's VARIANT} (``variants_by_kind``); a strategy
-    with variants plans with its own (or its defaults), and the plan records it."""
+    for a kernel that reads, writes or computes a tensor with no elements, such as a sum
+    over an empty dim fused into an add: the specialized strategies' tiles assume rows
+    and tiles that exist, generic's loops just run zero times). ``variants``: {kind: a
+    strategy's VARIANT} (``variants_by_kind``); a strategy with variants plans with its
+    own (or its defaults), and the plan records it."""
     ins, outs = E.kernel_signature(kernel)
-    empty = any(E.numel(s.shape) == 0 for s in [*ins, *outs])
+    empty = any(E.numel(s.shape) == 0 for s in [*ins, *outs]) or any(
+        isinstance(r.type, ir.RankedTensorType) and E.numel(E.shape_of(r)) == 0
+        for op in kernel.regions[0].blocks[0].operations for r in op.operation.results)
     strategy = strategy_for("generic" if empty else E.kernel_kind(kernel))
     try:
         plan = _plan(strategy, kernel, target, variants)

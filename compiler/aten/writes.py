@@ -13,7 +13,8 @@ from kf.dialects import spec_of
 
 from ..dtypes import kf_elem
 from ..errors import Unsupported
-from .core import fake_value, handles, rank_of, shape_of
+from .core import as_vector, fake_value, handles, rank_of, shape_of
+from .indexing import _dim
 
 
 @handles("aten.copy.default")
@@ -162,14 +163,18 @@ def _put_rows(c, x, d: int, index, v, accumulate: bool):
 
 @handles("aten.index_copy.default")
 def _index_copy(c, node, args, kwargs):
+    # a 0-dim x (and source) counts as 1-D, as torch's indexing ops take it
     x, dim, index, source = args[:4]
-    return _put_rows(c, x, dim % rank_of(x), index, source, accumulate=False)
+    source = as_vector(c.tensor(source, spec_of(x.type).elem)) if rank_of(x) == 0 else source
+    out = _put_rows(c, as_vector(x), _dim(dim, x), as_vector(index), source, accumulate=False)
+    return kb.reshape(out, tuple(fake_value(node).shape))
 
 
 @handles("aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor")
 def _index_fill(c, node, args, kwargs):
     x, dim, index, value = args[:4]
-    index = kb.reshape(index, (1,)) if rank_of(index) == 0 else index
+    index = as_vector(index)
     elem = spec_of(x.type).elem
     value = kb.reshape(c.tensor(value, elem), ()) if isinstance(value, ir.Value) else kb.scalar(float(value), elem)
-    return kb.select(_rows_hit(c, x, dim % rank_of(x), index), value, x)
+    out = kb.select(_rows_hit(c, as_vector(x), _dim(dim, x), index), value, as_vector(x))
+    return kb.reshape(out, tuple(fake_value(node).shape))

@@ -12,7 +12,10 @@ PASS       kf ran and its results match eager's: same structure, dtype, shape an
            defaults, raised to the op's own ``toleranceOverride`` from its OpInfo), or,
            where they differ by more, no further from a float64 reference than twice
            eager's own error plus that tolerance (a fused kernel that rounds once may be
-           closer to the truth than eager, never much further).
+           closer to the truth than eager, never much further). A sum of products (a
+           convolution, a matmul: ``SUMS_OF_PRODUCTS``) may also be off by a few units
+           of the dtype's precision times the sum of its terms' magnitudes: what summing
+           in another order than eager's costs after cancellation.
 KF_ERROR   kf refused the case with one of its own exception types (``kf.CompileError``
            and subclasses, ``kf.SignatureError``, the runtime's errors, kf's index check):
            a clear error. ``user_line`` records whether the message shows the line of

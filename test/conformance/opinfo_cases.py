@@ -24,6 +24,17 @@ REPO = Path(__file__).resolve().parents[2]
 #: Ops whose values are undefined (uninitialized memory): only metadata is compared.
 UNDEFINED_VALUES = frozenset({"empty", "empty_like", "empty_permuted", "empty_strided", "new_empty",
                               "new_empty_strided"})
+#: Ops each of whose results is a sum of products of one element of each input (and of
+#: Python numbers): a sum's rounding error depends on the order of its terms and is
+#: bounded by the sum of their magnitudes, however small the sum itself is after
+#: cancellation. For these, a result may also differ from the float64 reference by a few
+#: units of the dtype's precision times the op on the inputs' absolute values
+#: (``opinfo_compare.SUM_ULPS``).
+SUMS_OF_PRODUCTS = frozenset({
+    "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul", "dot", "einsum", "inner", "linalg.multi_dot",
+    "linalg.vecdot", "matmul", "mm", "mv", "nn.functional.bilinear", "nn.functional.conv1d", "nn.functional.conv2d",
+    "nn.functional.conv3d", "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d",
+    "nn.functional.conv_transpose3d", "nn.functional.linear", "outer", "tensordot", "vdot"})
 #: Test classes whose toleranceOverride decorators apply to kf's comparison: those that
 #: compare a compiled or decomposed op with eager, or eager with a reference.
 TOLERANCE_CLASSES = frozenset({None, "TestInductorOpInfo", "TestDecomp", "TestCommon", "TestUnaryUfuncs",

@@ -119,6 +119,13 @@ ZERO_DIM = {
                               None),
     "index_add_0d": (lambda x, i, s: x.index_add(0, i, s), lambda: (torch.tensor(1.5), torch.tensor([0]),
                                                                     torch.tensor(2.0)), None),
+    "index_copy_0d": (lambda x, i, s: x.index_copy(0, i, s), lambda: (torch.tensor(1.5), torch.tensor([0]),
+                                                                      torch.tensor(-2.0)), None),
+    "index_copy_0d_index": (lambda x, i, s: x.index_copy(0, i, s),
+                            lambda: (torch.randn(5, 3), torch.tensor(3), torch.randn(1, 3)), None),
+    "index_fill_0d": (lambda x, i: x.index_fill(0, i, -3.0), lambda: (torch.tensor(1.5), torch.tensor([0])), None),
+    "index_fill_0d_value": (lambda x, i, v: x.index_fill(-1, i, v),
+                            lambda: (torch.tensor(1.5), torch.tensor(0), torch.tensor(4.0)), None),
     "gather_0d": (lambda x, i: torch.gather(x, 0, i), lambda: (torch.tensor(1.5), torch.tensor(0)), None),
     "scatter_add_0d": (lambda x, i, s: x.scatter_add(0, i, s), lambda: (torch.tensor(1.5), torch.tensor(0),
                                                                         torch.tensor(2.0)), None),
@@ -184,6 +191,13 @@ EMPTY = {
     "clone": (lambda a: a.clone(), lambda: (torch.randn(3, 3),), None),
     "identity": (lambda a: a, lambda: (torch.randn(3, 3),), None),
     "empty_identity": (lambda a: a, lambda: (torch.randn(0, 3),), None),
+    # a sum over an empty dim fused into a kernel whose inputs and results are not empty
+    "sum_empty_dim_fused": (lambda x: x + x[:, 1::2].sum(-1, keepdim=True), lambda: (torch.randn(5, 1),), None),
+    "view_ops_1x1": (lambda x: x[..., ::2].transpose(0, -1) + x[..., 1::2].sum(-1, keepdim=True).transpose(0, -1),
+                     lambda: (torch.randn(1, 1),), None),
+    # an empty result beside one that is not: the empty one a constant of no bytes
+    "inv_ex": (lambda a: torch.linalg.inv_ex(a), lambda: (torch.randn(1, 1, 0, 0),), None),
+    "ldl_factor_ex": (lambda a: torch.linalg.ldl_factor_ex(a), lambda: (torch.randn(0, 0),), None),
 }
 
 # kf refuses these with an error at the user's line (message fragments).

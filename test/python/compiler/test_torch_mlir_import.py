@@ -50,3 +50,66 @@ def test_without_torch_mlir_the_error_names_the_extra(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     line, cause = r.stdout.strip().split(" ", 1)
     assert line == "7" and "pip install 'kf[fallback]'" in cause, r.stdout
+
+
+def strided(x, size, stride):
+    return torch.as_strided(x, size, stride) * 2
+
+
+def strided_at(x, size, stride, offset):
+    return torch.as_strided(x, size, stride, offset) + 1
+
+
+@pytest.mark.parametrize("n,size,stride", [(257, (16, 16), (16, 1)), (13, (4, 3), (2, 3)), (7, (7, 2), (1, 0)),
+                                           (1, (3,), (0,)), (5, (0, 4), (1, 1))])
+def test_as_strided_of_a_contiguous_tensor_matches_torch(tmp_path, monkeypatch, n, size, stride):
+    pytest.importorskip("torch_mlir")
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    x = torch.randn(n)
+    torch.testing.assert_close(kf.jit(strided, target="cpu")(x, size, stride), strided(x, size, stride))
+
+
+@pytest.mark.parametrize("make,size,stride,offset,says", [
+    # a transposed input: eager indexes its memory, column-major
+    (lambda: torch.randn(3, 5).t(), (5, 3), (3, 1), None, "not contiguous"),
+    # an offset view: an explicit storage_offset counts from the start of the storage
+    (lambda: torch.randn(11)[2:9], (2, 2), (1, 2), 1, "storage_offset=1"),
+    (lambda: torch.randn(11), (2, 2), (1, 2), 0, "storage_offset=0"),
+    # past the view's own elements, into memory of the storage kf does not hold
+    (lambda: torch.randn(11)[2:9], (9,), (1,), None, "beyond the tensor"),
+])
+def test_as_strided_that_reads_memory_kf_does_not_hold_is_refused(tmp_path, monkeypatch, make, size, stride,
+                                                                     offset, says):
+    pytest.importorskip("torch_mlir")
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    x = make()
+    f = kf.jit(strided if offset is None else strided_at, target="cpu")
+    with pytest.raises(kf.UnsupportedOpError, match=says) as e:
+        f(x, size, stride) if offset is None else f(x, size, stride, offset)
+    assert e.value.loc is not None and e.value.loc.line > 0
+
+
+_ZERO_DIM = """
+import torch, kf
+
+def resized(x):
+    return x.resize_(()) * 3
+
+def spread(x):
+    return torch.as_strided(x, (2, 3), (0, 0))
+
+x = torch.tensor(-8.5)
+print(kf.jit(resized, target="cpu")(x.clone()).item(), kf.jit(spread, target="cpu")(x).tolist())
+"""
+
+
+def test_as_strided_of_a_0_dim_tensor_runs(tmp_path):
+    """torch-mlir's as_strided kills the process on a 0-dim input (resize_ decomposes to
+    it): kf builds the view itself. In a subprocess, so that a crash is a failure."""
+    pytest.importorskip("torch_mlir")
+    script = tmp_path / "zero_dim.py"
+    script.write_text(_ZERO_DIM)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "KF_CACHE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split(" ", 1) == ["-25.5", "[[-8.5, -8.5, -8.5], [-8.5, -8.5, -8.5]]\n"], r.stdout

@@ -1,10 +1,13 @@
 """Seeded fuzz tests: kf against torch on generated shapes, dtypes and memory layouts,
 one test per strategy family (elementwise, reductions, row-wise, matmul, attention,
-transpose and views, gather and index), each on the ``cpu`` and ``vulkan`` targets.
+transpose and views, gather and index) and for the rules every family follows (integer
+division and remainder signs, bool/int/float promotion, broadcasting of size-1 dims,
+reductions over a million elements), each on the ``cpu`` and ``vulkan`` targets.
 
 The shapes take sizes 0, 1, primes and 257 (tiles never divide them evenly); the dtypes
-are f32, f16 and bf16; inputs arrive contiguous, transposed, sliced with a step, expanded
-(stride 0) or at a storage offset (a "misaligned" start). Each result is checked against
+are f32, f16 and bf16 (and bool, int32, int64 where the rule is about them); inputs
+arrive contiguous, transposed, sliced with a step, expanded (stride 0), at a storage
+offset (a "misaligned" start) or with odd strides at an offset. Each result is checked against
 torch in float64 on the same inputs: kf may differ from that reference by at most twice
 eager's own error plus a tolerance of a few units of the dtype's precision (of the value
 and of the tensor's mean magnitude; for sums and products also of the same computation on
@@ -50,7 +53,7 @@ FUZZ = settings(max_examples=int(os.environ.get("KF_FUZZ_EXAMPLES", "8")),
 SIZES = st.sampled_from([0, 1, 2, 3, 5, 7, 13, 31, 257])
 NONZERO = st.sampled_from([1, 2, 3, 5, 7, 13, 31, 257])
 DTYPES = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
-LAYOUTS = st.sampled_from(["contiguous", "transposed", "stepped", "expanded", "offset"])
+LAYOUTS = st.sampled_from(["contiguous", "transposed", "stepped", "expanded", "offset", "odd_stepped"])
 #: relative tolerance in units of the dtype's epsilon
 ULPS = 8
 
@@ -74,12 +77,20 @@ def make(shape, dtype, layout: str, gen: torch.Generator, low: float = -3.0, hig
     """A tensor of the given shape and dtype in the given memory layout:
     contiguous; transposed (the last two dims swapped in memory); stepped (every other
     element of a tensor twice as long in dim 0); expanded (dim 0 of size 1 broadcast,
-    stride 0); offset (starting 3 elements into its storage)."""
+    stride 0); offset (starting 3 elements into its storage); odd_stepped (every third
+    element of the last dim, from the second, and every fifth row of dim 0 of a larger
+    tensor: odd strides at a storage offset). Integer dtypes take integers in [low, high)."""
     shape = tuple(shape)
 
     def rand(s):
+        if not dtype.is_floating_point:
+            return torch.randint(int(low), int(high), s, generator=gen).to(dtype)
         t = torch.rand(s, generator=gen, dtype=torch.float64) * (high - low) + low
         return (t.abs() + 0.1 if positive else t).to(dtype)
+
+    if layout == "odd_stepped" and len(shape) >= 1:
+        big = rand((5 * shape[0],) + shape[1:-1] + (3 * shape[-1] + 1,) if len(shape) >= 2 else (3 * shape[0] + 1,))
+        return big[1::3] if len(shape) == 1 else big[::5][..., 1::3]
 
     if layout == "transposed" and len(shape) >= 2:
         return rand(shape[:-2] + (shape[-1], shape[-2])).transpose(-1, -2)
@@ -121,12 +132,19 @@ PENDING: list = []
 
 
 def check(target: str, fn, args: tuple, consts: tuple = (), *, scaled: bool = False, ulps: float = ULPS,
-          exact: bool = False):
+          exact: bool = False, refusable: bool = False):
     """Run fn through kf on target and check it against torch (see the module's docstring).
-    scaled: the tolerance scales with fn on the inputs' magnitudes (sums, products)."""
+    scaled: the tolerance scales with fn on the inputs' magnitudes (sums, products).
+    refusable: kf may refuse the example with its error for an op a target lacks (then
+    the example says nothing)."""
     if any(pending(target, args) for pending, _ in PENDING):
         assume(False)
-    out = compiled(fn, target)(*args, *consts)
+    try:
+        out = compiled(fn, target)(*args, *consts)
+    except (kf.UnsupportedOpError, kf.TargetError):
+        if not refusable:
+            raise
+        assume(False)
     eager = fn(*args, *consts)
     outs, eagers = (out, eager) if isinstance(eager, tuple) else ((out,), (eager,))
     refs = fn(*(a.double() if a.is_floating_point() else a for a in args), *consts)
@@ -209,6 +227,88 @@ def test_elementwise_scalar(target, spec, seed, op, s):
           ulps=16)
 
 
+def int_divide(x, y, op: str):
+    return {"floor": lambda: torch.div(x, y, rounding_mode="floor"), "floordiv": lambda: x // y,
+            "trunc": lambda: torch.div(x, y, rounding_mode="trunc"), "true": lambda: x / y,
+            "remainder": lambda: x % y, "fmod": lambda: torch.fmod(x, y)}[op]()
+
+
+INT_DTYPES = st.sampled_from([torch.int32, torch.int64])
+DIVISIONS = st.sampled_from(["floor", "floordiv", "trunc", "true", "remainder", "fmod"])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@FUZZ
+@given(spec=tensors(rank_max=3, dtype=torch.int64), dtype=INT_DTYPES, seed=SEEDS, op=DIVISIONS,
+       divisor=st.sampled_from(["tensor", "row", "scalar"]), scalar=st.sampled_from([-7, -3, -1, 1, 2, 5]),
+       other_layout=LAYOUTS)
+def test_integer_division_signs(target, spec, dtype, seed, op, divisor, scalar, other_layout):
+    """Integer division and remainder round as torch does for every sign of both
+    operands: floor and Python's % toward negative infinity, trunc and fmod toward zero."""
+    shape, _, layout = spec
+    g = generator(seed)
+    x = make(shape, dtype, layout, g, low=-50, high=50)
+    if divisor == "scalar":
+        check(target, int_divide, (x,), (scalar, op), refusable=True)
+        return
+    y = make(shape if divisor == "tensor" else shape[-1:], dtype, other_layout, g, low=-9, high=9)
+    y = torch.where(y == 0, torch.full_like(y, 3), y)  # integer division by zero is undefined
+    check(target, int_divide, (x, y), (op,), refusable=True)
+
+
+def promote(x, y, op: str, s):
+    return {"add": lambda: x + y, "mul": lambda: x * y, "sub_scalar": lambda: x - s, "mul_scalar": lambda: y * s,
+            "where": lambda: torch.where(x > 0, x, y), "max": lambda: torch.maximum(x, y),
+            "div": lambda: x / (y * y + 1), "and": lambda: (x > 0) & (y <= 0), "sum": lambda: (x + y).sum(-1),
+            "cmp": lambda: x > y}[op]()
+
+
+MIXED_DTYPES = st.sampled_from([torch.bool, torch.int32, torch.int64, torch.float32, torch.float16,
+                                torch.bfloat16])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@FUZZ
+@given(spec=tensors(rank_max=3), x_dtype=MIXED_DTYPES, y_dtype=MIXED_DTYPES, seed=SEEDS,
+       op=st.sampled_from(["add", "mul", "sub_scalar", "mul_scalar", "where", "max", "div", "and", "sum", "cmp"]),
+       s=st.sampled_from([2, -3, 1.5, True]), y_layout=LAYOUTS, broadcast=st.booleans())
+def test_mixed_promotion(target, spec, x_dtype, y_dtype, seed, op, s, y_layout, broadcast):
+    """bool, int and float operands (tensors and Python numbers) promote to torch's
+    result dtype, and the values follow."""
+    shape, _, layout = spec
+    g = generator(seed)
+
+    def operand(dtype, lay, shp):
+        t = make(shp, torch.float32 if dtype == torch.bool else dtype, lay, g, low=-5, high=5)
+        return t > 0 if dtype == torch.bool else t
+
+    x = operand(x_dtype, layout, shape)
+    y = operand(y_dtype, y_layout, shape[-1:] if broadcast else shape)
+    try:
+        promote(x, y, op, s)
+    except RuntimeError:  # torch refuses some mixes itself (a bool minus anything)
+        assume(False)
+    check(target, promote, (x, y), (op, s), refusable=True)
+
+
+def broadcast_binary(x, y, op: str):
+    return {"add": x + y, "mul": x * y, "sub": x - y, "max": torch.maximum(x, y), "where": torch.where(x > y, x, y)}[op]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@FUZZ
+@given(spec=tensors(rank_min=2, rank_max=4), seed=SEEDS, op=st.sampled_from(["add", "mul", "sub", "max", "where"]),
+       x_ones=st.integers(0, 15), y_ones=st.integers(0, 15), y_rank_drop=st.integers(0, 2), y_layout=LAYOUTS)
+def test_broadcast_size_1_dims(target, spec, seed, op, x_ones, y_ones, y_rank_drop, y_layout):
+    """Binary ops whose operands have size-1 dims anywhere (not only leading or
+    trailing), each broadcast against the other's, and fewer dims on one side."""
+    shape, dtype, layout = spec
+    x_shape = tuple(1 if x_ones >> d & 1 else n for d, n in enumerate(shape))
+    y_shape = tuple(1 if y_ones >> d & 1 else n for d, n in enumerate(shape))[min(y_rank_drop, len(shape) - 1):]
+    g = generator(seed)
+    check(target, broadcast_binary, (make(x_shape, dtype, layout, g), make(y_shape, dtype, y_layout, g)), (op,))
+
+
 # ----------------------------------------------------------------------------- reductions
 
 
@@ -264,6 +364,24 @@ BIG = 3 * 2**23  # above 2^24 elements: f32 accumulation in one chain stalls at 
 def test_sum_above_2_24_elements(target):
     x = torch.ones(BIG)
     torch.testing.assert_close(compiled(total, target)(x), x.sum())
+
+
+MILLION = 10**6 + 3  # a prime: no block divides it
+
+
+def reduce_million(x, op: str):
+    return {"sum": lambda: x.sum(), "mean": lambda: x.mean(), "amax": lambda: x.amax(), "amin": lambda: x.amin(),
+            "sum_rows": lambda: x.view(-1, 1000).sum(0), "sum_cols": lambda: x.view(1000, -1).sum(1),
+            "var": lambda: x.float().var()}[op]()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin", "sum_rows", "sum_cols", "var"])
+def test_reductions_over_a_million_elements(target, dtype, op):
+    n = 10**6 if op in ("sum_rows", "sum_cols") else MILLION
+    x = make((n,), dtype, "contiguous", generator(n), low=-1.0, high=3.0)
+    check(target, reduce_million, (x,), (op,), scaled=op in ("sum", "mean", "sum_rows", "sum_cols", "var"))
 
 
 @pytest.mark.parametrize("target", TARGETS)

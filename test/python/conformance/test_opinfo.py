@@ -108,3 +108,24 @@ def test_classes_of_errors_and_results():
     fused = torch.tensor([1 / 3], dtype=torch.bfloat16)
     assert runner.compare(fused, eager, exact, 1e-6, 1e-6) == ""
     assert runner.compare(eager - 0.25, eager, exact, 1e-6, 1e-6) != ""
+
+
+def test_sums_of_products_are_judged_by_their_terms():
+    """A sum of products after cancellation (a small result of large terms) may be off by
+    a few units of float32 times its terms' magnitudes when kf sums in another order than
+    eager (nn.functional.conv_transpose3d#9: 2 units); a wrong term is still a mismatch."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, 5, 5, generator=g) * 9
+    w = torch.randn(4, 8, 3, 3, 3, generator=g) * 9
+    conv = torch.nn.functional.conv_transpose3d
+    eager, exact = conv(x, w), conv(x.double(), w.double())
+    magnitude = conv(x.double().abs(), w.double().abs())
+    eps = torch.finfo(torch.float32).eps
+    reordered = (exact + 3 * eps * magnitude * torch.sign(exact - eager.double())).float()
+    assert runner.compare(reordered, eager, exact, 1.3e-6, 1e-5) != ""
+    assert runner.compare(reordered, eager, exact, 1.3e-6, 1e-5, magnitude=magnitude) == ""
+    w_wrong = w.clone()
+    w_wrong[0, 0, 1, 1, 1] += 0.1  # one term wrong
+    assert runner.compare(conv(x, w_wrong), eager, exact, 1.3e-6, 1e-5, magnitude=magnitude) != ""
