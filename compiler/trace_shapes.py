@@ -140,6 +140,25 @@ def _layer_norm(p: dict) -> "Out | list[Out]":
     return [Out(tuple(x.shape)), Out(stats), Out(stats)]
 
 
+def _sdpa(p: dict) -> Out:
+    """scaled_dot_product_attention where its shapes are plain ones (torch reports the rest
+    through export's path): q [..., L, E], k [..., S, E], v [..., S, Ev] of one batch
+    (heads grouped by enable_gqa), a mask that broadcasts to [..., L, S], not with is_causal."""
+    q, k, v, mask = p["query"], p["key"], p["value"], p.get("attn_mask")
+    need(min(q.dim(), k.dim(), v.dim()) >= 3 and q.dim() == k.dim() == v.dim(), "attention of other ranks")
+    need(q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2] and k.shape[:-2] == v.shape[:-2],
+         "attention of mismatched shapes")
+    hq, hk = q.shape[-3], k.shape[-3]
+    need(q.shape[:-3] == k.shape[:-3] and (hq == hk or (p.get("enable_gqa") and hk and hq % hk == 0)),
+         "attention of other batch or head counts")
+    need(mask is None or not p.get("is_causal"), "attention with both a mask and is_causal")
+    if mask is not None:
+        need(mask.dim() >= 2, "an attention mask of fewer than 2 dimensions")
+        need(_broadcast([tuple(mask.shape), tuple(q.shape[:-1]) + (k.shape[-2],)])
+             == tuple(q.shape[:-1]) + (k.shape[-2],), "an attention mask of another shape")
+    return Out(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
+
+
 def _matmul(p: dict) -> Out:
     a, b = p["self"], p["other"]
     ra, rb = a.dim(), b.dim()
@@ -458,7 +477,7 @@ for _names, _rule in [
       "var.default", "std.correction", "std.dim", "std.default"], _reduce),
     (["layer_norm.default", "native_layer_norm.default"], _layer_norm),
     (["matmul.default"], _matmul), (["mm.default", "addmm.default"], _mm), (["bmm.default"], _bmm),
-    (["linear.default"], _linear),
+    (["linear.default"], _linear), (["scaled_dot_product_attention.default"], _sdpa),
     (["t.default"], _t), (["numpy_T.default"], _numpy_t), (["transpose.int", "swapaxes.default"], _transpose),
     (["permute.default"], _permute),
     (["view.default", "_unsafe_view.default", "view_as.default"], _view),
