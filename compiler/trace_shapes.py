@@ -159,6 +159,13 @@ def _sdpa(p: dict) -> Out:
     return Out(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
 
 
+def _scan(p: dict) -> Out:
+    """cumsum, cumprod, logcumsumexp: the operand's shape (the dtype as torch gives it)."""
+    x = p["self"]
+    _dim(p["dim"], x.dim())
+    return Out(tuple(x.shape), p.get("dtype"))
+
+
 def _matmul(p: dict) -> Out:
     a, b = p["self"], p["other"]
     ra, rb = a.dim(), b.dim()
@@ -477,6 +484,7 @@ for _names, _rule in [
       "var.default", "std.correction", "std.dim", "std.default"], _reduce),
     (["layer_norm.default", "native_layer_norm.default"], _layer_norm),
     (["matmul.default"], _matmul), (["mm.default", "addmm.default"], _mm), (["bmm.default"], _bmm),
+    (["cumsum.default", "cumprod.default", "logcumsumexp.default"], _scan),
     (["linear.default"], _linear), (["scaled_dot_product_attention.default"], _sdpa),
     (["t.default"], _t), (["numpy_T.default"], _numpy_t), (["transpose.int", "swapaxes.default"], _transpose),
     (["permute.default"], _permute),

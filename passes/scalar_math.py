@@ -344,3 +344,25 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
     if op == "masked_fill":
         return arith.select(args[1], const(t, attrs["value"]), x)
     raise ValueError(f"kf.{op} is not an elementwise op")
+
+
+def scan_identity(kind: str, t: ir.Type) -> ir.Value:
+    """What a kf.scan of kind starts from in type t (0, 1, the lowest or highest value, -inf)."""
+    if kind in ("sum", "prod"):
+        return const(t, 0 if kind == "sum" else 1)
+    if is_float(t):
+        return const(t, math.inf if kind == "min" else -math.inf)
+    w = ir.IntegerType(t).width
+    return const(t, 2 ** (w - 1) - 1 if kind == "min" else -(2 ** (w - 1)))
+
+
+def scan_step(kind: str, acc: ir.Value, v: ir.Value) -> ir.Value:
+    """acc combined with the next element v by a kf.scan of kind (both of one type). A
+    logsumexp step is max + log(1 + exp(min - max)), and the max itself where it is
+    infinite (both -inf, or +inf), as torch.logcumsumexp gives."""
+    if kind in ("sum", "prod", "max", "min"):
+        return emit({"sum": "add", "prod": "mul"}.get(kind, kind), [acc, v])
+    hi, lo = emit("max", [acc, v]), emit("min", [acc, v])
+    r = arith.addf(hi, emit("log", [arith.addf(const(hi.type, 1.0), emit("exp", [arith.subf(lo, hi)]))]))
+    infinite = arith.cmpf(arith.CmpFPredicate.OEQ, emit("abs", [hi]), const(hi.type, math.inf))
+    return arith.select(infinite, hi, r)

@@ -210,6 +210,32 @@ def _batched_contraction(a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
     return generic([a, b], [acc], maps, ["parallel"] * (nb + 2) + ["reduction"], body)[0]
 
 
+def _scan(op, args, attrs, out):
+    """An scf.for along dim carrying the running row (in the compute type) and the
+    result: each step combines the row with the next slice of x and inserts it rounded."""
+    (x,) = args
+    shape = shape_of(x)
+    rank = len(shape)
+    dim = normalize_dim(int(attrs["dim"]), rank)
+    kind = attrs["kind"]
+    elem = compute_elem(out[0].elem)
+    ct, t = elem_type(elem), elem_type(out[0].elem)
+    row = [1 if d == dim else shape[d] for d in range(rank)]
+    start = {"sum": 0.0, "prod": 1.0, "max": min_value(elem), "min": max_value(elem), "logsumexp": -math.inf}[kind]
+
+    def step(i, carried):
+        acc, result = carried
+        offsets = [i if d == dim else 0 for d in range(rank)]
+        # the running row is updated in place (the generic's init), so that the loop
+        # carries one buffer after bufferization
+        (acc,) = generic([extract_slice(x, offsets, row)], [acc], [identity_map(rank)] * 2, ["parallel"] * rank,
+                         lambda a: [sm.scan_step(kind, a[1], sm.convert(a[0], ct))])
+        rounded = map_elements([acc], row, t, lambda a: sm.convert(a[0], t))
+        return [acc, insert_slice(rounded, result, offsets, row)]
+
+    return [for_loop(0, shape[dim], [filled(row, ct, start), empty(out[0].shape, t)], step)[1]]
+
+
 def _one_result(built) -> ir.Value:
     """The single result of what a bindings helper returned (an op, a list or a value)."""
     if isinstance(built, ir.Value):
@@ -428,7 +454,7 @@ LOWERINGS: dict[str, Lowering] = {
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
     "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
-    "kf.iota": _iota,
+    "kf.iota": _iota, "kf.scan": _scan,
 }
 
 

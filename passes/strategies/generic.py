@@ -363,6 +363,22 @@ def _topk(ev: Evaluator, op, idx, attrs):
     return [v, i]
 
 
+def _scan(ev: Evaluator, op, idx, attrs):
+    """Position i along dim combines elements 0..i: a loop of i + 1 trips per output
+    element (O(n^2) over a row: correct everywhere, fast for short rows)."""
+    x = op.operands[0]
+    dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
+    kind = attrs["kind"]
+    t = E.compute_type(E.elem_of(op.results[0]))
+
+    def step(j, c):
+        at = list(idx)
+        at[dim] = j
+        return [sm.scan_step(kind, c[0], sm.convert(ev.value(x, at), t))]
+
+    return ev.loop(ev.kb.add(idx[dim], 1), [sm.scan_identity(kind, t)], step)
+
+
 def _zero(op) -> ir.Value:
     return sm.const(E.compute_type(E.elem_of(op.results[0])), 0)
 
@@ -511,7 +527,7 @@ _HANDLERS = {
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
     "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
-    "kf.iota": _iota,
+    "kf.iota": _iota, "kf.scan": _scan,
 }
 
 

@@ -98,6 +98,15 @@ func.func @indices() -> (tensor<3x257xi64>, tensor<5xi32>) {
   return %a, %b : tensor<3x257xi64>, tensor<5xi32>
 }
 
+// CHECK-LABEL: func.func @scans
+func.func @scans(%x: tensor<3x257xf32>, %i: tensor<7xi32>) -> (tensor<3x257xf32>, tensor<7xi32>) {
+  // CHECK: "kf.scan"(%arg0) {dim = 1 : i64, kind = "logsumexp"} : (tensor<3x257xf32>) -> tensor<3x257xf32>
+  %a = "kf.scan"(%x) {dim = 1 : i64, kind = "logsumexp"} : (tensor<3x257xf32>) -> tensor<3x257xf32>
+  // CHECK: "kf.scan"(%arg1) {dim = 0 : i64, kind = "prod"} : (tensor<7xi32>) -> tensor<7xi32>
+  %b = "kf.scan"(%i) {dim = 0 : i64, kind = "prod"} : (tensor<7xi32>) -> tensor<7xi32>
+  return %a, %b : tensor<3x257xf32>, tensor<7xi32>
+}
+
 // CHECK-LABEL: func.func @random
 func.func @random(%state: tensor<2xi64>) -> (tensor<3x257xf32>, tensor<f32>) {
   // CHECK: "kf.rand"(%arg0) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<3x257xf32>
