@@ -118,6 +118,8 @@ OPS: dict[str, Callable] = {
     "kf.index_select": lambda a, at, o: torch.index_select(a[0], int(at["dim"]), a[1].long()),
     "kf.index_add": lambda a, at, o: a[0].index_add(int(at["dim"]), a[1].long(), a[2]),
     "kf.scatter_add": lambda a, at, o: a[0].scatter_add(int(at["dim"]), a[1].long(), a[2]),
+    "kf.scatter_reduce": lambda a, at, o: a[0].scatter(int(at["dim"]), a[1].long(), a[2]) if at["reduce"] == "none"
+    else a[0].scatter_reduce(int(at["dim"]), a[1].long(), a[2], at["reduce"], include_self=bool(at["include_self"])),
 }
 
 

@@ -449,6 +449,16 @@ def _scatter_add(p: dict) -> Out:
     return Out(tuple(x.shape))
 
 
+def _scatter(p: dict) -> Out:
+    """scatter (a source or one value) and scatter_reduce: scatter_add's shapes, the
+    reductions torch names."""
+    if "src" not in p:  # one value: the index's shape stands for the source's
+        p = {**p, "src": p["index"]}
+    need(p.get("reduce") in (None, "add", "multiply", "sum", "prod", "amax", "amin", "mean"),
+         f"scatter reduce={p.get('reduce')!r}")
+    return _scatter_add(p)
+
+
 def _factory(p: dict) -> Out:
     size = tuple(p["size"])
     need(all(isinstance(s, int) and s >= 0 for s in size), f"invalid size {list(size)}")
@@ -499,6 +509,7 @@ for _names, _rule in [
     (["topk.default"], _topk), (["gather.default"], _gather), (["index_select.default"], _index_select),
     (["embedding.default"], _embedding), (["index_add.default"], _index_add),
     (["scatter_add.default"], _scatter_add),
+    (["scatter.src", "scatter.value", "scatter.reduce", "scatter.value_reduce", "scatter_reduce.two"], _scatter),
     (["zeros.default", "ones.default", "empty.memory_format", "full.default", "new_zeros.default",
       "new_ones.default", "new_empty.default", "new_full.default"], _factory),
     (["scalar_tensor.default"], _scalar_tensor),

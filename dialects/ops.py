@@ -340,6 +340,19 @@ def _scatter_add(ops, attrs, results):
     return [x]
 
 
+#: how kf.scatter_reduce combines what lands on one element ("none": the last source
+#: in index order replaces it, torch.scatter's deterministic reading)
+SCATTER_REDUCTIONS = ("none", "sum", "prod", "amax", "amin", "mean")
+
+
+def _scatter_reduce(ops, attrs, results):
+    if attrs.get("reduce") not in SCATTER_REDUCTIONS:
+        raise KfTypeError(f"reduce must be one of {', '.join(SCATTER_REDUCTIONS)}, got {attrs.get('reduce')!r}")
+    if ops[0].elem == "i1" and attrs["reduce"] != "none":
+        raise KfTypeError(f"a {attrs['reduce']} scatter of booleans: cast them to an integer type first")
+    return _scatter_add(ops, attrs, results)
+
+
 def _constant(ops, attrs, results):
     out = _given_result("kf.constant")(results)
     value = attrs.get("value")
@@ -475,6 +488,10 @@ OPS: tuple[OpSpec, ...] = (
            ("result",), {"dim": "int"}, infer=_index_add, category="indexing"),
     OpSpec("scatter_add", "torch.scatter_add along dim", ("input", "index", "source"), ("result",),
            {"dim": "int"}, infer=_scatter_add, category="indexing"),
+    OpSpec("scatter_reduce", "torch.scatter_reduce along dim (reduce: none, sum, prod, amax, amin, mean; "
+           "include_self: whether the input's element takes part); an element no index reaches keeps the input's",
+           ("input", "index", "source"), ("result",), {"dim": "int", "reduce": "str", "include_self": "bool"},
+           infer=_scatter_reduce, category="indexing"),
     # values
     OpSpec("constant", "a tensor of literal values", (), ("result",), {"value": "elements"}, infer=_constant,
            category="value"),

@@ -366,3 +366,23 @@ def scan_step(kind: str, acc: ir.Value, v: ir.Value) -> ir.Value:
     r = arith.addf(hi, emit("log", [arith.addf(const(hi.type, 1.0), emit("exp", [arith.subf(lo, hi)]))]))
     infinite = arith.cmpf(arith.CmpFPredicate.OEQ, emit("abs", [hi]), const(hi.type, math.inf))
     return arith.select(infinite, hi, r)
+
+
+def scatter_step(reduce: str, acc: ir.Value, v: ir.Value) -> ir.Value:
+    """acc combined with a source element v landing on it by a kf.scatter_reduce of reduce
+    (mean sums: the count divides at the end, ``scatter_mean``)."""
+    return v if reduce == "none" else emit({"sum": "add", "mean": "add", "prod": "mul", "amax": "max",
+                                             "amin": "min"}[reduce], [acc, v])
+
+
+def scatter_mean(total: ir.Value, count: ir.Value) -> ir.Value:
+    """A scatter mean: total / count (i64) where count > 0 (the input's element where no
+    index lands); integers divide with floor, as torch."""
+    i64 = count.type
+    hit = arith.cmpi(arith.CmpIPredicate.sgt, count, const(i64, 0))
+    safe = arith.select(hit, count, const(i64, 1))
+    if is_float(total.type):
+        mean = arith.divf(total, arith.sitofp(total.type, safe))
+    else:
+        mean = arith.floordivsi(total, convert(safe, total.type))
+    return arith.select(hit, mean, total)

@@ -163,6 +163,10 @@ def _put_rows(c, x, d: int, index, v, accumulate: bool):
 @handles("aten.index_copy.default")
 def _index_copy(c, node, args, kwargs):
     x, dim, index, source = args[:4]
+    if rank_of(x) == 0:  # a 0-d tensor indexes as its one element
+        one = _put_rows(c, kb.reshape(x, (1,)), 0, kb.reshape(index, (1,)),
+                        kb.reshape(c.tensor(source, spec_of(x.type).elem), (1,)), accumulate=False)
+        return kb.reshape(one, ())
     return _put_rows(c, x, dim % rank_of(x), index, source, accumulate=False)
 
 
@@ -172,4 +176,6 @@ def _index_fill(c, node, args, kwargs):
     index = kb.reshape(index, (1,)) if rank_of(index) == 0 else index
     elem = spec_of(x.type).elem
     value = kb.reshape(c.tensor(value, elem), ()) if isinstance(value, ir.Value) else kb.scalar(float(value), elem)
+    if rank_of(x) == 0:  # a 0-d tensor indexes as its one element
+        return kb.reshape(kb.select(_rows_hit(c, kb.reshape(x, (1,)), 0, index), value, kb.reshape(x, (1,))), ())
     return kb.select(_rows_hit(c, x, dim % rank_of(x), index), value, x)

@@ -388,6 +388,48 @@ def _scatter_add(op, args, attrs, out):
     return [nest(0, [], x)]
 
 
+def _scatter_reduce(op, args, attrs, out):
+    """Loops over the index's positions carrying the result (in the compute type) and,
+    where it matters (mean, or without include_self), how many sources landed on each
+    element; the first source to land replaces the input's element unless include_self."""
+    x, index, src = args
+    ishape = shape_of(index)
+    rank = len(ishape)
+    dim = normalize_dim(int(attrs["dim"]), rank)
+    reduce, include = attrs["reduce"], bool(attrs["include_self"])
+    index = checked_index(op, index, shape_of(x)[dim], dim)
+    if shape_of(x)[dim] == 0:
+        return [x]
+    elem = compute_elem(out[0].elem)
+    ct, i64 = elem_type(elem), ir.IntegerType.get_signless(64)
+    counted = reduce == "mean" or (reduce != "none" and not include)
+    acc = map_elements([x], shape_of(x), ct, lambda a: sm.convert(a[0], ct))
+    count = filled(shape_of(x), i64, 1 if include else 0)
+
+    def land(coords, acc, count):
+        target = [as_index(tensor.extract(index, coords)) if d == dim else coords[d] for d in range(rank)]
+        v = sm.convert(tensor.extract(src, coords), ct)
+        cur = tensor.extract(acc, target)
+        new = sm.scatter_step(reduce, cur, v)
+        if not counted:
+            return [tensor.insert(new, acc, target), count]
+        n = tensor.extract(count, target)
+        if not include:
+            new = arith.select(arith.cmpi(arith.CmpIPredicate.eq, n, sm.const(i64, 0)), v, new)
+        return [tensor.insert(new, acc, target), tensor.insert(arith.addi(n, sm.const(i64, 1)), count, target)]
+
+    def nest(depth: int, coords: list, carried: list) -> list:
+        if depth == rank:
+            return land(coords, *carried)
+        return for_loop(0, ishape[depth], carried, lambda i, c: nest(depth + 1, coords + [i], c))
+
+    acc, count = nest(0, [], [acc, count])
+    t = elem_type(out[0].elem)
+    if reduce == "mean":
+        return [map_elements([acc, count], shape_of(x), t, lambda a: sm.convert(sm.scatter_mean(a[0], a[1]), t))]
+    return [map_elements([acc], shape_of(x), t, lambda a: sm.convert(a[0], t))]
+
+
 def _constant(op, args, attrs, out):
     value = attrs["value"]
     if out[0].elem != "i1":
@@ -454,7 +496,7 @@ LOWERINGS: dict[str, Lowering] = {
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
     "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
-    "kf.iota": _iota, "kf.scan": _scan,
+    "kf.iota": _iota, "kf.scan": _scan, "kf.scatter_reduce": _scatter_reduce,
 }
 
 
