@@ -459,6 +459,17 @@ def _scatter(p: dict) -> Out:
     return _scatter_add(p)
 
 
+def _sort(p: dict) -> list[Out]:
+    """sort: the values and their int64 positions, each of the operand's shape."""
+    x = p["self"]
+    _dim(p.get("dim", -1), x.dim())
+    return [Out(tuple(x.shape), x.dtype), Out(tuple(x.shape), torch.int64)]
+
+
+def _argsort(p: dict) -> Out:
+    return _sort(p)[1]
+
+
 def _factory(p: dict) -> Out:
     size = tuple(p["size"])
     need(all(isinstance(s, int) and s >= 0 for s in size), f"invalid size {list(size)}")
@@ -509,6 +520,7 @@ for _names, _rule in [
     (["topk.default"], _topk), (["gather.default"], _gather), (["index_select.default"], _index_select),
     (["embedding.default"], _embedding), (["index_add.default"], _index_add),
     (["scatter_add.default"], _scatter_add),
+    (["sort.default", "sort.stable"], _sort), (["argsort.default", "argsort.stable"], _argsort),
     (["scatter.src", "scatter.value", "scatter.reduce", "scatter.value_reduce", "scatter_reduce.two"], _scatter),
     (["zeros.default", "ones.default", "empty.memory_format", "full.default", "new_zeros.default",
       "new_ones.default", "new_empty.default", "new_full.default"], _factory),
