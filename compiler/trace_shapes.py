@@ -466,6 +466,10 @@ def _sort(p: dict) -> list[Out]:
     return [Out(tuple(x.shape), x.dtype), Out(tuple(x.shape), torch.int64)]
 
 
+def _msort(p: dict) -> Out:
+    return Out(tuple(p["self"].shape), p["self"].dtype)
+
+
 def _argsort(p: dict) -> Out:
     return _sort(p)[1]
 
@@ -521,6 +525,7 @@ for _names, _rule in [
     (["embedding.default"], _embedding), (["index_add.default"], _index_add),
     (["scatter_add.default"], _scatter_add),
     (["sort.default", "sort.stable"], _sort), (["argsort.default", "argsort.stable"], _argsort),
+    (["msort.default"], _msort),
     (["scatter.src", "scatter.value", "scatter.reduce", "scatter.value_reduce", "scatter_reduce.two"], _scatter),
     (["zeros.default", "ones.default", "empty.memory_format", "full.default", "new_zeros.default",
       "new_ones.default", "new_empty.default", "new_full.default"], _factory),

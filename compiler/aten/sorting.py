@@ -91,3 +91,9 @@ def _argsort(c, node, args, kwargs):
     dim = int(p.get("dim", -1)) % max(rank_of(x), 1)
     positions = sorted_along(x, dim, bool(p.get("descending") or False))[1]
     return kb.reshape(positions, tuple(fake_value(node).shape)) if rank_of(x) == 0 else positions
+
+
+@handles("aten.msort.default")
+def _msort(c, node, args, kwargs):
+    """torch.msort: the values of a sort along dim 0."""
+    return sorted_along(args[0], 0, False)[0]

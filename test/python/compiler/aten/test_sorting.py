@@ -73,6 +73,12 @@ def test_sort_of_a_scalar_nothing_and_a_view(target):
     _check(lambda x: x.argsort(dim=0), torch.randn(6, 9, generator=gen)[:, ::2], target)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_msort(target):
+    _check(lambda x: torch.msort(x), _ties_and_specials((9, 4), torch.Generator().manual_seed(9)), target)
+    _check(lambda x: torch.msort(x), torch.randn(7, 3, generator=torch.Generator().manual_seed(10)).t(), target)
+
+
 def test_sort_of_a_very_long_row_is_a_clear_error():
     with pytest.raises(kf.UnsupportedOpError, match="rows of 5000 elements"):
         kf.jit(lambda x: torch.sort(x), target="cpu")(torch.randn(5000))
