@@ -342,6 +342,7 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
 
     from torch._dispatch.python import enable_python_dispatcher
 
+    from .aten.attention import SdpaAsTorchOps
     from .random_state import STATE_SHAPE
 
     user = kfn.fn
@@ -356,7 +357,7 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
         tangents = list(flat[len(tensors):-1])
         box["state"], box["offset"] = flat[-1], 0
         prim = [x.detach().requires_grad_() if d else x for x, d in zip(ins, diff)]
-        with torch.enable_grad(), originals():
+        with torch.enable_grad(), originals(), SdpaAsTorchOps():
             with _Locate():
                 every = torch_ops.flatten_results(invoke(user, torch_ops.rebuild(kfn, structure, prim)))
             outs = [o for o in every if o.is_floating_point()]

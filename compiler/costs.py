@@ -58,7 +58,7 @@ def op_flops(name: str, operand_shapes: list[tuple[int, ...]], result_shapes: li
         return 0, 0
     if name in _PER_INPUT:
         return _PER_INPUT[name] * _numel(operand_shapes[0]), 0
-    if name in ("kf.scatter_add", "kf.index_add"):
+    if name in ("kf.scatter_add", "kf.index_add", "kf.scatter_reduce"):
         return _numel(operand_shapes[-1]), 0
     return _PER_OUTPUT.get(name, 1) * _numel(result_shapes[0]), 0
 

@@ -62,6 +62,13 @@ def _topk(args, attrs, out):
     return values, indices
 
 
+def _scan(x, dim: int, kind: str):
+    if kind == "max" or kind == "min":
+        return (torch.cummax if kind == "max" else torch.cummin)(x, dim).values
+    acc = _acc(x)
+    return {"sum": torch.cumsum, "prod": torch.cumprod, "logsumexp": torch.logcumsumexp}[kind](acc, dim)
+
+
 def _slice(args, attrs, out):
     x = args[0]
     dim, start, end, step = int(attrs["dim"]), int(attrs["start"]), int(attrs["end"]), int(attrs.get("step", 1))
@@ -104,12 +111,15 @@ OPS: dict[str, Callable] = {
     "kf.matmul": lambda a, at, o: torch.matmul(_acc(a[0]), _acc(a[1])).to(o),
     "kf.transpose": lambda a, at, o: a[0].permute(*at["perm"]),
     "kf.topk": _topk,
+    "kf.scan": lambda a, at, o: _scan(a[0], int(at["dim"]), at["kind"]).to(o),
     "kf.slice": _slice,
     "kf.concat": lambda a, at, o: torch.cat(list(a), dim=int(at["dim"])),
     "kf.gather": lambda a, at, o: torch.gather(a[0], int(at["dim"]), a[1].long()),
     "kf.index_select": lambda a, at, o: torch.index_select(a[0], int(at["dim"]), a[1].long()),
     "kf.index_add": lambda a, at, o: a[0].index_add(int(at["dim"]), a[1].long(), a[2]),
     "kf.scatter_add": lambda a, at, o: a[0].scatter_add(int(at["dim"]), a[1].long(), a[2]),
+    "kf.scatter_reduce": lambda a, at, o: a[0].scatter(int(at["dim"]), a[1].long(), a[2]) if at["reduce"] == "none"
+    else a[0].scatter_reduce(int(at["dim"]), a[1].long(), a[2], at["reduce"], include_self=bool(at["include_self"])),
 }
 
 

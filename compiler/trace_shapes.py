@@ -140,6 +140,32 @@ def _layer_norm(p: dict) -> "Out | list[Out]":
     return [Out(tuple(x.shape)), Out(stats), Out(stats)]
 
 
+def _sdpa(p: dict) -> Out:
+    """scaled_dot_product_attention where its shapes are plain ones (torch reports the rest
+    through export's path): q [..., L, E], k [..., S, E], v [..., S, Ev] of one batch
+    (heads grouped by enable_gqa), a mask that broadcasts to [..., L, S], not with is_causal."""
+    q, k, v, mask = p["query"], p["key"], p["value"], p.get("attn_mask")
+    need(min(q.dim(), k.dim(), v.dim()) >= 3 and q.dim() == k.dim() == v.dim(), "attention of other ranks")
+    need(q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2] and k.shape[:-2] == v.shape[:-2],
+         "attention of mismatched shapes")
+    hq, hk = q.shape[-3], k.shape[-3]
+    need(q.shape[:-3] == k.shape[:-3] and (hq == hk or (p.get("enable_gqa") and hk and hq % hk == 0)),
+         "attention of other batch or head counts")
+    need(mask is None or not p.get("is_causal"), "attention with both a mask and is_causal")
+    if mask is not None:
+        need(mask.dim() >= 2, "an attention mask of fewer than 2 dimensions")
+        need(_broadcast([tuple(mask.shape), tuple(q.shape[:-1]) + (k.shape[-2],)])
+             == tuple(q.shape[:-1]) + (k.shape[-2],), "an attention mask of another shape")
+    return Out(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
+
+
+def _scan(p: dict) -> Out:
+    """cumsum, cumprod, logcumsumexp: the operand's shape (the dtype as torch gives it)."""
+    x = p["self"]
+    _dim(p["dim"], x.dim())
+    return Out(tuple(x.shape), p.get("dtype"))
+
+
 def _matmul(p: dict) -> Out:
     a, b = p["self"], p["other"]
     ra, rb = a.dim(), b.dim()
@@ -423,6 +449,31 @@ def _scatter_add(p: dict) -> Out:
     return Out(tuple(x.shape))
 
 
+def _scatter(p: dict) -> Out:
+    """scatter (a source or one value) and scatter_reduce: scatter_add's shapes, the
+    reductions torch names."""
+    if "src" not in p:  # one value: the index's shape stands for the source's
+        p = {**p, "src": p["index"]}
+    need(p.get("reduce") in (None, "add", "multiply", "sum", "prod", "amax", "amin", "mean"),
+         f"scatter reduce={p.get('reduce')!r}")
+    return _scatter_add(p)
+
+
+def _sort(p: dict) -> list[Out]:
+    """sort: the values and their int64 positions, each of the operand's shape."""
+    x = p["self"]
+    _dim(p.get("dim", -1), x.dim())
+    return [Out(tuple(x.shape), x.dtype), Out(tuple(x.shape), torch.int64)]
+
+
+def _msort(p: dict) -> Out:
+    return Out(tuple(p["self"].shape), p["self"].dtype)
+
+
+def _argsort(p: dict) -> Out:
+    return _sort(p)[1]
+
+
 def _factory(p: dict) -> Out:
     size = tuple(p["size"])
     need(all(isinstance(s, int) and s >= 0 for s in size), f"invalid size {list(size)}")
@@ -458,7 +509,8 @@ for _names, _rule in [
       "var.default", "std.correction", "std.dim", "std.default"], _reduce),
     (["layer_norm.default", "native_layer_norm.default"], _layer_norm),
     (["matmul.default"], _matmul), (["mm.default", "addmm.default"], _mm), (["bmm.default"], _bmm),
-    (["linear.default"], _linear),
+    (["cumsum.default", "cumprod.default", "logcumsumexp.default"], _scan),
+    (["linear.default"], _linear), (["scaled_dot_product_attention.default"], _sdpa),
     (["t.default"], _t), (["numpy_T.default"], _numpy_t), (["transpose.int", "swapaxes.default"], _transpose),
     (["permute.default"], _permute),
     (["view.default", "_unsafe_view.default", "view_as.default"], _view),
@@ -472,6 +524,9 @@ for _names, _rule in [
     (["topk.default"], _topk), (["gather.default"], _gather), (["index_select.default"], _index_select),
     (["embedding.default"], _embedding), (["index_add.default"], _index_add),
     (["scatter_add.default"], _scatter_add),
+    (["sort.default", "sort.stable"], _sort), (["argsort.default", "argsort.stable"], _argsort),
+    (["msort.default"], _msort),
+    (["scatter.src", "scatter.value", "scatter.reduce", "scatter.value_reduce", "scatter_reduce.two"], _scatter),
     (["zeros.default", "ones.default", "empty.memory_format", "full.default", "new_zeros.default",
       "new_ones.default", "new_empty.default", "new_full.default"], _factory),
     (["scalar_tensor.default"], _scalar_tensor),

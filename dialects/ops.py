@@ -258,6 +258,25 @@ def _concat(ops, attrs, results):
     return [TensorSpec(tuple(shape), elem)]
 
 
+#: what kf.scan combines along its dim (torch's cumsum, cumprod, cummax/cummin values,
+#: logcumsumexp)
+SCAN_KINDS = ("sum", "prod", "max", "min", "logsumexp")
+
+
+def _scan(ops, attrs, results):
+    (x,) = ops
+    if not x.rank:
+        raise KfTypeError("kf.scan needs a tensor of rank 1 or more (reshape a 0-d tensor to [1])")
+    normalize_dim(int(attrs["dim"]), x.rank)
+    if attrs.get("kind") not in SCAN_KINDS:
+        raise KfTypeError(f"kind must be one of {', '.join(SCAN_KINDS)}, got {attrs.get('kind')!r}")
+    if attrs["kind"] == "logsumexp" and not x.is_float:
+        raise KfTypeError(f"a logsumexp scan needs a float tensor, got {x.elem}")
+    if x.elem == "i1":
+        raise KfTypeError("kf.scan of booleans: cast them to an integer type first")
+    return [x]
+
+
 def _topk(ops, attrs, results):
     x = ops[0]
     dim = normalize_dim(int(attrs["dim"]), x.rank)
@@ -319,6 +338,19 @@ def _scatter_add(ops, attrs, results):
     if any(a > b for a, b in zip(index.shape, src.shape)):
         raise KfTypeError(f"scatter_add index {index} is larger than source {src}")
     return [x]
+
+
+#: how kf.scatter_reduce combines what lands on one element ("none": the last source
+#: in index order replaces it, torch.scatter's deterministic reading)
+SCATTER_REDUCTIONS = ("none", "sum", "prod", "amax", "amin", "mean")
+
+
+def _scatter_reduce(ops, attrs, results):
+    if attrs.get("reduce") not in SCATTER_REDUCTIONS:
+        raise KfTypeError(f"reduce must be one of {', '.join(SCATTER_REDUCTIONS)}, got {attrs.get('reduce')!r}")
+    if ops[0].elem == "i1" and attrs["reduce"] != "none":
+        raise KfTypeError(f"a {attrs['reduce']} scatter of booleans: cast them to an integer type first")
+    return _scatter_add(ops, attrs, results)
 
 
 def _constant(ops, attrs, results):
@@ -443,6 +475,9 @@ OPS: tuple[OpSpec, ...] = (
     # operands differ in shape. builders.concat chains joins of more than two tensors.
     OpSpec("concat", "join lhs and rhs along dim", ("lhs", "rhs"), ("result",), {"dim": "int"}, infer=_concat,
            category="layout"),
+    OpSpec("scan", "inclusive scan along dim: element i combines elements 0..i (kind: sum, prod, max, min, "
+           "logsumexp), accumulated in f32 for f16/bf16", ("input",), ("result",), {"dim": "int", "kind": "str"},
+           infer=_scan, category="scan"),
     OpSpec("topk", "k largest (or smallest) along dim, with their indices", ("input",), ("values", "indices"),
            {"k": "int", "dim": "int", "largest": "bool"}, infer=_topk, category="selection"),
     OpSpec("gather", "torch.gather along dim", ("input", "index"), ("result",), {"dim": "int"}, infer=_gather,
@@ -453,6 +488,10 @@ OPS: tuple[OpSpec, ...] = (
            ("result",), {"dim": "int"}, infer=_index_add, category="indexing"),
     OpSpec("scatter_add", "torch.scatter_add along dim", ("input", "index", "source"), ("result",),
            {"dim": "int"}, infer=_scatter_add, category="indexing"),
+    OpSpec("scatter_reduce", "torch.scatter_reduce along dim (reduce: none, sum, prod, amax, amin, mean; "
+           "include_self: whether the input's element takes part); an element no index reaches keeps the input's",
+           ("input", "index", "source"), ("result",), {"dim": "int", "reduce": "str", "include_self": "bool"},
+           infer=_scatter_reduce, category="indexing"),
     # values
     OpSpec("constant", "a tensor of literal values", (), ("result",), {"value": "elements"}, infer=_constant,
            category="value"),

@@ -344,3 +344,45 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
     if op == "masked_fill":
         return arith.select(args[1], const(t, attrs["value"]), x)
     raise ValueError(f"kf.{op} is not an elementwise op")
+
+
+def scan_identity(kind: str, t: ir.Type) -> ir.Value:
+    """What a kf.scan of kind starts from in type t (0, 1, the lowest or highest value, -inf)."""
+    if kind in ("sum", "prod"):
+        return const(t, 0 if kind == "sum" else 1)
+    if is_float(t):
+        return const(t, math.inf if kind == "min" else -math.inf)
+    w = ir.IntegerType(t).width
+    return const(t, 2 ** (w - 1) - 1 if kind == "min" else -(2 ** (w - 1)))
+
+
+def scan_step(kind: str, acc: ir.Value, v: ir.Value) -> ir.Value:
+    """acc combined with the next element v by a kf.scan of kind (both of one type). A
+    logsumexp step is max + log(1 + exp(min - max)), and the max itself where it is
+    infinite (both -inf, or +inf), as torch.logcumsumexp gives."""
+    if kind in ("sum", "prod", "max", "min"):
+        return emit({"sum": "add", "prod": "mul"}.get(kind, kind), [acc, v])
+    hi, lo = emit("max", [acc, v]), emit("min", [acc, v])
+    r = arith.addf(hi, emit("log", [arith.addf(const(hi.type, 1.0), emit("exp", [arith.subf(lo, hi)]))]))
+    infinite = arith.cmpf(arith.CmpFPredicate.OEQ, emit("abs", [hi]), const(hi.type, math.inf))
+    return arith.select(infinite, hi, r)
+
+
+def scatter_step(reduce: str, acc: ir.Value, v: ir.Value) -> ir.Value:
+    """acc combined with a source element v landing on it by a kf.scatter_reduce of reduce
+    (mean sums: the count divides at the end, ``scatter_mean``)."""
+    return v if reduce == "none" else emit({"sum": "add", "mean": "add", "prod": "mul", "amax": "max",
+                                             "amin": "min"}[reduce], [acc, v])
+
+
+def scatter_mean(total: ir.Value, count: ir.Value) -> ir.Value:
+    """A scatter mean: total / count (i64) where count > 0 (the input's element where no
+    index lands); integers divide with floor, as torch."""
+    i64 = count.type
+    hit = arith.cmpi(arith.CmpIPredicate.sgt, count, const(i64, 0))
+    safe = arith.select(hit, count, const(i64, 1))
+    if is_float(total.type):
+        mean = arith.divf(total, arith.sitofp(total.type, safe))
+    else:
+        mean = arith.floordivsi(total, convert(safe, total.type))
+    return arith.select(hit, mean, total)

@@ -237,8 +237,9 @@ def _refuse_data_dependent(node: torch.fx.Node, name: str) -> None:
                           "kf function, or use torch.where / masked_fill with a fixed shape")
 
 
-#: ATen ops that add into ``self`` along ``dim`` at the positions of ``index``.
-_ADD_AT_INDEX = ("aten.index_add.default", "aten.scatter_add.default")
+#: ATen ops that add or write into ``self`` along ``dim`` at the positions of ``index``.
+_ADD_AT_INDEX = ("aten.index_add.default", "aten.scatter_add.default", "aten.scatter.src", "aten.scatter.value",
+                 "aten.scatter.reduce", "aten.scatter.value_reduce", "aten.scatter_reduce.two")
 
 
 def _refuse_indexing_nothing(node: torch.fx.Node, name: str) -> None:

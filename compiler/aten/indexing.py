@@ -91,6 +91,31 @@ def _scatter_add(c, node, args, kwargs):
     return _as_shape(c, node, kb.scatter_add(as_vector(x), as_vector(index), as_vector(src), dim=_dim(dim, x)))
 
 
+@handles("aten.scatter.src", "aten.scatter.value", "aten.scatter.reduce", "aten.scatter.value_reduce",
+         "aten.scatter_reduce.two")
+def _scatter(c, node, args, kwargs):
+    """scatter (a source tensor or one value; reduce="add"/"multiply") and scatter_reduce
+    (sum, prod, amax, amin, mean; include_self) as kf.scatter_reduce: deterministic (no
+    atomics), each index checked; where indices repeat in a plain scatter the last write
+    in index order wins, as torch's CPU kernel."""
+    from .reductions import bound_args
+
+    p = bound_args(node, args, kwargs)
+    x, index = p["self"], p["index"]
+    elem = spec_of(x.type).elem
+    src = p.get("src", p.get("value"))
+    if isinstance(src, ir.Value):
+        src = c.tensor(src, elem)
+    else:  # one value for every index position
+        src = kb.fill(shape_of(index), elem, float(src))
+    reduce = p.get("reduce")
+    reduce = {None: "none", "add": "sum", "multiply": "prod"}.get(reduce, reduce)
+    include = bool(p.get("include_self", True))
+    out = kb.build("scatter_reduce", [as_vector(x), as_vector(index), as_vector(src)],
+                   {"dim": _dim(p["dim"], x), "reduce": reduce, "include_self": include}).result
+    return _as_shape(c, node, out)
+
+
 @handles("aten.index.Tensor")
 def _index_tensor(c, node, args, kwargs):
     """Advanced indexing ``x[i, j]`` with integer index tensors (a None is a ``:``): the

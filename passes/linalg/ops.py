@@ -210,6 +210,32 @@ def _batched_contraction(a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
     return generic([a, b], [acc], maps, ["parallel"] * (nb + 2) + ["reduction"], body)[0]
 
 
+def _scan(op, args, attrs, out):
+    """An scf.for along dim carrying the running row (in the compute type) and the
+    result: each step combines the row with the next slice of x and inserts it rounded."""
+    (x,) = args
+    shape = shape_of(x)
+    rank = len(shape)
+    dim = normalize_dim(int(attrs["dim"]), rank)
+    kind = attrs["kind"]
+    elem = compute_elem(out[0].elem)
+    ct, t = elem_type(elem), elem_type(out[0].elem)
+    row = [1 if d == dim else shape[d] for d in range(rank)]
+    start = {"sum": 0.0, "prod": 1.0, "max": min_value(elem), "min": max_value(elem), "logsumexp": -math.inf}[kind]
+
+    def step(i, carried):
+        acc, result = carried
+        offsets = [i if d == dim else 0 for d in range(rank)]
+        # the running row is updated in place (the generic's init), so that the loop
+        # carries one buffer after bufferization
+        (acc,) = generic([extract_slice(x, offsets, row)], [acc], [identity_map(rank)] * 2, ["parallel"] * rank,
+                         lambda a: [sm.scan_step(kind, a[1], sm.convert(a[0], ct))])
+        rounded = map_elements([acc], row, t, lambda a: sm.convert(a[0], t))
+        return [acc, insert_slice(rounded, result, offsets, row)]
+
+    return [for_loop(0, shape[dim], [filled(row, ct, start), empty(out[0].shape, t)], step)[1]]
+
+
 def _one_result(built) -> ir.Value:
     """The single result of what a bindings helper returned (an op, a list or a value)."""
     if isinstance(built, ir.Value):
@@ -362,6 +388,48 @@ def _scatter_add(op, args, attrs, out):
     return [nest(0, [], x)]
 
 
+def _scatter_reduce(op, args, attrs, out):
+    """Loops over the index's positions carrying the result (in the compute type) and,
+    where it matters (mean, or without include_self), how many sources landed on each
+    element; the first source to land replaces the input's element unless include_self."""
+    x, index, src = args
+    ishape = shape_of(index)
+    rank = len(ishape)
+    dim = normalize_dim(int(attrs["dim"]), rank)
+    reduce, include = attrs["reduce"], bool(attrs["include_self"])
+    index = checked_index(op, index, shape_of(x)[dim], dim)
+    if shape_of(x)[dim] == 0:
+        return [x]
+    elem = compute_elem(out[0].elem)
+    ct, i64 = elem_type(elem), ir.IntegerType.get_signless(64)
+    counted = reduce == "mean" or (reduce != "none" and not include)
+    acc = map_elements([x], shape_of(x), ct, lambda a: sm.convert(a[0], ct))
+    count = filled(shape_of(x), i64, 1 if include else 0)
+
+    def land(coords, acc, count):
+        target = [as_index(tensor.extract(index, coords)) if d == dim else coords[d] for d in range(rank)]
+        v = sm.convert(tensor.extract(src, coords), ct)
+        cur = tensor.extract(acc, target)
+        new = sm.scatter_step(reduce, cur, v)
+        if not counted:
+            return [tensor.insert(new, acc, target), count]
+        n = tensor.extract(count, target)
+        if not include:
+            new = arith.select(arith.cmpi(arith.CmpIPredicate.eq, n, sm.const(i64, 0)), v, new)
+        return [tensor.insert(new, acc, target), tensor.insert(arith.addi(n, sm.const(i64, 1)), count, target)]
+
+    def nest(depth: int, coords: list, carried: list) -> list:
+        if depth == rank:
+            return land(coords, *carried)
+        return for_loop(0, ishape[depth], carried, lambda i, c: nest(depth + 1, coords + [i], c))
+
+    acc, count = nest(0, [], [acc, count])
+    t = elem_type(out[0].elem)
+    if reduce == "mean":
+        return [map_elements([acc, count], shape_of(x), t, lambda a: sm.convert(sm.scatter_mean(a[0], a[1]), t))]
+    return [map_elements([acc], shape_of(x), t, lambda a: sm.convert(a[0], t))]
+
+
 def _constant(op, args, attrs, out):
     value = attrs["value"]
     if out[0].elem != "i1":
@@ -428,7 +496,7 @@ LOWERINGS: dict[str, Lowering] = {
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
     "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
-    "kf.iota": _iota,
+    "kf.iota": _iota, "kf.scan": _scan, "kf.scatter_reduce": _scatter_reduce,
 }
 
 

@@ -535,7 +535,7 @@ INDEX_FLAG_WORDS = 4
 
 #: kf ops that load or store through an index operand (operand 1), and the dimension
 #: (attribute ``dim``) of operand 0 that it indexes
-INDEXING_OPS = ("kf.gather", "kf.index_select", "kf.index_add", "kf.scatter_add")
+INDEXING_OPS = ("kf.gather", "kf.index_select", "kf.index_add", "kf.scatter_add", "kf.scatter_reduce")
 
 
 def uses_indices(kernel: ir.Operation) -> bool:

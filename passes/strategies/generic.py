@@ -363,6 +363,22 @@ def _topk(ev: Evaluator, op, idx, attrs):
     return [v, i]
 
 
+def _scan(ev: Evaluator, op, idx, attrs):
+    """Position i along dim combines elements 0..i: a loop of i + 1 trips per output
+    element (O(n^2) over a row: correct everywhere, fast for short rows)."""
+    x = op.operands[0]
+    dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
+    kind = attrs["kind"]
+    t = E.compute_type(E.elem_of(op.results[0]))
+
+    def step(j, c):
+        at = list(idx)
+        at[dim] = j
+        return [sm.scan_step(kind, c[0], sm.convert(ev.value(x, at), t))]
+
+    return ev.loop(ev.kb.add(idx[dim], 1), [sm.scan_identity(kind, t)], step)
+
+
 def _zero(op) -> ir.Value:
     return sm.const(E.compute_type(E.elem_of(op.results[0])), 0)
 
@@ -435,6 +451,49 @@ def _scatter_add(ev: Evaluator, op, idx, attrs):
         return [arith.select(hit, sm.emit("add", [c[0], ev.value(source, at)]), c[0])]
 
     return ev.loop(trips, [ev.value(x, idx)], step)
+
+
+def _scatter_reduce(ev: Evaluator, op, idx, attrs):
+    """As scatter_add: a loop over the index positions that agree with idx outside dim,
+    combining the sources whose index names idx along dim, counting them (the first
+    replaces the input's element unless include_self; a mean divides by the count)."""
+    x, index, source = op.operands
+    xs, ishape = E.shape_of(x), E.shape_of(index)
+    dim = normalize_dim(int(attrs["dim"]), len(xs))
+    reduce, include = attrs["reduce"], bool(attrs["include_self"])
+    kb = ev.kb
+    t = E.compute_type(E.elem_of(op.results[0]))
+    i64 = ir.IntegerType.get_signless(64)
+    start = [sm.convert(ev.value(x, idx), t), sm.const(i64, 1 if include else 0)]
+    conds = []
+    for d in range(len(xs)):
+        if d != dim and ishape[d] < xs[d]:
+            c = kb.lt(idx[d], ishape[d])
+            if c is False:
+                return [start[0]]
+            if c is not True:
+                conds.append(c)
+    trips: E.Ix = ishape[dim]
+    if conds:
+        inside = conds[0]
+        for c in conds[1:]:
+            inside = arith.andi(inside, c)
+        trips = arith.select(inside, kb.value(ishape[dim]), kb.value(0))
+    target = kb.value(idx[dim])
+
+    def step(j, c):
+        acc, n = c
+        at = list(idx)
+        at[dim] = j
+        hit = arith.cmpi(arith.CmpIPredicate.eq, _target(ev, op, index, at, dim), target)
+        v = sm.convert(ev.value(source, at), t)
+        new = sm.scatter_step(reduce, acc, v)
+        if not include:
+            new = arith.select(arith.cmpi(arith.CmpIPredicate.eq, n, sm.const(i64, 0)), v, new)
+        return [arith.select(hit, new, acc), arith.select(hit, arith.addi(n, sm.const(i64, 1)), n)]
+
+    acc, n = ev.loop(trips, start, step)
+    return [sm.scatter_mean(acc, n) if reduce == "mean" else acc]
 
 
 def _constant(ev: Evaluator, op, idx, attrs):
@@ -511,7 +570,7 @@ _HANDLERS = {
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,
     "kf.constant": _constant, "kf.fill": _fill, "kf.rand": _rand,
-    "kf.iota": _iota,
+    "kf.iota": _iota, "kf.scan": _scan, "kf.scatter_reduce": _scatter_reduce,
 }
 
 

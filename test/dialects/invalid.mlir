@@ -131,6 +131,30 @@ func.func @iota_dim() -> tensor<4x2xi64> {
 
 // -----
 
+func.func @scan_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kf.scan' op kind must be one of sum, prod, max, min, logsumexp, got 'mean'}}
+  %0 = "kf.scan"(%x) {dim = 0 : i64, kind = "mean"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @scan_integer_logsumexp(%x: tensor<4xi32>) -> tensor<4xi32> {
+  // expected-error @+1 {{'kf.scan' op a logsumexp scan needs a float tensor, got i32}}
+  %0 = "kf.scan"(%x) {dim = 0 : i64, kind = "logsumexp"} : (tensor<4xi32>) -> tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+func.func @scatter_reduce_kind(%x: tensor<4xf32>, %i: tensor<2xi64>, %s: tensor<2xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kf.scatter_reduce' op reduce must be one of none, sum, prod, amax, amin, mean, got 'max'}}
+  %0 = "kf.scatter_reduce"(%x, %i, %s) {dim = 0 : i64, reduce = "max", include_self = true} : (tensor<4xf32>, tensor<2xi64>, tensor<2xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 func.func @rand_result(%s: tensor<2xi64>) -> tensor<4xbf16> {
   // expected-error @+1 {{'kf.rand' op kf.rand gives f32 samples (cast them after), got bf16}}
   %0 = "kf.rand"(%s) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<4xbf16>

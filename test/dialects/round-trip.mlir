@@ -98,6 +98,22 @@ func.func @indices() -> (tensor<3x257xi64>, tensor<5xi32>) {
   return %a, %b : tensor<3x257xi64>, tensor<5xi32>
 }
 
+// CHECK-LABEL: func.func @scans
+func.func @scans(%x: tensor<3x257xf32>, %i: tensor<7xi32>) -> (tensor<3x257xf32>, tensor<7xi32>) {
+  // CHECK: "kf.scan"(%arg0) {dim = 1 : i64, kind = "logsumexp"} : (tensor<3x257xf32>) -> tensor<3x257xf32>
+  %a = "kf.scan"(%x) {dim = 1 : i64, kind = "logsumexp"} : (tensor<3x257xf32>) -> tensor<3x257xf32>
+  // CHECK: "kf.scan"(%arg1) {dim = 0 : i64, kind = "prod"} : (tensor<7xi32>) -> tensor<7xi32>
+  %b = "kf.scan"(%i) {dim = 0 : i64, kind = "prod"} : (tensor<7xi32>) -> tensor<7xi32>
+  return %a, %b : tensor<3x257xf32>, tensor<7xi32>
+}
+
+// CHECK-LABEL: func.func @scatter_reduce
+func.func @scatter_reduce(%x: tensor<5x7xf32>, %i: tensor<3x7xi64>, %s: tensor<4x7xf32>) -> tensor<5x7xf32> {
+  // CHECK: "kf.scatter_reduce"(%arg0, %arg1, %arg2) {dim = 0 : i64, include_self = false, reduce = "mean"}
+  %0 = "kf.scatter_reduce"(%x, %i, %s) {dim = 0 : i64, reduce = "mean", include_self = false} : (tensor<5x7xf32>, tensor<3x7xi64>, tensor<4x7xf32>) -> tensor<5x7xf32>
+  return %0 : tensor<5x7xf32>
+}
+
 // CHECK-LABEL: func.func @random
 func.func @random(%state: tensor<2xi64>) -> (tensor<3x257xf32>, tensor<f32>) {
   // CHECK: "kf.rand"(%arg0) {distribution = "uniform", offset = 0 : i64} : (tensor<2xi64>) -> tensor<3x257xf32>

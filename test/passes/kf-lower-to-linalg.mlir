@@ -418,3 +418,20 @@ func.func @dynamic_slice(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
   %0 = "kf.slice"(%x) {dim = 0 : i64, start = 1 : i64, end = 3 : i64, step = 1 : i64} : (tensor<?x4xf32>) -> tensor<?x4xf32>
   return %0 : tensor<?x4xf32>
 }
+
+// -----
+
+// kf.scan walks its dim with an scf.for carrying the running row (updated in place, in
+// f32 for bf16) and the result, into which each step inserts its row rounded.
+// CHECK-LABEL: func.func @scan
+// CHECK: scf.for {{.*}} iter_args(%[[ACC:.*]] = %{{.*}}, %[[RES:.*]] = %{{.*}}) -> (tensor<3x1xf32>, tensor<3x5xbf16>)
+// CHECK: tensor.extract_slice {{.*}} : tensor<3x5xbf16> to tensor<3x1xbf16>
+// CHECK: linalg.generic {{.*}} outs(%[[ACC]] : tensor<3x1xf32>)
+// CHECK: arith.addf
+// CHECK: arith.truncf {{.*}} : f32 to bf16
+// CHECK: tensor.insert_slice {{.*}} into %[[RES]]
+// CHECK-NOT: kf.
+func.func @scan(%x: tensor<3x5xbf16>) -> tensor<3x5xbf16> {
+  %0 = "kf.scan"(%x) {dim = 1 : i64, kind = "sum"} : (tensor<3x5xbf16>) -> tensor<3x5xbf16>
+  return %0 : tensor<3x5xbf16>
+}

@@ -1,0 +1,141 @@
+"""The scatter family (compiler/aten/indexing.py, kf.scatter_reduce; index_copy and
+index_fill in writes.py): scatter with a source or a value, scatter's reduce=,
+scatter_reduce (sum, prod, amax, amin, mean; include_self) against torch on fresh random
+inputs -- repeated indices, every dim, integer types, odd sizes, 0-d and empty tensors,
+non-contiguous views -- on cpu and vulkan (deterministic: no atomics), out-of-range
+indices an error, and PTX that ptxas assembles for sm_90a."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import kf
+from kf.runtime import vulkan
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                   reason="no Vulkan device"))]
+_PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
+REDUCTIONS = ["sum", "prod", "amax", "amin", "mean"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _check(fn, args, target, tol=1e-5):
+    got = kf.jit(fn, target=target)(*args)
+    want = fn(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def _values(shape, dtype, gen):
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    return torch.randint(-9, 10, shape, generator=gen, dtype=dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", REDUCTIONS)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_reduce_matches_torch(dim, reduce, include_self, target):
+    gen = torch.Generator().manual_seed(hash((dim, reduce, include_self)) % 1000)
+    x = torch.randn(7, 5, generator=gen)
+    size = x.shape[dim]
+    index = torch.randint(0, size, (4, 3) if dim == 0 else (6, 4), generator=gen)  # repeats
+    src = torch.randn(5, 5, generator=gen) if dim == 0 else torch.randn(7, 6, generator=gen)
+
+    def fn(x, index, src):
+        return x.scatter_reduce(dim, index, src, reduce, include_self=include_self)
+
+    _check(fn, (x, index, src), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("reduce", REDUCTIONS)
+def test_integer_scatter_reduce(reduce, dtype, target):
+    """Integer means divide with floor, as torch's."""
+    gen = torch.Generator().manual_seed(2)
+    x, src = _values((1, 257), dtype, gen), _values((3, 257), dtype, gen)
+    index = torch.randint(0, 1, (3, 257), generator=gen)
+
+    def fn(x, index, src):
+        return x.scatter_reduce(0, index, src, reduce, include_self=reduce != "mean")
+
+    _check(fn, (x, index, src), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool], ids=str)
+def test_scatter_source_and_value(dtype, target):
+    gen = torch.Generator().manual_seed(3)
+    x = _values((7, 5), dtype, gen) if dtype != torch.bool else torch.rand(7, 5, generator=gen) > 0.5
+    src = _values((7, 5), dtype, gen) if dtype != torch.bool else torch.rand(7, 5, generator=gen) > 0.5
+    # distinct indices along dim (torch leaves the winner of repeats unspecified)
+    index = torch.stack([torch.randperm(7, generator=gen)[:4] for _ in range(5)], 1)
+    _check(lambda x, i, s: x.scatter(0, i, s), (x, index, src), target)
+    if dtype != torch.bool:
+        _check(lambda x, i: torch.scatter(x, 0, i, 2), (x, index), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scatter_repeated_indices_last_write_wins(target):
+    """torch's CPU kernel writes in index order; kf's loop over the index does the same."""
+    x, index, src = torch.zeros(5), torch.tensor([1, 3, 1, 1]), torch.tensor([1.0, 2.0, 3.0, 4.0])
+    _check(lambda x, i, s: x.scatter(0, i, s), (x, index, src), target)
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+@pytest.mark.parametrize("target", TARGETS)
+def test_scatter_deprecated_reduce_argument(target):
+    gen = torch.Generator().manual_seed(4)
+    x, src = torch.randn(5, 7, generator=gen), torch.randn(5, 7, generator=gen)
+    index = torch.randint(0, 5, (3, 7), generator=gen)
+    _check(lambda x, i, s: x.scatter(0, i, s, reduce="multiply"), (x, index, src), target)
+    _check(lambda x, i: x.scatter(0, i, 1.5, reduce="add"), (x, index), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scatter_of_0d_empty_and_views(target):
+    gen = torch.Generator().manual_seed(5)
+    _check(lambda x, i, s: x.scatter_reduce(0, i, s, "amax"), (torch.randn(()), torch.tensor(0), torch.randn(())),
+           target)
+    _check(lambda x, i, s: x.scatter(1, i, s), (torch.randn(3, 4), torch.zeros(3, 0, dtype=torch.long),
+                                               torch.randn(3, 2)), target)
+    x = torch.randn(5, 9, generator=gen)[:, ::2]  # a strided view
+    src = torch.randn(9, 5, generator=gen).t()
+    index = torch.randint(0, 5, (4, 5), generator=gen)
+    _check(lambda x, i, s: x.scatter_reduce(0, i, s, "sum", include_self=False), (x, index, src), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scatter_index_out_of_range_is_an_error(target):
+    x, src = torch.randn(5, 7), torch.randn(5, 7)
+    index = torch.randint(0, 5, (3, 7))
+    index[1, 2] = 5
+    with pytest.raises(kf.IndexOutOfRange, match="index 5 is out of range"):
+        kf.jit(lambda x, i, s: x.scatter_reduce(0, i, s, "amin"), target=target)(x, index, src)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_index_copy_and_fill_of_a_0d_tensor(target):
+    x = torch.randn(())
+    _check(lambda x, i, s: x.index_copy(0, i, s), (x, torch.tensor([0]), torch.tensor(3.0)), target)
+    _check(lambda x, i: x.index_fill(0, i, -2.0), (x, torch.tensor(0)), target)
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_scatter_family_assembles_for_cuda():
+    def fn(x, i, s):
+        return x.scatter(0, i, s), x.scatter_reduce(0, i, s, "mean", include_self=False)
+
+    x, s = torch.randn(7, 257), torch.randn(7, 257)
+    i = torch.randint(0, 7, (3, 257))
+    assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, i, s).stages["ptx"]
