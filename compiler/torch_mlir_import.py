@@ -9,7 +9,12 @@ the op and the user's line.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
+import threading
 import warnings
 
 import torch
@@ -17,6 +22,38 @@ from mlir import ir
 from mlir.dialects import func
 
 from .errors import Unsupported
+
+
+_STDERR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+    """Collects what torch-mlir's own MLIR prints to the process's stderr (file descriptor
+    2: its pass manager reports a failed legalization there, not in the exception) into
+    the yielded list, as one text, so that it reaches the user in the kf error's cause
+    instead of as an MLIR dump on the terminal."""
+    out: list[str] = []
+    with _STDERR_LOCK, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode(errors="replace"))
+
+
+def _first_diagnostic(text: str) -> str:
+    """The first ``error:`` line of MLIR's printed diagnostics, without its location."""
+    for line in text.splitlines():
+        if "error:" in line:
+            return line.split("error:", 1)[1].strip()
+    return ""
 
 
 def _with_location(text: str, loc: ir.Location) -> str:
@@ -201,15 +238,16 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     conv._fallbacks += 1
     one_op = _OneOp(node.target, op_args, op_kwargs, None)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _stderr_captured() as printed:
             warnings.simplefilter("ignore")
             imported = tm_fx.export_and_import(one_op, *examples,
                                                output_type="linalg-on-tensors", func_name=fname)
         text = str(imported)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise Unsupported(f"{name} has no kf op and torch-mlir could not lower it",
-                          cause=f"torch-mlir: {first[:200]}") from None
+        diagnostic = _first_diagnostic("".join(printed))
+        cause = f"torch-mlir: {first[:200]}" + (f" {diagnostic[:300]}" if diagnostic else "")
+        raise Unsupported(f"{name} has no kf op and torch-mlir could not lower it", cause=cause) from None
     try:
         parsed = ir.Module.parse(_with_location(text, ir.Location.current))
     except ir.MLIRError as e:

@@ -113,3 +113,20 @@ def test_as_strided_of_a_0_dim_tensor_runs(tmp_path):
                        env={**os.environ, "KF_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split(" ", 1) == ["-25.5", "[[-8.5, -8.5, -8.5], [-8.5, -8.5, -8.5]]\n"], r.stdout
+
+
+def test_torch_mlir_diagnostics_go_into_the_error_not_the_terminal():
+    """torch-mlir's pass manager prints a failed legalization to stderr; kf puts the first
+    diagnostic in the error's cause, and nothing reaches the terminal."""
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch, kf
+        try:
+            kf.jit(lambda a: torch.fmod(a, -3), target="cpu")(torch.arange(-5, 5, dtype=torch.int32))
+        except kf.CompileError as e:
+            print("CAUSE", e.cause)
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "CAUSE torch-mlir:" in run.stdout and "failed to legalize operation" in run.stdout, run.stdout
+    assert "error:" not in run.stderr, run.stderr
