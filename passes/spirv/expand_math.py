@@ -5,6 +5,7 @@ with an exact argument reduction (GLSL's Sin/Cos promise an error bound only in 
 from __future__ import annotations
 
 import math
+import struct
 
 from mlir import ir
 
@@ -58,17 +59,24 @@ def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
     return arith.select(unit, c(t, 1.0), r)
 
 
+def _split_f32(v: float) -> float:
+    """v as an f32 with the low 12 bits of its significand cleared (an exact 12-bit half)."""
+    (b,) = struct.unpack("<I", struct.pack("<f", v))
+    return struct.unpack("<f", struct.pack("<I", b & 0xFFFFF000))[0]
+
+
 def _sincos(x: ir.Value, cosine: bool) -> ir.Value:
-    """sin(x) or cos(x) of f32 scalars or vectors, within about 2 ulp for every finite x.
+    """sin(x) or cos(x) of f32 scalars or vectors, within about 1 ulp for every finite x.
 
     x = q * pi/2 + r with |r| <= pi/4: |x| <= pi/4 is its own r; above, a Payne-Hanek
     reduction in 32-bit integers: the 24-bit mantissa times a 96-bit window of 2/pi chosen by
     the exponent (OpUMulExtended) gives x * 2/pi mod 4 with 94 fraction bits, so even the
     remainders nearest a multiple of pi/2 keep 24 bits. It is exact for every argument, which
     a Cody-Waite reduction in floats is only with a fused fma, and GLSL's Fma may round the
-    product (lavapipe's does: 1e-3 off at x = 7734). Every shift is by less than 32 (SPIR-V
-    leaves a shift by 32 undefined). Then Cephes' polynomials for sin and cos on r, picked
-    and signed by the quadrant. sin(-0) = -0; inf and NaN give NaN."""
+    product (a three-part Cody-Waite with Fma was 1e-3 off at x = 7734 on lavapipe). Every shift is by less than 32 (SPIR-V
+    leaves a shift by 32 undefined). r is carried as two floats, r + rl, into Cephes'
+    polynomials for sin and cos, picked and signed by the quadrant. sin(-0) = -0; inf and NaN
+    give NaN."""
     from mlir.dialects import arith
     from mlir.dialects import math as m
 
@@ -97,6 +105,9 @@ def _sincos(x: ir.Value, cosine: bool) -> ir.Value:
         for k in reversed(coeffs[:-1]):
             acc = m.fma(acc, z, c(ft, k))
         return acc
+
+    def split(v):  # the leading 12 bits of v's significand, so that products of two are exact
+        return arith.bitcast(ft, arith.andi(arith.bitcast(it, v), c(it, 0xFFFFF000)))
 
     ax = m.absf(x)
     bits = arith.bitcast(it, x)
@@ -139,20 +150,43 @@ def _sincos(x: ir.Value, cosine: bool) -> ir.Value:
               arith.mulf(arith.uitofp(ft, shr(lo_m, 8)), c(ft, 2.0 ** -56)))
     vh = arith.addf(a, b)
     vl = arith.subf(b, arith.subf(vh, a))
-    r_ph = m.fma(vh, c(ft, _PIO2_HI), arith.addf(arith.mulf(vh, c(ft, _PIO2_LO)), arith.mulf(vl, c(ft, _PIO2_HI))))
-    r_ph = arith.select(neg, arith.negf(r_ph), r_ph)
+    # r = (vh + vl) * pi/2 as rh + rl: the leading product of 12-bit halves is exact in f32 and
+    # the rest is small, so their sum's rounding error is kept (no fused fma needed)
+    vh1 = split(vh)
+    vh2 = arith.subf(vh, vh1)
+    h1 = _split_f32(_PIO2_HI)
+    h2 = _PIO2_HI - h1
+    lead = arith.mulf(vh1, c(ft, h1))
+    rest = arith.addf(arith.addf(arith.mulf(vh1, c(ft, h2)), arith.mulf(vh2, c(ft, h1))),
+                      arith.addf(arith.mulf(vh2, c(ft, h2)),
+                                 arith.addf(arith.mulf(vh, c(ft, _PIO2_LO)), arith.mulf(vl, c(ft, _PIO2_HI)))))
+    rh_ph = arith.addf(lead, rest)
+    rl_ph = arith.subf(rest, arith.subf(rh_ph, lead))
+    flip = arith.xori(neg, arith.cmpi(I.slt, bits, c(it, 0)))
+    rh_ph = arith.select(flip, arith.negf(rh_ph), rh_ph)
+    rl_ph = arith.select(flip, arith.negf(rl_ph), rl_ph)
     minus = arith.cmpi(I.slt, bits, c(it, 0))
-    r_ph = arith.select(minus, arith.negf(r_ph), r_ph)
     q_ph = arith.select(minus, arith.subi(c(it, 0), q_ph), q_ph)
 
     small = arith.cmpf(P.OLE, ax, c(ft, math.pi / 4))  # already reduced (and below the table's reach)
-    r = arith.select(small, x, r_ph)
+    r = arith.select(small, x, rh_ph)
+    rl = arith.select(small, c(ft, 0.0), rl_ph)
     q = arith.select(small, c(it, 0), q_ph)
     if cosine:
         q = arith.addi(q, c(it, 1))
+    # sin(r + rl) = r + (r^3 p(r^2) + rl); cos(r + rl) = 1 - z/2 + z^2 p(z) - r rl with z = r^2
+    # as z + zl (from r's 12-bit halves) and 1 - z/2 as w plus its rounding error
     z = arith.mulf(r, r)
-    s = m.fma(arith.mulf(r, z), poly(z, _SIN_COEFFS), r)
-    co = m.fma(arith.mulf(z, z), poly(z, _COS_COEFFS), m.fma(z, c(ft, -0.5), c(ft, 1.0)))
+    s = arith.addf(r, arith.addf(arith.mulf(arith.mulf(r, z), poly(z, _SIN_COEFFS)), rl))
+    r1 = split(r)
+    r2 = arith.subf(r, r1)
+    zl = arith.addf(arith.addf(arith.subf(arith.mulf(r1, r1), z), arith.mulf(arith.mulf(r1, r2), c(ft, 2.0))),
+                    arith.mulf(r2, r2))
+    half = arith.mulf(z, c(ft, 0.5))
+    w = arith.subf(c(ft, 1.0), half)
+    tail = arith.subf(arith.subf(c(ft, 1.0), w), half)
+    tail = arith.subf(tail, arith.addf(arith.mulf(zl, c(ft, 0.5)), arith.mulf(r, rl)))
+    co = arith.addf(w, arith.addf(arith.mulf(arith.mulf(z, z), poly(z, _COS_COEFFS)), tail))
     odd = arith.cmpi(I.ne, band(q, 1), c(it, 0))
     y = arith.select(odd, co, s)
     y = arith.select(arith.cmpi(I.ne, band(q, 2), c(it, 0)), arith.negf(y), y)

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan dev
 
 FUNCS = {"sin": torch.sin, "cos": torch.cos}
 
-#: the error bound in ulps of the correctly rounded f32 (Cephes' polynomials are within about
-#: 1 ulp on [-pi/4, pi/4]; the reduced argument adds about 1)
-MAX_ULPS = 2.5
+#: the error bound in ulps of the correctly rounded f32 (lavapipe measures 0.88 over the bit
+#: patterns below: Cephes' polynomials on the reduced argument carried as two floats)
+MAX_ULPS = 1.5
 
 
 @pytest.fixture(autouse=True)
