@@ -1,9 +1,11 @@
 """The math ops upstream's MathToSPIRV lacks (erf, erfc, exp2, trunc, cbrt, atan2, ipowi),
-expanded for kf-to-spirv, and powf with torch's values where GLSL's pow is undefined."""
+expanded for kf-to-spirv, powf with torch's values where GLSL's pow is undefined, and sin/cos
+with an exact argument reduction (GLSL's Sin/Cos promise an error bound only in [-pi, pi])."""
 
 from __future__ import annotations
 
 import math
+import struct
 
 from mlir import ir
 
@@ -13,7 +15,17 @@ from .walk import walk_ops
 
 #: math ops that upstream's MathToSPIRV (LLVM 22) has no pattern for; kf expands them.
 _EXPANDED_MATH = ("math.erf", "math.erfc", "math.exp2", "math.trunc", "math.cbrt", "math.atan2", "math.ipowi",
-                  "math.powf")
+                  "math.powf", "math.sin", "math.cos")
+
+#: The bits of 2/pi after the binary point, as big-endian 32-bit words behind one word of zeros
+#: (so that the Payne-Hanek window of arguments down to 2^-7 starts inside the table).
+_TWO_OVER_PI_WORDS = (0x00000000, 0xA2F9836E, 0x4E441529, 0xFC2757D1, 0xF534DDC0, 0xDB629599, 0x3C439041,
+                      0xFE5163AB)
+#: pi/2 as an f32 and the f32 nearest to the remainder.
+_PIO2_HI, _PIO2_LO = 1.5707963705062866, -4.371138828673793e-08
+#: Cephes' sinf and cosf minimax coefficients on [-pi/4, pi/4].
+_SIN_COEFFS = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
+_COS_COEFFS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
 
 
 def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
@@ -45,6 +57,142 @@ def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
     unit = arith.ori(unit, arith.andi(arith.cmpf(P.OEQ, x, c(t, -1.0)),
                                       arith.cmpf(P.OEQ, m.absf(y), c(t, math.inf))))
     return arith.select(unit, c(t, 1.0), r)
+
+
+def _split_f32(v: float) -> float:
+    """v as an f32 with the low 12 bits of its significand cleared (an exact 12-bit half)."""
+    (b,) = struct.unpack("<I", struct.pack("<f", v))
+    return struct.unpack("<f", struct.pack("<I", b & 0xFFFFF000))[0]
+
+
+def _sincos(x: ir.Value, cosine: bool) -> ir.Value:
+    """sin(x) or cos(x) of f32 scalars or vectors, within about 1 ulp for every finite x.
+
+    x = q * pi/2 + r with |r| <= pi/4: |x| <= pi/4 is its own r; above, a Payne-Hanek
+    reduction in 32-bit integers: the 24-bit mantissa times a 96-bit window of 2/pi chosen by
+    the exponent (OpUMulExtended) gives x * 2/pi mod 4 with 94 fraction bits, so even the
+    remainders nearest a multiple of pi/2 keep 24 bits. It is exact for every argument, which
+    a Cody-Waite reduction in floats is only with a fused fma, and GLSL's Fma may round the
+    product (a three-part Cody-Waite with Fma was 1e-3 off at x = 7734 on lavapipe). Every shift is by less than 32 (SPIR-V
+    leaves a shift by 32 undefined). r is carried as two floats, r + rl, into Cephes'
+    polynomials for sin and cos, picked and signed by the quadrant. sin(-0) = -0; inf and NaN
+    give NaN."""
+    from mlir.dialects import arith
+    from mlir.dialects import math as m
+
+    ft = x.type
+    shape = ir.VectorType(ft).shape if isinstance(ft, ir.VectorType) else None
+    it = ir.VectorType.get(shape, ir.IntegerType.get_signless(32)) if shape else ir.IntegerType.get_signless(32)
+
+    def c(t, v):
+        elem = ir.VectorType(t).element_type if isinstance(t, ir.VectorType) else t
+        if isinstance(elem, ir.IntegerType):
+            v = int(v) & 0xFFFFFFFF
+            attr = ir.IntegerAttr.get(elem, v - (1 << 32) if v >= 1 << 31 else v)
+        else:
+            attr = ir.FloatAttr.get(elem, float(v))
+        if isinstance(t, ir.VectorType):
+            return arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr))
+        return arith.constant(t, attr)
+
+    P, I = arith.CmpFPredicate, arith.CmpIPredicate
+    shl = lambda a, n: arith.shli(a, c(it, n))
+    shr = lambda a, n: arith.shrui(a, c(it, n))
+    band = lambda a, n: arith.andi(a, c(it, n))
+
+    def poly(z, coeffs):
+        acc = c(ft, coeffs[-1])
+        for k in reversed(coeffs[:-1]):
+            acc = m.fma(acc, z, c(ft, k))
+        return acc
+
+    def split(v):  # the leading 12 bits of v's significand, so that products of two are exact
+        return arith.bitcast(ft, arith.andi(arith.bitcast(it, v), c(it, 0xFFFFF000)))
+
+    ax = m.absf(x)
+    bits = arith.bitcast(it, x)
+    # Payne-Hanek on |x|: x = mant * 2^e, e = biased exponent - 150; the window starts at the bit of
+    # 2/pi worth 2^(1-e) (higher bits give multiples of 4 quadrants), bit e + 30 of the table.
+    mant = arith.ori(band(bits, 0x7FFFFF), c(it, 0x800000))
+    start = arith.subi(band(shr(bits, 23), 0xFF), c(it, 150 - 30))
+    start = arith.maxsi(start, c(it, 0))  # only |x| >= 2^-7 reach here; keeps small x in the table
+    k = shr(start, 5)
+    sh = band(start, 31)
+
+    def word(offset):
+        w = c(it, 0)
+        for idx, value in enumerate(_TWO_OVER_PI_WORDS):
+            if idx - offset >= 0:
+                w = arith.select(arith.cmpi(I.eq, k, c(it, idx - offset)), c(it, value), w)
+        return w
+
+    t = [word(i) for i in range(4)]
+    inv = arith.subi(c(it, 31), sh)
+    w = [arith.ori(arith.shli(t[i], sh), arith.shrui(shr(t[i + 1], 1), inv)) for i in range(3)]
+    lo2, hi2 = arith.mului_extended(mant, w[2])
+    lo1, hi1 = arith.mului_extended(mant, w[1])
+    lo0 = arith.muli(mant, w[0])
+    p2 = lo2
+    p1 = arith.addi(lo1, hi2)
+    carry = arith.extui(it, arith.cmpi(I.ult, p1, lo1)) if shape is None else \
+        arith.select(arith.cmpi(I.ult, p1, lo1), c(it, 1), c(it, 0))
+    p0 = arith.addi(arith.addi(lo0, hi1), carry)
+    q_ph = shr(arith.addi(p0, c(it, 1 << 29)), 30)  # to the nearest quadrant
+    hi = arith.ori(shl(p0, 2), shr(p1, 30))  # signed fraction of a quadrant, in [-1/2, 1/2), * 2^32
+    lo = arith.ori(shl(p1, 2), shr(p2, 30))
+    neg = arith.cmpi(I.slt, hi, c(it, 0))
+    lo_m = arith.select(neg, arith.subi(c(it, 0), lo), lo)
+    hi_inv = arith.xori(hi, c(it, -1))
+    hi_m = arith.select(neg, arith.select(arith.cmpi(I.eq, lo, c(it, 0)), arith.addi(hi_inv, c(it, 1)), hi_inv), hi)
+    # |fraction| = A * 2^-24 + B * 2^-32 + C * 2^-56, each part exact in f32; the sum as hi + lo floats
+    a = arith.mulf(arith.uitofp(ft, shr(hi_m, 8)), c(ft, 2.0 ** -24))
+    b = m.fma(arith.uitofp(ft, band(hi_m, 0xFF)), c(ft, 2.0 ** -32),
+              arith.mulf(arith.uitofp(ft, shr(lo_m, 8)), c(ft, 2.0 ** -56)))
+    vh = arith.addf(a, b)
+    vl = arith.subf(b, arith.subf(vh, a))
+    # r = (vh + vl) * pi/2 as rh + rl: the leading product of 12-bit halves is exact in f32 and
+    # the rest is small, so their sum's rounding error is kept (no fused fma needed)
+    vh1 = split(vh)
+    vh2 = arith.subf(vh, vh1)
+    h1 = _split_f32(_PIO2_HI)
+    h2 = _PIO2_HI - h1
+    lead = arith.mulf(vh1, c(ft, h1))
+    rest = arith.addf(arith.addf(arith.mulf(vh1, c(ft, h2)), arith.mulf(vh2, c(ft, h1))),
+                      arith.addf(arith.mulf(vh2, c(ft, h2)),
+                                 arith.addf(arith.mulf(vh, c(ft, _PIO2_LO)), arith.mulf(vl, c(ft, _PIO2_HI)))))
+    rh_ph = arith.addf(lead, rest)
+    rl_ph = arith.subf(rest, arith.subf(rh_ph, lead))
+    flip = arith.xori(neg, arith.cmpi(I.slt, bits, c(it, 0)))
+    rh_ph = arith.select(flip, arith.negf(rh_ph), rh_ph)
+    rl_ph = arith.select(flip, arith.negf(rl_ph), rl_ph)
+    minus = arith.cmpi(I.slt, bits, c(it, 0))
+    q_ph = arith.select(minus, arith.subi(c(it, 0), q_ph), q_ph)
+
+    small = arith.cmpf(P.OLE, ax, c(ft, math.pi / 4))  # already reduced (and below the table's reach)
+    r = arith.select(small, x, rh_ph)
+    rl = arith.select(small, c(ft, 0.0), rl_ph)
+    q = arith.select(small, c(it, 0), q_ph)
+    if cosine:
+        q = arith.addi(q, c(it, 1))
+    # sin(r + rl) = r + (r^3 p(r^2) + rl); cos(r + rl) = 1 - z/2 + z^2 p(z) - r rl with z = r^2
+    # as z + zl (from r's 12-bit halves) and 1 - z/2 as w plus its rounding error
+    z = arith.mulf(r, r)
+    s = arith.addf(r, arith.addf(arith.mulf(arith.mulf(r, z), poly(z, _SIN_COEFFS)), rl))
+    r1 = split(r)
+    r2 = arith.subf(r, r1)
+    zl = arith.addf(arith.addf(arith.subf(arith.mulf(r1, r1), z), arith.mulf(arith.mulf(r1, r2), c(ft, 2.0))),
+                    arith.mulf(r2, r2))
+    half = arith.mulf(z, c(ft, 0.5))
+    w = arith.subf(c(ft, 1.0), half)
+    tail = arith.subf(arith.subf(c(ft, 1.0), w), half)
+    tail = arith.subf(tail, arith.addf(arith.mulf(zl, c(ft, 0.5)), arith.mulf(r, rl)))
+    co = arith.addf(w, arith.addf(arith.mulf(arith.mulf(z, z), poly(z, _COS_COEFFS)), tail))
+    odd = arith.cmpi(I.ne, band(q, 1), c(it, 0))
+    y = arith.select(odd, co, s)
+    y = arith.select(arith.cmpi(I.ne, band(q, 2), c(it, 0)), arith.negf(y), y)
+    if not cosine:
+        y = arith.select(arith.cmpf(P.OEQ, x, c(ft, 0.0)), x, y)  # sin(-0) = -0
+    return arith.select(arith.cmpf(P.UEQ, ax, c(ft, math.inf)), c(ft, math.nan), y)
 
 
 def expand_math(gm: ir.Operation) -> None:
@@ -86,6 +234,20 @@ def expand_math(gm: ir.Operation) -> None:
 
     for op in walk_ops(gm.regions[0].blocks[0]):
         if op.name not in _EXPANDED_MATH:
+            continue
+        if op.name in ("math.sin", "math.cos"):
+            with op.location, ir.InsertionPoint(op):
+                x = op.operands[0]
+                elem = ir.VectorType(x.type).element_type if isinstance(x.type, ir.VectorType) else x.type
+                if isinstance(elem, ir.F32Type):
+                    r = _sincos(x, op.name == "math.cos")
+                else:  # f16 (bf16 is emulated in f32 before this point): computed in f32, as torch does
+                    from mlir.dialects import arith
+                    wide = ir.VectorType.get(ir.VectorType(x.type).shape, ir.F32Type.get()) \
+                        if isinstance(x.type, ir.VectorType) else ir.F32Type.get()
+                    r = arith.truncf(x.type, _sincos(arith.extf(wide, x), op.name == "math.cos"))
+            op.results[0].replace_all_uses_with(r)
+            op.erase()
             continue
         if isinstance(op.results[0].type, ir.ShapedType):
             raise PassError(f"{op.name} on vectors is not supported by kf-to-spirv: apply it per element", op.location)

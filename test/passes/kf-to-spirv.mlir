@@ -260,3 +260,32 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// sin and cos are expanded, not GLSL's Sin/Cos (whose range reduction is inexact for large
+// arguments): a Payne-Hanek reduction in 32-bit integers (UMulExtended by words of 2/pi)
+// and polynomials, for scalars and vectors alike; spirv-val accepts the binary.
+// SPV-LABEL: spirv.func @sin_cos()
+// SPV-NOT: spirv.GL.Sin
+// SPV-NOT: spirv.GL.Cos
+// SPV: spirv.UMulExtended
+// SPV: spirv.UMulExtended
+// SPV-NOT: spirv.GL.Sin
+// SPV-NOT: spirv.GL.Cos
+// SPV: spirv.Return
+// BIN: gpu.binary @kf_kernels {kf.kernels = {sin_cos = 
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @sin_cos(%a: memref<64xf32>, %c: memref<64xf32>) kernel attributes {known_block_size = array<i32: 64, 1, 1>} {
+      %tid = gpu.thread_id x
+      %x = memref.load %a[%tid] : memref<64xf32>
+      %s = math.sin %x : f32
+      %v = vector.broadcast %s : f32 to vector<4xf32>
+      %w = math.cos %v : vector<4xf32>
+      %e = vector.extract %w[1] : f32 from vector<4xf32>
+      memref.store %e, %c[%tid] : memref<64xf32>
+      gpu.return
+    }
+  }
+}

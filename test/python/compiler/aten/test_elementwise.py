@@ -168,9 +168,6 @@ def test_sin_cos_follow_torch(name, n, target):
 
 
 @pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device")
-@pytest.mark.xfail(strict=True, reason="kf-to-spirv lowers math.sin/cos to GLSL Sin/Cos, whose range reduction "
-                                       "is inexact past about 1e7 (lavapipe: error 1.8 at 1e8); needs an exact "
-                                       "(Payne-Hanek) reduction in passes/spirv/expand_math.py")
 def test_sin_of_huge_arguments_on_vulkan():
     x = torch.tensor([1e8, -3e9, 1e20, 1e30, 3.0e38])
     got = kf.jit(_py(torch.sin), target="vulkan")(x)
