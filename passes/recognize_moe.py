@@ -4,6 +4,7 @@ grouped by expert.
 What is recognized (examples/moe.py after kf-canonicalize), all in one function::
 
     combine = sum_j cast(cmp(eq, slice(idx, -1, j), arange(E))) * slice(wt, -1, j)   j = 0..K-1
+    (arange(E): a kf.iota, or a constant 0..E-1)
     out     = sum_e slice(combine, -1, e) * (act(x @ reshape(slice(w_in, 0, e))) @ reshape(slice(w_out, 0, e)))
 
 with ``idx`` [..., S, K] integer (the top-k indices), ``wt`` [..., S, K] (their routing
@@ -164,8 +165,14 @@ def _term(v: ir.Value):
 
 
 def _is_arange(v: ir.Value, n: int) -> bool:
+    """Whether v is 0, 1, ..., n-1: a kf.iota of n elements, or such a constant."""
+    if _shape(v) != (n,):
+        return False
+    iota = _op(v, "kf.iota")
+    if iota is not None:
+        return op_attrs(iota)["dim"] == 0
     c = _op(v, "kf.constant")
-    if c is None or _shape(v) != (n,):
+    if c is None:
         return False
     from kf.dialects.attrs import from_attr
 
