@@ -53,7 +53,13 @@ def _targ(name: str, t: ir.Type) -> TensorArg:
 
 
 def _constant_bytes(attr: ir.Attribute, elem: str) -> bytes:
-    arr = np.array(attr)
+    if elem == "i1":
+        # numpy's view of a splat of booleans holds one byte of bits (8 trues, then
+        # falses): read the elements one by one
+        shape = ir.ShapedType(attr.type).shape
+        arr = np.array([bool(v) for v in ir.DenseIntElementsAttr(attr)], dtype=np.bool_).reshape(shape)
+    else:
+        arr = np.array(attr)
     torch_name = ELEM_INFO[elem][0]
     import torch
 

@@ -240,3 +240,14 @@ def test_ptx_assembles_for_cuda(fn):
 def test_msl_for_metal(fn):
     stages = kf.inspect(kf.jit(fn, target="metal"), torch.randn(7, 257)).stages
     assert re.search(r"kernel void kf_aten_\w+_k\d+", stages["msl"]), stages["msl"][:2000]
+
+
+@needs_vulkan
+@pytest.mark.parametrize("n", [1, 7, 20, 257])
+def test_boolean_splat_constant(n):
+    """torch-mlir folds isreal of a real tensor to a splat of trues, which the launch
+    schedule uploads as bytes: every element true (numpy's view of an i1 splat holds
+    one byte of bits: 8 trues, then falses)."""
+    x = torch.randn(n)
+    got = kf.jit(lambda t: torch.isreal(t), target="vulkan")(x)
+    assert got.dtype == torch.bool and bool(got.all()) and got.shape == (n,)
