@@ -14,7 +14,7 @@ from .walk import walk_ops
 
 
 #: math ops that upstream's MathToSPIRV (LLVM 22) has no pattern for; kf expands them.
-_EXPANDED_MATH = ("math.erf", "math.erfc", "math.exp2", "math.trunc", "math.cbrt", "math.atan2", "math.ipowi",
+_EXPANDED_MATH = ("math.asin", "math.acos", "math.erf", "math.erfc", "math.exp2", "math.trunc", "math.cbrt", "math.atan2", "math.ipowi",
                   "math.powf", "math.sin", "math.cos")
 
 #: The bits of 2/pi after the binary point, as big-endian 32-bit words behind one word of zeros
@@ -198,7 +198,7 @@ def _sincos(x: ir.Value, cosine: bool) -> ir.Value:
 def expand_math(gm: ir.Operation) -> None:
     """Rewrite the ops of ``_EXPANDED_MATH`` into ops SPIR-V has (GLSL.std.450).
 
-    erf: Taylor series below |x| = 0.5 (relative error < 1e-7), Abramowitz-Stegun 7.1.26
+    asin, acos: Cephes asinf/acosf (``asin_acos``); erf: Taylor series below |x| = 0.5 (relative error < 1e-7), Abramowitz-Stegun 7.1.26
     above (absolute error < 1.5e-7); erfc: 1 - erf below 0.5, A-S directly above (so large
     arguments do not cancel to 0 early); exp2(x) = pow(2, x); trunc(x) = copysign(floor(|x|),
     x); cbrt(x) = copysign(pow(|x|, 1/3), x); atan2 by quadrant from atan(y / x);
@@ -232,6 +232,31 @@ def expand_math(gm: ir.Operation) -> None:
         is_small = arith.cmpf(arith.CmpFPredicate.OLT, ax, c(t, 0.5))
         return ax, small, tail, is_small
 
+    def asin_small(u):  # asin(u) for |u| <= 0.5: Cephes asinf's odd polynomial (about 1 ulp)
+        t = u.type
+        z = arith.mulf(u, u)
+        p = poly(z, [1.6666752422e-1, 7.4953002686e-2, 4.5470025998e-2, 2.4181311049e-2, 4.2163199048e-2])
+        return arith.addf(u, arith.mulf(arith.mulf(p, z), u))
+
+    def asin_acos(x, acos: bool):
+        """Cephes asinf/acosf: past |x| = 0.5 through asin(sqrt((1 - |x|) / 2)), so the
+        polynomial only meets |u| <= 0.5; NaN outside [-1, 1] (GLSL's Asin, Acos err by
+        up to 4e-4 on lavapipe)."""
+        t = x.type
+        P = arith.CmpFPredicate
+        ax = m.absf(x)
+        half = c(t, 0.5)
+        outer = asin_small(m.sqrt(arith.mulf(half, arith.subf(c(t, 1.0), ax))))  # |x| > 0.5
+        if acos:
+            pos = arith.mulf(c(t, 2.0), outer)
+            r = arith.select(arith.cmpf(P.OGT, x, half), pos,
+                             arith.select(arith.cmpf(P.OLT, x, arith.negf(half)), arith.subf(c(t, math.pi), pos),
+                                          arith.subf(c(t, math.pi / 2), asin_small(x))))
+        else:
+            big = arith.subf(c(t, math.pi / 2), arith.mulf(c(t, 2.0), outer))
+            r = m.copysign(arith.select(arith.cmpf(P.OGT, ax, half), big, asin_small(ax)), x)
+        return arith.select(arith.cmpf(P.OGT, ax, c(t, 1.0)), c(t, math.nan), r)
+
     for op in walk_ops(gm.regions[0].blocks[0]):
         if op.name not in _EXPANDED_MATH:
             continue
@@ -254,7 +279,9 @@ def expand_math(gm: ir.Operation) -> None:
         with op.location, ir.InsertionPoint(op):
             x = op.operands[0]
             t = x.type
-            if op.name == "math.erf":
+            if op.name in ("math.asin", "math.acos"):
+                r = asin_acos(x, op.name == "math.acos")
+            elif op.name == "math.erf":
                 ax, small, tail, is_small = erf_parts(x)
                 r = arith.select(is_small, small, m.copysign(arith.subf(c(t, 1.0), tail), x))
             elif op.name == "math.erfc":
