@@ -33,6 +33,10 @@ from kf.dialects.types import DYN, KfTypeError, mlir_type, spec_of
 from .errors import DynamicFallback
 from .signature import MIN_SIZE, is_dynamic
 
+#: passes/to_cpu.REDUCTION_BLOCK (test_dynamic checks they agree): a float sum longer than
+#: this runs in stages on the cpu target
+_REDUCTION_BLOCK = 4096
+
 # ----------------------------------------------------------------------------- export
 
 
@@ -184,6 +188,46 @@ def _ops(module: ir.Module) -> list[ir.Operation]:
     return found
 
 
+#: kf ops that add up what they reduce, and the attribute naming the reduced dims (max,
+#: min and the arg ops are exact in any order; a matmul adds over its operands' last dim)
+_SUMS = {"kf.sum": "dims", "kf.mean": "dims", "kf.var": "dims", "kf.logsumexp": "dims", "kf.softmax": "dim",
+         "kf.log_softmax": "dim", "kf.matmul": None}
+
+
+def long_sum(module: ir.Module, block: int) -> str | None:
+    """Why a float sum of the kf IR over a run-time dim may add more than ``block``
+    elements (its run-time dims at MAX_DYNAMIC_SIZE), or None. The cpu target adds longer
+    sums in stages (passes/to_cpu.blocked_reductions), which needs their extent: over a
+    run-time extent the sum would be one sequential chain, far less exact."""
+    import math
+
+    from kf.dialects.attrs import op_attrs
+
+    from .signature import MAX_DYNAMIC_SIZE
+
+    for op in _ops(module):
+        if op.name not in _SUMS or not isinstance(op.operands[0].type, ir.RankedTensorType):
+            continue
+        t = ir.RankedTensorType(op.operands[0].type)
+        if not isinstance(t.element_type, ir.FloatType):
+            continue
+        shape = list(t.shape)
+        if _SUMS[op.name] is None:
+            dims = [len(shape) - 1] if shape else []
+        else:
+            given = op_attrs(op)[_SUMS[op.name]]
+            given = list(given) if isinstance(given, (list, tuple)) else [given]
+            dims = [d % len(shape) for d in given] if given else list(range(len(shape)))
+        sizes = [shape[d] for d in dims if shape]
+        if not any(ir.ShapedType.is_dynamic_size(n) for n in sizes):
+            continue
+        bound = math.prod(MAX_DYNAMIC_SIZE if ir.ShapedType.is_dynamic_size(n) else n for n in sizes)
+        if bound > block:
+            return (f"{op.name} over dims {dims} of {t} adds up to {bound} elements, which the cpu target sums "
+                    f"in stages of {block} only for static sizes")
+    return None
+
+
 def _attrs(op: ir.Operation) -> dict[str, str]:
     named = [op.attributes[i] for i in range(len(op.attributes))]
     return {a.name: str(a.attr) for a in named if a.name != "function_type"}
@@ -272,6 +316,9 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
         errors = verify(cap.module.operation)
         if errors:
             raise DynamicFallback(f"the kf IR with run-time sizes does not verify: {errors[0][1]}")
+        too_long = long_sum(cap.module, _REDUCTION_BLOCK)
+        if too_long:
+            raise DynamicFallback(too_long)
     out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
     outs = [a for a in out_node.args[0] if isinstance(a, torch.fx.Node)]
     if len(outs) != len(cap.output_specs):

@@ -113,7 +113,9 @@ def test_elementwise_and_reductions():
     @kf.jit(target="cpu", dynamic=True)
     def f(x, y):
         z = torch.relu(x * y + 1.0)
-        return z.sum(dim=0), z.amax(dim=1), torch.softmax(z, dim=-1), z.mean()
+        # (a mean over every element could add more than REDUCTION_BLOCK of them: static,
+        # test_sums_over_a_run_time_dim_and_a_long_static_one_compile_static)
+        return z.sum(dim=0), z.amax(dim=1), torch.softmax(z, dim=-1), z.mean(dim=1)
 
     for n in (7, 257, 3):
         x, y = torch.randn(n, 5), torch.randn(n, 5)
@@ -271,3 +273,22 @@ def test_long_float_sums_keep_their_stages():
         x = torch.randn(3, n)
         torch.testing.assert_close(g(x), x.sum(-1), rtol=1e-5, atol=1e-4)
     assert len(g.compiles) == 2  # 300, then one program for 1000 and 4096
+
+
+def test_sums_over_a_run_time_dim_and_a_long_static_one_compile_static():
+    """A sum over a run-time dim and a static one whose product can pass the cpu target's
+    staged-sum block compiles for static sizes (its stages need the extent): the sum of
+    ones(131071, n) is exact; a softmax over one run-time dim (at most MAX_DYNAMIC_SIZE
+    elements) stays one program."""
+    from kf.dynamic import _REDUCTION_BLOCK
+    from kf.passes.to_cpu import REDUCTION_BLOCK
+
+    assert _REDUCTION_BLOCK == REDUCTION_BLOCK
+    f = kf.jit(lambda x: x.sum(), target="cpu")
+    for n in (2, 3, 128):
+        assert f(torch.ones(2**17 - 1, n)).item() == (2**17 - 1) * n
+    g = kf.jit(lambda x: torch.softmax(x, -1), target="cpu")
+    for n in (300, 1000, 2000):
+        x = torch.randn(5, n)
+        torch.testing.assert_close(g(x), torch.softmax(x, -1))
+    assert len(g.compiles) == 2
