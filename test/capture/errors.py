@@ -13,33 +13,33 @@ def run(f):
 
 @run
 def unsupported_op():
-    def uses_cumsum(x):
+    def uses_kthvalue(x):
         y = x * 2
-        return torch.cumsum(y, dim=0)  # torch-mlir lowers this to tm_tensor, which kf cannot compile
+        return torch.kthvalue(y, 3).values  # torch-mlir lowers this to tm_tensor, which kf cannot compile
 
     try:
-        kf.inspect(uses_cumsum, torch.randn(16))
+        kf.inspect(uses_kthvalue, torch.randn(16))
     except kf.UnsupportedOpError as e:
         print(e)
 # CHECK-LABEL: TEST: unsupported_op
-# CHECK: aten.cumsum.default has no kf op
-# CHECK-NEXT: File "{{.*}}errors.py", line 18, in uses_cumsum
-# CHECK-NEXT: return torch.cumsum(y, dim=0)
+# CHECK: aten.kthvalue.default has no kf op
+# CHECK-NEXT: File "{{.*}}errors.py", line 18, in uses_kthvalue
+# CHECK-NEXT: return torch.kthvalue(y, 3).values
 # CHECK-NEXT: stage: capture
 # CHECK-NEXT: cause: torch-mlir's output: Dialect `tm_tensor' not found
 
 
 @run
 def fallback_through_torch_mlir():
-    def uses_sin(x):
-        return torch.sin(x) + 1
+    def uses_sinh(x):
+        return torch.sinh(x) + 1
 
-    print(kf.inspect(uses_sin, torch.randn(16)).kf_ir)
+    print(kf.inspect(uses_sinh, torch.randn(16)).kf_ir)
 # CHECK-LABEL: TEST: fallback_through_torch_mlir
-# CHECK: func.func private @kf_aten_sin_default_0(%arg0: tensor<16xf32> loc("{{.*}}errors.py":35:9)) -> tensor<16xf32> attributes {kf.aten = "aten.sin.default"}
-# CHECK: math.sin
-# CHECK: func.func @uses_sin
-# CHECK: call @kf_aten_sin_default_0(%arg0) : (tensor<16xf32>) -> tensor<16xf32> loc("{{.*}}errors.py":35:9)
+# CHECK: func.func private @kf_aten_sinh_default_0(%arg0: tensor<16xf32> loc("{{.*}}errors.py":35:9)) -> tensor<16xf32> attributes {kf.aten = "aten.sinh.default"}
+# CHECK: math.sinh
+# CHECK: func.func @uses_sinh
+# CHECK: call @kf_aten_sinh_default_0(%arg0) : (tensor<16xf32>) -> tensor<16xf32> loc("{{.*}}errors.py":35:9)
 # CHECK: "kf.add"
 
 
