@@ -428,20 +428,9 @@ def _scatter_add(ev: Evaluator, op, idx, attrs):
     kb = ev.kb
     # Sources land on idx only from index positions that agree with idx outside dim;
     # when idx lies beyond the index's extent in such a dim, none do (zero trips).
-    conds = []
-    for d in range(len(xs)):
-        if d != dim and ishape[d] < xs[d]:
-            c = kb.lt(idx[d], ishape[d])
-            if c is False:
-                return [ev.value(x, idx)]  # statically beyond the index: nothing lands here
-            if c is not True:
-                conds.append(c)
-    trips: E.Ix = ishape[dim]
-    if conds:
-        inside = conds[0]
-        for c in conds[1:]:
-            inside = arith.andi(inside, c)
-        trips = arith.select(inside, kb.value(ishape[dim]), kb.value(0))
+    trips = _index_trips(kb, idx, xs, ishape, dim)
+    if trips is None:
+        return [ev.value(x, idx)]  # statically beyond the index: nothing lands here
     target = kb.value(idx[dim])
 
     def step(j, c):
@@ -451,6 +440,27 @@ def _scatter_add(ev: Evaluator, op, idx, attrs):
         return [arith.select(hit, sm.emit("add", [c[0], ev.value(source, at)]), c[0])]
 
     return ev.loop(trips, [ev.value(x, idx)], step)
+
+
+def _index_trips(kb, idx, xs, ishape, dim: int):
+    """How many index positions along dim a loop over the index visits for output
+    element idx: all of them where idx lies within the index's extent in every other dim,
+    none where it lies beyond (a select at run time); None where it is statically beyond."""
+    conds = []
+    for d in range(len(xs)):
+        if d != dim and ishape[d] < xs[d]:
+            c = kb.lt(idx[d], ishape[d])
+            if c is False:
+                return None
+            if c is not True:
+                conds.append(c)
+    trips: E.Ix = ishape[dim]
+    if conds:
+        inside = conds[0]
+        for c in conds[1:]:
+            inside = arith.andi(inside, c)
+        trips = arith.select(inside, kb.value(ishape[dim]), kb.value(0))
+    return trips
 
 
 def _scatter_reduce(ev: Evaluator, op, idx, attrs):
@@ -465,20 +475,9 @@ def _scatter_reduce(ev: Evaluator, op, idx, attrs):
     t = E.compute_type(E.elem_of(op.results[0]))
     i64 = ir.IntegerType.get_signless(64)
     start = [sm.convert(ev.value(x, idx), t), sm.const(i64, 1 if include else 0)]
-    conds = []
-    for d in range(len(xs)):
-        if d != dim and ishape[d] < xs[d]:
-            c = kb.lt(idx[d], ishape[d])
-            if c is False:
-                return [start[0]]
-            if c is not True:
-                conds.append(c)
-    trips: E.Ix = ishape[dim]
-    if conds:
-        inside = conds[0]
-        for c in conds[1:]:
-            inside = arith.andi(inside, c)
-        trips = arith.select(inside, kb.value(ishape[dim]), kb.value(0))
+    trips = _index_trips(kb, idx, xs, ishape, dim)
+    if trips is None:
+        return [start[0]]
     target = kb.value(idx[dim])
 
     def step(j, c):
