@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from . import aten_to_kf
+from .aten.reductions import bind_schema
 from .signature import Signature, invoke, rebuild_args
 from .torch_ops import AUTOCAST_KEYS
 from .trace_shapes import ARANGE, RULES, Out
@@ -70,19 +71,6 @@ class Trace:
 
 def _is_device(arg: torch._C.Argument) -> bool:
     return str(arg.type) in ("Device", "Optional[Device]")
-
-
-def _bind(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict:
-    """The call's arguments by their schema names, defaults filled in."""
-    p = {}
-    for i, a in enumerate(func._schema.arguments):
-        if not a.kwarg_only and i < len(args):
-            p[a.name] = args[i]
-        elif a.name in kwargs:
-            p[a.name] = kwargs[a.name]
-        else:
-            p[a.name] = a.default_value if a.has_default_value() else None
-    return p
 
 
 class Recorder(TorchDispatchMode):
@@ -165,7 +153,7 @@ class Recorder(TorchDispatchMode):
         if rule is None:  # arange: its values become a constant anyway, so make them
             real = func(*args, **{**kwargs, "device": _CPU})
             return [Out(tuple(real.shape), real.dtype, contiguous_strides(tuple(real.shape)))]
-        outs = rule(_bind(func, args, kwargs))
+        outs = rule(bind_schema(func, args, kwargs))
         outs = [outs] if isinstance(outs, Out) else list(outs)
         n = len(func._schema.returns)
         if n > 1 and len(outs) == 1:

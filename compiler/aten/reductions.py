@@ -71,8 +71,13 @@ def bound_args(node, args, kwargs) -> dict:
     """The call's arguments by their schema names, defaults filled in: overloads such
     as ``var.default(self, unbiased)`` and ``var.dim(self, dim, unbiased, keepdim)`` put
     different things at one position."""
+    return bind_schema(node.target, args, kwargs)
+
+
+def bind_schema(func: torch._ops.OpOverload, args, kwargs) -> dict:
+    """``func``'s arguments by their schema names, defaults filled in."""
     p = {}
-    for i, a in enumerate(node.target._schema.arguments):
+    for i, a in enumerate(func._schema.arguments):
         if not a.kwarg_only and i < len(args):
             p[a.name] = args[i]
         elif a.name in kwargs:
