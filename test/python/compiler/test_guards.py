@@ -598,6 +598,22 @@ def test_reached_cuda_tensors_through_the_c_lane(guard_kind):
         assert type(entry.call) is _launcher.Lane
 
 
+def test_a_reached_tensor_on_another_device_is_named(guard_kind):
+    """The capture of a function whose reached tensor is on another device than its
+    arguments fails where the two meet in an op; the error names the tensor (a
+    TargetError), not the op's device mismatch (on a CPU-only machine: a meta tensor)."""
+    from kf.errors import TargetError
+
+    table = torch.empty(10, device="meta")
+
+    @kf.jit
+    def g(x):
+        return x + table
+
+    with pytest.raises(TargetError, match="reads the tensor 'table' on meta, but runs on cpu"):
+        g(torch.randn(10))
+
+
 @needs_cuda
 def test_reached_tensors_on_the_cpu_of_a_cuda_function(guard_kind):
     """A 0-d CPU tensor meets CUDA tensors in eager: it is copied to the device at each
