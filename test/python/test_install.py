@@ -20,6 +20,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _pythonpath(first) -> str:
+    """PYTHONPATH for a child process: ``first``, then the caller's PYTHONPATH, which may be
+    where kf's dependencies are (an install with ``pip --target``)."""
+    return os.pathsep.join([str(first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def _missing_build_tools() -> str:
     """Why this interpreter cannot build kf's wheel offline, or "": the tests build with
     pip and ``--no-build-isolation --no-index`` (no network), so pip and the build
@@ -62,7 +68,7 @@ def installed(wheel, tmp_path_factory) -> Path:
 
 
 def _env(site: Path, tmp: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": str(site), "KF_CACHE_DIR": str(tmp / "cache"),
+    return {**os.environ, "PYTHONPATH": _pythonpath(site), "KF_CACHE_DIR": str(tmp / "cache"),
             "PATH": f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}"}
 
 

@@ -23,6 +23,12 @@ from kf import api, guards  # api: configures the extension with torch.Tensor
 _launcher = pytest.importorskip("kf.runtime._launcher", reason="kf.runtime._launcher is not built")
 
 
+def _pythonpath(first) -> str:
+    """PYTHONPATH for a child process: ``first``, then the caller's PYTHONPATH, which may be
+    where kf's dependencies are (an install with ``pip --target``)."""
+    return os.pathsep.join([str(first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 @pytest.fixture(params=["c", "python"])
 def guard_kind(request, monkeypatch, tmp_path_factory):
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kf_cache_guards"))
@@ -444,7 +450,7 @@ def _fresh(tmp_path: Path, value: dict, seed: int) -> str:
 
     (tmp_path / "script.py").write_text(_SCRIPT)
     (tmp_path / "helper_mod.py").write_text(_HELPER)
-    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(tmp_path))
+    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=_pythonpath(tmp_path))
     r = subprocess.run([sys.executable, str(tmp_path / "script.py"), json.dumps(value), str(seed)],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
