@@ -6,7 +6,6 @@ environment that already has torch keeps that torch."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import shutil
@@ -30,12 +29,18 @@ def _missing_build_tools() -> str:
     """Why this interpreter cannot build kf's wheel offline, or "": the tests build with
     pip and ``--no-build-isolation --no-index`` (no network), so pip and the build
     backend pyproject.toml names (setuptools>=77) must be installed beside kf."""
-    if importlib.util.find_spec("pip") is None:
+    # distribution metadata only: importlib.util.find_spec("pip") would reach setuptools'
+    # distutils hook, which then turns its distutils off for the process (Python < 3.12)
+    # and Inductor's later import of setuptools fails
+    def version_of(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    if version_of("pip") is None:
         return f"pip is not installed in {sys.prefix} (the tests build kf's wheel with it)"
-    try:
-        version = importlib.metadata.version("setuptools")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
+    version = version_of("setuptools")
     if version is None or int(version.split(".")[0]) < 77:
         return (f"setuptools>=77 (kf's build backend) is not installed in {sys.prefix} (found {version}); "
                 "the tests build kf's wheel offline, without build isolation")
