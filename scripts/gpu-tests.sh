@@ -62,7 +62,8 @@ status=0
 for c in "${ORDER[@]}"; do
   rm -f "$OUT/$c.failures" "$OUT/$c.xml"
   start=$(date +%s)
-  echo "== $c: ${CHUNKS[$c]}"
+  # shellcheck disable=SC2086  # one line of the chunk's words
+  echo "== $c:" ${CHUNKS[$c]}
   # SIGINT at the limit: pytest then stops, prints its summary and writes the JUnit file;
   # SIGKILL 30 s later if it does not
   # shellcheck disable=SC2086  # the chunk's words are pytest arguments
