@@ -199,6 +199,10 @@ class KfFunction:
             try:
                 program = driver.compile_function(self.fn, sig, tensors, options, reads)
             except (DynamicFallback, CompileError) as e:
+                # a reached tensor on another device fails the capture where two devices
+                # meet in an op; the error that names the tensor is the one to give
+                if "device" in str(e):
+                    self._moves(reads, range(len(reads.tensors)), target, tensors)
                 if not sig.is_dynamic:
                     raise
                 program, sig = self._static_fallback(sig, tensors, options, reads, e)

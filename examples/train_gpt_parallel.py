@@ -86,11 +86,15 @@ def _wrap(model: tg.GPT, mode: str, device: str):
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if device != "cpu" else None)
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # the mesh of the model's device: fully_shard's default is the accelerator's (CUDA where
+    # a GPU is present), which would move a CPU model's parameters to the GPU
+    mesh = init_device_mesh(torch.device(device).type, (torch.distributed.get_world_size(),))
     for blk in model.blocks:  # one unshard/reshard unit per block, the root holds the rest
-        fully_shard(blk)
-    fully_shard(model)
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 

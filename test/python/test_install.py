@@ -5,6 +5,7 @@ environment that already has torch keeps that torch."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -16,6 +17,37 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _pythonpath(first) -> str:
+    """PYTHONPATH for a child process: ``first``, then the caller's PYTHONPATH, which may be
+    where kf's dependencies are (an install with ``pip --target``)."""
+    return os.pathsep.join([str(first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def _missing_build_tools() -> str:
+    """Why this interpreter cannot build kf's wheel offline, or "": the tests build with
+    pip and ``--no-build-isolation --no-index`` (no network), so pip and the build
+    backend pyproject.toml names (setuptools>=77) must be installed beside kf."""
+    # distribution metadata only: importlib.util.find_spec("pip") would reach setuptools'
+    # distutils hook, which then turns its distutils off for the process (Python < 3.12)
+    # and Inductor's later import of setuptools fails
+    def version_of(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    if version_of("pip") is None:
+        return f"pip is not installed in {sys.prefix} (the tests build kf's wheel with it)"
+    version = version_of("setuptools")
+    if version is None or int(version.split(".")[0]) < 77:
+        return (f"setuptools>=77 (kf's build backend) is not installed in {sys.prefix} (found {version}); "
+                "the tests build kf's wheel offline, without build isolation")
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_missing_build_tools()), reason=_missing_build_tools() or "-")
 #: the wheel's packages and the source folders they come from (pyproject.toml's package-dir)
 PACKAGE_DIRS = {"kf": "compiler", "kf/dialects": "dialects", "kf/passes": "passes", "kf/runtime": "runtime",
                 "kf/tools": "tools"}
@@ -41,7 +73,7 @@ def installed(wheel, tmp_path_factory) -> Path:
 
 
 def _env(site: Path, tmp: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": str(site), "KF_CACHE_DIR": str(tmp / "cache"),
+    return {**os.environ, "PYTHONPATH": _pythonpath(site), "KF_CACHE_DIR": str(tmp / "cache"),
             "PATH": f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}"}
 
 

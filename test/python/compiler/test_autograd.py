@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kf
-from kf import autograd
+from kf import autograd, targets
 from kf.runtime import vulkan
 
 import moe
@@ -305,12 +305,17 @@ def dropout_cuda(x, p):
     return torch.nn.functional.dropout(x, p, training=True)
 
 
+def _device(target: str) -> str:
+    """The torch device of a target's tensors: the cuda target refuses CPU tensors."""
+    return targets.TARGETS[target].torch_device
+
+
 @pytest.mark.parametrize("target", _TARGETS)
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("shape", [(1,), (257,), (7, 33), (8, 64)])
 def test_dropout_backward_uses_the_forward_mask(target, p, shape):
     f = {"cpu": dropout_cpu, "vulkan": dropout_vulkan, "cuda": dropout_cuda}[target]
-    dev = "cuda" if target == "cuda" else "cpu"
+    dev = _device(target)
     x = (torch.rand(shape, device=dev) + 0.5).requires_grad_()  # no zeros: a 0 output is a dropped element
     y = f(x, p)
     g = torch.randn(shape, device=dev)
@@ -448,18 +453,19 @@ def test_row_gradients_at_odd_shapes_match_float64(name, rows, cols, target):
     fn, shapes = _ROW_FUNCTIONS[name]
     kfn = kf.jit(fn, target=target)
     dtype = D if target == "cpu" else torch.float32
-    args = [torch.randn(*s, dtype=dtype, requires_grad=True) for s in shapes(rows, cols)]
+    dev = _device(target)
+    args = [torch.randn(*s, dtype=dtype, device=dev, requires_grad=True) for s in shapes(rows, cols)]
     out = kfn(*args)
     assert out.grad_fn is not None
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, args, g)
-    ref = [a.detach().double().requires_grad_() for a in args]
-    want = torch.autograd.grad(fn(*ref), ref, g.double())
+    ref = [a.detach().cpu().double().requires_grad_() for a in args]
+    want = torch.autograd.grad(fn(*ref), ref, g.cpu().double())
     tol = _TOLERANCE[target]
     for a, e in zip(got, want):
-        assert a.dtype == dtype
+        assert a.dtype == dtype and a.device.type == dev
         # (NaN where torch's is: the unbiased variance of a row of one)
-        torch.testing.assert_close(a.double(), e, equal_nan=True, **tol)
+        torch.testing.assert_close(a.cpu().double(), e, equal_nan=True, **tol)
 
 
 @pytest.mark.parametrize("name", ["F.layer_norm", "F.rms_norm", "log_softmax", "bias_gelu"])
@@ -475,16 +481,18 @@ def test_attention_gradients_at_odd_shapes_match_float64(target):
     row logsumexp saved) and the backward recomputing P = exp(S - lse)."""
     att = se.fused_attention.with_options(target=target)
     dtype = D if target == "cpu" else torch.float32
-    q, k, v = (torch.randn(1, 2, 257, 40, dtype=dtype, requires_grad=True) for _ in range(3))
-    mask = torch.tril(torch.ones(257, 257, dtype=torch.long))
+    dev = _device(target)
+    q, k, v = (torch.randn(1, 2, 257, 40, dtype=dtype, device=dev, requires_grad=True) for _ in range(3))
+    mask = torch.tril(torch.ones(257, 257, dtype=torch.long, device=dev))
     out = att(q, k, v, mask)
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), g)
-    ref = [a.detach().double().requires_grad_() for a in (q, k, v)]
-    want = torch.autograd.grad(se.fused_attention.fn(*ref, mask), ref, g.double())
+    ref = [a.detach().cpu().double().requires_grad_() for a in (q, k, v)]
+    want = torch.autograd.grad(se.fused_attention.fn(*ref, mask.cpu()), ref, g.cpu().double())
     tol = _TOLERANCE[target]
     for a, e in zip(got, want):
-        torch.testing.assert_close(a.double(), e, **tol)
+        assert a.device.type == dev
+        torch.testing.assert_close(a.cpu().double(), e, **tol)
 
 
 def test_backward_computes_only_the_gradients_asked_for():

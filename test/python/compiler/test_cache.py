@@ -38,6 +38,12 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+def _pythonpath(first) -> str:
+    """PYTHONPATH for a child process: ``first``, then the caller's PYTHONPATH, which may be
+    where kf's dependencies are (an install with ``pip --target``)."""
+    return os.pathsep.join([str(first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def _run(tmp_path: Path, seed: int) -> str:
     script = tmp_path / "user_code.py"
     script.write_text(SCRIPT)
@@ -288,7 +294,7 @@ _DAMAGED = textwrap.dedent("""
 
 def _run_damaged(tmp_path: Path, again: str, seed: int) -> str:
     (tmp_path / "user_code.py").write_text(_DAMAGED)
-    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(Path(__file__).parent))
+    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=_pythonpath(Path(__file__).parent))
     r = subprocess.run([sys.executable, str(tmp_path / "user_code.py"), again, str(seed)], capture_output=True,
                        text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -524,7 +530,7 @@ _FINGERPRINT = textwrap.dedent("""
 def _fingerprint_of(site: Path, tmp_path: Path) -> list[str]:
     script = tmp_path / "fingerprint.py"
     script.write_text(_FINGERPRINT)
-    env = dict(os.environ, PYTHONPATH=str(site))
+    env = dict(os.environ, PYTHONPATH=_pythonpath(site))
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -23,6 +23,12 @@ from kf import api, guards  # api: configures the extension with torch.Tensor
 _launcher = pytest.importorskip("kf.runtime._launcher", reason="kf.runtime._launcher is not built")
 
 
+def _pythonpath(first) -> str:
+    """PYTHONPATH for a child process: ``first``, then the caller's PYTHONPATH, which may be
+    where kf's dependencies are (an install with ``pip --target``)."""
+    return os.pathsep.join([str(first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 @pytest.fixture(params=["c", "python"])
 def guard_kind(request, monkeypatch, tmp_path_factory):
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kf_cache_guards"))
@@ -444,7 +450,7 @@ def _fresh(tmp_path: Path, value: dict, seed: int) -> str:
 
     (tmp_path / "script.py").write_text(_SCRIPT)
     (tmp_path / "helper_mod.py").write_text(_HELPER)
-    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(tmp_path))
+    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=_pythonpath(tmp_path))
     r = subprocess.run([sys.executable, str(tmp_path / "script.py"), json.dumps(value), str(seed)],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -596,6 +602,22 @@ def test_reached_cuda_tensors_through_the_c_lane(guard_kind):
 
     if guard_kind is _launcher.Guarded and kcuda._c_launch is not None and api._c_dispatch is not None:
         assert type(entry.call) is _launcher.Lane
+
+
+def test_a_reached_tensor_on_another_device_is_named(guard_kind):
+    """The capture of a function whose reached tensor is on another device than its
+    arguments fails where the two meet in an op; the error names the tensor (a
+    TargetError), not the op's device mismatch (on a CPU-only machine: a meta tensor)."""
+    from kf.errors import TargetError
+
+    table = torch.empty(10, device="meta")
+
+    @kf.jit
+    def g(x):
+        return x + table
+
+    with pytest.raises(TargetError, match="reads the tensor 'table' on meta, but runs on cpu"):
+        g(torch.randn(10))
 
 
 @needs_cuda

@@ -160,12 +160,17 @@ def test_writes_reach_the_callers_tensors(name, target):
                                   "non_contiguous", "swap"])
 def test_writes_reach_the_callers_tensors_on_cuda(name):
     fn, make = CASES[name]
-    args = [a.cuda() for a in make()]
-    expected_args = [a.clone() for a in args]
+    made = make()
+    args = [a.cuda() for a in made]
+    # expected from torch's CPU kernels: where an index_put index repeats, the last write
+    # wins there (and in kf on every target); torch's CUDA kernel leaves which write wins
+    # undefined
+    expected_args = [a.clone() for a in made]
     expected = fn(*expected_args)
     out = kf.jit(fn, target="cuda")(*args)
-    torch.testing.assert_close(out, expected, equal_nan=True)
-    torch.testing.assert_close(args, expected_args, equal_nan=True)
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out.cpu(), expected, equal_nan=True)
+    torch.testing.assert_close([a.cpu() for a in args], expected_args, equal_nan=True)
     assert (out is args[0]) == (expected is expected_args[0])
 
 

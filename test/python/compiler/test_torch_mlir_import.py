@@ -120,6 +120,8 @@ def test_torch_mlir_diagnostics_go_into_the_error_not_the_terminal():
     diagnostic in the error's cause, and nothing reaches the terminal."""
     import textwrap
 
+    pytest.importorskip("torch_mlir")
+
     code = textwrap.dedent("""
         import torch, kf
         try:
