@@ -160,6 +160,15 @@ def _check(hidden, weight, bias, target, ignore_index, reduction, label_smoothin
                              f"{weight.dtype}" + (f" and {bias.dtype}" if bias is not None else ""))
 
 
+def _run(fn, *args):
+    """A kf function called outside the caller's dispatch modes and tracing context (it
+    compiles by tracing; AOTAutograd runs its graphs under a mode of its own)."""
+    from ..torch_ops import _opaque
+
+    with _opaque():
+        return fn(*args)
+
+
 def _nothing(like: torch.Tensor) -> torch.Tensor:
     """A fresh empty tensor for a gradient not computed (a custom op's outputs may not
     alias one another)."""
@@ -188,18 +197,18 @@ def _op(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t
     t = t.contiguous()
     w = weight.contiguous()
     b = bias.contiguous() if bias is not None else None
-    scale = fns["_mean_scale"](t, ignore_index) if reduction == "mean" else torch.ones((), **f32)
+    scale = _run(fns["_mean_scale"], t, ignore_index) if reduction == "mean" else torch.ones((), **f32)
     plan = ChunkPlan(chunk_rows) if chunk_rows > 0 else plan_chunks(tokens, vocab, h.shape[1])
     loss = torch.zeros((), **f32)
     if not grads:
         for s, e in plan.chunks(tokens):
-            loss = fns["_loss_only"](h[s:e], w, b, t[s:e], loss, scale, ignore_index, float(label_smoothing))
+            loss = _run(fns["_loss_only"], h[s:e], w, b, t[s:e], loss, scale, ignore_index, float(label_smoothing))
         return loss.to(loss_dtype), _nothing(hidden), _nothing(hidden), _nothing(hidden)
     dh = torch.empty_like(h)
     dw = torch.zeros(w.shape, **f32)
     db = torch.zeros((vocab,), **f32) if b is not None else None
     for s, e in plan.chunks(tokens):
-        out = fns["_chunk"](h[s:e], w, b, t[s:e], loss, dw, db, scale, ignore_index, float(label_smoothing))
+        out = _run(fns["_chunk"], h[s:e], w, b, t[s:e], loss, dw, db, scale, ignore_index, float(label_smoothing))
         loss, dh_c, dw = out[:3]
         if b is not None:
             db = out[3]
