@@ -125,12 +125,6 @@ def functions(target: str, precision: str = "auto") -> dict:
     return fns
 
 
-def default_target(device: torch.device) -> str:
-    from ..backend import best_target
-
-    return best_target(device.type)[0]
-
-
 # ------------------------------------------------------------------ the op
 
 
@@ -256,10 +250,10 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     ``hidden`` is ``(..., H)``, ``weight`` ``(V, H)``, ``bias`` ``(V,)``, ``target`` the
     class indices ``(...)``. The loss has the logits' dtype, or ``loss_dtype`` (float32:
     as ``F.cross_entropy(logits.float(), ...)``). ``target_name`` is the kf target (by
-    default the fastest for the tensors' device, ``kf.backend.best_target``);
+    default the tensors' device's, as ``kf.jit``'s: cuda, metal for mps, cpu);
     ``chunk_rows`` fixes the rows per chunk (0: ``plan_chunks``)."""
     _check(hidden, weight, bias, target, ignore_index, reduction, label_smoothing)
-    kf_target = target_name or default_target(hidden.device)
+    kf_target = target_name or "auto"
     Options(target=kf_target, precision=precision)  # checks both
     grads = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (hidden, weight, bias))
