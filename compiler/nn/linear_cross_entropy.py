@@ -188,7 +188,7 @@ def _op(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t
         return (loss, torch.zeros_like(hidden), torch.zeros_like(weight),
                 torch.zeros_like(bias) if bias is not None else _nothing(hidden))
     h = h.contiguous()
-    t = t.contiguous()
+    t = t.contiguous().long()  # one_hot takes int64 indices
     w = weight.contiguous()
     b = bias.contiguous() if bias is not None else None
     scale = _run(fns["_mean_scale"], t, ignore_index) if reduction == "mean" else torch.ones((), **f32)

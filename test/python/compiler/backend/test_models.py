@@ -114,8 +114,11 @@ def test_training_loss_matches_eager_through_the_fused_loss(name, target, caplog
 
     import whole_model
 
+    # a graph break inside the blocks' loop (test_graph_break_matches_eager) makes Dynamo
+    # skip the model's forward frame for the rest of the process: start afresh
+    torch._dynamo.reset()
     with caplog.at_level(logging.INFO, logger="kf.backend"):
         r = whole_model.compare(MODELS[name], target=target, fallback="eager", steps=3, batch=2, seq=13)
     torch.testing.assert_close(torch.tensor(r["kf"]), torch.tensor(r["eager"]), rtol=1e-4, atol=1e-5)
     assert r["grad_diff"] < 1e-4
-    assert "run as kf's fused linear cross-entropy" in caplog.text
+    assert "run as kf's fused linear cross-entropy" in caplog.text, [r.getMessage() for r in caplog.records]
