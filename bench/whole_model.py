@@ -9,7 +9,15 @@ weights, no download).
 For each model and way: the forward's and the training step's median time at the first
 sequence length, the first call's seconds (compile time), the largest difference of the
 outputs and gradients from eager, and the Dynamo compiles and kf region compiles while the
-sequence length runs over ``--seqs`` (320..2048 by default). Results go to
+sequence length runs over ``--seqs`` (320..2048 by default).
+
+The loss path: a forward and backward of the model's own cross-entropy loss
+(``model(x, targets)``; ``labels=`` for transformers' model, which also returns its logits,
+so nothing fuses there), its median time, its loss beside eager's, and on CUDA the peak
+memory it allocates above what the model holds (``torch.cuda.max_memory_allocated``). For
+kf this is measured twice: with the last linear and the cross-entropy fused
+(``loss="chunked"``, the default: no tokens x vocab logits) and with them apart
+(``loss="logits"``). Results go to
 bench/results/whole-model-<date>-<commit>.json (run_name.py).
 """
 
@@ -51,6 +59,36 @@ def _timed(fn, device: str, repeat: int) -> float:
 
 def _logits(out):
     return out.logits if hasattr(out, "logits") else out
+
+
+def _loss(model, x, y):
+    """The model's own cross-entropy loss of predicting y from x."""
+    out = model(input_ids=x, labels=y) if hasattr(getattr(model, "_orig_mod", model), "generation_config") \
+        else model(x, y)
+    return out.loss if hasattr(out, "loss") else out
+
+
+def loss_path(model, x, y, device: str, repeat: int) -> dict:
+    """The loss's forward and backward: median ms, the loss, and on CUDA the peak memory
+    it allocates above what is allocated before it (MiB)."""
+    def run():
+        loss = _loss(model, x, y)
+        loss.backward()
+        return loss
+
+    loss = run()  # compiles
+    model.zero_grad(set_to_none=True)
+    peak = None
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss = run()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        model.zero_grad(set_to_none=True)
+    ms = _timed(lambda: (run(), model.zero_grad(set_to_none=True)), device, repeat)
+    return {"loss": loss.item(), "loss_ms": ms, "loss_peak_mib": peak}
 
 
 def models(args) -> dict:
@@ -109,8 +147,17 @@ def run_one(make, way: str, args, dtype) -> dict:
     grad_diff = max(((p.grad - q.grad).abs().max() / (q.grad.abs().max() + 1e-12)).item()
                     for p, q in zip(module.parameters(), ref.parameters()) if q.grad is not None)
     result = {"first_call_s": first, "out_diff": ((out - want).abs().max() / want.abs().max()).item(),
-              "grad_rel_diff": grad_diff,
-              "forward_ms": _timed(fwd, args.device, args.repeat), "step_ms": _timed(step, args.device, args.repeat)}
+              "grad_rel_diff": grad_diff}
+    # the loss path first: the timed training steps below change the weights
+    y = torch.randint(0, args.vocab, (args.batch, seq), device=args.device)
+    result.update(loss_path(model, x, y, args.device, args.repeat))
+    result["loss_diff"] = abs(result["loss"] - _loss(ref, x, y).item())
+    if way == "kf":
+        apart = torch.compile(copy.deepcopy(ref), backend="kf",
+                              options={"target": args.target, "fallback": args.fallback, "loss": "logits"})
+        result.update({f"{k}_logits": v for k, v in loss_path(apart, x, y, args.device, args.repeat).items()})
+        del apart
+    result.update(forward_ms=_timed(fwd, args.device, args.repeat), step_ms=_timed(step, args.device, args.repeat))
     before = dict(torch._dynamo.utils.counters["stats"])
     t0 = time.perf_counter()
     for s in args.seqs[1:]:
@@ -166,6 +213,11 @@ def main(argv=None) -> int:
             print(f"{name:9s} {way:9s} forward {r['forward_ms']:8.2f} ms  step {r['step_ms']:8.2f} ms  "
                   f"first call {r['first_call_s']:6.1f} s  out diff {r['out_diff']:.1e}  grad diff "
                   f"{r['grad_rel_diff']:.1e}  graphs {r['dynamo_unique_graphs']}", flush=True)
+            mib = (lambda v: "-" if v is None else f"{v:.0f} MiB")
+            line = f"{'':9s} {'':9s} loss path {r['loss_ms']:8.2f} ms  peak {mib(r['loss_peak_mib'])}"
+            if "loss_ms_logits" in r:
+                line += (f"  (logits apart: {r['loss_ms_logits']:.2f} ms, peak {mib(r['loss_peak_mib_logits'])})")
+            print(line + f"  loss diff {r['loss_diff']:.1e}", flush=True)
     return 0
 
 

@@ -38,7 +38,13 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+#: subpackages reached as attributes (``kf.nn.fused_linear_cross_entropy`` after ``import kf``)
+_SUBPACKAGES = ("nn",)
+
+
 def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"kf.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'kf' has no attribute '{name}'")

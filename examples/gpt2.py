@@ -63,12 +63,17 @@ class GPT2(torch.nn.Module):
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.02)
 
-    def forward(self, idx):
+    def forward(self, idx, targets=None):
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
-        return self.head(self.lnf(x))
+        logits = self.head(self.lnf(x))
+        if targets is None:
+            return logits
+        # the loss as language models compute it: the logits' rows in float32; under
+        # torch.compile(backend="kf") this becomes kf's fused linear cross-entropy
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
 def main(argv=None) -> int:

@@ -116,13 +116,18 @@ class Llama(torch.nn.Module):
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.5 / math.sqrt(p.shape[-1]))
 
-    def forward(self, idx):
+    def forward(self, idx, targets=None):
         t = idx.shape[1]
         cos, sin = self.cos[:t].to(self.embed.weight.dtype), self.sin[:t].to(self.embed.weight.dtype)
         x = self.embed(idx)
         for blk in self.blocks:
             x = blk(x, cos, sin)
-        return self.head(self.norm(x))
+        logits = self.head(self.norm(x))
+        if targets is None:
+            return logits
+        # the loss as language models compute it: the logits' rows in float32; under
+        # torch.compile(backend="kf") this becomes kf's fused linear cross-entropy
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
 def main(argv=None) -> int:

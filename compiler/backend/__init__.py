@@ -18,6 +18,9 @@ Options (``torch.compile(model, backend="kf", options={...})``):
 - ``attention``: how ``F.scaled_dot_product_attention`` runs (rewrites.py): ``kf`` (default)
   as kf's attention function, one op whose backward is kf's fused one; ``math`` as its
   ops, fused by kf-fuse with the ops around it.
+- ``loss``: how ``cross_entropy(linear(h, W, b) [-> view/reshape/float], target)`` runs
+  (rewrites.py): ``chunked`` (default) as kf's fused linear cross-entropy (kf.nn), in
+  chunks of rows, never the whole logits; ``logits`` as its ops, the logits materialized.
 
 ``kf.explain(compiled_model, *inputs)`` reports what ran in kf and what fell back and why
 (report.py); the same records go to the ``kf.backend`` logger (``KF_LOGS=backend``).
@@ -41,6 +44,7 @@ class BackendOptions:
     fallback: str = "inductor"
     precision: str = "auto"
     attention: str = "kf"
+    loss: str = "chunked"
 
     def kf_options(self):
         from ..options import Options
@@ -71,10 +75,13 @@ def parse_options(options: dict | None, example_inputs) -> BackendOptions:
     from ..options import Options
 
     options = dict(options or {})
-    unknown = sorted(set(options) - {"target", "fallback", "precision", "attention"})
+    unknown = sorted(set(options) - {"target", "fallback", "precision", "attention", "loss"})
     if unknown:
         raise ValueError(f"torch.compile(backend='kf'): unknown option(s) {', '.join(unknown)}; "
-                         f"kf takes target, fallback, precision and attention")
+                         f"kf takes target, fallback, precision, attention and loss")
+    if options.get("loss", "chunked") not in ("chunked", "logits"):
+        raise ValueError(f"torch.compile(backend='kf'): loss must be 'chunked' or 'logits', "
+                         f"got {options['loss']!r}")
     if options.get("attention", "kf") not in ("kf", "math"):
         raise ValueError(f"torch.compile(backend='kf'): attention must be 'kf' or 'math', "
                          f"got {options['attention']!r}")
@@ -87,7 +94,8 @@ def parse_options(options: dict | None, example_inputs) -> BackendOptions:
         device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
         target = best_target(device)[0]
     Options(target=target, precision=options.get("precision", "auto"))  # checks both
-    return BackendOptions(target, fallback, options.get("precision", "auto"), options.get("attention", "kf"))
+    return BackendOptions(target, fallback, options.get("precision", "auto"), options.get("attention", "kf"),
+                          options.get("loss", "chunked"))
 
 
 def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
@@ -99,7 +107,7 @@ def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = 
 
     from ..autograd import _decompositions
     from .graphs import compile_graph
-    from .rewrites import attention
+    from .rewrites import attention, linear_cross_entropy
 
     from .. import logs
 
@@ -108,6 +116,7 @@ def kf_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = 
     if mode not in (None, "default"):
         logs.backend_log.info("torch.compile(mode=%r): kf runs the graph without it (no CUDA graphs yet)", mode)
     attention(gm, opts.attention, opts.kf_options())
+    linear_cross_entropy(gm, opts.loss, opts.kf_options())
     kf_opts = _Resolved(opts)
     return aot_autograd(fw_compiler=partial(compile_graph, options=kf_opts, kind="forward"),
                         bw_compiler=partial(compile_graph, options=kf_opts, kind="backward"),

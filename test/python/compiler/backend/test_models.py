@@ -102,3 +102,23 @@ def test_bf16_within_eager_rounding():
     for (name, p), q, r in zip(model.named_parameters(), eager.parameters(), exact.parameters()):
         scale = r.grad.abs().max()
         assert (p.grad.float() - r.grad).abs().max() / scale <= 3 * (q.grad.float() - r.grad).abs().max() / scale + 1e-2, name
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_training_loss_matches_eager_through_the_fused_loss(name, target, caplog):
+    """The examples' training loop (``model(x, y)`` returns the loss): kf's losses and
+    first gradients match eager's over three steps, and the loss ran as kf's fused linear
+    cross-entropy (the tied embedding of GPT-2 gets both of its gradients)."""
+    import logging
+
+    import whole_model
+
+    # a graph break inside the blocks' loop (test_graph_break_matches_eager) makes Dynamo
+    # skip the model's forward frame for the rest of the process: start afresh
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="kf.backend"):
+        r = whole_model.compare(MODELS[name], target=target, fallback="eager", steps=3, batch=2, seq=13)
+    torch.testing.assert_close(torch.tensor(r["kf"]), torch.tensor(r["eager"]), rtol=1e-4, atol=1e-5)
+    assert r["grad_diff"] < 1e-4
+    assert "run as kf's fused linear cross-entropy" in caplog.text, [r.getMessage() for r in caplog.records]
