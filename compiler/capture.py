@@ -282,8 +282,11 @@ def _loc_from_exception(e: BaseException, fn: Callable) -> SourceLoc | None:
     tb = e.__traceback__
     found = None
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename == fn.__code__.co_filename:
-            found = SourceLoc(tb.tb_frame.f_code.co_filename, tb.tb_lineno, 1, tb.tb_frame.f_code.co_name)
+        code = tb.tb_frame.f_code
+        if code.co_filename == fn.__code__.co_filename:
+            # the copy of fn that _traceable names "forward" (torch 2.11) is fn to the user
+            copy = code.co_name == "forward" and code.co_firstlineno == fn.__code__.co_firstlineno
+            found = SourceLoc(code.co_filename, tb.tb_lineno, 1, fn.__code__.co_name if copy else code.co_name)
         tb = tb.tb_next
     return found
 
