@@ -173,6 +173,9 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
             ep = torch.export.export(_Wrapper(traced, sig), tuple(_trace_inputs(tensors)), strict=False)
     except Exception as e:  # torch's own errors name the user's frame in their text
         loc = _loc_from_exception(e, user)
+        generator_op = _generator_refused(e)
+        if generator_op is not None:
+            raise _generator_error(generator_op, loc) from None
         if _data_dependent(e):
             raise CaptureError(f"{user.__name__} uses a tensor's value as a Python value (an if or while on a "
                                f"tensor, bool(), float(), int()), which kf cannot compile: it compiles the "
@@ -247,20 +250,43 @@ def _refuse_custom_objects(ep, fn: Callable) -> None:
         loc = _user_loc(user, fn) if user is not None else None
         generator = isinstance(getattr(spec.arg, "class_fqn", ""), str) and "Generator" in spec.arg.class_fqn
         if generator or user is not None and "generator" in user.kwargs:
-            raise UnsupportedOpError(f"{op} takes a generator= argument; kf draws random numbers from torch's "
-                                     f"default generator, so a generator= argument is not supported", loc,
-                                     cause="drop generator= and seed torch's default generator "
-                                           "(torch.manual_seed) instead")
+            raise _generator_error(op, loc)
         raise UnsupportedOpError(f"{op} takes a {getattr(spec.arg, 'class_fqn', 'Python object')} argument, "
                                  f"which kf does not support", loc)
+
+
+def _generator_error(op: str, loc: SourceLoc | None) -> UnsupportedOpError:
+    return UnsupportedOpError(f"{op} takes a generator= argument; kf draws random numbers from torch's "
+                              f"default generator, so a generator= argument is not supported", loc,
+                              cause="drop generator= and seed torch's default generator (torch.manual_seed) instead")
+
+
+def _generator_refused(e: BaseException) -> str | None:
+    """The op (its ATen name, or "an op") whose torch.Generator argument export refused
+    while tracing, or None for any other failure. torch 2.13 exports a generator as a
+    custom-object input (_refuse_custom_objects refuses it); torch 2.11's tracer raises
+    NotImplementedError on it instead, from the proxy call of the op that took it."""
+    if not isinstance(e, NotImplementedError) or "Generator" not in str(e):
+        return None
+    op = "an op"
+    tb = e.__traceback__
+    while tb is not None:
+        func = tb.tb_frame.f_locals.get("func")
+        if isinstance(func, torch._ops.OpOverload):
+            op = aten_to_kf._target_name(func)
+        tb = tb.tb_next
+    return op
 
 
 def _loc_from_exception(e: BaseException, fn: Callable) -> SourceLoc | None:
     tb = e.__traceback__
     found = None
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename == fn.__code__.co_filename:
-            found = SourceLoc(tb.tb_frame.f_code.co_filename, tb.tb_lineno, 1, tb.tb_frame.f_code.co_name)
+        code = tb.tb_frame.f_code
+        if code.co_filename == fn.__code__.co_filename:
+            # the copy of fn that _traceable names "forward" (torch 2.11) is fn to the user
+            copy = code.co_name == "forward" and code.co_firstlineno == fn.__code__.co_firstlineno
+            found = SourceLoc(code.co_filename, tb.tb_lineno, 1, fn.__code__.co_name if copy else code.co_name)
         tb = tb.tb_next
     return found
 

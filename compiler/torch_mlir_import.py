@@ -198,6 +198,28 @@ def _constant(conv, t: torch.Tensor):
     return conv.constant_tensor(t)
 
 
+def _vector_norm_dims(node: torch.fx.Node, op_args: list, op_kwargs: dict) -> tuple[list, dict]:
+    """linalg_vector_norm's arguments with its ``dim`` counted from the front. torch 2.11's
+    shape rule (torch._refs.linalg.vector_norm, which export runs) compares negative dims
+    with positive ones when every reduced dim has size 1, and so keeps them in the result's
+    shape: ``vector_norm(x, dim=-1)`` of a 7x1 tensor is 7x1 there (eager: 7), which
+    torch-mlir cannot lower. torch 2.13 counts them from the front itself."""
+    ndim = node.args[0].meta["val"].dim()
+
+    def front(dims):
+        if isinstance(dims, int):
+            return dims % ndim if ndim else dims
+        if isinstance(dims, (list, tuple)):
+            return type(dims)(d % ndim if ndim and isinstance(d, int) else d for d in dims)
+        return dims
+
+    if len(op_args) > 2:
+        op_args = [*op_args[:2], front(op_args[2]), *op_args[3:]]
+    if "dim" in op_kwargs:
+        op_kwargs = {**op_kwargs, "dim": front(op_kwargs["dim"])}
+    return op_args, op_kwargs
+
+
 def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     """Lower one ATen node through torch-mlir; returns the kf-side value(s)."""
     _refuse_unsafe(node, name)
@@ -226,6 +248,8 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
 
     op_args = [slot(a, b) for a, b in zip(node.args, args)]
     op_kwargs = {k: slot(node.kwargs[k], v) for k, v in kwargs.items()}
+    if name == "aten.linalg_vector_norm.default":
+        op_args, op_kwargs = _vector_norm_dims(node, op_args, op_kwargs)
     constant = _all_empty(conv, node, _OneOp(node.target, op_args, op_kwargs, None), fakes)
     if constant is not None:
         return constant

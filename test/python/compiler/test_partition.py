@@ -96,11 +96,15 @@ def test_attention_backward_recomputes_probabilities_from_lse_and_delta_from_out
 
 def test_norm_saves_its_row_statistics_only():
     x, w, b = (torch.randn(*s, dtype=D, requires_grad=True) for s in [(7, 33), (33,), (33,)])
-    saved = layer_norm(x, w, b).grad_fn.saved_tensors
+    # each output is held while its grad_fn's saved tensors are read: torch 2.11 frees a
+    # node's saved outputs with its last output (2.13 keeps them with the node)
+    out = layer_norm(x, w, b)
+    saved = out.grad_fn.saved_tensors
     assert [tuple(t.shape) for t in saved] == [(7, 33), (33,), (33,), (7, 1), (7, 1)]
     torch.testing.assert_close(saved[3], x.mean(-1, keepdim=True))
     torch.testing.assert_close(saved[4], x.var(-1, keepdim=True))
-    saved = rms_norm(x, w).grad_fn.saved_tensors
+    out = rms_norm(x, w)
+    saved = out.grad_fn.saved_tensors
     assert [tuple(t.shape) for t in saved] == [(7, 33), (33,), (7, 1)]
     torch.testing.assert_close(saved[2], x.pow(2).mean(-1, keepdim=True))
 
@@ -114,7 +118,8 @@ def test_softmax_saves_its_output_not_lse():
 
 def test_matmul_products_are_saved_elementwise_results_recomputed():
     x, w1, w2 = (torch.randn(*s, dtype=D, requires_grad=True) for s in [(6, 8), (8, 16), (16, 4)])
-    saved = mlp(x, w1, w2).grad_fn.saved_tensors
+    out = mlp(x, w1, w2)  # held while its saved tensors are read (torch 2.11 frees them with it)
+    saved = out.grad_fn.saved_tensors
     # x @ w1 is saved (a GEMM to recompute); its GELU is recomputed from it
     assert [tuple(t.shape) for t in saved] == [(6, 8), (8, 16), (16, 4), (6, 16)]
     torch.testing.assert_close(saved[3], x @ w1)
@@ -155,7 +160,8 @@ def test_torch_norms_save_their_statistics():
     F.rms_norm (``mean(x * x).add_(eps)``) its mean square, untouched by the backward's
     ``+ eps`` (done out of place); neither backward recomputes the norm."""
     x, w, b = (torch.randn(*s, dtype=D, requires_grad=True) for s in [(257, 31), (31,), (31,)])
-    saved = f_layer_norm(x, w, b).grad_fn.saved_tensors
+    out = f_layer_norm(x, w, b)  # held while its saved tensors are read (torch 2.11 frees them with it)
+    saved = out.grad_fn.saved_tensors
     assert [tuple(t.shape) for t in saved] == [(257, 31), (31,), (31,), (257, 1), (257, 1)]
     torch.testing.assert_close(saved[3], x.mean(-1, keepdim=True))
     torch.testing.assert_close(saved[4], torch.rsqrt(x.var(-1, correction=0, keepdim=True) + 1e-5))

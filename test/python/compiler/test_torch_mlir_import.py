@@ -132,3 +132,22 @@ def test_torch_mlir_diagnostics_go_into_the_error_not_the_terminal():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert "CAUSE torch-mlir:" in run.stdout and "failed to legalize operation" in run.stdout, run.stdout
     assert "error:" not in run.stderr, run.stderr
+
+
+def _vector_norm(x, dims):
+    return torch.linalg.vector_norm(x, dim=dims)
+
+
+@pytest.mark.parametrize("shape, dims", [((1, 1), -1), ((7, 1), -1), ((1, 5, 1), (-1, 0)), ((3, 1, 257), -2),
+                                         ((13, 1), [-1]), ((7, 3), -1)])
+def test_vector_norm_over_size_1_dims_counted_from_the_back(tmp_path, monkeypatch, shape, dims):
+    """vector_norm (torch-mlir's) drops a reduced dim of size 1 given as a negative index,
+    as eager does, under every supported torch (2.11's shape rule kept it, and torch-mlir
+    then failed to lower the op)."""
+    pytest.importorskip("torch_mlir")
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    x = torch.randn(*shape)
+    want = _vector_norm(x, dims)
+    got = kf.jit(_vector_norm, target="cpu")(x, dims)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)

@@ -251,6 +251,9 @@ def test_program_fast_lane_pointer_order(fake_driver, tmp_path):
         from kf.runtime import cuda as kcuda, programs
         from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
         kcuda._raw_stream_getter = lambda: (lambda device: 0x5200)
+        # CPU tensors, so no current CUDA device: a CUDA build of torch on a machine
+        # without a GPU would raise asking for it, as a CPU build does not
+        programs._output_allocator = lambda: (None, lambda: None)
         ins = (TensorArg("a", (4, 8), "f32"), TensorArg("b", (8,), "f32"))
         outs = (TensorArg("0", (4, 8), "f32"), TensorArg("1", (4,), "i32"))
         order = (3, 0, 2, 1)  # buffers: a, b, out0, out1
