@@ -311,10 +311,18 @@ class RegionRunner:
 
 
 def _restride(t, stride):
-    """t with the strides the graph promises for it (kf returns contiguous tensors)."""
+    """t with the strides the graph promises for it (kf returns contiguous tensors).
+
+    A promised stride of 0 on a dim longer than 1 is a broadcast (eager returned an
+    ``expand``): its values are equal along that dim, so one slice of t is stored and
+    expanded, since no tensor with overlapping elements can be copied into."""
     if stride is None or not isinstance(t, torch.Tensor) or t.stride() == stride or t.numel() <= 1:
         return t
-    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    shape = t.shape
+    broadcast = [st == 0 and n > 1 for n, st in zip(shape, stride)]
+    if any(broadcast):
+        t = t[tuple(slice(0, 1) if b else slice(None) for b in broadcast)]
+    out = torch.empty_strided(t.shape, tuple(stride), dtype=t.dtype, device=t.device)
     out.copy_(t)
-    return out
+    return out.expand(shape) if any(broadcast) else out
 

@@ -125,6 +125,29 @@ def test_odd_sizes_and_strided_outputs(n):
         assert a.shape == b.shape
 
 
+def test_broadcast_outputs_keep_eager_strides():
+    """An output eager returns as an expand (stride 0 on a dim longer than 1) comes back
+    with those strides and eager's values; writing kf's contiguous result into such a
+    layout is an overlapping copy that torch refuses."""
+    def f(x, w):
+        y = (x * w).sum(-1, keepdim=True)
+        return y.expand(-1, 5) + 0 * y.expand(-1, 5), (x + 1)[:, None, :].expand(-1, 3, -1)
+
+    x, w = torch.randn(7, 4), torch.randn(4)
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager"})
+    for got, want in zip(c(x, w), f(x, w)):
+        torch.testing.assert_close(got, want)
+        assert got.shape == want.shape
+
+
+def test_restride_of_a_broadcast_layout():
+    from kf.backend.regions import _restride
+
+    want = torch.randn(2, 1, 5).expand(2, 4, 5)  # strides (5, 0, 1)
+    got = _restride(want.contiguous(), want.stride())
+    assert got.stride() == want.stride() and torch.equal(got, want)
+
+
 def test_empty_input():
     f = torch.compile(lambda x: (x * 3).exp(), backend="kf", options={"target": "cpu", "fallback": "eager"})
     x = torch.randn(0, 4)
