@@ -667,86 +667,96 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
         _expand_logsumexp(op)
     for op in [o.operation for o in block.operations if _column_reduction(o.operation) is not None]:
         _recompute_column_operands(op)
-    body = [op.operation for op in block.operations]
-    views = _view_reshapes(body)
-    view_ids = {id(op) for op in views}
-    kernel_ops = [op for op in body
-                  if op.name.startswith("kf.") and op.name not in _FREE | _HOST and id(op) not in view_ids]
-    scalars = _free_scalars(kernel_ops)
-    # What every kernel that reads it computes itself (these and the fills), by result:
-    # an Operation's Python object, and so its hash, may be replaced while kernels are
-    # built; a Value hashes by the IR value.
-    cloned = {op.result for op in scalars}
-    kernel_ops = [op for op in kernel_ops if op.result not in cloned] if cloned else kernel_ops
-    part = partition(kernel_ops)
-    _absorb(part)
-    # Kernel names become PTX/SPIR-V/MSL identifiers: keep letters, digits and "_"
-    # (a lambda is called "<lambda>").
-    fname = re.sub(r"\W", "_", ir.StringAttr(f.attributes["sym_name"]).value).strip("_") or "kernel"
+    copied: set = set()  # results of reshapes a kernel computes rather than views
+    while True:
+        body = [op.operation for op in block.operations]
+        views = [op for op in _view_reshapes(body) if op.result not in copied]
+        view_ids = {id(op) for op in views}
+        kernel_ops = [op for op in body
+                      if op.name.startswith("kf.") and op.name not in _FREE | _HOST and id(op) not in view_ids]
+        scalars = _free_scalars(kernel_ops)
+        # What every kernel that reads it computes itself (these and the fills), by result:
+        # an Operation's Python object, and so its hash, may be replaced while kernels are
+        # built; a Value hashes by the IR value.
+        cloned = {op.result for op in scalars}
+        kernel_ops = [op for op in kernel_ops if op.result not in cloned] if cloned else kernel_ops
+        part = partition(kernel_ops)
+        _absorb(part)
+        # Kernel names become PTX/SPIR-V/MSL identifiers: keep letters, digits and "_"
+        # (a lambda is called "<lambda>").
+        fname = re.sub(r"\W", "_", ir.StringAttr(f.attributes["sym_name"]).value).strip("_") or "kernel"
 
-    # Fills that something other than a kernel uses (a return, a fallback call) need a
-    # kernel of their own.
-    in_kernel = set(kernel_ops) | set(scalars)
-    for op in body:
-        if op.name in _FREE:
-            if any(u.owner not in in_kernel for u in op.result.uses):
-                kernel_ops.append(op)
-                part.ops.append(op)
-                part.index[op] = len(part.ops) - 1
-                part.new("generic", [len(part.ops) - 1])
-            else:
-                cloned.add(op.result)
+        # Fills that something other than a kernel uses (a return, a fallback call) need a
+        # kernel of their own.
+        in_kernel = set(kernel_ops) | set(scalars)
+        for op in body:
+            if op.name in _FREE:
+                if any(u.owner not in in_kernel for u in op.result.uses):
+                    kernel_ops.append(op)
+                    part.ops.append(op)
+                    part.index[op] = len(part.ops) - 1
+                    part.new("generic", [len(part.ops) - 1])
+                else:
+                    cloned.add(op.result)
 
-    def leaves(op: ir.Operation, clones: list, inputs: list) -> None:
-        """What op reads, through the ops kernels clone: those go to clones (operands
-        first), the values computed elsewhere to inputs (each once)."""
-        for v in op.operands:
-            if v in cloned:
-                d = defining(v)
-                if all(c.result != v for c in clones):
-                    leaves(d, clones, inputs)
-                    clones.append(d)
-            elif v not in inputs:
-                inputs.append(v)
-    # Units in schedule order: groups and host ops, topologically sorted by first op.
-    order = {op: i for i, op in enumerate(body)}
-    units: list[tuple[str, object]] = [("group", gid) for gid in part.groups]
-    units += [("host", op) for op in body if op.name in _HOST or id(op) in view_ids]
+        def leaves(op: ir.Operation, clones: list, inputs: list) -> None:
+            """What op reads, through the ops kernels clone: those go to clones (operands
+            first), the values computed elsewhere to inputs (each once)."""
+            for v in op.operands:
+                if v in cloned:
+                    d = defining(v)
+                    if all(c.result != v for c in clones):
+                        leaves(d, clones, inputs)
+                        clones.append(d)
+                elif v not in inputs:
+                    inputs.append(v)
+        # Units in schedule order: groups and host ops, topologically sorted by first op.
+        order = {op: i for i, op in enumerate(body)}
+        units: list[tuple[str, object]] = [("group", gid) for gid in part.groups]
+        units += [("host", op) for op in body if op.name in _HOST or id(op) in view_ids]
 
-    def unit_ops(u):
-        return [part.ops[i] for i in part.groups[u[1]].ops] if u[0] == "group" else [u[1]]
+        def unit_ops(u):
+            return [part.ops[i] for i in part.groups[u[1]].ops] if u[0] == "group" else [u[1]]
 
-    unit_of = {}
-    for u in units:
-        for op in unit_ops(u):
-            unit_of[op] = u
-    deps = {u: set() for u in units}
-    for u in units:
-        for op in unit_ops(u):
-            reads: list = []
-            leaves(op, [], reads)
-            for v in reads:
-                d = defining(v)
-                if d is not None and d in unit_of and unit_of[d] != u:
-                    deps[u].add(unit_of[d])
-    users = {u: set() for u in units}
-    for u, ds in deps.items():
-        for d in ds:
-            users[d].add(u)
-    first = {u: min(order[op] for op in unit_ops(u)) for u in units}
-    indeg = {u: len(deps[u]) for u in units}
-    heap = [(first[u], i, u) for i, u in enumerate(units) if indeg[u] == 0]
-    heapq.heapify(heap)
-    uid = {u: i for i, u in enumerate(units)}
-    schedule = []
-    while heap:
-        _, _, u = heapq.heappop(heap)
-        schedule.append(u)
-        for w in users[u]:
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                heapq.heappush(heap, (first[w], uid[w], w))
-    assert len(schedule) == len(units), "kf-fuse produced a cyclic schedule"
+        unit_of = {}
+        for u in units:
+            for op in unit_ops(u):
+                unit_of[op] = u
+        deps = {u: set() for u in units}
+        for u in units:
+            for op in unit_ops(u):
+                reads: list = []
+                leaves(op, [], reads)
+                for v in reads:
+                    d = defining(v)
+                    if d is not None and d in unit_of and unit_of[d] != u:
+                        deps[u].add(unit_of[d])
+        users = {u: set() for u in units}
+        for u, ds in deps.items():
+            for d in ds:
+                users[d].add(u)
+        first = {u: min(order[op] for op in unit_ops(u)) for u in units}
+        indeg = {u: len(deps[u]) for u in units}
+        heap = [(first[u], i, u) for i, u in enumerate(units) if indeg[u] == 0]
+        heapq.heapify(heap)
+        uid = {u: i for i, u in enumerate(units)}
+        schedule = []
+        while heap:
+            _, _, u = heapq.heappop(heap)
+            schedule.append(u)
+            for w in users[u]:
+                indeg[w] -= 1
+                if indeg[w] == 0:
+                    heapq.heappush(heap, (first[w], uid[w], w))
+        if len(schedule) == len(units):
+            break
+        # A view reshape between two ops of one kernel (a row statistic reshaped, then
+        # read by the same kernel's epilogue) closes a cycle: that reshape is computed
+        # inside the kernel instead, and the function is partitioned again.
+        done = set(schedule)
+        stuck = [u[1] for u in units if u not in done and u[0] == "host" and id(u[1]) in view_ids]
+        assert stuck, "kf-fuse produced a cyclic schedule"
+        copied |= {op.result for op in stuck}
 
     ret = next(op for op in body if op.name == "func.return")
     mapping: dict = {}

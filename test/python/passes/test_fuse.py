@@ -360,3 +360,34 @@ def test_gemm_backward_reads_transposed_operands_in_place():
         if '"kf.transpose"' in k:
             assert '"kf.matmul"' in k, k  # only as a matmul's operand
     assert sum('"kf.transpose"' in k for k in kernels) == 4
+
+
+def _lse_times_mask(x, m):
+    return (torch.logsumexp(x, dim=-1, keepdim=True).squeeze(1) * m).sum()
+
+
+def _lse_and_softmax(x):
+    lse = torch.logsumexp(x, -1)
+    return lse.sum(), torch.exp(x - lse[:, None])
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan", "cuda"])
+@pytest.mark.parametrize("fn", [_lse_times_mask, _lse_and_softmax])
+def test_a_reshaped_row_statistic_read_by_its_own_kernel(fn, target):
+    """A row statistic reshaped and then read by the same kernel's epilogue: the
+    reshape, as a view between two ops of one kernel, closed a cycle in the schedule
+    (kf-fuse asserted on GPU targets); it is computed inside the kernel instead."""
+    import kf
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    for n in (1, 7, 257):
+        args = (torch.randn(n, 33),) if fn is _lse_and_softmax else (torch.randn(n, 33), torch.randn(n))
+        f = kf.jit(fn, target=target)
+        if target == "cuda":
+            assert kf.inspect(f, *args).ptx.count(".entry") >= 1
+            continue
+        got, want = f(*args), fn(*args)
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(a, b)
