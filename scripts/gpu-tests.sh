@@ -2,7 +2,8 @@
 # Runs on a CUDA machine every test that skips without a CUDA GPU (pytest --gpu-only, see
 # test/python/conftest.py), in chunks that each finish well inside 9 minutes:
 #
-#   scripts/gpu-tests.sh OUT_DIR [CHUNK ...]     # chunks: rowwise strategies passes rest machine (default: all)
+#   scripts/gpu-tests.sh OUT_DIR [CHUNK ...]     # chunks: rowwise strategies passes rest machine
+#                                                #   vulkan vulkan-passes spirv (default: all)
 #
 # Each chunk runs with pytest-xdist (-n 12), pytest-timeout (--timeout 240 a test) and a
 # wall-clock limit of its own; it writes OUT_DIR/CHUNK.xml (JUnit), OUT_DIR/CHUNK.log (the
@@ -15,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 if (($# < 1)); then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 OUT=$(realpath -m "$1")
@@ -41,8 +42,14 @@ declare -A CHUNKS=(
              test/python/compiler/test_cache.py test/python/compiler/test_guards.py test/python/compiler/test_capture.py
              test/python/compiler/test_training.py test/python/compiler/backend/test_backend.py
              test/python/compiler/test_torch_mlir_import.py test/python/passes/test_to_cpu.py"
+  # The Vulkan target on the machine's own driver (source shared/device/vulkan-prelude.sh
+  # first): the tests that run on lavapipe elsewhere, where a real GPU's limits pick other
+  # tiles and subgroup paths, and its compiler may fuse, flush or reorder what lavapipe does not.
+  [vulkan]="-k vulkan test/python/compiler test/python/runtime test/python/conformance"
+  [vulkan-passes]="-k vulkan test/python/passes"
+  [spirv]="test/python/passes/spirv test/python/passes/test_to_spirv.py test/python/passes/test_scalar_math.py"
 )
-ORDER=(rowwise strategies passes rest machine)
+ORDER=(rowwise strategies passes rest machine vulkan vulkan-passes spirv)
 (($#)) && ORDER=("$@")
 for c in "${ORDER[@]}"; do
   [[ -n ${CHUNKS[$c]:-} ]] || { echo "gpu-tests: no chunk '$c' (one of: ${!CHUNKS[*]})" >&2; exit 2; }
