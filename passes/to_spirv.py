@@ -29,8 +29,10 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
 3. runs ``gpu.module(convert-math-to-spirv), convert-gpu-to-spirv,
    spirv.module(spirv-lower-abi-attrs, spirv-update-vce)``;
 4. gives every entry point the execution mode ``SignedZeroInfNanPreserve`` (SPV_KHR_float_controls)
-   for the float widths it computes in: without it a Vulkan driver may assume that no inf,
-   NaN or -0.0 occurs (Mesa folds ``x - x`` to 0), and torch's results are IEEE's;
+   for the float widths it has values of: without it a Vulkan driver may assume that no
+   inf, NaN or -0.0 occurs (Mesa folds ``x - x`` to 0), and torch's results are IEEE's;
+   and ``DenormPreserve`` and ``RoundingModeRTE`` where the ``float-controls`` option (the
+   device's, ``DeviceLimits.float_controls``) has them (``spirv/ieee.py``);
 5. repairs two things in upstream's SPIR-V dialect output:
    - an ``scf.for`` result lives in a Function variable that upstream stores only inside
      the loop body, so a loop that runs zero times (a thread whose strided slice is
@@ -88,7 +90,7 @@ from mlir.passmanager import PassManager
 from .base import KfPass, PassError
 from .spirv.bounds import loop_iterations
 from .spirv.expand_math import expand_math
-from .spirv.ieee import preserve_inf_nan, shield_zero_operands
+from .spirv.ieee import FLOAT_MODES, declare_float_controls, shield_zero_operands
 from .spirv.memory import (ELEM_BYTES, elem_name, memory_space, mentions_bf16, rewrite_memory, scalarize_vector_memory,
                            workgroup_bytes)
 from .spirv.repairs import initialize_loop_results, unwrap_workgroup_arrays
@@ -99,7 +101,8 @@ from .strategies.emit import lower_fp8_conversions
 #: requirements to what it really uses, so an f32 kernel needs only Shader.
 DEFAULT_CAPABILITIES = ("Shader", "Int64", "Int16", "Int8", "Float16", "StorageBuffer16BitAccess",
                         "StorageBuffer8BitAccess", "GroupNonUniform", "GroupNonUniformArithmetic",
-                        "GroupNonUniformBallot", "GroupNonUniformShuffle", "SignedZeroInfNanPreserve")
+                        "GroupNonUniformBallot", "GroupNonUniformShuffle", "SignedZeroInfNanPreserve",
+                        "DenormPreserve", "RoundingModeRTE")
 DEFAULT_EXTENSIONS = ("SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_storage", "SPV_KHR_8bit_storage",
                       "SPV_KHR_float_controls")
 #: Limits that nearly every Vulkan compute device meets (lavapipe: 32 KiB, 1024).
@@ -187,6 +190,9 @@ class ToSpirvPass(KfPass):
     capabilities: str = ",".join(DEFAULT_CAPABILITIES)
     shared_memory_bytes: int = DEFAULT_SHARED_BYTES
     subgroup_size: int = 32  # what gpu.shuffle widths must equal; lavapipe's is 8
+    #: the device's float controls ("+"-joined names of runtime/abi.py's FLOAT_CONTROLS):
+    #: which of DenormPreserve and RoundingModeRTE the kernels may declare
+    float_controls: str = "preserve16+preserve32"
 
     def __post_init__(self):
         # Checked when the pass is made: a bad workgroup size was a raw ValueError of
@@ -201,8 +207,15 @@ class ToSpirvPass(KfPass):
                     f"shared-memory-bytes must be 0 or more, got {self.shared_memory_bytes}",
                     None if 1 <= sg <= 128 and sg & (sg - 1) == 0 else
                     f"subgroup-size must be a power of two from 1 to 128 (a Vulkan subgroup size), got {sg}"]
+        bad = [c for c in self.controls() if c.rstrip("0123456789") not in FLOAT_MODES.values()
+               or c.lstrip("abcdefghijklmnopqrstuvwxyz") not in ("16", "32", "64")]
+        problems.append(f"float-controls names preserveN, denormN or rteN (N = 16, 32, 64) joined by '+', "
+                        f"got {', '.join(bad)}" if bad else None)
         for problem in filter(None, problems):
             raise ValueError(f"pass '{self.NAME}': {problem}")
+
+    def controls(self) -> tuple[str, ...]:
+        return tuple(c for c in self.float_controls.split("+") if c and c != "none")
 
     def run(self, module: ir.Operation) -> None:
         gmods = [op.operation for op in module.regions[0].blocks[0].operations if op.operation.name == "gpu.module"]
@@ -245,7 +258,7 @@ class ToSpirvPass(KfPass):
         spv_by_name = {op.operation.attributes["sym_name"].value: op.operation
                        for op in top.operations if op.operation.name == "spirv.module"}
         for spv in spv_by_name.values():
-            preserve_inf_nan(spv)
+            declare_float_controls(spv, self.controls())
         _run(module, "spirv.module(spirv-update-vce)")
         for spv in spv_by_name.values():
             with spv.location:

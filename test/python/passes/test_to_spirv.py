@@ -217,3 +217,27 @@ def test_kernels_ask_for_signed_zero_inf_nan_preserve():
     assert "SignedZeroInfNanPreserve" in kernel.capabilities
     assert "SPV_KHR_float_controls" in kernel.extensions
     assert vulkan.device().features["shaderSignedZeroInfNanPreserveFloat32"]
+
+
+@pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device")
+@pytest.mark.parametrize("name", sorted(EXACT) + sorted(APPROX))
+def test_every_float_kernel_declares_the_preserve_mode(name):
+    """Every entry point of every kernel that has f32 values -- also one of compares and
+    selects only (``where``; ``x + 0``, rewritten so) -- declares SignedZeroInfNanPreserve
+    for 32 bits: a driver may otherwise assume no NaN and no -0.0 (NVIDIA's does), and
+    ``x > 0 ? x : 0`` drops NaN. The device's other float controls follow its limits
+    (lavapipe: RoundingModeRTE, no DenormPreserve)."""
+    import re
+
+    fn = {**EXACT, **APPROX}[name]
+    for n in (1, len(SPECIAL), 257):
+        spirv = kf.inspect(kf.jit(fn, target="vulkan"), torch.ones(n)).stages.get("spirv")
+        if spirv is None:
+            continue  # no kernel: kf returns the input (x * 1)
+        entries = re.findall(r"OpEntryPoint GLCompute %(\w+)", spirv)
+        assert entries
+        floats = vulkan.device().target_limits().float_controls
+        for e in entries:
+            assert f"OpExecutionMode %{e} SignedZeroInfNanPreserve 32" in spirv, (name, n)
+            assert (f"OpExecutionMode %{e} RoundingModeRTE 32" in spirv) == ("rte32" in floats), (name, n)
+            assert (f"OpExecutionMode %{e} DenormPreserve 32" in spirv) == ("denorm32" in floats), (name, n)
