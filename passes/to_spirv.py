@@ -32,7 +32,10 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
    for the float widths it has values of: without it a Vulkan driver may assume that no
    inf, NaN or -0.0 occurs (Mesa folds ``x - x`` to 0), and torch's results are IEEE's;
    and ``DenormPreserve`` and ``RoundingModeRTE`` where the ``float-controls`` option (the
-   device's, ``DeviceLimits.float_controls``) has them (``spirv/ieee.py``);
+   device's, ``DeviceLimits.float_controls``) has them (``spirv/ieee.py``); every float
+   multiply, add and subtract is decorated ``NoContraction`` (unless ``contract``): a
+   driver may otherwise fuse ``a * b + c`` into an fma (NVIDIA's does), which kf's exact
+   expansions and torch's per-op rounding exclude;
 5. repairs two things in upstream's SPIR-V dialect output:
    - an ``scf.for`` result lives in a Function variable that upstream stores only inside
      the loop body, so a loop that runs zero times (a thread whose strided slice is
@@ -90,7 +93,7 @@ from mlir.passmanager import PassManager
 from .base import KfPass, PassError
 from .spirv.bounds import loop_iterations
 from .spirv.expand_math import expand_math
-from .spirv.ieee import FLOAT_MODES, declare_float_controls, shield_zero_operands
+from .spirv.ieee import FLOAT_MODES, declare_float_controls, forbid_contraction, shield_zero_operands
 from .spirv.memory import (ELEM_BYTES, elem_name, memory_space, mentions_bf16, rewrite_memory, scalarize_vector_memory,
                            workgroup_bytes)
 from .spirv.repairs import initialize_loop_results, unwrap_workgroup_arrays
@@ -193,6 +196,9 @@ class ToSpirvPass(KfPass):
     #: the device's float controls ("+"-joined names of runtime/abi.py's FLOAT_CONTROLS):
     #: which of DenormPreserve and RoundingModeRTE the kernels may declare
     float_controls: str = "preserve16+preserve32"
+    #: let the driver fuse a * b + c into an fma (false: every float multiply, add and
+    #: subtract is NoContraction, so results are the same on every driver)
+    contract: bool = False
 
     def __post_init__(self):
         # Checked when the pass is made: a bad workgroup size was a raw ValueError of
@@ -259,6 +265,8 @@ class ToSpirvPass(KfPass):
                        for op in top.operations if op.operation.name == "spirv.module"}
         for spv in spv_by_name.values():
             declare_float_controls(spv, self.controls())
+            if not self.contract:
+                forbid_contraction(spv)
         _run(module, "spirv.module(spirv-update-vce)")
         for spv in spv_by_name.values():
             with spv.location:

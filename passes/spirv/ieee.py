@@ -140,3 +140,22 @@ def declare_float_controls(spv: ir.Operation, controls: tuple[str, ...]) -> None
                 for w in widths:
                     spirv_d.ExecutionModeOp(op.attributes["fn"], attr, ir.ArrayAttr.get([ir.IntegerAttr.get(i32, w)]),
                                             ip=ir.InsertionPoint(body))
+
+
+#: SPIR-V arithmetic a driver may contract with another instruction (a * b + c into an fma)
+_CONTRACTIBLE = ("spirv.FMul", "spirv.FAdd", "spirv.FSub", "spirv.VectorTimesScalar")
+
+
+def forbid_contraction(spv: ir.Operation) -> None:
+    """Decorate every float multiply, add and subtract ``NoContraction``.
+
+    SPIR-V lets a driver fuse ``a * b + c`` into one fma (one rounding instead of two)
+    unless the operations are decorated; NVIDIA's compiler does, lavapipe does not. kf's
+    exact expansions (the Payne-Hanek reduction and two-float products of sin/cos,
+    Cephes asin/acos in ``expand_math.py``) are only right with each product rounded on
+    its own, and torch's CPU kernels round each elementwise op, so every such op is
+    decorated: the results are the same on every driver."""
+    unit = ir.UnitAttr.get()
+    for op in walk_ops(spv.regions[0].blocks[0]):
+        if op.name in _CONTRACTIBLE:
+            op.attributes["no_contraction"] = unit

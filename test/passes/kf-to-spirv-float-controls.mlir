@@ -9,6 +9,8 @@
 // The binaries pass spirv-val with every mode declared:
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{float-controls=preserve16+preserve32+denorm16+denorm32+rte16+rte32})' | FileCheck %s --check-prefix=BIN
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{float-controls=denorm8})' 2>&1 | FileCheck %s --check-prefix=BAD
+// With contract=true the driver may fuse a * b + c (no NoContraction):
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-to-spirv{serialize=false contract=true})' | FileCheck %s --check-prefix=FMA
 // REQUIRES: spirv-val
 // BAD: float-controls names preserveN, denormN or rteN (N = 16, 32, 64) joined by '+', got denorm8
 
@@ -51,7 +53,11 @@ module attributes {gpu.container_module} {
 // An f32 -> f16 conversion at the store: RoundingModeRTE for 16 (and 32) rounds it to
 // nearest even, as torch does; without rte16 (NO16) no width gets DenormPreserve or
 // RoundingModeRTE (the modes are declared for every width the kernel has, or none).
+// Every float multiply, add and subtract is NoContraction: a driver may not fuse x * x + x
+// into an fma (NVIDIA's compiler does where it may), so each rounds as in torch.
 // LVP-LABEL: spirv.module @__spv__kf_kernels
+// LVP: spirv.FMul {{.*}} {no_contraction} : f32
+// LVP: spirv.FAdd {{.*}} {no_contraction} : f32
 // LVP: spirv.FConvert
 // LVP-DAG: spirv.ExecutionMode @to_half "SignedZeroInfNanPreserve", 16
 // LVP-DAG: spirv.ExecutionMode @to_half "SignedZeroInfNanPreserve", 32
@@ -61,6 +67,10 @@ module attributes {gpu.container_module} {
 // NV-DAG: spirv.ExecutionMode @to_half "RoundingModeRTE", 32
 // NV-DAG: spirv.ExecutionMode @to_half "DenormPreserve", 16
 // NV-DAG: spirv.ExecutionMode @to_half "DenormPreserve", 32
+// FMA: spirv.func @to_half()
+// FMA: spirv.FMul
+// FMA-NOT: no_contraction
+// FMA: spirv.Return
 // NO16-LABEL: spirv.module @__spv__kf_kernels
 // NO16: spirv.func @to_half()
 // NO16-NOT: ExecutionMode {{.*}}"DenormPreserve"
@@ -73,7 +83,8 @@ module attributes {gpu.container_module} {
         attributes {known_block_size = array<i32: 8, 1, 1>} {
       %i = gpu.thread_id x
       %x = memref.load %a[%i] : memref<8xf32>
-      %y = arith.mulf %x, %x : f32
+      %m = arith.mulf %x, %x : f32
+      %y = arith.addf %m, %x : f32
       %h = arith.truncf %y : f32 to f16
       memref.store %h, %o[%i] : memref<8xf16>
       gpu.return
