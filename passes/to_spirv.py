@@ -9,7 +9,7 @@ the pass option ``workgroup-size`` (the KernelABI block size).
 
 What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
 
-1. attaches ``spirv.target_env`` (Vulkan, SPIR-V 1.3, the capabilities below) to the
+1. attaches ``spirv.target_env`` (Vulkan, SPIR-V 1.4, the capabilities below) to the
    gpu.module and ``spirv.entry_point_abi<workgroup_size = ...>`` to every kernel;
 2. prepares what upstream ``convert-gpu-to-spirv`` (LLVM 22) cannot take:
    - ``#gpu.address_space<workgroup|private>`` becomes ``#spirv.storage_class<Workgroup|
@@ -269,6 +269,7 @@ class ToSpirvPass(KfPass):
                 forbid_contraction(spv)
         _run(module, "spirv.module(spirv-update-vce)")
         for spv in spv_by_name.values():
+            _at_least_spirv_1_4(spv)
             with spv.location:
                 initialize_loop_results(spv)
                 unwrap_workgroup_arrays(spv)
@@ -306,7 +307,7 @@ class ToSpirvPass(KfPass):
         if "spirv.target_env" in gm.attributes:
             return
         caps = [c.strip() for c in self.capabilities.split(",") if c.strip()]
-        text = (f"#spirv.target_env<#spirv.vce<v1.3, [{', '.join(caps)}], [{', '.join(DEFAULT_EXTENSIONS)}]>, "
+        text = (f"#spirv.target_env<#spirv.vce<v1.4, [{', '.join(caps)}], [{', '.join(DEFAULT_EXTENSIONS)}]>, "
                 f"api=Vulkan, #spirv.resource_limits<max_compute_shared_memory_size = {self.shared_memory_bytes}, "
                 f"max_compute_workgroup_invocations = {DEFAULT_MAX_INVOCATIONS}, "
                 f"max_compute_workgroup_size = [1024, 1024, 64], subgroup_size = {self.subgroup_size}>>")
@@ -360,6 +361,21 @@ class ToSpirvPass(KfPass):
         if not out:
             raise PassError(f"gpu.module @{gm.attributes['sym_name'].value} has no kernel", gm.location)
         return out
+
+
+def _at_least_spirv_1_4(spv: ir.Operation) -> None:
+    """Keep the module at SPIR-V 1.4 (spirv-update-vce lowers it to the least its ops need).
+
+    From 1.4 an entry point lists every global variable it uses -- its storage buffers and
+    its workgroup arrays -- and spirv-lower-abi-attrs lists them so for a 1.4 target. Under
+    1.3 the interface names only Input variables, so a driver (and Vulkan's validation)
+    cannot tell which of a module's workgroup arrays an entry point uses and may count them
+    all against maxComputeSharedMemorySize: kf's MoE module, each kernel within 32 KiB,
+    counted 50 KiB per entry point. Vulkan 1.2, which kf's device asks for, takes 1.4."""
+    text = str(spv.attributes["vce_triple"])
+    m = re.match(r"#spirv\.vce<v1\.(\d+),", text)
+    if m and int(m.group(1)) < 4:
+        spv.attributes["vce_triple"] = ir.Attribute.parse(text.replace(m.group(0), "#spirv.vce<v1.4,", 1))
 
 
 def _is_capability(name: str) -> bool:
@@ -463,7 +479,7 @@ def _object_bytes(binary_op: ir.Operation) -> bytes:
 
 
 def validate(binary: bytes, name: str = "module", location: ir.Location | None = None) -> None:
-    """Run ``spirv-val --target-env vulkan1.1`` on binary; raise with its output and a
+    """Run ``spirv-val --target-env vulkan1.2`` on binary; raise with its output and a
     reproducer (the binary is kept on disk) when it rejects the module. No tool: no check."""
     tool = shutil.which("spirv-val")
     if tool is None:
@@ -471,10 +487,10 @@ def validate(binary: bytes, name: str = "module", location: ir.Location | None =
     with tempfile.NamedTemporaryFile(suffix=".spv", delete=False, prefix=f"kf-{name}-") as f:
         f.write(binary)
         path = f.name
-    r = subprocess.run([tool, "--target-env", "vulkan1.1", path], capture_output=True, text=True)
+    r = subprocess.run([tool, "--target-env", "vulkan1.2", path], capture_output=True, text=True)
     if r.returncode != 0:
         raise SpirvValidationError(f"spirv-val rejected @{name}:\n{r.stdout}{r.stderr}\nreproduce: "
-                                   f"{tool} --target-env vulkan1.1 {path}", location)
+                                   f"{tool} --target-env vulkan1.2 {path}", location)
     os.unlink(path)
 
 

@@ -36,7 +36,7 @@ def test_spirv_val_accepts(elem, tmp_path):
     binary, kernel = compile_one(elementwise_kernel(1000, elem, 256))
     path = tmp_path / "k.spv"
     path.write_bytes(binary)
-    r = subprocess.run(["spirv-val", "--target-env", "vulkan1.1", str(path)], capture_output=True, text=True)
+    r = subprocess.run(["spirv-val", "--target-env", "vulkan1.2", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert [b.binding for b in kernel.bindings] == [0, 1, 2] and {b.set for b in kernel.bindings} == {0}
     assert kernel.workgroup_size == (256, 1, 1)
