@@ -255,7 +255,8 @@ def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool,
         from kf.runtime.abi import DeviceLimits
 
         dev = DeviceLimits.parse(limits)
-        options = {"shared_memory_bytes": dev.shared_bytes, "subgroup_size": dev.subgroup_size or 32}
+        options = {"shared_memory_bytes": dev.shared_bytes, "subgroup_size": dev.subgroup_size or 32,
+                   "float_controls": "+".join(dev.float_controls) or "none"}
     binaries = compile_spirv(module, **options)
     binary = next(b for b in binaries if b.name == GPU_MODULE)
     text = _spirv_text(binary.binary)

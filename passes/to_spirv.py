@@ -9,7 +9,7 @@ the pass option ``workgroup-size`` (the KernelABI block size).
 
 What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
 
-1. attaches ``spirv.target_env`` (Vulkan, SPIR-V 1.3, the capabilities below) to the
+1. attaches ``spirv.target_env`` (Vulkan, SPIR-V 1.4, the capabilities below) to the
    gpu.module and ``spirv.entry_point_abi<workgroup_size = ...>`` to every kernel;
 2. prepares what upstream ``convert-gpu-to-spirv`` (LLVM 22) cannot take:
    - ``#gpu.address_space<workgroup|private>`` becomes ``#spirv.storage_class<Workgroup|
@@ -29,8 +29,13 @@ What it does, in order (the upstream part is the pipeline checked in DESIGN.md):
 3. runs ``gpu.module(convert-math-to-spirv), convert-gpu-to-spirv,
    spirv.module(spirv-lower-abi-attrs, spirv-update-vce)``;
 4. gives every entry point the execution mode ``SignedZeroInfNanPreserve`` (SPV_KHR_float_controls)
-   for the float widths it computes in: without it a Vulkan driver may assume that no inf,
-   NaN or -0.0 occurs (Mesa folds ``x - x`` to 0), and torch's results are IEEE's;
+   for the float widths it has values of: without it a Vulkan driver may assume that no
+   inf, NaN or -0.0 occurs (Mesa folds ``x - x`` to 0), and torch's results are IEEE's;
+   and ``DenormPreserve`` and ``RoundingModeRTE`` where the ``float-controls`` option (the
+   device's, ``DeviceLimits.float_controls``) has them (``spirv/ieee.py``); every float
+   multiply, add and subtract is decorated ``NoContraction`` (unless ``contract``): a
+   driver may otherwise fuse ``a * b + c`` into an fma (NVIDIA's does), which kf's exact
+   expansions and torch's per-op rounding exclude;
 5. repairs two things in upstream's SPIR-V dialect output:
    - an ``scf.for`` result lives in a Function variable that upstream stores only inside
      the loop body, so a loop that runs zero times (a thread whose strided slice is
@@ -88,7 +93,7 @@ from mlir.passmanager import PassManager
 from .base import KfPass, PassError
 from .spirv.bounds import loop_iterations
 from .spirv.expand_math import expand_math
-from .spirv.ieee import preserve_inf_nan, shield_zero_operands
+from .spirv.ieee import FLOAT_MODES, declare_float_controls, forbid_contraction, shield_zero_operands
 from .spirv.memory import (ELEM_BYTES, elem_name, memory_space, mentions_bf16, rewrite_memory, scalarize_vector_memory,
                            workgroup_bytes)
 from .spirv.repairs import initialize_loop_results, unwrap_workgroup_arrays
@@ -99,7 +104,8 @@ from .strategies.emit import lower_fp8_conversions
 #: requirements to what it really uses, so an f32 kernel needs only Shader.
 DEFAULT_CAPABILITIES = ("Shader", "Int64", "Int16", "Int8", "Float16", "StorageBuffer16BitAccess",
                         "StorageBuffer8BitAccess", "GroupNonUniform", "GroupNonUniformArithmetic",
-                        "GroupNonUniformBallot", "GroupNonUniformShuffle", "SignedZeroInfNanPreserve")
+                        "GroupNonUniformBallot", "GroupNonUniformShuffle", "SignedZeroInfNanPreserve",
+                        "DenormPreserve", "RoundingModeRTE")
 DEFAULT_EXTENSIONS = ("SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_storage", "SPV_KHR_8bit_storage",
                       "SPV_KHR_float_controls")
 #: Limits that nearly every Vulkan compute device meets (lavapipe: 32 KiB, 1024).
@@ -187,6 +193,12 @@ class ToSpirvPass(KfPass):
     capabilities: str = ",".join(DEFAULT_CAPABILITIES)
     shared_memory_bytes: int = DEFAULT_SHARED_BYTES
     subgroup_size: int = 32  # what gpu.shuffle widths must equal; lavapipe's is 8
+    #: the device's float controls ("+"-joined names of runtime/abi.py's FLOAT_CONTROLS):
+    #: which of DenormPreserve and RoundingModeRTE the kernels may declare
+    float_controls: str = "preserve16+preserve32"
+    #: let the driver fuse a * b + c into an fma (false: every float multiply, add and
+    #: subtract is NoContraction, so results are the same on every driver)
+    contract: bool = False
 
     def __post_init__(self):
         # Checked when the pass is made: a bad workgroup size was a raw ValueError of
@@ -201,8 +213,15 @@ class ToSpirvPass(KfPass):
                     f"shared-memory-bytes must be 0 or more, got {self.shared_memory_bytes}",
                     None if 1 <= sg <= 128 and sg & (sg - 1) == 0 else
                     f"subgroup-size must be a power of two from 1 to 128 (a Vulkan subgroup size), got {sg}"]
+        bad = [c for c in self.controls() if c.rstrip("0123456789") not in FLOAT_MODES.values()
+               or c.lstrip("abcdefghijklmnopqrstuvwxyz") not in ("16", "32", "64")]
+        problems.append(f"float-controls names preserveN, denormN or rteN (N = 16, 32, 64) joined by '+', "
+                        f"got {', '.join(bad)}" if bad else None)
         for problem in filter(None, problems):
             raise ValueError(f"pass '{self.NAME}': {problem}")
+
+    def controls(self) -> tuple[str, ...]:
+        return tuple(c for c in self.float_controls.split("+") if c and c != "none")
 
     def run(self, module: ir.Operation) -> None:
         gmods = [op.operation for op in module.regions[0].blocks[0].operations if op.operation.name == "gpu.module"]
@@ -245,9 +264,12 @@ class ToSpirvPass(KfPass):
         spv_by_name = {op.operation.attributes["sym_name"].value: op.operation
                        for op in top.operations if op.operation.name == "spirv.module"}
         for spv in spv_by_name.values():
-            preserve_inf_nan(spv)
+            declare_float_controls(spv, self.controls())
+            if not self.contract:
+                forbid_contraction(spv)
         _run(module, "spirv.module(spirv-update-vce)")
         for spv in spv_by_name.values():
+            _at_least_spirv_1_4(spv)
             with spv.location:
                 initialize_loop_results(spv)
                 unwrap_workgroup_arrays(spv)
@@ -285,7 +307,7 @@ class ToSpirvPass(KfPass):
         if "spirv.target_env" in gm.attributes:
             return
         caps = [c.strip() for c in self.capabilities.split(",") if c.strip()]
-        text = (f"#spirv.target_env<#spirv.vce<v1.3, [{', '.join(caps)}], [{', '.join(DEFAULT_EXTENSIONS)}]>, "
+        text = (f"#spirv.target_env<#spirv.vce<v1.4, [{', '.join(caps)}], [{', '.join(DEFAULT_EXTENSIONS)}]>, "
                 f"api=Vulkan, #spirv.resource_limits<max_compute_shared_memory_size = {self.shared_memory_bytes}, "
                 f"max_compute_workgroup_invocations = {DEFAULT_MAX_INVOCATIONS}, "
                 f"max_compute_workgroup_size = [1024, 1024, 64], subgroup_size = {self.subgroup_size}>>")
@@ -339,6 +361,21 @@ class ToSpirvPass(KfPass):
         if not out:
             raise PassError(f"gpu.module @{gm.attributes['sym_name'].value} has no kernel", gm.location)
         return out
+
+
+def _at_least_spirv_1_4(spv: ir.Operation) -> None:
+    """Keep the module at SPIR-V 1.4 (spirv-update-vce lowers it to the least its ops need).
+
+    From 1.4 an entry point lists every global variable it uses -- its storage buffers and
+    its workgroup arrays -- and spirv-lower-abi-attrs lists them so for a 1.4 target. Under
+    1.3 the interface names only Input variables, so a driver (and Vulkan's validation)
+    cannot tell which of a module's workgroup arrays an entry point uses and may count them
+    all against maxComputeSharedMemorySize: kf's MoE module, each kernel within 32 KiB,
+    counted 50 KiB per entry point. Vulkan 1.2, which kf's device asks for, takes 1.4."""
+    text = str(spv.attributes["vce_triple"])
+    m = re.match(r"#spirv\.vce<v1\.(\d+),", text)
+    if m and int(m.group(1)) < 4:
+        spv.attributes["vce_triple"] = ir.Attribute.parse(text.replace(m.group(0), "#spirv.vce<v1.4,", 1))
 
 
 def _is_capability(name: str) -> bool:
@@ -442,7 +479,7 @@ def _object_bytes(binary_op: ir.Operation) -> bytes:
 
 
 def validate(binary: bytes, name: str = "module", location: ir.Location | None = None) -> None:
-    """Run ``spirv-val --target-env vulkan1.1`` on binary; raise with its output and a
+    """Run ``spirv-val --target-env vulkan1.2`` on binary; raise with its output and a
     reproducer (the binary is kept on disk) when it rejects the module. No tool: no check."""
     tool = shutil.which("spirv-val")
     if tool is None:
@@ -450,10 +487,10 @@ def validate(binary: bytes, name: str = "module", location: ir.Location | None =
     with tempfile.NamedTemporaryFile(suffix=".spv", delete=False, prefix=f"kf-{name}-") as f:
         f.write(binary)
         path = f.name
-    r = subprocess.run([tool, "--target-env", "vulkan1.1", path], capture_output=True, text=True)
+    r = subprocess.run([tool, "--target-env", "vulkan1.2", path], capture_output=True, text=True)
     if r.returncode != 0:
         raise SpirvValidationError(f"spirv-val rejected @{name}:\n{r.stdout}{r.stderr}\nreproduce: "
-                                   f"{tool} --target-env vulkan1.1 {path}", location)
+                                   f"{tool} --target-env vulkan1.2 {path}", location)
     os.unlink(path)
 
 

@@ -264,6 +264,35 @@ SUBGROUP_OPS = ("basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_rel
 #: VK_SHADER_STAGE_COMPUTE_BIT: subgroup operations count only where compute shaders have them.
 _COMPUTE_STAGE = 0x20
 
+#: The float controls (VkPhysicalDeviceFloatControlsProperties) kf's SPIR-V may declare,
+#: by the names kf uses: ``preserveN`` = shaderSignedZeroInfNanPreserveFloatN (inf, NaN and
+#: -0.0 kept: the SignedZeroInfNanPreserve execution mode), ``denormN`` =
+#: shaderDenormPreserveFloatN (subnormals kept: DenormPreserve), ``rteN`` =
+#: shaderRoundingModeRTEFloatN (round to nearest even, conversions included: RoundingModeRTE).
+FLOAT_CONTROLS = tuple(f"{kind}{w}" for kind in ("preserve", "denorm", "rte") for w in (16, 32, 64))
+_FLOAT_CONTROL_PROPERTY = {"preserve": "shaderSignedZeroInfNanPreserveFloat", "denorm": "shaderDenormPreserveFloat",
+                           "rte": "shaderRoundingModeRTEFloat"}
+#: What kf assumes of a device it cannot ask: inf, NaN and -0.0 kept in f16 and f32 (kf's
+#: kernels declare it whatever the device; the Vulkan launcher refuses a device without).
+DEFAULT_FLOAT_CONTROLS = ("preserve16", "preserve32")
+#: VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_ALL: each width's mode may be set on its own.
+_INDEPENDENCE_ALL = 1
+
+
+def float_controls_from_vulkan(props: dict) -> tuple[str, ...]:
+    """The FLOAT_CONTROLS a device has, from VkPhysicalDeviceFloatControlsProperties under
+    Vulkan's names. A device whose denormal (or rounding) modes are not independent per
+    width (``denormBehaviorIndependence`` / ``roundingModeIndependence`` not ALL) must set
+    them alike for every width: its denorm (rte) controls count only where it has all
+    three widths."""
+    have = {f"{kind}{w}" for kind, prop in _FLOAT_CONTROL_PROPERTY.items() for w in (16, 32, 64)
+            if props.get(f"{prop}{w}")}
+    for kind, independence in (("denorm", "denormBehaviorIndependence"), ("rte", "roundingModeIndependence")):
+        widths = {f"{kind}{w}" for w in (16, 32, 64)}
+        if int(props.get(independence, _INDEPENDENCE_ALL)) != _INDEPENDENCE_ALL and not widths <= have:
+            have -= widths
+    return tuple(f for f in FLOAT_CONTROLS if f in have)
+
 
 @dataclass(frozen=True)
 class DeviceLimits:
@@ -277,6 +306,10 @@ class DeviceLimits:
     ask (the Metal target, or no Vulkan here): 16 KiB of workgroup memory, 256
     invocations, and no subgroup operations -- what nearly every Vulkan and Metal device
     gives (Vulkan itself guarantees 16 KiB and 128).
+
+    ``float_controls`` (of FLOAT_CONTROLS) are the execution modes kf-to-spirv may declare
+    for the device: the same SPIR-V with and without DenormPreserve or RoundingModeRTE
+    gives other results, so they are part of the key too.
     """
 
     shared_bytes: int = 16 * 1024  # maxComputeSharedMemorySize
@@ -284,13 +317,15 @@ class DeviceLimits:
     workgroup_size: tuple[int, int, int] = (256, 256, 64)  # maxComputeWorkGroupSize
     subgroup_size: int = 32  # subgroupSize (0: unknown)
     subgroup_ops: tuple[str, ...] = ()  # of SUBGROUP_OPS, those compute shaders have
+    float_controls: tuple[str, ...] = DEFAULT_FLOAT_CONTROLS  # of FLOAT_CONTROLS, those the device has
 
     def spec(self) -> str:
         """The limits as one word of text (a pass option's value, a cache key's part)."""
         size = "x".join(map(str, self.workgroup_size))
         ops = "+".join(self.subgroup_ops) or "none"
+        floats = "+".join(self.float_controls) or "none"
         return (f"shared={self.shared_bytes},invocations={self.invocations},size={size},"
-                f"subgroup={self.subgroup_size},ops={ops}")
+                f"subgroup={self.subgroup_size},ops={ops},float={floats}")
 
     @staticmethod
     def parse(text: str) -> "DeviceLimits":
@@ -303,13 +338,17 @@ class DeviceLimits:
                                  f"(expected {DeviceLimits().spec()})")
             fields[key.strip()] = value.strip()
         known = {"shared", "invocations", "size", "subgroup", "ops"}
-        if set(fields) != known:
-            raise ValueError(f"device limits '{text}' must give exactly {', '.join(sorted(known))}")
+        # float may be left out: the defaults (DEFAULT_FLOAT_CONTROLS)
+        if not known <= set(fields) <= known | {"float"}:
+            raise ValueError(f"device limits '{text}' must give exactly {', '.join(sorted(known))} "
+                             f"(and optionally float)")
+        floats = tuple(f for f in fields.get("float", "+".join(DEFAULT_FLOAT_CONTROLS)).split("+")
+                       if f and f != "none")
         try:
             size = tuple(int(v) for v in fields["size"].split("x"))
             limits = DeviceLimits(int(fields["shared"]), int(fields["invocations"]), size,
                                   int(fields["subgroup"]),
-                                  tuple(o for o in fields["ops"].split("+") if o and o != "none"))
+                                  tuple(o for o in fields["ops"].split("+") if o and o != "none"), floats)
         except ValueError:
             raise ValueError(f"device limits '{text}': shared, invocations and subgroup are integers, size "
                              f"is AxBxC") from None
@@ -317,6 +356,10 @@ class DeviceLimits:
         if len(size) != 3 or unknown:
             raise ValueError(f"device limits '{text}': size has three numbers and ops are among "
                              f"{', '.join(SUBGROUP_OPS)} (got {size}, unknown ops {unknown})")
+        unknown = [f for f in floats if f not in FLOAT_CONTROLS]
+        if unknown:
+            raise ValueError(f"device limits '{text}': float controls are among {', '.join(FLOAT_CONTROLS)} "
+                             f"(unknown: {', '.join(unknown)})")
         return limits
 
     @staticmethod
@@ -324,11 +367,14 @@ class DeviceLimits:
         """The limits of a device from its Vulkan properties, given by Vulkan's own names:
         ``{"limits": {maxComputeSharedMemorySize, maxComputeWorkGroupInvocations,
         maxComputeWorkGroupSize}, "subgroup": {subgroupSize, supportedStages,
-        supportedOperations}}`` (what ``runtime/vulkan.py`` reads of a device, and what
-        the recorded devices of kf's tests hold)."""
+        supportedOperations}, "floatControls": {shaderSignedZeroInfNanPreserveFloat16, ...}}``
+        (what ``runtime/vulkan.py`` reads of a device, and what the recorded devices of
+        kf's tests hold; without floatControls, DEFAULT_FLOAT_CONTROLS)."""
         lim, sub = properties["limits"], properties.get("subgroup", {})
         stages, bits = int(sub.get("supportedStages", 0)), int(sub.get("supportedOperations", 0))
         ops = tuple(n for i, n in enumerate(SUBGROUP_OPS) if bits >> i & 1) if stages & _COMPUTE_STAGE else ()
+        controls = properties.get("floatControls")
+        floats = float_controls_from_vulkan(controls) if controls is not None else DEFAULT_FLOAT_CONTROLS
         return DeviceLimits(int(lim["maxComputeSharedMemorySize"]), int(lim["maxComputeWorkGroupInvocations"]),
                             tuple(int(v) for v in lim["maxComputeWorkGroupSize"]),
-                            int(sub.get("subgroupSize", 0)), ops)
+                            int(sub.get("subgroupSize", 0)), ops, floats)

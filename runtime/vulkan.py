@@ -162,8 +162,14 @@ def _make_device() -> Device:
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES)
         vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=controls))
-        for f in ("shaderSignedZeroInfNanPreserveFloat16", "shaderSignedZeroInfNanPreserveFloat32"):
-            features[f] = bool(getattr(controls, f))
+        float_controls = {f"{prop}{w}": bool(getattr(controls, f"{prop}{w}"))
+                          for prop in ("shaderSignedZeroInfNanPreserveFloat", "shaderDenormPreserveFloat",
+                                       "shaderRoundingModeRTEFloat") for w in (16, 32, 64)}
+        float_controls["denormBehaviorIndependence"] = int(controls.denormBehaviorIndependence)
+        float_controls["roundingModeIndependence"] = int(controls.roundingModeIndependence)
+        features.update({f: on for f, on in float_controls.items() if isinstance(on, bool)})
+    else:
+        float_controls = {}  # before 1.2 (no float controls): kernels that declare them are refused
     # before 1.2 only the core features are asked for: f16/i8/16-bit storage kernels are refused
     queue_info = vk.VkDeviceQueueCreateInfo(sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, queueFamilyIndex=qf,
                                             queueCount=1, pQueuePriorities=[1.0])
@@ -210,6 +216,7 @@ def _make_device() -> Device:
                    "minStorageBufferOffsetAlignment": int(lim.minStorageBufferOffsetAlignment),
                    "timestampPeriod": float(lim.timestampPeriod)},
         "subgroup": subgroup,
+        "floatControls": float_controls,
         "memoryHeapBytes": memory.heap_bytes, "unifiedMemory": memory.unified,
     }
     dev = Device(vk, instance, pd, handle, queue, qf, name, kind, api, features, limits,

@@ -32,8 +32,11 @@ CAPABILITY_FEATURE = {
     "Int16": ("core", "shaderInt16"), "Int64": ("core", "shaderInt64"), "Float64": ("core", "shaderFloat64"),
     "StorageBuffer16BitAccess": ("vulkan11", "storageBuffer16BitAccess"),
     "StorageBuffer8BitAccess": ("vulkan12", "storageBuffer8BitAccess"),
-    # kf-to-spirv asks for IEEE inf, NaN and signed zeros in every kernel that computes in floats
+    # kf-to-spirv asks for IEEE inf, NaN and signed zeros in every kernel that computes in floats,
+    # and keeps subnormals and rounds to nearest even where the device's float controls allow
     "SignedZeroInfNanPreserve": ("float_controls", "shaderSignedZeroInfNanPreserveFloat32"),
+    "DenormPreserve": ("float_controls", "shaderDenormPreserveFloat32"),
+    "RoundingModeRTE": ("float_controls", "shaderRoundingModeRTEFloat32"),
 }
 
 
@@ -171,9 +174,10 @@ class Device:
             feat = CAPABILITY_FEATURE.get(cap)
             if feat and not self.features.get(feat[1], False):
                 missing.append(f"{cap} (needs {feat[1]})")
-            if cap == "SignedZeroInfNanPreserve" and "Float16" in kernel.extra.get("spirv_capabilities", ()) and \
-                    not self.features.get("shaderSignedZeroInfNanPreserveFloat16", False):
-                missing.append(f"{cap} (needs shaderSignedZeroInfNanPreserveFloat16)")
+            if feat and feat[0] == "float_controls" and "Float16" in kernel.extra.get("spirv_capabilities", ()):
+                half = feat[1].replace("Float32", "Float16")
+                if not self.features.get(half, False):
+                    missing.append(f"{cap} (needs {half})")
             op = CAPABILITY_SUBGROUP.get(cap)
             if op and op not in ops:
                 missing.append(f"{cap} (needs subgroup {op} operations in compute shaders)")

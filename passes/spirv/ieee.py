@@ -1,6 +1,7 @@
 """IEEE results on Vulkan drivers: float arithmetic with a literal +0.0 operand as compares
-and selects of the same value (lavapipe folds x * 0 to 0), and SignedZeroInfNanPreserve
-on every entry point for the float widths it computes in."""
+and selects of the same value (lavapipe folds x * 0 to 0), and the float-controls
+execution modes (SignedZeroInfNanPreserve, DenormPreserve, RoundingModeRTE) on every
+entry point for the float widths it has values of."""
 
 from __future__ import annotations
 
@@ -84,31 +85,77 @@ def shield_zero_operands(gm: ir.Operation) -> None:
         op.erase()
 
 
-def preserve_inf_nan(spv: ir.Operation) -> None:
-    """Give every entry point ``SignedZeroInfNanPreserve`` for each float width it computes in
-    (the results of the module's float arithmetic).
+#: SPIR-V float-controls execution mode -> the FLOAT_CONTROLS name (runtime/abi.py) of the
+#: device property that allows it, less its width
+FLOAT_MODES = {"SignedZeroInfNanPreserve": "preserve", "DenormPreserve": "denorm", "RoundingModeRTE": "rte"}
 
-    Without it a Vulkan driver may assume no inf, NaN or -0.0 (Mesa folds ``x * 0.0`` to 0,
-    ``x - x`` to 0, ``x + 0.0`` to x), and kf's results must be IEEE's, as torch's are. The
-    mode needs SPV_KHR_float_controls (core in Vulkan 1.2); the launcher checks the device's
-    ``shaderSignedZeroInfNanPreserveFloat{16,32}``."""
+_FLOAT_WIDTH = re.compile(r"(?<![A-Za-z_])(?:\d+x)?f(16|32|64)\b")
+
+
+def float_widths(spv: ir.Operation) -> set[int]:
+    """The float widths that values of the module have (scalars, vector elements, loads of
+    float buffers), whatever op makes them: a kernel of selects and compares on floats
+    (``where``, kf's rewrite of ``x + 0``) computes in floats as much as one of FAdds."""
+    widths = set()
+    for op in walk_ops(spv.regions[0].blocks[0]):
+        for v in list(op.results) + list(op.operands):
+            widths.update(int(m) for m in _FLOAT_WIDTH.findall(str(v.type)))
+    return widths
+
+
+def declare_float_controls(spv: ir.Operation, controls: tuple[str, ...]) -> None:
+    """Give every entry point the float-controls execution modes that make its results
+    torch's, for each float width the module has values of (``float_widths``):
+
+    - ``SignedZeroInfNanPreserve`` always: without it a Vulkan driver may assume no inf,
+      NaN or -0.0 (Mesa folds ``x - x`` to 0; NVIDIA may turn ``x == 0 ? 0 : x`` into x
+      and ``x > 0 ? x : 0`` into a max that drops NaN). A device without it
+      (``preserveN`` not in ``controls``) gets the kernel anyway and the Vulkan launcher
+      refuses it, naming the property: kf never runs a kernel whose inf and NaN may differ
+      from torch's;
+    - ``DenormPreserve`` where the device has it for every such width (``denormN``):
+      otherwise a device may flush subnormal inputs and results to zero (NVIDIA's default
+      for f32; lavapipe always does), where torch's CPU kernels keep them;
+    - ``RoundingModeRTE`` where the device has it for every such width (``rteN``): the
+      rounding of conversions (f32 -> f16 at a store) is otherwise the driver's choice,
+      where torch rounds to nearest even.
+
+    The modes need SPV_KHR_float_controls (core in Vulkan 1.2)."""
     from mlir.dialects import spirv as spirv_d
 
     body = spv.regions[0].blocks[0]
-    widths = set()
-    for op in walk_ops(body):
-        if op.name.startswith(("spirv.F", "spirv.GL.", "spirv.CL.")) and op.name != "spirv.FConvert":
-            for r in op.results:
-                m = re.search(r"\bf(16|32|64)\b", str(r.type))
-                if m:
-                    widths.add(int(m.group(1)))
+    widths = sorted(float_widths(spv))
+    modes = ["SignedZeroInfNanPreserve"]
+    for mode in ("DenormPreserve", "RoundingModeRTE"):
+        if widths and all(f"{FLOAT_MODES[mode]}{w}" in controls for w in widths):
+            modes.append(mode)
     i32 = ir.IntegerType.get_signless(32)
     for op in list(body.operations):
         op = op.operation
         if op.name != "spirv.EntryPoint":
             continue
         with op.location:
-            mode = ir.Attribute.parse("#spirv.execution_mode<SignedZeroInfNanPreserve>")
-            for w in sorted(widths):
-                spirv_d.ExecutionModeOp(op.attributes["fn"], mode, ir.ArrayAttr.get([ir.IntegerAttr.get(i32, w)]),
-                                        ip=ir.InsertionPoint(body))
+            for mode in modes:
+                attr = ir.Attribute.parse(f"#spirv.execution_mode<{mode}>")
+                for w in widths:
+                    spirv_d.ExecutionModeOp(op.attributes["fn"], attr, ir.ArrayAttr.get([ir.IntegerAttr.get(i32, w)]),
+                                            ip=ir.InsertionPoint(body))
+
+
+#: SPIR-V arithmetic a driver may contract with another instruction (a * b + c into an fma)
+_CONTRACTIBLE = ("spirv.FMul", "spirv.FAdd", "spirv.FSub", "spirv.VectorTimesScalar")
+
+
+def forbid_contraction(spv: ir.Operation) -> None:
+    """Decorate every float multiply, add and subtract ``NoContraction``.
+
+    SPIR-V lets a driver fuse ``a * b + c`` into one fma (one rounding instead of two)
+    unless the operations are decorated; NVIDIA's compiler does, lavapipe does not. kf's
+    exact expansions (the Payne-Hanek reduction and two-float products of sin/cos,
+    Cephes asin/acos in ``expand_math.py``) are only right with each product rounded on
+    its own, and torch's CPU kernels round each elementwise op, so every such op is
+    decorated: the results are the same on every driver."""
+    unit = ir.UnitAttr.get()
+    for op in walk_ops(spv.regions[0].blocks[0]):
+        if op.name in _CONTRACTIBLE:
+            op.attributes["no_contraction"] = unit

@@ -39,7 +39,7 @@
 // BIN-LABEL: gpu.binary @kf_kernels
 // BIN-SAME: kf.kernels = {add = {bindings = [{binding = 0 : i64, elem = "f32", set = 0 : i64, shape = array<i64: 1000>, storage = "f32"}, {binding = 1 : i64
 // BIN-SAME: workgroup_bytes = 0 : i64, workgroup_size = array<i64: 256, 1, 1>}}
-// BIN-SAME: [#gpu.object<#spirv.target_env<#spirv.vce<v1.3
+// BIN-SAME: [#gpu.object<#spirv.target_env<#spirv.vce<v1.4
 // BIN-NOT: gpu.module
 module attributes {gpu.container_module} {
   gpu.module @kf_kernels {
@@ -131,7 +131,7 @@ module attributes {gpu.container_module} {
 
 // Element types: f16 and i64 natively (the module asks only for what it uses), i1 as one
 // byte, bf16 as 16-bit integer storage converted in the kernel (no bf16 type is left).
-// SPV-LABEL: spirv.module @__spv__kf_kernels Logical GLSL450 requires #spirv.vce<v1.0, [
+// SPV-LABEL: spirv.module @__spv__kf_kernels Logical GLSL450 requires #spirv.vce<v1.4, [
 // SPV-SAME: Float16
 // SPV-SAME: Int64
 // SPV-SAME: StorageBuffer8BitAccess

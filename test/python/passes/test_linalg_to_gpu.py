@@ -251,3 +251,48 @@ def test_boolean_splat_constant(n):
     x = torch.randn(n)
     got = kf.jit(lambda t: torch.isreal(t), target="vulkan")(x)
     assert got.dtype == torch.bool and bool(got.all()) and got.shape == (n,)
+
+
+def _floor_divide(x, y):
+    return x // y
+
+
+def _dividends(n: int, dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x // y for both signs, exact quotients (-49 // 7), and values past float32's 2**24
+    (and, for int64, float64's 2**53): torch-mlir divides in double, which the SPIR-V
+    targets compute in f32."""
+    g = torch.Generator().manual_seed(seed)
+    big = 2 ** 62 if dtype == torch.int64 else 2 ** 30
+    x = torch.randint(-big, big, (n,), generator=g, dtype=torch.int64)
+    x[:8] = torch.tensor([2 ** 24 + 1, -2 ** 24 - 1, -49, 49, 0, -7, 7, 123456789])[:n] if n else x[:0]
+    y = torch.randint(1, 10, (n,), generator=g, dtype=torch.int64) * (torch.randint(0, 2, (n,), generator=g) * 2 - 1)
+    y[:8] = torch.tensor([1, 1, 7, -7, -5, 2, -2, 10])[:n] if n else y[:0]
+    return x.to(dtype), y.to(dtype)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("n", [0, 1, 8, 257])
+def test_integer_floor_division_is_exact(dtype, n):
+    """Integer x // y as torch gives it: torch-mlir's floor(double(x) / double(y)) was
+    computed in f32 on Vulkan (2**24 + 1 // 1 gave 2**24) and rested on a correctly
+    rounded division that Vulkan does not promise; kf-linalg-to-gpu makes it
+    arith.floordivsi. Also a strided divisor."""
+    x, y = _dividends(n, dtype, seed=n)
+    f = kf.jit(_floor_divide, target="vulkan")
+    got = f(x, y)
+    assert got.dtype == dtype and torch.equal(got, x // y)
+    y2 = torch.stack([y, -y], 1)[:, 1]  # every other element of a wider tensor
+    assert torch.equal(f(x, y2), x // y2)
+    gpu = kf.inspect(f, x, y).stages["gpu"] if n else ""
+    assert "arith.divf" not in gpu
+
+
+@pytest.mark.skipif(not shutil.which("ptxas"), reason="ptxas not installed")
+def test_integer_floor_division_ptx_is_integer():
+    """The same on CUDA (in double there, int64 past 2**53 rounded): integer division in
+    the PTX, which assembles for sm_90a."""
+    x, y = _dividends(257, torch.int64, seed=3)
+    stages = kf.inspect(kf.jit(_floor_divide, target="cuda", arch="sm_90a"), x, y).stages
+    assert "div.rn.f64" not in stages["ptx"] and "arith.divf" not in stages["gpu"]
+    assert re.search(r"div\.s64", stages["ptx"])

@@ -217,3 +217,64 @@ def test_kernels_ask_for_signed_zero_inf_nan_preserve():
     assert "SignedZeroInfNanPreserve" in kernel.capabilities
     assert "SPV_KHR_float_controls" in kernel.extensions
     assert vulkan.device().features["shaderSignedZeroInfNanPreserveFloat32"]
+
+
+@pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device")
+@pytest.mark.parametrize("name", sorted(EXACT) + sorted(APPROX))
+def test_every_float_kernel_declares_the_preserve_mode(name):
+    """Every entry point of every kernel that has f32 values -- also one of compares and
+    selects only (``where``; ``x + 0``, rewritten so) -- declares SignedZeroInfNanPreserve
+    for 32 bits: a driver may otherwise assume no NaN and no -0.0 (NVIDIA's does), and
+    ``x > 0 ? x : 0`` drops NaN. The device's other float controls follow its limits
+    (lavapipe: RoundingModeRTE, no DenormPreserve)."""
+    import re
+
+    fn = {**EXACT, **APPROX}[name]
+    for n in (1, len(SPECIAL), 257):
+        spirv = kf.inspect(kf.jit(fn, target="vulkan"), torch.ones(n)).stages.get("spirv")
+        if spirv is None:
+            continue  # no kernel: kf returns the input (x * 1)
+        entries = re.findall(r"OpEntryPoint GLCompute %(\w+)", spirv)
+        assert entries
+        floats = vulkan.device().target_limits().float_controls
+        for e in entries:
+            assert f"OpExecutionMode %{e} SignedZeroInfNanPreserve 32" in spirv, (name, n)
+            assert (f"OpExecutionMode %{e} RoundingModeRTE 32" in spirv) == ("rte32" in floats), (name, n)
+            assert (f"OpExecutionMode %{e} DenormPreserve 32" in spirv) == ("denorm32" in floats), (name, n)
+
+
+def test_entry_points_list_their_own_workgroup_arrays(tmp_path):
+    """SPIR-V 1.4 interfaces: each entry point of a module of several kernels names the
+    workgroup arrays (and buffers) it uses and no other kernel's, so a driver counts only
+    its own against maxComputeSharedMemorySize (under 1.3 it could not tell them apart:
+    kf's MoE module, each kernel within 32 KiB, was counted 50 KiB per entry point)."""
+    import re
+    import subprocess
+
+    def func(name, n):
+        return f"""
+    gpu.func @{name}(%a: memref<{n}xf32>, %o: memref<{n}xf32>) workgroup(%w: memref<{n}xf32, #gpu.address_space<workgroup>>)
+        kernel attributes {{known_block_size = array<i32: {n}, 1, 1>}} {{
+      %i = gpu.thread_id x
+      %x = memref.load %a[%i] : memref<{n}xf32>
+      memref.store %x, %w[%i] : memref<{n}xf32, #gpu.address_space<workgroup>>
+      gpu.barrier
+      %y = memref.load %w[%i] : memref<{n}xf32, #gpu.address_space<workgroup>>
+      memref.store %y, %o[%i] : memref<{n}xf32>
+      gpu.return
+    }}"""
+
+    text = (f"module attributes {{gpu.container_module}} {{ gpu.module @kf_kernels {{"
+            f"{func('small', 64)}{func('large', 1024)} }} }}")
+    (binary,) = compile_spirv(text)
+    path = tmp_path / "k.spv"
+    path.write_bytes(binary.binary)
+    dis = subprocess.run(["spirv-dis", str(path)], capture_output=True, text=True).stdout
+    assert "; Version: 1.4" in dis
+    workgroup = {m.group(1): int(m.group(2)) for m in re.finditer(
+        r"(%\w+) = OpVariable %_ptr_Workgroup__arr_float_uint_(\d+) Workgroup", dis)}
+    assert sorted(workgroup.values()) == [64, 1024]
+    for entry, n in (("small", 64), ("large", 1024)):
+        interface = re.search(rf'OpEntryPoint GLCompute %\w+ "{entry}" (.*)', dis).group(1).split()
+        assert [workgroup[v] for v in interface if v in workgroup] == [n], (entry, interface)
+        assert binary.kernels[entry].workgroup_bytes == 4 * n

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kf.runtime.abi import INDEX_FLAG_WORDS, DeviceLimits, IndexOutOfRange, IndexSite, KernelABI, ProgramABI, TensorArg
+from kf.runtime.abi import FLOAT_CONTROLS, INDEX_FLAG_WORDS, DeviceLimits, IndexOutOfRange, IndexSite, KernelABI, ProgramABI, TensorArg
 
 
 @pytest.mark.parametrize("name", ["lavapipe", "nvidia-h200"])
@@ -37,7 +37,35 @@ def test_subgroup_operations_count_only_in_compute_shaders(recorded_device):
 def test_defaults_are_the_portable_device():
     d = DeviceLimits()
     assert (d.shared_bytes, d.invocations, d.subgroup_size, d.subgroup_ops) == (16384, 256, 32, ())
-    assert DeviceLimits.parse(d.spec()) == d and d.spec().endswith("ops=none")
+    assert DeviceLimits.parse(d.spec()) == d and d.spec().endswith("ops=none,float=preserve16+preserve32")
+    # a text without float (as kf wrote it before) has the defaults
+    assert DeviceLimits.parse(d.spec().replace(",float=preserve16+preserve32", "")) == d
+
+
+def test_float_controls_of_recorded_devices(recorded_device):
+    """lavapipe keeps inf/NaN/-0.0 and rounds to nearest even but flushes subnormals (no
+    DenormPreserve); NVIDIA has every float control. They are in the limits' text, so the
+    two never share a program."""
+    lvp = DeviceLimits.from_vulkan(recorded_device("lavapipe"))
+    nv = DeviceLimits.from_vulkan(recorded_device("nvidia-h200"))
+    assert lvp.float_controls == ("preserve16", "preserve32", "preserve64", "rte16", "rte32", "rte64")
+    assert set(nv.float_controls) == set(FLOAT_CONTROLS)
+    assert "denorm32" in nv.spec() and "denorm32" not in lvp.spec()
+    props = recorded_device("nvidia-h200")
+    del props["floatControls"]  # a device recorded without them: what kf assumes of any device
+    assert DeviceLimits.from_vulkan(props).float_controls == ("preserve16", "preserve32")
+
+
+def test_dependent_float_modes_count_only_for_every_width(recorded_device):
+    """A device whose denormal modes are not independent per width (Vulkan's
+    denormBehaviorIndependence NONE) must set them alike for every width: without f64
+    DenormPreserve none of its widths gets it. Independent widths count one by one."""
+    props = recorded_device("nvidia-h200")
+    props["floatControls"]["shaderDenormPreserveFloat64"] = False
+    assert {"denorm16", "denorm32"} <= set(DeviceLimits.from_vulkan(props).float_controls)
+    props["floatControls"]["denormBehaviorIndependence"] = 2  # NONE
+    floats = DeviceLimits.from_vulkan(props).float_controls
+    assert not any(f.startswith("denorm") for f in floats) and "rte16" in floats
 
 
 @pytest.mark.parametrize("text,what", [
@@ -47,6 +75,7 @@ def test_defaults_are_the_portable_device():
     ("shared=1,invocations=2,size=3x3,subgroup=4,ops=none", "three numbers"),
     ("shared=1,invocations=2,size=3x3x3,subgroup=4,ops=teleport", "teleport"),
     ("shared", "not key=value"),
+    ("shared=1,invocations=2,size=3x3x3,subgroup=4,ops=none,float=denorm8", "float controls are among"),
 ])
 def test_malformed_limits_say_what_is_wrong(text, what):
     with pytest.raises(ValueError, match=what):

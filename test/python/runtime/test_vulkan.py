@@ -36,7 +36,7 @@ def test_spirv_val_accepts(elem, tmp_path):
     binary, kernel = compile_one(elementwise_kernel(1000, elem, 256))
     path = tmp_path / "k.spv"
     path.write_bytes(binary)
-    r = subprocess.run(["spirv-val", "--target-env", "vulkan1.1", str(path)], capture_output=True, text=True)
+    r = subprocess.run(["spirv-val", "--target-env", "vulkan1.2", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert [b.binding for b in kernel.bindings] == [0, 1, 2] and {b.set for b in kernel.bindings} == {0}
     assert kernel.workgroup_size == (256, 1, 1)
@@ -460,3 +460,28 @@ def test_recorded_lavapipe_is_this_lavapipe(recorded_device):
     for part in ("limits", "subgroup"):
         assert dev.properties[part] == rec[part]
     assert dev.target_limits() == DeviceLimits.from_vulkan(rec)
+
+
+@needs_vulkan
+def test_float_controls_the_device_lacks_are_refused(monkeypatch):
+    """A kernel declares float-controls modes for the device it was compiled for; on a
+    device without them it is refused with the property named, never run with other
+    results: DenormPreserve (compiled for NVIDIA's float controls) on lavapipe, which
+    flushes subnormals; SignedZeroInfNanPreserve on a device without it (kf has no kernel
+    that may lose inf, NaN or -0.0)."""
+    dev = vulkan.device()
+    n = 37
+    text = elementwise_kernel(n, "f32", 64)
+    gen = torch.Generator().manual_seed(0)
+    x, y = random((n,), "f32", gen), random((n,), "f32", gen)
+    [binary] = compile_spirv(text, float_controls="preserve32+denorm32+rte32")
+    [kernel] = binary.kernels.values()
+    assert "DenormPreserve" in kernel.capabilities and "RoundingModeRTE" in kernel.capabilities
+    abi = kernel_abi(kernel, (1, 1, 1))
+    if not dev.features.get("shaderDenormPreserveFloat32"):
+        with pytest.raises(vulkan.VulkanError, match="DenormPreserve .needs shaderDenormPreserveFloat32"):
+            vulkan.launch(binary.binary, abi, [x, y, torch.empty(n)])
+    plain, kernel = compile_one(text)
+    monkeypatch.setattr(dev, "features", dict(dev.features, shaderSignedZeroInfNanPreserveFloat32=False))
+    with pytest.raises(vulkan.VulkanError, match="SignedZeroInfNanPreserve .needs shaderSignedZeroInfNanPreserveFloat32"):
+        vulkan.launch(plain, kernel_abi(kernel, (1, 1, 1)), [x, y, torch.empty(n)])

@@ -121,3 +121,18 @@ def test_asin_acos_within_three_ulp(name, fn):
     assert bool((err <= 3 * ulp + 1e-45).all()), (err / ulp).max()
     if name == "asin":
         assert torch.equal(got[x == 0].signbit(), x[x == 0].signbit())
+
+
+@pytest.mark.parametrize("name", ["sin", "cos", "asin", "acos"])
+def test_no_product_may_be_fused(name):
+    """The expansions need each product rounded on its own (the reduction's exact two-float
+    products, Cephes' corrections): every float multiply, add and subtract of the kernel is
+    decorated NoContraction, so a driver that fuses a * b + c into an fma (NVIDIA's) may not.
+    lavapipe never fuses, so this is checked in the SPIR-V."""
+    import re
+
+    op = getattr(torch, name)
+    spirv = kf.inspect(kf.jit(lambda x: op(x), target="vulkan"), torch.ones(257)).stages["spirv"]
+    arithmetic = set(re.findall(r"(%\w+) = Op(?:FMul|FAdd|FSub|VectorTimesScalar) ", spirv))
+    decorated = set(re.findall(r"OpDecorate (%\w+) NoContraction", spirv))
+    assert len(arithmetic) > 20 and arithmetic <= decorated, sorted(arithmetic - decorated)[:5]
