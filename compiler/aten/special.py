@@ -169,13 +169,124 @@ def _digamma(c: Converter, node, args, kwargs):
     return _back(digamma(x), out)
 
 
+# Hurwitz zeta's Euler-Maclaurin divisors: (2k)! / B_2k (Cephes' and torch's zeta)
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
+           1.8152105401943546773e17, -7.1661652561756670113e18)
+_ZETA_SHIFT = 20  # below -20, polygamma reflects (the direct sum steps up by one to past 9)
+
+
+def _inv_power(x, s: int):
+    """x^-s for an integer s >= 1 by squaring (a float32 pow's exp2(s log2 x) loses digits)."""
+    r = kb.reciprocal(x)
+    out, p = None, r
+    while s:
+        if s & 1:
+            out = p if out is None else kb.mul(out, p)
+        s >>= 1
+        if s:
+            p = kb.mul(p, p)
+    return out
+
+
+def hurwitz_zeta(s: int, q):
+    """zeta(s, q) = sum_k (q + k)^-s for an integer s >= 2 and q > -_ZETA_SHIFT (not a pole)
+    as torch's zeta computes it: the terms q, q + 1, ... directly (at least ten, and up to
+    past 9), then the Euler-Maclaurin tail at the last one, w, with twelve Bernoulli terms."""
+    one, nine = _c(1.0), _c(9.0)
+    total, a = _inv_power(q, s), q
+    for i in range(9 + _ZETA_SHIFT):
+        nxt = kb.add(a, one)
+        if i < 9:
+            total, a = kb.add(total, _inv_power(nxt, s)), nxt
+        else:
+            more = _le(a, nine)
+            total = kb.select(more, kb.add(total, _inv_power(nxt, s)), total)
+            a = kb.select(more, nxt, a)
+    w = a
+    b = _inv_power(w, s)
+    # b w / (s - 1) - b / 2 + b sum_i c_i w^-(2i + 1), c_i = s (s + 1) ... (s + 2i) / A_i
+    coeffs, prod = [], 1.0
+    for i, div in enumerate(_ZETA_A):
+        prod *= s + 2 * i
+        coeffs.append(prod / div)
+        prod *= s + 2 * i + 1
+    v = kb.reciprocal(w)
+    series = kb.mul(v, _poly(kb.mul(v, v), coeffs))
+    tail = kb.add(kb.sub(kb.mul(w, _c(1.0 / (s - 1))), _c(0.5)), series)
+    return kb.add(total, kb.mul(b, tail))
+
+
+def _cot_derivative(n: int) -> list[int]:
+    """Q_n with d^n/dx^n cot(pi x) = pi^n Q_n(cot(pi x)): Q_0 = c, Q_k+1 = -(1 + c^2) Q_k'
+    (coefficients, lowest power first)."""
+    q = [0, 1]
+    for _ in range(n):
+        d = [i * q[i] for i in range(1, len(q))] or [0]
+        out = [0] * (len(d) + 2)
+        for i, a in enumerate(d):
+            out[i] -= a
+            out[i + 2] -= a
+        q = out
+    return q
+
+
+def trigamma(x):
+    """polygamma(1, x) as torch computes it: below 1/2 the reflection
+    psi_1(x) = pi^2 / sin^2(pi x) - psi_1(1 - x), then six terms and the asymptotic series;
+    +inf at 0 and the negative integers, 0 at inf, NaN at -inf."""
+    one = _c(1.0)
+    low = _lt(x, _c(0.5))
+    s = kb.sin(kb.mul(_c(math.pi), _sin_pi_dist(x)))
+    acc = kb.select(low, kb.neg(kb.div(_c(math.pi ** 2), kb.mul(s, s))), _c(0.0))
+    y = kb.select(low, kb.sub(one, x), x)
+    for _ in range(6):
+        acc = kb.add(acc, kb.reciprocal(kb.mul(y, y)))
+        y = kb.add(y, one)
+    ixx = kb.reciprocal(kb.mul(y, y))
+    series = kb.add(kb.add(one, kb.div(one, kb.mul(_c(2.0), y))), kb.mul(ixx, _poly(ixx, (1 / 6, -1 / 30, 1 / 42))))
+    out = kb.add(acc, kb.div(series, y))
+    out = kb.select(low, kb.neg(out), out)
+    inf = _c(float("inf"))
+    nonpositive = _le(x, _c(0.0))
+    pole = kb.select(nonpositive, _eq(x, kb.trunc(x)), nonpositive)
+    out = kb.select(pole, inf, out)
+    out = kb.select(_eq(x, inf), _c(0.0), out)
+    return kb.select(_eq(x, kb.neg(inf)), _c(float("nan")), out)
+
+
+def polygamma(n: int, x):
+    """The n-th derivative of digamma (n >= 1) of a float32 tensor: (-1)^(n+1) n! zeta(n + 1, x)
+    from -20 on, and below the reflection psi_n(x) = (-1)^n psi_n(1 - x) - pi^(n+1) Q_n(cot(pi x)).
+    At 0 and the negative integers (-1)^(n+1) inf (torch's for n >= 2; its trigamma gives a
+    large finite value from sin(pi x)'s rounding); 0 at inf and NaN at -inf, the limits (torch
+    gives NaN at inf for n >= 2, and +-inf at -inf)."""
+    low = _lt(x, _c(-float(_ZETA_SHIFT)))
+    q = kb.select(low, kb.sub(_c(1.0), x), x)
+    scale = (1.0 if n % 2 else -1.0) * math.factorial(n)
+    direct = kb.mul(_c(scale), hurwitz_zeta(n + 1, q))
+    r = kb.mul(_c(math.pi), _sin_pi_dist(x))
+    cot = kb.div(kb.cos(r), kb.sin(r))
+    coeffs = [float(a) * math.pi ** (n + 1) for a in _cot_derivative(n)]
+    reflected = kb.sub(kb.mul(_c((-1.0) ** n), direct), _poly(cot, coeffs))
+    out = kb.select(low, reflected, direct)
+    inf = _c(float("inf"))
+    nonpositive = _le(x, _c(0.0))
+    pole = kb.select(nonpositive, _eq(x, kb.trunc(x)), nonpositive)
+    out = kb.select(pole, _c(math.copysign(float("inf"), scale)), out)
+    out = kb.select(_eq(x, inf), _c(0.0), out)
+    return kb.select(_eq(x, kb.neg(inf)), _c(float("nan")), out)
+
+
 @handles("aten.polygamma.default", "aten.special_polygamma.default")
 def _polygamma(c: Converter, node, args, kwargs):
     n = kwargs["n"] if "n" in kwargs else args[0]
-    if n != 0:
-        raise Unsupported(f"polygamma of order {n} is not supported by kf (order 0, digamma, is)")
     x, out = _as_f32(c, node, kwargs["self"] if "self" in kwargs else args[1], "polygamma")
-    return _back(digamma(x), out)
+    if n < 0:
+        raise Unsupported(f"polygamma of order {n}: the order must be at least 0")
+    if n > 20:  # (n + 1) ... (n + 23) / A_11 leaves float32 past that
+        raise Unsupported(f"polygamma of order {n} is not supported by kf (at most 20)")
+    return _back(digamma(x) if n == 0 else trigamma(x) if n == 1 else polygamma(n, x), out)
 
 
 @handles("aten.mvlgamma.default", "aten.special_multigammaln.default")

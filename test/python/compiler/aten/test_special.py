@@ -1,10 +1,10 @@
-"""The gamma family (compiler/aten/special.py): lgamma, digamma, polygamma of order 0 and
-mvlgamma against torch on cpu and vulkan, with poles, NaN, infinities and signed zeros
+"""The gamma family (compiler/aten/special.py): lgamma, digamma, polygamma and mvlgamma against torch on cpu and vulkan, with poles, NaN, infinities and signed zeros
 among fresh random values, at odd and empty sizes, through non-contiguous views, from
 every dtype torch takes, against float64 for accuracy, and as PTX for cuda."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
@@ -117,19 +117,57 @@ def test_non_contiguous(target):
         _check(got, want)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [1, 7, 257, 0])
+@pytest.mark.parametrize("order", [1, 2, 3, 4, 5])
+def test_polygamma_follows_torch(order, n, target):
+    """Orders 1 to 5 on values from -30 to 30 (the reflection below -20), with torch's
+    special values; at 0, the negative integers and +-inf the limits (see test below)."""
+    gen = torch.Generator().manual_seed(order * 1000 + n)
+    x = (torch.rand(n, generator=gen) * 60 - 30)
+    x[: min(n, 4)] = torch.tensor([float("nan"), 1e-30, -1e-30, 0.5][: min(n, 4)])
+    fn = lambda x: torch.polygamma(order, x)  # noqa: E731
+    got, want = kf.jit(fn, target=target)(x), fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan())
+    # as close to float64 as torch's float32 is, with its tolerance (torch's trigamma takes
+    # sin(pi x) of x itself, off by up to 1e-3 below -20; kf reduces x first), or within a
+    # few float32 roundings of the sum of its terms' magnitudes, n! |x + k|^-(n+1) (they
+    # cancel below 0)
+    want64 = fn(x.double())
+    terms = torch.stack([(x.double() + k).abs() ** -(order + 1) for k in range(31)]).sum(0)
+    limit = (1e-5 + 2e-6 * want64.abs() + 2 * (want.double() - want64).abs()
+             + 8 * 2 ** -24 * math.factorial(order) * terms)
+    assert bool(((got.double() - want64).abs() <= limit)[want64.isfinite()].all())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_polygamma_limits(target):
+    """(-1)^(n+1) inf at 0 and the negative integers, 0 at inf, NaN at -inf and NaN (torch's
+    trigamma gives large finite values at the negative integers, from sin(pi x)'s rounding,
+    and its higher orders NaN at inf)."""
+    x = torch.tensor([0.0, -0.0, -1.0, -9.0, -25.0, float("inf"), -float("inf"), float("nan")])
+    for order in (1, 2, 3):
+        got = kf.jit(lambda x: torch.polygamma(order, x), target=target)(x)
+        pole = float("inf") if order % 2 else -float("inf")
+        want = torch.tensor([pole] * 5 + [0.0, float("nan"), float("nan")])
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_refusals_name_the_op():
-    """float64 (kf's polynomials are float32's) and polygamma of order 1 or more are kf
-    errors naming the op, not float32-accurate or wrong results."""
+    """float64 (kf's polynomials are float32's) and polygamma past order 20 are kf errors
+    naming the op, not float32-accurate or overflowed results."""
     with pytest.raises(kf.UnsupportedOpError, match=r"lgamma of float64(.|\n)*test_special.py"):
         kf.jit(OPS["lgamma"])(torch.rand(5, dtype=torch.float64))
-    with pytest.raises(kf.UnsupportedOpError, match=r"polygamma of order 2(.|\n)*test_special.py"):
-        kf.jit(lambda x: torch.polygamma(2, x))(torch.rand(5))
+    with pytest.raises(kf.UnsupportedOpError, match=r"polygamma of order 21(.|\n)*test_special.py"):
+        kf.jit(lambda x: torch.polygamma(21, x))(torch.rand(5))
 
 
 @pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
 def test_assemble_for_cuda():
     def fn(x):
-        return torch.lgamma(x), torch.digamma(x), torch.mvlgamma(x.abs() + 2, 2)
+        return (torch.lgamma(x), torch.digamma(x), torch.mvlgamma(x.abs() + 2, 2), torch.polygamma(1, x),
+                torch.polygamma(4, x))
 
     x = torch.randn(257)
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x).stages["ptx"]
