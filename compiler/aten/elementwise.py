@@ -11,7 +11,7 @@ from kf.dialects import builders as kb
 from kf.dialects import spec_of
 
 from ..errors import Unsupported
-from .core import Converter, HANDLERS, handles
+from .core import Converter, HANDLERS, _target_name, handles
 
 
 def _binary(kf_name: str):
@@ -37,7 +37,16 @@ for _n, _k in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("maximum", "max"
 def _div(c, node, args, kwargs):
     mode = kwargs.get("rounding_mode")
     if mode is not None:
-        raise Unsupported(f"division with rounding_mode={mode!r} is not supported by kf")
+        elem = c.out_elem(node)
+        if (mode == "trunc" and elem in ("f32", "f64")) or (elem.startswith("i") and elem != "i1"):
+            # torch-mlir's lowering is torch's rule here: trunc(a / b) in the result's
+            # type, integer division toward zero or toward -inf
+            from .. import torch_mlir_import
+
+            return torch_mlir_import.import_op(c, node, _target_name(node.target), args, kwargs)
+        why = ("torch rounds a / b computed in float32, kf would round it in the 16-bit type" if mode == "trunc"
+               else "torch's floor rounds (a - fmod(a, b)) / b, not floor(a / b): 1.0 // 0.1 is 9")
+        raise Unsupported(f"division with rounding_mode={mode!r} of {elem} is not supported by kf ({why})")
     elem = c.out_elem(node)
     return kb.div(c.tensor(args[0], elem), c.tensor(args[1], elem))
 

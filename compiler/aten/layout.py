@@ -1,5 +1,5 @@
 """Handlers of layout ops: transpose, permute, reshape/view, expand, slices, cat,
-stack, split, meshgrid."""
+stack, split, unbind, meshgrid, and their ``*_copy`` forms (a kf value is never a view)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _transpose(c, node, args, kwargs):
     return kb.transpose(x, perm=perm)
 
 
-@handles("aten.permute.default")
+@handles("aten.permute.default", "aten.permute_copy.default")
 def _permute(c, node, args, kwargs):
     x, perm = args
     return kb.transpose(x, perm=[p % rank_of(x) for p in perm])
@@ -39,7 +39,8 @@ def _permute(c, node, args, kwargs):
 
 @handles("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.unsqueeze.default",
          "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.flatten.using_ints",
-         "aten.unflatten.int", "aten.view_as.default", "aten.reshape_as.default")
+         "aten.unflatten.int", "aten.view_as.default", "aten.reshape_as.default", "aten.view_copy.default",
+         "aten._reshape_copy.default")
 def _reshape(c, node, args, kwargs):
     return kb.reshape(args[0], tuple(fake_value(node).shape))
 
@@ -71,10 +72,22 @@ def _select_int(c, node, args, kwargs):
     return kb.reshape(s, tuple(fake_value(node).shape))
 
 
-@handles("aten.narrow.default")
+@handles("aten.narrow.default", "aten.narrow_copy.default")
 def _narrow(c, node, args, kwargs):
     x, dim, start, length = args
-    return kb.slice(x, dim=dim % rank_of(x), start=start, end=start + length, step=1)
+    dim = dim % rank_of(x)
+    if start < 0:  # counts from the end, as torch's
+        start += shape_of(x)[dim]
+    return kb.slice(x, dim=dim, start=start, end=start + length, step=1)
+
+
+@handles("aten.unbind.int", "aten.unbind_copy.int")
+def _unbind(c, node, args, kwargs):
+    x = args[0]
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % rank_of(x)
+    shape = [n for d, n in enumerate(shape_of(x)) if d != dim]
+    return tuple(kb.reshape(kb.slice(x, dim=dim, start=i, end=i + 1, step=1), shape)
+                 for i in range(shape_of(x)[dim]))
 
 
 @handles("aten.cat.default", "aten.concat.default")

@@ -172,3 +172,44 @@ def test_sin_of_huge_arguments_on_vulkan():
     x = torch.tensor([1e8, -3e9, 1e20, 1e30, 3.0e38])
     got = kf.jit(_py(torch.sin), target="vulkan")(x)
     torch.testing.assert_close(got.double(), torch.sin(x.double()), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [1, 7, 257, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64], ids=str)
+def test_div_rounding_modes(dtype, n, target):
+    """trunc of float32 and both modes of integers (every sign of both operands), through a
+    non-contiguous divisor; torch-mlir's lowering is torch's rule for these."""
+    gen = torch.Generator().manual_seed(n)
+    a = torch.randn(n, generator=gen) * 50
+    b = (torch.randn(2 * n, generator=gen) * 5)[::2]
+    if dtype.is_floating_point:
+        k = min(n, len(SPECIALS))
+        a[:k] = torch.tensor(SPECIALS[:k])
+        b[:k] = torch.tensor(SPECIALS[::-1][:k])
+        modes = ["trunc"]
+    else:
+        a, b = a.to(dtype), b.to(dtype)
+        b = torch.where(b == 0, torch.full_like(b, -3), b)  # integer division by zero is undefined
+        modes = ["trunc", "floor"]
+    for mode in modes:
+        fn = lambda a, b: torch.div(a, b, rounding_mode=mode)  # noqa: E731
+        _check(kf.jit(fn, target=target)(a, b), fn(a, b), exact=True)
+
+
+def test_div_rounding_modes_kf_would_round_differently_are_refused():
+    """floor of floats is (a - fmod(a, b)) / b rounded in torch (1.0 // 0.1 is 9, floor(1.0 / 0.1)
+    is 10); trunc of float16 divides in float32 in torch: both are kf errors naming the op."""
+    with pytest.raises(kf.UnsupportedOpError, match=r"rounding_mode='floor' of f32(.|\n)*test_elementwise.py"):
+        kf.jit(lambda a, b: torch.div(a, b, rounding_mode="floor"))(torch.ones(3), torch.full((3,), 0.1))
+    with pytest.raises(kf.UnsupportedOpError, match=r"rounding_mode='trunc' of f16(.|\n)*test_elementwise.py"):
+        kf.jit(lambda a, b: torch.div(a, b, rounding_mode="trunc"))(torch.ones(3).half(), torch.ones(3).half())
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_div_rounding_modes_assemble_for_cuda():
+    def fn(a, b):
+        return torch.div(a, b, rounding_mode="trunc"), torch.div(a.long(), b.long().clamp(min=1), rounding_mode="floor")
+
+    x = torch.randn(257)
+    assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, x).stages["ptx"]

@@ -1,0 +1,78 @@
+"""Layout ops' copy forms and unbind (compiler/aten/layout.py): view_copy, permute_copy,
+narrow_copy (a negative start counts from the end), unbind and unbind_copy against torch
+on cpu and vulkan, at odd and empty sizes, through non-contiguous views, for every dtype
+kf takes, and as PTX for cuda."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import kf
+from kf.runtime import vulkan
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                   reason="no Vulkan device"))]
+_PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _fn(x):
+    n = x.shape[1]
+    return (torch.view_copy(x, (-1,)), torch.permute_copy(x, (1, 2, 0)),
+            torch.narrow_copy(x, 1, -n, n), torch.narrow(x, 1, -1, 1) if n else x[:, :0],
+            *torch.unbind_copy(x, 2), *torch.unbind(x, -1))
+
+
+def _check(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [1, 7, 257, 0])
+def test_follows_torch(n, target):
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(3, n, 2, generator=gen)
+    _check(kf.jit(_fn, target=target)(x), _fn(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_non_contiguous(target):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 2, 14, generator=gen)[:, :, ::2].transpose(0, 2)  # (7, 2, 5)
+    _check(kf.jit(_fn, target=target)(x), _fn(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool], ids=str)
+def test_every_dtype(dtype, target):
+    x = (torch.randn(3, 5, 4) * 5).to(dtype)
+    _check(kf.jit(_fn, target=target)(x), _fn(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_narrow_negative_start(target):
+    """narrow's negative start counts from the end of the dim (it was taken as a slice
+    from that negative index)."""
+    x = torch.randn(4, 9)
+
+    def fn(x):
+        return torch.narrow(x, 1, -5, 3), torch.narrow(x, -2, -4, 2)
+
+    _check(kf.jit(fn, target=target)(x), fn(x))
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_assemble_for_cuda():
+    x = torch.randn(3, 7, 2)
+    assert ".entry" in kf.inspect(kf.jit(lambda x: _fn(x)[:5], target="cuda"), x).stages["ptx"]
