@@ -51,6 +51,25 @@ def _div(c, node, args, kwargs):
     return kb.div(c.tensor(args[0], elem), c.tensor(args[1], elem))
 
 
+@handles("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar",
+         "aten.remainder.Scalar_Tensor", "aten.floor_divide.default", "aten.floor_divide.Scalar")
+def _modulo(c, node, args, kwargs):
+    """Integer fmod, remainder and floor division through torch-mlir's lowering (torch's
+    rule for integers). Floating-point ones are refused: torch computes them from an exact
+    fmod (1.0 // 0.1 is 9, fmod(1.0, 0.1) is 0.09999999), and the lowering kf would use
+    computes a - b * trunc(a / b) with a rounded quotient, which differs from torch's
+    result wherever a / b rounds up to an integer."""
+    elem = c.out_elem(node)
+    if elem.startswith("i") and elem != "i1":
+        from .. import torch_mlir_import
+
+        return torch_mlir_import.import_op(c, node, _target_name(node.target), args, kwargs)
+    op = _target_name(node.target).split(".")[1]
+    raise Unsupported(f"{op} of {elem} is not supported by kf: torch computes it from an exact fmod "
+                      f"(1.0 // 0.1 is 9 and fmod(1.0, 0.1) is 0.1 less an ulp), which kf has no kernel for; "
+                      f"compute it outside the kf function, or on integer tensors")
+
+
 @handles("aten.rsub.Scalar", "aten.rsub.Tensor")
 def _rsub(c, node, args, kwargs):
     elem = c.out_elem(node)

@@ -213,3 +213,33 @@ def test_div_rounding_modes_assemble_for_cuda():
 
     x = torch.randn(257)
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, x).stages["ptx"]
+
+
+@pytest.mark.parametrize("fn", [lambda a, b: a // b, lambda a, b: torch.fmod(a, b), lambda a, b: a % b,
+                                lambda a, b: torch.remainder(a, b), lambda a, b: torch.fmod(a, 0.3),
+                                lambda a, b: torch.floor_divide(a, 0.1)],
+                         ids=["floordiv", "fmod", "mod", "remainder", "fmod_scalar", "floor_divide_scalar"])
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+def test_float_modulo_is_refused_not_rounded(fn, target):
+    """torch's float fmod, remainder and floor division start from an exact fmod
+    (1.0 // 0.1 is 9, fmod(1.0, 0.1) is 0.1 less an ulp); a - b * trunc(a / b) gave 10 and
+    0. kf refuses them at the user's line rather than return those."""
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    a, b = torch.ones(3), torch.full((3,), 0.1)
+    with pytest.raises(kf.UnsupportedOpError, match=r"(fmod|remainder|floor_divide) of f32(.|\n)*test_elementwise.py"):
+        kf.jit(fn, target=target)(a, b)
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+@pytest.mark.parametrize("n", [1, 7, 257])
+def test_integer_modulo_follows_torch(n, target):
+    """Integer floor division, fmod and remainder of every sign, a strided divisor."""
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    gen = torch.Generator().manual_seed(n)
+    a = torch.randint(-50, 50, (n,), generator=gen)
+    b = (torch.randint(1, 9, (2 * n,), generator=gen) * torch.where(torch.rand(2 * n, generator=gen) < 0.5, -1, 1))[::2]
+    for fn in (lambda a, b: a // b, lambda a, b: torch.fmod(a, b), lambda a, b: torch.remainder(a, b),
+               lambda a, b: a % 7, lambda a, b: torch.remainder(a, -3)):
+        assert torch.equal(kf.jit(fn, target=target)(a, b), fn(a, b))
