@@ -22,6 +22,7 @@ from mlir import ir
 from mlir.dialects import func
 
 from .errors import Unsupported
+from .passes.linalg.integer_division import guard_integer_division, integer_floor_division
 
 
 _STDERR_LOCK = threading.Lock()
@@ -278,6 +279,9 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
         diag = e.error_diagnostics[0].message if e.error_diagnostics else str(e).splitlines()[0]
         raise Unsupported(f"{name} has no kf op, and torch-mlir lowers it to ops kf cannot compile",
                           cause=f"torch-mlir's output: {diag.strip()}") from None
+    for op in parsed.body.operations:
+        integer_floor_division(op.operation)
+        guard_integer_division(op.operation)
     callee = None
     anchor = ir.InsertionPoint.at_block_begin(conv.module.body)
     for op in list(parsed.body.operations):

@@ -318,7 +318,6 @@ class _Translation:
             _expand_math(g.operation)
         _run(_KERNEL_CLEANUP, scratch.operation, "kernel cleanup", self.loc)
         for g in scratch_gmod.regions[0].blocks[0].operations:
-            _integer_floor_division(g.operation)
             if self.target == "cuda":
                 self._bools_as_bytes(g.operation)
             else:
@@ -716,42 +715,3 @@ def _remap(op: ir.Operation, mapping: dict) -> None:
         for block in region.blocks:
             for inner in block.operations:
                 _remap(inner.operation, mapping)
-
-
-def _integer_floor_division(g: ir.Operation) -> None:
-    """``fptosi(floor(sitofp(x) / sitofp(y)))`` -- torch-mlir's integer ``x // y``, in
-    double -- as ``arith.floordivsi(x, y)`` on the integers.
-
-    On SPIR-V the double becomes f32 (``_f64_as_f32``): 2**24 + 1 // 1 gave 2**24, and a
-    driver whose division is not correctly rounded (Vulkan allows 2.5 ulp) may give
-    -49 // 7 = -8; in double (CUDA) int64 values past 2**53 round. The integer form is
-    exact for every value, as torch's is."""
-    from mlir.dialects import arith
-
-    ops: list[ir.Operation] = []
-    g.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
-
-    def producer(v: ir.Value, name: str):
-        owner = v.owner
-        return owner if not isinstance(owner, ir.Block) and owner.name == name else None
-
-    for op in ops:
-        if op.name != "arith.fptosi" or not isinstance(op.results[0].type, ir.IntegerType):
-            continue
-        floor = producer(op.operands[0], "math.floor")
-        div = floor and producer(floor.operands[0], "arith.divf")
-        ints = div and [producer(v, "arith.sitofp") for v in div.operands]
-        if not ints or not all(ints):
-            continue
-        x, y = (i.operands[0] for i in ints)
-        t = op.results[0].type
-        if x.type != t or y.type != t:
-            continue
-        with op.location, ir.InsertionPoint(op):
-            q = arith.floordivsi(x, y)
-        op.results[0].replace_all_uses_with(q)
-        op.erase()
-        chain = [floor, div, ints[0]] + ([ints[1]] if ints[1] != ints[0] else [])  # x // x: one sitofp
-        for dead in chain:  # the float chain, where nothing else reads it
-            if not any(True for _ in dead.results[0].uses):
-                dead.erase()
