@@ -59,11 +59,11 @@ def plan_chunks(tokens: int, vocab: int, hidden: int) -> ChunkPlan:
 # ------------------------------------------------------------------ the kf functions
 
 
-def _chunk(h, w, b, t, loss_acc, dw_acc, db_acc, scale, ignore_index: int, smoothing: float):
-    """One chunk: the loss added to ``loss_acc`` (already scaled by ``scale``), the
-    gradient of ``h``, and those of ``w`` and ``b`` added to their float32 accumulators.
-    Row statistics keep their row dim (keepdim): they broadcast over the vocabulary
-    without a view between the reduction and its users."""
+def _rows(h, w, b, t, ignore_index: int, smoothing: float):
+    """A chunk's float32 logits, which rows count, their one-hot targets, row logsumexp
+    and row losses (not yet zeroed where ignored). Row statistics keep their row dim
+    (keepdim): they broadcast over the vocabulary without a view between the reduction
+    and its users."""
     logits = h @ w.t()
     if b is not None:
         logits = logits + b
@@ -73,8 +73,15 @@ def _chunk(h, w, b, t, loss_acc, dw_acc, db_acc, scale, ignore_index: int, smoot
     onehot = torch.nn.functional.one_hot(safe, z.shape[1]).float()  # checks each target's range
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     picked = (z * onehot).sum(dim=-1, keepdim=True)
-    target = (1.0 - smoothing) * onehot + smoothing / z.shape[1]
     row = lse - (1.0 - smoothing) * picked - smoothing * z.mean(dim=-1, keepdim=True)
+    return z, valid, onehot, lse, row
+
+
+def _chunk(h, w, b, t, loss_acc, dw_acc, db_acc, scale, ignore_index: int, smoothing: float):
+    """One chunk: the loss added to ``loss_acc`` (already scaled by ``scale``), the
+    gradient of ``h``, and those of ``w`` and ``b`` added to their float32 accumulators."""
+    z, valid, onehot, lse, row = _rows(h, w, b, t, ignore_index, smoothing)
+    target = (1.0 - smoothing) * onehot + smoothing / z.shape[1]
     row = torch.where(valid, row, 0.0)
     g = (torch.exp(z - lse) - target) * torch.where(valid, scale, 0.0)
     g = g.to(h.dtype)
@@ -88,16 +95,7 @@ def _chunk(h, w, b, t, loss_acc, dw_acc, db_acc, scale, ignore_index: int, smoot
 
 def _loss_only(h, w, b, t, loss_acc, scale, ignore_index: int, smoothing: float):
     """One chunk's loss, added to ``loss_acc``, where no gradient is wanted."""
-    logits = h @ w.t()
-    if b is not None:
-        logits = logits + b
-    z = logits.float()
-    valid = t[:, None] != ignore_index
-    safe = torch.where(t != ignore_index, t, torch.zeros_like(t))
-    onehot = torch.nn.functional.one_hot(safe, z.shape[1]).float()
-    lse = torch.logsumexp(z, dim=-1, keepdim=True)
-    picked = (z * onehot).sum(dim=-1, keepdim=True)
-    row = lse - (1.0 - smoothing) * picked - smoothing * z.mean(dim=-1, keepdim=True)
+    _, valid, _, _, row = _rows(h, w, b, t, ignore_index, smoothing)
     return loss_acc + torch.where(valid, row, 0.0).sum() * scale
 
 
