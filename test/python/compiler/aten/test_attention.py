@@ -23,11 +23,6 @@ needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None and not __import_
     "/usr/local/cuda/bin/ptxas"), reason="needs ptxas")
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
-
 def causal(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 

@@ -20,11 +20,6 @@ needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None and not __import_
     "/usr/local/cuda/bin/ptxas"), reason="needs ptxas")
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
-
 def _tensor(shape, dtype, gen):
     if dtype == torch.bool:
         return torch.rand(shape, generator=gen) > 0.5

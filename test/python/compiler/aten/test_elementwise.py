@@ -22,11 +22,6 @@ _PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bi
 SPECIALS = [float("nan"), -0.0, 0.0, float("inf"), -float("inf"), 2.5, -3.5, 0.5, -0.5, 1.5, 1e30, -1e-30]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
-
 def _values(n: int, dtype, gen) -> torch.Tensor:
     x = torch.randn(n, generator=gen) * 4
     k = min(n, len(SPECIALS))

@@ -19,11 +19,6 @@ TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_
 _PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
-
 def _fn(x):
     n = x.shape[1]
     return (torch.view_copy(x, (-1,)), torch.permute_copy(x, (1, 2, 0)),

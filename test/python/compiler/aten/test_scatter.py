@@ -22,11 +22,6 @@ _PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bi
 REDUCTIONS = ["sum", "prod", "amax", "amin", "mean"]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
-
 def _check(fn, args, target, tol=1e-5):
     got = kf.jit(fn, target=target)(*args)
     want = fn(*args)

@@ -22,11 +22,6 @@ SPECIALS = [float("nan"), -0.0, 0.0, float("inf"), -float("inf"), 1.0, 2.0, -1.0
             1e30, -1e30, 0.25, -0.25, 0.75, 1.25, 3.0, 10.0, 1e37, 3.4e38]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
-
 def _values(n: int, gen) -> torch.Tensor:
     x = torch.randn(n, generator=gen) * 6
     x[n // 2:] = torch.rand(n - n // 2, generator=gen) * 4  # around lgamma's and digamma's zeros
