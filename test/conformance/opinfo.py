@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from opinfo_cases import (CLASSES, DTYPES, FAILURES, TARGETS, Case, Result, cached_samples, ci_case,  # noqa: E402
                           ci_ops, enumerate_cases, op_table, parse_case_name, spread)
 from opinfo_compare import compare  # noqa: E402
-from opinfo_classify import classify_exception, run_case  # noqa: E402
+from opinfo_classify import classify_exception, run_case, scope_case  # noqa: E402
 from opinfo_workers import RunOptions, run_cases, worker  # noqa: E402
 from opinfo_report import git_commit, markdown, summarize, write_summary  # noqa: E402
 
@@ -93,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case", action="append", default=[],
                    help="run these cases (op[.variant]#index) in this process and print each result")
     p.add_argument("--list", action="store_true", help="print the cases and stop")
+    p.add_argument("--rescope", metavar="JSON",
+                   help="give each case of this earlier run's JSON its scope, and write the summary to --out")
     args = p.parse_args(argv)
+
+    if args.rescope:
+        return rescope(Path(args.rescope), args.out)
 
     if args.case:
         for name in args.case:
@@ -134,6 +139,24 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(results, meta)
     write_summary(summary, args.out)
     print(json.dumps(summary["counts"]), file=sys.stderr)
+    return 0
+
+
+def rescope(path: Path, outs: list[str]) -> int:
+    """Recompute every case's scope (``opinfo_scope.py``) of a run's JSON, without
+    running kf again, and write its summary with the coverage to ``outs``."""
+    old = json.loads(path.read_text())
+    meta = old["meta"]
+    os.environ.setdefault("KF_CACHE_DIR", tempfile.mkdtemp(prefix="kf-opinfo-scope-"))
+    results = []
+    for d in old["results"]:
+        op, variant, index = parse_case_name(d["case"])
+        r = Result.from_json(d, Case(op, variant, index, meta["target"], meta["dtype"]))
+        r.scope = scope_case(r.case)
+        results.append(r)
+    summary = summarize(results, meta)
+    write_summary(summary, outs or [str(path)])
+    print(json.dumps(summary["coverage"]), file=sys.stderr)
     return 0
 
 

@@ -74,6 +74,7 @@ class Result:
     error_type: str = ""
     user_line: bool | None = None  # KF_ERROR: the message shows the kf function's line
     seconds: float = 0.0
+    scope: str = ""  # why the case does not count toward coverage (opinfo_scope.py), "" if it does
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -84,7 +85,7 @@ class Result:
     @staticmethod
     def from_json(d: dict, case: Case) -> "Result":
         return Result(case, d["cls"], d.get("detail", ""), d.get("error_type", ""), d.get("user_line"),
-                      d.get("seconds", 0.0))
+                      d.get("seconds", 0.0), d.get("scope", ""))
 
 
 def parse_case_name(name: str) -> tuple[str, str, int]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from opinfo_cases import (REPO, SUMS_OF_PRODUCTS, UNDEFINED_VALUES, Case, Result, cached_samples, first_line, op_table, quiet,
                           torch_dtype)
 from opinfo_compare import compare, tolerance
+from opinfo_scope import scope_of
 
 
 def kf_function(call_op, sample, target: str):
@@ -117,11 +118,19 @@ def _reference(call_op, sample, tensors, dtype, magnitude: bool = False):
 
 
 def _is_random(call_op, sample, tensors, first) -> bool:
-    """Whether eager gives other values with another seed (a random op)."""
+    """Whether eager gives other values with another seed (a random op). An op that
+    seeds itself (torch's wrapper_set_seed) gets another seed there."""
+    import torch
+
+    seed = torch.manual_seed
     try:
+        if _seeds_itself(call_op):
+            torch.manual_seed = lambda s: seed(s + 1)
         second = _eager(call_op, sample, tensors, seed=1)
     except Exception:
         return False
+    finally:
+        torch.manual_seed = seed
     return compare(second, first, None, 0.0, 0.0) != ""
 
 
@@ -129,6 +138,21 @@ def _seeds_itself(call_op) -> bool:
     """Whether the OpInfo wraps its op in torch's wrapper_set_seed (random ops do)."""
     code = getattr(call_op, "__code__", None)
     return code is not None and "wrapper_set_seed" in code.co_names
+
+
+def scope_case(case: Case) -> str:
+    """The case's scope reason (``opinfo_scope.scope_of``) without running kf: for results
+    recorded before scopes were."""
+    opinfo = op_table()[(case.op, case.variant)]
+    sample = cached_samples(opinfo, case.target, case.dtype)[case.index]
+    _, tensors = kf_function(opinfo.op, sample, case.target)
+    try:
+        with quiet():
+            want = _eager(opinfo.op, sample, tensors)
+            random = case.op not in UNDEFINED_VALUES and _is_random(opinfo.op, sample, tensors, want)
+            return scope_of(case.op, opinfo.op, sample, want, random)
+    except Exception:
+        return ""
 
 
 def run_case(case: Case) -> Result:
@@ -139,8 +163,10 @@ def run_case(case: Case) -> Result:
     sample = cached_samples(opinfo, case.target, case.dtype)[case.index]
     call_op = opinfo.op
 
+    scope = ""
+
     def done(cls, detail="", error_type="", user_line=None):
-        return Result(case, cls, detail, error_type, user_line, round(time.perf_counter() - start, 3))
+        return Result(case, cls, detail, error_type, user_line, round(time.perf_counter() - start, 3), scope)
 
     fn, tensors = kf_function(call_op, sample, case.target)
     try:
@@ -151,6 +177,7 @@ def run_case(case: Case) -> Result:
     values_defined = case.op not in UNDEFINED_VALUES
     with quiet():
         random = values_defined and _is_random(call_op, sample, tensors, want)
+        scope = scope_of(case.op, call_op, sample, want, random)
     try:
         with quiet():
             got = fn(_clone(tensors))

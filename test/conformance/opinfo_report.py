@@ -1,5 +1,6 @@
-"""The OpInfo conformance suite's summary (opinfo.py): counts by class and by op, every
-case's result (JSON), and the Markdown report that groups alike failures."""
+"""The OpInfo conformance suite's summary (opinfo.py): counts by class and by op, the
+coverage of the in-scope cases, every case's result (JSON), and the Markdown report that
+groups alike failures."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from opinfo_cases import CLASSES, REPO, Result
+from opinfo_scope import coverage
 
 
 
@@ -26,6 +28,7 @@ def summarize(results: list[Result], meta: dict) -> dict:
         "meta": meta,
         "counts": {c: by_class.get(c, 0) for c in CLASSES},
         "kf_errors_naming_user_line": sum(1 for r in kf_errors if r.user_line),
+        "coverage": coverage([r.to_json() for r in results]),
         "ops": {op: {c: n for c, n in sorted(cnt.items())} for op, cnt in sorted(by_op.items())},
         "results": [dict(r.to_json(), reproducer=r.case.reproducer()) for r in results],
     }
@@ -48,6 +51,10 @@ def markdown(summary: dict) -> str:
            "| class | cases |", "| --- | --- |"]
     out += [f"| {c} | {counts[c]} |" for c in CLASSES]
     n_err = counts["KF_ERROR"]
+    cov = summary.get("coverage") or coverage(summary["results"])
+    out += ["", f"Coverage (PASS of the in-scope cases that are not SKIP; `opinfo_scope.py` defines the scope): "
+                f"{cov['passed']} of {cov['in_scope']} = {100 * cov['coverage']:.1f}%. Out of scope: "
+                + ", ".join(f"{reason} {n}" for reason, n in cov["out_of_scope"].items()) + "."]
     out += ["", f"KF_ERROR messages that show the kf function's line: {summary['kf_errors_naming_user_line']} "
                 f"of {n_err}.", ""]
     results = summary["results"]
