@@ -1,7 +1,7 @@
 """Handlers that make values: fills, arange, tril and triu (from kf.iota: indices
 computed where they are used, so a mask made inside the function is never a tensor in
-memory), and random numbers (rand, bernoulli, dropout) drawn from the program's Philox
-state."""
+memory), and random numbers (rand, randn, bernoulli) drawn from the program's Philox
+state (the dropout family is dropout.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import math
 from typing import Callable
 
 import torch
-from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
@@ -88,55 +87,10 @@ HANDLERS["aten.tril.default"] = _triangle(True)
 HANDLERS["aten.triu.default"] = _triangle(False)
 
 
-def _probability(p, what: str) -> float:
-    p = float(p)
-    if not 0.0 <= p <= 1.0:
-        raise Unsupported(f"{what} probability has to be between 0 and 1, but got {p}")
-    return p
-
-
 def _no_generator(name: str, generator) -> None:
     if generator is not None:
         raise Unsupported(f"{name} with a generator of its own is not supported by kf",
                           cause="kf draws from torch's default generator (torch.manual_seed)")
-
-
-def _dropped(c: Converter, x: ir.Value, p: float) -> tuple[ir.Value, ir.Value]:
-    """(x where its uniform sample is > p, scaled by 1 / (1 - p), and zero elsewhere (x * 0:
-    NaN stays NaN, as in eager); the keep mask). Computed in f32 (f64 for f64) and rounded
-    once to x's type; 0 < p < 1."""
-    elem = spec_of(x.type).elem
-    if not spec_of(x.type).is_float:
-        raise Unsupported(f"dropout of a tensor of {elem}: torch drops out floating-point tensors only")
-    keep = kb.cmp(c.rand(shape_of(x)), kb.scalar(p, "f32"), predicate="gt")
-    ce = "f64" if elem == "f64" else "f32"
-    scale = kb.select(keep, kb.scalar(1.0 / (1.0 - p), ce), kb.scalar(0.0, ce))
-    return c.tensor(kb.mul(c.tensor(x, ce), scale), elem), keep
-
-
-@handles("aten.dropout.default")
-def _dropout(c, node, args, kwargs):
-    x = args[0]
-    p = _probability(args[1] if len(args) > 1 else kwargs["p"], "dropout")
-    train = args[2] if len(args) > 2 else kwargs["train"]
-    if not train or p == 0.0 or math.prod(shape_of(x)) == 0:
-        return x
-    if p == 1.0:  # eager multiplies by zero (NaN stays NaN) and draws nothing
-        return kb.mul(x, c.tensor(0.0, spec_of(x.type).elem))
-    return _dropped(c, x, p)[0]
-
-
-@handles("aten.native_dropout.default")
-def _native_dropout(c, node, args, kwargs):
-    x = args[0]
-    p = _probability(args[1] if len(args) > 1 else kwargs["p"], "dropout")
-    train = args[2] if len(args) > 2 else kwargs.get("train")
-    shape = shape_of(x)
-    if train is False or p == 0.0 or math.prod(shape) == 0:  # None trains, as in eager
-        return x, kb.fill(shape, "i1", 1.0)
-    if p == 1.0:
-        return kb.mul(x, c.tensor(0.0, spec_of(x.type).elem)), kb.fill(shape, "i1", 0.0)
-    return _dropped(c, x, p)
 
 
 @handles("aten.rand.default", "aten.rand_like.default", "aten.randn.default", "aten.randn_like.default")
