@@ -86,7 +86,7 @@ def _constant(args, attrs, out, device):
 
 OPS: dict[str, Callable] = {
     "kf.add": _binary(torch.add), "kf.sub": _binary(torch.sub), "kf.mul": _binary(torch.mul),
-    "kf.div": _binary(torch.div), "kf.pow": _binary(torch.pow), "kf.max": _binary(torch.maximum),
+    "kf.div": _binary(torch.div), "kf.pow": _binary(torch.pow), "kf.fmod": _binary(torch.fmod), "kf.max": _binary(torch.maximum),
     "kf.min": _binary(torch.minimum),
     "kf.neg": _unary(torch.neg), "kf.abs": _unary(torch.abs), "kf.exp": _unary(torch.exp),
     "kf.log": _unary(torch.log), "kf.sqrt": _unary(torch.sqrt), "kf.rsqrt": _unary(torch.rsqrt),

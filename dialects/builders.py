@@ -54,7 +54,7 @@ def _one(name: str):
 
 
 _GENERIC = [
-    "add", "sub", "mul", "div", "pow", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt",
+    "add", "sub", "mul", "div", "pow", "fmod", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt",
     "reciprocal", "tanh", "erf", "erfc", "sin", "cos", "trunc", "round", "signbit", "sigmoid", "relu", "gelu", "cmp", "select", "masked_fill",
     "mean", "reduce_max", "reduce_min", "var", "logsumexp", "argmax", "softmax", "log_softmax", "matmul",
     "transpose", "slice", "gather", "index_select", "index_add", "scatter_add",

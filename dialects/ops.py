@@ -407,6 +407,8 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("mul", "lhs * rhs", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),
     OpSpec("div", "lhs / rhs (true division)", ("lhs", "rhs"), ("result",), infer=_BF, category="elementwise"),
     OpSpec("pow", "lhs ** rhs", ("lhs", "rhs"), ("result",), infer=_BF, category="elementwise"),
+    OpSpec("fmod", "lhs - trunc(lhs / rhs) * rhs, exactly (C's fmod: the sign of lhs)", ("lhs", "rhs"),
+           ("result",), infer=_BF, category="elementwise"),
     OpSpec("max", "elementwise maximum", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),
     OpSpec("min", "elementwise minimum", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),
     OpSpec("neg", "-x", ("input",), ("result",), infer=_unary(False), category="elementwise"),

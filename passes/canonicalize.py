@@ -84,6 +84,12 @@ def _exp(a: float) -> float:
         return math.inf
 
 
+def _fmod(a: float, b: float) -> float:
+    if b == 0 or math.isinf(a) or math.isnan(a) or math.isnan(b):
+        return math.nan
+    return math.fmod(a, b)  # exact, as C's
+
+
 # Folding follows IEEE 754 in double precision, as torch computes: NaN propagates,
 # inf and signed zeros come out as the hardware's would (Python's own operators raise on
 # 0 ** -1 and exp(1000), and its max/min ignore a NaN in second place).
@@ -95,6 +101,7 @@ _FOLD_BINARY: dict[str, Callable[[float, float], float]] = {
     "kf.max": _max,
     "kf.min": _min,
     "kf.pow": _pow,
+    "kf.fmod": _fmod,
 }
 _FOLD_UNARY: dict[str, Callable[[float], float]] = {
     "kf.neg": lambda a: -a,

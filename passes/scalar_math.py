@@ -266,6 +266,12 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
     x = args[0]
     t = x.type
     f = is_float(t)
+    if op == "fmod":
+        if not f:
+            raise ValueError("kf.fmod needs floating-point operands")
+        # LLVM's frem is C's fmod on the cpu target, convert-gpu-to-nvvm makes it
+        # libdevice's __nv_fmodf; kf-to-spirv expands it exactly (spirv/expand_math.py)
+        return arith.remf(x, args[1])
     if op in ("add", "sub", "mul", "div", "max", "min", "pow"):
         y = args[1]
         if f:

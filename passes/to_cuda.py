@@ -79,6 +79,7 @@ from mlir.dialects import arith, gpu
 from mlir.passmanager import PassManager
 
 from .base import KfPass, PassError
+from .cuda_fmod import lower_fmod
 from .philox import lower_mulhi
 from .strategies.emit import FP8_CVT_SM, lower_fp8_conversions
 
@@ -196,6 +197,7 @@ class ToCudaPass(KfPass):
             _approximate_math(gm)
             lower_fp8_conversions(gm, cvt=_sm_number(self.chip) >= FP8_CVT_SM)
             lower_mulhi(gm)  # kf.rand's Philox products as mul.lo/mul.hi.u32
+            lower_fmod(gm)  # arith.remf as libdevice's exact fmod
         PassManager.parse(p.lowering_pipeline(), context=module.context).run(module)
         for gm in _gpu_modules(module):
             _extern_dynamic_shared(gm)

@@ -44,30 +44,89 @@ def _div(c, node, args, kwargs):
             from .. import torch_mlir_import
 
             return torch_mlir_import.import_op(c, node, _target_name(node.target), args, kwargs)
-        why = ("torch rounds a / b computed in float32, kf would round it in the 16-bit type" if mode == "trunc"
-               else "torch's floor rounds (a - fmod(a, b)) / b, not floor(a / b): 1.0 // 0.1 is 9")
-        raise Unsupported(f"division with rounding_mode={mode!r} of {elem} is not supported by kf ({why})")
+        if mode == "floor" and elem in ("f32", "f64"):
+            return _floor_division(c, args[0], args[1], elem)
+        _refuse_rounded_16_bit(f"division with rounding_mode={mode!r}", elem)
+        raise Unsupported(f"division with rounding_mode={mode!r} is not supported by kf (torch takes "
+                          f"'trunc', 'floor' or None)")
     elem = c.out_elem(node)
     return kb.div(c.tensor(args[0], elem), c.tensor(args[1], elem))
+
+
+def _refuse_rounded_16_bit(what: str, elem: str) -> None:
+    if elem in ("f16", "bf16"):
+        raise Unsupported(f"{what} of {elem} is not supported by kf",
+                          cause="torch's CPU kernel rounds a / b to the 16-bit type before it rounds to an "
+                                "integer (35.75 // 0.1426 in bfloat16 is 251), its CUDA kernel does not (250)")
+
+
+def _float_compute(elem: str) -> str:
+    """The type torch computes a float op of elem in: float32 for 16-bit floats."""
+    return "f64" if elem == "f64" else "f32"
+
+
+def _floor(x: ir.Value) -> ir.Value:
+    """floor(x) from trunc: one less where trunc rounded a negative x up."""
+    t = kb.trunc(x)
+    elem = spec_of(x.type).elem
+    return kb.select(kb.cmp(t, x, predicate="gt"), kb.sub(t, kb.scalar(1.0, elem)), t)
+
+
+def _floor_division(c, a, b, elem: str) -> ir.Value:
+    """torch's floor division of floats (c10's div_floor_floating): (a - fmod(a, b)) / b,
+    one less where the remainder's sign is not b's, rounded to the nearest integer from
+    its floor; a signed zero where that is 0, and a / b where b is 0."""
+    ce = _float_compute(elem)
+    a, b = c.tensor(a, ce), c.tensor(b, ce)
+    zero, one = kb.scalar(0.0, ce), kb.scalar(1.0, ce)
+    mod = kb.fmod(a, b)
+    div = kb.div(kb.sub(a, mod), b)
+    other_sign = kb.cmp(kb.cmp(b, zero, predicate="lt"), kb.cmp(mod, zero, predicate="lt"), predicate="ne")
+    div = kb.select(kb.select(kb.cmp(mod, zero, predicate="ne"), other_sign, kb.scalar(0.0, "i1")),
+                    kb.sub(div, one), div)
+    fl = _floor(div)
+    fl = kb.select(kb.cmp(kb.sub(div, fl), kb.scalar(0.5, ce), predicate="gt"), kb.add(fl, one), fl)
+    quotient = kb.div(a, b)
+    signed_zero = kb.select(kb.signbit(quotient), kb.scalar(-0.0, ce), zero)
+    out = kb.select(kb.cmp(div, zero, predicate="ne"), fl, signed_zero)
+    return c.tensor(kb.select(kb.cmp(b, zero, predicate="eq"), quotient, out), elem)
+
+
+def _remainder(c, a, b, elem: str) -> ir.Value:
+    """torch's remainder of floats: fmod(a, b), plus b where it is not 0 and its sign is
+    not b's (the result takes the divisor's sign, as Python's %)."""
+    ce = _float_compute(elem)
+    a, b = c.tensor(a, ce), c.tensor(b, ce)
+    zero = kb.scalar(0.0, ce)
+    mod = kb.fmod(a, b)
+    other_sign = kb.cmp(kb.cmp(b, zero, predicate="lt"), kb.cmp(mod, zero, predicate="lt"), predicate="ne")
+    fix = kb.select(kb.cmp(mod, zero, predicate="ne"), other_sign, kb.scalar(0.0, "i1"))
+    return c.tensor(kb.select(fix, kb.add(mod, b), mod), elem)
 
 
 @handles("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar",
          "aten.remainder.Scalar_Tensor", "aten.floor_divide.default", "aten.floor_divide.Scalar")
 def _modulo(c, node, args, kwargs):
-    """Integer fmod, remainder and floor division through torch-mlir's lowering (torch's
-    rule for integers). Floating-point ones are refused: torch computes them from an exact
-    fmod (1.0 // 0.1 is 9, fmod(1.0, 0.1) is 0.09999999), and the lowering kf would use
-    computes a - b * trunc(a / b) with a rounded quotient, which differs from torch's
-    result wherever a / b rounds up to an integer."""
+    """fmod, remainder and floor division. Floats follow torch's rule from an exact fmod
+    (kf.fmod): 1.0 // 0.1 is 9 and fmod(1.0, 0.1) is 0.1 less an ulp, where
+    a - b * trunc(a / b) with a rounded quotient gives 10 and 0. Integers go through
+    torch-mlir's lowering (torch's rule for integers)."""
     elem = c.out_elem(node)
     if elem.startswith("i") and elem != "i1":
         from .. import torch_mlir_import
 
         return torch_mlir_import.import_op(c, node, _target_name(node.target), args, kwargs)
     op = _target_name(node.target).split(".")[1]
-    raise Unsupported(f"{op} of {elem} is not supported by kf: torch computes it from an exact fmod "
-                      f"(1.0 // 0.1 is 9 and fmod(1.0, 0.1) is 0.1 less an ulp), which kf has no kernel for; "
-                      f"compute it outside the kf function, or on integer tensors")
+    if elem == "i1":
+        raise Unsupported(f"{op} of booleans is not supported by kf (torch has none either)")
+    a, b = args[0], args[1]
+    if op == "fmod":
+        ce = _float_compute(elem)
+        return c.tensor(kb.fmod(c.tensor(a, ce), c.tensor(b, ce)), elem)
+    if op == "remainder":
+        return _remainder(c, a, b, elem)
+    _refuse_rounded_16_bit(op, elem)
+    return _floor_division(c, a, b, elem)
 
 
 @handles("aten.rsub.Scalar", "aten.rsub.Tensor")

@@ -1,6 +1,7 @@
 """The math ops upstream's MathToSPIRV lacks (erf, erfc, exp2, trunc, cbrt, atan2, ipowi),
-expanded for kf-to-spirv, powf with torch's values where GLSL's pow is undefined, and sin/cos
-with an exact argument reduction (GLSL's Sin/Cos promise an error bound only in [-pi, pi])."""
+expanded for kf-to-spirv, powf with torch's values where GLSL's pow is undefined, sin/cos
+with an exact argument reduction (GLSL's Sin/Cos promise an error bound only in [-pi, pi]),
+and an exact fmod (arith.remf; SPIR-V's remainders round the quotient)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .walk import walk_ops
 
 #: math ops that upstream's MathToSPIRV (LLVM 22) has no pattern for; kf expands them.
 _EXPANDED_MATH = ("math.asin", "math.acos", "math.erf", "math.erfc", "math.exp2", "math.trunc", "math.cbrt", "math.atan2", "math.ipowi",
-                  "math.powf", "math.sin", "math.cos")
+                  "math.powf", "math.sin", "math.cos", "arith.remf")
 
 #: The bits of 2/pi after the binary point, as big-endian 32-bit words behind one word of zeros
 #: (so that the Payne-Hanek window of arguments down to 2^-7 starts inside the table).
@@ -195,6 +196,68 @@ def _sincos(x: ir.Value, cosine: bool) -> ir.Value:
     return arith.select(arith.cmpf(P.UEQ, ax, c(ft, math.inf)), c(ft, math.nan), y)
 
 
+def _fmod(x: ir.Value, y: ir.Value) -> ir.Value:
+    """C's fmod of f32 scalars or vectors, exactly (SPIR-V's OpFRem and OpFMod are
+    x - y * trunc(x / y) with a rounded quotient: fmod(1.0, 0.1) would be 0).
+
+    With |x| = mx 2^kx and |y| = my 2^ky (24-bit integer significands, kx >= ky where
+    |x| >= |y|), fmod(|x|, |y|) = ((mx 2^(kx - ky)) mod my) 2^ky: 2^(kx - ky) mod my by
+    square-and-multiply over the 8 bits of kx - ky (at most 253), every product of two
+    residues below 2^48 in 64-bit integers; the residue r < my is exact in f32 and so is
+    r 2^ky, which is below |y| on y's grid. The sign is x's; |x| < |y| gives x; y = 0,
+    x infinite or NaN give NaN; y infinite gives x."""
+    from mlir.dialects import arith
+    from mlir.dialects import math as m
+
+    ft = x.type
+    shape = ir.VectorType(ft).shape if isinstance(ft, ir.VectorType) else None
+
+    def typ(elem):
+        return ir.VectorType.get(shape, elem) if shape else elem
+
+    i32, i64 = typ(ir.IntegerType.get_signless(32)), typ(ir.IntegerType.get_signless(64))
+
+    def c(t, v):
+        elem = ir.VectorType(t).element_type if isinstance(t, ir.VectorType) else t
+        attr = ir.IntegerAttr.get(elem, int(v)) if isinstance(elem, ir.IntegerType) else ir.FloatAttr.get(elem, float(v))
+        if isinstance(t, ir.VectorType):
+            return arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr))
+        return arith.constant(t, attr)
+
+    P, I = arith.CmpFPredicate, arith.CmpIPredicate
+    ax, ay = m.absf(x), m.absf(y)
+    bx, by = arith.bitcast(i32, ax), arith.bitcast(i32, ay)
+
+    def parts(bits):  # (significand as an integer, exponent of its unit, biased: kx - 150 is the power)
+        e = arith.shrui(bits, c(i32, 23))
+        frac = arith.andi(bits, c(i32, 0x7FFFFF))
+        normal = arith.cmpi(I.ne, e, c(i32, 0))
+        mant = arith.select(normal, arith.ori(frac, c(i32, 0x800000)), frac)
+        return mant, arith.maxsi(e, c(i32, 1))
+
+    mx, kx = parts(bx)
+    my, ky = parts(by)
+    d = arith.subi(kx, ky)
+    my64 = arith.extui(i64, my)
+    p = c(i64, 1)
+    for bit in range(7, -1, -1):
+        p = arith.remui(arith.muli(p, p), my64)
+        doubled = arith.remui(arith.shli(p, c(i64, 1)), my64)
+        set_ = arith.cmpi(I.ne, arith.andi(arith.shrui(d, c(i32, bit)), c(i32, 1)), c(i32, 0))
+        p = arith.select(set_, doubled, p)
+    r = arith.remui(arith.muli(arith.extui(i64, mx), p), my64)
+    # 2^(ky - 150) as f32 bits: normal from ky >= 24 on, else the subnormal 2^(ky - 1) units
+    scale_bits = arith.select(arith.cmpi(I.sge, ky, c(i32, 24)),
+                              arith.shli(arith.subi(ky, c(i32, 23)), c(i32, 23)),
+                              arith.shli(c(i32, 1), arith.subi(ky, c(i32, 1))))
+    mag = arith.mulf(arith.uitofp(ft, arith.trunci(i32, r)), arith.bitcast(ft, scale_bits))
+    out = m.copysign(mag, x)
+    out = arith.select(arith.cmpf(P.OLT, ax, ay), x, out)  # also x = +-0, and y = inf for finite x
+    bad = arith.ori(arith.cmpf(P.OEQ, ay, c(ft, 0.0)),
+                    arith.ori(arith.cmpf(P.UNO, x, y), arith.cmpf(P.OEQ, ax, c(ft, math.inf))))
+    return arith.select(bad, c(ft, math.nan), out)
+
+
 def expand_math(gm: ir.Operation) -> None:
     """Rewrite the ops of ``_EXPANDED_MATH`` into ops SPIR-V has (GLSL.std.450).
 
@@ -259,6 +322,22 @@ def expand_math(gm: ir.Operation) -> None:
 
     for op in walk_ops(gm.regions[0].blocks[0]):
         if op.name not in _EXPANDED_MATH:
+            continue
+        if op.name == "arith.remf":
+            with op.location, ir.InsertionPoint(op):
+                x, y = op.operands[0], op.operands[1]
+                elem = ir.VectorType(x.type).element_type if isinstance(x.type, ir.VectorType) else x.type
+                if isinstance(elem, ir.F32Type):
+                    r = _fmod(x, y)
+                elif isinstance(elem, ir.F16Type):  # exact in f32, and so exactly an f16
+                    wide = ir.VectorType.get(ir.VectorType(x.type).shape, ir.F32Type.get()) \
+                        if isinstance(x.type, ir.VectorType) else ir.F32Type.get()
+                    r = arith.truncf(x.type, _fmod(arith.extf(wide, x), arith.extf(wide, y)))
+                else:
+                    raise PassError(f"fmod of {elem} is not supported by kf-to-spirv (float32 and float16 are)",
+                                    op.location)
+            op.results[0].replace_all_uses_with(r)
+            op.erase()
             continue
         if op.name in ("math.sin", "math.cos"):
             with op.location, ir.InsertionPoint(op):

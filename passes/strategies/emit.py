@@ -328,7 +328,7 @@ def max_value(t: ir.Type) -> float:
 # --------------------------------------------------------------------------- scalar ops
 
 ELEMENTWISE = frozenset({
-    "kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.max", "kf.min", "kf.neg", "kf.abs", "kf.exp",
+    "kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.fmod", "kf.max", "kf.min", "kf.neg", "kf.abs", "kf.exp",
     "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid", "kf.relu", "kf.gelu",
     "kf.erfc", "kf.sin", "kf.cos", "kf.trunc", "kf.round", "kf.signbit",
     "kf.cmp", "kf.select", "kf.masked_fill", "kf.cast"})
@@ -383,7 +383,8 @@ class IndexBuilder:
         self.index = ir.IndexType.get()
 
     def const(self, t: ir.Type, value) -> ir.Value:
-        key = (str(t), value)
+        # by the float's bits: 0.0 == -0.0 (and a NaN is unequal to itself) as a key
+        key = (str(t), float(value).hex() if isinstance(value, float) else value)
         if key not in self._consts:
             with ir.InsertionPoint.at_block_begin(self.entry):
                 self._consts[key] = (arith.constant(t, int(value)) if isinstance(t, ir.IndexType)

@@ -141,7 +141,7 @@ class GpuFunc:
 
     def fconst(self, value: float, t: ir.Type | None = None) -> ir.Value:
         t = t or self.f32
-        key = (str(t), float(value) if not math.isnan(value) else "nan")
+        key = (str(t), float(value).hex())  # -0.0 is not 0.0
         if key not in self._consts:
             self._consts[key] = arith.constant(t, float(value), ip=self._const_ip())
         return self._consts[key]

@@ -18,7 +18,7 @@ from kf.dialects.types import spec_of
 
 from ..base import NotApplicable
 
-ELEMENTWISE = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.max", "kf.min", "kf.neg", "kf.abs",
+ELEMENTWISE = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.fmod", "kf.max", "kf.min", "kf.neg", "kf.abs",
                 "kf.exp", "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid",
                 "kf.erfc", "kf.sin", "kf.cos", "kf.trunc", "kf.round", "kf.signbit",
                 "kf.relu", "kf.gelu", "kf.cmp", "kf.select", "kf.masked_fill"}

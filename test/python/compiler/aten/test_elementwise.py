@@ -6,6 +6,7 @@ odd and empty sizes and through non-contiguous views, and as PTX for cuda."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
@@ -192,15 +193,6 @@ def test_div_rounding_modes(dtype, n, target):
         _check(kf.jit(fn, target=target)(a, b), fn(a, b), exact=True)
 
 
-def test_div_rounding_modes_kf_would_round_differently_are_refused():
-    """floor of floats is (a - fmod(a, b)) / b rounded in torch (1.0 // 0.1 is 9, floor(1.0 / 0.1)
-    is 10); trunc of float16 divides in float32 in torch: both are kf errors naming the op."""
-    with pytest.raises(kf.UnsupportedOpError, match=r"rounding_mode='floor' of f32(.|\n)*test_elementwise.py"):
-        kf.jit(lambda a, b: torch.div(a, b, rounding_mode="floor"))(torch.ones(3), torch.full((3,), 0.1))
-    with pytest.raises(kf.UnsupportedOpError, match=r"rounding_mode='trunc' of f16(.|\n)*test_elementwise.py"):
-        kf.jit(lambda a, b: torch.div(a, b, rounding_mode="trunc"))(torch.ones(3).half(), torch.ones(3).half())
-
-
 @pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
 def test_div_rounding_modes_assemble_for_cuda():
     def fn(a, b):
@@ -210,20 +202,94 @@ def test_div_rounding_modes_assemble_for_cuda():
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, x).stages["ptx"]
 
 
-@pytest.mark.parametrize("fn", [lambda a, b: a // b, lambda a, b: torch.fmod(a, b), lambda a, b: a % b,
-                                lambda a, b: torch.remainder(a, b), lambda a, b: torch.fmod(a, 0.3),
-                                lambda a, b: torch.floor_divide(a, 0.1)],
-                         ids=["floordiv", "fmod", "mod", "remainder", "fmod_scalar", "floor_divide_scalar"])
-@pytest.mark.parametrize("target", ["cpu", "vulkan"])
-def test_float_modulo_is_refused_not_rounded(fn, target):
+FLOAT_MODULO = {
+    "floordiv": lambda a, b: a // b, "fmod": lambda a, b: torch.fmod(a, b), "mod": lambda a, b: a % b,
+    "remainder": lambda a, b: torch.remainder(a, b), "fmod_scalar": lambda a, b: torch.fmod(a, 0.3),
+    "floor_divide_scalar": lambda a, b: torch.floor_divide(a, 0.1), "rmod": lambda a, b: 5.5 % b,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+}
+#: operands where a rounded quotient goes wrong (1.0 // 0.1 is 9, fmod(1.0, 0.1) is 0.1 less
+#: an ulp), of huge and subnormal ratio, signed zeros, infinities and NaN
+MODULO_CASES = [(1.0, 0.1), (-1.0, 0.1), (1.0, -0.1), (0.3, 0.1), (5.5, 2.0), (-5.5, 2.0), (5.5, -2.0),
+                (1e30, 3.0), (3.0e38, 1e-38), (2.0 ** -140, 2.0 ** -148), (1e-38, 3e-39), (7.0, 0.0), (0.0, 1.0),
+                (-0.0, 1.0), (0.0, -1.0), (math.inf, 1.0), (7.0, math.inf), (-7.0, math.inf), (math.nan, 1.0),
+                (1.0, math.nan), (100.0, -7.0), (16777215.0, 0.5), (-0.0, -3.0)]
+
+
+def _same(got, want):
+    """Equal values, NaN where torch has NaN (its sign aside), and zeros of torch's sign."""
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan), (got, want)
+    assert torch.equal(got[~nan], want[~nan]), (got, want)
+    assert torch.equal(got[~nan].signbit(), want[~nan].signbit()), (got, want)
+
+
+GPU_TARGETS = TARGETS + [pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                       reason="no CUDA device"))]
+
+
+def _on(target, *tensors):
+    return [t.cuda() for t in tensors] if target == "cuda" else list(tensors)
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize("name", sorted(FLOAT_MODULO))
+def test_float_modulo_is_torch_exactly(name, target):
     """torch's float fmod, remainder and floor division start from an exact fmod
-    (1.0 // 0.1 is 9, fmod(1.0, 0.1) is 0.1 less an ulp); a - b * trunc(a / b) gave 10 and
-    0. kf refuses them at the user's line rather than return those."""
-    if target == "vulkan" and not vulkan.is_available():
-        pytest.skip("no Vulkan device")
-    a, b = torch.ones(3), torch.full((3,), 0.1)
-    with pytest.raises(kf.UnsupportedOpError, match=r"(fmod|remainder|floor_divide) of f32(.|\n)*test_elementwise.py"):
-        kf.jit(fn, target=target)(a, b)
+    (kf.fmod): the special operands, then random ones of every magnitude through a strided
+    divisor, bit for bit."""
+    fn = FLOAT_MODULO[name]
+    a = torch.tensor([p[0] for p in MODULO_CASES])
+    b = torch.tensor([p[1] for p in MODULO_CASES])
+    # torch's vectorized float32 kernel gives NaN where |a / b| is past float range (kf
+    # gives C's fmod there: test_fmod_past_float_range_is_c_fmod)
+    quotient = (a.double() if name != "rmod" else torch.full_like(a, 5.5).double()) / b.double()
+    a, b = a[~(quotient.abs() > 3e38)], b[~(quotient.abs() > 3e38)]
+    _same(kf.jit(fn, target=target)(*_on(target, a, b)).cpu(), fn(a, b))
+    gen = torch.Generator().manual_seed(len(name))
+    a = torch.randn(257, generator=gen) * torch.exp2(torch.randint(-30, 30, (257,), generator=gen).float())
+    b = (torch.randn(514, generator=gen) * torch.exp2(torch.randint(-30, 30, (514,), generator=gen).float()))[::2]
+    _same(kf.jit(fn, target=target)(*_on(target, a, b)).cpu(), fn(a, b))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_fmod_past_float_range_is_c_fmod(target):
+    a = torch.tensor([3.0e38, -5.5, 1e30, 2.0 ** 100] * 8)
+    b = torch.tensor([1e-38, 2.0 ** -148, 3e-39, -(2.0 ** -30)] * 8)
+    got = kf.jit(FLOAT_MODULO["fmod"], target=target)(a, b)
+    assert torch.equal(got, torch.fmod(a.double(), b.double()).float())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_float_modulo_of_other_widths(dtype, target):
+    """fmod and remainder of 16-bit floats are computed in float32 and rounded once (fmod
+    is exact in every width); float64 on the cpu target (the SPIR-V targets have no
+    float64). A 16-bit floor or truncating division is refused: torch's CPU and CUDA
+    kernels round it differently."""
+    if dtype == torch.float64 and target != "cpu":
+        pytest.skip("float64 runs on the cpu target")
+    gen = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(2, 257, generator=gen) * 20).to(dtype)
+    for name in ("fmod", "mod", "remainder") + (("floordiv", "div_floor", "div_trunc") if dtype == torch.float64 else ()):
+        fn = FLOAT_MODULO[name]
+        _same(kf.jit(fn, target=target)(a, b), fn(a, b))
+    if dtype != torch.float64:
+        for name in ("floordiv", "div_floor", "div_trunc"):
+            with pytest.raises(kf.UnsupportedOpError, match="of b?f16 is not supported by kf(.|\n)*test_elementwise.py(.|\n)*rounds a / b to the 16-bit"):
+                kf.jit(FLOAT_MODULO[name], target=target)(a, b)
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+@pytest.mark.parametrize("name", ["mod", "floordiv"])
+def test_float_modulo_assembles_for_cuda(name):
+    """sm_90a PTX of the elementwise kernel and of a row-wise one (vectors of remf)."""
+    x = torch.randn(257, 64)
+    fn = FLOAT_MODULO[name]
+    assert ".entry" in kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a"), x, x).stages["ptx"]
+    row = kf.jit(lambda a, b: fn(a, b) + a.sum(-1, keepdim=True), target="cuda", arch="sm_90a")
+    assert ".entry" in kf.inspect(row, x, x).stages["ptx"]
 
 
 @pytest.mark.parametrize("target", ["cpu", "vulkan"])
