@@ -92,7 +92,8 @@ class _Program:
         for t, a in zip(inputs, self.abi.inputs):
             if t.device.type != device_type:
                 raise LaunchError(f"'{a.name}' is on {t.device}; this program runs on {device_type} tensors")
-            if tuple(t.shape) != a.shape or t.dtype != _dtype(a.elem):
+            if (a.is_static and tuple(t.shape) != a.shape) or len(t.shape) != len(a.shape) or \
+                    t.dtype != _dtype(a.elem):
                 raise LaunchError(f"'{a.name}': compiled for {a.elem}{list(a.shape)}, got {t.dtype} {list(t.shape)}")
             if dense and not t.is_contiguous():
                 t = t.contiguous()

@@ -32,6 +32,7 @@ class GpuTarget(Target):
 
     is_gpu = True
     divisibility = 16
+    static_innermost = True
     #: kf-tile's and kf-map-to-gpu's ``target`` option: the strategies' view of the target
     strategy_target: str = ""
     #: the back end's stage: its name in the stage table and ``kf.inspect`` (ptx, spirv, msl)
@@ -111,7 +112,8 @@ def schedule(b: Build) -> None:
 
     cap = b.cap
     abi, b.notes["constants"], b.extra_meta["repeats"] = gpu_codegen.schedule_abi(
-        cap.module, cap.name, cap.input_names, b.target.name, cap.eager_aliases, cap.eager_repeats)
+        cap.module, cap.name, cap.input_names, b.target.name, cap.eager_aliases, cap.eager_repeats,
+        cap.input_dims, cap.output_dims)
     b.abi = _with_kernel_info(abi, b.notes["kernel_info"])
 
 

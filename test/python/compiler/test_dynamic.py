@@ -13,6 +13,7 @@ import seed_examples as se
 import torch
 
 import kf
+import kf.runtime.vulkan
 from kf.dynamic import capture_dynamic
 from kf.signature import bind
 
@@ -244,16 +245,97 @@ def test_branch_on_a_size_is_never_served_by_the_dynamic_program(caplog):
     assert all("?" not in c.signature for c in f.compiles)
 
 
-def test_a_target_without_run_time_sizes_compiles_each_size_and_says_why(caplog):
+needs_vulkan = pytest.mark.skipif(not kf.runtime.vulkan.is_available(), reason="no Vulkan device")
+TARGETS = ["cpu", pytest.param("vulkan", marks=needs_vulkan)]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_layer_norm_one_program_serves_sizes_1_to_1000(target):
+    ln = kf.jit(se.metal_layer_norm.fn, target=target, dynamic=True)
+    w, b = torch.randn(64), torch.randn(64)
+    for n in (7, 1, 257, 300, 1000, 1):  # a size 1 once the dim has met others
+        x = torch.randn(1, n, 64)
+        _close(ln(x, w, b), se.metal_layer_norm.fn(x, w, b))
+    assert len(ln.compiles) == 1 and "?" in ln.compiles[0].signature
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_attention_one_program_serves_sizes_1_to_1000(target):
+    attn = kf.jit(se.fused_attention.fn, target=target, dynamic={"q": [2], "k": [2], "v": [2]})
+    for n in (7, 1, 257, 300, 1000):
+        q, k, v = (torch.randn(1, 1, n, 32) for _ in range(3))
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    if target == "cpu":
+        assert len(attn.compiles) == 1 and "?" in attn.compiles[0].signature
+    else:  # the attention kernel takes static sizes on the GPU targets: each size compiles
+        assert all("?" not in c.signature for c in attn.compiles)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_size_1_that_changes_the_trace_compiles_apart(target, caplog):
+    @kf.jit(target=target, dynamic={"x": [0]})
+    def f(x):
+        return x.squeeze(0) * 2  # drops dim 0 only at size 1
+
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (7, 1, 9):
+            x = torch.randn(n, 8)
+            _close(f(x), f.fn(x))
+    assert "'x' dim 0 of size 1 compiled apart" in caplog.text
+    assert [c.signature.count("?") for c in f.compiles] == [1, 0]
+
+
+def test_a_dim_always_1_stays_static():
+    f = kf.jit(lambda x: x * 2, target="cpu", dynamic=True)
+    for n in (7, 9):
+        f(torch.randn(1, n))
+    assert "[1, ?]" in f.compiles[0].signature
+
+
+@needs_vulkan
+def test_vulkan_elementwise_chain_one_program():
+    @kf.jit(target="vulkan", dynamic=True)
+    def f(x, y):
+        return torch.relu(x * y + 1.0), torch.sigmoid(x) - y
+
+    for inner in (5, 64):  # one lane a thread, and vectors of 4
+        for n in (7, 1, 257, 300, 1000):
+            x, y = torch.randn(n, inner), torch.randn(n, inner)
+            for got, want in zip(f(x, y), f.fn(x, y)):
+                _close(got, want)
+    assert [c.signature.count("?") for c in f.compiles] == [2, 2]
+
+
+@needs_vulkan
+def test_vulkan_non_contiguous_and_large_rows():
+    ln = kf.jit(_layer_norm, target="vulkan", dynamic={"x": [0]})
+    w, b = torch.randn(8), torch.randn(8)
+    for n in (7, 257, 4095):  # (4096, a multiple of 16, is a program of its own: Triton's guard)
+        x = torch.randn(8, n).t()  # [n, 8], strided
+        _close(ln(x, w, b), _layer_norm(x, w, b))
+    assert len(ln.compiles) == 1
+
+
+@needs_vulkan
+def test_vulkan_float_argument_over_8_steps_compiles_once():
     f = kf.jit(_layer_norm, target="vulkan")
+    x, w, b = torch.randn(4, 7, 32), torch.randn(32), torch.randn(32)
+    for step in range(8):
+        eps = 1e-5 * (step + 1)
+        _close(f(x, w, b, eps), _layer_norm(x, w, b, eps))
+    assert len(f.compiles) == 1
+
+
+@needs_vulkan
+def test_vulkan_kernel_that_takes_no_run_time_sizes_compiles_each_size_and_says_why(caplog):
+    f = kf.jit(_layer_norm, target="vulkan", dynamic={"x": [0, 1]})
     w, b = torch.randn(16), torch.randn(16)
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
         for n in (7, 9):
-            x = torch.randn(n, 16)
+            x = torch.randn(n, 3, 16)  # dim 0's stride would be a run-time size (dim 1's)
             _close(f(x, w, b), _layer_norm(x, w, b))
-    assert "'x' dim 0 changed size; each size is compiled: the vulkan target's kernels take no run-time sizes yet" \
-        in caplog.text
-    assert len(f.compiles) == 2
+    assert "compiled for static sizes" in caplog.text and "strides would take run-time sizes" in caplog.text
+    assert all("?" not in c.signature for c in f.compiles)
 
 
 def test_long_float_sums_keep_their_stages():
