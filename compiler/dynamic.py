@@ -30,7 +30,7 @@ from mlir import ir
 
 from kf.dialects.types import DYN, KfTypeError, mlir_type, spec_of
 
-from .errors import DynamicFallback
+from .errors import CompileError, DynamicFallback
 from .signature import MIN_SIZE, is_dynamic
 
 #: passes/to_cpu.REDUCTION_BLOCK (test_dynamic checks they agree): a float sum longer than
@@ -397,7 +397,10 @@ def serves_size_one(fn: Callable, dynamic_sig, tensors: list[torch.Tensor], ones
         dyn = capture_dynamic(fn, dynamic_sig, examples)
     except DynamicFallback as e:
         return str(e)
-    static = capture_signature(fn, static_sig, tensors)
+    try:
+        static = capture_signature(fn, static_sig, tensors)
+    except CompileError as e:
+        return f"{type(e).__name__}: {e.message}"
     with dyn.context:
         other = ir.Module.parse(static.module.operation.get_asm(print_generic_op_form=True))
         return _same_but_sizes(other, dyn.module)

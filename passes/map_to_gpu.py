@@ -72,6 +72,9 @@ def _emit_one(kernel: ir.Operation, gmod: ir.Operation, info: TargetInfo) -> tup
         raise ValueError(f"kf.plan has no '{e.args[0]}', which the {strategy.KIND} strategy's plans hold "
                          "(kf-tile records whole plans)") from None
     except NotApplicable:
+        if run_time_sizes.has_run_time_sizes(kernel):
+            raise ValueError(f"the {strategy.KIND} strategy cannot write it, and the generic strategy writes "
+                             f"kernels for static sizes only") from None
         # Whatever the refusing strategy had written goes before generic writes its own.
         for op in list(body.operations):
             if id(op.operation) not in before:

@@ -316,6 +316,7 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
             raise VulkanError(f"input {i} ('{a.name}') has shape {tuple(t.shape)}; compiled for {a.shape}")
     sizes: dict[str, int] = {}
     if not abi.is_static:  # run-time sizes: the inputs' give the symbols, which give the rest
+        # (a size 1 reaches a program only where kf found that it serves it: compiler/api.py)
         bound = bind_sizes(abi.inputs, [tuple(t.shape) for t in inputs], 1, MAX_DYNAMIC_SIZE)
         if isinstance(bound, str):
             raise VulkanError(bound)

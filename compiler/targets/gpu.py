@@ -31,6 +31,8 @@ class GpuTarget(Target):
     """A target whose kernels the strategies write as gpu.funcs and a back end lowers."""
 
     is_gpu = True
+    #: one program for every size of an outer dim (strategies/run_time_sizes.py)
+    dynamic_shapes = True
     divisibility = 16
     static_innermost = True
     #: kf-tile's and kf-map-to-gpu's ``target`` option: the strategies' view of the target

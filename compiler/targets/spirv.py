@@ -26,7 +26,6 @@ class SpirvTarget(GpuTarget):
     backend_pipeline = "kf-to-spirv"
     #: the back end writes Metal Shading Language from the SPIR-V (metal.py)
     writes_msl = False
-    dynamic_shapes = True
 
     def arch(self, options: Options) -> str:
         """The device's limits that the strategies tile for (``DeviceLimits.spec()``):

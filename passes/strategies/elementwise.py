@@ -219,10 +219,8 @@ class ElementwiseStrategy(Strategy):
         if vec > 1 and shape[-1] % vec:
             raise NotApplicable(f"vector width {vec} does not divide the innermost dimension {shape[-1]}")
         size_slots = plan.get("sizes", [])
-        if size_slots and (int(plan.get("items_per_thread", 1)) > 1 or (vec > 1 and shape[-1] == run_time_sizes.BOUND
-                                                                        and size_slots[0][1] == len(shape) - 1)):
-            raise ValueError("an elementwise kernel with run-time sizes takes one vector a thread along a static "
-                             "innermost dim")
+        if size_slots and vec > 1 and size_slots[0][1] == len(shape) - 1:
+            raise ValueError("an elementwise kernel with run-time sizes takes vectors along a static innermost dim")
         _, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
                                   target=target.name, sizes=len(size_slots))
         args = list(entry.arguments)
@@ -242,7 +240,8 @@ class ElementwiseStrategy(Strategy):
                     return
                 _emit_vector(kb, kernel, inputs, outputs, item, shape, vec, stores, short)
 
-            per = int(plan.get("items_per_thread", 1))
+            # (with run-time sizes one vector a thread: the passes' guards are static)
+            per = 1 if size_slots else int(plan.get("items_per_thread", 1))
             if per == 1:
                 E.for_each_thread_item(kb, items, block, grid, bool(plan["grid_stride"]), body)
             else:

@@ -33,7 +33,7 @@ from kf.runtime.abi import MAX_DYNAMIC_SIZE
 BOUND = MAX_DYNAMIC_SIZE
 
 #: the strategies that write kernels with run-time sizes
-RUN_TIME_KINDS = ("rowwise", "elementwise")
+RUN_TIME_KINDS = ("rowwise", "elementwise", "attention")
 
 
 def _is_dynamic(t: ir.Type) -> bool:
@@ -137,8 +137,11 @@ class SizeSlots:
     def size(self, k: int) -> ir.Value:
         if k not in self._loaded:
             with self._ip():
-                i = arith.constant(ir.IndexType.get(), k)
-                self._loaded[k] = arith.index_cast(ir.IndexType.get(), memref.load(self.arg, [i]))
+                index = ir.IndexType.get()
+                size = arith.index_cast(index, memref.load(self.arg, [arith.constant(index, k)]))
+                # at most BOUND (the launcher's promise, bind_sizes): what bounds the
+                # loops over it for kf-to-spirv's count of loop iterations
+                self._loaded[k] = arith.minui(size, arith.constant(index, BOUND))
         return self._loaded[k]
 
     def extent(self, n: int, k: int = 0) -> ir.Value:

@@ -70,9 +70,12 @@ class RowEmitter:
             if self.rows_value is not None or self.a.rows % self.P:
                 # Threads past the last row compute the last row again (so that every
                 # thread takes part in the shuffles and barriers) and store nothing.
-                rows = self.rows_value if self.rows_value is not None else const_index(self.a.rows)
-                self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, rows)
-                row = arith.minui(row, arith.subi(rows, const_index(1)))
+                if self.rows_value is None:
+                    self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, const_index(self.a.rows))
+                    row = arith.minui(row, const_index(self.a.rows - 1))
+                else:
+                    self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, self.rows_value)
+                    row = arith.minui(row, arith.subi(self.rows_value, const_index(1)))
         else:
             self.tid = tid
             row = bid

@@ -265,10 +265,22 @@ def test_seed_attention_one_program_serves_sizes_1_to_1000(target):
     for n in (7, 1, 257, 300, 1000):
         q, k, v = (torch.randn(1, 1, n, 32) for _ in range(3))
         _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
-    if target == "cpu":
-        assert len(attn.compiles) == 1 and "?" in attn.compiles[0].signature
-    else:  # the attention kernel takes static sizes on the GPU targets: each size compiles
-        assert all("?" not in c.signature for c in attn.compiles)
+    q, k, v = torch.randn(1, 1, 300, 32), torch.randn(1, 1, 77, 32), torch.randn(1, 1, 77, 32)
+    _close(attn(q, k, v), se.fused_attention.fn(q, k, v))  # keys of another length
+    assert len(attn.compiles) == 1 and "?" in attn.compiles[0].signature
+
+
+@needs_vulkan
+def test_vulkan_attention_with_heads_compiles_each_size(caplog):
+    """A run-time sequence inside a dim of heads would make the heads' stride a run-time
+    size, which the GPU kernels do not take: static sizes, said on kf.recompiles."""
+    attn = kf.jit(se.fused_attention.fn, target="vulkan")
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (7, 9):
+            q, k, v = (torch.randn(1, 2, n, 16) for _ in range(3))
+            _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    assert "strides would take run-time sizes" in caplog.text
+    assert all("?" not in c.signature for c in attn.compiles)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -304,6 +316,21 @@ def test_vulkan_elementwise_chain_one_program():
             for got, want in zip(f(x, y), f.fn(x, y)):
                 _close(got, want)
     assert [c.signature.count("?") for c in f.compiles] == [2, 2]
+
+
+@needs_vulkan
+def test_vulkan_half_layer_norm_several_rows_a_workgroup():
+    """f16 rows of 64 take registers mode, 128 rows a workgroup: the last workgroup's
+    rows past the run-time count compute and store nothing."""
+    def ln(x, w, b):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
+
+    f = kf.jit(ln, target="vulkan", dynamic={"x": [0]})
+    w, b = torch.randn(64, dtype=torch.float16), torch.randn(64, dtype=torch.float16)
+    for n in (7, 1, 257, 300, 1000):
+        x = torch.randn(n, 64, dtype=torch.float16)
+        _close(f(x, w, b), ln(x.float(), w.float(), b.float()).half(), tol=2e-2)
+    assert len(f.compiles) == 1
 
 
 @needs_vulkan
@@ -374,3 +401,38 @@ def test_sums_over_a_run_time_dim_and_a_long_static_one_compile_static():
         x = torch.randn(5, n)
         torch.testing.assert_close(g(x), torch.softmax(x, -1))
     assert len(g.compiles) == 2
+
+
+def _ptxas():
+    from kf.passes.to_cuda import ptxas_path
+
+    return ptxas_path()
+
+
+@pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
+@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention"])
+def test_dynamic_kernels_assemble_for_sm_90a(case):
+    """Without a GPU: the kernels with run-time sizes lower to PTX that ptxas assembles
+    for sm_90a, each taking its size slots and a grid over them."""
+    from kf.driver import build
+    from kf.options import Options
+    from kf.passes.to_cuda import assemble
+    from kf.runtime.abi import ProgramABI
+
+    fn, args, dims = {
+        "layer_norm": (se.metal_layer_norm.fn, (torch.randn(1, 7, 64), torch.randn(64), torch.randn(64)),
+                       {("x", 1)}),
+        "elementwise": (lambda x, y: torch.relu(x * y + 1.0), (torch.randn(7, 64), torch.randn(7, 64)),
+                        {("x", 0), ("y", 0)}),
+        "attention": (se.fused_attention.fn, tuple(torch.randn(1, 1, 7, 32) for _ in range(3)),
+                      {("q", 2), ("k", 2), ("v", 2)}),
+    }[case]
+    sig, tensors = bind(fn, args, {})
+    sig = sig.generalize(dims, 16)
+    meta, artifacts = build(fn, sig, tensors, Options(target="cuda"), "sm_90a")
+    abi = ProgramABI.from_json(meta["abi"])
+    assert not abi.is_static and all(k.sizes and k.grid_sizes for k in abi.kernels)
+    ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
+    kernels = assemble(ptx, "sm_90a").kernels
+    assert set(kernels) == {k.entry for k in abi.kernels}
+    assert all(k["spill_store_bytes"] == 0 for k in kernels.values())
