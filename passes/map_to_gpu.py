@@ -61,6 +61,8 @@ def _emit_one(kernel: ir.Operation, gmod: ir.Operation, info: TargetInfo) -> tup
         with run_time_sizes.bounded(kernel) as (bounded, slots):
             if slots and strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
                 raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
+            if slots:
+                run_time_sizes.check_strides(kernel, strategy.KIND)
             if [list(s) for s in slots] != [list(s) for s in plan.get("sizes", [])]:
                 raise ValueError(f"kf.plan's run-time sizes {plan.get('sizes', [])} are not the kernel's "
                                  f"{[list(s) for s in slots]}")

@@ -83,6 +83,7 @@ ValueError where its strategy writes kernels for static sizes only."""
     if slots:
         if strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
             raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
+        run_time_sizes.check_strides(kernel, strategy.KIND)
         plan["sizes"] = [list(s) for s in slots]
     return strategy, plan
 

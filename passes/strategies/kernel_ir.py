@@ -289,6 +289,9 @@ class Pointwise:
         self.reciprocal_of_constants = False
         #: argument index -> its value, loaded once (``hoist_scalars``)
         self.scalars: dict = {}
+        #: argument index -> the strides of an argument declared flat (run-time strides,
+        #: run_time_sizes.py): its loads linearize their index
+        self.flat: dict = {}
 
     def hoist_scalars(self) -> None:
         """Load every rank-0 argument (a scale, an fp8 dequantization factor) here, at
@@ -314,6 +317,8 @@ class Pointwise:
         if i in self.scalars:
             return self.scalars[i]
         spec = self.view.arg_specs[i]
+        if i in self.flat:
+            index = [linearize(self.g, index, self.flat[i])]
         v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
         if spec.elem == "i1" and v.type != ir.IntegerType.get_signless(1):  # a boolean stored as a byte
             return arith.cmpi(arith.CmpIPredicate.ne, v, scalar_math.const(v.type, 0))
@@ -647,6 +652,15 @@ def quad_reduce(x: ir.Value, combine) -> ir.Value:
         y = gpu.shuffle(x, arith.constant(i32, off), arith.constant(i32, 32), gpu.ShuffleMode.XOR)[0]
         x = combine(x, y)
     return x
+
+
+def linearize(g: GpuFunc, index: Sequence[ir.Value], strides: Sequence[ir.Value | int]) -> ir.Value:
+    """The flat index of ``index`` under ``strides`` (ints or index values)."""
+    out = None
+    for i, st in zip(index, strides):
+        term = g.mul(i, st) if isinstance(st, int) else arith.muli(i, st)
+        out = term if out is None else arith.addi(out, term)
+    return out if out is not None else g.c(0)
 
 
 def store_value(v: ir.Value, mem: ir.Value, index: Sequence[ir.Value]) -> None:

@@ -4,10 +4,12 @@
 What a strategy sees is the kernel at its largest: ``bounded`` gives a copy of the kernel
 function with each ``?`` made ``BOUND`` (the largest run-time size, MAX_DYNAMIC_SIZE),
 so the plans, memref types and the static parts of the index arithmetic are those of a
-static kernel. A ``?`` dim may only be the first dim of its tensor that is not 1: the
-dims after it have static sizes, so every stride stays static and addresses never
-depend on a run-time size (the bound only declares the buffer's extent; a kernel reads
-no element past the run-time one). The run-time sizes themselves, one a *slot* ((kernel
+static kernel. A tensor has one ``?`` at most. Where it is the first dim of its tensor that
+is not 1, every stride is static and addresses never depend on a run-time size (the
+bound only declares the buffer's extent; a kernel reads no element past the run-time
+one); elsewhere (a sequence after heads) the dims before it have run-time strides,
+which only the strategies of ``RUN_TIME_STRIDE_KINDS`` take: their kernels declare such
+a buffer flat (``flat_type``) and linearize indices with ``SizeSlots.strides``. The run-time sizes themselves, one a *slot* ((kernel
 argument, dim) pairs, the plan's ``sizes``), reach the kernel in a small buffer of i32,
 its last argument (after the index error flag), which the launcher fills at each call
 (runtime/abi.py: ``KernelABI.sizes``); the strategy reads them (``SizeSlots``) where the
@@ -34,6 +36,9 @@ BOUND = MAX_DYNAMIC_SIZE
 
 #: the strategies that write kernels with run-time sizes
 RUN_TIME_KINDS = ("rowwise", "elementwise", "attention")
+#: those whose kernels also address buffers with run-time strides (a run-time sequence
+#: after a static number of heads): flat buffers, indices linearized with the sizes
+RUN_TIME_STRIDE_KINDS = ("attention",)
 
 
 def _is_dynamic(t: ir.Type) -> bool:
@@ -50,8 +55,7 @@ def _bounded_type(t: ir.Type) -> ir.Type:
 
 def slots_of(kernel: ir.Operation) -> list[tuple[int, int]]:
     """The kernel function's run-time dims as (argument position, dim): inputs, then
-    results; ValueError where a ``?`` is not the first dim of its tensor that is not 1
-    (its strides would depend on a run-time size)."""
+    results; ValueError for a tensor with more than one."""
     ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
     slots = []
     for pos, t in enumerate([*ftype.inputs, *ftype.results]):
@@ -59,12 +63,35 @@ def slots_of(kernel: ir.Operation) -> list[tuple[int, int]]:
             continue
         rt = ir.RankedTensorType(t)
         dyn = [i for i in range(rt.rank) if rt.is_dynamic_dim(i)]
-        first = next(i for i in range(rt.rank) if rt.is_dynamic_dim(i) or rt.shape[i] != 1)
-        if dyn != [first]:
-            raise ValueError(f"{t} has a run-time size after its first dim that is not 1 (its strides would "
-                             f"take run-time sizes)")
-        slots.append((pos, first))
+        if len(dyn) > 1:
+            raise ValueError(f"{t} has more than one run-time size")
+        slots.append((pos, dyn[0]))
     return slots
+
+
+def check_strides(kernel: ir.Operation, kind: str) -> None:
+    """ValueError where a strategy whose kernels address their buffers with static
+    strides (all but RUN_TIME_STRIDE_KINDS) meets a ``?`` that is not its tensor's first
+    dim that is not 1 (the dims before it would have run-time strides)."""
+    if kind in RUN_TIME_STRIDE_KINDS:
+        return
+    ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
+    for t in [*ftype.inputs, *ftype.results]:
+        if _is_dynamic(t):
+            rt = ir.RankedTensorType(t)
+            first = next(i for i in range(rt.rank) if rt.is_dynamic_dim(i) or rt.shape[i] != 1)
+            if not rt.is_dynamic_dim(first):
+                raise ValueError(f"{t} has a run-time size after its first dim that is not 1 (its strides would "
+                                 f"take run-time sizes, which the {kind} strategy's kernels do not)")
+
+
+def flat_type(t: ir.MemRefType) -> ir.MemRefType:
+    """A kernel buffer addressed with run-time strides: one dim of all its (bounded)
+    elements."""
+    n = 1
+    for d in t.shape:
+        n *= d
+    return ir.MemRefType.get([max(n, 1)], t.element_type)
 
 
 def has_run_time_sizes(kernel: ir.Operation) -> bool:
@@ -143,6 +170,22 @@ class SizeSlots:
                 # loops over it for kf-to-spirv's count of loop iterations
                 self._loaded[k] = arith.minui(size, arith.constant(index, BOUND))
         return self._loaded[k]
+
+    def strides(self, shape: Sequence[int], dim: int, k: int) -> list[ir.Value | int]:
+        """The row-major strides of a (bounded) shape whose dim ``dim`` is slot k's
+        run-time size: index values from that dim on outwards, ints inside it."""
+        out: list[ir.Value | int] = [1] * len(shape)
+        with self._ip():
+            for d in range(len(shape) - 2, -1, -1):
+                inner = self.size(k) if d + 1 == dim else shape[d + 1]
+                prev = out[d + 1]
+                if isinstance(prev, int) and isinstance(inner, int):
+                    out[d] = prev * inner
+                    continue
+                a = prev if not isinstance(prev, int) else arith.constant(ir.IndexType.get(), prev)
+                b = inner if not isinstance(inner, int) else arith.constant(ir.IndexType.get(), inner)
+                out[d] = arith.muli(a, b)
+        return out
 
     def extent(self, n: int, k: int = 0) -> ir.Value:
         if n % BOUND:

@@ -78,6 +78,7 @@ from ..kernel_ir import (
     Pointwise,
     direct_source,
     gpu_arg_types,
+    linearize,
     stage_tile,
     staging_vector_bytes,
     store_value,
@@ -232,6 +233,12 @@ class AttentionStrategy(Strategy):
                         workgroup_memref([bm, bn + 1]), workgroup_memref([bm, tpr])]
         with kernel.location:
             arg_types = gpu_arg_types(view, target)
+            specs = [*view.arg_specs, *view.result_specs]
+            # buffers whose run-time dim comes after a dim that is not 1: declared flat,
+            # addressed with run-time strides
+            strided = {pos: dim for pos, dim in size_slots if any(d != 1 for d in specs[pos].shape[:dim])}
+            for pos in strided:
+                arg_types[pos] = run_time_sizes.flat_type(arg_types[pos])
             if size_slots:  # run-time sizes: the slots' buffer, last
                 arg_types.append(run_time_sizes.slot_type(len(size_slots)))
             g = GpuFunc(gpu_module, view.name, arg_types, shared_types, (threads, 1, 1))
@@ -239,13 +246,19 @@ class AttentionStrategy(Strategy):
             # the tails' guards are static where the tiles divide the sequences; with
             # run-time sequence lengths every tail is guarded
             ragged_q, ragged_k = bool(Sq % bm), bool(Sk % bn)
+            out_strides = None
             if seq_slots is not None:
                 sizes = run_time_sizes.SizeSlots(g.entry, g.args[-1], size_slots)
                 Sq, Sk = sizes.size(seq_slots[0]), sizes.size(seq_slots[1])
                 ragged_q = ragged_k = True
+                slot_of = {pos: k for k, (pos, _) in enumerate(size_slots)}
+                flat = {pos: sizes.strides(specs[pos].shape, dim, slot_of[pos]) for pos, dim in strided.items()}
+                out_strides = flat.pop(len(view.args), None)
             n_in = len(view.args)
             out_mem = g.args[n_in]
             pw = Pointwise(g, view, g.args[:n_in])
+            if seq_slots is not None:
+                pw.flat = flat
             f32 = g.f32
             zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
             nb = len(ch.batch)
@@ -363,7 +376,8 @@ class AttentionStrategy(Strategy):
                         idx = out_lead + [gi, out_cols[c]]
 
                         def one(c=c, idx=idx):
-                            store_value(apply_epilogue(pw, ch, arith.divf(acc[c], total), idx), out_mem, idx)
+                            at = idx if out_strides is None else [linearize(g, idx, out_strides)]
+                            store_value(apply_epilogue(pw, ch, arith.divf(acc[c], total), idx), out_mem, at)
 
                         g.when(g.lt(out_cols[c], Dv) if tpr * (c + 1) > Dv else None, one)
 

@@ -66,7 +66,7 @@ def test_torch_specialized_dim_compiles_static_and_logs_why(caplog):
     assert "[3, 4]" in f.compiles[0].signature
 
 
-@pytest.mark.parametrize("target", ["cpu"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_seed_layer_norm_one_program_for_every_size(target):
     ln = kf.jit(se.metal_layer_norm.fn, target=target, dynamic=True)
     w, b = torch.randn(64), torch.randn(64)
@@ -76,7 +76,7 @@ def test_seed_layer_norm_one_program_for_every_size(target):
     assert len(ln.compiles) == 1 and "?" in ln.compiles[0].signature
 
 
-@pytest.mark.parametrize("target", ["cpu"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_seed_attention_automatic_dynamic(target, caplog):
     attn = kf.jit(se.fused_attention.fn, target=target)
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
@@ -272,16 +272,22 @@ def test_seed_attention_one_program_serves_sizes_1_to_1000(target):
 
 
 @needs_vulkan
-def test_vulkan_attention_with_heads_compiles_each_size(caplog):
-    """A run-time sequence inside a dim of heads would make the heads' stride a run-time
-    size, which the GPU kernels do not take: static sizes, said on kf.recompiles."""
-    attn = kf.jit(se.fused_attention.fn, target="vulkan")
-    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
-        for n in (7, 9):
-            q, k, v = (torch.randn(1, 2, n, 16) for _ in range(3))
-            _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
-    assert "strides would take run-time sizes" in caplog.text
-    assert all("?" not in c.signature for c in attn.compiles)
+def test_vulkan_attention_with_heads_and_strided_inputs():
+    """A run-time sequence after heads: the attention kernel addresses q, k, v and its
+    output with run-time strides; keys of another length than the queries, and a
+    strided q (a program of its own: the layout is part of the signature)."""
+    attn = kf.jit(se.fused_attention.fn, target="vulkan", dynamic={"q": [2], "k": [2], "v": [2]})
+    for n in (7, 1, 257):
+        q, k, v = (torch.randn(2, 3, n, 16) for _ in range(3))
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    q, k, v = torch.randn(2, 3, 300, 16), torch.randn(2, 3, 77, 16), torch.randn(2, 3, 77, 16)
+    _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    assert len(attn.compiles) == 1
+    for n in (40, 9):
+        q = torch.randn(2, n, 3, 16).transpose(1, 2)
+        k, v = torch.randn(2, 3, n, 16), torch.randn(2, 3, n, 16)
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    assert len(attn.compiles) == 2 and all("?" in c.signature for c in attn.compiles)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -356,13 +362,14 @@ def test_vulkan_float_argument_over_8_steps_compiles_once():
 
 @needs_vulkan
 def test_vulkan_kernel_that_takes_no_run_time_sizes_compiles_each_size_and_says_why(caplog):
-    f = kf.jit(_layer_norm, target="vulkan", dynamic={"x": [0, 1]})
+    f = kf.jit(_layer_norm, target="vulkan", dynamic={"x": [1]})
     w, b = torch.randn(16), torch.randn(16)
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
         for n in (7, 9):
-            x = torch.randn(n, 3, 16)  # dim 0's stride would be a run-time size (dim 1's)
+            x = torch.randn(3, n, 16)  # dim 0's stride would be a run-time size (dim 1's)
             _close(f(x, w, b), _layer_norm(x, w, b))
     assert "compiled for static sizes" in caplog.text and "strides would take run-time sizes" in caplog.text
+    assert "rowwise strategy's kernels do not" in caplog.text
     assert all("?" not in c.signature for c in f.compiles)
 
 
@@ -411,7 +418,7 @@ def _ptxas():
 
 
 @pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
-@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention"])
+@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention", "attention_heads"])
 def test_dynamic_kernels_assemble_for_sm_90a(case):
     """Without a GPU: the kernels with run-time sizes lower to PTX that ptxas assembles
     for sm_90a, each taking its size slots and a grid over them."""
@@ -427,6 +434,8 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
                         {("x", 0), ("y", 0)}),
         "attention": (se.fused_attention.fn, tuple(torch.randn(1, 1, 7, 32) for _ in range(3)),
                       {("q", 2), ("k", 2), ("v", 2)}),
+        "attention_heads": (se.fused_attention.fn, tuple(torch.randn(2, 3, 7, 32) for _ in range(3)),
+                            {("q", 2), ("k", 2), ("v", 2)}),
     }[case]
     sig, tensors = bind(fn, args, {})
     sig = sig.generalize(dims, 16)
