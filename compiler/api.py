@@ -124,6 +124,8 @@ class KfFunction:
         self._auto: set[tuple[str, int]] = set()
         self._first: dict[tuple[str, int], int] = {}
         self._static: set[tuple[str, int]] = set()
+        self._ones: dict = {}  # (signature, its dims at size 1) -> whether its program serves them
+        self._grown: set[tuple[str, int]] = set()  # dims met at a size of 2 or more
         self._why_dynamic: list[str] = []
         self._profile_read = False
         self._limit_warned = False
@@ -255,10 +257,11 @@ class KfFunction:
         logs.recompile_log.warning("%s", msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=5)
 
-    def _generalized(self, sig: Signature, observe: bool = True) -> Signature:
+    def _generalized(self, sig: Signature, observe: bool = True, tensors: list | None = None) -> Signature:
         """sig with the dims that take run-time sizes marked (Signature.generalize): those
         of ``options.dynamic``, or under automatic dynamic those whose size has changed
-        since the first call, less those that must stay static; sig itself on targets
+        since the first call, less those that must stay static (and on targets whose
+        kernels' code depends on it, each tensor's innermost dim); sig itself on targets
         whose programs take no run-time sizes. ``observe=False`` (kf.inspect) records no
         size and reads no profile."""
         mode = self.options.dynamic
@@ -302,7 +305,38 @@ class KfFunction:
 
                         cache.add_dynamic_profile(self.fn, self._auto)
             wanted = self._auto
-        return sig.generalize(wanted - self._static, target.divisibility)
+        if target.static_innermost:
+            wanted = {(n, d) for n, d in wanted if d != len(shapes[names.index(n)]) - 1} if names else wanted
+        wanted = wanted - self._static
+        general = sig.generalize(wanted, target.divisibility)
+        if observe:
+            self._grown |= {(n, d) for n, shape in zip(names, shapes) for d, size in enumerate(shape) if size >= 2}
+        # a size 1 of a dim met at other sizes (a sequence of one token), never of a dim
+        # that was always 1 (a batch of one): that one stays static
+        ones = frozenset((n, d) for n, d in wanted & self._grown if shapes[names.index(n)][d] == 1)
+        if ones and observe and tensors is not None:
+            one = sig.generalize(wanted, target.divisibility, ones)
+            if one != general and self._serves_one(one, sig, tensors, ones, names):
+                return one
+        return general
+
+    def _serves_one(self, one: Signature, sig: Signature, tensors: list, ones: frozenset, names: list) -> bool:
+        """Whether the program of ``one`` (a signature whose run-time dims take a call's
+        size 1) serves the call (dynamic.serves_size_one), decided once a signature and
+        set of dims; where it does not, a kf.recompiles line says why, and the size 1
+        compiles for itself."""
+        key = (one, ones)
+        if key not in self._ones:
+            from .dynamic import serves_size_one
+
+            at = [(names.index(n), d) for n, d in sorted(ones)]
+            why = serves_size_one(self.fn, one, tensors, at, sig)
+            self._ones[key] = why is None
+            if why is not None:
+                shown = ", ".join(f"'{n}' dim {d}" for n, d in sorted(ones))
+                logs.recompile_log.info("%s: %s of size 1 compiled apart: the trace at size 1 differs (%s)",
+                                        self.fn.__name__, shown, why)
+        return self._ones[key]
 
     def _log_static_target(self, sig: Signature, target: str) -> None:
         """Once per function, where a dim would take run-time sizes (asked for, or a
@@ -450,7 +484,7 @@ class KfFunction:
             dtype = scalar_dtype(tensors)
             if dtype is not None:
                 sig, tensors = lift_scalars(sig, tensors, names, dtype)
-        return self._generalized(sig, observe), tensors
+        return self._generalized(sig, observe, tensors), tensors
 
     def _bound_call(self, args: tuple, kwargs: dict) -> tuple[Any, list]:
         """As ``_bound`` for a call. Where its floats are runtime scalars but the function
@@ -473,7 +507,7 @@ class KfFunction:
             logs.recompile_log.info("%s: float argument(s) %s compiled as constants: %s", self.fn.__name__,
                                     ", ".join(names), why.splitlines()[0])
             sig, tensors = bind(self.fn, args, kwargs)
-            return self._bound(self._generalized(sig), tensors)
+            return self._bound(self._generalized(sig, tensors=tensors), tensors)
 
     def _bound(self, sig: Signature, tensors: list) -> tuple[Any, list]:
         """(the program of a bound call, its tensors followed by the reached ones it reads):

@@ -30,7 +30,7 @@ from mlir import ir
 
 from kf.dialects.types import DYN, KfTypeError, mlir_type, spec_of
 
-from .errors import DynamicFallback
+from .errors import CompileError, DynamicFallback
 from .signature import MIN_SIZE, is_dynamic
 
 #: passes/to_cpu.REDUCTION_BLOCK (test_dynamic checks they agree): a float sum longer than
@@ -292,6 +292,11 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
     specs = sig.tensor_sigs()
     dynamic = [[d for d, s in enumerate(spec.shape) if is_dynamic(s)] for spec in specs]
     names = sig.tensor_names()
+    # a call at size 1 (api: one served by the dynamic program) traces at size 2: torch
+    # specializes a size 1
+    tensors = [torch.zeros([2 if d in dims and n == 1 else n for d, n in enumerate(t.shape)], dtype=t.dtype,
+                           device=t.device) if any(t.shape[d] == 1 for d in dims) else t
+               for t, dims in zip(tensors, dynamic + [[]] * (len(tensors) - len(dynamic)))]
     ep = _export(user, sig, tensors, dynamic)
     if _written_inputs(ep, user):
         raise DynamicFallback("the function writes to its arguments")
@@ -339,3 +344,63 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
     cap.fallback_reason = None
     cap.tracer = "export-dynamic"
     return cap
+
+
+# ----------------------------------------------------------------------------- size 1
+
+
+def _same_but_sizes(static: ir.Module, dynamic: ir.Module) -> str | None:
+    """Why the kf IR of a static capture is not the dynamic one's with some ``?`` at
+    their sizes, or None: the same ops with the same attributes, every type of the same
+    element and rank, each static dim of the dynamic IR the static IR's."""
+    ops_s, ops_d = _ops(static), _ops(dynamic)
+    if len(ops_s) != len(ops_d):
+        return f"{len(ops_s)} ops, not {len(ops_d)}"
+    for x, y in zip(ops_s, ops_d):
+        if x.name != y.name or _attrs(x) != _attrs(y) or len(x.results) != len(y.results):
+            return f"{x.name}: {_attrs(x)} / {y.name}: {_attrs(y)}"
+        values = list(zip(x.results, y.results))
+        if x.name == "func.func":
+            for bx, by in zip(x.regions[0].blocks, y.regions[0].blocks):
+                values += list(zip(bx.arguments, by.arguments))
+        for u, v in values:
+            if u.type == v.type:
+                continue
+            try:
+                su, sv = spec_of(u.type), spec_of(v.type)
+            except KfTypeError:
+                return f"{u.type} / {v.type}"
+            if su.elem != sv.elem or su.rank != sv.rank or any(
+                    b != DYN and a != b for a, b in zip(su.shape, sv.shape)):
+                return f"{x.name}: {u.type} is not {v.type}"
+    return None
+
+
+def serves_size_one(fn: Callable, dynamic_sig, tensors: list[torch.Tensor], ones: Sequence[tuple[int, int]],
+                    static_sig) -> str | None:
+    """None where the program of ``dynamic_sig`` computes what eager torch does for a
+    call whose run-time dims ``ones`` ((tensor, dim)) have size 1, else why not.
+
+    torch traces a run-time size as one of at least 2 and never records what it assumed
+    of it there: a ``squeeze`` of it is no op, broadcasting never meets it as a 1. So the
+    call's own trace (``static_sig``, its sizes) is compared with the dynamic trace (made
+    with those dims at 2): the same kf ops and attributes, their types the dynamic ones
+    at the call's sizes, is the same computation with the size taken at run time."""
+    from .capture import capture_signature
+
+    examples = list(tensors)
+    for i, d in ones:
+        shape = list(examples[i].shape)
+        shape[d] = 2
+        examples[i] = torch.zeros(shape, dtype=examples[i].dtype, device=examples[i].device)
+    try:
+        dyn = capture_dynamic(fn, dynamic_sig, examples)
+    except DynamicFallback as e:
+        return str(e)
+    try:
+        static = capture_signature(fn, static_sig, tensors)
+    except CompileError as e:
+        return f"{type(e).__name__}: {e.message}"
+    with dyn.context:
+        other = ir.Module.parse(static.module.operation.get_asm(print_generic_op_form=True))
+        return _same_but_sizes(other, dyn.module)

@@ -22,9 +22,9 @@ from mlir import ir
 from kf.dialects.attrs import from_attr
 from kf.dialects.types import spec_of
 from kf.passes.map_to_gpu import GPU_MODULE
-from kf.runtime.abi import ELEM_INFO, IndexSite, KernelABI, ProgramABI, TensorArg
+from kf.runtime.abi import DYN, ELEM_INFO, IndexSite, KernelABI, ProgramABI, TensorArg
 
-from .errors import TargetError
+from .errors import DynamicFallback, TargetError
 
 
 def _func(module: ir.Module, name: str) -> ir.Operation:
@@ -47,9 +47,29 @@ def _gpu_funcs(module: ir.Module) -> dict[str, ir.Operation]:
     return out
 
 
-def _targ(name: str, t: ir.Type) -> TensorArg:
+def _targ(name: str, t: ir.Type, dims: tuple[str, ...] = ()) -> TensorArg:
     s = spec_of(t)
-    return TensorArg(name, s.shape, s.elem)
+    if DYN not in s.shape:
+        return TensorArg(name, s.shape, s.elem)
+    if len(dims) != len(s.shape):
+        raise DynamicFallback(f"the GPU kernels' buffer {name} ({t}) has run-time sizes kf cannot name")
+    return TensorArg(name, s.shape, s.elem, tuple(dims))
+
+
+def _slot_sizes(g: ir.Operation, args: tuple[int, ...], buffers: list[TensorArg]) -> tuple[tuple, tuple]:
+    """(the slots' sizes as expressions over the program's symbols, the grid over the
+    slots) of a gpu.func with run-time sizes (kf.size_slots), or two empty tuples."""
+    if "kf.size_slots" not in g.attributes:
+        return (), ()
+    sizes = []
+    for slot in ir.ArrayAttr(g.attributes["kf.size_slots"]):
+        pos, dim = list(ir.DenseI64ArrayAttr(slot))
+        arg = buffers[args[pos]]
+        if not arg.dims or arg.shape[dim] != DYN:
+            raise DynamicFallback(f"a kernel's run-time dim {dim} of {arg.name} has no size")
+        sizes.append(arg.dims[dim])
+    grid = tuple(ir.StringAttr(x).value for x in ir.ArrayAttr(g.attributes["kf.grid_sizes"]))
+    return tuple(sizes), grid
 
 
 def _constant_bytes(attr: ir.Attribute, elem: str) -> bytes:
@@ -70,7 +90,8 @@ def _constant_bytes(attr: ir.Attribute, elem: str) -> bytes:
 
 
 def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: str,
-                 eager_aliases: list | None = None, eager_repeats: list | None = None
+                 eager_aliases: list | None = None, eager_repeats: list | None = None,
+                 input_dims: list | None = None, output_dims: list | None = None
                  ) -> tuple[ProgramABI, list[tuple[TensorArg, bytes]], list[int]]:
     """The program's ABI from the launch schedule, the constants' data, and for each output
     the index of an earlier output it repeats (-1 if none).
@@ -80,12 +101,18 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
     aliasing.py); elsewhere (``x.clone()``, ``x * 1``, a constant) it is a new tensor with
     the input's values (``output_copies``). Likewise an output repeats an earlier one (the
     same tensor twice) only where eager returns the same tensor twice (``eager_repeats``);
-    ``(y, y.clone())`` gives a copy."""
+    ``(y, y.clone())`` gives a copy.
+
+    Run-time sizes: ``input_dims`` / ``output_dims`` (compiler/dynamic.py) give each
+    dim of the inputs and outputs as text; a kernel's slots (kf.size_slots) become its
+    ``KernelABI.sizes``. A temporary with a run-time size is a DynamicFallback (its
+    size has no expression here)."""
     f = _func(module, entry)
     block = f.regions[0].blocks[0]
     gfuncs = _gpu_funcs(module)
     buffer_of: dict = {}
-    inputs = [_targ(n, a.type) for n, a in zip(input_names, block.arguments)]
+    in_dims = list(input_dims or []) + [()] * len(block.arguments)
+    inputs = [_targ(n, a.type, tuple(in_dims[i])) for i, (n, a) in enumerate(zip(input_names, block.arguments))]
     for i, a in enumerate(block.arguments):
         buffer_of[a] = i
     constants: list[tuple[TensorArg, bytes]] = []
@@ -103,7 +130,8 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
     eager_repeats = eager_repeats if eager_repeats is not None and len(eager_repeats) == n_out else [-1] * n_out
     outputs, aliases, repeats, copies = [], [], [], []
     for j, v in enumerate(ret.operands):
-        outputs.append(_targ(f"result{j}", v.type))
+        outputs.append(_targ(f"result{j}", v.type, tuple(output_dims[j]) if output_dims and j < len(output_dims)
+                             else ()))
         first = next((i for i, w in enumerate(list(ret.operands)[:j]) if w == v), -1)
         alias = copy = -1
         if first >= 0 and eager_repeats[j] == first:
@@ -165,11 +193,13 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
                 d = {a[i].name: from_attr(a[i].attr) for i in range(len(ir.DictAttr(a)))}
                 sites[d["id"]] = IndexSite(d["op"], d["where"], d["dim"], d["bound"])
             flagged.append(len(kernels))
+        slot_sizes, grid_sizes = _slot_sizes(g, args, [*inputs, *(c for c, _ in constants), *outputs, *temporaries])
         kernels.append(KernelABI(entry=gname, args=args, grid=tuple(from_attr(g.attributes["kf.grid"])),
                                  block=tuple(from_attr(g.attributes["kf.block"])), shared_bytes=shared,
                                  artifact="", fused_lines=tuple(str(x) for x in lines),
                                  extra={"strategy": str(from_attr(g.attributes["kf.strategy"]))
-                                        if "kf.strategy" in g.attributes else ""}))
+                                        if "kf.strategy" in g.attributes else ""},
+                                 sizes=slot_sizes, grid_sizes=grid_sizes))
     all_inputs = tuple(inputs) + tuple(c for c, _ in constants)
     if sorted(sites) != list(range(len(sites))):
         raise TargetError(f"{entry}: the kernels' index sites are numbered {sorted(sites)}, not 0..{len(sites) - 1}")

@@ -38,18 +38,6 @@ def user_functions(module: ir.Operation) -> list[ir.Operation]:
     return out
 
 
-def require_static(module: ir.Operation) -> None:
-    """PassError at the first kf op with a run-time size (``?``): the GPU passes take
-    static sizes (the driver compiles such targets for each size)."""
-    from kf.dialects.verifier import kf_ops
-
-    for op in kf_ops(module):
-        for v in [*op.operands, *op.results]:
-            if isinstance(v.type, ir.RankedTensorType) and not v.type.has_static_shape:
-                raise PassError(f"{op.name} has {v.type}: the GPU strategies take static sizes (each size is "
-                                f"compiled)", op.location)
-
-
 #: how a boolean option may be written (``kf-to-cpu{fuse}`` alone means true)
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True, "": True, "0": False, "false": False, "no": False,
           "off": False}

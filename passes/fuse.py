@@ -59,7 +59,7 @@ from kf.dialects import BY_NAME, spec_of
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import defining, transposes_last_two
 
-from .base import KfPass, PassError, require_static
+from .base import KfPass, PassError
 from .fuse_attention_backward import attention_backward_groups
 
 _REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}
@@ -525,7 +525,6 @@ class FusePass(KfPass):
     DESCRIPTION = "partition functions into kernels (attention, rowwise, matmul, transpose, elementwise, generic)"
 
     def run(self, module: ir.Operation) -> None:
-        require_static(module)
         for f in list(module.regions[0].blocks[0].operations):
             f = f.operation
             if f.name != "func.func" or "kf.kernel" in f.attributes or "sym_visibility" in f.attributes:

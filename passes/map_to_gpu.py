@@ -7,7 +7,9 @@ the strategy raises ``NotApplicable``, the generic strategy's (with a generic pl
 The gpu.func gets the launch facts the back ends and the launcher need:
 ``kf.grid``, ``kf.block`` (array<i64: x, y, z>), ``kf.shared_bytes`` (dynamic shared
 memory), ``kf.fused_lines`` (the user's lines, from the kernel function) and
-``kf.strategy``.
+``kf.strategy``; a kernel with run-time sizes (strategies/run_time_sizes.py) also
+``kf.size_slots`` (its slots: [argument, dim] pairs) and ``kf.grid_sizes`` (the grid as
+expressions over the slots).
 
 A kernel whose results all have no elements is not written: its declaration gets
 ``kf.empty`` instead of ``kf.gpu_func``, and the driver launches nothing for it (the
@@ -28,6 +30,7 @@ from mlir import ir
 
 from .base import KfPass, PassError
 from .strategies import emit as E
+from .strategies import run_time_sizes
 from .strategies.base import (DEFAULT_MULTIPROCESSORS, STRATEGIES, EmittedKernel, NotApplicable, TargetInfo,
                               strategy_for)
 from .tile import check_target, choose, recorded_plan
@@ -55,7 +58,15 @@ def _emit_one(kernel: ir.Operation, gmod: ir.Operation, info: TargetInfo) -> tup
     body = gmod.regions[0].blocks[0]
     before = {id(op.operation) for op in body.operations}
     try:
-        return strategy.emit(kernel, plan, gmod, info), strategy.KIND
+        with run_time_sizes.bounded(kernel) as (bounded, slots):
+            if slots and strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
+                raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
+            if slots:
+                run_time_sizes.check_strides(kernel, strategy.KIND)
+            if [list(s) for s in slots] != [list(s) for s in plan.get("sizes", [])]:
+                raise ValueError(f"kf.plan's run-time sizes {plan.get('sizes', [])} are not the kernel's "
+                                 f"{[list(s) for s in slots]}")
+            return strategy.emit(bounded, plan, gmod, info), strategy.KIND
     except KeyError as e:
         if not recorded or not e.args or e.args[0] in plan:
             raise
@@ -63,6 +74,9 @@ def _emit_one(kernel: ir.Operation, gmod: ir.Operation, info: TargetInfo) -> tup
         raise ValueError(f"kf.plan has no '{e.args[0]}', which the {strategy.KIND} strategy's plans hold "
                          "(kf-tile records whole plans)") from None
     except NotApplicable:
+        if run_time_sizes.has_run_time_sizes(kernel):
+            raise ValueError(f"the {strategy.KIND} strategy cannot write it, and the generic strategy writes "
+                             f"kernels for static sizes only") from None
         # Whatever the refusing strategy had written goes before generic writes its own.
         for op in list(body.operations):
             if id(op.operation) not in before:
@@ -117,6 +131,11 @@ class MapToGpuPass(KfPass):
                                                                              int(part.shared_bytes))
                     gfunc.attributes["kf.fused_lines"] = E.fused_lines(kernel)
                     gfunc.attributes["kf.strategy"] = ir.StringAttr.get(kind)
+                    if part.sizes:
+                        gfunc.attributes["kf.size_slots"] = ir.ArrayAttr.get(
+                            [_i64_array(s) for s in part.sizes])
+                        gfunc.attributes["kf.grid_sizes"] = ir.ArrayAttr.get(
+                            [ir.StringAttr.get(g) for g in part.grid_sizes])
                 decl = E.declare_kernel(kernel, GPU_MODULE)
                 if emitted.prelude is not None:
                     _schedule_prelude(module, decl, emitted.prelude.name, emitted.prelude_output)

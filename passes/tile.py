@@ -24,8 +24,9 @@ from typing import Any
 
 from mlir import ir
 
-from .base import KfPass, PassError, require_static
+from .base import KfPass, PassError
 from .strategies import emit as E
+from .strategies import run_time_sizes
 from .strategies.base import (DEFAULT_MULTIPROCESSORS, NotApplicable, Strategy, TargetInfo, strategy_for,
                               variants_by_kind)
 
@@ -74,7 +75,20 @@ def choose(kernel: ir.Operation, target: TargetInfo, variants: dict | None = Non
     over an empty dim fused into an add: the specialized strategies' tiles assume rows
     and tiles that exist, generic's loops just run zero times). ``variants``: {kind: a
     strategy's VARIANT} (``variants_by_kind``); a strategy with variants plans with its
-    own (or its defaults), and the plan records it."""
+    own (or its defaults), and the plan records it. A kernel with run-time sizes is planned
+at its largest (strategies/run_time_sizes.py), its plan's ``sizes`` naming its slots;
+ValueError where its strategy writes kernels for static sizes only."""
+    with run_time_sizes.bounded(kernel) as (bounded, slots):
+        strategy, plan = _choose(bounded, target, variants)
+    if slots:
+        if strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
+            raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
+        run_time_sizes.check_strides(kernel, strategy.KIND)
+        plan["sizes"] = [list(s) for s in slots]
+    return strategy, plan
+
+
+def _choose(kernel: ir.Operation, target: TargetInfo, variants: dict | None) -> tuple[Strategy, dict]:
     ins, outs = E.kernel_signature(kernel)
     empty = any(E.numel(s.shape) == 0 for s in [*ins, *outs]) or any(
         isinstance(r.type, ir.RankedTensorType) and E.numel(E.shape_of(r)) == 0
@@ -168,7 +182,6 @@ class TilePass(KfPass):
 
     def run(self, module: ir.Operation) -> None:
         check_target(self.target, module.location, self.chip, self.multiprocessors)
-        require_static(module)
         try:
             info = TargetInfo.for_target(self.target, self.chip, self.multiprocessors, self.limits)
         except ValueError as e:

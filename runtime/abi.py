@@ -46,6 +46,9 @@ DEFAULT_MULTIPROCESSORS = 132
 
 #: a dim of TensorArg.shape whose size is known only at run time
 DYN = -1
+#: the largest size a run-time dim takes (larger sizes compile for their own value): GPU
+#: kernels declare a run-time dim's buffer extent with it
+MAX_DYNAMIC_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,12 @@ def eval_size(expr: str, sizes: dict[str, int]) -> int:
     return int(ev(ast.parse(expr, mode="eval")))
 
 
-def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min_size: int = 2) -> dict[str, int] | str:
+def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min_size: int = 2,
+               max_size: int | None = None) -> dict[str, int] | str:
     """The symbols' sizes in a call whose inputs have these shapes, or why the shapes do
     not fit the program (text): a static dim that differs, a run-time dim below min_size
-    (sizes 0 and 1 are compiled apart), or one symbol given two sizes."""
+    (sizes 0 are compiled apart) or above max_size (GPU kernels: MAX_DYNAMIC_SIZE), or
+    one symbol given two sizes."""
     sizes: dict[str, int] = {}
     for a, shape in zip(args, shapes):
         if len(shape) != len(a.shape):
@@ -127,6 +132,8 @@ def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min
             name = a.dims[d]
             if got < min_size:
                 return f"'{a.name}' dim {d} is {got}; the program takes sizes from {min_size}"
+            if max_size is not None and got > max_size:
+                return f"'{a.name}' dim {d} is {got}; the program takes sizes up to {max_size}"
             if sizes.setdefault(name, got) != got:
                 return f"'{a.name}' dim {d} is {got}, but {name} is {sizes[name]} in another input"
     return sizes
@@ -165,6 +172,20 @@ class KernelABI:
     artifact: str = ""  # file name of the binary (ptx / spv / msl / so) beside the metadata
     fused_lines: tuple[str, ...] = ()  # the user's file:line of every op fused here
     extra: dict = field(default_factory=dict)  # per-target details (registers, spills, ...)
+    #: run-time sizes (GPU): the values of the kernel's size slots, expressions over the
+    #: program's symbols; the launcher passes them as a buffer of int32, the kernel's
+    #: last argument (after the index error flag)
+    sizes: tuple[str, ...] = ()
+    #: with ``sizes``: the grid as expressions over the slots ``k0``, ``k1``, ...
+    grid_sizes: tuple[str, ...] = ()
+
+    def sized_grid(self, sizes: dict[str, int]) -> tuple[tuple[int, int, int], list[int]]:
+        """(the grid, the slots' values) in a call whose symbols have these sizes."""
+        slots = [eval_size(e, sizes) for e in self.sizes]
+        if not self.grid_sizes:
+            return self.grid, slots
+        named = {f"k{i}": v for i, v in enumerate(slots)}
+        return tuple(max(1, eval_size(g, named)) for g in self.grid_sizes), slots
 
 
 @dataclass(frozen=True)
@@ -248,7 +269,8 @@ class ProgramABI:
 
         kernels = tuple(
             KernelABI(k["entry"], tuple(k["args"]), tuple(k["grid"]), tuple(k["block"]), k["shared_bytes"],
-                      k["artifact"], tuple(k["fused_lines"]), k["extra"])
+                      k["artifact"], tuple(k["fused_lines"]), k["extra"], tuple(k.get("sizes", ())),
+                      tuple(k.get("grid_sizes", ())))
             for k in d["kernels"])
         sites = tuple(IndexSite(x["op"], x["where"], int(x["dim"]), int(x["bound"]))
                       for x in d.get("index_sites", ()))

@@ -310,8 +310,9 @@ class CudaKernel:
 
     # ------------------------------------------------------------------ launch (fast path)
 
-    def __call__(self, *tensors) -> None:
-        """Launch on the tensors' device, on torch's current stream there. Returns at once."""
+    def __call__(self, *tensors, grid: Sequence[int] | None = None) -> None:
+        """Launch on the tensors' device, on torch's current stream there, on ``grid``
+        where given (a kernel with run-time sizes), else its own. Returns at once."""
         if len(tensors) != self.nargs:
             raise TypeError(f"kf kernel '{self.entry}' takes {self.nargs} tensors, got {len(tensors)}")
         device = tensors[0].get_device()
@@ -322,7 +323,7 @@ class CudaKernel:
             bound = self._bind(device)
         if self.validate:
             self._check_args(tensors, device)
-        g, b = self.grid, self.block
+        g, b = grid or self.grid, self.block
         if _c_launch is not None:
             err = _c_launch(bound.handle, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
                             self._raw_stream(device), *[t.data_ptr() for t in tensors])

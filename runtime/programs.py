@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from .abi import ELEM_INFO, ProgramABI, TensorArg
+from .abi import ELEM_INFO, MAX_DYNAMIC_SIZE, ProgramABI, TensorArg, bind_sizes
 
 
 def _dtype(elem: str) -> torch.dtype:
@@ -92,7 +92,8 @@ class _Program:
         for t, a in zip(inputs, self.abi.inputs):
             if t.device.type != device_type:
                 raise LaunchError(f"'{a.name}' is on {t.device}; this program runs on {device_type} tensors")
-            if tuple(t.shape) != a.shape or t.dtype != _dtype(a.elem):
+            if (a.is_static and tuple(t.shape) != a.shape) or len(t.shape) != len(a.shape) or \
+                    t.dtype != _dtype(a.elem):
                 raise LaunchError(f"'{a.name}': compiled for {a.elem}{list(a.shape)}, got {t.dtype} {list(t.shape)}")
             if dense and not t.is_contiguous():
                 t = t.contiguous()
@@ -127,7 +128,12 @@ class CudaProgram(_Program):
             if k.artifact not in modules:
                 with open(os.path.join(directory, k.artifact), "rb") as f:
                     modules[k.artifact] = cuda.CudaModule(f.read().decode())
-            self.kernels.append((cuda.CudaKernel.from_abi(k, buffers, modules[k.artifact], validate=False), k.args))
+            if k.sizes:  # run-time sizes: one more argument, the slots' buffer
+                launcher = cuda.CudaKernel(modules[k.artifact], k.entry, k.grid, k.block, k.shared_bytes,
+                                           len(k.args) + 1, validate=False)
+            else:
+                launcher = cuda.CudaKernel.from_abi(k, buffers, modules[k.artifact], validate=False)
+            self.kernels.append((launcher, k.args))
         self._alloc = None  # (shape, dtype) of outputs and temporaries, made on first use
         self._replay_flag = None  # the index error flag that captured CUDA graphs write
         self._flags = threading.local()  # each thread's index error flag (.word)
@@ -155,6 +161,7 @@ class CudaProgram(_Program):
         temporaries as (bytes, offsets)) of a program that a fast lane can run, or None
         (see fast_lane; a program of no kernels, empty results, has nothing to hurry)."""
         if not self.abi.inputs or not self.kernels or self.constants or self.abi.index_sites or \
+                not self.abi.is_static or \
                 any(map(self.abi.unwritten, range(len(self.abi.outputs)))) or \
                 any(r >= 0 for r in self.repeats) or any(k.validate for k, _ in self.kernels):
             return None  # (a validating kernel has no launch_pointers)
@@ -270,6 +277,8 @@ class CudaProgram(_Program):
 
     def _run(self, ins: list, events: list | None) -> tuple:
         dev = ins[0].device if ins else torch.device("cuda")
+        if not self.abi.is_static:
+            return self._run_sized(ins, dev)
         if self._alloc is None:
             self._alloc = ([(tuple(a.shape), _dtype(a.elem)) for a in self.abi.outputs],
                            [(tuple(a.shape), _dtype(a.elem)) for a in self.abi.temporaries])
@@ -294,6 +303,35 @@ class CudaProgram(_Program):
         if flag is not None and not capturing:
             self._check_flag(flag, dev)
         return self._finish(self.abi.take_inputs(ins, outs))
+
+    def _run_sized(self, ins: list, dev) -> tuple:
+        """A call of a program with run-time sizes: the inputs' shapes give the symbols,
+        which give the outputs' shapes and each kernel's grid and size slots (a buffer of
+        int32 copied to the device, its last argument)."""
+        abi = self.abi
+        # (a size 1 reaches a program only where kf found that it serves it: compiler/api.py)
+        sizes = bind_sizes(abi.inputs, [tuple(t.shape) for t in ins], 1, MAX_DYNAMIC_SIZE)
+        if isinstance(sizes, str):
+            raise LaunchError(sizes)
+        outs = [torch.empty(a.sized(sizes), dtype=_dtype(a.elem), device=dev) for a in abi.outputs]
+        temps = [torch.empty(a.shape, dtype=_dtype(a.elem), device=dev) for a in abi.temporaries]
+        bufs = ins + outs + temps
+        flag, capturing = None, False
+        if abi.index_sites:
+            capturing = torch.cuda.is_current_stream_capturing()
+            flag = self._flag(capturing)
+            bufs.append(flag)
+        for (kernel, args), k in zip(self.kernels, abi.kernels):
+            tensors = [bufs[i] for i in args]
+            if k.sizes:
+                grid, slots = k.sized_grid(sizes)
+                tensors.append(torch.tensor(slots, dtype=torch.int32).to(dev, non_blocking=True))
+                kernel(*tensors, grid=grid)
+            else:
+                kernel(*tensors)
+        if flag is not None and not capturing:
+            self._check_flag(flag, dev)
+        return self._finish(abi.take_inputs(ins, outs))
 
     def _flag(self, capturing: bool) -> torch.Tensor:
         """The index error flag for one call: pinned host memory, which kernels write

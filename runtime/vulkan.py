@@ -52,11 +52,13 @@ pipelines) is ``vulkan_device.py``'s ``Device``, one call's command buffer
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import struct
 import threading
 from typing import Mapping, Sequence
 
-from .abi import ELEM_INFO, KernelABI, ProgramABI
+from .abi import ELEM_INFO, MAX_DYNAMIC_SIZE, KernelABI, ProgramABI, bind_sizes
 from .residency import Residency
 from .vulkan_call import torch_module
 from .vulkan_device import Device, Memory, VulkanError, VulkanUnavailable, prod, resident_limit
@@ -294,6 +296,10 @@ def launch(spirv: bytes, kernel: KernelABI, args: Sequence, *, written: Sequence
         timings.extend(times)
 
 
+def _nbytes(a, sizes: dict[str, int]) -> int:
+    return prod(a.sized(sizes)) * ELEM_INFO[a.elem][1]
+
+
 def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence, *,
                 timings: list | None = None) -> tuple:
     """Run a compiled program: its inputs read (uploaded unless resident), its outputs
@@ -306,24 +312,37 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
         raise VulkanError(f"the program takes {len(abi.inputs)} inputs, got {len(inputs)}")
     for i, (t, a) in enumerate(zip(inputs, abi.inputs)):
         _check_tensor(t, a.elem, f"input {i} ('{a.name}')")
-        if tuple(t.shape) != tuple(a.shape):
+        if a.is_static and tuple(t.shape) != tuple(a.shape):
             raise VulkanError(f"input {i} ('{a.name}') has shape {tuple(t.shape)}; compiled for {a.shape}")
+    sizes: dict[str, int] = {}
+    if not abi.is_static:  # run-time sizes: the inputs' give the symbols, which give the rest
+        # (a size 1 reaches a program only where kf found that it serves it: compiler/api.py)
+        bound = bind_sizes(abi.inputs, [tuple(t.shape) for t in inputs], 1, MAX_DYNAMIC_SIZE)
+        if isinstance(bound, str):
+            raise VulkanError(bound)
+        sizes = bound
     # outputs have version counters (residency needs them) even under inference_mode
     with torch.inference_mode(False):
-        outputs = [None if abi.unwritten(j) else torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]))
+        outputs = [None if abi.unwritten(j) else torch.empty(a.sized(sizes), dtype=getattr(torch, ELEM_INFO[a.elem][0]))
                    for j, a in enumerate(abi.outputs)]
     call = dev.call()
     done = False
     try:
         bufs = [call.read(t) for t in inputs]
-        bufs += [call.write(out) if out is not None else call.scratch(a.nbytes) for out, a in zip(outputs, abi.outputs)]
+        bufs += [call.write(out) if out is not None else call.scratch(_nbytes(a, sizes))
+                 for out, a in zip(outputs, abi.outputs)]
         bufs += [call.scratch(t.nbytes) for t in abi.temporaries]
         if abi.index_sites:  # the index error flag, zeroed: kernels only ever set it
             bufs.append(call.scratch(abi.flag_arg.nbytes, fill=bytes(abi.flag_arg.nbytes), read_back=True))
         for k in abi.kernels:
             if k.artifact not in binaries:
                 raise VulkanError(f"no SPIR-V for kernel {k.entry} (artifact '{k.artifact}')")
-            call.dispatch(k, binaries[k.artifact], [bufs[i] for i in k.args])
+            args = [bufs[i] for i in k.args]
+            if k.sizes:  # the kernel's run-time sizes: a buffer of int32, its last argument
+                grid, slots = k.sized_grid(sizes)
+                k = dataclasses.replace(k, grid=grid)
+                args.append(call.scratch(4 * len(slots), fill=struct.pack(f"<{len(slots)}i", *slots)))
+            call.dispatch(k, binaries[k.artifact], args)
         done = True
     finally:
         if not done:

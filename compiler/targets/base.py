@@ -84,6 +84,9 @@ class Target:
     #: a run-time size's divisibility by this (0: none) is part of the signature: where
     #: the code depends on it (vector width, whole-tile paths), Triton's rule
     divisibility: int = 0
+    #: each tensor's innermost dim stays static (the dim the GPU kernels reduce over,
+    #: vectorize along, or hold a head of), as Triton's kernels keep their block sizes
+    static_innermost: bool = False
 
     def __repr__(self) -> str:
         return f"<kf target {self.name}>"

@@ -26,6 +26,10 @@ class CudaTarget(GpuTarget):
     binary_stage = "ptx"
     backend_name = "kf-to-cuda (ptxas)"
     backend_pipeline = "kf-to-cuda{{chip={arch}}}"
+    #: the kernels take run-time sizes (their PTX is built and assembled in the tests),
+    #: but the launcher's path for them (programs.CudaProgram._run_sized) has not run on
+    #: a GPU: calls compile each size until it has
+    dynamic_shapes = False
 
     def arch(self, options: Options) -> str:
         """sm_XX of the current CUDA device, and sm_90a on Hopper (as Triton does: its

@@ -31,7 +31,10 @@ class GpuTarget(Target):
     """A target whose kernels the strategies write as gpu.funcs and a back end lowers."""
 
     is_gpu = True
+    #: one program for every size of an outer dim (strategies/run_time_sizes.py)
+    dynamic_shapes = True
     divisibility = 16
+    static_innermost = True
     #: kf-tile's and kf-map-to-gpu's ``target`` option: the strategies' view of the target
     strategy_target: str = ""
     #: the back end's stage: its name in the stage table and ``kf.inspect`` (ptx, spirv, msl)
@@ -111,7 +114,8 @@ def schedule(b: Build) -> None:
 
     cap = b.cap
     abi, b.notes["constants"], b.extra_meta["repeats"] = gpu_codegen.schedule_abi(
-        cap.module, cap.name, cap.input_names, b.target.name, cap.eager_aliases, cap.eager_repeats)
+        cap.module, cap.name, cap.input_names, b.target.name, cap.eager_aliases, cap.eager_repeats,
+        cap.input_dims, cap.output_dims)
     b.abi = _with_kernel_info(abi, b.notes["kernel_info"])
 
 

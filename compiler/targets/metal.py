@@ -23,6 +23,8 @@ class MetalTarget(SpirvTarget):
     backend_name = "kf-to-spirv + kf-to-metal (SPIRV-Cross)"
     backend_pipeline = "kf-to-spirv, kf-to-metal"
     writes_msl = True
+    #: the Metal launcher (runtime/metal.py) binds no run-time sizes yet
+    dynamic_shapes = False
 
     def arch(self, options: Options) -> str:
         """The device's limits given as ``options.arch``, else "" (DeviceLimits'

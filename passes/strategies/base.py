@@ -104,6 +104,10 @@ class EmittedKernel:
     #: prelude's buffer). kf-map-to-gpu adds it to the schedule.
     postlude: "EmittedKernel | None" = None
     postlude_results: tuple = ()
+    #: run-time sizes (run_time_sizes.py): the kernel's slots, (argument, dim) pairs, and
+    #: its grid as expressions over them (``grid`` is then the grid at the largest sizes)
+    sizes: tuple = ()
+    grid_sizes: tuple[str, ...] = ()
 
 
 class NotApplicable(Exception):

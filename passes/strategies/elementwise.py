@@ -42,6 +42,7 @@ from kf.dialects.philox import PER_BLOCK
 from kf.passes import philox
 
 from . import emit as E
+from . import run_time_sizes
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .generic import Evaluator, emit_outputs
 
@@ -217,10 +218,17 @@ class ElementwiseStrategy(Strategy):
         total = E.numel(shape)
         if vec > 1 and shape[-1] % vec:
             raise NotApplicable(f"vector width {vec} does not divide the innermost dimension {shape[-1]}")
+        size_slots = plan.get("sizes", [])
+        if size_slots and vec > 1 and size_slots[0][1] == len(shape) - 1:
+            raise ValueError("an elementwise kernel with run-time sizes takes vectors along a static innermost dim")
         _, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
-                                  target=target.name)
+                                  target=target.name, sizes=len(size_slots))
         args = list(entry.arguments)
-        inputs, outputs = args[:len(ins)], args[len(ins):]
+        inputs, outputs = args[:len(ins)], args[len(ins):len(ins) + len(outs)]
+        items: int | ir.Value = total // vec
+        if size_slots:
+            with kernel.location:
+                items = run_time_sizes.SizeSlots(entry, args[-1], size_slots).extent(total // vec)
         with kernel.location, ir.InsertionPoint(entry):
             kb = E.IndexBuilder(entry)
 
@@ -232,14 +240,21 @@ class ElementwiseStrategy(Strategy):
                     return
                 _emit_vector(kb, kernel, inputs, outputs, item, shape, vec, stores, short)
 
-            per = int(plan.get("items_per_thread", 1))
+            # (with run-time sizes one vector a thread: the passes' guards are static)
+            per = 1 if size_slots else int(plan.get("items_per_thread", 1))
             if per == 1:
-                E.for_each_thread_item(kb, total // vec, block, grid, bool(plan["grid_stride"]), body)
+                E.for_each_thread_item(kb, items, block, grid, bool(plan["grid_stride"]), body)
             else:
                 _for_items(kb, total // vec, block, grid, per, body)
             E.finish(entry)
-        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0,
-                             {"strategy": "elementwise", "vector_width": vec, "items_per_thread": per})
+        notes = {"strategy": "elementwise", "vector_width": vec, "items_per_thread": per}
+        if not size_slots:
+            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes)
+        # a grid-stride kernel keeps its grid; else it covers the run-time items
+        gx = str(grid) if plan["grid_stride"] else run_time_sizes.grid_text(0, total // vec // run_time_sizes.BOUND,
+                                                                             block)
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, sizes=tuple(map(tuple, size_slots)),
+                             grid_sizes=(gx, "1", "1"))
 
 
 def _for_items(kb: E.IndexBuilder, items: int, block: int, grid: int, per: int, body) -> None:

@@ -510,11 +510,12 @@ def gpu_module(module: ir.Operation, name: str = "kf_kernels") -> ir.Operation:
 
 def make_gpu_func(gmod: ir.Operation, name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
                   block: Sequence[int], loc: ir.Location, *, target: str,
-                  index_flag: bool = False) -> tuple[ir.Operation, ir.Block]:
+                  index_flag: bool = False, sizes: int = 0) -> tuple[ir.Operation, ir.Block]:
     """An empty ``gpu.func @name(inputs..., outputs...) kernel`` with known_block_size in
     gmod (erroring if the name is taken), its memrefs typed for target ("cuda" or
     "spirv"); returns it and its entry block. With ``index_flag`` it takes one more
-    argument, last: the program's index error flag (``IndexChecks``)."""
+    argument, last: the program's index error flag (``IndexChecks``); with ``sizes`` one
+    more after it: the buffer of that many run-time sizes (run_time_sizes.py)."""
     body = gmod.regions[0].blocks[0]
     for op in body.operations:
         if "sym_name" in op.operation.attributes and ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
@@ -522,6 +523,8 @@ def make_gpu_func(gmod: ir.Operation, name: str, inputs: Sequence[TensorSpec], o
     types = [memref_type(s, target) for s in [*inputs, *outputs]]
     if index_flag:
         types.append(ir.MemRefType.get([INDEX_FLAG_WORDS], ir.IntegerType.get_signless(32)))
+    if sizes:
+        types.append(ir.MemRefType.get([sizes], ir.IntegerType.get_signless(32)))
     ftype = ir.FunctionType.get(types, [])
     with ir.InsertionPoint(body), loc:
         f = gpu.GPUFuncOp(ftype, sym_name=name, kernel=True, known_block_size=[int(b) for b in block] + [1] * (3 - len(block)))

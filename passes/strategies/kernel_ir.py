@@ -169,8 +169,8 @@ class GpuFunc:
     def rem(self, a: ir.Value, b: int) -> ir.Value:
         return self.c(0) if b == 1 else arith.remui(a, self.c(b))
 
-    def lt(self, a: ir.Value, b: int) -> ir.Value:
-        return arith.cmpi(arith.CmpIPredicate.ult, a, self.c(b))
+    def lt(self, a: ir.Value, b: int | ir.Value) -> ir.Value:
+        return arith.cmpi(arith.CmpIPredicate.ult, a, self.c(b) if isinstance(b, int) else b)
 
     def all_of(self, conds: Sequence[ir.Value]) -> ir.Value | None:
         out = None
@@ -209,10 +209,10 @@ class GpuFunc:
             body()
             scf.yield_([])
 
-    def loop(self, lb: int, ub: int, step: int, init: Sequence[ir.Value],
+    def loop(self, lb: int, ub: int | ir.Value, step: int, init: Sequence[ir.Value],
              body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
         """scf.for with iter_args; body(iv, carried) returns the next carried values."""
-        op = scf.ForOp(self.c(lb), self.c(ub), self.c(step), list(init))
+        op = scf.ForOp(self.c(lb), self.c(ub) if isinstance(ub, int) else ub, self.c(step), list(init))
         with ir.InsertionPoint(op.body):
             scf.yield_(body(op.induction_variable, list(op.inner_iter_args)))
         return list(op.results)
@@ -289,6 +289,9 @@ class Pointwise:
         self.reciprocal_of_constants = False
         #: argument index -> its value, loaded once (``hoist_scalars``)
         self.scalars: dict = {}
+        #: argument index -> the strides of an argument declared flat (run-time strides,
+        #: run_time_sizes.py): its loads linearize their index
+        self.flat: dict = {}
 
     def hoist_scalars(self) -> None:
         """Load every rank-0 argument (a scale, an fp8 dequantization factor) here, at
@@ -314,6 +317,8 @@ class Pointwise:
         if i in self.scalars:
             return self.scalars[i]
         spec = self.view.arg_specs[i]
+        if i in self.flat:
+            index = [linearize(self.g, index, self.flat[i])]
         v = memref.load(self.memrefs[i], list(index) if spec.shape else [])
         if spec.elem == "i1" and v.type != ir.IntegerType.get_signless(1):  # a boolean stored as a byte
             return arith.cmpi(arith.CmpIPredicate.ne, v, scalar_math.const(v.type, 0))
@@ -437,7 +442,7 @@ def direct_source(view: KernelView, memrefs: Sequence[ir.Value], value: ir.Value
 
 
 def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
-               fast_is_col: bool, row0: ir.Value | int, n_rows: int, col0: ir.Value | int, n_cols: int,
+               fast_is_col: bool, row0: ir.Value | int, n_rows: int | ir.Value, col0: ir.Value | int, n_cols: int,
                read: Callable[[ir.Value, ir.Value], ir.Value], transposed: bool = False,
                direct: Direct | None = None, vector_bytes: int = 0) -> None:
     """Copy a rows x cols block of a value into workgroup memory, converted to the
@@ -448,9 +453,12 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
     The threads walk the block linearly, consecutive threads along the columns when
     the source is contiguous along them (``fast_is_col``), else along the rows, so the
     global reads coalesce. Whole passes of all threads run in an scf.for; a last partial
-    pass is guarded by the thread's position."""
-    staging = VectorStaging(g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed, direct, vector_bytes)
-    if staging.ok:
+    pass is guarded by the thread's position. ``n_rows`` may be a run-time size (an
+    index value): every row is then guarded, and the reads are scalars."""
+    dynamic = not isinstance(n_rows, int)
+    staging = None if dynamic else VectorStaging(g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed,
+                                                 direct, vector_bytes)
+    if staging is not None and staging.ok:
         staging.store(staging.load(row0, col0))
         return
     total = rows * cols
@@ -467,7 +475,7 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
             rr, cc = g.rem(lin, rows), g.div(lin, rows)
         gr, gc = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr), \
             g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
-        cond = g.all_of([c for c in (g.lt(gr, n_rows) if n_rows % rows or rows > n_rows else None,
+        cond = g.all_of([c for c in (g.lt(gr, n_rows) if dynamic or n_rows % rows or rows > n_rows else None,
                                      g.lt(gc, n_cols) if n_cols % cols or cols > n_cols else None) if c is not None])
 
         def value():
@@ -644,6 +652,15 @@ def quad_reduce(x: ir.Value, combine) -> ir.Value:
         y = gpu.shuffle(x, arith.constant(i32, off), arith.constant(i32, 32), gpu.ShuffleMode.XOR)[0]
         x = combine(x, y)
     return x
+
+
+def linearize(g: GpuFunc, index: Sequence[ir.Value], strides: Sequence[ir.Value | int]) -> ir.Value:
+    """The flat index of ``index`` under ``strides`` (ints or index values)."""
+    out = None
+    for i, st in zip(index, strides):
+        term = g.mul(i, st) if isinstance(st, int) else arith.muli(i, st)
+        out = term if out is None else arith.addi(out, term)
+    return out if out is not None else g.c(0)
 
 
 def store_value(v: ir.Value, mem: ir.Value, index: Sequence[ir.Value]) -> None:

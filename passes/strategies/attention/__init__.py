@@ -71,12 +71,14 @@ from mlir import ir
 from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
+from .. import run_time_sizes
 from ..base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from ..kernel_ir import (
     GpuFunc,
     Pointwise,
     direct_source,
     gpu_arg_types,
+    linearize,
     stage_tile,
     staging_vector_bytes,
     store_value,
@@ -210,6 +212,8 @@ class AttentionStrategy(Strategy):
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = _Chain(kernel)
         if plan.get("mma"):
+            if plan.get("sizes"):
+                raise ValueError("the tensor-core attention kernels take static sizes")
             if target.name != "cuda":
                 raise NotApplicable("the tensor-core attention plan is for CUDA")
             if plan.get("wgmma"):
@@ -221,16 +225,40 @@ class AttentionStrategy(Strategy):
         D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
         if (D, Dv, Sq, Sk) != (plan["head_dim"], plan["head_dim_v"], plan["seq_q"], plan["seq_k"]):
             raise NotApplicable("the plan was made for another kernel")
+        size_slots = [tuple(x) for x in plan.get("sizes", [])]
+        seq_slots = _seq_slots(ch, size_slots) if size_slots else None
         dkv = max(D, Dv)
         n_s, n_acc = bn // tpr, -(-Dv // tpr)
         shared_types = [workgroup_memref([bm, D + 1]), workgroup_memref([bn, dkv + 1]),
                         workgroup_memref([bm, bn + 1]), workgroup_memref([bm, tpr])]
         with kernel.location:
-            g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), shared_types, (threads, 1, 1))
+            arg_types = gpu_arg_types(view, target)
+            specs = [*view.arg_specs, *view.result_specs]
+            # buffers whose run-time dim comes after a dim that is not 1: declared flat,
+            # addressed with run-time strides
+            strided = {pos: dim for pos, dim in size_slots if any(d != 1 for d in specs[pos].shape[:dim])}
+            for pos in strided:
+                arg_types[pos] = run_time_sizes.flat_type(arg_types[pos])
+            if size_slots:  # run-time sizes: the slots' buffer, last
+                arg_types.append(run_time_sizes.slot_type(len(size_slots)))
+            g = GpuFunc(gpu_module, view.name, arg_types, shared_types, (threads, 1, 1))
             Qs, KVs, Ps, Red = g.shared
+            # the tails' guards are static where the tiles divide the sequences; with
+            # run-time sequence lengths every tail is guarded
+            ragged_q, ragged_k = bool(Sq % bm), bool(Sk % bn)
+            out_strides = None
+            if seq_slots is not None:
+                sizes = run_time_sizes.SizeSlots(g.entry, g.args[-1], size_slots)
+                Sq, Sk = sizes.size(seq_slots[0]), sizes.size(seq_slots[1])
+                ragged_q = ragged_k = True
+                slot_of = {pos: k for k, (pos, _) in enumerate(size_slots)}
+                flat = {pos: sizes.strides(specs[pos].shape, dim, slot_of[pos]) for pos, dim in strided.items()}
+                out_strides = flat.pop(len(view.args), None)
             n_in = len(view.args)
             out_mem = g.args[n_in]
             pw = Pointwise(g, view, g.args[:n_in])
+            if seq_slots is not None:
+                pw.flat = flat
             f32 = g.f32
             zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
             nb = len(ch.batch)
@@ -294,9 +322,9 @@ class AttentionStrategy(Strategy):
                                 return [scalar_math.convert(pw.eval(score_in, s_lead + [gi, gj]), f32)]
 
                             # rows past seq_q score 0: finite, so their (unstored) softmax stays NaN-free
-                            return g.guarded(g.lt(gi, Sq) if Sq % bm else None, [f32], real, lambda: [zero])
+                            return g.guarded(g.lt(gi, Sq) if ragged_q else None, [f32], real, lambda: [zero])
 
-                        xs.append(g.guarded(g.lt(gj, Sk) if Sk % bn else None, [f32], score,
+                        xs.append(g.guarded(g.lt(gj, Sk) if ragged_k else None, [f32], score,
                                             lambda: [neg_inf])[0])
                     m_loc = xs[0]
                     for x in xs[1:]:
@@ -348,15 +376,36 @@ class AttentionStrategy(Strategy):
                         idx = out_lead + [gi, out_cols[c]]
 
                         def one(c=c, idx=idx):
-                            store_value(apply_epilogue(pw, ch, arith.divf(acc[c], total), idx), out_mem, idx)
+                            at = idx if out_strides is None else [linearize(g, idx, out_strides)]
+                            store_value(apply_epilogue(pw, ch, arith.divf(acc[c], total), idx), out_mem, at)
 
                         g.when(g.lt(out_cols[c], Dv) if tpr * (c + 1) > Dv else None, one)
 
-                g.when(g.lt(gi, Sq) if Sq % bm else None, store)
+                g.when(g.lt(gi, Sq) if ragged_q else None, store)
             g.finish()
-        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
-                             {"strategy": "attention", "workgroup_bytes": plan["shared_bytes"],
-                              "block_m": bm, "block_n": bn, "lanes_per_row": tpr})
+        notes = {"strategy": "attention", "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn,
+                 "lanes_per_row": tpr}
+        if seq_slots is None:
+            return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes)
+        grid = (run_time_sizes.grid_text(seq_slots[0], 1, bm), str(plan["grid"][1]), "1")
+        return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes, sizes=tuple(size_slots),
+                             grid_sizes=grid)
+
+
+def _seq_slots(ch: _Chain, slots: list[tuple[int, int]]) -> tuple[int, int]:
+    """(the slot of the queries' length, the slot of the keys'): the run-time dims of
+    the SIMT kernel are the sequences of its output and of the argument K or V is read
+    from; ValueError for any other (a batch dim, a mask's)."""
+    view = ch.view
+    n_in = len(view.args)
+    rank = len(ch.scores.shape)
+    sources = {view.arg_index(x) for x in (_transposed_source(ch.kt), ch.v)} - {None}
+    q = [k for k, (pos, dim) in enumerate(slots) if pos == n_in and dim == rank - 2]
+    kv = [k for k, (pos, dim) in enumerate(slots) if pos in sources and dim == rank - 2]
+    allowed = sources | {n_in, view.arg_index(ch.q)}
+    if not q or not kv or any(pos not in allowed or dim != rank - 2 for pos, dim in slots):
+        raise ValueError(f"the attention kernel takes run-time sequence lengths only (its run-time dims: {slots})")
+    return q[0], kv[0]
 
 
 register(AttentionStrategy())

@@ -50,6 +50,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import gpu
 
+from .. import run_time_sizes
 from ..base import EmittedKernel, Strategy, TargetInfo, register
 from ..emit import storage_type
 from .analysis import analyze
@@ -83,6 +84,9 @@ class RowwiseStrategy(Strategy):
             # N bits): loaded as != 0, stored zero-extended
             arg_types = [ir.MemRefType.get(list(n.shape), storage_type(n.elem, target.name))
                          for n in a.inputs + a.outputs]
+            size_slots = plan.get("sizes", [])
+            if size_slots:  # run-time sizes: the slots' buffer, last
+                arg_types.append(run_time_sizes.slot_type(len(size_slots)))
             wg = ir.Attribute.parse("#gpu.address_space<workgroup>")
             ct = ir.F64Type.get() if any(n.elem == "f64" for n in a.inputs) else ir.F32Type.get()
             slots = target.subgroup_size if plan["reduction"] == "shuffle" else T
@@ -99,6 +103,9 @@ class RowwiseStrategy(Strategy):
             with ir.InsertionPoint(entry):
                 em = (RegistersEmitter if registers else LoopEmitter)(
                     a, plan, target, fn, args[:len(arg_types)], args[len(arg_types):])
+                if size_slots:
+                    sizes = run_time_sizes.SizeSlots(entry, args[len(arg_types) - 1], size_slots)
+                    em.rows_value = sizes.extent(a.rows)
                 em.setup()
                 for kind, node in a.stats:
                     em.phase(kind, node)
@@ -114,7 +121,11 @@ class RowwiseStrategy(Strategy):
                     ir.IntegerType.get_signless(64), em.assumed_alignment)
         notes = dict(plan, inputs=len(a.inputs), outputs=len(a.outputs))
         P = plan.get("rows_per_block", 1)
-        return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes)
+        if not size_slots:
+            return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes)
+        grid = (run_time_sizes.grid_text(0, a.rows // run_time_sizes.BOUND, P), "1", "1")
+        return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes, sizes=tuple(map(tuple, size_slots)),
+                             grid_sizes=grid)
 
 
 def _has_terminator(block: ir.Block) -> bool:

@@ -52,6 +52,9 @@ class RowEmitter:
         self.elem: tuple[int, int] | None = None
         self.elem_memo: dict = {}  # (chunk, lane) -> that element's memo
         self.assumed_alignment = 0  # the widest vector access to a kernel buffer, in bytes
+        #: run-time sizes: the number of rows (an index; the grid covers exactly these
+        #: with one row a workgroup), None where it is a.rows
+        self.rows_value: ir.Value | None = None
 
     # -- coordinates
     def setup(self):
@@ -64,11 +67,15 @@ class RowEmitter:
             # rows_per_block rows of T threads each: thread tid works on row bid*P + tid/T
             self.tid = arith.remui(tid, const_index(self.T))
             row = arith.addi(arith.muli(bid, const_index(self.P)), arith.divui(tid, const_index(self.T)))
-            if self.a.rows % self.P:
+            if self.rows_value is not None or self.a.rows % self.P:
                 # Threads past the last row compute the last row again (so that every
                 # thread takes part in the shuffles and barriers) and store nothing.
-                self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, const_index(self.a.rows))
-                row = arith.minui(row, const_index(self.a.rows - 1))
+                if self.rows_value is None:
+                    self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, const_index(self.a.rows))
+                    row = arith.minui(row, const_index(self.a.rows - 1))
+                else:
+                    self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, self.rows_value)
+                    row = arith.minui(row, arith.subi(self.rows_value, const_index(1)))
         else:
             self.tid = tid
             row = bid

@@ -17,14 +17,6 @@ func.func @operands_do_not_broadcast(%a: tensor<4x8xf32>, %b: tensor<5x8xf32>) -
 
 // -----
 
-func.func @dynamic_shape(%a: tensor<?x8xf32>) -> tensor<?x8xf32> {
-  // expected-error @below {{kf-fuse: kf.exp has tensor<?x8xf32>: the GPU strategies take static sizes (each size is compiled)}}
-  %0 = "kf.exp"(%a) : (tensor<?x8xf32>) -> tensor<?x8xf32>
-  return %0 : tensor<?x8xf32>
-}
-
-// -----
-
 // kf-fuse partitions straight-line functions, as kf's capture writes them: branches are
 // an error at the function rather than a crash.
 // expected-error @below {{kf-fuse: function @branches has 3 blocks: kf-fuse partitions straight-line functions (one block, as kf's capture writes them)}}

@@ -15,9 +15,19 @@ func.func private @bytes(%a: tensor<64xi8>) -> tensor<64xi8> attributes {kf.kern
 
 // -----
 
-// Kernels have static shapes: a run-time size (?) is refused at its op.
-func.func private @dynamic(%a: tensor<?x8xf32>) -> tensor<?x8xf32> attributes {kf.kernel = "elementwise"} {
-  // expected-error @below {{kf-tile: kf.exp has tensor<?x8xf32>: the GPU strategies take static sizes (each size is compiled)}}
+// A run-time size (?) is only a tensor's first dim that is not 1: later ones would make
+// the strides run-time sizes.
+// expected-error @below {{kf-tile: cannot plan kernel @dynamic: tensor<4x?xf32> has a run-time size after its first dim that is not 1}}
+func.func private @dynamic(%a: tensor<4x?xf32>) -> tensor<4x?xf32> attributes {kf.kernel = "elementwise"} {
+  %0 = "kf.exp"(%a) : (tensor<4x?xf32>) -> tensor<4x?xf32>
+  return %0 : tensor<4x?xf32>
+}
+
+// -----
+
+// A kernel whose strategy writes static sizes only.
+// expected-error @below {{kf-tile: cannot plan kernel @generic: the generic strategy writes kernels for static sizes only}}
+func.func private @generic(%a: tensor<?x8xf32>) -> tensor<?x8xf32> attributes {kf.kernel = "generic"} {
   %0 = "kf.exp"(%a) : (tensor<?x8xf32>) -> tensor<?x8xf32>
   return %0 : tensor<?x8xf32>
 }

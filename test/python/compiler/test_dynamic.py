@@ -13,10 +13,14 @@ import seed_examples as se
 import torch
 
 import kf
+import kf.runtime.vulkan
 from kf.dynamic import capture_dynamic
 from kf.signature import bind
 
 SIZES = (7, 257, 300, 1000)
+
+needs_vulkan = pytest.mark.skipif(not kf.runtime.vulkan.is_available(), reason="no Vulkan device")
+TARGETS = ["cpu", pytest.param("vulkan", marks=needs_vulkan)]
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +66,7 @@ def test_torch_specialized_dim_compiles_static_and_logs_why(caplog):
     assert "[3, 4]" in f.compiles[0].signature
 
 
-@pytest.mark.parametrize("target", ["cpu"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_seed_layer_norm_one_program_for_every_size(target):
     ln = kf.jit(se.metal_layer_norm.fn, target=target, dynamic=True)
     w, b = torch.randn(64), torch.randn(64)
@@ -72,7 +76,7 @@ def test_seed_layer_norm_one_program_for_every_size(target):
     assert len(ln.compiles) == 1 and "?" in ln.compiles[0].signature
 
 
-@pytest.mark.parametrize("target", ["cpu"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_seed_attention_automatic_dynamic(target, caplog):
     attn = kf.jit(se.fused_attention.fn, target=target)
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
@@ -143,9 +147,10 @@ def test_float_argument_over_8_steps_compiles_once():
     assert len(f.compiles) == 1
 
 
-def test_19_lengths_compile_at_most_2_programs_per_function():
-    ln = kf.jit(se.metal_layer_norm.fn, target="cpu")
-    attn = kf.jit(se.fused_attention.fn, target="cpu")
+@pytest.mark.parametrize("target", TARGETS)
+def test_19_lengths_compile_at_most_2_programs_per_function(target):
+    ln = kf.jit(se.metal_layer_norm.fn, target=target)
+    attn = kf.jit(se.fused_attention.fn, target=target)
     w, b = torch.randn(64), torch.randn(64)
     lengths = list(range(320, 2049, 96))
     assert len(lengths) == 19
@@ -195,15 +200,15 @@ FRESH = textwrap.dedent("""
     import torch
     import kf
 
-    @kf.jit(target="cpu")
+    @kf.jit(target=sys.argv[1])
     def ln(x, w, b):
         mean = x.mean(dim=-1, keepdim=True)
         var = x.var(dim=-1, keepdim=True)
         return w * (x - mean) / torch.sqrt(var + 1e-5) + b
 
     w, b = torch.randn(64), torch.randn(64)
-    for n in map(int, sys.argv[1:]):
-        x = torch.randn(2, n, 64)
+    for n in map(int, sys.argv[2:]):
+        x = torch.randn(1, n, 64)
         ref = w * (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) + b
         assert torch.allclose(ln(x, w, b), ref, atol=1e-4)
     print("compiled", sum(not c.cached for c in ln.compiles), "loaded", sum(c.cached for c in ln.compiles))
@@ -211,14 +216,15 @@ FRESH = textwrap.dedent("""
 """)
 
 
-def test_fresh_process_compiles_nothing_for_a_new_length(tmp_path):
+@pytest.mark.parametrize("target", TARGETS)
+def test_fresh_process_compiles_nothing_for_a_new_length(tmp_path, target):
     script = tmp_path / "user_code.py"
     script.write_text(FRESH)
     env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"))
 
     def run(*sizes):
-        r = subprocess.run([sys.executable, str(script), *map(str, sizes)], capture_output=True, text=True, env=env,
-                           timeout=300)
+        r = subprocess.run([sys.executable, str(script), target, *map(str, sizes)], capture_output=True, text=True,
+                           env=env, timeout=300)
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -244,16 +250,127 @@ def test_branch_on_a_size_is_never_served_by_the_dynamic_program(caplog):
     assert all("?" not in c.signature for c in f.compiles)
 
 
-def test_a_target_without_run_time_sizes_compiles_each_size_and_says_why(caplog):
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_layer_norm_one_program_serves_sizes_1_to_1000(target):
+    ln = kf.jit(se.metal_layer_norm.fn, target=target, dynamic=True)
+    w, b = torch.randn(64), torch.randn(64)
+    for n in (7, 1, 257, 300, 1000, 1):  # a size 1 once the dim has met others
+        x = torch.randn(1, n, 64)
+        _close(ln(x, w, b), se.metal_layer_norm.fn(x, w, b))
+    assert len(ln.compiles) == 1 and "?" in ln.compiles[0].signature
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_attention_one_program_serves_sizes_1_to_1000(target):
+    attn = kf.jit(se.fused_attention.fn, target=target, dynamic={"q": [2], "k": [2], "v": [2]})
+    for n in (7, 1, 257, 300, 1000):
+        q, k, v = (torch.randn(1, 1, n, 32) for _ in range(3))
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    q, k, v = torch.randn(1, 1, 300, 32), torch.randn(1, 1, 77, 32), torch.randn(1, 1, 77, 32)
+    _close(attn(q, k, v), se.fused_attention.fn(q, k, v))  # keys of another length
+    assert len(attn.compiles) == 1 and "?" in attn.compiles[0].signature
+
+
+@needs_vulkan
+def test_vulkan_attention_with_heads_and_strided_inputs():
+    """A run-time sequence after heads: the attention kernel addresses q, k, v and its
+    output with run-time strides; keys of another length than the queries, and a
+    strided q (a program of its own: the layout is part of the signature)."""
+    attn = kf.jit(se.fused_attention.fn, target="vulkan", dynamic={"q": [2], "k": [2], "v": [2]})
+    for n in (7, 1, 257):
+        q, k, v = (torch.randn(2, 3, n, 16) for _ in range(3))
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    q, k, v = torch.randn(2, 3, 300, 16), torch.randn(2, 3, 77, 16), torch.randn(2, 3, 77, 16)
+    _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    assert len(attn.compiles) == 1
+    for n in (40, 9):
+        q = torch.randn(2, n, 3, 16).transpose(1, 2)
+        k, v = torch.randn(2, 3, n, 16), torch.randn(2, 3, n, 16)
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    assert len(attn.compiles) == 2 and all("?" in c.signature for c in attn.compiles)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_size_1_that_changes_the_trace_compiles_apart(target, caplog):
+    @kf.jit(target=target, dynamic={"x": [0]})
+    def f(x):
+        return x.squeeze(0) * 2  # drops dim 0 only at size 1
+
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (7, 1, 9):
+            x = torch.randn(n, 8)
+            _close(f(x), f.fn(x))
+    assert "'x' dim 0 of size 1 compiled apart" in caplog.text
+    assert [c.signature.count("?") for c in f.compiles] == [1, 0]
+
+
+def test_a_dim_always_1_stays_static():
+    f = kf.jit(lambda x: x * 2, target="cpu", dynamic=True)
+    for n in (7, 9):
+        f(torch.randn(1, n))
+    assert "[1, ?]" in f.compiles[0].signature
+
+
+@needs_vulkan
+def test_vulkan_elementwise_chain_one_program():
+    @kf.jit(target="vulkan", dynamic=True)
+    def f(x, y):
+        return torch.relu(x * y + 1.0), torch.sigmoid(x) - y
+
+    for inner in (5, 64):  # one lane a thread, and vectors of 4
+        for n in (7, 1, 257, 300, 1000):
+            x, y = torch.randn(n, inner), torch.randn(n, inner)
+            for got, want in zip(f(x, y), f.fn(x, y)):
+                _close(got, want)
+    assert [c.signature.count("?") for c in f.compiles] == [2, 2]
+
+
+@needs_vulkan
+def test_vulkan_half_layer_norm_several_rows_a_workgroup():
+    """f16 rows of 64 take registers mode, 128 rows a workgroup: the last workgroup's
+    rows past the run-time count compute and store nothing."""
+    def ln(x, w, b):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
+
+    f = kf.jit(ln, target="vulkan", dynamic={"x": [0]})
+    w, b = torch.randn(64, dtype=torch.float16), torch.randn(64, dtype=torch.float16)
+    for n in (7, 1, 257, 300, 1000):
+        x = torch.randn(n, 64, dtype=torch.float16)
+        _close(f(x, w, b), ln(x.float(), w.float(), b.float()).half(), tol=2e-2)
+    assert len(f.compiles) == 1
+
+
+@needs_vulkan
+def test_vulkan_non_contiguous_and_large_rows():
+    ln = kf.jit(_layer_norm, target="vulkan", dynamic={"x": [0]})
+    w, b = torch.randn(8), torch.randn(8)
+    for n in (7, 257, 4095):  # (4096, a multiple of 16, is a program of its own: Triton's guard)
+        x = torch.randn(8, n).t()  # [n, 8], strided
+        _close(ln(x, w, b), _layer_norm(x, w, b))
+    assert len(ln.compiles) == 1
+
+
+@needs_vulkan
+def test_vulkan_float_argument_over_8_steps_compiles_once():
     f = kf.jit(_layer_norm, target="vulkan")
+    x, w, b = torch.randn(4, 7, 32), torch.randn(32), torch.randn(32)
+    for step in range(8):
+        eps = 1e-5 * (step + 1)
+        _close(f(x, w, b, eps), _layer_norm(x, w, b, eps))
+    assert len(f.compiles) == 1
+
+
+@needs_vulkan
+def test_vulkan_kernel_that_takes_no_run_time_sizes_compiles_each_size_and_says_why(caplog):
+    f = kf.jit(_layer_norm, target="vulkan", dynamic={"x": [1]})
     w, b = torch.randn(16), torch.randn(16)
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
         for n in (7, 9):
-            x = torch.randn(n, 16)
+            x = torch.randn(3, n, 16)  # dim 0's stride would be a run-time size (dim 1's)
             _close(f(x, w, b), _layer_norm(x, w, b))
-    assert "'x' dim 0 changed size; each size is compiled: the vulkan target's kernels take no run-time sizes yet" \
-        in caplog.text
-    assert len(f.compiles) == 2
+    assert "compiled for static sizes" in caplog.text and "strides would take run-time sizes" in caplog.text
+    assert "rowwise strategy's kernels do not" in caplog.text
+    assert all("?" not in c.signature for c in f.compiles)
 
 
 def test_long_float_sums_keep_their_stages():
@@ -292,3 +409,40 @@ def test_sums_over_a_run_time_dim_and_a_long_static_one_compile_static():
         x = torch.randn(5, n)
         torch.testing.assert_close(g(x), torch.softmax(x, -1))
     assert len(g.compiles) == 2
+
+
+def _ptxas():
+    from kf.passes.to_cuda import ptxas_path
+
+    return ptxas_path()
+
+
+@pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
+@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention", "attention_heads"])
+def test_dynamic_kernels_assemble_for_sm_90a(case):
+    """Without a GPU: the kernels with run-time sizes lower to PTX that ptxas assembles
+    for sm_90a, each taking its size slots and a grid over them."""
+    from kf.driver import build
+    from kf.options import Options
+    from kf.passes.to_cuda import assemble
+    from kf.runtime.abi import ProgramABI
+
+    fn, args, dims = {
+        "layer_norm": (se.metal_layer_norm.fn, (torch.randn(1, 7, 64), torch.randn(64), torch.randn(64)),
+                       {("x", 1)}),
+        "elementwise": (lambda x, y: torch.relu(x * y + 1.0), (torch.randn(7, 64), torch.randn(7, 64)),
+                        {("x", 0), ("y", 0)}),
+        "attention": (se.fused_attention.fn, tuple(torch.randn(1, 1, 7, 32) for _ in range(3)),
+                      {("q", 2), ("k", 2), ("v", 2)}),
+        "attention_heads": (se.fused_attention.fn, tuple(torch.randn(2, 3, 7, 32) for _ in range(3)),
+                            {("q", 2), ("k", 2), ("v", 2)}),
+    }[case]
+    sig, tensors = bind(fn, args, {})
+    sig = sig.generalize(dims, 16)
+    meta, artifacts = build(fn, sig, tensors, Options(target="cuda"), "sm_90a")
+    abi = ProgramABI.from_json(meta["abi"])
+    assert not abi.is_static and all(k.sizes and k.grid_sizes for k in abi.kernels)
+    ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
+    kernels = assemble(ptx, "sm_90a").kernels
+    assert set(kernels) == {k.entry for k in abi.kernels}
+    assert all(k["spill_store_bytes"] == 0 for k in kernels.values())

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kf.runtime.abi import FLOAT_CONTROLS, INDEX_FLAG_WORDS, DeviceLimits, IndexOutOfRange, IndexSite, KernelABI, ProgramABI, TensorArg
+from kf.runtime.abi import (FLOAT_CONTROLS, INDEX_FLAG_WORDS, MAX_DYNAMIC_SIZE, DeviceLimits, IndexOutOfRange, IndexSite,
+                            KernelABI, ProgramABI, TensorArg)
 
 
 @pytest.mark.parametrize("name", ["lavapipe", "nvidia-h200"])
@@ -141,3 +142,26 @@ def test_size_expressions_and_binding():
     assert out.sized({"s0": 7}) == (14, 64)
     assert ProgramABI("cpu", (x,), (out,)).to_json() and \
         ProgramABI.from_json(ProgramABI("cpu", (x,), (out,)).to_json()).outputs[0] == out
+    assert bind_sizes([x, y], [(1, 64), (1,)], 1) == {"s0": 1}
+    assert "up to 4096" in bind_sizes([x, y], [(4097, 64), (4097,)], 1, MAX_DYNAMIC_SIZE)
+
+
+def test_kernel_grid_and_size_slots_at_run_time():
+    """A GPU kernel with run-time sizes: its slots are expressions over the program's
+    symbols, its grid an expression over the slots (k0, k1, ...), both kept in the JSON."""
+    from kf.runtime.abi import DYN, TensorArg
+
+    k = KernelABI("k", (0, 1), grid=(4096, 1, 1), block=(256, 1, 1), sizes=("s0", "2*s0"),
+                  grid_sizes=("FloorDiv(k1*5 + 255, 256)", "1", "1"))
+    assert k.sized_grid({"s0": 300}) == ((12, 1, 1), [300, 600])
+    assert k.sized_grid({"s0": 1}) == ((1, 1, 1), [1, 2])
+    x = TensorArg("x", (DYN, 5), "f32", ("s0", "5"))
+    abi = ProgramABI("vulkan", (x,), (x,), kernels=(k,))
+    assert ProgramABI.from_json(abi.to_json()).kernels[0] == k
+    assert KernelABI("s", (0,)).sized_grid({}) == ((1, 1, 1), [])
+
+
+def test_max_dynamic_size_is_the_signatures():
+    from kf.signature import MAX_DYNAMIC_SIZE as signature_max
+
+    assert MAX_DYNAMIC_SIZE == signature_max
