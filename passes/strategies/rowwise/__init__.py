@@ -100,9 +100,10 @@ class RowwiseStrategy(Strategy):
                 em = (RegistersEmitter if registers else LoopEmitter)(
                     a, plan, target, fn, args[:len(arg_types)], args[len(arg_types):])
                 em.setup()
-                for kind, node in a.stats:
-                    em.phase(kind, node)
-                em.outputs()
+                with em.rows():
+                    for kind, node in a.stats:
+                        em.phase(kind, node)
+                    em.outputs()
                 gpu.ReturnOp([])
             if plan.get("max_registers"):
                 # .maxnreg for ptxas (a cap: it may still use fewer)
@@ -114,7 +115,7 @@ class RowwiseStrategy(Strategy):
                     ir.IntegerType.get_signless(64), em.assumed_alignment)
         notes = dict(plan, inputs=len(a.inputs), outputs=len(a.outputs))
         P = plan.get("rows_per_block", 1)
-        return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes)
+        return EmittedKernel(name, (-(-(a.groups or a.rows) // P), 1, 1), (T, 1, 1), 0, notes)
 
 
 def _has_terminator(block: ir.Block) -> bool:

@@ -120,11 +120,14 @@ def plan(a: Analysis, target: TargetInfo, v: RowwiseVariant) -> dict:
         if reads[arg] > 1 and a.nred == 1 and inp.shape[-1:] == (R,) and nbytes <= budget:
             cached.append(arg)
             budget -= nbytes
-    outs = [n.elem for n in a.outputs]
+    outs = [n.elem for n in a.outputs if n.op != "partial"]
     reciprocal = {"always": True, "never": False}.get(
         v.row_reciprocal, bool(outs) and all(e in ("f16", "bf16") for e in outs))
     common = {"rows": a.rows, "row_length": R, "reduction": reduction, "phases": len(a.stats) + 1,
               "reciprocal": reciprocal}
+    if a.partials:
+        # column partials: a group of threads walks B rows, summing its columns (G groups)
+        common.update(groups=a.groups, group_rows=a.rows // a.groups)
     # booleans (a mask beside f32 rows) do not make a row narrow: its floats do
     narrow_float = min((ELEM_BYTES.get(e, 4) for e in row_elems if e.startswith(("f", "bf"))), default=4)
     registers = _registers_plan(a, target, lanes, v)
@@ -159,17 +162,19 @@ def _registers_plan(a: Analysis, target: TargetInfo, lanes: int, v: RowwiseVaria
     if chunks * L > v.row_registers:
         return None
     block = max(T, min(v.row_block, target.max_threads))
-    P = max(1, min(block // T, next_pow2(a.rows)))
+    P = max(1, min(block // T, next_pow2(a.groups or a.rows)))  # rows (groups of rows) a workgroup
     return {"mode": "registers", "threads": P * T, "row_threads": T, "rows_per_block": P,
             "vector_lanes": L, "chunks": chunks, "preload": v.row_preload,
-            "max_registers": _max_registers(target, P, chunks * L, v)}
+            "max_registers": _max_registers(target, P, chunks * L, v, bool(a.partials))}
 
 
-def _max_registers(target: TargetInfo, rows_per_block: int, values: int, v: RowwiseVariant) -> int:
+def _max_registers(target: TargetInfo, rows_per_block: int, values: int, v: RowwiseVariant,
+                   partials: bool = False) -> int:
     """The registers a thread ptxas is held to (.maxnreg), or 0 for its own choice:
     ``v.row_max_registers`` on CUDA for one row a workgroup of at most 32 values a
-    thread (with several rows a workgroup the cap spills)."""
-    if target.name != "cuda" or not v.row_max_registers or rows_per_block > 1 or values > 32:
+    thread (with several rows a workgroup the cap spills; with column partials the
+    thread holds their sums beside the row)."""
+    if target.name != "cuda" or not v.row_max_registers or rows_per_block > 1 or values > 32 or partials:
         return 0
     return v.row_max_registers
 
