@@ -24,6 +24,14 @@ element count n is above the op's stage bound: ``ROWWISE_ROW`` for a float reduc
 that keeps some dims (the rowwise strategy's rows: a workgroup shares each row, so
 layer norms over wide rows stay one kernel), ``ROW`` for every other one.
 
+- Column reductions beside a row kernel (``column_block``): a float sum or mean over the
+  leading dims of a tensor that a reduction over trailing dims reads too -- a norm's
+  weight and bias gradients beside dx -- becomes ``[R, cols] -> [G, B, cols]``, the sums
+  of each block of B rows (f32), then the sum of the G partial results, for any R with
+  a divisor B in ``[R / (8 groups), R / groups]`` (``column-groups``: 256). kf-fuse
+  gives the blocks' sums to the row kernel (``kf.passes.fuse.column_partial``), whose
+  groups of threads each walk a block; the last stage reads G rows, not R. Without the
+  split, one generic thread a column walked all R rows beside the row kernel.
 - Full reductions: the tensor as rows ``[N / C, C]`` (C: the largest divisor of N up to
   ``ROW``, at least ``MIN_ROW``) reduced along the rows, repeated on the ``N / C``
   partial results until at most ``LAST_ROW`` are left, which one last row reduction
@@ -321,17 +329,41 @@ def _partial_elem(op: ir.Operation) -> str:
     return out
 
 
-def column_block(op: ir.Operation, groups: int) -> int:
+def row_spaces(f: ir.Operation) -> set[tuple[int, ...]]:
+    """The shapes that a float reduction over trailing dims of f reduces (softmax and
+    log_softmax along the last dim included): the rows of f's rowwise kernels."""
+    out = set()
+    for op in f.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name not in _SPLIT and op.name not in ("kf.softmax", "kf.log_softmax"):
+            continue
+        spec = spec_of(op.operands[0].type)
+        if spec.rank == 0 or not spec.is_float:
+            continue
+        attrs = op_attrs(op)
+        if op.name in _SPLIT:
+            dims = sorted({d % spec.rank for d in (attrs.get("dims") or range(spec.rank))})
+        else:
+            dims = [attrs["dim"] % spec.rank]
+        if len(dims) < spec.rank and dims == list(range(spec.rank - len(dims), spec.rank)):
+            out.add(tuple(spec.shape))
+    return out
+
+
+def column_block(op: ir.Operation, groups: int, spaces: set = frozenset()) -> int:
     """The rows of a block of a column reduction (``_split``'s first rule), or 0 where it
     is not one or its rows are too few to split: a float kf.sum or kf.mean over the
-    leading dims of a tensor of rank >= 2 (a weight's or a bias's gradient,
-    ``sum(dy * xhat, 0)``), R rows in all, blocks of B rows with B the largest divisor
-    of R up to R / groups, at least 2 and giving at most 8 x groups blocks (a prime
-    count of rows stays whole: blocks of one row would be partial results as large as
-    the tensor)."""
+    leading dims of a tensor of rank >= 2 whose shape is one of ``spaces``, the rows a
+    rowwise kernel reduces too (a norm's weight and bias gradients, ``sum(dy * xhat,
+    0)``, beside dx: that kernel computes the blocks' sums), R rows in all, blocks of B
+    rows with B the largest divisor of R up to R / groups, at least 2 and giving at most
+    8 x groups blocks (a prime count of rows stays whole: blocks of one row would be
+    partial results as large as the tensor). Other column reductions stay one generic
+    kernel's (bias + GELU's bias gradient: kf-fuse gives it the elementwise chain)."""
     x = op.operands[0]
     spec = spec_of(x.type)
-    if op.name not in ("kf.sum", "kf.mean") or spec.rank < 2 or not spec.is_float or groups < 1:
+    if op.name not in ("kf.sum", "kf.mean") or spec.rank < 2 or not spec.is_float or groups < 1 \
+            or tuple(spec.shape) not in spaces:
         return 0
     dims = sorted({d % spec.rank for d in (op_attrs(op).get("dims") or range(spec.rank))})
     if dims != list(range(len(dims))) or len(dims) == spec.rank:
@@ -343,7 +375,7 @@ def column_block(op: ir.Operation, groups: int) -> int:
     return 0
 
 
-def _split(op: ir.Operation, groups: int = 0) -> bool:
+def _split(op: ir.Operation, groups: int = 0, spaces: set = frozenset()) -> bool:
     """Rewrite one reduction (at its own insertion point); False where it is within its
     stage bound and no column reduction to split (``column_block``)."""
     x = op.operands[0]
@@ -353,7 +385,7 @@ def _split(op: ir.Operation, groups: int = 0) -> bool:
     attrs = op_attrs(op)
     dims = sorted({d % spec.rank for d in (attrs.get("dims") or range(spec.rank))})
     n = _numel(spec.shape[d] for d in dims)
-    block = column_block(op, groups)
+    block = column_block(op, groups, spaces)
     if n <= _Stages.bound(x, dims) and not block:
         return False
     out = spec_of(op.result.type)
@@ -411,9 +443,10 @@ class SplitReductionsPass(KfPass):
             raise PassError(f"column-groups must be 0 (no column blocks) or positive, got {self.column_groups}",
                             module.location)
         for f in user_functions(module):
+            spaces = row_spaces(f)
             for op in list(f.regions[0].blocks[0].operations):
                 op = op.operation
                 if op.name in _SPLIT:
-                    _split(op, self.column_groups)
+                    _split(op, self.column_groups, spaces)
                 elif op.name == "kf.argmax":
                     _split_argmax(op)
