@@ -29,6 +29,11 @@ Kinds, in the order they are recognized:
   input shape, with the elementwise chains they reduce (recomputed from the kernel's
   inputs where the row kernel uses them too: ``_recompute_column_operands``) and the
   casts of their results (``_absorb``).
+- column partials (``column_partial``: the sums of blocks of rows that
+  kf-split-reductions makes of a column reduction beside a row kernel) join the rowwise
+  kernel over the same rows, with their reshape and the elementwise chain only they read
+  (``_join_column_partials``): that kernel writes the blocks' sums beside dx, and the
+  column kernel after it reduces G blocks' sums instead of all the rows.
 
 A broadcast_to joins elementwise groups like an elementwise op of its result's shape, and
 an elementwise group that only one rowwise or column-reduction kernel reads (a cast of a

@@ -131,8 +131,12 @@ def plan(a: Analysis, target: TargetInfo, v: RowwiseVariant) -> dict:
     # booleans (a mask beside f32 rows) do not make a row narrow: its floats do
     narrow_float = min((ELEM_BYTES.get(e, 4) for e in row_elems if e.startswith(("f", "bf"))), default=4)
     registers = _registers_plan(a, target, lanes, v)
+    # wide rows: where the cap holds one row a workgroup, or one row (group of rows) a
+    # workgroup sums column partials on CUDA (the loop kernel would keep the sums in
+    # memory and, in the group loop, read its rows from global memory in every phase)
     if registers is not None and narrow_float > v.row_registers_widest and not (
-            v.row_registers_wide_capped and registers["max_registers"]):
+            v.row_registers_wide_capped and (registers["max_registers"] or (
+                a.partials and registers["rows_per_block"] == 1 and target.name == "cuda"))):
         registers = None
     if registers is not None:
         T = registers["threads"]

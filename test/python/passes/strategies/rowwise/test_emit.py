@@ -84,15 +84,21 @@ def _lowered(rows, n, groups, elem, target):
         return "module attributes {gpu.container_module} {\n" + str(gm) + "\n}\n", plan, emitted
 
 
-@pytest.mark.parametrize("elem,rows,n,groups", [("bf16", 8192, 4096, 256), ("f32", 8192, 4096, 256),
-                                                ("bf16", 520, 65, 260), ("bf16", 32768, 8192, 256)])
-def test_partials_ptx(elem, rows, n, groups):
+@pytest.mark.parametrize("elem,rows,n,groups,mode", [
+    ("bf16", 8192, 4096, 256, "registers"), ("bf16", 32768, 8192, 256, "registers"),
+    # f32: registers mode where a group fills a workgroup (the loop kernel would keep the
+    # sums in memory), the loop kernel where groups share one (128 threads a 4096 row)
+    ("f32", 2048, 8192, 256, "registers"), ("f32", 8192, 4096, 256, "loop"), ("f32", 520, 65, 260, "loop"),
+    ("bf16", 520, 65, 260, "registers"), ("bf16", 64, 16384, 8, "loop"),
+])
+def test_partials_ptx(elem, rows, n, groups, mode):
     """On CUDA: the group loop around the phases, a workgroup per ``rows_per_block``
     groups, the partial sums stored once a group; the PTX assembles for sm_90a."""
     from kf.passes.to_cuda import assemble, compile_to_ptx
 
     needs_ptxas()
     text, plan, emitted = _lowered(rows, n, groups, elem, TargetInfo.for_target("cuda", "sm_90a"))
+    assert plan["mode"] == mode
     P = plan.get("rows_per_block", 1)
     assert emitted.grid == (-(-groups // P), 1, 1) and plan["group_rows"] == rows // groups
     assert plan.get("max_registers", 0) == 0  # the sums live beside the row: no cap
