@@ -130,11 +130,19 @@ def emit(ev, kernel: ir.Operation, entry: ir.Block, outputs: list[ir.Value], scr
     guard = scf.IfOp(first)
     with ir.InsertionPoint(guard.then_block), ev.scope():
         for op, total in seeded:
-            keep = bool(op_attrs(op).get("keepdim", False))
-            idx = [0] * lead + list(at) if keep else list(at)
-            ev.seed(op, idx, total)
+            ev.seed(op, _index(E.shape_of(op.results[0]), cols, at, kb, col, n), total)
         for value, mem in zip(E.kernel_results(kernel), outputs):
-            idx = kb.delinearize(arith.minui(col, kb.value(n - 1)), list(E.shape_of(value))) \
-                if E.shape_of(value) != tuple(cols) else list(at)
+            idx = _index(E.shape_of(value), cols, at, kb, col, n)
             E.store(ev.value(value, idx), mem, idx, kb)
         scf.YieldOp([])
+
+
+def _index(shape, cols, at, kb, col, n) -> list:
+    """The index of column col in a tensor of shape: ``at`` (the column's index in cols)
+    where shape is cols with dims of size 1 added or removed -- the same index values, so
+    that the evaluator finds a seeded total (a keepdim sum, its cast) --, else col
+    delinearized."""
+    if [d for d in shape if d != 1] != [d for d in cols if d != 1]:
+        return kb.delinearize(arith.minui(col, kb.value(n - 1)), list(shape))
+    kept = iter(i for i, d in zip(at, cols) if d != 1)
+    return [0 if d == 1 else next(kept) for d in shape]

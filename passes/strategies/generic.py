@@ -1,7 +1,9 @@
 """The generic strategy: correct for every kf op and any DAG of them, the fallback of
 every other strategy.
 
-Design: one thread per element of the kernel's outputs. A thread computes its element
+Design: one thread per element of the kernel's outputs. (A kernel of column sums -- the
+sums over leading dims of a norm's backward -- takes the columns plan instead,
+``columns.py``: slices of rows a column, added in workgroup memory.) A thread computes its element
 by evaluating the kernel function's DAG *backwards from that element*: the value of
 tensor ``v`` at index ``idx`` is a load when ``v`` is a kernel input, and otherwise the
 op that made ``v`` computes it from its operands' values at remapped indices:

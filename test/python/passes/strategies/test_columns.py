@@ -74,3 +74,17 @@ def test_columns_plan():
         plan = GenericStrategy().plan(kernel, TargetInfo.for_target("cuda"))
     assert plan["mode"] == "columns" and plan["grid"] == 128 and plan["block"] == 256
     assert (plan["columns"], plan["slices"]) == (columns.COLUMNS, columns.SLICES) == (32, 8)
+
+
+def test_each_sum_walks_the_rows_once():
+    """The outputs read the slices' totals (a keepdim sum, a cast of a sum): one loop over
+    the rows a sum, none in the stores' region."""
+    ctx, module, kernel, gm = kernel_of(
+        lambda x, y: [kb.sum(x, dims=[0], keepdim=True), kb.cast(kb.sum(kb.mul(x, y), dims=[0], elem="f32"), "bf16")],
+        [((300, 65), "bf16"), ((300, 65), "bf16")])
+    with ctx, ir.Location.unknown():
+        t = TargetInfo.for_target("cuda")
+        s = GenericStrategy()
+        s.emit(kernel, s.plan(kernel, t), gm, t)
+        text = str(gm)
+    assert text.count("scf.for") == 2 and text.count("gpu.barrier") == 4
