@@ -84,8 +84,8 @@ def plan(kernel: ir.Operation, target_max_threads: int, max_grid: int) -> dict |
     _, shape, lead = found
     n = math.prod(shape[lead:])
     grid = -(-n // COLUMNS)
-    if grid > max_grid:
-        return None
+    if grid > max_grid or n == 0 or math.prod(shape[:lead]) == 0:
+        return None  # (empty tensors: the plain plan's guards)
     return {"strategy": "generic", "mode": "columns", "block": COLUMNS * SLICES, "columns": COLUMNS,
             "slices": SLICES, "numel": n, "grid": grid, "grid_stride": False}
 

@@ -242,22 +242,27 @@ def rms_norm(x, weight, eps=1e-6):
 
 
 def _max_error(got, want):
+    if want.numel() == 0:
+        return 0.0
     return (got.double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
 
 
 @pytest.mark.parametrize("target", ["cpu", pytest.param("vulkan", marks=needs_vulkan)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("fn", ["layer_norm", "rms_norm"])
-@pytest.mark.parametrize("rows,n", [(1, 40), (7, 65), (257, 4096), (520, 65), (1024, 4096)])
-def test_norm_gradients_match_float64(target, dtype, fn, rows, n):
+@pytest.mark.parametrize("rows,n,strided", [(0, 40, False), (1, 40, False), (7, 65, False), (257, 4096, False),
+                                             (520, 65, False), (520, 65, True), (1024, 4096, False)])
+def test_norm_gradients_match_float64(target, dtype, fn, rows, n, strided):
     """The seed's layer norm and RMSNorm: dx, dweight (and dbias) match float64 within
-    the dtype's tolerance and no worse than eager in the dtype (bf16), at odd shapes and
-    at rows where the weight's gradient is summed in blocks of rows beside dx (520 and
-    1024 rows on GPU targets: kf-split-reductions' column blocks)."""
+    the dtype's tolerance and no worse than eager in the dtype (bf16), at odd shapes, no
+    rows, x a transposed view, and at rows where the weight's gradient is summed in
+    blocks of rows beside dx (520 and 1024 rows on GPU targets: kf-split-reductions'
+    column blocks)."""
     kfn = globals()[fn].with_options(target=target)
     gen = torch.Generator().manual_seed(rows * 7 + n)
-    args = [torch.randn(rows, n, generator=gen).to(dtype)] + [torch.randn(n, generator=gen).to(dtype)
-                                                              for _ in range(2 if fn == "layer_norm" else 1)]
+    x = torch.randn(n, rows, generator=gen).t() if strided else torch.randn(rows, n, generator=gen)
+    args = [x.to(dtype)] + [torch.randn(n, generator=gen).to(dtype) for _ in range(2 if fn == "layer_norm" else 1)]
+    assert args[0].is_contiguous() != strided or rows <= 1
     args = [a.requires_grad_() for a in args]
     out = kfn(*args)
     g = torch.randn(out.shape, generator=gen).to(dtype)
