@@ -19,6 +19,13 @@ class RowwiseVariant:
     kf-promote-shared rewrite) -- and their tuning numbers. bench/RESULTS.md has the
     measurements behind each default."""
 
+    #: registers mode with column partials: the values a thread aims at (more threads a
+    #: row, up to the cap, where the row needs them; at the cap, up to ``row_registers``).
+    #: Beside each value the thread holds a sum per partial: at 32 values a layer norm's
+    #: backward (two partials) took 254 registers a thread in ptxas -v for sm_90a (one
+    #: workgroup of 256 threads an SM), at 16 values it takes fewer (0: row_registers).
+    #: Chosen by register counts, not yet by timings.
+    partial_registers: int = 16
     #: a cap on the vector lanes of row accesses (0: none, the target's widest access,
     #: which moves the most bytes an instruction)
     max_lanes: int = 0
@@ -161,7 +168,10 @@ def _registers_plan(a: Analysis, target: TargetInfo, lanes: int, v: RowwiseVaria
     nvec = R // L
     cap = min(target.max_threads, v.max_row_threads or target.max_threads)
     cap = 1 << (cap.bit_length() - 1)
-    T = min(cap, next_pow2(-(-nvec // max(1, v.row_registers // L))))
+    # with column partials a thread also holds a sum per partial and value: aim at fewer
+    # values a thread (more threads a row) where the row's threads allow it
+    aim = min(v.row_registers, v.partial_registers or v.row_registers) if a.partials else v.row_registers
+    T = min(cap, next_pow2(-(-nvec // max(1, aim // L))))
     chunks = -(-nvec // T)
     if chunks * L > v.row_registers:
         return None
