@@ -29,6 +29,11 @@ Kinds, in the order they are recognized:
   input shape, with the elementwise chains they reduce (recomputed from the kernel's
   inputs where the row kernel uses them too: ``_recompute_column_operands``) and the
   casts of their results (``_absorb``).
+- column partials (``column_partial``: the sums of blocks of rows that
+  kf-split-reductions makes of a column reduction beside a row kernel) join the rowwise
+  kernel over the same rows, with their reshape and the elementwise chain only they read
+  (``_join_column_partials``): that kernel writes the blocks' sums beside dx, and the
+  column kernel after it reduces G blocks' sums instead of all the rows.
 
 A broadcast_to joins elementwise groups like an elementwise op of its result's shape, and
 an elementwise group that only one rowwise or column-reduction kernel reads (a cast of a
@@ -339,6 +344,80 @@ def _column_reduction(op: ir.Operation) -> tuple | None:
     if x.rank < 2 or not dims or dims != list(range(len(dims))) or len(dims) == x.rank:
         return None
     return x.shape, tuple(dims)
+
+
+def column_partial(op: ir.Operation) -> ir.Value | None:
+    """e for the partial sums of a column reduction's blocks (kf-split-reductions'
+    ``column_block``): ``kf.sum`` over dim 1, keepdim false, of ``kf.reshape(e)`` from
+    ``[lead..., cols...]`` to ``[G, B, cols...]`` (G x B the leading dims' product); else None."""
+    if op.name != "kf.sum":
+        return None
+    attrs = op_attrs(op)
+    r = defining(op.operands[0])
+    if r is None or r.name != "kf.reshape" or attrs.get("keepdim") or list(attrs.get("dims") or []) != [1]:
+        return None
+    e = r.operands[0]
+    src, blocks = spec_of(e.type).shape, spec_of(r.result.type).shape
+    cols = blocks[2:]
+    if len(blocks) < 3 or len(src) <= len(cols) or tuple(src[len(src) - len(cols):]) != tuple(cols):
+        return None
+    lead = 1
+    for d in src[:len(src) - len(cols)]:
+        lead *= d
+    return e if lead == blocks[0] * blocks[1] else None
+
+
+def _partial_reshapes(body: list[ir.Operation]) -> set:
+    """The reshapes that only column partials (``column_partial``) read: part of the
+    partial's kernel (a rowwise kernel reads the rows it sums where it computes them),
+    not views."""
+    out = set()  # (ids of body's own objects: an operation's Python object is not unique)
+    for op in body:
+        if op.name == "kf.reshape" and all(column_partial(getattr(u.owner, "operation", u.owner)) is not None
+                                           for u in op.result.uses):
+            out.add(id(op))
+    return out
+
+
+def _join_column_partials(part: _Partition) -> None:
+    """A column partial (``column_partial``) and its reshape join the rowwise kernel over
+    the rows it sums -- the one that computes them, or else one that reads them as an
+    input --, which then writes each group of rows' column sums beside its own outputs
+    (the rowwise strategy's partial outputs): the rows are read once, by the row kernel,
+    and the last stage reads G rows of partial sums. Without such a kernel the partial
+    stays a generic kernel of its own."""
+    for i, op in enumerate(part.ops):
+        e = column_partial(op)
+        if e is None or i not in part.group_of:
+            continue
+        gid = part.group_of[i]
+        r = defining(op.operands[0])
+        if r in part.index and part.group_of[part.index[r]] != gid:
+            gid = part.merge(gid, part.group_of[part.index[r]])
+        # the elementwise chains that only the partial reads (RMSNorm's dy * x * rstd) join it
+        changed = True
+        while changed:
+            changed = False
+            for p in {part.group_of[p] for m in part.groups[gid].ops for p in part.producers(m)} - {gid}:
+                pg = part.groups[p]
+                if pg.kind == "elementwise" and not pg.random and _group_users(part, p) == {gid} \
+                        and part.acyclic_if_merged(gid, p):
+                    gid = part.merge(gid, p)
+                    changed = True
+                    break
+        space = tuple(spec_of(e.type).shape)
+        members = {part.ops[m] for m in part.groups[gid].ops}
+        reads = {v for o in members for v in o.operands if defining(v) not in members}
+        candidates = [part.group_of[p] for m in part.groups[gid].ops for p in part.producers(m)]
+        candidates += [g for g, grp in part.groups.items() if grp.kind == "rowwise" and any(
+            v in reads for m in grp.ops for v in part.ops[m].operands)]
+        for target in dict.fromkeys(candidates):
+            tg = part.groups.get(target)
+            if target == gid or tg is None or tg.kind != "rowwise" or tg.row[0] != space:
+                continue
+            if part.acyclic_if_merged(target, gid):
+                part.merge(target, gid)
+                break
 
 
 def _group_users(part: _Partition, gid: int) -> set:
@@ -669,7 +748,8 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     copied: set = set()  # results of reshapes a kernel computes rather than views
     while True:
         body = [op.operation for op in block.operations]
-        views = [op for op in _view_reshapes(body) if op.result not in copied]
+        partial_reshapes = _partial_reshapes(body)
+        views = [op for op in _view_reshapes(body) if op.result not in copied and id(op) not in partial_reshapes]
         view_ids = {id(op) for op in views}
         kernel_ops = [op for op in body
                       if op.name.startswith("kf.") and op.name not in _FREE | _HOST and id(op) not in view_ids]
@@ -680,6 +760,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
         cloned = {op.result for op in scalars}
         kernel_ops = [op for op in kernel_ops if op.result not in cloned] if cloned else kernel_ops
         part = partition(kernel_ops)
+        _join_column_partials(part)
         _absorb(part)
         # Kernel names become PTX/SPIR-V/MSL identifiers: keep letters, digits and "_"
         # (a lambda is called "<lambda>").

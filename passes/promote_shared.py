@@ -16,7 +16,10 @@ What it rewrites, and why that is sound:
 - Candidates are ``memref.load`` ops carrying ``kf.promote`` (the rowwise strategy's
   marker: "this input is read again in another phase") inside top-level ``scf.for`` loops
   carrying ``kf.row_loop`` (IV = thread id + k * block size over [0, ub): together the
-  threads of a workgroup visit every column once). Unmarked IR is left alone.
+  threads of a workgroup visit every column once) -- top-level in the gpu.func or in the
+  body of one of its loops (the rowwise kernel's group loop, a row an iteration: the copy
+  is made each iteration, after a barrier that waits for every read of the previous
+  row). Unmarked IR is left alone.
 - The loaded memref must be a kernel argument that nothing in the kernel writes or passes
   to another op, so the copy cannot go stale; its last index must be the loop IV, its
   other indices values defined before the first loop (the copy loop uses them), and
@@ -128,7 +131,23 @@ class PromoteSharedPass(KfPass):
             if "workgroup_attributions" in fn.attributes else 0
         if len(entry.arguments) != n_inputs + n_wg:
             return []  # private attributions follow the workgroup ones: not appendable here
-        top = [op.operation for op in entry.operations]
+        promoted = self._promote_block(fn, entry, entry, n_inputs, False)
+        # a rowwise kernel's group loop (column partials): its body's row loops, one row an
+        # iteration
+        for op in [op.operation for op in entry.operations]:
+            if op.name == "scf.for" and ROW_LOOP not in op.attributes:
+                body = op.regions[0].blocks[0]
+                promoted += self._promote_block(fn, entry, body, n_inputs, True)
+        return promoted
+
+    def _promote_block(self, fn: ir.Operation, entry: ir.Block, block: ir.Block, n_inputs: int,
+                       repeated: bool) -> list[int]:
+        """Promote the rows read by the row loops at the top of block (entry, or the body
+        of a loop of entry: ``repeated``, where each iteration copies a row again, after a
+        barrier that waits for every read of the previous one)."""
+        n_wg = ir.IntegerAttr(fn.attributes["workgroup_attributions"]).value \
+            if "workgroup_attributions" in fn.attributes else 0
+        top = [op.operation for op in block.operations]
         position = {op: i for i, op in enumerate(top)}
         loops = [op for op in top if op.name == "scf.for" and ROW_LOOP in op.attributes]
         groups: dict[tuple, dict] = {}
@@ -163,7 +182,7 @@ class PromoteSharedPass(KfPass):
                     _const_index(l.operands[1]) != ub or l.operands[0] != first.operands[0]
                     or _value_key(l.operands[2]) != _value_key(first.operands[2]) for l in g["loops"]):
                 continue
-            if not all(_dominates_top(v, entry, position, position[first]) for v in g["lead"]):
+            if not all(_dominates_top(v, block, position, position[first]) for v in g["lead"]):
                 continue
             buf_t = ir.MemRefType.get([ub], t.element_type, None, wg)
             if _nbytes(buf_t) > budget:
@@ -183,6 +202,8 @@ class PromoteSharedPass(KfPass):
                     memref.store(v, buf, [copy.induction_variable])
                     scf.YieldOp([])
                 if first not in barriers_after:
+                    if repeated:
+                        gpu.BarrierOp(ip=ir.InsertionPoint(copy.operation))
                     barriers_after[first] = gpu.BarrierOp(ip=ir.InsertionPoint(first)).operation
                 else:  # one barrier after every copy placed before this loop
                     copy.operation.move_before(barriers_after[first])
@@ -212,10 +233,16 @@ def _op(x) -> ir.Operation:
     return x.operation if isinstance(x, ir.OpView) else x
 
 
-def _dominates_top(v: ir.Value, entry: ir.Block, position: dict, before: int) -> bool:
-    """v is available at the top level of the entry block before op number ``before``."""
+def _dominates_top(v: ir.Value, block: ir.Block, position: dict, before: int) -> bool:
+    """v is available at the top level of block before op number ``before``: defined
+    there before it, or in a block that holds block (an argument of one included)."""
     owner = v.owner
+    holders = [block]
+    while _op(holders[-1].owner).name != "gpu.func":
+        holders.append(_op(holders[-1].owner).block)
     if isinstance(owner, ir.Block):
-        return owner == entry
+        return owner in holders
     owner = _op(owner)
-    return owner in position and position[owner] < before
+    if owner in position:
+        return position[owner] < before
+    return any(owner.block == h for h in holders[1:])

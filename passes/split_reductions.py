@@ -24,6 +24,14 @@ element count n is above the op's stage bound: ``ROWWISE_ROW`` for a float reduc
 that keeps some dims (the rowwise strategy's rows: a workgroup shares each row, so
 layer norms over wide rows stay one kernel), ``ROW`` for every other one.
 
+- Column reductions beside a row kernel (``column_block``): a float sum or mean over the
+  leading dims of a tensor that a reduction over trailing dims reads too -- a norm's
+  weight and bias gradients beside dx -- becomes ``[R, cols] -> [G, B, cols]``, the sums
+  of each block of B rows (f32), then the sum of the G partial results, for any R with
+  a divisor B in ``[R / (8 groups), R / groups]`` (``column-groups``: 256). kf-fuse
+  gives the blocks' sums to the row kernel (``kf.passes.fuse.column_partial``), whose
+  groups of threads each walk a block; the last stage reads G rows, not R. Without the
+  split, one generic thread a column walked all R rows beside the row kernel.
 - Full reductions: the tensor as rows ``[N / C, C]`` (C: the largest divisor of N up to
   ``ROW``, at least ``MIN_ROW``) reduced along the rows, repeated on the ``N / C``
   partial results until at most ``LAST_ROW`` are left, which one last row reduction
@@ -68,7 +76,7 @@ from kf.dialects import builders as kb
 from kf.dialects.attrs import op_attrs
 from kf.dialects.elements import LOW_PRECISION as _LOW_PRECISION
 
-from .base import KfPass, user_functions
+from .base import KfPass, PassError, user_functions
 
 #: The longest reduction a generic thread runs, and the longest row of a full
 #: reduction's stages. 8192: of rows of 4096, 8192 and 16384, the fastest and steadiest
@@ -321,9 +329,55 @@ def _partial_elem(op: ir.Operation) -> str:
     return out
 
 
-def _split(op: ir.Operation) -> bool:
+def row_spaces(f: ir.Operation) -> set[tuple[int, ...]]:
+    """The shapes that a float reduction over trailing dims of f reduces (softmax and
+    log_softmax along the last dim included): the rows of f's rowwise kernels."""
+    out = set()
+    for op in f.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name not in _SPLIT and op.name not in ("kf.softmax", "kf.log_softmax"):
+            continue
+        spec = spec_of(op.operands[0].type)
+        if spec.rank == 0 or not spec.is_float:
+            continue
+        attrs = op_attrs(op)
+        if op.name in _SPLIT:
+            dims = sorted({d % spec.rank for d in (attrs.get("dims") or range(spec.rank))})
+        else:
+            dims = [attrs["dim"] % spec.rank]
+        if len(dims) < spec.rank and dims == list(range(spec.rank - len(dims), spec.rank)):
+            out.add(tuple(spec.shape))
+    return out
+
+
+def column_block(op: ir.Operation, groups: int, spaces: set = frozenset()) -> int:
+    """The rows of a block of a column reduction (``_split``'s first rule), or 0 where it
+    is not one or its rows are too few to split: a float kf.sum or kf.mean over the
+    leading dims of a tensor of rank >= 2 whose shape is one of ``spaces``, the rows a
+    rowwise kernel reduces too (a norm's weight and bias gradients, ``sum(dy * xhat,
+    0)``, beside dx: that kernel computes the blocks' sums), R rows in all, blocks of B
+    rows with B the largest divisor of R up to R / groups, at least 2 and giving at most
+    8 x groups blocks (a prime count of rows stays whole: blocks of one row would be
+    partial results as large as the tensor). Other column reductions stay one generic
+    kernel's (bias + GELU's bias gradient: kf-fuse gives it the elementwise chain)."""
+    x = op.operands[0]
+    spec = spec_of(x.type)
+    if op.name not in ("kf.sum", "kf.mean") or spec.rank < 2 or not spec.is_float or groups < 1 \
+            or tuple(spec.shape) not in spaces:
+        return 0
+    dims = sorted({d % spec.rank for d in (op_attrs(op).get("dims") or range(spec.rank))})
+    if dims != list(range(len(dims))) or len(dims) == spec.rank:
+        return 0
+    rows = _numel(spec.shape[:len(dims)])
+    for b in range(rows // groups, max(1, -(-rows // (8 * groups)) - 1), -1):
+        if rows % b == 0:
+            return b
+    return 0
+
+
+def _split(op: ir.Operation, groups: int = 0, spaces: set = frozenset()) -> bool:
     """Rewrite one reduction (at its own insertion point); False where it is within its
-    stage bound."""
+    stage bound and no column reduction to split (``column_block``)."""
     x = op.operands[0]
     spec = spec_of(x.type)
     if op.name not in _SPLIT or spec.rank == 0:
@@ -331,13 +385,22 @@ def _split(op: ir.Operation) -> bool:
     attrs = op_attrs(op)
     dims = sorted({d % spec.rank for d in (attrs.get("dims") or range(spec.rank))})
     n = _numel(spec.shape[d] for d in dims)
-    if n <= _Stages.bound(x, dims):
+    block = column_block(op, groups, spaces)
+    if n <= _Stages.bound(x, dims) and not block:
         return False
     out = spec_of(op.result.type)
     elem = _partial_elem(op)
     full = len(dims) == spec.rank
     with ir.InsertionPoint(op), op.location:
-        if op.name in ("kf.sum", "kf.reduce_max", "kf.reduce_min"):
+        if block:
+            # [R, cols] as [R / B, B, cols]: each block's column sums (the partial results,
+            # what a rowwise kernel computes beside its rows: kf-fuse), then their sum
+            cols = list(spec.shape[len(dims):])
+            blocks = _reshape(x, [n // block, block] + cols)
+            v = _Stages("sum", elem).reduce(kb.sum(blocks, dims=[1], keepdim=False, elem=elem), [0])
+            if op.name == "kf.mean":
+                v = kb.div(v, kb.scalar(float(n), elem))
+        elif op.name in ("kf.sum", "kf.reduce_max", "kf.reduce_min"):
             stages = _Stages(op.name.removeprefix("kf."), elem)
             if full:
                 source, chain = _producers(x)
@@ -368,11 +431,22 @@ class SplitReductionsPass(KfPass):
     NAME = "kf-split-reductions"
     DESCRIPTION = "reductions over many elements as stages of short ones (reshape into blocks, reduce, reduce the partials)"
 
+    #: the blocks a column reduction's rows are split into, at most (``column_block``):
+    #: a rowwise kernel beside it computes one block's partial sums a group of its
+    #: threads, so the blocks are the groups it has to spread over the GPU, and their
+    #: partial results what the last stage reads (0: column reductions are split only
+    #: where they are over the stage bound, as any reduction)
+    column_groups: int = 256
+
     def run(self, module: ir.Operation) -> None:
+        if self.column_groups < 0:
+            raise PassError(f"column-groups must be 0 (no column blocks) or positive, got {self.column_groups}",
+                            module.location)
         for f in user_functions(module):
+            spaces = row_spaces(f)
             for op in list(f.regions[0].blocks[0].operations):
                 op = op.operation
                 if op.name in _SPLIT:
-                    _split(op)
+                    _split(op, self.column_groups, spaces)
                 elif op.name == "kf.argmax":
                     _split_argmax(op)

@@ -1,7 +1,9 @@
 """The generic strategy: correct for every kf op and any DAG of them, the fallback of
 every other strategy.
 
-Design: one thread per element of the kernel's outputs. A thread computes its element
+Design: one thread per element of the kernel's outputs. (A kernel of column sums -- the
+sums over leading dims of a norm's backward -- takes the columns plan instead,
+``columns.py``: slices of rows a column, added in workgroup memory.) A thread computes its element
 by evaluating the kernel function's DAG *backwards from that element*: the value of
 tensor ``v`` at index ``idx`` is a load when ``v`` is a kernel input, and otherwise the
 op that made ``v`` computes it from its operands' values at remapped indices:
@@ -96,6 +98,11 @@ class Evaluator:
             yield
         finally:
             self._scopes.pop()
+
+    def seed(self, op: ir.Operation, idx, values) -> None:
+        """Record op's value at idx, computed elsewhere (a column sum's total,
+        ``columns.py``), for the region being built."""
+        self._scopes[-1][("op", op, tuple(idx))] = values if isinstance(values, list) else [values]
 
     def _lookup(self, key):
         for s in reversed(self._scopes):
@@ -602,6 +609,13 @@ class GenericStrategy(Strategy):
     KIND = "generic"
 
     def plan(self, kernel: ir.Operation, target: TargetInfo) -> dict:
+        """One thread an output element; or, for a kernel of column sums of its inputs,
+        ``columns.py``'s plan (``mode = "columns"``: slices of rows a column)."""
+        from . import columns
+
+        by_columns = columns.plan(kernel, target.max_threads, E.max_grid_x(target.name))
+        if by_columns is not None:
+            return by_columns
         _, outs = E.kernel_signature(kernel)
         total = max((E.numel(s.shape) for s in outs), default=1)
         block = min(256, target.max_threads)
@@ -617,6 +631,18 @@ class GenericStrategy(Strategy):
         gfunc, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
                                        target=target.name, index_flag=flagged)
         args = list(entry.arguments)
+        if plan.get("mode") == "columns":
+            from . import columns
+
+            wg = ir.Attribute.parse("#gpu.address_space<workgroup>")
+            scratch = entry.add_argument(ir.MemRefType.get([block], ir.F32Type.get(), None, wg), kernel.location)
+            gfunc.attributes["workgroup_attributions"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 1)
+            with kernel.location, ir.InsertionPoint(entry):
+                kb = E.IndexBuilder(entry)
+                ev = Evaluator(kb, args[:len(ins)], None)
+                columns.emit(ev, kernel, entry, args[len(ins):len(ins) + len(outs)], scratch, plan)
+                E.finish(entry)
+            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic", "mode": "columns"})
         with kernel.location, ir.InsertionPoint(entry):
             kb = E.IndexBuilder(entry)
             checks = E.IndexChecks(kb, args[-1], base) if flagged else None

@@ -361,3 +361,47 @@ func.func @iota_mask(%x: tensor<3x5xf32>) -> tensor<3x5xf32> {
   %y = "kf.select"(%m, %x, %z) : (tensor<3x5xi1>, tensor<3x5xf32>, tensor<f32>) -> tensor<3x5xf32>
   return %y : tensor<3x5xf32>
 }
+
+// -----
+
+// RMSNorm's backward after kf-split-reductions: the weight gradient's partial sums
+// (kf.sum over dim 1 of [R, N] as [G, B, N]) join the row kernel over [R, N], with the
+// reshape and the chain dy * x * rstd that only they read; the last stage reads [4, 16].
+// CHECK-LABEL: func.func private @rms_backward_k0_rowwise
+// CHECK-SAME: -> (tensor<4x16xf32>, tensor<8x16xf32>)
+// CHECK: "kf.reshape"({{.*}}) : (tensor<8x16xf32>) -> tensor<4x2x16xf32>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<4x2x16xf32>) -> tensor<4x16xf32>
+// CHECK-LABEL: func.func private @rms_backward_k1_generic(%arg0: tensor<4x16xf32>{{.*}}) -> tensor<16xf32>
+// CHECK-LABEL: func.func @rms_backward
+// CHECK-NOT: kf.reshape
+// CHECK: %[[K:.*]]:2 = call @rms_backward_k0_rowwise
+// CHECK-NEXT: call @rms_backward_k1_generic(%[[K]]#0)
+func.func @rms_backward(%x: tensor<8x16xf32>, %dy: tensor<8x16xf32>, %w: tensor<16xf32>, %rstd: tensor<8x1xf32>) -> (tensor<8x16xf32>, tensor<16xf32>) {
+  %0 = "kf.mul"(%x, %rstd) : (tensor<8x16xf32>, tensor<8x1xf32>) -> tensor<8x16xf32>
+  %1 = "kf.mul"(%dy, %0) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+  %2 = "kf.reshape"(%1) : (tensor<8x16xf32>) -> tensor<4x2x16xf32>
+  %3 = "kf.sum"(%2) {dims = array<i64: 1>, keepdim = false} : (tensor<4x2x16xf32>) -> tensor<4x16xf32>
+  %4 = "kf.sum"(%3) {dims = array<i64: 0>, keepdim = false} : (tensor<4x16xf32>) -> tensor<16xf32>
+  %5 = "kf.mul"(%dy, %w) : (tensor<8x16xf32>, tensor<16xf32>) -> tensor<8x16xf32>
+  %6 = "kf.mul"(%5, %x) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+  %7 = "kf.sum"(%6) {dims = array<i64: 1>, keepdim = true} : (tensor<8x16xf32>) -> tensor<8x1xf32>
+  %8 = "kf.mul"(%x, %7) : (tensor<8x16xf32>, tensor<8x1xf32>) -> tensor<8x16xf32>
+  %9 = "kf.sub"(%5, %8) : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+  return %9, %4 : tensor<8x16xf32>, tensor<16xf32>
+}
+
+// -----
+
+// Without a row kernel over its rows, the partial sums are a generic kernel of their own
+// (the reshape inside it, not a view between kernels).
+// CHECK-LABEL: func.func private @lone_partial_k0_generic(%arg0: tensor<8x16xf32>{{.*}}) -> tensor<4x16xf32>
+// CHECK: "kf.reshape"
+// CHECK-LABEL: func.func @lone_partial
+// CHECK-NOT: kf.reshape
+// CHECK: call @lone_partial_k0_generic(%arg0)
+func.func @lone_partial(%x: tensor<8x16xf32>) -> tensor<16xf32> {
+  %0 = "kf.reshape"(%x) : (tensor<8x16xf32>) -> tensor<4x2x16xf32>
+  %1 = "kf.sum"(%0) {dims = array<i64: 1>, keepdim = false} : (tensor<4x2x16xf32>) -> tensor<4x16xf32>
+  %2 = "kf.sum"(%1) {dims = array<i64: 0>, keepdim = false} : (tensor<4x16xf32>) -> tensor<16xf32>
+  return %2 : tensor<16xf32>
+}

@@ -153,3 +153,55 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// A group loop (column partials: each iteration one row of the workgroup's block of
+// rows): its body's row loops read the row twice, so each iteration copies it into the
+// buffer, after a barrier (every thread has read the previous row) and before one.
+// CHECK-LABEL: gpu.func @group_loop
+// CHECK-SAME: workgroup(%{{.*}} : memref<256xf32, #gpu.address_space<workgroup>>, %[[BUF:.*]] : memref<1000xf32, #gpu.address_space<workgroup>>)
+// CHECK: scf.for %[[R:.*]] = %{{.*}} to %{{.*}} step %{{.*}} {
+// CHECK: %[[ROW:.*]] = arith.addi
+// CHECK-NEXT: gpu.barrier
+// CHECK-NEXT: scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %{{.*}} {
+// CHECK-NEXT: %[[V:.*]] = memref.load %arg0[%[[ROW]], %[[J]]] : memref<6x1000xf32>
+// CHECK-NEXT: memref.store %[[V]], %[[BUF]][%[[J]]]
+// CHECK: } {kf.promoted, kf.row_loop, kf.vector_lanes = 4 : i64}
+// CHECK-NEXT: gpu.barrier
+// CHECK-NOT: memref.load %arg0
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @group_loop(%x: memref<6x1000xf32>, %y: memref<6x1000xf32>)
+        workgroup(%red: memref<256xf32, #gpu.address_space<workgroup>>) kernel
+        attributes {known_block_size = array<i32: 256, 1, 1>, kf.max_shared_bytes = 49152 : i64} {
+      %tid = gpu.thread_id x
+      %group = gpu.block_id x
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %n = arith.constant 1000 : index
+      %t = arith.constant 256 : index
+      %zero = arith.constant 0.0 : f32
+      scf.for %r = %c0 to %c2 step %c1 {
+        %first = arith.muli %group, %c2 : index
+        %row = arith.addi %first, %r : index
+        %part = scf.for %j = %tid to %n step %t iter_args(%acc = %zero) -> (f32) {
+          %v = memref.load %x[%row, %j] {kf.promote} : memref<6x1000xf32>
+          %a = arith.addf %acc, %v : f32
+          scf.yield %a : f32
+        } {kf.row_loop, kf.vector_lanes = 4 : i64}
+        memref.store %part, %red[%tid] : memref<256xf32, #gpu.address_space<workgroup>>
+        gpu.barrier
+        %s = memref.load %red[%c0] : memref<256xf32, #gpu.address_space<workgroup>>
+        scf.for %j = %tid to %n step %t {
+          %v = memref.load %x[%row, %j] {kf.promote} : memref<6x1000xf32>
+          %d = arith.subf %v, %s : f32
+          memref.store %d, %y[%row, %j] : memref<6x1000xf32>
+        } {kf.row_loop, kf.vector_lanes = 4 : i64}
+        gpu.barrier
+      }
+      gpu.return
+    }
+  }
+}

@@ -3,7 +3,10 @@
 // Invalid inputs (Inputs/kf-split-reductions-invalid.mlir) and options:
 // RUN: kf-opt %S/Inputs/kf-split-reductions-invalid.mlir --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(kf-split-reductions)'
 // RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions{rows=8192})' 2>&1 | FileCheck %s --check-prefix=BAD-OPTION
-// BAD-OPTION: error: pass 'kf-split-reductions' has no option 'rows' (options: none)
+// BAD-OPTION: error: pass 'kf-split-reductions' has no option 'rows' (options: column-groups)
+// RUN: not kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions{column-groups=-1})' 2>&1 | FileCheck %s --check-prefix=BAD-GROUPS
+// BAD-GROUPS: error: kf-split-reductions: column-groups must be 0 (no column blocks) or positive, got -1
+// RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-split-reductions{column-groups=0})' | FileCheck %s --check-prefix=NO-GROUPS
 
 // fp8's amax over a 4x32x2048x128 tensor (2^25 elements): rows of 8192 (4096 of them),
 // then the 4096 partial maxima as one row; each stage is
@@ -186,4 +189,52 @@ func.func @sum_keepdim(%a: tensor<512x512xf32>) -> tensor<1x1xf32> {
 func.func @argmax(%a: tensor<70001x2xf32>) -> tensor<1x2xi64> {
   %0 = "kf.argmax"(%a) {dim = 0 : i64, keepdim = true} : (tensor<70001x2xf32>) -> tensor<1x2xi64>
   return %0 : tensor<1x2xi64>
+}
+
+// -----
+
+// A column reduction (a norm's bias and weight gradients: sums over the rows) of 8192
+// rows: blocks of 32 rows (8192 / 256 groups), each block's sums (f32), then the sums of
+// the 256 partial results. kf-fuse puts the partial sums in the row kernel that reads the
+// same rows (its outputs beside dx), and the last stage reads [256, 64], not the rows.
+// CHECK-LABEL: func.func @column
+// CHECK: %[[B:.*]] = "kf.reshape"(%arg0) : (tensor<8192x64xbf16>) -> tensor<256x32x64xbf16>
+// CHECK-NEXT: %[[P:.*]] = "kf.sum"(%[[B]]) {dims = array<i64: 1>, keepdim = false} : (tensor<256x32x64xbf16>) -> tensor<256x64xf32>
+// CHECK-NEXT: %[[S:.*]] = "kf.sum"(%[[P]]) {dims = array<i64: 0>, keepdim = false} : (tensor<256x64xf32>) -> tensor<64xf32>
+// CHECK-NEXT: "kf.cast"(%[[S]]) : (tensor<64xf32>) -> tensor<64xbf16>
+// CHECK: "kf.reshape"({{.*}}) : (tensor<8192x64xbf16>) -> tensor<256x32x64xbf16>
+// CHECK: "kf.sum"({{.*}}) {dims = array<i64: 1>, keepdim = false} : (tensor<256x32x64xbf16>) -> tensor<256x64xf32>
+// NO-GROUPS-LABEL: func.func @column
+// NO-GROUPS-NOT: kf.reshape
+// FUSED-LABEL: func.func @column
+// FUSED: %[[K:.*]]:3 = call @column_k0_rowwise(%arg0) : (tensor<8192x64xbf16>) -> (tensor<8192x64xbf16>, tensor<256x64xf32>, tensor<256x64xf32>)
+// FUSED-NEXT: %[[C:.*]]:2 = call @column_k1_generic(%[[K]]#1, %[[K]]#2) : (tensor<256x64xf32>, tensor<256x64xf32>) -> (tensor<64xbf16>, tensor<64xbf16>)
+// FUSED-NOT: call
+// FUSED: return
+func.func @column(%x: tensor<8192x64xbf16>) -> (tensor<8192x64xbf16>, tensor<64xbf16>, tensor<64xbf16>) {
+  %0 = "kf.mean"(%x) {dims = array<i64: 1>, keepdim = true} : (tensor<8192x64xbf16>) -> tensor<8192x1xbf16>
+  %1 = "kf.sub"(%x, %0) : (tensor<8192x64xbf16>, tensor<8192x1xbf16>) -> tensor<8192x64xbf16>
+  %2 = "kf.sum"(%x) {dims = array<i64: 0>, keepdim = false} : (tensor<8192x64xbf16>) -> tensor<64xbf16>
+  %3 = "kf.mul"(%x, %1) : (tensor<8192x64xbf16>, tensor<8192x64xbf16>) -> tensor<8192x64xbf16>
+  %4 = "kf.sum"(%3) {dims = array<i64: 0>, keepdim = false} : (tensor<8192x64xbf16>) -> tensor<64xbf16>
+  return %1, %2, %4 : tensor<8192x64xbf16>, tensor<64xbf16>, tensor<64xbf16>
+}
+
+// -----
+
+// Left whole: columns of 511 rows (blocks of 2 rows at least: 512 rows), of a prime
+// count of rows (blocks of one row would be partial sums as large as the tensor), of
+// integers, and columns with no row kernel over the same rows to compute the blocks'
+// sums beside its own (bias + GELU's bias gradient: one generic kernel with the chain).
+// CHECK-LABEL: func.func @column_left_alone
+// CHECK-NOT: kf.reshape
+// CHECK: return
+func.func @column_left_alone(%a: tensor<511x8xf32>, %b: tensor<8191x8xf32>, %c: tensor<8192x8xi32>, %d: tensor<8192x8xf32>) -> (tensor<511x8xf32>, tensor<8191x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xi32>, tensor<8xf32>) {
+  %sa = "kf.softmax"(%a) {dim = 1 : i64} : (tensor<511x8xf32>) -> tensor<511x8xf32>
+  %sb = "kf.softmax"(%b) {dim = 1 : i64} : (tensor<8191x8xf32>) -> tensor<8191x8xf32>
+  %0 = "kf.sum"(%a) {dims = array<i64: 0>, keepdim = false} : (tensor<511x8xf32>) -> tensor<8xf32>
+  %1 = "kf.sum"(%b) {dims = array<i64: 0>, keepdim = false} : (tensor<8191x8xf32>) -> tensor<8xf32>
+  %2 = "kf.sum"(%c) {dims = array<i64: 0>, keepdim = false} : (tensor<8192x8xi32>) -> tensor<8xi32>
+  %3 = "kf.sum"(%d) {dims = array<i64: 0>, keepdim = false} : (tensor<8192x8xf32>) -> tensor<8xf32>
+  return %sa, %sb, %0, %1, %2, %3 : tensor<511x8xf32>, tensor<8191x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xi32>, tensor<8xf32>
 }

@@ -126,7 +126,7 @@ func.func private @gemm_256(%a: tensor<256x256xbf16>, %b: tensor<256x256xbf16>) 
 // the row in registers by default; rowwise.row_registers=0 selects the loop kernel.
 // CUDA-LABEL: func.func private @softmax_1000
 // CUDA-SAME: mode = "registers"
-// CUDA-SAME: variant = {max_lanes = 0 : i64, max_row_threads = 256 : i64, row_block = 256 : i64, row_max_registers = 64 : i64, row_preload = "pipelined", row_reciprocal = "narrow", row_registers = 32 : i64, row_registers_wide_capped = true, row_registers_widest = 2 : i64}
+// CUDA-SAME: variant = {max_lanes = 0 : i64, max_row_threads = 256 : i64, partial_registers = 16 : i64, row_block = 256 : i64, row_max_registers = 64 : i64, row_preload = "pipelined", row_reciprocal = "narrow", row_registers = 32 : i64, row_registers_wide_capped = true, row_registers_widest = 2 : i64}
 // VARIANT-LABEL: func.func private @softmax_1000
 // VARIANT-SAME: mode = "loop"
 // VARIANT-SAME: variant = {{{.*}}row_registers = 0 : i64

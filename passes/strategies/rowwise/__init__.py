@@ -16,6 +16,21 @@ Shape of the emitted kernel (one workgroup per row, T threads, T a power of two)
         out[row, j] = g(x[row, j], statistics)
     per-row outputs: thread 0 stores them
 
+With column partials (a norm's weight and bias gradients beside dx: ``sum(reshape(e,
+[G, B, cols]), dims=[1])``, what kf-split-reductions and kf-fuse make of ``sum(dy *
+xhat, 0)``), a workgroup takes a group of B consecutive rows instead of one row:
+
+    group = block_id.x
+    scf.for r = 0 to B iter_args(sums) {     (the phases and outputs above, of row
+        ...                                    group * B + r)
+        sums += e[row, my columns]            (registers mode: in registers; the loop
+        gpu.barrier                            kernel: in the partial output itself,
+    }                                          each thread its own columns)
+    partial[group, my columns] = sums
+
+so the rows are read once, by this kernel, and the kernel after it reads G rows of f32
+sums rather than all the rows (kf-fuse's column kernel).
+
 Why this shape:
 
 - Phases in dependency order make the numerics those of the textbook algorithms: var
@@ -31,13 +46,22 @@ Why this shape:
   one small and testable on its own IR (and keeps this module about the math).
 - The two reduction scratch buffers alternate between consecutive reductions, so a
   reduction needs no barrier after all threads have read its result: the next write to
-  the same buffer comes after the next reduction's barrier.
+  the same buffer comes after the next reduction's barrier. The group loop's barrier at
+  the end of each row keeps that true from one row to the next.
+- Column partials: a group of threads sums the same columns of every row of its block,
+  so a thread adds only its own elements -- no reduction across threads, no atomics,
+  and the sums' order is fixed (the results do not depend on scheduling). Blocks of
+  rows, not one partial row per row, keep what the last stage reads small; B rows per
+  group cost B sequential rows per workgroup, so kf-split-reductions chooses G (256 by
+  default) to keep the GPU full.
 
 Not handled (the strategy raises NotApplicable and kf-map-to-gpu falls back to
 generic): reductions over non-trailing dims, integer reductions, argmax/topk, layout ops
 other than unit-dim reshapes and broadcast_to, mixing a keepdim=False reduction result
 with full rows (torch right-aligns it against the wrong dims). Reductions over several
 trailing dims work but are not vectorized (their column index is not the loop index).
+With column partials, registers mode's sums are held beside the row with no register
+cap, and f32 rows take it only where one group of rows fills a workgroup.
 
 The package: ``analysis.py`` (the row space and the statistics), ``plan.py`` (registers
 mode or the loop kernel, threads and lanes; the variants), ``emit.py`` (values and
@@ -51,7 +75,7 @@ from mlir import ir
 from mlir.dialects import gpu
 
 from .. import run_time_sizes
-from ..base import EmittedKernel, Strategy, TargetInfo, register
+from ..base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from ..emit import storage_type
 from .analysis import analyze
 from .emit import ASSUMED_ALIGNMENT, MAX_SHARED
@@ -85,6 +109,8 @@ class RowwiseStrategy(Strategy):
             arg_types = [ir.MemRefType.get(list(n.shape), storage_type(n.elem, target.name))
                          for n in a.inputs + a.outputs]
             size_slots = plan.get("sizes", [])
+            if size_slots and a.groups:
+                raise NotApplicable("column partials over groups of rows need the number of rows at compile time")
             if size_slots:  # run-time sizes: the slots' buffer, last
                 arg_types.append(run_time_sizes.slot_type(len(size_slots)))
             wg = ir.Attribute.parse("#gpu.address_space<workgroup>")
@@ -107,9 +133,10 @@ class RowwiseStrategy(Strategy):
                     sizes = run_time_sizes.SizeSlots(entry, args[len(arg_types) - 1], size_slots)
                     em.rows_value = sizes.extent(a.rows)
                 em.setup()
-                for kind, node in a.stats:
-                    em.phase(kind, node)
-                em.outputs()
+                with em.rows():
+                    for kind, node in a.stats:
+                        em.phase(kind, node)
+                    em.outputs()
                 gpu.ReturnOp([])
             if plan.get("max_registers"):
                 # .maxnreg for ptxas (a cap: it may still use fewer)
@@ -122,7 +149,7 @@ class RowwiseStrategy(Strategy):
         notes = dict(plan, inputs=len(a.inputs), outputs=len(a.outputs))
         P = plan.get("rows_per_block", 1)
         if not size_slots:
-            return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes)
+            return EmittedKernel(name, (-(-(a.groups or a.rows) // P), 1, 1), (T, 1, 1), 0, notes)
         grid = (run_time_sizes.grid_text(0, a.rows // run_time_sizes.BOUND, P), "1", "1")
         return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes, sizes=tuple(map(tuple, size_slots)),
                              grid_sizes=grid)

@@ -3,8 +3,15 @@ space its reductions share (``analyze``: NotApplicable where they do not share o
 the statistics in dependency order, and which inputs each phase reads.
 
 A value's coordinates at the point being computed are tokens: ``("r", i)`` for the
-i-th leading (row) dim, ``("c", k)`` for the k-th reduced (column) dim, None for a dim
-of size 1 (read at index 0)."""
+i-th leading (row) dim, ``("c", k)`` for the k-th reduced (column) dim, ``("g", 0)``
+for the group of rows a column partial sums (below), None for a dim of size 1 (read at
+index 0).
+
+Column partials: ``kf.sum(kf.reshape(e) to [G, B, cols...], dims=[1])`` with e a value
+of the row space (what kf-split-reductions makes of a weight's gradient ``sum(dy *
+xhat, 0)`` and kf-fuse puts beside the rows: ``kf.passes.fuse.column_partial``) is a
+``Node("partial")`` of shape [G, cols...]: the sums of e over each group of B
+consecutive rows. It is an output only; no value of the kernel reads it."""
 
 from __future__ import annotations
 
@@ -71,6 +78,16 @@ class Analysis:
     def row_length(self) -> int:
         return math.prod(self.cols)
 
+    @property
+    def partials(self) -> list[tuple[int, Node]]:
+        """(output index, node) of the column partials."""
+        return [(i, o) for i, o in enumerate(self.outputs) if o.op == "partial"]
+
+    @property
+    def groups(self) -> int:
+        """The groups of rows the column partials sum (0: no partials)."""
+        return next((o.shape[0] for _, o in self.partials), 0)
+
 
 def row_tokens(a: Analysis) -> tuple:
     return tuple(("r", i) if s > 1 else None for i, s in enumerate(a.lead))
@@ -89,6 +106,8 @@ def align(coords: tuple, out_shape, in_shape) -> tuple:
 
 def natural(a: Analysis, node: Node) -> tuple:
     """The coordinates of node's own element at the current (row, column) point."""
+    if node.op == "partial":
+        return (("g", 0),) + full_tokens(a)[len(a.lead):]
     tokens = row_tokens(a) if node.frame == "L" else full_tokens(a)
     frame = a.lead if node.frame == "L" else a.space
     off = len(frame) - len(node.shape)  # negative: leading dims beyond the frame, which must be 1
@@ -105,8 +124,18 @@ def stat_coords(a: Analysis, node: Node) -> tuple:
 
 
 def _build_graph(kernel: ir.Operation) -> tuple[list[Node], list[Node]]:
+    from kf.passes.fuse import column_partial
+
     body = kernel.regions[0].blocks[0]
     nodes: dict = {}
+    # the reshapes into [G, B, cols...] that column partials read: part of the partial
+    blocks = {}
+    for op in body.operations:
+        e = column_partial(op.operation)
+        if e is not None:
+            blocks[op.operation.operands[0]] = e
+    partial_reshapes = {r for r in blocks if all(column_partial(getattr(u.owner, "operation", u.owner)) is not None
+                                                for u in r.uses)}
     inputs = []
     for i, arg in enumerate(body.arguments):
         try:
@@ -124,7 +153,13 @@ def _build_graph(kernel: ir.Operation) -> tuple[list[Node], list[Node]]:
             break
         if len(op.results) != 1:
             raise NotApplicable(f"{op.name} has {len(op.results)} results")
+        if op.results[0] in partial_reshapes:
+            continue
         s = spec_of(op.results[0].type)
+        if op.operands and op.operands[0] in partial_reshapes:
+            e = blocks[op.operands[0]]
+            nodes[op.results[0]] = Node("partial", s.shape, s.elem, [nodes[e]], {"groups": s.shape[0]}, op.location)
+            continue
         n = Node(op.name, s.shape, s.elem, [nodes[v] for v in op.operands], op_attrs(op), op.location)
         if op.name == "kf.reshape":
             # Only unit dims may come or go: then the elements keep their coordinates.
@@ -189,6 +224,12 @@ def analyze(kernel: ir.Operation) -> Analysis:
     for n in order:
         if n.op == "arg" or n.op in ("kf.fill", "kf.constant"):
             n.frame = "F"
+        elif n.op == "partial":
+            e = n.operands[0]
+            if e.frame == "L" or tuple(e.shape) != tuple(space) or tuple(n.shape[1:]) != tuple(space[len(space) - len(dims):]):
+                raise NotApplicable(f"column partial of a value of shape {list(e.shape)} in the row space "
+                                    f"{list(space)}: it sums rows of the row space")
+            n.frame = "P"
         elif n.op in REDUCTIONS:
             if n.operands[0].frame == "L":
                 raise NotApplicable("a reduction of a per-row value")
@@ -205,7 +246,12 @@ def analyze(kernel: ir.Operation) -> Analysis:
                 raise NotApplicable("a keepdim=False reduction result meets full rows: torch aligns it with "
                                     "the wrong dims, which no rowwise kernel computes")
             n.frame = frames.pop() if frames else "F"
+    if any(o.op == "partial" for n in order for o in n.operands):
+        raise NotApplicable("a column partial read inside the kernel: partials are outputs")
     a = Analysis(inputs, outputs, tuple(space), len(dims), [])
+    if len({o.shape[0] for _, o in a.partials}) > 1 or (a.partials and a.rows % a.groups):
+        raise NotApplicable(f"column partials over {sorted({o.shape[0] for _, o in a.partials})} groups of "
+                            f"{a.rows} rows: one count of groups dividing the rows")
     for o in outputs:
         natural(a, o)  # raises for outputs that do not fit the row space
     a.stats = _stat_order(a, order)
@@ -248,6 +294,9 @@ def element_loads(a: Analysis, node: Node, coords: tuple, acc: set, seen: set) -
         acc.add((node.arg, coords))
         return
     if node.op in REDUCTIONS:
+        return
+    if node.op == "partial":  # the summed rows, at the current point
+        element_loads(a, node.operands[0], full_tokens(a), acc, seen)
         return
     if node.op in ("kf.softmax", "kf.log_softmax"):
         element_loads(a, node.operands[0], coords, acc, seen)

@@ -5,6 +5,8 @@ its per-row values and its workgroup reductions. ``LoopEmitter`` (loop.py) and
 
 from __future__ import annotations
 
+import contextlib
+
 from mlir import ir
 from mlir.dialects import arith, gpu, memref, scf
 
@@ -58,27 +60,76 @@ class RowEmitter:
 
     # -- coordinates
     def setup(self):
+        """The thread's place: its index among its row's threads, and its row -- or, with
+        column partials, its group of rows (``rows`` walks them)."""
         tid = gpu.thread_id(gpu.Dimension.x)
         bid = gpu.block_id(gpu.Dimension.x)
         self.zero = const_index(0)
         self.block_tid = tid
         self.row_ok = None  # i1: this thread's row exists (several rows a block, rows % P != 0)
+        count = self.a.groups or self.a.rows  # what the workgroups share out: groups or rows
         if self.P > 1:
             # rows_per_block rows of T threads each: thread tid works on row bid*P + tid/T
             self.tid = arith.remui(tid, const_index(self.T))
             row = arith.addi(arith.muli(bid, const_index(self.P)), arith.divui(tid, const_index(self.T)))
-            if self.rows_value is not None or self.a.rows % self.P:
+            if self.rows_value is not None or count % self.P:
                 # Threads past the last row compute the last row again (so that every
                 # thread takes part in the shuffles and barriers) and store nothing.
                 if self.rows_value is None:
-                    self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, const_index(self.a.rows))
-                    row = arith.minui(row, const_index(self.a.rows - 1))
-                else:
+                    self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, const_index(count))
+                    row = arith.minui(row, const_index(count - 1))
+                else:  # run-time sizes: rows only (column partials need static rows)
                     self.row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, self.rows_value)
                     row = arith.minui(row, arith.subi(self.rows_value, const_index(1)))
         else:
             self.tid = tid
             row = bid
+        self.group = row if self.a.groups else None
+        self.row = None if self.a.groups else row
+        self.accumulators: list = []  # registers mode, in the group's loop: the partial sums so far
+
+    @contextlib.contextmanager
+    def rows(self):
+        """Around the phases and outputs: the row's coordinates; with column partials, the
+        loop over the group's B rows (``scf.for r``), whose body ends with the partial
+        sums of the row added (``accumulate``) and a barrier -- the next row's first
+        reduction writes the scratch buffer that this row's last one may still be read
+        from --, and after which the sums are stored (``store_partials``)."""
+        if not self.a.groups:
+            self._row_coordinates(self.row)
+            yield
+            return
+        B = self.a.rows // self.a.groups
+        loop = scf.ForOp(self.zero, const_index(B), const_index(1), self.partial_inits())
+        with ir.InsertionPoint(loop.body):
+            self.first_row = arith.cmpi(arith.CmpIPredicate.eq, loop.induction_variable, self.zero)
+            self.accumulators = list(loop.inner_iter_args)
+            row = arith.addi(arith.muli(self.group, const_index(B)), loop.induction_variable)
+            self._row_coordinates(row)
+            yield
+            sums = self.accumulate()
+            gpu.barrier()
+            scf.YieldOp(sums)
+        # what the loop body computed does not dominate what follows
+        self._forget()
+        self.store_partials(list(loop.results))
+
+    def partial_inits(self) -> list[ir.Value]:
+        """The initial values of the group loop's accumulators (none: ``LoopEmitter``
+        accumulates in the partial outputs themselves)."""
+        return []
+
+    def accumulate(self) -> list[ir.Value]:
+        """At the end of a row of the group loop: the accumulators with the row added."""
+        return []
+
+    def store_partials(self, sums: list[ir.Value]) -> None:
+        """After the group loop: the partial sums stored."""
+
+    def _forget(self) -> None:
+        self.row_memo, self.stats, self.loop_memo, self.elem_memo = {}, {}, {}, {}
+
+    def _row_coordinates(self, row: ir.Value) -> None:
         self.rowv = {}
         rem = row
         lead = self.a.lead
@@ -113,6 +164,8 @@ class RowEmitter:
             return self.zero
         if token[0] == "r":
             return self.rowv[token]
+        if token[0] == "g":
+            return self.group
         if self.elem is not None:
             return self.column(*self.elem)
         return self.col[token]

@@ -55,9 +55,11 @@ class LoopEmitter(RowEmitter):
         n_in = len(a.inputs)
         col_outs, row_outs = [], []
         for i, o in enumerate(a.outputs):
+            if o.op == "partial":
+                continue
             coords = natural(a, o)
             (col_outs if any(c and c[0] == "c" for c in coords) else row_outs).append((i, o, coords))
-        if col_outs:
+        if col_outs or a.partials:
             loop = self.row_loop([])
             self.loop_op, self.loop_memo = loop.operation, {}
             with ir.InsertionPoint(loop.body):
@@ -68,6 +70,18 @@ class LoopEmitter(RowEmitter):
                         mem = self.args[n_in + i]
                         memref.store(to_storage(v, ir.MemRefType(mem.type).element_type), mem,
                                      [self._idx(c) for c in coords])
+                for i, o in a.partials:
+                    # the group's sums so far live in the partial output itself: each thread
+                    # reads back only what it wrote (its own columns), so no barrier is needed
+                    with o.loc:
+                        v = self.value(o.operands[0], full_tokens(a))
+                        mem = self.args[n_in + i]
+                        idx = [self._idx(c) for c in natural(a, o)]
+                        st = ir.MemRefType(mem.type).element_type
+                        v = sm.convert(v, compute_type(o.elem))
+                        so_far = sm.convert(memref.load(mem, idx), compute_type(o.elem))
+                        total = arith.select(self.first_row, v, arith.addf(so_far, v))
+                        memref.store(to_storage(total, st), mem, idx)
                 scf.YieldOp([])
             self.col, self.loop_op = None, None
         if row_outs:

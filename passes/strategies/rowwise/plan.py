@@ -19,6 +19,13 @@ class RowwiseVariant:
     kf-promote-shared rewrite) -- and their tuning numbers. bench/RESULTS.md has the
     measurements behind each default."""
 
+    #: registers mode with column partials: the values a thread aims at (more threads a
+    #: row, up to the cap, where the row needs them; at the cap, up to ``row_registers``).
+    #: Beside each value the thread holds a sum per partial: at 32 values a layer norm's
+    #: backward (two partials) took 254 registers a thread in ptxas -v for sm_90a (one
+    #: workgroup of 256 threads an SM), at 16 values it takes fewer (0: row_registers).
+    #: Chosen by register counts, not yet by timings.
+    partial_registers: int = 16
     #: a cap on the vector lanes of row accesses (0: none, the target's widest access,
     #: which moves the most bytes an instruction)
     max_lanes: int = 0
@@ -120,16 +127,23 @@ def plan(a: Analysis, target: TargetInfo, v: RowwiseVariant) -> dict:
         if reads[arg] > 1 and a.nred == 1 and inp.shape[-1:] == (R,) and nbytes <= budget:
             cached.append(arg)
             budget -= nbytes
-    outs = [n.elem for n in a.outputs]
+    outs = [n.elem for n in a.outputs if n.op != "partial"]
     reciprocal = {"always": True, "never": False}.get(
         v.row_reciprocal, bool(outs) and all(e in ("f16", "bf16") for e in outs))
     common = {"rows": a.rows, "row_length": R, "reduction": reduction, "phases": len(a.stats) + 1,
               "reciprocal": reciprocal}
+    if a.partials:
+        # column partials: a group of threads walks B rows, summing its columns (G groups)
+        common.update(groups=a.groups, group_rows=a.rows // a.groups)
     # booleans (a mask beside f32 rows) do not make a row narrow: its floats do
     narrow_float = min((ELEM_BYTES.get(e, 4) for e in row_elems if e.startswith(("f", "bf"))), default=4)
     registers = _registers_plan(a, target, lanes, v)
+    # wide rows: where the cap holds one row a workgroup, or one row (group of rows) a
+    # workgroup sums column partials on CUDA (the loop kernel would keep the sums in
+    # memory and, in the group loop, read its rows from global memory in every phase)
     if registers is not None and narrow_float > v.row_registers_widest and not (
-            v.row_registers_wide_capped and registers["max_registers"]):
+            v.row_registers_wide_capped and (registers["max_registers"] or (
+                a.partials and registers["rows_per_block"] == 1 and target.name == "cuda"))):
         registers = None
     if registers is not None:
         T = registers["threads"]
@@ -154,22 +168,27 @@ def _registers_plan(a: Analysis, target: TargetInfo, lanes: int, v: RowwiseVaria
     nvec = R // L
     cap = min(target.max_threads, v.max_row_threads or target.max_threads)
     cap = 1 << (cap.bit_length() - 1)
-    T = min(cap, next_pow2(-(-nvec // max(1, v.row_registers // L))))
+    # with column partials a thread also holds a sum per partial and value: aim at fewer
+    # values a thread (more threads a row) where the row's threads allow it
+    aim = min(v.row_registers, v.partial_registers or v.row_registers) if a.partials else v.row_registers
+    T = min(cap, next_pow2(-(-nvec // max(1, aim // L))))
     chunks = -(-nvec // T)
     if chunks * L > v.row_registers:
         return None
     block = max(T, min(v.row_block, target.max_threads))
-    P = max(1, min(block // T, next_pow2(a.rows)))
+    P = max(1, min(block // T, next_pow2(a.groups or a.rows)))  # rows (groups of rows) a workgroup
     return {"mode": "registers", "threads": P * T, "row_threads": T, "rows_per_block": P,
             "vector_lanes": L, "chunks": chunks, "preload": v.row_preload,
-            "max_registers": _max_registers(target, P, chunks * L, v)}
+            "max_registers": _max_registers(target, P, chunks * L, v, bool(a.partials))}
 
 
-def _max_registers(target: TargetInfo, rows_per_block: int, values: int, v: RowwiseVariant) -> int:
+def _max_registers(target: TargetInfo, rows_per_block: int, values: int, v: RowwiseVariant,
+                   partials: bool = False) -> int:
     """The registers a thread ptxas is held to (.maxnreg), or 0 for its own choice:
     ``v.row_max_registers`` on CUDA for one row a workgroup of at most 32 values a
-    thread (with several rows a workgroup the cap spills)."""
-    if target.name != "cuda" or not v.row_max_registers or rows_per_block > 1 or values > 32:
+    thread (with several rows a workgroup the cap spills; with column partials the
+    thread holds their sums beside the row)."""
+    if target.name != "cuda" or not v.row_max_registers or rows_per_block > 1 or values > 32 or partials:
         return 0
     return v.row_max_registers
 

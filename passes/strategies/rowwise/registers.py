@@ -173,6 +173,58 @@ class RegistersEmitter(RowEmitter):
             parts = [acc]
             self.stats[(kind, id(x))] = self.workgroup_reduce(parts[0], combine)
 
+    # -- column partials: each thread sums its own elements of the group's rows
+    def _partial_elements(self):
+        for i, o in self.a.partials:
+            for c in range(self.plan["chunks"]):
+                for lane in range(self.plan["vector_lanes"]):
+                    yield i, o, c, lane
+
+    def partial_inits(self) -> list[ir.Value]:
+        return [sm.const(compute_type(o.elem), 0.0) for _, o, _, _ in self._partial_elements()]
+
+    def accumulate(self) -> list[ir.Value]:
+        full = full_tokens(self.a)
+        sums = []
+        for acc, (_, o, c, lane) in zip(self.accumulators, self._partial_elements()):
+            with o.loc:
+                self.elem = (c, lane)
+                v = self.value(o.operands[0], full)
+                sums.append(arith.addf(acc, sm.convert(v, acc.type)))
+        self.elem = None
+        return sums
+
+    def store_partials(self, sums: list[ir.Value]) -> None:
+        """Each chunk's sums stored at [group, column], guarded where the chunk or the
+        group can be missing."""
+        n_in = len(self.a.inputs)
+        by_chunk: dict = {}
+        for v, (i, o, c, lane) in zip(sums, self._partial_elements()):
+            by_chunk.setdefault(c, []).append((v, i, o, lane))
+        for c, items in sorted(by_chunk.items()):
+            stores = []
+            for v, i, o, lane in items:
+                self.elem = (c, lane)
+                mem = self.args[n_in + i]
+                stores.append((to_storage(v, ir.MemRefType(mem.type).element_type), mem,
+                               [self._idx(t) for t in natural(self.a, o)], o.loc))
+            self.elem = None
+            guard = [g for g in (self.chunk_valid(c), self.row_ok) if g is not None]
+            ip = None
+            if guard:
+                iff = scf.IfOp(guard[0] if len(guard) == 1 else arith.andi(guard[0], guard[1]))
+                ip = ir.InsertionPoint(iff.then_block)
+            with ip or contextlib.nullcontext():
+                for v, mem, idx, loc in stores:
+                    with loc:
+                        memref.store(v, mem, idx)
+                if guard:
+                    scf.YieldOp([])
+
+    def _forget(self) -> None:
+        super()._forget()
+        self.chunk_loads, self.columns = {}, {}
+
     def outputs(self) -> None:
         """The row's outputs, chunk by chunk, each chunk's stores guarded where its vectors
         or its row can be missing."""
@@ -180,6 +232,8 @@ class RegistersEmitter(RowEmitter):
         n_in = len(a.inputs)
         col_outs, row_outs = [], []
         for i, o in enumerate(a.outputs):
+            if o.op == "partial":
+                continue
             coords = natural(a, o)
             (col_outs if has_column(coords) else row_outs).append((i, o, coords))
         needs = [(o, coords) for _, o, coords in col_outs]

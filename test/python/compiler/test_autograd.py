@@ -236,6 +236,50 @@ def test_bf16_gradients_on_vulkan_match_eager(fn, shapes):
         torch.testing.assert_close(a.float(), e, rtol=3e-2, atol=3e-2 * e.abs().max().item())
 
 
+@kf.jit(target="cpu")
+def rms_norm(x, weight, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _max_error(got, want):
+    if want.numel() == 0:
+        return 0.0
+    return (got.double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("vulkan", marks=needs_vulkan)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("fn", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("rows,n,strided", [(0, 40, False), (1, 40, False), (7, 65, False), (257, 4096, False),
+                                             (520, 65, False), (520, 65, True), (1024, 4096, False)])
+def test_norm_gradients_match_float64(target, dtype, fn, rows, n, strided):
+    """The seed's layer norm and RMSNorm: dx, dweight (and dbias) match float64 within
+    the dtype's tolerance and no worse than eager in the dtype (bf16), at odd shapes, no
+    rows, x a transposed view, and at rows where the weight's gradient is summed in
+    blocks of rows beside dx (520 and 1024 rows on GPU targets: kf-split-reductions'
+    column blocks)."""
+    kfn = globals()[fn].with_options(target=target)
+    gen = torch.Generator().manual_seed(rows * 7 + n)
+    x = torch.randn(n, rows, generator=gen).t() if strided else torch.randn(rows, n, generator=gen)
+    args = [x.to(dtype)] + [torch.randn(n, generator=gen).to(dtype) for _ in range(2 if fn == "layer_norm" else 1)]
+    assert args[0].is_contiguous() != strided or rows <= 1
+    args = [a.requires_grad_() for a in args]
+    out = kfn(*args)
+    g = torch.randn(out.shape, generator=gen).to(dtype)
+    got = torch.autograd.grad(out, args, g)
+    ref = [a.detach().double().requires_grad_() for a in args]
+    want = torch.autograd.grad(kfn.fn(*ref), ref, g.double())
+    eager_args = [a.detach().clone().requires_grad_() for a in args]
+    eager = torch.autograd.grad(kfn.fn(*eager_args), eager_args, g)
+    for name, a, e, w in zip(["dx", "dweight", "dbias"], got, eager, want):
+        assert a.dtype == dtype and a.shape == w.shape
+        err, eager_err = _max_error(a, w), _max_error(e, w)
+        if dtype == torch.float32:
+            assert err < 1e-5, (name, err, eager_err)
+        else:
+            assert err < 2e-2 and err <= 1.5 * eager_err + 2e-3, (name, err, eager_err)
+
+
 @needs_vulkan
 def test_bf16_attention_gradients_on_vulkan_match_eager():
     att = se.fused_attention.with_options(target="vulkan")

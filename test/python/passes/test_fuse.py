@@ -333,6 +333,44 @@ def test_row_backward_kernels_in_sm90a_ptx(fn, weights, kinds):
     assert set(assemble(info.stages["ptx"], "sm_90a").kernels) == set(entries)
 
 
+def _seed_layer_norm(x, w, b):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, keepdim=True)
+    return w * ((x - mean) / torch.sqrt(var + 1e-5)) + b
+
+
+@needs_ptxas
+@pytest.mark.parametrize("fn,weights", [(_seed_layer_norm, 2), (_f_layer_norm, 2), (_hand_layer_norm, 2),
+                                        (_hand_rms_norm, 1), (_f_rms_norm, 1)],
+                         ids=lambda v: getattr(v, "__name__", None))
+def test_norm_backward_partials_in_the_row_kernel(fn, weights):
+    """At 8192 rows the weight's and bias's gradients are blocks of rows summed by the
+    row kernel beside dx (kf-split-reductions' column blocks, joined by kf-fuse): two
+    kernels in the sm_90a PTX, and the second reads the [256, 4096] f32 partial sums,
+    never the 8192 rows."""
+    import re
+
+    import kf
+    import kf.autograd
+
+    rows, cols = 8192, 4096
+    args = [torch.randn(rows, cols, dtype=torch.bfloat16)] + [torch.randn(cols, dtype=torch.bfloat16)
+                                                              for _ in range(weights)]
+    bwd = kf.autograd.backward_of(kf.jit(fn, target="cuda", arch="sm_90a"), *args)
+    info = bwd.inspect()
+    entries = re.findall(r"\.entry\s+(\w+)", info.stages["ptx"])
+    assert len(entries) == 2 and sorted(e.rsplit("_", 1)[-1] for e in entries) == ["generic", "rowwise"], entries
+    assert set(assemble(info.stages["ptx"], "sm_90a").kernels) == set(entries)
+    fused = info.stages["fused"]
+    kernels = re.findall(r"func\.func private @(\w+)\((.*?)\) -> (.*?) attributes", fused)
+    by_kind = {name.rsplit("_", 1)[-1]: (ins, outs) for name, ins, outs in kernels}
+    row_ins, row_outs = by_kind["rowwise"]
+    col_ins, col_outs = by_kind["generic"]
+    assert row_outs.count("tensor<256x4096xf32>") == weights
+    assert re.findall(r"tensor<[0-9x]+x(?:bf16|f32)>", col_ins) == ["tensor<256x4096xf32>"] * weights
+    assert f"{rows}x" not in col_ins
+
+
 def _mlp(x, w1, b1, w2):
     return torch.nn.functional.gelu(x @ w1 + b1) @ w2
 
