@@ -13,5 +13,5 @@ Importing this module fills the table.
 
 from __future__ import annotations
 
-from .aten import attention, bessel, contraction, creation, error_function, exponent, scans, sorting, elementwise, indexing, layout, pooling, reductions, special, writes  # noqa: F401
+from .aten import attention, bessel, contraction, creation, error_function, exponent, scans, sorting, elementwise, indexing, layout, polynomials, pooling, reductions, special, writes  # noqa: F401
 from .aten.core import Converter, HANDLERS, Handler, Unconvertible, Unsupported, handles, _target_name  # noqa: F401
