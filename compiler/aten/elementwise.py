@@ -329,5 +329,6 @@ def _angle(c, node, args, kwargs):
     elem = c.out_elem(node)
     x = c.tensor(args[0], elem)
     zero = c.tensor(0.0, elem)
-    r = kb.select(kb.cmp(x, zero, predicate="lt"), c.tensor(3.141592653589793, elem), kb.broadcast_to(zero, spec_of(x.type).shape))
+    pi = c.tensor(3.141592653589793, elem)
+    r = kb.select(kb.cmp(x, zero, predicate="lt"), pi, kb.broadcast_to(zero, spec_of(x.type).shape))
     return kb.select(kb.cmp(x, x, predicate="ne"), x, r)

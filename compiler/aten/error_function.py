@@ -14,7 +14,7 @@ import math
 from kf.dialects import builders as kb
 
 from .core import Converter, handles
-from .series import (INF, chebyshev, const, either, eq, exp_times, float32_operand, isnan, le, log1p, lt,
+from .series import (INF, chebyshev, const, either, eq, exp_times, float32_operand, isnan, log1p, lt,
                      on_interval, result)
 
 # w = -log(1 - y^2) on [0, 5]: erfinv(y) / y
