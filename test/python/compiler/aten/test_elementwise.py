@@ -146,7 +146,8 @@ def test_specials_assemble_for_cuda():
     or ceil: NVVM has no pattern for math.trunc)."""
     def fn(x, y):
         return (torch.isnan(x), torch.isfinite(x), torch.sign(x), torch.trunc(x), torch.frac(x),
-                torch.round(x, decimals=1), torch.erfc(x), torch.hypot(x, y), torch.copysign(x, y))
+                torch.round(x, decimals=1), torch.erfc(x), torch.hypot(x, y), torch.copysign(x, y),
+                torch.fmax(x, y), torch.fmin(x, y), torch.angle(x))
 
     x, y = torch.randn(257), torch.randn(257)
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, y).stages["ptx"]
