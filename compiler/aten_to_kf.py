@@ -13,5 +13,6 @@ Importing this module fills the table.
 
 from __future__ import annotations
 
-from .aten import attention, contraction, creation, dropout, scans, sorting, elementwise, indexing, layout, pooling, reductions, special, writes  # noqa: F401
+from .aten import (attention, bessel, contraction, creation, dropout, elementwise, error_function, exponent,  # noqa: F401
+                   indexing, layout, polynomials, pooling, reductions, scans, sorting, special, writes)
 from .aten.core import Converter, HANDLERS, Handler, Unconvertible, Unsupported, handles, _target_name  # noqa: F401

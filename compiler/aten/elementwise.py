@@ -360,3 +360,34 @@ def _copysign(c, node, args, kwargs):
     x, y = c.tensor(args[0], elem), c.tensor(args[1], elem)
     ax = kb.abs(x)
     return kb.select(kb.signbit(y), kb.neg(ax), ax)
+
+
+def _nan_ignoring(kf_name: str):
+    """fmax / fmin: the larger / smaller of x and y, the other where one is NaN (NaN only
+    where both are)."""
+
+    def handler(c: Converter, node, args, kwargs):
+        elem = c.out_elem(node)
+        x, y = c.tensor(args[0], elem), c.tensor(args[1], elem)
+        r = getattr(kb, kf_name)(x, y)
+        if not _is_float(r):
+            return r
+        r = kb.select(kb.cmp(y, y, predicate="ne"), x, r)
+        return kb.select(kb.cmp(x, x, predicate="ne"), y, r)
+
+    return handler
+
+
+HANDLERS["aten.fmax.default"] = _nan_ignoring("max")
+HANDLERS["aten.fmin.default"] = _nan_ignoring("min")
+
+
+@handles("aten.angle.default")
+def _angle(c, node, args, kwargs):
+    """The argument of a real number: pi below 0, 0 from 0 on (-0 too), NaN at NaN."""
+    elem = c.out_elem(node)
+    x = c.tensor(args[0], elem)
+    zero = c.tensor(0.0, elem)
+    pi = c.tensor(3.141592653589793, elem)
+    r = kb.select(kb.cmp(x, zero, predicate="lt"), pi, kb.broadcast_to(zero, spec_of(x.type).shape))
+    return kb.select(kb.cmp(x, x, predicate="ne"), x, r)

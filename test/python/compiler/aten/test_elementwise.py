@@ -41,10 +41,12 @@ def _py2(op):
 
 UNARY = {
     **{name: _py(getattr(torch, name)) for name in ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit",
-                                                     "sign", "trunc", "fix", "frac", "round", "erfc")},
+                                                     "sign", "trunc", "fix", "frac", "round", "erfc",
+                                                     "angle")},
     "round_2": lambda x: torch.round(x, decimals=2), "round_-1": lambda x: torch.round(x * 10, decimals=-1),
 }
-BINARY = {"hypot": _py2(torch.hypot), "copysign": _py2(torch.copysign)}
+BINARY = {"hypot": _py2(torch.hypot), "copysign": _py2(torch.copysign), "fmax": _py2(torch.fmax),
+          "fmin": _py2(torch.fmin)}
 
 
 def _check(got, want, exact: bool):
@@ -82,7 +84,7 @@ def test_binary_specials_follow_torch(name, n, target):
     fn = BINARY[name]
     x, y = _values(n, torch.float32, gen), _values(n, torch.float32, gen)
     got, want = kf.jit(fn, target=target)(x, y), fn(x, y)
-    _check(got, want, exact=name == "copysign")
+    _check(got, want, exact=name != "hypot")
     if name == "copysign" and n:
         _same_sign_bits(got, want)
 
@@ -140,7 +142,8 @@ def test_specials_assemble_for_cuda():
     or ceil: NVVM has no pattern for math.trunc)."""
     def fn(x, y):
         return (torch.isnan(x), torch.isfinite(x), torch.sign(x), torch.trunc(x), torch.frac(x),
-                torch.round(x, decimals=1), torch.erfc(x), torch.hypot(x, y), torch.copysign(x, y))
+                torch.round(x, decimals=1), torch.erfc(x), torch.hypot(x, y), torch.copysign(x, y),
+                torch.fmax(x, y), torch.fmin(x, y), torch.angle(x))
 
     x, y = torch.randn(257), torch.randn(257)
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, y).stages["ptx"]
@@ -304,3 +307,18 @@ def test_integer_modulo_follows_torch(n, target):
     for fn in (lambda a, b: a // b, lambda a, b: torch.fmod(a, b), lambda a, b: torch.remainder(a, b),
                lambda a, b: a % 7, lambda a, b: torch.remainder(a, -3)):
         assert torch.equal(kf.jit(fn, target=target)(a, b), fn(a, b))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_fmax_fmin_angle_of_views_and_integers(target):
+    """NaN on either side, broadcast, non-contiguous and integer operands."""
+    gen = torch.Generator().manual_seed(9)
+    x = _values(13 * 9, torch.float32, gen).reshape(9, 13).t()
+    y = _values(13, torch.float32, gen)[:, None]
+    i, j = torch.randint(-5, 5, (7,), generator=gen), torch.randint(-5, 5, (7,), generator=gen)
+
+    def fn(x, y, i, j):
+        return torch.fmax(x, y), torch.fmin(y, x), torch.angle(x), torch.fmax(i, j), torch.fmin(i, j), torch.angle(i)
+
+    for got, want in zip(kf.jit(fn, target=target)(x, y, i, j), fn(x, y, i, j)):
+        _check(got, want, exact=True)
