@@ -1,5 +1,5 @@
 """Handlers of selection and indexing: topk, gather, index_select, embedding,
-index_add, scatter_add, advanced indexing, take, one_hot, nll_loss."""
+index_add, scatter_add, scatter_reduce, index_reduce, advanced indexing, take, one_hot, nll_loss."""
 
 from __future__ import annotations
 
@@ -113,6 +113,27 @@ def _scatter(c, node, args, kwargs):
     include = bool(p.get("include_self", True))
     out = kb.build("scatter_reduce", [as_vector(x), as_vector(index), as_vector(src)],
                    {"dim": _dim(p["dim"], x), "reduce": reduce, "include_self": include}).result
+    return _as_shape(c, node, out)
+
+
+@handles("aten.index_reduce.default")
+def _index_reduce(c, node, args, kwargs):
+    """index_reduce (prod, mean, amax, amin; include_self) as the kf.scatter_reduce of
+    the 1-D index spread over the source's shape: row p of the source lands on row
+    index[p] of self along dim, each index checked against that dim."""
+    from .reductions import bound_args
+
+    p = bound_args(node, args, kwargs)
+    x, index = as_vector(p["self"]), p["index"]
+    elem = spec_of(x.type).elem
+    d = _dim(p["dim"], p["self"])
+    src = as_vector(c.tensor(p["source"], elem))
+    n = math.prod(shape_of(index))
+    along = [1] * rank_of(x)
+    along[d] = n
+    spread = kb.broadcast_to(kb.reshape(index, along), shape_of(src))
+    out = kb.build("scatter_reduce", [x, spread, src], {"dim": d, "reduce": p["reduce"],
+                                                        "include_self": bool(p["include_self"])}).result
     return _as_shape(c, node, out)
 
 

@@ -53,8 +53,84 @@ def _max_dim(c, node, args, kwargs):
         indices = kb.argmax(x, dim=dim, keepdim=keep)
     else:
         values = kb.reduce_min(x, dims=[dim], keepdim=keep)
-        indices = kb.argmax(kb.neg(x), dim=dim, keepdim=keep)
+        indices = kb.argmax(reversed_order(x), dim=dim, keepdim=keep)
     return (values, indices)
+
+
+def reversed_order(x):
+    """A tensor whose argmax is x's argmin: -x for floats (NaN stays NaN, the greatest
+    for both), -1 - x for integers (no overflow at the type's minimum, where -x wraps),
+    booleans as i32."""
+    elem = spec_of(x.type).elem
+    if spec_of(x.type).is_float:
+        return kb.neg(x)
+    if elem == "i1":
+        x, elem = kb.cast(x, "i32"), "i32"
+    return kb.sub(kb.scalar(-1.0, elem), x)
+
+
+@handles("aten.argmin.default")
+def _argmin(c, node, args, kwargs):
+    """argmin as the argmax of x in reversed order (the first minimum; a NaN first)."""
+    p = bound_args(node, args, kwargs)
+    x, dim = p["self"], p["dim"]
+    if dim is None or rank_of(x) == 0:
+        x, dim = kb.reshape(x, [math.prod(shape_of(x))]), 0
+    out = kb.argmax(reversed_order(x), dim=dim % rank_of(x), keepdim=bool(p["keepdim"]))
+    return kb.reshape(out, tuple(fake_value(node).shape))
+
+
+@handles("aten.aminmax.default")
+def _aminmax(c, node, args, kwargs):
+    p = bound_args(node, args, kwargs)
+    x = p["self"]
+    if rank_of(x) == 0:
+        x = kb.reshape(x, [1])
+    dims = norm_dims(p["dim"], rank_of(x))
+    keep = bool(p["keepdim"])
+    shapes = [tuple(v.shape) for v in fake_value(node)]
+    return (kb.reshape(kb.reduce_min(x, dims=dims, keepdim=keep), shapes[0]),
+            kb.reshape(kb.reduce_max(x, dims=dims, keepdim=keep), shapes[1]))
+
+
+@handles("aten.all.dims", "aten.all.dim", "aten.all.default", "aten.any.dims", "aten.any.dim", "aten.any.default")
+def _all_any(c, node, args, kwargs):
+    """all / any over dims (all of them for None; none for an empty list, as torch): the
+    minimum (maximum) of x != 0 over them; over no elements true (false)."""
+    p = bound_args(node, args, kwargs)
+    x, dim, is_all = p["self"], p.get("dim"), node.target._opname == "all"
+    shape, elem = tuple(fake_value(node).shape), c.out_elem(node)
+    nonzero = kb.cmp(x, kb.scalar(0.0, spec_of(x.type).elem), predicate="ne")
+    if dim is not None and not isinstance(dim, int) and not dim:
+        return kb.reshape(c.tensor(nonzero, elem), shape)
+    dims = norm_dims(dim, rank_of(x))
+    if rank_of(x) and math.prod(shape_of(x)[d] for d in dims) == 0:
+        return kb.fill(shape, elem, 1.0 if is_all else 0.0)
+    if rank_of(x) == 0:
+        nonzero, dims = kb.reshape(nonzero, [1]), [0]
+    reduce = kb.reduce_min if is_all else kb.reduce_max
+    out = reduce(kb.cast(nonzero, "i32"), dims=dims, keepdim=bool(p.get("keepdim") or False))
+    out = kb.cmp(out, kb.scalar(0.0, "i32"), predicate="ne")
+    return kb.reshape(c.tensor(out, elem), shape)
+
+
+@handles("aten.prod.default", "aten.prod.dim_int")
+def _prod(c, node, args, kwargs):
+    """prod over one dim (or all): the last element of a product kf.scan along it, in
+    the result's type (1 over an empty dim)."""
+    p = bound_args(node, args, kwargs)
+    elem = c.out_elem(node)
+    x = c.tensor(p["self"], elem)
+    dim = p.get("dim")
+    if dim is None or rank_of(x) == 0:
+        x, dim = kb.reshape(x, [math.prod(shape_of(x))]), 0
+    dim %= rank_of(x)
+    n = shape_of(x)[dim]
+    out = tuple(fake_value(node).shape)
+    if n == 0:
+        return kb.fill(out, elem, 1.0)
+    scan = kb.build("scan", [x], {"dim": dim, "kind": "prod"}).result
+    return kb.reshape(kb.slice(scan, dim=dim, start=n - 1, end=n, step=1), out)
 
 
 @handles("aten.argmax.default")
