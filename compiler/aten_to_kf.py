@@ -7,11 +7,12 @@ dtype torch computed in and checks that its result matches torch's shape and dty
 
 The handlers live in compiler/aten/, one module an op family (elementwise, reductions and
 norms, contraction, layout, indexing, creation and random numbers, functionalized writes,
-pooling); ``aten/core.py`` has the table, the ``Converter`` and the helpers they share.
-Importing this module fills the table.
+pooling, scans, sorting; ops compiled as torch's decomposition of them in
+decompositions.py); ``aten/core.py`` has the table, the ``Converter`` and the helpers they
+share. Importing this module fills the table.
 """
 
 from __future__ import annotations
 
-from .aten import attention, contraction, creation, scans, sorting, elementwise, indexing, layout, pooling, reductions, special, writes  # noqa: F401
+from .aten import attention, contraction, creation, decompositions, scans, sorting, elementwise, indexing, layout, pooling, reductions, special, writes  # noqa: F401
 from .aten.core import Converter, HANDLERS, Handler, Unconvertible, Unsupported, handles, _target_name  # noqa: F401

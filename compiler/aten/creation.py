@@ -1,7 +1,7 @@
 """Handlers that make values: fills, arange, tril and triu (from kf.iota: indices
 computed where they are used, so a mask made inside the function is never a tensor in
-memory), and random numbers (rand, bernoulli, dropout) drawn from the program's Philox
-state."""
+memory), triu_indices and tril_indices (constants), and random numbers (rand, bernoulli,
+dropout) drawn from the program's Philox state."""
 
 from __future__ import annotations
 
@@ -112,6 +112,16 @@ def _dropped(c: Converter, x: ir.Value, p: float) -> tuple[ir.Value, ir.Value]:
     ce = "f64" if elem == "f64" else "f32"
     scale = kb.select(keep, kb.scalar(1.0 / (1.0 - p), ce), kb.scalar(0.0, ce))
     return c.tensor(kb.mul(c.tensor(x, ce), scale), elem), keep
+
+
+@handles("aten.triu_indices.default", "aten.tril_indices.default")
+def _triangle_indices(c, node, args, kwargs):
+    """triu_indices / tril_indices: a constant (they depend only on the sizes given)."""
+    from .reductions import bound_args
+
+    p = bound_args(node, args, kwargs)
+    make = torch.triu_indices if node.target._opname == "triu_indices" else torch.tril_indices
+    return c.constant_tensor(make(p["row"], p["col"], p["offset"] or 0, dtype=fake_value(node).dtype))
 
 
 @handles("aten.dropout.default")

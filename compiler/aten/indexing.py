@@ -176,6 +176,47 @@ def _index_tensor(c, node, args, kwargs):
     return r
 
 
+def masked_indices(c, name: str, x, mask, indices: list, rest: tuple[int, ...]):
+    """(the broadcast index shape, each index tensor broadcast to it with 0 wherever
+    mask, broadcast to that shape plus ``rest``, is false at all of its positions) of
+    the unsafe masked indexing ops: an index no unmasked element reads may be anything
+    (torch does not read through it), an index one does read is checked by the kernel
+    that uses it. Only leading indexed dims are taken: mask then lines up with them."""
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    if pos != list(range(len(pos))) or not pos:
+        raise Unsupported(f"{name} with indices for dims {pos} is not supported by kf",
+                          cause="kf takes index tensors for the leading dims only")
+    if any(elem_of(indices[d]) not in ("i32", "i64") for d in pos):
+        raise Unsupported(f"{name} with boolean or non-integer indices is not supported by kf")
+    bshape = _broadcast([shape_of(indices[d]) for d in pos])
+    full = tuple(bshape) + tuple(rest)
+    m = kb.broadcast_to(mask, full) if shape_of(mask) != full else mask
+    if rest:  # an index is read where any of its elements is unmasked
+        m = kb.cmp(kb.reduce_max(kb.cast(m, "i32"), dims=list(range(len(bshape), len(full))), keepdim=False),
+                   kb.scalar(0.0, "i32"), predicate="ne")
+    safe = []
+    for d in pos:
+        i = indices[d]
+        i = kb.broadcast_to(i, bshape) if shape_of(i) != tuple(bshape) else i
+        safe.append(kb.select(m, i, kb.scalar(0.0, elem_of(i))))
+    return tuple(bshape), safe
+
+
+@handles("aten._unsafe_masked_index.default")
+def _unsafe_masked_index(c, node, args, kwargs):
+    """where(mask, x[indices], fill): x indexed only through the indices some unmasked
+    element reads (``masked_indices``), every one of those checked."""
+    x, mask, indices, fill = args
+    out = tuple(fake_value(node).shape)
+    k = sum(i is not None for i in indices)
+    _, safe = masked_indices(c, "_unsafe_masked_index", x, mask, list(indices), shape_of(x)[k:])
+    r = _index_tensor(c, node, [x, safe + [None] * (len(indices) - k)], {})
+    elem = spec_of(r.type).elem
+    m = kb.broadcast_to(mask, out) if shape_of(mask) != out else mask
+    return kb.select(m, r, kb.reshape(c.tensor(fill, elem), ()) if isinstance(fill, ir.Value)
+                     else kb.scalar(float(fill), elem))
+
+
 def _broadcast(shapes) -> tuple[int, ...]:
     from kf.dialects.types import broadcast_shapes
 

@@ -431,3 +431,41 @@ def _group_norm(c, node, args, kwargs):
         return (y, c.tensor(kb.reshape(mean, (n, g)), kf_elem(val[1].dtype)),
                 c.tensor(kb.reshape(kb.broadcast_to(rstd, shape_of(mean)), (n, g)), kf_elem(val[2].dtype)))
     return y
+
+
+@handles("aten.linalg_vector_norm.default", "aten.norm.Scalar", "aten.norm.ScalarOpt_dim",
+         "aten.norm.ScalarOpt_dim_dtype", "aten.norm.ScalarOpt_dtype")
+def _vector_norm(c, node, args, kwargs):
+    """Vector norms over dims (all for None or []): ord inf / -inf the largest / smallest
+    |x|, 0 the count of nonzeros, 1 the sum of |x|, 2 the square root of the sum of
+    squares, any other p (sum |x|^p)^(1/p); in the statistics' type (f32 for 16-bit
+    inputs), rounded once to the result's."""
+    p = bound_args(node, args, kwargs)
+    order = p.get("ord", p.get("p"))
+    order = 2.0 if order is None else float(order)
+    elem = c.out_elem(node)
+    st = stat_elem(elem)
+    x = c.tensor(p["self"], st)
+    out = tuple(fake_value(node).shape)
+    if rank_of(x) == 0:
+        x = kb.reshape(x, [1])
+    dims = norm_dims(p.get("dim"), rank_of(x))
+    keep = bool(p.get("keepdim") or False)
+    if math.prod(shape_of(x)[d] for d in dims) == 0:
+        if math.isinf(order):
+            raise Unsupported(f"a vector norm of order {order} over no elements", cause="torch refuses it too")
+        return kb.fill(out, elem, 0.0)
+    a = kb.abs(x)
+    if order == math.inf:
+        r = kb.reduce_max(a, dims=dims, keepdim=keep)
+    elif order == -math.inf:
+        r = kb.reduce_min(a, dims=dims, keepdim=keep)
+    elif order == 0:
+        r = kb.sum(kb.cast(kb.cmp(x, kb.scalar(0.0, st), predicate="ne"), st), dims=dims, keepdim=keep)
+    elif order == 1:
+        r = kb.sum(a, dims=dims, keepdim=keep)
+    elif order == 2:
+        r = kb.sqrt(kb.sum(kb.mul(x, x), dims=dims, keepdim=keep))
+    else:
+        r = kb.pow(kb.sum(kb.pow(a, kb.scalar(order, st)), dims=dims, keepdim=keep), kb.scalar(1.0 / order, st))
+    return kb.reshape(c.tensor(r, elem), out)

@@ -1,5 +1,5 @@
 """Handlers of functionalized writes: copy, fill, select/slice_scatter, index_put,
-index_copy, index_fill."""
+_unsafe_masked_index_put_accumulate, index_copy, index_fill."""
 
 from __future__ import annotations
 
@@ -159,6 +159,38 @@ def _put_rows(c, x, d: int, index, v, accumulate: bool):
     v = kb.select(kb.cmp(overwritten, kb.scalar(0.0, "f32"), predicate="eq"), v, kb.scalar(0.0, elem))
     # the rows some position writes are cleared first (a select: NaN rows clear too)
     return kb.index_add(kb.select(_rows_hit(c, x, d, index), kb.scalar(0.0, elem), x), index, v, dim=d)
+
+
+@handles("aten._unsafe_masked_index_put_accumulate.default")
+def _unsafe_masked_index_put_accumulate(c, node, args, kwargs):
+    """x with values added at its indexed elements where mask is true: the leading
+    indexed dims flattened into one, each index checked against its own dim (an index
+    table's index_select) before it joins the flat index, one index_add."""
+    from .indexing import masked_indices
+
+    x, mask, indices, values = args
+    elem, shape = spec_of(x.type).elem, shape_of(x)
+    k = sum(i is not None for i in indices)
+    rest = shape[k:]
+    bshape, safe = masked_indices(c, "_unsafe_masked_index_put_accumulate", x, mask, list(indices), rest)
+    n = math.prod(bshape)
+    flat = None
+    for d, i in enumerate(safe):
+        i = kb.reshape(kb.cast(i, "i64"), [n])
+        negative = kb.cmp(i, kb.scalar(0.0, "i64"), predicate="lt")
+        wrapped = kb.select(negative, kb.add(i, kb.scalar(float(shape[d]), "i64")), i)
+        checked = kb.index_select(c.constant_tensor(torch.arange(shape[d], dtype=torch.int64)), wrapped, dim=0)
+        stride = math.prod(shape[d + 1:k])
+        term = kb.mul(checked, kb.scalar(float(stride), "i64")) if stride != 1 else checked
+        flat = term if flat is None else kb.add(flat, term)
+    full = tuple(bshape) + tuple(rest)
+    v = c.tensor(values, elem)
+    v = kb.broadcast_to(v, full) if shape_of(v) != full else v
+    m = kb.broadcast_to(mask, full) if shape_of(mask) != full else mask
+    v = kb.reshape(kb.select(m, v, kb.scalar(0.0, elem)), (n, *rest))
+    lead = math.prod(shape[:k])
+    out = kb.index_add(kb.reshape(x, (lead, *rest)), flat, v, dim=0)
+    return kb.reshape(out, shape)
 
 
 @handles("aten.index_copy.default")

@@ -361,3 +361,19 @@ func.func @iota_mask(%x: tensor<3x5xf32>) -> tensor<3x5xf32> {
   %y = "kf.select"(%m, %x, %z) : (tensor<3x5xi1>, tensor<3x5xf32>, tensor<f32>) -> tensor<3x5xf32>
   return %y : tensor<3x5xf32>
 }
+
+// -----
+
+// An epilogue that reads its GEMM's product through a host call (torch-mlir's function
+// of the product) stays out of the GEMM: the call runs between the two kernels.
+// CHECK-LABEL: func.func @gemm_then_call
+// CHECK: %[[P:.*]] = call @gemm_then_call_k{{[0-9]+}}_matmul(%arg0, %arg1)
+// CHECK-NEXT: %[[D:.*]] = call @row_sums(%[[P]])
+// CHECK-NEXT: call @gemm_then_call_k{{[0-9]+}}_elementwise(%[[P]], %[[D]])
+func.func private @row_sums(%p: tensor<9x9xf32>) -> tensor<9x1xf32>
+func.func @gemm_then_call(%a: tensor<9x4xf32>, %b: tensor<4x9xf32>) -> tensor<9x9xf32> {
+  %p = "kf.matmul"(%a, %b) : (tensor<9x4xf32>, tensor<4x9xf32>) -> tensor<9x9xf32>
+  %d = call @row_sums(%p) : (tensor<9x9xf32>) -> tensor<9x1xf32>
+  %s = "kf.sub"(%p, %d) : (tensor<9x9xf32>, tensor<9x1xf32>) -> tensor<9x9xf32>
+  return %s : tensor<9x9xf32>
+}

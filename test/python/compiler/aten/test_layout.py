@@ -99,3 +99,13 @@ def test_roll_of_a_scalar_a_view_and_integers(target):
     s = torch.randn(())
     _check(kf.jit(lambda s: (torch.roll(s, 3), torch.roll(s, -1)), target=target)(s),
            (torch.roll(s, 3), torch.roll(s, -1)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cat_with_empty_tensors_first_and_last(target):
+    def fn(a, b, e):
+        return torch.cat([e, a, b, e], 1), torch.cat([a, e], 1), torch.block_diag(a, e)
+
+    gen = torch.Generator().manual_seed(3)
+    args = (torch.randn(2, 3, generator=gen), torch.randn(2, 5, generator=gen), torch.randn(2, 0))
+    _check(kf.jit(fn, target=target)(*args), fn(*args))

@@ -1,5 +1,6 @@
-"""argmin, aminmax, all / any over dims and prod (compiler/aten/reductions.py) against
-torch on fresh random inputs: every dim, keepdim, the whole tensor, NaN, integer
+"""argmin, aminmax, all / any over dims, prod and the vector norms of every order
+(compiler/aten/reductions.py) against torch on fresh random inputs: every dim, keepdim,
+the whole tensor, NaN, integer
 extremes, booleans, odd sizes (1, 7, 257), 0-d and empty tensors, non-contiguous views,
 on cpu and vulkan, and as PTX that ptxas assembles for sm_90a."""
 
@@ -101,3 +102,32 @@ def test_prod_of_integers_and_dtype(target):
 @pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
 def test_reductions_assemble_for_cuda():
     assert ".entry" in kf.inspect(kf.jit(_all_forms(1), target="cuda"), torch.randn(7, 257)).stages["ptx"]
+
+
+def _norms(x):
+    inf = float("inf")
+    return (torch.linalg.vector_norm(x), torch.linalg.vector_norm(x, inf, dim=1),
+            torch.linalg.vector_norm(x, -inf, dim=(0,), keepdim=True), torch.linalg.vector_norm(x, 0, dim=-1),
+            torch.linalg.vector_norm(x, 1, dim=1), torch.linalg.vector_norm(x, 3.5, dim=0),
+            torch.norm(x, inf), torch.norm(x, 2, dim=1), torch.norm(x, 0.5, dim=[0, 1], keepdim=True),
+            torch.ops.aten.norm.Scalar(x, inf), torch.ops.aten.norm.Scalar(x, -inf), torch.ops.aten.norm.Scalar(x, 0))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 5), (3, 257)], ids=str)
+def test_vector_norms(shape, target):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+    x[0, 0] = 0.0
+    _check(_norms, x, target, tol=1e-4)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_vector_norms_of_views_16_bit_scalars_and_nothing(target):
+    gen = torch.Generator().manual_seed(4)
+    _check(_norms, torch.randn(9, 6, generator=gen).t(), target, tol=1e-4)
+    _check(lambda x: (torch.linalg.vector_norm(x, 2, dim=1), torch.linalg.vector_norm(x, 3.0, dim=1,
+                                                                                        dtype=torch.float32)),
+           torch.randn(4, 33, generator=gen).half(), target, tol=2e-3)
+    _check(lambda x: (torch.linalg.vector_norm(x), torch.ops.aten.norm.Scalar(x, float("inf"))),
+           torch.randn((), generator=gen), target)
+    _check(lambda x: (torch.linalg.vector_norm(x, dim=0), torch.linalg.vector_norm(x, 1)), torch.randn(0, 3), target)
