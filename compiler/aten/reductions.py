@@ -1,5 +1,6 @@
-"""Handlers of reductions (sum, mean, amax, argmax, var/std, logsumexp), softmax and
-the norms (layer, RMS, batch, group), with the statistics the backward reads."""
+"""Handlers of reductions (sum, mean, amax, argmax, argmin, aminmax, all/any, prod,
+var/std, logsumexp, vector norms, cdist), softmax and the norms (layer, RMS, batch,
+group), with the statistics the backward reads."""
 
 from __future__ import annotations
 
@@ -455,6 +456,12 @@ def _vector_norm(c, node, args, kwargs):
         if math.isinf(order):
             raise Unsupported(f"a vector norm of order {order} over no elements", cause="torch refuses it too")
         return kb.fill(out, elem, 0.0)
+    return kb.reshape(c.tensor(p_norm(x, order, dims, keep), elem), out)
+
+
+def p_norm(x, order: float, dims: list[int], keep: bool):
+    """The vector norm of x of an order over dims (not empty), in x's type."""
+    st = spec_of(x.type).elem
     a = kb.abs(x)
     if order == math.inf:
         r = kb.reduce_max(a, dims=dims, keepdim=keep)
@@ -468,4 +475,22 @@ def _vector_norm(c, node, args, kwargs):
         r = kb.sqrt(kb.sum(kb.mul(x, x), dims=dims, keepdim=keep))
     else:
         r = kb.pow(kb.sum(kb.pow(a, kb.scalar(order, st)), dims=dims, keepdim=keep), kb.scalar(1.0 / order, st))
-    return kb.reshape(c.tensor(r, elem), out)
+    return r
+
+
+@handles("aten.cdist.default", "aten._cdist_forward.default")
+def _cdist(c, node, args, kwargs):
+    """cdist: the p-norm of every row of x1 less every row of x2 (batch dims broadcast),
+    computed directly (torch's mm-based Euclidean form rounds more)."""
+    p = bound_args(node, args, kwargs)
+    x1, x2, order = p["x1"], p["x2"], float(p["p"])
+    elem = c.out_elem(node)
+    st = stat_elem(elem)
+    out = tuple(fake_value(node).shape)
+    m = shape_of(x1)[-1]
+    if m == 0:
+        return kb.fill(out, elem, 0.0)
+    a = kb.reshape(c.tensor(x1, st), (*shape_of(x1)[:-1], 1, m))
+    b = kb.reshape(c.tensor(x2, st), (*shape_of(x2)[:-2], 1, *shape_of(x2)[-2:]))
+    diff = kb.sub(a, b)
+    return kb.reshape(c.tensor(p_norm(diff, order, [rank_of(diff) - 1], False), elem), out)

@@ -131,3 +131,26 @@ def test_vector_norms_of_views_16_bit_scalars_and_nothing(target):
     _check(lambda x: (torch.linalg.vector_norm(x), torch.ops.aten.norm.Scalar(x, float("inf"))),
            torch.randn((), generator=gen), target)
     _check(lambda x: (torch.linalg.vector_norm(x, dim=0), torch.linalg.vector_norm(x, 1)), torch.randn(0, 3), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, float("inf"), 1.5])
+@pytest.mark.parametrize("s1,s2", [((7, 5), (3, 5)), ((1, 1), (1, 1)), ((2, 1, 30, 4), (3, 27, 4)),
+                                   ((4, 0), (2, 0))], ids=str)
+def test_cdist(s1, s2, p, target):
+    gen = torch.Generator().manual_seed(sum(s1) + sum(s2))
+    a, b = torch.randn(s1, generator=gen), torch.randn(s2, generator=gen)
+    got, want = kf.jit(lambda a, b: torch.cdist(a, b, p), target=target)(a, b), torch.cdist(a, b, p)
+    # torch's Euclidean distances past 25 rows come from a product (x^2 + y^2 - 2xy):
+    # kf's direct differences are compared with float64's
+    ref = torch.cdist(a.double(), b.double(), p).float()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cdist_of_views(target):
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randn(5, 9, generator=gen).t(), torch.randn(9, 4, generator=gen)[::2].t().contiguous().t()
+    got = kf.jit(lambda a, b: torch.cdist(a, b.t()), target=target)(a, b)
+    torch.testing.assert_close(got, torch.cdist(a.double(), b.t().double()).float(), rtol=1e-5, atol=1e-5)
