@@ -1,5 +1,5 @@
 """Handlers of functionalized writes: copy, fill, select/slice_scatter, index_put,
-_unsafe_masked_index_put_accumulate, index_copy, index_fill."""
+_unsafe_masked_index_put_accumulate, index_copy, index_fill, masked_scatter."""
 
 from __future__ import annotations
 
@@ -210,3 +210,22 @@ def _index_fill(c, node, args, kwargs):
     value = kb.reshape(c.tensor(value, elem), ()) if isinstance(value, ir.Value) else kb.scalar(float(value), elem)
     out = kb.select(_rows_hit(c, as_vector(x), _dim(dim, x), index), value, as_vector(x))
     return kb.reshape(out, tuple(fake_value(node).shape))
+
+
+@handles("aten.masked_scatter.default")
+def _masked_scatter(c, node, args, kwargs):
+    """masked_scatter: the source's elements, in order, at the true places of the mask
+    (broadcast to x); place k takes source element k, its number a sum scan of the mask,
+    read through an index_select that checks the source holds that many."""
+    x, mask, source = args
+    elem, shape = spec_of(x.type).elem, tuple(fake_value(node).shape)  # x and mask broadcast together
+    n = math.prod(shape)
+    x = kb.broadcast_to(x, shape) if shape_of(x) != shape else x
+    m = kb.reshape(kb.broadcast_to(mask, shape) if shape_of(mask) != shape else mask, [n])
+    count = kb.build("scan", [kb.cast(m, "i64")], {"dim": 0, "kind": "sum"}).result
+    at = kb.select(m, kb.sub(count, kb.scalar(1.0, "i64")), kb.scalar(0.0, "i64"))
+    src = kb.reshape(c.tensor(source, elem), [math.prod(shape_of(source))])
+    if not shape_of(src)[0]:  # nothing to take: any true place is out of range
+        src = kb.fill((1,), elem, 0.0)
+        at = kb.select(m, kb.scalar(1.0, "i64"), at)
+    return kb.reshape(kb.select(m, kb.index_select(src, at, dim=0), kb.reshape(x, [n])), shape)
