@@ -1,5 +1,6 @@
 """Handlers of functionalized writes: copy, fill, select/slice_scatter, index_put,
-_unsafe_masked_index_put_accumulate, index_copy, index_fill, masked_scatter."""
+_unsafe_masked_index_put_accumulate, index_copy, index_fill, masked_scatter,
+diagonal_scatter."""
 
 from __future__ import annotations
 
@@ -229,3 +230,31 @@ def _masked_scatter(c, node, args, kwargs):
         src = kb.fill((1,), elem, 0.0)
         at = kb.select(m, kb.scalar(1.0, "i64"), at)
     return kb.reshape(kb.select(m, kb.index_select(src, at, dim=0), kb.reshape(x, [n])), shape)
+
+
+@handles("aten.diagonal_scatter.default")
+def _diagonal_scatter(c, node, args, kwargs):
+    """diagonal_scatter: x with its diagonal (offset, dim1, dim2) replaced by src: the two
+    dims moved last, src spread over them by a constant index (each element's place along
+    the diagonal) and chosen by a constant mask of the diagonal."""
+    from .reductions import bound_args
+
+    p = bound_args(node, args, kwargs)
+    x, src = p["self"], p["src"]
+    r = rank_of(x)
+    d1, d2, offset = p["dim1"] % r, p["dim2"] % r, int(p["offset"])
+    elem = spec_of(x.type).elem
+    src = c.tensor(src, elem)
+    n1, n2 = shape_of(x)[d1], shape_of(x)[d2]
+    length = shape_of(src)[-1]
+    if length == 0:
+        return x
+    perm = [d for d in range(r) if d not in (d1, d2)] + [d1, d2]
+    xt = kb.transpose(x, perm=perm) if perm != list(range(r)) else x
+    i, j = torch.arange(n1)[:, None], torch.arange(n2)[None, :]
+    on = (j - i) == offset
+    place = (i if offset >= 0 else j).expand(n1, n2).clamp(0, length - 1)
+    spread = kb.index_select(src, c.constant_tensor(place.reshape(-1)), dim=rank_of(src) - 1)
+    spread = kb.reshape(spread, shape_of(xt))
+    out = kb.select(mask_constant(c, on), spread, xt)
+    return kb.transpose(out, perm=[perm.index(d) for d in range(r)]) if perm != list(range(r)) else out

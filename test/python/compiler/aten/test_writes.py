@@ -1,7 +1,8 @@
-"""masked_scatter (compiler/aten/writes.py) against torch on fresh random inputs: masks
-that broadcast, more source than places, odd sizes (1, 7, 257), no elements, booleans
-and integers, non-contiguous inputs, on cpu and vulkan; a source shorter than the mask's
-places an error; PTX that ptxas assembles for sm_90a."""
+"""masked_scatter and diagonal_scatter (compiler/aten/writes.py) against torch on fresh
+random inputs: masks that broadcast, more source than places, diagonals of every offset
+and pair of dims, odd sizes (1, 7, 257), no elements, booleans and integers,
+non-contiguous inputs, on cpu and vulkan; a source shorter than the mask's places an
+error; PTX that ptxas assembles for sm_90a."""
 
 from __future__ import annotations
 
@@ -63,7 +64,30 @@ def test_masked_scatter_short_source_is_an_error(target):
         kf.jit(_scatter, target=target)(torch.zeros(4), mask, torch.ones(0))
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,offset,d1,d2", [((1, 1), 0, 0, 1), ((7, 5), 2, 0, 1), ((7, 5), -3, 1, 0),
+                                                ((3, 4, 257), 1, -1, 1), ((2, 3, 4), 5, 1, 2),
+                                                ((4, 6, 2), -1, 0, 1)], ids=str)
+def test_diagonal_scatter(shape, offset, d1, d2, target):
+    gen = torch.Generator().manual_seed(sum(shape) + offset)
+    x = torch.randn(shape, generator=gen)
+    src = torch.randn(torch.diagonal(x, offset, d1, d2).shape, generator=gen)
+    _check(lambda x, s: torch.diagonal_scatter(x, s, offset, d1, d2), (x, src), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_diagonal_scatter_of_views_and_integers(target):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(9, 6, generator=gen).t()
+    _check(lambda x, s: torch.diagonal_scatter(x, s, 1), (x, torch.randn(6, 5, generator=gen)[:, 1]), target)
+    y = torch.randint(-5, 5, (5, 5), generator=gen, dtype=torch.int64)
+    _check(lambda y, s: torch.diagonal_scatter(y, s), (y, torch.arange(5)), target)
+
+
 @pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
-def test_masked_scatter_assembles_for_cuda():
+def test_masked_and_diagonal_scatter_assemble_for_cuda():
+    def fn(x, m, s):
+        return _scatter(x, m, s), torch.diagonal_scatter(x, s[:7], -1, 1, 0)
+
     args = (torch.randn(7, 257), torch.rand(7, 257) > 0.5, torch.randn(2000))
-    assert ".entry" in kf.inspect(kf.jit(_scatter, target="cuda"), *args).stages["ptx"]
+    assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), *args).stages["ptx"]
