@@ -494,3 +494,44 @@ def _cdist(c, node, args, kwargs):
     b = kb.reshape(c.tensor(x2, st), (*shape_of(x2)[:-2], 1, *shape_of(x2)[-2:]))
     diff = kb.sub(a, b)
     return kb.reshape(c.tensor(p_norm(diff, order, [rank_of(diff) - 1], False), elem), out)
+
+
+@handles("aten.linalg_norm.default", "aten.linalg_matrix_norm.default", "aten.linalg_norm.ord_str",
+         "aten.linalg_matrix_norm.str_ord")
+def _linalg_norm(c, node, args, kwargs):
+    """linalg.norm and linalg.matrix_norm: over one dim (or a 1-D input) a vector norm;
+    over two a matrix norm: 'fro' (and no ord) the vector 2-norm of the elements, inf /
+    -inf the largest / smallest row sum of |x|, 1 / -1 the largest / smallest column
+    sum. The orders made of singular values (2, -2, 'nuc') are refused; over no elements
+    torch's value (it depends on the shape alone)."""
+    name = _target_name(node.target)
+    p = bound_args(node, args, kwargs)
+    order = p.get("ord")
+    elem = c.out_elem(node)
+    x = c.tensor(p["self"], stat_elem(elem))
+    dim = p.get("dim")
+    if dim is None:
+        dims = list(range(rank_of(x))) if order is None or rank_of(x) <= 2 else None
+        if dims is None:
+            raise Unsupported(f"{name} of a {rank_of(x)}-d tensor with ord={order} and no dim",
+                              cause="torch refuses it too")
+    else:
+        dims = norm_dims(dim, rank_of(x))
+    out = tuple(fake_value(node).shape)
+    if rank_of(x) and math.prod(shape_of(x)) == 0:  # depends on the shape alone: torch's value, a constant
+        self = fake_value(node.args[0])
+        return c.constant_tensor(node.target(torch.empty(tuple(self.shape), dtype=self.dtype), *args[1:], **kwargs))
+    if rank_of(x) == 0:
+        x, dims = kb.reshape(x, [1]), [0]
+    if order is None or order == "fro" or (len(dims) == 1 and not isinstance(order, str)) or \
+            (dim is None and order is None):
+        vector_order = 2.0 if order is None or order == "fro" else float(order)
+        return kb.reshape(c.tensor(p_norm(x, vector_order, dims, True), elem), out)
+    if len(dims) != 2 or isinstance(order, str) or float(order) not in (math.inf, -math.inf, 1.0, -1.0):
+        raise Unsupported(f"{name} with ord={order!r} over dims {dims} is not supported by kf",
+                          cause="the spectral and nuclear norms need singular values")
+    d_rows, d_cols = dims
+    summed, over = (d_cols, d_rows) if abs(float(order)) == math.inf else (d_rows, d_cols)
+    sums = kb.sum(kb.abs(x), dims=[summed], keepdim=True)
+    r = (kb.reduce_max if float(order) > 0 else kb.reduce_min)(sums, dims=[over], keepdim=True)
+    return kb.reshape(c.tensor(r, elem), out)

@@ -154,3 +154,27 @@ def test_cdist_of_views(target):
     a, b = torch.randn(5, 9, generator=gen).t(), torch.randn(9, 4, generator=gen)[::2].t().contiguous().t()
     got = kf.jit(lambda a, b: torch.cdist(a, b.t()), target=target)(a, b)
     torch.testing.assert_close(got, torch.cdist(a.double(), b.t().double()).float(), rtol=1e-5, atol=1e-5)
+
+
+def _matrix_norms(x):
+    inf = float("inf")
+    return (torch.linalg.norm(x), torch.linalg.norm(x, inf), torch.linalg.norm(x, -1, keepdim=True),
+            torch.linalg.norm(x, "fro"), torch.linalg.norm(x, 3.0, dim=1), torch.linalg.norm(x, dim=(1, 0)),
+            torch.linalg.matrix_norm(x, 1), torch.linalg.matrix_norm(x, -inf, dim=(1, 0), keepdim=True),
+            torch.linalg.norm(x[0]), torch.linalg.norm(x[0], -2))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 5), (3, 257)], ids=str)
+def test_linalg_norms(shape, target):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape) + 1))
+    _check(_matrix_norms, x, target, tol=1e-4)
+    _check(_matrix_norms, torch.randn(shape[::-1], generator=torch.Generator().manual_seed(2)).t(), target, tol=1e-4)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_linalg_norms_of_nothing_and_singular_value_orders(target):
+    _check(lambda x: (torch.linalg.norm(x, keepdim=True), torch.linalg.norm(x[:, 0], 2, keepdim=True)),
+           torch.randn(0, 5, 5), target)
+    with pytest.raises(kf.UnsupportedOpError, match="singular values"):
+        kf.jit(lambda x: torch.linalg.matrix_norm(x, "nuc"), target=target)(torch.randn(3, 4))
