@@ -7,12 +7,14 @@ dtype torch computed in and checks that its result matches torch's shape and dty
 
 The handlers live in compiler/aten/, one module an op family (elementwise, reductions and
 norms, contraction, layout, indexing, creation and random numbers, functionalized writes,
-pooling); ``aten/core.py`` has the table, the ``Converter`` and the helpers they share.
-Importing this module fills the table.
+pooling, scans, sorting; ops compiled as torch's decomposition of them in
+decompositions.py); ``aten/core.py`` has the table, the ``Converter`` and the helpers they
+share. Importing this module fills the table.
 """
 
 from __future__ import annotations
 
-from .aten import (attention, bessel, contraction, creation, dropout, elementwise, error_function, exponent,  # noqa: F401
-                   indexing, layout, polynomials, pooling, reductions, scans, sorting, special, writes)
+from .aten import (attention, bessel, contraction, creation, decompositions, dropout, elementwise,  # noqa: F401
+                   error_function, exponent, indexing, layout, polynomials, pooling, reductions, scans, sorting,
+                   special, writes)
 from .aten.core import Converter, HANDLERS, Handler, Unconvertible, Unsupported, handles, _target_name  # noqa: F401

@@ -70,9 +70,14 @@ def sum(x: ir.Value, *, dims: Sequence[int], keepdim: bool = False, elem: str | 
 
 
 def concat(xs: Sequence[ir.Value], *, dim: int, loc: ir.Location | None = None) -> ir.Value:
-    """xs joined along dim: one kf.concat for two tensors, a left-leaning chain for more."""
+    """xs joined along dim: one kf.concat for two tensors, a left-leaning chain for more;
+    tensors with nothing along dim are left out (they add nothing, and a slice of size 0
+    at the end of the result is out of bounds for tensor.insert_slice)."""
     if not xs:
         raise ValueError("concat needs at least one tensor")
+    rank = spec_of(xs[0].type).rank
+    if rank:
+        xs = [x for x in xs if spec_of(x.type).shape[dim % rank]] or list(xs[:1])
     out = xs[0]
     for x in xs[1:]:
         out = build("concat", [out, x], {"dim": dim}, loc=loc).result

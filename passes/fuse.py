@@ -125,35 +125,45 @@ class _Partition:
     def producers(self, i: int) -> list[int]:
         """The kernel ops op i reads, also through ops outside the partition (the view
         reshapes the host function keeps between kernels: a path through one is a path)."""
-        out, stack, seen = [], list(self.ops[i].operands), set()
+        return [p for p, through_host in self._reads(i) if not through_host]
+
+    def _reads(self, i: int) -> list[tuple[int, bool]]:
+        """(kernel op, whether the path to it passes a host op: a call of torch-mlir's
+        function) of each path from op i back to a kernel op."""
+        out, stack, seen = [], [(v, False) for v in self.ops[i].operands], set()
         while stack:
-            d = defining(stack.pop())
-            if d is None or d in seen:
+            v, through_host = stack.pop()
+            d = defining(v)
+            if d is None or (d, through_host) in seen:
                 continue
-            seen.add(d)
+            seen.add((d, through_host))
             if d in self.index:
-                out.append(self.index[d])
-            elif d.name.startswith("kf."):
-                stack.extend(d.operands)
+                out.append((self.index[d], through_host))
+            else:
+                host = through_host or not d.name.startswith("kf.")
+                stack.extend((o, host) for o in d.operands)
         return out
 
     def acyclic_if_merged(self, a: int, b: int) -> bool:
         """Whether merging groups a and b keeps the kernel graph acyclic: no path from
-        one to the other passes through a third group."""
+        one to the other passes through a third group or a host op (a call between two
+        kernels runs after the first and before the second)."""
         members = set(self.groups[a].ops) | set(self.groups[b].ops)
         # Walk backwards from the merged group's inputs; reaching the merged group again
         # through an outside op means a cycle.
         seen, stack = set(), []
         for m in members:
-            for p in self.producers(m):
+            for p, through_host in self._reads(m):
                 if p not in members:
                     stack.append(p)
+                elif through_host:
+                    return False
         while stack:
             p = stack.pop()
             if p in seen:
                 continue
             seen.add(p)
-            for q in self.producers(p):
+            for q, _ in self._reads(p):
                 if q in members:
                     return False
                 stack.append(q)

@@ -93,7 +93,8 @@ from mlir.passmanager import PassManager
 from .base import KfPass, PassError
 from .spirv.bounds import loop_iterations
 from .spirv.expand_math import expand_math
-from .spirv.ieee import FLOAT_MODES, declare_float_controls, forbid_contraction, shield_zero_operands
+from .spirv.ieee import (FLOAT_MODES, declare_float_controls, forbid_contraction, nan_propagating_reductions,
+                         shield_zero_operands)
 from .spirv.memory import (ELEM_BYTES, elem_name, memory_space, mentions_bf16, rewrite_memory, scalarize_vector_memory,
                            workgroup_bytes)
 from .spirv.repairs import initialize_loop_results, unwrap_workgroup_arrays
@@ -257,6 +258,7 @@ class ToSpirvPass(KfPass):
                                         "and math are handled): compute in f32", op.location)
         for gm in gmods:
             shield_zero_operands(gm)
+            nan_propagating_reductions(gm)
         _run(module, "gpu.module(convert-math-to-spirv), "
                      f"convert-gpu-to-spirv{{use-64bit-index={str(self.use_64bit_index).lower()}}}, "
                      "spirv.module(spirv-lower-abi-attrs)")

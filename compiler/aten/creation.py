@@ -1,7 +1,7 @@
 """Handlers that make values: fills, arange, tril and triu (from kf.iota: indices
 computed where they are used, so a mask made inside the function is never a tensor in
-memory), and random numbers (rand, randn, bernoulli) drawn from the program's Philox
-state (the dropout family is dropout.py)."""
+memory), triu_indices and tril_indices (constants), and random numbers (rand, randn,
+bernoulli) drawn from the program's Philox state (the dropout family is dropout.py)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,16 @@ def _no_generator(name: str, generator) -> None:
     if generator is not None:
         raise Unsupported(f"{name} with a generator of its own is not supported by kf",
                           cause="kf draws from torch's default generator (torch.manual_seed)")
+
+
+@handles("aten.triu_indices.default", "aten.tril_indices.default")
+def _triangle_indices(c, node, args, kwargs):
+    """triu_indices / tril_indices: a constant (they depend only on the sizes given)."""
+    from .reductions import bound_args
+
+    p = bound_args(node, args, kwargs)
+    make = torch.triu_indices if node.target._opname == "triu_indices" else torch.tril_indices
+    return c.constant_tensor(make(p["row"], p["col"], p["offset"] or 0, dtype=fake_value(node).dtype))
 
 
 @handles("aten.rand.default", "aten.rand_like.default", "aten.randn.default", "aten.randn_like.default")

@@ -1,5 +1,5 @@
 """Handlers of selection and indexing: topk, gather, index_select, embedding,
-index_add, scatter_add, advanced indexing, take, one_hot, nll_loss."""
+index_add, scatter_add, scatter_reduce, index_reduce, advanced indexing, take, one_hot, nll_loss."""
 
 from __future__ import annotations
 
@@ -116,6 +116,27 @@ def _scatter(c, node, args, kwargs):
     return _as_shape(c, node, out)
 
 
+@handles("aten.index_reduce.default")
+def _index_reduce(c, node, args, kwargs):
+    """index_reduce (prod, mean, amax, amin; include_self) as the kf.scatter_reduce of
+    the 1-D index spread over the source's shape: row p of the source lands on row
+    index[p] of self along dim, each index checked against that dim."""
+    from .reductions import bound_args
+
+    p = bound_args(node, args, kwargs)
+    x, index = as_vector(p["self"]), p["index"]
+    elem = spec_of(x.type).elem
+    d = _dim(p["dim"], p["self"])
+    src = as_vector(c.tensor(p["source"], elem))
+    n = math.prod(shape_of(index))
+    along = [1] * rank_of(x)
+    along[d] = n
+    spread = kb.broadcast_to(kb.reshape(index, along), shape_of(src))
+    out = kb.build("scatter_reduce", [x, spread, src], {"dim": d, "reduce": p["reduce"],
+                                                        "include_self": bool(p["include_self"])}).result
+    return _as_shape(c, node, out)
+
+
 @handles("aten.index.Tensor")
 def _index_tensor(c, node, args, kwargs):
     """Advanced indexing ``x[i, j]`` with integer index tensors (a None is a ``:``): the
@@ -153,6 +174,47 @@ def _index_tensor(c, node, args, kwargs):
         r = kb.transpose(r, perm=list(range(nb, nb + before)) + list(range(nb)) +
                          list(range(nb + before, nb + len(rest))))
     return r
+
+
+def masked_indices(c, name: str, x, mask, indices: list, rest: tuple[int, ...]):
+    """(the broadcast index shape, each index tensor broadcast to it with 0 wherever
+    mask, broadcast to that shape plus ``rest``, is false at all of its positions) of
+    the unsafe masked indexing ops: an index no unmasked element reads may be anything
+    (torch does not read through it), an index one does read is checked by the kernel
+    that uses it. Only leading indexed dims are taken: mask then lines up with them."""
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    if pos != list(range(len(pos))) or not pos:
+        raise Unsupported(f"{name} with indices for dims {pos} is not supported by kf",
+                          cause="kf takes index tensors for the leading dims only")
+    if any(elem_of(indices[d]) not in ("i32", "i64") for d in pos):
+        raise Unsupported(f"{name} with boolean or non-integer indices is not supported by kf")
+    bshape = _broadcast([shape_of(indices[d]) for d in pos])
+    full = tuple(bshape) + tuple(rest)
+    m = kb.broadcast_to(mask, full) if shape_of(mask) != full else mask
+    if rest:  # an index is read where any of its elements is unmasked
+        m = kb.cmp(kb.reduce_max(kb.cast(m, "i32"), dims=list(range(len(bshape), len(full))), keepdim=False),
+                   kb.scalar(0.0, "i32"), predicate="ne")
+    safe = []
+    for d in pos:
+        i = indices[d]
+        i = kb.broadcast_to(i, bshape) if shape_of(i) != tuple(bshape) else i
+        safe.append(kb.select(m, i, kb.scalar(0.0, elem_of(i))))
+    return tuple(bshape), safe
+
+
+@handles("aten._unsafe_masked_index.default")
+def _unsafe_masked_index(c, node, args, kwargs):
+    """where(mask, x[indices], fill): x indexed only through the indices some unmasked
+    element reads (``masked_indices``), every one of those checked."""
+    x, mask, indices, fill = args
+    out = tuple(fake_value(node).shape)
+    k = sum(i is not None for i in indices)
+    _, safe = masked_indices(c, "_unsafe_masked_index", x, mask, list(indices), shape_of(x)[k:])
+    r = _index_tensor(c, node, [x, safe + [None] * (len(indices) - k)], {})
+    elem = spec_of(r.type).elem
+    m = kb.broadcast_to(mask, out) if shape_of(mask) != out else mask
+    return kb.select(m, r, kb.reshape(c.tensor(fill, elem), ()) if isinstance(fill, ir.Value)
+                     else kb.scalar(float(fill), elem))
 
 
 def _broadcast(shapes) -> tuple[int, ...]:
@@ -246,3 +308,78 @@ def _nll(c, node, args, kwargs):
         return _as_shape(c, node, loss)
     out = kb.sum(loss, dims=dims)
     return kb.div(out, kb.sum(w, dims=dims)) if reduction == 1 else out
+
+
+_SEGMENT_REDUCE = {"sum": "sum", "mean": "sum", "prod": "prod", "max": "amax", "min": "amin"}
+
+
+@handles("aten.segment_reduce.default")
+def _segment_reduce(c, node, args, kwargs):
+    """segment_reduce with lengths or offsets (batched over the dims before axis): each
+    element's segment is how many segment starts it has reached, less one; elements in
+    no segment (before the first start or past the last end, which torch does not read)
+    land in an extra segment that is dropped; one kf.scatter_reduce from the initial
+    value (sum 0, prod 1, max -inf, min inf, mean 0), then the mean divides by the
+    segment's length (NaN for an empty one without initial). Every offset is checked
+    to lie in [0, size] and every length to be >= 0, as torch's checks (which it leaves
+    out with unsafe=True, reading out of bounds)."""
+    from .reductions import bound_args
+
+    p = bound_args(node, args, kwargs)
+    data, reduce, axis = p["data"], p["reduce"], int(p["axis"]) % max(rank_of(p["data"]), 1)
+    if reduce not in _SEGMENT_REDUCE:
+        raise Unsupported(f"segment_reduce with reduce={reduce!r} is not supported by kf")
+    if p.get("indices") is not None:
+        raise Unsupported("segment_reduce with indices is not supported by kf (nor by torch)")
+    elem = spec_of(data.type).elem
+    shape = shape_of(data)
+    lead, n, tail = shape[:axis], shape[axis], shape[axis + 1:]
+    checks = c.constant_tensor(torch.arange(n + 1, dtype=torch.int64))
+
+    def checked(v):  # v itself, each element checked to lie in [0, n]
+        flat = kb.reshape(kb.cast(v, "i64"), [math.prod(shape_of(v))])
+        return kb.reshape(kb.index_select(checks, flat, dim=0), shape_of(v))
+
+    if p.get("offsets") is not None:
+        given = kb.cast(p["offsets"], "i64")
+        s = shape_of(given)[-1] - 1
+        first = checked(kb.slice(given, dim=len(lead), start=0, end=1, step=1))
+        lengths = kb.sub(kb.slice(given, dim=len(lead), start=1, end=s + 1, step=1),
+                         kb.slice(given, dim=len(lead), start=0, end=s, step=1))
+    else:
+        lengths = kb.cast(p["lengths"], "i64")
+        s = shape_of(lengths)[-1]
+        first = kb.fill((*lead, 1), "i64", 0.0)
+    # the offsets again from the checked lengths (each >= 0), then checked (each <= n):
+    # every check feeds the result
+    lengths = checked(lengths) if s else lengths
+    ends = [kb.add(first, kb.build("scan", [lengths], {"dim": len(lead), "kind": "sum"}).result)] if s else []
+    offsets = checked(kb.concat([first, *ends], dim=len(lead)))
+    out = tuple(fake_value(node).shape)
+    init = p.get("initial")
+    start = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}[reduce] if init is None \
+        else float(init)
+    if s == 0 or n == 0:
+        filled = kb.fill(out, elem, start)
+        if reduce == "mean" and init is None:
+            return kb.fill(out, elem, math.nan)
+        return filled
+    # segment of element j: starts reached - 1, or s (dropped) outside [offsets[0], offsets[s])
+    j = kb.iota((*lead, n, 1), len(lead))
+    reached = kb.sum(kb.cast(kb.cmp(kb.reshape(offsets, (*lead, 1, s + 1)), j, predicate="le"), "i64"),
+                     dims=[len(lead) + 1], keepdim=False, elem="i64")
+    seg = kb.sub(reached, kb.scalar(1.0, "i64"))
+    inside = kb.select(kb.cmp(seg, kb.scalar(0.0, "i64"), predicate="ge"),
+                       kb.cmp(seg, kb.scalar(float(s), "i64"), predicate="lt"), kb.scalar(False, "i1"))
+    seg = kb.select(inside, seg, kb.scalar(float(s), "i64"))
+    index = kb.broadcast_to(kb.reshape(seg, (*lead, n, *(1,) * len(tail))), shape)
+    acc = kb.fill((*lead, s + 1, *tail), elem, start)
+    acc = kb.build("scatter_reduce", [acc, index, data], {"dim": axis, "reduce": _SEGMENT_REDUCE[reduce],
+                                                           "include_self": True}).result
+    r = kb.slice(acc, dim=axis, start=0, end=s, step=1)
+    if reduce == "mean":
+        count = kb.reshape(kb.cast(lengths, elem), (*lead, s, *(1,) * len(tail)))
+        empty = kb.cmp(count, kb.scalar(0.0, elem), predicate="eq")
+        r = kb.select(empty, kb.scalar(math.nan if init is None else float(init), elem),
+                      kb.div(r, kb.select(empty, kb.scalar(1.0, elem), count)))
+    return kb.reshape(r, out)

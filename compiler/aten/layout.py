@@ -1,5 +1,5 @@
 """Handlers of layout ops: transpose, permute, reshape/view, expand, slices, cat,
-stack, split, unbind, meshgrid, and their ``*_copy`` forms (a kf value is never a view)."""
+stack, split, unbind, meshgrid, roll, and their ``*_copy`` forms (a kf value is never a view)."""
 
 from __future__ import annotations
 
@@ -140,3 +140,24 @@ def _split(c, node, args, kwargs):
         outs.append(kb.slice(x, dim=dim, start=start, end=start + n, step=1))
         start += n
     return tuple(outs)
+
+
+@handles("aten.roll.default")
+def _roll(c, node, args, kwargs):
+    """roll: along each dim the last ``shift % n`` elements moved to the front (two slices
+    joined); with no dims, over the flattened tensor."""
+    x, shifts = args[0], args[1]
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", [])
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    shape = tuple(fake_value(node).shape)
+    if not dims:
+        x, dims, shifts = kb.reshape(x, [math.prod(shape)]), [0], shifts[:1]
+    for shift, dim in zip(shifts, dims):
+        dim %= rank_of(x)
+        n = shape_of(x)[dim]
+        s = shift % n if n else 0
+        if s:
+            x = kb.concat([kb.slice(x, dim=dim, start=n - s, end=n, step=1),
+                           kb.slice(x, dim=dim, start=0, end=n - s, step=1)], dim=dim)
+    return kb.reshape(x, shape) if shape_of(x) != shape else x

@@ -1,7 +1,8 @@
-"""Handlers of pooling (avg_pool, adaptive_avg_pool) and embedding bags."""
+"""Handlers of pooling (avg_pool, adaptive_avg_pool, max_unpool) and embedding bags."""
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -172,3 +173,28 @@ def _embedding_bag(c, node, args, kwargs):
         count = kb.index_add(kb.fill((bags, 1), st, 0.0), bag, ones, dim=0)
         out = kb.div(out, kb.max(count, kb.scalar(1.0, st)))
     return c.tensor(out, elem), None, None, None
+
+
+@handles("aten.max_unpool2d.default", "aten.max_unpool3d.default")
+def _max_unpool(c, node, args, kwargs):
+    """max_unpool (F.max_unpool1d runs as max_unpool2d): zeros of the output's shape with
+    each input element written at its index into the flattened spatial dims of its own
+    (batch, channel) plane, a kf.scatter_reduce: every index is checked against the plane
+    (torch refuses one outside it), and where indices repeat the last write in index
+    order wins, as in torch's CPU kernel. ``stride`` and ``padding`` only shape torch's
+    checks: the indices say where each value goes."""
+    x, indices = args[0], args[1]
+    k = int(node.target._opname[-2])
+    out = tuple(fake_value(node).shape)
+    lead, plane = out[:-k], math.prod(out[-k:])
+    rows = math.prod(lead)
+    span = math.prod(shape_of(x)[len(lead):])
+    if shape_of(indices) != shape_of(x):
+        raise Unsupported(f"max_unpool with indices of shape {list(shape_of(indices))} for an input of shape "
+                          f"{list(shape_of(x))}", cause="torch requires the two shapes to be equal")
+    zeros = kb.fill((rows, plane), spec_of(x.type).elem, 0.0)
+    if rows == 0 or span == 0:
+        return kb.reshape(zeros, out)
+    flat = kb.build("scatter_reduce", [zeros, kb.reshape(indices, (rows, span)), kb.reshape(x, (rows, span))],
+                    {"dim": 1, "reduce": "none", "include_self": True}).result
+    return kb.reshape(flat, out)

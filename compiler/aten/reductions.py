@@ -1,5 +1,6 @@
-"""Handlers of reductions (sum, mean, amax, argmax, var/std, logsumexp), softmax and
-the norms (layer, RMS, batch, group), with the statistics the backward reads."""
+"""Handlers of reductions (sum, mean, amax, argmax, argmin, aminmax, all/any, prod,
+var/std, logsumexp, vector norms, cdist), softmax and the norms (layer, RMS, batch,
+group), with the statistics the backward reads."""
 
 from __future__ import annotations
 
@@ -53,8 +54,84 @@ def _max_dim(c, node, args, kwargs):
         indices = kb.argmax(x, dim=dim, keepdim=keep)
     else:
         values = kb.reduce_min(x, dims=[dim], keepdim=keep)
-        indices = kb.argmax(kb.neg(x), dim=dim, keepdim=keep)
+        indices = kb.argmax(reversed_order(x), dim=dim, keepdim=keep)
     return (values, indices)
+
+
+def reversed_order(x):
+    """A tensor whose argmax is x's argmin: -x for floats (NaN stays NaN, the greatest
+    for both), -1 - x for integers (no overflow at the type's minimum, where -x wraps),
+    booleans as i32."""
+    elem = spec_of(x.type).elem
+    if spec_of(x.type).is_float:
+        return kb.neg(x)
+    if elem == "i1":
+        x, elem = kb.cast(x, "i32"), "i32"
+    return kb.sub(kb.scalar(-1.0, elem), x)
+
+
+@handles("aten.argmin.default")
+def _argmin(c, node, args, kwargs):
+    """argmin as the argmax of x in reversed order (the first minimum; a NaN first)."""
+    p = bound_args(node, args, kwargs)
+    x, dim = p["self"], p["dim"]
+    if dim is None or rank_of(x) == 0:
+        x, dim = kb.reshape(x, [math.prod(shape_of(x))]), 0
+    out = kb.argmax(reversed_order(x), dim=dim % rank_of(x), keepdim=bool(p["keepdim"]))
+    return kb.reshape(out, tuple(fake_value(node).shape))
+
+
+@handles("aten.aminmax.default")
+def _aminmax(c, node, args, kwargs):
+    p = bound_args(node, args, kwargs)
+    x = p["self"]
+    if rank_of(x) == 0:
+        x = kb.reshape(x, [1])
+    dims = norm_dims(p["dim"], rank_of(x))
+    keep = bool(p["keepdim"])
+    shapes = [tuple(v.shape) for v in fake_value(node)]
+    return (kb.reshape(kb.reduce_min(x, dims=dims, keepdim=keep), shapes[0]),
+            kb.reshape(kb.reduce_max(x, dims=dims, keepdim=keep), shapes[1]))
+
+
+@handles("aten.all.dims", "aten.all.dim", "aten.all.default", "aten.any.dims", "aten.any.dim", "aten.any.default")
+def _all_any(c, node, args, kwargs):
+    """all / any over dims (all of them for None; none for an empty list, as torch): the
+    minimum (maximum) of x != 0 over them; over no elements true (false)."""
+    p = bound_args(node, args, kwargs)
+    x, dim, is_all = p["self"], p.get("dim"), node.target._opname == "all"
+    shape, elem = tuple(fake_value(node).shape), c.out_elem(node)
+    nonzero = kb.cmp(x, kb.scalar(0.0, spec_of(x.type).elem), predicate="ne")
+    if dim is not None and not isinstance(dim, int) and not dim:
+        return kb.reshape(c.tensor(nonzero, elem), shape)
+    dims = norm_dims(dim, rank_of(x))
+    if rank_of(x) and math.prod(shape_of(x)[d] for d in dims) == 0:
+        return kb.fill(shape, elem, 1.0 if is_all else 0.0)
+    if rank_of(x) == 0:
+        nonzero, dims = kb.reshape(nonzero, [1]), [0]
+    reduce = kb.reduce_min if is_all else kb.reduce_max
+    out = reduce(kb.cast(nonzero, "i32"), dims=dims, keepdim=bool(p.get("keepdim") or False))
+    out = kb.cmp(out, kb.scalar(0.0, "i32"), predicate="ne")
+    return kb.reshape(c.tensor(out, elem), shape)
+
+
+@handles("aten.prod.default", "aten.prod.dim_int")
+def _prod(c, node, args, kwargs):
+    """prod over one dim (or all): the last element of a product kf.scan along it, in
+    the result's type (1 over an empty dim)."""
+    p = bound_args(node, args, kwargs)
+    elem = c.out_elem(node)
+    x = c.tensor(p["self"], elem)
+    dim = p.get("dim")
+    if dim is None or rank_of(x) == 0:
+        x, dim = kb.reshape(x, [math.prod(shape_of(x))]), 0
+    dim %= rank_of(x)
+    n = shape_of(x)[dim]
+    out = tuple(fake_value(node).shape)
+    if n == 0:
+        return kb.fill(out, elem, 1.0)
+    scan = kb.build("scan", [x], {"dim": dim, "kind": "prod"}).result
+    return kb.reshape(kb.slice(scan, dim=dim, start=n - 1, end=n, step=1), out)
 
 
 @handles("aten.argmax.default")
@@ -355,3 +432,106 @@ def _group_norm(c, node, args, kwargs):
         return (y, c.tensor(kb.reshape(mean, (n, g)), kf_elem(val[1].dtype)),
                 c.tensor(kb.reshape(kb.broadcast_to(rstd, shape_of(mean)), (n, g)), kf_elem(val[2].dtype)))
     return y
+
+
+@handles("aten.linalg_vector_norm.default", "aten.norm.Scalar", "aten.norm.ScalarOpt_dim",
+         "aten.norm.ScalarOpt_dim_dtype", "aten.norm.ScalarOpt_dtype")
+def _vector_norm(c, node, args, kwargs):
+    """Vector norms over dims (all for None or []): ord inf / -inf the largest / smallest
+    |x|, 0 the count of nonzeros, 1 the sum of |x|, 2 the square root of the sum of
+    squares, any other p (sum |x|^p)^(1/p); in the statistics' type (f32 for 16-bit
+    inputs), rounded once to the result's."""
+    p = bound_args(node, args, kwargs)
+    order = p.get("ord", p.get("p"))
+    order = 2.0 if order is None else float(order)
+    elem = c.out_elem(node)
+    st = stat_elem(elem)
+    x = c.tensor(p["self"], st)
+    out = tuple(fake_value(node).shape)
+    if rank_of(x) == 0:
+        x = kb.reshape(x, [1])
+    dims = norm_dims(p.get("dim"), rank_of(x))
+    keep = bool(p.get("keepdim") or False)
+    if math.prod(shape_of(x)[d] for d in dims) == 0:
+        if math.isinf(order):
+            raise Unsupported(f"a vector norm of order {order} over no elements", cause="torch refuses it too")
+        return kb.fill(out, elem, 0.0)
+    return kb.reshape(c.tensor(p_norm(x, order, dims, keep), elem), out)
+
+
+def p_norm(x, order: float, dims: list[int], keep: bool):
+    """The vector norm of x of an order over dims (not empty), in x's type."""
+    st = spec_of(x.type).elem
+    a = kb.abs(x)
+    if order == math.inf:
+        r = kb.reduce_max(a, dims=dims, keepdim=keep)
+    elif order == -math.inf:
+        r = kb.reduce_min(a, dims=dims, keepdim=keep)
+    elif order == 0:
+        r = kb.sum(kb.cast(kb.cmp(x, kb.scalar(0.0, st), predicate="ne"), st), dims=dims, keepdim=keep)
+    elif order == 1:
+        r = kb.sum(a, dims=dims, keepdim=keep)
+    elif order == 2:
+        r = kb.sqrt(kb.sum(kb.mul(x, x), dims=dims, keepdim=keep))
+    else:
+        r = kb.pow(kb.sum(kb.pow(a, kb.scalar(order, st)), dims=dims, keepdim=keep), kb.scalar(1.0 / order, st))
+    return r
+
+
+@handles("aten.cdist.default", "aten._cdist_forward.default")
+def _cdist(c, node, args, kwargs):
+    """cdist: the p-norm of every row of x1 less every row of x2 (batch dims broadcast),
+    computed directly (torch's mm-based Euclidean form rounds more)."""
+    p = bound_args(node, args, kwargs)
+    x1, x2, order = p["x1"], p["x2"], float(p["p"])
+    elem = c.out_elem(node)
+    st = stat_elem(elem)
+    out = tuple(fake_value(node).shape)
+    m = shape_of(x1)[-1]
+    if m == 0:
+        return kb.fill(out, elem, 0.0)
+    a = kb.reshape(c.tensor(x1, st), (*shape_of(x1)[:-1], 1, m))
+    b = kb.reshape(c.tensor(x2, st), (*shape_of(x2)[:-2], 1, *shape_of(x2)[-2:]))
+    diff = kb.sub(a, b)
+    return kb.reshape(c.tensor(p_norm(diff, order, [rank_of(diff) - 1], False), elem), out)
+
+
+@handles("aten.linalg_norm.default", "aten.linalg_matrix_norm.default", "aten.linalg_norm.ord_str",
+         "aten.linalg_matrix_norm.str_ord")
+def _linalg_norm(c, node, args, kwargs):
+    """linalg.norm and linalg.matrix_norm: over one dim (or a 1-D input) a vector norm;
+    over two a matrix norm: 'fro' (and no ord) the vector 2-norm of the elements, inf /
+    -inf the largest / smallest row sum of |x|, 1 / -1 the largest / smallest column
+    sum. The orders made of singular values (2, -2, 'nuc') are refused; over no elements
+    torch's value (it depends on the shape alone)."""
+    name = _target_name(node.target)
+    p = bound_args(node, args, kwargs)
+    order = p.get("ord")
+    elem = c.out_elem(node)
+    x = c.tensor(p["self"], stat_elem(elem))
+    dim = p.get("dim")
+    if dim is None:
+        dims = list(range(rank_of(x))) if order is None or rank_of(x) <= 2 else None
+        if dims is None:
+            raise Unsupported(f"{name} of a {rank_of(x)}-d tensor with ord={order} and no dim",
+                              cause="torch refuses it too")
+    else:
+        dims = norm_dims(dim, rank_of(x))
+    out = tuple(fake_value(node).shape)
+    if rank_of(x) and math.prod(shape_of(x)) == 0:  # depends on the shape alone: torch's value, a constant
+        self = fake_value(node.args[0])
+        return c.constant_tensor(node.target(torch.empty(tuple(self.shape), dtype=self.dtype), *args[1:], **kwargs))
+    if rank_of(x) == 0:
+        x, dims = kb.reshape(x, [1]), [0]
+    if order is None or order == "fro" or (len(dims) == 1 and not isinstance(order, str)) or \
+            (dim is None and order is None):
+        vector_order = 2.0 if order is None or order == "fro" else float(order)
+        return kb.reshape(c.tensor(p_norm(x, vector_order, dims, True), elem), out)
+    if len(dims) != 2 or isinstance(order, str) or float(order) not in (math.inf, -math.inf, 1.0, -1.0):
+        raise Unsupported(f"{name} with ord={order!r} over dims {dims} is not supported by kf",
+                          cause="the spectral and nuclear norms need singular values")
+    d_rows, d_cols = dims
+    summed, over = (d_cols, d_rows) if abs(float(order)) == math.inf else (d_rows, d_cols)
+    sums = kb.sum(kb.abs(x), dims=[summed], keepdim=True)
+    r = (kb.reduce_max if float(order) > 0 else kb.reduce_min)(sums, dims=[over], keepdim=True)
+    return kb.reshape(c.tensor(r, elem), out)

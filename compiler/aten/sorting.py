@@ -7,6 +7,8 @@ O(n^2) per row in work and in the comparison tensor, so rows are limited to
 
 from __future__ import annotations
 
+import math
+
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
 
@@ -97,3 +99,96 @@ def _argsort(c, node, args, kwargs):
 def _msort(c, node, args, kwargs):
     """torch.msort: the values of a sort along dim 0."""
     return sorted_along(args[0], 0, False)[0]
+
+
+def _rows_last(x, dim):
+    """x with dim moved last (a 0-d x as one element) and that dim's index."""
+    if rank_of(x) == 0:
+        return kb.reshape(x, (1,)), 0
+    dim %= rank_of(x)
+    r = rank_of(x)
+    if dim == r - 1:
+        return x, r - 1
+    return kb.transpose(x, perm=[d for d in range(r) if d != dim] + [dim]), r - 1
+
+
+def _pick(node, values, positions, at):
+    """(value, position) at sorted position ``at`` (i64, the rows' shape with a last dim
+    of 1) of each row, shaped as torch's results (keepdim or not)."""
+    out = fake_value(node)
+    shapes = [tuple(v.shape) for v in out] if isinstance(out, (tuple, list)) else [tuple(out.shape)]
+    picked = [kb.gather(values, at, dim=rank_of(values) - 1), kb.gather(positions, at, dim=rank_of(values) - 1)]
+    return [kb.reshape(v, s) for v, s in zip(picked, shapes)]
+
+
+def _nan_count(x):
+    """How many NaNs each row (last dim) holds, i64 with a last dim of 1."""
+    r = rank_of(x)
+    if not spec_of(x.type).is_float:
+        return kb.fill(shape_of(x)[:-1] + (1,), "i64", 0.0)
+    return kb.sum(kb.cast(kb.cmp(x, x, predicate="ne"), "i64"), dims=[r - 1], keepdim=True, elem="i64")
+
+
+def _row_constant(x, value: int):
+    return kb.fill(shape_of(x)[:-1] + (1,), "i64", float(value))
+
+
+@handles("aten.kthvalue.default")
+def _kthvalue(c, node, args, kwargs):
+    """kthvalue: the k-th smallest of each row (NaN the greatest) and its position, from
+    kf's stable sort."""
+    p = bound_args(node, args, kwargs)
+    x, dim = _rows_last(p["self"], int(p["dim"]))
+    k, n = int(p["k"]), shape_of(x)[-1]
+    if not 1 <= k <= n:
+        raise Unsupported(f"kthvalue: k={k} is out of range for a dimension of size {n}",
+                          cause="k counts from 1 to the dimension's size")
+    values, positions = sorted_along(x, dim, False)
+    return tuple(_pick(node, values, positions, _row_constant(x, k - 1)))
+
+
+@handles("aten.median.dim", "aten.median.default", "aten.nanmedian.dim", "aten.nanmedian.default")
+def _median(c, node, args, kwargs):
+    """median / nanmedian: the lower median, element (n - 1) // 2 of each sorted row, and
+    its position. median: a row with a NaN gives its first NaN (sorted last, in order);
+    nanmedian: the lower median of the row's numbers (a NaN if it has none). Over no
+    elements (the whole-tensor forms) the value is NaN, as torch's."""
+    p = bound_args(node, args, kwargs)
+    whole = p.get("dim") is None
+    x = kb.reshape(p["self"], (math.prod(shape_of(p["self"])),)) if whole else p["self"]
+    x, dim = _rows_last(x, 0 if whole else int(p["dim"]))
+    n = shape_of(x)[-1]
+    if n == 0:
+        return kb.fill((), spec_of(x.type).elem, math.nan)
+    values, positions = sorted_along(x, dim, False)
+    nans, size = _nan_count(x), _row_constant(x, n)
+    one = kb.scalar(1.0, "i64")
+    if node.target._opname == "median":
+        lower = _row_constant(x, (n - 1) // 2)
+        at = kb.select(kb.cmp(nans, kb.scalar(0.0, "i64"), predicate="gt"), kb.sub(size, nans), lower)
+    else:  # (numbers - 1) // 2 of numbers >= 1 (0 for none); exact in f32 for rows this short
+        numbers = kb.sub(size, nans)
+        half = kb.mul(kb.cast(kb.max(kb.sub(numbers, one), kb.scalar(0.0, "i64")), "f32"), kb.scalar(0.5, "f32"))
+        at = kb.cast(half, "i64")
+    picked = _pick(node, values, positions, at)
+    return picked[0] if whole else tuple(picked)
+
+
+@handles("aten.mode.default")
+def _mode(c, node, args, kwargs):
+    """mode: the most frequent value of each row (the smallest of those that tie) and
+    the position of its last occurrence (torch names no particular one): in the stably
+    sorted row, each element's count of equal elements (all pairs compared), the first
+    element with the greatest count, and the end of its run."""
+    p = bound_args(node, args, kwargs)
+    x, dim = _rows_last(p["self"], int(p["dim"]))
+    n = shape_of(x)[-1]
+    values, positions = sorted_along(x, dim, False)
+    lead = shape_of(values)[:-1]
+    keys = kb.cast(values, "i32") if spec_of(values.type).elem == "i1" else values
+    same = _ties(kb.reshape(keys, (*lead, n, 1)), kb.reshape(keys, (*lead, 1, n)))
+    count = kb.sum(kb.cast(same, "i64"), dims=[len(lead) + 1], keepdim=False, elem="i64")
+    first = kb.argmax(count, dim=len(lead), keepdim=True)
+    best = kb.reduce_max(count, dims=[len(lead)], keepdim=True)
+    at = kb.sub(kb.add(first, best), kb.scalar(1.0, "i64"))
+    return tuple(_pick(node, values, positions, at))

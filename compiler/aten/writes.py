@@ -1,5 +1,6 @@
 """Handlers of functionalized writes: copy, fill, select/slice_scatter, index_put,
-index_copy, index_fill."""
+_unsafe_masked_index_put_accumulate, index_copy, index_fill, masked_scatter,
+diagonal_scatter."""
 
 from __future__ import annotations
 
@@ -161,6 +162,38 @@ def _put_rows(c, x, d: int, index, v, accumulate: bool):
     return kb.index_add(kb.select(_rows_hit(c, x, d, index), kb.scalar(0.0, elem), x), index, v, dim=d)
 
 
+@handles("aten._unsafe_masked_index_put_accumulate.default")
+def _unsafe_masked_index_put_accumulate(c, node, args, kwargs):
+    """x with values added at its indexed elements where mask is true: the leading
+    indexed dims flattened into one, each index checked against its own dim (an index
+    table's index_select) before it joins the flat index, one index_add."""
+    from .indexing import masked_indices
+
+    x, mask, indices, values = args
+    elem, shape = spec_of(x.type).elem, shape_of(x)
+    k = sum(i is not None for i in indices)
+    rest = shape[k:]
+    bshape, safe = masked_indices(c, "_unsafe_masked_index_put_accumulate", x, mask, list(indices), rest)
+    n = math.prod(bshape)
+    flat = None
+    for d, i in enumerate(safe):
+        i = kb.reshape(kb.cast(i, "i64"), [n])
+        negative = kb.cmp(i, kb.scalar(0.0, "i64"), predicate="lt")
+        wrapped = kb.select(negative, kb.add(i, kb.scalar(float(shape[d]), "i64")), i)
+        checked = kb.index_select(c.constant_tensor(torch.arange(shape[d], dtype=torch.int64)), wrapped, dim=0)
+        stride = math.prod(shape[d + 1:k])
+        term = kb.mul(checked, kb.scalar(float(stride), "i64")) if stride != 1 else checked
+        flat = term if flat is None else kb.add(flat, term)
+    full = tuple(bshape) + tuple(rest)
+    v = c.tensor(values, elem)
+    v = kb.broadcast_to(v, full) if shape_of(v) != full else v
+    m = kb.broadcast_to(mask, full) if shape_of(mask) != full else mask
+    v = kb.reshape(kb.select(m, v, kb.scalar(0.0, elem)), (n, *rest))
+    lead = math.prod(shape[:k])
+    out = kb.index_add(kb.reshape(x, (lead, *rest)), flat, v, dim=0)
+    return kb.reshape(out, shape)
+
+
 @handles("aten.index_copy.default")
 def _index_copy(c, node, args, kwargs):
     # a 0-dim x (and source) counts as 1-D, as torch's indexing ops take it
@@ -178,3 +211,50 @@ def _index_fill(c, node, args, kwargs):
     value = kb.reshape(c.tensor(value, elem), ()) if isinstance(value, ir.Value) else kb.scalar(float(value), elem)
     out = kb.select(_rows_hit(c, as_vector(x), _dim(dim, x), index), value, as_vector(x))
     return kb.reshape(out, tuple(fake_value(node).shape))
+
+
+@handles("aten.masked_scatter.default")
+def _masked_scatter(c, node, args, kwargs):
+    """masked_scatter: the source's elements, in order, at the true places of the mask
+    (broadcast to x); place k takes source element k, its number a sum scan of the mask,
+    read through an index_select that checks the source holds that many."""
+    x, mask, source = args
+    elem, shape = spec_of(x.type).elem, tuple(fake_value(node).shape)  # x and mask broadcast together
+    n = math.prod(shape)
+    x = kb.broadcast_to(x, shape) if shape_of(x) != shape else x
+    m = kb.reshape(kb.broadcast_to(mask, shape) if shape_of(mask) != shape else mask, [n])
+    count = kb.build("scan", [kb.cast(m, "i64")], {"dim": 0, "kind": "sum"}).result
+    at = kb.select(m, kb.sub(count, kb.scalar(1.0, "i64")), kb.scalar(0.0, "i64"))
+    src = kb.reshape(c.tensor(source, elem), [math.prod(shape_of(source))])
+    if not shape_of(src)[0]:  # nothing to take: any true place is out of range
+        src = kb.fill((1,), elem, 0.0)
+        at = kb.select(m, kb.scalar(1.0, "i64"), at)
+    return kb.reshape(kb.select(m, kb.index_select(src, at, dim=0), kb.reshape(x, [n])), shape)
+
+
+@handles("aten.diagonal_scatter.default")
+def _diagonal_scatter(c, node, args, kwargs):
+    """diagonal_scatter: x with its diagonal (offset, dim1, dim2) replaced by src: the two
+    dims moved last, src spread over them by a constant index (each element's place along
+    the diagonal) and chosen by a constant mask of the diagonal."""
+    from .reductions import bound_args
+
+    p = bound_args(node, args, kwargs)
+    x, src = p["self"], p["src"]
+    r = rank_of(x)
+    d1, d2, offset = p["dim1"] % r, p["dim2"] % r, int(p["offset"])
+    elem = spec_of(x.type).elem
+    src = c.tensor(src, elem)
+    n1, n2 = shape_of(x)[d1], shape_of(x)[d2]
+    length = shape_of(src)[-1]
+    if length == 0:
+        return x
+    perm = [d for d in range(r) if d not in (d1, d2)] + [d1, d2]
+    xt = kb.transpose(x, perm=perm) if perm != list(range(r)) else x
+    i, j = torch.arange(n1)[:, None], torch.arange(n2)[None, :]
+    on = (j - i) == offset
+    place = (i if offset >= 0 else j).expand(n1, n2).clamp(0, length - 1)
+    spread = kb.index_select(src, c.constant_tensor(place.reshape(-1)), dim=rank_of(src) - 1)
+    spread = kb.reshape(spread, shape_of(xt))
+    out = kb.select(mask_constant(c, on), spread, xt)
+    return kb.transpose(out, perm=[perm.index(d) for d in range(r)]) if perm != list(range(r)) else out

@@ -258,6 +258,33 @@ def _fmod(x: ir.Value, y: ir.Value) -> ir.Value:
     return arith.select(bad, c(ft, math.nan), out)
 
 
+def _unroll_vectors(gm: ir.Operation) -> None:
+    """Each op of ``_EXPANDED_MATH`` but sin, cos and remf (expanded on vectors as they are) on a
+    1-D vector becomes one op per lane, joined again with vector.from_elements: the
+    expansions below are written for scalars (a row-wise kernel applies a power to the
+    vectors it loads)."""
+    from mlir.dialects import vector
+
+    for op in walk_ops(gm.regions[0].blocks[0]):
+        if op.name not in _EXPANDED_MATH or op.name in ("math.sin", "math.cos", "arith.remf"):
+            continue
+        vt = op.results[0].type
+        if not isinstance(vt, ir.VectorType):
+            continue
+        if vt.rank != 1:
+            raise PassError(f"{op.name} on a vector of rank {vt.rank} is not supported by kf-to-spirv",
+                            op.location)
+        with op.location, ir.InsertionPoint(op):
+            lanes = []
+            for i in range(vt.shape[0]):
+                operands = [vector.extract(x, [], [i]) for x in op.operands]
+                lanes.append(ir.Operation.create(op.name, results=[vt.element_type], operands=operands,
+                                                 attributes={a: op.attributes[a] for a in op.attributes}).result)
+            r = vector.from_elements(vt, lanes)
+        op.results[0].replace_all_uses_with(r)
+        op.erase()
+
+
 def expand_math(gm: ir.Operation) -> None:
     """Rewrite the ops of ``_EXPANDED_MATH`` into ops SPIR-V has (GLSL.std.450).
 
@@ -320,6 +347,7 @@ def expand_math(gm: ir.Operation) -> None:
             r = m.copysign(arith.select(arith.cmpf(P.OGT, ax, half), big, asin_small(ax)), x)
         return arith.select(arith.cmpf(P.OGT, ax, c(t, 1.0)), c(t, math.nan), r)
 
+    _unroll_vectors(gm)
     for op in walk_ops(gm.regions[0].blocks[0]):
         if op.name not in _EXPANDED_MATH:
             continue

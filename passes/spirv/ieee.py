@@ -1,5 +1,6 @@
 """IEEE results on Vulkan drivers: float arithmetic with a literal +0.0 operand as compares
-and selects of the same value (lavapipe folds x * 0 to 0), and the float-controls
+and selects of the same value (lavapipe folds x * 0 to 0), float max / min reductions of
+vectors as NaN-propagating arith ops (GLSL's FMax drops NaN), and the float-controls
 execution modes (SignedZeroInfNanPreserve, DenormPreserve, RoundingModeRTE) on every
 entry point for the float widths it has values of."""
 
@@ -90,6 +91,37 @@ def shield_zero_operands(gm: ir.Operation) -> None:
 FLOAT_MODES = {"SignedZeroInfNanPreserve": "preserve", "DenormPreserve": "denorm", "RoundingModeRTE": "rte"}
 
 _FLOAT_WIDTH = re.compile(r"(?<![A-Za-z_])(?:\d+x)?f(16|32|64)\b")
+
+
+#: vector.reduction kinds upstream lowers to GLSL's FMax / FMin, whose result for a NaN
+#: operand is undefined (lavapipe returns the other operand), and the arith op of each
+_NAN_REDUCTIONS = {"maximumf": "arith.maximumf", "minimumf": "arith.minimumf"}
+
+
+def nan_propagating_reductions(gm: ir.Operation) -> None:
+    """Each float max / min ``vector.reduction`` becomes a chain of ``arith.maximumf`` /
+    ``arith.minimumf`` over its lanes (and its accumulator), which upstream lowers with
+    the NaN checks torch's max and min need: a row-wise kernel's reduction of the vectors
+    it loads otherwise drops a NaN."""
+    from mlir.dialects import arith, vector
+
+    for op in walk_ops(gm.regions[0].blocks[0]):
+        if op.name != "vector.reduction":
+            continue
+        kind = re.search(r"<(\w+)>", str(op.attributes["kind"])).group(1)
+        if kind not in _NAN_REDUCTIONS:
+            continue
+        combine = arith.maximumf if kind == "maximumf" else arith.minimumf
+        source = op.operands[0]
+        with op.location, ir.InsertionPoint(op):
+            lanes = [vector.extract(source, [], [i]) for i in range(ir.VectorType(source.type).shape[0])]
+            if len(op.operands) > 1:
+                lanes.append(op.operands[1])
+            r = lanes[0]
+            for lane in lanes[1:]:
+                r = combine(r, lane)
+        op.results[0].replace_all_uses_with(r)
+        op.erase()
 
 
 def float_widths(spv: ir.Operation) -> set[int]:

@@ -405,3 +405,19 @@ func.func @lone_partial(%x: tensor<8x16xf32>) -> tensor<16xf32> {
   %2 = "kf.sum"(%1) {dims = array<i64: 0>, keepdim = false} : (tensor<4x16xf32>) -> tensor<16xf32>
   return %2 : tensor<16xf32>
 }
+
+// -----
+
+// An epilogue that reads its GEMM's product through a host call (torch-mlir's function
+// of the product) stays out of the GEMM: the call runs between the two kernels.
+// CHECK-LABEL: func.func @gemm_then_call
+// CHECK: %[[P:.*]] = call @gemm_then_call_k{{[0-9]+}}_matmul(%arg0, %arg1)
+// CHECK-NEXT: %[[D:.*]] = call @row_sums(%[[P]])
+// CHECK-NEXT: call @gemm_then_call_k{{[0-9]+}}_elementwise(%[[P]], %[[D]])
+func.func private @row_sums(%p: tensor<9x9xf32>) -> tensor<9x1xf32>
+func.func @gemm_then_call(%a: tensor<9x4xf32>, %b: tensor<4x9xf32>) -> tensor<9x9xf32> {
+  %p = "kf.matmul"(%a, %b) : (tensor<9x4xf32>, tensor<4x9xf32>) -> tensor<9x9xf32>
+  %d = call @row_sums(%p) : (tensor<9x9xf32>) -> tensor<9x1xf32>
+  %s = "kf.sub"(%p, %d) : (tensor<9x9xf32>, tensor<9x1xf32>) -> tensor<9x9xf32>
+  return %s : tensor<9x9xf32>
+}

@@ -289,3 +289,32 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// A float max reduction of a vector is a chain of NaN-checked maxima, two IsNan per
+// FMax (upstream lowers vector.reduction <maximumf> to bare GLSL FMax, whose result for
+// a NaN is undefined).
+// SPV-LABEL: spirv.func @row_max()
+// SPV: spirv.GL.FMax
+// SPV-NEXT: spirv.IsNan
+// SPV-NEXT: spirv.IsNan
+// SPV: spirv.GL.FMax
+// SPV-NEXT: spirv.IsNan
+// SPV-NEXT: spirv.IsNan
+// SPV: spirv.GL.FMax
+// SPV-NEXT: spirv.IsNan
+// SPV-NEXT: spirv.IsNan
+// SPV: spirv.ExecutionMode @row_max
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @row_max(%x: memref<4xf32>, %out: memref<1xf32>) kernel
+        attributes {known_block_size = array<i32: 1, 1, 1>} {
+      %c0 = arith.constant 0 : index
+      %v = vector.load %x[%c0] : memref<4xf32>, vector<4xf32>
+      %m = vector.reduction <maximumf>, %v : vector<4xf32> into f32
+      memref.store %m, %out[%c0] : memref<1xf32>
+      gpu.return
+    }
+  }
+}

@@ -429,3 +429,29 @@ def test_a_reshaped_row_statistic_read_by_its_own_kernel(fn, target):
         got, want = f(*args), fn(*args)
         for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
             torch.testing.assert_close(a, b)
+
+
+def _pairwise_distances(a):
+    m = a @ a.t()
+    d = torch.diagonal(m).clone()  # torch-mlir's function, called between kernels
+    return (d + d[:, None] - 2 * m).clamp(min=0).sqrt()
+
+
+@pytest.mark.parametrize("target", ["vulkan", "cuda"])
+def test_an_epilogue_reading_its_kernel_through_a_torch_mlir_call(target):
+    """A GEMM's epilogue reads, besides the product, a value computed from the product by
+    a call of torch-mlir's function (pairwise distances: the product's diagonal): the
+    path through the call is a path, so the epilogue stays out of the GEMM (the schedule
+    was cyclic and kf-fuse asserted on GPU targets)."""
+    import kf
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    for n in (1, 9, 257):
+        a = torch.randn(n, 4)
+        f = kf.jit(_pairwise_distances, target=target)
+        if target == "cuda":
+            assert kf.inspect(f, a).ptx.count(".entry") >= 2
+            continue
+        torch.testing.assert_close(f(a), _pairwise_distances(a), rtol=1e-4, atol=1e-4)

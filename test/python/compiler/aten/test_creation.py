@@ -202,3 +202,15 @@ def test_attention_with_mask_made_inside_on_sm90a(fn):
     made_params = [b.count(".param") for b in re.findall(r"\.entry \w+\((.*?)\)", made, re.S)]
     assert all(m < g for m, g in zip(made_params, given_params)), (made_params, given_params)
     assert "bar.red.or" in made  # the block-skip path
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_triangle_indices_are_constants(target):
+    def fn(x):
+        i = torch.triu_indices(5, 7, 1)
+        j = torch.tril_indices(4, 3, -1)
+        return x[i[0], i[1]], j, torch.triu_indices(3, 3, dtype=torch.int32)
+
+    x = torch.randn(5, 7)
+    for g, w in zip(kf.jit(fn, target=target)(x), fn(x), strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)

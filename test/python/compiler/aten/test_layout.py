@@ -1,5 +1,5 @@
-"""Layout ops' copy forms and unbind (compiler/aten/layout.py): view_copy, permute_copy,
-narrow_copy (a negative start counts from the end), unbind and unbind_copy against torch
+"""Layout ops' copy forms, unbind and roll (compiler/aten/layout.py): view_copy, permute_copy,
+narrow_copy (a negative start counts from the end), unbind, unbind_copy and roll against torch
 on cpu and vulkan, at odd and empty sizes, through non-contiguous views, for every dtype
 kf takes, and as PTX for cuda."""
 
@@ -71,3 +71,36 @@ def test_narrow_negative_start(target):
 def test_assemble_for_cuda():
     x = torch.randn(3, 7, 2)
     assert ".entry" in kf.inspect(kf.jit(lambda x: _fn(x)[:5], target="cuda"), x).stages["ptx"]
+
+
+def _rolls(x):
+    return (torch.roll(x, 2, 0), torch.roll(x, -3, 1), torch.roll(x, (1, 300), (1, -1)), torch.roll(x, 5),
+            torch.roll(x, 0, 2))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 7, 2), (2, 257, 3), (3, 0, 2)], ids=str)
+def test_roll_follows_torch(shape, target):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+    _check(kf.jit(_rolls, target=target)(x), _rolls(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_roll_of_a_scalar_a_view_and_integers(target):
+    x = torch.randn(5, 2, 14)[:, :, ::2].transpose(0, 2)
+    _check(kf.jit(_rolls, target=target)(x), _rolls(x))
+    y = torch.randint(-9, 9, (4, 5, 3), dtype=torch.int32)
+    _check(kf.jit(_rolls, target=target)(y), _rolls(y))
+    s = torch.randn(())
+    _check(kf.jit(lambda s: (torch.roll(s, 3), torch.roll(s, -1)), target=target)(s),
+           (torch.roll(s, 3), torch.roll(s, -1)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cat_with_empty_tensors_first_and_last(target):
+    def fn(a, b, e):
+        return torch.cat([e, a, b, e], 1), torch.cat([a, e], 1), torch.block_diag(a, e)
+
+    gen = torch.Generator().manual_seed(3)
+    args = (torch.randn(2, 3, generator=gen), torch.randn(2, 5, generator=gen), torch.randn(2, 0))
+    _check(kf.jit(fn, target=target)(*args), fn(*args))

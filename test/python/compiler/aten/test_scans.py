@@ -1,4 +1,5 @@
-"""Scans (compiler/aten/scans.py, kf.scan): cumsum, cumprod and logcumsumexp against
+"""Scans (compiler/aten/scans.py, kf.scan): cumsum, cumprod, logcumsumexp, cummax and
+cummin against
 torch on fresh random inputs -- any dim, dtype=, integer and boolean inputs, 16-bit
 floats, odd sizes (1, 7, 257), size 0, 0-d, non-contiguous views -- on cpu (linalg)
 and vulkan (the generic strategy), and as PTX that ptxas assembles for sm_90a."""
@@ -29,6 +30,14 @@ def cumprod(x, dim):
 
 def logcumsumexp(x, dim):
     return torch.logcumsumexp(x, dim)
+
+
+def cummax(x, dim):
+    return torch.cummax(x, dim)
+
+
+def cummin(x, dim):
+    return torch.cummin(x, dim)
 
 
 SCANS = [cumsum, cumprod, logcumsumexp]
@@ -96,9 +105,45 @@ def test_logcumsumexp_infinities_and_nan(target):
     _check(cumsum, x, target, dim=1)
 
 
+def _check_pair(fn, x, target, **kw):
+    got, want = kf.jit(fn, target=target)(x, **kw), fn(x, **kw)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,dim", [((1,), 0), ((7,), 0), ((257,), -1), ((3, 257), 1), ((7, 5), 0),
+                                       ((2, 7, 3), 1)], ids=str)
+@pytest.mark.parametrize("op", [cummax, cummin], ids=lambda f: f.__name__)
+def test_cummax_cummin_match_torch(op, shape, dim, target):
+    gen = torch.Generator().manual_seed(sum(shape) + dim)
+    _check_pair(op, torch.randn(shape, generator=gen), target, dim=dim)
+    # ties move the index on, as torch's
+    _check_pair(op, torch.randint(0, 3, shape, generator=gen).float(), target, dim=dim)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", [cummax, cummin], ids=lambda f: f.__name__)
+def test_cummax_cummin_nan_types_scalars_and_views(op, target):
+    nan, inf = float("nan"), float("inf")
+    _check_pair(op, torch.tensor([[1.0, nan, 3.0, nan, -inf], [inf, 2.0, inf, -inf, nan]]), target, dim=1)
+    gen = torch.Generator().manual_seed(9)
+    for dtype in (torch.int32, torch.int64):
+        x = torch.randint(-5, 5, (4, 9), generator=gen, dtype=dtype)
+        x[0, 3] = torch.iinfo(dtype).min
+        x[1, 4] = torch.iinfo(dtype).max
+        _check_pair(op, x, target, dim=1)
+    _check_pair(op, torch.rand(4, 9, generator=gen) > 0.5, target, dim=1)
+    _check_pair(op, torch.randn(4, 9, generator=gen).half(), target, dim=0)
+    _check_pair(op, torch.randn((), generator=gen), target, dim=0)
+    _check_pair(op, torch.randn(0, 3), target, dim=0)
+    _check_pair(op, torch.randn(7, 5, generator=gen).t(), target, dim=1)
+
+
 @pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
 def test_scans_assemble_for_cuda():
     def fn(x):
-        return torch.cumsum(x, 1), torch.cumprod(x, 0), torch.logcumsumexp(x, -1)
+        return torch.cumsum(x, 1), torch.cumprod(x, 0), torch.logcumsumexp(x, -1), torch.cummax(x, 1)
 
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), torch.randn(7, 257)).stages["ptx"]

@@ -1,6 +1,7 @@
 """The scatter family (compiler/aten/indexing.py, kf.scatter_reduce; index_copy and
 index_fill in writes.py): scatter with a source or a value, scatter's reduce=,
-scatter_reduce (sum, prod, amax, amin, mean; include_self) against torch on fresh random
+scatter_reduce (sum, prod, amax, amin, mean; include_self), index_reduce, segment_reduce
+(lengths, offsets, initial, batched) against torch on fresh random
 inputs -- repeated indices, every dim, integer types, odd sizes, 0-d and empty tensors,
 non-contiguous views -- on cpu and vulkan (deterministic: no atomics), out-of-range
 indices an error, and PTX that ptxas assembles for sm_90a."""
@@ -26,7 +27,7 @@ def _check(fn, args, target, tol=1e-5):
     got = kf.jit(fn, target=target)(*args)
     want = fn(*args)
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
 
 
 def _values(shape, dtype, gen):
@@ -126,11 +127,86 @@ def test_index_copy_and_fill_of_a_0d_tensor(target):
     _check(lambda x, i: x.index_fill(0, i, -2.0), (x, torch.tensor(0)), target)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("shape,dim,n", [((7, 5), 0, 9), ((3, 257), 1, 4), ((2, 5, 3), -2, 1), ((1,), 0, 3)],
+                         ids=str)
+def test_index_reduce_matches_torch(shape, dim, n, reduce, include_self, target):
+    gen = torch.Generator().manual_seed(sum(shape) + n + len(reduce))
+    x = torch.randn(shape, generator=gen)
+    src_shape = list(shape)
+    src_shape[dim] = n
+    index = torch.randint(0, shape[dim], (n,), generator=gen)  # repeats
+    src = torch.randn(src_shape, generator=gen)
+    _check(lambda x, i, s: x.index_reduce(dim, i, s, reduce, include_self=include_self), (x, index, src), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float16], ids=str)
+def test_index_reduce_of_other_types_nothing_and_views(dtype, target):
+    gen = torch.Generator().manual_seed(6)
+    x, src = _values((6, 9), dtype, gen)[:, ::2], _values((5, 4), dtype, gen).t()
+    index = torch.tensor([5, 0, 5, 2], dtype=torch.int32)
+    for reduce in ("prod", "mean", "amax"):
+        _check(lambda x, i, s: x.index_reduce(0, i, s, reduce), (x, index, src), target,
+               tol=2e-3 if dtype == torch.float16 else 1e-5)
+    _check(lambda x, i, s: x.index_reduce(1, i, s, "amax"), (torch.randn(3, 4), torch.zeros(0, dtype=torch.long),
+                                                           torch.randn(3, 0)), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_index_reduce_index_out_of_range_is_an_error(target):
+    with pytest.raises(kf.IndexOutOfRange, match="index -1 is out of range"):
+        kf.jit(lambda x, i, s: x.index_reduce(0, i, s, "amax"), target=target)(
+            torch.randn(5, 3), torch.tensor([0, -1]), torch.randn(2, 3))
+
+
 @pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
 def test_scatter_family_assembles_for_cuda():
     def fn(x, i, s):
-        return x.scatter(0, i, s), x.scatter_reduce(0, i, s, "mean", include_self=False)
+        return (x.scatter(0, i, s), x.scatter_reduce(0, i, s, "mean", include_self=False),
+                x.index_reduce(0, i[:, 0], s[:3], "prod"), torch.segment_reduce(x, "max", lengths=i[:2, 0]))
 
     x, s = torch.randn(7, 257), torch.randn(7, 257)
     i = torch.randint(0, 7, (3, 257))
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, i, s).stages["ptx"]
+
+
+def _segments(lead, n, s, gen, cover=True):
+    """Random lengths of s segments per leading index, summing to n (or less)."""
+    cuts = torch.sort(torch.randint(0, n + 1, (*lead, s - 1), generator=gen), dim=-1).values
+    ends = torch.cat([cuts, torch.full((*lead, 1), n if cover else max(n - 2, 0))], -1)
+    starts = torch.cat([torch.zeros(*lead, 1, dtype=torch.long), cuts], -1)
+    return (ends - starts).clamp(min=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("reduce", ["sum", "mean", "prod", "max", "min"])
+@pytest.mark.parametrize("initial", [None, 1.5])
+def test_segment_reduce_matches_torch(reduce, initial, target):
+    gen = torch.Generator().manual_seed(len(reduce) + (initial is None))
+    data = torch.randn(12, 3, generator=gen)
+    lengths = torch.tensor([3, 0, 4, 1, 4])  # an empty segment
+    kw = {} if initial is None else {"initial": initial}
+    _check(lambda d, l: torch.segment_reduce(d, reduce, lengths=l, **kw), (data, lengths), target)
+    offsets = torch.tensor([2, 2, 5, 11])  # elements before the first and past the last start are in none
+    _check(lambda d, o: torch.segment_reduce(d, reduce, offsets=o, unsafe=True, **kw), (data, offsets), target)
+    batched = torch.randn(2, 257, generator=gen)
+    lens = _segments((2,), 257, 7, gen)
+    _check(lambda d, l: torch.segment_reduce(d, reduce, lengths=l, axis=1, **kw), (batched, lens), target)
+    _check(lambda d, l: torch.segment_reduce(d, reduce, lengths=l, axis=0, **kw),
+           (torch.randn(5, 1, generator=gen).t().t(), torch.tensor([5])), target)
+    _check(lambda d, l: torch.segment_reduce(d, reduce, lengths=l, **kw), (torch.randn(0, 2), torch.tensor([0, 0])),
+           target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_segment_reduce_bad_segments_are_errors(target):
+    data = torch.randn(6)
+    with pytest.raises(kf.IndexOutOfRange, match="index -1 is out of range"):
+        kf.jit(lambda d, l: torch.segment_reduce(d, "sum", lengths=l, unsafe=True), target=target)(
+            data, torch.tensor([2, -1, 3]))
+    with pytest.raises(kf.IndexOutOfRange, match="index 9 is out of range"):  # past the data: torch reads on
+        kf.jit(lambda d, o: torch.segment_reduce(d, "max", offsets=o, unsafe=True), target=target)(
+            data, torch.tensor([0, 4, 9]))

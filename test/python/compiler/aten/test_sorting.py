@@ -19,9 +19,12 @@ TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_
 _PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
 
 
+def _flat(out):
+    return [t for o in out for t in _flat(o)] if isinstance(out, tuple) else [out]
+
+
 def _check(fn, x, target):
-    got, want = kf.jit(fn, target=target)(x), fn(x)
-    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    got, want = _flat(kf.jit(fn, target=target)(x)), _flat(fn(x))
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
@@ -83,3 +86,87 @@ def test_sort_of_a_very_long_row_is_a_clear_error():
 def test_sort_assembles_for_cuda():
     assert ".entry" in kf.inspect(kf.jit(lambda x: torch.sort(x, dim=0, descending=True), target="cuda"),
                                   torch.randn(257, 3)).stages["ptx"]
+
+
+def _distinct(shape, gen):
+    """Values with no ties (torch names no particular index among equal values)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.randperm(n, generator=gen).float() - n / 2).reshape(shape)
+
+
+def _check_picks(fn, x, target, dim):
+    """Values as torch's; each index points at its value (any one of equal values)."""
+    (gv, gi), (wv, wi) = kf.jit(fn, target=target)(x), fn(x)
+    assert gv.dtype == wv.dtype and gv.shape == wv.shape and gi.dtype == wi.dtype and gi.shape == wi.shape
+    torch.testing.assert_close(gv, wv, rtol=0, atol=0, equal_nan=True)
+    at = x.gather(dim, gi if gi.dim() == x.dim() else gi.unsqueeze(dim)) if x.dim() else x
+    torch.testing.assert_close(at.reshape(gv.shape), gv, rtol=0, atol=0, equal_nan=True)
+
+
+ORDER_STATS = {
+    "kthvalue": lambda dim: lambda x: torch.kthvalue(x, max(x.shape[dim] // 3, 1) if x.dim() else 1, dim),
+    "median": lambda dim: lambda x: torch.median(x, dim),
+    "nanmedian": lambda dim: lambda x: torch.nanmedian(x, dim),
+    "mode": lambda dim: lambda x: torch.mode(x, dim),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,dim", [((1,), 0), ((7,), 0), ((257,), -1), ((3, 9), 1), ((8, 4), 0),
+                                       ((2, 7, 3), 1)], ids=str)
+@pytest.mark.parametrize("op", list(ORDER_STATS))
+def test_order_statistics_match_torch(op, shape, dim, target):
+    gen = torch.Generator().manual_seed(sum(shape) + dim)
+    fn = ORDER_STATS[op](dim)
+    x = _distinct(shape, gen)
+    if op == "mode":  # repeats, so that a mode is more than the smallest value
+        x = torch.randint(0, 4, shape, generator=gen).float()
+        _check_picks(fn, x, target, dim)
+        return
+    _check(fn, x, target)
+    _check(lambda x: ORDER_STATS[op](dim)(x)[0], _ties_and_specials(shape, gen), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_medians_with_nan_keepdim_scalars_and_views(target):
+    gen = torch.Generator().manual_seed(11)
+    x = _distinct((5, 9), gen)
+    x[1, 3] = x[1, 6] = x[4, 0] = float("nan")
+    x[3, :] = float("nan")
+    _check(lambda x: torch.median(x, 1), x, target)  # a row with a NaN: its first NaN
+    _check(lambda x: torch.nanmedian(x, 1)[0], x, target)
+    _check(lambda x: torch.nanmedian(x[:3], 1, keepdim=True), x, target)
+    _check(lambda x: (torch.median(x), torch.nanmedian(x)), x, target)
+    _check(lambda x: (torch.median(x), torch.nanmedian(x)), torch.randn(0, 3), target)
+    _check(lambda x: torch.median(x, 0, keepdim=True), _distinct((6, 9), gen).t()[:, ::2], target)
+    _check(lambda x: (torch.median(x, 0), torch.kthvalue(x, 1), torch.mode(x)), torch.randn((), generator=gen),
+           target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float16], ids=str)
+def test_order_statistics_of_other_types(dtype, target):
+    x = torch.randint(-3, 3, (4, 9), generator=torch.Generator().manual_seed(12)).to(dtype)
+    _check_picks(lambda x: torch.median(x, 1), x, target, 1)
+    _check_picks(lambda x: torch.kthvalue(x, 4, 1), x, target, 1)
+    _check_picks(lambda x: torch.mode(x, 1), x, target, 1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mode_of_booleans(target):
+    x = torch.rand(5, 8, generator=torch.Generator().manual_seed(13)) > 0.6
+    _check_picks(lambda x: torch.mode(x, 1), x, target, 1)
+
+
+def test_kthvalue_k_out_of_range_is_a_clear_error():
+    with pytest.raises(kf.CompileError, match="out of range"):
+        kf.jit(lambda x: torch.kthvalue(x, 8), target="cpu")(torch.randn(3, 7))
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_order_statistics_assemble_for_cuda():
+    fn = kf.jit(lambda x: (torch.median(x, 0), torch.nanmedian(x), torch.kthvalue(x, 3, 1), torch.mode(x, 0)),
+                target="cuda")
+    assert ".entry" in kf.inspect(fn, torch.randn(257, 5)).stages["ptx"]

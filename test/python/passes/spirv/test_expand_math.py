@@ -1,7 +1,8 @@
 """sin and cos expanded by kf-to-spirv (``passes/spirv/expand_math.py``) run on Vulkan
 (lavapipe here) against float64 torch: random f32 bit patterns of every exponent, the special
 values, f16 and odd sizes. GLSL's Sin/Cos reduce large arguments inexactly; kf's expansion
-reduces exactly (Payne-Hanek) for every finite argument."""
+reduces exactly (Payne-Hanek) for every finite argument. The other expansions on the
+vectors a row-wise kernel loads (one expansion per lane)."""
 
 from __future__ import annotations
 
@@ -177,3 +178,17 @@ def test_fmod_of_f16_is_computed_in_f32():
     want = torch.fmod(x, y)
     nan = want.isnan()
     assert torch.equal(got.isnan(), nan) and torch.equal(got[~nan], want[~nan])
+
+
+def _row_power_sums(x):
+    return (x.abs() ** 3.0).sum(-1), (x.abs() ** 0.5).sum(-1), torch.atan2(x, x + 1).sum(-1)
+
+
+@pytest.mark.parametrize("n", [1, 7, 257])
+def test_expanded_ops_on_the_vectors_a_row_kernel_loads(n):
+    """A row-wise kernel applies its prologue to the vectors it loads: powf and atan2 on
+    vectors are unrolled to one expansion per lane (kf-to-spirv refused them)."""
+    x = torch.randn(5, n, generator=torch.Generator().manual_seed(n))
+    got, want = kf.jit(_row_power_sums, target="vulkan")(x), _row_power_sums(x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,104 @@
+"""The unsafe masked indexing ops (compiler/aten/indexing.py ``_unsafe_masked_index``,
+writes.py ``_unsafe_masked_index_put_accumulate``; torch's decompositions of padding and
+upsampling make them) against torch on fresh random inputs: indices out of range where
+the mask is false (never read), negative indices, trailing dims not indexed, odd sizes,
+non-contiguous inputs, on cpu and vulkan; an unmasked index out of range an error (torch
+clamps it); PTX that ptxas assembles for sm_90a."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import kf
+from kf.runtime import vulkan
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                   reason="no Vulkan device"))]
+_PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _check(fn, args, target):
+    got, want = kf.jit(fn, target=target)(*args), fn(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _masked_case(shape, rows, cols, gen):
+    """x, a mask over (rows, cols), and row / column indices in range where the mask is
+    true, anywhere in [-2 * size, 2 * size) where it is false."""
+    x = torch.randn(shape, generator=gen)
+    mask = torch.rand(rows, cols, generator=gen) > 0.5
+    i = torch.randint(-shape[0], shape[0], (rows, 1), generator=gen)
+    j = torch.randint(-shape[1], shape[1], (1, cols), generator=gen)
+    wild_i = torch.randint(-2 * shape[0], 2 * shape[0], (rows, 1), generator=gen)
+    wild_j = torch.randint(-2 * shape[1], 2 * shape[1], (1, cols), generator=gen)
+    i = torch.where(mask.any(1, keepdim=True), i, wild_i)
+    j = torch.where(mask.any(0, keepdim=True), j, wild_j)
+    return x, mask, i, j
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,rows,cols", [((5, 7), 4, 6), ((1, 1), 1, 1), ((7, 9, 3), 5, 257)], ids=str)
+def test_unsafe_masked_index(shape, rows, cols, target):
+    gen = torch.Generator().manual_seed(sum(shape) + rows + cols)
+    x, mask, i, j = _masked_case(shape, rows, cols, gen)
+    trailing = (1,) * (len(shape) - 2)  # dims not indexed: the mask broadcasts over them
+    _check(lambda x, m, i, j: aten._unsafe_masked_index(x, m, [i, j], -1.5),
+           (x, mask.reshape(rows, cols, *trailing), i, j), target)
+    rows_read = mask.any(1).reshape(rows, 1, 1, *trailing)  # one index: the result is (rows, 1, *shape[1:])
+    _check(lambda x, m, i: aten._unsafe_masked_index(x, m, [i], 0.0), (x, rows_read, i), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,rows,cols", [((5, 7), 4, 6), ((1, 1), 1, 1), ((7, 9, 3), 5, 257)], ids=str)
+def test_unsafe_masked_index_put_accumulate(shape, rows, cols, target):
+    gen = torch.Generator().manual_seed(sum(shape) * rows + cols)
+    x, mask, i, j = _masked_case(shape, rows, cols, gen)
+    values = torch.randn(rows, cols, *shape[2:], generator=gen)
+    mask = mask.reshape(rows, cols, *(1,) * (len(shape) - 2))
+    _check(lambda x, m, i, j, v: aten._unsafe_masked_index_put_accumulate(x, m, [i, j], v),
+           (x, mask, i, j, values), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_unsafe_masked_ops_of_views(target):
+    gen = torch.Generator().manual_seed(7)
+    x, mask, i, j = _masked_case((9, 5), 3, 4, gen)
+    x = torch.randn(5, 9, generator=gen).t()
+    _check(lambda x, m, i, j: aten._unsafe_masked_index(x, m, [i, j], 2.0), (x, mask.t().t(), i, j), target)
+    v = torch.randn(4, 3, generator=gen).t()
+    _check(lambda x, m, i, j, v: aten._unsafe_masked_index_put_accumulate(x, m, [i, j], v), (x, mask, i, j, v),
+           target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_unmasked_index_out_of_range_is_an_error(target):
+    x = torch.randn(5, 7)
+    mask = torch.tensor([[True, False], [False, False]])
+    i, j = torch.tensor([[1], [40]]), torch.tensor([[9, 2]])  # (1, 9) is read: 9 is outside 7 columns
+    with pytest.raises(kf.IndexOutOfRange, match="index 9 is out of range"):
+        kf.jit(lambda x, m, i, j: aten._unsafe_masked_index(x, m, [i, j], 0.0), target=target)(x, mask, i, j)
+    with pytest.raises(kf.IndexOutOfRange, match="index 9 is out of range"):
+        kf.jit(lambda x, m, i, j, v: aten._unsafe_masked_index_put_accumulate(x, m, [i, j], v), target=target)(
+            x, mask, i, j, torch.randn(2, 2))
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_unsafe_masked_ops_assemble_for_cuda():
+    x, mask, i, j = _masked_case((9, 5), 3, 4, torch.Generator().manual_seed(8))
+
+    def fn(x, m, i, j):
+        return (aten._unsafe_masked_index(x, m, [i, j], 0.0),
+                aten._unsafe_masked_index_put_accumulate(x, m, [i, j], torch.ones(3, 4)))
+
+    assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, mask, i, j).stages["ptx"]
