@@ -195,6 +195,30 @@ def _sincos(x: ir.Value, cosine: bool) -> ir.Value:
     return arith.select(arith.cmpf(P.UEQ, ax, c(ft, math.inf)), c(ft, math.nan), y)
 
 
+#: math ops whose GLSL.std.450 instruction (or kf's expansion into such) takes 64-bit floats;
+#: the transcendental ones (Exp, Log, Sin, Pow, ...) take only 16- and 32-bit floats.
+_F64_MATH = ("math.absf", "math.ceil", "math.floor", "math.round", "math.roundeven", "math.trunc", "math.sqrt",
+             "math.rsqrt", "math.fma", "math.copysign", "math.isnan", "math.isinf", "math.isfinite")
+
+
+def _is_f64(t: ir.Type) -> bool:
+    elem = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
+    return isinstance(elem, ir.F64Type)
+
+
+def refuse_f64_math(gm: ir.Operation) -> None:
+    """Raise a PassError at the first math op on f64 values that SPIR-V's GLSL.std.450 has
+    no 64-bit form of (exp, log, sin, pow, ...): computing it in f32 would give a float64
+    result with float32's precision."""
+    for op in walk_ops(gm.regions[0].blocks[0]):
+        if not op.name.startswith("math.") or op.name in _F64_MATH:
+            continue
+        if any(_is_f64(v.type) for v in list(op.operands) + list(op.results)):
+            raise PassError(f"{op.name.removeprefix('math.')} of float64 values is not supported on SPIR-V targets "
+                            "(GLSL.std.450 has it for 16- and 32-bit floats only): compute it in float32",
+                            op.location)
+
+
 def expand_math(gm: ir.Operation) -> None:
     """Rewrite the ops of ``_EXPANDED_MATH`` into ops SPIR-V has (GLSL.std.450).
 
