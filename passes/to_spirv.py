@@ -63,8 +63,9 @@ on the result op as ``kf.kernels``; ``compile_spirv`` returns them as plain data
 Element types of arguments: f64, f32, f16, i32, i64 natively (lavapipe has shaderFloat64,
 shaderFloat16, Int64, Int16, Int8 and 16/8-bit storage; a kernel records the Float64
 capability it needs and the launcher refuses a device without shaderFloat64). GLSL.std.450's
-transcendental instructions take no f64: such math on f64 values is refused at the user's
-line (``refuse_f64_math``), never computed in f32; i1 buffers are stored as one byte per element (what
+transcendental instructions take no f64: exp, log, log2, log10 and pow of f64 values are
+expanded into 64-bit arithmetic (``spirv/float64_math.py``), and other such math on f64
+is refused at the user's line (``refuse_f64_math``), never computed in f32; i1 buffers are stored as one byte per element (what
 torch's bool is), upstream's ``boolNumBits = 8``. **bf16** has no Vulkan storage type
 here (SPV_KHR_bfloat16 is newer than the drivers kf meets), and upstream silently
 widens ``memref<bf16>`` to an f32 array, which would break the byte layout of torch's
@@ -96,6 +97,7 @@ from mlir.passmanager import PassManager
 from .base import KfPass, PassError
 from .spirv.bounds import loop_iterations
 from .spirv.expand_math import expand_math, refuse_f64_math
+from .spirv.float64_math import expand_float64_math
 from .spirv.ieee import FLOAT_MODES, declare_float_controls, forbid_contraction, shield_zero_operands
 from .spirv.memory import (ELEM_BYTES, elem_name, memory_space, mentions_bf16, rewrite_memory, scalarize_vector_memory,
                            workgroup_bytes)
@@ -242,6 +244,7 @@ class ToSpirvPass(KfPass):
             _run(module, "gpu.module(math-extend-to-supported-types{extra-types=f16 target-type=f32}, "
                          "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32})")
         for gm in gmods:
+            expand_float64_math(gm)
             refuse_f64_math(gm)
             expand_math(gm)
             scalarize_vector_memory(gm)

@@ -28,9 +28,9 @@ _SIN_COEFFS = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
 _COS_COEFFS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
 
 
-def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
+def _powf(x: ir.Value, y: ir.Value, c, magnitude=None) -> ir.Value:
     """x ** y with C's (and torch's) values, from GLSL's pow, which is defined only for
-    x > 0: pow(|x|, y) gives the magnitude; a negative base takes the sign of an odd
+    x > 0: pow(|x|, y) (or ``magnitude(|x|, y)``) gives the magnitude; a negative base takes the sign of an odd
     integer exponent and is NaN for a non-integer one (except -inf, which C defines for
     every y); a zero base gives 0 or inf (signed by an odd integer exponent); and
     pow(x, 0) = pow(1, y) = pow(-1, +-inf) = 1 even for NaN operands, as C's pow."""
@@ -39,7 +39,7 @@ def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
 
     t, P = x.type, arith.CmpFPredicate
     ax = m.absf(x)
-    p = m.powf(ax, y)
+    p = magnitude(ax, y) if magnitude is not None else m.powf(ax, y)
     fy = m.floor(y)
     integer = arith.cmpf(P.OEQ, fy, y)  # false for NaN, true for +-inf
     half = arith.mulf(y, c(t, 0.5))
