@@ -22,6 +22,7 @@ from mlir import ir
 from mlir.dialects import func
 
 from .errors import Unsupported
+from .passes.linalg.constants import inline_dense_resources
 from .passes.linalg.integer_division import guard_integer_division, integer_floor_division
 
 
@@ -274,7 +275,7 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
         cause = f"torch-mlir: {first[:200]}" + (f" {diagnostic[:300]}" if diagnostic else "")
         raise Unsupported(f"{name} has no kf op and torch-mlir could not lower it", cause=cause) from None
     try:
-        parsed = ir.Module.parse(_with_location(text, ir.Location.current))
+        parsed = ir.Module.parse(_with_location(inline_dense_resources(text), ir.Location.current))
     except ir.MLIRError as e:
         diag = e.error_diagnostics[0].message if e.error_diagnostics else str(e).splitlines()[0]
         raise Unsupported(f"{name} has no kf op, and torch-mlir lowers it to ops kf cannot compile",
