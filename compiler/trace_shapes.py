@@ -426,6 +426,16 @@ def _index_select(p: dict) -> Out:
     return Out(tuple(idx.numel() if i == d else s for i, s in enumerate(x.shape)))
 
 
+def _combinations(p: dict) -> Out:
+    import math
+
+    x, r = p["self"], p["r"]
+    need(x.dim() == 1 and isinstance(r, int) and r >= 0, "combinations of a tensor that is not 1-d")
+    n = x.shape[0]
+    count = math.comb(n + r - 1, r) if p["with_replacement"] and n else math.comb(n, r)
+    return Out((count, r) if r else (0,), x.dtype)
+
+
 def _embedding(p: dict) -> Out:
     w, idx = p["weight"], p["indices"]
     need(w.dim() == 2, "embedding of a weight that is not 2-d")
@@ -523,6 +533,7 @@ for _names, _rule in [
     (["split.Tensor", "split_with_sizes.default", "chunk.default"], _split),
     (["cat.default", "concat.default"], _cat), (["stack.default"], _stack),
     (["topk.default"], _topk), (["gather.default"], _gather), (["index_select.default"], _index_select),
+    (["combinations.default"], _combinations),
     (["embedding.default"], _embedding), (["index_add.default"], _index_add),
     (["scatter_add.default"], _scatter_add),
     (["sort.default", "sort.stable"], _sort), (["argsort.default", "argsort.stable"], _argsort),

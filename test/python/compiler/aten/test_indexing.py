@@ -1,0 +1,45 @@
+"""torch.combinations (compiler/aten/indexing.py): the r-element combinations of a 1-d
+tensor's positions as a constant index of an index_select, against torch on cpu and
+vulkan, with and without replacement, for r of 0 to past the length, at lengths 0, 1,
+a prime and through a non-contiguous view."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kf
+from kf.runtime import vulkan
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                   reason="no Vulkan device"))]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [0, 1, 7, 13])
+@pytest.mark.parametrize("r", [0, 1, 2, 3, 8])
+@pytest.mark.parametrize("with_replacement", [False, True])
+def test_combinations_match_torch(target, n, r, with_replacement):
+    if with_replacement and n == 13 and r == 8:
+        pytest.skip("125970 combinations: large for a unit test")
+    x = torch.randn(2 * n, generator=torch.Generator().manual_seed(n))[::2]  # non-contiguous
+
+    def fn(x):
+        return torch.combinations(x, r, with_replacement)
+
+    got = kf.jit(fn, target=target)(x)
+    want = fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_combinations_of_integers(target):
+    x = torch.arange(6, dtype=torch.int64) * 3 - 7
+    got = kf.jit(lambda x: torch.combinations(x, 3), target=target)(x)
+    assert torch.equal(got, torch.combinations(x, 3))
