@@ -436,6 +436,14 @@ def _combinations(p: dict) -> Out:
     return Out((count, r) if r else (0,), x.dtype)
 
 
+def _covariance(p: dict) -> Out:
+    x = p.get("input", p.get("self"))
+    need(x.dim() <= 2 and p.get("fweights") is None and p.get("aweights") is None,
+         "cov of more than 2 dims, or with weights")
+    rows = x.shape[0] if x.dim() == 2 else 1
+    return Out((rows, rows) if rows > 1 else (), x.dtype if x.dtype.is_floating_point else None)
+
+
 def _embedding(p: dict) -> Out:
     w, idx = p["weight"], p["indices"]
     need(w.dim() == 2, "embedding of a weight that is not 2-d")
@@ -533,7 +541,7 @@ for _names, _rule in [
     (["split.Tensor", "split_with_sizes.default", "chunk.default"], _split),
     (["cat.default", "concat.default"], _cat), (["stack.default"], _stack),
     (["topk.default"], _topk), (["gather.default"], _gather), (["index_select.default"], _index_select),
-    (["combinations.default"], _combinations),
+    (["combinations.default"], _combinations), (["cov.default", "corrcoef.default"], _covariance),
     (["embedding.default"], _embedding), (["index_add.default"], _index_add),
     (["scatter_add.default"], _scatter_add),
     (["sort.default", "sort.stable"], _sort), (["argsort.default", "argsort.stable"], _argsort),
