@@ -22,6 +22,7 @@ from mlir import ir
 from mlir.dialects import func
 
 from .errors import Unsupported
+from .passes.linalg.asserts import drop_value_asserts
 from .passes.linalg.constants import inline_dense_resources
 from .passes.linalg.integer_division import guard_integer_division, integer_floor_division
 from .passes.linalg.padding import crop_negative_padding
@@ -282,6 +283,7 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
         raise Unsupported(f"{name} has no kf op, and torch-mlir lowers it to ops kf cannot compile",
                           cause=f"torch-mlir's output: {diag.strip()}") from None
     for op in parsed.body.operations:
+        drop_value_asserts(op.operation)
         crop_negative_padding(op.operation)
         integer_floor_division(op.operation)
         guard_integer_division(op.operation)
