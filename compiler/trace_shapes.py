@@ -444,6 +444,14 @@ def _covariance(p: dict) -> Out:
     return Out((rows, rows) if rows > 1 else (), x.dtype if x.dtype.is_floating_point else None)
 
 
+def _vander(p: dict) -> Out:
+    x, n = p["x"], p["N"]
+    need(x.dim() >= 1 and (n is None or isinstance(n, int)), "vander of a 0-d tensor")
+    n = x.shape[-1] if n is None else n
+    need(n > 1, "vander with N <= 1")
+    return Out(tuple(x.shape) + (n,), x.dtype if x.dtype.is_floating_point else torch.int64)
+
+
 def _embedding(p: dict) -> Out:
     w, idx = p["weight"], p["indices"]
     need(w.dim() == 2, "embedding of a weight that is not 2-d")
@@ -529,6 +537,7 @@ for _names, _rule in [
     (["layer_norm.default", "native_layer_norm.default"], _layer_norm),
     (["matmul.default"], _matmul), (["mm.default", "addmm.default"], _mm), (["bmm.default"], _bmm),
     (["cumsum.default", "cumprod.default", "logcumsumexp.default"], _scan),
+    (["linalg_vander.default"], _vander),
     (["linear.default"], _linear), (["scaled_dot_product_attention.default"], _sdpa),
     (["t.default"], _t), (["numpy_T.default"], _numpy_t), (["transpose.int", "swapaxes.default"], _transpose),
     (["permute.default"], _permute),

@@ -107,3 +107,22 @@ def test_scans_assemble_for_cuda():
         return torch.cumsum(x, 1), torch.cumprod(x, 0), torch.logcumsumexp(x, -1)
 
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), torch.randn(7, 257)).stages["ptx"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape, n", [((1,), None), ((1,), 3), ((7,), None), ((5,), 2), ((2, 13), 4), ((0,), 3),
+                                      ((3, 0), 5), ((257,), 3)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_vander_matches_torch(target, shape, n, dtype):
+    """torch.linalg.vander: ones, then the cumulative product of x (torch's own rounding)."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen) * 2 if dtype.is_floating_point else \
+        torch.randint(-5, 6, shape, generator=gen)
+    if len(shape) == 2:
+        x = x.t().contiguous().t()
+    if n is None and shape[-1] < 2:
+        pytest.skip("torch needs N > 1")
+    fn = lambda x: torch.linalg.vander(x, N=n)  # noqa: E731
+    got, want = kf.jit(fn, target=target)(x), fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
