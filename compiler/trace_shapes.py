@@ -452,6 +452,17 @@ def _vander(p: dict) -> Out:
     return Out(tuple(x.shape) + (n,), x.dtype if x.dtype.is_floating_point else torch.int64)
 
 
+def _cumulative_trapezoid(p: dict) -> Out:
+    y, x = p["y"], p.get("x")
+    need(y.dim() >= 1 and y.dtype.is_floating_point and (x is None or x.dim() <= y.dim()),
+         "cumulative_trapezoid of integers, or of sample points of more dims")
+    d = _dim(p["dim"], y.dim())
+    if x is not None:
+        need(x.shape[-1 if x.dim() == 1 else d - y.dim() + x.dim()] == y.shape[d] and x.dim() in (1, y.dim()),
+             "cumulative_trapezoid's sample points of another shape")
+    return Out(tuple(max(s - 1, 0) if i == d else s for i, s in enumerate(y.shape)), y.dtype)
+
+
 def _embedding(p: dict) -> Out:
     w, idx = p["weight"], p["indices"]
     need(w.dim() == 2, "embedding of a weight that is not 2-d")
@@ -538,6 +549,7 @@ for _names, _rule in [
     (["matmul.default"], _matmul), (["mm.default", "addmm.default"], _mm), (["bmm.default"], _bmm),
     (["cumsum.default", "cumprod.default", "logcumsumexp.default"], _scan),
     (["linalg_vander.default"], _vander),
+    (["cumulative_trapezoid.x", "cumulative_trapezoid.dx"], _cumulative_trapezoid),
     (["linear.default"], _linear), (["scaled_dot_product_attention.default"], _sdpa),
     (["t.default"], _t), (["numpy_T.default"], _numpy_t), (["transpose.int", "swapaxes.default"], _transpose),
     (["permute.default"], _permute),
