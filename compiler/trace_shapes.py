@@ -411,6 +411,18 @@ def _topk(p: dict) -> list[Out]:
     return [Out(shape, x.dtype), Out(shape, torch.int64)]
 
 
+def _kthvalue(p: dict) -> list[Out]:
+    x = p["self"]
+    d = _dim(p["dim"], x.dim())
+    size = x.shape[d] if x.dim() else 1
+    need(1 <= p["k"] <= size, f"kthvalue k={p['k']} of {size}")
+    if p["keepdim"]:
+        shape = tuple(1 if i == d else s for i, s in enumerate(x.shape))
+    else:
+        shape = tuple(s for i, s in enumerate(x.shape) if i != d)
+    return [Out(shape, x.dtype), Out(shape, torch.int64)]
+
+
 def _gather(p: dict) -> Out:
     x, idx = p["self"], p["index"]
     d = _dim(p["dim"], x.dim())
@@ -562,7 +574,7 @@ for _names, _rule in [
     (["split.Tensor", "split_with_sizes.default", "chunk.default"], _split),
     (["cat.default", "concat.default"], _cat), (["stack.default"], _stack),
     (["topk.default"], _topk), (["gather.default"], _gather), (["index_select.default"], _index_select),
-    (["combinations.default"], _combinations), (["cov.default", "corrcoef.default"], _covariance),
+    (["combinations.default"], _combinations), (["kthvalue.default"], _kthvalue), (["cov.default", "corrcoef.default"], _covariance),
     (["embedding.default"], _embedding), (["index_add.default"], _index_add),
     (["scatter_add.default"], _scatter_add),
     (["sort.default", "sort.stable"], _sort), (["argsort.default", "argsort.stable"], _argsort),

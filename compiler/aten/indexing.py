@@ -1,4 +1,4 @@
-"""Handlers of selection and indexing: topk, gather, combinations, index_select, embedding,
+"""Handlers of selection and indexing: topk, kthvalue, gather, combinations, index_select, embedding,
 index_add, scatter_add, advanced indexing, take, one_hot, nll_loss."""
 
 from __future__ import annotations
@@ -25,6 +25,23 @@ def _topk(c, node, args, kwargs):
         shapes = [tuple(v.shape) for v in fake_value(node)]
         return kb.reshape(values, shapes[0]), kb.reshape(indices, shapes[1])
     return kb.topk(x, k=k, dim=dim % rank_of(x), largest=bool(largest))
+
+
+@handles("aten.kthvalue.default")
+def _kthvalue(c, node, args, kwargs):
+    """torch.kthvalue: the last of the k smallest along dim (kf.topk sorts them) and its
+    index."""
+    names = ("self", "k", "dim", "keepdim")
+    p = dict(zip(names, args))
+    p.update(kwargs)
+    x, k = p["self"], int(p["k"])
+    if rank_of(x) == 0:
+        x = as_vector(x)
+    d = int(p.get("dim", -1)) % rank_of(x)
+    values, indices = kb.topk(x, k=k, dim=d, largest=False)
+    shapes = [tuple(v.shape) for v in fake_value(node)]
+    return tuple(kb.reshape(kb.slice(v, dim=d, start=k - 1, end=k, step=1), s)
+                 for v, s in zip((values, indices), shapes))
 
 
 def _dim(dim: int, x: ir.Value) -> int:

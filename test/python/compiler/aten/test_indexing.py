@@ -43,3 +43,21 @@ def test_combinations_of_integers(target):
     x = torch.arange(6, dtype=torch.int64) * 3 - 7
     got = kf.jit(lambda x: torch.combinations(x, 3), target=target)(x)
     assert torch.equal(got, torch.combinations(x, 3))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape, k, dim", [((), 1, 0), ((1,), 1, 0), ((7,), 3, 0), ((4, 13), 13, 1), ((4, 13), 2, 0),
+                                           ((3, 257), 100, -1), ((2, 3, 5), 5, 2)], ids=str)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_kthvalue_matches_torch(target, shape, k, dim, keepdim):
+    """torch.kthvalue's value and index (distinct values: which of equal values torch
+    names is its own choice), through a non-contiguous view."""
+    n = max(1, int(torch.tensor(shape).prod()))
+    x = (torch.randperm(n, generator=torch.Generator().manual_seed(n)).float() - n / 2).reshape(shape)
+    if len(shape) >= 2:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    fn = lambda x: torch.kthvalue(x, k, dim, keepdim)  # noqa: E731
+    got, want = kf.jit(fn, target=target)(x), fn(x)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w)
