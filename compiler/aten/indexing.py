@@ -1,5 +1,5 @@
 """Handlers of selection and indexing: topk, kthvalue, gather, combinations, index_select, embedding,
-index_add, scatter_add, advanced indexing, take, one_hot, nll_loss."""
+masked_scatter, index_add, scatter_add, advanced indexing, take, one_hot, nll_loss."""
 
 from __future__ import annotations
 
@@ -92,6 +92,34 @@ def _combinations(c, node, args, kwargs):
         return kb.fill(shape, elem_of(x), 0.0)
     index = c.constant_tensor(torch.tensor(positions, dtype=torch.int64))
     return kb.reshape(kb.index_select(x, index, dim=0), shape)
+
+
+@handles("aten.masked_scatter.default")
+def _masked_scatter(c, node, args, kwargs):
+    """torch.masked_scatter: where the mask (broadcast to the result) is set, the next
+    element of source in row-major order: source's flat position is the running count of
+    set mask elements less one (a kf.scan sum). Only where source has at least as many
+    elements as the mask, so that no mask can ask for more (torch's error, which a compiled
+    function could not raise)."""
+    x, mask, source = args
+    shape = tuple(fake_value(node).shape)
+    total = math.prod(shape)
+    if math.prod(shape_of(source)) < total:
+        raise Unsupported("torch.masked_scatter with a source of fewer elements than the mask is not supported by kf",
+                          cause="torch checks that the mask's count of set elements fits the source at run time; "
+                                "give a source of the result's size")
+    elem = c.out_elem(node)
+    x = kb.broadcast_to(c.tensor(x, elem), shape) if shape_of(x) != shape else c.tensor(x, elem)
+    mask = c.tensor(mask, "i1")
+    mask = kb.broadcast_to(mask, shape) if shape_of(mask) != shape else mask
+    if total == 0:
+        return x
+    flat_mask = kb.reshape(mask, (total,))
+    count = kb.build("scan", [kb.cast(flat_mask, "i64")], {"dim": 0, "kind": "sum"}).result
+    position = kb.max(kb.sub(count, kb.scalar(1.0, "i64")), kb.scalar(0.0, "i64"))
+    flat_source = kb.reshape(c.tensor(source, elem), (math.prod(shape_of(source)),))
+    picked = kb.reshape(kb.index_select(flat_source, position, dim=0), shape)
+    return kb.select(mask, picked, x)
 
 
 @handles("aten.index_select.default")

@@ -61,3 +61,26 @@ def test_kthvalue_matches_torch(target, shape, k, dim, keepdim):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("xs, ms", [((3, 4), (4,)), ((1,), (1,)), ((7,), (7,)), ((257,), (257,)), ((0, 3), (3,)),
+                                    ((2, 5), (2, 5)), ((5,), (3, 5))], ids=str)
+def test_masked_scatter_matches_torch(target, xs, ms):
+    """torch.masked_scatter: the source's elements in order where the (broadcast) mask is
+    set, through a non-contiguous source."""
+    gen = torch.Generator().manual_seed(sum(xs) + sum(ms))
+    shape = torch.broadcast_shapes(xs, ms)
+    x = torch.randn(xs, generator=gen)
+    mask = torch.rand(ms, generator=gen) > 0.4
+    source = torch.randn(tuple(shape)[::-1], generator=gen)
+    source = source.permute(*reversed(range(source.dim())))
+    fn = lambda x, m, s: torch.masked_scatter(x, m, s)  # noqa: E731
+    got, want = kf.jit(fn, target=target)(x, mask, source), fn(x, mask, source)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_masked_scatter_with_a_smaller_source_is_refused():
+    x, mask, source = torch.randn(6), torch.rand(6) > 0.5, torch.randn(3)
+    with pytest.raises(kf.CompileError):
+        kf.jit(lambda x, m, s: torch.masked_scatter(x, m, s), target="cpu")(x, mask, source)
