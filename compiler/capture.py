@@ -182,6 +182,15 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
                                f"function once, for every value", loc,
                                cause="keep it a tensor: torch.where(cond, a, b) instead of an if on a "
                                      "tensor's value, x * x.sum() instead of x * float(x.sum())") from None
+        value_op = _data_dependent_op(e)
+        if value_op is not None:
+            what, op = value_op
+            raise CaptureError(f"{op}: the {what} of its result depends on the values of its inputs, not only on "
+                               f"their shapes", loc,
+                               cause="kf compiles a function once, for its arguments' shapes: keep it outside the "
+                                     "kf function" + (" (torch.equal and torch.allclose give a Python bool; "
+                                                      "(a == b).all() and torch.isclose(a, b).all() a tensor)"
+                                                      if what == "value" else "")) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(f"torch.export could not trace {user.__name__}", loc,
                            cause=f"{type(e).__name__}: {first}") from None
@@ -234,6 +243,19 @@ def _data_dependent(e: BaseException) -> bool:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     return isinstance(e, GuardOnDataDependentSymNode) or "data-dependent" in str(e)[:500]
+
+
+def _data_dependent_op(e: BaseException) -> tuple[str, str] | None:
+    """("value" or "shape", the op) where export failed on an op whose result is a Python
+    value of its inputs' values (aten.equal, aten.allclose: a bool) or has a shape that
+    depends on them (a dynamic-output-shape op such as aten.linalg_lstsq)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    for kind, what in ((DataDependentOutputException, "value"), (DynamicOutputShapeException, "shape")):
+        if isinstance(e, kind):
+            func = e.args[0] if e.args else None
+            return what, str(func) if func is not None else "an ATen op"
+    return None
 
 
 def _refuse_custom_objects(ep, fn: Callable) -> None:

@@ -22,7 +22,10 @@ from mlir import ir
 from mlir.dialects import func
 
 from .errors import Unsupported
+from .passes.linalg.asserts import drop_value_asserts
+from .passes.linalg.constants import inline_dense_resources
 from .passes.linalg.integer_division import guard_integer_division, integer_floor_division
+from .passes.linalg.padding import crop_negative_padding
 
 
 _STDERR_LOCK = threading.Lock()
@@ -274,12 +277,14 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
         cause = f"torch-mlir: {first[:200]}" + (f" {diagnostic[:300]}" if diagnostic else "")
         raise Unsupported(f"{name} has no kf op and torch-mlir could not lower it", cause=cause) from None
     try:
-        parsed = ir.Module.parse(_with_location(text, ir.Location.current))
+        parsed = ir.Module.parse(_with_location(inline_dense_resources(text), ir.Location.current))
     except ir.MLIRError as e:
         diag = e.error_diagnostics[0].message if e.error_diagnostics else str(e).splitlines()[0]
         raise Unsupported(f"{name} has no kf op, and torch-mlir lowers it to ops kf cannot compile",
                           cause=f"torch-mlir's output: {diag.strip()}") from None
     for op in parsed.body.operations:
+        drop_value_asserts(op.operation)
+        crop_negative_padding(op.operation)
         integer_floor_division(op.operation)
         guard_integer_division(op.operation)
     callee = None

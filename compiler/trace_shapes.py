@@ -411,6 +411,18 @@ def _topk(p: dict) -> list[Out]:
     return [Out(shape, x.dtype), Out(shape, torch.int64)]
 
 
+def _kthvalue(p: dict) -> list[Out]:
+    x = p["self"]
+    d = _dim(p["dim"], x.dim())
+    size = x.shape[d] if x.dim() else 1
+    need(1 <= p["k"] <= size, f"kthvalue k={p['k']} of {size}")
+    if p["keepdim"]:
+        shape = tuple(1 if i == d else s for i, s in enumerate(x.shape))
+    else:
+        shape = tuple(s for i, s in enumerate(x.shape) if i != d)
+    return [Out(shape, x.dtype), Out(shape, torch.int64)]
+
+
 def _gather(p: dict) -> Out:
     x, idx = p["self"], p["index"]
     d = _dim(p["dim"], x.dim())
@@ -424,6 +436,43 @@ def _index_select(p: dict) -> Out:
     need(x.dim() > 0 and idx.dim() <= 1, "index_select of a 0-d tensor, or by a 2-d index")
     d = _dim(p["dim"], x.dim())
     return Out(tuple(idx.numel() if i == d else s for i, s in enumerate(x.shape)))
+
+
+def _combinations(p: dict) -> Out:
+    import math
+
+    x, r = p["self"], p["r"]
+    need(x.dim() == 1 and isinstance(r, int) and r >= 0, "combinations of a tensor that is not 1-d")
+    n = x.shape[0]
+    count = math.comb(n + r - 1, r) if p["with_replacement"] and n else math.comb(n, r)
+    return Out((count, r) if r else (0,), x.dtype)
+
+
+def _covariance(p: dict) -> Out:
+    x = p.get("input", p.get("self"))
+    need(x.dim() <= 2 and p.get("fweights") is None and p.get("aweights") is None,
+         "cov of more than 2 dims, or with weights")
+    rows = x.shape[0] if x.dim() == 2 else 1
+    return Out((rows, rows) if rows > 1 else (), x.dtype if x.dtype.is_floating_point else None)
+
+
+def _vander(p: dict) -> Out:
+    x, n = p["x"], p["N"]
+    need(x.dim() >= 1 and (n is None or isinstance(n, int)), "vander of a 0-d tensor")
+    n = x.shape[-1] if n is None else n
+    need(n > 1, "vander with N <= 1")
+    return Out(tuple(x.shape) + (n,), x.dtype if x.dtype.is_floating_point else torch.int64)
+
+
+def _cumulative_trapezoid(p: dict) -> Out:
+    y, x = p["y"], p.get("x")
+    need(y.dim() >= 1 and y.dtype.is_floating_point and (x is None or x.dim() <= y.dim()),
+         "cumulative_trapezoid of integers, or of sample points of more dims")
+    d = _dim(p["dim"], y.dim())
+    if x is not None:
+        need(x.shape[-1 if x.dim() == 1 else d - y.dim() + x.dim()] == y.shape[d] and x.dim() in (1, y.dim()),
+             "cumulative_trapezoid's sample points of another shape")
+    return Out(tuple(max(s - 1, 0) if i == d else s for i, s in enumerate(y.shape)), y.dtype)
 
 
 def _embedding(p: dict) -> Out:
@@ -511,6 +560,8 @@ for _names, _rule in [
     (["layer_norm.default", "native_layer_norm.default"], _layer_norm),
     (["matmul.default"], _matmul), (["mm.default", "addmm.default"], _mm), (["bmm.default"], _bmm),
     (["cumsum.default", "cumprod.default", "logcumsumexp.default"], _scan),
+    (["linalg_vander.default"], _vander),
+    (["cumulative_trapezoid.x", "cumulative_trapezoid.dx"], _cumulative_trapezoid),
     (["linear.default"], _linear), (["scaled_dot_product_attention.default"], _sdpa),
     (["t.default"], _t), (["numpy_T.default"], _numpy_t), (["transpose.int", "swapaxes.default"], _transpose),
     (["permute.default"], _permute),
@@ -523,6 +574,7 @@ for _names, _rule in [
     (["split.Tensor", "split_with_sizes.default", "chunk.default"], _split),
     (["cat.default", "concat.default"], _cat), (["stack.default"], _stack),
     (["topk.default"], _topk), (["gather.default"], _gather), (["index_select.default"], _index_select),
+    (["combinations.default"], _combinations), (["kthvalue.default"], _kthvalue), (["cov.default", "corrcoef.default"], _covariance),
     (["embedding.default"], _embedding), (["index_add.default"], _index_add),
     (["scatter_add.default"], _scatter_add),
     (["sort.default", "sort.stable"], _sort), (["argsort.default", "argsort.stable"], _argsort),

@@ -887,7 +887,14 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
             kblock = kfunc.add_entry_block()
         kmap = dict(zip(inputs, kblock.arguments))
         with ir.InsertionPoint(kblock):
-            for op in clones + ops:
+            # clones first, then the members, except that an op waits for its operands: a
+            # cloned op may read a member (the comparison of a kf.rand that dropout's
+            # select reads)
+            pending = clones + ops
+            while pending:
+                op = next((o for o in pending if all(v in kmap for v in o.operands)), None)
+                assert op is not None, "kf-fuse: a kernel's ops read values that neither it nor its inputs make"
+                pending.remove(op)
                 c = op.clone()
                 for i, v in enumerate(op.operands):
                     c.operands[i] = kmap[v]

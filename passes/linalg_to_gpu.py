@@ -26,13 +26,12 @@ compiler/torch_mlir_import.py) becomes a run of kernel launches in the launch sc
    place. The call's results are the last values of the buffers the function returns.
 
 Back-end repairs in the kernels: math.absi, math.fpowi and math.ipowi as arith; on CUDA
-boolean buffers as bytes (kf's storage for them there); on SPIR-V f64 scalars in f32,
-and integer floor division (torch-mlir's floor(double(x) / double(y))) as arith.floordivsi.
+boolean buffers as bytes (kf's storage for them there); on SPIR-V f64 scalars in f32
+where the kernel has no f64 tensor, and integer floor division (torch-mlir's floor(double(x) / double(y))) as arith.floordivsi.
 
 Not handled (a PassError at the call's location, which the driver reports as a
-TargetError at the user's line): dynamic shapes, float64 tensors on SPIR-V, a value
-handed from one kernel to the next as a scalar, a scalar read of a buffer that a later
-kernel overwrites before its use, and anything the upstream passes refuse. Speed: one
+TargetError at the user's line): dynamic shapes, a value handed from one kernel to the
+next as a scalar, a scalar read of a buffer that a later kernel overwrites before its use, and anything the upstream passes refuse. Speed: one
 thread a point, reductions sequential in it (a full reduction is one thread); no tiling
 or shared memory.
 """
@@ -504,14 +503,14 @@ class _Translation:
 
     def _f64_as_f32(self, g: ir.Operation) -> None:
         """f64 scalars (torch-mlir computes some constants' arithmetic in double: linspace's
-        step) computed in f32 on SPIR-V, which kf runs without Float64 (Metal has none);
-        torch computes these in the tensor's float type. f64 tensors are refused."""
+        step) computed in f32 on SPIR-V in a kernel of no f64 tensor, so that it needs no
+        Float64 (Metal has none); torch computes these in the tensor's float type. A kernel
+        of f64 tensors stays f64 (kf-to-spirv records the Float64 capability it needs)."""
         f32, f64 = ir.F32Type.get(), ir.F64Type.get()
+        if any(ir.MemRefType(a.type).element_type == f64 for a in g.regions[0].blocks[0].arguments):
+            return
         ops: list[ir.Operation] = []
         g.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
-        for a in g.regions[0].blocks[0].arguments:
-            if ir.MemRefType(a.type).element_type == f64:
-                self.fail("float64 tensors have no kernels on the SPIR-V targets")
         dead = []
         for op in ops:
             if op.name == "arith.bitcast" and any(v.type == f64 for v in [*op.operands, *op.results]):

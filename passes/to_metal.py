@@ -263,6 +263,8 @@ class ToMetalPass(KfPass):
             raise PassError("no SPIR-V gpu.binary to cross-compile", module.location)
 
     def kernel(self, binary: bytes, k: SpirvKernel) -> MetalKernel:
+        if "Float64" in k.capabilities:
+            raise PassError(f"@{k.entry} computes in float64, which Metal does not have: use float32")
         msl = spirv_to_msl(binary, k.entry, self.msl_version)
         function, buffers = _signature(msl, k.entry)
         unknown = [b for b in buffers if b >= len(k.bindings)]

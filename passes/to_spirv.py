@@ -60,8 +60,12 @@ after 65535 and the Vulkan launcher refuses a kernel over a device's limit) are 
 on the result op as ``kf.kernels``; ``compile_spirv`` returns them as plain data for
 ``runtime/abi.py``'s ``KernelABI.extra`` (see ``SpirvKernel.abi_extra``).
 
-Element types of arguments: f32, f16, i32, i64 natively (lavapipe has shaderFloat16,
-Int64, Int16, Int8 and 16/8-bit storage); i1 buffers are stored as one byte per element (what
+Element types of arguments: f64, f32, f16, i32, i64 natively (lavapipe has shaderFloat64,
+shaderFloat16, Int64, Int16, Int8 and 16/8-bit storage; a kernel records the Float64
+capability it needs and the launcher refuses a device without shaderFloat64). GLSL.std.450's
+transcendental instructions take no f64: exp, log, log2, log10 and pow of f64 values are
+expanded into 64-bit arithmetic (``spirv/float64_math.py``), and other such math on f64
+is refused at the user's line (``refuse_f64_math``), never computed in f32; i1 buffers are stored as one byte per element (what
 torch's bool is), upstream's ``boolNumBits = 8``. **bf16** has no Vulkan storage type
 here (SPV_KHR_bfloat16 is newer than the drivers kf meets), and upstream silently
 widens ``memref<bf16>`` to an f32 array, which would break the byte layout of torch's
@@ -92,7 +96,8 @@ from mlir.passmanager import PassManager
 
 from .base import KfPass, PassError
 from .spirv.bounds import loop_iterations
-from .spirv.expand_math import expand_math
+from .spirv.expand_math import expand_math, refuse_f64_math
+from .spirv.float64_math import expand_float64_math
 from .spirv.ieee import (FLOAT_MODES, declare_float_controls, forbid_contraction, nan_propagating_reductions,
                          shield_zero_operands)
 from .spirv.memory import (ELEM_BYTES, elem_name, memory_space, mentions_bf16, rewrite_memory, scalarize_vector_memory,
@@ -103,7 +108,7 @@ from .strategies.emit import lower_fp8_conversions
 
 #: What kf asks of a Vulkan device by default. spirv-update-vce trims the module's
 #: requirements to what it really uses, so an f32 kernel needs only Shader.
-DEFAULT_CAPABILITIES = ("Shader", "Int64", "Int16", "Int8", "Float16", "StorageBuffer16BitAccess",
+DEFAULT_CAPABILITIES = ("Shader", "Int64", "Int16", "Int8", "Float16", "Float64", "StorageBuffer16BitAccess",
                         "StorageBuffer8BitAccess", "GroupNonUniform", "GroupNonUniformArithmetic",
                         "GroupNonUniformBallot", "GroupNonUniformShuffle", "SignedZeroInfNanPreserve",
                         "DenormPreserve", "RoundingModeRTE")
@@ -113,10 +118,10 @@ DEFAULT_EXTENSIONS = ("SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_sto
 DEFAULT_SHARED_BYTES = 32768
 DEFAULT_MAX_INVOCATIONS = 1024
 
-#: element type of a kernel argument -> element type of its SPIR-V storage buffer.
-#: (f64 is left out: Metal has no double and many Vulkan devices lack shaderFloat64; the
-#: fp8 types have no SPIR-V storage here either.)
-STORAGE_ELEM = {"f32": "f32", "f16": "f16", "bf16": "i16", "i1": "i8", "i32": "i32", "i64": "i64"}
+#: element type of a kernel argument -> element type of its SPIR-V storage buffer. (f64
+#: needs the device's shaderFloat64, which the launcher checks, and kf-to-metal refuses it:
+#: Metal has no double; the fp8 types have no SPIR-V storage here.)
+STORAGE_ELEM = {"f64": "f64", "f32": "f32", "f16": "f16", "bf16": "i16", "i1": "i8", "i32": "i32", "i64": "i64"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +245,8 @@ class ToSpirvPass(KfPass):
             _run(module, "gpu.module(math-extend-to-supported-types{extra-types=f16 target-type=f32}, "
                          "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32})")
         for gm in gmods:
+            expand_float64_math(gm)
+            refuse_f64_math(gm)
             expand_math(gm)
             scalarize_vector_memory(gm)
             rewrite_memory(gm)

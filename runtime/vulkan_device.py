@@ -174,10 +174,11 @@ class Device:
             feat = CAPABILITY_FEATURE.get(cap)
             if feat and not self.features.get(feat[1], False):
                 missing.append(f"{cap} (needs {feat[1]})")
-            if feat and feat[0] == "float_controls" and "Float16" in kernel.extra.get("spirv_capabilities", ()):
-                half = feat[1].replace("Float32", "Float16")
-                if not self.features.get(half, False):
-                    missing.append(f"{cap} (needs {half})")
+            for width in ("Float16", "Float64"):  # the mode is declared for each float width the kernel has
+                if feat and feat[0] == "float_controls" and width in kernel.extra.get("spirv_capabilities", ()):
+                    other = feat[1].replace("Float32", width)
+                    if not self.features.get(other, False):
+                        missing.append(f"{cap} (needs {other})")
             op = CAPABILITY_SUBGROUP.get(cap)
             if op and op not in ops:
                 missing.append(f"{cap} (needs subgroup {op} operations in compute shaders)")

@@ -60,10 +60,11 @@ def _scaled_mm(c, node, args, kwargs):
     return c.tensor(out, c.out_elem(node))
 
 
-def _matmul_plus(c, a, b, bias, elem: str, alpha=1, beta=1):
+def _matmul_plus(c, a, b, bias, elem: str, alpha=1, beta=1, shape=None):
     """alpha * (a @ b) + beta * bias, rounded once to elem: for f16/bf16 the product is
     kept in its f32 accumulator and the bias added in f32 (as torch's GEMM epilogues do),
-    not rounded to elem before the addition."""
+    not rounded to elem before the addition. ``shape``: the product reshaped to it before
+    the bias is added (a matrix-vector product's vector)."""
     from kf.dialects.types import TensorSpec
 
     st = stat_elem(elem)
@@ -71,8 +72,10 @@ def _matmul_plus(c, a, b, bias, elem: str, alpha=1, beta=1):
     if st == elem:
         out = kb.matmul(a, b)
     else:
-        shape = shape_of(a)[:-1] + shape_of(b)[-1:]
-        out = kb.build("matmul", [a, b], None, [TensorSpec(tuple(shape), st)]).result
+        product = shape_of(a)[:-1] + shape_of(b)[-1:]
+        out = kb.build("matmul", [a, b], None, [TensorSpec(tuple(product), st)]).result
+    if shape is not None and tuple(shape) != shape_of(out):
+        out = kb.reshape(out, tuple(shape))
     if alpha != 1:
         out = kb.mul(out, c.tensor(alpha, st))
     if bias is not None:
@@ -88,7 +91,15 @@ def _linear(c, node, args, kwargs):
     x, w = args[0], args[1]
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
     elem = c.out_elem(node)
-    return _matmul_plus(c, x, kb.transpose(c.tensor(w, elem), perm=[1, 0]), bias, elem)
+    x, w = c.tensor(x, elem), c.tensor(w, elem)
+    # F.linear takes a 1-d input (in_features,) and a 1-d weight (in_features,): their
+    # dims drop out of the result, as in matmul
+    lead = shape_of(x)[:-1]
+    tail = shape_of(w)[:-1]
+    if rank_of(x) == 1:
+        x = kb.reshape(x, (1,) + shape_of(x))
+    w = kb.reshape(w, shape_of(w) + (1,)) if rank_of(w) == 1 else kb.transpose(w, perm=[1, 0])
+    return _matmul_plus(c, x, w, bias, elem, shape=lead + tail)
 
 
 @handles("aten.addmm.default", "aten.baddbmm.default")

@@ -11,7 +11,7 @@ from kf.dialects import builders as kb
 from kf.dialects import spec_of
 
 from ..errors import Unsupported
-from .core import Converter, HANDLERS, _target_name, handles
+from .core import Converter, HANDLERS, _target_name, fake_value, handles, shape_of
 
 
 def _binary(kf_name: str):
@@ -228,6 +228,9 @@ def _where(c, node, args, kwargs):
 def _masked_fill(c, node, args, kwargs):
     x, mask, value = args
     mask = c.tensor(mask, "i1")
+    shape = tuple(fake_value(node).shape)
+    if shape_of(x) != shape:  # the out-of-place form broadcasts the input to the mask too
+        x = kb.broadcast_to(x, shape)
     if isinstance(value, ir.Value):
         return kb.select(mask, c.tensor(value, spec_of(x.type).elem), x)
     return kb.masked_fill(x, mask, value=float(value))

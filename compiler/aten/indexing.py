@@ -1,4 +1,4 @@
-"""Handlers of selection and indexing: topk, gather, index_select, embedding,
+"""Handlers of selection and indexing: topk, gather, combinations, index_select, embedding,
 index_add, scatter_add, scatter_reduce, index_reduce, advanced indexing, take, one_hot, nll_loss."""
 
 from __future__ import annotations
@@ -53,6 +53,28 @@ def _as_shape(c, node, v: ir.Value) -> ir.Value:
 def _gather(c, node, args, kwargs):
     x, dim, index = args[:3]
     return _as_shape(c, node, kb.gather(as_vector(x), as_vector(index), dim=_dim(dim, x)))
+
+
+@handles("aten.combinations.default")
+def _combinations(c, node, args, kwargs):
+    """torch.combinations of a 1-d tensor: the r-element combinations (with replacement:
+    multisets) of its positions in lexicographic order, which depend on its length only,
+    so they are a constant index of an index_select (torch's own lowering masks a grid of
+    every r-tuple, a result shape that export takes as data-dependent)."""
+    import itertools
+
+    names = ("self", "r", "with_replacement")
+    p = dict(zip(names, args))
+    p.update(kwargs)
+    x, r, replace = p["self"], p.get("r", 2), p.get("with_replacement", False)
+    shape = tuple(fake_value(node).shape)
+    n = shape_of(x)[0]
+    pick = itertools.combinations_with_replacement if replace else itertools.combinations
+    positions = [i for combo in pick(range(n), r) for i in combo]
+    if not positions:
+        return kb.fill(shape, elem_of(x), 0.0)
+    index = c.constant_tensor(torch.tensor(positions, dtype=torch.int64))
+    return kb.reshape(kb.index_select(x, index, dim=0), shape)
 
 
 @handles("aten.index_select.default")

@@ -535,3 +535,56 @@ def _linalg_norm(c, node, args, kwargs):
     sums = kb.sum(kb.abs(x), dims=[summed], keepdim=True)
     r = (kb.reduce_max if float(order) > 0 else kb.reduce_min)(sums, dims=[over], keepdim=True)
     return kb.reshape(c.tensor(r, elem), out)
+
+
+def _covariance(c, x, correction: float, elem: str):
+    """torch.cov's (variables, variables) matrix of x (rows are variables, columns
+    observations; a tensor of rank < 2 is one variable) without weights, in the
+    statistics' precision: the deviations from each row's mean times their transpose,
+    over max(0, N - correction) (torch's degrees of freedom: 0 gives inf and NaN)."""
+    st = stat_elem(elem)
+    x = c.tensor(x, st)
+    shape = shape_of(x)
+    rows, cols = shape if len(shape) == 2 else (1, math.prod(shape))
+    x = kb.reshape(x, (rows, cols))
+    dev = kb.sub(x, kb.mean(x, dims=[1], keepdim=True))
+    prod = kb.matmul(dev, kb.transpose(dev, perm=[1, 0]))
+    return kb.div(prod, kb.scalar(float(max(0.0, cols - correction)), st)), rows
+
+
+def _refuse_weights(name: str, p: dict) -> None:
+    if p.get("fweights") is not None or p.get("aweights") is not None:
+        raise Unsupported(f"{name} with fweights or aweights is not supported by kf",
+                          cause="torch checks the weights' values (non-negative, a nonzero sum), which a "
+                                "compiled function cannot")
+
+
+@handles("aten.cov.default")
+def _cov(c, node, args, kwargs):
+    p = bound_args(node, args, kwargs)
+    _refuse_weights("torch.cov", p)
+    if rank_of(p["self"]) > 2:
+        raise Unsupported("torch.cov of a tensor of more than 2 dims")
+    elem = c.out_elem(node)
+    cov, _ = _covariance(c, p["self"], float(p["correction"]), elem)
+    return c.tensor(kb.reshape(cov, tuple(fake_value(node).shape)), elem)
+
+
+@handles("aten.corrcoef.default")
+def _corrcoef(c, node, args, kwargs):
+    """torch.corrcoef: the covariance over the outer product of the variables' standard
+    deviations (its diagonal's square roots), clipped to [-1, 1]; one variable gives
+    c / c (1, or NaN where the variance is 0, inf or NaN)."""
+    x = args[0]
+    if rank_of(x) > 2:
+        raise Unsupported("torch.corrcoef of a tensor of more than 2 dims")
+    elem = c.out_elem(node)
+    cov, rows = _covariance(c, x, 1.0, elem)
+    if rows == 1:
+        return c.tensor(kb.reshape(kb.div(cov, cov), ()), elem)
+    diagonal = c.constant_tensor(torch.arange(rows, dtype=torch.int64) * (rows + 1))
+    std = kb.sqrt(kb.index_select(kb.reshape(cov, (rows * rows,)), diagonal, dim=0))
+    out = kb.div(kb.div(cov, kb.reshape(std, (rows, 1))), kb.reshape(std, (1, rows)))
+    st = spec_of(out.type).elem
+    out = kb.min(kb.max(out, kb.scalar(-1.0, st)), kb.scalar(1.0, st))
+    return c.tensor(out, elem)

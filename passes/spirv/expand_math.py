@@ -29,9 +29,9 @@ _SIN_COEFFS = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
 _COS_COEFFS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
 
 
-def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
+def _powf(x: ir.Value, y: ir.Value, c, magnitude=None) -> ir.Value:
     """x ** y with C's (and torch's) values, from GLSL's pow, which is defined only for
-    x > 0: pow(|x|, y) gives the magnitude; a negative base takes the sign of an odd
+    x > 0: pow(|x|, y) (or ``magnitude(|x|, y)``) gives the magnitude; a negative base takes the sign of an odd
     integer exponent and is NaN for a non-integer one (except -inf, which C defines for
     every y); a zero base gives 0 or inf (signed by an odd integer exponent); and
     pow(x, 0) = pow(1, y) = pow(-1, +-inf) = 1 even for NaN operands, as C's pow."""
@@ -40,7 +40,7 @@ def _powf(x: ir.Value, y: ir.Value, c) -> ir.Value:
 
     t, P = x.type, arith.CmpFPredicate
     ax = m.absf(x)
-    p = m.powf(ax, y)
+    p = magnitude(ax, y) if magnitude is not None else m.powf(ax, y)
     fy = m.floor(y)
     integer = arith.cmpf(P.OEQ, fy, y)  # false for NaN, true for +-inf
     half = arith.mulf(y, c(t, 0.5))
@@ -283,6 +283,30 @@ def _unroll_vectors(gm: ir.Operation) -> None:
             r = vector.from_elements(vt, lanes)
         op.results[0].replace_all_uses_with(r)
         op.erase()
+
+
+#: math ops whose GLSL.std.450 instruction (or kf's expansion into such) takes 64-bit floats;
+#: the transcendental ones (Exp, Log, Sin, Pow, ...) take only 16- and 32-bit floats.
+_F64_MATH = ("math.absf", "math.ceil", "math.floor", "math.round", "math.roundeven", "math.trunc", "math.sqrt",
+             "math.rsqrt", "math.fma", "math.copysign", "math.isnan", "math.isinf", "math.isfinite")
+
+
+def _is_f64(t: ir.Type) -> bool:
+    elem = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
+    return isinstance(elem, ir.F64Type)
+
+
+def refuse_f64_math(gm: ir.Operation) -> None:
+    """Raise a PassError at the first math op on f64 values that SPIR-V's GLSL.std.450 has
+    no 64-bit form of (exp, log, sin, pow, ...): computing it in f32 would give a float64
+    result with float32's precision."""
+    for op in walk_ops(gm.regions[0].blocks[0]):
+        if not op.name.startswith("math.") or op.name in _F64_MATH:
+            continue
+        if any(_is_f64(v.type) for v in list(op.operands) + list(op.results)):
+            raise PassError(f"{op.name.removeprefix('math.')} of float64 values is not supported on SPIR-V targets "
+                            "(GLSL.std.450 has it for 16- and 32-bit floats only): compute it in float32",
+                            op.location)
 
 
 def expand_math(gm: ir.Operation) -> None:

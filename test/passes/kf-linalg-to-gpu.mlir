@@ -149,3 +149,24 @@ func.func @m(%x: tensor<f32>) -> tensor<f32> {
   %r = call @kf_square(%x) : (tensor<f32>) -> tensor<f32>
   return %r : tensor<f32>
 }
+
+// -----
+
+// float64 tensors: the kernel computes in f64 (kf-to-spirv records the Float64 capability).
+// CHECK-LABEL: gpu.func @kf_neg64_c0_k0
+// CHECK-SAME: memref<4xf64>
+// CHECK: arith.negf %{{.*}} : f64
+// BIN: gpu.binary @kf_kernels
+func.func private @kf_neg64(%arg0: tensor<4xf64>) -> tensor<4xf64> attributes {kf.aten = "aten.neg.default"} {
+  %0 = tensor.empty() : tensor<4xf64>
+  %1 = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]} ins(%arg0 : tensor<4xf64>) outs(%0 : tensor<4xf64>) {
+  ^bb0(%in: f64, %out: f64):
+    %2 = arith.negf %in : f64
+    linalg.yield %2 : f64
+  } -> tensor<4xf64>
+  return %1 : tensor<4xf64>
+}
+func.func @g(%x: tensor<4xf64>) -> tensor<4xf64> {
+  %r = call @kf_neg64(%x) : (tensor<4xf64>) -> tensor<4xf64>
+  return %r : tensor<4xf64>
+}

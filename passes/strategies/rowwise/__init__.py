@@ -114,7 +114,10 @@ class RowwiseStrategy(Strategy):
             if size_slots:  # run-time sizes: the slots' buffer, last
                 arg_types.append(run_time_sizes.slot_type(len(size_slots)))
             wg = ir.Attribute.parse("#gpu.address_space<workgroup>")
-            ct = ir.F64Type.get() if any(n.elem == "f64" for n in a.inputs) else ir.F32Type.get()
+            # the scratch holds the row statistics: f64 where one of them (or an input) is
+            # f64, also a statistic of f32 inputs cast up (softmax(x, dtype=torch.float64))
+            wide = any(n.elem == "f64" for n in a.inputs + [s[1] for s in a.stats])
+            ct = ir.F64Type.get() if wide else ir.F32Type.get()
             slots = target.subgroup_size if plan["reduction"] == "shuffle" else T
             scratch_t = ir.MemRefType.get([slots], ct, None, wg)
             block = gpu_module.regions[0].blocks[0]

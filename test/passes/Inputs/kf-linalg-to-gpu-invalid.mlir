@@ -15,21 +15,3 @@ func.func @f(%x: tensor<?xf32>) -> tensor<?xf32> {
   %r = call @kf_round(%x) : (tensor<?xf32>) -> tensor<?xf32>
   return %r : tensor<?xf32>
 }
-
-// -----
-
-// float64 tensors: the SPIR-V targets have no kernels for them.
-func.func private @kf_neg(%arg0: tensor<4xf64>) -> tensor<4xf64> attributes {kf.aten = "aten.neg.default"} {
-  %0 = tensor.empty() : tensor<4xf64>
-  %1 = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]} ins(%arg0 : tensor<4xf64>) outs(%0 : tensor<4xf64>) {
-  ^bb0(%in: f64, %out: f64):
-    %2 = arith.negf %in : f64
-    linalg.yield %2 : f64
-  } -> tensor<4xf64>
-  return %1 : tensor<4xf64>
-}
-func.func @g(%x: tensor<4xf64>) -> tensor<4xf64> {
-  // expected-error @+1 {{aten.neg.default: float64 tensors have no kernels on the SPIR-V targets}}
-  %r = call @kf_neg(%x) : (tensor<4xf64>) -> tensor<4xf64>
-  return %r : tensor<4xf64>
-}

@@ -260,3 +260,24 @@ def test_generator_argument_is_refused_at_the_users_line():
         kf.inspect(f, torch.randn(3))
     assert e.value.loc.line == _line_of(f, "generator=g")
     assert "aten.rand" in str(e.value) and "manual_seed" in str(e.value)
+
+
+def test_ops_whose_result_depends_on_values_are_named():
+    """torch.equal gives a Python bool of its inputs' values and linalg.lstsq a result whose
+    shape export takes as data-dependent: each is a CaptureError that names the op and
+    what depends on the values, at the user's line (not 'torch.export could not trace')."""
+    import kf
+
+    def equal(x, y):
+        return torch.tensor(torch.equal(x, y))
+
+    def lstsq(a, b):
+        return torch.linalg.lstsq(a, b).solution
+
+    for fn, args, what, op in ((equal, (torch.randn(3), torch.randn(3)), "value", "aten.equal.default"),
+                               (lstsq, (torch.randn(4, 3), torch.randn(4, 2)), "shape", "aten.linalg_lstsq.default")):
+        with pytest.raises(kf.CompileError) as info:
+            kf.jit(fn, target="cpu")(*args)
+        text = str(info.value)
+        assert f"{op}: the {what} of its result depends on the values of its inputs" in text, text
+        assert info.value.loc is not None and info.value.loc.line == fn.__code__.co_firstlineno + 1

@@ -58,3 +58,12 @@ def test_every_rule_names_an_aten_overload():
     for name in list(RULES) + list(ARANGE):
         _, op, overload = name.split(".")
         assert hasattr(getattr(torch.ops.aten, op), overload), name
+
+
+@pytest.mark.parametrize("n", [0, 1, 4, 7])
+@pytest.mark.parametrize("r", [0, 1, 2, 3, 5])
+@pytest.mark.parametrize("with_replacement", [False, True])
+def test_combinations_shape_is_torchs(n, r, with_replacement):
+    x = torch.randn(n)
+    out = RULES["aten.combinations.default"]({"self": x, "r": r, "with_replacement": with_replacement})
+    assert out.shape == tuple(torch.combinations(x, r, with_replacement).shape)

@@ -455,3 +455,19 @@ def test_an_epilogue_reading_its_kernel_through_a_torch_mlir_call(target):
             assert kf.inspect(f, a).ptx.count(".entry") >= 2
             continue
         torch.testing.assert_close(f(a), _pairwise_distances(a), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (257,), (0,)])
+def test_ops_cloned_into_a_kernel_may_read_its_members(shape):
+    """Dropout of a 0-d tensor fuses kf.rand with the multiply, and clones the comparison
+    and select between them (cheap ops) into that kernel: the clones read the rand, so
+    the kernel's ops are written in program order (a KeyError in kf-fuse before)."""
+    import kf
+    from kf.runtime import vulkan
+
+    if not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    x = torch.randn(shape) + 5
+    got = kf.jit(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), target="vulkan")(x)
+    assert got.shape == x.shape and got.dtype == x.dtype
+    assert bool(((got == 0) | (got == 2 * x)).all())

@@ -278,3 +278,78 @@ def test_entry_points_list_their_own_workgroup_arrays(tmp_path):
         interface = re.search(rf'OpEntryPoint GLCompute %\w+ "{entry}" (.*)', dis).group(1).split()
         assert [workgroup[v] for v in interface if v in workgroup] == [n], (entry, interface)
         assert binary.kernels[entry].workgroup_bytes == 4 * n
+
+
+#: float64 functions SPIR-V computes in f64 (GLSL.std.450 has their instructions for 64 bits)
+FLOAT64 = {
+    "double": lambda x: x.double(),
+    "arith": lambda x: x.double() * 3.0 + x.double() / 7.0 - 1.0,
+    "full_like": lambda x: torch.full_like(x, 4.412055988104102, dtype=torch.float64),
+    "sqrt_floor": lambda x: torch.sqrt(x.double().abs()) + torch.floor(x.double()),
+    "back_to_float": lambda x: (x.double() * 1e-3).float(),
+}
+
+
+@pytest.mark.skipif(not vulkan.is_available() or not vulkan.device().features.get("shaderFloat64"),
+                    reason="no Vulkan device with shaderFloat64")
+@pytest.mark.parametrize("name", sorted(FLOAT64))
+def test_float64_tensors_on_vulkan(name):
+    """float64 buffers and arithmetic are f64 in the SPIR-V (the Float64 capability, which
+    the launcher asks of the device): the values are eager's to within a few float64 ulps
+    (a Vulkan sqrt may be off by one), far below what an f32 computation would give."""
+    fn = FLOAT64[name]
+    torch.manual_seed(0)
+    for x in (torch.randn(1), torch.randn(7), torch.randn(257) * 100, torch.randn(0),
+              torch.randn(6, 9).t()):  # sizes 1, prime, 257, 0 and a non-contiguous view
+        got = kf.jit(fn, target="vulkan")(x)
+        want = fn(x)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+
+
+def test_float64_transcendental_math_is_refused_on_spirv():
+    """sin of float64 values has no GLSL.std.450 instruction (nor a kf expansion): refused
+    at the user's line, never computed in f32 (a float64 result with float32's precision)."""
+    if not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    with pytest.raises(kf.CompileError) as info:
+        kf.jit(lambda x: torch.sin(x.double()), target="vulkan")(torch.randn(5))
+    text = str(info.value)
+    assert "sin of float64 values is not supported on SPIR-V targets" in text
+    assert "test_to_spirv.py" in text  # the user's line
+
+
+F64_KERNEL = """
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @twice(%a: memref<8xf64>, %o: memref<8xf64>) kernel attributes {known_block_size = array<i32: 8, 1, 1>} {
+      %i = gpu.thread_id x
+      %x = memref.load %a[%i] : memref<8xf64>
+      %y = arith.addf %x, %x : f64
+      memref.store %y, %o[%i] : memref<8xf64>
+      gpu.return
+    }
+  }
+}"""
+
+
+def test_float64_kernels_record_the_float64_capability():
+    """An f64 kernel's bindings are f64 buffers and its capabilities name Float64 (and the
+    64-bit float controls), which the Vulkan launcher checks against shaderFloat64."""
+    (binary,) = compile_spirv(F64_KERNEL)
+    k = binary.kernels["twice"]
+    assert [b.storage for b in k.bindings] == ["f64", "f64"]
+    assert "Float64" in k.capabilities
+
+
+def test_float64_kernels_are_refused_by_metal():
+    """Metal has no double: kf-to-metal refuses an f64 kernel with a clear error."""
+    import shutil
+
+    from kf.passes.base import PassError
+    from kf.passes.to_metal import compile_metal
+
+    if shutil.which("spirv-cross") is None:
+        pytest.skip("no spirv-cross")
+    with pytest.raises(PassError, match="float64, which Metal does not have"):
+        compile_metal(F64_KERNEL)

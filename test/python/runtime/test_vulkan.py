@@ -485,3 +485,23 @@ def test_float_controls_the_device_lacks_are_refused(monkeypatch):
     monkeypatch.setattr(dev, "features", dict(dev.features, shaderSignedZeroInfNanPreserveFloat32=False))
     with pytest.raises(vulkan.VulkanError, match="SignedZeroInfNanPreserve .needs shaderSignedZeroInfNanPreserveFloat32"):
         vulkan.launch(plain, kernel_abi(kernel, (1, 1, 1)), [x, y, torch.empty(n)])
+
+
+def test_float64_kernels_need_the_64_bit_float_controls():
+    """A kernel with the Float64 capability declares SignedZeroInfNanPreserve for 64 bits
+    too: a device with it for 32 bits only is refused, naming the 64-bit property."""
+    from types import SimpleNamespace
+
+    from kf.runtime.abi import KernelABI
+    from kf.runtime.vulkan_device import Device, VulkanError
+
+    features = {"shaderFloat64": True, "shaderSignedZeroInfNanPreserveFloat32": True,
+                "shaderSignedZeroInfNanPreserveFloat64": False}
+    device = SimpleNamespace(features=features, name="a device",
+                             target_limits=lambda: SimpleNamespace(subgroup_ops=()))
+    kernel = KernelABI("k", (0, 1), extra={"spirv_capabilities": ["Shader", "Float64", "SignedZeroInfNanPreserve"]})
+    with pytest.raises(VulkanError, match="shaderSignedZeroInfNanPreserveFloat64"):
+        Device.require(device, kernel)
+    features["shaderFloat64"] = False
+    with pytest.raises(VulkanError, match="Float64 \\(needs shaderFloat64\\)"):
+        Device.require(device, kernel)

@@ -322,3 +322,23 @@ def test_fmax_fmin_angle_of_views_and_integers(target):
 
     for got, want in zip(kf.jit(fn, target=target)(x, y, i, j), fn(x, y, i, j)):
         _check(got, want, exact=True)
+
+
+@pytest.mark.parametrize("shapes", [((5,), (5, 5)), ((1,), (7, 1)), ((257,), (3, 257)), ((3, 1), (3, 13)),
+                                    ((0,), (2, 0))], ids=str)
+@pytest.mark.parametrize("tensor_value", [False, True])
+def test_masked_fill_broadcasts_the_input_to_the_mask(target, shapes, tensor_value):
+    """torch.masked_fill (out of place) broadcasts the input and the mask together: a
+    mask larger than the input gives a result of the mask's shape."""
+    xs, ms = shapes
+    gen = torch.Generator().manual_seed(sum(ms))
+    x = torch.randn(xs, generator=gen)
+    mask = (torch.rand(ms[::-1], generator=gen) > 0.5).t() if len(ms) == 2 else torch.rand(ms, generator=gen) > 0.5
+    if tensor_value:
+        fn = lambda x, m, v: torch.masked_fill(x, m, v)  # noqa: E731
+        args = (x, mask, torch.tensor(-3.5))
+    else:
+        fn = lambda x, m: torch.masked_fill(x, m, 2.25)  # noqa: E731
+        args = (x, mask)
+    got, want = kf.jit(fn, target=target)(*args), fn(*args)
+    assert got.shape == want.shape and torch.equal(got, want)

@@ -1,9 +1,11 @@
-"""The unsafe masked indexing ops (compiler/aten/indexing.py ``_unsafe_masked_index``,
-writes.py ``_unsafe_masked_index_put_accumulate``; torch's decompositions of padding and
-upsampling make them) against torch on fresh random inputs: indices out of range where
-the mask is false (never read), negative indices, trailing dims not indexed, odd sizes,
-non-contiguous inputs, on cpu and vulkan; an unmasked index out of range an error (torch
-clamps it); PTX that ptxas assembles for sm_90a."""
+"""Indexing handlers (compiler/aten/indexing.py, writes.py) against torch on fresh random
+inputs, on cpu and vulkan: the unsafe masked indexing ops (``_unsafe_masked_index``,
+``_unsafe_masked_index_put_accumulate``; torch's decompositions of padding and upsampling
+make them) -- indices out of range where the mask is false (never read), negative indices,
+trailing dims not indexed, odd sizes, non-contiguous inputs; an unmasked index out of
+range an error (torch clamps it); PTX that ptxas assembles for sm_90a --, torch.combinations
+(a constant index of an index_select, with and without replacement, r of 0 to past the
+length), kthvalue and masked_scatter."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_
                                                                    reason="no Vulkan device"))]
 _PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
 aten = torch.ops.aten
+
+
 
 
 @pytest.fixture(autouse=True)
@@ -102,3 +106,63 @@ def test_unsafe_masked_ops_assemble_for_cuda():
                 aten._unsafe_masked_index_put_accumulate(x, m, [i, j], torch.ones(3, 4)))
 
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, mask, i, j).stages["ptx"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [0, 1, 7, 13])
+@pytest.mark.parametrize("r", [0, 1, 2, 3, 8])
+@pytest.mark.parametrize("with_replacement", [False, True])
+def test_combinations_match_torch(target, n, r, with_replacement):
+    if with_replacement and n == 13 and r == 8:
+        pytest.skip("125970 combinations: large for a unit test")
+    x = torch.randn(2 * n, generator=torch.Generator().manual_seed(n))[::2]  # non-contiguous
+
+    def fn(x):
+        return torch.combinations(x, r, with_replacement)
+
+    got = kf.jit(fn, target=target)(x)
+    want = fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_combinations_of_integers(target):
+    x = torch.arange(6, dtype=torch.int64) * 3 - 7
+    got = kf.jit(lambda x: torch.combinations(x, 3), target=target)(x)
+    assert torch.equal(got, torch.combinations(x, 3))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape, k, dim", [((), 1, 0), ((1,), 1, 0), ((7,), 3, 0), ((4, 13), 13, 1), ((4, 13), 2, 0),
+                                           ((3, 257), 100, -1), ((2, 3, 5), 5, 2)], ids=str)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_kthvalue_matches_torch(target, shape, k, dim, keepdim):
+    """torch.kthvalue's value and index (distinct values: which of equal values torch
+    names is its own choice), through a non-contiguous view."""
+    n = max(1, int(torch.tensor(shape).prod()))
+    x = (torch.randperm(n, generator=torch.Generator().manual_seed(n)).float() - n / 2).reshape(shape)
+    if len(shape) >= 2:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    fn = lambda x: torch.kthvalue(x, k, dim, keepdim)  # noqa: E731
+    got, want = kf.jit(fn, target=target)(x), fn(x)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("xs, ms", [((3, 4), (4,)), ((1,), (1,)), ((7,), (7,)), ((257,), (257,)), ((0, 3), (3,)),
+                                    ((2, 5), (2, 5)), ((5,), (3, 5))], ids=str)
+def test_masked_scatter_matches_torch(target, xs, ms):
+    """torch.masked_scatter: the source's elements in order where the (broadcast) mask is
+    set, through a non-contiguous source."""
+    gen = torch.Generator().manual_seed(sum(xs) + sum(ms))
+    shape = torch.broadcast_shapes(xs, ms)
+    x = torch.randn(xs, generator=gen)
+    mask = torch.rand(ms, generator=gen) > 0.4
+    source = torch.randn(tuple(shape)[::-1], generator=gen)
+    source = source.permute(*reversed(range(source.dim())))
+    fn = lambda x, m, s: torch.masked_scatter(x, m, s)  # noqa: E731
+    got, want = kf.jit(fn, target=target)(x, mask, source), fn(x, mask, source)
+    assert got.shape == want.shape and torch.equal(got, want)

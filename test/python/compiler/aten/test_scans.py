@@ -147,3 +147,42 @@ def test_scans_assemble_for_cuda():
         return torch.cumsum(x, 1), torch.cumprod(x, 0), torch.logcumsumexp(x, -1), torch.cummax(x, 1)
 
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), torch.randn(7, 257)).stages["ptx"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape, n", [((1,), None), ((1,), 3), ((7,), None), ((5,), 2), ((2, 13), 4), ((0,), 3),
+                                      ((3, 0), 5), ((257,), 3)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_vander_matches_torch(target, shape, n, dtype):
+    """torch.linalg.vander: ones, then the cumulative product of x (torch's own rounding)."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen) * 2 if dtype.is_floating_point else \
+        torch.randint(-5, 6, shape, generator=gen)
+    if len(shape) == 2:
+        x = x.t().contiguous().t()
+    if n is None and shape[-1] < 2:
+        pytest.skip("torch needs N > 1")
+    fn = lambda x: torch.linalg.vander(x, N=n)  # noqa: E731
+    got, want = kf.jit(fn, target=target)(x), fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape, dim", [((1,), -1), ((7,), 0), ((3, 13), 1), ((3, 13), 0), ((257,), -1), ((0, 4), 0),
+                                        ((4, 2, 5), 1)], ids=str)
+@pytest.mark.parametrize("spacing", ["dx", "x1d", "xnd"])
+def test_cumulative_trapezoid_matches_torch(target, shape, dim, spacing):
+    """torch.cumulative_trapezoid with a spacing and with sample points (1-d, or of y's
+    shape), through a non-contiguous y."""
+    gen = torch.Generator().manual_seed(sum(shape) + len(spacing))
+    y = torch.randn(shape[::-1], generator=gen).permute(*reversed(range(len(shape))))
+    n = shape[dim]
+    if spacing == "dx":
+        fn, args = (lambda y: torch.cumulative_trapezoid(y, dx=0.3, dim=dim)), (y,)
+    else:
+        x = torch.rand(n if spacing == "x1d" else shape, generator=gen).cumsum(dim=-1 if spacing == "x1d" else dim)
+        fn, args = (lambda y, x: torch.cumulative_trapezoid(y, x, dim=dim)), (y, x)
+    got, want = kf.jit(fn, target=target)(*args), fn(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -282,3 +282,20 @@ if __name__ == "__main__":
     import sys
 
     bench() if "--bench" in sys.argv else ptxas_report()
+
+
+@pytest.mark.parametrize("shape", [(1,), (50,), (257,), (7, 33), (0, 5)])
+def test_float64_statistics_of_float32_inputs(shape):
+    """softmax(x, dtype=torch.float64) of float32 rows: the kernel casts its input up, and
+    its row statistics (f64) fit the workgroup scratch, which is sized for the widest
+    statistic, not only for the inputs."""
+    import kf
+
+    needs_vulkan()
+    fn = lambda x: torch.softmax(x, -1, dtype=torch.float64)  # noqa: E731
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(5)) * 10
+    if len(shape) == 2:
+        x = x.t().contiguous().t()  # non-contiguous
+    got, want = kf.jit(fn, target="vulkan")(x), fn(x)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)

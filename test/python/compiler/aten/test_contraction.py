@@ -1,0 +1,50 @@
+"""F.linear with 1-d operands (compiler/aten/contraction.py): a 1-d input (in_features,)
+and a 1-d weight (in_features,) drop their dim from the result, as in matmul, with and
+without a bias, against torch on cpu and vulkan at odd sizes and through non-contiguous
+views."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kf
+from kf.runtime import vulkan
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                   reason="no Vulkan device"))]
+
+#: (input shape, weight shape); the bias, where given, has the weight's leading dims
+SHAPES = [((5,), (3, 5)), ((1,), (1, 1)), ((257,), (7, 257)), ((4, 5), (5,)), ((5,), (5,)), ((2, 4, 13), (13,)),
+          ((2, 4, 13), (3, 13)), ((0, 5), (3, 5)), ((5,), (0, 5))]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+def _linear(x, w):
+    return F.linear(x, w)
+
+
+def _linear_bias(x, w, b):
+    return F.linear(x, w, b)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shapes", SHAPES, ids=lambda s: f"{s[0]}-{s[1]}")
+def test_linear_of_1d_operands(target, bias, shapes):
+    xs, ws = shapes
+    if bias and len(xs) == 2 and len(ws) == 1:
+        pytest.skip("eager refuses it too (addmm: mat2 must be a matrix)")
+    gen = torch.Generator().manual_seed(hash((xs, ws, bias)) % 2**31)
+    x = torch.randn(xs, generator=gen)
+    w = torch.randn(tuple(reversed(ws)), generator=gen).t() if len(ws) == 2 else torch.randn(ws, generator=gen)
+    args = (x, w, torch.randn(ws[:-1], generator=gen)) if bias else (x, w)
+    got = kf.jit(_linear_bias if bias else _linear, target=target)(*args)
+    want = F.linear(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
