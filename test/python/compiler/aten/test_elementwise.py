@@ -324,6 +324,7 @@ def test_fmax_fmin_angle_of_views_and_integers(target):
         _check(got, want, exact=True)
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("shapes", [((5,), (5, 5)), ((1,), (7, 1)), ((257,), (3, 257)), ((3, 1), (3, 13)),
                                     ((0,), (2, 0))], ids=str)
 @pytest.mark.parametrize("tensor_value", [False, True])
