@@ -12,6 +12,7 @@ import math
 from kf.dialects import builders as kb
 
 from ..errors import Unsupported
+from . import series
 from .core import Converter, handles
 
 # lgamma(1 + u) / u on |u| <= 1/4 and lgamma(2 + u) / u on -3/4 <= u <= 1, least-squares fits
@@ -42,16 +43,8 @@ _PSI_AT_ROOT = (0.9676722288131714, -0.44276317954063416, 0.25849980115890503, -
 _F32 = "f32"
 
 
-def _c(v: float):
-    return kb.scalar(float(v), _F32)
-
-
-def _poly(u, coeffs):
-    """sum coeffs[i] u^i by Horner's rule."""
-    r = _c(coeffs[-1])
-    for a in reversed(coeffs[:-1]):
-        r = kb.add(kb.mul(r, u), _c(a))
-    return r
+_c = series.const
+_poly = series.horner  # sum coeffs[i] u^i by Horner's rule
 
 
 def _lt(a, b):

@@ -34,10 +34,6 @@ OPS = {
 _ABSOLUTE = {"bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1"}
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
 
 def _values(n: int, gen) -> torch.Tensor:
     x = torch.randn(n, generator=gen) * 5

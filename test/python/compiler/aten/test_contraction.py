@@ -20,10 +20,6 @@ SHAPES = [((5,), (3, 5)), ((1,), (1, 1)), ((257,), (7, 257)), ((4, 5), (5,)), ((
           ((2, 4, 13), (3, 13)), ((0, 5), (3, 5)), ((5,), (0, 5))]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
 
 def _linear(x, w):
     return F.linear(x, w)

@@ -19,10 +19,6 @@ _PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bi
 S = torch.special
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
 
 def _all(p, y, x):
     """p in (0, 1), y in (-1, 1), x any."""

@@ -20,10 +20,6 @@ SPECIALS = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, -2.0, 0.5
             -1e-40, 3.4028234663852886e38, 2.0 ** 127, 0.75]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
 
 def _values(n: int, gen) -> torch.Tensor:
     x = torch.randn(n, generator=gen) * torch.exp(torch.randn(n, generator=gen) * 25)

@@ -26,10 +26,6 @@ aten = torch.ops.aten
 
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
 
 def _check(fn, args, target):
     got, want = kf.jit(fn, target=target)(*args), fn(*args)

@@ -23,10 +23,6 @@ NAMES = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomi
 DEGREES = [-2, 0, 1, 2, 3, 7, 12]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
 
 def _all(x):
     return tuple(getattr(torch.special, name)(x, n) for name in NAMES for n in DEGREES)

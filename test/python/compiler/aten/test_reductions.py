@@ -24,10 +24,6 @@ _PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bi
 SHAPES = [(), (1,), (7,), (3, 5), (1, 13), (257, 2), (2, 257), (4, 1)]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
 
 def _flat(out):
     return [t for o in out for t in _flat(o)] if isinstance(out, tuple) else [out]
