@@ -1,9 +1,9 @@
-"""Fits the Chebyshev series of compiler/aten/bessel.py and compiler/aten/erfinv.py:
+"""Fits the Chebyshev series of compiler/aten/bessel.py and compiler/aten/error_function.py:
 each function below is interpolated at Chebyshev nodes of its variable t in [-1, 1] from
 mpmath's values (40 digits), and the series is cut where a float32 evaluation gains
 nothing (the tail's coefficients below 2e-9 of the largest). Prints, per series, its
 name, degree, the largest float64 error of the cut series on a dense grid, and the
-coefficients (of T_0 .. T_n, in the form compiler/aten/_series.py's chebyshev takes).
+coefficients (of T_0 .. T_n, in the form compiler/aten/series.py's chebyshev takes).
 python scripts/fit_special.py [name ...]"""
 
 import sys
