@@ -13,20 +13,20 @@ def run(f):
 
 @run
 def unsupported_op():
-    def uses_kthvalue(x):
+    def uses_histc(x):
         y = x * 2
-        return torch.kthvalue(y, 3).values  # torch-mlir lowers this to tm_tensor, which kf cannot compile
+        return torch.histc(y, bins=4)  # torch-mlir has no lowering of histc either
 
     try:
-        kf.inspect(uses_kthvalue, torch.randn(16))
+        kf.inspect(uses_histc, torch.randn(16))
     except kf.UnsupportedOpError as e:
         print(e)
 # CHECK-LABEL: TEST: unsupported_op
-# CHECK: aten.kthvalue.default has no kf op
-# CHECK-NEXT: File "{{.*}}errors.py", line 18, in uses_kthvalue
-# CHECK-NEXT: return torch.kthvalue(y, 3).values
+# CHECK: aten.histc.default has no kf op and torch-mlir could not lower it
+# CHECK-NEXT: File "{{.*}}errors.py", line 18, in uses_histc
+# CHECK-NEXT: return torch.histc(y, bins=4)
 # CHECK-NEXT: stage: capture
-# CHECK-NEXT: cause: torch-mlir's output: Dialect `tm_tensor' not found
+# CHECK-NEXT: cause: torch-mlir: Lowering TorchFX IR -> Torch Backend IR failed
 
 
 @run
