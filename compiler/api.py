@@ -305,8 +305,12 @@ class KfFunction:
 
                         cache.add_dynamic_profile(self.fn, self._auto)
             wanted = self._auto
+        # only the dims this call's tensors have: an argument may be a number in one call
+        # and a tensor in another, or of another rank
+        rank = dict(zip(names, map(len, shapes)))
+        wanted = {(n, d) for n, d in wanted if d < rank.get(n, 0)}
         if target.static_innermost:
-            wanted = {(n, d) for n, d in wanted if d != len(shapes[names.index(n)]) - 1} if names else wanted
+            wanted = {(n, d) for n, d in wanted if d != rank[n] - 1}
         wanted = wanted - self._static
         general = sig.generalize(wanted, target.divisibility)
         if observe:

@@ -311,8 +311,13 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
         for t, dims in zip(tensors, input_dims):
             shape = [int(sz) if sz.lstrip("-").isdigit() else int(hints[symbols[sz]]) for sz in dims]
             metas.append(torch.empty(shape, dtype=t.dtype, device="meta"))
-        caps.append(_convert(user, sig, metas, gm, constants, ep.call_spec.out_spec, "export", of_reached,
-                             reached, reached_names))
+        try:
+            caps.append(_convert(user, sig, metas, gm, constants, ep.call_spec.out_spec, "export", of_reached,
+                                 reached, reached_names))
+        except CompileError as e:
+            # a size used as a value (q.shape[-1] ** 0.5 is sym_float of a run-time size):
+            # the static capture compiles it, or raises the same error at the user's line
+            raise DynamicFallback(f"kf cannot convert the graph with run-time sizes: {e.message}") from None
     cap, other = caps
     if cap.fallbacks:
         raise DynamicFallback("ops of the function go through torch-mlir, which kf compiles for static sizes")
