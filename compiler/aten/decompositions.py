@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import Unsupported
-from .core import _target_name, fake_value, handles
+from .core import _lookup, _target_name, fake_value, handles
 
 #: ATen ops converted through torch's decomposition: (overload name, what it becomes)
 DECOMPOSED = (
@@ -99,9 +99,3 @@ class _Input:
         self.index = index
 
 
-def _lookup(a, env):
-    if isinstance(a, torch.fx.Node):
-        return env[a]
-    if isinstance(a, (list, tuple)):
-        return type(a)(_lookup(x, env) for x in a)
-    return a

@@ -47,16 +47,7 @@ _c = series.const
 _poly = series.horner  # sum coeffs[i] u^i by Horner's rule
 
 
-def _lt(a, b):
-    return kb.cmp(a, b, predicate="lt")
-
-
-def _le(a, b):
-    return kb.cmp(a, b, predicate="le")
-
-
-def _eq(a, b):
-    return kb.cmp(a, b, predicate="eq")
+_lt, _le, _eq = series.lt, series.le, series.eq
 
 
 def _sin_pi_dist(x):
