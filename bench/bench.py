@@ -219,6 +219,17 @@ def workloads(quick: bool):
     yield (f"seed attention + causal mask {b}x{h}x{s}x{d} bf16", fused_attention, fused_attention.fn,
            lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True), causal,
            4 * b * h * s * d * 2, 2 * b * h * s * s * d, 2e-2)
+    # the same causal mask built inside the function: kf computes it in the attention
+    # kernel (its block table from the index comparison), never as a tensor; its time
+    # against the row above (the mask given as a tensor) is what building it in costs
+    for how, build in [("tril", lambda n, dev: torch.ones(n, n, device=dev).tril()),
+                       ("1 - triu", lambda n, dev: 1 - torch.triu(torch.ones(n, n, device=dev), diagonal=1))]:
+        def masked_inside(q, k, v, build=build):
+            return fused_attention.fn(q, k, v, build(q.shape[-2], q.device))
+        yield (f"seed attention + {how} mask in the function {b}x{h}x{s}x{d} bf16", kf.cuda_kernel(masked_inside),
+               masked_inside, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+               lambda: (randn(b, h, s, d), randn(b, h, s, d), randn(b, h, s, d)),
+               4 * b * h * s * d * 2, 2 * b * h * s * s * d, 2e-2)
 
     m = 4096 if quick else 8192
     mm = kf.jit(lambda a, b: torch.matmul(a, b))

@@ -446,3 +446,88 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
     kernels = assemble(ptx, "sm_90a").kernels
     assert set(kernels) == {k.entry for k in abi.kernels}
     assert all(k["spill_store_bytes"] == 0 for k in kernels.values())
+
+
+# ---- CUDA: the same programs with run-time sizes on the GPU --------------------------------
+# The CUDA target compiles each size until these pass on a GPU; they turn its run-time
+# sizes on for the test (``CudaTarget.dynamic_shapes``) and check every size against torch.
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.fixture
+def cuda_sized(monkeypatch):
+    from kf.targets.cuda import CudaTarget
+
+    monkeypatch.setattr(CudaTarget, "dynamic_shapes", True)
+    return lambda *shape, dtype=torch.float32: torch.randn(*shape, dtype=dtype, device="cuda")
+
+
+@needs_cuda
+def test_cuda_seed_layer_norm_one_program_serves_sizes_1_to_1000(cuda_sized):
+    ln = kf.jit(se.metal_layer_norm.fn, target="cuda", dynamic=True)
+    w, b = cuda_sized(64), cuda_sized(64)
+    for n in (7, 1, 257, 300, 1000, 1):
+        x = cuda_sized(1, n, 64)
+        _close(ln(x, w, b), se.metal_layer_norm.fn(x, w, b))
+    assert len(ln.compiles) == 1 and "?" in ln.compiles[0].signature
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_seed_attention_one_program_serves_sizes_1_to_1000(cuda_sized, dtype):
+    attn = kf.jit(se.fused_attention.fn, target="cuda", dynamic={"q": [2], "k": [2], "v": [2]})
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for n in (7, 1, 257, 300, 1000):
+        q, k, v = (cuda_sized(2, 3, n, 64, dtype=dtype) for _ in range(3))
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v), tol)
+    q = cuda_sized(2, 3, 300, 64, dtype=dtype)
+    k, v = cuda_sized(2, 3, 77, 64, dtype=dtype), cuda_sized(2, 3, 77, 64, dtype=dtype)
+    _close(attn(q, k, v), se.fused_attention.fn(q, k, v), tol)  # keys of another length
+    assert len(attn.compiles) == 1 and "?" in attn.compiles[0].signature
+
+
+@needs_cuda
+def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog):
+    attn = kf.jit(se.fused_attention.fn, target="cuda")
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in SIZES:
+            q, k, v = (cuda_sized(1, 2, n, 32) for _ in range(3))
+            _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    assert len(attn.compiles) == 2
+    assert "[1, 2, ?, 32]" in attn.compiles[1].signature
+
+
+@needs_cuda
+def test_cuda_elementwise_chain_and_strided_rows(cuda_sized):
+    @kf.jit(target="cuda", dynamic=True)
+    def f(x, y):
+        return torch.relu(x * y + 1.0), torch.sigmoid(x) - y
+
+    for inner in (5, 64):
+        for n in (7, 1, 257, 300, 1000):
+            x, y = cuda_sized(n, inner), cuda_sized(n, inner)
+            for got, want in zip(f(x, y), f.fn(x, y)):
+                _close(got, want)
+    assert [c.signature.count("?") for c in f.compiles] == [2, 2]
+    ln = kf.jit(_layer_norm, target="cuda", dynamic={"x": [0]})
+    w, b = cuda_sized(8), cuda_sized(8)
+    for n in (7, 257, 4095):
+        x = cuda_sized(8, n).t()
+        _close(ln(x, w, b), _layer_norm(x, w, b))
+
+
+@needs_cuda
+def test_cuda_half_layer_norm_and_softmax_rows(cuda_sized):
+    def ln(x, w, b):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
+
+    f = kf.jit(ln, target="cuda", dynamic={"x": [0]})
+    sm = kf.jit(lambda x: torch.softmax(x, -1), target="cuda", dynamic={"x": [0]})
+    w, b = cuda_sized(64, dtype=torch.float16), cuda_sized(64, dtype=torch.float16)
+    for n in (7, 1, 257, 300, 1000):
+        x = cuda_sized(n, 64, dtype=torch.float16)
+        _close(f(x, w, b), ln(x.float(), w.float(), b.float()).half(), tol=2e-2)
+        y = cuda_sized(n, 1000)
+        _close(sm(y), torch.softmax(y, -1))
+    assert len(f.compiles) == 1 and len(sm.compiles) == 1
