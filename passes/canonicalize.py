@@ -30,7 +30,7 @@ from typing import Callable
 
 from mlir import ir
 
-from kf.dialects import builders
+from kf.dialects import BY_NAME, builders
 from kf.dialects.attrs import op_attrs
 from kf.dialects.types import broadcast_shapes, defining, spec_of, transposes_last_two
 
@@ -323,6 +323,26 @@ class _Rewriter:
             first = op_attrs(inner)["perm"]
             composed = [first[p] for p in perm]
             self.replace(op, builders.transpose(inner.operands[0], perm=composed))
+        elif inner is not None and _made_of_indices(x):
+            self._transpose_indices(op, inner, perm)
+
+    def _transpose_indices(self, op: ir.Operation, inner: ir.Operation, perm: list[int]) -> None:
+        """A transpose of a value computed from fills and iotas alone (a mask
+        ``torch.triu(torch.ones(S, S)).T``) moves onto them: the transpose of an iota is an
+        iota along the permuted dim, that of a fill a fill, and an elementwise op of
+        transposed operands is the transpose of the op. kf-fuse then computes the mask in
+        the kernel that reads it (an attention's block table) instead of a transpose
+        kernel writing it to memory."""
+        out = spec_of(op.result.type)
+        if inner.name == "kf.fill":
+            self.replace(op, builders.fill(out.shape, out.elem, _fill_value(inner.result)))
+        elif inner.name == "kf.iota":
+            self.replace(op, builders.iota(out.shape, perm.index(int(op_attrs(inner)["dim"]) % out.rank), out.elem))
+        else:
+            operands = [v if spec_of(v.type).rank == 0 else builders.transpose(v, perm=list(perm))
+                        for v in inner.operands]
+            attrs = {k: v for k, v in op_attrs(inner).items()}
+            self.replace(op, builders.build(inner.name, operands, attrs, [out]).result)
 
     def _cast(self, op: ir.Operation) -> None:
         (x,) = op.operands
@@ -333,6 +353,20 @@ class _Rewriter:
         if a is not None:
             out = spec_of(op.result.type)
             self.replace(op, builders.fill(out.shape, out.elem, float(int(a)) if not out.is_float else a))
+
+
+def _made_of_indices(v: ir.Value) -> bool:
+    """v is computed from ``kf.fill`` and ``kf.iota`` alone, through elementwise ops whose
+    operands are of v's rank or rank 0 (what a transpose can move onto)."""
+    op = defining(v)
+    if op is None:
+        return False
+    if op.name in ("kf.fill", "kf.iota"):
+        return True
+    spec = BY_NAME.get(op.name)
+    rank = spec_of(v.type).rank
+    return (spec is not None and spec.category == "elementwise" and len(op.results) == 1
+            and all(spec_of(o.type).rank in (0, rank) and _made_of_indices(o) for o in op.operands))
 
 
 _KEEPDIM_REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}

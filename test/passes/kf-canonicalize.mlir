@@ -209,3 +209,28 @@ func.func @iota_reshape() -> (tensor<37x1xi64>, tensor<1x1x41xi64>, tensor<1x1xi
   %rd = "kf.reshape"(%d) : (tensor<6xi64>) -> tensor<2x3xi64>
   return %ra, %rb, %rc, %rd : tensor<37x1xi64>, tensor<1x1x41xi64>, tensor<1x1xi64>, tensor<2x3xi64>
 }
+
+// -----
+
+// A transpose of a value made of fills and iotas alone (torch.triu(torch.ones(S, S)).T)
+// moves onto them: no transpose remains, the iotas run along the permuted dims. A
+// transpose of an argument stays.
+// CHECK-LABEL: func.func @transpose_of_indices
+// CHECK-NOT: "kf.transpose"(%{{.*}}) : (tensor<5x7xf32>)
+// CHECK-DAG: "kf.iota"() {dim = 0 : i64} : () -> tensor<7x1xi64>
+// CHECK-DAG: "kf.iota"() {dim = 1 : i64} : () -> tensor<1x5xi64>
+// CHECK-DAG: "kf.fill"() {value = 1.000000e+00 : f64} : () -> tensor<7x5xf32>
+// CHECK: "kf.transpose"(%arg0)
+func.func @transpose_of_indices(%x: tensor<5x7xf32>) -> (tensor<7x5xf32>, tensor<7x5xf32>) {
+  %one = "kf.fill"() {value = 1.0 : f64} : () -> tensor<5x7xf32>
+  %zero = "kf.fill"() {value = 0.0 : f64} : () -> tensor<f32>
+  %c = "kf.iota"() {dim = 1 : i64} : () -> tensor<1x7xi64>
+  %r = "kf.iota"() {dim = -2 : i64} : () -> tensor<5x1xi64>
+  %d = "kf.sub"(%c, %r) : (tensor<1x7xi64>, tensor<5x1xi64>) -> tensor<5x7xi64>
+  %z = "kf.fill"() {value = 0.0 : f64} : () -> tensor<i64>
+  %ge = "kf.cmp"(%d, %z) {predicate = "ge"} : (tensor<5x7xi64>, tensor<i64>) -> tensor<5x7xi1>
+  %m = "kf.select"(%ge, %one, %zero) : (tensor<5x7xi1>, tensor<5x7xf32>, tensor<f32>) -> tensor<5x7xf32>
+  %t = "kf.transpose"(%m) {perm = array<i64: 1, 0>} : (tensor<5x7xf32>) -> tensor<7x5xf32>
+  %tx = "kf.transpose"(%x) {perm = array<i64: 1, 0>} : (tensor<5x7xf32>) -> tensor<7x5xf32>
+  return %t, %tx : tensor<7x5xf32>, tensor<7x5xf32>
+}

@@ -161,9 +161,19 @@ def attention_triu(q, k, v):
     return torch.matmul(torch.softmax(scores.masked_fill(dead, -1e9), dim=-1), v)
 
 
+def attention_triu_t(q, k, v):
+    s = q.shape[-2]
+    scores = torch.matmul(q, k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
+    mask = torch.triu(torch.ones(s, s, device=q.device)).T  # the lower triangle, transposed
+    return torch.matmul(torch.softmax(scores.masked_fill(mask == 0, -1e9), dim=-1), v)
+
+
+MADE_INSIDE = [attention_tril, attention_triu, attention_triu_t]
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("seq", [1, 7, 65])
-@pytest.mark.parametrize("fn", [attention_tril, attention_triu], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", MADE_INSIDE, ids=lambda f: f.__name__)
 def test_attention_with_mask_made_inside(fn, seq, target):
     gen = torch.Generator().manual_seed(seq)
     q, k, v = (torch.randn(2, 3, seq, 16, generator=gen) for _ in range(3))
@@ -180,7 +190,7 @@ def test_attention_with_mask_made_inside_is_one_attention_kernel_on_vulkan():
 
 
 @needs_ptxas
-@pytest.mark.parametrize("fn", [attention_tril, attention_triu], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", MADE_INSIDE, ids=lambda f: f.__name__)
 def test_attention_with_mask_made_inside_on_sm90a(fn):
     """The causal mask made by ``torch.ones(S, S).tril()`` or ``torch.triu`` compiles to
     the kernels the mask given as a tensor does on sm_90a -- the block table and the
