@@ -290,7 +290,9 @@ def _one_hot(c, node, args, kwargs):
 def _nll(c, node, args, kwargs):
     """cross_entropy / nll_loss with class indices: the picked log-probability of each
     target (a gather, so each target is checked against the classes; targets equal to
-    ignore_index are left out and never read), weighted, then reduced as torch does."""
+    ignore_index are left out and never read), weighted, then reduced as torch does.
+    cross_entropy also takes class probabilities as the target (``_soft_cross_entropy``)
+    and label smoothing, with torch's formulas for both."""
     cross = node.target._opname == "cross_entropy_loss"
     names = ["self", "target", "weight", "reduction", "ignore_index"] + (["label_smoothing"] if cross else [])
     p = dict(zip(names, args))
@@ -298,13 +300,15 @@ def _nll(c, node, args, kwargs):
     x, target = p["self"], p["target"]
     weight, reduction = p.get("weight"), p.get("reduction", 1)
     ignore = p.get("ignore_index", -100)
+    smoothing = float(p.get("label_smoothing", 0.0) or 0.0) if cross else 0.0
     if isinstance(reduction, str):
         reduction = {"none": 0, "mean": 1, "sum": 2}[reduction]
+    if cross and isinstance(target, ir.Value) and spec_of(target.type).is_float:
+        return _soft_cross_entropy(c, node, x, target, weight, reduction, smoothing)
     if not isinstance(target, ir.Value) or not elem_of(target) in ("i32", "i64"):
-        raise Unsupported(f"{_target_name(node.target)} with class probabilities as the target is not supported "
-                          f"by kf", cause="give class indices")
-    if cross and p.get("label_smoothing", 0.0):
-        raise Unsupported("cross_entropy with label_smoothing is not supported by kf")
+        given = elem_of(target) if isinstance(target, ir.Value) else type(target).__name__
+        raise Unsupported(f"{_target_name(node.target)} with a target of {given} is not supported by kf",
+                          cause="give class indices or, to cross_entropy, class probabilities")
     elem = spec_of(x.type).elem
     logp = kb.log_softmax(x, dim=0 if rank_of(x) == 1 else 1) if cross else x
     if rank_of(logp) == 1:
@@ -326,10 +330,50 @@ def _nll(c, node, args, kwargs):
         if reduction == 1:
             out = kb.div(out, total)
         return (_as_shape(c, node, out) if reduction == 0 else out, total)
+    out = loss if reduction == 0 else kb.sum(loss, dims=dims)
+    if reduction == 1:
+        out = kb.div(out, kb.sum(w, dims=dims))
+    if smoothing:
+        # torch: (1 - s) * nll + s / C * the loss of a uniform target, -sum_c w_c logp_c,
+        # 0 where the target is ignored, its mean over the same weights as nll's
+        classes = shape_of(logp)[1]
+        wl = logp if weight is None else kb.mul(logp, kb.reshape(weight, [1, classes] + [1] * (len(ts) - 1)))
+        uniform = kb.select(valid, kb.neg(kb.sum(wl, dims=[1])), kb.fill((), elem, 0.0))
+        smooth = uniform if reduction == 0 else kb.sum(uniform, dims=dims)
+        if reduction == 1:
+            smooth = kb.div(smooth, kb.sum(w, dims=dims))
+        out = kb.add(kb.mul(out, kb.fill((), elem, 1.0 - smoothing)),
+                     kb.mul(smooth, kb.fill((), elem, smoothing / classes)))
+    return _as_shape(c, node, out) if reduction == 0 else out
+
+
+def _soft_cross_entropy(c, node, x, target, weight, reduction: int, smoothing: float):
+    """cross_entropy with class probabilities as the target, as torch computes it:
+    ``-sum_c w_c * target_c * log_softmax(x)_c`` per sample (the target smoothed to
+    ``target * (1 - s) + s / C`` first); the mean divides the sum by the number of
+    samples (``numel / C``, not the weights' sum: torch's rule for this form; NaN when
+    there are none)."""
+    if shape_of(target) != shape_of(x):
+        raise Unsupported(f"cross_entropy with class probabilities needs the target of the input's shape "
+                          f"{list(shape_of(x))}, got {list(shape_of(target))}")
+    elem = spec_of(x.type).elem
+    class_dim = 0 if rank_of(x) == 1 else 1
+    classes = shape_of(x)[class_dim]
+    logp = kb.log_softmax(x, dim=class_dim)
+    if elem_of(target) != elem:
+        target = kb.cast(target, elem)
+    if smoothing:
+        target = kb.add(kb.mul(target, kb.fill((), elem, 1.0 - smoothing)), kb.fill((), elem, smoothing / classes))
+    terms = kb.mul(logp, target)
+    if weight is not None:
+        view = [classes] if rank_of(x) == 1 else [1, classes] + [1] * (rank_of(x) - 2)
+        terms = kb.mul(terms, kb.reshape(weight, view))
     if reduction == 0:
-        return _as_shape(c, node, loss)
-    out = kb.sum(loss, dims=dims)
-    return kb.div(out, kb.sum(w, dims=dims)) if reduction == 1 else out
+        return _as_shape(c, node, kb.neg(kb.sum(terms, dims=[class_dim])))
+    out = kb.neg(kb.sum(terms, dims=list(range(rank_of(x)))))
+    if reduction == 1:
+        out = kb.div(out, kb.fill((), elem, float(math.prod(shape_of(x)) // max(classes, 1)) if classes else 0.0))
+    return out
 
 
 _SEGMENT_REDUCE = {"sum": "sum", "mean": "sum", "prod": "prod", "max": "amax", "min": "amin"}

@@ -162,3 +162,50 @@ def test_masked_scatter_matches_torch(target, xs, ms):
     fn = lambda x, m, s: torch.masked_scatter(x, m, s)  # noqa: E731
     got, want = kf.jit(fn, target=target)(x, mask, source), fn(x, mask, source)
     assert got.shape == want.shape and torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- cross_entropy: soft targets, smoothing
+
+F = torch.nn.functional
+
+
+def _probabilities(shape, gen, class_dim):
+    return torch.softmax(torch.randn(shape, generator=gen), dim=class_dim)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape", [(7, 5), (5,), (3, 4, 2, 5), (0, 4), (1, 257)], ids=str)
+@pytest.mark.parametrize("weighted", [False, True], ids=["", "weight"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+def test_cross_entropy_with_class_probabilities(shape, reduction, weighted, smoothing, target):
+    gen = torch.Generator().manual_seed(sum(shape) + len(reduction))
+    class_dim = 0 if len(shape) == 1 else 1
+    x = torch.randn(shape, generator=gen)
+    t = _probabilities(shape, gen, class_dim)
+    w = torch.rand(shape[class_dim], generator=gen) if weighted else None
+
+    def fn(x, t):
+        return F.cross_entropy(x, t, weight=w, reduction=reduction, label_smoothing=smoothing)
+
+    got, want = kf.jit(fn, target=target)(x, t), fn(x, t)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["", "weight"])
+def test_cross_entropy_label_smoothing_with_class_indices(reduction, weighted, target):
+    gen = torch.Generator().manual_seed(len(reduction) + weighted)
+    x = torch.randn(6, 7, 3, generator=gen).transpose(0, 2)  # [3, 7, 6], strided
+    t = torch.randint(0, 7, (3, 6), generator=gen)
+    t[0, 1] = t[2, 5] = -100  # ignored
+    w = torch.rand(7, generator=gen) if weighted else None
+
+    def fn(x, t):
+        return F.cross_entropy(x, t, weight=w, reduction=reduction, label_smoothing=0.25)
+
+    _check(fn, (x, t), target)
+    one = torch.randn(7, generator=gen), torch.tensor(3)  # one sample, no batch dim
+    _check(fn, one, target)
