@@ -903,6 +903,8 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
             for r in op.results:
                 if any(use.owner not in members for use in r.uses):
                     outputs.append(r)
+        # an attention kernel's O first, its row logsumexp after it
+        outputs.sort(key=lambda r: defining(r).name == "kf.logsumexp")
         with ir.InsertionPoint(module.regions[0].blocks[0]), f.location:
             kfunc = func.FuncOp(kname, ir.FunctionType.get([v.type for v in inputs], [r.type for r in outputs]))
             kfunc.attributes["sym_visibility"] = ir.StringAttr.get("private")

@@ -60,7 +60,7 @@ func.func @attention(%q: tensor<2x8x257x64xbf16>, %k: tensor<2x8x257x64xbf16>, %
 // the softmax, compiler/partition.py) is the attention kernel's second output, written
 // from the kernel's running max and sum: one kernel, one call, no score matrix.
 // CHECK-LABEL: func.func private @attention_lse_k0_attention
-// CHECK-SAME: -> (tensor<2x8x257xf32>, tensor<2x8x257x64xbf16>)
+// CHECK-SAME: -> (tensor<2x8x257x64xbf16>, tensor<2x8x257xf32>)
 // CHECK-SAME: kf.kernel = "attention"
 // CHECK: "kf.softmax"
 // CHECK: "kf.logsumexp"

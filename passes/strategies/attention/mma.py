@@ -150,6 +150,11 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
                     [workgroup_memref([stages * bn, D + 8], et), workgroup_memref([stages * bn, Dv + 8], et)],
                     (threads, 1, 1), dynamic_shared=plan.get("dynamic_shared", False))
         Ks, Vs = g.shared
+        if ch.lse_pos is not None:
+            # The logsumexp's pointer is live from the entry (where parameters load) through
+            # the key loop; at head dim 64 and 2048 keys ptxas then held the kernel to 128
+            # registers and spilled 4 bytes. A .maxnreg of 255 lets it take the few more.
+            g.op.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 255)
         n_in = len(view.args)
         out_mem = g.args[n_in + ch.out_pos]
         pw = Pointwise(g, view, g.args[:n_in])
