@@ -204,15 +204,25 @@ def _causal_attention(q, k, v):
 
 def _autograd_call(mask_kind, target, args):
     """(the kf function, its arguments) of the seed attention with the mask kind: None,
-    "given" (a causal mask tensor), "causal" (made inside the function)."""
+    "given" (a causal mask tensor), "dead" (one with rows masked everywhere), "causal"
+    (made inside the function)."""
     import kf
     import seed_examples as se
 
     if mask_kind == "causal":
         return kf.jit(_causal_attention, target=target), list(args)
-    q = args[0]
-    mask = None if mask_kind is None else torch.ones(q.shape[-2], args[1].shape[-2], device=q.device).tril()
-    return se.fused_attention.with_options(target=target), [*args, mask]
+    return se.fused_attention.with_options(target=target), [*args, _mask(mask_kind, args[0], args[1])]
+
+
+def _mask(mask_kind, q, k):
+    """None, or the causal mask of q and k's lengths (f32, on q's device); "dead": with
+    the first and last query rows masked everywhere."""
+    if mask_kind is None:
+        return None
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.float32, device=q.device).tril()
+    if mask_kind == "dead":
+        mask[0] = mask[-1] = 0
+    return mask
 
 
 def _split_forward(kfn, args):
@@ -255,11 +265,15 @@ def test_forward_under_autograd_is_the_attention_kernels(arch, seq, d, mask_kind
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, (name, r)
 
 
+#: (element type, seq_q, seq_k, head dim): the wgmma kernels (64, 128 on sm_90a), mma.sync
+#: (sm_80/89, multiples of 16), SIMT (40, 65, f32); one query, cross lengths, 2048 keys
+_LSE_CUDA_CASES = [(e, *c) for e in ("bf16", "f16") for c in ((1, 1, 40), (7, 257, 65), (257, 7, 64), (257, 257, 128))] + \
+    [("bf16", 2048, 2048, 64), ("bf16", 2048, 2048, 128), ("f32", 257, 257, 64), ("f32", 7, 257, 65)]
+
+
 @needs_cuda
-@pytest.mark.parametrize("elem", ["bf16", "f16", "f32"])
-@pytest.mark.parametrize("sq,sk,d", [(1, 1, 40), (7, 257, 65), (257, 7, 64), (257, 257, 128), (2048, 2048, 64),
-                                     (2048, 2048, 128)])
-@pytest.mark.parametrize("mask_kind", [None, "given", "causal"])
+@pytest.mark.parametrize("elem,sq,sk,d", _LSE_CUDA_CASES)
+@pytest.mark.parametrize("mask_kind", [None, "given", "dead", "causal"])
 def test_lse_and_gradients_cuda(elem, sq, sk, d, mask_kind):
     """On a CUDA device (the wgmma kernels at head dims 64 and 128 on sm_90a, mma.sync on
     sm_80/89, SIMT for the rest and f32): the forward's row logsumexp and O, and the
@@ -267,16 +281,16 @@ def test_lse_and_gradients_cuda(elem, sq, sk, d, mask_kind):
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[elem]
     gen = torch.Generator().manual_seed(sq + sk + d)
     q = torch.randn(1, 2, sq, d, generator=gen)
-    k, v, = (torch.randn(1, 2, sk, d, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, 2, sk, d, generator=gen) for _ in range(2))
     qkv = [t.to(dtype).cuda().requires_grad_() for t in (q, k, v)]
     kfn, args = _autograd_call(mask_kind, "cuda", qkv)
     out, lse = _split_forward(kfn, args)(*(a.detach() for a in args if a is not None))
     ref = [t.detach().cpu().double().requires_grad_() for t in qkv]
     s = ref[0] @ ref[1].transpose(-2, -1) / d ** 0.5
     if mask_kind is not None:
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.float64).tril() == 0, -1e9)
+        s = s.masked_fill(_mask("dead" if mask_kind == "dead" else "given", ref[0], ref[1]) == 0, -1e9)
     want_o = torch.softmax(s, -1) @ ref[2]
-    tol = 2e-2 if elem != "f32" else 2e-3
+    tol = 3e-2 if elem != "f32" else 5e-3  # f32: the backward's matmuls may round to TF32
     assert lse.dtype == torch.float32 and lse.shape == (1, 2, sq)
     torch.testing.assert_close(lse.cpu().double(), torch.logsumexp(s, -1).detach(), rtol=tol, atol=tol)
     torch.testing.assert_close(out.cpu().double(), want_o.detach(), rtol=tol, atol=tol)
@@ -284,4 +298,5 @@ def test_lse_and_gradients_cuda(elem, sq, sk, d, mask_kind):
     got = torch.autograd.grad(kfn(*args), qkv, g.to(dtype).cuda())
     want = torch.autograd.grad(want_o, ref, g.to(dtype).double())
     for a, e in zip(got, want):
-        assert ((a.cpu().double() - e).norm() / e.norm().clamp(min=1e-12)).item() < tol, (a, e)
+        # (all zeros where every row is masked: the gradients of a uniform softmax's scores)
+        assert (a.cpu().double() - e).norm().item() <= tol * e.norm().item() + 1e-6, (a, e)
