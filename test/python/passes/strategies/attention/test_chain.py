@@ -265,6 +265,24 @@ def test_forward_under_autograd_is_the_attention_kernels(arch, seq, d, mask_kind
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, (name, r)
 
 
+@pytest.mark.parametrize("target", ["vulkan", "metal"])
+@pytest.mark.parametrize("mask_kind", [None, "given", "causal"])
+def test_forward_under_autograd_is_one_simt_kernel(target, mask_kind):
+    """On Vulkan and Metal the forward under autograd (f32, seq 257, head dim 40) is the
+    SIMT attention kernel alone, which writes O and the row logsumexp (codegen only:
+    SPIR-V, and MSL through SPIRV-Cross)."""
+    import re
+
+    qkv = [torch.randn(1, 2, 257, 40, requires_grad=True) for _ in range(3)]
+    kfn, args = _autograd_call(mask_kind, "cpu", qkv)
+    info = _split_forward(kfn, args).with_options(target=target).inspect(*(a.detach() for a in args if a is not None))
+    calls = re.findall(r"call @(\w+)", info.stages["fused"])
+    assert len(calls) == 1 and calls[0].endswith("_attention"), calls
+    assert re.search(r"-> \(tensor<1x2x257x40xf32>, tensor<1x2x257xf32>\)", info.stages["fused"])
+    if target == "metal":
+        assert len(re.findall(r"kernel void", info.stages["msl"])) == 1
+
+
 #: (element type, seq_q, seq_k, head dim): the wgmma kernels (64, 128 on sm_90a), mma.sync
 #: (sm_80/89, multiples of 16), SIMT (40, 65, f32); one query, cross lengths, 2048 keys
 _LSE_CUDA_CASES = [(e, *c) for e in ("bf16", "f16") for c in ((1, 1, 40), (7, 257, 65), (257, 7, 64), (257, 257, 128))] + \
