@@ -283,6 +283,23 @@ def test_forward_under_autograd_is_one_simt_kernel(target, mask_kind):
         assert len(re.findall(r"kernel void", info.stages["msl"])) == 1
 
 
+@needs_vulkan
+def test_forward_under_autograd_past_the_grid_limit_on_vulkan():
+    """70001 batch elements, past the attention kernel's grid: the generic strategy takes
+    the attention kernel function, its logsumexp included, and gives torch's values."""
+    import re
+
+    q = torch.randn(70001, 1, 3, 8)
+    k, v = torch.randn(70001, 1, 5, 8), torch.randn(70001, 1, 5, 8)
+    kfn, args = _autograd_call(None, "vulkan", [t.clone().requires_grad_() for t in (q, k, v)])
+    fwd = _split_forward(kfn, args)
+    out, lse = fwd(q, k, v)
+    s = q.double() @ k.double().transpose(-2, -1) / 8 ** 0.5
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), torch.softmax(s, -1) @ v.double(), rtol=1e-5, atol=1e-5)
+    assert set(re.findall(r'strategy = "(\w+)"', fwd.inspect(q, k, v).stages["gpu"])) == {"generic"}
+
+
 #: (element type, seq_q, seq_k, head dim): the wgmma kernels (64, 128 on sm_90a), mma.sync
 #: (sm_80/89, multiples of 16), SIMT (40, 65, f32); one query, cross lengths, 2048 keys
 _LSE_CUDA_CASES = [(e, *c) for e in ("bf16", "f16") for c in ((1, 1, 40), (7, 257, 65), (257, 7, 64), (257, 257, 128))] + \
