@@ -225,8 +225,9 @@ def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
     """Ops of each matmul -> scale -> mask -> softmax -> matmul chain, with what the
     precision policy writes around it (passes/apply_precision.py): casts and rank-0
     scales between q k^T and the softmax, a "P chain" of casts and rank-0 scales from
-    the softmax to the second matmul, V read through a transpose (fp8's K-major V), and
-    an epilogue of rank-0 scales and casts after the second matmul."""
+    the softmax to the second matmul, V read through a transpose (fp8's K-major V), an
+    epilogue of rank-0 scales and casts after the second matmul, and the row logsumexp
+    of the softmax's scores where the function computes it (``attention_lse``)."""
     chains = []
     for op in ops:
         if op.name != "kf.matmul":
