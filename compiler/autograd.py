@@ -28,10 +28,10 @@ recognizes as attention (``matmul(q, k^T)`` -> scale -> optional mask -> ``softm
     lse = kf.logsumexp(scores) {dims = [-1]}     f32 (f64 for f64), shape [..., Sq]
 
 the natural-log logsumexp of the scaled and masked scores of each query row. In the
-forward's kf IR it reads the same scores value as the ``kf.softmax``; kf-fuse folds it
-into the attention kernel as a second output where the attention kernels write it, and
-until then computes it beside the attention from a copy of the score chain
-(passes/fuse.py, ``_lse_beside_attention``). The backward's kf IR recomputes the scores
+forward's kf IR it reads the same scores value as the ``kf.softmax``; kf-fuse gives it
+to the attention kernel, which writes it as a second output from the running max and
+sum it keeps (passes/fuse.py, ``attention_lse``; passes/strategies/attention/chain.py),
+so the forward under autograd is the same kernels as without. The backward's kf IR recomputes the scores
 from q and k with the forward's own ops (scale, mask), then
 
     P = cast(exp(scores - lse[..., None]), the softmax's type)

@@ -18,6 +18,7 @@ What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
   as autograd's derived graphs have it);
 - a reshape that drops the unit dims a ``keepdim`` reduction kept becomes the
   reduction without keepdim;
+- ``select(c, fill(v), x)`` of x's shape and float type becomes ``masked_fill(x, c, v)``;
 - kf ops whose results are unused are erased (kf ops have no side effects).
 It runs the rules to a fixed point.
 """
@@ -343,6 +344,16 @@ class _Rewriter:
                         for v in inner.operands]
             attrs = {k: v for k, v in op_attrs(inner).items()}
             self.replace(op, builders.build(inner.name, operands, attrs, [out]).result)
+
+    def _select(self, op: ir.Operation) -> None:
+        """``select(c, fill(v), x)`` of x's own shape and float type is ``masked_fill(x, c, v)``
+        (autograd's traces write ``masked_fill(mask == 0, -1e9)`` as ``where``): the form
+        an attention's mask is recognized in (its block table, the key blocks it skips)."""
+        c, a, x = op.operands
+        v = _fill_value(a)
+        if v is None or spec_of(x.type) != spec_of(op.result.type) or not spec_of(x.type).is_float:
+            return
+        self.replace(op, builders.masked_fill(x, c, value=v))
 
     def _cast(self, op: ir.Operation) -> None:
         (x,) = op.operands

@@ -8,7 +8,9 @@ Kinds, in the order they are recognized:
 - ``attention``: ``matmul(q, k^T)`` -> scale -> optional mask -> ``softmax(-1)`` ->
   ``matmul(., v)``; one kernel, so the score matrix never reaches global memory. With
   what a precision policy writes around the products (casts, rank-0 scales such as
-  fp8's dequantization factors, V through a transpose; ``_attention_chains``).
+  fp8's dequantization factors, V through a transpose; ``_attention_chains``), and the
+  ``kf.logsumexp`` of the softmax's scores that kf's autograd saves: the kernel's second
+  output (``attention_lse``).
 - ``attention_backward``: the gradients of an attention as kf's autograd writes them
   (P recomputed as ``exp(x - lse)``, D as rowsum(dO * O)): dq, dk and dv of one kernel
   function (passes/fuse_attention_backward.py).
@@ -223,8 +225,9 @@ def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
     """Ops of each matmul -> scale -> mask -> softmax -> matmul chain, with what the
     precision policy writes around it (passes/apply_precision.py): casts and rank-0
     scales between q k^T and the softmax, a "P chain" of casts and rank-0 scales from
-    the softmax to the second matmul, V read through a transpose (fp8's K-major V), and
-    an epilogue of rank-0 scales and casts after the second matmul."""
+    the softmax to the second matmul, V read through a transpose (fp8's K-major V), an
+    epilogue of rank-0 scales and casts after the second matmul, and the row logsumexp
+    of the softmax's scores where the function computes it (``attention_lse``)."""
     chains = []
     for op in ops:
         if op.name != "kf.matmul":
@@ -263,11 +266,34 @@ def _attention_chains(ops: list[ir.Operation]) -> list[list[ir.Operation]]:
                 break
             chain.append(nxt)
             last = nxt
+        # The row logsumexp of the scores (what kf's autograd saves): the kernel's second
+        # output, from the running max and sum it keeps anyway.
+        lse = [u for u in _users(sm.operands[0]) if u.name == "kf.logsumexp" and attention_lse(u, sm, op)]
+        chain += lse[:1]
         # Every intermediate must be used only inside the chain.
         members = set(chain)
-        if all(all(u.owner in members for r in c.results for u in r.uses) for c in chain if c is not last):
+        if all(all(u.owner in members for r in c.results for u in r.uses) for c in chain
+               if c is not last and c not in lse[:1]):
             chains.append(chain)
     return chains
+
+
+def _users(v: ir.Value) -> list[ir.Operation]:
+    return [getattr(u.owner, "operation", u.owner) for u in v.uses]
+
+
+def attention_lse(op: ir.Operation, sm: ir.Operation, mm2: ir.Operation) -> bool:
+    """Whether the attention kernel of softmax ``sm`` and second product ``mm2`` writes
+    ``kf.logsumexp`` op as its second output: the natural-log logsumexp of the scores
+    the softmax reads over their last dim, f32 or f64, of shape ``[..., Sq]`` (or
+    ``[..., Sq, 1]``) with the output's leading dims."""
+    x = spec_of(op.operands[0].type)
+    out = spec_of(op.result.type)
+    dims = [d % max(x.rank, 1) for d in (op_attrs(op).get("dims") or range(x.rank))]
+    if op.operands[0] != sm.operands[0] or dims != [x.rank - 1] or out.elem not in ("f32", "f64"):
+        return False
+    rows = spec_of(mm2.results[0].type).shape[:-1]
+    return out.shape in (rows, rows + (1,))
 
 
 def _operand_transposes(mm: ir.Operation) -> list[ir.Operation]:
@@ -691,12 +717,13 @@ def _free_scalars(kernel_ops: list[ir.Operation]) -> list[ir.Operation]:
 
 
 def _lse_beside_attention(op: ir.Operation) -> None:
-    """A ``kf.logsumexp`` of the scores an attention's softmax reads (what kf's autograd
-    saves for attention's backward, compiler/partition.py) reads a copy of the score chain
-    instead -- the ``q @ k^T`` matmul and the ops from it to the scores --, so that the
-    attention chain stays whole and one kernel, and the copy becomes kernels of its own
-    (a matmul, then the row-wise logsumexp). The attention kernels do not write lse as a
-    second output yet; when they do, the attention group takes the logsumexp instead."""
+    """A ``kf.logsumexp`` of the scores an attention's softmax reads that the attention
+    kernel does not write (``attention_lse``: over another dim, of another shape) reads
+    a copy of the score chain instead -- the ``q @ k^T`` matmul and the ops from it to the
+    scores --, so that the attention chain stays whole and one kernel, and the copy
+    becomes kernels of its own (a matmul, then the row-wise logsumexp). The logsumexp
+    that kf's autograd saves for attention's backward (compiler/partition.py) is the
+    attention kernel's second output instead (``_attention_chains``)."""
     x = op.operands[0]
     sm = next((getattr(u.owner, "operation", u.owner) for u in x.uses
                if getattr(u.owner, "operation", u.owner).name == "kf.softmax"), None)
@@ -750,9 +777,12 @@ def _expand_logsumexp(op: ir.Operation) -> None:
 
 def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
     block = f.regions[0].blocks[0]
+    in_attention = {c for chain in _attention_chains([o.operation for o in block.operations]) for c in chain
+                    if c.name == "kf.logsumexp"}
     for op in [o.operation for o in block.operations if o.operation.name == "kf.logsumexp"]:
-        _lse_beside_attention(op)
-        _expand_logsumexp(op)
+        if op not in in_attention:
+            _lse_beside_attention(op)
+            _expand_logsumexp(op)
     for op in [o.operation for o in block.operations if _column_reduction(o.operation) is not None]:
         _recompute_column_operands(op)
     copied: set = set()  # results of reshapes a kernel computes rather than views
@@ -874,6 +904,8 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
             for r in op.results:
                 if any(use.owner not in members for use in r.uses):
                     outputs.append(r)
+        # an attention kernel's O first, its row logsumexp after it
+        outputs.sort(key=lambda r: defining(r).name == "kf.logsumexp")
         with ir.InsertionPoint(module.regions[0].blocks[0]), f.location:
             kfunc = func.FuncOp(kname, ir.FunctionType.get([v.type for v in inputs], [r.type for r in outputs]))
             kfunc.attributes["sym_visibility"] = ir.StringAttr.get("private")

@@ -13,7 +13,7 @@ op that made ``v`` computes it from its operands' values at remapped indices:
   (concat picks its operand with an ``scf.if``, so no out-of-bounds load is made);
 - reductions (sum, mean, reduce_max/min, var, argmax) run an inner ``scf.for`` over the
   reduced elements (var: two passes, mean then squared deviations), softmax and
-  log_softmax three (max, sum of exp, the element);
+  log_softmax three (max, sum of exp, the element), logsumexp two (max, sum of exp);
 - matmul runs an ``scf.for`` over K;
 - topk: output position p along dim is the (p+1)-th pass of a selection that walks the
   row in the total order (value, then index; NaN largest), each pass picking the best
@@ -278,6 +278,25 @@ def _softmax(ev: Evaluator, op, idx, attrs):
     if log:
         return [arith.subf(shifted, sm.emit("log", [total]))]
     return [arith.divf(sm.emit("exp", [shifted]), total)]
+
+
+def _logsumexp(ev: Evaluator, op, idx, attrs):
+    """log(sum(exp(x))) over dims as torch.logsumexp: m + log(sum(exp(x - m))) with m the
+    maximum, 0 where that is infinite (so a row of -inf is -inf, one holding +inf +inf).
+    The attention kernel function's second output where the generic strategy takes it
+    (sizes of 0)."""
+    x = op.operands[0]
+    xs = E.shape_of(x)
+    red = _reduced(len(xs), attrs.get("dims", []))
+    base = _input_index(xs, red, idx, bool(attrs.get("keepdim", False)))
+    t = E.compute_type(E.elem_of(op.results[0]))
+    [mx] = _reduce_loop(ev, x, red, base, [sm.const(t, -math.inf)],
+                        lambda v, c, j: [arith.maximumf(c[0], sm.convert(v, t))])
+    infinite = arith.cmpf(arith.CmpFPredicate.OEQ, sm.emit("abs", [mx]), sm.const(t, math.inf))
+    mx = arith.select(infinite, sm.const(t, 0.0), mx)
+    [total] = _reduce_loop(ev, x, red, base, [sm.const(t, 0)], lambda v, c, j: [
+        arith.addf(c[0], sm.emit("exp", [arith.subf(sm.convert(v, t), mx)]))])
+    return [arith.addf(sm.emit("log", [total]), mx)]
 
 
 def _matmul(ev: Evaluator, op, idx, attrs):
@@ -572,6 +591,7 @@ def _fill(ev: Evaluator, op, idx, attrs):
 _HANDLERS = {
     "kf.sum": _sum_like, "kf.mean": _sum_like, "kf.reduce_max": _sum_like, "kf.reduce_min": _sum_like,
     "kf.var": _var, "kf.argmax": _argmax, "kf.softmax": _softmax, "kf.log_softmax": _softmax,
+    "kf.logsumexp": _logsumexp,
     "kf.matmul": _matmul, "kf.transpose": _transpose, "kf.reshape": _reshape, "kf.broadcast_to": _broadcast_to,
     "kf.slice": _slice, "kf.concat": _concat, "kf.topk": _topk, "kf.gather": _gather,
     "kf.index_select": _index_select, "kf.index_add": _index_add, "kf.scatter_add": _scatter_add,

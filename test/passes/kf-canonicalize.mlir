@@ -234,3 +234,21 @@ func.func @transpose_of_indices(%x: tensor<5x7xf32>) -> (tensor<7x5xf32>, tensor
   %tx = "kf.transpose"(%x) {perm = array<i64: 1, 0>} : (tensor<5x7xf32>) -> tensor<7x5xf32>
   return %t, %tx : tensor<7x5xf32>, tensor<7x5xf32>
 }
+
+// -----
+
+// A select of a fill and x, of x's shape and type, is x masked with the fill (autograd's
+// trace of masked_fill(mask == 0, -1e9)); a select of two tensors stays.
+// CHECK-LABEL: func.func @select_of_fill
+// CHECK: %[[C:.*]] = "kf.cmp"
+// CHECK: "kf.masked_fill"(%arg0, %[[C]]) {value = -1.000000e+09 : f64} : (tensor<2x7x7xf32>, tensor<7x7xi1>) -> tensor<2x7x7xf32>
+// CHECK: "kf.select"(%[[C]], %arg0, %arg0)
+// CHECK-NOT: kf.select
+func.func @select_of_fill(%x: tensor<2x7x7xf32>, %mask: tensor<7x7xi64>) -> (tensor<2x7x7xf32>, tensor<2x7x7xf32>) {
+  %zero = "kf.fill"() {value = 0.0 : f64} : () -> tensor<i64>
+  %c = "kf.cmp"(%mask, %zero) {predicate = "eq"} : (tensor<7x7xi64>, tensor<i64>) -> tensor<7x7xi1>
+  %low = "kf.fill"() {value = -1.0e9 : f64} : () -> tensor<f32>
+  %0 = "kf.select"(%c, %low, %x) : (tensor<7x7xi1>, tensor<f32>, tensor<2x7x7xf32>) -> tensor<2x7x7xf32>
+  %1 = "kf.select"(%c, %x, %x) : (tensor<7x7xi1>, tensor<2x7x7xf32>, tensor<2x7x7xf32>) -> tensor<2x7x7xf32>
+  return %0, %1 : tensor<2x7x7xf32>, tensor<2x7x7xf32>
+}

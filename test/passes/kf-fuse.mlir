@@ -57,22 +57,15 @@ func.func @attention(%q: tensor<2x8x257x64xbf16>, %k: tensor<2x8x257x64xbf16>, %
 // -----
 
 // Attention under autograd: the saved row logsumexp of the scores (kf.logsumexp beside
-// the softmax, compiler/partition.py) reads a copy of the score chain, so the attention
-// stays one kernel; the copy is a matmul kernel (after the copied mask comparison's own)
-// and the logsumexp a row-wise one (max, then the sum of exp(x - max), in f32), written
-// straight to its [..., Sq] result.
-// CHECK-LABEL: func.func private @attention_lse_k{{[0-9]+}}_attention
+// the softmax, compiler/partition.py) is the attention kernel's second output, written
+// from the kernel's running max and sum: one kernel, one call, no score matrix.
+// CHECK-LABEL: func.func private @attention_lse_k0_attention
+// CHECK-SAME: -> (tensor<2x8x257x64xbf16>, tensor<2x8x257xf32>)
 // CHECK-SAME: kf.kernel = "attention"
-// CHECK-LABEL: func.func private @attention_lse_k{{[0-9]+}}_matmul
-// CHECK-LABEL: func.func private @attention_lse_k{{[0-9]+}}_rowwise
-// CHECK-SAME: -> tensor<2x8x257xf32>
-// CHECK: "kf.reduce_max"
-// CHECK: "kf.exp"
-// CHECK: "kf.sum"
-// CHECK: "kf.log"
-// CHECK-NOT: kf.logsumexp
+// CHECK: "kf.softmax"
+// CHECK: "kf.logsumexp"
 // CHECK-LABEL: func.func @attention_lse
-// CHECK-COUNT-4: call
+// CHECK-COUNT-1: call
 // CHECK-NOT: call
 func.func @attention_lse(%q: tensor<2x8x257x64xbf16>, %k: tensor<2x8x257x64xbf16>, %v: tensor<2x8x257x64xbf16>, %mask: tensor<257x257xbf16>) -> (tensor<2x8x257x64xbf16>, tensor<2x8x257xf32>) {
   %kt = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x8x257x64xbf16>) -> tensor<2x8x64x257xbf16>
@@ -84,6 +77,27 @@ func.func @attention_lse(%q: tensor<2x8x257x64xbf16>, %k: tensor<2x8x257x64xbf16
   %mf = "kf.masked_fill"(%sc, %m) {value = -1.0e9 : f64} : (tensor<2x8x257x257xbf16>, tensor<257x257xi1>) -> tensor<2x8x257x257xbf16>
   %p = "kf.softmax"(%mf) {dim = -1 : i64} : (tensor<2x8x257x257xbf16>) -> tensor<2x8x257x257xbf16>
   %lse = "kf.logsumexp"(%mf) {dims = array<i64: 3>, keepdim = false} : (tensor<2x8x257x257xbf16>) -> tensor<2x8x257xf32>
+  %o = "kf.matmul"(%p, %v) : (tensor<2x8x257x257xbf16>, tensor<2x8x257x64xbf16>) -> tensor<2x8x257x64xbf16>
+  return %o, %lse : tensor<2x8x257x64xbf16>, tensor<2x8x257xf32>
+}
+
+// -----
+
+// A logsumexp of the scores the attention kernel does not write (over the query dim):
+// it reads a copy of the score chain, so that the attention stays one kernel; the copy
+// is a matmul kernel, and the logsumexp kernels of its own after it.
+// CHECK-LABEL: func.func private @attention_column_lse_k{{[0-9]+}}_attention
+// CHECK-SAME: -> tensor<2x8x257x64xbf16>
+// CHECK-LABEL: func.func private @attention_column_lse_k{{[0-9]+}}_matmul
+// CHECK-NOT: kf.logsumexp
+// CHECK-LABEL: func.func @attention_column_lse
+func.func @attention_column_lse(%q: tensor<2x8x257x64xbf16>, %k: tensor<2x8x257x64xbf16>, %v: tensor<2x8x257x64xbf16>) -> (tensor<2x8x257x64xbf16>, tensor<2x8x257xf32>) {
+  %kt = "kf.transpose"(%k) {perm = array<i64: 0, 1, 3, 2>} : (tensor<2x8x257x64xbf16>) -> tensor<2x8x64x257xbf16>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x8x257x64xbf16>, tensor<2x8x64x257xbf16>) -> tensor<2x8x257x257xbf16>
+  %eight = "kf.fill"() {value = 8.0 : f64} : () -> tensor<bf16>
+  %sc = "kf.div"(%s, %eight) : (tensor<2x8x257x257xbf16>, tensor<bf16>) -> tensor<2x8x257x257xbf16>
+  %p = "kf.softmax"(%sc) {dim = -1 : i64} : (tensor<2x8x257x257xbf16>) -> tensor<2x8x257x257xbf16>
+  %lse = "kf.logsumexp"(%sc) {dims = array<i64: 2>, keepdim = false} : (tensor<2x8x257x257xbf16>) -> tensor<2x8x257xf32>
   %o = "kf.matmul"(%p, %v) : (tensor<2x8x257x257xbf16>, tensor<2x8x257x64xbf16>) -> tensor<2x8x257x64xbf16>
   return %o, %lse : tensor<2x8x257x64xbf16>, tensor<2x8x257xf32>
 }

@@ -45,7 +45,9 @@ SIMT kernel:
   output columns ``l, l + TPR, ...`` (consecutive lanes, consecutive columns: coalesced
   stores at the end);
 - at the end the lanes' partial sums are added through workgroup memory and the
-  accumulator divided once.
+  accumulator divided once; where the kernel function returns the scores' row
+  logsumexp too (``Chain.lse_pos``: what kf's autograd saves), a row's first lane
+  writes ``m + log(l)`` from the running max and the total.
 
 Tails: keys past seq_k score -inf (their p is exactly 0, and the V rows loaded for them
 are zeros), query rows past seq_q compute on zeros and are not stored. Statistics,
@@ -87,7 +89,7 @@ from ..kernel_ir import (
 from ..kernel_ir import contiguous_last as _contiguous_last
 from . import hopper, mma
 from .chain import Chain as _Chain
-from .chain import apply_epilogue, apply_p_chain
+from .chain import apply_epilogue, apply_p_chain, lse_index, row_lse
 from .chain import transposed_source as _transposed_source
 from .hopper import AttentionVariant
 
@@ -246,16 +248,18 @@ class AttentionStrategy(Strategy):
             # the tails' guards are static where the tiles divide the sequences; with
             # run-time sequence lengths every tail is guarded
             ragged_q, ragged_k = bool(Sq % bm), bool(Sk % bn)
-            out_strides = None
+            out_strides = lse_strides = None
             if seq_slots is not None:
                 sizes = run_time_sizes.SizeSlots(g.entry, g.args[-1], size_slots)
                 Sq, Sk = sizes.size(seq_slots[0]), sizes.size(seq_slots[1])
                 ragged_q = ragged_k = True
                 slot_of = {pos: k for k, (pos, _) in enumerate(size_slots)}
                 flat = {pos: sizes.strides(specs[pos].shape, dim, slot_of[pos]) for pos, dim in strided.items()}
-                out_strides = flat.pop(len(view.args), None)
+                out_strides = flat.pop(len(view.args) + ch.out_pos, None)
+                if ch.lse_pos is not None:
+                    lse_strides = flat.pop(len(view.args) + ch.lse_pos, None)
             n_in = len(view.args)
-            out_mem = g.args[n_in]
+            out_mem = g.args[n_in + ch.out_pos]
             pw = Pointwise(g, view, g.args[:n_in])
             if seq_slots is not None:
                 pw.flat = flat
@@ -382,6 +386,14 @@ class AttentionStrategy(Strategy):
                         g.when(g.lt(out_cols[c], Dv) if tpr * (c + 1) > Dv else None, one)
 
                 g.when(g.lt(gi, Sq) if ragged_q else None, store)
+                if ch.lse_pos is not None:  # the row's logsumexp, by its first lane
+                    def store_lse():
+                        idx = lse_index(ch, batch_idx, gi, g.c(0))
+                        at = idx if lse_strides is None else [linearize(g, idx, lse_strides)]
+                        store_value(row_lse(final[0], total), g.args[n_in + ch.lse_pos], at)
+
+                    first = arith.cmpi(arith.CmpIPredicate.eq, lane, g.c(0))
+                    g.when(arith.andi(first, g.lt(gi, Sq)) if ragged_q else first, store_lse)
             g.finish()
         notes = {"strategy": "attention", "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn,
                  "lanes_per_row": tpr}
@@ -400,9 +412,11 @@ def _seq_slots(ch: _Chain, slots: list[tuple[int, int]]) -> tuple[int, int]:
     n_in = len(view.args)
     rank = len(ch.scores.shape)
     sources = {view.arg_index(x) for x in (_transposed_source(ch.kt), ch.v)} - {None}
-    q = [k for k, (pos, dim) in enumerate(slots) if pos == n_in and dim == rank - 2]
+    q = [k for k, (pos, dim) in enumerate(slots) if pos == n_in + ch.out_pos and dim == rank - 2]
     kv = [k for k, (pos, dim) in enumerate(slots) if pos in sources and dim == rank - 2]
-    allowed = sources | {n_in, view.arg_index(ch.q)}
+    # (the logsumexp's run-time dim is its sequence too: [..., Sq] or [..., Sq, 1])
+    allowed = sources | {n_in + ch.out_pos, view.arg_index(ch.q)} | \
+        ({n_in + ch.lse_pos} if ch.lse_pos is not None else set())
     if not q or not kv or any(pos not in allowed or dim != rank - 2 for pos, dim in slots):
         raise ValueError(f"the attention kernel takes run-time sequence lengths only (its run-time dims: {slots})")
     return q[0], kv[0]

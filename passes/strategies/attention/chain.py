@@ -1,8 +1,15 @@
 """What an attention kernel function computes, as the attention kernels read it
 (``Chain``): q @ k^T, the elementwise chain of the scores (scale, mask, bias), the
 softmax, the P chain (what the second product reads of it: the precision policy's
-rounding and scales) and the epilogue after P @ V; and the two chains applied to one
-value (``apply_p_chain``, ``apply_epilogue``)."""
+rounding and scales), the epilogue after P @ V and the optional row logsumexp of the
+scores; the two chains applied to one value (``apply_p_chain``, ``apply_epilogue``),
+and the logsumexp from the online softmax's running max and sum (``row_lse``).
+
+Every kernel that takes an attention chain (the SIMT one, mma.sync, the Hopper kernels)
+writes the logsumexp where the chain has it: ``m + log(l)`` with m the row's running
+max and l the sum of ``exp(s - m)`` -- both kept anyway --, which is torch's logsumexp
+of the scaled, masked scores (a row masked everywhere: the fill plus log(Sk), as the
+kernels sum that row's fills over every key)."""
 
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ from kf.dialects.attrs import op_attrs
 from kf.dialects.types import broadcast_shapes, defining
 from kf.passes import scalar_math
 from mlir import ir
+from mlir.dialects import arith
+from mlir.dialects import math as mmath
 
 from ..base import NotApplicable
 from ..kernel_ir import KernelView, Pointwise, contiguous_last, pointwise_closure
@@ -28,16 +37,25 @@ class Chain:
     without scales), None where a multiplier is not a constant fill; ``p_elem``: the
     element type of mm2's A operand ("bf16", "f8E4M3FN", "f32"); ``epilogue_value``:
     the kernel's result, ``mm2.result`` itself or the end of the rank-0 scales and casts
-    after it."""
+    after it. ``out_pos``: that result's place among the kernel's results; ``lse_pos``:
+    the place of the second result, ``kf.logsumexp`` of the softmax's operand over its
+    last dim (the row logsumexp kf's autograd saves, of shape ``[..., Sq]``, or
+    ``[..., Sq, 1]`` with ``lse_keepdim``), or None where the kernel returns O alone."""
 
     def __init__(self, kernel: ir.Operation):
         view = KernelView(kernel)
         self.view = view
-        if len(view.results) != 1:
-            raise NotApplicable(f"@{view.name} returns {len(view.results)} values; attention returns one")
+        # The row logsumexp of the scores, where the kernel function returns it beside O
+        lse_pos = [i for i, r in enumerate(view.results)
+                   if defining(r) is not None and defining(r).name == "kf.logsumexp"]
+        if len(view.results) - len(lse_pos[:1]) != 1:
+            raise NotApplicable(f"@{view.name} returns {len(view.results)} values; attention returns O "
+                                f"and optionally its scores' row logsumexp")
+        self.out_pos = 1 - lse_pos[0] if lse_pos else 0
+        self.lse_pos = lse_pos[0] if lse_pos else None
         # The epilogue: rank-0 scales and casts after P @ V (fp8's dequantization).
-        self.epilogue_value = view.results[0]
-        mm2 = defining(view.results[0])
+        self.epilogue_value = view.results[self.out_pos]
+        mm2 = defining(view.results[self.out_pos])
         while mm2 is not None and _link(mm2) is not None:
             mm2 = defining(_link(mm2)[0])
         if mm2 is None or mm2.name != "kf.matmul":
@@ -86,7 +104,16 @@ class Chain:
         self.mm1, self.sm, self.mm2 = mm1, sm, mm2
         self.q, self.kt, self.v = q, kt, vv
         self.scores = scores
-        self.out = view.result_specs[0]
+        self.out = view.result_specs[self.out_pos]
+        self.lse_keepdim = False
+        if self.lse_pos is not None:
+            lse = defining(view.results[self.lse_pos])
+            lse_spec = view.result_specs[self.lse_pos]
+            rows = self.out.shape[:-1]
+            if lse.operands[0] != sm.operands[0] or lse_spec.shape not in (rows, rows + (1,)) or \
+                    [d % scores.rank for d in op_attrs(lse).get("dims") or []] != [scores.rank - 1]:
+                raise NotApplicable("the logsumexp the kernel returns is not that of the softmax's rows")
+            self.lse_keepdim = lse_spec.shape == rows + (1,)
         qs, ks, vs = spec_of(q.type), spec_of(kt.type), spec_of(vv.type)
         self.seq_q, self.head_dim = qs.shape[-2], qs.shape[-1]
         self.seq_k = ks.shape[-1]
@@ -161,3 +188,20 @@ def transposed_source(v: ir.Value) -> ir.Value:
     """The operand of a kf.transpose that defines v (K for K^T), else v."""
     op = defining(v)
     return op.operands[0] if op is not None and op.name == "kf.transpose" else v
+
+
+def row_lse(m: ir.Value, total: ir.Value, log2_domain: bool = False) -> ir.Value:
+    """The row logsumexp from the online softmax's running max m and the row's sum
+    ``total`` of ``exp(s - m)``: ``m + log(total)``; with ``log2_domain`` (m a max of
+    scores times log2 e, total a sum of ``2^(s log2 e - m)``: the Hopper kernel's linear
+    softmax) ``(m + log2(total)) ln 2``. -inf for a row with no finite score (torch's
+    too)."""
+    if log2_domain:
+        return arith.mulf(arith.addf(m, mmath.log2(total)), arith.constant(ir.F32Type.get(), math.log(2.0)))
+    return arith.addf(m, mmath.log(total))
+
+
+def lse_index(ch: "Chain", lead: list, row: ir.Value, zero: ir.Value) -> list:
+    """The index of query row ``row`` (batch index ``lead``) in the logsumexp result
+    (``zero``: the index 0 of a kept dim)."""
+    return [*lead, row, *([zero] if ch.lse_keepdim else [])]

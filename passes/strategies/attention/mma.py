@@ -11,7 +11,9 @@ are reduced over the 4 threads of a quad with xor shuffles. That layout is also 
 A-operand layout of the next product, so P goes from registers straight into P @ V
 (rounded to the input type, as FlashAttention does), with V's B fragments read from
 workgroup memory. Key blocks a mask masks entirely are skipped (``skipping.py``);
-without a mask K and V may be double-buffered by cp.async (``pipelined_key_loop``)."""
+without a mask K and V may be double-buffered by cp.async (``pipelined_key_loop``).
+Where the kernel function returns the scores' row logsumexp (``Chain.lse_pos``), the
+first thread of each quad writes its two rows' ``m + log(l)``."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from ..kernel_ir import (
 )
 from ..kernel_ir import contiguous_last as _contiguous_last
 from ..nvidia.mma_sync import MmaSync
-from .chain import Chain, apply_epilogue, apply_p_chain
+from .chain import Chain, apply_epilogue, apply_p_chain, lse_index, row_lse
 from .skipping import skipping_loop
 from .softmax import online_softmax
 
@@ -148,8 +150,13 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
                     [workgroup_memref([stages * bn, D + 8], et), workgroup_memref([stages * bn, Dv + 8], et)],
                     (threads, 1, 1), dynamic_shared=plan.get("dynamic_shared", False))
         Ks, Vs = g.shared
+        if ch.lse_pos is not None:
+            # The logsumexp's pointer is live from the entry (where parameters load) through
+            # the key loop; at head dim 64 and 2048 keys ptxas then held the kernel to 128
+            # registers and spilled 4 bytes. A .maxnreg of 255 lets it take the few more.
+            g.op.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 255)
         n_in = len(view.args)
-        out_mem = g.args[n_in]
+        out_mem = g.args[n_in + ch.out_pos]
         pw = Pointwise(g, view, g.args[:n_in])
         zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
         zero_e = g.fconst(0.0, et)
@@ -235,6 +242,10 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
                             idx = list(batch_idx) + [rows[h], col]
                             store_value(apply_epilogue(pw, ch, arith.divf(o[4 * n + k], totals[h]), idx),
                                         out_mem, idx)
+                    if ch.lse_pos is not None:  # the row's logsumexp, by the quad's first thread
+                        g.when(arith.cmpi(arith.CmpIPredicate.eq, tig2, g.c(0)), lambda: store_value(
+                            row_lse(final[h], totals[h]), g.args[n_in + ch.lse_pos],
+                            lse_index(ch, batch_idx, rows[h], g.c(0))))
 
                 g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
         g.finish()

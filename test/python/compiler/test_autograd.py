@@ -569,3 +569,82 @@ def test_backward_computes_only_the_gradients_asked_for():
         text = open(b.source).read()
         return sum(text.count(f"aten.{op}") for op in ("mm.default", "matmul.default", "bmm.default"))
     assert 0 < matmuls(part) < matmuls(full), (matmuls(part), matmuls(full))
+
+
+def _causal_attention(q, k, v):
+    """Attention with its causal mask made inside the function (a tril of ones)."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    mask = torch.ones(q.shape[-2], k.shape[-2], device=q.device).tril()
+    return torch.softmax(s.masked_fill(mask == 0, -1e9), dim=-1) @ v
+
+
+def _attention_reference(q, k, v, mask, causal):
+    """(O, row logsumexp of the scaled, masked scores) in torch, in the inputs' dtype."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=q.dtype).tril()
+    if mask is not None:
+        s = s.masked_fill(mask == 0, -1e9)
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def attention_case(sq, sk, d, mask_kind, dtype, device, seed):
+    """q, k, v [1, 2, sq|sk, d] and the mask of the kind ("random", "dead": a random mask
+    with query rows 0 and sq - 1 masked everywhere; None, "causal": none given)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 2, sq, d, generator=gen)
+    k, v = (torch.randn(1, 2, sk, d, generator=gen) for _ in range(2))
+    mask = None
+    if mask_kind in ("random", "dead"):
+        mask = (torch.rand(sq, sk, generator=gen) > 0.3).float()
+        if mask_kind == "dead":
+            mask[0] = mask[-1] = 0
+    return [t.to(dtype=dtype, device=device) for t in (q, k, v)], \
+        None if mask is None else mask.to(dtype=dtype, device=device)
+
+
+#: (seq_q, seq_k, head dim, mask): one query and key, cross lengths both ways, prime and
+#: odd head dims, rows masked everywhere, a causal mask made inside the function
+_LSE_CASES = [(1, 1, 40, None), (7, 7, 64, "dead"), (7, 257, 65, "random"), (257, 7, 128, None),
+              (257, 257, 40, "causal"), (257, 257, 65, "dead")]
+
+
+def _split_forward(kfn, *args):
+    """The forward kf's autograd runs for this call (it returns O, then the row logsumexp)."""
+    from kf import torch_ops
+
+    autograd.backward_of(kfn, *args)
+    tensors, structure = torch_ops.flatten_call(kfn, args, {})
+    return torch_ops.training_of(kfn, structure, [t.detach() for t in tensors])[0].forward
+
+
+@pytest.mark.parametrize("target", _TARGETS[:2])
+@pytest.mark.parametrize("sq,sk,d,mask_kind", _LSE_CASES)
+def test_attention_forward_saves_lse_and_gradients_match_float64(sq, sk, d, mask_kind, target):
+    """Under autograd the attention forward returns O and the row logsumexp of its
+    scaled, masked scores (f32 on vulkan, where the attention kernel writes it beside O;
+    a row masked everywhere: -1e9 + log(Sk), as torch), and the backward that reads it
+    gives torch's float64 gradients."""
+    dtype = D if target == "cpu" else torch.float32
+    dev = _device(target)
+    (q, k, v), mask = attention_case(sq, sk, d, mask_kind, dtype, dev, sq * 1000 + sk + d)
+    causal = mask_kind == "causal"
+    kfn = kf.jit(_causal_attention, target=target) if causal else se.fused_attention.with_options(target=target)
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    args = ins if causal else [*ins, mask]
+    out, lse = _split_forward(kfn, *args)(*(a.detach() for a in args if a is not None))
+    ref = [t.cpu().double().requires_grad_() for t in (q, k, v)]
+    want_o, want_lse = _attention_reference(*ref, None if mask is None else mask.cpu().double(), causal)
+    tol = _TOLERANCE[target]
+    assert lse.shape == (1, 2, sq) and lse.dtype == (D if target == "cpu" else torch.float32)
+    torch.testing.assert_close(lse.cpu().double(), want_lse.detach(), rtol=tol["rtol"], atol=tol["atol"])
+    torch.testing.assert_close(out.cpu().double(), want_o.detach(), **tol)
+    g = torch.randn(1, 2, sq, d, dtype=dtype, generator=torch.Generator().manual_seed(d)).to(dev)
+    got = torch.autograd.grad(kfn(*args), ins, g)
+    want = torch.autograd.grad(want_o, ref, g.cpu().double())
+    if mask_kind == "dead" and target == "cpu":
+        # a row masked everywhere has lse = -1e9 + log(Sk), which holds log(Sk) to the
+        # float64 ulp of 1e9 (1.2e-7): the backward's P = exp(s - lse) of that row is as close
+        tol = dict(rtol=1e-6, atol=1e-6)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.cpu().double(), e, **tol)

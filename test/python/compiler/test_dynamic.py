@@ -290,6 +290,29 @@ def test_vulkan_attention_with_heads_and_strided_inputs():
     assert len(attn.compiles) == 2 and all("?" in c.signature for c in attn.compiles)
 
 
+def _attention_and_lse(q, k, v):
+    s = q @ k.transpose(-2, -1) * 0.125
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_attention_with_its_row_logsumexp_at_run_time_sizes(target):
+    """O and the scores' row logsumexp of one program for every sequence length, heads
+    before the run-time dim (on vulkan one attention kernel writes both, the logsumexp
+    [.., ?] addressed with run-time strides)."""
+    f = kf.jit(_attention_and_lse, target=target, dynamic={"q": [2], "k": [2], "v": [2]})
+    for sq, sk in ((7, 257), (257, 7), (1, 1), (100, 33)):
+        q, k, v = torch.randn(2, 3, sq, 64), torch.randn(2, 3, sk, 64), torch.randn(2, 3, sk, 64)
+        (o, lse), (want_o, want_lse) = f(q, k, v), _attention_and_lse(q.double(), k.double(), v.double())
+        assert lse.shape == (2, 3, sq) and lse.dtype == torch.float32
+        _close(o, want_o.float())
+        _close(lse, want_lse.float())
+    assert len(f.compiles) == 1 and "?" in f.compiles[0].signature
+    if target == "vulkan":
+        fused = kf.inspect(f, q, k, v).stages["fused"]
+        assert fused.count("call @") == 1 and "_attention(" in fused
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_size_1_that_changes_the_trace_compiles_apart(target, caplog):
     @kf.jit(target=target, dynamic={"x": [0]})

@@ -471,3 +471,31 @@ def test_ops_cloned_into_a_kernel_may_read_its_members(shape):
     got = kf.jit(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), target="vulkan")(x)
     assert got.shape == x.shape and got.dtype == x.dtype
     assert bool(((got == 0) | (got == 2 * x)).all())
+
+
+def _attention_and_lse(keepdim):
+    def fn(q, k, v):
+        s = q @ k.transpose(-2, -1) * 0.125
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1, keepdim=keepdim)
+    return fn
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (7, 9), (257, 33)])
+def test_attention_returning_its_scores_logsumexp_is_one_kernel(sq, sk, keepdim):
+    """A function that returns attention and the row logsumexp of its scores (as kf's
+    autograd saves it, or written by the user; [..., Sq] or [..., Sq, 1]) is one
+    attention kernel on vulkan, which writes both (``attention_lse``); torch's values."""
+    import kf
+    from kf.runtime import vulkan
+
+    if not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    fn = _attention_and_lse(keepdim)
+    q, k, v = torch.randn(2, 3, sq, 64), torch.randn(2, 3, sk, 64), torch.randn(2, 3, sk, 64)
+    f = kf.jit(fn, target="vulkan")
+    (o, lse), (want_o, want_lse) = f(q, k, v), fn(q.double(), k.double(), v.double())
+    torch.testing.assert_close(o.double(), want_o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+    calls = [line for line in kf.inspect(f, q, k, v).stages["fused"].splitlines() if "call @" in line]
+    assert len(calls) == 1 and "_attention(" in calls[0], calls

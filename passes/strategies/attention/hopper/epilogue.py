@@ -1,5 +1,8 @@
 """The consumers' epilogue: O / l, through the kernel function's ops after P V (fp8's
-dequantization scales), stored from the accumulators.
+dequantization scales), stored from the accumulators; and where the kernel function
+returns the scores' row logsumexp too (``Chain.lse_pos``), ``m + log(l)`` of each row,
+stored by the first thread of its quad (in the log2 domain of the linear softmax, ``(m
++ log2(l)) ln 2``: m there is a maximum of scores times log2 e).
 
 O is multiplied by 1 / l, the reciprocal once a row (a division a value was a slow-path
 check and call each, 64 a thread), and each thread's two neighbouring columns go out as
@@ -13,7 +16,8 @@ from mlir import ir
 from mlir.dialects import arith, llvm, vector
 
 from ...emit import to_storage as emit_to_storage
-from ...kernel_ir import elem_bytes, quad_reduce
+from ...kernel_ir import elem_bytes, quad_reduce, store_value
+from ..chain import lse_index, row_lse
 
 
 def store_output(k, final) -> None:
@@ -48,3 +52,12 @@ def store_output(k, final) -> None:
                              alignment=2 * elem_bytes(out_elem))
 
         g.when(g.lt(rows[h], k.Sq) if k.Sq % k.bm or k.Sq < k.bm else None, store)
+    if ch.lse_pos is not None:
+        lse_mem = k.g.args[k.n_in + (1 if k.table_shape else 0) + ch.lse_pos]
+        for h in range(2):
+            def store_lse(h=h):
+                store_value(row_lse(final[h], totals[h], k.softmax.linear is not None), lse_mem,
+                            lse_index(ch, batch_idx, rows[h], g.c(0)))
+
+            first = arith.cmpi(arith.CmpIPredicate.eq, tig2, g.c(0))
+            g.when(arith.andi(first, g.lt(rows[h], k.Sq)) if k.Sq % k.bm or k.Sq < k.bm else first, store_lse)

@@ -154,7 +154,7 @@ class HopperAttention:
                 g.op.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
                                                                      plan.max_registers)
             self.table = g.args[self.n_in] if self.table_shape else None
-            self.out_mem = g.args[self.n_in + (1 if self.table_shape else 0)]
+            self.out_mem = g.args[self.n_in + (1 if self.table_shape else 0) + self.ch.out_pos]
             self.pw = Pointwise(g, view, g.args[:self.n_in])
             self.zero, self.neg_inf = g.fconst(0.0), g.fconst(-math.inf)
             self.tc = MmaSync(self.elem)

@@ -194,6 +194,18 @@ def test_softmax(run, name, dim, dtype):
     check(got, in_f32(lambda x: getattr(torch, name)(x, dim), a))
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dims,keepdim", [([-1], False), ([0], True), ([0, 1], False)])
+def test_logsumexp(run, dims, keepdim, dtype):
+    """torch.logsumexp, in f32 for 16-bit inputs: large values (the max subtracted), a row
+    of -inf (-inf), a row holding +inf (+inf)."""
+    a = rand(3, 257, dtype=dtype) * 40
+    a[1] = -math.inf
+    a[2, 5] = math.inf
+    (got,) = run(lambda x: kb.logsumexp(x, dims=dims, keepdim=keepdim), a)
+    check(got, torch.logsumexp(a.float(), dims, keepdim=keepdim))
+
+
 # ----------------------------------------------------------------------------- matmul
 
 MATMUL_SHAPES = [((3, 257), (257, 5)), ((2, 3, 7), (2, 7, 5)), ((4, 1, 3, 7), (5, 7, 6)), ((3, 7), (2, 7, 5))]

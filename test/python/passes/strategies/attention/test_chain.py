@@ -191,3 +191,148 @@ def test_attention_p_chain_and_epilogue_cuda(b, h, sq, sk, d, elem, kind, mask):
                       "f16" if kind == "scaled" else "f32")
     ref = chain_reference(kind, args, d, plan["block_n"])
     assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+# ---- the row logsumexp, the kernels' second output under kf's autograd
+
+def _causal_attention(q, k, v):
+    """Attention with its causal mask made inside the function (a tril of ones)."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    mask = torch.ones(q.shape[-2], k.shape[-2], device=q.device).tril()
+    return torch.softmax(s.masked_fill(mask == 0, -1e9), dim=-1) @ v
+
+
+def _autograd_call(mask_kind, target, args):
+    """(the kf function, its arguments) of the seed attention with the mask kind: None,
+    "given" (a causal mask tensor), "dead" (one with rows masked everywhere), "causal"
+    (made inside the function)."""
+    import kf
+    import seed_examples as se
+
+    if mask_kind == "causal":
+        return kf.jit(_causal_attention, target=target), list(args)
+    return se.fused_attention.with_options(target=target), [*args, _mask(mask_kind, args[0], args[1])]
+
+
+def _mask(mask_kind, q, k):
+    """None, or the causal mask of q and k's lengths (f32, on q's device); "dead": with
+    the first and last query rows masked everywhere."""
+    if mask_kind is None:
+        return None
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.float32, device=q.device).tril()
+    if mask_kind == "dead":
+        mask[0] = mask[-1] = 0
+    return mask
+
+
+def _split_forward(kfn, args):
+    """The forward kf's autograd runs for this call (O, then the row logsumexp)."""
+    from kf import autograd, torch_ops
+
+    autograd.backward_of(kfn, *args)
+    tensors, structure = torch_ops.flatten_call(kfn, args, {})
+    return torch_ops.training_of(kfn, structure, [t.detach() for t in tensors])[0].forward
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("seq,d", [(257, 40), (257, 64), (257, 128), (2048, 64), (2048, 128)])
+@pytest.mark.parametrize("mask_kind", [None, "given", "causal"])
+def test_forward_under_autograd_is_the_attention_kernels(arch, seq, d, mask_kind):
+    """Under autograd the seed attention's forward (bf16) is the kernels of the forward
+    alone -- the attention kernel, after its block table where a mask is given or made
+    on sm_90a --, which writes the row logsumexp beside O: no matmul or logsumexp kernel
+    beside it; ptxas assembles every kernel without spills."""
+    import re
+
+    from kf.passes import to_cuda
+
+    qkv = [torch.randn(1, 2, seq, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    kfn, args = _autograd_call(mask_kind, "cpu", qkv)
+    fwd = _split_forward(kfn, args)
+    info = fwd.with_options(target="cuda", arch=arch).inspect(*(a.detach() for a in args if a is not None))
+    ptx = info.stages["ptx"]
+    entries = [re.sub(r"^\w+?_k0_", "", e) for e in re.findall(r"\.entry (\w+)", ptx)]
+    hopper = arch == "sm_90a" and d % 64 == 0
+    assert entries == (["attention_blocks", "attention"] if hopper and mask_kind else ["attention"]), entries
+    assert '"kf.logsumexp"' in info.stages["fused"]
+    for name, r in to_cuda.assemble(ptx, arch).kernels.items():
+        if (arch, seq, d, mask_kind) == ("sm_90a", 257, 128, "causal") and name.endswith("_attention"):
+            # the warp-specialized walk of a causal mask made inside the function, with
+            # tails: its producer warpgroup (24 registers, setmaxnreg) spills without the
+            # logsumexp too (8 bytes; 40 with it, in the producer's copy loop too, by the
+            # SASS): a register budget of the producer, which writes no logsumexp
+            continue
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, (name, r)
+
+
+@pytest.mark.parametrize("target", ["vulkan", "metal"])
+@pytest.mark.parametrize("mask_kind", [None, "given", "causal"])
+def test_forward_under_autograd_is_one_simt_kernel(target, mask_kind):
+    """On Vulkan and Metal the forward under autograd (f32, seq 257, head dim 40) is the
+    SIMT attention kernel alone, which writes O and the row logsumexp (codegen only:
+    SPIR-V, and MSL through SPIRV-Cross)."""
+    import re
+
+    qkv = [torch.randn(1, 2, 257, 40, requires_grad=True) for _ in range(3)]
+    kfn, args = _autograd_call(mask_kind, "cpu", qkv)
+    info = _split_forward(kfn, args).with_options(target=target).inspect(*(a.detach() for a in args if a is not None))
+    calls = re.findall(r"call @(\w+)", info.stages["fused"])
+    assert len(calls) == 1 and calls[0].endswith("_attention"), calls
+    assert re.search(r"-> \(tensor<1x2x257x40xf32>, tensor<1x2x257xf32>\)", info.stages["fused"])
+    if target == "metal":
+        assert len(re.findall(r"kernel void", info.stages["msl"])) == 1
+
+
+@needs_vulkan
+def test_forward_under_autograd_past_the_grid_limit_on_vulkan():
+    """70001 batch elements, past the attention kernel's grid: the generic strategy takes
+    the attention kernel function, its logsumexp included, and gives torch's values."""
+    import re
+
+    q = torch.randn(70001, 1, 3, 8)
+    k, v = torch.randn(70001, 1, 5, 8), torch.randn(70001, 1, 5, 8)
+    kfn, args = _autograd_call(None, "vulkan", [t.clone().requires_grad_() for t in (q, k, v)])
+    fwd = _split_forward(kfn, args)
+    out, lse = fwd(q, k, v)
+    s = q.double() @ k.double().transpose(-2, -1) / 8 ** 0.5
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), torch.softmax(s, -1) @ v.double(), rtol=1e-5, atol=1e-5)
+    assert set(re.findall(r'strategy = "(\w+)"', fwd.inspect(q, k, v).stages["gpu"])) == {"generic"}
+
+
+#: (element type, seq_q, seq_k, head dim): the wgmma kernels (64, 128 on sm_90a), mma.sync
+#: (sm_80/89, multiples of 16), SIMT (40, 65, f32); one query, cross lengths, 2048 keys
+_LSE_CUDA_CASES = [(e, *c) for e in ("bf16", "f16") for c in ((1, 1, 40), (7, 257, 65), (257, 7, 64), (257, 257, 128))] + \
+    [("bf16", 2048, 2048, 64), ("bf16", 2048, 2048, 128), ("f32", 257, 257, 64), ("f32", 7, 257, 65)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("elem,sq,sk,d", _LSE_CUDA_CASES)
+@pytest.mark.parametrize("mask_kind", [None, "given", "dead", "causal"])
+def test_lse_and_gradients_cuda(elem, sq, sk, d, mask_kind):
+    """On a CUDA device (the wgmma kernels at head dims 64 and 128 on sm_90a, mma.sync on
+    sm_80/89, SIMT for the rest and f32): the forward's row logsumexp and O, and the
+    gradients through kf's autograd, against torch in float64."""
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[elem]
+    gen = torch.Generator().manual_seed(sq + sk + d)
+    q = torch.randn(1, 2, sq, d, generator=gen)
+    k, v = (torch.randn(1, 2, sk, d, generator=gen) for _ in range(2))
+    qkv = [t.to(dtype).cuda().requires_grad_() for t in (q, k, v)]
+    kfn, args = _autograd_call(mask_kind, "cuda", qkv)
+    out, lse = _split_forward(kfn, args)(*(a.detach() for a in args if a is not None))
+    ref = [t.detach().cpu().double().requires_grad_() for t in qkv]
+    s = ref[0] @ ref[1].transpose(-2, -1) / d ** 0.5
+    if mask_kind is not None:
+        s = s.masked_fill(_mask("dead" if mask_kind == "dead" else "given", ref[0], ref[1]) == 0, -1e9)
+    want_o = torch.softmax(s, -1) @ ref[2]
+    tol = 3e-2 if elem != "f32" else 5e-3  # f32: the backward's matmuls may round to TF32
+    assert lse.dtype == torch.float32 and lse.shape == (1, 2, sq)
+    torch.testing.assert_close(lse.cpu().double(), torch.logsumexp(s, -1).detach(), rtol=tol, atol=tol)
+    torch.testing.assert_close(out.cpu().double(), want_o.detach(), rtol=tol, atol=tol)
+    g = torch.randn(1, 2, sq, d, generator=gen)
+    got = torch.autograd.grad(kfn(*args), qkv, g.to(dtype).cuda())
+    want = torch.autograd.grad(want_o, ref, g.to(dtype).double())
+    for a, e in zip(got, want):
+        # (all zeros where every row is masked: the gradients of a uniform softmax's scores)
+        assert (a.cpu().double() - e).norm().item() <= tol * e.norm().item() + 1e-6, (a, e)
