@@ -222,12 +222,16 @@ def workloads(quick: bool):
     # the same causal mask built inside the function: kf computes it in the attention
     # kernel (its block table from the index comparison), never as a tensor; its time
     # against the row above (the mask given as a tensor) is what building it in costs
+    def masked_inside(build):
+        def attention(q, k, v):
+            return fused_attention.fn(q, k, v, build(q.shape[-2], q.device))
+        return attention
+
     for how, build in [("tril", lambda n, dev: torch.ones(n, n, device=dev).tril()),
                        ("1 - triu", lambda n, dev: 1 - torch.triu(torch.ones(n, n, device=dev), diagonal=1))]:
-        def masked_inside(q, k, v, build=build):
-            return fused_attention.fn(q, k, v, build(q.shape[-2], q.device))
-        yield (f"seed attention + {how} mask in the function {b}x{h}x{s}x{d} bf16", kf.cuda_kernel(masked_inside),
-               masked_inside, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        inside = masked_inside(build)
+        yield (f"seed attention + {how} mask in the function {b}x{h}x{s}x{d} bf16", kf.cuda_kernel(inside),
+               inside, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                lambda: (randn(b, h, s, d), randn(b, h, s, d), randn(b, h, s, d)),
                4 * b * h * s * d * 2, 2 * b * h * s * s * d, 2e-2)
 
