@@ -9,7 +9,7 @@ from .core import elem_of, handles, rank_of, shape_of
 from .reductions import stat_elem
 
 
-@handles("aten.matmul.default", "aten.mm.default", "aten.bmm.default")
+@handles("aten.matmul.default", "aten.mm.default", "aten.bmm.default", "aten.mv.default", "aten.dot.default")
 def _matmul(c, node, args, kwargs):
     a, b = args
     elem = c.out_elem(node)

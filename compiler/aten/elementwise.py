@@ -38,9 +38,12 @@ def _div(c, node, args, kwargs):
     mode = kwargs.get("rounding_mode")
     if mode is not None:
         elem = c.out_elem(node)
-        if (mode == "trunc" and elem in ("f32", "f64")) or (elem.startswith("i") and elem != "i1"):
-            # torch-mlir's lowering is torch's rule here: trunc(a / b) in the result's
-            # type, integer division toward zero or toward -inf
+        if mode == "trunc" and elem in ("f32", "f64"):
+            # torch's rule: a / b in the result's type, then truncated
+            return kb.trunc(kb.div(c.tensor(args[0], elem), c.tensor(args[1], elem)))
+        if elem.startswith("i") and elem != "i1":
+            # torch-mlir's lowering is torch's rule here: integer division toward zero
+            # or toward -inf
             from .. import torch_mlir_import
 
             return torch_mlir_import.import_op(c, node, _target_name(node.target), args, kwargs)
@@ -196,6 +199,18 @@ def _clamp(c, node, args, kwargs):
     if hi is not None:
         x = kb.min(x, c.tensor(hi, elem))
     return x
+
+
+@handles("aten.clamp_min.default", "aten.clamp_min.Tensor")
+def _clamp_min(c, node, args, kwargs):
+    elem = c.out_elem(node)
+    return kb.max(c.tensor(args[0], elem), c.tensor(args[1], elem))
+
+
+@handles("aten.clamp_max.default", "aten.clamp_max.Tensor")
+def _clamp_max(c, node, args, kwargs):
+    elem = c.out_elem(node)
+    return kb.min(c.tensor(args[0], elem), c.tensor(args[1], elem))
 
 
 def _compare(pred: str):

@@ -161,3 +161,27 @@ def _roll(c, node, args, kwargs):
             x = kb.concat([kb.slice(x, dim=dim, start=n - s, end=n, step=1),
                            kb.slice(x, dim=dim, start=0, end=n - s, step=1)], dim=dim)
     return kb.reshape(x, shape) if shape_of(x) != shape else x
+
+
+@handles("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(c, node, args, kwargs):
+    """diagonal(x, offset, dim1, dim2): the two dims moved last and merged, then the
+    elements i * m + i + offset picked (an index_select of constant indices); the
+    diagonal is the last dim of the result, as torch's."""
+    import torch
+
+    names = ["self", "offset", "dim1", "dim2"]
+    p = {**dict(zip(names, args)), **kwargs}
+    x, offset = p["self"], int(p.get("offset", 0))
+    r = rank_of(x)
+    d1, d2 = int(p.get("dim1", 0)) % r, int(p.get("dim2", 1)) % r
+    perm = [d for d in range(r) if d not in (d1, d2)] + [d1, d2]
+    t = kb.transpose(x, perm=perm) if perm != list(range(r)) else x
+    shape = shape_of(t)
+    n, m = shape[-2], shape[-1]
+    picks = [i * m + i + offset for i in range(n) if 0 <= i + offset < m]
+    out = tuple(fake_value(node).shape)
+    if not picks or 0 in shape[:-2]:
+        return kb.fill(out, c.out_elem(node), 0.0)
+    flat = kb.reshape(t, shape[:-2] + (n * m,))
+    return kb.index_select(flat, c.constant_tensor(torch.tensor(picks, dtype=torch.int64)), dim=r - 2)
