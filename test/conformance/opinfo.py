@@ -52,6 +52,7 @@ import argparse
 import collections
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -119,24 +120,38 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(c.name for c in cases))
         return 0
     counts: collections.Counter = collections.Counter()
+    finished: list[Result] = []
 
     def progress(r: Result) -> None:
+        finished.append(r)
         counts[r.cls] += 1
         done = sum(counts.values())
         if r.cls in FAILURES or done % 50 == 0 or done == len(cases):
             print(f"[{done}/{len(cases)}] {r.cls:8} {r.case.name}: {r.detail[:160]}  "
                   f"({', '.join(f'{c} {n}' for c, n in sorted(counts.items()))})", file=sys.stderr, flush=True)
 
+    def meta() -> dict:
+        import torch
+
+        return {"target": args.target, "dtype": args.dtype, "ops": args.ops, "limit_per_op": args.limit_per_op,
+                "torch": torch.__version__, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
+                "seconds": time.time() - start,
+                "command": "python test/conformance/opinfo.py " + " ".join(a for a in argv if a)}
+
+    def cut_short(signum, frame) -> None:
+        """SIGTERM (``timeout``'s signal): the summary of the cases finished so far, marked
+        partial, then exit 3 at once (the workers' cases in flight are not waited for)."""
+        partial = {**meta(), "partial": f"cut by signal {signum} after {len(finished)} of {len(cases)} cases"}
+        order = {c.name: i for i, c in enumerate(cases)}
+        write_summary(summarize(sorted(finished, key=lambda r: order[r.case.name]), partial), args.out)
+        print(f"cut short: {partial['partial']}; summary written", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    signal.signal(signal.SIGTERM, cut_short)
     print(f"{len(cases)} cases, target {args.target}, {args.dtype}", file=sys.stderr, flush=True)
     results = run_cases(cases, RunOptions(jobs=args.jobs, batch=args.batch, case_timeout=args.case_timeout,
                                           progress=progress))
-    import torch
-
-    meta = {"target": args.target, "dtype": args.dtype, "ops": args.ops, "limit_per_op": args.limit_per_op,
-            "torch": torch.__version__, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
-            "seconds": time.time() - start,
-            "command": "python test/conformance/opinfo.py " + " ".join(a for a in argv if a)}
-    summary = summarize(results, meta)
+    summary = summarize(results, meta())
     write_summary(summary, args.out)
     print(json.dumps(summary["counts"]), file=sys.stderr)
     return 0

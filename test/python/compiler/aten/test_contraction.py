@@ -44,3 +44,17 @@ def test_linear_of_1d_operands(target, bias, shapes):
     want = F.linear(*args)
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n", [1, 7, 257])
+def test_mv_and_dot(n, target):
+    gen = torch.Generator().manual_seed(n)
+    a, v, y = torch.randn(5, n, generator=gen), torch.randn(n, generator=gen), torch.randn(5, generator=gen)
+
+    def fn(a, v, y):
+        return torch.mv(a, v), torch.dot(v, v), torch.addmv(y, a, v, beta=0.5, alpha=2.0)
+
+    for got, want in zip(kf.jit(fn, target=target)(a, v, y), fn(a, v, y), strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -46,7 +46,7 @@ UNARY = {
     "round_2": lambda x: torch.round(x, decimals=2), "round_-1": lambda x: torch.round(x * 10, decimals=-1),
 }
 BINARY = {"hypot": _py2(torch.hypot), "copysign": _py2(torch.copysign), "fmax": _py2(torch.fmax),
-          "fmin": _py2(torch.fmin)}
+          "fmin": _py2(torch.fmin), "clamp_min": _py2(torch.clamp_min), "clamp_max": _py2(torch.clamp_max)}
 
 
 def _check(got, want, exact: bool):
@@ -199,10 +199,15 @@ def test_div_rounding_modes(dtype, n, target):
 @pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
 def test_div_rounding_modes_assemble_for_cuda():
     def fn(a, b):
-        return torch.div(a, b, rounding_mode="trunc"), torch.div(a.long(), b.long().clamp(min=1), rounding_mode="floor")
+        return torch.div(a, b, rounding_mode="trunc"), torch.div(a, b, rounding_mode="floor")
+
+    def integers(a, b):  # integer division is torch-mlir's lowering (kf[fallback])
+        return torch.div(a.long(), b.long().clamp(min=1), rounding_mode="floor")
 
     x = torch.randn(257)
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, x).stages["ptx"]
+    pytest.importorskip("torch_mlir")
+    assert ".entry" in kf.inspect(kf.jit(integers, target="cuda"), x, x).stages["ptx"]
 
 
 FLOAT_MODULO = {

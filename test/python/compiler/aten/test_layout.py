@@ -104,3 +104,20 @@ def test_cat_with_empty_tensors_first_and_last(target):
     gen = torch.Generator().manual_seed(3)
     args = (torch.randn(2, 3, generator=gen), torch.randn(2, 5, generator=gen), torch.randn(2, 0))
     _check(kf.jit(fn, target=target)(*args), fn(*args))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,offset,dim1,dim2", [
+    ((5, 7), 0, 0, 1), ((5, 7), 2, 0, 1), ((5, 7), -3, 1, 0), ((3, 4, 6), 1, 2, 0), ((2, 0, 3), 0, 0, 2),
+    ((4, 4), 9, 0, 1), ((1, 257), 0, -1, -2)])
+def test_diagonal(shape, offset, dim1, dim2, target):
+    gen = torch.Generator().manual_seed(sum(shape) + offset)
+    x = torch.randn(shape, generator=gen)
+
+    def fn(x):
+        return torch.diagonal(x, offset, dim1, dim2) * 2, torch.diagonal_copy(x, offset, dim1, dim2)
+
+    _check(kf.jit(fn, target=target)(x), fn(x))
+    if len(shape) == 2:
+        xt = torch.randn(tuple(reversed(shape)), generator=gen).t()  # strided
+        _check(kf.jit(fn, target=target)(xt), fn(xt))
