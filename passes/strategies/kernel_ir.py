@@ -324,7 +324,7 @@ class Pointwise:
             return arith.cmpi(arith.CmpIPredicate.ne, v, scalar_math.const(v.type, 0))
         if spec.elem in FP8_ELEMS:  # NVVM lowers no fp8 extf: decode the byte (exact)
             return emit_widen(v)
-        return scalar_math.convert(v, compute_type(spec.elem))
+        return emit_widen(v, spec.elem)
 
     def eval(self, v: ir.Value, index: Sequence[ir.Value]) -> ir.Value:
         if v in self.bound:
