@@ -345,24 +345,31 @@ def _saved(c, node, i: int, stat):
 
 @handles("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.default",
          "aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_no_training.default",
-         "aten.native_batch_norm.default")
+         "aten.native_batch_norm.default", "aten._batch_norm_with_update_functional.default",
+         "aten._batch_norm_with_update.default")
 def _native_batch_norm(c, node, args, kwargs):
-    """The ATen batch norms of a functionalized graph: (out, save_mean, save_rstd), and the
-    new running statistics for ``_functional`` (which capture copies back into the
-    caller's tensors). The forms that write to their running statistics themselves appear
-    only in a graph capture did not functionalize: they are refused."""
+    """The ATen batch norms of a functionalized graph: (out, save_mean, save_rstd), then
+    for ``_batch_norm_with_update_functional`` (a training norm) the reserve (a uint8
+    tensor of no elements on the CPU), and the new running statistics for the
+    ``_functional`` forms (which capture copies back into the caller's tensors). The forms
+    that write to their running statistics themselves appear only in a graph capture did
+    not functionalize: they are refused."""
     p = bound_args(node, args, kwargs)
     name = _target_name(node.target)
-    training = name == "aten._native_batch_norm_legit.no_stats" or bool(p.get("training"))
+    with_update = name.startswith("aten._batch_norm_with_update")
+    training = name == "aten._native_batch_norm_legit.no_stats" or bool(p.get("training")) or with_update
     rm, rv = p.get("running_mean"), p.get("running_var")
-    writes = name in ("aten._native_batch_norm_legit.default", "aten.native_batch_norm.default")
+    writes = name in ("aten._native_batch_norm_legit.default", "aten.native_batch_norm.default",
+                      "aten._batch_norm_with_update.default")
     if writes and training and rm is not None:
         raise Unsupported(f"{name} writes to its running statistics in a graph kf did not functionalize",
                           cause="an internal error in kf's capture")
     y, mean, rstd, new_mean, new_var = _batch_norm(c, p["input"], p.get("weight"), p.get("bias"), rm, rv,
                                                    training, p.get("momentum"), float(p["eps"]))
     outs = (y, _saved(c, node, 1, mean), _saved(c, node, 2, rstd))
-    if name == "aten._native_batch_norm_legit_functional.default":
+    if with_update:
+        outs += (_saved(c, node, 3, None),)
+    if name.endswith("_functional.default"):
         outs += (new_mean, new_var)
     return outs
 

@@ -225,3 +225,27 @@ def test_cov_with_weights_is_refused():
     x, w = torch.randn(2, 5), torch.rand(5)
     with pytest.raises(kf.CompileError):
         kf.jit(lambda x, w: torch.cov(x, aweights=w), target="cpu")(x, w)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(4, 3), (2, 5, 7), (3, 2, 1, 257), (5, 1, 3, 3)], ids=str)
+def test_batch_norm_with_update_matches_torch(shape, target):
+    """aten._batch_norm_with_update_functional (a training batch norm that moves its
+    running statistics): the output, the saved mean and rstd, the reserve (uint8, no
+    elements) and the new running statistics, on contiguous and transposed inputs."""
+    g = torch.Generator().manual_seed(sum(shape))
+    C = shape[1]
+    x = torch.randn(shape, generator=g) * 3 + 1
+    w, b = torch.randn(C, generator=g), torch.randn(C, generator=g)
+    rm, rv = torch.randn(C, generator=g), torch.rand(C, generator=g) + 0.5
+
+    def fn(x, w, b, rm, rv):
+        return torch.ops.aten._batch_norm_with_update_functional(x, w, b, rm, rv, 0.3, 1e-5)
+
+    for xin in (x, x.transpose(0, 1).contiguous().transpose(0, 1)):
+        got, want = kf.jit(fn, target=target)(xin, w, b, rm, rv), fn(xin, w, b, rm, rv)
+        assert len(got) == len(want) == 6
+        for g_, w_ in zip(got, want):
+            assert g_.dtype == w_.dtype and g_.shape == w_.shape
+            torch.testing.assert_close(g_, w_, rtol=1e-4, atol=1e-4)
+        assert got[3].dtype == torch.uint8 and got[3].numel() == 0
