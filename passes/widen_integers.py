@@ -62,7 +62,8 @@ def _widen_function(f: ir.Operation) -> None:
     def widened(v: ir.Value, loc: ir.Location) -> ir.Value:
         if v not in wide:
             owner = v.owner
-            ip = ir.InsertionPoint(body[0]) if isinstance(owner, ir.Block) else ir.InsertionPoint.after(owner)
+            ip = ir.InsertionPoint.at_block_begin(block) if isinstance(owner, ir.Block) else \
+                ir.InsertionPoint.after(owner)
             with ip, loc:
                 wide[v] = kb.cast(v, WIDE)
         return wide[v]
