@@ -595,3 +595,42 @@ def _corrcoef(c, node, args, kwargs):
     st = spec_of(out.type).elem
     out = kb.min(kb.max(out, kb.scalar(-1.0, st)), kb.scalar(1.0, st))
     return c.tensor(out, elem)
+
+
+@handles("aten.histc.default")
+def _histc(c, node, args, kwargs):
+    """torch.histc: counts of x's elements in ``bins`` equal bins over [min, max] (both
+    0: the elements' own minimum and maximum, widened by 1 each way where they are
+    equal), as torch's CPU kernel bins them: elements outside the range (and NaN) count
+    nowhere, element e falls in bin ``trunc((e - min) * bins / (max - min))`` computed in
+    x's type, max itself in the last bin. The counts are a kf.scatter_add of ones, the
+    elements outside routed to one bin past the end and dropped."""
+    p = bound_args(node, args, kwargs)
+    x, bins = p["self"], int(p.get("bins", 100))
+    elem = spec_of(x.type).elem
+    if not spec_of(x.type).is_float:
+        raise Unsupported(f"histc of {elem} tensors is not supported by kf (torch computes it for floats)")
+    lo, hi = float(p.get("min", 0)), float(p.get("max", 0))
+    if lo > hi:
+        raise Unsupported(f"histc with min {lo} greater than max {hi}", cause="torch refuses it too")
+    n = math.prod(shape_of(x))
+    flat = kb.reshape(x, (n,))
+    if lo == hi:
+        if n == 0:
+            return kb.fill((bins,), elem, 0.0)
+        low = kb.reduce_min(flat, dims=[0], keepdim=False)
+        high = kb.reduce_max(flat, dims=[0], keepdim=False)
+        same = kb.cmp(low, high, predicate="eq")
+        low = kb.select(same, kb.sub(low, kb.scalar(1.0, elem)), low)
+        high = kb.select(same, kb.add(high, kb.scalar(1.0, elem)), high)
+    else:
+        low, high = kb.scalar(lo, elem), kb.scalar(hi, elem)
+    if n == 0:
+        return kb.fill((bins,), elem, 0.0)
+    pos = kb.cast(kb.div(kb.mul(kb.sub(flat, low), kb.scalar(float(bins), elem)), kb.sub(high, low)), "i64")
+    pos = kb.select(kb.cmp(pos, kb.scalar(float(bins), "i64"), predicate="eq"), kb.scalar(float(bins - 1), "i64"), pos)
+    inside = kb.select(kb.cmp(flat, low, predicate="ge"), kb.cmp(flat, high, predicate="le"),
+                       kb.scalar(False, "i1"))
+    pos = kb.select(inside, pos, kb.scalar(float(bins), "i64"))
+    counts = kb.scatter_add(kb.fill((bins + 1,), elem, 0.0), pos, kb.fill((n,), elem, 1.0), dim=0)
+    return kb.slice(counts, dim=0, start=0, end=bins, step=1)
