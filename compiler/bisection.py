@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 #: The CPU target's pipeline after capture (driver.build with target="cpu").
-CPU_PASSES = ["kf-canonicalize", "kf-lower-to-linalg", "kf-to-cpu"]
+CPU_PASSES = ["kf-widen-integers", "kf-canonicalize", "kf-lower-to-linalg", "kf-to-cpu"]
 
 
 @dataclass

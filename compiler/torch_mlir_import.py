@@ -30,6 +30,9 @@ from .passes.linalg.padding import crop_negative_padding
 
 _STDERR_LOCK = threading.Lock()
 
+#: the integer dtypes narrower than int32 (not bool), which torch-mlir is handed as int32
+_NARROW_INTS = (torch.int8, torch.uint8, torch.int16)
+
 
 @contextlib.contextmanager
 def _stderr_captured():
@@ -242,9 +245,17 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
 
     def slot(a_fx, a_kf):
         if isinstance(a_fx, torch.fx.Node):
+            val = a_fx.meta["val"]
+            fakes.append(val)
+            if isinstance(val, torch.Tensor) and val.dtype in _NARROW_INTS:
+                # computed in int32 and wrapped where it returns, as kf-widen-integers
+                # does for kf's own ops (torch computes on them as C does)
+                from kf.dialects import builders as kb
+
+                a_kf = kb.cast(a_kf, "i32")
+                val = torch.zeros(tuple(val.shape), dtype=torch.int32)
             values.append(a_kf)
-            fakes.append(a_fx.meta["val"])
-            examples.append(_example(a_fx.meta["val"]))
+            examples.append(_example(val))
             return _Slot(len(values) - 1)
         if isinstance(a_fx, (list, tuple)):
             return type(a_fx)(slot(x, y) for x, y in zip(a_fx, a_kf))
@@ -303,6 +314,15 @@ def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     ftype = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value)
     call = func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(fname), values)
     results = list(call.results)
+    outs = node.meta.get("val")
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if any(isinstance(t, torch.Tensor) and t.dtype in _NARROW_INTS for t in outs):
+        from kf.dialects import builders as kb
+
+        from .dtypes import kf_elem
+
+        results = [kb.cast(r, kf_elem(t.dtype)) if isinstance(t, torch.Tensor) and t.dtype in _NARROW_INTS else r
+                   for r, t in zip(results, outs)]
     if isinstance(node.meta.get("val"), (list, tuple)):  # a list of one tensor stays a list
         return tuple(results)
     return results[0] if len(results) == 1 else tuple(results)

@@ -33,6 +33,7 @@ from mlir import ir
 
 from kf.dialects import BY_NAME, builders
 from kf.dialects.attrs import op_attrs
+from kf.dialects.elements import wrap_int
 from kf.dialects.types import broadcast_shapes, defining, spec_of, transposes_last_two
 
 from .base import KfPass
@@ -137,10 +138,20 @@ _ELEMENTWISE_BINARY = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.max", "kf.min
 
 
 def _fill_value(v: ir.Value) -> float | None:
+    """The value of a kf.fill as its element type holds it (a uint8 fill of -5 is 251)."""
     op = defining(v)
     if op is not None and op.name == "kf.fill":
-        return float(op_attrs(op)["value"])
+        value, elem = float(op_attrs(op)["value"]), spec_of(v.type).elem
+        return value if spec_of(v.type).is_float or elem == "i1" or not math.isfinite(value) else _as_int(value, elem)
     return None
+
+
+def _as_int(value: float, elem: str) -> float:
+    """value converted to the integer type elem as torch converts (toward zero, wrapping;
+    non-zero is true)."""
+    if elem == "i1":
+        return float(value != 0)
+    return float(wrap_int(int(value), elem))
 
 
 def _is_int(v: ir.Value) -> bool:
@@ -181,7 +192,7 @@ class _Rewriter:
         if a is not None and b is not None:
             value = _FOLD_BINARY[op.name](a, b)
             if _is_int(op.result):
-                value = float(int(value))
+                value = _as_int(value, out.elem)
             self.replace(op, builders.fill(out.shape, out.elem, value))
             return True
         identity = _RIGHT_IDENTITY.get(op.name)
@@ -363,7 +374,8 @@ class _Rewriter:
         a = _fill_value(x)
         if a is not None:
             out = spec_of(op.result.type)
-            self.replace(op, builders.fill(out.shape, out.elem, float(int(a)) if not out.is_float else a))
+            self.replace(op, builders.fill(out.shape, out.elem, _as_int(a, out.elem) if not out.is_float
+                                           else a))
 
 
 def _made_of_indices(v: ir.Value) -> bool:

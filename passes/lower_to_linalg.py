@@ -46,6 +46,8 @@ import dataclasses
 
 from mlir import ir
 
+from kf.dialects.elements import STORAGE_INTS
+
 from .base import KfPass, PassError
 from .linalg.index_checks import SITES, Sites
 from .linalg.narrow import compute_in_f32
@@ -72,6 +74,8 @@ class LowerToLinalgPass(KfPass):
                 compute_in_f32(op)
         # Decided before any op is lowered (lowering replaces the users' operands).
         wide = {id(op) for op in ops if keeps_wide(op)}
+        unsigned = {id(op) for op in ops if op.name == "kf.cast" and _is_unsigned(op.operands[0].type)}
+        _signless_unsigned(module)
         # Producers before users is the walk's order; each op's operands are already
         # lowered values (or block arguments) when its turn comes.
         by_function: dict = {}
@@ -82,13 +86,47 @@ class LowerToLinalgPass(KfPass):
             token = SITES.set(sites)
             try:
                 for op in members:
-                    lower_op(op, wide=id(op) in wide)
+                    lower_op(op, wide=id(op) in wide, unsigned_source=id(op) in unsigned)
             finally:
                 SITES.reset(token)
             if sites.checks:
                 if f is None or f.name != "func.func":
                     raise PassError("index checks need the indexing op inside a func.func", members[0].location)
                 sites.finish(f)
+
+
+def _is_unsigned(t: ir.Type) -> bool:
+    return isinstance(t, ir.RankedTensorType) and str(ir.RankedTensorType(t).element_type) in STORAGE_INTS
+
+
+def _signless(t: ir.Type) -> ir.Type:
+    """t with uint8 elements held as i8 (STORAGE_INTS), else t."""
+    if not _is_unsigned(t):
+        return t
+    rt = ir.RankedTensorType(t)
+    return ir.RankedTensorType.get(list(rt.shape), ir.Type.parse(STORAGE_INTS[str(rt.element_type)]))
+
+
+def _signless_unsigned(module: ir.Operation) -> None:
+    """Every uint8 tensor of the module's functions (arguments, results, kf ops' results)
+    as an i8 tensor of the same bits: linalg and arith take signless integers. The kf.casts
+    that read uint8 are noted before (``unsigned_source``) and zero-extend."""
+    for f in module.regions[0].blocks[0].operations:
+        f = f.operation
+        if f.name != "func.func":
+            continue
+        ft = ir.FunctionType(ir.TypeAttr(f.attributes["function_type"]).value)
+        if any(_is_unsigned(t) for t in [*ft.inputs, *ft.results]):
+            f.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+                [_signless(t) for t in ft.inputs], [_signless(t) for t in ft.results]))
+        for block in f.regions[0].blocks:
+            for a in block.arguments:
+                if _is_unsigned(a.type):
+                    a.set_type(_signless(a.type))
+            for op in block.operations:
+                for r in op.operation.results:
+                    if _is_unsigned(r.type):
+                        r.set_type(_signless(r.type))
 
 
 def _function_of(op: ir.Operation) -> ir.Operation | None:

@@ -20,6 +20,8 @@ _ENTRIES = [
     PassEntry("kf-verify", "verify", "VerifyPass", "check the shape and element-type rules of every kf op"),
     PassEntry("kf-canonicalize", "canonicalize", "CanonicalizePass",
               "fold constants, simplify broadcasts, reshapes and transposes, remove dead kf ops"),
+    PassEntry("kf-widen-integers", "widen_integers", "WidenIntegersPass",
+              "compute int8, uint8 and int16 values in i32, wrapping each result to its type"),
     PassEntry("kf-apply-precision", "apply_precision", "ApplyPrecisionPass",
               "apply a precision policy (fp32, tf32, bf16, fp16, fp8) inside functions; output types unchanged"),
     PassEntry("kf-recognize-moe", "recognize_moe", "RecognizeMoePass", "rewrite the dense MoE (every expert for every token) as route, two grouped GEMMs and combine"),

@@ -33,9 +33,11 @@ def const(t: ir.Type, value: float) -> ir.Value:
     """A scalar constant of type t (float or integer)."""
     if is_float(t):
         return arith.constant(t, float(value))
-    if ir.IntegerType(t).width == 1:
+    width = ir.IntegerType(t).width
+    if width == 1:
         return arith.constant(t, ir.IntegerAttr.get(t, 1 if value else 0))
-    return arith.constant(t, int(value))
+    value = int(value) & ((1 << width) - 1)  # as the type holds it (200 in an i8 is uint8's 200)
+    return arith.constant(t, value - (1 << width) if value >> (width - 1) else value)
 
 
 def variance(m2: ir.Value, n: int, correction: float) -> ir.Value:
@@ -50,9 +52,11 @@ def variance(m2: ir.Value, n: int, correction: float) -> ir.Value:
     return arith.select(positive, const(m2.type, math.inf), const(m2.type, math.nan))
 
 
-def convert(v: ir.Value, to: ir.Type) -> ir.Value:
+def convert(v: ir.Value, to: ir.Type, unsigned: bool = False) -> ir.Value:
     """Convert a scalar between any two kf element types (torch's rules: float to int
-    truncates toward zero, anything to i1 tests for non-zero)."""
+    truncates toward zero, anything to i1 tests for non-zero, a wider integer to a
+    narrower one keeps the low bits). ``unsigned``: v is an unsigned integer (uint8,
+    which MLIR's arithmetic holds as a signless i8): it is zero-extended."""
     src = v.type
     if src == to:
         return v
@@ -64,17 +68,22 @@ def convert(v: ir.Value, to: ir.Type) -> ir.Value:
             return arith.truncf(to, arith.extf(ir.F32Type.get(), v))
         return arith.truncf(to, v)
     if is_float(src):
-        if ir.IntegerType(to).width == 1:
+        tw = ir.IntegerType(to).width
+        if tw == 1:
             return arith.cmpf(arith.CmpFPredicate.UNE, v, const(src, 0.0))
+        if tw < 32:  # through i32, then the low bits: torch's -1.5 -> uint8 is 255
+            return arith.trunci(to, arith.fptosi(ir.IntegerType.get_signless(32), v))
         return arith.fptosi(to, v)
     sw = ir.IntegerType(src).width
     if is_float(to):
-        return arith.uitofp(to, v) if sw == 1 else arith.sitofp(to, v)
+        return arith.uitofp(to, v) if sw == 1 or unsigned else arith.sitofp(to, v)
     tw = ir.IntegerType(to).width
     if tw == 1:
         return arith.cmpi(arith.CmpIPredicate.ne, v, const(src, 0))
     if sw < tw:
-        return arith.extui(to, v) if sw == 1 else arith.extsi(to, v)
+        return arith.extui(to, v) if sw == 1 or unsigned else arith.extsi(to, v)
+    if sw == tw:
+        return v
     return arith.trunci(to, v)
 
 

@@ -121,7 +121,8 @@ DEFAULT_MAX_INVOCATIONS = 1024
 #: element type of a kernel argument -> element type of its SPIR-V storage buffer. (f64
 #: needs the device's shaderFloat64, which the launcher checks, and kf-to-metal refuses it:
 #: Metal has no double; the fp8 types have no SPIR-V storage here.)
-STORAGE_ELEM = {"f64": "f64", "f32": "f32", "f16": "f16", "bf16": "i16", "i1": "i8", "i32": "i32", "i64": "i64"}
+STORAGE_ELEM = {"f64": "f64", "f32": "f32", "f16": "f16", "bf16": "i16", "i1": "i8", "i8": "i8", "ui8": "i8",
+                "i16": "i16", "i32": "i32", "i64": "i64"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -183,8 +183,7 @@ class Unconvertible:
 #: ATen ops whose results kf does not support the element type of, or whose arguments
 #: it cannot hold, get this advice.
 _DTYPE_ADVICE = ("kf's tensors hold " + ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_KF)
-                 + "; int8, int16 and uint8 are not supported yet (compute in torch.int32 and convert "
-                   "outside the kf function)")
+                 + " (other dtypes: convert to one of them outside the kf function)")
 
 
 def _refuse_dtypes(node: torch.fx.Node, name: str, args: list) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 
@@ -198,3 +199,120 @@ def _max_unpool(c, node, args, kwargs):
     flat = kb.build("scatter_reduce", [zeros, kb.reshape(indices, (rows, span)), kb.reshape(x, (rows, span))],
                     {"dim": 1, "reduce": "none", "include_self": True}).result
     return kb.reshape(flat, out)
+
+
+def _max_windows(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> list[list[int]]:
+    """The input positions each of max_pool's ``out`` windows along one dim reads, a
+    position outside [0, size) being padding (it takes no part)."""
+    return [[o * stride - pad + j * dilation for j in range(kernel)] for o in range(out)]
+
+
+def _adaptive_windows(size: int, out: int) -> list[list[int]]:
+    """adaptive_max_pool's windows: output o of n reads [floor(o * s / n), ceil((o + 1) * s / n))."""
+    return [list(range((o * size) // out, -((-(o + 1) * size) // out))) for o in range(out)]
+
+
+def _pool_max(c, x, windows: list[list[list[int]]]):
+    """(values, indices) of max pooling x's last len(windows) dims, ``windows[d][o]`` the
+    positions output o reads along spatial dim d (outside the dim: padding, which takes
+    no part): each window's maximum and its position in the input's flattened spatial
+    dims, as torch's kernels scan a window (in order, from -inf at its first position; an
+    element replaces the best so far where it is greater or NaN): the first of equal
+    maxima, the last NaN. One gather reads every window's K positions into a (rows, K,
+    outputs) tensor, padding masked to -inf; the maximum and the argmax reduce over K,
+    a window's last NaN is the largest of (k + 1) where NaN."""
+    elem = spec_of(x.type).elem
+    if not spec_of(x.type).is_float:
+        raise Unsupported(f"max pooling of {elem} tensors is not supported by kf")
+    k = len(windows)
+    lead = tuple(shape_of(x)[:rank_of(x) - k])
+    sizes = shape_of(x)[len(lead):]
+    out = tuple(len(w) for w in windows)
+    rows, plane, n_out = math.prod(lead), math.prod(sizes), math.prod(out)
+    if rows == 0 or n_out == 0:
+        return kb.fill(lead + out, elem, 0.0), kb.fill(lead + out, "i64", 0.0)
+    strides = [math.prod(sizes[d + 1:]) for d in range(k)]
+    longest = [max(len(p) for p in w) for w in windows]
+    firsts = [[min((q for q in w if 0 <= q < sizes[d]), default=0) for w in windows[d]] for d in range(k)]
+    positions, valid = [], []
+    for combo in itertools.product(*[range(n) for n in longest]):
+        pos, ok = torch.zeros(out, dtype=torch.int64), torch.ones(out, dtype=torch.bool)
+        first = torch.zeros(out, dtype=torch.int64)
+        for d, j in enumerate(combo):
+            shape = [1] * k
+            shape[d] = out[d]
+            p = torch.tensor([w[j] if j < len(w) else -1 for w in windows[d]])
+            here = (p >= 0) & (p < sizes[d])
+            ok = ok & here.reshape(shape)
+            pos = pos + p.clamp(0, sizes[d] - 1).reshape(shape) * strides[d]
+            first = first + torch.tensor(firsts[d]).reshape(shape) * strides[d]
+        positions.append(torch.where(ok, pos, first).reshape(-1))  # padding: where the scan starts
+        valid.append(ok.reshape(-1))
+    K = len(positions)
+    table = torch.stack(positions)  # (K, outputs)
+    mask = torch.stack(valid)
+    flat = kb.reshape(x, (rows, plane))
+    index = kb.broadcast_to(c.constant_tensor(table.reshape(1, K * n_out)), (rows, K * n_out))
+    g = kb.reshape(kb.gather(flat, index, dim=1), (rows, K, n_out))
+    if not bool(mask.all()):
+        g = kb.select(mask_constant(c, mask.reshape(1, K, n_out)), g, kb.scalar(-math.inf, elem))
+    values = kb.reduce_max(g, dims=[1], keepdim=False)
+    best = kb.argmax(g, dim=1, keepdim=True)
+    nan = kb.cast(kb.cmp(g, g, predicate="ne"), "i64")
+    last_nan = kb.reduce_max(kb.mul(nan, c.constant_tensor(torch.arange(1, K + 1).reshape(1, K, 1))), dims=[1],
+                             keepdim=True)
+    any_nan = kb.cmp(last_nan, kb.scalar(0.0, "i64"), predicate="gt")
+    best = kb.select(any_nan, kb.sub(last_nan, kb.scalar(1.0, "i64")), best)
+    indices = kb.gather(kb.broadcast_to(c.constant_tensor(table.reshape(1, K, n_out)), (rows, K, n_out)), best, dim=1)
+    return kb.reshape(values, lead + out), kb.reshape(indices, lead + out)
+
+
+@handles("aten.max_pool1d.default", "aten.max_pool2d.default", "aten.max_pool3d.default",
+         "aten.max_pool1d_with_indices.default", "aten.max_pool2d_with_indices.default",
+         "aten.max_pool3d_with_indices.default")
+def _max_pool(c, node, args, kwargs):
+    """torch's max_pool: windows of kernel_size every stride (kernel_size when empty),
+    positions ``dilation`` apart, padding that takes no part; the output's size (ceil_mode
+    included) is torch's. The ``_with_indices`` forms return each maximum's position in
+    the flattened spatial dims too."""
+    p = bound_args(node, args, kwargs)
+    x = p["self"]
+    name = node.target._opname
+    k = int(name.removeprefix("max_pool")[0])
+    kernel = _triple(p["kernel_size"], k)
+    stride = _triple(p.get("stride") or kernel, k)
+    pad = _triple(p.get("padding") or 0, k)
+    dilation = _triple(p.get("dilation") or 1, k)
+    val = fake_value(node)
+    out = tuple((val[0] if isinstance(val, (list, tuple)) else val).shape[-k:])
+    sizes = shape_of(x)[rank_of(x) - k:]
+    windows = [_max_windows(sizes[d], out[d], kernel[d], stride[d], pad[d], dilation[d]) for d in range(k)]
+    values, indices = _pool_max(c, x, windows)
+    return (values, indices) if name.endswith("_with_indices") else values
+
+
+@handles("aten.adaptive_max_pool1d.default", "aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default")
+def _adaptive_max_pool(c, node, args, kwargs):
+    """torch's adaptive_max_pool: (values, indices) over adaptive windows."""
+    x = args[0]
+    k = int(node.target._opname[-2])
+    out = tuple(fake_value(node)[0].shape[-k:])
+    sizes = shape_of(x)[rank_of(x) - k:]
+    return _pool_max(c, x, [_adaptive_windows(sizes[d], out[d]) for d in range(k)])
+
+
+@handles("aten.max_pool2d_with_indices_backward.default", "aten.max_pool3d_with_indices_backward.default")
+def _max_pool_backward(c, node, args, kwargs):
+    """The gradient of max_pool: each output's gradient added at its index into its
+    (batch, channel) plane (a kf.scatter_add, its indices checked against the plane)."""
+    p = bound_args(node, args, kwargs)
+    grad, x, indices = p["grad_output"], p["self"], p["indices"]
+    k = int(node.target._opname.removeprefix("max_pool")[0])
+    shape = tuple(shape_of(x))
+    lead, plane = shape[:-k], math.prod(shape[-k:])
+    rows, span = math.prod(lead), math.prod(shape_of(grad)[len(lead):])
+    zeros = kb.fill((rows, plane), spec_of(grad.type).elem, 0.0)
+    if rows == 0 or span == 0 or plane == 0:
+        return kb.reshape(zeros, shape)
+    flat = kb.scatter_add(zeros, kb.reshape(indices, (rows, span)), kb.reshape(grad, (rows, span)), dim=1)
+    return kb.reshape(flat, shape)

@@ -345,24 +345,31 @@ def _saved(c, node, i: int, stat):
 
 @handles("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.default",
          "aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_no_training.default",
-         "aten.native_batch_norm.default")
+         "aten.native_batch_norm.default", "aten._batch_norm_with_update_functional.default",
+         "aten._batch_norm_with_update.default")
 def _native_batch_norm(c, node, args, kwargs):
-    """The ATen batch norms of a functionalized graph: (out, save_mean, save_rstd), and the
-    new running statistics for ``_functional`` (which capture copies back into the
-    caller's tensors). The forms that write to their running statistics themselves appear
-    only in a graph capture did not functionalize: they are refused."""
+    """The ATen batch norms of a functionalized graph: (out, save_mean, save_rstd), then
+    for ``_batch_norm_with_update_functional`` (a training norm) the reserve (a uint8
+    tensor of no elements on the CPU), and the new running statistics for the
+    ``_functional`` forms (which capture copies back into the caller's tensors). The forms
+    that write to their running statistics themselves appear only in a graph capture did
+    not functionalize: they are refused."""
     p = bound_args(node, args, kwargs)
     name = _target_name(node.target)
-    training = name == "aten._native_batch_norm_legit.no_stats" or bool(p.get("training"))
+    with_update = name.startswith("aten._batch_norm_with_update")
+    training = name == "aten._native_batch_norm_legit.no_stats" or bool(p.get("training")) or with_update
     rm, rv = p.get("running_mean"), p.get("running_var")
-    writes = name in ("aten._native_batch_norm_legit.default", "aten.native_batch_norm.default")
+    writes = name in ("aten._native_batch_norm_legit.default", "aten.native_batch_norm.default",
+                      "aten._batch_norm_with_update.default")
     if writes and training and rm is not None:
         raise Unsupported(f"{name} writes to its running statistics in a graph kf did not functionalize",
                           cause="an internal error in kf's capture")
     y, mean, rstd, new_mean, new_var = _batch_norm(c, p["input"], p.get("weight"), p.get("bias"), rm, rv,
                                                    training, p.get("momentum"), float(p["eps"]))
     outs = (y, _saved(c, node, 1, mean), _saved(c, node, 2, rstd))
-    if name == "aten._native_batch_norm_legit_functional.default":
+    if with_update:
+        outs += (_saved(c, node, 3, None),)
+    if name.endswith("_functional.default"):
         outs += (new_mean, new_var)
     return outs
 
@@ -588,3 +595,42 @@ def _corrcoef(c, node, args, kwargs):
     st = spec_of(out.type).elem
     out = kb.min(kb.max(out, kb.scalar(-1.0, st)), kb.scalar(1.0, st))
     return c.tensor(out, elem)
+
+
+@handles("aten.histc.default")
+def _histc(c, node, args, kwargs):
+    """torch.histc: counts of x's elements in ``bins`` equal bins over [min, max] (both
+    0: the elements' own minimum and maximum, widened by 1 each way where they are
+    equal), as torch's CPU kernel bins them: elements outside the range (and NaN) count
+    nowhere, element e falls in bin ``trunc((e - min) * bins / (max - min))`` computed in
+    x's type, max itself in the last bin. The counts are a kf.scatter_add of ones, the
+    elements outside routed to one bin past the end and dropped."""
+    p = bound_args(node, args, kwargs)
+    x, bins = p["self"], int(p.get("bins", 100))
+    elem = spec_of(x.type).elem
+    if not spec_of(x.type).is_float:
+        raise Unsupported(f"histc of {elem} tensors is not supported by kf (torch computes it for floats)")
+    lo, hi = float(p.get("min", 0)), float(p.get("max", 0))
+    if lo > hi:
+        raise Unsupported(f"histc with min {lo} greater than max {hi}", cause="torch refuses it too")
+    n = math.prod(shape_of(x))
+    flat = kb.reshape(x, (n,))
+    if lo == hi:
+        if n == 0:
+            return kb.fill((bins,), elem, 0.0)
+        low = kb.reduce_min(flat, dims=[0], keepdim=False)
+        high = kb.reduce_max(flat, dims=[0], keepdim=False)
+        same = kb.cmp(low, high, predicate="eq")
+        low = kb.select(same, kb.sub(low, kb.scalar(1.0, elem)), low)
+        high = kb.select(same, kb.add(high, kb.scalar(1.0, elem)), high)
+    else:
+        low, high = kb.scalar(lo, elem), kb.scalar(hi, elem)
+    if n == 0:
+        return kb.fill((bins,), elem, 0.0)
+    pos = kb.cast(kb.div(kb.mul(kb.sub(flat, low), kb.scalar(float(bins), elem)), kb.sub(high, low)), "i64")
+    pos = kb.select(kb.cmp(pos, kb.scalar(float(bins), "i64"), predicate="eq"), kb.scalar(float(bins - 1), "i64"), pos)
+    inside = kb.select(kb.cmp(flat, low, predicate="ge"), kb.cmp(flat, high, predicate="le"),
+                       kb.scalar(False, "i1"))
+    pos = kb.select(inside, pos, kb.scalar(float(bins), "i64"))
+    counts = kb.scatter_add(kb.fill((bins + 1,), elem, 0.0), pos, kb.fill((n,), elem, 1.0), dim=0)
+    return kb.slice(counts, dim=0, start=0, end=bins, step=1)

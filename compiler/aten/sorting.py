@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
 
+from ..dtypes import kf_elem
 from ..errors import Unsupported
 from .core import fake_value, handles, rank_of, shape_of
 from .reductions import bound_args
@@ -192,3 +195,49 @@ def _mode(c, node, args, kwargs):
     best = kb.reduce_max(count, dims=[len(lead)], keepdim=True)
     at = kb.sub(kb.add(first, best), kb.scalar(1.0, "i64"))
     return tuple(_pick(node, values, positions, at))
+
+
+@handles("aten.searchsorted.Tensor", "aten.searchsorted.Scalar", "aten.bucketize.Tensor")
+def _searchsorted(c, node, args, kwargs):
+    """torch.searchsorted / torch.bucketize as torch's kernels search: a binary search of
+    each value in its row of the sorted sequence, ceil(log2(n + 1)) steps of kf ops (a
+    checked gather of the middle elements, then the halving), stepping right where
+    ``!(middle >= value)`` (``side='left'``) or ``!(middle > value)`` (``right``) -- so a
+    NaN value is placed after every element, and a NaN in the sequence counts as smaller
+    where the search meets it, as in torch. ``sorter`` orders the sequence first."""
+    p = bound_args(node, args, kwargs)
+    name = node.target._opname
+    seq, values = (p["boundaries"], p["self"]) if name == "bucketize" else (p["sorted_sequence"], p["self"])
+    right = bool(p.get("right")) or p.get("side") == "right"
+    out = fake_value(node)
+    raw = bound_args(node, node.args, node.kwargs)  # the fx nodes, for their dtypes
+
+    def dtype(a):
+        return fake_value(a).dtype if isinstance(a, torch.fx.Node) else torch.tensor(a).dtype
+
+    seq_arg = raw["boundaries" if name == "bucketize" else "sorted_sequence"]
+    elem = kf_elem(torch.promote_types(dtype(seq_arg), dtype(raw["self"])))
+    seq = c.tensor(seq, elem)
+    if p.get("sorter") is not None:
+        seq = kb.gather(seq, p["sorter"], dim=-1)
+    out_shape = tuple(out.shape)
+    values = kb.reshape(c.tensor(values, elem), out_shape)
+    n = shape_of(seq)[-1]
+    start = kb.fill(out_shape, "i64", 0.0)
+    if n == 0 or math.prod(out_shape) == 0:
+        return c.tensor(start, kf_elem(out.dtype))
+    end = kb.fill(out_shape, "i64", float(n))
+    one_row = rank_of(seq) == 1
+    v_nan = kb.cmp(values, values, predicate="ne")
+    for _ in range(n.bit_length()):
+        active = kb.cmp(start, end, predicate="lt")
+        half = kb.cast(kb.mul(kb.cast(kb.sub(end, start), "f64"), kb.scalar(0.5, "f64")), "i64")
+        mid = kb.min(kb.add(start, half), kb.scalar(float(n - 1), "i64"))
+        if one_row:
+            m = kb.reshape(kb.index_select(seq, kb.reshape(mid, (math.prod(out_shape),)), dim=0), out_shape)
+        else:
+            m = kb.gather(seq, mid, dim=-1)
+        step = _or(_or(kb.cmp(m, values, predicate="le" if right else "lt"), kb.cmp(m, m, predicate="ne")), v_nan)
+        start = kb.select(_and(active, step), kb.add(mid, kb.scalar(1.0, "i64")), start)
+        end = kb.select(_and(active, kb.cmp(step, kb.scalar(False, "i1"), predicate="eq")), mid, end)
+    return c.tensor(start, kf_elem(out.dtype))

@@ -172,10 +172,10 @@ def capture(b: Build) -> None:
 
 
 def precision(b: Build) -> None:
-    """kf-canonicalize, then the precision policy's passes."""
+    """kf-widen-integers and kf-canonicalize, then the precision policy's passes."""
     from ..stages import run_passes
 
-    run_passes(b.cap.module, ["kf-canonicalize"], b.log)
+    run_passes(b.cap.module, ["kf-widen-integers", "kf-canonicalize"], b.log)
     b.target.apply_precision(b.cap, b.options, b.log)
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
-from kf.dialects.elements import LOW_PRECISION
+from kf.dialects.elements import LOW_PRECISION, STORAGE_INTS
 from kf.dialects.types import DYN, TensorSpec, normalize_dim, spec_of
 
 from .. import scalar_math as sm
@@ -33,7 +33,9 @@ class DynamicSizeError(ValueError):
 
 
 def elem_type(elem: str) -> ir.Type:
-    return ir.Type.parse(elem)
+    """The MLIR type of elem's elements in linalg: elem, but a signless i8 for uint8
+    (MLIR's arithmetic takes signless integers; kf-lower-to-linalg zero-extends it)."""
+    return ir.Type.parse(STORAGE_INTS.get(elem, elem))
 
 
 def tensor_type(shape: Sequence[int], elem: str | ir.Type) -> ir.RankedTensorType:

@@ -41,7 +41,7 @@ def _elementwise(op: ir.Operation, args: list[ir.Value], attrs: dict, out: list[
     def fn(a):
         scalars = [widen_value(s) for s in a] if widen else a
         if name == "kf.cast":
-            return sm.convert(sm.convert(a[0], t), store)
+            return sm.convert(sm.convert(a[0], t, unsigned=attrs.get(UNSIGNED_SOURCE, False)), store)
         if moves and widen:
             return sm.convert(sm.emit(name, scalars, attrs), store)
         return sm.convert(sm.emit(name, scalars, attrs, stored_as=t), store)
@@ -524,9 +524,15 @@ def keeps_wide(op: ir.Operation) -> bool:
     return bool(uses) and all(u.owner.name in ELEMENTWISE for u in uses)
 
 
-def lower_op(op: ir.Operation, wide: bool = False) -> None:
+#: the attribute a lowering finds set on a kf.cast of uint8 values (lower_op's
+#: ``unsigned_source``): their i8 elements are zero-extended
+UNSIGNED_SOURCE = "unsigned_source"
+
+
+def lower_op(op: ir.Operation, wide: bool = False, unsigned_source: bool = False) -> None:
     """Replace one kf op by its linalg-on-tensors lowering (with ``wide``, an elementwise
-    op's low-precision result as an f32 tensor: see keeps_wide)."""
+    op's low-precision result as an f32 tensor: see keeps_wide). ``unsigned_source``: a
+    kf.cast whose operand was uint8 before kf-lower-to-linalg retyped it to i8."""
     lowering = LOWERINGS.get(op.name)
     if lowering is None:
         raise PassError(f"no lowering to linalg for '{op.name}'", op.location)
@@ -537,10 +543,13 @@ def lower_op(op: ir.Operation, wide: bool = False) -> None:
         raise PassError(f"{op.name} takes no run-time sizes", op.location)
     with ir.InsertionPoint(op), op.location:
         try:
+            attrs = op_attrs(op)
+            if unsigned_source:
+                attrs[UNSIGNED_SOURCE] = True
             if wide:
-                values = _elementwise(op, list(op.operands), op_attrs(op), out, wide=True)
+                values = _elementwise(op, list(op.operands), attrs, out, wide=True)
             else:
-                values = lowering(op, list(op.operands), op_attrs(op), out)
+                values = lowering(op, list(op.operands), attrs, out)
         except ValueError as e:  # scalar_math's refusals: arithmetic it does not define
             raise PassError(f"cannot lower {op.name}: {e}", op.location) from None
     for result, value in zip(op.results, values):

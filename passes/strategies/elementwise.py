@@ -127,7 +127,7 @@ class _Lane(Evaluator):
             self.shared[key] = philox.block(seed, philox.counter(offset, int(attrs["offset"]), b))
         return philox.from_words(self.shared[key], self.lane % n, attrs["distribution"])
 
-    def load_input(self, arg: int, idx: tuple) -> ir.Value:
+    def load_input(self, arg: int, idx: tuple, elem: str | None = None) -> ir.Value:
         mem = self.inputs[arg]
         if idx and not isinstance(idx[-1], int) and idx[-1] == self.inner[self.lane]:
             key = ("vec", arg, idx[:-1])
@@ -138,10 +138,10 @@ class _Lane(Evaluator):
                 self.shared[key] = vector.load(vt, mem, at, alignment=_alignment(mt, len(self.inner)))
             if str(ir.MemRefType(mem.type).element_type) == "bf16" and len(self.inner) % 2 == 0:
                 return self._bf16_lane(key)
-            return E.widen(vector.extract(self.shared[key], [], [self.lane]))
+            return E.widen(vector.extract(self.shared[key], [], [self.lane]), elem)
         key = ("scalar", arg, idx)
         if key not in self.shared:
-            self.shared[key] = E.load(mem, idx, self.kb)
+            self.shared[key] = E.load(mem, idx, self.kb, elem)
         return self.shared[key]
 
     def _bf16_lane(self, key) -> ir.Value:

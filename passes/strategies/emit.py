@@ -15,6 +15,10 @@ is ``memref<i8>`` (one byte per element, torch's layout), loaded as ``!= 0`` and
 zero-extended (``storage_type``, ``load``, ``store``). Computation follows kf's precision policy: f16, bf16 and fp8 values are
 extended to f32 when loaded, computed in f32 and rounded once when stored
 (``compute_type`` / ``load`` / ``store``); other types compute in themselves.
+The narrow integers (int8, uint8, int16: kf-widen-integers leaves them to casts) are
+i8/i16 memrefs (uint8 as i8), extended to i32 when loaded -- zero-extended for uint8,
+which the loads tell by the tensor's element type, not the memref's -- and truncated
+when stored; on CUDA an i8 memref is a boolean only where its tensor is one.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from kf.dialects.elements import ELEM_BYTES, FP8, LOW_PRECISION
+from kf.dialects.elements import ELEM_BYTES, FP8, LOW_PRECISION, NARROW_INTS, STORAGE_INTS, UNSIGNED
 from kf.dialects.types import TensorSpec, spec_of
 from kf.passes import scalar_math as sm
 from mlir import ir
@@ -99,39 +103,48 @@ def storage_type(elem: str, target: str = "spirv") -> ir.Type:
     but i8 for booleans on CUDA."""
     if elem == "i1" and target == "cuda":
         return ir.IntegerType.get_signless(8)
-    return ir.Type.parse(elem)
+    return ir.Type.parse(STORAGE_INTS.get(elem, elem))
 
 
-def _is_byte_bool(t: ir.Type) -> bool:
-    """i8 in a memref is always a boolean: kf has no 8-bit integer tensors."""
+def _is_byte_bool(t: ir.Type, elem: str | None = None) -> bool:
+    """An i8 in a memref of a tensor of elem is a boolean (CUDA's storage of them); where
+    elem is not known, an i8 is taken for one."""
+    if elem is not None:
+        return elem == "i1" and t != ir.IntegerType.get_signless(1)
     return isinstance(t, ir.IntegerType) and ir.IntegerType(t).width == 8
 
 
 def compute_type(elem: str) -> ir.Type:
     """The type kf computes values of a tensor of elem in."""
+    if elem in NARROW_INTS:
+        return ir.IntegerType.get_signless(32)
     return ir.F32Type.get() if elem in LOW_PRECISION else ir.Type.parse(elem)
 
 
-def widen(v: ir.Value) -> ir.Value:
-    """A scalar in its storage type extended to its compute type."""
+def widen(v: ir.Value, elem: str | None = None) -> ir.Value:
+    """A scalar in its storage type extended to its compute type; ``elem``: the element
+    type of the tensor it was loaded from (uint8 is held in an i8, zero-extended)."""
     if str(v.type) in FP8:
         return fp8_to_f32(v)
-    return sm.convert(v, compute_type(str(v.type)))
+    elem = elem or str(v.type)
+    return sm.convert(v, compute_type(elem), unsigned=elem in UNSIGNED)
 
 
 def round_to(v: ir.Value, elem: str) -> ir.Value:
     """A compute value rounded (converted by torch's rules) to elem, back in elem's compute type."""
     if elem in FP8:  # a truncf/extf pair: lower_fp8_conversions folds it into a store's
         return fp8_to_f32(f32_to_fp8(sm.convert(v, ir.F32Type.get()), elem))
-    return widen(to_storage(v, storage_type(elem)))
+    return widen(to_storage(v, storage_type(elem)), elem)
 
 
-def load(mem: ir.Value, idx: Sequence[Ix], kb: IndexBuilder) -> ir.Value:
-    """memref[idx] in its compute type."""
+def load(mem: ir.Value, idx: Sequence[Ix], kb: IndexBuilder, elem: str | None = None) -> ir.Value:
+    """memref[idx] in its compute type; ``elem``: its tensor's element type (a uint8 or
+    an int8 in an i8 memref, or CUDA's boolean), an i8 being a boolean where it is not
+    given."""
     v = memref.load(mem, [kb.value(i) for i in idx])
-    if _is_byte_bool(v.type):
+    if _is_byte_bool(v.type, elem):
         return arith.cmpi(arith.CmpIPredicate.ne, v, kb.const(v.type, 0))
-    return widen(v)
+    return widen(v, elem)
 
 
 def store(v: ir.Value, mem: ir.Value, idx: Sequence[Ix], kb: IndexBuilder) -> None:
@@ -141,7 +154,8 @@ def store(v: ir.Value, mem: ir.Value, idx: Sequence[Ix], kb: IndexBuilder) -> No
 
 def to_storage(v: ir.Value, elem: ir.Type) -> ir.Value:
     """A compute value as the memref element type elem (rounded; booleans as bytes 0/1)."""
-    if _is_byte_bool(elem):
+    wide_int = isinstance(v.type, ir.IntegerType) and ir.IntegerType(v.type).width > 1
+    if _is_byte_bool(elem) and not wide_int:  # a boolean; a wider integer is truncated
         return arith.extui(elem, sm.convert(v, ir.IntegerType.get_signless(1)))
     if str(elem) in FP8:
         return f32_to_fp8(sm.convert(v, ir.F32Type.get()), str(elem))

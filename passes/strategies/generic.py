@@ -57,7 +57,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import normalize_dim
+from kf.dialects.types import normalize_dim, spec_of
 from kf.passes import philox
 from kf.passes import scalar_math as sm
 from mlir import ir
@@ -138,7 +138,7 @@ class Evaluator:
             key = ("arg", v, idx)
             hit = self._lookup(key)
             if hit is None:
-                hit = self.load_input(ir.BlockArgument(v).arg_number, idx)
+                hit = self.load_input(ir.BlockArgument(v).arg_number, idx, spec_of(v.type).elem)
                 self._scopes[-1][key] = hit
             return hit
         op = owner.operation if hasattr(owner, "operation") else owner
@@ -149,8 +149,8 @@ class Evaluator:
             self._scopes[-1][key] = hit
         return hit[ir.OpResult(v).result_number]
 
-    def load_input(self, arg: int, idx: tuple) -> ir.Value:
-        return E.load(self.inputs[arg], idx, self.kb)
+    def load_input(self, arg: int, idx: tuple, elem: str | None = None) -> ir.Value:
+        return E.load(self.inputs[arg], idx, self.kb, elem)
 
     def compute(self, op: ir.Operation, idx: list, which: int) -> list[ir.Value]:
         """The values of all of op's results at idx (``which`` is the one asked for)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from kf.dialects import BY_NAME, KfTypeError, spec_of
 from kf.dialects.attrs import op_attrs
 from kf.dialects.elements import FP8 as FP8_ELEMS
+from kf.dialects.elements import NARROW_INTS
 from kf.dialects.types import defining, swaps_last_two
 from kf.passes import scalar_math
 from mlir import ir
@@ -324,7 +325,7 @@ class Pointwise:
             return arith.cmpi(arith.CmpIPredicate.ne, v, scalar_math.const(v.type, 0))
         if spec.elem in FP8_ELEMS:  # NVVM lowers no fp8 extf: decode the byte (exact)
             return emit_widen(v)
-        return scalar_math.convert(v, compute_type(spec.elem))
+        return emit_widen(v, spec.elem)
 
     def eval(self, v: ir.Value, index: Sequence[ir.Value]) -> ir.Value:
         if v in self.bound:
@@ -370,6 +371,10 @@ class Pointwise:
 
                     return scalar_math.convert(round_to(src, spec.elem), ct)
                 return scalar_math.convert(scalar_math.convert(src, ir.Type.parse(spec.elem)), ct)
+            if spec.elem in NARROW_INTS:  # wraps: the low bits, extended back
+                from .emit import round_to
+
+                return round_to(src, spec.elem)
             return scalar_math.convert(src, ct)
         if name in ("add", "sub", "mul", "div", "max", "min", "pow", "cmp", "select"):
             # kf's operands have one element type; after extension they may differ (an

@@ -104,10 +104,10 @@ class _FromTile(Evaluator):
         super().__init__(kb, inputs)
         self.arg, self.current = arg, None
 
-    def load_input(self, arg: int, idx: tuple) -> ir.Value:
+    def load_input(self, arg: int, idx: tuple, elem: str | None = None) -> ir.Value:
         if arg == self.arg:
             return self.current
-        return super().load_input(arg, idx)
+        return super().load_input(arg, idx, elem)
 
 
 class TransposeStrategy(Strategy):

@@ -252,3 +252,20 @@ func.func @select_of_fill(%x: tensor<2x7x7xf32>, %mask: tensor<7x7xi64>) -> (ten
   %1 = "kf.select"(%c, %x, %x) : (tensor<7x7xi1>, tensor<2x7x7xf32>, tensor<2x7x7xf32>) -> tensor<2x7x7xf32>
   return %0, %1 : tensor<2x7x7xf32>, tensor<2x7x7xf32>
 }
+
+// -----
+
+// Integer fills fold as the result's type holds them: 127 + 1 is -128 in i8, -5 cast to
+// uint8 is 251, and a uint8 fill of 251 read as i32 is 251.
+// CHECK-LABEL: func.func @fold_wrapping_fills
+// CHECK-DAG: "kf.fill"() {value = -1.280000e+02 : f64} : () -> tensor<i8>
+// CHECK-DAG: "kf.fill"() {value = 2.510000e+02 : f64} : () -> tensor<i32>
+func.func @fold_wrapping_fills() -> (tensor<i8>, tensor<i32>) {
+  %a = "kf.fill"() {value = 127.0} : () -> tensor<i8>
+  %b = "kf.fill"() {value = 1.0} : () -> tensor<i8>
+  %c = "kf.add"(%a, %b) : (tensor<i8>, tensor<i8>) -> tensor<i8>
+  %d = "kf.fill"() {value = -5.0} : () -> tensor<i32>
+  %e = "kf.cast"(%d) : (tensor<i32>) -> tensor<ui8>
+  %f = "kf.cast"(%e) : (tensor<ui8>) -> tensor<i32>
+  return %c, %f : tensor<i8>, tensor<i32>
+}

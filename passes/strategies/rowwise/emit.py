@@ -10,10 +10,11 @@ import contextlib
 from mlir import ir
 from mlir.dialects import arith, gpu, memref, scf
 
+from kf.dialects.elements import NARROW_INTS, UNSIGNED
 from kf.passes import scalar_math as sm
 
 from ..base import NotApplicable, TargetInfo
-from ..emit import to_storage
+from ..emit import storage_type, to_storage
 from .analysis import REDUCTIONS, Analysis, Node, align, has_column, stat_coords
 
 #: Attribute names shared with kf-promote-shared and kf-vectorize (the markers).
@@ -27,6 +28,8 @@ ASSUMED_ALIGNMENT = "kf.assumed_alignment"  # on the gpu.func: bytes kernel buff
 def compute_type(elem: str) -> ir.Type:
     if elem in ("f16", "bf16") or elem.startswith("f8") or elem == "f32":
         return ir.F32Type.get()
+    if elem in NARROW_INTS:
+        return ir.IntegerType.get_signless(32)
     return ir.Type.parse(elem)
 
 
@@ -203,8 +206,8 @@ class RowEmitter:
                 else:
                     splat = ir.DenseElementsAttr(node.attrs["value"]).get_splat_value()
                     value = splat.value if hasattr(splat, "value") else float(splat)
-                elem = ir.Type.parse(node.elem)
-                return sm.convert(sm.const(elem, value), compute_type(node.elem))
+                elem = storage_type(node.elem)
+                return sm.convert(sm.const(elem, value), compute_type(node.elem), unsigned=node.elem in UNSIGNED)
             if node.op in REDUCTIONS:
                 if coords != stat_coords(self.a, node):
                     raise NotApplicable(f"{node.op} result read across rows")
@@ -230,8 +233,9 @@ class RowEmitter:
                 return self.value(src, inner)
             vals = [self.value(o, align(coords, node.shape, o.shape)) for o in node.operands]
             if node.op == "kf.cast":
-                target = ir.Type.parse(node.elem)
-                return sm.convert(sm.convert(vals[0], target), compute_type(node.elem))
+                target = storage_type(node.elem)
+                return sm.convert(sm.convert(vals[0], target), compute_type(node.elem),
+                                  unsigned=node.elem in UNSIGNED)
             if node.op not in ("kf.select", "kf.masked_fill"):
                 if len({str(v.type) for v in vals}) > 1:
                     raise NotApplicable(f"{node.op} on mixed compute types")
@@ -279,7 +283,7 @@ class RowEmitter:
         """A loaded storage value in its compute type (booleans, bytes on CUDA, as != 0)."""
         if elem == "i1" and v.type != ir.IntegerType.get_signless(1):
             return arith.cmpi(arith.CmpIPredicate.ne, v, sm.const(v.type, 0))
-        return sm.convert(v, compute_type(elem))
+        return sm.convert(v, compute_type(elem), unsigned=elem in UNSIGNED)
 
     def _reduction_result(self, node: Node) -> ir.Value:
         x = node.operands[0]

@@ -1,16 +1,16 @@
 // Invalid inputs of kf-tile, run by test/passes/kf-tile.mlir with --verify-diagnostics.
 
 // A kernel over an element type kf has no kernels for.
-// expected-error @below {{kf-tile: cannot plan kernel @complex: element type complex<f32> is not one of f64, f32, f16, bf16, f8E4M3FN, f8E5M2, i1, i32, i64}}
+// expected-error @below {{kf-tile: cannot plan kernel @complex: element type complex<f32> is not one of f64, f32, f16, bf16, f8E4M3FN, f8E5M2, i1, i8, ui8, i16, i32, i64}}
 func.func private @complex(%a: tensor<4x8xcomplex<f32>>) -> tensor<4x8xcomplex<f32>> attributes {kf.kernel = "elementwise"} {
   return %a : tensor<4x8xcomplex<f32>>
 }
 
 // -----
 
-// expected-error @below {{kf-tile: cannot plan kernel @bytes: element type i8 is not one of}}
-func.func private @bytes(%a: tensor<64xi8>) -> tensor<64xi8> attributes {kf.kernel = "elementwise"} {
-  return %a : tensor<64xi8>
+// expected-error @below {{kf-tile: cannot plan kernel @halfwords: element type ui16 is not one of}}
+func.func private @halfwords(%a: tensor<64xui16>) -> tensor<64xui16> attributes {kf.kernel = "elementwise"} {
+  return %a : tensor<64xui16>
 }
 
 // -----

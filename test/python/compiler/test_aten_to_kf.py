@@ -214,17 +214,24 @@ REFUSED = {
     "scatter_add_into_nothing": (lambda x, i, s: x.scatter_add(0, i, s),
                                  lambda: (torch.zeros(0, 3), torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3)),
                                  "dimension of size 0"),
-    "int8_cast": (lambda x: x.to(torch.int8).float(), lambda: (torch.randn(5) * 9,), "tensor of int8"),
-    "uint8_cast": (lambda x: x.to(torch.uint8), lambda: (torch.rand(5) * 9,), "tensor of uint8"),
-    "int16_cast": (lambda x: x.to(torch.int16) * 2, lambda: (torch.randn(5) * 9,), "tensor of int16"),
-    "int8_constant": (lambda x: x + torch.tensor([1, 2, 3], dtype=torch.int8, device=x.device),
-                      lambda: (torch.randn(3),), "tensor of int8"),
-    "int8_argument": (lambda x: x + 1, lambda: (torch.ones(3, dtype=torch.int8),), "torch.int8 is not supported"),
-    "uint8_argument": (lambda x: x * 2, lambda: (torch.ones(3, dtype=torch.uint8),), "torch.uint8 is not supported"),
-    "int16_argument": (lambda x: x - 1, lambda: (torch.ones(3, dtype=torch.int16),), "torch.int16 is not supported"),
+    "uint16_cast": (lambda x: x.to(torch.uint16), lambda: (torch.rand(5) * 9,), "tensor of uint16"),
+    "uint32_argument": (lambda x: x.view(torch.int32), lambda: (torch.ones(3, dtype=torch.uint32),),
+                        "torch.uint32 is not supported"),
 }
 
-GROUPS = {"indexing": INDEXING, "zero_dim": ZERO_DIM, "empty": EMPTY, "refused": REFUSED}
+# int8, uint8 and int16 (kf-widen-integers): casts, constants and arguments, computed as torch does.
+NARROW_INTS = {
+    "int8_cast": (lambda x: x.to(torch.int8).float(), lambda: (torch.randn(5) * 90,), None),
+    "uint8_cast": (lambda x: x.to(torch.uint8), lambda: (torch.randn(5) * 90,), None),
+    "int16_cast": (lambda x: x.to(torch.int16) * 2, lambda: (torch.randn(5) * 9,), None),
+    "int8_constant": (lambda x: x + torch.tensor([1, 2, 3], dtype=torch.int8, device=x.device),
+                      lambda: (torch.randn(3),), None),
+    "int8_argument": (lambda x: x + 1, lambda: (torch.tensor([127, -128, 0], dtype=torch.int8),), None),
+    "uint8_argument": (lambda x: x * 2, lambda: (torch.tensor([255, 128, 3], dtype=torch.uint8),), None),
+    "int16_argument": (lambda x: x - 1, lambda: (torch.tensor([-32768, 5, 0], dtype=torch.int16),), None),
+}
+
+GROUPS = {"indexing": INDEXING, "zero_dim": ZERO_DIM, "empty": EMPTY, "refused": REFUSED, "narrow_ints": NARROW_INTS}
 
 
 def _same(got, want) -> str:

@@ -54,3 +54,18 @@ def test_reading_the_table_loads_no_mlir():
             "print('mlir' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_narrow_integers():
+    """int8, uint8 and int16: computed in i32 (kf-widen-integers), uint8 held in a
+    signless i8 below kf ops, and wrap_int keeps the low bits as each type reads them."""
+    assert elements.NARROW_INTS == ("i8", "ui8", "i16")
+    assert elements.UNSIGNED == ("ui8",) and elements.STORAGE_INTS == {"ui8": "i8"}
+    wrap = elements.wrap_int
+    assert [wrap(v, "i8") for v in (127, 128, -129, 255, 256)] == [127, -128, 127, -1, 0]
+    assert [wrap(v, "ui8") for v in (255, 256, -1, -5, 300)] == [255, 0, 255, 251, 44]
+    assert [wrap(v, "i16") for v in (32767, 32768, -32769)] == [32767, -32768, 32767]
+    assert wrap(2 ** 31, "i32") == -2 ** 31 and wrap(2 ** 63, "i64") == -2 ** 63
+    for name in elements.NARROW_INTS:
+        info = torch.iinfo(getattr(torch, ELEMENTS[name].torch_name))
+        assert wrap(info.max + 1, name) == info.min

@@ -225,3 +225,55 @@ def test_cov_with_weights_is_refused():
     x, w = torch.randn(2, 5), torch.rand(5)
     with pytest.raises(kf.CompileError):
         kf.jit(lambda x, w: torch.cov(x, aweights=w), target="cpu")(x, w)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(4, 3), (2, 5, 7), (3, 2, 1, 257), (5, 1, 3, 3)], ids=str)
+def test_batch_norm_with_update_matches_torch(shape, target):
+    """aten._batch_norm_with_update_functional (a training batch norm that moves its
+    running statistics): the output, the saved mean and rstd, the reserve (uint8, no
+    elements) and the new running statistics, on contiguous and transposed inputs."""
+    g = torch.Generator().manual_seed(sum(shape))
+    C = shape[1]
+    x = torch.randn(shape, generator=g) * 3 + 1
+    w, b = torch.randn(C, generator=g), torch.randn(C, generator=g)
+    rm, rv = torch.randn(C, generator=g), torch.rand(C, generator=g) + 0.5
+
+    def fn(x, w, b, rm, rv):
+        return torch.ops.aten._batch_norm_with_update_functional(x, w, b, rm, rv, 0.3, 1e-5)
+
+    for xin in (x, x.transpose(0, 1).contiguous().transpose(0, 1)):
+        got, want = kf.jit(fn, target=target)(xin, w, b, rm, rv), fn(xin, w, b, rm, rv)
+        assert len(got) == len(want) == 6
+        for g_, w_ in zip(got, want):
+            assert g_.dtype == w_.dtype and g_.shape == w_.shape
+            torch.testing.assert_close(g_, w_, rtol=1e-4, atol=1e-4)
+        assert got[3].dtype == torch.uint8 and got[3].numel() == 0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (4, 5), (257,), (0,), (3, 0)], ids=str)
+def test_histc_matches_torch(shape, target):
+    """Given ranges (elements outside, and exactly at min and max), the data's own range,
+    one distinct value (the range widened by 1), NaN, non-contiguous inputs."""
+    g = torch.Generator().manual_seed(sum(shape) + len(shape))
+    x = torch.randn(shape, generator=g) * 6
+    if x.numel() > 2:
+        x.view(-1)[0], x.view(-1)[1] = 10.0, 0.0
+    for bins, lo, hi in ((5, 0, 10), (7, 0, 0), (100, -3.5, 2.25), (1, -1, 1)):
+        _check(lambda x: torch.histc(x, bins, lo, hi), x, target)
+    _check(lambda x: torch.histc(x, 4), torch.full(shape, 2.5), target)
+    if x.dim() == 2 and x.numel():
+        _check(lambda x: torch.histc(x, 6, -5, 5), x.t(), target)
+    if x.numel() > 3:
+        y = x.clone()
+        y.view(-1)[2] = float("nan")
+        _check(lambda x: torch.histc(x, 6, -5, 5), y, target)
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_histc_assembles_for_cuda():
+    from kf.passes.to_cuda import assemble
+
+    info = kf.inspect(kf.jit(lambda x: torch.histc(x, 10), target="cuda", arch="sm_90a"), torch.randn(100))
+    assemble(info.stages["ptx"], "sm_90a")

@@ -170,3 +170,48 @@ def test_order_statistics_assemble_for_cuda():
     fn = kf.jit(lambda x: (torch.median(x, 0), torch.nanmedian(x), torch.kthvalue(x, 3, 1), torch.mode(x, 0)),
                 target="cuda")
     assert ".entry" in kf.inspect(fn, torch.randn(257, 5)).stages["ptx"]
+
+
+def _check_args(fn, args, target):
+    got, want = _flat(kf.jit(fn, target=target)(*args)), _flat(fn(*args))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("seq_shape,values_shape", [((9,), (3, 4)), ((1,), (7,)), ((257,), (2, 5)), ((2, 9), (2, 4)),
+                                                    ((3, 1, 7), (3, 1, 5)), ((0,), (3,)), ((5,), (0, 2)), ((5,), ())],
+                         ids=str)
+def test_searchsorted_and_bucketize_match_torch(seq_shape, values_shape, target):
+    """Both sides, int32 results, a sorter, values equal to the sequence's (ties), NaN
+    in the values and the sequence, non-contiguous values."""
+    g = torch.Generator().manual_seed(sum(seq_shape) + sum(values_shape))
+    seq = torch.sort(torch.randint(-4, 5, seq_shape, generator=g).float(), dim=-1)[0]
+    values = torch.randint(-5, 6, values_shape, generator=g).float()
+    if values.numel() > 1:
+        values.view(-1)[1] = float("nan")
+    for kw in (dict(), dict(right=True), dict(side="right", out_int32=True)):
+        _check_args(lambda s, v: torch.searchsorted(s, v, **kw), (seq, values), target)
+    if len(seq_shape) == 1:
+        _check_args(lambda v, s: torch.bucketize(v, s, right=True), (values, seq), target)
+        _check_args(lambda s: torch.searchsorted(s, 1.5), (seq,), target)
+        if seq.numel():
+            seq_nan = torch.cat([seq[1:], torch.tensor([float("nan")])])
+            _check_args(lambda s, v: torch.searchsorted(s, v), (seq_nan, values), target)
+    perm = torch.randperm(seq_shape[-1], generator=g).expand(seq_shape).contiguous()
+    shuffled = torch.gather(seq, -1, perm)
+    _check_args(lambda s, v, o: torch.searchsorted(s, v, sorter=torch.argsort(o, dim=-1)),
+                (shuffled, values, shuffled), target)
+    if values.dim() == 2 and len(seq_shape) == 1:
+        _check_args(lambda s, v: torch.searchsorted(s, v), (seq, values.t()), target)
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_searchsorted_assembles_for_cuda():
+    from kf.passes.to_cuda import assemble
+
+    seq, values = torch.sort(torch.randn(2, 33))[0], torch.randn(2, 7)
+    info = kf.inspect(kf.jit(lambda s, v: torch.searchsorted(s, v, right=True), target="cuda", arch="sm_90a"),
+                      seq, values)
+    assemble(info.stages["ptx"], "sm_90a")
