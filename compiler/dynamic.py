@@ -199,18 +199,25 @@ _SUMS = {"kf.sum": "dims", "kf.mean": "dims", "kf.var": "dims", "kf.logsumexp": 
          "kf.log_softmax": "dim", "kf.matmul": None}
 
 
-def long_sum(module: ir.Module, block: int, largest: int | None = None) -> str | None:
+def long_sum(module: ir.Module, block: int, top: ir.Module | None = None) -> str | None:
     """Why a float sum of the kf IR over a run-time dim may add more than ``block``
-    elements (its run-time dims at ``largest``, by default MAX_DYNAMIC_SIZE), or None. The cpu target adds longer
-    sums in stages (passes/to_cpu.blocked_reductions), which needs their extent: over a
-    run-time extent the sum would be one sequential chain, far less exact."""
+    elements, or None: its run-time dims at MAX_DYNAMIC_SIZE, or the sizes that the same
+    op has in ``top``, the graph converted at the largest sizes it takes (a region of a
+    Dynamo graph whose symbols Dynamo bounds: compiler/backend/sizes.py). The cpu target
+    adds longer sums in stages (passes/to_cpu.blocked_reductions), which needs their
+    extent: over a run-time extent the sum would be one sequential chain, far less
+    exact."""
     import math
 
     from kf.dialects.attrs import op_attrs
 
     from .signature import MAX_DYNAMIC_SIZE
 
-    for op in _ops(module):
+    ops = _ops(module)
+    tops = _ops(top) if top is not None else None
+    if tops is not None and (len(tops) != len(ops) or any(a.name != b.name for a, b in zip(ops, tops))):
+        tops = None  # not the same ops: every run-time dim at MAX_DYNAMIC_SIZE
+    for k, op in enumerate(ops):
         if op.name not in _SUMS or not isinstance(op.operands[0].type, ir.RankedTensorType):
             continue
         t = ir.RankedTensorType(op.operands[0].type)
@@ -226,7 +233,12 @@ def long_sum(module: ir.Module, block: int, largest: int | None = None) -> str |
         sizes = [shape[d] for d in dims if shape]
         if not any(ir.ShapedType.is_dynamic_size(n) for n in sizes):
             continue
-        bound = math.prod((largest or MAX_DYNAMIC_SIZE) if ir.ShapedType.is_dynamic_size(n) else n for n in sizes)
+        largest = [MAX_DYNAMIC_SIZE] * len(shape)
+        if tops is not None and isinstance(tops[k].operands[0].type, ir.RankedTensorType):
+            at_top = list(ir.RankedTensorType(tops[k].operands[0].type).shape)
+            if len(at_top) == len(shape):
+                largest = at_top
+        bound = math.prod(largest[d] if ir.ShapedType.is_dynamic_size(shape[d]) else shape[d] for d in dims)
         if bound > block:
             return (f"{op.name} over dims {dims} of {t} adds up to {bound} elements, which the cpu target sums "
                     f"in stages of {block} only for static sizes")
@@ -331,13 +343,14 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
     return cap
 
 
-def unified(cap, other, outs: Sequence[torch.Tensor], input_dims: list, equal: dict, largest: int | None = None):
+def unified(cap, other, outs: Sequence[torch.Tensor], input_dims: list, equal: dict, top=None):
     """cap, the first of two conversions of one graph under the two sets of hints
     (``_hints``), made in place the kf function of every size: its types unified with
     other's (``unify``), verified, its float sums checked (``long_sum``), and each input
     and output dim's size recorded as text (``input_dims`` as given; ``outs``: the graph's
-    result values, whose sizes are expressions over the symbols; ``largest``: the largest
-    run-time size, for ``long_sum``). DynamicFallback where it cannot be one program."""
+    result values, whose sizes are expressions over the symbols; ``top``: a conversion
+    at the largest sizes, for ``long_sum``). DynamicFallback where it cannot be one
+    program."""
     from kf.dialects import verify
 
     if cap.fallbacks:
@@ -347,7 +360,7 @@ def unified(cap, other, outs: Sequence[torch.Tensor], input_dims: list, equal: d
         errors = verify(cap.module.operation)
         if errors:
             raise DynamicFallback(f"the kf IR with run-time sizes does not verify: {errors[0][1]}")
-        too_long = long_sum(cap.module, _REDUCTION_BLOCK, largest)
+        too_long = long_sum(cap.module, _REDUCTION_BLOCK, top.module if top is not None else None)
         if too_long:
             raise DynamicFallback(too_long)
     if len(outs) != len(cap.output_specs):

@@ -58,8 +58,6 @@ class SizePlan:
     #: the largest size of each run-time symbol (Dynamo's range of it, at most
     #: MAX_DYNAMIC_SIZE), by name
     upper: dict
-    #: the largest run-time size of any of the graph's dims at those sizes
-    largest: int
 
     def describe(self) -> str:
         fixed = ", ".join(f"{k}={v}" for k, v in sorted(self.fixed.items()))
@@ -164,20 +162,16 @@ def plan(gm: torch.fx.GraphModule, fixed: dict | None = None) -> SizePlan | str:
             text.append(str(e))
         dims.append(row)
         input_dims.append(tuple(text))
-    upper, largest = _ranges(gm, symbols, held)
+    upper = _ranges(gm, symbols)
     return SizePlan(dims, input_dims, symbols, {k: v for k, v in fixed.items() if k in every}, binds, tensor_args,
-                    every, upper, largest)
+                    every, upper)
 
 
-def _ranges(gm: torch.fx.GraphModule, symbols: dict, held: dict) -> tuple[dict, int]:
-    """(each run-time symbol's largest size, the largest size of any dim of the graph's
-    tensors): Dynamo's ShapeEnv bounds a symbol where the trace needed it (``freqs[:seq]``
-    of a 64-row table: seq <= 64, a guard Dynamo checks), else MAX_DYNAMIC_SIZE. The
-    cpu target sums in stages beyond REDUCTION_BLOCK elements only for static sizes
-    (dynamic.long_sum), so knowing that a flattened ``(2*seq, 32)`` sum adds at most 128
-    rows keeps such a region one program."""
-    import sympy
-
+def _ranges(gm: torch.fx.GraphModule, symbols: dict) -> dict:
+    """Each run-time symbol's largest size: Dynamo's ShapeEnv bounds a symbol where the
+    trace needed it (``freqs[:seq]`` of a 2048-row table: seq <= 2048, a guard Dynamo
+    checks), else MAX_DYNAMIC_SIZE. The region is also converted at these sizes, for the
+    extent of its sums (``capture``)."""
     env = next((s.node.shape_env for n in gm.graph.nodes if n.op == "placeholder"
                 for s in _sizes_of(n.meta.get("val"))), None)
     upper = {}
@@ -185,21 +179,9 @@ def _ranges(gm: torch.fx.GraphModule, symbols: dict, held: dict) -> tuple[dict, 
         vr = env.var_to_range.get(sym) if env is not None else None
         top = MAX_DYNAMIC_SIZE
         if vr is not None and _finite(vr.upper):
-            top = min(top, int(vr.upper))
+            top = max(MIN_SIZE, min(top, int(vr.upper)))
         upper[name] = top
-    at_top = {**{symbols[k]: sympy.Integer(v) for k, v in upper.items()}, **held}
-    largest = 0
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        for t in val if isinstance(val, (list, tuple)) else [val]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            for size in t.shape:
-                e = _expr(size)
-                if e is not None:
-                    value = e.xreplace(at_top)
-                    largest = max(largest, int(value) if value.is_number else MAX_DYNAMIC_SIZE)
-    return upper, min(largest or MAX_DYNAMIC_SIZE, MAX_DYNAMIC_SIZE)
+    return upper
 
 
 def _bounded_hints(gm: torch.fx.GraphModule, sizes: SizePlan) -> tuple[dict, dict]:
@@ -245,14 +227,19 @@ def _sizes_of(val) -> list:
 
 
 def hinted_graphs(gm: torch.fx.GraphModule, sizes: SizePlan, tensors: list):
-    """The region's graph twice, its symbols replaced by each set of hints
-    (dynamic._hints), with meta tensors of the inputs at those sizes: [(graph, metas)]."""
+    """The region's graph three times, its symbols replaced by each of the two sets of
+    hints (dynamic._hints; within Dynamo's ranges: _bounded_hints) and by their largest
+    sizes, with meta tensors of the inputs at those sizes: [(graph, metas)]."""
     from ..dynamic import _concrete, _hinted, _hints
+
+    import sympy
 
     out = []
     bounded = _bounded_hints(gm, sizes)
-    for which in (0, 1):
-        hints = {**_hints(sizes.symbols, {}, which), **bounded[which], **sizes.held()}
+    top = {sizes.symbols[k]: sympy.Integer(v) for k, v in sizes.upper.items()}
+    for which in (0, 1, 2):  # 2: at the largest sizes, for the extent of the sums
+        hints = {**_hints(sizes.symbols, {}, which), **bounded[which], **sizes.held()} if which < 2 else \
+            {**top, **sizes.held()}
         graph = _hinted(gm, hints)
         metas = []
         for node in (n for n in gm.graph.nodes if n.op == "placeholder"):
@@ -274,7 +261,13 @@ def capture(gm: torch.fx.GraphModule, sizes: SizePlan, sig: Signature, tensors: 
     from ..errors import debug
 
     caps = []
-    for graph, metas in hinted_graphs(gm, sizes, tensors):
+    for k, (graph, metas) in enumerate(hinted_graphs(gm, sizes, tensors)):
+        if k == 2:  # at the largest sizes: only the sums' extents are read
+            try:
+                caps.append(convert(graph, metas))
+            except Exception:
+                caps.append(None)
+            continue
         try:
             caps.append(convert(graph, metas))
         except CompileError as e:
@@ -286,7 +279,7 @@ def capture(gm: torch.fx.GraphModule, sizes: SizePlan, sig: Signature, tensors: 
                                   f"{str(e).splitlines()[0] if str(e) else ''}") from None
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     outs = [o.meta["val"] for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, torch.fx.Node)]
-    return unified(caps[0], caps[1], outs, sizes.input_dims, sizes.held(), sizes.largest)
+    return unified(caps[0], caps[1], outs, sizes.input_dims, sizes.held(), caps[2])
 
 
 def output_strides(gm: torch.fx.GraphModule, sizes: SizePlan) -> Callable[[tuple], list]:
