@@ -15,6 +15,13 @@ run-time size. ``SizePlan.serves`` picks the calls the program takes: every run-
 in ``[MIN_SIZE, MAX_DYNAMIC_SIZE]``, as ``Signature.generalize``; sizes 0 and 1 and longer
 sizes are compiled for their own values. Dynamo has checked its guards on the symbols
 before the graph runs, so nothing else about the sizes needs checking here.
+
+Hints. Where Dynamo bounds a symbol (``freqs[:seq]`` of a table of 2048 rows: seq <=
+2048), its two hints are primes of that range, since the graph's sizes hold only there;
+a third conversion at each symbol's largest size gives the extent of the region's float
+sums (dynamic.long_sum: the cpu target adds long sums in stages for static sizes only).
+Symbols can be held at a size (``plan(gm, fixed)``): the region's runner holds those that
+do not change where every symbol cannot be one program (regions.RegionRunner).
 """
 
 from __future__ import annotations
@@ -65,7 +72,8 @@ class SizePlan:
 
     def serves(self, args) -> bool:
         """Whether the program of run-time sizes takes this call: no empty tensor, every
-        run-time dim in [MIN_SIZE, MAX_DYNAMIC_SIZE], every fixed symbol of its size."""
+        run-time dim in [MIN_SIZE, MAX_DYNAMIC_SIZE], every fixed symbol of its size,
+        every run-time symbol within its range (``upper``, which Dynamo guards)."""
         for i, dims in zip(self.tensor_args, self.dims):
             shape = args[i].shape
             if 0 in shape:
@@ -193,10 +201,13 @@ def _bounded_hints(gm: torch.fx.GraphModule, sizes: SizePlan) -> tuple[dict, dic
 
     env = next((v.node.shape_env for n in gm.graph.nodes if n.op == "placeholder"
                 for v in _sizes_of(n.meta.get("val"))), None)
+    from ..dynamic import _hints
+
     out: tuple[dict, dict] = ({}, {})
     if env is None:
         return out
-    used: set[int] = set()
+    # apart from the unbounded symbols' hints and the held sizes too
+    used = {int(v) for which in (0, 1) for v in _hints(sizes.symbols, {}, which).values()} | set(sizes.fixed.values())
     for name in sorted(sizes.symbols):
         sym = sizes.symbols[name]
         vr = env.var_to_range.get(sym)
@@ -230,9 +241,9 @@ def hinted_graphs(gm: torch.fx.GraphModule, sizes: SizePlan, tensors: list):
     """The region's graph three times, its symbols replaced by each of the two sets of
     hints (dynamic._hints; within Dynamo's ranges: _bounded_hints) and by their largest
     sizes, with meta tensors of the inputs at those sizes: [(graph, metas)]."""
-    from ..dynamic import _concrete, _hinted, _hints
-
     import sympy
+
+    from ..dynamic import _concrete, _hinted, _hints
 
     out = []
     bounded = _bounded_hints(gm, sizes)
@@ -256,9 +267,7 @@ def capture(gm: torch.fx.GraphModule, sizes: SizePlan, sig: Signature, tensors: 
     cannot be one. ``convert(graph, metas)``: capture's conversion of a graph whose
     sizes are numbers."""
     from ..dynamic import unified
-    from ..errors import CompileError
-
-    from ..errors import debug
+    from ..errors import CompileError, debug
 
     caps = []
     for k, (graph, metas) in enumerate(hinted_graphs(gm, sizes, tensors)):
