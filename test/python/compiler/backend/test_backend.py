@@ -269,6 +269,8 @@ def test_sizes_zero_one_and_past_the_limit_get_programs_of_their_own():
     assert plan.serves([torch.randn(7, 3)])
     for n in (0, 1, MAX_DYNAMIC_SIZE + 1):
         assert not plan.serves([torch.randn(n, 3)])
+    # cuda's programs take no run-time sizes yet (CudaTarget.dynamic_shapes): per size
+    assert "no run-time sizes" in regions._size_plan(gm, Options(target="cuda"))
     record = regions.Region("r", "inference", [], [])
     runner = regions.RegionRunner(gm, Options(target="cpu"), record, gm, lambda *a: None)
     for n in (7, 0, 1, 9, MAX_DYNAMIC_SIZE + 1):
