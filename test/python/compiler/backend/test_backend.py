@@ -254,6 +254,29 @@ def test_size_used_as_a_float_compiles_each_size_and_says_why(caplog):
     assert "compiled for each size" in caplog.text
 
 
+def test_views_and_new_tensors_of_run_time_size_stay_outside(caplog):
+    """``table[:n]`` of a graph input and ``torch.zeros(n, 2)`` would put a run-time
+    size where kf's IR holds numbers: they run on the fallback (Inductor here) and the
+    region takes them as inputs; ``h[:, :16]`` (dim 0 sliced whole) is no slice. One
+    program serves every length."""
+    torch._dynamo.reset()
+    table = torch.randn(64, 16)
+
+    def f(x):
+        h = torch.cat([x * 2, torch.zeros(x.shape[0], 2)], 1).softmax(-1)
+        return h[:, :16] * table[: x.shape[0]] + 1
+
+    c = torch.compile(f, backend="kf", dynamic=True, options={"target": "cpu", "fallback": "inductor"})
+    for n in (5, 9, 17, 33):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(c(x), f(x))
+    report = kf.explain(c, torch.randn(9, 16))
+    (region,) = report.regions
+    assert region.compiles == 1 and region.sizes and not region.static, report
+    outside = {fb.op: fb.reason for fb in report.fallbacks}
+    assert "run-time size" in outside["aten.full.default"] and "run-time size" in outside["aten.slice.Tensor"]
+
+
 def test_sizes_zero_one_and_past_the_limit_get_programs_of_their_own():
     """A region's program of run-time sizes serves sizes 2..MAX_DYNAMIC_SIZE only:
     sizes 0 and 1 and longer ones are compiled for their own values, as kf.jit's."""
