@@ -11,7 +11,11 @@ as Inductor compiles AOTAutograd's graphs itself).
 Where a region's compile refuses one of its ops (a handler that does not take these
 arguments), that op is marked and the graph partitioned again, so the op falls back and
 the rest of the region still runs in kf; a region that fails as a whole (a pass) falls
-back whole. Every fallback is reported with its op, the user's line and the reason.
+back whole. A region of symbolic sizes is compiled at its first call (sizes.py), but
+converted now at the example inputs' sizes, so that an op kf refuses at any size is
+found here too. On a target with run-time sizes, the ops that would write a run-time
+size into kf's IR (``support.run_time_bounds``) are left out first. Every fallback is
+reported with its op, the user's line and the reason.
 """
 
 from __future__ import annotations
