@@ -152,9 +152,10 @@ _ASSERTS = ("_assert", "sym_constrain_range")
 
 
 def _hinted(gm: torch.fx.GraphModule, hints: dict) -> torch.fx.GraphModule:
-    """A copy of export's graph with every size a number: the nodes that compute sizes
-    (``sym_size``, arithmetic on them) replaced by their values under hints, each
-    tensor's ``meta["val"]`` a meta tensor of its sizes."""
+    """A copy of a graph with symbolic sizes (export's, or a region of Dynamo's) with
+    every size a number: the nodes that compute sizes (``sym_size``, arithmetic on them)
+    and the inputs that are sizes replaced by their values under hints, each tensor's
+    ``meta["val"]`` a meta tensor of its sizes."""
     graph = torch.fx.Graph()
     env: dict = {}
     sizes: dict = {}  # node that computes a size -> its number
@@ -162,10 +163,14 @@ def _hinted(gm: torch.fx.GraphModule, hints: dict) -> torch.fx.GraphModule:
         val = node.meta.get("val")
         if node.op == "call_function" and any(a in str(node.target) for a in _ASSERTS):
             raise DynamicFallback(f"the trace checks sizes at run time ({node.target})")
-        if node.op == "call_function" and isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+        if node.op in ("call_function", "placeholder") and isinstance(val, (torch.SymInt, int)) and \
+                not isinstance(val, bool):
             sizes[node] = _concrete(val, hints)
             continue
         new = graph.node_copy(node, lambda n: sizes[n] if n in sizes else env[n])
+        if node.op == "call_function":  # a size written into the node's arguments
+            new.args = torch.fx.node.map_aggregate(new.args, lambda a: _concrete(a, hints))
+            new.kwargs = torch.fx.node.map_aggregate(new.kwargs, lambda a: _concrete(a, hints))
         if isinstance(val, torch.Tensor):
             new.meta["val"] = _meta(val, hints)
         elif isinstance(val, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in val):
@@ -194,18 +199,25 @@ _SUMS = {"kf.sum": "dims", "kf.mean": "dims", "kf.var": "dims", "kf.logsumexp": 
          "kf.log_softmax": "dim", "kf.matmul": None}
 
 
-def long_sum(module: ir.Module, block: int) -> str | None:
+def long_sum(module: ir.Module, block: int, top: ir.Module | None = None) -> str | None:
     """Why a float sum of the kf IR over a run-time dim may add more than ``block``
-    elements (its run-time dims at MAX_DYNAMIC_SIZE), or None. The cpu target adds longer
-    sums in stages (passes/to_cpu.blocked_reductions), which needs their extent: over a
-    run-time extent the sum would be one sequential chain, far less exact."""
+    elements, or None: its run-time dims at MAX_DYNAMIC_SIZE, or the sizes that the same
+    op has in ``top``, the graph converted at the largest sizes it takes (a region of a
+    Dynamo graph whose symbols Dynamo bounds: compiler/backend/sizes.py). The cpu target
+    adds longer sums in stages (passes/to_cpu.blocked_reductions), which needs their
+    extent: over a run-time extent the sum would be one sequential chain, far less
+    exact."""
     import math
 
     from kf.dialects.attrs import op_attrs
 
     from .signature import MAX_DYNAMIC_SIZE
 
-    for op in _ops(module):
+    ops = _ops(module)
+    tops = _ops(top) if top is not None else None
+    if tops is not None and (len(tops) != len(ops) or any(a.name != b.name for a, b in zip(ops, tops))):
+        tops = None  # not the same ops: every run-time dim at MAX_DYNAMIC_SIZE
+    for k, op in enumerate(ops):
         if op.name not in _SUMS or not isinstance(op.operands[0].type, ir.RankedTensorType):
             continue
         t = ir.RankedTensorType(op.operands[0].type)
@@ -221,7 +233,12 @@ def long_sum(module: ir.Module, block: int) -> str | None:
         sizes = [shape[d] for d in dims if shape]
         if not any(ir.ShapedType.is_dynamic_size(n) for n in sizes):
             continue
-        bound = math.prod(MAX_DYNAMIC_SIZE if ir.ShapedType.is_dynamic_size(n) else n for n in sizes)
+        largest = [MAX_DYNAMIC_SIZE] * len(shape)
+        if tops is not None and isinstance(tops[k].operands[0].type, ir.RankedTensorType):
+            at_top = list(ir.RankedTensorType(tops[k].operands[0].type).shape)
+            if len(at_top) == len(shape):
+                largest = at_top
+        bound = math.prod(largest[d] if ir.ShapedType.is_dynamic_size(shape[d]) else shape[d] for d in dims)
         if bound > block:
             return (f"{op.name} over dims {dims} of {t} adds up to {bound} elements, which the cpu target sums "
                     f"in stages of {block} only for static sizes")
@@ -284,8 +301,6 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
                     reached_names: Sequence[str] = ()):
     """The Captured kf function of a signature with DYN dims (see the module docstring);
     DynamicFallback where it cannot be one program for every size."""
-    from kf.dialects import verify
-
     from .capture import (_convert, _export_constants, _reached_constants, _user_code, _written_inputs)
 
     user = _user_code(fn)
@@ -318,7 +333,26 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
             # a size used as a value (q.shape[-1] ** 0.5 is sym_float of a run-time size):
             # the static capture compiles it, or raises the same error at the user's line
             raise DynamicFallback(f"kf cannot convert the graph with run-time sizes: {e.message}") from None
-    cap, other = caps
+    out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
+    outs = [a.meta["val"] for a in out_node.args[0] if isinstance(a, torch.fx.Node)]
+    input_dims = list(input_dims) + [tuple(str(s) for s in t.shape) for t in (reached[j] for j in caps[0].reached)]
+    if caps[0].random_input is not None:
+        input_dims.append(("2",))
+    cap = unified(caps[0], caps[1], outs, input_dims, equal)
+    cap.tracer = "export-dynamic"
+    return cap
+
+
+def unified(cap, other, outs: Sequence[torch.Tensor], input_dims: list, equal: dict, top=None):
+    """cap, the first of two conversions of one graph under the two sets of hints
+    (``_hints``), made in place the kf function of every size: its types unified with
+    other's (``unify``), verified, its float sums checked (``long_sum``), and each input
+    and output dim's size recorded as text (``input_dims`` as given; ``outs``: the graph's
+    result values, whose sizes are expressions over the symbols; ``top``: a conversion
+    at the largest sizes, for ``long_sum``). DynamicFallback where it cannot be one
+    program."""
+    from kf.dialects import verify
+
     if cap.fallbacks:
         raise DynamicFallback("ops of the function go through torch-mlir, which kf compiles for static sizes")
     with cap.context, ir.Location.unknown():
@@ -326,18 +360,13 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
         errors = verify(cap.module.operation)
         if errors:
             raise DynamicFallback(f"the kf IR with run-time sizes does not verify: {errors[0][1]}")
-        too_long = long_sum(cap.module, _REDUCTION_BLOCK)
+        too_long = long_sum(cap.module, _REDUCTION_BLOCK, top.module if top is not None else None)
         if too_long:
             raise DynamicFallback(too_long)
-    out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
-    outs = [a for a in out_node.args[0] if isinstance(a, torch.fx.Node)]
     if len(outs) != len(cap.output_specs):
         raise DynamicFallback("the results do not match the graph's outputs")
-    cap.output_dims = [_dims_text(o.meta["val"], equal) for o in outs]
-    cap.input_dims = list(input_dims) + [tuple(str(s) for s in t.shape) for t in
-                                         (reached[j] for j in cap.reached)]
-    if cap.random_input is not None:
-        cap.input_dims.append(("2",))
+    cap.output_dims = [_dims_text(o, equal) for o in outs]
+    cap.input_dims = list(input_dims)
     with cap.context:
         entry = next(op for op in _ops(cap.module) if op.name == "func.func")
         ftype = ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value)
@@ -347,7 +376,6 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
             if size != DYN and text != str(size):
                 raise DynamicFallback(f"a result's size {text} is {size} in the kf IR")
     cap.fallback_reason = None
-    cap.tracer = "export-dynamic"
     return cap
 
 

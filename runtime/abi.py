@@ -57,7 +57,9 @@ class TensorArg:
 
     A program compiled for run-time sizes has ``DYN`` dims in its shapes, and ``dims``
     says each dim's size: a number, or an expression over symbols (``s0``, ``2*s0``). An
-    input's run-time dims are bare symbols, which a call binds (``bind_sizes``); an
+    input's run-time dims are bare symbols, which a call binds (``bind_sizes``), or
+    expressions of symbols that other input dims bind (a region of a Dynamo graph takes
+    ``x`` of ``(s0, s1)`` and its view of ``(s0*s1,)``), which the call checks; an
     output's or temporary's are evaluated from them (``sized``)."""
 
     name: str
@@ -119,8 +121,10 @@ def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min
     """The symbols' sizes in a call whose inputs have these shapes, or why the shapes do
     not fit the program (text): a static dim that differs, a run-time dim below min_size
     (sizes 0 are compiled apart) or above max_size (GPU kernels: MAX_DYNAMIC_SIZE), or
-    one symbol given two sizes."""
+    one symbol given two sizes, or a dim that is an expression (``s0*s1``) of another
+    size than its symbols give."""
     sizes: dict[str, int] = {}
+    derived = []  # (arg, dim, expression, size): checked once every symbol is bound
     for a, shape in zip(args, shapes):
         if len(shape) != len(a.shape):
             return f"'{a.name}' has rank {len(shape)}, the program takes rank {len(a.shape)}"
@@ -134,8 +138,17 @@ def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min
                 return f"'{a.name}' dim {d} is {got}; the program takes sizes from {min_size}"
             if max_size is not None and got > max_size:
                 return f"'{a.name}' dim {d} is {got}; the program takes sizes up to {max_size}"
-            if sizes.setdefault(name, got) != got:
+            if not name.isidentifier():
+                derived.append((a, d, name, got))
+            elif sizes.setdefault(name, got) != got:
                 return f"'{a.name}' dim {d} is {got}, but {name} is {sizes[name]} in another input"
+    for a, d, expr, got in derived:
+        try:
+            want = eval_size(expr, sizes)
+        except ValueError:
+            return f"'{a.name}' dim {d} is {expr}, of symbols no input dim gives"
+        if want != got:
+            return f"'{a.name}' dim {d} is {got}, but {expr} is {want}"
     return sizes
 
 

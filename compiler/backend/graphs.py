@@ -11,7 +11,11 @@ as Inductor compiles AOTAutograd's graphs itself).
 Where a region's compile refuses one of its ops (a handler that does not take these
 arguments), that op is marked and the graph partitioned again, so the op falls back and
 the rest of the region still runs in kf; a region that fails as a whole (a pass) falls
-back whole. Every fallback is reported with its op, the user's line and the reason.
+back whole. A region of symbolic sizes is compiled at its first call (sizes.py), but
+converted now at the example inputs' sizes, so that an op kf refuses at any size is
+found here too. On a target with run-time sizes, the ops that would write a run-time
+size into kf's IR (``support.run_time_bounds``) are left out first. Every fallback is
+reported with its op, the user's line and the reason.
 """
 
 from __future__ import annotations
@@ -78,6 +82,11 @@ def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
     """Partition gm in place into kf regions; compile the static ones now. True where a
     compile refused an op (recorded in ``refused``): partition again."""
     rep.ops = sum(1 for n in gm.graph.nodes if support.op_name(n))
+    from .. import targets
+
+    if targets.get(options.target).dynamic_shapes:  # run-time sizes (sizes.py)
+        for name, why in support.run_time_bounds(gm).items():
+            refused.setdefault(name, why)
     partitioner = CapabilityBasedPartitioner(gm, support.KfSupport(refused), allows_single_node_partition=True)
     proposed = [p for p in partitioner.propose_partitions() if support.computes(p.nodes)]
     names_before = {n for n, _ in gm.named_children()}
@@ -100,22 +109,25 @@ def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
         def on_failure(region, why, rep=rep):
             report.log.info("%s: %s falls back at run time: %s", rep.kind, region.name, why)
 
-        runner = regions.RegionRunner(sub, options, record, fallback, on_failure)
-        if not runner.symbolic:
-            examples = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
-            try:
+        examples = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+        try:
+            if regions.symbolic(sub):  # compiled at its first call; ops kf refuses are found now
+                regions.check_conversion(sub, record.name)
+                runner = regions.RegionRunner(sub, options, record, fallback, on_failure)
+            else:
+                runner = regions.RegionRunner(sub, options, record, fallback, on_failure)
                 runner.precompile(examples)
-            except CompileError as e:
-                bad = getattr(e, "kf_node", None)
-                why = f"{type(e).__name__}: {e.message}" + (f" ({e.cause})" if e.cause else "")
-                if bad is not None:
-                    refused[bad] = why
-                else:
-                    for n in sub.graph.nodes:
-                        if n.op == "call_function":
-                            refused[n.name] = f"its region failed to compile: {why}"
-                any_failed = True
-                continue
+        except CompileError as e:
+            bad = getattr(e, "kf_node", None)
+            why = f"{type(e).__name__}: {e.message}" + (f" ({e.cause})" if e.cause else "")
+            if bad is not None:
+                refused[bad] = why
+            else:
+                for n in sub.graph.nodes:
+                    if n.op == "call_function":
+                        refused[n.name] = f"its region failed to compile: {why}"
+            any_failed = True
+            continue
         rep.regions.append(record)
         fused.add_submodule(node.target, _Call(runner))
     fused.recompile()

@@ -6,12 +6,17 @@ path, ``capture._convert`` on the FX graph, no Python re-traced -- and walks the
 stages after capture (kf-fuse makes its kernels), caching the program on disk by the
 region's graph text, the signature, the options and the target.
 
-Shapes. kf's programs have static shapes today, so a region is compiled per concrete
-signature of its inputs (shapes, dtypes, strides, the values of int inputs). Where the
-graph carries Dynamo's symbolic sizes, the first call with new sizes specializes the
-region: it is traced again with ``make_fx`` on those sizes (stack traces kept) and that
-concrete graph is converted. A new sequence length so compiles a new kf program, never
-runs an old one; Dynamo itself does not recompile.
+Shapes. A region whose graph has static sizes is compiled once, for them. Where the
+graph carries Dynamo's symbolic sizes (``dynamic=True``, automatic dynamic) and the
+target's programs take run-time sizes, the region is one kf program for every size
+(sizes.py): its symbolic dims are run-time sizes, so a new sequence length runs the same
+program. Where it cannot be (a size used as a float, a target or a kernel without
+run-time sizes), the region is compiled per concrete signature of its inputs (shapes,
+dtypes, the values of int inputs), and the report and the ``kf.recompiles`` logger say
+why: the first call with new sizes traces the region again with ``make_fx`` on them
+(stack traces kept) and converts that graph. Sizes 0 and 1, and sizes past
+MAX_DYNAMIC_SIZE, always get programs of their own, as kf.jit's. Dynamo itself does not
+recompile.
 
 Boundaries. Inputs are given to the program contiguous (the graph's ops compute on
 logical shapes); outputs come back with the strides the graph's metadata promises, so
@@ -30,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import CompileError, SourceLoc, debug
+from ..errors import CompileError, DynamicFallback, SourceLoc, debug
 from ..options import Options
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -69,7 +74,7 @@ def _placeholder_fn(name: str, loc: SourceLoc | None) -> Callable:
     return fn
 
 
-def _symbolic(gm: torch.fx.GraphModule) -> bool:
+def symbolic(gm: torch.fx.GraphModule) -> bool:
     """Whether the graph's placeholders carry symbolic sizes (or are SymInts)."""
     for n in gm.graph.nodes:
         if n.op != "placeholder":
@@ -125,6 +130,8 @@ class Compiled:
     kernels: list[str]
     seconds: float
     cached: bool
+    #: with run-time sizes: a call's args -> the promised strides (sizes.output_strides)
+    sized_strides: Callable | None = None
 
 
 @dataclass
@@ -140,6 +147,8 @@ class Region:
     calls: int = 0
     seconds: float = 0.0
     failed: str = ""  # why kf could not compile it at run time (it then runs the fallback)
+    sizes: str = ""  # the symbols its one program takes as run-time sizes ("s0, s1")
+    static: str = ""  # why a region of symbolic sizes is compiled for each size
 
 
 def _signature(tensors: list):
@@ -155,18 +164,22 @@ def _elem(dtype) -> str:
     return kf_elem(dtype)
 
 
-def compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options, name: str) -> Compiled:
+def compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options, name: str,
+                     sizes=None) -> Compiled:
     """The kf program of a region whose nodes have concrete sizes, for these input
-    tensors (real or fake: only their shapes, dtypes and devices are read). It runs
-    outside the fake tensor mode AOTAutograd compiles in: kf's handlers compute constants
-    (an arange's values) with real tensors."""
+    tensors (real or fake: only their shapes, dtypes and devices are read); with
+    ``sizes`` (a sizes.SizePlan), of a region with symbolic sizes, its program of
+    run-time sizes (DynamicFallback where it cannot be one). It runs outside the fake
+    tensor mode AOTAutograd compiles in: kf's handlers compute constants (an arange's
+    values) with real tensors."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        return _compile_concrete(gm, tensors, options, name)
+        return _compile_concrete(gm, tensors, options, name, sizes)
 
 
-def _compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options, name: str) -> Compiled:
+def _compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options, name: str,
+                      sizes=None) -> Compiled:
     from .. import cache, targets
     from ..capture import _convert
     from ..guards import walk
@@ -178,7 +191,7 @@ def _compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options,
     locs = [user_loc(n) for n in gm.graph.nodes if n.op == "call_function"]
     first = next((l for l in locs if l is not None), None)
     fn = _placeholder_fn(name, first)
-    sig = _signature(tensors)
+    sig = sizes.signature(tensors) if sizes is not None else _signature(tensors)
     arch = target.arch(options)
     h = hashlib.sha256()
     for part in (cache.compiler_fingerprint(), "fx-region", name, graph_text(gm), repr(sig), options.stable_hash(),
@@ -198,10 +211,18 @@ def _compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options,
             return user_loc(node)
 
         try:
-            b.cap = _convert(fn, sig, tensors, gm, {}, None, "fx", {}, (), (), locate=locate)
+            if sizes is not None:
+                from .sizes import capture
+
+                b.cap = capture(gm, sizes, sig, tensors, lambda graph, metas: _convert(
+                    fn, sig, metas, graph, {}, None, "fx", {}, (), (), locate=locate))
+            else:
+                b.cap = _convert(fn, sig, tensors, gm, {}, None, "fx", {}, (), (), locate=locate)
         except CompileError as e:
             # the node whose conversion failed: the partitioner leaves it out next time
             e.kf_node = last[0].name if last[0] is not None else None
+            raise
+        except DynamicFallback:
             raise
         except Exception as e:  # a handler's internal error: that node falls back
             if debug():
@@ -222,7 +243,7 @@ def _compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options,
                 continue
             try:
                 stage(b)
-            except CompileError:
+            except (CompileError, DynamicFallback):
                 raise
             except Exception as e:
                 if debug():
@@ -239,6 +260,57 @@ def _compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options,
                     time.perf_counter() - start, cached)
 
 
+def check_conversion(gm: torch.fx.GraphModule, name: str) -> None:
+    """Convert a region of symbolic sizes at the sizes of the graph's example inputs
+    (conversion only, no compile): an op whose handler refuses its arguments whatever
+    the sizes (``x[index] = v`` with a 2-d index) raises kf's CompileError naming the
+    node now, so the partitioner leaves it out as it does for static regions, instead
+    of the region running on the fallback at its first call."""
+    import sympy
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from ..capture import _convert
+    from ..dynamic import _concrete, _hinted
+
+    env = next((s.node.shape_env for n in gm.graph.nodes if n.op == "placeholder"
+                for s in _symints(n.meta.get("val"))), None)
+    if env is None:
+        return
+    values = getattr(env, "backed_var_to_val", None) or env.var_to_val
+    hints = {sym: sympy.Integer(v) for sym, v in values.items()}
+    try:
+        graph = _hinted(gm, hints)
+        metas = [torch.empty(_concrete(list(n.meta["val"].shape), hints), dtype=n.meta["val"].dtype, device="meta")
+                 for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    except DynamicFallback:
+        return  # sizes of no input: the call's own sizes will tell
+    locs = [user_loc(n) for n in gm.graph.nodes if n.op == "call_function"]
+    fn = _placeholder_fn(name, next((l for l in locs if l is not None), None))
+    sig = _signature(metas)
+    last: list = [None]
+
+    def locate(node):
+        last[0] = node
+        return user_loc(node)
+
+    with unset_fake_temporarily():
+        try:
+            _convert(fn, sig, metas, graph, {}, None, "fx", {}, (), (), locate=locate)
+        except CompileError as e:
+            if last[0] is None:
+                return
+            e.kf_node = last[0].name
+            raise
+        except Exception:
+            return  # a handler's internal error at these sizes: the call's compile reports it
+
+
+def _symints(val) -> list:
+    if isinstance(val, torch.Tensor):
+        return [s for s in val.shape if isinstance(s, torch.SymInt)]
+    return [val] if isinstance(val, torch.SymInt) else []
+
+
 def _kernel_names(meta: dict) -> list[str]:
     from kf.runtime.abi import ProgramABI
 
@@ -250,9 +322,17 @@ def _kernel_names(meta: dict) -> list[str]:
 
 
 class RegionRunner:
-    """Calls a region: its kf program for the inputs' concrete signature (compiled on
-    first use; specialized from the symbolic graph where sizes are symbolic), or the
-    fallback where kf cannot compile it."""
+    """Calls a region: its kf program of run-time sizes where the graph's sizes are
+    symbolic and one program can serve them (sizes.py), else its program for the inputs'
+    concrete signature (compiled on first use; specialized from the symbolic graph where
+    sizes are symbolic), or the fallback where kf cannot compile it.
+
+    Run-time sizes, as kf.jit's automatic dynamic: the first call tries every symbol of
+    the region's inputs as a run-time size. Where that cannot be one program (a GPU
+    kernel takes one run-time size), the call gets a program of its own sizes, and once
+    some sizes change (the sequence length, not the batch) the symbols that changed are
+    tried as run-time sizes with the others held at their size. Where that fails too,
+    each new size gets its own program from then on."""
 
     def __init__(self, gm: torch.fx.GraphModule, options: Options, record: Region, fallback: Callable,
                  on_failure: Callable[[Region, str], None]):
@@ -261,8 +341,29 @@ class RegionRunner:
         self.record = record
         self.fallback = fallback
         self.on_failure = on_failure
-        self.symbolic = _symbolic(gm)
+        self.symbolic = symbolic(gm)
         self._programs: dict[tuple, Compiled | None] = {}
+        #: with symbolic sizes: the plan of every symbol a run-time size (sizes.SizePlan),
+        #: None where the region is compiled for each size
+        self.sizes = None
+        self._sized: list[tuple[Any, Compiled]] = []  # (plan, its program) of run-time sizes
+        self._first: dict[str, int] | None = None  # each symbol's size at the first call
+        self._changed: set[str] = set()  # the symbols whose size has changed since
+        self._tried: set[frozenset] = set()  # the sets of run-time symbols tried
+        if self.symbolic:
+            plan = _size_plan(gm, options)
+            if isinstance(plan, str):
+                self._static(plan)
+            else:
+                self.sizes = plan
+
+    def _static(self, why: str) -> None:
+        """No more programs of run-time sizes are tried, for this reason."""
+        from ..logs import recompile_log
+
+        self.sizes = None
+        self.record.static = why
+        recompile_log.info("%s: compiled for each size: %s", self.record.name, why)
 
     def precompile(self, example_inputs: list) -> None:
         """Compile now for the example inputs (the static case: their sizes are the only
@@ -271,8 +372,8 @@ class RegionRunner:
         key = self._key(example_inputs)
         self._programs[key] = self._compile(self.gm, tensors)
 
-    def _compile(self, gm, tensors) -> Compiled:
-        compiled = compile_concrete(gm, tensors, self.options, self.record.name)
+    def _compile(self, gm, tensors, sizes=None) -> Compiled:
+        compiled = compile_concrete(gm, tensors, self.options, self.record.name, sizes)
         self.record.kernels = compiled.kernels
         self.record.compiles += 1
         self.record.seconds += compiled.seconds
@@ -287,15 +388,71 @@ class RegionRunner:
         key = self._key(args)
         compiled = self._programs.get(key, False)
         if compiled is False:
-            compiled = self._specialize(key, list(args))
+            compiled = self._program(key, list(args))
         if compiled is None:
             return self.fallback(*args)
         self.record.calls += 1
         tensors = [a.contiguous() for a in args if isinstance(a, torch.Tensor)]
         result = compiled.program(tensors)
+        strides = compiled.sized_strides(args) if compiled.sized_strides is not None else compiled.strides
         if isinstance(result, (list, tuple)):
-            return tuple(_restride(r, s) for r, s in zip(result, compiled.strides))
-        return _restride(result, compiled.strides[0])
+            return tuple(_restride(r, s) for r, s in zip(result, strides))
+        return _restride(result, strides[0])
+
+    def _program(self, key: tuple, args: list) -> Compiled | None:
+        """The program for a call not seen before: one of run-time sizes that serves it,
+        else one for the call's sizes."""
+        for plan, compiled in self._sized:
+            if plan.serves(args):
+                self._programs[key] = compiled
+                return compiled
+        if self.sizes is not None and self.sizes.serves(args):
+            compiled = self._compile_sized(args)
+            if compiled is not None:
+                self._programs[key] = compiled
+                return compiled
+        return self._specialize(key, args)
+
+    def _compile_sized(self, args: list) -> Compiled | None:
+        """A program of run-time sizes for this call, or None (see the class docstring)."""
+        from .sizes import output_strides, plan
+
+        now = {name: self.sizes.size_of(name, args) for name in self.sizes.every}
+        if self._first is None:
+            self._first = now
+        self._changed |= {n for n, size in now.items() if size != self._first[n]}
+        wanted = frozenset(self.sizes.every) if not self._tried else frozenset(self._changed)
+        if not wanted or wanted in self._tried:
+            return None
+        self._tried.add(wanted)
+        sizes = plan(self.gm, {n: size for n, size in now.items() if n not in wanted})
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        why = ""
+        if isinstance(sizes, str):
+            why = sizes
+        else:
+            try:
+                strides = output_strides(self.gm, sizes)
+                compiled = self._compile(self.gm, tensors, sizes)
+            except DynamicFallback as e:
+                why = str(e).splitlines()[0]
+            except CompileError as e:
+                why = f"{type(e).__name__}: {e.message}" + (f" ({e.cause.splitlines()[0]})" if e.cause else "")
+        if why:
+            from ..logs import recompile_log
+
+            if wanted == frozenset(self.sizes.every) and len(wanted) > 1:
+                # the sizes that change may still be one program: tried once they change
+                self.record.static = why
+                recompile_log.info("%s: %s as run-time sizes cannot be one program (%s); the sizes that change "
+                                   "are tried alone", self.record.name, ", ".join(sorted(wanted)), why)
+            else:
+                self._static(why)
+            return None
+        compiled.sized_strides = strides
+        self.record.sizes = sizes.describe()
+        self._sized.append((sizes, compiled))
+        return compiled
 
     def _specialize(self, key: tuple, args: list) -> Compiled | None:
         try:
@@ -308,6 +465,16 @@ class RegionRunner:
             compiled = None
         self._programs[key] = compiled
         return compiled
+
+
+def _size_plan(gm: torch.fx.GraphModule, options: Options):
+    """The region's sizes.SizePlan, or why it is compiled for each size."""
+    from .. import targets
+    from .sizes import plan
+
+    if not targets.get(options.target).dynamic_shapes:
+        return f"the {options.target} target's programs take no run-time sizes"
+    return plan(gm)
 
 
 def _restride(t, stride):

@@ -50,6 +50,10 @@ class GraphReport:
             status = f"kernels {', '.join(r.kernels)}" if r.kernels else "not compiled yet"
             if r.failed:
                 status = f"runs on {self.fallback}: {r.failed}"
+            if r.sizes:
+                status += f"; run-time sizes {r.sizes}"
+            if r.static:
+                status += f"; {r.compiles} program(s) in all, sizes compiled apart: {r.static}"
             ops = _counted(r.ops)
             out.append(f"  kf region {r.name}: {len(r.ops)} ops ({ops}); {status}")
             if r.lines:

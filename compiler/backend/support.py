@@ -90,6 +90,50 @@ def why_not(node: torch.fx.Node, refused: dict[str, str]) -> str:
     return ""
 
 
+#: views whose bounds are arguments after the tensor: a slice, a narrow, a select
+BOUNDED_VIEWS = frozenset({"aten.slice.Tensor", "aten.narrow.default", "aten.select.int"})
+
+#: why such a view of a graph input, bounded by a run-time size, is left outside the regions
+RUN_TIME_BOUNDS = ("a view of a graph input bounded by a run-time size: left outside the regions, so that "
+                   "they take its result as an input of run-time size (kf's slice bounds are static)")
+
+
+#: ops that make a tensor of the sizes in their arguments (the sizes' position)
+FACTORIES = {"aten.full.default": 0, "aten.zeros.default": 0, "aten.ones.default": 0,
+             "aten.empty.memory_format": 0, "aten.new_full.default": 1, "aten.new_zeros.default": 1,
+             "aten.new_ones.default": 1, "aten.new_empty.default": 1}
+
+#: why such an op sized by a run-time size is left outside the regions
+RUN_TIME_FACTORY = ("a new tensor of a run-time size: left outside the regions, so that they take it as an input "
+                    "(kf's fill is sized by its type, which holds no run-time size)")
+
+
+def run_time_bounds(gm: torch.fx.GraphModule) -> dict[str, str]:
+    """Ops that would make a region of run-time sizes compile for each size, by node
+    name, with why they stay out of the regions: the views of graph inputs that a
+    symbolic size bounds (``freqs[:seq]`` of a table of positions; kf's slice bounds are
+    numbers), and new tensors of a symbolic size (the zeros a slice's backward fills;
+    kf's fill takes its sizes from its type). Outside, they run on the fallback and the
+    region takes their result as an input whose size is ``seq``."""
+    out = {}
+    for node in gm.graph.nodes:
+        at = FACTORIES.get(op_name(node))
+        if at is not None and len(node.args) > at and any(
+                isinstance(b.meta.get("val") if isinstance(b, torch.fx.Node) else b, torch.SymInt)
+                for b in _values(node.args[at])):
+            out[node.name] = RUN_TIME_FACTORY
+            continue
+        if op_name(node) not in BOUNDED_VIEWS or not node.args:
+            continue
+        src = node.args[0]
+        if not isinstance(src, torch.fx.Node) or src.op != "placeholder":
+            continue
+        bounds = _values(list(node.args[1:]) + list(node.kwargs.values()))
+        if any(isinstance(b.meta.get("val") if isinstance(b, torch.fx.Node) else b, torch.SymInt) for b in bounds):
+            out[node.name] = RUN_TIME_BOUNDS
+    return out
+
+
 class KfSupport(OperatorSupport):
     """The OperatorSupport of CapabilityBasedPartitioner: kf's table decides."""
 

@@ -202,17 +202,16 @@ def reassociation(groups: Sequence[Sequence[int]]) -> ir.ArrayAttr:
 
 
 def reshape(v: ir.Value, shape: Sequence[int]) -> ir.Value:
-    """v with the same elements in a new static shape: collapse to 1-D, then expand.
-
-    Going through 1-D is always valid for static shapes, and the canonicalizer folds a
-    collapse/expand pair into one reassociation when one exists.
-    """
+    """v with the same elements in a new shape. Static shapes: collapse to 1-D, then
+    expand. Going through 1-D is always valid for static shapes, and the canonicalizer
+    folds a collapse/expand pair into one reassociation when one exists. Run-time sizes:
+    ``_reshape_groups``."""
     src, elem = shape_of(v), ir.RankedTensorType(v.type).element_type
     shape = list(shape)
     if list(src) == shape and DYN not in shape:
         return v
     if DYN in src or DYN in shape:
-        raise DynamicSizeError(f"a reshape of {list(src)} to {list(shape)} with run-time sizes")
+        return _dynamic_reshape(v, shape)
     numel = math.prod(src)
     if len(src) == 0:
         flat = tensor.expand_shape(tensor_type([1], elem), v, reassociation([]), [], [1])
@@ -227,24 +226,102 @@ def reshape(v: ir.Value, shape: Sequence[int]) -> ir.Value:
     return tensor.expand_shape(tensor_type(shape, elem), flat, reassociation([list(range(len(shape)))]), [], shape)
 
 
-def extract_slice(v: ir.Value, offsets: Sequence[int | ir.Value], sizes: Sequence[int],
+def _reshape_groups(src: Sequence[int], dst: Sequence[int]) -> tuple[list, list] | None:
+    """(groups of src's dims, groups of dst's dims), one pair per dim of a 1-D-per-group
+    intermediate, for a reshape with run-time sizes; None where kf cannot tell them.
+
+    Static dims are grouped from the left and from the right while their products match;
+    what is left between is one group that holds every run-time dim and at most one of
+    dst's (its size is the group's size over the static rest). Each boundary then splits
+    src and dst at the same number of elements whatever the run-time sizes, which is
+    what makes collapsing and expanding by these groups the reshape."""
+    def side(a: Sequence[int], b: Sequence[int]) -> tuple[list, list]:
+        ga, gb, i, j = [], [], 0, 0
+        while i < len(a) and j < len(b) and a[i] != DYN and b[j] != DYN:
+            ca, cb, pa, pb = [i], [j], a[i], b[j]
+            i, j = i + 1, j + 1
+            while pa != pb:
+                if pa < pb and i < len(a) and a[i] != DYN:
+                    ca.append(i); pa *= a[i]; i += 1
+                elif pb < pa and j < len(b) and b[j] != DYN:
+                    cb.append(j); pb *= b[j]; j += 1
+                else:
+                    return ga, gb
+            ga.append(ca); gb.append(cb)
+        return ga, gb
+
+    left_s, left_d = side(src, dst)
+    right_s, right_d = side(src[::-1], dst[::-1])
+    n_s, n_d = len(src), len(dst)
+    right_s = [[n_s - 1 - k for k in reversed(g)] for g in reversed(right_s)]
+    right_d = [[n_d - 1 - k for k in reversed(g)] for g in reversed(right_d)]
+    lo_s = sum(len(g) for g in left_s)
+    lo_d = sum(len(g) for g in left_d)
+    # the right groups that do not overlap the left ones
+    while right_s and (right_s[0][0] < lo_s or right_d[0][0] < lo_d):
+        right_s, right_d = right_s[1:], right_d[1:]
+    hi_s = n_s - sum(len(g) for g in right_s)
+    hi_d = n_d - sum(len(g) for g in right_d)
+    mid_s, mid_d = list(range(lo_s, hi_s)), list(range(lo_d, hi_d))
+    if sum(1 for d in mid_d if dst[d] == DYN) > 1 or not mid_s or not mid_d:
+        return None
+    return left_s + [mid_s] + right_s, left_d + [mid_d] + right_d
+
+
+def _dynamic_reshape(v: ir.Value, shape: Sequence[int]) -> ir.Value:
+    """A reshape with run-time sizes: collapse v by ``_reshape_groups``, then expand."""
+    src, elem = shape_of(v), ir.RankedTensorType(v.type).element_type
+    groups = _reshape_groups(src, shape) if src and shape else None
+    if groups is None:
+        raise DynamicSizeError(f"a reshape of {list(src)} to {list(shape)} with run-time sizes")
+    gs, gd = groups
+    mid = [DYN if any(src[d] == DYN for d in g) else math.prod(src[d] for d in g) for g in gs]
+    flat = v if len(mid) == len(src) else tensor.collapse_shape(tensor_type(mid, elem), v, reassociation(gs))
+    if len(mid) == len(shape) and list(mid) == list(shape):
+        return flat
+    sizes = []
+    for k, g in enumerate(gd):
+        for d in g:
+            if shape[d] == DYN:
+                rest = math.prod(shape[e] for e in g if e != d)
+                n = dim(flat, k)
+                sizes.append(n if rest == 1 else arith.divui(n, index_const(rest)))
+    static = [ir.ShapedType.get_dynamic_size() if d == DYN else d for d in shape]
+    return tensor.expand_shape(tensor_type(shape, elem), flat, reassociation(gd), sizes, static)
+
+
+def _mixed(values: Sequence[int | ir.Value]) -> tuple[list[ir.Value], list[int]]:
+    """(the index values, the static list with a dynamic marker at each) of offsets or
+    sizes that are numbers or index values."""
+    dyn = [o for o in values if isinstance(o, ir.Value)]
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else int(o) for o in values]
+    return dyn, static
+
+
+def extract_slice(v: ir.Value, offsets: Sequence[int | ir.Value], sizes: Sequence[int | ir.Value],
                   strides: Sequence[int] | None = None, result_shape: Sequence[int] | None = None) -> ir.Value:
-    """tensor.extract_slice with static sizes and static or dynamic offsets."""
+    """tensor.extract_slice with static or dynamic offsets and sizes (a size that is an
+    index value is a DYN dim of the result)."""
     strides = list(strides or [1] * len(sizes))
-    dyn = [o for o in offsets if isinstance(o, ir.Value)]
-    static = [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else int(o) for o in offsets]
-    out = tensor_type(result_shape if result_shape is not None else sizes,
-                       ir.RankedTensorType(v.type).element_type)
-    return tensor.extract_slice(out, v, dyn, [], [], static, list(sizes), strides)
+    dyn, static = _mixed(offsets)
+    dyn_sizes, static_sizes = _mixed(sizes)
+    shape = result_shape if result_shape is not None else [DYN if isinstance(n, ir.Value) else n for n in sizes]
+    out = tensor_type(shape, ir.RankedTensorType(v.type).element_type)
+    return tensor.extract_slice(out, v, dyn, dyn_sizes, [], static, static_sizes, strides)
 
 
-def insert_slice(src: ir.Value, dest: ir.Value, offsets: Sequence[int | ir.Value], sizes: Sequence[int],
+def insert_slice(src: ir.Value, dest: ir.Value, offsets: Sequence[int | ir.Value], sizes: Sequence[int | ir.Value],
                  strides: Sequence[int] | None = None) -> ir.Value:
-    """tensor.insert_slice with static sizes and static or dynamic offsets."""
+    """tensor.insert_slice with static or dynamic offsets and sizes."""
     strides = list(strides or [1] * len(sizes))
-    dyn = [o for o in offsets if isinstance(o, ir.Value)]
-    static = [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else int(o) for o in offsets]
-    return tensor.insert_slice(src, dest, dyn, [], [], static, list(sizes), strides)
+    dyn, static = _mixed(offsets)
+    dyn_sizes, static_sizes = _mixed(sizes)
+    return tensor.insert_slice(src, dest, dyn, dyn_sizes, [], static, static_sizes, strides)
+
+
+def sizes_or_dims(v: ir.Value) -> list[int | ir.Value]:
+    """v's sizes: a number for a static dim, its run-time size (tensor.dim) for a DYN one."""
+    return [dim(v, d) if n == DYN else n for d, n in enumerate(shape_of(v))]
 
 
 def for_loop(lb: int, ub: int, iter_args: Sequence[ir.Value],

@@ -19,7 +19,8 @@ from ..base import PassError
 from .build import (DynamicSizeError, arg_best, compute_elem, convert_tensor, count, dim, elem_of, elem_type, empty,
                     expand_keepdim, extract_slice, filled, finish_reduction, for_loop, generic, identity_map,
                     index_const, insert_slice, loop_index, map_elements, max_value, min_value, projection_map,
-                    reduce, reduced_dims, reshape, scalar, shape_of, sizes_of, tensor_type, widen_value)
+                    reduce, reduced_dims, reshape, scalar, shape_of, sizes_of, sizes_or_dims, tensor_type,
+                    widen_value)
 from .index_checks import as_index, checked_index
 from .narrow import NARROW_FLOATS
 
@@ -263,17 +264,24 @@ def _slice(op, args, attrs, out):
     dim = normalize_dim(int(attrs["dim"]), rank)
     offsets, strides = [0] * rank, [1] * rank
     offsets[dim], strides[dim] = int(attrs["start"]), int(attrs.get("step", 1))
-    return [extract_slice(x, offsets, out[0].shape, strides)]
+    if out[0].shape[dim] == DYN:
+        raise PassError("kf.slice of a dim of run-time size takes no run-time sizes", op.location)
+    # the other dims are x's whole dims: a run-time one has x's run-time size
+    sizes = sizes_or_dims(x)
+    sizes[dim] = out[0].shape[dim]
+    return [extract_slice(x, offsets, sizes, strides)]
 
 
 def _concat(op, args, attrs, out):
     rank = len(out[0].shape)
     dim = normalize_dim(int(attrs["dim"]), rank)
-    result, at = empty(out[0].shape, out[0].elem), 0
+    if out[0].shape[dim] == DYN:
+        raise PassError("kf.concat along a dim of run-time size takes no run-time sizes", op.location)
+    result, at = empty(out[0].shape, out[0].elem, sizes_of(args[0], list(range(rank)))), 0
     for v in args:
         offsets = [0] * rank
         offsets[dim] = at
-        result = insert_slice(v, result, offsets, shape_of(v))
+        result = insert_slice(v, result, offsets, sizes_or_dims(v))
         at += shape_of(v)[dim]
     return [result]
 
@@ -507,6 +515,16 @@ ELEMENTWISE = frozenset(name for name, lowering in LOWERINGS.items() if lowering
 DYNAMIC = ELEMENTWISE | {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var", "kf.logsumexp",
                          "kf.argmax", "kf.softmax", "kf.log_softmax", "kf.matmul", "kf.transpose", "kf.reshape",
                          "kf.broadcast_to"}
+#: ops whose lowerings take run-time sizes in some operands only: the test of the op
+DYNAMIC_WHERE = {
+    # a gather of a static table's rows (an embedding) by an index of run-time length
+    "kf.index_select": lambda op: spec_of(op.operands[0].type).is_static,
+    # a slice or a concatenation along a static dim of tensors with run-time dims
+    "kf.slice": lambda op: spec_of(op.results[0].type).shape[normalize_dim(
+        int(op_attrs(op)["dim"]), spec_of(op.results[0].type).rank)] != DYN,
+    "kf.concat": lambda op: spec_of(op.results[0].type).shape[normalize_dim(
+        int(op_attrs(op)["dim"]), spec_of(op.results[0].type).rank)] != DYN,
+}
 
 
 def keeps_wide(op: ir.Operation) -> bool:
@@ -539,7 +557,8 @@ def lower_op(op: ir.Operation, wide: bool = False, unsigned_source: bool = False
     if op.name == "kf.div" and not all(spec_of(v.type).is_float for v in op.operands):
         raise PassError("kf.div needs floating-point operands", op.location)
     out = [spec_of(r.type) for r in op.results]
-    if op.name not in DYNAMIC and not all(spec_of(v.type).is_static for v in [*op.operands, *op.results]):
+    if op.name not in DYNAMIC and not DYNAMIC_WHERE.get(op.name, lambda _: False)(op) and \
+            not all(spec_of(v.type).is_static for v in [*op.operands, *op.results]):
         raise PassError(f"{op.name} takes no run-time sizes", op.location)
     with ir.InsertionPoint(op), op.location:
         try:

@@ -421,6 +421,59 @@ func.func @dynamic_slice(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
 
 // -----
 
+// A reshape that merges a run-time dim with static ones, then splits it again: grouped
+// by the static dims on either side (one group holds the run-time dims), collapsed and
+// expanded; the split's run-time size is the merged size over the static rest.
+// CHECK-LABEL: func.func @dynamic_reshape
+// CHECK: tensor.collapse_shape %arg0 {{\[\[}}0, 1], [2, 3]] : tensor<2x?x4x8xf32> into tensor<?x32xf32>
+// CHECK: %[[N:.*]] = tensor.dim %{{.*}}, %{{.*}} : tensor<?x32xf32>
+// CHECK: %[[S:.*]] = arith.divui %[[N]], %{{.*}} : index
+// CHECK: tensor.expand_shape %{{.*}} {{\[\[}}0, 1], [2]] output_shape [2, %[[S]], 32] : tensor<?x32xf32> into tensor<2x?x32xf32>
+func.func @dynamic_reshape(%x: tensor<2x?x4x8xf32>) -> tensor<2x?x32xf32> {
+  %0 = "kf.reshape"(%x) : (tensor<2x?x4x8xf32>) -> tensor<?x32xf32>
+  %1 = "kf.reshape"(%0) : (tensor<?x32xf32>) -> tensor<2x?x32xf32>
+  return %1 : tensor<2x?x32xf32>
+}
+
+// -----
+
+// Two run-time dims split from one: which size is which is not in the types; refused.
+func.func @dynamic_reshape_two(%x: tensor<?x32xf32>) -> tensor<?x?x32xf32> {
+  // expected-error @+1 {{a reshape of [-1, 32] to [-1, -1, 32] with run-time sizes}}
+  %0 = "kf.reshape"(%x) : (tensor<?x32xf32>) -> tensor<?x?x32xf32>
+  return %0 : tensor<?x?x32xf32>
+}
+
+// -----
+
+// Rotating half of a tensor of run-time length: the slices along the static dim keep
+// the run-time dim's size (tensor.dim), and the concatenation's result takes it too.
+// CHECK-LABEL: func.func @dynamic_rotate_half
+// CHECK: %[[D:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x8xf32>
+// CHECK: tensor.extract_slice %arg0[0, 4] [%[[D]], 4] [1, 1] : tensor<?x8xf32> to tensor<?x4xf32>
+// CHECK: tensor.empty(%{{.*}}) : tensor<?x8xf32>
+// CHECK: tensor.insert_slice %{{.*}} into %{{.*}}[0, 0] [%{{.*}}, 4] [1, 1] : tensor<?x4xf32> into tensor<?x8xf32>
+// CHECK: tensor.insert_slice %{{.*}} into %{{.*}}[0, 4] [%{{.*}}, 4] [1, 1] : tensor<?x4xf32> into tensor<?x8xf32>
+func.func @dynamic_rotate_half(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
+  %hi = "kf.slice"(%x) {dim = 1 : i64, start = 4 : i64, end = 8 : i64, step = 1 : i64} : (tensor<?x8xf32>) -> tensor<?x4xf32>
+  %lo = "kf.slice"(%x) {dim = 1 : i64, start = 0 : i64, end = 4 : i64, step = 1 : i64} : (tensor<?x8xf32>) -> tensor<?x4xf32>
+  %0 = "kf.concat"(%hi, %lo) {dim = 1 : i64} : (tensor<?x4xf32>, tensor<?x4xf32>) -> tensor<?x8xf32>
+  return %0 : tensor<?x8xf32>
+}
+
+// -----
+
+// An embedding: a static table's rows gathered by an index of run-time length.
+// CHECK-LABEL: func.func @dynamic_index_select
+// CHECK: tensor.empty(%{{.*}}) : tensor<?x5xf32>
+// CHECK: tensor.extract %arg0
+func.func @dynamic_index_select(%x: tensor<7x5xf32>, %i: tensor<?xi64>) -> tensor<?x5xf32> {
+  %0 = "kf.index_select"(%x, %i) {dim = 0} : (tensor<7x5xf32>, tensor<?xi64>) -> tensor<?x5xf32>
+  return %0 : tensor<?x5xf32>
+}
+
+// -----
+
 // kf.scan walks its dim with an scf.for carrying the running row (updated in place, in
 // f32 for bf16) and the result, into which each step inserts its row rounded.
 // CHECK-LABEL: func.func @scan

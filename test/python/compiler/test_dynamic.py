@@ -195,6 +195,29 @@ def test_lowering_without_a_size_falls_back_static(caplog):
     assert len(f.compiles) == 2 and all("?" not in c.signature for c in f.compiles)
 
 
+def test_views_slices_concats_and_gathers_take_run_time_sizes():
+    """The ops of a transformer block around its matmuls (compiler/backend's regions):
+    a reshape that merges a run-time dim with static ones and one that splits it again,
+    slices and concatenations along static dims of tensors of run-time length (rotary
+    embeddings), and a gather of a static table's rows by an index of run-time length
+    (an embedding): one cpu program serves every length, each result torch's."""
+    table = torch.randn(64, 16)
+
+    @kf.jit(target="cpu", dynamic={"idx": [1]})
+    def f(idx, w):
+        h = table[idx.reshape(-1)].reshape(2, -1, 4, 4)  # gather, then split a run-time dim
+        h = torch.cat([-h[..., 2:], h[..., :2]], dim=-1) * 2  # rotate half
+        return (h.reshape(-1, 16) @ w).reshape(2, -1, 8)  # merge, matmul, split
+
+    w = torch.randn(16, 8)
+    for n in (5, 9, 17, 257):
+        idx = torch.randint(0, 64, (2, n))
+        h = table[idx.reshape(-1)].reshape(2, -1, 4, 4)
+        h = torch.cat([-h[..., 2:], h[..., :2]], dim=-1) * 2
+        _close(f(idx, w), (h.reshape(-1, 16) @ w).reshape(2, -1, 8))
+    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
+
+
 FRESH = textwrap.dedent("""
     import sys
     import torch

@@ -144,6 +144,12 @@ def test_size_expressions_and_binding():
         ProgramABI.from_json(ProgramABI("cpu", (x,), (out,)).to_json()).outputs[0] == out
     assert bind_sizes([x, y], [(1, 64), (1,)], 1) == {"s0": 1}
     assert "up to 4096" in bind_sizes([x, y], [(4097, 64), (4097,)], 1, MAX_DYNAMIC_SIZE)
+    # a dim that is an expression of symbols other dims bind (a region's flattened view)
+    a = TensorArg("a", (DYN, DYN), "f32", ("s0", "s1"))
+    flat = TensorArg("flat", (DYN, 8), "f32", ("s0*s1", "8"))
+    assert bind_sizes([flat, a], [(12, 8), (3, 4)]) == {"s0": 3, "s1": 4}
+    assert "s0*s1 is 12" in bind_sizes([flat, a], [(13, 8), (3, 4)])
+    assert "no input dim gives" in bind_sizes([flat], [(12, 8)])
 
 
 def test_kernel_grid_and_size_slots_at_run_time():

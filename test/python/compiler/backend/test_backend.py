@@ -13,6 +13,7 @@ import torch
 
 import kf
 from kf.backend import parse_options
+from kf.runtime import vulkan
 
 
 def test_entry_point_registers_kf_without_importing_it():
@@ -154,26 +155,153 @@ def test_empty_input():
     assert f(x).shape == (0, 4)
 
 
-def test_symbolic_sizes_compile_a_program_per_length():
-    """Under Dynamo's symbolic sizes one graph serves every length; kf's regions, static
-    today, compile a program for each new length at its first call, never reuse one for
-    another length, and reuse it when the length comes again."""
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
+                                                                    reason="no Vulkan device"))]
+
+
+def _regions(c, *args):
+    return kf.explain(c, *args).regions
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_symbolic_sizes_one_program_serves_every_length(target, caplog):
+    """Under Dynamo's symbolic sizes one graph serves every length, and on a target
+    whose programs take run-time sizes one kf program serves the region at every
+    length too: 5, 9, 17, 257 and 9 again compile it once, each result eager's."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
+    w = torch.randn(16)
+
+    def f(x):
+        return torch.softmax(x * w + 1, dim=-1).exp() * 2
+
+    c = torch.compile(f, backend="kf", options={"target": target, "fallback": "eager"})
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (5, 9, 17, 257, 9):
+            x = torch.randn(n, 16)
+            torch._dynamo.mark_dynamic(x, 0)  # the length alone: the width stays 16
+            torch.testing.assert_close(c(x), f(x))
+    assert counters["stats"]["unique_graphs"] == 1
+    x = torch.randn(9, 16)
+    torch._dynamo.mark_dynamic(x, 0)
+    (region,) = _regions(c, x)
+    assert region.compiles == 1 and region.calls == 6 and not region.static
+    assert len(region.sizes.split(", ")) == 1, region.sizes
+    assert "run-time sizes" in str(kf.explain(c, x))
+    assert not [r for r in caplog.records if r.name == "kf.recompiles" and "compiled for each size" in r.getMessage()]
+
+
+def test_every_dim_symbolic_on_cpu():
+    """``dynamic=True`` makes every dim symbolic (the width and the weight's too): the
+    cpu target's program takes them all as run-time sizes, one program in all."""
+    torch._dynamo.reset()
     w = torch.randn(16, 16)
 
     def f(x):
-        return torch.softmax(x @ w, dim=-1) * x.shape[0]
+        return torch.softmax(x @ w, dim=-1) * 2
 
     c = torch.compile(f, backend="kf", dynamic=True, options={"target": "cpu", "fallback": "eager"})
-    for n in (5, 9, 17, 9):
+    for n in (5, 9, 17, 257):
         x = torch.randn(n, 16)
         torch.testing.assert_close(c(x), f(x))
-    assert counters["stats"]["unique_graphs"] == 1
+    (region,) = _regions(c, torch.randn(9, 16))
+    assert region.compiles == 1 and len(region.sizes.split(", ")) == 2, region
+
+
+@pytest.mark.skipif(not vulkan.is_available(), reason="no Vulkan device")
+def test_gpu_kernels_hold_the_sizes_that_do_not_change(caplog):
+    """vulkan's kernels take one run-time size each: under ``dynamic=True`` the first
+    length compiles for its sizes (the log says why), and once the length changes the
+    length alone is run-time, the width held: two programs for four lengths."""
+    torch._dynamo.reset()
+    w = torch.randn(16)
+
+    def f(x):
+        return torch.softmax(x * w + 1, dim=-1).exp() * 2
+
+    c = torch.compile(f, backend="kf", dynamic=True, options={"target": "vulkan", "fallback": "eager"})
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (5, 9, 17, 257):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(c(x), f(x))
+    (region,) = _regions(c, torch.randn(9, 16))
+    assert region.compiles == 2 and "=16 fixed" in region.sizes, region
+    assert "more than one run-time size" in region.static
+    assert "the sizes that change are tried alone" in caplog.text
+
+
+def test_size_used_as_a_float_compiles_each_size_and_says_why(caplog):
+    """``x.shape[0] ** 0.5``: the size is a value of the region that computes it, which
+    kf compiles as a constant, so that region gets a program per length and the report
+    and the ``kf.recompiles`` logger say why; the rest of the graph is one program."""
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.softmax(x, dim=-1) / x.shape[0] ** 0.5
+
+    c = torch.compile(f, backend="kf", dynamic=True, options={"target": "cpu", "fallback": "eager"})
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (5, 9, 17):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(c(x), f(x))
+    regions = _regions(c, torch.randn(9, 16))
+    static = [r for r in regions if r.static]
+    assert len(static) == 1 and static[0].compiles == 3 and "a size used as a value" in static[0].static
+    assert "a size used as a value" in str(kf.explain(c, torch.randn(9, 16)))
+    assert all(r.compiles == 1 for r in regions if r not in static)
+    assert "compiled for each size" in caplog.text
+
+
+def test_views_and_new_tensors_of_run_time_size_stay_outside(caplog):
+    """``table[:n]`` of a graph input and ``torch.zeros(n, 2)`` would put a run-time
+    size where kf's IR holds numbers: they run on the fallback (Inductor here) and the
+    region takes them as inputs; ``h[:, :16]`` (dim 0 sliced whole) is no slice. One
+    program serves every length."""
+    torch._dynamo.reset()
+    table = torch.randn(64, 16)
+
+    def f(x):
+        h = torch.cat([x * 2, torch.zeros(x.shape[0], 2)], 1).softmax(-1)
+        return h[:, :16] * table[: x.shape[0]] + 1
+
+    c = torch.compile(f, backend="kf", dynamic=True, options={"target": "cpu", "fallback": "inductor"})
+    for n in (5, 9, 17, 33):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(c(x), f(x))
     report = kf.explain(c, torch.randn(9, 16))
-    assert [r.compiles for r in report.regions] == [3]
+    (region,) = report.regions
+    assert region.compiles == 1 and region.sizes and not region.static, report
+    outside = {fb.op: fb.reason for fb in report.fallbacks}
+    assert "run-time size" in outside["aten.full.default"] and "run-time size" in outside["aten.slice.Tensor"]
+
+
+def test_sizes_zero_one_and_past_the_limit_get_programs_of_their_own():
+    """A region's program of run-time sizes serves sizes 2..MAX_DYNAMIC_SIZE only:
+    sizes 0 and 1 and longer ones are compiled for their own values, as kf.jit's."""
+    from kf.backend import regions, sizes
+    from kf.options import Options
+    from kf.signature import MAX_DYNAMIC_SIZE
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: (x * 2).exp(), tracing_mode="symbolic")(torch.randn(5, 3))
+    plan = sizes.plan(gm)
+    assert not isinstance(plan, str) and plan.dims == [[0, 1]] and len(plan.symbols) == 2, plan
+    assert plan.serves([torch.randn(7, 3)])
+    for n in (0, 1, MAX_DYNAMIC_SIZE + 1):
+        assert not plan.serves([torch.randn(n, 3)])
+    # cuda's programs take no run-time sizes yet (CudaTarget.dynamic_shapes): per size
+    assert "no run-time sizes" in regions._size_plan(gm, Options(target="cuda"))
+    record = regions.Region("r", "inference", [], [])
+    runner = regions.RegionRunner(gm, Options(target="cpu"), record, gm, lambda *a: None)
+    for n in (7, 0, 1, 9, MAX_DYNAMIC_SIZE + 1):
+        x = torch.randn(n, 3)
+        out = runner(x)
+        out = out[0] if isinstance(out, (list, tuple)) else out
+        torch.testing.assert_close(out, (x * 2).exp())
+    assert record.compiles == 4  # run-time sizes (7, 9), 0, 1, MAX_DYNAMIC_SIZE + 1
 
 
 @pytest.mark.parametrize("how", ["kf", "math"])

@@ -2,7 +2,7 @@
 ``torch.compile(backend="kf")`` on cpu and vulkan: the forward and every parameter's
 gradient match eager at three sequence lengths, with ``fullgraph=True`` and with a graph
 break inside the model. Sizes are small; the second and third lengths run through
-Dynamo's symbolic sizes, for which each kf region is compiled per length."""
+Dynamo's symbolic sizes, for which a kf region is one program of run-time sizes."""
 
 from __future__ import annotations
 
@@ -43,12 +43,14 @@ class _Printing(torch.nn.Module):
         return self.inner(*args)
 
 
-def _check(model, target: str, fullgraph: bool):
+def _check(model, target: str, fullgraph: bool, dynamic: bool | None = None):
     eager = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="kf", fullgraph=fullgraph,
+    compiled = torch.compile(model, backend="kf", fullgraph=fullgraph, dynamic=dynamic,
                              options={"target": target, "fallback": "eager"})
     for seq in SEQS:
         x = torch.randint(0, 64, (2, seq))
+        if dynamic:
+            torch._dynamo.mark_static(x, 0)  # the batch: the length alone changes
         out, want = compiled(x), eager(x)
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
         g = torch.randn_like(want)
@@ -85,6 +87,29 @@ def test_graph_break_matches_eager(name, target, capsys):
     model.blocks[0] = _Printing(model.blocks[0])
     _check(model, target, fullgraph=False)
     assert "a graph break" in capsys.readouterr().out
+
+
+def test_symbolic_lengths_compile_each_region_once(caplog):
+    """``dynamic=True`` over three sequence lengths (the batch held): forward and every
+    gradient match eager, and each kf region, forward and backward, is one program of
+    run-time sizes, compiled once, except where the report says why not."""
+    import logging
+
+    import kf
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        compiled = _check(_llama(), "cpu", fullgraph=True, dynamic=True)
+    x = torch.randint(0, 64, (2, SEQS[0]))
+    torch._dynamo.mark_static(x, 0)
+    report = kf.explain(compiled, x, backward=True)
+    counts = {r.name: (r.compiles, r.sizes, r.static) for r in report.regions}
+    one = [r for r in report.regions if r.sizes and r.compiles == 1 and not r.static]
+    assert {r.graph for r in one} == {"forward", "backward"}, counts
+    assert all(r in one for r in report.regions if r.graph == "forward"), counts
+    for r in report.regions:  # a region that is not one program: a program per length, and why
+        assert r in one or (r.static and r.compiles == len(SEQS) and r.static in caplog.text), counts
 
 
 def test_bf16_within_eager_rounding():
