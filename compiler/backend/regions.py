@@ -425,7 +425,7 @@ class RegionRunner:
         if not wanted or wanted in self._tried:
             return None
         self._tried.add(wanted)
-        sizes = plan(self.gm, {n: size for n, size in now.items() if n not in wanted})
+        sizes = plan(self.gm, {n: size for n, size in now.items() if n not in wanted}, _bound_all(self.options))
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         why = ""
         if isinstance(sizes, str):
@@ -474,7 +474,15 @@ def _size_plan(gm: torch.fx.GraphModule, options: Options):
 
     if not targets.get(options.target).dynamic_shapes:
         return f"the {options.target} target's programs take no run-time sizes"
-    return plan(gm)
+    return plan(gm, bound_all=_bound_all(options))
+
+
+def _bound_all(options: Options) -> bool:
+    """Whether every run-time dim of a region must be at most MAX_DYNAMIC_SIZE, not only
+    its inputs': on GPU targets, whose kernels declare a run-time dim's buffer extent
+    with it (passes/strategies/run_time_sizes.BOUND); the cpu target's buffers are sized
+    at run time."""
+    return options.target != "cpu"
 
 
 def _restride(t, stride):

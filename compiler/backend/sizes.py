@@ -65,6 +65,10 @@ class SizePlan:
     #: the largest size of each run-time symbol (Dynamo's range of it, at most
     #: MAX_DYNAMIC_SIZE), by name
     upper: dict
+    #: where every run-time dim of the graph, not only the inputs', must be at most
+    #: MAX_DYNAMIC_SIZE (GPU kernels declare such a buffer's extent with it:
+    #: passes/strategies/run_time_sizes.BOUND): those dims' expressions
+    bounded: list = None
 
     def describe(self) -> str:
         fixed = ", ".join(f"{k}={v}" for k, v in sorted(self.fixed.items()))
@@ -73,7 +77,8 @@ class SizePlan:
     def serves(self, args) -> bool:
         """Whether the program of run-time sizes takes this call: no empty tensor, every
         run-time dim in [MIN_SIZE, MAX_DYNAMIC_SIZE], every fixed symbol of its size,
-        every run-time symbol within its range (``upper``, which Dynamo guards)."""
+        every run-time symbol within its range (``upper``, which Dynamo guards), and
+        where ``bounded``, every run-time dim of the graph at most MAX_DYNAMIC_SIZE."""
         for i, dims in zip(self.tensor_args, self.dims):
             shape = args[i].shape
             if 0 in shape:
@@ -81,8 +86,13 @@ class SizePlan:
             for d in dims:
                 if not MIN_SIZE <= shape[d] <= MAX_DYNAMIC_SIZE:
                     return False
-        return all(self.size_of(name, args) == size for name, size in self.fixed.items()) and \
-            all(self.size_of(name, args) <= size for name, size in self.upper.items())
+        if not all(self.size_of(name, args) == size for name, size in self.fixed.items()) or \
+                not all(self.size_of(name, args) <= size for name, size in self.upper.items()):
+            return False
+        if self.bounded:
+            sizes = self.bind(args)
+            return all(int(e.xreplace(sizes)) <= MAX_DYNAMIC_SIZE for e in self.bounded)
+        return True
 
     def size_of(self, name: str, args) -> int:
         i, d = self.binds[name]
@@ -110,10 +120,11 @@ class SizePlan:
         return {self.every[name]: sympy.Integer(size) for name, size in self.fixed.items()}
 
 
-def plan(gm: torch.fx.GraphModule, fixed: dict | None = None) -> SizePlan | str:
+def plan(gm: torch.fx.GraphModule, fixed: dict | None = None, bound_all: bool = False) -> SizePlan | str:
     """The region's SizePlan with the symbols of ``fixed`` (name -> size) held at those
     sizes and every other one a run-time size, or why its inputs cannot give run-time
-    sizes."""
+    sizes. ``bound_all``: every run-time dim of the graph, not only the inputs', is to be
+    at most MAX_DYNAMIC_SIZE (``SizePlan.bounded``)."""
     fixed = dict(fixed or {})
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     every, binds, derived = {}, {}, []
@@ -171,8 +182,17 @@ def plan(gm: torch.fx.GraphModule, fixed: dict | None = None) -> SizePlan | str:
         dims.append(row)
         input_dims.append(tuple(text))
     upper = _ranges(gm, symbols)
+    bounded = None
+    if bound_all:
+        found = set()
+        for node in gm.graph.nodes:
+            val = node.meta.get("val")
+            for t in val if isinstance(val, (list, tuple)) else [val]:
+                if isinstance(t, torch.Tensor):
+                    found |= {e.xreplace(held) for e in map(_expr, t.shape) if e is not None}
+        bounded = sorted((e for e in found if not e.is_number and not e.is_Symbol), key=str)
     return SizePlan(dims, input_dims, symbols, {k: v for k, v in fixed.items() if k in every}, binds, tensor_args,
-                    every, upper)
+                    every, upper, bounded)
 
 
 def _ranges(gm: torch.fx.GraphModule, symbols: dict) -> dict:

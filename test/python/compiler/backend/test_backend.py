@@ -292,6 +292,11 @@ def test_sizes_zero_one_and_past_the_limit_get_programs_of_their_own():
     assert plan.serves([torch.randn(7, 3)])
     for n in (0, 1, MAX_DYNAMIC_SIZE + 1):
         assert not plan.serves([torch.randn(n, 3)])
+    # on GPU targets every run-time dim of the graph is bounded, a flattened one too
+    flat = make_fx(lambda x: x.reshape(-1) * 2, tracing_mode="symbolic")(torch.randn(5, 3))
+    big = [torch.randn(2048, 3)]
+    assert sizes.plan(flat).serves(big) and not sizes.plan(flat, bound_all=True).serves(big)
+    assert sizes.plan(flat, bound_all=True).serves([torch.randn(1024, 3)])
     # cuda's programs take no run-time sizes yet (CudaTarget.dynamic_shapes): per size
     assert "no run-time sizes" in regions._size_plan(gm, Options(target="cuda"))
     record = regions.Region("r", "inference", [], [])
