@@ -183,8 +183,13 @@ def _qualname(obj: Any) -> str:
 
 
 def _code_text(code: types.CodeType, h) -> None:
-    """What a code object computes: its bytecode, names, constants and arguments."""
+    """What a code object computes: its bytecode, names, constants and arguments, and
+    where its lines are (file, first line, line table): a compiled program names the
+    user's lines in its errors (an index out of range), so two functions of the same
+    code on other lines are other programs."""
     h.update(code.co_code)
+    h.update(f"{code.co_filename}:{code.co_firstlineno}".encode())
+    h.update(getattr(code, "co_linetable", b"") or b"")
     h.update(repr((code.co_names, code.co_varnames[:code.co_argcount + code.co_kwonlyargcount], code.co_freevars,
                    code.co_cellvars, code.co_flags, code.co_argcount, code.co_posonlyargcount,
                    code.co_kwonlyargcount)).encode())

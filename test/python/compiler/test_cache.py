@@ -578,3 +578,21 @@ def test_an_installed_kf_keys_on_its_own_files_and_version(installed_kf, tmp_pat
         init.write_text(text)
     assert len({first, changed, upgraded}) == 3
     assert _fingerprint_of(site, tmp_path)[2] == first
+
+
+def test_the_same_code_on_another_line_is_another_program(tmp_path, monkeypatch):
+    """A program names the user's line in its errors (an index out of range), so two
+    functions of the same code on other lines never share an entry: each error names
+    its own function's line, also when the second would find the first's program."""
+    import inspect
+
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    first = lambda x, i: x[i]  # noqa: E731
+    second = lambda x, i: x[i]  # noqa: E731
+    x = torch.randn(10, 4)
+    for fn in (first, second):
+        f = kf.jit(fn, target="cpu")
+        f(x, torch.randint(-10, 10, (6,)))
+        with pytest.raises(kf.IndexOutOfRange) as e:
+            f(x, torch.tensor([1, 12]))
+        assert f"{__file__}:{inspect.getsourcelines(fn)[1]}" in str(e.value)
