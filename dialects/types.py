@@ -66,6 +66,14 @@ def spec_of(t: ir.Type) -> TensorSpec:
     return TensorSpec(tuple(DYN if rt.is_dynamic_dim(i) else d for i, d in enumerate(rt.shape)), elem)
 
 
+def elem_or_none(v: ir.Value) -> str | None:
+    """The kf element type of a value's tensor type, None for anything else."""
+    try:
+        return spec_of(v.type).elem
+    except KfTypeError:
+        return None
+
+
 def mlir_type(spec: TensorSpec) -> ir.Type:
     """The MLIR ranked tensor type of a TensorSpec (needs a current context)."""
     dyn = ir.ShapedType.get_dynamic_size()

@@ -101,7 +101,7 @@ from mlir import ir
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
 from kf.dialects.elements import FP8, LOW_PRECISION
-from kf.dialects.types import KfTypeError, transposes_last_two
+from kf.dialects.types import elem_or_none, transposes_last_two
 
 from .base import KfPass, PassError
 from .fuse import scaled_operand, score_chain
@@ -117,13 +117,6 @@ P_SCALE = 256.0
 AMAX_FLOOR = 1e-12
 #: The attribute that allows tf32 tensor cores for a kf.matmul.
 INPUT_PRECISION = "kf.input_precision"
-
-
-def _elem(v: ir.Value) -> str | None:
-    try:
-        return spec_of(v.type).elem
-    except KfTypeError:
-        return None
 
 
 def _with_elem(t: ir.Type, elem: str) -> ir.Type:
@@ -161,7 +154,7 @@ def _widen_function(f: ir.Operation, tf32: bool) -> None:
         original[c] = v.type
 
     for arg in list(block.arguments):
-        if _elem(arg) in LOW_PRECISION:
+        if elem_or_none(arg) in LOW_PRECISION:
             to_f32(arg, ir.InsertionPoint(body[0]), f.location)
     for op in body:
         name = op.name
@@ -173,25 +166,25 @@ def _widen_function(f: ir.Operation, tf32: bool) -> None:
                         op.operands[i] = kb.cast(v, spec_of(original[v]).elem)
             if name != "func.return":
                 for r in op.results:
-                    if _elem(r) in LOW_PRECISION:
+                    if elem_or_none(r) in LOW_PRECISION:
                         to_f32(r, ir.InsertionPoint.after(op), op.location)
             continue
         if name == "kf.cast":
             # A cast to a low-precision type is an explicit rounding: kept, and the rounded
             # value carried in f32. A widening cast of a value that is f32 now becomes an
             # identity, which kf-canonicalize removes.
-            if _elem(op.result) in LOW_PRECISION:
+            if elem_or_none(op.result) in LOW_PRECISION:
                 to_f32(op.result, ir.InsertionPoint.after(op), op.location)
             continue
         if name == "kf.constant":
-            if _elem(op.result) in LOW_PRECISION:
+            if elem_or_none(op.result) in LOW_PRECISION:
                 to_f32(op.result, ir.InsertionPoint.after(op), op.location)
             continue
         for r in op.results:
-            if _elem(r) in LOW_PRECISION:
+            if elem_or_none(r) in LOW_PRECISION:
                 original[r] = r.type
                 r.set_type(_with_elem(r.type, "f32"))
-        if tf32 and name == "kf.matmul" and _elem(op.operands[0]) == "f32":
+        if tf32 and name == "kf.matmul" and elem_or_none(op.operands[0]) == "f32":
             op.attributes[INPUT_PRECISION] = ir.StringAttr.get("tf32")
 
 
@@ -243,7 +236,7 @@ class _Operands:
             return new, new
         chain[0].operands[0] = new
         for op in chain:
-            op.result.set_type(_with_elem(op.result.type, _elem(new)))
+            op.result.set_type(_with_elem(op.result.type, elem_or_none(new)))
         return chain[-1].result, new
 
 
@@ -255,7 +248,7 @@ def _narrow_matmuls(f: ir.Operation, elem: str) -> None:
     """The wide float operands of every kf.matmul cast to elem; results keep their type."""
     narrow = _Operands(f, lambda x: kb.cast(x, elem))
     for op in _matmuls(f):
-        if _elem(op.operands[0]) in WIDE:
+        if elem_or_none(op.operands[0]) in WIDE:
             a, b = op.operands
             op.operands[0] = narrow(a, op.location)[0]
             op.operands[1] = op.operands[0] if b == a else narrow(b, op.location)[0]
@@ -264,7 +257,7 @@ def _narrow_matmuls(f: ir.Operation, elem: str) -> None:
 def _quantize(x: ir.Value, storage: bool) -> tuple[ir.Value, ir.Value]:
     """(x as E4M3FN values, its scale s as a rank-0 f32 tensor), made at the current
     insertion point; the values are an f8E4M3FN tensor, or with storage=False an f32 one."""
-    xf = x if _elem(x) == "f32" else kb.cast(x, "f32")
+    xf = x if elem_or_none(x) == "f32" else kb.cast(x, "f32")
     every = list(range(spec_of(xf.type).rank))
     amax = kb.max(kb.reduce_max(kb.abs(xf), dims=every, keepdim=False), kb.scalar(AMAX_FLOOR, "f32"))
     scale = kb.div(kb.scalar(E4M3_MAX, "f32"), amax)
@@ -281,7 +274,7 @@ def _e4m3_source(x: ir.Value) -> ir.Value | None:
     if isinstance(d, ir.Block) or d.operation.name != "kf.cast":
         return None
     y = d.operation.operands[0]
-    return y if _elem(y) == "f8E4M3FN" else None
+    return y if elem_or_none(y) == "f8E4M3FN" else None
 
 
 def _is_softmax(v: ir.Value) -> bool:
@@ -293,7 +286,7 @@ def _probabilities(p: ir.Value, storage: bool) -> tuple[ir.Value, ir.Value]:
     """(P as E4M3FN values, its scale): softmax outputs lie in [0, 1], so they take the
     fixed scale P_SCALE -- no amax (a reduction over P would keep the attention kernel
     from being one), no clamp (P * 256 <= 256 < 448)."""
-    pf = p if _elem(p) == "f32" else kb.cast(p, "f32")
+    pf = p if elem_or_none(p) == "f32" else kb.cast(p, "f32")
     p8 = kb.cast(kb.mul(pf, kb.scalar(P_SCALE, "f32")), "f8E4M3FN")
     return (p8 if storage else kb.cast(p8, "f32")), kb.scalar(P_SCALE, "f32")
 
@@ -357,7 +350,7 @@ def _scale_matmuls(f: ir.Operation, storage: bool, attention: str = "any") -> No
         narrow = _Operands(f, lambda x: kb.cast(x, "bf16"))
         for op in keep:
             for i, x in enumerate(list(op.operands)):
-                if _elem(x) in WIDE:
+                if elem_or_none(x) in WIDE:
                     op.operands[i] = narrow(x, op.location)[0]
 
     def quantize(x):
@@ -372,9 +365,9 @@ def _scale_matmuls(f: ir.Operation, storage: bool, attention: str = "any") -> No
     operand = _Operands(f, quantize)
     for op in _matmuls(f):
         a, b = op.operands
-        if _elem(a) not in WIDE + ("f16", "bf16") or op.result in kept:
+        if elem_or_none(a) not in WIDE + ("f16", "bf16") or op.result in kept:
             continue  # integers, fp8 already, and attention that stays 16-bit
-        if _is_softmax(a) and b != a and _elem(b) in WIDE + ("f16", "bf16") and spec_of(b.type).rank >= 2:
+        if _is_softmax(a) and b != a and elem_or_none(b) in WIDE + ("f16", "bf16") and spec_of(b.type).rank >= 2:
             with ir.InsertionPoint(op), op.location:
                 qa, sa = _probabilities(a, storage)
                 if storage:  # fp8 wgmma reads B K-major only: V^T is what is stored
@@ -397,7 +390,7 @@ def _scale_matmuls(f: ir.Operation, storage: bool, attention: str = "any") -> No
             qa, src_a = operand(a, op.location)
             qb, src_b = (qa, src_a) if b == a else operand(b, op.location)
             sa, sb = scales[src_a], scales[src_b]
-        out = _elem(op.result)
+        out = elem_or_none(op.result)
         with ir.InsertionPoint(op), op.location:
             mm = kb.build("matmul", [qa, qb], None, [spec_of(op.result.type).with_elem("f32")]).result
             y = kb.mul(mm, kb.div(kb.scalar(1.0, "f32"), kb.mul(sa, sb)))

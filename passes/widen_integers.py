@@ -35,7 +35,7 @@ from mlir import ir
 from kf.dialects import builders as kb
 from kf.dialects.attrs import from_attr
 from kf.dialects.elements import NARROW_INTS
-from kf.dialects.types import KfTypeError, spec_of
+from kf.dialects.types import KfTypeError, elem_or_none, spec_of
 
 from .base import KfPass, PassError, user_functions
 
@@ -43,15 +43,8 @@ from .base import KfPass, PassError, user_functions
 WIDE = "i32"
 
 
-def _elem(v: ir.Value) -> str | None:
-    try:
-        return spec_of(v.type).elem
-    except KfTypeError:
-        return None
-
-
 def _narrow(v: ir.Value) -> bool:
-    return _elem(v) in NARROW_INTS
+    return elem_or_none(v) in NARROW_INTS
 
 
 def _widen_function(f: ir.Operation) -> None:
@@ -73,7 +66,7 @@ def _widen_function(f: ir.Operation) -> None:
         if not name.startswith("kf."):
             continue
         if name == "kf.cast":
-            src, out = _elem(op.operands[0]), _elem(op.result)
+            src, out = elem_or_none(op.operands[0]), elem_or_none(op.result)
             if (src in NARROW_INTS or out in NARROW_INTS) and WIDE not in (src, out):
                 with ir.InsertionPoint(op), op.location:
                     op.operands[0] = kb.cast(op.operands[0], WIDE)
@@ -84,7 +77,7 @@ def _widen_function(f: ir.Operation) -> None:
                 shape = list(ir.RankedTensorType(op.result.type).shape)
                 attr = ir.DenseElementsAttr.get(np.ascontiguousarray(values.reshape(shape)),
                                                 type=ir.IntegerType.get_signless(32))
-                new = kb.cast(kb.constant(attr), _elem(op.result))
+                new = kb.cast(kb.constant(attr), elem_or_none(op.result))
             op.result.replace_all_uses_with(new)
             op.erase()
             continue
@@ -93,7 +86,7 @@ def _widen_function(f: ir.Operation) -> None:
                 op.operands[i] = widened(v, op.location)
         for r in op.results:
             if _narrow(r):
-                elem = _elem(r)
+                elem = elem_or_none(r)
                 r.set_type(ir.RankedTensorType.get(list(ir.RankedTensorType(r.type).shape),
                                                    ir.IntegerType.get_signless(32)))
                 with ir.InsertionPoint.after(op), op.location:
