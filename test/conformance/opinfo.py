@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case", action="append", default=[],
                    help="run these cases (op[.variant]#index) in this process and print each result")
     p.add_argument("--list", action="store_true", help="print the cases and stop")
+    p.add_argument("--resume", metavar="JSON",
+                   help="an earlier, cut run's JSON (same target, dtype and selection): keep its results, run the rest")
     p.add_argument("--rescope", metavar="JSON",
                    help="give each case of this earlier run's JSON its scope, and write the summary to --out")
     args = p.parse_args(argv)
@@ -120,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(c.name for c in cases))
         return 0
     counts: collections.Counter = collections.Counter()
-    finished: list[Result] = []
+    finished: list[Result] = resumed(Path(args.resume), cases, args) if args.resume else []
+    counts.update(r.cls for r in finished)
+    done_names = {r.case.name for r in finished}
 
     def progress(r: Result) -> None:
         finished.append(r)
@@ -148,13 +152,29 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(3)
 
     signal.signal(signal.SIGTERM, cut_short)
-    print(f"{len(cases)} cases, target {args.target}, {args.dtype}", file=sys.stderr, flush=True)
-    results = run_cases(cases, RunOptions(jobs=args.jobs, batch=args.batch, case_timeout=args.case_timeout,
-                                          progress=progress))
-    summary = summarize(results, meta())
+    print(f"{len(cases)} cases, target {args.target}, {args.dtype}"
+          + (f", {len(done_names)} of them from {args.resume}" if args.resume else ""), file=sys.stderr, flush=True)
+    todo = [c for c in cases if c.name not in done_names]
+    kept = list(finished)
+    results = kept + run_cases(todo, RunOptions(jobs=args.jobs, batch=args.batch, case_timeout=args.case_timeout,
+                                                progress=progress))
+    order = {c.name: i for i, c in enumerate(cases)}
+    summary = summarize(sorted(results, key=lambda r: order[r.case.name]), meta())
     write_summary(summary, args.out)
     print(json.dumps(summary["counts"]), file=sys.stderr)
     return 0
+
+
+def resumed(path: Path, cases: list[Case], args: argparse.Namespace) -> list[Result]:
+    """The results of an earlier run's JSON that belong to this run's cases. A run cut by
+    its time limit goes on from there; the earlier run must be of the same target and dtype."""
+    old = json.loads(path.read_text())
+    meta = old["meta"]
+    if (meta["target"], meta["dtype"]) != (args.target, args.dtype):
+        raise SystemExit(f"--resume {path}: a run of {meta['target']}/{meta['dtype']}, "
+                         f"not {args.target}/{args.dtype}")
+    by_name = {c.name: c for c in cases}
+    return [Result.from_json(d, by_name[d["case"]]) for d in old["results"] if d["case"] in by_name]
 
 
 def rescope(path: Path, outs: list[str]) -> int:
