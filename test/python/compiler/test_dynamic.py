@@ -484,8 +484,7 @@ _SEQ = {("q", 2), ("k", 2), ("v", 2)}
 def test_dynamic_kernels_assemble_for_sm_90a(case):
     """Without a GPU: the kernels with run-time sizes lower to PTX that ptxas assembles
     for sm_90a without spills, each taking its size slots and a grid over them; f16/bf16
-    attention takes the tensor-core kernels (wgmma; mma.sync under a mask past head dim
-    64), not a static fallback."""
+    attention takes the wgmma kernel, not a static fallback."""
     from kf.driver import build
     from kf.options import Options
     from kf.passes.to_cuda import assemble
@@ -516,8 +515,7 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
     assert set(kernels) == {k.entry for k in abi.kernels}
     assert all(k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 for k in kernels.values()), kernels
     if "bf16" in case or "f16" in case:
-        assert ("wgmma.mma_async" in ptx) == (case != "causal_bf16_d128")
-        assert ("mma.sync.aligned.m16n8k16" in ptx) == (case == "causal_bf16_d128")
+        assert "wgmma.mma_async" in ptx and "mma.sync.aligned.m16n8k16" not in ptx
 
 
 # ---- CUDA: the same programs with run-time sizes on the GPU --------------------------------
@@ -556,9 +554,9 @@ def _attention_reference(fn, q, k, v):
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_seed_attention_one_program_serves_sizes_1_to_1000(cuda_sized, dtype, d, causal):
     """One program for every length: on the H200 f16/bf16 at head dims 64 and 128 take
-    the wgmma kernel (128 under the causal mask: mma.sync), 32 and 256 the mma.sync one,
-    f32 the SIMT one; queries and keys of the same length, then of others (keys longer
-    and shorter than the queries, tails of every kind)."""
+    the wgmma kernel (under the causal mask at 128: in blocks of 64 keys), 32 and 256 the
+    mma.sync one, f32 the SIMT one; queries and keys of the same length, then of others
+    (keys longer and shorter than the queries, tails of every kind)."""
     fn = _causal_attention if causal else se.fused_attention.fn
     attn = kf.jit(fn, target="cuda", dynamic={"q": [2], "k": [2], "v": [2]})
     tol = 1e-4 if dtype == torch.float32 else 3e-2

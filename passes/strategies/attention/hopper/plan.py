@@ -31,6 +31,10 @@ BLOCK_M = 64 * WARPGROUPS
 #: Keys a block.
 BLOCK_N = 128
 
+#: Keys a block of a masked kernel with run-time lengths past head dim 64 (its S
+#: accumulators then take 32 registers a thread, not 64: see ``plan``).
+BOUNDED_MASKED_BLOCK_N = 64
+
 #: An sm_90 SM's registers and shared memory, and the shared memory the driver keeps
 #: per workgroup (ncu's "Driver Shared Memory Per Block"): what decides whether two
 #: workgroups fit on one SM.
@@ -119,9 +123,9 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded:
     ``bounded``: the kernel has run-time sequence lengths (``ch``'s are the bound): the
     plan is for every length, so what holds only for some is not taken -- fp8 (whole
     key blocks), the block table of a mask (its shape is the lengths'; a mask made from
-    the indices is tested per block by the skipping loop, up to head dim 64), the
-    producer warpgroup (its copies past the keys' end, ``specialized``), persistent grids
-    (the tiles' count)."""
+    the indices is tested per block by the skipping loop, in blocks of 64 keys past head
+    dim 64, and up to head dim 128), the producer warpgroup (its copies past the keys'
+    end, ``specialized``), persistent grids (the tiles' count)."""
     if not _wg.available(target):
         return None
     view = ch.view
@@ -144,6 +148,14 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded:
     elif p_scale(ch) is None:
         return None
     bm, bn = BLOCK_M, BLOCK_N
+    if bounded and ch.mask_cond is not None and max(d, dv) > 64:
+        # without its table a mask takes the per-block skipping loop, which spilled past
+        # head dim 64 with tails in blocks of 128 keys (64 bytes at head dim 128 and 257
+        # keys; 32 at run-time lengths): blocks of BOUNDED_MASKED_BLOCK_N keys, up to
+        # head dim 128 (256 spilled even so); past it the mma.sync kernel
+        if max(d, dv) > 128:
+            return None
+        bn = BOUNDED_MASKED_BLOCK_N
     stages = 2
     esize = 1 if fp8 else 2
     if not skip and ch.mask_cond is None and max(d, dv) >= THREE_STAGES_FROM and \
@@ -151,11 +163,6 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded:
         stages = 3
     shared = esize * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
     if shared > target.max_dynamic_shared_bytes:
-        return None
-    if bounded and ch.mask_cond is not None and max(d, dv) > 64:
-        # without its table a mask takes the per-block skipping loop, which spilled past
-        # head dim 64 with tails (64 bytes at head dim 128 and 257 keys; 32 at run-time
-        # sizes): the mma.sync kernel's skipping loop does not
         return None
     table = skip and ch.mask_cond is not None and not bounded and _head_shared_mask(ch)
     if fp8 and (skip or ch.mask_cond is not None):

@@ -63,9 +63,13 @@ def test_bounded_plans_hold_for_every_length():
     plan, _ = emit_run_time(run_time_attention(2, 3, 64, "bf16", mask="causal"), HOPPER)
     assert plan["wgmma"] and plan["skip_masked_blocks"] and not plan["block_table"], plan
     assert not plan["warp_specialized"] and not plan["persistent_walk"], plan
-    # past head dim 64 a mask takes the mma.sync kernel (the wgmma skipping loop spilled)
+    assert plan["block_n"] == 128, plan
+    # past head dim 64 a mask takes blocks of 64 keys (the skipping loop spilled at 128);
+    # past 128 the mma.sync kernel
     plan, _ = emit_run_time(run_time_attention(2, 3, 128, "bf16", mask="causal"), HOPPER)
-    assert plan["mma"] and not plan.get("wgmma") and plan["skip_masked_blocks"], plan
+    assert plan["wgmma"] and plan["block_n"] == 64 and plan["skip_masked_blocks"], plan
+    plan, _ = emit_run_time(run_time_attention(2, 3, 256, "bf16", mask="causal"), HOPPER)
+    assert plan["mma"] and not plan.get("wgmma"), plan
 
 
 def test_mma_sync_plan_at_run_time_sizes():
@@ -90,7 +94,7 @@ def test_run_time_kernels_assemble_without_spills(chip, d, elem, variant):
     plan, emitted = emit_run_time(built, HOPPER if chip == "sm_90a" else CUDA)
     ptx, report = cuda_report(built, chip)
     assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (plan, report)
-    wgmma = chip == "sm_90a" and (variant != "causal" or d == 64)
+    wgmma = chip == "sm_90a"
     assert ("wgmma.mma_async" in ptx) == wgmma and ("mma.sync.aligned.m16n8k16" in ptx) == (not wgmma)
     assert len(emitted.sizes) == (5 if variant == "lse" else 4), emitted
     assert emitted.grid_sizes[0].startswith("FloorDiv(k3*1"), emitted
