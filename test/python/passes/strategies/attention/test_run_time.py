@@ -6,6 +6,8 @@ GPU are test/python/compiler/test_dynamic.py's)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from kernels import CUDA, HOPPER, Built, cuda_report, needs_ptxas
 from kf.dialects import builders as kb
@@ -98,4 +100,9 @@ def test_run_time_kernels_assemble_without_spills(chip, d, elem, variant):
     assert ("wgmma.mma_async" in ptx) == wgmma and ("mma.sync.aligned.m16n8k16" in ptx) == (not wgmma)
     assert len(emitted.sizes) == (5 if variant == "lse" else 4), emitted
     assert emitted.grid_sizes[0].startswith("FloorDiv(k3*1"), emitted
+    text = built.gpu_text()
+    slots = f"memref<{len(emitted.sizes)}xi32>"
+    assert re.search(rf"gpu\.func @k_attention\([^)]*, %arg\d+: {slots}\)", text), text[:2000]
+    # the key loop runs to a loaded length (an SSA value, not a constant %c...)
+    assert re.search(rf"scf\.for %\w+ = %c0 to %\d+ step %c{plan['block_n']} ", text)
 
