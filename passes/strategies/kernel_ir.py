@@ -477,8 +477,8 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
     ``run_time_vectors`` (``direct`` then addresses the argument as it is declared,
     flat or not: vector loads as at static sizes)."""
     dynamic = not isinstance(n_rows, int)
-    staging = None if dynamic and not run_time_vectors else VectorStaging(g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed,
-                                                 direct, vector_bytes)
+    staging = None if dynamic and not run_time_vectors else VectorStaging(
+        g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed, direct, vector_bytes)
     if staging is not None and staging.ok:
         staging.store(staging.load(row0, col0))
         return
