@@ -118,7 +118,7 @@ needs_coopmat_gpu = pytest.mark.skipif(_device_limits() is None,
 @needs_coopmat_gpu
 @pytest.mark.parametrize("size", [1, 7, 257, 300, 1024])
 @pytest.mark.parametrize("out", ["f16", "f32"])
-def test_cooperative_matrix_matmul_matches_torch(size, out):
+def test_vulkan_cooperative_matrix_matmul_matches_torch(size, out):
     """The cooperative-matrix kernel on the device's Vulkan driver against torch: a @ b
     (f16 output, rounded once from the f32 sums) and a @ b + bias cast to f32, at square
     and uneven sizes (tails in M, N and K)."""
