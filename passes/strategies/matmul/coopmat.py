@@ -3,10 +3,12 @@ the Vulkan counterpart of the tensor cores, for f16 operands with f32 accumulato
 device that lists the shape (``plan.coopmat_plan``; bf16 stays on the SIMT kernel, see
 ``plan.COOPMAT_ELEMS``).
 
-The kernel is written with MLIR's ``gpu.subgroup_mma_*`` ops, which kf-to-spirv lowers
-through upstream ``convert-gpu-to-spirv`` to ``spirv.KHR.CooperativeMatrix{Load,MulAdd,
-Store}`` (declaring the capability and extension, and the Vulkan memory model they
-need); no SPIR-V is written by hand.
+The kernel is written with MLIR's ``gpu.subgroup_mma_*`` ops (``subgroup_mma.py``), which
+kf-to-spirv lowers through upstream ``convert-gpu-to-spirv`` to
+``spirv.KHR.CooperativeMatrix{Load,MulAdd,Store}`` (declaring the capability and
+extension, and the Vulkan memory model they need); no SPIR-V is written by hand. A plan
+with ``emulated`` computes the products with the subgroups' invocations instead, so that
+kf's tests run the kernel's dataflow on lavapipe.
 
 - One workgroup computes a BLOCK_M x BLOCK_N tile of one batch element with 2 x 2
   subgroups, each owning tiles_m x tiles_n cooperative-matrix tiles (16 x 16 on NVIDIA)
@@ -40,12 +42,8 @@ from mlir.dialects import arith, gpu, memref
 from ..base import EmittedKernel, TargetInfo
 from ..kernel_ir import (GpuFunc, KernelView, Pointwise, _passes, direct_source, gpu_arg_types, stage_tile,
                          store_value, workgroup_memref)
+from ..subgroup_mma import SubgroupMma
 from .gemm import Gemm
-
-
-def mma_type(rows: int, cols: int, elem: ir.Type, use: str) -> ir.Type:
-    """``!gpu.mma_matrix<rows x cols x elem, use>`` (use: AOp, BOp, COp)."""
-    return ir.Type.parse(f'!gpu.mma_matrix<{rows}x{cols}x{elem}, "{use}">')
 
 
 def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
@@ -54,11 +52,9 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     bm, bn, bk, threads = plan["block_m"], plan["block_n"], plan["block_k"], plan["threads"]
     wn, tms, tns = plan["warps_n"], plan["coopmat_tiles_m"], plan["coopmat_tiles_n"]
     cm, cn, ck = plan["coopmat_shape"]
-    a_ld, b_ld, c_ld = plan["lead"]
+    a_ld, b_ld, c_ld = plan["lead"]  # the tiles' rows, padded
     M, N, K = gm.m, gm.n, gm.k
     elem = ir.Type.parse(spec_of(gm.mm.operands[0].type).elem)
-    f32 = ir.F32Type.get()
-    a_t, b_t, c_t = mma_type(cm, ck, elem, "AOp"), mma_type(ck, cn, elem, "BOp"), mma_type(cm, cn, f32, "COp")
     with kernel.location:
         g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
                     [workgroup_memref([bm, a_ld], elem), workgroup_memref([bk, b_ld], elem),
@@ -69,6 +65,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
         a_val, b_val = gm.mm.operands
         with ir.InsertionPoint(g.entry):
             tid = g.tid()
+            mma = SubgroupMma(g, (cm, cn, ck), elem, plan["subgroup_size"], plan.get("emulated", False))
             col_tile, row_tile = g.bid("x"), g.bid("y")
             batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []
             m0, n0 = g.mul(row_tile, bm), g.mul(col_tile, bn)
@@ -87,22 +84,19 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
                 stage_tile(g, pw, tid, threads, Bs, bk, bn, gm.b_n_contiguous, k0, K, n0, N,
                            lambda r, c: pw.eval(b_val, b_lead + [r, c]), direct=b_direct)
                 gpu.barrier()
-                acc = list(acc)
+                n = mma.acc_count
+                tiles = [acc[t * n:(t + 1) * n] for t in range(tms * tns)]
                 for kk in range(0, bk, ck):
-                    a = [gpu.subgroup_mma_load_matrix(a_t, As, [g.add(wm0, cm * i), g.c(kk)], a_ld)
-                         for i in range(tms)]
-                    b = [gpu.subgroup_mma_load_matrix(b_t, Bs, [g.c(kk), g.add(wn0, cn * j)], b_ld)
-                         for j in range(tns)]
-                    acc = [gpu.subgroup_mma_compute(a[i], b[j], acc[i * tns + j])
-                           for i in range(tms) for j in range(tns)]
-                return acc
+                    tiles = [mma.mma(tiles[i * tns + j], As, [g.add(wm0, cm * i), g.c(kk)],
+                                     Bs, [g.c(kk), g.add(wn0, cn * j)]) for i in range(tms) for j in range(tns)]
+                return [v for t in tiles for v in t]
 
-            zero = gpu.subgroup_mma_constant_matrix(c_t, g.fconst(0.0))
-            acc = g.loop(0, K, bk, [zero] * (tms * tns), k_step)
+            acc = g.loop(0, K, bk, mma.zero() * (tms * tns), k_step)
+            n = mma.acc_count
             for i in range(tms):
                 for j in range(tns):
-                    gpu.subgroup_mma_store_matrix(acc[i * tns + j], Cs, [g.add(wm0, cm * i), g.add(wn0, cn * j)],
-                                                  c_ld)
+                    mma.store(acc[(i * tns + j) * n:(i * tns + j + 1) * n], Cs,
+                              [g.add(wm0, cm * i), g.add(wn0, cn * j)])
             gpu.barrier()
 
             outs = g.args[n_in:]

@@ -1,14 +1,15 @@
 """The matmul strategy's cooperative-matrix kernel (passes/strategies/matmul/coopmat.py):
 chosen from a device's recorded limits (NVIDIA's lists 16x16x16 f16 -> f32, lavapipe's
-none), its SPIR-V validated by a spirv-val that knows VK_KHR_cooperative_matrix, and run
-against torch where a Vulkan GPU driver has cooperative matrices (the H200 under the
-Vulkan prelude; skipped elsewhere)."""
+none), its SPIR-V validated by a spirv-val that knows VK_KHR_cooperative_matrix, its
+dataflow run against torch on lavapipe with the matrix products emulated
+(``subgroup_mma.py``), and the kernel itself run against torch where a Vulkan GPU driver
+has cooperative matrices (the H200 under the Vulkan prelude; skipped elsewhere)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from kernels import TORCH, matmul_batched, matmul_bias_gelu, matmul_nt, vulkan_runtime
+from kernels import TORCH, emit_with, matmul_batched, matmul_bias_gelu, matmul_nt, needs_vulkan, spirv_run, vulkan_runtime
 
 from kf.passes.strategies.base import TargetInfo
 from kf.passes.strategies.matmul import MatmulVariant
@@ -97,6 +98,48 @@ def test_a_shape_the_device_does_not_list_keeps_simt(recorded_device):
     limits = DeviceLimits.from_vulkan(props)
     plan, _ = matmul_bias_gelu(100, 70, 50, "f16").emit(TargetInfo.for_target("spirv", limits=limits.spec()))
     assert plan.get("coopmat_shape") in (None, [16, 8, 16])  # 16 x 8 is listed: taken as the device gives it
+
+
+@needs_vulkan
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (7, 7, 7), (257, 33, 130), (300, 300, 300), (64, 1024, 64)])
+def test_emulated_kernel_matches_torch(recorded_device, mkn):
+    """NVIDIA's plan (2 x 2 subgroups of 32, 16x16x16 tiles) with its matrix products
+    emulated by the subgroups' invocations, on the Vulkan device here: staging, tails in
+    M, N and K, which subgroup takes which tile, the C tile and the fused epilogue
+    (bias, GELU, f16 output) against torch."""
+    target, _ = _target(recorded_device, "nvidia-h200")
+    m, k, n = mkn
+    built = matmul_bias_gelu(m, k, n, "f16")
+    plan, emitted = emit_with(built, target, emulated=True)
+    assert plan["coopmat"] and plan["threads"] == 128
+    gen = torch.Generator().manual_seed(m + k + n)
+    a, b = torch.randn(m, k, generator=gen).half(), torch.randn(k, n, generator=gen).half()
+    bias = torch.randn(n, generator=gen).half()
+    got, kernel = spirv_run(built, emitted, [a, b, bias], (m, n), "f16")
+    assert "CooperativeMatrixKHR" not in kernel.capabilities
+    want = torch.nn.functional.gelu(a.float() @ b.float() + bias.float()).half()
+    torch.testing.assert_close(got, want, atol=2e-3 * max(1, k) ** 0.5, rtol=2e-3)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("case", ["batched", "batched_t", "nt"])
+def test_emulated_kernel_reads_transposed_and_broadcast_operands(recorded_device, case):
+    target, _ = _target(recorded_device, "nvidia-h200")
+    gen = torch.Generator().manual_seed(1)
+    if case == "nt":
+        built, (m, k, n) = matmul_nt(300, 64, 257, "f16"), (300, 64, 257)
+        a, b = torch.randn(m, k, generator=gen).half(), torch.randn(n, k, generator=gen).half()
+        args, want, shape, out = [a, b], (a.float() @ b.float().T).half(), (m, n), "f16"
+    else:
+        built, (m, k, n, bshape) = matmul_batched("f16", case == "batched_t")
+        a, b = torch.randn(2, 1, m, k, generator=gen).half(), torch.randn(bshape, generator=gen).half()
+        s = torch.tensor(0.5).half()
+        rhs = b.float().transpose(-1, -2) if case == "batched_t" else b.float()
+        args, want, shape, out = [a, b, s], (a.float() @ rhs) * 0.5, (2, 3, m, n), "f32"
+    plan, emitted = emit_with(built, target, emulated=True)
+    assert plan["coopmat"]
+    got, _ = spirv_run(built, emitted, args, shape, out)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-3)
 
 
 # ----------------------------------------------------------------------------- on a GPU
