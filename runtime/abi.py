@@ -329,6 +329,58 @@ def float_controls_from_vulkan(props: dict) -> tuple[str, ...]:
     return tuple(f for f in FLOAT_CONTROLS if f in have)
 
 
+#: VkComponentTypeKHR -> kf element type, for the float components kf's cooperative-matrix
+#: kernels may use (1000141000: VK_COMPONENT_TYPE_BFLOAT16_KHR, of VK_KHR_shader_bfloat16)
+COMPONENT_TYPES = {0: "f16", 1: "f32", 2: "f64", 1000141000: "bf16"}
+#: VK_SCOPE_SUBGROUP_KHR: kf's kernels multiply cooperative matrices of one subgroup
+_SCOPE_SUBGROUP = 3
+
+
+@dataclass(frozen=True)
+class CoopMatShape:
+    """One shape a device multiplies with cooperative matrices at subgroup scope: an
+    M x K ``a`` times a K x N ``b`` plus an M x N ``c`` gives an M x N ``result``
+    (kf element types). Its text is ``MxNxK:a:b:c:result``."""
+
+    m: int
+    n: int
+    k: int
+    a: str
+    b: str
+    c: str
+    result: str
+
+    def spec(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}:{self.a}:{self.b}:{self.c}:{self.result}"
+
+    @staticmethod
+    def parse(text: str) -> "CoopMatShape":
+        size, *types = text.split(":")
+        try:
+            m, n, k = (int(v) for v in size.split("x"))
+        except ValueError:
+            m = n = k = 0
+        if len(types) != 4 or min(m, n, k) <= 0 or any(t not in COMPONENT_TYPES.values() for t in types):
+            raise ValueError(f"cooperative matrix '{text}' is not MxNxK:a:b:c:result with element types among "
+                             f"{', '.join(COMPONENT_TYPES.values())} (e.g. 16x16x16:f16:f16:f32:f32)")
+        return CoopMatShape(m, n, k, *types)
+
+
+def cooperative_matrices_from_vulkan(entries) -> tuple[str, ...]:
+    """The CoopMatShape texts of a device's VkCooperativeMatrixPropertiesKHR entries (under
+    Vulkan's names, enums as numbers): subgroup scope, no saturating accumulation, float
+    components kf knows; in the device's order, each once."""
+    out = []
+    for e in entries or ():
+        types = [COMPONENT_TYPES.get(int(e[f])) for f in ("AType", "BType", "CType", "ResultType")]
+        if int(e["scope"]) != _SCOPE_SUBGROUP or e.get("saturatingAccumulation") or None in types:
+            continue
+        text = CoopMatShape(int(e["MSize"]), int(e["NSize"]), int(e["KSize"]), *types).spec()
+        if text not in out:
+            out.append(text)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class DeviceLimits:
     """What kf's SPIR-V strategies may assume of the device a Vulkan (or Metal) program
@@ -345,6 +397,12 @@ class DeviceLimits:
     ``float_controls`` (of FLOAT_CONTROLS) are the execution modes kf-to-spirv may declare
     for the device: the same SPIR-V with and without DenormPreserve or RoundingModeRTE
     gives other results, so they are part of the key too.
+
+    ``cooperative_matrix`` (CoopMatShape texts) are the shapes the device multiplies with
+    VK_KHR_cooperative_matrix at subgroup scope, where the runtime enabled the extension
+    (and the Vulkan memory model it needs): the matmul strategy uses them only for a
+    shape listed here. Empty (lavapipe, Metal, a device without the extension), the
+    spec's text has no ``coopmat`` item, as before there was one.
     """
 
     shared_bytes: int = 16 * 1024  # maxComputeSharedMemorySize
@@ -353,14 +411,19 @@ class DeviceLimits:
     subgroup_size: int = 32  # subgroupSize (0: unknown)
     subgroup_ops: tuple[str, ...] = ()  # of SUBGROUP_OPS, those compute shaders have
     float_controls: tuple[str, ...] = DEFAULT_FLOAT_CONTROLS  # of FLOAT_CONTROLS, those the device has
+    cooperative_matrix: tuple[str, ...] = ()  # CoopMatShape texts
 
     def spec(self) -> str:
         """The limits as one word of text (a pass option's value, a cache key's part)."""
         size = "x".join(map(str, self.workgroup_size))
         ops = "+".join(self.subgroup_ops) or "none"
         floats = "+".join(self.float_controls) or "none"
+        coopmat = f",coopmat={'+'.join(self.cooperative_matrix)}" if self.cooperative_matrix else ""
         return (f"shared={self.shared_bytes},invocations={self.invocations},size={size},"
-                f"subgroup={self.subgroup_size},ops={ops},float={floats}")
+                f"subgroup={self.subgroup_size},ops={ops},float={floats}{coopmat}")
+
+    def cooperative_shapes(self) -> tuple[CoopMatShape, ...]:
+        return tuple(CoopMatShape.parse(t) for t in self.cooperative_matrix)
 
     @staticmethod
     def parse(text: str) -> "DeviceLimits":
@@ -373,17 +436,21 @@ class DeviceLimits:
                                  f"(expected {DeviceLimits().spec()})")
             fields[key.strip()] = value.strip()
         known = {"shared", "invocations", "size", "subgroup", "ops"}
-        # float may be left out: the defaults (DEFAULT_FLOAT_CONTROLS)
-        if not known <= set(fields) <= known | {"float"}:
+        # float may be left out: the defaults (DEFAULT_FLOAT_CONTROLS); coopmat: none
+        if not known <= set(fields) <= known | {"float", "coopmat"}:
             raise ValueError(f"device limits '{text}' must give exactly {', '.join(sorted(known))} "
-                             f"(and optionally float)")
+                             f"(and optionally float and coopmat)")
+        coopmat = tuple(t for t in fields.get("coopmat", "").split("+") if t and t != "none")
+        for t in coopmat:
+            CoopMatShape.parse(t)  # a ValueError naming the bad entry
         floats = tuple(f for f in fields.get("float", "+".join(DEFAULT_FLOAT_CONTROLS)).split("+")
                        if f and f != "none")
         try:
             size = tuple(int(v) for v in fields["size"].split("x"))
             limits = DeviceLimits(int(fields["shared"]), int(fields["invocations"]), size,
                                   int(fields["subgroup"]),
-                                  tuple(o for o in fields["ops"].split("+") if o and o != "none"), floats)
+                                  tuple(o for o in fields["ops"].split("+") if o and o != "none"), floats,
+                                  coopmat)
         except ValueError:
             raise ValueError(f"device limits '{text}': shared, invocations and subgroup are integers, size "
                              f"is AxBxC") from None
@@ -402,9 +469,10 @@ class DeviceLimits:
         """The limits of a device from its Vulkan properties, given by Vulkan's own names:
         ``{"limits": {maxComputeSharedMemorySize, maxComputeWorkGroupInvocations,
         maxComputeWorkGroupSize}, "subgroup": {subgroupSize, supportedStages,
-        supportedOperations}, "floatControls": {shaderSignedZeroInfNanPreserveFloat16, ...}}``
-        (what ``runtime/vulkan.py`` reads of a device, and what the recorded devices of
-        kf's tests hold; without floatControls, DEFAULT_FLOAT_CONTROLS)."""
+        supportedOperations}, "floatControls": {shaderSignedZeroInfNanPreserveFloat16, ...},
+        "cooperativeMatrix": [VkCooperativeMatrixPropertiesKHR, ...]}`` (what
+        ``runtime/vulkan.py`` reads of a device, and what the recorded devices of kf's tests
+        hold; without floatControls, DEFAULT_FLOAT_CONTROLS; without cooperativeMatrix, none)."""
         lim, sub = properties["limits"], properties.get("subgroup", {})
         stages, bits = int(sub.get("supportedStages", 0)), int(sub.get("supportedOperations", 0))
         ops = tuple(n for i, n in enumerate(SUBGROUP_OPS) if bits >> i & 1) if stages & _COMPUTE_STAGE else ()
@@ -412,4 +480,5 @@ class DeviceLimits:
         floats = float_controls_from_vulkan(controls) if controls is not None else DEFAULT_FLOAT_CONTROLS
         return DeviceLimits(int(lim["maxComputeSharedMemorySize"]), int(lim["maxComputeWorkGroupInvocations"]),
                             tuple(int(v) for v in lim["maxComputeWorkGroupSize"]),
-                            int(sub.get("subgroupSize", 0)), ops, floats)
+                            int(sub.get("subgroupSize", 0)), ops, floats,
+                            cooperative_matrices_from_vulkan(properties.get("cooperativeMatrix")))

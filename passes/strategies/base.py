@@ -41,6 +41,9 @@ class TargetInfo:
     #: streaming multiprocessors of the device (CUDA; 0: unknown), for persistent kernels
     #: that start one workgroup on each
     multiprocessors: int = DEFAULT_MULTIPROCESSORS
+    #: SPIR-V: the shapes the device multiplies with cooperative matrices at subgroup
+    #: scope, as (m, n, k, a, b, c, result) with kf element types (empty: none)
+    cooperative_matrix: tuple[tuple[int, int, int, str, str, str, str], ...] = ()
 
     @property
     def max_dynamic_shared_bytes(self) -> int:
@@ -65,7 +68,8 @@ class TargetInfo:
         """The target's facts. For SPIR-V (Vulkan and Metal) they are the device's limits
         (``limits``: the text of ``kf.runtime.abi.DeviceLimits.spec()``, what the driver
         reads of the Vulkan device): workgroup memory, the widest workgroup, the subgroup
-        size, and subgroup shuffles where compute shaders have them. Without limits, the
+        size, subgroup shuffles where compute shaders have them, and the device's
+        cooperative-matrix shapes (VK_KHR_cooperative_matrix). Without limits, the
         defaults of DeviceLimits: 16 KiB, 256 invocations, no subgroup operations --
         kernels written for them run on nearly every Vulkan and Metal device."""
         if name == "cuda":
@@ -79,7 +83,9 @@ class TargetInfo:
         shuffle = "shuffle" in dev.subgroup_ops and sub >= 2 and sub & (sub - 1) == 0
         return TargetInfo("spirv", max_threads=min(dev.invocations, dev.workgroup_size[0]),
                           max_shared_bytes=dev.shared_bytes, subgroup_size=sub if sub > 0 else 32,
-                          vector_bytes=16, has_shuffle=shuffle, chip="", multiprocessors=0)
+                          vector_bytes=16, has_shuffle=shuffle, chip="", multiprocessors=0,
+                          cooperative_matrix=tuple((c.m, c.n, c.k, c.a, c.b, c.c, c.result)
+                                                   for c in dev.cooperative_shapes()))
 
 
 @dataclass

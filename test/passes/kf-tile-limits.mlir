@@ -1,6 +1,6 @@
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv})' | FileCheck %s --check-prefix=DEFAULT
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv limits=shared=32768,invocations=1024,size=1024x1024x1024,subgroup=8,ops=basic+vote+arithmetic+ballot+shuffle+shuffle_relative+quad,float=preserve16+preserve32+preserve64+rte16+rte32+rte64})' | FileCheck %s --check-prefix=LAVAPIPE
-// RUN: kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv limits=shared=49152,invocations=1024,size=1024x1024x64,subgroup=32,ops=basic+vote+arithmetic+ballot+shuffle+shuffle_relative+clustered+quad,float=preserve16+preserve32+preserve64+denorm16+denorm32+denorm64+rte16+rte32+rte64})' | FileCheck %s --check-prefix=NVIDIA
+// RUN: kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv limits=shared=49152,invocations=1024,size=1024x1024x64,subgroup=32,ops=basic+vote+arithmetic+ballot+shuffle+shuffle_relative+clustered+quad,float=preserve16+preserve32+preserve64+denorm16+denorm32+denorm64+rte16+rte32+rte64,coopmat=16x16x16:f16:f16:f32:f32+16x16x16:f16:f16:f16:f16+16x8x16:f16:f16:f32:f32+16x8x16:f16:f16:f16:f16+16x8x8:f16:f16:f32:f32+16x8x8:f16:f16:f16:f16+16x16x16:bf16:bf16:f32:f32})' | FileCheck %s --check-prefix=NVIDIA
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv limits=shared=lots})' 2>&1 | FileCheck %s --check-prefix=BAD
 
 // SPIR-V plans from the device's limits (kf.runtime.abi.DeviceLimits: the limits of
@@ -45,4 +45,17 @@ func.func private @attn(%q: tensor<1x2x130x128xf32>, %k: tensor<1x2x130x128xf32>
   %p = "kf.softmax"(%d) {dim = -1 : i64} : (tensor<1x2x130x130xf32>) -> tensor<1x2x130x130xf32>
   %o = "kf.matmul"(%p, %v) : (tensor<1x2x130x130xf32>, tensor<1x2x130x128xf32>) -> tensor<1x2x130x128xf32>
   return %o : tensor<1x2x130x128xf32>
+}
+
+// An f16 matmul: cooperative matrices (16x16x16, f32 accumulators) where the device lists
+// them (NVIDIA's coopmat= entries), the SIMT kernel elsewhere.
+// DEFAULT-LABEL: func.func private @mm16
+// DEFAULT-SAME: thread_m = 4
+// LAVAPIPE-LABEL: func.func private @mm16
+// LAVAPIPE-SAME: thread_m = 4
+// NVIDIA-LABEL: func.func private @mm16
+// NVIDIA-SAME: coopmat = true, coopmat_shape = array<i64: 16, 16, 16>{{.*}}threads = 128
+func.func private @mm16(%a: tensor<100x70xf16>, %b: tensor<70x50xf16>) -> tensor<100x50xf16> attributes {kf.kernel = "matmul"} {
+  %o = "kf.matmul"(%a, %b) : (tensor<100x70xf16>, tensor<70x50xf16>) -> tensor<100x50xf16>
+  return %o : tensor<100x50xf16>
 }

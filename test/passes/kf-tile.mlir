@@ -17,7 +17,7 @@
 // Kernel variants (the fields of a strategy's VARIANT) are kf-tile options
 // <kind>.<field>=<value>; an unknown field, a bad value or a kind without variants is an
 // error that names what there is.
-// BADFIELD: matmul: no variant 'stage' (variants: group_m, inflight, k_bytes, max_block_n, stages, warp_tiles)
+// BADFIELD: matmul: no variant 'stage' (variants: cooperative_matrix, coopmat_tiles, group_m, inflight, k_bytes, max_block_n, stages, warp_tiles)
 // BADVALUE: matmul: variant 'stages' takes an int, not 'two'
 // BADKIND: kernels of kind 'transpose' have no variants (kinds with variants: attention, elementwise, matmul, moe_gemm, rowwise)
 // BADINT: error: pass 'kf-tile' option 'multiprocessors' takes an int, got 'many'
@@ -110,11 +110,11 @@ func.func @main(%a: tensor<3x257xf32>) -> tensor<3xf32> {
 // CUDA-LABEL: func.func private @gemm_256
 // CUDA-SAME: group_m = 8 : i64
 // CUDA-SAME: stages = 4 : i64
-// CUDA-SAME: variant = {group_m = 8 : i64, inflight = 1 : i64, k_bytes = 0 : i64, max_block_n = 256 : i64, stages = 4 : i64, warp_tiles = array<i64: 4, 8>}
+// CUDA-SAME: variant = {cooperative_matrix = true, coopmat_tiles = array<i64: 2, 2>, group_m = 8 : i64, inflight = 1 : i64, k_bytes = 0 : i64, max_block_n = 256 : i64, stages = 4 : i64, warp_tiles = array<i64: 4, 8>}
 // VARIANT-LABEL: func.func private @gemm_256
 // VARIANT-SAME: group_m = 0 : i64
 // VARIANT-SAME: stages = 2 : i64
-// VARIANT-SAME: variant = {group_m = 0 : i64, inflight = 1 : i64, k_bytes = 0 : i64, max_block_n = 256 : i64, stages = 2 : i64, warp_tiles = array<i64: 4, 8>}
+// VARIANT-SAME: variant = {cooperative_matrix = true, coopmat_tiles = array<i64: 2, 2>, group_m = 0 : i64, inflight = 1 : i64, k_bytes = 0 : i64, max_block_n = 256 : i64, stages = 2 : i64, warp_tiles = array<i64: 4, 8>}
 func.func private @gemm_256(%a: tensor<256x256xbf16>, %b: tensor<256x256xbf16>) -> tensor<256x256xbf16> attributes {kf.kernel = "matmul"} {
   %0 = "kf.matmul"(%a, %b) : (tensor<256x256xbf16>, tensor<256x256xbf16>) -> tensor<256x256xbf16>
   return %0 : tensor<256x256xbf16>

@@ -29,7 +29,10 @@ CUDA, with f16/bf16 q, k, v and head dims that are multiples of 16, the tensor-c
 kernel (``mma.py``: mma.sync m16n8k16, FlashAttention-2's register dataflow; key
 blocks a mask masks entirely skipped, ``skipping.py``, else K and V double-buffered by
 cp.async). fp8 q, k, v where the Hopper kernel does not apply take the SIMT kernel, which
-widens the E4M3FN bytes as it loads them. Everywhere else, Vulkan and f32 included, the
+widens the E4M3FN bytes as it loads them. On SPIR-V with f16 q, k, v, where the device
+lists an f16 cooperative-matrix shape (VK_KHR_cooperative_matrix) and the sizes are
+static, the SIMT kernel below takes both products of each key block from the
+workgroup's subgroups (``coopmat.py``). Everywhere else, Vulkan and f32 included, the
 SIMT kernel:
 
 - one workgroup per (flattened batch element, block of BLOCK_M query rows); each query
@@ -94,7 +97,7 @@ from ..kernel_ir import (
     workgroup_memref,
 )
 from ..kernel_ir import contiguous_last as _contiguous_last
-from . import hopper, mma, run_time
+from . import coopmat, hopper, mma, run_time
 from .chain import Chain as _Chain
 from .chain import apply_epilogue, apply_p_chain, lse_index, row_lse
 from .chain import transposed_source as _transposed_source
@@ -132,6 +135,9 @@ class AttentionStrategy(Strategy):
         mma = self._mma_plan(ch, target, variant or AttentionVariant(), run_time_sizes.is_bounded(kernel))
         if mma is not None:
             return mma
+        coop = coopmat.plan(ch, target, variant or AttentionVariant())
+        if coop is not None:
+            return coop
         best = None
         for threads in (128, 64, 32, 16):
             if best is not None:
@@ -237,8 +243,13 @@ class AttentionStrategy(Strategy):
         seq_slots = run_time.seq_slots(ch, size_slots) if size_slots else None
         dkv = max(D, Dv)
         n_s, n_acc = bn // tpr, -(-Dv // tpr)
-        shared_types = [workgroup_memref([bm, D + 1]), workgroup_memref([bn, dkv + 1]),
-                        workgroup_memref([bm, bn + 1]), workgroup_memref([bm, tpr])]
+        coop = plan.get("coopmat", False)
+        if coop and (size_slots or target.name != "spirv"):
+            raise NotApplicable("the cooperative-matrix attention plan is for SPIR-V and static sizes")
+        # with cooperative matrices: Q, K/V, the f32 S/O tile, the f16 P tile, the rows
+        shared_types = coopmat.shared_types(plan) if coop else \
+            [workgroup_memref([bm, D + 1]), workgroup_memref([bn, dkv + 1]), workgroup_memref([bm, bn + 1]),
+             workgroup_memref([bm, tpr])]
         with kernel.location:
             arg_types = gpu_arg_types(view, target)
             specs = [*view.arg_specs, *view.result_specs]
@@ -250,7 +261,10 @@ class AttentionStrategy(Strategy):
             if size_slots:  # run-time sizes: the slots' buffer, last
                 arg_types.append(run_time_sizes.slot_type(len(size_slots)))
             g = GpuFunc(gpu_module, view.name, arg_types, shared_types, (threads, 1, 1))
-            Qs, KVs, Ps, Red = g.shared
+            if coop:
+                Qs, KVs, SO, Ps, Red = g.shared
+            else:
+                Qs, KVs, Ps, Red = g.shared
             # the tails' guards are static where the tiles divide the sequences; with
             # run-time sequence lengths every tail is guarded
             ragged_q, ragged_k = bool(Sq % bm), bool(Sk % bn)
@@ -278,6 +292,8 @@ class AttentionStrategy(Strategy):
                 qblock = g.bid("x")
                 batch_idx = g.delinearize(g.bid("y"), ch.batch) if ch.batch else []
                 row, lane = g.div(tid, tpr), g.rem(tid, tpr)
+                sub = g.div(tid, plan["subgroup_size"]) if coop else None  # whole subgroups, in order
+                mma_ops = coopmat.subgroup_mma(g, plan) if coop else None
                 i0 = g.mul(qblock, bm)
                 gi = g.add(i0, row)
 
@@ -320,7 +336,12 @@ class AttentionStrategy(Strategy):
                                 s[c] = mmath.fma(qd, memref.load(KVs, [lane_cols[c], d]), s[c])
                         return s
 
-                    dots = g.loop(0, D, unroll, [zero] * n_s, dot)
+                    if coop:
+                        coopmat.scores(g, plan, mma_ops, sub, Qs, KVs, SO)
+                        gpu.barrier()
+                        dots = [memref.load(SO, [row, lane_cols[c]]) for c in range(n_s)]
+                    else:
+                        dots = g.loop(0, D, unroll, [zero] * n_s, dot)
                     xs = []
                     for c in range(n_s):
                         gj = arith.addi(n0, lane_cols[c])
@@ -352,7 +373,7 @@ class AttentionStrategy(Strategy):
                         l_new = arith.addf(l_new, p)  # the row sum of the unrounded p
                         if ch.p_value != ch.sm.result:  # P @ V reads the P chain of p (fp8: 256 p, rounded)
                             p = apply_p_chain(pw, ch, p, s_lead + [gi, arith.addi(n0, lane_cols[c])])
-                        memref.store(p, Ps, [row, lane_cols[c]])
+                        memref.store(coopmat.to_f16(p) if coop else p, Ps, [row, lane_cols[c]])
                     acc = [arith.mulf(a, alpha) for a in acc]
                     gpu.barrier()  # K reads and P writes are done
                     stage(KVs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk,
@@ -368,7 +389,12 @@ class AttentionStrategy(Strategy):
                                 acc[c] = mmath.fma(p, memref.load(KVs, [j, v_cols[c]]), acc[c])
                         return acc
 
-                    acc = g.loop(0, bn, unroll, acc, pv)
+                    if coop:
+                        coopmat.products(g, plan, mma_ops, sub, Ps, KVs, SO)
+                        gpu.barrier()
+                        acc = [arith.addf(a, memref.load(SO, [row, v_cols[c]])) for c, a in enumerate(acc)]
+                    else:
+                        acc = g.loop(0, bn, unroll, acc, pv)
                     return [m_new, l_new] + acc
 
                 final = g.loop(0, Sk, bn, [neg_inf, zero] + [zero] * n_acc, key_block)
@@ -403,6 +429,8 @@ class AttentionStrategy(Strategy):
             g.finish()
         notes = {"strategy": "attention", "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn,
                  "lanes_per_row": tpr}
+        if coop:
+            notes["cooperative_matrix"] = "{}x{}x{}.f16".format(*plan["coopmat_shape"])
         if seq_slots is None:
             return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes)
         grid = (run_time_sizes.grid_text(seq_slots[0], 1, bm), str(plan["grid"][1]), "1")

@@ -32,13 +32,17 @@ descriptor, a cp.async pipeline with a wgmma group in flight), elsewhere, and wh
 wgmma's operand layouts do not apply, mma.sync (``mma.py``: fragments by ldmatrix, B
 staged as it lies in memory, a cp.async pipeline of several stages or one staged tile
 with a register prefetch of the next); the same epilogue on the f32 accumulators.
-``plan.py`` chooses the kernel and its tiles; its ``MatmulVariant`` holds the tuning
+On SPIR-V with f16 operands, where the device lists the shape
+(VK_KHR_cooperative_matrix), the plan takes cooperative matrices (``coopmat.py``: MLIR's
+gpu.subgroup_mma ops, tiles staged in workgroup memory, the epilogue through an f32 C
+tile). ``plan.py`` chooses the kernel and its tiles; its ``MatmulVariant`` holds the tuning
 numbers a plan can be told (``kf-tile{matmul.stages=3}``). Not used: TMA (the tiles come
 by cp.async). Measurements: bench/RESULTS.md.
 
 The kernel-building toolkit (``GpuFunc``, ``Pointwise``, tile staging) is ``kernel_ir.py``;
 mma.sync and its K loops are ``nvidia/mma_sync.py``, wgmma's operands ``nvidia/wgmma.py``;
-the recognized GEMM is ``gemm.py``, the SIMT kernel ``simt.py``.
+the recognized GEMM is ``gemm.py``, the SIMT kernel ``simt.py``, the cooperative-matrix
+kernel ``coopmat.py``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from __future__ import annotations
 from mlir import ir
 
 from ..base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from . import mma, simt, wgmma
+from . import coopmat, mma, simt, wgmma
 from .gemm import analyze
 from .plan import MatmulVariant, simt_shared_bytes
 from .plan import plan as _plan
@@ -73,6 +77,10 @@ class MatmulStrategy(Strategy):
             if plan.get("wgmma"):
                 return wgmma.emit(view, gm, kernel, plan, gpu_module, target)
             return mma.emit(view, gm, kernel, plan, gpu_module, target)
+        if plan.get("coopmat"):
+            if target.name != "spirv":
+                raise NotApplicable("the cooperative-matrix matmul plan is for SPIR-V")
+            return coopmat.emit(view, gm, kernel, plan, gpu_module, target)
         return simt.emit(view, gm, kernel, plan, gpu_module, target)
 
 

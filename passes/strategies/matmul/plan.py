@@ -1,6 +1,7 @@
 """Which GEMM kernel a matmul kernel function gets, and its tiles: wgmma on sm_90a
 (``wgmma.plan``), mma.sync on other CUDA chips with f16/bf16/fp8 operands
-(``mma_plan``), the SIMT kernel elsewhere (``plan``)."""
+(``mma_plan``), cooperative matrices on a SPIR-V device that lists the operands' shape
+(``coopmat_plan``), the SIMT kernel elsewhere (``plan``)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ class MatmulVariant:
     #: workgroups take tiles in groups of this many tile rows, so that the workgroups
     #: running at once share A and B tiles in L2 (0: row by row, the grid's own order)
     group_m: int = 8
+    #: SPIR-V: multiply f16 operands with cooperative matrices where the device lists
+    #: their shape (VK_KHR_cooperative_matrix); false keeps the SIMT kernel
+    cooperative_matrix: bool = True
+    #: cooperative-matrix tiles (of the device's M x N) of one subgroup: (2, 2) is 32 x 32
+    #: with 16 x 16 tiles; 2 x 2 subgroups make the workgroup's tile
+    coopmat_tiles: tuple[int, int] = (2, 2)
 
 
 def plan(gm: Gemm, target: TargetInfo, variant: MatmulVariant) -> dict:
@@ -53,6 +60,9 @@ def plan(gm: Gemm, target: TargetInfo, variant: MatmulVariant) -> dict:
     mma = mma_plan(gm, target, variant)
     if mma is not None:
         return mma
+    coop = coopmat_plan(gm, target, variant)
+    if coop is not None:
+        return coop
     # 128x128 tiles only when they still give about one wave of workgroups (132 SMs
     # on an H200): a small problem keeps more, smaller workgroups busy.
     big = target.name == "cuda" and -(-gm.m // 128) * -(-gm.n // 128) * math.prod(gm.batch) >= 128
@@ -132,6 +142,54 @@ def mma_plan(gm: Gemm, target: TargetInfo, variant: MatmulVariant) -> dict | Non
             "vector_bytes": vb, "prefetch": stages == 1, "stages": stages,
             "dynamic_shared": shared > target.max_shared_bytes, "group_m": variant.group_m,
             "ldmatrix": True, "b_k_major": b_k_major}
+
+
+#: Operand types of the cooperative-matrix kernel (f32 accumulators: kf's precision policy,
+#: low-precision operands, f32 sums, one rounding when stored). Not bf16: kf's SPIR-V keeps
+#: bf16 as 16-bit integers and computes in f32 (no SPV_KHR_bfloat16), so a bf16 matrix
+#: has no SPIR-V type to load into; bf16 matmuls keep the SIMT kernel.
+COOPMAT_ELEMS = ("f16",)
+
+
+def coopmat_shape(target: TargetInfo, elem: str) -> tuple[int, int, int] | None:
+    """The (m, n, k) of the first cooperative-matrix shape the device lists for ``elem``
+    operands with f32 accumulators and results, or None."""
+    for m, n, k, a, b, c, result in target.cooperative_matrix:
+        if a == b == elem and c == result == "f32":
+            return m, n, k
+    return None
+
+
+def coopmat_plan(gm: Gemm, target: TargetInfo, variant: MatmulVariant) -> dict | None:
+    """Cooperative matrices (SPIR-V, VK_KHR_cooperative_matrix) for COOPMAT_ELEMS operands
+    where the device lists an (m, n, k, elem, elem, f32, f32) shape at subgroup scope;
+    None otherwise (the SIMT kernel). 2 x 2 subgroups, each ``coopmat_tiles`` tiles of
+    m x n; K per staged tile: two of the shape's k. Workgroup memory: the A and B tiles in
+    the operand type and the f32 C tile the epilogue reads, rows padded to 16 bytes."""
+    elem = spec_of(gm.mm.operands[0].type).elem
+    if target.name != "spirv" or not variant.cooperative_matrix or elem not in COOPMAT_ELEMS:
+        return None
+    shape = coopmat_shape(target, elem)
+    if shape is None or target.subgroup_size <= 0:
+        return None
+    cm, cn, ck = shape
+    tiles_m, tiles_n = variant.coopmat_tiles
+    warps_m = warps_n = 2
+    bm, bn, bk = warps_m * tiles_m * cm, warps_n * tiles_n * cn, 2 * ck
+    threads = warps_m * warps_n * target.subgroup_size
+    a_ld, b_ld, c_ld = bk + 8, bn + 8, bn + 4  # padded rows: 16-byte multiples
+    shared = 2 * (bm * a_ld + bk * b_ld) + 4 * bm * c_ld
+    if threads > target.max_threads or shared > target.max_shared_bytes:
+        return None
+    batch = math.prod(gm.batch)
+    grid = [-(-gm.n // bn), -(-gm.m // bm), batch]
+    if grid[2] > 65535 or grid[1] > 65535:
+        return None
+    return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": warps_m, "warps_n": warps_n,
+            "coopmat_tiles_m": tiles_m, "coopmat_tiles_n": tiles_n, "coopmat_shape": [cm, cn, ck],
+            "subgroup_size": target.subgroup_size, "lead": [a_ld, b_ld, c_ld], "threads": threads,
+            "grid": grid, "shared_bytes": shared, "m": gm.m, "n": gm.n, "k": gm.k, "batch": list(gm.batch),
+            "mma": False, "coopmat": True, "vector_bytes": 0}
 
 
 def simt_shared_bytes(bm: int, bn: int, bk: int) -> int:

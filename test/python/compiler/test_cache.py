@@ -135,7 +135,7 @@ def test_kernel_variants_reach_kf_tile_and_the_key(monkeypatch):
     assert "stages = 2 : i64, strategy = \"matmul\"" in fused and "variant = {" in fused
     with pytest.raises(CompileError, match="names no kernel variant") as e:
         kf.inspect(kf.jit(f, target="cuda", arch="sm_80", variants="matmul.stage=2"), a, a).stages
-    assert "no variant 'stage' (variants: group_m, inflight" in str(e.value) and e.value.stage == "options"
+    assert "no variant 'stage' (variants: cooperative_matrix, coopmat_tiles, group_m, inflight" in str(e.value) and e.value.stage == "options"
 
 
 def test_in_memory_table_compiles_once_per_signature(tmp_path, monkeypatch):

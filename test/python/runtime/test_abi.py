@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kf.runtime.abi import (FLOAT_CONTROLS, INDEX_FLAG_WORDS, MAX_DYNAMIC_SIZE, DeviceLimits, IndexOutOfRange, IndexSite,
-                            KernelABI, ProgramABI, TensorArg)
+from kf.runtime.abi import (FLOAT_CONTROLS, INDEX_FLAG_WORDS, MAX_DYNAMIC_SIZE, CoopMatShape, DeviceLimits,
+                            IndexOutOfRange, IndexSite, KernelABI, ProgramABI, TensorArg)
 
 
 @pytest.mark.parametrize("name", ["lavapipe", "nvidia-h200"])
@@ -69,7 +69,29 @@ def test_dependent_float_modes_count_only_for_every_width(recorded_device):
     assert not any(f.startswith("denorm") for f in floats) and "rte16" in floats
 
 
+def test_cooperative_matrices_of_recorded_devices(recorded_device):
+    """NVIDIA lists its VK_KHR_cooperative_matrix shapes; kf keeps those at subgroup scope
+    with float components it knows (not the int8 ones), in the device's order, and they are
+    in the limits' text. lavapipe has none, and its text is what it was without them."""
+    nv = DeviceLimits.from_vulkan(recorded_device("nvidia-h200"))
+    assert nv.cooperative_matrix[0] == "16x16x16:f16:f16:f32:f32"
+    assert "16x16x16:bf16:bf16:f32:f32" in nv.cooperative_matrix
+    assert not any(":i" in t or ":ui" in t for t in nv.cooperative_matrix)
+    assert CoopMatShape(16, 16, 16, "f16", "f16", "f32", "f32") in nv.cooperative_shapes()
+    assert "coopmat=16x16x16:f16:f16:f32:f32+" in nv.spec()
+    lvp = DeviceLimits.from_vulkan(recorded_device("lavapipe"))
+    assert lvp.cooperative_matrix == () and "coopmat" not in lvp.spec()
+    props = recorded_device("nvidia-h200")
+    for e in props["cooperativeMatrix"]:
+        e["scope"] = 2  # workgroup scope: kf's kernels multiply per subgroup
+    assert DeviceLimits.from_vulkan(props).cooperative_matrix == ()
+    del props["cooperativeMatrix"]  # recorded before kf read them: none
+    assert DeviceLimits.from_vulkan(props).cooperative_matrix == ()
+
+
 @pytest.mark.parametrize("text,what", [
+    ("shared=1,invocations=2,size=3x3x3,subgroup=4,ops=none,coopmat=16x16:f16:f16:f32:f32", "MxNxK:a:b:c:result"),
+    ("shared=1,invocations=2,size=3x3x3,subgroup=4,ops=none,coopmat=16x16x16:f16:f16:i32:f32", "MxNxK:a:b:c:result"),
     ("shared=1,invocations=2", "must give exactly"),
     ("shared=1,invocations=2,size=3x3x3,subgroup=4,ops=none,extra=1", "must give exactly"),
     ("shared=lots,invocations=2,size=3x3x3,subgroup=4,ops=none", "integers"),

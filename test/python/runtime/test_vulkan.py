@@ -487,6 +487,34 @@ def test_float_controls_the_device_lacks_are_refused(monkeypatch):
         vulkan.launch(plain, kernel_abi(kernel, (1, 1, 1)), [x, y, torch.empty(n)])
 
 
+def test_cooperative_matrix_kernels_need_the_feature():
+    """A kernel with cooperative matrices (and the Vulkan memory model they need) is refused
+    on a device where the runtime did not enable VK_KHR_cooperative_matrix -- lavapipe, or
+    a driver without it -- with the feature named."""
+    from types import SimpleNamespace
+
+    from kf.runtime.abi import DeviceLimits, KernelABI
+    from kf.runtime.vulkan_device import Device, VulkanError
+
+    device = SimpleNamespace(features={"vulkanMemoryModel": True}, name="a device",
+                             target_limits=lambda: DeviceLimits())
+    kernel = KernelABI("k", (0,), extra={"spirv_capabilities": ["Shader", "CooperativeMatrixKHR",
+                                                                "VulkanMemoryModel"]})
+    with pytest.raises(VulkanError, match="CooperativeMatrixKHR .needs cooperativeMatrix"):
+        Device.require(device, kernel)
+
+
+@needs_vulkan
+def test_device_properties_say_whether_it_has_cooperative_matrices():
+    """The device's properties list its cooperative-matrix shapes (empty without the
+    extension, as on lavapipe), and its limits keep those kf can use."""
+    dev = vulkan.device()
+    assert isinstance(dev.properties["cooperativeMatrix"], list)
+    assert bool(dev.properties["cooperativeMatrix"]) <= dev.features.get("cooperativeMatrix", False)
+    if not dev.features.get("cooperativeMatrix"):
+        assert dev.target_limits().cooperative_matrix == ()
+
+
 def test_float64_kernels_need_the_64_bit_float_controls():
     """A kernel with the Float64 capability declares SignedZeroInfNanPreserve for 64 bits
     too: a device with it for 32 bits only is refused, naming the 64-bit property."""

@@ -69,6 +69,9 @@ class AttentionVariant:
     #: live key blocks, and started first they do not trail the grid (workgroups start in
     #: block index order)
     reverse_q_blocks: bool = True
+    #: SPIR-V: the SIMT kernel's two products on cooperative matrices, for f16 q, k, v
+    #: where the device lists an f16 shape (attention/coopmat.py); false: SIMT throughout
+    cooperative_matrix: bool = True
 
 
 @dataclass(frozen=True)

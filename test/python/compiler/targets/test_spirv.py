@@ -56,3 +56,19 @@ def test_runs_through_the_stage_table():
     x = torch.randn(257, 129)
     f = kf.jit(lambda t: torch.softmax(t, -1), target="vulkan")
     torch.testing.assert_close(f(x), torch.softmax(x, -1), atol=1e-6, rtol=1e-5)
+
+
+def test_a_matmul_for_nvidias_limits_takes_cooperative_matrices(recorded_device):
+    """An f16 matmul compiled through the whole pipeline for NVIDIA's recorded limits is
+    the cooperative-matrix kernel; a device without the feature (lavapipe) refuses it,
+    naming it, instead of running it."""
+    from kf.runtime import vulkan
+    from kf.runtime.abi import DeviceLimits
+
+    if not vulkan.is_available() or vulkan.device().features.get("cooperativeMatrix"):
+        pytest.skip("needs a Vulkan device without cooperative matrices")
+    nv = DeviceLimits.from_vulkan(recorded_device("nvidia-h200")).spec()
+    f = kf.jit(lambda a, b, bias: torch.nn.functional.gelu(a @ b + bias), target="vulkan", arch=nv)
+    a, b, bias = torch.randn(100, 70).half(), torch.randn(70, 50).half(), torch.randn(50).half()
+    with pytest.raises(vulkan.VulkanError, match=r"CooperativeMatrixKHR \(needs cooperativeMatrix\)"):
+        f(a, b, bias)

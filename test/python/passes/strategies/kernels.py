@@ -166,12 +166,14 @@ def emit_with(built: Built, target: TargetInfo, **changes):
         return plan, strategy.emit(built.kernel.operation, plan, built.gpu_module, target)
 
 
-def spirv_run(built: Built, emitted, args, out_shape, out_elem):
+def spirv_run(built: Built, emitted, args, out_shape, out_elem, **options):
+    """Compile (kf-to-spirv ``options``: the device's shared memory and subgroup size) and
+    launch the strategy's kernel on the Vulkan device; returns the output and the kernel."""
     from kf.passes.to_spirv import compile_spirv
     from kf.runtime.abi import KernelABI
 
     vulkan = vulkan_runtime()
-    [binary] = compile_spirv(built.gpu_text())
+    [binary] = compile_spirv(built.gpu_text(), **options)
     [k] = binary.kernels.values()
     out = torch.full(out_shape, float("nan"), dtype=TORCH[out_elem])
     abi = KernelABI(k.entry, tuple(range(len(k.bindings))), grid=emitted.grid, block=k.workgroup_size,
