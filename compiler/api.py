@@ -154,6 +154,8 @@ class KfFunction:
         if len(devices) > 1:
             raise TargetError(f"{self.fn.__name__}: tensors are on several devices ({', '.join(sorted(devices))}); "
                               f"move them to one device")
+        if not devices and target != "auto":
+            return target  # nothing to follow: a function of no tensors (torch.zeros(n)) runs on its target
         device = next(iter(devices), "cpu")
         if target == "auto":
             if device not in _DEVICE_TARGET:

@@ -66,6 +66,21 @@ def test_cuda_kernel_on_cpu_tensors_says_what_to_do():
         se.fused_attention(q, q, q)
 
 
+def test_a_function_of_no_tensors_runs_on_its_target():
+    """torch.zeros(n) or arange inside a function that takes no tensors: nothing says a
+    device, so the function's target does (cuda: the outputs on the current CUDA
+    device); target='auto' then runs on the CPU."""
+    from kf.signature import bind
+
+    for target in ("cuda", "vulkan", "cpu", "auto"):
+        f = kf.jit(lambda n: torch.arange(n) * 2, target=target)
+        sig, _ = bind(f.fn, (5,), {})
+        assert f.resolve_target(sig) == ("cpu" if target == "auto" else target)
+    f = kf.jit(lambda n: torch.arange(n) * 2, target="vulkan")
+    if kf.runtime.vulkan.is_available():
+        _close(f(5), torch.arange(5) * 2)
+
+
 def test_tensors_on_several_devices():
     f = kf.jit(lambda a, b: a + b)
     with pytest.raises(kf.TargetError, match="several devices"):

@@ -142,7 +142,7 @@ def test_cuda_ptx_assembles(dtype):
 
     a, b = _random((33, 64), dtype, 9), _random((33, 64), dtype, 10, nonzero=True)
     for fn in (lambda a, b: (a + b, a.float() * 0.5), lambda a, b: (a + b).sum(-1),
-               lambda a, b: torch.where(a < b, a, b // b), lambda a, b: a.t() + 1):
+               lambda a, b: torch.where(a < b, a, b - a), lambda a, b: a.t() + 1):
         ptx = kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a"), a, b).ptx
         bits = 16 if dtype == torch.int16 else 8
         signed = dtype != torch.uint8
