@@ -648,3 +648,34 @@ def test_attention_forward_saves_lse_and_gradients_match_float64(sq, sk, d, mask
         tol = dict(rtol=1e-6, atol=1e-6)
     for a, e in zip(got, want):
         torch.testing.assert_close(a.cpu().double(), e, **tol)
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1), lambda x: torch.nn.functional.gelu(x + 1),
+                                lambda x: (x.relu(), x * 2)], ids=["softmax", "gelu", "two_results"])
+def test_results_are_freed_without_the_garbage_collector(fn):
+    """A call's results and what its backward saved go when the caller drops them, not
+    at the garbage collector's next run (a reference cycle per call held a softmax's
+    output and gradient until then: 6 GiB of peak memory where torch needs 1 in a
+    32768x8192 bf16 training step)."""
+    import gc
+    import weakref
+
+    f = kf.jit(fn, target="cpu")
+    x = torch.randn(16, 40, requires_grad=True)
+    first = f(x)  # the first call derives the backward and compiles
+    sum(r.sum() for r in (first if isinstance(first, tuple) else (first,))).backward()
+    del first
+    gc.collect()
+    gc.disable()
+    try:
+        refs = []
+        for _ in range(3):
+            x.grad = None
+            out = f(x)
+            outs = out if isinstance(out, tuple) else (out,)
+            refs += [weakref.ref(o) for o in outs]
+            sum(o.sum() for o in outs).backward()
+            del out, outs
+        assert [r() is None for r in refs] == [True] * len(refs)
+    finally:
+        gc.enable()
