@@ -527,10 +527,12 @@ class VectorStaging:
     whole vectors (tails are then whole vectors too), the element types allow it and a
     thread's share is a few passes. Each thread's slots (tile positions) are computed
     once, where the object is made. Stores are vectors too where the tile's rows are
-    contiguous along the same dim and 16-byte aligned."""
+    contiguous along the same dim and 16-byte aligned. ``n_rows`` or ``n_cols`` may be a
+    run-time size (an index value), which is then always guarded."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
-                 n_rows: int, n_cols: int, transposed: bool, direct: Direct | None, vector_bytes: int):
+                 n_rows: int | ir.Value, n_cols: int | ir.Value, transposed: bool, direct: Direct | None,
+                 vector_bytes: int):
         self.g, self.tile, self.rows, self.cols = g, tile, rows, cols
         self.n_rows, self.n_cols, self.transposed, self.direct = n_rows, n_cols, transposed, direct
         self.ok = False
@@ -550,6 +552,8 @@ class VectorStaging:
         full, rest = divmod(total, threads)
         if vec < 2 or direct.extent % vec or along % vec or full + bool(rest) > UNROLL_STAGING:
             return
+        if not isinstance(n_rows if direct.contiguous == 0 else n_cols, int):
+            return  # a run-time extent along the vectors: the last may be partial
         self.ok, self.vec = True, vec
         self.src_t, self.dst_t = ir.VectorType.get([vec], src_elem), ir.VectorType.get([vec], dst_elem)
         dst_width = widths[str(dst_elem)]
@@ -584,8 +588,8 @@ class VectorStaging:
         for rr, cc, in_tile in self.slots:
             gr = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr)
             gc = g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
-            row_tail = guard_all or self.n_rows % self.rows or self.rows > self.n_rows
-            col_tail = guard_all or self.n_cols % self.cols or self.cols > self.n_cols
+            row_tail = guard_all or _tail(self.n_rows, self.rows)
+            col_tail = guard_all or _tail(self.n_cols, self.cols)
             cond = g.all_of([c for c in (in_tile, g.lt(gr, self.n_rows) if row_tail else None,
                                          g.lt(gc, self.n_cols) if col_tail else None) if c is not None])
             index = d.lead + ([gc, gr] if d.swapped else [gr, gc])
@@ -648,6 +652,11 @@ class VectorStaging:
                     memref.store(vector.ExtractOp(v, [], [k]).result, self.tile, pos)
 
             g.when(in_tile, write)
+
+
+def _tail(extent: int | ir.Value, block: int) -> bool:
+    """Whether blocks of ``block`` can pass ``extent`` (always for a run-time extent)."""
+    return not isinstance(extent, int) or bool(extent % block) or block > extent
 
 
 def quad_reduce(x: ir.Value, combine) -> ir.Value:

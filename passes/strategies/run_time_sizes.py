@@ -35,7 +35,7 @@ from kf.runtime.abi import MAX_DYNAMIC_SIZE
 BOUND = MAX_DYNAMIC_SIZE
 
 #: the strategies that write kernels with run-time sizes
-RUN_TIME_KINDS = ("rowwise", "elementwise", "attention")
+RUN_TIME_KINDS = ("rowwise", "elementwise", "attention", "matmul")
 #: those whose kernels also address buffers with run-time strides (a run-time sequence
 #: after a static number of heads): flat buffers, indices linearized with the sizes
 RUN_TIME_STRIDE_KINDS = ("attention",)

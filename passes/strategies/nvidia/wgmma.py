@@ -80,7 +80,7 @@ class SwizzledTile:
     wgmma's fp8 A fragment, see attention.hopper.mma.fp8_key_order)."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, mem: ir.Value, direct: Direct, rows: int,
-                 bk: int, esize: int, n_rows: int, n_k: int, mn_major: bool, width: int | None = None,
+                 bk: int, esize: int, n_rows: int | ir.Value, n_k: int, mn_major: bool, width: int | None = None,
                  row_perm=None, lean: bool = True, producer: bool = False):
         self.g, self.mem, self.direct, self.rows, self.bk, self.esize = g, mem, direct, rows, bk, esize
         self.n_rows, self.n_k, self.mn_major = n_rows, n_k, mn_major
@@ -161,7 +161,8 @@ class SwizzledTile:
         n_first, n_second = (self.n_k, self.n_rows) if self.mn_major else (self.n_rows, self.n_k)
         e_first, e_second = (self.bk, self.rows) if self.mn_major else (self.rows, self.width)
         # whole: block starts are multiples of the tile's extents, a block is all in or all out
-        whole = n_first % e_first == 0 and n_second % e_second == 0
+        # (never for a run-time extent, an index value)
+        whole = all(isinstance(n, int) and n % e == 0 for n, e in ((n_first, e_first), (n_second, e_second)))
         if self.lean and (whole or self.producer):
             self._lean_copy(first, second, n_first, n_second, stage, whole)
             return
