@@ -56,6 +56,35 @@ def _targ(name: str, t: ir.Type, dims: tuple[str, ...] = ()) -> TensorArg:
     return TensorArg(name, s.shape, s.elem, tuple(dims))
 
 
+def _result_dims(callee: ir.Operation, call: ir.Operation, r: ir.Value, buffer_of: dict,
+                 buffers: list[TensorArg]) -> tuple[str, ...]:
+    """The dims of a kernel's result as expressions over the program's symbols, where it
+    has a run-time size that the kernel names in terms of its inputs' (``kf.result_sizes``,
+    passes/map_to_gpu.py); () elsewhere (a static result, or a size not named)."""
+    import re
+
+    s = spec_of(r.type)
+    if DYN not in s.shape or "kf.result_sizes" not in callee.attributes:
+        return ()
+    which = list(call.results).index(r)
+    texts = [ir.StringAttr(t).value for t in ir.ArrayAttr(callee.attributes["kf.result_sizes"])]
+    if which >= len(texts) or not texts[which]:
+        return ()
+
+    def named(m):
+        pos, dim = int(m.group(1)), int(m.group(2))
+        arg = buffers[buffer_of[call.operands[pos]]] if call.operands[pos] in buffer_of else None
+        if arg is None or not arg.dims or tuple(arg.shape) != tuple(spec_of(call.operands[pos].type).shape):
+            raise KeyError  # (a view of another shape: its dims are not the buffer's)
+        return f"({arg.dims[dim]})"
+
+    try:
+        text = re.sub(r"a(\d+)d(\d+)", named, texts[which])
+    except KeyError:
+        return ()
+    return tuple(text if d == DYN else str(d) for d in s.shape)
+
+
 def _slot_sizes(g: ir.Operation, args: tuple[int, ...], buffers: list[TensorArg]) -> tuple[tuple, tuple]:
     """(the slots' sizes as expressions over the program's symbols, the grid over the
     slots) of a gpu.func with run-time sizes (kf.size_slots), or two empty tuples."""
@@ -182,7 +211,9 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
                     raise TargetError(f"{entry}: a result of @{gname} written in place is not its operand's buffer")
             elif r not in buffer_of:
                 buffer_of[r] = n_fixed + len(temporaries)
-                temporaries.append(_targ(f"tmp{len(temporaries)}", r.type))
+                dims = _result_dims(callee, op, r, buffer_of, [*inputs, *(c for c, _ in constants), *outputs,
+                                                              *temporaries])
+                temporaries.append(_targ(f"tmp{len(temporaries)}", r.type, dims))
         args = tuple(buffer_of[v] for v in op.operands) + tuple(buffer_of[r] for r, t in zip(op.results, tied)
                                                                  if t < 0)
         lines = tuple(from_attr(a) for a in ir.ArrayAttr(g.attributes["kf.fused_lines"])) \

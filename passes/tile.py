@@ -80,10 +80,19 @@ at its largest (strategies/run_time_sizes.py), its plan's ``sizes`` naming its s
 ValueError where its strategy writes kernels for static sizes only."""
     with run_time_sizes.bounded(kernel) as (bounded, slots):
         strategy, plan = _choose(bounded, target, variants)
+        if slots:
+            try:
+                if strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
+                    raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
+                run_time_sizes.check_strides(kernel, strategy.KIND)
+            except ValueError:
+                # the generic strategy takes run-time sizes and strides where the kind's does not
+                if strategy.KIND == "generic":
+                    raise
+                strategy = strategy_for("generic")
+                plan = {"strategy": strategy.KIND, "target": target.name,
+                        **_plan(strategy, bounded, target, variants)}
     if slots:
-        if strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
-            raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
-        run_time_sizes.check_strides(kernel, strategy.KIND)
         plan["sizes"] = [list(s) for s in slots]
     return strategy, plan
 

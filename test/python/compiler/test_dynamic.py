@@ -578,3 +578,109 @@ def test_cuda_half_layer_norm_and_softmax_rows(cuda_sized):
         y = cuda_sized(n, 1000)
         _close(sm(y), torch.softmax(y, -1))
     assert len(f.compiles) == 1 and len(sm.compiles) == 1
+
+
+# ---- matmul and generic kernels with run-time sizes --------------------------------------
+
+
+def _linear(x, w, b):
+    return torch.nn.functional.linear(x, w, b)
+
+
+def _mlp(x, w1, b1, w2):
+    return torch.nn.functional.gelu(x @ w1.t() + b1) @ w2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_and_mlp_one_program_for_every_row_count(target, dtype):
+    """A run-time M in the matmul kernels (rows of A and C): one program serves 1, 7,
+    257 and 300 rows, against torch in float64."""
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    lin = kf.jit(_linear, target=target, dynamic={"x": [0]})
+    mlp = kf.jit(_mlp, target=target, dynamic={"x": [0]})
+    w, b = torch.randn(48, 40, dtype=dtype), torch.randn(48, dtype=dtype)
+    w1, b1, w2 = torch.randn(72, 40, dtype=dtype), torch.randn(72, dtype=dtype), torch.randn(72, 24, dtype=dtype)
+    for m in (7, 257, 300, 1):
+        x = torch.randn(m, 40, dtype=dtype)
+        want = _linear(x.double(), w.double(), b.double()).to(dtype)
+        _close(lin(x, w, b), want, tol)
+        want = _mlp(x.double(), w1.double(), b1.double(), w2.double()).to(dtype)
+        torch.testing.assert_close(mlp(x, w1, b1, w2).double(), want.double(), atol=tol * 10, rtol=tol)
+    assert len(_compiled(lin)) == 1 and "?" in lin.compiles[0].signature
+    assert len(_compiled(mlp)) == 1 and "?" in mlp.compiles[0].signature
+
+
+def _rope_heads(x, cos, sin):
+    x = x.transpose(1, 2)  # [1, S, H, D] -> [1, H, S, D]: the sequence after the heads
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+def _column_sums(x, y):
+    return (x * y).sum(0), x.t().contiguous(), x.mean(0)
+
+
+def _broadcast_transpose(x, b):
+    return (x + b).transpose(0, 1) * 2.0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", ["rope", "columns", "broadcast"])
+def test_generic_kernels_one_program(target, case):
+    """The generic strategy with run-time sizes: transposes that put the run-time dim
+    after the heads (run-time strides), the rotary embedding's slices and cat, column
+    sums and means over run-time rows, broadcasts: one program for 7, 257, 300 and 2."""
+    fn, make, dyn = {
+        "rope": (_rope_heads, lambda s: (torch.randn(1, s, 4, 16), torch.randn(s, 16), torch.randn(s, 16)),
+                 {"x": [1], "cos": [0], "sin": [0]}),
+        "columns": (_column_sums, lambda s: (torch.randn(s, 24), torch.randn(s, 24)), {"x": [0], "y": [0]}),
+        "broadcast": (_broadcast_transpose, lambda s: (torch.randn(s, 3, 8), torch.randn(3, 8)), {"x": [0]}),
+    }[case]
+    f = kf.jit(fn, target=target, dynamic=dyn)
+    for s in (7, 257, 300, 2):
+        args = make(s)
+        got, want = f(*args), fn(*args)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            _close(g, w)
+    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
+
+
+@needs_vulkan
+def test_vulkan_matmul_with_a_run_time_k_compiles_static_and_says_why(caplog):
+    """A weight gradient (x.t() @ dy) sums over the run-time rows: K is a run-time size,
+    which the matmul kernels do not take; each size compiles, and the log says why."""
+    f = kf.jit(lambda x, dy: x.t() @ dy, target="vulkan", dynamic={"x": [0], "dy": [0]})
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for m in (7, 9):
+            x, dy = torch.randn(m, 16), torch.randn(m, 8)
+            _close(f(x, dy), x.t() @ dy)
+    assert "run-time size is K" in caplog.text
+    assert all("?" not in c.signature for c in f.compiles)
+
+
+@pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
+@pytest.mark.parametrize("chip", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dynamic_matmul_assembles_with_no_spills(chip, dtype):
+    """The matmul kernels with a run-time M (SIMT for f32; wgmma on sm_90a, mma.sync on
+    sm_80 for bf16) assemble with ptxas, take their size slots and a grid over them, and
+    spill nothing."""
+    from kf.driver import build
+    from kf.options import Options
+    from kf.passes.to_cuda import assemble
+    from kf.runtime.abi import ProgramABI
+
+    args = (torch.randn(7, 128, dtype=dtype), torch.randn(256, 128, dtype=dtype), torch.randn(256, dtype=dtype))
+    sig, tensors = bind(_linear, args, {})
+    sig = sig.generalize({("x", 0)}, 16)
+    meta, artifacts = build(_linear, sig, tensors, Options(target="cuda"), chip)
+    abi = ProgramABI.from_json(meta["abi"])
+    mm = [k for k in abi.kernels if "matmul" in k.entry]
+    assert mm and all(k.sizes and "k" in k.grid_sizes[1] for k in mm)
+    ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
+    if dtype == torch.bfloat16:
+        assert ("wgmma" in ptx) == (chip == "sm_90a") and "mma" in ptx
+    kernels = assemble(ptx, chip).kernels
+    assert all(k["spill_store_bytes"] == 0 for k in kernels.values())
