@@ -291,6 +291,18 @@ class RunTimeShapes:
             for j, p in enumerate(attrs["perm"]):
                 yield j, op.operands[0], int(p)
             return
+        if op.name == "kf.index_select":  # the indexed dim is the index's; the others the input's
+            x, index = op.operands[:2]
+            along = int(attrs["dim"]) % rr
+            yield along, index, 0
+            for j in range(rr):
+                if j != along:
+                    yield j, x, j
+            return
+        if op.name == "kf.gather":  # the index's shape
+            for j in range(rr):
+                yield j, op.operands[1], j
+            return
         if op.name == "kf.matmul":
             a, b = op.operands
             yield rr - 2, a, len(self._bounded(a)) - 2

@@ -686,3 +686,15 @@ def test_dynamic_matmul_assembles_with_no_spills(chip, dtype):
         assert ("wgmma" in ptx) == (chip == "sm_90a") and "mma" in ptx
     kernels = assemble(ptx, chip).kernels
     assert all(k["spill_store_bytes"] == 0 for k in kernels.values())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_causal_mask_from_arange_over_a_run_time_length(target):
+    """``arange(S)[:, None] >= arange(S)[None, :]`` with S a run-time size: kf-canonicalize
+    keeps the iotas (an iota along a run-time dim is not the zeros of a dim of size 1)."""
+    from kf.backend.attention import attention
+
+    f = kf.jit(attention, target=target, dynamic={"q": [2], "k": [2], "v": [2]})
+    for s in (8, 13, 21):
+        q, k, v = (torch.randn(2, s, 4, 8).transpose(1, 2) for _ in range(3))
+        _close(f(q, k, v, None, 0.35, True), attention(q, k, v, None, 0.35, True))
