@@ -447,7 +447,8 @@ def direct_source(view: KernelView, memrefs: Sequence[ir.Value], value: ir.Value
 
 
 def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
-               fast_is_col: bool, row0: ir.Value | int, n_rows: int | ir.Value, col0: ir.Value | int, n_cols: int,
+               fast_is_col: bool, row0: ir.Value | int, n_rows: int | ir.Value, col0: ir.Value | int,
+               n_cols: int | ir.Value,
                read: Callable[[ir.Value, ir.Value], ir.Value], transposed: bool = False,
                direct: Direct | None = None, vector_bytes: int = 0) -> None:
     """Copy a rows x cols block of a value into workgroup memory, converted to the
@@ -458,10 +459,11 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
     The threads walk the block linearly, consecutive threads along the columns when
     the source is contiguous along them (``fast_is_col``), else along the rows, so the
     global reads coalesce. Whole passes of all threads run in an scf.for; a last partial
-    pass is guarded by the thread's position. ``n_rows`` may be a run-time size (an
-    index value): every row is then guarded, and the reads are scalars."""
+    pass is guarded by the thread's position. ``n_rows`` or ``n_cols`` may be a run-time
+    size (an index value): every row (column) is then guarded, and the reads are scalars."""
     dynamic = not isinstance(n_rows, int)
-    staging = None if dynamic else VectorStaging(g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed,
+    dynamic_cols = not isinstance(n_cols, int)
+    staging = None if dynamic or dynamic_cols else VectorStaging(g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed,
                                                  direct, vector_bytes)
     if staging is not None and staging.ok:
         staging.store(staging.load(row0, col0))
@@ -481,7 +483,8 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
         gr, gc = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr), \
             g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
         cond = g.all_of([c for c in (g.lt(gr, n_rows) if dynamic or n_rows % rows or rows > n_rows else None,
-                                     g.lt(gc, n_cols) if n_cols % cols or cols > n_cols else None) if c is not None])
+                                     g.lt(gc, n_cols) if dynamic_cols or n_cols % cols or cols > n_cols else None)
+                                    if c is not None])
 
         def value():
             pw.reset()

@@ -111,13 +111,14 @@ def grouped_tiles(g: GpuFunc, tiles_n: int, tiles_m: int | ir.Value, group_m: in
 @dataclass
 class RunTimeRows:
     """The run-time dim of a matmul kernel with run-time sizes (strategies/run_time_sizes.py):
-    the output's M (the rows of A and C) or its first batch dim that is not 1 -- never N,
-    and never K (the tile loop over K keeps a static trip count), which raise ValueError
-    so that the driver compiles the kernel for static sizes. ``slot``: the output's
-    slot; ``dim``: which output dim it is."""
+    the output's M (the rows of A and C), its first batch dim that is not 1, or K (the
+    output's sizes static: a weight gradient summed over run-time rows; the K loop then
+    runs to the run-time K, its tail guarded) -- never N, which raises ValueError so that
+    the driver compiles the kernel for static sizes. ``slot``: the output's slot (-1 for
+    K); ``dim``: which output dim it is (None for K)."""
 
     slot: int
-    dim: int
+    dim: int | None
     rank: int
     slots: list
 
@@ -128,11 +129,10 @@ class RunTimeRows:
             return None
         n_in = len(view.args)
         outs = [(k, d) for k, (pos, d) in enumerate(slots) if pos >= n_in]
-        if not outs:
-            raise ValueError("a matmul whose run-time size is K (the output's sizes are static): its tile loop "
-                             "over K takes a static trip count")
-        k, d = outs[0]
         rank = view.result_specs[0].rank
+        if not outs:
+            return RunTimeRows(-1, None, rank, slots)
+        k, d = outs[0]
         if d == rank - 1:
             raise ValueError("a matmul with a run-time N: its kernels take run-time rows (M) or batch only")
         return RunTimeRows(k, d, rank, slots)
@@ -140,6 +140,22 @@ class RunTimeRows:
     @property
     def is_m(self) -> bool:
         return self.dim == self.rank - 2
+
+    @property
+    def is_k(self) -> bool:
+        return self.dim is None
+
+    def depth(self, g: GpuFunc, kernel: ir.Operation, gm: Gemm) -> int | ir.Value:
+        """K: its run-time size where it is K (found from the slots by
+        run_time_sizes.RunTimeShapes over the bounded kernel), else the static one."""
+        if not self.is_k:
+            return gm.k
+        shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(g.entry, g.args[-1], self.slots),
+                                              len(list(kernel.regions[0].blocks[0].arguments)))
+        k = shapes.shape(gm.mm.operands[0])[-1]
+        if isinstance(k, int):
+            raise ValueError("a matmul whose run-time size is neither M, a batch dim nor K")
+        return k
 
     def rows(self, g: GpuFunc, gm: Gemm) -> int | ir.Value:
         """M: the slot's run-time size where it is M, else the static one."""
@@ -151,6 +167,8 @@ class RunTimeRows:
         """The grid as expressions over the slot (``KernelABI.grid_sizes``): the row tiles
         (y) over M, or the batch (z) over a run-time batch dim."""
         gx, gy, gz = (str(x) for x in plan["grid"])
+        if self.is_k:
+            return gx, gy, gz
         if self.is_m:
             gy = run_time_sizes.grid_text(self.slot, 1, plan["block_m"])
         else:

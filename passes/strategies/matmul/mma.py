@@ -30,7 +30,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     accumulators, which the epilogue finishes in the accumulator layout."""
     bm, bn, bk, threads = plan["block_m"], plan["block_n"], plan["block_k"], plan["threads"]
     wn, tms, tns = plan["warps_n"], plan["mma_tiles_m"], plan["mma_tiles_n"]
-    N, K = gm.n, gm.k
+    N = gm.n
     run_time = RunTimeRows.of(view, plan)
     tc = MmaSync(spec_of(gm.mm.operands[0].type).elem)
     b_k_major, use_ldm = plan.get("b_k_major", False), plan.get("ldmatrix", False)
@@ -48,6 +48,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
         a_val, b_val = gm.mm.operands
         with ir.InsertionPoint(g.entry):
             M = run_time.rows(g, gm) if run_time else gm.m
+            K = run_time.depth(g, kernel, gm) if run_time else gm.k
             tid = g.tid()
             col_tile, row_tile = grouped_tiles(g, plan["grid"][0], row_tiles(g, M, plan), plan.get("group_m", 0))
             batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []

@@ -22,7 +22,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     (``RunTimeRows``) M or the batch is read from the size slots."""
     bm, bn, bk = plan["block_m"], plan["block_n"], plan["block_k"]
     tm, tn, threads = plan["thread_m"], plan["thread_n"], plan["threads"]
-    N, K = gm.n, gm.k
+    N = gm.n
     run_time = RunTimeRows.of(view, plan)
     a_sh, b_sh = workgroup_memref([bk, bm + 1]), workgroup_memref([bk, bn])
     with kernel.location:
@@ -33,6 +33,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
         pw = Pointwise(g, view, g.args[:n_in])
         a_val, b_val = gm.mm.operands
         M = run_time.rows(g, gm) if run_time else gm.m
+        K = run_time.depth(g, kernel, gm) if run_time else gm.k
         with ir.InsertionPoint(g.entry):
             tid = g.tid()
             col_tile, row_tile = g.bid("x"), g.bid("y")

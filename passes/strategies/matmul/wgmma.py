@@ -70,7 +70,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     """The wgmma GEMM kernel of a ``plan()`` plan (see the module docstring)."""
     bm, bn, bk, threads = plan["block_m"], plan["block_n"], plan["block_k"], plan["threads"]
     stages, inflight = plan["stages"], plan["inflight"]
-    N, K = gm.n, gm.k
+    N = gm.n
     run_time = RunTimeRows.of(view, plan)
     elem = spec_of(gm.mm.operands[0].type).elem
     esize = 1 if elem in FP8_PTX else 2
@@ -91,6 +91,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
             b_rows = bn if not b_mn_major else bk * (bn * esize // SWIZZLE_BYTES)
             As, Bs = carve_aligned(g, [(stages * bm, per_row, etype), (stages * b_rows, per_row, etype)])
             M = run_time.rows(g, gm) if run_time else gm.m
+            K = run_time.depth(g, kernel, gm) if run_time else gm.k
             tid = g.tid()
             col_tile, row_tile = grouped_tiles(g, plan["grid"][0], row_tiles(g, M, plan), plan.get("group_m", 0))
             batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []

@@ -649,17 +649,28 @@ def test_generic_kernels_one_program(target, case):
     assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
 
 
-@needs_vulkan
-def test_vulkan_matmul_with_a_run_time_k_compiles_static_and_says_why(caplog):
+@pytest.mark.parametrize("target", TARGETS)
+def test_weight_gradient_with_a_run_time_k_one_program(target):
     """A weight gradient (x.t() @ dy) sums over the run-time rows: K is a run-time size,
-    which the matmul kernels do not take; each size compiles, and the log says why."""
-    f = kf.jit(lambda x, dy: x.t() @ dy, target="vulkan", dynamic={"x": [0], "dy": [0]})
-    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
-        for m in (7, 9):
-            x, dy = torch.randn(m, 16), torch.randn(m, 8)
-            _close(f(x, dy), x.t() @ dy)
-    assert "run-time size is K" in caplog.text
-    assert all("?" not in c.signature for c in f.compiles)
+    the K loop runs to it with its tail guarded; one program for 7, 257, 300 and 1 rows."""
+    f = kf.jit(lambda x, dy: x.t() @ dy, target=target, dynamic={"x": [0], "dy": [0]})
+    for m in (7, 257, 300, 1):
+        x, dy = torch.randn(m, 40), torch.randn(m, 24)
+        _close(f(x, dy), (x.double().t() @ dy.double()).float())
+    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
+
+
+@needs_vulkan
+def test_vulkan_matmul_with_a_run_time_n_takes_the_generic_strategy():
+    """x @ w.t() with w's rows (N) dynamic: the matmul kernels take run-time M, batch or K
+    only (N after M would be a run-time stride), so the generic strategy writes it: one
+    program, right for every size."""
+    f = kf.jit(lambda x, w: x @ w.t(), target="vulkan", dynamic={"w": [0]})
+    x = torch.randn(5, 16)
+    for n in (7, 9, 300):
+        w = torch.randn(n, 16)
+        _close(f(x, w), x @ w.t())
+    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
 
 
 @pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
@@ -667,8 +678,8 @@ def test_vulkan_matmul_with_a_run_time_k_compiles_static_and_says_why(caplog):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dynamic_matmul_assembles_with_no_spills(chip, dtype):
     """The matmul kernels with a run-time M (SIMT for f32; wgmma on sm_90a, mma.sync on
-    sm_80 for bf16) assemble with ptxas, take their size slots and a grid over them, and
-    spill nothing."""
+    sm_80 for bf16) or K assemble with ptxas, take their size slots (M: a grid over
+    them), and spill nothing."""
     from kf.driver import build
     from kf.options import Options
     from kf.passes.to_cuda import assemble
@@ -686,6 +697,15 @@ def test_dynamic_matmul_assembles_with_no_spills(chip, dtype):
         assert ("wgmma" in ptx) == (chip == "sm_90a") and "mma" in ptx
     kernels = assemble(ptx, chip).kernels
     assert all(k["spill_store_bytes"] == 0 for k in kernels.values())
+    # a run-time K (a weight gradient): the K loop to the slot's size
+    grad = lambda x, dy: x.t() @ dy  # noqa: E731
+    sig, tensors = bind(grad, (torch.randn(7, 128, dtype=dtype), torch.randn(7, 256, dtype=dtype)), {})
+    meta, artifacts = build(grad, sig.generalize({("x", 0), ("dy", 0)}, 16), tensors, Options(target="cuda"), chip)
+    abi = ProgramABI.from_json(meta["abi"])
+    assert [k.extra.get("strategy") for k in abi.kernels] == ["matmul"] and abi.kernels[0].sizes
+    ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
+    assert ("mma.sync" in ptx) == (dtype == torch.bfloat16)
+    assert all(k["spill_store_bytes"] == 0 for k in assemble(ptx, chip).kernels.values())
 
 
 @pytest.mark.parametrize("target", TARGETS)
