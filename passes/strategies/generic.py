@@ -48,6 +48,15 @@ kf-fuse should give a generic kernel at most one reduction-like op (reduction, s
 matmul, topk, index_add, scatter_add), with any elementwise and layout ops around it.
 Indices are MLIR ``index`` values: 64-bit on CUDA, 32-bit on SPIR-V (tensors below 2^31
 elements there).
+
+Run-time sizes (run_time_sizes.py): the strategy takes a run-time dim anywhere in a
+tensor (a sequence after heads: the transposes of attention's q/k/v, the rotary
+embedding's slices and cat), since every tensor with one is a flat buffer addressed with
+strides from the sizes; ``Evaluator.shape`` gives each tensor's shape with its run-time
+extent (``RunTimeShapes``), which the thread's output index, reshapes, reductions and
+means, concats along the dim and the columns plan read. What needs the extent at compile
+time raises ValueError (the driver then compiles static sizes): a variance over it,
+index_add / scatter over it, indices checked against it, random numbers.
 """
 
 from __future__ import annotations

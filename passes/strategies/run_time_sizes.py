@@ -16,9 +16,17 @@ its last argument (after the index error flag), which the launcher fills at each
 extent matters: the guards of tails and the loops' bounds. The grid is an expression
 over the slots ``k0``, ``k1``, ... (``KernelABI.grid_sizes``) the launcher evaluates.
 
-Strategies that write such kernels list themselves in ``RUN_TIME_KINDS``; a kernel with
-``?`` dims that another strategy would write is an error that makes the driver compile
-the function for static sizes.
+Strategies that write such kernels list themselves in ``RUN_TIME_KINDS``; kf-tile gives
+a kernel whose kind's strategy cannot take its run-time sizes or strides to the generic
+strategy, which takes both (every tensor with a run-time size a flat buffer); a kernel
+that no strategy can write with its ``?`` dims is an error that makes the driver compile
+the function for static sizes, and the error is the reason the driver logs.
+
+A strategy finds the run-time extent of a tensor inside the kernel, not only of its
+arguments, with ``RunTimeShapes`` (the bounded copy keeps which dims were ``?``:
+``RUN_TIME_DIMS``); ``SizeTexts`` gives the same over the kernel's ``?`` types as text over
+its inputs' slots, which kf-map-to-gpu records (``kf.result_sizes``) so that the driver
+names the size of a buffer that one kernel writes and another reads.
 """
 
 from __future__ import annotations
@@ -349,8 +357,13 @@ class RunTimeShapes:
             x = op.operands[0]
             if x in self.dim and x not in self.extent:
                 return False
-            n = self.numel(x)
             rest = math.prod(s for j, s in enumerate(self._bounded(r)) if j != d)
+            shape = self.shape(x)
+            static = math.prod(s for s in shape if isinstance(s, int))
+            ext = next((s for s in shape if not isinstance(s, int)), None)
+            if ext is not None and static % rest == 0:  # (x's one run-time extent, times a whole factor)
+                return self._set(r, ext if static == rest else self._mul(ext, static // rest))
+            n = self.numel(x)
             return self._set(r, n if rest == 1 else self._div(n, rest))
         if op.name == "kf.concat" and int(self._attrs(op)["dim"]) % len(self._bounded(r)) == d:
             parts = [self._at(o, d) for o in op.operands]
