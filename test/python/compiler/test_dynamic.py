@@ -407,16 +407,28 @@ def test_vulkan_float_argument_over_8_steps_compiles_once():
 
 
 @needs_vulkan
-def test_vulkan_kernel_that_takes_no_run_time_sizes_compiles_each_size_and_says_why(caplog):
+def test_vulkan_run_time_strides_take_the_generic_strategy():
+    """A layer norm over [3, n, 16] with n dynamic: dim 0's stride is a run-time size,
+    which the rowwise strategy's kernels do not take; the generic strategy's do (flat
+    buffers): one program."""
     f = kf.jit(_layer_norm, target="vulkan", dynamic={"x": [1]})
     w, b = torch.randn(16), torch.randn(16)
+    for n in (7, 9, 300):
+        x = torch.randn(3, n, 16)
+        _close(f(x, w, b), _layer_norm(x, w, b))
+    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
+
+
+@needs_vulkan
+def test_vulkan_kernel_that_takes_no_run_time_sizes_compiles_each_size_and_says_why(caplog):
+    """A variance over the run-time dim (a column variance: the generic strategy's needs
+    its count at compile time): each size compiles, and the log says why."""
+    f = kf.jit(lambda x: x.var(dim=0), target="vulkan", dynamic={"x": [0]})
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
         for n in (7, 9):
-            x = torch.randn(3, n, 16)  # dim 0's stride would be a run-time size (dim 1's)
-            _close(f(x, w, b), _layer_norm(x, w, b))
-    # the rowwise strategy's kernels take no run-time strides, and the generic strategy
-    # (which does) no variance over a run-time size
-    assert "compiled for static sizes" in caplog.text and "run-time size in a variance" in caplog.text
+            x = torch.randn(n, 4)
+            _close(f(x), x.var(dim=0))
+    assert "compiled for static sizes" in caplog.text and "run-time size in the dims of a variance" in caplog.text
     assert all("?" not in c.signature for c in f.compiles)
 
 
