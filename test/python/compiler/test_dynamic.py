@@ -730,3 +730,18 @@ def test_causal_mask_from_arange_over_a_run_time_length(target):
     for s in (8, 13, 21):
         q, k, v = (torch.randn(2, s, 4, 8).transpose(1, 2) for _ in range(3))
         _close(f(q, k, v, None, 0.35, True), attention(q, k, v, None, 0.35, True))
+
+
+@needs_vulkan
+def test_vulkan_long_rows_with_run_time_strides_keep_the_rowwise_strategy(caplog):
+    """A softmax over rows of 2048 with a run-time dim after a static one: the generic
+    strategy would recompute each row's statistics per element (kf-tile's
+    GENERIC_RUN_TIME_WORK), so the rowwise strategy writes it for each size, and the log
+    says why."""
+    f = kf.jit(lambda x: torch.softmax(x, -1), target="vulkan", dynamic={"x": [1]})
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (3, 5):
+            x = torch.randn(2, n, 2048)
+            _close(f(x), torch.softmax(x, -1))
+    assert "strides would take run-time sizes" in caplog.text
+    assert all("?" not in c.signature for c in f.compiles)
