@@ -74,20 +74,11 @@ def _view_dims(arg: TensorArg, t: ir.Type) -> tuple:
     return tuple(text if d == DYN else None for d in shape)
 
 
-def _result_dims(callee: ir.Operation, call: ir.Operation, r: ir.Value, buffer_of: dict,
-                 buffers: list[TensorArg]) -> tuple[str, ...]:
-    """The dims of a kernel's result as expressions over the program's symbols, where it
-    has a run-time size that the kernel names in terms of its inputs' (``kf.result_sizes``,
-    passes/map_to_gpu.py); () elsewhere (a static result, or a size not named)."""
+def _named_over(text: str, call: ir.Operation, buffer_of: dict, buffers: list[TensorArg]) -> str | None:
+    """A kernel's size text over its arguments' slots (``a<pos>d<dim>``) as an expression
+    over the program's symbols, by the dims of the buffers the call passes; None where
+    one of them has no named dims."""
     import re
-
-    s = spec_of(r.type)
-    if DYN not in s.shape or "kf.result_sizes" not in callee.attributes:
-        return ()
-    which = list(call.results).index(r)
-    texts = [ir.StringAttr(t).value for t in ir.ArrayAttr(callee.attributes["kf.result_sizes"])]
-    if which >= len(texts) or not texts[which]:
-        return ()
 
     def named(m):
         pos, dim = int(m.group(1)), int(m.group(2))
@@ -98,8 +89,41 @@ def _result_dims(callee: ir.Operation, call: ir.Operation, r: ir.Value, buffer_o
         return f"({dims[dim]})"
 
     try:
-        text = re.sub(r"a(\d+)d(\d+)", named, texts[which])
+        return re.sub(r"a(\d+)d(\d+)", named, text)
     except KeyError:
+        return None
+
+
+def _texts(callee: ir.Operation, key: str) -> list[str]:
+    return [ir.StringAttr(t).value for t in ir.ArrayAttr(callee.attributes[key])] if key in callee.attributes \
+        else []
+
+
+def _result_dims(callee: ir.Operation, call: ir.Operation, r: ir.Value, buffer_of: dict,
+                 buffers: list[TensorArg], ops: list[ir.Operation], module: ir.Module) -> tuple[str, ...]:
+    """The dims of a kernel's result as expressions over the program's symbols, where it
+    has a run-time size that the kernel names in terms of its inputs' (``kf.result_sizes``,
+    passes/map_to_gpu.py), or that a later kernel reading it names in terms of its other
+    inputs' (``kf.input_sizes``: a size that comes from no input of the writing kernel, a
+    slice of a static table); () elsewhere (a static result, or a size not named)."""
+    s = spec_of(r.type)
+    if DYN not in s.shape:
+        return ()
+    which = list(call.results).index(r)
+    texts = _texts(callee, "kf.result_sizes")
+    text = _named_over(texts[which], call, buffer_of, buffers) if which < len(texts) and texts[which] else None
+    if text is None:
+        for op in ops:  # a later kernel that reads r as it is
+            if op.name != "func.call" or r not in list(op.operands):
+                continue
+            reader = _func(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+            pos = list(op.operands).index(r)
+            inputs = _texts(reader, "kf.input_sizes")
+            if pos < len(inputs) and inputs[pos]:
+                text = _named_over(inputs[pos], op, buffer_of, buffers)
+                if text is not None:
+                    break
+    if text is None:
         return ()
     return tuple(text if d == DYN else str(d) for d in s.shape)
 
@@ -234,7 +258,7 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
             elif r not in buffer_of:
                 buffer_of[r] = n_fixed + len(temporaries)
                 dims = _result_dims(callee, op, r, buffer_of, [*inputs, *(c for c, _ in constants), *outputs,
-                                                              *temporaries])
+                                                              *temporaries], ops, module)
                 temporaries.append(_targ(f"tmp{len(temporaries)}", r.type, dims))
         args = tuple(buffer_of[v] for v in op.operands) + tuple(buffer_of[r] for r, t in zip(op.results, tied)
                                                                  if t < 0)

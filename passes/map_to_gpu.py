@@ -139,25 +139,26 @@ class MapToGpuPass(KfPass):
                         gfunc.attributes["kf.grid_sizes"] = ir.ArrayAttr.get(
                             [ir.StringAttr.get(g) for g in part.grid_sizes])
                 decl = E.declare_kernel(kernel, GPU_MODULE)
-                if result_sizes:
-                    decl.attributes["kf.result_sizes"] = ir.ArrayAttr.get(
-                        [ir.StringAttr.get(t) for t in result_sizes])
+                for key, texts in zip(("kf.result_sizes", "kf.input_sizes"), result_sizes):
+                    decl.attributes[key] = ir.ArrayAttr.get([ir.StringAttr.get(t) for t in texts])
                 if emitted.prelude is not None:
                     _schedule_prelude(module, decl, emitted.prelude.name, emitted.prelude_output)
                 if emitted.postlude is not None:
                     _schedule_postlude(module, decl, emitted.postlude.name, emitted.postlude_results)
 
 
-def _result_sizes(kernel: ir.Operation) -> list[str]:
-    """Per result of a kernel function with run-time sizes, its run-time size as text over
-    its inputs' (``a<pos>d<dim>``; "" where it has none or none is found): the driver names
-    the buffers between kernels by them (compiler/gpu_codegen.py). Empty for static sizes."""
+def _result_sizes(kernel: ir.Operation) -> tuple[list[str], list[str]]:
+    """(per result of a kernel function with run-time sizes, its run-time size as text
+    over its inputs' (``a<pos>d<dim>``), per input its run-time size over the other
+    inputs'; "" where one has none or none is found): the driver names the buffers
+    between kernels by them (compiler/gpu_codegen.py). Empty for static sizes."""
     if not run_time_sizes.has_run_time_sizes(kernel):
-        return []
+        return ()
     try:
-        return run_time_sizes.SizeTexts(kernel).result_texts()
+        texts = run_time_sizes.SizeTexts(kernel)
+        return texts.result_texts(), texts.input_texts()
     except (ValueError, KeyError, IndexError):
-        return []
+        return ()
 
 
 def _schedule_prelude(module: ir.Operation, decl: ir.Operation, prelude: str, output: ir.Type) -> None:

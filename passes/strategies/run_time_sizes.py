@@ -437,16 +437,34 @@ def _elementwise():
 class SizeTexts(RunTimeShapes):
     """RunTimeShapes over a kernel function with ``?`` dims (not bounded), its extents
     text over its input slots ``a<pos>d<dim>``: what each result's run-time size is in
-    terms of the inputs' (``result_texts``), so that the driver can name the size of a
-    buffer between two kernels."""
+    terms of the inputs' (``result_texts``), and each input's in terms of the other
+    inputs' (``input_texts``), so that the driver can name the size of a buffer between
+    two kernels from the kernel that writes it or from one that reads it.
+    ``without``: an input position whose slot is not a starting point."""
 
-    def __init__(self, kernel: ir.Operation):
+    def __init__(self, kernel: ir.Operation, without: int = -1):
+        self.kernel = kernel
         body = kernel.regions[0].blocks[0]
         dims = {r: _dynamic_dim(r.type) for op in body.operations for r in op.operation.results
                 if _dynamic_dim(r.type) >= 0}
+        for a in body.arguments:
+            if _dynamic_dim(a.type) >= 0:
+                dims[a] = _dynamic_dim(a.type)
         n_in = len(body.arguments)
-        slots = {k: (pos, d) for k, (pos, d) in enumerate(slots_of(kernel)) if pos < n_in}
+        slots = {k: (pos, d) for k, (pos, d) in enumerate(slots_of(kernel)) if pos < n_in and pos != without}
         self._solve(kernel, dims, slots, lambda k: f"a{slots[k][0]}d{slots[k][1]}")
+
+    def input_texts(self) -> list[str]:
+        """Per kernel input, its run-time size as text over the other inputs' slots (""
+        where it has none, or none is found)."""
+        out = []
+        for pos, a in enumerate(self.args):
+            if _dynamic_dim(a.type) < 0:
+                out.append("")
+                continue
+            other = SizeTexts(self.kernel, without=pos)
+            out.append(str(other.extent.get(other.args[pos], "")))
+        return out
 
     def _bounded(self, v: ir.Value) -> list[int]:
         if not isinstance(v.type, ir.RankedTensorType):
