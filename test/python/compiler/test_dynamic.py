@@ -477,7 +477,7 @@ def _ptxas():
 
 
 @pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
-@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention", "attention_heads"])
+@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention", "attention_heads", "rope", "columns"])
 def test_dynamic_kernels_assemble_for_sm_90a(case):
     """Without a GPU: the kernels with run-time sizes lower to PTX that ptxas assembles
     for sm_90a, each taking its size slots and a grid over them."""
@@ -495,6 +495,9 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
                       {("q", 2), ("k", 2), ("v", 2)}),
         "attention_heads": (se.fused_attention.fn, tuple(torch.randn(2, 3, 7, 32) for _ in range(3)),
                             {("q", 2), ("k", 2), ("v", 2)}),
+        "rope": (_rope_heads, (torch.randn(1, 7, 4, 16), torch.randn(7, 16), torch.randn(7, 16)),
+                 {("x", 1), ("cos", 0), ("sin", 0)}),
+        "columns": (_column_sums, (torch.randn(7, 24), torch.randn(7, 24)), {("x", 0), ("y", 0)}),
     }[case]
     sig, tensors = bind(fn, args, {})
     sig = sig.generalize(dims, 16)
