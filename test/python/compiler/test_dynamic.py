@@ -477,7 +477,7 @@ def _ptxas():
 
 
 @pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
-@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention", "attention_heads", "rope", "columns"])
+@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention", "attention_heads"])
 def test_dynamic_kernels_assemble_for_sm_90a(case):
     """Without a GPU: the kernels with run-time sizes lower to PTX that ptxas assembles
     for sm_90a, each taking its size slots and a grid over them."""
@@ -495,9 +495,6 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
                       {("q", 2), ("k", 2), ("v", 2)}),
         "attention_heads": (se.fused_attention.fn, tuple(torch.randn(2, 3, 7, 32) for _ in range(3)),
                             {("q", 2), ("k", 2), ("v", 2)}),
-        "rope": (_rope_heads, (torch.randn(1, 7, 4, 16), torch.randn(7, 16), torch.randn(7, 16)),
-                 {("x", 1), ("cos", 0), ("sin", 0)}),
-        "columns": (_column_sums, (torch.randn(7, 24), torch.randn(7, 24)), {("x", 0), ("y", 0)}),
     }[case]
     sig, tensors = bind(fn, args, {})
     sig = sig.generalize(dims, 16)
@@ -626,101 +623,6 @@ def test_linear_and_mlp_one_program_for_every_row_count(target, dtype):
     assert len(_compiled(lin)) == 1 and "?" in lin.compiles[0].signature
     if dtype == torch.float32:
         assert len(_compiled(mlp)) == 1 and "?" in mlp.compiles[0].signature
-
-
-def _rope_heads(x, cos, sin):
-    x = x.transpose(1, 2)  # [1, S, H, D] -> [1, H, S, D]: the sequence after the heads
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
-
-
-def _column_sums(x, y):
-    return (x * y).sum(0), x.t().contiguous(), x.mean(0)
-
-
-def _broadcast_transpose(x, b):
-    return (x + b).transpose(0, 1) * 2.0
-
-
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", ["rope", "columns", "broadcast"])
-def test_generic_kernels_one_program(target, case):
-    """The generic strategy with run-time sizes: transposes that put the run-time dim
-    after the heads (run-time strides), the rotary embedding's slices and cat, column
-    sums and means over run-time rows, broadcasts: one program for 7, 257, 300 and 2."""
-    fn, make, dyn = {
-        "rope": (_rope_heads, lambda s: (torch.randn(1, s, 4, 16), torch.randn(s, 16), torch.randn(s, 16)),
-                 {"x": [1], "cos": [0], "sin": [0]}),
-        "columns": (_column_sums, lambda s: (torch.randn(s, 24), torch.randn(s, 24)), {"x": [0], "y": [0]}),
-        "broadcast": (_broadcast_transpose, lambda s: (torch.randn(s, 3, 8), torch.randn(3, 8)), {"x": [0]}),
-    }[case]
-    f = kf.jit(fn, target=target, dynamic=dyn)
-    for s in (7, 257, 300, 2):
-        args = make(s)
-        got, want = f(*args), fn(*args)
-        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-            _close(g, w)
-    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
-
-
-@pytest.mark.parametrize("target", TARGETS)
-def test_weight_gradient_with_a_run_time_k_one_program(target):
-    """A weight gradient (x.t() @ dy) sums over the run-time rows: K is a run-time size,
-    the K loop runs to it with its tail guarded; one program for 7, 257, 300 and 1 rows."""
-    f = kf.jit(lambda x, dy: x.t() @ dy, target=target, dynamic={"x": [0], "dy": [0]})
-    for m in (7, 257, 300, 1):
-        x, dy = torch.randn(m, 40), torch.randn(m, 24)
-        _close(f(x, dy), (x.double().t() @ dy.double()).float())
-    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
-
-
-@needs_vulkan
-def test_vulkan_matmul_with_a_run_time_n_takes_the_generic_strategy():
-    """x @ w.t() with w's rows (N) dynamic: the matmul kernels take run-time M, batch or K
-    only (N after M would be a run-time stride), so the generic strategy writes it: one
-    program, right for every size."""
-    f = kf.jit(lambda x, w: x @ w.t(), target="vulkan", dynamic={"w": [0]})
-    x = torch.randn(5, 16)
-    for n in (7, 9, 300):
-        w = torch.randn(n, 16)
-        _close(f(x, w), x @ w.t())
-    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
-
-
-@pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
-@pytest.mark.parametrize("chip", ["sm_90a", "sm_80"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dynamic_matmul_assembles_with_no_spills(chip, dtype):
-    """The matmul kernels with a run-time M (SIMT for f32; wgmma on sm_90a, mma.sync on
-    sm_80 for bf16) or K assemble with ptxas, take their size slots (M: a grid over
-    them), and spill nothing."""
-    from kf.driver import build
-    from kf.options import Options
-    from kf.passes.to_cuda import assemble
-    from kf.runtime.abi import ProgramABI
-
-    args = (torch.randn(7, 128, dtype=dtype), torch.randn(256, 128, dtype=dtype), torch.randn(256, dtype=dtype))
-    sig, tensors = bind(_linear, args, {})
-    sig = sig.generalize({("x", 0)}, 16)
-    meta, artifacts = build(_linear, sig, tensors, Options(target="cuda"), chip)
-    abi = ProgramABI.from_json(meta["abi"])
-    mm = [k for k in abi.kernels if "matmul" in k.entry]
-    assert mm and all(k.sizes and "k" in k.grid_sizes[1] for k in mm)
-    ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
-    if dtype == torch.bfloat16:
-        assert ("wgmma" in ptx) == (chip == "sm_90a") and "mma" in ptx
-    kernels = assemble(ptx, chip).kernels
-    assert all(k["spill_store_bytes"] == 0 for k in kernels.values())
-    # a run-time K (a weight gradient): the K loop to the slot's size
-    grad = lambda x, dy: x.t() @ dy  # noqa: E731
-    sig, tensors = bind(grad, (torch.randn(7, 128, dtype=dtype), torch.randn(7, 256, dtype=dtype)), {})
-    meta, artifacts = build(grad, sig.generalize({("x", 0), ("dy", 0)}, 16), tensors, Options(target="cuda"), chip)
-    abi = ProgramABI.from_json(meta["abi"])
-    assert [k.extra.get("strategy") for k in abi.kernels] == ["matmul"] and abi.kernels[0].sizes
-    ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
-    assert ("mma.sync" in ptx) == (dtype == torch.bfloat16)
-    assert all(k["spill_store_bytes"] == 0 for k in assemble(ptx, chip).kernels.values())
 
 
 @pytest.mark.parametrize("target", TARGETS)
