@@ -749,8 +749,7 @@ class GenericStrategy(Strategy):
                 kb = E.IndexBuilder(entry)
                 ev = Evaluator(kb, args[:len(ins)], None)
                 if slots:
-                    ev.shapes = run_time_sizes.RunTimeShapes(
-                        kernel, run_time_sizes.SizeSlots(entry, args[-1], slots), len(ins))
+                    ev.shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(entry, args[-1], slots))
                     ev.flat = flat[:len(ins)]
                 columns.emit(ev, kernel, entry, args[len(ins):len(ins) + len(outs)], scratch, plan,
                              flat[len(ins):])
@@ -766,8 +765,7 @@ class GenericStrategy(Strategy):
             ev = Evaluator(kb, args[:len(ins)], checks)
             items: E.Ix = total
             if slots:
-                ev.shapes = run_time_sizes.RunTimeShapes(
-                    kernel, run_time_sizes.SizeSlots(entry, args[-1], slots), len(ins))
+                ev.shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(entry, args[-1], slots))
                 ev.flat = flat[:len(ins)]
                 items = _run_time_items(ev, kernel)
 

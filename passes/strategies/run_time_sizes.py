@@ -238,7 +238,7 @@ class RunTimeShapes:
     the sum of a concat's operands along it. ``shape(v)`` raises ValueError for a
     run-time dim none of these reaches (the driver then compiles static sizes)."""
 
-    def __init__(self, kernel: ir.Operation, sizes: "SizeSlots", n_inputs: int):
+    def __init__(self, kernel: ir.Operation, sizes: "SizeSlots"):
         self.sizes = sizes
         body = kernel.regions[0].blocks[0]
         per_op = ir.ArrayAttr(kernel.attributes[RUN_TIME_DIMS])

@@ -150,8 +150,7 @@ class RunTimeRows:
         run_time_sizes.RunTimeShapes over the bounded kernel), else the static one."""
         if not self.is_k:
             return gm.k
-        shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(g.entry, g.args[-1], self.slots),
-                                              len(list(kernel.regions[0].blocks[0].arguments)))
+        shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(g.entry, g.args[-1], self.slots))
         k = shapes.shape(gm.mm.operands[0])[-1]
         if isinstance(k, int):
             raise ValueError("a matmul whose run-time size is neither M, a batch dim nor K")

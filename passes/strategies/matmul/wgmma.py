@@ -82,7 +82,8 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     acc_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * acc_n) + ")>")
     ahead = stages - 1 - inflight
     with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types_with_sizes(view, target, plan), [], (threads, 1, 1))  # window: _carve_aligned
+        # (the shared window: carve_aligned)
+        g = GpuFunc(gpu_module, view.name, gpu_arg_types_with_sizes(view, target, plan), [], (threads, 1, 1))
         n_in = len(view.args)
         pw = Pointwise(g, view, g.args[:n_in])
         a_val, b_val = gm.mm.operands

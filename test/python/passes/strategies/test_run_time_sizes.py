@@ -109,7 +109,7 @@ def test_run_time_shapes_of_a_bounded_kernel():
                 entry = f.add_entry_block()
                 with ir.InsertionPoint(entry):
                     func.ReturnOp([])
-            shapes = R.RunTimeShapes(copy, R.SizeSlots(entry, entry.arguments[0], slots), 2)
+            shapes = R.RunTimeShapes(copy, R.SizeSlots(entry, entry.arguments[0], slots))
             ops = [op.operation for op in copy.regions[0].blocks[0].operations]
             transposed = shapes.shape(ops[1].results[0])
             assert transposed[:2] == [1, 4] and transposed[3] == 8 and isinstance(transposed[2], ir.Value)
