@@ -39,10 +39,11 @@ def _dim(dim: int, x: ir.Value) -> int:
 def _wrap_negative(i: ir.Value, size: int) -> ir.Value:
     """Python's rule for negative indices, as advanced indexing and take apply it:
     ``i + size`` where ``-size <= i < 0``. What is still out of range is left so: the
-    kernel that uses the index reports it."""
+    kernel that uses the index reports it as the user wrote it (-11, not -1, at size 10)."""
     elem = spec_of(i.type).elem
-    zero, n = kb.fill((), elem, 0.0), kb.fill((), elem, float(size))
-    return kb.select(kb.cmp(i, zero, predicate="lt"), kb.add(i, n), i)
+    zero, n, minus_n = (kb.fill((), elem, float(v)) for v in (0, size, -size))
+    in_range = kb.select(kb.cmp(i, minus_n, predicate="lt"), i, kb.add(i, n))
+    return kb.select(kb.cmp(i, zero, predicate="lt"), in_range, i)
 
 
 def _as_shape(c, node, v: ir.Value) -> ir.Value:

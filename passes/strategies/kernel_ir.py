@@ -37,6 +37,7 @@ from .base import NotApplicable, TargetInfo
 from .emit import compute_type, memref_type
 from .emit import to_storage as emit_to_storage
 from .emit import widen as emit_widen
+from .run_time_sizes import ragged
 
 
 WORKGROUP = "#gpu.address_space<workgroup>"
@@ -418,6 +419,11 @@ class Direct:
     mem: ir.Value
     lead: list
     swapped: bool
+    #: the argument's strides where it is declared flat (run-time strides, see
+    #: run_time_sizes.py: ints and index values), else None
+    strides: list | None = None
+    #: the argument's last dim where it is declared flat
+    last: int = 0
 
     @property
     def contiguous(self) -> int:
@@ -426,14 +432,20 @@ class Direct:
 
     @property
     def extent(self) -> int:
-        return ir.MemRefType(self.mem.type).shape[-1]
+        return self.last if self.strides is not None else ir.MemRefType(self.mem.type).shape[-1]
+
+    def at(self, g: "GpuFunc", index: list) -> list:
+        """The memref index of the argument's element at ``lead + index``."""
+        full = self.lead + index
+        return full if self.strides is None else [linearize(g, full, self.strides)]
 
 
 def direct_source(view: KernelView, memrefs: Sequence[ir.Value], value: ir.Value, lead: list,
-                  tile_swapped: bool) -> Direct | None:
+                  tile_swapped: bool, flat: dict | None = None) -> Direct | None:
     """The Direct source of a tile whose element (r, c) is ``value[lead + (r, c)]`` (or
     ``(c, r)`` with tile_swapped), when value is an argument or an argument with its last
-    two dims swapped by a kf.transpose; else None."""
+    two dims swapped by a kf.transpose; else None. ``flat``: argument index -> strides of
+    the arguments declared flat (``Pointwise.flat``)."""
     swapped = tile_swapped
     op = defining(value)
     if op is not None and op.name == "kf.transpose":
@@ -443,6 +455,8 @@ def direct_source(view: KernelView, memrefs: Sequence[ir.Value], value: ir.Value
     i = view.arg_index(value)
     if i is None or view.arg_specs[i].rank < 2:
         return None
+    if flat and i in flat:
+        return Direct(memrefs[i], list(lead), swapped, list(flat[i]), view.arg_specs[i].shape[-1])
     return Direct(memrefs[i], list(lead), swapped)
 
 
@@ -450,7 +464,7 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
                fast_is_col: bool, row0: ir.Value | int, n_rows: int | ir.Value, col0: ir.Value | int,
                n_cols: int | ir.Value,
                read: Callable[[ir.Value, ir.Value], ir.Value], transposed: bool = False,
-               direct: Direct | None = None, vector_bytes: int = 0) -> None:
+               direct: Direct | None = None, vector_bytes: int = 0, run_time_vectors: bool = False) -> None:
     """Copy a rows x cols block of a value into workgroup memory, converted to the
     tile's element type (f32 for the SIMT kernels, f16/bf16 for tensor-core operands):
     ``tile[r][c] = read(row0 + r, col0 + c)`` (``tile[c][r]`` when transposed), zero where
@@ -460,11 +474,12 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
     the source is contiguous along them (``fast_is_col``), else along the rows, so the
     global reads coalesce. Whole passes of all threads run in an scf.for; a last partial
     pass is guarded by the thread's position. ``n_rows`` or ``n_cols`` may be a run-time
-    size (an index value): every row (column) is then guarded, and the reads are scalars."""
-    dynamic = not isinstance(n_rows, int)
-    dynamic_cols = not isinstance(n_cols, int)
-    staging = None if dynamic or dynamic_cols else VectorStaging(g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed,
-                                                 direct, vector_bytes)
+    size (an index value): every row (column) is then guarded, and the reads are scalars
+    unless ``run_time_vectors`` (``direct`` then addresses the argument as it is
+    declared, flat or not: vector loads as at static sizes)."""
+    dynamic = not isinstance(n_rows, int) or not isinstance(n_cols, int)
+    staging = None if dynamic and not run_time_vectors else VectorStaging(
+        g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed, direct, vector_bytes)
     if staging is not None and staging.ok:
         staging.store(staging.load(row0, col0))
         return
@@ -482,9 +497,8 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
             rr, cc = g.rem(lin, rows), g.div(lin, rows)
         gr, gc = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr), \
             g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
-        cond = g.all_of([c for c in (g.lt(gr, n_rows) if dynamic or n_rows % rows or rows > n_rows else None,
-                                     g.lt(gc, n_cols) if dynamic_cols or n_cols % cols or cols > n_cols else None)
-                                    if c is not None])
+        cond = g.all_of([c for c in (g.lt(gr, n_rows) if ragged(n_rows, rows) else None,
+                                     g.lt(gc, n_cols) if ragged(n_cols, cols) else None) if c is not None])
 
         def value():
             pw.reset()
@@ -591,11 +605,11 @@ class VectorStaging:
         for rr, cc, in_tile in self.slots:
             gr = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr)
             gc = g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
-            row_tail = guard_all or _tail(self.n_rows, self.rows)
-            col_tail = guard_all or _tail(self.n_cols, self.cols)
+            row_tail = guard_all or ragged(self.n_rows, self.rows)
+            col_tail = guard_all or ragged(self.n_cols, self.cols)
             cond = g.all_of([c for c in (in_tile, g.lt(gr, self.n_rows) if row_tail else None,
                                          g.lt(gc, self.n_cols) if col_tail else None) if c is not None])
-            index = d.lead + ([gc, gr] if d.swapped else [gr, gc])
+            index = d.at(g, [gc, gr] if d.swapped else [gr, gc])
             out.append(g.guarded(cond, [self.src_t], lambda index=index: [
                 vector.load(self.src_t, d.mem, index, alignment=self.vec * self.width)], lambda: [zero])[0])
         return out
@@ -624,7 +638,7 @@ class VectorStaging:
             cond = g.all_of([g.lt(gr, self.n_rows), g.lt(gc, self.n_cols)])
             gr, gc = arith.select(cond, gr, g.c(0)), arith.select(cond, gc, g.c(0))
             n = arith.select(cond, g.c(self.vec), g.c(0))
-            index = d.lead + ([gc, gr] if d.swapped else [gr, gc])
+            index = d.at(g, [gc, gr] if d.swapped else [gr, gc])
             at = [cc, rr] if self.transposed else [rr, cc]
             if place is not None:
                 at = place(at)
@@ -655,11 +669,6 @@ class VectorStaging:
                     memref.store(vector.ExtractOp(v, [], [k]).result, self.tile, pos)
 
             g.when(in_tile, write)
-
-
-def _tail(extent: int | ir.Value, block: int) -> bool:
-    """Whether blocks of ``block`` can pass ``extent`` (always for a run-time extent)."""
-    return not isinstance(extent, int) or bool(extent % block) or block > extent
 
 
 def quad_reduce(x: ir.Value, combine) -> ir.Value:

@@ -16,6 +16,11 @@ its last argument (after the index error flag), which the launcher fills at each
 extent matters: the guards of tails and the loops' bounds. The grid is an expression
 over the slots ``k0``, ``k1``, ... (``KernelABI.grid_sizes``) the launcher evaluates.
 
+A plan made for the bound must hold for every size up to it: a strategy with
+choices that hold for some sizes only asks ``is_bounded`` of the kernel it plans.
+Code that guards tails asks ``ragged`` whether a dim needs them (a run-time size always
+does).
+
 Strategies that write such kernels list themselves in ``RUN_TIME_KINDS``; kf-tile gives
 a kernel whose kind's strategy cannot take its run-time sizes or strides to the generic
 strategy, which takes both (every tensor with a run-time size a flat buffer); a kernel
@@ -158,9 +163,27 @@ def bounded(kernel: ir.Operation) -> Iterator[tuple[ir.Operation, list[tuple[int
         ftype = ir.FunctionType(ir.TypeAttr(copy.attributes["function_type"]).value)
         copy.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
             [_bounded_type(t) for t in ftype.inputs], [_bounded_type(t) for t in ftype.results]))
+        copy.attributes[BOUNDED_ATTR] = ir.UnitAttr.get()
         yield copy, slots
     finally:
         copy.erase()
+
+
+#: the mark of a kernel function ``bounded`` made from one with run-time sizes
+BOUNDED_ATTR = "kf.bounded"
+
+
+def is_bounded(kernel: ir.Operation) -> bool:
+    """Whether kernel is ``bounded``'s copy of a kernel with run-time sizes: its plan is
+    then for every size up to BOUND, so a plan choice that holds only for some sizes
+    (whole key blocks, a table of the mask's blocks, a persistent grid) is not taken."""
+    return BOUNDED_ATTR in kernel.attributes
+
+
+def ragged(n: int | ir.Value, block: int) -> bool:
+    """Whether tiles of ``block`` over a dim of ``n`` need tail guards: a run-time size
+    (an index value) always, a static one where the tiles do not divide it."""
+    return not isinstance(n, int) or bool(n % block or n < block)
 
 
 def slot_type(n: int) -> ir.MemRefType:

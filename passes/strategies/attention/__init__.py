@@ -53,14 +53,21 @@ Tails: keys past seq_k score -inf (their p is exactly 0, and the V rows loaded f
 are zeros), query rows past seq_q compute on zeros and are not stored. Statistics,
 scores and the accumulator are f32 for every input type.
 
+Run-time sequence lengths (strategies/run_time_sizes.py): all three kernels take them,
+one program for every length up to the bound; every tail is then guarded, and buffers
+whose sequence follows the heads are flat, addressed with run-time strides
+(``run_time.py`` for the tensor-core kernels). Their plans are made on the bound and
+take only what holds for every length (``hopper.plan``'s ``bounded``).
+
 Barriers per key block: five (before K is overwritten, after K, after the row maxima,
 before V overwrites K, after V); two in the tensor-core kernel. Tiles read straight
 from arguments are staged with 128-bit loads on CUDA. The plan (``plan``) says which
 kernel, and its block sizes, as JSON-able values.
 
 What the shared parts are: ``chain.py`` (the recognized chain, its P chain and
-epilogue), ``softmax.py`` (the online softmax in the mma layout), ``skipping.py`` (the
-block-skipping key loops). Measurements: bench/RESULTS.md.
+epilogue), ``run_time.py`` (run-time lengths), ``softmax.py`` (the online softmax in
+the mma layout), ``skipping.py`` (the block-skipping key loops). Measurements:
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -87,7 +94,7 @@ from ..kernel_ir import (
     workgroup_memref,
 )
 from ..kernel_ir import contiguous_last as _contiguous_last
-from . import hopper, mma
+from . import hopper, mma, run_time
 from .chain import Chain as _Chain
 from .chain import apply_epilogue, apply_p_chain, lse_index, row_lse
 from .chain import transposed_source as _transposed_source
@@ -122,7 +129,7 @@ class AttentionStrategy(Strategy):
         budget, or for a few keys. Blocks larger than the sequences are not considered."""
         ch = _Chain(kernel)
         d, dv = ch.head_dim, ch.head_dim_v
-        mma = self._mma_plan(ch, target, variant or AttentionVariant())
+        mma = self._mma_plan(ch, target, variant or AttentionVariant(), run_time_sizes.is_bounded(kernel))
         if mma is not None:
             return mma
         best = None
@@ -165,7 +172,7 @@ class AttentionStrategy(Strategy):
     #: Warps per workgroup of the tensor-core kernel; each owns 16 query rows.
     MMA_WARPS = 4
 
-    def _mma_plan(self, ch: _Chain, target: TargetInfo, variant: AttentionVariant) -> dict | None:
+    def _mma_plan(self, ch: _Chain, target: TargetInfo, variant: AttentionVariant, bounded: bool) -> dict | None:
         """The tensor-core plan (CUDA, f16/bf16 q/k/v, head dims multiples of 16 and 8),
         or None for the SIMT kernel. BLOCK_N is 64 keys up to head_dim 64 and 32 above
         (the S fragments then cost 16 registers instead of 32, next to 64 accumulators at
@@ -174,10 +181,11 @@ class AttentionStrategy(Strategy):
         mask masks entirely are skipped (``skipping.skipping_loop``); without a mask, K and
         V are double-buffered by cp.async (the next block's copies in flight during this
         block's products) where both are arguments read as they lie with rows of whole
-        16-byte pieces."""
+        16-byte pieces. ``bounded``: the kernel has run-time sequence lengths (the plan is
+        for every length up to its bound)."""
         elems = {spec_of(x.type).elem for x in (ch.q, ch.kt, ch.v)}
         if target.name == "cuda" and len(elems) == 1 and next(iter(elems)).startswith("f8"):
-            return hopper.plan(ch, target, False, variant)  # fp8: the wgmma kernel or the SIMT one
+            return hopper.plan(ch, target, False, variant, bounded)  # fp8: the wgmma kernel or the SIMT one
         if target.name != "cuda" or len(elems) != 1 or elems.pop() not in ("f16", "bf16"):
             return None
         d, dv = ch.head_dim, ch.head_dim_v
@@ -195,7 +203,7 @@ class AttentionStrategy(Strategy):
             return None
         ldm = dv % 16 == 0
         skip = ch.mask_cond is not None
-        on_hopper = hopper.plan(ch, target, skip, variant)
+        on_hopper = hopper.plan(ch, target, skip, variant, bounded)
         if on_hopper is not None:
             return on_hopper
         view = ch.view
@@ -214,8 +222,6 @@ class AttentionStrategy(Strategy):
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ch = _Chain(kernel)
         if plan.get("mma"):
-            if plan.get("sizes"):
-                raise ValueError("the tensor-core attention kernels take static sizes")
             if target.name != "cuda":
                 raise NotApplicable("the tensor-core attention plan is for CUDA")
             if plan.get("wgmma"):
@@ -228,7 +234,7 @@ class AttentionStrategy(Strategy):
         if (D, Dv, Sq, Sk) != (plan["head_dim"], plan["head_dim_v"], plan["seq_q"], plan["seq_k"]):
             raise NotApplicable("the plan was made for another kernel")
         size_slots = [tuple(x) for x in plan.get("sizes", [])]
-        seq_slots = _seq_slots(ch, size_slots) if size_slots else None
+        seq_slots = run_time.seq_slots(ch, size_slots) if size_slots else None
         dkv = max(D, Dv)
         n_s, n_acc = bn // tpr, -(-Dv // tpr)
         shared_types = [workgroup_memref([bm, D + 1]), workgroup_memref([bn, dkv + 1]),
@@ -402,24 +408,6 @@ class AttentionStrategy(Strategy):
         grid = (run_time_sizes.grid_text(seq_slots[0], 1, bm), str(plan["grid"][1]), "1")
         return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes, sizes=tuple(size_slots),
                              grid_sizes=grid)
-
-
-def _seq_slots(ch: _Chain, slots: list[tuple[int, int]]) -> tuple[int, int]:
-    """(the slot of the queries' length, the slot of the keys'): the run-time dims of
-    the SIMT kernel are the sequences of its output and of the argument K or V is read
-    from; ValueError for any other (a batch dim, a mask's)."""
-    view = ch.view
-    n_in = len(view.args)
-    rank = len(ch.scores.shape)
-    sources = {view.arg_index(x) for x in (_transposed_source(ch.kt), ch.v)} - {None}
-    q = [k for k, (pos, dim) in enumerate(slots) if pos == n_in + ch.out_pos and dim == rank - 2]
-    kv = [k for k, (pos, dim) in enumerate(slots) if pos in sources and dim == rank - 2]
-    # (the logsumexp's run-time dim is its sequence too: [..., Sq] or [..., Sq, 1])
-    allowed = sources | {n_in + ch.out_pos, view.arg_index(ch.q)} | \
-        ({n_in + ch.lse_pos} if ch.lse_pos is not None else set())
-    if not q or not kv or any(pos not in allowed or dim != rank - 2 for pos, dim in slots):
-        raise ValueError(f"the attention kernel takes run-time sequence lengths only (its run-time dims: {slots})")
-    return q[0], kv[0]
 
 
 register(AttentionStrategy())

@@ -31,7 +31,6 @@ from ..kernel_ir import (
     Pointwise,
     VectorStaging,
     direct_source,
-    gpu_arg_types,
     quad_reduce,
     stage_tile,
     store_value,
@@ -39,12 +38,15 @@ from ..kernel_ir import (
 )
 from ..kernel_ir import contiguous_last as _contiguous_last
 from ..nvidia.mma_sync import MmaSync
+from ..run_time_sizes import ragged
+from . import run_time
 from .chain import Chain, apply_epilogue, apply_p_chain, lse_index, row_lse
+from .run_time import lse_position, out_position
 from .skipping import skipping_loop
 from .softmax import online_softmax
 
 
-def pipelined_key_loop(g: GpuFunc, Sk: int, bn: int, k_stage: VectorStaging, v_stage: VectorStaging,
+def pipelined_key_loop(g: GpuFunc, Sk: int | ir.Value, bn: int, k_stage: VectorStaging, v_stage: VectorStaging,
                        init: list[ir.Value], key_block) -> list[ir.Value]:
     """The key loop with K and V double-buffered by cp.async: block 0 is in flight before
     the loop; each step waits for its block, passes one barrier (which also frees the
@@ -141,15 +143,21 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
     ldmatrix, cp.async stages, block skipping)."""
     view = ch.view
     bm, bn, threads = plan["block_m"], plan["block_n"], plan["threads"]
-    D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
+    D, Dv = ch.head_dim, ch.head_dim_v
     elem = spec_of(ch.q.type).elem
     et = ir.Type.parse(elem)
     stages = plan.get("stages", 1)
+    slots = [tuple(s) for s in plan.get("sizes", [])]
     with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
+        arg_types, strided = run_time.arg_types(view, target, slots)
+        g = GpuFunc(gpu_module, view.name, arg_types,
                     [workgroup_memref([stages * bn, D + 8], et), workgroup_memref([stages * bn, Dv + 8], et)],
                     (threads, 1, 1), dynamic_shared=plan.get("dynamic_shared", False))
         Ks, Vs = g.shared
+        # run-time sizes: the sequences' lengths from here on are the run-time ones
+        seq = run_time.SeqLengths(g, ch, slots, strided) if slots else None
+        flat = seq.flat_inputs if seq is not None else None
+        Sq, Sk = ch.seq_q, ch.seq_k
         if ch.lse_pos is not None:
             # The logsumexp's pointer is live from the entry (where parameters load) through
             # the key loop; at head dim 64 and 2048 keys ptxas then held the kernel to 128
@@ -158,6 +166,8 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
         n_in = len(view.args)
         out_mem = g.args[n_in + ch.out_pos]
         pw = Pointwise(g, view, g.args[:n_in])
+        if seq is not None:
+            pw.flat = flat
         zero, neg_inf = g.fconst(0.0), g.fconst(-math.inf)
         zero_e = g.fconst(0.0, et)
         tc = MmaSync(elem)
@@ -177,10 +187,10 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
             def lead(value):
                 return pw.operand_index(spec_of(value.type).shape[:-2], batch_idx, nb)
 
-            q_frag = _q_fragments(g, pw, tc, ch, rows, tig2, lead(ch.q), et, zero_e, bool(Sq % bm or Sq < bm))
+            q_frag = _q_fragments(g, pw, tc, ch, rows, tig2, lead(ch.q), et, zero_e, ragged(Sq, bm))
             k_lead, v_lead = lead(ch.kt), lead(ch.v)
-            k_direct = direct_source(view, g.args[:n_in], ch.kt, k_lead, True)
-            v_direct = direct_source(view, g.args[:n_in], ch.v, v_lead, False)
+            k_direct = direct_source(view, g.args[:n_in], ch.kt, k_lead, True, flat)
+            v_direct = direct_source(view, g.args[:n_in], ch.v, v_lead, False, flat)
             s_lead = pw.operand_index(ch.scores.shape[:-2], batch_idx, nb)
             n_o = Dv // 8
 
@@ -202,9 +212,11 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
                 if kv_row0 is None:
                     gpu.barrier()  # the previous block's fragment reads are done
                     stage_tile(g, pw, tid, threads, Ks, bn, D, ch.k_d_contiguous, n0, Sk, 0, D,
-                               lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct, vector_bytes=vb)
+                               lambda r, c: pw.eval(ch.kt, k_lead + [c, r]), direct=k_direct, vector_bytes=vb,
+                               run_time_vectors=True)
                     stage_tile(g, pw, tid, threads, Vs, bn, Dv, _contiguous_last(view, ch.v), n0, Sk, 0, Dv,
-                               lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct, vector_bytes=vb)
+                               lambda r, c: pw.eval(ch.v, v_lead + [r, c]), direct=v_direct, vector_bytes=vb,
+                               run_time_vectors=True)
                     gpu.barrier()
                 k_row = v_row = None
                 if lt is not None:
@@ -234,6 +246,10 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
                 final = g.loop(0, Sk, bn, init, key_block)
             totals = [quad_reduce(final[2 + h], arith.addf) for h in range(2)]
             o = final[4:4 + 4 * n_o]
+            # run-time sizes: the queries' length and the flat results' strides, computed here
+            ep = seq.epilogue() if seq is not None else None
+            if ep is not None:
+                Sq = ep.seq_q
             for h in range(2):
                 def store(h=h):
                     for n in range(n_o):
@@ -241,15 +257,17 @@ def emit(ch: Chain, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, 
                             col = g.add(tig2, 8 * n + k % 2)
                             idx = list(batch_idx) + [rows[h], col]
                             store_value(apply_epilogue(pw, ch, arith.divf(o[4 * n + k], totals[h]), idx),
-                                        out_mem, idx)
+                                        out_mem, idx if ep is None else ep.at(out_position(ch), idx))
                     if ch.lse_pos is not None:  # the row's logsumexp, by the quad's first thread
+                        at = lse_index(ch, batch_idx, rows[h], g.c(0))
                         g.when(arith.cmpi(arith.CmpIPredicate.eq, tig2, g.c(0)), lambda: store_value(
                             row_lse(final[h], totals[h]), g.args[n_in + ch.lse_pos],
-                            lse_index(ch, batch_idx, rows[h], g.c(0))))
+                            at if ep is None else ep.at(lse_position(ch), at)))
 
-                g.when(g.lt(rows[h], Sq) if Sq % bm or Sq < bm else None, store)
+                g.when(g.lt(rows[h], Sq) if ragged(Sq, bm) else None, store)
         g.finish()
+    run_time_grid = {} if seq is None else {"sizes": tuple(slots), "grid_sizes": seq.grid(bm, plan["grid"][1])}
     return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes,
                          {"strategy": "attention", "tensor_cores": "mma.sync.m16n8k16",
                           "workgroup_bytes": plan["shared_bytes"], "block_m": bm, "block_n": bn,
-                          "stages": stages})
+                          "stages": stages}, **run_time_grid)

@@ -10,6 +10,7 @@ from mlir.dialects import arith
 
 from ..kernel_ir import GpuFunc, Pointwise
 from ..nvidia.barriers import block_reduce
+from ..run_time_sizes import ragged
 from .chain import Chain
 
 def skipping_loop(g: GpuFunc, pw: Pointwise, ch: Chain, key_block, init: list[ir.Value], rows: list[ir.Value],
@@ -65,8 +66,8 @@ def skipping_loop(g: GpuFunc, pw: Pointwise, ch: Chain, key_block, init: list[ir
                 for j in range(bn // 8):
                     for e in range(2):
                         gj = arith.addi(n0, g.add(tig2, 8 * j + e))
-                        conds = [c for c in (g.lt(gi, Sq) if Sq % bm or Sq < bm else None,
-                                             g.lt(gj, Sk) if Sk % bn else None) if c is not None]
+                        conds = [c for c in (g.lt(gi, Sq) if ragged(Sq, bm) else None,
+                                             g.lt(gj, Sk) if ragged(Sk, bn) else None) if c is not None]
 
                         def masked(gi=gi, gj=gj):
                             pw.reset()
@@ -121,7 +122,7 @@ def two_pass_loop(g: GpuFunc, ch: Chain, init: list[ir.Value], rows: list[ir.Val
             full = false
             for h, gi in enumerate(rows):
                 only_masked = arith.cmpf(arith.CmpFPredicate.OLE, state[h], fill_half)
-                if Sq % bm or Sq < bm:
+                if ragged(Sq, bm):
                     only_masked = arith.andi(only_masked, g.lt(gi, Sq))
                 full = arith.ori(full, only_masked)
             redo = arith.andi(reduce(full), skipped)

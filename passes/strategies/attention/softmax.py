@@ -10,6 +10,7 @@ from mlir import ir
 from mlir.dialects import arith
 
 from ..kernel_ir import GpuFunc, Pointwise, quad_reduce
+from ..run_time_sizes import ragged
 from .chain import Chain
 
 def online_softmax(g: GpuFunc, pw: Pointwise, ch: "Chain", s: list[list[ir.Value]], m: list[ir.Value],
@@ -52,10 +53,10 @@ def online_softmax(g: GpuFunc, pw: Pointwise, ch: "Chain", s: list[list[ir.Value
                         del pw.bound[ch.mask_cond]
                     return [out]
 
-                return g.guarded(g.lt(gi, Sq) if Sq % bm or Sq < bm else None, [f32], real,
+                return g.guarded(g.lt(gi, Sq) if ragged(Sq, bm) else None, [f32], real,
                                  lambda: [zero])
 
-            xj.append(g.guarded(g.lt(gj, Sk) if Sk % bn else None, [f32], score, lambda: [neg_inf])[0])
+            xj.append(g.guarded(g.lt(gj, Sk) if ragged(Sk, bn) else None, [f32], score, lambda: [neg_inf])[0])
         x.append(xj)
     m_new, alpha = [], []
     for h in range(2):  # rows gid and gid + 8

@@ -185,9 +185,7 @@ class RunTimeRows:
 def tail_guard(g: GpuFunc, i: ir.Value, extent: int | ir.Value, block: int) -> ir.Value | None:
     """``i < extent`` where tiles of ``block`` can pass the extent: a run-time extent
     always, a static one when the block does not divide it."""
-    if not isinstance(extent, int) or extent % block:
-        return g.lt(i, extent)
-    return None
+    return g.lt(i, extent) if run_time_sizes.ragged(extent, block) else None
 
 
 def row_tiles(g: GpuFunc, m: int | ir.Value, plan: dict) -> int | ir.Value:

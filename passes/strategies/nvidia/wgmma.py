@@ -37,6 +37,7 @@ from mlir.dialects import arith, gpu, llvm, memref, nvvm
 from ..base import NotApplicable, TargetInfo
 from ..kernel_ir import WORKGROUP, Direct, GpuFunc
 from ..kernel_ir import elem_bytes as _elem_bytes
+from ..run_time_sizes import ragged
 from .mma_sync import FP8_PTX
 
 SWIZZLE_BYTES = 128  # one swizzled row
@@ -66,7 +67,9 @@ class SwizzledTile:
 
     ``mem`` is a [stages * rows_per_stage, 128 bytes] view at a 1024-byte aligned
     address; the global source is ``direct`` ([.., R, K] for K-major, [.., K, N] for
-    MN-major, with its lead indices). ``lean``: whether the copies may take per-thread
+    MN-major, with its lead indices; flat with run-time strides, or not), ``n_rows`` by
+    ``n_k`` elements, either of them a run-time size (an index value: every copy then
+    tests it). ``lean``: whether the copies may take per-thread
     addresses computed once (``_lean_addresses``; they stay in registers through the
     loop): a block of copies is then one uniform offset and one test, where each 16-byte
     copy computed its indices, clamped them at the edges and linearized them (about 8
@@ -80,8 +83,8 @@ class SwizzledTile:
     wgmma's fp8 A fragment, see attention.hopper.mma.fp8_key_order)."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, mem: ir.Value, direct: Direct, rows: int,
-                 bk: int, esize: int, n_rows: int | ir.Value, n_k: int, mn_major: bool, width: int | None = None,
-                 row_perm=None, lean: bool = True, producer: bool = False):
+                 bk: int, esize: int, n_rows: int | ir.Value, n_k: int | ir.Value, mn_major: bool,
+                 width: int | None = None, row_perm=None, lean: bool = True, producer: bool = False):
         self.g, self.mem, self.direct, self.rows, self.bk, self.esize = g, mem, direct, rows, bk, esize
         self.n_rows, self.n_k, self.mn_major = n_rows, n_k, mn_major
         self.vec = 16 // esize
@@ -128,6 +131,8 @@ class SwizzledTile:
             return None
         # a 16-byte copy runs along the source's last dim, which the tile's second
         # coordinate (K-major: k, MN-major: n) must walk; static strides, no offset
+        if d.strides is not None:  # a flat argument: run-time strides
+            return None
         strides, offset = ir.MemRefType(d.mem.type).get_strides_and_offset()
         dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
         if d.swapped or offset != 0 or dynamic in strides or strides[-1] != 1:
@@ -161,8 +166,7 @@ class SwizzledTile:
         n_first, n_second = (self.n_k, self.n_rows) if self.mn_major else (self.n_rows, self.n_k)
         e_first, e_second = (self.bk, self.rows) if self.mn_major else (self.rows, self.width)
         # whole: block starts are multiples of the tile's extents, a block is all in or all out
-        # (never for a run-time extent, an index value)
-        whole = all(isinstance(n, int) and n % e == 0 for n, e in ((n_first, e_first), (n_second, e_second)))
+        whole = not ragged(n_first, e_first) and not ragged(n_second, e_second)
         if self.lean and (whole or self.producer):
             self._lean_copy(first, second, n_first, n_second, stage, whole)
             return
@@ -176,7 +180,7 @@ class SwizzledTile:
             gr, gk = arith.select(inside, gr, g.c(0)), arith.select(inside, gk, g.c(0))
             n = arith.select(inside, g.c(self.vec), g.c(0))
             idx = [gk, gr] if self.mn_major else [gr, gk]
-            index = d.lead + (idx[::-1] if d.swapped else idx)
+            index = d.at(g, idx[::-1] if d.swapped else idx)
 
             def copy(dst_row=dst_row, dst_col=dst_col, index=index, n=n):
                 nvgpu.device_async_copy(self.mem, [arith.addi(srow, dst_row), dst_col], d.mem, index,

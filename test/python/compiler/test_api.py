@@ -136,6 +136,23 @@ def test_out_of_range_index_is_an_error_not_a_bad_access(target):
         f(table, torch.tensor([[0, -1], [1, 2]]))
 
 
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+def test_a_negative_index_past_the_size_is_reported_as_written(target):
+    """Advanced indexing wraps -size <= i < 0 as Python does; an index below -size is out
+    of range, and the error says the value the user passed (-11), not a wrapped one."""
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    f = kf.jit(lambda x, i: x[i] + 1, target=target)
+    x = torch.randn(10, 4)
+    _close(f(x, torch.tensor([0, -10, -1])), x[torch.tensor([0, -10, -1])] + 1)
+    with pytest.raises(kf.IndexOutOfRange, match="^index -11 is out of range for a dimension of size 10 "):
+        f(x, torch.tensor([0, -11]))
+    with pytest.raises(kf.IndexOutOfRange, match="^index 12 is out of range"):
+        f(x, torch.tensor([12, -3]))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_index_checks_under_cuda_graph_capture():
     """A bad index in a replay of a captured CUDA graph: the replay cannot wait for its

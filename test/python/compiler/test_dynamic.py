@@ -476,11 +476,28 @@ def _ptxas():
     return ptxas_path()
 
 
+def _causal_attention(q, k, v):
+    """The seed attention under a causal mask made in the function (from the indices)."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    mask = torch.ones(q.shape[-2], k.shape[-2], device=q.device).tril()
+    return torch.softmax(s.masked_fill(mask == 0, -1e9), dim=-1) @ v
+
+
+def _qkv(d, dtype=torch.float32, heads=(2, 3), n=7):
+    return tuple(torch.randn(*heads, n, d).to(dtype) for _ in range(3))
+
+
+_SEQ = {("q", 2), ("k", 2), ("v", 2)}
+
+
 @pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
-@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention", "attention_heads"])
+@pytest.mark.parametrize("case", ["layer_norm", "elementwise", "attention", "attention_heads", "attention_bf16_d64",
+                                  "attention_bf16_d128", "attention_f16_d128", "causal_bf16_d64",
+                                  "causal_bf16_d128"])
 def test_dynamic_kernels_assemble_for_sm_90a(case):
     """Without a GPU: the kernels with run-time sizes lower to PTX that ptxas assembles
-    for sm_90a, each taking its size slots and a grid over them."""
+    for sm_90a without spills, each taking its size slots and a grid over them; f16/bf16
+    attention takes the wgmma kernel, not a static fallback."""
     from kf.driver import build
     from kf.options import Options
     from kf.passes.to_cuda import assemble
@@ -495,6 +512,11 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
                       {("q", 2), ("k", 2), ("v", 2)}),
         "attention_heads": (se.fused_attention.fn, tuple(torch.randn(2, 3, 7, 32) for _ in range(3)),
                             {("q", 2), ("k", 2), ("v", 2)}),
+        "attention_bf16_d64": (se.fused_attention.fn, _qkv(64, torch.bfloat16), _SEQ),
+        "attention_bf16_d128": (se.fused_attention.fn, _qkv(128, torch.bfloat16), _SEQ),
+        "attention_f16_d128": (se.fused_attention.fn, _qkv(128, torch.float16), _SEQ),
+        "causal_bf16_d64": (_causal_attention, _qkv(64, torch.bfloat16), _SEQ),
+        "causal_bf16_d128": (_causal_attention, _qkv(128, torch.bfloat16), _SEQ),
     }[case]
     sig, tensors = bind(fn, args, {})
     sig = sig.generalize(dims, 16)
@@ -504,7 +526,9 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
     ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
     kernels = assemble(ptx, "sm_90a").kernels
     assert set(kernels) == {k.entry for k in abi.kernels}
-    assert all(k["spill_store_bytes"] == 0 for k in kernels.values())
+    assert all(k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0 for k in kernels.values()), kernels
+    if "bf16" in case or "f16" in case:
+        assert "wgmma.mma_async" in ptx and "mma.sync.aligned.m16n8k16" not in ptx
 
 
 # ---- CUDA: the same programs with run-time sizes on the GPU --------------------------------
@@ -532,30 +556,57 @@ def test_cuda_seed_layer_norm_one_program_serves_sizes_1_to_1000(cuda_sized):
     assert len(ln.compiles) == 1 and "?" in ln.compiles[0].signature
 
 
+def _attention_reference(fn, q, k, v):
+    """fn in float64 (the tensor-core kernels round P to q's type: compared at 3e-2)."""
+    return fn(q.double(), k.double(), v.double()).to(q.dtype)
+
+
 @needs_cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_seed_attention_one_program_serves_sizes_1_to_1000(cuda_sized, dtype):
-    attn = kf.jit(se.fused_attention.fn, target="cuda", dynamic={"q": [2], "k": [2], "v": [2]})
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 64), (torch.bfloat16, 64), (torch.bfloat16, 128),
+                                     (torch.float16, 128), (torch.bfloat16, 32), (torch.float16, 256)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_seed_attention_one_program_serves_sizes_1_to_1000(cuda_sized, dtype, d, causal):
+    """One program for every length: on the H200 f16/bf16 at head dims 64 and 128 take
+    the wgmma kernel (under the causal mask at 128: in blocks of 64 keys), 32 and 256 the
+    mma.sync one, f32 the SIMT one; queries and keys of the same length, then of others
+    (keys longer and shorter than the queries, tails of every kind)."""
+    fn = _causal_attention if causal else se.fused_attention.fn
+    attn = kf.jit(fn, target="cuda", dynamic={"q": [2], "k": [2], "v": [2]})
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     for n in (7, 1, 257, 300, 1000):
-        q, k, v = (cuda_sized(2, 3, n, 64, dtype=dtype) for _ in range(3))
-        _close(attn(q, k, v), se.fused_attention.fn(q, k, v), tol)
-    q = cuda_sized(2, 3, 300, 64, dtype=dtype)
-    k, v = cuda_sized(2, 3, 77, 64, dtype=dtype), cuda_sized(2, 3, 77, 64, dtype=dtype)
-    _close(attn(q, k, v), se.fused_attention.fn(q, k, v), tol)  # keys of another length
+        q, k, v = (cuda_sized(2, 3, n, d, dtype=dtype) for _ in range(3))
+        _close(attn(q, k, v), _attention_reference(fn, q, k, v), tol)
+    for sq, sk in ((300, 77), (77, 1000), (1, 129), (128, 128), (129, 1)):  # keys of another length
+        q = cuda_sized(2, 3, sq, d, dtype=dtype)
+        k, v = cuda_sized(2, 3, sk, d, dtype=dtype), cuda_sized(2, 3, sk, d, dtype=dtype)
+        _close(attn(q, k, v), _attention_reference(fn, q, k, v), tol)
     assert len(attn.compiles) == 1 and "?" in attn.compiles[0].signature, \
         [(c.signature, c.reason) for c in attn.compiles]
 
 
 @needs_cuda
-def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog):
+def test_cuda_attention_heads_first_and_non_contiguous(cuda_sized):
+    """q read through a transpose ([b, s, h, d] stored), k and v of one head: the
+    tensor-core kernels at run-time lengths with the strides of a view."""
+    attn = kf.jit(se.fused_attention.fn, target="cuda", dynamic={"q": [2], "k": [2], "v": [2]})
+    for n in (7, 257, 1000):
+        q = cuda_sized(2, n, 3, 64, dtype=torch.bfloat16).transpose(1, 2)
+        k, v = cuda_sized(1, 1, n, 64, dtype=torch.bfloat16), cuda_sized(1, 1, n, 64, dtype=torch.bfloat16)
+        _close(attn(q, k, v), _attention_reference(se.fused_attention.fn, q, k, v), 3e-2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 32), (torch.bfloat16, 32), (torch.bfloat16, 64),
+                                     (torch.float16, 128)])
+def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog, dtype, d):
     attn = kf.jit(se.fused_attention.fn, target="cuda")
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
         for n in SIZES:
-            q, k, v = (cuda_sized(1, 2, n, 32) for _ in range(3))
-            _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+            q, k, v = (cuda_sized(1, 2, n, d, dtype=dtype) for _ in range(3))
+            _close(attn(q, k, v), _attention_reference(se.fused_attention.fn, q, k, v), tol)
     assert len(attn.compiles) == 2
-    assert "[1, 2, ?, 32]" in attn.compiles[1].signature
+    assert f"[1, 2, ?, {d}]" in attn.compiles[1].signature
 
 
 @needs_cuda

@@ -17,7 +17,9 @@ from mlir.dialects import arith, llvm, vector
 
 from ...emit import to_storage as emit_to_storage
 from ...kernel_ir import elem_bytes, quad_reduce, store_value
+from ...run_time_sizes import ragged
 from ..chain import lse_index, row_lse
+from ..run_time import lse_position, out_position
 
 
 def store_output(k, final) -> None:
@@ -35,6 +37,9 @@ def store_output(k, final) -> None:
     pair_t = ir.VectorType.get([2], out_elem)
     o = final[4]
     rows, batch_idx, tig2 = k.rows, k.batch_idx, k.tig2
+    # run-time sizes: the queries' length and the flat results' strides, computed here
+    ep = k.seq.epilogue() if k.seq is not None else None
+    Sq = k.Sq if ep is None else ep.seq_q
     for h in range(2):
         def store(h=h):
             inverse = arith.divf(g.fconst(1.0), totals[h])
@@ -47,17 +52,21 @@ def store_output(k, final) -> None:
                         pw.bind(ch.mm2.result, v)
                         v = pw.eval(epilogue, list(batch_idx) + [rows[h], g.add(tig2, 8 * n + i % 2)])
                     pair.append(emit_to_storage(v, out_elem))
-                vector.store(vector.from_elements(pair_t, pair), k.out_mem,
-                             list(batch_idx) + [rows[h], g.add(tig2, 8 * n)],
-                             alignment=2 * elem_bytes(out_elem))
+                value = vector.from_elements(pair_t, pair)
+                at = list(batch_idx) + [rows[h], g.add(tig2, 8 * n)]
+                if ep is not None:
+                    at = ep.at(out_position(ch), at)
+                vector.store(value, k.out_mem, at, alignment=2 * elem_bytes(out_elem))
 
-        g.when(g.lt(rows[h], k.Sq) if k.Sq % k.bm or k.Sq < k.bm else None, store)
+        g.when(g.lt(rows[h], Sq) if ragged(Sq, k.bm) else None, store)
     if ch.lse_pos is not None:
         lse_mem = k.g.args[k.n_in + (1 if k.table_shape else 0) + ch.lse_pos]
         for h in range(2):
             def store_lse(h=h):
-                store_value(row_lse(final[h], totals[h], k.softmax.linear is not None), lse_mem,
-                            lse_index(ch, batch_idx, rows[h], g.c(0)))
+                at = lse_index(ch, batch_idx, rows[h], g.c(0))
+                if ep is not None:
+                    at = ep.at(lse_position(ch), at)
+                store_value(row_lse(final[h], totals[h], k.softmax.linear is not None), lse_mem, at)
 
             first = arith.cmpi(arith.CmpIPredicate.eq, tig2, g.c(0))
-            g.when(arith.andi(first, g.lt(rows[h], k.Sq)) if k.Sq % k.bm or k.Sq < k.bm else first, store_lse)
+            g.when(arith.andi(first, g.lt(rows[h], Sq)) if ragged(Sq, k.bm) else first, store_lse)

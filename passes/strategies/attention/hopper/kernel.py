@@ -19,10 +19,11 @@ from mlir import ir
 from mlir.dialects import arith, gpu, llvm, nvvm, scf
 
 from ...base import EmittedKernel, NotApplicable, TargetInfo
-from ...kernel_ir import GpuFunc, Pointwise, direct_source, gpu_arg_types
+from ...kernel_ir import GpuFunc, Pointwise, direct_source
 from ...nvidia import wgmma as _wg
 from ...nvidia.barriers import NamedBarrier, StageBarriers, named_sync
 from ...nvidia.mma_sync import FP8_PTX, MmaSync
+from .. import run_time
 from .block_table import emit_block_table, table_columns, table_masks
 from .consumer import Consumer
 from .epilogue import store_output
@@ -61,6 +62,12 @@ class HopperAttention:
         self.n_barriers = StageBarriers.size(self.stages, bool(self.table_shape), self.reuses_q)
         self.n_blocks = -(-self.Sk // self.bn)
         self.table_t = None
+        #: run-time sequence lengths (``run_time.SeqLengths``, set in ``emit``), or None
+        self.slots = [tuple(s) for s in plan.get("sizes", [])]
+        self.seq = None
+        if self.slots and (self.table_shape or p.persistent or p.warp_specialized or self.fp8):
+            raise ValueError("the wgmma attention plan's block table, producer warpgroup, persistent grid and "
+                             "fp8 products take static sizes")
 
     # ---- the tile placed
 
@@ -78,10 +85,11 @@ class HopperAttention:
     def place_sources(self) -> None:
         """Where the tile's Q, K and V lie."""
         ch, memrefs = self.ch, self.g.args[:self.n_in]
-        self.q_direct = direct_source(self.view, memrefs, ch.q, self.lead(ch.q), False)
-        self.k_direct = direct_source(self.view, memrefs, ch.kt, self.lead(ch.kt), True)
+        flat = self.seq.flat_inputs if self.seq is not None else None
+        self.q_direct = direct_source(self.view, memrefs, ch.q, self.lead(ch.q), False, flat)
+        self.k_direct = direct_source(self.view, memrefs, ch.kt, self.lead(ch.kt), True, flat)
         # fp8: V^T as stored ([.., Dv, Sk], K-major for the second product)
-        self.v_direct = direct_source(self.view, memrefs, ch.v, self.lead(ch.v), self.fp8)
+        self.v_direct = direct_source(self.view, memrefs, ch.v, self.lead(ch.v), self.fp8, flat)
 
     def place_tile(self, t: ir.Value) -> None:
         """A persistent workgroup's tile t (``TileScheduler.tile``) and what follows from
@@ -139,7 +147,7 @@ class HopperAttention:
     def emit(self) -> EmittedKernel:
         """Write the kernel (and the block table's, its prelude) into the gpu.module."""
         view, plan = self.view, self.plan
-        arg_types = gpu_arg_types(view, self.target)
+        arg_types, strided = run_time.arg_types(view, self.target, self.slots)
         prelude = None
         with self.kernel.location:
             if self.table_shape:
@@ -150,12 +158,17 @@ class HopperAttention:
                                            rows_live=bool(self.walk_persistent))
                 arg_types = arg_types[:self.n_in] + [self.table_t] + arg_types[self.n_in:]
             self.g = g = GpuFunc(self.gpu_module, view.name, arg_types, [], (self.threads, 1, 1))  # window: carved
+            if self.slots:  # the sequences' lengths from here on are the run-time ones
+                self.seq = run_time.SeqLengths(g, self.ch, self.slots, strided)
+                self.Sq, self.Sk = self.ch.seq_q, self.ch.seq_k
             if plan.max_registers:
                 g.op.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
                                                                      plan.max_registers)
             self.table = g.args[self.n_in] if self.table_shape else None
             self.out_mem = g.args[self.n_in + (1 if self.table_shape else 0) + self.ch.out_pos]
             self.pw = Pointwise(g, view, g.args[:self.n_in])
+            if self.seq is not None:
+                self.pw.flat = self.seq.flat_inputs
             self.zero, self.neg_inf = g.fconst(0.0), g.fconst(-math.inf)
             self.tc = MmaSync(self.elem)
             with ir.InsertionPoint(g.entry):
@@ -164,6 +177,8 @@ class HopperAttention:
             g.finish()
         tensor_cores = f"wgmma.m64n{self.bn}k{self.k_inst}+m64n{self.Dv}k{self.k_inst}" + (
             f".{FP8_PTX[self.elem]}" if self.fp8 else "")
+        run_time_grid = {} if self.seq is None else {
+            "sizes": tuple(self.slots), "grid_sizes": self.seq.grid(self.bm, math.prod(self.ch.batch))}
         return EmittedKernel(view.name, tuple(plan.grid), (self.threads, 1, 1), g.dynamic_shared_bytes,
                              {"strategy": "attention", "tensor_cores": tensor_cores,
                               "workgroup_bytes": plan.shared_bytes, "block_m": self.bm, "block_n": self.bn,
@@ -171,7 +186,7 @@ class HopperAttention:
                              prelude=prelude,
                              prelude_output=ir.RankedTensorType.get(ir.MemRefType(self.table_t).shape,
                                                                     ir.IntegerType.get_signless(32))
-                             if self.table_shape else None)
+                             if self.table_shape else None, **run_time_grid)
 
     def _set_up(self) -> None:
         """The entry block: shared memory, barriers, the thread's place, the first tile,
@@ -196,7 +211,8 @@ class HopperAttention:
         self.scheduler = TileScheduler(self)
         self.qblock = g.bid("x")
         if plan.reverse_q_blocks:  # the last query blocks, with the most live keys, first
-            self.qblock = arith.subi(g.c(plan.grid[0] - 1), self.qblock)
+            last = g.c(plan.grid[0] - 1) if self.seq is None else arith.subi(self.seq.q_blocks(bm), g.c(1))
+            self.qblock = arith.subi(last, self.qblock)
         batch = g.bid("y")
         if self.scheduler.persistent:  # the first tile's (the loops place each: ``place_tile``)
             self.qblock, batch = self.scheduler.tile_of(self.qblock)
@@ -217,7 +233,7 @@ class HopperAttention:
         # lean copies' four more registers through the loop made the kernels held to 128
         # (two workgroups an SM, head dim 64) spill 8 bytes, and fp8 head dim 256 over two
         # key blocks (a loop of one trip, which LLVM removes) 92
-        lean = not plan.max_registers and self.Sk > 2 * bn and not self.specialized
+        lean = not plan.max_registers and isinstance(self.Sk, int) and self.Sk > 2 * bn and not self.specialized
         self.q_tile = _wg.SwizzledTile(g, self.tid, self.threads, self.Qs, self.q_direct, bm, D, self.esize, self.Sq,
                                        D, False, width=D, lean=False)
         # with a producer: copied by the consumers where they copy (the walk's second pass)

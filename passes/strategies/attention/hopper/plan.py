@@ -31,6 +31,10 @@ BLOCK_M = 64 * WARPGROUPS
 #: Keys a block.
 BLOCK_N = 128
 
+#: Keys a block of a masked kernel with run-time lengths past head dim 64 (its S
+#: accumulators then take 32 registers a thread, not 64: see ``plan``).
+BOUNDED_MASKED_BLOCK_N = 64
+
 #: An sm_90 SM's registers and shared memory, and the shared memory the driver keeps
 #: per workgroup (ncu's "Driver Shared Memory Per Block"): what decides whether two
 #: workgroups fit on one SM.
@@ -110,11 +114,18 @@ class HopperPlan:
         return HopperPlan(**{k: v for k, v in plan.items() if k in names})
 
 
-def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant) -> dict | None:
+def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded: bool = False) -> dict | None:
     """The wgmma attention plan (a ``HopperPlan`` as a dict), or None where the mma.sync
     kernel stays: not sm_90a, q/k/v not f16/bf16 arguments read as they lie (K through
     its transpose), head dims not multiples of 64 (whole 128-byte swizzled rows) up to
-    256, or shared memory short."""
+    256, or shared memory short.
+
+    ``bounded``: the kernel has run-time sequence lengths (``ch``'s are the bound): the
+    plan is for every length, so what holds only for some is not taken -- fp8 (whole
+    key blocks), the block table of a mask (its shape is the lengths'; a mask made from
+    the indices is tested per block by the skipping loop, in blocks of 64 keys past head
+    dim 64, and up to head dim 128), the producer warpgroup (its copies past the keys'
+    end, ``specialized``), persistent grids (the tiles' count)."""
     if not _wg.available(target):
         return None
     view = ch.view
@@ -130,13 +141,21 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant) -> dict 
     if view.arg_index(transposed_source(ch.kt)) is None or not ch.k_d_contiguous:
         return None
     if fp8:
-        if not _fp8_applies(ch, elem):
+        if bounded or not _fp8_applies(ch, elem):
             return None
     elif view.arg_index(ch.v) is None or not contiguous_last(view, ch.v):
         return None
     elif p_scale(ch) is None:
         return None
     bm, bn = BLOCK_M, BLOCK_N
+    if bounded and ch.mask_cond is not None and max(d, dv) > 64:
+        # without its table a mask takes the per-block skipping loop, which spilled past
+        # head dim 64 with tails in blocks of 128 keys (64 bytes at head dim 128 and 257
+        # keys; 32 at run-time lengths): blocks of BOUNDED_MASKED_BLOCK_N keys, up to
+        # head dim 128 (256 spilled even so); past it the mma.sync kernel
+        if max(d, dv) > 128:
+            return None
+        bn = BOUNDED_MASKED_BLOCK_N
     stages = 2
     esize = 1 if fp8 else 2
     if not skip and ch.mask_cond is None and max(d, dv) >= THREE_STAGES_FROM and \
@@ -145,7 +164,7 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant) -> dict 
     shared = esize * (bm * d + stages * bn * (d + dv)) + _wg.ATOM_BYTES
     if shared > target.max_dynamic_shared_bytes:
         return None
-    table = skip and ch.mask_cond is not None and _head_shared_mask(ch)
+    table = skip and ch.mask_cond is not None and not bounded and _head_shared_mask(ch)
     if fp8 and (skip or ch.mask_cond is not None):
         return None
     batch = math.prod(ch.batch)
@@ -160,11 +179,16 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant) -> dict 
     pair_registers = SM_REGISTERS // (2 * 128 * WARPGROUPS)
     pair = not skip and ch.mask_cond is None and 2 * (shared + DRIVER_SHARED_BYTES) < SM_SHARED_BYTES \
         and pair_registers >= 128
+    if bounded and 0 < -(-ch.seq_q // bm) * batch <= target.multiprocessors:
+        # at run-time lengths the grid is at most the bound's: where that is one workgroup
+        # an SM or fewer, no second one shares an SM, and the cap only spills (one head
+        # at head dim 64: 4 bytes)
+        pair = False
     # the producer warpgroup (one more 128-thread warpgroup and the stages' mbarriers),
     # with FlashAttention-3's overlap of a block's P V with the next block's softmax: up
     # to head dim 128 (V's; O, S and two blocks of P spill at 256) and from three key
     # blocks (two, a loop of one trip that LLVM removes, spilled in fp8)
-    specialized = stages == 3 and dv <= 128 and ch.seq_k > 2 * bn and \
+    specialized = not bounded and stages == 3 and dv <= 128 and ch.seq_k > 2 * bn and \
         shared + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes
     if specialized:
         shared += _wg.ATOM_BYTES

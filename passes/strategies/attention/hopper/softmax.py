@@ -28,6 +28,7 @@ from mlir.dialects import arith, llvm, nvvm
 from mlir.dialects import math as mmath
 
 from ...kernel_ir import GpuFunc, Pointwise, float_constant, quad_reduce
+from ...run_time_sizes import ragged
 from ..softmax import online_softmax, row_sums
 
 #: Where the scores are linear and the producer warpgroup overlaps products with the
@@ -158,7 +159,7 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
     whether a mask takes score k of 8-key tile j out (-inf)."""
     Sk = ch.seq_k
     neg_inf = g.fconst(-math.inf)
-    tail = bool(Sk % bn)
+    tail = ragged(Sk, bn)
     x = []
     for j in range(bn // 8):
         xj = []

@@ -48,10 +48,22 @@ def test_bounded_copy_is_the_kernel_at_its_largest():
             assert copy is not k and slots == [(0, 1), (2, 1)]
             text = str(copy)
             assert "tensor<1x4096x16xf32>" in text and "?" not in text
+            assert R.is_bounded(copy) and not R.is_bounded(k)  # plans made on it hold for every size
         assert "tensor<1x?x16xf32>" in str(module) and len(list(module.body.operations)) == 1
         _, static = _kernel(ctx, "3x5x16")
         with R.bounded(static) as (same, slots):
-            assert same is static and slots == []
+            assert same is static and slots == [] and not R.is_bounded(same)
+
+
+def test_ragged_dims_need_tail_guards():
+    """A static dim needs them where tiles do not divide it (or it is shorter than one);
+    a run-time size always."""
+    assert not R.ragged(256, 128) and R.ragged(257, 128) and R.ragged(64, 128) and not R.ragged(128, 128)
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            size = arith.constant(ir.IndexType.get(), 256)
+        assert R.ragged(size, 128)
 
 
 def test_strides_and_extent_from_a_slot():
