@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 
 import numpy as np
+from math import prod
 from mlir import ir
 
 from kf.dialects.attrs import from_attr
@@ -56,18 +57,92 @@ def _targ(name: str, t: ir.Type, dims: tuple[str, ...] = ()) -> TensorArg:
     return TensorArg(name, s.shape, s.elem, tuple(dims))
 
 
-def _slot_sizes(g: ir.Operation, args: tuple[int, ...], buffers: list[TensorArg]) -> tuple[tuple, tuple]:
+def _view_dims(arg: TensorArg, t: ir.Type) -> tuple:
+    """The dims (expressions over the symbols; None at a static dim) of a value of type
+    t that lies in buffer arg: the buffer's own, or, for a view of another shape (a
+    reshape the schedule kept), its one run-time dim as the buffer's elements over the
+    view's static dims. () where the buffer's dims are not named."""
+    shape = tuple(spec_of(t).shape)
+    if not arg.dims:
+        return ()
+    if tuple(arg.shape) == shape:
+        return tuple(e if d == DYN else None for d, e in zip(arg.shape, arg.dims))
+    if shape.count(DYN) != 1:
+        return ()
+    numel = "*".join(f"({e})" if d == DYN else str(d) for d, e in zip(arg.shape, arg.dims))
+    text = f"FloorDiv({numel}, {prod(d for d in shape if d != DYN)})"
+    return tuple(text if d == DYN else None for d in shape)
+
+
+def _named_over(text: str, call: ir.Operation, buffer_of: dict, buffers: list[TensorArg]) -> str | None:
+    """A kernel's size text over its arguments' slots (``a<pos>d<dim>``) as an expression
+    over the program's symbols, by the dims of the buffers the call passes; None where
+    one of them has no named dims."""
+    import re
+
+    def named(m):
+        pos, dim = int(m.group(1)), int(m.group(2))
+        arg = buffers[buffer_of[call.operands[pos]]] if call.operands[pos] in buffer_of else None
+        dims = _view_dims(arg, call.operands[pos].type) if arg is not None else ()
+        if not dims or dims[dim] is None:
+            raise KeyError
+        return f"({dims[dim]})"
+
+    try:
+        return re.sub(r"a(\d+)d(\d+)", named, text)
+    except KeyError:
+        return None
+
+
+def _texts(callee: ir.Operation, key: str) -> list[str]:
+    return [ir.StringAttr(t).value for t in ir.ArrayAttr(callee.attributes[key])] if key in callee.attributes \
+        else []
+
+
+def _result_dims(callee: ir.Operation, call: ir.Operation, r: ir.Value, buffer_of: dict,
+                 buffers: list[TensorArg], ops: list[ir.Operation], module: ir.Module) -> tuple[str, ...]:
+    """The dims of a kernel's result as expressions over the program's symbols, where it
+    has a run-time size that the kernel names in terms of its inputs' (``kf.result_sizes``,
+    passes/map_to_gpu.py), or that a later kernel reading it names in terms of its other
+    inputs' (``kf.input_sizes``: a size that comes from no input of the writing kernel, a
+    slice of a static table); () elsewhere (a static result, or a size not named)."""
+    s = spec_of(r.type)
+    if DYN not in s.shape:
+        return ()
+    which = list(call.results).index(r)
+    texts = _texts(callee, "kf.result_sizes")
+    text = _named_over(texts[which], call, buffer_of, buffers) if which < len(texts) and texts[which] else None
+    if text is None:
+        for op in ops:  # a later kernel that reads r as it is
+            if op.name != "func.call" or r not in list(op.operands):
+                continue
+            reader = _func(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+            pos = list(op.operands).index(r)
+            inputs = _texts(reader, "kf.input_sizes")
+            if pos < len(inputs) and inputs[pos]:
+                text = _named_over(inputs[pos], op, buffer_of, buffers)
+                if text is not None:
+                    break
+    if text is None:
+        return ()
+    return tuple(text if d == DYN else str(d) for d in s.shape)
+
+
+def _slot_sizes(g: ir.Operation, args: tuple[int, ...], buffers: list[TensorArg],
+                types: list[ir.Type]) -> tuple[tuple, tuple]:
     """(the slots' sizes as expressions over the program's symbols, the grid over the
-    slots) of a gpu.func with run-time sizes (kf.size_slots), or two empty tuples."""
+    slots) of a gpu.func with run-time sizes (kf.size_slots), or two empty tuples.
+    ``types``: the kernel's arguments' types (a view's may differ from its buffer's)."""
     if "kf.size_slots" not in g.attributes:
         return (), ()
     sizes = []
     for slot in ir.ArrayAttr(g.attributes["kf.size_slots"]):
         pos, dim = list(ir.DenseI64ArrayAttr(slot))
         arg = buffers[args[pos]]
-        if not arg.dims or arg.shape[dim] != DYN:
+        dims = _view_dims(arg, types[pos])
+        if not dims or dims[dim] is None:
             raise DynamicFallback(f"a kernel's run-time dim {dim} of {arg.name} has no size")
-        sizes.append(arg.dims[dim])
+        sizes.append(dims[dim])
     grid = tuple(ir.StringAttr(x).value for x in ir.ArrayAttr(g.attributes["kf.grid_sizes"]))
     return tuple(sizes), grid
 
@@ -182,7 +257,9 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
                     raise TargetError(f"{entry}: a result of @{gname} written in place is not its operand's buffer")
             elif r not in buffer_of:
                 buffer_of[r] = n_fixed + len(temporaries)
-                temporaries.append(_targ(f"tmp{len(temporaries)}", r.type))
+                dims = _result_dims(callee, op, r, buffer_of, [*inputs, *(c for c, _ in constants), *outputs,
+                                                              *temporaries], ops, module)
+                temporaries.append(_targ(f"tmp{len(temporaries)}", r.type, dims))
         args = tuple(buffer_of[v] for v in op.operands) + tuple(buffer_of[r] for r, t in zip(op.results, tied)
                                                                  if t < 0)
         lines = tuple(from_attr(a) for a in ir.ArrayAttr(g.attributes["kf.fused_lines"])) \
@@ -193,7 +270,9 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
                 d = {a[i].name: from_attr(a[i].attr) for i in range(len(ir.DictAttr(a)))}
                 sites[d["id"]] = IndexSite(d["op"], d["where"], d["dim"], d["bound"])
             flagged.append(len(kernels))
-        slot_sizes, grid_sizes = _slot_sizes(g, args, [*inputs, *(c for c, _ in constants), *outputs, *temporaries])
+        slot_sizes, grid_sizes = _slot_sizes(g, args, [*inputs, *(c for c, _ in constants), *outputs, *temporaries],
+                                             [v.type for v in op.operands] + [r.type for r, t in zip(op.results, tied)
+                                                                              if t < 0])
         kernels.append(KernelABI(entry=gname, args=args, grid=tuple(from_attr(g.attributes["kf.grid"])),
                                  block=tuple(from_attr(g.attributes["kf.block"])), shared_bytes=shared,
                                  artifact="", fused_lines=tuple(str(x) for x in lines),

@@ -272,7 +272,8 @@ class _Rewriter:
         elif inner is not None and inner.name == "kf.iota":
             dim = _iota_dim_after_reshape(spec_of(x.type).shape, int(op_attrs(inner)["dim"]), out.shape)
             if dim is not None:
-                self.replace(op, builders.iota(out.shape, dim, out.elem) if out.shape[dim] > 1
+                # (an iota along a run-time size stays one: DYN is not a size of 1)
+                self.replace(op, builders.iota(out.shape, dim, out.elem) if out.shape[dim] != 1
                              else builders.fill(out.shape, out.elem, 0.0))
         elif transposes_last_two(inner):
             # reshape(transpose_last_two(t)) with the last two dims kept (only batch dims

@@ -74,15 +74,16 @@ def _emit_one(kernel: ir.Operation, gmod: ir.Operation, info: TargetInfo) -> tup
         raise ValueError(f"kf.plan has no '{e.args[0]}', which the {strategy.KIND} strategy's plans hold "
                          "(kf-tile records whole plans)") from None
     except NotApplicable:
-        if run_time_sizes.has_run_time_sizes(kernel):
-            raise ValueError(f"the {strategy.KIND} strategy cannot write it, and the generic strategy writes "
-                             f"kernels for static sizes only") from None
         # Whatever the refusing strategy had written goes before generic writes its own.
         for op in list(body.operations):
             if id(op.operation) not in before:
                 op.operation.erase()
         generic = strategy_for("generic")
-        return generic.emit(kernel, generic.plan(kernel, info), gmod, info), generic.KIND
+        with run_time_sizes.bounded(kernel) as (bounded, slots):
+            fallback = generic.plan(bounded, info)
+            if slots:
+                fallback["sizes"] = [list(s) for s in slots]
+            return generic.emit(bounded, fallback, gmod, info), generic.KIND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +120,7 @@ class MapToGpuPass(KfPass):
                     del decl.attributes["kf.gpu_func"]
                     decl.attributes["kf.empty"] = ir.UnitAttr.get()
                     continue
+                result_sizes = _result_sizes(kernel)
                 try:
                     emitted, kind = _emit_one(kernel, gmod, info)
                 except (NotImplementedError, ValueError) as e:
@@ -137,10 +139,26 @@ class MapToGpuPass(KfPass):
                         gfunc.attributes["kf.grid_sizes"] = ir.ArrayAttr.get(
                             [ir.StringAttr.get(g) for g in part.grid_sizes])
                 decl = E.declare_kernel(kernel, GPU_MODULE)
+                for key, texts in zip(("kf.result_sizes", "kf.input_sizes"), result_sizes):
+                    decl.attributes[key] = ir.ArrayAttr.get([ir.StringAttr.get(t) for t in texts])
                 if emitted.prelude is not None:
                     _schedule_prelude(module, decl, emitted.prelude.name, emitted.prelude_output)
                 if emitted.postlude is not None:
                     _schedule_postlude(module, decl, emitted.postlude.name, emitted.postlude_results)
+
+
+def _result_sizes(kernel: ir.Operation) -> tuple[list[str], list[str]]:
+    """(per result of a kernel function with run-time sizes, its run-time size as text
+    over its inputs' (``a<pos>d<dim>``), per input its run-time size over the other
+    inputs'; "" where one has none or none is found): the driver names the buffers
+    between kernels by them (compiler/gpu_codegen.py). Empty for static sizes."""
+    if not run_time_sizes.has_run_time_sizes(kernel):
+        return ()
+    try:
+        texts = run_time_sizes.SizeTexts(kernel)
+        return texts.result_texts(), texts.input_texts()
+    except (ValueError, KeyError, IndexError):
+        return ()
 
 
 def _schedule_prelude(module: ir.Operation, decl: ir.Operation, prelude: str, output: ir.Type) -> None:

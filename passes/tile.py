@@ -80,14 +80,65 @@ at its largest (strategies/run_time_sizes.py), its plan's ``sizes`` naming its s
 ValueError where its strategy writes kernels for static sizes only."""
     with run_time_sizes.bounded(kernel) as (bounded, slots):
         # the cooperative-matrix kernels are written for static sizes
-        strategy, plan = _choose(bounded, dataclasses.replace(target, cooperative_matrix=()) if slots else target,
-                                 variants)
+        target = dataclasses.replace(target, cooperative_matrix=()) if slots else target
+        strategy, plan = _choose(bounded, target, variants)
+        if slots:
+            try:
+                if strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
+                    raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
+                run_time_sizes.check_strides(kernel, strategy.KIND)
+            except ValueError:
+                # the generic strategy takes run-time sizes and strides where the kind's does
+                # not, at the cost of its reductions recomputed per element: taken where
+                # that cost stays small (else the kernel compiles static sizes)
+                if strategy.KIND == "generic" or generic_work(bounded) > GENERIC_RUN_TIME_WORK:
+                    raise
+                strategy = strategy_for("generic")
+                plan = {"strategy": strategy.KIND, "target": target.name,
+                        **_plan(strategy, bounded, target, variants)}
     if slots:
-        if strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
-            raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
-        run_time_sizes.check_strides(kernel, strategy.KIND)
         plan["sizes"] = [list(s) for s in slots]
     return strategy, plan
+
+
+#: the most elements a generic kernel's reductions and matmuls may read per output element
+#: (``generic_work``) for kf-tile to give it a kernel whose own strategy cannot take its
+#: run-time sizes: a norm over rows of 32 reads about 100 (its statistics recomputed per
+#: element, where the rowwise strategy reads each row once); rows of thousands compile
+#: static sizes with the rowwise strategy instead
+GENERIC_RUN_TIME_WORK = 1024
+
+_REDUCING = ("kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.argmax", "kf.logsumexp")
+
+
+def generic_work(kernel: ir.Operation) -> int:
+    """Elements the generic strategy's reductions, softmaxes, scans, top-ks and matmuls
+    read per output element of a (bounded) kernel: the sum over those ops of what each
+    reads (a variance twice, a softmax three times), the run-time dims at their bound."""
+    from kf.dialects.attrs import op_attrs
+    from kf.dialects.types import spec_of
+
+    work = 0
+    for op in E.kernel_ops(kernel):
+        if op.name not in (*_REDUCING, "kf.var", "kf.softmax", "kf.log_softmax", "kf.scan", "kf.topk",
+                           "kf.matmul"):
+            continue
+        shape = spec_of(op.operands[0].type).shape
+        rank = max(len(shape), 1)
+        attrs = op_attrs(op)
+        if op.name == "kf.matmul":
+            work += shape[-1]
+            continue
+        if op.name in ("kf.softmax", "kf.log_softmax", "kf.scan", "kf.topk", "kf.argmax"):
+            dims = [int(attrs["dim"]) % rank]
+        else:
+            dims = sorted({int(d) % rank for d in attrs.get("dims") or range(len(shape))})
+        n = 1
+        for d in dims:
+            n *= shape[d] if shape else 1
+        work += n * {"kf.var": 2, "kf.softmax": 3, "kf.log_softmax": 3}.get(op.name, 1) * \
+            (int(attrs.get("k", 1)) if op.name == "kf.topk" else 1)
+    return work
 
 
 def _choose(kernel: ir.Operation, target: TargetInfo, variants: dict | None) -> tuple[Strategy, dict]:

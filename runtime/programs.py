@@ -314,7 +314,7 @@ class CudaProgram(_Program):
         if isinstance(sizes, str):
             raise LaunchError(sizes)
         outs = [torch.empty(a.sized(sizes), dtype=_dtype(a.elem), device=dev) for a in abi.outputs]
-        temps = [torch.empty(a.shape, dtype=_dtype(a.elem), device=dev) for a in abi.temporaries]
+        temps = [torch.empty(a.sized(sizes), dtype=_dtype(a.elem), device=dev) for a in abi.temporaries]
         bufs = ins + outs + temps
         flag, capturing = None, False
         if abi.index_sites:

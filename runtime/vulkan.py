@@ -390,7 +390,7 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
         bufs = [call.read(t) for t in inputs]
         bufs += [call.write(out) if out is not None else call.scratch(_nbytes(a, sizes))
                  for out, a in zip(outputs, abi.outputs)]
-        bufs += [call.scratch(t.nbytes) for t in abi.temporaries]
+        bufs += [call.scratch(_nbytes(t, sizes)) for t in abi.temporaries]
         if abi.index_sites:  # the index error flag, zeroed: kernels only ever set it
             bufs.append(call.scratch(abi.flag_arg.nbytes, fill=bytes(abi.flag_arg.nbytes), read_back=True))
         for k in abi.kernels:

@@ -90,14 +90,20 @@ def plan(kernel: ir.Operation, target_max_threads: int, max_grid: int) -> dict |
             "slices": SLICES, "numel": n, "grid": grid, "grid_stride": False}
 
 
-def emit(ev, kernel: ir.Operation, entry: ir.Block, outputs: list[ir.Value], scratch: ir.Value, plan: dict) -> None:
+def emit(ev, kernel: ir.Operation, entry: ir.Block, outputs: list[ir.Value], scratch: ir.Value, plan: dict,
+         flat=()) -> None:
     """The kernel's body at the current insertion point (``ev``: the generic Evaluator
-    over its inputs; ``scratch``: a workgroup buffer of block f32 values)."""
+    over its inputs, with its run-time shapes where the kernel has run-time sizes: the
+    rows summed may be a run-time count; ``scratch``: a workgroup buffer of block f32
+    values). No output may have a run-time size (``flat``: which would)."""
+    from .generic import count
+
+    if any(flat):
+        raise ValueError("a column sum kernel whose outputs have run-time sizes")
     kb = ev.kb
     sums, shape, lead = column_sums(kernel)
     C, S = int(plan["columns"]), int(plan["slices"])
     n = int(plan["numel"])
-    rows = math.prod(shape[:lead])
     cols = shape[lead:]
     tid = gpu.thread_id(gpu.Dimension.x)
     bid = gpu.block_id(gpu.Dimension.x)
@@ -111,9 +117,11 @@ def emit(ev, kernel: ir.Operation, entry: ir.Block, outputs: list[ir.Value], scr
     for op in sums:
         x = op.operands[0]
         t = E.compute_type(E.elem_of(op.results[0]))
-        loop = scf.ForOp(s, kb.value(rows), kb.value(S), [sm.const(t, 0.0)])
+        lead_shape = ev.shape(x)[:lead]
+        n_rows = ev.numel(lead_shape)
+        loop = scf.ForOp(s, kb.value(n_rows), kb.value(S), [sm.const(t, 0.0)])
         with ir.InsertionPoint(loop.body), ev.scope():
-            v = ev.value(x, kb.delinearize(loop.induction_variable, list(shape[:lead])) + list(at))
+            v = ev.value(x, kb.delinearize(loop.induction_variable, list(lead_shape)) + list(at))
             scf.YieldOp([arith.addf(loop.inner_iter_args[0], sm.convert(v, t))])
         memref.store(sm.convert(loop.results[0], f32), scratch, [tid])
         gpu.barrier()
@@ -124,7 +132,7 @@ def emit(ev, kernel: ir.Operation, entry: ir.Block, outputs: list[ir.Value], scr
         gpu.barrier()  # the next sum writes the buffer
         total = sm.convert(total, t)
         if op.name == "kf.mean":
-            total = arith.divf(total, sm.const(t, rows))
+            total = arith.divf(total, count(n_rows, t))
         seeded.append((op, total))
     first = arith.andi(col_ok, arith.cmpi(arith.CmpIPredicate.eq, s, kb.value(0)))
     guard = scf.IfOp(first)

@@ -434,14 +434,18 @@ class IndexBuilder:
                 return y
         return arith.muli(self.value(a), self.value(b))
 
-    def div(self, a: Ix, c: int) -> Ix:
-        """a // c for a >= 0."""
+    def div(self, a: Ix, c: Ix) -> Ix:
+        """a // c for a >= 0 (c may be a run-time size)."""
+        if not isinstance(c, int):
+            return arith.divui(self.value(a), c)
         if isinstance(a, int):
             return a // c
         return a if c == 1 else arith.divui(a, self.value(c))
 
-    def rem(self, a: Ix, c: int) -> Ix:
-        """a % c for a >= 0."""
+    def rem(self, a: Ix, c: Ix) -> Ix:
+        """a % c for a >= 0 (c may be a run-time size)."""
+        if not isinstance(c, int):
+            return arith.remui(self.value(a), c)
         if isinstance(a, int):
             return a % c
         return 0 if c == 1 else arith.remui(a, self.value(c))
@@ -464,13 +468,14 @@ class IndexBuilder:
         i64 = ir.IntegerType.get_signless(64)
         return self.const(i64, i) if isinstance(i, int) else arith.index_cast(i64, i)
 
-    def delinearize(self, lin: Ix, shape: Sequence[int]) -> list[Ix]:
-        """The row-major multi-index of linear index lin in shape."""
+    def delinearize(self, lin: Ix, shape: Sequence[Ix]) -> list[Ix]:
+        """The row-major multi-index of linear index lin in shape (whose sizes may be
+        run-time ones)."""
         out: list[Ix] = []
         rest = lin
         for k in range(len(shape) - 1, -1, -1):
             size = shape[k]
-            if size == 1:
+            if isinstance(size, int) and size == 1:
                 out.append(0)
             elif k == 0:
                 out.append(rest)  # lin < numel already bounds the leading index
@@ -479,7 +484,7 @@ class IndexBuilder:
                 rest = self.div(rest, size)
         return list(reversed(out))
 
-    def linearize(self, idx: Sequence[Ix], shape: Sequence[int]) -> Ix:
+    def linearize(self, idx: Sequence[Ix], shape: Sequence[Ix]) -> Ix:
         lin: Ix = 0
         for i, size in zip(idx, shape):
             lin = self.add(self.mul(lin, size), i)
@@ -524,17 +529,24 @@ def gpu_module(module: ir.Operation, name: str = "kf_kernels") -> ir.Operation:
 
 def make_gpu_func(gmod: ir.Operation, name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
                   block: Sequence[int], loc: ir.Location, *, target: str,
-                  index_flag: bool = False, sizes: int = 0) -> tuple[ir.Operation, ir.Block]:
+                  index_flag: bool = False, sizes: int = 0,
+                  flat: Sequence[bool] = ()) -> tuple[ir.Operation, ir.Block]:
     """An empty ``gpu.func @name(inputs..., outputs...) kernel`` with known_block_size in
     gmod (erroring if the name is taken), its memrefs typed for target ("cuda" or
     "spirv"); returns it and its entry block. With ``index_flag`` it takes one more
     argument, last: the program's index error flag (``IndexChecks``); with ``sizes`` one
-    more after it: the buffer of that many run-time sizes (run_time_sizes.py)."""
+    more after it: the buffer of that many run-time sizes (run_time_sizes.py). ``flat``:
+    per tensor, whether it is declared one dim of all its elements (run_time_sizes.flat_type:
+    addressed with run-time strides)."""
     body = gmod.regions[0].blocks[0]
     for op in body.operations:
         if "sym_name" in op.operation.attributes and ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
             raise ValueError(f"gpu.module already holds @{name}")
     types = [memref_type(s, target) for s in [*inputs, *outputs]]
+    if flat:
+        from .run_time_sizes import flat_type
+
+        types = [flat_type(t) if f else t for t, f in zip(types, flat)]
     if index_flag:
         types.append(ir.MemRefType.get([INDEX_FLAG_WORDS], ir.IntegerType.get_signless(32)))
     if sizes:
@@ -687,11 +699,12 @@ def linear_thread_id(kb: IndexBuilder, block: int) -> ir.Value:
     return arith.addi(arith.muli(bid, kb.value(block)), tid)
 
 
-def for_each_thread_item(kb: IndexBuilder, total: int, block: int, grid: int, grid_stride: bool,
+def for_each_thread_item(kb: IndexBuilder, total: Ix, block: int, grid: int, grid_stride: bool,
                          body: Callable[[ir.Value], None]) -> None:
     """Run body(i) for every i in [0, total), one i per thread: guarded by ``i < total``
-    when the grid covers total in one pass (no guard when it is exact), else a
-    grid-stride loop (grids are capped: Vulkan guarantees only 65535 workgroups in x)."""
+    when the grid covers total in one pass (no guard when it is exact; always for a
+    run-time total), else a grid-stride loop (grids are capped: Vulkan guarantees only
+    65535 workgroups in x)."""
     start = linear_thread_id(kb, block)
     if grid_stride:
         step = kb.value(grid * block)
@@ -700,7 +713,7 @@ def for_each_thread_item(kb: IndexBuilder, total: int, block: int, grid: int, gr
             body(loop.induction_variable)
             scf.YieldOp([])
         return
-    if grid * block == total:
+    if isinstance(total, int) and grid * block == total:
         body(start)
         return
     guard = scf.IfOp(kb.lt(start, total))

@@ -48,6 +48,15 @@ kf-fuse should give a generic kernel at most one reduction-like op (reduction, s
 matmul, topk, index_add, scatter_add), with any elementwise and layout ops around it.
 Indices are MLIR ``index`` values: 64-bit on CUDA, 32-bit on SPIR-V (tensors below 2^31
 elements there).
+
+Run-time sizes (run_time_sizes.py): the strategy takes a run-time dim anywhere in a
+tensor (a sequence after heads: the transposes of attention's q/k/v, the rotary
+embedding's slices and cat), since every tensor with one is a flat buffer addressed with
+strides from the sizes; ``Evaluator.shape`` gives each tensor's shape with its run-time
+extent (``RunTimeShapes``), which the thread's output index, reshapes, reductions and
+means, concats along the dim and the columns plan read. What needs the extent at compile
+time raises ValueError (the driver then compiles static sizes): a variance over it,
+index_add / scatter over it, indices checked against it, random numbers.
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ from mlir import ir
 from mlir.dialects import arith, scf
 
 from . import emit as E
+from . import run_time_sizes
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 
 MAX_CONSTANT_ELEMENTS = 1024
@@ -87,6 +97,26 @@ class Evaluator:
         self.inputs = list(inputs)
         self.checks = checks
         self._scopes: list[dict] = [{}]
+        #: run_time_sizes.RunTimeShapes of a kernel with run-time sizes, and which inputs
+        #: are flat buffers (addressed with run-time strides)
+        self.shapes = None
+        self.flat: Sequence[bool] = ()
+
+    # ---- shapes (with run-time sizes: index values at the run-time dims)
+
+    def shape(self, v: ir.Value) -> list:
+        return self.shapes.shape(v) if self.shapes is not None else list(E.shape_of(v))
+
+    def numel(self, shape: Sequence[E.Ix]) -> E.Ix:
+        out: E.Ix = 1
+        for d in shape:
+            out = self.kb.mul(out, d)
+        return out
+
+    def static(self, v: ir.Value, why: str) -> None:
+        """ValueError where v has a run-time size that the rule for ``why`` needs static."""
+        if self.shapes is not None and self.shapes.has(v):
+            raise ValueError(f"the generic strategy takes no run-time size in {why}")
 
     # ---- caching by region
 
@@ -150,6 +180,9 @@ class Evaluator:
         return hit[ir.OpResult(v).result_number]
 
     def load_input(self, arg: int, idx: tuple, elem: str | None = None) -> ir.Value:
+        if arg < len(self.flat) and self.flat[arg]:
+            shape = self.shapes.shape(self.shapes.args[arg])
+            return E.load(self.inputs[arg], [self.kb.linearize(idx, shape)], self.kb, elem)
         return E.load(self.inputs[arg], idx, self.kb, elem)
 
     def compute(self, op: ir.Operation, idx: list, which: int) -> list[ir.Value]:
@@ -170,6 +203,9 @@ class Evaluator:
     def index(self, op: ir.Operation, index: ir.Value, at: Sequence[E.Ix], dim: int) -> ir.Value | None:
         """Element ``at`` of the index tensor ``index`` of op, checked against dimension
         ``dim`` of op's input and clamped into it (None: the dimension is empty)."""
+        if self.shapes is not None and self.shapes.has(op.operands[0]) and \
+                not isinstance(self.shape(op.operands[0])[dim], int):
+            raise ValueError(f"the generic strategy takes no run-time size in the dim {op.name} indexes")
         bound = E.shape_of(op.operands[0])[dim]
         return self.checks.check(op, self.value(index, at), bound, dim)
 
@@ -193,7 +229,7 @@ def _input_index(x_shape, red, idx, keepdim):
 def _reduce_loop(ev: Evaluator, x: ir.Value, red, base, inits, combine):
     """Loop over every element of x along dims red (base holds the other coordinates);
     combine(xv, carried) returns the next carried values."""
-    xs = E.shape_of(x)
+    xs = ev.shape(x)
     extents = [xs[d] for d in red]
     kb = ev.kb
 
@@ -202,7 +238,7 @@ def _reduce_loop(ev: Evaluator, x: ir.Value, red, base, inits, combine):
         full = [next(coords) if b is None else b for b in base]
         return combine(ev.value(x, full), carried, j)
 
-    return ev.loop(E.numel(extents), inits, body)
+    return ev.loop(ev.numel(extents), inits, body)
 
 
 def _sum_like(ev: Evaluator, op, idx, attrs):
@@ -211,11 +247,11 @@ def _sum_like(ev: Evaluator, op, idx, attrs):
     red = _reduced(len(xs), attrs.get("dims", []))
     base = _input_index(xs, red, idx, bool(attrs.get("keepdim", False)))
     out_t = E.compute_type(E.elem_of(op.results[0]))
-    n = E.numel([xs[d] for d in red])
+    n = ev.numel([ev.shape(x)[d] for d in red])
     if op.name in ("kf.sum", "kf.mean"):
         [s] = _reduce_loop(ev, x, red, base, [sm.const(out_t, 0)],
                            lambda v, c, j: [sm.emit("add", [c[0], sm.convert(v, out_t)])])
-        return [arith.divf(s, sm.const(out_t, n)) if op.name == "kf.mean" else s]
+        return [arith.divf(s, count(n, out_t)) if op.name == "kf.mean" else s]
     largest = op.name == "kf.reduce_max"
     init = E.min_value(out_t) if largest else E.max_value(out_t)
     [s] = _reduce_loop(ev, x, red, base, [sm.const(out_t, init)],
@@ -223,10 +259,19 @@ def _sum_like(ev: Evaluator, op, idx, attrs):
     return [s]
 
 
+def count(n: E.Ix, t: ir.Type) -> ir.Value:
+    """An element count as a float of type t (a run-time one converted)."""
+    if isinstance(n, int):
+        return sm.const(t, n)
+    return arith.uitofp(t, arith.index_cast(ir.IntegerType.get_signless(64), n))
+
+
 def _var(ev: Evaluator, op, idx, attrs):
     x = op.operands[0]
     xs = E.shape_of(x)
     red = _reduced(len(xs), attrs.get("dims", []))
+    if not all(isinstance(ev.shape(x)[d], int) for d in red):
+        raise ValueError("the generic strategy takes no run-time size in the dims of a variance")
     base = _input_index(xs, red, idx, bool(attrs.get("keepdim", False)))
     t = E.compute_type(E.elem_of(op.results[0]))
     n = E.numel([xs[d] for d in red])
@@ -312,7 +357,7 @@ def _matmul(ev: Evaluator, op, idx, attrs):
         y = sm.convert(ev.value(b, [*b_batch, k, j]), t)
         return [sm.emit("add", [c[0], sm.emit("mul", [x, y])])]
 
-    return ev.loop(sa[-1], [sm.const(t, 0)], step)
+    return ev.loop(ev.shape(a)[-1], [sm.const(t, 0)], step)
 
 
 def _transpose(ev: Evaluator, op, idx, attrs):
@@ -325,8 +370,8 @@ def _transpose(ev: Evaluator, op, idx, attrs):
 
 def _reshape(ev: Evaluator, op, idx, attrs):
     x = op.operands[0]
-    lin = ev.kb.linearize(idx, E.shape_of(op.results[0]))
-    return [ev.value(x, ev.kb.delinearize(lin, E.shape_of(x)))]
+    lin = ev.kb.linearize(idx, ev.shape(op.results[0]))
+    return [ev.value(x, ev.kb.delinearize(lin, ev.shape(x)))]
 
 
 def _broadcast_to(ev: Evaluator, op, idx, attrs):
@@ -345,7 +390,7 @@ def _slice(ev: Evaluator, op, idx, attrs):
 def _concat(ev: Evaluator, op, idx, attrs):
     lhs, rhs = op.operands
     dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(lhs)))
-    n0 = E.shape_of(lhs)[dim]
+    n0 = ev.shape(lhs)[dim]
     right = list(idx)
     right[dim] = ev.kb.sub(idx[dim], n0)
     cond = ev.kb.lt(idx[dim], n0)
@@ -435,6 +480,8 @@ def _target(ev: Evaluator, op, index: ir.Value, at: Sequence[E.Ix], dim: int) ->
 
 def _index_add(ev: Evaluator, op, idx, attrs):
     x, index, source = op.operands
+    for v in op.operands:
+        ev.static(v, op.name)
     dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
     target = ev.kb.value(idx[dim])
 
@@ -449,6 +496,8 @@ def _index_add(ev: Evaluator, op, idx, attrs):
 
 def _scatter_add(ev: Evaluator, op, idx, attrs):
     x, index, source = op.operands
+    for v in op.operands:
+        ev.static(v, op.name)
     xs, ishape = E.shape_of(x), E.shape_of(index)
     dim = normalize_dim(int(attrs["dim"]), len(xs))
     kb = ev.kb
@@ -494,6 +543,8 @@ def _scatter_reduce(ev: Evaluator, op, idx, attrs):
     combining the sources whose index names idx along dim, counting them (the first
     replaces the input's element unless include_self; a mean divides by the count)."""
     x, index, source = op.operands
+    for v in op.operands:
+        ev.static(v, op.name)
     xs, ishape = E.shape_of(x), E.shape_of(index)
     dim = normalize_dim(int(attrs["dim"]), len(xs))
     reduce, include = attrs["reduce"], bool(attrs["include_self"])
@@ -566,6 +617,7 @@ def _scalar_const(ev: Evaluator, t: ir.Type, value) -> ir.Value:
 def _rand(ev: Evaluator, op, idx, attrs):
     """The element's sample of its Philox block, found from its linear index (passes/philox.py)."""
     state = op.operands[0]
+    ev.static(op.results[0], "random numbers (their linear index)")
     seed, offset = ev.value(state, [0]), ev.value(state, [1])
     lin = ev.kb.value(ev.kb.linearize(idx, E.shape_of(op.results[0])))
     return [philox.sample(seed, offset, int(attrs["offset"]), lin, attrs["distribution"])]
@@ -604,25 +656,57 @@ _HANDLERS = {
 
 
 def emit_outputs(ev: Evaluator, kernel: ir.Operation, outputs: Sequence[ir.Value], lin: ir.Value,
-                 total: int) -> None:
+                 total: E.Ix, flat: Sequence[bool] = ()) -> None:
     """Store element lin of every kernel output (each guarded by its own size when it is
-    smaller than total, the thread count)."""
+    smaller than total, the thread count, or a run-time size). ``flat``: per output,
+    whether its buffer is flat (run-time strides)."""
     kb = ev.kb
-    for value, mem in zip(E.kernel_results(kernel), outputs):
-        shape = E.shape_of(value)
-        n = E.numel(shape)
+    for k, (value, mem) in enumerate(zip(E.kernel_results(kernel), outputs)):
+        shape = ev.shape(value)
+        n = ev.numel(shape)
 
-        def write(shape=shape, value=value, mem=mem):
+        def write(shape=shape, value=value, mem=mem, k=k):
             idx = kb.delinearize(lin, shape)
-            E.store(ev.value(value, idx), mem, idx, kb)
+            at = [kb.linearize(idx, shape)] if k < len(flat) and flat[k] else idx
+            E.store(ev.value(value, idx), mem, at, kb)
 
-        if n == total:
+        if n is total or (isinstance(n, int) and isinstance(total, int) and n == total):
             write()
             continue
         guard = scf.IfOp(kb.lt(lin, n))
         with ir.InsertionPoint(guard.then_block), ev.scope():
             write()
             scf.YieldOp([])
+
+
+def _run_time_items(ev: Evaluator, kernel: ir.Operation) -> E.Ix:
+    """The threads' items with run-time sizes: the largest output's elements."""
+    items: E.Ix = 0
+    for value in E.kernel_results(kernel):
+        n = ev.numel(ev.shape(value))
+        if isinstance(n, int) and isinstance(items, int):
+            items = max(items, n)
+        elif isinstance(items, int) and items == 0:
+            items = n
+        else:
+            items = arith.maxui(ev.kb.value(items), ev.kb.value(n))
+    return items
+
+
+def _run_time_grid(kernel: ir.Operation, plan: dict, slots: list, n_in: int) -> str:
+    """Grid x over the slots (``KernelABI.grid_sizes``): the plan's where it strides over
+    the grid, else the workgroups of the largest output (each output with a run-time
+    size as its slot times its elements per run-time row)."""
+    block, grid = int(plan["block"]), int(plan["grid"])
+    if plan["grid_stride"]:
+        return str(grid)
+    terms = []
+    for k, value in enumerate(E.kernel_results(kernel)):
+        n = E.numel(E.shape_of(value))
+        slot = next((i for i, (pos, _) in enumerate(slots) if pos == n_in + k), None)
+        terms.append(str(-(-n // block)) if slot is None else
+                     run_time_sizes.grid_text(slot, n // run_time_sizes.BOUND, block))
+    return terms[0] if len(terms) == 1 else "Max(" + ", ".join(terms) + ")"
 
 
 class GenericStrategy(Strategy):
@@ -648,8 +732,12 @@ class GenericStrategy(Strategy):
         block, total, grid = int(plan["block"]), int(plan["numel"]), int(plan["grid"])
         flagged = E.uses_indices(kernel)
         base = E.IndexChecks.first_site(gpu_module)
+        slots = [tuple(x) for x in plan.get("sizes", [])]
+        # with run-time sizes every tensor that has one is a flat buffer (its strides
+        # may be run-time sizes: a sequence after heads)
+        flat = [any(pos == k for pos, _ in slots) for k in range(len(ins) + len(outs))] if slots else []
         gfunc, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
-                                       target=target.name, index_flag=flagged)
+                                       target=target.name, index_flag=flagged, sizes=len(slots), flat=flat)
         args = list(entry.arguments)
         if plan.get("mode") == "columns":
             from . import columns
@@ -660,24 +748,40 @@ class GenericStrategy(Strategy):
             with kernel.location, ir.InsertionPoint(entry):
                 kb = E.IndexBuilder(entry)
                 ev = Evaluator(kb, args[:len(ins)], None)
-                columns.emit(ev, kernel, entry, args[len(ins):len(ins) + len(outs)], scratch, plan)
+                if slots:
+                    ev.shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(entry, args[-1], slots))
+                    ev.flat = flat[:len(ins)]
+                columns.emit(ev, kernel, entry, args[len(ins):len(ins) + len(outs)], scratch, plan,
+                             flat[len(ins):])
                 E.finish(entry)
-            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic", "mode": "columns"})
+            notes = {"strategy": "generic", "mode": "columns"}
+            if slots:
+                return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, sizes=tuple(slots),
+                                     grid_sizes=(str(grid), "1", "1"))
+            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes)
         with kernel.location, ir.InsertionPoint(entry):
             kb = E.IndexBuilder(entry)
-            checks = E.IndexChecks(kb, args[-1], base) if flagged else None
+            checks = E.IndexChecks(kb, args[-1 - bool(slots)], base) if flagged else None
             ev = Evaluator(kb, args[:len(ins)], checks)
+            items: E.Ix = total
+            if slots:
+                ev.shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(entry, args[-1], slots))
+                ev.flat = flat[:len(ins)]
+                items = _run_time_items(ev, kernel)
 
             def body(lin):
                 with ev.scope():
-                    emit_outputs(ev, kernel, args[len(ins):len(ins) + len(outs)], lin, total)
+                    emit_outputs(ev, kernel, args[len(ins):len(ins) + len(outs)], lin, items, flat[len(ins):])
 
-            E.for_each_thread_item(kb, total, block, grid, bool(plan["grid_stride"]), body)
+            E.for_each_thread_item(kb, items, block, grid, bool(plan["grid_stride"]), body)
             if checks is not None:
                 checks.finish()
                 checks.record(gfunc)
             E.finish(entry)
-        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"})
+        if not slots:
+            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"})
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"}, sizes=tuple(slots),
+                             grid_sizes=(_run_time_grid(kernel, plan, slots, len(ins)), "1", "1"))
 
 
 register(GenericStrategy())

@@ -461,7 +461,8 @@ def direct_source(view: KernelView, memrefs: Sequence[ir.Value], value: ir.Value
 
 
 def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
-               fast_is_col: bool, row0: ir.Value | int, n_rows: int | ir.Value, col0: ir.Value | int, n_cols: int,
+               fast_is_col: bool, row0: ir.Value | int, n_rows: int | ir.Value, col0: ir.Value | int,
+               n_cols: int | ir.Value,
                read: Callable[[ir.Value, ir.Value], ir.Value], transposed: bool = False,
                direct: Direct | None = None, vector_bytes: int = 0, run_time_vectors: bool = False) -> None:
     """Copy a rows x cols block of a value into workgroup memory, converted to the
@@ -472,11 +473,11 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
     The threads walk the block linearly, consecutive threads along the columns when
     the source is contiguous along them (``fast_is_col``), else along the rows, so the
     global reads coalesce. Whole passes of all threads run in an scf.for; a last partial
-    pass is guarded by the thread's position. ``n_rows`` may be a run-time size (an
-    index value): every row is then guarded, and the reads are scalars unless
-    ``run_time_vectors`` (``direct`` then addresses the argument as it is declared,
-    flat or not: vector loads as at static sizes)."""
-    dynamic = not isinstance(n_rows, int)
+    pass is guarded by the thread's position. ``n_rows`` or ``n_cols`` may be a run-time
+    size (an index value): every row (column) is then guarded, and the reads are scalars
+    unless ``run_time_vectors`` (``direct`` then addresses the argument as it is
+    declared, flat or not: vector loads as at static sizes)."""
+    dynamic = not isinstance(n_rows, int) or not isinstance(n_cols, int)
     staging = None if dynamic and not run_time_vectors else VectorStaging(
         g, tid, threads, tile, rows, cols, n_rows, n_cols, transposed, direct, vector_bytes)
     if staging is not None and staging.ok:
@@ -496,8 +497,8 @@ def stage_tile(g: GpuFunc, pw: Pointwise, tid: ir.Value, threads: int, tile: ir.
             rr, cc = g.rem(lin, rows), g.div(lin, rows)
         gr, gc = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr), \
             g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
-        cond = g.all_of([c for c in (g.lt(gr, n_rows) if dynamic or n_rows % rows or rows > n_rows else None,
-                                     g.lt(gc, n_cols) if n_cols % cols or cols > n_cols else None) if c is not None])
+        cond = g.all_of([c for c in (g.lt(gr, n_rows) if ragged(n_rows, rows) else None,
+                                     g.lt(gc, n_cols) if ragged(n_cols, cols) else None) if c is not None])
 
         def value():
             pw.reset()
@@ -543,10 +544,12 @@ class VectorStaging:
     whole vectors (tails are then whole vectors too), the element types allow it and a
     thread's share is a few passes. Each thread's slots (tile positions) are computed
     once, where the object is made. Stores are vectors too where the tile's rows are
-    contiguous along the same dim and 16-byte aligned."""
+    contiguous along the same dim and 16-byte aligned. ``n_rows`` or ``n_cols`` may be a
+    run-time size (an index value), which is then always guarded."""
 
     def __init__(self, g: GpuFunc, tid: ir.Value, threads: int, tile: ir.Value, rows: int, cols: int,
-                 n_rows: int | ir.Value, n_cols: int, transposed: bool, direct: Direct | None, vector_bytes: int):
+                 n_rows: int | ir.Value, n_cols: int | ir.Value, transposed: bool, direct: Direct | None,
+                 vector_bytes: int):
         self.g, self.tile, self.rows, self.cols = g, tile, rows, cols
         self.n_rows, self.n_cols, self.transposed, self.direct = n_rows, n_cols, transposed, direct
         self.ok = False
@@ -566,6 +569,8 @@ class VectorStaging:
         full, rest = divmod(total, threads)
         if vec < 2 or direct.extent % vec or along % vec or full + bool(rest) > UNROLL_STAGING:
             return
+        if not isinstance(n_rows if direct.contiguous == 0 else n_cols, int):
+            return  # a run-time extent along the vectors: the last may be partial
         self.ok, self.vec = True, vec
         self.src_t, self.dst_t = ir.VectorType.get([vec], src_elem), ir.VectorType.get([vec], dst_elem)
         dst_width = widths[str(dst_elem)]
@@ -601,7 +606,7 @@ class VectorStaging:
             gr = g.add(rr, row0) if isinstance(row0, int) else arith.addi(row0, rr)
             gc = g.add(cc, col0) if isinstance(col0, int) else arith.addi(col0, cc)
             row_tail = guard_all or ragged(self.n_rows, self.rows)
-            col_tail = guard_all or self.n_cols % self.cols or self.cols > self.n_cols
+            col_tail = guard_all or ragged(self.n_cols, self.cols)
             cond = g.all_of([c for c in (in_tile, g.lt(gr, self.n_rows) if row_tail else None,
                                          g.lt(gc, self.n_cols) if col_tail else None) if c is not None])
             index = d.at(g, [gc, gr] if d.swapped else [gr, gc])

@@ -21,14 +21,23 @@ choices that hold for some sizes only asks ``is_bounded`` of the kernel it plans
 Code that guards tails asks ``ragged`` whether a dim needs them (a run-time size always
 does).
 
-Strategies that write such kernels list themselves in ``RUN_TIME_KINDS``; a kernel with
-``?`` dims that another strategy would write is an error that makes the driver compile
-the function for static sizes.
+Strategies that write such kernels list themselves in ``RUN_TIME_KINDS``; kf-tile gives
+a kernel whose kind's strategy cannot take its run-time sizes or strides to the generic
+strategy, which takes both (every tensor with a run-time size a flat buffer); a kernel
+that no strategy can write with its ``?`` dims is an error that makes the driver compile
+the function for static sizes, and the error is the reason the driver logs.
+
+A strategy finds the run-time extent of a tensor inside the kernel, not only of its
+arguments, with ``RunTimeShapes`` (the bounded copy keeps which dims were ``?``:
+``RUN_TIME_DIMS``); ``SizeTexts`` gives the same over the kernel's ``?`` types as text over
+its inputs' slots, which kf-map-to-gpu records (``kf.result_sizes``) so that the driver
+names the size of a buffer that one kernel writes and another reads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator, Sequence
 
 from mlir import ir
@@ -39,15 +48,25 @@ from kf.runtime.abi import MAX_DYNAMIC_SIZE
 #: the size a ``?`` dim is declared with in the kernel: the largest a run-time size takes
 BOUND = MAX_DYNAMIC_SIZE
 
+#: the bounded copy's attribute that keeps, per op of its body, the ``?`` dim of each result
+RUN_TIME_DIMS = "kf.run_time_dims"
+
 #: the strategies that write kernels with run-time sizes
-RUN_TIME_KINDS = ("rowwise", "elementwise", "attention")
+RUN_TIME_KINDS = ("rowwise", "elementwise", "attention", "matmul", "generic")
 #: those whose kernels also address buffers with run-time strides (a run-time sequence
 #: after a static number of heads): flat buffers, indices linearized with the sizes
-RUN_TIME_STRIDE_KINDS = ("attention",)
+RUN_TIME_STRIDE_KINDS = ("attention", "generic")
 
 
 def _is_dynamic(t: ir.Type) -> bool:
     return isinstance(t, ir.RankedTensorType) and not t.has_static_shape
+
+
+def _dynamic_dim(t: ir.Type) -> int:
+    if not _is_dynamic(t):
+        return -1
+    rt = ir.RankedTensorType(t)
+    return next(i for i in range(rt.rank) if rt.is_dynamic_dim(i))
 
 
 def _bounded_type(t: ir.Type) -> ir.Type:
@@ -137,6 +156,9 @@ def bounded(kernel: ir.Operation) -> Iterator[tuple[ir.Operation, list[tuple[int
                         a.set_type(_bounded_type(a.type))
             return ir.WalkResult.ADVANCE
 
+        # which dim of each op's results was ``?`` (-1: none), for RunTimeShapes
+        copy.attributes[RUN_TIME_DIMS] = ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get(
+            [_dynamic_dim(r.type) for r in op.results]) for op in copy.regions[0].blocks[0].operations])
         copy.walk(visit)
         ftype = ir.FunctionType(ir.TypeAttr(copy.attributes["function_type"]).value)
         copy.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
@@ -223,3 +245,271 @@ class SizeSlots:
 def grid_text(k: int, per_slot: int, per_block: int) -> str:
     """The grid's x as the launcher evaluates it: ceil(k<k> * per_slot / per_block)."""
     return f"FloorDiv(k{k}*{per_slot} + {per_block - 1}, {per_block})"
+
+
+#: ops whose results line up with their operands dim by dim from the right (a ``?`` of a
+#: result is the ``?`` of the operand dim it lines up with)
+_ALIGNED = ("kf.broadcast_to", "kf.softmax", "kf.log_softmax", "kf.scan", "kf.iota", "kf.fill")
+
+
+class RunTimeShapes:
+    """The shape of every tensor of a bounded kernel (``bounded``) with its run-time dim
+    as an index value: a kernel argument's or result's is its slot; another tensor's is
+    found from its operands or users -- lined up with them (elementwise ops, broadcasts,
+    slices and concats along other dims, reductions' kept dims), permuted (transpose),
+    the rows of a matmul, the element count of a reshape's operand over its static dims,
+    the sum of a concat's operands along it. ``shape(v)`` raises ValueError for a
+    run-time dim none of these reaches (the driver then compiles static sizes)."""
+
+    def __init__(self, kernel: ir.Operation, sizes: "SizeSlots"):
+        self.sizes = sizes
+        body = kernel.regions[0].blocks[0]
+        per_op = ir.ArrayAttr(kernel.attributes[RUN_TIME_DIMS])
+        dims = {}
+        for op, ds in zip(body.operations, per_op):
+            for r, d in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
+                if d >= 0:
+                    dims[r] = d
+        self._solve(kernel, dims, {k: (pos, d) for k, (pos, d) in enumerate(sizes.slots)}, sizes.size)
+
+    def _solve(self, kernel: ir.Operation, dims: dict, slots: dict, size) -> None:
+        """Find every run-time extent: ``dims`` the run-time dim of each op result,
+        ``slots`` {k: (argument position, dim)} the slots to start from, ``size(k)``
+        slot k's extent."""
+        from kf.dialects.attrs import op_attrs
+
+        self._attrs = op_attrs
+        body = kernel.regions[0].blocks[0]
+        self.ops = [op.operation for op in body.operations]
+        self.dim: dict = dict(dims)
+        self.extent: dict = {}
+        self.args = args = list(body.arguments)
+        n_inputs = len(args)
+        results = list(self.ops[-1].operands) if self.ops and self.ops[-1].name == "func.return" else []
+        for k, (pos, d) in slots.items():
+            v = args[pos] if pos < n_inputs else results[pos - n_inputs]
+            self.dim[v] = d
+            self.extent.setdefault(v, size(k))
+        changed = True
+        while changed:
+            changed = False
+            for op in self.ops:
+                changed |= self._forward(op) | self._backward(op)
+
+    def _bounded(self, v: ir.Value) -> list[int]:
+        return list(ir.RankedTensorType(v.type).shape) if isinstance(v.type, ir.RankedTensorType) else []
+
+    def _at(self, v: ir.Value, d: int):
+        """v's extent along d: an int, an index value, or None (a run-time dim not yet found)."""
+        if self.dim.get(v) == d:
+            return self.extent.get(v)
+        return self._bounded(v)[d]
+
+    def _lined_up(self, op: ir.Operation) -> bool:
+        if op.name in _ALIGNED or op.name in _elementwise():
+            return True
+        if op.name in ("kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var", "kf.argmax",
+                       "kf.logsumexp"):
+            return bool(self._attrs(op).get("keepdim", False))
+        return op.name in ("kf.slice", "kf.concat")
+
+    def _pairs(self, op: ir.Operation):
+        """(result dim, operand, operand dim) of the dims that are the same extent."""
+        r = op.results[0]
+        rr = len(self._bounded(r))
+        attrs = self._attrs(op)
+        if op.name == "kf.transpose":
+            for j, p in enumerate(attrs["perm"]):
+                yield j, op.operands[0], int(p)
+            return
+        if op.name == "kf.index_select":  # the indexed dim is the index's; the others the input's
+            x, index = op.operands[:2]
+            along = int(attrs["dim"]) % rr
+            yield along, index, 0
+            for j in range(rr):
+                if j != along:
+                    yield j, x, j
+            return
+        if op.name == "kf.gather":  # the index's shape
+            for j in range(rr):
+                yield j, op.operands[1], j
+            return
+        if op.name == "kf.matmul":
+            a, b = op.operands
+            yield rr - 2, a, len(self._bounded(a)) - 2
+            yield rr - 1, b, len(self._bounded(b)) - 1
+            for o in (a, b):
+                ro = len(self._bounded(o))
+                for j in range(ro - 2):
+                    yield rr - ro + j, o, j
+            return
+        if op.name in ("kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var", "kf.argmax",
+                       "kf.logsumexp") and not attrs.get("keepdim", False):
+            x = op.operands[0]
+            rx = len(self._bounded(x))
+            dims = attrs.get("dims")
+            red = {int(attrs["dim"]) % rx} if op.name == "kf.argmax" else \
+                ({int(d) % rx for d in dims} if dims else set(range(rx)))
+            kept = [d for d in range(rx) if d not in red]
+            for j, d in enumerate(kept):
+                yield j, x, d
+            return
+        if not self._lined_up(op):
+            return
+        along = None
+        if op.name in ("kf.slice", "kf.concat"):
+            along = int(attrs["dim"]) % rr
+        for o in op.operands:
+            ro = len(self._bounded(o))
+            for j in range(max(0, rr - ro), rr):
+                if j != along:
+                    yield j, o, j - (rr - ro)
+
+    def _set(self, v: ir.Value, extent) -> bool:
+        if v in self.dim and v not in self.extent and extent is not None:
+            self.extent[v] = extent
+            return True
+        return False
+
+    def _forward(self, op: ir.Operation) -> bool:
+        if not op.results or op.results[0] not in self.dim or op.results[0] in self.extent:
+            return False
+        r = op.results[0]
+        d = self.dim[r]
+        if op.name == "kf.reshape":
+            x = op.operands[0]
+            if x in self.dim and x not in self.extent:
+                return False
+            rest = math.prod(s for j, s in enumerate(self._bounded(r)) if j != d)
+            shape = self.shape(x)
+            static = math.prod(s for s in shape if isinstance(s, int))
+            ext = next((s for s in shape if not isinstance(s, int)), None)
+            if ext is not None and static % rest == 0:  # (x's one run-time extent, times a whole factor)
+                return self._set(r, ext if static == rest else self._mul(ext, static // rest))
+            n = self.numel(x)
+            return self._set(r, n if rest == 1 else self._div(n, rest))
+        if op.name == "kf.concat" and int(self._attrs(op)["dim"]) % len(self._bounded(r)) == d:
+            parts = [self._at(o, d) for o in op.operands]
+            if any(p is None for p in parts):
+                return False
+            return self._set(r, self._add(*parts))
+        for j, o, od in self._pairs(op):
+            if j == d and self.dim.get(o) == od and o in self.extent:
+                return self._set(r, self.extent[o])
+        return False
+
+    def _backward(self, op: ir.Operation) -> bool:
+        if not op.results or op.results[0] not in self.extent or op.name == "kf.reshape":
+            return False
+        changed = False
+        d = self.dim[op.results[0]]
+        for j, o, od in self._pairs(op):
+            if j == d and self.dim.get(o) == od:
+                changed |= self._set(o, self.extent[op.results[0]])
+        return changed
+
+    # the arithmetic of extents: index values at the top of the kernel (SizeTexts: text)
+    def _index(self, n):
+        if not isinstance(n, int):
+            return n
+        with self.sizes._ip():
+            return arith.constant(ir.IndexType.get(), n)
+
+    def _mul(self, a, b):
+        with self.sizes._ip():
+            return arith.muli(self._index(a), self._index(b))
+
+    def _div(self, a, b: int):
+        with self.sizes._ip():
+            return arith.divui(self._index(a), self._index(b))
+
+    def _add(self, a, b):
+        with self.sizes._ip():
+            return arith.addi(self._index(a), self._index(b))
+
+    def numel(self, v: ir.Value):
+        shape = self.shape(v)
+        out = math.prod(s for s in shape if isinstance(s, int))
+        for s in shape:
+            if not isinstance(s, int):
+                out = s if out == 1 else self._mul(out, s)
+        return out
+
+    def has(self, v: ir.Value) -> bool:
+        return v in self.dim
+
+    def shape(self, v: ir.Value) -> list:
+        """v's shape: ints, and its run-time dim as an index value."""
+        shape = self._bounded(v)
+        if v not in self.dim:
+            return shape
+        if v not in self.extent:
+            owner = v.owner
+            what = owner.name if hasattr(owner, "name") else "an argument"
+            raise ValueError(f"the run-time size of a result of {what} is not found from its operands or users")
+        shape[self.dim[v]] = self.extent[v]
+        return shape
+
+
+def _elementwise():
+    from .emit import ELEMENTWISE
+
+    return ELEMENTWISE
+
+
+class SizeTexts(RunTimeShapes):
+    """RunTimeShapes over a kernel function with ``?`` dims (not bounded), its extents
+    text over its input slots ``a<pos>d<dim>``: what each result's run-time size is in
+    terms of the inputs' (``result_texts``), and each input's in terms of the other
+    inputs' (``input_texts``), so that the driver can name the size of a buffer between
+    two kernels from the kernel that writes it or from one that reads it.
+    ``without``: an input position whose slot is not a starting point."""
+
+    def __init__(self, kernel: ir.Operation, without: int = -1):
+        self.kernel = kernel
+        body = kernel.regions[0].blocks[0]
+        dims = {r: _dynamic_dim(r.type) for op in body.operations for r in op.operation.results
+                if _dynamic_dim(r.type) >= 0}
+        for a in body.arguments:
+            if _dynamic_dim(a.type) >= 0:
+                dims[a] = _dynamic_dim(a.type)
+        n_in = len(body.arguments)
+        slots = {k: (pos, d) for k, (pos, d) in enumerate(slots_of(kernel)) if pos < n_in and pos != without}
+        self._solve(kernel, dims, slots, lambda k: f"a{slots[k][0]}d{slots[k][1]}")
+
+    def input_texts(self) -> list[str]:
+        """Per kernel input, its run-time size as text over the other inputs' slots (""
+        where it has none, or none is found)."""
+        out = []
+        for pos, a in enumerate(self.args):
+            if _dynamic_dim(a.type) < 0:
+                out.append("")
+                continue
+            other = SizeTexts(self.kernel, without=pos)
+            out.append(str(other.extent.get(other.args[pos], "")))
+        return out
+
+    def _bounded(self, v: ir.Value) -> list[int]:
+        if not isinstance(v.type, ir.RankedTensorType):
+            return []
+        t = ir.RankedTensorType(v.type)
+        return [BOUND if t.is_dynamic_dim(i) else d for i, d in enumerate(t.shape)]
+
+    def _mul(self, a, b):
+        return f"({a})*({b})"
+
+    def _div(self, a, b: int):
+        return f"FloorDiv({a}, {b})"
+
+    def _add(self, a, b):
+        return f"({a}) + ({b})"
+
+    def result_texts(self) -> list[str]:
+        """Per kernel result, its run-time size as text over the input slots ("" where it
+        has none, or none is found)."""
+        ret = self.ops[-1]
+        out = []
+        for v in ret.operands:
+            e = self.extent.get(v, "") if v in self.dim else ""
+            out.append(str(e))
+        return out

@@ -212,6 +212,20 @@ func.func @iota_reshape() -> (tensor<37x1xi64>, tensor<1x1x41xi64>, tensor<1x1xi
 
 // -----
 
+// Along a run-time size the iota stays an iota (a ? is never a size of 1).
+// CHECK-LABEL: func.func @iota_reshape_run_time
+// CHECK-DAG: "kf.iota"() {dim = 0 : i64} : () -> tensor<?x1xi64>
+// CHECK-DAG: "kf.iota"() {dim = 1 : i64} : () -> tensor<1x?xi64>
+// CHECK-NOT: "kf.fill"
+func.func @iota_reshape_run_time() -> (tensor<?x1xi64>, tensor<1x?xi64>) {
+  %a = "kf.iota"() {dim = 0 : i64} : () -> tensor<?xi64>
+  %ra = "kf.reshape"(%a) : (tensor<?xi64>) -> tensor<?x1xi64>
+  %rb = "kf.reshape"(%a) : (tensor<?xi64>) -> tensor<1x?xi64>
+  return %ra, %rb : tensor<?x1xi64>, tensor<1x?xi64>
+}
+
+// -----
+
 // A transpose of a value made of fills and iotas alone (torch.triu(torch.ones(S, S)).T)
 // moves onto them: no transpose remains, the iotas run along the permuted dims. A
 // transpose of an argument stays.

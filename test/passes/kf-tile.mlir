@@ -134,3 +134,17 @@ func.func private @softmax_1000(%x: tensor<4x1000xf16>) -> tensor<4x1000xf16> at
   %0 = "kf.softmax"(%x) {dim = -1 : i64} : (tensor<4x1000xf16>) -> tensor<4x1000xf16>
   return %0 : tensor<4x1000xf16>
 }
+
+// -----
+
+// A run-time size after the heads (run-time strides) in an elementwise kernel: the
+// elementwise strategy's kernels address static strides, so the generic strategy's plan
+// takes it, its sizes the slots (argument 0 and the result, dim 2).
+// CUDA-LABEL: func.func private @strided_run_time
+// CUDA-SAME: sizes = [array<i64: 0, 2>, array<i64: 1, 2>], strategy = "generic"
+// SPIRV-LABEL: func.func private @strided_run_time
+// SPIRV-SAME: sizes = [array<i64: 0, 2>, array<i64: 1, 2>], strategy = "generic"
+func.func private @strided_run_time(%a: tensor<1x4x?x8xf32>) -> tensor<1x4x?x8xf32> attributes {kf.kernel = "elementwise"} {
+  %0 = "kf.exp"(%a) : (tensor<1x4x?x8xf32>) -> tensor<1x4x?x8xf32>
+  return %0 : tensor<1x4x?x8xf32>
+}

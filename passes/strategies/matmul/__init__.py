@@ -39,6 +39,13 @@ tile). ``plan.py`` chooses the kernel and its tiles; its ``MatmulVariant`` holds
 numbers a plan can be told (``kf-tile{matmul.stages=3}``). Not used: TMA (the tiles come
 by cp.async). Measurements: bench/RESULTS.md.
 
+Run-time sizes (run_time_sizes.py, ``gemm.RunTimeRows``): every kernel takes a
+run-time M (the rows of A and C: the grid's row tiles a slot expression, the row tails
+always guarded), a run-time leading batch dim (the grid's z), or a run-time K (a weight
+gradient over run-time rows: the K loop runs to it, its tail zero-filled as a static
+tail is). A run-time N, or one after a static dim that is not 1 (a run-time stride),
+is the generic strategy's.
+
 The kernel-building toolkit (``GpuFunc``, ``Pointwise``, tile staging) is ``kernel_ir.py``;
 mma.sync and its K loops are ``nvidia/mma_sync.py``, wgmma's operands ``nvidia/wgmma.py``;
 the recognized GEMM is ``gemm.py``, the SIMT kernel ``simt.py``, the cooperative-matrix

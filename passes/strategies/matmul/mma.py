@@ -17,10 +17,10 @@ from mlir import ir
 from mlir.dialects import arith
 
 from ..base import EmittedKernel, NotApplicable, TargetInfo
-from ..kernel_ir import (GpuFunc, KernelView, Pointwise, VectorStaging, direct_source, gpu_arg_types, stage_tile,
+from ..kernel_ir import (GpuFunc, KernelView, Pointwise, VectorStaging, direct_source, stage_tile,
                          store_value, workgroup_memref)
 from ..nvidia.mma_sync import FP8_PTX, MmaSync, mma_k_loop, mma_pipelined_k_loop
-from .gemm import Gemm, grouped_tiles
+from .gemm import Gemm, RunTimeRows, gpu_arg_types_with_sizes, grouped_tiles, row_tiles, tail_guard
 
 def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
          target: TargetInfo) -> EmittedKernel:
@@ -30,14 +30,15 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     accumulators, which the epilogue finishes in the accumulator layout."""
     bm, bn, bk, threads = plan["block_m"], plan["block_n"], plan["block_k"], plan["threads"]
     wn, tms, tns = plan["warps_n"], plan["mma_tiles_m"], plan["mma_tiles_n"]
-    M, N, K = gm.m, gm.n, gm.k
+    N = gm.n
+    run_time = RunTimeRows.of(view, plan)
     tc = MmaSync(spec_of(gm.mm.operands[0].type).elem)
     b_k_major, use_ldm = plan.get("b_k_major", False), plan.get("ldmatrix", False)
     pad = 16 // tc.esize  # 16 bytes a row: ldmatrix's and the fragment loads' rows hit distinct banks
     stages = plan.get("stages", 1)
     a_rows_s, b_rows_s = bm, (bk if b_k_major else bn)  # rows of one stage of each tile
     with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target),
+        g = GpuFunc(gpu_module, view.name, gpu_arg_types_with_sizes(view, target, plan),
                     [workgroup_memref([stages * bm, bk + pad], tc.type),
                      workgroup_memref([stages * bk, bn + pad] if b_k_major else [stages * bn, bk + pad], tc.type)],
                     (threads, 1, 1), dynamic_shared=plan.get("dynamic_shared", False))
@@ -46,8 +47,10 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
         pw = Pointwise(g, view, g.args[:n_in])
         a_val, b_val = gm.mm.operands
         with ir.InsertionPoint(g.entry):
+            M = run_time.rows(g, gm) if run_time else gm.m
+            K = run_time.depth(g, kernel, gm) if run_time else gm.k
             tid = g.tid()
-            col_tile, row_tile = grouped_tiles(g, plan["grid"][0], plan["grid"][1], plan.get("group_m", 0))
+            col_tile, row_tile = grouped_tiles(g, plan["grid"][0], row_tiles(g, M, plan), plan.get("group_m", 0))
             batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []
             m0, n0 = g.mul(row_tile, bm), g.mul(col_tile, bn)
             warp, lane = g.div(tid, 32), g.rem(tid, 32)
@@ -86,15 +89,14 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
                 acc = mma_k_loop(g, K, bk, 4 * tms * tns, a_stage, b_stage, prefetch, m0, n0, stage,
                                  lambda acc: tc.block_products(g, As, Bs, bk, tms, tns, acc, lt, wm0, wn0,
                                                                b_k_major, a_rows, b_cols, tig2))
-            outs = g.args[n_in:]
+            outs = g.args[n_in:n_in + len(view.results)]
             for i in range(tms):
                 for h in range(2):
                     gr = arith.addi(m0, g.add(arith.addi(wm0, gid), 16 * i + 8 * h))
                     for j in range(tns):
                         for e in range(2):
                             gc = arith.addi(n0, g.add(arith.addi(wn0, tig2), 8 * j + e))
-                            conds = [c for c in (g.lt(gr, M) if M % bm else None,
-                                                 g.lt(gc, N) if N % bn else None) if c is not None]
+                            conds = [c for c in (tail_guard(g, gr, M, bm), tail_guard(g, gc, N, bn)) if c is not None]
 
                             def store(v=acc[4 * (i * tns + j) + 2 * h + e], gr=gr, gc=gc):
                                 pw.reset()
@@ -109,4 +111,4 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
                          {"strategy": "matmul", "tensor_cores": f"mma.sync.m16n8k{tc.k}" + (
                              f".{FP8_PTX[tc.elem]}" if tc.fp8 else ""),
                           "workgroup_bytes": plan["shared_bytes"], "tile": [bm, bn, bk],
-                          "stages": stages})
+                          "stages": stages}, **RunTimeRows.launch(run_time, plan))

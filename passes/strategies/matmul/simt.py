@@ -11,24 +11,29 @@ from mlir.dialects import gpu, memref
 from mlir.dialects import math as mmath
 
 from ..base import EmittedKernel, TargetInfo
-from ..kernel_ir import (GpuFunc, KernelView, Pointwise, direct_source, gpu_arg_types, stage_tile, store_value,
+from ..kernel_ir import (GpuFunc, KernelView, Pointwise, direct_source, stage_tile, store_value,
                          workgroup_memref)
-from .gemm import Gemm
+from .gemm import Gemm, RunTimeRows, gpu_arg_types_with_sizes, tail_guard
 
 
 def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
          target: TargetInfo) -> EmittedKernel:
-    """The SIMT GEMM kernel of a plan (``plan.plan``)."""
+    """The SIMT GEMM kernel of a plan (``plan.plan``); with run-time sizes
+    (``RunTimeRows``) M or the batch is read from the size slots."""
     bm, bn, bk = plan["block_m"], plan["block_n"], plan["block_k"]
     tm, tn, threads = plan["thread_m"], plan["thread_n"], plan["threads"]
-    M, N, K = gm.m, gm.n, gm.k
+    N = gm.n
+    run_time = RunTimeRows.of(view, plan)
     a_sh, b_sh = workgroup_memref([bk, bm + 1]), workgroup_memref([bk, bn])
     with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [a_sh, b_sh], (threads, 1, 1))
+        g = GpuFunc(gpu_module, view.name, gpu_arg_types_with_sizes(view, target, plan), [a_sh, b_sh],
+                    (threads, 1, 1))
         As, Bs = g.shared
         n_in = len(view.args)
         pw = Pointwise(g, view, g.args[:n_in])
         a_val, b_val = gm.mm.operands
+        M = run_time.rows(g, gm) if run_time else gm.m
+        K = run_time.depth(g, kernel, gm) if run_time else gm.k
         with ir.InsertionPoint(g.entry):
             tid = g.tid()
             col_tile, row_tile = g.bid("x"), g.bid("y")
@@ -66,13 +71,12 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
 
             acc = g.loop(0, K, bk, [zero] * (tm * tn), k_step)
 
-            outs = g.args[n_in:]
+            outs = g.args[n_in:n_in + len(view.results)]
             for i in range(tm):
                 gr = g.add(m0, row_of[i])
                 for j in range(tn):
                     gc = g.add(n0, col_of[j])
-                    conds = [c for c in (g.lt(gr, M) if M % bm else None, g.lt(gc, N) if N % bn else None)
-                             if c is not None]
+                    conds = [c for c in (tail_guard(g, gr, M, bm), tail_guard(g, gc, N, bn)) if c is not None]
 
                     def store(i=i, j=j, gr=gr, gc=gc):
                         pw.reset()
@@ -83,9 +87,10 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
 
                     g.when(g.all_of(conds), store)
         g.finish()
-    return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0,
-                         {"strategy": "matmul", "workgroup_bytes": plan["shared_bytes"],
-                          "tile": [bm, bn, bk], "thread_tile": [tm, tn]})
+    notes = {"strategy": "matmul", "workgroup_bytes": plan["shared_bytes"], "tile": [bm, bn, bk],
+             "thread_tile": [tm, tn]}
+    return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes,
+                         **RunTimeRows.launch(run_time, plan))
 
 
 def simt_tile_products(g: GpuFunc, As: ir.Value, Bs: ir.Value, row_of: Sequence[ir.Value],

@@ -24,9 +24,9 @@ from mlir import ir
 from mlir.dialects import arith, gpu, llvm, nvvm
 
 from ..base import EmittedKernel, NotApplicable, TargetInfo
-from ..kernel_ir import GpuFunc, KernelView, Pointwise, direct_source, gpu_arg_types, store_value
+from ..kernel_ir import GpuFunc, KernelView, Pointwise, direct_source, store_value
 from ..nvidia.mma_sync import FP8_PTX
-from .gemm import Gemm, grouped_tiles
+from .gemm import Gemm, RunTimeRows, gpu_arg_types_with_sizes, grouped_tiles, row_tiles, tail_guard
 from ..nvidia.wgmma import (ATOM_BYTES, SWIZZLE_BYTES, WGMMA_TYPES, SwizzledTile, available, carve_aligned,
                             i64_const, wgmma_attrs)
 
@@ -70,7 +70,8 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     """The wgmma GEMM kernel of a ``plan()`` plan (see the module docstring)."""
     bm, bn, bk, threads = plan["block_m"], plan["block_n"], plan["block_k"], plan["threads"]
     stages, inflight = plan["stages"], plan["inflight"]
-    M, N, K = gm.m, gm.n, gm.k
+    N = gm.n
+    run_time = RunTimeRows.of(view, plan)
     elem = spec_of(gm.mm.operands[0].type).elem
     esize = 1 if elem in FP8_PTX else 2
     k_inst = 32 // esize  # k of one wgmma: 16 (16-bit types), 32 (fp8)
@@ -81,7 +82,8 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     acc_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * acc_n) + ")>")
     ahead = stages - 1 - inflight
     with kernel.location:
-        g = GpuFunc(gpu_module, view.name, gpu_arg_types(view, target), [], (threads, 1, 1))  # window: _carve_aligned
+        # (the shared window: carve_aligned)
+        g = GpuFunc(gpu_module, view.name, gpu_arg_types_with_sizes(view, target, plan), [], (threads, 1, 1))
         n_in = len(view.args)
         pw = Pointwise(g, view, g.args[:n_in])
         a_val, b_val = gm.mm.operands
@@ -89,8 +91,10 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
             per_row = SWIZZLE_BYTES // esize
             b_rows = bn if not b_mn_major else bk * (bn * esize // SWIZZLE_BYTES)
             As, Bs = carve_aligned(g, [(stages * bm, per_row, etype), (stages * b_rows, per_row, etype)])
+            M = run_time.rows(g, gm) if run_time else gm.m
+            K = run_time.depth(g, kernel, gm) if run_time else gm.k
             tid = g.tid()
-            col_tile, row_tile = grouped_tiles(g, plan["grid"][0], plan["grid"][1], plan.get("group_m", 0))
+            col_tile, row_tile = grouped_tiles(g, plan["grid"][0], row_tiles(g, M, plan), plan.get("group_m", 0))
             batch_idx = g.delinearize(g.bid("z"), gm.batch) if gm.batch else []
             m0, n0 = g.mul(row_tile, bm), g.mul(col_tile, bn)
             a_lead = pw.operand_index(spec_of(a_val.type).shape[:-2], batch_idx, len(gm.batch))
@@ -145,7 +149,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
             nvvm.wgmma_wait_group_sync_aligned(0)
             nvvm.cp_async_wait_group(0)  # nothing may still be landing in shared memory at exit
 
-            outs = g.args[n_in:]
+            outs = g.args[n_in:n_in + len(view.results)]
             gid, tig2 = g.div(lane, 4), g.mul(g.rem(lane, 4), 2)
             row_base = arith.addi(m0, arith.addi(g.mul(wg, 64), arith.addi(g.mul(g.rem(warp, 4), 16), gid)))
             col_base = arith.addi(n0, tig2)
@@ -154,8 +158,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
                     gr = g.add(row_base, 8 * h)
                     for e in range(2):
                         gc = g.add(col_base, 8 * i + e)
-                        conds = [c for c in (g.lt(gr, M) if M % bm else None, g.lt(gc, N) if N % bn else None)
-                                 if c is not None]
+                        conds = [c for c in (tail_guard(g, gr, M, bm), tail_guard(g, gc, N, bn)) if c is not None]
 
                         def store(k=4 * i + 2 * h + e, gr=gr, gc=gc):
                             pw.reset()
@@ -169,4 +172,4 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     inst = f"wgmma.m64n{bn}k{k_inst}.{WGMMA_TYPES[elem]}"
     return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), g.dynamic_shared_bytes,
                          {"strategy": "matmul", "tensor_cores": inst, "workgroup_bytes": plan["shared_bytes"],
-                          "tile": [bm, bn, bk], "stages": stages})
+                          "tile": [bm, bn, bk], "stages": stages}, **RunTimeRows.launch(run_time, plan))

@@ -15,19 +15,21 @@ func.func private @halfwords(%a: tensor<64xui16>) -> tensor<64xui16> attributes 
 
 // -----
 
-// A run-time size (?) is only a tensor's first dim that is not 1: later ones would make
-// the strides run-time sizes.
-// expected-error @below {{kf-tile: cannot plan kernel @dynamic: tensor<4x?xf32> has a run-time size after its first dim that is not 1}}
-func.func private @dynamic(%a: tensor<4x?xf32>) -> tensor<4x?xf32> attributes {kf.kernel = "elementwise"} {
-  %0 = "kf.exp"(%a) : (tensor<4x?xf32>) -> tensor<4x?xf32>
-  return %0 : tensor<4x?xf32>
+// A run-time size after a tensor's first dim that is not 1 makes its strides run-time
+// sizes: the generic strategy takes such kernels where its per-element work stays small
+// (kf-tile's GENERIC_RUN_TIME_WORK); a softmax over rows of 2048 stays the rowwise
+// strategy's, which takes no run-time strides.
+// expected-error @below {{kf-tile: cannot plan kernel @dynamic: tensor<4x?x2048xf32> has a run-time size after its first dim that is not 1}}
+func.func private @dynamic(%a: tensor<4x?x2048xf32>) -> tensor<4x?x2048xf32> attributes {kf.kernel = "rowwise"} {
+  %0 = "kf.softmax"(%a) {dim = -1 : i64} : (tensor<4x?x2048xf32>) -> tensor<4x?x2048xf32>
+  return %0 : tensor<4x?x2048xf32>
 }
 
 // -----
 
-// A kernel whose strategy writes static sizes only.
-// expected-error @below {{kf-tile: cannot plan kernel @generic: the generic strategy writes kernels for static sizes only}}
-func.func private @generic(%a: tensor<?x8xf32>) -> tensor<?x8xf32> attributes {kf.kernel = "generic"} {
-  %0 = "kf.exp"(%a) : (tensor<?x8xf32>) -> tensor<?x8xf32>
-  return %0 : tensor<?x8xf32>
+// Two run-time sizes in one tensor.
+// expected-error @below {{kf-tile: cannot plan kernel @generic: tensor<?x?xf32> has more than one run-time size}}
+func.func private @generic(%a: tensor<?x?xf32>) -> tensor<?x?xf32> attributes {kf.kernel = "generic"} {
+  %0 = "kf.exp"(%a) : (tensor<?x?xf32>) -> tensor<?x?xf32>
+  return %0 : tensor<?x?xf32>
 }

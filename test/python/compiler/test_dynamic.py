@@ -407,15 +407,28 @@ def test_vulkan_float_argument_over_8_steps_compiles_once():
 
 
 @needs_vulkan
-def test_vulkan_kernel_that_takes_no_run_time_sizes_compiles_each_size_and_says_why(caplog):
+def test_vulkan_run_time_strides_take_the_generic_strategy():
+    """A layer norm over [3, n, 16] with n dynamic: dim 0's stride is a run-time size,
+    which the rowwise strategy's kernels do not take; the generic strategy's do (flat
+    buffers): one program."""
     f = kf.jit(_layer_norm, target="vulkan", dynamic={"x": [1]})
     w, b = torch.randn(16), torch.randn(16)
+    for n in (7, 9, 300):
+        x = torch.randn(3, n, 16)
+        _close(f(x, w, b), _layer_norm(x, w, b))
+    assert len(_compiled(f)) == 1 and "?" in f.compiles[0].signature
+
+
+@needs_vulkan
+def test_vulkan_kernel_that_takes_no_run_time_sizes_compiles_each_size_and_says_why(caplog):
+    """A variance over the run-time dim (a column variance: the generic strategy's needs
+    its count at compile time): each size compiles, and the log says why."""
+    f = kf.jit(lambda x: x.var(dim=0), target="vulkan", dynamic={"x": [0]})
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
         for n in (7, 9):
-            x = torch.randn(3, n, 16)  # dim 0's stride would be a run-time size (dim 1's)
-            _close(f(x, w, b), _layer_norm(x, w, b))
-    assert "compiled for static sizes" in caplog.text and "strides would take run-time sizes" in caplog.text
-    assert "rowwise strategy's kernels do not" in caplog.text
+            x = torch.randn(n, 4)
+            _close(f(x), x.var(dim=0))
+    assert "compiled for static sizes" in caplog.text and "run-time size in the dims of a variance" in caplog.text
     assert all("?" not in c.signature for c in f.compiles)
 
 
@@ -631,3 +644,62 @@ def test_cuda_half_layer_norm_and_softmax_rows(cuda_sized):
         y = cuda_sized(n, 1000)
         _close(sm(y), torch.softmax(y, -1))
     assert len(f.compiles) == 1 and len(sm.compiles) == 1
+
+
+# ---- matmul and generic kernels with run-time sizes --------------------------------------
+
+
+def _linear(x, w, b):
+    return torch.nn.functional.linear(x, w, b)
+
+
+def _mlp(x, w1, b1, w2):
+    return torch.nn.functional.gelu(x @ w1.t() + b1) @ w2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_and_mlp_one_program_for_every_row_count(target, dtype):
+    """A run-time M in the matmul kernels (rows of A and C): one program serves 1, 7,
+    257 and 300 rows, against torch in float64."""
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    lin = kf.jit(_linear, target=target, dynamic={"x": [0]})
+    mlp = kf.jit(_mlp, target=target, dynamic={"x": [0]})
+    w, b = torch.randn(48, 40, dtype=dtype), torch.randn(48, dtype=dtype)
+    w1, b1, w2 = torch.randn(72, 40, dtype=dtype), torch.randn(72, dtype=dtype), torch.randn(72, 24, dtype=dtype)
+    for m in (7, 257, 300, 1):
+        x = torch.randn(m, 40, dtype=dtype)
+        want = _linear(x.double(), w.double(), b.double()).to(dtype)
+        _close(lin(x, w, b), want, tol)
+        if dtype == torch.float32:  # (bf16: the hidden layer's rounding is the precision policy's)
+            _close(mlp(x, w1, b1, w2), _mlp(x, w1, b1, w2), 1e-3)
+    assert len(_compiled(lin)) == 1 and "?" in lin.compiles[0].signature
+    if dtype == torch.float32:
+        assert len(_compiled(mlp)) == 1 and "?" in mlp.compiles[0].signature
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_causal_mask_from_arange_over_a_run_time_length(target):
+    """``arange(S)[:, None] >= arange(S)[None, :]`` with S a run-time size: kf-canonicalize
+    keeps the iotas (an iota along a run-time dim is not the zeros of a dim of size 1)."""
+    from kf.backend.attention import attention
+
+    f = kf.jit(attention, target=target, dynamic={"q": [2], "k": [2], "v": [2]})
+    for s in (8, 13, 21):
+        q, k, v = (torch.randn(2, s, 4, 8).transpose(1, 2) for _ in range(3))
+        _close(f(q, k, v, None, 0.35, True), attention(q, k, v, None, 0.35, True))
+
+
+@needs_vulkan
+def test_vulkan_long_rows_with_run_time_strides_keep_the_rowwise_strategy(caplog):
+    """A softmax over rows of 2048 with a run-time dim after a static one: the generic
+    strategy would recompute each row's statistics per element (kf-tile's
+    GENERIC_RUN_TIME_WORK), so the rowwise strategy writes it for each size, and the log
+    says why."""
+    f = kf.jit(lambda x: torch.softmax(x, -1), target="vulkan", dynamic={"x": [1]})
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (3, 5):
+            x = torch.randn(2, n, 2048)
+            _close(f(x), torch.softmax(x, -1))
+    assert "strides would take run-time sizes" in caplog.text
+    assert all("?" not in c.signature for c in f.compiles)

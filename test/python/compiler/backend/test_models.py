@@ -89,10 +89,15 @@ def test_graph_break_matches_eager(name, target, capsys):
     assert "a graph break" in capsys.readouterr().out
 
 
-def test_symbolic_lengths_compile_each_region_once(caplog):
+@pytest.mark.parametrize("name, target", [("llama", "cpu")] + [pytest.param(n, "vulkan", marks=TARGETS[1].marks)
+                                                                 for n in ("llama", "gpt2")])
+def test_symbolic_lengths_compile_each_region_once(caplog, name, target):
     """``dynamic=True`` over three sequence lengths (the batch held): forward and every
     gradient match eager, and each kf region, forward and backward, is one program of
-    run-time sizes, compiled once, except where the report says why not."""
+    run-time sizes, compiled once, except where the report says why not. On vulkan every
+    region's kernels take the run-time length: matmuls with run-time rows (and K in the
+    weight gradients), the generic strategy's transposes, rotary embedding and column
+    sums with run-time strides."""
     import logging
 
     import kf
@@ -100,7 +105,7 @@ def test_symbolic_lengths_compile_each_region_once(caplog):
     torch._dynamo.reset()
     torch.manual_seed(0)
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
-        compiled = _check(_llama(), "cpu", fullgraph=True, dynamic=True)
+        compiled = _check(MODELS[name](), target, fullgraph=True, dynamic=True)
     x = torch.randint(0, 64, (2, SEQS[0]))
     torch._dynamo.mark_static(x, 0)
     report = kf.explain(compiled, x, backward=True)
@@ -110,6 +115,8 @@ def test_symbolic_lengths_compile_each_region_once(caplog):
     assert all(r in one for r in report.regions if r.graph == "forward"), counts
     for r in report.regions:  # a region that is not one program: a program per length, and why
         assert r in one or (r.static and r.compiles == len(SEQS) and r.static in caplog.text), counts
+    if target == "vulkan" and name == "llama":
+        assert all(r in one for r in report.regions), counts
 
 
 def test_bf16_within_eager_rounding():

@@ -406,3 +406,77 @@ def test_constant_and_fill(run):
     check(got[1], torch.full((3, 7), 2.5, dtype=torch.float16))
     check(got[2], a * -1.5)
     check(got[3], a.masked_fill(torch.from_numpy(mask), 0.5))
+
+
+# ---- run-time sizes (run_time_sizes.py): one program for every size, against torch --------
+
+import kf  # noqa: E402
+import kf.runtime.vulkan  # noqa: E402
+
+_RUN_TIME_TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(
+    not kf.runtime.vulkan.is_available(), reason="no Vulkan device"))]
+
+
+def _rope_heads(x, cos, sin):
+    x = x.transpose(1, 2)  # [1, S, H, D] -> [1, H, S, D]: the sequence after the heads
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+def _column_sums(x, y):
+    return (x * y).sum(0), x.t().contiguous(), x.mean(0)
+
+
+def _broadcast_transpose(x, b):
+    return (x + b).transpose(0, 1) * 2.0
+
+
+RUN_TIME_CASES = {
+    "rope": (_rope_heads, lambda s: (torch.randn(1, s, 4, 16), torch.randn(s, 16), torch.randn(s, 16)),
+             {"x": [1], "cos": [0], "sin": [0]}),
+    "columns": (_column_sums, lambda s: (torch.randn(s, 24), torch.randn(s, 24)), {"x": [0], "y": [0]}),
+    "broadcast": (_broadcast_transpose, lambda s: (torch.randn(s, 3, 8), torch.randn(3, 8)), {"x": [0]}),
+}
+
+
+@pytest.mark.parametrize("target", _RUN_TIME_TARGETS)
+@pytest.mark.parametrize("case", sorted(RUN_TIME_CASES))
+def test_run_time_sizes_one_program(target, case, tmp_path, monkeypatch):
+    """The generic strategy with run-time sizes: transposes that put the run-time dim
+    after the heads (run-time strides, flat buffers), the rotary embedding's slices and
+    cat, column sums and means over run-time rows, broadcasts: one program for 7, 257,
+    300 and 2, against torch."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path / "cache"))
+    fn, make, dyn = RUN_TIME_CASES[case]
+    f = kf.jit(fn, target=target, dynamic=dyn)
+    for s in (7, 257, 300, 2):
+        args = make(s)
+        got, want = f(*args), fn(*args)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    fresh = [c for c in f.compiles if not c.cached]
+    assert len(fresh) == 1 and "?" in fresh[0].signature, [c.signature for c in f.compiles]
+
+
+@pytest.mark.parametrize("case", ["rope", "columns"])
+def test_run_time_kernels_assemble_for_sm_90a(case):
+    """The generic strategy's kernels with run-time sizes lower to PTX that ptxas
+    assembles for sm_90a, with size slots and a grid over them, without spills."""
+    from kf.driver import build
+    from kf.options import Options
+    from kf.passes.to_cuda import assemble, ptxas_path
+    from kf.runtime.abi import ProgramABI
+    from kf.signature import bind
+
+    if not ptxas_path():
+        pytest.skip("needs ptxas")
+    fn, make, dyn = RUN_TIME_CASES[case]
+    sig, tensors = bind(fn, make(7), {})
+    sig = sig.generalize({(name, d) for name, dims in dyn.items() for d in dims}, 16)
+    meta, artifacts = build(fn, sig, tensors, Options(target="cuda"), "sm_90a")
+    abi = ProgramABI.from_json(meta["abi"])
+    assert not abi.is_static and any(k.extra.get("strategy") == "generic" for k in abi.kernels)
+    assert all(k.sizes and k.grid_sizes for k in abi.kernels)
+    ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
+    assert all(k["spill_store_bytes"] == 0 for k in assemble(ptx, "sm_90a").kernels.values())

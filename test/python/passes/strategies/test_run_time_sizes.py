@@ -84,3 +84,46 @@ def test_strides_and_extent_from_a_slot():
         assert text.count("memref.load") == 2 and text.count("arith.minui") == 2
         assert module.operation.verify()
     assert R.grid_text(0, 5, 256) == "FloorDiv(k0*5 + 255, 256)"
+
+
+CHAIN = """
+func.func private @k(%x: tensor<1x?x4x8xf32>, %b: tensor<8xf32>) -> (tensor<1x4x?x8xf32>, tensor<?x32xf32>, tensor<1x4x?x16xf32>) attributes {kf.kernel = "generic"} {
+  %0 = "kf.add"(%x, %b) : (tensor<1x?x4x8xf32>, tensor<8xf32>) -> tensor<1x?x4x8xf32>
+  %1 = "kf.transpose"(%0) {perm = array<i64: 0, 2, 1, 3>} : (tensor<1x?x4x8xf32>) -> tensor<1x4x?x8xf32>
+  %2 = "kf.reshape"(%0) : (tensor<1x?x4x8xf32>) -> tensor<?x32xf32>
+  %3 = "kf.concat"(%1, %1) {dim = 3 : i64} : (tensor<1x4x?x8xf32>, tensor<1x4x?x8xf32>) -> tensor<1x4x?x16xf32>
+  return %1, %2, %3 : tensor<1x4x?x8xf32>, tensor<?x32xf32>, tensor<1x4x?x16xf32>
+}
+"""
+
+
+def test_size_texts_name_each_result_over_the_inputs():
+    """SizeTexts follows lined-up ops, transposes, reshapes and concats along other dims
+    from the inputs' slots to every result."""
+    with make_context() as ctx, ir.Location.unknown():
+        module = ir.Module.parse(CHAIN, ctx)
+        k = next(op.operation for op in module.body.operations)
+        assert R.SizeTexts(k).result_texts() == ["a0d1", "a0d1", "a0d1"]
+
+
+def test_run_time_shapes_of_a_bounded_kernel():
+    """RunTimeShapes gives every tensor of the bounded copy its run-time extent: the
+    transposed result's is the input's slot, the reshaped one's too (its static dims
+    are those of the input's rows)."""
+    with make_context() as ctx, ir.Location.unknown():
+        module = ir.Module.parse(CHAIN, ctx)
+        k = next(op.operation for op in module.body.operations)
+        with R.bounded(k) as (copy, slots):
+            assert R.RUN_TIME_DIMS in copy.attributes
+            holder = ir.Module.create()
+            with ir.InsertionPoint(holder.body):
+                f = func.FuncOp("f", ir.FunctionType.get([R.slot_type(len(slots))], []))
+                entry = f.add_entry_block()
+                with ir.InsertionPoint(entry):
+                    func.ReturnOp([])
+            shapes = R.RunTimeShapes(copy, R.SizeSlots(entry, entry.arguments[0], slots))
+            ops = [op.operation for op in copy.regions[0].blocks[0].operations]
+            transposed = shapes.shape(ops[1].results[0])
+            assert transposed[:2] == [1, 4] and transposed[3] == 8 and isinstance(transposed[2], ir.Value)
+            assert isinstance(shapes.shape(ops[2].results[0])[0], ir.Value)
+            assert shapes.shape(copy.regions[0].blocks[0].arguments[1]) == [8]
