@@ -31,7 +31,10 @@ only into the attributes so named; containers are followed entirely; an ``nn.Mod
 followed entirely (torch's own ``forward`` reads attributes the user's code does not
 name). Code of libraries (the standard library, site-packages, torch, kf) is identified
 by its module, qualified name and bytecode, and not followed into: its globals are the
-library's own.
+library's own. A library function's closure and defaults are walked, though: one library
+code makes many functions (torch.unique and torch.unique_consecutive are one
+``boolean_dispatch`` closure over different branches). A library object is described by
+its settings (scalars, and small containers of them) and the attributes the code names.
 
 Not seen: attribute names computed at run time (``getattr(o, "na" + "me")``) and state
 inside library objects that the walk does not name. A value whose identity cannot be
