@@ -173,6 +173,11 @@ def export_graph(fn: Callable, sig: Signature, tensors: list[torch.Tensor]) -> t
             ep = torch.export.export(_Wrapper(traced, sig), tuple(_trace_inputs(tensors)), strict=False)
     except Exception as e:  # torch's own errors name the user's frame in their text
         loc = _loc_from_exception(e, user)
+        from . import native_kernels
+
+        call = native_kernels.refused(e)
+        if call is not None:
+            raise UnsupportedOpError(native_kernels.MESSAGE, _loc_from_exception(call, user) or loc) from None
         generator_op = _generator_refused(e)
         if generator_op is not None:
             raise _generator_error(generator_op, loc) from None
@@ -330,6 +335,16 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor],
     ``reached``: the tensors fn reads besides its arguments (guards.Reads.tensors, named
     ``reached_names``); those it uses become its last inputs (``Captured.reached``), so
     that the program reads them at every call instead of keeping their values."""
+    from . import native_kernels
+
+    with native_kernels.refusing():
+        return _capture_signature(fn, sig, tensors, reached, reached_names)
+
+
+def _capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor], reached: Sequence[torch.Tensor],
+                       reached_names: Sequence[str]) -> Captured:
+    from . import native_kernels
+
     user = _user_code(fn)
     reason, written_at = "KF_CAPTURE=export", ""
     if os.environ.get("KF_CAPTURE", "") != "export":
@@ -342,6 +357,9 @@ def capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor],
             cap.unsourced = traced.unsourced
             return cap
         except Exception as e:  # Fallback, or a graph the converter takes only from export
+            call = native_kernels.refused(e)
+            if call is not None:
+                raise UnsupportedOpError(native_kernels.MESSAGE, _loc_from_exception(call, user)) from None
             reason = f"{type(e).__name__}: {_first_line(e)}"
             written_at = getattr(e, "stack_trace", "")
             log.debug("capture of %s falls back to torch.export: %s", user.__name__, reason)

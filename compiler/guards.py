@@ -31,7 +31,10 @@ only into the attributes so named; containers are followed entirely; an ``nn.Mod
 followed entirely (torch's own ``forward`` reads attributes the user's code does not
 name). Code of libraries (the standard library, site-packages, torch, kf) is identified
 by its module, qualified name and bytecode, and not followed into: its globals are the
-library's own.
+library's own. A library function's closure and defaults are walked, though: one library
+code makes many functions (torch.unique and torch.unique_consecutive are one
+``boolean_dispatch`` closure over different branches). A library object is described by
+its settings (scalars, and small containers of them) and the attributes the code names.
 
 Not seen: attribute names computed at run time (``getattr(o, "na" + "me")``) and state
 inside library objects that the walk does not name. A value whose identity cannot be
@@ -408,6 +411,11 @@ class _Walker:
         code = fn.__code__
         self.note(label, f"function:{_qualname(fn)}:{_code_digest(code)}")
         if _library_file(code.co_filename):
+            # not followed into, but one code makes many functions: what tells them apart
+            # is their closure and defaults (torch.unique and torch.unique_consecutive are
+            # both torch._jit_internal.boolean_dispatch's ``fn``; OpInfo's lambdas close
+            # over the order of polygamma or mvlgamma)
+            self._cells_and_defaults(fn, label)
             return
         self.note(label, f"file:{code.co_filename}")
         self.names |= _code_names(code)
@@ -422,6 +430,11 @@ class _Walker:
                 self.value(glb[name], self.child(g, GET_ITEM, name), f"{label}:{name}")
             elif name in builtins:
                 self.note(f"{label}:{name}", "builtin")
+        self._cells_and_defaults(fn, label)
+
+    def _cells_and_defaults(self, fn: types.FunctionType, label: str) -> None:
+        """The values a function's closure cells and default arguments hold."""
+        code = fn.__code__
         for i, cell in enumerate(fn.__closure__ or ()):
             name = code.co_freevars[i]
             try:
@@ -509,9 +522,9 @@ class _Walker:
         else:
             self.note(label, f"object:{_qualname(t)}")
             for k in d if library else ():  # a library object's own settings, shallowly
-                x = d[k]
-                if type(x) in _SCALARS or isinstance(x, (enum.Enum, *_TORCH_SINGLETONS, torch.device)):
-                    self.note(f"{label}.{k}", _value_text(x))
+                text = _setting_text(d[k])
+                if text is not None:
+                    self.note(f"{label}.{k}", text)
         names = self.names | _IMPLICIT
         if d is not None and "__dict__" in names:
             names |= {k for k in d if isinstance(k, str)}
@@ -558,6 +571,24 @@ def _value_text(v: Any) -> str:
     if isinstance(v, type):
         return f"class:{_qualname(v)}"
     return f"{_qualname(type(v))}:{_stable_repr(v) or id(v)}"
+
+
+def _setting_text(x: Any, depth: int = 0) -> str | None:
+    """A library object's setting as text: a scalar, an enum, a dtype or device, or a
+    small list, tuple or dict of them (a torch.cuda.jiterator function's extra
+    arguments); None for anything else (what the walk follows by name, if at all)."""
+    if type(x) in _SCALARS or isinstance(x, (enum.Enum, *_TORCH_SINGLETONS, torch.device)):
+        return _value_text(x)
+    if depth < 2 and type(x) in (list, tuple, dict) and len(x) <= 64:
+        items = x.items() if type(x) is dict else enumerate(x)
+        parts = []
+        for k, v in items:
+            key, value = _setting_text(k, depth + 1), _setting_text(v, depth + 1)
+            if key is None or value is None:
+                return None
+            parts.append(f"{key}={value}" if type(x) is dict else value)
+        return f"{type(x).__name__}({','.join(parts)})"
+    return None
 
 
 def _stable_repr(v: Any) -> str | None:

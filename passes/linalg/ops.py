@@ -131,8 +131,14 @@ def _softmax(op, args, attrs, out):
     (x,) = args
     shape = shape_of(x)
     rank = len(shape)
+    t = elem_type(out[0].elem)
     if rank == 0:
-        return [filled((), out[0].elem, 0.0 if op.name == "kf.log_softmax" else 1.0)]
+        # one element: x - max is x - x, 0 for a finite x and NaN for +-inf or NaN (as in
+        # torch: a fully masked row of masked.softmax is NaN), so neither is a constant
+        def one(a):
+            shifted = arith.subf(widen_value(a[0]), widen_value(a[0]))
+            return sm.convert(shifted if op.name == "kf.log_softmax" else sm.emit("exp", [shifted]), t)
+        return [map_elements([x], (), t, one)]
     dim = normalize_dim(int(attrs["dim"]), rank)
     acc_elem = compute_elem(out[0].elem)
     kept = [d for d in range(rank) if d != dim]
@@ -140,7 +146,6 @@ def _softmax(op, args, attrs, out):
     mx = reduce(x, [dim], acc_elem, -math.inf, lambda a, acc: arith.maximumf(widen_value(a[0]), acc))
     total = reduce(x, [dim], acc_elem, 0,
                    lambda a, acc: arith.addf(acc, sm.emit("exp", [arith.subf(widen_value(a[0]), a[1])])), extra=[mx])
-    t = elem_type(out[0].elem)
     if op.name == "kf.softmax":
         def fn(a):
             return sm.convert(arith.divf(sm.emit("exp", [arith.subf(widen_value(a[0]), a[1])]), a[2]), t)

@@ -312,8 +312,10 @@ def _softmax(ev: Evaluator, op, idx, attrs):
     xs = E.shape_of(x)
     t = E.compute_type(E.elem_of(op.results[0]))
     log = op.name == "kf.log_softmax"
-    if not xs:
-        return [sm.const(t, 0.0 if log else 1.0)]
+    if not xs:  # one element: x - x is 0, or NaN for +-inf and NaN (torch gives NaN there)
+        v = sm.convert(ev.value(x, idx), t)
+        shifted = arith.subf(v, v)
+        return [shifted if log else sm.emit("exp", [shifted])]
     dim = normalize_dim(int(attrs["dim"]), len(xs))
     base = [None if d == dim else i for d, i in enumerate(idx)]
     [mx] = _reduce_loop(ev, x, [dim], base, [sm.const(t, -math.inf)], lambda v, c, j: [arith.maximumf(c[0], v)])

@@ -73,6 +73,54 @@ def test_closed_over_callables_are_told_apart(guard_kind):
         _close(kf.jit(_activation(act), target="cpu")(x), act(x) * 2)
 
 
+def _calling(op, *args, **kwargs):
+    def call(x):
+        return op(x, *args, **kwargs)
+
+    return call
+
+
+def test_library_functions_of_one_code_are_told_apart():
+    """Library functions are not followed into, but one library code makes many
+    functions: their closures and defaults tell them apart in the key (torch.unique and
+    torch.unique_consecutive are both boolean_dispatch's ``fn``; a library lambda closes
+    over a parameter), and so do a library object's settings held in containers (a
+    jiterator function's extra arguments). Each pair had one disk cache entry."""
+    from torch._jit_internal import boolean_dispatch
+
+    assert torch.unique.__code__ is torch.unique_consecutive.__code__
+    pairs = [(torch.unique, torch.unique_consecutive),
+             (torch.nn.functional.max_pool1d, torch.nn.functional.adaptive_max_pool1d)]
+    pairs.append(_dispatched())
+    jit = torch.cuda.jiterator._create_jit_fn
+    pairs.append((jit("template <typename T> T f(T x, T a) { return x * a; }", a=1.0),
+                  jit("template <typename T> T f(T x, T a) { return x * a; }", a=2.0)))
+    for a, b in pairs:
+        ka, kb = (guards.walk(_calling(op, flag=True)) for op in (a, b))
+        assert ka.persistent and kb.persistent
+        assert ka.fingerprint != kb.fingerprint, (a, b)
+    same = [guards.walk(_calling(torch.unique, flag=True)) for _ in range(2)]
+    assert same[0].fingerprint == same[1].fingerprint
+
+
+def _dispatched():
+    """Two functions of torch's boolean_dispatch (library code) that differ only in the
+    branch they call when the flag is set."""
+    from torch._jit_internal import boolean_dispatch
+
+    return (boolean_dispatch("flag", 1, False, lambda x, flag=False: x * 3, lambda x, flag=False: x, None, "f"),
+            boolean_dispatch("flag", 1, False, lambda x, flag=False: x - 3, lambda x, flag=False: x, None, "f"))
+
+
+def test_library_closures_do_not_share_a_disk_cache_entry(tmp_path, monkeypatch):
+    """Two kf functions of one code calling two boolean_dispatch functions: the second
+    loaded the first's program from the disk cache (one key) and returned x * 3."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    x = torch.randn(257)
+    for op in _dispatched():
+        _close(kf.jit(_calling(op, flag=True), target="cpu")(x), op(x, flag=True))
+
+
 def test_the_same_function_specializes_on_its_closure_and_globals(guard_kind):
     """One kf function whose cell and global change between calls: each call runs the
     program of what it reads now (in process: the guards fail, the walk compiles anew)."""

@@ -62,3 +62,59 @@ def test_loading_imports_neither_the_compiler_nor_the_profiler(tmp_path):
     run = lambda: subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     run()  # compiles and stores
     assert run().strip() == "[]"
+
+
+def _unique_of_empty(x):
+    return (torch.unique(x, sorted=True, return_inverse=True, return_counts=True, dim=1),
+            torch.unique_consecutive(x, return_inverse=True, return_counts=True, dim=1))
+
+
+def _dtypes(result):
+    return [(t.dtype, tuple(t.shape)) for part in result for t in part]
+
+
+TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(
+               not __import__("kf.runtime.vulkan", fromlist=["x"]).is_available(), reason="no Vulkan device")),
+           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_empty_results_keep_their_dtypes(target, tmp_path, monkeypatch):
+    """torch.unique / unique_consecutive of a (5, 0, 5) tensor over its empty dim: a
+    program of no kernels whose results are f32 (5, 0, 5) and two i64 (0,) (OpInfo
+    unique#527 and unique_consecutive#263, which gave a float32 result 1 on an H100)."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    x = torch.zeros(5, 0, 5, device="cuda" if target == "cuda" else "cpu")
+    f = kf.jit(_unique_of_empty, target=target)
+    want = _dtypes(_unique_of_empty(x))
+    for _ in range(3):  # the first call, then the dispatch table's entry
+        assert _dtypes(f(x)) == want
+
+
+def test_cuda_launcher_of_empty_results_without_a_device(tmp_path, monkeypatch):
+    """The CUDA program of the same function, built here for sm_90a and run by the CUDA
+    launcher's Python parts on CPU tensors (it has no kernels, so no device is needed):
+    the general call, the matched call and its lane give the results' own dtypes."""
+    from kf import driver
+    from kf.runtime import programs as runtime_programs
+    from kf.runtime.abi import ProgramABI
+    from kf.signature import bind
+
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    x = torch.zeros(5, 0, 5)
+    fn = kf.jit(_unique_of_empty, target="cuda")
+    sig, tensors = bind(fn.fn, (x,), {})
+    meta, _ = driver.build(fn.fn, sig, tensors, fn.options.with_(target="cuda"), "sm_90a")
+    abi = ProgramABI.from_json(meta["abi"])
+    assert not abi.kernels and [o.elem for o in abi.outputs] == ["f32", "i64", "i64", "f32", "i64", "i64"]
+
+    class OnCpu(runtime_programs.CudaProgram):
+        def __call__(self, *inputs, events=None):  # the general call, for CPU tensors
+            return self._run(self._check(inputs, "cpu"), events)
+
+    launcher = OnCpu(abi, str(tmp_path), meta)
+    program = programs.CompiledProgram(launcher, programs._tuple_tree(json.loads(meta["output_tree"])), meta,
+                                       tmp_path, "cuda")
+    want = _dtypes(_unique_of_empty(x))
+    assert _dtypes(program([x])) == want
+    assert _dtypes(program.matched_call(True)([x])) == want
