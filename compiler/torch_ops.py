@@ -94,6 +94,7 @@ def op_name(kfn) -> str:
 
 #: op name -> the KfFunction its implementations run (the newest definition)
 _OWNERS: dict[str, Any] = {}
+#: op name -> (the op, its backward op, the op's implementation, the backward's)
 _OPS: dict[str, tuple] = {}
 
 
@@ -455,7 +456,7 @@ def _define(name: str) -> tuple:
     bop.register_fake(backward_fake)
     op.register_autograd(_backward_formula(name), setup_context=_setup_context(name))
     bop.register_autograd(_double_backward_formula(name), setup_context=_setup_double)
-    return op, bop
+    return op, bop, real, backward_real
 
 
 def _tree_of(kfn, structure: str, tensors: list) -> tuple[Any, bool, bool]:
@@ -603,7 +604,11 @@ def _backward_formula(name: str):
         # such as topk's indices have none.
         tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
                     for g, (shape, dtype, device) in zip(grads, ctx.outputs_meta) if dtype.is_floating_point]
-        flat = _OPS[name][1](list(ctx.saved_tensors), tangents, ctx.structure)
+        # a first-order backward of an eager call runs the implementation itself; one that
+        # builds a graph (create_graph) or is traced goes through the op, whose own
+        # autograd gives the double backward
+        plain = not torch.is_grad_enabled() and not (_is_compiling() or _dispatch_modes())
+        flat = _OPS[name][3 if plain else 1](list(ctx.saved_tensors), tangents, ctx.structure)
         it = iter(flat)
         return [next(it) if f else None for f in ctx.float_inputs], None
 
@@ -667,12 +672,37 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
         # there the backward recomputes the forward from the inputs (``derive``)
         wants = "".join("1" if t.requires_grad else "0" for t in tensors)
         structure = f"{TRAINING}{GRADS}{wants};{structure}"
-    flat = kfn._torch_op(tensors, structure)
+    if structure.startswith(TRAINING):
+        # an eager call that autograd records: the op's forward and backward as a plain
+        # autograd.Function, without torch.library's layers around a custom op's autograd
+        # (a few hundred microseconds a forward and backward, more than the programs' own
+        # host time); torch.compile and tracing see the op
+        flat = _EagerCall.apply(kfn._op_key, structure, *tensors)
+    else:
+        flat = kfn._torch_op(tensors, structure)
     # the implementations record the structure on the op's current owner (and whether a
     # random state follows the results); the results come first, then what is saved
     owner = _OWNERS[kfn._op_key]
     tree = owner._trees[structure]
     return unflatten(tree, list(flat)[:tree_size(tree)])
+
+
+class _EagerCall(torch.autograd.Function):
+    """A kf function's op in an eager call that autograd records: the op's implementation
+    forward, its setup_context and its backward formula (``_define``), as one
+    autograd.Function."""
+
+    @staticmethod
+    def forward(ctx, name: str, structure: str, *tensors: torch.Tensor):
+        outs = _OPS[name][2](list(tensors), structure)
+        ctx.name = name
+        _setup_context(name)(ctx, (list(tensors), structure), outs)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        per_tensor, _ = _backward_formula(ctx.name)(ctx, grads)
+        return (None, None, *per_tensor)
 
 
 def _any_requires_grad(tensors: list) -> bool:
