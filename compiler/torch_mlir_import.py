@@ -227,6 +227,15 @@ def _vector_norm_dims(node: torch.fx.Node, op_args: list, op_kwargs: dict) -> tu
     return op_args, op_kwargs
 
 
+def available() -> bool:
+    """Whether torch-mlir can be imported."""
+    try:
+        from torch_mlir import fx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):
     """Lower one ATen node through torch-mlir; returns the kf-side value(s)."""
     _refuse_unsafe(node, name)
