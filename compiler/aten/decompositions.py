@@ -101,10 +101,19 @@ def decomposition_of(target):
     return None
 
 
+#: decompositions kf does not take for some arguments, with why: ATen op -> test on the node
+_NOT_DECOMPOSED = {
+    # bicubic sampling's decomposition (16 taps, 170 kernels) kills lavapipe's Vulkan
+    # driver (SIGSEGV while its kernels run); torch-mlir's lowering of the op runs
+    "aten.grid_sampler_2d.default": lambda node: len(node.args) > 2 and node.args[2] == 2,
+}
+
+
 def _decomposable(node: torch.fx.Node) -> bool:
     """Whether the op writes no argument and takes no integer tensor of indices."""
     schema = node.target._schema
-    if schema.is_mutable:
+    refused = _NOT_DECOMPOSED.get(_target_name(node.target))
+    if schema.is_mutable or (refused is not None and refused(node)):
         return False
     for i, arg in enumerate(schema.arguments):
         if arg.name not in _INDEX_ARGS:

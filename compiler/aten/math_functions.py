@@ -1,7 +1,7 @@
 """Elementwise math functions made of kf's elementwise ops (trunc, exp, log, pow, sin,
 cos, select), so that every target compiles them as it compiles those: floor, ceil,
 square, log2, log10, exp2, log1p, expm1, sinh, cosh, tan, atan, asin, acos, atan2,
-asinh, acosh, atanh, and the logical ops. log1p and expm1 stay accurate near 0 by the classic correction of the
+asinh, acosh, atanh, log_sigmoid, and the logical ops (bitwise ones of booleans). log1p and expm1 stay accurate near 0 by the classic correction of the
 rounding of 1 + x (log(u) * x / (u - 1), u = 1 + x) and of e^x - 1; sinh and asinh
 build on them. Results are within float32's tolerance of torch's."""
 
@@ -11,7 +11,8 @@ import math
 
 from kf.dialects import builders as kb
 
-from .core import HANDLERS, handles, shape_of
+from ..dtypes import kf_elem
+from .core import HANDLERS, _target_name, handles, shape_of
 
 
 def _const(v: float, elem: str):
@@ -221,6 +222,30 @@ def _atan2(c, node, args, kwargs):
     return r if compute == elem else kb.cast(r, elem)
 
 
+@handles("aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.bitwise_xor.Tensor", "aten.bitwise_and.Scalar",
+         "aten.bitwise_or.Scalar", "aten.bitwise_xor.Scalar")
+def _bitwise(c, node, args, kwargs):
+    """Bitwise ops of booleans are the logical ones; of integers, torch-mlir's lowering."""
+    if c.out_elem(node) != "i1":
+        from .decompositions import convert_unhandled
+
+        return convert_unhandled(c, node, _target_name(node.target), args, kwargs)
+    return _logical(c, node, args, kwargs)
+
+
+@handles("aten.log_sigmoid_forward.default")
+def _log_sigmoid_forward(c, node, args, kwargs):
+    """(log sigmoid(x), eager's buffer for the backward, here zeros): min(x, 0) -
+    log1p(e^-|x|), which neither overflows nor loses the tail."""
+    out_val, buffer_val = node.meta["val"]
+    elem = kf_elem(out_val.dtype)
+    compute = "f32" if elem in ("f16", "bf16") else elem
+    x = c.tensor(args[0], compute)
+    r = kb.sub(kb.min(x, _const(0.0, compute)), log1p(kb.exp(kb.neg(kb.abs(x))), compute))
+    r = r if compute == elem else kb.cast(r, elem)
+    return r, kb.fill(tuple(buffer_val.shape), kf_elem(buffer_val.dtype), 0.0)
+
+
 @handles("aten.logical_and.default", "aten.logical_or.default", "aten.logical_xor.default")
 def _logical(c, node, args, kwargs):
     """torch's logical ops: each operand true where nonzero, a bool result."""
@@ -228,7 +253,7 @@ def _logical(c, node, args, kwargs):
     shape = tuple(node.meta["val"].shape)
     a = kb.broadcast_to(a, shape) if shape_of(a) != shape else a
     b = kb.broadcast_to(b, shape) if shape_of(b) != shape else b
-    op = node.target._opname
+    op = node.target._opname.replace("bitwise", "logical")
     if op == "logical_and":
         r = kb.select(a, b, a)
     elif op == "logical_or":

@@ -126,3 +126,24 @@ def test_functions_assemble_for_cuda():
 
     args = (torch.rand(33) + 1, torch.randn(33))
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a"), *args).ptx
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bitwise_of_booleans_and_log_sigmoid(target):
+    gen = torch.Generator().manual_seed(4)
+    a, b = torch.randn(5, 7, generator=gen) > 0, torch.randn(7, generator=gen) > 0
+
+    def bits(a, b):
+        return a & b, a | b, a ^ b, a & True, a ^ True
+
+    f = kf.jit(bits, target=target)
+    for x, y in ((a, b), (a.t().contiguous().t(), b), (a[:, ::2], b[::2]), (a[:0], b)):
+        for g, w in zip(f(x, y), bits(x, y), strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+    x = torch.cat([torch.randn(257, generator=gen) * 30, torch.tensor([0.0, -100.0, 100.0, INF, -INF, 1e-8])])
+    ls = kf.jit(lambda x: (torch.nn.functional.logsigmoid(x), torch.nn.functional.binary_cross_entropy_with_logits(
+        x, torch.sigmoid(-x))), target=target)
+    for g, w in zip(ls(x), (torch.nn.functional.logsigmoid(x),
+                            torch.nn.functional.binary_cross_entropy_with_logits(x, torch.sigmoid(-x))), strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True)  # the loss of an infinite logit is NaN in torch too
+    assert ls(torch.empty(0))[0].shape == (0,)
