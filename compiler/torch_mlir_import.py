@@ -1,4 +1,5 @@
-"""The long tail of ATen: ops with no kf op are lowered by torch-mlir's FX importer.
+"""The long tail of ATen: ops with no kf op and no usable decomposition
+(``aten/decompositions.py``) are lowered by torch-mlir's FX importer.
 
 This is the only module that imports torch_mlir. torch-mlir has its own MLIR build, so
 its result crosses over as text (linalg-on-tensors), is parsed into kf's context as a

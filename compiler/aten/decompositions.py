@@ -26,6 +26,7 @@ import torch
 from mlir import ir
 
 from ..errors import Unsupported
+from ..torch_mlir_import import _INDEX_ARGS
 from .core import _lookup, _target_name, fake_value, handles
 
 #: ATen ops converted through torch's decomposition although they take indices: (overload
@@ -40,11 +41,6 @@ DECOMPOSED = (
     "aten.multi_margin_loss.default",   # gather of the targets (checked), clamp, where, mean
     "aten.pdist.default",               # mm, diagonal and the upper triangle's index_select
 )
-
-#: Names of ATen arguments that hold indices into another tensor (as torch-mlir's path
-#: refuses them).
-_INDEX_ARGS = ("index", "indices", "target", "offsets", "idx")
-
 
 @handles(*DECOMPOSED)
 def _decomposed(c, node, args, kwargs):
@@ -97,7 +93,6 @@ def decomposition_of(target):
         return decomposition_table[target]
     if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
         return target  # traced below autograd, its composite kernel runs: the ops it is made of
-
     return None
 
 

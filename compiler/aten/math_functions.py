@@ -1,9 +1,10 @@
 """Elementwise math functions made of kf's elementwise ops (trunc, exp, log, pow, sin,
 cos, select), so that every target compiles them as it compiles those: floor, ceil,
 square, log2, log10, exp2, log1p, expm1, sinh, cosh, tan, atan, asin, acos, atan2,
-asinh, acosh, atanh, log_sigmoid, and the logical ops (bitwise ones of booleans). log1p and expm1 stay accurate near 0 by the classic correction of the
-rounding of 1 + x (log(u) * x / (u - 1), u = 1 + x) and of e^x - 1; sinh and asinh
-build on them. Results are within float32's tolerance of torch's."""
+asinh, acosh, atanh, log_sigmoid, and the logical ops (bitwise ones of booleans).
+log1p and expm1 stay accurate near 0 by the classic correction of the rounding of
+1 + x (log(u) * x / (u - 1), u = 1 + x) and of e^x - 1; sinh and asinh build on them.
+Results are within float32's tolerance of torch's."""
 
 from __future__ import annotations
 
