@@ -14,7 +14,7 @@ share. Importing this module fills the table.
 
 from __future__ import annotations
 
-from .aten import (attention, bessel, contraction, creation, decompositions, dropout, elementwise,  # noqa: F401
-                   error_function, exponent, indexing, layout, polynomials, pooling, reductions, scans, sorting,
-                   special, writes)
+from .aten import (attention, bessel, contraction, convolution, creation, decompositions, dropout,  # noqa: F401
+                   elementwise, error_function, exponent, indexing, layout, math_functions, polynomials, pooling,
+                   reductions, scans, sorting, special, writes)
 from .aten.core import Converter, HANDLERS, Handler, Unconvertible, Unsupported, handles, _target_name  # noqa: F401

@@ -6,7 +6,8 @@ ATen graph; Python control flow (``if mask is not None``, ``for k in
 range(top_k)``) runs at trace time, so the graph is specialized to the signature. Each
 ATen node becomes kf ops through the table in ``aten_to_kf.py``, and every op's MLIR
 location is the user's ``file:line`` that produced it. ATen ops with no kf op go through
-torch-mlir (``torch_mlir_import.py``) or raise ``UnsupportedOpError`` at the user's line.
+torch's decomposition of them (``aten/decompositions.py``), else torch-mlir
+(``torch_mlir_import.py``), or raise ``UnsupportedOpError`` at the user's line.
 A function that writes to a tensor (``x.add_(1)``, ``y[0] = 5``, a batch norm in
 training) is captured functionalized: the new value of each argument it writes is an
 extra output of the kf function, which the call copies back (``mutation.py``).

@@ -1,4 +1,5 @@
-"""The long tail of ATen: ops with no kf op are lowered by torch-mlir's FX importer.
+"""The long tail of ATen: ops with no kf op and no usable decomposition
+(``aten/decompositions.py``) are lowered by torch-mlir's FX importer.
 
 This is the only module that imports torch_mlir. torch-mlir has its own MLIR build, so
 its result crosses over as text (linalg-on-tensors), is parsed into kf's context as a
@@ -225,6 +226,15 @@ def _vector_norm_dims(node: torch.fx.Node, op_args: list, op_kwargs: dict) -> tu
     if "dim" in op_kwargs:
         op_kwargs = {**op_kwargs, "dim": front(op_kwargs["dim"])}
     return op_args, op_kwargs
+
+
+def available() -> bool:
+    """Whether torch-mlir can be imported."""
+    try:
+        from torch_mlir import fx  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def import_op(conv, node: torch.fx.Node, name: str, args: list, kwargs: dict):

@@ -80,6 +80,7 @@ from mlir.passmanager import PassManager
 
 from .base import KfPass, PassError
 from .cuda_fmod import lower_fmod
+from .linalg_to_gpu import _expand_math
 from .philox import lower_mulhi
 from .strategies.emit import FP8_CVT_SM, lower_fp8_conversions
 
@@ -194,6 +195,9 @@ class ToCudaPass(KfPass):
         # The nested runs report through the context's diagnostics; an MLIRError here means
         # they were already emitted, which the outer pass turns into a pass failure.
         for gm in _gpu_modules(module):
+            # math.absi (and powi) as arith also in kernels that kf's strategies wrote
+            # after the GPU mapping expanded its own (a generic kernel's checked indices)
+            _expand_math(gm)
             _approximate_math(gm)
             lower_fp8_conversions(gm, cvt=_sm_number(self.chip) >= FP8_CVT_SM)
             lower_mulhi(gm)  # kf.rand's Philox products as mul.lo/mul.hi.u32

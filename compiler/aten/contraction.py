@@ -5,7 +5,7 @@ from __future__ import annotations
 from kf.dialects import builders as kb
 
 from ..errors import Unsupported
-from .core import elem_of, handles, rank_of, shape_of
+from .core import elem_of, fake_value, handles, rank_of, shape_of
 from .reductions import stat_elem
 
 
@@ -106,3 +106,22 @@ def _linear(c, node, args, kwargs):
 def _addmm(c, node, args, kwargs):
     bias, a, b = args[:3]
     return _matmul_plus(c, a, b, bias, c.out_elem(node), alpha=kwargs.get("alpha", 1), beta=kwargs.get("beta", 1))
+
+
+@handles("aten.addbmm.default")
+def _addbmm(c, node, args, kwargs):
+    """beta * input + alpha * the sum over the batch of a_i @ b_i: one matmul of a's
+    batches side by side, (n, B k), with b's stacked, (B k, m)."""
+    bias, a, b = args[:3]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    batches, n, k = shape_of(a)
+    m = shape_of(b)[2]
+    elem = c.out_elem(node)
+    if batches * k == 0:
+        product = kb.fill((n, m), elem, 0.0)
+        return product if beta == 0 else kb.add(product, kb.mul(c.tensor(bias, elem), c.tensor(beta, elem)))
+    a = kb.reshape(kb.transpose(c.tensor(a, elem), perm=[1, 0, 2]), (n, batches * k))
+    b = kb.reshape(c.tensor(b, elem), (batches * k, m))
+    out = _matmul_plus(c, a, b, None if beta == 0 else bias, elem, alpha=alpha, beta=beta)
+    shape = tuple(fake_value(node).shape)
+    return out if shape_of(out) == shape else kb.broadcast_to(out, shape)

@@ -64,6 +64,7 @@ class Converter:
         # see random_state.py) and the counters its random ops have taken so far
         self.random_state: ir.Value | None = None
         self.random_offset = 0
+        self.decomposing: set = set()  # the ops whose decomposition is being converted (decompositions.py)
 
     # ------------------------------------------------------------------ helpers
     def convert(self, node: torch.fx.Node, env: dict) -> Any:
@@ -90,9 +91,9 @@ class Converter:
                               cause="use the op's out-of-place form (inplace=False)" if in_place else
                               "kf draws them for dropout, rand, rand_like, randn, randn_like and bernoulli")
         if handler is None:
-            from .. import torch_mlir_import
+            from .decompositions import convert_unhandled
 
-            return torch_mlir_import.import_op(self, node, name, args, kwargs)
+            return convert_unhandled(self, node, name, args, kwargs)
         result = handler(self, node, args, kwargs)
         self._check(node, name, result)
         return result

@@ -32,7 +32,8 @@ for _n, _f in [("zeros_like.default", lambda a, k: 0.0), ("ones_like.default", l
                ("full.default", lambda a, k: a[1]), ("full_like.default", lambda a, k: a[1]),
                ("new_zeros.default", lambda a, k: 0.0), ("new_ones.default", lambda a, k: 1.0),
                ("new_full.default", lambda a, k: a[2]), ("scalar_tensor.default", lambda a, k: a[0]),
-               ("new_empty.default", lambda a, k: 0.0)]:
+               ("new_empty.default", lambda a, k: 0.0), ("empty_strided.default", lambda a, k: 0.0),
+               ("new_empty_strided.default", lambda a, k: 0.0)]:
     HANDLERS["aten." + _n] = _fill_like(_f)
 
 

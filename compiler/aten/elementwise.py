@@ -5,6 +5,8 @@ copysign) made of kf ops that every target computes."""
 
 from __future__ import annotations
 
+import math
+
 from mlir import ir
 
 from kf.dialects import builders as kb
@@ -409,3 +411,17 @@ def _angle(c, node, args, kwargs):
     pi = c.tensor(3.141592653589793, elem)
     r = kb.select(kb.cmp(x, zero, predicate="lt"), pi, kb.broadcast_to(zero, spec_of(x.type).shape))
     return kb.select(kb.cmp(x, x, predicate="ne"), x, r)
+
+
+@handles("aten.prelu.default")
+def _prelu(c, node, args, kwargs):
+    """x where it is positive, weight * x elsewhere: weight is one number or one per
+    channel (dim 1)."""
+    elem = c.out_elem(node)
+    x, w = c.tensor(args[0], elem), c.tensor(args[1], elem)
+    rank, count = len(shape_of(x)), math.prod(shape_of(w))
+    if count == 1:
+        w = kb.reshape(w, ())
+    elif rank >= 2:
+        w = kb.reshape(w, (count,) + (1,) * (rank - 2))
+    return kb.select(kb.cmp(x, kb.scalar(0.0, elem), predicate="gt"), x, kb.mul(w, x))

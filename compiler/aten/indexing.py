@@ -160,7 +160,7 @@ def _index_reduce(c, node, args, kwargs):
     return _as_shape(c, node, out)
 
 
-@handles("aten.index.Tensor")
+@handles("aten.index.Tensor", "aten._unsafe_index.Tensor")
 def _index_tensor(c, node, args, kwargs):
     """Advanced indexing ``x[i, j]`` with integer index tensors (a None is a ``:``): the
     index tensors broadcast together and wrap negative values as Python does; the first

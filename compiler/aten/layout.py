@@ -189,3 +189,45 @@ def _diagonal(c, node, args, kwargs):
         return kb.fill(out, c.out_elem(node), 0.0)
     flat = kb.reshape(t, shape[:-2] + (n * m,))
     return kb.index_select(flat, c.constant_tensor(torch.tensor(picks, dtype=torch.int64)), dim=r - 2)
+
+
+@handles("aten.constant_pad_nd.default")
+def _constant_pad_nd(c, node, args, kwargs):
+    """pad = (before, after) pairs from the last dim backward: a negative amount slices
+    the dim, a positive one joins fills of value on that side."""
+    x, pad = args[0], list(args[1])
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+    elem = c.out_elem(node)
+    r = rank_of(x)
+    for k in range(len(pad) // 2):
+        dim = r - 1 - k
+        before, after = pad[2 * k], pad[2 * k + 1]
+        n = shape_of(x)[dim]
+        start, end = max(-before, 0), n - max(-after, 0)
+        if (start, end) != (0, n):
+            x = kb.slice(x, dim=dim, start=start, end=max(end, start), step=1)
+        parts = []
+        for amount in (before, after):
+            if amount > 0:
+                shape = list(shape_of(x))
+                shape[dim] = amount
+                parts.append(kb.fill(shape, elem, float(value)))
+            else:
+                parts.append(None)
+        joined = [p for p in (parts[0], x, parts[1]) if p is not None]
+        x = kb.concat(joined, dim=dim) if len(joined) > 1 else x
+    return x
+
+
+@handles("aten.flip.default")
+def _flip(c, node, args, kwargs):
+    """Each listed dim read backward: an index_select of n - 1 - i."""
+    x, dims = args[0], args[1]
+    r = rank_of(x)
+    for d in sorted({d % max(r, 1) for d in dims}) if r else []:
+        n = shape_of(x)[d]
+        if n < 2:
+            continue
+        backward = kb.sub(kb.scalar(float(n - 1), "i64"), kb.iota([n], 0, "i64"))
+        x = kb.index_select(x, backward, dim=d)
+    return x

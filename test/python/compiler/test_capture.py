@@ -132,13 +132,13 @@ def test_locations_name_the_users_lines():
 
 
 def test_torch_mlir_fallback_runs_in_the_interpreter():
-    pytest.importorskip("torch_mlir", reason="the fallback for sinh/atan is torch-mlir's importer")
-    def f(x):
-        return torch.sinh(x) * torch.atan(x)
+    pytest.importorskip("torch_mlir", reason="the fallback for addbmm is torch-mlir's importer")
+    def f(x, a, b):
+        return torch.addbmm(x, a, b) * torch.sinh(x)
 
-    x = torch.randn(33)
-    _close(_run_interpreted(f, x), f(x))
-    assert "math.sinh" in kf.inspect(f, x).kf_ir
+    args = (torch.randn(5, 3), torch.randn(2, 5, 4), torch.randn(2, 4, 3))
+    _close(_run_interpreted(f, *args), f(*args))
+    assert "@kf_aten_addbmm" in kf.inspect(f, *args).kf_ir
 
 
 def test_unsupported_op_names_line():

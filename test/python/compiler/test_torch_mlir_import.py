@@ -14,17 +14,18 @@ import torch
 import kf
 
 
-def flipped(x):
-    return torch.flip(x, [0]) * 2
+def summed_products(x, a, b):
+    return torch.addbmm(x, a, b) * 2  # addbmm: no kf op, no decomposition of torch's
 
 
 def test_an_op_without_a_kf_op_runs_through_torch_mlir_on_the_cpu(tmp_path, monkeypatch):
     pytest.importorskip("torch_mlir")
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-    f = kf.jit(flipped, target="cpu")
-    assert "@kf_aten_flip" in kf.inspect(f, torch.randn(5, 3)).kf_ir  # the op is torch-mlir's function
-    x = torch.randn(257, 3)
-    torch.testing.assert_close(f(x), flipped(x))
+    f = kf.jit(summed_products, target="cpu")
+    args = (torch.randn(5, 3), torch.randn(2, 5, 4), torch.randn(2, 4, 3))
+    assert "@kf_aten_addbmm" in kf.inspect(f, *args).kf_ir  # the op is torch-mlir's function
+    args = (torch.randn(257, 3), torch.randn(3, 257, 7), torch.randn(3, 7, 3))
+    torch.testing.assert_close(f(*args), summed_products(*args), rtol=1e-4, atol=1e-4)
 
 
 _WITHOUT = """
@@ -32,11 +33,11 @@ import sys
 sys.modules["torch_mlir"] = None  # as if kf were installed without its fallback extra
 import torch, kf
 
-def flipped(x):
-    return torch.flip(x, [0]) * 2
+def summed_products(x, a, b):
+    return torch.addbmm(x, a, b) * 2
 
 try:
-    kf.jit(flipped, target="cpu")(torch.randn(5, 3))
+    kf.jit(summed_products, target="cpu")(torch.randn(5, 3), torch.randn(2, 5, 4), torch.randn(2, 4, 3))
 except kf.UnsupportedOpError as e:
     print(e.loc.line, e.cause)
 """

@@ -453,3 +453,16 @@ def test_ptxas_rejection_names_the_command():
         to_cuda.assemble(".version 7.8\n.target sm_90\n.address_size 64\n.visible .entry k() { bogus; }\n")
     msg = str(e.value)
     assert "ptxas rejected" in msg and "ptxas" in msg and ".ptx" in msg
+
+
+@needs_ptxas
+def test_integer_abs_in_a_checked_index_assembles():
+    """math.absi in a kernel a strategy wrote (a generic kernel whose indices, |i - 4|, are
+    checked): kf-to-cuda expands it to arith (NVVM has no lowering of its own)."""
+    import torch
+
+    import kf
+
+    x = torch.randn(7, 5)
+    assert ".entry" in kf.inspect(kf.jit(lambda x: x[(torch.arange(9) - 4).abs()], target="cuda", arch="sm_90a"),
+                                  x).ptx

@@ -58,3 +58,29 @@ def test_mv_and_dot(n, target):
     for got, want in zip(kf.jit(fn, target=target)(a, v, y), fn(a, v, y), strict=True):
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("b,n,k,m", [(1, 1, 1, 1), (3, 7, 5, 2), (2, 4, 257, 3), (0, 3, 2, 4), (2, 3, 0, 4)], ids=str)
+def test_addbmm(b, n, k, m, target):
+    gen = torch.Generator().manual_seed(b + n + k + m)
+    x, a, bb = torch.randn(n, m, generator=gen), torch.randn(b, n, k, generator=gen), torch.randn(b, k, m, generator=gen)
+
+    def fn(x, a, bb):
+        return torch.addbmm(x, a, bb), torch.addbmm(x[:1], a, bb, beta=0.5, alpha=-2.0), torch.addbmm(x, a, bb, beta=0)
+
+    f = kf.jit(fn, target=target)
+    for args in ((x, a, bb), (x.t().contiguous().t(), a.transpose(1, 2).contiguous().transpose(1, 2), bb)):
+        for got, want in zip(f(*args), fn(*args), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_addbmm_assembles_for_cuda():
+    import os
+    import shutil
+
+    if shutil.which("ptxas") is None and not os.path.exists("/usr/local/cuda/bin/ptxas"):
+        pytest.skip("needs ptxas")
+    args = (torch.randn(7, 3), torch.randn(2, 7, 5), torch.randn(2, 5, 3))
+    fn = kf.jit(lambda x, a, b: torch.addbmm(x, a, b, alpha=0.5), target="cuda", arch="sm_90a")
+    assert ".entry" in kf.inspect(fn, *args).ptx

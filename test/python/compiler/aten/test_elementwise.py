@@ -348,3 +348,31 @@ def test_masked_fill_broadcasts_the_input_to_the_mask(target, shapes, tensor_val
         args = (x, mask)
     got, want = kf.jit(fn, target=target)(*args), fn(*args)
     assert got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(1,), (7,), (2, 3, 257), (0, 3), (2, 5, 4, 3)], ids=str)
+def test_prelu(shape, target):
+    """prelu with one weight, and one per channel (dim 1; a 1-D input has one)."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=gen)
+    channels = shape[1] if len(shape) >= 2 else 1
+    one, per = torch.rand(1, generator=gen), torch.rand(channels, generator=gen)
+
+    def fn(x, one, per):
+        return torch.nn.functional.prelu(x, one), torch.nn.functional.prelu(x, per)
+
+    f = kf.jit(fn, target=target)
+    for v in (x, x.flip(0) if x.numel() else x):
+        for got, want in zip(f(v, one, per), fn(v, one, per), strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def test_prelu_assembles_for_cuda():
+    import os
+    import shutil
+
+    if shutil.which("ptxas") is None and not os.path.exists("/usr/local/cuda/bin/ptxas"):
+        pytest.skip("needs ptxas")
+    fn = kf.jit(lambda x, w: torch.nn.functional.prelu(x, w), target="cuda", arch="sm_90a")
+    assert ".entry" in kf.inspect(fn, torch.randn(2, 5, 9), torch.rand(5)).ptx

@@ -121,3 +121,22 @@ def test_diagonal(shape, offset, dim1, dim2, target):
     if len(shape) == 2:
         xt = torch.randn(tuple(reversed(shape)), generator=gen).t()  # strided
         _check(kf.jit(fn, target=target)(xt), fn(xt))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 5), (3, 257), (0, 4)], ids=str)
+def test_constant_pad_nd_and_flip(shape, target):
+    """constant_pad_nd (positive amounts join fills, negative ones slice) and flip (an
+    index_select of n - 1 - i per dim) against torch, on odd sizes, size 0 and views."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=gen)
+
+    def fn(x):
+        return (torch.constant_pad_nd(x, (1, 2)), torch.constant_pad_nd(x, (0, -1, 2, 0), 1.5),
+                torch.constant_pad_nd(x, (-1, 3)), torch.flip(x, [0]), torch.flip(x, [-1, 0]))
+
+    f = kf.jit(fn, target=target)
+    for v in (x, x.t().contiguous().t(), torch.randn(shape[0], 2 * shape[1], generator=gen)[:, ::2]):
+        for g, w in zip(f(v), fn(v), strict=True):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g, w)
