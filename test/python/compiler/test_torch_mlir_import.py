@@ -14,18 +14,18 @@ import torch
 import kf
 
 
-def summed_products(x, a, b):
-    return torch.addbmm(x, a, b) * 2  # addbmm: no kf op, no decomposition of torch's
+def wrapped(a, b):
+    return torch.remainder(a, b) * 2  # integer remainder: no kf op, no decomposition of torch's
 
 
 def test_an_op_without_a_kf_op_runs_through_torch_mlir_on_the_cpu(tmp_path, monkeypatch):
     pytest.importorskip("torch_mlir")
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-    f = kf.jit(summed_products, target="cpu")
-    args = (torch.randn(5, 3), torch.randn(2, 5, 4), torch.randn(2, 4, 3))
-    assert "@kf_aten_addbmm" in kf.inspect(f, *args).kf_ir  # the op is torch-mlir's function
-    args = (torch.randn(257, 3), torch.randn(3, 257, 7), torch.randn(3, 7, 3))
-    torch.testing.assert_close(f(*args), summed_products(*args), rtol=1e-4, atol=1e-4)
+    f = kf.jit(wrapped, target="cpu")
+    args = (torch.randint(-50, 50, (5, 3)), torch.randint(1, 9, (5, 3)))
+    assert "@kf_aten_remainder_Tensor" in kf.inspect(f, *args).kf_ir  # the op is torch-mlir's function
+    args = (torch.randint(-1000, 1000, (257, 3)), torch.randint(-9, 9, (257, 3)).clamp_min(1))
+    torch.testing.assert_close(f(*args), wrapped(*args))
 
 
 _WITHOUT = """
@@ -33,11 +33,11 @@ import sys
 sys.modules["torch_mlir"] = None  # as if kf were installed without its fallback extra
 import torch, kf
 
-def summed_products(x, a, b):
-    return torch.addbmm(x, a, b) * 2
+def wrapped(a, b):
+    return torch.remainder(a, b) * 2
 
 try:
-    kf.jit(summed_products, target="cpu")(torch.randn(5, 3), torch.randn(2, 5, 4), torch.randn(2, 4, 3))
+    kf.jit(wrapped, target="cpu")(torch.randint(-50, 50, (5, 3)), torch.randint(1, 9, (5, 3)))
 except kf.UnsupportedOpError as e:
     print(e.loc.line, e.cause)
 """
