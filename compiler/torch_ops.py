@@ -696,6 +696,7 @@ class _EagerCall(torch.autograd.Function):
     def forward(ctx, name: str, structure: str, *tensors: torch.Tensor):
         outs = _OPS[name][2](list(tensors), structure)
         ctx.name = name
+        ctx.set_materialize_grads(False)  # the backward formula makes the zeros it needs
         _setup_context(name)(ctx, (list(tensors), structure), outs)
         return tuple(outs)
 
