@@ -31,15 +31,15 @@ def unsupported_op():
 
 @run
 def fallback_through_torch_mlir():
-    def uses_sinh(x):
-        return torch.sinh(x) + 1
+    def uses_remainder(x, y):
+        return torch.remainder(x, y) + 1
 
-    print(kf.inspect(uses_sinh, torch.randn(16)).kf_ir)
+    print(kf.inspect(uses_remainder, torch.randint(-50, 50, (16,)), torch.randint(1, 9, (16,))).kf_ir)
 # CHECK-LABEL: TEST: fallback_through_torch_mlir
-# CHECK: func.func private @kf_aten_sinh_default_0(%arg0: tensor<16xf32> loc("{{.*}}errors.py":35:9)) -> tensor<16xf32> attributes {kf.aten = "aten.sinh.default"}
-# CHECK: math.sinh
-# CHECK: func.func @uses_sinh
-# CHECK: call @kf_aten_sinh_default_0(%arg0) : (tensor<16xf32>) -> tensor<16xf32> loc("{{.*}}errors.py":35:9)
+# CHECK: func.func private @kf_aten_remainder_Tensor_0(%arg0: tensor<16xi64> loc("{{.*}}errors.py":35:9), %arg1: tensor<16xi64> loc("{{.*}}errors.py":35:9)) -> tensor<16xi64> attributes {kf.aten = "aten.remainder.Tensor"}
+# CHECK: arith.remsi
+# CHECK: func.func @uses_remainder
+# CHECK: call @kf_aten_remainder_Tensor_0(%arg0, %arg1) : (tensor<16xi64>, tensor<16xi64>) -> tensor<16xi64> loc("{{.*}}errors.py":35:9)
 # CHECK: "kf.add"
 
 
