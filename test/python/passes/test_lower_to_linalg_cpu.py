@@ -646,8 +646,9 @@ TORCH_MLIR_OPS = {
     "sum_to_size": (lambda x, y, w: x.sum_to_size(1, 257), (61, 257)),
     "bilinear": (lambda x, y, w: torch.nn.functional.bilinear(x[..., :7], y[..., :11], w), (3, 13)),
 }
-#: ops of the list that kf lowers itself: the same precision is asked of them
-KF_OPS = {"avg_pool1d", "avg_pool2d"}
+#: ops of the list that kf lowers itself (its own handlers, or torch's decompositions into
+#: kf ops): the same precision is asked of them
+KF_OPS = {"avg_pool1d", "avg_pool2d", "expm1", "log1p", "l1_loss", "logaddexp2", "sum_to_size"}
 #: ops whose eager kernel rounds an intermediate to bf16/f16 (bilinear: x1 W, then the
 #: product with x2): kf's one rounding is then only no further from float64 than eager
 ROUNDS_INSIDE = {"bilinear"}
