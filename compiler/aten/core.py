@@ -22,6 +22,9 @@ Handler = Callable[["Converter", torch.fx.Node, list, dict], Any]
 
 
 HANDLERS: dict[str, Handler] = {}
+#: how an op with no handler converts ("op": decompositions.convert_unhandled, which
+#: registers itself: torch's decomposition, else torch-mlir)
+UNHANDLED: dict[str, Callable] = {}
 
 
 def handles(*names: str):
@@ -91,9 +94,7 @@ class Converter:
                               cause="use the op's out-of-place form (inplace=False)" if in_place else
                               "kf draws them for dropout, rand, rand_like, randn, randn_like and bernoulli")
         if handler is None:
-            from .decompositions import convert_unhandled
-
-            return convert_unhandled(self, node, name, args, kwargs)
+            return UNHANDLED["op"](self, node, name, args, kwargs)
         result = handler(self, node, args, kwargs)
         self._check(node, name, result)
         return result

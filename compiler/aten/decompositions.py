@@ -27,7 +27,7 @@ from mlir import ir
 
 from ..errors import Unsupported
 from ..torch_mlir_import import _INDEX_ARGS
-from .core import _lookup, _target_name, fake_value, handles
+from .core import UNHANDLED, _lookup, _target_name, fake_value, handles
 
 #: ATen ops converted through torch's decomposition although they take indices: (overload
 #: name, what it becomes)
@@ -81,6 +81,9 @@ def convert_unhandled(c, node: torch.fx.Node, name: str, args: list, kwargs: dic
             raise Unsupported(f"{name} has no kf op, and its decomposition cannot be compiled: {failure}",
                               cause=failure.cause) from None
         raise
+
+
+UNHANDLED["op"] = convert_unhandled
 
 
 def decomposition_of(target):
