@@ -146,10 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         """SIGTERM (``timeout``'s signal): the summary of the cases finished so far, marked
         partial, then exit 3 at once (the workers' cases in flight are not waited for)."""
         partial = {**meta(), "partial": f"cut by signal {signum} after {len(finished)} of {len(cases)} cases"}
-        order = {c.name: i for i, c in enumerate(cases)}
-        write_summary(summarize(sorted(finished, key=lambda r: order[r.case.name]), partial), args.out)
+        write_summary(summarize(in_order(finished), partial), args.out)
         print(f"cut short: {partial['partial']}; summary written", file=sys.stderr, flush=True)
         os._exit(3)
+
+    order = {c.name: i for i, c in enumerate(cases)}
+
+    def in_order(results: list[Result]) -> list[Result]:
+        return sorted(results, key=lambda r: order[r.case.name])
 
     signal.signal(signal.SIGTERM, cut_short)
     print(f"{len(cases)} cases, target {args.target}, {args.dtype}"
@@ -158,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = list(finished)
     results = kept + run_cases(todo, RunOptions(jobs=args.jobs, batch=args.batch, case_timeout=args.case_timeout,
                                                 progress=progress))
-    order = {c.name: i for i, c in enumerate(cases)}
-    summary = summarize(sorted(results, key=lambda r: order[r.case.name]), meta())
+    summary = summarize(in_order(results), meta())
     write_summary(summary, args.out)
     print(json.dumps(summary["counts"]), file=sys.stderr)
     return 0
