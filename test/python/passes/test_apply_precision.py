@@ -197,10 +197,18 @@ def test_narrow_precisions_leave_integer_and_fp8_matmuls(precision):
 # ----------------------------------------------------------------------------- fp8 numbers
 
 
+def _scale(x: torch.Tensor) -> torch.Tensor:
+    """448 / amax, correctly rounded as kf's division is. (``448.0 / t`` in torch is
+    ``t.reciprocal() * 448``, one f32 rounding more: the scale can be an ulp off, which
+    moves elements near an E4M3FN rounding boundary to the next code.)"""
+    amax = x.abs().amax().clamp_min(1e-12)
+    return torch.div(torch.full_like(amax, 448.0), amax)
+
+
 def emulate_fp8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch doing the policy's steps: per-tensor scale to 448, E4M3FN, f32 product, unscale."""
     def q(x):
-        s = 448.0 / x.abs().amax().clamp_min(1e-12)
+        s = _scale(x)
         return (x * s).clamp(-448, 448).to(torch.float8_e4m3fn).float(), s
     (qa, sa), (qb, sb) = q(a.float()), q(b.float())
     return (qa @ qb) * (1.0 / (sa * sb))
@@ -246,7 +254,7 @@ def test_fp8_bf16_operands_keep_their_result_type():
     apply(ctx, module, "fp8", fp8_storage=False)
     got = _run_cpu(ctx, module, a, b)
     assert got.dtype == torch.bfloat16
-    assert _rel(got, emulate_fp8(a, b).bfloat16()) < 1e-2
+    assert _rel(got, emulate_fp8(a, b).bfloat16()) < 2e-3
 
 
 def test_fp8_zero_operand_stays_finite():
@@ -322,7 +330,7 @@ def emulate_fp8_attention(q, k, v):
     """torch doing the policy's steps for attention: q, k, v per-tensor scaled to 448,
     P with the fixed scale 256."""
     def quant(x):
-        s = 448.0 / x.abs().amax().clamp_min(1e-12)
+        s = _scale(x)
         return (x * s).clamp(-448, 448).to(torch.float8_e4m3fn).float(), s
     (q8, sq), (k8, sk), (v8, sv) = quant(q), quant(k), quant(v)
     s = (q8 @ k8.transpose(-1, -2)) * (1.0 / (sq * sk)) / torch.tensor(8 ** 0.5, dtype=torch.float32)
