@@ -210,7 +210,8 @@ class KfFunction:
                 if not sig.is_dynamic:
                     raise
                 program, sig = self._static_fallback(sig, tensors, options, reads, e)
-                reason = f"{reason}; compiled for static sizes"
+                reason = f"{reason}; " + (f"compiled with {sig.describe()}" if sig.is_dynamic else
+                                          "compiled for static sizes")
             self._compiles.append(CompileRecord(sig.describe(), target, time.perf_counter() - start, reason,
                                                 getattr(program, "from_cache", False)))
             program.moves = self._moves(reads, program.reached, target, tensors)
@@ -227,18 +228,40 @@ class KfFunction:
         return program, reads
 
     def _static_fallback(self, sig: Signature, tensors: list, options: Options, reads, e: Exception):
-        """(the program for the call's static sizes, its signature) where a signature with
-        run-time sizes cannot be one program: its dynamic dims stay static for good, with
-        a kf.recompiles line saying why."""
+        """(the program for the call, its signature) where a signature with run-time sizes
+        cannot be one program. Where the failure names the dims whose sizes the trace
+        needed (DynamicFallback.dims), those stay static for good and the others are tried
+        again as run-time sizes; otherwise every dynamic dim stays static for good. Each
+        step is a kf.recompiles line saying why."""
         from . import driver
 
+        static = sig.sized(tensors)
+        for _ in range(MAX_SPECIALIZE_STEPS):
+            named = e.dims & sig.dynamic_dims() if isinstance(e, DynamicFallback) else frozenset()
+            if not named:
+                break
+            self._static |= named
+            shown = ", ".join(f"{n} dim {d}" for n, d in sorted(named))
+            logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown,
+                                    str(e).splitlines()[0])
+            narrower = self._generalized(static, observe=False)
+            if not narrower.is_dynamic:
+                sig = narrower
+                break
+            program = self._table.get((narrower, reads.fingerprint))
+            if program is not None:
+                return program, narrower
+            try:
+                return driver.compile_function(self.fn, narrower, tensors, options, reads), narrower
+            except (DynamicFallback, CompileError) as again:
+                sig, e = narrower, again
         why = str(e).splitlines()[0] if isinstance(e, DynamicFallback) else \
             f"{type(e).__name__}: {e.message}" + (f" ({e.cause.splitlines()[0]})" if e.cause else "")
         dims = sig.dynamic_dims()
         self._static |= dims
-        shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
-        logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
-        static = sig.sized(tensors)
+        if dims:
+            shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
+            logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
         program = self._table.get((static, reads.fingerprint))
         if program is None:
             program = driver.compile_function(self.fn, static, tensors, options, reads)
@@ -571,6 +594,9 @@ class CompileRecord:
 
 #: programs of one function past which a warning names what keeps changing
 RECOMPILE_LIMIT = 8
+#: How many times a failed run-time-size compile that names the dims its trace needed is
+#: tried again with those dims static, before every dim is.
+MAX_SPECIALIZE_STEPS = 3
 
 
 def _changing(sigs: list[Signature]) -> str:

@@ -69,6 +69,11 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
     users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     nodes = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
     dims, symbols = [], {}
+    where: dict[str, set] = {}  # symbol name -> the (tensor name, dim) pairs it sizes
+
+    def of(exprs) -> frozenset:
+        return frozenset(p for e in exprs for x in e.free_symbols for p in where.get(str(x), ()))
+
     for i, name in enumerate(users[:n_inputs]):
         val = nodes[name].meta["val"]
         row = []
@@ -78,13 +83,14 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
             if isinstance(size, int):
                 if d in dynamic[i]:
                     raise DynamicFallback(f"torch specialized {names[i]} dim {d} to {size} (the function "
-                                          f"needs that size)")
+                                          f"needs that size)", {(names[i], d)})
                 row.append(str(size))
                 continue
             expr = size.node.expr
             if not isinstance(expr, sympy.Symbol):
-                raise DynamicFallback(f"{names[i]} dim {d} is {expr} of other dims")
+                raise DynamicFallback(f"{names[i]} dim {d} is {expr} of other dims", {(names[i], d)})
             symbols[str(expr)] = expr
+            where.setdefault(str(expr), set()).add((names[i], d))
             row.append(str(expr))
         dims.append(tuple(row))
     # A guard the trace needed (``Ne(s0, 7)`` from an if on a size, ``Ne(s0 - 1, 1)`` from a
@@ -95,7 +101,7 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
     equal: dict = {}
     if env is not None:
         same: dict[str, str] = {}
-        others = []
+        others, needed = [], []
         for g in env.guards:
             e = g.expr
             if not {str(x) for x in e.free_symbols} & symbols.keys():
@@ -107,16 +113,21 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
                 # else torch replaced the other symbol by this one everywhere already
             else:
                 others.append(str(e))
-        others += [str(a.expr) for items in env.deferred_runtime_asserts.values() for a in items]
+                needed.append(e)
+        asserts = [a.expr for items in env.deferred_runtime_asserts.values() for a in items]
+        others += [str(e) for e in asserts]
         if others:
-            raise DynamicFallback(f"the trace holds for some sizes only (guard {others[0]})")
+            # the first guard's dims (the branch itself); the guards after it often
+            # follow from it and name other dims only through products
+            raise DynamicFallback(f"the trace holds for some sizes only (guard {others[0]})",
+                                  of((needed + asserts)[:1]))
         if same:
             dims = [tuple(same.get(x, x) for x in row) for row in dims]
             equal = {symbols[b]: symbols[a] for b, a in same.items()}
             symbols = {k: v for k, v in symbols.items() if k not in same}
     for sym, vr in ep.range_constraints.items():
         if str(sym) in symbols and (int(vr.lower) != MIN_SIZE or vr.upper != int_oo):
-            raise DynamicFallback(f"torch bounds {sym} to [{vr.lower}, {vr.upper}]")
+            raise DynamicFallback(f"torch bounds {sym} to [{vr.lower}, {vr.upper}]", of([sym]))
     return dims, symbols, equal
 
 

@@ -106,8 +106,14 @@ class MutationError(CompileError):
 
 class DynamicFallback(Exception):
     """A signature with run-time sizes that cannot be one program (compiler/dynamic.py):
-    the reason, for the ``kf.recompiles`` log; the function is compiled for the call's
-    static sizes instead."""
+    the reason, for the ``kf.recompiles`` log. ``dims`` names the (tensor name, dim) pairs
+    whose sizes the trace needed, where it is known: those become static and the others
+    stay dynamic (as dynamo specializes only the sizes a guard reads); where it is empty
+    the function is compiled for the call's static sizes instead."""
+
+    def __init__(self, message: str, dims: frozenset = frozenset()):
+        super().__init__(message)
+        self.dims = frozenset(dims)
 
 
 class SignatureError(TypeError):

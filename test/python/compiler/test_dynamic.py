@@ -195,6 +195,23 @@ def test_lowering_without_a_size_falls_back_static(caplog):
     assert len(f.compiles) == 2 and all("?" not in c.signature for c in f.compiles)
 
 
+def test_guard_specializes_only_the_dims_it_reads(caplog):
+    """A branch on two dims (grouped-query attention's head counts) makes those two
+    static; the length, which no guard reads, stays a run-time size: one program."""
+    @kf.jit(target="cpu", dynamic=True)
+    def f(q, k):
+        if k.shape[0] != q.shape[0]:
+            k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)
+        return q * 2 + k
+
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (5, 9, 17):
+            q, k = torch.randn(4, n), torch.randn(2, n)
+            _close(f(q, k), q * 2 + k.repeat_interleave(2, dim=0))
+    assert "k dim 0, q dim 0 compiled for static sizes" in caplog.text
+    assert len(f.compiles) == 1 and f.compiles[0].signature.count("?") == 2, f.compiles
+
+
 def test_views_slices_concats_and_gathers_take_run_time_sizes():
     """The ops of a transformer block around its matmuls (compiler/backend's regions):
     a reshape that merges a run-time dim with static ones and one that splits it again,
