@@ -67,7 +67,7 @@ from opinfo_cases import (CLASSES, DTYPES, FAILURES, TARGETS, Case, Result, cach
 from opinfo_compare import compare  # noqa: E402
 from opinfo_classify import classify_exception, run_case, scope_case  # noqa: E402
 from opinfo_workers import RunOptions, run_cases, worker  # noqa: E402
-from opinfo_report import git_commit, markdown, summarize, write_summary  # noqa: E402
+from opinfo_report import git_commit, markdown, summarize, torch_mlir_importable, write_summary  # noqa: E402
 
 #: what test/python/conformance/test_opinfo.py and other callers use
 __all__ = ["CLASSES", "DTYPES", "FAILURES", "TARGETS", "Case", "Result", "RunOptions", "ci_case", "ci_ops",
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         return {"target": args.target, "dtype": args.dtype, "ops": args.ops, "limit_per_op": args.limit_per_op,
-                "torch": torch.__version__, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
+                "torch": torch.__version__, "torch_mlir": torch_mlir_importable(), "commit": git_commit(),
+                "date": time.strftime("%Y-%m-%d"),
                 "seconds": time.time() - start,
                 "command": "python test/conformance/opinfo.py " + " ".join(a for a in argv if a)}
 

@@ -17,7 +17,11 @@ from pathlib import Path
 CLASSES = ("PASS", "KF_ERROR", "INTERNAL", "MISMATCH", "CRASH", "SKIP")
 #: the classes that are defects in kf (CI fails on any of them)
 FAILURES = ("INTERNAL", "MISMATCH", "CRASH")
-TARGETS = ("cpu", "vulkan", "cuda")
+TARGETS = ("cpu", "vulkan", "cuda", "cuda-ptx")
+#: Targets that only compile: each case's kf function is built for the named kf target
+#: (``kf.inspect``: kernels, PTX, ptxas) from the samples on the CPU, and nothing runs.
+#: A machine without a GPU measures with them which cases compile for it.
+COMPILE_ONLY = {"cuda-ptx": "cuda"}
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,7 +106,13 @@ def parse_case_name(name: str) -> tuple[str, str, int]:
 
 
 def _device(target: str) -> str:
+    """The device of a target's samples."""
     return "cuda" if target == "cuda" else "cpu"
+
+
+def _dtype_device(target: str) -> str:
+    """The device whose dtypes a target's op takes (a compile-only target's kf target's)."""
+    return _device(COMPILE_ONLY.get(target, target))
 
 
 def torch_dtype(name: str):
@@ -167,7 +177,7 @@ def enumerate_cases(target: str, dtype: str, ops: str = "", limit_per_op: int = 
         if pattern is not None and not pattern.search(full):
             continue
         with quiet():
-            if dt not in opinfo.supported_dtypes(_device(target)):
+            if dt not in opinfo.supported_dtypes(_dtype_device(target)):
                 continue
         try:
             n = len(samples_of(opinfo, target, dtype))
@@ -190,7 +200,7 @@ def ci_ops(target: str, dtype: str, every: int) -> list[tuple[str, str]]:
         if zlib.crc32(f"{full}:{dtype}".encode()) % every:
             continue
         with quiet():
-            if dt in opinfo.supported_dtypes(_device(target)):
+            if dt in opinfo.supported_dtypes(_dtype_device(target)):
                 chosen.append((name, variant))
     return chosen
 

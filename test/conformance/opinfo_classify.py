@@ -8,8 +8,8 @@ import time
 import traceback
 from pathlib import Path
 
-from opinfo_cases import (REPO, SUMS_OF_PRODUCTS, UNDEFINED_VALUES, Case, Result, cached_samples, first_line, op_table, quiet,
-                          torch_dtype)
+from opinfo_cases import (COMPILE_ONLY, REPO, SUMS_OF_PRODUCTS, UNDEFINED_VALUES, Case, Result, cached_samples,
+                          first_line, op_table, quiet, torch_dtype)
 from opinfo_compare import compare, tolerance
 from opinfo_scope import scope_of
 
@@ -32,7 +32,7 @@ def kf_function(call_op, sample, target: str):
         x, args, kwargs = tree_unflatten(values, spec)
         return call_op(x, *args, **kwargs)  # CALL_LINE: the user's line of every case
 
-    return kf.jit(target=target)(opinfo_case), [leaves[i] for i in where]
+    return kf.jit(target=COMPILE_ONLY.get(target, target))(opinfo_case), [leaves[i] for i in where]
 
 
 def _call_line() -> int:
@@ -178,6 +178,14 @@ def run_case(case: Case) -> Result:
     with quiet():
         random = values_defined and _is_random(call_op, sample, tensors, want)
         scope = scope_of(case.op, call_op, sample, want, random)
+    if case.target in COMPILE_ONLY:
+        # every stage built (for cuda: the PTX, assembled by ptxas); PASS means it compiled
+        try:
+            with quiet():
+                fn.inspect(_clone(tensors)).stages
+        except Exception as e:
+            return done(*classify_exception(e))
+        return done("PASS", "compiled; not run")
     try:
         with quiet():
             got = fn(_clone(tensors))

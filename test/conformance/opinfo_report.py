@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterable
 
-from opinfo_cases import CLASSES, REPO, Result
+from opinfo_cases import CLASSES, COMPILE_ONLY, REPO, Result
 from opinfo_scope import coverage
 
 
@@ -41,14 +41,32 @@ def _group_key(detail: str) -> str:
     return re.sub(r"\[[^\]]*\]", "[..]", text)[:160]
 
 
+def torch_mlir_importable() -> bool:
+    """Whether torch-mlir imports here (kf's path for ops it has no handler for)."""
+    try:
+        import torch_mlir  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def markdown(summary: dict) -> str:
     meta, counts = summary["meta"], summary["counts"]
     total = sum(counts.values())
-    out = [f"# kf OpInfo conformance: target {meta['target']}, {meta['dtype']}", "",
-           f"{total} cases of {len(summary['ops'])} ops; torch {meta.get('torch', '?')}, kf commit "
-           f"{meta.get('commit', '?')}, {meta.get('date', '')}; {meta.get('seconds', 0):.0f} s.", "",
-           f"Command: `{meta.get('command', '')}`", "",
-           "| class | cases |", "| --- | --- |"]
+    without = meta.get("torch_mlir") is False
+    out = [f"# kf OpInfo conformance: target {meta['target']}, {meta['dtype']}"
+           + (", without torch-mlir" if without else ""), ""]
+    if without:
+        out += ["torch-mlir is not importable here: every op goes through a kf handler or torch's decomposition "
+                "into kf ops, as on a GPU machine without torch-mlir.", ""]
+    out += [f"{total} cases of {len(summary['ops'])} ops; torch {meta.get('torch', '?')}, kf commit "
+            f"{meta.get('commit', '?')}, {meta.get('date', '')}; {meta.get('seconds', 0):.0f} s.", "",
+            f"Command: `{meta.get('command', '')}`", ""]
+    if meta["target"] in COMPILE_ONLY:
+        out += [f"Compile only: each case's kf function is built for the {COMPILE_ONLY[meta['target']]} target "
+                f"(every stage to the machine code's assembler) from samples on the CPU, and nothing runs. PASS "
+                f"here means it compiled; whether it computes the right values is measured on a device.", ""]
+    out += ["| class | cases |", "| --- | --- |"]
     out += [f"| {c} | {counts[c]} |" for c in CLASSES]
     n_err = counts["KF_ERROR"]
     cov = summary.get("coverage") or coverage(summary["results"])
