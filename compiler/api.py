@@ -124,6 +124,9 @@ class KfFunction:
         self._auto: set[tuple[str, int]] = set()
         self._first: dict[tuple[str, int], int] = {}
         self._static: set[tuple[str, int]] = set()
+        # dynamic=True or given dims that could not be one program as a whole: from then on
+        # the dims whose sizes change are tried, as under automatic dynamic
+        self._watching = False
         self._ones: dict = {}  # (signature, its dims at size 1) -> whether its program serves them
         self._grown: set[tuple[str, int]] = set()  # dims met at a size of 2 or more
         self._why_dynamic: list[str] = []
@@ -258,9 +261,17 @@ class KfFunction:
         why = str(e).splitlines()[0] if isinstance(e, DynamicFallback) else \
             f"{type(e).__name__}: {e.message}" + (f" ({e.cause.splitlines()[0]})" if e.cause else "")
         dims = sig.dynamic_dims()
-        self._static |= dims
-        if dims:
-            shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
+        shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
+        if len(dims) > 1 and self.options.dynamic not in (None, False) and not self._watching:
+            # the dims asked for, together, are not one program: watch which of them change
+            self._watching = True
+            for n, shape in zip(static.tensor_names(), [s.shape for s in static.tensor_sigs()]):
+                for d, size in enumerate(shape):
+                    self._first.setdefault((n, d), size)
+            logs.recompile_log.info("%s: %s compiled for static sizes: %s; from now on those whose sizes change "
+                                    "are tried as run-time sizes", self.fn.__name__, shown, why)
+        elif dims:
+            self._static |= dims
             logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
         program = self._table.get((static, reads.fingerprint))
         if program is None:
@@ -303,9 +314,9 @@ class KfFunction:
         names = sig.tensor_names()
         shapes = [s.shape for s in sig.tensor_sigs()]
         scalars = {p.name for p in sig.params if p.kind == "scalar"}
-        if mode is True:
+        if mode is True and not self._watching:
             wanted = {(n, d) for n, shape in zip(names, shapes) if n not in scalars for d in range(len(shape))}
-        elif isinstance(mode, tuple):
+        elif isinstance(mode, tuple) and not self._watching:
             given = dict(mode)
             wanted = {(n, d) for n, shape in zip(names, shapes)
                       for d in given.get(n, given.get(n.split(".")[0], ())) if d < len(shape)}
@@ -330,6 +341,9 @@ class KfFunction:
 
                         cache.add_dynamic_profile(self.fn, self._auto)
             wanted = self._auto
+        if isinstance(mode, tuple) and self._watching:  # of the dims given, those that change
+            given = dict(mode)
+            wanted = {(n, d) for n, d in wanted if d in given.get(n, given.get(n.split(".")[0], ()))}
         # only the dims this call's tensors have: an argument may be a number in one call
         # and a tensor in another, or of another rank
         rank = dict(zip(names, map(len, shapes)))

@@ -29,6 +29,7 @@ import torch
 from mlir import ir
 
 from kf.dialects.types import DYN, KfTypeError, mlir_type, spec_of
+from kf.dialects.attrs import SIZES_FROM, set_sizes_from
 
 from .errors import CompileError, DynamicFallback
 from .signature import MIN_SIZE, is_dynamic
@@ -129,6 +130,23 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
         if str(sym) in symbols and (int(vr.lower) != MIN_SIZE or vr.upper != int_oo):
             raise DynamicFallback(f"torch bounds {sym} to [{vr.lower}, {vr.upper}]", of([sym]))
     return dims, symbols, equal
+
+
+def _sizes_used_as_values(gm: torch.fx.GraphModule, input_dims: Sequence[Sequence[str]],
+                          names: Sequence[str]) -> frozenset:
+    """The (tensor name, dim) pairs whose run-time sizes the graph computes a float from
+    (``q.shape[-1] ** -0.5``: a SymFloat), which kf's converters take as numbers only."""
+    where: dict[str, set] = {}
+    for name, row in zip(names, input_dims):
+        for d, text in enumerate(row):
+            where.setdefault(text, set()).add((name, d))
+    dims: set = set()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymFloat):
+            for x in val.node.expr.free_symbols:
+                dims |= where.get(str(x), set())
+    return frozenset(dims)
 
 
 def _hints(symbols: dict, equal: dict, which: int) -> dict:
@@ -258,7 +276,35 @@ def long_sum(module: ir.Module, block: int, top: ir.Module | None = None) -> str
 
 def _attrs(op: ir.Operation) -> dict[str, str]:
     named = [op.attributes[i] for i in range(len(op.attributes))]
-    return {a.name: str(a.attr) for a in named if a.name != "function_type"}
+    return {a.name: str(a.attr) for a in named if a.name not in ("function_type", SIZES_FROM)}
+
+
+def _source_sizes(ops_a: list, ops_b: list) -> None:
+    """Mark each op of a that takes no operands (kf.iota, kf.fill: ``torch.arange(L)``,
+    ``torch.ones(L, L)``) and whose result has a dim that differs between the two
+    conversions with ``SIZES_FROM``: for each dim of the result, the function argument
+    and dim of that size (-1, -1 where static), found as the argument dim whose sizes in
+    the two conversions are the result's. A size of no argument dim (``L + 1``) is left
+    unmarked: its lowering refuses it."""
+    pairs: dict[tuple[int, int], tuple[int, int]] = {}
+    for x, y in zip(ops_a, ops_b):
+        if x.name == "func.func" and len(x.regions[0].blocks):
+            pairs = {}
+            args = zip(x.regions[0].blocks[0].arguments, y.regions[0].blocks[0].arguments)
+            for i, (u, v) in enumerate(args):
+                if isinstance(u.type, ir.RankedTensorType) and isinstance(v.type, ir.RankedTensorType):
+                    for d, (m, n) in enumerate(zip(u.type.shape, v.type.shape)):
+                        if m != n:
+                            pairs.setdefault((m, n), (i, d))
+            continue
+        if len(x.operands) or len(x.results) != 1 or not isinstance(x.results[0].type, ir.RankedTensorType):
+            continue
+        shape_a, shape_b = x.results[0].type.shape, ir.RankedTensorType(y.results[0].type).shape
+        if shape_a == shape_b or len(shape_a) != len(shape_b):
+            continue
+        found = [(-1, -1) if m == n else pairs.get((m, n)) for m, n in zip(shape_a, shape_b)]
+        if all(f is not None for f in found):
+            set_sizes_from(x, found)
 
 
 def _general(a: ir.Type, b: ir.Type) -> ir.Type:
@@ -285,6 +331,8 @@ def unify(a: ir.Module, b: ir.Module) -> None:
         if x.name != y.name or _attrs(x) != _attrs(y) or len(x.results) != len(y.results) or \
                 len(x.operands) != len(y.operands):
             raise DynamicFallback(f"the kf IR differs with the sizes ({x.name}: {_attrs(x)} / {_attrs(y)})")
+    _source_sizes(ops_a, ops_b)
+    for x, y in zip(ops_a, ops_b):
         for r, s in zip(x.results, y.results):
             r.set_type(_general(r.type, s.type))
         if x.name == "func.func":
@@ -342,8 +390,10 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
                                  reached, reached_names))
         except CompileError as e:
             # a size used as a value (q.shape[-1] ** 0.5 is sym_float of a run-time size):
-            # the static capture compiles it, or raises the same error at the user's line
-            raise DynamicFallback(f"kf cannot convert the graph with run-time sizes: {e.message}") from None
+            # those dims are static (api), or the static capture compiles it or raises the
+            # same error at the user's line
+            raise DynamicFallback(f"kf cannot convert the graph with run-time sizes: {e.message}",
+                                  _sizes_used_as_values(ep.graph_module, input_dims, names)) from None
     out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
     outs = [a.meta["val"] for a in out_node.args[0] if isinstance(a, torch.fx.Node)]
     input_dims = list(input_dims) + [tuple(str(s) for s in t.shape) for t in (reached[j] for j in caps[0].reached)]

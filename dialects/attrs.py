@@ -44,3 +44,22 @@ def op_attrs(op: ir.Operation) -> dict[str, Any]:
     """All attributes of an op as Python values."""
     attributes = op.attributes
     return {name: from_attr(attributes[name]) for name in attributes}
+
+
+#: On an op without operands (kf.iota, kf.fill) whose result has run-time sizes: for each
+#: dim of the result, the enclosing function's argument and dim whose size it has, or
+#: -1, -1 where static. Set where run-time sizes are captured (compiler/dynamic.py), kept
+#: by kf-canonicalize's rewrites of such ops, read by kf-lower-to-linalg.
+SIZES_FROM = "kf.sizes_from"
+
+
+def sizes_from(op: ir.Operation) -> list[tuple[int, int]] | None:
+    """An op's SIZES_FROM as (argument, dim) pairs, one per result dim; None if unset."""
+    if SIZES_FROM not in op.attributes:
+        return None
+    flat = list(ir.DenseI64ArrayAttr(op.attributes[SIZES_FROM]))
+    return list(zip(flat[0::2], flat[1::2]))
+
+
+def set_sizes_from(op: ir.Operation, pairs: list[tuple[int, int]]) -> None:
+    op.attributes[SIZES_FROM] = ir.DenseI64ArrayAttr.get([k for p in pairs for k in p])

@@ -26,7 +26,9 @@ def build(
 ) -> ir.Operation:
     """Create the kf op ``name`` (with or without the ``kf.`` prefix)."""
     spec = BY_NAME["kf." + name.removeprefix("kf.")]
-    attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
+    # what the op defines: discardable attributes (``kf.sizes_from``: dotted names) are
+    # not part of it, and a rebuilt op goes without them
+    attrs = {k: v for k, v in (attrs or {}).items() if v is not None and "." not in k}
     unknown = set(attrs) - set(spec.attrs)
     if unknown:
         raise TypeError(f"{spec.full_name} has no attribute {', '.join(sorted(unknown))}")

@@ -32,9 +32,9 @@ from typing import Callable
 from mlir import ir
 
 from kf.dialects import BY_NAME, builders
-from kf.dialects.attrs import op_attrs
+from kf.dialects.attrs import op_attrs, set_sizes_from, sizes_from
 from kf.dialects.elements import wrap_int
-from kf.dialects.types import broadcast_shapes, defining, spec_of, transposes_last_two
+from kf.dialects.types import DYN, broadcast_shapes, defining, spec_of, transposes_last_two
 
 from .base import KfPass
 
@@ -193,7 +193,7 @@ class _Rewriter:
             value = _FOLD_BINARY[op.name](a, b)
             if _is_int(op.result):
                 value = _as_int(value, out.elem)
-            self.replace(op, builders.fill(out.shape, out.elem, value))
+            self.replace(op, _sized(builders.fill(out.shape, out.elem, value), lhs, rhs))
             return True
         identity = _RIGHT_IDENTITY.get(op.name)
         if identity is None:
@@ -211,7 +211,7 @@ class _Rewriter:
         a = _fill_value(x)
         if a is not None:
             out = spec_of(op.result.type)
-            self.replace(op, builders.fill(out.shape, out.elem, _FOLD_UNARY[op.name](a)))
+            self.replace(op, _sized(builders.fill(out.shape, out.elem, _FOLD_UNARY[op.name](a)), x))
             return True
         inner = defining(x)
         if op.name == "kf.neg" and inner is not None and inner.name == "kf.neg":
@@ -252,7 +252,7 @@ class _Rewriter:
         if inner.name == "kf.broadcast_to":
             self.replace(op, builders.broadcast_to(inner.operands[0], out.shape))
         elif inner.name == "kf.fill":
-            self.replace(op, builders.fill(out.shape, out.elem, _fill_value(x)))
+            self.replace(op, _sized(builders.fill(out.shape, out.elem, _fill_value(x)), x))
 
     def _reshape(self, op: ir.Operation) -> None:
         (x,) = op.operands
@@ -268,13 +268,13 @@ class _Rewriter:
         if inner is not None and inner.name == "kf.reshape":
             self.replace(op, builders.reshape(inner.operands[0], out.shape))
         elif inner is not None and inner.name == "kf.fill":
-            self.replace(op, builders.fill(out.shape, out.elem, _fill_value(x)))
+            self.replace(op, _sized(builders.fill(out.shape, out.elem, _fill_value(x)), x))
         elif inner is not None and inner.name == "kf.iota":
             dim = _iota_dim_after_reshape(spec_of(x.type).shape, int(op_attrs(inner)["dim"]), out.shape)
             if dim is not None:
                 # (an iota along a run-time size stays one: DYN is not a size of 1)
-                self.replace(op, builders.iota(out.shape, dim, out.elem) if out.shape[dim] != 1
-                             else builders.fill(out.shape, out.elem, 0.0))
+                self.replace(op, _sized(builders.iota(out.shape, dim, out.elem) if out.shape[dim] != 1
+                                        else builders.fill(out.shape, out.elem, 0.0), x))
         elif transposes_last_two(inner):
             # reshape(transpose_last_two(t)) with the last two dims kept (only batch dims
             # merged or split) is transpose_last_two(reshape(t)): the reshape of t is then a
@@ -348,9 +348,11 @@ class _Rewriter:
         kernel writing it to memory."""
         out = spec_of(op.result.type)
         if inner.name == "kf.fill":
-            self.replace(op, builders.fill(out.shape, out.elem, _fill_value(inner.result)))
+            self.replace(op, _sized(builders.fill(out.shape, out.elem, _fill_value(inner.result)), inner.result,
+                                    order=list(perm)))
         elif inner.name == "kf.iota":
-            self.replace(op, builders.iota(out.shape, perm.index(int(op_attrs(inner)["dim"]) % out.rank), out.elem))
+            self.replace(op, _sized(builders.iota(out.shape, perm.index(int(op_attrs(inner)["dim"]) % out.rank),
+                                                  out.elem), inner.result, order=list(perm)))
         else:
             operands = [v if spec_of(v.type).rank == 0 else builders.transpose(v, perm=list(perm))
                         for v in inner.operands]
@@ -375,8 +377,36 @@ class _Rewriter:
         a = _fill_value(x)
         if a is not None:
             out = spec_of(op.result.type)
-            self.replace(op, builders.fill(out.shape, out.elem, _as_int(a, out.elem) if not out.is_float
-                                           else a))
+            self.replace(op, _sized(builders.fill(out.shape, out.elem, _as_int(a, out.elem) if not out.is_float
+                                                  else a), x))
+
+
+def _sized(new: ir.Value, *olds: ir.Value, order: list[int] | None = None) -> ir.Value:
+    """new (a fill or iota made in place of values computed from fills and iotas) with the
+    run-time sizes (SIZES_FROM) of the first of ``olds`` that has them for new's run-time
+    dims: dim i of new is dim ``order[i]`` of it (a transpose), or, without order, new's
+    run-time dims are its run-time dims in order (a reshape that adds or drops unit dims,
+    an elementwise op). Without them new's lowering refuses run-time sizes."""
+    shape = spec_of(new.type).shape
+    if DYN not in shape:
+        return new
+    for old in olds:
+        op = defining(old)
+        pairs = sizes_from(op) if op is not None else None
+        if pairs is None:
+            continue
+        if order is not None:
+            mapped = [pairs[order[i]] if n == DYN else (-1, -1) for i, n in enumerate(shape)]
+        else:
+            dyn = [p for p, n in zip(pairs, spec_of(old.type).shape) if n == DYN]
+            if len(dyn) != shape.count(DYN):
+                continue
+            it = iter(dyn)
+            mapped = [next(it) if n == DYN else (-1, -1) for n in shape]
+        if all(p[0] >= 0 for p, n in zip(mapped, shape) if n == DYN):
+            set_sizes_from(defining(new), mapped)
+            return new
+    return new
 
 
 def _made_of_indices(v: ir.Value) -> bool:

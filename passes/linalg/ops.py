@@ -10,7 +10,7 @@ from typing import Callable
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
-from kf.dialects.attrs import op_attrs
+from kf.dialects.attrs import SIZES_FROM, op_attrs, sizes_from
 from kf.dialects.types import DYN, TensorSpec, normalize_dim, spec_of
 
 from .. import philox
@@ -460,13 +460,38 @@ def _constant(op, args, attrs, out):
     return [map_elements([c], out[0].shape, i1, lambda a: sm.convert(a[0], i1), maps=[identity_map(rank)])]
 
 
+def _source_sizes(op: ir.Operation, shape) -> dict[int, ir.Value] | None:
+    """The run-time sizes of a result without operands, from its SIZES_FROM; None where
+    it has none (every dim static)."""
+    if DYN not in shape:
+        return None
+    pairs = sizes_from(op)
+    if pairs is None:
+        raise PassError(f"{op.name} takes no run-time sizes (no argument dim gives them)", op.location)
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        parent = parent.parent
+    if parent is None or len(pairs) != len(shape):
+        raise PassError(f"{op.name}: {SIZES_FROM} does not fit its result", op.location)
+    args = parent.regions[0].blocks[0].arguments
+    sizes = {}
+    for i, n in enumerate(shape):
+        if n == DYN:
+            a, d = pairs[i]
+            if not 0 <= a < len(args) or not 0 <= d < spec_of(args[a].type).rank or \
+                    spec_of(args[a].type).shape[d] != DYN:
+                raise PassError(f"{op.name}: {SIZES_FROM} names no run-time argument dim", op.location)
+            sizes[i] = dim(args[a], d)
+    return sizes
+
+
 def _fill(op, args, attrs, out):
     value = float(attrs["value"])
     if out[0].elem == "i1":
         value = float(value != 0)
     elif not out[0].is_float:
         value = float(int(value))
-    return [filled(out[0].shape, out[0].elem, value)]
+    return [filled(out[0].shape, out[0].elem, value, _source_sizes(op, out[0].shape))]
 
 
 def _iota(op, args, attrs, out):
@@ -475,8 +500,8 @@ def _iota(op, args, attrs, out):
     rank = len(shape)
     dim = int(attrs["dim"]) % rank
     t = elem_type(out[0].elem)
-    return generic([], [empty(shape, out[0].elem)], [identity_map(rank)], ["parallel"] * rank,
-                   lambda a: [arith.index_cast(t, loop_index(dim))])
+    return generic([], [empty(shape, out[0].elem, _source_sizes(op, shape))], [identity_map(rank)],
+                   ["parallel"] * rank, lambda a: [arith.index_cast(t, loop_index(dim))])
 
 
 def _rand(op, args, attrs, out):
@@ -519,7 +544,7 @@ ELEMENTWISE = frozenset(name for name, lowering in LOWERINGS.items() if lowering
 #: the ops whose lowerings take run-time (DYN) sizes; any other op with one is refused
 DYNAMIC = ELEMENTWISE | {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var", "kf.logsumexp",
                          "kf.argmax", "kf.softmax", "kf.log_softmax", "kf.matmul", "kf.transpose", "kf.reshape",
-                         "kf.broadcast_to"}
+                         "kf.broadcast_to", "kf.iota", "kf.fill"}
 #: ops whose lowerings take run-time sizes in some operands only: the test of the op
 DYNAMIC_WHERE = {
     # a gather of a static table's rows (an embedding) by an index of run-time length

@@ -226,6 +226,21 @@ func.func @iota_reshape_run_time() -> (tensor<?x1xi64>, tensor<1x?xi64>) {
 
 // -----
 
+// The run-time sizes of an iota or a fill (kf.sizes_from: the argument dim of each size)
+// follow it through a reshape that adds a unit dim and through a transpose.
+// CHECK-LABEL: func.func @sizes_from_kept
+// CHECK-DAG: "kf.iota"() {dim = 1 : i64, kf.sizes_from = array<i64: -1, -1, 0, 1>} : () -> tensor<1x?xi64>
+// CHECK-DAG: "kf.fill"() {kf.sizes_from = array<i64: 0, 1, 0, 0>, value = 1.000000e+00 : f64} : () -> tensor<?x?xf32>
+func.func @sizes_from_kept(%x: tensor<?x?xf32>) -> (tensor<1x?xi64>, tensor<?x?xf32>) {
+  %a = "kf.iota"() {dim = 0 : i64, kf.sizes_from = array<i64: 0, 1>} : () -> tensor<?xi64>
+  %ra = "kf.reshape"(%a) : (tensor<?xi64>) -> tensor<1x?xi64>
+  %one = "kf.fill"() {value = 1.0 : f64, kf.sizes_from = array<i64: 0, 0, 0, 1>} : () -> tensor<?x?xf32>
+  %t = "kf.transpose"(%one) {perm = array<i64: 1, 0>} : (tensor<?x?xf32>) -> tensor<?x?xf32>
+  return %ra, %t : tensor<1x?xi64>, tensor<?x?xf32>
+}
+
+// -----
+
 // A transpose of a value made of fills and iotas alone (torch.triu(torch.ones(S, S)).T)
 // moves onto them: no transpose remains, the iotas run along the permuted dims. A
 // transpose of an argument stays.

@@ -212,6 +212,35 @@ def test_guard_specializes_only_the_dims_it_reads(caplog):
     assert len(f.compiles) == 1 and f.compiles[0].signature.count("?") == 2, f.compiles
 
 
+def _causal_tril(q, k, v):
+    n = q.shape[-2]
+    s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5  # the head dim as a number: it stays static
+    s = s.masked_fill(torch.ones(n, n).tril() == 0, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _causal_arange(q, k, v):
+    i = torch.arange(q.shape[-2])
+    s = (q @ k.transpose(-2, -1)) * 0.125
+    return torch.softmax(s.masked_fill(i[None, :] > i[:, None], float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("fn", [_causal_tril, _causal_arange])
+@pytest.mark.parametrize("target", TARGETS)
+def test_masks_built_in_the_function_take_run_time_sizes(target, fn):
+    """``torch.ones(n, n).tril()`` and ``arange`` compares sized by the length are kf
+    fills and iotas of run-time size (their sizes taken from the argument dims that give
+    them): on cpu, ``dynamic=True`` is one program for every length. Where every dim at
+    once is not one program (vulkan's attention takes one run-time size), the dims that
+    change are tried next: one program more serves the other lengths."""
+    f = kf.jit(fn, target=target, dynamic=True)
+    for n in (7, 257, 300):
+        q, k, v = (torch.randn(2, 3, n, 64) for _ in range(3))
+        _close(f(q, k, v), fn(q, k, v))
+    assert len(f.compiles) == (1 if target == "cpu" else 2), f.compiles
+    assert "?" in f.compiles[-1].signature
+
+
 def test_views_slices_concats_and_gathers_take_run_time_sizes():
     """The ops of a transformer block around its matmuls (compiler/backend's regions):
     a reshape that merges a run-time dim with static ones and one that splits it again,
