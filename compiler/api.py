@@ -183,6 +183,10 @@ class KfFunction:
         reads): compiled on first use. The program takes the call's tensors followed by
         the reached tensors it uses (``reads.tensors[j] for j in program.reached``)."""
         reads = guards.walk(self.fn)
+        if sig.dynamic_dims() & self._static:
+            # made before some of its dims were found to need static sizes (the same call
+            # bound again, by autograd's custom op): the signature they compile now
+            sig = self._generalized(sig.sized(tensors), observe=False)
         program = self._table.get((sig, reads.fingerprint))
         changed = program is not None and any(t._version != v for t, v in program.baked)
         if changed:

@@ -320,6 +320,24 @@ def _general(a: ir.Type, b: ir.Type) -> ir.Type:
     return mlir_type(sa.with_shape([x if x == y else DYN for x, y in zip(sa.shape, sb.shape)]))
 
 
+def _check_paired_reshape(x: ir.Operation, y: ir.Operation) -> None:
+    """A reshape whose general form has several run-time dims and keeps each as it is
+    (``paired_runtime_dims``: what its lowering reads it as) keeps them in both
+    conversions: the sizes at its operand's run-time positions are, in order, those at
+    its result's; else DynamicFallback."""
+    from kf.passes.linalg.build import paired_runtime_dims, shape_count
+
+    src = spec_of(_general(x.operands[0].type, y.operands[0].type)).shape
+    dst = spec_of(_general(x.results[0].type, y.results[0].type)).shape
+    if shape_count(dst) < 2 or not paired_runtime_dims(src, dst):
+        return
+    for op in (x, y):
+        a, b = spec_of(op.operands[0].type).shape, spec_of(op.results[0].type).shape
+        if [n for n, g in zip(a, src) if g == DYN] != [n for n, g in zip(b, dst) if g == DYN]:
+            raise DynamicFallback(f"a reshape of {list(src)} to {list(dst)} with run-time sizes moves "
+                                  f"elements between them")
+
+
 def unify(a: ir.Module, b: ir.Module) -> None:
     """Make a, in place, the kf IR of both conversions (see the module docstring): every
     op and attribute equal, each type the general one of a's and b's; else
@@ -332,6 +350,9 @@ def unify(a: ir.Module, b: ir.Module) -> None:
                 len(x.operands) != len(y.operands):
             raise DynamicFallback(f"the kf IR differs with the sizes ({x.name}: {_attrs(x)} / {_attrs(y)})")
     _source_sizes(ops_a, ops_b)
+    for x, y in zip(ops_a, ops_b):
+        if x.name == "kf.reshape":
+            _check_paired_reshape(x, y)
     for x, y in zip(ops_a, ops_b):
         for r, s in zip(x.results, y.results):
             r.set_type(_general(r.type, s.type))

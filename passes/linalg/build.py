@@ -263,9 +263,74 @@ def _reshape_groups(src: Sequence[int], dst: Sequence[int]) -> tuple[list, list]
     hi_s = n_s - sum(len(g) for g in right_s)
     hi_d = n_d - sum(len(g) for g in right_d)
     mid_s, mid_d = list(range(lo_s, hi_s)), list(range(lo_d, hi_d))
-    if sum(1 for d in mid_d if dst[d] == DYN) > 1 or not mid_s or not mid_d:
+    if not mid_s or not mid_d:
         return None
+    if sum(1 for d in mid_d if dst[d] == DYN) > 1:
+        paired = _paired_groups([src[d] for d in mid_s], [dst[d] for d in mid_d])
+        if paired is None:
+            return None
+        return (left_s + [[lo_s + k for k in g] for g in paired[0]] + right_s,
+                left_d + [[lo_d + k for k in g] for g in paired[1]] + right_d)
     return left_s + [mid_s] + right_s, left_d + [mid_d] + right_d
+
+
+def paired_runtime_dims(src: Sequence[int], dst: Sequence[int]) -> bool:
+    """Whether a reshape keeps each run-time dim as it is and regroups only the static
+    dims between them: as many run-time dims in src as in dst, and the static dims before,
+    between and after them of equal products (``unsqueeze``, ``repeat_interleave``'s
+    merge of ``[n, 2, 2, s, d]`` into ``[n, 4, s, d]``). Capture checks that such a
+    reshape does so for every size (compiler/dynamic.py)."""
+    def segments(shape: Sequence[int]) -> list[int]:
+        out = [1]
+        for n in shape:
+            if n == DYN:
+                out.append(1)
+            else:
+                out[-1] *= n
+        return out
+
+    return shape_count(src) == shape_count(dst) and segments(src) == segments(dst)
+
+
+def shape_count(shape: Sequence[int]) -> int:
+    return sum(1 for n in shape if n == DYN)
+
+
+def _paired_groups(src: Sequence[int], dst: Sequence[int]) -> tuple[list, list] | None:
+    """Groups for a reshape of paired run-time dims (paired_runtime_dims): each run-time
+    dim alone with the static dims of size 1 beside it, each stretch of static dims
+    between them one group; None otherwise."""
+    if not paired_runtime_dims(src, dst):
+        return None
+
+    def stretches(shape: Sequence[int]) -> list[list[int]]:
+        out, cur = [], []
+        for d, n in enumerate(shape):
+            if n == DYN:
+                out.append(cur)
+                out.append([d])
+                cur = []
+            else:
+                cur.append(d)
+        out.append(cur)
+        return out
+
+    a, b = stretches(src), stretches(dst)
+    gs, gd = [], []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if i % 2 == 0 and (not x or not y):
+            # a stretch of 1s on one side only (its product equals the other's, empty):
+            # it joins the run-time dim after it, or the one before at the end
+            extra_s, extra_d = x, y
+            if i + 1 < len(a):
+                a[i + 1], b[i + 1] = extra_s + a[i + 1], extra_d + b[i + 1]
+            elif gs:
+                gs[-1] += extra_s
+                gd[-1] += extra_d
+            continue
+        gs.append(list(x))
+        gd.append(list(y))
+    return gs, gd
 
 
 def _dynamic_reshape(v: ir.Value, shape: Sequence[int]) -> ir.Value:

@@ -212,6 +212,21 @@ def test_guard_specializes_only_the_dims_it_reads(caplog):
     assert len(f.compiles) == 1 and f.compiles[0].signature.count("?") == 2, f.compiles
 
 
+def test_grouped_query_attention_is_one_program_on_cpu():
+    """The backend's attention (compiler/backend/attention.py) under dynamic=True: its
+    branch on head counts makes them static; ``repeat_interleave``'s unsqueeze, a reshape
+    of several run-time dims that only adds a dim of 1, and the causal mask keep every
+    other dim a run-time size."""
+    from kf.backend.attention import attention
+
+    f = kf.jit(attention, target="cpu", dynamic=True)
+    for n in (7, 257, 300):
+        q, k, v = torch.randn(2, 4, n, 8), torch.randn(2, 2, n, 8), torch.randn(2, 2, n, 8)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
+        _close(f(q, k, v, None, 0.3, True), want)
+    assert len(f.compiles) == 1 and "?" in f.compiles[0].signature, f.compiles
+
+
 def _causal_tril(q, k, v):
     n = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5  # the head dim as a number: it stays static
