@@ -101,7 +101,7 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
     env = next(iter(nodes.values())).meta["val"].fake_mode.shape_env if nodes else None
     equal: dict = {}
     if env is not None:
-        same: dict[str, str] = {}
+        pairs = _attention_pairs(ep.graph_module, symbols)
         others, needed = [], []
         for g in env.guards:
             e = g.expr
@@ -110,7 +110,7 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
             if isinstance(e, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in e.args):
                 inputs = sorted(str(a) for a in e.args if str(a) in symbols)
                 if len(inputs) == 2:
-                    same[inputs[1]] = same.get(inputs[0], inputs[0])
+                    pairs.append((inputs[0], inputs[1]))
                 # else torch replaced the other symbol by this one everywhere already
             else:
                 others.append(str(e))
@@ -122,6 +122,7 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
             # follow from it and name other dims only through products
             raise DynamicFallback(f"the trace holds for some sizes only (guard {others[0]})",
                                   of((needed + asserts)[:1]))
+        same = _merged(pairs)
         if same:
             dims = [tuple(same.get(x, x) for x in row) for row in dims]
             equal = {symbols[b]: symbols[a] for b, a in same.items()}
@@ -147,6 +148,42 @@ def _sizes_used_as_values(gm: torch.fx.GraphModule, input_dims: Sequence[Sequenc
             for x in val.node.expr.free_symbols:
                 dims |= where.get(str(x), set())
     return frozenset(dims)
+
+
+def _attention_pairs(gm: torch.fx.GraphModule, symbols: dict) -> list[tuple[str, str]]:
+    """Input symbols that an attention op (one aten op, whose fake kernel checks no sizes)
+    needs equal: the keys' and values' lengths, and the queries' and keys' head dims."""
+    pairs = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or "scaled_dot_product_attention" not in str(node.target):
+            continue
+        q, k, v = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:3])
+        if not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in (q, k, v)):
+            continue
+        for a, b in ((k.shape[-2], v.shape[-2]), (q.shape[-1], k.shape[-1])):
+            if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
+                x, y = str(a.node.expr), str(b.node.expr)
+                if x != y and x in symbols and y in symbols:
+                    pairs.append((x, y))
+    return pairs
+
+
+def _merged(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """symbol -> the one that stands for it, for symbols found equal in pairs (each set
+    of equal symbols stands as its first by name)."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            lo, hi = sorted((ra, rb))
+            parent[hi] = lo
+    return {x: find(x) for x in parent if find(x) != x}
 
 
 def _hints(symbols: dict, equal: dict, which: int) -> dict:

@@ -549,6 +549,10 @@ DYNAMIC = ELEMENTWISE | {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", 
 DYNAMIC_WHERE = {
     # a gather of a static table's rows (an embedding) by an index of run-time length
     "kf.index_select": lambda op: spec_of(op.operands[0].type).is_static,
+    # a gather along a static dim (cross entropy's pick of each row's target class): the
+    # index bound is a number, the result's sizes the index's
+    "kf.gather": lambda op: spec_of(op.operands[0].type).shape[normalize_dim(
+        int(op_attrs(op)["dim"]), spec_of(op.operands[0].type).rank)] != DYN,
     # a slice or a concatenation along a static dim of tensors with run-time dims
     "kf.slice": lambda op: spec_of(op.results[0].type).shape[normalize_dim(
         int(op_attrs(op)["dim"]), spec_of(op.results[0].type).rank)] != DYN,

@@ -227,6 +227,21 @@ def test_grouped_query_attention_is_one_program_on_cpu():
     assert len(f.compiles) == 1 and "?" in f.compiles[0].signature, f.compiles
 
 
+def test_sdpa_and_cross_entropy_are_one_program_on_cpu():
+    """``F.scaled_dot_product_attention`` (one aten op whose fake kernel checks no sizes:
+    its keys' and values' lengths are made one size) and ``F.cross_entropy`` (a gather
+    along the static class dim) over run-time lengths."""
+    sdpa = kf.jit(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                  target="cpu", dynamic={"q": [2], "k": [2], "v": [2]})
+    xent = kf.jit(torch.nn.functional.cross_entropy, target="cpu", dynamic={"input": [0], "target": [0]})
+    for n in (7, 257, 300, 1000):
+        q, k, v = (torch.randn(1, 2, n, 64) for _ in range(3))
+        _close(sdpa(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        logits, y = torch.randn(n, 50), torch.randint(0, 50, (n,))
+        _close(xent(logits, y), torch.nn.functional.cross_entropy(logits, y))
+    assert len(sdpa.compiles) == 1 and len(xent.compiles) == 1, (sdpa.compiles, xent.compiles)
+
+
 def _causal_tril(q, k, v):
     n = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5  # the head dim as a number: it stays static
