@@ -183,9 +183,11 @@ class KfFunction:
         reads): compiled on first use. The program takes the call's tensors followed by
         the reached tensors it uses (``reads.tensors[j] for j in program.reached``)."""
         reads = guards.walk(self.fn)
-        if sig.dynamic_dims() & self._static:
-            # made before some of its dims were found to need static sizes (the same call
-            # bound again, by autograd's custom op): the signature they compile now
+        dims = sig.dynamic_dims()
+        if dims & self._static or (self._watching and not dims <= self._auto):
+            # made before some of its dims were found to need static sizes, or before
+            # dynamic=True fell back to the dims that change (the same call bound again,
+            # by autograd's custom op): the signature they compile now
             sig = self._generalized(sig.sized(tensors), observe=False)
         program = self._table.get((sig, reads.fingerprint))
         changed = program is not None and any(t._version != v for t, v in program.baked)
@@ -267,13 +269,36 @@ class KfFunction:
         dims = sig.dynamic_dims()
         shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
         if len(dims) > 1 and self.options.dynamic not in (None, False) and not self._watching:
-            # the dims asked for, together, are not one program: watch which of them change
+            # the dims asked for, together, are not one program: watch which of them change,
+            # from the sizes of the first program (where there is one) or of this call
             self._watching = True
-            for n, shape in zip(static.tensor_names(), [s.shape for s in static.tensor_sigs()]):
-                for d, size in enumerate(shape):
-                    self._first.setdefault((n, d), size)
-            logs.recompile_log.info("%s: %s compiled for static sizes: %s; from now on those whose sizes change "
-                                    "are tried as run-time sizes", self.fn.__name__, shown, why)
+            self._profile_read = True  # dims other runs found changing failed together here
+            now = {(n, d): size for n, shape in zip(static.tensor_names(), [t.shape for t in static.tensor_sigs()])
+                   for d, size in enumerate(shape)}
+            for known in [k[0] for k in self._table]:
+                for n, shape in zip(known.tensor_names(), [t.shape for t in known.tensor_sigs()]):
+                    for d, size in enumerate(shape):
+                        if size >= 0:
+                            self._first.setdefault((n, d), size)
+            for key, size in now.items():
+                self._first.setdefault(key, size)
+            self._auto = {key for key in dims if self._first[key] != now[key]}
+            logs.recompile_log.info("%s: %s not one program together: %s; from now on those whose sizes change "
+                                    "are run-time sizes", self.fn.__name__, shown, why)
+            changed = self._generalized(static, observe=False)
+            if changed.is_dynamic and changed != sig:
+                program = self._table.get((changed, reads.fingerprint))
+                if program is not None:
+                    return program, changed
+                try:
+                    return driver.compile_function(self.fn, changed, tensors, options, reads), changed
+                except (DynamicFallback, CompileError) as again:
+                    why = str(again).splitlines()[0]
+                    dims = changed.dynamic_dims()
+                    shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
+            if changed.is_dynamic and changed != sig:
+                self._static |= dims
+                logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
         elif dims:
             self._static |= dims
             logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)

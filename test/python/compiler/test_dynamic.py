@@ -242,6 +242,23 @@ def test_sdpa_and_cross_entropy_are_one_program_on_cpu():
     assert len(sdpa.compiles) == 1 and len(xent.compiles) == 1, (sdpa.compiles, xent.compiles)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_dynamic_true_settles_on_the_dims_that_change(target, caplog):
+    """``dynamic=True`` on a [2, n, 64] layer norm: on vulkan the batch and the length
+    together are not one program (a tensor takes one run-time size there), so the dims
+    whose sizes changed since the first program are tried at once: two programs serve
+    lengths 1, 7, 257, 300 and 1000."""
+    ln = kf.jit(se.metal_layer_norm.fn, target=target, dynamic=True)
+    w, b = torch.randn(64), torch.randn(64)
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (1, 7, 257, 300, 1000):
+            x = torch.randn(2, n, 64)
+            _close(ln(x, w, b), se.metal_layer_norm.fn(x, w, b))
+    assert len(ln.compiles) == 2 and "?" in ln.compiles[-1].signature, ln.compiles
+    if target == "vulkan":
+        assert "not one program together" in caplog.text
+
+
 def _causal_tril(q, k, v):
     n = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5  # the head dim as a number: it stays static
