@@ -377,8 +377,8 @@ class KfFunction:
         # and a tensor in another, or of another rank
         rank = dict(zip(names, map(len, shapes)))
         wanted = {(n, d) for n, d in wanted if d < rank.get(n, 0)}
-        if target.static_innermost:
-            wanted = {(n, d) for n, d in wanted if d != rank[n] - 1}
+        if target.static_innermost:  # (but the one dim of a 1-d tensor: targets, positions, token ids)
+            wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1}
         wanted = wanted - self._static
         general = sig.generalize(wanted, target.divisibility)
         if observe:

@@ -217,6 +217,17 @@ def _concrete(x: Any, hints: dict) -> Any:
 _ASSERTS = ("_assert", "sym_constrain_range")
 
 
+def _metadata_only(node: torch.fx.Node) -> bool:
+    """Whether an assertion node checks a tensor's dtype, device or layout and no size or
+    stride (export's ``_assert_tensor_metadata`` after ``x.float()``): the signature fixes
+    those, and the program needs no check of it."""
+    if "_assert_tensor_metadata" not in str(node.target):
+        return False
+    size = node.kwargs.get("size", node.args[1] if len(node.args) > 1 else None)
+    stride = node.kwargs.get("stride", node.args[2] if len(node.args) > 2 else None)
+    return size is None and stride is None
+
+
 def _hinted(gm: torch.fx.GraphModule, hints: dict) -> torch.fx.GraphModule:
     """A copy of a graph with symbolic sizes (export's, or a region of Dynamo's) with
     every size a number: the nodes that compute sizes (``sym_size``, arithmetic on them)
@@ -227,7 +238,8 @@ def _hinted(gm: torch.fx.GraphModule, hints: dict) -> torch.fx.GraphModule:
     sizes: dict = {}  # node that computes a size -> its number
     for node in gm.graph.nodes:
         val = node.meta.get("val")
-        if node.op == "call_function" and any(a in str(node.target) for a in _ASSERTS):
+        if node.op == "call_function" and any(a in str(node.target) for a in _ASSERTS) and \
+                not _metadata_only(node):
             raise DynamicFallback(f"the trace checks sizes at run time ({node.target})")
         if node.op in ("call_function", "placeholder") and isinstance(val, (torch.SymInt, int)) and \
                 not isinstance(val, bool):

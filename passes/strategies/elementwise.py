@@ -83,6 +83,8 @@ def vector_width(kernel: ir.Operation, shape: Sequence[int], target: TargetInfo)
     elems = {s.elem for i, s in enumerate(ins) if s.rank > 0 and i not in states} | {s.elem for s in outs}
     if not shape or "i1" in elems or (target.name == "spirv" and "bf16" in elems):
         return 1
+    if run_time_sizes.innermost_is_run_time(kernel):
+        return 1  # a run-time innermost dim (a 1-d tensor of run-time length) need not divide
     vec = target.vector_bytes // max(E.ELEM_BYTES[e] for e in elems)
     if target.name == "spirv":
         vec = min(vec, 4)  # SPIR-V vectors have at most 4 components without Vector16

@@ -173,6 +173,19 @@ def bounded(kernel: ir.Operation) -> Iterator[tuple[ir.Operation, list[tuple[int
 BOUNDED_ATTR = "kf.bounded"
 
 
+def innermost_is_run_time(kernel: ir.Operation) -> bool:
+    """Whether a bounded kernel's run-time dim is the innermost dim of a result of one of
+    its ops (the one dim of a 1-d tensor of run-time length)."""
+    if RUN_TIME_DIMS not in kernel.attributes:
+        return False
+    body = kernel.regions[0].blocks[0]
+    for op, ds in zip(body.operations, ir.ArrayAttr(kernel.attributes[RUN_TIME_DIMS])):
+        for r, d in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
+            if d >= 0 and isinstance(r.type, ir.RankedTensorType) and d == r.type.rank - 1:
+                return True
+    return False
+
+
 def is_bounded(kernel: ir.Operation) -> bool:
     """Whether kernel is ``bounded``'s copy of a kernel with run-time sizes: its plan is
     then for every size up to BOUND, so a plan choice that holds only for some sizes

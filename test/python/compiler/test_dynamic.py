@@ -259,6 +259,21 @@ def test_dynamic_true_settles_on_the_dims_that_change(target, caplog):
         assert "not one program together" in caplog.text
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_one_dim_tensors_take_run_time_lengths(target):
+    """A 1-d tensor's one dim is a run-time size on every target (on vulkan, where other
+    tensors keep their innermost dim static, too): per-token targets of a cross entropy and
+    positions, under automatic dynamic, are two programs over five lengths."""
+    xent = kf.jit(torch.nn.functional.cross_entropy, target=target)
+    shift = kf.jit(lambda x, pos: x * 2 + pos.float()[:, None], target=target)
+    for n in (5, 7, 257, 300, 1000):
+        logits, y = torch.randn(n, 50), torch.randint(0, 50, (n,))
+        _close(xent(logits, y), torch.nn.functional.cross_entropy(logits, y))
+        x, pos = torch.randn(n, 16), torch.arange(n)
+        _close(shift(x, pos), x * 2 + pos.float()[:, None])
+    assert len(xent.compiles) == 2 and len(shift.compiles) == 2, (xent.compiles, shift.compiles)
+
+
 def _causal_tril(q, k, v):
     n = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5  # the head dim as a number: it stays static
