@@ -254,7 +254,8 @@ def _concat(ops, attrs, results):
         if o.rank != ops[0].rank or any(a != b for i, (a, b) in enumerate(zip(o.shape, ops[0].shape)) if i != dim):
             raise KfTypeError(f"concat operands {ops[0]} and {o} differ outside dimension {dim}")
     shape = list(ops[0].shape)
-    shape[dim] = sum(o.shape[dim] for o in ops)
+    along = [o.shape[dim] for o in ops]
+    shape[dim] = DYN if DYN in along else sum(along)
     return [TensorSpec(tuple(shape), elem)]
 
 

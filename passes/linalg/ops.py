@@ -278,16 +278,27 @@ def _slice(op, args, attrs, out):
 
 
 def _concat(op, args, attrs, out):
+    """Each operand inserted at its offset along dim: a number, or where an operand before
+    it has a run-time size there (a cache grown by a step: ``torch.cat([past, new], 2)``)
+    the sum of their sizes at run time."""
     rank = len(out[0].shape)
-    dim = normalize_dim(int(attrs["dim"]), rank)
-    if out[0].shape[dim] == DYN:
-        raise PassError("kf.concat along a dim of run-time size takes no run-time sizes", op.location)
-    result, at = empty(out[0].shape, out[0].elem, sizes_of(args[0], list(range(rank)))), 0
+    axis = normalize_dim(int(attrs["dim"]), rank)
+    sizes = sizes_of(args[0], list(range(rank)))
+    if out[0].shape[axis] == DYN:
+        total = index_const(0)
+        for v in args:
+            total = arith.addi(total, dim(v, axis))
+        sizes[axis] = total
+    result, at = empty(out[0].shape, out[0].elem, sizes), 0
     for v in args:
         offsets = [0] * rank
-        offsets[dim] = at
+        offsets[axis] = at
         result = insert_slice(v, result, offsets, sizes_or_dims(v))
-        at += shape_of(v)[dim]
+        n = shape_of(v)[axis]
+        if isinstance(at, int) and n != DYN:
+            at += n
+        else:
+            at = arith.addi(at if not isinstance(at, int) else index_const(at), dim(v, axis))
     return [result]
 
 
@@ -556,8 +567,7 @@ DYNAMIC_WHERE = {
     # a slice or a concatenation along a static dim of tensors with run-time dims
     "kf.slice": lambda op: spec_of(op.results[0].type).shape[normalize_dim(
         int(op_attrs(op)["dim"]), spec_of(op.results[0].type).rank)] != DYN,
-    "kf.concat": lambda op: spec_of(op.results[0].type).shape[normalize_dim(
-        int(op_attrs(op)["dim"]), spec_of(op.results[0].type).rank)] != DYN,
+    "kf.concat": lambda op: True,
 }
 
 

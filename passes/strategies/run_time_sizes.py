@@ -142,6 +142,16 @@ def bounded(kernel: ir.Operation) -> Iterator[tuple[ir.Operation, list[tuple[int
         yield kernel, []
         return
     slots = slots_of(kernel)
+    for op in kernel.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "kf.concat" and _is_dynamic(op.results[0].type):
+            rt = ir.RankedTensorType(op.results[0].type)
+            axis = int(ir.IntegerAttr(op.attributes["dim"]).value) % rt.rank
+            if rt.is_dynamic_dim(axis):
+                # its size is the sum of its operands' and can pass BOUND, which every
+                # run-time size of the kernel is planned at
+                raise ValueError("a concatenation along a run-time dim: its size can pass the bound kernels "
+                                 "with run-time sizes are planned at")
     holder = ir.Module.create(kernel.location)
     with ir.InsertionPoint(holder.body):
         copy = kernel.clone()

@@ -274,6 +274,20 @@ def test_one_dim_tensors_take_run_time_lengths(target):
     assert len(xent.compiles) == 2 and len(shift.compiles) == 2, (xent.compiles, shift.compiles)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_concatenation_along_a_run_time_dim(target):
+    """``torch.cat([past, new], 1)`` (a cache grown by a step) with a run-time length: on
+    cpu one program, its offsets and size the operands' at run time; on vulkan, whose
+    kernels are planned with every run-time size at most 4096, a size that can pass it
+    compiles static sizes. Correct at the lengths where the result passes 4096."""
+    f = kf.jit(lambda x, y: torch.cat([x, y], 1) * 2, target=target)
+    for n in (7, 257, 256, 4094, 4096):
+        x, y = torch.randn(2, n, 4), torch.randn(2, 3, 4)
+        _close(f(x, y), torch.cat([x, y], 1) * 2)
+    if target == "cpu":
+        assert len(f.compiles) == 2 and "?" in f.compiles[-1].signature, f.compiles
+
+
 def _causal_tril(q, k, v):
     n = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5  # the head dim as a number: it stays static
