@@ -240,8 +240,10 @@ class KfFunction:
         """(the program for the call, its signature) where a signature with run-time sizes
         cannot be one program. Where the failure names the dims whose sizes the trace
         needed (DynamicFallback.dims), those stay static for good and the others are tried
-        again as run-time sizes; otherwise every dynamic dim stays static for good. Each
-        step is a kf.recompiles line saying why."""
+        again as run-time sizes. Otherwise, for several dims asked for together
+        (dynamic=True, or given dims), those whose sizes change are tried from now on
+        (_watch_changes); else every dynamic dim stays static for good. Each step is a
+        kf.recompiles line saying why."""
         from . import driver
 
         static = sig.sized(tensors)
@@ -269,36 +271,11 @@ class KfFunction:
         dims = sig.dynamic_dims()
         shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
         if len(dims) > 1 and self.options.dynamic not in (None, False) and not self._watching:
-            # the dims asked for, together, are not one program: watch which of them change,
-            # from the sizes of the first program (where there is one) or of this call
-            self._watching = True
-            self._profile_read = True  # dims other runs found changing failed together here
-            now = {(n, d): size for n, shape in zip(static.tensor_names(), [t.shape for t in static.tensor_sigs()])
-                   for d, size in enumerate(shape)}
-            for known in [k[0] for k in self._table]:
-                for n, shape in zip(known.tensor_names(), [t.shape for t in known.tensor_sigs()]):
-                    for d, size in enumerate(shape):
-                        if size >= 0:
-                            self._first.setdefault((n, d), size)
-            for key, size in now.items():
-                self._first.setdefault(key, size)
-            self._auto = {key for key in dims if self._first[key] != now[key]}
             logs.recompile_log.info("%s: %s not one program together: %s; from now on those whose sizes change "
                                     "are run-time sizes", self.fn.__name__, shown, why)
-            changed = self._generalized(static, observe=False)
-            if changed.is_dynamic and changed != sig:
-                program = self._table.get((changed, reads.fingerprint))
-                if program is not None:
-                    return program, changed
-                try:
-                    return driver.compile_function(self.fn, changed, tensors, options, reads), changed
-                except (DynamicFallback, CompileError) as again:
-                    why = str(again).splitlines()[0]
-                    dims = changed.dynamic_dims()
-                    shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
-            if changed.is_dynamic and changed != sig:
-                self._static |= dims
-                logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
+            found = self._watch_changes(static, dims, tensors, options, reads)
+            if found is not None:
+                return found
         elif dims:
             self._static |= dims
             logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
@@ -306,6 +283,40 @@ class KfFunction:
         if program is None:
             program = driver.compile_function(self.fn, static, tensors, options, reads)
         return program, static
+
+    def _watch_changes(self, static: Signature, dims: frozenset, tensors: list, options: Options, reads):
+        """dynamic=True (or the dims given) is not one program as a whole: from now on the
+        dims whose sizes change are the run-time ones, counted from the first program's
+        sizes (or this call's), as under automatic dynamic (without the disk profile,
+        whose dims failed together here). (program, signature) for this call where the
+        dims that have changed already make one, else None (the caller compiles static
+        sizes)."""
+        from . import driver
+
+        self._watching = True
+        self._profile_read = True
+        for known in [k[0] for k in self._table] + [static]:
+            for n, shape in zip(known.tensor_names(), [t.shape for t in known.tensor_sigs()]):
+                for d, size in enumerate(shape):
+                    if size >= 0:
+                        self._first.setdefault((n, d), size)
+        now = {(n, d): size for n, shape in zip(static.tensor_names(), [t.shape for t in static.tensor_sigs()])
+               for d, size in enumerate(shape)}
+        self._auto = {key for key in dims if self._first[key] != now[key]}
+        changed = self._generalized(static, observe=False)
+        if not changed.is_dynamic:
+            return None
+        program = self._table.get((changed, reads.fingerprint))
+        if program is not None:
+            return program, changed
+        try:
+            return driver.compile_function(self.fn, changed, tensors, options, reads), changed
+        except (DynamicFallback, CompileError) as e:
+            self._static |= changed.dynamic_dims()
+            shown = ", ".join(f"{n} dim {d}" for n, d in sorted(changed.dynamic_dims()))
+            logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown,
+                                    str(e).splitlines()[0])
+            return None
 
     def _check_limit(self, sig: Signature) -> None:
         """Past RECOMPILE_LIMIT programs, a warning (once; on the kf.recompiles logger and in
