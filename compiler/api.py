@@ -244,8 +244,6 @@ class KfFunction:
         (dynamic=True, or given dims), those whose sizes change are tried from now on
         (_watch_changes); else every dynamic dim stays static for good. Each step is a
         kf.recompiles line saying why."""
-        from . import driver
-
         static = sig.sized(tensors)
         for _ in range(MAX_SPECIALIZE_STEPS):
             named = e.dims & sig.dynamic_dims() if isinstance(e, DynamicFallback) else frozenset()
@@ -259,11 +257,8 @@ class KfFunction:
             if not narrower.is_dynamic:
                 sig = narrower
                 break
-            program = self._table.get((narrower, reads.fingerprint))
-            if program is not None:
-                return program, narrower
             try:
-                return driver.compile_function(self.fn, narrower, tensors, options, reads), narrower
+                return self._program_for(narrower, tensors, options, reads), narrower
             except (DynamicFallback, CompileError) as again:
                 sig, e = narrower, again
         why = str(e).splitlines()[0] if isinstance(e, DynamicFallback) else \
@@ -279,10 +274,14 @@ class KfFunction:
         elif dims:
             self._static |= dims
             logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
-        program = self._table.get((static, reads.fingerprint))
-        if program is None:
-            program = driver.compile_function(self.fn, static, tensors, options, reads)
-        return program, static
+        return self._program_for(static, tensors, options, reads), static
+
+    def _program_for(self, sig: Signature, tensors: list, options: Options, reads):
+        """The program of sig already in the table, else compiled (its errors raised)."""
+        from . import driver
+
+        program = self._table.get((sig, reads.fingerprint))
+        return program if program is not None else driver.compile_function(self.fn, sig, tensors, options, reads)
 
     def _watch_changes(self, static: Signature, dims: frozenset, tensors: list, options: Options, reads):
         """dynamic=True (or the dims given) is not one program as a whole: from now on the
@@ -291,8 +290,6 @@ class KfFunction:
         whose dims failed together here). (program, signature) for this call where the
         dims that have changed already make one, else None (the caller compiles static
         sizes)."""
-        from . import driver
-
         self._watching = True
         self._profile_read = True
         for known in [k[0] for k in self._table] + [static]:
@@ -306,11 +303,8 @@ class KfFunction:
         changed = self._generalized(static, observe=False)
         if not changed.is_dynamic:
             return None
-        program = self._table.get((changed, reads.fingerprint))
-        if program is not None:
-            return program, changed
         try:
-            return driver.compile_function(self.fn, changed, tensors, options, reads), changed
+            return self._program_for(changed, tensors, options, reads), changed
         except (DynamicFallback, CompileError) as e:
             self._static |= changed.dynamic_dims()
             shown = ", ".join(f"{n} dim {d}" for n, d in sorted(changed.dynamic_dims()))
