@@ -389,10 +389,12 @@ def sizes_or_dims(v: ir.Value) -> list[int | ir.Value]:
     return [dim(v, d) if n == DYN else n for d, n in enumerate(shape_of(v))]
 
 
-def for_loop(lb: int, ub: int, iter_args: Sequence[ir.Value],
+def for_loop(lb: int, ub: int | ir.Value, iter_args: Sequence[ir.Value],
              body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
-    """scf.for from lb to ub (step 1) carrying iter_args; body returns the next values."""
-    loop = scf.ForOp(index_const(lb), index_const(ub), index_const(1), list(iter_args))
+    """scf.for from lb to ub (step 1; ub a number or an index value) carrying iter_args;
+    body returns the next values."""
+    loop = scf.ForOp(index_const(lb), ub if isinstance(ub, ir.Value) else index_const(ub), index_const(1),
+                     list(iter_args))
     with ir.InsertionPoint(loop.body):
         scf.YieldOp(body(loop.induction_variable, list(loop.inner_iter_args)))
     return list(loop.results)

@@ -222,24 +222,29 @@ def _scan(op, args, attrs, out):
     (x,) = args
     shape = shape_of(x)
     rank = len(shape)
-    dim = normalize_dim(int(attrs["dim"]), rank)
+    axis = normalize_dim(int(attrs["dim"]), rank)
     kind = attrs["kind"]
     elem = compute_elem(out[0].elem)
     ct, t = elem_type(elem), elem_type(out[0].elem)
-    row = [1 if d == dim else shape[d] for d in range(rank)]
+    row = [1 if d == axis else shape[d] for d in range(rank)]
+    # run-time sizes: the row's other dims are x's, the loop runs to x's size along dim
+    row_sizes = [1 if d == axis else n for d, n in enumerate(sizes_or_dims(x))]
+    kept = sizes_of(x, [-1 if d == axis else d for d in range(rank)])
     start = {"sum": 0.0, "prod": 1.0, "max": min_value(elem), "min": max_value(elem), "logsumexp": -math.inf}[kind]
 
     def step(i, carried):
         acc, result = carried
-        offsets = [i if d == dim else 0 for d in range(rank)]
+        offsets = [i if d == axis else 0 for d in range(rank)]
         # the running row is updated in place (the generic's init), so that the loop
         # carries one buffer after bufferization
-        (acc,) = generic([extract_slice(x, offsets, row)], [acc], [identity_map(rank)] * 2, ["parallel"] * rank,
-                         lambda a: [sm.scan_step(kind, a[1], sm.convert(a[0], ct))])
+        (acc,) = generic([extract_slice(x, offsets, row_sizes, result_shape=row)], [acc], [identity_map(rank)] * 2,
+                         ["parallel"] * rank, lambda a: [sm.scan_step(kind, a[1], sm.convert(a[0], ct))])
         rounded = map_elements([acc], row, t, lambda a: sm.convert(a[0], t))
-        return [acc, insert_slice(rounded, result, offsets, row)]
+        return [acc, insert_slice(rounded, result, offsets, row_sizes)]
 
-    return [for_loop(0, shape[dim], [filled(row, ct, start), empty(out[0].shape, t)], step)[1]]
+    n = shape[axis] if shape[axis] != DYN else dim(x, axis)
+    return [for_loop(0, n, [filled(row, ct, start, kept), empty(out[0].shape, t, sizes_of(x, list(range(rank))))],
+                     step)[1]]
 
 
 def _one_result(built) -> ir.Value:
@@ -555,7 +560,7 @@ ELEMENTWISE = frozenset(name for name, lowering in LOWERINGS.items() if lowering
 #: the ops whose lowerings take run-time (DYN) sizes; any other op with one is refused
 DYNAMIC = ELEMENTWISE | {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var", "kf.logsumexp",
                          "kf.argmax", "kf.softmax", "kf.log_softmax", "kf.matmul", "kf.transpose", "kf.reshape",
-                         "kf.broadcast_to", "kf.iota", "kf.fill"}
+                         "kf.broadcast_to", "kf.iota", "kf.fill", "kf.scan"}
 #: ops whose lowerings take run-time sizes in some operands only: the test of the op
 DYNAMIC_WHERE = {
     # a gather of a static table's rows (an embedding) by an index of run-time length

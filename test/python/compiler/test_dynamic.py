@@ -288,6 +288,19 @@ def test_concatenation_along_a_run_time_dim(target):
         assert len(f.compiles) == 2 and "?" in f.compiles[-1].signature, f.compiles
 
 
+def test_scans_take_run_time_lengths_on_cpu():
+    """Position ids from an attention mask (``mask.long().cumsum(-1) - 1``, as Hugging
+    Face's Llama computes them) and a logcumsumexp and cumprod along a run-time length:
+    one cpu program after the first, every length torch's."""
+    pos = kf.jit(lambda mask: mask.long().cumsum(-1) - 1, target="cpu")
+    logcum = kf.jit(lambda x: torch.logcumsumexp(x, 0) + torch.cumprod(x.sigmoid(), 0), target="cpu")
+    for n in (7, 257, 1, 300, 1000):
+        mask, x = (torch.rand(3, n) > 0.3).long(), torch.randn(n, 5)
+        torch.testing.assert_close(pos(mask), mask.long().cumsum(-1) - 1)
+        _close(logcum(x), torch.logcumsumexp(x, 0) + torch.cumprod(x.sigmoid(), 0))
+    assert len(pos.compiles) == 2 and len(logcum.compiles) == 2, (pos.compiles, logcum.compiles)
+
+
 def _causal_tril(q, k, v):
     n = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5  # the head dim as a number: it stays static
