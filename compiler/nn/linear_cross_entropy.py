@@ -115,11 +115,12 @@ def functions(target: str, precision: str = "auto") -> dict:
     key = (target, precision)
     fns = _FUNCTIONS.get(key)
     if fns is None:
-        # static sizes: a plan has two row counts (its chunks' and the last one's), and
-        # the weight's gradient sums over the rows, which a run-time size would keep static
+        # the chunks' functions take static sizes: every chunk has the plan's rows (the
+        # last one padded, _padded), and the weight's gradient sums over the rows, which a
+        # run-time size would keep static; the count of targets takes the tokens' number
         opts = Options(target=target, precision=precision, dynamic=False)
-        fns = _FUNCTIONS[key] = {f.__name__: KfFunction(f, opts, torch_op=False)
-                                 for f in (_chunk, _loss_only, _mean_scale)}
+        fns = _FUNCTIONS[key] = {f.__name__: KfFunction(f, opts, torch_op=False) for f in (_chunk, _loss_only)}
+        fns["_mean_scale"] = KfFunction(_mean_scale, Options(target=target, precision=precision), torch_op=False)
     return fns
 
 
@@ -161,6 +162,23 @@ def _run(fn, *args):
         return fn(*args)
 
 
+def _padded(h: torch.Tensor, t: torch.Tensor, s: int, e: int, chunks: list, plan: ChunkPlan,
+            ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows s:e of h and t, padded with zero rows whose targets are ``ignore_index`` (they
+    add nothing to the loss or the gradients) so that chunks have few row counts, each
+    one program whatever the number of tokens: the last of several chunks takes the
+    plan's rows, a single chunk the next power of two."""
+    n = e - s
+    m = plan.rows if len(chunks) > 1 else 1 << (n - 1).bit_length()
+    if m <= n:
+        return h[s:e], t[s:e]
+    h_c = h.new_zeros((m, h.shape[1]))
+    h_c[:n].copy_(h[s:e])
+    t_c = t.new_full((m,), ignore_index)
+    t_c[:n].copy_(t[s:e])
+    return h_c, t_c
+
+
 def _nothing(like: torch.Tensor) -> torch.Tensor:
     """A fresh empty tensor for a gradient not computed (a custom op's outputs may not
     alias one another)."""
@@ -192,19 +210,22 @@ def _op(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t
     scale = _run(fns["_mean_scale"], t, ignore_index) if reduction == "mean" else torch.ones((), **f32)
     plan = ChunkPlan(chunk_rows) if chunk_rows > 0 else plan_chunks(tokens, vocab, h.shape[1])
     loss = torch.zeros((), **f32)
+    chunks = plan.chunks(tokens)
     if not grads:
-        for s, e in plan.chunks(tokens):
-            loss = _run(fns["_loss_only"], h[s:e], w, b, t[s:e], loss, scale, ignore_index, float(label_smoothing))
+        for s, e in chunks:
+            h_c, t_c = _padded(h, t, s, e, chunks, plan, ignore_index)
+            loss = _run(fns["_loss_only"], h_c, w, b, t_c, loss, scale, ignore_index, float(label_smoothing))
         return loss.to(loss_dtype), _nothing(hidden), _nothing(hidden), _nothing(hidden)
     dh = torch.empty_like(h)
     dw = torch.zeros(w.shape, **f32)
     db = torch.zeros((vocab,), **f32) if b is not None else None
-    for s, e in plan.chunks(tokens):
-        out = _run(fns["_chunk"], h[s:e], w, b, t[s:e], loss, dw, db, scale, ignore_index, float(label_smoothing))
+    for s, e in chunks:
+        h_c, t_c = _padded(h, t, s, e, chunks, plan, ignore_index)
+        out = _run(fns["_chunk"], h_c, w, b, t_c, loss, dw, db, scale, ignore_index, float(label_smoothing))
         loss, dh_c, dw = out[:3]
         if b is not None:
             db = out[3]
-        dh[s:e].copy_(dh_c)
+        dh[s:e].copy_(dh_c[:e - s])
     return (loss.to(loss_dtype), dh.view(hidden.shape), dw.to(weight.dtype),
             db.to(bias.dtype) if b is not None else _nothing(hidden))
 

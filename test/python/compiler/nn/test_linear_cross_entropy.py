@@ -169,6 +169,29 @@ def test_never_allocates_the_logits(target):
     torch.testing.assert_close(loss, F.cross_entropy(F.linear(h, w), t))
 
 
+def test_new_token_counts_reuse_the_chunk_programs(monkeypatch):
+    """A training loop whose batches bring 19 token counts (320 to 2048): every chunk,
+    the last one padded with ignored rows, has one of a few power-of-two row counts, so
+    the chunk function compiles a handful of programs, not one per count, and the count
+    of targets one program of run-time length after the first; each loss and gradient
+    is torch's."""
+    monkeypatch.setattr(lce, "_FUNCTIONS", {})
+    vocab, hidden = 96, 16
+    for tokens in range(320, 2049, 96):
+        h, w, _, t = _inputs(tokens, vocab, hidden, False)
+        h.requires_grad_(True)
+        loss = kf.nn.fused_linear_cross_entropy(h, w, t, target_name="cpu")
+        loss.backward()
+        hr = h.detach().clone().requires_grad_(True)
+        want = F.cross_entropy(F.linear(hr, w.detach()), t)
+        want.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(h.grad, hr.grad, rtol=1e-4, atol=1e-6)
+    fns = lce.functions("cpu")
+    assert len(fns["_chunk"].compiles) <= 4, [c.signature for c in fns["_chunk"].compiles]
+    assert len(fns["_mean_scale"].compiles) <= 2, [c.signature for c in fns["_mean_scale"].compiles]
+
+
 def test_plan_chunks():
     assert lce.plan_chunks(4096, 32000, 2048).rows == 256  # 16 chunks of 256 rows
     assert lce.plan_chunks(7, 33, 16).rows == 4
