@@ -25,7 +25,8 @@ import torch
 from . import guards, logs, targets, torch_ops
 from .errors import CompileError, DynamicFallback, IndexOutOfRange, SignatureError, TargetError
 from .options import Options
-from .signature import Signature, bind, check_callable, invoke, lift_scalars, rebuild_args, scalar_dtype, unlift_scalars
+from .signature import (MAX_DYNAMIC_SIZE, Signature, bind, check_callable, invoke, lift_scalars, rebuild_args,
+                        scalar_dtype, unlift_scalars)
 
 _DEVICE_TARGET = {device: t.name for device, t in targets.BY_DEVICE.items()}
 _TARGET_DEVICES = {t.name: (t.torch_device,) for t in targets.TARGETS.values()}
@@ -127,6 +128,10 @@ class KfFunction:
         # dynamic=True or given dims that could not be one program as a whole: from then on
         # the dims whose sizes change are tried, as under automatic dynamic
         self._watching = False
+        # the largest run-time size this function's GPU programs take (a flattened [n, 4]
+        # is 4n, which their kernels are planned for up to MAX_DYNAMIC_SIZE): larger sizes
+        # are compiled static
+        self._largest = MAX_DYNAMIC_SIZE
         self._ones: dict = {}  # (signature, its dims at size 1) -> whether its program serves them
         self._grown: set[tuple[str, int]] = set()  # dims met at a size of 2 or more
         self._why_dynamic: list[str] = []
@@ -234,6 +239,7 @@ class KfFunction:
                               f"but not when another tensor takes its place; pass them as arguments",
                               RuntimeWarning, stacklevel=4)
             self._table[(sig, reads.fingerprint)] = program
+        self._check_largest(sig, tensors, program)
         return program, reads
 
     def _static_fallback(self, sig: Signature, tensors: list, options: Options, reads, e: Exception):
@@ -275,6 +281,21 @@ class KfFunction:
             self._static |= dims
             logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
         return self._program_for(static, tensors, options, reads), static
+
+    def _check_largest(self, sig: Signature, tensors: list, program) -> None:
+        """_Rebind where the call's run-time sizes pass what the program's kernels are
+        planned for (its largest_run_time_size): the function keeps that bound, and the
+        call binds again, those dims static."""
+        largest = program.largest_run_time_size() if sig.is_dynamic and hasattr(
+            program, "largest_run_time_size") else None
+        if largest is None:
+            return
+        self._largest = min(self._largest, largest)
+        sizes = [t.shape[d] for t, s in zip(tensors, sig.tensor_sigs()) for d, n in enumerate(s.shape) if n < 0]
+        if any(n > largest for n in sizes):
+            logs.recompile_log.info("%s: run-time sizes up to %d (its kernels' bound on a size derived from them); "
+                                    "larger ones compile static", self.fn.__name__, largest)
+            raise _Rebind()
 
     def _program_for(self, sig: Signature, tensors: list, options: Options, reads):
         """The program of sig already in the table, else compiled (its errors raised)."""
@@ -385,14 +406,14 @@ class KfFunction:
         if target.static_innermost:  # (but the one dim of a 1-d tensor: targets, positions, token ids)
             wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1}
         wanted = wanted - self._static
-        general = sig.generalize(wanted, target.divisibility)
+        general = sig.generalize(wanted, target.divisibility, largest=self._largest)
         if observe:
             self._grown |= {(n, d) for n, shape in zip(names, shapes) for d, size in enumerate(shape) if size >= 2}
         # a size 1 of a dim met at other sizes (a sequence of one token), never of a dim
         # that was always 1 (a batch of one): that one stays static
         ones = frozenset((n, d) for n, d in wanted & self._grown if shapes[names.index(n)][d] == 1)
         if ones and observe and tensors is not None:
-            one = sig.generalize(wanted, target.divisibility, ones)
+            one = sig.generalize(wanted, target.divisibility, ones, largest=self._largest)
             if one != general and self._serves_one(one, sig, tensors, ones, names):
                 return one
         return general
@@ -596,7 +617,10 @@ class KfFunction:
             extra = entry.check()
             if extra is not None:
                 return entry.call, tensors + extra
-        program, reads = self.specialize(sig, tensors)
+        try:
+            program, reads = self.specialize(sig, tensors)
+        except _Rebind:
+            return self._bound(self._generalized(sig.sized(tensors), observe=False), tensors)
         call = _moving(program, program.moves)
         self._entries[sig] = reads.guarded(call, program.reached, program.baked)
         return call, tensors + [reads.tensors[j] for j in program.reached]
@@ -627,6 +651,10 @@ class KfFunction:
             except (DynamicFallback, CompileError):
                 sig = sig.sized(tensors)  # a call compiles these sizes too (_static_fallback)
         return inspection.inspect_function(self.fn, sig, tensors, options)
+
+
+class _Rebind(Exception):
+    """A call's run-time sizes pass what its program takes: bind it again (api)."""
 
 
 @dataclass(frozen=True)

@@ -277,7 +277,9 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
                                  block=tuple(from_attr(g.attributes["kf.block"])), shared_bytes=shared,
                                  artifact="", fused_lines=tuple(str(x) for x in lines),
                                  extra={"strategy": str(from_attr(g.attributes["kf.strategy"]))
-                                        if "kf.strategy" in g.attributes else ""},
+                                        if "kf.strategy" in g.attributes else "",
+                                        **({"largest_slot": int(from_attr(g.attributes["kf.largest_slot"]))}
+                                           if "kf.largest_slot" in g.attributes else {})},
                                  sizes=slot_sizes, grid_sizes=grid_sizes))
     all_inputs = tuple(inputs) + tuple(c for c, _ in constants)
     if sorted(sites) != list(range(len(sites))):

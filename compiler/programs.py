@@ -72,6 +72,14 @@ class CompiledProgram:
         self._returns_inputs = [tuple(p) for p in meta.get("returns_inputs", [])]
         self._same_results = [tuple(p) for p in meta.get("same_results", [])]
 
+    def largest_run_time_size(self) -> int | None:
+        """The largest size the symbols of a GPU program with run-time sizes may take
+        (ProgramABI.largest_run_time_size); None for the cpu target, whose loops take any."""
+        abi = getattr(self._launch, "abi", None)
+        if abi is None or self._target == "cpu" or abi.is_static:
+            return None
+        return abi.largest_run_time_size()
+
     def __call__(self, tensors: list, drawn: list | None = None):
         """Run the program; ``drawn`` (a list) receives the random state the call drew,
         if it drew one."""

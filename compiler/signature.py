@@ -44,13 +44,13 @@ def is_dynamic(size: int) -> bool:
 
 
 def generalize_shape(shape: Sequence[int], dims: Sequence[int], divisibility: int,
-                     ones: Sequence[int] = ()) -> tuple[int, ...]:
-    """shape with each dim of ``dims`` whose size is in [MIN_SIZE, MAX_DYNAMIC_SIZE] made
-    DYN (DYN16 for a multiple of ``divisibility`` where the target asks for it), and
-    each dim of ``ones`` whose size is 1 (a size 1 the program was found to serve)."""
+                     ones: Sequence[int] = (), largest: int = MAX_DYNAMIC_SIZE) -> tuple[int, ...]:
+    """shape with each dim of ``dims`` whose size is in [MIN_SIZE, largest] made DYN
+    (DYN16 for a multiple of ``divisibility`` where the target asks for it), and each dim
+    of ``ones`` whose size is 1 (a size 1 the program was found to serve)."""
     out = list(shape)
     for d in dims:
-        if 0 <= d < len(out) and (MIN_SIZE <= out[d] <= MAX_DYNAMIC_SIZE or (out[d] == 1 and d in ones)):
+        if 0 <= d < len(out) and (MIN_SIZE <= out[d] <= largest or (out[d] == 1 and d in ones)):
             out[d] = DYN16 if divisibility and out[d] % divisibility == 0 else DYN
     return tuple(out)
 
@@ -129,13 +129,13 @@ class Signature:
         return {s.device for s in self.tensor_sigs()}
 
     def generalize(self, dynamic: set[tuple[str, int]], divisibility: int = 0,
-                   ones: frozenset[tuple[str, int]] = frozenset()) -> "Signature":
+                   ones: frozenset[tuple[str, int]] = frozenset(), largest: int = MAX_DYNAMIC_SIZE) -> "Signature":
         """This signature with the dims in ``dynamic`` ((tensor name, dim), names as
         ``tensor_names``) sizes known only at run time, where the size is at least 2
         (generalize_shape: sizes 0 and 1 stay static); itself where none is, and for a
         call with an empty tensor. The dims of ``ones`` (of dynamic) are DYN at size 1 too:
         where the program of the generalized signature was found to serve it
-        (dynamic.serves_size_one)."""
+        (dynamic.serves_size_one). Sizes past ``largest`` stay static."""
         if not dynamic or any(0 in s.shape for s in self.tensor_sigs()):
             return self  # a call with an empty tensor runs nothing: compiled for its sizes
         wanted: dict[str, list[int]] = {}
@@ -147,7 +147,8 @@ class Signature:
             if not dims or not s.shape:
                 return s
             one = [d for n, d in ones if n == name]
-            return TensorSig(generalize_shape(s.shape, dims, divisibility, one), s.elem, s.device, s.contiguous)
+            return TensorSig(generalize_shape(s.shape, dims, divisibility, one, largest), s.elem, s.device,
+                             s.contiguous)
 
         params = []
         for p in self.params:

@@ -136,6 +136,10 @@ class MapToGpuPass(KfPass):
                     if part.sizes:
                         gfunc.attributes["kf.size_slots"] = ir.ArrayAttr.get(
                             [_i64_array(s) for s in part.sizes])
+                        largest = run_time_sizes.largest_slot(kernel)
+                        if largest < run_time_sizes.BOUND:
+                            gfunc.attributes["kf.largest_slot"] = ir.IntegerAttr.get(
+                                ir.IntegerType.get_signless(64), largest)
                         gfunc.attributes["kf.grid_sizes"] = ir.ArrayAttr.get(
                             [ir.StringAttr.get(g) for g in part.grid_sizes])
                 decl = E.declare_kernel(kernel, GPU_MODULE)

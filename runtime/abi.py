@@ -32,6 +32,7 @@ import ast
 import json
 import operator
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 from kf.dialects.elements import ELEMENTS
@@ -251,6 +252,56 @@ class ProgramABI:
     def is_static(self) -> bool:
         """No buffer has a run-time size."""
         return all(a.is_static for a in (*self.inputs, *self.outputs, *self.temporaries))
+
+    @cached_property
+    def planned_sizes(self) -> tuple[tuple[str, str, int], ...]:
+        """(what, expression, its bound) for each run-time size that can pass what GPU
+        kernels with run-time sizes are planned for: a buffer's dim that is an expression
+        of the symbols (``4*s0`` of a flattened [n, 4]) at most MAX_DYNAMIC_SIZE, a
+        kernel's size slot (a view's dim: ``3*s0`` of a [3, n, 8] read as [3n, 8]) at
+        most MAX_DYNAMIC_SIZE or its ``largest_slot`` (less where it merges a run-time dim
+        with others). A bare symbol bind_sizes bounds already."""
+        out = {(f"'{a.name}'", d, MAX_DYNAMIC_SIZE) for a in (*self.inputs, *self.outputs, *self.temporaries)
+               for d in a.dims if d and not d.isidentifier() and not d.lstrip("-").isdigit()}
+        for k in self.kernels:
+            bound = int((k.extra or {}).get("largest_slot", MAX_DYNAMIC_SIZE))
+            out |= {(f"kernel {k.entry}", e, bound) for e in k.sizes if bound < MAX_DYNAMIC_SIZE or not e.isidentifier()}
+        return tuple(sorted(out))
+
+    def beyond_planned_sizes(self, sizes: dict[str, int]) -> str | None:
+        """Why a call's symbol sizes give a run-time size past its planned bound
+        (planned_sizes), or None."""
+        for what, e, bound in self.planned_sizes:
+            n = eval_size(e, sizes)
+            if n > bound:
+                return f"{what} has a run-time size of {n} ({e}); the program's kernels take sizes up to {bound}"
+        return None
+
+    def largest_run_time_size(self) -> int:
+        """The largest size every symbol may take at once with each planned size
+        (planned_sizes) within its bound: MAX_DYNAMIC_SIZE where each is a symbol, less
+        where one is a product or sum of them (a flattened ``[n, 4]`` is ``4*s0``: s0 up
+        to 1024). Symbols are set to one size together, which bounds several at once
+        safely."""
+        limits = [(e, bound) for _, e, bound in self.planned_sizes]
+        symbols = {x for a in self.inputs for x in a.dims if x.isidentifier()}
+        if not limits or not symbols:
+            return MAX_DYNAMIC_SIZE
+
+        def fits(v: int) -> bool:
+            sizes = dict.fromkeys(symbols, v)
+            try:
+                return all(eval_size(e, sizes) <= bound for e, bound in limits)
+            except ValueError:
+                return False
+
+        lo, hi = 1, MAX_DYNAMIC_SIZE  # sizes are nondecreasing in each symbol
+        if fits(hi):
+            return hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

@@ -313,6 +313,9 @@ class CudaProgram(_Program):
         sizes = bind_sizes(abi.inputs, [tuple(t.shape) for t in ins], 1, MAX_DYNAMIC_SIZE)
         if isinstance(sizes, str):
             raise LaunchError(sizes)
+        beyond = abi.beyond_planned_sizes(sizes)
+        if beyond is not None:
+            raise LaunchError(beyond)
         outs = [torch.empty(a.sized(sizes), dtype=_dtype(a.elem), device=dev) for a in abi.outputs]
         temps = [torch.empty(a.sized(sizes), dtype=_dtype(a.elem), device=dev) for a in abi.temporaries]
         bufs = ins + outs + temps

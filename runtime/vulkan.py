@@ -379,6 +379,9 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
         bound = bind_sizes(abi.inputs, [tuple(t.shape) for t in inputs], 1, MAX_DYNAMIC_SIZE)
         if isinstance(bound, str):
             raise VulkanError(bound)
+        beyond = abi.beyond_planned_sizes(bound)
+        if beyond is not None:
+            raise VulkanError(beyond)
         sizes = bound
     # outputs have version counters (residency needs them) even under inference_mode
     with torch.inference_mode(False):

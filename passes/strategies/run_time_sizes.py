@@ -183,6 +183,23 @@ def bounded(kernel: ir.Operation) -> Iterator[tuple[ir.Operation, list[tuple[int
 BOUNDED_ATTR = "kf.bounded"
 
 
+def largest_slot(kernel: ir.Operation) -> int:
+    """The largest run-time size the kernel's slots may take (BOUND, which it is planned
+    at, where each run-time dim inside it is a slot's; less where a reshape merges a
+    run-time dim with static ones: ``[3, n, 8]`` to ``[3n, 8]`` takes n up to BOUND / 3)."""
+    factor = 1
+    for op in kernel.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name != "kf.reshape" or not _is_dynamic(op.results[0].type):
+            continue
+        src, dst = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.results[0].type)
+        static_src = math.prod(n for i, n in enumerate(src.shape) if not src.is_dynamic_dim(i))
+        static_dst = math.prod(n for i, n in enumerate(dst.shape) if not dst.is_dynamic_dim(i))
+        if static_dst and static_src > static_dst:
+            factor = max(factor, -(-static_src // static_dst))
+    return BOUND // factor
+
+
 def innermost_is_run_time(kernel: ir.Operation) -> bool:
     """Whether a bounded kernel's run-time dim is the innermost dim of a result of one of
     its ops (the one dim of a 1-d tensor of run-time length)."""

@@ -301,6 +301,30 @@ def test_scans_take_run_time_lengths_on_cpu():
     assert len(pos.compiles) == 2 and len(logcum.compiles) == 2, (pos.compiles, logcum.compiles)
 
 
+_DERIVED = {
+    "flatten": (lambda x: x.reshape(-1) * 2, lambda n: (torch.randn(n, 4),)),
+    "merge_then_sum": (lambda x: x.reshape(-1, 8).sum(0), lambda n: (torch.randn(3, n, 8),)),
+    "repeat": (lambda x: x.repeat(3, 1) * 2, lambda n: (torch.randn(n, 4),)),
+    "tokens_through_a_linear": (lambda x, w: (x.reshape(-1, 16) @ w).relu(),
+                                lambda n: (torch.randn(4, n, 16), torch.randn(16, 8))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DERIVED))
+@pytest.mark.parametrize("target", TARGETS)
+def test_sizes_derived_past_the_kernels_bound_compile_static(target, name):
+    """A run-time size derived from the inputs' (``4n`` of a flattened [n, 4], ``3n`` of a
+    [3, n, 8] merged inside a kernel) can pass the 4096 that GPU kernels with run-time
+    sizes are planned at while n stays below it: such calls compile static sizes (vulkan
+    gave wrong rows there), the others run on the run-time program. Every result torch's."""
+    fn, make = _DERIVED[name]
+    f = kf.jit(fn, target=target)
+    for n in (7, 257, 1000, 2000, 4096, 300):
+        args = make(n)
+        _close(f(*args), fn(*args))
+    assert any("?" in c.signature for c in f.compiles), f.compiles
+
+
 def _causal_tril(q, k, v):
     n = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5  # the head dim as a number: it stays static
