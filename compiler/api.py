@@ -282,6 +282,15 @@ class KfFunction:
             logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown, why)
         return self._program_for(static, tensors, options, reads), static
 
+    def _specialized(self, sig: Signature, tensors: list):
+        """(the signature the call compiles, its program, the reads): ``specialize``, bound
+        again where the call's sizes pass what the program of sig takes (_Rebind)."""
+        while True:
+            try:
+                return (sig, *self.specialize(sig, tensors))
+            except _Rebind:
+                sig = self._generalized(sig.sized(tensors), observe=False)
+
     def _check_largest(self, sig: Signature, tensors: list, program) -> None:
         """_Rebind where the call's run-time sizes pass what the program's kernels are
         planned for (its largest_run_time_size): the function keeps that bound, and the
@@ -541,7 +550,7 @@ class KfFunction:
                 sig, tensors = self._bind(args, kwargs)
                 if _has_scalars(sig):
                     return self._scalar_call(key, sig, tensors, args, kwargs)
-                program, reads = self.specialize(sig, tensors)
+                sig, program, reads = self._specialized(sig, tensors)
                 used = program.reached
                 tensors += [reads.tensors[j] for j in used]
                 self._fast[key] = reads.guarded(_matched(program, tensors), used, program.baked)
@@ -558,8 +567,10 @@ class KfFunction:
         (a learning rate) adds no entries."""
         call, full = self._bound_call(args, kwargs)
         if sig in self._entries and self._scalar_entries.get(sig, 0) < SCALAR_ENTRIES:
+            compiled, program, reads = self._specialized(sig, tensors)
+            if compiled != sig:  # sizes its program does not take: no entry for them
+                return call(full)
             self._scalar_entries[sig] = self._scalar_entries.get(sig, 0) + 1
-            program, reads = self.specialize(sig, tensors)
             slots = [(i, t) for i, (t, p) in enumerate(zip(tensors, _tensor_params(sig))) if p.kind == "scalar"]
             base = _matched(program, tensors + [reads.tensors[j] for j in program.reached])
 
@@ -617,10 +628,7 @@ class KfFunction:
             extra = entry.check()
             if extra is not None:
                 return entry.call, tensors + extra
-        try:
-            program, reads = self.specialize(sig, tensors)
-        except _Rebind:
-            return self._bound(self._generalized(sig.sized(tensors), observe=False), tensors)
+        sig, program, reads = self._specialized(sig, tensors)
         call = _moving(program, program.moves)
         self._entries[sig] = reads.guarded(call, program.reached, program.baked)
         return call, tensors + [reads.tensors[j] for j in program.reached]

@@ -318,11 +318,17 @@ def test_sizes_derived_past_the_kernels_bound_compile_static(target, name):
     sizes are planned at while n stays below it: such calls compile static sizes (vulkan
     gave wrong rows there), the others run on the run-time program. Every result torch's."""
     fn, make = _DERIVED[name]
-    f = kf.jit(fn, target=target)
-    for n in (7, 257, 1000, 2000, 4096, 300):
-        args = make(n)
-        _close(f(*args), fn(*args))
-    assert any("?" in c.signature for c in f.compiles), f.compiles
+    for dynamic in (None, True):
+        f = kf.jit(fn, target=target, dynamic=dynamic)
+        for n in (7, 257, 1000, 2000, 4096, 300, 2000):
+            args = make(n)
+            _close(f(*args), fn(*args))
+        assert any("?" in c.signature for c in f.compiles), f.compiles
+    # a float argument read at run time takes the same path (its dispatch entries)
+    g = kf.jit(lambda x, s: x.reshape(-1) * s, target=target)
+    for n, s in ((7, 0.5), (257, 0.7), (2000, 0.9), (300, 1.5), (2000, 0.9), (257, 0.7)):
+        x = torch.randn(n, 4)
+        _close(g(x, s), x.reshape(-1) * s)
 
 
 def _causal_tril(q, k, v):
