@@ -70,10 +70,9 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
     users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     nodes = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
     dims, symbols = [], {}
-    where: dict[str, set] = {}  # symbol name -> the (tensor name, dim) pairs it sizes
 
     def of(exprs) -> frozenset:
-        return frozenset(p for e in exprs for x in e.free_symbols for p in where.get(str(x), ()))
+        return _dims_of(exprs, names, dims)
 
     for i, name in enumerate(users[:n_inputs]):
         val = nodes[name].meta["val"]
@@ -91,7 +90,6 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
             if not isinstance(expr, sympy.Symbol):
                 raise DynamicFallback(f"{names[i]} dim {d} is {expr} of other dims", {(names[i], d)})
             symbols[str(expr)] = expr
-            where.setdefault(str(expr), set()).add((names[i], d))
             row.append(str(expr))
         dims.append(tuple(row))
     # A guard the trace needed (``Ne(s0, 7)`` from an if on a size, ``Ne(s0 - 1, 1)`` from a
@@ -133,21 +131,21 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
     return dims, symbols, equal
 
 
+def _dims_of(exprs, names: Sequence[str], input_dims: Sequence[Sequence[str]]) -> frozenset:
+    """The (tensor name, dim) pairs of the inputs whose symbols (``input_dims``: each
+    input's dims as text) the sympy expressions read."""
+    read = {str(x) for e in exprs for x in e.free_symbols}
+    return frozenset((name, d) for name, row in zip(names, input_dims) for d, text in enumerate(row)
+                     if text in read)
+
+
 def _sizes_used_as_values(gm: torch.fx.GraphModule, input_dims: Sequence[Sequence[str]],
                           names: Sequence[str]) -> frozenset:
     """The (tensor name, dim) pairs whose run-time sizes the graph computes a float from
     (``q.shape[-1] ** -0.5``: a SymFloat), which kf's converters take as numbers only."""
-    where: dict[str, set] = {}
-    for name, row in zip(names, input_dims):
-        for d, text in enumerate(row):
-            where.setdefault(text, set()).add((name, d))
-    dims: set = set()
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.SymFloat):
-            for x in val.node.expr.free_symbols:
-                dims |= where.get(str(x), set())
-    return frozenset(dims)
+    floats = [node.meta["val"].node.expr for node in gm.graph.nodes
+              if isinstance(node.meta.get("val"), torch.SymFloat)]
+    return _dims_of(floats, names, input_dims)
 
 
 def _attention_pairs(gm: torch.fx.GraphModule, symbols: dict) -> list[tuple[str, str]]:
@@ -328,7 +326,7 @@ def _attrs(op: ir.Operation) -> dict[str, str]:
     return {a.name: str(a.attr) for a in named if a.name not in ("function_type", SIZES_FROM)}
 
 
-def _source_sizes(ops_a: list, ops_b: list) -> None:
+def _mark_source_sizes(ops_a: list, ops_b: list) -> None:
     """Mark each op of a that takes no operands (kf.iota, kf.fill: ``torch.arange(L)``,
     ``torch.ones(L, L)``) and whose result has a dim that differs between the two
     conversions with ``SIZES_FROM``: for each dim of the result, the function argument
@@ -398,7 +396,7 @@ def unify(a: ir.Module, b: ir.Module) -> None:
         if x.name != y.name or _attrs(x) != _attrs(y) or len(x.results) != len(y.results) or \
                 len(x.operands) != len(y.operands):
             raise DynamicFallback(f"the kf IR differs with the sizes ({x.name}: {_attrs(x)} / {_attrs(y)})")
-    _source_sizes(ops_a, ops_b)
+    _mark_source_sizes(ops_a, ops_b)
     for x, y in zip(ops_a, ops_b):
         if x.name == "kf.reshape":
             _check_paired_reshape(x, y)

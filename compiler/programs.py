@@ -78,7 +78,7 @@ class CompiledProgram:
         abi = getattr(self._launch, "abi", None)
         if abi is None or self._target == "cpu" or abi.is_static:
             return None
-        return abi.largest_run_time_size()
+        return abi.largest_run_time_size
 
     def __call__(self, tensors: list, drawn: list | None = None):
         """Run the program; ``drawn`` (a list) receives the random state the call drew,

@@ -277,6 +277,7 @@ class ProgramABI:
                 return f"{what} has a run-time size of {n} ({e}); the program's kernels take sizes up to {bound}"
         return None
 
+    @cached_property
     def largest_run_time_size(self) -> int:
         """The largest size every symbol may take at once with each planned size
         (planned_sizes) within its bound: MAX_DYNAMIC_SIZE where each is a symbol, less
