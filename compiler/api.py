@@ -132,6 +132,9 @@ class KfFunction:
         # is 4n, which their kernels are planned for up to MAX_DYNAMIC_SIZE): larger sizes
         # are compiled static
         self._largest = MAX_DYNAMIC_SIZE
+        #: signature -> its program with run-time sizes that holds under guards on them
+        #: (CompiledProgram.failed_size_guard): a bound call checks them before its entry
+        self._size_guarded: dict = {}
         self._ones: dict = {}  # (signature, its dims at size 1) -> whether its program serves them
         self._grown: set[tuple[str, int]] = set()  # dims met at a size of 2 or more
         self._why_dynamic: list[str] = []
@@ -240,6 +243,7 @@ class KfFunction:
                               RuntimeWarning, stacklevel=4)
             self._table[(sig, reads.fingerprint)] = program
         self._check_largest(sig, tensors, program)
+        self._check_size_guards(sig, tensors, program)
         return program, reads
 
     def _static_fallback(self, sig: Signature, tensors: list, options: Options, reads, e: Exception):
@@ -288,8 +292,8 @@ class KfFunction:
         while True:
             try:
                 return (sig, *self.specialize(sig, tensors))
-            except _Rebind:
-                sig = self._generalized(sig.sized(tensors), observe=False)
+            except _Rebind as again:
+                sig = sig.sized(tensors) if again.static else self._generalized(sig.sized(tensors), observe=False)
 
     def _check_largest(self, sig: Signature, tensors: list, program) -> None:
         """_Rebind where the call's run-time sizes pass what the program's kernels are
@@ -305,6 +309,20 @@ class KfFunction:
             logs.recompile_log.info("%s: run-time sizes up to %d (its kernels' bound on a size derived from them); "
                                     "larger ones compile static", self.fn.__name__, largest)
             raise _Rebind()
+
+    def _check_size_guards(self, sig: Signature, tensors: list, program) -> None:
+        """_Rebind to the call's own sizes where they fail a guard of the program's trace
+        (``x[:, :-1]`` holds where the length is not 2: ``Ne(s0 - 1, 1)``); the run-time
+        sizes stay for every other call."""
+        failed = program.failed_size_guard(tensors) if sig.is_dynamic and hasattr(
+            program, "failed_size_guard") else None
+        if failed is None:
+            if sig.is_dynamic and getattr(program, "meta", {}).get("size_guards"):
+                self._size_guarded[sig] = program
+            return
+        logs.recompile_log.info("%s: sizes %s fail the guard %s of the program with run-time sizes: compiled for "
+                                "them", self.fn.__name__, [list(t.shape) for t in tensors], failed)
+        raise _Rebind(static=True)
 
     def _program_for(self, sig: Signature, tensors: list, options: Options, reads):
         """The program of sig already in the table, else compiled (its errors raised)."""
@@ -622,6 +640,9 @@ class KfFunction:
         """(the program of a bound call, its tensors followed by the reached ones it reads):
         its signature's entry where the entry's guards hold, else specialized anew."""
         entry = self._entries.get(sig)
+        guarded = self._size_guarded.get(sig)
+        if guarded is not None and guarded.failed_size_guard(tensors) is not None:
+            entry = None  # the entry's program does not hold for these sizes: _specialized
         if entry is not None:
             if not guards.is_guarded(entry):
                 return entry, tensors
@@ -662,7 +683,12 @@ class KfFunction:
 
 
 class _Rebind(Exception):
-    """A call's run-time sizes pass what its program takes: bind it again (api)."""
+    """A call's run-time sizes pass what its program takes: bind it again (api), with
+    ``static`` for the call's own sizes."""
+
+    def __init__(self, static: bool = False):
+        super().__init__()
+        self.static = static
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,9 @@ class Captured:
     #: a number or an expression over the inputs' symbols ("s0", "2*s0"); empty: static
     input_dims: list = field(default_factory=list)
     output_dims: list = field(default_factory=list)
+    #: with run-time sizes: conditions on the symbols that the program holds for (a guard
+    #: of torch's trace, ``Ne(s0 - 1, 1)``); a call whose sizes fail one compiles for them
+    size_guards: tuple = ()
 
     @property
     def kf_ir(self) -> str:

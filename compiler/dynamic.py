@@ -59,10 +59,12 @@ def _export(user: Callable, sig, tensors: list[torch.Tensor], dynamic: list[list
 
 
 def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
-             names: Sequence[str]) -> tuple[list[tuple[str, ...]], dict, dict]:
+             names: Sequence[str]) -> tuple[list[tuple[str, ...]], dict, dict, tuple[str, ...], frozenset]:
     """(each user input's dims as text: a size or a symbol, symbol name -> sympy symbol,
-    sympy symbol -> the equal one that stands for it) of the exported program; a dim asked
-    to be dynamic that torch specialized is a DynamicFallback naming it."""
+    sympy symbol -> the equal one that stands for it, the guards on the sizes that the
+    program holds for: _size_guards, the input dims the first guard reads) of the
+    exported program; a dim asked to be dynamic that torch specialized is a
+    DynamicFallback naming it."""
     import sympy
     from torch.export.graph_signature import InputKind
     from torch.utils._sympy.numbers import int_oo
@@ -93,14 +95,16 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
             row.append(str(expr))
         dims.append(tuple(row))
     # A guard the trace needed (``Ne(s0, 7)`` from an if on a size, ``Ne(s0 - 1, 1)`` from a
-    # slice) holds for some sizes only; export keeps no check of it in the graph. Two dims
-    # found equal (``Eq(s0, s1)``: the keys of an attention and its values) become one
-    # symbol, which the launcher checks is one size (runtime/abi.bind_sizes).
+    # slice) holds for some sizes only; export keeps no check of it in the graph: the
+    # program keeps it (_size_guards), and a call whose sizes fail it compiles for its
+    # own sizes. Two dims found equal (``Eq(s0, s1)``: the keys of an attention and its
+    # values) become one symbol, which the launcher checks is one size
+    # (runtime/abi.bind_sizes).
     env = next(iter(nodes.values())).meta["val"].fake_mode.shape_env if nodes else None
     equal: dict = {}
+    needed: list = []
     if env is not None:
         pairs = _attention_pairs(ep.graph_module, symbols)
-        others, needed = [], []
         for g in env.guards:
             e = g.expr
             if not {str(x) for x in e.free_symbols} & symbols.keys():
@@ -111,24 +115,50 @@ def _symbols(ep, n_inputs: int, dynamic: list[list[int]],
                     pairs.append((inputs[0], inputs[1]))
                 # else torch replaced the other symbol by this one everywhere already
             else:
-                others.append(str(e))
                 needed.append(e)
-        asserts = [a.expr for items in env.deferred_runtime_asserts.values() for a in items]
-        others += [str(e) for e in asserts]
-        if others:
-            # the first guard's dims (the branch itself); the guards after it often
-            # follow from it and name other dims only through products
-            raise DynamicFallback(f"the trace holds for some sizes only (guard {others[0]})",
-                                  of((needed + asserts)[:1]))
+        needed += [a.expr for items in env.deferred_runtime_asserts.values() for a in items]
         same = _merged(pairs)
         if same:
             dims = [tuple(same.get(x, x) for x in row) for row in dims]
             equal = {symbols[b]: symbols[a] for b, a in same.items()}
-            symbols = {k: v for k, v in symbols.items() if k not in same}
     for sym, vr in ep.range_constraints.items():
-        if str(sym) in symbols and (int(vr.lower) != MIN_SIZE or vr.upper != int_oo):
-            raise DynamicFallback(f"torch bounds {sym} to [{vr.lower}, {vr.upper}]", of([sym]))
-    return dims, symbols, equal
+        if str(sym) in symbols and int(vr.lower) != MIN_SIZE:
+            needed.append(sympy.Ge(sym, int(vr.lower)))
+        if str(sym) in symbols and vr.upper != int_oo:
+            needed.append(sympy.Le(sym, int(vr.upper)))
+    guards = _size_guards(needed, symbols, equal, env, of)
+    symbols = {k: v for k, v in symbols.items() if v not in equal}
+    return dims, symbols, equal, guards, of(needed[:1])
+
+
+def _size_guards(needed: list, symbols: dict, equal: dict, env, of) -> tuple[str, ...]:
+    """The guards a trace needed as text over the input symbols that stand
+    (runtime/abi.eval_guard evaluates it at each call); DynamicFallback naming the first
+    one's dims where one reads a symbol of no input dim or is not a comparison of sizes
+    (the dims then compile static, api)."""
+    import sympy
+
+    from kf.runtime.abi import eval_guard
+
+    known = {str(s) for s in symbols}
+    hints = {str(s): int(v) for s, v in ((getattr(env, "backed_var_to_val", None) or env.var_to_val).items()
+                                          if env is not None else ())}
+    out: list[str] = []
+    for e in needed:
+        if env is not None:  # in torch's terms: a symbol it replaced by another is that one
+            e = env.simplify(e)
+        if e is sympy.true:
+            continue
+        text = str(e.xreplace(equal))
+        try:
+            if not {str(x) for x in e.free_symbols} <= known or not eval_guard(text, hints):
+                raise ValueError(text)
+        except (ValueError, KeyError, ZeroDivisionError, TypeError):
+            raise DynamicFallback(f"the trace holds for some sizes only (guard {e}), which kf cannot check "
+                                  f"at run time", of([e])) from None
+        if text not in out:
+            out.append(text)
+    return tuple(out)
 
 
 def _dims_of(exprs, names: Sequence[str], input_dims: Sequence[Sequence[str]]) -> frozenset:
@@ -385,13 +415,48 @@ def _check_paired_reshape(x: ir.Operation, y: ir.Operation) -> None:
                                   f"elements between them")
 
 
+def _slice_from_end(x: ir.Operation, y: ir.Operation) -> None:
+    """A kf.slice along a dim whose size differs between the two conversions, whose start
+    or end differ by as much (``x[:, 1:]`` ends at the size, ``x[:, :-1]`` one before it):
+    that bound counted from the dim's end, as kf.slice takes it along a run-time dim
+    (dialects.ops.slice_bounds). Anything else is left for unify to refuse."""
+    from kf.dialects.attrs import op_attrs
+
+    a, b = op_attrs(x), op_attrs(y)
+    if a == b or a["dim"] != b["dim"] or a.get("step", 1) != b.get("step", 1):
+        return
+    ta, tb = spec_of(x.operands[0].type), spec_of(y.operands[0].type)
+    d = int(a["dim"]) % ta.rank
+    na, nb = ta.shape[d], tb.shape[d]
+    if na == nb:
+        return
+    bounds = {}
+    for key, from_end_ok in (("start", lambda v: v < 0), ("end", lambda v: v <= 0)):
+        u, v = int(a[key]), int(b[key])
+        if u == v:
+            if key == "end" and u == 0 or key == "start" and u < 0:
+                return
+            bounds[key] = u
+        elif u - na == v - nb and from_end_ok(u - na):
+            bounds[key] = u - na
+        else:
+            return
+    i64 = ir.IntegerType.get_signless(64)
+    for key, value in bounds.items():
+        x.attributes[key] = ir.IntegerAttr.get(i64, value)
+        y.attributes[key] = ir.IntegerAttr.get(i64, value)
+
+
 def unify(a: ir.Module, b: ir.Module) -> None:
     """Make a, in place, the kf IR of both conversions (see the module docstring): every
-    op and attribute equal, each type the general one of a's and b's; else
-    DynamicFallback."""
+    op and attribute equal (a slice's bound at a run-time dim's end counted from it:
+    _slice_from_end), each type the general one of a's and b's; else DynamicFallback."""
     ops_a, ops_b = _ops(a), _ops(b)
     if len(ops_a) != len(ops_b):
         raise DynamicFallback("the kf IR differs with the sizes (a different number of ops)")
+    for x, y in zip(ops_a, ops_b):
+        if x.name == "kf.slice" and y.name == "kf.slice":
+            _slice_from_end(x, y)
     for x, y in zip(ops_a, ops_b):
         if x.name != y.name or _attrs(x) != _attrs(y) or len(x.results) != len(y.results) or \
                 len(x.operands) != len(y.operands):
@@ -442,7 +507,7 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
     ep = _export(user, sig, tensors, dynamic)
     if _written_inputs(ep, user):
         raise DynamicFallback("the function writes to its arguments")
-    input_dims, symbols, equal = _symbols(ep, len(tensors), dynamic, names)
+    input_dims, symbols, equal, size_guards, guarded = _symbols(ep, len(tensors), dynamic, names)
     constants = _export_constants(ep)
     of_reached = _reached_constants(constants, reached)
     caps = []
@@ -457,17 +522,20 @@ def capture_dynamic(fn: Callable, sig, tensors: list[torch.Tensor], reached: Seq
             caps.append(_convert(user, sig, metas, gm, constants, ep.call_spec.out_spec, "export", of_reached,
                                  reached, reached_names))
         except CompileError as e:
-            # a size used as a value (q.shape[-1] ** 0.5 is sym_float of a run-time size):
-            # those dims are static (api), or the static capture compiles it or raises the
-            # same error at the user's line
+            # a size used as a value (q.shape[-1] ** 0.5 is sym_float of a run-time size,
+            # q.shape[1] // k.shape[1] repeats under a branch on those sizes): those dims
+            # are static (api), or the static capture compiles it or raises the same
+            # error at the user's line
+            used = _sizes_used_as_values(ep.graph_module, input_dims, names)
             raise DynamicFallback(f"kf cannot convert the graph with run-time sizes: {e.message}",
-                                  _sizes_used_as_values(ep.graph_module, input_dims, names)) from None
+                                  used or guarded) from None
     out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
     outs = [a.meta["val"] for a in out_node.args[0] if isinstance(a, torch.fx.Node)]
     input_dims = list(input_dims) + [tuple(str(s) for s in t.shape) for t in (reached[j] for j in caps[0].reached)]
     if caps[0].random_input is not None:
         input_dims.append(("2",))
     cap = unified(caps[0], caps[1], outs, input_dims, equal)
+    cap.size_guards = size_guards
     cap.tracer = "export-dynamic"
     return cap
 

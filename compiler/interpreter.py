@@ -16,6 +16,8 @@ from mlir import ir
 
 from kf.dialects import spec_of
 from kf.dialects.attrs import op_attrs
+from kf.dialects.ops import slice_bounds
+from kf.dialects.types import DYN
 
 from .dtypes import torch_dtype
 
@@ -30,6 +32,25 @@ def _binary(fn):
     def run(args, attrs, out):
         a, b = args
         return fn(_acc(a), _acc(b)).to(out)
+
+    return run
+
+
+def _division(remainder: bool):
+    """kf.div and kf.fmod: torch's on floats; on integers C's (toward zero, the sign of
+    the dividend), a divisor of 0 or -1 dividing by 1 and then negating (kf.div's rule)."""
+    def run(args, attrs, out):
+        a, b = (_acc(x) for x in args)
+        if a.is_floating_point():
+            return (torch.fmod(a, b) if remainder else torch.div(a, b)).to(out)
+        a, b = torch.broadcast_tensors(a, b)
+        minus_one, bad = b == -1, (b == 0) | (b == -1)
+        safe = torch.where(bad, torch.ones_like(b), b)
+        if remainder:
+            value = torch.where(minus_one, torch.zeros_like(a), torch.fmod(a, safe))
+        else:
+            value = torch.where(minus_one, -a, torch.div(a, safe, rounding_mode="trunc"))
+        return value.to(out)
 
     return run
 
@@ -69,10 +90,17 @@ def _scan(x, dim: int, kind: str):
     return {"sum": torch.cumsum, "prod": torch.cumprod, "logsumexp": torch.logcumsumexp}[kind](acc, dim)
 
 
-def _slice(args, attrs, out):
-    x = args[0]
+def _slice(x: torch.Tensor, attrs: dict, run_time: bool) -> torch.Tensor:
+    """kf.slice; along a run-time dim (``run_time``: the input's type has ``?`` there)
+    its bounds may count from the end (dialects.ops.slice_bounds), which the tensor's
+    size gives here."""
     dim, start, end, step = int(attrs["dim"]), int(attrs["start"]), int(attrs["end"]), int(attrs.get("step", 1))
-    return x.narrow(dim, start, end - start)[(slice(None),) * (dim % x.dim()) + (slice(None, None, step),)]
+    dim %= x.dim()
+    if run_time:
+        lo, hi = slice_bounds(start, end, None)
+        start = x.shape[dim] + start if lo is None else lo
+        end = x.shape[dim] + end if hi is None else hi
+    return x.narrow(dim, start, end - start)[(slice(None),) * dim + (slice(None, None, step),)]
 
 
 def _constant(args, attrs, out, device):
@@ -86,7 +114,7 @@ def _constant(args, attrs, out, device):
 
 OPS: dict[str, Callable] = {
     "kf.add": _binary(torch.add), "kf.sub": _binary(torch.sub), "kf.mul": _binary(torch.mul),
-    "kf.div": _binary(torch.div), "kf.pow": _binary(torch.pow), "kf.fmod": _binary(torch.fmod), "kf.max": _binary(torch.maximum),
+    "kf.div": _division(False), "kf.pow": _binary(torch.pow), "kf.fmod": _division(True), "kf.max": _binary(torch.maximum),
     "kf.min": _binary(torch.minimum),
     "kf.neg": _unary(torch.neg), "kf.abs": _unary(torch.abs), "kf.exp": _unary(torch.exp),
     "kf.log": _unary(torch.log), "kf.sqrt": _unary(torch.sqrt), "kf.rsqrt": _unary(torch.rsqrt),
@@ -112,7 +140,6 @@ OPS: dict[str, Callable] = {
     "kf.transpose": lambda a, at, o: a[0].permute(*at["perm"]),
     "kf.topk": _topk,
     "kf.scan": lambda a, at, o: _scan(a[0], int(at["dim"]), at["kind"]).to(o),
-    "kf.slice": _slice,
     "kf.concat": lambda a, at, o: torch.cat(list(a), dim=int(at["dim"])),
     "kf.gather": lambda a, at, o: torch.gather(a[0], int(at["dim"]), a[1].long()),
     "kf.index_select": lambda a, at, o: torch.index_select(a[0], int(at["dim"]), a[1].long()),
@@ -182,6 +209,9 @@ class Interpreter:
 
                     shape = spec_of(op.result.type).shape
                     results = (samples(args[0], int(attrs["offset"]), shape, attrs["distribution"]),)
+                elif op.name == "kf.slice":
+                    x = spec_of(op.operands[0].type)
+                    results = (_slice(args[0], attrs, x.shape[int(attrs["dim"]) % x.rank] == DYN),)
                 elif op.name in ("kf.reshape", "kf.broadcast_to"):
                     shape = spec_of(op.result.type).shape
                     x = args[0]

@@ -72,6 +72,20 @@ class CompiledProgram:
         self._returns_inputs = [tuple(p) for p in meta.get("returns_inputs", [])]
         self._same_results = [tuple(p) for p in meta.get("same_results", [])]
 
+    def failed_size_guard(self, tensors: list) -> str | None:
+        """The first guard on the sizes (Captured.size_guards) that a call's tensors fail,
+        or None: a program with run-time sizes holds for the sizes its trace held for."""
+        guards = self.meta.get("size_guards")
+        abi = getattr(self._launch, "abi", None)
+        if not guards or abi is None or abi.is_static:
+            return None
+        from kf.runtime.abi import bind_sizes, eval_guard
+
+        sizes = bind_sizes(abi.inputs, [tuple(getattr(t, "shape", ())) for t in tensors[:len(abi.inputs)]], 1)
+        if isinstance(sizes, str):
+            return None  # the launcher says why the shapes do not fit
+        return next((g for g in guards if not eval_guard(g, sizes)), None)
+
     def largest_run_time_size(self) -> int | None:
         """The largest size the symbols of a GPU program with run-time sizes may take
         (ProgramABI.largest_run_time_size); None for the cpu target, whose loops take any."""

@@ -69,11 +69,13 @@ def _float_only(t: TensorSpec, what: str = "operand") -> None:
         raise KfTypeError(f"{what} must have a floating-point element type, got {t.elem}")
 
 
-def _binary(float_only: bool = False) -> Infer:
+def _binary(float_only: bool = False, no_bool: bool = False) -> Infer:
     def infer(ops, attrs, results):
         elem = _same_elem(ops)
         if float_only:
             _float_only(ops[0])
+        if no_bool and elem == "i1":
+            raise KfTypeError("operands must be numbers, got i1 (booleans)")
         return [TensorSpec(broadcast_shapes(*(o.shape for o in ops)), elem)]
 
     return infer
@@ -230,6 +232,27 @@ def _broadcast_to(ops, attrs, results):
     return [out]
 
 
+def slice_bounds(start: int, end: int, size: int | None) -> tuple[int | None, int | None]:
+    """kf.slice's start and end as offsets from the dim's beginning: for a dim whose size
+    is known only at run time (``size`` None), a negative start and an end of 0 or less
+    count from its end (``x[:, 1:]`` is start 1, end 0; ``x[:, :-1]`` start 0, end -1);
+    None where that needs the size."""
+    if size is not None:
+        return start, end
+    return (start if start >= 0 else None), (end if end > 0 else None)
+
+
+def slice_length(start: int, end: int, step: int, size: int | None) -> int | None:
+    """The number of elements kf.slice takes (slice_bounds), None where it depends on the
+    run-time size: both bounds from the beginning or both from the end give a number."""
+    lo, hi = slice_bounds(start, end, size)
+    if lo is None and hi is None:
+        lo, hi = start, end  # both from the end: the size cancels
+    elif lo is None or hi is None:
+        return None
+    return max(0, (hi - lo + step - 1) // step)
+
+
 def _slice(ops, attrs, results):
     x = ops[0]
     dim = normalize_dim(int(attrs["dim"]), x.rank)
@@ -237,11 +260,17 @@ def _slice(ops, attrs, results):
     if step < 1:
         raise KfTypeError(f"slice step must be positive, got {step}")
     if x.shape[dim] == DYN:
-        raise KfTypeError(f"a slice of dimension {dim}, whose size is known only at run time, is not supported")
-    if not 0 <= start <= end <= x.shape[dim]:
-        raise KfTypeError(f"slice [{start}:{end}] is out of bounds for dimension {dim} of size {x.shape[dim]}")
+        lo, hi = slice_bounds(start, end, None)
+        if lo is None and hi is not None:
+            raise KfTypeError(f"slice [{start}:{end}] of dimension {dim}, whose size is known only at run time, "
+                              f"from a start counted from its end to an end counted from its start is not supported")
+        length = slice_length(start, end, step, None)
+    else:
+        if not 0 <= start <= end <= x.shape[dim]:
+            raise KfTypeError(f"slice [{start}:{end}] is out of bounds for dimension {dim} of size {x.shape[dim]}")
+        length = (end - start + step - 1) // step
     shape = list(x.shape)
-    shape[dim] = (end - start + step - 1) // step
+    shape[dim] = DYN if length is None else length
     return [x.with_shape(shape)]
 
 
@@ -406,10 +435,12 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("add", "lhs + rhs", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),
     OpSpec("sub", "lhs - rhs", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),
     OpSpec("mul", "lhs * rhs", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),
-    OpSpec("div", "lhs / rhs (true division)", ("lhs", "rhs"), ("result",), infer=_BF, category="elementwise"),
+    OpSpec("div", "lhs / rhs: true division of floats; of integers, toward zero (C's /), x where rhs is 0 and "
+           "-x (wrapping) where rhs is -1", ("lhs", "rhs"), ("result",), infer=_binary(no_bool=True),
+           category="elementwise"),
     OpSpec("pow", "lhs ** rhs", ("lhs", "rhs"), ("result",), infer=_BF, category="elementwise"),
-    OpSpec("fmod", "lhs - trunc(lhs / rhs) * rhs, exactly (C's fmod: the sign of lhs)", ("lhs", "rhs"),
-           ("result",), infer=_BF, category="elementwise"),
+    OpSpec("fmod", "lhs - trunc(lhs / rhs) * rhs, exactly (C's fmod and %: the sign of lhs); of integers, 0 "
+           "where rhs is 0 or -1", ("lhs", "rhs"), ("result",), infer=_binary(no_bool=True), category="elementwise"),
     OpSpec("max", "elementwise maximum", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),
     OpSpec("min", "elementwise minimum", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),
     OpSpec("neg", "-x", ("input",), ("result",), infer=_unary(False), category="elementwise"),
@@ -472,7 +503,8 @@ OPS: tuple[OpSpec, ...] = (
            category="layout"),
     OpSpec("broadcast_to", "expand size-1 and leading dims to the result shape", ("input",), ("result",),
            infer=_broadcast_to, category="layout"),
-    OpSpec("slice", "input[start:end:step] along dim", ("input",), ("result",),
+    OpSpec("slice", "input[start:end:step] along dim; along a dim of run-time size a negative start and an end "
+           "of 0 or less count from its end (slice_bounds)", ("input",), ("result",),
            {"dim": "int", "start": "int", "end": "int", "step": "int"}, infer=_slice, category="layout"),
     # Binary: IRDL binds one type to all operands of a variadic group, and concat's
     # operands differ in shape. builders.concat chains joins of more than two tensors.

@@ -105,6 +105,27 @@ _FOLD_BINARY: dict[str, Callable[[float, float], float]] = {
     "kf.pow": _pow,
     "kf.fmod": _fmod,
 }
+def _int_quotient(a: int, b: int) -> float:
+    """C's a / b of integers (toward zero), with kf.div's rule for 0 and -1 divisors."""
+    if b in (0, 1):
+        return float(a)
+    if b == -1:
+        return float(-a)
+    q = abs(a) // abs(b)
+    return float(q if (a < 0) == (b < 0) else -q)
+
+
+def _int_remainder(a: int, b: int) -> float:
+    """C's a % b of integers (the sign of a), 0 where b is 0 or -1, as kf.fmod's rule."""
+    if b in (0, -1):
+        return 0.0
+    r = abs(a) % abs(b)
+    return float(-r if a < 0 else r)
+
+
+#: integer kf.div and kf.fmod fold exactly, by their rule for 0 and -1 divisors
+_INT_DIVISION: dict[str, Callable[[int, int], float]] = {"kf.div": _int_quotient, "kf.fmod": _int_remainder}
+
 _FOLD_UNARY: dict[str, Callable[[float], float]] = {
     "kf.neg": lambda a: -a,
     "kf.abs": abs,
@@ -190,7 +211,10 @@ class _Rewriter:
         a, b = _fill_value(lhs), _fill_value(rhs)
         out = spec_of(op.result.type)
         if a is not None and b is not None:
-            value = _FOLD_BINARY[op.name](a, b)
+            if _is_int(op.result) and op.name in _INT_DIVISION:
+                value = _INT_DIVISION[op.name](int(a), int(b))
+            else:
+                value = _FOLD_BINARY[op.name](a, b)
             if _is_int(op.result):
                 value = _as_int(value, out.elem)
             self.replace(op, _sized(builders.fill(out.shape, out.elem, value), lhs, rhs))

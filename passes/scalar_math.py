@@ -277,7 +277,7 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
     f = is_float(t)
     if op == "fmod":
         if not f:
-            raise ValueError("kf.fmod needs floating-point operands")
+            return integer_division("rem", x, args[1])
         # LLVM's frem is C's fmod on the cpu target, convert-gpu-to-nvvm makes it
         # libdevice's __nv_fmodf; kf-to-spirv expands it exactly (spirv/expand_math.py)
         return arith.remf(x, args[1])
@@ -287,7 +287,9 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
             return {"add": arith.addf, "sub": arith.subf, "mul": arith.mulf, "div": arith.divf,
                     "max": arith.maximumf, "min": arith.minimumf, "pow": mmath.powf}[op](x, y)
         if op == "div":
-            raise ValueError("kf.div needs floating-point operands")
+            if ir.IntegerType(t).width == 1:
+                raise ValueError("kf.div is not defined on booleans")
+            return integer_division("div", x, y)
         if ir.IntegerType(t).width == 1:
             # torch on bools: + and max are "or", * and min are "and"; - is an error.
             if op in ("add", "max"):
@@ -359,6 +361,25 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
     if op == "masked_fill":
         return arith.select(args[1], const(t, attrs["value"]), x)
     raise ValueError(f"kf.{op} is not an elementwise op")
+
+
+def integer_division(kind: str, x: ir.Value, y: ir.Value) -> ir.Value:
+    """x / y toward zero (``kind`` "div") or its remainder, with the sign of x ("rem"), of
+    signed integers, never trapping: a divisor of 0 or -1 divides by 1 (a CPU traps on a
+    division by 0 and on INT_MIN / -1; CUDA and SPIR-V leave both undefined). A quotient
+    by -1 is then -x, wrapping as torch's INT_MIN // -1 does, a remainder by -1 is 0; by
+    0 the quotient is x and the remainder 0 (torch raises ZeroDivisionError on the CPU
+    and leaves the value undefined on CUDA)."""
+    if ir.IntegerType(x.type).width == 1:
+        raise ValueError(f"integer {'division' if kind == 'div' else 'remainder'} is not defined on booleans")
+    t = x.type
+    zero = const(t, 0)
+    minus_one = arith.cmpi(arith.CmpIPredicate.eq, y, const(t, -1))
+    bad = arith.ori(arith.cmpi(arith.CmpIPredicate.eq, y, zero), minus_one)
+    safe = arith.select(bad, const(t, 1), y)
+    if kind == "div":
+        return arith.select(minus_one, arith.subi(zero, x), arith.divsi(x, safe))
+    return arith.select(minus_one, zero, arith.remsi(x, safe))
 
 
 def scan_identity(kind: str, t: ir.Type) -> ir.Value:

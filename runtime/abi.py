@@ -117,6 +117,48 @@ def eval_size(expr: str, sizes: dict[str, int]) -> int:
     return int(ev(ast.parse(expr, mode="eval")))
 
 
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+            ast.Gt: operator.gt, ast.GtE: operator.ge}
+#: sympy's printing of relations and of their combinations, as functions
+_RELATIONS = {"Eq": operator.eq, "Ne": operator.ne, "Lt": operator.lt, "Le": operator.le, "Gt": operator.gt,
+              "Ge": operator.ge, "And": lambda *a: all(a), "Or": lambda *a: any(a), "Not": operator.not_}
+
+
+def eval_guard(expr: str, sizes: dict[str, int]) -> bool:
+    """A condition on sizes (a guard torch's trace needed: ``Ne(s0 - 1, 1)``, ``s0 - 1 >=
+    2``, ``Eq(Mod(s0, 2), 0)``, and their ``&``, ``|``, ``~``) for these symbol sizes;
+    ValueError for anything else (the runtime evaluates no other code)."""
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Compare):
+            left = ev(n.left)
+            for op, right in zip(n.ops, n.comparators):
+                if type(op) not in _COMPARE:
+                    break
+                r = ev(right)
+                if not _COMPARE[type(op)](left, r):
+                    return False
+                left = r
+            else:
+                return True
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _RELATIONS and \
+                not n.keywords:
+            return _RELATIONS[n.func.id](*[ev(a) for a in n.args])
+        elif isinstance(n, ast.BinOp) and isinstance(n.op, (ast.BitAnd, ast.BitOr)):
+            a, b = bool(ev(n.left)), bool(ev(n.right))
+            return (a and b) if isinstance(n.op, ast.BitAnd) else (a or b)
+        elif isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.Invert, ast.Not)):
+            return not ev(n.operand)
+        elif isinstance(n, ast.Constant) and type(n.value) is bool:
+            return n.value
+        else:
+            return eval_size(ast.unparse(n), sizes)
+        raise ValueError(f"guard {expr!r}: {ast.dump(n)[:80]} is not a comparison of sizes")
+
+    return bool(ev(ast.parse(expr, mode="eval")))
+
+
 def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min_size: int = 2,
                max_size: int | None = None) -> dict[str, int] | str:
     """The symbols' sizes in a call whose inputs have these shapes, or why the shapes do

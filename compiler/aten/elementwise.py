@@ -11,6 +11,7 @@ from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
+from kf.dialects.elements import INT_TYPES, NARROW_INTS
 
 from ..errors import Unsupported
 from .core import Converter, HANDLERS, _target_name, fake_value, handles, shape_of
@@ -43,12 +44,8 @@ def _div(c, node, args, kwargs):
         if mode == "trunc" and elem in ("f32", "f64"):
             # torch's rule: a / b in the result's type, then truncated
             return kb.trunc(kb.div(c.tensor(args[0], elem), c.tensor(args[1], elem)))
-        if elem.startswith("i") and elem != "i1":
-            # torch-mlir's lowering is torch's rule here: integer division toward zero
-            # or toward -inf
-            from .. import torch_mlir_import
-
-            return torch_mlir_import.import_op(c, node, _target_name(node.target), args, kwargs)
+        if _is_integer(elem):
+            return _integer_division(c, args[0], args[1], elem, "trunc" if mode == "trunc" else "floor")
         if mode == "floor" and elem in ("f32", "f64"):
             return _floor_division(c, args[0], args[1], elem)
         _refuse_rounded_16_bit(f"division with rounding_mode={mode!r}", elem)
@@ -109,19 +106,46 @@ def _remainder(c, a, b, elem: str) -> ir.Value:
     return c.tensor(kb.select(fix, kb.add(mod, b), mod), elem)
 
 
+def _is_integer(elem: str) -> bool:
+    return elem in INT_TYPES and elem != "i1"
+
+
+def _integer_division(c, a, b, elem: str, kind: str) -> ir.Value:
+    """torch's integer division (``kind`` "trunc" or "floor"), remainder ("remainder":
+    the divisor's sign, as Python's %) or fmod ("fmod": the dividend's sign), from C's
+    truncating kf.div and kf.fmod. int8, uint8 and int16 are computed in int32 (uint8
+    zero-extended, a Python number first taking the type) and wrap back, so -128 // -1 in int8 is -128 as in torch. By 0, kf
+    gives a (a quotient) or 0 (a remainder): torch raises ZeroDivisionError on the CPU,
+    and CUDA leaves the value undefined."""
+    ce = "i32" if elem in NARROW_INTS else elem
+    # a Python number takes elem first (-4 as uint8 is 252, as torch takes it)
+    a, b = c.tensor(c.tensor(a, elem), ce), c.tensor(c.tensor(b, elem), ce)
+    zero = kb.scalar(0, ce)
+    if kind == "trunc":
+        return c.tensor(kb.div(a, b), elem)
+    mod = kb.fmod(a, b)
+    if kind == "fmod":
+        return c.tensor(mod, elem)
+    # a remainder whose sign is not the divisor's: floor is one less, remainder b more
+    other_sign = kb.cmp(kb.cmp(b, zero, predicate="lt"), kb.cmp(mod, zero, predicate="lt"), predicate="ne")
+    fix = kb.select(kb.cmp(mod, zero, predicate="ne"), other_sign, kb.scalar(0, "i1"))
+    if kind == "remainder":
+        return c.tensor(kb.select(fix, kb.add(mod, b), mod), elem)
+    quotient = kb.div(a, b)
+    return c.tensor(kb.select(fix, kb.sub(quotient, kb.scalar(1, ce)), quotient), elem)
+
+
 @handles("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar",
          "aten.remainder.Scalar_Tensor", "aten.floor_divide.default", "aten.floor_divide.Scalar")
 def _modulo(c, node, args, kwargs):
     """fmod, remainder and floor division. Floats follow torch's rule from an exact fmod
     (kf.fmod): 1.0 // 0.1 is 9 and fmod(1.0, 0.1) is 0.1 less an ulp, where
-    a - b * trunc(a / b) with a rounded quotient gives 10 and 0. Integers go through
-    torch-mlir's lowering (torch's rule for integers)."""
+    a - b * trunc(a / b) with a rounded quotient gives 10 and 0. Integers take torch's
+    integer rule (_integer_division)."""
     elem = c.out_elem(node)
-    if elem.startswith("i") and elem != "i1":
-        from .. import torch_mlir_import
-
-        return torch_mlir_import.import_op(c, node, _target_name(node.target), args, kwargs)
     op = _target_name(node.target).split(".")[1]
+    if _is_integer(elem):
+        return _integer_division(c, args[0], args[1], elem, "floor" if op == "floor_divide" else op)
     if elem == "i1":
         raise Unsupported(f"{op} of booleans is not supported by kf (torch has none either)")
     a, b = args[0], args[1]

@@ -193,6 +193,7 @@ def package(b: Build) -> None:
         "random_state": cap.random_input,
         "mutations": [m.to_json() for m in cap.mutations],
         "reached": cap.reached,
+        "size_guards": list(cap.size_guards),
         # what cannot be named in another process, or holds tensors the walk did not find,
         # stays in this one (cache.store)
         "private": not b.reads.persistent or bool(cap.unsourced),

@@ -11,6 +11,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from kf.dialects.attrs import SIZES_FROM, op_attrs, sizes_from
+from kf.dialects.ops import slice_bounds
 from kf.dialects.types import DYN, TensorSpec, normalize_dim, spec_of
 
 from .. import philox
@@ -269,17 +270,29 @@ def _broadcast_to(op, args, attrs, out):
 
 
 def _slice(op, args, attrs, out):
+    """tensor.extract_slice; along a run-time dim a bound counted from its end
+    (dialects.ops.slice_bounds) is an offset from the dim's run-time size, and a result
+    of run-time length is ceil((end - start) / step) at run time."""
     (x,) = args
     rank = len(shape_of(x))
-    dim = normalize_dim(int(attrs["dim"]), rank)
+    axis = normalize_dim(int(attrs["dim"]), rank)
+    start, end, step = int(attrs["start"]), int(attrs["end"]), int(attrs.get("step", 1))
     offsets, strides = [0] * rank, [1] * rank
-    offsets[dim], strides[dim] = int(attrs["start"]), int(attrs.get("step", 1))
-    if out[0].shape[dim] == DYN:
-        raise PassError("kf.slice of a dim of run-time size takes no run-time sizes", op.location)
+    strides[axis] = step
     # the other dims are x's whole dims: a run-time one has x's run-time size
     sizes = sizes_or_dims(x)
-    sizes[dim] = out[0].shape[dim]
-    return [extract_slice(x, offsets, sizes, strides)]
+    if shape_of(x)[axis] == DYN:
+        n = sizes[axis]  # its tensor.dim
+        lo, _ = slice_bounds(start, end, None)
+        offsets[axis] = lo if lo is not None else arith.addi(n, index_const(start))
+        sizes[axis] = out[0].shape[axis]
+        if sizes[axis] == DYN:  # from a start to an end counted from the end: (n + end - start) / step
+            length = arith.addi(n, index_const(end - lo + step - 1))
+            sizes[axis] = length if step == 1 else arith.divui(length, index_const(step))
+    else:
+        offsets[axis] = start
+        sizes[axis] = out[0].shape[axis]
+    return [extract_slice(x, offsets, sizes, strides, result_shape=out[0].shape)]
 
 
 def _concat(op, args, attrs, out):
@@ -560,7 +573,7 @@ ELEMENTWISE = frozenset(name for name, lowering in LOWERINGS.items() if lowering
 #: the ops whose lowerings take run-time (DYN) sizes; any other op with one is refused
 DYNAMIC = ELEMENTWISE | {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var", "kf.logsumexp",
                          "kf.argmax", "kf.softmax", "kf.log_softmax", "kf.matmul", "kf.transpose", "kf.reshape",
-                         "kf.broadcast_to", "kf.iota", "kf.fill", "kf.scan"}
+                         "kf.broadcast_to", "kf.iota", "kf.fill", "kf.scan", "kf.slice"}
 #: ops whose lowerings take run-time sizes in some operands only: the test of the op
 DYNAMIC_WHERE = {
     # a gather of a static table's rows (an embedding) by an index of run-time length
@@ -569,9 +582,7 @@ DYNAMIC_WHERE = {
     # index bound is a number, the result's sizes the index's
     "kf.gather": lambda op: spec_of(op.operands[0].type).shape[normalize_dim(
         int(op_attrs(op)["dim"]), spec_of(op.operands[0].type).rank)] != DYN,
-    # a slice or a concatenation along a static dim of tensors with run-time dims
-    "kf.slice": lambda op: spec_of(op.results[0].type).shape[normalize_dim(
-        int(op_attrs(op)["dim"]), spec_of(op.results[0].type).rank)] != DYN,
+    # a concatenation along a static dim of tensors with run-time dims
     "kf.concat": lambda op: True,
 }
 
@@ -603,8 +614,6 @@ def lower_op(op: ir.Operation, wide: bool = False, unsigned_source: bool = False
     lowering = LOWERINGS.get(op.name)
     if lowering is None:
         raise PassError(f"no lowering to linalg for '{op.name}'", op.location)
-    if op.name == "kf.div" and not all(spec_of(v.type).is_float for v in op.operands):
-        raise PassError("kf.div needs floating-point operands", op.location)
     out = [spec_of(r.type) for r in op.results]
     if op.name not in DYNAMIC and not DYNAMIC_WHERE.get(op.name, lambda _: False)(op) and \
             not all(spec_of(v.type).is_static for v in [*op.operands, *op.results]):

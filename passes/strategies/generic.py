@@ -382,10 +382,15 @@ def _broadcast_to(ev: Evaluator, op, idx, attrs):
 
 
 def _slice(ev: Evaluator, op, idx, attrs):
+    """A slice reads its input at start + i * step; a start counted from the end of a
+    run-time dim (dialects.ops.slice_bounds) is the dim's run-time size plus it."""
     x = op.operands[0]
     dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
+    start = int(attrs["start"])
+    if start < 0:
+        start = ev.kb.add(ev.shape(x)[dim], start)
     src = list(idx)
-    src[dim] = ev.kb.add(int(attrs["start"]), ev.kb.mul(idx[dim], int(attrs.get("step", 1))))
+    src[dim] = ev.kb.add(start, ev.kb.mul(idx[dim], int(attrs.get("step", 1))))
     return [ev.value(x, src)]
 
 

@@ -428,6 +428,8 @@ class RunTimeShapes:
                 return self._set(r, ext if static == rest else self._mul(ext, static // rest))
             n = self.numel(x)
             return self._set(r, n if rest == 1 else self._div(n, rest))
+        if op.name == "kf.slice" and int(self._attrs(op)["dim"]) % len(self._bounded(r)) == d:
+            return self._set(r, self._slice_length(op))
         if op.name == "kf.concat" and int(self._attrs(op)["dim"]) % len(self._bounded(r)) == d:
             parts = [self._at(o, d) for o in op.operands]
             if any(p is None for p in parts):
@@ -447,6 +449,25 @@ class RunTimeShapes:
             if j == d and self.dim.get(o) == od:
                 changed |= self._set(o, self.extent[op.results[0]])
         return changed
+
+    def _slice_length(self, op: ir.Operation):
+        """The run-time length of a slice along its input's run-time dim from the start
+        to a bound counted from the end (``x[:, 1:]``, ``x[:, :-1]``: kf.slice's rule,
+        dialects.ops.slice_bounds); None until the input's extent is found. A slice from
+        a bound counted from the end to one from the start is a ValueError."""
+        from kf.dialects.ops import slice_bounds
+
+        x = op.operands[0]
+        attrs = self._attrs(op)
+        n = self._at(x, int(attrs["dim"]) % len(self._bounded(x)))
+        if n is None:
+            return None
+        start, end, step = int(attrs["start"]), int(attrs["end"]), int(attrs.get("step", 1))
+        lo, hi = slice_bounds(start, end, None)
+        if lo is None or hi is not None:
+            raise ValueError(f"a slice [{start}:{end}] of a run-time dim from its end to a bound from its start")
+        length = self._add(n, end - lo + step - 1)
+        return length if step == 1 else self._div(length, step)
 
     # the arithmetic of extents: index values at the top of the kernel (SizeTexts: text)
     def _index(self, n):

@@ -91,6 +91,28 @@ func.func @ieee_folds() -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, 
 
 // -----
 
+// Integer kf.div and kf.fmod fold as C's / and % (toward zero, the dividend's sign), with
+// kf's rule for divisors of 0 and -1: -7 / 2 = -3, -7 % 2 = -1, -7 / 0 = -7, -7 % 0 = 0.
+// CHECK-LABEL: func.func @integer_division_folds
+// CHECK-NOT: kf.div
+// CHECK-NOT: kf.fmod
+// CHECK-DAG: "kf.fill"() {value = -3.000000e+00 : f64} : () -> tensor<i64>
+// CHECK-DAG: "kf.fill"() {value = -1.000000e+00 : f64} : () -> tensor<i64>
+// CHECK-DAG: "kf.fill"() {value = -7.000000e+00 : f64} : () -> tensor<i64>
+// CHECK-DAG: "kf.fill"() {value = 0.000000e+00 : f64} : () -> tensor<i64>
+func.func @integer_division_folds() -> (tensor<i64>, tensor<i64>, tensor<i64>, tensor<i64>) {
+  %a = "kf.fill"() {value = -7.0} : () -> tensor<i64>
+  %two = "kf.fill"() {value = 2.0} : () -> tensor<i64>
+  %zero = "kf.fill"() {value = 0.0} : () -> tensor<i64>
+  %0 = "kf.div"(%a, %two) : (tensor<i64>, tensor<i64>) -> tensor<i64>
+  %1 = "kf.fmod"(%a, %two) : (tensor<i64>, tensor<i64>) -> tensor<i64>
+  %2 = "kf.div"(%a, %zero) : (tensor<i64>, tensor<i64>) -> tensor<i64>
+  %3 = "kf.fmod"(%a, %zero) : (tensor<i64>, tensor<i64>) -> tensor<i64>
+  return %0, %1, %2, %3 : tensor<i64>, tensor<i64>, tensor<i64>, tensor<i64>
+}
+
+// -----
+
 // Dead kf ops are erased; chains of reshapes and transposes merge; no-op ones vanish.
 // CHECK-LABEL: func.func @layout
 // CHECK-NOT: kf.exp

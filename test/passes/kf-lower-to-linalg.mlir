@@ -412,10 +412,28 @@ func.func @dynamic_matmul(%a: tensor<?x16xf32>, %b: tensor<16x?xf32>) -> tensor<
 
 // -----
 
-// A slice of a run-time size is refused (the driver then compiles static sizes).
-func.func @dynamic_slice(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
-  // expected-error @+1 {{whose size is known only at run time, is not supported}}
-  %0 = "kf.slice"(%x) {dim = 0 : i64, start = 1 : i64, end = 3 : i64, step = 1 : i64} : (tensor<?x4xf32>) -> tensor<?x4xf32>
+// Along a run-time dim a slice's negative start and its end of 0 or less count from the
+// end: x[1:] is rows 1 to n (n - 1 of them), x[-3:] the last 3 (a static length).
+// CHECK-LABEL: func.func @dynamic_slice
+// CHECK: %[[N:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x4xf32>
+// CHECK: %[[LEN:.*]] = arith.addi %[[N]], %c-1 : index
+// CHECK: tensor.extract_slice %arg0[1, 0] [%[[LEN]], 4] [1, 1] : tensor<?x4xf32> to tensor<?x4xf32>
+// CHECK: %[[N2:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x4xf32>
+// CHECK: %[[AT:.*]] = arith.addi %[[N2]], %c-3 : index
+// CHECK: tensor.extract_slice %arg0[%[[AT]], 0] [3, 4] [1, 1] : tensor<?x4xf32> to tensor<3x4xf32>
+func.func @dynamic_slice(%x: tensor<?x4xf32>) -> (tensor<?x4xf32>, tensor<3x4xf32>) {
+  %0 = "kf.slice"(%x) {dim = 0 : i64, start = 1 : i64, end = 0 : i64, step = 1 : i64} : (tensor<?x4xf32>) -> tensor<?x4xf32>
+  %1 = "kf.slice"(%x) {dim = 0 : i64, start = -3 : i64, end = 0 : i64, step = 1 : i64} : (tensor<?x4xf32>) -> tensor<3x4xf32>
+  return %0, %1 : tensor<?x4xf32>, tensor<3x4xf32>
+}
+
+// -----
+
+// A slice from a start counted from a run-time dim's end to an end counted from its
+// start has a length that may be negative: refused (the driver compiles static sizes).
+func.func @dynamic_slice_across(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+  // expected-error @+1 {{from a start counted from its end to an end counted from its start is not supported}}
+  %0 = "kf.slice"(%x) {dim = 0 : i64, start = -3 : i64, end = 2 : i64, step = 1 : i64} : (tensor<?x4xf32>) -> tensor<?x4xf32>
   return %0 : tensor<?x4xf32>
 }
 

@@ -185,14 +185,58 @@ def test_recompile_limit_names_a_changing_value():
 def test_lowering_without_a_size_falls_back_static(caplog):
     @kf.jit(target="cpu", dynamic={"x": [0]})
     def f(x):
-        return x[:-1] * 2  # a slice to s0 - 1: no operand gives that size
+        # a tensor of s0 + 1 rows made in the function: no argument dim gives that size
+        return torch.ones(x.shape[0] + 1, 3).cumsum(0)[1:] * x
 
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
         for n in (5, 9):
             x = torch.randn(n, 3)
-            _close(f(x), x[:-1] * 2)
+            _close(f(x), f.fn(x))
     assert "compiled for static sizes" in caplog.text
     assert len(f.compiles) == 2 and all("?" not in c.signature for c in f.compiles)
+
+
+_SLICES = {
+    "shift": lambda x: x[:, 1:] - x[:, :-1],  # a language model's next-token pairs
+    "tail": lambda x: x[:, -3:] * 2,
+    "inner": lambda x: x[:, 2:-1] + 1,
+    "every_other": lambda x: x[:, 1::2] * 3,
+    "sum_of_shifted": lambda x: (x[:, 1:] * x[:, :-1]).sum(-1),
+    "softmax_of_shifted": lambda x: torch.softmax(x[:, :-1], dim=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SLICES))
+@pytest.mark.parametrize("target", TARGETS)
+def test_slices_at_a_run_time_end_take_run_time_sizes(target, name, caplog):
+    """A slice whose bound is at or before the end of a run-time dim (``x[:, 1:]``,
+    ``x[:, :-1]``, ``x[:, -3:]``) counts that bound from the end: one program for every
+    length. torch's trace holds where the slice is not of length 1 or where the dim
+    holds the bounds (guards such as ``Ne(s0 - 1, 1)``, ``s0 >= 3``); the program checks
+    them at each call, and a length that fails one (2 here) compiles for itself."""
+    fn = _SLICES[name]
+    f = kf.jit(fn, target=target)
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (7, 257, 300, 1000, 5, 2):
+            x = torch.randn(3, n, 8)
+            _close(f(x), fn(x))
+    sigs = [c.signature for c in _compiled(f)]
+    assert len(sigs) <= 3 and "?" in sigs[1], sigs  # the first length, every length, 2
+    if len(sigs) == 3:
+        assert "?" not in sigs[2] and "fail the guard" in caplog.text, sigs
+
+
+def test_shifted_labels_of_a_language_model_loss_are_one_program_on_cpu():
+    """``cross_entropy(logits[:, :-1], labels[:, 1:])``: one program for every length."""
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 labels[:, 1:].reshape(-1))
+
+    f = kf.jit(loss, target="cpu")
+    for n in SIZES + (3,):
+        logits, labels = torch.randn(2, n, 11), torch.randint(0, 11, (2, n))
+        _close(f(logits, labels), loss(logits, labels))
+    assert len(_compiled(f)) == 2, f.compiles
 
 
 def test_guard_specializes_only_the_dims_it_reads(caplog):
@@ -423,7 +467,8 @@ def test_fresh_process_compiles_nothing_for_a_new_length(tmp_path, target):
 
 def test_branch_on_a_size_is_never_served_by_the_dynamic_program(caplog):
     # torch's trace at size 9 holds only where the size is not 7 (a guard Ne(s0, 7)); export
-    # keeps no check of it, so the program must not be one for every size
+    # keeps no check of it in the graph: the program checks it at each call, and size 7
+    # compiles for itself
     @kf.jit(target="cpu", dynamic={"x": [1]})
     def f(x):
         if x.shape[1] == 7:
@@ -431,11 +476,26 @@ def test_branch_on_a_size_is_never_served_by_the_dynamic_program(caplog):
         return x * 3
 
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
-        for n in (9, 7, 11):
+        for n in (9, 7, 11, 7, 13):
             x = torch.randn(2, n)
             _close(f(x), f.fn(x))
-    assert "holds for some sizes only" in caplog.text
-    assert all("?" not in c.signature for c in f.compiles)
+    assert "fail the guard Ne(" in caplog.text
+    assert [c.signature for c in f.compiles] == ["(x: f32[2, ?]@cpu)", "(x: f32[2, 7]@cpu)"], f.compiles
+
+
+def test_size_guards_hold_through_the_bound_path(caplog):
+    """A call with a float (the bound path, not the positional fast path) at a size
+    that fails its program's guard compiles for its size too."""
+    @kf.jit(target="cpu", dynamic={"x": [1]})
+    def f(x, scale: float):
+        if x.shape[1] == 7:
+            return x * scale
+        return x * 3
+
+    for n, scale in ((9, 0.5), (7, 0.25), (11, 2.0), (7, 4.0)):
+        x = torch.randn(2, n)
+        _close(f(x, scale=scale), f.fn(x, scale))
+    assert any("7]" in c.signature for c in f.compiles), f.compiles
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -201,12 +201,11 @@ def test_div_rounding_modes_assemble_for_cuda():
     def fn(a, b):
         return torch.div(a, b, rounding_mode="trunc"), torch.div(a, b, rounding_mode="floor")
 
-    def integers(a, b):  # integer division is torch-mlir's lowering (kf[fallback])
-        return torch.div(a.long(), b.long().clamp(min=1), rounding_mode="floor")
+    def integers(a, b):
+        return torch.div(a.long(), b.long().clamp(min=1), rounding_mode="floor"), a.long() % 3
 
     x = torch.randn(257)
     assert ".entry" in kf.inspect(kf.jit(fn, target="cuda"), x, x).stages["ptx"]
-    pytest.importorskip("torch_mlir")
     assert ".entry" in kf.inspect(kf.jit(integers, target="cuda"), x, x).stages["ptx"]
 
 
@@ -312,6 +311,65 @@ def test_integer_modulo_follows_torch(n, target):
     for fn in (lambda a, b: a // b, lambda a, b: torch.fmod(a, b), lambda a, b: torch.remainder(a, b),
                lambda a, b: a % 7, lambda a, b: torch.remainder(a, -3)):
         assert torch.equal(kf.jit(fn, target=target)(a, b), fn(a, b))
+
+
+INTEGER_DIVISION = {
+    "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "fmod": lambda a, b: torch.fmod(a, b),
+    "trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "scalars": lambda a, b: (a % 3) + (a // 7) * b - torch.fmod(a, -4), "rmod": lambda a, b: 100 % b}
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8], ids=str)
+def test_integer_division_of_every_integer_type(target, dtype):
+    """Integer division and remainders are kf ops (kf.div and kf.fmod of integers), so
+    they compile without torch-mlir and on every target: every sign, a divisor of -1,
+    int8's -128 // -1 (wraps to -128, as torch), uint8 values past 127, and int64
+    values past 2**53, which a division through double would round."""
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    gen = torch.Generator().manual_seed(dtype.itemsize)
+    info = torch.iinfo(dtype)
+    lo, hi = max(info.min, -100), min(info.max, 100) + 1
+    a = torch.randint(lo, hi, (257,), generator=gen, dtype=dtype)
+    b = torch.randint(lo, hi, (257,), generator=gen, dtype=dtype)
+    b[b == 0] = 3
+    if dtype == torch.uint8:
+        a[:3] = torch.tensor([255, 200, 129], dtype=dtype)
+    else:
+        # torch's CPU traps on INT32_MIN // -1 and INT64_MIN // -1 (narrower types are promoted)
+        a[:2], b[:2] = info.min + (dtype.itemsize >= 4), -1
+    if dtype == torch.int64:
+        a[2:4], b[2:4] = torch.tensor([2 ** 62 + 1, -(2 ** 60) - 3]), torch.tensor([3, 7])
+    for name, fn in INTEGER_DIVISION.items():
+        got, want = kf.jit(fn, target=target)(a, b), fn(a, b)
+        assert got.dtype == want.dtype and torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+def test_integer_division_by_zero_follows_kfs_rule(target):
+    """A divisor of 0 never traps (a CPU's integer division by 0 kills the process):
+    the quotient is the dividend and the remainder 0, kf.div's documented rule."""
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    a = torch.tensor([7, -7, 0, 5])
+    b = torch.tensor([0, 0, 0, 2])
+    got = kf.jit(lambda a, b: (a // b, a % b, torch.fmod(a, b)), target=target)(a, b)
+    assert got[0].tolist() == [7, -7, 0, 2] and got[1].tolist() == [0, 0, 0, 1] and got[2].tolist() == [0, 0, 0, 1]
+
+
+def test_integer_division_of_constants_folds_exactly():
+    """kf-canonicalize folds integer kf.div and kf.fmod of constants with C's rule
+    (toward zero, the dividend's sign), not through floats."""
+    def fn(x):
+        n = torch.full((3,), -7)
+        return x + n // 2 + n % 3 + torch.fmod(n, 4) + torch.div(n, -1, rounding_mode="trunc")
+
+    x = torch.arange(3)
+    assert torch.equal(kf.jit(fn, target="cpu")(x), fn(x))
+    linalg = str(kf.inspect(kf.jit(fn, target="cpu"), x).stages["linalg"])
+    assert "arith.divsi" not in linalg and "arith.remsi" not in linalg
 
 
 @pytest.mark.parametrize("target", TARGETS)
