@@ -31,15 +31,15 @@ def unsupported_op():
 
 @run
 def fallback_through_torch_mlir():
-    def uses_remainder(x, y):
-        return torch.remainder(x, y) + 1
+    def uses_shift(x, y):
+        return torch.bitwise_left_shift(x, y) + 1
 
-    print(kf.inspect(uses_remainder, torch.randint(-50, 50, (16,)), torch.randint(1, 9, (16,))).kf_ir)
+    print(kf.inspect(uses_shift, torch.randint(-50, 50, (16,)), torch.randint(1, 9, (16,))).kf_ir)
 # CHECK-LABEL: TEST: fallback_through_torch_mlir
-# CHECK: func.func private @kf_aten_remainder_Tensor_0(%arg0: tensor<16xi64> loc("{{.*}}errors.py":35:9), %arg1: tensor<16xi64> loc("{{.*}}errors.py":35:9)) -> tensor<16xi64> attributes {kf.aten = "aten.remainder.Tensor"}
-# CHECK: arith.remsi
-# CHECK: func.func @uses_remainder
-# CHECK: call @kf_aten_remainder_Tensor_0(%arg0, %arg1) : (tensor<16xi64>, tensor<16xi64>) -> tensor<16xi64> loc("{{.*}}errors.py":35:9)
+# CHECK: func.func private @kf_aten_bitwise_left_shift_Tensor_0(%arg0: tensor<16xi64> loc("{{.*}}errors.py":35:9), %arg1: tensor<16xi64> loc("{{.*}}errors.py":35:9)) -> tensor<16xi64> attributes {kf.aten = "aten.bitwise_left_shift.Tensor"}
+# CHECK: arith.shli
+# CHECK: func.func @uses_shift
+# CHECK: call @kf_aten_bitwise_left_shift_Tensor_0(%arg0, %arg1) : (tensor<16xi64>, tensor<16xi64>) -> tensor<16xi64> loc("{{.*}}errors.py":35:9)
 # CHECK: "kf.add"
 
 
