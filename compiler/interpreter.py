@@ -55,6 +55,13 @@ def _division(remainder: bool):
     return run
 
 
+def _bitwise(args, attrs, out):
+    """kf.bitwise: torch's own ops (its shifts give 0 or the sign past the width)."""
+    a, b = args
+    return {"and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
+            "shl": torch.bitwise_left_shift, "shr": torch.bitwise_right_shift}[attrs["kind"]](a, b).to(out)
+
+
 def _unary(fn):
     def run(args, attrs, out):
         return fn(_acc(args[0])).to(out)
@@ -125,6 +132,7 @@ OPS: dict[str, Callable] = {
     "kf.gelu": lambda a, at, o: torch.nn.functional.gelu(_acc(a[0]), approximate=at.get("approximate", "none")).to(o),
     "kf.cmp": lambda a, at, o: {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
                                 "ge": torch.ge}[at["predicate"]](a[0], a[1]),
+    "kf.bitwise": _bitwise,
     "kf.select": lambda a, at, o: torch.where(a[0], a[1], a[2]).to(o),
     "kf.masked_fill": lambda a, at, o: a[0].masked_fill(a[1], at["value"]),
     "kf.cast": lambda a, at, o: a[0].to(o),

@@ -57,8 +57,8 @@ def _one(name: str):
 
 _GENERIC = [
     "add", "sub", "mul", "div", "pow", "fmod", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt",
-    "reciprocal", "tanh", "erf", "erfc", "sin", "cos", "trunc", "round", "signbit", "sigmoid", "relu", "gelu", "cmp", "select", "masked_fill",
-    "mean", "reduce_max", "reduce_min", "var", "logsumexp", "argmax", "softmax", "log_softmax", "matmul",
+    "reciprocal", "tanh", "erf", "erfc", "sin", "cos", "trunc", "round", "signbit", "sigmoid", "relu", "gelu", "cmp", "bitwise", "select",
+    "masked_fill", "mean", "reduce_max", "reduce_min", "var", "logsumexp", "argmax", "softmax", "log_softmax", "matmul",
     "transpose", "slice", "gather", "index_select", "index_add", "scatter_add",
 ]
 globals().update({name: _one(name) for name in _GENERIC})

@@ -102,6 +102,21 @@ def _compare(ops, attrs, results):
     return [TensorSpec(broadcast_shapes(ops[0].shape, ops[1].shape), "i1")]
 
 
+#: kf.bitwise's kinds
+BITWISE_KINDS = ("and", "or", "xor", "shl", "shr")
+
+
+def _bitwise(ops, attrs, results):
+    kind = attrs.get("kind")
+    if kind not in BITWISE_KINDS:
+        raise KfTypeError(f"kind must be one of {', '.join(BITWISE_KINDS)}, got {kind!r}")
+    elem = _same_elem(ops)
+    if ops[0].is_float or kind in ("shl", "shr") and elem == "i1":
+        raise KfTypeError(f"bitwise {kind} needs integer operands{' (not booleans)' if elem == 'i1' else ''}, "
+                          f"got {elem}")
+    return [TensorSpec(broadcast_shapes(ops[0].shape, ops[1].shape), elem)]
+
+
 def _select(ops, attrs, results):
     cond, a, b = ops
     if cond.elem != "i1":
@@ -467,6 +482,10 @@ OPS: tuple[OpSpec, ...] = (
            {"approximate": "str"}, infer=_U, category="elementwise"),
     OpSpec("cmp", "elementwise comparison to i1", ("lhs", "rhs"), ("result",), {"predicate": "str"},
            infer=_compare, category="elementwise"),
+    OpSpec("bitwise", "bitwise and, or, xor of integers, or lhs shifted left (shl) or right (shr, arithmetic; "
+           "logical for uint8) by rhs bits; a shift by a negative amount or by the type's width or more gives 0 "
+           "(shl) or the sign's bits (shr), as torch's", ("lhs", "rhs"), ("result",), {"kind": "str"},
+           infer=_bitwise, category="elementwise"),
     OpSpec("select", "cond ? true_value : false_value", ("cond", "true_value", "false_value"), ("result",),
            infer=_select, category="elementwise"),
     OpSpec("masked_fill", "input with value where mask is true", ("input", "mask"), ("result",),

@@ -155,7 +155,7 @@ def _is_identity(value: float | None, identity: float, is_float: bool) -> bool:
     return not is_float or identity != 0 or math.copysign(1.0, value) == math.copysign(1.0, identity)
 
 
-_ELEMENTWISE_BINARY = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.max", "kf.min", "kf.pow", "kf.cmp"}
+_ELEMENTWISE_BINARY = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.max", "kf.min", "kf.pow", "kf.cmp", "kf.bitwise"}
 
 
 def _fill_value(v: ir.Value) -> float | None:

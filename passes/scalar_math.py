@@ -356,11 +356,32 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
         # Booleans order false < true, which is unsigned: signed i1 has true = -1.
         p = _CMP_I[pred] if ir.IntegerType(t).width > 1 else _CMP_U[pred]
         return arith.cmpi(p, x, args[1])
+    if op == "bitwise":
+        if f:
+            raise ValueError("kf.bitwise needs integer operands")
+        return bitwise(attrs["kind"], x, args[1])
     if op == "select":
         return arith.select(args[0], args[1], args[2])
     if op == "masked_fill":
         return arith.select(args[1], const(t, attrs["value"]), x)
     raise ValueError(f"kf.{op} is not an elementwise op")
+
+
+def bitwise(kind: str, x: ir.Value, y: ir.Value) -> ir.Value:
+    """x and, or, xor y, or x shifted left ("shl") or right ("shr", arithmetic) by y bits,
+    of integers. A shift by a negative amount or by the type's width or more is torch's
+    (c10's lshift and rshift): 0 to the left, the sign's bits to the right, where LLVM,
+    PTX and SPIR-V leave it undefined."""
+    if kind in ("and", "or", "xor"):
+        return {"and": arith.andi, "or": arith.ori, "xor": arith.xori}[kind](x, y)
+    t = x.type
+    width = ir.IntegerType(t).width
+    out_of_range = arith.ori(arith.cmpi(arith.CmpIPredicate.slt, y, const(t, 0)),
+                             arith.cmpi(arith.CmpIPredicate.sge, y, const(t, width)))
+    safe = arith.select(out_of_range, const(t, 0), y)
+    if kind == "shl":
+        return arith.select(out_of_range, const(t, 0), arith.shli(x, safe))
+    return arith.shrsi(x, arith.select(out_of_range, const(t, width - 1), safe))
 
 
 def integer_division(kind: str, x: ir.Value, y: ir.Value) -> ir.Value:

@@ -110,16 +110,51 @@ def _is_integer(elem: str) -> bool:
     return elem in INT_TYPES and elem != "i1"
 
 
+def _integer_operands(c, a, b, elem: str) -> tuple[str, ir.Value, ir.Value]:
+    """(the type an integer op of elem computes in, a and b in it): int32 for int8, uint8
+    and int16 (uint8 zero-extended), whose results wrap back when cast to elem; a Python
+    number takes elem first (-4 as uint8 is 252, as torch takes it)."""
+    ce = "i32" if elem in NARROW_INTS else elem
+    return ce, c.tensor(c.tensor(a, elem), ce), c.tensor(c.tensor(b, elem), ce)
+
+
+def integer_bitwise(c, a, b, elem: str, kind: str) -> ir.Value:
+    """torch's and, or, xor (``kind``) and shifts ("shl", "shr") of integers (kf.bitwise,
+    computed as _integer_operands says: a uint8 shifted right is zero-filled, as torch's)."""
+    ce, a, b = _integer_operands(c, a, b, elem)
+    return c.tensor(kb.bitwise(a, b, kind=kind), elem)
+
+
+_SHIFTS = {"bitwise_left_shift": "shl", "__lshift__": "shl", "bitwise_right_shift": "shr", "__rshift__": "shr"}
+
+
+@handles(*(f"aten.{name}.{overload}" for name in _SHIFTS for overload in ("Tensor", "Scalar", "Tensor_Scalar",
+                                                                           "Scalar_Tensor")))
+def _shift(c, node, args, kwargs):
+    elem = c.out_elem(node)
+    if not _is_integer(elem):
+        raise Unsupported(f"a bit shift of {elem} is not supported by kf (torch shifts integers)")
+    return integer_bitwise(c, args[0], args[1], elem, _SHIFTS[_target_name(node.target).split(".")[1]])
+
+
+@handles("aten.bitwise_not.default")
+def _bitwise_not(c, node, args, kwargs):
+    """~x: logical not of booleans, x xor -1 of integers."""
+    elem = c.out_elem(node)
+    if elem == "i1":
+        return kb.cmp(c.tensor(args[0], "i1"), c.tensor(False, "i1"), predicate="eq")
+    if not _is_integer(elem):
+        raise Unsupported(f"bitwise_not of {elem} is not supported by kf (torch has none either)")
+    return integer_bitwise(c, args[0], -1, elem, "xor")
+
+
 def _integer_division(c, a, b, elem: str, kind: str) -> ir.Value:
     """torch's integer division (``kind`` "trunc" or "floor"), remainder ("remainder":
     the divisor's sign, as Python's %) or fmod ("fmod": the dividend's sign), from C's
-    truncating kf.div and kf.fmod. int8, uint8 and int16 are computed in int32 (uint8
-    zero-extended, a Python number first taking the type) and wrap back, so -128 // -1 in int8 is -128 as in torch. By 0, kf
-    gives a (a quotient) or 0 (a remainder): torch raises ZeroDivisionError on the CPU,
-    and CUDA leaves the value undefined."""
-    ce = "i32" if elem in NARROW_INTS else elem
-    # a Python number takes elem first (-4 as uint8 is 252, as torch takes it)
-    a, b = c.tensor(c.tensor(a, elem), ce), c.tensor(c.tensor(b, elem), ce)
+    truncating kf.div and kf.fmod, computed as _integer_operands says (-128 // -1 in int8
+    is -128, as in torch). By 0, kf gives a (a quotient) or 0 (a remainder): torch raises
+    ZeroDivisionError on the CPU, and CUDA leaves the value undefined."""
+    ce, a, b = _integer_operands(c, a, b, elem)
     zero = kb.scalar(0, ce)
     if kind == "trunc":
         return c.tensor(kb.div(a, b), elem)

@@ -13,6 +13,7 @@ import math
 from kf.dialects import builders as kb
 
 from ..dtypes import kf_elem
+from ..errors import Unsupported
 from .core import HANDLERS, _target_name, handles, shape_of
 
 
@@ -226,11 +227,14 @@ def _atan2(c, node, args, kwargs):
 @handles("aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.bitwise_xor.Tensor", "aten.bitwise_and.Scalar",
          "aten.bitwise_or.Scalar", "aten.bitwise_xor.Scalar")
 def _bitwise(c, node, args, kwargs):
-    """Bitwise ops of booleans are the logical ones; of integers, torch-mlir's lowering."""
-    if c.out_elem(node) != "i1":
-        from .decompositions import convert_unhandled
+    """Bitwise ops of booleans are the logical ones; of integers, kf.bitwise."""
+    elem = c.out_elem(node)
+    if elem != "i1":
+        from .elementwise import integer_bitwise
 
-        return convert_unhandled(c, node, _target_name(node.target), args, kwargs)
+        if elem.startswith(("f", "bf")):
+            raise Unsupported(f"{_target_name(node.target)} of {elem} is not supported by kf (torch has none either)")
+        return integer_bitwise(c, args[0], args[1], elem, node.target._opname.removeprefix("bitwise_"))
     return _logical(c, node, args, kwargs)
 
 

@@ -556,7 +556,7 @@ Lowering = Callable[[ir.Operation, list[ir.Value], dict, list[TensorSpec]], list
 LOWERINGS: dict[str, Lowering] = {
     **{f"kf.{n}": _elementwise for n in (
         "add", "sub", "mul", "div", "pow", "fmod", "max", "min", "neg", "abs", "exp", "log", "sqrt", "rsqrt",
-        "reciprocal", "tanh", "erf", "erfc", "sin", "cos", "trunc", "round", "signbit", "sigmoid", "relu", "gelu", "cmp", "select", "masked_fill", "cast")},
+        "reciprocal", "tanh", "erf", "erfc", "sin", "cos", "trunc", "round", "signbit", "sigmoid", "relu", "gelu", "cmp", "bitwise", "select", "masked_fill", "cast")},
     "kf.sum": _sum_like, "kf.mean": _sum_like, "kf.reduce_max": _sum_like, "kf.reduce_min": _sum_like,
     "kf.var": _var, "kf.logsumexp": _logsumexp, "kf.argmax": _argmax, "kf.softmax": _softmax, "kf.log_softmax": _softmax,
     "kf.matmul": _matmul, "kf.transpose": _transpose, "kf.reshape": _reshape, "kf.broadcast_to": _broadcast_to,

@@ -345,7 +345,7 @@ ELEMENTWISE = frozenset({
     "kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.fmod", "kf.max", "kf.min", "kf.neg", "kf.abs", "kf.exp",
     "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid", "kf.relu", "kf.gelu",
     "kf.erfc", "kf.sin", "kf.cos", "kf.trunc", "kf.round", "kf.signbit",
-    "kf.cmp", "kf.select", "kf.masked_fill", "kf.cast"})
+    "kf.cmp", "kf.bitwise", "kf.select", "kf.masked_fill", "kf.cast"})
 
 
 def elementwise_value(op: ir.Operation, args: Sequence[ir.Value], attrs: dict, short_forms: bool = True) -> ir.Value:

@@ -168,3 +168,27 @@ func.func @rand_distribution(%s: tensor<2xi64>) -> tensor<4xf32> {
   %0 = "kf.rand"(%s) {distribution = "poisson", offset = 0 : i64} : (tensor<2xi64>) -> tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+// -----
+
+func.func @bitwise_of_floats(%a: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kf.bitwise' op bitwise and needs integer operands, got f32}}
+  %0 = "kf.bitwise"(%a, %a) {kind = "and"} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @bitwise_kind(%a: tensor<4xi32>) -> tensor<4xi32> {
+  // expected-error @+1 {{'kf.bitwise' op kind must be one of and, or, xor, shl, shr, got 'rotate'}}
+  %0 = "kf.bitwise"(%a, %a) {kind = "rotate"} : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+func.func @division_of_booleans(%a: tensor<4xi1>) -> tensor<4xi1> {
+  // expected-error @+1 {{'kf.div' op operands must be numbers, got i1 (booleans)}}
+  %0 = "kf.div"(%a, %a) : (tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+  return %0 : tensor<4xi1>
+}

@@ -132,6 +132,17 @@ func.func @trigonometry(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>) {
   return %a, %b : tensor<7xf32>, tensor<7xf32>
 }
 
+// CHECK-LABEL: func.func @integer_ops
+func.func @integer_ops(%x: tensor<7xi32>, %y: tensor<7xi32>) -> (tensor<7xi32>, tensor<7xi32>, tensor<7xi32>) {
+  // CHECK: "kf.bitwise"(%arg0, %arg1) {kind = "shl"} : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  %a = "kf.bitwise"(%x, %y) {kind = "shl"} : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  // CHECK: "kf.div"(%arg0, %arg1) : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  %b = "kf.div"(%x, %y) : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  // CHECK: "kf.fmod"(%arg0, %arg1) : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  %c = "kf.fmod"(%x, %y) : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  return %a, %b, %c : tensor<7xi32>, tensor<7xi32>, tensor<7xi32>
+}
+
 // CHECK-LABEL: func.func @special_values
 func.func @special_values(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>, tensor<7xf32>, tensor<7xi1>) {
   // CHECK: "kf.erfc"(%arg0) : (tensor<7xf32>) -> tensor<7xf32>

@@ -399,6 +399,24 @@ func.func @roundings(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>, tensor
 
 // -----
 
+// Integer division and shifts never trap nor leave a value undefined: a divisor of 0 or
+// -1 divides by 1 (the quotient by -1 negated), a shift by a negative amount or by the
+// width or more gives 0 to the left and the sign to the right (torch's rule).
+// CHECK-LABEL: func.func @integer_division_and_shifts
+// CHECK: arith.select
+// CHECK: arith.divsi
+// CHECK: arith.cmpi sge, %{{.*}}, %c32_i32
+// CHECK: arith.shli
+// CHECK: arith.shrsi %{{.*}}, %{{.*}} : i32
+func.func @integer_division_and_shifts(%x: tensor<7xi32>, %y: tensor<7xi32>) -> (tensor<7xi32>, tensor<7xi32>, tensor<7xi32>) {
+  %0 = "kf.div"(%x, %y) : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  %1 = "kf.bitwise"(%x, %y) {kind = "shl"} : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  %2 = "kf.bitwise"(%x, %y) {kind = "shr"} : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  return %0, %1, %2 : tensor<7xi32>, tensor<7xi32>, tensor<7xi32>
+}
+
+// -----
+
 // A matmul's result: rows from the lhs, columns from the rhs.
 // CHECK-LABEL: func.func @dynamic_matmul
 // CHECK-DAG: %[[M:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x16xf32>

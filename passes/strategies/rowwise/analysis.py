@@ -28,7 +28,7 @@ from ..base import NotApplicable
 ELEMENTWISE = {"kf.add", "kf.sub", "kf.mul", "kf.div", "kf.pow", "kf.fmod", "kf.max", "kf.min", "kf.neg", "kf.abs",
                 "kf.exp", "kf.log", "kf.sqrt", "kf.rsqrt", "kf.reciprocal", "kf.tanh", "kf.erf", "kf.sigmoid",
                 "kf.erfc", "kf.sin", "kf.cos", "kf.trunc", "kf.round", "kf.signbit",
-                "kf.relu", "kf.gelu", "kf.cmp", "kf.select", "kf.masked_fill"}
+                "kf.relu", "kf.gelu", "kf.cmp", "kf.bitwise", "kf.select", "kf.masked_fill"}
 REDUCTIONS = {"kf.sum": "add", "kf.mean": "add", "kf.reduce_max": "max", "kf.reduce_min": "min",
                "kf.var": "add"}
 ELEM_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i1": 1}

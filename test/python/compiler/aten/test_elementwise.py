@@ -347,6 +347,42 @@ def test_integer_division_of_every_integer_type(target, dtype):
         assert got.dtype == want.dtype and torch.equal(got, want), name
 
 
+BITWISE = {
+    "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "not": lambda a, b: ~a + b,
+    "shl": lambda a, b: torch.bitwise_left_shift(a, b), "shr": lambda a, b: torch.bitwise_right_shift(a, b),
+    "operators": lambda a, b: (a << 2) + (a >> 1) + (a & 0x0F) + (3 << b),
+    # int4 weights packed two to a byte, as quantized checkpoints keep them
+    "unpack_int4": lambda a, b: (((a >> 4) & 0xF).float() - 8) * 0.5 + ((a & 0xF).float() - 8)}
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8], ids=str)
+def test_bitwise_ops_of_every_integer_type(target, dtype):
+    """Integer and, or, xor, not and shifts are kf ops (kf.bitwise): shifts by a negative
+    amount or past the type's width give torch's 0 or sign (LLVM, PTX and SPIR-V leave
+    them undefined), uint8 shifts right zero-filled."""
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    gen = torch.Generator().manual_seed(dtype.itemsize + 1)
+    info = torch.iinfo(dtype)
+    a = torch.randint(max(info.min, -1000), min(info.max, 1000) + 1, (257,), generator=gen, dtype=dtype)
+    b = torch.randint(0 if dtype == torch.uint8 else -3, min(info.max, 70), (257,), generator=gen, dtype=dtype)
+    b[:4] = torch.tensor([0, dtype.itemsize * 8 - 1, dtype.itemsize * 8, min(info.max, 70)], dtype=dtype)
+    for name, fn in BITWISE.items():
+        got, want = kf.jit(fn, target=target)(a, b), fn(a, b)
+        assert got.dtype == want.dtype and torch.equal(got, want), name
+
+
+@pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
+def test_integer_ops_assemble_for_cuda_without_torch_mlir():
+    """Integer division, remainders and bit ops are kf ops, not torch-mlir's functions
+    (``kf.aten``, which GPU targets run only on the cpu): their cuda kernels build."""
+    a, b = torch.randint(0, 255, (257,), dtype=torch.uint8), torch.randint(1, 7, (257,), dtype=torch.uint8)
+    for fn in (BITWISE["unpack_int4"], BITWISE["operators"], INTEGER_DIVISION["scalars"]):
+        stages = kf.inspect(kf.jit(fn, target="cuda"), a, b).stages
+        assert "kf.aten" not in stages["kf"] and ".entry" in stages["ptx"]
+
+
 @pytest.mark.parametrize("target", ["cpu", "vulkan"])
 def test_integer_division_by_zero_follows_kfs_rule(target):
     """A divisor of 0 never traps (a CPU's integer division by 0 kills the process):
