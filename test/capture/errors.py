@@ -31,15 +31,15 @@ def unsupported_op():
 
 @run
 def fallback_through_torch_mlir():
-    def uses_shift(x, y):
-        return torch.bitwise_left_shift(x, y) + 1
+    def uses_bilinear(a, b, w):
+        return torch.nn.functional.bilinear(a, b, w) + 1
 
-    print(kf.inspect(uses_shift, torch.randint(-50, 50, (16,)), torch.randint(1, 9, (16,))).kf_ir)
+    print(kf.inspect(uses_bilinear, torch.randn(4, 3), torch.randn(4, 5), torch.randn(2, 3, 5)).kf_ir)
 # CHECK-LABEL: TEST: fallback_through_torch_mlir
-# CHECK: func.func private @kf_aten_bitwise_left_shift_Tensor_0(%arg0: tensor<16xi64> loc("{{.*}}errors.py":35:9), %arg1: tensor<16xi64> loc("{{.*}}errors.py":35:9)) -> tensor<16xi64> attributes {kf.aten = "aten.bitwise_left_shift.Tensor"}
-# CHECK: arith.shli
-# CHECK: func.func @uses_shift
-# CHECK: call @kf_aten_bitwise_left_shift_Tensor_0(%arg0, %arg1) : (tensor<16xi64>, tensor<16xi64>) -> tensor<16xi64> loc("{{.*}}errors.py":35:9)
+# (bilinear's _trilinear has no kf op: torch-mlir's lowering is a function of its own)
+# CHECK: func.func private @kf_aten__trilinear_default_0(%arg0: tensor<4x3xf32> loc("{{.*}}errors.py":35:{{[0-9]+}}), {{.*}} -> tensor<4x2xf32> attributes {kf.aten = "aten._trilinear.default"}
+# CHECK: func.func @uses_bilinear
+# CHECK: call @kf_aten__trilinear_default_0({{.*}}) : (tensor<4x3xf32>, tensor<2x3x5xf32>, tensor<4x5xf32>) -> tensor<4x2xf32> loc("{{.*}}errors.py":35:{{[0-9]+}})
 # CHECK: "kf.add"
 
 
