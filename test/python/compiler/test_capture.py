@@ -132,13 +132,13 @@ def test_locations_name_the_users_lines():
 
 
 def test_torch_mlir_fallback_runs_in_the_interpreter():
-    pytest.importorskip("torch_mlir", reason="the fallback for integer remainder is torch-mlir's importer")
-    def f(a, b):
-        return torch.remainder(a, b) * a
+    pytest.importorskip("torch_mlir", reason="the fallback for bilinear's _trilinear is torch-mlir's importer")
+    def f(a, b, w):
+        return torch.nn.functional.bilinear(a, b, w) * a.sum()
 
-    args = (torch.randint(-50, 50, (5, 3)), torch.randint(1, 9, (5, 3)))
-    assert torch.equal(_run_interpreted(f, *args), f(*args))
-    assert "@kf_aten_remainder_Tensor" in kf.inspect(f, *args).kf_ir
+    args = (torch.randn(5, 3), torch.randn(5, 4), torch.randn(2, 3, 4))
+    torch.testing.assert_close(_run_interpreted(f, *args), f(*args))
+    assert "@kf_aten__trilinear_default" in kf.inspect(f, *args).kf_ir
 
 
 def test_unsupported_op_names_line():

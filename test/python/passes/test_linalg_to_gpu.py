@@ -141,6 +141,17 @@ def _remainder(x):
     return torch.remainder(x, 3)
 
 
+@pytest.fixture
+def remainder_through_torch_mlir(monkeypatch, tmp_path):
+    """Integer remainder through torch-mlir's lowering rather than kf's own (kf.fmod):
+    the torch-mlir path's integer tensors, in and out of GPU kernels."""
+    from kf.aten.core import HANDLERS
+
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    for name in ("aten.remainder.Scalar", "aten.remainder.Tensor"):
+        monkeypatch.delitem(HANDLERS, name)
+
+
 def _to_3d(x):
     return torch.atleast_3d(x)
 
@@ -157,16 +168,17 @@ INT_BOOL_CASES = [(_remainder, lambda: torch.randint(-50, 50, (7, 257))),
 
 @needs_vulkan
 @pytest.mark.parametrize("fn, make", INT_BOOL_CASES, ids=["i64", "i32", "bool", "to_bool"])
-def test_int_and_bool_tensors(fn, make):
+def test_int_and_bool_tensors(fn, make, remainder_through_torch_mlir):
     """int32, int64 and bool tensors in and out of torch-mlir's functions, exactly."""
     x = make()
+    assert "kf.aten" in kf.inspect(kf.jit(fn, target="vulkan"), x).stages["kf"]
     got, ref = kf.jit(fn, target="vulkan")(x), fn(x)
     assert got.dtype == ref.dtype and torch.equal(got, ref)
 
 
 @pytest.mark.skipif(not shutil.which("ptxas"), reason="ptxas not installed")
 @pytest.mark.parametrize("fn, make", INT_BOOL_CASES, ids=["i64", "i32", "bool", "to_bool"])
-def test_int_and_bool_ptx(fn, make):
+def test_int_and_bool_ptx(fn, make, remainder_through_torch_mlir):
     ptx = kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a"), make()).stages["ptx"]
     assert re.search(r"\.entry kf_aten_\w+_k\d+", ptx)
 
