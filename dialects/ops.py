@@ -442,7 +442,6 @@ def _cmp_dims(ops, attrs, results):
 # --------------------------------------------------------------------------- table
 
 _B = _binary()
-_BF = _binary(float_only=True)
 _U = _unary()
 
 OPS: tuple[OpSpec, ...] = (
@@ -453,7 +452,8 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("div", "lhs / rhs: true division of floats; of integers, toward zero (C's /), x where rhs is 0 and "
            "-x (wrapping) where rhs is -1", ("lhs", "rhs"), ("result",), infer=_binary(no_bool=True),
            category="elementwise"),
-    OpSpec("pow", "lhs ** rhs", ("lhs", "rhs"), ("result",), infer=_BF, category="elementwise"),
+    OpSpec("pow", "lhs ** rhs; of integers, torch's rule for a negative rhs (0, but 1 ** n = 1 and (-1) ** n "
+           "= +-1)", ("lhs", "rhs"), ("result",), infer=_binary(no_bool=True), category="elementwise"),
     OpSpec("fmod", "lhs - trunc(lhs / rhs) * rhs, exactly (C's fmod and %: the sign of lhs); of integers, 0 "
            "where rhs is 0 or -1", ("lhs", "rhs"), ("result",), infer=_binary(no_bool=True), category="elementwise"),
     OpSpec("max", "elementwise maximum", ("lhs", "rhs"), ("result",), infer=_B, category="elementwise"),

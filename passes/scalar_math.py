@@ -298,7 +298,7 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
                 return arith.andi(x, y)
             raise ValueError(f"kf.{op} is not defined on booleans")
         if op == "pow":
-            return mmath.ipowi(x, y)
+            return integer_power(x, y)
         return {"add": arith.addi, "sub": arith.subi, "mul": arith.muli, "max": arith.maxsi,
                 "min": arith.minsi}[op](x, y)
     if not f and op in ("neg", "abs", "relu") and ir.IntegerType(t).width == 1:
@@ -365,6 +365,20 @@ def emit(name: str, args: Sequence[ir.Value], attrs: dict | None = None, *,
     if op == "masked_fill":
         return arith.select(args[1], const(t, attrs["value"]), x)
     raise ValueError(f"kf.{op} is not an elementwise op")
+
+
+def integer_power(x: ir.Value, y: ir.Value) -> ir.Value:
+    """x ** y of integers (math.ipowi, wrapping), with torch's rule for a negative y: 0,
+    but 1 where x is 1 and -1 where x is -1 and y odd. ipowi itself is given y >= 0 only:
+    its expansion divides 1 by x for a negative y, which traps on the CPU where x is 0."""
+    t = x.type
+    negative = arith.cmpi(arith.CmpIPredicate.slt, y, const(t, 0))
+    power = mmath.ipowi(x, arith.select(negative, const(t, 0), y))
+    odd = arith.cmpi(arith.CmpIPredicate.ne, arith.andi(y, const(t, 1)), const(t, 0))
+    one, minus_one = (arith.cmpi(arith.CmpIPredicate.eq, x, const(t, v)) for v in (1, -1))
+    tiny = arith.select(one, const(t, 1), arith.select(arith.andi(minus_one, odd), const(t, -1),
+                                                       arith.select(minus_one, const(t, 1), const(t, 0))))
+    return arith.select(negative, tiny, power)
 
 
 def bitwise(kind: str, x: ir.Value, y: ir.Value) -> ir.Value:

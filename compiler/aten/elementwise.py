@@ -219,6 +219,9 @@ def _pow(c, node, args, kwargs):
             return kb.rsqrt(x)
         if exp == -1:
             return kb.reciprocal(x)
+    if _is_integer(elem):  # int8, uint8, int16 in int32 (a uint8 exponent past 127 is not negative)
+        ce, a, b = _integer_operands(c, base, exp, elem)
+        return c.tensor(kb.pow(a, b), elem)
     return kb.pow(c.tensor(base, elem), c.tensor(exp, elem))
 
 

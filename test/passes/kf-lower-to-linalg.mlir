@@ -408,11 +408,16 @@ func.func @roundings(%x: tensor<7xf32>) -> (tensor<7xf32>, tensor<7xf32>, tensor
 // CHECK: arith.cmpi sge, %{{.*}}, %c32_i32
 // CHECK: arith.shli
 // CHECK: arith.shrsi %{{.*}}, %{{.*}} : i32
-func.func @integer_division_and_shifts(%x: tensor<7xi32>, %y: tensor<7xi32>) -> (tensor<7xi32>, tensor<7xi32>, tensor<7xi32>) {
+// An integer power takes a negative exponent apart: math.ipowi is given 0 there.
+// CHECK: %[[NEG:.*]] = arith.cmpi slt
+// CHECK: %[[E:.*]] = arith.select %[[NEG]], %c0_i32
+// CHECK: math.ipowi %{{.*}}, %[[E]] : i32
+func.func @integer_division_and_shifts(%x: tensor<7xi32>, %y: tensor<7xi32>) -> (tensor<7xi32>, tensor<7xi32>, tensor<7xi32>, tensor<7xi32>) {
   %0 = "kf.div"(%x, %y) : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
   %1 = "kf.bitwise"(%x, %y) {kind = "shl"} : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
   %2 = "kf.bitwise"(%x, %y) {kind = "shr"} : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
-  return %0, %1, %2 : tensor<7xi32>, tensor<7xi32>, tensor<7xi32>
+  %3 = "kf.pow"(%x, %y) : (tensor<7xi32>, tensor<7xi32>) -> tensor<7xi32>
+  return %0, %1, %2, %3 : tensor<7xi32>, tensor<7xi32>, tensor<7xi32>, tensor<7xi32>
 }
 
 // -----

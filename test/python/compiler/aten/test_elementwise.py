@@ -373,12 +373,31 @@ def test_bitwise_ops_of_every_integer_type(target, dtype):
         assert got.dtype == want.dtype and torch.equal(got, want), name
 
 
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8], ids=str)
+def test_integer_power_of_every_integer_type(target, dtype):
+    """x ** y of integers wraps as torch's, and a negative exponent gives torch's 0, 1 or
+    -1 (never the division by 0 of ipowi's expansion, which traps on the CPU); a uint8
+    exponent past 127 is not negative."""
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    gen = torch.Generator().manual_seed(dtype.itemsize + 2)
+    info = torch.iinfo(dtype)
+    a = torch.randint(max(info.min, -5), 6, (257,), generator=gen, dtype=dtype)
+    b = torch.randint(0 if dtype == torch.uint8 else -3, 9, (257,), generator=gen, dtype=dtype)
+    a[:5] = torch.tensor([0, 1, 255 if dtype == torch.uint8 else -1, 2, 3], dtype=dtype)
+    b[:5] = torch.tensor([200, 3, 2, 130, 5] if dtype == torch.uint8 else [-1, -3, -3, -2, 5], dtype=dtype)
+    for fn in (lambda a, b: torch.pow(a, b), lambda a, b: 3 ** b, lambda a, b: a ** 3 + a ** 2):
+        got, want = kf.jit(fn, target=target)(a, b), fn(a, b)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 @pytest.mark.skipif(not _PTXAS, reason="needs ptxas")
 def test_integer_ops_assemble_for_cuda_without_torch_mlir():
     """Integer division, remainders and bit ops are kf ops, not torch-mlir's functions
     (``kf.aten``, which GPU targets run only on the cpu): their cuda kernels build."""
     a, b = torch.randint(0, 255, (257,), dtype=torch.uint8), torch.randint(1, 7, (257,), dtype=torch.uint8)
-    for fn in (BITWISE["unpack_int4"], BITWISE["operators"], INTEGER_DIVISION["scalars"]):
+    for fn in (BITWISE["unpack_int4"], BITWISE["operators"], INTEGER_DIVISION["scalars"], lambda a, b: a ** b):
         stages = kf.inspect(kf.jit(fn, target="cuda"), a, b).stages
         assert "kf.aten" not in stages["kf"] and ".entry" in stages["ptx"]
 
