@@ -62,6 +62,10 @@ def _pool_mean(c, x, windows: list[tuple[list, list]], divisor: torch.Tensor):
     k = len(windows)
     for i, (los, his) in enumerate(windows):
         xs = _window_sum(c, xs, rank_of(x) - k + i, los, his)
+    if not spec_of(xs.type).is_float:
+        # integers (torch's CPU kernels): the sum divided by the count as C divides, toward zero
+        return c.tensor(kb.div(xs, c.tensor(c.constant_tensor(divisor.to(torch.int64)), spec_of(xs.type).elem)),
+                        elem)
     out = kb.div(xs, c.constant_tensor(divisor.to(torch.float64 if stat_elem(elem) == "f64" else torch.float32)))
     return c.tensor(out, elem)
 

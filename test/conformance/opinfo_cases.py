@@ -22,7 +22,7 @@ TARGETS = ("cpu", "vulkan", "cuda", "cuda-ptx")
 #: (``kf.inspect``: kernels, PTX, ptxas) from the samples on the CPU, and nothing runs.
 #: A machine without a GPU measures with them which cases compile for it.
 COMPILE_ONLY = {"cuda-ptx": "cuda"}
-DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "uint8")
 REPO = Path(__file__).resolve().parents[2]
 
 #: Ops whose values are undefined (uninitialized memory): only metadata is compared.

@@ -143,3 +143,15 @@ def test_max_pool_assembles_for_cuda():
     from kf.passes.to_cuda import assemble
 
     assemble(info.stages["ptx"], "sm_90a")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_avg_pool_of_int64_divides_toward_zero(target):
+    """torch's avg_pool of int64 (its CPU kernels) sums in int64 and divides by the count
+    as C does, toward zero: kf.div of integers, over padding and ceil_mode's windows."""
+    x = torch.randint(-100, 100, (2, 3, 9, 7), generator=torch.Generator().manual_seed(3))
+    for fn in (lambda x: F.avg_pool2d(x, 3), lambda x: F.avg_pool2d(x, 3, 2, 1),
+               lambda x: F.avg_pool2d(x, 2, ceil_mode=True, count_include_pad=False),
+               lambda x: F.avg_pool1d(x[0], 2)):
+        got, want = kf.jit(fn, target=target)(x), fn(x)
+        assert got.dtype == want.dtype and torch.equal(got, want)
