@@ -2,7 +2,8 @@
 
     python3 bench/dynamic_shapes.py [--target cpu|cuda|vulkan] [--dry-run] [--out-dir DIR]
 
-Two tables, for the seed's layer norm and attention (examples/seed_examples.py):
+Two tables, for the seed's layer norm and attention (examples/seed_examples.py) and a
+language model's next-token loss (shifted logits and labels):
 
 - ``speed``: at each size, the median time of the program compiled for that size
   (``dynamic=False``) and of the one program compiled with the sequence dim dynamic
@@ -69,10 +70,21 @@ def _workloads(device: str, dtype: torch.dtype):
     def attn_inputs(n):
         return tuple(torch.randn(2, 8, n, 64, device=device, dtype=dtype) for _ in range(3))
 
+    def loss_inputs(n):
+        return (torch.randn(2, n, 512, device=device, dtype=dtype), torch.randint(0, 512, (2, n), device=device))
+
     return {
         "layer_norm": (se.metal_layer_norm.fn, {"x": [1]}, ln_inputs),
         "attention": (se.fused_attention.fn, {"q": [2], "k": [2], "v": [2]}, attn_inputs),
+        "lm_loss": (_next_token_loss, {"logits": [1], "labels": [1]}, loss_inputs),
     }
+
+
+def _next_token_loss(logits, labels):
+    """A language model's loss as training loops write it: each position predicts the next
+    token (the logits but the last, the labels but the first)."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                             labels[:, 1:].reshape(-1))
 
 
 def _check(got, want) -> float:
