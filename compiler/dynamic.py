@@ -14,9 +14,12 @@ The graph is converted to kf IR by the ordinary converter twice, with the symbol
 replaced by two sets of sizes (``_hints``): kf's converters read sizes as numbers, and
 the two conversions agree on every op and attribute exactly when nothing of the kf IR but
 the sizes in its types depends on the symbols' values. Where they agree, each type's dims
-that differ become ``?``; where they do not (a constant sized by the input, a slice that
-ends at ``s0 - 1``), the function is compiled for static sizes instead
-(``DynamicFallback``). The kf function then records, per input and output dim, its size
+that differ become ``?``; where they do not (a constant sized by the input), the
+function is compiled for static sizes instead (``DynamicFallback``). A slice whose bound
+is at or before a run-time dim's end (``x[:, 1:]``, ``x[:, :-1]``) differs between the two
+by the size itself: that bound is counted from the end (``_slice_from_end``). The guards
+torch's trace needed (``Ne(s0 - 1, 1)``: the slice is not of length 1) stay with the
+program, which the API checks at each new shape (``Captured.size_guards``). The kf function then records, per input and output dim, its size
 as an expression over the symbols (``Captured.input_dims``, ``output_dims``), which the
 runtime evaluates at each call (runtime/abi.py).
 """

@@ -76,8 +76,12 @@ class CompiledProgram:
         """The first guard on the sizes (Captured.size_guards) that a call's tensors fail,
         or None: a program with run-time sizes holds for the sizes its trace held for."""
         guards = self.meta.get("size_guards")
+        if not guards:
+            return None
         abi = getattr(self._launch, "abi", None)
-        if not guards or abi is None or abi.is_static:
+        if abi is None:
+            return guards[0]  # no signature to bind the sizes with: not served here
+        if abi.is_static:
             return None
         from kf.runtime.abi import bind_sizes, eval_guard
 

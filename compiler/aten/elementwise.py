@@ -11,7 +11,7 @@ from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
-from kf.dialects.elements import INT_TYPES, NARROW_INTS
+from kf.dialects.elements import INT_TYPES
 
 from ..errors import Unsupported
 from .core import Converter, HANDLERS, _target_name, fake_value, handles, shape_of
@@ -110,19 +110,11 @@ def _is_integer(elem: str) -> bool:
     return elem in INT_TYPES and elem != "i1"
 
 
-def _integer_operands(c, a, b, elem: str) -> tuple[str, ir.Value, ir.Value]:
-    """(the type an integer op of elem computes in, a and b in it): int32 for int8, uint8
-    and int16 (uint8 zero-extended), whose results wrap back when cast to elem; a Python
-    number takes elem first (-4 as uint8 is 252, as torch takes it)."""
-    ce = "i32" if elem in NARROW_INTS else elem
-    return ce, c.tensor(c.tensor(a, elem), ce), c.tensor(c.tensor(b, elem), ce)
-
-
 def integer_bitwise(c, a, b, elem: str, kind: str) -> ir.Value:
-    """torch's and, or, xor (``kind``) and shifts ("shl", "shr") of integers (kf.bitwise,
-    computed as _integer_operands says: a uint8 shifted right is zero-filled, as torch's)."""
-    ce, a, b = _integer_operands(c, a, b, elem)
-    return c.tensor(kb.bitwise(a, b, kind=kind), elem)
+    """torch's and, or, xor (``kind``) and shifts ("shl", "shr") of integers (kf.bitwise;
+    kf-widen-integers computes int8, uint8 and int16 in int32, a uint8 zero-extended, so
+    shifted right it is zero-filled, as torch's)."""
+    return kb.bitwise(c.tensor(a, elem), c.tensor(b, elem), kind=kind)
 
 
 _SHIFTS = {"bitwise_left_shift": "shl", "__lshift__": "shl", "bitwise_right_shift": "shr", "__rshift__": "shr"}
@@ -151,23 +143,24 @@ def _bitwise_not(c, node, args, kwargs):
 def _integer_division(c, a, b, elem: str, kind: str) -> ir.Value:
     """torch's integer division (``kind`` "trunc" or "floor"), remainder ("remainder":
     the divisor's sign, as Python's %) or fmod ("fmod": the dividend's sign), from C's
-    truncating kf.div and kf.fmod, computed as _integer_operands says (-128 // -1 in int8
-    is -128, as in torch). By 0, kf gives a (a quotient) or 0 (a remainder): torch raises
-    ZeroDivisionError on the CPU, and CUDA leaves the value undefined."""
-    ce, a, b = _integer_operands(c, a, b, elem)
-    zero = kb.scalar(0, ce)
+    truncating kf.div and kf.fmod (kf-widen-integers computes int8, uint8 and int16 in
+    int32 and wraps: -128 // -1 in int8 is -128, as in torch). By 0, kf gives a (a
+    quotient) or 0 (a remainder): torch raises ZeroDivisionError on the CPU, and CUDA
+    leaves the value undefined."""
+    a, b = c.tensor(a, elem), c.tensor(b, elem)
+    zero = kb.scalar(0, elem)
     if kind == "trunc":
-        return c.tensor(kb.div(a, b), elem)
+        return kb.div(a, b)
     mod = kb.fmod(a, b)
     if kind == "fmod":
-        return c.tensor(mod, elem)
+        return mod
     # a remainder whose sign is not the divisor's: floor is one less, remainder b more
     other_sign = kb.cmp(kb.cmp(b, zero, predicate="lt"), kb.cmp(mod, zero, predicate="lt"), predicate="ne")
     fix = kb.select(kb.cmp(mod, zero, predicate="ne"), other_sign, kb.scalar(0, "i1"))
     if kind == "remainder":
-        return c.tensor(kb.select(fix, kb.add(mod, b), mod), elem)
+        return kb.select(fix, kb.add(mod, b), mod)
     quotient = kb.div(a, b)
-    return c.tensor(kb.select(fix, kb.sub(quotient, kb.scalar(1, ce)), quotient), elem)
+    return kb.select(fix, kb.sub(quotient, kb.scalar(1, elem)), quotient)
 
 
 @handles("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar",
@@ -219,9 +212,6 @@ def _pow(c, node, args, kwargs):
             return kb.rsqrt(x)
         if exp == -1:
             return kb.reciprocal(x)
-    if _is_integer(elem):  # int8, uint8, int16 in int32 (a uint8 exponent past 127 is not negative)
-        ce, a, b = _integer_operands(c, base, exp, elem)
-        return c.tensor(kb.pow(a, b), elem)
     return kb.pow(c.tensor(base, elem), c.tensor(exp, elem))
 
 
