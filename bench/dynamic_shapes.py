@@ -10,8 +10,9 @@ language model's next-token loss (shifted logits and labels):
   (``dynamic={...}``), and their ratio (the issue asks for >= 0.95x). Each result is
   checked against torch before it is timed.
 - ``loop``: the 19 sequence lengths 320, 416, ..., 2048 with automatic dynamic (the
-  default): programs compiled, compile seconds in all and for the first length, and the
-  same loop under ``torch.compile(dynamic=True)`` where ``--torch-compile`` asks.
+  default), each result checked against torch: programs compiled, compile seconds in all
+  and for the first length, and the same loop under ``torch.compile(dynamic=True)`` where
+  ``--torch-compile`` asks (``--loop-only``: this table alone).
 
 A target whose programs take no run-time sizes yet compiles each size (its rows say
 how many programs it compiled). ``--dry-run`` runs small sizes and 3 lengths, to check
@@ -77,7 +78,14 @@ def _workloads(device: str, dtype: torch.dtype):
         "layer_norm": (se.metal_layer_norm.fn, {"x": [1]}, ln_inputs),
         "attention": (se.fused_attention.fn, {"q": [2], "k": [2], "v": [2]}, attn_inputs),
         "lm_loss": (_next_token_loss, {"logits": [1], "labels": [1]}, loss_inputs),
+        "neighbours": (_neighbour_difference, {"x": [1]}, lambda n: (torch.randn(4, n, 16, device=device,
+                                                                                   dtype=dtype),)),
     }
+
+
+def _neighbour_difference(x):
+    """Each position against the one before it along the length (slices at both ends)."""
+    return (x[:, 1:] - x[:, :-1]).pow(2).mean(-1)
 
 
 def _next_token_loss(logits, labels):
@@ -118,14 +126,16 @@ def loop_rows(target: str, lengths: list[int], dtype: torch.dtype, torch_compile
     for name, (fn, _, inputs) in _workloads(device, dtype).items():
         f = kf.jit(fn, target=target)
         start = time.perf_counter()
+        worst = 0.0
         for n in lengths:
-            f(*inputs(n))
+            args = inputs(n)
+            worst = max(worst, _check(f(*args), fn(*args)))
         wall = time.perf_counter() - start
         records = f.compiles
         row = {"table": "loop", "workload": name, "target": target, "lengths": len(lengths),
                "programs": len(records), "compile_s": sum(r.seconds for r in records),
                "first_compile_s": records[0].seconds if records else 0.0, "loop_wall_s": wall,
-               "signatures": [r.signature for r in records]}
+               "signatures": [r.signature for r in records], "worst_rel_err": worst}
         if torch_compile:
             g = torch.compile(fn, dynamic=True)
             start = time.perf_counter()
@@ -134,7 +144,7 @@ def loop_rows(target: str, lengths: list[int], dtype: torch.dtype, torch_compile
             row["torch_compile_loop_wall_s"] = time.perf_counter() - start
         rows.append(row)
         print(f"loop  {name:10s} {len(lengths)} lengths: {row['programs']} programs, {row['compile_s']:.2f} s "
-              f"compiling ({row['first_compile_s']:.2f} s the first), loop {wall:.2f} s"
+              f"compiling ({row['first_compile_s']:.2f} s the first), loop {wall:.2f} s (worst error {worst:.1e})"
               + (f", torch.compile {row['torch_compile_loop_wall_s']:.2f} s" if torch_compile else ""), flush=True)
     return rows
 
@@ -144,6 +154,7 @@ def main() -> int:
     ap.add_argument("--target", default="cuda" if torch.cuda.is_available() else "cpu", choices=sorted(DEVICE))
     ap.add_argument("--dry-run", action="store_true", help="small sizes and 3 lengths: checks the script")
     ap.add_argument("--torch-compile", action="store_true", help="the loop under torch.compile(dynamic=True) too")
+    ap.add_argument("--loop-only", action="store_true", help="the 19-length loop, not the speed table")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.target == "cuda" else torch.float32
@@ -152,7 +163,8 @@ def main() -> int:
         os.environ.setdefault("KF_CACHE_DIR", tempfile.mkdtemp(prefix="kf-bench-dyn-"))
     else:
         sizes, lengths, reps = [320, 1024, 2048, 4096], list(range(320, 2049, 96)), 20
-    rows = speed_rows(args.target, sizes, reps, dtype) + loop_rows(args.target, lengths, dtype, args.torch_compile)
+    rows = [] if args.loop_only else speed_rows(args.target, sizes, reps, dtype)
+    rows += loop_rows(args.target, lengths, dtype, args.torch_compile)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     out = Path(args.out_dir) / f"dynamic-{time.strftime('%Y%m%d')}-{commit or 'nocommit'}" \

@@ -1,6 +1,6 @@
 """CI's fixed sample of the OpInfo conformance suite (test/conformance/opinfo.py): about
-one OpInfo in EVERY, one sample each, on cpu float32, cpu bfloat16 and vulkan float32,
-and compiled (not run) for cuda float32 (``cuda-ptx``: PTX assembled by ptxas).
+one OpInfo in EVERY, one sample each, on cpu float32, cpu bfloat16, cpu int64 and vulkan
+float32, and compiled (not run) for cuda float32 (``cuda-ptx``: PTX assembled by ptxas).
 
 Each op is one test. It fails when its case is a MISMATCH, an INTERNAL error or a CRASH;
 a clear kf error (KF_ERROR: an op kf does not support) and a SKIP pass. A case that
@@ -37,7 +37,7 @@ runner = _load_runner()
 
 #: about one op in EVERY is in the sample (runner.ci_ops)
 EVERY = 5
-CONFIGS = [("cpu", "float32"), ("cpu", "bfloat16"), ("vulkan", "float32"), ("cuda-ptx", "float32")]
+CONFIGS = [("cpu", "float32"), ("cpu", "bfloat16"), ("cpu", "int64"), ("vulkan", "float32"), ("cuda-ptx", "float32")]
 JOBS = int(os.environ.get("KF_CONFORMANCE_JOBS", "2"))
 
 #: (target, dtype, op) -> why its case fails today, pending its own fix (a strict expected
