@@ -32,7 +32,7 @@ import ast
 import json
 import operator
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 from kf.dialects.elements import ELEMENTS
@@ -96,25 +96,33 @@ _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _CALLS = {"FloorDiv": operator.floordiv, "Mod": operator.mod, "Max": max, "Min": min}
 
 
+@lru_cache(maxsize=4096)
+def _parsed(expr: str) -> ast.Expression:
+    """An expression's syntax tree, parsed once: launches evaluate the same few."""
+    return ast.parse(expr, mode="eval")
+
+
+def _integer(n: ast.AST, sizes: dict[str, int], expr: str) -> int:
+    """The value of an integer arithmetic node over the symbols (see eval_size)."""
+    if isinstance(n, ast.Expression):
+        return _integer(n.body, sizes, expr)
+    if isinstance(n, ast.Constant) and type(n.value) is int:
+        return n.value
+    if isinstance(n, ast.Name) and n.id in sizes:
+        return sizes[n.id]
+    if isinstance(n, ast.BinOp) and type(n.op) in _BINARY:
+        return _BINARY[type(n.op)](_integer(n.left, sizes, expr), _integer(n.right, sizes, expr))
+    if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+        return -_integer(n.operand, sizes, expr)
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _CALLS and not n.keywords:
+        return _CALLS[n.func.id](*[_integer(a, sizes, expr) for a in n.args])
+    raise ValueError(f"size expression {expr!r}: {ast.dump(n)[:80]} is not integer arithmetic on its symbols")
+
+
 def eval_size(expr: str, sizes: dict[str, int]) -> int:
     """An integer size expression (``2*s0 + 1``, ``FloorDiv(s0, 2)``) for these symbol
     sizes; ValueError for anything else (the runtime evaluates no other code)."""
-    def ev(n):
-        if isinstance(n, ast.Expression):
-            return ev(n.body)
-        if isinstance(n, ast.Constant) and type(n.value) is int:
-            return n.value
-        if isinstance(n, ast.Name) and n.id in sizes:
-            return sizes[n.id]
-        if isinstance(n, ast.BinOp) and type(n.op) in _BINARY:
-            return _BINARY[type(n.op)](ev(n.left), ev(n.right))
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-            return -ev(n.operand)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _CALLS and not n.keywords:
-            return _CALLS[n.func.id](*[ev(a) for a in n.args])
-        raise ValueError(f"size expression {expr!r}: {ast.dump(n)[:80]} is not integer arithmetic on its symbols")
-
-    return int(ev(ast.parse(expr, mode="eval")))
+    return int(_integer(_parsed(expr), sizes, expr))
 
 
 _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
@@ -153,10 +161,10 @@ def eval_guard(expr: str, sizes: dict[str, int]) -> bool:
         elif isinstance(n, ast.Constant) and type(n.value) is bool:
             return n.value
         else:
-            return eval_size(ast.unparse(n), sizes)
+            return _integer(n, sizes, expr)
         raise ValueError(f"guard {expr!r}: {ast.dump(n)[:80]} is not a comparison of sizes")
 
-    return bool(ev(ast.parse(expr, mode="eval")))
+    return bool(ev(_parsed(expr)))
 
 
 def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min_size: int = 2,
