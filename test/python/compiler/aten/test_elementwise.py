@@ -358,7 +358,7 @@ BITWISE = {
 @pytest.mark.parametrize("target", ["cpu", "vulkan"])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8], ids=str)
 def test_bitwise_ops_of_every_integer_type(target, dtype):
-    """Integer and, or, xor, not and shifts are kf ops (kf.bitwise): shifts by a negative
+    """Integer and, or, xor and shifts are kf ops (kf.bitwise; ~ is torch-mlir's): shifts by a negative
     amount or past the type's width give torch's 0 or sign (LLVM, PTX and SPIR-V leave
     them undefined), uint8 shifts right zero-filled."""
     if target == "vulkan" and not vulkan.is_available():
