@@ -350,7 +350,8 @@ class Pointwise:
             return scalar_math.const(ct, attrs["value"])
         if op.name == "kf.iota":
             i = index[int(attrs["dim"]) % len(index)]
-            return arith.index_cast(ct, i) if isinstance(i.type, ir.IndexType) else scalar_math.convert(i, ct)
+            # never negative: zero-extended (see generic._iota)
+            return arith.index_castui(ct, i) if isinstance(i.type, ir.IndexType) else scalar_math.convert(i, ct)
         if op.name == "kf.transpose":
             perm = attrs["perm"]
             inner = [None] * len(perm)

@@ -224,3 +224,17 @@ def test_triangle_indices_are_constants(target):
     x = torch.randn(5, 7)
     for g, w in zip(kf.jit(fn, target=target)(x), fn(x), strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_masks_from_an_int64_arange_compare_as_torch(target):
+    """A mask from comparing ``torch.arange(n)`` (int64) with a number, made in the
+    function, broadcast against a tensor: every element masked as torch does (on
+    lavapipe a sign-extended index compared as int64 came out true everywhere)."""
+    g = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(5))
+    cases = [lambda g: torch.where((torch.arange(8) >= 3).unsqueeze(-1), g, 0.0),
+             lambda g: torch.where((torch.arange(8) < 5)[:, None], g[0], 0.0),
+             lambda g: g * ((torch.arange(8) >= 0) & (torch.arange(8) < 64) & (torch.arange(8) != 4)).unsqueeze(-1),
+             lambda g: torch.where(torch.arange(8) >= 3, g[0, :, 0], 0.0)]
+    for fn in cases:
+        torch.testing.assert_close(kf.jit(fn, target=target)(g), fn(g), rtol=0, atol=0)
