@@ -129,6 +129,17 @@ def _shift(c, node, args, kwargs):
     return integer_bitwise(c, args[0], args[1], elem, _SHIFTS[_target_name(node.target).split(".")[1]])
 
 
+@handles("aten.bitwise_not.default")
+def _bitwise_not(c, node, args, kwargs):
+    """~x: logical not of booleans, x xor -1 of integers."""
+    elem = c.out_elem(node)
+    if elem == "i1":
+        return kb.cmp(c.tensor(args[0], "i1"), c.tensor(False, "i1"), predicate="eq")
+    if not _is_integer(elem):
+        raise Unsupported(f"bitwise_not of {elem} is not supported by kf (torch has none either)")
+    return integer_bitwise(c, args[0], -1, elem, "xor")
+
+
 def _integer_division(c, a, b, elem: str, kind: str) -> ir.Value:
     """torch's integer division (``kind`` "trunc" or "floor"), remainder ("remainder":
     the divisor's sign, as Python's %) or fmod ("fmod": the dividend's sign), from C's

@@ -358,7 +358,7 @@ BITWISE = {
 @pytest.mark.parametrize("target", ["cpu", "vulkan"])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8], ids=str)
 def test_bitwise_ops_of_every_integer_type(target, dtype):
-    """Integer and, or, xor and shifts are kf ops (kf.bitwise; ~ is torch-mlir's): shifts by a negative
+    """Integer and, or, xor, not and shifts are kf ops (kf.bitwise): shifts by a negative
     amount or past the type's width give torch's 0 or sign (LLVM, PTX and SPIR-V leave
     them undefined), uint8 shifts right zero-filled."""
     if target == "vulkan" and not vulkan.is_available():
@@ -397,7 +397,8 @@ def test_integer_ops_assemble_for_cuda_without_torch_mlir():
     """Integer division, remainders and bit ops are kf ops, not torch-mlir's functions
     (``kf.aten``, which GPU targets run only on the cpu): their cuda kernels build."""
     a, b = torch.randint(0, 255, (257,), dtype=torch.uint8), torch.randint(1, 7, (257,), dtype=torch.uint8)
-    for fn in (BITWISE["unpack_int4"], BITWISE["operators"], INTEGER_DIVISION["scalars"], lambda a, b: a ** b):
+    for fn in (BITWISE["unpack_int4"], BITWISE["operators"], BITWISE["not"], INTEGER_DIVISION["scalars"],
+               lambda a, b: a ** b):
         stages = kf.inspect(kf.jit(fn, target="cuda"), a, b).stages
         assert "kf.aten" not in stages["kf"] and ".entry" in stages["ptx"]
 
