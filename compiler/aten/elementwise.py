@@ -110,10 +110,12 @@ def _is_integer(elem: str) -> bool:
     return elem in INT_TYPES and elem != "i1"
 
 
-def integer_bitwise(c, a, b, elem: str, kind: str) -> ir.Value:
+def integer_bitwise(c, node, a, b, elem: str, kind: str) -> ir.Value:
     """torch's and, or, xor (``kind``) and shifts ("shl", "shr") of integers (kf.bitwise;
     kf-widen-integers computes int8, uint8 and int16 in int32, a uint8 zero-extended, so
-    shifted right it is zero-filled, as torch's)."""
+    shifted right it is zero-filled, as torch's); Unsupported for floats, as torch."""
+    if not _is_integer(elem):
+        raise Unsupported(f"{_target_name(node.target)} of {elem} is not supported by kf (torch takes integers)")
     return kb.bitwise(c.tensor(a, elem), c.tensor(b, elem), kind=kind)
 
 
@@ -123,10 +125,8 @@ _SHIFTS = {"bitwise_left_shift": "shl", "__lshift__": "shl", "bitwise_right_shif
 @handles(*(f"aten.{name}.{overload}" for name in _SHIFTS for overload in ("Tensor", "Scalar", "Tensor_Scalar",
                                                                            "Scalar_Tensor")))
 def _shift(c, node, args, kwargs):
-    elem = c.out_elem(node)
-    if not _is_integer(elem):
-        raise Unsupported(f"a bit shift of {elem} is not supported by kf (torch shifts integers)")
-    return integer_bitwise(c, args[0], args[1], elem, _SHIFTS[_target_name(node.target).split(".")[1]])
+    return integer_bitwise(c, node, args[0], args[1], c.out_elem(node),
+                           _SHIFTS[_target_name(node.target).split(".")[1]])
 
 
 @handles("aten.bitwise_not.default")
@@ -135,9 +135,7 @@ def _bitwise_not(c, node, args, kwargs):
     elem = c.out_elem(node)
     if elem == "i1":
         return kb.cmp(c.tensor(args[0], "i1"), c.tensor(False, "i1"), predicate="eq")
-    if not _is_integer(elem):
-        raise Unsupported(f"bitwise_not of {elem} is not supported by kf (torch has none either)")
-    return integer_bitwise(c, args[0], -1, elem, "xor")
+    return integer_bitwise(c, node, args[0], -1, elem, "xor")
 
 
 def _integer_division(c, a, b, elem: str, kind: str) -> ir.Value:

@@ -13,7 +13,6 @@ import math
 from kf.dialects import builders as kb
 
 from ..dtypes import kf_elem
-from ..errors import Unsupported
 from .core import HANDLERS, _target_name, handles, shape_of
 
 
@@ -232,9 +231,7 @@ def _bitwise(c, node, args, kwargs):
     if elem != "i1":
         from .elementwise import integer_bitwise
 
-        if elem.startswith(("f", "bf")):
-            raise Unsupported(f"{_target_name(node.target)} of {elem} is not supported by kf (torch has none either)")
-        return integer_bitwise(c, args[0], args[1], elem, node.target._opname.removeprefix("bitwise_"))
+        return integer_bitwise(c, node, args[0], args[1], elem, node.target._opname.removeprefix("bitwise_"))
     return _logical(c, node, args, kwargs)
 
 
