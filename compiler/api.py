@@ -252,7 +252,9 @@ class KfFunction:
         needed (DynamicFallback.dims), those stay static for good and the others are tried
         again as run-time sizes. Otherwise, for several dims asked for together
         (dynamic=True, or given dims), those whose sizes change are tried from now on
-        (_watch_changes); else every dynamic dim stays static for good. Each step is a
+        (_watch_changes), as under automatic dynamic, where the dims of the disk profile
+        may not all change in this process; else every dynamic dim stays static for
+        good. Each step is a
         kf.recompiles line saying why."""
         static = sig.sized(tensors)
         for _ in range(MAX_SPECIALIZE_STEPS):
@@ -275,7 +277,7 @@ class KfFunction:
             f"{type(e).__name__}: {e.message}" + (f" ({e.cause.splitlines()[0]})" if e.cause else "")
         dims = sig.dynamic_dims()
         shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
-        if len(dims) > 1 and self.options.dynamic not in (None, False) and not self._watching:
+        if len(dims) > 1 and self.options.dynamic is not False and not self._watching:
             logs.recompile_log.info("%s: %s not one program together: %s; from now on those whose sizes change "
                                     "are run-time sizes", self.fn.__name__, shown, why)
             found = self._watch_changes(static, dims, tensors, options, reads)
@@ -350,6 +352,9 @@ class KfFunction:
         self._auto = {key for key in dims if self._first[key] != now[key]}
         changed = self._generalized(static, observe=False)
         if not changed.is_dynamic:
+            return None
+        if changed.dynamic_dims() == dims:  # the signature that failed
+            self._static |= dims
             return None
         try:
             return self._program_for(changed, tensors, options, reads), changed

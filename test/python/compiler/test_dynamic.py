@@ -538,6 +538,26 @@ def test_vulkan_attention_with_heads_and_strided_inputs():
     assert len(attn.compiles) == 2 and all("?" in c.signature for c in attn.compiles)
 
 
+@needs_vulkan
+def test_vulkan_profile_dims_that_fail_together_leave_the_changing_ones_dynamic():
+    """The disk profile holds every dim another process saw change (here the batch and the
+    heads too), which vulkan's attention cannot take at once; under automatic dynamic the
+    dims this process sees change are tried next, so the loop over lengths still takes two
+    programs, not one a length."""
+    from kf import cache
+
+    def attention(q, k, v):
+        return se.fused_attention.fn(q, k, v)
+
+    cache.add_dynamic_profile(attention, {(n, d) for n in "qkv" for d in (0, 1, 2)})
+    attn = kf.jit(attention, target="vulkan")
+    for n in (17, 33, 65, 40):
+        q, k, v = (torch.randn(2, 3, n, 16) for _ in range(3))
+        _close(attn(q, k, v), se.fused_attention.fn(q, k, v))
+    assert len(attn.compiles) == 2, attn.compiles
+    assert "?" in attn.compiles[-1].signature
+
+
 def _attention_and_lse(q, k, v):
     s = q @ k.transpose(-2, -1) * 0.125
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
