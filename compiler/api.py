@@ -435,8 +435,10 @@ class KfFunction:
         # and a tensor in another, or of another rank
         rank = dict(zip(names, map(len, shapes)))
         wanted = {(n, d) for n, d in wanted if d < rank.get(n, 0)}
-        if target.static_innermost:  # (but the one dim of a 1-d tensor: targets, positions, token ids)
-            wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1}
+        if target.static_innermost:  # (but the one dim of a 1-d tensor, and of integers: targets,
+            # positions, token ids, which no kernel reduces or vectorizes along)
+            integers = {n for n, t in zip(names, sig.tensor_sigs()) if t.elem[0] in "iu"}
+            wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1 or n in integers}
         wanted = wanted - self._static
         general = sig.generalize(wanted, target.divisibility, largest=self._largest)
         if observe:

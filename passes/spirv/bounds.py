@@ -28,6 +28,15 @@ class _Bounds:
         self.block = {d: n for d, n in zip("xyz", block)}
         self.grid = {d: n for d, n in zip("xyz", grid)}
         self.known: dict = {}
+        # a kernel with run-time sizes reads them from its last argument, each at least 1
+        # and at most the largest its plan takes (runtime/abi.py's bind_sizes)
+        self.slots = None
+        if "kf.size_slots" in func.attributes and func.regions[0].blocks[0].arguments:
+            from kf.runtime.abi import MAX_DYNAMIC_SIZE
+
+            largest = ir.IntegerAttr(func.attributes["kf.largest_slot"]).value \
+                if "kf.largest_slot" in func.attributes else MAX_DYNAMIC_SIZE
+            self.slots = (func.regions[0].blocks[0].arguments[-1], largest)
 
     def of(self, v: ir.Value) -> tuple[float, float]:
         hit = self.known.get(v)
@@ -51,6 +60,8 @@ class _Bounds:
             return 0, (size - 1 if size else _INF)
         if name in ("arith.index_cast", "arith.index_castui", "arith.extsi", "arith.extui", "arith.trunci"):
             return self.of(args[0])
+        if name == "memref.load" and self.slots is not None and args and args[0] == self.slots[0]:
+            return 1, self.slots[1]
         if name == "arith.select":
             (a, b), (c, d) = self.of(args[1]), self.of(args[2])
             return min(a, c), max(b, d)
@@ -68,13 +79,13 @@ class _Bounds:
             return min(a, c), min(b, d)
         if name in ("arith.maxsi", "arith.maxui"):
             return max(a, c), max(b, d)
-        if c == d and c > 0:  # by a positive constant
-            if name in ("arith.divui", "arith.divsi", "arith.floordivsi") and a >= 0:
-                return a // c, (b // c if b < _INF else _INF)
-            if name in ("arith.ceildivui", "arith.ceildivsi") and a >= 0:
-                return -(-a // c), (-(-b // c) if b < _INF else _INF)
-            if name in ("arith.remui", "arith.remsi") and a >= 0:
-                return 0, min(b, c - 1)
+        if c > 0 and a >= 0:  # by a positive divisor (a constant, or a run-time size: at least 1)
+            if name in ("arith.divui", "arith.divsi", "arith.floordivsi"):
+                return (a // d if d < _INF else 0), (b // c if b < _INF else _INF)
+            if name in ("arith.ceildivui", "arith.ceildivsi"):
+                return (-(-a // d) if d < _INF else 0), (-(-b // c) if b < _INF else _INF)
+            if name in ("arith.remui", "arith.remsi"):
+                return 0, min(b, d - 1)
         return -_INF, _INF
 
     def trips(self, loop: ir.Operation) -> float:

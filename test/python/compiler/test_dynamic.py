@@ -318,6 +318,28 @@ def test_one_dim_tensors_take_run_time_lengths(target):
     assert len(xent.compiles) == 2 and len(shift.compiles) == 2, (xent.compiles, shift.compiles)
 
 
+def _next_token_loss(logits, labels):
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                             labels[:, 1:].reshape(-1))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_integer_tensors_take_a_run_time_innermost_dim(target):
+    """Token ids of a batch ([b, n] int64) take a run-time length as their innermost dim on
+    every target: no kernel reduces or vectorizes along an index tensor's rows, and a
+    language model's shifted loss (whose labels torch's trace ties to the logits' length)
+    is then one program over the lengths; so is a running count of tokens (a scan along
+    the run-time dim, whose loop lavapipe's launcher must see bounded)."""
+    loss = kf.jit(_next_token_loss, target=target)
+    count = kf.jit(lambda ids: (ids > 3).long().cumsum(-1), target=target)
+    for n in (17, 33, 49, 257, 300):
+        logits, labels = torch.randn(2, n, 40), torch.randint(0, 40, (2, n))
+        _close(loss(logits, labels), _next_token_loss(logits, labels))
+        assert torch.equal(count(labels), (labels > 3).long().cumsum(-1))
+    assert len(loss.compiles) == 2 and len(count.compiles) == 2, (loss.compiles, count.compiles)
+    assert "i64[2, ?]" in loss.compiles[-1].signature
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_concatenation_along_a_run_time_dim(target):
     """``torch.cat([past, new], 1)`` (a cache grown by a step) with a run-time length: on

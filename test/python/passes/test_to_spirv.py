@@ -113,6 +113,41 @@ def test_loop_iterations(body, want):
     assert bound(kernel(body)) == want
 
 
+# run-time sizes: the last argument holds them (kf.size_slots), each from 1 to the bound;
+# a cumulative sum's loop runs to its element's index along the run-time dim plus one
+RUN_TIME = """
+module attributes {gpu.container_module} {
+  gpu.module @kf_kernels {
+    gpu.func @k(%a: memref<1000000xf32>, %s: memref<2xi32>) kernel attributes {
+        known_block_size = array<i32: 128, 1, 1>, kf.size_slots = [array<i64: 0, 1>]LARGEST} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %cb = arith.constant 4096 : index
+      %tid = gpu.thread_id x
+      %m = memref.load %s[%c0] : memref<2xi32>
+      %n0 = arith.index_cast %m : i32 to index
+      %n = arith.minui %n0, %cb : index
+      %j = arith.remui %tid, %n : index
+      %row = arith.divui %tid, %n : index
+      %ub = arith.addi %j, %c1 : index
+      scf.for %i = %c0 to %ub step %c1 {
+        %x = memref.load %a[%i] : memref<1000000xf32>
+        memref.store %x, %a[%row] : memref<1000000xf32>
+      }
+      gpu.return
+    }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("largest,want", [("", 127 + 1 + 1), (", kf.largest_slot = 40 : i64", 40 + 1)])
+def test_loop_iterations_over_run_time_sizes(largest, want):
+    """A loop bounded by a run-time size (its remainder by one) counts the bound: the
+    size is at least 1 and at most the plan's largest, so lavapipe's launcher takes it."""
+    assert bound(RUN_TIME.replace("LARGEST", largest)) == want
+
+
 def test_loop_iterations_recorded_for_the_launcher():
     """compile_spirv records the bound in each kernel's ABI (what runtime/vulkan.py reads)."""
     [binary] = compile_spirv(kernel(NESTED))
