@@ -1,6 +1,6 @@
 """Run-time sizes: dynamic against static kernels, and the 19-length loop.
 
-    python3 bench/dynamic_shapes.py [--target cpu|cuda|vulkan] [--dry-run] [--out-dir DIR]
+    python3 bench/dynamic_shapes.py [--target cpu|cuda|vulkan] [--only NAME,...] [--dry-run] [--out-dir DIR]
 
 Two tables, for the seed's layer norm and attention (examples/seed_examples.py) and a
 language model's next-token loss (shifted logits and labels):
@@ -100,10 +100,14 @@ def _check(got, want) -> float:
     return float(err)
 
 
-def speed_rows(target: str, sizes: list[int], reps: int, dtype: torch.dtype) -> list[dict]:
+def _selected(device: str, dtype: torch.dtype, only: list[str]) -> dict:
+    return {name: w for name, w in _workloads(device, dtype).items() if not only or any(o in name for o in only)}
+
+
+def speed_rows(target: str, sizes: list[int], reps: int, dtype: torch.dtype, only: list[str]) -> list[dict]:
     device = DEVICE[target]
     rows = []
-    for name, (fn, dims, inputs) in _workloads(device, dtype).items():
+    for name, (fn, dims, inputs) in _selected(device, dtype, only).items():
         dynamic = kf.jit(fn, target=target, dynamic=dims)
         for n in sizes:
             args = inputs(n)
@@ -120,10 +124,11 @@ def speed_rows(target: str, sizes: list[int], reps: int, dtype: torch.dtype) -> 
     return rows
 
 
-def loop_rows(target: str, lengths: list[int], dtype: torch.dtype, torch_compile: bool) -> list[dict]:
+def loop_rows(target: str, lengths: list[int], dtype: torch.dtype, torch_compile: bool,
+              only: list[str]) -> list[dict]:
     device = DEVICE[target]
     rows = []
-    for name, (fn, _, inputs) in _workloads(device, dtype).items():
+    for name, (fn, _, inputs) in _selected(device, dtype, only).items():
         f = kf.jit(fn, target=target)
         start = time.perf_counter()
         worst = 0.0
@@ -155,16 +160,18 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="small sizes and 3 lengths: checks the script")
     ap.add_argument("--torch-compile", action="store_true", help="the loop under torch.compile(dynamic=True) too")
     ap.add_argument("--loop-only", action="store_true", help="the 19-length loop, not the speed table")
+    ap.add_argument("--only", default="", help="comma-separated texts: the workloads whose name contains one")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
+    only = [o for o in args.only.split(",") if o]
     dtype = torch.bfloat16 if args.target == "cuda" else torch.float32
     if args.dry_run:
         sizes, lengths, reps = [7, 257], [320, 416, 512], 3
         os.environ.setdefault("KF_CACHE_DIR", tempfile.mkdtemp(prefix="kf-bench-dyn-"))
     else:
         sizes, lengths, reps = [320, 1024, 2048, 4096], list(range(320, 2049, 96)), 20
-    rows = [] if args.loop_only else speed_rows(args.target, sizes, reps, dtype)
-    rows += loop_rows(args.target, lengths, dtype, args.torch_compile)
+    rows = [] if args.loop_only else speed_rows(args.target, sizes, reps, dtype, only)
+    rows += loop_rows(args.target, lengths, dtype, args.torch_compile, only)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     out = Path(args.out_dir) / f"dynamic-{time.strftime('%Y%m%d')}-{commit or 'nocommit'}" \
