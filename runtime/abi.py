@@ -253,6 +253,22 @@ class KernelABI:
 
 
 @dataclass(frozen=True)
+class SizedCall:
+    """What a call of a program with run-time sizes needs, for one set of input shapes:
+    the symbols' sizes, each output's and temporary's shape, and for each kernel None
+    (static) or its (grid, size slots)."""
+
+    sizes: dict
+    outputs: tuple[tuple[int, ...], ...]
+    temporaries: tuple[tuple[int, ...], ...]
+    launches: tuple
+
+
+#: the input shapes a program keeps its SizedCall for (the newest)
+SIZED_CALLS_KEPT = 64
+
+
+@dataclass(frozen=True)
 class ProgramABI:
     """A compiled function: its buffers and the kernels launched in order over them.
 
@@ -317,6 +333,30 @@ class ProgramABI:
             bound = int((k.extra or {}).get("largest_slot", MAX_DYNAMIC_SIZE))
             out |= {(f"kernel {k.entry}", e, bound) for e in k.sizes if bound < MAX_DYNAMIC_SIZE or not e.isidentifier()}
         return tuple(sorted(out))
+
+    @cached_property
+    def _sized_calls(self) -> dict:
+        return {}
+
+    def sized_call(self, shapes: tuple[tuple[int, ...], ...]) -> SizedCall | str:
+        """The SizedCall of a call whose inputs have these shapes (sizes from 1 to
+        MAX_DYNAMIC_SIZE: a size 1 reaches a program only where kf found that it serves
+        it, compiler/api.py), or why they do not fit (bind_sizes, beyond_planned_sizes).
+        Kept for the newest SIZED_CALLS_KEPT shapes: a loop that meets a length again
+        evaluates no size expression."""
+        memo = self._sized_calls
+        hit = memo.get(shapes)
+        if hit is None:
+            sizes = bind_sizes(self.inputs, shapes, 1, MAX_DYNAMIC_SIZE)
+            if isinstance(sizes, str):
+                return sizes
+            hit = self.beyond_planned_sizes(sizes) or SizedCall(
+                sizes, tuple(a.sized(sizes) for a in self.outputs), tuple(a.sized(sizes) for a in self.temporaries),
+                tuple(k.sized_grid(sizes) if k.sizes else None for k in self.kernels))
+            if len(memo) >= SIZED_CALLS_KEPT:
+                memo.pop(next(iter(memo)))
+            memo[shapes] = hit
+        return hit
 
     def beyond_planned_sizes(self, sizes: dict[str, int]) -> str | None:
         """Why a call's symbol sizes give a run-time size past its planned bound

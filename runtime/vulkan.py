@@ -59,7 +59,7 @@ import struct
 import threading
 from typing import Mapping, Sequence
 
-from .abi import ELEM_INFO, MAX_DYNAMIC_SIZE, KernelABI, ProgramABI, bind_sizes
+from .abi import ELEM_INFO, KernelABI, ProgramABI
 from .residency import Residency
 from .vulkan_call import torch_module
 from .vulkan_device import Device, Memory, VulkanError, VulkanUnavailable, prod, resident_limit
@@ -355,8 +355,8 @@ def launch(spirv: bytes, kernel: KernelABI, args: Sequence, *, written: Sequence
         timings.extend(times)
 
 
-def _nbytes(a, sizes: dict[str, int]) -> int:
-    return prod(a.sized(sizes)) * ELEM_INFO[a.elem][1]
+def _nbytes(a, shape: Sequence[int]) -> int:
+    return prod(shape) * ELEM_INFO[a.elem][1]
 
 
 def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence, *,
@@ -373,35 +373,32 @@ def run_program(abi: ProgramABI, binaries: Mapping[str, bytes], inputs: Sequence
         _check_tensor(t, a.elem, f"input {i} ('{a.name}')")
         if a.is_static and tuple(t.shape) != tuple(a.shape):
             raise VulkanError(f"input {i} ('{a.name}') has shape {tuple(t.shape)}; compiled for {a.shape}")
-    sizes: dict[str, int] = {}
+    sized = None
     if not abi.is_static:  # run-time sizes: the inputs' give the symbols, which give the rest
-        # (a size 1 reaches a program only where kf found that it serves it: compiler/api.py)
-        bound = bind_sizes(abi.inputs, [tuple(t.shape) for t in inputs], 1, MAX_DYNAMIC_SIZE)
-        if isinstance(bound, str):
-            raise VulkanError(bound)
-        beyond = abi.beyond_planned_sizes(bound)
-        if beyond is not None:
-            raise VulkanError(beyond)
-        sizes = bound
+        sized = abi.sized_call(tuple(tuple(t.shape) for t in inputs))
+        if isinstance(sized, str):
+            raise VulkanError(sized)
+    out_shapes = sized.outputs if sized else [a.shape for a in abi.outputs]
+    temp_shapes = sized.temporaries if sized else [a.shape for a in abi.temporaries]
     # outputs have version counters (residency needs them) even under inference_mode
     with torch.inference_mode(False):
-        outputs = [None if abi.unwritten(j) else torch.empty(a.sized(sizes), dtype=getattr(torch, ELEM_INFO[a.elem][0]))
-                   for j, a in enumerate(abi.outputs)]
+        outputs = [None if abi.unwritten(j) else torch.empty(shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]))
+                   for j, (a, shape) in enumerate(zip(abi.outputs, out_shapes))]
     call = dev.call()
     done = False
     try:
         bufs = [call.read(t) for t in inputs]
-        bufs += [call.write(out) if out is not None else call.scratch(_nbytes(a, sizes))
-                 for out, a in zip(outputs, abi.outputs)]
-        bufs += [call.scratch(_nbytes(t, sizes)) for t in abi.temporaries]
+        bufs += [call.write(out) if out is not None else call.scratch(_nbytes(a, shape))
+                 for out, a, shape in zip(outputs, abi.outputs, out_shapes)]
+        bufs += [call.scratch(_nbytes(t, shape)) for t, shape in zip(abi.temporaries, temp_shapes)]
         if abi.index_sites:  # the index error flag, zeroed: kernels only ever set it
             bufs.append(call.scratch(abi.flag_arg.nbytes, fill=bytes(abi.flag_arg.nbytes), read_back=True))
-        for k in abi.kernels:
+        for n, k in enumerate(abi.kernels):
             if k.artifact not in binaries:
                 raise VulkanError(f"no SPIR-V for kernel {k.entry} (artifact '{k.artifact}')")
             args = [bufs[i] for i in k.args]
             if k.sizes:  # the kernel's run-time sizes: a buffer of int32, its last argument
-                grid, slots = k.sized_grid(sizes)
+                grid, slots = sized.launches[n]
                 k = dataclasses.replace(k, grid=grid)
                 args.append(call.scratch(4 * len(slots), fill=struct.pack(f"<{len(slots)}i", *slots)))
             call.dispatch(k, binaries[k.artifact], args)

@@ -189,6 +189,31 @@ def test_kernel_grid_and_size_slots_at_run_time():
     assert KernelABI("s", (0,)).sized_grid({}) == ((1, 1, 1), [])
 
 
+def test_a_sized_call_is_kept_per_input_shapes():
+    """ProgramABI.sized_call: the symbols, the outputs' and temporaries' shapes and each
+    kernel's grid and slots for one set of input shapes, the same object at the next call
+    with those shapes (a launch evaluates no size expression), the newest 64 kept; shapes
+    that do not fit give the reason, as bind_sizes and beyond_planned_sizes do."""
+    from kf.runtime.abi import DYN, SIZED_CALLS_KEPT, TensorArg
+
+    k = KernelABI("k", (0, 1, 2), grid=(4096, 1, 1), sizes=("s0", "2*s0"),
+                  grid_sizes=("FloorDiv(k1*5 + 255, 256)", "1", "1"))
+    s = KernelABI("s", (1,))
+    x = TensorArg("x", (DYN, 5), "f32", ("s0", "5"))
+    t = TensorArg("t", (DYN,), "f32", ("2*s0",))
+    abi = ProgramABI("cuda", (x,), (TensorArg("y", (DYN, 5), "f32", ("s0", "5")),), (t,), kernels=(k, s))
+    call = abi.sized_call(((300, 5),))
+    assert call.sizes == {"s0": 300} and call.outputs == ((300, 5),) and call.temporaries == ((600,),)
+    assert call.launches == (((12, 1, 1), [300, 600]), None)
+    assert abi.sized_call(((300, 5),)) is call
+    assert "dim 1 is 4" in abi.sized_call(((300, 4),))
+    assert "up to 4096" in abi.sized_call(((4097, 5),))
+    assert "sizes from 1" in abi.sized_call(((0, 5),))
+    for n in range(1, SIZED_CALLS_KEPT + 2):
+        assert abi.sized_call(((n, 5),)).outputs == ((n, 5),)
+    assert abi.sized_call(((300, 5),)) is not call and abi.sized_call(((300, 5),)) == call
+
+
 def test_max_dynamic_size_is_the_signatures():
     from kf.signature import MAX_DYNAMIC_SIZE as signature_max
 
