@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from .abi import ELEM_INFO, MAX_DYNAMIC_SIZE, ProgramABI, TensorArg, bind_sizes
+from .abi import ELEM_INFO, ProgramABI, TensorArg
 
 
 def _dtype(elem: str) -> torch.dtype:
@@ -136,6 +136,7 @@ class CudaProgram(_Program):
             self.kernels.append((launcher, k.args))
         self._alloc = None  # (shape, dtype) of outputs and temporaries, made on first use
         self._replay_flag = None  # the index error flag that captured CUDA graphs write
+        self._slot_buffers: dict = {}  # (size slots, device) -> (pinned host copy, device buffer)
         self._flags = threading.local()  # each thread's index error flag (.word)
 
     def __call__(self, *inputs: torch.Tensor, events: list | None = None) -> tuple:
@@ -307,34 +308,47 @@ class CudaProgram(_Program):
     def _run_sized(self, ins: list, dev) -> tuple:
         """A call of a program with run-time sizes: the inputs' shapes give the symbols,
         which give the outputs' shapes and each kernel's grid and size slots (a buffer of
-        int32 copied to the device, its last argument)."""
+        int32 on the device, its last argument), all kept per input shapes
+        (ProgramABI.sized_call)."""
         abi = self.abi
-        # (a size 1 reaches a program only where kf found that it serves it: compiler/api.py)
-        sizes = bind_sizes(abi.inputs, [tuple(t.shape) for t in ins], 1, MAX_DYNAMIC_SIZE)
-        if isinstance(sizes, str):
-            raise LaunchError(sizes)
-        beyond = abi.beyond_planned_sizes(sizes)
-        if beyond is not None:
-            raise LaunchError(beyond)
-        outs = [torch.empty(a.sized(sizes), dtype=_dtype(a.elem), device=dev) for a in abi.outputs]
-        temps = [torch.empty(a.sized(sizes), dtype=_dtype(a.elem), device=dev) for a in abi.temporaries]
+        call = abi.sized_call(tuple(tuple(t.shape) for t in ins))
+        if isinstance(call, str):
+            raise LaunchError(call)
+        outs = [torch.empty(shape, dtype=_dtype(a.elem), device=dev) for shape, a in zip(call.outputs, abi.outputs)]
+        temps = [torch.empty(shape, dtype=_dtype(a.elem), device=dev)
+                 for shape, a in zip(call.temporaries, abi.temporaries)]
         bufs = ins + outs + temps
         flag, capturing = None, False
         if abi.index_sites:
             capturing = torch.cuda.is_current_stream_capturing()
             flag = self._flag(capturing)
             bufs.append(flag)
-        for (kernel, args), k in zip(self.kernels, abi.kernels):
+        for (kernel, args), sized in zip(self.kernels, call.launches):
             tensors = [bufs[i] for i in args]
-            if k.sizes:
-                grid, slots = k.sized_grid(sizes)
-                tensors.append(torch.tensor(slots, dtype=torch.int32).to(dev, non_blocking=True))
+            if sized is not None:
+                grid, slots = sized
+                tensors.append(self._slot_buffer(slots, dev))
                 kernel(*tensors, grid=grid)
             else:
                 kernel(*tensors)
         if flag is not None and not capturing:
             self._check_flag(flag, dev)
         return self._finish(abi.take_inputs(ins, outs))
+
+    def _slot_buffer(self, slots: Sequence[int], dev) -> torch.Tensor:
+        """The device buffer of a kernel's size slots, made once for each set of sizes
+        and kept: a loop that meets a length again copies nothing to the device. It is
+        copied from pinned memory, which a CUDA graph capture allows (a pageable copy it
+        does not); the newest 256 are kept."""
+        key = (tuple(slots), dev)
+        pair = self._slot_buffers.get(key)
+        if pair is None:
+            host = torch.tensor(slots, dtype=torch.int32).pin_memory()
+            pair = (host, host.to(dev, non_blocking=True))
+            if len(self._slot_buffers) >= 256:
+                self._slot_buffers.pop(next(iter(self._slot_buffers)))
+            self._slot_buffers[key] = pair
+        return pair[1]
 
     def _flag(self, capturing: bool) -> torch.Tensor:
         """The index error flag for one call: pinned host memory, which kernels write
