@@ -308,6 +308,49 @@ _SUMS = {"kf.sum": "dims", "kf.mean": "dims", "kf.var": "dims", "kf.logsumexp": 
          "kf.log_softmax": "dim", "kf.matmul": None}
 
 
+def stage_run_time_sums(module: ir.Module, block: int) -> None:
+    """Rewrite each float kf.sum and kf.mean over run-time dims and static dims together
+    (``loss.mean()`` of a ``[b, n, d]`` tensor) whose element count can pass ``block``
+    as two stages: over the run-time dims first (at most MAX_DYNAMIC_SIZE elements a
+    sum, within ``block``), then over the rest, whose extent is static, so the targets'
+    staged sums take it as they take any static reduction (long_sum then finds nothing
+    to refuse). A mean of means over groups of one size is the mean. The first stage is
+    f32 for narrow floats, so the result rounds once, as eager's."""
+    import math
+
+    from kf.dialects import builders as kb
+    from kf.dialects.attrs import op_attrs
+    from kf.dialects.elements import LOW_PRECISION
+
+    from .signature import MAX_DYNAMIC_SIZE
+
+    for op in _ops(module):
+        if op.name not in ("kf.sum", "kf.mean") or not isinstance(op.operands[0].type, ir.RankedTensorType):
+            continue
+        t = ir.RankedTensorType(op.operands[0].type)
+        if not isinstance(t.element_type, ir.FloatType) or t.rank == 0:
+            continue
+        attrs = op_attrs(op)
+        dims = sorted({d % t.rank for d in attrs.get("dims") or range(t.rank)})
+        run_time = [d for d in dims if t.is_dynamic_dim(d)]
+        static = [d for d in dims if not t.is_dynamic_dim(d)]
+        if not run_time or not static or MAX_DYNAMIC_SIZE ** len(run_time) > block or \
+                MAX_DYNAMIC_SIZE ** len(run_time) * math.prod(t.shape[d] for d in static) <= block:
+            continue
+        elem = spec_of(t).elem
+        stage = kb.sum if op.name == "kf.sum" else kb.mean
+        with ir.InsertionPoint(op), op.location:
+            x = op.operands[0]
+            if elem in LOW_PRECISION:
+                x = kb.cast(x, "f32")
+            partial = stage(x, dims=run_time, keepdim=True)
+            out = stage(partial, dims=dims, keepdim=bool(attrs.get("keepdim")))
+            if elem in LOW_PRECISION:
+                out = kb.cast(out, spec_of(op.results[0].type).elem)
+        op.results[0].replace_all_uses_with(out)
+        op.erase()
+
+
 def long_sum(module: ir.Module, block: int, top: ir.Module | None = None) -> str | None:
     """Why a float sum of the kf IR over a run-time dim may add more than ``block``
     elements, or None: its run-time dims at MAX_DYNAMIC_SIZE, or the sizes that the same
@@ -560,6 +603,8 @@ def unified(cap, other, outs: Sequence[torch.Tensor], input_dims: list, equal: d
         errors = verify(cap.module.operation)
         if errors:
             raise DynamicFallback(f"the kf IR with run-time sizes does not verify: {errors[0][1]}")
+        if top is None:  # (a region's graph is compared op for op with its conversion at the top sizes)
+            stage_run_time_sums(cap.module, _REDUCTION_BLOCK)
         too_long = long_sum(cap.module, _REDUCTION_BLOCK, top.module if top is not None else None)
         if too_long:
             raise DynamicFallback(too_long)

@@ -341,6 +341,23 @@ def test_integer_tensors_take_a_run_time_innermost_dim(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sums_over_a_run_time_dim_and_static_dims_take_run_time_sizes(target, dtype):
+    """``loss.mean()`` of a ``[b, n, d]`` tensor and a bias gradient's ``sum((0, 1))``
+    add up more elements than one stage takes (4096): they are staged over the run-time
+    dim first, then over the static dims, so every length shares one program (the first
+    length's and size 1's apart); bf16 is summed in f32 and rounded once."""
+    mean = kf.jit(lambda x: (x.float() - 1).pow(2).mean(), target=target)
+    colsum = kf.jit(lambda x: x.sum((0, 1)), target=target)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    for n in (5, 17, 300, 257, 1000):
+        x = torch.randn(3, n, 40).to(dtype)
+        _close(mean(x), (x.double() - 1).pow(2).mean().float(), tol)
+        _close(colsum(x), x.double().sum((0, 1)).to(dtype), tol)
+    assert len(mean.compiles) == 2 and len(colsum.compiles) == 2, (mean.compiles, colsum.compiles)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_concatenation_along_a_run_time_dim(target):
     """``torch.cat([past, new], 1)`` (a cache grown by a step) with a run-time length: on
     cpu one program, its offsets and size the operands' at run time; on vulkan, whose
