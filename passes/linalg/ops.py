@@ -327,7 +327,7 @@ def _topk(op, args, attrs, out):
     dim = normalize_dim(int(attrs["dim"]), rank)
     k, largest = int(attrs["k"]), bool(attrs.get("largest", True))
     kept = [d for d in range(rank) if d != dim]
-    row = [1 if d == dim else shape[d] for d in range(rank)]
+    row = [1 if d == dim else (tensor.dim(x, index_const(d)) if shape[d] == DYN else shape[d]) for d in range(rank)]
     i1 = ir.IntegerType.get_signless(1)
 
     def step(i, carried):
@@ -348,7 +348,10 @@ def _topk(op, args, attrs, out):
         (taken,) = generic([best_i], [taken], [projection_map(rank, kept), identity_map(rank)], ["parallel"] * rank, mark)
         return [vals, idxs, taken]
 
-    init = [empty(out[0].shape, out[0].elem), empty(out[1].shape, "i64"), filled(shape, i1, 0)]
+    # the results' run-time dims are x's (the top-k dim is k)
+    sizes = sizes_of(x, [-1 if d == dim else d for d in range(rank)])
+    init = [empty(out[0].shape, out[0].elem, sizes), empty(out[1].shape, "i64", sizes),
+            filled(shape, i1, 0, sizes_of(x, range(rank)))]
     vals, idxs, _ = for_loop(0, k, init, step)
     return [vals, idxs]
 
@@ -584,6 +587,9 @@ DYNAMIC_WHERE = {
         int(op_attrs(op)["dim"]), spec_of(op.operands[0].type).rank)] != DYN,
     # a concatenation along a static dim of tensors with run-time dims
     "kf.concat": lambda op: True,
+    # the k best along a static dim (a router's experts) of rows of run-time number
+    "kf.topk": lambda op: spec_of(op.operands[0].type).shape[normalize_dim(
+        int(op_attrs(op)["dim"]), spec_of(op.operands[0].type).rank)] != DYN,
 }
 
 

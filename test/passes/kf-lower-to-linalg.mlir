@@ -462,6 +462,21 @@ func.func @dynamic_slice_across(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
 
 // -----
 
+// The top k along a static dim of rows of run-time number (a router's experts): the
+// results and the taken mask are sized by the rows' run-time count.
+// CHECK-LABEL: func.func @dynamic_topk
+// CHECK: tensor.empty(%{{.*}}) : tensor<?x2xf32>
+// CHECK: tensor.empty(%{{.*}}) : tensor<?x2xi64>
+// CHECK: tensor.empty(%{{.*}}) : tensor<?x8xi1>
+// CHECK: scf.for
+// CHECK: tensor.insert_slice %{{.*}} into %{{.*}}[0, %{{.*}}] [%{{.*}}, 1] [1, 1] : tensor<?xf32> into tensor<?x2xf32>
+func.func @dynamic_topk(%x: tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi64>) {
+  %v:2 = "kf.topk"(%x) {k = 2 : i64, dim = 1 : i64, largest = true} : (tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi64>)
+  return %v#0, %v#1 : tensor<?x2xf32>, tensor<?x2xi64>
+}
+
+// -----
+
 // A reshape that merges a run-time dim with static ones, then splits it again: grouped
 // by the static dims on either side (one group holds the run-time dims), collapsed and
 // expanded; the split's run-time size is the merged size over the static rest.

@@ -358,6 +358,23 @@ def test_sums_over_a_run_time_dim_and_static_dims_take_run_time_sizes(target, dt
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_a_router_top_k_over_a_run_time_number_of_tokens(target):
+    """A mixture-of-experts router's top 2 of 8 experts for each token: one program over
+    the token counts, values and indices torch's."""
+    def route(x, w):
+        return torch.topk(torch.softmax(x @ w, -1), 2, dim=-1)
+
+    f = kf.jit(route, target=target)
+    w = torch.randn(16, 8)
+    for n in (5, 17, 300, 257):
+        x = torch.randn(n, 16)
+        (v, i), (rv, ri) = f(x, w), route(x, w)
+        _close(v, rv)
+        assert torch.equal(i, ri)
+    assert len(f.compiles) == 2, f.compiles
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_concatenation_along_a_run_time_dim(target):
     """``torch.cat([past, new], 1)`` (a cache grown by a step) with a run-time length: on
     cpu one program, its offsets and size the operands' at run time; on vulkan, whose
