@@ -9,7 +9,9 @@ What it changes (each rule has a case in test/passes/kf-canonicalize.mlir):
   is removed, chains of broadcasts merge and a broadcast fill becomes a larger fill;
 - ``reshape``/``transpose``/``cast`` that change nothing are removed, chains merge;
 - a reshape of a ``kf.iota`` that only adds or drops unit dims is an iota of the new
-  shape (``arange(n)[:, None]``), so that it stays free for kf-fuse;
+  shape (``arange(n)[:, None]``), so that it stays free for kf-fuse; one of an
+  elementwise op of fills and iotas moves onto its operands (``arange(n).float()[None,
+  :, None]``) and folds so too;
 - a reshape of a last-two-dims transpose that keeps those dims (batch dims merged or
   split) becomes the transpose of the reshape, which kf-fuse then leaves as a view feeding
   a matmul that reads the transpose in place;
@@ -299,6 +301,13 @@ class _Rewriter:
                 # (an iota along a run-time size stays one: DYN is not a size of 1)
                 self.replace(op, _sized(builders.iota(out.shape, dim, out.elem) if out.shape[dim] != 1
                                         else builders.fill(out.shape, out.elem, 0.0), x))
+        elif inner is not None and _made_of_indices(x) and _unit_dims_only(spec_of(x.type).shape, out.shape) and \
+                all(spec_of(v.type).rank == 0 or spec_of(v.type).shape == spec_of(x.type).shape
+                    for v in inner.operands):
+            # an elementwise op of fills and iotas (``arange(n).float()[None, :, None]``):
+            # the op of the reshaped operands, which fold to fills and iotas of the new shape
+            operands = [v if spec_of(v.type).rank == 0 else builders.reshape(v, out.shape) for v in inner.operands]
+            self.replace(op, builders.build(inner.name, operands, dict(op_attrs(inner)), [out]).result)
         elif transposes_last_two(inner):
             # reshape(transpose_last_two(t)) with the last two dims kept (only batch dims
             # merged or split) is transpose_last_two(reshape(t)): the reshape of t is then a
@@ -431,6 +440,11 @@ def _sized(new: ir.Value, *olds: ir.Value, order: list[int] | None = None) -> ir
             set_sizes_from(defining(new), mapped)
             return new
     return new
+
+
+def _unit_dims_only(shape, new_shape) -> bool:
+    """A reshape from shape to new_shape only adds or drops dims of size 1."""
+    return [d for d in shape if d != 1] == [d for d in new_shape if d != 1]
 
 
 def _made_of_indices(v: ir.Value) -> bool:

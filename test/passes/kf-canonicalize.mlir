@@ -234,6 +234,25 @@ func.func @iota_reshape() -> (tensor<37x1xi64>, tensor<1x1x41xi64>, tensor<1x1xi
 
 // -----
 
+// A reshape that adds unit dims to an elementwise op of iotas and fills
+// (arange(n).float()[None, :, None] * 0.5) moves onto its operands, which fold: the op
+// of an iota and a fill of the new shape, free for kf-fuse to compute where it is read.
+// CHECK-LABEL: func.func @reshape_of_index_arithmetic
+// CHECK-DAG: %[[I:.*]] = "kf.iota"() {dim = 1 : i64} : () -> tensor<1x9x1xi64>
+// CHECK-DAG: %[[F:.*]] = "kf.cast"(%[[I]]) : (tensor<1x9x1xi64>) -> tensor<1x9x1xf32>
+// CHECK: "kf.mul"(%[[F]], %{{.*}}) : (tensor<1x9x1xf32>, tensor<f32>) -> tensor<1x9x1xf32>
+// CHECK-NOT: "kf.reshape"
+func.func @reshape_of_index_arithmetic() -> tensor<1x9x1xf32> {
+  %s = "kf.fill"() {value = 5.000000e-01 : f64} : () -> tensor<f32>
+  %a = "kf.iota"() {dim = 0 : i64} : () -> tensor<9xi64>
+  %f = "kf.cast"(%a) : (tensor<9xi64>) -> tensor<9xf32>
+  %m = "kf.mul"(%f, %s) : (tensor<9xf32>, tensor<f32>) -> tensor<9xf32>
+  %r = "kf.reshape"(%m) : (tensor<9xf32>) -> tensor<1x9x1xf32>
+  return %r : tensor<1x9x1xf32>
+}
+
+// -----
+
 // Along a run-time size the iota stays an iota (a ? is never a size of 1).
 // CHECK-LABEL: func.func @iota_reshape_run_time
 // CHECK-DAG: "kf.iota"() {dim = 0 : i64} : () -> tensor<?x1xi64>
