@@ -80,7 +80,7 @@ class Converter:
         _refuse_data_dependent(node, name)
         _refuse_dtypes(node, name, [*args, *kwargs.values()])
         _refuse_indexing_nothing(node, name)
-        empty = _empty_results(fake_value(node))
+        empty = _empty_results(fake_value(node), indices_after_first=name in _INDEX_RESULTS)
         if empty is not None:
             # Nothing to compute: any op whose results have no elements is those empty
             # tensors (and torch-mlir's lowerings divide by zero-sized dims).
@@ -256,15 +256,25 @@ def _refuse_indexing_nothing(node: torch.fx.Node, name: str) -> None:
                           cause="no index is valid in an empty dimension")
 
 
-def _empty_results(val):
-    """Empty kf tensors for a node whose every result has no elements, else None."""
+#: ATen ops whose results after the first are int64 (inverse indices and counts), whatever
+#: dtype torch's fake implementation gives them (torch 2.11's gives the input's)
+_INDEX_RESULTS = {"aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default",
+                  "aten.unique_dim_consecutive.default"}
+
+
+def _empty_results(val, indices_after_first: bool = False):
+    """Empty kf tensors for a node whose every result has no elements, else None
+    (``indices_after_first``: every result but the first is int64)."""
     tensors = _tensors(val)
     if not tensors or any(t.numel() for t in tensors):
         return None
+    made = []
 
     def make(v):
         if isinstance(v, torch.Tensor):
-            return kb.fill(tuple(v.shape), kf_elem(v.dtype), 0.0)
+            elem = "i64" if indices_after_first and made else kf_elem(v.dtype)
+            made.append(v)
+            return kb.fill(tuple(v.shape), elem, 0.0)
         return type(v)(make(x) for x in v)
 
     if isinstance(val, (list, tuple)) and any(not isinstance(v, (torch.Tensor, list, tuple)) for v in val):
