@@ -385,8 +385,9 @@ class KfFunction:
         of ``options.dynamic``, or under automatic dynamic those whose size has changed
         since the first call, less those that must stay static (and on targets whose
         kernels' code depends on it, each tensor's innermost dim); sig itself on targets
-        whose programs take no run-time sizes. ``observe=False`` (kf.inspect) records no
-        size and reads no profile."""
+        whose programs take no run-time sizes, and under automatic dynamic on those that
+        take them only where asked (Target.automatic_dynamic). ``observe=False``
+        (kf.inspect) records no size and reads no profile."""
         mode = self.options.dynamic
         if mode is False:
             return sig
@@ -394,9 +395,9 @@ class KfFunction:
             target = targets.get(self.resolve_target(sig))
         except CompileError:
             return sig  # the call's error comes from specialize
-        if not target.dynamic_shapes or self._interpret():
+        if not target.dynamic_shapes or self._interpret() or (mode is None and not target.automatic_dynamic):
             if observe:
-                self._log_static_target(sig, target.name)
+                self._log_static_target(sig, target)
             return sig
         names = sig.tensor_names()
         shapes = [s.shape for s in sig.tensor_sigs()]
@@ -470,7 +471,7 @@ class KfFunction:
                                         self.fn.__name__, shown, why)
         return self._ones[key]
 
-    def _log_static_target(self, sig: Signature, target: str) -> None:
+    def _log_static_target(self, sig: Signature, target) -> None:
         """Once per function, where a dim would take run-time sizes (asked for, or a
         second size met) on a target whose programs take none: a kf.recompiles line saying
         that each size compiles, and why."""
@@ -483,7 +484,9 @@ class KfFunction:
         self._static_logged = True
         what = f"'{changed[0][0]}' dim {changed[0][1]} changed size; " if changed else ""
         why = "kf.jit(interpret=True) runs the captured IR" if self._interpret() else \
-            f"the {target} target's kernels take no run-time sizes yet"
+            f"the {target.name} target's kernels take no run-time sizes yet" if not target.dynamic_shapes else \
+            (f"the {target.name} target takes run-time sizes only where asked for (dynamic=True, or the dims in "
+             f"dynamic={{...}}): its kernels with run-time sizes run slower than its static ones")
         logs.recompile_log.info("%s: %seach size is compiled: %s", self.fn.__name__, what, why)
 
     def _moves(self, reads: guards.Reads, used: list, target: str, tensors: list) -> list[tuple[int, Any]]:

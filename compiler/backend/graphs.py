@@ -84,7 +84,8 @@ def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
     rep.ops = sum(1 for n in gm.graph.nodes if support.op_name(n))
     from .. import targets
 
-    if targets.get(options.target).dynamic_shapes:  # run-time sizes (sizes.py)
+    target = targets.get(options.target)
+    if target.dynamic_shapes and target.automatic_dynamic:  # run-time sizes (sizes.py)
         for name, why in support.run_time_bounds(gm).items():
             refused.setdefault(name, why)
     partitioner = CapabilityBasedPartitioner(gm, support.KfSupport(refused), allows_single_node_partition=True)

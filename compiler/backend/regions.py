@@ -472,8 +472,9 @@ def _size_plan(gm: torch.fx.GraphModule, options: Options):
     from .. import targets
     from .sizes import plan
 
-    if not targets.get(options.target).dynamic_shapes:
-        return f"the {options.target} target's programs take no run-time sizes"
+    target = targets.get(options.target)
+    if not (target.dynamic_shapes and target.automatic_dynamic):
+        return f"the {options.target} target compiles a region for each size"
     return plan(gm, bound_all=_bound_all(options))
 
 

@@ -81,6 +81,11 @@ class Target:
     #: its programs take run-time sizes (dims of ``?`` in kf IR, compiler/dynamic.py);
     #: elsewhere every call signature's sizes are compiled for
     dynamic_shapes: bool = False
+    #: a dim whose size changes takes run-time sizes without being asked for (automatic
+    #: dynamic, and the symbolic sizes Dynamo gives compiler/backend); where False, only
+    #: the dims ``dynamic=True`` or ``dynamic={...}`` name do, and other calls compile
+    #: each size
+    automatic_dynamic: bool = True
     #: a run-time size's divisibility by this (0: none) is part of the signature: where
     #: the code depends on it (vector width, whole-tile paths), Triton's rule
     divisibility: int = 0

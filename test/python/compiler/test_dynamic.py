@@ -833,17 +833,15 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
 
 
 # ---- CUDA: the same programs with run-time sizes on the GPU --------------------------------
-# The CUDA target compiles each size until these pass on a GPU; they turn its run-time
-# sizes on for the test (``CudaTarget.dynamic_shapes``) and check every size against torch.
+# The CUDA target takes run-time sizes where they are asked for (dynamic=True or given dims);
+# automatic dynamic is off there (CudaTarget.automatic_dynamic) and on for the test that
+# checks it. Every size is checked against torch, and the programs counted.
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
 @pytest.fixture
-def cuda_sized(monkeypatch):
-    from kf.targets.cuda import CudaTarget
-
-    monkeypatch.setattr(CudaTarget, "dynamic_shapes", True)
+def cuda_sized():
     return lambda *shape, dtype=torch.float32: torch.randn(*shape, dtype=dtype, device="cuda")
 
 
@@ -901,7 +899,10 @@ def test_cuda_attention_heads_first_and_non_contiguous(cuda_sized):
 @needs_cuda
 @pytest.mark.parametrize("dtype,d", [(torch.float32, 32), (torch.bfloat16, 32), (torch.bfloat16, 64),
                                      (torch.float16, 128)])
-def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog, dtype, d):
+def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog, monkeypatch, dtype, d):
+    from kf.targets.cuda import CudaTarget
+
+    monkeypatch.setattr(CudaTarget, "automatic_dynamic", True)
     attn = kf.jit(se.fused_attention.fn, target="cuda")
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
@@ -910,6 +911,24 @@ def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog, dtype, d):
             _close(attn(q, k, v), _attention_reference(se.fused_attention.fn, q, k, v), tol)
     assert len(attn.compiles) == 2
     assert f"[1, 2, ?, {d}]" in attn.compiles[1].signature
+
+
+def test_cuda_takes_run_time_sizes_where_asked_only(caplog):
+    """On the cuda target a dim whose size changes compiles each size (its kernels with
+    run-time sizes run slower than its static ones), with a kf.recompiles line saying
+    how to ask; ``dynamic=True`` gives the signature run-time sizes. Checked on the
+    signatures of CPU tensors taken as the cuda target's, which need no GPU."""
+    auto = kf.jit(_layer_norm, target="cuda")
+    asked = kf.jit(_layer_norm, target="cuda", dynamic=True)
+    for f in (auto, asked):
+        f.resolve_target = lambda sig: "cuda"
+    w, b = torch.randn(64), torch.randn(64)
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (7, 9):
+            sig, _ = auto._bind((torch.randn(1, n, 64), w, b), {})
+            assert not sig.is_dynamic
+    assert "only where asked for" in caplog.text
+    assert asked._bind((torch.randn(1, 7, 64), w, b), {})[0].is_dynamic
 
 
 @needs_cuda
