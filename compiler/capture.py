@@ -77,6 +77,9 @@ class Captured:
     #: with run-time sizes: conditions on the symbols that the program holds for (a guard
     #: of torch's trace, ``Ne(s0 - 1, 1)``); a call whose sizes fail one compiles for them
     size_guards: tuple = ()
+    #: per flat output, the device eager puts it on, where the trace says (a function of
+    #: no tensors makes its results on the default device, whatever kf's target)
+    output_devices: list = field(default_factory=list)
 
     @property
     def kf_ir(self) -> str:
@@ -359,6 +362,7 @@ def _capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor]
             cap = _convert(user, sig, tensors, traced.graph_module, traced.constants, None, "trace",
                            traced.reached, reached, reached_names)
             cap.unsourced = traced.unsourced
+            cap.output_devices = traced.output_devices
             return cap
         except Exception as e:  # Fallback, or a graph the converter takes only from export
             call = native_kernels.refused(e)
@@ -382,7 +386,22 @@ def _capture_signature(fn: Callable, sig: Signature, tensors: list[torch.Tensor]
     cap = _convert(user, sig, tensors, ep.graph_module, constants, ep.call_spec.out_spec, "export",
                    of_reached, reached, reached_names, _written_inputs(ep, user))
     cap.fallback_reason = reason
+    cap.output_devices = _export_output_devices(ep)
     return cap
+
+
+def _export_output_devices(ep) -> list[str]:
+    """The device of each user output of an exported program (its fake values')."""
+    from torch.export.graph_signature import OutputKind
+
+    out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
+    devices = []
+    for spec, node in zip(ep.graph_signature.output_specs, out_node.args[0]):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            continue
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        devices.append(str(val.device) if isinstance(val, torch.Tensor) else "")
+    return devices
 
 
 def _written_inputs(ep, user: Callable) -> dict[int, int]:

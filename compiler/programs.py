@@ -71,6 +71,7 @@ class CompiledProgram:
         self._mutations = tuple(mutation.Mutation.from_json(m) for m in meta.get("mutations", []))
         self._returns_inputs = [tuple(p) for p in meta.get("returns_inputs", [])]
         self._same_results = [tuple(p) for p in meta.get("same_results", [])]
+        self._result_devices = [tuple(p) for p in meta.get("result_devices", [])]
 
     def failed_size_guard(self, tensors: list) -> str | None:
         """The first guard on the sizes (Captured.size_guards) that a call's tensors fail,
@@ -118,13 +119,16 @@ class CompiledProgram:
 
     def _with_inputs(self, outs: list, tensors: list) -> list:
         """The outputs, with those that eager returns as an input tensor itself (``return x``,
-        ``x.contiguous()`` of a contiguous x) replaced by that tensor, and one that eager
-        returns twice (``return y, y``) the same tensor twice, as eager gives them."""
+        ``x.contiguous()`` of a contiguous x) replaced by that tensor, one that eager
+        returns twice (``return y, y``) the same tensor twice, and each on the device eager
+        makes it on (``result_devices``), as eager gives them."""
         outs = list(outs)
         for j, i in self._returns_inputs:
             outs[j] = tensors[i]
         for j, k in self._same_results:
             outs[j] = outs[k]
+        for j, device in self._result_devices:  # where eager makes it (a function of no tensors)
+            outs[j] = outs[j].to(device)
         return outs
 
     def call_matched(self, tensors: list):
@@ -143,7 +147,7 @@ class CompiledProgram:
         checked on every call."""
         make = getattr(self._launch, "fast_lane", None)
         lane = make() if make is not None and contiguous and not self._random and not self._mutations \
-            and not self._returns_inputs and not self._same_results else None
+            and not self._returns_inputs and not self._same_results and not self._result_devices else None
         if lane is None:
             return self.call_matched
         tree = self._tree

@@ -30,6 +30,7 @@ by export's path, at the user's line, exactly as before.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import sys
 import warnings
@@ -64,6 +65,9 @@ class Trace:
     reached: dict[str, int]
     #: constants that are neither made by the function nor reached tensors (see _Recorder.constant)
     unsourced: list[torch.Tensor]
+    #: per flat output, the device eager puts it on (``torch.arange(n)`` with no tensor
+    #: argument: the default device)
+    output_devices: list[str] = dataclasses.field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- the recorder
@@ -276,6 +280,13 @@ def _probe(func, args: tuple, kwargs: dict) -> Any:
         return func(*args, **kwargs)
 
 
+def _output_devices(x: Any) -> list[str]:
+    """The device of each tensor of the function's result, in _output's order."""
+    if isinstance(x, Traced):
+        return [str(x.device)]
+    return [d for y in x for d in _output_devices(y)] if type(x) in (tuple, list) else []
+
+
 def _output(x: Any) -> Any:
     """The function's result with nodes for tensors, nested as it was."""
     if isinstance(x, Traced):
@@ -308,4 +319,5 @@ def trace(fn: Callable, sig: Signature, tensors: list[torch.Tensor], reached: Se
     if rec.failed:
         raise Fallback(rec.failed, rec.failed_at)
     rec.graph.output(_output(result))
-    return Trace(torch.fx.GraphModule(torch.nn.Module(), rec.graph), rec.constants, rec.reached, rec.unsourced)
+    return Trace(torch.fx.GraphModule(torch.nn.Module(), rec.graph), rec.constants, rec.reached, rec.unsourced,
+                 _output_devices(result))

@@ -199,6 +199,10 @@ def package(b: Build) -> None:
         "mutations": [m.to_json() for m in cap.mutations],
         "reached": cap.reached,
         "size_guards": list(cap.size_guards),
+        # [output, device] where eager makes the result on another device than the
+        # target's (torch.arange(n) in a function of no tensors: the default device)
+        "result_devices": [[j, d] for j, d in enumerate(cap.output_devices)
+                           if d and d.split(":")[0] not in (b.target.torch_device, "meta")],
         # what cannot be named in another process, or holds tensors the walk did not find,
         # stays in this one (cache.store)
         "private": not b.reads.persistent or bool(cap.unsourced),

@@ -68,8 +68,8 @@ def test_cuda_kernel_on_cpu_tensors_says_what_to_do():
 
 def test_a_function_of_no_tensors_runs_on_its_target():
     """torch.zeros(n) or arange inside a function that takes no tensors: nothing says a
-    device, so the function's target does (cuda: the outputs on the current CUDA
-    device); target='auto' then runs on the CPU."""
+    device, so the function's target runs it; target='auto' then runs on the CPU. Its
+    results are where eager makes them (test below)."""
     from kf.signature import bind
 
     for target in ("cuda", "vulkan", "cpu", "auto"):
@@ -79,6 +79,31 @@ def test_a_function_of_no_tensors_runs_on_its_target():
     f = kf.jit(lambda n: torch.arange(n) * 2, target="vulkan")
     if kf.runtime.vulkan.is_available():
         _close(f(5), torch.arange(5) * 2)
+
+
+def test_results_of_no_tensors_go_where_eager_makes_them(tmp_path, monkeypatch):
+    """A cuda function of no tensors computes on the GPU, and each result that eager makes
+    on the default device (``torch.arange(n)``, ``torch.linspace``: the CPU) is returned
+    there, as OpInfo's arange/linspace/logspace samples check; the program records which
+    (``result_devices``; built here for sm_90a, no GPU needed)."""
+    from kf import driver
+    from kf.signature import bind
+
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    for fn, want in ((lambda n: torch.arange(n) * 2, [[0, "cpu"]]),
+                     (lambda n: (torch.linspace(0, 1, n), torch.ones(n, 2).tril()), [[0, "cpu"], [1, "cpu"]])):
+        f = kf.jit(fn, target="cuda")
+        sig, tensors = bind(f.fn, (5,), {})
+        meta, _ = driver.build(f.fn, sig, tensors, f.options.with_(target="cuda"), "sm_90a")
+        assert meta["result_devices"] == want
+    f = kf.jit(lambda n: torch.arange(n) * 2, target="vulkan")
+    sig, tensors = bind(f.fn, (5,), {})
+    assert driver.build(f.fn, sig, tensors, f.options.with_(target="vulkan"), "")[0]["result_devices"] == []
+    if torch.cuda.is_available():
+        g = kf.jit(lambda n: (torch.arange(n) * 2, torch.ones(n, device="cuda")), target="cuda")
+        a, b = g(5)
+        assert a.device.type == "cpu" and b.device.type == "cuda"
+        _close(a, torch.arange(5) * 2)
 
 
 def test_tensors_on_several_devices():
