@@ -341,7 +341,7 @@ def vulkan_rows(quick: bool, only: list[str]) -> list[Row]:
             if not row.rel_err <= tol:
                 row.note = f"kf result wrong (rel err {row.rel_err:.2e} > {tol}); not timed"
                 return row
-            program = f.specialize(*bind(f.fn, args, {}))._launch  # the VulkanProgram
+            program = f.specialize(*bind(f.fn, args, {}))[0]._launch  # the VulkanProgram
             program(*args)  # resident from here on
             u = dev.uploads
             gpu = []
