@@ -61,8 +61,12 @@ def _data_dependent(call_op, sample) -> bool:
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
     from torch.utils._pytree import tree_map
 
+    from kf import native_kernels
+
     try:
-        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        # (refusing: a torch.cuda.jiterator op would launch its CUDA C++ on the fake
+        # tensors, address 0, and poison the worker's CUDA context for every later case)
+        with native_kernels.refusing(), FakeTensorMode(allow_non_fake_inputs=False) as mode:
             fake = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
                             (sample.input, sample.args, sample.kwargs))
             x, args, kwargs = fake

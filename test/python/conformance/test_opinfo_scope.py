@@ -52,3 +52,20 @@ def test_coverage_counts_in_scope_cases_that_are_not_skipped():
     got = scope.coverage(results)
     assert (got["passed"], got["in_scope"], got["coverage"]) == (1, 2, 0.5)
     assert got["out_of_scope"]["complex"] == 1 and got["out_of_scope"]["library"] == 1
+
+
+def test_the_fake_run_launches_no_jiterator_kernel(monkeypatch):
+    """The data-dependence check runs the op on fake tensors: a torch.cuda.jiterator op
+    would launch its CUDA C++ on their address 0 and break the worker's CUDA context for
+    every later case (28 INTERNAL on an H100). The launch is refused there instead."""
+    import torch
+
+    name = "_cuda_jiterator_compile_and_launch_kernel"
+    launched = []
+    monkeypatch.setattr(torch._C, name, lambda *a, **k: launched.append(a), raising=False)
+
+    class Sample:
+        input, args, kwargs = torch.randn(3), (), {}
+
+    assert scope._data_dependent(lambda x: getattr(torch._C, name)("code", "f", False, 0, (x,), {}), Sample) is False
+    assert launched == []
