@@ -301,9 +301,11 @@ class _Rewriter:
                 # (an iota along a run-time size stays one: DYN is not a size of 1)
                 self.replace(op, _sized(builders.iota(out.shape, dim, out.elem) if out.shape[dim] != 1
                                         else builders.fill(out.shape, out.elem, 0.0), x))
-        elif inner is not None and _made_of_indices(x) and _unit_dims_only(spec_of(x.type).shape, out.shape) and \
+        elif inner is not None and spec_of(x.type).rank > 0 and _made_of_indices(x) and \
+                _unit_dims_only(spec_of(x.type).shape, out.shape) and \
                 all(spec_of(v.type).rank == 0 or spec_of(v.type).shape == spec_of(x.type).shape
                     for v in inner.operands):
+            # (x of rank 0: its operands are all rank 0, and none would take the new shape)
             # an elementwise op of fills and iotas (``arange(n).float()[None, :, None]``):
             # the op of the reshaped operands, which fold to fills and iotas of the new shape
             operands = [v if spec_of(v.type).rank == 0 else builders.reshape(v, out.shape) for v in inner.operands]

@@ -253,6 +253,24 @@ func.func @reshape_of_index_arithmetic() -> tensor<1x9x1xf32> {
 
 // -----
 
+// Of rank 0 (an index computed from fills, given to index_select as [1]), the op's
+// operands are all rank 0: the reshape stays after it.
+// CHECK-LABEL: func.func @reshape_of_scalar_index_arithmetic
+// CHECK: %[[S:.*]] = "kf.select"(%{{.*}}, %{{.*}}, %{{.*}}) : (tensor<i1>, tensor<i64>, tensor<i64>) -> tensor<i64>
+// CHECK: "kf.reshape"(%[[S]]) : (tensor<i64>) -> tensor<1xi64>
+func.func @reshape_of_scalar_index_arithmetic() -> tensor<1xi64> {
+  %x = "kf.fill"() {value = 1.000000e+00 : f64} : () -> tensor<i64>
+  %y = "kf.fill"() {value = 5.000000e+00 : f64} : () -> tensor<i64>
+  %c = "kf.cmp"(%x, %y) {predicate = "lt"} : (tensor<i64>, tensor<i64>) -> tensor<i1>
+  %a = "kf.fill"() {value = 2.000000e+00 : f64} : () -> tensor<i64>
+  %b = "kf.fill"() {value = 3.000000e+00 : f64} : () -> tensor<i64>
+  %s = "kf.select"(%c, %a, %b) : (tensor<i1>, tensor<i64>, tensor<i64>) -> tensor<i64>
+  %r = "kf.reshape"(%s) : (tensor<i64>) -> tensor<1xi64>
+  return %r : tensor<1xi64>
+}
+
+// -----
+
 // Along a run-time size the iota stays an iota (a ? is never a size of 1).
 // CHECK-LABEL: func.func @iota_reshape_run_time
 // CHECK-DAG: "kf.iota"() {dim = 0 : i64} : () -> tensor<?x1xi64>
