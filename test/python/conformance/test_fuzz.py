@@ -28,27 +28,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import kf
-from kf.runtime import vulkan
-
-TARGETS = [pytest.param("cpu"),
-           pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
-                                                            reason="no Vulkan device (install mesa-vulkan-drivers)"))]
-FUZZ = settings(max_examples=int(os.environ.get("KF_FUZZ_EXAMPLES", "8")),
-                derandomize=os.environ.get("KF_FUZZ_RANDOM", "") in ("", "0"),
-                deadline=None, database=None,
-                # filter_too_much: examples with size-0 inputs that kf refuses are filtered
-                # out (see check), many of them on Vulkan
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+from fuzzing import FUZZ, TARGETS
 
 SIZES = st.sampled_from([0, 1, 2, 3, 5, 7, 13, 31, 257])
 NONZERO = st.sampled_from([1, 2, 3, 5, 7, 13, 31, 257])

@@ -12,25 +12,16 @@ test_fuzz.py.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import kf
-from kf.runtime import vulkan
-
-TARGETS = [pytest.param("cpu"),
-           pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
-                                                            reason="no Vulkan device (install mesa-vulkan-drivers)"))]
-FUZZ = settings(max_examples=int(os.environ.get("KF_FUZZ_EXAMPLES", "8")),
-                derandomize=os.environ.get("KF_FUZZ_RANDOM", "") in ("", "0"),
-                deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+from fuzzing import FUZZ, TARGETS
 
 _W = torch.randn(24, 24, generator=torch.Generator().manual_seed(0))
 _E = torch.randn(50, 24, generator=torch.Generator().manual_seed(1))
