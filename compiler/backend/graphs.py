@@ -185,6 +185,7 @@ def _inductor_rest(gm: torch.fx.GraphModule, rep) -> Callable:
     split = split_module(gm, None, lambda n: part[n], keep_original_order=True)
     # split_module names each segment's inputs after the nodes of gm they are
     values = {n.name: n.meta.get("val") for n in gm.graph.nodes}
+    binders = _binders(gm)
     for node in split.graph.nodes:
         if node.op != "call_module":
             continue
@@ -194,13 +195,73 @@ def _inductor_rest(gm: torch.fx.GraphModule, rep) -> Callable:
             continue
         if not any(n.op == "call_function" for n in sub.graph.nodes):
             continue
-        examples = []
         for ph in (n for n in sub.graph.nodes if n.op == "placeholder"):
             ph.meta["val"] = values.get(ph.name)
-            examples.append(ph.meta["val"])
+        _bind_symbols(split, node, sub, binders)
+        examples = [n.meta["val"] for n in sub.graph.nodes if n.op == "placeholder"]
         split.add_submodule(node.target, _Call(_inductor(sub, examples)))
     split.recompile()
     return split
+
+
+def _bound(val) -> set:
+    """The symbols a value binds as Inductor reads its inputs: a SymInt that is one
+    symbol, or a tensor dim that is one. A SymInt binds its own symbol, before the shape
+    environment's replacements (``s75`` where the graph's sizes say ``s59``)."""
+    if isinstance(val, torch.SymInt):
+        own, expr = val.node._expr, val.node.expr
+        return {expr} if own.is_Symbol and own == expr else set()
+    if isinstance(val, torch.Tensor):
+        return {d.node.expr for d in val.shape if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol}
+    return set()
+
+
+def _used(val) -> set:
+    """The symbols in a value's sizes and strides (or in the SymInt)."""
+    if isinstance(val, torch.SymInt):
+        return set(val.node.expr.free_symbols)
+    if isinstance(val, torch.Tensor):
+        return {s for d in (*val.shape, *val.stride()) if isinstance(d, torch.SymInt)
+                for s in d.node.expr.free_symbols}
+    return set()
+
+
+def _binders(gm: torch.fx.GraphModule) -> dict:
+    """For each symbol of the graph's sizes, the name of a placeholder that binds it."""
+    out = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            for sym in _bound(n.meta.get("val")):
+                out.setdefault(sym, n.name)
+    return out
+
+
+def _bind_symbols(split: torch.fx.GraphModule, node: torch.fx.Node, sub: torch.fx.GraphModule,
+                  binders: dict) -> None:
+    """Give a segment the graph's placeholders that bind the symbols its inputs' sizes use
+    and no input of its own binds (a segment that takes ``[3 * s0]`` but nothing of size
+    ``s0``): Inductor reads every symbol off the inputs."""
+    phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    vals = [p.meta.get("val") for p in phs]
+    missing = set().union(*map(_used, vals)) - set().union(*map(_bound, vals)) if vals else set()
+    if not missing:
+        return
+    outer = {n.name: n for n in split.graph.nodes if n.op == "placeholder"}
+    extra = []
+    for sym in sorted(missing, key=str):
+        name = binders.get(sym)
+        if name is None or name not in outer or name in extra or any(p.name == name for p in phs):
+            continue
+        extra.append(name)
+    if not extra:
+        return
+    with sub.graph.inserting_after(phs[-1]):
+        for name in reversed(extra):
+            ph = sub.graph.placeholder(name)
+            ph.meta["val"] = outer[name].meta.get("val")
+    # placeholders keep their order: the new ones after the segment's own
+    node.args = (*node.args, *(outer[name] for name in extra))
+    sub.recompile()
 
 
 def _inductor(sub: torch.fx.GraphModule, examples: list) -> Callable:

@@ -354,3 +354,24 @@ def test_inductor_compiles_each_segment_between_regions():
     torch.testing.assert_close(torch.autograd.grad((out * g).sum(), x)[0], torch.autograd.grad((want * g).sum(), x)[0])
     report = kf.explain(c, x)
     assert [fb.op for fb in report.fallbacks if fb.to == "inductor"] == ["aten.igamma.default"] * 2
+
+
+def test_inductor_segment_reads_its_sizes_symbols_from_the_graph():
+    """A segment whose inputs' sizes are expressions of a symbol (``[3 * s]``: an
+    embedding's rows flattened, the labels viewed as one dim) and that takes nothing of
+    size ``s`` itself: it gets the graph's input that binds ``s``, so Inductor can
+    compile it at the second length, where Dynamo makes the length symbolic."""
+    torch._dynamo.reset()
+    emb, head = torch.nn.Embedding(97, 16), torch.nn.Linear(16, 97, bias=False)
+
+    def f(idx, tgt):
+        logits = head(torch.tanh(emb(idx)))
+        return torch.nn.functional.cross_entropy(logits.view(-1, 97), tgt.view(-1))
+
+    c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "inductor"})
+    for n in (17, 31, 64):
+        idx, tgt = torch.randint(0, 97, (3, n)), torch.randint(0, 97, (3, n))
+        out, want = c(idx, tgt), f(idx, tgt)
+        torch.testing.assert_close(out, want)
+        got = torch.autograd.grad(out, [emb.weight, head.weight])
+        torch.testing.assert_close(got, torch.autograd.grad(want, [emb.weight, head.weight]))
