@@ -24,6 +24,7 @@ import torch
 
 from . import guards, logs, targets, torch_ops
 from .errors import CompileError, DynamicFallback, IndexOutOfRange, SignatureError, TargetError
+from .compile_records import CompileRecord, Compiles
 from .options import Options
 from .signature import (MAX_DYNAMIC_SIZE, Signature, bind, check_callable, invoke, lift_scalars, rebuild_args,
                         scalar_dtype, unlift_scalars)
@@ -143,11 +144,11 @@ class KfFunction:
         self._static_logged = False
 
     @property
-    def compiles(self) -> tuple["CompileRecord", ...]:
+    def compiles(self) -> Compiles:
         """Each program this function compiled (or loaded from the disk cache: ``cached``)
         in this process, in order, with its signature, target, seconds and why it was
-        needed."""
-        return tuple(self._compiles)
+        needed; as a number, how many (``f.compiles == 1``)."""
+        return Compiles(self._compiles)
 
     def __repr__(self) -> str:
         return f"<kf function {self.fn.__name__} target={self.options.target}>"
@@ -699,17 +700,6 @@ class _Rebind(Exception):
     def __init__(self, static: bool = False):
         super().__init__()
         self.static = static
-
-
-@dataclass(frozen=True)
-class CompileRecord:
-    """One compile of a kf function (``KfFunction.compiles``)."""
-
-    signature: str
-    target: str
-    seconds: float
-    reason: str  # "first call", or why it compiled again (logs.recompile_reason)
-    cached: bool = False  # loaded from the disk cache: nothing was compiled
 
 
 #: programs of one function past which a warning names what keeps changing

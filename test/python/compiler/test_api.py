@@ -307,3 +307,19 @@ def test_runtime_floats_keep_eagers_result_types_and_precision(dtype, want):
             torch.testing.assert_close(out, sgd_step(p, p, lr), rtol=1e-12 if dtype == torch.float64 else 1.3e-6,
                                        atol=1e-12 if dtype == torch.float64 else 1e-5)
     assert len(f.compiles) == (2 if dtype == torch.bfloat16 else 1)
+
+
+def test_compiles_is_the_records_and_their_number():
+    """``f.compiles`` compares and converts as the number of programs (``== 1``, ``<= 2``,
+    ``int``, ``:d``) and is still the sequence of records; tuples compare as tuples."""
+    f = kf.jit(sgd_step, target="cpu")
+    assert f.compiles == 0 and not f.compiles
+    p, g = torch.randn(7), torch.randn(7)
+    for step in range(3):
+        f(p, g, 0.1 * step)
+    assert f.compiles == 1 and f.compiles <= 2 and f.compiles > 0 and f.compiles != 2
+    assert int(f.compiles) == 1 and f"{f.compiles:d}" == "1" and len(f.compiles) == 1
+    assert f.compiles == tuple(f.compiles) and f.compiles.from_disk in (0, 1)
+    assert f.compiles[0].reason == "first call"
+    f(torch.randn(3, 2), torch.randn(3, 2), 0.1)  # another rank: another program
+    assert f.compiles == 2 and f.compiles[1].reason != "first call"
