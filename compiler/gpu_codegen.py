@@ -180,8 +180,8 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
 
     Run-time sizes: ``input_dims`` / ``output_dims`` (compiler/dynamic.py) give each
     dim of the inputs and outputs as text; a kernel's slots (kf.size_slots) become its
-    ``KernelABI.sizes``. A temporary with a run-time size is a DynamicFallback (its
-    size has no expression here)."""
+    ``KernelABI.sizes``. A temporary with a run-time size that no kernel writing or
+    reading it names over the other buffers is a DynamicFallback."""
     f = _func(module, entry)
     block = f.regions[0].blocks[0]
     gfuncs = _gpu_funcs(module)
@@ -232,6 +232,8 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
     n_fixed = n_in + len(outputs)
     sites: dict[int, IndexSite] = {}
     flagged: list[int] = []  # kernels that take the index error flag, last
+    pending: dict = {}  # temporaries whose run-time size no kernel before names: (callee, call, value)
+    slotted: list = []  # (kernel, gpu.func, args, types): the slots, once every buffer is named
     for op in ops:
         if op.name == "kf.reshape":  # a view kf-fuse left in the schedule: the same buffer
             buffer_of[op.result] = buffer_of[op.operands[0]]
@@ -257,9 +259,14 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
                     raise TargetError(f"{entry}: a result of @{gname} written in place is not its operand's buffer")
             elif r not in buffer_of:
                 buffer_of[r] = n_fixed + len(temporaries)
+                name = f"tmp{len(temporaries)}"
                 dims = _result_dims(callee, op, r, buffer_of, [*inputs, *(c for c, _ in constants), *outputs,
                                                               *temporaries], ops, module)
-                temporaries.append(_targ(f"tmp{len(temporaries)}", r.type, dims))
+                if dims or DYN not in spec_of(r.type).shape:
+                    temporaries.append(_targ(name, r.type, dims))
+                else:  # named by a later kernel's buffers, once those are named
+                    pending[len(temporaries)] = (callee, op, r)
+                    temporaries.append(TensorArg(name, spec_of(r.type).shape, spec_of(r.type).elem))
         args = tuple(buffer_of[v] for v in op.operands) + tuple(buffer_of[r] for r, t in zip(op.results, tied)
                                                                  if t < 0)
         lines = tuple(from_attr(a) for a in ir.ArrayAttr(g.attributes["kf.fused_lines"])) \
@@ -270,17 +277,20 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
                 d = {a[i].name: from_attr(a[i].attr) for i in range(len(ir.DictAttr(a)))}
                 sites[d["id"]] = IndexSite(d["op"], d["where"], d["dim"], d["bound"])
             flagged.append(len(kernels))
-        slot_sizes, grid_sizes = _slot_sizes(g, args, [*inputs, *(c for c, _ in constants), *outputs, *temporaries],
-                                             [v.type for v in op.operands] + [r.type for r, t in zip(op.results, tied)
-                                                                              if t < 0])
+        types = [v.type for v in op.operands] + [r.type for r, t in zip(op.results, tied) if t < 0]
+        slotted.append((len(kernels), g, args, types))
         kernels.append(KernelABI(entry=gname, args=args, grid=tuple(from_attr(g.attributes["kf.grid"])),
                                  block=tuple(from_attr(g.attributes["kf.block"])), shared_bytes=shared,
                                  artifact="", fused_lines=tuple(str(x) for x in lines),
                                  extra={"strategy": str(from_attr(g.attributes["kf.strategy"]))
                                         if "kf.strategy" in g.attributes else "",
                                         **({"largest_slot": int(from_attr(g.attributes["kf.largest_slot"]))}
-                                           if "kf.largest_slot" in g.attributes else {})},
-                                 sizes=slot_sizes, grid_sizes=grid_sizes))
+                                           if "kf.largest_slot" in g.attributes else {})}))
+    _name_pending(pending, temporaries, buffer_of, [*inputs, *(c for c, _ in constants), *outputs], ops, module)
+    buffers = [*inputs, *(c for c, _ in constants), *outputs, *temporaries]
+    for i, g, args, types in slotted:
+        slot_sizes, grid_sizes = _slot_sizes(g, args, buffers, types)
+        kernels[i] = _with(kernels[i], sizes=slot_sizes, grid_sizes=grid_sizes)
     all_inputs = tuple(inputs) + tuple(c for c, _ in constants)
     if sorted(sites) != list(range(len(sites))):
         raise TargetError(f"{entry}: the kernels' index sites are numbered {sorted(sites)}, not 0..{len(sites) - 1}")
@@ -296,6 +306,25 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
             ks[i] = dataclasses.replace(ks[i], args=ks[i].args + (abi.flag_buffer,))
         abi = dataclasses.replace(abi, kernels=tuple(ks))
     return abi, constants, repeats
+
+
+def _name_pending(pending: dict, temporaries: list, buffer_of: dict, fixed: list, ops: list,
+                  module: ir.Module) -> None:
+    """Name the run-time sizes of the temporaries that only kernels after their writer
+    name, over buffers named later in the schedule (a table ``arange(n)[:, None] * inv``
+    that its readers name by the slice of ``x`` they take with it), until none is left; a
+    DynamicFallback for one no kernel names."""
+    while pending:
+        named = False
+        for i, (callee, call, r) in list(pending.items()):
+            dims = _result_dims(callee, call, r, buffer_of, [*fixed, *temporaries], ops, module)
+            if dims:
+                temporaries[i] = _targ(temporaries[i].name, r.type, dims)
+                del pending[i]
+                named = True
+        if not named:
+            i, (_, _, r) = next(iter(pending.items()))
+            _targ(temporaries[i].name, r.type)  # raises: a run-time size kf cannot name
 
 
 def _tied(callee: ir.Operation, n: int) -> list[int]:

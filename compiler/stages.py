@@ -38,6 +38,19 @@ class StageLog:
     #: kf.inspect asks for the stages a build does not need too (linalg on GPU targets).
     inspecting: bool = False
     _count: int = 0
+    _series: str = ""
+
+    def _free_series(self) -> str:
+        """The files' prefix: the function's name, or ``name@2``, ``name@3``... where an
+        earlier compile of it (another signature, or the static compile after a
+        run-time-size attempt) dumped there already, so that no series overwrites
+        another."""
+        names = os.listdir(self.dump_dir)
+        series, k = self.name, 1
+        while any(n.startswith(f"{series}.01.") for n in names):
+            k += 1
+            series = f"{self.name}@{k}"
+        return series
 
     def __post_init__(self):
         self.seconds = _StageSeconds(self.name, self.seconds)
@@ -51,9 +64,11 @@ class StageLog:
         if not self.dump_dir:
             return
         os.makedirs(self.dump_dir, exist_ok=True)
+        if not self._count:
+            self._series = self._free_series()
         self._count += 1
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", stage)
-        path = os.path.join(self.dump_dir, f"{self.name}.{self._count:02d}.{safe}.{ext}")
+        path = os.path.join(self.dump_dir, f"{self._series}.{self._count:02d}.{safe}.{ext}")
         with open(path, "w") as f:
             f.write(text)
 

@@ -318,6 +318,28 @@ def test_one_dim_tensors_take_run_time_lengths(target):
     assert len(xent.compiles) == 2 and len(shift.compiles) == 2, (xent.compiles, shift.compiles)
 
 
+def _interleaved_rope(x, theta):
+    n, d = x.shape[-2], x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    t = torch.arange(n, dtype=torch.float32)[:, None] * inv
+    c, s = t.cos(), t.sin()
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_table_of_the_length_named_by_the_kernels_that_read_it(target):
+    """A rotary table built from the length (``arange(n)[:, None] * inv``, then cos and
+    sin) is written by a kernel that takes no tensor of that length; the kernels that
+    read it beside slices of ``x`` name its size (on vulkan, where it is a buffer between
+    kernels). One program over the lengths after the first."""
+    rope = kf.jit(_interleaved_rope, target=target)
+    for n in (7, 257, 300, 1000, 13):
+        x = torch.randn(3, n, 16)
+        _close(rope(x, 1e4), _interleaved_rope(x, 1e4))
+    assert len(rope.compiles) == 2 and "?" in rope.compiles[-1].signature, rope.compiles
+
+
 def _next_token_loss(logits, labels):
     return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                              labels[:, 1:].reshape(-1))
