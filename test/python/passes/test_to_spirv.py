@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import shutil
+
 import pytest
 import torch
 from mlir import ir
@@ -278,6 +280,7 @@ def test_every_float_kernel_declares_the_preserve_mode(name):
             assert (f"OpExecutionMode %{e} DenormPreserve 32" in spirv) == ("denorm32" in floats), (name, n)
 
 
+@pytest.mark.skipif(shutil.which("spirv-dis") is None, reason="needs spirv-dis (SPIRV-Tools)")
 def test_entry_points_list_their_own_workgroup_arrays(tmp_path):
     """SPIR-V 1.4 interfaces: each entry point of a module of several kernels names the
     workgroup arrays (and buffers) it uses and no other kernel's, so a driver counts only
