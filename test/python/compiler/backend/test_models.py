@@ -43,10 +43,10 @@ class _Printing(torch.nn.Module):
         return self.inner(*args)
 
 
-def _check(model, target: str, fullgraph: bool, dynamic: bool | None = None):
+def _check(model, target: str, fullgraph: bool, dynamic: bool | None = None, fallback: str = "eager"):
     eager = copy.deepcopy(model)
     compiled = torch.compile(model, backend="kf", fullgraph=fullgraph, dynamic=dynamic,
-                             options={"target": target, "fallback": "eager"})
+                             options={"target": target, "fallback": fallback})
     for seq in SEQS:
         x = torch.randint(0, 64, (2, seq))
         if dynamic:
@@ -77,6 +77,16 @@ def test_fullgraph_matches_eager(name, target):
     assert report.regions and report.kernels
     # attention, norms and the MLP run in kf: no matmul or softmax falls back
     assert not [f for f in report.fallbacks if "mm" in f.op or "softmax" in f.op], report
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_default_fallback_matches_eager(name):
+    """The backend's defaults, as a user gets them: what kf leaves goes to Inductor, in
+    segments between kf's regions, which take Dynamo's symbolic length from the second
+    length on."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    _check(MODELS[name](), "cpu", fullgraph=True, fallback="inductor")
 
 
 @pytest.mark.parametrize("target", TARGETS)
