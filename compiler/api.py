@@ -17,7 +17,6 @@ import os
 import struct
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
