@@ -303,7 +303,9 @@ def vulkan_rows(quick: bool, only: list[str]) -> list[Row]:
     device to device) as the ceiling. kf ms is the kernels' GPU time (timestamp
     queries); the note gives the wall time of a call, which also copies the result
     into the CPU tensor it returns. eager is the seed's function on the CPU in torch.
-    Correctness: the seed's attention at the odd shapes of test_e2e_vulkan.py."""
+    Correctness: the seed's attention at the odd shapes of test_e2e_vulkan.py. The f16
+    attention row is the matrix units' (VK_KHR_cooperative_matrix where the device has
+    it; its note says whether it does), checked against float64 and not timed in eager."""
     from kf.runtime import vulkan
     from kf.signature import bind
 
@@ -314,7 +316,8 @@ def vulkan_rows(quick: bool, only: list[str]) -> list[Row]:
     b, h, sq, d = (1, 8, 1024, 128) if quick else (4, 32, 2048, 128)
     names = [f"vulkan: seed layer norm {r}x{c} fp32, data resident",
              f"vulkan: seed attention {b}x{h}x{sq}x{d} fp32, data resident",
-             "vulkan: seed attention at the tests' odd shapes (correctness)"]
+             "vulkan: seed attention at the tests' odd shapes (correctness)",
+             f"vulkan: seed attention {b}x{h}x{sq}x{d} f16, data resident"]
     if not any(map(wanted, names)):
         return []
     if not vulkan.is_available():
@@ -332,7 +335,7 @@ def vulkan_rows(quick: bool, only: list[str]) -> list[Row]:
     print(f"  {rows[-1].workload}: {copy_gbs:.0f} GB/s on {dev.name}", flush=True)
     ref_device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    def run(name, f, eager, args, bytes_, flops, tol):
+    def run(name, f, eager, args, bytes_, flops, tol, time_eager=True):
         row = Row(name, bytes=bytes_, flops=flops, ceiling_gbs=copy_gbs)
         try:
             out = f(*args)
@@ -356,11 +359,14 @@ def vulkan_rows(quick: bool, only: list[str]) -> list[Row]:
                 walls.append(time.perf_counter() - t0)
             uploads = (dev.uploads - u) / 15
             row.times_ms["kf"] = statistics.median(gpu) * 1e3
-            t0 = time.perf_counter()
-            eager(*args)
-            row.times_ms["eager"] = (time.perf_counter() - t0) * 1e3
+            if time_eager:
+                t0 = time.perf_counter()
+                eager(*args)
+                row.times_ms["eager"] = (time.perf_counter() - t0) * 1e3
+            kinds = sorted({k.extra.get("strategy", "") for k in program.abi.kernels} - {""})
             row.note = (f"wall {statistics.median(walls) * 1e3:.1f} ms a call (with the result's download), "
-                        f"uploads a call {uploads:g}; {dev.name}")
+                        f"uploads a call {uploads:g}; kernels: {', '.join(kinds)}; "
+                        f"cooperative matrix on the device: {bool(dev.features.get('cooperativeMatrix'))}; {dev.name}")
         except Exception as e:
             row.note = f"kf failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         return row
@@ -396,6 +402,12 @@ def vulkan_rows(quick: bool, only: list[str]) -> list[Row]:
             notes.append(f"{bb}x{hh}x{ss}x{dd}{' masked' if masked else ''} {err:.1e}")
         rows.append(Row(name, rel_err=worst, note=("ok" if worst <= 1e-5 else "WRONG") + ": " + ", ".join(notes)))
         print(f"  {rows[-1].workload}: {rows[-1].note}", flush=True)
+    name = names[3]
+    if wanted(name):  # the matrix units' row (VK_KHR_cooperative_matrix where the device has it)
+        args = tuple(torch.randn(b, h, sq, d, dtype=torch.float16) for _ in range(3))
+        rows.append(run(name, attn, fused_attention.fn, args, 4 * b * h * sq * d * 2, 4 * b * h * sq * sq * d, 5e-3,
+                        time_eager=False))  # torch's f16 attention on the CPU takes minutes here
+        print(f"  {rows[-1].workload}: {rows[-1].times_ms} {rows[-1].note}", flush=True)
     return rows
 
 
