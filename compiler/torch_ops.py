@@ -56,8 +56,10 @@ import threading
 from typing import Any, Callable, Sequence
 
 import torch
+from torch._guards import TracingContext
 
 from . import mutation
+from .patching import _BYPASS
 from .errors import SignatureError
 from .results import unflatten
 from .signature import invoke, split_call
@@ -339,21 +341,59 @@ def register(kfn) -> Any:
     return _OPS[name][0]
 
 
-@contextlib.contextmanager
-def _opaque():
+class _Opaque:
     """A context in which a kernel runs, or compiles, outside any tracing: opcheck's schema
     checker or a user's TorchDispatchMode must not see (or check) the ATen ops that kf's
     capture traces, and Inductor runs compiled code inside the compile's TracingContext,
     whose fake mode torch.export would otherwise pick up. The dispatcher's thread-local
     key sets are reset too: inside a mode's __torch_dispatch__ the Python key is excluded,
-    and torch.export's fake tensors cannot work without it."""
-    from torch._guards import tracing
-    from torch.utils._python_dispatch import _disable_current_modes
+    and torch.export's fake tensors cannot work without it. Patched sites call torch's
+    originals inside it (patching.originals).
 
-    from .patching import originals
+    It is entered on every call through kf's op (forward and backward under autograd), so
+    it leaves alone what is not there: the dispatch modes and the tracing context are
+    set aside only where one is active (a few microseconds each, and most calls have
+    none)."""
 
-    with _disable_current_modes(), tracing(None), torch._C._ForceDispatchKeyGuard(*_TOP_LEVEL_KEYS), originals():
-        yield
+    __slots__ = ("_stack",)
+
+    def __enter__(self):
+        stack = []
+        if _dispatch_modes():
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            stack.append(_disable_current_modes())
+        if _tracing_context() is not None:
+            from torch._guards import tracing
+
+            stack.append(tracing(None))
+        stack.append(torch._C._ForceDispatchKeyGuard(*_TOP_LEVEL_KEYS))
+        entered = []
+        try:
+            for c in stack:
+                c.__enter__()
+                entered.append(c)
+        except BaseException:
+            for c in reversed(entered):
+                c.__exit__(None, None, None)
+            raise
+        _BYPASS[0] += 1
+        self._stack = entered
+        return self
+
+    def __exit__(self, *exc):
+        _BYPASS[0] -= 1
+        for c in reversed(self._stack):
+            c.__exit__(*exc)
+        return False
+
+
+def _opaque() -> _Opaque:
+    return _Opaque()
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_tracing_context = TracingContext.try_get
 
 
 def _autocast_keys() -> torch._C.DispatchKeySet:
@@ -385,7 +425,6 @@ def _define(name: str) -> tuple:
 
         kfn = _OWNERS[name]
         impl, rest = implementation(kfn, structure)  # the autocast precision's variant, if any
-        call = rebuild(kfn, structure, list(tensors))
         with _opaque(), mutation.refused(_REFUSED_WRITES):
             if structure not in kfn._random:
                 kfn._trees[structure], kfn._random[structure], writes = _tree_of(kfn, structure, tensors)
@@ -398,6 +437,7 @@ def _define(name: str) -> tuple:
                 if training.extras:
                     return _fresh(training.run_forward(list(tensors)), tensors)
             drawn = [] if kfn._random[structure] else None  # receives the state the call draws
+            call = rebuild(kfn, structure, list(tensors))
             if kfn._params and not any(p[2] for p in kfn._params):
                 # every parameter positionally, in order: KfFunction's fast path, no binding
                 result = impl._kernel_call(tuple(call.values()), {}, drawn)
