@@ -639,10 +639,16 @@ class KfFunction:
             return self._bound(sig, tensors)
         except (CompileError, _KeepConstant) as e:
             names = sorted(p.name for p in sig.params if p.kind == "scalar")
-            self._constant_floats.update(names)
+            # the floats torch needs as numbers, where the fake runs can tell them apart
+            # (``alpha=1 - b1`` keeps b1 a constant, not the learning rate beside it)
+            kept = _floats_needed_as_numbers(self.fn, args, kwargs, names) if isinstance(e, _KeepConstant) \
+                else names
+            self._constant_floats.update(kept)
             why = e.args[0] if isinstance(e, _KeepConstant) else f"{type(e).__name__}: {e.message}"
             logs.recompile_log.info("%s: float argument(s) %s compiled as constants: %s", self.fn.__name__,
-                                    ", ".join(names), why.splitlines()[0])
+                                    ", ".join(kept), why.splitlines()[0])
+            if len(kept) < len(names):
+                return self._bound_call(args, kwargs)  # the others stay runtime scalars
             sig, tensors = bind(self.fn, args, kwargs)
             return self._bound(self._generalized(sig, tensors=tensors), tensors)
 
@@ -748,6 +754,18 @@ def _tensor_params(sig: Signature) -> list:
 
 def _has_scalars(sig: Signature) -> bool:
     return any(p.kind == "scalar" for p in sig.params)
+
+
+def _floats_needed_as_numbers(fn: Callable, args: tuple, kwargs: dict, names: list[str]) -> list[str]:
+    """Of the float parameters ``names``, those whose value the function needs as a number
+    (_scalars_change_results with that float alone a 0-dim tensor); all of them where no
+    one alone is found (the reason lies in their combination)."""
+    sig, tensors = bind(fn, args, kwargs)
+    dtype = scalar_dtype(tensors)
+    if dtype is None or len(names) < 2:
+        return list(names)
+    needed = [n for n in names if _scalars_change_results(fn, *lift_scalars(sig, tensors, {n}, dtype))]
+    return needed or list(names)
 
 
 def _scalars_change_results(fn: Callable, sig: Signature, tensors: list) -> str:

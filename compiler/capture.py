@@ -620,6 +620,8 @@ def _tree_of_spec(spec, counter: list[int], fn: Callable | None = None) -> Any:
     if spec.is_leaf():
         counter[0] += 1
         return ("tensor", counter[0] - 1)
+    if spec.type is type(None):  # the function only writes to its arguments
+        return ("none", [])
     kind = {tuple: "tuple", list: "list"}.get(spec.type)
     named = _named_type(spec) if kind is None else None
     if named is not None:
@@ -675,11 +677,15 @@ def _flatten_outputs(out: Any, env: dict, fn: Callable, out_spec=None,
             return ("tensor", len(flat) - 1)
         if isinstance(x, (tuple, list)):
             return ("tuple" if isinstance(x, tuple) else "list", [walk(y) for y in x])
+        if x is None:  # the function only writes to its arguments
+            return ("none", [])
         raise CaptureError(f"{fn.__name__} returns a {type(x).__name__}; kf functions return tensors")
 
     walked = walk(out)
     if structured:
         return flat, walked
+    if not flat and isinstance(out, (tuple, list)) and len(out) == 1 and out[0] is None:
+        return flat, ("none", [])  # export's one output, None: the function returns nothing
     if out_spec is not None:
         tree = _tree_of_spec(out_spec, [0], fn)
         if sum(1 for _ in _leaves(tree)) == len(flat):

@@ -1,6 +1,7 @@
 """Rebuilding a function's nested results from the flat list a program returns.
 
-A result tree is ``("tensor", i)``, ``("tuple" | "list", [trees])`` or
+A result tree is ``("tensor", i)``, ``("none", [])`` (a function that returns nothing: it
+only writes to its arguments), ``("tuple" | "list", [trees])`` or
 ``("named:<module>:<qualname>", [trees])``: a namedtuple, or a torch.return_types result
 (``torch.max(x, 1)``), rebuilt as that type, which is imported by its name (the tree is
 kept in the cache, so a later process rebuilds it too)."""
@@ -38,6 +39,8 @@ def unflatten(tree: Any, flat: list) -> Any:
     kind, payload = tree
     if kind == "tensor":
         return flat[payload]
+    if kind == "none":  # a function that only writes to its arguments (an optimizer step)
+        return None
     items = [unflatten(t, flat) for t in payload]
     if kind == "tuple":
         return tuple(items)

@@ -291,6 +291,8 @@ def _output(x: Any) -> Any:
     """The function's result with nodes for tensors, nested as it was."""
     if isinstance(x, Traced):
         return x._node
+    if x is None:  # the function only writes to its arguments
+        return None
     if type(x) in (tuple, list) and x:
         return type(x)(_output(y) for y in x)
     raise Fallback(f"the function returns a {type(x).__name__}")

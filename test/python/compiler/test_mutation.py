@@ -106,6 +106,31 @@ def index_add_in_place(x, i, s):
     return x.index_add_(0, i, s)
 
 
+def adam_step(p, g, m, v, lr: float, step: int, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
+    """An optimizer step: it only writes to its arguments and returns nothing."""
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    m_hat, v_hat = m / (1 - b1 ** step), v / (1 - b2 ** step)
+    p.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_function_that_returns_nothing_writes_and_returns_none(target):
+    """Five steps at five learning rates: the parameters and both moments follow eager's,
+    the call returns None as the function does, and the float learning rate is read at
+    run time (one program; an int ``step`` would be a constant of it)."""
+    f = kf.jit(adam_step, target=target)
+    p, m, v = torch.randn(257), torch.zeros(257), torch.zeros(257)
+    want = [t.clone() for t in (p, m, v)]
+    for k in range(5):
+        g = torch.randn(257)
+        assert f(p, g, m, v, 1e-3 * (k + 1), 1) is None
+        adam_step(want[0], g.clone(), want[1], want[2], 1e-3 * (k + 1), 1)
+    for got, w in zip((p, m, v), want):
+        torch.testing.assert_close(got, w)
+    assert f.compiles == 1
+
+
 def _cases():
     r = torch.randn
     return {
