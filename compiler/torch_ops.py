@@ -219,6 +219,7 @@ def is_training(structure: str) -> bool:
     return structure.startswith(TRAINING)
 
 
+@functools.lru_cache(maxsize=4096)
 def _strip_marks(structure: str) -> tuple[tuple[bool, ...] | None, str]:
     """(the gradients the ``GRADS`` mark asks for, or None; the structure without the
     ``TRAINING`` and ``GRADS`` marks)."""
@@ -239,6 +240,7 @@ def wants_of(structure: str, tensors: Sequence[torch.Tensor]) -> tuple[bool, ...
     return tuple(f and a for f, a in zip(floats, asked))
 
 
+@functools.lru_cache(maxsize=4096)
 def split_precision(structure: str) -> tuple[str | None, str]:
     """(the precision a call's structure asks for, the structure without it and without
     the ``TRAINING`` and ``GRADS`` marks): a call under ``torch.autocast`` writes
@@ -532,6 +534,7 @@ class _RandomOps(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@functools.lru_cache(maxsize=4096)
 def _tensor_count(structure: str) -> int:
     """How many tensors a call of this structure passes."""
     return sum(1 if kind == "T" else value for kind, value in _parse(split_precision(structure)[1])
