@@ -679,3 +679,46 @@ def test_results_are_freed_without_the_garbage_collector(fn):
         assert [r() is None for r in refs] == [True] * len(refs)
     finally:
         gc.enable()
+
+
+_CONVOLUTIONS = {
+    "1d": (torch.nn.functional.conv1d, dict(stride=1, padding=0, dilation=1, groups=1), (2, 6, 19), (4, 6, 3), True),
+    "1d strided": (torch.nn.functional.conv1d, dict(stride=2, padding=1, dilation=1, groups=1), (2, 6, 20),
+                   (4, 6, 3), True),
+    "1d depthwise causal": (torch.nn.functional.conv1d, dict(stride=1, padding=0, dilation=1, groups=6), (2, 6, 19),
+                            (6, 1, 4), False),
+    "1d dilated groups": (torch.nn.functional.conv1d, dict(stride=3, padding=2, dilation=2, groups=2), (1, 4, 23),
+                          (6, 2, 3), True),
+    "2d": (torch.nn.functional.conv2d, dict(stride=1, padding=1, dilation=1, groups=1), (2, 3, 9, 8), (5, 3, 3, 3),
+           True),
+    "2d uneven": (torch.nn.functional.conv2d, dict(stride=2, padding=(1, 2), dilation=(1, 2), groups=1),
+                  (2, 3, 11, 10), (4, 3, 3, 2), False),
+    "2d groups": (torch.nn.functional.conv2d, dict(stride=2, padding=0, dilation=1, groups=3), (1, 6, 7, 7),
+                  (6, 2, 2, 2), True),
+}
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("vulkan", marks=needs_vulkan)])
+@pytest.mark.parametrize("name", sorted(_CONVOLUTIONS))
+def test_convolution_gradients_match_torch(name, target):
+    """A convolution's backward as convolutions (autograd._convolution_backward): the
+    input's, the weight's and the bias's gradients at strides that leave a remainder,
+    padding, dilation and groups (a depthwise causal conv1d among them)."""
+    conv, kw, xs, ws, bias = _CONVOLUTIONS[name]
+
+    def f(x, w, b):
+        return conv(x, w, b, **kw)
+
+    gen = torch.Generator().manual_seed(len(name))
+    args = [torch.randn(*xs, generator=gen), torch.randn(*ws, generator=gen),
+            torch.randn(ws[0], generator=gen) if bias else None]
+    ours = [a.clone().requires_grad_() if a is not None else None for a in args]
+    theirs = [a.clone().requires_grad_() if a is not None else None for a in args]
+    out, want = kf.jit(f, target=target)(*ours), f(*theirs)
+    torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+    g = torch.randn(want.shape, generator=gen)
+    (out * g).sum().backward()
+    (want * g).sum().backward()
+    for a, b in zip(ours, theirs):
+        if a is not None:
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
