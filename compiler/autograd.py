@@ -101,44 +101,7 @@ def _decompositions() -> dict:
     # with the ops it has: slicing's backward as a concatenation, topk's as a one-hot sum.
     table[torch.ops.aten.slice_scatter.default] = _slice_scatter
     table[torch.ops.aten.scatter.src] = _scatter_src
-    # a convolution's backward, which core ATen keeps as one op, as the convolutions kf has
-    table[torch.ops.aten.convolution_backward.default] = _convolution_backward
     return table
-
-
-def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-                          output_padding, groups, output_mask):
-    """The gradients of a convolution (not a transposed one) as convolutions: the
-    input's is the transposed convolution of the output's gradient by the weight (its
-    output padding restoring the input's size where the stride dropped a remainder); the
-    weight's is a convolution of the input by the output's gradient with the batch as the
-    channels summed over and stride and dilation swapped, cut to the kernel's size; the
-    bias's is the output's gradient summed over all but its channels."""
-    if transposed:
-        return NotImplemented
-    aten = torch.ops.aten
-    nd, k = input.dim() - 2, weight.shape[2:]
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        extra = [input.shape[2 + i] - ((grad_output.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
-                                       + dilation[i] * (k[i] - 1) + 1) for i in range(nd)]
-        grad_input = aten.convolution.default(grad_output, weight, None, stride, padding, dilation, True, extra,
-                                              groups)
-    if output_mask[1]:
-        n, cin, cout, g = input.shape[0], input.shape[1], grad_output.shape[1], groups
-        rest = list(range(3, 3 + nd))
-        # channels in groups of the batch: [cin / g, g * n, ...] and [cout, n, ...]
-        x = input.reshape(n, g, cin // g, *input.shape[2:]).permute(2, 1, 0, *rest)
-        x = x.reshape(cin // g, g * n, *input.shape[2:])
-        go = grad_output.reshape(n, g, cout // g, *grad_output.shape[2:]).permute(1, 2, 0, *rest)
-        go = go.reshape(cout, n, *grad_output.shape[2:])
-        gw = aten.convolution.default(x, go, None, dilation, padding, stride, False, [0] * nd, g)
-        for i in range(nd):
-            gw = gw.narrow(2 + i, 0, k[i])
-        grad_weight = gw.transpose(0, 1)
-    if output_mask[2]:
-        grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
-    return grad_input, grad_weight, grad_bias
 
 
 def _slice_scatter(input, src, dim=0, start=None, end=None, step=1):
