@@ -620,8 +620,6 @@ def _tree_of_spec(spec, counter: list[int], fn: Callable | None = None) -> Any:
     if spec.is_leaf():
         counter[0] += 1
         return ("tensor", counter[0] - 1)
-    if spec.type is type(None):  # the function only writes to its arguments
-        return ("none", [])
     kind = {tuple: "tuple", list: "list"}.get(spec.type)
     named = _named_type(spec) if kind is None else None
     if named is not None:

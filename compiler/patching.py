@@ -37,7 +37,6 @@ warns once and falls back to torch the same way: patching never breaks a working
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import random
 import threading
@@ -110,14 +109,19 @@ _LOCK = threading.Lock()
 _BYPASS = [0]
 
 
-@contextlib.contextmanager
-def originals():
-    """Patched sites call torch's originals inside this context."""
-    _BYPASS[0] += 1
-    try:
-        yield
-    finally:
+class originals:
+    """Patched sites call torch's originals inside this context. A class, not a generator:
+    kf's op enters it on every call (torch_ops._Opaque)."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        _BYPASS[0] += 1
+        return self
+
+    def __exit__(self, *exc):
         _BYPASS[0] -= 1
+        return False
 
 
 def patch(model: torch.nn.Module | None, replacements: dict, *, validate: float = 0.0,

@@ -47,7 +47,6 @@ break; shapes and dtypes travel with the tensors.
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import hashlib
 import inspect
@@ -59,7 +58,7 @@ import torch
 from torch._guards import TracingContext
 
 from . import mutation
-from .patching import _BYPASS
+from .patching import originals
 from .errors import SignatureError
 from .results import unflatten
 from .signature import invoke, split_call
@@ -374,6 +373,7 @@ class _Opaque:
 
             stack.append(tracing(None))
         stack.append(torch._C._ForceDispatchKeyGuard(*_TOP_LEVEL_KEYS))
+        stack.append(originals())
         entered = []
         try:
             for c in stack:
@@ -383,12 +383,10 @@ class _Opaque:
             for c in reversed(entered):
                 c.__exit__(None, None, None)
             raise
-        _BYPASS[0] += 1
         self._stack = entered
         return self
 
     def __exit__(self, *exc):
-        _BYPASS[0] -= 1
         for c in reversed(self._stack):
             c.__exit__(*exc)
         return False
@@ -456,7 +454,6 @@ def _define(name: str) -> tuple:
         return outs
 
     def fake(tensors, structure):
-        from .patching import originals
         from .random_state import STATE_SHAPE, device_for
 
         kfn = _OWNERS[name]
@@ -583,7 +580,6 @@ def _result_metas(kfn, structure: str, tensors: list) -> list[tuple[tuple[int, .
     from torch.utils._python_dispatch import _disable_current_modes
 
     from . import autograd
-    from .patching import originals
 
     with _disable_current_modes(), FakeTensorMode():
         fakes = [torch.empty(autograd.concrete_shape(t), dtype=t.dtype, device=t.device) for t in tensors]
