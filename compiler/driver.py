@@ -71,7 +71,7 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             except Exception as e:
                 if _unavailable(e):
                     raise
-                if (entry.directory / "program.json").exists():  # else removed meanwhile: compile it again
+                if not _removed(entry):  # else removed meanwhile: compile it again
                     cache.discard(entry.directory, key, f"it does not load: {type(e).__name__}: {_first_line(e)}")
         start = time.perf_counter()
         meta, artifacts = build(fn, sig, tensors, options, arch, reads=reads)
@@ -82,13 +82,22 @@ def compile_function(fn: Callable, sig: Signature, tensors: list, options: Optio
             raise
         raise user_facing(e) from None
     for attempt in range(3):
-        entry = cache.store(key, meta, artifacts)
+        # removed by another process between the store and the load (a cache cleared
+        # meanwhile, even file by file): stored again, the last time in this process's
+        # own folder, which no other process removes
+        entry = cache.store(key, meta, artifacts, private=attempt == 2)
         try:
             return load(entry, len(reads.tensors))
         except Exception:
-            if attempt == 2 or (entry.directory / "program.json").exists():
+            if attempt == 2 or not _removed(entry):
                 raise
-            # removed by another process between the store and the load: store it again
+
+
+def _removed(entry) -> bool:
+    """Whether any file of a cache entry (its metadata or an artifact) is gone: another
+    process removed it, wholly or part way, after this one found or stored it."""
+    names = ["program.json", *entry.meta.get("artifacts", {})]
+    return any(not (entry.directory / name).exists() for name in names)
 
 
 def _skip_cache(options: Options, reads) -> str:

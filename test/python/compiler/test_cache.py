@@ -364,7 +364,18 @@ def test_a_corrupt_entry_in_a_fresh_process(tmp_path):
     assert "is corrupt" not in _run(tmp_path, 3)
 
 
-def test_an_entry_removed_between_store_and_load_is_stored_again(tmp_path, monkeypatch):
+def _remove(entry, part_way: bool):
+    """What a cache cleared meanwhile leaves of an entry: nothing, or (a removal caught
+    part way, as rmtree goes file by file) its metadata without its artifacts."""
+    if part_way:
+        for name in entry.meta["artifacts"]:
+            (entry.directory / name).unlink()
+    else:
+        shutil.rmtree(entry.directory)
+
+
+@pytest.mark.parametrize("part_way", [False, True])
+def test_an_entry_removed_between_store_and_load_is_stored_again(tmp_path, monkeypatch, part_way):
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
     store = cache.store
     removed = []
@@ -373,13 +384,35 @@ def test_an_entry_removed_between_store_and_load_is_stored_again(tmp_path, monke
         entry = store(k, meta, artifacts, private)
         if not removed:
             removed.append(entry.directory)
-            shutil.rmtree(entry.directory)
+            _remove(entry, part_way)
         return entry
 
     monkeypatch.setattr(cache, "store", store_then_remove)
     x = torch.randn(31)
     torch.testing.assert_close(_compile(x), x * x + 1)
-    assert removed and _only_entry(tmp_path) == removed[0]
+    assert removed
+    if not part_way:
+        assert _only_entry(tmp_path) == removed[0]
+
+
+def test_a_cache_cleared_after_every_store_falls_back_to_a_private_entry(tmp_path, monkeypatch):
+    """Another process clears the shared cache after each store: the last store goes to
+    this process's own folder, which nothing else removes, and the call still answers."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    store = cache.store
+    shared = []
+
+    def store_then_remove(k, meta, artifacts, private=False):
+        entry = store(k, meta, artifacts, private)
+        if not private:
+            shared.append(entry.directory)
+            _remove(entry, part_way=len(shared) == 1)
+        return entry
+
+    monkeypatch.setattr(cache, "store", store_then_remove)
+    x = torch.randn(31)
+    torch.testing.assert_close(_compile(x), x * x + 1)
+    assert len(shared) == 2
 
 
 def test_an_entry_removed_between_load_and_use_is_rebuilt(tmp_path, monkeypatch):
