@@ -211,10 +211,10 @@ class GpuFunc:
             body()
             scf.yield_([])
 
-    def loop(self, lb: int, ub: int | ir.Value, step: int, init: Sequence[ir.Value],
+    def loop(self, lb: int | ir.Value, ub: int | ir.Value, step: int, init: Sequence[ir.Value],
              body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
         """scf.for with iter_args; body(iv, carried) returns the next carried values."""
-        op = scf.ForOp(self.c(lb), self.c(ub) if isinstance(ub, int) else ub, self.c(step), list(init))
+        op = scf.ForOp(*(self.c(b) if isinstance(b, int) else b for b in (lb, ub)), self.c(step), list(init))
         with ir.InsertionPoint(op.body):
             scf.yield_(body(op.induction_variable, list(op.inner_iter_args)))
         return list(op.results)

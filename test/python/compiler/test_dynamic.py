@@ -854,6 +854,31 @@ def test_dynamic_kernels_assemble_for_sm_90a(case):
         assert "wgmma.mma_async" in ptx and "mma.sync.aligned.m16n8k16" not in ptx
 
 
+def _loops(ptx: str) -> list[str]:
+    """The bodies of the PTX's loops: from a label to the branch back to it."""
+    import re
+
+    return [m.group(2) for m in re.finditer(r"^(\$L__BB\d+_\d+):\n(.*?)^\s*@%p\d+ bra \s*\1;", ptx, re.S | re.M)]
+
+
+@pytest.mark.skipif(not _ptxas(), reason="needs ptxas")
+@pytest.mark.parametrize("n,d", [(4096, 64), (2048, 128)])
+def test_run_time_key_blocks_within_the_keys_are_unguarded(n, d):
+    """At a run-time keys' length the key loop is two (Consumer.key_loop): the blocks
+    within the keys take the static kernel's softmax, with no per-score guard against the
+    length, and only the last block has it: a select a score (64 a thread, blocks of 128
+    keys) more than the first loop, which keeps only its copies' edge selects."""
+    from kf.driver import build
+    from kf.options import Options
+
+    args = tuple(torch.randn(2, 8, n, d).to(torch.bfloat16) for _ in range(3))
+    sig, tensors = bind(se.fused_attention.fn, args, {})
+    _, artifacts = build(se.fused_attention.fn, sig.generalize(_SEQ, 16), tensors, Options(target="cuda"), "sm_90a")
+    ptx = next(v for k, v in artifacts.items() if k.endswith(".ptx")).decode()
+    selects = [b.count("selp") for b in _loops(ptx) if "wgmma.mma_async" in b]
+    assert len(selects) == 2 and selects[0] < 32 and selects[1] >= selects[0] + 64, selects
+
+
 # ---- CUDA: the same programs with run-time sizes on the GPU --------------------------------
 # The CUDA target takes run-time sizes where they are asked for (dynamic=True or given dims);
 # automatic dynamic is off there (CudaTarget.automatic_dynamic) and on for the test that

@@ -35,6 +35,29 @@ class Consumer:
     def __init__(self, k):
         self.k = k
 
+    def key_loop(self, start: int, carried, step):
+        """The key loop from key ``start`` to the keys' length, a block a trip
+        (``g.loop``). At a run-time length it is two loops: the blocks within the keys,
+        whose linear softmax has no tail guard (``BlockSoftmax.whole``), then the last,
+        partial or whole, with the guard; the same body in both, so no value passes a
+        branch. With the guard in every block, the head dim 64 kernel ran about 100 more
+        instructions a block than the static one. A static length with a tail keeps one
+        loop: there the two made the head dim 64 kernel with a logsumexp (257 keys)
+        spill 8 bytes at its 128 registers."""
+        k = self.k
+        g, bn, seq = k.g, k.bn, k.Sk
+        if isinstance(seq, int) or k.softmax.linear is None:
+            return g.loop(start, seq, bn, carried, step)
+        # the blocks within the keys end at the last block's start: floor((Sk - 1) / bn) bn
+        last = g.mul(g.div(arith.subi(arith.maxui(seq, g.c(1)), g.c(1)), bn), bn)
+        split = arith.maxui(last, g.c(start))
+        k.softmax.whole = True
+        try:
+            carried = g.loop(start, last, bn, carried, step)
+        finally:
+            k.softmax.whole = False
+        return g.loop(split, seq, bn, carried, step)
+
     def key_block(self, n0, carried, stage=None, unmasked=None, causal=None, scores=None):
         """One key block; ``stage``: the block is already in that stage (the pipelined
         loops). Without, it is staged here into stage 0. ``unmasked``: whether the mask
@@ -127,7 +150,7 @@ class Consumer:
             barriers.release(arith.subi(j, g.c(1)))  # block j - 1 is read
             return m + l + [sm.rescaled(o, alpha, out[4] if lazy else None)] + mma.packed(p)
 
-        c = g.loop(bn, k.Sk, bn, carried, step)
+        c = self.key_loop(bn, carried, step)
         if base is not None:
             last = g.add(base, k.n_blocks - 1)
             o = mma.issue_pv(c[4], c[5:], g.rem(last, 3))
@@ -293,7 +316,7 @@ class Consumer:
             nvvm.cp_async_commit_group()
             return self.key_block(n0, carried, g.rem(j, 2))
 
-        return g.loop(0, k.Sk, bn, k.init, step)
+        return self.key_loop(0, k.init, step)
 
     def overlapped(self):
         """Block j + 1's S = Q K^T runs on the tensor cores during block j's softmax
@@ -317,7 +340,7 @@ class Consumer:
             nxt = k.mma.issue_scores(g.rem(g.add(j, 1), 3))
             return self.key_block(n0, carried[:-1], g.rem(j, 3), scores=carried[-1]) + [nxt]
 
-        return g.loop(0, k.Sk, bn, k.init + [first], step)[:-1]
+        return self.key_loop(0, k.init + [first], step)[:-1]
 
     def skipping(self):
         """A mask's key loop in two stages: the walk over the table's live blocks

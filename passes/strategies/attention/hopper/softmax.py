@@ -142,7 +142,8 @@ def softmax_exp2(x: ir.Value) -> ir.Value:
 
 
 def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float, tig2, n0, bn: int,
-                   lazy: float | None = None, masked: Callable[[int, int], ir.Value] | None = None):
+                   lazy: float | None = None, masked: Callable[[int, int], ir.Value] | None = None,
+                   whole: bool = False):
     """``online_softmax`` for scores the chain only scales (``linear_factors``), in the
     log2 domain: ``scale`` is the factors' product times log2 e, ``m`` the running
     maxima of scaled scores; p = 2^(s scale - m + log2_p) (the P chain's power-of-two
@@ -156,10 +157,11 @@ def linear_softmax(g: GpuFunc, ch, s, m, l, scale, positive: bool, log2_p: float
     else p is up to 2^lazy and alpha is 1. Returns, after (m, l, alpha, p), whether the
     maxima moved (a warp-uniform i1; None without ``lazy``), so that the caller may skip
     O's rescale (FlashAttention-4's conditional rescaling). ``masked(j, k)``: an i1,
-    whether a mask takes score k of 8-key tile j out (-inf)."""
+    whether a mask takes score k of 8-key tile j out (-inf). ``whole``: the block lies within the keys
+    (no tail guard, where the keys' length is ragged)."""
     Sk = ch.seq_k
     neg_inf = g.fconst(-math.inf)
-    tail = ragged(Sk, bn)
+    tail = ragged(Sk, bn) and not whole
     x = []
     for j in range(bn // 8):
         xj = []
@@ -219,6 +221,9 @@ class BlockSoftmax:
     def __init__(self, k):
         self.k = k
         self.linear, self.log2_p, self.masked_linear = None, 0.0, None
+        #: the blocks being written lie within the keys (``Consumer.key_loop``'s first
+        #: loop): the linear softmax leaves out its tail guard
+        self.whole = False
 
     def linear_scale(self, factors):
         """(the factors' product times log2 e, whether the maximum may be taken on the
@@ -259,7 +264,7 @@ class BlockSoftmax:
         s = [[llvm.extractvalue(f32, acc, [4 * j + i]) for i in range(4)] for j in range(k.bn // 8)]
         if self.linear is not None:
             return linear_softmax(k.g, k.ch, s, m, l, self.linear[0], self.linear[1], self.log2_p, k.tig2, n0, k.bn,
-                                  lazy)
+                                  lazy, whole=self.whole)
         return online_softmax(k.g, k.pw, k.ch, s, m, l, k.rows, k.tig2, n0, k.bm, k.bn, k.s_lead, self.exp, score_in,
                               causal=causal_mask)
 
