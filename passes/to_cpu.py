@@ -13,9 +13,11 @@ producers of the results directly into the caller's buffers where it can
 (``eliminate-empty-tensors``) and copies where it cannot (a result that is an input,
 or one tensor returned twice); inputs, not being writable, are never clobbered.
 The rest is the upstream pipeline: deallocation, linalg to loops (sequential), scf to
-cf, math through LLVM intrinsics and libm (erf, tanh, ...), and bf16 conversions
-expanded in integer arithmetic (``arith-expand{include-bf16}``) because the LLVM
-backend would otherwise call compiler-rt helpers that a plain ``cc -shared`` may lack.
+cf, math through LLVM intrinsics and libm (erf, tanh, ...), bf16 arithmetic and
+integer-to-bf16 conversions done in f32 (``arith-emulate-unsupported-floats``), and bf16
+conversions expanded in integer arithmetic (``arith-expand{include-bf16}``) because the
+LLVM backend would otherwise call compiler-rt helpers (``__truncsfbf2``) that the JIT
+making the object code cannot resolve: it aborts the process.
 
 Three rewrites are kf's own, each because upstream LLVM 22 lacks it: fp8 conversions
 in integer arithmetic (no fp8 in LLVM, no upstream expansion), strided memref copies as
@@ -50,7 +52,10 @@ BUFFERIZE = (
 )
 TO_LOOPS = (
     "convert-linalg-to-loops, fold-memref-alias-ops, expand-strided-metadata, "
-    "lower-affine, convert-scf-to-cf, convert-math-to-funcs, arith-expand{include-bf16=true}, "
+    "lower-affine, convert-scf-to-cf, convert-math-to-funcs, "
+    # bf16 arithmetic and integer conversions as f32 ones rounded to bf16 (LLVM's own
+    # promotion calls compiler-rt's __truncsfbf2, which the JIT cannot resolve)
+    "func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32}), arith-expand{include-bf16=true}, "
     # LLVM intrinsics first (rsqrt has no libm function), libm for the rest (erf, tanh).
     "convert-math-to-llvm, convert-math-to-libm"
 )

@@ -46,3 +46,22 @@ func.func @positive(%x: tensor<7xf32>, %z: tensor<f32>) -> tensor<7xi1> {
   %0 = "kf.cmp"(%x, %z) {predicate = "gt"} : (tensor<7xf32>, tensor<f32>) -> tensor<7xi1>
   return %0 : tensor<7xi1>
 }
+
+// -----
+
+// A bool (and an integer) converted to bf16 and added to a bf16 tensor: done in f32 and
+// rounded to bf16 in integer arithmetic, with no bf16 arithmetic or int-to-bf16
+// conversion left for LLVM, which would call compiler-rt's __truncsfbf2 (the JIT that
+// makes the object code cannot resolve it and aborts the process).
+// CHECK-LABEL: llvm.func @bool_int_plus_bf16(
+// CHECK-NOT: to bf16
+// CHECK-NOT: llvm.fadd {{.*}} : bf16
+// CHECK: llvm.uitofp %{{.*}} : i1 to f32
+// CHECK: llvm.return
+func.func @bool_int_plus_bf16(%b: tensor<5xi1>, %i: tensor<5xi32>, %y: tensor<5xbf16>) -> tensor<5xbf16> {
+  %0 = "kf.cast"(%b) : (tensor<5xi1>) -> tensor<5xbf16>
+  %1 = "kf.cast"(%i) : (tensor<5xi32>) -> tensor<5xbf16>
+  %2 = "kf.add"(%0, %y) : (tensor<5xbf16>, tensor<5xbf16>) -> tensor<5xbf16>
+  %3 = "kf.add"(%2, %1) : (tensor<5xbf16>, tensor<5xbf16>) -> tensor<5xbf16>
+  return %3 : tensor<5xbf16>
+}
