@@ -110,6 +110,55 @@ def bools_as_bytes(module: ir.Operation) -> None:
                 op.operands[0] = arith.extui(i8, op.operands[0])
 
 
+def bf16_selects_as_integers(module: ir.Operation) -> None:
+    """Select bf16 values as their 16 bits: every ``arith.select`` of bf16 becomes one of
+    i16 between bitcasts, which fold into the loads and stores around it.
+
+    The x86 backend keeps a bf16 value in registers as an f32 (it promotes the type), so
+    a select of two bf16 loads (``torch.where`` of bf16 tensors, once LLVM vectorizes it)
+    comes back to memory through f32-to-bf16 truncations, calls to compiler-rt's
+    ``__truncsfbf2`` that the JIT making kf's object code cannot resolve: it aborts the
+    process. bf16 arithmetic is done in f32 before this (``arith-emulate-unsupported-
+    floats``); ``no_bf16_values`` checks that nothing else is left."""
+    i16 = ir.IntegerType.get_signless(16)
+    ops: list[ir.Operation] = []
+    module.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
+    for op in ops:
+        if op.name != "arith.select" or str(op.result.type) != "bf16":
+            continue
+        with ir.InsertionPoint(op), op.location:
+            cond, a, b = op.operands
+            out = arith.bitcast(op.result.type, arith.select(cond, arith.bitcast(i16, a), arith.bitcast(i16, b)))
+        op.result.replace_all_uses_with(out)
+        op.erase()
+
+
+#: LLVM-dialect ops that may make or take a bf16 value without the x86 backend turning
+#: it into an f32 (a load or store of its 16 bits, a bitcast, a constant)
+_BF16_MOVES = {"llvm.load", "llvm.store", "llvm.bitcast", "llvm.mlir.constant", "llvm.mlir.poison",
+               "llvm.mlir.undef", "llvm.getelementptr"}
+
+
+def no_bf16_values(module: ir.Operation) -> None:
+    """Raise PassError where an LLVM-dialect op other than a load, store, bitcast or
+    constant makes or takes a bf16 value: LLVM would compute it in f32 and call
+    compiler-rt's ``__truncsfbf2``, which the JIT cannot resolve -- an abort of the
+    whole process, where this is an error that names the op."""
+    bad: list[ir.Operation] = []
+
+    def visit(op):
+        op = op.operation
+        if op.name not in _BF16_MOVES and any("bf16" in str(v.type) for v in [*op.operands, *op.results]):
+            bad.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    if bad:
+        op = bad[0]
+        raise PassError(f"kf-to-cpu left bf16 arithmetic for LLVM ({op.name}), which would call compiler-rt's "
+                        f"__truncsfbf2: the CPU target cannot compile it", op.location)
+
+
 def _is_dense(t: ir.Type) -> bool:
     """A memref with the identity layout (dense row-major, no offset)."""
     layout = ir.MemRefType(t).layout
@@ -597,7 +646,9 @@ class ToCpuPass(KfPass):
         self._upstream(to_loops, module)
         with module.context, module.location:
             bools_as_bytes(module)
+            bf16_selects_as_integers(module)
         self._upstream(to_llvm, module)
+        no_bf16_values(module)
 
     @staticmethod
     def _upstream(text: str, module: ir.Operation) -> None:

@@ -65,3 +65,17 @@ func.func @bool_int_plus_bf16(%b: tensor<5xi1>, %i: tensor<5xi32>, %y: tensor<5x
   %3 = "kf.add"(%2, %1) : (tensor<5xbf16>, tensor<5xbf16>) -> tensor<5xbf16>
   return %3 : tensor<5xbf16>
 }
+
+// -----
+
+// A select of bf16 values selects their 16 bits: LLVM keeps a bf16 value in an f32
+// register and would truncate the selected one back with compiler-rt's __truncsfbf2.
+// CHECK-LABEL: llvm.func @where_bf16(
+// CHECK-NOT: llvm.select {{.*}} : i1, bf16
+// CHECK: llvm.select %{{.*}}, %{{.*}}, %{{.*}} : i1, i16
+// CHECK: llvm.return
+func.func @where_bf16(%x: tensor<13x257xbf16>, %y: tensor<1xbf16>) -> tensor<13x257xbf16> {
+  %0 = "kf.cmp"(%x, %y) {predicate = "gt"} : (tensor<13x257xbf16>, tensor<1xbf16>) -> tensor<13x257xi1>
+  %1 = "kf.select"(%0, %x, %y) : (tensor<13x257xi1>, tensor<13x257xbf16>, tensor<1xbf16>) -> tensor<13x257xbf16>
+  return %1 : tensor<13x257xbf16>
+}
