@@ -37,7 +37,7 @@ import dataclasses
 import math
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, func, linalg, tensor
+from mlir.dialects import arith, bufferization, func, linalg, llvm, tensor
 from mlir.passmanager import PassManager
 
 from kf.dialects.elements import FP8 as _FP8
@@ -133,17 +133,35 @@ def bf16_selects_as_integers(module: ir.Operation) -> None:
         op.erase()
 
 
+def bf16_memory_as_integers(module: ir.Operation) -> None:
+    """In the LLVM dialect, load and store bf16 values as i16 (with bitcasts, which then
+    fold away against those of the integer rounding): the x86 backend promotes a bf16
+    load or store it meets in a vectorized loop to f32 as well, and rounds it back with
+    ``__truncsfbf2`` (``torch.randn(n, dtype=torch.bfloat16)`` aborted so)."""
+    i16, bf16 = ir.IntegerType.get_signless(16), ir.BF16Type.get()
+    ops: list[ir.Operation] = []
+    module.walk(lambda op: ops.append(op.operation) or ir.WalkResult.ADVANCE)
+    for op in ops:
+        if op.name == "llvm.load" and str(op.result.type) == "bf16":
+            op.result.set_type(i16)
+            with ir.InsertionPoint.after(op), op.location:
+                value = llvm.bitcast(bf16, op.result)
+            op.result.replace_all_uses_except(value, value.owner.operation)
+        elif op.name == "llvm.store" and str(op.operands[0].type) == "bf16":
+            with ir.InsertionPoint(op), op.location:
+                op.operands[0] = llvm.bitcast(i16, op.operands[0])
+
+
 #: LLVM-dialect ops that may make or take a bf16 value without the x86 backend turning
-#: it into an f32 (a load or store of its 16 bits, a bitcast, a constant)
-_BF16_MOVES = {"llvm.load", "llvm.store", "llvm.bitcast", "llvm.mlir.constant", "llvm.mlir.poison",
-               "llvm.mlir.undef", "llvm.getelementptr"}
+#: it into an f32: a bitcast, a constant, an address computation
+_BF16_MOVES = {"llvm.bitcast", "llvm.mlir.constant", "llvm.mlir.poison", "llvm.mlir.undef", "llvm.getelementptr"}
 
 
 def no_bf16_values(module: ir.Operation) -> None:
-    """Raise PassError where an LLVM-dialect op other than a load, store, bitcast or
-    constant makes or takes a bf16 value: LLVM would compute it in f32 and call
-    compiler-rt's ``__truncsfbf2``, which the JIT cannot resolve -- an abort of the
-    whole process, where this is an error that names the op."""
+    """Raise PassError where an LLVM-dialect op other than a bitcast or constant makes or
+    takes a bf16 value: LLVM would compute it in f32 and call compiler-rt's
+    ``__truncsfbf2``, which the JIT cannot resolve -- an abort of the whole process,
+    where this is an error that names the op."""
     bad: list[ir.Operation] = []
 
     def visit(op):
@@ -648,6 +666,9 @@ class ToCpuPass(KfPass):
             bools_as_bytes(module)
             bf16_selects_as_integers(module)
         self._upstream(to_llvm, module)
+        with module.context, module.location:
+            bf16_memory_as_integers(module)
+        self._upstream("builtin.module(canonicalize)", module)
         no_bf16_values(module)
 
     @staticmethod

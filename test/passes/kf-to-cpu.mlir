@@ -70,9 +70,14 @@ func.func @bool_int_plus_bf16(%b: tensor<5xi1>, %i: tensor<5xi32>, %y: tensor<5x
 
 // A select of bf16 values selects their 16 bits: LLVM keeps a bf16 value in an f32
 // register and would truncate the selected one back with compiler-rt's __truncsfbf2.
+// Loads and stores of bf16 are of i16 as well: in a vectorized loop the backend
+// promoted those too.
 // CHECK-LABEL: llvm.func @where_bf16(
-// CHECK-NOT: llvm.select {{.*}} : i1, bf16
+// CHECK-NOT: -> bf16
+// CHECK-NOT: : bf16, !llvm.ptr
+// CHECK-NOT: i1, bf16
 // CHECK: llvm.select %{{.*}}, %{{.*}}, %{{.*}} : i1, i16
+// CHECK-NOT: : bf16, !llvm.ptr
 // CHECK: llvm.return
 func.func @where_bf16(%x: tensor<13x257xbf16>, %y: tensor<1xbf16>) -> tensor<13x257xbf16> {
   %0 = "kf.cmp"(%x, %y) {predicate = "gt"} : (tensor<13x257xbf16>, tensor<1xbf16>) -> tensor<13x257xi1>
