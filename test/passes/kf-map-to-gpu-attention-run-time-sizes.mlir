@@ -10,16 +10,22 @@
 // q, k, v and O have their sequence after the heads: flat buffers (2 * 3 * 4096 * 64
 // elements) addressed with strides of the run-time length; the slots' buffer comes last.
 // The lengths are read once (the queries' from O's slot, the keys' from K's), clamped to
-// 4096; the key loop runs to the keys'; the epilogue reads the queries' length again (at
-// the top it would stay in registers through the loop); the grid is the run-time query
-// blocks.
+// 4096; the key loop runs to the keys' as two loops (Consumer.key_loop): the blocks within
+// the keys, up to the last block's start (SK - 1) / 128 * 128, with no tail guard, then
+// the last block with it; the epilogue reads the queries' length again (at the top it
+// would stay in registers through the loop); the grid is the run-time query blocks.
 // CHECK-LABEL: func.func private @attn_k0_attention
 // CHECK-SAME: kf.plan = {{{.*}}persistent = array<i64>{{.*}}sizes = [array<i64: 0, 2>, array<i64: 1, 2>, array<i64: 2, 2>, array<i64: 3, 2>]{{.*}}warp_specialized = false, wgmma = true}
 // CHECK: gpu.func @attn_k0_attention(%{{.*}}: memref<1572864xbf16>, %{{.*}}: memref<1572864xbf16>, %{{.*}}: memref<1572864xbf16>, %{{.*}}: memref<1572864xbf16>, %[[SIZES:.*]]: memref<4xi32>)
 // CHECK-SAME: kf.grid_sizes = ["FloorDiv(k3*1 + 127, 128)", "6", "1"]
 // CHECK: %[[SQ:.*]] = arith.minui %{{.*}}, %c4096
 // CHECK: %[[SK:.*]] = arith.minui %{{.*}}, %c4096
-// CHECK: scf.for %{{.*}} = %c0 to %[[SK]] step %c128
+// CHECK: %[[ONE:.*]] = arith.maxui %[[SK]], %c1
+// CHECK: %[[LAST:.*]] = arith.muli
+// CHECK: %[[SPLIT:.*]] = arith.maxui %[[LAST]], %c0
+// CHECK: scf.for %{{.*}} = %c0 to %[[LAST]] step %c128
+// CHECK: nvvm.wgmma.mma_async
+// CHECK: scf.for %{{.*}} = %[[SPLIT]] to %[[SK]] step %c128
 // CHECK: nvvm.wgmma.mma_async
 // CHECK: memref.load %[[SIZES]][%c3]
 // CHECK: arith.cmpi ult, %{{.*}}, %{{.*}}
