@@ -216,6 +216,12 @@ def score_chain(sm: ir.Operation) -> tuple[list[ir.Operation], ir.Operation | No
             m = defining(cur.operands[1])
             if m is not None and m.name == "kf.cmp":
                 between.append(m)
+        if cur.name == "kf.add":
+            # an additive mask widened to the scores' type (a 16-bit SDPA's, added to f32
+            # scores): the kernel reads the mask as it lies and widens it there
+            m = defining(cur.operands[1])
+            if m is not None and _float_cast(m) and len(list(m.result.uses)) == 1:
+                between.append(m)
         x = scaled_operand(cur)
         cur = defining(cur.operands[2] if cur.name == "kf.select" else x if x is not None else cur.operands[0])
     return between, (cur if cur is not None and cur.name == "kf.matmul" else None)

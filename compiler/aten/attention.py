@@ -57,7 +57,16 @@ def _sdpa(c, node, args, kwargs):
     scale = p["scale"]
     scale = 1.0 / math.sqrt(shape_of(q)[-1]) if scale is None else float(scale)
     kt = kb.transpose(k, perm=[*range(rank_of(k) - 2), rank_of(k) - 1, rank_of(k) - 2])
-    scores = kb.mul(kb.matmul(q, kt), kb.scalar(scale, elem))
+    # 16-bit inputs: the scores, the mask and the softmax in f32, P rounded to the type
+    # for the second product, as torch's fused kernels compute them (rounding the scores
+    # to bf16 put kf's results ten times further from float64 than eager's)
+    inner = "f32" if elem in ("bf16", "f16") else elem
+    qk = kb.matmul(q, kt)
+    if inner != elem:  # the same product, accumulated and kept in f32
+        narrow = qk
+        qk = kb.build("matmul", [q, kt], None, [spec_of(narrow.type).with_elem(inner)]).result
+        narrow.owner.erase()
+    scores = kb.mul(qk, kb.scalar(scale, inner))
     rows, cols = shape_of(scores)[-2:]
     keep = None  # where the bool mask keeps a score
     if p["is_causal"]:
@@ -68,9 +77,10 @@ def _sdpa(c, node, args, kwargs):
         scores = kb.masked_fill(scores, kb.cmp(mask, kb.scalar(False, "i1"), predicate="eq"), value=float("-inf"))
     elif mask is not None:
         mask = c.tensor(mask, elem)
-        scores = kb.add(scores, mask)
+        scores = kb.add(scores, mask if inner == elem else kb.cast(mask, inner))
         keep = kb.cmp(mask, kb.scalar(float("-inf"), elem), predicate="ne")
-    out = kb.matmul(kb.softmax(scores, dim=-1), v)
+    probs = kb.softmax(scores, dim=-1)
+    out = kb.matmul(probs if inner == elem else kb.cast(probs, elem), v)
     if keep is not None:
         # rows with a score the mask keeps: any over the keys, as a max of 0/1
         live = kb.reduce_max(kb.cast(keep, "i32"), dims=[rank_of(keep) - 1], keepdim=True)

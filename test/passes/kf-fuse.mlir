@@ -435,3 +435,29 @@ func.func @gemm_then_call(%a: tensor<9x4xf32>, %b: tensor<4x9xf32>) -> tensor<9x
   %s = "kf.sub"(%p, %d) : (tensor<9x9xf32>, tensor<9x1xf32>) -> tensor<9x9xf32>
   return %s : tensor<9x9xf32>
 }
+
+// -----
+
+// SDPA of bf16 with a bf16 additive mask (compiler/aten/attention.py): the scores, the
+// mask and the softmax in f32, P rounded to bf16 for P @ V. The mask's widening joins
+// the attention kernel, which reads the bf16 mask as it lies: no kernel of its own.
+// CHECK-LABEL: func.func private @sdpa_mask_k{{[0-9]+}}_attention
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<2x5x8xbf16>, %{{[a-z0-9]+}}: tensor<2x8x5xbf16>, %[[M:[a-z0-9]+]]: tensor<5x5xbf16>
+// CHECK-SAME: kf.kernel = "attention"
+// CHECK: %[[W:.*]] = "kf.cast"(%[[M]]) : (tensor<5x5xbf16>) -> tensor<5x5xf32>
+// CHECK: "kf.add"(%{{.*}}, %[[W]])
+// CHECK: "kf.softmax"
+// CHECK-LABEL: func.func @sdpa_mask
+// CHECK-NOT: kf.kernel = "elementwise"
+// CHECK-COUNT-1: call @sdpa_mask_k{{[0-9]+}}_attention
+func.func @sdpa_mask(%q: tensor<2x5x8xbf16>, %kt: tensor<2x8x5xbf16>, %v: tensor<2x5x8xbf16>, %m: tensor<5x5xbf16>) -> tensor<2x5x8xbf16> {
+  %scale = "kf.fill"() {value = 0.35 : f64} : () -> tensor<f32>
+  %s = "kf.matmul"(%q, %kt) : (tensor<2x5x8xbf16>, tensor<2x8x5xbf16>) -> tensor<2x5x5xf32>
+  %ss = "kf.mul"(%s, %scale) : (tensor<2x5x5xf32>, tensor<f32>) -> tensor<2x5x5xf32>
+  %mw = "kf.cast"(%m) : (tensor<5x5xbf16>) -> tensor<5x5xf32>
+  %sm = "kf.add"(%ss, %mw) : (tensor<2x5x5xf32>, tensor<5x5xf32>) -> tensor<2x5x5xf32>
+  %p = "kf.softmax"(%sm) {dim = -1 : i64} : (tensor<2x5x5xf32>) -> tensor<2x5x5xf32>
+  %pb = "kf.cast"(%p) : (tensor<2x5x5xf32>) -> tensor<2x5x5xbf16>
+  %o = "kf.matmul"(%pb, %v) : (tensor<2x5x5xbf16>, tensor<2x5x8xbf16>) -> tensor<2x5x8xbf16>
+  return %o : tensor<2x5x8xbf16>
+}
