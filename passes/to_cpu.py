@@ -22,7 +22,11 @@ making the object code cannot resolve: it aborts the process.
 Three rewrites are kf's own, each because upstream LLVM 22 lacks it: fp8 conversions
 in integer arithmetic (no fp8 in LLVM, no upstream expansion), strided memref copies as
 loops (upstream calls a runtime-library function), and booleans stored as bytes
-(upstream asserts on i1 stores; torch keeps a bool per byte anyway).
+(upstream asserts on i1 stores; torch keeps a bool per byte anyway). bf16 values are
+selected, loaded and stored as their 16 bits (``bf16_selects_as_integers``,
+``bf16_memory_as_integers``): the x86 backend would carry them in f32 registers and
+round them back with ``__truncsfbf2``; any other bf16 value left for LLVM is an error
+(``no_bf16_values``), not an abort.
 
 A fourth is about numerics: linalg-to-loops sums a reduction sequentially, and an f32
 sum of n elements can lose n/2 ulps (``ones(2**25).sum()`` stops at 2^24), so after
