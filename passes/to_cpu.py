@@ -156,21 +156,23 @@ def bf16_memory_as_integers(module: ir.Operation) -> None:
                 op.operands[0] = llvm.bitcast(i16, op.operands[0])
 
 
-#: LLVM-dialect ops that may make or take a bf16 value without the x86 backend turning
-#: it into an f32: a bitcast, a constant, an address computation
-_BF16_MOVES = {"llvm.bitcast", "llvm.mlir.constant", "llvm.mlir.poison", "llvm.mlir.undef", "llvm.getelementptr"}
+#: LLVM-dialect ops that may make a bf16 value without the x86 backend rounding an f32
+#: to it: a bitcast of its bits, a constant
+_BF16_MAKERS = {"llvm.bitcast", "llvm.mlir.constant", "llvm.mlir.poison", "llvm.mlir.undef"}
 
 
 def no_bf16_values(module: ir.Operation) -> None:
-    """Raise PassError where an LLVM-dialect op other than a bitcast or constant makes or
-    takes a bf16 value: LLVM would compute it in f32 and call compiler-rt's
-    ``__truncsfbf2``, which the JIT cannot resolve -- an abort of the whole process,
-    where this is an error that names the op."""
+    """Raise PassError where an LLVM-dialect op other than a bitcast or constant makes a
+    bf16 value (or a block takes one): the x86 backend would hold it as an f32 and round
+    it to bf16 with compiler-rt's ``__truncsfbf2``, which the JIT cannot resolve -- an
+    abort of the whole process, where this is an error that names the op. Taking a bf16
+    value (``fpext`` to f64, a bitcast) is an exact widening and needs no call."""
     bad: list[ir.Operation] = []
 
     def visit(op):
         op = op.operation
-        if op.name not in _BF16_MOVES and any("bf16" in str(v.type) for v in [*op.operands, *op.results]):
+        made = [*op.results] + [a for r in op.regions for b in r.blocks for a in b.arguments]
+        if any("bf16" in str(v.type) for v in made) and op.name not in _BF16_MAKERS:
             bad.append(op)
         return ir.WalkResult.ADVANCE
 
