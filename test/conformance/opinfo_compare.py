@@ -127,6 +127,14 @@ def _values(g, w, r, rtol: float, atol: float, m=None) -> str:
     if not torch.equal(nan_g, nan_w):
         return f"NaN at {int((nan_g != nan_w).sum())} places where eager has none or the other way"
     inf_g, inf_w = g64.isinf(), w64.isinf()
+    if isinstance(r, torch.Tensor) and r.shape == w.shape:
+        # eager overflowed (a 16-bit intermediate) where float64 is finite: float64
+        # decides there, and a finite kf value within the tolerance of it is right
+        r64 = r.detach().cpu().to(torch.float64)
+        overflowed = inf_w & ~inf_g & r64.isfinite() & ((g64 - r64).abs() <= atol + rtol * r64.abs())
+        if overflowed.any():
+            w64 = torch.where(overflowed, r64, w64)
+            inf_w = w64.isinf()
     if not torch.equal(inf_g, inf_w) or not torch.equal(g64[inf_g], w64[inf_w]):
         return "infinities differ from eager's"
     ok = ~(nan_g | inf_g)
