@@ -2,8 +2,9 @@
 
     python3 bench/dynamic_shapes.py [--target cpu|cuda|vulkan] [--only NAME,...] [--dry-run] [--out-dir DIR]
 
-Two tables, for the seed's layer norm and attention (examples/seed_examples.py) and a
-language model's next-token loss (shifted logits and labels):
+Two tables, for the seed's layer norm and attention (examples/seed_examples.py), at small
+sizes (host-bound on a GPU) and at the seed's own (``_seed``: rows of 4096, 32 heads of
+dim 128), and a language model's next-token loss (shifted logits and labels):
 
 - ``speed``: at each size, the median time of the program compiled for that size
   (``dynamic=False``) and of the one program compiled with the sequence dim dynamic
@@ -72,12 +73,21 @@ def _workloads(device: str, dtype: torch.dtype):
     def attn_inputs(n):
         return tuple(torch.randn(2, 8, n, 64, device=device, dtype=dtype) for _ in range(3))
 
+    def seed_ln_inputs(n):  # the seed's rows of 4096, n of them in each of 4 sequences
+        return (torch.randn(4, n, 4096, device=device, dtype=dtype), torch.randn(4096, device=device, dtype=dtype),
+                torch.randn(4096, device=device, dtype=dtype))
+
+    def seed_attn_inputs(n):  # the seed's 4 x 32 heads of dim 128
+        return tuple(torch.randn(4, 32, n, 128, device=device, dtype=dtype) for _ in range(3))
+
     def loss_inputs(n):
         return (torch.randn(2, n, 512, device=device, dtype=dtype), torch.randint(0, 512, (2, n), device=device))
 
     return {
         "layer_norm": (se.metal_layer_norm.fn, {"x": [1]}, ln_inputs),
         "attention": (se.fused_attention.fn, {"q": [2], "k": [2], "v": [2]}, attn_inputs),
+        "layer_norm_seed": (se.metal_layer_norm.fn, {"x": [1]}, seed_ln_inputs),
+        "attention_seed": (se.fused_attention.fn, {"q": [2], "k": [2], "v": [2]}, seed_attn_inputs),
         "lm_loss": (_next_token_loss, {"logits": [1], "labels": [1]}, loss_inputs),
         "neighbours": (_neighbour_difference, {"x": [1]}, lambda n: (torch.randn(4, n, 16, device=device,
                                                                                    dtype=dtype),)),

@@ -799,7 +799,8 @@ def _matched(program, tensors: list) -> Callable:
     included): the key matched shapes, dtypes and devices, and the guards check the
     reached tensors', so the launcher need not again (``matched_call``)."""
     matched = getattr(program, "matched_call", None)
-    call = matched(all(t.is_contiguous() for t in tensors)) if matched else program
+    call = matched(all(t.is_contiguous() for t in tensors), tuple(tuple(t.shape) for t in tensors),
+                   tensors[0].device if tensors else None) if matched else program
     return _moving(call, program.moves)
 
 

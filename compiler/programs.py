@@ -139,14 +139,15 @@ class CompiledProgram:
             return self(tensors)
         return unflatten(self._tree, self._with_inputs(list(self._unchecked(*tensors)), tensors))
 
-    def matched_call(self, contiguous: bool) -> Callable:
+    def matched_call(self, contiguous: bool, shapes: tuple | None = None, device=None) -> Callable:
         """What kf's dispatch table keeps for a matched call signature: the launcher's
         fast lane (``CudaProgram.fast_lane``) where the program and the tensors allow it
         -- contiguous tensors, no index error flag to read, no random state to draw --
         else ``call_matched``. Profiling (kf's or torch's) still takes the general path,
-        checked on every call."""
+        checked on every call. ``shapes`` (of the signature's tensors) and ``device``
+        (theirs) give a program with run-time sizes a lane for that signature."""
         make = getattr(self._launch, "fast_lane", None)
-        lane = make() if make is not None and contiguous and not self._random and not self._mutations \
+        lane = make(shapes, device) if make is not None and contiguous and not self._random and not self._mutations \
             and not self._returns_inputs and not self._same_results and not self._result_devices else None
         if lane is None:
             return self.call_matched
@@ -167,7 +168,7 @@ class CompiledProgram:
             import torch
 
             c_lane = make_c(call, -1 if first is None else first, tree, unflatten, globals(), "_PROFILE",
-                            torch._C._autograd._profiler_enabled, self)
+                            torch._C._autograd._profiler_enabled, self, shapes, device)
             if c_lane is not None:
                 return c_lane
         return call

@@ -17,7 +17,7 @@ typedef struct {
     PyObject *failed;     /* failed(err) raises CudaError for this kernel */
     unsigned int dims[7]; /* grid, block, shared bytes */
     Py_ssize_t n_params;
-    Py_ssize_t order[KF_STACK_PARAMS]; /* parameter k is buffer order[k] (inputs, outputs, temporaries) */
+    Py_ssize_t order[KF_STACK_PARAMS]; /* parameter k is buffer order[k] (inputs, outputs, temporaries, constants) */
 } LaneKernel;
 
 typedef struct {
@@ -25,8 +25,10 @@ typedef struct {
     vectorcallfunc vectorcall;
     Py_ssize_t n_kernels;
     LaneKernel *kernels; /* PyMem_Malloc'd, n_kernels of them, launched in order */
-    Py_ssize_t n_in, n_out, n_temps;
+    Py_ssize_t n_in, n_out, n_temps, n_consts;
     uint64_t temp_offsets[KF_STACK_PARAMS]; /* of each temporary in the one allocation */
+    uint64_t const_ptrs[KF_STACK_PARAMS];   /* of each constant buffer, read when the lane is made */
+    PyObject *constants; /* tuple of the constant buffers' tensors, kept alive by the lane */
     PyObject *temp_spec; /* (shape, stride, dtype) of that allocation, or NULL without temporaries */
     PyObject *outputs;   /* tuple of (shape, stride, dtype) */
     PyObject *alloc, *current_device, *raw_stream, *slow;
@@ -128,6 +130,8 @@ PyObject *lane_run(PyObject *obj, PyObject *tensors) {
         for (Py_ssize_t t = 0; t < self->n_temps; t++)
             bufs[self->n_in + self->n_out + t] = base + self->temp_offsets[t];
     }
+    for (Py_ssize_t c = 0; c < self->n_consts; c++)
+        bufs[self->n_in + self->n_out + self->n_temps + c] = self->const_ptrs[c];
     uint64_t stream;
     if (take_u64(PyObject_CallOneArg(self->raw_stream, dev), &stream) < 0)
         goto fail;
@@ -249,13 +253,15 @@ static int lane_kernel(PyObject *spec, Py_ssize_t n_buffers, LaneKernel *kn) {
 static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *names[] = {"kernels", "n_in", "outputs", "alloc", "current_device", "raw_stream", "slow", "first",
                             "tree", "unflatten", "profile_globals", "profile_name", "profiler_enabled", "program",
-                            "alignment", "temporaries", NULL};
+                            "alignment", "temporaries", "constants", NULL};
     PyObject *kernels, *outputs, *alloc, *current_device, *raw_stream, *slow, *tree = Py_None, *unflatten = Py_None,
-        *pglobals = Py_None, *pname = Py_None, *penabled = Py_None, *program = Py_None, *temps = Py_None;
+        *pglobals = Py_None, *pname = Py_None, *penabled = Py_None, *program = Py_None, *temps = Py_None,
+        *consts = Py_None;
     Py_ssize_t n_in, first = -1, alignment = 16;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!nO!OOOO|nOOOOOOnO:Lane", names, &PyTuple_Type, &kernels, &n_in,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!nO!OOOO|nOOOOOOnOO:Lane", names, &PyTuple_Type, &kernels, &n_in,
                                      &PyTuple_Type, &outputs, &alloc, &current_device, &raw_stream, &slow, &first,
-                                     &tree, &unflatten, &pglobals, &pname, &penabled, &program, &alignment, &temps))
+                                     &tree, &unflatten, &pglobals, &pname, &penabled, &program, &alignment, &temps,
+                                     &consts))
         return NULL;
     if (alignment < 1) {
         PyErr_SetString(PyExc_ValueError, "Lane: alignment must be positive");
@@ -273,9 +279,15 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         offsets = PyTuple_GET_ITEM(temps, 1);
     }
     Py_ssize_t n_temps = offsets ? PyTuple_GET_SIZE(offsets) : 0;
-    if (n_in < 1 || n_in + n_out + n_temps > KF_STACK_PARAMS) {
-        PyErr_Format(PyExc_ValueError, "Lane: 1 to %d buffers (inputs, outputs and temporaries), got %zd inputs, "
-                     "%zd outputs and %zd temporaries", KF_STACK_PARAMS, n_in, n_out, n_temps);
+    if (consts != Py_None && !PyTuple_Check(consts)) {
+        PyErr_SetString(PyExc_TypeError, "Lane: constants is a tuple of tensors");
+        return NULL;
+    }
+    Py_ssize_t n_consts = consts != Py_None ? PyTuple_GET_SIZE(consts) : 0;
+    if (n_in < 1 || n_in + n_out + n_temps + n_consts > KF_STACK_PARAMS) {
+        PyErr_Format(PyExc_ValueError, "Lane: 1 to %d buffers (inputs, outputs, temporaries and constants), got %zd "
+                     "inputs, %zd outputs, %zd temporaries and %zd constants", KF_STACK_PARAMS, n_in, n_out, n_temps,
+                     n_consts);
         return NULL;
     }
     if (n_kernels < 1 || n_kernels > KF_STACK_PARAMS) {
@@ -315,6 +327,7 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->n_in = n_in;
     self->n_out = n_out;
     self->n_temps = n_temps;
+    self->n_consts = n_consts;
     self->first = first;
     self->alignment = (uint64_t)alignment;
     for (Py_ssize_t t = 0; t < n_temps; t++) {
@@ -323,12 +336,18 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
             goto fail;
         self->temp_offsets[t] = (uint64_t)off;
     }
+    for (Py_ssize_t c = 0; c < n_consts; c++) {
+        if (take_u64(call_method0(PyTuple_GET_ITEM(consts, c), str_data_ptr), &self->const_ptrs[c]) < 0)
+            goto fail;
+    }
+    if (n_consts)
+        self->constants = Py_NewRef(consts);
     if ((self->kernels = PyMem_Calloc((size_t)n_kernels, sizeof(LaneKernel))) == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     for (Py_ssize_t k = 0; k < n_kernels; k++) {
-        if (lane_kernel(PyTuple_GET_ITEM(kernels, k), n_in + n_out + n_temps, &self->kernels[k]) < 0)
+        if (lane_kernel(PyTuple_GET_ITEM(kernels, k), n_in + n_out + n_temps + n_consts, &self->kernels[k]) < 0)
             goto fail;
         self->n_kernels = k + 1; /* what lane_clear releases */
     }
@@ -359,6 +378,7 @@ static int lane_traverse(LaneObject *self, visitproc visit, void *arg) {
         Py_VISIT(self->kernels[k].failed);
     }
     Py_VISIT(self->temp_spec);
+    Py_VISIT(self->constants);
     Py_VISIT(self->outputs);
     Py_VISIT(self->alloc);
     Py_VISIT(self->current_device);
@@ -380,6 +400,7 @@ static int lane_clear(LaneObject *self) {
         Py_CLEAR(self->kernels[k].failed);
     }
     Py_CLEAR(self->temp_spec);
+    Py_CLEAR(self->constants);
     Py_CLEAR(self->outputs);
     Py_CLEAR(self->alloc);
     Py_CLEAR(self->current_device);
@@ -436,13 +457,14 @@ static PyGetSetDef lane_getset[] = {
 PyDoc_STRVAR(lane_doc,
 "Lane(kernels, n_in, outputs, alloc, current_device, raw_stream, slow, first=-1, tree=None,\n"
 "     unflatten=None, profile_globals=None, profile_name=None, profiler_enabled=None,\n"
-"     program=None, alignment=16, temporaries=None)\n\n"
+"     program=None, alignment=16, temporaries=None, constants=None)\n\n"
 "A program's kernels, called with a list of tensors that a dispatch key matched to it\n"
 "(shapes, dtypes, device, contiguity; the device is read at the first call and taken to\n"
 "be the same at every later one, as the key holds it): outputs from alloc(shape, stride,\n"
 "dtype), the temporaries at their offsets in one alloc(*temporaries[0]), each kernel\n"
-"launched in order on raw_stream(device) with the buffers (inputs, outputs, temporaries)\n"
-"in its parameter order, and output `first`, or unflatten(tree, outputs), returned.\n"
+"launched in order on raw_stream(device) with the buffers (inputs, outputs, temporaries,\n"
+"then the tensors of constants: buffers on the call's device that every call passes, whose\n"
+"addresses are read once) in its parameter order, and output `first`, or unflatten(tree, outputs), returned.\n"
 "kernels: (handles, grid, block, shared_bytes, order, failed) each; handles: device index\n"
 "-> CUfunction address (filled as the kernel is bound); failed(err) raises for a failed\n"
 "launch. slow(tensors) answers every call that is not that case: profile_globals[\n"

@@ -345,9 +345,14 @@ class CudaKernel:
         """``launch(pointers, device)``: the launch of ``__call__`` for device pointers
         (a list of ints) that the caller has matched to the arguments already (a
         program's fast lane); None where each call validates its tensors."""
+        return self.pointer_launch()
+
+    def pointer_launch(self, grid: Sequence[int] | None = None):
+        """``launch_pointers`` on ``grid`` where given (a kernel with run-time sizes, for
+        the sizes of one call signature), else on the kernel's own."""
         if self.validate:
             return None
-        g0, g1, g2 = self.grid
+        g0, g1, g2 = tuple(int(g) for g in grid) + (1,) * (3 - len(grid)) if grid is not None else self.grid
         b0, b1, b2 = self.block
         shared = self.shared_bytes
         sync = self._sync

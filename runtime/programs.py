@@ -7,6 +7,7 @@ artifacts alone.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Sequence
@@ -157,24 +158,49 @@ class CudaProgram(_Program):
                 ins[i] = t.clone()
         return self._run(ins + self.constants, None)
 
-    def _lane_plan(self):
-        """(kernels as (kernel, buffer order), outputs as (shape, stride, dtype),
-        temporaries as (bytes, offsets)) of a program that a fast lane can run, or None
-        (see fast_lane; a program of no kernels, empty results, has nothing to hurry)."""
-        if not self.abi.inputs or not self.kernels or self.constants or self.abi.index_sites or \
-                not self.abi.is_static or \
-                any(map(self.abi.unwritten, range(len(self.abi.outputs)))) or \
+    def _lane_plan(self, shapes: tuple | None = None, device: torch.device | None = None):
+        """(kernels as (kernel, buffer order, grid), outputs as (shape, stride, dtype),
+        temporaries as (bytes, offsets), constant buffers as tensors) of a program that a
+        fast lane can run, or None (see fast_lane; a program of no kernels, empty
+        results, has nothing to hurry). A program with run-time sizes has a plan for the
+        input ``shapes`` of one call signature on ``device``: its outputs' shapes, each
+        kernel's grid and the device buffer of its size slots (its last argument, a
+        constant buffer of the lane) are those of ``ProgramABI.sized_call``."""
+        abi = self.abi
+        if not abi.inputs or not self.kernels or self.constants or abi.index_sites or \
+                any(map(abi.unwritten, range(len(abi.outputs)))) or \
                 any(r >= 0 for r in self.repeats) or any(k.validate for k, _ in self.kernels):
             return None  # (a validating kernel has no launch_pointers)
-        outputs = tuple((tuple(a.shape), torch.empty(a.shape, device="meta").stride(), _dtype(a.elem))
-                        for a in self.abi.outputs)
+        n_buffers = len(abi.inputs) + len(abi.outputs) + len(abi.temporaries)
+        if abi.is_static:
+            out_shapes = [tuple(a.shape) for a in abi.outputs]
+            temp_bytes = [t.nbytes for t in abi.temporaries]
+            kernels, constants = [(k, tuple(args), None) for k, args in self.kernels], ()
+        else:
+            call = abi.sized_call(tuple(shapes)) if shapes is not None and device is not None else "no shapes"
+            if isinstance(call, str):
+                return None
+            out_shapes = list(call.outputs)
+            temp_bytes = [math.prod(shape) * _dtype(t.elem).itemsize
+                          for shape, t in zip(call.temporaries, abi.temporaries)]
+            kernels, constants = [], []
+            for (k, args), sized in zip(self.kernels, call.launches):
+                if sized is None:
+                    kernels.append((k, tuple(args), None))
+                    continue
+                grid, slots = sized
+                kernels.append((k, tuple(args) + (n_buffers + len(constants),), tuple(grid)))
+                constants.append(self._slot_buffer(slots, device))
+            constants = tuple(constants)
+        outputs = tuple((shape, torch.empty(shape, device="meta").stride(), _dtype(a.elem))
+                        for shape, a in zip(out_shapes, abi.outputs))
         offsets, size = [], 0
-        for t in self.abi.temporaries:
+        for nbytes in temp_bytes:
             offsets.append(size)
-            size += -(-t.nbytes // TEMP_ALIGNMENT) * TEMP_ALIGNMENT
-        return [(k, tuple(args)) for k, args in self.kernels], outputs, (size, tuple(offsets))
+            size += -(-nbytes // TEMP_ALIGNMENT) * TEMP_ALIGNMENT
+        return kernels, outputs, (size, tuple(offsets)), constants
 
-    def fast_lane(self):
+    def fast_lane(self, shapes: tuple | None = None, device: torch.device | None = None):
         """One function for the common call, or None: a program with no constants,
         aliased or repeated outputs, called with tensors that kf's dispatch key has
         matched and found contiguous. It allocates the outputs, and the temporaries in
@@ -192,17 +218,20 @@ class CudaProgram(_Program):
         the same caching allocator as ``torch.empty`` without its argument parsing and
         dispatch, a microsecond per output (torch.empty also fills with NaN under
         torch's deterministic mode; the kernels write every element of an output, so
-        nothing can read what it held). ``c_lane`` is the same lane in C."""
-        plan = self._lane_plan()
+        nothing can read what it held). A program with run-time sizes has a lane for
+        each call signature's input ``shapes`` and ``device``: its grids and size slots
+        are worked out once (_lane_plan). ``c_lane`` is the same lane in C."""
+        plan = self._lane_plan(shapes, device)
         if plan is None:
             return None
-        kernels, outputs, (temp_bytes, offsets) = plan
-        launches = [(k.launch_pointers, order) for k, order in kernels]
+        kernels, outputs, (temp_bytes, offsets), constants = plan
+        launches = [(k.pointer_launch(grid), order) for k, order, grid in kernels]
+        fixed = [t.data_ptr() for t in constants]
         n_in = len(self.abi.inputs)
         empty, unchecked, uint8 = torch.empty, self.unchecked, torch.uint8
         alloc, current_device = _output_allocator()
 
-        if len(launches) == 1 and launches[0][1] == tuple(range(n_in + 1)) and len(outputs) == 1:
+        if len(launches) == 1 and launches[0][1] == tuple(range(n_in + 1)) and len(outputs) == 1 and not fixed:
             ((shape, stride, dtype),) = outputs
             launch = launches[0][0]
 
@@ -237,15 +266,18 @@ class CudaProgram(_Program):
                 if temp is not None:
                     base = temp.data_ptr()
                     ptrs += [base + o for o in offsets]
+                ptrs += fixed
                 for launch, order in launches:
                     launch([ptrs[i] for i in order], dev)
                 return outs
 
         call.n_in = n_in
+        call.constants = constants  # the size slots' buffers live as long as the lane
         return call
 
     def c_lane(self, slow, first: int = -1, tree=None, unflatten=None, profile_globals=None, profile_name=None,
-               profiler_enabled=None, program=None):
+               profiler_enabled=None, program=None, shapes: tuple | None = None,
+               device: torch.device | None = None):
         """The fast lane and its caller's wrapper in one C object (kf.runtime._launcher.Lane),
         or None where there is none: no fast lane for this program, launches not through
         the compiled launcher (cuda.bindings, KF_CUDA_SYNC=1), KF_DISPATCH=python, or no
@@ -255,26 +287,28 @@ class CudaProgram(_Program):
         lane it replaces: a profiler recording (``profile_globals[profile_name]`` not
         None, or ``profiler_enabled()``), a pointer not 16-byte aligned, tensors on
         another than the current device, a device a kernel is not bound on yet (the
-        program's first call binds them)."""
+        program's first call binds them). ``shapes`` and ``device``: those of the call
+        signature, for a program with run-time sizes (fast_lane)."""
         from . import cuda
 
         lane_type = _c_lane_type()
         if lane_type is None or cuda._c_launch is None:
             return None
-        plan = self._lane_plan()
+        plan = self._lane_plan(shapes, device)
         if plan is None:
             return None
-        kernels, outputs, (temp_bytes, offsets) = plan
+        kernels, outputs, (temp_bytes, offsets), constants = plan
         alloc, current_device = _output_allocator()
-        n_buffers = len(self.abi.inputs) + len(outputs) + len(offsets)
-        if alloc is None or any(k._sync for k, _ in kernels) or n_buffers > STACK_PARAMS or \
-                len(kernels) > STACK_PARAMS or any(len(order) > STACK_PARAMS for _, order in kernels):
+        n_buffers = len(self.abi.inputs) + len(outputs) + len(offsets) + len(constants)
+        if alloc is None or any(k._sync for k, _, _ in kernels) or n_buffers > STACK_PARAMS or \
+                len(kernels) > STACK_PARAMS or any(len(order) > STACK_PARAMS for _, order, _ in kernels):
             return None
-        specs = tuple((k._handles, k.grid, k.block, k.shared_bytes, order, k._launch_failed) for k, order in kernels)
+        specs = tuple((k._handles, grid or k.grid, k.block, k.shared_bytes, order, k._launch_failed)
+                      for k, order, grid in kernels)
         temporaries = (((temp_bytes,), (1,), torch.uint8), offsets) if offsets else None
         return lane_type(specs, len(self.abi.inputs), outputs, alloc, current_device, cuda._raw_stream_getter(),
                          slow, first, tree, unflatten, profile_globals, profile_name, profiler_enabled, program,
-                         ALIGNMENT, temporaries)
+                         ALIGNMENT, temporaries, constants)
 
     def _run(self, ins: list, events: list | None) -> tuple:
         dev = ins[0].device if ins else torch.device("cuda")

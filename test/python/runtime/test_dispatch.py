@@ -416,6 +416,60 @@ def test_program_lane_of_several_kernels(fake_driver, tmp_path, monkeypatch, dis
     assert _run_with(fake_driver, script).strip() == "ok"
 
 
+@pytest.mark.parametrize("dispatch", ["auto", "python"])
+def test_program_with_run_time_sizes_has_a_lane_per_signature(fake_driver, tmp_path, monkeypatch, dispatch):
+    """A program with run-time sizes takes the fast lane too, in C and in Python, one for
+    each call signature's shapes (api._matched hands them over): outputs of the call's
+    shapes, the sized kernel on its grid for them with its size slots' buffer (made once,
+    kept by the lane) as its last argument, and a static kernel on its own grid."""
+    monkeypatch.setenv("KF_DISPATCH", dispatch)
+    (tmp_path / "k.ptx").write_text("// the stand-in driver never reads it\\n")
+    script = f"""
+        import ctypes, gc, os, torch, kf
+        from kf import api
+        from kf.programs import CompiledProgram
+        from kf.runtime import cuda as kcuda, programs, _launcher
+        from kf.runtime.abi import DYN, KernelABI, ProgramABI, TensorArg
+        made = []
+        def alloc(shape, stride, dtype):
+            made.append(torch._C._dynamo.guards._empty_strided_cpu(shape, stride, dtype))
+            return made[-1]
+        programs._output_allocator = lambda: (alloc, (-1).__int__)
+        kcuda._raw_stream_getter = lambda: (lambda device: 0x5400)
+        # buffers: 0 x [s0, 8], 1 the output [s0, 8], 2 a temporary [2*s0]; 3 the slots (sized kernels)
+        rows = KernelABI("rows", (0, 2, 1), (1, 1, 1), (128, 1, 1), 0, "k.ptx", sizes=("s0", "8*s0"),
+                         grid_sizes=("FloorDiv(k0 + 3, 4)", "1", "1"))
+        tail = KernelABI("tail", (1,), (2, 1, 1), (32, 1, 1), 0, "k.ptx")
+        abi = ProgramABI("cuda", (TensorArg("x", (DYN, 8), "f32", ("s0", "8")),),
+                         (TensorArg("0", (DYN, 8), "f32", ("s0", "8")),),
+                         (TensorArg("t", (DYN,), "f32", ("2*s0",)),), (rows, tail), (-1,))
+        prog = programs.CudaProgram(abi, {str(tmp_path)!r}, {{}})
+        prog._slot_buffer = lambda slots, dev: torch.tensor(slots, dtype=torch.int32, device=dev)
+        for (k, _), fn in zip(prog.kernels, (0xb1, 0xb2)):
+            k._bound[-1], k._handles[-1] = kcuda._Bound(None, fn), fn
+            k._raw_stream = kcuda._raw_stream_getter()
+        compiled = CompiledProgram(prog, ("tensor", 0), {{}}, {str(tmp_path)!r})
+        python = os.environ.get("KF_DISPATCH") == "python"
+        for n, blocks in ((13, 4), (300, 75)):
+            x = torch.randn(n, 8)
+            lane = api._matched(compiled, [x])
+            assert (type(lane) is _launcher.Lane) != python, type(lane)
+            if not python:
+                assert lane.launch_dims == (((blocks, 1, 1), (128, 1, 1), 0), ((2, 1, 1), (32, 1, 1), 0))
+            gc.collect()  # the slots' buffer lives as long as the lane
+            fake("kf_fake_nparams").value = 4
+            out = lane([x])
+            temp = made[-1]
+            assert out is made[-2] and out.shape == (n, 8) and temp.shape == (-(-8 * n // 256) * 256,)
+            (f1, (p0, p1, p2, slots)), (f2, (q0, *_)) = logged(fake("kf_fake_calls").value, 4)[-2:]
+            assert (f1, p0, p1, p2, f2, q0) == (0xb1, x.data_ptr(), temp.data_ptr(), out.data_ptr(), 0xb2, out.data_ptr())
+            values = (ctypes.c_int32 * 2).from_address(slots)
+            assert list(values) == [n, 8 * n], list(values)
+        print("ok")
+    """
+    assert _run_with(fake_driver, script).strip() == "ok"
+
+
 # ----------------------------------------------------------------------------- on a GPU
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
