@@ -16,8 +16,7 @@ dim 128), and a language model's next-token loss (shifted logits and labels):
   ``--torch-compile`` asks (``--loop-only``: this table alone).
 
 A target whose programs take no run-time sizes yet compiles each size (its rows say
-how many programs it compiled); so does the cuda target in the loop, where run-time
-sizes are taken only when asked for (``CudaTarget.automatic_dynamic``). ``--dry-run`` runs small sizes and 3 lengths, to check
+how many programs it compiled). ``--dry-run`` runs small sizes and 3 lengths, to check
 the script; the rows go to bench/results/dynamic-<date>-<commit>.json.
 """
 

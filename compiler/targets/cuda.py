@@ -21,10 +21,6 @@ class CudaTarget(GpuTarget):
     torch_device = "cuda"
     fp8_storage = True
     timing = "events"
-    #: its kernels with run-time sizes run at 0.45-0.67x its static ones on an H100
-    #: (bench/dynamic_shapes.py: a call's host path and the attention kernel), so a size
-    #: that changes compiles for itself unless run-time sizes are asked for
-    automatic_dynamic = False
     nvtx = True
     strategy_target = "cuda"
     binary_stage = "ptx"

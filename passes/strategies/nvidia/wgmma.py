@@ -130,12 +130,17 @@ class SwizzledTile:
         if not step or step % least or chunks % threads:
             return None
         # a 16-byte copy runs along the source's last dim, which the tile's second
-        # coordinate (K-major: k, MN-major: n) must walk; static strides, no offset
-        if d.strides is not None:  # a flat argument: run-time strides
-            return None
+        # coordinate (K-major: k, MN-major: n) must walk; static strides of the last two
+        # dims (a flat argument's lead strides may be run-time ones), no offset
         strides, offset = ir.MemRefType(d.mem.type).get_strides_and_offset()
         dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
-        if d.swapped or offset != 0 or dynamic in strides or strides[-1] != 1:
+        if d.strides is not None:  # a flat argument: its declared strides
+            if offset != 0 or not all(isinstance(x, int) for x in d.strides[-2:]):
+                return None
+            strides = list(d.strides)
+        elif offset != 0 or dynamic in strides:
+            return None
+        if d.swapped or strides[-1] != 1:
             return None
         s_first, s_second = strides[-2], strides[-1]
         i64 = ir.IntegerType.get_signless(64)
@@ -146,7 +151,8 @@ class SwizzledTile:
         src_r = row_perm(r0) if row_perm is not None and not self.mn_major else r0
         elems = arith.addi(g.mul(src_r, s_first), g.mul(g.mul(c, self.vec), s_second))
         for i, x in enumerate(d.lead):
-            elems = arith.addi(elems, g.mul(x, strides[i]))
+            elems = arith.addi(elems, g.mul(x, strides[i]) if isinstance(strides[i], int) else
+                               arith.muli(x, strides[i]))
         base = memref.extract_aligned_pointer_as_index(d.mem)
         src = arith.addi(base, g.mul(elems, self.esize))
         dst = arith.addi(memref.extract_aligned_pointer_as_index(self.mem), dst)

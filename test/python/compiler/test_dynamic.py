@@ -880,9 +880,8 @@ def test_run_time_key_blocks_within_the_keys_are_unguarded(n, d):
 
 
 # ---- CUDA: the same programs with run-time sizes on the GPU --------------------------------
-# The CUDA target takes run-time sizes where they are asked for (dynamic=True or given dims);
-# automatic dynamic is off there (CudaTarget.automatic_dynamic) and on for the test that
-# checks it. Every size is checked against torch, and the programs counted.
+# The CUDA target takes run-time sizes where they are asked for (dynamic=True or given dims)
+# and under automatic dynamic. Every size is checked against torch, and the programs counted.
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -946,10 +945,7 @@ def test_cuda_attention_heads_first_and_non_contiguous(cuda_sized):
 @needs_cuda
 @pytest.mark.parametrize("dtype,d", [(torch.float32, 32), (torch.bfloat16, 32), (torch.bfloat16, 64),
                                      (torch.float16, 128)])
-def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog, monkeypatch, dtype, d):
-    from kf.targets.cuda import CudaTarget
-
-    monkeypatch.setattr(CudaTarget, "automatic_dynamic", True)
+def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog, dtype, d):
     attn = kf.jit(se.fused_attention.fn, target="cuda")
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     with caplog.at_level(logging.INFO, logger="kf.recompiles"):
@@ -960,22 +956,21 @@ def test_cuda_seed_attention_automatic_dynamic(cuda_sized, caplog, monkeypatch, 
     assert f"[1, 2, ?, {d}]" in attn.compiles[1].signature
 
 
-def test_cuda_takes_run_time_sizes_where_asked_only(caplog):
-    """On the cuda target a dim whose size changes compiles each size (its kernels with
-    run-time sizes run slower than its static ones), with a kf.recompiles line saying
-    how to ask; ``dynamic=True`` gives the signature run-time sizes. Checked on the
-    signatures of CPU tensors taken as the cuda target's, which need no GPU."""
+def test_cuda_dim_that_changes_takes_run_time_sizes():
+    """Automatic dynamic on the cuda target: the first size compiles for itself, the
+    second makes the dim run-time; ``dynamic=True`` gives the signature run-time sizes
+    at once, ``dynamic=False`` never. Checked on the signatures of CPU tensors taken as
+    the cuda target's, which need no GPU."""
     auto = kf.jit(_layer_norm, target="cuda")
     asked = kf.jit(_layer_norm, target="cuda", dynamic=True)
-    for f in (auto, asked):
+    static = kf.jit(_layer_norm, target="cuda", dynamic=False)
+    for f in (auto, asked, static):
         f.resolve_target = lambda sig: "cuda"
     w, b = torch.randn(64), torch.randn(64)
-    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
-        for n in (7, 9):
-            sig, _ = auto._bind((torch.randn(1, n, 64), w, b), {})
-            assert not sig.is_dynamic
-    assert "only where asked for" in caplog.text
+    assert not auto._bind((torch.randn(1, 7, 64), w, b), {})[0].is_dynamic
+    assert auto._bind((torch.randn(1, 9, 64), w, b), {})[0].is_dynamic
     assert asked._bind((torch.randn(1, 7, 64), w, b), {})[0].is_dynamic
+    assert not any(static._bind((torch.randn(1, n, 64), w, b), {})[0].is_dynamic for n in (7, 9))
 
 
 @needs_cuda

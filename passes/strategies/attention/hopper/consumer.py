@@ -154,8 +154,10 @@ class Consumer:
         if base is not None:
             last = g.add(base, k.n_blocks - 1)
             o = mma.issue_pv(c[4], c[5:], g.rem(last, 3))
-        else:
+        elif isinstance(k.n_blocks, int):
             o = mma.issue_pv(c[4], c[5:], g.c((k.n_blocks - 1) % 3))
+        else:  # run-time keys: the last block's stage
+            o = mma.issue_pv(c[4], c[5:], g.rem(arith.subi(k.n_blocks, g.c(1)), 3))
         nvvm.wgmma_wait_group_sync_aligned(0)
         if base is not None:
             barriers.release(last)

@@ -65,9 +65,9 @@ class HopperAttention:
         #: run-time sequence lengths (``run_time.SeqLengths``, set in ``emit``), or None
         self.slots = [tuple(s) for s in plan.get("sizes", [])]
         self.seq = None
-        if self.slots and (self.table_shape or p.persistent or p.warp_specialized or self.fp8):
-            raise ValueError("the wgmma attention plan's block table, producer warpgroup, persistent grid and "
-                             "fp8 products take static sizes")
+        if self.slots and (self.table_shape or p.persistent or self.fp8):
+            raise ValueError("the wgmma attention plan's block table, persistent grid and fp8 products take "
+                             "static sizes")
 
     # ---- the tile placed
 
@@ -196,6 +196,8 @@ class HopperAttention:
         i64 = ir.IntegerType.get_signless(64)
         per_row = _wg.SWIZZLE_BYTES // self.esize
         et = self.et
+        if not isinstance(self.Sk, int):  # run-time keys: the key blocks' count, ceil(Sk / bn)
+            self.n_blocks = g.div(g.add(self.Sk, bn - 1), bn)
         # Q: bm rows x D; K: bn rows x D a stage; V: bn k-rows x Dv a stage (MN-major)
         self.Qs, self.Ks, self.Vs, *rest = _wg.carve_aligned(
             g, [(bm * D // per_row, per_row, et), (stages * bn * D // per_row, per_row, et),

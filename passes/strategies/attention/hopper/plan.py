@@ -127,8 +127,8 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded:
     plan is for every length, so what holds only for some is not taken -- fp8 (whole
     key blocks), the block table of a mask (its shape is the lengths'; a mask made from
     the indices is tested per block by the skipping loop, in blocks of 64 keys past head
-    dim 64, and up to head dim 128), the producer warpgroup (its copies past the keys'
-    end, ``specialized``), persistent grids (the tiles' count)."""
+    dim 64, and up to head dim 128), persistent grids (the tiles' count). The producer
+    warpgroup serves every length: its copies test each slot against the keys' end."""
     if not _wg.available(target):
         return None
     view = ch.view
@@ -190,8 +190,9 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded:
     # the producer warpgroup (one more 128-thread warpgroup and the stages' mbarriers),
     # with FlashAttention-3's overlap of a block's P V with the next block's softmax: up
     # to head dim 128 (V's; O, S and two blocks of P spill at 256) and from three key
-    # blocks (two, a loop of one trip that LLVM removes, spilled in fp8)
-    specialized = not bounded and stages == 3 and dv <= 128 and ch.seq_k > 2 * bn and \
+    # blocks (two, a loop of one trip that LLVM removes, spilled in fp8; at run-time
+    # lengths the loop stays)
+    specialized = stages == 3 and dv <= 128 and (bounded or ch.seq_k > 2 * bn) and \
         shared + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes
     if specialized:
         shared += _wg.ATOM_BYTES
@@ -208,7 +209,7 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded:
     # not where the keys end inside a block (the producer's per-slot edge tests spilled at
     # its 24 registers)
     window = target.multiprocessors / grid[0] * ch.seq_k * (d + dv) * esize
-    persistent = specialized and not table \
+    persistent = specialized and not table and not bounded \
         and target.multiprocessors > 0 and window <= PERSISTENT_WINDOW_BYTES and ch.seq_k % bn == 0
     # the walk's, with tiles claimed in turn (whole blocks only: the walk's tails take the
     # serial loop, whose overlap's guards spilled)

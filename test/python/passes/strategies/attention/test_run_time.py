@@ -54,9 +54,11 @@ def emit_run_time(built: Built, target):
 def test_bounded_plans_hold_for_every_length():
     """Planned on the bound, the wgmma plan takes no choice that holds for some lengths
     only: no block table (a causal mask made from the indices is tested per block), no
-    producer warpgroup or persistent grid (which the static kernel of 4096 keys takes)."""
+    persistent grid (which the static kernel of 4096 keys takes). The producer
+    warpgroup serves every length (its copies test the keys' end)."""
     plan, emitted = emit_run_time(run_time_attention(2, 3, 128, "bf16"), HOPPER)
-    assert plan["wgmma"] and plan["stages"] == 3 and not plan["warp_specialized"] and not plan["persistent"], plan
+    assert plan["wgmma"] and plan["stages"] == 3 and plan["warp_specialized"] and not plan["persistent"], plan
+    assert plan["threads"] == 384 and emitted.block == (384, 1, 1), (plan, emitted)
     assert emitted.sizes and emitted.grid_sizes == ("FloorDiv(k3*1 + 127, 128)", "6", "1"), emitted
     # two workgroups an SM (ptxas held to 128 registers) only where the grid at the bound
     # has more than one an SM: 6 heads of 32 query blocks, not one
