@@ -394,7 +394,11 @@ class KfFunction:
         try:
             target = targets.get(self.resolve_target(sig))
         except CompileError:
-            return sig  # the call's error comes from specialize
+            if observe or self.options.target == "auto":
+                return sig  # the call's error comes from specialize
+            # kf.inspect compiles for the decorator's target whatever device the example
+            # tensors are on (a metal_shader's MSL read on Linux)
+            target = targets.get(self.options.target)
         if not target.dynamic_shapes or self._interpret() or (mode is None and not target.automatic_dynamic):
             if observe:
                 self._log_static_target(sig, target)

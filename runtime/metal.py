@@ -72,8 +72,9 @@ def library(msl: str):
     return lib
 
 
-def launch(msl: str, kernel: KernelABI, args: Sequence) -> None:
-    """Run one kernel on MPS tensors given in kernel-argument order; results land in place."""
+def launch(msl: str, kernel: KernelABI, args: Sequence, grid: Sequence[int] | None = None) -> None:
+    """Run one kernel on MPS tensors given in kernel-argument order, on ``grid`` where
+    given (a kernel with run-time sizes), else its own; results land in place."""
     torch = _torch_mps()
     layout = kernel.extra.get("spirv_bindings")
     if layout is not None and len(layout) != len(args):
@@ -90,24 +91,41 @@ def launch(msl: str, kernel: KernelABI, args: Sequence) -> None:
                          f"Apple GPUs have 32")
     block = tuple(kernel.extra.get("threadgroup_size", kernel.block))
     fn = getattr(library(msl), kernel.extra.get("msl_function", kernel.entry))
-    threads = [g * b for g, b in zip(kernel.grid, block)]
+    threads = [g * b for g, b in zip(grid or kernel.grid, block)]
     fn(*args, threads=threads, group_size=list(block))
 
 
 def run_program(abi: ProgramABI, sources: Mapping[str, str], inputs: Sequence) -> tuple:
-    """Run a program's kernels in order on MPS tensors; sources maps KernelABI.artifact to MSL."""
+    """Run a program's kernels in order on MPS tensors; sources maps KernelABI.artifact to
+    MSL. A program with run-time sizes (the Vulkan target's SPIR-V, cross-compiled) takes
+    its outputs' shapes and each sized kernel's grid from the inputs' shapes
+    (ProgramABI.sized_call), and the kernel's size slots as a buffer of int32, its last
+    argument, as the Vulkan launcher passes them."""
     torch = _torch_mps()
-    outs = [torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]), device="mps") for a in abi.outputs]
-    temps = [torch.empty(a.shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]), device="mps") for a in abi.temporaries]
+    sized = None
+    if not abi.is_static:
+        sized = abi.sized_call(tuple(tuple(t.shape) for t in inputs))
+        if isinstance(sized, str):
+            raise MetalError(sized)
+    out_shapes = sized.outputs if sized else [a.shape for a in abi.outputs]
+    temp_shapes = sized.temporaries if sized else [a.shape for a in abi.temporaries]
+    outs = [torch.empty(shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]), device="mps")
+            for shape, a in zip(out_shapes, abi.outputs)]
+    temps = [torch.empty(shape, dtype=getattr(torch, ELEM_INFO[a.elem][0]), device="mps")
+             for shape, a in zip(temp_shapes, abi.temporaries)]
     bufs = [t.contiguous() for t in inputs] + outs + temps
     flag = None
     if abi.index_sites:  # the index error flag, zeroed: kernels only ever set it
         flag = torch.zeros(abi.flag_arg.shape, dtype=torch.int32, device="mps")
         bufs.append(flag)
-    for k in abi.kernels:
+    for n, k in enumerate(abi.kernels):
         if k.artifact not in sources:
             raise MetalError(f"no MSL for kernel {k.entry} (artifact '{k.artifact}')")
-        launch(sources[k.artifact], k, [bufs[i] for i in k.args])
+        args, grid = [bufs[i] for i in k.args], None
+        if k.sizes:  # the kernel's run-time sizes: a buffer of int32, its last argument
+            grid, slots = sized.launches[n]
+            args.append(torch.tensor(slots, dtype=torch.int32, device="mps"))
+        launch(sources[k.artifact], k, args, grid)
     if flag is not None:  # .tolist() waits for the kernels
         abi.raise_index_error(flag.tolist())
     return tuple(abi.take_inputs(inputs, outs))

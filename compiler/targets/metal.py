@@ -4,7 +4,8 @@ Language by SPIRV-Cross, one function per kernel, run on ``mps`` tensors through
 ``kf.inspect(f).msl`` reads it on Linux.
 
 Stages: capture, precision, kernels, schedule, ``msl`` (kf-to-spirv, then kf-to-metal),
-constants, package.
+constants, package. Run-time sizes as on Vulkan: the same SPIR-V's kernels take their
+size slots as a last buffer, which the Metal launcher binds (runtime/metal.py).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ class MetalTarget(SpirvTarget):
     backend_name = "kf-to-spirv + kf-to-metal (SPIRV-Cross)"
     backend_pipeline = "kf-to-spirv, kf-to-metal"
     writes_msl = True
-    #: the Metal launcher (runtime/metal.py) binds no run-time sizes yet
-    dynamic_shapes = False
 
     def arch(self, options: Options) -> str:
         """The device's limits given as ``options.arch``, else "" (DeviceLimits'

@@ -425,6 +425,7 @@ def test_scans_take_run_time_lengths_on_cpu():
 
 _DERIVED = {
     "flatten": (lambda x: x.reshape(-1) * 2, lambda n: (torch.randn(n, 4),)),
+    # a sum of up to 12288 terms, within 1e-3 of float64's where its value cancels to ~1
     "merge_then_sum": (lambda x: x.reshape(-1, 8).sum(0), lambda n: (torch.randn(3, n, 8),)),
     "repeat": (lambda x: x.repeat(3, 1) * 2, lambda n: (torch.randn(n, 4),)),
     "tokens_through_a_linear": (lambda x, w: (x.reshape(-1, 16) @ w).relu(),
@@ -444,7 +445,8 @@ def test_sizes_derived_past_the_kernels_bound_compile_static(target, name):
         f = kf.jit(fn, target=target, dynamic=dynamic)
         for n in (7, 257, 1000, 2000, 4096, 300, 2000):
             args = make(n)
-            _close(f(*args), fn(*args))
+            want = fn(*(a.double() for a in args)).float()
+            _close(f(*args), want, 1e-3 if name == "merge_then_sum" else 1e-4)
         assert any("?" in c.signature for c in f.compiles), f.compiles
     # a float argument read at run time takes the same path (its dispatch entries)
     g = kf.jit(lambda x, s: x.reshape(-1) * s, target=target)
