@@ -585,11 +585,19 @@ class KfFunction:
                 sig, program, reads = self._specialized(sig, tensors)
                 used = program.reached
                 tensors += [reads.tensors[j] for j in used]
-                self._fast[key] = reads.guarded(_matched(program, tensors), used, program.baked)
+                self._keep_fast(key, reads.guarded(_matched(program, tensors), used, program.baked))
                 self._entries[sig] = reads.guarded(_moving(program, program.moves), used, program.baked)
                 return _moving(program, program.moves)(tensors)
         program, tensors = self._bound_call(args, kwargs)
         return program(tensors)
+
+    def _keep_fast(self, key: tuple, entry) -> None:
+        """A dispatch-table entry; past FAST_ENTRIES (a program with run-time sizes has one
+        for each shape it meets, holding its lane and size slots) the oldest goes, and
+        its shape takes the bound path again when it comes back."""
+        if len(self._fast) >= FAST_ENTRIES:
+            self._fast.pop(next(iter(self._fast)))
+        self._fast[key] = entry
 
     def _scalar_call(self, key: tuple, sig: Signature, tensors: list, args: tuple, kwargs: dict):
         """A positional call whose floats are runtime scalars: run through the bound path
@@ -612,7 +620,7 @@ class KfFunction:
                     ts.insert(i, t)
                 return base(ts)
 
-            self._fast[key] = reads.guarded(with_scalars, program.reached, program.baked)
+            self._keep_fast(key, reads.guarded(with_scalars, program.reached, program.baked))
         return call(full)
 
     def _bind(self, args: tuple, kwargs: dict, observe: bool = True) -> tuple[Signature, list]:
@@ -743,6 +751,8 @@ class _KeepConstant(Exception):
 
 #: values of a signature's runtime floats that get a dispatch-table entry (_scalar_call)
 SCALAR_ENTRIES = 8
+#: dispatch-table entries a function keeps (KfFunction._keep_fast)
+FAST_ENTRIES = 1024
 
 
 def _tensor_params(sig: Signature) -> list:

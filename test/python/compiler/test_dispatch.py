@@ -67,6 +67,18 @@ def test_calls_agree_and_fill_the_same_table(dispatch):
     assert len(g._fast) == 2  # a list and a tuple of tensors are two signatures
 
 
+def test_table_keeps_the_newest_entries(dispatch, monkeypatch):
+    """A dynamic function meets a new shape at every call: its table keeps the newest
+    FAST_ENTRIES, and a shape whose entry went takes the bound path and is added again."""
+    monkeypatch.setattr(api, "FAST_ENTRIES", 4)
+    f = kf.jit(lambda x: x * 2 + 1, target="cpu", dynamic=True)
+    for n in (3, 5, 7, 9, 11, 13, 3):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(f(x), x * 2 + 1)
+    assert list(f._fast) == [api._fast_key((torch.randn(n, 4),))[0] for n in (9, 11, 13, 3)]
+    assert len(f.compiles) == 1
+
+
 def test_plain_call_takes_the_table_and_skips_needs_op(dispatch, monkeypatch):
     f = kf.jit(_add, target="cpu")
     x, y = torch.randn(8), torch.randn(8)
