@@ -340,6 +340,7 @@ def register(kfn) -> Any:
         kfn._random = previous._random if same else {}  # structure -> whether it draws
         kfn._trainings = previous._trainings if same else {}  # forward and backward split for autograd
         kfn._writes = previous._writes if same else set()  # structures whose calls write to an argument
+        kfn._eager_plans = {}  # (structure, tensors' shapes, dtypes, devices) -> _EagerPlan
         _OWNERS[name] = kfn
         if name not in _OPS:
             _OPS[name] = _define(name)
@@ -720,6 +721,12 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
         # autograd.Function, without torch.library's layers around a custom op's autograd
         # (a few hundred microseconds a forward and backward, more than the programs' own
         # host time); torch.compile and tracing see the op
+        owner = _OWNERS[kfn._op_key]
+        plan = owner._eager_plans.get((structure, tuple((t.shape, t.dtype, t.device) for t in tensors)))
+        if plan is None:
+            plan = _eager_plan(owner, structure, tensors)
+        if plan is not None:
+            return unflatten(plan.tree, list(_PlannedEagerCall.apply(plan, *tensors))[:plan.tree_size])
         flat = _EagerCall.apply(kfn._op_key, structure, *tensors)
     else:
         flat = kfn._torch_op(tensors, structure)
@@ -728,6 +735,80 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
     owner = _OWNERS[kfn._op_key]
     tree = owner._trees[structure]
     return unflatten(tree, list(flat)[:tree_size(tree)])
+
+
+#: eager-call plans a function keeps (_eager_plan)
+EAGER_PLANS = 256
+
+
+class _EagerPlan:
+    """What an eager call that autograd records needs, worked out once for its structure
+    and its tensors' shapes, dtypes and devices: the split forward and backward
+    (``training_of``), which tensors get a gradient, how the results nest. Its calls
+    skip the op's per-call derivations (``_PlannedEagerCall``)."""
+
+    __slots__ = ("name", "structure", "training", "float_inputs", "tree", "tree_size")
+
+    def __init__(self, name: str, structure: str, training, float_inputs: list, tree):
+        self.name, self.structure, self.training = name, structure, training
+        self.float_inputs, self.tree, self.tree_size = float_inputs, tree, tree_size(tree)
+
+
+def _eager_plan(owner, structure: str, tensors: list) -> _EagerPlan | None:
+    """The plan of an eager training call (kept on ``owner``, the op's function), or None
+    where the call takes the op's general path: its first call (which learns how the
+    results nest and whether it draws random numbers), a function that draws or writes
+    to an argument, a forward that saves nothing beyond its results."""
+    if structure not in owner._random or structure not in owner._trees or not _split(owner, structure):
+        return None
+    impl, rest = implementation(owner, structure)
+    with _opaque():
+        training, _ = training_of(impl, rest, list(tensors), wants_of(structure, tensors))
+    if training.forward is None or not training.extras:
+        return None
+    n = _tensor_count(structure)
+    float_inputs = list(wants_of(structure, tensors[:n])) + [False] * (len(tensors) - n)
+    plan = _EagerPlan(owner._op_key, structure, training, float_inputs, owner._trees[structure])
+    plans = owner._eager_plans
+    if len(plans) >= EAGER_PLANS:
+        plans.pop(next(iter(plans)))
+    plans[(structure, tuple((t.shape, t.dtype, t.device) for t in tensors))] = plan
+    return plan
+
+
+class _PlannedEagerCall(torch.autograd.Function):
+    """``_EagerCall`` for a call whose plan is known (``_EagerPlan``): the split forward's
+    program, its results and extras saved for the backward, and the split backward's
+    program, with nothing derived again."""
+
+    @staticmethod
+    def forward(ctx, plan: _EagerPlan, *tensors: torch.Tensor):
+        training = plan.training
+        with _opaque(), mutation.refused(_REFUSED_WRITES):
+            outs = _fresh(training.run_forward(list(tensors)), tensors)
+        ctx.plan, ctx.name, ctx.structure, ctx.float_inputs = plan, plan.name, plan.structure, plan.float_inputs
+        ctx.set_materialize_grads(False)  # the backward makes the zeros it needs
+        n = training.n_outputs
+        ctx.outputs_meta = [(o.shape, o.dtype, o.device) for o in outs[:n]]
+        if len(outs) > n:
+            ctx.mark_non_differentiable(*outs[n:])
+        ctx.save_for_backward(*training.saved(list(tensors), outs))
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if torch.is_grad_enabled() or _is_compiling() or _dispatch_modes():
+            # a backward that builds a graph (create_graph) or is traced: through the op
+            per_tensor, _ = _backward_formula(ctx.name)(ctx, grads)
+            return (None, *per_tensor)
+        tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+                    for g, (shape, dtype, device) in zip(grads, ctx.outputs_meta) if dtype.is_floating_point]
+        saved = list(ctx.saved_tensors)
+        with _opaque():
+            grad_in = ctx.plan.training.backward(saved, tangents)
+            flat = _fresh([g for g in grad_in if g is not None], saved + tangents)
+        it = iter(flat)
+        return (None, *[next(it) if f else None for f in ctx.float_inputs])
 
 
 class _EagerCall(torch.autograd.Function):
