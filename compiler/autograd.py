@@ -104,6 +104,21 @@ def _decompositions() -> dict:
     return table
 
 
+def _norm_statistics_decompositions() -> dict:
+    """The norms' forwards (layer, group and batch norm) as the ops they are made of.
+    Their statistics outputs (mean, rstd) are non-differentiable in torch, whose double
+    backward of the norms accounts for them in one formula; a backward traced with the
+    norm kept whole and its backward decomposed reads them as constants, and the
+    derivative of that backward (a double backward) loses their terms (layer norm's
+    gradient of the input's gradient was 95 off for values of order 1)."""
+    from torch._decomp import get_decompositions
+
+    aten = torch.ops.aten
+    return get_decompositions([aten.native_layer_norm, aten.native_group_norm, aten.native_batch_norm,
+                               aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+                               aten._native_batch_norm_legit_functional])
+
+
 def _slice_scatter(input, src, dim=0, start=None, end=None, step=1):
     """input with input[start:end] along dim replaced by src (step 1)."""
     if step != 1:
@@ -324,14 +339,16 @@ def concrete_shape(t) -> tuple[int, ...]:
 
 
 def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor],
-                 with_outputs: bool = False, wants: tuple[bool, ...] | None = None
-                 ) -> tuple[torch.fx.GraphModule, tuple[bool, ...], int]:
+                 with_outputs: bool = False, wants: tuple[bool, ...] | None = None,
+                 differentiable: bool = False) -> tuple[torch.fx.GraphModule, tuple[bool, ...], int]:
     """(the joint graph, which inputs are differentiable, how many outputs it returns
     before the gradients): placeholders are the inputs, the gradients of the floating-point
     outputs and the random state (removed where nothing reads it); it returns the input
     gradients, after every output of the forward (``with_outputs``). ``wants``: the inputs
     that get a gradient (every floating-point one where None): no kernel computes the
-    gradient of a frozen weight or a float mask."""
+    gradient of a frozen weight or a float mask. ``differentiable``: the graph is one that
+    is differentiated again (a double backward), with the norms' statistics computed by
+    differentiable ops (_norm_statistics_decompositions)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     import torch.fx.traceback as fx_traceback
@@ -349,7 +366,8 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
     diff = tuple(t.is_floating_point() and (wants is None or bool(w))
                  for t, w in zip(tensors, wants if wants is not None else [True] * len(tensors)))
     box: dict = {}
-    table = {**_decompositions(), **_replay_table(box)}
+    table = {**_decompositions(), **(_norm_statistics_decompositions() if differentiable else {}),
+             **_replay_table(box)}
     n_outputs = [0]
 
     def joint(*flat):
@@ -406,7 +424,7 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
     its floating-point outputs, in order; ``wants`` the inputs that get a gradient."""
     from . import torch_ops
 
-    gm, diff, _ = _trace_joint(kfn, structure, tensors, grads, wants=wants)
+    gm, diff, _ = _trace_joint(kfn, structure, tensors, grads, wants=wants, differentiable=True)
     random = len([n for n in gm.graph.nodes if n.op == "placeholder"]) > len(tensors) + len(grads)
     name = torch_ops.op_name_base(kfn.fn)
     fn, path, line_locs = _materialize(kfn, f"{name}_backward", gm, kfn.fn, "backward")

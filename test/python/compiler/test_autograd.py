@@ -326,6 +326,20 @@ def test_double_backward():
     torch.testing.assert_close(gg, ggr)
 
 
+@pytest.mark.parametrize("norm", ["layer_norm", "group_norm", "batch_norm"])
+def test_double_backward_of_torch_norms(norm):
+    """torch's own norms, whose statistics outputs (mean, rstd) torch marks
+    non-differentiable: kf's double backward matches torch's (gradgradcheck in float64),
+    the gradient of the input's gradient included (layer norm's was 95 off)."""
+    F = torch.nn.functional
+    fn, shape = {"layer_norm": (lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5), (3, 8)),
+                 "group_norm": (lambda x, w, b: F.group_norm(x, 4, w, b), (3, 8, 5)),
+                 "batch_norm": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), (6, 8, 5))}[norm]
+    f = kf.jit(fn, target="cpu")
+    args = (_rand(*shape), _rand(8), _rand(8))
+    assert torch.autograd.gradgradcheck(f, args)
+
+
 # ----------------------------------------------------------------------------- random numbers
 
 

@@ -212,6 +212,44 @@ def test_outputs_never_alias_inputs():
     torch.testing.assert_close(flat, x.detach().reshape(-1))
 
 
+def test_eager_training_calls_take_their_plan(monkeypatch):
+    """An eager call that autograd records: the first of a signature takes the op's
+    general path (it learns how the results nest), later ones its plan (_EagerPlan), with
+    the same results and gradients as eager, and nothing derived again (training_of is
+    not called); a backward that builds a graph (create_graph) goes through the op. A
+    frozen weight is another signature: its plan computes no gradient for it."""
+    @kf.jit(target="cpu")
+    def norm(x, weight, bias):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, 1e-5)
+
+    def grads(f, x, w, b, create_graph=False):
+        leaves = [t for t in (x, w, b) if t.requires_grad]
+        out = f(x, w, b)
+        return (out, *torch.autograd.grad(out.square().sum(), leaves, create_graph=create_graph))
+
+    owner = torch_ops._OWNERS[norm._op_key]
+    for frozen in (False, True):
+        x = torch.randn(13, 257, requires_grad=True)
+        w = torch.randn(257, requires_grad=not frozen)
+        b = torch.randn(257, requires_grad=True)
+        want = grads(norm.fn, x, w, b)
+        for call in range(3):
+            if call == 2:  # the plan's third call derives nothing
+                monkeypatch.setattr(torch_ops, "training_of", lambda *a, **k: pytest.fail("derived again"))
+            for got, ref in zip(grads(norm, x, w, b), want):
+                torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+            monkeypatch.undo()
+        assert len(owner._eager_plans) == 1 + frozen
+    x, w, b = (torch.randn(5, 32, requires_grad=True), torch.randn(32, requires_grad=True),
+               torch.randn(32, requires_grad=True))
+    for _ in range(2):
+        gx = grads(norm, x, w, b, create_graph=True)[1]
+        (ggx,) = torch.autograd.grad(gx.square().sum(), x)
+        want_gx = grads(norm.fn, x, w, b, create_graph=True)[1]
+        (want_ggx,) = torch.autograd.grad(want_gx.square().sum(), x)
+        torch.testing.assert_close(ggx, want_ggx, rtol=1e-3, atol=1e-3)
+
+
 def test_plain_calls_skip_the_op():
     x, w, b = torch.randn(4, 32), torch.randn(32), torch.randn(32)
     assert not torch_ops.needs_op((x, w, b), {})
