@@ -297,10 +297,9 @@ def test_sizes_zero_one_and_past_the_limit_get_programs_of_their_own():
     big = [torch.randn(2048, 3)]
     assert sizes.plan(flat).serves(big) and not sizes.plan(flat, bound_all=True).serves(big)
     assert sizes.plan(flat, bound_all=True).serves([torch.randn(1024, 3)])
-    # metal's programs take no run-time sizes yet (MetalTarget.dynamic_shapes): a region
-    # per size; cuda's take them
-    assert "for each size" in regions._size_plan(gm, Options(target="metal"))
-    assert not isinstance(regions._size_plan(gm, Options(target="cuda")), str)
+    # the GPU targets' programs take them too
+    for target in ("cuda", "vulkan", "metal"):
+        assert not isinstance(regions._size_plan(gm, Options(target=target)), str), target
     record = regions.Region("r", "inference", [], [])
     runner = regions.RegionRunner(gm, Options(target="cpu"), record, gm, lambda *a: None)
     for n in (7, 0, 1, 9, MAX_DYNAMIC_SIZE + 1):
