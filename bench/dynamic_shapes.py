@@ -1,6 +1,7 @@
 """Run-time sizes: dynamic against static kernels, and the 19-length loop.
 
     python3 bench/dynamic_shapes.py [--target cpu|cuda|vulkan] [--only NAME,...] [--dry-run] [--out-dir DIR]
+                                    [--variants attention.run_time_producer=true]
 
 Two tables, for the seed's layer norm and attention (examples/seed_examples.py), at small
 sizes (host-bound on a GPU) and at the seed's own (``_seed``: rows of 4096, 32 heads of
@@ -114,14 +115,15 @@ def _selected(device: str, dtype: torch.dtype, only: list[str]) -> dict:
     return {name: w for name, w in _workloads(device, dtype).items() if not only or any(o in name for o in only)}
 
 
-def speed_rows(target: str, sizes: list[int], reps: int, dtype: torch.dtype, only: list[str]) -> list[dict]:
+def speed_rows(target: str, sizes: list[int], reps: int, dtype: torch.dtype, only: list[str],
+               variants: str = "") -> list[dict]:
     device = DEVICE[target]
     rows = []
     for name, (fn, dims, inputs) in _selected(device, dtype, only).items():
-        dynamic = kf.jit(fn, target=target, dynamic=dims)
+        dynamic = kf.jit(fn, target=target, dynamic=dims, variants=variants)
         for n in sizes:
             args = inputs(n)
-            static = kf.jit(fn, target=target, dynamic=False)
+            static = kf.jit(fn, target=target, dynamic=False, variants=variants)
             want = fn(*args)
             err_s, err_d = _check(static(*args), want), _check(dynamic(*args), want)
             t_s, t_d = _timed(static, args, device, reps), _timed(dynamic, args, device, reps)
@@ -135,11 +137,11 @@ def speed_rows(target: str, sizes: list[int], reps: int, dtype: torch.dtype, onl
 
 
 def loop_rows(target: str, lengths: list[int], dtype: torch.dtype, torch_compile: bool,
-              only: list[str]) -> list[dict]:
+              only: list[str], variants: str = "") -> list[dict]:
     device = DEVICE[target]
     rows = []
     for name, (fn, _, inputs) in _selected(device, dtype, only).items():
-        f = kf.jit(fn, target=target)
+        f = kf.jit(fn, target=target, variants=variants)
         start = time.perf_counter()
         worst = 0.0
         for n in lengths:
@@ -172,6 +174,8 @@ def main() -> int:
     ap.add_argument("--loop-only", action="store_true", help="the 19-length loop, not the speed table")
     ap.add_argument("--only", default="", help="comma-separated texts: the workloads whose name contains one")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--variants", default="", help="kernel variants for every kf function "
+                                                   "(attention.run_time_producer=true)")
     args = ap.parse_args()
     only = [o for o in args.only.split(",") if o]
     dtype = torch.bfloat16 if args.target == "cuda" else torch.float32
@@ -180,12 +184,12 @@ def main() -> int:
         os.environ.setdefault("KF_CACHE_DIR", tempfile.mkdtemp(prefix="kf-bench-dyn-"))
     else:
         sizes, lengths, reps = [320, 1024, 2048, 4096], list(range(320, 2049, 96)), 20
-    rows = [] if args.loop_only else speed_rows(args.target, sizes, reps, dtype, only)
-    rows += loop_rows(args.target, lengths, dtype, args.torch_compile, only)
+    rows = [] if args.loop_only else speed_rows(args.target, sizes, reps, dtype, only, args.variants)
+    rows += loop_rows(args.target, lengths, dtype, args.torch_compile, only, args.variants)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     out = Path(args.out_dir) / f"dynamic-{time.strftime('%Y%m%d')}-{commit or 'nocommit'}" \
-        f"{'-dry' if args.dry_run else ''}.json"
+        f"{'-dry' if args.dry_run else ''}{'-' + args.variants.replace('=', '-') if args.variants else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
                                "commit": commit, "rows": rows}, indent=1))

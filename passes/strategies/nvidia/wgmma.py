@@ -131,11 +131,12 @@ class SwizzledTile:
             return None
         # a 16-byte copy runs along the source's last dim, which the tile's second
         # coordinate (K-major: k, MN-major: n) must walk; static strides of the last two
-        # dims (a flat argument's lead strides may be run-time ones), no offset
+        # dims, no offset. A flat argument (run-time sizes) only for a producer's tiles:
+        # its lead strides may be run-time ones
         strides, offset = ir.MemRefType(d.mem.type).get_strides_and_offset()
         dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
         if d.strides is not None:  # a flat argument: its declared strides
-            if offset != 0 or not all(isinstance(x, int) for x in d.strides[-2:]):
+            if not self.producer or offset != 0 or not all(isinstance(x, int) for x in d.strides[-2:]):
                 return None
             strides = list(d.strides)
         elif offset != 0 or dynamic in strides:

@@ -934,6 +934,27 @@ def test_cuda_seed_attention_one_program_serves_sizes_1_to_1000(cuda_sized, dtyp
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_run_time_producer_variant(cuda_sized, dtype):
+    """The producer warpgroup at run-time lengths (``attention.run_time_producer``, off
+    by default until this passes on a GPU): head dim 128 at every kind of tail, keys
+    longer and shorter than the queries, and q read through a transpose (flat
+    arguments' lean copies with run-time lead strides)."""
+    attn = kf.jit(se.fused_attention.fn, target="cuda", dynamic={"q": [2], "k": [2], "v": [2]},
+                  variants="attention.run_time_producer=true")
+    for n in (7, 1, 128, 129, 257, 300, 1000, 2048):
+        q, k, v = (cuda_sized(2, 3, n, 128, dtype=dtype) for _ in range(3))
+        _close(attn(q, k, v), _attention_reference(se.fused_attention.fn, q, k, v), 3e-2)
+    for sq, sk in ((300, 77), (77, 1000), (1, 129), (129, 1), (256, 384)):
+        q = cuda_sized(2, 3, sq, 128, dtype=dtype)
+        k, v = cuda_sized(2, 3, sk, 128, dtype=dtype), cuda_sized(2, 3, sk, 128, dtype=dtype)
+        _close(attn(q, k, v), _attention_reference(se.fused_attention.fn, q, k, v), 3e-2)
+    q = cuda_sized(2, 257, 3, 128, dtype=dtype).transpose(1, 2)
+    k, v = cuda_sized(2, 3, 257, 128, dtype=dtype), cuda_sized(2, 3, 257, 128, dtype=dtype)
+    _close(attn(q, k, v), _attention_reference(se.fused_attention.fn, q, k, v), 3e-2)
+
+
+@needs_cuda
 def test_cuda_attention_heads_first_and_non_contiguous(cuda_sized):
     """q read through a transpose ([b, s, h, d] stored), k and v of one head: the
     tensor-core kernels at run-time lengths with the strides of a view."""

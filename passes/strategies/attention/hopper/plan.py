@@ -72,6 +72,11 @@ class AttentionVariant:
     #: SPIR-V: the SIMT kernel's two products on cooperative matrices, for f16 q, k, v
     #: where the device lists an f16 shape (attention/coopmat.py); false: SIMT throughout
     cooperative_matrix: bool = True
+    #: sm_90a at run-time sequence lengths: the producer warpgroup (FlashAttention-3's warp
+    #: specialization, its copies testing each slot against the keys' end) instead of the
+    #: consumers' own three-stage copies. ptxas assembles it without spills at head dims 64
+    #: and 128; off by default because its results have not been checked on a GPU yet
+    run_time_producer: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,8 +132,8 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded:
     plan is for every length, so what holds only for some is not taken -- fp8 (whole
     key blocks), the block table of a mask (its shape is the lengths'; a mask made from
     the indices is tested per block by the skipping loop, in blocks of 64 keys past head
-    dim 64, and up to head dim 128), persistent grids (the tiles' count). The producer
-    warpgroup serves every length: its copies test each slot against the keys' end."""
+    dim 64, and up to head dim 128), persistent grids (the tiles' count); the producer
+    warpgroup only with ``variant.run_time_producer``."""
     if not _wg.available(target):
         return None
     view = ch.view
@@ -192,7 +197,8 @@ def plan(ch, target: TargetInfo, skip: bool, variant: AttentionVariant, bounded:
     # to head dim 128 (V's; O, S and two blocks of P spill at 256) and from three key
     # blocks (two, a loop of one trip that LLVM removes, spilled in fp8; at run-time
     # lengths the loop stays)
-    specialized = stages == 3 and dv <= 128 and (bounded or ch.seq_k > 2 * bn) and \
+    specialized = stages == 3 and dv <= 128 and \
+        (variant.run_time_producer if bounded else ch.seq_k > 2 * bn) and \
         shared + _wg.ATOM_BYTES <= target.max_dynamic_shared_bytes
     if specialized:
         shared += _wg.ATOM_BYTES

@@ -13,6 +13,7 @@ from kernels import CUDA, HOPPER, Built, cuda_report, needs_ptxas
 from kf.dialects import builders as kb
 from kf.dialects.types import DYN, TensorSpec
 from kf.passes.strategies import run_time_sizes
+from kf.passes.strategies.attention.hopper import AttentionVariant
 from kf.passes.strategies.base import strategy_for
 from mlir import ir
 
@@ -40,13 +41,13 @@ def run_time_attention(b, h, d, elem, mask=None, lse=False):
     return Built("attention", specs, body)
 
 
-def emit_run_time(built: Built, target):
+def emit_run_time(built: Built, target, variant=None):
     """(plan, EmittedKernel) as kf-tile and kf-map-to-gpu make them for a kernel with
     run-time sizes: planned on its bound, its slots in the plan's ``sizes``."""
     with built.ctx, ir.Location.unknown():
         strategy = strategy_for("attention")
         with run_time_sizes.bounded(built.kernel.operation) as (bounded, slots):
-            plan = {**strategy.plan(bounded, target), "sizes": [list(s) for s in slots]}
+            plan = {**strategy.plan(bounded, target, variant), "sizes": [list(s) for s in slots]}
             emitted = strategy.emit(bounded, plan, built.gpu_module, target)
     return plan, emitted
 
@@ -55,10 +56,14 @@ def test_bounded_plans_hold_for_every_length():
     """Planned on the bound, the wgmma plan takes no choice that holds for some lengths
     only: no block table (a causal mask made from the indices is tested per block), no
     persistent grid (which the static kernel of 4096 keys takes). The producer
-    warpgroup serves every length (its copies test the keys' end)."""
+    warpgroup, which serves every length (its copies test the keys' end), where the
+    variant asks for it."""
     plan, emitted = emit_run_time(run_time_attention(2, 3, 128, "bf16"), HOPPER)
-    assert plan["wgmma"] and plan["stages"] == 3 and plan["warp_specialized"] and not plan["persistent"], plan
-    assert plan["threads"] == 384 and emitted.block == (384, 1, 1), (plan, emitted)
+    assert plan["wgmma"] and plan["stages"] == 3 and not plan["warp_specialized"] and not plan["persistent"], plan
+    producer = AttentionVariant(run_time_producer=True)
+    plan, emitted = emit_run_time(run_time_attention(2, 3, 128, "bf16"), HOPPER, producer)
+    assert plan["warp_specialized"] and not plan["persistent"] and plan["threads"] == 384, plan
+    assert emitted.block == (384, 1, 1), emitted
     assert emitted.sizes and emitted.grid_sizes == ("FloorDiv(k3*1 + 127, 128)", "6", "1"), emitted
     # two workgroups an SM (ptxas held to 128 registers) only where the grid at the bound
     # has more than one an SM: 6 heads of 32 query blocks, not one
@@ -87,20 +92,23 @@ def test_mma_sync_plan_at_run_time_sizes():
 @pytest.mark.parametrize("chip", ["sm_90a", "sm_80"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("elem", ["bf16", "f16"])
-@pytest.mark.parametrize("variant", ["plain", "causal", "lse", "one_head"])
+@pytest.mark.parametrize("variant", ["plain", "causal", "lse", "one_head", "producer", "producer_lse"])
 def test_run_time_kernels_assemble_without_spills(chip, d, elem, variant):
     """The kernels with run-time lengths -- O alone, under a causal mask made from the
     indices, with the row logsumexp, and of one head (no flat buffers) -- lower to PTX
     that ptxas assembles without spills; each reads its size slots (the last parameter)
     and compares its keys against the run-time length, not a constant."""
     b, h = (1, 1) if variant == "one_head" else (2, 3)
-    built = run_time_attention(b, h, d, elem, mask="causal" if variant == "causal" else None, lse=variant == "lse")
-    plan, emitted = emit_run_time(built, HOPPER if chip == "sm_90a" else CUDA)
+    lse = variant in ("lse", "producer_lse")
+    built = run_time_attention(b, h, d, elem, mask="causal" if variant == "causal" else None, lse=lse)
+    options = AttentionVariant(run_time_producer=variant.startswith("producer"))
+    plan, emitted = emit_run_time(built, HOPPER if chip == "sm_90a" else CUDA, options)
     ptx, report = cuda_report(built, chip)
     assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (plan, report)
     wgmma = chip == "sm_90a"
     assert ("wgmma.mma_async" in ptx) == wgmma and ("mma.sync.aligned.m16n8k16" in ptx) == (not wgmma)
-    assert len(emitted.sizes) == (5 if variant == "lse" else 4), emitted
+    assert len(emitted.sizes) == (5 if lse else 4), emitted
+    assert plan.get("warp_specialized", False) == (options.run_time_producer and wgmma and d == 128), plan
     assert emitted.grid_sizes[0].startswith("FloorDiv(k3*1"), emitted
     text = built.gpu_text()
     slots = f"memref<{len(emitted.sizes)}xi32>"
