@@ -367,6 +367,21 @@ def test_program_c_lane_through_a_kf_function(fake_driver, tmp_path, monkeypatch
     assert _run_with(fake_driver, script).strip() == "ok"
 
 
+#: the lane tests' prelude: kf's pieces, an allocator that keeps what it made (``made``)
+#: on CPU tensors, and torch's raw stream as a constant
+_RECORDING_LANE = """        from kf import api
+        from kf.programs import CompiledProgram
+        from kf.runtime import cuda as kcuda, programs, _launcher
+        from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
+        made = []
+        def alloc(shape, stride, dtype):
+            made.append(torch._C._dynamo.guards._empty_strided_cpu(shape, stride, dtype))
+            return made[-1]
+        programs._output_allocator = lambda: (alloc, (-1).__int__)
+        kcuda._raw_stream_getter = lambda: (lambda device: 0x5400)
+"""
+
+
 @pytest.mark.parametrize("dispatch", ["auto", "python"])
 def test_program_lane_of_several_kernels(fake_driver, tmp_path, monkeypatch, dispatch):
     """A program of two kernels and two temporaries (fp8 attention's shape: a kernel
@@ -377,17 +392,7 @@ def test_program_lane_of_several_kernels(fake_driver, tmp_path, monkeypatch, dis
     (tmp_path / "k.ptx").write_text("// the stand-in driver never reads it\\n")
     script = f"""
         import os, torch, kf
-        from kf import api
-        from kf.programs import CompiledProgram
-        from kf.runtime import cuda as kcuda, programs, _launcher
-        from kf.runtime.abi import KernelABI, ProgramABI, TensorArg
-        made = []
-        def alloc(shape, stride, dtype):
-            made.append(torch._C._dynamo.guards._empty_strided_cpu(shape, stride, dtype))
-            return made[-1]
-        programs._output_allocator = lambda: (alloc, (-1).__int__)
-        kcuda._raw_stream_getter = lambda: (lambda device: 0x5400)
-        # buffers: 0 x, 1 the output, 2 and 3 temporaries
+{_RECORDING_LANE}        # buffers: 0 x, 1 the output, 2 and 3 temporaries
         first = KernelABI("stage", (0, 2, 3), (2, 1, 1), (32, 1, 1), 0, "k.ptx")
         second = KernelABI("finish", (3, 2, 1), (1, 1, 1), (64, 1, 1), 128, "k.ptx")
         abi = ProgramABI("cuda", (TensorArg("x", (16,), "f32"),), (TensorArg("0", (16,), "f32"),),
@@ -426,16 +431,7 @@ def test_program_with_run_time_sizes_has_a_lane_per_signature(fake_driver, tmp_p
     (tmp_path / "k.ptx").write_text("// the stand-in driver never reads it\\n")
     script = f"""
         import ctypes, gc, os, torch, kf
-        from kf import api
-        from kf.programs import CompiledProgram
-        from kf.runtime import cuda as kcuda, programs, _launcher
-        from kf.runtime.abi import DYN, KernelABI, ProgramABI, TensorArg
-        made = []
-        def alloc(shape, stride, dtype):
-            made.append(torch._C._dynamo.guards._empty_strided_cpu(shape, stride, dtype))
-            return made[-1]
-        programs._output_allocator = lambda: (alloc, (-1).__int__)
-        kcuda._raw_stream_getter = lambda: (lambda device: 0x5400)
+{_RECORDING_LANE}        from kf.runtime.abi import DYN
         # buffers: 0 x [s0, 8], 1 the output [s0, 8], 2 a temporary [2*s0]; 3 the slots (sized kernels)
         rows = KernelABI("rows", (0, 2, 1), (1, 1, 1), (128, 1, 1), 0, "k.ptx", sizes=("s0", "8*s0"),
                          grid_sizes=("FloorDiv(k0 + 3, 4)", "1", "1"))
