@@ -109,6 +109,57 @@ class CpuProgram:
         return tuple(outs)
 
 
+    def fast_lane(self, shapes: Sequence[tuple[int, ...]] | None = None, device=None):
+        """One function for the common call, or None: tensors that kf's dispatch key has
+        matched to the program (shapes, dtypes) and found contiguous, of a program with
+        no index error flag and no output that is an input's view. Everything that does
+        not depend on the call's tensors is worked out once per call signature: the
+        outputs' shapes and dtypes, and every memref descriptor but its two pointers, in
+        one int64 array that a call copies and fills (a call's own, so that threads may
+        call at once). ``shapes``: the signature's input shapes, for a program with
+        run-time sizes."""
+        abi = self.abi
+        if abi.index_sites or any(map(abi.unwritten, range(len(abi.outputs)))):
+            return None
+        if self._static:
+            in_shapes = [tuple(a.shape) for a in abi.inputs]
+            out_shapes = [tuple(a.shape) for a in abi.outputs]
+        else:
+            if shapes is None or len(shapes) != len(abi.inputs):
+                return None
+            sizes = bind_sizes(abi.inputs, [tuple(s) for s in shapes], 1)
+            if isinstance(sizes, str):
+                return None
+            in_shapes, out_shapes = [tuple(s) for s in shapes], [a.sized(sizes) for a in abi.outputs]
+        shapes_of = in_shapes + out_shapes
+        template, pointers, offsets = [], [], []
+        for i in abi.kernels[0].args:
+            shape = shapes_of[i]
+            strides, n = [], 1
+            for d in reversed(shape):
+                strides.append(n)
+                n *= d
+            offsets.append(8 * len(template))
+            pointers.append((len(template), i))
+            template += [0, 0, 0, *shape, *reversed(strides)]  # {allocated, aligned, offset, sizes, strides}
+        array_t, template = ctypes.c_int64 * max(len(template), 1), tuple(template)
+        outputs = [(shape, _dtype(a.elem)) for shape, a in zip(out_shapes, abi.outputs)]
+        entry, empty, addressof = self._entry, torch.empty, ctypes.addressof
+
+        def call(ins: list) -> list:
+            outs = [empty(shape, dtype=dt) for shape, dt in outputs]
+            bufs = ins + outs
+            descriptors = array_t(*template)
+            for slot, i in pointers:
+                descriptors[slot] = descriptors[slot + 1] = bufs[i].data_ptr()
+            base = addressof(descriptors)
+            entry(*[base + o for o in offsets])
+            return outs
+
+        call.n_in = len(abi.inputs)
+        return call
+
+
 def load(abi: ProgramABI, directory: str) -> CpuProgram:
     """Load the program described by abi, whose artifact lies in directory."""
     return CpuProgram(abi, directory)
