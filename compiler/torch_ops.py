@@ -642,12 +642,16 @@ def _setup_context(name: str):
     return setup
 
 
+def _tangents(grads, outputs_meta: list) -> list:
+    """The gradients of the floating-point outputs (zeros for unused ones); integer
+    outputs such as topk's indices have none."""
+    return [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+            for g, (shape, dtype, device) in zip(grads, outputs_meta) if dtype.is_floating_point]
+
+
 def _backward_formula(name: str):
     def backward(ctx, grads):
-        # Gradients of the floating-point outputs (zeros for unused ones); integer outputs
-        # such as topk's indices have none.
-        tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
-                    for g, (shape, dtype, device) in zip(grads, ctx.outputs_meta) if dtype.is_floating_point]
+        tangents = _tangents(grads, ctx.outputs_meta)
         # a first-order backward of an eager call runs the implementation itself; one that
         # builds a graph (create_graph) or is traced goes through the op, whose own
         # autograd gives the double backward
@@ -722,9 +726,10 @@ def call(kfn, args: tuple, kwargs: dict) -> Any:
         # (a few hundred microseconds a forward and backward, more than the programs' own
         # host time); torch.compile and tracing see the op
         owner = _OWNERS[kfn._op_key]
-        plan = owner._eager_plans.get((structure, tuple((t.shape, t.dtype, t.device) for t in tensors)))
+        key = (structure, tuple((t.shape, t.dtype, t.device) for t in tensors))
+        plan = owner._eager_plans.get(key)
         if plan is None:
-            plan = _eager_plan(owner, structure, tensors)
+            plan = _eager_plan(owner, key, tensors)
         if plan is not None:
             return unflatten(plan.tree, list(_PlannedEagerCall.apply(plan, *tensors))[:plan.tree_size])
         flat = _EagerCall.apply(kfn._op_key, structure, *tensors)
@@ -754,11 +759,13 @@ class _EagerPlan:
         self.float_inputs, self.tree, self.tree_size = float_inputs, tree, tree_size(tree)
 
 
-def _eager_plan(owner, structure: str, tensors: list) -> _EagerPlan | None:
-    """The plan of an eager training call (kept on ``owner``, the op's function), or None
+def _eager_plan(owner, key: tuple, tensors: list) -> _EagerPlan | None:
+    """The plan of an eager training call (kept on ``owner``, the op's function, under
+    ``key``: the structure, then the tensors' shapes, dtypes and devices), or None
     where the call takes the op's general path: its first call (which learns how the
     results nest and whether it draws random numbers), a function that draws or writes
     to an argument, a forward that saves nothing beyond its results."""
+    structure = key[0]
     if structure not in owner._random or structure not in owner._trees or not _split(owner, structure):
         return None
     impl, rest = implementation(owner, structure)
@@ -772,7 +779,7 @@ def _eager_plan(owner, structure: str, tensors: list) -> _EagerPlan | None:
     plans = owner._eager_plans
     if len(plans) >= EAGER_PLANS:
         plans.pop(next(iter(plans)))
-    plans[(structure, tuple((t.shape, t.dtype, t.device) for t in tensors))] = plan
+    plans[key] = plan
     return plan
 
 
@@ -801,8 +808,7 @@ class _PlannedEagerCall(torch.autograd.Function):
             # a backward that builds a graph (create_graph) or is traced: through the op
             per_tensor, _ = _backward_formula(ctx.name)(ctx, grads)
             return (None, *per_tensor)
-        tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
-                    for g, (shape, dtype, device) in zip(grads, ctx.outputs_meta) if dtype.is_floating_point]
+        tangents = _tangents(grads, ctx.outputs_meta)
         saved = list(ctx.saved_tensors)
         with _opaque():
             grad_in = ctx.plan.training.backward(saved, tangents)

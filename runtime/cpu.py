@@ -108,7 +108,6 @@ class CpuProgram:
             abi.raise_index_error(flag.tolist())
         return tuple(outs)
 
-
     def fast_lane(self, shapes: Sequence[tuple[int, ...]] | None = None, device=None):
         """One function for the common call, or None: tensors that kf's dispatch key has
         matched to the program (shapes, dtypes) and found contiguous, of a program with
@@ -135,13 +134,10 @@ class CpuProgram:
         template, pointers, offsets = [], [], []
         for i in abi.kernels[0].args:
             shape = shapes_of[i]
-            strides, n = [], 1
-            for d in reversed(shape):
-                strides.append(n)
-                n *= d
             offsets.append(8 * len(template))
             pointers.append((len(template), i))
-            template += [0, 0, 0, *shape, *reversed(strides)]  # {allocated, aligned, offset, sizes, strides}
+            # {allocated, aligned, offset, sizes, strides}, row-major
+            template += [0, 0, 0, *shape, *torch.empty(shape, device="meta").stride()]
         array_t, template = ctypes.c_int64 * max(len(template), 1), tuple(template)
         outputs = [(shape, _dtype(a.elem)) for shape, a in zip(out_shapes, abi.outputs)]
         entry, empty, addressof = self._entry, torch.empty, ctypes.addressof

@@ -23,7 +23,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fuzzing import FUZZ, TARGETS
-from test_fuzz import DTYPES, LAYOUTS, NONZERO, SEEDS, compiled, generator, make, tensors
+from test_fuzz import (DTYPES, LAYOUTS, NONZERO, SEEDS, attention, compiled, generator, layer_norm, log_softmax, make,
+                       masked_attention, rms_norm, softmax, tensors)
 
 
 @pytest.fixture(autouse=True)
@@ -89,32 +90,6 @@ def check_grads(target: str, fn, args: tuple, consts: tuple = (), *, ulps: float
 
 def chain(x, y):
     return F.gelu(x * y + 1) * torch.sigmoid(y) - torch.tanh(x).square()
-
-
-def layer_norm(x, w, b):
-    return F.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)
-
-
-def rms_norm(x, w):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-
-
-def softmax(x, dim: int):
-    return torch.softmax(x, dim=dim)
-
-
-def log_softmax(x, dim: int):
-    return torch.log_softmax(x, dim=dim)
-
-
-def attention(q, k, v):
-    scores = torch.matmul(q, k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
-def masked_attention(q, k, v, mask):
-    scores = torch.matmul(q, k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
-    return torch.matmul(torch.softmax(scores.masked_fill(mask == 0, -1e4), dim=-1), v)
 
 
 def linear_gelu(x, w, b):
