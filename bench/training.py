@@ -11,7 +11,11 @@ one), torch's own kernel where it has one (``F.scaled_dot_product_attention``,
 eagerly, and that function under ``torch.compile``. Rows: attention (head dims 64 and
 128, seq 2048 and 4096, a causal mask tensor against SDPA's ``is_causal``), layer norm,
 RMSNorm, softmax and bias+GELU, a GPT-2-small training step (12 layers, width 768, 12
-heads, seq 1024, batch 8, bf16, AdamW) and a Llama-shaped block's training step.
+heads, seq 1024, batch 8, bf16, AdamW) and a Llama-shaped block's training step. The step
+rows time kf twice: its norm, attention and activation functions beside torch's loss over
+the materialized logits (``kf``), and the same with the last linear and the cross-entropy
+fused in chunks by ``kf.nn.fused_linear_cross_entropy`` (``kf, fused loss``), as a user
+of kf would write the loss.
 
 Before a row is timed, every way's gradients (and the step rows' loss) are measured
 against a float64 run of the same function on the same inputs: a way whose relative
@@ -198,7 +202,7 @@ class Model(torch.nn.Module):
         self.way = way
 
     def fns(self) -> dict:
-        if self.way == "kf":
+        if self.way.startswith("kf"):
             return {**KF, "gelu": _KF_GELU}
         return {"attention": attention, "layer_norm": layer_norm, "rms_norm": rms_norm, "swiglu": swiglu,
                 "gelu": _gelu}
@@ -208,6 +212,9 @@ class Model(torch.nn.Module):
         fns = self.fns()
         for blk in self.blocks:
             x = blk(x, self.mask, fns)
+        if self.way == "kf, fused loss":
+            # the last linear and the cross-entropy in chunks: no tokens x vocab logits
+            return kf.nn.fused_linear_cross_entropy(x, self.head.weight, targets, loss_dtype=torch.float32)
         logits = self.head(x)
         if logits.dtype != torch.float64:
             logits = logits.float()  # the loss in f32 at least (f64 for the reference)
@@ -250,7 +257,7 @@ def _step_row(name: str, cfg: dict, device: str) -> Row:
         idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq"] + 1), generator=g).to(device)
         return [idx[:, :-1], idx[:, 1:]]
 
-    ways = {"kf": model("kf"), "eager": model("eager")}
+    ways = {"kf": model("kf"), "kf, fused loss": model("kf, fused loss"), "eager": model("eager")}
     if device == "cuda":
         ways["torch.compile"] = torch.compile(model("eager"))
     return Row(f"{name} ({'x'.join(str(cfg[k]) for k in ('layers', 'width', 'heads', 'seq'))}, batch {batch})",
