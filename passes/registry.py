@@ -27,6 +27,8 @@ _ENTRIES = [
     PassEntry("kf-recognize-moe", "recognize_moe", "RecognizeMoePass", "rewrite the dense MoE (every expert for every token) as route, two grouped GEMMs and combine"),
     PassEntry("kf-split-reductions", "split_reductions", "SplitReductionsPass",
               "full reductions of large tensors as parallel row reductions (reshape, reduce rows, reduce the partials)"),
+    PassEntry("kf-split-scans", "split_scans", "SplitScansPass",
+              "scans along many elements as a scan of blocks, a scan of their totals and a combine"),
     PassEntry("kf-fuse", "fuse", "FusePass",
               "partition functions into kernels (attention, rowwise, matmul, transpose, elementwise, generic)"),
     PassEntry("kf-to-spirv", "to_spirv", "ToSpirvPass", "lower gpu.module kernels to a validated SPIR-V binary (gpu.binary) for Vulkan"),

@@ -3,6 +3,7 @@
 // CHECK: kf passes:
 // CHECK-DAG: kf-canonicalize
 // CHECK-DAG: kf-verify
+// CHECK-DAG: kf-split-scans
 // CHECK: upstream MLIR passes
 // CHECK-DAG: canonicalize
 // CHECK-DAG: convert-gpu-to-nvvm

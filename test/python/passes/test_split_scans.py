@@ -1,0 +1,110 @@
+"""kf-split-scans on the GPU path, run by Vulkan (lavapipe here) and on a CUDA GPU where
+there is one, against torch in f64 on fresh random inputs: scans along more elements
+than one thread walks (``MAX_LENGTH``) come out right in every kind (cumsum, cumprod,
+cummax's values and indices, logcumsumexp), along any dim, with a tail beside the blocks
+(primes), with the totals' scan split again, in integers (exact) and bf16 (f32 inside).
+The IR the pass writes is in test/passes/kf-split-scans.mlir.
+
+Before the pass, a scan was one thread's loop along the whole dim: lavapipe refused a
+cumsum over 100,003 elements (it stops a shader invocation after 65535 loop
+iterations), and on a GPU one thread walked it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kf
+from kf.passes import split_scans
+from kf.runtime import vulkan
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
+
+@pytest.fixture(params=["vulkan", "cuda"])
+def run(request):
+    """fn compiled for one GPU target and called on its device; results on the CPU."""
+    target = request.param
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device (install mesa-vulkan-drivers)")
+    if target == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    device = "cuda" if target == "cuda" else "cpu"
+
+    def call(fn, *args):
+        out = kf.jit(fn, target=target)(*[a.to(device) for a in args])
+        return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+    return call
+
+
+def rel(out, ref) -> float:
+    ref = ref.double()
+    return ((out.double() - ref).abs().max() / ref.abs().max().clamp(min=1.0)).item()
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 100003), -1), ((5000, 3), 0), ((2, 2304, 2), 1), ((2049,), 0)])
+def test_cumsum_along_long_dims(run, shape, dim):
+    """Blocks with a tail (100003, 5000, 2049 are not multiples of the block), without one
+    (2304 = 9 blocks), along the last, first and a middle dim."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape)))
+    assert rel(run(lambda x: torch.cumsum(x, dim), x), torch.cumsum(x.double(), dim)) < 1e-5
+
+
+def test_totals_scanned_in_blocks_again():
+    """A dim of more than MAX_LENGTH blocks: the totals' scan is split too (two levels).
+    Integers, so the result is exact."""
+    n = split_scans.BLOCK * (split_scans.MAX_LENGTH + 3) + 7
+    if not vulkan.is_available():
+        pytest.skip("no Vulkan device (install mesa-vulkan-drivers)")
+    x = torch.randint(-3, 4, (n,), generator=torch.Generator().manual_seed(1))
+    out = kf.jit(lambda x: torch.cumsum(x, 0), target="vulkan")(x)
+    assert torch.equal(out, torch.cumsum(x, 0))
+
+
+def test_each_kind(run):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 9001, generator=gen)
+    p = 1 + 1e-3 * torch.randn(2, 3001, generator=gen)
+    values, indices = run(lambda x: torch.cummax(x, -1), x.round(decimals=1))  # ties: the last wins
+    want = torch.cummax(x.round(decimals=1), -1)
+    assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
+    low = run(lambda x: torch.cummin(x, -1), x)
+    assert torch.equal(low[0], torch.cummin(x, -1).values) and torch.equal(low[1], torch.cummin(x, -1).indices)
+    assert rel(run(lambda p: torch.cumprod(p, -1), p), torch.cumprod(p.double(), -1)) < 1e-5
+    assert rel(run(lambda x: torch.logcumsumexp(x, -1), x), torch.logcumsumexp(x.double(), -1)) < 1e-5
+
+
+def test_logcumsumexp_of_infinities(run):
+    """-inf everywhere stays -inf (no NaN from -inf - -inf where blocks combine); a +inf
+    in an early block makes every later element +inf."""
+    x = torch.full((2, 4099), float("-inf"))
+    x[1, 300] = float("inf")
+    want = torch.logcumsumexp(x, -1)
+    assert torch.equal(run(lambda x: torch.logcumsumexp(x, -1), x), want)
+
+
+def test_integers_and_bf16(run):
+    """Integer sums are exact in any order; a bf16 scan is computed in f32 and rounded once."""
+    gen = torch.Generator().manual_seed(4)
+    i = torch.randint(-1000, 1000, (70001,), generator=gen, dtype=torch.int32)
+    assert torch.equal(run(lambda i: torch.cumsum(i, 0), i), torch.cumsum(i, 0))
+    h = torch.randn(2, 5000, generator=gen).bfloat16()
+    out = run(lambda h: torch.cumsum(h, -1), h)
+    assert out.dtype == torch.bfloat16
+    assert rel(out, torch.cumsum(h.double(), -1)) < 8e-3
+
+
+def test_short_scans_stay_one_loop():
+    """At MAX_LENGTH and below, the scan is left as it is: one kf.scan in the fused IR;
+    above it, the blocks' and their totals'."""
+    def scans(n):
+        x = torch.randn(3, n)
+        return kf.inspect(kf.jit(lambda x: torch.cumsum(x, -1), target="vulkan"), x).stages["fused"].count('"kf.scan"')
+
+    assert scans(split_scans.MAX_LENGTH) == 1
+    assert scans(split_scans.MAX_LENGTH + 1) == 2
