@@ -15,8 +15,21 @@ from ..errors import Unsupported
 from .core import _target_name, as_vector, elem_of, fake_value, handles, rank_of, shape_of
 
 
+#: The most steps (k times the row's length) a kf.topk may take per row; a larger top-k
+#: takes the first k of a stable sort of the row (``sorting.sorted_along``), where the
+#: row is short enough for it.
+TOPK_STEPS = 1 << 16
+
+
 @handles("aten.topk.default")
 def _topk(c, node, args, kwargs):
+    """kf.topk (output position p selects the p-th element in p + 1 passes over the row:
+    k * n steps, cheap for the small k of a MoE gate or a sampler), or, for a large k
+    (``TOPK_STEPS``), the first k elements of a stable sort of the row (each element's
+    rank by an all-pairs comparison, n steps a thread). Both order ties by position and
+    NaN as the largest value, as torch.topk does."""
+    from .sorting import SORT_ROW_LIMIT, sorted_along
+
     x, k = args[0], args[1]
     dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
     largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
@@ -24,7 +37,13 @@ def _topk(c, node, args, kwargs):
         values, indices = kb.topk(as_vector(x), k=k, dim=0, largest=bool(largest))
         shapes = [tuple(v.shape) for v in fake_value(node)]
         return kb.reshape(values, shapes[0]), kb.reshape(indices, shapes[1])
-    return kb.topk(x, k=k, dim=dim % rank_of(x), largest=bool(largest))
+    dim %= rank_of(x)
+    n = shape_of(x)[dim]
+    if k * n > TOPK_STEPS and 0 < n <= SORT_ROW_LIMIT:
+        values, positions = sorted_along(x, dim, bool(largest))
+        return (kb.slice(values, dim=dim, start=0, end=k, step=1),
+                kb.slice(positions, dim=dim, start=0, end=k, step=1))
+    return kb.topk(x, k=k, dim=dim, largest=bool(largest))
 
 
 def _dim(dim: int, x: ir.Value) -> int:

@@ -1,4 +1,5 @@
-"""sort and argsort (compiler/aten/sorting.py) against torch on fresh random inputs:
+"""sort and argsort (compiler/aten/sorting.py), and a top-k large enough to take a sort,
+against torch on fresh random inputs:
 stable order of ties, descending, NaN and infinities where torch puts them, every dim,
 integer, bool and 16-bit types, odd sizes (1, 7, 257), 0-d and empty tensors,
 non-contiguous views, on cpu and vulkan, and as PTX that ptxas assembles for sm_90a."""
@@ -215,3 +216,22 @@ def test_searchsorted_assembles_for_cuda():
     info = kf.inspect(kf.jit(lambda s, v: torch.searchsorted(s, v, right=True), target="cuda", arch="sm_90a"),
                       seq, values)
     assemble(info.stages["ptx"], "sm_90a")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,k,dim,largest", [((4, 3000), 100, -1, True), ((4, 3000), 100, -1, False),
+                                                 ((2000, 3), 64, 0, True), ((3, 4096), 4096, 1, False)])
+def test_large_topk_takes_a_sort(shape, k, dim, largest, target):
+    """A top-k of k * n over TOPK_STEPS takes the first k of a stable sort: the same
+    values as torch (NaN the largest), indices that point at them, ties in position
+    order; the kf.topk loop would take k * n steps a thread (lavapipe refuses past 65535)."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(k)).round(decimals=1)
+    x.view(-1)[7] = float("nan")
+    fn = lambda x: torch.topk(x, k, dim=dim, largest=largest)  # noqa: E731
+    values, indices = kf.jit(fn, target=target)(x)
+    want = fn(x)
+    assert torch.equal(values.nan_to_num(99), want.values.nan_to_num(99))
+    assert torch.equal(x.gather(dim, indices).nan_to_num(99), values.nan_to_num(99))
+    same = values[..., 1:] == values[..., :-1] if dim == -1 or dim == 1 else None
+    if same is not None:  # ties listed in position order
+        assert bool((indices[..., 1:] > indices[..., :-1])[same].all())
