@@ -19,8 +19,10 @@ from ..errors import Unsupported
 from .core import fake_value, handles, rank_of, shape_of
 from .reductions import bound_args
 
-#: the longest row sort compiles (its all-pairs comparison holds row * row booleans per row)
-SORT_ROW_LIMIT = 4096
+#: the longest row sort compiles: kf-split-reductions' ``ROW``, the longest sum it leaves
+#: whole, so that each rank's sum fuses with its row of comparisons (a split sum would
+#: read them as a row * row tensor per row)
+SORT_ROW_LIMIT = 8192
 
 
 def _and(a, b):
