@@ -97,10 +97,10 @@ def _decompositions() -> dict:
     for op in (torch.ops.aten.gelu.default, torch.ops.aten._softmax.default,
                torch.ops.aten._log_softmax.default, torch.ops.aten.var.correction):
         table.pop(op, None)
-    # Backward ops that core ATen leaves as scatters, which kf has no kernel for, written
-    # with the ops it has: slicing's backward as a concatenation, topk's as a one-hot sum.
+    # slicing's backward (a slice_scatter) as a concatenation; the scatter of topk's and
+    # sort's backward stays a scatter (kf.scatter_reduce: each position finds its value
+    # among the indices, nothing of k x n in memory)
     table[torch.ops.aten.slice_scatter.default] = _slice_scatter
-    table[torch.ops.aten.scatter.src] = _scatter_src
     return table
 
 
@@ -131,22 +131,6 @@ def _slice_scatter(input, src, dim=0, start=None, end=None, step=1):
     if end < n:
         pieces.append(input.narrow(dim, end, n - end))
     return torch.cat(pieces, dim) if len(pieces) > 1 else src.clone()
-
-
-def _scatter_src(input, dim, index, src):
-    """input.scatter(dim, index, src) for an index and src shaped like input but along dim
-    (topk's backward): a one-hot comparison summed over the index positions. Indices along
-    dim are distinct there, so the sum picks the one value each position receives."""
-    dim = dim % input.dim()
-    if tuple(index.shape) != tuple(src.shape) or any(
-            index.shape[d] != input.shape[d] for d in range(input.dim()) if d != dim):
-        return NotImplemented
-    x, idx, s = input.movedim(dim, -1), index.movedim(dim, -1), src.movedim(dim, -1)
-    positions = torch.arange(x.shape[-1], device=x.device, dtype=idx.dtype)
-    hit = (idx.unsqueeze(-1) == positions).to(s.dtype)  # [..., k, n]
-    values = (s.unsqueeze(-1) * hit).sum(-2)
-    taken = hit.sum(-2) > 0
-    return torch.where(taken, values, x).movedim(-1, dim)
 
 
 def _replay_table(box: dict) -> dict:

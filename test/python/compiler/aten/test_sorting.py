@@ -243,3 +243,19 @@ def test_large_topk_takes_a_sort(shape, k, dim, largest, target):
     same = values[..., 1:] == values[..., :-1] if dim == -1 or dim == 1 else None
     if same is not None:  # ties listed in position order
         assert bool((indices[..., 1:] > indices[..., :-1])[same].all())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn,shape", [(lambda x: torch.sort(x, dim=-1, stable=True).values.cumsum(-1), (2, 8000)),
+                                      (lambda x: torch.topk(x, 100, -1).values * 2, (4, 3000))],
+                         ids=["sort", "topk"])
+def test_gradients_of_long_rows(fn, shape, target):
+    """The backward of sort and top-k scatters the gradients to the indices
+    (kf.scatter_reduce), with nothing of n x n (or k x n) in memory: on lavapipe, whose
+    storage buffers hold 128 MiB, a one-hot scatter of 8000-wide rows (512 MB) was refused."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(12), requires_grad=True)
+    g = torch.randn_like(fn(x))
+    (got,) = torch.autograd.grad(kf.jit(fn, target=target)(x), x, g)
+    xd = x.detach().double().requires_grad_()
+    (want,) = torch.autograd.grad(fn(xd), xd, g.double())
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
