@@ -23,3 +23,27 @@ def run(request):
     if not has_cuda():
         pytest.skip("no CUDA device (or cuda-python missing)")
     return run_cuda
+
+
+@pytest.fixture(params=["vulkan", "cuda"])
+def kf_run(request, tmp_path, monkeypatch):
+    """A function compiled by kf.jit for one GPU target (vulkan: lavapipe here; cuda on a
+    CUDA GPU) and called on that target's device, with a fresh kf cache; results on the
+    CPU."""
+    import torch
+
+    import kf
+
+    target = request.param
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device (install mesa-vulkan-drivers)")
+    if target == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    device = "cuda" if target == "cuda" else "cpu"
+
+    def call(fn, *args):
+        out = kf.jit(fn, target=target)(*[a.to(device) for a in args])
+        return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+    return call

@@ -20,88 +20,69 @@ from kf.passes import split_scans
 from kf.runtime import vulkan
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
-
-
-@pytest.fixture(params=["vulkan", "cuda"])
-def run(request):
-    """fn compiled for one GPU target and called on its device; results on the CPU."""
-    target = request.param
-    if target == "vulkan" and not vulkan.is_available():
-        pytest.skip("no Vulkan device (install mesa-vulkan-drivers)")
-    if target == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    device = "cuda" if target == "cuda" else "cpu"
-
-    def call(fn, *args):
-        out = kf.jit(fn, target=target)(*[a.to(device) for a in args])
-        return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
-
-    return call
-
-
 def rel(out, ref) -> float:
     ref = ref.double()
     return ((out.double() - ref).abs().max() / ref.abs().max().clamp(min=1.0)).item()
 
 
 @pytest.mark.parametrize("shape,dim", [((3, 100003), -1), ((5000, 3), 0), ((2, 2304, 2), 1), ((2049,), 0)])
-def test_cumsum_along_long_dims(run, shape, dim):
+def test_cumsum_along_long_dims(kf_run, shape, dim):
     """Blocks with a tail (100003, 5000, 2049 are not multiples of the block), without one
     (2304 = 9 blocks), along the last, first and a middle dim."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape)))
-    assert rel(run(lambda x: torch.cumsum(x, dim), x), torch.cumsum(x.double(), dim)) < 1e-5
+    assert rel(kf_run(lambda x: torch.cumsum(x, dim), x), torch.cumsum(x.double(), dim)) < 1e-5
 
 
-def test_totals_scanned_in_blocks_again():
+def test_totals_scanned_in_blocks_again(tmp_path, monkeypatch):
     """A dim of more than MAX_LENGTH blocks: the totals' scan is split too (two levels).
     Integers, so the result is exact."""
     n = split_scans.BLOCK * (split_scans.MAX_LENGTH + 3) + 7
     if not vulkan.is_available():
         pytest.skip("no Vulkan device (install mesa-vulkan-drivers)")
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
     x = torch.randint(-3, 4, (n,), generator=torch.Generator().manual_seed(1))
     out = kf.jit(lambda x: torch.cumsum(x, 0), target="vulkan")(x)
     assert torch.equal(out, torch.cumsum(x, 0))
 
 
-def test_each_kind(run):
+def test_each_kind(kf_run):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(2, 9001, generator=gen)
     p = 1 + 1e-3 * torch.randn(2, 3001, generator=gen)
-    values, indices = run(lambda x: torch.cummax(x, -1), x.round(decimals=1))  # ties: the last wins
+    values, indices = kf_run(lambda x: torch.cummax(x, -1), x.round(decimals=1))  # ties: the last wins
     want = torch.cummax(x.round(decimals=1), -1)
     assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
-    low = run(lambda x: torch.cummin(x, -1), x)
+    low = kf_run(lambda x: torch.cummin(x, -1), x)
     assert torch.equal(low[0], torch.cummin(x, -1).values) and torch.equal(low[1], torch.cummin(x, -1).indices)
-    assert rel(run(lambda p: torch.cumprod(p, -1), p), torch.cumprod(p.double(), -1)) < 1e-5
-    assert rel(run(lambda x: torch.logcumsumexp(x, -1), x), torch.logcumsumexp(x.double(), -1)) < 1e-5
+    assert rel(kf_run(lambda p: torch.cumprod(p, -1), p), torch.cumprod(p.double(), -1)) < 1e-5
+    assert rel(kf_run(lambda x: torch.logcumsumexp(x, -1), x), torch.logcumsumexp(x.double(), -1)) < 1e-5
 
 
-def test_logcumsumexp_of_infinities(run):
+def test_logcumsumexp_of_infinities(kf_run):
     """-inf everywhere stays -inf (no NaN from -inf - -inf where blocks combine); a +inf
     in an early block makes every later element +inf."""
     x = torch.full((2, 4099), float("-inf"))
     x[1, 300] = float("inf")
     want = torch.logcumsumexp(x, -1)
-    assert torch.equal(run(lambda x: torch.logcumsumexp(x, -1), x), want)
+    assert torch.equal(kf_run(lambda x: torch.logcumsumexp(x, -1), x), want)
 
 
-def test_integers_and_bf16(run):
+def test_integers_and_bf16(kf_run):
     """Integer sums are exact in any order; a bf16 scan is computed in f32 and rounded once."""
     gen = torch.Generator().manual_seed(4)
     i = torch.randint(-1000, 1000, (70001,), generator=gen, dtype=torch.int32)
-    assert torch.equal(run(lambda i: torch.cumsum(i, 0), i), torch.cumsum(i, 0))
+    assert torch.equal(kf_run(lambda i: torch.cumsum(i, 0), i), torch.cumsum(i, 0))
     h = torch.randn(2, 5000, generator=gen).bfloat16()
-    out = run(lambda h: torch.cumsum(h, -1), h)
+    out = kf_run(lambda h: torch.cumsum(h, -1), h)
     assert out.dtype == torch.bfloat16
     assert rel(out, torch.cumsum(h.double(), -1)) < 8e-3
 
 
-def test_short_scans_stay_one_loop():
+def test_short_scans_stay_one_loop(tmp_path, monkeypatch):
     """At MAX_LENGTH and below, the scan is left as it is: one kf.scan in the fused IR;
     above it, the blocks' and their totals'."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+
     def scans(n):
         x = torch.randn(3, n)
         return kf.inspect(kf.jit(lambda x: torch.cumsum(x, -1), target="vulkan"), x).stages["fused"].count('"kf.scan"')
