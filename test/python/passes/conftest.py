@@ -1,6 +1,6 @@
 """The passes' tests share the kf-map-to-gpu harness (``gpu_harness.py``), importable
 from every test module below this directory, and its ``run`` fixture: one back end per
-parameter."""
+parameter; ``kf_run`` runs a whole function through kf.jit on one GPU target."""
 
 import os
 import sys
