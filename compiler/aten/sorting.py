@@ -2,8 +2,11 @@
 greater than every number) from kf ops that compile on every target: each element's
 rank along the dim (how many elements come before it) from an all-pairs comparison,
 then the elements and their positions scattered to their ranks (kf.scatter_reduce).
-O(n^2) per row in work and in the comparison tensor, so rows are limited to
-``SORT_ROW_LIMIT``."""
+O(n^2) per row in work, so rows are limited to ``SORT_ROW_LIMIT``. Each rank's sum
+reads its comparisons as they are computed (nothing of n x n in memory): a row of up
+to ``ROW_BLOCK`` in one sum, a longer one as sums over blocks of ``ROW_BLOCK`` elements
+and a sum of those (kf-split-reductions would split a longer sum itself, but after the
+comparisons, which it would then read as an n x n tensor)."""
 
 from __future__ import annotations
 
@@ -19,10 +22,12 @@ from ..errors import Unsupported
 from .core import fake_value, handles, rank_of, shape_of
 from .reductions import bound_args
 
-#: the longest row sort compiles: kf-split-reductions' ``ROW``, the longest sum it leaves
-#: whole, so that each rank's sum fuses with its row of comparisons (a split sum would
-#: read them as a row * row tensor per row)
-SORT_ROW_LIMIT = 8192
+#: the longest row sort compiles (n^2 comparisons a row: 4.3e9 at 65536, a vocabulary's
+#: logits for top-p sampling)
+SORT_ROW_LIMIT = 1 << 16
+#: the most comparisons one sum of a rank reads: kf-split-reductions' ``ROW``, the
+#: longest sum it leaves whole
+ROW_BLOCK = 8192
 
 
 def _and(a, b):
@@ -52,6 +57,35 @@ def _ties(a, b):
     return _or(same, _and(kb.cmp(a, a, predicate="ne"), kb.cmp(b, b, predicate="ne")))
 
 
+def _ranks(keys, lead: tuple, n: int, descending: bool):
+    """Each element's rank along the last dim of keys (``lead + (n,)``): how many elements
+    sort before it (stably: a tie earlier in the row does), i64 of keys' shape."""
+    r = len(lead) + 1
+    blocks = -(-n // ROW_BLOCK)
+    # the positions are iotas of the keys' own lead dims, so that their comparison fuses
+    # into the sum as the keys' do
+    if blocks == 1:
+        j = kb.reshape(keys, (*lead, n, 1))   # the element ranked
+        k = kb.reshape(keys, (*lead, 1, n))   # every element it is compared with
+        kj, kk = kb.iota((*lead, n, 1), r - 1), kb.iota((*lead, 1, n), r)
+        before = _or(_comes_first(k, j, descending), _and(_ties(k, j), kb.cmp(kk, kj, predicate="lt")))
+        return kb.sum(kb.cast(before, "i64"), dims=[r], keepdim=False, elem="i64")
+    # the compared elements as blocks of ROW_BLOCK (the last padded; padding never counts)
+    pad = blocks * ROW_BLOCK - n
+    elem = spec_of(keys.type).elem
+    padded = kb.concat([keys, kb.fill((*lead, pad), elem, 0.0)], dim=r - 1) if pad else keys
+    j = kb.reshape(keys, (*lead, n, 1, 1))
+    k = kb.reshape(padded, (*lead, 1, blocks, ROW_BLOCK))
+    kj = kb.iota((*lead, n, 1, 1), r - 1)
+    kk = kb.add(kb.mul(kb.iota((*lead, 1, blocks, ROW_BLOCK), r), kb.scalar(float(ROW_BLOCK), "i64")),
+                kb.iota((*lead, 1, blocks, ROW_BLOCK), r + 1))
+    before = _or(_comes_first(k, j, descending), _and(_ties(k, j), kb.cmp(kk, kj, predicate="lt")))
+    if pad:
+        before = _and(kb.cmp(kk, kb.scalar(float(n), "i64"), predicate="lt"), before)
+    partial = kb.sum(kb.cast(before, "i64"), dims=[r + 1], keepdim=False, elem="i64")
+    return kb.sum(partial, dims=[r], keepdim=False, elem="i64")
+
+
 def sorted_along(x, dim: int, descending: bool):
     """(values, int64 positions) of x sorted stably along dim."""
     r = rank_of(x)
@@ -66,11 +100,7 @@ def sorted_along(x, dim: int, descending: bool):
     xt = kb.transpose(x, perm=perm) if dim != r - 1 else x
     lead = shape_of(xt)[:-1]
     keys = kb.cast(xt, "i32") if spec_of(xt.type).elem == "i1" else xt  # i1 compares signed: true < false
-    j = kb.reshape(keys, (*lead, n, 1))   # the element ranked
-    k = kb.reshape(keys, (*lead, 1, n))   # every element it is compared with
-    kj, kk = kb.iota((n, 1), 0), kb.iota((1, n), 1)
-    before = _or(_comes_first(k, j, descending), _and(_ties(k, j), kb.cmp(kk, kj, predicate="lt")))
-    rank = kb.sum(kb.cast(before, "i64"), dims=[r], keepdim=False, elem="i64")
+    rank = _ranks(keys, lead, n, descending)
     where = kb.broadcast_to(kb.iota((n,), 0), shape_of(xt)) if lead else kb.iota((n,), 0)
 
     def scatter(src):
