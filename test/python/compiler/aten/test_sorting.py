@@ -16,8 +16,29 @@ import kf
 from kf.runtime import vulkan
 
 TARGETS = ["cpu", pytest.param("vulkan", marks=pytest.mark.skipif(not vulkan.is_available(),
-                                                                   reason="no Vulkan device"))]
+                                                                   reason="no Vulkan device")),
+           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"))]
 _PTXAS = shutil.which("ptxas") is not None or os.path.exists("/usr/local/cuda/bin/ptxas")
+
+
+def _jit(fn, target):
+    """fn compiled for target, called with its tensors on the target's device (the GPU's
+    for cuda), results on the CPU."""
+    compiled = kf.jit(fn, target=target)
+    if target != "cuda":
+        return compiled
+
+    def call(*args):
+        out = compiled(*[a.cuda() if isinstance(a, torch.Tensor) else a for a in args])
+        return _to_cpu(out)
+
+    return call
+
+
+def _to_cpu(out):
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    return tuple(_to_cpu(o) for o in out)
 
 
 def _flat(out):
@@ -25,7 +46,7 @@ def _flat(out):
 
 
 def _check(fn, x, target):
-    got, want = _flat(kf.jit(fn, target=target)(x)), _flat(fn(x))
+    got, want = _flat(_jit(fn, target)(x)), _flat(fn(x))
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
@@ -115,7 +136,7 @@ def _distinct(shape, gen):
 
 def _check_picks(fn, x, target, dim):
     """Values as torch's; each index points at its value (any one of equal values)."""
-    (gv, gi), (wv, wi) = kf.jit(fn, target=target)(x), fn(x)
+    (gv, gi), (wv, wi) = _jit(fn, target)(x), fn(x)
     assert gv.dtype == wv.dtype and gv.shape == wv.shape and gi.dtype == wi.dtype and gi.shape == wi.shape
     torch.testing.assert_close(gv, wv, rtol=0, atol=0, equal_nan=True)
     at = x.gather(dim, gi if gi.dim() == x.dim() else gi.unsqueeze(dim)) if x.dim() else x
@@ -190,7 +211,7 @@ def test_order_statistics_assemble_for_cuda():
 
 
 def _check_args(fn, args, target):
-    got, want = _flat(kf.jit(fn, target=target)(*args)), _flat(fn(*args))
+    got, want = _flat(_jit(fn, target)(*args)), _flat(fn(*args))
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
@@ -244,7 +265,7 @@ def test_large_topk_takes_a_sort(shape, k, dim, largest, target):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(k)).round(decimals=1)
     x.view(-1)[7] = float("nan")
     fn = lambda x: torch.topk(x, k, dim=dim, largest=largest)  # noqa: E731
-    values, indices = kf.jit(fn, target=target)(x)
+    values, indices = _jit(fn, target)(x)
     want = fn(x)
     assert torch.equal(values.nan_to_num(99), want.values.nan_to_num(99))
     assert torch.equal(x.gather(dim, indices).nan_to_num(99), values.nan_to_num(99))
@@ -263,7 +284,7 @@ def test_gradients_of_long_rows(fn, shape, target):
     storage buffers hold 128 MiB, a one-hot scatter of 8000-wide rows (512 MB) was refused."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(12), requires_grad=True)
     g = torch.randn_like(fn(x))
-    (got,) = torch.autograd.grad(kf.jit(fn, target=target)(x), x, g)
+    (got,) = torch.autograd.grad(_jit(fn, target)(x), x, g)
     xd = x.detach().double().requires_grad_()
     (want,) = torch.autograd.grad(fn(xd), xd, g.double())
     assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
