@@ -1,7 +1,7 @@
 """Run-time sizes: dynamic against static kernels, and the 19-length loop.
 
     python3 bench/dynamic_shapes.py [--target cpu|cuda|vulkan] [--only NAME,...] [--dry-run] [--out-dir DIR]
-                                    [--variants attention.run_time_producer=true]
+                                    [--variants attention.run_time_producer=false]
 
 Two tables, for the seed's layer norm and attention (examples/seed_examples.py), at small
 sizes (host-bound on a GPU) and at the seed's own (``_seed``: rows of 4096, 32 heads of
@@ -175,7 +175,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated texts: the workloads whose name contains one")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--variants", default="", help="kernel variants for every kf function "
-                                                   "(attention.run_time_producer=true)")
+                                                   "(attention.run_time_producer=false: the consumers' own copies)")
     args = ap.parse_args()
     only = [o for o in args.only.split(",") if o]
     dtype = torch.bfloat16 if args.target == "cuda" else torch.float32

@@ -6,7 +6,8 @@
 // RUN: kf-opt %s --split-input-file --pass-pipeline='builtin.module(kf-tile{target=cuda chip=sm_90a}, kf-map-to-gpu{target=cuda chip=sm_90a}, kf-to-cuda{chip=sm_90a})' | FileCheck %s --check-prefix=PTX
 
 // bf16, 2 x 3 heads, head dim 64, Sq = Sk = ?: the wgmma kernel, planned on 4096 but with
-// nothing that holds for some lengths only (no producer warpgroup, no persistent grid).
+// nothing that holds for some lengths only (no persistent grid; no producer warpgroup,
+// which at run-time lengths serves head dim 128).
 // q, k, v and O have their sequence after the heads: flat buffers (2 * 3 * 4096 * 64
 // elements) addressed with strides of the run-time length; the slots' buffer comes last.
 // The lengths are read once (the queries' from O's slot, the keys' from K's), clamped to

@@ -936,8 +936,8 @@ def test_cuda_seed_attention_one_program_serves_sizes_1_to_1000(cuda_sized, dtyp
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cuda_run_time_producer_variant(cuda_sized, dtype):
-    """The producer warpgroup at run-time lengths (``attention.run_time_producer``, off
-    by default until this passes on a GPU): head dim 128 at every kind of tail, keys
+    """The producer warpgroup at run-time lengths (``attention.run_time_producer``, the
+    default, asked for explicitly here): head dim 128 at every kind of tail, keys
     longer and shorter than the queries, and q read through a transpose (flat
     arguments' lean copies with run-time lead strides)."""
     attn = kf.jit(se.fused_attention.fn, target="cuda", dynamic={"q": [2], "k": [2], "v": [2]},

@@ -56,12 +56,12 @@ def test_bounded_plans_hold_for_every_length():
     """Planned on the bound, the wgmma plan takes no choice that holds for some lengths
     only: no block table (a causal mask made from the indices is tested per block), no
     persistent grid (which the static kernel of 4096 keys takes). The producer
-    warpgroup, which serves every length (its copies test the keys' end), where the
-    variant asks for it."""
-    plan, emitted = emit_run_time(run_time_attention(2, 3, 128, "bf16"), HOPPER)
+    warpgroup, which serves every length (its copies test the keys' end), unless the
+    variant turns it off (the consumers' own three-stage copies)."""
+    copies = AttentionVariant(run_time_producer=False)
+    plan, emitted = emit_run_time(run_time_attention(2, 3, 128, "bf16"), HOPPER, copies)
     assert plan["wgmma"] and plan["stages"] == 3 and not plan["warp_specialized"] and not plan["persistent"], plan
-    producer = AttentionVariant(run_time_producer=True)
-    plan, emitted = emit_run_time(run_time_attention(2, 3, 128, "bf16"), HOPPER, producer)
+    plan, emitted = emit_run_time(run_time_attention(2, 3, 128, "bf16"), HOPPER)
     assert plan["warp_specialized"] and not plan["persistent"] and plan["threads"] == 384, plan
     assert emitted.block == (384, 1, 1), emitted
     assert emitted.sizes and emitted.grid_sizes == ("FloorDiv(k3*1 + 127, 128)", "6", "1"), emitted
