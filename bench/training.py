@@ -288,8 +288,14 @@ def check(row: Row) -> dict[str, float]:
         ref_loss = ref(*inputs)
         ref_grads = torch.autograd.grad(ref_loss, list(ref.parameters()))
         for way, m in row.ways.items():
-            loss = m(*inputs)
-            grads = torch.autograd.grad(loss, list(m.parameters()))
+            try:
+                loss = m(*inputs)
+                grads = torch.autograd.grad(loss, list(m.parameters()))
+            except Exception as e:  # a way that fails is reported and not timed; the other rows still run
+                print(f"{row.name}: {way} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                      file=sys.stderr, flush=True)
+                errors[way] = float("inf")
+                continue
             errs = [abs(loss.item() - ref_loss.item()) / abs(ref_loss.item())]
             errs += [_rel(g, r) for g, r in zip(grads, ref_grads)]
             errors[way] = max(errs)
@@ -314,11 +320,14 @@ def verdicts(errors: dict[str, float], dtype: torch.dtype) -> dict[str, bool]:
     return {way: e <= max(TOLERANCE[dtype], 2 * eager) for way, e in errors.items()}
 
 
-def time_row(row: Row, reps: int) -> dict[str, dict]:
+def time_row(row: Row, reps: int, skip: frozenset = frozenset()) -> dict[str, dict]:
     """Median ms of forward+backward (a step: forward, backward, AdamW) and the peak
-    memory over the timed calls, less what was allocated before them, per way."""
+    memory over the timed calls, less what was allocated before them, per way; the ways
+    in ``skip`` (wrong against float64, or failed) are not timed."""
     out = {}
     for way, fn in row.ways.items():
+        if way in skip:
+            continue
         inputs = row.make()
         if row.step:
             opt = torch.optim.AdamW(fn.parameters(), lr=1e-4)
@@ -384,7 +393,7 @@ def main() -> int:
         failed += sum(1 for w, good in ok.items() if not good and w == "kf")
         row.results = {way: {"rel_err_vs_f64": errors[way], "right": ok[way]} for way in row.ways}
         if not args.dry_run:
-            timed = time_row(row, args.reps)
+            timed = time_row(row, args.reps, frozenset(w for w, good in ok.items() if not good))
             for way, r in timed.items():
                 if ok[way]:
                     row.results[way].update(r)
