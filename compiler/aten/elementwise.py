@@ -11,10 +11,26 @@ from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
-from kf.dialects.elements import INT_TYPES
+from kf.dialects.elements import INT_TYPES, LOW_PRECISION
 
 from ..errors import Unsupported
 from .core import Converter, HANDLERS, _target_name, fake_value, handles, shape_of
+
+
+def _opmath(elem: str, *xs) -> str:
+    """The type a product or quotient with result type elem is computed in: float32 for
+    a 16-bit float result with a Python number among the operands, as torch's kernels
+    take it (their opmath type), so that the number is never rounded to 16 bits itself:
+    ``a * 1e5`` of a half tensor is finite where 1e5 in half is inf, and ``a / 1e5`` is
+    not 0. (A sum or difference takes the number in the result's type, as torch's CPU
+    kernels do: ``a + 1.001`` of bfloat16 adds 1.0.) Else elem."""
+    if elem in LOW_PRECISION and any(isinstance(x, (int, float)) for x in xs):
+        return "f32"
+    return elem
+
+
+def _rounded(v: ir.Value, elem: str) -> ir.Value:
+    return v if spec_of(v.type).elem == elem else kb.cast(v, elem)
 
 
 def _binary(kf_name: str):
@@ -22,10 +38,11 @@ def _binary(kf_name: str):
         a, b = args[0], args[1]
         alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
         elem = c.out_elem(node)
-        lhs, rhs = c.tensor(a, elem), c.tensor(b, elem)
-        if alpha != 1:
+        ce = _opmath(elem, a, b) if kf_name == "mul" else elem
+        lhs, rhs = c.tensor(a, ce), c.tensor(b, ce)
+        if alpha != 1:  # add and sub: ce is elem
             rhs = kb.mul(rhs, c.tensor(alpha, elem))
-        return getattr(kb, kf_name)(lhs, rhs)
+        return _rounded(getattr(kb, kf_name)(lhs, rhs), elem)
 
     return handler
 
@@ -52,7 +69,8 @@ def _div(c, node, args, kwargs):
         raise Unsupported(f"division with rounding_mode={mode!r} is not supported by kf (torch takes "
                           f"'trunc', 'floor' or None)")
     elem = c.out_elem(node)
-    return kb.div(c.tensor(args[0], elem), c.tensor(args[1], elem))
+    ce = _opmath(elem, args[0], args[1])
+    return _rounded(kb.div(c.tensor(args[0], ce), c.tensor(args[1], ce)), elem)
 
 
 def _refuse_rounded_16_bit(what: str, elem: str) -> None:
