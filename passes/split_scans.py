@@ -1,11 +1,12 @@
 """kf-split-scans: a scan along many elements as a scan of blocks, a scan of the blocks'
 totals and one combine, so that no GPU thread walks a long sequential chain.
 
-A ``kf.scan`` (cumsum, cumprod, cummax/cummin, logcumsumexp) becomes one GPU thread a
-row of the scanned dim: a cumsum over a 100,000-element vector was one thread's
-100,000 dependent steps. That is slow on every GPU, loses precision (a sequential f32
-sum of n elements drifts by up to n/2 ulps) and on Mesa's lavapipe is refused outright
-(llvmpipe stops a shader invocation after 65535 loop iterations).
+A ``kf.scan`` (cumsum, cumprod, cummax/cummin, logcumsumexp) is a generic kernel whose
+output element i walks elements 0..i: O(n^2) work a row, and for a cumsum over a
+100,000-element vector a last thread of 100,000 dependent steps. That is slow on every
+GPU, loses precision (a sequential f32 sum of n elements drifts by up to n/2 ulps) and
+on Mesa's lavapipe is refused outright (llvmpipe stops a shader invocation after 65535
+loop iterations).
 
 The two-pass scan (as CUB's and Thrust's block scans reduce then scan the block totals),
 for a scan of n > ``MAX_LENGTH`` elements along dim d:
@@ -36,11 +37,11 @@ import math
 
 from mlir import ir
 
-from kf.dialects import spec_of
-from kf.dialects.types import DYN
 from kf.dialects import builders as kb
+from kf.dialects import spec_of
 from kf.dialects.attrs import op_attrs
 from kf.dialects.elements import LOW_PRECISION
+from kf.dialects.types import DYN
 
 from .base import KfPass, user_functions
 
