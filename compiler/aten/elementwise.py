@@ -7,25 +7,33 @@ from __future__ import annotations
 
 import math
 
+import torch
 from mlir import ir
 
 from kf.dialects import builders as kb
 from kf.dialects import spec_of
 from kf.dialects.elements import INT_TYPES, LOW_PRECISION
 
+from ..dtypes import torch_dtype
 from ..errors import Unsupported
 from .core import Converter, HANDLERS, _target_name, fake_value, handles, shape_of
 
 
 def _opmath(elem: str, *xs) -> str:
     """The type a product or quotient with result type elem is computed in: float32 for
-    a 16-bit float result with a Python number among the operands, as torch's kernels
-    take it (their opmath type), so that the number is never rounded to 16 bits itself:
-    ``a * 1e5`` of a half tensor is finite where 1e5 in half is inf, and ``a / 1e5`` is
-    not 0. (A sum or difference takes the number in the result's type, as torch's CPU
-    kernels do: ``a + 1.001`` of bfloat16 adds 1.0.) Else elem."""
-    if elem in LOW_PRECISION and any(isinstance(x, (int, float)) for x in xs):
-        return "f32"
+    a 16-bit float result with a Python number that the 16-bit type cannot hold (beyond
+    its largest value, or below its smallest normal one), as torch's kernels take the
+    number unrounded (their opmath type): in half, 1e5 is inf, so ``a * 1e5`` was inf
+    where torch gives 11584, and ``a / 1e5`` lost its value. Else elem: a number in
+    range rounds by at most half a unit of the last place, and the op stays what kf's
+    recognizers read (an attention's ``/ sqrt(d)`` fuses into its kernel)."""
+    if elem not in LOW_PRECISION:
+        return elem
+    info = torch.finfo(torch_dtype(elem))
+    for x in xs:
+        if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x != 0 and \
+                not info.tiny <= abs(x) <= info.max:
+            return "f32"
     return elem
 
 
