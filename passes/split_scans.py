@@ -12,11 +12,14 @@ The two-pass scan (as CUB's and Thrust's block scans reduce then scan the block 
 for a scan of n > ``MAX_LENGTH`` elements along dim d:
 
 1. blocks of B elements: B the largest divisor of n in ``[MIN_BLOCK, BLOCK]``, else
-   ``BLOCK`` with the dim padded to a multiple of it by the scan's identity (0, 1,
-   -inf, +inf or the integer type's bounds); the dim as ``[.., n / B, B, ..]`` (a
+   ``BLOCK`` with the dim padded to a multiple of it by zeros (they come after every
+   kept element, so no kept result reads them); the dim as ``[.., n / B, B, ..]`` (a
    reshape), scanned along the block (B steps a thread, a thread a block);
 2. each block's total (its scan's last element) scanned along the blocks, and shifted
-   by one block (the identity first): what comes before each block;
+   by one block: what comes before each block, and before the first the scan's start
+   (0, 1, -inf; for max and min the row's first element, which the first block's
+   running values already hold: exact in every type, where int64's bounds are not
+   numbers a fill holds);
 3. every element combined with what comes before its block (one elementwise kernel),
    the padding sliced off.
 
@@ -72,16 +75,8 @@ def _scan(x: ir.Value, dim: int, kind: str) -> ir.Value:
     return kb.build("scan", [x], {"dim": dim, "kind": kind}).result
 
 
-def identity(kind: str, elem: str) -> float:
-    """The value a scan of kind starts from, in elem (as scalar_math.scan_identity)."""
-    if kind in ("sum", "prod"):
-        return 0.0 if kind == "sum" else 1.0
-    if kind == "logsumexp" or elem.startswith(("f", "bf")):
-        return math.inf if kind == "min" else -math.inf
-    bits = int(elem.lstrip("ui"))
-    if elem.startswith("ui"):
-        return float(2 ** bits - 1) if kind == "min" else 0.0
-    return float(2 ** (bits - 1) - 1) if kind == "min" else float(-(2 ** (bits - 1)))
+#: what comes before the first block, for the scans whose start is a number
+_START = {"sum": 0.0, "prod": 1.0, "logsumexp": -math.inf}
 
 
 def block_length(n: int) -> int:
@@ -103,14 +98,14 @@ def blocked_scan(x: ir.Value, dim: int, kind: str) -> ir.Value:
         return _scan(x, dim, kind)
     b = block_length(n)
     blocks = -(-n // b)
-    start = identity(kind, spec.elem)
+    one = shape[:dim] + [1] + shape[dim + 1:]
+    first = kb.slice(x, dim=dim, start=0, end=1, step=1) if kind in ("max", "min") else \
+        kb.fill(one, spec.elem, _START[kind])
     if blocks * b != n:
-        pad = kb.fill(shape[:dim] + [blocks * b - n] + shape[dim + 1:], spec.elem, start)
-        x = kb.concat([x, pad], dim=dim)
+        x = kb.concat([x, kb.fill(shape[:dim] + [blocks * b - n] + shape[dim + 1:], spec.elem, 0.0)], dim=dim)
     inner = _scan(kb.reshape(x, shape[:dim] + [blocks, b] + shape[dim + 1:]), dim + 1, kind)
     last = kb.slice(inner, dim=dim + 1, start=b - 1, end=b, step=1)
     totals = blocked_scan(kb.reshape(last, shape[:dim] + [blocks] + shape[dim + 1:]), dim, kind)
-    first = kb.fill(shape[:dim] + [1] + shape[dim + 1:], spec.elem, start)
     before = kb.concat([first, kb.slice(totals, dim=dim, start=0, end=blocks - 1, step=1)], dim=dim)
     before = kb.reshape(before, shape[:dim] + [blocks, 1] + shape[dim + 1:])
     out = kb.reshape(_combine(kind, before, inner), shape[:dim] + [blocks * b] + shape[dim + 1:])
@@ -123,7 +118,7 @@ def split_scan(op: ir.Operation) -> bool:
     spec = spec_of(x.type)
     attrs = op_attrs(op)
     dim = int(attrs["dim"]) % spec.rank
-    if spec.shape[dim] == DYN or spec.shape[dim] <= MAX_LENGTH or DYN in spec.shape:
+    if DYN in spec.shape or spec.shape[dim] <= MAX_LENGTH:
         return False
     kind = str(attrs["kind"])
     with ir.InsertionPoint(op), op.location:

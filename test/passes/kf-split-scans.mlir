@@ -4,12 +4,12 @@
 // each block scanned by one thread, the 20 blocks' totals scanned, shifted by one block
 // (0 first) and added to every element of the next block.
 // CHECK-LABEL: func.func @divisible
-// CHECK: %[[B:.*]] = "kf.reshape"(%arg0) : (tensor<3x5000xf32>) -> tensor<3x20x250xf32>
+// CHECK: %[[Z:.*]] = "kf.fill"() {value = 0.000000e+00 : f64} : () -> tensor<3x1xf32>
+// CHECK-NEXT: %[[B:.*]] = "kf.reshape"(%arg0) : (tensor<3x5000xf32>) -> tensor<3x20x250xf32>
 // CHECK-NEXT: %[[S:.*]] = "kf.scan"(%[[B]]) {dim = 2 : i64, kind = "sum"} : (tensor<3x20x250xf32>) -> tensor<3x20x250xf32>
 // CHECK-NEXT: %[[L:.*]] = "kf.slice"(%[[S]]) {dim = 2 : i64, end = 250 : i64, start = 249 : i64, step = 1 : i64}
 // CHECK-NEXT: %[[T:.*]] = "kf.reshape"(%[[L]]) : (tensor<3x20x1xf32>) -> tensor<3x20xf32>
 // CHECK-NEXT: %[[TS:.*]] = "kf.scan"(%[[T]]) {dim = 1 : i64, kind = "sum"} : (tensor<3x20xf32>) -> tensor<3x20xf32>
-// CHECK-NEXT: %[[Z:.*]] = "kf.fill"() {value = 0.000000e+00 : f64} : () -> tensor<3x1xf32>
 // CHECK-NEXT: %[[E:.*]] = "kf.slice"(%[[TS]]) {dim = 1 : i64, end = 19 : i64, start = 0 : i64, step = 1 : i64}
 // CHECK-NEXT: %[[C:.*]] = "kf.concat"(%[[Z]], %[[E]]) {dim = 1 : i64}
 // CHECK-NEXT: %[[CB:.*]] = "kf.reshape"(%[[C]]) : (tensor<3x20xf32>) -> tensor<3x20x1xf32>
@@ -23,14 +23,17 @@ func.func @divisible(%x: tensor<3x5000xf32>) -> tensor<3x5000xf32> {
 
 // -----
 
-// A prime length along dim 0: padded by the max scan's identity (-inf) to 9 blocks of
-// 256, combined by max, the padding sliced off.
+// A prime length along dim 0: padded by zeros to 9 blocks of 256 (no kept result reads
+// them), combined by max; before the first block the row's first element (the first
+// block's running maxima hold it), the padding sliced off.
 // CHECK-LABEL: func.func @prime_max
-// CHECK: %[[P:.*]] = "kf.fill"() {value = 0xFFF0000000000000 : f64} : () -> tensor<205x2xf32>
+// CHECK: %[[F:.*]] = "kf.slice"(%arg0) {dim = 0 : i64, end = 1 : i64, start = 0 : i64, step = 1 : i64} : (tensor<2099x2xf32>) -> tensor<1x2xf32>
+// CHECK-NEXT: %[[P:.*]] = "kf.fill"() {value = 0.000000e+00 : f64} : () -> tensor<205x2xf32>
 // CHECK-NEXT: %[[X:.*]] = "kf.concat"(%arg0, %[[P]]) {dim = 0 : i64} : (tensor<2099x2xf32>, tensor<205x2xf32>) -> tensor<2304x2xf32>
 // CHECK-NEXT: "kf.reshape"(%[[X]]) : (tensor<2304x2xf32>) -> tensor<9x256x2xf32>
 // CHECK: "kf.scan"({{.*}}) {dim = 1 : i64, kind = "max"} : (tensor<9x256x2xf32>)
 // CHECK: "kf.scan"({{.*}}) {dim = 0 : i64, kind = "max"} : (tensor<9x2xf32>)
+// CHECK: "kf.concat"(%[[F]], {{.*}}) {dim = 0 : i64} : (tensor<1x2xf32>, tensor<8x2xf32>) -> tensor<9x2xf32>
 // CHECK: "kf.max"({{.*}}) : (tensor<9x1x2xf32>, tensor<9x256x2xf32>) -> tensor<9x256x2xf32>
 // CHECK: "kf.slice"({{.*}}) {dim = 0 : i64, end = 2099 : i64, start = 0 : i64, step = 1 : i64} : (tensor<2304x2xf32>) -> tensor<2099x2xf32>
 func.func @prime_max(%x: tensor<2099x2xf32>) -> tensor<2099x2xf32> {

@@ -68,10 +68,16 @@ def test_logcumsumexp_of_infinities(kf_run):
 
 
 def test_integers_and_bf16(kf_run):
-    """Integer sums are exact in any order; a bf16 scan is computed in f32 and rounded once."""
+    """Integer sums are exact in any order; int64 running minima and maxima (whose bounds
+    no fill holds: the first block starts from the row's first element); a bf16 scan is
+    computed in f32 and rounded once."""
     gen = torch.Generator().manual_seed(4)
     i = torch.randint(-1000, 1000, (70001,), generator=gen, dtype=torch.int32)
     assert torch.equal(kf_run(lambda i: torch.cumsum(i, 0), i), torch.cumsum(i, 0))
+    w = torch.randint(-1000, 1000, (2, 5003), generator=gen)
+    for fn in (lambda w: torch.cummin(w, -1), lambda w: torch.cummax(w, -1)):
+        got, want = kf_run(fn, w), fn(w)
+        assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
     h = torch.randn(2, 5000, generator=gen).bfloat16()
     out = kf_run(lambda h: torch.cumsum(h, -1), h)
     assert out.dtype == torch.bfloat16
