@@ -57,6 +57,12 @@ def _ties(a, b):
     return _or(same, _and(kb.cmp(a, a, predicate="ne"), kb.cmp(b, b, predicate="ne")))
 
 
+def _before(k, j, kk, kj, descending: bool):
+    """Element k (at position kk) sorts before element j (at kj): stably, a tie before it
+    in the row does."""
+    return _or(_comes_first(k, j, descending), _and(_ties(k, j), kb.cmp(kk, kj, predicate="lt")))
+
+
 def _ranks(keys, lead: tuple, n: int, descending: bool):
     """Each element's rank along the last dim of keys (``lead + (n,)``): how many elements
     sort before it (stably: a tie earlier in the row does), i64 of keys' shape."""
@@ -68,7 +74,7 @@ def _ranks(keys, lead: tuple, n: int, descending: bool):
         j = kb.reshape(keys, (*lead, n, 1))   # the element ranked
         k = kb.reshape(keys, (*lead, 1, n))   # every element it is compared with
         kj, kk = kb.iota((*lead, n, 1), r - 1), kb.iota((*lead, 1, n), r)
-        before = _or(_comes_first(k, j, descending), _and(_ties(k, j), kb.cmp(kk, kj, predicate="lt")))
+        before = _before(k, j, kk, kj, descending)
         return kb.sum(kb.cast(before, "i64"), dims=[r], keepdim=False, elem="i64")
     # the compared elements as blocks of ROW_BLOCK (the last padded; padding never counts)
     pad = blocks * ROW_BLOCK - n
@@ -79,7 +85,7 @@ def _ranks(keys, lead: tuple, n: int, descending: bool):
     kj = kb.iota((*lead, n, 1, 1), r - 1)
     kk = kb.add(kb.mul(kb.iota((*lead, 1, blocks, ROW_BLOCK), r), kb.scalar(float(ROW_BLOCK), "i64")),
                 kb.iota((*lead, 1, blocks, ROW_BLOCK), r + 1))
-    before = _or(_comes_first(k, j, descending), _and(_ties(k, j), kb.cmp(kk, kj, predicate="lt")))
+    before = _before(k, j, kk, kj, descending)
     if pad:
         before = _and(kb.cmp(kk, kb.scalar(float(n), "i64"), predicate="lt"), before)
     partial = kb.sum(kb.cast(before, "i64"), dims=[r + 1], keepdim=False, elem="i64")
