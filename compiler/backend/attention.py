@@ -3,14 +3,26 @@
 Called from a rewritten Dynamo graph (rewrites.py), ``attention`` is a kf function --
 a ``torch.library`` custom op with kf's own backward (compiler/autograd.py) -- so
 AOTAutograd's forward graph holds one ``kf::attention_<hash>`` op and its backward
-graph one ``kf::attention_<hash>_backward``: the forward saves q, k, v, O and the
-row logsumexp and the backward recomputes the probabilities inside its kernels, as
-FlashAttention does, instead of the math form's score matrix saved between the two
-graphs. Each op is its own kf program (compiled per shape by the kf function); the
-backend leaves it to the fallback, which calls it as it is.
+graph one ``kf::attention_<hash>_backward``. Each op is its own kf program (compiled
+per shape by the kf function); the backend leaves it to the fallback, which calls it as
+it is.
+
+A kf function's op under torch.compile saves only its inputs: its split into a forward
+that returns what the backward needs and that backward is made at one concrete shape
+(compiler/torch_ops.py), and AOTAutograd traces it at symbolic ones, so its backward
+recomputes the forward -- for attention, the score matrix, and for every key block
+again. Attention's saved values are known without the split: O and the row logsumexp
+(f32; f64 for f64). So where a gradient is wanted, the rewritten SDPA call is
+``kf::attention_train`` (``attention_train``), whose forward returns both from the
+forward kf's autograd splits off at the call's concrete shape, and whose backward,
+``kf::attention_train_backward``, runs that split's backward kernels (FlashAttention's
+scheme: D = rowsum(dO * O), dK/dV and dQ from P recomputed with the logsumexp). A call
+whose split saves anything else falls back to the recomputing backward.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -46,3 +58,88 @@ def for_options(options: Options) -> KfFunction:
     if fn is None:
         fn = _FUNCTIONS[key] = KfFunction(attention, Options(target=options.target, precision=options.precision))
     return fn
+
+
+def _split(q, k, v, mask, scale: float, causal: bool, target: str, precision: str):
+    """(the attention kf function, its flat tensors, the split training at their shapes, or
+    None where that split saves more than O and the logsumexp)."""
+    from .. import torch_ops
+
+    fn = for_options(Options(target=target, precision=precision))
+    tensors, structure = torch_ops.flatten_call(fn, (q, k, v, mask, scale, causal), {})
+    wants = tuple(t.is_floating_point() and i < 3 for i, t in enumerate(tensors))
+    with torch_ops._opaque():  # a custom op's body runs below autograd; the split traces with it
+        training, _ = torch_ops.training_of(fn, structure, tensors, wants)
+    lse = (tuple(q.shape[:-1]), _lse_dtype(q.dtype))
+    fits = (training.forward is not None and training.n_outputs == 1 and tuple(training.saved_outputs) == (0,)
+            and [(tuple(shape), dtype) for shape, dtype, _ in training.extras] == [lse])
+    return fn, tensors, structure, wants, (training if fits else None)
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("kf::attention_train", mutates_args=())
+def _attention_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                     scale: float, causal: bool, target: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, the row logsumexp of the scaled and masked scores)."""
+    from .. import torch_ops
+
+    fn, tensors, _, _, training = _split(q, k, v, mask, scale, causal, target, precision)
+    if training is None:  # the backward recomputes: no logsumexp to give it
+        with torch_ops._opaque():
+            out = fn(q, k, v, mask, scale, causal)
+        return out.contiguous(), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    with torch_ops._opaque():
+        out, lse = training.run_forward(tensors)
+    return out.contiguous(), lse
+
+
+@_attention_train.register_fake
+def _(q, k, v, mask, scale, causal, target, precision):
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype)))
+
+
+@torch.library.custom_op("kf::attention_train_backward", mutates_args=())
+def _attention_train_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                              out: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, scale: float, causal: bool,
+                              target: str, precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) from the forward's O and logsumexp, or by recomputing the forward where
+    its split saves more than those."""
+    from .. import torch_ops
+
+    fn, tensors, structure, wants, training = _split(q, k, v, mask, scale, causal, target, precision)
+    with torch_ops._opaque():
+        if training is not None:
+            got = training.backward(training.saved(tensors, [out, lse]), [grad])
+        else:
+            got = torch_ops._backward_of(fn, structure, tensors, [grad], wants)(tensors, [grad])
+    return tuple(g.contiguous() for g in got[:3])
+
+
+@_attention_train_backward.register_fake
+def _(q, k, v, mask, out, lse, grad, scale, causal, target, precision):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # row-major, as the real results
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, mask, scale, causal, target, precision = inputs
+    ctx.save_for_backward(q, k, v, mask, output[0], output[1])
+    ctx.args = (scale, causal, target, precision)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, mask, out, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_train_backward(q, k, v, mask, out, lse, grad_out, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_attention_train.register_autograd(_backward, setup_context=_setup)
+
+
+def attention_train(options: Options, q, k, v, mask, scale: float, causal: bool):
+    """Attention whose forward saves O and the row logsumexp for its backward (the module
+    docstring); for a call where q, k or v wants a gradient and the mask wants none."""
+    out, _ = _attention_train(q, k, v, mask, scale, causal, options.target, options.precision)
+    return out

@@ -62,10 +62,17 @@ def _dropout(node: torch.fx.Node) -> bool:
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-def kf_attention(kfn):
-    """An SDPA-signature call of the attention kf function ``kfn`` (attention.py)."""
+def kf_attention(kfn, options=None):
+    """An SDPA-signature call of the attention kf function ``kfn`` (attention.py); where a
+    gradient is wanted (and not the mask's), ``attention_train``, whose forward saves O and
+    the row logsumexp for the fused backward."""
     def call(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+        if (options is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+                and (attn_mask is None or not attn_mask.requires_grad)):
+            from .attention import attention_train
+
+            return attention_train(options, query, key, value, attn_mask, s, bool(is_causal))
         return kfn(query, key, value, attn_mask, s, bool(is_causal))
 
     call.__name__ = "kf_attention"
@@ -79,7 +86,7 @@ def attention(gm: torch.fx.GraphModule, how: str, options=None) -> int:
     if how == "kf":
         from .attention import for_options
 
-        target = kf_attention(for_options(options))
+        target = kf_attention(for_options(options), options)
     n = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _SDPA and not _dropout(node):
