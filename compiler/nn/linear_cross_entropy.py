@@ -45,15 +45,26 @@ class ChunkPlan:
         return [(s, min(s + self.rows, tokens)) for s in range(0, tokens, self.rows)]
 
 
+#: rows a chunk takes at least where the tokens make MIN_CHUNKS chunks of them: the
+#: gradient of the hidden states, rows x hidden, is a GEMM whose reduction runs the whole
+#: vocabulary, and kf's GEMM does not split a reduction across blocks, so its output tiles
+#: are all the GPU gets (128 rows x 768 are 6 tiles of 128 x 128 for 132 multiprocessors)
+FILL_ROWS = 1024
+#: chunks a loss takes at least, so that a chunk's logits are at most this part of them all
+MIN_CHUNKS = 8
+
+
 def plan_chunks(tokens: int, vocab: int, hidden: int) -> ChunkPlan:
     """A chunk's logits about as large as ``hidden`` itself (tokens x hidden elements), as
-    Liger chooses: ``ceil(vocab / hidden)`` chunks, rows rounded up to a power of two (few
-    distinct shapes, so few programs)."""
+    Liger chooses (``ceil(vocab / hidden)`` chunks), but at least FILL_ROWS rows where
+    that leaves MIN_CHUNKS chunks; rows rounded to a power of two (few distinct shapes,
+    so few programs)."""
     if tokens <= 0:
         return ChunkPlan(1)
     parts = max(1, math.ceil(vocab / max(hidden, 1)))
     rows = 1 << max(0, math.ceil(tokens / parts) - 1).bit_length()
-    return ChunkPlan(max(1, min(rows, tokens)))
+    fill = min(FILL_ROWS, 1 << max(0, (tokens // MIN_CHUNKS).bit_length() - 1))
+    return ChunkPlan(max(1, min(max(rows, fill), tokens)))
 
 
 # ------------------------------------------------------------------ the kf functions

@@ -150,11 +150,12 @@ class _Largest(TorchDispatchMode):
 def test_never_allocates_the_logits(target):
     """Every tensor the op makes is smaller than the logits (here 8x: the largest is the
     weight's gradient), and every kf program it runs reads one chunk of rows (so its
-    logits, inside it, are one chunk's and its outputs no larger than the weight)."""
+    logits, inside it, are one chunk's, at most an eighth of them all, and its outputs no
+    larger than the weight)."""
     tokens, vocab, hidden = 256, 4096, 32
     h, w, _, t = _inputs(tokens, vocab, hidden, False)
     plan = lce.plan_chunks(tokens, vocab, hidden)
-    assert plan.rows * vocab * 4 <= tokens * hidden * 4  # a chunk's logits: no larger than hidden
+    assert plan.rows * lce.MIN_CHUNKS <= tokens  # a chunk's logits: at most an eighth of them
     mode = _Largest()
     with mode:
         loss, dh, dw, _ = lce._op._init_fn(h.detach(), w.detach(), None, t, -100, "mean", 0.0, torch.float32,
@@ -193,7 +194,9 @@ def test_new_token_counts_reuse_the_chunk_programs(monkeypatch):
 
 
 def test_plan_chunks():
-    assert lce.plan_chunks(4096, 32000, 2048).rows == 256  # 16 chunks of 256 rows
+    assert lce.plan_chunks(4096, 32000, 2048).rows == 512  # Liger's 256 rows, but 8 chunks at most
+    assert lce.plan_chunks(8192, 50257, 768).rows == 1024  # GPT-2: not 128 (the dh GEMM's 6 tiles)
+    assert lce.plan_chunks(2048, 32000, 2048).rows == 256
     assert lce.plan_chunks(7, 33, 16).rows == 4
     assert lce.plan_chunks(1, 10**6, 1).rows == 1
     assert lce.plan_chunks(5, 1, 64).rows == 5
