@@ -171,7 +171,7 @@ def _build_graph(kernel: ir.Operation) -> tuple[list[Node], list[Node]]:
             if not isinstance(value, ir.DenseElementsAttr) or not value.is_splat:
                 raise NotApplicable("kf.constant that is not a splat")
         elif op.name not in ELEMENTWISE and op.name not in REDUCTIONS and op.name not in (
-                "kf.softmax", "kf.log_softmax", "kf.cast", "kf.fill", "kf.broadcast_to"):
+                "kf.softmax", "kf.log_softmax", "kf.cast", "kf.fill", "kf.iota", "kf.broadcast_to"):
             raise NotApplicable(f"{op.name} is not a rowwise op")
         nodes[op.results[0]] = n
     if outputs is None:
@@ -222,7 +222,7 @@ def analyze(kernel: ir.Operation) -> Analysis:
         raise NotApplicable(f"reduced dims {dims} of {list(space)} are not the trailing dims")
     # Frames: a keepdim=False reduction moves its result into the leading-dims frame.
     for n in order:
-        if n.op == "arg" or n.op in ("kf.fill", "kf.constant"):
+        if n.op == "arg" or n.op in ("kf.fill", "kf.constant", "kf.iota"):
             n.frame = "F"
         elif n.op == "partial":
             e = n.operands[0]

@@ -208,6 +208,13 @@ class RowEmitter:
                     value = splat.value if hasattr(splat, "value") else float(splat)
                 elem = storage_type(node.elem)
                 return sm.convert(sm.const(elem, value), compute_type(node.elem), unsigned=node.elem in UNSIGNED)
+            if node.op == "kf.iota":
+                # the index along its dim (a causal mask built in the function): never
+                # negative, so zero-extended
+                token = coords[int(node.attrs["dim"]) % len(coords)]
+                i = self._idx(token)
+                ct = compute_type(node.elem)
+                return arith.index_castui(ct, i) if isinstance(i.type, ir.IndexType) else sm.convert(i, ct)
             if node.op in REDUCTIONS:
                 if coords != stat_coords(self.a, node):
                     raise NotApplicable(f"{node.op} result read across rows")

@@ -119,3 +119,32 @@ def test_partials_without_partials_unchanged():
         plan = RowwiseStrategy().plan(kernel, t, RowwiseVariant())
         emitted = RowwiseStrategy().emit(kernel, plan, gm, t)
     assert "groups" not in plan and emitted.grid == (64 // plan["rows_per_block"], 1, 1)
+
+
+def _masked_softmax_backward(s, dp, n: int):
+    """A causal softmax and its gradient as an attention's recomputing backward writes
+    them: the mask from ``arange`` compares inside the function (``kf.iota``)."""
+    keep = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
+    p = torch.softmax(s.masked_fill(~keep, float("-inf")), -1)
+    t = dp * p.float()
+    ds = (t - p.float() * t.sum(-1, keepdim=True)).to(s.dtype)
+    return p, ds.masked_fill(keep.logical_not(), 0.0) * 0.125
+
+
+@pytest.mark.parametrize("n", [1, 7, 257, 300])
+def test_iota_mask_is_rowwise(n):
+    """A mask of index compares stays in the rowwise kernel (each element's indices, not
+    a generic kernel whose every element walks the row again): one rowwise kernel, and
+    on Vulkan torch's results; for CUDA, its PTX."""
+    import kf
+
+    gen = torch.Generator().manual_seed(n)
+    s, dp = torch.randn(2, 3, n, n, generator=gen).bfloat16(), torch.randn(2, 3, n, n, generator=gen)
+    cuda_fn = kf.jit(_masked_softmax_backward, target="cuda")
+    seen = kf.inspect(cuda_fn, s, dp, n)
+    assert seen.fused.count('kf.kernel = "rowwise"') == 1 and "generic" not in seen.fused
+    assert seen.ptx.count(".entry") == 1
+    needs_vulkan()
+    got = kf.jit(_masked_softmax_backward, target="vulkan")(s, dp, n)
+    for a, b in zip(got, _masked_softmax_backward(s, dp, n)):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
