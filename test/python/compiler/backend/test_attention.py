@@ -134,3 +134,14 @@ def test_inference_keeps_the_plain_function():
         torch.testing.assert_close(c(q, k, v), f(q, k, v), rtol=1e-4, atol=1e-5)
         ops = {fb.op for fb in kf.explain(c, q, k, v).fallbacks if fb.to == "kf"}
     assert ops and not any("attention_train" in op for op in ops), ops
+
+
+@pytest.mark.parametrize("mask_kind,causal", [("none", True), ("bool", False), ("additive", False)])
+def test_ops_pass_opcheck(mask_kind, causal):
+    """torch.library.opcheck of ``kf::attention_train``: its schema, autograd registration,
+    fake results (the real ones' shapes, dtypes and strides) and AOTAutograd at dynamic
+    shapes (which runs the backward op too)."""
+    q, k, v = (t.requires_grad_() for t in _inputs("cpu", 4, 4, 9, 9, 8))
+    mask = _mask(mask_kind, 9, 9, "cpu")
+    got = torch.library.opcheck(torch.ops.kf.attention_train.default, (q, k, v, mask, 0.3, causal, "cpu", "auto"))
+    assert set(got.values()) == {"SUCCESS"}, got
