@@ -319,7 +319,7 @@ class KfFunction:
         failed = program.failed_size_guard(tensors) if sig.is_dynamic and hasattr(
             program, "failed_size_guard") else None
         if failed is None:
-            if sig.is_dynamic and getattr(program, "meta", {}).get("size_guards"):
+            if sig.is_dynamic and hasattr(program, "checks_sizes") and program.checks_sizes():
                 self._size_guarded[sig] = program
             return
         logs.recompile_log.info("%s: sizes %s fail the guard %s of the program with run-time sizes: compiled for "

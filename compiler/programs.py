@@ -75,21 +75,38 @@ class CompiledProgram:
 
     def failed_size_guard(self, tensors: list) -> str | None:
         """The first guard on the sizes (Captured.size_guards) that a call's tensors fail,
-        or None: a program with run-time sizes holds for the sizes its trace held for."""
-        guards = self.meta.get("size_guards")
-        if not guards:
-            return None
+        or None: a program with run-time sizes holds for the sizes its trace held for. Dims
+        its trace found equal (one symbol: an attention's query and key heads where they
+        were equal) that differ in this call fail too: that call is not this program's
+        (grouped-query heads), and compiles for its own sizes."""
+        guards = self.meta.get("size_guards") or ()
         abi = getattr(self._launch, "abi", None)
         if abi is None:
-            return guards[0]  # no signature to bind the sizes with: not served here
-        if abi.is_static:
+            return guards[0] if guards else None  # no signature to bind the sizes with: not served here
+        if abi.is_static or not (guards or self._shared_symbols(abi)):
             return None
         from kf.runtime.abi import bind_sizes, eval_guard
 
         sizes = bind_sizes(abi.inputs, [tuple(getattr(t, "shape", ())) for t in tensors[:len(abi.inputs)]], 1)
         if isinstance(sizes, str):
-            return None  # the launcher says why the shapes do not fit
+            return sizes  # the shapes do not bind to the program's symbols
         return next((g for g in guards if not eval_guard(g, sizes)), None)
+
+    def checks_sizes(self) -> bool:
+        """Whether a call of this program with run-time sizes must check its sizes first
+        (failed_size_guard): guards from its trace, or one symbol naming several input dims."""
+        if self.meta.get("size_guards"):
+            return True
+        abi = getattr(self._launch, "abi", None)
+        return abi is not None and not abi.is_static and self._shared_symbols(abi)
+
+    def _shared_symbols(self, abi) -> bool:
+        """Whether one symbol names more than one input dim."""
+        shared = getattr(self, "_shared", None)
+        if shared is None:
+            names = [n for a in abi.inputs for n in a.dims if n.isidentifier()]
+            shared = self._shared = len(names) != len(set(names))
+        return shared
 
     def largest_run_time_size(self) -> int | None:
         """The largest size the symbols of a GPU program with run-time sizes may take

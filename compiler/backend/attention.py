@@ -33,9 +33,28 @@ from ..options import Options
 def attention(q, k, v, mask, scale: float, causal: bool):
     """softmax(q k^T * scale, masked) v: the top-left causal mask where ``causal``, and a
     boolean (keep where True) or additive ``mask`` where given."""
-    if k.shape[-3] != q.shape[-3]:  # grouped-query attention: each k/v head serves q.shape[-3] // k.shape[-3]
-        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    scores = _scores(q, k, mask, scale, causal)
+    return torch.matmul(torch.softmax(scores, dim=-1), _heads(v, q))
+
+
+def attention_lse(q, k, v, mask, scale: float, causal: bool):
+    """(``attention``, the row logsumexp of its scaled and masked scores): what the split
+    forward returns, as a kf function of its own, so that new lengths reuse its program
+    (kf's automatic dynamic) instead of tracing and compiling a split at each."""
+    from ..partition import logsumexp
+
+    scores = _scores(q, k, mask, scale, causal)
+    return torch.matmul(torch.softmax(scores, dim=-1), _heads(v, q)), logsumexp(scores, [-1], False)
+
+
+def _heads(t, q):
+    """k or v with q's heads: grouped-query attention's each k/v head serves q.shape[-3] //
+    t.shape[-3] of them."""
+    return t if t.shape[-3] == q.shape[-3] else t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
+
+
+def _scores(q, k, mask, scale: float, causal: bool):
+    k = _heads(k, q)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
         keep = torch.arange(q.shape[-2], device=q.device)[:, None] >= torch.arange(k.shape[-2], device=q.device)[None, :]
@@ -45,19 +64,20 @@ def attention(q, k, v, mask, scale: float, causal: bool):
             scores = scores.masked_fill(mask.logical_not(), float("-inf"))
         else:
             scores = scores + mask
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    return scores
 
 
 _FUNCTIONS: dict[tuple, KfFunction] = {}
 
 
-def for_options(options: Options) -> KfFunction:
-    """The attention kf function for a target and precision (one torch op each)."""
-    key = (options.target, options.precision)
-    fn = _FUNCTIONS.get(key)
-    if fn is None:
-        fn = _FUNCTIONS[key] = KfFunction(attention, Options(target=options.target, precision=options.precision))
-    return fn
+def for_options(options: Options, fn=attention) -> KfFunction:
+    """The attention kf function (or ``attention_lse``'s) for a target and precision (one
+    torch op each)."""
+    key = (fn.__name__, options.target, options.precision)
+    kfn = _FUNCTIONS.get(key)
+    if kfn is None:
+        kfn = _FUNCTIONS[key] = KfFunction(fn, Options(target=options.target, precision=options.precision))
+    return kfn
 
 
 def _split(q, k, v, mask, scale: float, causal: bool, target: str, precision: str):
@@ -92,8 +112,8 @@ def _attention_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
             out = fn(q, k, v, mask, scale, causal)
         return out.contiguous(), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
     with torch_ops._opaque():
-        out, lse = training.run_forward(tensors)
-    return out.contiguous(), lse
+        out, lse = for_options(Options(target=target, precision=precision), attention_lse)(q, k, v, mask, scale, causal)
+    return out.contiguous(), lse.contiguous()
 
 
 @_attention_train.register_fake

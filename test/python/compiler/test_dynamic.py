@@ -99,6 +99,24 @@ def test_seed_attention_with_mask_dynamic():
     assert len(attn.compiles) == 1
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_dims_found_equal_that_differ_compile_apart(target):
+    """A program whose trace found two dims equal (one symbol: here the query and key
+    heads, under automatic dynamic) does not serve a call where they differ (grouped-
+    query heads): that call compiles for its own sizes and gets torch's result (before,
+    the launcher refused it: "'k' dim 1 is 2, but s0 is 4 in another input")."""
+    def f(q, k):
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        return torch.softmax(q @ k.transpose(-2, -1), -1)
+
+    g = kf.jit(f, target=target)
+    for heads, kv_heads, n in ((4, 4, 7), (4, 4, 12), (4, 2, 12), (4, 4, 9), (4, 1, 9)):
+        q, k = torch.randn(2, heads, n, 8), torch.randn(2, kv_heads, n, 8)
+        _close(g(q, k), f(q, k))
+    if target == "cpu":  # the cpu target's program of run-time lengths serves (4, 4, 9)
+        assert len(g.compiles) <= 4, [c.signature for c in g.compiles]
+
+
 def test_sizes_0_and_1_are_compiled_apart():
     ln = kf.jit(_layer_norm, target="cpu", dynamic=True)
     w, b = torch.randn(16), torch.randn(16)

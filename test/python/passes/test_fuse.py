@@ -420,15 +420,18 @@ def test_a_reshaped_row_statistic_read_by_its_own_kernel(fn, target):
 
     if target == "vulkan" and not vulkan.is_available():
         pytest.skip("no Vulkan device")
+    gen = torch.Generator().manual_seed(0)
     for n in (1, 7, 257):
-        args = (torch.randn(n, 33),) if fn is _lse_and_softmax else (torch.randn(n, 33), torch.randn(n))
+        x = torch.randn(n, 33, generator=gen)
+        args = (x,) if fn is _lse_and_softmax else (x, torch.randn(n, generator=gen))
         f = kf.jit(fn, target=target)
         if target == "cuda":
             assert kf.inspect(f, *args).ptx.count(".entry") >= 1
             continue
         got, want = f(*args), fn(*args)
         for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-            torch.testing.assert_close(a, b)
+            # a sum of 257 terms of either sign: f32's rounding is relative to the terms
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
 
 
 def _pairwise_distances(a):
