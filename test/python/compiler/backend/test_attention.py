@@ -42,9 +42,14 @@ def _mask(kind: str, lq: int, lk: int, device: str):
     return None
 
 
+#: (mask, causal, query length, key length, k/v heads of 4)
+CASES = [("none", True, 1, 1, 4), ("none", True, 37, 37, 2), ("none", True, 19, 45, 4), ("none", True, 257, 257, 1),
+         ("none", False, 19, 45, 2), ("bool", False, 37, 37, 4), ("bool", False, 19, 45, 1),
+         ("additive", False, 1, 1, 2), ("additive", False, 37, 37, 4)]
+
+
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("mask_kind,causal", [("none", True), ("none", False), ("bool", False), ("additive", False)])
-@pytest.mark.parametrize("lq,lk,kv_heads", [(1, 1, 4), (37, 37, 2), (19, 45, 4), (257, 257, 1)])
+@pytest.mark.parametrize("mask_kind,causal,lq,lk,kv_heads", CASES, ids=str)
 def test_saving_forward_and_backward_match_eager(target, mask_kind, causal, lq, lk, kv_heads):
     """Through torch.compile: O, the gradients of q, k and v, and the split being taken
     (the forward's logsumexp is what the backward reads). SDPA's causal mask for unequal
