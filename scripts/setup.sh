@@ -29,7 +29,7 @@ fi
 # runtime/_launcher*.c in place; a fresh checkout has no .so yet). The stamp is their hash.
 stamp=$(cat pyproject.toml setup.py runtime/_launcher*.c runtime/_launcher.h | sha256sum | cut -d' ' -f1)
 if [[ "$(cat .venv/.kf-installed 2>/dev/null)" != "$stamp" ]] || \
-   ! .venv/bin/python -c "import kf, mlir, torch, torch_mlir, vulkan, lit, pytest, hypothesis, matplotlib, expecttest" 2>/dev/null; then
+   ! .venv/bin/python -c "import kf, mlir, torch, torch_mlir, vulkan, lit, pytest, xdist, hypothesis, matplotlib, expecttest" 2>/dev/null; then
   echo "kf setup: installing Python packages (a few minutes the first time)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
   # The CPU build of torch first, by exact version, so that nothing pulls a CUDA build.

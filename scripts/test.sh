@@ -8,5 +8,6 @@ status=0
 echo "== lit: test/" >&2
 lit -sv test || status=1
 echo "== pytest: test/python" >&2
-pytest -q test/python || status=1
+# one worker a core (pytest-xdist), each test file whole in one worker
+pytest -q -n "$(nproc)" --dist loadfile test/python || status=1
 exit $status
