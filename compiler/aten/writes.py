@@ -91,7 +91,7 @@ INDEX_PUT_PAIRS_LIMIT = 4096
 @handles("aten.index_put.default")
 def _index_put(c, node, args, kwargs):
     """``x[index] = values`` (and ``+=`` with accumulate) for one index: a boolean mask
-    over x's leading dims with one value, or an integer index (of any rank) along one dim. Where a
+    over x's leading dims with one value, or a 1-D integer index along one dim. Where a
     non-accumulating index repeats, the last write wins, as in torch's CPU kernel."""
     x, indices, values = args[:3]
     accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
@@ -116,17 +116,9 @@ def _index_put(c, node, args, kwargs):
         if accumulate:
             return kb.add(x, kb.select(mask, v, kb.scalar(0.0, elem)))
         return kb.select(mask, v, x)
-    if shape[d] >= 0:  # negative indices count from the end, as torch's do (below -size: still an error)
-        index = kb.select(kb.cmp(index, kb.scalar(0.0, ispec.elem), predicate="lt"),
-                          kb.add(index, kb.scalar(float(shape[d]), ispec.elem)), index)
     if ispec.rank != 1:
-        # an index of any rank names rows along d as its flattened form does (what an
-        # embedding's backward writes: a [batch, seq] index of [batch, seq, width] rows)
-        m = math.prod(ispec.shape)
-        full = tuple(shape[:d]) + tuple(ispec.shape) + tuple(shape[d + 1:])
-        v = kb.broadcast_to(v, full) if shape_of(v) != full else v
-        index = kb.reshape(index, (m,))
-        v = kb.reshape(v, tuple(shape[:d]) + (m,) + tuple(shape[d + 1:]))
+        raise Unsupported(f"x[index] = v with a {ispec.rank}-d index is not supported by kf",
+                          cause="flatten the index (and the values) to 1-D")
     return _put_rows(c, x, d, index, v, accumulate)
 
 

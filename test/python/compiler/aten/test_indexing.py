@@ -71,32 +71,6 @@ def test_unsafe_masked_index_put_accumulate(shape, rows, cols, target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("shape,index_shape,dim", [((11, 6), (2, 3), 0), ((5, 257), (3, 1, 4), 1), ((7,), (1, 1), 0),
-                                                   ((9, 4), (4, 5), 0)], ids=str)
-def test_index_put_with_an_index_of_any_rank(shape, index_shape, dim, target):
-    """``x[index] = v`` and ``+=`` with a multi-dim integer index along one dim (an
-    embedding's backward: a [batch, seq] index of [batch, seq, width] rows), repeated
-    and negative indices included (the last write wins, as in torch's CPU kernel); the
-    values of the indexed shape, or one broadcast value."""
-    gen = torch.Generator().manual_seed(sum(shape) + len(index_shape))
-    x = torch.randn(shape, generator=gen)
-    index = torch.randint(-shape[dim], shape[dim], index_shape, generator=gen)
-    v = torch.randn((*shape[:dim], *index_shape, *shape[dim + 1:]), generator=gen)
-    at = (slice(None),) * dim
-
-    def put(x, i, v):
-        y = x.clone()
-        y[at + (i,)] = v
-        return y
-
-    if dim == 0:
-        for accumulate in (True, False):
-            _check(lambda x, i, v: torch.index_put(x, [i], v, accumulate=accumulate), (x, index, v), target)
-        _check(lambda x, i: torch.index_put(x, [i], torch.tensor(2.5), accumulate=True), (x, index), target)
-    _check(put, (x, index, v), target)
-
-
-@pytest.mark.parametrize("target", TARGETS)
 def test_unsafe_masked_ops_of_views(target):
     gen = torch.Generator().manual_seed(7)
     x, mask, i, j = _masked_case((9, 5), 3, 4, gen)

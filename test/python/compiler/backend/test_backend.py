@@ -95,15 +95,15 @@ def test_views_alone_are_no_region():
 
 
 def test_op_refused_at_compile_falls_back_alone():
-    """A handler that refuses its arguments (an index_put with two index tensors) sends
-    that op alone to the fallback; the ops around it still run in kf."""
+    """A handler that refuses its arguments (a 2-d index_put) sends that op alone to the
+    fallback; the ops around it still run in kf."""
     def f(x, idx, v):
         y = x * 2
-        y = torch.index_put(y, (idx, idx), v)
+        y = torch.index_put(y, (idx,), v)
         return y + 1
 
-    x, v = torch.randn(6, 5), torch.randn(3)
-    idx = torch.tensor([0, 2, 4])
+    x, v = torch.randn(6, 5), torch.randn(2, 3, 5)
+    idx = torch.tensor([[0, 2, 4], [1, 3, 5]])
     c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager"})
     torch.testing.assert_close(c(x, idx, v), f(x, idx, v))
     report = kf.explain(c, x, idx, v)
