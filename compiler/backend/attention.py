@@ -13,11 +13,13 @@ that returns what the backward needs and that backward is made at one concrete s
 recomputes the forward -- for attention, the score matrix, and for every key block
 again. Attention's saved values are known without the split: O and the row logsumexp
 (f32; f64 for f64). So where a gradient is wanted, the rewritten SDPA call is
-``kf::attention_train`` (``attention_train``), whose forward returns both from the
-forward kf's autograd splits off at the call's concrete shape, and whose backward,
-``kf::attention_train_backward``, runs that split's backward kernels (FlashAttention's
-scheme: D = rowsum(dO * O), dK/dV and dQ from P recomputed with the logsumexp). A call
-whose split saves anything else falls back to the recomputing backward.
+``kf::attention_train`` (``attention_train``). Its forward is the kf function
+``attention_lse``, which returns both (one attention kernel that also writes the
+logsumexp; its program serves new lengths). Its backward, ``kf::attention_train_backward``,
+runs the backward of the split kf's autograd makes at the call's concrete shape
+(FlashAttention's scheme: D = rowsum(dO * O), dK/dV and dQ from P recomputed with the
+logsumexp). A call whose split saves anything else falls back to the recomputing
+backward.
 """
 
 from __future__ import annotations
