@@ -87,10 +87,19 @@ class CompiledProgram:
             return None
         from kf.runtime.abi import bind_sizes, eval_guard
 
-        sizes = bind_sizes(abi.inputs, [tuple(getattr(t, "shape", ())) for t in tensors[:len(abi.inputs)]], 1)
+        shapes = tuple(tuple(getattr(t, "shape", ())) for t in tensors[:len(abi.inputs)])
+        memo = self.__dict__.setdefault("_size_checks", {})  # a loop meets its lengths again
+        if shapes in memo:
+            return memo[shapes]
+        sizes = bind_sizes(abi.inputs, shapes, 1)
         if isinstance(sizes, str):
-            return sizes  # the shapes do not bind to the program's symbols
-        return next((g for g in guards if not eval_guard(g, sizes)), None)
+            failed = sizes  # the shapes do not bind to the program's symbols
+        else:
+            failed = next((g for g in guards if not eval_guard(g, sizes)), None)
+        if len(memo) >= 64:
+            memo.pop(next(iter(memo)))
+        memo[shapes] = failed
+        return failed
 
     def checks_sizes(self) -> bool:
         """Whether a call of this program with run-time sizes must check its sizes first
