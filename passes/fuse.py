@@ -18,7 +18,10 @@ Kinds, in the order they are recognized:
   log_softmax) over the same trailing dimensions of one row space: layer norm, softmax,
   RMSNorm. Elementwise ops join when their shape is the row shape or a reduced one.
 - ``matmul``: a matmul with the elementwise ops that consume its result (bias, GELU)
-  and the transposes of its operands' last two dims (``a @ b.t()``).
+  and the transposes of its operands' last two dims (``a @ b.t()``). An epilogue op
+  that one row or elementwise kernel alone reads moves into that kernel where the GEMM
+  then writes fewer bytes (``_trim_epilogues``: logits widened to f32 for their softmax
+  are written once, in their own type).
 - ``transpose``: any other swap of the last two dims, with the elementwise ops of its
   result's shape after it (fp8's V quantized K-major; ``x.transpose(-1, -2) * s``) and
   an elementwise group that feeds only it (the caller's fp8 V widened): the transpose
@@ -46,7 +49,9 @@ of layer norm or RMSNorm is two kernels, dx's row kernel and the column kernel.
 recompute than to read), and so are rank-0 elementwise ops over rank-0 operands that only
 kernels read (``_free_scalars``: fp8's scale arithmetic, ``sq * sk / sqrt(d)``), which
 would otherwise each be a one-thread kernel of their own: a launch and a few
-microseconds on the GPU between the kernels before and after. ``kf.constant`` ops stay
+microseconds on the GPU between the kernels before and after; and elementwise ops over
+iotas, fills and thin broadcast operands (a one-hot of row targets), which would
+otherwise be tensors of their result's size in memory. ``kf.constant`` ops stay
 in the schedule, so constants reach kernels as inputs. Calls to torch-mlir-imported
 functions stay in the schedule too, and so do reshapes between kernels
 (``_view_reshapes``): views of their operand's buffer, not copy kernels.
@@ -64,7 +69,8 @@ from mlir.dialects import func
 
 from kf.dialects import BY_NAME, spec_of
 from kf.dialects.attrs import op_attrs
-from kf.dialects.types import defining, transposes_last_two
+from kf.dialects.elements import ELEM_BYTES
+from kf.dialects.types import DYN, defining, transposes_last_two
 
 from .base import KfPass, PassError
 from .fuse_attention_backward import attention_backward_groups
@@ -544,6 +550,67 @@ def _absorb(part: _Partition) -> None:
                     changed = True
 
 
+def _trim_epilogues(part: _Partition) -> None:
+    """A matmul kernel's epilogue op that only one rowwise or elementwise kernel reads
+    moves into that kernel where the matmul kernel then writes fewer bytes: its operands
+    from the matmul kernel are written out anyway, or are narrower than its result.
+    Greedy merging put every elementwise consumer of the product in the epilogue; where
+    the product is written out for a row kernel anyway (logits beside their softmax), a
+    widening cast or a product with a one-hot there only adds tensors of the product's
+    size to write and read back."""
+    for gid, g in list(part.groups.items()):
+        if g.kind != "matmul":
+            continue
+        changed = True
+        while changed:
+            changed = False
+            members = {part.ops[m] for m in g.ops}
+            for m in reversed(g.ops):
+                op = part.ops[m]
+                if op.name == "kf.matmul" or transposes_last_two(op) or len(op.results) != 1:
+                    continue
+                target = _sole_row_user(part, gid, op)
+                if target is None:
+                    continue
+                leaving = [v for v in op.operands if defining(v) in members and not _leaves(v, members, op)]
+                if sum(_bytes(v) for v in leaving) >= _bytes(op.results[0]):
+                    continue
+                g.ops.remove(m)
+                part.groups[target].ops = sorted(part.groups[target].ops + [m])
+                part.group_of[m] = target
+                changed = True
+                break
+
+
+def _sole_row_user(part: _Partition, gid: int, op: ir.Operation) -> int | None:
+    """The one rowwise or elementwise group that reads op's result, where nothing else
+    does (the matmul group itself, another kernel, the return or a host op) and that
+    group computes over op's shape."""
+    users = set()
+    for u in op.results[0].uses:
+        owner = getattr(u.owner, "operation", u.owner)
+        users.add(part.group_of.get(part.index.get(owner)) if owner in part.index else None)
+    if len(users) != 1 or None in users or gid in users:
+        return None
+    (target,) = users
+    tg = part.groups[target]
+    shape = spec_of(op.results[0].type).shape
+    if tg.kind == "rowwise":
+        space, n = tg.row
+        return target if shape in {space, space[-n:]} | _reduced(space, n) else None
+    return target if tg.kind == "elementwise" and not tg.random and tg.shape == shape else None
+
+
+def _leaves(v: ir.Value, members: set, but: ir.Operation) -> bool:
+    """Whether something outside members other than ``but`` reads v."""
+    return any(getattr(u.owner, "operation", u.owner) not in members | {but} for u in v.uses)
+
+
+def _bytes(v: ir.Value) -> int:
+    spec = spec_of(v.type)
+    return _numel(spec.shape) * ELEM_BYTES[spec.elem]
+
+
 def _broadcasts_to(shape: tuple | None, target: tuple) -> bool:
     if shape is None or len(shape) > len(target):
         return False
@@ -696,29 +763,67 @@ def _view_reshapes(body: list[ir.Operation]) -> list[ir.Operation]:
     return out
 
 
+#: An operand is thin beside an elementwise op's result when the result has at least
+#: this many times its elements (a row's target index beside the row's logits).
+THIN_RATIO = 16
+
+
+def _thin(v: ir.Value, result: ir.Value) -> bool:
+    """Whether reading v for every element of result costs little: v broadcasts to it
+    along dims of at least THIN_RATIO elements together (sizes known at compile time)."""
+    shape, out = spec_of(v.type).shape, spec_of(result.type).shape
+    if not _broadcasts_to(shape, out):
+        return False
+    lead = len(out) - len(shape)
+    factor = 1
+    for i, d in enumerate(out):
+        if d != DYN and (i < lead or shape[i - lead] == 1):
+            factor *= d
+    return factor >= THIN_RATIO
+
+
+def _numel(shape: tuple) -> int:
+    """Elements of a shape, a run-time size counted as 4096 (bytes compared between
+    values of one shape)."""
+    n = 1
+    for d in shape:
+        n *= 4096 if d == DYN else d
+    return n
+
+
 def _free_scalars(kernel_ops: list[ir.Operation]) -> list[ir.Operation]:
     """The elementwise ops whose results only kernel ops read (not the return, a host
     call or a view) and that are rank-0 over rank-0 operands, or of any shape over fills
-    and kf.iota alone (a mask ``torch.ones(L, S).tril()``, an ``arange``): each kernel
-    that reads one computes it itself, with the ops it depends on, from their inputs
-    (arguments or other kernels' results, rank-0). Elementwise ops are pure, so a
-    recomputed value is the same value; a few scalar ops a thread cost less than a
-    launch of their own, and a mask computed where it is read is never a tensor in
-    memory."""
+    and kf.iota alone (a mask ``torch.ones(L, S).tril()``, an ``arange``), or over such
+    values and thin tensors (``_thin``: a one-hot ``targets[:, None] == arange(V)``)
+    where no attention kernel reads them: each kernel that reads one computes it itself,
+    with the ops it depends on, from their inputs (arguments or other kernels' results).
+    Elementwise ops are pure, so a recomputed value is the same value; a few scalar ops
+    a thread cost less than a launch of their own, and a mask or one-hot computed where
+    it is read is never a tensor in memory."""
     kernel_set = set(kernel_ops)
+    attention = {op for chain in _attention_chains(kernel_ops) for op in chain}
+    attention |= {op for group in attention_backward_groups(kernel_ops) for op in group}
     free = []
     made_of_indices: set = set()  # results of free ops that read fills and kf.iota only
+    broadcasts: set = set()  # results of free ops over those and thin tensors
     for op in kernel_ops:
         if _category(op) != "elementwise" or not op.results:
             continue
         from_indices = all(v in made_of_indices or (defining(v) is not None and defining(v).name in _FREE)
                            for v in op.operands)
-        if not from_indices and any(spec_of(v.type).shape for v in [*op.operands, *op.results]):
+        thin = not from_indices and spec_of(op.results[0].type).shape and \
+            all(v in made_of_indices or v in broadcasts or (defining(v) is not None and defining(v).name in _FREE)
+                or _thin(v, op.results[0]) for v in op.operands) and \
+            not any(getattr(u.owner, "operation", u.owner) in attention for r in op.results for u in r.uses)
+        if not from_indices and not thin and any(spec_of(v.type).shape for v in [*op.operands, *op.results]):
             continue
         if all(getattr(u.owner, "operation", u.owner) in kernel_set for r in op.results for u in r.uses):
             free.append(op)
             if from_indices:
                 made_of_indices.update(op.results)
+            elif thin:
+                broadcasts.update(op.results)
     return free
 
 
@@ -806,6 +911,7 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
         cloned = {op.result for op in scalars}
         kernel_ops = [op for op in kernel_ops if op.result not in cloned] if cloned else kernel_ops
         part = partition(kernel_ops)
+        _trim_epilogues(part)
         _join_column_partials(part)
         _absorb(part)
         # Kernel names become PTX/SPIR-V/MSL identifiers: keep letters, digits and "_"

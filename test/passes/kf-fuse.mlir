@@ -461,3 +461,28 @@ func.func @sdpa_mask(%q: tensor<2x5x8xbf16>, %kt: tensor<2x8x5xbf16>, %v: tensor
   %o = "kf.matmul"(%pb, %v) : (tensor<2x5x5xbf16>, tensor<2x5x8xbf16>) -> tensor<2x5x8xbf16>
   return %o : tensor<2x5x8xbf16>
 }
+
+// -----
+
+// Logits a row kernel reads: the GEMM writes them once, in bf16; the widening cast, the
+// one-hot (thin operands: cloned where read) and its product are row-kernel work.
+// CHECK-LABEL: func.func private @logits_k0_matmul
+// CHECK-SAME: -> tensor<32x512xbf16>
+// CHECK-NOT: kf.cast
+// CHECK: return
+// CHECK-LABEL: func.func private @logits_k1_rowwise
+// CHECK-SAME: (%arg0: tensor<32x512xbf16>, %arg1: tensor<32x1xi64>, %arg2: tensor<1x512xi64>) -> tensor<32x1xf32>
+// CHECK-DAG: "kf.cast"(%arg0)
+// CHECK-DAG: "kf.cmp"(%arg1, %arg2)
+// CHECK: "kf.reduce_max"
+func.func @logits(%h: tensor<32x64xbf16>, %w: tensor<64x512xbf16>, %t: tensor<32x1xi64>, %iota: tensor<1x512xi64>) -> tensor<32x1xf32> {
+  %mm = "kf.matmul"(%h, %w) : (tensor<32x64xbf16>, tensor<64x512xbf16>) -> tensor<32x512xbf16> loc("lm.py":2:5)
+  %z = "kf.cast"(%mm) : (tensor<32x512xbf16>) -> tensor<32x512xf32> loc("lm.py":2:5)
+  %eq = "kf.cmp"(%t, %iota) {predicate = "eq"} : (tensor<32x1xi64>, tensor<1x512xi64>) -> tensor<32x512xi1> loc("lm.py":3:5)
+  %oh = "kf.cast"(%eq) : (tensor<32x512xi1>) -> tensor<32x512xf32> loc("lm.py":3:5)
+  %p = "kf.mul"(%z, %oh) : (tensor<32x512xf32>, tensor<32x512xf32>) -> tensor<32x512xf32> loc("lm.py":4:5)
+  %m = "kf.reduce_max"(%z) {dims = array<i64: 1>, keepdim = true} : (tensor<32x512xf32>) -> tensor<32x1xf32> loc("lm.py":5:5)
+  %picked = "kf.sum"(%p) {dims = array<i64: 1>, keepdim = true} : (tensor<32x512xf32>) -> tensor<32x1xf32> loc("lm.py":5:5)
+  %r = "kf.sub"(%m, %picked) : (tensor<32x1xf32>, tensor<32x1xf32>) -> tensor<32x1xf32> loc("lm.py":5:5)
+  return %r : tensor<32x1xf32>
+}

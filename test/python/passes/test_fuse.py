@@ -501,3 +501,49 @@ def test_attention_returning_its_scores_logsumexp_is_one_kernel(sq, sk, keepdim)
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
     calls = [line for line in kf.inspect(f, q, k, v).stages["fused"].splitlines() if "call @" in line]
     assert len(calls) == 1 and "_attention(" in calls[0], calls
+
+
+def _logits_loss(h, w, t):
+    """A chunk of a language model's loss as kf.nn's fused cross-entropy writes it: bf16
+    logits widened, their row logsumexp, the target's logit by a one-hot, the gradient."""
+    z = (h @ w.t()).float()
+    onehot = torch.nn.functional.one_hot(t, z.shape[1]).float()
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    loss = (lse - (z * onehot).sum(dim=-1, keepdim=True)).sum()
+    return loss, (torch.exp(z - lse) - onehot).to(h.dtype)
+
+
+def test_epilogue_leaves_a_row_kernel_what_it_recomputes():
+    """Logits that a row kernel reads: the GEMM writes them once in their own type; the
+    widening cast, the one-hot (targets[:, None] == arange, cloned where it is read) and
+    the product with it are computed in the row kernel, not written in f32 beside the
+    logits (``_trim_epilogues``, ``_thin`` operands in ``_free_scalars``)."""
+    import kf
+
+    rows, vocab, width = 64, 1000, 32
+    h, w = torch.randn(rows, width).bfloat16(), torch.randn(vocab, width).bfloat16()
+    t = torch.randint(0, vocab, (rows,))
+    fused_ir = kf.inspect(kf.jit(_logits_loss, target="cuda"), h, w, t).fused
+    kernels = [line for line in fused_ir.splitlines() if "func.func private" in line]
+    (gemm,) = [k for k in kernels if "_matmul" in k]
+    assert "-> tensor<64x1000xbf16>" in gemm and "f32" not in gemm.split("->")[1].split("attributes")[0]
+    assert not any("x1000xf32>" in k.split("->")[1] for k in kernels), kernels
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan"])
+@pytest.mark.parametrize("rows,vocab", [(1, 17), (7, 257), (64, 1000)])
+def test_logits_loss_with_its_epilogue_in_the_row_kernel(rows, vocab, target):
+    """The same function's values against torch's at odd sizes (f32 inputs: the logits
+    are f32 throughout, as in torch)."""
+    import kf
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    torch.manual_seed(rows + vocab)
+    h, w = torch.randn(rows, 32), torch.randn(vocab, 32)
+    t = torch.randint(0, vocab, (rows,))
+    loss, g = kf.jit(_logits_loss, target=target)(h, w, t)
+    want_loss, want_g = _logits_loss(h, w, t)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(g, want_g, rtol=1e-4, atol=1e-5)
