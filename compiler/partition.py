@@ -51,16 +51,19 @@ aten = torch.ops.aten
 # ----------------------------------------------------------------------------- the lse op
 
 
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type a softmax's saved logsumexp has for scores of ``dtype``: f32, f64 for f64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _define_logsumexp():
     @torch.library.custom_op("kf::logsumexp", mutates_args=(), schema="(Tensor x, int[] dims, bool keepdim) -> Tensor")
     def logsumexp(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
-        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return torch.logsumexp(x.to(ct), list(dims), keepdim=keepdim)
+        return torch.logsumexp(x.to(lse_dtype(x.dtype)), list(dims), keepdim=keepdim)
 
     @logsumexp.register_fake
     def _(x, dims, keepdim):
-        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return torch.logsumexp(x.to(ct), list(dims), keepdim=keepdim)
+        return torch.logsumexp(x.to(lse_dtype(x.dtype)), list(dims), keepdim=keepdim)
 
     return logsumexp
 

@@ -30,6 +30,7 @@ import torch
 
 from ..api import KfFunction
 from ..options import Options
+from ..partition import lse_dtype
 
 
 def attention(q, k, v, mask, scale: float, causal: bool):
@@ -92,14 +93,10 @@ def _split(q, k, v, mask, scale: float, causal: bool, target: str, precision: st
     wants = tuple(t.is_floating_point() and i < 3 for i, t in enumerate(tensors))
     with torch_ops._opaque():  # a custom op's body runs below autograd; the split traces with it
         training, _ = torch_ops.training_of(fn, structure, tensors, wants)
-    lse = (tuple(q.shape[:-1]), _lse_dtype(q.dtype))
+    lse = (tuple(q.shape[:-1]), lse_dtype(q.dtype))
     fits = (training.forward is not None and training.n_outputs == 1 and tuple(training.saved_outputs) == (0,)
             and [(tuple(shape), dtype) for shape, dtype, _ in training.extras] == [lse])
     return fn, tensors, structure, wants, (training if fits else None)
-
-
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @torch.library.custom_op("kf::attention_train", mutates_args=())
@@ -112,7 +109,7 @@ def _attention_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
     if training is None:  # the backward recomputes: no logsumexp to give it
         with torch_ops._opaque():
             out = fn(q, k, v, mask, scale, causal)
-        return out.contiguous(), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+        return out.contiguous(), q.new_empty(q.shape[:-1], dtype=lse_dtype(q.dtype))
     with torch_ops._opaque():
         out, lse = for_options(Options(target=target, precision=precision), attention_lse)(q, k, v, mask, scale, causal)
     return out.contiguous(), lse.contiguous()
@@ -120,7 +117,7 @@ def _attention_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
 
 @_attention_train.register_fake
 def _(q, k, v, mask, scale, causal, target, precision):
-    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype)))
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype(q.dtype)))
 
 
 @torch.library.custom_op("kf::attention_train_backward", mutates_args=())

@@ -121,6 +121,13 @@ def compute_type(elem: str) -> ir.Type:
     return ir.F32Type.get() if elem in LOW_PRECISION else ir.Type.parse(elem)
 
 
+def index_value(i: ir.Value, t: ir.Type) -> ir.Value:
+    """A ``kf.iota`` element, the index ``i`` (an index or an integer), as a value of type
+    ``t``. An index is never negative: zero-extended (index_castui). lavapipe gave every
+    element of a compare of the sign-extended i64 (OpSConvert) as true."""
+    return arith.index_castui(t, i) if isinstance(i.type, ir.IndexType) else sm.convert(i, t)
+
+
 def widen(v: ir.Value, elem: str | None = None) -> ir.Value:
     """A scalar in its storage type extended to its compute type; ``elem``: the element
     type of the tensor it was loaded from (uint8 is held in an i8, zero-extended)."""

@@ -633,9 +633,7 @@ def _rand(ev: Evaluator, op, idx, attrs):
 def _iota(ev: Evaluator, op, idx, attrs):
     i = idx[int(attrs["dim"]) % len(idx)]
     t = E.compute_type(E.elem_of(op.results[0]))
-    # an index is never negative: zero-extended (index_castui). lavapipe gave every
-    # element of a compare of the sign-extended i64 (OpSConvert) as true
-    return [ev.kb.const(t, i) if isinstance(i, int) else arith.index_castui(t, i)]
+    return [ev.kb.const(t, i) if isinstance(i, int) else E.index_value(i, t)]
 
 
 def _fill(ev: Evaluator, op, idx, attrs):

@@ -34,7 +34,7 @@ from mlir import ir
 from mlir.dialects import arith, gpu, memref, scf
 
 from .base import NotApplicable, TargetInfo
-from .emit import compute_type, memref_type
+from .emit import compute_type, index_value, memref_type
 from .emit import to_storage as emit_to_storage
 from .emit import widen as emit_widen
 from .run_time_sizes import ragged
@@ -349,9 +349,7 @@ class Pointwise:
         if op.name == "kf.fill":
             return scalar_math.const(ct, attrs["value"])
         if op.name == "kf.iota":
-            i = index[int(attrs["dim"]) % len(index)]
-            # never negative: zero-extended (see generic._iota)
-            return arith.index_castui(ct, i) if isinstance(i.type, ir.IndexType) else scalar_math.convert(i, ct)
+            return index_value(index[int(attrs["dim"]) % len(index)], ct)
         if op.name == "kf.transpose":
             perm = attrs["perm"]
             inner = [None] * len(perm)

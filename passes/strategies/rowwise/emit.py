@@ -14,7 +14,7 @@ from kf.dialects.elements import NARROW_INTS, UNSIGNED
 from kf.passes import scalar_math as sm
 
 from ..base import NotApplicable, TargetInfo
-from ..emit import storage_type, to_storage
+from ..emit import index_value, storage_type, to_storage
 from .analysis import REDUCTIONS, Analysis, Node, align, has_column, stat_coords
 
 #: Attribute names shared with kf-promote-shared and kf-vectorize (the markers).
@@ -209,12 +209,9 @@ class RowEmitter:
                 elem = storage_type(node.elem)
                 return sm.convert(sm.const(elem, value), compute_type(node.elem), unsigned=node.elem in UNSIGNED)
             if node.op == "kf.iota":
-                # the index along its dim (a causal mask built in the function): never
-                # negative, so zero-extended
+                # the index along its dim (a causal mask built in the function)
                 token = coords[int(node.attrs["dim"]) % len(coords)]
-                i = self._idx(token)
-                ct = compute_type(node.elem)
-                return arith.index_castui(ct, i) if isinstance(i.type, ir.IndexType) else sm.convert(i, ct)
+                return index_value(self._idx(token), compute_type(node.elem))
             if node.op in REDUCTIONS:
                 if coords != stat_coords(self.a, node):
                     raise NotApplicable(f"{node.op} result read across rows")
