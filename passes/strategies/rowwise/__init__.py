@@ -4,7 +4,10 @@ elementwise ops (torch broadcasting) around them.
 
 Shape of the emitted kernel (one workgroup per row, T threads, T a power of two):
 
-    row = block_id.x                      (decomposed into the leading coordinates)
+    row = block_id.x                      (decomposed into the leading coordinates;
+                                           past the target's grid x limit, 65535 on
+                                           Vulkan and Metal: y * grid_x + x, the
+                                           spare workgroups past the last row idle)
     for each statistic, in dependency order:          (a *phase*)
         acc = scf.for j = tid to R step T iter_args(neutral) {kf.row_loop}
                   acc op f(x[row, j], earlier statistics)
@@ -71,12 +74,14 @@ reductions both kernels share), ``loop.py`` (the loop kernel's phases), ``regist
 
 from __future__ import annotations
 
+import contextlib
+
 from mlir import ir
-from mlir.dialects import gpu
+from mlir.dialects import arith, gpu, scf
 
 from .. import run_time_sizes
 from ..base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
-from ..emit import storage_type
+from ..emit import max_grid_x, storage_type
 from .analysis import analyze
 from .emit import ASSUMED_ALIGNMENT, MAX_SHARED
 from .loop import LoopEmitter
@@ -103,6 +108,11 @@ class RowwiseStrategy(Strategy):
         name = ir.StringAttr(kernel.attributes["sym_name"]).value
         T = plan["threads"]
         registers = plan.get("mode") == "registers"
+        P = plan.get("rows_per_block", 1)
+        blocks = -(-(a.groups or a.rows) // P)
+        # (at run-time sizes the launcher computes the grid's x; a size past the device's
+        # limit is the launcher's clear error)
+        grid = (blocks, 1, 1) if plan.get("sizes") else folded_grid(blocks, max_grid_x(target.name))
         with kernel.location:
             # booleans are bytes on CUDA (torch's layout; a vector<N x i1> load would read
             # N bits): loaded as != 0, stored zero-extended
@@ -135,11 +145,12 @@ class RowwiseStrategy(Strategy):
                 if size_slots:
                     sizes = run_time_sizes.SizeSlots(entry, args[len(arg_types) - 1], size_slots)
                     em.rows_value = sizes.extent(a.rows)
-                em.setup()
-                with em.rows():
-                    for kind, node in a.stats:
-                        em.phase(kind, node)
-                    em.outputs()
+                with _folded(em, grid, blocks):
+                    em.setup()
+                    with em.rows():
+                        for kind, node in a.stats:
+                            em.phase(kind, node)
+                        em.outputs()
                 gpu.ReturnOp([])
             if plan.get("max_registers"):
                 # .maxnreg for ptxas (a cap: it may still use fewer)
@@ -150,12 +161,40 @@ class RowwiseStrategy(Strategy):
                 fn.operation.attributes[ASSUMED_ALIGNMENT] = ir.IntegerAttr.get(
                     ir.IntegerType.get_signless(64), em.assumed_alignment)
         notes = dict(plan, inputs=len(a.inputs), outputs=len(a.outputs))
-        P = plan.get("rows_per_block", 1)
         if not size_slots:
-            return EmittedKernel(name, (-(-(a.groups or a.rows) // P), 1, 1), (T, 1, 1), 0, notes)
+            return EmittedKernel(name, grid, (T, 1, 1), 0, notes)
         grid = (run_time_sizes.grid_text(0, a.rows // run_time_sizes.BOUND, P), "1", "1")
         return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes, sizes=tuple(map(tuple, size_slots)),
                              grid_sizes=grid)
+
+
+def folded_grid(blocks: int, max_x: int) -> tuple[int, int, int]:
+    """A grid of at least ``blocks`` workgroups whose x is at most ``max_x`` (Vulkan and
+    Metal guarantee 65535): more rows than that go to a second dim, the fewest spare
+    workgroups (at most gy - 1) past the last."""
+    gy = -(-blocks // max_x)
+    return (-(-blocks // gy), gy, 1)
+
+
+@contextlib.contextmanager
+def _folded(em, grid: tuple[int, int, int], blocks: int):
+    """Around the kernel's body: where the grid is folded (``folded_grid``), the
+    workgroup's linear index, y * gx + x, for the emitter, and the body only for
+    workgroups below ``blocks`` (a workgroup's threads all take the same branch, so its
+    barriers stay uniform)."""
+    if grid[1] == 1:
+        yield
+        return
+    gx = arith.constant(ir.IndexType.get(), grid[0])
+    em.block_index = arith.addi(arith.muli(gpu.block_id(gpu.Dimension.y), gx), gpu.block_id(gpu.Dimension.x))
+    if grid[0] * grid[1] == blocks:
+        yield
+        return
+    iff = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, em.block_index,
+                              arith.constant(ir.IndexType.get(), blocks)))
+    with ir.InsertionPoint(iff.then_block):
+        yield
+        scf.YieldOp([])
 
 
 def _has_terminator(block: ir.Block) -> bool:

@@ -60,13 +60,15 @@ class RowEmitter:
         #: run-time sizes: the number of rows (an index; the grid covers exactly these
         #: with one row a workgroup), None where it is a.rows
         self.rows_value: ir.Value | None = None
+        #: the workgroup's index where the grid is folded into two dims, else None (x)
+        self.block_index: ir.Value | None = None
 
     # -- coordinates
     def setup(self):
         """The thread's place: its index among its row's threads, and its row -- or, with
         column partials, its group of rows (``rows`` walks them)."""
         tid = gpu.thread_id(gpu.Dimension.x)
-        bid = gpu.block_id(gpu.Dimension.x)
+        bid = self.block_index if self.block_index is not None else gpu.block_id(gpu.Dimension.x)
         self.zero = const_index(0)
         self.block_tid = tid
         self.row_ok = None  # i1: this thread's row exists (several rows a block, rows % P != 0)

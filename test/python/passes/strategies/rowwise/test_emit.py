@@ -148,3 +148,22 @@ def test_iota_mask_is_rowwise(n):
     got = kf.jit(_masked_softmax_backward, target="vulkan")(s, dp, n)
     for a, b in zip(got, _masked_softmax_backward(s, dp, n)):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("fn,shape,dim", [
+    (lambda x, dim: torch.log_softmax(x, dim), (257, 257, 1), -1),    # 66049 rows of one
+    (lambda x, dim: torch.softmax(x, dim), (65536, 3), -1),           # one row past 65535
+    (lambda x, dim: x - x.mean(dim, keepdim=True), (70001, 5), -1),
+])
+def test_rows_past_the_grid_limit(fn, shape, dim):
+    """More rows than Vulkan's grid x guarantees (65535 workgroups): the grid folds into a
+    second dim and the spare workgroups idle (rowwise/__init__.py, ``folded_grid``);
+    torch's results (a VulkanError naming the grid limit before)."""
+    import kf
+    from kf.passes.strategies.rowwise import folded_grid
+
+    assert folded_grid(66049, 65535) == (33025, 2, 1) and folded_grid(65535, 65535) == (65535, 1, 1)
+    needs_vulkan()
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(7))
+    got = kf.jit(fn, target="vulkan")(x, dim)
+    torch.testing.assert_close(got, fn(x, dim), rtol=1e-5, atol=1e-5)
