@@ -91,8 +91,9 @@ INDEX_PUT_PAIRS_LIMIT = 4096
 @handles("aten.index_put.default")
 def _index_put(c, node, args, kwargs):
     """``x[index] = values`` (and ``+=`` with accumulate) for one index: a boolean mask
-    over x's leading dims with one value, or a 1-D integer index along one dim. Where a
-    non-accumulating index repeats, the last write wins, as in torch's CPU kernel."""
+    over x's leading dims with one value, or a 1-D integer index along one dim (negative
+    indices from the end). Where a non-accumulating index repeats, the last write wins,
+    as in torch's CPU kernel."""
     x, indices, values = args[:3]
     accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
     elem, shape, rank = spec_of(x.type).elem, shape_of(x), rank_of(x)
@@ -119,6 +120,9 @@ def _index_put(c, node, args, kwargs):
     if ispec.rank != 1:
         raise Unsupported(f"x[index] = v with a {ispec.rank}-d index is not supported by kf",
                           cause="flatten the index (and the values) to 1-D")
+    if shape[d] >= 0:  # negative indices count from the end, as torch's do (below -size: still an error)
+        index = kb.select(kb.cmp(index, kb.scalar(0.0, ispec.elem), predicate="lt"),
+                          kb.add(index, kb.scalar(float(shape[d]), ispec.elem)), index)
     return _put_rows(c, x, d, index, v, accumulate)
 
 

@@ -71,6 +71,29 @@ def test_unsafe_masked_index_put_accumulate(shape, rows, cols, target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,n,dim", [((11, 6), 7, 0), ((5, 257), 4, 1), ((7,), 1, 0)], ids=str)
+def test_index_put_with_negative_and_repeated_indices(shape, n, dim, target):
+    """``x[index] = v`` and ``+=`` with a 1-D index along one dim, negative and repeated
+    indices included (the last write wins, as in torch's CPU kernel)."""
+    gen = torch.Generator().manual_seed(sum(shape) + n)
+    x = torch.randn(shape, generator=gen)
+    index = torch.randint(-shape[dim], shape[dim], (n,), generator=gen)
+    index[-1] = -1
+    v = torch.randn((*shape[:dim], n, *shape[dim + 1:]), generator=gen)
+    at = (slice(None),) * dim
+
+    def put(x, i, v):
+        y = x.clone()
+        y[at + (i,)] = v
+        return y
+
+    if dim == 0:
+        for accumulate in (True, False):
+            _check(lambda x, i, v: torch.index_put(x, [i], v, accumulate=accumulate), (x, index, v), target)
+    _check(put, (x, index, v), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_unsafe_masked_ops_of_views(target):
     gen = torch.Generator().manual_seed(7)
     x, mask, i, j = _masked_case((9, 5), 3, 4, gen)
