@@ -50,6 +50,10 @@ class InterpretedProgram:
         return unflatten(self.captured.output_tree, outs)
 
 
+#: input shapes whose size check a program remembers
+SIZE_CHECKS_KEPT = 64
+
+
 class CompiledProgram:
     """A program loaded from the cache: the target's launcher plus the result structure."""
 
@@ -70,6 +74,9 @@ class CompiledProgram:
         #: arguments the function writes to: checked before and copied back after each launch
         self._mutations = tuple(mutation.Mutation.from_json(m) for m in meta.get("mutations", []))
         self._returns_inputs = [tuple(p) for p in meta.get("returns_inputs", [])]
+        #: failed_size_guard's answers for the last SIZE_CHECKS_KEPT input shapes (a loop
+        #: meets its lengths again)
+        self._size_checks: dict = {}
         self._same_results = [tuple(p) for p in meta.get("same_results", [])]
         self._result_devices = [tuple(p) for p in meta.get("result_devices", [])]
 
@@ -88,7 +95,7 @@ class CompiledProgram:
         from kf.runtime.abi import bind_sizes, eval_guard
 
         shapes = tuple(tuple(getattr(t, "shape", ())) for t in tensors[:len(abi.inputs)])
-        memo = self.__dict__.setdefault("_size_checks", {})  # a loop meets its lengths again
+        memo = self._size_checks
         if shapes in memo:
             return memo[shapes]
         sizes = bind_sizes(abi.inputs, shapes, 1)
@@ -96,7 +103,7 @@ class CompiledProgram:
             failed = sizes  # the shapes do not bind to the program's symbols
         else:
             failed = next((g for g in guards if not eval_guard(g, sizes)), None)
-        if len(memo) >= 64:
+        if len(memo) >= SIZE_CHECKS_KEPT:
             memo.pop(next(iter(memo)))
         memo[shapes] = failed
         return failed

@@ -163,9 +163,8 @@ class RowwiseStrategy(Strategy):
         notes = dict(plan, inputs=len(a.inputs), outputs=len(a.outputs))
         if not size_slots:
             return EmittedKernel(name, grid, (T, 1, 1), 0, notes)
-        grid = (run_time_sizes.grid_text(0, a.rows // run_time_sizes.BOUND, P), "1", "1")
-        return EmittedKernel(name, (-(-a.rows // P), 1, 1), (T, 1, 1), 0, notes, sizes=tuple(map(tuple, size_slots)),
-                             grid_sizes=grid)
+        return EmittedKernel(name, grid, (T, 1, 1), 0, notes, sizes=tuple(map(tuple, size_slots)),
+                             grid_sizes=(run_time_sizes.grid_text(0, a.rows // run_time_sizes.BOUND, P), "1", "1"))
 
 
 def folded_grid(blocks: int, max_x: int) -> tuple[int, int, int]:
