@@ -112,6 +112,14 @@ class _Group:
     row: tuple[tuple[int, ...], int] | None = None  # rowwise: (row shape, reduced dims)
     shape: tuple[int, ...] | None = None  # elementwise / matmul output shape
     random: bool = False  # holds a kf.rand (an elementwise group that stays elementwise)
+    #: holds a slice, concat or transpose (``remaps``): an elementwise group that stays
+    #: elementwise (the other strategies evaluate no moved index)
+    remap: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """An elementwise group that another kind of kernel may take in."""
+        return self.kind == "elementwise" and not self.random and not self.remap
 
 
 class _Partition:
@@ -181,6 +189,7 @@ class _Partition:
         ga, gb = self.groups[a], self.groups.pop(b)
         ga.ops = sorted(set(ga.ops) | set(gb.ops))
         ga.random = ga.random or gb.random
+        ga.remap = ga.remap or gb.remap
         for m in gb.ops:
             self.group_of[m] = a
         return a
@@ -356,11 +365,13 @@ def partition(ops: list[ir.Operation]) -> _Partition:
             gid = part.new("transpose", [i], shape=shape)
             for p in part.producers(i):  # and an elementwise chain that only feeds it
                 pg = part.group_of[p]
-                if pg != gid and part.groups[pg].kind == "elementwise" and _feeds_only(part, pg, op) \
+                if pg != gid and part.groups[pg].plain and _feeds_only(part, pg, op) \
                         and part.acyclic_if_merged(pg, gid):
                     gid = part.merge(pg, gid)
                     part.groups[gid].kind, part.groups[gid].shape = "transpose", shape
             continue
+        elif remaps(op):
+            gid = part.new("elementwise", [i], shape=shape, remap=True)
         elif cat in ("elementwise", "random") or op.name == "kf.broadcast_to":
             # (a broadcast is elementwise over its result: both strategies read it so)
             gid = part.new("elementwise", [i], shape=shape, random=cat == "random")
@@ -375,6 +386,8 @@ def partition(ops: list[ir.Operation]) -> _Partition:
             if pg == gid:
                 continue
             merged = _merge_kind(other, g, op)
+            if merged is None and _read_moved(part, pg, gid, op):
+                merged = "elementwise", None, g.shape
             if merged is not None and part.acyclic_if_merged(pg, gid):
                 kind, row_, shape_ = merged
                 gid = part.merge(pg, gid)
@@ -448,7 +461,7 @@ def _join_column_partials(part: _Partition) -> None:
             changed = False
             for p in {part.group_of[p] for m in part.groups[gid].ops for p in part.producers(m)} - {gid}:
                 pg = part.groups[p]
-                if pg.kind == "elementwise" and not pg.random and _group_users(part, p) == {gid} \
+                if pg.plain and _group_users(part, p) == {gid} \
                         and part.acyclic_if_merged(gid, p):
                     gid = part.merge(gid, p)
                     changed = True
@@ -522,7 +535,7 @@ def _absorb(part: _Partition) -> None:
     while changed:
         changed = False
         for gid, g in list(part.groups.items()):
-            if gid not in part.groups or g.kind != "elementwise" or g.random or _reads_a_view(part, gid):
+            if gid not in part.groups or not g.plain or _reads_a_view(part, gid):
                 continue
             users = _group_users(part, gid)
             if len(users) == 1 and None not in users:
@@ -598,7 +611,7 @@ def _sole_row_user(part: _Partition, gid: int, op: ir.Operation) -> int | None:
     if tg.kind == "rowwise":
         space, n = tg.row
         return target if shape in {space, space[-n:]} | _reduced(space, n) else None
-    return target if tg.kind == "elementwise" and not tg.random and tg.shape == shape else None
+    return target if tg.plain and tg.shape == shape else None
 
 
 def _leaves(v: ir.Value, members: set, but: ir.Operation) -> bool:
@@ -676,10 +689,39 @@ def _feeds_only(part: _Partition, gid: int, op: ir.Operation) -> bool:
     return True
 
 
+def remaps(op: ir.Operation) -> bool:
+    """Whether op only moves elements, and an elementwise kernel reads its operand at the
+    moved index instead of a kernel of its own writing it out: a slice (``x[..., 8:]``), a
+    concat (rotary embedding's ``cat((-x2, x1), -1)``) or a transpose that keeps the last
+    dim (``[B, S, H, D] -> [B, H, S, D]``: reads stay along rows)."""
+    if op.name in ("kf.slice", "kf.concat"):
+        return True
+    if op.name == "kf.transpose":
+        perm = list(op_attrs(op)["perm"])
+        return bool(perm) and perm[-1] == len(perm) - 1 and perm != sorted(perm)
+    return False
+
+
+def _read_moved(part: _Partition, pg: int, gid: int, op: ir.Operation) -> bool:
+    """Whether elementwise group pg, of another shape than op's group gid, joins gid
+    because op moves its elements (``remaps``) and nothing else reads what pg computes:
+    the merged kernel evaluates pg's chain at op's moved index and writes only gid's
+    outputs (of one shape, as the elementwise strategy needs)."""
+    producer, consumer = part.groups[pg], part.groups[gid]
+    if not remaps(op) or producer.kind != "elementwise" or consumer.kind != "elementwise":
+        return False
+    if producer.random or consumer.random:
+        return False
+    members = {part.ops[m] for m in producer.ops + consumer.ops} | {op}
+    return all(getattr(u.owner, "operation", u.owner) in members
+               for m in producer.ops for r in part.ops[m].results for u in r.uses)
+
+
 def _merge_kind(producer: _Group, consumer: _Group, op: ir.Operation):
     """The kind of the merged group, or None when the two do not fuse."""
     out_shape = spec_of(op.results[0].type).shape
-    if (producer.random or consumer.random) and not (producer.kind == consumer.kind == "elementwise"):
+    if (producer.random or consumer.random or producer.remap or consumer.remap) and \
+            not (producer.kind == consumer.kind == "elementwise"):
         return None
     if producer.kind == "matmul" and consumer.kind == "elementwise" and consumer.ops and out_shape == producer.shape:
         return "matmul", None, producer.shape

@@ -47,15 +47,21 @@ from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from .generic import Evaluator, emit_outputs
 
 _ALSO = frozenset({"kf.fill", "kf.broadcast_to", "kf.rand"})
+#: ops that move elements (kf-fuse's ``remaps``): their operand is read at the moved index
+_MOVES = frozenset({"kf.slice", "kf.concat", "kf.transpose"})
 
 
 def _check(kernel: ir.Operation) -> tuple[int, ...]:
     """The common output shape, or NotApplicable."""
     for op in E.kernel_ops(kernel):
-        ok = op.name in E.ELEMENTWISE or op.name in _ALSO or (
+        ok = op.name in E.ELEMENTWISE or op.name in _ALSO or op.name in _MOVES or (
             op.name == "kf.constant" and ir.DenseElementsAttr(op.attributes["value"]).is_splat)
         if not ok:
             raise NotApplicable(f"{op.name} is not elementwise")
+        if op.name in _MOVES and run_time_sizes.is_bounded(kernel):
+            # a slice's start from the end and a concat's split are run-time sizes there,
+            # which the generic strategy reads (RunTimeShapes)
+            raise NotApplicable(f"{op.name} with run-time sizes")
     _, outs = E.kernel_signature(kernel)
     shapes = {s.shape for s in outs}
     if len(shapes) != 1:
@@ -101,7 +107,13 @@ class _Lane(Evaluator):
                  item: ir.Value | None = None, shape: Sequence[int] = (), short_forms: bool = True):
         super().__init__(kb, inputs, short_forms=short_forms)
         self.lane, self.inner, self.shared = lane, inner, shared
-        self.item, self.shape = item, tuple(shape)
+        self.item, self.out_shape = item, tuple(shape)
+        #: the block the lanes share values in; inside a concat's branches a lane computes
+        #: on its own (a value made there does not reach the other lanes)
+        self.home = ir.InsertionPoint.current.block
+
+    def _at_home(self) -> bool:
+        return ir.InsertionPoint.current.block == self.home
 
     def compute(self, op: ir.Operation, idx: list, which: int) -> list[ir.Value]:
         if op.name == "kf.rand":
@@ -118,8 +130,8 @@ class _Lane(Evaluator):
         attrs = op_attrs(op)
         n = PER_BLOCK[attrs["distribution"]]
         vec = len(self.inner)
-        if self.item is None or vec % n or E.shape_of(op.results[0]) != self.shape or \
-                not idx or idx[-1] != self.inner[self.lane]:
+        if self.item is None or vec % n or E.shape_of(op.results[0]) != self.out_shape or \
+                not idx or idx[-1] != self.inner[self.lane] or not self._at_home():
             return None
         key = ("philox", op, self.lane // n)
         if key not in self.shared:
@@ -131,7 +143,13 @@ class _Lane(Evaluator):
 
     def load_input(self, arg: int, idx: tuple, elem: str | None = None) -> ir.Value:
         mem = self.inputs[arg]
-        if idx and not isinstance(idx[-1], int) and idx[-1] == self.inner[self.lane]:
+        if not self._at_home():
+            return super().load_input(arg, idx, elem)
+        mt = ir.MemRefType(mem.type)
+        # a vector of the lanes' elements, where they are consecutive elements of this
+        # input's row starting at a vector's multiple (a slice along the row moves them)
+        if idx and not isinstance(idx[-1], int) and idx[-1] == self.inner[self.lane] and \
+                mt.shape[-1] % len(self.inner) == 0:
             key = ("vec", arg, idx[:-1])
             if key not in self.shared:
                 mt = ir.MemRefType(mem.type)

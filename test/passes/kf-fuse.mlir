@@ -486,3 +486,44 @@ func.func @logits(%h: tensor<32x64xbf16>, %w: tensor<64x512xbf16>, %t: tensor<32
   %r = "kf.sub"(%m, %picked) : (tensor<32x1xf32>, tensor<32x1xf32>) -> tensor<32x1xf32> loc("lm.py":5:5)
   return %r : tensor<32x1xf32>
 }
+
+// -----
+
+// Rotary embedding's rotate_half: slices, a negation and a concat move elements; the
+// elementwise kernel reads q at the moved indices, so the whole expression is one kernel.
+// CHECK-LABEL: func.func private @rope_k0_elementwise
+// CHECK-SAME: (%arg0: tensor<1x4x33x16xf32>, %arg1: tensor<33x16xf32>, %arg2: tensor<33x16xf32>) -> tensor<1x4x33x16xf32>
+// CHECK-DAG: "kf.slice"(%arg0) {dim = 3 : i64, end = 16 : i64, start = 8 : i64, step = 1 : i64}
+// CHECK-DAG: "kf.neg"
+// CHECK-DAG: "kf.concat"
+// CHECK: return
+// CHECK-LABEL: func.func @rope
+// CHECK-NEXT: %[[R:.*]] = call @rope_k0_elementwise(%arg0, %arg1, %arg2)
+// CHECK-NEXT: return %[[R]]
+func.func @rope(%q: tensor<1x4x33x16xf32>, %cos: tensor<33x16xf32>, %sin: tensor<33x16xf32>) -> tensor<1x4x33x16xf32> {
+  %0 = "kf.mul"(%q, %cos) : (tensor<1x4x33x16xf32>, tensor<33x16xf32>) -> tensor<1x4x33x16xf32>
+  %1 = "kf.slice"(%q) {dim = 3 : i64, end = 16 : i64, start = 8 : i64, step = 1 : i64} : (tensor<1x4x33x16xf32>) -> tensor<1x4x33x8xf32>
+  %2 = "kf.neg"(%1) : (tensor<1x4x33x8xf32>) -> tensor<1x4x33x8xf32>
+  %3 = "kf.slice"(%q) {dim = 3 : i64, end = 8 : i64, start = 0 : i64, step = 1 : i64} : (tensor<1x4x33x16xf32>) -> tensor<1x4x33x8xf32>
+  %4 = "kf.concat"(%2, %3) {dim = 3 : i64} : (tensor<1x4x33x8xf32>, tensor<1x4x33x8xf32>) -> tensor<1x4x33x16xf32>
+  %5 = "kf.mul"(%4, %sin) : (tensor<1x4x33x16xf32>, tensor<33x16xf32>) -> tensor<1x4x33x16xf32>
+  %6 = "kf.add"(%0, %5) : (tensor<1x4x33x16xf32>, tensor<1x4x33x16xf32>) -> tensor<1x4x33x16xf32>
+  return %6 : tensor<1x4x33x16xf32>
+}
+
+// -----
+
+// A slice of a value the function also returns: that value is written at its own shape
+// by its own kernel, and the slice's kernel reads it.
+// CHECK-LABEL: func.func private @slice_of_result_k0_elementwise
+// CHECK-SAME: -> tensor<5x12xf32>
+// CHECK-LABEL: func.func private @slice_of_result_k1_elementwise
+// CHECK-SAME: (%arg0: tensor<5x12xf32>) -> tensor<5x4xf32>
+// CHECK: "kf.slice"(%arg0)
+func.func @slice_of_result(%x: tensor<5x12xf32>) -> (tensor<5x4xf32>, tensor<5x12xf32>) {
+  %a = "kf.mul"(%x, %x) : (tensor<5x12xf32>, tensor<5x12xf32>) -> tensor<5x12xf32>
+  %s = "kf.slice"(%a) {dim = 1 : i64, end = 4 : i64, start = 0 : i64, step = 1 : i64} : (tensor<5x12xf32>) -> tensor<5x4xf32>
+  %one = "kf.fill"() {value = 1.0 : f64} : () -> tensor<f32>
+  %b = "kf.add"(%s, %one) : (tensor<5x4xf32>, tensor<f32>) -> tensor<5x4xf32>
+  return %b, %a : tensor<5x4xf32>, tensor<5x12xf32>
+}

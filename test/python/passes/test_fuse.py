@@ -547,3 +547,89 @@ def test_logits_loss_with_its_epilogue_in_the_row_kernel(rows, vocab, target):
     want_loss, want_g = _logits_loss(h, w, t)
     torch.testing.assert_close(loss, want_loss, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(g, want_g, rtol=1e-4, atol=1e-5)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(q, cos, sin):
+    """Rotary embedding as Hugging Face's Llama writes it."""
+    return q * cos + _rotate_half(q) * sin
+
+
+def _strided_slices(x, y):
+    return x[:, 1::2] * y[:, :, 3:11] + 1
+
+
+def _heads_first(x, b):
+    """[B, S, H, D] -> [B, H, S, D], computed on both sides of the transpose."""
+    return (x * 2).transpose(1, 2) + b
+
+
+def _concat_computed(x, y):
+    return torch.cat([x.exp(), y * 2], dim=0).sigmoid()
+
+
+def _slice_of_a_result(x):
+    a = x * 2
+    return a[..., :4] + 1, a
+
+
+_MOVES = {
+    "rope": (_rope, lambda g, n: (torch.randn(2, 3, n, 10, generator=g), torch.randn(n, 10, generator=g),
+                                  torch.randn(n, 10, generator=g))),
+    "strided_slices": (_strided_slices, lambda g, n: (torch.randn(3, 2 * n, 8, generator=g),
+                                                      torch.randn(3, n, 18, generator=g))),
+    "heads_first": (_heads_first, lambda g, n: (torch.randn(2, n, 3, 8, generator=g),
+                                                torch.randn(n, 8, generator=g))),
+    "concat_computed": (_concat_computed, lambda g, n: (torch.randn(n, 6, generator=g),
+                                                        torch.randn(3, 6, generator=g))),
+    "slice_of_a_result": (_slice_of_a_result, lambda g, n: (torch.randn(n, 12, generator=g),)),
+}
+
+
+def test_moved_elements_are_read_by_one_elementwise_kernel():
+    """Slices, concats and transposes that keep the last dim (``remaps`` in kf-fuse) join
+    the elementwise kernel that reads them: rotary embedding's ``cat((-x2, x1))`` and
+    products is one kernel, not a kernel per slice, negation, concat and product."""
+    import kf
+
+    expected = {"rope": 1, "strided_slices": 1, "heads_first": 1, "concat_computed": 1, "slice_of_a_result": 2}
+    for name, (fn, make) in _MOVES.items():
+        args = make(torch.Generator().manual_seed(0), 33)
+        fused_ir = kf.inspect(kf.jit(fn, target="cuda"), *args).fused
+        kernels = [line for line in fused_ir.splitlines() if "func.func private" in line]
+        assert len(kernels) == expected[name], (name, kernels)
+        assert all("_elementwise" in k for k in kernels), (name, kernels)
+
+
+@pytest.mark.parametrize("target", ["cpu", "vulkan", "cuda"])
+@pytest.mark.parametrize("name", list(_MOVES))
+def test_moved_elements_against_torch(name, target):
+    """Their values against torch's at odd lengths (1, 7, 33, 257; rotary's half row of 5
+    straddles a vector of 4), size 0, non-contiguous inputs and bf16."""
+    import kf
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    fn, make = _MOVES[name]
+    run = target != "cuda" or torch.cuda.is_available()
+    device = "cuda" if target == "cuda" and run else "cpu"
+    gen = torch.Generator().manual_seed(1)
+    cases = [make(gen, n) for n in (1, 7, 33, 257, 0)]
+    cases.append(tuple(a.transpose(0, -1).contiguous().transpose(0, -1) for a in make(gen, 7)))  # strided
+    dtypes = [torch.float32] + ([torch.bfloat16] if target == "cuda" else [])
+    for dtype in dtypes:
+        for args in cases:
+            args = tuple(a.to(device=device, dtype=dtype) for a in args)
+            f = kf.jit(fn, target=target)
+            if not run:  # assembled for sm_90a here (a size-0 call launches nothing)
+                assert any(a.numel() == 0 for a in args) or kf.inspect(f, *args).ptx.count(".entry") >= 1
+                continue
+            got, want = f(*args), fn(*args)
+            for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                tol = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+                torch.testing.assert_close(a, b, **tol)
