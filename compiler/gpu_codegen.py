@@ -236,7 +236,8 @@ def schedule_abi(module: ir.Module, entry: str, input_names: list[str], target: 
     slotted: list = []  # (kernel, gpu.func, args, types): the slots, once every buffer is named
     for op in ops:
         if op.name == "kf.reshape":  # a view kf-fuse left in the schedule: the same buffer
-            buffer_of[op.result] = buffer_of[op.operands[0]]
+            if buffer_of.setdefault(op.result, buffer_of[op.operands[0]]) != buffer_of[op.operands[0]]:
+                raise TargetError(f"{entry}: a returned view is not the buffer of the value it views")
             continue
         if op.name != "func.call":
             continue
@@ -338,8 +339,13 @@ def _tied(callee: ir.Operation, n: int) -> list[int]:
 def _tie_outputs_back(ops: list, module: ir.Module, buffer_of: dict) -> None:
     """Give the earlier values of a buffer written in place the buffer of its last value
     where that is an output (assigned before the kernels are walked): every value of the
-    chain is one buffer."""
+    chain is one buffer. So too the value a returned view reshapes."""
     for op in reversed(ops):
+        if op.name == "kf.reshape":  # a returned view (fuse.returned_view): its operand's
+            r, x = op.result, op.operands[0]  # kernel writes the output's buffer
+            if r in buffer_of and x not in buffer_of:
+                buffer_of[x] = buffer_of[r]
+            continue
         if op.name != "func.call":
             continue
         callee = _func(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value)

@@ -790,19 +790,41 @@ def _view_reshapes(body: list[ir.Operation]) -> list[ir.Operation]:
     """The kf.reshape ops that stay in the schedule as views instead of becoming copy
     kernels: kf tensors are row-major and contiguous, so a reshape is the same bytes under
     another shape, and kernels take bare pointers (the schedule gives the reshape's result
-    its operand's buffer). Left to a kernel: reshapes of fills (no buffer) and those whose
-    operand or result the function returns (output buffers are not shared)."""
+    its operand's buffer). A reshape of a returned value is a view of that output's
+    buffer; a returned reshape is its operand's buffer too where a kernel computes the
+    operand for it alone (``returned_view``: the kernel writes the output's bytes, as
+    AOTAutograd's forward returns the views of activations it saves). Left to a kernel:
+    reshapes of fills (no buffer), returned reshapes of inputs and of returned values
+    (two outputs are two tensors), and all but the first returned reshape of a value."""
     ret = next(op for op in body if op.name == "func.return")
     returned = set(ret.operands)
     out = []
     for op in body:
-        if op.name != "kf.reshape" or op.result in returned or op.operands[0] in returned:
+        if op.name != "kf.reshape":
+            continue
+        if op.result in returned and not returned_view(op, returned):
             continue
         d = defining(op.operands[0])
         if d is not None and d.name in _FREE:
             continue
         out.append(op)
     return out
+
+
+def returned_view(op: ir.Operation, returned: set) -> bool:
+    """Whether reshape op, whose result the function returns, can be a view: its operand is
+    a kernel's result (a kf op that writes a buffer: not a fill, constant, view or host
+    call), not returned itself, and no other returned reshape reads it; the launch
+    schedule then gives the operand the output's buffer (compiler/gpu_codegen.py)."""
+    x = op.operands[0]
+    d = defining(x)
+    if d is None or x in returned or d.name in _FREE or d.name in ("kf.reshape", "kf.constant") \
+            or not d.name.startswith("kf."):
+        return False
+    views = [u for u in _users(x) if u.name == "kf.reshape" and u.result in returned]
+    block = op.operation.block
+    first = next(o.operation for o in block.operations if any(o.operation == v for v in views))
+    return first == op
 
 
 #: An operand is thin beside an elementwise op's result when the result has at least

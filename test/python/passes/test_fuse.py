@@ -633,3 +633,55 @@ def test_moved_elements_against_torch(name, target):
             for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                 tol = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
                 torch.testing.assert_close(a, b, **tol)
+
+
+def _saves_views(x, w):
+    """What AOTAutograd's forward returns: activations and views of them (a product
+    viewed as [B, S, N], a value viewed back to rows for the next product)."""
+    h = x.reshape(-1, x.shape[-1]) @ w
+    y = h.reshape(x.shape[0], x.shape[1], -1)
+    z = (y * 2).reshape(-1, w.shape[1])
+    return h, z, (z @ w.t()).sigmoid()
+
+
+def _two_views_returned(x):
+    a = x * 3
+    return a.reshape(-1), a.reshape(x.shape[1], x.shape[0]), a + 1
+
+
+def test_returned_views_are_no_copy_kernels():
+    """A reshape whose operand or result the function returns is a view of the output's
+    buffer (``returned_view``), not a copy kernel; two returned views of one value are
+    two tensors, so one of them is still a copy."""
+    import kf
+
+    x, w = torch.randn(2, 5, 8), torch.randn(8, 6)
+    fused_ir = kf.inspect(kf.jit(_saves_views, target="cuda"), x, w).fused
+    kernels = [line for line in fused_ir.splitlines() if "func.func private" in line]
+    assert not any("generic" in k for k in kernels), kernels
+    fused_ir = kf.inspect(kf.jit(_two_views_returned, target="cuda"), torch.randn(3, 4)).fused
+    kernels = [line for line in fused_ir.splitlines() if "func.func private" in line]
+    assert sum("generic" in k for k in kernels) == 1, kernels
+
+
+@pytest.mark.parametrize("target", ["vulkan", "cuda"])
+def test_returned_views_against_torch(target):
+    import kf
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    if target == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    gen = torch.Generator().manual_seed(3)
+    for b, s in ((1, 1), (2, 7), (3, 257)):
+        x, w = torch.randn(b, s, 8, generator=gen), torch.randn(8, 6, generator=gen)
+        args = [(x.to(target if target == "cuda" else "cpu"), w.to(target if target == "cuda" else "cpu"))]
+        for fn, a in ((_saves_views, args[0]), (_two_views_returned, (args[0][0][0],))):
+            got, want = kf.jit(fn, target=target)(*a), fn(*a)
+            for g, e in zip(got, want):
+                assert g.shape == e.shape
+                torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+            if fn is _two_views_returned:  # two tensors, as torch's are two views
+                got[0].zero_()
+                assert got[1].abs().sum() > 0 or got[1].numel() == 0
