@@ -13,7 +13,11 @@ compiles. compiler/partition.py splits that graph in two (``derive_training``): 
 outputs, per-row statistics (reduction results: a norm's mean and variance; a softmax's
 row logsumexp), and matmul products outside attention's scores; everything else the
 backward reads (elementwise chains, views, masks, the scores and probabilities of an
-attention) is recomputed inside the backward's kernels. Each graph is written out as a
+attention) is recomputed inside the backward's kernels. A second set of sizes of the same
+kind of call (dtypes, ranks, sizes 0 and 1) traces the joint once more on symbolic sizes
+(``SizeGuards``): that forward and backward compute their views' sizes from their inputs
+and serve every later call whose sizes their guards admit, compiling with run-time sizes
+as any kf function does when its sizes change. Each graph is written out as a
 small Python module (under the cache folder, so the cache key, the error locations and
 ``kf.inspect`` work on it as on any user function) and compiled with ``kf.jit`` for the
 forward's own target. Under autograd the op runs that forward (torch_ops.py: a call
@@ -70,6 +74,7 @@ either half would be imported by both and own neither.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -324,7 +329,8 @@ def concrete_shape(t) -> tuple[int, ...]:
 
 def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor],
                  with_outputs: bool = False, wants: tuple[bool, ...] | None = None,
-                 differentiable: bool = False) -> tuple[torch.fx.GraphModule, tuple[bool, ...], int]:
+                 differentiable: bool = False, symbolic: bool = False
+                 ) -> tuple[torch.fx.GraphModule, tuple[bool, ...], int, "SizeGuards | None"]:
     """(the joint graph, which inputs are differentiable, how many outputs it returns
     before the gradients): placeholders are the inputs, the gradients of the floating-point
     outputs and the random state (removed where nothing reads it); it returns the input
@@ -332,7 +338,10 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
     that get a gradient (every floating-point one where None): no kernel computes the
     gradient of a frozen weight or a float mask. ``differentiable``: the graph is one that
     is differentiated again (a double backward), with the norms' statistics computed by
-    differentiable ops (_norm_statistics_decompositions)."""
+    differentiable ops (_norm_statistics_decompositions). ``symbolic``: every size of the
+    inputs and gradients is a symbol (sizes 0 and 1 excepted, equal sizes one symbol), so
+    the graph computes its views' sizes from its inputs and serves every size its guards
+    admit (the fourth result, SizeGuards; None for a graph of these sizes alone)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     import torch.fx.traceback as fx_traceback
@@ -381,10 +390,18 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
         anomaly.__enter__()
         # fake examples (no memory): make_fx traces in their mode
         device = tensors[0].device if tensors else torch.device("cpu")
-        with FakeTensorMode():
-            examples = [torch.empty(concrete_shape(t), dtype=t.dtype, device=t.device) for t in tensors]
-            tangents = [torch.empty(concrete_shape(g), dtype=g.dtype, device=device) for g in grads]
-            state = torch.zeros(STATE_SHAPE, dtype=torch.int64, device=device)
+        guards = None
+        if symbolic:
+            mode, guards = SizeGuards.fake_mode()
+            examples = [guards.example(mode, concrete_shape(t), t.dtype, t.device) for t in tensors]
+            tangents = [guards.example(mode, concrete_shape(g), g.dtype, device) for g in grads]
+            with mode:
+                state = torch.zeros(STATE_SHAPE, dtype=torch.int64, device=device)
+        else:
+            with FakeTensorMode():
+                examples = [torch.empty(concrete_shape(t), dtype=t.dtype, device=t.device) for t in tensors]
+                tangents = [torch.empty(concrete_shape(g), dtype=g.dtype, device=device) for g in grads]
+                state = torch.zeros(STATE_SHAPE, dtype=torch.int64, device=device)
         try:
             with enable_python_dispatcher():
                 gm = make_fx(joint, decomposition_table=table, tracing_mode="fake")(*examples, *tangents, state)
@@ -397,7 +414,56 @@ def _trace_joint(kfn, structure: str, tensors: list[torch.Tensor], grads: list[t
     if not state_node.users:
         gm.graph.erase_node(state_node)
     gm.recompile()
-    return gm, diff, n_outputs[0]
+    return gm, diff, n_outputs[0], guards
+
+
+class SizeGuards:
+    """What a graph traced on symbolic sizes (``_trace_joint(symbolic=True)``) assumes of
+    the sizes of its inputs and gradients: the shape environment's guards (sizes 0 and 1
+    kept, equal sizes equal, what the function branches on), checked for a call's
+    tensors (``admit``); and the sizes it derives (a saved statistic's shape) for them
+    (``sizes``)."""
+
+    def __init__(self, shape_env):
+        self.shape_env = shape_env
+        self.examples: list = []
+
+    @staticmethod
+    def fake_mode():
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        env = ShapeEnv()
+        return FakeTensorMode(shape_env=env), SizeGuards(env)
+
+    def example(self, mode, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+        """A fake tensor of ``shape``'s rank whose sizes are symbols (one per distinct size)."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK] * len(shape))
+        t = mode.from_tensor(torch.empty(shape, dtype=dtype, device="meta"), symbolic_context=context)
+        with mode:
+            t = t.to(device)
+        self.examples.append(t)
+        return t
+
+    def admit(self, tensors: list) -> bool:
+        """Whether the graph holds for tensors of these sizes (the inputs, then the gradients)."""
+        if len(tensors) != len(self.examples) or any(t.dim() != e.dim() for t, e in zip(tensors, self.examples)):
+            return False
+        try:
+            return bool(self.shape_env.evaluate_guards_for_args(self.examples, list(tensors), ignore_static=False))
+        except Exception:  # a guard that needs what these tensors do not give: not admitted
+            return False
+
+    def sizes(self, shape, tensors: list) -> tuple[int, ...]:
+        """``shape`` (of ints and the graph's size expressions) for these tensors' sizes."""
+        binding = {}
+        for e, t in zip(self.examples, tensors):
+            for d, n in zip(e.shape, t.shape):
+                if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+                    binding[d.node.expr] = int(n)
+        return tuple(int(d) if isinstance(d, int) else int(d.node.expr.xreplace(binding)) for d in shape)
 
 
 def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor],
@@ -408,7 +474,7 @@ def derive(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.T
     its floating-point outputs, in order; ``wants`` the inputs that get a gradient."""
     from . import torch_ops
 
-    gm, diff, _ = _trace_joint(kfn, structure, tensors, grads, wants=wants, differentiable=True)
+    gm, diff, _, _ = _trace_joint(kfn, structure, tensors, grads, wants=wants, differentiable=True)
     random = len([n for n in gm.graph.nodes if n.op == "placeholder"]) > len(tensors) + len(grads)
     name = torch_ops.op_name_base(kfn.fn)
     fn, path, line_locs = _materialize(kfn, f"{name}_backward", gm, kfn.fn, "backward")
@@ -432,6 +498,17 @@ class Training:
     extras: tuple = ()  # (shape, dtype, kind) of each saved value beyond inputs and outputs
     forward_source: str = ""
     forward_locs: dict = None
+    #: where the graphs were traced on symbolic sizes: what they assume of the sizes (the
+    #: extras' shapes then hold size expressions: ``for_sizes`` gives them for a call)
+    guards: SizeGuards | None = None
+
+    def for_sizes(self, tensors: list, grads: list) -> "Training":
+        """This training with its extras' shapes for a call of these sizes."""
+        if self.guards is None:
+            return self
+        every = [*tensors, *grads]
+        extras = tuple((self.guards.sizes(shape, every), dtype, kind) for shape, dtype, kind in self.extras)
+        return dataclasses.replace(self, extras=extras)
 
     def run_forward(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The forward's results, then the extras."""
@@ -455,23 +532,30 @@ class Training:
 
 
 def derive_training(kfn, structure: str, tensors: list[torch.Tensor], grads: list[torch.Tensor],
-                    wants: tuple[bool, ...] | None = None) -> Training:
+                    wants: tuple[bool, ...] | None = None, symbolic: bool = False) -> Training:
     """Trace the joint graph of ``kfn`` once and split it (partition.split): the forward
     that also returns what its backward needs, and the backward that takes it, which
     computes the gradients of the inputs ``wants`` names (every floating-point one where
-    None)."""
+    None). ``symbolic``: traced on symbolic sizes (``Training.guards``), so that one
+    forward and one backward function serve every size, each compiling with run-time
+    sizes as a kf function does when its sizes change; not for a function that draws
+    random numbers (ValueError)."""
     from . import partition, torch_ops
 
-    gm, diff, n_outputs = _trace_joint(kfn, structure, tensors, grads, with_outputs=True, wants=wants)
+    gm, diff, n_outputs, guards = _trace_joint(kfn, structure, tensors, grads, with_outputs=True, wants=wants,
+                                               symbolic=symbolic)
     n_places = len([n for n in gm.graph.nodes if n.op == "placeholder"])
     if n_places > len(tensors) + len(grads):
+        if symbolic:
+            raise ValueError("a function that draws random numbers is traced for its sizes")
         # random numbers: the forward's kernels draw them; the backward replays them
         return Training(None, derive(kfn, structure, tensors, grads, wants), n_outputs)
     cut = partition.split(gm, len(tensors), n_outputs)
     name = torch_ops.op_name_base(kfn.fn)
     fwd, fpath, flocs = _materialize(kfn, f"{name}_forward", cut.forward, kfn.fn, "forward", torch_op=False)
     bfn, bpath, blocs = _materialize(kfn, f"{name}_backward", cut.backward, kfn.fn, "backward")
-    return Training(fwd, Backward(bfn, diff, bpath, blocs), n_outputs, cut.saved_outputs, cut.extras, fpath, flocs)
+    return Training(fwd, Backward(bfn, diff, bpath, blocs), n_outputs, cut.saved_outputs, cut.extras, fpath, flocs,
+                    guards)
 
 
 def _materialize(kfn, fname: str, gm: torch.fx.GraphModule, user, role: str,

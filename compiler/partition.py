@@ -104,8 +104,10 @@ def _val(n) -> torch.Tensor | None:
 
 
 def _numel(n) -> int:
+    """Elements of n's value; of a graph traced on symbolic sizes, at the sizes it was
+    traced with (a hint: no guard on them)."""
     v = _val(n)
-    return 1 if v is None else math.prod(int(s) for s in v.shape)
+    return 1 if v is None else math.prod(s if isinstance(s, int) else int(s.node.hint) for s in v.shape)
 
 
 def _tensor_args(n: fx.Node) -> list[fx.Node]:
@@ -305,7 +307,7 @@ def split(gm: fx.GraphModule, n_inputs: int, n_outputs: int) -> Split:
     metas = []
     for e in extras:
         v = _val(e)
-        metas.append((tuple(int(s) for s in v.shape), v.dtype, kinds[e]))
+        metas.append((tuple(v.shape), v.dtype, kinds[e]))  # symbolic sizes stay expressions
     return Split(fx.GraphModule(gm, fwd), fx.GraphModule(gm, bwd), tuple(i for _, i in saved_order), tuple(metas))
 
 

@@ -60,6 +60,7 @@ from torch._guards import TracingContext
 from . import mutation
 from .patching import originals
 from .errors import SignatureError
+from .logs import recompile_log
 from .results import unflatten
 from .signature import invoke, split_call
 
@@ -339,6 +340,9 @@ def register(kfn) -> Any:
         kfn._backwards = previous._backwards if same else {}
         kfn._random = previous._random if same else {}  # structure -> whether it draws
         kfn._trainings = previous._trainings if same else {}  # forward and backward split for autograd
+        # (structure, dtypes, ranks, sizes 0 and 1, wants) -> the sizes met, the training
+        # traced on symbolic sizes (training_of)
+        kfn._training_kinds = previous._training_kinds if same else {}
         kfn._writes = previous._writes if same else set()  # structures whose calls write to an argument
         kfn._eager_plans = {}  # (structure, tensors' shapes, dtypes, devices) -> _EagerPlan
         _OWNERS[name] = kfn
@@ -566,12 +570,34 @@ def training_of(kfn, structure: str, tensors: list, wants: tuple[bool, ...] | No
     from . import autograd
 
     wants = tuple(t.is_floating_point() for t in tensors) if wants is None else tuple(wants)
-    key = (structure, tuple((autograd.concrete_shape(t), t.dtype, t.device.type) for t in tensors), wants)
+    shapes = tuple(autograd.concrete_shape(t) for t in tensors)
+    key = (structure, tuple((shape, t.dtype, t.device.type) for shape, t in zip(shapes, tensors)), wants)
     hit = kfn._trainings.get(key)
-    if hit is None:
-        metas = _result_metas(kfn, structure, tensors)
-        grads = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas if dtype.is_floating_point]
-        hit = kfn._trainings[key] = (autograd.derive_training(kfn, structure, list(tensors), grads, wants), metas)
+    if hit is not None:
+        return hit
+    metas = _result_metas(kfn, structure, tensors)
+    grads = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in metas if dtype.is_floating_point]
+    # Sizes that change: from the second set of sizes of one kind of call (its dtypes,
+    # ranks, and sizes 0 and 1 where they are) on, a training traced on symbolic sizes
+    # serves every call its guards admit: one forward and one backward function, which
+    # compile with run-time sizes as a kf function does when its sizes change
+    # (compiler/dynamic.py), instead of a trace and two compiles for each size.
+    kind = (structure, tuple((tuple(min(n, 2) for n in shape), t.dtype, t.device.type)
+                             for shape, t in zip(shapes, tensors)), wants)
+    state = kfn._training_kinds.setdefault(kind, {"sizes": 0, "symbolic": None, "failed": False})
+    state["sizes"] += 1
+    if state["sizes"] > 1 and state["symbolic"] is None and not state["failed"]:
+        try:
+            state["symbolic"] = autograd.derive_training(kfn, structure, list(tensors), grads, wants, symbolic=True)
+        except Exception as e:  # each set of sizes traces its own, as the first did
+            state["failed"] = True
+            recompile_log.info("%s: its forward and backward for changing sizes could not be traced "
+                               "(%s: %s); each set of sizes traces its own", kfn.fn.__name__, type(e).__name__, e)
+    training = state["symbolic"]
+    if training is not None and training.guards.admit([*tensors, *grads]):
+        hit = kfn._trainings[key] = (training.for_sizes(list(tensors), grads), metas)
+        return hit
+    hit = kfn._trainings[key] = (autograd.derive_training(kfn, structure, list(tensors), grads, wants), metas)
     return hit
 
 

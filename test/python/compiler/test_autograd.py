@@ -693,3 +693,35 @@ def test_results_are_freed_without_the_garbage_collector(fn):
         assert [r() is None for r in refs] == [True] * len(refs)
     finally:
         gc.enable()
+
+
+def _norm_gate(x, w):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, None) * x.sigmoid()
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("vulkan", marks=needs_vulkan)])
+def test_training_at_changing_sizes_traces_once_for_them(target):
+    """A training loop whose sequence length changes: from the second length on, one
+    forward and one backward traced on symbolic sizes (autograd.SizeGuards) serve every
+    length, each compiling with run-time sizes, so later lengths compile nothing; their
+    programs count in the function's ``compiles``. Lengths 1 and 0 are kinds of their own
+    (torch specializes them), and so is a call whose two lengths differ where the first
+    calls' were equal."""
+    f = kf.jit(_norm_gate, target=target)
+    gen = torch.Generator().manual_seed(0)
+    counts = []
+    for n in (33, 40, 57, 64, 96, 100, 257, 1, 0):
+        x = torch.randn(2, n, 32, generator=gen, requires_grad=True)
+        w = torch.randn(32, generator=gen, requires_grad=True)
+        out = f(x, w)
+        g = torch.randn(out.shape, generator=gen)
+        out.backward(g)
+        got = (out.detach(), x.grad, w.grad)
+        x.grad = w.grad = None
+        want_out = _norm_gate(x, w)
+        want_out.backward(g)
+        for a, b in zip(got, (want_out, x.grad, w.grad)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        counts.append(len(f.compiles))
+    assert counts[3] > 2, counts  # the split forward's and backward's programs are counted
+    assert counts[6] == counts[4], counts  # 100 and 257 compiled nothing more
