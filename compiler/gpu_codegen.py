@@ -396,10 +396,10 @@ def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool,
 
     if not abi.kernels:  # the function launches nothing (it returns an input, or views of one)
         return abi, {}
+    from kf.runtime.abi import DeviceLimits
+
     options = {}
     if limits:
-        from kf.runtime.abi import DeviceLimits
-
         dev = DeviceLimits.parse(limits)
         options = {"shared_memory_bytes": dev.shared_bytes, "subgroup_size": dev.subgroup_size or 32,
                    "float_controls": "+".join(dev.float_controls) or "none"}
@@ -410,8 +410,14 @@ def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool,
     log.dump("spirv", text, "spvasm")
     artifacts = {f"{GPU_MODULE}.spv": binary.binary}
     kernels = []
+    most = DeviceLimits.parse(limits).loops if limits else 0
     for k in abi.kernels:
         sk = binary.kernels[k.entry]
+        if most and k.sizes and not 0 <= sk.loop_iterations <= most:
+            # loops to run-time sizes that could pass what the device lets an invocation
+            # run (lavapipe): the driver compiles these sizes instead (compiler/dynamic.py)
+            raise TargetError(f"kernel {k.entry} runs up to {sk.loop_iterations} loop iterations at run-time "
+                              f"sizes, past the device's {most}")
         kernels.append(_with(k, artifact=f"{GPU_MODULE}.spv", extra=dict(k.extra, **sk.abi_extra())))
     if metal:
         from kf.passes.to_metal import ToMetalPass

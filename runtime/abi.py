@@ -523,6 +523,13 @@ def cooperative_matrices_from_vulkan(entries) -> tuple[str, ...]:
     return tuple(out)
 
 
+def loop_limit(device_name: str) -> int:
+    """The loop iterations an invocation may run in all on a device (0: no limit):
+    llvmpipe (lavapipe) ends every loop of an invocation once 65535 iterations have run
+    (LP_MAX_TGSI_LOOP_ITERATIONS, gallivm's infinite-loop guard)."""
+    return 65535 if "llvmpipe" in device_name.lower() else 0
+
+
 @dataclass(frozen=True)
 class DeviceLimits:
     """What kf's SPIR-V strategies may assume of the device a Vulkan (or Metal) program
@@ -554,6 +561,10 @@ class DeviceLimits:
     subgroup_ops: tuple[str, ...] = ()  # of SUBGROUP_OPS, those compute shaders have
     float_controls: tuple[str, ...] = DEFAULT_FLOAT_CONTROLS  # of FLOAT_CONTROLS, those the device has
     cooperative_matrix: tuple[str, ...] = ()  # CoopMatShape texts
+    #: loop iterations an invocation may run in all before the driver ends its loops (0:
+    #: no such limit; lavapipe's is 65535): kernels whose loops run to a run-time size
+    #: compile for static sizes where their bound could pass it
+    loops: int = 0
 
     def spec(self) -> str:
         """The limits as one word of text (a pass option's value, a cache key's part)."""
@@ -561,8 +572,9 @@ class DeviceLimits:
         ops = "+".join(self.subgroup_ops) or "none"
         floats = "+".join(self.float_controls) or "none"
         coopmat = f",coopmat={'+'.join(self.cooperative_matrix)}" if self.cooperative_matrix else ""
+        loops = f",loops={self.loops}" if self.loops else ""
         return (f"shared={self.shared_bytes},invocations={self.invocations},size={size},"
-                f"subgroup={self.subgroup_size},ops={ops},float={floats}{coopmat}")
+                f"subgroup={self.subgroup_size},ops={ops},float={floats}{coopmat}{loops}")
 
     def cooperative_shapes(self) -> tuple[CoopMatShape, ...]:
         return tuple(CoopMatShape.parse(t) for t in self.cooperative_matrix)
@@ -578,10 +590,11 @@ class DeviceLimits:
                                  f"(expected {DeviceLimits().spec()})")
             fields[key.strip()] = value.strip()
         known = {"shared", "invocations", "size", "subgroup", "ops"}
-        # float may be left out: the defaults (DEFAULT_FLOAT_CONTROLS); coopmat: none
-        if not known <= set(fields) <= known | {"float", "coopmat"}:
+        # float may be left out: the defaults (DEFAULT_FLOAT_CONTROLS); coopmat: none;
+        # loops: no limit
+        if not known <= set(fields) <= known | {"float", "coopmat", "loops"}:
             raise ValueError(f"device limits '{text}' must give exactly {', '.join(sorted(known))} "
-                             f"(and optionally float and coopmat)")
+                             f"(and optionally float, coopmat and loops)")
         coopmat = tuple(t for t in fields.get("coopmat", "").split("+") if t and t != "none")
         for t in coopmat:
             CoopMatShape.parse(t)  # a ValueError naming the bad entry
@@ -592,10 +605,10 @@ class DeviceLimits:
             limits = DeviceLimits(int(fields["shared"]), int(fields["invocations"]), size,
                                   int(fields["subgroup"]),
                                   tuple(o for o in fields["ops"].split("+") if o and o != "none"), floats,
-                                  coopmat)
+                                  coopmat, int(fields.get("loops", 0)))
         except ValueError:
-            raise ValueError(f"device limits '{text}': shared, invocations and subgroup are integers, size "
-                             f"is AxBxC") from None
+            raise ValueError(f"device limits '{text}': shared, invocations, subgroup and loops are integers, "
+                             f"size is AxBxC") from None
         unknown = [o for o in limits.subgroup_ops if o not in SUBGROUP_OPS]
         if len(size) != 3 or unknown:
             raise ValueError(f"device limits '{text}': size has three numbers and ops are among "
@@ -623,4 +636,5 @@ class DeviceLimits:
         return DeviceLimits(int(lim["maxComputeSharedMemorySize"]), int(lim["maxComputeWorkGroupInvocations"]),
                             tuple(int(v) for v in lim["maxComputeWorkGroupSize"]),
                             int(sub.get("subgroupSize", 0)), ops, floats,
-                            cooperative_matrices_from_vulkan(properties.get("cooperativeMatrix")))
+                            cooperative_matrices_from_vulkan(properties.get("cooperativeMatrix")),
+                            loop_limit(str(properties.get("deviceName", ""))))

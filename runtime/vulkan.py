@@ -59,7 +59,7 @@ import struct
 import threading
 from typing import Mapping, Sequence
 
-from .abi import ELEM_INFO, KernelABI, ProgramABI
+from .abi import ELEM_INFO, KernelABI, ProgramABI, loop_limit
 from .residency import Residency
 from .vulkan_call import torch_module
 from .vulkan_device import Device, Memory, VulkanError, VulkanUnavailable, prod, resident_limit
@@ -218,9 +218,7 @@ def _make_device() -> Device:
               "max_workgroup_invocations": lim.maxComputeWorkGroupInvocations,
               "max_shared_bytes": lim.maxComputeSharedMemorySize,
               "max_storage_buffer_range": lim.maxStorageBufferRange,
-              # llvmpipe (lavapipe) ends every loop of an invocation once 65535 iterations
-              # have run in all (LP_MAX_TGSI_LOOP_ITERATIONS, gallivm's infinite-loop guard)
-              "max_loop_iterations": 65535 if "llvmpipe" in name.lower() else 0}
+              "max_loop_iterations": loop_limit(name)}
     subgroup = {}
     if api >= (1, 1, 0):
         sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)

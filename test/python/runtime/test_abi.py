@@ -27,6 +27,15 @@ def test_recorded_devices_read_as_vulkan_reports_them(recorded_device):
     assert {"arithmetic", "shuffle", "clustered", "quad"} <= set(nv.subgroup_ops)
 
 
+def test_lavapipe_has_a_loop_limit_in_its_text(recorded_device):
+    """lavapipe ends an invocation's loops after 65535 iterations: its limits say so (and
+    so key its programs apart); a device without such a limit has no ``loops`` item."""
+    lvp = DeviceLimits.from_vulkan(recorded_device("lavapipe"))
+    nv = DeviceLimits.from_vulkan(recorded_device("nvidia-h200"))
+    assert lvp.loops == 65535 and lvp.spec().endswith(",loops=65535")
+    assert nv.loops == 0 and "loops" not in nv.spec()
+
+
 def test_subgroup_operations_count_only_in_compute_shaders(recorded_device):
     props = recorded_device("lavapipe")
     props["subgroup"]["supportedStages"] = 0x10  # fragment only
@@ -95,6 +104,7 @@ def test_cooperative_matrices_of_recorded_devices(recorded_device):
     ("shared=1,invocations=2", "must give exactly"),
     ("shared=1,invocations=2,size=3x3x3,subgroup=4,ops=none,extra=1", "must give exactly"),
     ("shared=lots,invocations=2,size=3x3x3,subgroup=4,ops=none", "integers"),
+    ("shared=1,invocations=2,size=3x3x3,subgroup=4,ops=none,loops=many", "integers"),
     ("shared=1,invocations=2,size=3x3,subgroup=4,ops=none", "three numbers"),
     ("shared=1,invocations=2,size=3x3x3,subgroup=4,ops=teleport", "teleport"),
     ("shared", "not key=value"),

@@ -19,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kf
 from kf.passes.base import PassError
 from kf.passes.to_spirv import compile_spirv
 from kf.runtime import vulkan
@@ -349,6 +350,20 @@ def test_loop_limit_refused_not_dropped():
     assert k.loop_iterations == most + 3
     with pytest.raises(vulkan.VulkanError, match=f"kernel count runs up to {most + 3} loop iterations .*{most}"):
         vulkan.launch(binary, kernel_abi(k, (1, 1, 1)), [a, c], written=[1])
+
+
+@needs_vulkan
+def test_run_time_sizes_past_the_loop_limit_compile_each_size():
+    """A kernel whose loops run to a run-time size could pass the loop limit at the size's
+    bound (a whole-tensor max of [n, 8, 13] loops over up to 4096 * 104 elements): the
+    driver compiles each size instead, and every call is right, none refused."""
+    if not vulkan.device().limits["max_loop_iterations"]:
+        pytest.skip(f"{vulkan.device().name} has no loop limit")
+    f = kf.jit(lambda x: torch.amax(x), target="vulkan")
+    for n in (5, 6, 9):
+        x = torch.randn(n, 8, 13)
+        assert f(x).item() == x.amax().item()
+    assert all("?" not in r.signature for r in f.compiles)
 
 
 @needs_vulkan
