@@ -28,7 +28,11 @@ Kinds, in the order they are recognized:
   strategy moves it through workgroup memory.
 - ``elementwise``: a chain of elementwise ops over one shape, with the ``kf.rand`` ops
   they read (a group that has one merges with elementwise groups only: no other
-  strategy computes random numbers).
+  strategy computes random numbers), and the slices, concats and transposes that keep
+  the last dim (``remaps``): the kernel reads their operand at the moved index, and an
+  elementwise chain of another shape that only they read joins it (``_read_moved``:
+  rotary embedding's ``cat((-x2, x1)) * sin`` is one kernel). Such a group stays
+  elementwise too.
 - ``generic``: any other op, one per kernel -- except column reductions (sums over the
   leading dims: a norm's weight and bias gradients), which share one generic kernel per
   input shape, with the elementwise chains they reduce (recomputed from the kernel's
