@@ -685,3 +685,35 @@ def test_returned_views_against_torch(target):
             if fn is _two_views_returned:  # two tensors, as torch's are two views
                 got[0].zero_()
                 assert got[1].abs().sum() > 0 or got[1].numel() == 0
+
+
+def _shifted_rows(x, y):
+    return torch.cat([x[:, 1:], y[:, :1]], dim=1)
+
+
+def _picked_halves(x, y):
+    return torch.where(x[:, :3] > 0, x[:, -3:], y[:, 2:5])
+
+
+@pytest.mark.parametrize("target", ["vulkan", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int32, torch.int64, torch.bool], ids=str)
+def test_moved_elements_of_other_element_types(dtype, target):
+    """Moved reads in kernels of 16-bit floats, integers and booleans (stored as bytes)."""
+    import kf
+    from kf.runtime import vulkan
+
+    if target == "vulkan" and not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+    gen = torch.Generator().manual_seed(5)
+    for fn in (_shifted_rows, _picked_halves):
+        for n in (1, 7, 257):
+            x, y = torch.randn(n, 8, generator=gen) * 5, torch.randn(n, 8, generator=gen) * 5
+            x, y = (x > 0, y > 0) if dtype == torch.bool else (x.to(dtype), y.to(dtype))
+            f = kf.jit(fn, target=target)
+            if target == "cuda" and not torch.cuda.is_available():
+                assert kf.inspect(f, x, y).ptx.count(".entry") >= 1
+                continue
+            if target == "cuda":
+                x, y = x.cuda(), y.cuda()
+            got, want = f(x, y), fn(x, y)
+            assert got.dtype == want.dtype and torch.equal(got, want)
