@@ -196,6 +196,16 @@ def workloads(quick: bool):
         yield (f"bias+GELU {r}x{c} {name}", kf.jit(bias_gelu), bias_gelu, None, lambda: (rand(r, c), rand(c)),
                2 * r * c * esz, 0, tol)
 
+    def rotary(q, cos, sin):
+        """Llama's rotary embedding as Hugging Face writes it: slices, a negation and a
+        concat (kf reads them inside one elementwise kernel)."""
+        half = q.shape[-1] // 2
+        return q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+
+    b, h, s, d = 8, 32, 2048, 128
+    yield (f"rotary embedding {b}x{h}x{s}x{d} bf16", kf.jit(rotary), rotary, None,
+           lambda: (randn(b, h, s, d), randn(s, d), randn(s, d)), (2 * b * h * s * d + 2 * s * d) * 2, 0, 2e-2)
+
     def transpose_last_two(x):
         return x.transpose(-1, -2).contiguous()
 
