@@ -23,6 +23,10 @@ consecutive columns of a row (coalesced), and S times as many threads walk G / S
 each. The slices' sums are added in a fixed order, so the result does not depend on
 scheduling.
 
+The sum of a whole tensor is one column of all its elements: a workgroup of
+COLUMNS x SLICES threads, each a slice of the elements (one thread's loop over all of
+them before; at run-time sizes, where kf-split-reductions cannot cut it, the only plan).
+
 Not handled (``column_sums`` returns None, and the plain plan is used): reductions other
 than kf.sum and kf.mean over leading dims, sums of values of different shapes, ops other
 than elementwise ones, fills and reshapes in the kernel, outputs of another size than
@@ -57,8 +61,9 @@ def column_sums(kernel: ir.Operation) -> tuple[list[ir.Operation], tuple[int, ..
             x = op.operands[0]
             xs = E.shape_of(x)
             dims = sorted({int(d) % max(len(xs), 1) for d in (op_attrs(op).get("dims") or range(len(xs)))})
-            if len(xs) < 2 or dims != list(range(len(dims))) \
-                    or len(dims) == len(xs) or not E.elem_of(x).startswith(("f", "bf")):
+            full = len(dims) == len(xs) >= 1  # a whole tensor: one column of all its elements
+            if (len(xs) < 2 and not full) or dims != list(range(len(dims))) \
+                    or not E.elem_of(x).startswith(("f", "bf")):
                 return None
             if shape is None:
                 shape, lead = xs, len(dims)
@@ -83,11 +88,13 @@ def plan(kernel: ir.Operation, target_max_threads: int, max_grid: int) -> dict |
         return None
     _, shape, lead = found
     n = math.prod(shape[lead:])
-    grid = -(-n // COLUMNS)
+    # a whole tensor's sum: one column, every thread of the workgroup a slice of it
+    columns, slices = (1, COLUMNS * SLICES) if lead == len(shape) else (COLUMNS, SLICES)
+    grid = -(-n // columns)
     if grid > max_grid or n == 0 or math.prod(shape[:lead]) == 0:
         return None  # (empty tensors: the plain plan's guards)
-    return {"strategy": "generic", "mode": "columns", "block": COLUMNS * SLICES, "columns": COLUMNS,
-            "slices": SLICES, "numel": n, "grid": grid, "grid_stride": False}
+    return {"strategy": "generic", "mode": "columns", "block": columns * slices, "columns": columns,
+            "slices": slices, "numel": n, "grid": grid, "grid_stride": False}
 
 
 def emit(ev, kernel: ir.Operation, entry: ir.Block, outputs: list[ir.Value], scratch: ir.Value, plan: dict,

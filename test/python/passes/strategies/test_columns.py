@@ -90,3 +90,41 @@ def test_each_sum_walks_the_rows_once():
         s.emit(kernel, s.plan(kernel, t), gm, t)
         text = str(gm)
     assert text.count("scf.for") == 2 and text.count("gpu.barrier") == 4
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (257, 3), (1000, 3, 5), (3, 1, 1)], ids=str)
+def test_whole_tensor_sum(run, shape):
+    """The sum and the mean of a whole tensor: one column, a workgroup of 256 slices."""
+    x = rand(*shape)
+    dims = list(range(len(shape)))
+    got_sum, got_mean = run(lambda a: [kb.sum(a, dims=dims), kb.mean(a, dims=dims, keepdim=True)], x)
+    _close(got_sum, x.double().sum(), x.numel())
+    _close(got_mean, x.double().mean(dims, keepdim=True), x.numel())
+
+
+def test_whole_tensor_sum_plan():
+    ctx, module, kernel, _ = kernel_of(lambda x: [kb.sum(x, dims=[0, 1])], [((3000, 13), "f32")])
+    with ctx, ir.Location.unknown():
+        plan = GenericStrategy().plan(kernel, TargetInfo.for_target("spirv"))
+    assert plan["mode"] == "columns" and plan["grid"] == 1 and (plan["columns"], plan["slices"]) == (1, 256)
+
+
+def test_whole_tensor_sums_at_run_time_sizes():
+    """At run-time sizes a whole tensor's sum is this plan too (kf-split-reductions cannot
+    cut it): every size is right, and on lavapipe no thread passes its loop limit (one
+    thread's loop over 4096 x 104 elements did)."""
+    import kf
+    from kf.runtime import vulkan
+
+    if not vulkan.is_available():
+        pytest.skip("no Vulkan device")
+
+    def f(x):
+        return x.sum(), (x * 2).mean()
+
+    k = kf.jit(f, target="vulkan")
+    for n in (5, 6, 9, 3000, 1):
+        x = torch.randn(n, 8, 13)
+        for got, want in zip(k(x), f(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+    assert any("?" in r.signature for r in k.compiles)
