@@ -1,5 +1,5 @@
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv})' | FileCheck %s --check-prefix=DEFAULT
-// RUN: kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv limits=shared=32768,invocations=1024,size=1024x1024x1024,subgroup=8,ops=basic+vote+arithmetic+ballot+shuffle+shuffle_relative+quad,float=preserve16+preserve32+preserve64+rte16+rte32+rte64})' | FileCheck %s --check-prefix=LAVAPIPE
+// RUN: kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv limits=shared=32768,invocations=1024,size=1024x1024x1024,subgroup=8,ops=basic+vote+arithmetic+ballot+shuffle+shuffle_relative+quad,float=preserve16+preserve32+preserve64+rte16+rte32+rte64,loops=65535})' | FileCheck %s --check-prefix=LAVAPIPE
 // RUN: kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv limits=shared=49152,invocations=1024,size=1024x1024x64,subgroup=32,ops=basic+vote+arithmetic+ballot+shuffle+shuffle_relative+clustered+quad,float=preserve16+preserve32+preserve64+denorm16+denorm32+denorm64+rte16+rte32+rte64,coopmat=16x16x16:f16:f16:f32:f32+16x16x16:f16:f16:f16:f16+16x8x16:f16:f16:f32:f32+16x8x16:f16:f16:f16:f16+16x8x8:f16:f16:f32:f32+16x8x8:f16:f16:f16:f16+16x16x16:bf16:bf16:f32:f32})' | FileCheck %s --check-prefix=NVIDIA
 // RUN: not kf-opt %s --pass-pipeline='builtin.module(kf-tile{target=spirv limits=shared=lots})' 2>&1 | FileCheck %s --check-prefix=BAD
 
