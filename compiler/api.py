@@ -145,31 +145,11 @@ class KfFunction:
     @property
     def compiles(self) -> Compiles:
         """Each program this function compiled (or loaded from the disk cache: ``cached``)
-        in this process, with its signature, target, seconds and why it was needed; as a
-        number, how many (``f.compiles == 1``). Its own calls' programs first, then those
-        of the forward and backward functions kf derived for it under autograd."""
-        records = list(self._compiles)
-        seen = {id(self)}
-        for f in self._derived():
-            if id(f) not in seen:
-                seen.add(id(f))
-                records += f._compiles
-        return Compiles(records)
-
-    def _derived(self) -> list["KfFunction"]:
-        """The kf functions autograd derived for this one and its precision variants
-        (compiler/autograd.py): split forwards, backwards, and theirs in turn."""
-        out, todo = [], [self, *self._variants.values()]
-        while todo:
-            f = todo.pop()
-            found = [t.forward for t, _ in getattr(f, "_trainings", {}).values() if t.forward is not None]
-            found += [t.backward.fn for t, _ in getattr(f, "_trainings", {}).values()]
-            found += [b.fn for b in getattr(f, "_backwards", {}).values()]
-            for g in found:
-                if all(g is not h for h in out):
-                    out.append(g)
-                    todo.append(g)
-        return out
+        in this process, in order, with its signature, target, seconds and why it was
+        needed; as a number, how many (``f.compiles == 1``). Under autograd the function's
+        calls run the forward and backward functions kf derives for it
+        (compiler/autograd.py), whose programs are theirs: ``kf.autograd.backward_of``."""
+        return Compiles(self._compiles)
 
     def __repr__(self) -> str:
         return f"<kf function {self.fn.__name__} target={self.options.target}>"
