@@ -818,8 +818,9 @@ def _view_reshapes(body: list[ir.Operation]) -> list[ir.Operation]:
 def returned_view(op: ir.Operation, returned: set) -> bool:
     """Whether reshape op, whose result the function returns, can be a view: its operand is
     a kernel's result (a kf op that writes a buffer: not a fill, constant, view or host
-    call), not returned itself, and no other returned reshape reads it; the launch
-    schedule then gives the operand the output's buffer (compiler/gpu_codegen.py)."""
+    call), not returned itself, and no earlier returned reshape reads it (two outputs are
+    two tensors: a later one is a copy); the launch schedule then gives the operand the
+    output's buffer (compiler/gpu_codegen.py)."""
     x = op.operands[0]
     d = defining(x)
     if d is None or x in returned or d.name in _FREE or d.name in ("kf.reshape", "kf.constant") \

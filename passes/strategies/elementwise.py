@@ -152,7 +152,6 @@ class _Lane(Evaluator):
                 mt.shape[-1] % len(self.inner) == 0:
             key = ("vec", arg, idx[:-1])
             if key not in self.shared:
-                mt = ir.MemRefType(mem.type)
                 vt = ir.VectorType.get([len(self.inner)], mt.element_type)
                 at = [self.kb.value(i) for i in [*idx[:-1], self.inner[0]]]
                 self.shared[key] = vector.load(vt, mem, at, alignment=_alignment(mt, len(self.inner)))
