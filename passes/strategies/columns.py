@@ -132,10 +132,17 @@ def emit(ev, kernel: ir.Operation, entry: ir.Block, outputs: list[ir.Value], scr
             scf.YieldOp([arith.addf(loop.inner_iter_args[0], sm.convert(v, t))])
         memref.store(sm.convert(loop.results[0], f32), scratch, [tid])
         gpu.barrier()
-        total = None
-        for k in range(S):
-            part = memref.load(scratch, [arith.addi(lane, kb.value(k * C)) if k else lane])
-            total = part if total is None else arith.addf(total, part)
+        if S <= SLICES:
+            total = None
+            for k in range(S):
+                part = memref.load(scratch, [arith.addi(lane, kb.value(k * C)) if k else lane])
+                total = part if total is None else arith.addf(total, part)
+        else:  # a whole tensor's 256 slices: a loop (unrolled, their loads spilled registers)
+            add = scf.ForOp(kb.value(0), kb.value(S), kb.value(1), [sm.const(f32, 0.0)])
+            with ir.InsertionPoint(add.body):
+                at_k = arith.addi(lane, arith.muli(add.induction_variable, kb.value(C)))
+                scf.YieldOp([arith.addf(add.inner_iter_args[0], memref.load(scratch, [at_k]))])
+            total = add.results[0]
         gpu.barrier()  # the next sum writes the buffer
         total = sm.convert(total, t)
         if op.name == "kf.mean":
