@@ -24,8 +24,9 @@ each. The slices' sums are added in a fixed order, so the result does not depend
 scheduling.
 
 The sum of a whole tensor is one column of all its elements: a workgroup of
-COLUMNS x SLICES threads, each a slice of the elements (one thread's loop over all of
-them before; at run-time sizes, where kf-split-reductions cannot cut it, the only plan).
+COLUMNS x SLICES threads, each a slice of the elements, not the plain plan's one thread
+looping over all of them (at run-time sizes kf-split-reductions cannot cut the tensor,
+so this is its only parallel plan).
 
 Not handled (``column_sums`` returns None, and the plain plan is used): reductions other
 than kf.sum and kf.mean over leading dims, sums of values of different shapes, ops other
