@@ -399,8 +399,8 @@ def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool,
     from kf.runtime.abi import DeviceLimits
 
     options = {}
-    if limits:
-        dev = DeviceLimits.parse(limits)
+    dev = DeviceLimits.parse(limits) if limits else None
+    if dev is not None:
         options = {"shared_memory_bytes": dev.shared_bytes, "subgroup_size": dev.subgroup_size or 32,
                    "float_controls": "+".join(dev.float_controls) or "none"}
     binaries = compile_spirv(module, **options)
@@ -410,7 +410,7 @@ def lower_spirv(module: ir.Module, abi: ProgramABI, log, metal: bool,
     log.dump("spirv", text, "spvasm")
     artifacts = {f"{GPU_MODULE}.spv": binary.binary}
     kernels = []
-    most = DeviceLimits.parse(limits).loops if limits else 0
+    most = dev.loops if dev is not None else 0
     for k in abi.kernels:
         sk = binary.kernels[k.entry]
         if most and k.sizes and not 0 <= sk.loop_iterations <= most:
