@@ -29,7 +29,7 @@ Attention, the interface its backward kernels build on. For a forward that kf-fu
 recognizes as attention (``matmul(q, k^T)`` -> scale -> optional mask -> ``softmax(-1)``
 -> ``matmul(., v)``), the forward saves q, k, v, the mask (inputs), O (the output) and
 
-    lse = kf.logsumexp(scores) {dims = [-1]}     f32 (f64 for f64), shape [..., Sq]
+    lse = kf.logsumexp(scores) {dims = [-1], keepdim}     f32 (f64 for f64), shape [..., Sq, 1]
 
 the natural-log logsumexp of the scaled and masked scores of each query row. In the
 forward's kf IR it reads the same scores value as the ``kf.softmax``; kf-fuse gives it
@@ -38,7 +38,7 @@ sum it keeps (passes/fuse.py, ``attention_lse``; passes/strategies/attention/cha
 so the forward under autograd is the same kernels as without. The backward's kf IR recomputes the scores
 from q and k with the forward's own ops (scale, mask), then
 
-    P = cast(exp(scores - lse[..., None]), the softmax's type)
+    P = cast(exp(scores - lse), the softmax's type)
     D = sum(dO * O, -1, keepdim)                 (FlashAttention's rowsum, from the saved O)
     dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dQ = dS K * scale,  dK = dS^T Q * scale
 

@@ -15,8 +15,10 @@ by kind, so that what is saved is known before anything is measured):
   mean square; ``native_layer_norm``'s mean and rstd): a value per row; what the forward computes from them alone (``rstd =
   rsqrt(var + eps)``) the backward recomputes, once per row;
 - for a softmax the backward reads, unless it is an output itself: its row logsumexp
-  ``lse = kf::logsumexp(scores, [-1])`` in f32, shape ``[..., Sq]``; the backward
-  recomputes the probabilities as ``exp(scores - lse)`` (``scores - lse`` for
+  ``lse = kf::logsumexp(scores, [-1], keepdim)`` in f32, shape ``[..., Sq, 1]`` (the
+  row's length is not its innermost dim, which the GPU targets keep static: a sequence
+  length that changes stays a run-time size of the backward); the backward
+  recomputes the probabilities as ``exp(scores - lse) (``scores - lse`` for
   log_softmax) from the scores, which it recomputes too;
 - products of matmuls (GEMM outputs an MLP's backward reads): recomputing one costs a
   GEMM, saving it one activation, as eager and torch.compile save it -- except the
@@ -32,7 +34,7 @@ attention): the forward saves q, k, v, the mask (the inputs), O (the output) and
 its kf IR holds ``kf.logsumexp(scores) {dims = [-1]}`` beside the ``kf.softmax(scores)``
 of the same scores value (the attention recognizer folds it into the attention kernel
 as a second output); the backward's kf IR recomputes the scores from q and k with the
-forward's own ops (scale, mask) and ``P = exp(scores - lse[..., None])``, rounded to the
+forward's own ops (scale, mask) and ``P = exp(scores - lse)``, rounded to the
 softmax's type, where the forward had the softmax's output.
 """
 
@@ -437,20 +439,21 @@ def _score_products(graph: fx.Graph) -> set:
 
 
 def _add_lse(graph: fx.Graph, sm: fx.Node) -> fx.Node:
-    """``kf::logsumexp(scores, [-1])`` right after the softmax ``sm`` (a forward node)."""
+    """``kf::logsumexp(scores, [-1], keepdim)`` right after the softmax ``sm`` (a forward
+    node)."""
     scores = sm.args[0]
     with graph.inserting_after(sm):
-        lse = graph.call_function(torch.ops.kf.logsumexp.default, (scores, [-1], False))
+        lse = graph.call_function(torch.ops.kf.logsumexp.default, (scores, [-1], True))
     v = _val(scores)
     lse.meta = {k: val for k, val in sm.meta.items() if k in ("stack_trace", "nn_module_stack")}
-    lse.meta["val"] = logsumexp(v, [-1], False) if v is not None else None
+    lse.meta["val"] = logsumexp(v, [-1], True) if v is not None else None
     return lse
 
 
 def _probabilities(g: fx.Graph, sm: fx.Node, scores: fx.Node, lse: fx.Node) -> fx.Node:
     """The softmax's output, from the scores and the saved lse: ``exp(scores - lse)``
     (``scores - lse`` for log_softmax), in the softmax's own type."""
-    shifted = g.call_function(aten.sub.Tensor, (scores, g.call_function(aten.unsqueeze.default, (lse, -1))))
+    shifted = g.call_function(aten.sub.Tensor, (scores, lse))
     value = g.call_function(aten.exp.default, (shifted,)) if sm.target is aten._softmax.default else shifted
     dtype = _val(sm).dtype
     if dtype != _val(lse).dtype:

@@ -9,6 +9,7 @@ that file, never onto the screen.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -67,10 +68,22 @@ class StageLog:
         if not self._count:
             self._series = self._free_series()
         self._count += 1
+        # a stage is a pass with its options; the options of kf-tile and kf-map-to-gpu on
+        # SPIR-V (the device's limits) pass the 255 bytes a file name may take: the
+        # pass's name is kept, the options become a short hash of them
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", stage)
+        if len(safe) > _LONGEST_STAGE:
+            name = stage.split("{")[0]
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:_LONGEST_STAGE - 9] + "_" + \
+                hashlib.sha1(stage.encode()).hexdigest()[:8]
         path = os.path.join(self.dump_dir, f"{self._series}.{self._count:02d}.{safe}.{ext}")
         with open(path, "w") as f:
             f.write(text)
+
+
+#: the longest stage name a dump's file name takes (with the function's name, the
+#: series and the count it stays within 255 bytes for names kf gives functions)
+_LONGEST_STAGE = 96
 
 
 class _StageSeconds(dict):

@@ -47,7 +47,7 @@ def attention_lse(q, k, v, mask, scale: float, causal: bool):
     from ..partition import logsumexp
 
     scores = _scores(q, k, mask, scale, causal)
-    return torch.matmul(torch.softmax(scores, dim=-1), _heads(v, q)), logsumexp(scores, [-1], False)
+    return torch.matmul(torch.softmax(scores, dim=-1), _heads(v, q)), logsumexp(scores, [-1], True)
 
 
 def _heads(t, q):
@@ -68,6 +68,11 @@ def _scores(q, k, mask, scale: float, causal: bool):
         else:
             scores = scores + mask
     return scores
+
+
+def _lse_shape(q) -> tuple:
+    """The row logsumexp's shape, as kf's autograd saves it: [..., Sq, 1]."""
+    return (*q.shape[:-1], 1)
 
 
 _FUNCTIONS: dict[tuple, KfFunction] = {}
@@ -93,7 +98,7 @@ def _split(q, k, v, mask, scale: float, causal: bool, target: str, precision: st
     wants = tuple(t.is_floating_point() and i < 3 for i, t in enumerate(tensors))
     with torch_ops._opaque():  # a custom op's body runs below autograd; the split traces with it
         training, _ = torch_ops.training_of(fn, structure, tensors, wants)
-    lse = (tuple(q.shape[:-1]), lse_dtype(q.dtype))
+    lse = (_lse_shape(q), lse_dtype(q.dtype))
     fits = (training.forward is not None and training.n_outputs == 1 and tuple(training.saved_outputs) == (0,)
             and [(tuple(shape), dtype) for shape, dtype, _ in training.extras] == [lse])
     return fn, tensors, structure, wants, (training if fits else None)
@@ -109,7 +114,7 @@ def _attention_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
     if training is None:  # the backward recomputes: no logsumexp to give it
         with torch_ops._opaque():
             out = fn(q, k, v, mask, scale, causal)
-        return out.contiguous(), q.new_empty(q.shape[:-1], dtype=lse_dtype(q.dtype))
+        return out.contiguous(), q.new_empty(_lse_shape(q), dtype=lse_dtype(q.dtype))
     with torch_ops._opaque():
         out, lse = for_options(Options(target=target, precision=precision), attention_lse)(q, k, v, mask, scale, causal)
     return out.contiguous(), lse.contiguous()
@@ -117,7 +122,7 @@ def _attention_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
 
 @_attention_train.register_fake
 def _(q, k, v, mask, scale, causal, target, precision):
-    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype(q.dtype)))
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(_lse_shape(q), dtype=lse_dtype(q.dtype)))
 
 
 @torch.library.custom_op("kf::attention_train_backward", mutates_args=())

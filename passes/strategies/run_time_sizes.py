@@ -52,10 +52,10 @@ BOUND = MAX_DYNAMIC_SIZE
 RUN_TIME_DIMS = "kf.run_time_dims"
 
 #: the strategies that write kernels with run-time sizes
-RUN_TIME_KINDS = ("rowwise", "elementwise", "attention", "matmul", "generic")
+RUN_TIME_KINDS = ("rowwise", "elementwise", "attention", "attention_backward", "matmul", "generic")
 #: those whose kernels also address buffers with run-time strides (a run-time sequence
 #: after a static number of heads): flat buffers, indices linearized with the sizes
-RUN_TIME_STRIDE_KINDS = ("attention", "generic")
+RUN_TIME_STRIDE_KINDS = ("attention", "attention_backward", "generic")
 
 
 def _is_dynamic(t: ir.Type) -> bool:

@@ -599,7 +599,7 @@ def _attention_reference(q, k, v, mask, causal):
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=q.dtype).tril()
     if mask is not None:
         s = s.masked_fill(mask == 0, -1e9)
-    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1, keepdim=True)
 
 
 def attention_case(sq, sk, d, mask_kind, dtype, device, seed):
@@ -650,7 +650,7 @@ def test_attention_forward_saves_lse_and_gradients_match_float64(sq, sk, d, mask
     ref = [t.cpu().double().requires_grad_() for t in (q, k, v)]
     want_o, want_lse = _attention_reference(*ref, None if mask is None else mask.cpu().double(), causal)
     tol = _TOLERANCE[target]
-    assert lse.shape == (1, 2, sq) and lse.dtype == (D if target == "cpu" else torch.float32)
+    assert lse.shape == (1, 2, sq, 1) and lse.dtype == (D if target == "cpu" else torch.float32)
     torch.testing.assert_close(lse.cpu().double(), want_lse.detach(), rtol=tol["rtol"], atol=tol["atol"])
     torch.testing.assert_close(out.cpu().double(), want_o.detach(), **tol)
     g = torch.randn(1, 2, sq, d, dtype=dtype, generator=torch.Generator().manual_seed(d)).to(dev)
@@ -724,6 +724,39 @@ def test_training_at_changing_sizes_traces_once_for_them(target):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         counts.append(_derived_programs(f))
     assert counts[6] == counts[4], counts  # 100 and 257 compiled nothing more
+
+
+def _causal_attention_by_iota(q, k, v):
+    i = torch.arange(q.shape[-2])
+    s = (q @ k.transpose(-2, -1)) * 0.125
+    return torch.softmax(s.masked_fill(i[None, :] > i[:, None], float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("target", _TARGETS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_training_at_changing_lengths_compiles_once_for_them(target, causal):
+    """Attention trained over changing sequence lengths (the seed's, and a causal mask
+    made from the positions): from the second length on one forward and one backward
+    serve every length, the backward's kernels (D and the logsumexp per row, then dK, dV
+    and dQ) reading the lengths at run time; a length divisible by 16 and the length 1
+    are kinds of their own. Values and gradients are torch's at each."""
+    fn = _causal_attention_by_iota if causal else se.fused_attention.fn
+    f = kf.jit(fn, target=target)
+    gen = torch.Generator().manual_seed(0)
+    counts = []
+    for n in (33, 40, 57, 1, 7, 257, 300, 1000):
+        q, k, v = (torch.randn(1, 2, n, 64, generator=gen, requires_grad=True) for _ in range(3))
+        out = f(q, k, v)
+        g = torch.randn(out.shape, generator=gen)
+        out.backward(g)
+        got = (out.detach(), q.grad, k.grad, v.grad)
+        q.grad = k.grad = v.grad = None
+        want = fn(q, k, v)
+        want.backward(g)
+        for a, b in zip(got, (want, q.grad, k.grad, v.grad)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        counts.append(_derived_programs(f))
+    assert counts[-1] == counts[3], counts  # 7, 257, 300 and 1000 compiled nothing more
 
 
 def _derived_programs(f) -> int:

@@ -60,6 +60,23 @@ def test_dump_ir_option_writes_one_series_per_function(tmp_path):
     assert _series(d, "metal_layer_norm") and _series(d, "<lambda>")
 
 
+def a_function_named_at_length_as_the_backwards_kf_derives(x):
+    return torch.softmax(x, -1) * 2
+
+
+@needs_vulkan
+def test_dump_file_names_stay_within_the_file_system_limit(tmp_path):
+    """kf-tile's and kf-map-to-gpu's options on Vulkan (the device's limits) are longer
+    than a file name may be: the file keeps the pass's name and a hash of its options."""
+    d = tmp_path / "ir"
+    fn = a_function_named_at_length_as_the_backwards_kf_derives
+    kf.jit(fn, target="vulkan", dump_ir=str(d))(torch.randn(4, 32))
+    files = _series(d, fn.__name__)
+    passes = [_stage_of(f) for f in files if _stage_of(f).startswith(("kf-tile", "kf-map-to-gpu"))]
+    assert len(passes) == 2 and all(re.fullmatch(r"kf-(tile|map-to-gpu)_[0-9a-f]{8}", p) for p in passes), passes
+    assert all(len(f.encode()) <= 255 for f in files)
+
+
 def test_metal_and_cuda_dumps_end_in_their_target_text(tmp_path):
     x = torch.randn(256)
     fn = lambda x: torch.tanh(x) * 2  # noqa: E731

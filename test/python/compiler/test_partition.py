@@ -62,8 +62,8 @@ def test_attention_saves_q_k_v_mask_output_and_lse(masked):
         assert torch.equal(s, w)
     lse = saved[-1]
     # f32 statistic of f64 scores is f64; one value a query row, natural log
-    assert lse.shape == (2, 3, 13) and lse.dtype == D
-    torch.testing.assert_close(lse, torch.logsumexp(_scores(q, k, mask), -1))
+    assert lse.shape == (2, 3, 13, 1) and lse.dtype == D
+    torch.testing.assert_close(lse, torch.logsumexp(_scores(q, k, mask), -1, keepdim=True))
     # nothing as large as the score matrix is saved
     assert all(t.numel() < 13 * 13 * 6 for t in saved)
 
@@ -74,7 +74,7 @@ def test_attention_forward_ir_holds_logsumexp_of_the_softmax_scores():
     training = _training(attention, q, k, v, mask)
     ir = kf.inspect(training.forward, q, k, v, mask).kf_ir
     (sm,) = re.findall(r'"kf.softmax"\((%\w+)\)', ir)
-    (lse,) = re.findall(r'"kf.logsumexp"\((%\w+)\) \{dims = array<i64: 3>, keepdim = false\}.*-> tensor<1x2x8xf32>', ir)
+    (lse,) = re.findall(r'"kf.logsumexp"\((%\w+)\) \{dims = array<i64: 3>, keepdim = true\}.*-> tensor<1x2x8x1xf32>', ir)
     assert sm == lse  # the same scores value: the attention kernel can write lse beside O
     assert [e[2] for e in training.extras] == ["lse"]
 

@@ -12,6 +12,11 @@ logsumexp, D = rowsum(dO * O), and the products dq, dk, dv). It is written as:
   same launch (``simt``, every target), or on sm_90a (``hopper``) by wgmma, with dQ
   added atomically into f32 sums and converted by a postprocess.
 
+At run-time sequence lengths (strategies/run_time_sizes.py) the SIMT kernels are
+written once for every length; the wgmma kernel is written for static lengths, so on
+sm_90a a backward it takes compiles per length (a ValueError here: the driver then
+compiles the function for static sizes rather than run the SIMT kernel there).
+
 Measurements: bench/RESULTS.md.
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 from mlir import ir
 
+from ... import run_time_sizes
 from ...base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 from . import hopper, simt
 from .chain import BackwardChain
@@ -29,6 +35,10 @@ class AttentionBackwardStrategy(Strategy):
 
     def plan(self, kernel: ir.Operation, target: TargetInfo, variant=None) -> dict:
         ch = BackwardChain(kernel)
+        if run_time_sizes.is_bounded(kernel):
+            if hopper.plan(ch, target):
+                raise ValueError("the wgmma attention backward is written for static sequence lengths")
+            return simt.plan(ch, target)
         return hopper.plan(ch, target) or simt.plan(ch, target)
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:

@@ -209,12 +209,14 @@ class BackwardChain:
         if d_row is not None:
             pw.bind(self.d_sum.result, d_row)
 
-    def probability(self, pw: Pointwise, index: list, lse: ir.Value) -> ir.Value:
+    def probability(self, pw: Pointwise, index: list, lse: ir.Value, key_share: ir.Value | None = None
+                    ) -> ir.Value:
         """P at ``index`` (S bound) from the row's logsumexp ``lse`` (f32), bound as the
         exp's result so that the chain reads it: exp(x - lse); in a row that a mask
         masks everywhere (lse within half the fill), exp((x - fill) - log Sk), which is
         1 / Sk at every masked score -- the forward's uniform softmax over the fills,
-        which x - lse loses (fill + log Sk rounds to the fill in f32)."""
+        which x - lse loses (fill + log Sk rounds to the fill in f32). ``key_share``:
+        1 / Sk as an f32 value where the keys' length is a run-time size."""
         f32 = ir.F32Type.get()
         from kf.passes import scalar_math
 
@@ -227,7 +229,8 @@ class BackwardChain:
             # which rounds back to the fill
             dead = arith.cmpf(arith.CmpFPredicate.OLE, lse, arith.constant(f32, self.mask_fill / 2))
             e = arith.select(dead, arith.subf(x, arith.constant(f32, self.mask_fill)), e)
-            share = arith.select(dead, arith.constant(f32, 1.0 / self.seq_k), arith.constant(f32, 1.0))
+            share = arith.select(dead, key_share if key_share is not None else arith.constant(f32, 1.0 / self.seq_k),
+                                 arith.constant(f32, 1.0))
             p = arith.mulf(mmath.exp(e), share)
         p = p if p is not None else mmath.exp(e)
         pw.bind(self.p.result, p)

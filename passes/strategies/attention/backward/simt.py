@@ -20,6 +20,10 @@ per element by ``Pointwise`` (``BackwardChain``), so any chain kf-fuse recognize
 here. Tails: rows past the sequences compute on zeros and are not stored; their P and
 dS are 0. Statistics and accumulators are f32.
 
+At run-time sequence lengths (run_time.py) the grid's x is the run-time number of key
+blocks and query blocks, the loops over the other sequence run to its run-time length,
+and the buffers after the heads are flat.
+
 Not handled: a plan needs ``block`` rows whose tiles fit workgroup memory (4 rows of
 head dim 256 take 33 KB).
 """
@@ -37,8 +41,11 @@ from mlir.dialects import arith, gpu, memref
 from mlir.dialects import math as mmath
 
 from ...base import EmittedKernel, NotApplicable, TargetInfo
-from ...kernel_ir import (GpuFunc, Pointwise, contiguous_last, direct_source, gpu_arg_types, stage_tile,
+from ... import run_time_sizes
+from ...run_time_sizes import ragged
+from ...kernel_ir import (GpuFunc, Pointwise, contiguous_last, direct_source, gpu_arg_types, linearize, stage_tile,
                           staging_vector_bytes, store_value, workgroup_memref)
+from . import run_time
 from .chain import BackwardChain
 from .preprocess import emit_preprocess, workspace_type
 
@@ -122,29 +129,49 @@ class SimtBackward:
             raise NotApplicable("the plan was made for another kernel")
         self.view = ch.view
         self.b, self.tpr = p.block, p.lanes_per_row
+        #: run-time sizes: the kernel function's slots (run_time.py)
+        self.slots = [tuple(x) for x in plan.get("sizes", [])]
 
     def emit(self) -> EmittedKernel:
         ch, view, b = self.ch, self.view, self.b
         D, Dv = ch.head_dim, ch.head_dim_v
+        slots = self.slots
         with self.kernel.location:
-            prelude = emit_preprocess(ch, self.gpu_module, self.target)
+            prelude = emit_preprocess(ch, self.gpu_module, self.target, self.kernel, slots)
             ws_t = workspace_type(ch)
             n_in = len(view.args)
             arg_types = gpu_arg_types(view, self.target)
             arg_types = arg_types[:n_in] + [ir.MemRefType.get(ws_t.shape, ws_t.element_type)] + arg_types[n_in:]
+            arg_types = run_time.declare_flat(arg_types, view, slots, shift_results=1)
+            if slots:
+                arg_types.append(run_time_sizes.slot_type(len(slots)))
             shared = [workgroup_memref([b, D + 1]), workgroup_memref([b, Dv + 1]), workgroup_memref([b, D + 1]),
                       workgroup_memref([b, Dv + 1]), workgroup_memref([b, b + 1]), workgroup_memref([b, b + 1])]
             self.g = g = GpuFunc(self.gpu_module, view.name, arg_types, shared, (self.plan.threads, 1, 1))
             self.Ks, self.Vs, self.Qs, self.Os, self.Ps, self.Ss = g.shared
             self.ws = g.args[n_in]
-            self.outs = g.args[n_in + 1:]
+            self.outs = g.args[n_in + 1:n_in + 1 + len(view.results)]
             self.pw = Pointwise(g, view, g.args[:n_in])
+            grid_sizes = ()
             with ir.InsertionPoint(g.entry):
+                self.seq_q, self.seq_k, self.key_share, self.flat = ch.seq_q, ch.seq_k, None, {}
+                if slots:
+                    lengths = run_time.Lengths(g, self.kernel, ch, slots)
+                    self.seq_q, self.seq_k, self.key_share = lengths.seq_q, lengths.seq_k, lengths.key_share
+                    self.flat = lengths.flat
+                    self.pw.flat = lengths.flat_inputs()
+                    parts = []
+                    if self.plan.key_blocks:
+                        parts.append(lengths.blocks_text(lengths.k_slot, self.seq_k, 1, b))
+                    if self.plan.query_blocks:
+                        parts.append(lengths.blocks_text(lengths.q_slot, self.seq_q, 1, b))
+                    grid_sizes = (" + ".join(parts), str(self.plan.grid[1]), "1")
+                self.key_blocks = run_time.ceil_div(g, self.seq_k, b) if self.plan.key_blocks else 0
                 self.pw.hoist_scalars()
                 self._place()
                 kb = self.plan.key_blocks
                 if kb and self.plan.query_blocks:
-                    first = g.lt(self.block_x, kb)
+                    first = g.lt(self.block_x, self.key_blocks)
                     g.when(first, self._dkdv)
                     g.when(arith.xori(first, arith.constant(first.type, 1)), self._dq)
                 elif kb:
@@ -155,7 +182,8 @@ class SimtBackward:
         return EmittedKernel(view.name, tuple(self.plan.grid), (self.plan.threads, 1, 1), 0,
                              {"strategy": "attention backward", "kernel": "simt", "block": b,
                               "lanes_per_row": self.tpr, "workgroup_bytes": self.plan.shared_bytes},
-                             prelude=prelude, prelude_output=ws_t)
+                             prelude=prelude, prelude_output=ws_t, sizes=run_time.launch_slots(slots, n_in, 1),
+                             grid_sizes=grid_sizes)
 
     # ---- the thread's place
 
@@ -175,10 +203,11 @@ class SimtBackward:
 
         self.q_lead, self.k_lead, self.do_lead, self.v_lead = lead(ch.q), lead(ch.kt), lead(ch.do), lead(ch.vt)
         memrefs = self.g.args[:len(self.view.args)]
-        self.q_direct = direct_source(self.view, memrefs, ch.q, self.q_lead, False)
-        self.k_direct = direct_source(self.view, memrefs, ch.kt, self.k_lead, True)
-        self.do_direct = direct_source(self.view, memrefs, ch.do, self.do_lead, False)
-        self.v_direct = direct_source(self.view, memrefs, ch.vt, self.v_lead, True)
+        flat = pw.flat
+        self.q_direct = direct_source(self.view, memrefs, ch.q, self.q_lead, False, flat)
+        self.k_direct = direct_source(self.view, memrefs, ch.kt, self.k_lead, True, flat)
+        self.do_direct = direct_source(self.view, memrefs, ch.do, self.do_lead, False, flat)
+        self.v_direct = direct_source(self.view, memrefs, ch.vt, self.v_lead, True, flat)
 
     def _stage(self, tile, cols, row0, n_rows, read, direct, fast_is_col):
         stage_tile(self.g, self.pw, self.tid, self.plan.threads, tile, self.b, cols, fast_is_col, row0, n_rows, 0,
@@ -186,16 +215,16 @@ class SimtBackward:
 
     def _stage_q(self, i0):
         ch, pw = self.ch, self.pw
-        self._stage(self.Qs, ch.head_dim, i0, ch.seq_q, lambda r, c: pw.eval(ch.q, self.q_lead + [r, c]),
+        self._stage(self.Qs, ch.head_dim, i0, self.seq_q, lambda r, c: pw.eval(ch.q, self.q_lead + [r, c]),
                     self.q_direct, contiguous_last(self.view, ch.q))
-        self._stage(self.Os, ch.head_dim_v, i0, ch.seq_q, lambda r, c: pw.eval(ch.do, self.do_lead + [r, c]),
+        self._stage(self.Os, ch.head_dim_v, i0, self.seq_q, lambda r, c: pw.eval(ch.do, self.do_lead + [r, c]),
                     self.do_direct, contiguous_last(self.view, ch.do))
 
     def _stage_k(self, j0):
         ch, pw = self.ch, self.pw
-        self._stage(self.Ks, ch.head_dim, j0, ch.seq_k, lambda r, c: pw.eval(ch.kt, self.k_lead + [c, r]),
+        self._stage(self.Ks, ch.head_dim, j0, self.seq_k, lambda r, c: pw.eval(ch.kt, self.k_lead + [c, r]),
                     self.k_direct, not contiguous_last(self.view, ch.kt))
-        self._stage(self.Vs, ch.head_dim_v, j0, ch.seq_k, lambda r, c: pw.eval(ch.vt, self.v_lead + [c, r]),
+        self._stage(self.Vs, ch.head_dim_v, j0, self.seq_k, lambda r, c: pw.eval(ch.vt, self.v_lead + [c, r]),
                     self.v_direct, not contiguous_last(self.view, ch.vt))
 
     def _dot(self, a, ra, b_, rb, n):
@@ -211,7 +240,7 @@ class SimtBackward:
     def _row_stats(self, r: ir.Value) -> tuple[ir.Value, ir.Value]:
         """(D, logsumexp) of global query row r (< Sq), from the workspace."""
         g = self.g
-        at = arith.addi(g.mul(self.batch_lin, self.ch.seq_q), r)
+        at = arith.addi(run_time.mul(self.batch_lin, self.seq_q), r)
         return memref.load(self.ws, [g.c(0), at]), memref.load(self.ws, [g.c(1), at])
 
     def _element(self, i, j, s, dp, d_row, lse, values):
@@ -222,7 +251,7 @@ class SimtBackward:
         pw.reset()
         ch.bind(pw, s, dp, d_row)
         x_idx = pw.operand_index(spec_of(ch.x.type).shape, self.batch_idx + [i, j], rank)
-        ch.probability(pw, x_idx, lse)
+        ch.probability(pw, x_idx, lse, self.key_share)
         out = [scalar_math.convert(pw.eval(p.region, p.region_index(pw, self.batch_idx, rank, i, j)), f32)
                for p in values]
         pw.reset()
@@ -236,11 +265,12 @@ class SimtBackward:
         spec = ch.view.result_specs[n]
         lead = pw.operand_index(spec.shape[:-2], self.batch_idx, len(ch.batch))
         result = ch.view.results[n]
+        strides = self.flat.get(len(ch.view.args) + n)
         for acc, c in zip(accs, cols):
             pw.reset()
             pw.bind(prod.mm.result, acc)
             idx = lead + [row, c]
-            store_value(pw.eval(result, idx), self.outs[n], idx)
+            store_value(pw.eval(result, idx), self.outs[n], idx if strides is None else [linearize(g, idx, strides)])
         pw.reset()
 
     # ---- the two kinds of workgroup
@@ -248,7 +278,7 @@ class SimtBackward:
     def _dkdv(self) -> None:
         """A key block: dK and dV of its keys over every query block."""
         ch, g, b, tpr = self.ch, self.g, self.b, self.tpr
-        D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
+        D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, self.seq_q, self.seq_k
         prods = [ch.products[r] for r in ("dv", "dk") if r in ch.products]
         j0 = g.mul(self.block_x, b)
         j = arith.addi(j0, self.row)
@@ -273,8 +303,8 @@ class SimtBackward:
                     d_row, lse = self._row_stats(i)
                     return self._element(i, j, s, dp, d_row, lse, prods)
 
-                inside = g.all_of([x for x in (g.lt(i, Sq) if Sq % b else None, g.lt(j, Sk) if Sk % b else None)
-                                   if x is not None])
+                inside = g.all_of([x for x in (g.lt(i, Sq) if ragged(Sq, b) else None,
+                                               g.lt(j, Sk) if ragged(Sk, b) else None) if x is not None])
                 vals = g.guarded(inside, [g.f32] * len(prods), real, lambda: [zero] * len(prods))
                 for prod, v in zip(prods, vals):
                     memref.store(v, self.Ps if prod.role == "dv" else self.Ss, [self.row, q])
@@ -304,18 +334,19 @@ class SimtBackward:
                 self._store(prod, j, accs[at:at + n], cols[prod.role])
                 at += n
 
-        g.when(g.lt(j, Sk) if Sk % b else None, store)
+        g.when(g.lt(j, Sk) if ragged(Sk, b) else None, store)
 
     def _dq(self) -> None:
         """A query block: dQ of its rows over every key block."""
         ch, g, b, tpr = self.ch, self.g, self.b, self.tpr
-        D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, ch.seq_q, ch.seq_k
+        D, Dv, Sq, Sk = ch.head_dim, ch.head_dim_v, self.seq_q, self.seq_k
         prod = ch.products["dq"]
-        qb = arith.subi(self.block_x, g.c(self.plan.key_blocks))
+        kb = self.key_blocks
+        qb = arith.subi(self.block_x, g.c(kb) if isinstance(kb, int) else kb)
         i0 = g.mul(qb, b)
         i = arith.addi(i0, self.row)
         self._stage_q(i0)
-        in_q = g.lt(i, Sq) if Sq % b else None
+        in_q = g.lt(i, Sq) if ragged(Sq, b) else None
         zero = g.fconst(0.0)
         d_row, lse = g.guarded(in_q, [g.f32, g.f32], lambda: list(self._row_stats(i)), lambda: [zero, zero])
         cols = [g.add(self.lane, tpr * u) for u in range(D // tpr)]
@@ -333,7 +364,7 @@ class SimtBackward:
                     dp = self._dot(self.Os, self.row, self.Vs, kk, Dv)
                     return self._element(i, j, s, dp, d_row, lse, [prod])
 
-                inside = g.all_of([x for x in (in_q, g.lt(j, Sk) if Sk % b else None) if x is not None])
+                inside = g.all_of([x for x in (in_q, g.lt(j, Sk) if ragged(Sk, b) else None) if x is not None])
                 v = g.guarded(inside, [g.f32], real, lambda: [zero])[0]
                 memref.store(v, self.Ss, [self.row, kk])
                 return []

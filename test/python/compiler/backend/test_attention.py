@@ -81,14 +81,14 @@ def test_saving_forward_and_backward_match_eager(target, mask_kind, causal, lq, 
 @pytest.mark.parametrize("target", TARGETS)
 def test_logsumexp_is_the_masked_scores(target):
     """The second result of ``kf::attention_train``: log(sum(exp(scaled, masked scores)))
-    of each query row, in f32."""
+    of each query row, in f32, with its kept dim ([..., Sq, 1]) as kf's autograd saves it."""
     q, k, v = _inputs(target, 4, 4, 29, 29, 16)
     scale = 0.3
     out, lse = torch.ops.kf.attention_train(q, k, v, None, scale, True, target, "auto")
     scores = (q.double() @ k.double().transpose(-2, -1)) * scale
     scores = scores.masked_fill(~torch.ones(29, 29, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    assert lse.dtype == torch.float32 and lse.shape == (2, 4, 29)
-    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-5)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 4, 29, 1)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1, keepdim=True), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.double(), torch.softmax(scores, -1) @ v.double(), rtol=1e-4, atol=1e-5)
 
 
