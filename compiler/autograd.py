@@ -448,11 +448,15 @@ class SizeGuards:
         return t
 
     def admit(self, tensors: list) -> bool:
-        """Whether the graph holds for tensors of these sizes (the inputs, then the gradients)."""
+        """Whether the graph holds for tensors of these sizes (the inputs, then the
+        gradients). Their strides do not matter: the forward and the backward take their
+        tensors contiguous, as the examples were traced (a query projected and transposed
+        into heads is a strided view, which the guards' own check of strides refuses)."""
         if len(tensors) != len(self.examples) or any(t.dim() != e.dim() for t, e in zip(tensors, self.examples)):
             return False
+        laid_out = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in tensors]
         try:
-            return bool(self.shape_env.evaluate_guards_for_args(self.examples, list(tensors), ignore_static=False))
+            return bool(self.shape_env.evaluate_guards_for_args(self.examples, laid_out, ignore_static=False))
         except Exception:  # a guard that needs what these tensors do not give: not admitted
             return False
 

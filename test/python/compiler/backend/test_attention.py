@@ -95,17 +95,39 @@ def test_logsumexp_is_the_masked_scores(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_symbolic_lengths(target):
     """Under ``dynamic=True`` the op's fake results follow the symbolic lengths; each length's
-    gradients are eager's."""
+    gradients are eager's. The queries come as a model's projection gives them (a
+    transposed view): from the second length on, the attention's forward and backward
+    programs serve every length, so the later lengths compile nothing."""
     def f(q, k, v):
+        q = q.transpose(1, 2)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
 
     c = torch.compile(f, backend="kf", dynamic=True, options={"target": target, "fallback": "eager"})
-    for n in (7, 12, 30):
-        q, k, v = (t.requires_grad_() for t in _inputs(target, 2, 2, n, n, 8))
+    counts = []
+    for n in (7, 12, 30, 21, 45):
+        q, k, v = _inputs(target, 2, 2, n, n, 8)
+        q = q.transpose(1, 2).contiguous().requires_grad_()
+        k, v = k.requires_grad_(), v.requires_grad_()
         got = torch.autograd.grad(c(q, k, v), (q, k, v))
         want = torch.autograd.grad(f(q, k, v), (q, k, v))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        counts.append(_attention_programs())
+    assert counts[-1] == counts[2], counts
+
+
+def _attention_programs() -> int:
+    """The programs of the backend's attention functions and of the forwards and backwards
+    kf derived for them."""
+    seen, n = set(), 0
+    for kfn in attention._FUNCTIONS.values():
+        fns = [kfn] + [g for training, _ in kfn._trainings.values()
+                       for g in (training.forward, training.backward.fn) if g is not None]
+        for g in fns:
+            if id(g) not in seen:
+                seen.add(id(g))
+                n += len(g.compiles)
+    return n
 
 
 def test_a_mask_that_wants_a_gradient_takes_the_kf_function():
