@@ -22,6 +22,7 @@ from .build import (DynamicSizeError, arg_best, compute_elem, convert_tensor, co
                     index_const, insert_slice, loop_index, map_elements, max_value, min_value, projection_map,
                     reduce, reduced_dims, reshape, scalar, shape_of, sizes_of, sizes_or_dims, tensor_type,
                     widen_value)
+from .build import dim as size_of_dim
 from .index_checks import as_index, checked_index
 from .narrow import NARROW_FLOATS
 
@@ -411,7 +412,7 @@ def _index_add(op, args, attrs, out):
                               lambda a: _add_scalars(a[0], a[1]))
         return [insert_slice(summed, acc, at_j, row)]
 
-    return for_loop(0, shape_of(index)[0], [x], step)
+    return for_loop(0, size_of_dim(index, 0), [x], step)
 
 
 def _scatter_add(op, args, attrs, out):
@@ -428,7 +429,7 @@ def _scatter_add(op, args, attrs, out):
             target = [as_index(tensor.extract(index, coords)) if d == dim else coords[d] for d in range(rank)]
             value = _add_scalars(tensor.extract(acc, target), tensor.extract(src, coords))
             return tensor.insert(value, acc, target)
-        return for_loop(0, ishape[depth], [acc], lambda i, c: [nest(depth + 1, coords + [i], c[0])])[0]
+        return for_loop(0, size_of_dim(index, depth), [acc], lambda i, c: [nest(depth + 1, coords + [i], c[0])])[0]
 
     return [nest(0, [], x)]
 
@@ -449,7 +450,7 @@ def _scatter_reduce(op, args, attrs, out):
     ct, i64 = elem_type(elem), ir.IntegerType.get_signless(64)
     counted = reduce == "mean" or (reduce != "none" and not include)
     acc = map_elements([x], shape_of(x), ct, lambda a: sm.convert(a[0], ct))
-    count = filled(shape_of(x), i64, 1 if include else 0)
+    count = filled(shape_of(x), i64, 1 if include else 0, sizes_of(x, range(rank)))
 
     def land(coords, acc, count):
         target = [as_index(tensor.extract(index, coords)) if d == dim else coords[d] for d in range(rank)]
@@ -466,7 +467,7 @@ def _scatter_reduce(op, args, attrs, out):
     def nest(depth: int, coords: list, carried: list) -> list:
         if depth == rank:
             return land(coords, *carried)
-        return for_loop(0, ishape[depth], carried, lambda i, c: nest(depth + 1, coords + [i], c))
+        return for_loop(0, size_of_dim(index, depth), carried, lambda i, c: nest(depth + 1, coords + [i], c))
 
     acc, count = nest(0, [], [acc, count])
     t = elem_type(out[0].elem)
@@ -590,7 +591,18 @@ DYNAMIC_WHERE = {
     # the k best along a static dim (a router's experts) of rows of run-time number
     "kf.topk": lambda op: spec_of(op.operands[0].type).shape[normalize_dim(
         int(op_attrs(op)["dim"]), spec_of(op.operands[0].type).rank)] != DYN,
+    # sums into a static table's rows (an embedding's gradient) from a run-time number of
+    # indices; scatters along a static dim (a loss's one-hot gradient) of rows of
+    # run-time number: the indices' bound is a number
+    "kf.index_add": lambda op: spec_of(op.operands[0].type).is_static,
+    "kf.scatter_add": lambda op: _written_dim_static(op),
+    "kf.scatter_reduce": lambda op: _written_dim_static(op),
 }
+
+
+def _written_dim_static(op: ir.Operation) -> bool:
+    x = spec_of(op.operands[0].type)
+    return x.shape[normalize_dim(int(op_attrs(op)["dim"]), x.rank)] != DYN
 
 
 def keeps_wide(op: ir.Operation) -> bool:

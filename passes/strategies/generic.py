@@ -485,11 +485,19 @@ def _target(ev: Evaluator, op, index: ir.Value, at: Sequence[E.Ix], dim: int) ->
     return ev.kb.from_int(v)
 
 
+def _written_dim_static(ev: Evaluator, op, dim: int) -> None:
+    """ValueError where the dim index_add / scatter_add / scatter_reduce write along is
+    a run-time size (the indices are checked against it as a static bound). Their
+    other dims, and the number of indices, may be run-time sizes (a loss's rows, the
+    tokens of an embedding's gradient)."""
+    if not isinstance(ev.shape(op.operands[0])[dim], int):
+        raise ValueError(f"the generic strategy takes no run-time size in the dim {op.name} writes along")
+
+
 def _index_add(ev: Evaluator, op, idx, attrs):
     x, index, source = op.operands
-    for v in op.operands:
-        ev.static(v, op.name)
     dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
+    _written_dim_static(ev, op, dim)
     target = ev.kb.value(idx[dim])
 
     def step(i, c):
@@ -498,15 +506,14 @@ def _index_add(ev: Evaluator, op, idx, attrs):
         at[dim] = i
         return [arith.select(hit, sm.emit("add", [c[0], ev.value(source, at)]), c[0])]
 
-    return ev.loop(E.shape_of(index)[0], [ev.value(x, idx)], step)
+    return ev.loop(ev.shape(index)[0], [ev.value(x, idx)], step)
 
 
 def _scatter_add(ev: Evaluator, op, idx, attrs):
     x, index, source = op.operands
-    for v in op.operands:
-        ev.static(v, op.name)
-    xs, ishape = E.shape_of(x), E.shape_of(index)
+    xs, ishape = ev.shape(x), ev.shape(index)
     dim = normalize_dim(int(attrs["dim"]), len(xs))
+    _written_dim_static(ev, op, dim)
     kb = ev.kb
     # Sources land on idx only from index positions that agree with idx outside dim;
     # when idx lies beyond the index's extent in such a dim, none do (zero trips).
@@ -527,10 +534,14 @@ def _scatter_add(ev: Evaluator, op, idx, attrs):
 def _index_trips(kb, idx, xs, ishape, dim: int):
     """How many index positions along dim a loop over the index visits for output
     element idx: all of them where idx lies within the index's extent in every other dim,
-    none where it lies beyond (a select at run time); None where it is statically beyond."""
+    none where it lies beyond (a select at run time); None where it is statically beyond.
+    Extents may be run-time sizes (index values): an index as long as the output in a
+    dim (the same size) needs no test there, any other run-time extent is tested."""
     conds = []
     for d in range(len(xs)):
-        if d != dim and ishape[d] < xs[d]:
+        if d == dim or ishape[d] is xs[d]:
+            continue
+        if not (isinstance(ishape[d], int) and isinstance(xs[d], int)) or ishape[d] < xs[d]:
             c = kb.lt(idx[d], ishape[d])
             if c is False:
                 return None
@@ -550,10 +561,9 @@ def _scatter_reduce(ev: Evaluator, op, idx, attrs):
     combining the sources whose index names idx along dim, counting them (the first
     replaces the input's element unless include_self; a mean divides by the count)."""
     x, index, source = op.operands
-    for v in op.operands:
-        ev.static(v, op.name)
-    xs, ishape = E.shape_of(x), E.shape_of(index)
+    xs, ishape = ev.shape(x), ev.shape(index)
     dim = normalize_dim(int(attrs["dim"]), len(xs))
+    _written_dim_static(ev, op, dim)
     reduce, include = attrs["reduce"], bool(attrs["include_self"])
     kb = ev.kb
     t = E.compute_type(E.elem_of(op.results[0]))

@@ -296,7 +296,8 @@ class RunTimeShapes:
     """The shape of every tensor of a bounded kernel (``bounded``) with its run-time dim
     as an index value: a kernel argument's or result's is its slot; another tensor's is
     found from its operands or users -- lined up with them (elementwise ops, broadcasts,
-    slices and concats along other dims, reductions' kept dims), permuted (transpose),
+    slices and concats along other dims, reductions' kept dims, a scatter's input),
+    permuted (transpose),
     the rows of a matmul, the element count of a reshape's operand over its static dims,
     the sum of a concat's operands along it. ``shape(v)`` raises ValueError for a
     run-time dim none of these reaches (the driver then compiles static sizes)."""
@@ -373,6 +374,10 @@ class RunTimeShapes:
         if op.name == "kf.gather":  # the index's shape
             for j in range(rr):
                 yield j, op.operands[1], j
+            return
+        if op.name in ("kf.scatter_add", "kf.scatter_reduce", "kf.index_add"):  # the input's shape
+            for j in range(rr):
+                yield j, op.operands[0], j
             return
         if op.name == "kf.matmul":
             a, b = op.operands

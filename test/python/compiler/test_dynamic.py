@@ -414,6 +414,61 @@ def test_a_router_top_k_over_a_run_time_number_of_tokens(target):
     assert len(f.compiles) == 2, f.compiles
 
 
+def _one_hot_of_targets(x, t):
+    return torch.zeros_like(x).scatter(1, t[:, None], 1.0) * x.softmax(-1)
+
+
+def _embedding_gradient(tokens, g):
+    return torch.zeros(50, g.shape[-1]).index_add(0, tokens, g)
+
+
+def _row_amax(x, t):
+    return x.scatter_reduce(1, t, x.gather(1, t) * 2.0, reduce="amax", include_self=False)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn,make", [
+    (_one_hot_of_targets, lambda n, g: (torch.randn(n, 31, generator=g), torch.randint(0, 31, (n,), generator=g))),
+    (_embedding_gradient, lambda n, g: (torch.randint(0, 50, (n,), generator=g), torch.randn(n, 16, generator=g))),
+    (_row_amax, lambda n, g: (torch.randn(n, 9, generator=g), torch.randint(0, 9, (n, 4), generator=g))),
+], ids=["scatter", "index_add", "scatter_reduce"])
+def test_scatters_along_a_static_dim_take_run_time_sizes(target, fn, make):
+    """Scatters that write along a static dim -- a loss's one-hot gradient over a
+    run-time number of rows, an embedding's gradient summed into its static table from a
+    run-time number of tokens, a reduction into each row -- are one program over the
+    counts (the indices are checked against the static dim), each result torch's."""
+    f = kf.jit(fn, target=target)
+    g = torch.Generator().manual_seed(0)
+    for n in (5, 17, 300, 257, 1000):
+        args = make(n, g)
+        _close(f(*args), fn(*args))
+    assert len(f.compiles) == 2, f.compiles
+    assert "?" in f.compiles[-1].signature
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cross_entropy_training_at_changing_token_counts_compiles_once_for_them(target):
+    """The backward of a cross-entropy loss (its gradient scatters into each row's target
+    class) over changing token counts: one backward program serves them."""
+    def loss(x, t):
+        return torch.nn.functional.cross_entropy(x, t)
+
+    f = kf.jit(loss, target=target)
+    g = torch.Generator().manual_seed(0)
+    counts = []
+    for n in (5, 257, 2, 7, 13, 31, 300):
+        x = torch.randn(n, 31, generator=g, requires_grad=True)
+        t = torch.randint(0, 31, (n,), generator=g)
+        f(x, t).backward()
+        got = x.grad
+        x.grad = None
+        loss(x, t).backward()
+        _close(got, x.grad)
+        backwards = {id(tr.backward.fn): tr.backward.fn for tr, _ in f._trainings.values()}
+        counts.append(sum(len(b.compiles) for b in backwards.values()))
+    assert counts[-1] == counts[3], counts
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_concatenation_along_a_run_time_dim(target):
     """``torch.cat([past, new], 1)`` (a cache grown by a step) with a run-time length: on
