@@ -52,9 +52,14 @@ def _export(user: Callable, sig, tensors: list[torch.Tensor], dynamic: list[list
     from .torch_ops import AUTOCAST_KEYS
 
     shapes = tuple({d: Dim.AUTO for d in dims} or None for dims in dynamic)
+    # traced on contiguous tensors of the inputs' shapes: the kernels take their inputs
+    # contiguous, and a strided view's strides (q, k and v split from one projection)
+    # would be symbols of their own, products of which reach the graph's sizes
+    laid_out = [t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                for t in _trace_inputs(tensors)]
     try:
         with torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
-            return torch.export.export(_Wrapper(_traceable(user), sig), tuple(_trace_inputs(tensors)),
+            return torch.export.export(_Wrapper(_traceable(user), sig), tuple(laid_out),
                                        dynamic_shapes=(shapes,), strict=False)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -392,8 +397,8 @@ def long_sum(module: ir.Module, block: int, top: ir.Module | None = None) -> str
                 largest = at_top
         bound = math.prod(largest[d] if ir.ShapedType.is_dynamic_size(shape[d]) else shape[d] for d in dims)
         if bound > block:
-            return (f"{op.name} over dims {dims} of {t} adds up to {bound} elements, which the cpu target sums "
-                    f"in stages of {block} only for static sizes")
+            return (f"{op.name} over dims {dims} of {t} adds up to {bound} elements, which kf sums in stages of "
+                    f"{block} only for static sizes")
     return None
 
 
@@ -603,8 +608,9 @@ def unified(cap, other, outs: Sequence[torch.Tensor], input_dims: list, equal: d
         errors = verify(cap.module.operation)
         if errors:
             raise DynamicFallback(f"the kf IR with run-time sizes does not verify: {errors[0][1]}")
-        if top is None:  # (a region's graph is compared op for op with its conversion at the top sizes)
-            stage_run_time_sums(cap.module, _REDUCTION_BLOCK)
+        # (where this stages a sum, a region's conversion at the top sizes no longer lines
+        # up op for op, and long_sum takes every run-time dim at its bound)
+        stage_run_time_sums(cap.module, _REDUCTION_BLOCK)
         too_long = long_sum(cap.module, _REDUCTION_BLOCK, top.module if top is not None else None)
         if too_long:
             raise DynamicFallback(too_long)

@@ -31,7 +31,8 @@ so this is its only parallel plan).
 Not handled (``column_sums`` returns None, and the plain plan is used): reductions other
 than kf.sum and kf.mean over leading dims, sums of values of different shapes, ops other
 than elementwise ones, fills and reshapes in the kernel, outputs of another size than
-the columns.
+the columns, columns of a run-time count (a position embedding's gradient: a sum over
+the batch of each position's row).
 """
 
 from __future__ import annotations
@@ -84,9 +85,13 @@ def column_sums(kernel: ir.Operation) -> tuple[list[ir.Operation], tuple[int, ..
 def plan(kernel: ir.Operation, target_max_threads: int, max_grid: int) -> dict | None:
     """The columns plan of kernel, or None where ``column_sums`` does not apply or the
     grid would be too large."""
+    from . import run_time_sizes
+
     found = column_sums(kernel)
     if found is None or COLUMNS * SLICES > target_max_threads:
         return None
+    if run_time_sizes.results_with_run_time_sizes(kernel):
+        return None  # (the plain plan: a thread an output element, over the run-time count)
     _, shape, lead = found
     n = math.prod(shape[lead:])
     # a whole tensor's sum: one column, every thread of the workgroup a slice of it

@@ -213,6 +213,19 @@ def innermost_is_run_time(kernel: ir.Operation) -> bool:
     return False
 
 
+def results_with_run_time_sizes(kernel: ir.Operation) -> bool:
+    """Whether a bounded kernel (``bounded``) returns a tensor that had a run-time dim."""
+    if RUN_TIME_DIMS not in kernel.attributes:
+        return False
+    body = kernel.regions[0].blocks[0]
+    dims = {}
+    for op, ds in zip(body.operations, ir.ArrayAttr(kernel.attributes[RUN_TIME_DIMS])):
+        for r, d in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
+            dims[r] = d
+    ret = list(body.operations)[-1].operation
+    return any(dims.get(v, -1) >= 0 for v in ret.operands)
+
+
 def is_bounded(kernel: ir.Operation) -> bool:
     """Whether kernel is ``bounded``'s copy of a kernel with run-time sizes: its plan is
     then for every size up to BOUND, so a plan choice that holds only for some sizes
@@ -297,10 +310,10 @@ class RunTimeShapes:
     as an index value: a kernel argument's or result's is its slot; another tensor's is
     found from its operands or users -- lined up with them (elementwise ops, broadcasts,
     slices and concats along other dims, reductions' kept dims, a scatter's input),
-    permuted (transpose),
-    the rows of a matmul, the element count of a reshape's operand over its static dims,
-    the sum of a concat's operands along it. ``shape(v)`` raises ValueError for a
-    run-time dim none of these reaches (the driver then compiles static sizes)."""
+    permuted (transpose), the rows of a matmul, the element count of a reshape's operand
+    over its static dims, the sum of a concat's operands along it, an index_add's
+    indices as its source's rows. ``shape(v)`` raises ValueError for a run-time dim none
+    of these reaches (the driver then compiles static sizes)."""
 
     def __init__(self, kernel: ir.Operation, sizes: "SizeSlots"):
         self.sizes = sizes
@@ -335,7 +348,7 @@ class RunTimeShapes:
         while changed:
             changed = False
             for op in self.ops:
-                changed |= self._forward(op) | self._backward(op)
+                changed |= self._forward(op) | self._backward(op) | self._across(op)
 
     def _bounded(self, v: ir.Value) -> list[int]:
         return list(ir.RankedTensorType(v.type).shape) if isinstance(v.type, ir.RankedTensorType) else []
@@ -454,6 +467,22 @@ class RunTimeShapes:
             if j == d and self.dim.get(o) == od:
                 changed |= self._set(o, self.extent[op.results[0]])
         return changed
+
+    def _across(self, op: ir.Operation) -> bool:
+        """Between the operands of an index_add: as many indices as the source has rows
+        along its dim (an embedding's gradient by positions ``arange(n)`` made in the
+        kernel: their count is the gradient's)."""
+        if op.name != "kf.index_add":
+            return False
+        _, index, source = op.operands
+        along = int(self._attrs(op)["dim"]) % max(len(self._bounded(source)), 1)
+        if self.dim.get(index) != 0 or self.dim.get(source) != along:
+            return False
+        if index in self.extent and source not in self.extent:
+            return self._set(source, self.extent[index])
+        if source in self.extent and index not in self.extent:
+            return self._set(index, self.extent[source])
+        return False
 
     def _slice_length(self, op: ir.Operation):
         """The run-time length of a slice along its input's run-time dim from the start

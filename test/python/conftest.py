@@ -1,5 +1,5 @@
-"""Shared pytest setup: the examples directory is importable (seed_examples, moe); the
-recorded Vulkan devices (test/python/devices/) are a fixture; ``--gpu-only`` selects the
+"""Shared pytest setup: the examples directory is importable (seed_examples, moe);
+Inductor caches in a folder of the run's own; the recorded Vulkan devices (test/python/devices/) are a fixture; ``--gpu-only`` selects the
 tests that need a CUDA GPU and ``--record-failures`` writes failures as they happen
 (scripts/gpu-tests.sh uses both)."""
 
@@ -11,6 +11,14 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+
+# Inductor's compiled graphs (the backend's default fallback) go to a cache of this run:
+# its key does not hold the fake results of kf's ops, so a cache an earlier kf left on the
+# machine could hold graphs that expect other shapes of them
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kf-tests-inductor-")
 
 
 def _recorded_device(name: str) -> dict:

@@ -727,7 +727,7 @@ def test_training_at_changing_sizes_traces_once_for_them(target):
 
 
 def _causal_attention_by_iota(q, k, v):
-    i = torch.arange(q.shape[-2])
+    i = torch.arange(q.shape[-2], device=q.device)
     s = (q @ k.transpose(-2, -1)) * 0.125
     return torch.softmax(s.masked_fill(i[None, :] > i[:, None], float("-inf")), -1) @ v
 
@@ -739,15 +739,18 @@ def test_attention_training_at_changing_lengths_compiles_once_for_them(target, c
     made from the positions): from the second length on one forward and one backward
     serve every length, the backward's kernels (D and the logsumexp per row, then dK, dV
     and dQ) reading the lengths at run time; a length divisible by 16 and the length 1
-    are kinds of their own. Values and gradients are torch's at each."""
+    are kinds of their own. Values and gradients are torch's at each. (On CUDA the
+    SIMT backward of f32 takes the run-time lengths too; bf16's wgmma backward is
+    compiled per length.)"""
     fn = _causal_attention_by_iota if causal else se.fused_attention.fn
     f = kf.jit(fn, target=target)
     gen = torch.Generator().manual_seed(0)
     counts = []
+    device = _device(target)
     for n in (33, 40, 57, 1, 7, 257, 300, 1000):
-        q, k, v = (torch.randn(1, 2, n, 64, generator=gen, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(1, 2, n, 64, generator=gen).to(device).requires_grad_() for _ in range(3))
         out = f(q, k, v)
-        g = torch.randn(out.shape, generator=gen)
+        g = torch.randn(out.shape, generator=gen).to(device)
         out.backward(g)
         got = (out.detach(), q.grad, k.grad, v.grad)
         q.grad = k.grad = v.grad = None

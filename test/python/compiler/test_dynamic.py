@@ -414,6 +414,21 @@ def test_a_router_top_k_over_a_run_time_number_of_tokens(target):
     assert len(f.compiles) == 2, f.compiles
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_views_of_one_projection_take_run_time_sizes(target):
+    """q, k and v split from one projection (strided views sharing a storage, as GPT-2's
+    fused q/k/v gives them): traced as tensors of their shapes, one program serves the
+    later lengths."""
+    f = kf.jit(se.fused_attention.fn, target=target)
+    g = torch.Generator().manual_seed(0)
+    for n in (7, 257, 300, 1000):
+        qkv = torch.randn(2, n, 3, 4, 16, generator=g)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        _close(f(q, k, v), se.fused_attention.fn(q, k, v))
+    assert len(f.compiles) == 2, f.compiles
+    assert "?" in f.compiles[-1].signature
+
+
 def _one_hot_of_targets(x, t):
     return torch.zeros_like(x).scatter(1, t[:, None], 1.0) * x.softmax(-1)
 
