@@ -32,8 +32,10 @@ from ..nvidia.wgmma import (ATOM_BYTES, SWIZZLE_BYTES, WGMMA_TYPES, SwizzledTile
 
 def plan(gm: Gemm, target: TargetInfo, variant) -> dict | None:
     """The wgmma plan for a GEMM, or None where the mma.sync kernel stays: the target is
-    not sm_90a, an operand is not an argument read as it lies, A is not K-major, B is
-    MN-major in fp8, or rows are not whole 16-byte pieces (cp.async copies 16 bytes)."""
+    not sm_90a, an operand is not an argument read as it lies, an operand is MN-major in
+    fp8, or rows are not whole 16-byte pieces (cp.async copies 16 bytes). A MN-major A
+    (``x^T @ dy``, a weight's gradient: x [tokens, in] read as it lies) is staged as B's
+    MN-major tile is and read with imm-trans-a."""
     if not available(target):
         return None
     elem = spec_of(gm.mm.operands[0].type).elem
@@ -41,9 +43,10 @@ def plan(gm: Gemm, target: TargetInfo, variant) -> dict | None:
         return None
     esize = 1 if elem in FP8_PTX else 2
     b_mn_major = gm.b_n_contiguous
-    if not (gm.a_direct and gm.b_direct and gm.a_k_contiguous) or (b_mn_major and esize == 1):
+    a_mn_major = not gm.a_k_contiguous
+    if not (gm.a_direct and gm.b_direct) or ((b_mn_major or a_mn_major) and esize == 1):
         return None
-    if (gm.k * esize) % 16 or (b_mn_major and (gm.n * esize) % 16):
+    if (gm.k * esize) % 16 or (b_mn_major and (gm.n * esize) % 16) or (a_mn_major and (gm.m * esize) % 16):
         return None
     batch = math.prod(gm.batch)
     bm, bn = 128, variant.max_block_n
@@ -62,7 +65,8 @@ def plan(gm: Gemm, target: TargetInfo, variant) -> dict | None:
     return {"block_m": bm, "block_n": bn, "block_k": bk, "threads": 256, "grid": grid, "m": gm.m, "n": gm.n,
             "k": gm.k, "batch": list(gm.batch), "mma": True, "wgmma": True, "stages": stages,
             "inflight": inflight, "shared_bytes": stages * stage_bytes + ATOM_BYTES,
-            "dynamic_shared": True, "group_m": variant.group_m, "b_k_major": not b_mn_major}
+            "dynamic_shared": True, "group_m": variant.group_m, "b_k_major": not b_mn_major,
+            "a_k_major": not a_mn_major}
 
 
 def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation,
@@ -76,6 +80,7 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
     esize = 1 if elem in FP8_PTX else 2
     k_inst = 32 // esize  # k of one wgmma: 16 (16-bit types), 32 (fp8)
     b_mn_major = not plan["b_k_major"]
+    a_mn_major = not plan.get("a_k_major", True)
     etype = ir.Type.parse(elem)
     acc_n = bn // 2  # f32 accumulators a thread: 64 x bn over 128 threads
     f32 = ir.F32Type.get()
@@ -90,7 +95,8 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
         with ir.InsertionPoint(g.entry):
             per_row = SWIZZLE_BYTES // esize
             b_rows = bn if not b_mn_major else bk * (bn * esize // SWIZZLE_BYTES)
-            As, Bs = carve_aligned(g, [(stages * bm, per_row, etype), (stages * b_rows, per_row, etype)])
+            a_rows = bm if not a_mn_major else bk * (bm * esize // SWIZZLE_BYTES)
+            As, Bs = carve_aligned(g, [(stages * a_rows, per_row, etype), (stages * b_rows, per_row, etype)])
             M = run_time.rows(g, gm) if run_time else gm.m
             K = run_time.depth(g, kernel, gm) if run_time else gm.k
             tid = g.tid()
@@ -99,20 +105,22 @@ def emit(view: KernelView, gm: Gemm, kernel: ir.Operation, plan: dict, gpu_modul
             m0, n0 = g.mul(row_tile, bm), g.mul(col_tile, bn)
             a_lead = pw.operand_index(spec_of(a_val.type).shape[:-2], batch_idx, len(gm.batch))
             b_lead = pw.operand_index(spec_of(b_val.type).shape[:-2], batch_idx, len(gm.batch))
-            a_direct = direct_source(view, g.args[:n_in], a_val, a_lead, False)
+            a_direct = direct_source(view, g.args[:n_in], a_val, a_lead, a_mn_major)
             b_direct = direct_source(view, g.args[:n_in], b_val, b_lead, not b_mn_major)
             if a_direct is None or b_direct is None:
                 raise NotApplicable("the wgmma plan reads both operands straight from arguments")
-            a_tile = SwizzledTile(g, tid, threads, As, a_direct, bm, bk, esize, M, K, False)
+            a_tile = SwizzledTile(g, tid, threads, As, a_direct, bm, bk, esize, M, K, a_mn_major)
             b_tile = SwizzledTile(g, tid, threads, Bs, b_direct, bn, bk, esize, N, K, b_mn_major)
             warp, lane = g.div(tid, 32), g.rem(tid, 32)
             wg = g.div(warp, 4)
             i64 = ir.IntegerType.get_signless(64)
-            # this warpgroup's 64 rows of A: 64 rows of 128 bytes from the stage's start
+            # this warpgroup's 64 rows of A: K-major, 64 rows of 128 bytes from the stage's
+            # start; MN-major, its atom column of 64 m-elements (bk k-rows of 128 bytes)
+            wg_rows = bk * (64 * esize // SWIZZLE_BYTES) if a_mn_major else 64
             a_desc0 = arith.addi(a_tile.descriptor_base(),
-                                 arith.index_cast(i64, g.mul(wg, 64 * SWIZZLE_BYTES // 16)))
+                                 arith.index_cast(i64, g.mul(wg, wg_rows * SWIZZLE_BYTES // 16)))
             b_desc0 = b_tile.descriptor_base()
-            wg_attrs = wgmma_attrs(elem, bn, k_inst, b_mn_major)
+            wg_attrs = wgmma_attrs(elem, bn, k_inst, b_mn_major, a_mn_major)
 
             def issue(kb: ir.Value | int, stage: ir.Value | int) -> None:
                 a_tile.copy_async(m0, kb, stage)

@@ -4,11 +4,59 @@ applies, and its PTX."""
 from __future__ import annotations
 
 import pytest
+import torch
 from kf.dialects import builders as kb
 from kf.dialects.types import TensorSpec
 from kf.passes.strategies.base import strategy_for
 from mlir import ir
-from kernels import CUDA, HOPPER, Built, cuda_report, matmul_bias_gelu, matmul_nt, needs_ptxas
+from kernels import (CUDA, HOPPER, Built, cuda_report, cuda_run, matmul_bias_gelu, matmul_nt, needs_cuda, needs_ptxas,
+                     randn)
+
+
+def matmul_tn(m, k, n, elem, tb=False):
+    """a^T @ b (or a^T @ b^T) with a stored [k, m]: a weight's gradient x^T @ dy."""
+    bshape = (n, k) if tb else (k, n)
+    return Built("matmul", [TensorSpec((k, m), elem), TensorSpec(bshape, elem)],
+                 lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), kb.transpose(b, perm=[1, 0]) if tb else b)])
+
+
+@needs_ptxas
+@pytest.mark.parametrize("tb", [False, True], ids=["tn", "tt"])
+def test_matmul_wgmma_transposed_a_ptxas(tb):
+    """A stored k-by-m: staged MN-major and read with imm-trans-a = 1, B either way; no
+    spills, the wgmmas not serialized."""
+    built = matmul_tn(4096, 8192, 4096, "bf16", tb)
+    plan, _ = built.emit(HOPPER)
+    assert plan["wgmma"] and not plan["a_k_major"] and plan["b_k_major"] == tb, plan
+    ptx, r, log = cuda_report(built, "sm_90a", log=True)
+    assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+    mma = next(ln for ln in ptx.splitlines() if ln.startswith("wgmma.mma_async"))
+    assert mma.replace(" ", "").endswith(f"p,1,1,1,{int(not tb)};"), mma
+    assert "serialized" not in log
+
+
+@needs_cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="wgmma needs an sm_90 GPU")
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (True, True), (False, True)],
+                         ids=["nn", "tn", "tt", "nt"])
+@pytest.mark.parametrize("m,k,n", [(256, 512, 384), (200, 136, 264), (4096, 2048, 1024)])
+def test_matmul_wgmma_layouts_cuda(ta, tb, m, k, n):
+    """Every operand layout of the wgmma GEMM against torch on the GPU (bf16, f32
+    accumulation): ragged tiles, and a weight gradient's shape."""
+    ashape, bshape = ((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))
+
+    def body(a, b):
+        return [kb.matmul(kb.transpose(a, perm=[1, 0]) if ta else a, kb.transpose(b, perm=[1, 0]) if tb else b)]
+
+    built = Built("matmul", [TensorSpec(ashape, "bf16"), TensorSpec(bshape, "bf16")], body)
+    plan, emitted = built.emit(HOPPER)
+    assert plan["wgmma"], plan
+    gen = torch.Generator().manual_seed(m + k + n)
+    a, b = randn(ashape, "bf16", gen).cuda(), randn(bshape, "bf16", gen).cuda()
+    out, _ = cuda_run(built, plan, emitted, [a, b], (m, n), "bf16")
+    want = ((a.t() if ta else a).float() @ (b.t() if tb else b).float())
+    torch.testing.assert_close(out.float().cpu(), want.cpu(), rtol=2e-2, atol=2e-2 * k ** 0.5)
 
 
 @needs_ptxas
@@ -39,7 +87,8 @@ def test_matmul_wgmma_ptxas(layout, elem):
 
 def test_matmul_wgmma_only_where_it_applies():
     """mma.sync stays for sm_90 (not sm_90a), rows that are not 16-byte pieces (cp.async),
-    a transposed A, fp8 with a k-by-n B (wgmma transposes 16-bit types only), and f32."""
+    fp8 with a k-by-n B or a transposed A (wgmma transposes 16-bit types only), and f32.
+    A transposed 16-bit A (a weight's gradient, x^T @ dy) takes wgmma, MN-major."""
     def plan(built, target=HOPPER):
         with built.ctx, ir.Location.unknown():
             return strategy_for("matmul").plan(built.kernel.operation, target)
@@ -54,6 +103,12 @@ def test_matmul_wgmma_only_where_it_applies():
     assert not plan(matmul_bias_gelu(512, 512, 512, "f32"))["mma"]
     ta = Built("matmul", [TensorSpec((64, 512), "bf16"), TensorSpec((64, 512), "bf16")],
                lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), b)])
-    assert "wgmma" not in plan(ta)
+    assert plan(ta)["wgmma"] and not plan(ta)["a_k_major"]
+    ta8 = Built("matmul", [TensorSpec((64, 512), "f8E4M3FN"), TensorSpec((512, 64), "f8E4M3FN")],
+                lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), kb.transpose(b, perm=[1, 0]))])
+    assert "wgmma" not in plan(ta8)
+    ta_odd = Built("matmul", [TensorSpec((64, 500), "bf16"), TensorSpec((64, 512), "bf16")],
+                   lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), b)])
+    assert "wgmma" not in plan(ta_odd)  # A's rows along m: 1000 bytes
     # small outputs narrow the tile until the grid is about a wave
     assert plan(matmul_bias_gelu(512, 512, 512, "bf16"))["block_n"] == 64
