@@ -52,6 +52,11 @@ def plan(gm: Gemm, target: TargetInfo, variant) -> dict | None:
     bm, bn = 128, variant.max_block_n
     while bn > 64 and -(-gm.m // bm) * -(-gm.n // bn) * batch < 128:
         bn //= 2
+    if a_mn_major and -(-gm.m // bm) * -(-gm.n // 128) * batch < 128:
+        # a weight's gradient of a narrow layer (GPT-2's 768: 108 tiles of 128 x 128 over
+        # 8192 tokens) kept mma.sync: with wgmma's narrower tiles the GPT-2 step took 40.7
+        # ms against 33.6 on an H100 (bench/RESULTS.md)
+        return None
     bk = SWIZZLE_BYTES // esize
     stage_bytes = (bm + bn) * SWIZZLE_BYTES
     stages, inflight = variant.stages, variant.inflight

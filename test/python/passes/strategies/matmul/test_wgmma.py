@@ -25,7 +25,7 @@ def matmul_tn(m, k, n, elem, tb=False):
 def test_matmul_wgmma_transposed_a_ptxas(tb):
     """A stored k-by-m: staged MN-major and read with imm-trans-a = 1, B either way; no
     spills, the wgmmas not serialized."""
-    built = matmul_tn(4096, 8192, 4096, "bf16", tb)
+    built = matmul_tn(4096, 8192, 4096, "bf16", tb)  # 32 x 32 tiles of 128
     plan, _ = built.emit(HOPPER)
     assert plan["wgmma"] and not plan["a_k_major"] and plan["b_k_major"] == tb, plan
     ptx, r, log = cuda_report(built, "sm_90a", log=True)
@@ -40,10 +40,11 @@ def test_matmul_wgmma_transposed_a_ptxas(tb):
                     reason="wgmma needs an sm_90 GPU")
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (True, True), (False, True)],
                          ids=["nn", "tn", "tt", "nt"])
-@pytest.mark.parametrize("m,k,n", [(256, 512, 384), (200, 136, 264), (4096, 2048, 1024)])
+@pytest.mark.parametrize("m,k,n", [(256, 512, 384), (200, 136, 264), (4096, 2048, 2048), (4000, 1000, 4104)])
 def test_matmul_wgmma_layouts_cuda(ta, tb, m, k, n):
-    """Every operand layout of the wgmma GEMM against torch on the GPU (bf16, f32
-    accumulation): ragged tiles, and a weight gradient's shape."""
+    """Every operand layout of the GEMM against torch on the GPU (bf16, f32
+    accumulation): ragged tiles, and weight gradients' shapes (a transposed A takes
+    wgmma where the output has a wave of 128 x 128 tiles, mma.sync elsewhere)."""
     ashape, bshape = ((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))
 
     def body(a, b):
@@ -51,7 +52,7 @@ def test_matmul_wgmma_layouts_cuda(ta, tb, m, k, n):
 
     built = Built("matmul", [TensorSpec(ashape, "bf16"), TensorSpec(bshape, "bf16")], body)
     plan, emitted = built.emit(HOPPER)
-    assert plan["wgmma"], plan
+    assert plan.get("wgmma", False) == (not ta or m * n >= 128 * 128 * 128), plan
     gen = torch.Generator().manual_seed(m + k + n)
     a, b = randn(ashape, "bf16", gen).cuda(), randn(bshape, "bf16", gen).cuda()
     out, _ = cuda_run(built, plan, emitted, [a, b], (m, n), "bf16")
@@ -88,7 +89,8 @@ def test_matmul_wgmma_ptxas(layout, elem):
 def test_matmul_wgmma_only_where_it_applies():
     """mma.sync stays for sm_90 (not sm_90a), rows that are not 16-byte pieces (cp.async),
     fp8 with a k-by-n B or a transposed A (wgmma transposes 16-bit types only), and f32.
-    A transposed 16-bit A (a weight's gradient, x^T @ dy) takes wgmma, MN-major."""
+    A transposed 16-bit A (a weight's gradient, x^T @ dy) takes wgmma, MN-major, where
+    its output has a wave of 128 x 128 tiles."""
     def plan(built, target=HOPPER):
         with built.ctx, ir.Location.unknown():
             return strategy_for("matmul").plan(built.kernel.operation, target)
@@ -101,14 +103,18 @@ def test_matmul_wgmma_only_where_it_applies():
     assert "wgmma" not in plan(matmul_bias_gelu(512, 512, 516, "f8E4M3FN"))
     assert plan(matmul_nt(512, 512, 512, "f8E4M3FN"))["wgmma"]
     assert not plan(matmul_bias_gelu(512, 512, 512, "f32"))["mma"]
-    ta = Built("matmul", [TensorSpec((64, 512), "bf16"), TensorSpec((64, 512), "bf16")],
+    ta = Built("matmul", [TensorSpec((8192, 2048), "bf16"), TensorSpec((8192, 2048), "bf16")],
                lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), b)])
     assert plan(ta)["wgmma"] and not plan(ta)["a_k_major"]
+    # a narrow layer's (768 x 768 over 8192 tokens: 36 tiles of 128 x 128) keeps mma.sync
+    narrow = Built("matmul", [TensorSpec((8192, 768), "bf16"), TensorSpec((8192, 768), "bf16")],
+                   lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), b)])
+    assert "wgmma" not in plan(narrow)
     ta8 = Built("matmul", [TensorSpec((64, 512), "f8E4M3FN"), TensorSpec((512, 64), "f8E4M3FN")],
                 lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), kb.transpose(b, perm=[1, 0]))])
     assert "wgmma" not in plan(ta8)
-    ta_odd = Built("matmul", [TensorSpec((64, 500), "bf16"), TensorSpec((64, 512), "bf16")],
+    ta_odd = Built("matmul", [TensorSpec((8192, 2044), "bf16"), TensorSpec((8192, 2048), "bf16")],
                    lambda a, b: [kb.matmul(kb.transpose(a, perm=[1, 0]), b)])
-    assert "wgmma" not in plan(ta_odd)  # A's rows along m: 1000 bytes
+    assert "wgmma" not in plan(ta_odd)  # A's rows along m: 4088 bytes, not whole 16-byte pieces
     # small outputs narrow the tile until the grid is about a wave
     assert plan(matmul_bias_gelu(512, 512, 512, "bf16"))["block_n"] == 64
