@@ -338,8 +338,8 @@ class KfFunction:
     def _watch_changes(self, static: Signature, dims: frozenset, tensors: list, options: Options, reads):
         """dynamic=True (or the dims given) is not one program as a whole: from now on the
         dims whose sizes change are the run-time ones, counted from the first program's
-        sizes (from this call's where every one of them has changed since), as under
-        automatic dynamic (without the disk profile, whose dims failed together here). (program, signature) for this call where the
+        sizes (or this call's), as under automatic dynamic (without the disk profile,
+        whose dims failed together here). (program, signature) for this call where the
         dims that have changed already make one, else None (the caller compiles static
         sizes)."""
         self._watching = True
@@ -355,13 +355,8 @@ class KfFunction:
         changed = self._generalized(static, observe=False)
         if not changed.is_dynamic:
             return None
-        if changed.dynamic_dims() == dims:
-            # every one of them has changed since the first sizes (a long-lived function
-            # called at many shapes: heads and lengths): counted from this call's sizes,
-            # those that change from now on are tried
-            for key in dims:
-                self._first[key] = now[key]
-            self._auto -= dims
+        if changed.dynamic_dims() == dims:  # the signature that failed
+            self._static |= dims
             return None
         try:
             return self._program_for(changed, tensors, options, reads), changed
