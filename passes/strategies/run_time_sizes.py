@@ -109,6 +109,13 @@ def check_strides(kernel: ir.Operation, kind: str) -> None:
                                  f"take run-time sizes, which the {kind} strategy's kernels do not)")
 
 
+def strided_positions(specs: Sequence, slots) -> dict[int, int]:
+    """{position: run-time dim} of the kernel buffers (``specs``: inputs, then results)
+    whose run-time dim follows a dim that is not 1: their strides are run-time sizes,
+    so they are declared flat (``flat_type``)."""
+    return {pos: dim for pos, dim in slots if any(d != 1 for d in specs[pos].shape[:dim])}
+
+
 def flat_type(t: ir.MemRefType) -> ir.MemRefType:
     """A kernel buffer addressed with run-time strides: one dim of all its (bounded)
     elements."""

@@ -255,7 +255,7 @@ class AttentionStrategy(Strategy):
             specs = [*view.arg_specs, *view.result_specs]
             # buffers whose run-time dim comes after a dim that is not 1: declared flat,
             # addressed with run-time strides
-            strided = {pos: dim for pos, dim in size_slots if any(d != 1 for d in specs[pos].shape[:dim])}
+            strided = run_time_sizes.strided_positions(specs, size_slots)
             for pos in strided:
                 arg_types[pos] = run_time_sizes.flat_type(arg_types[pos])
             if size_slots:  # run-time sizes: the slots' buffer, last

@@ -50,7 +50,7 @@ def arg_types(view: KernelView, target: TargetInfo, slots: list[tuple[int, int]]
     if not slots:
         return types, {}
     specs = [*view.arg_specs, *view.result_specs]
-    strided = {pos: dim for pos, dim in slots if any(d != 1 for d in specs[pos].shape[:dim])}
+    strided = run_time_sizes.strided_positions(specs, slots)
     for pos in strided:
         types[pos] = run_time_sizes.flat_type(types[pos])
     return types + [run_time_sizes.slot_type(len(slots))], strided

@@ -26,11 +26,10 @@ from ... import run_time_sizes
 from ...kernel_ir import GpuFunc, KernelView
 from .chain import BackwardChain
 
+
 def strided_positions(view: KernelView, slots) -> dict[int, int]:
-    """{kernel function position (inputs, then results): run-time dim} of the buffers
-    whose run-time dim follows a dim that is not 1: declared flat."""
-    specs = [*view.arg_specs, *view.result_specs]
-    return {pos: dim for pos, dim in slots if any(d != 1 for d in specs[pos].shape[:dim])}
+    """``run_time_sizes.strided_positions`` of the kernel function's buffers."""
+    return run_time_sizes.strided_positions([*view.arg_specs, *view.result_specs], slots)
 
 
 def declare_flat(types: list, view: KernelView, slots, shift_results: int = 0) -> list:
