@@ -192,6 +192,13 @@ class KfFunction:
         """(the ready program for a signature and for what the function reads now, those
         reads): compiled on first use. The program takes the call's tensors followed by
         the reached tensors it uses (``reads.tensors[j] for j in program.reached``)."""
+        return self._compiled(sig, tensors)[1:]
+
+    def _compiled(self, sig: Signature, tensors: list) -> tuple[Signature, Any, guards.Reads]:
+        """(the signature whose program the call runs, that program, the reads):
+        ``specialize``'s, with the signature it compiled, which is narrower than sig where
+        dims of sig must take static sizes. A dispatch entry is kept under that signature
+        only: under sig it would serve the program to calls of other sizes."""
         reads = guards.walk(self.fn)
         dims = sig.dynamic_dims()
         if dims & self._static or (self._watching and not dims <= self._auto):
@@ -246,7 +253,7 @@ class KfFunction:
             self._table[(sig, reads.fingerprint)] = program
         self._check_largest(sig, tensors, program)
         self._check_size_guards(sig, tensors, program)
-        return program, reads
+        return sig, program, reads
 
     def _static_fallback(self, sig: Signature, tensors: list, options: Options, reads, e: Exception):
         """(the program for the call, its signature) where a signature with run-time sizes
@@ -295,7 +302,7 @@ class KfFunction:
         again where the call's sizes pass what the program of sig takes (_Rebind)."""
         while True:
             try:
-                return (sig, *self.specialize(sig, tensors))
+                return self._compiled(sig, tensors)
             except _Rebind as again:
                 sig = sig.sized(tensors) if again.static else self._generalized(sig.sized(tensors), observe=False)
 

@@ -726,6 +726,25 @@ def test_vulkan_profile_dims_that_fail_together_leave_the_changing_ones_dynamic(
     assert "?" in attn.compiles[-1].signature
 
 
+@needs_vulkan
+def test_a_static_fallback_serves_only_its_own_sizes():
+    """The profile's dims (heads and lengths) cannot be one vulkan program together, so the
+    first call compiles its own sizes; a later call at other heads and lengths binds the
+    same signature with run-time sizes and must get a program of its own, not the first
+    one (which refuses other sizes at launch). A float argument takes the runtime-scalar
+    path, as the backend's attention does."""
+    from kf import cache
+
+    def attention(q, k, v, scale: float):
+        return torch.softmax(q @ k.transpose(-2, -1) * scale, -1) @ v
+
+    cache.add_dynamic_profile(attention, {(n, d) for n in "qkv" for d in (1, 2)})
+    attn = kf.jit(attention, target="vulkan")
+    for heads, n in ((2, 7), (4, 8), (4, 5), (2, 7), (3, 11)):
+        q, k, v = (torch.randn(2, heads, n, 8) for _ in range(3))
+        _close(attn(q, k, v, 0.35), attention(q, k, v, 0.35))
+
+
 def _attention_and_lse(q, k, v):
     s = q @ k.transpose(-2, -1) * 0.125
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
