@@ -207,6 +207,8 @@ class KfFunction:
             # by autograd's custom op): the signature they compile now
             sig = self._generalized(sig.sized(tensors), observe=False)
         program = self._table.get((sig, reads.fingerprint))
+        if program is None:
+            sig, program = self._serving(sig, tensors, reads)
         changed = program is not None and any(t._version != v for t, v in program.baked)
         if changed:
             program = None  # a tensor it holds as a constant changed in place
@@ -255,6 +257,18 @@ class KfFunction:
         self._check_size_guards(sig, tensors, program)
         return sig, program, reads
 
+    def _serving(self, sig: Signature, tensors: list, reads) -> tuple[Signature, Any]:
+        """(signature, program) of a program already compiled with run-time sizes that
+        serves the call (Signature.admits, its size guards held), else (sig, None): a call
+        at sizes an earlier program takes (a length met before the heads changed, when
+        both have changed since) runs it instead of compiling its own."""
+        for (known, fingerprint), program in self._table.items():
+            if (fingerprint == reads.fingerprint and known.is_dynamic and known != sig
+                    and known.admits(sig, tensors, self._largest)
+                    and not (hasattr(program, "failed_size_guard") and program.failed_size_guard(tensors))):
+                return known, program
+        return sig, None
+
     def _static_fallback(self, sig: Signature, tensors: list, options: Options, reads, e: Exception):
         """(the program for the call, its signature) where a signature with run-time sizes
         cannot be one program. Where the failure names the dims whose sizes the trace
@@ -286,7 +300,7 @@ class KfFunction:
             f"{type(e).__name__}: {e.message}" + (f" ({e.cause.splitlines()[0]})" if e.cause else "")
         dims = sig.dynamic_dims()
         shown = ", ".join(f"{n} dim {d}" for n, d in sorted(dims))
-        if len(dims) > 1 and self.options.dynamic is not False and not self._watching:
+        if len(dims) > 1 and self.options.dynamic is not False:
             logs.recompile_log.info("%s: %s not one program together: %s; from now on those whose sizes change "
                                     "are run-time sizes", self.fn.__name__, shown, why)
             found = self._watch_changes(static, dims, tensors, options, reads)
@@ -345,8 +359,8 @@ class KfFunction:
     def _watch_changes(self, static: Signature, dims: frozenset, tensors: list, options: Options, reads):
         """dynamic=True (or the dims given) is not one program as a whole: from now on the
         dims whose sizes change are the run-time ones, counted from the first program's
-        sizes (or this call's), as under automatic dynamic (without the disk profile,
-        whose dims failed together here). (program, signature) for this call where the
+        sizes (from this call's where every one of them has changed since), as under
+        automatic dynamic (without the disk profile, whose dims failed together here). (program, signature) for this call where the
         dims that have changed already make one, else None (the caller compiles static
         sizes)."""
         self._watching = True
@@ -362,8 +376,13 @@ class KfFunction:
         changed = self._generalized(static, observe=False)
         if not changed.is_dynamic:
             return None
-        if changed.dynamic_dims() == dims:  # the signature that failed
-            self._static |= dims
+        if changed.dynamic_dims() == dims:
+            # every one of them has changed since the first sizes (a long-lived function
+            # called at many shapes: heads and lengths): counted from this call's sizes,
+            # those that change from now on are tried
+            for key in dims:
+                self._first[key] = now[key]
+            self._auto -= dims
             return None
         try:
             return self._program_for(changed, tensors, options, reads), changed

@@ -184,6 +184,30 @@ class Signature:
             params.append(p)
         return Signature(tuple(params))
 
+    def admits(self, call: "Signature", tensors: list, largest: int = MAX_DYNAMIC_SIZE) -> bool:
+        """Whether this signature's program serves a call of signature ``call`` and these
+        tensors: equal but for its run-time dims, where the call's sizes are ones that the
+        dim takes (in [MIN_SIZE, largest], a multiple of 16 for DYN16)."""
+        if len(self.params) != len(call.params) or len(call.tensor_sigs()) != len(tensors):
+            return False
+        for mine, theirs in zip(self.params, call.params):
+            if (mine.name, mine.kind, mine.container) != (theirs.name, theirs.kind, theirs.container):
+                return False
+            if mine.kind not in ("tensor", "scalar", "tensors") and mine.key != theirs.key:
+                return False
+        ours, given = self.tensor_sigs(), call.tensor_sigs()
+        if len(ours) != len(given):
+            return False
+        for s, c, t in zip(ours, given, tensors):
+            if (s.elem, s.device, s.contiguous) != (c.elem, c.device, c.contiguous) or len(s.shape) != t.dim():
+                return False
+            for x, size in zip(s.shape, t.shape):
+                if x >= 0 and x != size:
+                    return False
+                if x < 0 and not (MIN_SIZE <= size <= largest and (x != DYN16 or size % 16 == 0)):
+                    return False
+        return True
+
     @property
     def is_dynamic(self) -> bool:
         return any(d < 0 for s in self.tensor_sigs() for d in s.shape)

@@ -745,6 +745,25 @@ def test_a_static_fallback_serves_only_its_own_sizes():
         _close(attn(q, k, v, 0.35), attention(q, k, v, 0.35))
 
 
+@needs_vulkan
+def test_new_heads_and_lengths_take_run_time_lengths_again():
+    """A long-lived function (the backend's attention, shared by every model of a process)
+    whose heads and lengths both change: vulkan's attention cannot take both at run time,
+    so the first call at new heads compiles its own sizes, and from there the lengths are
+    run-time sizes again; back at the first heads, the program of those heads serves
+    every length."""
+    def attention(q, k, v, scale: float):
+        return torch.softmax(q @ k.transpose(-2, -1) * scale, -1) @ v
+
+    attn = kf.jit(attention, target="vulkan")
+    counts = []
+    for heads, n in ((2, 7), (2, 12), (2, 30), (4, 8), (4, 5), (4, 11), (4, 20), (2, 9), (2, 40)):
+        q, k, v = (torch.randn(2, heads, n, 8) for _ in range(3))
+        _close(attn(q, k, v, 0.35), attention(q, k, v, 0.35))
+        counts.append(len(attn.compiles))
+    assert counts == [1, 2, 2, 3, 4, 4, 4, 4, 4], counts
+
+
 def _attention_and_lse(q, k, v):
     s = q @ k.transpose(-2, -1) * 0.125
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
