@@ -83,6 +83,12 @@ _REDUCTIONS = {"kf.sum", "kf.mean", "kf.reduce_max", "kf.reduce_min", "kf.var"}
 _ROW_NORMS = {"kf.softmax", "kf.log_softmax"}
 _FREE = {"kf.fill", "kf.iota"}
 _HOST = {"kf.constant", "func.call"}
+#: the most buffers a merge may give one kernel. A Vulkan device may bind as few as 32
+#: storage buffers to a kernel (lavapipe's maxPerStageDescriptorStorageBuffers; Metal's
+#: argument table has 31); the strategies add a few (run-time sizes, the index error
+#: flag, partial sums). Merges are what make a kernel this wide: a model's norm weight
+#: gradients, all column sums of one shape, would otherwise be one kernel.
+MAX_BUFFERS = 24
 
 
 def _category(op: ir.Operation) -> str:
@@ -163,6 +169,27 @@ class _Partition:
                 host = through_host or not d.name.startswith("kf.")
                 stack.extend((o, host) for o in d.operands)
         return out
+
+    def can_merge(self, a: int, b: int) -> bool:
+        """Whether groups a and b may be one kernel: it binds at most MAX_BUFFERS buffers
+        and the kernel graph stays acyclic."""
+        return self.buffers_if_merged(a, b) <= MAX_BUFFERS and self.acyclic_if_merged(a, b)
+
+    def buffers_if_merged(self, a: int, b: int) -> int:
+        """The buffers the kernel of groups a and b would bind: the values it reads that
+        are computed outside it (a fill or iota it computes itself), and its results read
+        outside it."""
+        members = {self.ops[m] for m in (*self.groups[a].ops, *self.groups[b].ops)}
+        reads, writes = set(), set()
+        for op in members:
+            for v in op.operands:
+                d = defining(v)
+                if d not in members and (d is None or d.name not in _FREE):
+                    reads.add(v)
+            for r in op.results:
+                if any(getattr(u.owner, "operation", u.owner) not in members for u in r.uses):
+                    writes.add(r)
+        return len(reads) + len(writes)
 
     def acyclic_if_merged(self, a: int, b: int) -> bool:
         """Whether merging groups a and b keeps the kernel graph acyclic: no path from
@@ -370,7 +397,7 @@ def partition(ops: list[ir.Operation]) -> _Partition:
             for p in part.producers(i):  # and an elementwise chain that only feeds it
                 pg = part.group_of[p]
                 if pg != gid and part.groups[pg].plain and _feeds_only(part, pg, op) \
-                        and part.acyclic_if_merged(pg, gid):
+                        and part.can_merge(pg, gid):
                     gid = part.merge(pg, gid)
                     part.groups[gid].kind, part.groups[gid].shape = "transpose", shape
             continue
@@ -392,7 +419,7 @@ def partition(ops: list[ir.Operation]) -> _Partition:
             merged = _merge_kind(other, g, op)
             if merged is None and _read_moved(part, pg, gid, op):
                 merged = "elementwise", None, g.shape
-            if merged is not None and part.acyclic_if_merged(pg, gid):
+            if merged is not None and part.can_merge(pg, gid):
                 kind, row_, shape_ = merged
                 gid = part.merge(pg, gid)
                 part.groups[gid].kind, part.groups[gid].row, part.groups[gid].shape = kind, row_, shape_
@@ -466,7 +493,7 @@ def _join_column_partials(part: _Partition) -> None:
             for p in {part.group_of[p] for m in part.groups[gid].ops for p in part.producers(m)} - {gid}:
                 pg = part.groups[p]
                 if pg.plain and _group_users(part, p) == {gid} \
-                        and part.acyclic_if_merged(gid, p):
+                        and part.can_merge(gid, p):
                     gid = part.merge(gid, p)
                     changed = True
                     break
@@ -480,7 +507,7 @@ def _join_column_partials(part: _Partition) -> None:
             tg = part.groups.get(target)
             if target == gid or tg is None or tg.kind != "rowwise" or tg.row[0] != space:
                 continue
-            if part.acyclic_if_merged(target, gid):
+            if part.can_merge(target, gid):
                 part.merge(target, gid)
                 break
 
@@ -515,10 +542,12 @@ def _reads_a_view(part: _Partition, gid: int) -> bool:
 def _absorb(part: _Partition) -> None:
     """Second-round merges that the op-by-op walk of ``partition`` cannot see:
 
-    - column reductions of one input shape over the same leading dims (a norm's weight
-      and bias gradients) become one generic kernel -- a thread per column, both sums
-      in it -- with the elementwise ops after them of their result's shape (the casts
-      to the parameters' type);
+    - column reductions of one input shape over the same leading dims that read a
+      tensor in common, themselves or through their elementwise producers (a norm's
+      weight and bias gradients, both of dy), become one generic kernel -- a thread per
+      column, both sums in it -- with the elementwise ops after them of their result's
+      shape (the casts to the parameters' type); the norms of other layers read other
+      tensors and stay kernels of their own;
     - an elementwise group that feeds only one rowwise or column-reduction group, over
       shapes that group reads (the row space, a reduced shape, the columns: a cast of a
       saved statistic or of a weight), is computed inside it rather than written out."""
@@ -530,11 +559,17 @@ def _absorb(part: _Partition) -> None:
                 columns.setdefault(key, []).append(gid)
     column_groups: dict = {}
     for key, gids in columns.items():
-        gid = gids[0]
-        for other in gids[1:]:
-            if part.acyclic_if_merged(gid, other):
-                gid = part.merge(gid, other)
-        column_groups[gid] = key
+        joined: list = []  # (group, the tensors it and its elementwise producers read)
+        for gid in gids:
+            reads = _column_sources(part, gid)
+            for j, (other, seen) in enumerate(joined):
+                if reads & seen and part.can_merge(other, gid):
+                    joined[j] = (part.merge(other, gid), seen | reads)
+                    break
+            else:
+                joined.append((gid, reads))
+        for gid, _ in joined:
+            column_groups[gid] = key
     changed = True
     while changed:
         changed = False
@@ -553,7 +588,7 @@ def _absorb(part: _Partition) -> None:
                     fits = _broadcasts_to(g.shape, column_groups[target][0])
                 else:
                     continue
-                if fits and part.acyclic_if_merged(target, gid):
+                if fits and part.can_merge(target, gid):
                     part.merge(target, gid)
                     changed = True
                 continue
@@ -562,9 +597,32 @@ def _absorb(part: _Partition) -> None:
             if len(producers) == 1:
                 (source,) = producers
                 if source in column_groups and g.shape == _reduced_shape(*column_groups[source]) \
-                        and part.acyclic_if_merged(source, gid):
+                        and part.can_merge(source, gid):
                     part.merge(source, gid)
                     changed = True
+
+
+def _column_sources(part: _Partition, gid: int) -> set:
+    """What a column reduction group reads: the tensors (rank >= 1, not fills) it and
+    the elementwise groups it reads from read, and the groups that compute them (a row
+    kernel that writes the partial sums of two columns)."""
+    out: set = set()
+
+    def add(op: ir.Operation) -> None:
+        for v in op.operands:
+            d = defining(v)
+            if isinstance(v.type, ir.RankedTensorType) and v.type.rank >= 1 and (d is None or d.name not in _FREE):
+                out.add(v)
+
+    for m in part.groups[gid].ops:
+        add(part.ops[m])
+        for p in part.producers(m):
+            out.add(("group", part.group_of[p]))
+            pg = part.groups[part.group_of[p]]
+            if pg.plain:
+                for k in pg.ops:
+                    add(part.ops[k])
+    return out
 
 
 def _trim_epilogues(part: _Partition) -> None:

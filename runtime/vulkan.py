@@ -218,6 +218,7 @@ def _make_device() -> Device:
               "max_workgroup_invocations": lim.maxComputeWorkGroupInvocations,
               "max_shared_bytes": lim.maxComputeSharedMemorySize,
               "max_storage_buffer_range": lim.maxStorageBufferRange,
+              "max_storage_buffers": lim.maxPerStageDescriptorStorageBuffers,
               "max_loop_iterations": loop_limit(name)}
     subgroup = {}
     if api >= (1, 1, 0):
@@ -235,6 +236,7 @@ def _make_device() -> Device:
                    "maxComputeWorkGroupSize": [int(v) for v in lim.maxComputeWorkGroupSize],
                    "maxComputeWorkGroupCount": [int(v) for v in lim.maxComputeWorkGroupCount],
                    "maxStorageBufferRange": int(lim.maxStorageBufferRange),
+                   "maxPerStageDescriptorStorageBuffers": int(lim.maxPerStageDescriptorStorageBuffers),
                    "minStorageBufferOffsetAlignment": int(lim.minStorageBufferOffsetAlignment),
                    "timestampPeriod": float(lim.timestampPeriod)},
         "subgroup": subgroup,

@@ -114,6 +114,10 @@ class Call:
 
     def dispatch(self, kernel: KernelABI, spirv: bytes, buffers: Sequence[Buffer]) -> None:
         self.dev.require(kernel)
+        most = self.dev.limits.get("max_storage_buffers", 0)
+        if most and len(buffers) > most:  # past it the driver's behaviour is undefined (lavapipe crashes)
+            raise VulkanError(f"kernel {kernel.entry} binds {len(buffers)} storage buffers; {self.dev.name} binds "
+                              f"at most {most} to one kernel")
         self.launches.append((kernel, spirv, list(buffers)))
 
     # ---- transfers ---------------------------------------------------------------------

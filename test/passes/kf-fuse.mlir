@@ -526,3 +526,74 @@ func.func @slice_of_result(%x: tensor<5x12xf32>) -> (tensor<5x4xf32>, tensor<5x1
   %b = "kf.add"(%s, %one) : (tensor<5x4xf32>, tensor<f32>) -> tensor<5x4xf32>
   return %b, %a : tensor<5x4xf32>, tensor<5x12xf32>
 }
+
+// -----
+
+// Column sums of one shape join when they read a tensor in common (a norm's weight and
+// bias gradients, both of dy): one generic kernel.
+// CHECK-LABEL: func.func private @norm_grads_k0_generic(%arg0: tensor<6x8xf32>, %arg1: tensor<6x8xf32>) -> (tensor<8xf32>, tensor<8xf32>)
+// CHECK-LABEL: func.func @norm_grads
+// CHECK-NEXT: call @norm_grads_k0_generic(%arg0, %arg1)
+func.func @norm_grads(%dy: tensor<6x8xf32>, %xhat: tensor<6x8xf32>) -> (tensor<8xf32>, tensor<8xf32>) {
+  %p = "kf.mul"(%dy, %xhat) : (tensor<6x8xf32>, tensor<6x8xf32>) -> tensor<6x8xf32>
+  %w = "kf.sum"(%p) {dims = array<i64: 0>, keepdim = false} : (tensor<6x8xf32>) -> tensor<8xf32>
+  %b = "kf.sum"(%dy) {dims = array<i64: 0>, keepdim = false} : (tensor<6x8xf32>) -> tensor<8xf32>
+  return %w, %b : tensor<8xf32>, tensor<8xf32>
+}
+
+// -----
+
+// The weight gradients of two norms (other layers: other tensors) stay kernels of their
+// own: merged across a model's layers they made one kernel of more buffers than a
+// Vulkan device binds.
+// CHECK-LABEL: func.func @two_norms
+// CHECK-NEXT: call @two_norms_k{{[0-9]+}}_generic(%arg0, %arg1)
+// CHECK-NEXT: call @two_norms_k{{[0-9]+}}_generic(%arg2, %arg3)
+func.func @two_norms(%dy1: tensor<6x8xf32>, %x1: tensor<6x8xf32>, %dy2: tensor<6x8xf32>, %x2: tensor<6x8xf32>) -> (tensor<8xf32>, tensor<8xf32>) {
+  %p1 = "kf.mul"(%dy1, %x1) : (tensor<6x8xf32>, tensor<6x8xf32>) -> tensor<6x8xf32>
+  %w1 = "kf.sum"(%p1) {dims = array<i64: 0>, keepdim = false} : (tensor<6x8xf32>) -> tensor<8xf32>
+  %p2 = "kf.mul"(%dy2, %x2) : (tensor<6x8xf32>, tensor<6x8xf32>) -> tensor<6x8xf32>
+  %w2 = "kf.sum"(%p2) {dims = array<i64: 0>, keepdim = false} : (tensor<6x8xf32>) -> tensor<8xf32>
+  return %w1, %w2 : tensor<8xf32>, tensor<8xf32>
+}
+
+// -----
+
+// An elementwise sum of 30 tensors: a kernel binds at most 24 buffers (MAX_BUFFERS), so
+// the chain is cut into two kernels.
+// CHECK-LABEL: func.func @wide_sum
+// CHECK-NEXT: %[[A:.*]] = call @wide_sum_k0_elementwise(%arg0, %arg1, %arg2, %arg3, %arg4, %arg5, %arg6, %arg7, %arg8, %arg9, %arg10, %arg11, %arg12, %arg13, %arg14, %arg15, %arg16, %arg17, %arg18, %arg19, %arg20, %arg21, %arg22)
+// CHECK-NEXT: %[[B:.*]] = call @wide_sum_k1_elementwise(%[[A]], %arg23, %arg24, %arg25, %arg26, %arg27, %arg28, %arg29)
+// CHECK-NEXT: return %[[B]]
+func.func @wide_sum(%a0: tensor<5xf32>, %a1: tensor<5xf32>, %a2: tensor<5xf32>, %a3: tensor<5xf32>, %a4: tensor<5xf32>, %a5: tensor<5xf32>, %a6: tensor<5xf32>, %a7: tensor<5xf32>, %a8: tensor<5xf32>, %a9: tensor<5xf32>, %a10: tensor<5xf32>, %a11: tensor<5xf32>, %a12: tensor<5xf32>, %a13: tensor<5xf32>, %a14: tensor<5xf32>, %a15: tensor<5xf32>, %a16: tensor<5xf32>, %a17: tensor<5xf32>, %a18: tensor<5xf32>, %a19: tensor<5xf32>, %a20: tensor<5xf32>, %a21: tensor<5xf32>, %a22: tensor<5xf32>, %a23: tensor<5xf32>, %a24: tensor<5xf32>, %a25: tensor<5xf32>, %a26: tensor<5xf32>, %a27: tensor<5xf32>, %a28: tensor<5xf32>, %a29: tensor<5xf32>) -> tensor<5xf32> {
+  %s1 = "kf.add"(%a0, %a1) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s2 = "kf.add"(%s1, %a2) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s3 = "kf.add"(%s2, %a3) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s4 = "kf.add"(%s3, %a4) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s5 = "kf.add"(%s4, %a5) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s6 = "kf.add"(%s5, %a6) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s7 = "kf.add"(%s6, %a7) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s8 = "kf.add"(%s7, %a8) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s9 = "kf.add"(%s8, %a9) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s10 = "kf.add"(%s9, %a10) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s11 = "kf.add"(%s10, %a11) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s12 = "kf.add"(%s11, %a12) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s13 = "kf.add"(%s12, %a13) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s14 = "kf.add"(%s13, %a14) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s15 = "kf.add"(%s14, %a15) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s16 = "kf.add"(%s15, %a16) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s17 = "kf.add"(%s16, %a17) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s18 = "kf.add"(%s17, %a18) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s19 = "kf.add"(%s18, %a19) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s20 = "kf.add"(%s19, %a20) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s21 = "kf.add"(%s20, %a21) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s22 = "kf.add"(%s21, %a22) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s23 = "kf.add"(%s22, %a23) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s24 = "kf.add"(%s23, %a24) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s25 = "kf.add"(%s24, %a25) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s26 = "kf.add"(%s25, %a26) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s27 = "kf.add"(%s26, %a27) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s28 = "kf.add"(%s27, %a28) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  %s29 = "kf.add"(%s28, %a29) : (tensor<5xf32>, tensor<5xf32>) -> tensor<5xf32>
+  return %s29 : tensor<5xf32>
+}

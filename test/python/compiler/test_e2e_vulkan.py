@@ -135,3 +135,45 @@ def test_seed_layer_norm_with_subgroup_reductions(shape):
     [k] = ProgramABI.from_json(program.meta["abi"]).kernels
     shuffles = "shuffle" in vulkan.device().target_limits().subgroup_ops
     assert (k.extra["plan"]["reduction"] == "shuffle") == shuffles
+
+
+def _norm_weight_grads(*ts):
+    """The weight gradients of a model's RMSNorms, as its backward computes them all in
+    one place: sum over rows of dy * x * rstd, one per norm."""
+    return tuple((dy * (x * r)).sum((0, 1)) for dy, x, r in zip(ts[0::3], ts[1::3], ts[2::3]))
+
+
+def test_many_norm_weight_gradients_bind_what_the_device_binds():
+    """17 column sums of one shape (an 8-layer Llama's norms): each norm's sum is a kernel
+    of its own, within the 32 storage buffers lavapipe binds to a kernel (merged into one
+    kernel of 66 they crashed the process)."""
+    import kf
+
+    ts = []
+    for _ in range(17):
+        ts += [torch.randn(2, 9, 16), torch.randn(2, 9, 16), torch.rand(2, 9, 1) + 0.5]
+    f = kf.jit(_norm_weight_grads, target="vulkan")
+    for got, want in zip(f(*ts), _norm_weight_grads(*ts)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_wider_than_the_device_is_refused(monkeypatch):
+    """A kernel that binds more storage buffers than the device allows is a VulkanError
+    naming it (the fuse pass never makes one: MAX_BUFFERS is lifted here to make it)."""
+    import kf
+    from kf.passes import fuse
+
+    most = vulkan.device().limits.get("max_storage_buffers", 0)
+    if not most or most > 64:
+        pytest.skip(f"the device binds {most} storage buffers to a kernel")
+    monkeypatch.setattr(fuse, "MAX_BUFFERS", 10 ** 6)
+
+    def total(*xs):
+        out = xs[0]
+        for x in xs[1:]:
+            out = out + x
+        return out
+
+    xs = [torch.randn(5) for _ in range(most + 1)]
+    with pytest.raises(Exception, match=f"binds {most + 2} storage buffers; .* at most {most}"):
+        kf.jit(total, target="vulkan")(*xs)
