@@ -106,9 +106,22 @@ def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
     return out
 
 
+class _Ref:
+    """A node in graph_text: by its position, so that two regions computing the same thing
+    under other node names (each layer of a model) have one text."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"%{self.index}"
+
+
 def graph_text(gm: torch.fx.GraphModule) -> str:
     """What the region computes, for the cache key: each node with its op, arguments,
-    result types and strides, and the user line it is located at."""
+    result types and strides, and the user line it is located at; nodes named by their
+    position (the regions of a model's repeated layers share their program)."""
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
     lines = []
     for n in gm.graph.nodes:
         v = n.meta.get("val")
@@ -116,7 +129,9 @@ def graph_text(gm: torch.fx.GraphModule) -> str:
         types_ = [(str(t.dtype), tuple(t.shape), tuple(t.stride())) if isinstance(t, torch.Tensor) else repr(t)
                   for t in vals]
         loc = user_loc(n)
-        lines.append(f"{n.op} {n.name} {n.target} {n.args!r} {n.kwargs!r} {types_} {loc}")
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: _Ref(position[a]))
+        target = "" if n.op in ("placeholder", "output") else n.target
+        lines.append(f"{n.op} {target} {args!r} {kwargs!r} {types_} {loc}")
     return "\n".join(lines)
 
 
@@ -144,6 +159,9 @@ class Region:
     lines: list[str]
     kernels: list[str] = field(default_factory=list)
     compiles: int = 0
+    #: of compiles, those whose program came from kf's cache (an earlier process, or a
+    #: region of this one that computes the same: a model's repeated layers)
+    cached: int = 0
     calls: int = 0
     seconds: float = 0.0
     failed: str = ""  # why kf could not compile it at run time (it then runs the fallback)
@@ -194,7 +212,7 @@ def _compile_concrete(gm: torch.fx.GraphModule, tensors: list, options: Options,
     sig = sizes.signature(tensors) if sizes is not None else _signature(tensors)
     arch = target.arch(options)
     h = hashlib.sha256()
-    for part in (cache.compiler_fingerprint(), "fx-region", name, graph_text(gm), repr(sig), options.stable_hash(),
+    for part in (cache.compiler_fingerprint(), "fx-region", graph_text(gm), repr(sig), options.stable_hash(),
                  options.target, target.device_key(options)):
         h.update(part.encode())
         h.update(b"\0")
@@ -376,6 +394,7 @@ class RegionRunner:
         compiled = compile_concrete(gm, tensors, self.options, self.record.name, sizes)
         self.record.kernels = compiled.kernels
         self.record.compiles += 1
+        self.record.cached += compiled.cached
         self.record.seconds += compiled.seconds
         return compiled
 

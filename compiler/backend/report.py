@@ -50,6 +50,8 @@ class GraphReport:
             status = f"kernels {', '.join(r.kernels)}" if r.kernels else "not compiled yet"
             if r.failed:
                 status = f"runs on {self.fallback}: {r.failed}"
+            if r.cached:
+                status += f"; {r.cached} of {r.compiles} program(s) from kf's cache"
             if r.sizes:
                 status += f"; run-time sizes {r.sizes}"
             if r.static:

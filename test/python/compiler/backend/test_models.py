@@ -165,3 +165,28 @@ def test_training_loss_matches_eager_through_the_fused_loss(name, target, caplog
     torch.testing.assert_close(torch.tensor(r["kf"]), torch.tensor(r["eager"]), rtol=1e-4, atol=1e-5)
     assert r["grad_diff"] < 1e-4
     assert "run as kf's fused linear cross-entropy" in caplog.text, [r.getMessage() for r in caplog.records]
+
+
+def test_repeated_layers_compile_once(tmp_path, monkeypatch):
+    """Five layers: the regions of the layers that compute the same (the same ops at the
+    same sizes, other node names) take the first one's program from kf's cache, in the
+    forward and in the backward, and the model still matches eager."""
+    import kf
+
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = llama.Llama(llama.LlamaConfig(vocab=64, width=32, layers=5, heads=4, kv_heads=2, hidden=48, max_seq=64))
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kf", fullgraph=True, options={"target": "cpu", "fallback": "eager"})
+    x = torch.randint(0, 64, (2, 8))
+    out, want = compiled(x), eager(x)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):  # (five layers of f32 rounding)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+    report = kf.explain(compiled, x, backward=True)
+    for graph in ("forward", "backward"):
+        regions = [r for r in report.regions if r.graph == graph]
+        assert sum(r.cached for r in regions) >= 2, [(r.name, r.compiles, r.cached) for r in regions]
