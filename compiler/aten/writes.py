@@ -118,12 +118,25 @@ def _index_put(c, node, args, kwargs):
             return kb.add(x, kb.select(mask, v, kb.scalar(0.0, elem)))
         return kb.select(mask, v, x)
     if ispec.rank != 1:
-        raise Unsupported(f"x[index] = v with a {ispec.rank}-d index is not supported by kf",
-                          cause="flatten the index (and the values) to 1-D")
+        index, v = _flat_index(index, v, shape, d)
     if shape[d] >= 0:  # negative indices count from the end, as torch's do (below -size: still an error)
         index = kb.select(kb.cmp(index, kb.scalar(0.0, ispec.elem), predicate="lt"),
                           kb.add(index, kb.scalar(float(shape[d]), ispec.elem)), index)
     return _put_rows(c, x, d, index, v, accumulate)
+
+
+def _flat_index(index, v, shape: tuple, d: int):
+    """(the index as 1-D, the values at its rows) for a k-d integer index along dim d
+    (an embedding's gradient: ``x[tokens] += dy`` with tokens [batch, seq]): x[index]
+    is x.shape[:d] + index.shape + x.shape[d + 1:], whose index dims flatten into one."""
+    ishape = spec_of(index.type).shape
+    if any(n < 0 for n in ishape):
+        raise Unsupported(f"x[index] = v with a {len(ishape)}-d index of run-time sizes is not supported by kf",
+                          cause="flatten the index (and the values) to 1-D")
+    full = tuple(shape[:d]) + tuple(ishape) + tuple(shape[d + 1:])
+    n = math.prod(ishape)
+    v = kb.broadcast_to(v, full) if shape_of(v) != full else v
+    return kb.reshape(index, [n]), kb.reshape(v, list(shape[:d]) + [n] + list(shape[d + 1:]))
 
 
 def _rows_hit(c, x, d: int, index):

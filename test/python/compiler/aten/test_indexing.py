@@ -71,6 +71,22 @@ def test_unsafe_masked_index_put_accumulate(shape, rows, cols, target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("ishape", [(2, 9), (3, 1, 4), (1, 1)], ids=str)
+def test_index_put_with_a_k_d_index(ishape, target):
+    """``x[tokens] += dy`` with tokens of several dims (an embedding's gradient, as
+    ``embedding_dense_backward`` decomposes: index_put with a [batch, seq] index), and
+    ``=`` with values that broadcast; repeated and negative tokens included."""
+    gen = torch.Generator().manual_seed(len(ishape))
+    x = torch.randn(31, 6, generator=gen)
+    index = torch.randint(-31, 31, ishape, generator=gen)
+    v = torch.randn((*ishape, 6), generator=gen)
+    _check(lambda x, i, v: torch.index_put(x, [i], v, accumulate=True), (x, index, v), target)
+    unique = torch.randperm(31, generator=gen)[:index.numel()].reshape(ishape)
+    _check(lambda x, i, v: torch.index_put(x, [i], v[..., :1, :]), (x, unique, v[..., :1, :].expand(*ishape, 6)), target)
+    _check(lambda x, i: torch.index_put(x, [i], torch.tensor(2.0)), (x, unique), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("shape,n,dim", [((11, 6), 7, 0), ((5, 257), 4, 1), ((7,), 1, 0)], ids=str)
 def test_index_put_with_negative_and_repeated_indices(shape, n, dim, target):
     """``x[index] = v`` and ``+=`` with a 1-D index along one dim, negative and repeated
