@@ -360,9 +360,9 @@ class KfFunction:
         """dynamic=True (or the dims given) is not one program as a whole: from now on the
         dims whose sizes change are the run-time ones, counted from the first program's
         sizes (from this call's where every one of them has changed since), as under
-        automatic dynamic (without the disk profile, whose dims failed together here). (program, signature) for this call where the
-        dims that have changed already make one, else None (the caller compiles static
-        sizes)."""
+        automatic dynamic (without the disk profile, whose dims failed together here).
+        (program, signature) for this call where the dims that have changed already make
+        one, else None (the caller compiles static sizes)."""
         self._watching = True
         self._profile_read = True
         for known in [k[0] for k in self._table] + [static]:
