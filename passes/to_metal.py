@@ -44,6 +44,8 @@ from .to_spirv import SpirvKernel, ToSpirvPass, _object_bytes, kernels_from_attr
 
 #: MSL 2.3 (macOS 11): the oldest that torch's MPS back end runs on.
 DEFAULT_MSL_VERSION = 20300
+#: the buffer argument table of a Metal kernel: [[buffer(0)]] .. [[buffer(30)]]
+MAX_BUFFER_INDEX = 31
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +275,9 @@ class ToMetalPass(KfPass):
                             f"(0..{len(k.bindings) - 1})")
         if k.workgroup_bytes and "threadgroup " not in msl:
             raise PassError(f"@{k.entry} uses workgroup memory but its MSL has no threadgroup array")
+        if max(buffers, default=-1) >= MAX_BUFFER_INDEX:
+            raise PassError(f"@{k.entry} binds {len(k.bindings)} buffers; a Metal kernel's buffer argument table "
+                            f"has {MAX_BUFFER_INDEX} entries")
         return MetalKernel(k.entry, function, msl, k.workgroup_size, buffers, k.workgroup_bytes, k)
 
 

@@ -78,3 +78,25 @@ def test_metal_row_stats_on_mps():
     metal.launch(k.source, abi, [x, s, m, v])
     torch.testing.assert_close(m.cpu(), x.cpu().mean(1), rtol=1e-4, atol=1e-5)
 
+
+
+@needs_spirv_cross
+def test_a_kernel_past_the_buffer_table_is_refused(monkeypatch):
+    """A kernel of more buffers than Metal's argument table holds (31) is a compile error
+    naming it (kf-fuse never makes one: its MAX_BUFFERS is lifted here to make it); at
+    the cap, the MSL of the same sum is two kernels."""
+    import kf
+    from kf.passes import fuse
+
+    def total(*xs):
+        out = xs[0]
+        for x in xs[1:]:
+            out = out + x
+        return out
+
+    xs = [torch.randn(5) for _ in range(33)]
+    with monkeypatch.context() as m:
+        m.setattr(fuse, "MAX_BUFFERS", 10 ** 6)
+        with pytest.raises(Exception, match="binds 34 buffers; a Metal kernel's buffer argument table has 31"):
+            kf.inspect(kf.metal_shader(total), *xs).stages["msl"]
+    assert kf.inspect(kf.metal_shader(total), *xs).stages["msl"].count("kernel void") == 2
