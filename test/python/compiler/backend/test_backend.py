@@ -95,18 +95,18 @@ def test_views_alone_are_no_region():
 
 
 def test_op_refused_at_compile_falls_back_alone():
-    """A handler that refuses its arguments (a 2-d index_put) sends that op alone to the
-    fallback; the ops around it still run in kf."""
-    def f(x, idx, v):
+    """A handler that refuses its arguments (an index_put with two index tensors) sends
+    that op alone to the fallback; the ops around it still run in kf."""
+    def f(x, i, j, v):
         y = x * 2
-        y = torch.index_put(y, (idx,), v)
+        y = torch.index_put(y, (i, j), v)
         return y + 1
 
-    x, v = torch.randn(6, 5), torch.randn(2, 3, 5)
-    idx = torch.tensor([[0, 2, 4], [1, 3, 5]])
+    x, v = torch.randn(6, 5), torch.randn(3)
+    i, j = torch.tensor([0, 2, 4]), torch.tensor([1, 3, 0])
     c = torch.compile(f, backend="kf", options={"target": "cpu", "fallback": "eager"})
-    torch.testing.assert_close(c(x, idx, v), f(x, idx, v))
-    report = kf.explain(c, x, idx, v)
+    torch.testing.assert_close(c(x, i, j, v), f(x, i, j, v))
+    report = kf.explain(c, x, i, j, v)
     put = [fb for fb in report.fallbacks if fb.op == "aten.index_put.default"]
     assert put and "UnsupportedOpError" in put[0].reason
     assert report.regions

@@ -1,4 +1,4 @@
-"""The strategies' tests share their kernel builders (``kernels.py``): importable from
+"""The strategies' tests share their kernel builders (``strategy_kernels.py``): importable from
 every test module below this directory."""
 
 import os

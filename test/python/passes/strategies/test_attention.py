@@ -16,7 +16,7 @@ from kf.dialects import builders as kb
 from kf.dialects.types import TensorSpec
 from kf.passes.strategies.base import NotApplicable, TargetInfo, strategy_for
 from mlir import ir
-from kernels import (CUDA, HOPPER, SPIRV, TORCH, Built, attention, attention_reference, cuda_report, cuda_run,
+from strategy_kernels import (CUDA, HOPPER, SPIRV, TORCH, Built, attention, attention_reference, cuda_report, cuda_run,
                      emit_with, hopper_only, needs_cuda, needs_ptxas, needs_vulkan, randn,
                      spirv_run, vulkan_runtime)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from kf.dialects import builders as kb
 from kf.dialects.types import TensorSpec
-from kernels import SPIRV, TORCH, Built, attention, attention_reference, emit_with, needs_vulkan, randn, spirv_run
+from strategy_kernels import SPIRV, TORCH, Built, attention, attention_reference, emit_with, needs_vulkan, randn, spirv_run
 
 
 @needs_vulkan

@@ -12,7 +12,7 @@ import torch
 from kf.dialects import builders as kb
 from kf.dialects.types import TensorSpec
 from kf.passes.strategies.base import NotApplicable, strategy_for
-from kernels import (CUDA, HOPPER, SPIRV, TORCH, Built, cuda_report, cuda_run, emit_with, matmul_batched,
+from strategy_kernels import (CUDA, HOPPER, SPIRV, TORCH, Built, cuda_report, cuda_run, emit_with, matmul_batched,
                      matmul_bias_gelu, needs_cuda, needs_ptxas, needs_vulkan, randn, spirv_run)
 
 

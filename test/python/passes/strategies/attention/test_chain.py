@@ -8,7 +8,7 @@ import torch
 from kf.dialects import builders as kb
 from kf.dialects.types import TensorSpec
 from kf.passes.strategies.base import TargetInfo
-from kernels import (CUDA, SPIRV, Built, cuda_report, cuda_run, needs_cuda, needs_ptxas, needs_vulkan, randn,
+from strategy_kernels import (CUDA, SPIRV, Built, cuda_report, cuda_run, needs_cuda, needs_ptxas, needs_vulkan, randn,
                      spirv_run)
 
 

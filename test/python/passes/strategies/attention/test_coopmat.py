@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import seed_examples as se
 import torch
-from kernels import attention, attention_reference, emit_with, needs_vulkan, spirv_run, vulkan_runtime
+from strategy_kernels import attention, attention_reference, emit_with, needs_vulkan, spirv_run, vulkan_runtime
 
 import kf
 from kf.passes.strategies.attention import AttentionVariant

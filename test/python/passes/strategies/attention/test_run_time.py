@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kernels import CUDA, HOPPER, Built, cuda_report, needs_ptxas
+from strategy_kernels import CUDA, HOPPER, Built, cuda_report, needs_ptxas
 from kf.dialects import builders as kb
 from kf.dialects.types import DYN, TensorSpec
 from kf.passes.strategies import run_time_sizes

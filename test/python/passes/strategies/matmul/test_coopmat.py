@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels import TORCH, emit_with, matmul_batched, matmul_bias_gelu, matmul_nt, needs_vulkan, spirv_run, vulkan_runtime
+from strategy_kernels import TORCH, emit_with, matmul_batched, matmul_bias_gelu, matmul_nt, needs_vulkan, spirv_run, vulkan_runtime
 
 from kf.passes.strategies.base import TargetInfo
 from kf.passes.strategies.matmul import MatmulVariant
@@ -168,7 +168,7 @@ def test_vulkan_cooperative_matrix_matmul_matches_torch(size, out):
     from kf import dialects as kd  # noqa: F401  (the builders' context)
     from kf.dialects import builders as kb
     from kf.dialects.types import TensorSpec
-    from kernels import Built, spirv_run
+    from strategy_kernels import Built, spirv_run
 
     limits = _device_limits()
     target = TargetInfo.for_target("spirv", limits=limits.spec())

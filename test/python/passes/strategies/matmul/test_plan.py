@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kernels import CUDA, cuda_report, matmul_bias_gelu, needs_ptxas
+from strategy_kernels import CUDA, cuda_report, matmul_bias_gelu, needs_ptxas
 
 
 @needs_ptxas

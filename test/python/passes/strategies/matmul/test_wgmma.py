@@ -9,7 +9,7 @@ from kf.dialects import builders as kb
 from kf.dialects.types import TensorSpec
 from kf.passes.strategies.base import strategy_for
 from mlir import ir
-from kernels import (CUDA, HOPPER, Built, cuda_report, cuda_run, matmul_bias_gelu, matmul_nt, needs_cuda, needs_ptxas,
+from strategy_kernels import (CUDA, HOPPER, Built, cuda_report, cuda_run, matmul_bias_gelu, matmul_nt, needs_cuda, needs_ptxas,
                      randn)
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 from kf.dialects.types import TensorSpec
-from kernels import (CUDA, HOPPER, attention_backward, attention_backward_inputs, cuda_run_program, needs_hopper,
+from strategy_kernels import (CUDA, HOPPER, attention_backward, attention_backward_inputs, cuda_run_program, needs_hopper,
                      needs_ptxas, ptxas_reports)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kernels import CUDA, HOPPER, SPIRV, attention_backward, needs_ptxas, ptxas_reports
+from strategy_kernels import CUDA, HOPPER, SPIRV, attention_backward, needs_ptxas, ptxas_reports
 from kf.dialects.types import DYN
 from kf.passes.strategies import run_time_sizes
 from kf.passes.strategies.base import strategy_for

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from kf.dialects.types import TensorSpec
 from kf.passes.strategies.base import TargetInfo
-from kernels import (SPIRV, attention_backward, attention_backward_inputs, needs_ptxas, needs_vulkan,
+from strategy_kernels import (SPIRV, attention_backward, attention_backward_inputs, needs_ptxas, needs_vulkan,
                      ptxas_reports, spirv_run_program)
 
 CASES = [

@@ -11,7 +11,7 @@ import pytest
 import torch
 from kf import dialects as kd
 from mlir import ir
-from kernels import (HOPPER, TORCH, attention, attention_reference, cuda_compile, cuda_report, hopper_only, needs_cuda,
+from strategy_kernels import (HOPPER, TORCH, attention, attention_reference, cuda_compile, cuda_report, hopper_only, needs_cuda,
                      needs_ptxas, ptx_entries, randn)
 
 

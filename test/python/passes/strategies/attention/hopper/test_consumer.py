@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 from kf.passes.strategies.attention.hopper.plan import PERSISTENT_WINDOW_BYTES
-from kernels import (HOPPER, TORCH, attention, attention_fp8, attention_reference, cuda_report, cuda_run, hopper_only,
+from strategy_kernels import (HOPPER, TORCH, attention, attention_fp8, attention_reference, cuda_report, cuda_run, hopper_only,
                      needs_cuda, needs_ptxas, ptx_entries, randn)
 
 

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from kernels import HOPPER, attention_fp8, cuda_compile, cuda_report, needs_hopper, needs_ptxas
+from strategy_kernels import HOPPER, attention_fp8, cuda_compile, cuda_report, needs_hopper, needs_ptxas
 
 
 F8 = {"f8E4M3FN": (torch.float8_e4m3fn, 448.0), "f8E5M2": (torch.float8_e5m2, 57344.0)}

@@ -3,7 +3,7 @@ kernel applies, how many stages, persistent or not."""
 
 from __future__ import annotations
 
-from kernels import HOPPER, attention, attention_fp8
+from strategy_kernels import HOPPER, attention, attention_fp8
 
 
 def test_fp8_plan_needs_kmajor_v_and_whole_key_blocks():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels import HOPPER, attention, attention_fp8, caller_inputs, cuda_report, needs_ptxas
+from strategy_kernels import HOPPER, attention, attention_fp8, caller_inputs, cuda_report, needs_ptxas
 
 
 @needs_ptxas
