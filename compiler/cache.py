@@ -175,6 +175,20 @@ def discard(directory: Path, k: str, reason: str, stacklevel: int = 3) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _make_dirs(path: Path) -> None:
+    """path and its parents, made if missing. A concurrent clear of the cache can remove a
+    folder between mkdir's "it exists" and its "is it a folder" check, which pathlib
+    reports as FileExistsError: make it again then."""
+    for _ in range(10):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            return
+        except FileExistsError:
+            if os.path.lexists(path) and not path.is_dir():
+                raise
+    path.mkdir(parents=True, exist_ok=True)
+
+
 _fallback_dir: Path | None = None
 
 
@@ -185,7 +199,7 @@ def _writable(root: Path) -> Path:
     try:
         for attempt in range(3):
             try:
-                root.mkdir(parents=True, exist_ok=True)
+                _make_dirs(root)
                 probe = tempfile.mkdtemp(prefix=".probe-", dir=root)
                 os.rmdir(probe)
                 return root
@@ -245,7 +259,7 @@ def store(k: str, meta: dict, artifacts: dict[str, bytes], private: bool = False
         final = root / (f"{k}-{secrets.token_hex(6)}" if private else k)
         tmp = None
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            _make_dirs(root)
             tmp = _mkdir_new(root, f".{k[:16]}-")
             for name, data in artifacts.items():
                 (tmp / name).write_bytes(data)
@@ -265,7 +279,7 @@ def store(k: str, meta: dict, artifacts: dict[str, bytes], private: bool = False
                 shutil.rmtree(tmp, ignore_errors=True)
                 return theirs
             own = _private_root() / k[:2] / f"{k}-{secrets.token_hex(6)}"
-            own.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(own.parent)
             shutil.move(str(tmp), str(own))
             return Entry(own, meta)
         except FileNotFoundError:

@@ -480,6 +480,25 @@ def test_a_folder_vanishing_in_store_is_made_again(tmp_path, monkeypatch):
     assert calls and cache.load("cd" * 32).meta["x"] == 1 and entry.directory.is_dir()
 
 
+def test_a_folder_removed_inside_mkdir_is_made_again(tmp_path, monkeypatch):
+    """A concurrent clear that removes a cache folder between mkdir's "it exists" and its
+    "is it a folder" checks: pathlib raises FileExistsError for a folder that is gone.
+    store makes it again."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path))
+    real_mkdir = Path.mkdir
+    raised = []
+
+    def racing(self, *args, **kwargs):
+        if not raised and self.name == "ab":
+            raised.append(self)
+            raise FileExistsError(17, "File exists", str(self))  # as if it was just removed
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", racing)
+    entry = cache.store("ab" * 32, {"x": 1}, {"a.bin": b"123"})
+    assert raised and cache.load("ab" * 32).meta["x"] == 1 and entry.directory.is_dir()
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
 def test_entries_keep_the_users_umask(tmp_path, monkeypatch, umask):
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path / "cache"))
