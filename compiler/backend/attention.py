@@ -35,15 +35,25 @@ from ..partition import lse_dtype
 
 def attention(q, k, v, mask, scale: float, causal: bool):
     """softmax(q k^T * scale, masked) v: the top-left causal mask where ``causal``, and a
-    boolean (keep where True) or additive ``mask`` where given."""
+    boolean (keep where True) or additive ``mask`` where given; 0 in a query row that the
+    mask masks everywhere, as torch's safe softmax."""
+    out = attention_rows(q, k, v, mask, scale, causal)
+    return out if mask is None else out.masked_fill(_live_rows(mask).logical_not(), 0.0)
+
+
+def attention_rows(q, k, v, mask, scale: float, causal: bool):
+    """``attention`` but for the rows the mask masks everywhere, which hold the mean of v
+    (their scores are uniform, see ``_scores``). The training path's split is of this
+    function: its forward saves only O and the logsumexp, and ``attention_train`` zeroes
+    those rows and their gradient outside it."""
     scores = _scores(q, k, mask, scale, causal)
     return torch.matmul(torch.softmax(scores, dim=-1), _heads(v, q))
 
 
 def attention_lse(q, k, v, mask, scale: float, causal: bool):
-    """(``attention``, the row logsumexp of its scaled and masked scores): what the split
-    forward returns, as a kf function of its own, so that new lengths reuse its program
-    (kf's automatic dynamic) instead of tracing and compiling a split at each."""
+    """(``attention_rows``, the row logsumexp of its scaled and masked scores): what the
+    split forward returns, as a kf function of its own, so that new lengths reuse its
+    program (kf's automatic dynamic) instead of tracing and compiling a split at each."""
     from ..partition import logsumexp
 
     scores = _scores(q, k, mask, scale, causal)
@@ -57,17 +67,27 @@ def _heads(t, q):
 
 
 def _scores(q, k, mask, scale: float, causal: bool):
+    """The scaled and masked scores. The mask fills with the type's lowest finite value,
+    not -inf: a query row that it masks everywhere (a left-padded batch's first rows
+    under a padding mask) stays finite, and so do its logsumexp and gradients."""
     k = _heads(k, q)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
+    if causal:  # top-left: every row keeps its first key
         keep = torch.arange(q.shape[-2], device=q.device)[:, None] >= torch.arange(k.shape[-2], device=q.device)[None, :]
         scores = scores.masked_fill(keep.logical_not(), float("-inf"))
     if mask is not None:
+        low = torch.finfo(scores.dtype).min
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(mask.logical_not(), float("-inf"))
+            scores = scores.masked_fill(mask.logical_not(), low)
         else:
-            scores = scores + mask
+            scores = scores + mask.clamp_min(low).to(scores.dtype)
     return scores
+
+
+def _live_rows(mask):
+    """Where the mask keeps some key of a query row ([..., Sq, 1], bool)."""
+    keep = mask if mask.dtype == torch.bool else mask != float("-inf")
+    return keep.amax(-1, keepdim=True)
 
 
 def _lse_shape(q) -> tuple:
@@ -93,7 +113,7 @@ def _split(q, k, v, mask, scale: float, causal: bool, target: str, precision: st
     None where that split saves more than O and the logsumexp)."""
     from .. import torch_ops
 
-    fn = for_options(Options(target=target, precision=precision))
+    fn = for_options(Options(target=target, precision=precision), attention_rows)
     tensors, structure = torch_ops.flatten_call(fn, (q, k, v, mask, scale, causal), {})
     wants = tuple(t.is_floating_point() and i < 3 for i, t in enumerate(tensors))
     with torch_ops._opaque():  # a custom op's body runs below autograd; the split traces with it
@@ -107,17 +127,23 @@ def _split(q, k, v, mask, scale: float, causal: bool, target: str, precision: st
 @torch.library.custom_op("kf::attention_train", mutates_args=())
 def _attention_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                      scale: float, causal: bool, target: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, the row logsumexp of the scaled and masked scores)."""
+    """(O, the row logsumexp of the scaled and masked scores). O is 0 in the rows that the
+    mask masks everywhere."""
     from .. import torch_ops
 
     fn, tensors, _, _, training = _split(q, k, v, mask, scale, causal, target, precision)
     if training is None:  # the backward recomputes: no logsumexp to give it
         with torch_ops._opaque():
             out = fn(q, k, v, mask, scale, causal)
-        return out.contiguous(), q.new_empty(_lse_shape(q), dtype=lse_dtype(q.dtype))
-    with torch_ops._opaque():
-        out, lse = for_options(Options(target=target, precision=precision), attention_lse)(q, k, v, mask, scale, causal)
-    return out.contiguous(), lse.contiguous()
+        lse = q.new_empty(_lse_shape(q), dtype=lse_dtype(q.dtype))
+    else:
+        with torch_ops._opaque():
+            out, lse = for_options(Options(target=target, precision=precision), attention_lse)(
+                q, k, v, mask, scale, causal)
+    out = out.contiguous()
+    if mask is not None:
+        out.masked_fill_(_live_rows(mask).logical_not(), 0.0)
+    return out, lse.contiguous()
 
 
 @_attention_train.register_fake
@@ -134,6 +160,8 @@ def _attention_train_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     from .. import torch_ops
 
     fn, tensors, structure, wants, training = _split(q, k, v, mask, scale, causal, target, precision)
+    if mask is not None:  # the rows the forward zeroed take no gradient
+        grad = grad.masked_fill(_live_rows(mask).logical_not(), 0.0)
     with torch_ops._opaque():
         if training is not None:
             got = training.backward(training.saved(tensors, [out, lse]), [grad])

@@ -33,19 +33,29 @@ def _inputs(target, heads, kv_heads, lq, lk, d, dtype=torch.float32):
 
 
 def _mask(kind: str, lq: int, lk: int, device: str):
-    if kind == "bool":
+    """A mask of every row some key ("bool", "additive"), or with query rows that it masks
+    everywhere ("..._dead": a left-padded batch's first rows under a padding mask, which
+    torch's safe softmax gives 0)."""
+    if kind.startswith("bool"):
         keep = torch.rand(lq, lk, generator=torch.Generator().manual_seed(lq + lk)) > 0.3
         keep[:, 0] = True  # no row without a key
+        if kind.endswith("_dead"):
+            keep[: max(1, lq // 4)] = False
         return keep.to(device)
-    if kind == "additive":
-        return torch.randn(lq, lk, generator=torch.Generator().manual_seed(lq * lk)).to(device)
+    if kind.startswith("additive"):
+        add = torch.randn(lq, lk, generator=torch.Generator().manual_seed(lq * lk))
+        if kind.endswith("_dead"):
+            add[: max(1, lq // 4)] = float("-inf")
+            add[-1, ::2] = float("-inf")  # a row masked in part
+        return add.to(device)
     return None
 
 
 #: (mask, causal, query length, key length, k/v heads of 4)
 CASES = [("none", True, 1, 1, 4), ("none", True, 37, 37, 2), ("none", True, 19, 45, 4), ("none", True, 257, 257, 1),
          ("none", False, 19, 45, 2), ("bool", False, 37, 37, 4), ("bool", False, 19, 45, 1),
-         ("additive", False, 1, 1, 2), ("additive", False, 37, 37, 4)]
+         ("additive", False, 1, 1, 2), ("additive", False, 37, 37, 4), ("bool_dead", False, 19, 45, 2),
+         ("additive_dead", False, 37, 37, 4), ("bool_dead", False, 1, 7, 4)]
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -2,7 +2,9 @@
 random weights (no downloads), trained one step under ``torch.compile(backend="kf")`` on
 cpu and vulkan: the loss and every parameter's gradient match eager at two sequence
 lengths (the second through Dynamo's symbolic length), with the model's own attention
-(SDPA, grouped-query heads), rotary embedding, norms, MLP and cross-entropy loss.
+(SDPA, grouped-query heads), rotary embedding, norms, MLP and cross-entropy loss. A
+left-padded batch (an attention mask of zeros for the padding, as a tokenizer gives it)
+masks some query rows everywhere: torch gives those 0, not NaN.
 ``transformers`` is a test dependency (pyproject's ``test`` extra)."""
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def _gpt2():
         attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))  # (dropout draws apart)
 
 
-MODELS = {"llama": _llama, "qwen2": _qwen2, "gemma": _gemma, "gpt2": _gpt2}
+MODELS = {"llama": _llama, "qwen2": _qwen2, "gemma": _gemma, "gpt2": _gpt2, "llama-padded": _llama}
+#: models called with a left-padded batch's attention mask
+PADDED = {"llama-padded"}
 #: GPT-2's loss logs a warning once, where Dynamo breaks the graph
 GRAPH_BREAKS = {"gpt2"}
 
@@ -56,7 +60,12 @@ def test_training_step_matches_eager(name, target):
                              options={"target": target, "fallback": "eager"})
     for seq in (13, 21):
         x = torch.randint(0, 96, (2, seq))
-        out, want = compiled(input_ids=x, labels=x), eager(input_ids=x, labels=x)
+        kw = dict(input_ids=x, labels=x)
+        if name in PADDED:  # the second sequence: padding first, and padding masked in the loss
+            kw["attention_mask"] = torch.ones(2, seq, dtype=torch.long)
+            kw["attention_mask"][1, : seq // 3] = 0
+            kw["labels"] = x.masked_fill(kw["attention_mask"] == 0, -100)
+        out, want = compiled(**kw), eager(**kw)
         torch.testing.assert_close(out.logits, want.logits, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(out.loss, want.loss, rtol=1e-5, atol=1e-6)
         out.loss.backward()
