@@ -138,6 +138,12 @@ class KfFunction:
         self._ones: dict = {}  # (signature, its dims at size 1) -> whether its program serves them
         self._grown: set[tuple[str, int]] = set()  # dims met at a size of 2 or more
         self._why_dynamic: list[str] = []
+        # the static dims a trace specialized (DynamicFallback.dims): often tied by the
+        # trace to a dim of another argument that was static then (a mask passed for the
+        # first time); tried as run-time sizes again once another dim becomes dynamic, at
+        # most MAX_STATIC_RETRIES times
+        self._trace_static: set[tuple[str, int]] = set()
+        self._static_retries = 0
         self._profile_read = False
         self._limit_warned = False
         self._static_logged = False
@@ -285,6 +291,7 @@ class KfFunction:
             if not named:
                 break
             self._static |= named
+            self._trace_static |= named
             shown = ", ".join(f"{n} dim {d}" for n, d in sorted(named))
             logs.recompile_log.info("%s: %s compiled for static sizes: %s", self.fn.__name__, shown,
                                     str(e).splitlines()[0])
@@ -448,11 +455,13 @@ class KfFunction:
                 from . import cache
 
                 self._auto |= cache.dynamic_profile(self.fn)
+            grew = False
             for n, shape in zip(names, shapes):
                 for d, size in enumerate(shape):
                     first = self._first.setdefault((n, d), size)
                     if first != size and (n, d) not in self._auto and (n, d) not in self._static:
                         self._auto.add((n, d))
+                        grew = True
                         self._why_dynamic.append(f"'{n}' dim {d} changed size ({first} -> {size}): "
                                                  f"compiled with it dynamic")
                         logs.recompile_log.info("%s: '%s' dim %d changed size (%d -> %d): it is dynamic from now on",
@@ -460,6 +469,8 @@ class KfFunction:
                         from . import cache
 
                         cache.add_dynamic_profile(self.fn, self._auto)
+            if grew:
+                self._retry_trace_static()
             wanted = self._auto
         if isinstance(mode, tuple) and self._watching:  # of the dims given, those that change
             given = dict(mode)
@@ -484,6 +495,19 @@ class KfFunction:
             if one != general and self._serves_one(one, sig, tensors, ones, names):
                 return one
         return general
+
+    def _retry_trace_static(self) -> None:
+        """A dim has become dynamic: the dims a trace specialized before are tried as
+        run-time sizes again (they may have been tied to it: ``q``'s length to a mask's
+        while the mask's was static), at most MAX_STATIC_RETRIES times a function."""
+        if not self._trace_static or self._static_retries >= MAX_STATIC_RETRIES:
+            return
+        self._static_retries += 1
+        self._static -= self._trace_static
+        shown = ", ".join(f"'{n}' dim {d}" for n, d in sorted(self._trace_static))
+        logs.recompile_log.info("%s: %s tried as run-time sizes again (a trace specialized them while other dims "
+                                "were static)", self.fn.__name__, shown)
+        self._trace_static = set()
 
     def _serves_one(self, one: Signature, sig: Signature, tensors: list, ones: frozenset, names: list) -> bool:
         """Whether the program of ``one`` (a signature whose run-time dims take a call's
@@ -752,6 +776,9 @@ RECOMPILE_LIMIT = 8
 #: How many times a failed run-time-size compile that names the dims its trace needed is
 #: tried again with those dims static, before every dim is.
 MAX_SPECIALIZE_STEPS = 3
+#: how often a function's trace-specialized dims are tried as run-time sizes again
+#: (KfFunction._retry_trace_static)
+MAX_STATIC_RETRIES = 2
 
 
 def _changing(sigs: list[Signature]) -> str:

@@ -764,6 +764,35 @@ def test_new_heads_and_lengths_take_run_time_lengths_again():
     assert counts == [1, 2, 2, 3, 4, 4, 4, 4, 4], counts
 
 
+def _masked_attention(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) * 0.35
+    if mask is not None:
+        s = s.masked_fill(mask.logical_not(), -1e9)
+    return torch.softmax(s, -1) @ v
+
+
+def test_a_mask_passed_later_takes_the_lengths_at_run_time():
+    """Generation as Hugging Face's ``generate`` calls attention: a prompt, then one token
+    a step against a growing cache, first without a mask, then with a padding mask. The
+    mask's first call is at static sizes, so its trace ties the lengths to them; once the
+    mask's own dims change, the lengths are tried at run time again, and one program
+    serves every later step (before, each step compiled its own). On the cpu: the GPU
+    targets' attention kernel takes no mask of a run-time key length yet."""
+    attn = kf.jit(_masked_attention, target="cpu")
+    counts = []
+    for masked in (False, True):
+        for n in (11, 12, 13, 14, 15, 16):
+            rows = 11 if n == 11 else 1
+            q, k, v = torch.randn(2, 4, rows, 8), torch.randn(2, 4, n, 8), torch.randn(2, 4, n, 8)
+            mask = None
+            if masked:
+                mask = torch.ones(2, 1, rows, n, dtype=torch.bool)
+                mask[1, ..., :3] = False
+            _close(attn(q, k, v, mask), _masked_attention(q.double(), k.double(), v.double(), mask).float())
+            counts.append(len(attn.compiles))
+    assert counts[-1] - counts[7] == 0 and counts[-1] <= 5, counts
+
+
 def _attention_and_lse(q, k, v):
     s = q @ k.transpose(-2, -1) * 0.125
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
