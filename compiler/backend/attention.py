@@ -47,7 +47,7 @@ def attention_rows(q, k, v, mask, scale: float, causal: bool):
     function: its forward saves only O and the logsumexp, and ``attention_train`` zeroes
     those rows and their gradient outside it."""
     scores = _scores(q, k, mask, scale, causal)
-    return torch.matmul(torch.softmax(scores, dim=-1), _heads(v, q))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), _heads(v, q))
 
 
 def attention_lse(q, k, v, mask, scale: float, causal: bool):
@@ -57,7 +57,7 @@ def attention_lse(q, k, v, mask, scale: float, causal: bool):
     from ..partition import logsumexp
 
     scores = _scores(q, k, mask, scale, causal)
-    return torch.matmul(torch.softmax(scores, dim=-1), _heads(v, q)), logsumexp(scores, [-1], True)
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), _heads(v, q)), logsumexp(scores, [-1], True)
 
 
 def _heads(t, q):
@@ -80,7 +80,9 @@ def _scores(q, k, mask, scale: float, causal: bool):
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(mask.logical_not(), low)
         else:
-            scores = scores + mask.clamp_min(low).to(scores.dtype)
+            # an f32 mask on 16-bit scores is added in f32, as torch's fused kernels add it
+            wide = torch.promote_types(scores.dtype, mask.dtype)
+            scores = scores.to(wide) + mask.to(wide).clamp_min(torch.finfo(wide).min)
     return scores
 
 

@@ -32,16 +32,18 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kf-fuzz-cache"))
 
 
-def check_grads(target: str, fn, args: tuple, consts: tuple = (), *, ulps: float = 32, floor: float = 1e-3):
+def check_grads(target: str, fn, args: tuple, consts: tuple = (), *, ulps: float = 32, floor: float = 1e-3,
+                compile=compiled):
     """Each floating-point argument's gradient of fn(*args, *consts) under a random output
-    gradient: kf's (fn compiled for target) against float64's, as test_fuzz.check judges
+    gradient: kf's (fn compiled for target by ``compile``: kf.jit, or test_fuzz_backend's
+    torch.compile) against float64's, as test_fuzz.check judges
     values, and beyond that within ``ulps`` times how far float64's gradient moves for
     inputs moved by a unit of their precision (the problem's own conditioning);
     ``floor``: the least magnitude a gradient is judged at (cross-entropy's p - 1
     cancels from values of order 1)."""
     leaves = [a.requires_grad_() if a.is_floating_point() else a for a in args]
     wrt = [a for a in leaves if a.is_floating_point()]
-    out = compiled(fn, target)(*leaves, *consts)
+    out = compile(fn, target)(*leaves, *consts)
     eager_out = fn(*leaves, *consts)
     assert out.shape == eager_out.shape and out.dtype == eager_out.dtype
     g = torch.randn(out.shape, generator=generator(len(wrt) + out.numel()), dtype=torch.float64)
