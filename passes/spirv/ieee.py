@@ -128,11 +128,11 @@ def float_widths(spv: ir.Operation) -> set[int]:
     """The float widths that values of the module have (scalars, vector elements, loads of
     float buffers), whatever op makes them: a kernel of selects and compares on floats
     (``where``, kf's rewrite of ``x + 0``) computes in floats as much as one of FAdds."""
-    widths = set()
+    types = set()
     for op in walk_ops(spv.regions[0].blocks[0]):
-        for v in list(op.results) + list(op.operands):
-            widths.update(int(m) for m in _FLOAT_WIDTH.findall(str(v.type)))
-    return widths
+        types.update(r.type for r in op.results)
+        types.update(v.type for v in op.operands)
+    return {int(m) for t in types for m in _FLOAT_WIDTH.findall(str(t))}
 
 
 def declare_float_controls(spv: ir.Operation, controls: tuple[str, ...]) -> None:
