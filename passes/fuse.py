@@ -139,6 +139,8 @@ class _Partition:
         self.group_of: dict[int, int] = {}
         self.groups: dict[int, _Group] = {}
         self._next = 0
+        self._read_paths: dict[int, list[tuple[int, bool]]] = {}  # _reads of each op (the IR is
+        # not changed while it is partitioned)
 
     def new(self, kind: str, members: list[int], **kw) -> int:
         gid = self._next
@@ -156,6 +158,12 @@ class _Partition:
     def _reads(self, i: int) -> list[tuple[int, bool]]:
         """(kernel op, whether the path to it passes a host op: a call of torch-mlir's
         function) of each path from op i back to a kernel op."""
+        known = self._read_paths.get(i)
+        if known is None:
+            known = self._read_paths[i] = self._walk_reads(i)
+        return known
+
+    def _walk_reads(self, i: int) -> list[tuple[int, bool]]:
         out, stack, seen = [], [(v, False) for v in self.ops[i].operands], set()
         while stack:
             v, through_host = stack.pop()
