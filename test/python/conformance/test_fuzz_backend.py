@@ -40,8 +40,8 @@ MASKS = st.sampled_from(["none", "causal", "bool", "bool_dead", "additive", "add
 
 
 def _mask(kind: str, batch: int, sq: int, sk: int, per_batch: bool, g):
-    """A mask of the kind, [Sq, Sk] or [B, 1, Sq, Sk]; "..._dead": the first rows of the
-    last batch masked everywhere (padding before a sequence)."""
+    """A mask of the kind, [Sq, Sk] or [B, 1, Sq, Sk]; "..._dead": its first rows masked
+    everywhere (of the last batch where it has one: padding before a sequence)."""
     if kind in ("none", "causal"):
         return None
     shape = (batch, 1, sq, sk) if per_batch else (sq, sk)
