@@ -9,7 +9,6 @@ precision on the CPU and Vulkan targets is in test/python/compiler/test_precisio
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections import Counter
 
@@ -358,26 +357,12 @@ def test_fp8_attention_numbers():
 # ---- the caller's fp8 tensors (_e4m3_source): the fp8 attention kernel takes them as they are
 
 from fp8_caller import caller_attention, caller_attention_vt  # noqa: E402  (examples/)
+from fp8_inputs import caller_inputs  # noqa: E402  (this directory's conftest)
 from kf.passes.to_cuda import ptxas_path  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(ptxas_path() is None, reason="ptxas not installed")
 needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                   reason="fp8 wgmma needs an sm_90 device")
-
-
-def _caller_inputs(b, h, s, d, device="cpu"):
-    """q8, k8, v8 (E4M3FN, per-tensor scaled to 448) and their dequantization factors,
-    and the float64 attention of the values they hold."""
-    out, deq = [], []
-    for _ in range(3):
-        x = torch.randn(b, h, s, d, device=device)
-        scale = 448 / x.abs().max()
-        x8 = (x * scale).to(torch.float8_e4m3fn)
-        out.append(x8)
-        deq.append((1 / scale).reshape(()).float())
-    qd, kd, vd = (x8.double() * f.double() for x8, f in zip(out, deq))
-    ref = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(d), -1) @ vd
-    return (*out, *deq), ref
 
 
 def test_caller_fp8_attention_cpu():
@@ -386,7 +371,7 @@ def test_caller_fp8_attention_cpu():
     E4M3FN alone (2-3%); under "auto" the f32 attention of the same values."""
     import kf
 
-    args, ref = _caller_inputs(2, 3, 200, 64)
+    args, ref = caller_inputs(2, 3, 200, 64)
     auto = kf.jit(caller_attention, target="cpu")(*args)
     fp8 = kf.jit(caller_attention, target="cpu", precision="fp8")(*args)
     assert _rel(auto, ref) < 4e-3  # the bf16 result's rounding
@@ -402,7 +387,7 @@ def test_caller_fp8_attention_is_the_fp8_kernel():
     import kf
     from kf.passes.to_cuda import assemble
 
-    args, _ = _caller_inputs(2, 4, 256, 128)
+    args, _ = caller_inputs(2, 4, 256, 128)
     info = kf.inspect(kf.jit(caller_attention, target="cuda", arch="sm_90a", precision="fp8"), *args)
     kinds = sorted(ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
                    if 'kf.kernel = "' in ln)
@@ -421,7 +406,7 @@ def test_caller_fp8_attention_cuda(b, h, s, d, v_kmajor):
     V row-major (a transpose kernel) or K-major (read as it is)."""
     import kf
 
-    args, ref = _caller_inputs(b, h, s, d, device="cuda")
+    args, ref = caller_inputs(b, h, s, d, device="cuda")
     fn = caller_attention
     if v_kmajor:
         args = (*args[:2], args[2].transpose(-1, -2).contiguous(), *args[3:])
@@ -437,7 +422,7 @@ def test_caller_fp8_v_transposed_needs_no_copy():
     call is that one kernel, and the CPU result is the one of V row-major."""
     import kf
 
-    (q8, k8, v8, *scales), ref = _caller_inputs(2, 4, 256, 128)
+    (q8, k8, v8, *scales), ref = caller_inputs(2, 4, 256, 128)
     vt = v8.transpose(-1, -2).contiguous()
     info = kf.inspect(kf.jit(caller_attention_vt, target="cuda", arch="sm_90a", precision="fp8"), q8, k8, vt, *scales)
     kinds = sorted(ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()
@@ -459,7 +444,7 @@ def test_caller_fp8_at_head_dim_64_is_bf16_attention(v_kmajor):
     plan from applying (1.18 ms against 0.33 for the bf16 call on the H200, 4x32x2048x64)."""
     import kf
 
-    (q8, k8, v8, *scales), _ = _caller_inputs(2, 4, 256, 64)
+    (q8, k8, v8, *scales), _ = caller_inputs(2, 4, 256, 64)
     fn, v = (caller_attention_vt, v8.transpose(-1, -2).contiguous()) if v_kmajor else (caller_attention, v8)
     info = kf.inspect(kf.jit(fn, target="cuda", arch="sm_90a", precision="fp8"), q8, k8, v, *scales)
     kinds = [ln.split('kf.kernel = "')[1].split('"')[0] for ln in info.stages["fused"].splitlines()

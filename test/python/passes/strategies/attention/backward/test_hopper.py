@@ -10,18 +10,7 @@ import pytest
 import torch
 from kf.dialects.types import TensorSpec
 from strategy_kernels import (CUDA, HOPPER, attention_backward, attention_backward_inputs, cuda_run_program, needs_hopper,
-                     needs_ptxas, ptxas_reports)
-
-
-def _entries(ptx: str) -> dict[str, str]:
-    out, name = {}, None
-    for line in ptx.splitlines():
-        if ".entry" in line:
-            name = line.split(".entry")[1].split("(")[0].strip()
-            out[name] = ""
-        if name is not None:
-            out[name] += line + "\n"
-    return out
+                              needs_ptxas, ptx_entries, ptxas_reports)
 
 
 def _products_wanted(bm: int, d: int) -> dict[int, int]:
@@ -75,7 +64,7 @@ def test_three_kernels_ptxas(d, seq):
     built = attention_backward(2, 2, seq, seq, d, "bf16")
     plan, emitted = built.emit(HOPPER)
     ptx, reports, log = ptxas_reports(built)
-    entries = _entries(ptx)
+    entries = ptx_entries(ptx)
     assert set(entries) == {emitted.name, emitted.prelude.name, emitted.postlude.name}
     main = entries[emitted.name]
     r = reports[emitted.name]
@@ -111,7 +100,7 @@ def test_masked_ptxas(d, seq):
     plan, emitted = built.emit(HOPPER)
     assert plan["kernel"] == "hopper" and plan["masked"]
     ptx, reports, log = ptxas_reports(built)
-    entries = _entries(ptx)
+    entries = ptx_entries(ptx)
     assert set(entries) == {emitted.name, emitted.prelude.name, emitted.postlude.name}
     for name, r in reports.items():
         assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, (name, r)

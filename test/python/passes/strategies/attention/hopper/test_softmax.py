@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from strategy_kernels import HOPPER, attention, attention_fp8, caller_inputs, cuda_report, needs_ptxas
+from fp8_inputs import caller_inputs
+from strategy_kernels import HOPPER, attention, attention_fp8, cuda_report, needs_ptxas
 
 
 @needs_ptxas
