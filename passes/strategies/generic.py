@@ -20,7 +20,8 @@ op that made ``v`` computes it from its operands' values at remapped indices:
   element after the previous pick, so no per-row scratch memory is needed;
 - gather / index_select load the index and read the input there; index_add and
   scatter_add loop, per output element, over the index and sum the sources that land
-  on it: deterministic, no atomics. Every index is checked against the dimension it
+  on it: deterministic, no atomics (an index_add of a long index sorts it first and
+  walks only its own segment: segments.py). Every index is checked against the dimension it
   indexes where it is used (``emit.IndexChecks``): one out of range is clamped to 0 (no
   access leaves the buffer) and sets the program's error flag, which the launcher
   raises as an IndexError naming the op and the user's line;
@@ -73,7 +74,7 @@ from mlir import ir
 from mlir.dialects import arith, scf
 
 from . import emit as E
-from . import run_time_sizes
+from . import run_time_sizes, segments
 from .base import EmittedKernel, NotApplicable, Strategy, TargetInfo, register
 
 MAX_CONSTANT_ELEMENTS = 1024
@@ -101,6 +102,8 @@ class Evaluator:
         #: are flat buffers (addressed with run-time strides)
         self.shapes = None
         self.flat: Sequence[bool] = ()
+        #: index_add op -> its sorted table (segments.py), where the kernel sorts its index
+        self.segments: dict = {}
 
     # ---- shapes (with run-time sizes: index values at the run-time dims)
 
@@ -498,6 +501,9 @@ def _index_add(ev: Evaluator, op, idx, attrs):
     x, index, source = op.operands
     dim = normalize_dim(int(attrs["dim"]), len(E.shape_of(x)))
     _written_dim_static(ev, op, dim)
+    table = ev.segments.get(op)
+    if table is not None:
+        return segments.segment_sum(ev, op, idx, table)
     target = ev.kb.value(idx[dim])
 
     def step(i, c):
@@ -741,7 +747,10 @@ class GenericStrategy(Strategy):
         total = max((E.numel(s.shape) for s in outs), default=1)
         block = min(256, target.max_threads)
         grid, stride = E.launch_geometry(total, block, E.max_grid_x(target.name))
-        return {"strategy": "generic", "block": block, "numel": total, "grid": grid, "grid_stride": stride}
+        plan = {"strategy": "generic", "block": block, "numel": total, "grid": grid, "grid_stride": stride}
+        if not run_time_sizes.has_run_time_sizes(kernel) and segments.segment_op(kernel) is not None:
+            plan["segments"] = True  # a long index_add's index sorted first (segments.py)
+        return plan
 
     def emit(self, kernel: ir.Operation, plan: dict, gpu_module: ir.Operation, target: TargetInfo) -> EmittedKernel:
         ins, outs = E.kernel_signature(kernel)
@@ -753,9 +762,17 @@ class GenericStrategy(Strategy):
         # with run-time sizes every tensor that has one is a flat buffer (its strides
         # may be run-time sizes: a sequence after heads)
         flat = [any(pos == k for pos, _ in slots) for k in range(len(ins) + len(outs))] if slots else []
-        gfunc, entry = E.make_gpu_func(gpu_module, name, ins, outs, [block], kernel.location,
+        prelude = sorted_op = None
+        if plan.get("segments") and not slots and plan.get("mode") != "columns":
+            sorted_op = segments.segment_op(kernel)
+        if sorted_op is not None:
+            prelude = segments.emit_table(kernel, sorted_op, gpu_module, target, Evaluator)
+        extra = [segments.table_spec(sorted_op)] if prelude is not None else []
+        gfunc, entry = E.make_gpu_func(gpu_module, name, [*ins, *extra], outs, [block], kernel.location,
                                        target=target.name, index_flag=flagged, sizes=len(slots), flat=flat)
         args = list(entry.arguments)
+        if extra:
+            table = args.pop(len(ins))
         if plan.get("mode") == "columns":
             from . import columns
 
@@ -780,6 +797,8 @@ class GenericStrategy(Strategy):
             kb = E.IndexBuilder(entry)
             checks = E.IndexChecks(kb, args[-1 - bool(slots)], base) if flagged else None
             ev = Evaluator(kb, args[:len(ins)], checks)
+            if prelude is not None:
+                ev.segments = {sorted_op: table}
             items: E.Ix = total
             if slots:
                 ev.shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(entry, args[-1], slots))
@@ -795,6 +814,9 @@ class GenericStrategy(Strategy):
                 checks.finish()
                 checks.record(gfunc)
             E.finish(entry)
+        if prelude is not None:
+            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic", "mode": "segments"},
+                                 prelude=prelude, prelude_output=segments.table_type(sorted_op))
         if not slots:
             return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"})
         return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"}, sizes=tuple(slots),

@@ -1,0 +1,166 @@
+"""index_add by sorted segments: the generic strategy's path for a long index.
+
+The generic strategy computes index_add's output element (.., v, ..) by walking the whole
+index and adding the sources whose index is v: len(index) steps an output element. An
+embedding's gradient (32000 x 2048 outputs from 2048 tokens) is then 1.3e11 steps, most
+of a Llama training step. Here a prelude kernel (``EmittedKernel.prelude``) sorts the
+index once, stably: thread t ranks index[t] by the indices that sort before it (smaller,
+or equal at an earlier position) and writes the key and t at that rank into a table
+[2, n]. The main kernel's element v then finds its segment of the sorted keys by binary
+search (2 log2 n loads, the same for a whole output row) and adds only the sources in it,
+in index order: the walk's sum, bit for bit, in the same compute type.
+
+Bounds: an out-of-range index keeps its value in the table and, sorted, lies first or
+last; the main kernel checks the first and the last key against the dimension
+(``emit.IndexChecks``, the walk's site), so the program raises the walk's IndexError.
+
+Taken (``plan["segments"]``) for a kernel of static sizes with one index_add whose 1-D
+index has at least ``MIN_INDICES`` elements and no more than its input, and whose index
+is computed without reading through another index (the prelude has no error flag).
+"""
+
+from __future__ import annotations
+
+from kf.dialects.types import TensorSpec, normalize_dim
+from kf.passes import scalar_math as sm
+from mlir import ir
+from mlir.dialects import arith, memref
+
+from . import emit as E
+from .base import EmittedKernel, TargetInfo
+
+#: the shortest index sorted into segments: below it the walk is as cheap as the search
+MIN_INDICES = 64
+
+#: threads a workgroup of the sorting prelude
+THREADS = 256
+
+
+def _reads_through_index(v: ir.Value) -> bool:
+    """Whether computing v reads through an index (gather and the like, whose checks
+    need the program's error flag)."""
+    seen, todo = set(), [v]
+    while todo:
+        owner = todo.pop().owner
+        if isinstance(owner, ir.Block):
+            continue
+        op = owner.operation if hasattr(owner, "operation") else owner
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        if op.name in E.INDEXING_OPS:
+            return True
+        todo.extend(op.operands)
+    return False
+
+
+def segment_op(kernel: ir.Operation) -> ir.Operation | None:
+    """The kernel function's index_add to sort into segments, or None."""
+    adds = [op for op in E.kernel_ops(kernel) if op.name == "kf.index_add"]
+    if len(adds) != 1:
+        return None
+    op = adds[0]
+    x, index, _ = op.operands
+    shape = E.shape_of(index)
+    if len(shape) != 1 or shape[0] < MIN_INDICES or shape[0] > E.numel(E.shape_of(x)):
+        return None
+    if E.elem_of(index) not in ("i32", "i64") or _reads_through_index(index):
+        return None
+    return op
+
+
+def table_spec(op: ir.Operation) -> TensorSpec:
+    """The prelude's table: row 0 the sorted keys, row 1 their positions in the index."""
+    index = op.operands[1]
+    return TensorSpec((2, E.shape_of(index)[0]), E.elem_of(index))
+
+
+def table_type(op: ir.Operation) -> ir.RankedTensorType:
+    """``table_spec`` as the tensor type kf-map-to-gpu schedules the prelude with."""
+    spec = table_spec(op)
+    return ir.RankedTensorType.get(list(spec.shape), E.compute_type(spec.elem))
+
+
+def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation, target: TargetInfo,
+               evaluator) -> EmittedKernel:
+    """The prelude kernel: thread t writes index[t] and t at index[t]'s stable rank.
+    ``evaluator``: makes the generic strategy's Evaluator (kb, inputs) for the index's
+    values."""
+    ins, _ = E.kernel_signature(kernel)
+    index = op.operands[1]
+    n = E.shape_of(index)[0]
+    name = f"{E.kernel_name(kernel)}_segments"
+    block = min(THREADS, target.max_threads)
+    grid = -(-n // block)
+    _, entry = E.make_gpu_func(gpu_module, name, ins, [table_spec(op)], [block], kernel.location,
+                               target=target.name)
+    args = list(entry.arguments)
+    table = args[len(ins)]
+    with kernel.location, ir.InsertionPoint(entry):
+        kb = E.IndexBuilder(entry)
+        ev = evaluator(kb, args[:len(ins)])
+
+        def body(t):
+            with ev.scope():
+                key = ev.value(index, [t])
+
+                def step(i, c):
+                    other = ev.value(index, [i])
+                    before = arith.ori(arith.cmpi(arith.CmpIPredicate.slt, other, key),
+                                       arith.andi(arith.cmpi(arith.CmpIPredicate.eq, other, key), kb.lt(i, t)))
+                    return [arith.addi(c[0], arith.select(before, kb.value(1), kb.value(0)))]
+
+                rank = ev.loop(n, [kb.value(0)], step)[0]
+                memref.store(key, table, [kb.value(0), rank])
+                memref.store(arith.index_cast(key.type, t), table, [kb.value(1), rank])
+
+        E.for_each_thread_item(kb, n, block, grid, False, body)
+        E.finish(entry)
+    return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic", "mode": "segments"})
+
+
+def _count_below(kb: E.IndexBuilder, table: ir.Value, n: int, v: ir.Value, strict: bool) -> ir.Value:
+    """How many sorted keys are below v (strict) or at most v: binary lifting over the
+    powers of two, no loop (each step one load, the same for every thread of a row)."""
+    pred = arith.CmpIPredicate.slt if strict else arith.CmpIPredicate.sle
+    pos: E.Ix = 0
+    step = 1 << (n.bit_length() - 1)
+    while step:
+        cand = kb.add(pos, step)
+        at = kb.sub(arith.minui(kb.value(cand), kb.value(n)), 1) if not isinstance(cand, int) or cand > n \
+            else cand - 1
+        fits = arith.andi(arith.cmpi(arith.CmpIPredicate.ule, kb.value(cand), kb.value(n)),
+                          arith.cmpi(pred, memref.load(table, [kb.value(0), kb.value(at)]), v))
+        pos = arith.select(fits, kb.value(cand), kb.value(pos))
+        step >>= 1
+    return kb.value(pos)
+
+
+def segment_sum(ev, op: ir.Operation, idx: list, table: ir.Value) -> list[ir.Value]:
+    """index_add's element idx from the sorted table: its input there plus the sources of
+    the keys equal to idx[dim], in index order."""
+    from kf.dialects.attrs import op_attrs
+
+    kb = ev.kb
+    x, index, source = op.operands
+    dim = normalize_dim(int(op_attrs(op)["dim"]), len(E.shape_of(x)))
+    n = E.shape_of(index)[0]
+    bound = E.shape_of(x)[dim]
+    key_t = ir.MemRefType(table.type).element_type
+    first = memref.load(table, [kb.value(0), kb.value(0)])
+    last = memref.load(table, [kb.value(0), kb.value(n - 1)])
+    ev.checks.verify(op, first, bound, dim)
+    ev.checks.verify(op, last, bound, dim)
+    v = idx[dim]
+    v = kb.const(key_t, v) if isinstance(v, int) else arith.index_cast(key_t, v)
+    lo = _count_below(kb, table, n, v, strict=True)
+    hi = _count_below(kb, table, n, v, strict=False)
+
+    def step(i, c):
+        pos = kb.from_int(memref.load(table, [kb.value(1), arith.addi(lo, i)]))
+        at = list(idx)
+        at[dim] = pos
+        return [sm.emit("add", [c[0], ev.value(source, at)])]
+
+    trips = arith.minui(arith.subi(hi, lo), kb.value(n))
+    return ev.loop(trips, [ev.value(x, idx)], step)
