@@ -748,7 +748,7 @@ class GenericStrategy(Strategy):
         block = min(256, target.max_threads)
         grid, stride = E.launch_geometry(total, block, E.max_grid_x(target.name))
         plan = {"strategy": "generic", "block": block, "numel": total, "grid": grid, "grid_stride": stride}
-        if not run_time_sizes.has_run_time_sizes(kernel) and segments.segment_op(kernel) is not None:
+        if segments.segment_op(kernel) is not None:
             plan["segments"] = True  # a long index_add's index sorted first (segments.py)
         return plan
 
@@ -763,13 +763,15 @@ class GenericStrategy(Strategy):
         # may be run-time sizes: a sequence after heads)
         flat = [any(pos == k for pos, _ in slots) for k in range(len(ins) + len(outs))] if slots else []
         prelude = sorted_op = None
-        if plan.get("segments") and not slots and plan.get("mode") != "columns":
+        if plan.get("segments") and plan.get("mode") != "columns":
             sorted_op = segments.segment_op(kernel)
         if sorted_op is not None:
-            prelude = segments.emit_table(kernel, sorted_op, gpu_module, target, Evaluator)
+            prelude = segments.emit_table(kernel, sorted_op, gpu_module, target, Evaluator, slots, flat[:len(ins)])
         extra = [segments.table_spec(sorted_op)] if prelude is not None else []
+        # the table is one more input, static (at the bound of a run-time index length)
+        gflat = [*flat[:len(ins)], *[False] * len(extra), *flat[len(ins):]] if flat else []
         gfunc, entry = E.make_gpu_func(gpu_module, name, [*ins, *extra], outs, [block], kernel.location,
-                                       target=target.name, index_flag=flagged, sizes=len(slots), flat=flat)
+                                       target=target.name, index_flag=flagged, sizes=len(slots), flat=gflat)
         args = list(entry.arguments)
         if extra:
             table = args.pop(len(ins))
@@ -814,12 +816,12 @@ class GenericStrategy(Strategy):
                 checks.finish()
                 checks.record(gfunc)
             E.finish(entry)
-        if prelude is not None:
-            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic", "mode": "segments"},
-                                 prelude=prelude, prelude_output=segments.table_type(sorted_op))
+        notes = {"strategy": "generic", "mode": "segments"} if prelude is not None else {"strategy": "generic"}
+        table = {"prelude": prelude, "prelude_output": segments.table_type(sorted_op)} if prelude is not None else {}
         if not slots:
-            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"})
-        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic"}, sizes=tuple(slots),
+            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, **table)
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, **table,
+                             sizes=segments.launch_slots(slots, len(ins), len(extra)),
                              grid_sizes=(_run_time_grid(kernel, plan, slots, len(ins)), "1", "1"))
 
 

@@ -14,9 +14,11 @@ Bounds: an out-of-range index keeps its value in the table and, sorted, lies fir
 last; the main kernel checks the first and the last key against the dimension
 (``emit.IndexChecks``, the walk's site), so the program raises the walk's IndexError.
 
-Taken (``plan["segments"]``) for a kernel of static sizes with one index_add whose 1-D
-index has at least ``MIN_INDICES`` elements and no more than its input, and whose index
-is computed without reading through another index (the prelude has no error flag).
+Taken (``plan["segments"]``) for a kernel with one index_add whose 1-D index has at least
+``MIN_INDICES`` elements (or a run-time number of them) and no more than its input, and
+whose index is computed without reading through another index (the prelude has no error
+flag). With run-time sizes the table is sized at the bound of the index's length and
+filled up to its run-time length.
 """
 
 from __future__ import annotations
@@ -61,8 +63,11 @@ def segment_op(kernel: ir.Operation) -> ir.Operation | None:
         return None
     op = adds[0]
     x, index, _ = op.operands
-    shape = E.shape_of(index)
-    if len(shape) != 1 or shape[0] < MIN_INDICES or shape[0] > E.numel(E.shape_of(x)):
+    shape, x_shape = E.shape_of(index), E.shape_of(x)
+    if len(shape) != 1:
+        return None
+    # a run-time length (negative here, before kf-map-to-gpu bounds it) is taken as long
+    if shape[0] >= 0 and (shape[0] < MIN_INDICES or (min(x_shape) >= 0 and shape[0] > E.numel(x_shape))):
         return None
     if E.elem_of(index) not in ("i32", "i64") or _reads_through_index(index):
         return None
@@ -81,24 +86,41 @@ def table_type(op: ir.Operation) -> ir.RankedTensorType:
     return ir.RankedTensorType.get(list(spec.shape), E.compute_type(spec.elem))
 
 
+def launch_slots(slots, n_in: int, shift: int) -> tuple:
+    """The kernel function's run-time size slots as its gpu.func's launch names them: a
+    result's position after the ``shift`` tables it takes between inputs and results."""
+    return tuple((pos if pos < n_in else pos + shift, dim) for pos, dim in slots)
+
+
 def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation, target: TargetInfo,
-               evaluator) -> EmittedKernel:
+               evaluator, slots=(), flat=()) -> EmittedKernel:
     """The prelude kernel: thread t writes index[t] and t at index[t]'s stable rank.
     ``evaluator``: makes the generic strategy's Evaluator (kb, inputs) for the index's
-    values."""
+    values. ``slots``: the (bounded) kernel function's run-time sizes, ``flat`` which of
+    its inputs are flat buffers: the prelude takes the inputs' slots, its table is sized
+    at the bound and filled up to the run-time length."""
+    from . import run_time_sizes
+
     ins, _ = E.kernel_signature(kernel)
     index = op.operands[1]
     n = E.shape_of(index)[0]
     name = f"{E.kernel_name(kernel)}_segments"
     block = min(THREADS, target.max_threads)
     grid = -(-n // block)
+    slots = [tuple(s) for s in slots if s[0] < len(ins)]
     _, entry = E.make_gpu_func(gpu_module, name, ins, [table_spec(op)], [block], kernel.location,
-                               target=target.name)
+                               target=target.name, sizes=len(slots), flat=[*flat, False] if slots else [])
     args = list(entry.arguments)
     table = args[len(ins)]
     with kernel.location, ir.InsertionPoint(entry):
         kb = E.IndexBuilder(entry)
         ev = evaluator(kb, args[:len(ins)])
+        if slots:
+            ev.shapes = run_time_sizes.RunTimeShapes(kernel, run_time_sizes.SizeSlots(entry, args[-1], slots))
+            ev.flat = list(flat)
+            n_run = ev.shape(index)[0]
+        else:
+            n_run = n
 
         def body(t):
             with ev.scope():
@@ -110,26 +132,31 @@ def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation,
                                        arith.andi(arith.cmpi(arith.CmpIPredicate.eq, other, key), kb.lt(i, t)))
                     return [arith.addi(c[0], arith.select(before, kb.value(1), kb.value(0)))]
 
-                rank = ev.loop(n, [kb.value(0)], step)[0]
+                rank = ev.loop(n_run, [kb.value(0)], step)[0]
                 memref.store(key, table, [kb.value(0), rank])
                 memref.store(arith.index_cast(key.type, t), table, [kb.value(1), rank])
 
-        E.for_each_thread_item(kb, n, block, grid, False, body)
+        E.for_each_thread_item(kb, n_run, block, grid, False, body)
         E.finish(entry)
-    return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic", "mode": "segments"})
+    notes = {"strategy": "generic", "mode": "segments"}
+    if slots:
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, sizes=tuple(slots),
+                             grid_sizes=(str(grid), "1", "1"))
+    return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes)
 
 
-def _count_below(kb: E.IndexBuilder, table: ir.Value, n: int, v: ir.Value, strict: bool) -> ir.Value:
-    """How many sorted keys are below v (strict) or at most v: binary lifting over the
-    powers of two, no loop (each step one load, the same for every thread of a row)."""
+def _count_below(kb: E.IndexBuilder, table: ir.Value, n: int, n_run: E.Ix, v: ir.Value, strict: bool) -> ir.Value:
+    """How many of the n_run sorted keys (at most n, the table's length) are below v
+    (strict) or at most v: binary lifting over the powers of two, no loop (each step one
+    load, the same for every thread of a row)."""
     pred = arith.CmpIPredicate.slt if strict else arith.CmpIPredicate.sle
     pos: E.Ix = 0
     step = 1 << (n.bit_length() - 1)
     while step:
         cand = kb.add(pos, step)
-        at = kb.sub(arith.minui(kb.value(cand), kb.value(n)), 1) if not isinstance(cand, int) or cand > n \
-            else cand - 1
-        fits = arith.andi(arith.cmpi(arith.CmpIPredicate.ule, kb.value(cand), kb.value(n)),
+        at = kb.sub(arith.minui(kb.value(cand), kb.value(n_run)), 1) \
+            if not (isinstance(cand, int) and isinstance(n_run, int) and cand <= n_run) else cand - 1
+        fits = arith.andi(arith.cmpi(arith.CmpIPredicate.ule, kb.value(cand), kb.value(n_run)),
                           arith.cmpi(pred, memref.load(table, [kb.value(0), kb.value(at)]), v))
         pos = arith.select(fits, kb.value(cand), kb.value(pos))
         step >>= 1
@@ -145,16 +172,17 @@ def segment_sum(ev, op: ir.Operation, idx: list, table: ir.Value) -> list[ir.Val
     x, index, source = op.operands
     dim = normalize_dim(int(op_attrs(op)["dim"]), len(E.shape_of(x)))
     n = E.shape_of(index)[0]
+    n_run = ev.shape(index)[0]  # the run-time length (at least 1), or n
     bound = E.shape_of(x)[dim]
     key_t = ir.MemRefType(table.type).element_type
     first = memref.load(table, [kb.value(0), kb.value(0)])
-    last = memref.load(table, [kb.value(0), kb.value(n - 1)])
+    last = memref.load(table, [kb.value(0), kb.value(kb.sub(n_run, 1))])
     ev.checks.verify(op, first, bound, dim)
     ev.checks.verify(op, last, bound, dim)
     v = idx[dim]
     v = kb.const(key_t, v) if isinstance(v, int) else arith.index_cast(key_t, v)
-    lo = _count_below(kb, table, n, v, strict=True)
-    hi = _count_below(kb, table, n, v, strict=False)
+    lo = _count_below(kb, table, n, n_run, v, strict=True)
+    hi = _count_below(kb, table, n, n_run, v, strict=False)
 
     def step(i, c):
         pos = kb.from_int(memref.load(table, [kb.value(1), arith.addi(lo, i)]))

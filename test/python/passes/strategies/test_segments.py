@@ -1,8 +1,9 @@
 """index_add by sorted segments (passes/strategies/segments.py) through kf.jit, on vulkan
 and, where a GPU is, cuda: an embedding's gradient and index_add along other dims
 against torch in float64 on fresh random inputs (many repeated indices, odd sizes, a
-transposed source, an index computed in the function), a bad index an IndexError naming
-the user's line, and the plan: segments for a long index, the walk for a short one."""
+transposed source, an index computed in the function), one program for run-time numbers
+of tokens, a bad index an IndexError naming the user's line, and the plan: segments for a
+long index, the walk for a short one."""
 
 from __future__ import annotations
 
@@ -99,3 +100,26 @@ def test_a_long_index_is_sorted_by_a_prelude_and_a_short_one_walked():
     long, short = _entries(2048), _entries(segments.MIN_INDICES - 1)
     assert any(e.endswith("_segments") for e in long), long
     assert not any(e.endswith("_segments") for e in short), short
+
+
+def _spread_rows(s):
+    """An embedding's gradient whose tokens are computed from the source's length, so
+    the two share one run-time size."""
+    i = (torch.arange(s.shape[0], device=s.device) * 7919) % 300
+    return _embedding_grad(i, s, 300)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_one_program_sorts_indices_of_run_time_lengths(target):
+    """dynamic=True: one program for 257, 1000, 1, 7 and 64 tokens, the table sized at
+    the bound and filled up to each call's length."""
+    dev = DEVICE[target]
+    fn = kf.jit(target=target, dynamic=True)(_spread_rows)
+    for n in (257, 1000, 1, 7, 64):
+        g = torch.randn(n, 24, generator=torch.Generator().manual_seed(n))
+        torch.testing.assert_close(fn(g.to(dev)).cpu(), _want(_spread_rows, g))
+    assert fn.compiles == 1
+    if target == "cuda":
+        return
+    gpu = kf.inspect(fn, torch.randn(100, 24)).stages["gpu"]
+    assert "_generic_segments(" in gpu
