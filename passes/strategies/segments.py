@@ -5,10 +5,13 @@ index and adding the sources whose index is v: len(index) steps an output elemen
 embedding's gradient (32000 x 2048 outputs from 2048 tokens) is then 1.3e11 steps, most
 of a Llama training step. Here a prelude kernel (``EmittedKernel.prelude``) sorts the
 index once, stably: thread t ranks index[t] by the indices that sort before it (smaller,
-or equal at an earlier position) and writes the key and t at that rank into a table
-[2, n]. The main kernel's element v then finds its segment of the sorted keys by binary
-search (2 log2 n loads, the same for a whole output row) and adds only the sources in it,
-in index order: the walk's sum, bit for bit, in the same compute type.
+or equal at an earlier position) and writes the key and t at that rank into a table; the
+first position of each key also writes its output row's segment (start and length). The
+main kernel's element v reads its row's segment (three loads, the same for a whole output
+row) and adds only the sources in it, in index order: the walk's sum, bit for bit, in the
+same compute type. Rows the index never names are not written: their entry holds what the
+buffer held, and is taken only where its start names a key equal to the row, which no
+key of such a row can be.
 
 Bounds: an out-of-range index keeps its value in the table and, sorted, lies first or
 last; the main kernel checks the first and the last key against the dimension
@@ -26,12 +29,12 @@ from __future__ import annotations
 from kf.dialects.types import TensorSpec, normalize_dim
 from kf.passes import scalar_math as sm
 from mlir import ir
-from mlir.dialects import arith, memref
+from mlir.dialects import arith, memref, scf
 
 from . import emit as E
 from .base import EmittedKernel, TargetInfo
 
-#: the shortest index sorted into segments: below it the walk is as cheap as the search
+#: the shortest index sorted into segments: below it the walk costs about what the sort does
 MIN_INDICES = 64
 
 #: threads a workgroup of the sorting prelude
@@ -74,10 +77,20 @@ def segment_op(kernel: ir.Operation) -> ir.Operation | None:
     return op
 
 
+def _rows(op: ir.Operation) -> int:
+    """The rows index_add writes along: its input's size in ``dim``."""
+    from kf.dialects.attrs import op_attrs
+
+    x = op.operands[0]
+    return E.shape_of(x)[normalize_dim(int(op_attrs(op)["dim"]), len(E.shape_of(x)))]
+
+
 def table_spec(op: ir.Operation) -> TensorSpec:
-    """The prelude's table: row 0 the sorted keys, row 1 their positions in the index."""
+    """The prelude's table, [2, n + rows]: the sorted keys (row 0) and their positions in
+    the index (row 1), then per output row v its segment's start (row 0) and length
+    (row 1), written only for the rows the index names."""
     index = op.operands[1]
-    return TensorSpec((2, E.shape_of(index)[0]), E.elem_of(index))
+    return TensorSpec((2, E.shape_of(index)[0] + _rows(op)), E.elem_of(index))
 
 
 def table_type(op: ir.Operation) -> ir.RankedTensorType:
@@ -122,19 +135,35 @@ def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation,
         else:
             n_run = n
 
+        rows = _rows(op)
+
         def body(t):
             with ev.scope():
                 key = ev.value(index, [t])
+                one, zero = kb.value(1), kb.value(0)
 
                 def step(i, c):
                     other = ev.value(index, [i])
-                    before = arith.ori(arith.cmpi(arith.CmpIPredicate.slt, other, key),
-                                       arith.andi(arith.cmpi(arith.CmpIPredicate.eq, other, key), kb.lt(i, t)))
-                    return [arith.addi(c[0], arith.select(before, kb.value(1), kb.value(0)))]
+                    less = arith.cmpi(arith.CmpIPredicate.slt, other, key)
+                    same = arith.cmpi(arith.CmpIPredicate.eq, other, key)
+                    earlier = arith.andi(same, kb.lt(i, t))
+                    return [arith.addi(c[0], arith.select(less, one, zero)),
+                            arith.addi(c[1], arith.select(earlier, one, zero)),
+                            arith.addi(c[2], arith.select(same, one, zero))]
 
-                rank = ev.loop(n_run, [kb.value(0)], step)[0]
+                less, earlier, same = ev.loop(n_run, [zero, zero, zero], step)
+                rank = arith.addi(less, earlier)
                 memref.store(key, table, [kb.value(0), rank])
                 memref.store(arith.index_cast(key.type, t), table, [kb.value(1), rank])
+                # the first of its keys writes its row's segment (a key out of range has none)
+                inside = arith.andi(arith.cmpi(arith.CmpIPredicate.sge, key, kb.const(key.type, 0)),
+                                    arith.cmpi(arith.CmpIPredicate.slt, key, kb.const(key.type, rows)))
+                write = scf.IfOp(arith.andi(kb.eq(earlier, 0), inside))
+                with ir.InsertionPoint(write.then_block):
+                    at = kb.add(kb.from_int(key), n)
+                    memref.store(arith.index_cast(key.type, rank), table, [kb.value(0), at])
+                    memref.store(arith.index_cast(key.type, same), table, [kb.value(1), at])
+                    scf.YieldOp([])
 
         E.for_each_thread_item(kb, n_run, block, grid, False, body)
         E.finish(entry)
@@ -143,24 +172,6 @@ def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation,
         return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, sizes=tuple(slots),
                              grid_sizes=(str(grid), "1", "1"))
     return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes)
-
-
-def _count_below(kb: E.IndexBuilder, table: ir.Value, n: int, n_run: E.Ix, v: ir.Value, strict: bool) -> ir.Value:
-    """How many of the n_run sorted keys (at most n, the table's length) are below v
-    (strict) or at most v: binary lifting over the powers of two, no loop (each step one
-    load, the same for every thread of a row)."""
-    pred = arith.CmpIPredicate.slt if strict else arith.CmpIPredicate.sle
-    pos: E.Ix = 0
-    step = 1 << (n.bit_length() - 1)
-    while step:
-        cand = kb.add(pos, step)
-        at = kb.sub(arith.minui(kb.value(cand), kb.value(n_run)), 1) \
-            if not (isinstance(cand, int) and isinstance(n_run, int) and cand <= n_run) else cand - 1
-        fits = arith.andi(arith.cmpi(arith.CmpIPredicate.ule, kb.value(cand), kb.value(n_run)),
-                          arith.cmpi(pred, memref.load(table, [kb.value(0), kb.value(at)]), v))
-        pos = arith.select(fits, kb.value(cand), kb.value(pos))
-        step >>= 1
-    return kb.value(pos)
 
 
 def segment_sum(ev, op: ir.Operation, idx: list, table: ir.Value) -> list[ir.Value]:
@@ -179,16 +190,20 @@ def segment_sum(ev, op: ir.Operation, idx: list, table: ir.Value) -> list[ir.Val
     last = memref.load(table, [kb.value(0), kb.value(kb.sub(n_run, 1))])
     ev.checks.verify(op, first, bound, dim)
     ev.checks.verify(op, last, bound, dim)
+    # the row's segment: where the prelude wrote it, its start names a key equal to the
+    # row; a row the index never names holds whatever the buffer held, which names none
+    row = kb.add(idx[dim], n)
+    start = arith.minui(kb.from_int(memref.load(table, [kb.value(0), kb.value(row)])), kb.value(kb.sub(n_run, 1)))
     v = idx[dim]
     v = kb.const(key_t, v) if isinstance(v, int) else arith.index_cast(key_t, v)
-    lo = _count_below(kb, table, n, n_run, v, strict=True)
-    hi = _count_below(kb, table, n, n_run, v, strict=False)
+    named = arith.cmpi(arith.CmpIPredicate.eq, memref.load(table, [kb.value(0), start]), v)
+    length = arith.minui(kb.from_int(memref.load(table, [kb.value(1), kb.value(row)])), kb.value(n))
 
     def step(i, c):
-        pos = kb.from_int(memref.load(table, [kb.value(1), arith.addi(lo, i)]))
+        pos = kb.from_int(memref.load(table, [kb.value(1), arith.addi(start, i)]))
         at = list(idx)
         at[dim] = pos
         return [sm.emit("add", [c[0], ev.value(source, at)])]
 
-    trips = arith.minui(arith.subi(hi, lo), kb.value(n))
+    trips = arith.select(named, length, kb.value(0))
     return ev.loop(trips, [ev.value(x, idx)], step)
