@@ -419,7 +419,8 @@ class KfFunction:
         """sig with the dims that take run-time sizes marked (Signature.generalize): those
         of ``options.dynamic``, or under automatic dynamic those whose size has changed
         since the first call, less those that must stay static (and on targets whose
-        kernels' code depends on it, each tensor's innermost dim); sig itself on targets
+        kernels' code depends on it, each tensor's innermost dim, unless ``dynamic={...}``
+        names it: a mask's keys); sig itself on targets
         whose programs take no run-time sizes, and under automatic dynamic on those that
         take them only where asked (Target.automatic_dynamic). ``observe=False``
         (kf.inspect) records no size and reads no profile."""
@@ -479,7 +480,8 @@ class KfFunction:
         # and a tensor in another, or of another rank
         rank = dict(zip(names, map(len, shapes)))
         wanted = {(n, d) for n, d in wanted if d < rank.get(n, 0)}
-        if target.static_innermost:  # (but the one dim of a 1-d tensor, and of integers: targets,
+        if target.static_innermost and not isinstance(mode, tuple):  # (dims named are taken as
+            # asked; else all but the one dim of a 1-d tensor, and of integers: targets,
             # positions, token ids, which no kernel reduces or vectorizes along)
             integers = {n for n, t in zip(names, sig.tensor_sigs()) if t.elem[0] in "iu"}
             wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1 or n in integers}

@@ -240,7 +240,7 @@ class AttentionStrategy(Strategy):
         if (D, Dv, Sq, Sk) != (plan["head_dim"], plan["head_dim_v"], plan["seq_q"], plan["seq_k"]):
             raise NotApplicable("the plan was made for another kernel")
         size_slots = [tuple(x) for x in plan.get("sizes", [])]
-        seq_slots = run_time.seq_slots(ch, size_slots) if size_slots else None
+        seq_slots = run_time.seq_slots(ch, size_slots, keys_only=True) if size_slots else None
         dkv = max(D, Dv)
         n_s, n_acc = bn // tpr, -(-Dv // tpr)
         coop = plan.get("coopmat", False)
@@ -271,8 +271,9 @@ class AttentionStrategy(Strategy):
             out_strides = lse_strides = None
             if seq_slots is not None:
                 sizes = run_time_sizes.SizeSlots(g.entry, g.args[-1], size_slots)
-                Sq, Sk = sizes.size(seq_slots[0]), sizes.size(seq_slots[1])
-                ragged_q = ragged_k = True
+                Sk, ragged_k = sizes.size(seq_slots[1]), True
+                if seq_slots[0] is not None:  # else the queries' length is static
+                    Sq, ragged_q = sizes.size(seq_slots[0]), True
                 slot_of = {pos: k for k, (pos, _) in enumerate(size_slots)}
                 flat = {pos: sizes.strides(specs[pos].shape, dim, slot_of[pos]) for pos, dim in strided.items()}
                 out_strides = flat.pop(len(view.args) + ch.out_pos, None)
@@ -433,7 +434,8 @@ class AttentionStrategy(Strategy):
             notes["cooperative_matrix"] = "{}x{}x{}.f16".format(*plan["coopmat_shape"])
         if seq_slots is None:
             return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes)
-        grid = (run_time_sizes.grid_text(seq_slots[0], 1, bm), str(plan["grid"][1]), "1")
+        grid_x = str(plan["grid"][0]) if seq_slots[0] is None else run_time_sizes.grid_text(seq_slots[0], 1, bm)
+        grid = (grid_x, str(plan["grid"][1]), "1")
         return EmittedKernel(view.name, tuple(plan["grid"]), (threads, 1, 1), 0, notes, sizes=tuple(size_slots),
                              grid_sizes=grid)
 

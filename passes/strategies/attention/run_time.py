@@ -25,10 +25,13 @@ from .chain import Chain
 from .chain import transposed_source as _transposed_source
 
 
-def seq_slots(ch: Chain, slots: list[tuple[int, int]]) -> tuple[int, int]:
+def seq_slots(ch: Chain, slots: list[tuple[int, int]], keys_only: bool = False) -> tuple[int | None, int]:
     """(the slot of the queries' length, the slot of the keys'): the run-time dims of
     the attention kernels are the sequences of its output and of the argument K or V is
-    read from; ValueError for any other (a batch dim, a mask's)."""
+    read from; ValueError for any other (a batch dim). ``keys_only`` (the SIMT kernel):
+    the queries' length may be static (None: decoding one token against a cache of
+    run-time length), and a mask's or bias's last two dims (its queries and keys) may be
+    run-time sizes too, each read with its own slot's strides."""
     view = ch.view
     n_in = len(view.args)
     rank = len(ch.scores.shape)
@@ -38,9 +41,17 @@ def seq_slots(ch: Chain, slots: list[tuple[int, int]]) -> tuple[int, int]:
     # (the logsumexp's run-time dim is its sequence too: [..., Sq] or [..., Sq, 1])
     allowed = sources | {n_in + ch.out_pos, view.arg_index(ch.q)} | \
         ({n_in + ch.lse_pos} if ch.lse_pos is not None else set())
-    if not q or not kv or any(pos not in allowed or dim != rank - 2 for pos, dim in slots):
+    specs = [*view.arg_specs, *view.result_specs]
+
+    def fits(pos: int, dim: int) -> bool:
+        if pos in allowed:
+            return dim == rank - 2
+        # a mask's or bias's (an input broadcast to the scores): its last two dims
+        return keys_only and pos < n_in and dim >= specs[pos].rank - 2
+
+    if (not q and not keys_only) or not kv or not all(fits(pos, dim) for pos, dim in slots):
         raise ValueError(f"the attention kernel takes run-time sequence lengths only (its run-time dims: {slots})")
-    return q[0], kv[0]
+    return (q[0] if q else None), kv[0]
 
 
 def arg_types(view: KernelView, target: TargetInfo, slots: list[tuple[int, int]]) -> tuple[list, dict]:

@@ -706,6 +706,35 @@ def test_vulkan_attention_with_heads_and_strided_inputs():
     assert len(attn.compiles) == 2 and all("?" in c.signature for c in attn.compiles)
 
 
+def _decode(q, k, v, mask=None):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@needs_vulkan
+@pytest.mark.parametrize("mask", [None, "bool", "additive"])
+def test_vulkan_decoding_against_a_growing_cache_is_one_program(mask):
+    """One query token against keys of run-time length (a KV cache that grows a token a
+    step), with no mask, a [b, 1, 1, keys] boolean padding mask (dead rows included) or
+    a [b, 1, 1, keys] integer-free additive one given as dynamic: the attention kernel
+    takes the queries' length static and the keys' (and the mask's) at run time."""
+    dims = {"k": [2], "v": [2], "mask": [3]}
+    attn = kf.jit(_decode, target="vulkan", dynamic=dims if mask == "additive" else None)
+    gen = torch.Generator().manual_seed(0)
+    for n in (7, 8, 1, 257, 300, 1000):
+        q = torch.randn(2, 4, 1, 32, generator=gen)
+        k, v = (torch.randn(2, 4, n, 32, generator=gen) for _ in range(2))
+        m = None
+        if mask == "bool":
+            m = torch.rand(2, 1, 1, n, generator=gen) > 0.3
+            m[1] = False  # the second sequence's query sees no key: its output is 0, as torch's
+        elif mask == "additive":
+            m = torch.randn(2, 1, 1, n, generator=gen)
+        _close(attn(q, k, v, m), _decode(q, k, v, m))
+    assert len(_compiled(attn)) <= 2 and "?" in attn.compiles[-1].signature
+    gpu = kf.inspect(attn, q, k, v, m).stages["gpu"]
+    assert 'kf.strategy = "attention"' in gpu
+
+
 @needs_vulkan
 def test_vulkan_profile_dims_that_fail_together_leave_the_changing_ones_dynamic():
     """The disk profile holds every dim another process saw change (here the batch and the
