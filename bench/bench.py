@@ -206,6 +206,21 @@ def workloads(quick: bool):
     yield (f"rotary embedding {b}x{h}x{s}x{d} bf16", kf.jit(rotary), rotary, None,
            lambda: (randn(b, h, s, d), randn(s, d), randn(s, d)), (2 * b * h * s * d + 2 * s * d) * 2, 0, 2e-2)
 
+    def embedding_grad(vocab):
+        """An embedding's gradient as autograd makes it (embedding_dense_backward): the
+        gradient rows of the tokens added into a [vocab, width] zero tensor."""
+        def grad(tokens, g):
+            return torch.zeros(vocab, g.shape[-1], device=g.device, dtype=g.dtype).index_put(
+                (tokens,), g, accumulate=True)
+        return grad
+
+    for vocab, width, n in [(32000, 2048, 2048)] + ([] if quick else [(128256, 4096, 4096)]):
+        grad = embedding_grad(vocab)
+        yield (f"embedding gradient {vocab}x{width}, {n} tokens bf16", kf.jit(grad), grad,
+               lambda t, g, vocab=vocab: torch.ops.aten.embedding_dense_backward(g, t, vocab, -1, False),
+               lambda vocab=vocab, width=width, n=n: (torch.randint(0, vocab, (n,), device="cuda"), randn(n, width)),
+               (vocab * width + n * width) * 2, 0, 2e-2)
+
     def transpose_last_two(x):
         return x.transpose(-1, -2).contiguous()
 
