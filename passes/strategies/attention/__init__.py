@@ -177,6 +177,8 @@ class AttentionStrategy(Strategy):
 
     #: Warps per workgroup of the tensor-core kernel; each owns 16 query rows.
     MMA_WARPS = 4
+    #: At run-time key lengths, at most this many (static) query rows take the SIMT kernel.
+    DECODE_ROWS = 16
 
     def _mma_plan(self, ch: _Chain, target: TargetInfo, variant: AttentionVariant, bounded: bool) -> dict | None:
         """The tensor-core plan (CUDA, f16/bf16 q/k/v, head dims multiples of 16 and 8),
@@ -193,6 +195,11 @@ class AttentionStrategy(Strategy):
         if target.name == "cuda" and len(elems) == 1 and next(iter(elems)).startswith("f8"):
             return hopper.plan(ch, target, False, variant, bounded)  # fp8: the wgmma kernel or the SIMT one
         if target.name != "cuda" or len(elems) != 1 or elems.pop() not in ("f16", "bf16"):
+            return None
+        if bounded and ch.seq_q <= self.DECODE_ROWS:
+            # decoding: a few query rows against a run-time number of keys, which the SIMT
+            # kernel takes with the queries' length static; a tile of 64 query rows would
+            # be mostly idle
             return None
         d, dv = ch.head_dim, ch.head_dim_v
         if d % 16 or dv % 8 or max(d, dv) > 256 or 32 * self.MMA_WARPS > target.max_threads:

@@ -710,16 +710,22 @@ def _decode(q, k, v, mask=None):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-@needs_vulkan
+DECODE_TARGETS = [pytest.param("vulkan", marks=needs_vulkan),
+                  pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"))]
+
+
+@pytest.mark.parametrize("target", DECODE_TARGETS)
 @pytest.mark.parametrize("mask", [None, "bool", "additive"])
-def test_vulkan_decoding_against_a_growing_cache_is_one_program(mask):
+def test_decoding_against_a_growing_cache_is_one_program(target, mask):
     """One query token against keys of run-time length (a KV cache that grows a token a
     step), with no mask, a [b, 1, 1, keys] boolean padding mask (dead rows included) or
-    a [b, 1, 1, keys] integer-free additive one given as dynamic: the attention kernel
-    takes the queries' length static and the keys' (and the mask's) at run time."""
+    a [b, 1, 1, keys] additive one given as dynamic: the attention kernel takes the
+    queries' length static and the keys' (and the mask's) at run time. On cuda in bf16,
+    which at static sizes takes the tensor-core kernel."""
     dims = {"k": [2], "v": [2], "mask": [3]}
-    attn = kf.jit(_decode, target="vulkan", dynamic=dims if mask == "additive" else None)
+    attn = kf.jit(_decode, target=target, dynamic=dims if mask == "additive" else None)
     gen = torch.Generator().manual_seed(0)
+    dev, dtype = ("cuda", torch.bfloat16) if target == "cuda" else ("cpu", torch.float32)
     for n in (7, 8, 1, 257, 300, 1000):
         q = torch.randn(2, 4, 1, 32, generator=gen)
         k, v = (torch.randn(2, 4, n, 32, generator=gen) for _ in range(2))
@@ -729,10 +735,13 @@ def test_vulkan_decoding_against_a_growing_cache_is_one_program(mask):
             m[1] = False  # the second sequence's query sees no key: its output is 0, as torch's
         elif mask == "additive":
             m = torch.randn(2, 1, 1, n, generator=gen)
-        _close(attn(q, k, v, m), _decode(q, k, v, m))
+        args = [t if t is None else t.to(dev, dtype if t.is_floating_point() else t.dtype) for t in (q, k, v, m)]
+        want = _decode(*[t if t is None or not t.is_floating_point() else t.double() for t in args])
+        _close(attn(*args).cpu().double(), want.cpu(), tol=1e-4 if dtype == torch.float32 else 2e-2)
     assert len(_compiled(attn)) <= 2 and "?" in attn.compiles[-1].signature
-    gpu = kf.inspect(attn, q, k, v, m).stages["gpu"]
-    assert 'kf.strategy = "attention"' in gpu
+    if target == "vulkan":
+        gpu = kf.inspect(attn, q, k, v, m).stages["gpu"]
+        assert 'kf.strategy = "attention"' in gpu
 
 
 @needs_vulkan
