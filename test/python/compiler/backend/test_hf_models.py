@@ -14,6 +14,7 @@ import copy
 import pytest
 import torch
 
+from kf.backend import attention as backend_attention
 from kf.runtime import vulkan
 
 transformers = pytest.importorskip("transformers")
@@ -91,8 +92,13 @@ def test_generate_matches_eager(target):
     mask[1, :3] = 0
     kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, output_logits=True,
               return_dict_in_generate=True, pad_token_id=0)
+    programs = lambda: sum(len(f.compiles) for f in backend_attention._FUNCTIONS.values())  # noqa: E731
+    before = programs()
     with torch.no_grad():
         got, want = model.generate(x, **kw), eager.generate(x, **kw)
     assert torch.equal(got.sequences, want.sequences)
     for a, b in zip(got.logits, want.logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # the prompt, a first step at static sizes and one program for the run-time keys of
+    # the others (the padding mask's too): not one a step
+    assert programs() - before <= 3
