@@ -1,6 +1,6 @@
 """Seeded fuzz tests: kf against torch on generated shapes, dtypes and memory layouts,
 one test per strategy family (elementwise, reductions, row-wise, matmul, attention,
-transpose and views, gather and index) and for the rules every family follows (integer
+transpose and views, gather, index_add and index) and for the rules every family follows (integer
 division and remainder signs, bool/int/float promotion, broadcasting of size-1 dims,
 reductions over a million elements), each on the ``cpu`` and ``vulkan`` targets.
 
@@ -576,6 +576,29 @@ def test_embedding(target, rows, width, n, batch, dtype, layout, seed):
     g = generator(seed)
     idx = torch.randint(0, rows, (batch, n), generator=g)
     check(target, embedding, (idx, make((rows, width), dtype, layout, g)), exact=True)
+
+
+def index_add(x, idx, src, dim: int):
+    return x.index_add(dim, idx, src)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@FUZZ
+@given(spec=tensors(rank_max=3, sizes=NONZERO), seed=SEEDS, n=st.sampled_from([0, 1, 5, 63, 64, 257, 1000]),
+       dim_choice=st.integers(0, 2), src_layout=LAYOUTS, spread=st.sampled_from(["all", "few"]))
+def test_index_add(target, spec, seed, n, dim_choice, src_layout, spread):
+    """index_add along any dim from n sources: a short index walked, a long one (64 and
+    up) sorted into segments first; indices spread over the whole dim or piled on a few
+    rows (long segments, one summed in index order)."""
+    shape, dtype, layout = spec
+    dim = dim_choice % len(shape)
+    src_shape = tuple(n if d == dim else size for d, size in enumerate(shape))
+    assume(math.prod(src_shape) <= 70_000)
+    g = generator(seed)
+    top = shape[dim] if spread == "all" else min(shape[dim], 2)
+    idx = torch.randint(0, top, (n,), generator=g)
+    check(target, index_add, (make(shape, dtype, layout, g), idx, make(src_shape, dtype, src_layout, g)), (dim,),
+          scaled=True)
 
 
 # ----------------------------------------------------------------------------- pending
