@@ -21,10 +21,10 @@ op that made ``v`` computes it from its operands' values at remapped indices:
 - gather / index_select load the index and read the input there; index_add and
   scatter_add loop, per output element, over the index and sum the sources that land
   on it: deterministic, no atomics (an index_add of a long index sorts it first and
-  walks only its own segment: segments.py). Every index is checked against the dimension it
-  indexes where it is used (``emit.IndexChecks``): one out of range is clamped to 0 (no
-  access leaves the buffer) and sets the program's error flag, which the launcher
-  raises as an IndexError naming the op and the user's line;
+  walks only its own segment: segments.py). Every index is checked against the
+  dimension it indexes where it is used (``emit.IndexChecks``): one out of range is
+  clamped to 0 (no access leaves the buffer) and sets the program's error flag, which
+  the launcher raises as an IndexError naming the op and the user's line;
 - constant: a splat is one constant, other constants a chain of selects on the linear
   index (up to ``MAX_CONSTANT_ELEMENTS``: bigger ones should be kernel inputs); fill: a
   constant;
@@ -817,10 +817,10 @@ class GenericStrategy(Strategy):
                 checks.record(gfunc)
             E.finish(entry)
         notes = {"strategy": "generic", "mode": "segments"} if prelude is not None else {"strategy": "generic"}
-        table = {"prelude": prelude, "prelude_output": segments.table_type(sorted_op)} if prelude is not None else {}
+        sorting = {"prelude": prelude, "prelude_output": segments.table_type(sorted_op)} if prelude is not None else {}
         if not slots:
-            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, **table)
-        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, **table,
+            return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, **sorting)
+        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, **sorting,
                              sizes=segments.launch_slots(slots, len(ins), len(extra)),
                              grid_sizes=(_run_time_grid(kernel, plan, slots, len(ins)), "1", "1"))
 

@@ -9,9 +9,9 @@ or equal at an earlier position) and writes the key and t at that rank into a ta
 first position of each key also writes its output row's segment (start and length). The
 main kernel's element v reads its row's segment (three loads, the same for a whole output
 row) and adds only the sources in it, in index order: the walk's sum, bit for bit, in the
-same compute type. Rows the index never names are not written: their entry holds what the
-buffer held, and is taken only where its start names a key equal to the row, which no
-key of such a row can be.
+same compute type. Rows the index never names are not written: their entry holds whatever
+the buffer held, and an entry is taken only where the sorted key at its start equals the
+row, which for such a row no key does.
 
 Bounds: an out-of-range index keeps its value in the table and, sorted, lies first or
 last; the main kernel checks the first and the last key against the dimension
@@ -167,11 +167,9 @@ def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation,
 
         E.for_each_thread_item(kb, n_run, block, grid, False, body)
         E.finish(entry)
-    notes = {"strategy": "generic", "mode": "segments"}
-    if slots:
-        return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, sizes=tuple(slots),
-                             grid_sizes=(str(grid), "1", "1"))
-    return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes)
+    run_time = {"sizes": tuple(slots), "grid_sizes": (str(grid), "1", "1")} if slots else {}
+    return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, {"strategy": "generic", "mode": "segments"},
+                         **run_time)
 
 
 def segment_sum(ev, op: ir.Operation, idx: list, table: ir.Value) -> list[ir.Value]:
