@@ -56,6 +56,21 @@ def test_index_add_along_a_middle_dim_with_alpha_and_a_transposed_source(target)
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_rows_of_an_earlier_call_are_not_taken_again(target):
+    """The table's row entries are written only for the rows a call's index names; a
+    row named by the call before (whose entry may still be in a reused buffer) and not
+    by this one gets nothing."""
+    dev = DEVICE[target]
+    fn = kf.jit(target=target)(lambda i, s: _embedding_grad(i, s, 100))
+    gen = torch.Generator().manual_seed(11)
+    for low, high in ((0, 50), (50, 100), (0, 100), (99, 100)):
+        idx = torch.randint(low, high, (300,), generator=gen)
+        g = torch.randn(300, 8, generator=gen)
+        got = fn(idx.to(dev), g.to(dev)).cpu()
+        torch.testing.assert_close(got, _want(lambda i, s: _embedding_grad(i, s, 100), idx, g))
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_negative_indices_are_normalized_before_the_sort(target):
     gen = torch.Generator().manual_seed(5)
     idx = torch.randint(-40, 40, (129,), generator=gen)
