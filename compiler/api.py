@@ -420,7 +420,8 @@ class KfFunction:
         of ``options.dynamic``, or under automatic dynamic those whose size has changed
         since the first call, less those that must stay static (and on targets whose
         kernels' code depends on it, each tensor's innermost dim, unless ``dynamic={...}``
-        names it: a mask's keys); sig itself on targets
+        names it or it has changed with another tensor's outer dim, size for size: a mask's
+        keys); sig itself on targets
         whose programs take no run-time sizes, and under automatic dynamic on those that
         take them only where asked (Target.automatic_dynamic). ``observe=False``
         (kf.inspect) records no size and reads no profile."""
@@ -484,7 +485,16 @@ class KfFunction:
             # asked; else all but the one dim of a 1-d tensor, and of integers: targets,
             # positions, token ids, which no kernel reduces or vectorizes along)
             integers = {n for n, t in zip(names, sig.tensor_sigs()) if t.elem[0] in "iu"}
-            wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1 or n in integers}
+            size = {(n, d): shape[d] for n, shape in zip(names, shapes) for d in range(len(shape))}
+
+            def history(key):
+                return self._first.get(key), size[key]
+
+            # an innermost dim that has changed with an outer dim of another tensor, size for
+            # size, is that length (a mask's or a bias's keys beside k's): it stays run-time
+            lengths = {history(k) for k in wanted if k[1] != rank[k[0]] - 1}
+            wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1 or n in integers
+                      or history((n, d)) in lengths}
         wanted = wanted - self._static
         general = sig.generalize(wanted, target.divisibility, largest=self._largest)
         if observe:
