@@ -503,7 +503,7 @@ def _index_add(ev: Evaluator, op, idx, attrs):
     _written_dim_static(ev, op, dim)
     table = ev.segments.get(op)
     if table is not None:
-        return segments.segment_sum(ev, op, idx, table)
+        return segments.segment_sum(ev, op, idx, dim, table)
     target = ev.kb.value(idx[dim])
 
     def step(i, c):
@@ -821,7 +821,7 @@ class GenericStrategy(Strategy):
         if not slots:
             return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, **sorting)
         return EmittedKernel(name, (grid, 1, 1), (block, 1, 1), 0, notes, **sorting,
-                             sizes=segments.launch_slots(slots, len(ins), len(extra)),
+                             sizes=run_time_sizes.launch_slots(slots, len(ins), len(extra)),
                              grid_sizes=(_run_time_grid(kernel, plan, slots, len(ins)), "1", "1"))
 
 

@@ -302,6 +302,13 @@ class SizeSlots:
             return arith.muli(size, arith.constant(ir.IndexType.get(), n // BOUND))
 
 
+def launch_slots(slots, n_in: int, shift: int) -> tuple:
+    """The kernel function's slots as its gpu.func's launch names them, where the
+    gpu.func takes ``shift`` buffers of its own (a prelude's workspace or table) between
+    its inputs and its results: a result's position ``shift`` further."""
+    return tuple((pos if pos < n_in else pos + shift, dim) for pos, dim in slots)
+
+
 def grid_text(k: int, per_slot: int, per_block: int) -> str:
     """The grid's x as the launcher evaluates it: ceil(k<k> * per_slot / per_block)."""
     return f"FloorDiv(k{k}*{per_slot} + {per_block - 1}, {per_block})"

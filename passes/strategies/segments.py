@@ -26,12 +26,14 @@ filled up to its run-time length.
 
 from __future__ import annotations
 
+from kf.dialects.attrs import op_attrs
 from kf.dialects.types import TensorSpec, normalize_dim
 from kf.passes import scalar_math as sm
 from mlir import ir
 from mlir.dialects import arith, memref, scf
 
 from . import emit as E
+from . import run_time_sizes
 from .base import EmittedKernel, TargetInfo
 
 #: the shortest index sorted into segments: below it the walk costs about what the sort does
@@ -79,8 +81,6 @@ def segment_op(kernel: ir.Operation) -> ir.Operation | None:
 
 def _rows(op: ir.Operation) -> int:
     """The rows index_add writes along: its input's size in ``dim``."""
-    from kf.dialects.attrs import op_attrs
-
     x = op.operands[0]
     return E.shape_of(x)[normalize_dim(int(op_attrs(op)["dim"]), len(E.shape_of(x)))]
 
@@ -99,12 +99,6 @@ def table_type(op: ir.Operation) -> ir.RankedTensorType:
     return ir.RankedTensorType.get(list(spec.shape), E.compute_type(spec.elem))
 
 
-def launch_slots(slots, n_in: int, shift: int) -> tuple:
-    """The kernel function's run-time size slots as its gpu.func's launch names them: a
-    result's position after the ``shift`` tables it takes between inputs and results."""
-    return tuple((pos if pos < n_in else pos + shift, dim) for pos, dim in slots)
-
-
 def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation, target: TargetInfo,
                evaluator, slots=(), flat=()) -> EmittedKernel:
     """The prelude kernel: thread t writes index[t] and t at index[t]'s stable rank.
@@ -112,8 +106,6 @@ def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation,
     values. ``slots``: the (bounded) kernel function's run-time sizes, ``flat`` which of
     its inputs are flat buffers: the prelude takes the inputs' slots, its table is sized
     at the bound and filled up to the run-time length."""
-    from . import run_time_sizes
-
     ins, _ = E.kernel_signature(kernel)
     index = op.operands[1]
     n = E.shape_of(index)[0]
@@ -172,14 +164,11 @@ def emit_table(kernel: ir.Operation, op: ir.Operation, gpu_module: ir.Operation,
                          **run_time)
 
 
-def segment_sum(ev, op: ir.Operation, idx: list, table: ir.Value) -> list[ir.Value]:
+def segment_sum(ev, op: ir.Operation, idx: list, dim: int, table: ir.Value) -> list[ir.Value]:
     """index_add's element idx from the sorted table: its input there plus the sources of
-    the keys equal to idx[dim], in index order."""
-    from kf.dialects.attrs import op_attrs
-
+    the keys equal to idx[dim] (``dim`` normalized), in index order."""
     kb = ev.kb
     x, index, source = op.operands
-    dim = normalize_dim(int(op_attrs(op)["dim"]), len(E.shape_of(x)))
     n = E.shape_of(index)[0]
     n_run = ev.shape(index)[0]  # the run-time length (at least 1), or n
     bound = E.shape_of(x)[dim]

@@ -13,7 +13,8 @@ are declared flat and addressed with run-time strides (``Lengths.flat``). The gr
 is an expression over the slots of the two lengths.
 
 The main kernel takes the workspace after its inputs, so its results' slots are one
-position further in its launch than in the kernel function (``launch_slots``); the
+position further in its launch than in the kernel function
+(``run_time_sizes.launch_slots``); the
 preprocess takes the inputs only, and the slots of the inputs.
 """
 
@@ -42,12 +43,6 @@ def declare_flat(types: list, view: KernelView, slots, shift_results: int = 0) -
         if at < len(out):
             out[at] = run_time_sizes.flat_type(out[at])
     return out
-
-
-def launch_slots(slots, n_in: int, shift: int) -> tuple:
-    """The slots as the launch names them: a result's position after the ``shift``
-    buffers the gpu.func takes between its inputs and its results."""
-    return tuple((pos if pos < n_in else pos + shift, dim) for pos, dim in slots)
 
 
 class Lengths:

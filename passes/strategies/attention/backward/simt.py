@@ -182,7 +182,7 @@ class SimtBackward:
         return EmittedKernel(view.name, tuple(self.plan.grid), (self.plan.threads, 1, 1), 0,
                              {"strategy": "attention backward", "kernel": "simt", "block": b,
                               "lanes_per_row": self.tpr, "workgroup_bytes": self.plan.shared_bytes},
-                             prelude=prelude, prelude_output=ws_t, sizes=run_time.launch_slots(slots, n_in, 1),
+                             prelude=prelude, prelude_output=ws_t, sizes=run_time_sizes.launch_slots(slots, n_in, 1),
                              grid_sizes=grid_sizes)
 
     # ---- the thread's place
