@@ -487,14 +487,16 @@ class KfFunction:
             integers = {n for n, t in zip(names, sig.tensor_sigs()) if t.elem[0] in "iu"}
             size = {(n, d): shape[d] for n, shape in zip(names, shapes) for d in range(len(shape))}
 
-            def history(key):
-                return self._first.get(key), size[key]
+            def change(key):
+                """(first size, this call's) of a dim that has changed; None for one that has not."""
+                first = self._first.get(key)
+                return (first, size[key]) if first is not None and first != size[key] else None
 
             # an innermost dim that has changed with an outer dim of another tensor, size for
             # size, is that length (a mask's or a bias's keys beside k's): it stays run-time
-            lengths = {history(k) for k in wanted if k[1] != rank[k[0]] - 1}
+            lengths = {change(k) for k in wanted if k[1] != rank[k[0]] - 1} - {None}
             wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1 or n in integers
-                      or history((n, d)) in lengths}
+                      or change((n, d)) in lengths}
         wanted = wanted - self._static
         general = sig.generalize(wanted, target.divisibility, largest=self._largest)
         if observe:
