@@ -87,12 +87,14 @@ ValueError where its strategy writes kernels for static sizes only."""
                 if strategy.KIND not in run_time_sizes.RUN_TIME_KINDS:
                     raise ValueError(f"the {strategy.KIND} strategy writes kernels for static sizes only")
                 run_time_sizes.check_strides(kernel, strategy.KIND)
+                run_time_sizes.check_several(kernel, strategy.KIND)
             except ValueError:
                 # the generic strategy takes run-time sizes and strides where the kind's does
                 # not, at the cost of its reductions recomputed per element: taken where
                 # that cost stays small (else the kernel compiles static sizes)
                 if strategy.KIND == "generic" or generic_work(bounded) > GENERIC_RUN_TIME_WORK:
                     raise
+                run_time_sizes.check_several(kernel, "generic")
                 strategy = strategy_for("generic")
                 plan = {"strategy": strategy.KIND, "target": target.name,
                         **_plan(strategy, bounded, target, variants)}

@@ -4,7 +4,8 @@
 What a strategy sees is the kernel at its largest: ``bounded`` gives a copy of the kernel
 function with each ``?`` made ``BOUND`` (the largest run-time size, MAX_DYNAMIC_SIZE),
 so the plans, memref types and the static parts of the index arithmetic are those of a
-static kernel. A tensor has one ``?`` at most. Where it is the first dim of its tensor that
+static kernel. A tensor has one ``?`` at most (but an attention kernel's mask or bias:
+``check_several``). Where it is the first dim of its tensor that
 is not 1, every stride is static and addresses never depend on a run-time size (the
 bound only declares the buffer's extent; a kernel reads no element past the run-time
 one); elsewhere (a sequence after heads) the dims before it have run-time strides,
@@ -69,6 +70,18 @@ def _dynamic_dim(t: ir.Type) -> int:
     return next(i for i in range(rt.rank) if rt.is_dynamic_dim(i))
 
 
+def _dims_mask(t: ir.Type) -> int:
+    """The run-time dims of a type as a bit mask (bit d: dim d is ``?``; 0: none)."""
+    if not _is_dynamic(t):
+        return 0
+    rt = ir.RankedTensorType(t)
+    return sum(1 << i for i in range(rt.rank) if rt.is_dynamic_dim(i))
+
+
+def _dims_of_mask(mask: int) -> set[int]:
+    return {d for d in range(mask.bit_length()) if mask >> d & 1}
+
+
 def _bounded_type(t: ir.Type) -> ir.Type:
     if not _is_dynamic(t):
         return t
@@ -79,18 +92,45 @@ def _bounded_type(t: ir.Type) -> ir.Type:
 
 def slots_of(kernel: ir.Operation) -> list[tuple[int, int]]:
     """The kernel function's run-time dims as (argument position, dim): inputs, then
-    results; ValueError for a tensor with more than one."""
+    results, a tensor's in order of its dims."""
     ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
     slots = []
+    for pos, t in enumerate([*ftype.inputs, *ftype.results]):
+        if _is_dynamic(t):
+            rt = ir.RankedTensorType(t)
+            slots.extend((pos, i) for i in range(rt.rank) if rt.is_dynamic_dim(i))
+    return slots
+
+
+#: the strategies whose kernels take an input with several run-time dims: the attention
+#: kernel reads a mask or bias of [..., queries, keys] at two run-time lengths (each dim
+#: its own slot's size, ``SizeSlots.strides_at``), and the generic strategy reads any
+#: such input as a flat buffer (``RunTimeShapes`` finds each of its extents) -- SDPA's
+#: rows that a [b, 1, queries, keys] mask masks everywhere
+SEVERAL_SIZE_KINDS = ("attention", "generic")
+
+#: the most elements such an input may hold at its bound: its flat buffer's extent and
+#: the index arithmetic over it stay within i32
+SEVERAL_SIZE_ELEMENTS = 2**31 - 1
+
+
+def check_several(kernel: ir.Operation, kind: str) -> None:
+    """ValueError where a tensor of the kernel function has more than one run-time size
+    and the strategy of ``kind`` does not take that (SEVERAL_SIZE_KINDS: an input only,
+    of at most SEVERAL_SIZE_ELEMENTS at its bound)."""
+    ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
+    n_in = len(ftype.inputs)
     for pos, t in enumerate([*ftype.inputs, *ftype.results]):
         if not _is_dynamic(t):
             continue
         rt = ir.RankedTensorType(t)
-        dyn = [i for i in range(rt.rank) if rt.is_dynamic_dim(i)]
-        if len(dyn) > 1:
+        if sum(rt.is_dynamic_dim(i) for i in range(rt.rank)) < 2:
+            continue
+        if kind not in SEVERAL_SIZE_KINDS or pos >= n_in:
             raise ValueError(f"{t} has more than one run-time size")
-        slots.append((pos, dyn[0]))
-    return slots
+        if math.prod(ir.RankedTensorType(_bounded_type(t)).shape) > SEVERAL_SIZE_ELEMENTS:
+            raise ValueError(f"{t} has more than one run-time size and more than {SEVERAL_SIZE_ELEMENTS} "
+                             f"elements at the bound ({BOUND})")
 
 
 def check_strides(kernel: ir.Operation, kind: str) -> None:
@@ -112,8 +152,14 @@ def check_strides(kernel: ir.Operation, kind: str) -> None:
 def strided_positions(specs: Sequence, slots) -> dict[int, int]:
     """{position: run-time dim} of the kernel buffers (``specs``: inputs, then results)
     whose run-time dim follows a dim that is not 1: their strides are run-time sizes,
-    so they are declared flat (``flat_type``)."""
+    so they are declared flat (``flat_type``). A buffer with several run-time dims
+    (``check_several``) is named with its last such dim; ``dims_of`` gives them all."""
     return {pos: dim for pos, dim in slots if any(d != 1 for d in specs[pos].shape[:dim])}
+
+
+def dims_of(slots, pos: int) -> dict[int, int]:
+    """{run-time dim: slot} of the buffer at ``pos``: what ``SizeSlots.strides_at`` takes."""
+    return {dim: k for k, (p, dim) in enumerate(slots) if p == pos}
 
 
 def flat_type(t: ir.MemRefType) -> ir.MemRefType:
@@ -173,9 +219,9 @@ def bounded(kernel: ir.Operation) -> Iterator[tuple[ir.Operation, list[tuple[int
                         a.set_type(_bounded_type(a.type))
             return ir.WalkResult.ADVANCE
 
-        # which dim of each op's results was ``?`` (-1: none), for RunTimeShapes
+        # which dims of each op's results were ``?`` (a bit mask; 0: none), for RunTimeShapes
         copy.attributes[RUN_TIME_DIMS] = ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get(
-            [_dynamic_dim(r.type) for r in op.results]) for op in copy.regions[0].blocks[0].operations])
+            [_dims_mask(r.type) for r in op.results]) for op in copy.regions[0].blocks[0].operations])
         copy.walk(visit)
         ftype = ir.FunctionType(ir.TypeAttr(copy.attributes["function_type"]).value)
         copy.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
@@ -214,8 +260,8 @@ def innermost_is_run_time(kernel: ir.Operation) -> bool:
         return False
     body = kernel.regions[0].blocks[0]
     for op, ds in zip(body.operations, ir.ArrayAttr(kernel.attributes[RUN_TIME_DIMS])):
-        for r, d in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
-            if d >= 0 and isinstance(r.type, ir.RankedTensorType) and d == r.type.rank - 1:
+        for r, m in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
+            if isinstance(r.type, ir.RankedTensorType) and r.type.rank and m >> (r.type.rank - 1) & 1:
                 return True
     return False
 
@@ -227,10 +273,10 @@ def results_with_run_time_sizes(kernel: ir.Operation) -> bool:
     body = kernel.regions[0].blocks[0]
     dims = {}
     for op, ds in zip(body.operations, ir.ArrayAttr(kernel.attributes[RUN_TIME_DIMS])):
-        for r, d in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
-            dims[r] = d
+        for r, m in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
+            dims[r] = m
     ret = list(body.operations)[-1].operation
-    return any(dims.get(v, -1) >= 0 for v in ret.operands)
+    return any(dims.get(v, 0) for v in ret.operands)
 
 
 def is_bounded(kernel: ir.Operation) -> bool:
@@ -279,10 +325,15 @@ class SizeSlots:
     def strides(self, shape: Sequence[int], dim: int, k: int) -> list[ir.Value | int]:
         """The row-major strides of a (bounded) shape whose dim ``dim`` is slot k's
         run-time size: index values from that dim on outwards, ints inside it."""
+        return self.strides_at(shape, {dim: k})
+
+    def strides_at(self, shape: Sequence[int], dims: dict[int, int]) -> list[ir.Value | int]:
+        """``strides`` of a shape with a run-time size at each dim of ``dims`` ({dim:
+        slot}, ``dims_of``)."""
         out: list[ir.Value | int] = [1] * len(shape)
         with self._ip():
             for d in range(len(shape) - 2, -1, -1):
-                inner = self.size(k) if d + 1 == dim else shape[d + 1]
+                inner = self.size(dims[d + 1]) if d + 1 in dims else shape[d + 1]
                 prev = out[d + 1]
                 if isinstance(prev, int) and isinstance(inner, int):
                     out[d] = prev * inner
@@ -335,29 +386,29 @@ class RunTimeShapes:
         per_op = ir.ArrayAttr(kernel.attributes[RUN_TIME_DIMS])
         dims = {}
         for op, ds in zip(body.operations, per_op):
-            for r, d in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
-                if d >= 0:
-                    dims[r] = d
+            for r, m in zip(op.operation.results, ir.DenseI64ArrayAttr(ds)):
+                if m:
+                    dims[r] = _dims_of_mask(m)
         self._solve(kernel, dims, {k: (pos, d) for k, (pos, d) in enumerate(sizes.slots)}, sizes.size)
 
     def _solve(self, kernel: ir.Operation, dims: dict, slots: dict, size) -> None:
-        """Find every run-time extent: ``dims`` the run-time dim of each op result,
-        ``slots`` {k: (argument position, dim)} the slots to start from, ``size(k)``
-        slot k's extent."""
+        """Find every run-time extent: ``dims`` the run-time dims of each op result (a
+        set), ``slots`` {k: (argument position, dim)} the slots to start from, ``size(k)``
+        slot k's extent. ``extent`` holds them by (value, dim)."""
         from kf.dialects.attrs import op_attrs
 
         self._attrs = op_attrs
         body = kernel.regions[0].blocks[0]
         self.ops = [op.operation for op in body.operations]
-        self.dim: dict = dict(dims)
+        self.dim: dict = {v: set(ds) for v, ds in dims.items()}
         self.extent: dict = {}
         self.args = args = list(body.arguments)
         n_inputs = len(args)
         results = list(self.ops[-1].operands) if self.ops and self.ops[-1].name == "func.return" else []
         for k, (pos, d) in slots.items():
             v = args[pos] if pos < n_inputs else results[pos - n_inputs]
-            self.dim[v] = d
-            self.extent.setdefault(v, size(k))
+            self.dim.setdefault(v, set()).add(d)
+            self.extent.setdefault((v, d), size(k))
         changed = True
         while changed:
             changed = False
@@ -369,8 +420,8 @@ class RunTimeShapes:
 
     def _at(self, v: ir.Value, d: int):
         """v's extent along d: an int, an index value, or None (a run-time dim not yet found)."""
-        if self.dim.get(v) == d:
-            return self.extent.get(v)
+        if d in self.dim.get(v, ()):
+            return self.extent.get((v, d))
         return self._bounded(v)[d]
 
     def _lined_up(self, op: ir.Operation) -> bool:
@@ -437,49 +488,63 @@ class RunTimeShapes:
                 if j != along:
                     yield j, o, j - (rr - ro)
 
-    def _set(self, v: ir.Value, extent) -> bool:
-        if v in self.dim and v not in self.extent and extent is not None:
-            self.extent[v] = extent
+    def _set(self, v: ir.Value, d: int, extent) -> bool:
+        if d in self.dim.get(v, ()) and (v, d) not in self.extent and extent is not None:
+            self.extent[(v, d)] = extent
             return True
         return False
 
+    def _found(self, v: ir.Value) -> bool:
+        """Whether every run-time extent of v is found."""
+        return all((v, d) in self.extent for d in self.dim.get(v, ()))
+
     def _forward(self, op: ir.Operation) -> bool:
-        if not op.results or op.results[0] not in self.dim or op.results[0] in self.extent:
+        if not op.results:
             return False
         r = op.results[0]
-        d = self.dim[r]
+        changed = False
+        for d in sorted(self.dim.get(r, ())):
+            if (r, d) not in self.extent:
+                changed |= self._forward_dim(op, r, d)
+        return changed
+
+    def _forward_dim(self, op: ir.Operation, r: ir.Value, d: int) -> bool:
         if op.name == "kf.reshape":
             x = op.operands[0]
-            if x in self.dim and x not in self.extent:
+            if not self._found(x) or len(self.dim[r]) > 1:
                 return False
             rest = math.prod(s for j, s in enumerate(self._bounded(r)) if j != d)
             shape = self.shape(x)
             static = math.prod(s for s in shape if isinstance(s, int))
             ext = next((s for s in shape if not isinstance(s, int)), None)
+            ext = ext if len(self.dim.get(x, ())) <= 1 else None
             if ext is not None and static % rest == 0:  # (x's one run-time extent, times a whole factor)
-                return self._set(r, ext if static == rest else self._mul(ext, static // rest))
+                return self._set(r, d, ext if static == rest else self._mul(ext, static // rest))
             n = self.numel(x)
-            return self._set(r, n if rest == 1 else self._div(n, rest))
+            return self._set(r, d, n if rest == 1 else self._div(n, rest))
         if op.name == "kf.slice" and int(self._attrs(op)["dim"]) % len(self._bounded(r)) == d:
-            return self._set(r, self._slice_length(op))
+            return self._set(r, d, self._slice_length(op))
         if op.name == "kf.concat" and int(self._attrs(op)["dim"]) % len(self._bounded(r)) == d:
             parts = [self._at(o, d) for o in op.operands]
             if any(p is None for p in parts):
                 return False
-            return self._set(r, self._add(*parts))
+            return self._set(r, d, self._add(*parts))
         for j, o, od in self._pairs(op):
-            if j == d and self.dim.get(o) == od and o in self.extent:
-                return self._set(r, self.extent[o])
+            if j == d and (o, od) in self.extent:
+                return self._set(r, d, self.extent[(o, od)])
         return False
 
     def _backward(self, op: ir.Operation) -> bool:
-        if not op.results or op.results[0] not in self.extent or op.name == "kf.reshape":
+        if not op.results or op.name == "kf.reshape":
             return False
+        r = op.results[0]
         changed = False
-        d = self.dim[op.results[0]]
-        for j, o, od in self._pairs(op):
-            if j == d and self.dim.get(o) == od:
-                changed |= self._set(o, self.extent[op.results[0]])
+        for d in sorted(self.dim.get(r, ())):
+            if (r, d) not in self.extent:
+                continue
+            for j, o, od in self._pairs(op):
+                if j == d:
+                    changed |= self._set(o, od, self.extent[(r, d)])
         return changed
 
     def _across(self, op: ir.Operation) -> bool:
@@ -490,12 +555,12 @@ class RunTimeShapes:
             return False
         _, index, source = op.operands
         along = int(self._attrs(op)["dim"]) % max(len(self._bounded(source)), 1)
-        if self.dim.get(index) != 0 or self.dim.get(source) != along:
+        if 0 not in self.dim.get(index, ()) or along not in self.dim.get(source, ()):
             return False
-        if index in self.extent and source not in self.extent:
-            return self._set(source, self.extent[index])
-        if source in self.extent and index not in self.extent:
-            return self._set(index, self.extent[source])
+        if (index, 0) in self.extent and (source, along) not in self.extent:
+            return self._set(source, along, self.extent[(index, 0)])
+        if (source, along) in self.extent and (index, 0) not in self.extent:
+            return self._set(index, 0, self.extent[(source, along)])
         return False
 
     def _slice_length(self, op: ir.Operation):
@@ -548,15 +613,14 @@ class RunTimeShapes:
         return v in self.dim
 
     def shape(self, v: ir.Value) -> list:
-        """v's shape: ints, and its run-time dim as an index value."""
+        """v's shape: ints, and its run-time dims as index values."""
         shape = self._bounded(v)
-        if v not in self.dim:
-            return shape
-        if v not in self.extent:
-            owner = v.owner
-            what = owner.name if hasattr(owner, "name") else "an argument"
-            raise ValueError(f"the run-time size of a result of {what} is not found from its operands or users")
-        shape[self.dim[v]] = self.extent[v]
+        for d in self.dim.get(v, ()):
+            if (v, d) not in self.extent:
+                owner = v.owner
+                what = owner.name if hasattr(owner, "name") else "an argument"
+                raise ValueError(f"the run-time size of a result of {what} is not found from its operands or users")
+            shape[d] = self.extent[(v, d)]
         return shape
 
 
@@ -577,11 +641,11 @@ class SizeTexts(RunTimeShapes):
     def __init__(self, kernel: ir.Operation, without: int = -1):
         self.kernel = kernel
         body = kernel.regions[0].blocks[0]
-        dims = {r: _dynamic_dim(r.type) for op in body.operations for r in op.operation.results
-                if _dynamic_dim(r.type) >= 0}
+        dims = {r: _dims_of_mask(_dims_mask(r.type)) for op in body.operations for r in op.operation.results
+                if _dims_mask(r.type)}
         for a in body.arguments:
-            if _dynamic_dim(a.type) >= 0:
-                dims[a] = _dynamic_dim(a.type)
+            if _dims_mask(a.type):
+                dims[a] = _dims_of_mask(_dims_mask(a.type))
         n_in = len(body.arguments)
         slots = {k: (pos, d) for k, (pos, d) in enumerate(slots_of(kernel)) if pos < n_in and pos != without}
         self._solve(kernel, dims, slots, lambda k: f"a{slots[k][0]}d{slots[k][1]}")
@@ -595,7 +659,7 @@ class SizeTexts(RunTimeShapes):
                 out.append("")
                 continue
             other = SizeTexts(self.kernel, without=pos)
-            out.append(str(other.extent.get(other.args[pos], "")))
+            out.append(str(other.extent.get((other.args[pos], _dynamic_dim(a.type)), "")))
         return out
 
     def _bounded(self, v: ir.Value) -> list[int]:
@@ -619,6 +683,6 @@ class SizeTexts(RunTimeShapes):
         ret = self.ops[-1]
         out = []
         for v in ret.operands:
-            e = self.extent.get(v, "") if v in self.dim else ""
+            e = self.extent.get((v, min(self.dim[v])), "") if v in self.dim else ""
             out.append(str(e))
         return out

@@ -281,8 +281,8 @@ class AttentionStrategy(Strategy):
                 Sk, ragged_k = sizes.size(seq_slots[1]), True
                 if seq_slots[0] is not None:  # else the queries' length is static
                     Sq, ragged_q = sizes.size(seq_slots[0]), True
-                slot_of = {pos: k for k, (pos, _) in enumerate(size_slots)}
-                flat = {pos: sizes.strides(specs[pos].shape, dim, slot_of[pos]) for pos, dim in strided.items()}
+                flat = {pos: sizes.strides_at(specs[pos].shape, run_time_sizes.dims_of(size_slots, pos))
+                        for pos in strided}
                 out_strides = flat.pop(len(view.args) + ch.out_pos, None)
                 if ch.lse_pos is not None:
                     lse_strides = flat.pop(len(view.args) + ch.lse_pos, None)

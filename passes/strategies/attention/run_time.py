@@ -28,10 +28,10 @@ from .chain import transposed_source as _transposed_source
 def seq_slots(ch: Chain, slots: list[tuple[int, int]], keys_only: bool = False) -> tuple[int | None, int]:
     """(the slot of the queries' length, the slot of the keys'): the run-time dims of
     the attention kernels are the sequences of its output and of the argument K or V is
-    read from; ValueError for any other (a batch dim). ``keys_only`` (the SIMT kernel):
-    the queries' length may be static (None: decoding one token against a cache of
-    run-time length), and a mask's or bias's last two dims (its queries and keys) may be
-    run-time sizes too, each read with its own slot's strides."""
+    read from, and a mask's or bias's last two dims (its queries and keys), which it reads
+    with its own slots' strides; ValueError for any other (a batch dim). ``keys_only``
+    (the SIMT kernel): the queries' length may be static (None: decoding one token
+    against a cache of run-time length)."""
     view = ch.view
     n_in = len(view.args)
     rank = len(ch.scores.shape)
@@ -47,7 +47,7 @@ def seq_slots(ch: Chain, slots: list[tuple[int, int]], keys_only: bool = False) 
         if pos in allowed:
             return dim == rank - 2
         # a mask's or bias's (an input broadcast to the scores): its last two dims
-        return keys_only and pos < n_in and dim >= specs[pos].rank - 2
+        return pos < n_in and dim >= specs[pos].rank - 2
 
     if (not q and not keys_only) or not kv or not all(fits(pos, dim) for pos, dim in slots):
         raise ValueError(f"the attention kernel takes run-time sequence lengths only (its run-time dims: {slots})")
@@ -85,10 +85,18 @@ class SeqLengths:
         # read from it, else the queries' (the same value for K and V: one address base)
         sources = {view.arg_index(x) for x in (_transposed_source(ch.kt), ch.v)} - {None}
         self.slot_of = {pos: k_slot if pos in sources else self.q_slot for pos, _ in self.slots}
+        self.qkv = sources | {view.arg_index(ch.q)}
         #: the flat inputs' strides (``Pointwise.flat``, ``direct_source(..., flat=)``),
         #: computed at the kernel's top: the key loop reads K and V with them
-        self.flat_inputs = {pos: sizes.strides(self.specs[pos].shape, dim, self.slot_of[pos])
-                            for pos, dim in strided.items() if pos < len(view.args)}
+        self.flat_inputs = {pos: sizes.strides_at(self.specs[pos].shape, self._dims(pos))
+                            for pos in strided if pos < len(view.args)}
+
+    def _dims(self, pos: int) -> dict[int, int]:
+        """{run-time dim: slot} of the input at pos: q's, K's and V's sequence at the slot
+        of its length (``slot_of``: one address base for K and V), a mask's or bias's
+        each at its own slot (its keys, its queries or both)."""
+        dims = run_time_sizes.dims_of(self.slots, pos)
+        return {dim: self.slot_of[pos] for dim in dims} if pos in self.qkv else dims
 
     def size_here(self, k: int) -> ir.Value:
         """Slot k's size loaded again at the insertion point: the epilogue's, where one

@@ -743,6 +743,55 @@ def test_decoding_against_a_growing_cache_is_one_program(target, mask):
         assert 'kf.strategy = "attention"' in gpu
 
 
+def _seed_masked(q, k, v, mask):
+    return se.fused_attention.fn(q, k, v, mask)
+
+
+def _square_mask(kind: str, n: int, gen) -> torch.Tensor:
+    """A mask of n queries x n keys: the seed's [n, n] float one (its zeros masked), or
+    SDPA's [2, 1, n, n] bool or additive one whose second sequence's first three query
+    rows see no key (torch gives them 0)."""
+    if kind == "seed":
+        return torch.ones(n, n).tril()
+    if kind == "bool":
+        m = torch.rand(2, 1, n, n, generator=gen) > 0.3
+        m[1, :, :3] = False
+        return m
+    m = torch.randn(2, 1, n, n, generator=gen)
+    m[1, :, :3] = float("-inf")
+    return m
+
+
+@pytest.mark.parametrize("target", DECODE_TARGETS)
+@pytest.mark.parametrize("mask", ["seed", "bool", "additive"])
+def test_attention_with_a_mask_of_every_length_is_one_program(target, mask):
+    """A mask of queries x keys that grows with the sequence (the seed's attention given
+    its causal mask; SDPA given a padded batch's mask, as transformers' prefill is): both
+    of its dims are run-time sizes, which the attention kernel reads each from its own
+    slot, and the kernel that finds SDPA's rows masked everywhere takes too. So the loop
+    over lengths compiles two programs. On cuda in f32 (the SIMT kernel) and bf16 (the
+    tensor-core kernels). A transposed (non-contiguous) mask after the loop."""
+    fn = _seed_masked if mask == "seed" else _decode
+    gen = torch.Generator().manual_seed(0)
+    for dtype in ((torch.float32, torch.bfloat16) if target == "cuda" else (torch.float32,)):
+        attn = kf.jit(fn, target=target)
+        dev = "cuda" if target == "cuda" else "cpu"
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        for n in (7, 8, 1, 257, 300, 1000):
+            q, k, v = (torch.randn(2, 4, n, 32, generator=gen) for _ in range(3))
+            m = _square_mask(mask, n, gen)
+            args = [t.to(dev, dtype if t.is_floating_point() else t.dtype) for t in (q, k, v, m)]
+            want = fn(*[t if not t.is_floating_point() else t.double() for t in args])
+            _close(attn(*args).cpu().double(), want.cpu(), tol=tol)
+        assert len(_compiled(attn)) <= 2 and "?" in attn.compiles[-1].signature, attn.compiles
+        n = 40
+        q, k, v = (torch.randn(2, 4, n, 32, generator=gen) for _ in range(3))
+        m = _square_mask(mask, n, gen).transpose(-2, -1).contiguous().transpose(-2, -1)
+        args = [t.to(dev, dtype if t.is_floating_point() else t.dtype) for t in (q, k, v, m)]
+        want = fn(*[t if not t.is_floating_point() else t.double() for t in args])
+        _close(attn(*args).cpu().double(), want.cpu(), tol=tol)
+
+
 @needs_vulkan
 def test_vulkan_profile_dims_that_fail_together_leave_the_changing_ones_dynamic():
     """The disk profile holds every dim another process saw change (here the batch and the

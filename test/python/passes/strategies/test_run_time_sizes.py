@@ -24,6 +24,20 @@ def _kernel(ctx, a: str) -> tuple[ir.Module, ir.Operation]:
     return module, next(op.operation for op in module.body.operations)
 
 
+MASK_KERNEL = """
+func.func private @k(%m: tensor<{a}xf32>) -> tensor<{r}x1xf32> attributes {{kf.kernel = "rowwise"}} {{
+  %0 = "kf.reduce_max"(%m) {{dims = array<i64: 3>, keepdim = true}} : (tensor<{a}xf32>) -> tensor<{r}x1xf32>
+  return %0 : tensor<{r}x1xf32>
+}}
+"""
+
+
+def _mask_kernel(ctx, a: str) -> tuple[ir.Module, ir.Operation]:
+    """A row maximum of a [.., queries, keys] input (SDPA's rows a mask keeps)."""
+    module = ir.Module.parse(MASK_KERNEL.format(a=a, r=a.rsplit("x", 1)[0]), ctx)
+    return module, next(op.operation for op in module.body.operations)
+
+
 def test_slots_and_strides_by_strategy():
     with make_context() as ctx, ir.Location.unknown():
         _, k = _kernel(ctx, "1x?x16")
@@ -35,8 +49,18 @@ def test_slots_and_strides_by_strategy():
         with pytest.raises(ValueError, match="strides would take run-time sizes"):
             R.check_strides(k, "rowwise")
         _, k = _kernel(ctx, "?x?x16")
+        assert R.slots_of(k) == [(0, 0), (0, 1), (2, 0), (2, 1)]
+        for kind in ("elementwise", "attention", "generic"):  # a result with two: no strategy's
+            with pytest.raises(ValueError, match="more than one run-time size"):
+                R.check_several(k, kind)
+        _, k = _mask_kernel(ctx, "2x1x?x?")
+        R.check_several(k, "attention")  # an input with two: attention's mask, generic's
+        R.check_several(k, "generic")
         with pytest.raises(ValueError, match="more than one run-time size"):
-            R.slots_of(k)
+            R.check_several(k, "rowwise")
+        _, k = _mask_kernel(ctx, "64x64x?x?")  # past SEVERAL_SIZE_ELEMENTS at the bound
+        with pytest.raises(ValueError, match="elements at the bound"):
+            R.check_several(k, "attention")
         _, k = _kernel(ctx, "3x5x16")
         assert R.slots_of(k) == [] and not R.has_run_time_sizes(k)
 
@@ -77,6 +101,10 @@ def test_strides_and_extent_from_a_slot():
         sizes = R.SizeSlots(entry, entry.arguments[0], [(0, 2), (3, 2)])
         st = sizes.strides([2, 3, R.BOUND, 32], 2, 1)
         assert st[2:] == [32, 1] and all(isinstance(x, ir.Value) for x in st[:2])
+        # a mask [2, 1, queries, keys]: each run-time dim its own slot's size
+        st = sizes.strides_at([2, 1, R.BOUND, R.BOUND], {2: 0, 3: 1})
+        assert st[3] == 1 and all(isinstance(x, ir.Value) for x in st[:3])
+        assert R.dims_of([(0, 2), (3, 2), (3, 3)], 3) == {2: 1, 3: 2}
         assert isinstance(sizes.extent(R.BOUND * 5, 0), ir.Value)
         with pytest.raises(ValueError, match="does not hold a run-time dim"):
             sizes.extent(100)

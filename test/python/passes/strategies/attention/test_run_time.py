@@ -23,13 +23,19 @@ def run_time_attention(b, h, d, elem, mask=None, lse=False):
     scores scaled, ``mask`` "causal" (made from the indices, as ``torch.ones(sq,
     sk).tril()`` in the function is) or None, the softmax rounded to ``elem`` for P V,
     the output in ``elem`` and with ``lse`` the scores' row logsumexp [b, h, ?] beside it
-    (what kf's autograd saves)."""
+    (what kf's autograd saves). ``mask`` "bool": a boolean mask tensor [b, 1, ?, ?] (a
+    padded batch's causal mask, each of its two dims a run-time size of its own);
+    "padding": one of [b, 1, 1, ?]."""
     specs = [TensorSpec((b, h, DYN, d), elem)] * 3
+    if mask in ("bool", "padding"):  # a [b, 1, queries, keys] mask tensor, or [b, 1, 1, keys]
+        specs = specs + [TensorSpec((b, 1, DYN if mask == "bool" else 1, DYN), "i1")]
 
-    def body(k, q, v):
+    def body(k, q, v, *m):
         s = kb.build("matmul", [q, kb.transpose(k, perm=[0, 1, 3, 2])], None,
                      [TensorSpec((b, h, DYN, DYN), "f32")]).result
         s = kb.mul(s, kb.scalar(d ** -0.5, "f32"))
+        if m:
+            s = kb.masked_fill(s, kb.cmp(m[0], kb.scalar(False, "i1"), predicate="eq"), value=float("-inf"))
         if mask == "causal":
             rows, cols = kb.iota((DYN, 1), 0), kb.iota((1, DYN), 1)
             s = kb.masked_fill(s, kb.cmp(cols, rows, predicate="gt"), value=-1e9)
@@ -86,6 +92,26 @@ def test_mma_sync_plan_at_run_time_sizes():
     plan, emitted = emit_run_time(run_time_attention(2, 3, 64, "f16"), CUDA)
     assert plan["mma"] and not plan.get("wgmma"), plan
     assert emitted.grid_sizes == ("FloorDiv(k3*1 + 63, 64)", "6", "1"), emitted
+
+
+@needs_ptxas
+@pytest.mark.parametrize("chip", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("mask", ["bool", "padding"])
+def test_run_time_kernels_read_a_mask_tensor_with_its_own_sizes(chip, mask):
+    """A mask tensor of run-time queries and keys ([b, 1, ?, ?]) or keys ([b, 1, 1, ?]):
+    the tensor-core kernels read it with strides from its own size slots (not q's or
+    K's), and ptxas assembles them."""
+    built = run_time_attention(2, 3, 64, "bf16", mask=mask)
+    plan, emitted = emit_run_time(built, HOPPER if chip == "sm_90a" else CUDA)
+    assert plan["mma"] and plan["skip_masked_blocks"], plan
+    assert len(emitted.sizes) == (6 if mask == "bool" else 5), emitted
+    assert [tuple(s) for s in plan["sizes"]][3:] == ([(3, 2), (3, 3)] if mask == "bool" else [(3, 3)]) + [(4, 2)]
+    ptx, report = cuda_report(built, chip)
+    assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (plan, report)
+    text = built.gpu_text()
+    # the mask's slots are loaded: index 3 (and 4) of the sizes buffer
+    loads = set(re.findall(r"memref\.load %arg\d+\[%c(\d+)(?:_\d+)?\] : memref<\d+xi32>", text))
+    assert {"3", "4"} <= loads if mask == "bool" else "3" in loads, (loads, text[:3000])
 
 
 @needs_ptxas
