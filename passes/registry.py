@@ -31,6 +31,8 @@ _ENTRIES = [
               "scans along many elements as a scan of blocks, a scan of their totals and a combine"),
     PassEntry("kf-fuse", "fuse", "FusePass",
               "partition functions into kernels (attention, rowwise, matmul, transpose, elementwise, generic)"),
+    PassEntry("kf-share-kernels", "share_kernels", "ShareKernelsPass",
+              "kernel functions that are the same function under another name become one, called from every site"),
     PassEntry("kf-to-spirv", "to_spirv", "ToSpirvPass", "lower gpu.module kernels to a validated SPIR-V binary (gpu.binary) for Vulkan"),
     PassEntry("kf-to-metal", "to_metal", "ToMetalPass", "SPIR-V through SPIRV-Cross to MSL, with threadgroup sizes and buffer indices"),
     PassEntry("kf-to-cuda", "to_cuda", "ToCudaPass", "lower gpu.module kernels through NVVM to PTX (gpu.binary)"),

@@ -1,7 +1,8 @@
 """The stages every GPU target shares: the kernel passes, the launch schedule, a back
 end, and the constants the schedule uploads.
 
-    kernels   kf-recognize-moe -> kf-split-reductions -> kf-split-scans -> kf-fuse -> kf-tile ->
+    kernels   kf-recognize-moe -> kf-split-reductions -> kf-split-scans -> kf-fuse -> kf-share-kernels ->
+              kf-tile ->
               kf-map-to-gpu -> kf-promote-shared -> kf-vectorize -> kf-linalg-to-gpu
               (GPU_PASSES; the last writes torch-mlir's functions as kernels)
     schedule  the ProgramABI of the launch schedule (gpu_codegen.schedule_abi), each
@@ -22,7 +23,8 @@ from .base import Build, Stage, Target
 
 #: The GPU pipeline after kf-canonicalize; {t} is the strategies' target (cuda, spirv),
 #: {chip} the device's facts (``GpuTarget.pass_options``).
-GPU_PASSES = ["kf-recognize-moe", "kf-split-reductions", "kf-split-scans", "kf-fuse", "kf-tile{{target={t}{chip}}}",
+GPU_PASSES = ["kf-recognize-moe", "kf-split-reductions", "kf-split-scans", "kf-fuse", "kf-share-kernels",
+              "kf-tile{{target={t}{chip}}}",
               "kf-map-to-gpu{{target={t}{chip}}}", "kf-promote-shared", "kf-vectorize",
               "kf-linalg-to-gpu{{target={t}}}"]
 
