@@ -792,6 +792,37 @@ def test_attention_with_a_mask_of_every_length_is_one_program(target, mask):
         _close(attn(*args).cpu().double(), want.cpu(), tol=tol)
 
 
+def _seed_masked_by_zeros(q, k, v, mask):
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return torch.softmax(s.masked_fill(mask == 0, -1e9), -1) @ v
+
+
+@needs_vulkan
+@pytest.mark.parametrize("fn", [_decode, _seed_masked_by_zeros], ids=["sdpa", "masked_fill"])
+@pytest.mark.parametrize("shape", ["qk", "1k", "b1qk", "bhqk"])
+def test_vulkan_masks_of_random_lengths_and_layouts(fn, shape):
+    """Query and key lengths drawn apart (1 to 130), a mask of [q, k], [1, k], [b, 1, q, k]
+    or [b, h, q, k], bool or float, contiguous or transposed, called in turn on one kf
+    function: each call matches torch in float64, whichever program serves it."""
+    import random
+
+    rnd, gen = random.Random(shape), torch.Generator().manual_seed(len(shape))
+    attn = kf.jit(fn, target="vulkan")
+    for _ in range(6):
+        sq, sk = rnd.choice([1, 2, 7, 16, 33, 64, 100]), rnd.choice([1, 3, 8, 17, 64, 130])
+        q = torch.randn(2, 4, sq, 16, generator=gen)
+        k, v = (torch.randn(2, 4, sk, 16, generator=gen) for _ in range(2))
+        dims = {"qk": (sq, sk), "1k": (1, sk), "b1qk": (2, 1, sq, sk), "bhqk": (2, 4, sq, sk)}[shape]
+        m = torch.randn(*dims, generator=gen) if fn is _decode and rnd.random() < 0.5 else \
+            torch.rand(*dims, generator=gen) > 0.3
+        if fn is _seed_masked_by_zeros:
+            m = m.float()
+        if rnd.random() < 0.3:
+            m = m.transpose(-2, -1).contiguous().transpose(-2, -1)
+        want = fn(q.double(), k.double(), v.double(), m.double() if m.is_floating_point() else m)
+        _close(attn(q, k, v, m).double(), want)
+
+
 @needs_vulkan
 def test_vulkan_profile_dims_that_fail_together_leave_the_changing_ones_dynamic():
     """The disk profile holds every dim another process saw change (here the batch and the
