@@ -94,6 +94,7 @@ def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
     fused = partitioner.fuse_partitions(proposed)
     new = [n for n, _ in fused.named_children() if n not in names_before]
     any_failed = False
+    made = []  # (node, record, runner or the CompileError that refused it), in the graph's order
     for i, node in enumerate(n for n in fused.graph.nodes if n.op == "call_module" and n.target in new):
         sub = fused.get_submodule(node.target)
         _carry_values(node, sub)
@@ -112,13 +113,20 @@ def _partition(gm, example_inputs, options, kind, refused, rep) -> bool:
 
         examples = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
         try:
+            runner = regions.RegionRunner(sub, options, record, fallback, on_failure)
             if regions.symbolic(sub):  # compiled at its first call; ops kf refuses are found now
                 regions.check_conversion(sub, record.name)
-                runner = regions.RegionRunner(sub, options, record, fallback, on_failure)
+                made.append((node, record, runner, None))
             else:
-                runner = regions.RegionRunner(sub, options, record, fallback, on_failure)
-                runner.precompile(examples)
+                made.append((node, record, runner, examples))
         except CompileError as e:
+            made.append((node, record, e, None))
+    compiled = regions.precompile_all([(runner, examples) for _, _, runner, examples in made
+                                       if examples is not None and not isinstance(runner, CompileError)])
+    for node, record, runner, examples in made:
+        e = runner if isinstance(runner, CompileError) else compiled.get(id(runner))
+        if e is not None:
+            sub = fused.get_submodule(node.target)
             bad = getattr(e, "kf_node", None)
             why = f"{type(e).__name__}: {e.message}" + (f" ({e.cause})" if e.cause else "")
             if bad is not None:

@@ -339,6 +339,52 @@ def _kernel_names(meta: dict) -> list[str]:
         return [meta.get("name", "")]
 
 
+#: the most regions of one graph compiled at once (``precompile_all``)
+MAX_PARALLEL_COMPILES = 8
+
+
+def precompile_all(jobs: list) -> dict:
+    """Precompile each (RegionRunner, example inputs) of a graph: {id(runner): the
+    CompileError that refused it} for those that fail. Several regions are compiled at
+    once, in threads (at most MAX_PARALLEL_COMPILES, and the machine's cores): each
+    compile has its own MLIR context, and its lowering (LLVM's, spirv-val's) and ptxas
+    run outside Python, so a model's regions take about the longest one's time rather
+    than their sum. ``KF_COMPILE_THREADS=1`` compiles them one after another. Errors
+    other than CompileError are raised, the first region's first. A region whose graph
+    and inputs repeat an earlier one's is compiled after the others: its program comes
+    from the cache the first one filled."""
+    import concurrent.futures
+    import os
+
+    def one(job):
+        runner, examples = job
+        try:
+            runner.precompile(examples)
+        except CompileError as e:
+            return e
+        return None
+
+    # a region that repeats another (a model's layers) is compiled after it, from the cache
+    firsts, repeats, seen = [], [], set()
+    for job in jobs:
+        runner, examples = job
+        key = (graph_text(runner.gm), tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor)
+                                            else repr(a) for a in examples))
+        (repeats if key in seen else firsts).append(job)
+        seen.add(key)
+    threads = min(len(firsts), MAX_PARALLEL_COMPILES, os.cpu_count() or 1)
+    limit = os.environ.get("KF_COMPILE_THREADS", "")
+    if limit.isdigit() and int(limit) > 0:
+        threads = min(threads, int(limit))
+    if threads <= 1:
+        results = [one(job) for job in firsts]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kf-compile") as pool:
+            results = list(pool.map(one, firsts))
+    results += [one(job) for job in repeats]
+    return {id(runner): e for (runner, _), e in zip(firsts + repeats, results) if e is not None}
+
+
 class RegionRunner:
     """Calls a region: its kf program of run-time sizes where the graph's sizes are
     symbolic and one program can serve them (sizes.py), else its program for the inputs'

@@ -374,3 +374,46 @@ def test_inductor_segment_reads_its_sizes_symbols_from_the_graph():
         torch.testing.assert_close(out, want)
         got = torch.autograd.grad(out, [emb.weight, head.weight])
         torch.testing.assert_close(got, torch.autograd.grad(want, [emb.weight, head.weight]))
+
+
+@pytest.mark.parametrize("threads", ["1", "4"])
+def test_a_graphs_regions_compile_together_and_repeats_come_from_the_cache(threads, tmp_path, monkeypatch):
+    """A graph's regions are compiled at once, in threads (``regions.precompile_all``);
+    a region that repeats another (the same layer again between attention calls) is
+    compiled after them, from the cache the first filled. Outputs and gradients are
+    eager's either way, with one thread or several."""
+    monkeypatch.setenv("KF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KF_COMPILE_THREADS", threads)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = torch.nn.functional.layer_norm(x, (16,))
+            q = self.a(h).view(2, 9, 2, 8).transpose(1, 2)
+            o = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            return x + self.b(o.transpose(1, 2).reshape(2, 9, 16)).relu()
+
+    model = torch.nn.Sequential(*[Block() for _ in range(4)])
+    c = torch.compile(model, backend="kf", options={"target": "cpu", "fallback": "eager"})
+    x = torch.randn(2, 9, 16, requires_grad=True)
+    want = model(x)
+    (gx_want,) = torch.autograd.grad(want.square().sum(), x)
+    got = c(x)
+    (gx,) = torch.autograd.grad(got.square().sum(), x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gx, gx_want, atol=1e-4, rtol=1e-4)
+    regions = _regions(c, x)
+    assert len(regions) >= 5, regions
+    by_graph = {}
+    for r in regions:
+        by_graph.setdefault(tuple(r.ops), []).append(r)
+    repeated = [rs for rs in by_graph.values() if len(rs) > 1]
+    # (the first layer's region reads the graph's input where the others read the layer
+    # before: its graph differs; the later ones are the same graph)
+    assert repeated and all(sum(r.cached for r in rs) >= 1 for rs in repeated), \
+        [[(r.name, r.compiles, r.cached, len(r.ops)) for r in rs] for rs in by_graph.values()]
