@@ -376,8 +376,9 @@ def test_inductor_segment_reads_its_sizes_symbols_from_the_graph():
         torch.testing.assert_close(got, torch.autograd.grad(want, [emb.weight, head.weight]))
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("threads", ["1", "4"])
-def test_a_graphs_regions_compile_together_and_repeats_come_from_the_cache(threads, tmp_path, monkeypatch):
+def test_a_graphs_regions_compile_together_and_repeats_come_from_the_cache(target, threads, tmp_path, monkeypatch):
     """A graph's regions are compiled at once, in threads (``regions.precompile_all``);
     a region that repeats another (the same layer again between attention calls) is
     compiled after them, from the cache the first filled. Outputs and gradients are
@@ -399,7 +400,7 @@ def test_a_graphs_regions_compile_together_and_repeats_come_from_the_cache(threa
             return x + self.b(o.transpose(1, 2).reshape(2, 9, 16)).relu()
 
     model = torch.nn.Sequential(*[Block() for _ in range(4)])
-    c = torch.compile(model, backend="kf", options={"target": "cpu", "fallback": "eager"})
+    c = torch.compile(model, backend="kf", options={"target": target, "fallback": "eager"})
     x = torch.randn(2, 9, 16, requires_grad=True)
     want = model(x)
     (gx_want,) = torch.autograd.grad(want.square().sum(), x)
