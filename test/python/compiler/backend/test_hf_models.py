@@ -102,3 +102,16 @@ def test_generate_matches_eager(target):
     # the prompt, a first step at static sizes and one program for the run-time keys of
     # the others (the padding mask's too): not one a step
     assert programs() - before <= 3
+    # prompts of new lengths: their [b, 1, n, n] mask takes run-time queries and keys, so
+    # one program serves every prompt from the second length on
+    for n in (13, 20, 31):
+        x = torch.randint(1, 96, (2, n))
+        mask = torch.ones(2, n, dtype=torch.long)
+        mask[1, :3] = 0
+        with torch.no_grad():
+            got = model.generate(x, **{**kw, "attention_mask": mask, "max_new_tokens": 2})
+            want = eager.generate(x, **{**kw, "attention_mask": mask, "max_new_tokens": 2})
+        assert torch.equal(got.sequences, want.sequences)
+        for a, b in zip(got.logits, want.logits):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert programs() - before <= 4
