@@ -145,6 +145,10 @@ class KfFunction:
         self._trace_static: set[tuple[str, int]] = set()
         self._static_retries = 0
         self._profile_read = False
+        # innermost dims kept run-time because they changed with another tensor's outer
+        # dim, size for size (a mask's keys): in this process or, from the disk profile,
+        # an earlier one, whose dynamic program a fresh process's first call then finds
+        self._lengths: set[tuple[str, int]] = set()
         self._limit_warned = False
         self._static_logged = False
 
@@ -457,6 +461,7 @@ class KfFunction:
                 from . import cache
 
                 self._auto |= cache.dynamic_profile(self.fn)
+                self._lengths |= cache.profile_lengths(self.fn)
             grew = False
             for n, shape in zip(names, shapes):
                 for d, size in enumerate(shape):
@@ -495,8 +500,14 @@ class KfFunction:
             # an innermost dim that has changed with an outer dim of another tensor, size for
             # size, is that length (a mask's or a bias's keys beside k's): it stays run-time
             lengths = {change(k) for k in wanted if k[1] != rank[k[0]] - 1} - {None}
+            kept = {(n, d) for n, d in wanted if d == rank[n] - 1 and change((n, d)) in lengths}
+            if observe and not kept <= self._lengths:
+                from . import cache
+
+                self._lengths |= kept
+                cache.add_dynamic_profile(self.fn, self._auto, self._lengths)
             wanted = {(n, d) for n, d in wanted if d != rank[n] - 1 or rank[n] == 1 or n in integers
-                      or change((n, d)) in lengths}
+                      or (n, d) in kept or (n, d) in self._lengths}
         wanted = wanted - self._static
         general = sig.generalize(wanted, target.divisibility, largest=self._largest)
         if observe:

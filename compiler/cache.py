@@ -308,26 +308,40 @@ def _profile_path(fn: Callable) -> Path:
     return cache_dir() / "dynamic" / (hashlib.sha256(where.encode()).hexdigest()[:32] + ".json")
 
 
+def _profile_dims(fn: Callable, field: str) -> set[tuple[str, int]]:
+    try:
+        data = json.loads(_profile_path(fn).read_text())
+        return {(str(n), int(d)) for n, d in data.get(field, [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
 def dynamic_profile(fn: Callable) -> set[tuple[str, int]]:
     """(tensor name, dim) of fn's dims that an earlier process found to change size (as
     dynamo's automatic dynamic profile): a hint for the first call's signature, which
     then finds that program in the cache; an unreadable profile is none."""
-    try:
-        data = json.loads(_profile_path(fn).read_text())
-        return {(str(n), int(d)) for n, d in data["dims"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
+    return _profile_dims(fn, "dims")
 
 
-def add_dynamic_profile(fn: Callable, dims: set[tuple[str, int]]) -> None:
-    """Record fn's dynamic dims (with those recorded before), written atomically; a cache
-    that cannot be written keeps none."""
+def profile_lengths(fn: Callable) -> set[tuple[str, int]]:
+    """Of those, the innermost dims an earlier process kept run-time sizes because they
+    changed with another tensor's outer dim, size for size (a mask's keys beside k's
+    length; compiler/api.py), which a first call cannot see change."""
+    return _profile_dims(fn, "lengths")
+
+
+def add_dynamic_profile(fn: Callable, dims: set[tuple[str, int]],
+                        lengths: set[tuple[str, int]] = frozenset()) -> None:
+    """Record fn's dynamic dims and kept innermost ``lengths`` (with those recorded
+    before), written atomically; a cache that cannot be written keeps none."""
     path = _profile_path(fn)
     dims = dims | dynamic_profile(fn)
+    lengths = set(lengths) | profile_lengths(fn)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}")
-        tmp.write_text(json.dumps({"dims": sorted([n, d] for n, d in dims)}))
+        tmp.write_text(json.dumps({"dims": sorted([n, d] for n, d in dims),
+                                   "lengths": sorted([n, d] for n, d in lengths)}))
         os.replace(tmp, path)
     except OSError:
         pass

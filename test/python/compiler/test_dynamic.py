@@ -633,6 +633,46 @@ def test_fresh_process_compiles_nothing_for_a_new_length(tmp_path, target):
     assert "compiled 0 loaded 1" in out and "mlir imported: False" in out
 
 
+FRESH_MASKED = textwrap.dedent("""
+    import sys
+    import torch
+    import kf
+
+    @kf.jit(target=sys.argv[1])
+    def attention(q, k, v, mask):
+        scores = torch.matmul(q, k.transpose(-2, -1)) / 32 ** 0.5
+        return torch.softmax(scores.masked_fill(mask == 0, -1e9), dim=-1) @ v
+
+    for n in map(int, sys.argv[2:]):
+        q, k, v = (torch.randn(2, 4, n, 32) for _ in range(3))
+        mask = torch.ones(n, n).tril()
+        ref = torch.softmax((q @ k.transpose(-2, -1) / 32 ** 0.5).masked_fill(mask == 0, -1e9), -1) @ v
+        assert torch.allclose(attention(q, k, v, mask), ref, atol=1e-4)
+    print("compiled", sum(not c.cached for c in attention.compiles), "loaded",
+          sum(c.cached for c in attention.compiles))
+""")
+
+
+@needs_vulkan
+def test_fresh_process_finds_the_program_of_a_mask_of_run_time_keys(tmp_path):
+    """The seed's attention with its [n, n] mask: the mask's innermost dim (its keys) is a
+    run-time size only once it has changed with k's length, which a fresh process's first
+    call cannot see; the disk profile keeps that it did (``cache.profile_lengths``), so a
+    new length in a fresh process loads the program of run-time sizes."""
+    script = tmp_path / "user_code.py"
+    script.write_text(FRESH_MASKED)
+    env = dict(os.environ, KF_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run(*sizes):
+        r = subprocess.run([sys.executable, str(script), "vulkan", *map(str, sizes)], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "compiled 2 loaded 0" in run(7, 11, 19)  # static, then dynamic
+    assert "compiled 0 loaded 1" in run(40, 257)
+
+
 def test_branch_on_a_size_is_never_served_by_the_dynamic_program(caplog):
     # torch's trace at size 9 holds only where the size is not 7 (a guard Ne(s0, 7)); export
     # keeps no check of it in the graph: the program checks it at each call, and size 7
