@@ -149,6 +149,10 @@ class KfFunction:
         # dim, size for size (a mask's keys): in this process or, from the disk profile,
         # an earlier one, whose dynamic program a fresh process's first call then finds
         self._lengths: set[tuple[str, int]] = set()
+        # signatures of run-time sizes that could not be one program (kf-tile refused a
+        # kernel): a later call that generalizes to one of them compiles its own sizes
+        # without trying it again
+        self._failed_dynamic: set = set()
         self._limit_warned = False
         self._static_logged = False
 
@@ -216,6 +220,8 @@ class KfFunction:
             # dynamic=True fell back to the dims that change (the same call bound again,
             # by autograd's custom op): the signature they compile now
             sig = self._generalized(sig.sized(tensors), observe=False)
+        if sig in self._failed_dynamic:
+            sig = sig.sized(tensors)
         program = self._table.get((sig, reads.fingerprint))
         if program is None:
             sig, program = self._serving(sig, tensors, reads)
@@ -247,7 +253,10 @@ class KfFunction:
                     self._moves(reads, range(len(reads.tensors)), target, tensors)
                 if not sig.is_dynamic:
                     raise
+                tried = sig
                 program, sig = self._static_fallback(sig, tensors, options, reads, e)
+                if not sig.is_dynamic:
+                    self._failed_dynamic.add(tried)
                 reason = f"{reason}; " + (f"compiled with {sig.describe()}" if sig.is_dynamic else
                                           "compiled for static sizes")
             self._compiles.append(CompileRecord(sig.describe(), target, time.perf_counter() - start, reason,

@@ -673,6 +673,23 @@ def test_fresh_process_finds_the_program_of_a_mask_of_run_time_keys(tmp_path):
     assert "compiled 0 loaded 1" in run(40, 257)
 
 
+@needs_vulkan
+def test_run_time_sizes_that_failed_are_not_tried_again(caplog):
+    """Attention's probabilities returned ([b, h, n, n]: a result with two run-time sizes,
+    which no GPU kernel writes): the program of run-time sizes fails once, and each later
+    length compiles its own sizes without trying it again."""
+    def probs(q, k):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.1, -1)
+
+    f = kf.jit(probs, target="vulkan")
+    with caplog.at_level(logging.INFO, logger="kf.recompiles"):
+        for n in (7, 11, 19, 30):
+            q, k = torch.randn(2, 4, n, 16), torch.randn(2, 4, n, 16)
+            _close(f(q, k), probs(q, k))
+    assert caplog.text.count("not one program together") == 1, caplog.text
+    assert len(f.compiles) == 4 and not any("?" in c.signature for c in f.compiles)
+
+
 def test_branch_on_a_size_is_never_served_by_the_dynamic_program(caplog):
     # torch's trace at size 9 holds only where the size is not 7 (a guard Ne(s0, 7)); export
     # keeps no check of it in the graph: the program checks it at each call, and size 7
