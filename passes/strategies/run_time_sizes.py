@@ -70,12 +70,17 @@ def _dynamic_dim(t: ir.Type) -> int:
     return next(i for i in range(rt.rank) if rt.is_dynamic_dim(i))
 
 
+def _run_time_dims(t: ir.Type) -> list[int]:
+    """The ``?`` dims of a type, in order (none for a static or non-tensor type)."""
+    if not _is_dynamic(t):
+        return []
+    rt = ir.RankedTensorType(t)
+    return [i for i in range(rt.rank) if rt.is_dynamic_dim(i)]
+
+
 def _dims_mask(t: ir.Type) -> int:
     """The run-time dims of a type as a bit mask (bit d: dim d is ``?``; 0: none)."""
-    if not _is_dynamic(t):
-        return 0
-    rt = ir.RankedTensorType(t)
-    return sum(1 << i for i in range(rt.rank) if rt.is_dynamic_dim(i))
+    return sum(1 << i for i in _run_time_dims(t))
 
 
 def _dims_of_mask(mask: int) -> set[int]:
@@ -96,9 +101,7 @@ def slots_of(kernel: ir.Operation) -> list[tuple[int, int]]:
     ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
     slots = []
     for pos, t in enumerate([*ftype.inputs, *ftype.results]):
-        if _is_dynamic(t):
-            rt = ir.RankedTensorType(t)
-            slots.extend((pos, i) for i in range(rt.rank) if rt.is_dynamic_dim(i))
+        slots.extend((pos, i) for i in _run_time_dims(t))
     return slots
 
 
@@ -121,10 +124,7 @@ def check_several(kernel: ir.Operation, kind: str) -> None:
     ftype = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
     n_in = len(ftype.inputs)
     for pos, t in enumerate([*ftype.inputs, *ftype.results]):
-        if not _is_dynamic(t):
-            continue
-        rt = ir.RankedTensorType(t)
-        if sum(rt.is_dynamic_dim(i) for i in range(rt.rank)) < 2:
+        if len(_run_time_dims(t)) < 2:
             continue
         if kind not in SEVERAL_SIZE_KINDS or pos >= n_in:
             raise ValueError(f"{t} has more than one run-time size")
@@ -641,11 +641,11 @@ class SizeTexts(RunTimeShapes):
     def __init__(self, kernel: ir.Operation, without: int = -1):
         self.kernel = kernel
         body = kernel.regions[0].blocks[0]
-        dims = {r: _dims_of_mask(_dims_mask(r.type)) for op in body.operations for r in op.operation.results
-                if _dims_mask(r.type)}
+        dims = {r: set(_run_time_dims(r.type)) for op in body.operations for r in op.operation.results
+                if _is_dynamic(r.type)}
         for a in body.arguments:
-            if _dims_mask(a.type):
-                dims[a] = _dims_of_mask(_dims_mask(a.type))
+            if _is_dynamic(a.type):
+                dims[a] = set(_run_time_dims(a.type))
         n_in = len(body.arguments)
         slots = {k: (pos, d) for k, (pos, d) in enumerate(slots_of(kernel)) if pos < n_in and pos != without}
         self._solve(kernel, dims, slots, lambda k: f"a{slots[k][0]}d{slots[k][1]}")
