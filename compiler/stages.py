@@ -122,8 +122,10 @@ def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_af
     """
     record_after = record_after or {}
     ctx = module.context
-    for element in passes:
-        before = module.operation.get_asm(enable_debug_info=True)
+    # A failing pass's input is rebuilt from this copy only when a pass fails, instead of
+    # printing the module before every pass.
+    start = module.operation.clone()
+    for i, element in enumerate(passes):
         pm, _ = pipeline.build(f"builtin.module({element})", ctx)
         diags: list = []
 
@@ -132,7 +134,7 @@ def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_af
             return True
 
         h = ctx.attach_diagnostic_handler(handler)
-        start = time.perf_counter()
+        started = time.perf_counter()
         try:
             pm.run(module.operation)
         except ir.MLIRError as e:
@@ -142,19 +144,33 @@ def run_passes(module: ir.Module, passes: list[str], log: StageLog, *, record_af
             all_diags = diags + list(getattr(e, "error_diagnostics", []))
             messages = [str(d.message) for d in all_diags]
             loc = _in_function(_user_loc(all_diags), log) or log.default_loc
-            path = save_reproducer(log, before)
+            path = save_reproducer(log, _input_of(start, passes[:i]))
             cause = next((m for m in messages if m), str(e).splitlines()[0])
             raise PassFailedError(f"{log.name}: pass {element} failed", loc, stage=element,
                                   cause=cause.strip().splitlines()[0][:300], reproducer=path,
                                   command=f"kf-opt {path} --pass-pipeline='builtin.module({element})'") from None
         finally:
             h.detach()
-        log.seconds[element] = log.seconds.get(element, 0.0) + time.perf_counter() - start
+        log.seconds[element] = log.seconds.get(element, 0.0) + time.perf_counter() - started
         if log.dump_dir:
             log.dump(element, module.operation.get_asm(enable_debug_info=True, use_local_scope=True))
         if element in record_after:
             log.texts[record_after[element]] = module.operation.get_asm(enable_debug_info=True,
                                                                          use_local_scope=True)
+
+
+def _input_of(start: ir.Operation, done: list[str]) -> str:
+    """The text a failing pass was given: ``start`` with the passes before it run again."""
+    ctx = start.context
+    h = ctx.attach_diagnostic_handler(lambda d: True)
+    try:
+        for element in done:
+            pipeline.build(f"builtin.module({element})", ctx)[0].run(start)
+    except ir.MLIRError:
+        pass  # the earlier passes succeeded on the same input; keep what was reached
+    finally:
+        h.detach()
+    return start.get_asm(enable_debug_info=True)
 
 
 def _in_function(loc: SourceLoc | None, log: StageLog) -> SourceLoc | None:

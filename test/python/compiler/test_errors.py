@@ -171,6 +171,29 @@ def test_a_failing_pass_names_pass_line_and_reproducer(monkeypatch, tmp_path):
     assert kf_opt.main(args) == 0
 
 
+def test_the_reproducer_of_a_later_pass_is_that_pass_s_input(monkeypatch, tmp_path):
+    """A pass deep in the GPU pipeline fails: its reproducer holds what the passes before it
+    wrote (the kernels kf-map-to-gpu made), and the command fails on it the same way."""
+    from kf.passes import promote_shared
+
+    def fail(self, module):
+        raise pass_base.PassError("planted failure", module.location)
+
+    monkeypatch.setattr(promote_shared.PromoteSharedPass, "run", fail)
+    with pytest.raises(kf.PassFailedError) as e:
+        kf.jit(two_lines, target="vulkan")(torch.randn(8))
+    err = e.value
+    assert err.stage == "kf-promote-shared" and "planted failure" in err.cause
+    source = open(err.reproducer).read()
+    assert "gpu.func" in source and "kf.exp" not in source
+    from kf.tools import kf_opt
+
+    args = [err.reproducer, "--pass-pipeline=builtin.module(kf-promote-shared)", "-o", str(tmp_path / "o.mlir")]
+    assert kf_opt.main(args) != 0
+    monkeypatch.undo()
+    assert kf_opt.main(args) == 0
+
+
 def test_a_crashing_pass_is_a_pass_failure_with_one_line_of_cause(monkeypatch):
     def crash(self, module):
         raise ZeroDivisionError("planted crash")
