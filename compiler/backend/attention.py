@@ -158,9 +158,18 @@ def _attention_train_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               out: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, scale: float, causal: bool,
                               target: str, precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) from the forward's O and logsumexp, or by recomputing the forward where
-    its split saves more than those."""
+    its split saves more than those.
+
+    Grouped-query attention's k and v (fewer heads than q) are given to the backward with
+    q's heads, and their gradients summed over each group after: the backward of the
+    heads' repeat inside the function would carry the [..., Sq, Sk] probabilities between
+    kernels, which no program of run-time lengths can (kf-tile plans one run-time size a
+    result), so each new length would compile."""
     from .. import torch_ops
 
+    kv_heads = k.shape[-3]
+    if kv_heads != q.shape[-3]:
+        k, v = _heads(k, q), _heads(v, q)
     fn, tensors, structure, wants, training = _split(q, k, v, mask, scale, causal, target, precision)
     if mask is not None:  # the rows the forward zeroed take no gradient
         grad = grad.masked_fill(_live_rows(mask).logical_not(), 0.0)
@@ -169,7 +178,17 @@ def _attention_train_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             got = training.backward(training.saved(tensors, [out, lse]), [grad])
         else:
             got = torch_ops._backward_of(fn, structure, tensors, [grad], wants)(tensors, [grad])
-    return tuple(g.contiguous() for g in got[:3])
+    dq, dk, dv = got[:3]
+    if kv_heads != q.shape[-3]:
+        dk, dv = (_group_sum(g, kv_heads) for g in (dk, dv))
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+def _group_sum(grad, kv_heads: int):
+    """The gradient of ``_heads``' repeat: each kv head's is the sum over the q heads it
+    serves (consecutive ones, as ``repeat_interleave`` lays them out)."""
+    *batch, heads, n, d = grad.shape
+    return grad.reshape(*batch, kv_heads, heads // kv_heads, n, d).sum(-3)
 
 
 @_attention_train_backward.register_fake
