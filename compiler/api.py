@@ -221,7 +221,7 @@ class KfFunction:
             # by autograd's custom op): the signature they compile now
             sig = self._generalized(sig.sized(tensors), observe=False)
         if sig in self._failed_dynamic:
-            sig = sig.sized(tensors)
+            sig = self._since_last(sig, tensors)
         program = self._table.get((sig, reads.fingerprint))
         if program is None:
             sig, program = self._serving(sig, tensors, reads)
@@ -287,6 +287,25 @@ class KfFunction:
                     and not (hasattr(program, "failed_size_guard") and program.failed_size_guard(tensors))):
                 return known, program
         return sig, None
+
+    def _since_last(self, sig: Signature, tensors: list) -> Signature:
+        """For a call whose signature of run-time sizes failed to be one program: the
+        signature with run-time sizes only where the call differs from the program compiled
+        last (a grouped-query call after calls of other heads: its length alone), where that
+        is fewer dims and not failed too; else the call's own sizes."""
+        static = sig.sized(tensors)
+        last = next(reversed(self._table), None)
+        if last is None or [t.shape for t in static.tensor_sigs()] == [t.shape for t in last[0].tensor_sigs()]:
+            return static
+        before = dict(zip(last[0].tensor_names(), [t.shape for t in last[0].tensor_sigs()]))
+        now = dict(zip(static.tensor_names(), [t.shape for t in static.tensor_sigs()]))
+        changed = {(n, d) for n, d in sig.dynamic_dims() if n in before and len(before[n]) == len(now[n])
+                   and before[n][d] != now[n][d]}
+        if not changed or changed == set(sig.dynamic_dims()):
+            return static
+        target = targets.get(self.resolve_target(sig))
+        narrower = static.generalize(changed, target.divisibility, largest=self._largest)
+        return narrower if narrower.is_dynamic and narrower not in self._failed_dynamic else static
 
     def _static_fallback(self, sig: Signature, tensors: list, options: Options, reads, e: Exception):
         """(the program for the call, its signature) where a signature with run-time sizes
@@ -365,6 +384,18 @@ class KfFunction:
             if sig.is_dynamic and hasattr(program, "checks_sizes") and program.checks_sizes():
                 self._size_guarded[sig] = program
             return
+        split = program.split_symbols(tensors) if hasattr(program, "split_symbols") else []
+        names = sig.tensor_names()
+        held = {(names[i], d) for i, d in split if i < len(names)} - self._static
+        if held:
+            # dims the trace took as one size because they were equal where it was traced
+            # (an attention's query and key heads): they stay static from now on, the
+            # other run-time sizes stay run-time (grouped-query heads, then any length)
+            self._static |= held
+            logs.recompile_log.info("%s: sizes %s fail the guard %s of the program with run-time sizes: %s "
+                                    "static from now on", self.fn.__name__, [list(t.shape) for t in tensors], failed,
+                                    ", ".join(f"'{n}' dim {d}" for n, d in sorted(held)))
+            raise _Rebind()
         logs.recompile_log.info("%s: sizes %s fail the guard %s of the program with run-time sizes: compiled for "
                                 "them", self.fn.__name__, [list(t.shape) for t in tensors], failed)
         raise _Rebind(static=True)

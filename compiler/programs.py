@@ -108,6 +108,25 @@ class CompiledProgram:
         memo[shapes] = failed
         return failed
 
+    def split_symbols(self, tensors: list) -> list[tuple[int, int]]:
+        """(input, dim) of each run-time dim whose symbol another input dim shares but
+        whose size in this call differs from it: the relation the trace assumed from equal
+        sizes (an attention's query and key heads), which this call does not keep."""
+        abi = getattr(self._launch, "abi", None)
+        if abi is None or abi.is_static:
+            return []
+        from kf.runtime.abi import DYN
+
+        by_symbol: dict[str, list[tuple[int, int, int]]] = {}
+        for i, (a, t) in enumerate(zip(abi.inputs, tensors)):
+            shape = tuple(getattr(t, "shape", ()))
+            if len(shape) != len(a.shape):
+                return []
+            for d, want in enumerate(a.shape):
+                if want == DYN and a.dims[d].isidentifier():
+                    by_symbol.setdefault(a.dims[d], []).append((i, d, shape[d]))
+        return [(i, d) for dims in by_symbol.values() if len({n for _, _, n in dims}) > 1 for i, d, _ in dims]
+
     def checks_sizes(self) -> bool:
         """Whether a call of this program with run-time sizes must check its sizes first
         (failed_size_guard): guards from its trace, or one symbol naming several input dims."""

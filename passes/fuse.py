@@ -72,7 +72,7 @@ from mlir import ir
 from mlir.dialects import func
 
 from kf.dialects import BY_NAME, spec_of
-from kf.dialects.attrs import op_attrs
+from kf.dialects.attrs import op_attrs, set_sizes_from, sizes_from
 from kf.dialects.elements import ELEM_BYTES
 from kf.dialects.types import DYN, defining, transposes_last_two
 
@@ -1146,6 +1146,12 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
         for op in ops:
             leaves(op, clones, reads)
         inputs = [v for v in reads if defining(v) not in members]
+        # an op sized by the function's arguments (kf.iota, kf.fill of a run-time length)
+        # takes them as inputs of the kernel too, which names its sizes by them
+        for op in clones + ops:
+            for a, _ in sizes_from(op) or ():
+                if a >= 0 and block.arguments[a] not in inputs:
+                    inputs.append(block.arguments[a])
         outputs = []
         for op in ops:
             for r in op.results:
@@ -1177,6 +1183,10 @@ def _fuse_function(module: ir.Operation, f: ir.Operation) -> None:
                 c = op.clone()
                 for i, v in enumerate(op.operands):
                     c.operands[i] = kmap[v]
+                pairs = sizes_from(c)
+                if pairs is not None:
+                    set_sizes_from(c, [(inputs.index(block.arguments[a]), d) if a >= 0 else (a, d)
+                                       for a, d in pairs])
                 for r, cr in zip(op.results, c.results):
                     kmap[r] = cr
             func.ReturnOp([kmap[r] for r in outputs], loc=f.location)

@@ -44,6 +44,7 @@ from typing import Iterator, Sequence
 from mlir import ir
 from mlir.dialects import arith, memref
 
+from kf.dialects.attrs import SIZES_FROM, sizes_from
 from kf.runtime.abi import MAX_DYNAMIC_SIZE
 
 #: the size a ``?`` dim is declared with in the kernel: the largest a run-time size takes
@@ -437,6 +438,11 @@ class RunTimeShapes:
         r = op.results[0]
         rr = len(self._bounded(r))
         attrs = self._attrs(op)
+        if not len(op.operands) and SIZES_FROM in op.attributes:  # sized by the kernel's arguments
+            for j, (a, d) in enumerate(sizes_from(op)):
+                if 0 <= a < len(self.args):
+                    yield j, self.args[a], d
+            return
         if op.name == "kf.transpose":
             for j, p in enumerate(attrs["perm"]):
                 yield j, op.operands[0], int(p)

@@ -1,7 +1,8 @@
 """Hugging Face decoders that kf's authors did not write, built from small configs with
 random weights (no downloads), trained one step under ``torch.compile(backend="kf")`` on
-cpu and vulkan: the loss and every parameter's gradient match eager at two sequence
-lengths (the second through Dynamo's symbolic length), with the model's own attention
+cpu and vulkan: the loss and every parameter's gradient match eager at four sequence
+lengths (from the second on through Dynamo's symbolic length, whose programs serve the
+third and fourth without compiling), with the model's own attention
 (SDPA, grouped-query heads), rotary embedding, norms, MLP and cross-entropy loss. A
 left-padded batch (an attention mask of zeros for the padding, as a tokenizer gives it)
 masks some query rows everywhere: torch gives those 0, not NaN.
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from kf.backend import attention as backend_attention
+from kf.backend import report
 from kf.runtime import vulkan
 
 transformers = pytest.importorskip("transformers")
@@ -48,6 +50,12 @@ MODELS = {"llama": _llama, "qwen2": _qwen2, "gemma": _gemma, "gpt2": _gpt2, "lla
 PADDED = {"llama-padded"}
 #: GPT-2's loss logs a warning once, where Dynamo breaks the graph
 GRAPH_BREAKS = {"gpt2"}
+#: models with a program that still compiles at each new length, and why (the others
+#: compile nothing after their second length)
+EACH_LENGTH = {
+    "gpt2": "its log_softmax's backward is over 2*s rows, a size no region input gives alone",
+    "llama-padded": "the padding mask's backward carries [s, s] scores between kernels",
+}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -59,22 +67,38 @@ def test_training_step_matches_eager(name, target):
     eager = copy.deepcopy(model)
     compiled = torch.compile(model, backend="kf", fullgraph=name not in GRAPH_BREAKS,
                              options={"target": target, "fallback": "eager"})
-    for seq in (13, 21):
+    compiles = []
+    for seq in (13, 21, 30, 8):
         x = torch.randint(0, 96, (2, seq))
         kw = dict(input_ids=x, labels=x)
         if name in PADDED:  # the second sequence: padding first, and padding masked in the loss
             kw["attention_mask"] = torch.ones(2, seq, dtype=torch.long)
             kw["attention_mask"][1, : seq // 3] = 0
             kw["labels"] = x.masked_fill(kw["attention_mask"] == 0, -100)
-        out, want = compiled(**kw), eager(**kw)
+        with report.collect() as ran:
+            out, want = compiled(**kw), eager(**kw)
+            out.loss.backward()
         torch.testing.assert_close(out.logits, want.logits, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(out.loss, want.loss, rtol=1e-5, atol=1e-6)
-        out.loss.backward()
         want.loss.backward()
         for (p_name, p), q in zip(model.named_parameters(), eager.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{p_name} seq {seq}: {m}")
         model.zero_grad(set_to_none=True)
         eager.zero_grad(set_to_none=True)
+        # every region but those that say they compile each size (a sum over more tokens
+        # than kf sums with run-time sizes: the loss of a batch of 2 at its bound)
+        dynamic = [r for g in ran for r in g.regions if "sums in stages" not in (r.static or "")]
+        compiles.append((sum(r.compiles for r in dynamic), _attention_programs()))
+    if name not in EACH_LENGTH:
+        # the third and fourth lengths run the programs the second compiled, regions and attention alike
+        assert compiles[2] == compiles[1] and compiles[3] == compiles[1], compiles
+
+
+def _attention_programs() -> int:
+    """The programs of the attention kf functions and of their split backwards."""
+    backwards = {id(t.backward.fn): t.backward.fn for f in backend_attention._FUNCTIONS.values()
+                 for t, _ in f._trainings.values()}
+    return sum(len(f.compiles) for f in [*backend_attention._FUNCTIONS.values(), *backwards.values()])
 
 
 @pytest.mark.parametrize("target", TARGETS)
