@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property, lru_cache
 from typing import Sequence
@@ -167,6 +168,10 @@ def eval_guard(expr: str, sizes: dict[str, int]) -> bool:
     return bool(ev(_parsed(expr)))
 
 
+#: a dim that is a number times one symbol (``2*s3``)
+_TIMES = re.compile(r"(\d+)\*([A-Za-z_]\w*)")
+
+
 def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min_size: int = 2,
                max_size: int | None = None) -> dict[str, int] | str:
     """The symbols' sizes in a call whose inputs have these shapes, or why the shapes do
@@ -193,6 +198,13 @@ def bind_sizes(args: Sequence["TensorArg"], shapes: Sequence[Sequence[int]], min
                 derived.append((a, d, name, got))
             elif sizes.setdefault(name, got) != got:
                 return f"'{a.name}' dim {d} is {got}, but {name} is {sizes[name]} in another input"
+    for a, d, expr, got in derived:  # a symbol no input dim gives alone, but times a number
+        m = _TIMES.fullmatch(expr.replace(" ", ""))  # (the rows of a flattened [2, s] batch: 2*s)
+        if m and m.group(2) not in sizes:
+            times = int(m.group(1))
+            if got % times:
+                return f"'{a.name}' dim {d} is {got}, but it is {expr}"
+            sizes[m.group(2)] = got // times
     for a, d, expr, got in derived:
         try:
             want = eval_size(expr, sizes)

@@ -56,7 +56,8 @@ class SizePlan:
     #: the symbols held at one size (name -> size): the program serves calls of that size
     fixed: dict
     #: where a call gives each symbol, run-time or fixed: (position among the region's
-    #: arguments, dim; None for an argument that is the size itself)
+    #: arguments, dim; None for an argument that is the size itself), and a third number
+    #: where that dim is the symbol times it (the symbol is the dim over it)
     binds: dict
     #: the positions of the region's tensor arguments
     tensor_args: list[int]
@@ -97,8 +98,9 @@ class SizePlan:
         return True
 
     def size_of(self, name: str, args) -> int:
-        i, d = self.binds[name]
-        return int(args[i] if d is None else args[i].shape[d])
+        i, d, *times = self.binds[name]
+        n = int(args[i] if d is None else args[i].shape[d])
+        return n // times[0] if times else n
 
     def signature(self, tensors: list) -> Signature:
         """The program's signature: the tensors' own, their run-time dims DYN."""
@@ -149,6 +151,16 @@ def plan(gm: torch.fx.GraphModule, fixed: dict | None = None, bound_all: bool = 
             return f"a size is compared in the region ({node.name} = {val.node.expr})"
         elif isinstance(val, torch.SymInt) and _expr(val) is not None:
             derived.append((node.name, _expr(val)))
+    for i, node in enumerate(placeholders):  # a symbol that inputs give only times a number
+        val = node.meta.get("val")  # (rows of a flattened [2, s] batch: 2*s) binds as that dim over it
+        if isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                e = _expr(size)
+                if e is not None and not e.is_Symbol:
+                    c, rest = e.as_coeff_Mul()
+                    if rest.is_Symbol and str(rest) not in every and c.is_Integer and int(c) > 1:
+                        every[str(rest)] = rest
+                        binds[str(rest)] = (i, d, int(c))
     for what, e in derived:
         unbound = sorted(str(s) for s in e.free_symbols if str(s) not in every)
         if unbound and " dim " not in what:

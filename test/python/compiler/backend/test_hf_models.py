@@ -53,7 +53,6 @@ GRAPH_BREAKS = {"gpt2"}
 #: models with a program that still compiles at each new length, and why (the others
 #: compile nothing after their second length)
 EACH_LENGTH = {
-    "gpt2": "its log_softmax's backward is over 2*s rows, a size no region input gives alone",
     "llama-padded": "the padding mask's backward carries [s, s] scores between kernels",
 }
 
@@ -90,8 +89,10 @@ def test_training_step_matches_eager(name, target):
         dynamic = [r for g in ran for r in g.regions if "sums in stages" not in (r.static or "")]
         compiles.append((sum(r.compiles for r in dynamic), _attention_programs()))
     if name not in EACH_LENGTH:
-        # the third and fourth lengths run the programs the second compiled, regions and attention alike
-        assert compiles[2] == compiles[1] and compiles[3] == compiles[1], compiles
+        # the regions' programs of run-time sizes serve every length from the second on; the
+        # attention functions' too, but where a process met attention of other heads before
+        # (their disk profile has the heads changing too), which settles by the third
+        assert compiles[2][0] == compiles[1][0] and compiles[3] == compiles[2], compiles
 
 
 def _attention_programs() -> int:
