@@ -108,12 +108,84 @@ RUN_TIME_FACTORY = ("a new tensor of a run-time size: left outside the regions, 
                     "(kf's fill is sized by its type, which holds no run-time size)")
 
 
+#: float reductions, and where their reduced dims are: (position of the dims argument, or
+#: None for all dims), or "nll" for the loss (its batch dim, under a reduction)
+SUMS = {"aten.sum.default": None, "aten.sum.dim_IntList": 1, "aten.mean.default": None, "aten.mean.dim": 1,
+        "aten.nll_loss_forward.default": "nll"}
+
+#: why such a reduction is left outside the regions
+RUN_TIME_SUM = ("a float sum over more elements of run-time sizes than kf adds in one stage (a loss over a "
+                "flattened batch of run-time length): left outside the regions, so that they stay one program "
+                "for every size")
+
+
+def _long_run_time_sum(node: torch.fx.Node) -> bool:
+    """Whether node adds up floats over dims of run-time sizes that kf cannot stage: a
+    dim that is an expression of sizes (``2*s0``, the rows of a flattened batch), or
+    several such dims, that may come to more than a stage's elements at their bound
+    (compiler/dynamic.long_sum, which would compile the whole region for each size)."""
+    at = SUMS.get(op_name(node), False)
+    if at is False or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    val = node.args[0].meta.get("val")
+    if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point or val.dim() == 0:
+        return False
+    if at == "nll":
+        if len(node.args) > 3 and node.args[3] == 0 or val.dim() < 2:  # reduction="none", or one row
+            return False
+        dims = [0]
+    elif at is None or len(node.args) <= at or not node.args[at]:
+        dims = list(range(val.dim()))
+    else:
+        dims = [d % val.dim() for d in node.args[at]]
+    from ..dynamic import _REDUCTION_BLOCK
+    from ..signature import MAX_DYNAMIC_SIZE
+
+    exprs = [val.shape[d].node.expr for d in dims if isinstance(val.shape[d], torch.SymInt)
+             and not val.shape[d].node.expr.is_number]
+    if not exprs or (len(exprs) == 1 and exprs[0].is_Symbol):  # none, or one staged (dynamic.stage_run_time_sums)
+        return False
+    bound = 1
+    for d in dims:
+        n = val.shape[d]
+        e = n.node.expr if isinstance(n, torch.SymInt) else None
+        bound *= int(e.subs({x: MAX_DYNAMIC_SIZE for x in e.free_symbols})) if e is not None else int(n)
+    return bound > _REDUCTION_BLOCK
+
+
+#: ops that join or pad tensors along a dim
+JOINS = frozenset({"aten.cat.default", "aten.constant_pad_nd.default"})
+
+#: why such an op, longer than a run-time size, is left outside the regions
+RUN_TIME_JOIN = ("a concatenation or pad along a run-time dim that comes out longer than a run-time size (a "
+                 "shift of labels: n + 1): left outside the regions, whose kernels are planned at the largest "
+                 "run-time size")
+
+
+def _longer_than_a_size(node: torch.fx.Node) -> bool:
+    """Whether node joins or pads along a dim of run-time size into a dim that is a
+    size plus more (``n + 1``): kf's kernels plan every run-time dim at the largest size
+    (passes/strategies/run_time_sizes.bounded), which that dim can pass."""
+    if op_name(node) not in JOINS:
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return False
+    for n in val.shape:
+        e = n.node.expr if isinstance(n, torch.SymInt) else None
+        if e is not None and not e.is_number and not e.is_Symbol and not e.as_coeff_Mul()[1].is_Symbol:
+            return True
+    return False
+
+
 def run_time_bounds(gm: torch.fx.GraphModule) -> dict[str, str]:
     """Ops that would make a region of run-time sizes compile for each size, by node
     name, with why they stay out of the regions: the views of graph inputs that a
     symbolic size bounds (``freqs[:seq]`` of a table of positions; kf's slice bounds are
-    numbers), and new tensors of a symbolic size (the zeros a slice's backward fills;
-    kf's fill takes its sizes from its type). Outside, they run on the fallback and the
+    numbers), new tensors of a symbolic size (the zeros a slice's backward fills;
+    kf's fill takes its sizes from its type), and float sums over more run-time elements
+    than kf stages (``_long_run_time_sum``), and joins into a dim longer than a run-time
+    size (``_longer_than_a_size``). Outside, they run on the fallback and the
     region takes their result as an input whose size is ``seq``."""
     out = {}
     for node in gm.graph.nodes:
@@ -122,6 +194,12 @@ def run_time_bounds(gm: torch.fx.GraphModule) -> dict[str, str]:
                 isinstance(b.meta.get("val") if isinstance(b, torch.fx.Node) else b, torch.SymInt)
                 for b in _values(node.args[at])):
             out[node.name] = RUN_TIME_FACTORY
+            continue
+        if _long_run_time_sum(node):
+            out[node.name] = RUN_TIME_SUM
+            continue
+        if _longer_than_a_size(node):
+            out[node.name] = RUN_TIME_JOIN
             continue
         if op_name(node) not in BOUNDED_VIEWS or not node.args:
             continue
