@@ -9,7 +9,8 @@ weights, no download).
 For each model and way: the forward's and the training step's median time at the first
 sequence length, the first call's seconds (compile time), the largest difference of the
 outputs and gradients from eager, and the Dynamo compiles and kf region compiles while the
-sequence length runs over ``--seqs`` (320..2048 by default).
+sequence length runs over ``--seqs`` (320..2048 by default): for each new length, its
+training step's seconds and the kf programs it made (regions' and kf functions').
 
 The loss path: a forward and backward of the model's own cross-entropy loss
 (``model(x, targets)``; ``labels=`` for transformers' model, which also returns its logits,
@@ -24,6 +25,7 @@ bench/results/whole-model-<date>-<commit>.json (run_name.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -113,6 +115,36 @@ def models(args) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _kf_programs(seen: dict):
+    """Counts the kf programs made inside it (compiled, or loaded from kf's disk cache):
+    those of the backend's regions and those of kf functions (the attention ops).
+    ``seen``: each region's programs so far (by its record), kept from call to call; a
+    region first met here has made none before (its graph is new)."""
+    import logging
+
+    from kf.backend import report
+
+    made = [0]
+
+    class Made(logging.Handler):
+        def emit(self, record):
+            made[0] += record.getMessage().startswith(("compiled ", "loaded "))
+
+    logger, handler = logging.getLogger("kf.compile"), Made()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    counted = [0]
+    with report.collect() as ran:
+        yield lambda: counted[0]
+    regions = {id(r): r for g in ran for r in g.regions}
+    counted[0] = made[0] + sum(r.compiles - seen.get(key, 0) for key, r in regions.items())
+    seen.update({key: r.compiles for key, r in regions.items()})
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
 def run_one(make, way: str, args, dtype) -> dict:
     torch.manual_seed(0)
     ref = make().to(args.device, dtype)
@@ -160,10 +192,15 @@ def run_one(make, way: str, args, dtype) -> dict:
     result.update(forward_ms=_timed(fwd, args.device, args.repeat), step_ms=_timed(step, args.device, args.repeat))
     before = dict(torch._dynamo.utils.counters["stats"])
     t0 = time.perf_counter()
+    result["seq_sweep"] = []
+    seen: dict = {}
     for s in args.seqs[1:]:
         xs = torch.randint(0, args.vocab, (args.batch, s), device=args.device)
-        _logits(model(xs)).float().square().mean().backward()
-    _sync(args.device)
+        t1 = time.perf_counter()
+        with _kf_programs(seen) as programs:
+            _logits(model(xs)).float().square().mean().backward()
+            _sync(args.device)
+        result["seq_sweep"].append({"seq": s, "seconds": time.perf_counter() - t1, "kf_programs": programs()})
     stats = dict(torch._dynamo.utils.counters["stats"])
     result["seq_sweep_s"] = time.perf_counter() - t0
     result["dynamo_unique_graphs"] = stats.get("unique_graphs", 0)
@@ -218,6 +255,8 @@ def main(argv=None) -> int:
             if "loss_ms_logits" in r:
                 line += (f"  (logits apart: {r['loss_ms_logits']:.2f} ms, peak {mib(r['loss_peak_mib_logits'])})")
             print(line + f"  loss diff {r['loss_diff']:.1e}", flush=True)
+            print(f"{'':9s} {'':9s} new lengths  " + "  ".join(
+                f"{p['seq']}: {p['seconds']:.2f} s, {p['kf_programs']} kf programs" for p in r["seq_sweep"]), flush=True)
     return 0
 
 
