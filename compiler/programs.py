@@ -85,7 +85,8 @@ class CompiledProgram:
         or None: a program with run-time sizes holds for the sizes its trace held for. Dims
         its trace found equal (one symbol: an attention's query and key heads where they
         were equal) that differ in this call fail too: that call is not this program's
-        (grouped-query heads), and compiles for its own sizes."""
+        (grouped-query heads; the function holds those dims static from then on,
+        ``split_symbols``)."""
         guards = self.meta.get("size_guards") or ()
         abi = getattr(self._launch, "abi", None)
         if abi is None:

@@ -110,11 +110,36 @@ def test_dims_found_equal_that_differ_compile_apart(target):
         return torch.softmax(q @ k.transpose(-2, -1), -1)
 
     g = kf.jit(f, target=target)
-    for heads, kv_heads, n in ((4, 4, 7), (4, 4, 12), (4, 2, 12), (4, 4, 9), (4, 1, 9)):
+    for heads, kv_heads, n in ((4, 4, 7), (4, 4, 12), (4, 2, 12), (4, 4, 9), (4, 1, 9), (4, 2, 15), (4, 2, 20),
+                               (4, 2, 31)):
         q, k = torch.randn(2, heads, n, 8), torch.randn(2, kv_heads, n, 8)
         _close(g(q, k), f(q, k))
-    if target == "cpu":  # the cpu target's program of run-time lengths serves (4, 4, 9)
+    if target == "cpu":  # the cpu target's program of run-time lengths serves (4, 4, 9), and
+        # the grouped-query calls at new lengths run one program of their heads (on GPU
+        # targets the [n, n] result, two run-time sizes, compiles for each length)
         assert len(g.compiles) <= 4, [c.signature for c in g.compiles]
+
+
+@needs_vulkan
+def test_grouped_query_calls_after_other_heads_share_one_program():
+    """An attention function met at several heads and lengths (the heads change, so they
+    are run-time sizes too), whose program of run-time heads and lengths cannot be made
+    (its result would hold two run-time sizes), then called with grouped-query heads at
+    new lengths: from the second such call on, one program of their heads serves every
+    length, instead of one program a length."""
+    from kf.api import KfFunction
+    from kf.backend import attention
+    from kf.options import Options
+
+    g = KfFunction(attention.attention_lse, Options(target="vulkan"))
+    counts = []
+    for heads, kv_heads, n in ((4, 4, 13), (8, 8, 21), (4, 2, 30), (4, 2, 40), (4, 2, 57), (4, 2, 9)):
+        q, k, v = torch.randn(2, heads, n, 16), torch.randn(2, kv_heads, n, 16), torch.randn(2, kv_heads, n, 16)
+        out, _ = g(q, k, v, None, 0.25, True)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25, is_causal=True, enable_gqa=True)
+        _close(out, want)
+        counts.append(len(g.compiles))
+    assert counts[3:] == [counts[3]] * 3, counts
 
 
 def test_sizes_0_and_1_are_compiled_apart():
