@@ -79,9 +79,9 @@ class SizePlan:
         """Whether the program of run-time sizes takes this call: no empty tensor with a
         run-time dim (one of fixed sizes, such as an empty cache the model carries, is the
         same in every call), every run-time dim in [MIN_SIZE, MAX_DYNAMIC_SIZE], every
-        fixed symbol of its size,
-        every run-time symbol within its range (``upper``, which Dynamo guards), and
-        where ``bounded``, every run-time dim of the graph at most MAX_DYNAMIC_SIZE."""
+        fixed symbol of its size, every run-time symbol within its range (``upper``, which
+        Dynamo guards), and where ``bounded``, every run-time dim of the graph at most
+        MAX_DYNAMIC_SIZE."""
         for i, dims in zip(self.tensor_args, self.dims):
             shape = args[i].shape
             if dims and 0 in shape:
