@@ -43,6 +43,15 @@ def _expr(x):
     return None
 
 
+def times_symbol(e) -> tuple[int, object] | None:
+    """(c, s) where the size expression e is ``c*s``, a whole number c > 1 times one
+    symbol (the rows of a flattened ``[c, s]`` batch); None for anything else."""
+    if e is None or e.is_Symbol or e.is_number:
+        return None
+    c, rest = e.as_coeff_Mul()
+    return (int(c), rest) if rest.is_Symbol and c.is_Integer and int(c) > 1 else None
+
+
 @dataclass
 class SizePlan:
     """How a region's calls give its program's run-time sizes."""
@@ -155,12 +164,10 @@ def plan(gm: torch.fx.GraphModule, fixed: dict | None = None, bound_all: bool = 
         val = node.meta.get("val")  # (rows of a flattened [2, s] batch: 2*s) binds as that dim over it
         if isinstance(val, torch.Tensor):
             for d, size in enumerate(val.shape):
-                e = _expr(size)
-                if e is not None and not e.is_Symbol:
-                    c, rest = e.as_coeff_Mul()
-                    if rest.is_Symbol and str(rest) not in every and c.is_Integer and int(c) > 1:
-                        every[str(rest)] = rest
-                        binds[str(rest)] = (i, d, int(c))
+                times = times_symbol(_expr(size))
+                if times is not None and str(times[1]) not in every:
+                    every[str(times[1])] = times[1]
+                    binds[str(times[1])] = (i, d, times[0])
     for what, e in derived:
         unbound = sorted(str(s) for s in e.free_symbols if str(s) not in every)
         if unbound and " dim " not in what:

@@ -171,9 +171,11 @@ def _longer_than_a_size(node: torch.fx.Node) -> bool:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return False
+    from .sizes import times_symbol
+
     for n in val.shape:
         e = n.node.expr if isinstance(n, torch.SymInt) else None
-        if e is not None and not e.is_number and not e.is_Symbol and not e.as_coeff_Mul()[1].is_Symbol:
+        if e is not None and not e.is_number and not e.is_Symbol and times_symbol(e) is None:
             return True
     return False
 
